@@ -1,0 +1,158 @@
+"""Lowers a Graph to one recorded command buffer, caches it by graph signature and replays it.
+
+Every storage gets its own pooled buffer laid out as [guard | data | guard]; the guards are filled
+with a sentinel when the graph is compiled and `check_guards()` tells whether any kernel wrote
+outside its tensor. Inputs are written into their buffers before each replay; outputs are read
+back after it. No recording happens on replay.
+"""
+import collections
+
+import numpy as np
+
+from .tensor import DTYPES
+from .vk import Recorder, default_device, pack_push
+
+GUARD = 64                      # elements before and after every storage (256 B: a legal bind offset)
+SENTINEL = np.uint32(0x7FC0DEAD)  # a NaN with a payload no kernel produces
+
+
+class RunStats:
+    """What one run did: dispatches, barriers, submits, paths of composite ops, GPU time."""
+
+    def __init__(self, compiled, gpu_ns=None):
+        self.dispatches = compiled.recording.n_dispatches
+        self.barriers = compiled.recording.n_barriers
+        self.submits = 1
+        self.paths = list(compiled.graph.paths)
+        self.labels = list(compiled.recording.labels)
+        self.gpu_ns = gpu_ns           # per dispatch, when timestamps were recorded
+
+    def per_label(self):
+        """{label: (dispatches, gpu ns)} aggregated over dispatch labels."""
+        out = collections.OrderedDict()
+        for i, lab in enumerate(self.labels):
+            n, t = out.get(lab, (0, 0.0))
+            out[lab] = (n + 1, t + (float(self.gpu_ns[i]) if self.gpu_ns is not None else 0.0))
+        return out
+
+    def __repr__(self):
+        return (f"RunStats(dispatches={self.dispatches}, barriers={self.barriers}, "
+                f"paths={[(p[0], p[1]) for p in self.paths]})")
+
+
+class CompiledGraph:
+    def __init__(self, device, graph, timestamps=False):
+        self.device, self.graph, self.timestamps = device, graph, timestamps
+        self.buffers = {}
+        for s in graph.storages:
+            buf = device.pool.alloc((s.numel + 2 * GUARD) * 4)
+            self.buffers[id(s)] = buf
+            guard = np.full(GUARD, SENTINEL, np.uint32)
+            buf.write(guard, 0)
+            buf.write(guard, (GUARD + s.numel) * 4)
+            if s.kind == "const":
+                buf.write(s.data, GUARD * 4)
+        rec = Recorder(device, timestamps=timestamps)
+        for node in graph.nodes:
+            for launch in node.op.lower(node, device):
+                self._record(rec, node, launch)
+        self.recording = rec.finish()
+
+    def _record(self, rec, node, launch):
+        dev = self.device
+        pipe = dev.pipelines.get(launch.shader, len(launch.args), launch.defines, launch.spec,
+                                 launch.subgroup_size, launch.full_subgroups)
+        bufs, reads, writes = [], [], []
+        for i, t in enumerate(launch.args):
+            buf = self.buffers[id(t.storage)]
+            bufs.append((buf, GUARD * 4))
+            lo, hi = t.extent()
+            rng = (buf, (lo + GUARD) * 4, (hi + GUARD) * 4)
+            (writes if i in launch.writes else reads).append(rng)
+        # bound past the leading guard, so offsets in push constants are storage-relative
+        label = launch.label or node.tag or node.op.name
+        rec.dispatch(pipe, bufs, launch.push, launch.grid, reads, writes, label=label)
+
+    def set_input(self, name, array):
+        t = self.graph.inputs.get(name)
+        if t is None:
+            raise ValueError(f"graph has no input {name!r}; inputs are {sorted(self.graph.inputs)}")
+        a = np.asarray(array)
+        want = DTYPES[t.dtype]
+        if a.shape != t.shape:
+            raise ValueError(f"input {name!r} has shape {a.shape}, expected {t.shape}")
+        if a.dtype != want:
+            if not (np.issubdtype(a.dtype, np.floating) and want == np.float32):
+                raise ValueError(f"input {name!r} has dtype {a.dtype}, expected {np.dtype(want)}")
+            a = a.astype(np.float32)
+        self.buffers[id(t.storage)].write(np.ascontiguousarray(a), GUARD * 4)
+
+    def _buffer(self, t):
+        """Buffer of a tensor of this graph, or of an equal graph (same signature) built again."""
+        buf = self.buffers.get(id(t.storage))
+        if buf is None:
+            buf = self.buffers[id(self.graph.storages[t.graph.storages.index(t.storage)])]
+        return buf
+
+    def read(self, t):
+        """numpy copy of any graph tensor view (after a run)."""
+        buf = self._buffer(t)
+        raw = buf.read(GUARD * 4, t.storage.numel * 4).view(DTYPES[t.dtype])
+        if t.numel == 0:
+            return np.zeros(t.shape, DTYPES[t.dtype])
+        view = np.lib.stride_tricks.as_strided(raw[t.offset:], t.shape, [s * 4 for s in t.strides])
+        return np.array(view)
+
+    def run(self, inputs=None, **kw):
+        """Write inputs, replay the recorded command buffer, return {output name: array}."""
+        for k, v in {**(inputs or {}), **kw}.items():
+            self.set_input(k, v)
+        self.recording.submit()
+        self.stats = RunStats(self, self.recording.timings() if self.timestamps else None)
+        return {k: self.read(t) for k, t in self.graph.outputs.items()}
+
+    def check_guards(self):
+        """Names of storages whose guard regions were overwritten (empty list: all intact)."""
+        bad = []
+        for i, s in enumerate(self.graph.storages):
+            buf = self.buffers[id(s)]
+            head = buf.read(0, GUARD * 4).view(np.uint32)
+            tail = buf.read((GUARD + s.numel) * 4, GUARD * 4).view(np.uint32)
+            if (head != SENTINEL).any() or (tail != SENTINEL).any():
+                bad.append(s.name or f"{s.kind}#{i}")
+        return bad
+
+    def release(self):
+        self.recording.destroy()
+        for buf in self.buffers.values():
+            self.device.pool.free(buf)
+        self.buffers = {}
+
+
+class Executor:
+    """Compiles graphs once per signature and replays them."""
+
+    def __init__(self, device=None, timestamps=False, cache_size=64):
+        self.device = device or default_device()
+        self.timestamps = timestamps
+        self._cache = collections.OrderedDict()
+        self.cache_size = cache_size
+        self.last = None
+
+    def compile(self, graph):
+        key = (graph.signature(), self.timestamps)
+        cg = self._cache.get(key)
+        if cg is None:
+            cg = CompiledGraph(self.device, graph, self.timestamps)
+            self._cache[key] = cg
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)[1].release()
+        else:
+            self._cache.move_to_end(key)
+        return cg
+
+    def run(self, graph, inputs=None, **kw):
+        cg = self.compile(graph)
+        out = cg.run(inputs, **kw)
+        self.last = cg
+        return out

@@ -1,0 +1,122 @@
+"""Graph builder: inputs, constants, nodes (one primitive or fused kernel each) and outputs.
+
+    g = Graph()
+    x = g.input("x", (T, D))
+    y = g.op("SCALE", x, a=2.0, b=1.0)
+    g.output("y", y)
+    Executor().run(g, x=array)       # -> {"y": array}
+
+Composite ops (the HC ops) are graph functions that append either their fused node or their
+unfused chain of primitive nodes; `g.paths` records which, and why.
+"""
+import hashlib
+import math
+
+import numpy as np
+
+from .ops.base import get_op
+from .tensor import DTYPES, Storage, Tensor, dtype_name
+
+
+class Node:
+    __slots__ = ("op", "inputs", "output", "params", "tag")
+
+    def __init__(self, op, inputs, output, params, tag):
+        self.op, self.inputs, self.output, self.params, self.tag = op, inputs, output, params, tag
+
+    def __repr__(self):
+        return f"Node({self.op.name}, {[t.shape for t in self.inputs]} -> {self.output.shape})"
+
+
+class Graph:
+    def __init__(self):
+        self.nodes = []
+        self.inputs = {}
+        self.outputs = {}
+        self.storages = []
+        self.paths = []          # (composite op, path, reason) for every composite op built
+        self._tags = []          # stack of tags (e.g. "HC_COMB/unfused") that label nodes
+
+    # --- leaves -----------------------------------------------------------------------------------
+    def _storage(self, numel, dtype, kind, name=None, data=None):
+        s = Storage(numel, dtype, kind, name, data)
+        self.storages.append(s)
+        return s
+
+    def input(self, name, shape, dtype="f32"):
+        if name in self.inputs:
+            raise ValueError(f"graph input {name!r} declared twice")
+        if dtype not in DTYPES:
+            raise ValueError(f"input {name!r}: dtype {dtype!r} not supported; expected one of {list(DTYPES)}")
+        t = Tensor(self, self._storage(math.prod(shape), dtype, "input", name), shape)
+        self.inputs[name] = t
+        return t
+
+    def const(self, array, name=None):
+        """A constant uploaded once when the graph is compiled (weights, eps tables...)."""
+        a = np.asarray(array)
+        dt = dtype_name(a.dtype) if a.dtype != np.float64 else "f32"
+        a = np.ascontiguousarray(a, dtype=DTYPES[dt])
+        return Tensor(self, self._storage(a.size, dt, "const", name, a), a.shape)
+
+    def empty(self, shape, dtype="f32", name=None):
+        return Tensor(self, self._storage(math.prod(shape), dtype, "temp", name), shape)
+
+    def output(self, name, tensor):
+        if tensor.graph is not self:
+            raise ValueError(f"output {name!r} belongs to another graph")
+        self.outputs[name] = tensor
+        return tensor
+
+    # --- nodes ------------------------------------------------------------------------------------
+    def op(self, name, *inputs, out=None, **params):
+        """Append one node of op `name`; returns its output tensor (or `out`, a view written in place)."""
+        op = get_op(name)
+        if op.n_inputs is not None and len(inputs) != op.n_inputs:
+            raise ValueError(f"{name} takes {op.n_inputs} input tensor(s), got {len(inputs)}")
+        for i, t in enumerate(inputs):
+            if not isinstance(t, Tensor):
+                raise ValueError(f"{name}: input {i} must be a graph Tensor, got {type(t).__name__}")
+            if t.graph is not self:
+                raise ValueError(f"{name}: input {i} belongs to another graph")
+            if t.dtype not in op.dtypes:
+                raise ValueError(f"{name}: input {i} has dtype {t.dtype}; expected {' or '.join(op.dtypes)}")
+        shape, dtype = op.infer(list(inputs), params)
+        if out is None:
+            out = self.empty(shape, dtype)
+        elif tuple(out.shape) != tuple(shape) or out.dtype != dtype:
+            raise ValueError(f"{name}: out has shape {out.shape} {out.dtype}, expected {tuple(shape)} {dtype}")
+        self.nodes.append(Node(op, list(inputs), out, params, "/".join(self._tags)))
+        return out
+
+    class _Tag:
+        def __init__(self, g, tag):
+            self.g, self.tag = g, tag
+
+        def __enter__(self):
+            self.g._tags.append(self.tag)
+
+        def __exit__(self, *exc):
+            self.g._tags.pop()
+
+    def tag(self, label):
+        """Context manager labelling the nodes built inside (used by profiling: GPU time per op)."""
+        return Graph._Tag(self, label)
+
+    # --- identity -----------------------------------------------------------------------------------
+    def signature(self):
+        """A key identifying the recorded command buffer this graph lowers to."""
+        ids = {id(s): i for i, s in enumerate(self.storages)}
+        h = hashlib.sha256()
+
+        def t(x):
+            return (ids[id(x.storage)], x.shape, x.strides, x.offset, x.dtype)
+        for s in self.storages:
+            h.update(repr((s.kind, s.numel, s.dtype, s.name)).encode())
+            if s.kind == "const":
+                h.update(hashlib.sha256(s.data.tobytes()).digest())
+        for n in self.nodes:
+            h.update(repr((n.op.name, [t(x) for x in n.inputs], t(n.output),
+                           sorted(n.params.items()))).encode())
+        h.update(repr(sorted((k, t(v)) for k, v in self.outputs.items())).encode())
+        return h.hexdigest()

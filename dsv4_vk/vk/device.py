@@ -1,0 +1,383 @@
+"""Vulkan instance, physical-device choice, logical device with one compute queue, capability probe.
+
+Device choice: discrete GPU, then integrated, virtual, CPU (lavapipe). `DSV4_VK_DEVICE` picks by
+index (as listed by `python -m dsv4_vk info --all`) or by a case-insensitive name substring.
+`DSV4_VK_VALIDATION=1` enables VK_LAYER_KHRONOS_validation with synchronization validation.
+"""
+import os
+import threading
+
+from .binding import check, ffi, lib, vk
+from .errors import VulkanError, VulkanUnavailable
+
+_TYPE_NAMES = {0: "other", 1: "integrated-gpu", 2: "discrete-gpu", 3: "virtual-gpu", 4: "cpu"}
+_TYPE_RANK = {2: 0, 1: 1, 3: 2, 4: 3, 0: 4}
+_SUBGROUP_OPS = [(1, "basic"), (2, "vote"), (4, "arithmetic"), (8, "ballot"), (16, "shuffle"),
+                 (32, "shuffle_relative"), (64, "clustered"), (128, "quad")]
+_STAGE_COMPUTE = 0x20
+_FULL_SUBGROUPS_FLAG = 0x2  # VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT
+
+
+def _version(v):
+    return f"{v >> 22}.{(v >> 12) & 0x3FF}.{v & 0xFFF}"
+
+
+def _keep(store, obj):
+    store.append(obj)
+    return obj
+
+
+def _create_instance(validation):
+    keep = []
+    app = _keep(keep, ffi.new("VkApplicationInfo*"))
+    app.sType = vk.VK_STRUCTURE_TYPE_APPLICATION_INFO
+    app.pApplicationName = _keep(keep, ffi.new("char[]", b"dsv4_vk"))
+    app.pEngineName = app.pApplicationName
+    app.apiVersion = vk.VK_MAKE_VERSION(1, 3, 0)
+    info = _keep(keep, ffi.new("VkInstanceCreateInfo*"))
+    info.sType = vk.VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO
+    info.pApplicationInfo = app
+    if validation:
+        layers = [_keep(keep, ffi.new("char[]", b"VK_LAYER_KHRONOS_validation"))]
+        info.enabledLayerCount = 1
+        info.ppEnabledLayerNames = _keep(keep, ffi.new("char*[]", layers))
+        feats = _keep(keep, ffi.new("VkValidationFeatureEnableEXT[]", [
+            vk.VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT]))
+        vf = _keep(keep, ffi.new("VkValidationFeaturesEXT*"))
+        vf.sType = vk.VK_STRUCTURE_TYPE_VALIDATION_FEATURES_EXT
+        vf.enabledValidationFeatureCount = 1
+        vf.pEnabledValidationFeatures = feats
+        info.pNext = vf
+    out = ffi.new("VkInstance*")
+    res = lib.vkCreateInstance(info, ffi.NULL, out)
+    if res == vk.VK_ERROR_LAYER_NOT_PRESENT:
+        raise VulkanUnavailable("DSV4_VK_VALIDATION=1 but VK_LAYER_KHRONOS_validation is not installed: "
+                                "`apt-get install vulkan-validationlayers`, or unset DSV4_VK_VALIDATION.")
+    if res == vk.VK_ERROR_INCOMPATIBLE_DRIVER:
+        raise VulkanUnavailable(
+            "no Vulkan driver (ICD) was found: install `mesa-vulkan-drivers` for the lavapipe CPU device "
+            "or a GPU driver; check VK_DRIVER_FILES / VK_ICD_FILENAMES if set.")
+    check(res, "vkCreateInstance")
+    return out[0]
+
+
+def _physical_devices(instance):
+    count = ffi.new("uint32_t*")
+    res = lib.vkEnumeratePhysicalDevices(instance, count, ffi.NULL)
+    if res == vk.VK_ERROR_INITIALIZATION_FAILED:
+        raise VulkanUnavailable("the Vulkan driver found no usable hardware (VK_ERROR_INITIALIZATION_FAILED): "
+                                "install `mesa-vulkan-drivers` for lavapipe or check the GPU driver.")
+    check(res, "vkEnumeratePhysicalDevices")
+    arr = ffi.new("VkPhysicalDevice[]", count[0])
+    check(lib.vkEnumeratePhysicalDevices(instance, count, arr), "vkEnumeratePhysicalDevices")
+    return [arr[i] for i in range(count[0])]
+
+
+def _probe(pd):
+    """Everything we want to know about a physical device, as plain Python values."""
+    sg = ffi.new("VkPhysicalDeviceSubgroupProperties*")
+    sg.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES
+    sgc = ffi.new("VkPhysicalDeviceSubgroupSizeControlProperties*")
+    sgc.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES
+    sg.pNext = sgc
+    drv = ffi.new("VkPhysicalDeviceDriverProperties*")
+    drv.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES
+    sgc.pNext = drv
+    p2 = ffi.new("VkPhysicalDeviceProperties2*")
+    p2.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2
+    p2.pNext = sg
+    lib.vkGetPhysicalDeviceProperties2(pd, p2)
+    p = p2.properties
+    lim = p.limits
+    f13 = ffi.new("VkPhysicalDeviceVulkan13Features*")
+    f13.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES
+    f2 = ffi.new("VkPhysicalDeviceFeatures2*")
+    f2.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2
+    api13 = p.apiVersion >= vk.VK_MAKE_VERSION(1, 3, 0)
+    if api13:
+        f2.pNext = f13
+    lib.vkGetPhysicalDeviceFeatures2(pd, f2)
+    mem = ffi.new("VkPhysicalDeviceMemoryProperties*")
+    lib.vkGetPhysicalDeviceMemoryProperties(pd, mem)
+    qcount = ffi.new("uint32_t*")
+    lib.vkGetPhysicalDeviceQueueFamilyProperties(pd, qcount, ffi.NULL)
+    qprops = ffi.new("VkQueueFamilyProperties[]", qcount[0])
+    lib.vkGetPhysicalDeviceQueueFamilyProperties(pd, qcount, qprops)
+    queues = [{"flags": qprops[i].queueFlags, "count": qprops[i].queueCount,
+               "timestamp_valid_bits": qprops[i].timestampValidBits} for i in range(qcount[0])]
+    return {
+        "name": ffi.string(p.deviceName).decode(),
+        "type": _TYPE_NAMES.get(p.deviceType, "other"),
+        "type_code": p.deviceType,
+        "vendor_id": p.vendorID, "device_id": p.deviceID,
+        "api_version": _version(p.apiVersion),
+        "driver_version": p.driverVersion,
+        "driver_name": ffi.string(drv.driverName).decode(),
+        "driver_info": ffi.string(drv.driverInfo).decode(),
+        "subgroup": {
+            "size": sg.subgroupSize,
+            "compute_stage": bool(sg.supportedStages & _STAGE_COMPUTE),
+            "operations": [n for bit, n in _SUBGROUP_OPS if sg.supportedOperations & bit],
+            "size_control": bool(api13 and f13.subgroupSizeControl),
+            "full_subgroups": bool(api13 and f13.computeFullSubgroups),
+            "min_size": sgc.minSubgroupSize if api13 else sg.subgroupSize,
+            "max_size": sgc.maxSubgroupSize if api13 else sg.subgroupSize,
+            "required_size_compute": bool(sgc.requiredSubgroupSizeStages & _STAGE_COMPUTE) if api13 else False,
+        },
+        "timestamps": {
+            "compute_and_graphics": bool(lim.timestampComputeAndGraphics),
+            "period_ns": float(lim.timestampPeriod),
+            "valid_bits": max((q["timestamp_valid_bits"] for q in queues), default=0),
+        },
+        "limits": {
+            "max_workgroup_count": list(lim.maxComputeWorkGroupCount),
+            "max_workgroup_size": list(lim.maxComputeWorkGroupSize),
+            "max_workgroup_invocations": lim.maxComputeWorkGroupInvocations,
+            "max_shared_memory": lim.maxComputeSharedMemorySize,
+            "max_push_constants": lim.maxPushConstantsSize,
+            "max_storage_buffer_range": lim.maxStorageBufferRange,
+            "min_storage_buffer_offset_alignment": lim.minStorageBufferOffsetAlignment,
+        },
+        "memory_heaps": [{"size": mem.memoryHeaps[i].size, "device_local": bool(mem.memoryHeaps[i].flags & 1)}
+                         for i in range(mem.memoryHeapCount)],
+        "memory_types": [{"heap": mem.memoryTypes[i].heapIndex, "flags": mem.memoryTypes[i].propertyFlags}
+                         for i in range(mem.memoryTypeCount)],
+        "queues": queues,
+        "api13": api13,
+    }
+
+
+def list_devices():
+    """Probe every physical device without creating a logical device."""
+    inst = _create_instance(False)
+    try:
+        return [_probe(pd) for pd in _physical_devices(inst)]
+    finally:
+        lib.vkDestroyInstance(inst, ffi.NULL)
+
+
+def _choose(probes, selector):
+    if not probes:
+        raise VulkanUnavailable("Vulkan found no physical device: install `mesa-vulkan-drivers` (lavapipe) "
+                                "or a GPU driver.")
+    if selector:
+        if selector.strip().isdigit():
+            i = int(selector)
+            if i >= len(probes):
+                raise VulkanUnavailable(f"DSV4_VK_DEVICE={selector} but only {len(probes)} device(s) exist: "
+                                        + ", ".join(f"{j}: {p['name']}" for j, p in enumerate(probes)))
+            return i
+        hits = [i for i, p in enumerate(probes) if selector.lower() in p["name"].lower()]
+        if not hits:
+            raise VulkanUnavailable(f"DSV4_VK_DEVICE={selector!r} matches no device name; devices are: "
+                                    + ", ".join(f"{j}: {p['name']}" for j, p in enumerate(probes)))
+        return hits[0]
+    return min(range(len(probes)), key=lambda i: (_TYPE_RANK.get(probes[i]["type_code"], 9), i))
+
+
+class Device:
+    """A logical device with one compute queue. Not thread-safe: use from one thread."""
+
+    def __init__(self, selector=None, validation=None):
+        if validation is None:
+            validation = os.environ.get("DSV4_VK_VALIDATION", "").lower() in ("1", "true", "yes", "on")
+        if selector is None:
+            selector = os.environ.get("DSV4_VK_DEVICE") or None
+        self.validation = validation
+        self.instance = _create_instance(validation)
+        pds = _physical_devices(self.instance)
+        probes = [_probe(pd) for pd in pds]
+        self.index = _choose(probes, selector)
+        self.physical = pds[self.index]
+        self.caps = probes[self.index]
+        self.caps["index"] = self.index
+        self.queue_family = next((i for i, q in enumerate(self.caps["queues"]) if q["flags"] & vk.VK_QUEUE_COMPUTE_BIT),
+                                 None)
+        if self.queue_family is None:
+            raise VulkanUnavailable(f"device {self.caps['name']} has no compute queue")
+        self._create_device()
+        self.is_host_visible = self._find_memory(vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
+                                                 | vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
+                                                 | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, required=False) is not None \
+            and self.caps["type_code"] in (1, 4)
+        self._staging = None
+        self._one_shot = None
+        from .memory import BufferPool
+        from .pipeline import PipelineCache
+        self.pool = BufferPool(self)
+        self.pipelines = PipelineCache(self)
+        self._closed = False
+
+    # --- set-up -----------------------------------------------------------------------------
+    def _create_device(self):
+        keep = []
+        prio = _keep(keep, ffi.new("float[]", [1.0]))
+        qinfo = _keep(keep, ffi.new("VkDeviceQueueCreateInfo*"))
+        qinfo.sType = vk.VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO
+        qinfo.queueFamilyIndex = self.queue_family
+        qinfo.queueCount = 1
+        qinfo.pQueuePriorities = prio
+        info = _keep(keep, ffi.new("VkDeviceCreateInfo*"))
+        info.sType = vk.VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO
+        info.queueCreateInfoCount = 1
+        info.pQueueCreateInfos = qinfo
+        sgc = self.caps["subgroup"]
+        if self.caps["api13"] and (sgc["size_control"] or sgc["full_subgroups"]):
+            f13 = _keep(keep, ffi.new("VkPhysicalDeviceVulkan13Features*"))
+            f13.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES
+            f13.subgroupSizeControl = int(sgc["size_control"])
+            f13.computeFullSubgroups = int(sgc["full_subgroups"])
+            info.pNext = f13
+        out = ffi.new("VkDevice*")
+        check(lib.vkCreateDevice(self.physical, info, ffi.NULL, out), "vkCreateDevice")
+        self.device = out[0]
+        q = ffi.new("VkQueue*")
+        lib.vkGetDeviceQueue(self.device, self.queue_family, 0, q)
+        self.queue = q[0]
+        pinfo = ffi.new("VkCommandPoolCreateInfo*")
+        pinfo.sType = vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO
+        pinfo.flags = vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT
+        pinfo.queueFamilyIndex = self.queue_family
+        cp = ffi.new("VkCommandPool*")
+        check(lib.vkCreateCommandPool(self.device, pinfo, ffi.NULL, cp), "vkCreateCommandPool")
+        self.command_pool = cp[0]
+        self._desc_pools = []
+        self._new_descriptor_pool()
+
+    def _new_descriptor_pool(self, sets=1024):
+        size = ffi.new("VkDescriptorPoolSize*")
+        size.type = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
+        size.descriptorCount = sets * 8
+        info = ffi.new("VkDescriptorPoolCreateInfo*")
+        info.sType = vk.VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO
+        info.flags = vk.VK_DESCRIPTOR_POOL_CREATE_FREE_DESCRIPTOR_SET_BIT
+        info.maxSets = sets
+        info.poolSizeCount = 1
+        info.pPoolSizes = size
+        out = ffi.new("VkDescriptorPool*")
+        check(lib.vkCreateDescriptorPool(self.device, info, ffi.NULL, out), "vkCreateDescriptorPool")
+        self._desc_pools.append(out[0])
+
+    def _find_memory(self, flags, type_bits=0xFFFFFFFF, required=True):
+        for i, t in enumerate(self.caps["memory_types"]):
+            if (type_bits >> i) & 1 and (t["flags"] & flags) == flags:
+                return i
+        if required:
+            raise VulkanError(f"no memory type with flags {flags:#x} among bits {type_bits:#x}")
+        return None
+
+    # --- descriptor sets ----------------------------------------------------------------------
+    def allocate_descriptor_set(self, layout):
+        lay = ffi.new("VkDescriptorSetLayout[]", [layout])
+        info = ffi.new("VkDescriptorSetAllocateInfo*")
+        info.sType = vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO
+        info.descriptorSetCount = 1
+        info.pSetLayouts = lay
+        out = ffi.new("VkDescriptorSet*")
+        for attempt in range(2):
+            info.descriptorPool = self._desc_pools[-1]
+            res = lib.vkAllocateDescriptorSets(self.device, info, out)
+            if res == 0:
+                return out[0], self._desc_pools[-1]
+            if res in (vk.VK_ERROR_OUT_OF_POOL_MEMORY, vk.VK_ERROR_FRAGMENTED_POOL) and attempt == 0:
+                self._new_descriptor_pool()
+                continue
+            check(res, "vkAllocateDescriptorSets")
+
+    def free_descriptor_set(self, pool, dset):
+        arr = ffi.new("VkDescriptorSet[]", [dset])
+        lib.vkFreeDescriptorSets(self.device, pool, 1, arr)
+
+    # --- command buffers ----------------------------------------------------------------------
+    def allocate_command_buffer(self):
+        info = ffi.new("VkCommandBufferAllocateInfo*")
+        info.sType = vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO
+        info.commandPool = self.command_pool
+        info.level = vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY
+        info.commandBufferCount = 1
+        out = ffi.new("VkCommandBuffer*")
+        check(lib.vkAllocateCommandBuffers(self.device, info, out), "vkAllocateCommandBuffers")
+        return out[0]
+
+    def free_command_buffer(self, cmd):
+        lib.vkFreeCommandBuffers(self.device, self.command_pool, 1, ffi.new("VkCommandBuffer[]", [cmd]))
+
+    def create_fence(self):
+        info = ffi.new("VkFenceCreateInfo*")
+        info.sType = vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO
+        out = ffi.new("VkFence*")
+        check(lib.vkCreateFence(self.device, info, ffi.NULL, out), "vkCreateFence")
+        return out[0]
+
+    def submit_and_wait(self, cmd, fence, timeout_ns=600 * 10**9):
+        """Submit one recorded command buffer and block until the GPU finished it."""
+        cmds = ffi.new("VkCommandBuffer[]", [cmd])
+        info = ffi.new("VkSubmitInfo*")
+        info.sType = vk.VK_STRUCTURE_TYPE_SUBMIT_INFO
+        info.commandBufferCount = 1
+        info.pCommandBuffers = cmds
+        fences = ffi.new("VkFence[]", [fence])
+        check(lib.vkResetFences(self.device, 1, fences), "vkResetFences")
+        check(lib.vkQueueSubmit(self.queue, 1, info, fence), "vkQueueSubmit")
+        res = lib.vkWaitForFences(self.device, 1, fences, 1, timeout_ns)
+        if res == vk.VK_TIMEOUT:
+            raise VulkanError(f"GPU work did not finish within {timeout_ns / 1e9:.0f} s")
+        check(res, "vkWaitForFences")
+
+    def one_shot(self, record):
+        """Record commands with `record(cmd)` into a reusable command buffer, submit and wait."""
+        if self._one_shot is None:
+            self._one_shot = (self.allocate_command_buffer(), self.create_fence())
+        cmd, fence = self._one_shot
+        check(lib.vkResetCommandBuffer(cmd, 0), "vkResetCommandBuffer")
+        begin = ffi.new("VkCommandBufferBeginInfo*")
+        begin.sType = vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO
+        begin.flags = vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT
+        check(lib.vkBeginCommandBuffer(cmd, begin), "vkBeginCommandBuffer")
+        record(cmd)
+        check(lib.vkEndCommandBuffer(cmd), "vkEndCommandBuffer")
+        self.submit_and_wait(cmd, fence)
+
+    # --- convenience ----------------------------------------------------------------------------
+    @property
+    def name(self):
+        return self.caps["name"]
+
+    @property
+    def subgroup_size(self):
+        return self.caps["subgroup"]["size"]
+
+    def supports_subgroup_op(self, op):
+        return op in self.caps["subgroup"]["operations"] and self.caps["subgroup"]["compute_stage"]
+
+    def wait_idle(self):
+        lib.vkDeviceWaitIdle(self.device)
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        lib.vkDeviceWaitIdle(self.device)
+        self.pipelines.destroy()
+        self.pool.destroy()
+        for p in self._desc_pools:
+            lib.vkDestroyDescriptorPool(self.device, p, ffi.NULL)
+        lib.vkDestroyCommandPool(self.device, self.command_pool, ffi.NULL)
+        lib.vkDestroyDevice(self.device, ffi.NULL)
+        lib.vkDestroyInstance(self.instance, ffi.NULL)
+
+    def __repr__(self):
+        return f"<Device {self.name!r} {self.caps['type']} subgroup={self.subgroup_size}>"
+
+
+_default = None
+_default_lock = threading.Lock()
+
+
+def default_device():
+    """The process-wide device, created on first use."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Device()
+        return _default

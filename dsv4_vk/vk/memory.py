@@ -1,0 +1,154 @@
+"""Storage buffers and a pool that reuses freed buffers by size.
+
+Where device-local memory is also host-visible (lavapipe, integrated GPUs) a buffer is mapped once
+and read/written through a zero-copy numpy view; elsewhere uploads and downloads go through one
+reusable host-visible staging buffer and a one-shot copy command.
+"""
+import numpy as np
+
+from .binding import check, ffi, lib, vk
+
+_USAGE = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
+          | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
+_HOST = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+
+
+class Buffer:
+    """One VkBuffer with its own allocation. `nbytes` is the usable size (a multiple of 4, ≥ 4)."""
+
+    def __init__(self, device, nbytes, host_visible=None):
+        self.device = device
+        self.nbytes = max(4, (int(nbytes) + 3) // 4 * 4)
+        host_visible = device.is_host_visible if host_visible is None else host_visible
+        d = device.device
+        info = ffi.new("VkBufferCreateInfo*")
+        info.sType = vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO
+        info.size = self.nbytes
+        info.usage = _USAGE
+        info.sharingMode = vk.VK_SHARING_MODE_EXCLUSIVE
+        out = ffi.new("VkBuffer*")
+        check(lib.vkCreateBuffer(d, info, ffi.NULL, out), "vkCreateBuffer")
+        self.handle = out[0]
+        req = ffi.new("VkMemoryRequirements*")
+        lib.vkGetBufferMemoryRequirements(d, self.handle, req)
+        if host_visible:
+            flags = _HOST | (vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT if device.is_host_visible else 0)
+        else:
+            flags = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
+        alloc = ffi.new("VkMemoryAllocateInfo*")
+        alloc.sType = vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO
+        alloc.allocationSize = req.size
+        alloc.memoryTypeIndex = device._find_memory(flags, req.memoryTypeBits)
+        mem = ffi.new("VkDeviceMemory*")
+        res = lib.vkAllocateMemory(d, alloc, ffi.NULL, mem)
+        if res != 0:
+            lib.vkDestroyBuffer(d, self.handle, ffi.NULL)
+            check(res, f"vkAllocateMemory({self.nbytes} bytes)")
+        self.memory = mem[0]
+        check(lib.vkBindBufferMemory(d, self.handle, self.memory, 0), "vkBindBufferMemory")
+        self.host_visible = host_visible
+        self._view = None
+        if host_visible:
+            ptr = ffi.new("void**")
+            check(lib.vkMapMemory(d, self.memory, 0, self.nbytes, 0, ptr), "vkMapMemory")
+            self._view = np.frombuffer(ffi.buffer(ptr[0], self.nbytes), dtype=np.uint8)
+        self.alive = True
+
+    def write(self, data, offset=0):
+        """Copy the bytes of numpy array `data` to byte `offset`."""
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        if offset < 0 or offset + raw.size > self.nbytes:
+            raise ValueError(f"write of {raw.size} bytes at {offset} exceeds buffer of {self.nbytes} bytes")
+        if raw.size == 0:
+            return
+        if self._view is not None:
+            self._view[offset:offset + raw.size] = raw
+        else:
+            staging_copy(self.device, self, offset, raw, upload=True)
+
+    def read(self, offset=0, nbytes=None):
+        """Return a copy of `nbytes` bytes from byte `offset` as a uint8 array."""
+        nbytes = self.nbytes - offset if nbytes is None else nbytes
+        if offset < 0 or offset + nbytes > self.nbytes:
+            raise ValueError(f"read of {nbytes} bytes at {offset} exceeds buffer of {self.nbytes} bytes")
+        if self._view is not None:
+            return self._view[offset:offset + nbytes].copy()
+        return staging_copy(self.device, self, offset, np.empty(nbytes, np.uint8), upload=False)
+
+    def destroy(self):
+        if self.alive:
+            self.alive = False
+            self._view = None
+            d = self.device.device
+            lib.vkDestroyBuffer(d, self.handle, ffi.NULL)
+            lib.vkFreeMemory(d, self.memory, ffi.NULL)
+
+    def __repr__(self):
+        return f"<Buffer {self.nbytes} B>"
+
+
+def staging_copy(device, buf, offset, host, upload):
+    """Copy between `host` (uint8 array) and `buf` through the device's staging buffer, in chunks."""
+    chunk = 64 << 20
+    st = device._staging
+    if st is None or st.nbytes < min(chunk, host.size):
+        if st is not None:
+            st.destroy()
+        st = device._staging = Buffer(device, max(min(chunk, host.size), 1 << 20), host_visible=True)
+    region = ffi.new("VkBufferCopy*")
+    for start in range(0, host.size, chunk):
+        n = min(chunk, host.size - start)
+        if upload:
+            st._view[:n] = host[start:start + n]
+            region.srcOffset, region.dstOffset, region.size = 0, offset + start, n
+            device.one_shot(lambda cmd: lib.vkCmdCopyBuffer(cmd, st.handle, buf.handle, 1, region))
+        else:
+            region.srcOffset, region.dstOffset, region.size = offset + start, 0, n
+            device.one_shot(lambda cmd: lib.vkCmdCopyBuffer(cmd, buf.handle, st.handle, 1, region))
+            host[start:start + n] = st._view[:n]
+    return host
+
+
+class BufferPool:
+    """Hands out buffers, reusing freed ones of the same rounded size (powers of two above 4 KiB)."""
+
+    def __init__(self, device):
+        self.device = device
+        self._free = {}
+        self._all = []
+
+    @staticmethod
+    def bucket(nbytes):
+        nbytes = max(4, int(nbytes))
+        if nbytes <= 4096:
+            return (nbytes + 255) // 256 * 256
+        return 1 << (nbytes - 1).bit_length()
+
+    def alloc(self, nbytes):
+        size = self.bucket(nbytes)
+        free = self._free.get(size)
+        if free:
+            return free.pop()
+        buf = Buffer(self.device, size)
+        self._all.append(buf)
+        return buf
+
+    def free(self, buf):
+        self._free.setdefault(buf.nbytes, []).append(buf)
+
+    def trim(self):
+        """Destroy every buffer that is free now."""
+        for bufs in self._free.values():
+            for b in bufs:
+                self.device.pipelines.forget_buffer(b)
+                b.destroy()
+        dead = {id(b) for bufs in self._free.values() for b in bufs}
+        self._all = [b for b in self._all if id(b) not in dead]
+        self._free.clear()
+
+    def destroy(self):
+        for b in self._all:
+            b.destroy()
+        if self.device._staging is not None:
+            self.device._staging.destroy()
+        self._all, self._free = [], {}

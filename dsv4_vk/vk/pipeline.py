@@ -1,0 +1,184 @@
+"""Compute pipelines cached per (shader, defines, specialization constants, subgroup requirements),
+and descriptor sets cached per (layout, buffers).
+
+Shader interface convention (every .comp in shaders/ follows it):
+- set 0, bindings 0..n-1: storage buffers, bound whole; element offsets travel in push constants;
+- specialization constant 0 is the workgroup size x (`layout(local_size_x_id = 0) in;`), further
+  constants are the shader's own (listed in its header comment);
+- push constants: at most 128 bytes.
+"""
+import struct
+
+from .binding import check, ffi, lib, vk
+from .errors import VulkanError
+from .shader import compile_shader
+
+PUSH_SIZE = 128
+_FULL_SUBGROUPS = 0x2       # VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT
+_ALLOW_VARYING = 0x1        # VK_PIPELINE_SHADER_STAGE_CREATE_ALLOW_VARYING_SUBGROUP_SIZE_BIT
+
+
+class Pipeline:
+    def __init__(self, key, handle, layout, set_layout, n_bindings, local_size):
+        self.key, self.handle, self.layout, self.set_layout = key, handle, layout, set_layout
+        self.n_bindings, self.local_size = n_bindings, local_size
+
+    @property
+    def name(self):
+        return self.key[0]
+
+
+class PipelineCache:
+    def __init__(self, device):
+        self.device = device
+        self._pipelines = {}
+        self._set_layouts = {}
+        self._sets = {}
+
+    def _set_layout(self, n):
+        if n not in self._set_layouts:
+            binds = ffi.new("VkDescriptorSetLayoutBinding[]", n)
+            for i in range(n):
+                binds[i].binding = i
+                binds[i].descriptorType = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
+                binds[i].descriptorCount = 1
+                binds[i].stageFlags = vk.VK_SHADER_STAGE_COMPUTE_BIT
+            info = ffi.new("VkDescriptorSetLayoutCreateInfo*")
+            info.sType = vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO
+            info.bindingCount = n
+            info.pBindings = binds
+            out = ffi.new("VkDescriptorSetLayout*")
+            check(lib.vkCreateDescriptorSetLayout(self.device.device, info, ffi.NULL, out),
+                  "vkCreateDescriptorSetLayout")
+            sl = ffi.new("VkDescriptorSetLayout[]", [out[0]])
+            pc = ffi.new("VkPushConstantRange*")
+            pc.stageFlags = vk.VK_SHADER_STAGE_COMPUTE_BIT
+            pc.offset = 0
+            pc.size = min(PUSH_SIZE, self.device.caps["limits"]["max_push_constants"])
+            linfo = ffi.new("VkPipelineLayoutCreateInfo*")
+            linfo.sType = vk.VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO
+            linfo.setLayoutCount = 1
+            linfo.pSetLayouts = sl
+            linfo.pushConstantRangeCount = 1
+            linfo.pPushConstantRanges = pc
+            lout = ffi.new("VkPipelineLayout*")
+            check(lib.vkCreatePipelineLayout(self.device.device, linfo, ffi.NULL, lout), "vkCreatePipelineLayout")
+            self._set_layouts[n] = (out[0], lout[0])
+        return self._set_layouts[n]
+
+    def get(self, shader, n_bindings, defines=None, spec=(), required_subgroup_size=None, full_subgroups=False):
+        """The pipeline for `shaders/<shader>.comp`; spec[0] is the workgroup size x."""
+        defines = dict(defines or {})
+        spec = tuple(int(s) for s in spec)
+        key = (shader, tuple(sorted((k, str(v)) for k, v in defines.items())), spec, n_bindings,
+               required_subgroup_size, bool(full_subgroups))
+        p = self._pipelines.get(key)
+        if p is None:
+            p = self._pipelines[key] = self._create(key, shader, defines, spec, n_bindings,
+                                                    required_subgroup_size, full_subgroups)
+        return p
+
+    def _create(self, key, shader, defines, spec, n, req_sg, full):
+        d = self.device.device
+        code = compile_shader(shader, defines)
+        minfo = ffi.new("VkShaderModuleCreateInfo*")
+        minfo.sType = vk.VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO
+        cbuf = ffi.new("uint32_t[]", len(code) // 4)
+        ffi.memmove(cbuf, code, len(code))
+        minfo.codeSize = len(code)
+        minfo.pCode = cbuf
+        mod = ffi.new("VkShaderModule*")
+        check(lib.vkCreateShaderModule(d, minfo, ffi.NULL, mod), f"vkCreateShaderModule({shader})")
+        set_layout, layout = self._set_layout(n)
+        keep = []
+        stage = ffi.new("VkPipelineShaderStageCreateInfo*")
+        stage.sType = vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO
+        stage.stage = vk.VK_SHADER_STAGE_COMPUTE_BIT
+        stage.module = mod[0]
+        entry = ffi.new("char[]", b"main")
+        stage.pName = entry
+        if spec:
+            entries = ffi.new("VkSpecializationMapEntry[]", len(spec))
+            for i in range(len(spec)):
+                entries[i].constantID, entries[i].offset, entries[i].size = i, 4 * i, 4
+            data = ffi.new("uint32_t[]", list(spec))
+            sinfo = ffi.new("VkSpecializationInfo*")
+            sinfo.mapEntryCount, sinfo.pMapEntries = len(spec), entries
+            sinfo.dataSize, sinfo.pData = 4 * len(spec), data
+            stage.pSpecializationInfo = sinfo
+            keep += [entries, data, sinfo]
+        sgc = self.device.caps["subgroup"]
+        if full:
+            if not sgc["full_subgroups"]:
+                raise VulkanError(f"pipeline {shader} needs full subgroups, which {self.device.name} cannot require")
+            stage.flags |= _FULL_SUBGROUPS
+        if req_sg:
+            if not (sgc["size_control"] and sgc["required_size_compute"]
+                    and sgc["min_size"] <= req_sg <= sgc["max_size"]):
+                raise VulkanError(f"pipeline {shader} requires subgroup size {req_sg}; {self.device.name} "
+                                  f"supports {sgc['min_size']}..{sgc['max_size']} "
+                                  f"(size control: {sgc['size_control']})")
+            rs = ffi.new("VkPipelineShaderStageRequiredSubgroupSizeCreateInfo*")
+            rs.sType = vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO
+            rs.requiredSubgroupSize = req_sg
+            stage.pNext = rs
+            keep.append(rs)
+        cinfo = ffi.new("VkComputePipelineCreateInfo*")
+        cinfo.sType = vk.VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO
+        cinfo.stage = stage[0]
+        cinfo.layout = layout
+        out = ffi.new("VkPipeline*")
+        res = lib.vkCreateComputePipelines(d, ffi.NULL, 1, cinfo, ffi.NULL, out)
+        lib.vkDestroyShaderModule(d, mod[0], ffi.NULL)
+        check(res, f"vkCreateComputePipelines({shader})")
+        return Pipeline(key, out[0], layout, set_layout, n, spec[0] if spec else 1)
+
+    def descriptor_set(self, pipeline, bindings):
+        """A descriptor set binding `bindings` at 0..n-1, cached by (layout, bindings).
+
+        Each binding is a Buffer (bound whole) or (Buffer, byte offset): the offset must be a
+        multiple of the device's minStorageBufferOffsetAlignment (256 always is)."""
+        bindings = [b if isinstance(b, tuple) else (b, 0) for b in bindings]
+        key = (pipeline.n_bindings, tuple((id(b), off) for b, off in bindings))
+        hit = self._sets.get(key)
+        if hit is not None:
+            return hit[0]
+        dset, pool = self.device.allocate_descriptor_set(pipeline.set_layout)
+        n = len(bindings)
+        infos = ffi.new("VkDescriptorBufferInfo[]", n)
+        writes = ffi.new("VkWriteDescriptorSet[]", n)
+        for i, (b, off) in enumerate(bindings):
+            infos[i].buffer, infos[i].offset, infos[i].range = b.handle, off, b.nbytes - off
+            w = writes[i]
+            w.sType = vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET
+            w.dstSet, w.dstBinding, w.descriptorCount = dset, i, 1
+            w.descriptorType = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
+            w.pBufferInfo = infos + i
+        lib.vkUpdateDescriptorSets(self.device.device, n, writes, 0, ffi.NULL)
+        self._sets[key] = (dset, pool, tuple(b for b, _ in bindings))
+        return dset
+
+    def forget_buffer(self, buf):
+        """Free cached descriptor sets that reference `buf` (before it is destroyed)."""
+        for key in [k for k, v in self._sets.items() if any(b is buf for b in v[2])]:
+            dset, pool, _ = self._sets.pop(key)
+            self.device.free_descriptor_set(pool, dset)
+
+    def destroy(self):
+        d = self.device.device
+        for p in self._pipelines.values():
+            lib.vkDestroyPipeline(d, p.handle, ffi.NULL)
+        for sl, pl in self._set_layouts.values():
+            lib.vkDestroyPipelineLayout(d, pl, ffi.NULL)
+            lib.vkDestroyDescriptorSetLayout(d, sl, ffi.NULL)
+        self._pipelines.clear()
+        self._set_layouts.clear()
+        self._sets.clear()
+
+
+def pack_push(fmt, *values):
+    """Push-constant bytes for struct format `fmt` (little-endian, std430-compatible scalars)."""
+    data = struct.pack("<" + fmt, *values)
+    if len(data) > PUSH_SIZE:
+        raise ValueError(f"push constants of {len(data)} bytes exceed {PUSH_SIZE}")
+    return data

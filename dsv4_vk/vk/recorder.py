@@ -1,0 +1,198 @@
+"""Command-buffer recording with hazard-tracked barriers and optional per-dispatch timestamps.
+
+Every vkCmd* goes through the raw cffi `lib` with structs built once (the binding's wrappers cost
+about 10x more per call). A barrier is recorded only where a dispatch reads what an earlier
+dispatch wrote (RAW), or writes what an earlier one read or wrote (WAR/WAW) since the last
+barrier, judged over byte ranges of buffers. A finished `Recording` can be submitted any number
+of times without re-recording.
+"""
+import numpy as np
+
+from .binding import check, ffi, lib, vk
+
+_STAGE_COMPUTE = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+_STAGE_TRANSFER = vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+_STAGE_HOST = vk.VK_PIPELINE_STAGE_HOST_BIT
+_QUERY_CHUNK = 4096
+
+
+def _overlap(ranges, lo, hi):
+    return any(a < hi and lo < b for a, b in ranges)
+
+
+class Recording:
+    """A finished command buffer: submit() replays it; timings() reads per-dispatch GPU times."""
+
+    def __init__(self, device, cmd, labels, n_barriers, query_pools, keepalive):
+        self.device = device
+        self.cmd = cmd
+        self.fence = device.create_fence()
+        self.labels = labels
+        self.n_dispatches = len(labels)
+        self.n_barriers = n_barriers
+        self.query_pools = query_pools
+        self.n_submits = 0
+        self._keepalive = keepalive
+
+    def submit(self):
+        """Run the recorded commands on the GPU and wait for them."""
+        self.device.submit_and_wait(self.cmd, self.fence)
+        self.n_submits += 1
+
+    def timestamps_ns(self):
+        """Raw timestamps in ns: one before the first dispatch and one after each, or None."""
+        if not self.query_pools:
+            return None
+        period = self.device.caps["timestamps"]["period_ns"]
+        bits = self.device.caps["timestamps"]["valid_bits"]
+        vals = []
+        for pool, count in self.query_pools:
+            data = ffi.new("uint64_t[]", count)
+            check(lib.vkGetQueryPoolResults(self.device.device, pool, 0, count, 8 * count, data, 8,
+                                            vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT),
+                  "vkGetQueryPoolResults")
+            vals.extend(data[i] for i in range(count))
+        ts = np.array(vals, dtype=np.uint64)
+        if bits and bits < 64:
+            ts &= np.uint64((1 << bits) - 1)
+        return ts.astype(np.float64) * period
+
+    def timings(self):
+        """GPU ns per dispatch (time between its preceding and its own end-of-pipe timestamp)."""
+        ts = self.timestamps_ns()
+        return None if ts is None else np.diff(ts)
+
+    def total_gpu_ns(self):
+        ts = self.timestamps_ns()
+        return None if ts is None else float(ts[-1] - ts[0])
+
+    def destroy(self):
+        if self.cmd is not None:
+            self.device.free_command_buffer(self.cmd)
+            lib.vkDestroyFence(self.device.device, self.fence, ffi.NULL)
+            for pool, _ in self.query_pools:
+                lib.vkDestroyQueryPool(self.device.device, pool, ffi.NULL)
+            self.cmd = None
+
+    def __del__(self):
+        try:
+            if not self.device._closed:
+                self.destroy()
+        except Exception:
+            pass
+
+
+class Recorder:
+    """Records dispatches into one command buffer. Use `dispatch(...)` then `finish()`."""
+
+    def __init__(self, device, timestamps=False):
+        self.device = device
+        self.cmd = device.allocate_command_buffer()
+        begin = ffi.new("VkCommandBufferBeginInfo*")
+        begin.sType = vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO
+        check(lib.vkBeginCommandBuffer(self.cmd, begin), "vkBeginCommandBuffer")
+        self._barrier = ffi.new("VkMemoryBarrier*")
+        self._barrier.sType = vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER
+        self._barrier.srcAccessMask = vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT
+        self._barrier.dstAccessMask = (vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
+                                       | vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
+        self._host_barrier = ffi.new("VkMemoryBarrier*")
+        self._host_barrier.sType = vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER
+        self._host_barrier.srcAccessMask = vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT
+        self._host_barrier.dstAccessMask = vk.VK_ACCESS_HOST_READ_BIT
+        self._push_buf = ffi.new("uint8_t[]", 128)
+        self._set_buf = ffi.new("VkDescriptorSet[]", 1)
+        self._copy = ffi.new("VkBufferCopy*")
+        self._writes = {}   # buffer id -> [(lo, hi)] written since the last barrier
+        self._reads = {}
+        self._bound = None
+        self.labels = []
+        self.n_barriers = 0
+        self._keep = []
+        self.timestamps = timestamps and device.caps["timestamps"]["valid_bits"] > 0
+        self._pools = []     # [pool, used]
+        if self.timestamps:
+            self._timestamp(vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT)
+
+    # --- synchronisation --------------------------------------------------------------------
+    def _hazard(self, reads, writes):
+        for b, lo, hi in reads:
+            if _overlap(self._writes.get(id(b), ()), lo, hi):
+                return True
+        for b, lo, hi in writes:
+            if _overlap(self._writes.get(id(b), ()), lo, hi) or _overlap(self._reads.get(id(b), ()), lo, hi):
+                return True
+        return False
+
+    def barrier(self):
+        """A full compute/transfer -> compute/transfer memory barrier."""
+        stages = _STAGE_COMPUTE | _STAGE_TRANSFER
+        lib.vkCmdPipelineBarrier(self.cmd, stages, stages, 0, 1, self._barrier, 0, ffi.NULL, 0, ffi.NULL)
+        self._writes.clear()
+        self._reads.clear()
+        self.n_barriers += 1
+
+    def _track(self, reads, writes):
+        if self._hazard(reads, writes):
+            self.barrier()
+        for b, lo, hi in reads:
+            self._reads.setdefault(id(b), []).append((lo, hi))
+        for b, lo, hi in writes:
+            self._writes.setdefault(id(b), []).append((lo, hi))
+
+    def _timestamp(self, stage):
+        if not self._pools or self._pools[-1][1] == _QUERY_CHUNK:
+            info = ffi.new("VkQueryPoolCreateInfo*")
+            info.sType = vk.VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO
+            info.queryType = vk.VK_QUERY_TYPE_TIMESTAMP
+            info.queryCount = _QUERY_CHUNK
+            out = ffi.new("VkQueryPool*")
+            check(lib.vkCreateQueryPool(self.device.device, info, ffi.NULL, out), "vkCreateQueryPool")
+            lib.vkCmdResetQueryPool(self.cmd, out[0], 0, _QUERY_CHUNK)
+            self._pools.append([out[0], 0])
+        pool = self._pools[-1]
+        lib.vkCmdWriteTimestamp(self.cmd, stage, pool[0], pool[1])
+        pool[1] += 1
+
+    # --- commands -----------------------------------------------------------------------------
+    def dispatch(self, pipeline, buffers, push, grid, reads=(), writes=(), label=""):
+        """Record one dispatch.
+
+        buffers: Buffers (or (Buffer, byte offset)) bound at 0..n-1; push: bytes; grid: (x, y, z) workgroups;
+        reads / writes: (buffer, byte_lo, byte_hi) ranges this dispatch touches (for barriers).
+        """
+        self._track(reads, writes)
+        if self._bound is not pipeline.handle:
+            lib.vkCmdBindPipeline(self.cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.handle)
+            self._bound = pipeline.handle
+        self._set_buf[0] = self.device.pipelines.descriptor_set(pipeline, buffers)
+        lib.vkCmdBindDescriptorSets(self.cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.layout, 0, 1,
+                                    self._set_buf, 0, ffi.NULL)
+        if push:
+            n = (len(push) + 3) // 4 * 4
+            ffi.memmove(self._push_buf, push, len(push))
+            lib.vkCmdPushConstants(self.cmd, pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, n, self._push_buf)
+        gx, gy, gz = grid
+        lib.vkCmdDispatch(self.cmd, gx, gy, gz)
+        self.labels.append(label)
+        if self.timestamps:
+            self._timestamp(vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT)
+
+    def copy(self, src, src_off, dst, dst_off, nbytes, label="copy"):
+        """Buffer-to-buffer copy, tracked like a dispatch."""
+        self._track([(src, src_off, src_off + nbytes)], [(dst, dst_off, dst_off + nbytes)])
+        self._copy.srcOffset, self._copy.dstOffset, self._copy.size = src_off, dst_off, nbytes
+        lib.vkCmdCopyBuffer(self.cmd, src.handle, dst.handle, 1, self._copy)
+        self.labels.append(label)
+        if self.timestamps:
+            self._timestamp(vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT)
+
+    def finish(self):
+        """End recording; writes become visible to the host after each submit."""
+        lib.vkCmdPipelineBarrier(self.cmd, _STAGE_COMPUTE | _STAGE_TRANSFER, _STAGE_HOST, 0, 1,
+                                 self._host_barrier, 0, ffi.NULL, 0, ffi.NULL)
+        check(lib.vkEndCommandBuffer(self.cmd), "vkEndCommandBuffer")
+        pools = [(p, used) for p, used in self._pools]
+        rec = Recording(self.device, self.cmd, self.labels, self.n_barriers, pools, self._keep)
+        self.cmd = None
+        return rec
