@@ -1,0 +1,60 @@
+"""`python -m dsv4_vk info [--json] [--all]`: what the device is and can do."""
+import argparse
+import json
+
+from .vk import Device, VulkanError, list_devices
+
+
+def report(dev):
+    """The device report as a dict (capabilities plus HC kernel choices where known)."""
+    out = dict(dev.caps)
+    out.pop("memory_types", None)
+    try:
+        from .hc_policy import describe
+        out["hc"] = describe(dev)
+    except ImportError:
+        pass
+    return out
+
+
+def _human(rep):
+    sg, ts, lim = rep["subgroup"], rep["timestamps"], rep["limits"]
+    lines = [
+        f"device        {rep['index']}: {rep['name']} ({rep['type']})",
+        f"api / driver  Vulkan {rep['api_version']}, {rep['driver_name']} {rep['driver_info']}",
+        f"subgroup      size {sg['size']} (min {sg['min_size']}, max {sg['max_size']}), "
+        f"size control {sg['size_control']}, full subgroups {sg['full_subgroups']}",
+        f"subgroup ops  {', '.join(sg['operations'])} (compute stage: {sg['compute_stage']})",
+        f"timestamps    {'yes' if ts['valid_bits'] else 'no'}, {ts['valid_bits']} bits, {ts['period_ns']} ns/tick",
+        f"workgroups    count {lim['max_workgroup_count']}, size {lim['max_workgroup_size']}, "
+        f"invocations {lim['max_workgroup_invocations']}",
+        f"memory        shared {lim['max_shared_memory']} B, push constants {lim['max_push_constants']} B, "
+        f"storage range {lim['max_storage_buffer_range']} B",
+        "heaps         " + ", ".join(f"{h['size'] / 2**30:.1f} GiB{' device-local' if h['device_local'] else ''}"
+                                     for h in rep["memory_heaps"]),
+    ]
+    for op, choice in rep.get("hc", {}).items():
+        lines.append(f"{op:13s} {choice['path']}: {choice['reason']}")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m dsv4_vk info", description=__doc__)
+    ap.add_argument("--json", action="store_true", help="print JSON")
+    ap.add_argument("--all", action="store_true", help="list every physical device, not just the chosen one")
+    args = ap.parse_args(argv)
+    try:
+        if args.all:
+            devs = list_devices()
+            print(json.dumps(devs, indent=2) if args.json else
+                  "\n".join(f"{i}: {d['name']} ({d['type']}, subgroup {d['subgroup']['size']})"
+                            for i, d in enumerate(devs)))
+            return 0
+        dev = Device()
+        rep = report(dev)
+    except VulkanError as e:
+        print(f"error: {e}")
+        return 1
+    print(json.dumps(rep, indent=2) if args.json else _human(rep))
+    dev.close()
+    return 0
