@@ -9,7 +9,8 @@ import collections
 
 import numpy as np
 
-from .tensor import DTYPES
+from . import profile
+from .tensor import DTYPES, dtype_name
 from .vk import Recorder, default_device, pack_push
 
 GUARD = 64                      # elements before and after every storage (256 B: a legal bind offset)
@@ -40,18 +41,41 @@ class RunStats:
                 f"paths={[(p[0], p[1]) for p in self.paths]})")
 
 
+def guarded_buffer(device, numel, data=None):
+    """A pooled buffer laid out [guard | numel elements | guard], guards set to SENTINEL."""
+    buf = device.pool.alloc((numel + 2 * GUARD) * 4)
+    guard = np.full(GUARD, SENTINEL, np.uint32)
+    buf.write(guard, 0)
+    buf.write(guard, (GUARD + numel) * 4)
+    if data is not None:
+        buf.write(data, GUARD * 4)
+    return buf
+
+
+def guards_intact(buf, numel):
+    head = buf.read(0, GUARD * 4).view(np.uint32)
+    tail = buf.read((GUARD + numel) * 4, GUARD * 4).view(np.uint32)
+    return bool((head == SENTINEL).all() and (tail == SENTINEL).all())
+
+
 class CompiledGraph:
-    def __init__(self, device, graph, timestamps=False):
+    def __init__(self, device, graph, timestamps=False, params=None):
         self.device, self.graph, self.timestamps = device, graph, timestamps
         self.buffers = {}
+        self._owned = []
         for s in graph.storages:
-            buf = device.pool.alloc((s.numel + 2 * GUARD) * 4)
+            if s.kind == "param":
+                p = (params or {}).get(s.name)
+                if p is None:
+                    raise ValueError(f"graph uses param {s.name!r} but the executor has none: "
+                                     "call Executor.set_param first")
+                if p.numel != s.numel or p.dtype != s.dtype:
+                    raise ValueError(f"param {s.name!r} holds {p.numel} {p.dtype}, graph wants {s.numel} {s.dtype}")
+                self.buffers[id(s)] = p.buffer
+                continue
+            buf = guarded_buffer(device, s.numel, s.data if s.kind == "const" else None)
             self.buffers[id(s)] = buf
-            guard = np.full(GUARD, SENTINEL, np.uint32)
-            buf.write(guard, 0)
-            buf.write(guard, (GUARD + s.numel) * 4)
-            if s.kind == "const":
-                buf.write(s.data, GUARD * 4)
+            self._owned.append(buf)
         rec = Recorder(device, timestamps=timestamps)
         for node in graph.nodes:
             for launch in node.op.lower(node, device):
@@ -109,24 +133,33 @@ class CompiledGraph:
             self.set_input(k, v)
         self.recording.submit()
         self.stats = RunStats(self, self.recording.timings() if self.timestamps else None)
+        profile.notify(self.stats)
         return {k: self.read(t) for k, t in self.graph.outputs.items()}
 
     def check_guards(self):
         """Names of storages whose guard regions were overwritten (empty list: all intact)."""
-        bad = []
-        for i, s in enumerate(self.graph.storages):
-            buf = self.buffers[id(s)]
-            head = buf.read(0, GUARD * 4).view(np.uint32)
-            tail = buf.read((GUARD + s.numel) * 4, GUARD * 4).view(np.uint32)
-            if (head != SENTINEL).any() or (tail != SENTINEL).any():
-                bad.append(s.name or f"{s.kind}#{i}")
-        return bad
+        return [s.name or f"{s.kind}#{i}" for i, s in enumerate(self.graph.storages)
+                if not guards_intact(self.buffers[id(s)], s.numel)]
 
     def release(self):
         self.recording.destroy()
-        for buf in self.buffers.values():
+        for buf in self._owned:
             self.device.pool.free(buf)
-        self.buffers = {}
+        self.buffers, self._owned = {}, []
+
+
+class Param:
+    """A named device tensor owned by an executor and shared by its graphs (weights, KV caches)."""
+
+    def __init__(self, device, name, array):
+        self.name, self.shape = name, array.shape
+        self.dtype = dtype_name(array.dtype)
+        self.numel = array.size
+        self.buffer = guarded_buffer(device, self.numel, array)
+
+    def read(self):
+        raw = self.buffer.read(GUARD * 4, self.numel * 4).view(DTYPES[self.dtype])
+        return raw.reshape(self.shape).copy()
 
 
 class Executor:
@@ -137,13 +170,36 @@ class Executor:
         self.timestamps = timestamps
         self._cache = collections.OrderedDict()
         self.cache_size = cache_size
+        self.params = {}
         self.last = None
 
+    def set_param(self, name, array):
+        """Upload (or overwrite in place) the param `name`; graphs see it through Graph.param."""
+        a = np.ascontiguousarray(array)
+        if a.dtype == np.float64:
+            a = a.astype(np.float32)
+        p = self.params.get(name)
+        if p is not None and p.numel == a.size and p.dtype == dtype_name(a.dtype):
+            p.buffer.write(a, GUARD * 4)
+            p.shape = a.shape
+        else:
+            if p is not None:
+                self._drop_graphs_using(name)
+                self.device.pool.free(p.buffer)
+            self.params[name] = Param(self.device, name, a)
+        return self.params[name]
+
+    def _drop_graphs_using(self, name):
+        for key in [k for k, cg in self._cache.items()
+                    if any(s.kind == "param" and s.name == name for s in cg.graph.storages)]:
+            self._cache.pop(key).release()
+
     def compile(self, graph):
-        key = (graph.signature(), self.timestamps)
+        timestamps = self.timestamps or profile.active()
+        key = (graph.signature(), timestamps)
         cg = self._cache.get(key)
         if cg is None:
-            cg = CompiledGraph(self.device, graph, self.timestamps)
+            cg = CompiledGraph(self.device, graph, timestamps, self.params)
             self._cache[key] = cg
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)[1].release()

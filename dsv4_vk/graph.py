@@ -59,6 +59,16 @@ class Graph:
         a = np.ascontiguousarray(a, dtype=DTYPES[dt])
         return Tensor(self, self._storage(a.size, dt, "const", name, a), a.shape)
 
+    def param(self, name, shape, dtype="f32"):
+        """A named tensor that lives outside the graph, in the executor (`Executor.set_param`):
+        weights shared by several graphs, KV caches that persist across replays."""
+        for s in self.storages:
+            if s.kind == "param" and s.name == name:
+                if s.numel != math.prod(shape) or s.dtype != dtype:
+                    raise ValueError(f"param {name!r} used with two shapes/dtypes")
+                return Tensor(self, s, shape)
+        return Tensor(self, self._storage(math.prod(shape), dtype, "param", name), shape)
+
     def empty(self, shape, dtype="f32", name=None):
         return Tensor(self, self._storage(math.prod(shape), dtype, "temp", name), shape)
 
