@@ -2,6 +2,10 @@
 // (ops.base.grid_1d): the flat workgroup index is y * numGroups.x + x.
 #extension GL_EXT_control_flow_attributes : enable
 
+// The workgroup size x is specialization constant 0. Declared here, before any function uses
+// gl_WorkGroupSize: glslang folds gl_WorkGroupSize to 1 in code that precedes the declaration.
+layout(local_size_x_id = 0) in;
+
 uint flat_group() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x; }
 uint flat_index() { return flat_group() * gl_WorkGroupSize.x + gl_LocalInvocationID.x; }
 

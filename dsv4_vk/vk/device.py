@@ -196,10 +196,13 @@ class Device:
         if self.queue_family is None:
             raise VulkanUnavailable(f"device {self.caps['name']} has no compute queue")
         self._create_device()
+        # Map device memory directly where it is host-visible and the device shares host memory
+        # (lavapipe, integrated GPUs); DSV4_VK_FORCE_STAGING=1 tests the discrete-GPU staging path.
         self.is_host_visible = self._find_memory(vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
                                                  | vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
                                                  | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, required=False) is not None \
-            and self.caps["type_code"] in (1, 4)
+            and self.caps["type_code"] in (1, 4) \
+            and os.environ.get("DSV4_VK_FORCE_STAGING", "").lower() not in ("1", "true", "yes", "on")
         self._staging = None
         self._one_shot = None
         from .memory import BufferPool
