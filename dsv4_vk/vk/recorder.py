@@ -187,6 +187,14 @@ class Recorder:
         if self.timestamps:
             self._timestamp(vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT)
 
+    def mark(self):
+        """A GPU timestamp after all work recorded so far, for a recorder made without per-dispatch
+        timestamps (those would serialise what they measure): Recording.timestamps_ns() then
+        returns the marks, e.g. one before and one after a chain of dispatches."""
+        if self.timestamps or not self.device.caps["timestamps"]["valid_bits"]:
+            raise ValueError("mark() needs a device with timestamps and a Recorder(timestamps=False)")
+        self._timestamp(vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT)
+
     def finish(self):
         """End recording; writes become visible to the host after each submit."""
         lib.vkCmdPipelineBarrier(self.cmd, _STAGE_COMPUTE | _STAGE_TRANSFER, _STAGE_HOST, 0, 1,

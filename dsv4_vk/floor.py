@@ -1,0 +1,196 @@
+"""The device floor: what the cheapest dispatch, barrier, submit and copy cost on this device.
+
+Every HC kernel is judged against these numbers (`python -m dsv4_vk bench` prints them first):
+a fused op at decode cannot beat one dependent dispatch, and a bandwidth-bound op at prefill cannot
+beat a plain copy. GPU times come from timestamp queries (`Recorder.mark()` before and after a
+chain, so no per-dispatch timestamp serialises what is measured), each the median over replays of
+one recorded command buffer; host times from `time.perf_counter_ns`, also medians.
+
+    measure(device)        -> dict of all of them
+    format_floor(result)   -> the human-readable block
+"""
+import contextlib
+import statistics
+import time
+
+import numpy as np
+
+from .ops.base import grid_1d
+from .vk import Buffer, Recorder, default_device, pack_push
+
+COPY_WORKGROUP = 256
+CPU_COPY_BYTES = 16 << 20       # lavapipe: ~1 GB/s, keep each replay short
+GPU_COPY_BYTES = 1 << 30        # far beyond any GPU's L2, so the copy reads DRAM
+
+
+@contextlib.contextmanager
+def _scratch(device, nbytes, fill=None):
+    """A buffer that lives for the measurement only (its cached descriptor sets go with it)."""
+    buf = Buffer(device, nbytes)
+    try:
+        if fill is not None:
+            buf.write(fill)
+        yield buf
+    finally:
+        device.pipelines.forget_buffer(buf)
+        buf.destroy()
+
+
+@contextlib.contextmanager
+def _recording(rec):
+    r = rec.finish()
+    try:
+        yield r
+    finally:
+        r.destroy()
+
+
+def _step_pipeline(device):
+    return device.pipelines.get("floor", 1, {"OP_STEP": 1}, (1,))
+
+
+def _check_timestamps(device):
+    if not device.caps["timestamps"]["valid_bits"]:
+        raise RuntimeError(f"{device.name} has no timestamp queries: GPU times cannot be measured")
+
+
+def dispatch_chain_us(device, n=256, barriers=True, replays=10):
+    """GPU µs per dispatch in a chain of `n` tiny dispatches, dispatch i computing d[i+1] = d[i] + 1.
+
+    barriers=True: each dispatch depends on the one before (the recorder puts a barrier between
+    them) and the result is checked (d[n] == n). barriers=False: the same dispatches with no
+    barrier, i.e. the launch cost alone (their results race by design and are not checked)."""
+    if n < 1 or replays < 1:
+        raise ValueError(f"dispatch chain needs n ≥ 1 and replays ≥ 1, got n={n}, replays={replays}")
+    _check_timestamps(device)
+    pipe = _step_pipeline(device)
+    with _scratch(device, 4 * (n + 1), np.zeros(n + 1, np.float32)) as buf:
+        rec = Recorder(device)
+        rec.mark()
+        for i in range(n):
+            reads = [(buf, 4 * i, 4 * i + 4)] if barriers else ()
+            writes = [(buf, 4 * i + 4, 4 * i + 8)] if barriers else ()
+            rec.dispatch(pipe, [buf], pack_push("II", i, i + 1), (1, 1, 1), reads, writes, label="step")
+        rec.mark()
+        with _recording(rec) as r:
+            if barriers and r.n_barriers != n - 1:
+                raise RuntimeError(f"dependent chain of {n} dispatches recorded {r.n_barriers} barriers, "
+                                   f"expected {n - 1}")
+            per = []
+            for _ in range(replays):
+                r.submit()
+                ts = r.timestamps_ns()
+                per.append((ts[-1] - ts[0]) / n / 1e3)
+        if barriers:
+            last = float(buf.read(4 * n, 4).view(np.float32)[0])
+            if last != float(n):
+                raise RuntimeError(f"dependent dispatch chain computed {last}, expected {n}: "
+                                   "dispatches ran out of order or not at all")
+    return statistics.median(per)
+
+
+def submit_roundtrip_us(device, replays=20):
+    """Host µs to submit one recorded tiny dispatch and wait for its fence."""
+    pipe = _step_pipeline(device)
+    with _scratch(device, 8, np.zeros(2, np.float32)) as buf:
+        rec = Recorder(device)
+        rec.dispatch(pipe, [buf], pack_push("II", 0, 1), (1, 1, 1), [(buf, 0, 4)], [(buf, 4, 8)])
+        with _recording(rec) as r:
+            for _ in range(3):          # first submits JIT-compile the shader (lavapipe) and page in
+                r.submit()
+            times = []
+            for _ in range(replays):
+                t0 = time.perf_counter_ns()
+                r.submit()
+                times.append((time.perf_counter_ns() - t0) / 1e3)
+    return statistics.median(times)
+
+
+def record_us_per_dispatch(device, n=1000, repeats=3):
+    """Host µs per `Recorder.dispatch` call (bind + push + dispatch + hazard tracking and the
+    barrier it implies), measured in Python over a dependent chain of `n` dispatches."""
+    pipe = _step_pipeline(device)
+    pushes = [pack_push("II", i, i + 1) for i in range(n)]
+    per = []
+    with _scratch(device, 4 * (n + 1)) as buf:
+        ranges = [([(buf, 4 * i, 4 * i + 4)], [(buf, 4 * i + 4, 4 * i + 8)]) for i in range(n)]
+        for _ in range(repeats):
+            rec = Recorder(device)
+            t0 = time.perf_counter_ns()
+            for i in range(n):
+                rec.dispatch(pipe, [buf], pushes[i], (1, 1, 1), *ranges[i])
+            per.append((time.perf_counter_ns() - t0) / n / 1e3)
+            rec.finish().destroy()
+    return statistics.median(per)
+
+
+def default_copy_bytes(device):
+    """1 GiB on GPUs (capped by the storage-buffer range), 16 MiB on CPU devices."""
+    if device.caps["type"] == "cpu":
+        return CPU_COPY_BYTES
+    return min(GPU_COPY_BYTES, device.caps["limits"]["max_storage_buffer_range"] // 16 * 16)
+
+
+def copy_gbps(device, nbytes=None, replays=10, copies=4):
+    """Copy bandwidth in GB/s (bytes read + bytes written, 10⁹ B/s) of an elementwise vec4 copy of
+    `nbytes`; median over replays of `copies` back-to-back copies (the output is checked)."""
+    nbytes = default_copy_bytes(device) if nbytes is None else int(nbytes)
+    limit = device.caps["limits"]["max_storage_buffer_range"]
+    if nbytes < 16 or nbytes % 16:
+        raise ValueError(f"copy_bytes must be a positive multiple of 16, got {nbytes}")
+    if nbytes > limit:
+        raise ValueError(f"copy_bytes={nbytes} exceeds {device.name}'s maxStorageBufferRange ({limit} B)")
+    _check_timestamps(device)
+    n4 = nbytes // 16
+    pipe = device.pipelines.get("floor", 2, {"OP_COPY": 1}, (COPY_WORKGROUP,))
+    grid = grid_1d(n4, COPY_WORKGROUP)
+    src_data = np.arange(nbytes // 4, dtype=np.float32)
+    with _scratch(device, nbytes, src_data) as src, _scratch(device, nbytes) as dst:
+        rec = Recorder(device)
+        rec.mark()
+        for _ in range(copies):         # each rewrites dst: the recorder orders them with barriers
+            rec.dispatch(pipe, [src, dst], pack_push("I", n4), grid, [(src, 0, nbytes)], [(dst, 0, nbytes)])
+        rec.mark()
+        with _recording(rec) as r:
+            r.submit()                  # warm-up: first touch of the pages, shader JIT
+            rates = []
+            for _ in range(replays):
+                r.submit()
+                ts = r.timestamps_ns()
+                rates.append(2 * nbytes * copies / (ts[-1] - ts[0]))   # B/ns == GB/s
+        if not np.array_equal(dst.read().view(np.float32), src_data):
+            raise RuntimeError("copy kernel produced wrong data: the bandwidth figure would be meaningless")
+    return statistics.median(rates)
+
+
+def measure(device=None, chain=256, copy_bytes=None, replays=10, record_n=1000):
+    """All floor numbers for `device` (default device if None) as a JSON-ready dict."""
+    device = device or default_device()
+    copy_bytes = default_copy_bytes(device) if copy_bytes is None else int(copy_bytes)
+    return {
+        "device": device.name,
+        "device_type": device.caps["type"],
+        "subgroup_size": device.subgroup_size,
+        "chain": chain,
+        "replays": replays,
+        "dispatch_barrier_us": dispatch_chain_us(device, chain, True, replays),
+        "dispatch_nobarrier_us": dispatch_chain_us(device, chain, False, replays),
+        "submit_wait_us": submit_roundtrip_us(device, max(replays, 10)),
+        "record_us_per_dispatch": record_us_per_dispatch(device, record_n),
+        "copy_bytes": copy_bytes,
+        "copy_gbps": copy_gbps(device, copy_bytes, replays),
+    }
+
+
+def format_floor(f):
+    """The floor as a text block (one measurement per line)."""
+    return "\n".join([
+        f"device                      {f['device']} ({f['device_type']}), subgroup {f['subgroup_size']}",
+        f"dependent dispatch+barrier  {f['dispatch_barrier_us']:10.2f} µs GPU   "
+        f"(chain of {f['chain']}, median of {f['replays']} replays)",
+        f"dispatch without barrier    {f['dispatch_nobarrier_us']:10.2f} µs GPU",
+        f"submit + wait, 1 dispatch   {f['submit_wait_us']:10.1f} µs host",
+        f"record one dispatch         {f['record_us_per_dispatch']:10.2f} µs host (Python, raw vkCmd*)",
+        f"copy bandwidth              {f['copy_gbps']:10.2f} GB/s read+write "
+        f"({f['copy_bytes'] / 2**20:.0f} MiB copied)",
+    ])
