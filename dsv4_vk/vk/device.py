@@ -41,6 +41,9 @@ def _create_instance(validation):
         layers = [_keep(keep, ffi.new("char[]", b"VK_LAYER_KHRONOS_validation"))]
         info.enabledLayerCount = 1
         info.ppEnabledLayerNames = _keep(keep, ffi.new("char*[]", layers))
+        exts = [_keep(keep, ffi.new("char[]", b"VK_EXT_debug_utils"))]
+        info.enabledExtensionCount = 1
+        info.ppEnabledExtensionNames = _keep(keep, ffi.new("char*[]", exts))
         feats = _keep(keep, ffi.new("VkValidationFeatureEnableEXT[]", [
             vk.VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT]))
         vf = _keep(keep, ffi.new("VkValidationFeaturesEXT*"))
@@ -59,6 +62,28 @@ def _create_instance(validation):
             "or a GPU driver; check VK_DRIVER_FILES / VK_ICD_FILENAMES if set.")
     check(res, "vkCreateInstance")
     return out[0]
+
+
+_SEVERITY = {0x1: "verbose", 0x10: "info", 0x100: "warning", 0x1000: "error"}
+
+
+def _create_messenger(instance, sink):
+    """A VK_EXT_debug_utils messenger appending (severity, message) of warnings and errors to `sink`."""
+    @ffi.callback("PFN_vkDebugUtilsMessengerCallbackEXT")
+    def callback(severity, types, data, user):
+        msg = ffi.string(data.pMessage).decode(errors="replace") if data.pMessage else ""
+        sink.append((_SEVERITY.get(severity, str(severity)), msg))
+        return 0
+    info = ffi.new("VkDebugUtilsMessengerCreateInfoEXT*")
+    info.sType = vk.VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT
+    info.messageSeverity = 0x100 | 0x1000
+    info.messageType = 0x1 | 0x2 | 0x4
+    info.pfnUserCallback = callback
+    fn = ffi.cast("PFN_vkCreateDebugUtilsMessengerEXT",
+                  lib.vkGetInstanceProcAddr(instance, b"vkCreateDebugUtilsMessengerEXT"))
+    out = ffi.new("VkDebugUtilsMessengerEXT*")
+    check(fn(instance, info, ffi.NULL, out), "vkCreateDebugUtilsMessengerEXT")
+    return out[0], callback
 
 
 def _physical_devices(instance):
@@ -185,6 +210,9 @@ class Device:
             selector = os.environ.get("DSV4_VK_DEVICE") or None
         self.validation = validation
         self.instance = _create_instance(validation)
+        # with validation on, warnings and errors of the layer collect here (tests assert it stays empty)
+        self.validation_messages = []
+        self._messenger = _create_messenger(self.instance, self.validation_messages) if validation else None
         pds = _physical_devices(self.instance)
         probes = [_probe(pd) for pd in pds]
         self.index = _choose(probes, selector)
@@ -367,6 +395,10 @@ class Device:
             lib.vkDestroyDescriptorPool(self.device, p, ffi.NULL)
         lib.vkDestroyCommandPool(self.device, self.command_pool, ffi.NULL)
         lib.vkDestroyDevice(self.device, ffi.NULL)
+        if self._messenger is not None:
+            fn = ffi.cast("PFN_vkDestroyDebugUtilsMessengerEXT",
+                          lib.vkGetInstanceProcAddr(self.instance, b"vkDestroyDebugUtilsMessengerEXT"))
+            fn(self.instance, self._messenger[0], ffi.NULL)
         lib.vkDestroyInstance(self.instance, ffi.NULL)
 
     def __repr__(self):
