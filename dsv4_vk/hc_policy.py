@@ -1,0 +1,214 @@
+"""Which hyper-connection kernels run on a device, and why.
+
+Resolved once per device and process from the environment and the device's capabilities:
+- `DSV4_VK_DISABLE_HC` (all three ops), `DSV4_VK_DISABLE_HC_COMB` / `_PRE` / `_POST` (one each):
+  1/true/yes/on disable the fused kernel (the unfused chain runs), 0/false/no/off/empty keep it;
+  any other value is a ValueError.
+- `DSV4_VK_HC_COMB_VARIANT=sg16|rows4` forces the HC_COMB kernel variant.
+- Device contract: `sg16` (16 lanes per token) needs subgroup size ≥ 16, shuffles and required full
+  subgroups; `rows4` (4 lanes per token) needs shuffles and subgroup size ≥ 4. A 16-lane shuffle
+  kernel is never run on a smaller subgroup (it returns garbage without any error).
+Per call, `fused=True/False` overrides the environment; `fused=True` (or a variant) that the
+device cannot run raises HCUnsupported instead of falling back.
+"""
+import logging
+import os
+from dataclasses import dataclass
+
+log = logging.getLogger("dsv4_vk")
+
+OPS = ("HC_COMB", "HC_PRE", "HC_POST")
+COMB_VARIANTS = ("sg16", "rows4")
+ALL_ENV = "DSV4_VK_DISABLE_HC"
+VARIANT_ENV = "DSV4_VK_HC_COMB_VARIANT"
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+class HCUnsupported(ValueError):
+    """A fused HC kernel (or variant) was requested that this device cannot run."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    fused: bool
+    variant: str        # "sg16" / "rows4" for HC_COMB, "fused" for PRE/POST, None when unfused
+    reason: str
+
+    @property
+    def path(self):
+        if not self.fused:
+            return "unfused"
+        return f"fused:{self.variant}" if self.variant != "fused" else "fused"
+
+
+def env_switch(name):
+    """True when env `name` disables, False when unset or it keeps enabled; ValueError otherwise."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return False
+    v = raw.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise ValueError(f"environment variable {name}={raw!r} is not understood: expected 1/true/yes/on "
+                     f"(disable) or 0/false/no/off/empty (keep enabled)")
+
+
+def disabled_by(op):
+    """'NAME=value' of the variable that disables `op`'s fused kernel, or None. Both are validated."""
+    own = f"{ALL_ENV}_{op[3:]}"
+    hit = None
+    for name in (ALL_ENV, own):
+        if env_switch(name) and hit is None:
+            hit = f"{name}={os.environ[name]}"
+    return hit
+
+
+def forced_variant():
+    raw = os.environ.get(VARIANT_ENV)
+    if raw is None or raw.strip() == "":
+        return None
+    v = raw.strip().lower()
+    if v not in COMB_VARIANTS:
+        raise ValueError(f"environment variable {VARIANT_ENV}={raw!r} is not understood: expected one of "
+                         f"{', '.join(COMB_VARIANTS)} (or unset)")
+    return v
+
+
+# --- device capabilities ---------------------------------------------------------------------------
+
+def sg16_subgroup_size(device):
+    """Subgroup size the sg16 kernel would run at (≥ 16), or None."""
+    sg = device.caps["subgroup"]
+    if device.subgroup_size >= 16:
+        return device.subgroup_size
+    if sg["size_control"] and sg["required_size_compute"] and sg["max_size"] >= 16:
+        return max(16, sg["min_size"])
+    return None
+
+
+def required_subgroup_size(device, size):
+    """`size` when the device can pin a pipeline's subgroup size to it, else None."""
+    sg = device.caps["subgroup"]
+    if sg["size_control"] and sg["required_size_compute"] and sg["min_size"] <= size <= sg["max_size"]:
+        return size
+    return None
+
+
+def comb_support(device):
+    """{variant: None if the device can run it, else why not}."""
+    sgc = device.caps["subgroup"]
+    size = device.subgroup_size
+    shuffle = device.supports_subgroup_op("shuffle")
+    out = {}
+    if not shuffle:
+        out["sg16"] = out["rows4"] = "no subgroup shuffle in compute shaders"
+        return out
+    sg16 = sg16_subgroup_size(device)
+    if sg16 is None:
+        out["sg16"] = f"subgroup size {size} < 16"
+    elif not sgc["full_subgroups"]:
+        out["sg16"] = f"subgroup size {size} but full subgroups cannot be required"
+    elif sg16 != size and required_subgroup_size(device, sg16) is None:
+        out["sg16"] = f"subgroup size {size} < 16 and it cannot be pinned to {sg16}"
+    else:
+        out["sg16"] = None
+    out["rows4"] = None if size >= 4 and size % 4 == 0 else f"subgroup size {size} is not a multiple of 4"
+    return out
+
+
+def variants(device):
+    """Kernel variants this device can run, per op."""
+    sup = comb_support(device)
+    return {"HC_COMB": [v for v in COMB_VARIANTS if sup[v] is None], "HC_PRE": ["fused"], "HC_POST": ["fused"]}
+
+
+# --- resolution ----------------------------------------------------------------------------------------
+
+_resolved = {}
+
+
+def _resolve_comb(device):
+    env = disabled_by("HC_COMB")
+    forced = forced_variant()
+    if env:
+        return Choice(False, None, f"disabled by environment ({env})")
+    sup = comb_support(device)
+    size = device.subgroup_size
+    if forced:
+        if sup[forced] is not None:
+            raise HCUnsupported(f"{VARIANT_ENV}={forced} but this device cannot run HC_COMB variant {forced}: "
+                                f"{sup[forced]}")
+        return Choice(True, forced, f"{VARIANT_ENV}={forced}: HC_COMB uses variant {forced}")
+    if sup["sg16"] is None:
+        return Choice(True, "sg16", f"subgroup size {size} ≥ 16 with shuffle and full subgroups: "
+                                    "HC_COMB uses variant sg16")
+    if sup["rows4"] is None:
+        return Choice(True, "rows4", f"{sup['sg16']}: HC_COMB uses variant rows4")
+    return Choice(False, None, f"device cannot run a fused HC_COMB ({sup['rows4']}): unfused chain")
+
+
+def _resolve_plain(op):
+    env = disabled_by(op)
+    if env:
+        return Choice(False, None, f"disabled by environment ({env})")
+    return Choice(True, "fused", "fused kernel (vec4 loads where D % 4 == 0), any device")
+
+
+def resolve(device):
+    """{op: Choice} for `device`, computed once per device and process (and logged once)."""
+    key = id(device)
+    hit = _resolved.get(key)
+    if hit is not None and hit[0] is device:
+        return hit[1]
+    choices = {"HC_COMB": _resolve_comb(device), "HC_PRE": _resolve_plain("HC_PRE"),
+               "HC_POST": _resolve_plain("HC_POST")}
+    _resolved[key] = (device, choices)
+    for op, c in choices.items():
+        log.info("%s on %s: %s (%s)", op, device.name, c.path, c.reason)
+    return choices
+
+
+def clear():
+    """Forget resolved choices (tests that change the environment inside one process)."""
+    _resolved.clear()
+
+
+def describe(device):
+    """{op: {"path": "fused:sg16" | "fused:rows4" | "fused" | "unfused", "reason": ...}}."""
+    try:
+        return {op: {"path": c.path, "reason": c.reason} for op, c in resolve(device).items()}
+    except ValueError as e:       # a bad environment value: report it instead of crashing `info`
+        return {op: {"path": "error", "reason": str(e)} for op in OPS}
+
+
+def choose(op, device, fused=None, variant=None):
+    """The Choice for one call: the resolved one, or the caller's override (validated)."""
+    if fused not in (None, True, False):
+        raise ValueError(f"fused must be None, True or False, got {fused!r}")
+    if variant is not None:
+        if op != "HC_COMB":
+            raise ValueError(f"variant applies to HC_COMB only, got variant={variant!r} for {op}")
+        if variant not in COMB_VARIANTS:
+            raise ValueError(f"variant must be one of {', '.join(COMB_VARIANTS)} (or None), got {variant!r}")
+        if fused is False:
+            raise ValueError(f"variant={variant!r} names a fused kernel but fused=False was requested")
+    if fused is False:
+        return Choice(False, None, "unfused requested by the caller (fused=False)")
+    if fused is None and variant is None:
+        return resolve(device)[op]
+    if op != "HC_COMB":
+        return Choice(True, "fused", "fused requested by the caller (fused=True)")
+    sup = comb_support(device)
+    if variant is None:
+        resolved = resolve(device)["HC_COMB"]
+        if resolved.fused:
+            return Choice(True, resolved.variant, "fused requested by the caller (fused=True); " + resolved.reason)
+        variant = forced_variant() or next((v for v in COMB_VARIANTS if sup[v] is None), None)
+        if variant is None:
+            raise HCUnsupported(f"fused=True but this device cannot run a fused HC_COMB: {sup['rows4']}")
+    if sup[variant] is not None:
+        raise HCUnsupported(f"HC_COMB variant {variant} cannot run on this device: {sup[variant]}")
+    return Choice(True, variant, f"variant {variant} requested by the caller")

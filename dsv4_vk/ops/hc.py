@@ -1,0 +1,242 @@
+"""Fused DeepSeek-V4 hyper-connection ops HC_COMB, HC_PRE, HC_POST and their float64 references.
+
+Math and layouts: shared/spec/HC_OPS.md. comb[t, src, dst]: the destination is the column.
+The graph functions in `dsv4_vk.hc` choose between these fused nodes and the unfused chain.
+"""
+import math
+import struct
+
+import numpy as np
+
+from ..hc_policy import COMB_VARIANTS, HCUnsupported, comb_support, required_subgroup_size, sg16_subgroup_size
+from .base import Launch, OpDef, grid_1d, register
+
+HC = 4            # streams
+N_MIX = 24        # (2 + HC) · HC mixes: pre 0..3, post 4..7, comb 8..23
+ROWS4_WORKGROUP = 64
+
+
+# --- float64 references ----------------------------------------------------------------------------
+
+def _f64(a):
+    return np.asarray(a, np.float64)
+
+
+def reference_comb(mixes, scale, base, eps=1e-6, n_iter=20):
+    """comb [T,4,4] = Sinkhorn(softmax over dst + eps): 1 column norm, then n_iter−1 × (rows, columns)."""
+    m, scale, base = _f64(mixes), _f64(scale), _f64(base)
+    logits = (m[:, 8:24] * scale[2] + base[8:24]).reshape(-1, HC, HC)
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        c = e / e.sum(axis=-1, keepdims=True) + eps
+        c = c / (c.sum(axis=-2, keepdims=True) + eps)
+        for _ in range(int(n_iter) - 1):
+            c = c / (c.sum(axis=-1, keepdims=True) + eps)
+            c = c / (c.sum(axis=-2, keepdims=True) + eps)
+    return c
+
+
+def reference_pre(x, w):
+    """u [T,D] = Σ_s w[t,s] · x[t,s,:]."""
+    return np.einsum("ts,tsd->td", _f64(w), _f64(x))
+
+
+def reference_post(f, residual, post, comb):
+    """out [T,4,D]: out[t,d,:] = f[t,:]·post[t,d] + Σ_s comb[t,s,d] · residual[t,s,:]."""
+    f, residual, post, comb = _f64(f), _f64(residual), _f64(post), _f64(comb)
+    return f[:, None, :] * post[:, :, None] + np.einsum("tsd,tsh->tdh", comb, residual)
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def reference_mixes(X, fn, norm_eps=1e-6):
+    """mix [T,m] = (x @ fnᵀ) · r with x = X flattened per token, r = 1/sqrt(mean(x²) + norm_eps)."""
+    X, fn = _f64(X), _f64(fn)
+    x = X.reshape(X.shape[0], -1)
+    r = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + norm_eps)
+    return (x @ fn.T) * r
+
+
+def reference_site_pre(X, fn, scale, base, hc_eps=1e-6, norm_eps=1e-6, n_iter=20):
+    """One site's pre side: (u [T,D], post [T,4], comb [T,4,4])."""
+    scale, base = _f64(scale), _f64(base)
+    mix = reference_mixes(X, fn, norm_eps)
+    pre = _sigmoid(mix[:, 0:4] * scale[0] + base[0:4]) + hc_eps
+    post = 2.0 * _sigmoid(mix[:, 4:8] * scale[1] + base[4:8])
+    comb = reference_comb(mix, scale, base, hc_eps, n_iter)
+    return reference_pre(X, pre), post, comb
+
+
+def reference_head_pre(X, fn_h, scale_h, base_h, hc_eps=1e-6, norm_eps=1e-6):
+    """Head collapse: Σ_s pre_h[t,s] · X[t,s,:] with pre_h = sigmoid(mix_h·scale_h[0] + base_h) + hc_eps."""
+    mix = reference_mixes(X, fn_h, norm_eps)
+    pre = _sigmoid(mix * _f64(scale_h)[0] + _f64(base_h)) + hc_eps
+    return reference_pre(X, pre)
+
+
+# --- validation shared by the op declarations and the graph functions ------------------------------------
+
+def check_shape(name, shape, expected):
+    """expected: tuple of ints or None (any size ≥ 1); raises ValueError naming the argument."""
+    shape = tuple(shape)
+    want = "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
+    if len(shape) != len(expected):
+        raise ValueError(f"{name} must have rank {len(expected)} (shape {want}), got shape {shape}")
+    for s, e in zip(shape, expected):
+        if (e is None and s < 1) or (e is not None and s != e):
+            raise ValueError(f"{name} must have shape {want} with every dimension ≥ 1, got {shape}")
+
+
+def check_same(name_a, a, name_b, b, what):
+    if a != b:
+        raise ValueError(f"{what} disagrees between {name_a} ({a}) and {name_b} ({b})")
+
+
+def check_eps(name, value):
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return v
+
+
+def check_n_iter(value):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"n_iter must be an integer ≥ 1, got {value!r}")
+    return int(value)
+
+
+# --- kernels ---------------------------------------------------------------------------------------------
+
+def _push(fmt, *values):
+    return struct.pack("<" + fmt, *values)
+
+
+def _unit_inner(op, name, t):
+    if t.shape[-1] != 1 and t.strides[-1] != 1:
+        raise ValueError(f"{op}: {name} must have unit stride along its last axis (use CONT), "
+                         f"got strides {t.strides}")
+
+
+def _slice_launch_layout(D, tensors):
+    """(vec4?, chunks per token, workgroup size, groups per token) of the PRE/POST kernels."""
+    vec4 = D % 4 == 0 and all(t.offset % 4 == 0 and all(s % 4 == 0 for s in t.strides[:-1]) for t in tensors)
+    chunks = D // 4 if vec4 else D
+    wg = min(256, max(32, 1 << (chunks - 1).bit_length()))
+    return vec4, chunks, wg, -(-chunks // wg)
+
+
+def _strides_in(t, unit):
+    return [s // unit for s in t.strides[:-1]]
+
+
+@register
+class HcComb(OpDef):
+    """HC_COMB(mixes [T,24], scale [3], base [24], eps=, n_iter=, variant="sg16"|"rows4") -> [T,4,4]."""
+    name, n_inputs = "HC_COMB", 3
+
+    def infer(self, inputs, params):
+        mixes, scale, base = inputs
+        check_shape("mixes", mixes.shape, (None, N_MIX))
+        check_shape("scale", scale.shape, (3,))
+        check_shape("base", base.shape, (N_MIX,))
+        check_eps("eps", params.get("eps", 1e-6))
+        check_n_iter(params.get("n_iter", 20))
+        if params.get("variant") not in COMB_VARIANTS:
+            raise ValueError(f"HC_COMB: variant must be one of {', '.join(COMB_VARIANTS)}, "
+                             f"got {params.get('variant')!r}")
+        return (mixes.shape[0], HC, HC), "f32"
+
+    def lower(self, node, device):
+        mixes, scale, base = node.inputs
+        out = node.output
+        variant = node.params["variant"]
+        why = comb_support(device)[variant]
+        if why is not None:
+            raise HCUnsupported(f"HC_COMB variant {variant} cannot run on {device.name}: {why}")
+        T = mixes.shape[0]
+        push = _push("IIf11I", T, check_n_iter(node.params.get("n_iter", 20)), float(node.params.get("eps", 1e-6)),
+                     mixes.offset, *mixes.strides, scale.offset, scale.strides[0], base.offset, base.strides[0],
+                     out.offset, *out.strides)
+        if variant == "sg16":
+            size = sg16_subgroup_size(device)
+            wg = 4 * size
+            return [Launch("hc_comb", [mixes, scale, base, out], (3,), push, grid_1d(T, wg // 16),
+                           defines={"SG16": 1}, spec=(wg,), subgroup_size=required_subgroup_size(device, size),
+                           full_subgroups=True)]
+        full = device.caps["subgroup"]["full_subgroups"]
+        return [Launch("hc_comb", [mixes, scale, base, out], (3,), push, grid_1d(T, ROWS4_WORKGROUP // 4),
+                       defines={"ROWS4": 1}, spec=(ROWS4_WORKGROUP,), full_subgroups=full)]
+
+    def reference(self, mixes, scale, base, eps=1e-6, n_iter=20, variant=None):
+        return reference_comb(mixes, scale, base, eps, n_iter)
+
+
+@register
+class HcPre(OpDef):
+    """HC_PRE(x [T,4,D], w [T,4]) -> u [T,D] = Σ_s w[t,s]·x[t,s,:]."""
+    name, n_inputs = "HC_PRE", 2
+
+    def infer(self, inputs, params):
+        x, w = inputs
+        check_shape("x", x.shape, (None, HC, None))
+        check_shape("weights", w.shape, (None, HC))
+        check_same("x", x.shape[0], "weights", w.shape[0], "T (tokens)")
+        _unit_inner("HC_PRE", "x", x)
+        return (x.shape[0], x.shape[2]), "f32"
+
+    def lower(self, node, device):
+        x, w = node.inputs
+        u = node.output
+        _unit_inner("HC_PRE", "output", u)
+        T, _, D = x.shape
+        vec4, chunks, wg, gpt = _slice_launch_layout(D, [x, u])
+        unit = 4 if vec4 else 1
+        push = _push("11I", T, chunks, gpt, x.offset // unit, *_strides_in(x, unit),
+                     w.offset, *w.strides, u.offset // unit, *_strides_in(u, unit))
+        return [Launch("hc_pre", [x, w, u], (2,), push, grid_1d(T * gpt, 1),
+                       defines={"VEC4": 1} if vec4 else {}, spec=(wg,))]
+
+    def reference(self, x, w):
+        return reference_pre(x, w)
+
+
+@register
+class HcPost(OpDef):
+    """HC_POST(f [T,D], residual [T,4,D], post [T,4], comb [T,4,4]) -> [T,4,D]."""
+    name, n_inputs = "HC_POST", 4
+
+    def infer(self, inputs, params):
+        f, res, post, comb = inputs
+        check_shape("f", f.shape, (None, None))
+        check_shape("residual", res.shape, (None, HC, None))
+        check_shape("post", post.shape, (None, HC))
+        check_shape("comb", comb.shape, (None, HC, HC))
+        T, D = f.shape
+        check_same("f", T, "residual", res.shape[0], "T (tokens)")
+        check_same("f", T, "post", post.shape[0], "T (tokens)")
+        check_same("f", T, "comb", comb.shape[0], "T (tokens)")
+        check_same("f", D, "residual", res.shape[2], "D (hidden size)")
+        _unit_inner("HC_POST", "f", f)
+        _unit_inner("HC_POST", "residual", res)
+        return (T, HC, D), "f32"
+
+    def lower(self, node, device):
+        f, res, post, comb = node.inputs
+        out = node.output
+        _unit_inner("HC_POST", "output", out)
+        T, D = f.shape
+        vec4, chunks, wg, gpt = _slice_launch_layout(D, [f, res, out])
+        unit = 4 if vec4 else 1
+        push = _push("18I", T, chunks, gpt, f.offset // unit, *_strides_in(f, unit),
+                     res.offset // unit, *_strides_in(res, unit), post.offset, *post.strides,
+                     comb.offset, *comb.strides, out.offset // unit, *_strides_in(out, unit))
+        return [Launch("hc_post", [f, res, post, comb, out], (4,), push, grid_1d(T * gpt, 1),
+                       defines={"VEC4": 1} if vec4 else {}, spec=(wg,))]
+
+    def reference(self, f, residual, post, comb):
+        return reference_post(f, residual, post, comb)

@@ -1,0 +1,53 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// HC_POST: out[t,d,:] = f[t,:]·post[t,d] + Σ_s comb[t,s,d] · res[t,s,:]
+//   (f [T,D], res [T,4,D], post [T,4], comb [T,4,4] = comb[t,src,dst], out [T,4,D]).
+// Layout: each workgroup covers one slice of one token: group g → token g / groups_per_token,
+// chunk (g % groups_per_token)·WG + local id. A chunk is a vec4 of D (-D VEC4, when D, offsets and
+// strides are multiples of 4) or one float. Each invocation reads its chunk of f and of the 4
+// source streams once and writes all 4 destinations (5 reads, 4 writes per chunk: the minimum).
+// The 4 post and 16 comb values are workgroup-uniform loads (one token per workgroup), no shared
+// memory + barrier. Sum order as the unfused chain: f·post, then + res_s·comb[s,d] for s = 0..3.
+// Push: T, chunks per token, groups per token, offsets/strides (f, res, out in chunk units).
+#include "common.glsl"
+#if defined(VEC4)
+#define VEC vec4
+#else
+#define VEC float
+#endif
+layout(binding = 0) readonly buffer F { VEC f[]; };
+layout(binding = 1) readonly buffer R { VEC res[]; };
+layout(binding = 2) readonly buffer Post { float post[]; };
+layout(binding = 3) readonly buffer Comb { float comb[]; };
+layout(binding = 4) writeonly buffer O { VEC o[]; };
+layout(push_constant) uniform P {
+    uint T, n_chunks, groups_per_token;
+    uint f_off, f_st;
+    uint r_off, r_st, r_ss;
+    uint p_off, p_st, p_sd;
+    uint c_off, c_st, c_ss, c_sd;
+    uint o_off, o_st, o_sd;
+} p;
+
+void main() {
+    uint g = flat_group();
+    uint t = g / p.groups_per_token;
+    if (t >= p.T) return;                      // folded grids overshoot
+    uint c = (g % p.groups_per_token) * gl_WorkGroupSize.x + gl_LocalInvocationID.x;
+    if (c >= p.n_chunks) return;
+    uint rb = p.r_off + t * p.r_st + c;
+    VEC fv = f[p.f_off + t * p.f_st + c];
+    VEC x0 = res[rb], x1 = res[rb + p.r_ss], x2 = res[rb + 2u * p.r_ss], x3 = res[rb + 3u * p.r_ss];
+    uint pb = p.p_off + t * p.p_st;
+    uint cb = p.c_off + t * p.c_st;
+    uint ob = p.o_off + t * p.o_st + c;
+    [[unroll]] for (uint d = 0u; d < 4u; ++d) {
+        uint cd = cb + d * p.c_sd;
+        VEC r = fv * post[pb + d * p.p_sd];
+        r += x0 * comb[cd];
+        r += x1 * comb[cd + p.c_ss];
+        r += x2 * comb[cd + 2u * p.c_ss];
+        r += x3 * comb[cd + 3u * p.c_ss];
+        o[ob + d * p.o_sd] = r;
+    }
+}

@@ -1,0 +1,39 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// HC_PRE: u[t,:] = Σ_s w[t,s] · x[t,s,:]   (x [T,4,D], w [T,4], u [T,D]).
+// Layout: each workgroup covers one slice of one token: group g → token g / groups_per_token,
+// chunk (g % groups_per_token)·WG + local id. A chunk is a vec4 of D (-D VEC4, when D, offsets and
+// strides are multiples of 4) or one float. The 4 weights are workgroup-uniform loads (one token
+// per workgroup: a broadcast/scalar load, no shared memory + barrier, which lavapipe runs slowly).
+// The sum keeps the unfused chain's order ((w0·x0 + w1·x1) + w2·x2) + w3·x3.
+// Push: T, chunks per token, groups per token, offsets/strides (x, u in chunk units; w in floats).
+#include "common.glsl"
+#if defined(VEC4)
+#define VEC vec4
+#else
+#define VEC float
+#endif
+layout(binding = 0) readonly buffer X { VEC x[]; };
+layout(binding = 1) readonly buffer W { float w[]; };
+layout(binding = 2) writeonly buffer U { VEC u[]; };
+layout(push_constant) uniform P {
+    uint T, n_chunks, groups_per_token;
+    uint x_off, x_st, x_ss;
+    uint w_off, w_st, w_ss;
+    uint u_off, u_st;
+} p;
+
+void main() {
+    uint g = flat_group();
+    uint t = g / p.groups_per_token;
+    if (t >= p.T) return;                      // folded grids overshoot
+    uint c = (g % p.groups_per_token) * gl_WorkGroupSize.x + gl_LocalInvocationID.x;
+    if (c >= p.n_chunks) return;
+    uint wb = p.w_off + t * p.w_st;
+    uint xb = p.x_off + t * p.x_st + c;
+    VEC r = w[wb] * x[xb];
+    r += w[wb + p.w_ss] * x[xb + p.x_ss];
+    r += w[wb + 2u * p.w_ss] * x[xb + 2u * p.x_ss];
+    r += w[wb + 3u * p.w_ss] * x[xb + 3u * p.x_ss];
+    u[p.u_off + t * p.u_st + c] = r;
+}
