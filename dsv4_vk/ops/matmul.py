@@ -1,0 +1,84 @@
+"""MUL_MAT(x[..., T, K], w[..., N, K]) -> [..., T, N] = x @ wᵀ (torch-style linear weight).
+
+Batch dims broadcast; x and w may be any strided views (e.g. a transposed V for attention).
+Kernels (shaders/mul_mat.comp), chosen per call by `pick_kernel` unless `kernel=` forces one:
+- "gemv" for T ≤ GEMV_MAX_T: a subgroup-lane cluster per output reduces over K;
+- "gemm_regs" (CPU devices such as lavapipe, where shared memory + barrier is slow) or
+  "gemm_shared" (GPUs) for more tokens; kernel="gemm" picks between them by device type.
+"""
+import numpy as np
+
+from .base import Launch, OpDef, broadcast_shapes, grid_1d, register, tensor_push
+from .rows import check_params, cluster_lanes, next_pow2, nonempty
+
+GEMV_MAX_T = 8
+KERNELS = ("auto", "gemv", "gemm", "gemm_regs", "gemm_shared")
+WORKGROUP = 256
+
+
+def pick_kernel(device, T, kernel="auto"):
+    if kernel == "auto":
+        kernel = "gemv" if T <= GEMV_MAX_T else "gemm"
+    if kernel == "gemm":
+        kernel = "gemm_regs" if device.caps["type"] == "cpu" else "gemm_shared"
+    return kernel
+
+
+def vec4_ok(*views):
+    """True when every view has k contiguous and every row starting on a 16-byte boundary."""
+    for t in views:
+        if t.strides[-1] != 1 or t.offset % 4:
+            return False
+        if any(s % 4 for n, s in zip(t.shape[:-1], t.strides[:-1]) if n > 1):
+            return False
+    return True
+
+
+@register
+class MulMat(OpDef):
+    """x @ wᵀ over the last two dims: x [..., T, K], w [..., N, K] -> [..., T, N]; batch dims broadcast."""
+    name, n_inputs = "MUL_MAT", 2
+
+    def infer(self, inputs, params):
+        x, w = inputs
+        nonempty(self.name, inputs)
+        check_params(self.name, params, ("kernel",))
+        if params.get("kernel", "auto") not in KERNELS:
+            raise ValueError(f"MUL_MAT kernel must be one of {KERNELS}, got {params['kernel']!r}")
+        for i, (t, what) in enumerate(((x, "x [..., T, K]"), (w, "w [..., N, K]"))):
+            if t.ndim < 2:
+                raise ValueError(f"MUL_MAT: input {i} has shape {t.shape}; expected {what} with at least 2 dims")
+        if x.shape[-1] != w.shape[-1]:
+            raise ValueError(f"MUL_MAT: K differs: input 0 (x) {x.shape} has K={x.shape[-1]}, "
+                             f"input 1 (w) {w.shape} has K={w.shape[-1]}")
+        batch = broadcast_shapes(self.name, x.shape[:-2], w.shape[:-2])
+        return batch + (x.shape[-2], w.shape[-2]), "f32"
+
+    def lower(self, node, device):
+        out = node.output
+        T, N = out.shape[-2:]
+        K = node.inputs[0].shape[-1]
+        batch = out.shape[:-2]
+        x = node.inputs[0].broadcast_to(batch + (T, K))
+        w = node.inputs[1].broadcast_to(batch + (N, K))
+        b = (1,) * (2 - len(batch)) + batch
+        push = np.array([b[0], b[1], T, N, K] + tensor_push(x) + tensor_push(w) + tensor_push(out),
+                        np.uint32).tobytes()
+        kernel = pick_kernel(device, T, node.params.get("kernel", "auto"))
+        defines = {"VEC4": 1} if K >= 4 and vec4_ok(x, w) else {}
+        extra = {}
+        if kernel == "gemv":
+            tb = min(next_pow2(T), GEMV_MAX_T)
+            lane_defs, extra = cluster_lanes(device, K, per_lane=8)
+            defines.update(lane_defs, MODE_GEMV=1, TB=tb)
+            grid = grid_1d(b[0] * b[1] * -(-T // tb) * N, WORKGROUP // lane_defs["LANES"])
+        elif kernel == "gemm_regs":
+            defines["MODE_GEMM_REGS"] = 1
+            grid = grid_1d(b[0] * b[1] * -(-T // 4) * -(-N // 4), WORKGROUP)
+        else:
+            defines = {"MODE_GEMM_SHARED": 1}
+            grid = grid_1d(b[0] * b[1] * -(-T // 64) * -(-N // 64), 1)
+        return [Launch("mul_mat", [x, w, out], (2,), push, grid, defines=defines, spec=(WORKGROUP,), **extra)]
+
+    def reference(self, x, w, kernel="auto"):
+        return np.matmul(np.asarray(x, np.float64), np.swapaxes(np.asarray(w, np.float64), -1, -2))

@@ -1,0 +1,139 @@
+"""Ops over the last axis: SOFT_MAX, SUM_ROWS, RMS_NORM.
+
+Each row is reduced by a cluster of subgroup lanes (shaders/lanes.glsl) sized by `cluster_lanes`
+from the row length and the device's subgroup caps, down to one lane per row (no subgroup ops)
+where a device has none. Inputs are any strided views; outputs any views of the right shape.
+"""
+import numpy as np
+
+from .base import Launch, OpDef, check_finite, grid_1d, register, shape_push, tensor_push
+
+WORKGROUP = 256    # a multiple of every subgroup size, so workgroups are whole subgroups
+
+
+def next_pow2(n):
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def cluster_lanes(device, n, per_lane=4):
+    """(defines, launch kwargs) for kernels that reduce n values per cluster with lanes.glsl.
+
+    Lanes per cluster: enough for about `per_lane` values each, at most the smallest subgroup the
+    device may launch. A whole-subgroup cluster uses subgroupAdd/Max (the subgroup size pinned where
+    the device can vary it); a smaller one a shuffle butterfly; without subgroup ops, one lane."""
+    sg = device.caps["subgroup"]
+    ops = set(sg["operations"]) if sg["compute_stage"] else set()
+    lanes = min(max(1, sg["min_size"]), next_pow2(-(-int(n) // per_lane)))
+    extra = {"full_subgroups": True} if sg["full_subgroups"] else {}
+    if lanes > 1 and lanes == sg["min_size"] and {"basic", "arithmetic"} <= ops:
+        if sg["min_size"] == sg["max_size"]:
+            return {"LANES": lanes, "LANES_SUBGROUP_OPS": 1}, extra
+        if sg["size_control"] and sg["required_size_compute"]:
+            return {"LANES": lanes, "LANES_SUBGROUP_OPS": 1}, {**extra, "subgroup_size": lanes}
+    if lanes > 1 and {"basic", "shuffle"} <= ops:
+        return {"LANES": lanes}, extra
+    return {"LANES": 1}, {}
+
+
+def nonempty(op, tensors):
+    for i, t in enumerate(tensors):
+        if t.numel == 0:
+            raise ValueError(f"{op}: input {i} is empty (shape {t.shape}); expected at least one element")
+
+
+def check_params(op, params, accepted):
+    extra = set(params) - set(accepted)
+    if extra:
+        raise ValueError(f"{op}: unknown parameter(s) {sorted(extra)}; accepted: {list(accepted)}")
+
+
+def row_launch(shader, x, out, w=None, scalar=0.0, defines=(), device=None, label=""):
+    """Launch of a per-row kernel: x rows (last axis) in, `out` (same leading shape) written."""
+    shape = shape_push(x)
+    defs, extra = cluster_lanes(device, shape[3])
+    defs.update(defines)
+    # same push layout for both shaders: shape, x, out, scalar, then (reduce_rows only) the weight view
+    push = (np.array(shape + tensor_push(x) + tensor_push(out), np.uint32).tobytes()
+            + np.array([scalar], np.float32).tobytes())
+    if w is not None:
+        push += np.array([w.offset, w.strides[0]], np.uint32).tobytes()
+        defs["HAS_WEIGHT"] = 1
+    args = [x] + ([w] if w is not None else []) + [out]
+    rows = shape[0] * shape[1] * shape[2]
+    return Launch(shader, args, (len(args) - 1,), push, grid_1d(rows, WORKGROUP // defs["LANES"]),
+                  defines=defs, spec=(WORKGROUP,), label=label, **extra)
+
+
+@register
+class SoftMax(OpDef):
+    """softmax(x·scale) over the last axis, max-subtracted; same shape as x."""
+    name, n_inputs = "SOFT_MAX", 1
+
+    def infer(self, inputs, params):
+        nonempty(self.name, inputs)
+        check_params(self.name, params, ("scale",))
+        check_finite("SOFT_MAX scale", params.get("scale", 1.0))
+        return inputs[0].shape, "f32"
+
+    def lower(self, node, device):
+        return [row_launch("softmax", node.inputs[0], node.output, scalar=float(node.params.get("scale", 1.0)),
+                           device=device)]
+
+    def reference(self, x, scale=1.0):
+        z = np.asarray(x, np.float64) * scale
+        e = np.exp(z - z.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+
+@register
+class SumRows(OpDef):
+    """Σ over the last axis, keepdims: shape x.shape[:-1] + (1,)."""
+    name, n_inputs = "SUM_ROWS", 1
+
+    def infer(self, inputs, params):
+        nonempty(self.name, inputs)
+        check_params(self.name, params, ())
+        x = inputs[0]
+        if x.ndim == 0:
+            raise ValueError("SUM_ROWS: input 0 is a scalar; expected at least one axis")
+        return x.shape[:-1] + (1,), "f32"
+
+    def lower(self, node, device):
+        return [row_launch("reduce_rows", node.inputs[0], node.output, defines={"OP_SUM_ROWS": 1}, device=device)]
+
+    def reference(self, x):
+        return np.asarray(x, np.float64).sum(axis=-1, keepdims=True)
+
+
+@register
+class RmsNorm(OpDef):
+    """x / sqrt(mean(x², last axis) + eps), times w (shape (x.shape[-1],)) when given; eps required."""
+    name, n_inputs = "RMS_NORM", None
+
+    def infer(self, inputs, params):
+        if len(inputs) not in (1, 2):
+            raise ValueError(f"RMS_NORM takes x and optionally w, got {len(inputs)} input tensors")
+        nonempty(self.name, inputs)
+        check_params(self.name, params, ("eps",))
+        if "eps" not in params:
+            raise ValueError("RMS_NORM needs eps=<finite number > 0>")
+        eps = check_finite("RMS_NORM eps", params["eps"])
+        if eps <= 0:
+            raise ValueError(f"RMS_NORM eps must be > 0, got {params['eps']!r}")
+        x = inputs[0]
+        if x.ndim == 0:
+            raise ValueError("RMS_NORM: input 0 (x) is a scalar; expected at least one axis")
+        if len(inputs) == 2 and tuple(inputs[1].shape) != (x.shape[-1],):
+            raise ValueError(f"RMS_NORM: input 1 (w) has shape {inputs[1].shape}, expected ({x.shape[-1]},) "
+                             "= the last dimension of x")
+        return x.shape, "f32"
+
+    def lower(self, node, device):
+        w = node.inputs[1] if len(node.inputs) == 2 else None
+        return [row_launch("reduce_rows", node.inputs[0], node.output, w=w, scalar=float(node.params["eps"]),
+                           defines={"OP_RMS_NORM": 1}, device=device)]
+
+    def reference(self, x, w=None, eps=None):
+        x = np.asarray(x, np.float64)
+        y = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+        return y if w is None else y * np.asarray(w, np.float64)

@@ -1,0 +1,52 @@
+// Reductions over clusters of LANES consecutive subgroup lanes, without shared memory or barriers.
+// LANES (a -D define, a power of two no larger than the subgroup) is chosen on the host from the
+// device caps (ops.rows.cluster_lanes):
+//   LANES == 1                   no subgroup operation at all: the fallback for devices without them;
+//   LANES_SUBGROUP_OPS defined   the cluster is the whole subgroup: subgroupAdd / subgroupMax;
+//   otherwise                    a butterfly of subgroupShuffleXor by 1, 2, .. LANES/2.
+// A cluster never straddles two subgroups (LANES divides the subgroup size and the workgroup is
+// launched as full subgroups), so the shuffles only read lanes of the same cluster. A cluster is
+// active or inactive as a whole, so callers may return early per cluster.
+#ifndef LANES
+#error "define LANES"
+#endif
+#if LANES > 1
+#extension GL_KHR_shader_subgroup_basic : require
+#if defined(LANES_SUBGROUP_OPS)
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#else
+#extension GL_KHR_shader_subgroup_shuffle : require
+#endif
+#endif
+#include "common.glsl"
+
+// Position of this invocation in its workgroup in subgroup order, so that LANES consecutive
+// positions are LANES consecutive lanes of one subgroup whatever the driver's lane mapping.
+uint lane_linear() {
+#if LANES > 1
+    return gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
+#else
+    return gl_LocalInvocationID.x;
+#endif
+}
+
+uint cluster_id() { return flat_group() * (gl_WorkGroupSize.x / LANES) + lane_linear() / LANES; }
+uint cluster_lane() { return lane_linear() % LANES; }
+
+float cluster_sum(float v) {
+#if LANES > 1 && defined(LANES_SUBGROUP_OPS)
+    v = subgroupAdd(v);
+#elif LANES > 1
+    [[unroll]] for (uint m = 1; m < LANES; m <<= 1) v += subgroupShuffleXor(v, m);
+#endif
+    return v;
+}
+
+float cluster_max(float v) {
+#if LANES > 1 && defined(LANES_SUBGROUP_OPS)
+    v = subgroupMax(v);
+#elif LANES > 1
+    [[unroll]] for (uint m = 1; m < LANES; m <<= 1) v = max(v, subgroupShuffleXor(v, m));
+#endif
+    return v;
+}

@@ -1,0 +1,142 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// MUL_MAT: d[b0, b1, t, n] = Σ_k x[b0, b1, t, k] · w[b0, b1, n, k]  (x @ wᵀ), f32 accumulation.
+// x, w, d are strided 4-D views (broadcast batch dims have stride 0). Variants (-D):
+//   MODE_GEMV         few tokens: one cluster of LANES lanes (lanes.glsl) per (batch, TB-token block,
+//                     n); lane l takes k = l, l+LANES, ... for TB tokens at once (each w value is
+//                     loaded once per block), then a cluster reduction. n varies fastest across
+//                     clusters, so neighbouring clusters share the x rows.
+//   MODE_GEMM_REGS    many tokens, no shared memory (lavapipe, where barrier() is slow): one
+//                     invocation per 4 tokens × 4 outputs tile, n-tiles fastest.
+//   MODE_GEMM_SHARED  many tokens on GPUs: one 256-invocation workgroup per 64 × 64 tile; 16-deep
+//                     k slices of x and w staged in shared memory (loaded along k, coalesced when k
+//                     is contiguous); invocation (ty, tx) = (id / 16, id % 16) computes tokens
+//                     ty + 16i and outputs tx + 16j, i, j < 4.
+//   VEC4              (GEMV, GEMM_REGS) k contiguous and every row start 16-byte aligned: vec4 loads.
+// Rows past T or N in a partial tile are clamped to the last row for loading, never stored.
+#if defined(MODE_GEMV)
+#include "lanes.glsl"
+#else
+#include "common.glsl"
+#endif
+layout(binding = 0) readonly buffer X { float x[]; };
+layout(binding = 1) readonly buffer W { float w[]; };
+layout(binding = 2) buffer D { float d[]; };
+#if defined(VEC4)
+layout(binding = 0) readonly buffer X4 { vec4 x4[]; };
+layout(binding = 1) readonly buffer W4 { vec4 w4[]; };
+#endif
+layout(push_constant) uniform P {
+    uint ne0, ne1, T, N, K;
+    uint x_off, x_s0, x_s1, x_s2, x_s3;
+    uint w_off, w_s0, w_s1, w_s2, w_s3;
+    uint d_off, d_s0, d_s1, d_s2, d_s3;
+} p;
+
+uint x_row(uint b0, uint b1, uint t) { return p.x_off + b0 * p.x_s0 + b1 * p.x_s1 + min(t, p.T - 1) * p.x_s2; }
+uint w_row(uint b0, uint b1, uint n) { return p.w_off + b0 * p.w_s0 + b1 * p.w_s1 + min(n, p.N - 1) * p.w_s2; }
+void store(uint b0, uint b1, uint t, uint n, float v) {
+    if (t < p.T && n < p.N) d[p.d_off + b0 * p.d_s0 + b1 * p.d_s1 + t * p.d_s2 + n * p.d_s3] = v;
+}
+
+#if defined(MODE_GEMV)
+void main() {
+    uint blocks = (p.T + TB - 1) / TB;
+    uint item = cluster_id();
+    if (item >= p.ne0 * p.ne1 * blocks * p.N) return;     // whole cluster leaves together
+    uint lane = cluster_lane();
+    uint n = item % p.N, r = item / p.N;
+    uint t0 = (r % blocks) * TB; r /= blocks;
+    uint b1 = r % p.ne1, b0 = r / p.ne1;
+    uint wb = w_row(b0, b1, n);
+    uint xb[TB];
+    float acc[TB];
+    [[unroll]] for (uint t = 0; t < TB; ++t) { xb[t] = x_row(b0, b1, t0 + t); acc[t] = 0.0; }
+    uint k = lane;
+#if defined(VEC4)
+    for (; k < p.K / 4; k += LANES) {
+        vec4 wv = w4[wb / 4 + k];
+        [[unroll]] for (uint t = 0; t < TB; ++t) acc[t] += dot(x4[xb[t] / 4 + k], wv);
+    }
+    k = (p.K / 4) * 4 + lane;
+#endif
+    for (; k < p.K; k += LANES) {
+        float wv = w[wb + k * p.w_s3];
+        [[unroll]] for (uint t = 0; t < TB; ++t) acc[t] += x[xb[t] + k * p.x_s3] * wv;
+    }
+    [[unroll]] for (uint t = 0; t < TB; ++t) {
+        float s = cluster_sum(acc[t]);
+        if (lane == t % LANES) store(b0, b1, t0 + t, n, s);
+    }
+}
+
+#elif defined(MODE_GEMM_REGS)
+const uint TM = 4, TN = 4;
+void main() {
+    uint n_tiles = (p.N + TN - 1) / TN, t_tiles = (p.T + TM - 1) / TM;
+    uint item = flat_index();
+    if (item >= p.ne0 * p.ne1 * t_tiles * n_tiles) return;
+    uint n0 = (item % n_tiles) * TN, r = item / n_tiles;
+    uint t0 = (r % t_tiles) * TM; r /= t_tiles;
+    uint b1 = r % p.ne1, b0 = r / p.ne1;
+    uint xb[TM], wb[TN];
+    float acc[TM][TN];
+    [[unroll]] for (uint i = 0; i < TM; ++i) xb[i] = x_row(b0, b1, t0 + i);
+    [[unroll]] for (uint j = 0; j < TN; ++j) wb[j] = w_row(b0, b1, n0 + j);
+    [[unroll]] for (uint i = 0; i < TM; ++i) [[unroll]] for (uint j = 0; j < TN; ++j) acc[i][j] = 0.0;
+    uint k = 0;
+#if defined(VEC4)
+    for (; k < p.K / 4; ++k) {
+        vec4 xv[TM], wv[TN];
+        [[unroll]] for (uint i = 0; i < TM; ++i) xv[i] = x4[xb[i] / 4 + k];
+        [[unroll]] for (uint j = 0; j < TN; ++j) wv[j] = w4[wb[j] / 4 + k];
+        [[unroll]] for (uint i = 0; i < TM; ++i) [[unroll]] for (uint j = 0; j < TN; ++j) acc[i][j] += dot(xv[i], wv[j]);
+    }
+    k *= 4;
+#endif
+    for (; k < p.K; ++k) {
+        float xv[TM], wv[TN];
+        [[unroll]] for (uint i = 0; i < TM; ++i) xv[i] = x[xb[i] + k * p.x_s3];
+        [[unroll]] for (uint j = 0; j < TN; ++j) wv[j] = w[wb[j] + k * p.w_s3];
+        [[unroll]] for (uint i = 0; i < TM; ++i) [[unroll]] for (uint j = 0; j < TN; ++j) acc[i][j] += xv[i] * wv[j];
+    }
+    [[unroll]] for (uint i = 0; i < TM; ++i) [[unroll]] for (uint j = 0; j < TN; ++j) store(b0, b1, t0 + i, n0 + j, acc[i][j]);
+}
+
+#elif defined(MODE_GEMM_SHARED)
+const uint BM = 64, BN = 64, BK = 16, R = 4;        // needs a 256-invocation workgroup
+shared float xs[BK][BM + 1];                          // +1: the k-major stores hit distinct banks
+shared float ws[BK][BN + 1];
+void main() {
+    uint n_tiles = (p.N + BN - 1) / BN, t_tiles = (p.T + BM - 1) / BM;
+    uint g = flat_group();                            // uniform per workgroup: no early return inside
+    if (g >= p.ne0 * p.ne1 * t_tiles * n_tiles) return;
+    uint n0 = (g % n_tiles) * BN, r = g / n_tiles;
+    uint t0 = (r % t_tiles) * BM; r /= t_tiles;
+    uint b1 = r % p.ne1, b0 = r / p.ne1;
+    uint id = gl_LocalInvocationID.x, lk = id % BK, lr = id / BK;
+    uint tx = id % 16, ty = id / 16;
+    uint xb[R], wb[R];
+    [[unroll]] for (uint i = 0; i < R; ++i) { xb[i] = x_row(b0, b1, t0 + lr + 16 * i); wb[i] = w_row(b0, b1, n0 + lr + 16 * i); }
+    float acc[R][R];
+    [[unroll]] for (uint i = 0; i < R; ++i) [[unroll]] for (uint j = 0; j < R; ++j) acc[i][j] = 0.0;
+    for (uint k0 = 0; k0 < p.K; k0 += BK) {
+        uint k = k0 + lk;
+        bool in_k = k < p.K;
+        [[unroll]] for (uint i = 0; i < R; ++i) {
+            xs[lk][lr + 16 * i] = in_k ? x[xb[i] + k * p.x_s3] : 0.0;
+            ws[lk][lr + 16 * i] = in_k ? w[wb[i] + k * p.w_s3] : 0.0;
+        }
+        barrier();
+        [[unroll]] for (uint kk = 0; kk < BK; ++kk) {
+            float a[R], b[R];
+            [[unroll]] for (uint i = 0; i < R; ++i) { a[i] = xs[kk][ty + 16 * i]; b[i] = ws[kk][tx + 16 * i]; }
+            [[unroll]] for (uint i = 0; i < R; ++i) [[unroll]] for (uint j = 0; j < R; ++j) acc[i][j] += a[i] * b[j];
+        }
+        barrier();
+    }
+    [[unroll]] for (uint i = 0; i < R; ++i) [[unroll]] for (uint j = 0; j < R; ++j) store(b0, b1, t0 + ty + 16 * i, n0 + tx + 16 * j, acc[i][j]);
+}
+#else
+#error "define MODE_GEMV, MODE_GEMM_REGS or MODE_GEMM_SHARED"
+#endif

@@ -1,0 +1,50 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// Reductions over the last axis of a 4-D strided view x[ne0, ne1, ne2, ne3] (rows of ne3 values).
+// Variants (-D): OP_SUM_ROWS   d[r, 0] = Σ_j x[r, j]
+//                OP_RMS_NORM   d[r, j] = x[r, j] / sqrt(Σ_j x[r, j]² / ne3 + eps) (· w[j] with HAS_WEIGHT)
+// Layout: one cluster of LANES lanes per row (lanes.glsl); lane l takes columns l, l+LANES, ...
+// so neighbouring lanes read neighbouring elements. Accumulation in f32.
+#include "lanes.glsl"
+layout(binding = 0) readonly buffer X { float x[]; };
+#if defined(HAS_WEIGHT)
+layout(binding = 1) readonly buffer W { float w[]; };
+layout(binding = 2) buffer D { float d[]; };
+#else
+layout(binding = 1) buffer D { float d[]; };
+#endif
+layout(push_constant) uniform P {
+    uint ne0, ne1, ne2, ne3;
+    uint x_off, x_s0, x_s1, x_s2, x_s3;
+    uint d_off, d_s0, d_s1, d_s2, d_s3;
+    float eps;
+    uint w_off, w_s;
+} p;
+
+void main() {
+    uint row = cluster_id();
+    if (row >= p.ne0 * p.ne1 * p.ne2) return;           // whole cluster leaves together
+    uint lane = cluster_lane();
+    uvec4 c = uvec4(unravel4(row, 1, p.ne0, p.ne1, p.ne2).yzw, 0);
+    uint xb = at4(c, p.x_off, p.x_s0, p.x_s1, p.x_s2, 0);
+    uint db = at4(c, p.d_off, p.d_s0, p.d_s1, p.d_s2, 0);
+#if defined(OP_SUM_ROWS)
+    float acc = 0.0;
+    for (uint j = lane; j < p.ne3; j += LANES) acc += x[xb + j * p.x_s3];
+    acc = cluster_sum(acc);
+    if (lane == 0) d[db] = acc;
+#elif defined(OP_RMS_NORM)
+    float acc = 0.0;
+    for (uint j = lane; j < p.ne3; j += LANES) { float v = x[xb + j * p.x_s3]; acc += v * v; }
+    float r = 1.0 / sqrt(cluster_sum(acc) / float(p.ne3) + p.eps);
+    for (uint j = lane; j < p.ne3; j += LANES) {
+#if defined(HAS_WEIGHT)
+        d[db + j * p.d_s3] = x[xb + j * p.x_s3] * r * w[p.w_off + j * p.w_s];
+#else
+        d[db + j * p.d_s3] = x[xb + j * p.x_s3] * r;
+#endif
+    }
+#else
+#error "define OP_SUM_ROWS or OP_RMS_NORM"
+#endif
+}
