@@ -15,6 +15,8 @@ import logging
 import os
 from dataclasses import dataclass
 
+import numpy as np
+
 log = logging.getLogger("dsv4_vk")
 
 OPS = ("HC_COMB", "HC_PRE", "HC_POST")
@@ -184,9 +186,11 @@ def describe(device):
         return {op: {"path": "error", "reason": str(e)} for op in OPS}
 
 
-def choose(op, device, fused=None, variant=None):
-    """The Choice for one call: the resolved one, or the caller's override (validated)."""
-    if fused not in (None, True, False):
+def check_override(op, fused=None, variant=None):
+    """Validate a caller's fused / variant values (no device needed)."""
+    if op not in OPS:
+        raise ValueError(f"op must be one of {', '.join(OPS)}, got {op!r}")
+    if fused is not None and not isinstance(fused, (bool, np.bool_)):
         raise ValueError(f"fused must be None, True or False, got {fused!r}")
     if variant is not None:
         if op != "HC_COMB":
@@ -195,6 +199,12 @@ def choose(op, device, fused=None, variant=None):
             raise ValueError(f"variant must be one of {', '.join(COMB_VARIANTS)} (or None), got {variant!r}")
         if fused is False:
             raise ValueError(f"variant={variant!r} names a fused kernel but fused=False was requested")
+
+
+def choose(op, device, fused=None, variant=None):
+    """The Choice for one call: the resolved one, or the caller's override (validated)."""
+    check_override(op, fused, variant)
+    fused = None if fused is None else bool(fused)
     if fused is False:
         return Choice(False, None, "unfused requested by the caller (fused=False)")
     if fused is None and variant is None:

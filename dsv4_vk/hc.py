@@ -1,0 +1,195 @@
+"""Hyper-connection graph functions: each appends either its fused node(s) or the unfused chain of
+primitive nodes (one dispatch per node, exactly as shared/spec/HC_OPS.md describes it).
+
+    g = Graph()
+    comb = hc.comb(g, mixes, scale, base)                       # [T,4,4], comb[t, src, dst]
+    u = hc.pre(g, X, weights)                                   # [T,D]
+    X_new = hc.post(g, f, X, post, comb)                        # [T,4,D]
+    u, post, comb = hc.site_pre(g, X, fn, scale, base)          # one site's pre side
+
+`fused=None` follows hc_policy (environment and device), True/False overrides it (True where the
+device cannot is an error). Nodes are labelled with g.tag(op); g.paths gets (op, path, reason).
+`device` (default: the process-wide device) is the device the graph will run on: the path depends
+on it.
+"""
+from . import hc_policy
+from .ops.hc import HC, N_MIX, check_eps, check_n_iter, check_same, check_shape
+from .tensor import Tensor
+from .vk import default_device
+
+
+def variants(device):
+    """{"HC_COMB": ["sg16", "rows4"] (those this device can run), "HC_PRE": ["fused"], "HC_POST": ["fused"]}."""
+    return hc_policy.variants(device)
+
+
+def _tensor(g, name, t):
+    if not isinstance(t, Tensor):
+        raise ValueError(f"{name} must be a graph Tensor, got {type(t).__name__}")
+    if t.graph is not g:
+        raise ValueError(f"{name} belongs to another graph")
+    if t.dtype != "f32":
+        raise ValueError(f"{name} must be f32, got {t.dtype}")
+    return t
+
+
+def _unit_inner(g, t):
+    """t, or a contiguous copy when its last axis is strided (the fused kernels read rows)."""
+    return t if t.shape[-1] == 1 or t.strides[-1] == 1 else g.op("CONT", t)
+
+
+def _record(g, op, choice):
+    g.paths.append((op, choice.path, choice.reason))
+
+
+# --- HC_COMB -----------------------------------------------------------------------------------------
+
+def _normalise(g, c, eps, axis):
+    """c / (Σ over `axis` + eps): rows (over dst, 3 nodes) or columns (over src, 4 nodes)."""
+    T = c.shape[0]
+    if axis == "rows":
+        s = g.op("SUM_ROWS", c)                                    # [T,src,1]
+        return g.op("DIV", c, g.op("SCALE", s, a=1.0, b=eps))
+    s = g.op("SUM_ROWS", g.op("CONT", c.transpose(-2, -1)))        # [T,dst,1]
+    s = g.op("SCALE", s, a=1.0, b=eps)
+    return g.op("DIV", c, s.reshape(T, 1, HC))
+
+
+def comb_chain(g, mixes, scale, base, eps, n_iter):
+    """The unfused HC_COMB chain: 4 + 4 + 7·(n_iter−1) primitive nodes."""
+    T = mixes.shape[0]
+    logits = g.op("ADD", g.op("MUL", mixes[:, 8:N_MIX], scale[2:3]), base[8:N_MIX])
+    c = g.op("SOFT_MAX", logits.reshape(T, HC, HC))                # over dst
+    c = g.op("SCALE", c, a=1.0, b=eps)
+    c = _normalise(g, c, eps, "columns")
+    for _ in range(n_iter - 1):
+        c = _normalise(g, c, eps, "rows")
+        c = _normalise(g, c, eps, "columns")
+    return c
+
+
+def comb(g, mixes, scale, base, *, eps=1e-6, n_iter=20, fused=None, variant=None, device=None):
+    """comb [T,4,4] (comb[t, src, dst]) from mixes [T,24], scale [3], base [24]."""
+    _tensor(g, "mixes", mixes), _tensor(g, "scale", scale), _tensor(g, "base", base)
+    check_shape("mixes", mixes.shape, (None, N_MIX))
+    check_shape("scale", scale.shape, (3,))
+    check_shape("base", base.shape, (N_MIX,))
+    eps, n_iter = check_eps("eps", eps), check_n_iter(n_iter)
+    choice = hc_policy.choose("HC_COMB", device or default_device(), fused, variant)
+    _record(g, "HC_COMB", choice)
+    with g.tag("HC_COMB"):
+        if choice.fused:
+            return g.op("HC_COMB", mixes, scale, base, eps=eps, n_iter=n_iter, variant=choice.variant)
+        return comb_chain(g, mixes, scale, base, eps, n_iter)
+
+
+# --- HC_PRE ------------------------------------------------------------------------------------------
+
+def _check_pre(g, x, weights, x_name="x", w_name="weights"):
+    _tensor(g, x_name, x), _tensor(g, w_name, weights)
+    check_shape(x_name, x.shape, (None, HC, None))
+    check_shape(w_name, weights.shape, (None, HC))
+    check_same(x_name, x.shape[0], w_name, weights.shape[0], "T (tokens)")
+
+
+def pre_chain(g, x, weights):
+    """Σ_s weights[:, s]·x[:, s, :] as 4 MUL + 3 ADD nodes."""
+    acc = g.op("MUL", x[:, 0, :], weights[:, 0:1])
+    for s in range(1, HC):
+        acc = g.op("ADD", acc, g.op("MUL", x[:, s, :], weights[:, s:s + 1]))
+    return acc
+
+
+def pre(g, x, weights, *, fused=None, device=None):
+    """u [T,D] = Σ_s weights[t,s] · x[t,s,:] for x [T,4,D], weights [T,4]."""
+    _check_pre(g, x, weights)
+    choice = hc_policy.choose("HC_PRE", device or default_device(), fused)
+    _record(g, "HC_PRE", choice)
+    with g.tag("HC_PRE"):
+        if choice.fused:
+            return g.op("HC_PRE", _unit_inner(g, x), weights)
+        return pre_chain(g, x, weights)
+
+
+# --- HC_POST -----------------------------------------------------------------------------------------
+
+def post_chain(g, f, residual, post_w, comb_m):
+    """Per destination d: f·post[:, d] + Σ_s residual[:, s]·comb[:, s, d] (9 nodes), then CONCAT."""
+    T, D = f.shape
+    outs = []
+    for d in range(HC):
+        acc = g.op("MUL", f, post_w[:, d:d + 1])
+        for s in range(HC):
+            acc = g.op("ADD", acc, g.op("MUL", residual[:, s, :], comb_m[:, s, d:d + 1]))
+        outs.append(acc.reshape(T, 1, D))
+    return g.op("CONCAT", *outs, axis=1)
+
+
+def post(g, f, residual, post, comb, *, fused=None, device=None):
+    """X_new [T,4,D]: X_new[t,d,:] = f[t,:]·post[t,d] + Σ_s comb[t,s,d]·residual[t,s,:]."""
+    post_w, comb_m = post, comb
+    for name, t in (("f", f), ("residual", residual), ("post", post_w), ("comb", comb_m)):
+        _tensor(g, name, t)
+    check_shape("f", f.shape, (None, None))
+    check_shape("residual", residual.shape, (None, HC, None))
+    check_shape("post", post_w.shape, (None, HC))
+    check_shape("comb", comb_m.shape, (None, HC, HC))
+    T, D = f.shape
+    check_same("f", T, "residual", residual.shape[0], "T (tokens)")
+    check_same("f", T, "post", post_w.shape[0], "T (tokens)")
+    check_same("f", T, "comb", comb_m.shape[0], "T (tokens)")
+    check_same("f", D, "residual", residual.shape[2], "D (hidden size)")
+    choice = hc_policy.choose("HC_POST", device or default_device(), fused)
+    _record(g, "HC_POST", choice)
+    with g.tag("HC_POST"):
+        if choice.fused:
+            return g.op("HC_POST", _unit_inner(g, f), _unit_inner(g, residual), post_w, comb_m)
+        return post_chain(g, f, residual, post_w, comb_m)
+
+
+# --- a whole site, the head collapse -------------------------------------------------------------------
+
+def _flat_rms_mixes(g, X, fn, norm_eps):
+    """mix [T,m] = (x @ fnᵀ)·r, x = X flattened per token, r = 1/sqrt(mean(x²) + norm_eps)."""
+    T, _, D = X.shape
+    x = (X if X.is_contiguous else g.op("CONT", X)).reshape(T, HC * D)
+    return g.op("MUL_MAT", g.op("RMS_NORM", x, eps=norm_eps), fn)
+
+
+def _gate(g, mix, scale1, base, a, b):
+    """sigmoid(mix·scale + base)·a + b."""
+    s = g.op("SIGMOID", g.op("ADD", g.op("MUL", mix, scale1), base))
+    return g.op("SCALE", s, a=a, b=b)
+
+
+def site_pre(g, X, fn, scale, base, *, hc_eps=1e-6, norm_eps=1e-6, n_iter=20, fused=None, device=None):
+    """One site's pre side: (u [T,D], post [T,4], comb [T,4,4]) from the streams X [T,4,D]."""
+    for name, t in (("X", X), ("fn", fn), ("scale", scale), ("base", base)):
+        _tensor(g, name, t)
+    check_shape("X", X.shape, (None, HC, None))
+    check_shape("fn", fn.shape, (N_MIX, HC * X.shape[2]))
+    check_shape("scale", scale.shape, (3,))
+    check_shape("base", base.shape, (N_MIX,))
+    hc_eps, norm_eps, n_iter = check_eps("hc_eps", hc_eps), check_eps("norm_eps", norm_eps), check_n_iter(n_iter)
+    device = device or default_device()
+    with g.tag("HC_MIX"):
+        mix = _flat_rms_mixes(g, X, fn, norm_eps)
+        pre_w = _gate(g, mix[:, 0:HC], scale[0:1], base[0:HC], 1.0, hc_eps)
+        post_w = _gate(g, mix[:, HC:2 * HC], scale[1:2], base[HC:2 * HC], 2.0, 0.0)
+    comb_m = comb(g, mix, scale, base, eps=hc_eps, n_iter=n_iter, fused=fused, device=device)
+    u = pre(g, X, pre_w, fused=fused, device=device)
+    return u, post_w, comb_m
+
+
+def head_pre(g, X, fn_h, scale_h, base_h, *, hc_eps=1e-6, norm_eps=1e-6, fused=None, device=None):
+    """Head collapse: Σ_s pre_h[t,s]·X[t,s,:], pre_h = sigmoid(mix_h·scale_h[0] + base_h) + hc_eps."""
+    for name, t in (("X", X), ("fn_h", fn_h), ("scale_h", scale_h), ("base_h", base_h)):
+        _tensor(g, name, t)
+    check_shape("X", X.shape, (None, HC, None))
+    check_shape("fn_h", fn_h.shape, (HC, HC * X.shape[2]))
+    check_shape("scale_h", scale_h.shape, (1,))
+    check_shape("base_h", base_h.shape, (HC,))
+    hc_eps, norm_eps = check_eps("hc_eps", hc_eps), check_eps("norm_eps", norm_eps)
+    with g.tag("HC_MIX"):
+        pre_h = _gate(g, _flat_rms_mixes(g, X, fn_h, norm_eps), scale_h, base_h, 1.0, hc_eps)
+    return pre(g, X, pre_h, fused=fused, device=device)
