@@ -195,7 +195,7 @@ def format_summary(s):
 
 # --- plot ----------------------------------------------------------------------------------------
 
-def plot(doc, path):
+def plot(doc, png):
     """PNG of fused and unfused GPU time across T, one panel per op (a line per path and D)."""
     try:
         import matplotlib
@@ -229,7 +229,7 @@ def plot(doc, path):
         ax.legend(fontsize=7)
     fig.suptitle(f"{doc['device']}: fused vs unfused")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(png, dpi=110)
     plt.close(fig)
 
 
