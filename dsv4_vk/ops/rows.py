@@ -80,9 +80,10 @@ class SoftMax(OpDef):
                            device=device)]
 
     def reference(self, x, scale=1.0):
-        z = np.asarray(x, np.float64) * scale
-        e = np.exp(z - z.max(axis=-1, keepdims=True))
-        return e / e.sum(axis=-1, keepdims=True)
+        with np.errstate(invalid="ignore"):        # inf - inf in fully masked rows: NaN, as on the device
+            z = np.asarray(x, np.float64) * scale
+            e = np.exp(z - z.max(axis=-1, keepdims=True))
+            return e / e.sum(axis=-1, keepdims=True)
 
 
 @register

@@ -1,0 +1,411 @@
+"""Every primitive op against its declaration's float64 `reference()`, driven by one table.
+
+Hypothesis draws shapes (1, primes, sizes around the 256-invocation workgroup), input layouts
+(contiguous, transposed, sliced, broadcast), `out=` layouts (new, transposed, a strided slice of a
+sentinel-filled buffer: nothing outside the view may change), params and a value seed, and whether
+the grid is refolded to 3 groups in x (every kernel sees y-folded grids with spare groups).
+Every run checks NMSE, a max-abs bound, NaN/inf placement and the guard regions.
+"""
+import dataclasses
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dsv4_vk.executor import CompiledGraph, Executor
+from dsv4_vk.graph import Graph
+from dsv4_vk.metrics import max_abs, nmse, nonfinite_mismatch
+from dsv4_vk.ops import base, get_op
+from dsv4_vk.ops.matmul import KERNELS
+
+SIZES = [1, 2, 3, 4, 5, 7, 8, 13, 16, 17, 31, 33, 64, 127, 255, 256, 257, 1000]
+BUDGET = 1 << 14          # elements per logical tensor
+SENTINEL = 12345.0        # pre-filled around strided out= views
+LAYOUTS = ("contig", "transposed", "sliced", "broadcast")
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# --- inputs: a stored array plus a view recipe applied alike to the graph Tensor and to numpy ----------
+
+@dataclass
+class Input:
+    stored: np.ndarray
+    recipe: list = field(default_factory=list)
+
+    def view(self, obj):
+        for kind, arg in self.recipe:
+            if kind == "T":
+                obj = obj.transpose(-1, -2) if not isinstance(obj, np.ndarray) else np.swapaxes(obj, -1, -2)
+            elif kind == "slice":
+                obj = obj[arg]
+            else:
+                obj = obj.broadcast_to(arg) if not isinstance(obj, np.ndarray) else np.broadcast_to(obj, arg)
+        return obj
+
+
+def make_input(shape, layout, values):
+    """An Input whose view has logical `shape` and the given layout; values(shape) -> array."""
+    shape = tuple(shape)
+    if layout == "transposed" and len(shape) >= 2:
+        stored = values(shape[:-2] + (shape[-1], shape[-2]))
+        return Input(stored, [("T", None)])
+    if layout == "sliced":
+        stored = values(tuple(2 * s + 1 for s in shape))
+        return Input(stored, [("slice", tuple(slice(1, 2 * s + 1, 2) for s in shape))])
+    if layout == "broadcast" and any(s > 1 for s in shape):
+        k = next(i for i, s in enumerate(shape) if s > 1)
+        return Input(values(shape[:k] + (1,) + shape[k + 1:]), [("bcast", shape)])
+    return Input(values(shape))
+
+
+def draw_shape(data, min_dims=1, max_dims=4, budget=BUDGET, sizes=SIZES):
+    shape = []
+    for _ in range(data.draw(st.integers(min_dims, max_dims))):
+        s = data.draw(st.sampled_from([n for n in sizes if n <= budget]))
+        shape.append(s)
+        budget //= s
+    return tuple(shape)
+
+
+def layout(data):
+    return data.draw(st.sampled_from(LAYOUTS))
+
+
+def normal(rng, scale=1.0):
+    return lambda shape: (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def uniform(rng, lo, hi):
+    return lambda shape: rng.uniform(lo, hi, shape).astype(np.float32)
+
+
+@dataclass
+class Spec:
+    inputs: list
+    params: dict = field(default_factory=dict)
+    out_layouts: tuple = ("new", "transposed", "sliced")
+
+
+# --- one drawing function per op family ----------------------------------------------------------
+
+def broadcast_pair(data, rng, denominator=False):
+    out = draw_shape(data)
+    shapes = []
+    for _ in range(2):
+        s = tuple(n if data.draw(st.booleans()) else 1 for n in out)
+        shapes.append(s[data.draw(st.integers(0, len(s) - 1)):])
+    shapes[0] = out                     # at least one input spans the output
+    if data.draw(st.booleans()):
+        shapes.reverse()
+    vals = [normal(rng), normal(rng)]
+    if denominator:                     # keep |b| ≥ 0.5 so DIV is well conditioned
+        vals[1] = lambda shape: (rng.choice([-1, 1], shape) * rng.uniform(0.5, 2, shape)).astype(np.float32)
+    return Spec([make_input(s, layout(data), v) for s, v in zip(shapes, vals)])
+
+
+def unary(lo, hi, **param_strategies):
+    def draw(data, rng):
+        params = {k: data.draw(s) for k, s in param_strategies.items()}
+        return Spec([make_input(draw_shape(data), layout(data), uniform(rng, lo, hi))], params)
+    return draw
+
+
+def cont_i32(data, rng):
+    ints = lambda shape: rng.integers(-2**31, 2**31 - 1, shape, dtype=np.int64).astype(np.int32)  # noqa: E731
+    return Spec([make_input(draw_shape(data), layout(data), ints)], out_layouts=("new",))
+
+
+def fill(data, rng):
+    return Spec([], {"shape": draw_shape(data), "value": data.draw(st.floats(-1e6, 1e6, width=32))})
+
+
+def rows(data, rng, **params):
+    shape = draw_shape(data)
+    inputs = [make_input(shape, layout(data), normal(rng, 2.0))]
+    if params.pop("weight", False):
+        inputs.append(make_input(shape[-1:], layout(data), normal(rng)))
+    if "scale" in params and data.draw(st.booleans()):
+        # masked entries as attention uses them; a fully masked row is NaN in both
+        mask = rng.random(inputs[0].stored.shape) < 0.2
+        inputs[0].stored[mask] = -np.inf
+    return Spec(inputs, params)
+
+
+def softmax(data, rng):
+    return rows(data, rng, scale=data.draw(st.floats(-3, 3, width=32)))
+
+
+def rms_norm(data, rng):
+    eps = data.draw(st.sampled_from([1e-6, 1e-3, 0.5]))
+    return rows(data, rng, eps=eps, weight=data.draw(st.booleans()))
+
+
+def concat(data, rng):
+    n = data.draw(st.integers(2, 4))
+    base_shape = list(draw_shape(data, budget=BUDGET // 8))
+    axis = data.draw(st.integers(-len(base_shape), len(base_shape) - 1))
+    inputs = []
+    for _ in range(n):
+        s = list(base_shape)
+        s[axis] = data.draw(st.sampled_from([1, 2, 3, 5, 8]))
+        inputs.append(make_input(s, layout(data), normal(rng)))
+    return Spec(inputs, {"axis": axis})
+
+
+def mul_mat(data, rng):
+    T = data.draw(st.sampled_from([1, 2, 3, 5, 8, 9, 17, 64, 65, 130]))
+    K = data.draw(st.sampled_from([1, 2, 3, 4, 5, 7, 8, 13, 16, 31, 33, 64, 100, 257]))
+    N = data.draw(st.sampled_from([1, 3, 4, 5, 16, 31, 65, 129, 300]))
+    batch = draw_shape(data, 0, 2, budget=6, sizes=[1, 2, 3])
+    xb = tuple(b if data.draw(st.booleans()) else 1 for b in batch)[data.draw(st.integers(0, len(batch))):]
+    wb = batch                         # x's batch dims broadcast against w's
+    if data.draw(st.booleans()):
+        xb, wb = wb, xb
+    scale = 1 / np.sqrt(K)
+    return Spec([make_input(xb + (T, K), layout(data), normal(rng)),
+                 make_input(wb + (N, K), layout(data), normal(rng, scale))],
+                {"kernel": data.draw(st.sampled_from(KERNELS))})
+
+
+def get_rows(data, rng):
+    V = data.draw(st.sampled_from([1, 2, 7, 64, 257]))
+    D = data.draw(st.sampled_from([1, 3, 16, 33, 256, 257]))
+    N = data.draw(st.sampled_from([1, 2, 5, 31, 100]))
+    bad = np.array([-1, V, V + 7, 2**31 - 1, -2**31], np.int64)
+
+    def ids(shape):
+        i = rng.integers(0, V, shape)
+        out_of_range = rng.random(shape) < 0.2
+        i[out_of_range] = rng.choice(bad, out_of_range.sum())
+        return i.astype(np.int32)
+    return Spec([make_input((V, D), layout(data), normal(rng)),
+                 make_input((N,), data.draw(st.sampled_from(["contig", "sliced", "broadcast"])), ids)])
+
+
+@dataclass
+class OpCase:
+    op: str
+    draw: callable
+    nmse: float          # NMSE bound
+    rtol: float          # max-abs bound, relative to max(1, max |reference|)
+    examples: int = 25
+
+
+CASES = [
+    OpCase("ADD", broadcast_pair, 1e-13, 1e-6),
+    OpCase("MUL", broadcast_pair, 1e-13, 1e-6),
+    OpCase("DIV", lambda d, r: broadcast_pair(d, r, denominator=True), 1e-13, 1e-6),
+    OpCase("SCALE", unary(-4, 4, a=st.floats(-3, 3, width=32), b=st.floats(-3, 3, width=32)), 1e-13, 1e-6),
+    OpCase("SIGMOID", unary(-8, 8), 1e-10, 1e-6),
+    OpCase("EXP", unary(-5, 5), 1e-10, 1e-6),
+    OpCase("CONT", unary(-4, 4), 0.0, 0.0),
+    OpCase("CONT", cont_i32, 0.0, 0.0, examples=4),
+    OpCase("FILL", fill, 0.0, 0.0, examples=6),
+    OpCase("SOFT_MAX", softmax, 1e-10, 1e-6),
+    OpCase("SUM_ROWS", lambda d, r: rows(d, r), 1e-10, 1e-5),
+    OpCase("RMS_NORM", rms_norm, 1e-10, 1e-6),
+    OpCase("CONCAT", concat, 0.0, 0.0),
+    OpCase("MUL_MAT", mul_mat, 1e-10, 1e-5, examples=80),
+    OpCase("GET_ROWS", get_rows, 0.0, 0.0),
+]
+BOUNDS = {c.op: (c.nmse, c.rtol) for c in reversed(CASES)}
+
+
+# --- running one case ------------------------------------------------------------------------------
+
+def out_view(g, shape, kind):
+    """(view passed as out=, sentinel-filled storage around a sliced view or None) for an out layout."""
+    if kind == "new":
+        return None, None
+    if kind == "transposed" and len(shape) >= 2:
+        return g.empty(shape[:-2] + (shape[-1], shape[-2])).transpose(-1, -2), None
+    whole = g.empty(tuple(2 * s + 1 for s in shape))
+    g.op("FILL", out=whole, shape=whole.shape, value=SENTINEL)
+    return whole[tuple(slice(1, 2 * s + 1, 2) for s in shape)], whole
+
+
+_record = CompiledGraph._record
+
+
+def _record_folded(self, rec, node, launch):
+    """Record `launch` on a grid refolded to 3 groups in x: every kernel must recover its flat group
+    index from (x, y) and skip the spare groups of the last row."""
+    gx, gy, gz = launch.grid
+    groups = gx * gy
+    if groups > 1:
+        launch = dataclasses.replace(launch, grid=(3, -(-groups // 3), gz))
+    _record(self, rec, node, launch)
+
+
+def run_op(name, spec, out_kind="new", fold=False):
+    """Build a fresh graph and executor, run, check everything; returns (result, reference)."""
+    op = get_op(name)
+    g = Graph()
+    tensors, arrays, feeds = [], [], {}
+    for i, inp in enumerate(spec.inputs):
+        dt = "i32" if inp.stored.dtype == np.int32 else "f32"
+        t = g.input(f"in{i}", inp.stored.shape, dt)
+        tensors.append(inp.view(t))
+        arrays.append(inp.view(inp.stored))
+        feeds[f"in{i}"] = inp.stored
+    ref = op.reference(*arrays, **spec.params)
+    out, whole = out_view(g, ref.shape, out_kind)
+    y = g.op(name, *tensors, out=out, **spec.params)
+    g.output("y", y)
+    if whole is not None:
+        g.output("whole", whole)
+    ex = Executor()
+    with mock.patch.object(CompiledGraph, "_record", _record_folded if fold else CompiledGraph._record):
+        res = ex.run(g, **feeds)
+    try:
+        assert ex.last.check_guards() == []
+        got = res["y"]
+        assert got.shape == ref.shape and got.dtype == (np.int32 if y.dtype == "i32" else np.float32)
+        if whole is not None:       # nothing outside the out= view changed
+            rest = res["whole"].copy()
+            rest[tuple(slice(1, 2 * s + 1, 2) for s in ref.shape)] = SENTINEL
+            assert np.all(rest == SENTINEL), "kernel wrote outside its out= view"
+        return got, ref
+    finally:
+        ex.last.release()
+
+
+def check_close(got, ref, nmse_max, rtol):
+    """NaN/inf at the same places, NMSE ≤ nmse_max, max-abs ≤ rtol · max(1, max |ref|)."""
+    assert nonfinite_mismatch(got, ref) == 0, "NaN/inf placement differs"
+    e = nmse(got, ref)
+    assert e <= nmse_max, f"NMSE {e:.3e} > {nmse_max:.0e}"
+    finite = np.isfinite(ref)
+    bound = rtol * max(1.0, float(np.abs(ref[finite]).max()) if finite.any() else 1.0)
+    assert max_abs(got, ref) <= bound, f"max abs error {max_abs(got, ref):.3e} > {bound:.3e}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.op + ("_i32" if c.draw is cont_i32 else ""))
+def test_op_matches_reference(case):
+    @settings(max_examples=case.examples, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(data=st.data())
+    def check(data):
+        spec = case.draw(data, np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed")))
+        out_kind = data.draw(st.sampled_from(spec.out_layouts), label="out")
+        got, ref = run_op(case.op, spec, out_kind, fold=data.draw(st.booleans(), label="fold"))
+        check_close(got, ref, case.nmse, case.rtol)
+    check()
+
+
+# --- what the table cannot reach cheaply -----------------------------------------------------------
+
+def test_grid_beyond_65535_workgroups(rng):
+    n = 65535 * 256 + 257                     # 65537 workgroups of 256: folded into y
+    assert base.grid_1d(n)[1] == 2
+    x = rng.standard_normal(n).astype(np.float32)
+    got, ref = run_op("SCALE", Spec([Input(x)], {"a": 2.0, "b": -1.0}))
+    assert np.array_equal(got, ref.astype(np.float32))
+
+
+# Row lengths and K around every cluster width (1, 2, 4, 8, 16 lanes), the DSV4 widths, and the
+# MUL_MAT kernels at T = 1 and T > 1: run in-process, at other subgroup sizes and without subgroup ops.
+LANE_ROWS = [1, 3, 4, 5, 9, 17, 33, 64, 65, 129, 4096]
+LANE_MATMUL = [(1, 4096, 24), (1, 16384, 7), (3, 17, 40), (1, 33, 130), (5, 64, 3), (8, 9, 5), (9, 129, 66),
+               (130, 4096, 9)]
+
+
+def check_lane_variants(rng):
+    for n in LANE_ROWS:
+        x = make_input((5, n), "contig", normal(rng, 2.0))
+        check_close(*run_op("SOFT_MAX", Spec([x], {"scale": 0.5})), *BOUNDS["SOFT_MAX"])
+        check_close(*run_op("SUM_ROWS", Spec([x])), *BOUNDS["SUM_ROWS"])
+        w = make_input((n,), "contig", normal(rng))
+        check_close(*run_op("RMS_NORM", Spec([x, w], {"eps": 1e-6})), *BOUNDS["RMS_NORM"])
+    for T, K, N in LANE_MATMUL:
+        for layout_x in ("contig", "sliced"):     # vec4 and scalar loads
+            x = make_input((T, K), layout_x, normal(rng))
+            w = make_input((N, K), "contig", normal(rng, 1 / np.sqrt(K)))
+            for kernel in ("gemv", "gemm"):
+                check_close(*run_op("MUL_MAT", Spec([x, w], {"kernel": kernel})), *BOUNDS["MUL_MAT"])
+
+
+def test_lane_variants(rng):
+    check_lane_variants(rng)
+
+
+def test_without_subgroup_operations(device, rng, monkeypatch):
+    monkeypatch.setitem(device.caps["subgroup"], "operations", [])
+    check_lane_variants(rng)
+
+
+@pytest.mark.parametrize("width, subgroup", [(128, 4), (512, 16)])
+def test_other_subgroup_sizes(width, subgroup):
+    code = ("import sys, numpy as np; sys.path.insert(0, %r); import test_ops as t; "
+            "from dsv4_vk.vk import default_device; assert default_device().subgroup_size == %d; "
+            "t.check_lane_variants(np.random.default_rng())" % (HERE, subgroup))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "LP_NATIVE_VECTOR_WIDTH": str(width)})
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_attention_style_matmul_with_transposed_v(rng):
+    H, T, S, dh = 3, 5, 37, 16
+    att = make_input((H, T, S), "contig", uniform(rng, 0, 1))
+    v_t = make_input((H, dh, S), "transposed", normal(rng))      # v [H, S, dh] viewed as [H, dh, S]
+    check_close(*run_op("MUL_MAT", Spec([att, v_t])), *BOUNDS["MUL_MAT"])
+
+
+def test_get_rows_out_of_range_rows_are_nan(rng):
+    table = rng.standard_normal((10, 6)).astype(np.float32)
+    ids = np.array([0, 10, -1, 9, 2**31 - 1], np.int32)
+    got, _ = run_op("GET_ROWS", Spec([Input(table), Input(ids)]))
+    assert np.array_equal(got[[0, 3]], table[[0, 9]])
+    assert np.isnan(got[[1, 2, 4]]).all()
+
+
+def test_softmax_fully_masked_row_is_nan_like_reference():
+    x = np.array([[0.0, 1.0, -np.inf], [-np.inf, -np.inf, -np.inf]], np.float32)
+    got, ref = run_op("SOFT_MAX", Spec([Input(x)]))
+    assert nonfinite_mismatch(got, ref) == 0 and np.isnan(got[1]).all()
+    assert abs(got[0, :2].sum() - 1) < 1e-6 and got[0, 2] == 0
+
+
+# --- declaration errors -----------------------------------------------------------------------------
+
+BAD_CALLS = [
+    ("SOFT_MAX", [(4, 5)], {"scale": float("inf")}, "SOFT_MAX scale must be a finite"),
+    ("SOFT_MAX", [(4, 5)], {"axis": 0}, r"unknown parameter\(s\) \['axis'\]"),
+    ("SUM_ROWS", [(0, 5)], {}, "input 0 is empty"),
+    ("RMS_NORM", [(4, 5)], {}, "needs eps"),
+    ("RMS_NORM", [(4, 5)], {"eps": 0.0}, "eps must be > 0"),
+    ("RMS_NORM", [(4, 5)], {"eps": float("nan")}, "eps must be a finite"),
+    ("RMS_NORM", [(4, 5), (4,)], {"eps": 1e-6}, r"input 1 \(w\) has shape \(4,\), expected \(5,\)"),
+    ("RMS_NORM", [(4, 5), (5,), (5,)], {"eps": 1e-6}, "takes x and optionally w"),
+    ("CONCAT", [(2, 3), (2, 4)], {"axis": 0}, "input 1 has size 4 in dim 1, input 0 has 3"),
+    ("CONCAT", [(2, 3), (2, 3, 1)], {"axis": 0}, "input 1 has 3 dimensions"),
+    ("CONCAT", [(2, 3), (2, 3)], {"axis": 2}, r"axis must be an int in \[-2, 2\)"),
+    ("CONCAT", [(2, 3), (2, 3)], {}, "needs axis"),
+    ("CONCAT", [(2, 3)], {"axis": 0}, "takes 2 to 4 input tensors"),
+    ("CONCAT", [(2, 3)] * 5, {"axis": 0}, "takes 2 to 4 input tensors"),
+    ("MUL_MAT", [(3, 4), (5, 6)], {}, r"K differs: input 0 \(x\) \(3, 4\) has K=4"),
+    ("MUL_MAT", [(4,), (5, 4)], {}, "input 0 has shape"),
+    ("MUL_MAT", [(2, 3, 4), (3, 5, 4)], {}, "do not broadcast"),
+    ("MUL_MAT", [(3, 4), (5, 4)], {"kernel": "fast"}, "kernel must be one of"),
+    ("MUL_MAT", [(3, 0), (5, 0)], {}, "input 0 is empty"),
+    ("GET_ROWS", [(4, 5), (3,)], {}, r"input 1 \(ids\) is \(3,\) f32; expected a 1-D i32"),
+    ("GET_ROWS", [(4, 5), ("i32", (3, 1))], {}, "expected a 1-D i32"),
+    ("GET_ROWS", [(20,), ("i32", (3,))], {}, r"input 0 \(table\) is \(20,\) f32; expected a 2-D f32"),
+    ("GET_ROWS", [("i32", (4, 5)), ("i32", (3,))], {}, "expected a 2-D f32"),
+    ("SOFT_MAX", [("i32", (4, 5))], {}, "input 0 has dtype i32; expected f32"),
+]
+
+
+@pytest.mark.parametrize("name, shapes, params, message", BAD_CALLS,
+                         ids=[f"{c[0]}-{c[3][:24]}" for c in BAD_CALLS])
+def test_bad_calls_raise_clear_errors(name, shapes, params, message):
+    g = Graph()
+    inputs = [g.input(f"in{i}", *((s[1], s[0]) if isinstance(s[0], str) else (s,))) for i, s in enumerate(shapes)]
+    with pytest.raises(ValueError, match=message):
+        g.op(name, *inputs, **params)
