@@ -62,7 +62,7 @@ def record_us(device, graph):
 def bench_path(device, case, path, inputs, replays):
     """One row: timings of `case` along `path`."""
     from .executor import CompiledGraph
-    graph = C.build(case, path)
+    graph = C.build(case, path, device)
     cg = CompiledGraph(device, graph, timestamps=True)
     try:
         cg.run(inputs)                  # warm-up: shader JIT, first touch of the buffers

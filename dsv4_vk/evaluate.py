@@ -51,7 +51,7 @@ class Progress:
 
 def _run(device, case, path, inputs):
     """(outputs, guard failures, dispatches) of one path; compiled graph released afterwards."""
-    cg = CompiledGraph(device, C.build(case, path))
+    cg = CompiledGraph(device, C.build(case, path, device))
     try:
         out = cg.run(inputs)
         return out, cg.check_guards(), cg.recording.n_dispatches
