@@ -117,7 +117,7 @@ def comb_support(device):
         out["sg16"] = f"subgroup size {size} < 16 and it cannot be pinned to {sg16}"
     else:
         out["sg16"] = None
-    out["rows4"] = None if size >= 4 and size % 4 == 0 else f"subgroup size {size} is not a multiple of 4"
+    out["rows4"] = None if size >= 4 and size % 4 == 0 else f"subgroup size {size} is not a multiple of 4 lanes"
     return out
 
 
@@ -145,7 +145,9 @@ def _resolve_comb(device):
                                 f"{sup[forced]}")
         return Choice(True, forced, f"{VARIANT_ENV}={forced}: HC_COMB uses variant {forced}")
     if sup["sg16"] is None:
-        return Choice(True, "sg16", f"subgroup size {size} ≥ 16 with shuffle and full subgroups: "
+        size16 = sg16_subgroup_size(device)
+        pinned = f" (pinned; default {size})" if size16 != size else ""
+        return Choice(True, "sg16", f"subgroup size {size16}{pinned} ≥ 16 with shuffle and full subgroups: "
                                     "HC_COMB uses variant sg16")
     if sup["rows4"] is None:
         return Choice(True, "rows4", f"{sup['sg16']}: HC_COMB uses variant rows4")

@@ -47,7 +47,7 @@ void main() {
     uint lane = gl_SubgroupInvocationID;
     uint slot = gl_SubgroupID * gl_SubgroupSize + lane;
     uint t = flat_group() * (gl_WorkGroupSize.x / 16u) + slot / 16u;
-    uint k = lane & 15u;
+    uint k = slot & 15u;    // = lane & 15 at ≥ 16 lanes; below, every element still gets its NaN
     bool live = t < p.T;
     float l = live ? logit(t, k) : 0.0;
     float m = max(l, subgroupShuffleXor(l, 1u));

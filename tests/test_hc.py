@@ -1,0 +1,305 @@
+"""The hyper-connection ops: kernels at lavapipe subgroup sizes 4, 8 and 16 (each in its own process,
+tests/hc_cases.py), the environment switches and the device contract, the numpy API's errors."""
+import logging
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import dsv4_vk as dv
+from dsv4_vk import Executor, Graph, hc, hc_policy
+from dsv4_vk.hc_policy import HCUnsupported
+from dsv4_vk.metrics import max_abs, nmse
+from dsv4_vk.ops.hc import reference_comb, reference_post, reference_pre, reference_site_pre
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HC_ENV = ["DSV4_VK_DISABLE_HC", "DSV4_VK_DISABLE_HC_COMB", "DSV4_VK_DISABLE_HC_PRE", "DSV4_VK_DISABLE_HC_POST",
+          "DSV4_VK_HC_COMB_VARIANT"]
+
+
+@pytest.mark.parametrize("width, subgroup", [(128, 4), (256, 8), (512, 16)])
+def test_kernels_at_lavapipe_subgroup_size(width, subgroup):
+    env = {k: v for k, v in os.environ.items() if k not in HC_ENV}
+    env.update(LP_NATIVE_VECTOR_WIDTH=str(width), DSV4_HC_EXPECT_SG=str(subgroup))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "tests/hc_cases.py"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, f"worker at subgroup size {subgroup} failed:\n{out[-20000:]}"
+    assert f"worker: subgroup size {subgroup}, expected {subgroup}" in out, out[-5000:]
+    assert " passed" in out and " failed" not in out
+
+
+# --- the environment switches ---------------------------------------------------------------------------
+
+@pytest.fixture
+def env(monkeypatch):
+    """Set HC environment variables for one test; the policy is re-resolved before and after."""
+    for k in HC_ENV:
+        monkeypatch.delenv(k, raising=False)
+    hc_policy.clear()
+
+    def set_env(**kw):
+        for k in HC_ENV:
+            monkeypatch.delenv(k, raising=False)
+        for k, v in kw.items():
+            monkeypatch.setenv(k, v)
+        hc_policy.clear()
+    yield set_env
+    hc_policy.clear()
+
+
+def site_graph(T, D, fused=None):
+    """One full site: pre side (mixes, comb, pre) then post with f = an input."""
+    g = Graph()
+    t = {"X": g.input("X", (T, 4, D)), "fn": g.input("fn", (24, 4 * D)), "scale": g.input("scale", (3,)),
+         "base": g.input("base", (24,)), "f": g.input("f", (T, D))}
+    u, post, comb = hc.site_pre(g, t["X"], t["fn"], t["scale"], t["base"], fused=fused)
+    g.output("u", u)
+    g.output("comb", comb)
+    g.output("X_new", hc.post(g, t["f"], t["X"], post, comb, fused=fused))
+    return g
+
+
+def site_inputs(rng, T, D):
+    return {"X": rng.uniform(-1, 1, (T, 4, D)).astype(np.float32),
+            "fn": (rng.uniform(-1, 1, (24, 4 * D)) * 2 / np.sqrt(4 * D)).astype(np.float32),
+            "scale": rng.uniform(-0.5, 0.5, 3).astype(np.float32),
+            "base": rng.uniform(-0.25, 0.25, 24).astype(np.float32),
+            "f": rng.uniform(-1, 1, (T, D)).astype(np.float32)}
+
+
+def hc_dispatches(stats):
+    return sum(n for label, (n, _) in stats.per_label().items() if label.split("/")[-1] in hc_policy.OPS)
+
+
+SWITCHES = [({}, 3, ("fused:rows4", "fused", "fused")),
+            ({"DSV4_VK_DISABLE_HC": "1"}, 141 + 7 + 37, ("unfused",) * 3),
+            ({"DSV4_VK_DISABLE_HC_COMB": "true"}, 141 + 1 + 1, ("unfused", "fused", "fused")),
+            ({"DSV4_VK_DISABLE_HC_PRE": "yes"}, 1 + 7 + 1, ("fused:rows4", "unfused", "fused")),
+            ({"DSV4_VK_DISABLE_HC_POST": "ON"}, 1 + 1 + 37, ("fused:rows4", "fused", "unfused")),
+            ({"DSV4_VK_DISABLE_HC": "0", "DSV4_VK_DISABLE_HC_COMB": "off", "DSV4_VK_DISABLE_HC_PRE": "",
+              "DSV4_VK_DISABLE_HC_POST": "no"}, 3, ("fused:rows4", "fused", "fused"))]
+
+
+def test_each_environment_switch_changes_the_path_and_results_agree(env, device, rng):
+    if device.subgroup_size >= 16:
+        pytest.skip("expected paths are written for lavapipe's default subgroup size 8")
+    T, D = 9, 64
+    inputs = site_inputs(rng, T, D)
+    ex = Executor(device)
+    results = []
+    for switches, n_hc, paths in SWITCHES:
+        env(**switches)
+        g = site_graph(T, D)
+        out = ex.run(g, **inputs)
+        assert ex.last.check_guards() == []
+        assert tuple(p[1] for p in g.paths) == paths, (switches, g.paths)
+        assert hc_dispatches(ex.last.stats) == n_hc, switches
+        for op, path, reason in g.paths:
+            assert ("disabled by environment" in reason) == (path == "unfused"), reason
+        results.append((switches, out))
+    ref = reference_site_pre(inputs["X"], inputs["fn"], inputs["scale"], inputs["base"])
+    X_ref = reference_post(inputs["f"], inputs["X"], ref[1], ref[2])
+    base = results[0][1]
+    for switches, out in results:
+        for k, r in (("u", ref[0]), ("comb", ref[2]), ("X_new", X_ref)):
+            assert nmse(out[k], base[k]) <= 1e-7, (switches, k)
+            assert nmse(out[k], r) <= 1e-10, (switches, k)
+
+
+def test_whole_site_dispatch_counts(env, device):
+    env()
+    fused = site_graph(5, 16)
+    env(DSV4_VK_DISABLE_HC="1")
+    unfused = site_graph(5, 16)
+    ex = Executor(device)
+    counts = {}
+    for name, g in (("fused", fused), ("unfused", unfused)):
+        ex.compile(g)
+        counts[name] = ex.compile(g).recording.n_dispatches
+    assert counts["unfused"] >= 190 and counts["fused"] <= 20, counts   # spec: ≈188 vs 3 (+ the mixes)
+
+
+def test_switch_in_a_fresh_process_shows_in_info():
+    env = {**{k: v for k, v in os.environ.items() if k not in HC_ENV}, "DSV4_VK_DISABLE_HC_COMB": "1"}
+    r = subprocess.run([sys.executable, "-m", "dsv4_vk", "info"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith("HC_")}
+    assert "unfused: disabled by environment (DSV4_VK_DISABLE_HC_COMB=1)" in lines["HC_COMB"], r.stdout
+    assert lines["HC_PRE"].split()[1] == "fused:" and lines["HC_POST"].split()[1] == "fused:", r.stdout
+
+
+@pytest.mark.parametrize("name", HC_ENV[:4])
+@pytest.mark.parametrize("value", ["2", "maybe", "enable"])
+def test_bad_switch_values_are_errors_naming_the_variable(env, device, name, value):
+    env(**{name: value})
+    with pytest.raises(ValueError, match=f"{name}=.*1/true/yes/on.*0/false/no/off/empty"):
+        hc_policy.resolve(device)
+
+
+def test_comb_variant_forced_by_environment(env, device):
+    env(DSV4_VK_HC_COMB_VARIANT="rows4")
+    c = hc_policy.resolve(device)["HC_COMB"]
+    assert c.path == "fused:rows4" and "DSV4_VK_HC_COMB_VARIANT=rows4" in c.reason
+    env(DSV4_VK_HC_COMB_VARIANT="sg32")
+    with pytest.raises(ValueError, match="DSV4_VK_HC_COMB_VARIANT='sg32'.*sg16, rows4"):
+        hc_policy.resolve(device)
+    if device.subgroup_size < 16:
+        env(DSV4_VK_HC_COMB_VARIANT="sg16")
+        with pytest.raises(HCUnsupported, match="DSV4_VK_HC_COMB_VARIANT=sg16.*subgroup size 8 < 16"):
+            hc_policy.resolve(device)
+        assert hc_policy.describe(device)["HC_COMB"]["path"] == "error"
+
+
+def test_choice_is_logged_once_per_device(env, device, caplog):
+    env()
+    with caplog.at_level(logging.INFO, logger="dsv4_vk"):
+        hc_policy.resolve(device)
+        hc_policy.resolve(device)
+        hc_policy.describe(device)
+    msgs = [r.getMessage() for r in caplog.records if r.name == "dsv4_vk"]
+    assert len(msgs) == 3 and all(any(m.startswith(op) for m in msgs) for op in hc_policy.OPS), msgs
+
+
+# --- the device contract ----------------------------------------------------------------------------------
+
+def fake_device(size, ops=("basic", "shuffle"), full=True, size_control=False, lo=None, hi=None):
+    caps = {"subgroup": {"size": size, "compute_stage": True, "operations": list(ops), "size_control": size_control,
+                         "full_subgroups": full, "min_size": lo or size, "max_size": hi or size,
+                         "required_size_compute": size_control}}
+    return SimpleNamespace(caps=caps, subgroup_size=size, name=f"fake-sg{size}",
+                           supports_subgroup_op=lambda op: op in ops)
+
+
+@pytest.mark.parametrize("dev, path, reason", [
+    (fake_device(32), "fused:sg16", "subgroup size 32 ≥ 16"),
+    (fake_device(16), "fused:sg16", "subgroup size 16 ≥ 16"),
+    (fake_device(8), "fused:rows4", "subgroup size 8 < 16: HC_COMB uses variant rows4"),
+    (fake_device(4), "fused:rows4", "subgroup size 4 < 16: HC_COMB uses variant rows4"),
+    (fake_device(32, full=False), "fused:rows4", "full subgroups cannot be required"),
+    (fake_device(8, size_control=True, lo=8, hi=32), "fused:sg16", "≥ 16"),
+    (fake_device(32, ops=("basic",)), "unfused", "device cannot run a fused HC_COMB (no subgroup shuffle"),
+    (fake_device(2), "unfused", "device cannot run a fused HC_COMB (subgroup size 2 is not a multiple of 4"),
+])
+def test_device_contract(env, dev, path, reason):
+    env()
+    got = hc_policy.describe(dev)["HC_COMB"]
+    assert got["path"] == path and reason in got["reason"], got
+    assert "environment" not in got["reason"]
+    if path == "unfused":
+        with pytest.raises(HCUnsupported, match="cannot run a fused HC_COMB"):
+            hc_policy.choose("HC_COMB", dev, fused=True)
+    if path != "fused:sg16":
+        with pytest.raises(HCUnsupported, match="sg16"):
+            hc_policy.choose("HC_COMB", dev, variant="sg16")
+    env(DSV4_VK_DISABLE_HC="yes")
+    assert hc_policy.describe(dev)["HC_COMB"] == {"path": "unfused",
+                                                   "reason": "disabled by environment (DSV4_VK_DISABLE_HC=yes)"}
+
+
+def test_per_call_override_beats_the_environment(env, device):
+    env(DSV4_VK_DISABLE_HC="1")
+    assert hc_policy.choose("HC_PRE", device, fused=True).fused
+    assert hc_policy.choose("HC_COMB", device, fused=True).path == "fused:rows4"
+    env()
+    assert hc_policy.choose("HC_POST", device, fused=False).path == "unfused"
+
+
+# --- the numpy API -----------------------------------------------------------------------------------------
+
+def test_api_results_and_last_run(env, rng):
+    env()
+    T, D = 5, 12
+    m, s, b = rng.uniform(-2, 2, (T, 24)), rng.uniform(-0.5, 0.5, 3), rng.uniform(-0.25, 0.25, 24)
+    c = dv.hc_comb(m, s, b)
+    assert c.dtype == np.float32 and nmse(c, reference_comb(m, s, b)) <= 1e-11
+    assert dv.last_run().dispatches == 1 and dv.last_run().paths[0][:2] == ("HC_COMB", "fused:rows4")
+    c2 = dv.hc_comb(m, s, b, fused=False)
+    assert dv.last_run().dispatches == 141 and nmse(c2, c) <= 1e-7
+    x, w = rng.uniform(-1, 1, (T, 4, D)), rng.uniform(0, 1, (T, 4))
+    assert max_abs(dv.hc_pre(x, w), reference_pre(x, w)) <= 1e-5 and dv.last_run().dispatches == 1
+    f, p = rng.uniform(-1, 1, (T, D)), rng.uniform(0, 2, (T, 4))
+    assert max_abs(dv.hc_post(f, x, p, c), reference_post(f, x, p, c)) <= 1e-5
+    fn = rng.uniform(-1, 1, (24, 4 * D)) / np.sqrt(D)
+    got = dv.hc_site_pre(x, fn, s, b)
+    for a, r in zip(got, reference_site_pre(x, fn, s, b)):
+        assert nmse(a, r) <= 1e-10
+    assert [p[0] for p in dv.last_run().paths] == ["HC_COMB", "HC_PRE"]
+
+
+class _Untouchable:
+    """A device that fails the test if anything uses it."""
+    def __getattr__(self, name):
+        raise AssertionError(f"device.{name} used for an empty input")
+
+
+def test_api_zero_tokens_returns_empty_without_the_device():
+    d = _Untouchable()
+    assert dv.hc_comb(np.zeros((0, 24)), np.ones(3), np.ones(24), device=d).shape == (0, 4, 4)
+    assert dv.hc_pre(np.zeros((0, 4, 7)), np.zeros((0, 4)), device=d).shape == (0, 7)
+    assert dv.hc_post(np.zeros((0, 7)), np.zeros((0, 4, 7)), np.zeros((0, 4)), np.zeros((0, 4, 4)),
+                      device=d).shape == (0, 4, 7)
+    u, p, c = dv.hc_site_pre(np.zeros((0, 4, 3)), np.ones((24, 12)), np.ones(3), np.ones(24), device=d)
+    assert (u.shape, p.shape, c.shape) == ((0, 3), (0, 4), (0, 4, 4))
+    assert dv.last_run().dispatches == 0
+
+
+M, S, B = np.zeros((3, 24)), np.zeros(3), np.zeros(24)
+X, W = np.zeros((3, 4, 8)), np.zeros((3, 4))
+F, P, C = np.zeros((3, 8)), np.zeros((3, 4)), np.zeros((3, 4, 4))
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: dv.hc_comb(M[0], S, B), "mixes must have rank 2"),
+    (lambda: dv.hc_comb(np.zeros((3, 16)), S, B), r"mixes must have shape \[\*, 24\]"),
+    (lambda: dv.hc_comb(M.astype(np.int32), S, B), "mixes must be a floating-point array"),
+    (lambda: dv.hc_comb(M, np.zeros(2), B), r"scale must have shape \[3\]"),
+    (lambda: dv.hc_comb(M, S, np.zeros((1, 24))), "base must have rank 1"),
+    (lambda: dv.hc_comb(M, S, B, n_iter=0), "n_iter must be an integer ≥ 1"),
+    (lambda: dv.hc_comb(M, S, B, n_iter=2.5), "n_iter must be an integer ≥ 1"),
+    (lambda: dv.hc_comb(M, S, B, eps=0.0), "eps must be a finite number > 0"),
+    (lambda: dv.hc_comb(M, S, B, eps=-1e-6), "eps must be a finite number > 0"),
+    (lambda: dv.hc_comb(M, S, B, eps=float("inf")), "eps must be a finite number > 0"),
+    (lambda: dv.hc_comb(M, S, B, eps=float("nan")), "eps must be a finite number > 0"),
+    (lambda: dv.hc_comb(M, S, B, variant="sg8"), "variant must be one of sg16, rows4"),
+    (lambda: dv.hc_comb(M, S, B, fused=False, variant="rows4"), "fused=False"),
+    (lambda: dv.hc_comb(M, S, B, fused="yes"), "fused must be None, True or False"),
+    (lambda: dv.hc_pre(X, np.zeros((2, 4))), r"T \(tokens\) disagrees between x \(3\) and weights \(2\)"),
+    (lambda: dv.hc_pre(X[:, :3], W), r"x must have shape \[\*, 4, \*\]"),
+    (lambda: dv.hc_pre(np.zeros((3, 4, 0)), W), "hidden size D must be ≥ 1"),
+    (lambda: dv.hc_pre(X, W.astype(bool)), "weights must be a floating-point array"),
+    (lambda: dv.hc_post(F, np.zeros((3, 4, 9)), P, C), r"D \(hidden size\) disagrees between f \(8\) and residual \(9\)"),
+    (lambda: dv.hc_post(F, X, P, np.zeros((3, 4, 3))), r"comb must have shape \[\*, 4, 4\]"),
+    (lambda: dv.hc_post(F, X, np.zeros((2, 4)), C), r"T \(tokens\) disagrees between f \(3\) and post \(2\)"),
+    (lambda: dv.hc_post(F, X, P, C[None]), "comb must have rank 3"),
+    (lambda: dv.hc_site_pre(X, np.zeros((24, 31)), S, B), r"fn must have shape \[24, 32\]"),
+    (lambda: dv.hc_site_pre(X, np.zeros((24, 32)), S, B, norm_eps=0), "norm_eps must be a finite number > 0"),
+    (lambda: dv.hc_site_pre(X, np.zeros((24, 32)), S, B, hc_eps=float("nan")), "hc_eps must be a finite"),
+    (lambda: dv.hc_site_pre(X, np.zeros((24, 32)), S, B, n_iter=-3), "n_iter must be an integer ≥ 1"),
+])
+def test_api_bad_input_is_a_value_error_naming_the_argument(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_graph_functions_validate_their_tensors(device):
+    g, other = Graph(), Graph()
+    m, s, b = g.input("m", (3, 24)), g.input("s", (3,)), g.input("b", (24,))
+    with pytest.raises(ValueError, match="mixes belongs to another graph"):
+        hc.comb(g, other.input("m", (3, 24)), s, b, device=device)
+    with pytest.raises(ValueError, match=r"base must have shape \[24\]"):
+        hc.comb(g, m, s, m[0, :23], device=device)
+    with pytest.raises(ValueError, match="mixes must be a graph Tensor"):
+        hc.comb(g, np.zeros((3, 24)), s, b, device=device)
+    with pytest.raises(ValueError, match="eps must be a finite number > 0"):
+        hc.comb(g, m, s, b, eps=0, device=device)
+    x, f = g.input("x", (3, 4, 8)), g.input("f", (2, 8))
+    with pytest.raises(ValueError, match=r"T \(tokens\) disagrees between f \(2\) and residual \(3\)"):
+        hc.post(g, f, x, g.input("p", (2, 4)), g.input("c", (2, 4, 4)), device=device)
+    with pytest.raises(ValueError, match=r"fn_h must have shape \[4, 32\]"):
+        hc.head_pre(g, x, g.input("fn", (24, 32)), s[0:1], b[0:4], device=device)
+    assert g.nodes == [], "a rejected call must not leave nodes behind"
