@@ -2,9 +2,10 @@
 
 Every HC kernel is judged against these numbers (`python -m dsv4_vk bench` prints them first):
 a fused op at decode cannot beat one dependent dispatch, and a bandwidth-bound op at prefill cannot
-beat a plain copy. GPU times come from timestamp queries (`Recorder.mark()` before and after a
-chain, so no per-dispatch timestamp serialises what is measured), each the median over replays of
-one recorded command buffer; host times from `time.perf_counter_ns`, also medians.
+beat a plain copy. GPU times come from two timestamp queries, before and after a chain
+(`Recorder(timestamps="ends")`: no per-dispatch timestamp serialises what is measured), each the
+median over replays of one recorded command buffer; host times from `time.perf_counter_ns`, also
+medians.
 
     measure(device)        -> dict of all of them
     format_floor(result)   -> the human-readable block
@@ -65,17 +66,16 @@ def dispatch_chain_us(device, n=256, barriers=True, replays=10):
     _check_timestamps(device)
     pipe = _step_pipeline(device)
     with _scratch(device, 4 * (n + 1), np.zeros(n + 1, np.float32)) as buf:
-        rec = Recorder(device)
-        rec.mark()
+        rec = Recorder(device, timestamps="ends")
         for i in range(n):
             reads = [(buf, 4 * i, 4 * i + 4)] if barriers else ()
             writes = [(buf, 4 * i + 4, 4 * i + 8)] if barriers else ()
             rec.dispatch(pipe, [buf], pack_push("II", i, i + 1), (1, 1, 1), reads, writes, label="step")
-        rec.mark()
         with _recording(rec) as r:
             if barriers and r.n_barriers != n - 1:
                 raise RuntimeError(f"dependent chain of {n} dispatches recorded {r.n_barriers} barriers, "
                                    f"expected {n - 1}")
+            r.submit()                  # warm-up: shader JIT (lavapipe), first touch of the buffer
             per = []
             for _ in range(replays):
                 r.submit()
@@ -146,11 +146,9 @@ def copy_gbps(device, nbytes=None, replays=10, copies=4):
     grid = grid_1d(n4, COPY_WORKGROUP)
     src_data = np.arange(nbytes // 4, dtype=np.float32)
     with _scratch(device, nbytes, src_data) as src, _scratch(device, nbytes) as dst:
-        rec = Recorder(device)
-        rec.mark()
+        rec = Recorder(device, timestamps="ends")
         for _ in range(copies):         # each rewrites dst: the recorder orders them with barriers
             rec.dispatch(pipe, [src, dst], pack_push("I", n4), grid, [(src, 0, nbytes)], [(dst, 0, nbytes)])
-        rec.mark()
         with _recording(rec) as r:
             r.submit()                  # warm-up: first touch of the pages, shader JIT
             rates = []

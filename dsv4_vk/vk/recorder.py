@@ -40,7 +40,8 @@ class Recording:
         self.n_submits += 1
 
     def timestamps_ns(self):
-        """Raw timestamps in ns: one before the first dispatch and one after each, or None."""
+        """Raw timestamps in ns: one before the first dispatch and one after each (or, recorded with
+        timestamps="ends", one after the last), or None."""
         if not self.query_pools:
             return None
         period = self.device.caps["timestamps"]["period_ns"]
@@ -109,9 +110,13 @@ class Recorder:
         self.labels = []
         self.n_barriers = 0
         self._keep = []
-        self.timestamps = timestamps and device.caps["timestamps"]["valid_bits"] > 0
+        # timestamps=True: one before the first dispatch and one after each; "ends": one before and
+        # one after everything (for totals: per-dispatch timestamps would serialise the work timed)
+        can = device.caps["timestamps"]["valid_bits"] > 0
+        self._ends_only = timestamps == "ends" and can
+        self.timestamps = bool(timestamps) and not self._ends_only and can
         self._pools = []     # [pool, used]
-        if self.timestamps:
+        if self.timestamps or self._ends_only:
             self._timestamp(vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT)
 
     # --- synchronisation --------------------------------------------------------------------
@@ -187,16 +192,10 @@ class Recorder:
         if self.timestamps:
             self._timestamp(vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT)
 
-    def mark(self):
-        """A GPU timestamp after all work recorded so far, for a recorder made without per-dispatch
-        timestamps (those would serialise what they measure): Recording.timestamps_ns() then
-        returns the marks, e.g. one before and one after a chain of dispatches."""
-        if self.timestamps or not self.device.caps["timestamps"]["valid_bits"]:
-            raise ValueError("mark() needs a device with timestamps and a Recorder(timestamps=False)")
-        self._timestamp(vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT)
-
     def finish(self):
         """End recording; writes become visible to the host after each submit."""
+        if self._ends_only:
+            self._timestamp(vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT)
         lib.vkCmdPipelineBarrier(self.cmd, _STAGE_COMPUTE | _STAGE_TRANSFER, _STAGE_HOST, 0, 1,
                                  self._host_barrier, 0, ffi.NULL, 0, ffi.NULL)
         check(lib.vkEndCommandBuffer(self.cmd), "vkEndCommandBuffer")
