@@ -132,6 +132,26 @@ def test_floor_functions_on_tiny_sizes(device):
         floor.dispatch_chain_us(device, 0)
 
 
+def test_recorder_ends_only_timestamps(device):
+    """timestamps="ends": one timestamp before and one after the whole recording, none in between."""
+    from dsv4_vk.vk import Buffer, Recorder, pack_push
+    pipe = device.pipelines.get("floor", 1, {"OP_STEP": 1}, (1,))
+    buf = Buffer(device, 64)
+    buf.write(np.zeros(16, np.float32))
+    rec = Recorder(device, timestamps="ends")
+    for i in range(5):
+        rec.dispatch(pipe, [buf], pack_push("II", i, i + 1), (1, 1, 1), [(buf, 4 * i, 4 * i + 4)],
+                     [(buf, 4 * i + 4, 4 * i + 8)])
+    r = rec.finish()
+    r.submit()
+    ts = r.timestamps_ns()
+    assert len(ts) == 2 and ts[1] > ts[0] and r.n_dispatches == 5 and r.n_barriers == 4
+    assert buf.read(20, 4).view(np.float32)[0] == 5.0
+    r.destroy()
+    device.pipelines.forget_buffer(buf)
+    buf.destroy()
+
+
 def test_floor_cli_writes_json(tmp_path):
     out = tmp_path / "floor.json"
     r = _python(["tools/bench_floor.py", "--chain", "8", "--copy-mib", "0.25", "--replays", "2", "--out", str(out)])
