@@ -3,7 +3,8 @@
 Hypothesis draws shapes (1, primes, sizes around the 256-invocation workgroup), input layouts
 (contiguous, transposed, sliced, broadcast), `out=` layouts (new, transposed, a strided slice of a
 sentinel-filled buffer: nothing outside the view may change), params and a value seed, and whether
-the grid is refolded to 3 groups in x (every kernel sees y-folded grids with spare groups).
+the grid is refolded to 3 groups in x (every kernel sees y-folded grids with spare groups), and
+whether ops lower as for a GPU (so lavapipe also runs the kernel variants chosen for GPUs).
 Every run checks NMSE, a max-abs bound, NaN/inf placement and the guard regions.
 """
 import dataclasses
@@ -77,6 +78,11 @@ def layout(data):
     return data.draw(st.sampled_from(LAYOUTS))
 
 
+def scalar(lo, hi):
+    """A float32 parameter away from the subnormal range, which devices may flush to zero."""
+    return st.floats(lo, hi, width=32).filter(lambda v: v == 0 or abs(v) > 1e-3)
+
+
 def normal(rng, scale=1.0):
     return lambda shape: (rng.standard_normal(shape) * scale).astype(np.float32)
 
@@ -122,7 +128,7 @@ def cont_i32(data, rng):
 
 
 def fill(data, rng):
-    return Spec([], {"shape": draw_shape(data), "value": data.draw(st.floats(-1e6, 1e6, width=32))})
+    return Spec([], {"shape": draw_shape(data), "value": data.draw(scalar(-1e6, 1e6))})
 
 
 def rows(data, rng, **params):
@@ -138,7 +144,7 @@ def rows(data, rng, **params):
 
 
 def softmax(data, rng):
-    return rows(data, rng, scale=data.draw(st.floats(-3, 3, width=32)))
+    return rows(data, rng, scale=data.draw(scalar(-3, 3)))
 
 
 def rms_norm(data, rng):
@@ -201,7 +207,7 @@ CASES = [
     OpCase("ADD", broadcast_pair, 1e-13, 1e-6),
     OpCase("MUL", broadcast_pair, 1e-13, 1e-6),
     OpCase("DIV", lambda d, r: broadcast_pair(d, r, denominator=True), 1e-13, 1e-6),
-    OpCase("SCALE", unary(-4, 4, a=st.floats(-3, 3, width=32), b=st.floats(-3, 3, width=32)), 1e-13, 1e-6),
+    OpCase("SCALE", unary(-4, 4, a=scalar(-3, 3), b=scalar(-3, 3)), 1e-13, 1e-6),
     OpCase("SIGMOID", unary(-8, 8), 1e-10, 1e-6),
     OpCase("EXP", unary(-5, 5), 1e-10, 1e-6),
     OpCase("CONT", unary(-4, 4), 0.0, 0.0),
@@ -243,8 +249,9 @@ def _record_folded(self, rec, node, launch):
     _record(self, rec, node, launch)
 
 
-def run_op(name, spec, out_kind="new", fold=False):
-    """Build a fresh graph and executor, run, check everything; returns (result, reference)."""
+def run_op(name, spec, out_kind="new", fold=False, as_gpu=False):
+    """Build a fresh graph and executor, run, check everything; returns (result, reference).
+    as_gpu: lower as for a discrete GPU (kernel choices that key on the device type)."""
     op = get_op(name)
     g = Graph()
     tensors, arrays, feeds = [], [], {}
@@ -261,7 +268,9 @@ def run_op(name, spec, out_kind="new", fold=False):
     if whole is not None:
         g.output("whole", whole)
     ex = Executor()
-    with mock.patch.object(CompiledGraph, "_record", _record_folded if fold else CompiledGraph._record):
+    caps = {"type": "discrete-gpu"} if as_gpu else {}
+    with mock.patch.object(CompiledGraph, "_record", _record_folded if fold else CompiledGraph._record), \
+            mock.patch.dict(ex.device.caps, caps):
         res = ex.run(g, **feeds)
     try:
         assert ex.last.check_guards() == []
@@ -294,7 +303,8 @@ def test_op_matches_reference(case):
     def check(data):
         spec = case.draw(data, np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed")))
         out_kind = data.draw(st.sampled_from(spec.out_layouts), label="out")
-        got, ref = run_op(case.op, spec, out_kind, fold=data.draw(st.booleans(), label="fold"))
+        got, ref = run_op(case.op, spec, out_kind, fold=data.draw(st.booleans(), label="fold"),
+                          as_gpu=data.draw(st.booleans(), label="as_gpu"))
         check_close(got, ref, case.nmse, case.rtol)
     check()
 
@@ -317,18 +327,23 @@ LANE_MATMUL = [(1, 4096, 24), (1, 16384, 7), (3, 17, 40), (1, 33, 130), (5, 64, 
 
 
 def check_lane_variants(rng):
+    for as_gpu in (False, True):
+        check_lane_variants_on(rng, as_gpu)
+
+
+def check_lane_variants_on(rng, as_gpu):
     for n in LANE_ROWS:
         x = make_input((5, n), "contig", normal(rng, 2.0))
-        check_close(*run_op("SOFT_MAX", Spec([x], {"scale": 0.5})), *BOUNDS["SOFT_MAX"])
-        check_close(*run_op("SUM_ROWS", Spec([x])), *BOUNDS["SUM_ROWS"])
+        check_close(*run_op("SOFT_MAX", Spec([x], {"scale": 0.5}), as_gpu=as_gpu), *BOUNDS["SOFT_MAX"])
+        check_close(*run_op("SUM_ROWS", Spec([x]), as_gpu=as_gpu), *BOUNDS["SUM_ROWS"])
         w = make_input((n,), "contig", normal(rng))
-        check_close(*run_op("RMS_NORM", Spec([x, w], {"eps": 1e-6})), *BOUNDS["RMS_NORM"])
+        check_close(*run_op("RMS_NORM", Spec([x, w], {"eps": 1e-6}), as_gpu=as_gpu), *BOUNDS["RMS_NORM"])
     for T, K, N in LANE_MATMUL:
         for layout_x in ("contig", "sliced"):     # vec4 and scalar loads
             x = make_input((T, K), layout_x, normal(rng))
             w = make_input((N, K), "contig", normal(rng, 1 / np.sqrt(K)))
             for kernel in ("gemv", "gemm"):
-                check_close(*run_op("MUL_MAT", Spec([x, w], {"kernel": kernel})), *BOUNDS["MUL_MAT"])
+                check_close(*run_op("MUL_MAT", Spec([x, w], {"kernel": kernel}), as_gpu=as_gpu), *BOUNDS["MUL_MAT"])
 
 
 def test_lane_variants(rng):

@@ -15,15 +15,15 @@ def next_pow2(n):
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def cluster_lanes(device, n, per_lane=4):
+def cluster_lanes(device, n, per_lane=4, max_lanes=None):
     """(defines, launch kwargs) for kernels that reduce n values per cluster with lanes.glsl.
 
     Lanes per cluster: enough for about `per_lane` values each, at most the smallest subgroup the
-    device may launch. A whole-subgroup cluster uses subgroupAdd/Max (the subgroup size pinned where
+    device may launch (and at most max_lanes). A whole-subgroup cluster uses subgroupAdd/Max (the subgroup size pinned where
     the device can vary it); a smaller one a shuffle butterfly; without subgroup ops, one lane."""
     sg = device.caps["subgroup"]
     ops = set(sg["operations"]) if sg["compute_stage"] else set()
-    lanes = min(max(1, sg["min_size"]), next_pow2(-(-int(n) // per_lane)))
+    lanes = min(max(1, sg["min_size"]), next_pow2(-(-int(n) // per_lane)), max_lanes or 1 << 30)
     extra = {"full_subgroups": True} if sg["full_subgroups"] else {}
     if lanes > 1 and lanes == sg["min_size"] and {"basic", "arithmetic"} <= ops:
         if sg["min_size"] == sg["max_size"]:

@@ -1,0 +1,300 @@
+"""The graph layer: view semantics against numpy, compile-once replay, hazard barriers, errors, the
+SPIR-V disk cache and executor params shared by graphs."""
+import numpy as np
+import pytest
+
+import dsv4_vk.executor as executor_module
+from dsv4_vk.executor import Executor
+from dsv4_vk.graph import Graph
+from dsv4_vk.vk import ShaderCompileError, compile_shader
+from dsv4_vk.vk import shader as shader_module
+
+# --- views --------------------------------------------------------------------------------------
+
+VIEWS = {   # name: (Tensor view, the same view in numpy); applied to x of shape (3, 4, 5, 6)
+    "reshape": (lambda t: t.reshape(12, 30), lambda a: a.reshape(12, 30)),
+    "reshape_infer": (lambda t: t.reshape((3, -1, 6)), lambda a: a.reshape((3, -1, 6))),
+    "permute": (lambda t: t.permute(2, 0, 3, 1), lambda a: a.transpose(2, 0, 3, 1)),
+    "transpose_last": (lambda t: t.transpose(), lambda a: a.swapaxes(-2, -1)),
+    "transpose_0_2": (lambda t: t.transpose(0, 2), lambda a: a.swapaxes(0, 2)),
+    "slices_steps_int": (lambda t: t[1:, ::2, 3, -2:], lambda a: a[1:, ::2, 3, -2:]),
+    "ellipsis": (lambda t: t[..., 1], lambda a: a[..., 1]),
+    "negative_index": (lambda t: t[-1, :, -3], lambda a: a[-1, :, -3]),
+    "steps_after_permute": (lambda t: t.permute(3, 1, 0, 2)[1:5:3, :, ::2], lambda a: a.transpose(3, 1, 0, 2)[1:5:3, :, ::2]),
+    "broadcast_of_slice": (lambda t: t[0, :, 2:3, 0].broadcast_to((2, 4, 7)),
+                           lambda a: np.broadcast_to(a[0, :, 2:3, 0], (2, 4, 7))),
+    "broadcast_new_dims": (lambda t: t[1, 2, :, 4].broadcast_to((3, 2, 5)), lambda a: np.broadcast_to(a[1, 2, :, 4], (3, 2, 5))),
+    "reshape_of_contiguous_slice": (lambda t: t[1].reshape(20, 6), lambda a: a[1].reshape(20, 6)),
+}
+
+
+def test_views_match_numpy(rng):
+    x = rng.standard_normal((3, 4, 5, 6)).astype(np.float32)
+    g = Graph()
+    t = g.input("x", x.shape)
+    for name, (tv, nv) in VIEWS.items():
+        v, a = tv(t), nv(x)
+        assert v.shape == a.shape, name
+        # same element strides and offset as numpy's view of the same buffer (size-1 dims aside)
+        assert all(s == st // 4 for n, s, st in zip(v.shape, v.strides, a.strides) if n > 1), name
+        if a.base is not None:
+            offset = (a.__array_interface__["data"][0] - x.__array_interface__["data"][0]) // 4
+            assert v.offset == offset, name
+        assert v.is_contiguous == a.flags.c_contiguous, name
+        g.output(name, g.op("CONT", v))
+    ex = Executor()
+    out = ex.run(g, x=x)
+    for name, (_, nv) in VIEWS.items():
+        assert np.array_equal(out[name], nv(x)), name
+    assert ex.last.check_guards() == []
+
+
+def test_view_extent_bounds_what_a_kernel_may_touch():
+    g = Graph()
+    t = g.input("x", (3, 4, 5))
+    assert t.extent() == (0, 60)
+    assert t[1:, 2, ::2].extent() == (20 + 10, 40 + 10 + 4 + 1)
+    assert t[:, 1:1].numel == 0 and t[:, 1:1].extent() == (t[:, 1:1].offset,) * 2
+
+
+@pytest.mark.parametrize("view, error, message", [
+    (lambda t: t.transpose().reshape(60), ValueError, "non-contiguous"),
+    (lambda t: t.reshape(7, 9), ValueError, "cannot reshape"),
+    (lambda t: t.permute(0, 0, 1), ValueError, "not a permutation"),
+    (lambda t: t.broadcast_to((3, 5, 5)), ValueError, "cannot broadcast"),
+    (lambda t: t.broadcast_to((4, 5)), ValueError, "fewer dimensions"),
+    (lambda t: t[3], IndexError, "out of range"),
+    (lambda t: t[::-1], IndexError, "positive slice steps"),
+    (lambda t: t[0, 0, 0, 0], IndexError, "too many indices"),
+    (lambda t: t.reshape(1, 1, 1, 3, 20), ValueError, "at most 4 dimensions"),
+])
+def test_bad_views_raise(view, error, message):
+    t = Graph().input("x", (3, 4, 5))
+    with pytest.raises(error, match=message):
+        view(t)
+
+
+# --- compile once, replay ----------------------------------------------------------------------------
+
+def small_graph(w):
+    g = Graph()
+    x = g.input("x", (5, 7))
+    h = g.op("ADD", x, g.const(w))
+    g.output("y", g.op("SOFT_MAX", g.op("SCALE", h, a=2.0, b=0.5)))
+    return g
+
+
+def small_reference(x, w):
+    z = 2.0 * (x.astype(np.float64) + w) + 0.5
+    e = np.exp(z - z.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_replay_gives_new_results_without_recording(rng, monkeypatch):
+    w = rng.standard_normal(7).astype(np.float32)
+    ex = Executor()
+    g = small_graph(w)
+    x1 = rng.standard_normal((5, 7)).astype(np.float32)
+    np.testing.assert_allclose(ex.run(g, x=x1)["y"], small_reference(x1, w), rtol=1e-5, atol=1e-7)
+    cg, rec = ex.last, ex.last.recording
+    assert rec.n_submits == 1
+    # any recording from now on is an error
+    monkeypatch.setattr(executor_module, "Recorder", lambda *a, **k: pytest.fail("graph was re-recorded"))
+    for _ in range(2):
+        x2 = rng.standard_normal((5, 7)).astype(np.float32)
+        np.testing.assert_allclose(ex.run(g, x=x2)["y"], small_reference(x2, w), rtol=1e-5, atol=1e-7)
+    # an equal graph built again has the same signature: same compiled graph
+    np.testing.assert_allclose(ex.run(small_graph(w), x=x1)["y"], small_reference(x1, w), rtol=1e-5, atol=1e-7)
+    assert ex.last is cg and cg.recording is rec and rec.n_submits == 4
+    assert small_graph(w + 1).signature() != g.signature()      # constants are part of the signature
+
+
+# --- barriers ---------------------------------------------------------------------------------------
+
+def stats_of(build):
+    g = Graph()
+    x = g.input("x", (64,))
+    build(g, x)
+    ex = Executor()
+    ex.run(g, x=np.ones(64, np.float32))
+    return ex.last.stats
+
+
+def chain(g, x):
+    for _ in range(5):
+        x = g.op("SCALE", x, a=2.0)
+    g.output("y", x)
+
+
+def independent(g, x):
+    for i in range(5):
+        g.output(f"y{i}", g.op("SCALE", x, a=float(i)))
+
+
+def two_interleaved_chains(g, x):
+    a = b = x
+    for _ in range(3):
+        a = g.op("SCALE", a, a=2.0)
+        b = g.op("EXP", b)
+    g.output("a", a)
+    g.output("b", b)
+
+
+def disjoint_halves_then_whole(g, x):
+    buf = g.empty((64,))
+    g.op("SCALE", x[:32], a=2.0, out=buf[:32])         # two writes to disjoint byte ranges:
+    g.op("SCALE", x[32:], a=3.0, out=buf[32:])         # no barrier between them
+    g.output("y", g.op("SUM_ROWS", buf))               # reads both: one barrier
+
+
+def write_after_read(g, x):
+    buf = g.op("SCALE", x, a=1.0)
+    y = g.op("EXP", buf)                               # RAW
+    g.op("FILL", out=buf, shape=(64,), value=0.0)      # WAR on buf (y's dispatch read it)
+    g.output("y", y)
+
+
+@pytest.mark.parametrize("build, dispatches, barriers", [
+    (chain, 5, 4), (independent, 5, 0), (two_interleaved_chains, 6, 2),
+    (disjoint_halves_then_whole, 3, 1), (write_after_read, 3, 2)])
+def test_barriers_only_between_dependent_dispatches(build, dispatches, barriers):
+    s = stats_of(build)
+    assert (s.dispatches, s.barriers) == (dispatches, barriers)
+
+
+# --- errors -------------------------------------------------------------------------------------------
+
+def bad_graph_calls():
+    def case(message, fn):
+        return pytest.param(fn, message, id=message[:30])
+
+    def g_x(shape=(3, 4), dtype="f32"):
+        g = Graph()
+        return g, g.input("x", shape, dtype)
+    return [
+        case("shapes (3, 4) and (5,) do not broadcast", lambda: (lambda g, x: g.op("ADD", x, g.input("y", (5,))))(*g_x())),
+        case("SIGMOID: input 0 has dtype i32; expected f32", lambda: (lambda g, x: g.op("SIGMOID", x))(*g_x(dtype="i32"))),
+        case("SCALE: input 0 is empty", lambda: (lambda g, x: g.op("SCALE", x))(*g_x((0, 4)))),
+        case("ADD: input 1 is empty", lambda: (lambda g, x: g.op("ADD", x, x[:, 2:2]))(*g_x())),
+        case("FILL: shape (2, 0) must have at least one element", lambda: Graph().op("FILL", shape=(2, 0))),
+        case("SCALE parameter a must be a finite number", lambda: (lambda g, x: g.op("SCALE", x, a=float("nan")))(*g_x())),
+        case("FILL value must be a finite number", lambda: Graph().op("FILL", shape=(2,), value=float("inf"))),
+        case("SOFT_MAX scale must be a finite number", lambda: (lambda g, x: g.op("SOFT_MAX", x, scale=-np.inf))(*g_x())),
+        case("RMS_NORM eps must be a finite number", lambda: (lambda g, x: g.op("RMS_NORM", x, eps=np.nan))(*g_x())),
+        case("unknown op 'NOPE'; known ops: ", lambda: (lambda g, x: g.op("NOPE", x))(*g_x())),
+        case("SCALE: input 0 belongs to another graph", lambda: Graph().op("SCALE", g_x()[1])),
+        case("output 'y' belongs to another graph", lambda: Graph().output("y", g_x()[1])),
+        case("ADD takes 2 input tensor(s), got 1", lambda: (lambda g, x: g.op("ADD", x))(*g_x())),
+        case("SCALE: input 0 must be a graph Tensor, got ndarray", lambda: Graph().op("SCALE", np.ones(3))),
+        case("SCALE: out has shape (4, 3) f32, expected (3, 4) f32",
+             lambda: (lambda g, x: g.op("SCALE", x, out=g.empty((4, 3))))(*g_x())),
+        case("graph input 'x' declared twice", lambda: (lambda g, x: g.input("x", (2,)))(*g_x())),
+        case("dtype 'f16' not supported", lambda: Graph().input("x", (2,), "f16")),
+    ]
+
+
+@pytest.mark.parametrize("fn, message", bad_graph_calls())
+def test_graph_building_errors(fn, message):
+    with pytest.raises(ValueError) as e:
+        fn()
+    assert message in str(e.value)
+    if "unknown op" in message:
+        assert "ADD" in str(e.value) and "MUL_MAT" in str(e.value)
+
+
+@pytest.mark.parametrize("feeds, message", [
+    ({"x": np.zeros((3, 5), np.float32)}, "input 'x' has shape (3, 5), expected (3, 4)"),
+    ({"x": np.zeros((3, 4), np.int32)}, "input 'x' has dtype int32, expected float32"),
+    ({"x": np.zeros((3, 4), np.float32), "z": np.zeros(3)}, "graph has no input 'z'; inputs are ['ids', 'x']"),
+    ({"x": np.zeros((3, 4), np.float32), "ids": np.zeros(2, np.float32)}, "input 'ids' has dtype float32, expected int32"),
+])
+def test_run_time_input_errors(feeds, message):
+    g = Graph()
+    x = g.input("x", (3, 4))
+    ids = g.input("ids", (2,), "i32")
+    g.output("y", g.op("GET_ROWS", x, ids))
+    with pytest.raises(ValueError) as e:
+        Executor().run(g, **feeds)
+    assert message in str(e.value)
+
+
+def test_missing_param_is_an_error():
+    g = Graph()
+    g.output("y", g.op("SCALE", g.param("weights", (4,))))
+    with pytest.raises(ValueError, match="param 'weights' but the executor has none: call Executor.set_param"):
+        Executor().run(g)
+
+
+# --- shader compilation and its disk cache --------------------------------------------------------
+
+def test_shader_compile_error_names_the_shader(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSV4_VK_CACHE_DIR", str(tmp_path))
+    with pytest.raises(ShaderCompileError) as e:
+        compile_shader("unary", {"OP_NOT_A_VARIANT": 1})      # hits the shader's #error
+    assert "unary.comp" in str(e.value) and "define OP_SCALE" in str(e.value)
+    with pytest.raises(ShaderCompileError, match="no_such_shader.comp does not exist"):
+        compile_shader("no_such_shader")
+    assert not list(tmp_path.glob("unary-*.spv"))              # nothing cached for a failure
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip_byte", "drop_checksum", "empty"])
+def test_corrupted_spirv_cache_entry_is_rebuilt(tmp_path, monkeypatch, damage):
+    monkeypatch.setenv("DSV4_VK_CACHE_DIR", str(tmp_path))
+    good = compile_shader("binary", {"OP_ADD": 1})
+    (spv,) = tmp_path.glob("binary-*.spv")
+    assert spv.read_bytes() == good
+    # a sound entry is served without running the compiler
+    monkeypatch.setattr(shader_module.subprocess, "run", lambda *a, **k: pytest.fail("recompiled a good entry"))
+    assert compile_shader("binary", {"OP_ADD": 1}) == good
+    monkeypatch.undo()
+    monkeypatch.setenv("DSV4_VK_CACHE_DIR", str(tmp_path))
+    if damage == "truncate":
+        spv.write_bytes(good[: len(good) // 2])
+    elif damage == "flip_byte":
+        bad = bytearray(good)
+        bad[len(bad) // 2] ^= 0xFF
+        spv.write_bytes(bytes(bad))
+    elif damage == "drop_checksum":
+        spv.with_suffix(".sha256").unlink()
+    else:
+        spv.write_bytes(b"")
+    assert compile_shader("binary", {"OP_ADD": 1}) == good
+    assert spv.read_bytes() == good
+
+
+# --- executor params shared by graphs ----------------------------------------------------------------
+
+def test_params_are_shared_by_graphs_and_persist_across_replays(rng):
+    T, N, K = 3, 6, 8
+    w1, w2 = (rng.standard_normal((N, K)).astype(np.float32) for _ in range(2))
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    ex = Executor()
+    ex.set_param("w", w1)
+
+    g_mm = Graph()
+    g_mm.output("y", g_mm.op("MUL_MAT", g_mm.input("x", (T, K)), g_mm.param("w", (N, K))))
+    g_add = Graph()
+    g_add.output("y", g_add.op("SCALE", g_add.param("w", (N, K)), a=1.0, b=1.0))
+
+    def check(w):
+        np.testing.assert_allclose(ex.run(g_mm, x=x)["y"], x @ w.T, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(ex.run(g_add)["y"], w + 1, rtol=1e-6)
+    check(w1)
+    compiled = [ex.compile(g_mm), ex.compile(g_add)]
+    ex.set_param("w", w2)                    # same shape: overwritten in place, graphs kept
+    check(w2)
+    assert [ex.compile(g_mm), ex.compile(g_add)] == compiled
+
+    # a graph that updates a param in place (a KV cache): the update persists across replays
+    g_inc = Graph()
+    p = g_inc.param("w", (N, K))
+    g_inc.op("SCALE", p, a=2.0, out=p)
+    for _ in range(2):
+        ex.run(g_inc)
+    np.testing.assert_array_equal(ex.params["w"].read(), 4 * w2)
+    check(4 * w2)                            # the other graphs see it too
+
+    ex.set_param("w", np.zeros((N + 1, K), np.float32))   # new size: dependent graphs dropped
+    assert all(cg.recording.cmd is None for cg in compiled)
+    with pytest.raises(ValueError, match="param 'w' holds 56 f32, graph wants 48 f32"):
+        ex.run(g_mm, x=x)
