@@ -107,6 +107,7 @@ def run(device, cases, replays, rng, on_row=None):
             rows.append(row)
             if on_row:
                 on_row(row)
+        device.pool.trim()              # sizes change from case to case: do not hoard free buffers
     return rows
 
 
@@ -248,6 +249,8 @@ def main(argv=None):
     ap.add_argument("--op", type=C.parse_ops, help="only these ops, e.g. HC_PRE,HC_POST")
     ap.add_argument("--no-decode", action="store_true", help="skip the decode section")
     ap.add_argument("--no-prefill", action="store_true", help="skip the prefill section")
+    ap.add_argument("--copy-mib", type=float, help="bytes the floor's copy moves, MiB (default: 1024 on GPUs, "
+                    "16 on CPU devices)")
     ap.add_argument("--replays", type=int, default=MIN_REPLAYS, help=f"timed replays per row (≥ {MIN_REPLAYS})")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     ap.add_argument("--json", nargs="?", const="-", metavar="PATH",
@@ -291,9 +294,8 @@ def main(argv=None):
              if not (s == "decode" and args.no_decode) and not (s == "prefill" and args.no_prefill)]
     to_stdout = args.json != "-"
     say = print if to_stdout else (lambda *a, **k: None)
-    fl = F.measure(device, chain=64 if args.quick else 256,
-                   copy_bytes=(4 << 20) if args.quick and device.caps["type"] == "cpu" else None,
-                   replays=args.replays)
+    copy_bytes = None if args.copy_mib is None else int(args.copy_mib * 2**20) // 16 * 16
+    fl = F.measure(device, chain=64 if args.quick else 256, copy_bytes=copy_bytes, replays=args.replays)
     say(f"# bench on {device.name} ({device.caps['type']}), subgroup size {device.subgroup_size}")
     say("## floor\n" + "\n".join("  " + ln for ln in F.format_floor(fl).splitlines()))
     section = [None]

@@ -194,6 +194,7 @@ def main(argv=None):
     for case in cases:
         progress.step(case.name)
         case_rows = eval_case(device, case, path_names[case.op], rng)
+        device.pool.trim()              # sizes change from case to case: do not hoard free buffers
         rows += case_rows
         if to_stdout:
             progress.clear()
