@@ -198,7 +198,6 @@ def test_bench_quick_json_is_sane(bench_doc, device):
 
 
 def test_bench_plot_from_saved_json(bench_doc, tmp_path, capsys):
-    pytest.importorskip("matplotlib")
     src, png = tmp_path / "b.json", tmp_path / "b.png"
     src.write_text(json.dumps(bench_doc))
     assert bench.main(["--plot-from", str(src), "--plot", str(png)]) == 0
