@@ -18,9 +18,10 @@ def next_pow2(n):
 def cluster_lanes(device, n, per_lane=4, max_lanes=None):
     """(defines, launch kwargs) for kernels that reduce n values per cluster with lanes.glsl.
 
-    Lanes per cluster: enough for about `per_lane` values each, at most the smallest subgroup the
-    device may launch (and at most max_lanes). A whole-subgroup cluster uses subgroupAdd/Max (the subgroup size pinned where
-    the device can vary it); a smaller one a shuffle butterfly; without subgroup ops, one lane."""
+    Lanes per cluster: enough for about `per_lane` values each, at most max_lanes and the smallest
+    subgroup the device may launch. A whole-subgroup cluster uses subgroupAdd/Max (with the subgroup
+    size pinned where the device may vary it); a smaller one a shuffle butterfly; without subgroup
+    ops, one lane."""
     sg = device.caps["subgroup"]
     ops = set(sg["operations"]) if sg["compute_stage"] else set()
     lanes = min(max(1, sg["min_size"]), next_pow2(-(-int(n) // per_lane)), max_lanes or 1 << 30)
@@ -47,11 +48,12 @@ def check_params(op, params, accepted):
         raise ValueError(f"{op}: unknown parameter(s) {sorted(extra)}; accepted: {list(accepted)}")
 
 
-def row_launch(shader, x, out, w=None, scalar=0.0, defines=(), device=None, label=""):
+def row_launch(device, shader, x, out, w=None, scalar=0.0, op_define=None):
     """Launch of a per-row kernel: x rows (last axis) in, `out` (same leading shape) written."""
     shape = shape_push(x)
     defs, extra = cluster_lanes(device, shape[3])
-    defs.update(defines)
+    if op_define:
+        defs[op_define] = 1
     # same push layout for both shaders: shape, x, out, scalar, then (reduce_rows only) the weight view
     push = (np.array(shape + tensor_push(x) + tensor_push(out), np.uint32).tobytes()
             + np.array([scalar], np.float32).tobytes())
@@ -61,7 +63,7 @@ def row_launch(shader, x, out, w=None, scalar=0.0, defines=(), device=None, labe
     args = [x] + ([w] if w is not None else []) + [out]
     rows = shape[0] * shape[1] * shape[2]
     return Launch(shader, args, (len(args) - 1,), push, grid_1d(rows, WORKGROUP // defs["LANES"]),
-                  defines=defs, spec=(WORKGROUP,), label=label, **extra)
+                  defines=defs, spec=(WORKGROUP,), **extra)
 
 
 @register
@@ -76,8 +78,8 @@ class SoftMax(OpDef):
         return inputs[0].shape, "f32"
 
     def lower(self, node, device):
-        return [row_launch("softmax", node.inputs[0], node.output, scalar=float(node.params.get("scale", 1.0)),
-                           device=device)]
+        return [row_launch(device, "softmax", node.inputs[0], node.output,
+                           scalar=float(node.params.get("scale", 1.0)))]
 
     def reference(self, x, scale=1.0):
         with np.errstate(invalid="ignore"):        # inf - inf in fully masked rows: NaN, as on the device
@@ -100,7 +102,7 @@ class SumRows(OpDef):
         return x.shape[:-1] + (1,), "f32"
 
     def lower(self, node, device):
-        return [row_launch("reduce_rows", node.inputs[0], node.output, defines={"OP_SUM_ROWS": 1}, device=device)]
+        return [row_launch(device, "reduce_rows", node.inputs[0], node.output, op_define="OP_SUM_ROWS")]
 
     def reference(self, x):
         return np.asarray(x, np.float64).sum(axis=-1, keepdims=True)
@@ -131,8 +133,8 @@ class RmsNorm(OpDef):
 
     def lower(self, node, device):
         w = node.inputs[1] if len(node.inputs) == 2 else None
-        return [row_launch("reduce_rows", node.inputs[0], node.output, w=w, scalar=float(node.params["eps"]),
-                           defines={"OP_RMS_NORM": 1}, device=device)]
+        return [row_launch(device, "reduce_rows", node.inputs[0], node.output, w=w,
+                           scalar=float(node.params["eps"]), op_define="OP_RMS_NORM")]
 
     def reference(self, x, w=None, eps=None):
         x = np.asarray(x, np.float64)
