@@ -13,7 +13,7 @@ device cannot is an error). Nodes are labelled with g.tag(op); g.paths gets (op,
 on it.
 """
 from . import hc_policy
-from .ops.hc import HC, N_MIX, check_eps, check_n_iter, check_same, check_shape
+from .ops.hc import HC, N_MIX, check_eps, check_n_iter, check_same, check_shape, mix_supported
 from .tensor import Tensor
 from .vk import default_device
 
@@ -149,9 +149,15 @@ def post(g, f, residual, post, comb, *, fused=None, device=None):
 
 # --- a whole site, the head collapse -------------------------------------------------------------------
 
-def _flat_rms_mixes(g, X, fn, norm_eps):
-    """mix [T,m] = (x @ fnᵀ)·r, x = X flattened per token, r = 1/sqrt(mean(x²) + norm_eps)."""
+MIX_MAX_T = 8     # HC_MIX (one workgroup per token and mix row) up to here; RMS_NORM + MUL_MAT beyond
+
+
+def _flat_rms_mixes(g, X, fn, norm_eps, fused, device):
+    """mix [T,m] = (x @ fnᵀ)·r, x = X flattened per token, r = 1/sqrt(mean(x²) + norm_eps): one HC_MIX
+    dispatch (fused, decode-sized T, device with subgroup arithmetic) or RMS_NORM → MUL_MAT."""
     T, _, D = X.shape
+    if fused and T <= MIX_MAX_T and mix_supported(device) is None:
+        return g.op("HC_MIX", _unit_inner(g, X), _unit_inner(g, fn), norm_eps=norm_eps)
     x = (X if X.is_contiguous else g.op("CONT", X)).reshape(T, HC * D)
     return g.op("MUL_MAT", g.op("RMS_NORM", x, eps=norm_eps), fn)
 
@@ -172,11 +178,24 @@ def site_pre(g, X, fn, scale, base, *, hc_eps=1e-6, norm_eps=1e-6, n_iter=20, fu
     check_shape("base", base.shape, (N_MIX,))
     hc_eps, norm_eps, n_iter = check_eps("hc_eps", hc_eps), check_eps("norm_eps", norm_eps), check_n_iter(n_iter)
     device = device or default_device()
+    comb_choice = hc_policy.choose("HC_COMB", device, fused)
     with g.tag("HC_MIX"):
-        mix = _flat_rms_mixes(g, X, fn, norm_eps)
-        pre_w = _gate(g, mix[:, 0:HC], scale[0:1], base[0:HC], 1.0, hc_eps)
-        post_w = _gate(g, mix[:, HC:2 * HC], scale[1:2], base[HC:2 * HC], 2.0, 0.0)
-    comb_m = comb(g, mix, scale, base, eps=hc_eps, n_iter=n_iter, fused=fused, device=device)
+        mix = _flat_rms_mixes(g, X, fn, norm_eps, comb_choice.fused, device)
+    if comb_choice.fused:
+        # site fusion: the comb kernel also writes the pre/post gates (HC_COEFS, one dispatch for nine)
+        _record(g, "HC_COMB", hc_policy.Choice(True, comb_choice.variant, comb_choice.reason + "; HC_COEFS: "
+                                               "comb with the site's pre/post gates"))
+        with g.tag("HC_COMB"):
+            coefs = g.op("HC_COEFS", mix, scale, base, eps=hc_eps, n_iter=n_iter, variant=comb_choice.variant)
+        pre_w, post_w = coefs[:, 0:HC], coefs[:, HC:2 * HC]
+        st, sj = coefs.strides
+        comb_m = Tensor(g, coefs.storage, (coefs.shape[0], HC, HC), (st, HC * sj, sj), coefs.offset + 2 * HC * sj)
+    else:
+        with g.tag("HC_MIX"):
+            pre_w = _gate(g, mix[:, 0:HC], scale[0:1], base[0:HC], 1.0, hc_eps)
+            post_w = _gate(g, mix[:, HC:2 * HC], scale[1:2], base[HC:2 * HC], 2.0, 0.0)
+        comb_m = comb(g, mix, scale, base, eps=hc_eps, n_iter=n_iter, fused=False, device=device)
+        g.paths[-1] = ("HC_COMB", comb_choice.path, comb_choice.reason)
     u = pre(g, X, pre_w, fused=fused, device=device)
     return u, post_w, comb_m
 
@@ -190,6 +209,9 @@ def head_pre(g, X, fn_h, scale_h, base_h, *, hc_eps=1e-6, norm_eps=1e-6, fused=N
     check_shape("scale_h", scale_h.shape, (1,))
     check_shape("base_h", base_h.shape, (HC,))
     hc_eps, norm_eps = check_eps("hc_eps", hc_eps), check_eps("norm_eps", norm_eps)
+    device = device or default_device()
+    pre_choice = hc_policy.choose("HC_PRE", device, fused)
     with g.tag("HC_MIX"):
-        pre_h = _gate(g, _flat_rms_mixes(g, X, fn_h, norm_eps), scale_h, base_h, 1.0, hc_eps)
+        mix = _flat_rms_mixes(g, X, fn_h, norm_eps, pre_choice.fused, device)
+        pre_h = _gate(g, mix, scale_h, base_h, 1.0, hc_eps)
     return pre(g, X, pre_h, fused=fused, device=device)

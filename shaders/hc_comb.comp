@@ -17,7 +17,11 @@
 // Lane → token: (gl_SubgroupID·gl_SubgroupSize + lane) / lanes-per-token, so a token's lanes are
 // always inside one subgroup. Lanes past the last token compute on zero logits (every lane takes
 // part in every shuffle: no early return) and do not store.
-// Push: T, n_iter, eps, element offsets and strides of mixes[T,24], scale[3], base[24], comb[T,4,4].
+// -D COEFS (with either variant; whole-site fusion): the output is coefs [T,24] laid out like the
+//   mixes — pre gates 0..3 = sigmoid(mix·scale[0] + base) + eps, post gates 4..7 =
+//   2·sigmoid(mix·scale[1] + base), comb 8..23 — so one dispatch replaces comb and 8 gate nodes.
+// Push: T, n_iter, eps, element offsets and strides of mixes[T,24], scale[3], base[24], comb[T,4,4]
+// (with COEFS: the comb part of coefs), then offset and stride of the gates (COEFS only).
 #include "common.glsl"
 layout(binding = 0) readonly buffer Mix { float mixes[]; };
 layout(binding = 1) readonly buffer Scale { float scale[]; };
@@ -30,6 +34,7 @@ layout(push_constant) uniform P {
     uint s_off, s_s;
     uint b_off, b_s;
     uint c_off, c_st, c_ss, c_sd;
+    uint g_off, g_sj;
 } p;
 
 #define QNAN uintBitsToFloat(0x7FC00000u)
@@ -37,6 +42,19 @@ layout(push_constant) uniform P {
 float logit(uint t, uint k) {   // comb logit of flat index k = dst + 4·src
     return mixes[p.m_off + t * p.m_st + (8u + k) * p.m_sj] * scale[p.s_off + 2u * p.s_s]
          + base[p.b_off + (8u + k) * p.b_s];
+}
+
+// gate j of token t: pre (j < 4) or post (4 ≤ j < 8), the unfused chain's formulas
+float gate(uint t, uint j) {
+    float z = mixes[p.m_off + t * p.m_st + j * p.m_sj] * scale[p.s_off + (j >> 2) * p.s_s] + base[p.b_off + j * p.b_s];
+    float s = 1.0 / (1.0 + exp(-z));
+    return j < 4u ? s + p.eps : 2.0 * s;
+}
+
+void store_gate(uint t, uint j) {
+#if defined(COEFS)
+    comb[p.g_off + t * p.c_st + j * p.g_sj] = gate(t, j);
+#endif
 }
 
 #if defined(SG16)
@@ -61,6 +79,7 @@ void main() {
     }
     if (gl_SubgroupSize < 16u) c = QNAN;    // never silent garbage
     if (live) comb[p.c_off + t * p.c_st + (k >> 2) * p.c_ss + (k & 3u) * p.c_sd] = c;
+    if (live && k < 8u) store_gate(t, k);
 }
 
 #elif defined(ROWS4)
@@ -89,6 +108,8 @@ void main() {
         comb[o + p.c_sd] = c.y;
         comb[o + 2u * p.c_sd] = c.z;
         comb[o + 3u * p.c_sd] = c.w;
+        store_gate(t, src);
+        store_gate(t, src + 4u);
     }
 }
 #else

@@ -147,9 +147,13 @@ class HcComb(OpDef):
         check_eps("eps", params.get("eps", 1e-6))
         check_n_iter(params.get("n_iter", 20))
         if params.get("variant") not in COMB_VARIANTS:
-            raise ValueError(f"HC_COMB: variant must be one of {', '.join(COMB_VARIANTS)}, "
+            raise ValueError(f"{self.name}: variant must be one of {', '.join(COMB_VARIANTS)}, "
                              f"got {params.get('variant')!r}")
         return (mixes.shape[0], HC, HC), "f32"
+
+    def out_layout(self, out):
+        """(comb offset, token/src/dst strides, gates offset, gates stride) of the output, in elements."""
+        return [out.offset, *out.strides, 0, 0]
 
     def lower(self, node, device):
         mixes, scale, base = node.inputs
@@ -157,23 +161,95 @@ class HcComb(OpDef):
         variant = node.params["variant"]
         why = comb_support(device)[variant]
         if why is not None:
-            raise HCUnsupported(f"HC_COMB variant {variant} cannot run on {device.name}: {why}")
+            raise HCUnsupported(f"{self.name} variant {variant} cannot run on {device.name}: {why}")
         T = mixes.shape[0]
-        push = _push("IIf11I", T, check_n_iter(node.params.get("n_iter", 20)), float(node.params.get("eps", 1e-6)),
+        push = _push("IIf13I", T, check_n_iter(node.params.get("n_iter", 20)), float(node.params.get("eps", 1e-6)),
                      mixes.offset, *mixes.strides, scale.offset, scale.strides[0], base.offset, base.strides[0],
-                     out.offset, *out.strides)
+                     *self.out_layout(out))
+        defines = {"COEFS": 1} if self.name == "HC_COEFS" else {}
         if variant == "sg16":
             size = sg16_subgroup_size(device)
             wg = 4 * size
             return [Launch("hc_comb", [mixes, scale, base, out], (3,), push, grid_1d(T, wg // 16),
-                           defines={"SG16": 1}, spec=(wg,), subgroup_size=required_subgroup_size(device, size),
-                           full_subgroups=True)]
+                           defines={"SG16": 1, **defines}, spec=(wg,),
+                           subgroup_size=required_subgroup_size(device, size), full_subgroups=True)]
         full = device.caps["subgroup"]["full_subgroups"]
         return [Launch("hc_comb", [mixes, scale, base, out], (3,), push, grid_1d(T, ROWS4_WORKGROUP // 4),
-                       defines={"ROWS4": 1}, spec=(ROWS4_WORKGROUP,), full_subgroups=full)]
+                       defines={"ROWS4": 1, **defines}, spec=(ROWS4_WORKGROUP,), full_subgroups=full)]
 
     def reference(self, mixes, scale, base, eps=1e-6, n_iter=20, variant=None):
         return reference_comb(mixes, scale, base, eps, n_iter)
+
+
+def reference_coefs(mixes, scale, base, eps=1e-6, n_iter=20):
+    """coefs [T,24] laid out like the mixes: pre gates (+eps) | post gates (×2) | comb flattened."""
+    m, scale, base = _f64(mixes), _f64(scale), _f64(base)
+    pre = _sigmoid(m[:, 0:4] * scale[0] + base[0:4]) + eps
+    post = 2.0 * _sigmoid(m[:, 4:8] * scale[1] + base[4:8])
+    comb = reference_comb(m, scale, base, eps, n_iter).reshape(-1, HC * HC)
+    return np.concatenate([pre, post, comb], axis=1)
+
+
+@register
+class HcCoefs(HcComb):
+    """HC_COEFS(mixes, scale, base, eps=, n_iter=, variant=) -> coefs [T,24]: HC_COMB plus the pre/post
+    gates of the site, in the mixes' layout (whole-site fusion: one dispatch instead of nine)."""
+    name = "HC_COEFS"
+
+    def infer(self, inputs, params):
+        shape, dtype = super().infer(inputs, params)
+        return (shape[0], N_MIX), dtype
+
+    def out_layout(self, out):
+        st, sj = out.strides
+        return [out.offset + 8 * sj, st, HC * sj, sj, out.offset, sj]
+
+    def reference(self, mixes, scale, base, eps=1e-6, n_iter=20, variant=None):
+        return reference_coefs(mixes, scale, base, eps, n_iter)
+
+
+def mix_supported(device):
+    """HC_MIX reduces with subgroupAdd: None when the device can run it, else why not."""
+    ok = device.supports_subgroup_op("basic") and device.supports_subgroup_op("arithmetic")
+    return None if ok else "no subgroup arithmetic in compute shaders"
+
+
+@register
+class HcMix(OpDef):
+    """HC_MIX(X [T,4,D], fn [m,4D], norm_eps=) -> mix [T,m] = (x @ fnᵀ) / sqrt(mean(x²) + norm_eps), x = X
+    flattened per token: the site's flat RMS norm and mixes mat-mul in one dispatch (whole-site fusion)."""
+    name, n_inputs = "HC_MIX", 2
+    WORKGROUP = 256
+
+    def infer(self, inputs, params):
+        X, fn = inputs
+        check_shape("X", X.shape, (None, HC, None))
+        check_shape("fn", fn.shape, (None, HC * X.shape[2]))
+        check_eps("norm_eps", params.get("norm_eps", 1e-6))
+        _unit_inner("HC_MIX", "X", X)
+        _unit_inner("HC_MIX", "fn", fn)
+        return (X.shape[0], fn.shape[0]), "f32"
+
+    def lower(self, node, device):
+        X, fn = node.inputs
+        out = node.output
+        why = mix_supported(device)
+        if why is not None:
+            raise HCUnsupported(f"HC_MIX cannot run on {device.name}: {why}")
+        T, _, D = X.shape
+        m = fn.shape[0]
+        vec4 = D % 4 == 0 and X.offset % 4 == 0 and fn.offset % 4 == 0 and all(
+            s % 4 == 0 for s in (*X.strides[:-1], fn.strides[0]))
+        unit = 4 if vec4 else 1
+        push = _push("3I2f8I", T, m, D // unit, 1.0 / (HC * D), check_eps("norm_eps", node.params.get("norm_eps", 1e-6)),
+                     X.offset // unit, *_strides_in(X, unit), fn.offset // unit, fn.strides[0] // unit,
+                     out.offset, *out.strides)
+        return [Launch("hc_site", [X, fn, out], (2,), push, grid_1d(T * m, 1),
+                       defines={"VEC4": 1} if vec4 else {}, spec=(self.WORKGROUP,),
+                       full_subgroups=device.caps["subgroup"]["full_subgroups"])]
+
+    def reference(self, X, fn, norm_eps=1e-6):
+        return reference_mixes(X, fn, norm_eps)
 
 
 @register
