@@ -7,7 +7,8 @@ primitive nodes (one dispatch per node, exactly as shared/spec/HC_OPS.md describ
     X_new = hc.post(g, f, X, post, comb)                        # [T,4,D]
     u, post, comb = hc.site_pre(g, X, fn, scale, base)          # one site's pre side
 
-`fused=None` follows hc_policy (environment and device), True/False overrides it (True where the
+`site_pre` with a fused HC_COMB fuses the whole pre side into three dispatches (HC_MIX, HC_COEFS,
+HC_PRE). `fused=None` follows hc_policy (environment and device), True/False overrides it (True where the
 device cannot is an error). Nodes are labelled with g.tag(op); g.paths gets (op, path, reason).
 `device` (default: the process-wide device) is the device the graph will run on: the path depends
 on it.
@@ -70,7 +71,8 @@ def comb_chain(g, mixes, scale, base, eps, n_iter):
 
 def comb(g, mixes, scale, base, *, eps=1e-6, n_iter=20, fused=None, variant=None, device=None):
     """comb [T,4,4] (comb[t, src, dst]) from mixes [T,24], scale [3], base [24]."""
-    _tensor(g, "mixes", mixes), _tensor(g, "scale", scale), _tensor(g, "base", base)
+    for name, t in (("mixes", mixes), ("scale", scale), ("base", base)):
+        _tensor(g, name, t)
     check_shape("mixes", mixes.shape, (None, N_MIX))
     check_shape("scale", scale.shape, (3,))
     check_shape("base", base.shape, (N_MIX,))
@@ -85,11 +87,12 @@ def comb(g, mixes, scale, base, *, eps=1e-6, n_iter=20, fused=None, variant=None
 
 # --- HC_PRE ------------------------------------------------------------------------------------------
 
-def _check_pre(g, x, weights, x_name="x", w_name="weights"):
-    _tensor(g, x_name, x), _tensor(g, w_name, weights)
-    check_shape(x_name, x.shape, (None, HC, None))
-    check_shape(w_name, weights.shape, (None, HC))
-    check_same(x_name, x.shape[0], w_name, weights.shape[0], "T (tokens)")
+def _check_pre(g, x, weights):
+    _tensor(g, "x", x)
+    _tensor(g, "weights", weights)
+    check_shape("x", x.shape, (None, HC, None))
+    check_shape("weights", weights.shape, (None, HC))
+    check_same("x", x.shape[0], "weights", weights.shape[0], "T (tokens)")
 
 
 def pre_chain(g, x, weights):
@@ -169,7 +172,10 @@ def _gate(g, mix, scale1, base, a, b):
 
 
 def site_pre(g, X, fn, scale, base, *, hc_eps=1e-6, norm_eps=1e-6, n_iter=20, fused=None, device=None):
-    """One site's pre side: (u [T,D], post [T,4], comb [T,4,4]) from the streams X [T,4,D]."""
+    """One site's pre side: (u [T,D], post [T,4], comb [T,4,4]) from the streams X [T,4,D].
+
+    With a fused HC_COMB the site is fused as a whole: HC_MIX (T ≤ MIX_MAX_T; else RMS_NORM → MUL_MAT),
+    HC_COEFS (comb and both gates: post and comb are then strided views of its [T,24] output), HC_PRE."""
     for name, t in (("X", X), ("fn", fn), ("scale", scale), ("base", base)):
         _tensor(g, name, t)
     check_shape("X", X.shape, (None, HC, None))
@@ -194,8 +200,9 @@ def site_pre(g, X, fn, scale, base, *, hc_eps=1e-6, norm_eps=1e-6, n_iter=20, fu
         with g.tag("HC_MIX"):
             pre_w = _gate(g, mix[:, 0:HC], scale[0:1], base[0:HC], 1.0, hc_eps)
             post_w = _gate(g, mix[:, HC:2 * HC], scale[1:2], base[HC:2 * HC], 2.0, 0.0)
-        comb_m = comb(g, mix, scale, base, eps=hc_eps, n_iter=n_iter, fused=False, device=device)
-        g.paths[-1] = ("HC_COMB", comb_choice.path, comb_choice.reason)
+        _record(g, "HC_COMB", comb_choice)
+        with g.tag("HC_COMB"):
+            comb_m = comb_chain(g, mix, scale, base, hc_eps, n_iter)
     u = pre(g, X, pre_w, fused=fused, device=device)
     return u, post_w, comb_m
 
