@@ -8,7 +8,8 @@ with the reason) against the float64 numpy reference and the unfused chain, at T
 and workgroup boundaries and at a T whose grid folds past 65535 workgroups; guard regions checked.
 Timing: GPU timestamps (first to last of the recorded command buffer), median of ≥ 10 replays
 after a warm-up, at T = 1 and T = 2048 (--ts), for each variant and the unfused chain; HC_PRE /
-HC_POST at D = 4096 and 7168, fused and unfused. Prints a table; writes everything as JSON.
+HC_POST at D = 4096 and 7168, fused and unfused; a site's mixes through HC_MIX against RMS_NORM →
+MUL_MAT at T = 1 … 2048 (--mix-ts: where hc.MIX_MAX_T should lie). Prints tables; writes JSON.
 Exit status 1 when any check fails.
 """
 import argparse
@@ -25,7 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dsv4_vk import Graph, hc, hc_policy  # noqa: E402
 from dsv4_vk.executor import CompiledGraph  # noqa: E402
 from dsv4_vk.metrics import max_abs, nmse, nonfinite_mismatch  # noqa: E402
-from dsv4_vk.ops.hc import ROWS4_WORKGROUP, reference_comb, reference_post, reference_pre  # noqa: E402
+from dsv4_vk.ops.hc import (ROWS4_WORKGROUP, reference_comb, reference_mixes, reference_post,  # noqa: E402
+                            reference_pre)
 from dsv4_vk.vk import default_device  # noqa: E402
 
 PATH_NMSE, REF_NMSE = 1e-7, 1e-11
@@ -109,13 +111,32 @@ def plain_inputs(op, rng, T, D):
             "comb": rng.uniform(0, 1, (T, 4, 4)).astype(np.float32)}
 
 
+def mix_graph(T, D, route):
+    """The site's mixes [T,24] through HC_MIX or RMS_NORM → MUL_MAT."""
+    g = Graph()
+    X, fn = g.input("X", (T, 4, D)), g.input("fn", (24, 4 * D))
+    if route == "HC_MIX":
+        out = g.op("HC_MIX", X, fn, norm_eps=1e-6)
+    else:
+        out = g.op("MUL_MAT", g.op("RMS_NORM", X.reshape(T, 4 * D), eps=1e-6), fn)
+    g.output("out", out)
+    return g
+
+
 def check_plain(device, op, T, D, rng):
     inputs = plain_inputs(op, rng, T, D)
     shapes = {k: v.shape for k, v in inputs.items()}
     out, bad = run_once(device, graph_for(op, shapes, True, device=device), inputs)
-    ref = reference_pre(inputs["x"], inputs["weights"]) if op == "HC_PRE" else reference_post(**inputs)
-    e = nmse(out, ref)
-    return {"op": op, "T": T, "D": D, "nmse_ref": e, "guards": bad, "ok": e <= REF_NMSE and not bad}
+    a = {k: v.astype(np.float64) for k, v in inputs.items()}
+    if op == "HC_PRE":
+        ref = reference_pre(a["x"], a["weights"])
+        magnitude = reference_pre(np.abs(a["x"]), np.abs(a["weights"]))      # Σ|terms|: cancellation-proof
+    else:
+        ref = reference_post(**a)
+        magnitude = reference_post(*(np.abs(v) for v in a.values()))
+    within = bool((np.abs(out - ref) <= 2 ** -20 * magnitude + 1e-30).all())    # 16 ulps of Σ|terms|
+    return {"op": op, "T": T, "D": D, "nmse_ref": nmse(out, ref), "guards": bad, "within_f32_bound": within,
+            "ok": within and not bad}
 
 
 def main(argv=None):
@@ -124,6 +145,7 @@ def main(argv=None):
     ap.add_argument("--replays", type=int, default=20, help="timed replays per measurement (≥ 10)")
     ap.add_argument("--ts", default="1,2048", help="token counts to time (comma-separated)")
     ap.add_argument("--ds", default="4096,7168", help="hidden sizes for HC_PRE / HC_POST timing")
+    ap.add_argument("--mix-ts", default="1,8,64,512,2048", help="token counts for the mixes comparison")
     args = ap.parse_args(argv)
     if args.replays < 10:
         ap.error("--replays must be ≥ 10")
@@ -150,12 +172,6 @@ def main(argv=None):
         for T, D in ((1, 1), (17, 31), (257, 128), (21, 4096), (3, 7168), (65537, 4)):
             report["checks"].append(check_plain(dev, op, T, D, rng))
 
-    print(f"\n{'check':34s} {'NMSE vs f64':>12s} {'vs chain':>10s}  ok")
-    for r in report["checks"]:
-        name = f"HC_COMB {r['variant']} T={r['T']}" if "variant" in r else f"{r['op']} T={r['T']} D={r['D']}"
-        chain = f"{r['nmse_chain']:.2e}" if "nmse_chain" in r else "-"
-        print(f"{name:34s} {r['nmse_ref']:12.2e} {chain:>10s}  {'yes' if r['ok'] else 'NO'}")
-
     for T in ts:
         inputs = comb_inputs(rng, T)
         shapes = {k: v.shape for k, v in inputs.items()}
@@ -172,12 +188,30 @@ def main(argv=None):
                     t["gb_s"] = nbytes / (t["gpu_us"] * 1e3)
                     report["timings"].append({"op": op, "path": path, "T": T, "D": D, **t})
 
-    print(f"\n{'op':8s} {'path':12s} {'T':>6s} {'D':>5s} {'GPU µs (median)':>16s} {'min':>9s} "
+    for T in (int(v) for v in args.mix_ts.split(",")):
+        for D in ds:
+            inputs = {"X": rng.uniform(-1, 1, (T, 4, D)).astype(np.float32),
+                      "fn": (rng.uniform(-1, 1, (24, 4 * D)) / np.sqrt(D)).astype(np.float32)}
+            ref = reference_mixes(inputs["X"], inputs["fn"])
+            for route in ("HC_MIX", "RMS_NORM+MUL_MAT"):
+                out, bad = run_once(dev, mix_graph(T, D, route), inputs)
+                t = time_graph(dev, mix_graph(T, D, route), inputs, args.replays)
+                report["timings"].append({"op": "mixes", "path": route, "T": T, "D": D, **t})
+                report["checks"].append({"op": f"mixes {route}", "T": T, "D": D, "nmse_ref": nmse(out, ref),
+                                         "guards": bad, "ok": nmse(out, ref) <= 1e-10 and not bad})
+
+    print(f"\n{'op':8s} {'path':16s} {'T':>6s} {'D':>5s} {'GPU µs (median)':>16s} {'min':>9s} "
           f"{'wall µs':>9s} {'disp':>5s} {'GB/s':>8s}")
     for r in report["timings"]:
         gb = f"{r['gb_s']:8.1f}" if "gb_s" in r else f"{'':8s}"
-        print(f"{r['op']:8s} {r['path']:12s} {r['T']:6d} {r['D']:5d} {r['gpu_us']:16.2f} {r['gpu_us_min']:9.2f} "
+        print(f"{r['op']:8s} {r['path']:16s} {r['T']:6d} {r['D']:5d} {r['gpu_us']:16.2f} {r['gpu_us_min']:9.2f} "
               f"{r['wall_us']:9.1f} {r['dispatches']:5d} {gb}")
+    print(f"\n{'check':40s} {'NMSE vs f64':>12s} {'vs chain':>10s}  ok")
+    for r in report["checks"]:
+        name = f"HC_COMB {r['variant']} T={r['T']}" if "variant" in r else f"{r['op']} T={r['T']} D={r['D']}"
+        chain = f"{r['nmse_chain']:.2e}" if "nmse_chain" in r else "-"
+        print(f"{name:40s} {r['nmse_ref']:12.2e} {chain:>10s}  {'yes' if r['ok'] else 'NO'}")
+
     ok = all(r["ok"] for r in report["checks"])
     report["all_ok"] = ok
     with open(args.out, "w") as f:
