@@ -304,3 +304,24 @@ def test_graph_functions_validate_their_tensors(device):
     with pytest.raises(ValueError, match=r"fn_h must have shape \[4, 32\]"):
         hc.head_pre(g, x, g.input("fn", (24, 32)), s[0:1], b[0:4], device=device)
     assert g.nodes == [], "a rejected call must not leave nodes behind"
+
+
+def test_unfused_chains_follow_the_spec(device):
+    """COMB: MUL → ADD → SOFT_MAX → +eps → columns, then (n_iter − 1) × (rows, columns); PRE 7 nodes;
+    POST 4 × (MUL + 4 × (MUL, ADD)) then CONCAT. One primitive node (one dispatch) each."""
+    g = Graph()
+    m, s, b = g.input("m", (5, 24)), g.input("s", (3,)), g.input("b", (24,))
+    hc.comb(g, m, s, b, n_iter=20, fused=False, device=device)
+    ops = [n.op.name for n in g.nodes]
+    columns, rows = ["CONT", "SUM_ROWS", "SCALE", "DIV"], ["SUM_ROWS", "SCALE", "DIV"]
+    assert ops == ["MUL", "ADD", "SOFT_MAX", "SCALE"] + columns + 19 * (rows + columns)
+    assert len(ops) == 141
+    assert all(n.params == {"a": 1.0, "b": 1e-6} for n in g.nodes if n.op.name == "SCALE")
+    g = Graph()
+    x, w = g.input("x", (5, 4, 8)), g.input("w", (5, 4))
+    hc.pre(g, x, w, fused=False, device=device)
+    assert [n.op.name for n in g.nodes] == ["MUL"] + 3 * ["MUL", "ADD"]
+    g = Graph()
+    f, r, p, c = g.input("f", (5, 8)), g.input("r", (5, 4, 8)), g.input("p", (5, 4)), g.input("c", (5, 4, 4))
+    hc.post(g, f, r, p, c, fused=False, device=device)
+    assert [n.op.name for n in g.nodes] == 4 * (["MUL"] + 4 * ["MUL", "ADD"]) + ["CONCAT"]
