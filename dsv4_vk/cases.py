@@ -17,7 +17,9 @@ import numpy as np
 
 from .graph import Graph
 
-OPS = ("HC_COMB", "HC_PRE", "HC_POST", "HC_SITE_PRE")
+OPS = ("HC_COMB", "HC_PRE", "HC_POST", "HC_STEP", "HC_SITE_PRE")
+# HC_STEP: the three HC ops of one site in one graph (comb from mixes, pre collapse, post fan-out
+# with that comb), so their joint cost is read off one GPU timeline as a model sees it.
 UNFUSED = "unfused"
 MAX_GROUPS = 65535
 
@@ -38,7 +40,7 @@ class Case:
         parts = [self.op, f"T={self.T}"]
         if self.op != "HC_COMB":
             parts.append(f"D={self.D}")
-        if self.op in ("HC_COMB", "HC_SITE_PRE"):
+        if self.op in ("HC_COMB", "HC_STEP", "HC_SITE_PRE"):
             parts.append(f"n_iter={self.n_iter}")
             if self.eps != 1e-6:
                 parts.append(f"eps={self.eps:g}")
@@ -71,6 +73,8 @@ def paths(device, op):
         fused = [f"fused:{v}" for v in variants.get("HC_COMB", [])]
     elif op == "HC_SITE_PRE":
         fused = ["fused"] if any(variants.get(k) for k in ("HC_COMB", "HC_PRE", "HC_SITE_PRE")) else []
+    elif op == "HC_STEP":
+        fused = [f"fused:{v}" for v in variants.get("HC_COMB", [])]
     else:
         fused = ["fused"] if variants.get(op) else []
     return fused + [UNFUSED]
@@ -126,6 +130,7 @@ def edge_cases(quick=False):
     site = ((1, 1), (64, 5), (256, 17)) if quick else ((1, 1), (3, 7), (64, 5), (256, 17), (1024, 33), (4096, 3))
     out += [Case("HC_SITE_PRE", T, D, why="site") for D, T in site]
     out += [Case("HC_SITE_PRE", 17, 64, peaked=True, why="site, peaked logits")]
+    out += [Case("HC_STEP", T, D, why="three ops in one graph") for D, T in ((1, 1), (257, 3), (64, 33))]
     if not quick:
         # one workgroup per token slice (PRE/POST) and 16 tokens per workgroup at most (COMB)
         out += [Case(op, MAX_GROUPS + 2, 4, why="grid folded past 65535 workgroups") for op in ("HC_PRE", "HC_POST")]
@@ -167,6 +172,8 @@ def input_shapes(case):
         "HC_PRE": {"x": (T, 4, D), "weights": (T, 4)},
         "HC_POST": {"f": (T, D), "residual": (T, 4, D), "post": (T, 4), "comb": (T, 4, 4)},
         "HC_SITE_PRE": {"X": (T, 4, D), "fn": (24, 4 * D), "scale": (3,), "base": (24,)},
+        "HC_STEP": {"mixes": (T, 24), "scale": (3,), "base": (24,), "X": (T, 4, D), "weights": (T, 4),
+                    "f": (T, D), "post": (T, 4)},
     }[case.op]
 
 
@@ -177,6 +184,7 @@ def output_shapes(case):
         "HC_PRE": {"u": (T, D)},
         "HC_POST": {"out": (T, 4, D)},
         "HC_SITE_PRE": {"u": (T, D), "post": (T, 4), "comb": (T, 4, 4)},
+        "HC_STEP": {"u": (T, D), "out": (T, 4, D)},
     }[case.op]
 
 
@@ -220,6 +228,11 @@ def build(case, path, device=None):
         u, post, comb = hc.site_pre(g, t["X"], t["fn"], t["scale"], t["base"], hc_eps=case.eps,
                                     norm_eps=1e-6, n_iter=case.n_iter, **kw)
         outs = {"u": u, "post": post, "comb": comb}
+    elif case.op == "HC_STEP":
+        comb = hc.comb(g, t["mixes"], t["scale"], t["base"], eps=case.eps, n_iter=case.n_iter,
+                       variant=variant, **kw)
+        outs = {"u": hc.pre(g, t["X"], t["weights"], **kw),
+                "out": hc.post(g, t["f"], t["X"], t["post"], comb, **kw)}
     else:
         raise ValueError(f"unknown op {case.op!r}; expected one of {OPS}")
     for k, v in outs.items():
@@ -237,6 +250,10 @@ def reference(case, inputs):
         return {"u": ref.reference_pre(a["x"], a["weights"])}
     if case.op == "HC_POST":
         return {"out": ref.reference_post(a["f"], a["residual"], a["post"], a["comb"])}
+    if case.op == "HC_STEP":
+        comb = ref.reference_comb(a["mixes"], a["scale"], a["base"], case.eps, case.n_iter)
+        return {"u": ref.reference_pre(a["X"], a["weights"]),
+                "out": ref.reference_post(a["f"], a["X"], a["post"], comb)}
     u, post, comb = ref.reference_site_pre(a["X"], a["fn"], a["scale"], a["base"], case.eps, 1e-6, case.n_iter)
     return {"u": u, "post": post, "comb": comb}
 

@@ -21,7 +21,7 @@ from .metrics import max_abs, nmse, nonfinite_mismatch
 from .vk import default_device
 
 NMSE_MAX = 1e-7
-MAX_ABS = {"HC_COMB": 2e-6, "HC_PRE": 1e-6, "HC_POST": 1e-6, "HC_SITE_PRE": 4e-6}   # × max(1, max|ref|)
+MAX_ABS = {"HC_COMB": 2e-6, "HC_PRE": 1e-6, "HC_POST": 1e-6, "HC_STEP": 2e-6, "HC_SITE_PRE": 4e-6}   # × max(1, max|ref|)
 
 
 class Progress:

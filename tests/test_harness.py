@@ -112,7 +112,7 @@ def test_eval_json_list_and_argument_errors(tmp_path, capsys):
             evaluate.main(bad)
         assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "HC_FOO" in err and "HC_COMB, HC_PRE, HC_POST, HC_SITE_PRE" in err and "regular expression" in err
+    assert "HC_FOO" in err and "HC_COMB, HC_PRE, HC_POST, HC_STEP, HC_SITE_PRE" in err and "regular expression" in err
 
 
 # --- floor -------------------------------------------------------------------------------------------
