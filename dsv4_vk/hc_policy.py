@@ -161,14 +161,17 @@ def _resolve_plain(op):
     return Choice(True, "fused", "fused kernel (vec4 loads where D % 4 == 0), any device")
 
 
+def _resolve_op(op, device):
+    return _resolve_comb(device) if op == "HC_COMB" else _resolve_plain(op)
+
+
 def resolve(device):
     """{op: Choice} for `device`, computed once per device and process (and logged once)."""
     key = id(device)
     hit = _resolved.get(key)
     if hit is not None and hit[0] is device:
         return hit[1]
-    choices = {"HC_COMB": _resolve_comb(device), "HC_PRE": _resolve_plain("HC_PRE"),
-               "HC_POST": _resolve_plain("HC_POST")}
+    choices = {op: _resolve_op(op, device) for op in OPS}
     _resolved[key] = (device, choices)
     for op, c in choices.items():
         log.info("%s on %s: %s (%s)", op, device.name, c.path, c.reason)
@@ -184,8 +187,15 @@ def describe(device):
     """{op: {"path": "fused:sg16" | "fused:rows4" | "fused" | "unfused", "reason": ...}}."""
     try:
         return {op: {"path": c.path, "reason": c.reason} for op, c in resolve(device).items()}
-    except ValueError as e:       # a bad environment value: report it instead of crashing `info`
-        return {op: {"path": "error", "reason": str(e)} for op in OPS}
+    except ValueError:            # a bad environment value: report it per op instead of crashing `info`
+        out = {}
+        for op in OPS:
+            try:
+                c = _resolve_op(op, device)
+                out[op] = {"path": c.path, "reason": c.reason}
+            except ValueError as e:
+                out[op] = {"path": "error", "reason": str(e)}
+        return out
 
 
 def check_override(op, fused=None, variant=None):

@@ -153,7 +153,8 @@ def test_comb_variant_forced_by_environment(env, device):
         env(DSV4_VK_HC_COMB_VARIANT="sg16")
         with pytest.raises(HCUnsupported, match="DSV4_VK_HC_COMB_VARIANT=sg16.*subgroup size 8 < 16"):
             hc_policy.resolve(device)
-        assert hc_policy.describe(device)["HC_COMB"]["path"] == "error"
+        desc = hc_policy.describe(device)
+        assert desc["HC_COMB"]["path"] == "error" and desc["HC_PRE"]["path"] == "fused", desc
 
 
 def test_choice_is_logged_once_per_device(env, device, caplog):
