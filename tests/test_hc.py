@@ -326,3 +326,43 @@ def test_unfused_chains_follow_the_spec(device):
     f, r, p, c = g.input("f", (5, 8)), g.input("r", (5, 4, 8)), g.input("p", (5, 4)), g.input("c", (5, 4, 4))
     hc.post(g, f, r, p, c, fused=False, device=device)
     assert [n.op.name for n in g.nodes] == 4 * (["MUL"] + 4 * ["MUL", "ADD"]) + ["CONCAT"]
+
+
+VALIDATION_WORKER = r"""
+import numpy as np, dsv4_vk as dv
+from dsv4_vk import hc
+from dsv4_vk.vk import default_device
+dev = default_device()
+assert dev.validation
+rng = np.random.default_rng()
+ex = dv.Executor(dev)
+for T, D in ((9, 64), (3, 5)):                    # HC_MIX and vec4 / scalar kernels
+    g = dv.Graph()
+    X, fn, f = g.input("X", (T, 4, D)), g.input("fn", (24, 4 * D)), g.input("f", (T, D))
+    s, b, m = g.input("s", (3,)), g.input("b", (24,)), g.input("m", (T, 24))
+    for fused in (True, False):
+        u, post, comb = hc.site_pre(g, X, fn, s, b, fused=fused)
+        g.output(f"u{fused}", u)
+        g.output(f"x{fused}", hc.post(g, f, X, post, comb, fused=fused))
+    for v in hc.variants(dev)["HC_COMB"]:
+        g.output(v, hc.comb(g, m, s, b, variant=v))
+    for _ in range(2):
+        ex.run(g, X=rng.standard_normal((T, 4, D)), fn=rng.standard_normal((24, 4 * D)), s=rng.standard_normal(3),
+               b=rng.standard_normal(24), f=rng.standard_normal((T, D)), m=rng.standard_normal((T, 24)))
+for sev, msg in dev.validation_messages:
+    print(sev, msg[:400])
+print("variants", hc.variants(dev)["HC_COMB"], "messages", len(dev.validation_messages))
+"""
+
+
+@pytest.mark.parametrize("width", [256, 512])
+def test_hc_graphs_are_clean_under_validation(width):
+    """Every HC kernel and chain, fused and unfused, under the Khronos layer with synchronization
+    validation: no message (barriers, descriptors, push constants, subgroup-size requirements)."""
+    env = {**{k: v for k, v in os.environ.items() if k not in HC_ENV}, "DSV4_VK_VALIDATION": "1",
+           "LP_NATIVE_VECTOR_WIDTH": str(width)}
+    r = subprocess.run([sys.executable, "-c", VALIDATION_WORKER], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().endswith("messages 0"), r.stdout
+    assert ("sg16" in r.stdout) == (width == 512), r.stdout
