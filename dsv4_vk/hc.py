@@ -152,14 +152,21 @@ def post(g, f, residual, post, comb, *, fused=None, device=None):
 
 # --- a whole site, the head collapse -------------------------------------------------------------------
 
-MIX_MAX_T = 8     # HC_MIX (one workgroup per token and mix row) up to here; RMS_NORM + MUL_MAT beyond
+# HC_MIX (one workgroup per token and mix row) up to this T, RMS_NORM + MUL_MAT beyond. On GPUs
+# HC_MIX wins at every T measured (H200, results/h200/hc_gpu_check: 1.8x at T=4096 to 37x at T=1);
+# on CPU devices its shared-memory step is slow, so only decode-sized T use it there.
+MIX_MAX_T = {"cpu": 8}
+
+
+def mix_max_t(device):
+    return MIX_MAX_T.get(device.caps["type"], 1 << 31)
 
 
 def _flat_rms_mixes(g, X, fn, norm_eps, fused, device):
     """mix [T,m] = (x @ fnᵀ)·r, x = X flattened per token, r = 1/sqrt(mean(x²) + norm_eps): one HC_MIX
     dispatch (fused, decode-sized T, device with subgroup arithmetic) or RMS_NORM → MUL_MAT."""
     T, _, D = X.shape
-    if fused and T <= MIX_MAX_T and mix_supported(device) is None:
+    if fused and T <= mix_max_t(device) and mix_supported(device) is None:
         return g.op("HC_MIX", _unit_inner(g, X), _unit_inner(g, fn), norm_eps=norm_eps)
     x = (X if X.is_contiguous else g.op("CONT", X)).reshape(T, HC * D)
     return g.op("MUL_MAT", g.op("RMS_NORM", x, eps=norm_eps), fn)
@@ -174,7 +181,7 @@ def _gate(g, mix, scale1, base, a, b):
 def site_pre(g, X, fn, scale, base, *, hc_eps=1e-6, norm_eps=1e-6, n_iter=20, fused=None, device=None):
     """One site's pre side: (u [T,D], post [T,4], comb [T,4,4]) from the streams X [T,4,D].
 
-    With a fused HC_COMB the site is fused as a whole: HC_MIX (T ≤ MIX_MAX_T; else RMS_NORM → MUL_MAT),
+    With a fused HC_COMB the site is fused as a whole: HC_MIX (T ≤ mix_max_t(device); else RMS_NORM → MUL_MAT),
     HC_COEFS (comb and both gates: post and comb are then strided views of its [T,24] output), HC_PRE."""
     for name, t in (("X", X), ("fn", fn), ("scale", scale), ("base", base)):
         _tensor(g, name, t)

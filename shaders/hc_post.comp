@@ -10,6 +10,9 @@
 // memory + barrier. Sum order as the unfused chain: f·post, then + res_s·comb[s,d] for s = 0..3.
 // Push: T, chunks per token, groups per token, offsets/strides (f, res, out in chunk units).
 #include "common.glsl"
+// Chunks per invocation (spec constant 1): a workgroup covers WG·CPT chunks, each invocation
+// CPT of them strided by WG (more independent loads in flight per invocation on GPUs).
+layout(constant_id = 1) const uint CPT = 1;
 #if defined(VEC4)
 #define VEC vec4
 #else
@@ -33,21 +36,34 @@ void main() {
     uint g = flat_group();
     uint t = g / p.groups_per_token;
     if (t >= p.T) return;                      // folded grids overshoot
-    uint c = (g % p.groups_per_token) * gl_WorkGroupSize.x + gl_LocalInvocationID.x;
-    if (c >= p.n_chunks) return;
-    uint rb = p.r_off + t * p.r_st + c;
-    VEC fv = f[p.f_off + t * p.f_st + c];
-    VEC x0 = res[rb], x1 = res[rb + p.r_ss], x2 = res[rb + 2u * p.r_ss], x3 = res[rb + 3u * p.r_ss];
+    // All 20 coefficients into registers before any store: the output buffer may alias the
+    // inputs as far as the compiler knows, so loads issued after a store could not be hoisted
+    // above it and every destination would wait for the previous store (measured 2.4x slower).
     uint pb = p.p_off + t * p.p_st;
     uint cb = p.c_off + t * p.c_st;
-    uint ob = p.o_off + t * p.o_st + c;
+    float pw[4];
+    vec4 cw[4];                                // cw[d] = comb[t, 0..3, d]
     [[unroll]] for (uint d = 0u; d < 4u; ++d) {
         uint cd = cb + d * p.c_sd;
-        VEC r = fv * post[pb + d * p.p_sd];
-        r += x0 * comb[cd];
-        r += x1 * comb[cd + p.c_ss];
-        r += x2 * comb[cd + 2u * p.c_ss];
-        r += x3 * comb[cd + 3u * p.c_ss];
-        o[ob + d * p.o_sd] = r;
+        pw[d] = post[pb + d * p.p_sd];
+        cw[d] = vec4(comb[cd], comb[cd + p.c_ss], comb[cd + 2u * p.c_ss], comb[cd + 3u * p.c_ss]);
+    }
+    uint c0 = (g % p.groups_per_token) * gl_WorkGroupSize.x * CPT + gl_LocalInvocationID.x;
+    [[unroll]] for (uint k = 0u; k < CPT; ++k) {
+        uint c = c0 + k * gl_WorkGroupSize.x;
+        if (c >= p.n_chunks) return;
+        uint rb = p.r_off + t * p.r_st + c;
+        VEC fv = f[p.f_off + t * p.f_st + c];
+        VEC x0 = res[rb], x1 = res[rb + p.r_ss], x2 = res[rb + 2u * p.r_ss], x3 = res[rb + 3u * p.r_ss];
+        VEC r[4];
+        [[unroll]] for (uint d = 0u; d < 4u; ++d) {
+            r[d] = fv * pw[d];
+            r[d] += x0 * cw[d].x;
+            r[d] += x1 * cw[d].y;
+            r[d] += x2 * cw[d].z;
+            r[d] += x3 * cw[d].w;
+        }
+        uint ob = p.o_off + t * p.o_st + c;
+        [[unroll]] for (uint d = 0u; d < 4u; ++d) o[ob + d * p.o_sd] = r[d];
     }
 }

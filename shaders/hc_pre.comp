@@ -8,6 +8,9 @@
 // The sum keeps the unfused chain's order ((w0·x0 + w1·x1) + w2·x2) + w3·x3.
 // Push: T, chunks per token, groups per token, offsets/strides (x, u in chunk units; w in floats).
 #include "common.glsl"
+// Chunks per invocation (spec constant 1): a workgroup covers WG·CPT chunks, each invocation
+// CPT of them strided by WG (more independent loads in flight per invocation on GPUs).
+layout(constant_id = 1) const uint CPT = 1;
 #if defined(VEC4)
 #define VEC vec4
 #else
@@ -27,13 +30,16 @@ void main() {
     uint g = flat_group();
     uint t = g / p.groups_per_token;
     if (t >= p.T) return;                      // folded grids overshoot
-    uint c = (g % p.groups_per_token) * gl_WorkGroupSize.x + gl_LocalInvocationID.x;
-    if (c >= p.n_chunks) return;
-    uint wb = p.w_off + t * p.w_st;
-    uint xb = p.x_off + t * p.x_st + c;
-    VEC r = w[wb] * x[xb];
-    r += w[wb + p.w_ss] * x[xb + p.x_ss];
-    r += w[wb + 2u * p.w_ss] * x[xb + 2u * p.x_ss];
-    r += w[wb + 3u * p.w_ss] * x[xb + 3u * p.x_ss];
-    u[p.u_off + t * p.u_st + c] = r;
+    uint c0 = (g % p.groups_per_token) * gl_WorkGroupSize.x * CPT + gl_LocalInvocationID.x;
+    [[unroll]] for (uint k = 0u; k < CPT; ++k) {
+        uint c = c0 + k * gl_WorkGroupSize.x;
+        if (c >= p.n_chunks) return;
+        uint wb = p.w_off + t * p.w_st;
+        uint xb = p.x_off + t * p.x_st + c;
+        VEC r = w[wb] * x[xb];
+        r += w[wb + p.w_ss] * x[xb + p.x_ss];
+        r += w[wb + 2u * p.w_ss] * x[xb + 2u * p.x_ss];
+        r += w[wb + 3u * p.w_ss] * x[xb + 3u * p.x_ss];
+        u[p.u_off + t * p.u_st + c] = r;
+    }
 }

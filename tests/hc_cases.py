@@ -321,8 +321,9 @@ def test_site_pre_all_paths(ex, rng, D, T, peak):
         outs, g = run(ex, inputs, lambda g, t: hc.site_pre(g, t["X"], t["fn"], t["scale"], t["base"], fused=fused))
         ops = [n.op.name for n in g.nodes]
         if fused:
-            assert ("HC_MIX" in ops) == (T <= hc.MIX_MAX_T) and "HC_COEFS" in ops and "HC_PRE" in ops, ops
-            assert len(ops) == (3 if T <= hc.MIX_MAX_T else 4), ops
+            mix = T <= hc.mix_max_t(ex.device)
+            assert ("HC_MIX" in ops) == mix and "HC_COEFS" in ops and "HC_PRE" in ops, ops
+            assert len(ops) == (3 if mix else 4), ops
         name = "+".join(p[1] for p in g.paths)
         for k, o in enumerate(outs):
             results[k][name] = o

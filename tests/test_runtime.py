@@ -122,3 +122,14 @@ def test_lavapipe_subgroup_sizes(width, size):
     r = _run("from dsv4_vk.vk import Device; print(Device().subgroup_size)", LP_NATIVE_VECTOR_WIDTH=str(width))
     assert r.returncode == 0, r.stderr
     assert int(r.stdout.strip()) == size
+
+
+def test_descriptor_pools_grow_when_exhausted(monkeypatch):
+    # more distinct descriptor sets than one pool holds: more pools are created, not an error
+    monkeypatch.setattr(Device, "DESCRIPTOR_POOL_SETS", 64)
+    d = Device()
+    pipe = d.pipelines.get("unary", 2, {"OP_SCALE": 1}, (64,))
+    bufs = [d.pool.alloc(256 * (i + 1)) for i in range(40)]
+    sets = {d.pipelines.descriptor_set(pipe, [a, b]) for a in bufs for b in bufs}
+    assert len(sets) == 1600 and len(d._desc_pools) == 25
+    d.close()

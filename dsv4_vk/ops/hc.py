@@ -122,12 +122,17 @@ def _unit_inner(op, name, t):
                          f"got strides {t.strides}")
 
 
+SLICE_TUNING = {"wg": None, "cpt": 1}   # PRE/POST layout knobs (tools/hc_tune.py sweeps them)
+
+
 def _slice_launch_layout(D, tensors):
-    """(vec4?, chunks per token, workgroup size, groups per token) of the PRE/POST kernels."""
+    """(vec4?, chunks per token, workgroup size, groups per token, chunks per invocation) of the
+    PRE/POST kernels."""
     vec4 = D % 4 == 0 and all(t.offset % 4 == 0 and all(s % 4 == 0 for s in t.strides[:-1]) for t in tensors)
     chunks = D // 4 if vec4 else D
-    wg = min(256, max(32, 1 << (chunks - 1).bit_length()))
-    return vec4, chunks, wg, -(-chunks // wg)
+    cpt = SLICE_TUNING["cpt"]
+    wg = SLICE_TUNING["wg"] or min(256, max(32, 1 << (chunks - 1).bit_length()))
+    return vec4, chunks, wg, -(-chunks // (wg * cpt)), cpt
 
 
 def _strides_in(t, unit):
@@ -270,12 +275,12 @@ class HcPre(OpDef):
         u = node.output
         _unit_inner("HC_PRE", "output", u)
         T, _, D = x.shape
-        vec4, chunks, wg, gpt = _slice_launch_layout(D, [x, u])
+        vec4, chunks, wg, gpt, cpt = _slice_launch_layout(D, [x, u])
         unit = 4 if vec4 else 1
         push = _push("11I", T, chunks, gpt, x.offset // unit, *_strides_in(x, unit),
                      w.offset, *w.strides, u.offset // unit, *_strides_in(u, unit))
         return [Launch("hc_pre", [x, w, u], (2,), push, grid_1d(T * gpt, 1),
-                       defines={"VEC4": 1} if vec4 else {}, spec=(wg,))]
+                       defines={"VEC4": 1} if vec4 else {}, spec=(wg, cpt))]
 
     def reference(self, x, w):
         return reference_pre(x, w)
@@ -306,13 +311,13 @@ class HcPost(OpDef):
         out = node.output
         _unit_inner("HC_POST", "output", out)
         T, D = f.shape
-        vec4, chunks, wg, gpt = _slice_launch_layout(D, [f, res, out])
+        vec4, chunks, wg, gpt, cpt = _slice_launch_layout(D, [f, res, out])
         unit = 4 if vec4 else 1
         push = _push("18I", T, chunks, gpt, f.offset // unit, *_strides_in(f, unit),
                      res.offset // unit, *_strides_in(res, unit), post.offset, *post.strides,
                      comb.offset, *comb.strides, out.offset // unit, *_strides_in(out, unit))
         return [Launch("hc_post", [f, res, post, comb, out], (4,), push, grid_1d(T * gpt, 1),
-                       defines={"VEC4": 1} if vec4 else {}, spec=(wg,))]
+                       defines={"VEC4": 1} if vec4 else {}, spec=(wg, cpt))]
 
     def reference(self, f, residual, post, comb):
         return reference_post(f, residual, post, comb)

@@ -19,9 +19,13 @@ except ImportError as e:
         "or `make setup`.") from None
 
 # VkResult code -> name, for error messages (the binding raises bare classes with no text).
-RESULT_NAMES = {getattr(vk, n): n for n in dir(vk)
+# The binding gives some extension error codes the wrong sign (VK_ERROR_OUT_OF_POOL_MEMORY is
+# +1000069000 there, -1000069000 in the spec): every VK_ERROR_* is negative, so take -|value|.
+RESULT_NAMES = {(-abs(getattr(vk, n)) if n.startswith("VK_ERROR_") else getattr(vk, n)): n for n in dir(vk)
                 if (n.startswith("VK_ERROR_") or n in ("VK_TIMEOUT", "VK_NOT_READY", "VK_INCOMPLETE"))
                 and isinstance(getattr(vk, n), int)}
+ERROR_OUT_OF_POOL_MEMORY = -1000069000
+ERROR_FRAGMENTED_POOL = -12
 
 
 def check(result, what):

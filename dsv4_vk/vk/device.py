@@ -7,7 +7,7 @@ index (as listed by `python -m dsv4_vk info --all`) or by a case-insensitive nam
 import os
 import threading
 
-from .binding import check, ffi, lib, vk
+from .binding import ERROR_FRAGMENTED_POOL, ERROR_OUT_OF_POOL_MEMORY, check, ffi, lib, vk
 from .errors import VulkanError, VulkanUnavailable
 
 _TYPE_NAMES = {0: "other", 1: "integrated-gpu", 2: "discrete-gpu", 3: "virtual-gpu", 4: "cpu"}
@@ -275,7 +275,11 @@ class Device:
         self._desc_pools = []
         self._new_descriptor_pool()
 
-    def _new_descriptor_pool(self, sets=1024):
+    DESCRIPTOR_POOL_SETS = 1024   # sets per descriptor pool; more pools are created as needed
+
+    def _new_descriptor_pool(self):
+        sets = self.DESCRIPTOR_POOL_SETS
+        self._desc_pool_left = sets
         size = ffi.new("VkDescriptorPoolSize*")
         size.type = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
         size.descriptorCount = sets * 8
@@ -305,12 +309,16 @@ class Device:
         info.descriptorSetCount = 1
         info.pSetLayouts = lay
         out = ffi.new("VkDescriptorSet*")
+        # count sets ourselves: some drivers (lavapipe) never report an exhausted pool
+        if self._desc_pool_left == 0:
+            self._new_descriptor_pool()
         for attempt in range(2):
             info.descriptorPool = self._desc_pools[-1]
             res = lib.vkAllocateDescriptorSets(self.device, info, out)
             if res == 0:
+                self._desc_pool_left -= 1
                 return out[0], self._desc_pools[-1]
-            if res in (vk.VK_ERROR_OUT_OF_POOL_MEMORY, vk.VK_ERROR_FRAGMENTED_POOL) and attempt == 0:
+            if res in (ERROR_OUT_OF_POOL_MEMORY, ERROR_FRAGMENTED_POOL) and attempt == 0:
                 self._new_descriptor_pool()
                 continue
             check(res, "vkAllocateDescriptorSets")

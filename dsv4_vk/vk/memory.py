@@ -11,12 +11,13 @@ from .binding import check, ffi, lib, vk
 _USAGE = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
           | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
 _HOST = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+DEDICATED_FROM = None   # bytes from which buffers get a dedicated allocation (None: never)
 
 
 class Buffer:
     """One VkBuffer with its own allocation. `nbytes` is the usable size (a multiple of 4, ≥ 4)."""
 
-    def __init__(self, device, nbytes, host_visible=None):
+    def __init__(self, device, nbytes, host_visible=None, dedicated=None):
         self.device = device
         self.nbytes = max(4, (int(nbytes) + 3) // 4 * 4)
         host_visible = device.is_host_visible if host_visible is None else host_visible
@@ -39,6 +40,14 @@ class Buffer:
         alloc.sType = vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO
         alloc.allocationSize = req.size
         alloc.memoryTypeIndex = device._find_memory(flags, req.memoryTypeBits)
+        self.memory_type = alloc.memoryTypeIndex
+        if dedicated is None:
+            dedicated = DEDICATED_FROM is not None and self.nbytes >= DEDICATED_FROM
+        if dedicated:   # its own allocation, which drivers may back with large pages
+            ded = ffi.new("VkMemoryDedicatedAllocateInfo*")
+            ded.sType = vk.VK_STRUCTURE_TYPE_MEMORY_DEDICATED_ALLOCATE_INFO
+            ded.buffer = self.handle
+            alloc.pNext = ded
         mem = ffi.new("VkDeviceMemory*")
         res = lib.vkAllocateMemory(d, alloc, ffi.NULL, mem)
         if res != 0:
