@@ -36,9 +36,9 @@ void main() {
     uint g = flat_group();
     uint t = g / p.groups_per_token;
     if (t >= p.T) return;                      // folded grids overshoot
-    // All 20 coefficients into registers before any store: the output buffer may alias the
-    // inputs as far as the compiler knows, so loads issued after a store could not be hoisted
-    // above it and every destination would wait for the previous store (measured 2.4x slower).
+    // All 20 coefficients into registers before any store: the output may alias the inputs as
+    // far as the compiler knows, so loads after a store could not move above it. (On the H200
+    // this measured the same as loading them per destination: results/h200/hc_tune_post.txt.)
     uint pb = p.p_off + t * p.p_st;
     uint cb = p.c_off + t * p.c_st;
     float pw[4];
