@@ -14,7 +14,7 @@ device cannot is an error). Nodes are labelled with g.tag(op); g.paths gets (op,
 on it.
 """
 from . import hc_policy
-from .ops.hc import HC, N_MIX, check_eps, check_n_iter, check_same, check_shape, mix_supported
+from .ops.hc import HC, N_MIX, check_eps, check_n_iter, check_post_shapes, check_same, check_shape, mix_supported
 from .tensor import Tensor
 from .vk import default_device
 
@@ -133,15 +133,7 @@ def post(g, f, residual, post, comb, *, fused=None, device=None):
     post_w, comb_m = post, comb
     for name, t in (("f", f), ("residual", residual), ("post", post_w), ("comb", comb_m)):
         _tensor(g, name, t)
-    check_shape("f", f.shape, (None, None))
-    check_shape("residual", residual.shape, (None, HC, None))
-    check_shape("post", post_w.shape, (None, HC))
-    check_shape("comb", comb_m.shape, (None, HC, HC))
-    T, D = f.shape
-    check_same("f", T, "residual", residual.shape[0], "T (tokens)")
-    check_same("f", T, "post", post_w.shape[0], "T (tokens)")
-    check_same("f", T, "comb", comb_m.shape[0], "T (tokens)")
-    check_same("f", D, "residual", residual.shape[2], "D (hidden size)")
+    check_post_shapes(f.shape, residual.shape, post_w.shape, comb_m.shape)
     choice = hc_policy.choose("HC_POST", device or default_device(), fused)
     _record(g, "HC_POST", choice)
     with g.tag("HC_POST"):

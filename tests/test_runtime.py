@@ -7,7 +7,6 @@ import sys
 import numpy as np
 import pytest
 
-import dsv4_vk as dv
 from dsv4_vk.vk import Device, Recorder, VulkanUnavailable, pack_push
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

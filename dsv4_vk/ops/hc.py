@@ -286,6 +286,20 @@ class HcPre(OpDef):
         return reference_pre(x, w)
 
 
+def check_post_shapes(f, residual, post, comb):
+    """Validate HC_POST argument shapes (f [T,D], residual [T,4,D], post [T,4], comb [T,4,4]); (T, D)."""
+    check_shape("f", f, (None, None))
+    check_shape("residual", residual, (None, HC, None))
+    check_shape("post", post, (None, HC))
+    check_shape("comb", comb, (None, HC, HC))
+    T, D = f
+    check_same("f", T, "residual", residual[0], "T (tokens)")
+    check_same("f", T, "post", post[0], "T (tokens)")
+    check_same("f", T, "comb", comb[0], "T (tokens)")
+    check_same("f", D, "residual", residual[2], "D (hidden size)")
+    return T, D
+
+
 @register
 class HcPost(OpDef):
     """HC_POST(f [T,D], residual [T,4,D], post [T,4], comb [T,4,4]) -> [T,4,D]."""
@@ -293,15 +307,7 @@ class HcPost(OpDef):
 
     def infer(self, inputs, params):
         f, res, post, comb = inputs
-        check_shape("f", f.shape, (None, None))
-        check_shape("residual", res.shape, (None, HC, None))
-        check_shape("post", post.shape, (None, HC))
-        check_shape("comb", comb.shape, (None, HC, HC))
-        T, D = f.shape
-        check_same("f", T, "residual", res.shape[0], "T (tokens)")
-        check_same("f", T, "post", post.shape[0], "T (tokens)")
-        check_same("f", T, "comb", comb.shape[0], "T (tokens)")
-        check_same("f", D, "residual", res.shape[2], "D (hidden size)")
+        T, D = check_post_shapes(f.shape, res.shape, post.shape, comb.shape)
         _unit_inner("HC_POST", "f", f)
         _unit_inner("HC_POST", "residual", res)
         return (T, HC, D), "f32"
