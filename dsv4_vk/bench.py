@@ -59,12 +59,23 @@ def record_us(device, graph):
     return best
 
 
-def bench_path(device, case, path, inputs, replays):
-    """One row: timings of `case` along `path`."""
+def graph_barriers(device, graph):
+    """Barriers of one recording of `graph` (a repeated recording adds some between repetitions)."""
+    from .executor import CompiledGraph
+    cg = CompiledGraph(device, graph)
+    try:
+        return cg.recording.n_barriers
+    finally:
+        cg.release()
+
+
+def bench_path(device, case, path, inputs, replays, repeat=1):
+    """One row: timings of `case` along `path`; with repeat > 1 the graph is recorded that many
+    times back to back in one command buffer and the GPU time is per repetition."""
     from .executor import CompiledGraph
     graph = C.build(case, path, device)
     # timestamps only before and after the graph: per-dispatch ones would serialise the work timed
-    cg = CompiledGraph(device, graph, timestamps="ends")
+    cg = CompiledGraph(device, graph, timestamps="ends", repeat=repeat)
     try:
         for name, array in inputs.items():
             cg.set_input(name, array)
@@ -75,8 +86,8 @@ def bench_path(device, case, path, inputs, replays):
             t0 = time.perf_counter_ns()
             rec.submit()
             wall.append((time.perf_counter_ns() - t0) / 1e3)
-            gpu.append(rec.total_gpu_ns() / 1e3)
-        dispatches, barriers = rec.n_dispatches, rec.n_barriers
+            gpu.append(rec.total_gpu_ns() / 1e3 / repeat)
+        dispatches, barriers = rec.n_dispatches // repeat, graph_barriers(device, graph)
     finally:
         cg.release()
     gpu_us = statistics.median(gpu)
@@ -85,7 +96,7 @@ def bench_path(device, case, path, inputs, replays):
             "tokens_per_s": case.T / (gpu_us * 1e-6)}
 
 
-def run(device, cases, replays, rng, on_row=None):
+def run(device, cases, replays, rng, on_row=None, repeat=1):
     """Rows for every (section, case) × path; a case too large for the device is skipped, an error
     in one path is reported in its row and does not stop the others. on_row(row) as each finishes."""
     limit = device.caps["limits"]["max_storage_buffer_range"]
@@ -101,7 +112,7 @@ def run(device, cases, replays, rng, on_row=None):
                 row["error"] = f"skipped: a tensor of {need / 2**20:.0f} MiB exceeds maxStorageBufferRange"
             else:
                 try:
-                    row.update(bench_path(device, case, path, inputs, replays))
+                    row.update(bench_path(device, case, path, inputs, replays, repeat))
                 except Exception as e:      # report it in the row, keep benchmarking the rest
                     row["error"] = f"{type(e).__name__}: {e}"
             rows.append(row)
@@ -261,6 +272,9 @@ def main(argv=None):
                     "16 on CPU devices)")
     ap.add_argument("--replays", type=int, default=MIN_REPLAYS, help=f"timed replays per row (≥ {MIN_REPLAYS})")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    ap.add_argument("--repeat", type=int, default=1, help="record each graph this many times back to back in "
+                    "one command buffer and report GPU time per repetition (like the floor's copy, which "
+                    "times 4 back-to-back copies)")
     ap.add_argument("--json", nargs="?", const="-", metavar="PATH",
                     help="write the results as JSON to PATH (stdout, instead of the table, without PATH)")
     ap.add_argument("--plot", metavar="PNG", help="plot GPU time across T (needs matplotlib)")
@@ -314,9 +328,9 @@ def main(argv=None):
             say(f"## {row['section']}\n{HEADER}")
         say(format_row(row, fl), flush=True)
 
-    rows = run(device, cases, args.replays, np.random.default_rng(args.seed), on_row=show)
+    rows = run(device, cases, args.replays, np.random.default_rng(args.seed), on_row=show, repeat=args.repeat)
     doc = {"device": device.name, "device_type": device.caps["type"], "subgroup_size": device.subgroup_size,
-           "replays": args.replays, "floor": fl, "rows": rows, "summary": summarize(rows, fl)}
+           "replays": args.replays, "repeat": args.repeat, "floor": fl, "rows": rows, "summary": summarize(rows, fl)}
     say(format_summary(doc["summary"]))
     if args.json:
         text = json.dumps(doc, indent=1)

@@ -59,8 +59,11 @@ def guards_intact(buf, numel):
 
 
 class CompiledGraph:
-    def __init__(self, device, graph, timestamps=False, params=None):
+    def __init__(self, device, graph, timestamps=False, params=None, repeat=1):
+        """repeat: record the graph's dispatches that many times in the one command buffer
+        (benchmarks: per-submit costs are then shared, as in a real step of many kernels)."""
         self.device, self.graph, self.timestamps = device, graph, timestamps
+        self.repeat = repeat
         self.buffers = {}
         self._owned = []
         for s in graph.storages:
@@ -77,7 +80,7 @@ class CompiledGraph:
             self.buffers[id(s)] = buf
             self._owned.append(buf)
         rec = Recorder(device, timestamps=timestamps)
-        for node in graph.nodes:
+        for node in [n for _ in range(repeat) for n in graph.nodes]:
             for launch in node.op.lower(node, device):
                 self._record(rec, node, launch)
         self.recording = rec.finish()

@@ -27,6 +27,7 @@ def main():
     ap.add_argument("--wg", default="64,128,256,512,1024")
     ap.add_argument("--cpt", default="1,2,4")
     ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=1, help="graph repetitions per command buffer")
     ap.add_argument("--dedicated-mib", type=int, help="dedicated allocations for buffers from this size")
     ap.add_argument("--out")
     a = ap.parse_args()
@@ -41,11 +42,11 @@ def main():
         for op in ("HC_PRE", "HC_POST"):
             case = C.Case(op, T, D)
             nbytes = C.io_bytes(case) // 2 // 16 * 16
-            copy_same = F.copy_gbps(dev, nbytes, copies=1)
+            copy_same = F.copy_gbps(dev, nbytes, copies=a.repeat)
             inputs = C.make_inputs(case, rng)
             for wg, cpt in itertools.product(map(int, a.wg.split(",")), map(int, a.cpt.split(","))):
                 hc_ops.SLICE_TUNING.update(wg=wg, cpt=cpt)
-                r = bench_path(dev, case, "fused", inputs, a.replays)
+                r = bench_path(dev, case, "fused", inputs, a.replays, a.repeat)
                 row = {"op": op, "T": T, "D": D, "wg": wg, "cpt": cpt, "gpu_us": r["gpu_us"], "gbps": r["gbps"],
                        "pct_copy_same_bytes": 100 * r["gbps"] / copy_same, "pct_copy_1g": 100 * r["gbps"] / copy_1g,
                        "copy_same_bytes_gbps": copy_same}

@@ -17,18 +17,19 @@ from dsv4_vk.ops.base import grid_1d  # noqa: E402
 from dsv4_vk.vk import Buffer, Recorder, default_device, pack_push  # noqa: E402
 
 
-def copy_rate(dev, src, dst, nbytes, replays=10):
+def copy_rate(dev, src, dst, nbytes, copies=1, replays=10):
     n4 = nbytes // 16
     pipe = dev.pipelines.get("floor", 2, {"OP_COPY": 1}, (256,))
     rec = Recorder(dev, timestamps="ends")
-    rec.dispatch(pipe, [src, dst], pack_push("I", n4), grid_1d(n4, 256), [(src, 0, nbytes)], [(dst, 0, nbytes)])
+    for _ in range(copies):
+        rec.dispatch(pipe, [src, dst], pack_push("I", n4), grid_1d(n4, 256), [(src, 0, nbytes)], [(dst, 0, nbytes)])
     r = rec.finish()
     r.submit()
     rates = []
     for _ in range(replays):
         r.submit()
         ts = r.timestamps_ns()
-        rates.append(2 * nbytes / (ts[-1] - ts[0]))
+        rates.append(2 * nbytes * copies / (ts[-1] - ts[0]))
     r.destroy()
     return statistics.median(rates)
 
@@ -36,6 +37,7 @@ def copy_rate(dev, src, dst, nbytes, replays=10):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", default="64,128,160,256,280,384,512,768,1024")
+    ap.add_argument("--copies", default="1", help="copies per command buffer, e.g. 1,4")
     ap.add_argument("--out")
     a = ap.parse_args()
     dev = default_device()
@@ -43,12 +45,13 @@ def main():
     rows = []
     for mib in map(int, a.mib.split(",")):
         nbytes = mib << 20
-        for dedicated in (False, True):
+        for dedicated, copies in [(d, c) for d in (False, True) for c in map(int, a.copies.split(","))]:
             src, dst = Buffer(dev, nbytes, dedicated=dedicated), Buffer(dev, nbytes, dedicated=dedicated)
             src.write(np.ones(nbytes // 4, np.float32))
-            rate = [copy_rate(dev, src, dst, nbytes) for _ in range(2)]
-            rows.append({"mib": mib, "dedicated": dedicated, "gbps": rate, "memory_type": src.memory_type})
-            print(f"{mib:6d} MiB dedicated={dedicated!s:5s} type={src.memory_type}: "
+            rate = [copy_rate(dev, src, dst, nbytes, copies) for _ in range(2)]
+            rows.append({"mib": mib, "dedicated": dedicated, "copies": copies, "gbps": rate,
+                         "memory_type": src.memory_type})
+            print(f"{mib:6d} MiB dedicated={dedicated!s:5s} copies={copies} type={src.memory_type}: "
                   + "  ".join(f"{x:7.0f}" for x in rate) + " GB/s")
             src.destroy()
             dst.destroy()
