@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from dsv4_vk.vk import Device, Recorder, VulkanUnavailable, pack_push
+from dsv4_vk.vk import Buffer, Device, Recorder, VulkanUnavailable, pack_push
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -131,4 +131,22 @@ def test_descriptor_pools_grow_when_exhausted(monkeypatch):
     bufs = [d.pool.alloc(256 * (i + 1)) for i in range(40)]
     sets = {d.pipelines.descriptor_set(pipe, [a, b]) for a in bufs for b in bufs}
     assert len(sets) == 1600 and len(d._desc_pools) == 25
+    d.close()
+
+
+def test_buffers_share_memory_blocks():
+    # drivers cap live allocations (NVIDIA: 4096): small buffers are sub-allocated from blocks
+    d = Device()
+    small = [Buffer(d, 4096 + 4 * i) for i in range(300)]
+    assert len(d.arena.blocks) == 1
+    big = Buffer(d, 40 << 20)                 # over half a block: an allocation of its own
+    assert len(d.arena.blocks) == 2 and big.offset == 0
+    offsets = sorted((b.offset, b.offset + b.nbytes) for b in small)
+    assert all(hi <= lo for (_, hi), (lo, _) in zip(offsets, offsets[1:]))   # no overlap
+    for i, b in enumerate(small):
+        b.write(np.full(b.nbytes // 4, i, np.float32))
+    assert all((b.read().view(np.float32) == i).all() for i, b in enumerate(small))
+    for b in small + [big]:
+        b.destroy()
+    assert not d.arena.blocks                  # every block freed with its last buffer
     d.close()

@@ -233,8 +233,9 @@ class Device:
             and os.environ.get("DSV4_VK_FORCE_STAGING", "").lower() not in ("1", "true", "yes", "on")
         self._staging = None
         self._one_shot = None
-        from .memory import BufferPool
+        from .memory import Arena, BufferPool
         from .pipeline import PipelineCache
+        self.arena = Arena(self)
         self.pool = BufferPool(self)
         self.pipelines = PipelineCache(self)
         self._closed = False

@@ -1,6 +1,8 @@
-"""Storage buffers and a pool that reuses freed buffers by size.
+"""Storage buffers, the memory blocks they live in, and a pool that reuses freed buffers by size.
 
-Where device-local memory is also host-visible (lavapipe, integrated GPUs) a buffer is mapped once
+Buffers are sub-allocated from 64 MiB blocks (larger ones get their own allocation): drivers cap
+the number of live allocations (NVIDIA: 4096), which an unfused graph of ~190 tensors per HC site
+would otherwise exhaust. Where device-local memory is also host-visible (lavapipe, integrated GPUs) a buffer is mapped once
 and read/written through a zero-copy numpy view; elsewhere uploads and downloads go through one
 reusable host-visible staging buffer and a one-shot copy command.
 """
@@ -12,10 +14,81 @@ _USAGE = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SR
           | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
 _HOST = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
 DEDICATED_FROM = None   # bytes from which buffers get a dedicated allocation (None: never)
+BLOCK_BYTES = 64 << 20  # sub-allocation block; larger buffers get an allocation of their own
+
+
+class _Block:
+    """One VkDeviceMemory holding one or more buffers (bump-allocated; freed when none is left)."""
+
+    def __init__(self, device, size, memory_type, host_visible, dedicated_for=None):
+        alloc = ffi.new("VkMemoryAllocateInfo*")
+        alloc.sType = vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO
+        alloc.allocationSize = size
+        alloc.memoryTypeIndex = memory_type
+        if dedicated_for is not None:   # its own allocation, which drivers may back with large pages
+            ded = ffi.new("VkMemoryDedicatedAllocateInfo*")
+            ded.sType = vk.VK_STRUCTURE_TYPE_MEMORY_DEDICATED_ALLOCATE_INFO
+            ded.buffer = dedicated_for
+            alloc.pNext = ded
+        mem = ffi.new("VkDeviceMemory*")
+        check(lib.vkAllocateMemory(device.device, alloc, ffi.NULL, mem), f"vkAllocateMemory({size} bytes)")
+        self.device, self.memory, self.size, self.memory_type = device, mem[0], size, memory_type
+        self.used, self.live = 0, 0
+        self.host_visible = host_visible
+        self.view = None
+        if host_visible:
+            ptr = ffi.new("void**")
+            check(lib.vkMapMemory(device.device, self.memory, 0, size, 0, ptr), "vkMapMemory")
+            self.view = np.frombuffer(ffi.buffer(ptr[0], size), dtype=np.uint8)
+
+    def take(self, size, align):
+        """Byte offset of `size` bytes aligned to `align`, or None when the block is full."""
+        off = -(-self.used // align) * align
+        if off + size > self.size:
+            return None
+        self.used = off + size
+        self.live += 1
+        return off
+
+    def release(self, arena):
+        self.live -= 1
+        if self.live == 0:
+            self.view = None
+            lib.vkFreeMemory(self.device.device, self.memory, ffi.NULL)
+            arena.forget(self)
+
+
+class Arena:
+    """Places buffers in blocks: one open block per (memory type, host-visible) at a time."""
+
+    def __init__(self, device):
+        self.device = device
+        self.open = {}
+        self.blocks = set()     # live VkDeviceMemory allocations
+
+    def place(self, handle, req, memory_type, host_visible, dedicated):
+        size, align = int(req.size), max(int(req.alignment), 256)
+        key = (memory_type, host_visible)
+        if dedicated or size > BLOCK_BYTES // 2:
+            block = _Block(self.device, size, memory_type, host_visible, handle if dedicated else None)
+        else:
+            block = self.open.get(key)
+            off = block.take(size, align) if block is not None else None
+            if off is not None:
+                return block, off
+            block = self.open[key] = _Block(self.device, BLOCK_BYTES, memory_type, host_visible)
+        self.blocks.add(block)
+        return block, block.take(size, align)
+
+    def forget(self, block):
+        self.blocks.discard(block)
+        for k, b in list(self.open.items()):
+            if b is block:
+                del self.open[k]
 
 
 class Buffer:
-    """One VkBuffer with its own allocation. `nbytes` is the usable size (a multiple of 4, ≥ 4)."""
+    """One VkBuffer placed in a memory block. `nbytes` is the usable size (a multiple of 4, ≥ 4)."""
 
     def __init__(self, device, nbytes, host_visible=None, dedicated=None):
         self.device = device
@@ -36,31 +109,18 @@ class Buffer:
             flags = _HOST | (vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT if device.is_host_visible else 0)
         else:
             flags = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
-        alloc = ffi.new("VkMemoryAllocateInfo*")
-        alloc.sType = vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO
-        alloc.allocationSize = req.size
-        alloc.memoryTypeIndex = device._find_memory(flags, req.memoryTypeBits)
-        self.memory_type = alloc.memoryTypeIndex
+        self.memory_type = device._find_memory(flags, req.memoryTypeBits)
         if dedicated is None:
             dedicated = DEDICATED_FROM is not None and self.nbytes >= DEDICATED_FROM
-        if dedicated:   # its own allocation, which drivers may back with large pages
-            ded = ffi.new("VkMemoryDedicatedAllocateInfo*")
-            ded.sType = vk.VK_STRUCTURE_TYPE_MEMORY_DEDICATED_ALLOCATE_INFO
-            ded.buffer = self.handle
-            alloc.pNext = ded
-        mem = ffi.new("VkDeviceMemory*")
-        res = lib.vkAllocateMemory(d, alloc, ffi.NULL, mem)
-        if res != 0:
+        try:
+            self.block, self.offset = device.arena.place(self.handle, req, self.memory_type, host_visible, dedicated)
+        except Exception:
             lib.vkDestroyBuffer(d, self.handle, ffi.NULL)
-            check(res, f"vkAllocateMemory({self.nbytes} bytes)")
-        self.memory = mem[0]
-        check(lib.vkBindBufferMemory(d, self.handle, self.memory, 0), "vkBindBufferMemory")
+            raise
+        self.memory = self.block.memory
+        check(lib.vkBindBufferMemory(d, self.handle, self.memory, self.offset), "vkBindBufferMemory")
         self.host_visible = host_visible
-        self._view = None
-        if host_visible:
-            ptr = ffi.new("void**")
-            check(lib.vkMapMemory(d, self.memory, 0, self.nbytes, 0, ptr), "vkMapMemory")
-            self._view = np.frombuffer(ffi.buffer(ptr[0], self.nbytes), dtype=np.uint8)
+        self._view = self.block.view[self.offset:self.offset + self.nbytes] if host_visible else None
         self.alive = True
 
     def write(self, data, offset=0):
@@ -88,9 +148,8 @@ class Buffer:
         if self.alive:
             self.alive = False
             self._view = None
-            d = self.device.device
-            lib.vkDestroyBuffer(d, self.handle, ffi.NULL)
-            lib.vkFreeMemory(d, self.memory, ffi.NULL)
+            lib.vkDestroyBuffer(self.device.device, self.handle, ffi.NULL)
+            self.block.release(self.device.arena)
 
     def __repr__(self):
         return f"<Buffer {self.nbytes} B>"
