@@ -11,7 +11,7 @@ import numpy as np
 
 from . import profile
 from .tensor import DTYPES, dtype_name
-from .vk import Recorder, default_device
+from .vk import Buffer, Recorder, default_device
 
 GUARD = 64                      # elements before and after every storage (256 B: a legal bind offset)
 SENTINEL = np.uint32(0x7FC0DEAD)  # a NaN with a payload no kernel produces
@@ -41,9 +41,13 @@ class RunStats:
                 f"paths={[(p[0], p[1]) for p in self.paths]})")
 
 
-def guarded_buffer(device, numel, data=None):
-    """A pooled buffer laid out [guard | numel elements | guard], guards set to SENTINEL."""
-    buf = device.pool.alloc((numel + 2 * GUARD) * 4)
+def guarded_buffer(device, numel, data=None, host_visible=False):
+    """A pooled buffer laid out [guard | numel elements | guard], guards set to SENTINEL.
+    host_visible: mapped even where device memory is not (small values written/read every step)."""
+    if host_visible and not device.is_host_visible:
+        buf = Buffer(device, (numel + 2 * GUARD) * 4, host_visible=True)
+    else:
+        buf = device.pool.alloc((numel + 2 * GUARD) * 4)
     guard = np.full(GUARD, SENTINEL, np.uint32)
     buf.write(guard, 0)
     buf.write(guard, (GUARD + numel) * 4)
@@ -154,11 +158,11 @@ class CompiledGraph:
 class Param:
     """A named device tensor owned by an executor and shared by its graphs (weights, KV caches)."""
 
-    def __init__(self, device, name, array):
+    def __init__(self, device, name, array, host_visible=False):
         self.name, self.shape = name, array.shape
         self.dtype = dtype_name(array.dtype)
         self.numel = array.size
-        self.buffer = guarded_buffer(device, self.numel, array)
+        self.buffer = guarded_buffer(device, self.numel, array, host_visible)
 
     def read(self):
         raw = self.buffer.read(GUARD * 4, self.numel * 4).view(DTYPES[self.dtype])
@@ -176,8 +180,9 @@ class Executor:
         self.params = {}
         self.last = None
 
-    def set_param(self, name, array):
-        """Upload (or overwrite in place) the param `name`; graphs see it through Graph.param."""
+    def set_param(self, name, array, host_visible=False):
+        """Upload (or overwrite in place) the param `name`; graphs see it through Graph.param.
+        host_visible=True on a new param: host reads/writes skip the staging copy (per-step values)."""
         a = np.ascontiguousarray(array)
         if a.dtype == np.float64:
             a = a.astype(np.float32)
@@ -189,7 +194,7 @@ class Executor:
             if p is not None:
                 self._drop_graphs_using(name)
                 self.device.pool.free(p.buffer)
-            self.params[name] = Param(self.device, name, a)
+            self.params[name] = Param(self.device, name, a, host_visible)
         return self.params[name]
 
     def _drop_graphs_using(self, name):
