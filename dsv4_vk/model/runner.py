@@ -1,0 +1,211 @@
+"""The library API: a model you call from your own decode loop.
+
+    from dsv4_vk.model import Model, Sampling
+    m = Model.load("model.safetensors")            # or Model.load(Config(...), seed=0): random weights
+    logits = m.prefill([1, 2, 3])                   # logits [V] of the last prompt token
+    tok = m.step()                                  # feeds the token sampled on the device, returns the next
+    for tok in m.generate([1, 2, 3], 16, Sampling(temperature=0.8, top_k=20, seed=1)):
+        ...
+
+Every decode step replays ONE command buffer recorded once: the host writes the position (4 bytes,
+a host-visible param), submits, and reads the sampled token (4 bytes); nothing is recorded and no
+Python runs per dispatch. The sampled token stays on the device as the next step's input. Prefill
+runs the prompt in chunks of `prefill_chunk` tokens (the last one padded) through one more graph.
+"""
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import profile
+from ..executor import GUARD, Executor
+from ..ops.model_ops import MAX_TOP_K
+from ..vk import default_device
+from .checkpoint import check_tensors, load_checkpoint, random_weights
+from .config import Config
+from .graph import STEP_PARAMS, ModelGraph, param_arrays
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """temperature ≤ 0 (or top_k = 1): greedy; else softmax(logits / temperature) over the top_k."""
+    temperature: float = 0.0
+    top_k: int = 1
+    seed: int = 0
+
+    def __post_init__(self):
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not np.isfinite(t) or t < 0:
+            raise ValueError(f"Sampling.temperature must be a finite number ≥ 0, got {t!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 1 <= self.top_k <= MAX_TOP_K:
+            raise ValueError(f"Sampling.top_k must be an integer in [1, {MAX_TOP_K}], got {self.top_k!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 31:
+            raise ValueError(f"Sampling.seed must be an integer in [0, 2^31), got {self.seed!r}")
+
+
+GREEDY = Sampling()
+
+
+class Model:
+    def __init__(self, cfg, weights, device=None, fused=None, prefill_chunk=16):
+        check_tensors(cfg, {k: np.shape(v) for k, v in weights.items()})
+        if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be an integer ≥ 1, got {prefill_chunk!r}")
+        if fused not in (None, True, False):
+            raise ValueError(f"fused must be None (policy), True or False, got {fused!r}")
+        self.cfg, self.fused = cfg, fused
+        self.device = device or default_device()
+        self.prefill_chunk = min(prefill_chunk, cfg.max_ctx)
+        self.ex = Executor(self.device)
+        self.params = param_arrays(cfg, weights)
+        for name, a in self.params.items():
+            self.ex.set_param(name, a, host_visible=name in STEP_PARAMS or name.startswith("sampler."))
+        self._graphs = {}         # (kind, timestamps) -> CompiledGraph, held so no step looks them up
+        self._step = {n: self.ex.params[n].buffer for n in STEP_PARAMS}
+        self.position = 0
+        self.sampling = GREEDY
+        self.timing = {"steps": 0, "step_s": 0.0, "submit_s": 0.0}
+
+    # --- construction ---------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path_or_config, device=None, fused=None, *, seed=0, prefill_chunk=16):
+        """From a safetensors checkpoint (its stored config), or random weights for a Config."""
+        if isinstance(path_or_config, Config):
+            cfg = path_or_config
+            return cls(cfg, random_weights(cfg, seed), device, fused, prefill_chunk)
+        cfg, weights = load_checkpoint(path_or_config)
+        return cls(cfg, weights, device, fused, prefill_chunk)
+
+    # --- graphs -----------------------------------------------------------------------------------
+    def compiled(self, kind):
+        """The CompiledGraph of "prefill" or "decode" (built and recorded on first use, then replayed)."""
+        key = (kind, profile.active())
+        cg = self._graphs.get(key)
+        if cg is None:
+            T = self.prefill_chunk if kind == "prefill" else 1
+            graph = ModelGraph(self.cfg, self.params, T, prefill=kind == "prefill", fused=self.fused,
+                               device=self.device).g
+            cg = self._graphs[key] = self.ex.compile(graph)
+        return cg
+
+    def paths(self):
+        """(op, path, reason) of every HC op of the decode graph."""
+        return list(self.compiled("decode").graph.paths)
+
+    # --- per-step values ------------------------------------------------------------------------------
+    def _write(self, name, value):
+        self._step[name].write(np.array([value], np.int32), GUARD * 4)
+
+    def _read_token(self):
+        return int(self._step["step.token"].read(GUARD * 4, 4).view(np.int32)[0])
+
+    def _replay(self, cg, inputs=None):
+        if profile.active():             # timestamps, stats and phase accounting
+            cg.run(inputs)
+            return
+        for k, v in (inputs or {}).items():
+            cg.set_input(k, v)
+        cg.recording.submit()
+
+    # --- API --------------------------------------------------------------------------------------------
+    def reset(self):
+        """Start a new sequence at position 0 (cache rows are overwritten before they are read)."""
+        self.position = 0
+
+    def set_sampling(self, sampling):
+        """Sampling of every following prefill/step (reseeds the device RNG)."""
+        if not isinstance(sampling, Sampling):
+            raise ValueError(f"sampling must be a Sampling, got {type(sampling).__name__}")
+        self.sampling = sampling
+        self.ex.set_param("sampler.cfg", np.array([sampling.temperature, sampling.top_k], np.float32))
+        self.ex.set_param("sampler.state", np.array([sampling.seed, 0], np.int32))
+
+    @property
+    def next_token(self):
+        """The token the device sampled from the last logits (the next step's input by default)."""
+        return self._read_token()
+
+    def _ids(self, ids, name):
+        a = np.asarray(ids)
+        if a.ndim != 1 or a.size == 0 or not np.issubdtype(a.dtype, np.integer):
+            raise ValueError(f"{name} must be a non-empty 1-D sequence of integer token ids, got {a.dtype} shape {a.shape}")
+        bad = (a < 0) | (a >= self.cfg.vocab)
+        if bad.any():
+            raise ValueError(f"{name} holds ids outside [0, {self.cfg.vocab}): {a[bad][:5].tolist()}")
+        if self.position + a.size > self.cfg.max_ctx:
+            raise ValueError(f"{name}: {a.size} tokens at position {self.position} exceed max_ctx {self.cfg.max_ctx}")
+        return a.astype(np.int32)
+
+    def prefill(self, ids, all_logits=False):
+        """Run `ids` from the current position; returns the logits [V] of the last one ([N, V] with
+        all_logits). The device samples the next token from them (see next_token)."""
+        ids = self._ids(ids, "ids")
+        C = self.prefill_chunk
+        cg = self.compiled("prefill")
+        logits_t = cg.graph.outputs["logits"]
+        rows = []
+        with profile.phase("prefill"):
+            for start in range(0, ids.size, C):
+                chunk = ids[start:start + C]
+                self._write("step.pos", self.position + start)
+                self._write("step.last", chunk.size - 1)
+                self._replay(cg, {"ids": np.pad(chunk, (0, C - chunk.size))})
+                if all_logits or start + C >= ids.size:
+                    rows.append(cg.read(logits_t)[:chunk.size])
+        self.position += ids.size
+        return np.concatenate(rows) if all_logits else rows[-1][-1]
+
+    def step(self, token=None, output="token"):
+        """One decode step of `token` (default: the token the device sampled last) at the current
+        position; returns the next sampled token (int), or the logits [V] with output="logits"."""
+        t0 = time.perf_counter()
+        if output not in ("token", "logits"):
+            raise ValueError(f"output must be 'token' or 'logits', got {output!r}")
+        if self.position >= self.cfg.max_ctx:
+            raise ValueError(f"the sequence is full: position {self.position} = max_ctx; call reset()")
+        if token is not None:
+            self._write("step.token", int(self._ids([token], "token")[0]))
+        cg = self.compiled("decode")
+        self._write("step.pos", self.position)
+        t1 = time.perf_counter()
+        with profile.phase("decode"):
+            self._replay(cg)
+        t2 = time.perf_counter()
+        self.position += 1
+        out = self._read_token() if output == "token" else cg.read(cg.graph.outputs["logits"])[0]
+        tm = self.timing
+        tm["steps"] += 1
+        tm["submit_s"] += t2 - t1
+        tm["step_s"] += time.perf_counter() - t0
+        if output == "token" and out < 0:
+            raise FloatingPointError("the logits have no finite value: the device sampled no token")
+        return out
+
+    def generate(self, prompt, max_new_tokens, sampling=None, stop=None):
+        """A new sequence: prefill `prompt`, then yield up to max_new_tokens sampled tokens (one
+        decode step each after the first), ending early after a token in `stop`. Arguments are
+        checked here, before the generator is returned."""
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an integer ≥ 0, got {max_new_tokens!r}")
+        if sampling is not None and not isinstance(sampling, Sampling):
+            raise ValueError(f"sampling must be a Sampling or None, got {type(sampling).__name__}")
+        self.reset()
+        prompt = self._ids(prompt, "prompt")
+        if prompt.size + max_new_tokens - 1 > self.cfg.max_ctx:
+            raise ValueError(f"max_new_tokens: {prompt.size} prompt + {max_new_tokens} new tokens exceed "
+                             f"max_ctx {self.cfg.max_ctx} (+1: the last token is not fed back)")
+        return self._generate(prompt, max_new_tokens, sampling or self.sampling, set(stop or ()))
+
+    def _generate(self, prompt, max_new_tokens, sampling, stop):
+        if max_new_tokens == 0:
+            return
+        self.set_sampling(sampling)
+        self.prefill(prompt)
+        tok = self.next_token
+        for n in range(max_new_tokens):
+            if tok < 0:
+                raise FloatingPointError("the logits have no finite value: the device sampled no token")
+            yield tok
+            if tok in stop or n + 1 == max_new_tokens:
+                return
+            tok = self.step()
