@@ -160,7 +160,7 @@ def random_weights(cfg, seed=0):
     out = {}
 
     def normal(shape, std):
-        return (rng.standard_normal(shape) * std).astype(np.float32)
+        return rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
 
     for name, shape in tensor_shapes(cfg).items():
         if name.endswith("_fn"):                    # mixes (x @ fnᵀ)·r with x of RMS 1: O(1) logits

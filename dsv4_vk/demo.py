@@ -1,0 +1,107 @@
+"""`python -m dsv4_vk demo`: a small random DeepSeek-V4-shaped model generates tokens on the default
+device, once with the fused hyper-connection ops and once with the unfused chain of primitive
+kernels. Prints tokens/s, dispatches per token, the host's share of a decode step, GPU time per op
+split into prefill and decode, and whether both paths produced the same tokens.
+
+    python -m dsv4_vk demo [--dim 64] [--layers 2] [--experts 4] [--tokens 16] [--prompt 8]
+                           [--temperature 0] [--top-k 1] [--seed 0] [--no-profile]
+"""
+import argparse
+import time
+
+import numpy as np
+
+from . import profile
+from .hc_policy import HCUnsupported
+from .model import Config, Model, Sampling, random_weights
+from .vk import default_device
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(prog="python -m dsv4_vk demo", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dim", type=int, default=64, help="hidden size D (default 64)")
+    ap.add_argument("--layers", type=int, default=2, help="layers (default 2)")
+    ap.add_argument("--experts", type=int, default=4, help="routed experts (default 4)")
+    ap.add_argument("--top-k-experts", type=int, default=2, help="experts per token (default 2)")
+    ap.add_argument("--heads", type=int, default=4, help="attention heads (default 4; head_dim = D / heads)")
+    ap.add_argument("--vocab", type=int, default=256, help="vocabulary (default 256)")
+    ap.add_argument("--tokens", type=int, default=16, help="tokens to generate (default 16)")
+    ap.add_argument("--prompt", type=int, default=8, help="prompt length (default 8)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    ap.add_argument("--top-k", type=int, default=1, help="sampling candidates (default 1)")
+    ap.add_argument("--seed", type=int, default=0, help="weights, prompt and sampler seed (default 0)")
+    ap.add_argument("--no-profile", action="store_true", help="skip the per-op GPU time tables")
+    a = ap.parse_args(argv)
+    if a.dim % a.heads or (a.dim // a.heads) % 2:
+        ap.error(f"--dim {a.dim} must be a multiple of --heads {a.heads} with an even head_dim")
+    if a.tokens < 1 or a.prompt < 1:
+        ap.error("--tokens and --prompt must be ≥ 1")
+    return a
+
+
+def run_path(cfg, weights, prompt, args, fused):
+    """Generate with one HC path: (tokens, row of numbers, profile or None)."""
+    model = Model(cfg, weights, fused=fused, prefill_chunk=min(16, len(prompt)))
+    sampling = Sampling(args.temperature, args.top_k, args.seed)
+    list(model.generate(prompt, 2, sampling))          # record both graphs, compile the pipelines
+    model.timing.update(steps=0, step_s=0.0, submit_s=0.0)
+    t0 = time.perf_counter()
+    stamps, tokens = [], []
+    for tok in model.generate(prompt, args.tokens, sampling):
+        stamps.append(time.perf_counter())
+        tokens.append(tok)
+    decode_s = stamps[-1] - stamps[0]
+    tm = model.timing
+    row = {"prefill_ms": 1e3 * (stamps[0] - t0),
+           "tokens_per_s": (len(tokens) - 1) / decode_s if len(tokens) > 1 else float("nan"),
+           "dispatches": model.compiled("decode").recording.n_dispatches,
+           "host_us": 1e6 * (tm["step_s"] - tm["submit_s"]) / max(tm["steps"], 1),
+           "paths": sorted({f"{op}:{path}" for op, path, _ in model.paths()})}
+    prof = None
+    if not args.no_profile:
+        with profile.profile() as prof:
+            list(model.generate(prompt, args.tokens, sampling))
+    return tokens, row, prof
+
+
+def main(argv=None):
+    args = parse(argv or [])
+    dev = default_device()
+    cfg = Config(vocab=args.vocab, dim=args.dim, n_layers=args.layers, n_heads=args.heads,
+                 head_dim=args.dim // args.heads, n_experts=args.experts, top_k=args.top_k_experts,
+                 expert_dim=args.dim, max_ctx=args.prompt + args.tokens)
+    weights = random_weights(cfg, args.seed)
+    prompt = np.random.default_rng(args.seed).integers(0, cfg.vocab, args.prompt)
+    print(f"device: {dev.name}, subgroup size {dev.subgroup_size}")
+    print(f"model: vocab {cfg.vocab}, D {cfg.dim}, {cfg.n_layers} layers × 2 HC sites, {cfg.n_heads} heads × "
+          f"{cfg.head_dim}, {cfg.n_experts} experts top-{cfg.top_k} + {cfg.n_shared} shared ({cfg.router} router), "
+          f"random weights (seed {args.seed})")
+    print(f"prompt {args.prompt} tokens, generating {args.tokens}, "
+          f"{'greedy' if args.temperature <= 0 or args.top_k == 1 else f'temperature {args.temperature} top-{args.top_k}'}\n")
+    results = {}
+    for name, fused in (("fused", True), ("unfused", False)):
+        try:
+            results[name] = run_path(cfg, weights, prompt, args, fused)
+        except HCUnsupported as e:
+            print(f"{name}: not available on this device: {e}")
+    print(f"{'path':8s} {'tokens/s':>9s} {'ms/token':>9s} {'dispatches/token':>17s} {'host µs/step':>13s} "
+          f"{'prefill ms':>11s}  HC kernels")
+    for name, (_, r, _) in results.items():
+        print(f"{name:8s} {r['tokens_per_s']:9.1f} {1e3 / r['tokens_per_s']:9.2f} {r['dispatches']:17d} "
+              f"{r['host_us']:13.1f} {r['prefill_ms']:11.1f}  {', '.join(r['paths'])}")
+    for name, (_, _, prof) in results.items():
+        if prof is not None:
+            print(f"\nGPU time per op, {name} path (a profiled rerun: a timestamp after every dispatch):")
+            print(prof.table())
+    if len(results) == 2:
+        (ta, _, _), (tb, _, _) = results["fused"], results["unfused"]
+        same = ta == tb
+        print(f"\ntokens (fused):   {ta}")
+        if not same:
+            print(f"tokens (unfused): {tb}")
+        print(f"same tokens on both paths: {'yes' if same else 'NO'}")
+        if results["unfused"][1]["tokens_per_s"] > 0:
+            print(f"decode speed-up of the fused HC ops: "
+                  f"{results['fused'][1]['tokens_per_s'] / results['unfused'][1]['tokens_per_s']:.2f}×")
+        return 0 if same else 1
+    return 0
