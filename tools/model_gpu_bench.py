@@ -10,9 +10,9 @@ expert products, not the hyper-connection work this bench is about. Random weigh
 Per path: decode tokens/s and ms/token (wall: write position, submit + wait, read token),
 dispatches and barriers per token, GPU ms per token and per op from a profiled rerun (a timestamp
 after every dispatch), and whether both paths produce the same greedy tokens. Host: the Python
-time of a decode step outside submit + wait (median and p90 over the steps) for `--host-layers`
-(default 2 and 8) at D = `--host-dim` (default 1024): it must not grow with layers (target
-≤ 100 µs).
+time of a decode step outside submit + wait (median and p90 over the steps), and of the same steps
+with submit + wait replaced by nothing, for `--host-layers` (default 2 and 8) at D = `--host-dim`
+(default 1024): it must not grow with layers (target ≤ 100 µs).
 """
 import argparse
 import json
@@ -104,9 +104,19 @@ def host_time(a, layers, fused):
     prompt = np.arange(a.prompt) % cfg.vocab
     timed_steps(model, prompt, 4)
     _, wall, host = timed_steps(model, prompt, a.tokens)
+    # the step's Python alone: the same steps with submit + wait replaced by nothing
+    model.reset()
+    model.prefill(prompt)
+    rec = model.compiled("decode").recording
+    rec.submit = lambda: None
+    t0 = time.perf_counter()
+    for _ in range(a.tokens):
+        model.step()
+    python_us = 1e6 * (time.perf_counter() - t0) / a.tokens
+    del rec.submit
     return {"host_us_median": float(1e6 * np.median(host)), "host_us_p90": float(1e6 * np.percentile(host, 90)),
-            "step_ms_median": float(1e3 * np.median(wall)),
-            "dispatches_per_token": model.compiled("decode").recording.n_dispatches}
+            "python_us_per_step_without_gpu": python_us, "step_ms_median": float(1e3 * np.median(wall)),
+            "dispatches_per_token": rec.n_dispatches}
 
 
 def main(argv=None):
@@ -137,7 +147,8 @@ def main(argv=None):
         res["host"][str(layers)] = {name: host_time(a, layers, fused) for name, fused in (("fused", True), ("unfused", False))}
         for name, r in res["host"][str(layers)].items():
             print(f"host, {layers} layers, D {a.host_dim}, {name:8s}: {r['host_us_median']:6.1f} µs median "
-                  f"({r['host_us_p90']:.1f} p90) outside submit+wait, {r['dispatches_per_token']} dispatches", flush=True)
+                  f"({r['host_us_p90']:.1f} p90) outside submit+wait, {r['python_us_per_step_without_gpu']:.1f} µs "
+                  f"with no GPU work, {r['dispatches_per_token']} dispatches", flush=True)
     print(f"same greedy tokens: {res['same_greedy_tokens']}; fused/unfused decode speed-up "
           f"{res['decode_speedup_fused_over_unfused']:.2f}x")
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
