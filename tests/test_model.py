@@ -1,11 +1,12 @@
 """The DeepSeek-V4-shaped model: its kernels against their float64 references, the whole model
 against the numpy model (prefill and 16 decode steps, fused and unfused HC, subgroup sizes 8,
 16 and 4), greedy tokens equal on both paths, chunked prefill + decode equal to recomputing, checkpoint
-errors, a decode step that replays one recording, the demo and the tools.
+errors, a decode step that replays one recording, a clean run under the validation layer, the
+demo and the tools.
 
-Run as a script (`python tests/test_model.py worker`), the file is the subprocess worker that runs
-the end-to-end checks at another lavapipe subgroup size (LP_NATIVE_VECTOR_WIDTH is read when the
-process creates its Vulkan instance).
+Run as a script, the file is the subprocess worker: `worker` runs the end-to-end checks at another
+lavapipe subgroup size (LP_NATIVE_VECTOR_WIDTH is read when the process creates its Vulkan
+instance), `validation` runs the model under the Khronos validation layer.
 """
 import json
 import os
@@ -225,6 +226,26 @@ def test_softmax_router_model_matches_too(rng):
     check_against_reference(True, int(rng.integers(0, 2**31)), router="softmax")
 
 
+def validation_worker():
+    """Subprocess entry (DSV4_VK_VALIDATION=1): prefill, decode and sampling on both paths."""
+    from dsv4_vk.vk import default_device
+    dev = default_device()
+    assert dev.validation
+    for fused in (True, False):
+        m = Model.load(TINY.replace(n_layers=1, max_ctx=12), fused=fused, prefill_chunk=4)
+        print(f"fused={fused} tokens {list(m.generate([1, 2, 3, 4, 5], 4, Sampling(1.0, 5, 3)))}")
+    for sev, msg in dev.validation_messages:
+        print(sev, msg[:400])
+    print("messages", len(dev.validation_messages))
+
+
+def test_model_graphs_are_clean_under_the_validation_layer():
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "test_model.py"), "validation"], cwd=ROOT,
+                       env=dict(os.environ, DSV4_VK_VALIDATION="1"), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
+    assert r.stdout.count(" tokens [") == 2 and r.stdout.strip().endswith("messages 0"), r.stdout
+
+
 def worker():
     """Subprocess entry: the end-to-end check on both paths at this process's subgroup size."""
     from dsv4_vk.vk import default_device
@@ -441,5 +462,5 @@ def test_make_checkpoint_tool_and_the_gpu_bench_dry_run(tmp_path):
     assert set(res["host"]) == {"2", "8"}
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["worker"]:
-    worker()
+if __name__ == "__main__":
+    {"worker": worker, "validation": validation_worker}[sys.argv[1]]()
