@@ -196,10 +196,10 @@ def test_model_op_declaration_errors():
 
 # --- the whole model against the numpy model ------------------------------------------------------------
 
-def check_against_reference(fused, seed, router="sigmoid"):
+def check_against_reference(fused, seed, **config):
     """Prefill PROMPT tokens (chunks of CHUNK, the last padded) then STEPS decode steps with given
     tokens; every position's logits against the float64 model. Returns the worst NMSE."""
-    cfg = TINY.replace(router=router, norm_topk=router == "sigmoid")
+    cfg = TINY.replace(**config)
     weights = random_weights(cfg, seed)
     ids = np.random.default_rng(seed).integers(0, cfg.vocab, PROMPT + STEPS)
     model = Model(cfg, weights, fused=fused, prefill_chunk=CHUNK)
@@ -222,8 +222,13 @@ def test_logits_match_the_float64_model_after_prefill_and_16_steps(fused, rng):
     check_against_reference(fused, int(rng.integers(0, 2**31)))
 
 
-def test_softmax_router_model_matches_too(rng):
-    check_against_reference(True, int(rng.integers(0, 2**31)), router="softmax")
+@pytest.mark.parametrize("config", [
+    dict(router="softmax", norm_topk=False),
+    dict(router="softmax", n_experts=6, top_k=3, n_shared=0, route_scale=2.5, n_heads=4, head_dim=4),
+    dict(n_shared=2, n_layers=3, dim=18, expert_dim=11, n_heads=1, head_dim=6, rope_theta=500.0),
+], ids=["softmax", "6-experts-top3-no-shared", "2-shared-3-layers-dims-not-4k"])
+def test_other_configs_match_too(config, rng):
+    check_against_reference(True, int(rng.integers(0, 2**31)), **config)
 
 
 def validation_worker():
