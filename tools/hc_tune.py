@@ -27,6 +27,7 @@ def main():
     ap.add_argument("--wg", default="64,128,256,512,1024")
     ap.add_argument("--cpt", default="1,2,4")
     ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--ops", default="HC_PRE,HC_POST", help="ops in the order measured")
     ap.add_argument("--repeat", type=int, default=1, help="graph repetitions per command buffer")
     ap.add_argument("--dedicated-mib", type=int, help="dedicated allocations for buffers from this size")
     ap.add_argument("--out")
@@ -39,7 +40,7 @@ def main():
     copy_1g = F.copy_gbps(dev)
     print(f"{dev.name}: copy 1 GiB x4 {copy_1g:.0f} GB/s")
     for D, T in itertools.product(map(int, a.d.split(",")), map(int, a.t.split(","))):
-        for op in ("HC_PRE", "HC_POST"):
+        for op in a.ops.split(","):
             case = C.Case(op, T, D)
             nbytes = C.io_bytes(case) // 2 // 16 * 16
             copy_same = F.copy_gbps(dev, nbytes, copies=a.repeat)

@@ -38,6 +38,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", default="64,128,160,256,280,384,512,768,1024")
     ap.add_argument("--copies", default="1", help="copies per command buffer, e.g. 1,4")
+    ap.add_argument("--fill", default="ones", help="source contents: any of zeros,ones,arange,random")
     ap.add_argument("--out")
     a = ap.parse_args()
     dev = default_device()
@@ -45,13 +46,17 @@ def main():
     rows = []
     for mib in map(int, a.mib.split(",")):
         nbytes = mib << 20
-        for dedicated, copies in [(d, c) for d in (False, True) for c in map(int, a.copies.split(","))]:
+        fills = {"zeros": lambda n: np.zeros(n, np.float32), "ones": lambda n: np.ones(n, np.float32),
+                 "arange": lambda n: np.arange(n, dtype=np.float32),
+                 "random": lambda n: np.random.default_rng(0).standard_normal(n, dtype=np.float32)}
+        for fill, dedicated, copies in [(f, d, c) for f in a.fill.split(",") for d in (False, True)
+                                        for c in map(int, a.copies.split(","))]:
             src, dst = Buffer(dev, nbytes, dedicated=dedicated), Buffer(dev, nbytes, dedicated=dedicated)
-            src.write(np.ones(nbytes // 4, np.float32))
+            src.write(fills[fill](nbytes // 4))
             rate = [copy_rate(dev, src, dst, nbytes, copies) for _ in range(2)]
-            rows.append({"mib": mib, "dedicated": dedicated, "copies": copies, "gbps": rate,
+            rows.append({"mib": mib, "fill": fill, "dedicated": dedicated, "copies": copies, "gbps": rate,
                          "memory_type": src.memory_type})
-            print(f"{mib:6d} MiB dedicated={dedicated!s:5s} copies={copies} type={src.memory_type}: "
+            print(f"{mib:6d} MiB fill={fill:6s} dedicated={dedicated!s:5s} copies={copies} type={src.memory_type}: "
                   + "  ".join(f"{x:7.0f}" for x in rate) + " GB/s")
             src.destroy()
             dst.destroy()
