@@ -149,7 +149,7 @@ def test_sample_greedy_and_top_k_match_the_reference_draw_by_draw(rng):
         for r in range(2, T):
             ids, p = sample_candidates(lg[r], temp, k)
             near[r] = np.min(np.abs(np.cumsum(p) - sample_uniform(seed, counter + r))) < 1e-5
-        assert near.sum() <= 3
+        assert near.sum() <= T // 50                            # ≥ 98% of the draws compared exactly
         assert np.array_equal(out["tok"][~near], ref[~near])
 
 
