@@ -164,6 +164,14 @@ class Param:
         self.numel = array.size
         self.buffer = guarded_buffer(device, self.numel, array, host_visible)
 
+    def release(self):
+        """Return the buffer: to the pool, or (a host-visible one outside the pool) destroy it, so
+        that no host-memory buffer is ever handed out for a device tensor."""
+        if self.buffer.host_visible and not self.buffer.device.is_host_visible:
+            self.buffer.destroy()
+        else:
+            self.buffer.device.pool.free(self.buffer)
+
     def read(self):
         raw = self.buffer.read(GUARD * 4, self.numel * 4).view(DTYPES[self.dtype])
         return raw.reshape(self.shape).copy()
@@ -193,7 +201,7 @@ class Executor:
         else:
             if p is not None:
                 self._drop_graphs_using(name)
-                self.device.pool.free(p.buffer)
+                p.release()
             self.params[name] = Param(self.device, name, a, host_visible)
         return self.params[name]
 
