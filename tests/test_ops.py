@@ -215,7 +215,8 @@ CASES = [
     OpCase("FILL", fill, 0.0, 0.0, examples=6),
     OpCase("SOFT_MAX", softmax, 1e-10, 1e-6),
     OpCase("SUM_ROWS", lambda d, r: rows(d, r), 1e-10, 1e-5),
-    OpCase("RMS_NORM", rms_norm, 1e-10, 1e-6),
+    # 3e-6: without subgroup ops one invocation sums a 4096-long row serially (1.3e-6 seen)
+    OpCase("RMS_NORM", rms_norm, 1e-10, 3e-6),
     OpCase("CONCAT", concat, 0.0, 0.0),
     OpCase("MUL_MAT", mul_mat, 1e-10, 1e-5, examples=120),
     OpCase("GET_ROWS", get_rows, 0.0, 0.0),

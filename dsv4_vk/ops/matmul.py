@@ -2,7 +2,8 @@
 
 Batch dims broadcast; x and w may be any strided views (e.g. a transposed V for attention).
 Kernels (shaders/mul_mat.comp), chosen per call by `pick_kernel` unless `kernel=` forces one:
-- "gemv" for few tokens: a subgroup-lane cluster per output reduces over K (GPUs, T ≤ 8), or one
+- "gemv" for few tokens: a subgroup-lane cluster per output reduces over K, up to 8 tokens per
+  cluster (GPUs: T ≤ 64, or any T when N < 64), or one
   invocation per output on CPU devices (T = 1), where lavapipe runs invocations as SIMD lanes;
 - "gemm_regs" (CPU devices such as lavapipe, where shared memory + barrier is slow) or
   "gemm_shared" (GPUs) for more tokens; kernel="gemm" picks between them by device type.
@@ -16,6 +17,11 @@ from .rows import check_params, cluster_lanes, next_pow2, nonempty
 
 GEMV_MAX_T = 8          # TB, the tokens one GEMV cluster carries, is at most this
 CPU_GEMV_MAX_T = 1
+# GPUs: GEMV up to this many tokens, and at any T when N is below one 64-wide GEMM tile. H200
+# (results/h200/primitives_h200.txt): K=N=4096 T=64 gemv 1.18 ms, gemm_shared 1.56 ms; T=512
+# gemv 8.75, gemm_shared 3.72; K=16384 N=24 T=512 gemv 0.57, gemm_shared 3.91.
+GPU_GEMV_MAX_T = 64
+GEMM_TILE_N = 64
 KERNELS = ("auto", "gemv", "gemm", "gemm_regs", "gemm_shared")
 WORKGROUP = 256
 
@@ -24,9 +30,13 @@ def is_cpu(device):
     return device.caps["type"] == "cpu"
 
 
-def pick_kernel(device, T, kernel="auto"):
+def pick_kernel(device, T, kernel="auto", N=None):
     if kernel == "auto":
-        kernel = "gemv" if T <= (CPU_GEMV_MAX_T if is_cpu(device) else GEMV_MAX_T) else "gemm"
+        if is_cpu(device):
+            gemv = T <= CPU_GEMV_MAX_T
+        else:
+            gemv = T <= GPU_GEMV_MAX_T or (N is not None and N < GEMM_TILE_N)
+        kernel = "gemv" if gemv else "gemm"
     if kernel == "gemm":
         kernel = "gemm_regs" if is_cpu(device) else "gemm_shared"
     return kernel
@@ -72,7 +82,7 @@ class MulMat(OpDef):
         b = (1,) * (2 - len(batch)) + batch
         push = np.array([b[0], b[1], T, N, K] + tensor_push(x) + tensor_push(w) + tensor_push(out),
                         np.uint32).tobytes()
-        kernel = pick_kernel(device, T, node.params.get("kernel", "auto"))
+        kernel = pick_kernel(device, T, node.params.get("kernel", "auto"), N)
         defines = {"VEC4": 1} if K >= 4 and vec4_ok(x, w) else {}
         extra = {}
         if kernel == "gemv":
