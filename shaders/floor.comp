@@ -7,6 +7,7 @@
 //            final value (= chain length) proves every dispatch ran in order.
 //   OP_COPY  dst[i] = src[i] over n4 vec4s, one vec4 per invocation (16-byte loads and stores
 //            are what a bandwidth-bound kernel would use); grid folded into y (common.glsl).
+//            -D GRID_STRIDE: a fixed grid whose invocations loop over the data instead.
 #include "common.glsl"
 #if defined(OP_STEP)
 layout(binding = 0) buffer D { float d[]; };
@@ -17,8 +18,13 @@ layout(binding = 0) readonly buffer S { vec4 s[]; };
 layout(binding = 1) writeonly buffer D { vec4 d[]; };
 layout(push_constant) uniform P { uint n4; } p;
 void main() {
+#if defined(GRID_STRIDE)    // a fixed grid loops over the data (a CUDA-style grid-stride copy)
+    uint step = gl_NumWorkGroups.x * gl_NumWorkGroups.y * gl_WorkGroupSize.x;
+    for (uint i = flat_index(); i < p.n4; i += step) d[i] = s[i];
+#else
     uint i = flat_index();
     if (i < p.n4) d[i] = s[i];
+#endif
 }
 #else
 #error "define OP_STEP or OP_COPY"

@@ -14,15 +14,22 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dsv4_vk.ops.base import grid_1d  # noqa: E402
-from dsv4_vk.vk import Buffer, Recorder, default_device, pack_push  # noqa: E402
+from dsv4_vk.vk import Buffer, Recorder, default_device, memory, pack_push  # noqa: E402
 
 
-def copy_rate(dev, src, dst, nbytes, copies=1, replays=10):
+def copy_rate(dev, src, dst, nbytes, copies=1, replays=10, groups=None):
+    """groups: a fixed grid of that many workgroups looping over the data; -1: one vec4 per
+    invocation on a flat x grid past 65535 (where the device allows it); None: the folded grid."""
     n4 = nbytes // 16
-    pipe = dev.pipelines.get("floor", 2, {"OP_COPY": 1}, (256,))
+    defines = {"OP_COPY": 1, **({"GRID_STRIDE": 1} if groups and groups > 0 else {})}
+    pipe = dev.pipelines.get("floor", 2, defines, (256,))
+    if groups == -1:
+        grid = (-(-n4 // 256), 1, 1)
+    else:
+        grid = (groups, 1, 1) if groups else grid_1d(n4, 256)
     rec = Recorder(dev, timestamps="ends")
     for _ in range(copies):
-        rec.dispatch(pipe, [src, dst], pack_push("I", n4), grid_1d(n4, 256), [(src, 0, nbytes)], [(dst, 0, nbytes)])
+        rec.dispatch(pipe, [src, dst], pack_push("I", n4), grid, [(src, 0, nbytes)], [(dst, 0, nbytes)])
     r = rec.finish()
     r.submit()
     rates = []
@@ -38,9 +45,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", default="64,128,160,256,280,384,512,768,1024")
     ap.add_argument("--copies", default="1", help="copies per command buffer, e.g. 1,4")
+    ap.add_argument("--groups", default="0", help="fixed grid sizes to try, e.g. 0,2112 (0: one vec4 per invocation)")
+    ap.add_argument("--block-mib", type=int, help="one kept memory block of this size for every buffer")
     ap.add_argument("--fill", default="ones", help="source contents: any of zeros,ones,arange,random")
     ap.add_argument("--out")
     a = ap.parse_args()
+    if a.block_mib:
+        memory.BLOCK_BYTES, memory.KEEP_BLOCKS = a.block_mib << 20, True
     dev = default_device()
     print("memory types:", [(i, hex(t["flags"]), t["heap"]) for i, t in enumerate(dev.caps["memory_types"])])
     rows = []
@@ -49,14 +60,19 @@ def main():
         fills = {"zeros": lambda n: np.zeros(n, np.float32), "ones": lambda n: np.ones(n, np.float32),
                  "arange": lambda n: np.arange(n, dtype=np.float32),
                  "random": lambda n: np.random.default_rng(0).standard_normal(n, dtype=np.float32)}
-        for fill, dedicated, copies in [(f, d, c) for f in a.fill.split(",") for d in (False, True)
-                                        for c in map(int, a.copies.split(","))]:
+        for fill, dedicated, copies, groups in [(f, d, c, g) for f in a.fill.split(",") for d in (False, True)
+                                                for c in map(int, a.copies.split(","))
+                                                for g in map(int, a.groups.split(","))]:
             src, dst = Buffer(dev, nbytes, dedicated=dedicated), Buffer(dev, nbytes, dedicated=dedicated)
             src.write(fills[fill](nbytes // 4))
-            rate = [copy_rate(dev, src, dst, nbytes, copies) for _ in range(2)]
-            rows.append({"mib": mib, "fill": fill, "dedicated": dedicated, "copies": copies, "gbps": rate,
+            rate = [copy_rate(dev, src, dst, nbytes, copies, groups=groups or None) for _ in range(2)]
+            if not np.array_equal(dst.read(), src.read()):
+                raise RuntimeError("copy produced wrong data")
+            rows.append({"mib": mib, "fill": fill, "dedicated": dedicated, "copies": copies, "groups": groups,
+                         "gbps": rate,
                          "memory_type": src.memory_type})
-            print(f"{mib:6d} MiB fill={fill:6s} dedicated={dedicated!s:5s} copies={copies} type={src.memory_type}: "
+            print(f"{mib:6d} MiB fill={fill:6s} dedicated={dedicated!s:5s} copies={copies} groups={groups} "
+                  f"type={src.memory_type}: "
                   + "  ".join(f"{x:7.0f}" for x in rate) + " GB/s")
             src.destroy()
             dst.destroy()
