@@ -87,7 +87,9 @@ def bench_path(device, case, path, inputs, replays, repeat=1):
             rec.submit()
             wall.append((time.perf_counter_ns() - t0) / 1e3)
             gpu.append(rec.total_gpu_ns() / 1e3 / repeat)
-        dispatches, barriers = rec.n_dispatches // repeat, graph_barriers(device, graph)
+        # a repeated recording adds barriers between repetitions: count one recording's own
+        dispatches = rec.n_dispatches // repeat
+        barriers = rec.n_barriers if repeat == 1 else graph_barriers(device, graph)
     finally:
         cg.release()
     gpu_us = statistics.median(gpu)

@@ -15,7 +15,7 @@ _USAGE = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SR
 _HOST = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
 DEDICATED_FROM = None   # bytes from which buffers get a dedicated allocation (None: never)
 BLOCK_BYTES = 64 << 20  # sub-allocation block; larger buffers get an allocation of their own
-KEEP_BLOCKS = False     # keep empty blocks allocated (and reuse them) instead of freeing them
+KEEP_BLOCKS = False     # keep the open block allocated when it empties (and reuse it) instead of freeing it
 
 
 class _Block:
@@ -53,9 +53,9 @@ class _Block:
 
     def release(self, arena):
         self.live -= 1
-        if self.live == 0 and KEEP_BLOCKS:
+        if self.live == 0 and KEEP_BLOCKS and self in arena.open.values():
             self.used = 0               # empty: bump-allocate from the start again
-        elif self.live == 0:
+        elif self.live == 0:            # any other empty block would never be reused: free it
             self.view = None
             lib.vkFreeMemory(self.device.device, self.memory, ffi.NULL)
             arena.forget(self)
