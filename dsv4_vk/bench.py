@@ -69,9 +69,10 @@ def graph_barriers(device, graph):
         cg.release()
 
 
-def bench_path(device, case, path, inputs, replays, repeat=1):
+def bench_path(device, case, path, inputs, replays, repeat=1, warm=None):
     """One row: timings of `case` along `path`; with repeat > 1 the graph is recorded that many
-    times back to back in one command buffer and the GPU time is per repetition."""
+    times back to back in one command buffer and the GPU time is per repetition. warm: called
+    right before the timed replays (floor.ClockWarmer: the GPU's clock up from idle)."""
     from .executor import CompiledGraph
     graph = C.build(case, path, device)
     # timestamps only before and after the graph: per-dispatch ones would serialise the work timed
@@ -81,6 +82,8 @@ def bench_path(device, case, path, inputs, replays, repeat=1):
             cg.set_input(name, array)
         rec = cg.recording
         rec.submit()                    # warm-up: shader JIT, first touch of the buffers
+        if warm is not None:
+            warm()
         gpu, wall = [], []
         for _ in range(replays):
             t0 = time.perf_counter_ns()
@@ -98,9 +101,15 @@ def bench_path(device, case, path, inputs, replays, repeat=1):
             "tokens_per_s": case.T / (gpu_us * 1e-6)}
 
 
-def run(device, cases, replays, rng, on_row=None, repeat=1):
+def run(device, cases, replays, rng, on_row=None, repeat=1, warm_ms=0):
     """Rows for every (section, case) × path; a case too large for the device is skipped, an error
-    in one path is reported in its row and does not stop the others. on_row(row) as each finishes."""
+    in one path is reported in its row and does not stop the others. on_row(row) as each finishes.
+    warm_ms: GPU clock warm-up before each row's timed replays (floor.ClockWarmer)."""
+    with F.ClockWarmer(device, warm_ms) as warm:
+        return _run(device, cases, replays, rng, on_row, repeat, warm)
+
+
+def _run(device, cases, replays, rng, on_row, repeat, warm):
     limit = device.caps["limits"]["max_storage_buffer_range"]
     paths = {op: C.paths(device, op) for op in {c.op for _, c in cases}}
     rows = []
@@ -114,7 +123,7 @@ def run(device, cases, replays, rng, on_row=None, repeat=1):
                 row["error"] = f"skipped: a tensor of {need / 2**20:.0f} MiB exceeds maxStorageBufferRange"
             else:
                 try:
-                    row.update(bench_path(device, case, path, inputs, replays, repeat))
+                    row.update(bench_path(device, case, path, inputs, replays, repeat, warm))
                 except Exception as e:      # report it in the row, keep benchmarking the rest
                     row["error"] = f"{type(e).__name__}: {e}"
             rows.append(row)
@@ -191,7 +200,7 @@ HEADER = (f"{'section':8s} {'op':12s} {'T':>6s} {'D':>6s} {'path':12s} {'GPU µs
 def format_report(doc):
     floor = doc.get("floor")
     lines = [f"# bench on {doc['device']} ({doc['device_type']}), subgroup size {doc['subgroup_size']}, "
-             f"{doc['replays']} replays (median)"]
+             f"{doc['replays']} replays (median), clock warm-up {doc.get('warm_ms', 0):g} ms"]
     if floor:
         lines += ["## floor"] + ["  " + ln for ln in F.format_floor(floor).splitlines()]
     for section in ("decode", "prefill"):
@@ -274,6 +283,8 @@ def main(argv=None):
                     "16 on CPU devices)")
     ap.add_argument("--replays", type=int, default=MIN_REPLAYS, help=f"timed replays per row (≥ {MIN_REPLAYS})")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    ap.add_argument("--warm-ms", type=float, help="keep the GPU busy this long before each timing so its clock "
+                    "is up from idle (default 500 on GPUs, 0 on CPU devices; 0 disables)")
     ap.add_argument("--repeat", type=int, default=1, help="record each graph this many times back to back in "
                     "one command buffer and report GPU time per repetition (like the floor's copy, which "
                     "times 4 back-to-back copies)")
@@ -319,8 +330,13 @@ def main(argv=None):
     to_stdout = args.json != "-"
     say = print if to_stdout else (lambda *a, **k: None)
     copy_bytes = None if args.copy_mib is None else int(args.copy_mib * 2**20) // 16 * 16
-    fl = F.measure(device, chain=64 if args.quick else 256, copy_bytes=copy_bytes, replays=args.replays)
-    say(f"# bench on {device.name} ({device.caps['type']}), subgroup size {device.subgroup_size}")
+    warm_ms = F.default_warm_ms(device) if args.warm_ms is None else args.warm_ms
+    if warm_ms < 0:
+        ap.error(f"--warm-ms must be ≥ 0, got {warm_ms}")
+    fl = F.measure(device, chain=64 if args.quick else 256, copy_bytes=copy_bytes, replays=args.replays,
+                   warm_ms=warm_ms)
+    say(f"# bench on {device.name} ({device.caps['type']}), subgroup size {device.subgroup_size}, "
+        f"clock warm-up {warm_ms:g} ms before each timing")
     say("## floor\n" + "\n".join("  " + ln for ln in F.format_floor(fl).splitlines()))
     section = [None]
 
@@ -330,9 +346,10 @@ def main(argv=None):
             say(f"## {row['section']}\n{HEADER}")
         say(format_row(row, fl), flush=True)
 
-    rows = run(device, cases, args.replays, np.random.default_rng(args.seed), on_row=show, repeat=args.repeat)
+    rows = run(device, cases, args.replays, np.random.default_rng(args.seed), on_row=show, repeat=args.repeat,
+               warm_ms=warm_ms)
     doc = {"device": device.name, "device_type": device.caps["type"], "subgroup_size": device.subgroup_size,
-           "replays": args.replays, "repeat": args.repeat, "floor": fl, "rows": rows, "summary": summarize(rows, fl)}
+           "replays": args.replays, "repeat": args.repeat, "warm_ms": warm_ms, "floor": fl, "rows": rows, "summary": summarize(rows, fl)}
     say(format_summary(doc["summary"]))
     if args.json:
         text = json.dumps(doc, indent=1)

@@ -242,20 +242,31 @@ def build(case, path, device=None):
 
 def reference(case, inputs):
     """float64 numpy results, named as in output_shapes."""
+    return reference_and_scales(case, inputs)[0]
+
+
+def reference_and_scales(case, inputs):
+    """(reference, {output: Σ|term|}): the scales cover outputs that are sums whose terms may cancel
+    (see metrics.nmse); outputs that are not (comb, post: positive) are left out."""
     from .ops import hc as ref
     a = {k: np.asarray(v, np.float64) for k, v in inputs.items()}
     if case.op == "HC_COMB":
-        return {"comb": ref.reference_comb(a["mixes"], a["scale"], a["base"], case.eps, case.n_iter)}
+        return {"comb": ref.reference_comb(a["mixes"], a["scale"], a["base"], case.eps, case.n_iter)}, {}
     if case.op == "HC_PRE":
-        return {"u": ref.reference_pre(a["x"], a["weights"])}
+        return ({"u": ref.reference_pre(a["x"], a["weights"])},
+                {"u": ref.magnitude(ref.reference_pre, a["x"], a["weights"])})
     if case.op == "HC_POST":
-        return {"out": ref.reference_post(a["f"], a["residual"], a["post"], a["comb"])}
+        args = (a["f"], a["residual"], a["post"], a["comb"])
+        return {"out": ref.reference_post(*args)}, {"out": ref.magnitude(ref.reference_post, *args)}
     if case.op == "HC_STEP":
         comb = ref.reference_comb(a["mixes"], a["scale"], a["base"], case.eps, case.n_iter)
-        return {"u": ref.reference_pre(a["X"], a["weights"]),
-                "out": ref.reference_post(a["f"], a["X"], a["post"], comb)}
-    u, post, comb = ref.reference_site_pre(a["X"], a["fn"], a["scale"], a["base"], case.eps, 1e-6, case.n_iter)
-    return {"u": u, "post": post, "comb": comb}
+        post_args = (a["f"], a["X"], a["post"], comb)
+        return ({"u": ref.reference_pre(a["X"], a["weights"]), "out": ref.reference_post(*post_args)},
+                {"u": ref.magnitude(ref.reference_pre, a["X"], a["weights"]),
+                 "out": ref.magnitude(ref.reference_post, *post_args)})
+    pre, post, comb = ref.reference_site_coefs(a["X"], a["fn"], a["scale"], a["base"], case.eps, 1e-6, case.n_iter)
+    return ({"u": ref.reference_pre(a["X"], pre), "post": post, "comb": comb},
+            {"u": ref.magnitude(ref.reference_pre, a["X"], pre)})
 
 
 def io_bytes(case):

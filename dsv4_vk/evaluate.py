@@ -59,8 +59,10 @@ def _run(device, case, path, inputs):
         cg.release()
 
 
-def _worst(outs, refs, fn):
-    return max(fn(outs[k], refs[k]) for k in refs)
+def _worst(outs, refs, fn, scales=None):
+    if scales is None:
+        return max(fn(outs[k], refs[k]) for k in refs)
+    return max(fn(outs[k], refs[k], scales.get(k)) for k in refs)
 
 
 def _row(case, path, **kw):
@@ -79,7 +81,7 @@ def eval_case(device, case, path_names, rng):
         order = [p for p in order if p != C.UNFUSED]
     if case.T == 0:
         return [_eval_empty(device, case, p, inputs) for p in order]
-    ref = C.reference(case, inputs)
+    ref, scales = C.reference_and_scales(case, inputs)
     bound = MAX_ABS[case.op] * max(1.0, max(float(np.max(np.abs(r))) for r in ref.values()))
     rows, unfused = [], None
     for path in order:
@@ -88,13 +90,13 @@ def eval_case(device, case, path_names, rng):
         except Exception as e:      # a failure of one path must not hide the others
             rows.append(_row(case, path, error=f"{type(e).__name__}: {e}"))
             continue
-        row = _row(case, path, nmse_ref=_worst(out, ref, nmse), max_abs=_worst(out, ref, max_abs),
+        row = _row(case, path, nmse_ref=_worst(out, ref, nmse, scales), max_abs=_worst(out, ref, max_abs),
                    bound=bound, nonfinite=sum(nonfinite_mismatch(out[k], ref[k]) for k in ref),
                    guards=guards, dispatches=n)
         if path == C.UNFUSED:
             unfused = out
         elif unfused is not None:
-            row["nmse_unfused"] = _worst(out, unfused, nmse)
+            row["nmse_unfused"] = _worst(out, unfused, nmse, scales)
             row["nonfinite"] += sum(nonfinite_mismatch(out[k], unfused[k]) for k in ref)
         row["pass"] = (row["nmse_ref"] <= NMSE_MAX and row["max_abs"] <= bound and row["nonfinite"] == 0
                        and not guards and (row["nmse_unfused"] is None or row["nmse_unfused"] <= NMSE_MAX)

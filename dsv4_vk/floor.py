@@ -46,6 +46,12 @@ def _recording(rec):
         r.destroy()
 
 
+def _warm(warm):
+    """Run the clock warm-up (a ClockWarmer or any callable) right before the timed replays."""
+    if warm is not None:
+        warm()
+
+
 def _step_pipeline(device):
     return device.pipelines.get("floor", 1, {"OP_STEP": 1}, (1,))
 
@@ -55,7 +61,7 @@ def _check_timestamps(device):
         raise RuntimeError(f"{device.name} has no timestamp queries: GPU times cannot be measured")
 
 
-def dispatch_chain_us(device, n=256, barriers=True, replays=10):
+def dispatch_chain_us(device, n=256, barriers=True, replays=10, warm=None):
     """GPU µs per dispatch in a chain of `n` tiny dispatches, dispatch i computing d[i+1] = d[i] + 1.
 
     barriers=True: each dispatch depends on the one before (the recorder puts a barrier between
@@ -76,6 +82,7 @@ def dispatch_chain_us(device, n=256, barriers=True, replays=10):
                 raise RuntimeError(f"dependent chain of {n} dispatches recorded {r.n_barriers} barriers, "
                                    f"expected {n - 1}")
             r.submit()                  # warm-up: shader JIT (lavapipe), first touch of the buffer
+            _warm(warm)
             per = []
             for _ in range(replays):
                 r.submit()
@@ -89,7 +96,7 @@ def dispatch_chain_us(device, n=256, barriers=True, replays=10):
     return statistics.median(per)
 
 
-def submit_roundtrip_us(device, replays=20):
+def submit_roundtrip_us(device, replays=20, warm=None):
     """Host µs to submit one recorded tiny dispatch and wait for its fence."""
     pipe = _step_pipeline(device)
     with _scratch(device, 8, np.zeros(2, np.float32)) as buf:
@@ -98,6 +105,7 @@ def submit_roundtrip_us(device, replays=20):
         with _recording(rec) as r:
             for _ in range(3):          # first submits JIT-compile the shader (lavapipe) and page in
                 r.submit()
+            _warm(warm)
             times = []
             for _ in range(replays):
                 t0 = time.perf_counter_ns()
@@ -131,7 +139,7 @@ def default_copy_bytes(device):
     return min(GPU_COPY_BYTES, device.caps["limits"]["max_storage_buffer_range"] // 16 * 16)
 
 
-def copy_gbps(device, nbytes=None, replays=10, copies=4):
+def copy_gbps(device, nbytes=None, replays=10, copies=4, warm=None):
     """Copy bandwidth in GB/s (bytes read + bytes written, 10⁹ B/s) of an elementwise vec4 copy of
     `nbytes`; median over replays of `copies` back-to-back copies (the output is checked)."""
     nbytes = default_copy_bytes(device) if nbytes is None else int(nbytes)
@@ -151,6 +159,7 @@ def copy_gbps(device, nbytes=None, replays=10, copies=4):
             rec.dispatch(pipe, [src, dst], pack_push("I", n4), grid, [(src, 0, nbytes)], [(dst, 0, nbytes)])
         with _recording(rec) as r:
             r.submit()                  # warm-up: first touch of the pages, shader JIT
+            _warm(warm)
             rates = []
             for _ in range(replays):
                 r.submit()
@@ -161,23 +170,79 @@ def copy_gbps(device, nbytes=None, replays=10, copies=4):
     return statistics.median(rates)
 
 
-def measure(device=None, chain=256, copy_bytes=None, replays=10, record_n=1000):
-    """All floor numbers for `device` (default device if None) as a JSON-ready dict."""
+def default_warm_ms(device):
+    """Clock warm-up before each GPU measurement: 500 ms on GPUs, none on CPU devices."""
+    return 0 if device.caps["type"] == "cpu" else 500
+
+
+class ClockWarmer:
+    """Keeps the GPU busy for `ms` right before a measurement.
+
+    GPUs lower their shader clock when idle and raise it only after sustained load: on the H200
+    the SM clock sat at 345 MHz (memory clock 3201 MHz, throttle reason "GPU idle") while a
+    benchmark submitted short bursts between host work, and a 1 GiB copy read 1.55 TB/s there
+    against 4.0 TB/s at 1980 MHz (`results/h200/clocks/`). Without a warm-up a timing measures
+    the clock governor as much as the kernel. The load is a copy of 2 × `nbytes` scratch memory
+    repeated back to back until `ms` have passed; ms = 0 does nothing."""
+
+    def __init__(self, device, ms, nbytes=64 << 20, copies=8):
+        self.device, self.ms, self._bufs, self._rec = device, float(ms), [], None
+        if self.ms <= 0:
+            return
+        n4 = nbytes // 16
+        pipe = device.pipelines.get("floor", 2, {"OP_COPY": 1}, (COPY_WORKGROUP,))
+        self._bufs = [Buffer(device, nbytes), Buffer(device, nbytes)]
+        src, dst = self._bufs
+        rec = Recorder(device)
+        for _ in range(copies):
+            rec.dispatch(pipe, [src, dst], pack_push("I", n4), grid_1d(n4, COPY_WORKGROUP),
+                         [(src, 0, nbytes)], [(dst, 0, nbytes)])
+        self._rec = rec.finish()
+
+    def __call__(self):
+        if self._rec is None:
+            return
+        end = time.perf_counter() + self.ms / 1e3
+        while time.perf_counter() < end:
+            self._rec.submit()
+
+    def close(self):
+        if self._rec is not None:
+            self._rec.destroy()
+            self._rec = None
+        for b in self._bufs:
+            self.device.pipelines.forget_buffer(b)
+            b.destroy()
+        self._bufs = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def measure(device=None, chain=256, copy_bytes=None, replays=10, record_n=1000, warm_ms=None):
+    """All floor numbers for `device` (default device if None) as a JSON-ready dict; each GPU
+    timing follows a clock warm-up of `warm_ms` (default: default_warm_ms)."""
     device = device or default_device()
     copy_bytes = default_copy_bytes(device) if copy_bytes is None else int(copy_bytes)
-    return {
-        "device": device.name,
-        "device_type": device.caps["type"],
-        "subgroup_size": device.subgroup_size,
-        "chain": chain,
-        "replays": replays,
-        "dispatch_barrier_us": dispatch_chain_us(device, chain, True, replays),
-        "dispatch_nobarrier_us": dispatch_chain_us(device, chain, False, replays),
-        "submit_wait_us": submit_roundtrip_us(device, max(replays, 10)),
-        "record_us_per_dispatch": record_us_per_dispatch(device, record_n),
-        "copy_bytes": copy_bytes,
-        "copy_gbps": copy_gbps(device, copy_bytes, replays),
-    }
+    warm_ms = default_warm_ms(device) if warm_ms is None else warm_ms
+    with ClockWarmer(device, warm_ms) as warm:
+        return {
+            "device": device.name,
+            "device_type": device.caps["type"],
+            "subgroup_size": device.subgroup_size,
+            "chain": chain,
+            "replays": replays,
+            "warm_ms": warm_ms,
+            "dispatch_barrier_us": dispatch_chain_us(device, chain, True, replays, warm),
+            "dispatch_nobarrier_us": dispatch_chain_us(device, chain, False, replays, warm),
+            "submit_wait_us": submit_roundtrip_us(device, max(replays, 10), warm),
+            "record_us_per_dispatch": record_us_per_dispatch(device, record_n),
+            "copy_bytes": copy_bytes,
+            "copy_gbps": copy_gbps(device, copy_bytes, replays, warm=warm),
+        }
 
 
 def format_floor(f):

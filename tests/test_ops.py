@@ -294,19 +294,11 @@ def run_op(name, spec, out_kind="new", fold=False, as_gpu=False):
         ex.last.release()
 
 
-def scaled_nmse(got, ref, scale):
-    """metrics.nmse with Σscale² as the denominator."""
-    m = np.isfinite(got) & np.isfinite(ref)
-    num = float(np.sum((got[m].astype(np.float64) - ref[m]) ** 2))
-    den = float(np.sum(np.asarray(scale, np.float64)[m] ** 2))
-    return num / den if den > 0 else num
-
-
 def check_close(got, ref, scale, nmse_max, rtol):
     """NaN/inf at the same places; NMSE Σ(got−ref)²/Σscale² ≤ nmse_max; max-abs ≤ rtol · max(1, max |scale|).
     scale is ref itself, or for sums the sum of |terms| (see run_op)."""
     assert nonfinite_mismatch(got, ref) == 0, "NaN/inf placement differs"
-    e = nmse(got, ref) if scale is ref else scaled_nmse(got, ref, scale)
+    e = nmse(got, ref, scale)
     assert e <= nmse_max, f"NMSE {e:.3e} > {nmse_max:.0e}"
     finite = np.isfinite(ref)
     bound = rtol * max(1.0, float(np.abs(scale[finite]).max()) if finite.any() else 1.0)

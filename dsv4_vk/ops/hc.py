@@ -59,21 +59,35 @@ def reference_mixes(X, fn, norm_eps=1e-6):
     return (x @ fn.T) * r
 
 
-def reference_site_pre(X, fn, scale, base, hc_eps=1e-6, norm_eps=1e-6, n_iter=20):
-    """One site's pre side: (u [T,D], post [T,4], comb [T,4,4])."""
+def reference_site_coefs(X, fn, scale, base, hc_eps=1e-6, norm_eps=1e-6, n_iter=20):
+    """One site's coefficients: (pre [T,4], post [T,4], comb [T,4,4])."""
     scale, base = _f64(scale), _f64(base)
     mix = reference_mixes(X, fn, norm_eps)
     pre = _sigmoid(mix[:, 0:4] * scale[0] + base[0:4]) + hc_eps
     post = 2.0 * _sigmoid(mix[:, 4:8] * scale[1] + base[4:8])
-    comb = reference_comb(mix, scale, base, hc_eps, n_iter)
+    return pre, post, reference_comb(mix, scale, base, hc_eps, n_iter)
+
+
+def reference_site_pre(X, fn, scale, base, hc_eps=1e-6, norm_eps=1e-6, n_iter=20):
+    """One site's pre side: (u [T,D], post [T,4], comb [T,4,4])."""
+    pre, post, comb = reference_site_coefs(X, fn, scale, base, hc_eps, norm_eps, n_iter)
     return reference_pre(X, pre), post, comb
 
 
+def reference_head_weights(X, fn_h, scale_h, base_h, hc_eps=1e-6, norm_eps=1e-6):
+    """pre_h [T,4] = sigmoid(mix_h·scale_h[0] + base_h) + hc_eps."""
+    return _sigmoid(reference_mixes(X, fn_h, norm_eps) * _f64(scale_h)[0] + _f64(base_h)) + hc_eps
+
+
 def reference_head_pre(X, fn_h, scale_h, base_h, hc_eps=1e-6, norm_eps=1e-6):
-    """Head collapse: Σ_s pre_h[t,s] · X[t,s,:] with pre_h = sigmoid(mix_h·scale_h[0] + base_h) + hc_eps."""
-    mix = reference_mixes(X, fn_h, norm_eps)
-    pre = _sigmoid(mix * _f64(scale_h)[0] + _f64(base_h)) + hc_eps
-    return reference_pre(X, pre)
+    """Head collapse: Σ_s pre_h[t,s] · X[t,s,:]."""
+    return reference_pre(X, reference_head_weights(X, fn_h, scale_h, base_h, hc_eps, norm_eps))
+
+
+def magnitude(reference, *args):
+    """Σ|term| of a linear combination's float64 reference: the same reference on |args|. Errors of
+    a sum that cancels are measured against this scale, not against the (small) result."""
+    return reference(*(np.abs(_f64(a)) for a in args))
 
 
 # --- validation shared by the op declarations and the graph functions ------------------------------------
