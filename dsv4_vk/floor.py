@@ -256,4 +256,5 @@ def format_floor(f):
         f"record one dispatch         {f['record_us_per_dispatch']:10.2f} µs host (Python, raw vkCmd*)",
         f"copy bandwidth              {f['copy_gbps']:10.2f} GB/s read+write "
         f"({f['copy_bytes'] / 2**20:.0f} MiB copied)",
-    ])
+    ] + ([f"clock warm-up               {f['warm_ms']:10.0f} ms of load before each GPU timing"]
+         if f.get("warm_ms") else []))
