@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -130,6 +131,27 @@ def test_floor_functions_on_tiny_sizes(device):
             floor.copy_gbps(device, bad)
     with pytest.raises(ValueError, match="n ≥ 1"):
         floor.dispatch_chain_us(device, 0)
+
+
+def test_clock_warmup_keeps_the_device_busy_for_its_time(device, capsys):
+    """ClockWarmer submits its load back to back for `ms` and frees its scratch memory; ms = 0 is a
+    no-op; the floor and bench record the setting; a negative --warm-ms is refused."""
+    with floor.ClockWarmer(device, 0) as w0:
+        t0 = time.perf_counter()
+        w0()
+        assert time.perf_counter() - t0 < 0.01 and w0._rec is None
+    with floor.ClockWarmer(device, 40, nbytes=1 << 20, copies=2) as w:
+        before = w._rec.n_submits
+        t0 = time.perf_counter()
+        w()
+        assert time.perf_counter() - t0 >= 0.04 and w._rec.n_submits > before
+    assert w._rec is None and w._bufs == []
+    assert floor.default_warm_ms(device) == (0 if device.caps["type"] == "cpu" else 500)
+    f = floor.measure(device, chain=4, copy_bytes=64 << 10, replays=2, record_n=10, warm_ms=5)
+    assert f["warm_ms"] == 5 and "clock warm-up" in floor.format_floor(f)
+    with pytest.raises(SystemExit):
+        bench.main(["--quick", "--warm-ms", "-1"])
+    assert "--warm-ms must be ≥ 0" in capsys.readouterr().err
 
 
 def test_recorder_ends_only_timestamps(device):
