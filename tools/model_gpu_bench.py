@@ -12,7 +12,9 @@ dispatches and barriers per token, GPU ms per token and per op from a profiled r
 after every dispatch), and whether both paths produce the same greedy tokens. Host: the Python
 time of a decode step outside submit + wait (median and p90 over the steps), and of the same steps
 with submit + wait replaced by nothing, for `--host-layers` (default 2 and 8) at D = `--host-dim`
-(default 1024): it must not grow with layers (target ≤ 100 µs).
+(default 1024): it must not grow with layers (target ≤ 100 µs). Before each timed series the GPU is
+kept busy for `--warm-ms` (floor.ClockWarmer; default 500 on GPUs): an idle GPU runs at a low
+shader clock (H200: 345 against 1980 MHz, docs/hc_ops.md), and the weights upload leaves it idle.
 """
 import argparse
 import json
@@ -24,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dsv4_vk import profile  # noqa: E402
+from dsv4_vk import floor, profile  # noqa: E402
 from dsv4_vk.model import Config, Model, random_weights  # noqa: E402
 from dsv4_vk.vk import default_device  # noqa: E402
 
@@ -45,6 +47,8 @@ def parse(argv):
     ap.add_argument("--tokens", type=int, default=64, help="decode steps timed per path")
     ap.add_argument("--host-layers", default="2,8")
     ap.add_argument("--host-dim", type=int, default=1024)
+    ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each timed series "
+                    "(default 500 on GPUs, 0 on CPU devices)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a dry run on lavapipe)")
     a = ap.parse_args(argv)
     if a.quick:
@@ -61,10 +65,13 @@ def config(a, dim, layers):
                   max_ctx=a.prompt + max(a.tokens, 8) + 8)
 
 
-def timed_steps(model, prompt, n):
-    """Prefill, then n decode steps: (tokens, wall s per step, host s per step outside submit+wait)."""
+def timed_steps(model, prompt, n, warm=None):
+    """Prefill, then n decode steps: (tokens, wall s per step, host s per step outside submit+wait).
+    warm: called after the prefill, right before the timed steps (floor.ClockWarmer)."""
     model.reset()
     model.prefill(prompt)
+    if warm is not None:
+        warm()
     toks, wall, host = [model.next_token], [], []
     tm = model.timing
     for _ in range(n):
@@ -76,10 +83,10 @@ def timed_steps(model, prompt, n):
     return toks, np.array(wall), np.array(host)
 
 
-def decode_path(cfg, weights, prompt, a, fused):
+def decode_path(cfg, weights, prompt, a, fused, warm):
     model = Model(cfg, weights, fused=fused)
     timed_steps(model, prompt, 4)                          # record both graphs, warm the pipelines
-    toks, wall, host = timed_steps(model, prompt, a.tokens)
+    toks, wall, host = timed_steps(model, prompt, a.tokens, warm)
     rec = model.compiled("decode").recording
     with profile.profile() as prof:
         with profile.phase("decode"):
@@ -98,12 +105,12 @@ def decode_path(cfg, weights, prompt, a, fused):
     }
 
 
-def host_time(a, layers, fused):
+def host_time(a, layers, fused, warm):
     cfg = config(a, a.host_dim, layers)
     model = Model(cfg, random_weights(cfg, 0), fused=fused)
     prompt = np.arange(a.prompt) % cfg.vocab
     timed_steps(model, prompt, 4)
-    _, wall, host = timed_steps(model, prompt, a.tokens)
+    _, wall, host = timed_steps(model, prompt, a.tokens, warm)
     # the step's Python alone: the same steps with submit + wait replaced by nothing
     model.reset()
     model.prefill(prompt)
@@ -129,12 +136,15 @@ def main(argv=None):
     prompt = np.random.default_rng(0).integers(0, cfg.vocab, a.prompt)
     print(f"random weights: {sum(w.size for w in weights.values()) / 1e6:.0f} M parameters in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
+    warm_ms = floor.default_warm_ms(dev) if a.warm_ms is None else a.warm_ms
+    warm = floor.ClockWarmer(dev, warm_ms)
     res = {"device": dev.name, "subgroup_size": dev.subgroup_size, "config": json.loads(cfg.to_json()),
+           "warm_ms": warm_ms,
            "note": "vocab and expert width are smaller than DeepSeek-V4's (LM head and expert products only)",
            "decode_steps_timed": a.tokens, "decode": {}, "host": {}, "host_target_us": HOST_TARGET_US}
     tokens = {}
     for name, fused in (("fused", True), ("unfused", False)):
-        tokens[name], res["decode"][name] = decode_path(cfg, weights, prompt, a, fused)
+        tokens[name], res["decode"][name] = decode_path(cfg, weights, prompt, a, fused, warm)
         r = res["decode"][name]
         print(f"{name:8s} {r['tokens_per_s']:9.1f} tokens/s  {r['ms_per_token']:8.3f} ms/token  "
               f"{r['dispatches_per_token']:6d} dispatches/token  host {r['host_us_per_step_median']:.1f} µs/step",
@@ -144,13 +154,14 @@ def main(argv=None):
                                                 / res["decode"]["unfused"]["tokens_per_s"])
     del weights
     for layers in a.host_layers:
-        res["host"][str(layers)] = {name: host_time(a, layers, fused) for name, fused in (("fused", True), ("unfused", False))}
+        res["host"][str(layers)] = {name: host_time(a, layers, fused, warm) for name, fused in (("fused", True), ("unfused", False))}
         for name, r in res["host"][str(layers)].items():
             print(f"host, {layers} layers, D {a.host_dim}, {name:8s}: {r['host_us_median']:6.1f} µs median "
                   f"({r['host_us_p90']:.1f} p90) outside submit+wait, {r['python_us_per_step_without_gpu']:.1f} µs "
                   f"with no GPU work, {r['dispatches_per_token']} dispatches", flush=True)
     print(f"same greedy tokens: {res['same_greedy_tokens']}; fused/unfused decode speed-up "
           f"{res['decode_speedup_fused_over_unfused']:.2f}x")
+    warm.close()
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
