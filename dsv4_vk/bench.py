@@ -309,6 +309,8 @@ def main(argv=None):
         return 0
     if args.replays < MIN_REPLAYS:
         ap.error(f"--replays must be ≥ {MIN_REPLAYS}")
+    if args.warm_ms is not None and not args.warm_ms >= 0:
+        ap.error(f"--warm-ms must be ≥ 0, got {args.warm_ms}")
     if args.plot:                       # fail before benchmarking, not after
         try:
             import matplotlib  # noqa: F401
@@ -331,8 +333,6 @@ def main(argv=None):
     say = print if to_stdout else (lambda *a, **k: None)
     copy_bytes = None if args.copy_mib is None else int(args.copy_mib * 2**20) // 16 * 16
     warm_ms = F.default_warm_ms(device) if args.warm_ms is None else args.warm_ms
-    if warm_ms < 0:
-        ap.error(f"--warm-ms must be ≥ 0, got {warm_ms}")
     fl = F.measure(device, chain=64 if args.quick else 256, copy_bytes=copy_bytes, replays=args.replays,
                    warm_ms=warm_ms)
     say(f"# bench on {device.name} ({device.caps['type']}), subgroup size {device.subgroup_size}, "

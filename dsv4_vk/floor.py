@@ -132,6 +132,18 @@ def record_us_per_dispatch(device, n=1000, repeats=3):
     return statistics.median(per)
 
 
+def _copies(device, src, dst, nbytes, copies, timestamps=False):
+    """A recorder holding `copies` vec4 copies src → dst of `nbytes`; each rewrites dst, so the
+    recorder orders them with barriers."""
+    n4 = nbytes // 16
+    pipe = device.pipelines.get("floor", 2, {"OP_COPY": 1}, (COPY_WORKGROUP,))
+    rec = Recorder(device, timestamps=timestamps)
+    for _ in range(copies):
+        rec.dispatch(pipe, [src, dst], pack_push("I", n4), grid_1d(n4, COPY_WORKGROUP),
+                     [(src, 0, nbytes)], [(dst, 0, nbytes)])
+    return rec
+
+
 def default_copy_bytes(device):
     """1 GiB on GPUs (capped by the storage-buffer range), 16 MiB on CPU devices."""
     if device.caps["type"] == "cpu":
@@ -149,15 +161,9 @@ def copy_gbps(device, nbytes=None, replays=10, copies=4, warm=None):
     if nbytes > limit:
         raise ValueError(f"copy_bytes={nbytes} exceeds {device.name}'s maxStorageBufferRange ({limit} B)")
     _check_timestamps(device)
-    n4 = nbytes // 16
-    pipe = device.pipelines.get("floor", 2, {"OP_COPY": 1}, (COPY_WORKGROUP,))
-    grid = grid_1d(n4, COPY_WORKGROUP)
     src_data = np.arange(nbytes // 4, dtype=np.float32)
     with _scratch(device, nbytes, src_data) as src, _scratch(device, nbytes) as dst:
-        rec = Recorder(device, timestamps="ends")
-        for _ in range(copies):         # each rewrites dst: the recorder orders them with barriers
-            rec.dispatch(pipe, [src, dst], pack_push("I", n4), grid, [(src, 0, nbytes)], [(dst, 0, nbytes)])
-        with _recording(rec) as r:
+        with _recording(_copies(device, src, dst, nbytes, copies, timestamps="ends")) as r:
             r.submit()                  # warm-up: first touch of the pages, shader JIT
             _warm(warm)
             rates = []
@@ -189,15 +195,8 @@ class ClockWarmer:
         self.device, self.ms, self._bufs, self._rec = device, float(ms), [], None
         if self.ms <= 0:
             return
-        n4 = nbytes // 16
-        pipe = device.pipelines.get("floor", 2, {"OP_COPY": 1}, (COPY_WORKGROUP,))
         self._bufs = [Buffer(device, nbytes), Buffer(device, nbytes)]
-        src, dst = self._bufs
-        rec = Recorder(device)
-        for _ in range(copies):
-            rec.dispatch(pipe, [src, dst], pack_push("I", n4), grid_1d(n4, COPY_WORKGROUP),
-                         [(src, 0, nbytes)], [(dst, 0, nbytes)])
-        self._rec = rec.finish()
+        self._rec = _copies(device, *self._bufs, nbytes, copies).finish()
 
     def __call__(self):
         if self._rec is None:
