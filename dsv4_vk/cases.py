@@ -240,14 +240,10 @@ def build(case, path, device=None):
     return g
 
 
-def reference(case, inputs):
-    """float64 numpy results, named as in output_shapes."""
-    return reference_and_scales(case, inputs)[0]
-
-
 def reference_and_scales(case, inputs):
-    """(reference, {output: Σ|term|}): the scales cover outputs that are sums whose terms may cancel
-    (see metrics.nmse); outputs that are not (comb, post: positive) are left out."""
+    """(float64 numpy results named as in output_shapes, {output: Σ|term|}): the scales cover the
+    outputs that are sums whose terms may cancel (see metrics.nmse); the others (comb, post:
+    positive) are left out."""
     from .ops import hc as ref
     a = {k: np.asarray(v, np.float64) for k, v in inputs.items()}
     if case.op == "HC_COMB":

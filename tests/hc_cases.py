@@ -20,7 +20,7 @@ from dsv4_vk import Executor, Graph, hc
 from dsv4_vk.hc_policy import HCUnsupported
 from dsv4_vk.metrics import max_abs, nmse, nonfinite_mismatch
 from dsv4_vk.ops import hc as ops_hc
-from dsv4_vk.ops.hc import reference_comb, reference_post, reference_pre, reference_site_pre
+from dsv4_vk.ops.hc import reference_comb, reference_post, reference_pre
 
 PATH_NMSE = 1e-7          # fused vs unfused (the spec's pass criterion)
 REF_NMSE = 1e-12          # comb / coefs vs float64: f32 rounding (≈1e-14) with margin
@@ -29,23 +29,27 @@ SITE_NMSE, SITE_MAX_ABS = 1e-11, 2e-6    # a site adds the rounding of its 4·D-
 U = 2.0 ** -24            # f32 unit roundoff
 
 
+def sum_bound(magnitude, n_terms):
+    """Elementwise rounding bound of an f32 sum of n_terms products: 2·n·u·Σ|term|."""
+    return 2 * n_terms * U * magnitude + 1e-30
+
+
 def pre_bound(x, w):
-    """Rounding of a 4-term f32 sum of products, elementwise: 2·4·u·Σ|term|."""
-    return 8 * U * ops_hc.magnitude(reference_pre, x, w) + 1e-30
+    return sum_bound(ops_hc.magnitude(reference_pre, x, w), 4)
 
 
 def post_bound(f, residual, post, comb):
-    """Rounding of a 5-term f32 sum of products, elementwise: 2·5·u·Σ|term|."""
-    return 10 * U * ops_hc.magnitude(reference_post, f, residual, post, comb) + 1e-30
+    return sum_bound(ops_hc.magnitude(reference_post, f, residual, post, comb), 5)
 
 
 def check_pre(results, x, w, label):
-    check_paths(results, reference_pre(x, w), label, pre_bound(x, w), None, ops_hc.magnitude(reference_pre, x, w))
+    scale = ops_hc.magnitude(reference_pre, x, w)
+    check_paths(results, reference_pre(x, w), label, sum_bound(scale, 4), None, scale)
 
 
 def check_post(results, f, residual, post, comb, label):
-    check_paths(results, reference_post(f, residual, post, comb), label, post_bound(f, residual, post, comb), None,
-                ops_hc.magnitude(reference_post, f, residual, post, comb))
+    scale = ops_hc.magnitude(reference_post, f, residual, post, comb)
+    check_paths(results, reference_post(f, residual, post, comb), label, sum_bound(scale, 5), None, scale)
 
 
 SETTINGS = settings(max_examples=25, deadline=None, database=None)
@@ -320,8 +324,9 @@ SITE_CASES = [(1, 1, 1.0), (3, 2, 1.0), (64, 5, 1.0), (4096, 2, 1.0), (64, 8, 10
 def test_site_pre_all_paths(ex, rng, D, T, peak):
     """fused: HC_MIX (T ≤ 8) or RMS_NORM + MUL_MAT, then HC_COEFS and HC_PRE; unfused: the whole chain."""
     inputs = site_inputs(rng, T, D, peak=peak)
-    refs = reference_site_pre(**inputs)
-    u_scale = ops_hc.magnitude(reference_pre, inputs["X"], ops_hc.reference_site_coefs(**inputs)[0])
+    pre_w, post_w, comb_w = ops_hc.reference_site_coefs(**inputs)
+    refs = (reference_pre(inputs["X"], pre_w), post_w, comb_w)
+    u_scale = ops_hc.magnitude(reference_pre, inputs["X"], pre_w)
     results = [{}, {}, {}]
     for fused in (True, False):
         outs, g = run(ex, inputs, lambda g, t: hc.site_pre(g, t["X"], t["fn"], t["scale"], t["base"], fused=fused))
@@ -341,8 +346,8 @@ def test_site_pre_all_paths(ex, rng, D, T, peak):
 @pytest.mark.parametrize("D, T", [(1, 1), (7, 3), (1024, 8), (64, 9)])
 def test_head_pre_all_paths(ex, rng, D, T):
     i = site_inputs(rng, T, D, m=4)
-    ref = ops_hc.reference_head_pre(i["X"], i["fn"], i["scale"], i["base"])
-    scale = ops_hc.magnitude(reference_pre, i["X"], ops_hc.reference_head_weights(i["X"], i["fn"], i["scale"], i["base"]))
+    w = ops_hc.reference_head_weights(i["X"], i["fn"], i["scale"], i["base"])
+    ref, scale = reference_pre(i["X"], w), ops_hc.magnitude(reference_pre, i["X"], w)
     res = {}
     for fused in (True, False):
         (u,), g = run(ex, i, lambda g, t: hc.head_pre(g, t["X"], t["fn"], t["scale"], t["base"], fused=fused))
