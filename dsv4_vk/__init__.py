@@ -1,10 +1,22 @@
-"""dsv4_vk: a Vulkan compute backend for DeepSeek-V4 inference, with fused hyper-connection ops."""
-from . import ops  # noqa: F401  (registers the op declarations)
-from .executor import CompiledGraph, Executor, RunStats
-from .graph import Graph
-from .tensor import Tensor
-from . import hc, hc_policy  # noqa: F401  (graph functions and kernel policy of the HC ops)
-from .api import hc_comb, hc_post, hc_pre, hc_site_pre, last_run
+"""dsv4_vk: a Vulkan compute backend for DeepSeek-V4 inference, with fused hyper-connection ops.
 
-__all__ = ["CompiledGraph", "Executor", "Graph", "RunStats", "Tensor"]
-__all__ += ["hc", "hc_policy", "hc_comb", "hc_pre", "hc_post", "hc_site_pre", "last_run"]
+Layers, bottom-up: `vk` (the only code importing `vulkan`) → `core` (tensors, graph, executor,
+profiling) → `ops` (primitive and model op families) → `hc` (the hyper-connection ops) → `model`
+→ `cli`.
+"""
+from importlib.metadata import PackageNotFoundError, version as _version
+
+from . import ops  # noqa: F401  (registers the primitive ops)
+from . import hc  # noqa: F401  (registers the fused HC ops)
+from .core import CompiledGraph, Executor, Graph, RunStats, Tensor
+from .hc import HCUnsupported, hc_comb, hc_post, hc_pre, hc_site_pre, last_run
+from .vk import Device, ShaderCompileError, VulkanError, VulkanUnavailable, default_device
+
+try:
+    __version__ = _version("dsv4_vk")
+except PackageNotFoundError:     # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
+__all__ = ["CompiledGraph", "Device", "Executor", "Graph", "HCUnsupported", "RunStats", "ShaderCompileError",
+           "Tensor", "VulkanError", "VulkanUnavailable", "__version__", "default_device", "hc", "hc_comb",
+           "hc_post", "hc_pre", "hc_site_pre", "last_run"]

@@ -17,10 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsv4_vk import Executor, Graph, hc
-from dsv4_vk.hc_policy import HCUnsupported
-from dsv4_vk.metrics import max_abs, nmse, nonfinite_mismatch
-from dsv4_vk.ops import hc as ops_hc
-from dsv4_vk.ops.hc import reference_comb, reference_post, reference_pre
+from dsv4_vk.hc.policy import HCUnsupported
+from dsv4_vk.hc.metrics import max_abs, nmse, nonfinite_mismatch
+from dsv4_vk.hc import kernels as ops_hc
+from dsv4_vk.hc.kernels import reference_comb, reference_post, reference_pre
 
 PATH_NMSE = 1e-7          # fused vs unfused (the spec's pass criterion)
 REF_NMSE = 1e-12          # comb / coefs vs float64: f32 rounding (≈1e-14) with margin

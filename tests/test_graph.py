@@ -3,9 +3,9 @@ SPIR-V disk cache and executor params shared by graphs."""
 import numpy as np
 import pytest
 
-import dsv4_vk.executor as executor_module
-from dsv4_vk.executor import Executor
-from dsv4_vk.graph import Graph
+import dsv4_vk.core.executor as executor_module
+from dsv4_vk.core.executor import Executor
+from dsv4_vk.core.graph import Graph
 from dsv4_vk.vk import ShaderCompileError, compile_shader
 from dsv4_vk.vk import shader as shader_module
 

@@ -15,7 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dsv4_vk import Executor, Graph, bench, cases, evaluate, floor, profile
+from dsv4_vk import Executor, Graph
+from dsv4_vk.cli import bench, floor
+from dsv4_vk.cli import eval as evaluate
+from dsv4_vk.core import profile
+from dsv4_vk.hc import cases
 
 ROOT = Path(__file__).resolve().parents[1]
 ROW = re.compile(r"^(HC_\w+ T=\d+.*?)\s+(fused:\w+|fused|unfused)\s+(PASS|FAIL)\b")
@@ -125,7 +129,7 @@ def test_floor_functions_on_tiny_sizes(device):
         assert np.isfinite(f[k]) and f[k] > 0, k
     assert f["subgroup_size"] == device.subgroup_size and f["copy_bytes"] == 64 << 10
     assert "copy bandwidth" in floor.format_floor(f)
-    limit = device.caps["limits"]["max_storage_buffer_range"]
+    limit = device.caps.limits.max_storage_buffer_range
     for bad in (100, 0, limit + 16):
         with pytest.raises(ValueError, match="copy_bytes"):
             floor.copy_gbps(device, bad)
@@ -146,7 +150,7 @@ def test_clock_warmup_keeps_the_device_busy_for_its_time(device, capsys):
         w()
         assert time.perf_counter() - t0 >= 0.04 and w._rec.n_submits > before
     assert w._rec is None and w._bufs == []
-    assert floor.default_warm_ms(device) == (0 if device.caps["type"] == "cpu" else 500)
+    assert floor.default_warm_ms(device) == (0 if device.caps.type == "cpu" else 500)
     f = floor.measure(device, chain=4, copy_bytes=64 << 10, replays=2, record_n=10, warm_ms=5)
     assert f["warm_ms"] == 5 and "clock warm-up" in floor.format_floor(f)
     with pytest.raises(SystemExit):
@@ -162,7 +166,7 @@ def test_recorder_ends_only_timestamps(device):
     buf.write(np.zeros(16, np.float32))
     rec = Recorder(device, timestamps="ends")
     for i in range(5):
-        rec.dispatch(pipe, [buf], pack_push("II", i, i + 1), (1, 1, 1), [(buf, 4 * i, 4 * i + 4)],
+        rec.dispatch(pipe, [buf], pack_push(i, i + 1), (1, 1, 1), [(buf, 4 * i, 4 * i + 4)],
                      [(buf, 4 * i + 4, 4 * i + 8)])
     r = rec.finish()
     r.submit()
@@ -176,7 +180,7 @@ def test_recorder_ends_only_timestamps(device):
 
 def test_floor_cli_writes_json(tmp_path):
     out = tmp_path / "floor.json"
-    r = _python(["tools/bench_floor.py", "--chain", "8", "--copy-mib", "0.25", "--replays", "2", "--out", str(out)])
+    r = _python(["-m", "dsv4_vk", "floor", "--chain", "8", "--copy-mib", "0.25", "--replays", "2", "--out", str(out)])
     assert r.returncode == 0, r.stderr
     assert "dependent dispatch+barrier" in r.stdout
     assert json.loads(out.read_text())["copy_bytes"] == 1 << 18
@@ -290,7 +294,8 @@ def test_profile_counts_match_the_graphs(device, rng):
 
 def test_profile_env_prints_table_at_exit():
     code = ("import numpy as np\n"
-            "from dsv4_vk import Executor, Graph, profile\n"
+            "from dsv4_vk import Executor, Graph\n"
+            "from dsv4_vk.core import profile\n"
             "g = Graph(); x = g.input('x', (3, 7)); g.output('y', g.op('SIGMOID', g.op('EXP', x)))\n"
             "ex = Executor()\n"
             "with profile.phase('decode'):\n"

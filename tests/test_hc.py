@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 
 import dsv4_vk as dv
-from dsv4_vk import Executor, Graph, hc, hc_policy
-from dsv4_vk.hc_policy import HCUnsupported
-from dsv4_vk.metrics import max_abs, nmse
-from dsv4_vk.ops.hc import reference_comb, reference_post, reference_pre, reference_site_pre
+from dsv4_vk import Executor, Graph, hc
+from dsv4_vk.hc import policy as hc_policy
+from dsv4_vk.hc.policy import HCUnsupported
+from dsv4_vk.vk.caps import SubgroupCaps
+from dsv4_vk.hc.metrics import max_abs, nmse
+from dsv4_vk.hc.kernels import reference_comb, reference_post, reference_pre, reference_site_pre
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HC_ENV = ["DSV4_VK_DISABLE_HC", "DSV4_VK_DISABLE_HC_COMB", "DSV4_VK_DISABLE_HC_PRE", "DSV4_VK_DISABLE_HC_POST",
@@ -170,10 +172,9 @@ def test_choice_is_logged_once_per_device(env, device, caplog):
 # --- the device contract ----------------------------------------------------------------------------------
 
 def fake_device(size, ops=("basic", "shuffle"), full=True, size_control=False, lo=None, hi=None):
-    caps = {"subgroup": {"size": size, "compute_stage": True, "operations": list(ops), "size_control": size_control,
-                         "full_subgroups": full, "min_size": lo or size, "max_size": hi or size,
-                         "required_size_compute": size_control}}
-    return SimpleNamespace(caps=caps, subgroup_size=size, name=f"fake-sg{size}",
+    sg = SubgroupCaps(size=size, compute_stage=True, operations=tuple(ops), size_control=size_control,
+                      full_subgroups=full, min_size=lo or size, max_size=hi or size, required_size_compute=size_control)
+    return SimpleNamespace(caps=SimpleNamespace(subgroup=sg, type="discrete-gpu", is_cpu=False), subgroup_size=size, name=f"fake-sg{size}",
                            supports_subgroup_op=lambda op: op in ops)
 
 

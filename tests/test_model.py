@@ -8,6 +8,7 @@ Run as a script, the file is the subprocess worker: `worker` runs the end-to-end
 lavapipe subgroup size (LP_NATIVE_VECTOR_WIDTH is read when the process creates its Vulkan
 instance), `validation` runs the model under the Khronos validation layer.
 """
+import dataclasses
 import json
 import os
 import struct
@@ -19,13 +20,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import dsv4_vk.executor as executor_module
-from dsv4_vk import Executor, Graph, profile
-from dsv4_vk.metrics import max_abs, nmse
+import dsv4_vk.core.executor as executor_module
+from dsv4_vk import Executor, Graph
+from dsv4_vk.core import profile
+from dsv4_vk.hc.metrics import max_abs, nmse
 from dsv4_vk.model import CheckpointError, Config, Model, ReferenceModel, Sampling, random_weights, save
 from dsv4_vk.model import checkpoint as ckpt
 from dsv4_vk.ops import get_op
-from dsv4_vk.ops.model_ops import rope_tables, sample_candidates, sample_uniform
+from dsv4_vk.ops.attention import rope_tables
+from dsv4_vk.ops.sample import sample_candidates, sample_uniform
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = Config(vocab=48, dim=32, n_layers=2, n_heads=2, head_dim=8, n_experts=4, top_k=2, expert_dim=16, max_ctx=32)
@@ -105,7 +108,7 @@ def test_moe_route_picks_top_k_with_ties_to_the_lower_id(router, norm, rng):
 def test_mul_mat_id_reads_only_the_chosen_experts(as_gpu, rng, monkeypatch, device):
     """SwiGLU over the routes, then the weighted sum (+ add); an invalid id gives NaN, not a wild read."""
     if as_gpu:      # lower as for a GPU: subgroup-lane clusters over K instead of one lane per output
-        monkeypatch.setitem(device.caps, "type", "discrete")
+        monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
     T, E, F, D = 5, 6, 12, 20
     route = get_op("MOE_ROUTE").reference(rng.standard_normal((T, E - 1)), top_k=2, n_shared=1).astype(np.float32)
     route[3, 1, 0] = E + 7                                 # out of range: token 3 -> NaN
@@ -440,7 +443,7 @@ def test_checkpoint_against_a_given_config_and_short_files(tmp_path):
 # --- demo and tools -------------------------------------------------------------------------------------------
 
 def test_demo_generates_the_same_tokens_on_both_paths(capsys):
-    from dsv4_vk import demo
+    from dsv4_vk.cli import demo
     assert demo.main(["--dim", "32", "--heads", "2", "--layers", "1", "--experts", "3", "--tokens", "6",
                       "--prompt", "3", "--vocab", "40"]) == 0
     out = capsys.readouterr().out

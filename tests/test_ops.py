@@ -11,6 +11,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+import dataclasses
 from dataclasses import dataclass, field
 from unittest import mock
 
@@ -19,11 +20,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dsv4_vk.executor import CompiledGraph, Executor
-from dsv4_vk.graph import Graph
-from dsv4_vk.metrics import max_abs, nmse, nonfinite_mismatch
+from dsv4_vk.core.executor import CompiledGraph, Executor
+from dsv4_vk.core.graph import Graph
+from dsv4_vk.hc.metrics import max_abs, nmse, nonfinite_mismatch
 from dsv4_vk.ops import base, get_op
-from dsv4_vk.ops.matmul import KERNELS
+from dsv4_vk.ops.mul_mat import KERNELS
 
 SIZES = [1, 2, 3, 4, 5, 7, 8, 13, 16, 17, 31, 33, 64, 127, 255, 256, 257, 1000]
 BUDGET = 1 << 14          # elements per logical tensor
@@ -277,9 +278,9 @@ def run_op(name, spec, out_kind="new", fold=False, as_gpu=False):
     if whole is not None:
         g.output("whole", whole)
     ex = Executor()
-    caps = {"type": "discrete-gpu"} if as_gpu else {}
+    caps = dataclasses.replace(ex.device.caps, type="discrete-gpu") if as_gpu else ex.device.caps
     with mock.patch.object(CompiledGraph, "_record", _record_folded if fold else CompiledGraph._record), \
-            mock.patch.dict(ex.device.caps, caps):
+            mock.patch.object(ex.device, "caps", caps):
         res = ex.run(g, **feeds)
     try:
         assert ex.last.check_guards() == []
@@ -361,7 +362,8 @@ def test_lane_variants(rng):
 
 
 def test_without_subgroup_operations(device, rng, monkeypatch):
-    monkeypatch.setitem(device.caps["subgroup"], "operations", [])
+    no_ops = dataclasses.replace(device.caps.subgroup, operations=())
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, subgroup=no_ops))
     check_lane_variants(rng)
 
 

@@ -13,11 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from dsv4_vk.executor import Executor  # noqa: E402
-from dsv4_vk.graph import Graph  # noqa: E402
-from dsv4_vk.ops.matmul import pick_kernel  # noqa: E402
+from dsv4_vk.core.executor import Executor
+from dsv4_vk.core.graph import Graph
+from dsv4_vk.ops.mul_mat import pick_kernel
 
 MATMULS = [   # (T, K, N): decode and prefill projections, the HC mixes (K = 4·4096, N = 24)
     (1, 4096, 4096), (1, 16384, 24), (4, 4096, 4096), (8, 4096, 4096), (64, 4096, 4096),
@@ -44,7 +42,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     ex = Executor(timestamps=True)
     rng = np.random.default_rng(0)
-    print(f"device: {ex.device.name} ({ex.device.caps['type']}, subgroup {ex.device.subgroup_size})")
+    print(f"device: {ex.device.name} ({ex.device.caps.type}, subgroup {ex.device.subgroup_size})")
     results = []
     for T, K, N in MATMULS:
         if args.quick and T * K * N > 2**26:
@@ -53,7 +51,7 @@ def main(argv=None):
         w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
         line = [f"MUL_MAT T={T:4d} K={K:5d} N={N:5d} (auto: {pick_kernel(ex.device, T, N=N)})"]
         for kernel in ("gemv", "gemm_regs", "gemm_shared"):
-            if ex.device.caps["type"] == "cpu" and kernel == "gemm_shared" and T * N > 4096:
+            if ex.device.caps.type == "cpu" and kernel == "gemm_shared" and T * N > 4096:
                 continue                                   # barrier-bound on lavapipe: minutes
             g = Graph()
             g.output("y", g.op("MUL_MAT", g.input("x", x.shape), g.const(w), kernel=kernel))

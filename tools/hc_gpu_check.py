@@ -21,14 +21,14 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dsv4_vk import Graph, hc, hc_policy  # noqa: E402
-from dsv4_vk.executor import CompiledGraph  # noqa: E402
-from dsv4_vk.metrics import max_abs, nmse, nonfinite_mismatch  # noqa: E402
-from dsv4_vk.ops.hc import (ROWS4_WORKGROUP, reference_comb, reference_mixes, reference_post,  # noqa: E402
+from dsv4_vk import Graph, hc
+from dsv4_vk.hc import policy as hc_policy
+from dsv4_vk.core.executor import CompiledGraph
+from dsv4_vk.hc.metrics import max_abs, nmse, nonfinite_mismatch
+from dsv4_vk.hc.kernels import (ROWS4_WORKGROUP, reference_comb, reference_mixes, reference_post,
                             reference_pre)
-from dsv4_vk.vk import default_device  # noqa: E402
+from dsv4_vk.vk import default_device
 
 PATH_NMSE, REF_NMSE = 1e-7, 1e-11
 
@@ -155,8 +155,8 @@ def main(argv=None):
     rng = np.random.default_rng()
     sg = dev.subgroup_size
     support = hc_policy.comb_support(dev)
-    report = {"device": dev.name, "driver": f"{dev.caps['driver_name']} {dev.caps['driver_info']}",
-              "subgroup": dev.caps["subgroup"], "policy": hc_policy.describe(dev),
+    report = {"device": dev.name, "driver": f"{dev.caps.driver_name} {dev.caps.driver_info}",
+              "subgroup": dev.caps.subgroup, "policy": hc_policy.describe(dev),
               "variants": {v: ("ok" if why is None else why) for v, why in support.items()},
               "checks": [], "timings": []}
     print(f"{dev.name} — subgroup size {sg}; default HC_COMB path {report['policy']['HC_COMB']['path']}")

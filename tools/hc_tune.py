@@ -11,13 +11,12 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dsv4_vk import cases as C  # noqa: E402
-from dsv4_vk import floor as F  # noqa: E402
-from dsv4_vk.bench import bench_path  # noqa: E402
-from dsv4_vk.ops import hc as hc_ops  # noqa: E402
-from dsv4_vk.vk import default_device, memory  # noqa: E402
+from dsv4_vk.hc import cases as C
+from dsv4_vk.cli import floor as F
+from dsv4_vk.cli.bench import bench_path
+from dsv4_vk.hc import kernels as hc_ops
+from dsv4_vk.vk import default_device, memory
 
 
 def main():

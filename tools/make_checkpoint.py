@@ -9,9 +9,8 @@ import dataclasses
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dsv4_vk.model import Config, random_weights, save  # noqa: E402
+from dsv4_vk.model import Config, random_weights, save
 
 
 def _bool(text):

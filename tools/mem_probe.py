@@ -12,10 +12,9 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dsv4_vk.ops.base import grid_1d  # noqa: E402
-from dsv4_vk.vk import Buffer, Recorder, default_device, memory, pack_push  # noqa: E402
+from dsv4_vk.ops.base import grid_1d
+from dsv4_vk.vk import Buffer, Recorder, default_device, memory, pack_push
 
 
 def copy_rate(dev, src, dst, nbytes, copies=1, replays=10, groups=None):
@@ -30,7 +29,7 @@ def copy_rate(dev, src, dst, nbytes, copies=1, replays=10, groups=None):
         grid = (groups, 1, 1) if groups else grid_1d(n4, 256)
     rec = Recorder(dev, timestamps="ends")
     for _ in range(copies):
-        rec.dispatch(pipe, [src, dst], pack_push("I", n4), grid, [(src, 0, nbytes)], [(dst, 0, nbytes)])
+        rec.dispatch(pipe, [src, dst], pack_push(n4), grid, [(src, 0, nbytes)], [(dst, 0, nbytes)])
     r = rec.finish()
     r.submit()
     rates, walls = [], []
@@ -61,7 +60,7 @@ def main():
     if a.block_mib:
         memory.BLOCK_BYTES, memory.KEEP_BLOCKS = a.block_mib << 20, True
     dev = default_device()
-    print("memory types:", [(i, hex(t["flags"]), t["heap"]) for i, t in enumerate(dev.caps["memory_types"])])
+    print("memory types:", [(i, hex(t["flags"]), t["heap"]) for i, t in enumerate(dev.caps.memory_types)])
     rows = []
     find = dev._find_memory
     types = [int(t) for t in a.types.split(",") if t] or [None]
@@ -69,7 +68,7 @@ def main():
         # a forced type must still be device-local and allowed for the buffer
         dev._find_memory = (find if mtype is None else
                             lambda flags, bits=0xFFFFFFFF, required=True, t=mtype:
-                            t if (bits >> t) & 1 and (dev.caps["memory_types"][t]["flags"] & flags) == flags
+                            t if (bits >> t) & 1 and (dev.caps.memory_types[t]["flags"] & flags) == flags
                             else find(flags, bits, required))
         nbytes = mib << 20
         fills = {"zeros": lambda n: np.zeros(n, np.float32), "ones": lambda n: np.ones(n, np.float32),

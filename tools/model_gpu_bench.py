@@ -24,11 +24,11 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dsv4_vk import floor, profile  # noqa: E402
-from dsv4_vk.model import Config, Model, random_weights  # noqa: E402
-from dsv4_vk.vk import default_device  # noqa: E402
+from dsv4_vk.cli import floor
+from dsv4_vk.core import profile
+from dsv4_vk.model import Config, Model, random_weights
+from dsv4_vk.vk import default_device
 
 HOST_TARGET_US = 100.0
 

@@ -2,12 +2,13 @@
 
 `ReferenceModel(cfg, weights).forward(ids)` runs the whole sequence at positions 0..N−1 with a
 causal mask and returns logits [N, V]; it shares every formula with the kernels' references
-(dsv4_vk.ops.hc, dsv4_vk.ops.model_ops), none of the device code.
+(dsv4_vk.hc.kernels, dsv4_vk.ops.attention, dsv4_vk.ops.moe), none of the device code.
 """
 import numpy as np
 
-from ..ops.hc import reference_head_pre, reference_post, reference_site_pre
-from ..ops.model_ops import apply_rope, reference_attention, reference_route, rope_tables, silu
+from ..hc.kernels import reference_head_pre, reference_post, reference_site_pre
+from ..ops.attention import apply_rope, reference_attention, rope_tables
+from ..ops.moe import reference_route, silu
 from .checkpoint import check_tensors
 
 

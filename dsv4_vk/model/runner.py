@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import profile
-from ..executor import GUARD, Executor
-from ..ops.model_ops import MAX_TOP_K
+from ..core import profile
+from ..core.executor import GUARD, Executor
+from ..ops.sample import MAX_TOP_K
 from ..vk import default_device
 from .checkpoint import check_tensors, load_checkpoint, random_weights
 from .config import Config
-from .graph import STEP_PARAMS, ModelGraph, param_arrays
+from .build import STEP_PARAMS, ModelGraph, param_arrays
 
 
 @dataclass(frozen=True)

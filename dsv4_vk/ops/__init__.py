@@ -1,8 +1,6 @@
-"""Op declarations. Importing this package registers every op in `REGISTRY`."""
-from . import elementwise  # noqa: F401
-from . import rows, concat, matmul, get_rows  # noqa: F401
-from . import hc  # noqa: F401
-from . import model_ops  # noqa: F401
+"""Primitive and model op families, one module each. Importing this package registers every op."""
+from . import elementwise, reduce_rows, concat, mul_mat, get_rows  # noqa: F401
+from . import attention, moe, sample  # noqa: F401
 from .base import REGISTRY, Launch, OpDef, get_op, register
 
 __all__ = ["REGISTRY", "Launch", "OpDef", "get_op", "register"]

@@ -1,73 +1,31 @@
-"""How an op is declared: once, with its shape rule, its lowering to kernel launches, its numpy
-float64 reference and, for a fused op, its decomposition into primitive ops.
+"""What every op family shares: the declaration base (re-exported from `dsv4_vk.core.opdef`), the
+one push-constant packer, grid and lane-cluster sizing, and argument checks with one shape format.
 
-The executor lowers nodes through `lower`; the tests and the eval harness take `reference`
-from the same declaration; a fused op's fallback is its `decompose`.
+Declaring an op: subclass `OpDef`, decorate with `@register`, implement `infer` (shape rule and
+argument checks), `lower` (kernel launches; push block packed with `pack_push`, variants by
+`defines` the shader header declares) and `reference` (float64 numpy).
 """
-from dataclasses import dataclass, field
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ..tensor import Tensor
+from ..core.opdef import REGISTRY, WORKGROUP, Launch, OpDef, get_op, register
+from ..core.tensor import Tensor
+from ..vk import pack_push
 
-REGISTRY = {}
-WORKGROUP = 256
+__all__ = ["REGISTRY", "WORKGROUP", "MAX_GROUPS", "Launch", "OpDef", "get_op", "register", "pack_push",
+           "grid_1d", "tensor_push", "shape_push", "check_finite", "broadcast_shapes", "format_shape",
+           "check_shape", "expect", "unit_last", "nonempty", "check_params", "next_pow2", "cluster_lanes",
+           "is_cpu"]
+
 MAX_GROUPS = 65535
 
 
-@dataclass
-class Launch:
-    """One kernel dispatch. args are bound at 0..n-1; indices in `writes` are outputs."""
-    shader: str
-    args: list
-    writes: tuple
-    push: bytes
-    grid: tuple
-    defines: dict = field(default_factory=dict)
-    spec: tuple = (WORKGROUP,)
-    subgroup_size: int = None       # required subgroup size, when the kernel depends on it
-    full_subgroups: bool = False
-    label: str = ""
+# --- grids and push blocks ------------------------------------------------------------------------
 
-
-class OpDef:
-    """Base of every op declaration. Subclasses set `name` and implement the hooks."""
-    name = None
-    n_inputs = None            # None: variadic
-    dtypes = ("f32",)          # accepted input dtypes (per op, checked for every input)
-
-    def infer(self, inputs, params):
-        """Validate inputs/params; return (output shape, output dtype)."""
-        raise NotImplementedError
-
-    def lower(self, node, device):
-        """List of Launch for `node` on `device`."""
-        raise NotImplementedError
-
-    def reference(self, *arrays, **params):
-        """numpy float64 result for the same inputs and params."""
-        raise NotImplementedError
-
-    def __repr__(self):
-        return f"<op {self.name}>"
-
-
-def register(cls):
-    op = cls()
-    REGISTRY[op.name] = op
-    return cls
-
-
-def get_op(name):
-    try:
-        return REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown op {name!r}; known ops: {', '.join(sorted(REGISTRY))}") from None
-
-
-# --- helpers shared by declarations ---------------------------------------------------------------
-
-def grid_1d(n_items, per_group=WORKGROUP):
+def grid_1d(n_items: int, per_group: int = WORKGROUP) -> tuple[int, int, int]:
     """Workgroup grid covering n_items (≥1 group), folded into y beyond the 65535 x-limit.
     Kernels recover the flat group index as gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x."""
     groups = max(1, -(-int(n_items) // per_group))
@@ -78,30 +36,100 @@ def grid_1d(n_items, per_group=WORKGROUP):
     return (gx, gy, 1)
 
 
-def tensor_push(t):
+def tensor_push(t: Tensor) -> list[int]:
     """[offset, stride0..3] of a tensor padded to 4 dimensions (elements)."""
     _, strides = t.padded()
     return [t.offset, *strides]
 
 
-def shape_push(t):
+def shape_push(t: Tensor) -> list[int]:
     shape, _ = t.padded()
     return list(shape)
 
 
-def check_finite(name, value):
+# --- argument checks --------------------------------------------------------------------------------
+
+def format_shape(expected: Iterable[int | None]) -> str:
+    """The one way shapes are written in messages: [24, *, 4] (* = any size)."""
+    return "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
+
+
+def check_shape(name: str, shape: Sequence[int], expected: Sequence[int | None]) -> None:
+    """expected: ints, or None (any size ≥ 1); ValueError naming the argument."""
+    shape = tuple(shape)
+    want = format_shape(expected)
+    if len(shape) != len(expected):
+        raise ValueError(f"{name} must have rank {len(expected)} (shape {want}), got shape {shape}")
+    for s, e in zip(shape, expected):
+        if (e is None and s < 1) or (e is not None and s != e):
+            raise ValueError(f"{name} must have shape {want} with every dimension ≥ 1, got {shape}")
+
+
+def expect(op: str, what: str, t: Tensor, shape: Sequence[int | None], dtype: str = "f32") -> None:
+    """ValueError unless t has `shape` (None: any size ≥ 1) and dtype."""
+    ok = t.ndim == len(shape) and all(e is None or s == e for s, e in zip(t.shape, shape))
+    if not ok or t.dtype != dtype:
+        raise ValueError(f"{op}: {what} must be {dtype} {format_shape(shape)}, got {t.dtype} {list(t.shape)}")
+
+
+def unit_last(op: str, what: str, t: Tensor) -> None:
+    """Kernels that read rows need unit stride along the last axis."""
+    if t.shape[-1] > 1 and t.strides[-1] != 1:
+        raise ValueError(f"{op}: {what} must have unit stride along its last axis (use CONT), got strides {t.strides}")
+
+
+def nonempty(op: str, tensors: Sequence[Tensor]) -> None:
+    for i, t in enumerate(tensors):
+        if t.numel == 0:
+            raise ValueError(f"{op}: input {i} is empty (shape {t.shape}); expected at least one element")
+
+
+def check_params(op: str, params: dict[str, Any], accepted: Iterable[str]) -> None:
+    extra = set(params) - set(accepted)
+    if extra:
+        raise ValueError(f"{op}: unknown parameter(s) {sorted(extra)}; accepted: {list(accepted)}")
+
+
+def check_finite(name: str, value: Any) -> float:
     v = float(value)
     if not np.isfinite(v):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     return v
 
 
-def broadcast_shapes(op, *shapes):
+def broadcast_shapes(op: str, *shapes: tuple[int, ...]) -> tuple[int, ...]:
     try:
         return tuple(np.broadcast_shapes(*shapes))
     except ValueError:
         raise ValueError(f"{op}: shapes {' and '.join(map(str, shapes))} do not broadcast") from None
 
 
-def is_tensor(x):
-    return isinstance(x, Tensor)
+# --- lanes ----------------------------------------------------------------------------------------------
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def is_cpu(device: Any) -> bool:
+    return device.caps.is_cpu
+
+
+def cluster_lanes(device: Any, n: int, per_lane: int = 4, max_lanes: int | None = None) -> tuple[dict, dict]:
+    """(defines, launch kwargs) for kernels that reduce n values per cluster with lanes.glsl.
+
+    Lanes per cluster: enough for about `per_lane` values each, at most max_lanes and the smallest
+    subgroup the device may launch. A whole-subgroup cluster uses subgroupAdd/Max (with the subgroup
+    size pinned where the device may vary it); a smaller one a shuffle butterfly; without subgroup
+    ops, one lane."""
+    sg = device.caps.subgroup
+    ops = set(sg.operations) if sg.compute_stage else set()
+    lanes = min(max(1, sg.min_size), next_pow2(-(-int(n) // per_lane)), max_lanes or 1 << 30)
+    extra = {"full_subgroups": True} if sg.full_subgroups else {}
+    if lanes > 1 and lanes == sg.min_size and {"basic", "arithmetic"} <= ops:
+        if sg.min_size == sg.max_size:
+            return {"LANES": lanes, "LANES_SUBGROUP_OPS": 1}, extra
+        if sg.size_control and sg.required_size_compute:
+            return {"LANES": lanes, "LANES_SUBGROUP_OPS": 1}, {**extra, "subgroup_size": lanes}
+    if lanes > 1 and {"basic", "shuffle"} <= ops:
+        return {"LANES": lanes}, extra
+    return {"LANES": 1}, {}

@@ -5,7 +5,7 @@ sliced, broadcast) is read in place and any view can be written (`out=`).
 """
 import numpy as np
 
-from .base import (Launch, OpDef, broadcast_shapes, check_finite, grid_1d, register, shape_push,
+from .base import (Launch, OpDef, broadcast_shapes, check_finite, grid_1d, pack_push, register, shape_push,
                    tensor_push)
 
 
@@ -28,8 +28,8 @@ class _Binary(OpDef):
     def lower(self, node, device):
         out = node.output
         a, b = (t.broadcast_to(out.shape) for t in node.inputs)
-        push = np.array(shape_push(out) + tensor_push(a) + tensor_push(b) + tensor_push(out), np.uint32)
-        return [Launch("binary", [a, b, out], (2,), push.tobytes(), grid_1d(out.numel),
+        push = pack_push(shape_push(out), tensor_push(a), tensor_push(b), tensor_push(out))
+        return [Launch("binary", [a, b, out], (2,), push, grid_1d(out.numel),
                        defines={self.define: 1})]
 
     def reference(self, a, b):
@@ -54,7 +54,7 @@ class Div(_Binary):
 def unary_launch(define, a, out, s=0.0, t=0.0):
     """Launch of unary.comp (a may be None for FILL)."""
     ints = shape_push(out) + (tensor_push(a) if a is not None else [0] * 5) + tensor_push(out)
-    push = np.array(ints, np.uint32).tobytes() + np.array([s, t], np.float32).tobytes()
+    push = pack_push(ints, float(s), float(t))
     args = [a, out] if a is not None else [out]
     return Launch("unary", args, (len(args) - 1,), push, grid_1d(out.numel), defines={define: 1})
 

@@ -5,8 +5,7 @@ in the result instead of reading another allocation.
 """
 import numpy as np
 
-from .base import Launch, OpDef, grid_1d, register
-from .rows import check_params, nonempty
+from .base import Launch, OpDef, check_params, grid_1d, nonempty, register
 
 
 @register

@@ -8,6 +8,7 @@ import os
 import threading
 
 from .binding import ERROR_FRAGMENTED_POOL, ERROR_OUT_OF_POOL_MEMORY, check, ffi, lib, vk
+from .caps import Capabilities
 from .errors import VulkanError, VulkanUnavailable
 
 _TYPE_NAMES = {0: "other", 1: "integrated-gpu", 2: "discrete-gpu", 3: "virtual-gpu", 4: "cpu"}
@@ -217,19 +218,18 @@ class Device:
         probes = [_probe(pd) for pd in pds]
         self.index = _choose(probes, selector)
         self.physical = pds[self.index]
-        self.caps = probes[self.index]
-        self.caps["index"] = self.index
-        self.queue_family = next((i for i, q in enumerate(self.caps["queues"]) if q["flags"] & vk.VK_QUEUE_COMPUTE_BIT),
+        self.caps = Capabilities.from_probe(self.index, probes[self.index])
+        self.queue_family = next((i for i, q in enumerate(self.caps.queues) if q.flags & vk.VK_QUEUE_COMPUTE_BIT),
                                  None)
         if self.queue_family is None:
-            raise VulkanUnavailable(f"device {self.caps['name']} has no compute queue")
+            raise VulkanUnavailable(f"device {self.caps.name} has no compute queue")
         self._create_device()
         # Map device memory directly where it is host-visible and the device shares host memory
         # (lavapipe, integrated GPUs); DSV4_VK_FORCE_STAGING=1 tests the discrete-GPU staging path.
         self.is_host_visible = self._find_memory(vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
                                                  | vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
                                                  | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, required=False) is not None \
-            and self.caps["type_code"] in (1, 4) \
+            and self.caps.type_code in (1, 4) \
             and os.environ.get("DSV4_VK_FORCE_STAGING", "").lower() not in ("1", "true", "yes", "on")
         self._staging = None
         self._one_shot = None
@@ -253,12 +253,12 @@ class Device:
         info.sType = vk.VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO
         info.queueCreateInfoCount = 1
         info.pQueueCreateInfos = qinfo
-        sgc = self.caps["subgroup"]
-        if self.caps["api13"] and (sgc["size_control"] or sgc["full_subgroups"]):
+        sgc = self.caps.subgroup
+        if self.caps.api13 and (sgc.size_control or sgc.full_subgroups):
             f13 = _keep(keep, ffi.new("VkPhysicalDeviceVulkan13Features*"))
             f13.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES
-            f13.subgroupSizeControl = int(sgc["size_control"])
-            f13.computeFullSubgroups = int(sgc["full_subgroups"])
+            f13.subgroupSizeControl = int(sgc.size_control)
+            f13.computeFullSubgroups = int(sgc.full_subgroups)
             info.pNext = f13
         out = ffi.new("VkDevice*")
         check(lib.vkCreateDevice(self.physical, info, ffi.NULL, out), "vkCreateDevice")
@@ -295,8 +295,8 @@ class Device:
         self._desc_pools.append(out[0])
 
     def _find_memory(self, flags, type_bits=0xFFFFFFFF, required=True):
-        for i, t in enumerate(self.caps["memory_types"]):
-            if (type_bits >> i) & 1 and (t["flags"] & flags) == flags:
+        for i, t in enumerate(self.caps.memory_types):
+            if (type_bits >> i) & 1 and (t.flags & flags) == flags:
                 return i
         if required:
             raise VulkanError(f"no memory type with flags {flags:#x} among bits {type_bits:#x}")
@@ -381,14 +381,14 @@ class Device:
     # --- convenience ----------------------------------------------------------------------------
     @property
     def name(self):
-        return self.caps["name"]
+        return self.caps.name
 
     @property
     def subgroup_size(self):
-        return self.caps["subgroup"]["size"]
+        return self.caps.subgroup.size
 
     def supports_subgroup_op(self, op):
-        return op in self.caps["subgroup"]["operations"] and self.caps["subgroup"]["compute_stage"]
+        return self.caps.subgroup.supports(op)
 
     def wait_idle(self):
         lib.vkDeviceWaitIdle(self.device)
@@ -411,7 +411,7 @@ class Device:
         lib.vkDestroyInstance(self.instance, ffi.NULL)
 
     def __repr__(self):
-        return f"<Device {self.name!r} {self.caps['type']} subgroup={self.subgroup_size}>"
+        return f"<Device {self.name!r} {self.caps.type} subgroup={self.subgroup_size}>"
 
 
 _default = None

@@ -9,6 +9,8 @@ Shader interface convention (every .comp in shaders/ follows it):
 """
 import struct
 
+import numpy as np
+
 from .binding import check, ffi, lib, vk
 from .errors import VulkanError
 from .shader import compile_shader
@@ -54,7 +56,7 @@ class PipelineCache:
             pc = ffi.new("VkPushConstantRange*")
             pc.stageFlags = vk.VK_SHADER_STAGE_COMPUTE_BIT
             pc.offset = 0
-            pc.size = min(PUSH_SIZE, self.device.caps["limits"]["max_push_constants"])
+            pc.size = min(PUSH_SIZE, self.device.caps.limits.max_push_constants)
             linfo = ffi.new("VkPipelineLayoutCreateInfo*")
             linfo.sType = vk.VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO
             linfo.setLayoutCount = 1
@@ -107,17 +109,17 @@ class PipelineCache:
             sinfo.dataSize, sinfo.pData = 4 * len(spec), data
             stage.pSpecializationInfo = sinfo
             keep += [entries, data, sinfo]
-        sgc = self.device.caps["subgroup"]
+        sgc = self.device.caps.subgroup
         if full:
-            if not sgc["full_subgroups"]:
+            if not sgc.full_subgroups:
                 raise VulkanError(f"pipeline {shader} needs full subgroups, which {self.device.name} cannot require")
             stage.flags |= _FULL_SUBGROUPS
         if req_sg:
-            if not (sgc["size_control"] and sgc["required_size_compute"]
-                    and sgc["min_size"] <= req_sg <= sgc["max_size"]):
+            if not (sgc.size_control and sgc.required_size_compute
+                    and sgc.min_size <= req_sg <= sgc.max_size):
                 raise VulkanError(f"pipeline {shader} requires subgroup size {req_sg}; {self.device.name} "
-                                  f"supports {sgc['min_size']}..{sgc['max_size']} "
-                                  f"(size control: {sgc['size_control']})")
+                                  f"supports {sgc.min_size}..{sgc.max_size} "
+                                  f"(size control: {sgc.size_control})")
             rs = ffi.new("VkPipelineShaderStageRequiredSubgroupSizeCreateInfo*")
             rs.sType = vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO
             rs.requiredSubgroupSize = req_sg
@@ -176,9 +178,27 @@ class PipelineCache:
         self._sets.clear()
 
 
-def pack_push(fmt, *values):
-    """Push-constant bytes for struct format `fmt` (little-endian, std430-compatible scalars)."""
-    data = struct.pack("<" + fmt, *values)
+def pack_push(*fields) -> bytes:
+    """The one push-constant packer: fields (numbers or sequences of numbers, flattened in order)
+    become 4-byte words: Python/numpy floats as float32, integers as uint32 (int32 when negative).
+    Shaders declare their push block as the same sequence of uint/int/float members."""
+    words = []
+
+    def add(v):
+        if isinstance(v, (list, tuple)):
+            for x in v:
+                add(x)
+        elif isinstance(v, (float, np.floating)):
+            words.append(struct.pack("<f", float(v)))
+        elif isinstance(v, (bool, int, np.integer)):
+            i = int(v)
+            if not -2**31 <= i < 2**32:
+                raise ValueError(f"push constant {i} does not fit in 32 bits")
+            words.append(struct.pack("<i" if i < 0 else "<I", i))
+        else:
+            raise ValueError(f"push constant must be a number, got {type(v).__name__} {v!r}")
+    add(list(fields))
+    data = b"".join(words)
     if len(data) > PUSH_SIZE:
         raise ValueError(f"push constants of {len(data)} bytes exceed {PUSH_SIZE}")
     return data

@@ -44,8 +44,8 @@ class Recording:
         timestamps="ends", one after the last), or None."""
         if not self.query_pools:
             return None
-        period = self.device.caps["timestamps"]["period_ns"]
-        bits = self.device.caps["timestamps"]["valid_bits"]
+        period = self.device.caps.timestamps.period_ns
+        bits = self.device.caps.timestamps.valid_bits
         vals = []
         for pool, count in self.query_pools:
             data = ffi.new("uint64_t[]", count)
@@ -112,7 +112,7 @@ class Recorder:
         self._keep = []
         # timestamps=True: one before the first dispatch and one after each; "ends": one before and
         # one after everything (for totals: per-dispatch timestamps would serialise the work timed)
-        can = device.caps["timestamps"]["valid_bits"] > 0
+        can = device.caps.timestamps.valid_bits > 0
         self._ends_only = timestamps == "ends" and can
         self.timestamps = bool(timestamps) and not self._ends_only and can
         self._pools = []     # [pool, used]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .graph import Graph
+from ..core.graph import Graph
 
 OPS = ("HC_COMB", "HC_PRE", "HC_POST", "HC_STEP", "HC_SITE_PRE")
 # HC_STEP: the three HC ops of one site in one graph (comb from mixes, pre collapse, post fan-out
@@ -67,7 +67,7 @@ def parse_ops(text):
 
 def paths(device, op):
     """Path names for `op` on `device`: "fused:<variant>" for each runnable variant, then "unfused"."""
-    from . import hc
+    from . import composite as hc
     variants = hc.variants(device)
     if op == "HC_COMB":
         fused = [f"fused:{v}" for v in variants.get("HC_COMB", [])]
@@ -212,7 +212,7 @@ def make_inputs(case, rng):
 def build(case, path, device=None):
     """The graph computing `case` along `path` on `device` (default: the process-wide one); its
     outputs are named as in output_shapes."""
-    from . import hc
+    from . import composite as hc
     fused, variant = _path_args(path)
     kw = {"fused": fused, "device": device}
     g = Graph()
@@ -244,7 +244,7 @@ def reference_and_scales(case, inputs):
     """(float64 numpy results named as in output_shapes, {output: Σ|term|}): the scales cover the
     outputs that are sums whose terms may cancel (see metrics.nmse); the others (comb, post:
     positive) are left out."""
-    from .ops import hc as ref
+    from . import kernels as ref
     a = {k: np.asarray(v, np.float64) for k, v in inputs.items()}
     if case.op == "HC_COMB":
         return {"comb": ref.reference_comb(a["mixes"], a["scale"], a["base"], case.eps, case.n_iter)}, {}

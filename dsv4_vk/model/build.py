@@ -15,8 +15,8 @@ Params (Graph.param names; docs/model.md lists them):
 import numpy as np
 
 from .. import hc
-from ..graph import Graph
-from ..ops.model_ops import rope_tables
+from ..core.graph import Graph
+from ..ops.attention import rope_tables
 
 STEP_PARAMS = ("step.pos", "step.last", "step.token")
 

@@ -23,8 +23,9 @@ import time
 
 import numpy as np
 
-from . import cases as C
+from ..hc import cases as C
 from . import floor as F
+from . import apply_device, parser
 
 HC3 = ("HC_COMB", "HC_PRE", "HC_POST")
 TARGET_DECODE_RATIO = 40.0
@@ -48,7 +49,7 @@ def _largest_tensor_bytes(case):
 
 def record_us(device, graph):
     """Host µs to lower and record `graph` with pipelines and pooled buffers warm (best of 2)."""
-    from .executor import CompiledGraph
+    from ..core.executor import CompiledGraph
     CompiledGraph(device, graph).release()      # leaves its buffers in the pool
     best = math.inf
     for _ in range(2):
@@ -61,7 +62,7 @@ def record_us(device, graph):
 
 def graph_barriers(device, graph):
     """Barriers of one recording of `graph` (a repeated recording adds some between repetitions)."""
-    from .executor import CompiledGraph
+    from ..core.executor import CompiledGraph
     cg = CompiledGraph(device, graph)
     try:
         return cg.recording.n_barriers
@@ -73,7 +74,7 @@ def bench_path(device, case, path, inputs, replays, repeat=1, warm=None):
     """One row: timings of `case` along `path`; with repeat > 1 the graph is recorded that many
     times back to back in one command buffer and the GPU time is per repetition. warm: called
     right before the timed replays (floor.ClockWarmer: the GPU's clock up from idle)."""
-    from .executor import CompiledGraph
+    from ..core.executor import CompiledGraph
     graph = C.build(case, path, device)
     # timestamps only before and after the graph: per-dispatch ones would serialise the work timed
     cg = CompiledGraph(device, graph, timestamps="ends", repeat=repeat)
@@ -110,7 +111,7 @@ def run(device, cases, replays, rng, on_row=None, repeat=1, warm_ms=0):
 
 
 def _run(device, cases, replays, rng, on_row, repeat, warm):
-    limit = device.caps["limits"]["max_storage_buffer_range"]
+    limit = device.caps.limits.max_storage_buffer_range
     paths = {op: C.paths(device, op) for op in {c.op for _, c in cases}}
     rows = []
     for section, case in cases:
@@ -270,7 +271,7 @@ def plot(doc, png):
 # --- CLI ------------------------------------------------------------------------------------------
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m dsv4_vk bench", description=__doc__,
+    ap = parser("bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--d", type=_int_list, default=[4096, 7168], help="hidden sizes D (default 4096,7168)")
     ap.add_argument("--t", type=_int_list, default=list(C.PREFILL_TS), help="prefill T values (default 512..4096)")
@@ -293,6 +294,7 @@ def main(argv=None):
     ap.add_argument("--plot", metavar="PNG", help="plot GPU time across T (needs matplotlib)")
     ap.add_argument("--plot-from", metavar="JSON", help="render --plot from a saved --json file; no benchmark")
     args = ap.parse_args(argv)
+    apply_device(args)
 
     if args.plot_from:
         if not args.plot:
@@ -319,7 +321,7 @@ def main(argv=None):
                   "where matplotlib is installed", file=sys.stderr)
             return 2
 
-    from .vk import default_device
+    from ..vk import default_device
     device = default_device()
     ts = sorted(set(args.t))
     if args.quick:
@@ -335,7 +337,7 @@ def main(argv=None):
     warm_ms = F.default_warm_ms(device) if args.warm_ms is None else args.warm_ms
     fl = F.measure(device, chain=64 if args.quick else 256, copy_bytes=copy_bytes, replays=args.replays,
                    warm_ms=warm_ms)
-    say(f"# bench on {device.name} ({device.caps['type']}), subgroup size {device.subgroup_size}, "
+    say(f"# bench on {device.name} ({device.caps.type}), subgroup size {device.subgroup_size}, "
         f"clock warm-up {warm_ms:g} ms before each timing")
     say("## floor\n" + "\n".join("  " + ln for ln in F.format_floor(fl).splitlines()))
     section = [None]
@@ -348,7 +350,7 @@ def main(argv=None):
 
     rows = run(device, cases, args.replays, np.random.default_rng(args.seed), on_row=show, repeat=args.repeat,
                warm_ms=warm_ms)
-    doc = {"device": device.name, "device_type": device.caps["type"], "subgroup_size": device.subgroup_size,
+    doc = {"device": device.name, "device_type": device.caps.type, "subgroup_size": device.subgroup_size,
            "replays": args.replays, "repeat": args.repeat, "warm_ms": warm_ms, "floor": fl, "rows": rows, "summary": summarize(rows, fl)}
     say(format_summary(doc["summary"]))
     if args.json:

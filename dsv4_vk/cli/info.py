@@ -2,15 +2,16 @@
 import argparse
 import json
 
-from .vk import Device, VulkanError, list_devices
+from ..vk import Device, VulkanError, list_devices
+from . import apply_device, parser
 
 
 def report(dev):
     """The device report as a dict (capabilities plus HC kernel choices where known)."""
-    out = dict(dev.caps)
+    out = dev.caps.as_dict()
     out.pop("memory_types", None)
     try:
-        from .hc_policy import describe
+        from ..hc.policy import describe
         out["hc"] = describe(dev)
     except ImportError:
         pass
@@ -39,10 +40,11 @@ def _human(rep):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m dsv4_vk info", description=__doc__)
+    ap = parser("info", description=__doc__)
     ap.add_argument("--json", action="store_true", help="print JSON")
     ap.add_argument("--all", action="store_true", help="list every physical device, not just the chosen one")
     args = ap.parse_args(argv)
+    apply_device(args)
     try:
         if args.all:
             devs = list_devices()

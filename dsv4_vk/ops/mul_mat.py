@@ -12,8 +12,8 @@ lavapipe, 2 cores, 4096×4096 f32 weight: T=1 gemv 16.7 ms (32.5 ms with 8-lane 
 """
 import numpy as np
 
-from .base import Launch, OpDef, broadcast_shapes, grid_1d, register, tensor_push
-from .rows import check_params, cluster_lanes, next_pow2, nonempty
+from .base import (Launch, OpDef, broadcast_shapes, check_params, cluster_lanes, grid_1d, is_cpu, next_pow2, nonempty,
+                   pack_push, register, tensor_push)
 
 GEMV_MAX_T = 8          # TB, the tokens one GEMV cluster carries, is at most this
 CPU_GEMV_MAX_T = 1
@@ -24,10 +24,6 @@ GPU_GEMV_MAX_T = 64
 GEMM_TILE_N = 64
 KERNELS = ("auto", "gemv", "gemm", "gemm_regs", "gemm_shared")
 WORKGROUP = 256
-
-
-def is_cpu(device):
-    return device.caps["type"] == "cpu"
 
 
 def pick_kernel(device, T, kernel="auto", N=None):
@@ -80,8 +76,7 @@ class MulMat(OpDef):
         x = node.inputs[0].broadcast_to(batch + (T, K))
         w = node.inputs[1].broadcast_to(batch + (N, K))
         b = (1,) * (2 - len(batch)) + batch
-        push = np.array([b[0], b[1], T, N, K] + tensor_push(x) + tensor_push(w) + tensor_push(out),
-                        np.uint32).tobytes()
+        push = pack_push(b[0], b[1], T, N, K, tensor_push(x), tensor_push(w), tensor_push(out))
         kernel = pick_kernel(device, T, node.params.get("kernel", "auto"), N)
         defines = {"VEC4": 1} if K >= 4 and vec4_ok(x, w) else {}
         extra = {}

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from .ops.base import get_op
+from .opdef import get_op
 from .tensor import DTYPES, Storage, Tensor, dtype_name
 
 

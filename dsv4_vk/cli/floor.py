@@ -11,13 +11,16 @@ medians.
     format_floor(result)   -> the human-readable block
 """
 import contextlib
+import json
 import statistics
+from pathlib import Path
 import time
 
 import numpy as np
 
-from .ops.base import grid_1d
-from .vk import Buffer, Recorder, default_device, pack_push
+from ..ops.base import grid_1d
+from . import apply_device, parser
+from ..vk import Buffer, Recorder, default_device, pack_push
 
 COPY_WORKGROUP = 256
 CPU_COPY_BYTES = 16 << 20       # lavapipe: ~1 GB/s, keep each replay short
@@ -57,7 +60,7 @@ def _step_pipeline(device):
 
 
 def _check_timestamps(device):
-    if not device.caps["timestamps"]["valid_bits"]:
+    if not device.caps.timestamps.valid_bits:
         raise RuntimeError(f"{device.name} has no timestamp queries: GPU times cannot be measured")
 
 
@@ -76,7 +79,7 @@ def dispatch_chain_us(device, n=256, barriers=True, replays=10, warm=None):
         for i in range(n):
             reads = [(buf, 4 * i, 4 * i + 4)] if barriers else ()
             writes = [(buf, 4 * i + 4, 4 * i + 8)] if barriers else ()
-            rec.dispatch(pipe, [buf], pack_push("II", i, i + 1), (1, 1, 1), reads, writes, label="step")
+            rec.dispatch(pipe, [buf], pack_push(i, i + 1), (1, 1, 1), reads, writes, label="step")
         with _recording(rec) as r:
             if barriers and r.n_barriers != n - 1:
                 raise RuntimeError(f"dependent chain of {n} dispatches recorded {r.n_barriers} barriers, "
@@ -101,7 +104,7 @@ def submit_roundtrip_us(device, replays=20, warm=None):
     pipe = _step_pipeline(device)
     with _scratch(device, 8, np.zeros(2, np.float32)) as buf:
         rec = Recorder(device)
-        rec.dispatch(pipe, [buf], pack_push("II", 0, 1), (1, 1, 1), [(buf, 0, 4)], [(buf, 4, 8)])
+        rec.dispatch(pipe, [buf], pack_push(0, 1), (1, 1, 1), [(buf, 0, 4)], [(buf, 4, 8)])
         with _recording(rec) as r:
             for _ in range(3):          # first submits JIT-compile the shader (lavapipe) and page in
                 r.submit()
@@ -118,7 +121,7 @@ def record_us_per_dispatch(device, n=1000, repeats=3):
     """Host µs per `Recorder.dispatch` call (bind + push + dispatch + hazard tracking and the
     barrier it implies), measured in Python over a dependent chain of `n` dispatches."""
     pipe = _step_pipeline(device)
-    pushes = [pack_push("II", i, i + 1) for i in range(n)]
+    pushes = [pack_push(i, i + 1) for i in range(n)]
     per = []
     with _scratch(device, 4 * (n + 1)) as buf:
         ranges = [([(buf, 4 * i, 4 * i + 4)], [(buf, 4 * i + 4, 4 * i + 8)]) for i in range(n)]
@@ -139,23 +142,23 @@ def _copies(device, src, dst, nbytes, copies, timestamps=False):
     pipe = device.pipelines.get("floor", 2, {"OP_COPY": 1}, (COPY_WORKGROUP,))
     rec = Recorder(device, timestamps=timestamps)
     for _ in range(copies):
-        rec.dispatch(pipe, [src, dst], pack_push("I", n4), grid_1d(n4, COPY_WORKGROUP),
+        rec.dispatch(pipe, [src, dst], pack_push(n4), grid_1d(n4, COPY_WORKGROUP),
                      [(src, 0, nbytes)], [(dst, 0, nbytes)])
     return rec
 
 
 def default_copy_bytes(device):
     """1 GiB on GPUs (capped by the storage-buffer range), 16 MiB on CPU devices."""
-    if device.caps["type"] == "cpu":
+    if device.caps.type == "cpu":
         return CPU_COPY_BYTES
-    return min(GPU_COPY_BYTES, device.caps["limits"]["max_storage_buffer_range"] // 16 * 16)
+    return min(GPU_COPY_BYTES, device.caps.limits.max_storage_buffer_range // 16 * 16)
 
 
 def copy_gbps(device, nbytes=None, replays=10, copies=4, warm=None):
     """Copy bandwidth in GB/s (bytes read + bytes written, 10⁹ B/s) of an elementwise vec4 copy of
     `nbytes`; median over replays of `copies` back-to-back copies (the output is checked)."""
     nbytes = default_copy_bytes(device) if nbytes is None else int(nbytes)
-    limit = device.caps["limits"]["max_storage_buffer_range"]
+    limit = device.caps.limits.max_storage_buffer_range
     if nbytes < 16 or nbytes % 16:
         raise ValueError(f"copy_bytes must be a positive multiple of 16, got {nbytes}")
     if nbytes > limit:
@@ -178,7 +181,7 @@ def copy_gbps(device, nbytes=None, replays=10, copies=4, warm=None):
 
 def default_warm_ms(device):
     """Clock warm-up before each GPU measurement: 500 ms on GPUs, none on CPU devices."""
-    return 0 if device.caps["type"] == "cpu" else 500
+    return 0 if device.caps.type == "cpu" else 500
 
 
 class ClockWarmer:
@@ -230,7 +233,7 @@ def measure(device=None, chain=256, copy_bytes=None, replays=10, record_n=1000, 
     with ClockWarmer(device, warm_ms) as warm:
         return {
             "device": device.name,
-            "device_type": device.caps["type"],
+            "device_type": device.caps.type,
             "subgroup_size": device.subgroup_size,
             "chain": chain,
             "replays": replays,
@@ -257,3 +260,23 @@ def format_floor(f):
         f"({f['copy_bytes'] / 2**20:.0f} MiB copied)",
     ] + ([f"clock warm-up               {f['warm_ms']:10.0f} ms of load before each GPU timing"]
          if f.get("warm_ms") else []))
+
+
+def main(argv=None):
+    ap = parser("floor", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--chain", type=int, default=256, help="dispatches in the timed chain (default 256)")
+    ap.add_argument("--copy-mib", type=float, default=None,
+                    help="bytes copied, MiB (default: 1024 on GPUs, 16 on CPU devices)")
+    ap.add_argument("--replays", type=int, default=10, help="replays per GPU measurement (median)")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of text")
+    ap.add_argument("--out", help="also write the JSON to this file")
+    args = ap.parse_args(argv)
+    apply_device(args)
+    if args.chain < 1 or args.replays < 1:
+        ap.error("--chain and --replays must be ≥ 1")
+    copy_bytes = None if args.copy_mib is None else int(args.copy_mib * 2**20) // 16 * 16
+    result = measure(default_device(), chain=args.chain, copy_bytes=copy_bytes, replays=args.replays)
+    print(json.dumps(result, indent=2) if args.json else format_floor(result))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0

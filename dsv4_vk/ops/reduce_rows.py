@@ -6,46 +6,10 @@ where a device has none. Inputs are any strided views; outputs any views of the 
 """
 import numpy as np
 
-from .base import Launch, OpDef, check_finite, grid_1d, register, shape_push, tensor_push
+from .base import (Launch, OpDef, check_finite, check_params, cluster_lanes, grid_1d, nonempty, pack_push, register,
+                   shape_push, tensor_push)
 
 WORKGROUP = 256    # a multiple of every subgroup size, so workgroups are whole subgroups
-
-
-def next_pow2(n):
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
-def cluster_lanes(device, n, per_lane=4, max_lanes=None):
-    """(defines, launch kwargs) for kernels that reduce n values per cluster with lanes.glsl.
-
-    Lanes per cluster: enough for about `per_lane` values each, at most max_lanes and the smallest
-    subgroup the device may launch. A whole-subgroup cluster uses subgroupAdd/Max (with the subgroup
-    size pinned where the device may vary it); a smaller one a shuffle butterfly; without subgroup
-    ops, one lane."""
-    sg = device.caps["subgroup"]
-    ops = set(sg["operations"]) if sg["compute_stage"] else set()
-    lanes = min(max(1, sg["min_size"]), next_pow2(-(-int(n) // per_lane)), max_lanes or 1 << 30)
-    extra = {"full_subgroups": True} if sg["full_subgroups"] else {}
-    if lanes > 1 and lanes == sg["min_size"] and {"basic", "arithmetic"} <= ops:
-        if sg["min_size"] == sg["max_size"]:
-            return {"LANES": lanes, "LANES_SUBGROUP_OPS": 1}, extra
-        if sg["size_control"] and sg["required_size_compute"]:
-            return {"LANES": lanes, "LANES_SUBGROUP_OPS": 1}, {**extra, "subgroup_size": lanes}
-    if lanes > 1 and {"basic", "shuffle"} <= ops:
-        return {"LANES": lanes}, extra
-    return {"LANES": 1}, {}
-
-
-def nonempty(op, tensors):
-    for i, t in enumerate(tensors):
-        if t.numel == 0:
-            raise ValueError(f"{op}: input {i} is empty (shape {t.shape}); expected at least one element")
-
-
-def check_params(op, params, accepted):
-    extra = set(params) - set(accepted)
-    if extra:
-        raise ValueError(f"{op}: unknown parameter(s) {sorted(extra)}; accepted: {list(accepted)}")
 
 
 def row_launch(device, shader, x, out, w=None, scalar=0.0, op_define=None):
@@ -55,10 +19,9 @@ def row_launch(device, shader, x, out, w=None, scalar=0.0, op_define=None):
     if op_define:
         defs[op_define] = 1
     # same push layout for both shaders: shape, x, out, scalar, then (reduce_rows only) the weight view
-    push = (np.array(shape + tensor_push(x) + tensor_push(out), np.uint32).tobytes()
-            + np.array([scalar], np.float32).tobytes())
+    weight = [w.offset, w.strides[0]] if w is not None else []
+    push = pack_push(shape, tensor_push(x), tensor_push(out), float(scalar), weight)
     if w is not None:
-        push += np.array([w.offset, w.strides[0]], np.uint32).tobytes()
         defs["HAS_WEIGHT"] = 1
     args = [x] + ([w] if w is not None else []) + [out]
     rows = shape[0] * shape[1] * shape[2]

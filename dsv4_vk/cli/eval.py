@@ -15,10 +15,11 @@ import time
 
 import numpy as np
 
-from . import cases as C
-from .executor import CompiledGraph
-from .metrics import max_abs, nmse, nonfinite_mismatch
-from .vk import default_device
+from ..hc import cases as C
+from ..core.executor import CompiledGraph
+from ..hc.metrics import max_abs, nmse, nonfinite_mismatch
+from ..vk import default_device
+from . import apply_device, parser
 
 NMSE_MAX = 1e-7
 MAX_ABS = {"HC_COMB": 2e-6, "HC_PRE": 1e-6, "HC_POST": 1e-6, "HC_STEP": 2e-6, "HC_SITE_PRE": 4e-6}   # × max(1, max|ref|)
@@ -154,7 +155,7 @@ def select(cases, ops=None, pattern=None):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m dsv4_vk eval", description=__doc__,
+    ap = parser("eval", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--op", type=C.parse_ops, help="only these ops, e.g. HC_COMB or HC_PRE,HC_POST")
     ap.add_argument("--filter", metavar="REGEX", help="only cases whose name matches, e.g. 'T=17 '")
@@ -165,6 +166,7 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, help="seed of the random inputs (default: fresh, printed)")
     ap.add_argument("--list", action="store_true", help="list the selected cases and exit")
     args = ap.parse_args(argv)
+    apply_device(args)
     if args.filter:
         try:
             re.compile(args.filter)
@@ -182,7 +184,7 @@ def main(argv=None):
     seed = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2**32)
     rng = np.random.default_rng(seed)
     to_stdout = args.json != "-"
-    header = (f"# eval on {device.name} ({device.caps['type']}), subgroup size {device.subgroup_size}, "
+    header = (f"# eval on {device.name} ({device.caps.type}), subgroup size {device.subgroup_size}, "
               f"seed {seed}, {len(cases)} cases")
     if to_stdout:
         print(header, flush=True)
@@ -208,7 +210,7 @@ def main(argv=None):
     if to_stdout:
         print(summary)
     if args.json:
-        doc = {"device": device.name, "device_type": device.caps["type"], "subgroup_size": device.subgroup_size,
+        doc = {"device": device.name, "device_type": device.caps.type, "subgroup_size": device.subgroup_size,
                "seed": seed, "paths": path_names, "nmse_max": NMSE_MAX, "max_abs_rel": MAX_ABS,
                "passed": len(rows) - failed, "failed": failed, "results": rows}
         text = json.dumps(doc, indent=1, default=float)

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import profile
 from .tensor import DTYPES, dtype_name
-from .vk import Buffer, Recorder, default_device
+from ..vk import Buffer, Recorder, default_device
 
 GUARD = 64                      # elements before and after every storage (256 B: a legal bind offset)
 SENTINEL = np.uint32(0x7FC0DEAD)  # a NaN with a payload no kernel produces

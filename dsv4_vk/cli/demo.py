@@ -11,14 +11,15 @@ import time
 
 import numpy as np
 
-from . import profile
-from .hc_policy import HCUnsupported
-from .model import Config, Model, Sampling, random_weights
-from .vk import default_device
+from ..core import profile
+from ..hc.policy import HCUnsupported
+from ..model import Config, Model, Sampling, random_weights
+from ..vk import default_device
+from . import apply_device, parser
 
 
 def parse(argv):
-    ap = argparse.ArgumentParser(prog="python -m dsv4_vk demo", description=__doc__.split("\n\n")[0])
+    ap = parser("demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--dim", type=int, default=64, help="hidden size D (default 64)")
     ap.add_argument("--layers", type=int, default=2, help="layers (default 2)")
     ap.add_argument("--experts", type=int, default=4, help="routed experts (default 4)")
@@ -32,6 +33,7 @@ def parse(argv):
     ap.add_argument("--seed", type=int, default=0, help="weights, prompt and sampler seed (default 0)")
     ap.add_argument("--no-profile", action="store_true", help="skip the per-op GPU time tables")
     a = ap.parse_args(argv)
+    apply_device(a)
     if a.dim % a.heads or (a.dim // a.heads) % 2:
         ap.error(f"--dim {a.dim} must be a multiple of --heads {a.heads} with an even head_dim")
     if a.tokens < 1 or a.prompt < 1:

@@ -4,12 +4,11 @@ Math and layouts: shared/spec/HC_OPS.md. comb[t, src, dst]: the destination is t
 The graph functions in `dsv4_vk.hc` choose between these fused nodes and the unfused chain.
 """
 import math
-import struct
 
 import numpy as np
 
-from ..hc_policy import COMB_VARIANTS, HCUnsupported, comb_support, required_subgroup_size, sg16_subgroup_size
-from .base import Launch, OpDef, grid_1d, register
+from .policy import COMB_VARIANTS, HCUnsupported, comb_support, required_subgroup_size, sg16_subgroup_size
+from ..ops.base import Launch, OpDef, check_shape, grid_1d, pack_push, register
 
 HC = 4            # streams
 N_MIX = 24        # (2 + HC) · HC mixes: pre 0..3, post 4..7, comb 8..23
@@ -92,17 +91,6 @@ def magnitude(reference, *args):
 
 # --- validation shared by the op declarations and the graph functions ------------------------------------
 
-def check_shape(name, shape, expected):
-    """expected: tuple of ints or None (any size ≥ 1); raises ValueError naming the argument."""
-    shape = tuple(shape)
-    want = "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
-    if len(shape) != len(expected):
-        raise ValueError(f"{name} must have rank {len(expected)} (shape {want}), got shape {shape}")
-    for s, e in zip(shape, expected):
-        if (e is None and s < 1) or (e is not None and s != e):
-            raise ValueError(f"{name} must have shape {want} with every dimension ≥ 1, got {shape}")
-
-
 def check_same(name_a, a, name_b, b, what):
     if a != b:
         raise ValueError(f"{what} disagrees between {name_a} ({a}) and {name_b} ({b})")
@@ -125,10 +113,6 @@ def check_n_iter(value):
 
 
 # --- kernels ---------------------------------------------------------------------------------------------
-
-def _push(fmt, *values):
-    return struct.pack("<" + fmt, *values)
-
 
 def _unit_inner(op, name, t):
     if t.shape[-1] != 1 and t.strides[-1] != 1:
@@ -182,7 +166,7 @@ class HcComb(OpDef):
         if why is not None:
             raise HCUnsupported(f"{self.name} variant {variant} cannot run on {device.name}: {why}")
         T = mixes.shape[0]
-        push = _push("IIf13I", T, check_n_iter(node.params.get("n_iter", 20)), float(node.params.get("eps", 1e-6)),
+        push = pack_push(T, check_n_iter(node.params.get("n_iter", 20)), float(node.params.get("eps", 1e-6)),
                      mixes.offset, *mixes.strides, scale.offset, scale.strides[0], base.offset, base.strides[0],
                      *self.out_layout(out))
         defines = {"COEFS": 1} if self.name == "HC_COEFS" else {}
@@ -192,7 +176,7 @@ class HcComb(OpDef):
             return [Launch("hc_comb", [mixes, scale, base, out], (3,), push, grid_1d(T, wg // 16),
                            defines={"SG16": 1, **defines}, spec=(wg,),
                            subgroup_size=required_subgroup_size(device, size), full_subgroups=True)]
-        full = device.caps["subgroup"]["full_subgroups"]
+        full = device.caps.subgroup.full_subgroups
         return [Launch("hc_comb", [mixes, scale, base, out], (3,), push, grid_1d(T, ROWS4_WORKGROUP // 4),
                        defines={"ROWS4": 1, **defines}, spec=(ROWS4_WORKGROUP,), full_subgroups=full)]
 
@@ -260,12 +244,12 @@ class HcMix(OpDef):
         vec4 = D % 4 == 0 and X.offset % 4 == 0 and fn.offset % 4 == 0 and all(
             s % 4 == 0 for s in (*X.strides[:-1], fn.strides[0]))
         unit = 4 if vec4 else 1
-        push = _push("3I2f8I", T, m, D // unit, 1.0 / (HC * D), check_eps("norm_eps", node.params.get("norm_eps", 1e-6)),
+        push = pack_push(T, m, D // unit, 1.0 / (HC * D), check_eps("norm_eps", node.params.get("norm_eps", 1e-6)),
                      X.offset // unit, *_strides_in(X, unit), fn.offset // unit, fn.strides[0] // unit,
                      out.offset, *out.strides)
-        return [Launch("hc_site", [X, fn, out], (2,), push, grid_1d(T * m, 1),
+        return [Launch("hc_mix", [X, fn, out], (2,), push, grid_1d(T * m, 1),
                        defines={"VEC4": 1} if vec4 else {}, spec=(self.WORKGROUP,),
-                       full_subgroups=device.caps["subgroup"]["full_subgroups"])]
+                       full_subgroups=device.caps.subgroup.full_subgroups)]
 
     def reference(self, X, fn, norm_eps=1e-6):
         return reference_mixes(X, fn, norm_eps)
@@ -291,7 +275,7 @@ class HcPre(OpDef):
         T, _, D = x.shape
         vec4, chunks, wg, gpt, cpt = _slice_launch_layout(D, [x, u])
         unit = 4 if vec4 else 1
-        push = _push("11I", T, chunks, gpt, x.offset // unit, *_strides_in(x, unit),
+        push = pack_push(T, chunks, gpt, x.offset // unit, *_strides_in(x, unit),
                      w.offset, *w.strides, u.offset // unit, *_strides_in(u, unit))
         return [Launch("hc_pre", [x, w, u], (2,), push, grid_1d(T * gpt, 1),
                        defines={"VEC4": 1} if vec4 else {}, spec=(wg, cpt))]
@@ -333,7 +317,7 @@ class HcPost(OpDef):
         T, D = f.shape
         vec4, chunks, wg, gpt, cpt = _slice_launch_layout(D, [f, res, out])
         unit = 4 if vec4 else 1
-        push = _push("18I", T, chunks, gpt, f.offset // unit, *_strides_in(f, unit),
+        push = pack_push(T, chunks, gpt, f.offset // unit, *_strides_in(f, unit),
                      res.offset // unit, *_strides_in(res, unit), post.offset, *post.strides,
                      comb.offset, *comb.strides, out.offset // unit, *_strides_in(out, unit))
         return [Launch("hc_post", [f, res, post, comb, out], (4,), push, grid_1d(T * gpt, 1),

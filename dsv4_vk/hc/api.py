@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from . import hc, hc_policy
-from .executor import Executor
-from .graph import Graph
-from .ops.hc import HC, N_MIX, check_eps, check_n_iter
-from .vk import default_device
+from . import composite as hc, policy as hc_policy
+from ..core.executor import Executor
+from ..core.graph import Graph
+from .kernels import HC, N_MIX, check_eps, check_n_iter
+from ..vk import default_device
 
 _executors = {}
 _last = None

@@ -83,25 +83,25 @@ def forced_variant():
 
 def sg16_subgroup_size(device):
     """Subgroup size the sg16 kernel would run at (≥ 16), or None."""
-    sg = device.caps["subgroup"]
+    sg = device.caps.subgroup
     if device.subgroup_size >= 16:
         return device.subgroup_size
-    if sg["size_control"] and sg["required_size_compute"] and sg["max_size"] >= 16:
-        return max(16, sg["min_size"])
+    if sg.size_control and sg.required_size_compute and sg.max_size >= 16:
+        return max(16, sg.min_size)
     return None
 
 
 def required_subgroup_size(device, size):
     """`size` when the device can pin a pipeline's subgroup size to it, else None."""
-    sg = device.caps["subgroup"]
-    if sg["size_control"] and sg["required_size_compute"] and sg["min_size"] <= size <= sg["max_size"]:
+    sg = device.caps.subgroup
+    if sg.size_control and sg.required_size_compute and sg.min_size <= size <= sg.max_size:
         return size
     return None
 
 
 def comb_support(device):
     """{variant: None if the device can run it, else why not}."""
-    sgc = device.caps["subgroup"]
+    sgc = device.caps.subgroup
     size = device.subgroup_size
     shuffle = device.supports_subgroup_op("shuffle")
     out = {}
@@ -111,7 +111,7 @@ def comb_support(device):
     sg16 = sg16_subgroup_size(device)
     if sg16 is None:
         out["sg16"] = f"subgroup size {size} < 16"
-    elif not sgc["full_subgroups"]:
+    elif not sgc.full_subgroups:
         out["sg16"] = f"subgroup size {size} but full subgroups cannot be required"
     elif sg16 != size and required_subgroup_size(device, sg16) is None:
         out["sg16"] = f"subgroup size {size} < 16 and it cannot be pinned to {sg16}"

@@ -13,10 +13,10 @@ device cannot is an error). Nodes are labelled with g.tag(op); g.paths gets (op,
 `device` (default: the process-wide device) is the device the graph will run on: the path depends
 on it.
 """
-from . import hc_policy
-from .ops.hc import HC, N_MIX, check_eps, check_n_iter, check_post_shapes, check_same, check_shape, mix_supported
-from .tensor import Tensor
-from .vk import default_device
+from . import policy as hc_policy
+from .kernels import HC, N_MIX, check_eps, check_n_iter, check_post_shapes, check_same, check_shape, mix_supported
+from ..core.tensor import Tensor
+from ..vk import default_device
 
 
 def variants(device):
@@ -151,7 +151,7 @@ MIX_MAX_T = {"cpu": 8}
 
 
 def mix_max_t(device):
-    return MIX_MAX_T.get(device.caps["type"], 1 << 31)
+    return MIX_MAX_T.get(device.caps.type, 1 << 31)
 
 
 def _flat_rms_mixes(g, X, fn, norm_eps, fused, device):

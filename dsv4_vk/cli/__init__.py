@@ -1,0 +1,71 @@
+"""The command line: `dsv4_vk <command>` (or `python -m dsv4_vk <command>`): info, eval, bench, demo,
+floor. Each command lives in its own module with a `main(argv)`; every command takes `--device`."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+COMMANDS = {
+    "info": ("dsv4_vk.cli.info", "device report: capabilities and which HC kernels run here"),
+    "eval": ("dsv4_vk.cli.eval", "correctness sweep: fused vs unfused vs float64 reference"),
+    "bench": ("dsv4_vk.cli.bench", "speed of every case and path against the device floor"),
+    "demo": ("dsv4_vk.cli.demo", "generate tokens with a small random model, fused vs unfused HC"),
+    "floor": ("dsv4_vk.cli.floor", "the device baseline: dispatch latency, barrier cost, copy bandwidth"),
+}
+
+
+def program() -> str:
+    """How the user invoked us, for usage lines: `dsv4_vk` (console script) or `python -m dsv4_vk`."""
+    base = os.path.basename(sys.argv[0] or "")
+    return "python -m dsv4_vk" if base in ("__main__.py", "-m", "-c", "") else base
+
+
+def parser(command: str, description: str | None = None, **kw) -> argparse.ArgumentParser:
+    """The argument parser of one command, with the `--device` option every command has."""
+    ap = argparse.ArgumentParser(prog=f"{program()} {command}", description=description, **kw)
+    ap.add_argument("--device", metavar="INDEX|NAME",
+                    help="Vulkan device by index (see `info --all`) or name substring; same as DSV4_VK_DEVICE")
+    return ap
+
+
+def apply_device(args: argparse.Namespace) -> None:
+    """Make --device the process's device choice (the default device reads DSV4_VK_DEVICE when opened)."""
+    if getattr(args, "device", None) is not None:
+        if not args.device.strip():
+            raise SystemExit("error: --device must be a device index or a name substring, got an empty string")
+        os.environ["DSV4_VK_DEVICE"] = args.device
+
+
+def _usage() -> str:
+    lines = [f"usage: {program()} [--version] [--device INDEX|NAME] {{{','.join(COMMANDS)}}} [options]", ""]
+    lines += [f"  {k:6s} {doc}" for k, (_, doc) in COMMANDS.items()]
+    lines += ["", f"`{program()} <command> --help` lists a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # options before the command: --version, --device (kept for the command, which applies it)
+    lead = []
+    while argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        opt = argv.pop(0)
+        if opt == "--version":
+            from .. import __version__
+            print(f"dsv4_vk {__version__}")
+            return 0
+        if opt == "--device" and argv:
+            lead += [opt, argv.pop(0)]
+        elif opt.startswith("--device="):
+            lead.append(opt)
+        else:
+            print(f"error: unknown option {opt!r} before the command\n\n{_usage()}", file=sys.stderr)
+            return 2
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"error: unknown command {argv[0]!r}\n", file=sys.stderr)
+        print(_usage())
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    mod = importlib.import_module(COMMANDS[argv[0]][0])
+    return mod.main(lead + argv[1:]) or 0

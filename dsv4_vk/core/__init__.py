@@ -1,0 +1,8 @@
+"""The runtime above the Vulkan layer: graph tensors, the graph builder, the executor that lowers a
+graph to one recorded command buffer and replays it, op declarations, and profiling."""
+from .executor import CompiledGraph, Executor, RunStats
+from .graph import Graph
+from .opdef import Launch, OpDef, get_op, register
+from .tensor import Tensor
+
+__all__ = ["CompiledGraph", "Executor", "Graph", "Launch", "OpDef", "RunStats", "Tensor", "get_op", "register"]

@@ -1,0 +1,66 @@
+"""How an op is declared: once, with its shape rule, its lowering to kernel launches, its numpy
+float64 reference and, for a fused op, its decomposition into primitive ops.
+
+The graph builder looks ops up here by name; the executor lowers nodes through `lower`; the tests
+and the eval harness take `reference` from the same declaration. Op families live in `dsv4_vk.ops`
+(and the hyper-connection ops in `dsv4_vk.hc`); importing them registers their declarations.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+REGISTRY: dict[str, "OpDef"] = {}
+WORKGROUP = 256
+
+
+@dataclass
+class Launch:
+    """One kernel dispatch of `shaders/<shader>.comp`. args are bound at 0..n-1; indices in `writes`
+    are outputs. `defines` pick a compile-time variant (only those the shader's header declares,
+    so the wheel can ship them prebuilt); shape-dependent values go in `spec` or the push block."""
+    shader: str
+    args: list
+    writes: tuple
+    push: bytes
+    grid: tuple
+    defines: dict = field(default_factory=dict)
+    spec: tuple = (WORKGROUP,)
+    subgroup_size: int | None = None       # required subgroup size, when the kernel depends on it
+    full_subgroups: bool = False
+    label: str = ""
+
+
+class OpDef:
+    """Base of every op declaration. Subclasses set `name` and implement the hooks."""
+    name: str = ""
+    n_inputs: int | None = None            # None: variadic
+    dtypes: tuple[str, ...] = ("f32",)     # accepted input dtypes (per op, checked for every input)
+
+    def infer(self, inputs: list, params: dict[str, Any]) -> tuple[tuple[int, ...], str]:
+        """Validate inputs/params; return (output shape, output dtype)."""
+        raise NotImplementedError
+
+    def lower(self, node: Any, device: Any) -> list[Launch]:
+        """List of Launch for `node` on `device`."""
+        raise NotImplementedError
+
+    def reference(self, *arrays: Any, **params: Any) -> Any:
+        """numpy float64 result for the same inputs and params."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<op {self.name}>"
+
+
+def register(cls: type[OpDef]) -> type[OpDef]:
+    op = cls()
+    REGISTRY[op.name] = op
+    return cls
+
+
+def get_op(name: str) -> OpDef:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown op {name!r}; known ops: {', '.join(sorted(REGISTRY))}") from None

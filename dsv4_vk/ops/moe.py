@@ -1,0 +1,147 @@
+"""Mixture of experts: MOE_ROUTE (top-k experts chosen on the device) and MUL_MAT_ID (products with
+the chosen experts only), with their float64 references.
+"""
+import numpy as np
+
+from .base import (Launch, OpDef, check_finite, check_params, cluster_lanes, expect, grid_1d, is_cpu, nonempty,
+                   pack_push, register, unit_last)
+
+MAX_TOP_K = 64
+ROUTERS = ("softmax", "sigmoid")
+
+def reference_route(logits, top_k, router="sigmoid", norm=True, route_scale=1.0, n_shared=0):
+    """[T, top_k + n_shared, 2]: (expert id, weight); picks by logit (desc), ties to the lower id."""
+    lg = np.asarray(logits, np.float64)
+    T, E = lg.shape
+    if router == "softmax":
+        e = np.exp(lg - lg.max(axis=-1, keepdims=True))
+        scores = e / e.sum(axis=-1, keepdims=True)
+    else:
+        scores = 1.0 / (1.0 + np.exp(-lg))
+    out = np.zeros((T, top_k + n_shared, 2))
+    order = np.argsort(-lg, axis=-1, kind="stable")[:, :top_k]
+    w = np.take_along_axis(scores, order, axis=-1)
+    if norm:
+        w = w / w.sum(axis=-1, keepdims=True)
+    out[:, :top_k, 0], out[:, :top_k, 1] = order, w * route_scale
+    out[:, top_k:, 0] = E + np.arange(n_shared)
+    out[:, top_k:, 1] = 1.0
+    return out
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+@register
+class MoeRoute(OpDef):
+    """MOE_ROUTE(logits [T,E], top_k=, router="softmax"|"sigmoid", norm=True, route_scale=1.0,
+    n_shared=0) -> [T, top_k + n_shared, 2]: (expert id as an exact float, weight)."""
+    name, n_inputs = "MOE_ROUTE", 1
+
+    def infer(self, inputs, params):
+        (lg,) = inputs
+        nonempty(self.name, inputs)
+        check_params(self.name, params, ("top_k", "router", "norm", "route_scale", "n_shared"))
+        expect(self.name, "logits (input 0, [T, experts])", lg, (None, None))
+        E = lg.shape[1]
+        k, s = params.get("top_k"), params.get("n_shared", 0)
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= min(E, MAX_TOP_K):
+            raise ValueError(f"{self.name}: top_k must be an integer in [1, {min(E, MAX_TOP_K)}] (experts: {E}), got {k!r}")
+        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= MAX_TOP_K:
+            raise ValueError(f"{self.name}: n_shared must be an integer in [0, {MAX_TOP_K}], got {s!r}")
+        if params.get("router", "sigmoid") not in ROUTERS:
+            raise ValueError(f"{self.name}: router must be one of {ROUTERS}, got {params['router']!r}")
+        if not isinstance(params.get("norm", True), bool):
+            raise ValueError(f"{self.name}: norm must be True or False, got {params['norm']!r}")
+        check_finite(f"{self.name} route_scale", params.get("route_scale", 1.0))
+        return (lg.shape[0], k + s, 2), "f32"
+
+    def lower(self, node, device):
+        (lg,), out = node.inputs, node.output
+        prm = node.params
+        push = pack_push([lg.shape[0], lg.shape[1], lg.offset, *lg.strides, out.offset, *out.strides,
+                      int(prm.get("norm", True))], [float(prm.get("route_scale", 1.0))])
+        defs = {"TOP_K": prm["top_k"], "N_SHARED": prm.get("n_shared", 0),
+                f"ROUTER_{prm.get('router', 'sigmoid').upper()}": 1}
+        return [Launch("moe_route", [lg, out], (1,), push, grid_1d(lg.shape[0], 64), defines=defs, spec=(64,))]
+
+    def reference(self, logits, top_k, router="sigmoid", norm=True, route_scale=1.0, n_shared=0):
+        return reference_route(logits, top_k, router, norm, route_scale, n_shared)
+
+
+@register
+class MulMatId(OpDef):
+    """MUL_MAT_ID(x, w [E,N,K], route [T,R,2][, add [T,N]], mode=):
+    mode="swiglu": x [T, 1 or R, K], N = 2F -> [T,R,F] = silu(w[id,:F]·x)·(w[id,F:]·x);
+    mode="sum":    x [T,R,K] -> [T,N] = Σ_r weight_r · w[id_r]·x[t,r] (+ add)."""
+    name, n_inputs = "MUL_MAT_ID", None
+
+    def infer(self, inputs, params):
+        check_params(self.name, params, ("mode",))
+        mode = params.get("mode")
+        if mode not in ("swiglu", "sum"):
+            raise ValueError(f"{self.name}: mode must be 'swiglu' or 'sum', got {mode!r}")
+        if len(inputs) not in ((3,) if mode == "swiglu" else (3, 4)):
+            raise ValueError(f"{self.name} mode={mode} takes x, w, route{', [add]' if mode == 'sum' else ''}; "
+                             f"got {len(inputs)} inputs")
+        nonempty(self.name, inputs)
+        x, w, route = inputs[:3]
+        expect(self.name, "route (input 2, [T, routes, 2] from MOE_ROUTE)", route, (None, None, 2))
+        T, R, _ = route.shape
+        expect(self.name, "w (input 1, [experts, N, K])", w, (None, None, None))
+        E, N, K = w.shape
+        expect(self.name, f"x (input 0, [T, {'1 or ' if mode == 'swiglu' else ''}routes, K])", x, (T, None, K))
+        if x.shape[1] not in ((1, R) if mode == "swiglu" else (R,)):
+            raise ValueError(f"{self.name}: x has {x.shape[1]} rows per token, expected "
+                             f"{'1 or ' if mode == 'swiglu' else ''}{R} (the routes)")
+        for what, t in (("x", x), ("w", w)):
+            unit_last(self.name, what, t)
+        if mode == "swiglu":
+            if N % 2:
+                raise ValueError(f"{self.name}: w [experts, 2F, K] needs an even N for gate and up rows, got {N}")
+            return (T, R, N // 2), "f32"
+        if len(inputs) == 4:
+            expect(self.name, "add (input 3, [T, N])", inputs[3], (T, N))
+        return (T, N), "f32"
+
+    def lower(self, node, device):
+        x, w, route = node.inputs[:3]
+        add = node.inputs[3] if len(node.inputs) == 4 else None
+        out = node.output
+        mode = node.params["mode"]
+        T, R, _ = route.shape
+        E, N, K = w.shape
+        if x.shape[1] == 1:
+            x = x.broadcast_to((T, R, K))
+        cols = N // 2 if mode == "swiglu" else N
+        lanes, extra = cluster_lanes(device, K, per_lane=8, max_lanes=1 if is_cpu(device) else None)
+        defs = dict(lanes, **{f"MODE_{mode.upper()}": 1})
+        aligned = [x.offset, x.strides[0], x.strides[1], w.offset, w.strides[0], w.strides[1], K]
+        if all(a % 4 == 0 for a in aligned):
+            defs["VEC4"] = 1
+        o_strides = list(out.strides) if mode == "swiglu" else [out.strides[0], out.strides[1], 0]
+        a = [add.offset, *add.strides] if add is not None else [0, 0, 0]
+        push = pack_push([T, R, cols, K, E, x.offset, x.strides[0], x.strides[1], w.offset, w.strides[0],
+                      w.strides[1], route.offset, *route.strides, out.offset, *o_strides, *a])
+        args = [x, w, route] + ([add] if add is not None else []) + [out]
+        if add is not None:
+            defs["HAS_ADD"] = 1
+        items = T * R * cols if mode == "swiglu" else T * cols
+        return [Launch("mul_mat_id", args, (len(args) - 1,), push, grid_1d(items, 256 // defs["LANES"]),
+                       defines=defs, spec=(256,), **extra)]
+
+    def reference(self, x, w, route, add=None, mode=None):
+        x, w, route = (np.asarray(a, np.float64) for a in (x, w, route))
+        T, R, _ = route.shape
+        ids = route[..., 0]
+        valid = (ids >= 0) & (ids < w.shape[0]) & (ids == np.floor(ids))
+        idx = np.where(valid, ids, 0).astype(np.int64)
+        xb = np.broadcast_to(x, (T, R, x.shape[-1]))
+        y = np.einsum("trnk,trk->trn", w[idx], xb)
+        y[~valid] = np.nan
+        if mode == "swiglu":
+            F = w.shape[1] // 2
+            return silu(y[..., :F]) * y[..., F:]
+        out = np.einsum("tr,trn->tn", route[..., 1], y)
+        return out if add is None else out + np.asarray(add, np.float64)

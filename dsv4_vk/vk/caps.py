@@ -1,0 +1,104 @@
+"""What a physical device is and can do, as typed values (read once when the device is probed)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SubgroupCaps:
+    size: int                       # the default subgroup size of compute pipelines
+    min_size: int
+    max_size: int
+    operations: tuple[str, ...]     # basic, vote, arithmetic, ballot, shuffle, shuffle_relative, clustered, quad
+    compute_stage: bool             # subgroup operations are available in compute shaders
+    size_control: bool              # VK 1.3 subgroupSizeControl
+    full_subgroups: bool            # VK 1.3 computeFullSubgroups
+    required_size_compute: bool     # a compute pipeline may require a subgroup size
+
+    def supports(self, op: str) -> bool:
+        return self.compute_stage and op in self.operations
+
+
+@dataclass(frozen=True)
+class TimestampCaps:
+    compute_and_graphics: bool
+    period_ns: float
+    valid_bits: int
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_workgroup_count: tuple[int, int, int]
+    max_workgroup_size: tuple[int, int, int]
+    max_workgroup_invocations: int
+    max_shared_memory: int
+    max_push_constants: int
+    max_storage_buffer_range: int
+    min_storage_buffer_offset_alignment: int
+
+
+@dataclass(frozen=True)
+class MemoryHeap:
+    size: int
+    device_local: bool
+
+
+@dataclass(frozen=True)
+class MemoryType:
+    heap: int
+    flags: int
+
+
+@dataclass(frozen=True)
+class QueueFamily:
+    flags: int
+    count: int
+    timestamp_valid_bits: int
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    index: int
+    name: str
+    type: str                       # discrete-gpu, integrated-gpu, virtual-gpu, cpu, other
+    type_code: int
+    vendor_id: int
+    device_id: int
+    api_version: str
+    driver_version: int
+    driver_name: str
+    driver_info: str
+    api13: bool
+    subgroup: SubgroupCaps
+    timestamps: TimestampCaps
+    limits: Limits
+    memory_heaps: tuple[MemoryHeap, ...]
+    memory_types: tuple[MemoryType, ...]
+    queues: tuple[QueueFamily, ...]
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.type == "cpu"
+
+    def as_dict(self) -> dict:
+        """Plain JSON-able values (the `info --json` report)."""
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_probe(index: int, p: dict) -> "Capabilities":
+        sg, ts, lim = p["subgroup"], p["timestamps"], p["limits"]
+        return Capabilities(
+            index=index, name=p["name"], type=p["type"], type_code=p["type_code"], vendor_id=p["vendor_id"],
+            device_id=p["device_id"], api_version=p["api_version"], driver_version=p["driver_version"],
+            driver_name=p["driver_name"], driver_info=p["driver_info"], api13=p["api13"],
+            subgroup=SubgroupCaps(size=sg["size"], min_size=sg["min_size"], max_size=sg["max_size"],
+                                  operations=tuple(sg["operations"]), compute_stage=sg["compute_stage"],
+                                  size_control=sg["size_control"], full_subgroups=sg["full_subgroups"],
+                                  required_size_compute=sg["required_size_compute"]),
+            timestamps=TimestampCaps(**ts),
+            limits=Limits(**{k: tuple(v) if isinstance(v, list) else v for k, v in lim.items()}),
+            memory_heaps=tuple(MemoryHeap(**h) for h in p["memory_heaps"]),
+            memory_types=tuple(MemoryType(**t) for t in p["memory_types"]),
+            queues=tuple(QueueFamily(**q) for q in p["queues"]),
+        )
