@@ -134,6 +134,17 @@ class CompiledGraph:
         view = np.lib.stride_tricks.as_strided(raw[t.offset:], t.shape, [s * 4 for s in t.strides])
         return np.array(view)
 
+    def replay(self, inputs=None, **kw):
+        """Write the given inputs (others keep their last values), submit the recorded command buffer
+        once and wait; outputs stay on the device (`read` them, or read params). The cheap path of a
+        decode loop: no recording, no read-back."""
+        for k, v in {**(inputs or {}), **kw}.items():
+            self.set_input(k, v)
+        self.recording.submit()
+        if self.timestamps or profile.active():
+            self.stats = RunStats(self, self.recording.timings() if self.timestamps else None)
+            profile.notify(self.stats)
+
     def run(self, inputs=None, **kw):
         """Write inputs, replay the recorded command buffer, return {output name: array}."""
         for k, v in {**(inputs or {}), **kw}.items():
@@ -175,6 +186,19 @@ class Param:
     def read(self):
         raw = self.buffer.read(GUARD * 4, self.numel * 4).view(DTYPES[self.dtype])
         return raw.reshape(self.shape).copy()
+
+    def write(self, array, start=0):
+        """Overwrite elements [start, start + array.size) in place (same dtype), e.g. one per-step value."""
+        a = np.ascontiguousarray(array, dtype=DTYPES[self.dtype]).reshape(-1)
+        if start < 0 or start + a.size > self.numel:
+            raise ValueError(f"param {self.name!r}: writing {a.size} element(s) at {start} overruns its {self.numel}")
+        self.buffer.write(a, (GUARD + start) * 4)
+
+    def read_at(self, start, count=1):
+        """Elements [start, start + count) as a numpy array (a few values without reading the rest)."""
+        if start < 0 or count < 0 or start + count > self.numel:
+            raise ValueError(f"param {self.name!r}: reading {count} element(s) at {start} overruns its {self.numel}")
+        return self.buffer.read((GUARD + start) * 4, count * 4).view(DTYPES[self.dtype]).copy()
 
 
 class Executor:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core import profile
-from ..core.executor import GUARD, Executor
+from ..core.executor import Executor
 from ..ops.sample import MAX_TOP_K
 from ..vk import default_device
 from .checkpoint import check_tensors, load_checkpoint, random_weights
@@ -61,7 +61,7 @@ class Model:
         for name, a in self.params.items():
             self.ex.set_param(name, a, host_visible=name in STEP_PARAMS or name.startswith("sampler."))
         self._graphs = {}         # (kind, timestamps) -> CompiledGraph, held so no step looks them up
-        self._step = {n: self.ex.params[n].buffer for n in STEP_PARAMS}
+        self._step = {n: self.ex.params[n] for n in STEP_PARAMS}
         self.position = 0
         self.sampling = GREEDY
         self.timing = {"steps": 0, "step_s": 0.0, "submit_s": 0.0}
@@ -94,18 +94,13 @@ class Model:
 
     # --- per-step values ------------------------------------------------------------------------------
     def _write(self, name, value):
-        self._step[name].write(np.array([value], np.int32), GUARD * 4)
+        self._step[name].write(np.array([value], np.int32))
 
     def _read_token(self):
-        return int(self._step["step.token"].read(GUARD * 4, 4).view(np.int32)[0])
+        return int(self._step["step.token"].read_at(0)[0])
 
     def _replay(self, cg, inputs=None):
-        if profile.active():             # timestamps, stats and phase accounting
-            cg.run(inputs)
-            return
-        for k, v in (inputs or {}).items():
-            cg.set_input(k, v)
-        cg.recording.submit()
+        cg.replay(inputs)
 
     # --- API --------------------------------------------------------------------------------------------
     def reset(self):
