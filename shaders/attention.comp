@@ -8,6 +8,7 @@
 // i = l + LANES·m, m < PAIRS (dims 2i, 2i+1) of q̃ and of the running output, so each key costs one
 // cluster sum; online softmax (running max and sum) in f32, no shared memory.
 #include "lanes.glsl"
+layout(constant_id = 1) const uint PAIRS = 1;   // ceil(head_dim / 2 / LANES): pairs per lane
 layout(binding = 0) readonly buffer Q { float q[]; };
 layout(binding = 1) readonly buffer Pos { int pos[]; };
 layout(binding = 2) readonly buffer Cos { float cos_t[]; };

@@ -9,6 +9,8 @@
 // picked; a token without TOP_K pickable logits gets id −1 and NaN weights in the missing slots.
 // Layout: one invocation per token (E is small: TOP_K passes over E logits).
 #include "common.glsl"
+layout(constant_id = 1) const uint TOP_K = 1;
+layout(constant_id = 2) const uint N_SHARED = 0;
 layout(binding = 0) readonly buffer L { float logits[]; };
 layout(binding = 1) writeonly buffer O { float o[]; };
 layout(push_constant) uniform P {

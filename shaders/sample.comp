@@ -10,6 +10,7 @@
 // Layout: ONE workgroup; clusters of LANES lanes (lanes.glsl) take rows r = cluster, cluster +
 // clusters, ...; lane l scans ids l, l+LANES, ... Candidates live in per-lane arrays (MAX_TOP_K).
 #include "lanes.glsl"
+layout(constant_id = 1) const int MAX_TOP_K = 64;   // candidates per lane array
 layout(binding = 0) readonly buffer L { float logits[]; };
 layout(binding = 1) readonly buffer C { float cfg[]; };
 layout(binding = 2) buffer S { int state[]; };

@@ -127,14 +127,14 @@ class Attention(OpDef):
         T, H, hd = q.shape
         half = hd // 2
         defs, extra = cluster_lanes(device, half, per_lane=2)
-        defs["PAIRS"] = -(-half // defs["LANES"])
+        pairs = -(-half // defs["LANES"])
         if node.params.get("rope", True):
             defs["ROPE_Q"] = 1
         push = pack_push([T, H, half, k.shape[0], q.offset, *q.strides, k.offset, *k.strides,
                       v.offset, *v.strides, out.offset, *out.strides, pos.offset, cos.offset, sin.offset,
                       cos.strides[0]], [float(node.params["scale"])])
         return [Launch("attention", [q, pos, cos, sin, k, v, out], (6,), push,
-                       grid_1d(T * H, 256 // defs["LANES"]), defines=defs, spec=(256,), **extra)]
+                       grid_1d(T * H, 256 // defs["LANES"]), defines=defs, spec=(256, pairs), **extra)]
 
     def reference(self, q, k, v, pos, cos, sin, scale, rope=True):
         q = np.asarray(q, np.float64)

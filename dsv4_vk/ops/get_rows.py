@@ -5,7 +5,7 @@ in the result instead of reading another allocation.
 """
 import numpy as np
 
-from .base import Launch, OpDef, check_params, grid_1d, nonempty, register
+from .base import Launch, OpDef, check_params, grid_1d, nonempty, pack_push, register
 
 
 @register
@@ -28,7 +28,7 @@ class GetRows(OpDef):
         (table, ids), out = node.inputs, node.output
         ints = [out.shape[0], out.shape[1], table.shape[0], table.offset, *table.strides,
                 ids.offset, ids.strides[0], out.offset, *out.strides]
-        return [Launch("get_rows", [table, ids, out], (2,), np.array(ints, np.uint32).tobytes(),
+        return [Launch("get_rows", [table, ids, out], (2,), pack_push(ints),
                        grid_1d(out.numel))]
 
     def reference(self, table, ids):

@@ -62,9 +62,9 @@ class MoeRoute(OpDef):
         prm = node.params
         push = pack_push([lg.shape[0], lg.shape[1], lg.offset, *lg.strides, out.offset, *out.strides,
                       int(prm.get("norm", True))], [float(prm.get("route_scale", 1.0))])
-        defs = {"TOP_K": prm["top_k"], "N_SHARED": prm.get("n_shared", 0),
-                f"ROUTER_{prm.get('router', 'sigmoid').upper()}": 1}
-        return [Launch("moe_route", [lg, out], (1,), push, grid_1d(lg.shape[0], 64), defines=defs, spec=(64,))]
+        defs = {f"ROUTER_{prm.get('router', 'sigmoid').upper()}": 1}
+        return [Launch("moe_route", [lg, out], (1,), push, grid_1d(lg.shape[0], 64), defines=defs,
+                       spec=(64, prm["top_k"], prm.get("n_shared", 0)))]
 
     def reference(self, logits, top_k, router="sigmoid", norm=True, route_scale=1.0, n_shared=0):
         return reference_route(logits, top_k, router, norm, route_scale, n_shared)

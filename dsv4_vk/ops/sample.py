@@ -69,11 +69,10 @@ class Sample(OpDef):
         lg, cfg, state = node.inputs
         out = node.output
         defs, extra = cluster_lanes(device, lg.shape[1])
-        defs["MAX_TOP_K"] = MAX_TOP_K
         push = pack_push([lg.shape[0], lg.shape[1], lg.offset, *lg.strides, cfg.offset, state.offset,
                       out.offset, out.strides[0]])
         return [Launch("sample", [lg, cfg, state, out], (2, 3), push, (1, 1, 1), defines=defs,
-                       spec=(self.WORKGROUP,), **extra)]
+                       spec=(self.WORKGROUP, MAX_TOP_K), **extra)]
 
     def reference(self, logits, cfg, state):
         cfg, state = np.asarray(cfg, np.float64), np.asarray(state).astype(np.int64)
