@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+//! variants: OP_ADD | OP_MUL | OP_DIV
 // Elementwise binary op d = a OP b over 4-D strided views (broadcasting = stride 0).
 // Layout: one invocation per output element, flat index over the padded 4-D output shape;
 // workgroup size = specialization constant 0; grid folded into y (common.glsl).

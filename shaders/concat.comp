@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+//! variants: N_INPUTS=2,3,4
 // CONCAT of N_INPUTS (2..4, -D) strided 4-D views along padded axis AXIS (specialization constant 1)
 // into a strided 4-D view d.
 // Layout: one invocation per output element, flat index over d's padded shape; the input that

@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+//! variants: OP_STEP | OP_COPY ; - | GRID_STRIDE
 // Device-floor kernels (dsv4_vk/floor.py): the cheapest useful dispatch and a plain copy.
 // Variants (-D):
 //   OP_STEP  d[dst] = d[src] + 1: a one-invocation dispatch (launch with workgroup size 1, grid 1).

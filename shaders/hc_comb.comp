@@ -2,6 +2,7 @@
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
+//! variants: SG16 | ROWS4 ; - | COEFS
 // HC_COMB: per token, comb = Sinkhorn(softmax_dst(mix[8:24]·scale[2] + base[8:24]) + eps), the
 // exact order of HC_OPS.md: 1 column normalisation, then n_iter−1 × (rows, columns). Every
 // iteration stays in registers; reductions are subgroup shuffles; no shared memory, no barrier.

@@ -2,6 +2,7 @@
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
+//! variants: - | VEC4
 // HC_MIX (whole-site fusion, decode-sized T): the site's flat RMS norm and mixes mat-mul in one
 // dispatch, mix[t,j] = (x_t · fn[j]) / sqrt(mean(x_t²) + norm_eps), x_t = X[t] flattened (4·D).
 // Layout: one workgroup per (token, mix row): group g → t = g / m, j = g % m. Each invocation

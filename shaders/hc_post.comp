@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+//! variants: - | VEC4
 // HC_POST: out[t,d,:] = f[t,:]·post[t,d] + Σ_s comb[t,s,d] · res[t,s,:]
 //   (f [T,D], res [T,4,D], post [T,4], comb [T,4,4] = comb[t,src,dst], out [T,4,D]).
 // Layout: each workgroup covers one slice of one token: group g → token g / groups_per_token,

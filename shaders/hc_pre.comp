@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+//! variants: - | VEC4
 // HC_PRE: u[t,:] = Σ_s w[t,s] · x[t,s,:]   (x [T,4,D], w [T,4], u [T,D]).
 // Layout: each workgroup covers one slice of one token: group g → token g / groups_per_token,
 // chunk (g % groups_per_token)·WG + local id. A chunk is a vec4 of D (-D VEC4, when D, offsets and

@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+//! variants: ROUTER_SOFTMAX | ROUTER_SIGMOID
 // MOE_ROUTE: per token, the TOP_K experts with the largest router logits (ties: the lower id) and
 // their weights, then N_SHARED shared experts (ids E .. E+N_SHARED−1, weight 1):
 //   out[t, r, 0] = expert id (an exact float), out[t, r, 1] = weight.

@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+//! variants: OP_FILL | OP_SCALE | OP_SIGMOID | OP_EXP | OP_COPY
 // Elementwise unary op d = f(a) over 4-D strided views; FILL has no input.
 // Layout: one invocation per output element, flat index over the padded 4-D output shape;
 // workgroup size = specialization constant 0; grid folded into y (common.glsl).

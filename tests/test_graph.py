@@ -226,8 +226,9 @@ def test_missing_param_is_an_error():
 def test_shader_compile_error_names_the_shader(tmp_path, monkeypatch):
     monkeypatch.setenv("DSV4_VK_CACHE_DIR", str(tmp_path))
     with pytest.raises(ShaderCompileError) as e:
-        compile_shader("unary", {"OP_NOT_A_VARIANT": 1})      # hits the shader's #error
-    assert "unary.comp" in str(e.value) and "define OP_SCALE" in str(e.value)
+        compile_shader("unary", {"OP_NOT_A_VARIANT": 1})      # not among the header's declared variants
+    assert "unary.comp declares no variant with defines {'OP_NOT_A_VARIANT': '1'}" in str(e.value)
+    assert "{OP_SCALE=1}" in str(e.value)
     with pytest.raises(ShaderCompileError, match="no_such_shader.comp does not exist"):
         compile_shader("no_such_shader")
     assert not list(tmp_path.glob("unary-*.spv"))              # nothing cached for a failure

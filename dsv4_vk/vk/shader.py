@@ -1,48 +1,122 @@
-"""GLSL -> SPIR-V through `glslangValidator` in a subprocess, cached on disk.
+"""GLSL -> SPIR-V: prebuilt in the wheel, else `glslangValidator` in a subprocess, cached on disk.
 
-The cache key hashes the shader source, every `#include`d file, the defines and the compiler's
-version string, so editing a header or upgrading glslang rebuilds. Each entry stores the SPIR-V
-and its sha256; an entry whose bytes do not match (truncated, corrupted) is rebuilt.
-Cache directory: `DSV4_VK_CACHE_DIR`, else `$XDG_CACHE_HOME/dsv4_vk`, else `~/.cache/dsv4_vk`.
+Variants. Each shader declares in its header the `-D` define combinations it may be compiled with:
+
+    //! variants: OP_ADD | OP_MUL | OP_DIV                    one axis, three alternatives
+    //! variants: SG16 | ROWS4 ; - | COEFS                     two axes: their cross product (4)
+    //! variants: MODE_GEMV ; LANES=1,2,4 ; TB=1,2             NAME=a,b,... expands to one alternative each
+
+An axis lists alternatives separated by `|`; an alternative is `-` (no define) or defines separated
+by spaces (NAME means NAME=1). Each `//! variants:` line is the cross product of its axes (`;`), and
+the shader's variants are the union of its lines (none: only the variant without defines). Only
+declared variants compile: that list is what the wheel ships prebuilt, so a kernel the package
+dispatches can never be missing from it. Shape-dependent values are specialization constants.
+
+Where SPIR-V comes from, in order:
+1. the prebuilt set (`dsv4_vk/spirv/`, made by `prebuild` when the wheel is built) — used when its
+   recorded source hash equals the hash of the shader source found now (so an edited shader in a
+   development tree is compiled again, and no glslangValidator is needed for an installed wheel);
+2. the disk cache, keyed by source (with every `#include`), defines and compiler version; each
+   entry has a sha256 beside it, and an entry that does not match (truncated, corrupted, unreadable
+   checksum) is rebuilt;
+3. `glslangValidator`, whose output is written to the cache.
+Cache directory: `DSV4_VK_CACHE_DIR`, else `$XDG_CACHE_HOME/dsv4_vk`, else `~/.cache/dsv4_vk`. A cache
+directory that cannot be written (read-only) still serves its entries and new results are kept in
+memory; a `DSV4_VK_CACHE_DIR` that is not a usable directory is an error that names it.
 """
+from __future__ import annotations
+
+import concurrent.futures
 import functools
 import hashlib
+import itertools
+import json
 import os
 import re
 import shutil
 import subprocess
 import tempfile
+import threading
+import warnings
 from pathlib import Path
 
 from .errors import ShaderCompileError
 
-SHADER_DIR = Path(__file__).resolve().parents[2] / "shaders"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+PREBUILT_DIR = PACKAGE_DIR / "spirv"
+MANIFEST = "manifest.json"
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+_VARIANTS = re.compile(r"^\s*//!\s*variants:(.*)$", re.M)
 SPIRV_MAGIC = 0x07230203
+_lock = threading.Lock()
+_memory: dict[str, bytes] = {}        # compiled in this process where the disk cache cannot be written
 
 
-def cache_dir():
-    d = os.environ.get("DSV4_VK_CACHE_DIR")
-    if not d:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        d = os.path.join(base, "dsv4_vk")
-    Path(d).mkdir(parents=True, exist_ok=True)
-    return Path(d)
+def shader_dir() -> Path:
+    """Where the `.comp` sources are: inside the installed package (wheel), else the source tree."""
+    packaged = PACKAGE_DIR / "shaders"
+    return packaged if packaged.is_dir() else PACKAGE_DIR.parent / "shaders"
 
 
-@functools.lru_cache(maxsize=None)
-def compiler():
-    """(path, version string) of glslangValidator, or a ShaderCompileError saying how to install it."""
-    exe = os.environ.get("DSV4_VK_GLSLANG") or shutil.which("glslangValidator")
-    if not exe:
-        raise ShaderCompileError("glslangValidator was not found on PATH: install Debian package "
-                                 "`glslang-tools` (or run `make setup`), or set DSV4_VK_GLSLANG to its path.")
-    out = subprocess.run([exe, "--version"], capture_output=True, text=True)
-    return exe, out.stdout.strip()
+SHADER_DIR = shader_dir()
 
 
-def _sources(path, seen=None):
-    """The shader file and everything it includes, recursively, as (path, text)."""
+# --- variants ------------------------------------------------------------------------------------
+
+def variant_key(defines: dict | None) -> tuple[tuple[str, str], ...]:
+    """Canonical form of a define set: sorted (name, value) strings; NAME alone means NAME=1."""
+    out = []
+    for k, v in (defines or {}).items():
+        v = "1" if v is None or v is True else str(v)
+        out.append((str(k), v))
+    return tuple(sorted(out))
+
+
+def _alternatives(text: str, where: str) -> list[dict[str, str]]:
+    alt = text.strip()
+    if not alt:
+        raise ShaderCompileError(f"{where}: empty alternative in a `//! variants:` line")
+    if alt == "-":
+        return [{}]
+    choices = []
+    for token in alt.split():
+        name, _, values = token.partition("=")
+        if not re.fullmatch(r"[A-Za-z_]\w*", name):
+            raise ShaderCompileError(f"{where}: bad define {token!r} in a `//! variants:` line")
+        choices.append([(name, v) for v in (values.split(",") if values else ["1"])])
+    return [dict(combo) for combo in itertools.product(*choices)]
+
+
+def parse_variants(text: str, where: str = "shader") -> list[tuple[tuple[str, str], ...]]:
+    """Every declared variant of a shader source, as variant keys (see the module docstring)."""
+    lines = _VARIANTS.findall(text)
+    if not lines:
+        return [()]
+    out: dict[tuple, None] = {}
+    for line in lines:
+        axes = [[d for alt in axis.split("|") for d in _alternatives(alt, where)] for axis in line.split(";")]
+        for combo in itertools.product(*axes):
+            merged: dict[str, str] = {}
+            for d in combo:
+                merged.update(d)
+            out[variant_key(merged)] = None
+    return list(out)
+
+
+def _source_path(name: str) -> Path:
+    path = (shader_dir() / f"{name}.comp").resolve()
+    if not path.exists():
+        raise ShaderCompileError(f"shader source {path} does not exist")
+    return path
+
+
+def declared_variants(name: str) -> list[tuple[tuple[str, str], ...]]:
+    path = _source_path(name)
+    return parse_variants(path.read_text(), f"{name}.comp")
+
+
+def _sources(path: Path, seen: dict | None = None) -> dict[Path, str]:
+    """The shader file and everything it includes, recursively, as {path: text}."""
     seen = seen if seen is not None else {}
     if path in seen:
         return seen
@@ -55,42 +129,190 @@ def _sources(path, seen=None):
     return seen
 
 
-def _define_args(defines):
-    args = []
-    for k, v in sorted(defines.items()):
-        args.append(f"-D{k}" if v is None or v is True else f"-D{k}={v}")
-    return args
-
-
-def compile_shader(name, defines=None):
-    """SPIR-V bytes for `shaders/<name>.comp` with `defines` ({NAME: value})."""
-    defines = dict(defines or {})
-    path = (SHADER_DIR / f"{name}.comp").resolve()
-    exe, version = compiler()
+def source_hash(name: str) -> str:
+    """sha256 of a shader's source and every file it includes (names and text)."""
     h = hashlib.sha256()
-    for p, text in sorted(_sources(path).items()):
+    for p, text in sorted(_sources(_source_path(name)).items()):
         h.update(p.name.encode() + b"\0" + text.encode() + b"\0")
-    h.update(repr(sorted((k, str(v)) for k, v in defines.items())).encode())
-    h.update(version.encode())
-    key = h.hexdigest()[:32]
-    spv_path = cache_dir() / f"{name}-{key}.spv"
-    sum_path = spv_path.with_suffix(".sha256")
-    if spv_path.exists() and sum_path.exists():
-        data = spv_path.read_bytes()
-        if (hashlib.sha256(data).hexdigest() == sum_path.read_text().strip() and len(data) % 4 == 0
-                and len(data) >= 20 and int.from_bytes(data[:4], "little") == SPIRV_MAGIC):
-            return data
+    return h.hexdigest()
+
+
+def _variant_id(name: str, key: tuple) -> str:
+    return name + "|" + ",".join(f"{k}={v}" for k, v in key)
+
+
+# --- glslang ---------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def compiler() -> tuple[str, str]:
+    """(path, version string) of glslangValidator, or a ShaderCompileError saying how to install it."""
+    exe = os.environ.get("DSV4_VK_GLSLANG") or shutil.which("glslangValidator")
+    if not exe:
+        raise ShaderCompileError("glslangValidator was not found on PATH: install Debian package "
+                                 "`glslang-tools` (or run `make setup`), or set DSV4_VK_GLSLANG to its path.")
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True)
+    return exe, out.stdout.strip()
+
+
+def _glslang(name: str, path: Path, key: tuple) -> bytes:
+    exe, _ = compiler()
+    args = [f"-D{k}={v}" for k, v in key]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.spv"
-        cmd = [exe, "-V", "--target-env", "vulkan1.2", "-S", "comp", *_define_args(defines),
-               "-o", str(out), str(path)]
+        cmd = [exe, "-V", "--target-env", "vulkan1.2", "-S", "comp", *args, "-o", str(out), str(path)]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0 or not out.exists():
             msg = (res.stdout + res.stderr).strip()
-            raise ShaderCompileError(f"shader {name}.comp failed to compile with defines {defines}:\n{msg}")
-        data = out.read_bytes()
-    tmp_spv = spv_path.with_suffix(f".tmp{os.getpid()}")
-    tmp_spv.write_bytes(data)
-    os.replace(tmp_spv, spv_path)
-    sum_path.write_text(hashlib.sha256(data).hexdigest())
+            raise ShaderCompileError(f"shader {name}.comp failed to compile with defines {dict(key)}:\n{msg}")
+        return out.read_bytes()
+
+
+def _is_spirv(data: bytes) -> bool:
+    return len(data) % 4 == 0 and len(data) >= 20 and int.from_bytes(data[:4], "little") == SPIRV_MAGIC
+
+
+# --- prebuilt set ----------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _manifest() -> dict:
+    try:
+        return json.loads((PREBUILT_DIR / MANIFEST).read_text())["variants"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def _prebuilt(name: str, key: tuple, src_hash: str) -> bytes | None:
+    entry = _manifest().get(_variant_id(name, key))
+    if entry is None or entry.get("source") != src_hash:
+        return None
+    try:
+        data = (PREBUILT_DIR / entry["file"]).read_bytes()
+    except OSError:
+        return None
+    return data if hashlib.sha256(data).hexdigest() == entry.get("sha256") and _is_spirv(data) else None
+
+
+def prebuild(out_dir: str | os.PathLike, jobs: int | None = None) -> dict:
+    """Compile every declared variant of every shader into `out_dir` with a manifest (the wheel's
+    prebuilt set). Returns the manifest."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _, version = compiler()
+    work = []
+    for comp in sorted(shader_dir().glob("*.comp")):
+        name = comp.stem
+        src = source_hash(name)
+        work += [(name, comp, key, src) for key in declared_variants(name)]
+
+    def one(item):
+        name, comp, key, src = item
+        data = _glslang(name, comp, key)
+        file = f"{name}-{hashlib.sha256(_variant_id(name, key).encode()).hexdigest()[:16]}.spv"
+        (out / file).write_bytes(data)
+        return _variant_id(name, key), {"file": file, "source": src, "sha256": hashlib.sha256(data).hexdigest()}
+
+    with concurrent.futures.ThreadPoolExecutor(jobs or os.cpu_count() or 2) as pool:
+        variants = dict(pool.map(one, work))
+    manifest = {"glslang": version, "variants": variants}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest
+
+
+# --- disk cache --------------------------------------------------------------------------------------
+
+_warned: set[str] = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+def cache_dir() -> tuple[Path | None, bool]:
+    """(directory, writable). (None, False) when the default location cannot be used at all."""
+    explicit = os.environ.get("DSV4_VK_CACHE_DIR")
+    if explicit is not None and not explicit.strip():
+        raise ShaderCompileError("DSV4_VK_CACHE_DIR is set but empty: set it to a directory, or unset it")
+    if explicit:
+        d = Path(explicit)
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        d = Path(base) / "dsv4_vk"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        if explicit and not d.is_dir():
+            raise ShaderCompileError(f"DSV4_VK_CACHE_DIR={explicit!r} is not a usable directory ({e.strerror}): "
+                                     "point it at a writable directory, or unset it") from None
+        _warn_once(f"shader cache {d} cannot be created ({e.strerror}): compiling in memory")
+        return (d if d.is_dir() else None), False
+    if not d.is_dir():
+        raise ShaderCompileError(f"DSV4_VK_CACHE_DIR={explicit!r} is not a directory")
+    writable = os.access(d, os.W_OK | os.X_OK)
+    if not writable:
+        _warn_once(f"shader cache {d} is read-only: new SPIR-V is kept in memory only")
+    return d, writable
+
+
+def _cached(spv_path: Path) -> bytes | None:
+    try:
+        data = spv_path.read_bytes()
+        want = spv_path.with_suffix(".sha256").read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return data if hashlib.sha256(data).hexdigest() == want and _is_spirv(data) else None
+
+
+def _store(spv_path: Path, data: bytes) -> None:
+    tmp = spv_path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, spv_path)
+        spv_path.with_suffix(".sha256").write_text(hashlib.sha256(data).hexdigest())
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        _warn_once(f"shader cache {spv_path.parent} could not be written ({e.strerror}): compiling in memory")
+
+
+def compile_shader(name: str, defines: dict | None = None) -> bytes:
+    """SPIR-V bytes for `shaders/<name>.comp` with `defines` ({NAME: value}), a declared variant."""
+    key = variant_key(defines)
+    path = _source_path(name)
+    declared = declared_variants(name)
+    if key not in declared:
+        shown = ", ".join("{" + ", ".join(f"{k}={v}" for k, v in d) + "}" for d in declared[:6])
+        more = f" and {len(declared) - 6} more" if len(declared) > 6 else ""
+        raise ShaderCompileError(f"{name}.comp declares no variant with defines {dict(key)}: its `//! variants:` "
+                                 f"header lines allow {shown}{more}")
+    src = source_hash(name)
+    data = _prebuilt(name, key, src)
+    if data is not None:
+        return data
+    try:
+        _, version = compiler()
+    except ShaderCompileError as e:
+        if _manifest():
+            raise ShaderCompileError(f"{name}.comp differs from the prebuilt SPIR-V shipped with dsv4_vk (or "
+                                     f"the variant is not prebuilt), so it must be compiled, but: {e}") from None
+        raise
+    h = hashlib.sha256(src.encode() + b"\0" + repr(key).encode() + b"\0" + version.encode())
+    cache_key = h.hexdigest()[:32]
+    directory, writable = cache_dir()
+    if not writable:
+        with _lock:
+            hit = _memory.get(cache_key)
+        if hit is not None:
+            return hit
+    spv_path = directory / f"{name}-{cache_key}.spv" if directory is not None else None
+    if spv_path is not None:
+        data = _cached(spv_path)
+        if data is not None:
+            return data
+    data = _glslang(name, path, key)
+    if spv_path is not None and writable:
+        _store(spv_path, data)
+    else:
+        with _lock:
+            _memory[cache_key] = data
     return data
