@@ -4,7 +4,7 @@ PY      := .venv/bin/python
 APT_PKGS := mesa-vulkan-drivers libvulkan1 glslang-tools vulkan-validationlayers
 STAMP   := .venv/.installed
 
-.PHONY: setup demo test info eval bench clean
+.PHONY: setup demo test wheel-check info eval bench clean
 
 setup: $(STAMP)
 
@@ -25,6 +25,10 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q
 
+# build the wheel from the committed tree, install it in a fresh venv, run it without glslangValidator
+wheel-check: setup
+	bash tools/wheel_check.sh python3
+
 info: setup
 	$(PY) -m dsv4_vk info
 
@@ -35,4 +39,4 @@ bench: setup
 	$(PY) -m dsv4_vk bench
 
 clean:
-	rm -rf .venv *.egg-info .pytest_cache .hypothesis
+	rm -rf .venv *.egg-info .pytest_cache .hypothesis build dist

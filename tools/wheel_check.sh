@@ -15,9 +15,10 @@ git -C "$ROOT" archive --format=tar HEAD | (mkdir -p "$WORK/src" && tar -x -C "$
 "$WORK/venv/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps "$WORK/src" -w "$WORK/dist"
 "$WORK/venv/bin/python" -m pip install -q --disable-pip-version-check "$WORK"/dist/dsv4_vk-*.whl
 
-mkdir -p "$WORK/run" "$WORK/cache"
+mkdir -p "$WORK/run" "$WORK/cache" "$WORK/bin"
+for tool in tail ls rm; do ln -s "$(command -v $tool)" "$WORK/bin/$tool"; done
 cd "$WORK/run"                                   # nothing of the source tree on sys.path
-export PATH="$WORK/venv/bin"                     # no glslangValidator on PATH
+export PATH="$WORK/venv/bin:$WORK/bin"           # no glslangValidator on PATH
 export DSV4_VK_CACHE_DIR="$WORK/cache"           # no SPIR-V compiled earlier
 unset DSV4_VK_GLSLANG || true
 python - <<'PY'
