@@ -17,21 +17,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dsv4_vk import Executor, Graph, hc
+from dsv4_vk.hc import cases
+from dsv4_vk.vk import default_device
 from dsv4_vk.hc.policy import HCUnsupported
 from dsv4_vk.hc.metrics import max_abs, nmse, nonfinite_mismatch
 from dsv4_vk.hc import kernels as ops_hc
 from dsv4_vk.hc.kernels import reference_comb, reference_post, reference_pre
 
-PATH_NMSE = 1e-7          # fused vs unfused (the spec's pass criterion)
-REF_NMSE = 1e-12          # comb / coefs vs float64: f32 rounding (≈1e-14) with margin
-REF_MAX_ABS = 5e-7        # comb values ≤ 2: a few f32 ulps (tight enough to catch a missing eps = 1e-6)
-SITE_NMSE, SITE_MAX_ABS = 1e-11, 2e-6    # a site adds the rounding of its 4·D-long mixes mat-mul
-U = 2.0 ** -24            # f32 unit roundoff
-
-
-def sum_bound(magnitude, n_terms):
-    """Elementwise rounding bound of an f32 sum of n_terms products: 2·n·u·Σ|term|."""
-    return 2 * n_terms * U * magnitude + 1e-30
+PATH_NMSE, U, sum_bound = cases.PATH_NMSE, cases.U, cases.sum_bound
+REF_NMSE, REF_MAX_ABS = cases.COMB_NMSE, cases.COMB_MAX_ABS
+SITE_NMSE, SITE_MAX_ABS = cases.SITE_NMSE, cases.SITE_MAX_ABS
 
 
 def pre_bound(x, w):
@@ -83,22 +78,16 @@ def run(ex, inputs, build, views=None):
     return [res[f"o{i}"] for i in range(len(outs))], g
 
 
-def comb_inputs(rng, T, peak=1.0):
-    return {"mixes": rng.uniform(-2, 2, (T, 24)).astype(np.float32),
-            "scale": (rng.uniform(-0.5, 0.5, 3) * peak).astype(np.float32),
-            "base": rng.uniform(-0.25, 0.25, 24).astype(np.float32)}
+def comb_inputs(rng, T, peaked=False):
+    return cases.make_inputs(cases.Case("HC_COMB", T, peaked=peaked), rng)
 
 
 def pre_inputs(rng, T, D):
-    return {"x": rng.uniform(-1, 1, (T, 4, D)).astype(np.float32),
-            "weights": rng.uniform(0, 1, (T, 4)).astype(np.float32)}
+    return cases.make_inputs(cases.Case("HC_PRE", T, D), rng)
 
 
 def post_inputs(rng, T, D):
-    return {"f": rng.uniform(-1, 1, (T, D)).astype(np.float32),
-            "residual": rng.uniform(-1, 1, (T, 4, D)).astype(np.float32),
-            "post": rng.uniform(0, 2, (T, 4)).astype(np.float32),
-            "comb": rng.uniform(0, 1, (T, 4, 4)).astype(np.float32)}
+    return cases.make_inputs(cases.Case("HC_POST", T, D), rng)
 
 
 def check_paths(results, ref, label, bound=REF_MAX_ABS, nmse_max=REF_NMSE, scale=None):
@@ -130,37 +119,21 @@ def comb_all_paths(ex, inputs, eps=1e-6, n_iter=20, views=None):
     return out
 
 
-# --- HC_COMB ---------------------------------------------------------------------------------------
+# --- the one HC case list (what `dsv4_vk eval` runs), every case along every path ------------------------
 
-SPEC_COMB = [(1, 1), (17, 4), (257, 8), (17, 20)] + [(T, 20) for T in (1, 256, 336, 512, 513, 1024, 2048)]
-
-
-@pytest.mark.parametrize("T, n_iter", SPEC_COMB)
-def test_comb_spec_cases(ex, rng, T, n_iter):
-    inputs = comb_inputs(rng, T)
-    ref = reference_comb(**inputs, eps=1e-6, n_iter=n_iter)
-    res = comb_all_paths(ex, inputs, n_iter=n_iter)
-    assert len(res) == len(comb_paths(ex.device))
-    check_paths(res, ref, f"HC_COMB T={T} n_iter={n_iter}")
+DEVICE_CASES = cases.eval_cases(default_device())
 
 
-def test_comb_subgroup_and_workgroup_boundaries(ex, rng):
-    sg = ex.device.subgroup_size
-    for T in sorted({t for k in (sg // 16, sg // 4, sg, 16, 64) for t in (k - 1, k, k + 1) if t >= 1}):
-        inputs = comb_inputs(rng, T)
-        check_paths(comb_all_paths(ex, inputs), reference_comb(**inputs), f"HC_COMB T={T}")
+@pytest.mark.parametrize("case", DEVICE_CASES, ids=[c.name for c in DEVICE_CASES])
+def test_case_list(ex, rng, case):
+    rows = cases.evaluate_case(ex.device, case, cases.paths(ex.device, case.op), rng)
+    assert len(rows) == len(cases.paths(ex.device, case.op)) - case.fused_only
+    bad = [r for r in rows if not r["pass"]]
+    assert not bad, [{k: r[k] for k in ("path", "nmse_ref", "max_abs", "bound_excess", "nmse_unfused",
+                                         "nonfinite", "guards", "error", "note")} for r in bad]
 
 
-@pytest.mark.parametrize("T", [1, 17, 513])
-def test_comb_peaked_logits(ex, rng, T):
-    inputs = comb_inputs(rng, T, peak=10.0)
-    inputs["scale"][2] = rng.choice([-1, 1]) * rng.uniform(3, 5)    # the comb logits' scale: surely peaked
-    ref = reference_comb(**inputs)
-    if T > 1:
-        row_err = np.abs(ref.sum(-1) - 1).max()
-        assert row_err > 1e-3, "peaked logits leave rows visibly unnormalised (several % in the spec)"
-    check_paths(comb_all_paths(ex, inputs), ref, f"HC_COMB T={T} peaked")
-
+# --- HC_COMB beyond the case list ------------------------------------------------------------------------
 
 @SETTINGS
 @given(T=st.integers(1, 300), n_iter=st.integers(1, 25), log_eps=st.floats(-8, -2), peak=st.sampled_from([1.0, 10.0]),
@@ -168,7 +141,7 @@ def test_comb_peaked_logits(ex, rng, T):
 def test_comb_hypothesis_shapes_eps_and_strided_mixes(ex, T, n_iter, log_eps, peak, col0, seed):
     # mixes is a column slice of a wider [T, 31] input: offsets and row strides through push constants
     rng = np.random.default_rng(seed)
-    inputs = comb_inputs(rng, T, peak)
+    inputs = comb_inputs(rng, T, peak > 1)
     wide = rng.uniform(-2, 2, (T, 31)).astype(np.float32)
     wide[:, col0:col0 + 24] = inputs["mixes"]
     eps = float(10.0 ** log_eps)
@@ -194,22 +167,6 @@ def test_comb_nan_inputs_propagate_alike(ex, rng):
         assert nmse(c, ref) <= REF_NMSE, name
 
 
-@pytest.mark.parametrize("variant", ["sg16", "rows4"])
-def test_comb_grid_folded_past_65535_workgroups(ex, rng, variant):
-    if variant not in hc.variants(ex.device)["HC_COMB"]:
-        pytest.skip(f"{variant} cannot run at subgroup size {ex.device.subgroup_size} (tested where it can)")
-    per_group = ex.device.subgroup_size // 4 if variant == "sg16" else ops_hc.ROWS4_WORKGROUP // 4
-    T = 65535 * per_group + 3
-    inputs = comb_inputs(rng, T)
-    (c,), g = run(ex, inputs, lambda g, t: hc.comb(g, t["mixes"], t["scale"], t["base"], variant=variant))
-    assert g.nodes[-1].op.name == "HC_COMB"
-    # tokens are independent: check the first and last (folded part of the grid) and a random sample
-    idx = np.unique(np.concatenate([np.arange(64), np.arange(T - 64 * per_group, T), rng.integers(0, T, 4000)]))
-    ref = reference_comb(inputs["mixes"][idx], inputs["scale"], inputs["base"])
-    assert nmse(c[idx], ref) <= REF_NMSE and max_abs(c[idx], ref) <= REF_MAX_ABS
-    assert np.isfinite(c).all()
-
-
 def test_sg16_below_16_lanes_is_refused_and_the_kernel_poisons(ex, rng, monkeypatch):
     if ex.device.subgroup_size >= 16:
         pytest.skip("this device can run sg16")
@@ -231,9 +188,6 @@ def test_sg16_below_16_lanes_is_refused_and_the_kernel_poisons(ex, rng, monkeypa
 
 # --- HC_PRE / HC_POST ----------------------------------------------------------------------------------
 
-SPEC_DT = [(1, 1), (31, 17), (128, 257), (4096, 21)]
-
-
 def pre_all_paths(ex, inputs, views=None):
     out = {}
     for fused in (True, False):
@@ -249,14 +203,6 @@ def post_all_paths(ex, inputs, views=None):
                                                        fused=fused), views)
         out[g.paths[-1][1]] = o
     return out
-
-
-@pytest.mark.parametrize("D, T", SPEC_DT + [(2, 3), (5, 9), (257, 3), (1028, 2), (7168, 1)])
-def test_pre_and_post_cases(ex, rng, D, T):
-    i = pre_inputs(rng, T, D)
-    check_pre(pre_all_paths(ex, i), i["x"], i["weights"], f"HC_PRE D={D} T={T}")
-    i = post_inputs(rng, T, D)
-    check_post(post_all_paths(ex, i), **i, label=f"HC_POST D={D} T={T}")
 
 
 @SETTINGS
@@ -294,20 +240,6 @@ def test_pre_post_nan_inputs_propagate_alike(ex, rng):
             assert (np.abs(r - ref)[ok] <= bound[ok]).all(), name
 
 
-@pytest.mark.parametrize("op", ["pre", "post"])
-def test_pre_post_grid_folded_past_65535_workgroups(ex, rng, op):
-    T, D = 65537, 4                    # one workgroup per token slice
-    if op == "pre":
-        i = pre_inputs(rng, T, D)
-        (u,), _ = run(ex, i, lambda g, t: hc.pre(g, t["x"], t["weights"], fused=True))
-        ref, bound = reference_pre(i["x"], i["weights"]), pre_bound(i["x"], i["weights"])
-    else:
-        i = post_inputs(rng, T, D)
-        (u,), _ = run(ex, i, lambda g, t: hc.post(g, t["f"], t["residual"], t["post"], t["comb"], fused=True))
-        ref, bound = reference_post(**i), post_bound(**i)
-    assert (np.abs(u - ref) <= bound).all()
-
-
 # --- a whole site ---------------------------------------------------------------------------------------
 
 def site_inputs(rng, T, D, m=24, peak=1.0):
@@ -317,30 +249,17 @@ def site_inputs(rng, T, D, m=24, peak=1.0):
             "base": rng.uniform(-0.25, 0.25, m).astype(np.float32)}
 
 
-SITE_CASES = [(1, 1, 1.0), (3, 2, 1.0), (64, 5, 1.0), (4096, 2, 1.0), (64, 8, 10.0), (256, 17, 1.0), (64, 17, 10.0)]
+SITE_CASES = [c for c in DEVICE_CASES if c.op == "HC_SITE_PRE" and c.T > 0]
 
 
-@pytest.mark.parametrize("D, T, peak", SITE_CASES)
-def test_site_pre_all_paths(ex, rng, D, T, peak):
-    """fused: HC_MIX (T ≤ 8) or RMS_NORM + MUL_MAT, then HC_COEFS and HC_PRE; unfused: the whole chain."""
-    inputs = site_inputs(rng, T, D, peak=peak)
-    pre_w, post_w, comb_w = ops_hc.reference_site_coefs(**inputs)
-    refs = (reference_pre(inputs["X"], pre_w), post_w, comb_w)
-    u_scale = ops_hc.magnitude(reference_pre, inputs["X"], pre_w)
-    results = [{}, {}, {}]
-    for fused in (True, False):
-        outs, g = run(ex, inputs, lambda g, t: hc.site_pre(g, t["X"], t["fn"], t["scale"], t["base"], fused=fused))
-        ops = [n.op.name for n in g.nodes]
-        if fused:
-            mix = T <= hc.mix_max_t(ex.device)
-            assert ("HC_MIX" in ops) == mix and "HC_COEFS" in ops and "HC_PRE" in ops, ops
-            assert len(ops) == (3 if mix else 4), ops
-        name = "+".join(p[1] for p in g.paths)
-        for k, o in enumerate(outs):
-            results[k][name] = o
-    for k, what in enumerate(("u", "post", "comb")):
-        check_paths(results[k], refs[k], f"site D={D} T={T} {what}", SITE_MAX_ABS, SITE_NMSE,
-                    u_scale if what == "u" else None)
+@pytest.mark.parametrize("case", SITE_CASES, ids=[c.name for c in SITE_CASES])
+def test_site_pre_fused_structure(ex, case):
+    """fused: HC_MIX (T ≤ mix_max_t) or RMS_NORM + MUL_MAT, then HC_COEFS and HC_PRE (numbers: test_case_list)."""
+    g = cases.build(case, "fused", ex.device)
+    ops = [n.op.name for n in g.nodes]
+    mix = case.T <= hc.mix_max_t(ex.device)
+    assert ("HC_MIX" in ops) == mix and "HC_COEFS" in ops and "HC_PRE" in ops, ops
+    assert len(ops) == (3 if mix else 4), ops
 
 
 @pytest.mark.parametrize("D, T", [(1, 1), (7, 3), (1024, 8), (64, 9)])

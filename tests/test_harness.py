@@ -65,8 +65,8 @@ def test_eval_cases_cover_spec_and_device_boundaries(device):
 
 
 def _tampered_run(kind):
-    """evaluate._run with the fused path's result or guards corrupted in one way."""
-    real = evaluate._run
+    """cases.run_path with the fused path's result or guards corrupted in one way."""
+    real = cases.run_path
 
     def run(device, case, path, inputs):
         out, guards, n = real(device, case, path, inputs)
@@ -87,7 +87,7 @@ def _tampered_run(kind):
 
 @pytest.mark.parametrize("kind", ["offset", "scale", "nan", "guards"])
 def test_eval_fails_on_wrong_results(monkeypatch, capsys, kind):
-    monkeypatch.setattr(evaluate, "_run", _tampered_run(kind))
+    monkeypatch.setattr(cases, "run_path", _tampered_run(kind))
     rc = evaluate.main(["--op", "HC_POST", "--filter", "^HC_POST T=17 D=31$", "--seed", "3"])
     out = capsys.readouterr().out
     assert rc == 1

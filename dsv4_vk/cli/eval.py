@@ -2,10 +2,12 @@
 (each fused variant and the unfused chain), on the same fresh random inputs, against each other
 and against the float64 numpy reference. One line per case and path; exit status 1 on any FAIL.
 
-PASS needs: NMSE vs the unfused chain ≤ 1e-7 (fused paths), NMSE vs the float64 reference ≤ 1e-7,
-max-abs error vs the reference ≤ MAX_ABS[op] · max(1, max|reference|), no NaN/inf placed
-differently, guard regions around every tensor intact. T = 0 passes when the op either returns
-empty outputs of the right shape or refuses with a ValueError that names the argument.
+PASS (dsv4_vk.hc.cases.evaluate_case, also what the tests assert): NMSE vs the unfused chain ≤ 1e-7
+(fused paths); NMSE vs the float64 reference within the output's ceiling (1e-7, tighter where f32
+rounding allows: comb and gates 1e-12, site outputs 1e-11; reported scaled to 1e-7); every element
+within its f32 error bound (sums: 2·n·u·Σ|term|; comb 5e-7; site 2e-6); no NaN/inf placed
+differently; guard regions around every tensor intact. T = 0 passes when the op either returns empty
+outputs of the right shape or refuses with a ValueError that names the argument.
 """
 import argparse
 import json
@@ -16,13 +18,10 @@ import time
 import numpy as np
 
 from ..hc import cases as C
-from ..core.executor import CompiledGraph
-from ..hc.metrics import max_abs, nmse, nonfinite_mismatch
 from ..vk import default_device
 from . import apply_device, parser
 
-NMSE_MAX = 1e-7
-MAX_ABS = {"HC_COMB": 2e-6, "HC_PRE": 1e-6, "HC_POST": 1e-6, "HC_STEP": 2e-6, "HC_SITE_PRE": 4e-6}   # × max(1, max|ref|)
+NMSE_MAX = C.PATH_NMSE
 
 
 class Progress:
@@ -50,82 +49,6 @@ class Progress:
             sys.stderr.write("\n")
 
 
-def _run(device, case, path, inputs):
-    """(outputs, guard failures, dispatches) of one path; compiled graph released afterwards."""
-    cg = CompiledGraph(device, C.build(case, path, device))
-    try:
-        out = cg.run(inputs)
-        return out, cg.check_guards(), cg.recording.n_dispatches
-    finally:
-        cg.release()
-
-
-def _worst(outs, refs, fn, scales=None):
-    if scales is None:
-        return max(fn(outs[k], refs[k]) for k in refs)
-    return max(fn(outs[k], refs[k], scales.get(k)) for k in refs)
-
-
-def _row(case, path, **kw):
-    row = {"case": case.name, **case.as_dict(), "path": path, "nmse_unfused": None, "nmse_ref": None,
-           "max_abs": None, "bound": None, "nonfinite": 0, "guards": [], "dispatches": None,
-           "note": "", "error": None, "pass": False}
-    row.update(kw)
-    return row
-
-
-def eval_case(device, case, path_names, rng):
-    """Rows (dicts) for one case: the unfused chain first, then each fused variant."""
-    inputs = C.make_inputs(case, rng)
-    order = [p for p in path_names if p == C.UNFUSED] + [p for p in path_names if p != C.UNFUSED]
-    if case.fused_only:
-        order = [p for p in order if p != C.UNFUSED]
-    if case.T == 0:
-        return [_eval_empty(device, case, p, inputs) for p in order]
-    ref, scales = C.reference_and_scales(case, inputs)
-    bound = MAX_ABS[case.op] * max(1.0, max(float(np.max(np.abs(r))) for r in ref.values()))
-    rows, unfused = [], None
-    for path in order:
-        try:
-            out, guards, n = _run(device, case, path, inputs)
-        except Exception as e:      # a failure of one path must not hide the others
-            rows.append(_row(case, path, error=f"{type(e).__name__}: {e}"))
-            continue
-        row = _row(case, path, nmse_ref=_worst(out, ref, nmse, scales), max_abs=_worst(out, ref, max_abs),
-                   bound=bound, nonfinite=sum(nonfinite_mismatch(out[k], ref[k]) for k in ref),
-                   guards=guards, dispatches=n)
-        if path == C.UNFUSED:
-            unfused = out
-        elif unfused is not None:
-            row["nmse_unfused"] = _worst(out, unfused, nmse, scales)
-            row["nonfinite"] += sum(nonfinite_mismatch(out[k], unfused[k]) for k in ref)
-        row["pass"] = (row["nmse_ref"] <= NMSE_MAX and row["max_abs"] <= bound and row["nonfinite"] == 0
-                       and not guards and (row["nmse_unfused"] is None or row["nmse_unfused"] <= NMSE_MAX)
-                       and (path == C.UNFUSED or unfused is not None or case.fused_only))
-        if path != C.UNFUSED and unfused is None and not case.fused_only:
-            row["note"] = "no unfused result to compare with"
-        rows.append(row)
-    return rows
-
-
-def _eval_empty(device, case, path, inputs):
-    """T = 0: empty outputs of the right shape, or a ValueError naming the argument, are both
-    correct answers."""
-    try:
-        out, guards, n = _run(device, case, path, inputs)
-    except ValueError as e:
-        named = any(re.search(rf"\b{re.escape(k)}\b", str(e)) for k in C.input_shapes(case))
-        return _row(case, path, note=f"rejected: {e}", **{"pass": named},
-                    error=None if named else f"ValueError names no argument: {e}")
-    except Exception as e:
-        return _row(case, path, error=f"{type(e).__name__}: {e}")
-    want = C.output_shapes(case)
-    bad = [k for k in want if out[k].shape != want[k]]
-    return _row(case, path, guards=guards, dispatches=n, note="empty result",
-                error=f"output shapes {[out[k].shape for k in bad]}, expected {[want[k] for k in bad]}" if bad else None,
-                **{"pass": not bad and not guards})
-
-
 def _fmt(x):
     return "-" if x is None else f"{x:.1e}"
 
@@ -137,7 +60,7 @@ def format_row(r, width):
         detail = r["note"]
     else:
         detail = (f"nmse_unfused {_fmt(r['nmse_unfused']):>7s}  nmse_ref {_fmt(r['nmse_ref']):>7s}  "
-                  f"max_abs {_fmt(r['max_abs']):>7s} (≤{_fmt(r['bound'])})  "
+                  f"max_abs {_fmt(r['max_abs']):>7s} (over bound: {'no' if r['bound_excess'] <= 0 else _fmt(r['bound_excess'])})  "
                   f"nonfinite {r['nonfinite']}  guards {'ok' if not r['guards'] else 'BROKEN ' + ','.join(r['guards'])}"
                   f"  dispatches {r['dispatches']}")
         if r["note"]:
@@ -197,7 +120,7 @@ def main(argv=None):
     rows = []
     for case in cases:
         progress.step(case.name)
-        case_rows = eval_case(device, case, path_names[case.op], rng)
+        case_rows = C.evaluate_case(device, case, path_names[case.op], rng)
         device.pool.trim()              # sizes change from case to case: do not hoard free buffers
         rows += case_rows
         if to_stdout:
@@ -211,7 +134,7 @@ def main(argv=None):
         print(summary)
     if args.json:
         doc = {"device": device.name, "device_type": device.caps.type, "subgroup_size": device.subgroup_size,
-               "seed": seed, "paths": path_names, "nmse_max": NMSE_MAX, "max_abs_rel": MAX_ABS,
+               "seed": seed, "paths": path_names, "nmse_max": NMSE_MAX,
                "passed": len(rows) - failed, "failed": failed, "results": rows}
         text = json.dumps(doc, indent=1, default=float)
         if args.json == "-":
