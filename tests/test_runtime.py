@@ -150,3 +150,23 @@ def test_buffers_share_memory_blocks():
         b.destroy()
     assert not d.arena.blocks                  # every block freed with its last buffer
     d.close()
+
+
+def test_cli_version_usage_and_device_option():
+    import dsv4_vk
+    r = _run("from dsv4_vk.cli import main; import sys; sys.exit(main(['--version']))")
+    assert r.returncode == 0 and r.stdout.strip() == f"dsv4_vk {dsv4_vk.__version__}"
+    r = subprocess.run([sys.executable, "-m", "dsv4_vk"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stdout.startswith("usage: python -m dsv4_vk ")
+    script = os.path.join(os.path.dirname(sys.executable), "dsv4_vk")
+    r = subprocess.run([script, "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("usage: dsv4_vk ")
+    for argv in (["info", "--device", "0"], ["--device", "llvm", "info"]):
+        r = subprocess.run([sys.executable, "-m", "dsv4_vk", *argv], capture_output=True, text=True)
+        assert r.returncode == 0 and "llvmpipe" in r.stdout, (argv, r.stderr)
+    r = subprocess.run([sys.executable, "-m", "dsv4_vk", "info", "--device", "no-such-gpu"], capture_output=True,
+                       text=True)
+    assert r.returncode == 1 and "'no-such-gpu' matches no device name" in r.stdout + r.stderr
+    for cmd in ("eval", "bench", "demo", "floor"):
+        r = subprocess.run([sys.executable, "-m", "dsv4_vk", cmd, "--help"], capture_output=True, text=True)
+        assert r.returncode == 0 and "--device INDEX|NAME" in r.stdout, cmd

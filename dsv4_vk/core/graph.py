@@ -9,7 +9,10 @@
 Composite ops (the HC ops) are graph functions that append either their fused node or their
 unfused chain of primitive nodes; `g.paths` records which, and why.
 """
+from __future__ import annotations
+
 import hashlib
+from typing import Any, Sequence
 import math
 
 import numpy as np
@@ -29,8 +32,8 @@ class Node:
 
 
 class Graph:
-    def __init__(self):
-        self.nodes = []
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
         self.inputs = {}
         self.outputs = {}
         self.storages = []
@@ -43,7 +46,7 @@ class Graph:
         self.storages.append(s)
         return s
 
-    def input(self, name, shape, dtype="f32"):
+    def input(self, name: str, shape: Sequence[int], dtype: str = "f32") -> Tensor:
         if name in self.inputs:
             raise ValueError(f"graph input {name!r} declared twice")
         if dtype not in DTYPES:
@@ -52,14 +55,14 @@ class Graph:
         self.inputs[name] = t
         return t
 
-    def const(self, array, name=None):
+    def const(self, array: Any, name: str | None = None) -> Tensor:
         """A constant uploaded once when the graph is compiled (weights, eps tables...)."""
         a = np.asarray(array)
         dt = dtype_name(a.dtype) if a.dtype != np.float64 else "f32"
         a = np.ascontiguousarray(a, dtype=DTYPES[dt])
         return Tensor(self, self._storage(a.size, dt, "const", name, a), a.shape)
 
-    def param(self, name, shape, dtype="f32"):
+    def param(self, name: str, shape: Sequence[int], dtype: str = "f32") -> Tensor:
         """A named tensor that lives outside the graph, in the executor (`Executor.set_param`):
         weights shared by several graphs, KV caches that persist across replays."""
         for s in self.storages:
@@ -69,17 +72,17 @@ class Graph:
                 return Tensor(self, s, shape)
         return Tensor(self, self._storage(math.prod(shape), dtype, "param", name), shape)
 
-    def empty(self, shape, dtype="f32", name=None):
+    def empty(self, shape: Sequence[int], dtype: str = "f32", name: str | None = None) -> Tensor:
         return Tensor(self, self._storage(math.prod(shape), dtype, "temp", name), shape)
 
-    def output(self, name, tensor):
+    def output(self, name: str, tensor: Tensor) -> Tensor:
         if tensor.graph is not self:
             raise ValueError(f"output {name!r} belongs to another graph")
         self.outputs[name] = tensor
         return tensor
 
     # --- nodes ------------------------------------------------------------------------------------
-    def op(self, name, *inputs, out=None, **params):
+    def op(self, name: str, *inputs: Tensor, out: Tensor | None = None, **params: Any) -> Tensor:
         """Append one node of op `name`; returns its output tensor (or `out`, a view written in place)."""
         op = get_op(name)
         if op.n_inputs is not None and len(inputs) != op.n_inputs:
@@ -109,12 +112,12 @@ class Graph:
         def __exit__(self, *exc):
             self.g._tags.pop()
 
-    def tag(self, label):
+    def tag(self, label: str) -> "Graph._Tag":
         """Context manager labelling the nodes built inside (used by profiling: GPU time per op)."""
         return Graph._Tag(self, label)
 
     # --- identity -----------------------------------------------------------------------------------
-    def signature(self):
+    def signature(self) -> str:
         """A key identifying the recorded command buffer this graph lowers to."""
         ids = {id(s): i for i, s in enumerate(self.storages)}
         h = hashlib.sha256()

@@ -5,15 +5,20 @@ the op's graph, and runs it on `device` (default: the process-wide device) throu
 compiles each graph shape once and replays it. T = 0 returns empty results without touching the
 device. `last_run()` describes the last call: dispatches, barriers, paths [(op, path, reason)].
 """
+from __future__ import annotations
+
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import composite as hc, policy as hc_policy
 from ..core.executor import Executor
 from ..core.graph import Graph
+from ..ops.base import format_shape
 from .kernels import HC, N_MIX, check_eps, check_n_iter
-from ..vk import default_device
+from ..vk import Device, default_device
 
 _executors = {}
 _last = None
@@ -35,7 +40,7 @@ def _array(name, a, expected):
         raise ValueError(f"{name} must be a numeric array, got {type(a).__name__} ({e})") from None
     if not np.issubdtype(arr.dtype, np.floating):
         raise ValueError(f"{name} must be a floating-point array (float32 or float64), got dtype {arr.dtype}")
-    want = "[" + ", ".join("*" if e is None else str(e) for e in expected) + "]"
+    want = format_shape(expected)
     if arr.ndim != len(expected):
         raise ValueError(f"{name} must have rank {len(expected)} (shape {want}), got shape {arr.shape}")
     for s, e in zip(arr.shape, expected):
@@ -81,12 +86,13 @@ def _empty_run(*shapes):
     return out if len(out) > 1 else out[0]
 
 
-def last_run():
+def last_run() -> Any:
     """Stats of the last call: .dispatches, .barriers, .paths [(op, path, reason)]; None before any."""
     return _last
 
 
-def hc_comb(mixes, scale, base, *, eps=1e-6, n_iter=20, fused=None, variant=None, device=None):
+def hc_comb(mixes: ArrayLike, scale: ArrayLike, base: ArrayLike, *, eps: float = 1e-6, n_iter: int = 20,
+            fused: bool | None = None, variant: str | None = None, device: Device | None = None) -> np.ndarray:
     """comb [T,4,4] (comb[t, src, dst]) from mixes [T,24], scale [3], base [24]."""
     mixes = _array("mixes", mixes, (None, N_MIX))
     scale = _array("scale", scale, (3,))
@@ -100,7 +106,7 @@ def hc_comb(mixes, scale, base, *, eps=1e-6, n_iter=20, fused=None, variant=None
                                           fused=fused, variant=variant, device=dev))
 
 
-def hc_pre(x, weights, *, fused=None, device=None):
+def hc_pre(x: ArrayLike, weights: ArrayLike, *, fused: bool | None = None, device: Device | None = None) -> np.ndarray:
     """u [T,D] = Σ_s weights[t,s]·x[t,s,:] for x [T,4,D], weights [T,4]."""
     x = _array("x", x, (None, HC, None))
     weights = _array("weights", weights, (None, HC))
@@ -113,7 +119,8 @@ def hc_pre(x, weights, *, fused=None, device=None):
                 lambda g, t, dev: hc.pre(g, t["x"], t["weights"], fused=fused, device=dev))
 
 
-def hc_post(f, residual, post, comb, *, fused=None, device=None):
+def hc_post(f: ArrayLike, residual: ArrayLike, post: ArrayLike, comb: ArrayLike, *, fused: bool | None = None,
+            device: Device | None = None) -> np.ndarray:
     """X_new [T,4,D] = f·post[:, d] + Σ_s comb[:, s, d]·residual[:, s] for each destination d."""
     f = _array("f", f, (None, None))
     residual = _array("residual", residual, (None, HC, None))
@@ -129,7 +136,9 @@ def hc_post(f, residual, post, comb, *, fused=None, device=None):
                 lambda g, t, dev: hc.post(g, t["f"], t["residual"], t["post"], t["comb"], fused=fused, device=dev))
 
 
-def hc_site_pre(X, fn, scale, base, *, hc_eps=1e-6, norm_eps=1e-6, n_iter=20, fused=None, device=None):
+def hc_site_pre(X: ArrayLike, fn: ArrayLike, scale: ArrayLike, base: ArrayLike, *, hc_eps: float = 1e-6,
+                norm_eps: float = 1e-6, n_iter: int = 20, fused: bool | None = None,
+                device: Device | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One site's pre side: (u [T,D], post [T,4], comb [T,4,4]) from X [T,4,D], fn [24,4D], scale, base."""
     X = _array("X", X, (None, HC, None))
     D = _hidden("X", X.shape[2])

@@ -13,6 +13,10 @@ device cannot is an error). Nodes are labelled with g.tag(op); g.paths gets (op,
 `device` (default: the process-wide device) is the device the graph will run on: the path depends
 on it.
 """
+from __future__ import annotations
+
+from ..core.graph import Graph
+from ..vk import Device
 from . import policy as hc_policy
 from .kernels import HC, N_MIX, check_eps, check_n_iter, check_post_shapes, check_same, check_shape, mix_supported
 from ..core.tensor import Tensor
@@ -69,7 +73,8 @@ def comb_chain(g, mixes, scale, base, eps, n_iter):
     return c
 
 
-def comb(g, mixes, scale, base, *, eps=1e-6, n_iter=20, fused=None, variant=None, device=None):
+def comb(g: Graph, mixes: Tensor, scale: Tensor, base: Tensor, *, eps: float = 1e-6, n_iter: int = 20,
+         fused: bool | None = None, variant: str | None = None, device: Device | None = None) -> Tensor:
     """comb [T,4,4] (comb[t, src, dst]) from mixes [T,24], scale [3], base [24]."""
     for name, t in (("mixes", mixes), ("scale", scale), ("base", base)):
         _tensor(g, name, t)
@@ -103,7 +108,7 @@ def pre_chain(g, x, weights):
     return acc
 
 
-def pre(g, x, weights, *, fused=None, device=None):
+def pre(g: Graph, x: Tensor, weights: Tensor, *, fused: bool | None = None, device: Device | None = None) -> Tensor:
     """u [T,D] = Σ_s weights[t,s] · x[t,s,:] for x [T,4,D], weights [T,4]."""
     _check_pre(g, x, weights)
     choice = hc_policy.choose("HC_PRE", device or default_device(), fused)
@@ -128,7 +133,8 @@ def post_chain(g, f, residual, post_w, comb_m):
     return g.op("CONCAT", *outs, axis=1)
 
 
-def post(g, f, residual, post, comb, *, fused=None, device=None):
+def post(g: Graph, f: Tensor, residual: Tensor, post: Tensor, comb: Tensor, *, fused: bool | None = None,
+         device: Device | None = None) -> Tensor:
     """X_new [T,4,D]: X_new[t,d,:] = f[t,:]·post[t,d] + Σ_s comb[t,s,d]·residual[t,s,:]."""
     post_w, comb_m = post, comb
     for name, t in (("f", f), ("residual", residual), ("post", post_w), ("comb", comb_m)):
@@ -170,7 +176,9 @@ def _gate(g, mix, scale1, base, a, b):
     return g.op("SCALE", s, a=a, b=b)
 
 
-def site_pre(g, X, fn, scale, base, *, hc_eps=1e-6, norm_eps=1e-6, n_iter=20, fused=None, device=None):
+def site_pre(g: Graph, X: Tensor, fn: Tensor, scale: Tensor, base: Tensor, *, hc_eps: float = 1e-6,
+             norm_eps: float = 1e-6, n_iter: int = 20, fused: bool | None = None,
+             device: Device | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """One site's pre side: (u [T,D], post [T,4], comb [T,4,4]) from the streams X [T,4,D].
 
     With a fused HC_COMB the site is fused as a whole: HC_MIX (T ≤ mix_max_t(device); else RMS_NORM → MUL_MAT),
@@ -206,7 +214,8 @@ def site_pre(g, X, fn, scale, base, *, hc_eps=1e-6, norm_eps=1e-6, n_iter=20, fu
     return u, post_w, comb_m
 
 
-def head_pre(g, X, fn_h, scale_h, base_h, *, hc_eps=1e-6, norm_eps=1e-6, fused=None, device=None):
+def head_pre(g: Graph, X: Tensor, fn_h: Tensor, scale_h: Tensor, base_h: Tensor, *, hc_eps: float = 1e-6,
+             norm_eps: float = 1e-6, fused: bool | None = None, device: Device | None = None) -> Tensor:
     """Head collapse: Σ_s pre_h[t,s]·X[t,s,:], pre_h = sigmoid(mix_h·scale_h[0] + base_h) + hc_eps."""
     for name, t in (("X", X), ("fn_h", fn_h), ("scale_h", scale_h), ("base_h", base_h)):
         _tensor(g, name, t)
