@@ -1,5 +1,8 @@
 """The graph layer: view semantics against numpy, compile-once replay, hazard barriers, errors, the
 SPIR-V disk cache and executor params shared by graphs."""
+import hashlib
+import json
+
 import numpy as np
 import pytest
 
@@ -234,7 +237,7 @@ def test_shader_compile_error_names_the_shader(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("unary-*.spv"))              # nothing cached for a failure
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip_byte", "drop_checksum", "empty"])
+@pytest.mark.parametrize("damage", ["truncate", "flip_byte", "drop_checksum", "garbage_checksum", "empty"])
 def test_corrupted_spirv_cache_entry_is_rebuilt(tmp_path, monkeypatch, damage):
     monkeypatch.setenv("DSV4_VK_CACHE_DIR", str(tmp_path))
     good = compile_shader("binary", {"OP_ADD": 1})
@@ -253,10 +256,69 @@ def test_corrupted_spirv_cache_entry_is_rebuilt(tmp_path, monkeypatch, damage):
         spv.write_bytes(bytes(bad))
     elif damage == "drop_checksum":
         spv.with_suffix(".sha256").unlink()
+    elif damage == "garbage_checksum":
+        spv.with_suffix(".sha256").write_bytes(b"\xff\xfe\x00 not hex")
     else:
         spv.write_bytes(b"")
     assert compile_shader("binary", {"OP_ADD": 1}) == good
     assert spv.read_bytes() == good
+
+
+@pytest.mark.parametrize("directory", ["/proc/self", "/sys/kernel"])
+def test_unwritable_cache_dir_compiles_in_memory(monkeypatch, directory):
+    """/proc/self is not writable; /sys/kernel passes os.access for root but refuses new files."""
+    monkeypatch.setenv("DSV4_VK_CACHE_DIR", directory)
+    monkeypatch.setattr(shader_module, "_memory", {})
+    with pytest.warns(RuntimeWarning, match="compiling in memory|kept in memory only"):
+        first = compile_shader("binary", {"OP_MUL": 1})
+    assert first[:4] == (0x07230203).to_bytes(4, "little")
+    monkeypatch.setattr(shader_module.subprocess, "run", lambda *a, **k: pytest.fail("compiled twice"))
+    assert compile_shader("binary", {"OP_MUL": 1}) == first          # served from memory
+
+
+def test_unusable_cache_dir_is_named(tmp_path, monkeypatch):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    for value in (str(not_a_dir), str(not_a_dir / "sub"), "  "):
+        monkeypatch.setenv("DSV4_VK_CACHE_DIR", value)
+        with pytest.raises(ShaderCompileError, match="DSV4_VK_CACHE_DIR"):
+            compile_shader("binary", {"OP_DIV": 1})
+
+
+def test_prebuilt_spirv_is_used_only_while_the_source_matches(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSV4_VK_CACHE_DIR", str(tmp_path / "cache"))
+    good = compile_shader("binary", {"OP_ADD": 1})
+    pre = tmp_path / "spirv"
+    pre.mkdir()
+    fake = b"\x03\x02\x23\x07" + bytes(60)          # SPIR-V magic: only where it came from matters here
+    (pre / "b.spv").write_bytes(fake)
+    vid = "binary|OP_ADD=1"
+    entry = {"file": "b.spv", "source": shader_module.source_hash("binary"), "sha256": hashlib.sha256(fake).hexdigest()}
+    (pre / "manifest.json").write_text(json.dumps({"glslang": "test", "variants": {vid: entry}}))
+    monkeypatch.setattr(shader_module, "PREBUILT_DIR", pre)
+    shader_module._manifest.cache_clear()
+    try:
+        monkeypatch.setattr(shader_module, "compiler", lambda: pytest.fail("needed glslang for a prebuilt variant"))
+        assert compile_shader("binary", {"OP_ADD": 1}) == fake
+        monkeypatch.undo()
+        monkeypatch.setenv("DSV4_VK_CACHE_DIR", str(tmp_path / "cache"))
+        monkeypatch.setattr(shader_module, "PREBUILT_DIR", pre)
+        entry["source"] = "0" * 64                     # the shader changed since the wheel was built
+        (pre / "manifest.json").write_text(json.dumps({"glslang": "test", "variants": {vid: entry}}))
+        shader_module._manifest.cache_clear()
+        assert compile_shader("binary", {"OP_ADD": 1}) == good
+    finally:
+        shader_module._manifest.cache_clear()
+
+
+def test_variant_declarations_parse():
+    text = "//! variants: A | B=1,2 ; - | C\n//! variants: D\n"
+    got = shader_module.parse_variants(text)
+    assert set(got) == {(("A", "1"),), (("A", "1"), ("C", "1")), (("B", "1"),), (("B", "1"), ("C", "1")),
+                        (("B", "2"),), (("B", "2"), ("C", "1")), (("D", "1"),)}
+    assert shader_module.parse_variants("void main() {}") == [()]
+    with pytest.raises(ShaderCompileError, match="bad define"):
+        shader_module.parse_variants("//! variants: 9X")
 
 
 # --- executor params shared by graphs ----------------------------------------------------------------

@@ -264,15 +264,21 @@ def _cached(spv_path: Path) -> bytes | None:
     return data if hashlib.sha256(data).hexdigest() == want and _is_spirv(data) else None
 
 
-def _store(spv_path: Path, data: bytes) -> None:
+def _store(spv_path: Path, data: bytes) -> bool:
+    """Write one cache entry (atomically); False, with one warning, where the directory refuses it."""
     tmp = spv_path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
     try:
         tmp.write_bytes(data)
         os.replace(tmp, spv_path)
         spv_path.with_suffix(".sha256").write_text(hashlib.sha256(data).hexdigest())
+        return True
     except OSError as e:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
         _warn_once(f"shader cache {spv_path.parent} could not be written ({e.strerror}): compiling in memory")
+        return False
 
 
 def compile_shader(name: str, defines: dict | None = None) -> bytes:
@@ -298,21 +304,18 @@ def compile_shader(name: str, defines: dict | None = None) -> bytes:
         raise
     h = hashlib.sha256(src.encode() + b"\0" + repr(key).encode() + b"\0" + version.encode())
     cache_key = h.hexdigest()[:32]
+    with _lock:
+        hit = _memory.get(cache_key)
+    if hit is not None:
+        return hit
     directory, writable = cache_dir()
-    if not writable:
-        with _lock:
-            hit = _memory.get(cache_key)
-        if hit is not None:
-            return hit
     spv_path = directory / f"{name}-{cache_key}.spv" if directory is not None else None
     if spv_path is not None:
         data = _cached(spv_path)
         if data is not None:
             return data
     data = _glslang(name, path, key)
-    if spv_path is not None and writable:
-        _store(spv_path, data)
-    else:
+    if not (spv_path is not None and writable and _store(spv_path, data)):
         with _lock:
             _memory[cache_key] = data
     return data
