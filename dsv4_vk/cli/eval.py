@@ -4,7 +4,7 @@ and against the float64 numpy reference. One line per case and path; exit status
 
 PASS (dsv4_vk.hc.cases.evaluate_case, also what the tests assert): NMSE vs the unfused chain ≤ 1e-7
 (fused paths); NMSE vs the float64 reference within the output's ceiling (1e-7, tighter where f32
-rounding allows: comb and gates 1e-12, site outputs 1e-11; reported scaled to 1e-7); every element
+rounding allows: comb and gates 1e-12, site outputs 1e-11); every element
 within its f32 error bound (sums: 2·n·u·Σ|term|; comb 5e-7; site 2e-6); no NaN/inf placed
 differently; guard regions around every tensor intact. T = 0 passes when the op either returns empty
 outputs of the right shape or refuses with a ValueError that names the argument.

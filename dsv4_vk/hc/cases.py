@@ -319,18 +319,20 @@ def _row(case, path, **kw):
 
 
 def _compare(out, exp):
-    """(worst NMSE vs reference relative to its ceiling, worst |error|, worst |error| − bound, NaN/inf mismatches)."""
-    nm = max(nmse(out[k], e.ref, e.scale) / e.nmse_max * PATH_NMSE for k, e in exp.items())
+    """(worst NMSE vs reference, worst NMSE over its ceiling, worst |error|, worst |error| − bound,
+    NaN/inf mismatches) over the outputs."""
+    nms = {k: nmse(out[k], e.ref, e.scale) for k, e in exp.items()}
+    nm, over = max(nms.values()), max(nms[k] / e.nmse_max for k, e in exp.items())
     ma = max(max_abs(out[k], e.ref) for k, e in exp.items())
     excess = max(float(np.max(np.where(np.isfinite(e.ref) & np.isfinite(out[k]),
                                        np.abs(out[k] - e.ref) - e.bound, -np.inf), initial=-np.inf))
                  for k, e in exp.items())
-    return nm, ma, excess, sum(nonfinite_mismatch(out[k], e.ref) for k, e in exp.items())
+    return nm, over, ma, excess, sum(nonfinite_mismatch(out[k], e.ref) for k, e in exp.items())
 
 
 def evaluate_case(device, case, path_names, rng, run=None):
     """Rows (dicts) for one case: the unfused chain first, then each fused path, on the same fresh
-    inputs. PASS: NMSE vs float64 within the output's ceiling (reported scaled to the 1e-7 scale),
+    inputs. PASS: NMSE vs float64 within the output's ceiling (Expected.nmse_max),
     every element within its f32 error bound, NMSE vs the unfused chain ≤ 1e-7, NaN/inf placed as
     in the reference, guards intact. T = 0: empty outputs of the right shape, or a ValueError that
     names an argument."""
@@ -349,15 +351,15 @@ def evaluate_case(device, case, path_names, rng, run=None):
         except Exception as e:      # a failure of one path must not hide the others
             rows.append(_row(case, path, error=f"{type(e).__name__}: {e}"))
             continue
-        nm, ma, excess, nonfinite = _compare(out, exp)
-        row = _row(case, path, nmse_ref=nm, max_abs=ma, bound_excess=excess, nonfinite=nonfinite,
-                   guards=guards, dispatches=n)
+        nm, over, ma, excess, nonfinite = _compare(out, exp)
+        row = _row(case, path, nmse_ref=nm, nmse_ref_ceiling_ratio=over, max_abs=ma, bound_excess=excess,
+                   nonfinite=nonfinite, guards=guards, dispatches=n)
         if path == UNFUSED:
             unfused = out
         elif unfused is not None:
             row["nmse_unfused"] = max(nmse(out[k], unfused[k], exp[k].scale) for k in exp)
             row["nonfinite"] += sum(nonfinite_mismatch(out[k], unfused[k]) for k in exp)
-        row["pass"] = (nm <= PATH_NMSE and excess <= 0 and row["nonfinite"] == 0 and not guards
+        row["pass"] = (over <= 1 and excess <= 0 and row["nonfinite"] == 0 and not guards
                        and (row["nmse_unfused"] is None or row["nmse_unfused"] <= PATH_NMSE)
                        and (path == UNFUSED or unfused is not None or case.fused_only))
         if path != UNFUSED and unfused is None and not case.fused_only:
