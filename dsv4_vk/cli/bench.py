@@ -1,5 +1,5 @@
-"""`python -m dsv4_vk bench`: speed of every bench case (dsv4_vk/cases.py) along every path, read
-against the device floor (dsv4_vk/floor.py), which is measured and printed first.
+"""`python -m dsv4_vk bench`: speed of every bench case (dsv4_vk/hc/cases.py) along every path, read
+against the device floor (dsv4_vk/cli/floor.py), which is measured and printed first.
 
 Per case and path: GPU time (median over ≥ 10 replays of the recorded command buffer after a
 warm-up, between a timestamp before and one after the whole graph), host submit+wait time,

@@ -1,4 +1,4 @@
-"""`python -m dsv4_vk eval`: every case of dsv4_vk/cases.py along every path this device runs
+"""`python -m dsv4_vk eval`: every case of dsv4_vk/hc/cases.py along every path this device runs
 (each fused variant and the unfused chain), on the same fresh random inputs, against each other
 and against the float64 numpy reference. One line per case and path; exit status 1 on any FAIL.
 

@@ -151,7 +151,7 @@ def post(g: Graph, f: Tensor, residual: Tensor, post: Tensor, comb: Tensor, *, f
 # --- a whole site, the head collapse -------------------------------------------------------------------
 
 # HC_MIX (one workgroup per token and mix row) up to this T, RMS_NORM + MUL_MAT beyond. On GPUs
-# HC_MIX wins at every T measured (H200, results/h200/hc_gpu_check: 1.8x at T=4096 to 37x at T=1);
+# HC_MIX wins at every T measured (H200, results/h200/history/hc_gpu_check: 1.8x at T=4096 to 37x at T=1);
 # on CPU devices its shared-memory step is slow, so only decode-sized T use it there.
 MIX_MAX_T = {"cpu": 8}
 
