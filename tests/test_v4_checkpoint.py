@@ -1,0 +1,190 @@
+"""DeepSeek-V4 checkpoints (config.json + safetensors) and the float64 reference against the
+transformers fixtures (tests/fixtures/dsv4_*, written by tools/make_dsv4_fixtures.py)."""
+import json
+import os
+import shutil
+import struct
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from dsv4_vk.model.hf_checkpoint import CheckpointError, load_hf, save_hf, tensor_shapes
+from dsv4_vk.model.v4_config import ConfigError, V4Config
+from dsv4_vk.model.v4_reference import V4Reference
+
+FIX = os.path.join(os.path.dirname(__file__), "fixtures")
+NAMES = ("mixed", "bf16")
+
+
+def nmse(a, b):
+    return float(np.sum((np.asarray(a, np.float64) - b) ** 2) / np.sum(np.asarray(b, np.float64) ** 2))
+
+
+def expected(name):
+    e = np.load(os.path.join(FIX, f"dsv4_{name}", "expected.npz"))
+    return {k: e[k] for k in e.files}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reference_matches_transformers(name):
+    cfg, w = load_hf(os.path.join(FIX, f"dsv4_{name}"))
+    e = expected(name)
+    n = len(e["prompt"])
+    out = V4Reference(cfg, w).forward(np.concatenate([e["prompt"], e["decode"]]))
+    for what, got, want in (("prefill", out[:n], e["prefill"]), ("decode", out[n:], e["steps"])):
+        assert nmse(got, want) <= 1e-10, what
+        assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max(), what
+
+
+def test_save_pretrained_dirs_load_with_their_dtypes():
+    cfg, w = load_hf(os.path.join(FIX, "dsv4_bf16"))          # 5 shards + index, BF16 linears
+    assert w["layers.0.attn.wq_a.weight"].dtype == ml_dtypes.bfloat16
+    assert w["layers.0.ffn.experts.w13"].dtype == ml_dtypes.bfloat16
+    assert w["layers.0.ffn.experts.w13"].shape == (4, 32, 32)
+    assert w["layers.0.attn.attn_sink"].dtype == np.float32
+    assert w["layers.1.ffn.gate.tid2eid"].dtype == np.int32
+    assert cfg.layer_types[0] == "heavily_compressed_attention" and cfg.mlp_layer_types[1] == "hash_moe"
+    cfg2, w2 = load_hf(os.path.join(FIX, "dsv4_mixed"))
+    assert cfg2.yarn["factor"] == 4.0 and w2["embed.weight"].dtype == np.float32
+
+
+@pytest.mark.parametrize("naming,shards", [("deepseek", 1), ("save_pretrained", 3)])
+def test_write_read_round_trip(tmp_path, naming, shards):
+    cfg, w = load_hf(os.path.join(FIX, "dsv4_bf16"))
+    save_hf(str(tmp_path), cfg, w, naming=naming, shards=shards)
+    cfg2, w2 = load_hf(str(tmp_path), max_ctx=cfg.max_ctx)
+    assert cfg2 == cfg and set(w2) == set(w)
+    for k in w:
+        assert w2[k].dtype == w[k].dtype and np.array_equal(w2[k].view(np.uint8), w[k].view(np.uint8)), k
+
+
+def _copy(tmp_path, name="dsv4_mixed"):
+    d = tmp_path / "m"
+    shutil.copytree(os.path.join(FIX, name), d)
+    return d
+
+
+def _rewrite(d, edit):
+    """Rewrite model.safetensors with edit({name: array}) applied."""
+    from safetensors.numpy import load_file
+    t = load_file(str(d / "model.safetensors"))
+    edit(t)
+    save_file(t, str(d / "model.safetensors"))
+
+
+def _raw_file(path, tensors):
+    """A safetensors file from {name: (dtype string, shape, raw bytes)}: dtypes numpy lacks (FP8)."""
+    header, off, blobs = {}, 0, []
+    for name, (dt, shape, raw) in tensors.items():
+        header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + len(raw)]}
+        off += len(raw)
+        blobs.append(raw)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def test_fp8_and_scales_refused_naming_tensor_and_dtype(tmp_path):
+    from safetensors.numpy import load_file
+    d = _copy(tmp_path)
+    t = load_file(str(d / "model.safetensors"))
+    raw = {k: ({np.dtype(np.float32): "F32", np.dtype(np.int64): "I64"}[v.dtype], v.shape, v.tobytes())
+           for k, v in t.items()}
+    raw["model.layers.0.attn.wq_a.weight"] = ("F8_E4M3", (16, 32), bytes(16 * 32))
+    _raw_file(d / "model.safetensors", raw)
+    with pytest.raises(CheckpointError, match=r"model\.layers\.0\.attn\.wq_a\.weight.*dtype F8_E4M3 \(FP8/FP4"):
+        load_hf(str(d))
+    raw["model.layers.0.attn.wq_a.weight"] = ("F32", (16, 32), bytes(16 * 32 * 4))
+    raw["model.layers.0.attn.wq_a.scale"] = ("F32", (1, 1), bytes(4))
+    _raw_file(d / "model.safetensors", raw)
+    with pytest.raises(CheckpointError, match=r"unexpected tensor 'layers\.0\.attn\.wq_a\.scale'.*FP8"):
+        load_hf(str(d))
+
+
+def test_missing_and_misshaped_tensors_named(tmp_path):
+    d = _copy(tmp_path)
+    _rewrite(d, lambda t: (t.pop("model.layers.1.attn.compressor.ape"),
+                           t.update({"model.norm.weight": np.ones(31, np.float32)})))
+    with pytest.raises(CheckpointError) as e:
+        load_hf(str(d))
+    assert "missing tensor 'layers.1.attn.compressor.ape' (expected shape [8, 32])" in str(e.value)
+    assert "tensor 'norm.weight' has shape [31], expected [32]" in str(e.value)
+
+
+def test_tid2eid_out_of_range_refused(tmp_path):
+    d = _copy(tmp_path)
+    _rewrite(d, lambda t: t["model.layers.0.ffn.gate.tid2eid"].__setitem__((3, 1), 9))
+    with pytest.raises(CheckpointError, match=r"tid2eid.*outside \[0, 4\).*9"):
+        load_hf(str(d))
+
+
+def _craft(path, header, data_len):
+    raw = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw + b"\0" * data_len)
+
+
+@pytest.mark.parametrize("header,data_len,what", [
+    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+      "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, 12, "overlapping"),
+    ({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, 8, "past the end"),
+    ({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, 8, "size mismatch"),
+])
+def test_bad_offsets_refused(tmp_path, header, data_len, what):
+    d = _copy(tmp_path)
+    _craft(d / "model.safetensors", header, data_len)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: not a valid safetensors file"):
+        load_hf(str(d))
+
+
+def test_truncated_file_and_bad_index_refused(tmp_path):
+    d = _copy(tmp_path)
+    with open(d / "model.safetensors", "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(CheckpointError, match="not a valid safetensors file"):
+        load_hf(str(d))
+    d2 = _copy(tmp_path / "x", "dsv4_bf16")
+    idx = json.loads((d2 / "model.safetensors.index.json").read_text())
+    idx["weight_map"]["model.norm.weight"] = "model-00001-of-00005.safetensors"
+    (d2 / "model.safetensors.index.json").write_text(json.dumps(idx))
+    with pytest.raises(CheckpointError, match=r"index names tensor\(s\) \['model.norm.weight'\]|in both"):
+        load_hf(str(d2))
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("scoring_func", "tanh", r"scoring_func 'tanh' not supported"),
+    ("hc_mult", 2, r"hc_mult must be 4"),
+    ("layer_types", ["sliding_attention"], r"layer_types has 1 entries, num_hidden_layers is 3"),
+    ("mlp_layer_types", ["moe", "moe", "dense"], r"mlp_layer_types entries must be one of"),
+    ("rope_parameters", {"rope_type": "longrope"}, r"compress rope_type 'longrope' not supported"),
+    ("n_shared_experts", 2, r"n_shared_experts 2"),
+    ("frobnicate", 1, r"unsupported key\(s\) \['frobnicate'\]"),
+    ("head_dim", 30, r"rope dim .* = 7 must be even"),
+])
+def test_config_json_errors_name_the_key(tmp_path, key, value, match):
+    d = _copy(tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg[key] = value
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=match):
+        load_hf(str(d))
+
+
+def test_legacy_config_keys_fold_like_transformers():
+    d = {"num_hidden_layers": 3, "compress_ratios": [4, 128, 0], "num_hash_layers": 1, "qk_rope_head_dim": 8,
+         "head_dim": 32, "hidden_size": 32, "q_lora_rank": 16, "index_head_dim": 16, "vocab_size": 64,
+         "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 64}}
+    c = V4Config.from_hf(d)
+    assert c.layer_types == ("compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention")
+    assert c.mlp_layer_types == ("hash_moe", "moe", "moe") and c.rope_dim == 8 and c.yarn["factor"] == 16
+    with pytest.raises(ConfigError, match="compress_ratios entries"):
+        V4Config.from_hf(dict(d, compress_ratios=[4, 64, 0]))
+
+
+def test_not_a_directory(tmp_path):
+    with pytest.raises(CheckpointError, match="not a directory"):
+        load_hf(str(tmp_path / "nope.safetensors"))
+    assert set(tensor_shapes(V4Config())) >= {"embed.weight", "layers.0.attn.indexer.wq_b.weight"}
