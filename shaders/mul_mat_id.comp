@@ -5,6 +5,8 @@
 // (MOE_ROUTE's output; ids are exact floats), weights w [E, N, K] stacked per expert:
 //   MODE_SWIGLU  x [T, 1 or R, K] (stride 0 over r: the same token row for every route), w [E, 2F, K]:
 //                out[t, r, f] = silu(w[id, f]·x[t, r]) · (w[id, F + f]·x[t, r])     gate/up + SwiGLU
+//                LIMIT (a float define): the clamped SwiGLU of DeepSeek-V4, silu(min(gate, LIMIT)) ·
+//                clamp(up, −LIMIT, LIMIT)
 //   MODE_SUM     x [T, R, K], w [E, N, K]:
 //                out[t, n] = Σ_r weight[t, r] · (w[id_r, n]·x[t, r])  (+ add[t, n] with HAS_ADD)
 // Only the chosen experts' rows are read. An id outside [0, E) writes NaN: no out-of-bounds read.
@@ -68,6 +70,10 @@ void main() {
         uint wb = p.w_off + uint(id) * p.w_s0;
         float g = cluster_sum(partial_dot(xb, wb + f * p.w_s1, lane));
         float u = cluster_sum(partial_dot(xb, wb + (p.N + f) * p.w_s1, lane));
+#if defined(LIMIT)
+        g = min(g, float(LIMIT));
+        u = clamp(u, -float(LIMIT), float(LIMIT));
+#endif
         v = g / (1.0 + exp(-g)) * u;
     }
     if (lane == 0) d[p.d_off + t * p.d_s0 + r * p.d_s1 + f * p.d_s2] = v;

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from ..ops.hc import reference_head_pre, reference_post, reference_site_pre
+from ..hc.kernels import reference_head_pre, reference_post, reference_site_pre
 from .hf_checkpoint import check_tensors
 from .v4_config import CSA, SWA, V4Config
 

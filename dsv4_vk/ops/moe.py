@@ -78,8 +78,11 @@ class MulMatId(OpDef):
     name, n_inputs = "MUL_MAT_ID", None
 
     def infer(self, inputs, params):
-        check_params(self.name, params, ("mode",))
+        check_params(self.name, params, ("mode", "limit"))
         mode = params.get("mode")
+        if "limit" in params and (mode != "swiglu" or not check_finite(f"{self.name} limit", params["limit"]) > 0):
+            raise ValueError(f"{self.name}: limit (the SwiGLU clamp) must be a finite number > 0 with mode='swiglu', "
+                             f"got {params['limit']!r} with mode={mode!r}")
         if mode not in ("swiglu", "sum"):
             raise ValueError(f"{self.name}: mode must be 'swiglu' or 'sum', got {mode!r}")
         if len(inputs) not in ((3,) if mode == "swiglu" else (3, 4)):
@@ -127,11 +130,13 @@ class MulMatId(OpDef):
         args = [x, w, route] + ([add] if add is not None else []) + [out]
         if add is not None:
             defs["HAS_ADD"] = 1
+        if "limit" in node.params:
+            defs["LIMIT"] = repr(float(node.params["limit"]))
         items = T * R * cols if mode == "swiglu" else T * cols
         return [Launch("mul_mat_id", args, (len(args) - 1,), push, grid_1d(items, 256 // defs["LANES"]),
                        defines=defs, spec=(256,), **extra)]
 
-    def reference(self, x, w, route, add=None, mode=None):
+    def reference(self, x, w, route, add=None, mode=None, limit=None):
         x, w, route = (np.asarray(a, np.float64) for a in (x, w, route))
         T, R, _ = route.shape
         ids = route[..., 0]
@@ -142,6 +147,86 @@ class MulMatId(OpDef):
         y[~valid] = np.nan
         if mode == "swiglu":
             F = w.shape[1] // 2
-            return silu(y[..., :F]) * y[..., F:]
+            g, u = y[..., :F], y[..., F:]
+            if limit is not None:
+                g, u = np.minimum(g, limit), np.clip(u, -limit, limit)
+            return silu(g) * u
         out = np.einsum("tr,trn->tn", route[..., 1], y)
         return out if add is None else out + np.asarray(add, np.float64)
+
+
+SCORING = ("sqrtsoftplus", "sigmoid", "softmax")
+
+
+def reference_v4_route(logits, sel, ids=None, top_k=1, scoring="sqrtsoftplus", route_scale=1.0):
+    """[T, top_k + 1, 2] (expert id, weight) as V4_ROUTE computes it; sel is the correction bias [E]
+    (top-k by score + bias) or, with ids, the hash table tid2eid [V, top_k]; last route: the shared
+    expert (id E, weight 1)."""
+    lg = np.asarray(logits, np.float64)
+    T, E = lg.shape
+    if scoring == "sqrtsoftplus":
+        sc = np.sqrt(np.logaddexp(0.0, lg))
+    elif scoring == "sigmoid":
+        sc = 1.0 / (1.0 + np.exp(-lg))
+    else:
+        e = np.exp(lg - lg.max(axis=-1, keepdims=True))
+        sc = e / e.sum(axis=-1, keepdims=True)
+    if ids is None:
+        pick = np.argsort(-(sc + np.asarray(sel, np.float64)), axis=-1, kind="stable")[:, :top_k]
+    else:
+        pick = np.asarray(sel, np.int64)[np.asarray(ids, np.int64)]
+    w = np.take_along_axis(sc, pick, axis=-1)
+    out = np.zeros((T, top_k + 1, 2))
+    out[:, :top_k, 0] = pick
+    out[:, :top_k, 1] = w / (w.sum(axis=-1, keepdims=True) + 1e-20) * route_scale
+    out[:, top_k] = (E, 1.0)
+    return out
+
+
+@register
+class V4Route(OpDef):
+    """V4_ROUTE(logits [T,E], bias [E], top_k=, scoring=, route_scale=) or
+    V4_ROUTE(logits [T,E], tid2eid [V,top_k] i32, ids [T] i32, ...) -> [T, top_k + 1, 2]:
+    DeepSeek-V4's router (shaders/v4_route.comp), the shared expert appended as route top_k."""
+    name, n_inputs = "V4_ROUTE", None
+    dtypes = ("f32", "i32")
+
+    def infer(self, inputs, params):
+        check_params(self.name, params, ("top_k", "scoring", "route_scale"))
+        if len(inputs) not in (2, 3):
+            raise ValueError(f"{self.name} takes (logits, bias) or (logits, tid2eid, ids), got {len(inputs)} inputs")
+        nonempty(self.name, inputs)
+        lg = inputs[0]
+        expect(self.name, "logits (input 0, [T, experts])", lg, (None, None))
+        T, E = lg.shape
+        k = params.get("top_k")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= min(E, 64):
+            raise ValueError(f"{self.name}: top_k must be an integer in [1, {min(E, 64)}], got {k!r}")
+        if params.get("scoring", "sqrtsoftplus") not in SCORING:
+            raise ValueError(f"{self.name}: scoring must be one of {SCORING}, got {params['scoring']!r}")
+        check_finite(f"{self.name} route_scale", params.get("route_scale", 1.0))
+        if len(inputs) == 2:
+            expect(self.name, "bias (input 1, [experts])", inputs[1], (E,))
+        else:
+            expect(self.name, "tid2eid (input 1, [vocab, top_k])", inputs[1], (None, k), "i32")
+            expect(self.name, "ids (input 2, [T])", inputs[2], (T,), "i32")
+            unit_last(self.name, "tid2eid", inputs[1])
+        unit_last(self.name, "logits", lg)
+        return (T, k + 1, 2), "f32"
+
+    def lower(self, node, device):
+        lg, sel = node.inputs[:2]
+        out, prm = node.output, node.params
+        hashed = len(node.inputs) == 3
+        ids = node.inputs[2] if hashed else None
+        push = pack_push([lg.shape[0], lg.shape[1], lg.offset, lg.strides[0], sel.offset,
+                          sel.strides[0] if hashed else 0, ids.offset if hashed else 0, out.offset, *out.strides],
+                         float(prm.get("route_scale", 1.0)))
+        defs = {"TOP_K": prm["top_k"], f"SCORE_{prm.get('scoring', 'sqrtsoftplus').upper()}": 1}
+        if hashed:
+            defs["HASH"] = 1
+        args = [lg, sel] + ([ids] if hashed else []) + [out]
+        return [Launch("v4_route", args, (len(args) - 1,), push, grid_1d(lg.shape[0], 64), defines=defs, spec=(64,))]
+
+    def reference(self, logits, sel, ids=None, top_k=1, scoring="sqrtsoftplus", route_scale=1.0):
+        return reference_v4_route(logits, sel, ids, top_k, scoring, route_scale)

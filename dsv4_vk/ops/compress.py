@@ -1,0 +1,201 @@
+"""DeepSeek-V4's compressed attention: COMPRESS (the gated, position-biased softmax pooling of
+HCA / CSA windows, with the entry's RMSNorm and RoPE), INDEX_SCORE (the lightning indexer's
+ReLU scores, causal) and TOPK (exact top-k of any size, e.g. index_topk = 512).
+
+COMPRESS reads the per-position projections from a state buffer written by STORE_ROWS and writes
+entry w when a chunk token closes window w: prefill and decode run the same kernels, and the
+decode step's command buffer, replayed, updates the open window and the entries on the device.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import (Launch, OpDef, check_finite, check_params, cluster_lanes, expect, grid_1d, nonempty, pack_push,
+                   register, unit_last)
+from .v4_attention import _positions
+
+COMPRESS_WG = 64
+TOPK_WG = 64
+
+
+def reference_pool(c, z, norm_w, eps, overlap):
+    """One entry: c, z [slots, W] (z already + ape); overlap: slots 0..m−1 are the previous window
+    (first half of the channels, may be absent: z = −inf), m..2m−1 the current (second half)."""
+    d = norm_w.shape[0]
+    if overlap:
+        m = c.shape[0] // 2
+        c = np.concatenate([c[:m, :d], c[m:, d:]])
+        z = np.concatenate([z[:m, :d], z[m:, d:]])
+    p = np.exp(z - z.max(axis=0))
+    p /= p.sum(axis=0)
+    e = (p * c).sum(axis=0)
+    return e / np.sqrt(np.mean(e * e) + eps) * norm_w
+
+
+@register
+class Compress(OpDef):
+    """COMPRESS(out [n, d], state [capacity, 2W], ape [rate, W], norm [d], pos [1] i32, cos, sin
+    [capacity, half], rate=, overlap=, eps=, tokens=T) IN PLACE on out (out=): entry w = (p+1)/rate − 1
+    for every one of the T chunk tokens p = pos[0]+t that closes a window; W = 2d with overlap (CSA), else d (HCA)."""
+    name, n_inputs = "COMPRESS", 7
+    dtypes = ("f32", "i32")
+
+    def infer(self, inputs, params):
+        out, st, ape, norm, pos, cos, sin = inputs
+        nonempty(self.name, [out, st, ape, norm, cos])
+        check_params(self.name, params, ("rate", "overlap", "eps", "tokens"))
+        m, ov = params.get("rate"), params.get("overlap", False)
+        for key in ("rate", "tokens"):
+            v = params.get(key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{self.name}: {key} must be an integer ≥ 1, got {v!r}")
+        if not isinstance(ov, bool):
+            raise ValueError(f"{self.name}: overlap must be True or False, got {ov!r}")
+        check_finite(f"{self.name} eps", params.get("eps", 1e-6))
+        expect(self.name, "out (input 0, [entries, d])", out, (None, None))
+        d = out.shape[1]
+        W = 2 * d if ov else d
+        if d % 2 or d > 4096:
+            raise ValueError(f"{self.name}: entry width d must be even and ≤ 4096, got {d}")
+        expect(self.name, f"state (input 1, [capacity, 2·{W}])", st, (None, 2 * W))
+        expect(self.name, f"ape (input 2, [rate, {W}])", ape, (m, W))
+        expect(self.name, "norm (input 3, [d])", norm, (d,))
+        expect(self.name, "pos (input 4)", pos, (1,), "i32")
+        expect(self.name, "cos (input 5, [capacity, half])", cos, (st.shape[0], None))
+        expect(self.name, "sin (input 6, like cos)", sin, cos.shape)
+        if 2 * cos.shape[1] > d or cos.strides[0] != sin.strides[0]:
+            raise ValueError(f"{self.name}: the RoPE tables' {2 * cos.shape[1]} channels must fit in d = {d}, "
+                             "with one row stride for cos and sin")
+        for what, t in (("out", out), ("state", st), ("ape", ape), ("cos", cos), ("sin", sin)):
+            unit_last(self.name, what, t)
+        return out.shape, "f32"
+
+    def lower(self, node, device):
+        out, st, ape, norm, pos, cos, sin = node.inputs
+        res = node.output
+        if res.storage is not out.storage or res.offset != out.offset:
+            raise ValueError("COMPRESS writes the entries in place: pass out=<the tensor given as input 0>")
+        prm = node.params
+        n, d = out.shape
+        defs = {"RATE": prm["rate"], "D_MAX": d}
+        if prm.get("overlap"):
+            defs["OVERLAP"] = 1
+        T = prm["tokens"]
+        push = pack_push([T, d, st.shape[0], cos.shape[1], n, st.offset, st.strides[0], ape.offset, ape.strides[0],
+                          norm.offset, out.offset, out.strides[0], pos.offset, cos.offset, sin.offset, cos.strides[0]],
+                         float(prm.get("eps", 1e-6)))
+        return [Launch("compress", [st, ape, norm, pos, cos, sin, res], (6,), push, grid_1d(T, 1), defines=defs,
+                       spec=(COMPRESS_WG,))]
+
+    def reference(self, out, st, ape, norm, pos, cos, sin, rate=1, overlap=False, eps=1e-6, tokens=1):
+        res = np.array(out, np.float64)
+        st, ape = np.asarray(st, np.float64), np.asarray(ape, np.float64)
+        n, d = res.shape
+        W = ape.shape[1]
+        p, ok = _positions(pos, tokens, st.shape[0])
+        for pp in p[ok]:
+            if (pp + 1) % rate or (pp + 1) // rate - 1 >= n:
+                continue
+            w = (pp + 1) // rate - 1
+            rows = st[w * rate:(w + 1) * rate]
+            c, z = rows[:, :W], rows[:, W:] + ape
+            if overlap:
+                prev = st[(w - 1) * rate:w * rate] if w > 0 else np.zeros((rate, 2 * W))
+                pz = prev[:, W:] + ape if w > 0 else np.full((rate, W), -np.inf)
+                c, z = np.concatenate([prev[:, :W], c]), np.concatenate([pz, z])
+            e = reference_pool(c, z, np.asarray(norm, np.float64), eps, overlap)
+            half = np.shape(cos)[1]
+            a, b = e[d - 2 * half::2].copy(), e[d - 2 * half + 1::2].copy()
+            cs, sn = np.asarray(cos, np.float64)[w * rate], np.asarray(sin, np.float64)[w * rate]
+            e[d - 2 * half::2], e[d - 2 * half + 1::2] = a * cs - b * sn, a * sn + b * cs
+            res[w] = e
+        return res
+
+
+def reference_index_score(q, wt, k, pos, rate, scale):
+    """scores [T, n]: scale·Σ_h wt[t,h]·ReLU(q[t,h]·k[w]) for w < (p+1)//rate, else −inf."""
+    q, wt, k = (np.asarray(a, np.float64) for a in (q, wt, k))
+    T, n = q.shape[0], k.shape[0]
+    p, ok = _positions(pos, T, 1 << 30)
+    s = np.einsum("th,thw->tw", wt, np.maximum(np.einsum("thd,wd->thw", q, k), 0.0)) * scale
+    valid = ok[:, None] & (np.arange(n)[None, :] < ((p + 1) // rate)[:, None])
+    return np.where(valid, s, -np.inf)
+
+
+@register
+class IndexScore(OpDef):
+    """INDEX_SCORE(q [T,nh,hd], wt [T,nh], k [n,hd], pos [1] i32, rate=, scale=, capacity=) -> [T, n]."""
+    name, n_inputs = "INDEX_SCORE", 4
+    dtypes = ("f32", "i32")
+
+    def infer(self, inputs, params):
+        q, wt, k, pos = inputs
+        nonempty(self.name, inputs)
+        check_params(self.name, params, ("rate", "scale", "capacity"))
+        expect(self.name, "q (input 0, [T, heads, head_dim])", q, (None, None, None))
+        T, nh, hd = q.shape
+        expect(self.name, "wt (input 1, [T, heads])", wt, (T, nh))
+        expect(self.name, "k (input 2, [entries, head_dim])", k, (None, hd))
+        expect(self.name, "pos (input 3)", pos, (1,), "i32")
+        for what, t in (("q", q), ("wt", wt), ("k", k)):
+            unit_last(self.name, what, t)
+        for key in ("rate", "capacity"):
+            v = params.get(key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{self.name}: {key} must be an integer ≥ 1, got {v!r}")
+        check_finite(f"{self.name} scale", params.get("scale", 1.0))
+        return (T, k.shape[0]), "f32"
+
+    def lower(self, node, device):
+        q, wt, k, pos = node.inputs
+        out, prm = node.output, node.params
+        T, nh, hd = q.shape
+        n = k.shape[0]
+        lanes, extra = cluster_lanes(device, hd, per_lane=4)
+        push = pack_push([T, nh, hd, n, prm["capacity"], q.offset, q.strides[0], q.strides[1], wt.offset,
+                          wt.strides[0], k.offset, k.strides[0], out.offset, out.strides[0], pos.offset],
+                         float(prm.get("scale", 1.0)))
+        return [Launch("index_score", [q, wt, k, pos, out], (4,), push, grid_1d(T * n, 256 // lanes["LANES"]),
+                       defines=dict(lanes, RATE=prm["rate"]), spec=(256,), **extra)]
+
+    def reference(self, q, wt, k, pos, rate=1, scale=1.0, capacity=1 << 30):
+        s = reference_index_score(q, wt, k, pos, rate, scale)
+        p, ok = _positions(pos, np.shape(q)[0], capacity)
+        s[~ok] = -np.inf
+        return s
+
+
+def reference_topk(scores, k):
+    """idx [T, k] int: finite entries by descending score (ties: lower index first), −1 padding."""
+    s = np.asarray(scores, np.float64)
+    out = np.full((s.shape[0], k), -1, np.int64)
+    for t, row in enumerate(s):
+        fin = np.flatnonzero(np.isfinite(row))
+        order = fin[np.lexsort((fin, -row[fin]))][:k]
+        out[t, :len(order)] = order
+    return out
+
+
+@register
+class TopK(OpDef):
+    """TOPK(scores [T, n], k=) -> [T, k] i32 (shaders/topk.comp): exact, any k ≥ 1."""
+    name, n_inputs = "TOPK", 1
+
+    def infer(self, inputs, params):
+        (s,) = inputs
+        nonempty(self.name, inputs)
+        check_params(self.name, params, ("k",))
+        expect(self.name, "scores (input 0, [T, n])", s, (None, None))
+        unit_last(self.name, "scores", s)
+        k = params.get("k")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"{self.name}: k must be an integer ≥ 1, got {k!r}")
+        return (s.shape[0], k), "i32"
+
+    def lower(self, node, device):
+        (s,), out = node.inputs, node.output
+        push = pack_push([s.shape[0], s.shape[1], out.shape[1], s.offset, s.strides[0], out.offset, out.strides[0]])
+        return [Launch("topk", [s, out], (1,), push, grid_1d(s.shape[0], 1), spec=(TOPK_WG,))]
+
+    def reference(self, scores, k=1):
+        return reference_topk(scores, k)

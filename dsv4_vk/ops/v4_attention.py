@@ -1,0 +1,254 @@
+"""DeepSeek-V4 attention: ROPE (partial, interleaved, position from a device buffer), STORE_ROWS
+(decode-cache rows written on the device), MQA_ATTENTION (one shared key = value head, sliding
+window, learned sinks, plus compressed entries: HCA's closed windows or CSA's top-k) and
+MQA_COMBINE (merges MQA_ATTENTION's split key lists at decode).
+
+Positions are never push constants: every op reads `pos` (i32 [1], the position of the chunk's
+first token) from a buffer, so one recorded decode step serves every position.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import (Launch, OpDef, check_finite, check_params, cluster_lanes, expect, grid_1d, nonempty, pack_push,
+                   register, unit_last)
+
+NAN = np.nan
+
+
+def rope_table(freqs: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """(cos, sin) [capacity, len(freqs)] in float64: the angle of pair i at position p is p·freqs[i]."""
+    ang = np.arange(capacity, dtype=np.float64)[:, None] * np.asarray(freqs, np.float64)[None, :]
+    return np.cos(ang), np.sin(ang)
+
+
+def reference_rope(x, positions, cos, sin, inverse=False):
+    """x [T, H, n] with its trailing 2·half channels rotated by interleaved pairs at positions [T]."""
+    x = np.array(x, np.float64)
+    half = np.shape(cos)[1]
+    cs = np.asarray(cos, np.float64)[positions][:, None, :]
+    sn = np.asarray(sin, np.float64)[positions][:, None, :] * (-1.0 if inverse else 1.0)
+    a, b = x[..., -2 * half::2].copy(), x[..., -2 * half + 1::2].copy()
+    x[..., -2 * half::2] = a * cs - b * sn
+    x[..., -2 * half + 1::2] = a * sn + b * cs
+    return x
+
+
+def _positions(pos, T, capacity):
+    p = int(np.asarray(pos).reshape(-1)[0]) + np.arange(T)
+    return p, (p >= 0) & (p < capacity)
+
+
+@register
+class Rope(OpDef):
+    """ROPE(x [T,H,n], pos [1] i32, cos, sin [capacity, half], inverse=False) -> [T,H,n]: the
+    trailing 2·half channels rotated at position pos[0]+t (inverse: by −p); the rest copied."""
+    name, n_inputs = "ROPE", 4
+    dtypes = ("f32", "i32")
+
+    def infer(self, inputs, params):
+        x, pos, cos, sin = inputs
+        nonempty(self.name, [x, cos])
+        check_params(self.name, params, ("inverse",))
+        expect(self.name, "x (input 0, [T, heads, n])", x, (None, None, None))
+        expect(self.name, "pos (input 1)", pos, (1,), "i32")
+        C, half = cos.shape if cos.ndim == 2 else (0, 0)
+        expect(self.name, "cos (input 2, [capacity, half])", cos, (None, None))
+        expect(self.name, "sin (input 3, like cos)", sin, cos.shape)
+        for what, t in (("x", x), ("cos", cos), ("sin", sin)):
+            unit_last(self.name, what, t)
+        if cos.strides[0] != sin.strides[0]:
+            raise ValueError(f"{self.name}: cos and sin must have the same row stride")
+        if x.shape[2] % 2 or 2 * half > x.shape[2]:
+            raise ValueError(f"{self.name}: x rows of {x.shape[2]} channels must be even and hold the "
+                             f"{2 * half} rotated ones")
+        if not isinstance(params.get("inverse", False), bool):
+            raise ValueError(f"{self.name}: inverse must be True or False, got {params['inverse']!r}")
+        return x.shape, "f32"
+
+    def lower(self, node, device):
+        x, pos, cos, sin = node.inputs
+        out = node.output
+        T, H, n = x.shape
+        push = pack_push([T, H, n // 2, cos.shape[1], cos.shape[0], x.offset, x.strides[0], x.strides[1],
+                          out.offset, out.strides[0], out.strides[1], pos.offset, cos.offset, sin.offset,
+                          cos.strides[0]])
+        defs = {"INVERSE": 1} if node.params.get("inverse") else {}
+        return [Launch("rope", [x, pos, cos, sin, out], (4,), push, grid_1d(T * H * (n // 2)), defines=defs)]
+
+    def reference(self, x, pos, cos, sin, inverse=False):
+        x = np.asarray(x, np.float64)
+        p, ok = _positions(pos, x.shape[0], np.shape(cos)[0])
+        out = np.full(x.shape, NAN)
+        out[ok] = reference_rope(x[ok], p[ok], cos, sin, inverse)
+        half = np.shape(cos)[1]
+        out[~ok, :, :x.shape[2] - 2 * half] = x[~ok, :, :x.shape[2] - 2 * half]
+        return out
+
+
+@register
+class StoreRows(OpDef):
+    """STORE_ROWS(dst [capacity, n], x [T, n], pos [1] i32), IN PLACE (out=dst): dst[pos[0]+t] = x[t]
+    for rows inside dst."""
+    name, n_inputs = "STORE_ROWS", 3
+    dtypes = ("f32", "i32")
+
+    def infer(self, inputs, params):
+        dst, x, pos = inputs
+        nonempty(self.name, [dst, x])
+        check_params(self.name, params, ())
+        expect(self.name, "dst (input 0, [capacity, n])", dst, (None, None))
+        expect(self.name, "x (input 1, [T, n])", x, (None, dst.shape[1]))
+        expect(self.name, "pos (input 2)", pos, (1,), "i32")
+        for what, t in (("dst", dst), ("x", x)):
+            unit_last(self.name, what, t)
+        return dst.shape, "f32"
+
+    def lower(self, node, device):
+        dst, x, pos = node.inputs
+        out = node.output
+        if out.storage is not dst.storage or out.offset != dst.offset or out.strides != dst.strides:
+            raise ValueError("STORE_ROWS writes in place: pass out=<the tensor given as input 0>")
+        T, n = x.shape
+        push = pack_push([T, n, dst.shape[0], x.offset, x.strides[0], out.offset, out.strides[0], pos.offset])
+        return [Launch("store_rows", [x, pos, out], (2,), push, grid_1d(T * n))]
+
+    def reference(self, dst, x, pos):
+        out = np.array(dst, np.float64)
+        p, ok = _positions(pos, np.shape(x)[0], out.shape[0])
+        out[p[ok]] = np.asarray(x, np.float64)[ok]
+        return out
+
+
+def reference_mqa(q, kv, pos, sinks, ent=None, idx=None, *, scale, window, mode="sliding", rate=1):
+    """float64 MQA_ATTENTION: q [T,H,hd], kv [C,hd], ent [n,hd], idx [T,K] i32 (−1: none)."""
+    q, kv = np.asarray(q, np.float64), np.asarray(kv, np.float64)
+    T, H, hd = q.shape
+    p, ok = _positions(pos, T, kv.shape[0])
+    out = np.full(q.shape, NAN)
+    for t in np.flatnonzero(ok):
+        keys = [kv[max(p[t] - window + 1, 0):p[t] + 1]]
+        if mode == "hca":
+            keys.append(np.asarray(ent, np.float64)[:min((p[t] + 1) // rate, len(ent))])
+        elif mode == "csa":
+            sel = [w for w in np.asarray(idx)[t] if 0 <= w < len(ent)]
+            keys.append(np.asarray(ent, np.float64)[sel].reshape(-1, hd))
+        k = np.concatenate(keys)
+        s = np.concatenate([q[t] @ k.T * scale, np.asarray(sinks, np.float64)[:, None]], axis=1)
+        e = np.exp(s - s.max(axis=1, keepdims=True))
+        out[t] = (e[:, :-1] @ k) / e.sum(axis=1, keepdims=True)
+    return out
+
+
+MODES = ("sliding", "hca", "csa")
+
+
+@register
+class MqaAttention(OpDef):
+    """MQA_ATTENTION(q [T,H,hd], kv [capacity,hd], pos [1] i32, sinks [H][, ent [n,hd][, idx [T,K] i32]],
+    scale=, window=, mode="sliding"|"hca"|"csa", rate=, splits=1) -> [T,H,hd]: DeepSeek-V4's
+    attention over the raw window plus compressed entries (shaders/mqa_attention.comp). splits > 1
+    cuts each key list into that many parts on separate lanes, merged by one more dispatch."""
+    name, n_inputs = "MQA_ATTENTION", None
+    dtypes = ("f32", "i32")
+
+    def infer(self, inputs, params):
+        check_params(self.name, params, ("scale", "window", "mode", "rate", "splits"))
+        mode = params.get("mode", "sliding")
+        if mode not in MODES:
+            raise ValueError(f"{self.name}: mode must be one of {MODES}, got {mode!r}")
+        want = {"sliding": 4, "hca": 5, "csa": 6}[mode]
+        if len(inputs) != want:
+            raise ValueError(f"{self.name} mode={mode} takes {want} inputs "
+                             "(q, kv, pos, sinks[, ent[, idx]]), got {len(inputs)}")
+        nonempty(self.name, inputs)
+        q, kv, pos, sinks = inputs[:4]
+        expect(self.name, "q (input 0, [T, heads, head_dim])", q, (None, None, None))
+        T, H, hd = q.shape
+        expect(self.name, "kv (input 1, [capacity, head_dim])", kv, (None, hd))
+        expect(self.name, "pos (input 2)", pos, (1,), "i32")
+        expect(self.name, "sinks (input 3, [heads])", sinks, (H,))
+        if mode != "sliding":
+            expect(self.name, "ent (input 4, [entries, head_dim])", inputs[4], (None, hd))
+            unit_last(self.name, "ent", inputs[4])
+        if mode == "csa":
+            expect(self.name, "idx (input 5, [T, K])", inputs[5], (T, None), "i32")
+            unit_last(self.name, "idx", inputs[5])
+        for what, t in (("q", q), ("kv", kv)):
+            unit_last(self.name, what, t)
+        if "scale" not in params:
+            raise ValueError(f"{self.name} needs scale=<finite number> (head_dim^-0.5)")
+        check_finite(f"{self.name} scale", params["scale"])
+        for k in ("window", "rate", "splits"):
+            v = params.get(k, 1)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{self.name}: {k} must be an integer ≥ 1, got {v!r}")
+        if "window" not in params:
+            raise ValueError(f"{self.name} needs window=<sliding window in tokens>")
+        S = params.get("splits", 1)
+        return (q.shape if S == 1 else (T, H, S * (hd + 2))), "f32"
+
+    def lower(self, node, device):
+        q, kv, pos, sinks = node.inputs[:4]
+        prm, out = node.params, node.output
+        mode, S = prm.get("mode", "sliding"), prm.get("splits", 1)
+        ent = node.inputs[4] if mode != "sliding" else kv            # bound but unread without entries
+        idx = node.inputs[5] if mode == "csa" else pos
+        T, H, hd = q.shape
+        lanes, extra = cluster_lanes(device, hd, per_lane=4)
+        defs = dict(lanes, PER_LANE=-(-hd // lanes["LANES"]), SPLITS=S, WINDOW=prm["window"], RATE=prm.get("rate", 1))
+        if mode != "sliding":
+            defs[f"MODE_{mode.upper()}"] = 1
+        n_ent = ent.shape[0] if mode != "sliding" else 0
+        K = idx.shape[1] if mode == "csa" else 0
+        i_s0 = idx.strides[0] if mode == "csa" else 0
+        head = [T, H, hd, kv.shape[0], n_ent, K, q.offset, q.strides[0], q.strides[1], kv.offset, kv.strides[0],
+                ent.offset, ent.strides[0], idx.offset, i_s0]
+        tail = [pos.offset, sinks.offset]
+        grid = grid_1d(T * H * S, 256 // lanes["LANES"])
+        push = pack_push(head, [out.offset, out.strides[0], out.strides[1]], tail, float(prm["scale"]))
+        return [Launch("mqa_attention", [q, kv, ent, idx, pos, sinks, out], (6,), push, grid,
+                       defines=defs, spec=(256,), **extra)]
+
+    def reference(self, q, kv, pos, sinks, ent=None, idx=None, scale=1.0, window=1, mode="sliding", rate=1, splits=1):
+        if splits != 1:
+            raise ValueError("the reference of a split MQA_ATTENTION is that of MQA_COMBINE over it")
+        return reference_mqa(q, kv, pos, sinks, ent, idx, scale=scale, window=window, mode=mode, rate=rate)
+
+
+@register
+class MqaCombine(OpDef):
+    """MQA_COMBINE(part [T, H, S·(hd+2)] from MQA_ATTENTION splits=S, sinks [H], splits=S) -> [T,H,hd]."""
+    name, n_inputs = "MQA_COMBINE", 2
+
+    def infer(self, inputs, params):
+        part, sinks = inputs
+        nonempty(self.name, inputs)
+        check_params(self.name, params, ("splits",))
+        S = params.get("splits")
+        if isinstance(S, bool) or not isinstance(S, int) or S < 1:
+            raise ValueError(f"{self.name}: splits must be an integer ≥ 1, got {S!r}")
+        expect(self.name, "part (input 0, [T, heads, splits·(head_dim+2)])", part, (None, None, None))
+        T, H, n = part.shape
+        if n % S or n // S < 3 or not part.is_contiguous:
+            raise ValueError(f"{self.name}: part rows of {n} values are not {S} contiguous splits of head_dim + 2")
+        expect(self.name, "sinks (input 1, [heads])", sinks, (H,))
+        return (T, H, n // S - 2), "f32"
+
+    def lower(self, node, device):
+        part, sinks = node.inputs
+        out = node.output
+        T, H, hd = out.shape
+        push = pack_push([T, H, hd, node.params["splits"], part.offset, out.offset, out.strides[0], out.strides[1],
+                          sinks.offset])
+        return [Launch("mqa_combine", [part, sinks, out], (2,), push, grid_1d(T * H * hd))]
+
+    def reference(self, part, sinks, splits=1):
+        part, sinks = np.asarray(part, np.float64), np.asarray(sinks, np.float64)
+        T, H, n = part.shape
+        hd = n // splits - 2
+        p = part.reshape(T, H, splits, hd + 2)
+        M = np.maximum(sinks[None, :], p[..., hd].max(axis=-1))
+        f = np.exp(p[..., hd] - M[..., None])
+        den = np.exp(sinks[None, :] - M) + (f * p[..., hd + 1]).sum(-1)
+        return (f[..., None] * p[..., :hd]).sum(2) / den[..., None]

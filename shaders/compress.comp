@@ -1,0 +1,102 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// COMPRESS: the KV compressor of DeepSeek-V4's compressed layers. state [capacity, 2·W] holds per
+// position the projections c (channels [0, W)) and the gate logits z (channels [W, 2W)), written
+// by STORE_ROWS; W = d (HCA) or 2d (CSA, OVERLAP). For each chunk token t at p = pos[0] + t that
+// closes a window ((p + 1) % RATE == 0), entry w = (p + 1)/RATE − 1 of `out` [*, d] becomes
+//   e[ch] = Σ_slots softmax_slots(z + ape)[ch] · c[ch]             (per channel)
+//   HCA: slots = rows w·RATE + j, channel ch, ape[j, ch]
+//   CSA: slots = rows (w−1)·RATE + j at channel ch (ape[j, ch]; absent for w = 0), then rows
+//        w·RATE + j at channel d + ch (ape[j, d + ch])
+//   entry = RoPE(RMSNorm(e) · norm_w) on the trailing 2·half channels at position w·RATE.
+// Tokens that close no window write nothing (decode: most steps). Lanes: one workgroup per chunk
+// token; invocation l pools channels l, l + WG, ... into shared memory, then a shared-memory sum of
+// squares, then norm + RoPE per pair. Push: T, d, capacity, half, n_out, st (off, s0), ape (off,
+// s0), norm_off, out (off, s0), pos_off, cos_off, sin_off, tab_s0, eps.
+#include "common.glsl"
+layout(binding = 0) readonly buffer S { float st[]; };
+layout(binding = 1) readonly buffer A { float ape[]; };
+layout(binding = 2) readonly buffer Nw { float nw[]; };
+layout(binding = 3) readonly buffer Pos { int pos[]; };
+layout(binding = 4) readonly buffer Cos { float cos_t[]; };
+layout(binding = 5) readonly buffer Sin { float sin_t[]; };
+layout(binding = 6) buffer O { float o[]; };
+layout(push_constant) uniform P {
+    uint T, d, capacity, half_rd, n_out;
+    uint s_off, s_s0, a_off, a_s0, n_off, o_off, o_s0;
+    uint pos_off, cos_off, sin_off, tab_s0;
+    float eps;
+} p;
+
+shared float pooled[D_MAX];
+shared float part[256];
+
+#if defined(OVERLAP)
+const uint W_MULT = 2;
+#else
+const uint W_MULT = 1;
+#endif
+
+void main() {
+    uint t = flat_group();
+    uint l = gl_LocalInvocationID.x, wg = gl_WorkGroupSize.x;
+    int pp = pos[p.pos_off] + int(t);
+    // uniform per workgroup: leave together, before any barrier
+    if (t >= p.T || pp < 0 || uint(pp) >= p.capacity || (uint(pp) + 1) % RATE != 0) return;
+    uint w = (uint(pp) + 1) / RATE - 1;
+    if (w >= p.n_out) return;
+    uint W = W_MULT * p.d;
+    float ss = 0.0;
+    for (uint ch = l; ch < p.d; ch += wg) {
+        float mx = -3.402823466e38;
+#if defined(OVERLAP)
+        if (w > 0)
+            for (uint j = 0; j < RATE; ++j)
+                mx = max(mx, st[p.s_off + ((w - 1) * RATE + j) * p.s_s0 + W + ch] + ape[p.a_off + j * p.a_s0 + ch]);
+        uint cur = p.d;                                 // the current window's channels
+#else
+        uint cur = 0;
+#endif
+        for (uint j = 0; j < RATE; ++j)
+            mx = max(mx, st[p.s_off + (w * RATE + j) * p.s_s0 + W + cur + ch] + ape[p.a_off + j * p.a_s0 + cur + ch]);
+        float den = 0.0, num = 0.0;
+#if defined(OVERLAP)
+        if (w > 0)
+            for (uint j = 0; j < RATE; ++j) {
+                uint r = p.s_off + ((w - 1) * RATE + j) * p.s_s0;
+                float e = exp(st[r + W + ch] + ape[p.a_off + j * p.a_s0 + ch] - mx);
+                den += e;
+                num += e * st[r + ch];
+            }
+#endif
+        for (uint j = 0; j < RATE; ++j) {
+            uint r = p.s_off + (w * RATE + j) * p.s_s0;
+            float e = exp(st[r + W + cur + ch] + ape[p.a_off + j * p.a_s0 + cur + ch] - mx);
+            den += e;
+            num += e * st[r + cur + ch];
+        }
+        float v = num / den;
+        pooled[ch] = v;
+        ss += v * v;
+    }
+    part[l] = ss;
+    barrier();
+    for (uint s = wg / 2; s > 0; s >>= 1) {
+        if (l < s) part[l] += part[l + s];
+        barrier();
+    }
+    float r = inversesqrt(part[0] / float(p.d) + p.eps);
+    uint first = p.d / 2 - p.half_rd;                   // the first rotated pair
+    uint row = w * RATE;
+    uint ob = p.o_off + w * p.o_s0;
+    for (uint c = l; c < p.d / 2; c += wg) {
+        vec2 a = vec2(pooled[2 * c] * r * nw[p.n_off + 2 * c], pooled[2 * c + 1] * r * nw[p.n_off + 2 * c + 1]);
+        if (c >= first) {
+            float cs = cos_t[p.cos_off + row * p.tab_s0 + c - first];
+            float sn = sin_t[p.sin_off + row * p.tab_s0 + c - first];
+            a = vec2(a.x * cs - a.y * sn, a.x * sn + a.y * cs);
+        }
+        o[ob + 2 * c] = a.x;
+        o[ob + 2 * c + 1] = a.y;
+    }
+}

@@ -1,0 +1,130 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// MQA_ATTENTION: DeepSeek-V4's attention, one shared key = value head for all H query heads.
+// For chunk token t at p = pos[0] + t and head h the key list is
+//   raw rows j of kv [capacity, hd] with p − WINDOW < j ≤ p (the sliding window), then
+//   MODE_HCA: entries w < min((p + 1)/RATE, n_ent) of ent [*, hd] (the closed windows), or
+//   MODE_CSA: entries idx[t, s], s < K, skipping −1 (the indexer's top-k);
+// out[t, h] = Σ_keys softmax([scale·q·k ..., sink_h]) · k, the sink's probability dropped.
+// SPLITS > 1 (decode with long key lists): the list is cut into SPLITS contiguous parts, one
+// cluster each, writing (max, sum, acc[hd]) to out viewed as [T, H, SPLITS, hd + 2] (the sink is
+// left to MQA_COMBINE, which merges the parts).
+// Lanes: one cluster of LANES lanes (lanes.glsl) per (t, h, split); lane l holds channels
+// l + LANES·m, m < PER_LANE; online softmax in f32, one cluster sum per key, no shared memory.
+// A position outside [0, capacity) gives NaN.
+// Push: T, H, hd, capacity, n_ent, K, q (off, s0, s1), kv (off, s0), ent (off, s0), idx (off, s0),
+// out (off, s0, s1), pos_off, sink_off, scale.
+#include "lanes.glsl"
+layout(binding = 0) readonly buffer Q { float q[]; };
+layout(binding = 1) readonly buffer KV { float kv[]; };
+layout(binding = 2) readonly buffer E { float ent[]; };
+layout(binding = 3) readonly buffer I { int idx[]; };
+layout(binding = 4) readonly buffer Pos { int pos[]; };
+layout(binding = 5) readonly buffer Sk { float sinks[]; };
+layout(binding = 6) writeonly buffer O { float o[]; };
+layout(push_constant) uniform P {
+    uint T, H, hd, capacity, n_ent, K;
+    uint q_off, q_s0, q_s1;
+    uint kv_off, kv_s0, e_off, e_s0, i_off, i_s0;
+    uint o_off, o_s0, o_s1;
+    uint pos_off, sink_off;
+    float scale;
+} p;
+
+const float LOWEST = -3.402823466e38;
+float qv[PER_LANE], acc[PER_LANE];
+float mx, l;
+
+void add_key(float s, float vals[PER_LANE]) {
+    float mn = max(mx, s);
+    float corr = exp(mx - mn), e = exp(s - mn);
+    l = l * corr + e;
+    [[unroll]] for (uint m = 0; m < PER_LANE; ++m) acc[m] = acc[m] * corr + e * vals[m];
+    mx = mn;
+}
+
+void raw_key(uint j, uint lane) {
+    float vals[PER_LANE];
+    float d = 0.0;
+    uint b = p.kv_off + j * p.kv_s0;
+    [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
+        uint c = lane + LANES * m;
+        vals[m] = c < p.hd ? kv[b + c] : 0.0;
+        d += qv[m] * vals[m];
+    }
+    add_key(cluster_sum(d), vals);
+}
+
+void ent_key(uint w, uint lane) {
+    float vals[PER_LANE];
+    float d = 0.0;
+    uint b = p.e_off + w * p.e_s0;
+    [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
+        uint c = lane + LANES * m;
+        vals[m] = c < p.hd ? ent[b + c] : 0.0;
+        d += qv[m] * vals[m];
+    }
+    add_key(cluster_sum(d), vals);
+}
+
+void main() {
+    uint item = cluster_id();
+    if (item >= p.T * p.H * SPLITS) return;             // whole cluster leaves together
+    uint lane = cluster_lane();
+    uint split = item % SPLITS, th = item / SPLITS;
+    uint t = th / p.H, h = th % p.H;
+    int pp = pos[p.pos_off] + int(t);
+    uint ob = p.o_off + t * p.o_s0 + h * p.o_s1 + split * (p.hd + 2);
+    if (pp < 0 || uint(pp) >= p.capacity) {             // uniform per cluster
+        for (uint c = lane; c < p.hd + (SPLITS > 1 ? 2 : 0); c += LANES) o[ob + c] = uintBitsToFloat(0x7FC00000u);
+        return;
+    }
+    uint qb = p.q_off + t * p.q_s0 + h * p.q_s1;
+    [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
+        uint c = lane + LANES * m;
+        qv[m] = c < p.hd ? q[qb + c] * p.scale : 0.0;
+        acc[m] = 0.0;
+    }
+#if SPLITS > 1
+    mx = LOWEST; l = 0.0;
+#else
+    mx = sinks[p.sink_off + h]; l = 1.0;                // the sink: logit only, no value
+#endif
+    uint j0 = uint(max(pp - int(WINDOW) + 1, 0));
+    uint n_raw = uint(pp) + 1 - j0;
+#if defined(MODE_HCA)
+    uint n_c = min((uint(pp) + 1) / RATE, p.n_ent);
+#elif defined(MODE_CSA)
+    uint n_c = p.K;
+#else
+    uint n_c = 0;
+#endif
+    uint n = n_raw + n_c;
+    uint per = (n + SPLITS - 1) / SPLITS;
+    uint s0 = min(split * per, n), s1 = min(s0 + per, n);
+    for (uint s = s0; s < s1; ++s) {
+        if (s < n_raw) {
+            raw_key(j0 + s, lane);
+        } else {
+#if defined(MODE_CSA)
+            int w = idx[p.i_off + t * p.i_s0 + (s - n_raw)];
+            if (w >= 0 && uint(w) < p.n_ent) ent_key(uint(w), lane);   // uniform per cluster
+#else
+            ent_key(s - n_raw, lane);
+#endif
+        }
+    }
+#if SPLITS > 1
+    [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
+        uint c = lane + LANES * m;
+        if (c < p.hd) o[ob + c] = acc[m];
+    }
+    if (lane == 0) { o[ob + p.hd] = mx; o[ob + p.hd + 1] = l; }
+#else
+    float inv = 1.0 / l;
+    [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
+        uint c = lane + LANES * m;
+        if (c < p.hd) o[ob + c] = acc[m] * inv;
+    }
+#endif
+}

@@ -1,0 +1,157 @@
+"""DeepSeek-V4 kernels against their float64 references, fresh random inputs each run: the cases
+tests/test_v4_ops.py runs in-process (subgroup 8 here) and in subprocesses at subgroup sizes 4
+and 16 (LP_NATIVE_VECTOR_WIDTH=128 / 512):
+
+    LP_NATIVE_VECTOR_WIDTH=512 .venv/bin/python -m pytest -q tests/v4_ops_cases.py
+"""
+import numpy as np
+import pytest
+
+from dsv4_vk.core.executor import Executor
+from dsv4_vk.core.graph import Graph
+from dsv4_vk.ops import get_op
+from dsv4_vk.ops.v4_attention import rope_table
+
+NMSE_MAX = 1e-10
+
+
+def nmse(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.sum((a - b) ** 2) / max(np.sum(b * b), 1e-300))
+
+
+def run(name, arrays, params, inplace=False):
+    """Run op `name` on arrays (consts; int32 stay int32) in a graph; (device result, float64
+    reference, guard-damaged storages). inplace: the op writes arrays[0] (out=)."""
+    g = Graph()
+    ts = [g.const(a) for a in arrays]
+    out = g.op(name, *ts, out=ts[0] if inplace else None, **params)
+    g.output("out", out)
+    ex = Executor()
+    cg = ex.compile(g)
+    got = cg.run()["out"]
+    ref = get_op(name).reference(*arrays, **params)
+    return got, ref, cg.check_guards()
+
+
+def check(got, ref, bad, nmse_max=NMSE_MAX, atol=1e-5):
+    assert not bad, f"guards overwritten: {bad}"
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    assert got.shape == ref.shape
+    assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.array_equal(np.isinf(got), np.isinf(ref))
+    fin = np.isfinite(ref)
+    assert nmse(got[fin], ref[fin]) <= nmse_max
+    assert np.abs(got[fin] - ref[fin]).max(initial=0.0) <= atol * max(1.0, np.abs(ref[fin]).max(initial=0.0))
+
+
+@pytest.fixture
+def rng():
+    seed = np.random.SeedSequence().entropy % (2 ** 32)
+    print(f"seed={seed}")
+    return np.random.default_rng(seed)
+
+
+def f32(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def tables(rng, capacity, half):
+    cos, sin = rope_table(rng.uniform(0.01, 1.0, half), capacity)
+    return cos.astype(np.float32), sin.astype(np.float32)
+
+
+@pytest.mark.parametrize("inverse", [False, True])
+@pytest.mark.parametrize("T,H,n,half,p0", [(1, 1, 8, 4, 0), (5, 3, 32, 4, 7), (7, 2, 16, 8, 60), (3, 4, 10, 2, 62)])
+def test_rope(rng, T, H, n, half, p0, inverse):
+    cos, sin = tables(rng, 64, half)
+    got, ref, bad = run("ROPE", [f32(rng, T, H, n), np.array([p0], np.int32), cos, sin], {"inverse": inverse})
+    check(got, ref, bad)                         # p0 = 62, T = 3: the last row is past capacity -> NaN
+
+
+@pytest.mark.parametrize("T,n,p0", [(1, 8, 5), (9, 33, 0), (4, 16, 30)])
+def test_store_rows(rng, T, n, p0):
+    got, ref, bad = run("STORE_ROWS", [f32(rng, 32, n), f32(rng, T, n), np.array([p0], np.int32)], {}, inplace=True)
+    check(got, ref, bad, nmse_max=0, atol=0)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("rate,d,half,T,p0", [(4, 16, 4, 13, 0), (4, 32, 8, 1, 11), (8, 8, 2, 24, 5), (3, 130, 4, 7, 2)])
+def test_compress(rng, overlap, rate, d, half, T, p0):
+    C = 48
+    W = 2 * d if overlap else d
+    cos, sin = tables(rng, C, half)
+    ent = f32(rng, C // rate, d)
+    arrays = [ent, f32(rng, C, 2 * W), f32(rng, rate, W), (1 + 0.3 * f32(rng, d)), np.array([p0], np.int32), cos, sin]
+    got, ref, bad = run("COMPRESS", arrays, {"rate": rate, "overlap": overlap, "eps": 1e-6, "tokens": T}, inplace=True)
+    check(got, ref, bad)
+    assert (got != ent).any(axis=1).sum() == sum((p + 1) % rate == 0 for p in range(p0, p0 + T))
+
+
+@pytest.mark.parametrize("T,nh,hd,n,rate,p0", [(1, 16, 16, 9, 4, 37), (6, 4, 32, 12, 4, 3), (3, 64, 128, 300, 4, 1000)])
+def test_index_score(rng, T, nh, hd, n, rate, p0):
+    arrays = [f32(rng, T, nh, hd), f32(rng, T, nh), f32(rng, n, hd), np.array([p0], np.int32)]
+    got, ref, bad = run("INDEX_SCORE", arrays, {"rate": rate, "scale": hd ** -0.5 * nh ** -0.5, "capacity": 4096})
+    check(got, ref, bad)
+
+
+@pytest.mark.parametrize("T,n,k", [(1, 9, 4), (5, 300, 100), (2, 70, 512), (3, 1000, 65)])
+def test_topk(rng, T, n, k):
+    s = f32(rng, T, n)
+    s[:, rng.integers(0, n, n // 5)] = -np.inf                     # masked entries
+    s[0, :3] = s[0, 3]                                             # ties go to the lower index
+    got, ref, bad = run("TOPK", [s], {"k": k})
+    assert not bad and np.array_equal(got, ref)
+
+
+@pytest.mark.parametrize("mode,T,H,hd,p0,window,rate,splits", [
+    ("sliding", 5, 4, 32, 0, 8, 1, 1), ("sliding", 1, 2, 64, 40, 8, 1, 1), ("hca", 7, 3, 32, 30, 8, 8, 1),
+    ("csa", 4, 4, 16, 20, 6, 4, 1), ("hca", 1, 4, 32, 60, 8, 4, 4), ("csa", 1, 2, 48, 63, 8, 4, 3),
+    ("sliding", 1, 2, 16, 63, 128, 1, 5)])
+def test_mqa_attention(rng, mode, T, H, hd, p0, window, rate, splits):
+    C = 64
+    n_ent = C // rate
+    arrays = [f32(rng, T, H, hd), f32(rng, C, hd), np.array([p0], np.int32), f32(rng, H)]
+    if mode != "sliding":
+        arrays.append(f32(rng, n_ent, hd))
+    if mode == "csa":
+        idx = np.stack([rng.permutation(n_ent)[:6] for _ in range(T)]).astype(np.int32)
+        idx[:, -2:] = -1
+        idx[:, 0] = np.minimum(idx[:, 0], (p0 + 1) // rate - 1)
+        arrays.append(idx)
+    prm = {"scale": hd ** -0.5, "window": window, "mode": mode, "rate": rate}
+    want = get_op("MQA_ATTENTION").reference(*arrays, **prm)
+    g = Graph()
+    ts = [g.const(a) for a in arrays]
+    out = g.op("MQA_ATTENTION", *ts, splits=splits, **prm)
+    if splits > 1:
+        out = g.op("MQA_COMBINE", out, ts[3], splits=splits)
+    g.output("out", out)
+    cg = Executor().compile(g)
+    check(cg.run()["out"], want, cg.check_guards())
+
+
+@pytest.mark.parametrize("hashed", [False, True])
+@pytest.mark.parametrize("scoring", ["sqrtsoftplus", "sigmoid", "softmax"])
+@pytest.mark.parametrize("T,E,k", [(1, 4, 2), (9, 16, 6), (3, 256, 8)])
+def test_v4_route(rng, hashed, scoring, T, E, k):
+    lg = f32(rng, T, E, scale=3.0)
+    if hashed:
+        V = 40
+        arrays = [lg, np.stack([rng.permutation(E)[:k] for _ in range(V)]).astype(np.int32),
+                  rng.integers(0, V, T).astype(np.int32)]
+    else:
+        arrays = [lg, f32(rng, E)]
+    got, ref, bad = run("V4_ROUTE", arrays, {"top_k": k, "scoring": scoring, "route_scale": 1.5})
+    assert np.array_equal(got[..., 0], ref[..., 0])
+    check(got, ref, bad)
+
+
+@pytest.mark.parametrize("limit", [0.5, 10.0])
+def test_clamped_swiglu(rng, limit):
+    T, R, E, F, K = 3, 3, 5, 16, 32
+    route = np.zeros((T, R, 2), np.float32)
+    route[..., 0] = rng.integers(0, E, (T, R))
+    route[..., 1] = rng.uniform(0, 1, (T, R))
+    got, ref, bad = run("MUL_MAT_ID", [f32(rng, T, 1, K), f32(rng, E, 2 * F, K), route], {"mode": "swiglu", "limit": limit})
+    check(got, ref, bad)
+    assert np.abs(ref).max() <= limit * 1.0 + 1e-9 or limit == 10.0
