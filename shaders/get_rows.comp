@@ -1,11 +1,13 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-// GET_ROWS: d[n, j] = table[ids[n], j] for a strided table[V, D] (f32) and ids[N] (i32).
+// GET_ROWS: d[n, j] = table[ids[n], j] for a strided table[V, D] (f32, or bf16 / f16 with
+// W_BF16 / W_F16: weights.glsl, widened to f32) and ids[N] (i32).
 // An id outside [0, V) reads nothing and writes NaN for its whole row.
 // Layout: one invocation per output element, flat index n * D + j (consecutive lanes read
 // consecutive columns of one row).
 #include "common.glsl"
-layout(binding = 0) readonly buffer T { float table[]; };
+#define W_BINDING 0
+#include "weights.glsl"
 layout(binding = 1) readonly buffer I { int ids[]; };
 layout(binding = 2) buffer D { float d[]; };
 layout(push_constant) uniform P {
@@ -21,6 +23,6 @@ void main() {
     uint n = i / p.n_cols, j = i % p.n_cols;
     int id = ids[p.i_off + n * p.i_s];
     float v = uintBitsToFloat(0x7FC00000u);     // quiet NaN
-    if (id >= 0 && uint(id) < p.n_vocab) v = table[p.t_off + uint(id) * p.t_s0 + j * p.t_s1];
+    if (id >= 0 && uint(id) < p.n_vocab) v = W_AT(p.t_off + uint(id) * p.t_s0 + j * p.t_s1);
     d[p.d_off + n * p.d_s0 + j * p.d_s1] = v;
 }

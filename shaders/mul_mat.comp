@@ -15,6 +15,7 @@
 //                     k slices of x and w staged in shared memory (loaded along k, coalesced when k
 //                     is contiguous); invocation (ty, tx) = (id / 16, id % 16) computes tokens
 //                     ty + 16i and outputs tx + 16j, i, j < 4.
+//   W_BF16 / W_F16    16-bit weights (weights.glsl), widened to f32 as they are read.
 //   VEC4              (GEMV, GEMM_REGS) k contiguous and every row start 16-byte aligned: vec4 loads.
 // Rows past T or N in a partial tile are clamped to the last row for loading, never stored.
 #if defined(MODE_GEMV)
@@ -23,12 +24,11 @@
 #include "common.glsl"
 #endif
 layout(binding = 0) readonly buffer X { float x[]; };
-layout(binding = 1) readonly buffer W { float w[]; };
 layout(binding = 2) buffer D { float d[]; };
 #if defined(VEC4)
 layout(binding = 0) readonly buffer X4 { vec4 x4[]; };
-layout(binding = 1) readonly buffer W4 { vec4 w4[]; };
 #endif
+#include "weights.glsl"
 layout(push_constant) uniform P {
     uint ne0, ne1, T, N, K;
     uint x_off, x_s0, x_s1, x_s2, x_s3;
@@ -58,13 +58,13 @@ void main() {
     uint k = lane;
 #if defined(VEC4)
     for (; k < p.K / 4; k += LANES) {
-        vec4 wv = w4[wb / 4 + k];
+        vec4 wv = W4_AT(wb / 4 + k);
         [[unroll]] for (uint t = 0; t < TB; ++t) acc[t] += dot(x4[xb[t] / 4 + k], wv);
     }
     k = (p.K / 4) * 4 + lane;
 #endif
     for (; k < p.K; k += LANES) {
-        float wv = w[wb + k * p.w_s3];
+        float wv = W_AT(wb + k * p.w_s3);
         [[unroll]] for (uint t = 0; t < TB; ++t) acc[t] += x[xb[t] + k * p.x_s3] * wv;
     }
     [[unroll]] for (uint t = 0; t < TB; ++t) {
@@ -92,7 +92,7 @@ void main() {
     for (; k < p.K / 4; ++k) {
         vec4 xv[TM], wv[TN];
         [[unroll]] for (uint i = 0; i < TM; ++i) xv[i] = x4[xb[i] / 4 + k];
-        [[unroll]] for (uint j = 0; j < TN; ++j) wv[j] = w4[wb[j] / 4 + k];
+        [[unroll]] for (uint j = 0; j < TN; ++j) wv[j] = W4_AT(wb[j] / 4 + k);
         [[unroll]] for (uint i = 0; i < TM; ++i) [[unroll]] for (uint j = 0; j < TN; ++j) acc[i][j] += dot(xv[i], wv[j]);
     }
     k *= 4;
@@ -100,7 +100,7 @@ void main() {
     for (; k < p.K; ++k) {
         float xv[TM], wv[TN];
         [[unroll]] for (uint i = 0; i < TM; ++i) xv[i] = x[xb[i] + k * p.x_s3];
-        [[unroll]] for (uint j = 0; j < TN; ++j) wv[j] = w[wb[j] + k * p.w_s3];
+        [[unroll]] for (uint j = 0; j < TN; ++j) wv[j] = W_AT(wb[j] + k * p.w_s3);
         [[unroll]] for (uint i = 0; i < TM; ++i) [[unroll]] for (uint j = 0; j < TN; ++j) acc[i][j] += xv[i] * wv[j];
     }
     [[unroll]] for (uint i = 0; i < TM; ++i) [[unroll]] for (uint j = 0; j < TN; ++j) store(b0, b1, t0 + i, n0 + j, acc[i][j]);
@@ -128,7 +128,7 @@ void main() {
         bool in_k = k < p.K;
         [[unroll]] for (uint i = 0; i < R; ++i) {
             xs[lk][lr + 16 * i] = in_k ? x[xb[i] + k * p.x_s3] : 0.0;
-            ws[lk][lr + 16 * i] = in_k ? w[wb[i] + k * p.w_s3] : 0.0;
+            ws[lk][lr + 16 * i] = in_k ? W_AT(wb[i] + k * p.w_s3) : 0.0;
         }
         barrier();
         [[unroll]] for (uint kk = 0; kk < BK; ++kk) {

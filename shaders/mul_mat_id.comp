@@ -12,10 +12,9 @@
 // Only the chosen experts' rows are read. An id outside [0, E) writes NaN: no out-of-bounds read.
 // Layout: one cluster of LANES lanes per output element (lanes.glsl), lane l takes k = l, l+LANES,
 // ...; the output column (f or n) varies fastest across clusters, so neighbouring clusters read
-// neighbouring weight rows of the same expert. VEC4: K % 4 == 0 and every row 16-byte aligned.
+// neighbouring weight rows of the same expert. W_BF16 / W_F16: 16-bit weights (weights.glsl). VEC4: K % 4 == 0 and every row 16-byte aligned.
 #include "lanes.glsl"
 layout(binding = 0) readonly buffer X { float x[]; };
-layout(binding = 1) readonly buffer W { float w[]; };
 layout(binding = 2) readonly buffer R { float route[]; };
 #if defined(HAS_ADD)
 layout(binding = 3) readonly buffer A { float addend[]; };
@@ -25,8 +24,8 @@ layout(binding = 3) writeonly buffer D { float d[]; };
 #endif
 #if defined(VEC4)
 layout(binding = 0) readonly buffer X4 { vec4 x4[]; };
-layout(binding = 1) readonly buffer W4 { vec4 w4[]; };
 #endif
+#include "weights.glsl"
 layout(push_constant) uniform P {
     uint T, R, N, K, E;                 // N: output columns (F for MODE_SWIGLU)
     uint x_off, x_s0, x_s1;
@@ -43,10 +42,10 @@ float partial_dot(uint xb, uint wb, uint lane) {
     float acc = 0.0;
     uint k = lane;
 #if defined(VEC4)
-    for (; k < p.K / 4; k += LANES) acc += dot(x4[xb / 4 + k], w4[wb / 4 + k]);
+    for (; k < p.K / 4; k += LANES) acc += dot(x4[xb / 4 + k], W4_AT(wb / 4 + k));
     k = (p.K / 4) * 4 + lane;
 #endif
-    for (; k < p.K; k += LANES) acc += x[xb + k] * w[wb + k];
+    for (; k < p.K; k += LANES) acc += x[xb + k] * W_AT(wb + k);
     return acc;
 }
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from dsv4_vk.model.hf_checkpoint import CheckpointError, load_hf, save_hf, tensor_shapes
-from dsv4_vk.model.v4_config import ConfigError, V4Config
-from dsv4_vk.model.v4_reference import V4Reference
+from dsv4_vk.model.checkpoint import CheckpointError, load_hf, save_hf, tensor_shapes
+from dsv4_vk.model.config import ConfigError, V4Config
+from dsv4_vk.model.reference import V4Reference
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
 NAMES = ("mixed", "bf16")

@@ -10,7 +10,7 @@ import collections
 import numpy as np
 
 from . import profile
-from .tensor import DTYPES, dtype_name
+from .tensor import DTYPES, dtype_name, itemsize
 from ..vk import Buffer, Recorder, default_device
 
 GUARD = 64                      # elements before and after every storage (256 B: a legal bind offset)
@@ -41,24 +41,29 @@ class RunStats:
                 f"paths={[(p[0], p[1]) for p in self.paths]})")
 
 
-def guarded_buffer(device, numel, data=None, host_visible=False):
-    """A pooled buffer laid out [guard | numel elements | guard], guards set to SENTINEL.
+def guarded_buffer(device, numel, data=None, host_visible=False, size=4):
+    """A pooled buffer laid out [guard | numel elements of `size` bytes | guard], guards set to SENTINEL
+    (guards are GUARD 4-byte words; the data region is padded to a multiple of 4 bytes).
     host_visible: mapped even where device memory is not (small values written/read every step)."""
     if host_visible and not device.is_host_visible:
-        buf = Buffer(device, (numel + 2 * GUARD) * 4, host_visible=True)
+        buf = Buffer(device, _data_bytes(numel, size) + 2 * GUARD * 4, host_visible=True)
     else:
-        buf = device.pool.alloc((numel + 2 * GUARD) * 4)
+        buf = device.pool.alloc(_data_bytes(numel, size) + 2 * GUARD * 4)
     guard = np.full(GUARD, SENTINEL, np.uint32)
     buf.write(guard, 0)
-    buf.write(guard, (GUARD + numel) * 4)
+    buf.write(guard, GUARD * 4 + _data_bytes(numel, size))
     if data is not None:
         buf.write(data, GUARD * 4)
     return buf
 
 
-def guards_intact(buf, numel):
+def _data_bytes(numel, size):
+    return -(-numel * size // 4) * 4
+
+
+def guards_intact(buf, numel, size=4):
     head = buf.read(0, GUARD * 4).view(np.uint32)
-    tail = buf.read((GUARD + numel) * 4, GUARD * 4).view(np.uint32)
+    tail = buf.read(GUARD * 4 + _data_bytes(numel, size), GUARD * 4).view(np.uint32)
     return bool((head == SENTINEL).all() and (tail == SENTINEL).all())
 
 
@@ -80,7 +85,7 @@ class CompiledGraph:
                     raise ValueError(f"param {s.name!r} holds {p.numel} {p.dtype}, graph wants {s.numel} {s.dtype}")
                 self.buffers[id(s)] = p.buffer
                 continue
-            buf = guarded_buffer(device, s.numel, s.data if s.kind == "const" else None)
+            buf = guarded_buffer(device, s.numel, s.data if s.kind == "const" else None, size=itemsize(s.dtype))
             self.buffers[id(s)] = buf
             self._owned.append(buf)
         rec = Recorder(device, timestamps=timestamps)
@@ -98,7 +103,8 @@ class CompiledGraph:
             buf = self.buffers[id(t.storage)]
             bufs.append((buf, GUARD * 4))
             lo, hi = t.extent()
-            rng = (buf, (lo + GUARD) * 4, (hi + GUARD) * 4)
+            sz = itemsize(t.dtype)
+            rng = (buf, GUARD * 4 + lo * sz, GUARD * 4 + -(-hi * sz // 4) * 4)
             (writes if i in launch.writes else reads).append(rng)
         # bound past the leading guard, so offsets in push constants are storage-relative
         label = launch.label or node.tag or node.op.name
@@ -128,10 +134,11 @@ class CompiledGraph:
     def read(self, t):
         """numpy copy of any graph tensor view (after a run)."""
         buf = self._buffer(t)
-        raw = buf.read(GUARD * 4, t.storage.numel * 4).view(DTYPES[t.dtype])
+        sz = itemsize(t.dtype)
+        raw = buf.read(GUARD * 4, t.storage.numel * sz).view(DTYPES[t.dtype])
         if t.numel == 0:
             return np.zeros(t.shape, DTYPES[t.dtype])
-        view = np.lib.stride_tricks.as_strided(raw[t.offset:], t.shape, [s * 4 for s in t.strides])
+        view = np.lib.stride_tricks.as_strided(raw[t.offset:], t.shape, [s * sz for s in t.strides])
         return np.array(view)
 
     def replay(self, inputs=None, **kw):
@@ -157,7 +164,7 @@ class CompiledGraph:
     def check_guards(self):
         """Names of storages whose guard regions were overwritten (empty list: all intact)."""
         return [s.name or f"{s.kind}#{i}" for i, s in enumerate(self.graph.storages)
-                if not guards_intact(self.buffers[id(s)], s.numel)]
+                if not guards_intact(self.buffers[id(s)], s.numel, itemsize(s.dtype))]
 
     def release(self):
         self.recording.destroy()
@@ -173,7 +180,7 @@ class Param:
         self.name, self.shape = name, array.shape
         self.dtype = dtype_name(array.dtype)
         self.numel = array.size
-        self.buffer = guarded_buffer(device, self.numel, array, host_visible)
+        self.buffer = guarded_buffer(device, self.numel, array, host_visible, size=array.dtype.itemsize)
 
     def release(self):
         """Return the buffer: to the pool, or (a host-visible one outside the pool) destroy it, so
@@ -184,7 +191,7 @@ class Param:
             self.buffer.device.pool.free(self.buffer)
 
     def read(self):
-        raw = self.buffer.read(GUARD * 4, self.numel * 4).view(DTYPES[self.dtype])
+        raw = self.buffer.read(GUARD * 4, self.numel * itemsize(self.dtype)).view(DTYPES[self.dtype])
         return raw.reshape(self.shape).copy()
 
     def write(self, array, start=0):

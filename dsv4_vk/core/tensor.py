@@ -6,9 +6,12 @@ change offset/shape/strides; kernels take any strided layout through their push 
 """
 import math
 
+import ml_dtypes
 import numpy as np
 
-DTYPES = {"f32": np.float32, "i32": np.int32}
+# f16 / bf16: weights kept in their checkpoint precision (the mat-vec and expert kernels read them);
+# element offsets and strides stay in elements of the tensor's own dtype
+DTYPES = {"f32": np.float32, "i32": np.int32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
 MAX_DIMS = 4
 
 
@@ -17,7 +20,12 @@ def dtype_name(dt):
     for k, v in DTYPES.items():
         if dt == np.dtype(v):
             return k
-    raise ValueError(f"dtype {dt} is not supported: expected one of float32, int32")
+    raise ValueError(f"dtype {dt} is not supported: expected one of float32, int32, float16, bfloat16")
+
+
+def itemsize(dtype):
+    """Bytes per element of a dtype name."""
+    return np.dtype(DTYPES[dtype]).itemsize
 
 
 class Storage:
@@ -28,7 +36,7 @@ class Storage:
 
     @property
     def nbytes(self):
-        return self.numel * 4
+        return self.numel * itemsize(self.dtype)
 
     def __repr__(self):
         return f"Storage({self.kind} {self.name or ''} {self.numel}×{self.dtype})"

@@ -1,9 +1,9 @@
-"""A DeepSeek-V4-shaped model on the Vulkan backend: config, checkpoints, float64 reference,
-device graphs and the token-by-token runner (docs/model.md)."""
-from .checkpoint import CheckpointError, load_checkpoint, random_weights, save
-from .config import Config
-from .reference import ReferenceModel
+"""DeepSeek-V4 on the Vulkan backend: config (config.json), checkpoints (Hugging Face model
+directories), the float64 reference, device graphs and the token-by-token runner (docs/model.md)."""
+from .checkpoint import CheckpointError, load_hf, random_weights, save_hf, tensor_shapes
+from .config import ConfigError, V4Config
+from .reference import V4Reference
 from .runner import Model, Sampling
 
-__all__ = ["CheckpointError", "Config", "Model", "ReferenceModel", "Sampling", "load_checkpoint",
-           "random_weights", "save"]
+__all__ = ["CheckpointError", "ConfigError", "Model", "Sampling", "V4Config", "V4Reference", "load_hf",
+           "random_weights", "save_hf", "tensor_shapes"]

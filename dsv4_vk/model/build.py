@@ -1,46 +1,90 @@
-"""The model as device graphs: one prefill graph per chunk length and one decode graph (T = 1),
-sharing every weight, KV cache and per-step value as executor params.
+"""DeepSeek-V4 as device graphs: one prefill graph per chunk length and one decode graph (T = 1),
+sharing every weight, decode-cache tensor and per-step value as executor params.
 
 Params (Graph.param names; docs/model.md lists them):
-- checkpoint tensors uploaded as they are, under their checkpoint names (HC tensors, norms, the
-  router, embed, head), plus per layer `layers.{i}.attn.wqkv` [3A, D] (wq | wk | wv rows),
-  `layers.{i}.ffn.w13` [E+S, 2F, D] (w1 | w3 rows of the routed then the shared experts) and
-  `layers.{i}.ffn.w2` [E+S, D, F];
-- `layers.{i}.kv_cache` [max_ctx, 2, H, hd] (keys RoPE-rotated, values), `rope.cos` / `rope.sin`;
-- per step: `step.pos` (i32 [1], position of the chunk's first token), `step.last` (i32 [1], the
-  prefill chunk's last valid row), `step.token` (i32 [1]: the decode step's input token, and where
-  SAMPLE writes the next one), `sampler.cfg` (f32 [2]: temperature, top_k), `sampler.state`
-  (i32 [2]: seed, counter).
+- checkpoint tensors under their canonical names (model.checkpoint), plus fused layouts built here:
+  `layers.{i}.attn.wx` — every projection of the attention input stacked into one weight
+  (wq_a | wkv | compressor wkv | compressor wgate | indexer compressor wkv | wgate | weights_proj),
+  `layers.{i}.ffn.w13` [E+1, 2F, D] / `layers.{i}.ffn.w2` [E+1, D, F] (routed experts, then the
+  shared expert as expert E);
+- the decode cache, per layer: `layers.{i}.kv` [max_ctx, hd] (raw K = V rows, RoPE applied),
+  `layers.{i}.cmp.state` [max_ctx, 2W] (the compressor's projections c | z per position: the open
+  window and CSA's overlap rows), `layers.{i}.cmp.ent` [max_ctx/m, hd] (compressed entries), and
+  for CSA the indexer's `layers.{i}.idx.state` / `layers.{i}.idx.ent`;
+- RoPE tables `rope.{main,compress}.{cos,sin}` [max_ctx, rd/2];
+- per step: `step.pos`, `step.last`, `step.token` (i32 [1]), `sampler.cfg`, `sampler.state`.
+Every cache write happens on the device inside the recorded command buffer (STORE_ROWS, COMPRESS),
+so a decode step is one replay.
 """
+from __future__ import annotations
+
 import numpy as np
 
 from .. import hc
 from ..core.graph import Graph
-from ..ops.attention import rope_tables
+from ..ops.v4_attention import rope_table
+from .checkpoint import BF16
+from .config import CSA, SWA, V4Config
+from .reference import inv_freq
 
 STEP_PARAMS = ("step.pos", "step.last", "step.token")
+SPLIT_KEYS = 128            # decode: one MQA split per this many keys in the longest key list
+MAX_SPLITS = 32
 
 
-def param_arrays(cfg, weights):
-    """{param name: array} to upload for `cfg` from checkpoint `weights` (the fused layouts built here)."""
+def _stack(parts):
+    """Concatenate along rows; mixed dtypes are widened to float32 (one weight, one dtype)."""
+    dts = {np.asarray(p).dtype for p in parts}
+    if len(dts) > 1:
+        parts = [np.asarray(p, np.float32) for p in parts]
+    return np.concatenate(parts)
+
+
+def x_projections(cfg: V4Config, i: int) -> list:
+    """[(canonical weight name, rows)] stacked into layers.{i}.attn.wx, in order."""
+    a = f"layers.{i}.attn."
+    out = [(a + "wq_a.weight", cfg.q_lora_rank), (a + "wkv.weight", cfg.head_dim)]
+    kind = cfg.layer_types[i]
+    if kind != SWA:
+        W = cfg.head_dim * (2 if kind == CSA else 1)
+        out += [(a + "compressor.wkv.weight", W), (a + "compressor.wgate.weight", W)]
+    if kind == CSA:
+        WI = 2 * cfg.index_head_dim
+        out += [(a + "indexer.compressor.wkv.weight", WI), (a + "indexer.compressor.wgate.weight", WI),
+                (a + "indexer.weights_proj.weight", cfg.index_n_heads)]
+    return out
+
+
+def param_arrays(cfg: V4Config, weights: dict) -> dict:
+    """{param name: array} to upload for `cfg` from canonical `weights` (fused layouts built here)."""
+    fused = set()
     out = {}
-    for name, a in weights.items():
-        if ".attn.w" in name and name.endswith(("wq.weight", "wk.weight", "wv.weight")):
-            continue
-        if ".ffn.experts." in name or ".ffn.shared_experts." in name:
-            continue
-        out[name] = np.asarray(a, np.float32)
-    for i in range(cfg.n_layers):
-        p = f"layers.{i}."
-        out[p + "attn.wqkv"] = np.concatenate([weights[p + f"attn.{n}.weight"] for n in ("wq", "wk", "wv")])
-        groups = ["experts"] + (["shared_experts"] if cfg.n_shared else [])
-        w1 = np.concatenate([weights[p + f"ffn.{g}.w1"] for g in groups])
-        w3 = np.concatenate([weights[p + f"ffn.{g}.w3"] for g in groups])
-        out[p + "ffn.w13"] = np.concatenate([w1, w3], axis=1)
-        out[p + "ffn.w2"] = np.concatenate([weights[p + f"ffn.{g}.w2"] for g in groups])
-        out[p + "kv_cache"] = np.zeros((cfg.max_ctx, 2, cfg.n_heads, cfg.head_dim), np.float32)
-    cos, sin = rope_tables(cfg.head_dim, cfg.max_ctx, cfg.rope_theta)
-    out["rope.cos"], out["rope.sin"] = cos.astype(np.float32), sin.astype(np.float32)
+    C = cfg.max_ctx
+    for i in range(cfg.num_hidden_layers):
+        a, f = f"layers.{i}.attn.", f"layers.{i}.ffn."
+        proj = x_projections(cfg, i)
+        out[a + "wx"] = _stack([weights[n] for n, _ in proj])
+        fused.update(n for n, _ in proj)
+        s = f + "shared_experts."
+        shared13 = np.concatenate([weights[s + "w1.weight"], weights[s + "w3.weight"]])[None]
+        out[f + "w13"] = _stack([weights[f + "experts.w13"], shared13])
+        out[f + "w2"] = _stack([weights[f + "experts.w2"], weights[s + "w2.weight"][None]])
+        fused.update([f + "experts.w13", f + "experts.w2", s + "w1.weight", s + "w3.weight", s + "w2.weight"])
+        out[f"layers.{i}.kv"] = np.zeros((C, cfg.head_dim), np.float32)
+        kind = cfg.layer_types[i]
+        if kind != SWA:
+            m, W = cfg.rate(i), cfg.head_dim * (2 if kind == CSA else 1)
+            out[f"layers.{i}.cmp.state"] = np.zeros((C, 2 * W), np.float32)
+            out[f"layers.{i}.cmp.ent"] = np.zeros((max(C // m, 1), cfg.head_dim), np.float32)
+        if kind == CSA:
+            out[f"layers.{i}.idx.state"] = np.zeros((C, 4 * cfg.index_head_dim), np.float32)
+            out[f"layers.{i}.idx.ent"] = np.zeros((max(C // cfg.rate(i), 1), cfg.index_head_dim), np.float32)
+    for name, arr in weights.items():
+        if name not in fused:
+            out[name] = arr
+    for kind in ("main", "compress"):
+        cos, sin = rope_table(inv_freq(cfg, kind), C)
+        out[f"rope.{kind}.cos"], out[f"rope.{kind}.sin"] = cos.astype(np.float32), sin.astype(np.float32)
     for name in STEP_PARAMS:
         out[name] = np.zeros(1, np.int32)
     out["sampler.cfg"] = np.array([0.0, 1.0], np.float32)
@@ -48,34 +92,50 @@ def param_arrays(cfg, weights):
     return out
 
 
-class ModelGraph:
-    """Builds one forward graph of T tokens; `params` are the uploaded arrays (names, shapes, dtypes)."""
+def decode_splits(cfg: V4Config, i: int) -> int:
+    """MQA splits of layer i at decode: one per SPLIT_KEYS keys of its longest key list."""
+    kind = cfg.layer_types[i]
+    n = cfg.sliding_window
+    if kind == CSA:
+        n += min(cfg.index_topk, cfg.max_ctx // cfg.rate(i))
+    elif kind != SWA:
+        n += cfg.max_ctx // cfg.rate(i)
+    return max(1, min(MAX_SPLITS, -(-n // SPLIT_KEYS)))
 
-    def __init__(self, cfg, params, T, *, prefill, fused, device):
+
+DTYPE_NAMES = {np.dtype(np.float32): "f32", np.dtype(np.int32): "i32", np.dtype(np.float16): "f16", BF16: "bf16"}
+
+
+class ModelGraph:
+    """Builds one forward graph of T tokens; `params` are the uploaded arrays (names, shapes, dtypes).
+    splits: MQA key-list splits per layer (None: decode_splits at T = 1, else 1)."""
+
+    def __init__(self, cfg: V4Config, params: dict, T: int, *, prefill: bool, fused, device, splits=None):
         self.cfg, self.params, self.fused, self.device = cfg, params, fused, device
+        self.splits = splits
         self.g = g = Graph()
-        ids = g.input("ids", (T,), "i32") if prefill else self.param("step.token")
+        self.ids = g.input("ids", (T,), "i32") if prefill else self.param("step.token")
         self.pos = self.param("step.pos")
-        logits = self.forward(ids, T)
+        logits = self.forward(self.ids, T)
         g.output("logits", logits)
         last = g.op("GET_ROWS", logits, self.param("step.last")) if prefill else logits
         g.op("SAMPLE", last, self.param("sampler.cfg"), self.param("sampler.state"), out=self.param("step.token"))
 
     def param(self, name):
         a = self.params[name]
-        return self.g.param(name, a.shape, "i32" if a.dtype == np.int32 else "f32")
+        return self.g.param(name, a.shape, DTYPE_NAMES[np.dtype(a.dtype)])
 
     def forward(self, ids, T):
         cfg, g = self.cfg, self.g
-        D = cfg.dim
+        D = cfg.hidden_size
         emb = g.op("GET_ROWS", self.param("embed.weight"), ids)                       # [T, D]
-        X = g.op("CONT", emb.reshape(T, 1, D).broadcast_to((T, cfg.hc, D)))           # 4 streams
-        for i in range(cfg.n_layers):
+        X = g.op("CONT", emb.reshape(T, 1, D).broadcast_to((T, cfg.hc_mult, D)))      # 4 streams
+        for i in range(cfg.num_hidden_layers):
             X = self.site(X, i, "attn", self.attention)
             X = self.site(X, i, "ffn", self.moe)
         h = hc.head_pre(g, X, self.param("hc_head_fn"), self.param("hc_head_scale"), self.param("hc_head_base"),
-                        hc_eps=cfg.hc_eps, norm_eps=cfg.hc_norm_eps, fused=self.fused, device=self.device)
-        h = g.op("RMS_NORM", h, self.param("norm.weight"), eps=cfg.rms_eps)
+                        hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps, fused=self.fused, device=self.device)
+        h = g.op("RMS_NORM", h, self.param("norm.weight"), eps=cfg.rms_norm_eps)
         return g.op("MUL_MAT", h, self.param("head.weight"))                          # [T, V]
 
     def site(self, X, i, name, sublayer):
@@ -83,29 +143,90 @@ class ModelGraph:
         cfg, g = self.cfg, self.g
         p = f"layers.{i}."
         u, post, comb = hc.site_pre(g, X, self.param(p + f"hc_{name}_fn"), self.param(p + f"hc_{name}_scale"),
-                                    self.param(p + f"hc_{name}_base"), hc_eps=cfg.hc_eps, norm_eps=cfg.hc_norm_eps,
-                                    n_iter=cfg.n_iter, fused=self.fused, device=self.device)
-        x = g.op("RMS_NORM", u, self.param(p + f"{name}_norm.weight"), eps=cfg.rms_eps)
+                                    self.param(p + f"hc_{name}_base"), hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps,
+                                    n_iter=cfg.hc_sinkhorn_iters, fused=self.fused, device=self.device)
+        x = g.op("RMS_NORM", u, self.param(p + f"{name}_norm.weight"), eps=cfg.rms_norm_eps)
         return hc.post(g, sublayer(i, x), X, post, comb, fused=self.fused, device=self.device)
 
+    def _compress(self, prefix, xs, i, overlap, T):
+        """The projections xs [T, 2W] into the state rows at step.pos, then the closed windows' entries."""
+        g, cfg = self.g, self.cfg
+        a = f"layers.{i}.attn." + ("indexer.compressor." if prefix == "idx" else "compressor.")
+        st = self.param(f"layers.{i}.{prefix}.state")
+        st = g.op("STORE_ROWS", st, xs, self.pos, out=st)
+        ent = self.param(f"layers.{i}.{prefix}.ent")
+        return g.op("COMPRESS", ent, st, self.param(a + "ape"), self.param(a + "norm.weight"), self.pos,
+                    self.param("rope.compress.cos"), self.param("rope.compress.sin"), rate=cfg.rate(i),
+                    overlap=overlap, eps=cfg.rms_norm_eps, tokens=T, out=ent)
+
     def attention(self, i, x):
-        """Multi-head attention with RoPE; this chunk's keys/values go to the cache at step.pos."""
         cfg, g = self.cfg, self.g
-        T, H, hd = x.shape[0], cfg.n_heads, cfg.head_dim
-        p = f"layers.{i}."
-        qkv = g.op("MUL_MAT", x, self.param(p + "attn.wqkv")).reshape(T, 3, H, hd)
-        cos, sin = self.param("rope.cos"), self.param("rope.sin")
-        cache = self.param(p + "kv_cache")                                             # [C, 2, H, hd]
-        cache = g.op("KV_WRITE", cache, qkv[:, 1:3], self.pos, cos, sin, rotate=1, out=cache)
-        o = g.op("ATTENTION", qkv[:, 0], cache[:, 0], cache[:, 1], self.pos, cos, sin, scale=hd ** -0.5)
-        return g.op("MUL_MAT", o.reshape(T, H * hd), self.param(p + "attn.wo.weight"))
+        T, H, hd, eps = x.shape[0], cfg.num_attention_heads, cfg.head_dim, cfg.rms_norm_eps
+        a = f"layers.{i}.attn."
+        kind = cfg.layer_types[i]
+        rk = "main" if kind == SWA else "compress"
+        cos, sin = self.param(f"rope.{rk}.cos"), self.param(f"rope.{rk}.sin")
+        xw = g.op("MUL_MAT", x, self.param(a + "wx"))                                 # every x projection
+        cols, at = {}, 0
+        for name, n in x_projections(cfg, i):
+            cols[name[len(a):]] = xw[:, at:at + n]
+            at += n
+        qr = g.op("RMS_NORM", cols["wq_a.weight"], self.param(a + "q_norm.weight"), eps=eps)
+        q = g.op("MUL_MAT", qr, self.param(a + "wq_b.weight")).reshape(T, H, hd)
+        q = g.op("ROPE", g.op("RMS_NORM", q, eps=eps), self.pos, cos, sin)
+        kv = g.op("RMS_NORM", cols["wkv.weight"], self.param(a + "kv_norm.weight"), eps=eps)
+        kv = g.op("ROPE", kv.reshape(T, 1, hd), self.pos, cos, sin).reshape(T, hd)
+        cache = self.param(f"layers.{i}.kv")
+        cache = g.op("STORE_ROWS", cache, kv, self.pos, out=cache)
+        extra, prm = [], {}
+        if kind != SWA:
+            m = cfg.rate(i)
+            W = cfg.head_dim * (2 if kind == CSA else 1)
+            xs = self._cat(xw, cols["compressor.wkv.weight"], 2 * W)
+            extra.append(self._compress("cmp", xs, i, kind == CSA, T))
+            prm = {"mode": "csa" if kind == CSA else "hca", "rate": m}
+        if kind == CSA:
+            extra.append(self.indexer(i, x, xw, cols, qr, T))
+        S = self.splits[i] if self.splits is not None else (decode_splits(cfg, i) if T == 1 else 1)
+        o = g.op("MQA_ATTENTION", q, cache, self.pos, self.param(a + "attn_sink"), *extra, scale=hd ** -0.5,
+                 window=cfg.sliding_window, splits=S, **prm)
+        if S > 1:
+            o = g.op("MQA_COMBINE", o, self.param(a + "attn_sink"), splits=S)
+        o = g.op("ROPE", o, self.pos, cos, sin, inverse=True)                        # V carries RoPE
+        G, r = cfg.o_groups, cfg.o_lora_rank
+        og = o.reshape(T, G, H * hd // G).permute(1, 0, 2)                            # [G, T, k]
+        y = g.op("MUL_MAT", og, self.param(a + "wo_a.weight").reshape(G, r, H * hd // G))   # [G, T, r]
+        y = g.op("CONT", y.permute(1, 0, 2)).reshape(T, G * r)
+        return g.op("MUL_MAT", y, self.param(a + "wo_b.weight"))
+
+    @staticmethod
+    def _cat(xw, first, width):
+        """The view of xw's columns starting at `first`'s, `width` wide (adjacent projections)."""
+        return xw[:, first.offset - xw.offset:first.offset - xw.offset + width]
+
+    def indexer(self, i, x, xw, cols, qr, T):
+        """The lightning indexer: its compressed keys, scores of this chunk's queries, the top-k."""
+        cfg, g = self.cfg, self.g
+        a = f"layers.{i}.attn.indexer."
+        nI, hI, m = cfg.index_n_heads, cfg.index_head_dim, cfg.rate(i)
+        keys = self._compress("idx", self._cat(xw, cols["indexer.compressor.wkv.weight"], 4 * hI), i, True, T)
+        qI = g.op("MUL_MAT", qr, self.param(a + "wq_b.weight")).reshape(T, nI, hI)
+        qI = g.op("ROPE", qI, self.pos, self.param("rope.compress.cos"), self.param("rope.compress.sin"))
+        s = g.op("INDEX_SCORE", qI, cols["indexer.weights_proj.weight"], keys, self.pos, rate=m,
+                 scale=hI ** -0.5 * nI ** -0.5, capacity=cfg.max_ctx)
+        return g.op("TOPK", s, k=min(cfg.index_topk, keys.shape[0]))
 
     def moe(self, i, x):
-        """Router → top-k on the device → the chosen experts' SwiGLU (+ shared experts) → weighted sum."""
+        """V4_ROUTE (score + bias, or the hash table by token id; the shared expert appended) →
+        the chosen experts' clamped SwiGLU → weighted sum."""
         cfg, g = self.cfg, self.g
         T, D = x.shape
-        p = f"layers.{i}.ffn."
-        route = g.op("MOE_ROUTE", g.op("MUL_MAT", x, self.param(p + "gate.weight")), top_k=cfg.top_k,
-                     router=cfg.router, norm=cfg.norm_topk, route_scale=float(cfg.route_scale), n_shared=cfg.n_shared)
-        h = g.op("MUL_MAT_ID", x.reshape(T, 1, D), self.param(p + "w13"), route, mode="swiglu")   # [T, R, F]
-        return g.op("MUL_MAT_ID", h, self.param(p + "w2"), route, mode="sum")                     # [T, D]
+        f = f"layers.{i}.ffn."
+        logits = g.op("MUL_MAT", x, self.param(f + "gate.weight"))
+        sel = ([self.param(f + "gate.tid2eid"), self.ids] if cfg.mlp_layer_types[i] == "hash_moe"
+               else [self.param(f + "gate.bias")])
+        route = g.op("V4_ROUTE", logits, *sel, top_k=cfg.num_experts_per_tok, scoring=cfg.scoring_func,
+                     route_scale=float(cfg.routed_scaling_factor))
+        h = g.op("MUL_MAT_ID", x.reshape(T, 1, D), self.param(f + "w13"), route, mode="swiglu",
+                 limit=float(cfg.swiglu_limit))                                       # [T, k+1, F]
+        return g.op("MUL_MAT_ID", h, self.param(f + "w2"), route, mode="sum")         # [T, D]

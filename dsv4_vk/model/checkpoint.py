@@ -1,178 +1,362 @@
-"""Checkpoints in the safetensors format, read and written with numpy + json (no dependency).
+"""DeepSeek-V4 checkpoints as Hugging Face model directories, read and written with the
+`safetensors` library (BF16 through `ml_dtypes`).
 
-File layout: an 8-byte little-endian header length N, N bytes of JSON
-{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}}, then the data
-(offsets relative to its start). F32, F16, BF16 and F64 tensors are read (as float32); writes are
-F32. The model config is stored as JSON in metadata["dsv4_vk.config"].
-
-Every defect is a CheckpointError (a ValueError) naming the file and the tensor: truncated file,
-bad header, unknown dtype, offsets outside the data or of the wrong size, missing / unexpected /
-mis-shaped tensors against the config.
+A directory holds `config.json` and one `.safetensors` file, or several with
+`model.safetensors.index.json` (its `weight_map` names each tensor's file). Three namings are
+read, all mapped onto one canonical set (`tensor_shapes`):
+- DeepSeek's original hub names: `embed.weight`, `layers.{i}.attn.wq_a.weight`,
+  `layers.{i}.attn.kv_norm.weight`, `layers.{i}.ffn.experts.{j}.w1.weight`, `hc_head_fn`, ...;
+- what transformers' `save_pretrained` writes: the same per-layer names under `model.`, the main
+  KV norm as `attn.norm.weight`, and HF names at the root (`model.embed_tokens.weight`,
+  `model.norm.weight`, `model.hc_head.hc_fn`, `head.weight`);
+- transformers' in-memory names (`model.layers.{i}.self_attn.q_a_proj.weight`,
+  `mlp.experts.gate_up_proj` stacked [E, 2F, D], ...).
+Per-expert tensors are stacked into `ffn.experts.w13` [E, 2F, D] (gate rows, then up rows) and
+`ffn.experts.w2` [E, D, F]. Linear weights keep their dtype (F32, F16 or BF16: the device reads
+them as they are); norms, HC tensors, sinks, position biases and the router bias become float32;
+`tid2eid` (I64 or I32) becomes int32 after a range check. FP8 / FP4 tensors and their block
+scales are refused naming the tensor and dtype; so is a malformed file (the library rejects
+overlapping or out-of-file data offsets), a missing, unexpected or mis-shaped tensor, and a
+config.json value the backend cannot run (model.config).
 """
+from __future__ import annotations
+
 import json
 import os
-import struct
+import re
 
+import ml_dtypes  # noqa: F401  (registers numpy's bfloat16, which safetensors' numpy reader needs)
 import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
 
-from .config import Config, tensor_shapes
+from .config import CSA, SWA, ConfigError, V4Config, load_config_json
 
-CONFIG_KEY = "dsv4_vk.config"
-MAX_HEADER = 100 << 20
-DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<f8"), "BF16": np.dtype("<u2")}
+BF16 = np.dtype(ml_dtypes.bfloat16)
+FLOAT_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": BF16, "F64": np.float64}
+INT_DTYPES = ("I64", "I32")
+INDEX = "model.safetensors.index.json"
 
 
 class CheckpointError(ValueError):
-    """A checkpoint file that cannot be read, or that does not match the model config."""
+    """A checkpoint that cannot be read, or that does not match its config."""
 
 
-def save(path, tensors, config=None, metadata=None):
-    """Write {name: array} as F32 tensors (sorted by name); config goes into the metadata."""
-    meta = dict(metadata or {})
-    if config is not None:
-        meta[CONFIG_KEY] = config.to_json()
-    header, arrays, offset = {}, [], 0
-    for name in sorted(tensors):
-        a = np.ascontiguousarray(tensors[name], dtype="<f4")
-        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
-        arrays.append(a)
-        offset += a.nbytes
-    if meta:
-        header["__metadata__"] = {str(k): str(v) for k, v in meta.items()}
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)             # data starts 8-byte aligned
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
-        for a in arrays:
-            f.write(a.tobytes())
-    os.replace(tmp, path)
+# --- canonical names and shapes ---------------------------------------------------------------------
+
+def tensor_shapes(cfg: V4Config) -> dict:
+    """{canonical name: shape} of every tensor a checkpoint of `cfg` holds."""
+    D, V, H, hd, qr = cfg.hidden_size, cfg.vocab_size, cfg.num_attention_heads, cfg.head_dim, cfg.q_lora_rank
+    E, F, k, M, g, r = (cfg.n_routed_experts, cfg.moe_intermediate_size, cfg.num_experts_per_tok, cfg.n_mix,
+                        cfg.o_groups, cfg.o_lora_rank)
+    nI, hI = cfg.index_n_heads, cfg.index_head_dim
+    s = {"embed.weight": (V, D), "norm.weight": (D,), "head.weight": (V, D),
+         "hc_head_fn": (cfg.hc_mult, cfg.hc_mult * D), "hc_head_base": (cfg.hc_mult,), "hc_head_scale": (1,)}
+    for i in range(cfg.num_hidden_layers):
+        p = f"layers.{i}."
+        for site in ("attn", "ffn"):
+            s[p + f"hc_{site}_fn"], s[p + f"hc_{site}_base"], s[p + f"hc_{site}_scale"] = (M, cfg.hc_mult * D), (M,), (3,)
+        s[p + "attn_norm.weight"] = s[p + "ffn_norm.weight"] = (D,)
+        a = p + "attn."
+        s.update({a + "wq_a.weight": (qr, D), a + "q_norm.weight": (qr,), a + "wq_b.weight": (H * hd, qr),
+                  a + "wkv.weight": (hd, D), a + "kv_norm.weight": (hd,), a + "wo_a.weight": (g * r, H * hd // g),
+                  a + "wo_b.weight": (D, g * r), a + "attn_sink": (H,)})
+        kind = cfg.layer_types[i]
+        if kind != SWA:
+            m, c = cfg.rate(i), 2 if kind == CSA else 1
+            s.update({a + "compressor.wkv.weight": (c * hd, D), a + "compressor.wgate.weight": (c * hd, D),
+                      a + "compressor.ape": (m, c * hd), a + "compressor.norm.weight": (hd,)})
+        if kind == CSA:
+            x = a + "indexer."
+            s.update({x + "wq_b.weight": (nI * hI, qr), x + "weights_proj.weight": (nI, D),
+                      x + "compressor.wkv.weight": (2 * hI, D), x + "compressor.wgate.weight": (2 * hI, D),
+                      x + "compressor.ape": (m, 2 * hI), x + "compressor.norm.weight": (hI,)})
+        f = p + "ffn."
+        s[f + "gate.weight"] = (E, D)
+        if cfg.mlp_layer_types[i] == "hash_moe":
+            s[f + "gate.tid2eid"] = (V, k)
+        else:
+            s[f + "gate.bias"] = (E,)
+        s.update({f + "experts.w13": (E, 2 * F, D), f + "experts.w2": (E, D, F),
+                  f + "shared_experts.w1.weight": (F, D), f + "shared_experts.w3.weight": (F, D),
+                  f + "shared_experts.w2.weight": (D, F)})
+    return s
 
 
-def _fail(path, msg):
-    raise CheckpointError(f"checkpoint {os.fspath(path)!r}: {msg}")
+def is_linear(name: str) -> bool:
+    """Tensors kept in the file's precision (mat-vec / expert weights); the rest become float32."""
+    return (name.endswith(".weight") and not name.endswith("norm.weight")) or name.endswith(("experts.w13", "experts.w2"))
 
 
-def read_header(path):
-    """(header dict without metadata, metadata dict, data start offset, file size)."""
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                _fail(path, f"file is {size} bytes, too short for the 8-byte header length (not a safetensors file?)")
-            (n,) = struct.unpack("<Q", head)
-            if n > min(MAX_HEADER, size - 8):
-                _fail(path, f"header length {n} exceeds the file ({size} bytes): truncated or not a safetensors file")
-            raw = f.read(n)
-    except OSError as e:
-        raise CheckpointError(f"checkpoint {os.fspath(path)!r} cannot be read: {e.strerror or e}") from None
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        _fail(path, f"header is not valid JSON ({e}): corrupt file")
-    if not isinstance(header, dict):
-        _fail(path, "header is not a JSON object: corrupt file")
-    meta = header.pop("__metadata__", {}) or {}
-    if not isinstance(meta, dict):
-        _fail(path, "__metadata__ is not a JSON object")
-    data_len = size - 8 - n
-    for name, e in header.items():
-        if not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}:
-            _fail(path, f"tensor {name!r}: entry must have exactly dtype, shape, data_offsets")
-        if e["dtype"] not in DTYPES:
-            _fail(path, f"tensor {name!r}: dtype {e['dtype']!r} not supported; expected one of {sorted(DTYPES)}")
-        shape, offs = e["shape"], e["data_offsets"]
-        if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
-            _fail(path, f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers")
-        if (not isinstance(offs, list) or len(offs) != 2 or not all(isinstance(o, int) for o in offs)
-                or not 0 <= offs[0] <= offs[1]):
-            _fail(path, f"tensor {name!r}: data_offsets {offs!r} are not [begin, end] with 0 ≤ begin ≤ end")
-        want = int(np.prod(shape, dtype=np.int64)) * DTYPES[e["dtype"]].itemsize
-        if offs[1] - offs[0] != want:
-            _fail(path, f"tensor {name!r}: data_offsets span {offs[1] - offs[0]} bytes, but shape {shape} "
-                        f"{e['dtype']} needs {want}")
-        if offs[1] > data_len:
-            _fail(path, f"tensor {name!r}: data ends at byte {offs[1]} but the file holds {data_len} data bytes "
-                        "(truncated file)")
-    return header, meta, 8 + n, size
+# HF in-memory name → canonical, after the `model.` prefix is gone (applied in order, first match)
+_HF = [(r"^embed_tokens\.weight$", "embed.weight"), (r"^lm_head\.weight$", "head.weight"),
+       (r"^hc_head\.hc_(fn|base|scale)$", r"hc_head_\1"),
+       (r"^(layers\.\d+)\.(attn|ffn)_hc\.(fn|base|scale)$", r"\1.hc_\2_\3"),
+       (r"^(layers\.\d+)\.input_layernorm\.", r"\1.attn_norm."),
+       (r"^(layers\.\d+)\.post_attention_layernorm\.", r"\1.ffn_norm."),
+       (r"^(layers\.\d+)\.self_attn\.compressor\.indexer\.q_b_proj\.", r"\1.attn.indexer.wq_b."),
+       (r"^(layers\.\d+)\.self_attn\.compressor\.indexer\.scorer\.weights_proj\.", r"\1.attn.indexer.weights_proj."),
+       (r"^(layers\.\d+)\.self_attn\.compressor\.indexer\.", r"\1.attn.indexer.compressor."),
+       (r"^(layers\.\d+)\.self_attn\.sinks$", r"\1.attn.attn_sink"),
+       (r"^(layers\.\d+)\.self_attn\.", r"\1.attn."),
+       (r"^(layers\.\d+)\.mlp\.gate\.e_score_correction_bias$", r"\1.ffn.gate.bias"),
+       (r"^(layers\.\d+)\.mlp\.experts\.gate_up_proj$", r"\1.ffn.experts.w13"),
+       (r"^(layers\.\d+)\.mlp\.experts\.down_proj$", r"\1.ffn.experts.w2"),
+       (r"^(layers\.\d+)\.mlp\.shared_experts\.gate_proj\.", r"\1.ffn.shared_experts.w1."),
+       (r"^(layers\.\d+)\.mlp\.shared_experts\.up_proj\.", r"\1.ffn.shared_experts.w3."),
+       (r"^(layers\.\d+)\.mlp\.shared_experts\.down_proj\.", r"\1.ffn.shared_experts.w2."),
+       (r"^(layers\.\d+)\.mlp\.", r"\1.ffn.")]
+_ATTN_HF = {"q_a_proj": "wq_a", "q_a_norm": "q_norm", "q_b_proj": "wq_b", "kv_proj": "wkv", "o_a_proj": "wo_a",
+            "o_b_proj": "wo_b", "gate_proj": "wgate", "position_bias": "ape", "kv_norm": "norm"}
 
 
-def load(path, names=None):
-    """(tensors {name: float32 array}, metadata). names: only these (all by default)."""
-    header, meta, start, _ = read_header(path)
-    mm = np.memmap(path, dtype=np.uint8, mode="r")
+def canonical(name: str) -> str:
+    """The canonical name of a tensor named in any of the three namings."""
+    n = name[len("model."):] if name.startswith("model.") else name
+    hf = ".self_attn." in n or ".mlp." in n or "_hc." in n or "layernorm" in n or n.startswith(
+        ("embed_tokens", "lm_head", "hc_head."))
+    if hf:
+        for pat, rep in _HF:
+            n2 = re.sub(pat, rep, n)
+            if n2 != n:
+                n = n2
+                break
+        m = re.match(r"^(layers\.\d+\.attn\.(?:indexer\.)?(?:compressor\.)?)(\w+)(.*)$", n)
+        if m and ".self_attn." in name:
+            base = m.group(2)
+            if m.group(1).endswith("compressor."):
+                base = _ATTN_HF.get(base, base)
+            else:
+                base = {"kv_norm": "kv_norm"}.get(base, _ATTN_HF.get(base, base))
+            n = m.group(1) + base + m.group(3)
+        return n
+    n = re.sub(r"^embed_tokens\.weight$", "embed.weight", n)
+    n = re.sub(r"^hc_head\.hc_(fn|base|scale)$", r"hc_head_\1", n)
+    n = re.sub(r"^(layers\.\d+\.attn)\.norm\.weight$", r"\1.kv_norm.weight", n)  # save_pretrained's KV norm
+    return n
+
+
+_EXPERT = re.compile(r"^(layers\.\d+\.ffn\.experts)\.(\d+)\.(w[123])\.weight$")
+
+
+# --- reading --------------------------------------------------------------------------------------------
+
+def _files(path):
+    """[(file, [tensor names or None: all])] of a model directory."""
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path!r} is not a directory: expected a Hugging Face model directory with "
+                              "config.json and .safetensors files")
+    index = os.path.join(path, INDEX)
+    if os.path.exists(index):
+        try:
+            with open(index, encoding="utf-8") as f:
+                wm = json.load(f)["weight_map"]
+            if not isinstance(wm, dict):
+                raise TypeError("weight_map is not an object")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{index}: not a valid index ({type(e).__name__}: {e}); expected "
+                                  '{"weight_map": {tensor: file}}') from None
+        by_file = {}
+        for name, fn in wm.items():
+            if not isinstance(fn, str) or os.path.basename(fn) != fn:
+                raise CheckpointError(f"{index}: tensor {name!r} maps to {fn!r}, not a file name in the directory")
+            by_file.setdefault(fn, []).append(name)
+        return [(os.path.join(path, fn), names) for fn, names in sorted(by_file.items())]
+    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not files:
+        raise CheckpointError(f"{path!r} holds no .safetensors file")
+    return [(os.path.join(path, f), None) for f in files]
+
+
+def _read_file(fn, names):
+    """{name: array} of one file, refusing unsupported dtypes before reading any data."""
     out = {}
-    for name in (header if names is None else names):
-        e = header[name]
-        b, end = e["data_offsets"]
-        a = mm[start + b:start + end].view(DTYPES[e["dtype"]])
-        if e["dtype"] == "BF16":                  # bfloat16: the high half of a float32
-            a = (a.astype(np.uint32) << 16).view(np.float32)
-        a = np.array(a, dtype=np.float32).reshape(e["shape"])
-        if not np.isfinite(a).all():
-            _fail(path, f"tensor {name!r} holds {int((~np.isfinite(a)).sum())} non-finite values")
-        out[name] = a
-    del mm
-    return out, meta
-
-
-def config_of(path):
-    """The Config stored in a checkpoint's metadata."""
-    _, meta, _, _ = read_header(path)
-    if CONFIG_KEY not in meta:
-        _fail(path, f"metadata has no {CONFIG_KEY!r} entry: pass a Config to say what model it holds")
     try:
-        return Config.from_json(meta[CONFIG_KEY])
-    except (TypeError, ValueError) as e:
-        _fail(path, f"metadata {CONFIG_KEY!r} is not a valid config: {e}")
+        with safe_open(fn, framework="numpy") as f:
+            keys = set(f.keys())
+            if names is not None:
+                missing = sorted(set(names) - keys)
+                if missing:
+                    raise CheckpointError(f"{fn}: the index names tensor(s) {missing[:5]} that the file does not hold")
+            for k in sorted(keys if names is None else names):
+                dt = f.get_slice(k).get_dtype()
+                if dt not in FLOAT_DTYPES and dt not in INT_DTYPES:
+                    what = " (FP8/FP4 quantised weights or their block scales)" if dt.startswith(("F8", "F4", "U8", "I8")) else ""
+                    raise CheckpointError(f"{fn}: tensor {k!r} has dtype {dt}{what}; supported: F32, F16, BF16 "
+                                          "weights and I64/I32 tid2eid (dequantise the checkpoint to BF16 first)")
+                out[k] = f.get_tensor(k)
+    except SafetensorError as e:
+        raise CheckpointError(f"{fn}: not a valid safetensors file ({e})") from None
+    except OSError as e:
+        raise CheckpointError(f"{fn}: cannot be read ({e.strerror or e})") from None
+    return out
 
 
-def check_tensors(cfg, shapes, where="weights"):
-    """Compare {name: shape} against what `cfg` needs; CheckpointError naming the first problems."""
+def read_tensors(path: str) -> dict:
+    """{file name as stored: array} of every tensor in a model directory (no renaming)."""
+    out, where = {}, {}
+    for fn, names in _files(path):
+        for k, a in _read_file(fn, names).items():
+            if k in out:
+                raise CheckpointError(f"tensor {k!r} is in both {where[k]} and {fn}")
+            out[k], where[k] = a, fn
+    return out
+
+
+def _to_canonical(raw, path):
+    out, experts = {}, {}
+    for name, a in raw.items():
+        if name.startswith(("mtp.", "model.mtp.")):
+            continue                                        # next-token-prediction layers: not built
+        c = canonical(name)
+        m = _EXPERT.match(c)
+        if m:
+            experts.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = (name, a)
+            continue
+        if c in out:
+            raise CheckpointError(f"{path}: two tensors map to {c!r} (one is {name!r}): mixed namings?")
+        out[c] = a
+    for prefix, per in experts.items():
+        n = max(per) + 1
+        missing = [f"{prefix}.{j}.{w}.weight" for j in range(n) for w in ("w1", "w2", "w3") if w not in per.get(j, {})]
+        if missing:
+            raise CheckpointError(f"{path}: per-expert tensors incomplete, missing {missing[:5]}")
+        dts = {per[j][w][1].dtype for j in range(n) for w in ("w1", "w2", "w3")}
+        if len(dts) > 1:
+            raise CheckpointError(f"{path}: the experts of {prefix} mix dtypes {sorted(map(str, dts))}")
+        for key, parts in (("w13", ("w1", "w3")), ("w2", ("w2",))):
+            if f"{prefix}.{key}" in out:
+                raise CheckpointError(f"{path}: {prefix} has both stacked and per-expert tensors")
+            out[f"{prefix}.{key}"] = np.stack([np.concatenate([per[j][w][1] for w in parts]) for j in range(n)])
+    return out
+
+
+def check_tensors(cfg: V4Config, tensors: dict, where: str = "weights") -> None:
+    """CheckpointError naming the first problems: missing, unexpected, mis-shaped, non-finite, bad ids."""
     want = tensor_shapes(cfg)
     problems = []
     for name, shape in want.items():
-        if name not in shapes:
+        if name not in tensors:
             problems.append(f"missing tensor {name!r} (expected shape {list(shape)})")
-        elif tuple(shapes[name]) != tuple(shape):
-            problems.append(f"tensor {name!r} has shape {list(shapes[name])}, expected {list(shape)}")
-    for name in sorted(set(shapes) - set(want)):
-        problems.append(f"unexpected tensor {name!r} (shape {list(shapes[name])}): misnamed, or a config mismatch")
+        elif tuple(np.shape(tensors[name])) != tuple(shape):
+            problems.append(f"tensor {name!r} has shape {list(np.shape(tensors[name]))}, expected {list(shape)}")
+    for name in sorted(set(tensors) - set(want)):
+        hint = " (an FP8/FP4 block scale?)" if name.endswith(".scale") else ": misnamed, or a config mismatch"
+        problems.append(f"unexpected tensor {name!r} (shape {list(np.shape(tensors[name]))}){hint}")
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise CheckpointError(f"{where} do not match the config: " + "; ".join(problems[:5]) + more)
+    for name, a in tensors.items():
+        if name.endswith("tid2eid"):
+            bad = (a < 0) | (a >= cfg.n_routed_experts)
+            if bad.any():
+                raise CheckpointError(f"{where}: tensor {name!r} holds expert ids outside [0, {cfg.n_routed_experts}): "
+                                      f"{np.asarray(a)[bad][:5].tolist()}")
+        elif not np.isfinite(np.asarray(a, np.float32)).all():
+            raise CheckpointError(f"{where}: tensor {name!r} holds non-finite values")
 
 
-def load_checkpoint(path, cfg=None):
-    """(config, {name: float32 array}) of a checkpoint, checked against the config (stored one by default)."""
-    cfg = cfg or config_of(path)
-    header, _, _, _ = read_header(path)
-    check_tensors(cfg, {k: v["shape"] for k, v in header.items()}, f"checkpoint {os.fspath(path)!r}")
-    tensors, _ = load(path)
-    return cfg, tensors
+def normalise(cfg: V4Config, tensors: dict, where: str = "weights") -> dict:
+    """Checked, with the dtypes the model uploads: linear weights F32/F16/BF16 as given, other floats
+    float32, tid2eid int32."""
+    check_tensors(cfg, tensors, where)
+    out = {}
+    for name, a in tensors.items():
+        a = np.asarray(a)
+        if name.endswith("tid2eid"):
+            out[name] = a.astype(np.int32)
+        elif is_linear(name) and a.dtype in (np.float32, np.float16, BF16):
+            out[name] = np.ascontiguousarray(a)
+        else:
+            out[name] = a.astype(np.float32)
+    return out
 
 
-def random_weights(cfg, seed=0):
-    """A random, seeded set of weights for `cfg` (float32) whose activations stay O(1) through the layers."""
+def load_hf(path: str, max_ctx: int | None = None) -> tuple:
+    """(V4Config, {canonical name: array}) of a Hugging Face model directory."""
+    try:
+        cfg = load_config_json(os.path.join(path, "config.json"), max_ctx)
+    except ConfigError as e:
+        if not os.path.isdir(path):
+            raise CheckpointError(f"{path!r} is not a directory: expected a Hugging Face model directory with "
+                                  "config.json and .safetensors files") from None
+        raise CheckpointError(str(e)) from None
+    tensors = _to_canonical(read_tensors(path), path)
+    return cfg, normalise(cfg, tensors, f"checkpoint {path!r}")
+
+
+# --- writing --------------------------------------------------------------------------------------------
+
+def _save_pretrained_name(c):
+    if c == "head.weight":
+        return c
+    n = {"embed.weight": "embed_tokens.weight"}.get(c, c)
+    n = re.sub(r"^hc_head_(fn|base|scale)$", r"hc_head.hc_\1", n)
+    n = re.sub(r"^(layers\.\d+\.attn)\.kv_norm\.weight$", r"\1.norm.weight", n)
+    return "model." + n
+
+
+def save_hf(path: str, cfg: V4Config, weights: dict, naming: str = "save_pretrained", shards: int = 1) -> None:
+    """Write a model directory: config.json + `shards` safetensors files (+ the index when > 1).
+    naming: "save_pretrained" (transformers' on-disk names) or "deepseek" (the original hub names);
+    experts are written one tensor per expert, as both do."""
+    if naming not in ("save_pretrained", "deepseek"):
+        raise ValueError(f"naming must be 'save_pretrained' or 'deepseek', got {naming!r}")
+    check_tensors(cfg, weights)
+    out = {}
+    for c, a in weights.items():
+        m = re.match(r"^(layers\.\d+\.ffn\.experts)\.(w13|w2)$", c)
+        items = []
+        if m:
+            F = cfg.moe_intermediate_size
+            for j in range(a.shape[0]):
+                parts = {"w1": a[j, :F], "w3": a[j, F:]} if m.group(2) == "w13" else {"w2": a[j]}
+                items += [(f"{m.group(1)}.{j}.{w}.weight", v) for w, v in parts.items()]
+        else:
+            items = [(c, a)]
+        for name, v in items:
+            key = _save_pretrained_name(name) if naming == "save_pretrained" else name
+            v = np.ascontiguousarray(v)
+            out[key] = v.astype(np.int64) if name.endswith("tid2eid") else v
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(cfg.to_hf(), f, indent=2, sort_keys=True)
+    names = sorted(out)
+    groups = [names[i::shards] for i in range(shards)]
+    if shards == 1:
+        save_file(out, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+        return
+    wm = {}
+    for s, group in enumerate(groups):
+        fn = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        save_file({k: out[k] for k in group}, os.path.join(path, fn), metadata={"format": "pt"})
+        wm.update({k: fn for k in group})
+    with open(os.path.join(path, INDEX), "w", encoding="utf-8") as f:
+        json.dump({"metadata": {}, "weight_map": wm}, f, indent=2, sort_keys=True)
+
+
+# --- random weights -------------------------------------------------------------------------------------
+
+def random_weights(cfg: V4Config, seed: int = 0, dtype=np.float32) -> dict:
+    """A random, seeded set of canonical weights whose activations stay O(1) through the layers:
+    linear maps at 1/sqrt(fan-in), norms around 1, and every bias, sink and HC base random (zeros
+    would hide a missing term). dtype: of the linear weights (float32, float16 or BF16)."""
     rng = np.random.default_rng(seed)
     out = {}
-
-    def normal(shape, std):
-        return rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
-
     for name, shape in tensor_shapes(cfg).items():
-        if name.endswith("_fn"):                    # mixes (x @ fnᵀ)·r with x of RMS 1: O(1) logits
-            out[name] = normal(shape, 1.0 / np.sqrt(shape[1]))
+        if name.endswith("tid2eid"):
+            out[name] = np.stack([rng.permutation(cfg.n_routed_experts)[:shape[1]] for _ in range(shape[0])]
+                                 ).astype(np.int32)
+        elif name.endswith("norm.weight") or name.endswith("_scale"):
+            out[name] = (1.0 + 0.3 * rng.standard_normal(shape)).astype(np.float32)
+        elif name.endswith(("attn_sink", "ape", "gate.bias")):
+            out[name] = rng.standard_normal(shape).astype(np.float32)
         elif name.endswith("_base"):
-            out[name] = rng.uniform(-0.5, 0.5, shape).astype(np.float32)
-        elif name.endswith("_scale"):
-            out[name] = rng.uniform(0.5, 1.5, shape).astype(np.float32)
-        elif name.endswith("norm.weight"):
-            out[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+            out[name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
+        elif name.endswith("_fn"):
+            out[name] = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
         elif name == "embed.weight":
-            out[name] = normal(shape, 1.0)
-        else:                                        # linear maps [.., out, in]
-            out[name] = normal(shape, 1.0 / np.sqrt(shape[-1]))
+            out[name] = rng.standard_normal(shape).astype(dtype)
+        else:
+            out[name] = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(dtype)
     return out

@@ -1,119 +1,259 @@
-"""Model configuration: a DeepSeek-V4-shaped decoder (hyper-connection residual streams, attention
-with RoPE and a KV cache, routed + shared SwiGLU experts). Every field is validated on creation;
-the config travels inside the checkpoint's metadata as JSON.
+"""DeepSeek-V4 configuration, read from a Hugging Face `config.json` (transformers'
+`DeepseekV4Config`, model_type "deepseek_v4").
+
+Field names are config.json's own, so the mapping is one-to-one. `from_hf` applies the same
+legacy folding transformers does (`compress_ratios`, `num_hash_layers`, `qk_rope_head_dim`,
+flat `rope_scaling` / `rope_parameters`) and refuses, naming the key and what is supported, any
+value this backend does not run (another scoring function, a RoPE type other than default/YaRN,
+hc_mult ≠ 4, an odd rope dim...). Keys that change nothing in inference (dropout, aux-loss
+coefficients, `n_shared_experts`, `norm_topk_prob`: V4 always has one shared expert and always
+normalises) are accepted and ignored. `max_ctx` is ours: the decode cache capacity in tokens.
 """
+from __future__ import annotations
+
 import dataclasses
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-ROUTERS = ("softmax", "sigmoid")
-MAX_TOP_K = 64            # the device sampler keeps at most this many candidates per row
+CSA, HCA, SWA = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
+LAYER_TYPES = (SWA, CSA, HCA)
+MLP_TYPES = ("moe", "hash_moe")
+SCORING = ("sqrtsoftplus", "sigmoid", "softmax")
+LEGACY_RATIO = {0: SWA, 4: CSA, 128: HCA}
+DEFAULT_RATES = {CSA: 4, HCA: 128}
+YARN_KEYS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor",
+             "mscale", "mscale_all_dim", "truncate")
+# keys read by transformers that do not change inference here
+IGNORED = {"architectures", "model_type", "transformers_version", "dtype", "torch_dtype", "attention_bias",
+           "attention_dropout", "mlp_bias", "bos_token_id", "eos_token_id", "pad_token_id", "use_cache",
+           "initializer_range", "output_router_logits", "router_aux_loss_coef", "router_jitter_noise",
+           "num_key_value_heads", "n_shared_experts", "norm_topk_prob", "num_nextn_predict_layers",
+           "tie_word_embeddings", "quantization_config", "expert_dtype", "hidden_act", "_name_or_path",
+           "rope_scaling", "rope_parameters", "compress_ratios", "compress_rate_csa", "compress_rate_hca",
+           "num_hash_layers", "qk_rope_head_dim", "max_position_embeddings"}
+
+
+class ConfigError(ValueError):
+    """A config.json value this backend cannot run, naming the key and what is supported."""
+
+
+def _int(name, v, lo=1):
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ConfigError(f"config {name} must be an integer ≥ {lo}, got {v!r}")
+    return v
+
+
+def _pos(name, v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ConfigError(f"config {name} must be a finite number > 0, got {v!r}")
+    return float(v)
 
 
 @dataclass(frozen=True)
-class Config:
-    vocab: int = 256                 # V
-    dim: int = 64                    # D, hidden size
-    n_layers: int = 2                # L
-    n_heads: int = 4                 # H (multi-head attention, as many K/V heads as query heads)
-    head_dim: int = 16               # even: RoPE rotates pairs
-    n_experts: int = 4               # E routed experts
-    top_k: int = 2                   # experts picked per token
-    expert_dim: int = 32             # F, width of every expert (routed and shared)
-    n_shared: int = 1                # shared experts (always applied, weight 1)
-    router: str = "sigmoid"          # scores: "softmax" over E, or per-expert "sigmoid"
-    norm_topk: bool = True           # divide the picked scores by their sum
-    route_scale: float = 1.0         # multiplies the routed weights (not the shared expert's)
-    hc: int = 4                      # residual streams; the fused HC kernels are built for 4
-    n_iter: int = 20                 # Sinkhorn iterations of HC_COMB
-    hc_eps: float = 1e-6             # HC pre/softmax/Sinkhorn eps
-    hc_norm_eps: float = 1e-6        # the RMS of the flattened streams in each HC site
-    rms_eps: float = 1e-6            # the sublayer and final RMSNorms
-    max_ctx: int = 64                # KV cache capacity in tokens
+class V4Config:
+    vocab_size: int = 64
+    hidden_size: int = 32
+    num_hidden_layers: int = 3
+    num_attention_heads: int = 4
+    head_dim: int = 32
+    q_lora_rank: int = 16
+    o_groups: int = 2
+    o_lora_rank: int = 8
+    partial_rotary_factor: float = 0.25
+    n_routed_experts: int = 4
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 16
+    scoring_func: str = "sqrtsoftplus"
+    routed_scaling_factor: float = 1.5
+    swiglu_limit: float = 10.0
+    layer_types: tuple = (CSA, HCA, SWA)
+    mlp_layer_types: tuple = ("hash_moe", "moe", "moe")
+    compress_rates: dict = field(default_factory=lambda: dict(DEFAULT_RATES))
+    sliding_window: int = 8
+    index_n_heads: int = 16
+    index_head_dim: int = 16
+    index_topk: int = 4
     rope_theta: float = 10000.0
+    compress_rope_theta: float = 160000.0
+    yarn: dict | None = None            # the compress rope's YaRN keys, None: plain RoPE
+    hc_mult: int = 4
+    hc_sinkhorn_iters: int = 20
+    hc_eps: float = 1e-6
+    rms_norm_eps: float = 1e-6
+    max_ctx: int = 128
 
     def __post_init__(self):
-        for name in ("vocab", "dim", "n_layers", "n_heads", "head_dim", "n_experts", "top_k",
-                     "expert_dim", "hc", "n_iter", "max_ctx"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"Config.{name} must be an integer ≥ 1, got {v!r}")
-        if isinstance(self.n_shared, bool) or not isinstance(self.n_shared, int) or self.n_shared < 0:
-            raise ValueError(f"Config.n_shared must be an integer ≥ 0, got {self.n_shared!r}")
-        if self.hc != 4:
-            raise ValueError(f"Config.hc must be 4 (the HC kernels' stream count), got {self.hc}")
-        if self.head_dim % 2:
-            raise ValueError(f"Config.head_dim must be even (RoPE rotates pairs), got {self.head_dim}")
-        if self.top_k > self.n_experts:
-            raise ValueError(f"Config.top_k ({self.top_k}) must be ≤ n_experts ({self.n_experts})")
-        if self.router not in ROUTERS:
-            raise ValueError(f"Config.router must be one of {ROUTERS}, got {self.router!r}")
-        if not isinstance(self.norm_topk, bool):
-            raise ValueError(f"Config.norm_topk must be True or False, got {self.norm_topk!r}")
-        for name in ("hc_eps", "hc_norm_eps", "rms_eps", "rope_theta", "route_scale"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise ValueError(f"Config.{name} must be a finite number > 0, got {v!r}")
-        if self.vocab >= 1 << 24:
-            raise ValueError(f"Config.vocab must be < 2^24 (ids travel as exact f32 in the sampler), got {self.vocab}")
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        object.__setattr__(self, "mlp_layer_types", tuple(self.mlp_layer_types))
+        for n in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
+                  "q_lora_rank", "o_groups", "o_lora_rank", "n_routed_experts", "num_experts_per_tok",
+                  "moe_intermediate_size", "sliding_window", "index_n_heads", "index_head_dim", "index_topk",
+                  "hc_sinkhorn_iters", "max_ctx"):
+            _int(n, getattr(self, n))
+        for n in ("routed_scaling_factor", "swiglu_limit", "rope_theta", "compress_rope_theta", "hc_eps",
+                  "rms_norm_eps", "partial_rotary_factor"):
+            _pos(n, getattr(self, n))
+        if self.hc_mult != 4:
+            raise ConfigError(f"config hc_mult must be 4 (the HC kernels' stream count), got {self.hc_mult!r}")
+        if self.scoring_func not in SCORING:
+            raise ConfigError(f"config scoring_func {self.scoring_func!r} not supported; expected one of {SCORING}")
+        if self.num_experts_per_tok > self.n_routed_experts:
+            raise ConfigError(f"config num_experts_per_tok ({self.num_experts_per_tok}) exceeds "
+                              f"n_routed_experts ({self.n_routed_experts})")
+        L = self.num_hidden_layers
+        for n, allowed in (("layer_types", LAYER_TYPES), ("mlp_layer_types", MLP_TYPES)):
+            v = getattr(self, n)
+            if len(v) != L:
+                raise ConfigError(f"config {n} has {len(v)} entries, num_hidden_layers is {L}")
+            bad = [t for t in v if t not in allowed]
+            if bad:
+                raise ConfigError(f"config {n} entries must be one of {allowed}, got {bad}")
+        rd = self.rope_dim
+        if rd % 2 or rd < 2 or rd > self.head_dim:
+            raise ConfigError(f"config rope dim int(head_dim·partial_rotary_factor) = {rd} must be even and in "
+                              f"[2, head_dim={self.head_dim}]")
+        if CSA in self.layer_types and rd > self.index_head_dim:
+            raise ConfigError(f"config rope dim {rd} exceeds index_head_dim {self.index_head_dim}")
+        if (self.num_attention_heads * self.head_dim) % self.o_groups:
+            raise ConfigError(f"config num_attention_heads·head_dim ({self.num_attention_heads * self.head_dim}) "
+                              f"must be divisible by o_groups ({self.o_groups})")
+        rates = self.compress_rates
+        if not isinstance(rates, dict) or set(rates) != {CSA, HCA}:
+            raise ConfigError(f"config compress_rates must map exactly {CSA!r} and {HCA!r}, got {rates!r}")
+        for k, v in rates.items():
+            _int(f"compress_rates[{k!r}]", v)
+        if self.yarn is not None:
+            bad = sorted(set(self.yarn) - set(YARN_KEYS))
+            if bad:
+                raise ConfigError(f"config rope_parameters (yarn) has unsupported key(s) {bad}; known: {YARN_KEYS}")
+            if "factor" not in self.yarn or "original_max_position_embeddings" not in self.yarn:
+                raise ConfigError("config rope_parameters (yarn) needs factor and original_max_position_embeddings")
+        if self.vocab_size >= 1 << 24:
+            raise ConfigError(f"config vocab_size must be < 2^24 (ids travel as exact f32), got {self.vocab_size}")
+
+    # --- derived sizes ------------------------------------------------------------------------------
+    @property
+    def rope_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
-    def attn_dim(self):
-        return self.n_heads * self.head_dim
+    def n_mix(self) -> int:
+        return (2 + self.hc_mult) * self.hc_mult
 
-    @property
-    def n_mix(self):
-        return (2 + self.hc) * self.hc
+    def rate(self, i: int) -> int:
+        """Compression rate of layer i (0 for sliding-only layers)."""
+        t = self.layer_types[i]
+        return 0 if t == SWA else self.compress_rates[t]
 
-    def replace(self, **changes):
+    def replace(self, **changes) -> "V4Config":
         return dataclasses.replace(self, **changes)
 
-    def to_json(self):
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+    # --- config.json ---------------------------------------------------------------------------------
+    def to_hf(self) -> dict:
+        """config.json fields (what transformers' DeepseekV4Config reads back to the same model)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("yarn", "max_ctx")}
+        d["layer_types"], d["mlp_layer_types"] = list(self.layer_types), list(self.mlp_layer_types)
+        main = {"rope_type": "default", "rope_theta": self.rope_theta, "partial_rotary_factor": self.partial_rotary_factor}
+        comp = {"rope_type": "default", "rope_theta": self.compress_rope_theta,
+                "partial_rotary_factor": self.partial_rotary_factor}
+        if self.yarn:
+            comp = dict(self.yarn, rope_type="yarn", rope_theta=self.compress_rope_theta,
+                        partial_rotary_factor=self.partial_rotary_factor)
+            comp.setdefault("attention_factor", 1.0)
+        d.update(model_type="deepseek_v4", architectures=["DeepseekV4ForCausalLM"], rope_parameters={"main": main,
+                 "compress": comp}, max_position_embeddings=self.max_ctx, num_key_value_heads=1,
+                 n_shared_experts=1, norm_topk_prob=True, tie_word_embeddings=False)
+        return d
 
     @classmethod
-    def from_json(cls, text):
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"model config is not valid JSON: {e}") from None
+    def from_hf(cls, d: dict, max_ctx: int | None = None) -> "V4Config":
+        """From a parsed config.json; max_ctx defaults to min(max_position_embeddings, 4096)."""
         if not isinstance(d, dict):
-            raise ValueError(f"model config must be a JSON object, got {type(d).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
+            raise ConfigError(f"config.json must hold a JSON object, got {type(d).__name__}")
+        if d.get("model_type", "deepseek_v4") != "deepseek_v4":
+            raise ConfigError(f"config model_type {d['model_type']!r} is not 'deepseek_v4'")
+        known = {f.name for f in dataclasses.fields(cls)} - {"yarn", "max_ctx"}
+        unknown = sorted(set(d) - known - IGNORED)
         if unknown:
-            raise ValueError(f"model config has unknown field(s) {unknown}; known: {sorted(known)}")
-        return cls(**d)
+            raise ConfigError(f"config.json has unsupported key(s) {unknown}")
+        kw = {k: d[k] for k in known if k in d and d[k] is not None}
+        if d.get("n_shared_experts", 1) not in (None, 1):
+            raise ConfigError(f"config n_shared_experts {d['n_shared_experts']!r}: DeepSeek-V4 has exactly 1")
+        if d.get("tie_word_embeddings"):
+            raise ConfigError("config tie_word_embeddings true: DeepSeek-V4 has an untied lm_head")
+        L = kw.get("num_hidden_layers", 43)
+        rates = dict(DEFAULT_RATES, **(d.get("compress_rates") or {}))
+        for legacy, key in (("compress_rate_csa", CSA), ("compress_rate_hca", HCA)):
+            if d.get(legacy) is not None:
+                rates[key] = d[legacy]
+        kw["compress_rates"] = rates
+        if "layer_types" not in kw:
+            ratios = d.get("compress_ratios")
+            if ratios is not None:
+                bad = [r for r in ratios if r not in LEGACY_RATIO]
+                if bad:
+                    raise ConfigError(f"config compress_ratios entries must be one of {sorted(LEGACY_RATIO)}, got {bad}")
+                kw["layer_types"] = [LEGACY_RATIO[r] for r in ratios]
+            else:
+                kw["layer_types"] = [HCA] * min(L, 2) + [CSA if i % 2 else HCA for i in range(max(L - 2, 0))]
+        kw["layer_types"] = list(kw["layer_types"])[:L]
+        if "mlp_layer_types" not in kw:
+            n_hash = d.get("num_hash_layers") if d.get("num_hash_layers") is not None else 3
+            kw["mlp_layer_types"] = ["hash_moe"] * min(L, n_hash) + ["moe"] * max(0, L - n_hash)
+        kw["mlp_layer_types"] = list(kw["mlp_layer_types"])[:L]
+        if "partial_rotary_factor" not in kw:
+            hd = kw.get("head_dim", 512)
+            rd = d.get("qk_rope_head_dim")
+            kw["partial_rotary_factor"] = rd / hd if rd is not None else 64 / 512
+        kw["yarn"] = cls._yarn(d, kw)
+        mpe = d.get("max_position_embeddings", 1048576)
+        kw["max_ctx"] = max_ctx if max_ctx is not None else min(int(mpe), 4096)
+        return cls(**kw)
+
+    @staticmethod
+    def _yarn(d, kw):
+        """YaRN keys of the compress rope (None: default rope); checks both rope types."""
+        rp = d.get("rope_parameters") or d.get("rope_scaling") or {}
+        if not isinstance(rp, dict):
+            raise ConfigError(f"config rope_parameters must be an object, got {rp!r}")
+        if isinstance(rp.get("main"), dict) and isinstance(rp.get("compress"), dict):
+            main, comp = rp["main"], dict(rp["compress"])
+            if main.get("rope_type", "default") != "default":
+                raise ConfigError(f"config rope_parameters.main.rope_type {main['rope_type']!r} not supported; "
+                                  "the sliding layers' rope must be 'default'")
+            for sub, key in ((main, "rope_theta"), (comp, "compress_rope_theta")):
+                if "rope_theta" in sub:
+                    kw[key] = sub["rope_theta"]
+            for sub in (main, comp):
+                if "partial_rotary_factor" in sub and sub["partial_rotary_factor"] != kw["partial_rotary_factor"]:
+                    raise ConfigError("config rope_parameters partial_rotary_factor differs from the model's "
+                                      f"({sub['partial_rotary_factor']} vs {kw['partial_rotary_factor']})")
+        else:
+            comp = {k: v for k, v in rp.items() if k not in ("main", "compress")}
+        rtype = comp.pop("rope_type", comp.pop("type", "default"))
+        for k in ("rope_theta", "partial_rotary_factor"):
+            comp.pop(k, None)
+        if rtype == "default":
+            return None
+        if rtype != "yarn":
+            raise ConfigError(f"config compress rope_type {rtype!r} not supported; expected 'default' or 'yarn'")
+        comp.setdefault("attention_factor", 1.0)      # as transformers forces for V4
+        if comp["attention_factor"] != 1.0:
+            raise ConfigError(f"config yarn attention_factor {comp['attention_factor']!r}: V4 uses 1.0")
+        return comp
 
 
-def tensor_shapes(cfg):
-    """{name: shape} of every tensor a checkpoint of `cfg` holds (the naming of docs/model.md)."""
-    D, V, A, F, E, M = cfg.dim, cfg.vocab, cfg.attn_dim, cfg.expert_dim, cfg.n_experts, cfg.n_mix
-    hcD = cfg.hc * D
-    shapes = {"embed.weight": (V, D)}
-    for i in range(cfg.n_layers):
-        p = f"layers.{i}."
-        for site in ("attn", "ffn"):
-            shapes[p + f"hc_{site}_fn"] = (M, hcD)
-            shapes[p + f"hc_{site}_base"] = (M,)
-            shapes[p + f"hc_{site}_scale"] = (3,)
-        shapes[p + "attn_norm.weight"] = (D,)
-        for w in ("wq", "wk", "wv"):
-            shapes[p + f"attn.{w}.weight"] = (A, D)
-        shapes[p + "attn.wo.weight"] = (D, A)
-        shapes[p + "ffn_norm.weight"] = (D,)
-        shapes[p + "ffn.gate.weight"] = (E, D)
-        shapes[p + "ffn.experts.w1"] = (E, F, D)
-        shapes[p + "ffn.experts.w3"] = (E, F, D)
-        shapes[p + "ffn.experts.w2"] = (E, D, F)
-        if cfg.n_shared:
-            shapes[p + "ffn.shared_experts.w1"] = (cfg.n_shared, F, D)
-            shapes[p + "ffn.shared_experts.w3"] = (cfg.n_shared, F, D)
-            shapes[p + "ffn.shared_experts.w2"] = (cfg.n_shared, D, F)
-    shapes["hc_head_fn"] = (cfg.hc, hcD)
-    shapes["hc_head_base"] = (cfg.hc,)
-    shapes["hc_head_scale"] = (1,)
-    shapes["norm.weight"] = (D,)
-    shapes["head.weight"] = (V, D)
-    return shapes
+def load_config_json(path: str, max_ctx: int | None = None) -> V4Config:
+    """V4Config of a config.json file (ConfigError naming the file on any problem)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot be read ({e.strerror or e})") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    try:
+        return V4Config.from_hf(d, max_ctx)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None

@@ -21,9 +21,9 @@ from ..core import profile
 from ..core.executor import Executor
 from ..ops.sample import MAX_TOP_K
 from ..vk import default_device
-from .checkpoint import check_tensors, load_checkpoint, random_weights
-from .config import Config
 from .build import STEP_PARAMS, ModelGraph, param_arrays
+from .checkpoint import load_hf, normalise, random_weights
+from .config import V4Config
 
 
 @dataclass(frozen=True)
@@ -47,13 +47,18 @@ GREEDY = Sampling()
 
 
 class Model:
-    def __init__(self, cfg, weights, device=None, fused=None, prefill_chunk=16):
-        check_tensors(cfg, {k: np.shape(v) for k, v in weights.items()})
+    def __init__(self, cfg: V4Config, weights: dict, device=None, fused=None, prefill_chunk: int = 16,
+                 splits=None):
+        """weights: canonical names (model.checkpoint); splits: MQA key-list splits per layer at decode
+        (None: one per 128 keys of the layer's longest list)."""
+        if not isinstance(cfg, V4Config):
+            raise ValueError(f"cfg must be a V4Config, got {type(cfg).__name__}")
+        weights = normalise(cfg, weights)
         if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be an integer ≥ 1, got {prefill_chunk!r}")
         if fused not in (None, True, False):
             raise ValueError(f"fused must be None (policy), True or False, got {fused!r}")
-        self.cfg, self.fused = cfg, fused
+        self.cfg, self.fused, self.splits = cfg, fused, splits
         self.device = device or default_device()
         self.prefill_chunk = min(prefill_chunk, cfg.max_ctx)
         self.ex = Executor(self.device)
@@ -68,13 +73,15 @@ class Model:
 
     # --- construction ---------------------------------------------------------------------------
     @classmethod
-    def load(cls, path_or_config, device=None, fused=None, *, seed=0, prefill_chunk=16):
-        """From a safetensors checkpoint (its stored config), or random weights for a Config."""
-        if isinstance(path_or_config, Config):
+    def load(cls, path_or_config, device=None, fused=None, *, seed: int = 0, prefill_chunk: int = 16,
+             max_ctx: int | None = None, splits=None) -> "Model":
+        """From a Hugging Face model directory (config.json + safetensors; max_ctx: the decode cache
+        capacity, default min(max_position_embeddings, 4096)), or random weights for a V4Config."""
+        if isinstance(path_or_config, V4Config):
             cfg = path_or_config
-            return cls(cfg, random_weights(cfg, seed), device, fused, prefill_chunk)
-        cfg, weights = load_checkpoint(path_or_config)
-        return cls(cfg, weights, device, fused, prefill_chunk)
+            return cls(cfg, random_weights(cfg, seed), device, fused, prefill_chunk, splits)
+        cfg, weights = load_hf(path_or_config, max_ctx)
+        return cls(cfg, weights, device, fused, prefill_chunk, splits)
 
     # --- graphs -----------------------------------------------------------------------------------
     def compiled(self, kind):
@@ -83,10 +90,23 @@ class Model:
         cg = self._graphs.get(key)
         if cg is None:
             T = self.prefill_chunk if kind == "prefill" else 1
+            splits = None if kind == "decode" else [1] * self.cfg.num_hidden_layers
             graph = ModelGraph(self.cfg, self.params, T, prefill=kind == "prefill", fused=self.fused,
-                               device=self.device).g
+                               device=self.device, splits=self.splits if kind == "decode" else splits).g
             cg = self._graphs[key] = self.ex.compile(graph)
         return cg
+
+    def memory(self) -> dict:
+        """Device bytes of the uploaded params: {"weights": {dtype: bytes}, "cache": bytes (decode cache,
+        RoPE tables, per-step values), "total": bytes}; weights keep the checkpoint's precision."""
+        weights, cache = {}, 0
+        for name, p in self.ex.params.items():
+            nbytes = p.numel * np.dtype(self.params[name].dtype).itemsize
+            if name.startswith(("step.", "sampler.", "rope.")) or name.endswith((".kv", ".state", ".ent")):
+                cache += nbytes
+            else:
+                weights[p.dtype] = weights.get(p.dtype, 0) + nbytes
+        return {"weights": weights, "cache": cache, "total": sum(weights.values()) + cache}
 
     def paths(self):
         """(op, path, reason) of every HC op of the decode graph."""
@@ -124,9 +144,9 @@ class Model:
         a = np.asarray(ids)
         if a.ndim != 1 or a.size == 0 or not np.issubdtype(a.dtype, np.integer):
             raise ValueError(f"{name} must be a non-empty 1-D sequence of integer token ids, got {a.dtype} shape {a.shape}")
-        bad = (a < 0) | (a >= self.cfg.vocab)
+        bad = (a < 0) | (a >= self.cfg.vocab_size)
         if bad.any():
-            raise ValueError(f"{name} holds ids outside [0, {self.cfg.vocab}): {a[bad][:5].tolist()}")
+            raise ValueError(f"{name} holds ids outside [0, {self.cfg.vocab_size}): {a[bad][:5].tolist()}")
         if self.position + a.size > self.cfg.max_ctx:
             raise ValueError(f"{name}: {a.size} tokens at position {self.position} exceed max_ctx {self.cfg.max_ctx}")
         return a.astype(np.int32)

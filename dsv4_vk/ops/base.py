@@ -18,7 +18,9 @@ from ..vk import pack_push
 __all__ = ["REGISTRY", "WORKGROUP", "MAX_GROUPS", "Launch", "OpDef", "get_op", "register", "pack_push",
            "grid_1d", "tensor_push", "shape_push", "check_finite", "broadcast_shapes", "format_shape",
            "check_shape", "expect", "unit_last", "nonempty", "check_params", "next_pow2", "cluster_lanes",
-           "is_cpu"]
+           "is_cpu", "weight_defines", "WEIGHT_DTYPES"]
+
+WEIGHT_DTYPES = ("f32", "bf16", "f16")
 
 MAX_GROUPS = 65535
 
@@ -133,3 +135,8 @@ def cluster_lanes(device: Any, n: int, per_lane: int = 4, max_lanes: int | None 
     if lanes > 1 and {"basic", "shuffle"} <= ops:
         return {"LANES": lanes}, extra
     return {"LANES": 1}, {}
+
+
+def weight_defines(w: Tensor) -> dict:
+    """The shader defines of weights.glsl for a weight tensor's dtype (f32: none)."""
+    return {"bf16": {"W_BF16": 1}, "f16": {"W_F16": 1}}.get(w.dtype, {})

@@ -4,7 +4,7 @@ the chosen experts only), with their float64 references.
 import numpy as np
 
 from .base import (Launch, OpDef, check_finite, check_params, cluster_lanes, expect, grid_1d, is_cpu, nonempty,
-                   pack_push, register, unit_last)
+                   pack_push, register, unit_last, weight_defines, WEIGHT_DTYPES)
 
 MAX_TOP_K = 64
 ROUTERS = ("softmax", "sigmoid")
@@ -76,6 +76,7 @@ class MulMatId(OpDef):
     mode="swiglu": x [T, 1 or R, K], N = 2F -> [T,R,F] = silu(w[id,:F]·x)·(w[id,F:]·x);
     mode="sum":    x [T,R,K] -> [T,N] = Σ_r weight_r · w[id_r]·x[t,r] (+ add)."""
     name, n_inputs = "MUL_MAT_ID", None
+    dtypes = WEIGHT_DTYPES      # x, route f32; w f32, bf16 or f16 (widened to f32 as it is read)
 
     def infer(self, inputs, params):
         check_params(self.name, params, ("mode", "limit"))
@@ -90,9 +91,12 @@ class MulMatId(OpDef):
                              f"got {len(inputs)} inputs")
         nonempty(self.name, inputs)
         x, w, route = inputs[:3]
+        for i, t in enumerate(inputs):
+            if i != 1 and t.dtype != "f32":
+                raise ValueError(f"{self.name}: input {i} must be f32, got {t.dtype} (only the weights may be 16-bit)")
         expect(self.name, "route (input 2, [T, routes, 2] from MOE_ROUTE)", route, (None, None, 2))
         T, R, _ = route.shape
-        expect(self.name, "w (input 1, [experts, N, K])", w, (None, None, None))
+        expect(self.name, "w (input 1, [experts, N, K])", w, (None, None, None), w.dtype)
         E, N, K = w.shape
         expect(self.name, f"x (input 0, [T, {'1 or ' if mode == 'swiglu' else ''}routes, K])", x, (T, None, K))
         if x.shape[1] not in ((1, R) if mode == "swiglu" else (R,)):
@@ -130,6 +134,7 @@ class MulMatId(OpDef):
         args = [x, w, route] + ([add] if add is not None else []) + [out]
         if add is not None:
             defs["HAS_ADD"] = 1
+        defs.update(weight_defines(w))
         if "limit" in node.params:
             defs["LIMIT"] = repr(float(node.params["limit"]))
         items = T * R * cols if mode == "swiglu" else T * cols

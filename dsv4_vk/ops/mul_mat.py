@@ -13,7 +13,7 @@ lavapipe, 2 cores, 4096×4096 f32 weight: T=1 gemv 16.7 ms (32.5 ms with 8-lane 
 import numpy as np
 
 from .base import (Launch, OpDef, broadcast_shapes, check_params, cluster_lanes, grid_1d, is_cpu, next_pow2, nonempty,
-                   pack_push, register, tensor_push)
+                   pack_push, register, tensor_push, weight_defines, WEIGHT_DTYPES)
 
 GEMV_MAX_T = 8          # TB, the tokens one GEMV cluster carries, is at most this
 CPU_GEMV_MAX_T = 1
@@ -52,6 +52,7 @@ def vec4_ok(*views):
 class MulMat(OpDef):
     """x @ wᵀ over the last two dims: x [..., T, K], w [..., N, K] -> [..., T, N]; batch dims broadcast."""
     name, n_inputs = "MUL_MAT", 2
+    dtypes = WEIGHT_DTYPES      # x f32; w f32, bf16 or f16 (widened to f32 as it is read)
 
     def infer(self, inputs, params):
         x, w = inputs
@@ -62,6 +63,8 @@ class MulMat(OpDef):
         for i, (t, what) in enumerate(((x, "x [..., T, K]"), (w, "w [..., N, K]"))):
             if t.ndim < 2:
                 raise ValueError(f"MUL_MAT: input {i} has shape {t.shape}; expected {what} with at least 2 dims")
+        if x.dtype != "f32":
+            raise ValueError(f"MUL_MAT: input 0 (x) must be f32, got {x.dtype} (only the weights may be 16-bit)")
         if x.shape[-1] != w.shape[-1]:
             raise ValueError(f"MUL_MAT: K differs: input 0 (x) {x.shape} has K={x.shape[-1]}, "
                              f"input 1 (w) {w.shape} has K={w.shape[-1]}")
@@ -91,6 +94,7 @@ class MulMat(OpDef):
         else:
             defines = {"MODE_GEMM_SHARED": 1}
             grid = grid_1d(b[0] * b[1] * -(-T // 64) * -(-N // 64), 1)
+        defines.update(weight_defines(w))
         return [Launch("mul_mat", [x, w, out], (2,), push, grid, defines=defines, spec=(WORKGROUP,), **extra)]
 
     def reference(self, x, w, kernel="auto"):
