@@ -1,43 +1,55 @@
-"""Write a random, seeded checkpoint (safetensors, F32, config in the metadata) for any model config.
+"""Write a random, seeded DeepSeek-V4 checkpoint: a Hugging Face model directory (config.json +
+safetensors, the names `save_pretrained` writes or DeepSeek's original ones) that
+`Model.load(dir)` and transformers' `DeepseekV4ForCausalLM.from_pretrained(dir)` both read.
 
-    python tools/make_checkpoint.py --out model.safetensors [--dim 64 --n_layers 2 ... --seed 0]
+    python tools/make_checkpoint.py --out DIR [--preset demo] [--set hidden_size=128 --set index_topk=16]
+                                    [--dtype f32|bf16|f16] [--naming save_pretrained|deepseek] [--shards 1]
+                                    [--seed 0]
 
-Every field of dsv4_vk.model.Config is an option (defaults: the Config defaults).
+--set takes any V4Config field (model/config.py) as key=JSON value.
 """
 import argparse
-import dataclasses
-import os
+import json
 import sys
 
+import numpy as np
 
-from dsv4_vk.model import Config, random_weights, save
+from dsv4_vk.model.checkpoint import write_random
+from dsv4_vk.model.config import PRESETS, ConfigError, preset
 
 
-def _bool(text):
-    if text.lower() in ("1", "true", "yes"):
-        return True
-    if text.lower() in ("0", "false", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+def parse_set(text):
+    key, eq, value = text.partition("=")
+    if not eq:
+        raise argparse.ArgumentTypeError(f"expected key=value, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value                                   # a bare string (e.g. scoring_func=sigmoid)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, help="checkpoint path to write")
+    ap.add_argument("--out", required=True, help="model directory to write")
+    ap.add_argument("--preset", default="demo", choices=sorted(PRESETS), help="base config (default demo)")
+    ap.add_argument("--set", type=parse_set, action="append", default=[], help="field=JSON value (repeatable)")
+    ap.add_argument("--dtype", default="f32", choices=("f32", "bf16", "f16"), help="linear weights (default f32)")
+    ap.add_argument("--naming", default="save_pretrained", choices=("save_pretrained", "deepseek"))
+    ap.add_argument("--shards", type=int, default=1, help="safetensors files (default 1; > 1 adds the index)")
     ap.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
-    for f in dataclasses.fields(Config):
-        kind = _bool if f.type in (bool, "bool") else type(f.default)
-        ap.add_argument(f"--{f.name}", type=kind, default=f.default, help=f"(default {f.default})")
     args = ap.parse_args(argv)
     try:
-        cfg = Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)})
-    except ValueError as e:
+        cfg = preset(args.preset, **dict(args.set))
+    except (ConfigError, TypeError) as e:
         ap.error(str(e))
-    weights = random_weights(cfg, args.seed)
-    save(args.out, weights, cfg)
-    n = sum(a.size for a in weights.values())
-    print(f"wrote {args.out}: {len(weights)} tensors, {n} parameters ({4 * n / 2**20:.1f} MiB), seed {args.seed}")
-    print(f"config: {cfg.to_json()}")
+    if args.shards < 1:
+        ap.error(f"--shards must be ≥ 1, got {args.shards}")
+    w = write_random(args.out, cfg, args.seed, args.dtype, args.naming, args.shards)
+    n = sum(a.size for a in w.values())
+    mib = sum(a.nbytes for a in w.values()) / 2 ** 20
+    print(f"wrote {args.out}: {len(w)} tensors, {n} parameters ({mib:.1f} MiB, {args.dtype} linears), "
+          f"{args.naming} names, seed {args.seed}")
+    print(f"layers: {', '.join(cfg.layer_types)}; MoE: {', '.join(cfg.mlp_layer_types)}")
     return 0
 
 

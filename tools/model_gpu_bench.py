@@ -1,20 +1,24 @@
-"""Decode speed of the DeepSeek-V4-shaped model with fused and with unfused hyper-connection ops,
-and the Python host time of a decode step at two layer counts. JSON to --out.
+"""Decode speed of DeepSeek-V4 with fused and with unfused hyper-connection ops, and the Python
+host time of a decode step at two layer counts. JSON to --out.
 
-    python tools/model_gpu_bench.py --out results/h200/model_bench.json      (H200: D 4096, 4 layers)
-    python tools/model_gpu_bench.py --quick --out /tmp/model_bench.json      (a small dry run anywhere)
+    python tools/model_gpu_bench.py --out results/h200/model_bench_v4.json      (H200: flash-1gpu, BF16)
+    python tools/model_gpu_bench.py --quick --out /tmp/model_bench.json         (a small dry run anywhere)
 
-Defaults: D = 4096, 4 layers, 32 heads × 128, 8 routed experts top-2 + 1 shared. The vocabulary
-(8192) and the expert width (1024) are smaller than DeepSeek-V4's: they size the LM head and the
-expert products, not the hyper-connection work this bench is about. Random weights (seed 0).
+Default model: the "flash-1gpu" preset (dsv4_vk/model/config.py): DeepSeek-V4-Flash's widths (D 4096,
+64 query heads × 512 on one shared K=V head, q rank 1024, 8 output groups × 1024, CSA rate 4 with a
+64 × 128 indexer keeping 512, HCA rate 128, window 128, experts of width 2048 top-6 + 1 shared,
+vocab 129280) with 4 layers (sliding, CSA, HCA, CSA) and 64 routed experts instead of 43 and 256,
+so that its BF16 weights (about 16 GB) fit one GPU; random weights (seed 0), BF16 linears
+(--dtype). The decode cache holds --max-ctx tokens (default 1024); the prompt (--prompt, default
+512) closes 128 CSA windows and 4 HCA windows before the timed steps.
 Per path: decode tokens/s and ms/token (wall: write position, submit + wait, read token),
 dispatches and barriers per token, GPU ms per token and per op from a profiled rerun (a timestamp
 after every dispatch), and whether both paths produce the same greedy tokens. Host: the Python
-time of a decode step outside submit + wait (median and p90 over the steps), and of the same steps
-with submit + wait replaced by nothing, for `--host-layers` (default 2 and 8) at D = `--host-dim`
-(default 1024): it must not grow with layers (target ≤ 100 µs). Before each timed series the GPU is
-kept busy for `--warm-ms` (floor.ClockWarmer; default 500 on GPUs): an idle GPU runs at a low
-shader clock (H200: 345 against 1980 MHz, docs/hc_ops.md), and the weights upload leaves it idle.
+time of a decode step outside submit + wait, for `--host-layers` (default 2 and 8) of the "demo"
+preset at D = `--host-dim` (default 1024): it must not grow with layers (target ≤ 100 µs). Before
+each timed series the GPU is kept busy for `--warm-ms` (floor.ClockWarmer; default 500 on GPUs):
+an idle GPU runs at a low shader clock (H200: 345 against 1980 MHz, docs/hc_ops.md), and the
+weights upload leaves it idle.
 """
 import argparse
 import json
@@ -27,42 +31,47 @@ import numpy as np
 
 from dsv4_vk.cli import floor
 from dsv4_vk.core import profile
-from dsv4_vk.model import Config, Model, random_weights
+from dsv4_vk.model import Model, random_weights
+from dsv4_vk.model.checkpoint import BF16
+from dsv4_vk.model.config import preset
 from dsv4_vk.vk import default_device
 
 HOST_TARGET_US = 100.0
+DTYPES = {"f32": np.float32, "bf16": BF16, "f16": np.float16}
 
 
 def parse(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--dim", type=int, default=4096)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=32)
-    ap.add_argument("--experts", type=int, default=8)
-    ap.add_argument("--top-k", type=int, default=2)
-    ap.add_argument("--expert-dim", type=int, default=1024)
-    ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--prompt", type=int, default=16)
+    ap.add_argument("--preset", default="flash-1gpu")
+    ap.add_argument("--layers", type=int, help="override the preset's layer count (layer types repeat)")
+    ap.add_argument("--experts", type=int, help="override the preset's routed experts")
+    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="linear weights (default bf16)")
+    ap.add_argument("--max-ctx", type=int, default=1024)
+    ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=64, help="decode steps timed per path")
     ap.add_argument("--host-layers", default="2,8")
     ap.add_argument("--host-dim", type=int, default=1024)
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each timed series "
                     "(default 500 on GPUs, 0 on CPU devices)")
-    ap.add_argument("--quick", action="store_true", help="tiny sizes (a dry run on lavapipe)")
+    ap.add_argument("--quick", action="store_true", help="the demo preset at tiny sizes (a dry run on lavapipe)")
     a = ap.parse_args(argv)
     if a.quick:
-        a.dim, a.layers, a.heads, a.experts, a.expert_dim, a.vocab = 64, 2, 4, 4, 64, 256
-        a.prompt, a.tokens, a.host_dim = 4, 8, 32
+        a.preset, a.max_ctx, a.prompt, a.tokens, a.host_dim = "demo", 64, 20, 8, 64
     a.host_layers = [int(v) for v in a.host_layers.split(",")]
     return a
 
 
-def config(a, dim, layers):
-    heads = min(a.heads, dim // 2)
-    return Config(vocab=a.vocab, dim=dim, n_layers=layers, n_heads=heads, head_dim=dim // heads,
-                  n_experts=a.experts, top_k=a.top_k, expert_dim=a.expert_dim,
-                  max_ctx=a.prompt + max(a.tokens, 8) + 8)
+def config(name, max_ctx, layers=None, experts=None, **over):
+    base = preset(name)
+    kw = dict(over, max_ctx=max_ctx)
+    if layers is not None:
+        kw["num_hidden_layers"] = layers
+        kw["layer_types"] = tuple(base.layer_types[i % len(base.layer_types)] for i in range(layers))
+        kw["mlp_layer_types"] = tuple(base.mlp_layer_types[i % len(base.mlp_layer_types)] for i in range(layers))
+    if experts is not None:
+        kw["n_routed_experts"] = experts
+    return base.replace(**kw)
 
 
 def timed_steps(model, prompt, n, warm=None):
@@ -85,6 +94,7 @@ def timed_steps(model, prompt, n, warm=None):
 
 def decode_path(cfg, weights, prompt, a, fused, warm):
     model = Model(cfg, weights, fused=fused)
+    mem = model.memory()
     timed_steps(model, prompt, 4)                          # record both graphs, warm the pipelines
     toks, wall, host = timed_steps(model, prompt, a.tokens, warm)
     rec = model.compiled("decode").recording
@@ -102,13 +112,14 @@ def decode_path(cfg, weights, prompt, a, fused, warm):
         "gpu_ms_per_token_by_op": {k: v["gpu_ms"] / runs for k, v in ops},
         "dispatches_per_token_by_op": {k: v["dispatches"] / runs for k, v in ops},
         "hc_paths": sorted({f"{op}:{path}" for op, path, _ in model.paths()}),
+        "device_memory_bytes": mem,
     }
 
 
 def host_time(a, layers, fused, warm):
-    cfg = config(a, a.host_dim, layers)
+    cfg = config("demo", a.prompt + 2 * a.tokens + 16, layers, hidden_size=a.host_dim)
     model = Model(cfg, random_weights(cfg, 0), fused=fused)
-    prompt = np.arange(a.prompt) % cfg.vocab
+    prompt = np.arange(a.prompt) % cfg.vocab_size
     timed_steps(model, prompt, 4)
     _, wall, host = timed_steps(model, prompt, a.tokens, warm)
     # the step's Python alone: the same steps with submit + wait replaced by nothing
@@ -129,18 +140,19 @@ def host_time(a, layers, fused, warm):
 def main(argv=None):
     a = parse(argv if argv is not None else sys.argv[1:])
     dev = default_device()
-    cfg = config(a, a.dim, a.layers)
-    print(f"device {dev.name}, subgroup {dev.subgroup_size}; model {cfg.to_json()}", flush=True)
+    cfg = config(a.preset, a.max_ctx, a.layers, a.experts)
+    print(f"device {dev.name}, subgroup {dev.subgroup_size}; model {json.dumps(cfg.to_hf(), sort_keys=True)}",
+          flush=True)
     t0 = time.perf_counter()
-    weights = random_weights(cfg, 0)
-    prompt = np.random.default_rng(0).integers(0, cfg.vocab, a.prompt)
+    weights = random_weights(cfg, 0, DTYPES[a.dtype])
+    prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, a.prompt)
     print(f"random weights: {sum(w.size for w in weights.values()) / 1e6:.0f} M parameters in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
     warm_ms = floor.default_warm_ms(dev) if a.warm_ms is None else a.warm_ms
     warm = floor.ClockWarmer(dev, warm_ms)
-    res = {"device": dev.name, "subgroup_size": dev.subgroup_size, "config": json.loads(cfg.to_json()),
-           "warm_ms": warm_ms,
-           "note": "vocab and expert width are smaller than DeepSeek-V4's (LM head and expert products only)",
+    res = {"device": dev.name, "subgroup_size": dev.subgroup_size, "config": cfg.to_hf(), "max_ctx": cfg.max_ctx,
+           "dtype": a.dtype, "prompt": a.prompt, "warm_ms": warm_ms,
+           "note": "DeepSeek-V4-Flash widths; fewer layers and routed experts so the weights fit one GPU",
            "decode_steps_timed": a.tokens, "decode": {}, "host": {}, "host_target_us": HOST_TARGET_US}
     tokens = {}
     for name, fused in (("fused", True), ("unfused", False)):

@@ -252,8 +252,16 @@ def check_tensors(cfg: V4Config, tensors: dict, where: str = "weights") -> None:
             if bad.any():
                 raise CheckpointError(f"{where}: tensor {name!r} holds expert ids outside [0, {cfg.n_routed_experts}): "
                                       f"{np.asarray(a)[bad][:5].tolist()}")
-        elif not np.isfinite(np.asarray(a, np.float32)).all():
+        elif not _finite(np.asarray(a)):
             raise CheckpointError(f"{where}: tensor {name!r} holds non-finite values")
+
+
+def _finite(a):
+    """All values finite, without widening 16-bit arrays (checkpoints of many GB)."""
+    if a.dtype in (BF16, np.float16):
+        exp = 0x7F80 if a.dtype == BF16 else 0x7C00
+        return not ((a.view(np.uint16) & exp) == exp).any()
+    return bool(np.isfinite(a).all())
 
 
 def normalise(cfg: V4Config, tensors: dict, where: str = "weights") -> dict:
@@ -337,6 +345,26 @@ def save_hf(path: str, cfg: V4Config, weights: dict, naming: str = "save_pretrai
 
 # --- random weights -------------------------------------------------------------------------------------
 
+BLOCK = 1 << 24
+
+
+def _normal(rng, shape):
+    """Standard normal float32 values. Past BLOCK elements, randomly rotated copies of one drawn
+    block of BLOCK values: drawing billions of normals (a one-GPU benchmark model) would take
+    minutes, and a matrix of rotated blocks is as good a random weight for timing and for O(1)
+    activations."""
+    n = int(np.prod(shape))
+    if n <= BLOCK:
+        return rng.standard_normal(shape, dtype=np.float32)
+    block = rng.standard_normal(BLOCK, dtype=np.float32)
+    out = np.empty(n, np.float32)
+    for i in range(0, n, BLOCK):
+        m = min(BLOCK, n - i)
+        r = int(rng.integers(BLOCK))
+        out[i:i + m] = np.roll(block, r)[:m]
+    return out.reshape(shape)
+
+
 def random_weights(cfg: V4Config, seed: int = 0, dtype=np.float32) -> dict:
     """A random, seeded set of canonical weights whose activations stay O(1) through the layers:
     linear maps at 1/sqrt(fan-in), norms around 1, and every bias, sink and HC base random (zeros
@@ -355,8 +383,21 @@ def random_weights(cfg: V4Config, seed: int = 0, dtype=np.float32) -> dict:
             out[name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
         elif name.endswith("_fn"):
             out[name] = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
-        elif name == "embed.weight":
-            out[name] = rng.standard_normal(shape).astype(dtype)
-        else:
-            out[name] = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(dtype)
+        else:                               # embed at 1, linear maps at 1/sqrt(fan-in)
+            a = _normal(rng, shape)
+            if name != "embed.weight":
+                a *= np.float32(1.0 / np.sqrt(shape[-1]))
+            out[name] = a.astype(dtype, copy=False)
     return out
+
+
+def write_random(path: str, cfg: V4Config, seed: int = 0, dtype: str = "f32", naming: str = "save_pretrained",
+                 shards: int = 1) -> dict:
+    """A random, seeded checkpoint directory for `cfg` (linear weights in dtype "f32", "bf16" or
+    "f16"); returns the weights written."""
+    dt = {"f32": np.float32, "bf16": BF16, "f16": np.float16}.get(dtype)
+    if dt is None:
+        raise ValueError(f"dtype must be 'f32', 'bf16' or 'f16', got {dtype!r}")
+    w = random_weights(cfg, seed, dt)
+    save_hf(path, cfg, w, naming=naming, shards=shards)
+    return w

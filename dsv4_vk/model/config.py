@@ -257,3 +257,31 @@ def load_config_json(path: str, max_ctx: int | None = None) -> V4Config:
         return V4Config.from_hf(d, max_ctx)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
+
+
+# Named configs: "tiny" (tests), "demo" (`make demo`), "flash-1gpu" (DeepSeek-V4-Flash's widths with
+# 4 layers and 64 routed experts: BF16 weights about 16 GB, one GPU; 256 experts would put 8.6 GB in
+# one expert tensor, past a 4 GB storage-buffer range).
+PRESETS = {
+    "tiny": dict(),
+    "demo": dict(vocab_size=256, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, head_dim=32,
+                 q_lora_rank=32, o_groups=2, o_lora_rank=32, n_routed_experts=8, num_experts_per_tok=2,
+                 moe_intermediate_size=64, layer_types=(CSA, HCA, SWA, CSA),
+                 mlp_layer_types=("hash_moe", "moe", "moe", "moe"), compress_rates={CSA: 4, HCA: 8},
+                 sliding_window=16, index_n_heads=16, index_head_dim=16, index_topk=8, max_ctx=128),
+    "flash-1gpu": dict(vocab_size=129280, hidden_size=4096, num_hidden_layers=4, num_attention_heads=64,
+                       head_dim=512, q_lora_rank=1024, o_groups=8, o_lora_rank=1024, partial_rotary_factor=0.125,
+                       n_routed_experts=64, num_experts_per_tok=6, moe_intermediate_size=2048,
+                       layer_types=(SWA, CSA, HCA, CSA), mlp_layer_types=("hash_moe", "moe", "moe", "moe"),
+                       compress_rates={CSA: 4, HCA: 128}, sliding_window=128, index_n_heads=64,
+                       index_head_dim=128, index_topk=512, swiglu_limit=10.0, routed_scaling_factor=1.5,
+                       yarn={"factor": 16.0, "original_max_position_embeddings": 65536, "beta_fast": 32,
+                             "beta_slow": 1, "attention_factor": 1.0}, max_ctx=1024),
+}
+
+
+def preset(name: str, **overrides) -> V4Config:
+    """A named config (PRESETS) with fields replaced."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
+    return V4Config(**dict(PRESETS[name], **overrides))
