@@ -232,5 +232,44 @@ def test_model_graphs_are_clean_under_the_validation_layer():
     assert r.stdout.count(" tokens [") == 2 and r.stdout.strip().endswith("messages 0"), r.stdout
 
 
+# --- demo and tools -------------------------------------------------------------------------------------------
+
+def test_demo_writes_and_loads_a_checkpoint_and_generates_the_same_tokens_on_both_paths(capsys, tmp_path):
+    from dsv4_vk.cli import demo
+    assert demo.main(["--tokens", "6", "--prompt", "3", "--out", str(tmp_path / "ck"), "--dtype", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "same tokens on both paths: yes" in out and "MiB bf16" in out
+    for word in ("tokens/s", "dispatches/token", "prefill", "decode", "HC_COMB", "MQA_ATTENTION"):
+        assert word in out
+    assert (tmp_path / "ck" / "config.json").exists()
+
+
+def test_make_checkpoint_tool_and_the_gpu_bench_dry_run(tmp_path):
+    from dsv4_vk.model.checkpoint import BF16
+    from dsv4_vk.model.config import preset
+    path = tmp_path / "c"
+    r = subprocess.run([sys.executable, "tools/make_checkpoint.py", "--out", str(path), "--preset", "demo", "--set",
+                        "index_topk=70", "--set", "scoring_func=sigmoid", "--dtype", "bf16", "--naming", "deepseek",
+                        "--shards", "2", "--seed", "4"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(path)) == ["config.json", "model-00001-of-00002.safetensors",
+                                        "model-00002-of-00002.safetensors", "model.safetensors.index.json"]
+    cfg, w = load_hf(str(path), max_ctx=128)
+    assert cfg == preset("demo", index_topk=70, scoring_func="sigmoid")
+    want = random_weights(cfg, 4, BF16)
+    assert w.keys() == want.keys() and all(np.array_equal(w[k], want[k]) for k in w)
+    r = subprocess.run([sys.executable, "tools/make_checkpoint.py", "--out", str(tmp_path / "d"), "--set",
+                        "hc_mult=2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "hc_mult must be 4" in r.stderr
+    out = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, "tools/model_gpu_bench.py", "--quick", "--out", str(out)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads(out.read_text())
+    assert res["decode"]["fused"]["dispatches_per_token"] < res["decode"]["unfused"]["dispatches_per_token"]
+    assert res["same_greedy_tokens"] and set(res["host"]) == {"2", "8"} and res["dtype"] == "bf16"
+    assert res["decode"]["fused"]["device_memory_bytes"]["weights"]["bf16"] > 0
+
+
 if __name__ == "__main__":
     {"worker": worker, "validation": validation_worker}[sys.argv[1]]()
