@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+//! variants: - | OVERLAP
 // COMPRESS: the KV compressor of DeepSeek-V4's compressed layers. state [capacity, 2·W] holds per
 // position the projections c (channels [0, W)) and the gate logits z (channels [W, 2W)), written
 // by STORE_ROWS; W = d (HCA) or 2d (CSA, OVERLAP). For each chunk token t at p = pos[0] + t that
@@ -28,6 +29,8 @@ layout(push_constant) uniform P {
     float eps;
 } p;
 
+layout(constant_id = 1) const uint RATE = 4;     // the compression rate m
+layout(constant_id = 2) const uint D_MAX = 512;  // the entry width d
 shared float pooled[D_MAX];
 shared float part[256];
 

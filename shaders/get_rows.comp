@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+//! variants: - | W_BF16 | W_F16
 // GET_ROWS: d[n, j] = table[ids[n], j] for a strided table[V, D] (f32, or bf16 / f16 with
 // W_BF16 / W_F16: weights.glsl, widened to f32) and ids[N] (i32).
 // An id outside [0, V) reads nothing and writes NaN for its whole row.

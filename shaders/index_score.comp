@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS
 // INDEX_SCORE: the lightning indexer's scores of chunk token t (position p = pos[0] + t) against
 // the compressed index keys k [n, hd]:
 //   score[t, w] = scale · Σ_h wt[t, h] · ReLU(q[t, h]·k[w])    for w < (p + 1)/RATE (closed windows)
@@ -8,6 +9,7 @@
 // ...; one cluster sum per head. Push: T, nh, hd, n, capacity, q (off, s0, s1), wt (off, s0),
 // k (off, s0), out (off, s0), pos_off, scale.
 #include "lanes.glsl"
+layout(constant_id = 1) const uint RATE = 4;     // the compression rate m
 layout(binding = 0) readonly buffer Q { float q[]; };
 layout(binding = 1) readonly buffer Wt { float wt[]; };
 layout(binding = 2) readonly buffer K { float k[]; };

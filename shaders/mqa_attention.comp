@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; - | MODE_HCA | MODE_CSA
 // MQA_ATTENTION: DeepSeek-V4's attention, one shared key = value head for all H query heads.
 // For chunk token t at p = pos[0] + t and head h the key list is
 //   raw rows j of kv [capacity, hd] with p − WINDOW < j ≤ p (the sliding window), then
@@ -15,6 +16,10 @@
 // Push: T, H, hd, capacity, n_ent, K, q (off, s0, s1), kv (off, s0), ent (off, s0), idx (off, s0),
 // out (off, s0, s1), pos_off, sink_off, scale.
 #include "lanes.glsl"
+layout(constant_id = 1) const uint PER_LANE = 1; // ceil(hd / LANES): channels per lane
+layout(constant_id = 2) const uint SPLITS = 1;   // parts of each key list (decode)
+layout(constant_id = 3) const uint WINDOW = 1;   // sliding_window
+layout(constant_id = 4) const uint RATE = 1;     // the compression rate m (MODE_HCA)
 layout(binding = 0) readonly buffer Q { float q[]; };
 layout(binding = 1) readonly buffer KV { float kv[]; };
 layout(binding = 2) readonly buffer E { float ent[]; };
@@ -85,11 +90,8 @@ void main() {
         qv[m] = c < p.hd ? q[qb + c] * p.scale : 0.0;
         acc[m] = 0.0;
     }
-#if SPLITS > 1
-    mx = LOWEST; l = 0.0;
-#else
-    mx = sinks[p.sink_off + h]; l = 1.0;                // the sink: logit only, no value
-#endif
+    if (SPLITS > 1) { mx = LOWEST; l = 0.0; }
+    else { mx = sinks[p.sink_off + h]; l = 1.0; }       // the sink: logit only, no value
     uint j0 = uint(max(pp - int(WINDOW) + 1, 0));
     uint n_raw = uint(pp) + 1 - j0;
 #if defined(MODE_HCA)
@@ -114,17 +116,10 @@ void main() {
 #endif
         }
     }
-#if SPLITS > 1
-    [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
-        uint c = lane + LANES * m;
-        if (c < p.hd) o[ob + c] = acc[m];
-    }
-    if (lane == 0) { o[ob + p.hd] = mx; o[ob + p.hd + 1] = l; }
-#else
-    float inv = 1.0 / l;
+    float inv = SPLITS > 1 ? 1.0 : 1.0 / l;             // parts stay unnormalised for MQA_COMBINE
     [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
         uint c = lane + LANES * m;
         if (c < p.hd) o[ob + c] = acc[m] * inv;
     }
-#endif
+    if (SPLITS > 1 && lane == 0) { o[ob + p.hd] = mx; o[ob + p.hd + 1] = l; }
 }

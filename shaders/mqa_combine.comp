@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+//! variants: -
 // MQA_COMBINE: merges MQA_ATTENTION's SPLITS partial results part [T, H, SPLITS, hd + 2] (acc[hd],
 // max, sum per part) with the sink: out[t, h, c] = Σ_s e^(max_s − M)·acc_s[c] / (e^(sink − M) +
 // Σ_s e^(max_s − M)·sum_s), M = max(sink, max_s). Lanes: one invocation per (t, h, c).

@@ -1,8 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: MODE_GEMV ; - | VEC4 ; LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; TB=1,2,3,4,5,6,7,8
-//! variants: MODE_GEMM_REGS ; - | VEC4
-//! variants: MODE_GEMM_SHARED
+//! variants: MODE_GEMV ; - | VEC4 ; LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; TB=1,2,3,4,5,6,7,8 ; - | W_BF16 | W_F16
+//! variants: MODE_GEMM_REGS ; - | VEC4 ; - | W_BF16 | W_F16
+//! variants: MODE_GEMM_SHARED ; - | W_BF16 | W_F16
 // MUL_MAT: d[b0, b1, t, n] = Σ_k x[b0, b1, t, k] · w[b0, b1, n, k]  (x @ wᵀ), f32 accumulation.
 // x, w, d are strided 4-D views (broadcast batch dims have stride 0). Variants (-D):
 //   MODE_GEMV         few tokens: one cluster of LANES lanes (lanes.glsl) per (batch, TB-token block,

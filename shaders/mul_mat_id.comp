@@ -1,12 +1,12 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; MODE_SWIGLU | MODE_SUM ; - | VEC4 ; - | HAS_ADD
+//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; MODE_SWIGLU | MODE_SUM ; - | VEC4 ; - | HAS_ADD ; - | W_BF16 | W_F16
 // MUL_MAT_ID: matrix products with the experts the router chose, route[t, r] = (id, weight)
 // (MOE_ROUTE's output; ids are exact floats), weights w [E, N, K] stacked per expert:
 //   MODE_SWIGLU  x [T, 1 or R, K] (stride 0 over r: the same token row for every route), w [E, 2F, K]:
 //                out[t, r, f] = silu(w[id, f]·x[t, r]) · (w[id, F + f]·x[t, r])     gate/up + SwiGLU
-//                LIMIT (a float define): the clamped SwiGLU of DeepSeek-V4, silu(min(gate, LIMIT)) ·
-//                clamp(up, −LIMIT, LIMIT)
+//                with the clamp of DeepSeek-V4's SwiGLU: silu(min(gate, limit)) · clamp(up, −limit,
+//                limit) (push constant; +inf: no clamp)
 //   MODE_SUM     x [T, R, K], w [E, N, K]:
 //                out[t, n] = Σ_r weight[t, r] · (w[id_r, n]·x[t, r])  (+ add[t, n] with HAS_ADD)
 // Only the chosen experts' rows are read. An id outside [0, E) writes NaN: no out-of-bounds read.
@@ -33,6 +33,7 @@ layout(push_constant) uniform P {
     uint r_off, r_s0, r_s1, r_s2;
     uint d_off, d_s0, d_s1, d_s2;       // MODE_SUM: d[t, n] at d_off + t·d_s0 + n·d_s1
     uint a_off, a_s0, a_s1;
+    float limit;                        // MODE_SWIGLU's clamp (+inf: none)
 } p;
 
 #define NAN uintBitsToFloat(0x7FC00000u)
@@ -69,10 +70,8 @@ void main() {
         uint wb = p.w_off + uint(id) * p.w_s0;
         float g = cluster_sum(partial_dot(xb, wb + f * p.w_s1, lane));
         float u = cluster_sum(partial_dot(xb, wb + (p.N + f) * p.w_s1, lane));
-#if defined(LIMIT)
-        g = min(g, float(LIMIT));
-        u = clamp(u, -float(LIMIT), float(LIMIT));
-#endif
+        g = min(g, p.limit);
+        u = clamp(u, -p.limit, p.limit);
         v = g / (1.0 + exp(-g)) * u;
     }
     if (lane == 0) d[p.d_off + t * p.d_s0 + r * p.d_s1 + f * p.d_s2] = v;

@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+//! variants: - | INVERSE
 // ROPE: out[t, h, :] = x[t, h, :] with its trailing 2·half channels rotated by interleaved pairs
 // (c, c+1) at position p = pos[0] + t (tables cos/sin [capacity, half]; -D INVERSE: angle −p, the
 // de-rotation of an attention output). The leading n − 2·half channels are copied.

@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+//! variants: -
 // STORE_ROWS: dst[pos[0] + t, :] = x[t, :] for every chunk row t whose position is inside dst
 // (in place: the decode cache rows, written on the device inside the replayed command buffer).
 // Lanes: one invocation per element (t, c). Push: T, n, capacity, x (off, s0), dst (off, s0), pos_off.

@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+//! variants: -
 // TOPK: idx[t, r] = the entry of rank r among the finite scores of row t (descending score, ties
 // to the lower index), r < K; slots past the number of finite scores get −1. Exact for any K (the
 // indexer's index_topk, e.g. 512): entry w's rank is the count of entries ahead of it, O(n²) per row.

@@ -1,5 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+//! variants: SCORE_SQRTSOFTPLUS | SCORE_SIGMOID | SCORE_SOFTMAX ; - | HASH
 // V4_ROUTE: DeepSeek-V4's router, one invocation per token t. Scores sc = sqrt(softplus(logit))
 // (SCORE_SQRTSOFTPLUS), sigmoid (SCORE_SIGMOID) or softmax over experts (SCORE_SOFTMAX).
 // Selection: HASH: the TOP_K ids tid2eid[ids[t]] (may repeat); else the TOP_K largest sc + bias
@@ -9,6 +10,7 @@
 // Push: T, E, lg (off, s0), sel_off (bias offset or tid2eid offset), tid_s0, ids_off, out (off, s0,
 // s1, s2), route_scale.
 #include "common.glsl"
+layout(constant_id = 1) const uint TOP_K = 1;    // num_experts_per_tok
 layout(binding = 0) readonly buffer L { float lg[]; };
 #if defined(HASH)
 layout(binding = 1) readonly buffer Tid { int tid[]; };

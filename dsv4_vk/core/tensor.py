@@ -6,12 +6,17 @@ change offset/shape/strides; kernels take any strided layout through their push 
 """
 import math
 
-import ml_dtypes
 import numpy as np
 
 # f16 / bf16: weights kept in their checkpoint precision (the mat-vec and expert kernels read them);
-# element offsets and strides stay in elements of the tensor's own dtype
-DTYPES = {"f32": np.float32, "i32": np.int32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
+# element offsets and strides stay in elements of the tensor's own dtype. numpy's bfloat16 comes
+# from ml_dtypes (a dependency); without it everything but bf16 tensors still works.
+DTYPES = {"f32": np.float32, "i32": np.int32, "f16": np.float16}
+try:
+    import ml_dtypes
+    DTYPES["bf16"] = ml_dtypes.bfloat16
+except ImportError:                     # pragma: no cover (a machine without the dependency)
+    pass
 MAX_DIMS = 4
 
 
@@ -20,7 +25,8 @@ def dtype_name(dt):
     for k, v in DTYPES.items():
         if dt == np.dtype(v):
             return k
-    raise ValueError(f"dtype {dt} is not supported: expected one of float32, int32, float16, bfloat16")
+    raise ValueError(f"dtype {dt} is not supported: expected one of float32, int32, float16, bfloat16 "
+                     "(bfloat16 needs the ml_dtypes package)")
 
 
 def itemsize(dtype):

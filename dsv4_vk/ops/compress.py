@@ -77,15 +77,13 @@ class Compress(OpDef):
             raise ValueError("COMPRESS writes the entries in place: pass out=<the tensor given as input 0>")
         prm = node.params
         n, d = out.shape
-        defs = {"RATE": prm["rate"], "D_MAX": d}
-        if prm.get("overlap"):
-            defs["OVERLAP"] = 1
+        defs = {"OVERLAP": 1} if prm.get("overlap") else {}
         T = prm["tokens"]
         push = pack_push([T, d, st.shape[0], cos.shape[1], n, st.offset, st.strides[0], ape.offset, ape.strides[0],
                           norm.offset, out.offset, out.strides[0], pos.offset, cos.offset, sin.offset, cos.strides[0]],
                          float(prm.get("eps", 1e-6)))
         return [Launch("compress", [st, ape, norm, pos, cos, sin, res], (6,), push, grid_1d(T, 1), defines=defs,
-                       spec=(COMPRESS_WG,))]
+                       spec=(COMPRESS_WG, prm["rate"], d))]
 
     def reference(self, out, st, ape, norm, pos, cos, sin, rate=1, overlap=False, eps=1e-6, tokens=1):
         res = np.array(out, np.float64)
@@ -156,7 +154,7 @@ class IndexScore(OpDef):
                           wt.strides[0], k.offset, k.strides[0], out.offset, out.strides[0], pos.offset],
                          float(prm.get("scale", 1.0)))
         return [Launch("index_score", [q, wt, k, pos, out], (4,), push, grid_1d(T * n, 256 // lanes["LANES"]),
-                       defines=dict(lanes, RATE=prm["rate"]), spec=(256,), **extra)]
+                       defines=lanes, spec=(256, prm["rate"]), **extra)]
 
     def reference(self, q, wt, k, pos, rate=1, scale=1.0, capacity=1 << 30):
         s = reference_index_score(q, wt, k, pos, rate, scale)

@@ -130,13 +130,12 @@ class MulMatId(OpDef):
         o_strides = list(out.strides) if mode == "swiglu" else [out.strides[0], out.strides[1], 0]
         a = [add.offset, *add.strides] if add is not None else [0, 0, 0]
         push = pack_push([T, R, cols, K, E, x.offset, x.strides[0], x.strides[1], w.offset, w.strides[0],
-                      w.strides[1], route.offset, *route.strides, out.offset, *o_strides, *a])
+                      w.strides[1], route.offset, *route.strides, out.offset, *o_strides, *a],
+                         float(node.params.get("limit", np.inf)))
         args = [x, w, route] + ([add] if add is not None else []) + [out]
         if add is not None:
             defs["HAS_ADD"] = 1
         defs.update(weight_defines(w))
-        if "limit" in node.params:
-            defs["LIMIT"] = repr(float(node.params["limit"]))
         items = T * R * cols if mode == "swiglu" else T * cols
         return [Launch("mul_mat_id", args, (len(args) - 1,), push, grid_1d(items, 256 // defs["LANES"]),
                        defines=defs, spec=(256,), **extra)]
@@ -227,11 +226,12 @@ class V4Route(OpDef):
         push = pack_push([lg.shape[0], lg.shape[1], lg.offset, lg.strides[0], sel.offset,
                           sel.strides[0] if hashed else 0, ids.offset if hashed else 0, out.offset, *out.strides],
                          float(prm.get("route_scale", 1.0)))
-        defs = {"TOP_K": prm["top_k"], f"SCORE_{prm.get('scoring', 'sqrtsoftplus').upper()}": 1}
+        defs = {f"SCORE_{prm.get('scoring', 'sqrtsoftplus').upper()}": 1}
         if hashed:
             defs["HASH"] = 1
         args = [lg, sel] + ([ids] if hashed else []) + [out]
-        return [Launch("v4_route", args, (len(args) - 1,), push, grid_1d(lg.shape[0], 64), defines=defs, spec=(64,))]
+        return [Launch("v4_route", args, (len(args) - 1,), push, grid_1d(lg.shape[0], 64), defines=defs,
+                       spec=(64, prm["top_k"]))]
 
     def reference(self, logits, sel, ids=None, top_k=1, scoring="sqrtsoftplus", route_scale=1.0):
         return reference_v4_route(logits, sel, ids, top_k, scoring, route_scale)

@@ -196,7 +196,8 @@ class MqaAttention(OpDef):
         idx = node.inputs[5] if mode == "csa" else pos
         T, H, hd = q.shape
         lanes, extra = cluster_lanes(device, hd, per_lane=4)
-        defs = dict(lanes, PER_LANE=-(-hd // lanes["LANES"]), SPLITS=S, WINDOW=prm["window"], RATE=prm.get("rate", 1))
+        defs = dict(lanes)
+        spec = (256, -(-hd // lanes["LANES"]), S, prm["window"], prm.get("rate", 1))
         if mode != "sliding":
             defs[f"MODE_{mode.upper()}"] = 1
         n_ent = ent.shape[0] if mode != "sliding" else 0
@@ -208,7 +209,7 @@ class MqaAttention(OpDef):
         grid = grid_1d(T * H * S, 256 // lanes["LANES"])
         push = pack_push(head, [out.offset, out.strides[0], out.strides[1]], tail, float(prm["scale"]))
         return [Launch("mqa_attention", [q, kv, ent, idx, pos, sinks, out], (6,), push, grid,
-                       defines=defs, spec=(256,), **extra)]
+                       defines=defs, spec=spec, **extra)]
 
     def reference(self, q, kv, pos, sinks, ent=None, idx=None, scale=1.0, window=1, mode="sliding", rate=1, splits=1):
         if splits != 1:
