@@ -160,7 +160,7 @@ class MqaAttention(OpDef):
         want = {"sliding": 4, "hca": 5, "csa": 6}[mode]
         if len(inputs) != want:
             raise ValueError(f"{self.name} mode={mode} takes {want} inputs "
-                             "(q, kv, pos, sinks[, ent[, idx]]), got {len(inputs)}")
+                             f"(q, kv, pos, sinks[, ent[, idx]]), got {len(inputs)}")
         nonempty(self.name, inputs)
         q, kv, pos, sinks = inputs[:4]
         expect(self.name, "q (input 0, [T, heads, head_dim])", q, (None, None, None))
