@@ -1,8 +1,11 @@
 """Decode speed of DeepSeek-V4 with fused and with unfused hyper-connection ops, and the Python
 host time of a decode step at two layer counts. JSON to --out.
 
-    python tools/model_gpu_bench.py --out results/h200/model_bench_v4.json      (H200: flash-1gpu, BF16)
-    python tools/model_gpu_bench.py --quick --out /tmp/model_bench.json         (a small dry run anywhere)
+    . .vkdev/enter.sh; python3 tools/model_gpu_bench.py --out $OUT/model_bench_v4.json   (H200, about 16 GB)
+    python tools/model_gpu_bench.py --quick --out /tmp/model_bench.json                 (a dry run anywhere)
+
+The package needs `safetensors` and `ml_dtypes` (BF16 in numpy) besides numpy: a GPU machine
+without a package index needs their wheels carried (e.g. in .vkdev/whl).
 
 Default model: the "flash-1gpu" preset (dsv4_vk/model/config.py): DeepSeek-V4-Flash's widths (D 4096,
 64 query heads × 512 on one shared K=V head, q rank 1024, 8 output groups × 1024, CSA rate 4 with a
