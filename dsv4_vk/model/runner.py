@@ -1,7 +1,7 @@
 """The library API: a model you call from your own decode loop.
 
     from dsv4_vk.model import Model, Sampling
-    m = Model.load("model.safetensors")            # or Model.load(Config(...), seed=0): random weights
+    m = Model.load("path/to/hf_model_dir")         # or Model.load(V4Config(...), seed=0): random weights
     logits = m.prefill([1, 2, 3])                   # logits [V] of the last prompt token
     tok = m.step()                                  # feeds the token sampled on the device, returns the next
     for tok in m.generate([1, 2, 3], 16, Sampling(temperature=0.8, top_k=20, seed=1)):
@@ -12,8 +12,11 @@ a host-visible param), submits, and reads the sampled token (4 bytes); nothing i
 Python runs per dispatch. The sampled token stays on the device as the next step's input. Prefill
 runs the prompt in chunks of `prefill_chunk` tokens (the last one padded) through one more graph.
 """
+from __future__ import annotations
+
 import time
 from dataclasses import dataclass
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -84,7 +87,7 @@ class Model:
         return cls(cfg, weights, device, fused, prefill_chunk, splits)
 
     # --- graphs -----------------------------------------------------------------------------------
-    def compiled(self, kind):
+    def compiled(self, kind: str):
         """The CompiledGraph of "prefill" or "decode" (built and recorded on first use, then replayed)."""
         key = (kind, profile.active())
         cg = self._graphs.get(key)
@@ -108,7 +111,7 @@ class Model:
                 weights[p.dtype] = weights.get(p.dtype, 0) + nbytes
         return {"weights": weights, "cache": cache, "total": sum(weights.values()) + cache}
 
-    def paths(self):
+    def paths(self) -> list:
         """(op, path, reason) of every HC op of the decode graph."""
         return list(self.compiled("decode").graph.paths)
 
@@ -123,11 +126,11 @@ class Model:
         cg.replay(inputs)
 
     # --- API --------------------------------------------------------------------------------------------
-    def reset(self):
+    def reset(self) -> None:
         """Start a new sequence at position 0 (cache rows are overwritten before they are read)."""
         self.position = 0
 
-    def set_sampling(self, sampling):
+    def set_sampling(self, sampling: "Sampling") -> None:
         """Sampling of every following prefill/step (reseeds the device RNG)."""
         if not isinstance(sampling, Sampling):
             raise ValueError(f"sampling must be a Sampling, got {type(sampling).__name__}")
@@ -136,7 +139,7 @@ class Model:
         self.ex.set_param("sampler.state", np.array([sampling.seed, 0], np.int32))
 
     @property
-    def next_token(self):
+    def next_token(self) -> int:
         """The token the device sampled from the last logits (the next step's input by default)."""
         return self._read_token()
 
@@ -151,7 +154,7 @@ class Model:
             raise ValueError(f"{name}: {a.size} tokens at position {self.position} exceed max_ctx {self.cfg.max_ctx}")
         return a.astype(np.int32)
 
-    def prefill(self, ids, all_logits=False):
+    def prefill(self, ids: Sequence[int] | np.ndarray, all_logits: bool = False) -> np.ndarray:
         """Run `ids` from the current position; returns the logits [V] of the last one ([N, V] with
         all_logits). The device samples the next token from them (see next_token)."""
         ids = self._ids(ids, "ids")
@@ -170,7 +173,7 @@ class Model:
         self.position += ids.size
         return np.concatenate(rows) if all_logits else rows[-1][-1]
 
-    def step(self, token=None, output="token"):
+    def step(self, token: int | None = None, output: str = "token") -> int | np.ndarray:
         """One decode step of `token` (default: the token the device sampled last) at the current
         position; returns the next sampled token (int), or the logits [V] with output="logits"."""
         t0 = time.perf_counter()
@@ -196,7 +199,8 @@ class Model:
             raise FloatingPointError("the logits have no finite value: the device sampled no token")
         return out
 
-    def generate(self, prompt, max_new_tokens, sampling=None, stop=None):
+    def generate(self, prompt: Sequence[int] | np.ndarray, max_new_tokens: int, sampling: "Sampling | None" = None,
+                 stop: Iterable[int] | None = None) -> Iterator[int]:
         """A new sequence: prefill `prompt`, then yield up to max_new_tokens sampled tokens (one
         decode step each after the first), ending early after a token in `stop`. Arguments are
         checked here, before the generator is returned."""
