@@ -1,9 +1,10 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 //! variants: - | OVERLAP
-// COMPRESS: the KV compressor of DeepSeek-V4's compressed layers. state [capacity, 2·W] holds per
+// COMPRESS: the KV compressor of DeepSeek-V4's compressed layers. state [rows, 2·W] holds per
 // position the projections c (channels [0, W)) and the gate logits z (channels [W, 2W)), written
-// by STORE_ROWS; W = d (HCA) or 2d (CSA, OVERLAP). For each chunk token t at p = pos[0] + t that
+// by STORE_ROWS (a ring: position q in row q % rows, rows ≥ the 2·RATE (CSA) or RATE (HCA) rows a
+// window reads plus the chunk); W = d (HCA) or 2d (CSA, OVERLAP). For each chunk token t at p = pos[0] + t that
 // closes a window ((p + 1) % RATE == 0), entry w = (p + 1)/RATE − 1 of `out` [*, d] becomes
 //   e[ch] = Σ_slots softmax_slots(z + ape)[ch] · c[ch]             (per channel)
 //   HCA: slots = rows w·RATE + j, channel ch, ape[j, ch]
@@ -12,7 +13,7 @@
 //   entry = RoPE(RMSNorm(e) · norm_w) on the trailing 2·half channels at position w·RATE.
 // Tokens that close no window write nothing (decode: most steps). Lanes: one workgroup per chunk
 // token; invocation l pools channels l, l + WG, ... into shared memory, then a shared-memory sum of
-// squares, then norm + RoPE per pair. Push: T, d, capacity, half, n_out, st (off, s0), ape (off,
+// squares, then norm + RoPE per pair. Push: T, d, capacity, half, n_out, rows, st (off, s0), ape (off,
 // s0), norm_off, out (off, s0), pos_off, cos_off, sin_off, tab_s0, eps.
 #include "common.glsl"
 layout(binding = 0) readonly buffer S { float st[]; };
@@ -23,7 +24,7 @@ layout(binding = 4) readonly buffer Cos { float cos_t[]; };
 layout(binding = 5) readonly buffer Sin { float sin_t[]; };
 layout(binding = 6) buffer O { float o[]; };
 layout(push_constant) uniform P {
-    uint T, d, capacity, half_rd, n_out;
+    uint T, d, capacity, half_rd, n_out, rows;
     uint s_off, s_s0, a_off, a_s0, n_off, o_off, o_s0;
     uint pos_off, cos_off, sin_off, tab_s0;
     float eps;
@@ -55,25 +56,25 @@ void main() {
 #if defined(OVERLAP)
         if (w > 0)
             for (uint j = 0; j < RATE; ++j)
-                mx = max(mx, st[p.s_off + ((w - 1) * RATE + j) * p.s_s0 + W + ch] + ape[p.a_off + j * p.a_s0 + ch]);
+                mx = max(mx, st[p.s_off + (((w - 1) * RATE + j) % p.rows) * p.s_s0 + W + ch] + ape[p.a_off + j * p.a_s0 + ch]);
         uint cur = p.d;                                 // the current window's channels
 #else
         uint cur = 0;
 #endif
         for (uint j = 0; j < RATE; ++j)
-            mx = max(mx, st[p.s_off + (w * RATE + j) * p.s_s0 + W + cur + ch] + ape[p.a_off + j * p.a_s0 + cur + ch]);
+            mx = max(mx, st[p.s_off + ((w * RATE + j) % p.rows) * p.s_s0 + W + cur + ch] + ape[p.a_off + j * p.a_s0 + cur + ch]);
         float den = 0.0, num = 0.0;
 #if defined(OVERLAP)
         if (w > 0)
             for (uint j = 0; j < RATE; ++j) {
-                uint r = p.s_off + ((w - 1) * RATE + j) * p.s_s0;
+                uint r = p.s_off + (((w - 1) * RATE + j) % p.rows) * p.s_s0;
                 float e = exp(st[r + W + ch] + ape[p.a_off + j * p.a_s0 + ch] - mx);
                 den += e;
                 num += e * st[r + ch];
             }
 #endif
         for (uint j = 0; j < RATE; ++j) {
-            uint r = p.s_off + (w * RATE + j) * p.s_s0;
+            uint r = p.s_off + ((w * RATE + j) % p.rows) * p.s_s0;
             float e = exp(st[r + W + cur + ch] + ape[p.a_off + j * p.a_s0 + cur + ch] - mx);
             den += e;
             num += e * st[r + cur + ch];

@@ -3,7 +3,8 @@
 //! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; - | MODE_HCA | MODE_CSA
 // MQA_ATTENTION: DeepSeek-V4's attention, one shared key = value head for all H query heads.
 // For chunk token t at p = pos[0] + t and head h the key list is
-//   raw rows j of kv [capacity, hd] with p − WINDOW < j ≤ p (the sliding window), then
+//   raw rows j of kv with p − WINDOW < j ≤ p (the sliding window; kv [kv_rows, hd] is a ring,
+//   position j in row j % kv_rows), then
 //   MODE_HCA: entries w < min((p + 1)/RATE, n_ent) of ent [*, hd] (the closed windows), or
 //   MODE_CSA: entries idx[t, s], s < K, skipping −1 (the indexer's top-k);
 // out[t, h] = Σ_keys softmax([scale·q·k ..., sink_h]) · k, the sink's probability dropped.
@@ -13,7 +14,7 @@
 // Lanes: one cluster of LANES lanes (lanes.glsl) per (t, h, split); lane l holds channels
 // l + LANES·m, m < PER_LANE; online softmax in f32, one cluster sum per key, no shared memory.
 // A position outside [0, capacity) gives NaN.
-// Push: T, H, hd, capacity, n_ent, K, q (off, s0, s1), kv (off, s0), ent (off, s0), idx (off, s0),
+// Push: T, H, hd, capacity, n_ent, K, q (off, s0, s1), kv_rows, kv (off, s0), ent (off, s0), idx (off, s0),
 // out (off, s0, s1), pos_off, sink_off, scale.
 #include "lanes.glsl"
 layout(constant_id = 1) const uint PER_LANE = 1; // ceil(hd / LANES): channels per lane
@@ -30,7 +31,7 @@ layout(binding = 6) writeonly buffer O { float o[]; };
 layout(push_constant) uniform P {
     uint T, H, hd, capacity, n_ent, K;
     uint q_off, q_s0, q_s1;
-    uint kv_off, kv_s0, e_off, e_s0, i_off, i_s0;
+    uint kv_rows, kv_off, kv_s0, e_off, e_s0, i_off, i_s0;
     uint o_off, o_s0, o_s1;
     uint pos_off, sink_off;
     float scale;
@@ -106,7 +107,7 @@ void main() {
     uint s0 = min(split * per, n), s1 = min(s0 + per, n);
     for (uint s = s0; s < s1; ++s) {
         if (s < n_raw) {
-            raw_key(j0 + s, lane);
+            raw_key((j0 + s) % p.kv_rows, lane);
         } else {
 #if defined(MODE_CSA)
             int w = idx[p.i_off + t * p.i_s0 + (s - n_raw)];

@@ -156,6 +156,10 @@ def test_seeded_sampling_repeats_and_agrees_on_both_paths(rng):
 
 def test_decode_replays_one_recording_and_updates_the_cache_on_the_device(monkeypatch, rng):
     m = Model.load(TINY, seed=int(rng.integers(0, 2 ** 31)))
+    # the decode cache's rings: raw rows for the window plus a chunk, projection rows for a window pair
+    assert m.ex.params["layers.0.kv"].shape == (TINY.sliding_window + 16 - 1, TINY.head_dim)
+    assert m.ex.params["layers.0.cmp.state"].shape == (2 * 4 + 16 - 1, 4 * TINY.head_dim)
+    assert m.ex.params["layers.1.cmp.state"].shape == (8 + 16 - 1, 2 * TINY.head_dim)
     m.prefill(rng.integers(0, TINY.vocab_size, 3))
     m.step()
     cg = m.compiled("decode")

@@ -68,20 +68,26 @@ def test_rope(rng, T, H, n, half, p0, inverse):
     check(got, ref, bad)                         # p0 = 62, T = 3: the last row is past capacity -> NaN
 
 
-@pytest.mark.parametrize("T,n,p0", [(1, 8, 5), (9, 33, 0), (4, 16, 30)])
-def test_store_rows(rng, T, n, p0):
-    got, ref, bad = run("STORE_ROWS", [f32(rng, 32, n), f32(rng, T, n), np.array([p0], np.int32)], {}, inplace=True)
+@pytest.mark.parametrize("T,n,p0,rows,capacity", [(1, 8, 5, 32, 32), (9, 33, 0, 32, 32), (4, 16, 30, 32, 32),
+                                                   (7, 8, 29, 10, 40), (3, 5, 38, 6, 40)])
+def test_store_rows(rng, T, n, p0, rows, capacity):
+    """rows < capacity: a ring (positions 29..35 wrap around 10 rows; 38..40 run past the capacity)."""
+    arrays = [f32(rng, rows, n), f32(rng, T, n), np.array([p0], np.int32)]
+    got, ref, bad = run("STORE_ROWS", arrays, {"capacity": capacity}, inplace=True)
     check(got, ref, bad, nmse_max=0, atol=0)
+    assert (got != arrays[0]).any(axis=1).sum() == min(T, max(0, capacity - p0))
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-@pytest.mark.parametrize("rate,d,half,T,p0", [(4, 16, 4, 13, 0), (4, 32, 8, 1, 11), (8, 8, 2, 24, 5), (3, 130, 4, 7, 2)])
-def test_compress(rng, overlap, rate, d, half, T, p0):
+@pytest.mark.parametrize("rate,d,half,T,p0,rows", [(4, 16, 4, 13, 0, 48), (4, 32, 8, 1, 11, 48), (8, 8, 2, 24, 5, 48),
+                                                   (3, 130, 4, 7, 2, 48), (4, 16, 4, 6, 30, 13), (8, 8, 2, 1, 39, 16)])
+def test_compress(rng, overlap, rate, d, half, T, p0, rows):
+    """rows < 48: the state is a ring of the last `rows` positions."""
     C = 48
     W = 2 * d if overlap else d
     cos, sin = tables(rng, C, half)
     ent = f32(rng, C // rate, d)
-    arrays = [ent, f32(rng, C, 2 * W), f32(rng, rate, W), (1 + 0.3 * f32(rng, d)), np.array([p0], np.int32), cos, sin]
+    arrays = [ent, f32(rng, rows, 2 * W), f32(rng, rate, W), (1 + 0.3 * f32(rng, d)), np.array([p0], np.int32), cos, sin]
     got, ref, bad = run("COMPRESS", arrays, {"rate": rate, "overlap": overlap, "eps": 1e-6, "tokens": T}, inplace=True)
     check(got, ref, bad)
     assert (got != ent).any(axis=1).sum() == sum((p + 1) % rate == 0 for p in range(p0, p0 + T))
@@ -103,14 +109,16 @@ def test_topk(rng, T, n, k):
     assert not bad and np.array_equal(got, ref)
 
 
-@pytest.mark.parametrize("mode,T,H,hd,p0,window,rate,splits", [
-    ("sliding", 5, 4, 32, 0, 8, 1, 1), ("sliding", 1, 2, 64, 40, 8, 1, 1), ("hca", 7, 3, 32, 30, 8, 8, 1),
-    ("csa", 4, 4, 16, 20, 6, 4, 1), ("hca", 1, 4, 32, 60, 8, 4, 4), ("csa", 1, 2, 48, 63, 8, 4, 3),
-    ("sliding", 1, 2, 16, 63, 128, 1, 5)])
-def test_mqa_attention(rng, mode, T, H, hd, p0, window, rate, splits):
+@pytest.mark.parametrize("mode,T,H,hd,p0,window,rate,splits,rows", [
+    ("sliding", 5, 4, 32, 0, 8, 1, 1, 64), ("sliding", 1, 2, 64, 40, 8, 1, 1, 64), ("hca", 7, 3, 32, 30, 8, 8, 1, 64),
+    ("csa", 4, 4, 16, 20, 6, 4, 1, 64), ("hca", 1, 4, 32, 60, 8, 4, 4, 64), ("csa", 1, 2, 48, 63, 8, 4, 3, 64),
+    ("sliding", 1, 2, 16, 63, 128, 1, 5, 64), ("sliding", 6, 2, 16, 30, 8, 1, 1, 13), ("csa", 3, 2, 16, 61, 6, 4, 2, 8)])
+def test_mqa_attention(rng, mode, T, H, hd, p0, window, rate, splits, rows):
+    """rows < 64: kv is a ring of the last `rows` positions (≥ window + T − 1); the last case runs
+    past the capacity 64 (NaN rows)."""
     C = 64
     n_ent = C // rate
-    arrays = [f32(rng, T, H, hd), f32(rng, C, hd), np.array([p0], np.int32), f32(rng, H)]
+    arrays = [f32(rng, T, H, hd), f32(rng, rows, hd), np.array([p0], np.int32), f32(rng, H)]
     if mode != "sliding":
         arrays.append(f32(rng, n_ent, hd))
     if mode == "csa":
@@ -118,7 +126,7 @@ def test_mqa_attention(rng, mode, T, H, hd, p0, window, rate, splits):
         idx[:, -2:] = -1
         idx[:, 0] = np.minimum(idx[:, 0], (p0 + 1) // rate - 1)
         arrays.append(idx)
-    prm = {"scale": hd ** -0.5, "window": window, "mode": mode, "rate": rate}
+    prm = {"scale": hd ** -0.5, "window": window, "mode": mode, "rate": rate, "capacity": C}
     want = get_op("MQA_ATTENTION").reference(*arrays, **prm)
     g = Graph()
     ts = [g.const(a) for a in arrays]
@@ -181,7 +189,7 @@ def _graph_error(name, arrays, params, inplace=False):
     ("COMPRESS", [np.zeros((2, 4), np.float32), np.zeros((8, 8), np.float32), np.zeros((4, 4), np.float32),
                   np.zeros(4, np.float32), np.zeros(1, np.int32), np.zeros((8, 1), np.float32),
                   np.zeros((8, 1), np.float32)], {"rate": 4, "overlap": True, "tokens": 1}, True,
-     r"state \(input 1, \[capacity, 2·8\]\)"),
+     r"state \(input 1, \[rows, 2·8\]\)"),
     ("TOPK", [np.zeros((2, 5), np.float32)], {"k": 0}, False, "k must be an integer ≥ 1"),
     ("V4_ROUTE", [np.zeros((2, 4), np.float32), np.zeros(4, np.float32)], {"top_k": 5}, False,
      r"top_k must be an integer in \[1, 4\]"),

@@ -7,10 +7,11 @@ Params (Graph.param names; docs/model.md lists them):
   (wq_a | wkv | compressor wkv | compressor wgate | indexer compressor wkv | wgate | weights_proj),
   `layers.{i}.ffn.w13` [E+1, 2F, D] / `layers.{i}.ffn.w2` [E+1, D, F] (routed experts, then the
   shared expert as expert E);
-- the decode cache, per layer: `layers.{i}.kv` [max_ctx, hd] (raw K = V rows, RoPE applied),
-  `layers.{i}.cmp.state` [max_ctx, 2W] (the compressor's projections c | z per position: the open
-  window and CSA's overlap rows), `layers.{i}.cmp.ent` [max_ctx/m, hd] (compressed entries), and
-  for CSA the indexer's `layers.{i}.idx.state` / `layers.{i}.idx.ent`;
+- the decode cache, per layer: `layers.{i}.kv` [W + chunk − 1, hd] (a ring of the last raw K = V
+  rows, RoPE applied), `layers.{i}.cmp.state` [2m + chunk − 1 (CSA) or m + chunk − 1, 2W] (a ring
+  of the compressor's projections c | z: the open window and CSA's overlap rows),
+  `layers.{i}.cmp.ent` [max_ctx/m, hd] (compressed entries), and for CSA the indexer's
+  `layers.{i}.idx.state` / `layers.{i}.idx.ent` (cache_rows);
 - RoPE tables `rope.{main,compress}.{cos,sin}` [max_ctx, rd/2];
 - per step: `step.pos`, `step.last`, `step.token` (i32 [1]), `sampler.cfg`, `sampler.state`.
 Every cache write happens on the device inside the recorded command buffer (STORE_ROWS, COMPRESS),
@@ -24,7 +25,7 @@ from .. import hc
 from ..core.graph import Graph
 from ..ops.v4_attention import rope_table
 from .checkpoint import BF16
-from .config import CSA, SWA, V4Config
+from .config import CSA, HCA, SWA, V4Config
 from .reference import inv_freq
 
 STEP_PARAMS = ("step.pos", "step.last", "step.token")
@@ -55,8 +56,20 @@ def x_projections(cfg: V4Config, i: int) -> list:
     return out
 
 
-def param_arrays(cfg: V4Config, weights: dict) -> dict:
-    """{param name: array} to upload for `cfg` from canonical `weights` (fused layouts built here)."""
+def cache_rows(cfg: V4Config, chunk: int) -> dict:
+    """Rows of the decode cache's rings for prefill chunks of `chunk` tokens: a chunk reads back at
+    most W − 1 raw rows before its first token (2·rate − 1 projection rows for a CSA window, rate − 1
+    for HCA) and writes `chunk` rows, so that many rows never overwrite a row still to be read."""
+    out = {"kv": min(cfg.max_ctx, cfg.sliding_window + chunk - 1)}
+    for kind, mult in ((CSA, 2), (HCA, 1)):
+        out[kind] = mult * cfg.compress_rates[kind] + chunk - 1
+    return out
+
+
+def param_arrays(cfg: V4Config, weights: dict, chunk: int = 16) -> dict:
+    """{param name: array} to upload for `cfg` from canonical `weights` (fused layouts built here);
+    chunk: the prefill chunk the decode cache's rings are sized for."""
+    rows = cache_rows(cfg, chunk)
     fused = set()
     out = {}
     C = cfg.max_ctx
@@ -70,14 +83,14 @@ def param_arrays(cfg: V4Config, weights: dict) -> dict:
         out[f + "w13"] = _stack([weights[f + "experts.w13"], shared13])
         out[f + "w2"] = _stack([weights[f + "experts.w2"], weights[s + "w2.weight"][None]])
         fused.update([f + "experts.w13", f + "experts.w2", s + "w1.weight", s + "w3.weight", s + "w2.weight"])
-        out[f"layers.{i}.kv"] = np.zeros((C, cfg.head_dim), np.float32)
+        out[f"layers.{i}.kv"] = np.zeros((rows["kv"], cfg.head_dim), np.float32)
         kind = cfg.layer_types[i]
         if kind != SWA:
             m, W = cfg.rate(i), cfg.head_dim * (2 if kind == CSA else 1)
-            out[f"layers.{i}.cmp.state"] = np.zeros((C, 2 * W), np.float32)
+            out[f"layers.{i}.cmp.state"] = np.zeros((rows[kind], 2 * W), np.float32)
             out[f"layers.{i}.cmp.ent"] = np.zeros((max(C // m, 1), cfg.head_dim), np.float32)
         if kind == CSA:
-            out[f"layers.{i}.idx.state"] = np.zeros((C, 4 * cfg.index_head_dim), np.float32)
+            out[f"layers.{i}.idx.state"] = np.zeros((rows[CSA], 4 * cfg.index_head_dim), np.float32)
             out[f"layers.{i}.idx.ent"] = np.zeros((max(C // cfg.rate(i), 1), cfg.index_head_dim), np.float32)
     for name, arr in weights.items():
         if name not in fused:
@@ -153,7 +166,7 @@ class ModelGraph:
         g, cfg = self.g, self.cfg
         a = f"layers.{i}.attn." + ("indexer.compressor." if prefix == "idx" else "compressor.")
         st = self.param(f"layers.{i}.{prefix}.state")
-        st = g.op("STORE_ROWS", st, xs, self.pos, out=st)
+        st = g.op("STORE_ROWS", st, xs, self.pos, capacity=cfg.max_ctx, out=st)
         ent = self.param(f"layers.{i}.{prefix}.ent")
         return g.op("COMPRESS", ent, st, self.param(a + "ape"), self.param(a + "norm.weight"), self.pos,
                     self.param("rope.compress.cos"), self.param("rope.compress.sin"), rate=cfg.rate(i),
@@ -177,7 +190,7 @@ class ModelGraph:
         kv = g.op("RMS_NORM", cols["wkv.weight"], self.param(a + "kv_norm.weight"), eps=eps)
         kv = g.op("ROPE", kv.reshape(T, 1, hd), self.pos, cos, sin).reshape(T, hd)
         cache = self.param(f"layers.{i}.kv")
-        cache = g.op("STORE_ROWS", cache, kv, self.pos, out=cache)
+        cache = g.op("STORE_ROWS", cache, kv, self.pos, capacity=cfg.max_ctx, out=cache)
         extra, prm = [], {}
         if kind != SWA:
             m = cfg.rate(i)
@@ -189,7 +202,7 @@ class ModelGraph:
             extra.append(self.indexer(i, x, xw, cols, qr, T))
         S = self.splits[i] if self.splits is not None else (decode_splits(cfg, i) if T == 1 else 1)
         o = g.op("MQA_ATTENTION", q, cache, self.pos, self.param(a + "attn_sink"), *extra, scale=hd ** -0.5,
-                 window=cfg.sliding_window, splits=S, **prm)
+                 window=cfg.sliding_window, splits=S, capacity=cfg.max_ctx, **prm)
         if S > 1:
             o = g.op("MQA_COMBINE", o, self.param(a + "attn_sink"), splits=S)
         o = g.op("ROPE", o, self.pos, cos, sin, inverse=True)                        # V carries RoPE

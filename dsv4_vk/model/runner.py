@@ -65,7 +65,7 @@ class Model:
         self.device = device or default_device()
         self.prefill_chunk = min(prefill_chunk, cfg.max_ctx)
         self.ex = Executor(self.device)
-        self.params = param_arrays(cfg, weights)
+        self.params = param_arrays(cfg, weights, self.prefill_chunk)
         for name, a in self.params.items():
             self.ex.set_param(name, a, host_visible=name in STEP_PARAMS or name.startswith("sampler."))
         self._graphs = {}         # (kind, timestamps) -> CompiledGraph, held so no step looks them up

@@ -34,9 +34,10 @@ def reference_pool(c, z, norm_w, eps, overlap):
 
 @register
 class Compress(OpDef):
-    """COMPRESS(out [n, d], state [capacity, 2W], ape [rate, W], norm [d], pos [1] i32, cos, sin
+    """COMPRESS(out [n, d], state [rows, 2W], ape [rate, W], norm [d], pos [1] i32, cos, sin
     [capacity, half], rate=, overlap=, eps=, tokens=T) IN PLACE on out (out=): entry w = (p+1)/rate − 1
-    for every one of the T chunk tokens p = pos[0]+t that closes a window; W = 2d with overlap (CSA), else d (HCA)."""
+    for every one of the T chunk tokens p = pos[0]+t < capacity that closes a window; W = 2d with
+    overlap (CSA), else d (HCA); state is a ring (position q in row q % rows)."""
     name, n_inputs = "COMPRESS", 7
     dtypes = ("f32", "i32")
 
@@ -57,11 +58,14 @@ class Compress(OpDef):
         W = 2 * d if ov else d
         if d % 2 or d > 4096:
             raise ValueError(f"{self.name}: entry width d must be even and ≤ 4096, got {d}")
-        expect(self.name, f"state (input 1, [capacity, 2·{W}])", st, (None, 2 * W))
+        expect(self.name, f"state (input 1, [rows, 2·{W}])", st, (None, 2 * W))
         expect(self.name, f"ape (input 2, [rate, {W}])", ape, (m, W))
         expect(self.name, "norm (input 3, [d])", norm, (d,))
         expect(self.name, "pos (input 4)", pos, (1,), "i32")
-        expect(self.name, "cos (input 5, [capacity, half])", cos, (st.shape[0], None))
+        expect(self.name, "cos (input 5, [capacity, half])", cos, (None, None))
+        if st.shape[0] < (2 if ov else 1) * m:
+            raise ValueError(f"{self.name}: state has {st.shape[0]} rows, fewer than the {(2 if ov else 1) * m} "
+                             "a window reads")
         expect(self.name, "sin (input 6, like cos)", sin, cos.shape)
         if 2 * cos.shape[1] > d or cos.strides[0] != sin.strides[0]:
             raise ValueError(f"{self.name}: the RoPE tables' {2 * cos.shape[1]} channels must fit in d = {d}, "
@@ -79,7 +83,7 @@ class Compress(OpDef):
         n, d = out.shape
         defs = {"OVERLAP": 1} if prm.get("overlap") else {}
         T = prm["tokens"]
-        push = pack_push([T, d, st.shape[0], cos.shape[1], n, st.offset, st.strides[0], ape.offset, ape.strides[0],
+        push = pack_push([T, d, cos.shape[0], cos.shape[1], n, st.shape[0], st.offset, st.strides[0], ape.offset, ape.strides[0],
                           norm.offset, out.offset, out.strides[0], pos.offset, cos.offset, sin.offset, cos.strides[0]],
                          float(prm.get("eps", 1e-6)))
         return [Launch("compress", [st, ape, norm, pos, cos, sin, res], (6,), push, grid_1d(T, 1), defines=defs,
@@ -90,15 +94,16 @@ class Compress(OpDef):
         st, ape = np.asarray(st, np.float64), np.asarray(ape, np.float64)
         n, d = res.shape
         W = ape.shape[1]
-        p, ok = _positions(pos, tokens, st.shape[0])
+        p, ok = _positions(pos, tokens, np.shape(cos)[0])
+        R = st.shape[0]
         for pp in p[ok]:
             if (pp + 1) % rate or (pp + 1) // rate - 1 >= n:
                 continue
             w = (pp + 1) // rate - 1
-            rows = st[w * rate:(w + 1) * rate]
+            rows = st[np.arange(w * rate, (w + 1) * rate) % R]
             c, z = rows[:, :W], rows[:, W:] + ape
             if overlap:
-                prev = st[(w - 1) * rate:w * rate] if w > 0 else np.zeros((rate, 2 * W))
+                prev = st[np.arange((w - 1) * rate, w * rate) % R] if w > 0 else np.zeros((rate, 2 * W))
                 pz = prev[:, W:] + ape if w > 0 else np.full((rate, W), -np.inf)
                 c, z = np.concatenate([prev[:, :W], c]), np.concatenate([pz, z])
             e = reference_pool(c, z, np.asarray(norm, np.float64), eps, overlap)

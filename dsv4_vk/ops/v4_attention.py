@@ -34,6 +34,12 @@ def reference_rope(x, positions, cos, sin, inverse=False):
     return x
 
 
+def _positive_int(op, key, v):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{op}: {key} must be an integer ≥ 1, got {v!r}")
+    return v
+
+
 def _positions(pos, T, capacity):
     p = int(np.asarray(pos).reshape(-1)[0]) + np.arange(T)
     return p, (p >= 0) & (p < capacity)
@@ -88,16 +94,17 @@ class Rope(OpDef):
 
 @register
 class StoreRows(OpDef):
-    """STORE_ROWS(dst [capacity, n], x [T, n], pos [1] i32), IN PLACE (out=dst): dst[pos[0]+t] = x[t]
-    for rows inside dst."""
+    """STORE_ROWS(dst [rows, n], x [T, n], pos [1] i32, capacity=rows), IN PLACE (out=dst):
+    dst[(pos[0]+t) % rows] = x[t] for positions in [0, capacity) (dst: a ring of the last rows)."""
     name, n_inputs = "STORE_ROWS", 3
     dtypes = ("f32", "i32")
 
     def infer(self, inputs, params):
         dst, x, pos = inputs
         nonempty(self.name, [dst, x])
-        check_params(self.name, params, ())
-        expect(self.name, "dst (input 0, [capacity, n])", dst, (None, None))
+        check_params(self.name, params, ("capacity",))
+        _positive_int(self.name, "capacity", params.get("capacity", 1))
+        expect(self.name, "dst (input 0, [rows, n])", dst, (None, None))
         expect(self.name, "x (input 1, [T, n])", x, (None, dst.shape[1]))
         expect(self.name, "pos (input 2)", pos, (1,), "i32")
         for what, t in (("dst", dst), ("x", x)):
@@ -110,24 +117,27 @@ class StoreRows(OpDef):
         if out.storage is not dst.storage or out.offset != dst.offset or out.strides != dst.strides:
             raise ValueError("STORE_ROWS writes in place: pass out=<the tensor given as input 0>")
         T, n = x.shape
-        push = pack_push([T, n, dst.shape[0], x.offset, x.strides[0], out.offset, out.strides[0], pos.offset])
+        push = pack_push([T, n, node.params.get("capacity", dst.shape[0]), dst.shape[0], x.offset, x.strides[0],
+                          out.offset, out.strides[0], pos.offset])
         return [Launch("store_rows", [x, pos, out], (2,), push, grid_1d(T * n))]
 
-    def reference(self, dst, x, pos):
+    def reference(self, dst, x, pos, capacity=None):
         out = np.array(dst, np.float64)
-        p, ok = _positions(pos, np.shape(x)[0], out.shape[0])
-        out[p[ok]] = np.asarray(x, np.float64)[ok]
+        p, ok = _positions(pos, np.shape(x)[0], out.shape[0] if capacity is None else capacity)
+        for t in np.flatnonzero(ok):                 # in order: a later row wins a shared slot
+            out[p[t] % out.shape[0]] = np.asarray(x, np.float64)[t]
         return out
 
 
-def reference_mqa(q, kv, pos, sinks, ent=None, idx=None, *, scale, window, mode="sliding", rate=1):
-    """float64 MQA_ATTENTION: q [T,H,hd], kv [C,hd], ent [n,hd], idx [T,K] i32 (−1: none)."""
+def reference_mqa(q, kv, pos, sinks, ent=None, idx=None, *, scale, window, mode="sliding", rate=1, capacity=None):
+    """float64 MQA_ATTENTION: q [T,H,hd], kv [rows,hd] (position j in row j % rows), ent [n,hd],
+    idx [T,K] i32 (−1: none); positions outside [0, capacity) give NaN."""
     q, kv = np.asarray(q, np.float64), np.asarray(kv, np.float64)
     T, H, hd = q.shape
-    p, ok = _positions(pos, T, kv.shape[0])
+    p, ok = _positions(pos, T, kv.shape[0] if capacity is None else capacity)
     out = np.full(q.shape, NAN)
     for t in np.flatnonzero(ok):
-        keys = [kv[max(p[t] - window + 1, 0):p[t] + 1]]
+        keys = [kv[np.arange(max(p[t] - window + 1, 0), p[t] + 1) % kv.shape[0]]]
         if mode == "hca":
             keys.append(np.asarray(ent, np.float64)[:min((p[t] + 1) // rate, len(ent))])
         elif mode == "csa":
@@ -145,15 +155,15 @@ MODES = ("sliding", "hca", "csa")
 
 @register
 class MqaAttention(OpDef):
-    """MQA_ATTENTION(q [T,H,hd], kv [capacity,hd], pos [1] i32, sinks [H][, ent [n,hd][, idx [T,K] i32]],
-    scale=, window=, mode="sliding"|"hca"|"csa", rate=, splits=1) -> [T,H,hd]: DeepSeek-V4's
+    """MQA_ATTENTION(q [T,H,hd], kv [rows,hd], pos [1] i32, sinks [H][, ent [n,hd][, idx [T,K] i32]],
+    scale=, window=, mode="sliding"|"hca"|"csa", rate=, splits=1, capacity=rows) -> [T,H,hd]: DeepSeek-V4's
     attention over the raw window plus compressed entries (shaders/mqa_attention.comp). splits > 1
     cuts each key list into that many parts on separate lanes, merged by one more dispatch."""
     name, n_inputs = "MQA_ATTENTION", None
     dtypes = ("f32", "i32")
 
     def infer(self, inputs, params):
-        check_params(self.name, params, ("scale", "window", "mode", "rate", "splits"))
+        check_params(self.name, params, ("scale", "window", "mode", "rate", "splits", "capacity"))
         mode = params.get("mode", "sliding")
         if mode not in MODES:
             raise ValueError(f"{self.name}: mode must be one of {MODES}, got {mode!r}")
@@ -165,7 +175,7 @@ class MqaAttention(OpDef):
         q, kv, pos, sinks = inputs[:4]
         expect(self.name, "q (input 0, [T, heads, head_dim])", q, (None, None, None))
         T, H, hd = q.shape
-        expect(self.name, "kv (input 1, [capacity, head_dim])", kv, (None, hd))
+        expect(self.name, "kv (input 1, [rows, head_dim])", kv, (None, hd))
         expect(self.name, "pos (input 2)", pos, (1,), "i32")
         expect(self.name, "sinks (input 3, [heads])", sinks, (H,))
         if mode != "sliding":
@@ -179,7 +189,7 @@ class MqaAttention(OpDef):
         if "scale" not in params:
             raise ValueError(f"{self.name} needs scale=<finite number> (head_dim^-0.5)")
         check_finite(f"{self.name} scale", params["scale"])
-        for k in ("window", "rate", "splits"):
+        for k in ("window", "rate", "splits", "capacity"):
             v = params.get(k, 1)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{self.name}: {k} must be an integer ≥ 1, got {v!r}")
@@ -203,18 +213,20 @@ class MqaAttention(OpDef):
         n_ent = ent.shape[0] if mode != "sliding" else 0
         K = idx.shape[1] if mode == "csa" else 0
         i_s0 = idx.strides[0] if mode == "csa" else 0
-        head = [T, H, hd, kv.shape[0], n_ent, K, q.offset, q.strides[0], q.strides[1], kv.offset, kv.strides[0],
-                ent.offset, ent.strides[0], idx.offset, i_s0]
+        head = [T, H, hd, prm.get("capacity", kv.shape[0]), n_ent, K, q.offset, q.strides[0], q.strides[1],
+                kv.shape[0], kv.offset, kv.strides[0], ent.offset, ent.strides[0], idx.offset, i_s0]
         tail = [pos.offset, sinks.offset]
         grid = grid_1d(T * H * S, 256 // lanes["LANES"])
         push = pack_push(head, [out.offset, out.strides[0], out.strides[1]], tail, float(prm["scale"]))
         return [Launch("mqa_attention", [q, kv, ent, idx, pos, sinks, out], (6,), push, grid,
                        defines=defs, spec=spec, **extra)]
 
-    def reference(self, q, kv, pos, sinks, ent=None, idx=None, scale=1.0, window=1, mode="sliding", rate=1, splits=1):
+    def reference(self, q, kv, pos, sinks, ent=None, idx=None, scale=1.0, window=1, mode="sliding", rate=1, splits=1,
+                  capacity=None):
         if splits != 1:
             raise ValueError("the reference of a split MQA_ATTENTION is that of MQA_COMBINE over it")
-        return reference_mqa(q, kv, pos, sinks, ent, idx, scale=scale, window=window, mode=mode, rate=rate)
+        return reference_mqa(q, kv, pos, sinks, ent, idx, scale=scale, window=window, mode=mode, rate=rate,
+                             capacity=capacity)
 
 
 @register
