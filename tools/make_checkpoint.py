@@ -12,7 +12,6 @@ import argparse
 import json
 import sys
 
-import numpy as np
 
 from dsv4_vk.model.checkpoint import write_random
 from dsv4_vk.model.config import PRESETS, ConfigError, preset

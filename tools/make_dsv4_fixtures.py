@@ -19,7 +19,6 @@ keep different tied entries. The configs use 16 index heads (a tie then needs 16
 products) or an index_topk at least the number of entries (no selection at all).
 """
 import argparse
-import json
 import os
 import shutil
 

@@ -8,7 +8,6 @@ per op split into prefill and decode, and whether both paths produced the same t
     python -m dsv4_vk demo [--checkpoint DIR | --preset demo --dtype f32 --seed 0 --out DIR]
                            [--tokens 16] [--prompt 8] [--temperature 0] [--top-k 1] [--no-profile]
 """
-import argparse
 import os
 import tempfile
 import time

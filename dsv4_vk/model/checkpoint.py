@@ -55,7 +55,8 @@ def tensor_shapes(cfg: V4Config) -> dict:
     for i in range(cfg.num_hidden_layers):
         p = f"layers.{i}."
         for site in ("attn", "ffn"):
-            s[p + f"hc_{site}_fn"], s[p + f"hc_{site}_base"], s[p + f"hc_{site}_scale"] = (M, cfg.hc_mult * D), (M,), (3,)
+            s[p + f"hc_{site}_fn"] = (M, cfg.hc_mult * D)
+            s[p + f"hc_{site}_base"], s[p + f"hc_{site}_scale"] = (M,), (3,)
         s[p + "attn_norm.weight"] = s[p + "ffn_norm.weight"] = (D,)
         a = p + "attn."
         s.update({a + "wq_a.weight": (qr, D), a + "q_norm.weight": (qr,), a + "wq_b.weight": (H * hd, qr),
@@ -181,7 +182,8 @@ def _read_file(fn, names):
             for k in sorted(keys if names is None else names):
                 dt = f.get_slice(k).get_dtype()
                 if dt not in FLOAT_DTYPES and dt not in INT_DTYPES:
-                    what = " (FP8/FP4 quantised weights or their block scales)" if dt.startswith(("F8", "F4", "U8", "I8")) else ""
+                    quantised = dt.startswith(("F8", "F4", "U8", "I8"))
+                    what = " (FP8/FP4 quantised weights or their block scales)" if quantised else ""
                     raise CheckpointError(f"{fn}: tensor {k!r} has dtype {dt}{what}; supported: F32, F16, BF16 "
                                           "weights and I64/I32 tid2eid (dequantise the checkpoint to BF16 first)")
                 out[k] = f.get_tensor(k)

@@ -83,8 +83,9 @@ class Compress(OpDef):
         n, d = out.shape
         defs = {"OVERLAP": 1} if prm.get("overlap") else {}
         T = prm["tokens"]
-        push = pack_push([T, d, cos.shape[0], cos.shape[1], n, st.shape[0], st.offset, st.strides[0], ape.offset, ape.strides[0],
-                          norm.offset, out.offset, out.strides[0], pos.offset, cos.offset, sin.offset, cos.strides[0]],
+        push = pack_push([T, d, cos.shape[0], cos.shape[1], n, st.shape[0], st.offset, st.strides[0],
+                          ape.offset, ape.strides[0], norm.offset, out.offset, out.strides[0], pos.offset,
+                          cos.offset, sin.offset, cos.strides[0]],
                          float(prm.get("eps", 1e-6)))
         return [Launch("compress", [st, ape, norm, pos, cos, sin, res], (6,), push, grid_1d(T, 1), defines=defs,
                        spec=(COMPRESS_WG, prm["rate"], d))]
