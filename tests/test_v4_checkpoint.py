@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from dsv4_vk.model.checkpoint import CheckpointError, load_hf, save_hf, tensor_shapes
+from dsv4_vk.model.checkpoint import CheckpointError, canonical, load_hf, save_hf, tensor_shapes
 from dsv4_vk.model.config import ConfigError, V4Config
 from dsv4_vk.model.reference import V4Reference
 
@@ -58,6 +58,26 @@ def test_write_read_round_trip(tmp_path, naming, shards):
     assert cfg2 == cfg and set(w2) == set(w)
     for k in w:
         assert w2[k].dtype == w[k].dtype and np.array_equal(w2[k].view(np.uint8), w[k].view(np.uint8)), k
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_transformers_in_memory_names_load_too(tmp_path, name):
+    """state_dict_shapes.json: the names and shapes of transformers' own state_dict (stacked experts,
+    self_attn.*, mlp.*), the third naming: they map one to one onto the canonical set, and a file
+    written in them loads to the same weights."""
+    d = os.path.join(FIX, f"dsv4_{name}")
+    cfg, w = load_hf(d)
+    with open(os.path.join(d, "state_dict_shapes.json")) as f:
+        sd = json.load(f)
+    mapped = {canonical(k): tuple(v) for k, v in sd.items()}
+    assert len(mapped) == len(sd) and mapped == {k: tuple(v) for k, v in tensor_shapes(cfg).items()}
+    out = tmp_path / "m"
+    out.mkdir()
+    shutil.copy(os.path.join(d, "config.json"), out / "config.json")
+    named = {k: (w[canonical(k)].astype(np.int64) if k.endswith("tid2eid") else w[canonical(k)]) for k in sd}
+    save_file(named, str(out / "model.safetensors"))
+    cfg2, w2 = load_hf(str(out))
+    assert cfg2 == cfg and all(w2[k].dtype == w[k].dtype and np.array_equal(w2[k], w[k]) for k in w)
 
 
 def _copy(tmp_path, name="dsv4_mixed"):

@@ -4,7 +4,8 @@
 
 Needs torch (CPU) and transformers ≥ 5.23, which CI cannot install; the files this writes are
 committed instead. For each tiny config below it writes `dsv4_<name>/`: the checkpoint exactly as
-`save_pretrained` writes it (config.json + safetensors), and `expected.npz` with the prompt, the
+`save_pretrained` writes it (config.json + safetensors), `state_dict_shapes.json` (transformers'
+in-memory tensor names and shapes, the third naming the loader maps), and `expected.npz` with the prompt, the
 forced decode tokens and transformers' float32 logits after the cached prefill (every prompt
 position) and after every cached decode step, plus the no-cache forward over the whole sequence.
 
@@ -19,6 +20,7 @@ keep different tied entries. The configs use 16 index heads (a tie then needs 16
 products) or an index_topk at least the number of entries (no selection at all).
 """
 import argparse
+import json
 import os
 import shutil
 
@@ -122,6 +124,8 @@ def make(name, kwargs, out_dir, seed):
         model.save_pretrained(d, max_shard_size="40KB")         # several shards + the index
     else:
         model.save_pretrained(d)
+    with open(os.path.join(d, "state_dict_shapes.json"), "w") as f:
+        json.dump({k: list(v.shape) for k, v in model.state_dict().items()}, f, indent=0, sort_keys=True)
     np.savez_compressed(os.path.join(d, "expected.npz"), prompt=prompt.astype(np.int64),
                         decode=decode.astype(np.int64), prefill=prefill, steps=steps, full=full)
     cached = np.concatenate([prefill, steps])
