@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS
+//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; - | PARTIAL | CANDIDATES
 // SAMPLE: a token per row of logits [T, V], on the device. cfg = (temperature, top_k) (f32 buffer),
 // state = (seed, counter) (i32 buffer). The top_k largest finite logits (ties: the lower id) are
 // found by top_k passes of a cluster argmax; temperature ≤ 0 or top_k = 1 is greedy (the first);
@@ -8,19 +8,32 @@
 // a PCG hash of (seed, counter + r). After the draws the counter advances by T (one workgroup,
 // so a barrier orders every read of the state before that write). A row without any finite logit
 // gets token −1.
-// Layout: ONE workgroup; clusters of LANES lanes (lanes.glsl) take rows r = cluster, cluster +
-// clusters, ...; lane l scans ids l, l+LANES, ... Candidates live in per-lane arrays (MAX_TOP_K).
+// Two stages for long rows (a vocabulary of 10^5 scanned by one cluster is latency-bound):
+//   -D PARTIAL     one cluster per (row, chunk of `chunk` logits) writes the chunk's top_k candidates
+//                  as (value, id as an exact float) pairs, MAX_TOP_K slots per chunk, unused (−inf, −1);
+//   -D CANDIDATES  the draw over those pairs: the same selection with the pair's id for ties, so
+//                  the union of the chunks' top_k holds the row's top_k and the token is the same.
+// Layout: clusters of LANES lanes (lanes.glsl); the draw runs in ONE workgroup whose clusters take
+// rows r = cluster, cluster + clusters, ...; lane l scans entries l, l+LANES, ... Candidates live in
+// per-lane arrays (MAX_TOP_K).
+// Push block: T, V (entries per row: logits, or chunks × MAX_TOP_K pairs), row view (offset, row and
+// entry strides), cfg and state offsets, output offset and row stride, chunk (PARTIAL).
 #include "lanes.glsl"
 layout(constant_id = 1) const int MAX_TOP_K = 64;   // candidates per lane array
 layout(binding = 0) readonly buffer L { float logits[]; };
 layout(binding = 1) readonly buffer C { float cfg[]; };
+#if defined(PARTIAL)
+layout(binding = 2) writeonly buffer O { float cand[]; };
+#else
 layout(binding = 2) buffer S { int state[]; };
 layout(binding = 3) writeonly buffer O { int tokens[]; };
+#endif
 layout(push_constant) uniform P {
     uint T, V;
     uint l_off, l_s0, l_s1;
     uint cfg_off, st_off;
     uint o_off, o_s0;
+    uint chunk;
 } p;
 
 #define NEG_INF uintBitsToFloat(0xFF800000u)
@@ -31,37 +44,66 @@ uint pcg(uint v) {
     return (word >> 22u) ^ word;
 }
 
+// entry j of a row: its value and the vocabulary id it stands for
+#if defined(CANDIDATES)
+#define VALUE(lb, j) logits[(lb) + 2u * (j) * p.l_s1]
+#define ID(lb, j) uint(logits[(lb) + (2u * (j) + 1u) * p.l_s1])
+#else
+#define VALUE(lb, j) logits[(lb) + (j) * p.l_s1]
+#define ID(lb, j) (j)
+#endif
+
+// The top_k largest finite values among entries [lo, hi) of the row at lb, in order (ties: lower id).
+int select_top(uint lb, uint lo, uint hi, int top_k, inout float vals[MAX_TOP_K], inout int ids[MAX_TOP_K]) {
+    uint lane = cluster_lane();
+    int n = 0;
+    float pv = 0.0;
+    uint pi = 0;
+    for (int r = 0; r < top_k; ++r) {
+        float bv = NEG_INF;
+        uint bi = 0xFFFFFFFFu;
+        for (uint j = lo + lane; j < hi; j += LANES) {
+            float v = VALUE(lb, j);
+            if (isnan(v) || isinf(v)) continue;
+            uint id = ID(lb, j);
+            bool below = r == 0 || v < pv || (v == pv && id > pi);     // after the previous pick
+            if (below && (v > bv || (v == bv && id < bi))) { bv = v; bi = id; }
+        }
+        float m = cluster_max(bv);
+        if (m == NEG_INF) break;                                     // no candidate left
+        pi = uint(-cluster_max(bv == m ? -float(bi) : NEG_INF));      // lowest id holding m
+        pv = m;
+        vals[n] = m;
+        ids[n] = int(pi);
+        ++n;
+    }
+    return n;
+}
+
 void main() {
     float temperature = cfg[p.cfg_off];
     int top_k = clamp(int(cfg[p.cfg_off + 1]), 1, MAX_TOP_K);
     if (!(temperature > 0.0)) top_k = 1;
+    float vals[MAX_TOP_K];
+    int ids[MAX_TOP_K];
+#if defined(PARTIAL)
+    uint chunks = (p.V + p.chunk - 1) / p.chunk;
+    uint item = cluster_id();                                        // (row, chunk), uniform per cluster
+    if (item >= p.T * chunks) return;
+    uint row = item / chunks, c = item % chunks;
+    uint lo = c * p.chunk;
+    int n = select_top(p.l_off + row * p.l_s0, lo, min(lo + p.chunk, p.V), top_k, vals, ids);
+    uint ob = p.o_off + row * p.o_s0 + c * uint(MAX_TOP_K) * 2u;
+    for (int j = int(cluster_lane()); j < MAX_TOP_K; j += LANES) {
+        cand[ob + 2u * uint(j)] = j < n ? vals[j] : NEG_INF;
+        cand[ob + 2u * uint(j) + 1u] = j < n ? float(ids[j]) : -1.0;      // ids < 2^24: exact floats
+    }
+#else
     uint seed = uint(state[p.st_off]), counter = uint(state[p.st_off + 1]);
     uint clusters = gl_WorkGroupSize.x / LANES;
     uint lane = cluster_lane();
     for (uint row = cluster_id(); row < p.T; row += clusters) {      // uniform per cluster
-        uint lb = p.l_off + row * p.l_s0;
-        float vals[MAX_TOP_K];
-        int ids[MAX_TOP_K];
-        int n = 0;
-        float pv = 0.0;
-        uint pi = 0;
-        for (int r = 0; r < top_k; ++r) {
-            float bv = NEG_INF;
-            uint bi = 0xFFFFFFFFu;
-            for (uint j = lane; j < p.V; j += LANES) {
-                float v = logits[lb + j * p.l_s1];
-                if (isnan(v) || isinf(v)) continue;
-                bool below = r == 0 || v < pv || (v == pv && j > pi);     // after the previous pick
-                if (below && (v > bv || (v == bv && j < bi))) { bv = v; bi = j; }
-            }
-            float m = cluster_max(bv);
-            if (m == NEG_INF) break;                                     // no candidate left
-            pi = uint(-cluster_max(bv == m ? -float(bi) : NEG_INF));      // lowest id holding m
-            pv = m;
-            vals[n] = m;
-            ids[n] = int(pi);
-            ++n;
-        }
+        int n = select_top(p.l_off + row * p.l_s0, 0u, p.V, top_k, vals, ids);
         int token = n > 0 ? ids[0] : -1;
         if (n > 1) {
             float total = 0.0;
@@ -78,4 +120,5 @@ void main() {
     }
     barrier();
     if (gl_LocalInvocationID.x == 0) state[p.st_off + 1] = int(counter + p.T);
+#endif
 }

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import dsv4_vk.ops.sample as sample_ops
 from dsv4_vk import Executor, Graph
 from dsv4_vk.hc.metrics import max_abs, nmse
 from dsv4_vk.ops import get_op
@@ -132,6 +133,68 @@ def test_sample_greedy_and_top_k_match_the_reference_draw_by_draw(rng):
             near[r] = np.min(np.abs(np.cumsum(p) - sample_uniform(seed, counter + r))) < 1e-5
         assert near.sum() <= T // 50                            # ≥ 98% of the draws compared exactly
         assert np.array_equal(out["tok"][~near], ref[~near])
+
+
+@pytest.mark.parametrize("temp, k", [(0.0, 1), (0.8, 5), (1.2, 64)])
+def test_two_stage_sample_draws_the_single_stage_token(rng, temp, k):
+    """SAMPLE_CANDIDATES (top_k per 2048-logit chunk) then SAMPLE over the pairs: the same tokens as
+    SAMPLE over the whole row, with ties across chunks, NaN/inf logits and a row without any."""
+    T, V = 5, sample_ops.SPLIT_MIN_VOCAB + 3000            # a partial last chunk
+    lg = (rng.standard_normal((T, V)) * 2).astype(np.float32)
+    lg[0, [7, 3000, V - 1]] = lg[0].max() + 1              # a three-way tie in three chunks: id 7 first
+    lg[1, ::3] = np.nan
+    lg[1, 5::7] = np.inf
+    lg[2, :] = -np.inf                                     # no finite logit: token −1
+    lg[3, :] = 0.25                                        # everything tied: ids in order
+    seed, counter = int(rng.integers(0, 2**31)), int(rng.integers(0, 2**30))
+    toks = {}
+    for split in (False, True):
+        g = Graph()
+        li, ci, si = g.input("l", (T, V)), g.input("c", (2,)), g.input("s", (2,), "i32")
+        if split:
+            cands = g.op("SAMPLE_CANDIDATES", li, ci)
+            g.output("cands", cands)
+            g.output("tok", g.op("SAMPLE", cands, ci, si, candidates=True))
+            assert [n.op.name for n in g.nodes] == ["SAMPLE_CANDIDATES", "SAMPLE"]
+        else:
+            g.output("tok", g.op("SAMPLE", li, ci, si))
+        g.output("state", si)
+        cfg = np.array([temp, k], np.float32)
+        out = run_graph(g, l=lg, c=cfg, s=np.array([seed, counter], np.int32))
+        assert list(out["state"]) == [seed, counter + T]
+        toks[split] = out["tok"]
+        if split:
+            ref = get_op("SAMPLE_CANDIDATES").reference(lg, cfg)
+            assert np.array_equal(out["cands"], ref.astype(np.float32))
+            assert np.array_equal(out["tok"], get_op("SAMPLE").reference(ref, cfg, [seed, counter], candidates=True))
+    assert np.array_equal(toks[False], toks[True])
+    assert toks[True][2] == -1
+    if temp == 0 or k == 1:
+        assert toks[True][0] == 7 and toks[True][3] == 0
+
+
+def test_two_stage_sample_at_deepseek_vocabulary(rng):
+    T, V = 2, 129280
+    lg = (rng.standard_normal((T, V)) * 3).astype(np.float32)
+    for temp, k in ((0.0, 1), (0.9, 64)):
+        g = Graph()
+        li, ci, si = g.input("l", (T, V)), g.input("c", (2,)), g.input("s", (2,), "i32")
+        g.output("tok", sample_ops.sample(g, li, ci, si))
+        cfg, st = np.array([temp, k], np.float32), np.array([11, 5], np.int32)
+        out = run_graph(g, l=lg, c=cfg, s=st)
+        assert np.array_equal(out["tok"], get_op("SAMPLE").reference(lg, cfg, st))
+
+
+def test_model_graph_samples_long_vocabularies_in_two_stages():
+    g = Graph()
+    li, ci = g.input("l", (1, sample_ops.SPLIT_MIN_VOCAB)), g.input("c", (2,))
+    sample_ops.sample(g, li, ci, g.input("s", (2,), "i32"))
+    sample_ops.sample(g, g.input("short", (1, 100)), ci, g.input("s2", (2,), "i32"))
+    assert [n.op.name for n in g.nodes] == ["SAMPLE_CANDIDATES", "SAMPLE", "SAMPLE"]
+    with pytest.raises(ValueError, match="longer than 8000: sample it in two stages"):
+        g.op("SAMPLE", g.input("long", (1, 8001)), ci, g.input("s4", (2,), "i32"))
+    with pytest.raises(ValueError, match="candidates=True needs SAMPLE_CANDIDATES pairs"):
+        g.op("SAMPLE", g.input("odd", (1, 100)), ci, g.input("s3", (2,), "i32"), candidates=True)
 
 
 def test_sample_frequencies_follow_the_top_k_softmax():

@@ -23,6 +23,7 @@ import numpy as np
 
 from .. import hc
 from ..core.graph import Graph
+from ..ops.sample import sample
 from ..ops.v4_attention import rope_table
 from .checkpoint import BF16
 from .config import CSA, HCA, SWA, V4Config
@@ -132,7 +133,7 @@ class ModelGraph:
         logits = self.forward(self.ids, T)
         g.output("logits", logits)
         last = g.op("GET_ROWS", logits, self.param("step.last")) if prefill else logits
-        g.op("SAMPLE", last, self.param("sampler.cfg"), self.param("sampler.state"), out=self.param("step.token"))
+        sample(g, last, self.param("sampler.cfg"), self.param("sampler.state"), out=self.param("step.token"))
 
     def param(self, name):
         a = self.params[name]
