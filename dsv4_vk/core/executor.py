@@ -2,19 +2,26 @@
 
 Every storage gets its own pooled buffer laid out as [guard | data | guard]; the guards are filled
 with a sentinel when the graph is compiled and `check_guards()` tells whether any kernel wrote
-outside its tensor. Inputs are written into their buffers before each replay; outputs are read
-back after it. No recording happens on replay.
+outside its tensor. Inputs are written into their buffers (host arrays) or copied into them on the
+device (device Tensors) before each replay; outputs are read back, copied into device Tensors
+(`out=`), or left on the device. No recording happens on replay: device-tensor copies go into small
+command buffers submitted with the recording, in the same vkQueueSubmit.
 """
+from __future__ import annotations
+
 import collections
+import threading
 
 import numpy as np
 
 from . import profile
 from .tensor import DTYPES, dtype_name, itemsize
 from ..vk import Buffer, Recorder, default_device
+from ..vk.memory import GUARD, SENTINEL, guarded_buffer, guards_intact  # noqa: F401  (re-exported)
+from ..vk.recorder import record_copies
+from ..vk.tensor import Tensor as DeviceTensor, data_bytes
 
-GUARD = 64                      # elements before and after every storage (256 B: a legal bind offset)
-SENTINEL = np.uint32(0x7FC0DEAD)  # a NaN with a payload no kernel produces
+IO_CACHE = 4        # per compiled graph: recorded copy command buffers kept per (inputs, outputs) buffers
 
 
 class RunStats:
@@ -41,58 +48,94 @@ class RunStats:
                 f"paths={[(p[0], p[1]) for p in self.paths]})")
 
 
-def guarded_buffer(device, numel, data=None, host_visible=False, size=4):
-    """A pooled buffer laid out [guard | numel elements of `size` bytes | guard], guards set to SENTINEL
-    (guards are GUARD 4-byte words; the data region is padded to a multiple of 4 bytes).
-    host_visible: mapped even where device memory is not (small values written/read every step)."""
-    if host_visible and not device.is_host_visible:
-        buf = Buffer(device, _data_bytes(numel, size) + 2 * GUARD * 4, host_visible=True)
-    else:
-        buf = device.pool.alloc(_data_bytes(numel, size) + 2 * GUARD * 4)
-    guard = np.full(GUARD, SENTINEL, np.uint32)
-    buf.write(guard, 0)
-    buf.write(guard, GUARD * 4 + _data_bytes(numel, size))
-    if data is not None:
-        buf.write(data, GUARD * 4)
-    return buf
+class Submission:
+    """One submitted run of a compiled graph: `wait()` blocks until the GPU finished it (then its
+    outputs can be read), `done()` polls. Holds the device tensors it copies until then."""
 
+    def __init__(self, compiled, keep):
+        self.compiled, self._keep, self._waited = compiled, keep, False
 
-def _data_bytes(numel, size):
-    return -(-numel * size // 4) * 4
+    def done(self) -> bool:
+        return self._waited or self.compiled._fence_signalled()
 
-
-def guards_intact(buf, numel, size=4):
-    head = buf.read(0, GUARD * 4).view(np.uint32)
-    tail = buf.read(GUARD * 4 + _data_bytes(numel, size), GUARD * 4).view(np.uint32)
-    return bool((head == SENTINEL).all() and (tail == SENTINEL).all())
+    def wait(self) -> None:
+        if not self._waited:
+            cg = self.compiled
+            cg.device.wait(cg.recording.fence_arr)
+            self._waited, self._keep = True, None
+            if cg._pending is self:
+                cg._pending = None
+            cg._finished()
 
 
 class CompiledGraph:
+    """A graph recorded once on a device and run many times (a "program").
+
+    `run(inputs)` → {output: numpy array}; `replay(inputs)` leaves the outputs on the device (`read`
+    them, or give `out={name: Tensor}`); `submit(inputs)` returns a Submission at once, so the host
+    can prepare the next step while the GPU runs. Inputs are numpy arrays or device Tensors (copied
+    on the device). A compiled graph serves one caller at a time: run/replay hold its lock."""
+
     def __init__(self, device, graph, timestamps=False, params=None, repeat=1):
         """repeat: record the graph's dispatches that many times in the one command buffer
         (benchmarks: per-submit costs are then shared, as in a real step of many kernels)."""
+        device.check_open()
         self.device, self.graph, self.timestamps = device, graph, timestamps
         self.repeat = repeat
         self.buffers = {}
         self._owned = []
-        for s in graph.storages:
-            if s.kind == "param":
-                p = (params or {}).get(s.name)
-                if p is None:
-                    raise ValueError(f"graph uses param {s.name!r} but the executor has none: "
-                                     "call Executor.set_param first")
-                if p.numel != s.numel or p.dtype != s.dtype:
-                    raise ValueError(f"param {s.name!r} holds {p.numel} {p.dtype}, graph wants {s.numel} {s.dtype}")
-                self.buffers[id(s)] = p.buffer
-                continue
-            buf = guarded_buffer(device, s.numel, s.data if s.kind == "const" else None, size=itemsize(s.dtype))
-            self.buffers[id(s)] = buf
-            self._owned.append(buf)
-        rec = Recorder(device, timestamps=timestamps)
-        for node in [n for _ in range(repeat) for n in graph.nodes]:
-            for launch in node.op.lower(node, device):
-                self._record(rec, node, launch)
-        self.recording = rec.finish()
+        self._unguarded = set()
+        self._lock = threading.RLock()
+        self._pending = None
+        self._io = collections.OrderedDict()     # copies key -> (VkSubmitInfo, keepalive)
+        self._stage = None                       # (upload, {input: offset}, download, {output: offset})
+        self._staged = set()                     # outputs of the last run waiting in the download buffer
+        self.stats = None
+        self._check_ranges()
+        try:
+            for s in graph.storages:
+                if s.kind == "param":
+                    self.buffers[id(s)] = self._param_buffer(s, params)
+                    continue
+                buf = guarded_buffer(device, s.numel, s.data if s.kind == "const" else None, size=itemsize(s.dtype))
+                self.buffers[id(s)] = buf
+                self._owned.append(buf)
+            rec = Recorder(device, timestamps=timestamps)
+            for node in [n for _ in range(repeat) for n in graph.nodes]:
+                for launch in node.op.lower(node, device):
+                    self._record(rec, node, launch)
+            self.recording = rec.finish()
+        except BaseException:
+            for buf in self._owned:
+                device.pool.free(buf)
+            self._owned = []
+            raise
+        self.nbytes = sum(b.nbytes for b in self._owned)
+        self._io_specs()
+
+    def _check_ranges(self):
+        """Refuse (before allocating anything) a storage that could not be bound whole."""
+        limit = self.device.caps.limits.max_storage_buffer_range
+        for i, s in enumerate(self.graph.storages):
+            if s.nbytes > limit:
+                raise ValueError(f"{s.kind} tensor {s.name or '#' + str(i)} of {s.nbytes} bytes exceeds this "
+                                 f"device's maxStorageBufferRange of {limit} bytes ({self.device.name}): "
+                                 "split the work into smaller calls (e.g. fewer tokens)")
+
+    def _param_buffer(self, s, params):
+        p = s.data if s.data is not None else (params or {}).get(s.name)
+        if p is None:
+            raise ValueError(f"graph uses param {s.name!r} but the executor has none: "
+                             "call Executor.set_param first (or bind a device Tensor with Graph.bind)")
+        if not isinstance(p, DeviceTensor):
+            raise ValueError(f"param {s.name!r} must be a dsv4_vk.Tensor, got {type(p).__name__}")
+        if p.device is not self.device:
+            raise ValueError(f"param {s.name!r} lives on {p.device!r}, the graph is compiled for {self.device!r}")
+        if p.numel != s.numel or p.dtype_name != s.dtype:
+            raise ValueError(f"param {s.name!r} holds {p.numel} {p.dtype_name}, graph wants {s.numel} {s.dtype}")
+        if not p.guarded:
+            self._unguarded.add(id(s))
+        return p._buf()
 
     def _record(self, rec, node, launch):
         dev = self.device
@@ -101,19 +144,25 @@ class CompiledGraph:
         bufs, reads, writes = [], [], []
         for i, t in enumerate(launch.args):
             buf = self.buffers[id(t.storage)]
-            bufs.append((buf, GUARD * 4))
+            # bound past the leading guard, so offsets in push constants are storage-relative; the
+            # range is the storage's own (never the pooled buffer's rounded size)
+            bufs.append((buf, GUARD * 4, max(4, data_bytes(t.storage.numel, t.dtype))))
             lo, hi = t.extent()
             sz = itemsize(t.dtype)
             rng = (buf, GUARD * 4 + lo * sz, GUARD * 4 + -(-hi * sz // 4) * 4)
             (writes if i in launch.writes else reads).append(rng)
-        # bound past the leading guard, so offsets in push constants are storage-relative
         label = launch.label or node.tag or node.op.name
         rec.dispatch(pipe, bufs, launch.push, launch.grid, reads, writes, label=label)
 
-    def set_input(self, name, array):
+    # --- inputs and outputs ---------------------------------------------------------------------------
+    def _input(self, name):
         t = self.graph.inputs.get(name)
         if t is None:
             raise ValueError(f"graph has no input {name!r}; inputs are {sorted(self.graph.inputs)}")
+        return t
+
+    def _host_input(self, name, array):
+        t = self._input(name)
         a = np.asarray(array)
         want = DTYPES[t.dtype]
         if a.shape != t.shape:
@@ -122,7 +171,149 @@ class CompiledGraph:
             if not (np.issubdtype(a.dtype, np.floating) and want == np.float32):
                 raise ValueError(f"input {name!r} has dtype {a.dtype}, expected {np.dtype(want)}")
             a = a.astype(np.float32)
-        self.buffers[id(t.storage)].write(np.ascontiguousarray(a), GUARD * 4)
+        return np.ascontiguousarray(a)
+
+    def set_input(self, name, array):
+        """Write a host array into input `name` now (a staging copy where memory is not mapped)."""
+        t = self._input(name)
+        self.buffers[id(t.storage)].write(self._host_input(name, array), GUARD * 4)
+
+    def _staging(self):
+        """Mapped upload and download buffers for host arrays, on devices whose memory the host cannot
+        map: numpy inputs and read-back outputs then travel in the run's own submit (the copies
+        around the recording) instead of a staging submit each. Laid out once, made on first use."""
+        if self._stage is None:
+            def layout(sizes):
+                offs, end = {}, 0
+                for k, n in sizes:
+                    offs[k], end = end, end + -(-n // 256) * 256
+                return offs, end
+            up, up_bytes = layout([(k, n) for k, (_, _, n) in self._in_spec.items()])
+            down, down_bytes = layout([(k, n) for k, (_, _, _, n, contiguous) in self._out_spec.items() if contiguous])
+            bufs = [Buffer(self.device, max(4, b), host_visible=True) for b in (up_bytes, down_bytes)]
+            self._stage = (bufs[0], up, bufs[1], down)
+            self.nbytes += sum(b.nbytes for b in bufs)
+        return self._stage
+
+    def _io_specs(self):
+        """Per input and output: what a device-tensor copy needs, computed once."""
+        self._in_spec = {k: (t, self.buffers[id(t.storage)], data_bytes(t.numel, t.dtype))
+                         for k, t in self.graph.inputs.items()}
+        self._out_spec = {k: (t, self._buffer(t), GUARD * 4 + t.offset * itemsize(t.dtype), data_bytes(t.numel, t.dtype),
+                              t.is_contiguous) for k, t in self.graph.outputs.items()}
+        self._out_alloc = [(t.shape, t.dtype, t.numel) for t in self.graph.outputs.values()]
+
+    def _copy_in(self, name, src):
+        spec = self._in_spec.get(name)
+        if spec is None:
+            self._input(name)
+        t, buf, nbytes = spec
+        if src.device is not self.device:
+            raise ValueError(f"input {name!r} lives on {src.device!r}, the graph runs on {self.device!r}")
+        if src.shape != t.shape or src.dtype_name != t.dtype:
+            raise ValueError(f"input {name!r} is a {src.dtype_name} Tensor of shape {src.shape}, "
+                             f"expected {t.dtype} {t.shape}")
+        return (src._buf(), GUARD * 4, buf, GUARD * 4, nbytes)
+
+    def _copy_out(self, name, dst):
+        spec = self._out_spec.get(name)
+        if spec is None:
+            raise ValueError(f"graph has no output {name!r}; outputs are {sorted(self.graph.outputs)}")
+        t, buf, off, nbytes, contiguous = spec
+        if not isinstance(dst, DeviceTensor) or dst.device is not self.device:
+            raise ValueError(f"out[{name!r}] must be a dsv4_vk.Tensor on {self.device!r}, got {dst!r}")
+        if dst.shape != t.shape or dst.dtype_name != t.dtype:
+            raise ValueError(f"out[{name!r}] is a {dst.dtype_name} Tensor of shape {dst.shape}, "
+                             f"expected {t.dtype} {t.shape}")
+        if not contiguous:
+            raise ValueError(f"output {name!r} is a strided view: add g.op('CONT', ...) to copy it out")
+        return (buf, off, dst._buf(), GUARD * 4, nbytes)
+
+    def new_outputs(self):
+        """{output name: a new device Tensor of its shape} (to pass as `out`)."""
+        return dict(zip(self._out_spec, DeviceTensor._pooled_many(self.device, self._out_alloc)))
+
+    def _io_info(self, copies_in, copies_out):
+        """The VkSubmitInfo of [copies in, the recording, copies out], recorded once per buffer set."""
+        key = (tuple((c[0].serial, c[2].serial, c[1], c[3], c[4]) for c in copies_in),
+               tuple((c[0].serial, c[2].serial, c[1], c[3], c[4]) for c in copies_out))   # buffers, offsets, sizes
+        hit = self._io.get(key)
+        if hit is not None:
+            self._io.move_to_end(key)
+            return hit[0]
+        rec = self.recording
+        if len(self._io) >= IO_CACHE:
+            _, (_, cmds) = self._io.popitem(last=False)     # not in flight: its command buffers are reused
+        else:
+            cmds = [rec.allocate_command_buffer(), rec.allocate_command_buffer()]
+        chain = []
+        if copies_in:
+            record_copies(cmds[0], copies_in)
+            chain.append(cmds[0])
+        chain.append(rec.cmd)
+        if copies_out:
+            record_copies(cmds[1], copies_out)
+            chain.append(cmds[1])
+        info, arr = self.device.submit_info(chain)
+        self._io[key] = ((info, arr), cmds)
+        return info, arr
+
+    def submit(self, inputs: dict | None = None, out: dict | None = None, read_back=(), **kw) -> Submission:
+        """Start a run: write host inputs, copy device-tensor inputs in and the outputs named in
+        `out` ({name: Tensor}) out, in one submit. Returns a Submission; a run still in flight on
+        this graph is waited for first. read_back: output names `read` will ask for after the run
+        (where the host cannot map device memory they come back in the same submit)."""
+        with self._lock:
+            if self._pending is not None:
+                self._pending.wait()
+            if self.recording.cmd is None:
+                self.device.check_open()
+                raise ValueError("this compiled graph was released")
+            copies_in, copies_out, keep = [], [], []
+            stage = None if self.device.is_host_visible else self._staging()
+            for k, v in {**(inputs or {}), **kw}.items():
+                if isinstance(v, DeviceTensor):
+                    copies_in.append(self._copy_in(k, v))
+                    keep.append(v)
+                elif stage is None:
+                    self.set_input(k, v)
+                else:
+                    a = self._host_input(k, v)
+                    up, off = stage[0], stage[1][k]
+                    up._view[off:off + a.nbytes] = a.view(np.uint8).reshape(-1)
+                    copies_in.append((up, off, self._in_spec[k][1], GUARD * 4, a.nbytes))
+            for k, v in (out or {}).items():
+                copies_out.append(self._copy_out(k, v))
+                keep.append(v)
+            self._staged = set()
+            if stage is not None:
+                for k in read_back:
+                    if k in stage[3] and k not in (out or {}):
+                        _, buf, off, n, _ = self._out_spec[k]
+                        copies_out.append((buf, off, stage[2], stage[3][k], n))
+                        self._staged.add(k)
+            copies_in = [c for c in copies_in if c[4]]
+            copies_out = [c for c in copies_out if c[4]]
+            info = self._io_info(copies_in, copies_out)[0] if copies_in or copies_out else None
+            self.recording.start(info)
+            self.last_submit_info = info if info is not None else self.recording.submit_info   # (benchmarks)
+            self._pending = Submission(self, keep)
+            return self._pending
+
+    def _fence_signalled(self):
+        from ..vk.binding import lib
+        return lib.vkGetFenceStatus(self.device.device, self.recording.fence) == 0
+
+    def _finished(self):
+        if self.timestamps or profile.active():
+            self.stats = RunStats(self, self.recording.timings() if self.timestamps else None)
+            profile.notify(self.stats)
+        else:
+            self.stats = None
+
+    def run_stats(self):
+        """RunStats of the last run (built on request when nothing was profiled)."""
+        return self.stats if self.stats is not None else RunStats(self)
 
     def _buffer(self, t):
         """Buffer of a tensor of this graph, or of an equal graph (same signature) built again."""
@@ -131,89 +322,111 @@ class CompiledGraph:
             buf = self.buffers[id(self.graph.storages[t.graph.storages.index(t.storage)])]
         return buf
 
-    def read(self, t):
-        """numpy copy of any graph tensor view (after a run)."""
+    def read(self, t) -> np.ndarray:
+        """numpy copy of any graph tensor view, or of the output named `t` (after a run)."""
+        if isinstance(t, str):
+            if t not in self.graph.outputs:
+                raise ValueError(f"graph has no output {t!r}; outputs are {sorted(self.graph.outputs)}")
+            if t in self._staged:                 # copied into the mapped download buffer by the run
+                down, offs = self._stage[2], self._stage[3]
+                o = self.graph.outputs[t]
+                n = o.numel * itemsize(o.dtype)
+                return down._view[offs[t]:offs[t] + n].view(DTYPES[o.dtype]).reshape(o.shape).copy()
+            t = self.graph.outputs[t]
         buf = self._buffer(t)
-        sz = itemsize(t.dtype)
-        raw = buf.read(GUARD * 4, t.storage.numel * sz).view(DTYPES[t.dtype])
         if t.numel == 0:
             return np.zeros(t.shape, DTYPES[t.dtype])
+        if t.is_contiguous:
+            sz = itemsize(t.dtype)
+            return buf.read(GUARD * 4 + t.offset * sz, t.numel * sz).view(DTYPES[t.dtype]).reshape(t.shape)
+        sz = itemsize(t.dtype)
+        raw = buf.read(GUARD * 4, t.storage.numel * sz).view(DTYPES[t.dtype])
         view = np.lib.stride_tricks.as_strided(raw[t.offset:], t.shape, [s * sz for s in t.strides])
         return np.array(view)
 
-    def replay(self, inputs=None, **kw):
+    def replay(self, inputs: dict | None = None, out: dict | None = None, **kw) -> None:
         """Write the given inputs (others keep their last values), submit the recorded command buffer
-        once and wait; outputs stay on the device (`read` them, or read params). The cheap path of a
-        decode loop: no recording, no read-back."""
-        for k, v in {**(inputs or {}), **kw}.items():
-            self.set_input(k, v)
-        self.recording.submit()
-        if self.timestamps or profile.active():
-            self.stats = RunStats(self, self.recording.timings() if self.timestamps else None)
-            profile.notify(self.stats)
+        once and wait; outputs stay on the device (`read` them, or read params, or pass `out`). The
+        cheap path of a decode loop: no recording, no read-back."""
+        with self._lock:
+            self.submit(inputs, out, **kw).wait()
 
-    def run(self, inputs=None, **kw):
-        """Write inputs, replay the recorded command buffer, return {output name: array}."""
-        for k, v in {**(inputs or {}), **kw}.items():
-            self.set_input(k, v)
-        self.recording.submit()
-        self.stats = RunStats(self, self.recording.timings() if self.timestamps else None)
-        profile.notify(self.stats)
-        return {k: self.read(t) for k, t in self.graph.outputs.items()}
+    def run(self, inputs: dict | None = None, out: dict | None = None, **kw) -> dict:
+        """Write inputs, replay the recorded command buffer, return {output name: array} (outputs
+        copied into `out` tensors are not read back)."""
+        with self._lock:
+            names = [k for k in self.graph.outputs if k not in (out or {})]
+            self.submit(inputs, out, names, **kw).wait()
+            self.stats = self.run_stats()
+            return {k: self.read(k) for k in names}
 
     def check_guards(self):
         """Names of storages whose guard regions were overwritten (empty list: all intact)."""
         return [s.name or f"{s.kind}#{i}" for i, s in enumerate(self.graph.storages)
-                if not guards_intact(self.buffers[id(s)], s.numel, itemsize(s.dtype))]
+                if id(s) not in self._unguarded and not guards_intact(self.buffers[id(s)], s.numel, itemsize(s.dtype))]
 
     def release(self):
-        self.recording.destroy()
-        for buf in self._owned:
-            self.device.pool.free(buf)
-        self.buffers, self._owned = {}, []
+        with self._lock:
+            if self._pending is not None and not self.device.closed:
+                self._pending.wait()
+            self.recording.destroy()
+            if not self.device.closed:
+                for buf in self._owned:
+                    self.device.pool.free(buf)
+                for buf in (self._stage or ())[::2]:
+                    buf.destroy()
+            self.buffers, self._owned, self._io, self._stage = {}, [], collections.OrderedDict(), None
+
+    def __del__(self):
+        # a finalizer may run on any thread at any time: no locks, buffers queued for the pool
+        try:
+            if self.device.closed or not self._owned:
+                return
+            if self._pending is not None:
+                self.device.wait(self.recording.fence_arr)
+            self.recording.destroy()
+            for buf in self._owned + list((self._stage or ())[::2]):
+                self.device.pool.free_later(buf)    # the mapped staging pair is destroyed, not pooled
+            self._owned = []
+        except Exception:
+            pass
 
 
-class Param:
+class Param(DeviceTensor):
     """A named device tensor owned by an executor and shared by its graphs (weights, KV caches)."""
 
     def __init__(self, device, name, array, host_visible=False):
-        self.name, self.shape = name, array.shape
-        self.dtype = dtype_name(array.dtype)
-        self.numel = array.size
-        self.buffer = guarded_buffer(device, self.numel, array, host_visible, size=array.dtype.itemsize)
+        a = np.asarray(array)
+        super().__init__(device, a.shape, a.dtype, host_visible=host_visible, fill_guards=True)
+        self.name = name
+        self.write(a)
 
-    def release(self):
-        """Return the buffer: to the pool, or (a host-visible one outside the pool) destroy it, so
-        that no host-memory buffer is ever handed out for a device tensor."""
-        if self.buffer.host_visible and not self.buffer.device.is_host_visible:
-            self.buffer.destroy()
-        else:
-            self.buffer.device.pool.free(self.buffer)
+    @property
+    def dtype(self) -> str:
+        """The dtype name ('f32', 'bf16', ...): executor params keep the graph's naming."""
+        return self.dtype_name
 
     def read(self):
-        raw = self.buffer.read(GUARD * 4, self.numel * itemsize(self.dtype)).view(DTYPES[self.dtype])
-        return raw.reshape(self.shape).copy()
+        return self.numpy().copy()
 
     def write(self, array, start=0):
         """Overwrite elements [start, start + array.size) in place (same dtype), e.g. one per-step value."""
-        a = np.ascontiguousarray(array, dtype=DTYPES[self.dtype]).reshape(-1)
+        a = np.ascontiguousarray(array, dtype=DTYPES[self.dtype_name]).reshape(-1)
         if start < 0 or start + a.size > self.numel:
             raise ValueError(f"param {self.name!r}: writing {a.size} element(s) at {start} overruns its {self.numel}")
-        self.buffer.write(a, (GUARD + start) * 4)
-
-    def read_at(self, start, count=1):
-        """Elements [start, start + count) as a numpy array (a few values without reading the rest)."""
-        if start < 0 or count < 0 or start + count > self.numel:
-            raise ValueError(f"param {self.name!r}: reading {count} element(s) at {start} overruns its {self.numel}")
-        return self.buffer.read((GUARD + start) * 4, count * 4).view(DTYPES[self.dtype]).copy()
+        super().write(a, start)
 
 
 class Executor:
-    """Compiles graphs once per signature and replays them."""
+    """Compiles graphs once per signature and replays them (up to `cache_size` graphs and the
+    device's byte budget; the least recently used are dropped). Thread-safe: a graph run by two
+    threads at once runs twice in turn."""
 
     def __init__(self, device=None, timestamps=False, cache_size=64):
         self.device = device or default_device()
+        self.device.check_open()
         self.timestamps = timestamps
+        self._lock = threading.RLock()
         self._cache = collections.OrderedDict()
         self.cache_size = cache_size
         self.params = {}
@@ -225,9 +438,13 @@ class Executor:
         a = np.ascontiguousarray(array)
         if a.dtype == np.float64:
             a = a.astype(np.float32)
+        with self._lock:
+            return self._set_param(name, a, host_visible)
+
+    def _set_param(self, name, a, host_visible):
         p = self.params.get(name)
-        if p is not None and p.numel == a.size and p.dtype == dtype_name(a.dtype):
-            p.buffer.write(a, GUARD * 4)
+        if p is not None and p.numel == a.size and p.dtype_name == dtype_name(a.dtype):
+            p.write(a)
             p.shape = a.shape
         else:
             if p is not None:
@@ -244,15 +461,20 @@ class Executor:
     def compile(self, graph):
         timestamps = self.timestamps or profile.active()
         key = (graph.signature(), timestamps)
-        cg = self._cache.get(key)
-        if cg is None:
-            cg = CompiledGraph(self.device, graph, timestamps, self.params)
-            self._cache[key] = cg
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)[1].release()
-        else:
-            self._cache.move_to_end(key)
-        return cg
+        with self._lock:
+            cg = self._cache.get(key)
+            if cg is None:
+                cg = CompiledGraph(self.device, graph, timestamps, self.params)
+                self._cache[key] = cg
+                # past cache_size graphs or the device's byte budget the least recently used is
+                # dropped: freed as soon as nobody holds it (a caller keeping it, e.g. a model's
+                # decode graph, keeps it working)
+                while len(self._cache) > 1 and (len(self._cache) > self.cache_size or
+                                                sum(c.nbytes for c in self._cache.values()) > self.device.cache_bytes):
+                    self._cache.popitem(last=False)
+            else:
+                self._cache.move_to_end(key)
+            return cg
 
     def run(self, graph, inputs=None, **kw):
         cg = self.compile(graph)

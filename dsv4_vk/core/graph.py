@@ -5,6 +5,8 @@
     y = g.op("SCALE", x, a=2.0, b=1.0)
     g.output("y", y)
     Executor().run(g, x=array)       # -> {"y": array}
+    prog = g.compile(device)         # or: a program you keep and call many times
+    prog.run(x=array)                # -> {"y": array}; prog.replay(x=tensor, out={"y": tensor}) stays on the device
 
 Composite ops (the HC ops) are graph functions that append either their fused node or their
 unfused chain of primitive nodes; `g.paths` records which, and why.
@@ -17,8 +19,10 @@ import math
 
 import numpy as np
 
+from ..vk import default_device
 from .opdef import get_op
 from .tensor import DTYPES, Storage, Tensor, dtype_name
+from ..vk.tensor import Tensor as DeviceTensor
 
 
 class Node:
@@ -66,11 +70,28 @@ class Graph:
         """A named tensor that lives outside the graph, in the executor (`Executor.set_param`):
         weights shared by several graphs, KV caches that persist across replays."""
         for s in self.storages:
-            if s.kind == "param" and s.name == name:
+            if s.kind == "param" and s.name == name and s.data is None:
                 if s.numel != math.prod(shape) or s.dtype != dtype:
                     raise ValueError(f"param {name!r} used with two shapes/dtypes")
                 return Tensor(self, s, shape)
         return Tensor(self, self._storage(math.prod(shape), dtype, "param", name), shape)
+
+    def bind(self, tensor: DeviceTensor, name: str | None = None) -> Tensor:
+        """A device Tensor used by this graph in place (weights, caches, state: never copied);
+        every program compiled from the graph reads and writes that tensor itself."""
+        if not isinstance(tensor, DeviceTensor):
+            raise ValueError(f"Graph.bind takes a dsv4_vk.Tensor, got {type(tensor).__name__}")
+        for s in self.storages:
+            if s.kind == "param" and s.data is tensor:
+                return Tensor(self, s, tensor.shape)
+        s = self._storage(tensor.numel, tensor.dtype_name, "param", name or f"bound#{len(self.storages)}", tensor)
+        return Tensor(self, s, tensor.shape)
+
+    def compile(self, device: Any = None, params: dict | None = None, timestamps: bool = False) -> Any:
+        """Record this graph on `device` (default: the process-wide device) into a program you keep:
+        `run`/`replay`/`submit` it as often as needed. params: {name: Tensor} for `param` leaves."""
+        from .executor import CompiledGraph
+        return CompiledGraph(device or default_device(), self, timestamps, params)
 
     def empty(self, shape: Sequence[int], dtype: str = "f32", name: str | None = None) -> Tensor:
         return Tensor(self, self._storage(math.prod(shape), dtype, "temp", name), shape)
@@ -126,6 +147,8 @@ class Graph:
             return (ids[id(x.storage)], x.shape, x.strides, x.offset, x.dtype)
         for s in self.storages:
             h.update(repr((s.kind, s.numel, s.dtype, s.name)).encode())
+            if s.kind == "param" and s.data is not None:      # bound: the tensor is part of the identity
+                h.update(repr(id(s.data)).encode())
             if s.kind == "const":
                 h.update(hashlib.sha256(s.data.tobytes()).digest())
         for n in self.nodes:

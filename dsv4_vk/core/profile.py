@@ -16,11 +16,11 @@ after every dispatch; the executor calls `active()` and `notify(stats)` (keep bo
 import atexit
 import collections
 import contextlib
-import os
 import sys
 
+from ..vk import env
+
 DEFAULT_PHASE = "run"
-_TRUE = ("1", "true", "yes", "on")
 
 _stack = []           # active Profile objects (profile() blocks, innermost last)
 _phases = []          # phase names, innermost last
@@ -28,7 +28,7 @@ _env_profile = None   # the process-wide Profile of DSV4_VK_PROFILE=1
 
 
 def _env_enabled():
-    return os.environ.get("DSV4_VK_PROFILE", "").lower() in _TRUE
+    return env.flag("DSV4_VK_PROFILE")
 
 
 def active():

@@ -1,5 +1,8 @@
 """Graph tensors: (storage, element offset, shape, element strides, dtype) with zero-copy views.
 
+`GraphTensor` (also `dsv4_vk.core.Tensor`) is a symbolic view inside one Graph; the array that lives
+on a device between calls is `dsv4_vk.Tensor` (vk/tensor.py).
+
 A `Storage` is one allocation a graph will place in one device buffer (input, constant,
 intermediate or output). Views (reshape, permute, slice, broadcast) share the storage and only
 change offset/shape/strides; kernels take any strided layout through their push constants.
@@ -8,30 +11,9 @@ import math
 
 import numpy as np
 
-# f16 / bf16: weights kept in their checkpoint precision (the mat-vec and expert kernels read them);
-# element offsets and strides stay in elements of the tensor's own dtype. numpy's bfloat16 comes
-# from ml_dtypes (a dependency); without it everything but bf16 tensors still works.
-DTYPES = {"f32": np.float32, "i32": np.int32, "f16": np.float16}
-try:
-    import ml_dtypes
-    DTYPES["bf16"] = ml_dtypes.bfloat16
-except ImportError:                     # pragma: no cover (a machine without the dependency)
-    pass
+from ..vk.tensor import DTYPES, dtype_name, itemsize  # noqa: F401  (one dtype table for graphs and devices)
+
 MAX_DIMS = 4
-
-
-def dtype_name(dt):
-    dt = np.dtype(dt)
-    for k, v in DTYPES.items():
-        if dt == np.dtype(v):
-            return k
-    raise ValueError(f"dtype {dt} is not supported: expected one of float32, int32, float16, bfloat16 "
-                     "(bfloat16 needs the ml_dtypes package)")
-
-
-def itemsize(dtype):
-    """Bytes per element of a dtype name."""
-    return np.dtype(DTYPES[dtype]).itemsize
 
 
 class Storage:
@@ -56,7 +38,9 @@ def contiguous_strides(shape):
     return tuple(reversed(strides))
 
 
-class Tensor:
+class GraphTensor:
+    """A view of a graph storage (not data: graph functions and ops take and return these)."""
+
     def __init__(self, graph, storage, shape, strides=None, offset=0):
         shape = tuple(int(s) for s in shape)
         if len(shape) > MAX_DIMS:
@@ -98,7 +82,7 @@ class Tensor:
 
     # --- views --------------------------------------------------------------------------------
     def _view(self, shape, strides, offset=None):
-        return Tensor(self.graph, self.storage, shape, strides, self.offset if offset is None else offset)
+        return GraphTensor(self.graph, self.storage, shape, strides, self.offset if offset is None else offset)
 
     def reshape(self, *shape):
         shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
@@ -168,4 +152,7 @@ class Tensor:
         return self._view(tuple(shape), tuple(strides), offset)
 
     def __repr__(self):
-        return f"Tensor({self.shape}, {self.dtype}, strides={self.strides}, off={self.offset}, {self.storage.kind})"
+        return f"GraphTensor({self.shape}, {self.dtype}, strides={self.strides}, off={self.offset}, {self.storage.kind})"
+
+
+Tensor = GraphTensor    # the name inside dsv4_vk.core and the op families

@@ -5,7 +5,9 @@
 - `composite`: graph functions that append the fused node(s) or the unfused chain of primitives
   (`comb`, `pre`, `post`, `site_pre`, `head_pre`);
 - `policy`: which path runs on a device and why (environment switches, device capabilities);
-- `api`: numpy in, numpy out functions (`hc_comb`, `hc_pre`, `hc_post`, `hc_site_pre`);
+- `api`: the ops as functions (`hc_comb`, `hc_pre`, `hc_post`, `hc_site_pre`): numpy in → numpy
+  out, device Tensors in → Tensors out;
+- `site`: `HcSite` / `HcHead`, a site's (or the head's) weights resident on a device;
 - `cases`: the one case list behind eval, bench, the tests and the GPU check; `metrics`: errors.
 """
 from .. import ops as _primitives  # noqa: F401  (the unfused chains are built from these)
@@ -14,6 +16,8 @@ from .api import hc_comb, hc_post, hc_pre, hc_site_pre, last_run
 from .composite import comb, comb_chain, head_pre, mix_max_t, post, post_chain, pre, pre_chain, site_pre, variants
 from .kernels import HC, N_MIX
 from .policy import HCUnsupported
+from .site import HcHead, HcSite
 
-__all__ = ["HC", "N_MIX", "HCUnsupported", "comb", "comb_chain", "head_pre", "hc_comb", "hc_post", "hc_pre",
+__all__ = ["HC", "N_MIX", "HCUnsupported", "HcHead", "HcSite",
+           "comb", "comb_chain", "head_pre", "hc_comb", "hc_post", "hc_pre",
            "hc_site_pre", "last_run", "mix_max_t", "post", "post_chain", "pre", "pre_chain", "site_pre", "variants"]

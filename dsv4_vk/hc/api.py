@@ -1,55 +1,66 @@
-"""numpy in, numpy out: the hyper-connection ops as plain functions (float32 results).
+"""The hyper-connection ops as plain functions: numpy in → numpy out, device Tensors in → Tensors out.
 
-Each call validates its arguments (ValueError naming the argument and what was expected), builds
-the op's graph, and runs it on `device` (default: the process-wide device) through an executor that
-compiles each graph shape once and replays it. T = 0 returns empty results without touching the
-device. `last_run()` describes the last call: dispatches, barriers, paths [(op, path, reason)].
+Each call validates its arguments (ValueError naming the argument and what was expected) and runs
+the op's program from the device's program cache, keyed by (op, shapes, flags): the graph is built
+and recorded once per key, later calls only write or copy their inputs, submit once and wait. Given
+any `dsv4_vk.Tensor` argument (or `out=`), the results are Tensors that stay on the device (inputs
+and outputs are copied on the device, in the same submit); otherwise numpy arrays (float32). T = 0
+returns empty results without touching the device. Per-token ops whose arrays exceed the device's
+maxStorageBufferRange run in chunks of tokens (numpy path) or are refused naming the limit.
+`last_run()` describes the calling thread's last call: dispatches, barriers, paths [(op, path, reason)].
 """
 from __future__ import annotations
 
+import math
+import threading
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from . import composite as hc, policy as hc_policy
-from ..core.executor import Executor
+from ..core.executor import CompiledGraph
 from ..core.graph import Graph
 from ..ops.base import format_shape
 from .kernels import HC, N_MIX, check_eps, check_n_iter
 from ..vk import Device, default_device
+from ..vk.tensor import Tensor
 
-_executors = {}
-_last = None
+Array = Union[ArrayLike, Tensor]        # numpy-like in → numpy out; a device Tensor in → Tensors out
+Result = Union[np.ndarray, Tensor]
 
-
-def _executor(device):
-    device = device or default_device()
-    hit = _executors.get(id(device))
-    if hit is None or hit.device is not device:
-        hit = _executors[id(device)] = Executor(device)
-    return hit
+_local = threading.local()
+_EMPTY = SimpleNamespace(dispatches=0, barriers=0, submits=0, paths=[])
 
 
-def _array(name, a, expected):
-    """a as float32 with shape `expected` (ints, or None: any size; T may be 0, D must be ≥ 1)."""
+def _check_dims(name, shape, expected):
+    if len(shape) != len(expected):
+        raise ValueError(f"{name} must have rank {len(expected)} (shape {format_shape(expected)}), got shape {shape}")
+    for s, e in zip(shape, expected):
+        if e is not None and s != e:
+            raise ValueError(f"{name} must have shape {format_shape(expected)}, got {shape}")
+
+
+def array_arg(name, a, expected):
+    """A float32 device Tensor as given, or `a` as a float32 array; shape `expected` (ints, or None:
+    any size; T may be 0, D must be ≥ 1)."""
+    if isinstance(a, Tensor):
+        if a.dtype_name != "f32":
+            raise ValueError(f"{name} must be a float32 Tensor, got {a.dtype}")
+        _check_dims(name, a.shape, expected)
+        return a
     try:
         arr = np.asarray(a)
     except Exception as e:      # ragged lists and the like
         raise ValueError(f"{name} must be a numeric array, got {type(a).__name__} ({e})") from None
     if not np.issubdtype(arr.dtype, np.floating):
         raise ValueError(f"{name} must be a floating-point array (float32 or float64), got dtype {arr.dtype}")
-    want = format_shape(expected)
-    if arr.ndim != len(expected):
-        raise ValueError(f"{name} must have rank {len(expected)} (shape {want}), got shape {arr.shape}")
-    for s, e in zip(arr.shape, expected):
-        if e is not None and s != e:
-            raise ValueError(f"{name} must have shape {want}, got {arr.shape}")
+    _check_dims(name, arr.shape, expected)
     return np.ascontiguousarray(arr, dtype=np.float32)
 
 
-def _same(what, *named):
+def same(what, *named):
     (n0, v0), *rest = named
     for n, v in rest:
         if v != v0:
@@ -57,98 +68,189 @@ def _same(what, *named):
     return v0
 
 
-def _hidden(name, d):
+def hidden(name, d):
     if d < 1:
         raise ValueError(f"{name}: hidden size D must be ≥ 1, got {d}")
     return d
 
 
-def _run(device, inputs, build):
-    """Build the graph from named inputs, run it, return its outputs in order."""
-    global _last
-    ex = _executor(device)
+def pick_device(device, *arrays):
+    """`device`, else the device of the first Tensor among `arrays`, else the default device; every
+    Tensor must live on it."""
+    dev = device
+    for a in arrays:
+        if isinstance(a, Tensor):
+            if dev is None:
+                dev = a.device
+            elif a.device is not dev:
+                raise ValueError(f"a Tensor argument lives on {a.device!r}, the call runs on {dev!r}")
+    dev = dev or default_device()
+    dev.check_open()
+    return dev
+
+
+def _compile(device, inputs, build):
     g = Graph()
     t = {k: g.input(k, v.shape) for k, v in inputs.items()}
-    outs = build(g, t, ex.device)
-    outs = outs if isinstance(outs, tuple) else (outs,)
-    for i, o in enumerate(outs):
-        g.output(f"out{i}", o)
-    res = ex.run(g, **inputs)
-    _last = ex.last.stats
-    got = tuple(res[f"out{i}"] for i in range(len(outs)))
-    return got if len(got) > 1 else got[0]
+    outs = build(g, t, device)
+    for i, o in enumerate(outs if isinstance(outs, tuple) else (outs,)):
+        g.output(f"out{i}", o if o.is_contiguous else g.op("CONT", o))   # copied out whole
+    return CompiledGraph(device, g)
 
 
-def _empty_run(*shapes):
-    global _last
-    _last = SimpleNamespace(dispatches=0, barriers=0, submits=0, paths=[])
-    out = tuple(np.zeros(s, np.float32) for s in shapes)
-    return out if len(out) > 1 else out[0]
+def _chunk_tokens(device, inputs, out_shapes):
+    """Tokens per call so that no per-token array passes maxStorageBufferRange."""
+    per_token = max([4 * math.prod(v.shape[1:]) for v in inputs.values()] + [4 * math.prod(s[1:]) for s in out_shapes])
+    return max(1, device.caps.limits.max_storage_buffer_range // per_token)
+
+
+def call(device, key, inputs, out_shapes, build, out=None, per_token=()):
+    """Run the cached program `key` (built by build(g, {name: input}, device) → output(s)) on
+    `inputs` ({name: array or Tensor}); returns a tuple of arrays, or of Tensors when an input is a
+    Tensor or `out` (a tuple of Tensors to write) is given. per_token: names of the inputs whose
+    first axis is T (all of them when the op is per-token), so that oversized calls can be split."""
+    dev = pick_device(device, *inputs.values(), *(out or ()))
+    on_device, largest, shapes = out is not None, 0, []
+    for v in inputs.values():           # one pass: the per-call path is short
+        if isinstance(v, Tensor):
+            on_device, n = True, v.numel
+        else:
+            n = v.size
+        largest = max(largest, n)
+        shapes.append(v.shape)
+    if per_token and 4 * max([largest] + [math.prod(s) for s in out_shapes]) > dev.caps.limits.max_storage_buffer_range:
+        T = out_shapes[0][0]
+        chunk = _chunk_tokens(dev, {k: inputs[k] for k in per_token}, out_shapes)
+        if T > chunk:
+            if on_device:
+                limit = dev.caps.limits.max_storage_buffer_range
+                raise ValueError(f"{T} tokens make arrays larger than this device's maxStorageBufferRange of "
+                                 f"{limit} bytes ({dev.name}): pass at most {chunk} tokens per call")
+            parts = [call(dev, key, {k: (v[i:i + chunk] if k in per_token else v) for k, v in inputs.items()},
+                          [(min(chunk, T - i),) + tuple(s[1:]) for s in out_shapes], build)
+                     for i in range(0, T, chunk)]
+            return tuple(np.concatenate(p) for p in zip(*parts))
+    key = (*key, tuple(shapes), hc_policy.generation())     # key[0]: the op, or the owning site
+    cg = dev.programs.acquire(key, lambda: _compile(dev, inputs, build))
+    try:
+        if on_device:
+            outs = cg.new_outputs() if out is None else {f"out{i}": o for i, o in enumerate(out)}
+            cg.submit(inputs, out=outs).wait()
+            outs = tuple(outs.values())
+        else:
+            names = [f"out{i}" for i in range(len(out_shapes))]
+            cg.submit(inputs, read_back=names).wait()
+            outs = tuple(cg.read(k) for k in names)
+        _local.last = cg
+    finally:
+        dev.programs.put(key, cg)
+    return outs
+
+
+def empty_result(on_device, device, *shapes):
+    _local.last = None
+    if on_device:
+        dev = device or default_device()
+        return tuple(dev.empty(s) for s in shapes)
+    return tuple(np.zeros(s, np.float32) for s in shapes)
+
+
+def _one(outs):
+    return outs if len(outs) > 1 else outs[0]
+
+
+def _out(out, n):
+    if out is None:
+        return None
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    if len(outs) != n or not all(isinstance(o, Tensor) for o in outs):
+        raise ValueError(f"out must be {'a Tensor' if n == 1 else f'a tuple of {n} Tensors'}, got {out!r}")
+    return tuple(outs)
 
 
 def last_run() -> Any:
-    """Stats of the last call: .dispatches, .barriers, .paths [(op, path, reason)]; None before any."""
-    return _last
+    """Stats of this thread's last call: .dispatches, .barriers, .submits, .paths [(op, path, reason)];
+    None before any call."""
+    if not hasattr(_local, "last"):
+        return None
+    cg = _local.last
+    return _EMPTY if cg is None else cg.run_stats()
 
 
-def hc_comb(mixes: ArrayLike, scale: ArrayLike, base: ArrayLike, *, eps: float = 1e-6, n_iter: int = 20,
-            fused: bool | None = None, variant: str | None = None, device: Device | None = None) -> np.ndarray:
+def _on_device(out, *arrays):
+    return out is not None or any(isinstance(a, Tensor) for a in arrays)
+
+
+def hc_comb(mixes: Array, scale: Array, base: Array, *, eps: float = 1e-6, n_iter: int = 20,
+            fused: bool | None = None, variant: str | None = None, device: Device | None = None,
+            out: Tensor | None = None) -> Result:
     """comb [T,4,4] (comb[t, src, dst]) from mixes [T,24], scale [3], base [24]."""
-    mixes = _array("mixes", mixes, (None, N_MIX))
-    scale = _array("scale", scale, (3,))
-    base = _array("base", base, (N_MIX,))
+    mixes = array_arg("mixes", mixes, (None, N_MIX))
+    scale = array_arg("scale", scale, (3,))
+    base = array_arg("base", base, (N_MIX,))
     eps, n_iter = check_eps("eps", eps), check_n_iter(n_iter)
     hc_policy.check_override("HC_COMB", fused, variant)
-    if mixes.shape[0] == 0:
-        return _empty_run((0, HC, HC))
-    return _run(device, {"mixes": mixes, "scale": scale, "base": base},
-                lambda g, t, dev: hc.comb(g, t["mixes"], t["scale"], t["base"], eps=eps, n_iter=n_iter,
-                                          fused=fused, variant=variant, device=dev))
+    out, T = _out(out, 1), mixes.shape[0]
+    if T == 0:
+        return _one(empty_result(_on_device(out, mixes, scale, base), device, (0, HC, HC)))
+    return _one(call(device, ("hc_comb", eps, n_iter, fused, variant), {"mixes": mixes, "scale": scale, "base": base},
+                     [(T, HC, HC)],
+                     lambda g, t, dev: hc.comb(g, t["mixes"], t["scale"], t["base"], eps=eps, n_iter=n_iter,
+                                               fused=fused, variant=variant, device=dev), out, ("mixes",)))
 
 
-def hc_pre(x: ArrayLike, weights: ArrayLike, *, fused: bool | None = None, device: Device | None = None) -> np.ndarray:
+def hc_pre(x: Array, weights: Array, *, fused: bool | None = None, device: Device | None = None,
+           out: Tensor | None = None) -> Result:
     """u [T,D] = Σ_s weights[t,s]·x[t,s,:] for x [T,4,D], weights [T,4]."""
-    x = _array("x", x, (None, HC, None))
-    weights = _array("weights", weights, (None, HC))
-    T = _same("T (tokens)", ("x", x.shape[0]), ("weights", weights.shape[0]))
-    D = _hidden("x", x.shape[2])
+    x = array_arg("x", x, (None, HC, None))
+    weights = array_arg("weights", weights, (None, HC))
+    T = same("T (tokens)", ("x", x.shape[0]), ("weights", weights.shape[0]))
+    D = hidden("x", x.shape[2])
     hc_policy.check_override("HC_PRE", fused)
+    out = _out(out, 1)
     if T == 0:
-        return _empty_run((0, D))
-    return _run(device, {"x": x, "weights": weights},
-                lambda g, t, dev: hc.pre(g, t["x"], t["weights"], fused=fused, device=dev))
+        return _one(empty_result(_on_device(out, x, weights), device, (0, D)))
+    return _one(call(device, ("hc_pre", fused), {"x": x, "weights": weights}, [(T, D)],
+                     lambda g, t, dev: hc.pre(g, t["x"], t["weights"], fused=fused, device=dev), out,
+                     ("x", "weights")))
 
 
-def hc_post(f: ArrayLike, residual: ArrayLike, post: ArrayLike, comb: ArrayLike, *, fused: bool | None = None,
-            device: Device | None = None) -> np.ndarray:
+def hc_post(f: Array, residual: Array, post: Array, comb: Array, *, fused: bool | None = None,
+            device: Device | None = None, out: Tensor | None = None) -> Result:
     """X_new [T,4,D] = f·post[:, d] + Σ_s comb[:, s, d]·residual[:, s] for each destination d."""
-    f = _array("f", f, (None, None))
-    residual = _array("residual", residual, (None, HC, None))
-    post = _array("post", post, (None, HC))
-    comb = _array("comb", comb, (None, HC, HC))
-    T = _same("T (tokens)", ("f", f.shape[0]), ("residual", residual.shape[0]), ("post", post.shape[0]),
-              ("comb", comb.shape[0]))
-    D = _hidden("f", _same("D (hidden size)", ("f", f.shape[1]), ("residual", residual.shape[2])))
+    f = array_arg("f", f, (None, None))
+    residual = array_arg("residual", residual, (None, HC, None))
+    post = array_arg("post", post, (None, HC))
+    comb = array_arg("comb", comb, (None, HC, HC))
+    T = same("T (tokens)", ("f", f.shape[0]), ("residual", residual.shape[0]), ("post", post.shape[0]),
+             ("comb", comb.shape[0]))
+    D = hidden("f", same("D (hidden size)", ("f", f.shape[1]), ("residual", residual.shape[2])))
     hc_policy.check_override("HC_POST", fused)
+    out = _out(out, 1)
     if T == 0:
-        return _empty_run((0, HC, D))
-    return _run(device, {"f": f, "residual": residual, "post": post, "comb": comb},
-                lambda g, t, dev: hc.post(g, t["f"], t["residual"], t["post"], t["comb"], fused=fused, device=dev))
+        return _one(empty_result(_on_device(out, f, residual, post, comb), device, (0, HC, D)))
+    inputs = {"f": f, "residual": residual, "post": post, "comb": comb}
+    return _one(call(device, ("hc_post", fused), inputs, [(T, HC, D)],
+                     lambda g, t, dev: hc.post(g, t["f"], t["residual"], t["post"], t["comb"], fused=fused,
+                                               device=dev), out, tuple(inputs)))
 
 
-def hc_site_pre(X: ArrayLike, fn: ArrayLike, scale: ArrayLike, base: ArrayLike, *, hc_eps: float = 1e-6,
-                norm_eps: float = 1e-6, n_iter: int = 20, fused: bool | None = None,
-                device: Device | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One site's pre side: (u [T,D], post [T,4], comb [T,4,4]) from X [T,4,D], fn [24,4D], scale, base."""
-    X = _array("X", X, (None, HC, None))
-    D = _hidden("X", X.shape[2])
-    fn = _array("fn", fn, (N_MIX, HC * D))
-    scale = _array("scale", scale, (3,))
-    base = _array("base", base, (N_MIX,))
+def hc_site_pre(X: Array, fn: Array, scale: Array, base: Array, *, hc_eps: float = 1e-6, norm_eps: float = 1e-6,
+                n_iter: int = 20, fused: bool | None = None, device: Device | None = None,
+                out: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Result, Result, Result]:
+    """One site's pre side: (u [T,D], post [T,4], comb [T,4,4]) from X [T,4,D], fn [24,4D], scale, base.
+    Calling it in a loop uploads fn every time: keep the weights on the device with HcSite instead."""
+    X = array_arg("X", X, (None, HC, None))
+    D = hidden("X", X.shape[2])
+    fn = array_arg("fn", fn, (N_MIX, HC * D))
+    scale = array_arg("scale", scale, (3,))
+    base = array_arg("base", base, (N_MIX,))
     hc_eps, norm_eps, n_iter = check_eps("hc_eps", hc_eps), check_eps("norm_eps", norm_eps), check_n_iter(n_iter)
     hc_policy.check_override("HC_COMB", fused)
-    if X.shape[0] == 0:
-        return _empty_run((0, D), (0, HC), (0, HC, HC))
-    return _run(device, {"X": X, "fn": fn, "scale": scale, "base": base},
+    out, T = _out(out, 3), X.shape[0]
+    if T == 0:
+        return empty_result(_on_device(out, X, fn, scale, base), device, (0, D), (0, HC), (0, HC, HC))
+    return call(device, ("hc_site_pre", hc_eps, norm_eps, n_iter, fused),
+                {"X": X, "fn": fn, "scale": scale, "base": base}, [(T, D), (T, HC), (T, HC, HC)],
                 lambda g, t, dev: hc.site_pre(g, t["X"], t["fn"], t["scale"], t["base"], hc_eps=hc_eps,
-                                              norm_eps=norm_eps, n_iter=n_iter, fused=fused, device=dev))
+                                              norm_eps=norm_eps, n_iter=n_iter, fused=fused, device=dev), out, ("X",))

@@ -17,14 +17,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..vk import env
+
 log = logging.getLogger("dsv4_vk")
 
 OPS = ("HC_COMB", "HC_PRE", "HC_POST")
 COMB_VARIANTS = ("sg16", "rows4")
 ALL_ENV = "DSV4_VK_DISABLE_HC"
 VARIANT_ENV = "DSV4_VK_HC_COMB_VARIANT"
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off", "")
 
 
 class HCUnsupported(ValueError):
@@ -46,16 +46,7 @@ class Choice:
 
 def env_switch(name):
     """True when env `name` disables, False when unset or it keeps enabled; ValueError otherwise."""
-    raw = os.environ.get(name)
-    if raw is None:
-        return False
-    v = raw.strip().lower()
-    if v in _TRUE:
-        return True
-    if v in _FALSE:
-        return False
-    raise ValueError(f"environment variable {name}={raw!r} is not understood: expected 1/true/yes/on "
-                     f"(disable) or 0/false/no/off/empty (keep enabled)")
+    return env.flag(name, "disable")
 
 
 def disabled_by(op):
@@ -130,6 +121,12 @@ def variants(device):
 # --- resolution ----------------------------------------------------------------------------------------
 
 _resolved = {}
+_generation = [0]
+
+
+def generation():
+    """Bumped by clear(): cached programs built under older choices are not reused."""
+    return _generation[0]
 
 
 def _resolve_comb(device):
@@ -181,6 +178,7 @@ def resolve(device):
 def clear():
     """Forget resolved choices (tests that change the environment inside one process)."""
     _resolved.clear()
+    _generation[0] += 1
 
 
 def describe(device):

@@ -1,15 +1,32 @@
 """Vulkan instance, physical-device choice, logical device with one compute queue, capability probe.
 
-Device choice: discrete GPU, then integrated, virtual, CPU (lavapipe). `DSV4_VK_DEVICE` picks by
-index (as listed by `python -m dsv4_vk info --all`) or by a case-insensitive name substring.
-`DSV4_VK_VALIDATION=1` enables VK_LAYER_KHRONOS_validation with synchronization validation.
+Device choice: discrete GPU, then integrated, virtual, CPU (lavapipe). `Device(index or name)` or
+`DSV4_VK_DEVICE` picks by index (as listed by `python -m dsv4_vk info --all`) or by a
+case-insensitive name substring. `DSV4_VK_VALIDATION=1` enables VK_LAYER_KHRONOS_validation with
+synchronization validation; every message it reports raises ValidationError from the call that
+caused it.
+
+Threads: one device may be used from several threads. `lock` (re-entrant) guards the queue, the
+shared descriptor pools, the pipeline cache, the buffer pool and the staging buffer; each recording
+owns its command pool and fence, so recordings of different threads never share one. GPU waits
+happen outside the lock.
 """
+from __future__ import annotations
+
 import os
 import threading
+import weakref
+from typing import TYPE_CHECKING, Any, Sequence
 
+from . import env
 from .binding import ERROR_FRAGMENTED_POOL, ERROR_OUT_OF_POOL_MEMORY, check, ffi, lib, vk
 from .caps import Capabilities
-from .errors import VulkanError, VulkanUnavailable
+from .errors import DeviceClosed, ValidationError, VulkanError, VulkanUnavailable
+
+if TYPE_CHECKING:
+    from .tensor import Tensor
+
+DEFAULT_CACHE_BYTES = 1 << 30   # budget of cached programs + free pooled buffers (DSV4_VK_CACHE_BYTES)
 
 _TYPE_NAMES = {0: "other", 1: "integrated-gpu", 2: "discrete-gpu", 3: "virtual-gpu", 4: "cpu"}
 _TYPE_RANK = {2: 0, 1: 1, 3: 2, 4: 3, 0: 4}
@@ -69,11 +86,11 @@ _SEVERITY = {0x1: "verbose", 0x10: "info", 0x100: "warning", 0x1000: "error"}
 
 
 def _create_messenger(instance, sink):
-    """A VK_EXT_debug_utils messenger appending (severity, message) of warnings and errors to `sink`."""
+    """A VK_EXT_debug_utils messenger calling sink(severity, message) for warnings and errors."""
     @ffi.callback("PFN_vkDebugUtilsMessengerCallbackEXT")
     def callback(severity, types, data, user):
         msg = ffi.string(data.pMessage).decode(errors="replace") if data.pMessage else ""
-        sink.append((_SEVERITY.get(severity, str(severity)), msg))
+        sink(_SEVERITY.get(severity, str(severity)), msg)
         return 0
     info = ffi.new("VkDebugUtilsMessengerCreateInfoEXT*")
     info.sType = vk.VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT
@@ -182,7 +199,7 @@ def list_devices():
         lib.vkDestroyInstance(inst, ffi.NULL)
 
 
-def _choose(probes, selector):
+def _choose(probes, selector, what):
     if not probes:
         raise VulkanUnavailable("Vulkan found no physical device: install `mesa-vulkan-drivers` (lavapipe) "
                                 "or a GPU driver.")
@@ -190,33 +207,55 @@ def _choose(probes, selector):
         if selector.strip().isdigit():
             i = int(selector)
             if i >= len(probes):
-                raise VulkanUnavailable(f"DSV4_VK_DEVICE={selector} but only {len(probes)} device(s) exist: "
+                raise VulkanUnavailable(f"{what}={selector} but only {len(probes)} device(s) exist: "
                                         + ", ".join(f"{j}: {p['name']}" for j, p in enumerate(probes)))
             return i
         hits = [i for i, p in enumerate(probes) if selector.lower() in p["name"].lower()]
         if not hits:
-            raise VulkanUnavailable(f"DSV4_VK_DEVICE={selector!r} matches no device name; devices are: "
+            raise VulkanUnavailable(f"{what}={selector!r} matches no device name; devices are: "
                                     + ", ".join(f"{j}: {p['name']}" for j, p in enumerate(probes)))
         return hits[0]
     return min(range(len(probes)), key=lambda i: (_TYPE_RANK.get(probes[i]["type_code"], 9), i))
 
 
-class Device:
-    """A logical device with one compute queue. Not thread-safe: use from one thread."""
+_BARRIER_STAGES = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
 
-    def __init__(self, selector=None, validation=None):
+
+class Device:
+    """A logical device with one compute queue; a context manager, safe to use from several threads.
+
+    `Device()` opens the default choice (DSV4_VK_DEVICE, else the best device), `Device(1)` or
+    `Device("llvmpipe")` a chosen one. `close()` is idempotent; any later use of the device, or of a
+    tensor or program on it, raises DeviceClosed."""
+
+    def __init__(self, selector: int | str | None = None, validation: bool | None = None):
         if validation is None:
-            validation = os.environ.get("DSV4_VK_VALIDATION", "").lower() in ("1", "true", "yes", "on")
+            validation = env.flag("DSV4_VK_VALIDATION")
+        force_staging = env.flag("DSV4_VK_FORCE_STAGING")
+        self.cache_bytes = env.byte_size("DSV4_VK_CACHE_BYTES", DEFAULT_CACHE_BYTES)
+        what = "Device"
         if selector is None:
-            selector = os.environ.get("DSV4_VK_DEVICE") or None
+            selector, what = os.environ.get("DSV4_VK_DEVICE") or None, "DSV4_VK_DEVICE"
+        elif isinstance(selector, bool) or not isinstance(selector, (int, str)) or \
+                (isinstance(selector, int) and selector < 0):
+            raise ValueError(f"Device(selector): expected a device index ≥ 0 or a name substring, got {selector!r}")
+        selector = str(selector) if selector is not None else None
+        self._closed = True             # until every handle exists: close() then has nothing to undo
+        self.lock = threading.RLock()
         self.validation = validation
         self.instance = _create_instance(validation)
-        # with validation on, warnings and errors of the layer collect here (tests assert it stays empty)
+        # every validation message is kept here; the ones of the current thread's last call raise
         self.validation_messages = []
-        self._messenger = _create_messenger(self.instance, self.validation_messages) if validation else None
-        pds = _physical_devices(self.instance)
-        probes = [_probe(pd) for pd in pds]
-        self.index = _choose(probes, selector)
+        self._pending_messages = threading.local()
+        self._messenger = None
+        try:
+            self._messenger = _create_messenger(self.instance, self._on_message) if validation else None
+            pds = _physical_devices(self.instance)
+            probes = [_probe(pd) for pd in pds]
+            self.index = _choose(probes, selector, what)
+        except BaseException:
+            self._destroy_instance()
+            raise
         self.physical = pds[self.index]
         self.caps = Capabilities.from_probe(self.index, probes[self.index])
         self.queue_family = next((i for i, q in enumerate(self.caps.queues) if q.flags & vk.VK_QUEUE_COMPUTE_BIT),
@@ -229,16 +268,52 @@ class Device:
         self.is_host_visible = self._find_memory(vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
                                                  | vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
                                                  | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT, required=False) is not None \
-            and self.caps.type_code in (1, 4) \
-            and os.environ.get("DSV4_VK_FORCE_STAGING", "").lower() not in ("1", "true", "yes", "on")
+            and self.caps.type_code in (1, 4) and not force_staging
         self._staging = None
         self._one_shot = None
+        self._recordings = weakref.WeakSet()    # destroyed at close() if their owners still hold them
+        self._buffers = weakref.WeakSet()
+        from .cache import ProgramCache
         from .memory import Arena, BufferPool
         from .pipeline import PipelineCache
         self.arena = Arena(self)
         self.pool = BufferPool(self)
         self.pipelines = PipelineCache(self)
+        self.programs = ProgramCache(self)
         self._closed = False
+
+    # --- state --------------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def check_open(self):
+        """Raise DeviceClosed when the device was closed (called by every entry point)."""
+        if self._closed:
+            raise DeviceClosed(f"device {self.caps.name!r} was closed: open a new one with dsv4_vk.Device() "
+                               "(or default_device(), which reopens the default device)")
+
+    def _on_message(self, severity, msg):
+        self.validation_messages.append((severity, msg))
+        pending = getattr(self._pending_messages, "items", None)
+        if pending is None:
+            pending = self._pending_messages.items = []
+        pending.append((severity, msg))
+
+    def check_validation(self, what="the last call"):
+        """With validation on: raise ValidationError for messages the layer reported in this thread."""
+        pending = getattr(self._pending_messages, "items", None)
+        if pending:
+            self._pending_messages.items = []
+            text = "\n".join(f"[{sev}] {msg}" for sev, msg in pending)
+            raise ValidationError(f"the Vulkan validation layer reported {len(pending)} message(s) for {what}:\n{text}")
+
+    def __enter__(self) -> "Device":
+        self.check_open()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # --- set-up -----------------------------------------------------------------------------
     def _create_device(self):
@@ -266,13 +341,7 @@ class Device:
         q = ffi.new("VkQueue*")
         lib.vkGetDeviceQueue(self.device, self.queue_family, 0, q)
         self.queue = q[0]
-        pinfo = ffi.new("VkCommandPoolCreateInfo*")
-        pinfo.sType = vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO
-        pinfo.flags = vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT
-        pinfo.queueFamilyIndex = self.queue_family
-        cp = ffi.new("VkCommandPool*")
-        check(lib.vkCreateCommandPool(self.device, pinfo, ffi.NULL, cp), "vkCreateCommandPool")
-        self.command_pool = cp[0]
+        self.command_pool = self.create_command_pool()     # the one-shot (staging) commands; under `lock`
         self._desc_pools = []
         self._new_descriptor_pool()
 
@@ -302,81 +371,153 @@ class Device:
             raise VulkanError(f"no memory type with flags {flags:#x} among bits {type_bits:#x}")
         return None
 
-    # --- descriptor sets ----------------------------------------------------------------------
+    # --- descriptor sets (the pools are shared: callers hold `lock`) ------------------------------
     def allocate_descriptor_set(self, layout):
+        self.check_open()
         lay = ffi.new("VkDescriptorSetLayout[]", [layout])
         info = ffi.new("VkDescriptorSetAllocateInfo*")
         info.sType = vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO
         info.descriptorSetCount = 1
         info.pSetLayouts = lay
         out = ffi.new("VkDescriptorSet*")
-        # count sets ourselves: some drivers (lavapipe) never report an exhausted pool
-        if self._desc_pool_left == 0:
-            self._new_descriptor_pool()
-        for attempt in range(2):
-            info.descriptorPool = self._desc_pools[-1]
-            res = lib.vkAllocateDescriptorSets(self.device, info, out)
-            if res == 0:
-                self._desc_pool_left -= 1
-                return out[0], self._desc_pools[-1]
-            if res in (ERROR_OUT_OF_POOL_MEMORY, ERROR_FRAGMENTED_POOL) and attempt == 0:
+        with self.lock:
+            # count sets ourselves: some drivers (lavapipe) never report an exhausted pool
+            if self._desc_pool_left == 0:
                 self._new_descriptor_pool()
-                continue
-            check(res, "vkAllocateDescriptorSets")
+            for attempt in range(2):
+                info.descriptorPool = self._desc_pools[-1]
+                res = lib.vkAllocateDescriptorSets(self.device, info, out)
+                if res == 0:
+                    self._desc_pool_left -= 1
+                    return out[0], self._desc_pools[-1]
+                if res in (ERROR_OUT_OF_POOL_MEMORY, ERROR_FRAGMENTED_POOL) and attempt == 0:
+                    self._new_descriptor_pool()
+                    continue
+                check(res, "vkAllocateDescriptorSets")
 
     def free_descriptor_set(self, pool, dset):
+        if self._closed:
+            return
         arr = ffi.new("VkDescriptorSet[]", [dset])
-        lib.vkFreeDescriptorSets(self.device, pool, 1, arr)
+        with self.lock:
+            lib.vkFreeDescriptorSets(self.device, pool, 1, arr)
 
     # --- command buffers ----------------------------------------------------------------------
-    def allocate_command_buffer(self):
+    def create_command_pool(self):
+        """A command pool of the compute queue family; its owner uses it from one thread at a time."""
+        pinfo = ffi.new("VkCommandPoolCreateInfo*")
+        pinfo.sType = vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO
+        pinfo.flags = vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT
+        pinfo.queueFamilyIndex = self.queue_family
+        cp = ffi.new("VkCommandPool*")
+        check(lib.vkCreateCommandPool(self.device, pinfo, ffi.NULL, cp), "vkCreateCommandPool")
+        return cp[0]
+
+    def allocate_command_buffer(self, pool=None):
+        self.check_open()
         info = ffi.new("VkCommandBufferAllocateInfo*")
         info.sType = vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO
-        info.commandPool = self.command_pool
+        info.commandPool = self.command_pool if pool is None else pool
         info.level = vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY
         info.commandBufferCount = 1
         out = ffi.new("VkCommandBuffer*")
         check(lib.vkAllocateCommandBuffers(self.device, info, out), "vkAllocateCommandBuffers")
         return out[0]
 
-    def free_command_buffer(self, cmd):
-        lib.vkFreeCommandBuffers(self.device, self.command_pool, 1, ffi.new("VkCommandBuffer[]", [cmd]))
-
     def create_fence(self):
+        self.check_open()
         info = ffi.new("VkFenceCreateInfo*")
         info.sType = vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO
         out = ffi.new("VkFence*")
         check(lib.vkCreateFence(self.device, info, ffi.NULL, out), "vkCreateFence")
         return out[0]
 
-    def submit_and_wait(self, cmd, fence, timeout_ns=600 * 10**9):
-        """Submit one recorded command buffer and block until the GPU finished it."""
-        cmds = ffi.new("VkCommandBuffer[]", [cmd])
+    @staticmethod
+    def submit_info(cmds):
+        """A VkSubmitInfo for the command buffers `cmds` (built once per recording, reused per submit)."""
+        arr = ffi.new("VkCommandBuffer[]", list(cmds))
         info = ffi.new("VkSubmitInfo*")
         info.sType = vk.VK_STRUCTURE_TYPE_SUBMIT_INFO
-        info.commandBufferCount = 1
-        info.pCommandBuffers = cmds
-        fences = ffi.new("VkFence[]", [fence])
-        check(lib.vkResetFences(self.device, 1, fences), "vkResetFences")
-        check(lib.vkQueueSubmit(self.queue, 1, info, fence), "vkQueueSubmit")
-        res = lib.vkWaitForFences(self.device, 1, fences, 1, timeout_ns)
+        info.commandBufferCount = len(cmds)
+        info.pCommandBuffers = arr
+        return info, arr
+
+    def submit(self, info, fence_arr):
+        """Submit a VkSubmitInfo with fence fence_arr[0] (a VkFence[1]); returns without waiting."""
+        with self.lock:
+            self.check_open()
+            check(lib.vkResetFences(self.device, 1, fence_arr), "vkResetFences")
+            res = lib.vkQueueSubmit(self.queue, 1, info, fence_arr[0])
+        if self.validation:
+            self.check_validation("vkQueueSubmit")
+        check(res, "vkQueueSubmit")
+
+    def wait(self, fence_arr, timeout_ns=600 * 10**9):
+        """Block until the submission signalling fence_arr[0] finished (outside the device lock)."""
+        self.check_open()
+        res = lib.vkWaitForFences(self.device, 1, fence_arr, 1, timeout_ns)
         if res == vk.VK_TIMEOUT:
             raise VulkanError(f"GPU work did not finish within {timeout_ns / 1e9:.0f} s")
         check(res, "vkWaitForFences")
+        if self.validation:
+            self.check_validation("the submitted work")
+
+    def submit_and_wait(self, cmd, fence, timeout_ns=600 * 10**9):
+        """Submit one recorded command buffer and block until the GPU finished it."""
+        info, keep = self.submit_info([cmd])
+        fences = ffi.new("VkFence[]", [fence])
+        self.submit(info, fences)
+        self.wait(fences, timeout_ns)
 
     def one_shot(self, record):
-        """Record commands with `record(cmd)` into a reusable command buffer, submit and wait."""
-        if self._one_shot is None:
-            self._one_shot = (self.allocate_command_buffer(), self.create_fence())
-        cmd, fence = self._one_shot
-        check(lib.vkResetCommandBuffer(cmd, 0), "vkResetCommandBuffer")
-        begin = ffi.new("VkCommandBufferBeginInfo*")
-        begin.sType = vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO
-        begin.flags = vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT
-        check(lib.vkBeginCommandBuffer(cmd, begin), "vkBeginCommandBuffer")
-        record(cmd)
-        check(lib.vkEndCommandBuffer(cmd), "vkEndCommandBuffer")
-        self.submit_and_wait(cmd, fence)
+        """Record commands with `record(cmd)` into the shared one-shot command buffer, submit and wait
+        (holding `lock` throughout: the command buffer and the staging buffer are shared)."""
+        with self.lock:
+            self.check_open()
+            if self._one_shot is None:
+                self._one_shot = (self.allocate_command_buffer(), self.create_fence())
+            cmd, fence = self._one_shot
+            check(lib.vkResetCommandBuffer(cmd, 0), "vkResetCommandBuffer")
+            begin = ffi.new("VkCommandBufferBeginInfo*")
+            begin.sType = vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO
+            begin.flags = vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT
+            check(lib.vkBeginCommandBuffer(cmd, begin), "vkBeginCommandBuffer")
+            # earlier submissions may still write what this copies: order after them
+            bar = ffi.new("VkMemoryBarrier*")
+            bar.sType = vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER
+            bar.srcAccessMask = vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT
+            bar.dstAccessMask = vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT
+            lib.vkCmdPipelineBarrier(cmd, _BARRIER_STAGES, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, bar,
+                                     0, ffi.NULL, 0, ffi.NULL)
+            record(cmd)
+            check(lib.vkEndCommandBuffer(cmd), "vkEndCommandBuffer")
+            self.submit_and_wait(cmd, fence)
+
+    # --- device tensors -------------------------------------------------------------------------
+    def tensor(self, array: Any, dtype: Any = None) -> "Tensor":
+        """A device Tensor holding a copy of `array` (float64 becomes float32)."""
+        from .tensor import Tensor
+        return Tensor.from_array(self, array, dtype)
+
+    def empty(self, shape: Sequence[int], dtype: Any = "f32") -> "Tensor":
+        """An uninitialised device Tensor of `shape` (dtype float32 or int32)."""
+        from .tensor import Tensor
+        return Tensor(self, shape, dtype)
+
+    def trim(self) -> None:
+        """Release every cached program that is not in use and every free pooled buffer now."""
+        self.check_open()
+        self.programs.trim()
+        with self.lock:
+            self.pool.trim()
+
+    def memory_stats(self) -> dict:
+        """Bytes and counts of what the device holds (the soak and the memory tests watch these)."""
+        with self.lock:
+            return {"allocations": len(self.arena.blocks), "allocated_bytes": sum(b.size for b in self.arena.blocks),
+                    "pool_buffers": len(self.pool._all), "pool_free_bytes": self.pool.free_bytes,
+                    "cached_programs": self.programs.count, "cached_program_bytes": self.programs.nbytes,
+                    "budget_bytes": self.cache_bytes}
 
     # --- convenience ----------------------------------------------------------------------------
     @property
@@ -391,19 +532,34 @@ class Device:
         return self.caps.subgroup.supports(op)
 
     def wait_idle(self):
+        self.check_open()
         lib.vkDeviceWaitIdle(self.device)
 
-    def close(self):
-        if self._closed:
-            return
-        self._closed = True
-        lib.vkDeviceWaitIdle(self.device)
-        self.pipelines.destroy()
-        self.pool.destroy()
-        for p in self._desc_pools:
-            lib.vkDestroyDescriptorPool(self.device, p, ffi.NULL)
-        lib.vkDestroyCommandPool(self.device, self.command_pool, ffi.NULL)
-        lib.vkDestroyDevice(self.device, ffi.NULL)
+    def close(self) -> None:
+        """Wait for the GPU, destroy everything the device made; idempotent."""
+        with self.lock:
+            if self._closed:
+                return
+            lib.vkDeviceWaitIdle(self.device)
+            self.programs.clear()
+            for rec in list(self._recordings):
+                rec.destroy()
+            if self._one_shot is not None:
+                lib.vkDestroyFence(self.device, self._one_shot[1], ffi.NULL)
+            self.pipelines.destroy()
+            self.pool.destroy()
+            for buf in list(self._buffers):
+                buf.destroy()
+            self._closed = True
+            for p in self._desc_pools:
+                lib.vkDestroyDescriptorPool(self.device, p, ffi.NULL)
+            lib.vkDestroyCommandPool(self.device, self.command_pool, ffi.NULL)
+            lib.vkDestroyDevice(self.device, ffi.NULL)
+            self._destroy_instance()
+        if self.validation:
+            self.check_validation("closing the device")     # e.g. objects still alive at vkDestroyDevice
+
+    def _destroy_instance(self):
         if self._messenger is not None:
             fn = ffi.cast("PFN_vkDestroyDebugUtilsMessengerEXT",
                           lib.vkGetInstanceProcAddr(self.instance, b"vkDestroyDebugUtilsMessengerEXT"))
@@ -411,17 +567,18 @@ class Device:
         lib.vkDestroyInstance(self.instance, ffi.NULL)
 
     def __repr__(self):
-        return f"<Device {self.name!r} {self.caps.type} subgroup={self.subgroup_size}>"
+        state = " closed" if self._closed else ""
+        return f"<Device {self.name!r} {self.caps.type} subgroup={self.subgroup_size}{state}>"
 
 
 _default = None
 _default_lock = threading.Lock()
 
 
-def default_device():
-    """The process-wide device, created on first use."""
+def default_device() -> Device:
+    """The process-wide device, created on first use and created again after it was closed."""
     global _default
     with _default_lock:
-        if _default is None:
+        if _default is None or _default.closed:
             _default = Device()
         return _default

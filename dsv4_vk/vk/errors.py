@@ -11,3 +11,11 @@ class VulkanUnavailable(VulkanError):
 
 class ShaderCompileError(VulkanError):
     """glslangValidator missing or a shader failed to compile."""
+
+
+class DeviceClosed(VulkanError):
+    """The device (or a tensor or program on it) was used after Device.close()."""
+
+
+class ValidationError(VulkanError):
+    """DSV4_VK_VALIDATION=1 and the Khronos validation layer reported a message for the last call."""

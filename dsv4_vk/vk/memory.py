@@ -5,7 +5,15 @@ the number of live allocations (NVIDIA: 4096), which an unfused graph of ~190 te
 would otherwise exhaust. Where device-local memory is also host-visible (lavapipe, integrated GPUs) a buffer is mapped once
 and read/written through a zero-copy numpy view; elsewhere uploads and downloads go through one
 reusable host-visible staging buffer and a one-shot copy command.
+
+Every buffer the graphs use is laid out [guard | data | guard] (`guarded_buffer`): kernels get it
+bound past the leading guard, and a sentinel in the guards tells whether a kernel wrote outside.
+The pool's free buffers count against the device's byte budget (`Device.cache_bytes`, shared with
+the cached programs): past it the least recently freed ones are destroyed.
 """
+import collections
+import itertools
+
 import numpy as np
 
 from .binding import check, ffi, lib, vk
@@ -16,6 +24,9 @@ _HOST = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHE
 DEDICATED_FROM = None   # bytes from which buffers get a dedicated allocation (None: never)
 BLOCK_BYTES = 64 << 20  # sub-allocation block; larger buffers get an allocation of their own
 KEEP_BLOCKS = False     # keep the open block allocated when it empties (and reuse it) instead of freeing it
+GUARD = 64                      # elements before and after every graph storage (256 B: a legal bind offset)
+SENTINEL = np.uint32(0x7FC0DEAD)  # a NaN with a payload no kernel produces
+_serials = itertools.count(1)
 
 
 class _Block:
@@ -94,7 +105,10 @@ class Buffer:
     """One VkBuffer placed in a memory block. `nbytes` is the usable size (a multiple of 4, ≥ 4)."""
 
     def __init__(self, device, nbytes, host_visible=None, dedicated=None):
+        device.check_open()
         self.device = device
+        self.alive = False
+        self.serial = next(_serials)     # unique for the process (ids and handles are reused)
         self.nbytes = max(4, (int(nbytes) + 3) // 4 * 4)
         host_visible = device.is_host_visible if host_visible is None else host_visible
         d = device.device
@@ -116,7 +130,9 @@ class Buffer:
         if dedicated is None:
             dedicated = DEDICATED_FROM is not None and self.nbytes >= DEDICATED_FROM
         try:
-            self.block, self.offset = device.arena.place(self.handle, req, self.memory_type, host_visible, dedicated)
+            with device.lock:
+                self.block, self.offset = device.arena.place(self.handle, req, self.memory_type, host_visible,
+                                                             dedicated)
         except Exception:
             lib.vkDestroyBuffer(d, self.handle, ffi.NULL)
             raise
@@ -125,9 +141,18 @@ class Buffer:
         self.host_visible = host_visible
         self._view = self.block.view[self.offset:self.offset + self.nbytes] if host_visible else None
         self.alive = True
+        device._buffers.add(self)
+        if device.validation:
+            device.check_validation("vkCreateBuffer")
+
+    def _check(self):
+        if not self.alive:
+            self.device.check_open()
+            raise ValueError(f"{self!r} was released")
 
     def write(self, data, offset=0):
         """Copy the bytes of numpy array `data` to byte `offset`."""
+        self._check()
         raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
         if offset < 0 or offset + raw.size > self.nbytes:
             raise ValueError(f"write of {raw.size} bytes at {offset} exceeds buffer of {self.nbytes} bytes")
@@ -140,6 +165,7 @@ class Buffer:
 
     def read(self, offset=0, nbytes=None):
         """Return a copy of `nbytes` bytes from byte `offset` as a uint8 array."""
+        self._check()
         nbytes = self.nbytes - offset if nbytes is None else nbytes
         if offset < 0 or offset + nbytes > self.nbytes:
             raise ValueError(f"read of {nbytes} bytes at {offset} exceeds buffer of {self.nbytes} bytes")
@@ -148,11 +174,14 @@ class Buffer:
         return staging_copy(self.device, self, offset, np.empty(nbytes, np.uint8), upload=False)
 
     def destroy(self):
-        if self.alive:
-            self.alive = False
-            self._view = None
-            lib.vkDestroyBuffer(self.device.device, self.handle, ffi.NULL)
-            self.block.release(self.device.arena)
+        dev = self.device
+        with dev.lock:
+            if self.alive and not dev.closed:
+                self.alive = False
+                self._view = None
+                dev.pipelines.forget_buffer(self)
+                lib.vkDestroyBuffer(dev.device, self.handle, ffi.NULL)
+                self.block.release(dev.arena)
 
     def __repr__(self):
         return f"<Buffer {self.nbytes} B>"
@@ -160,6 +189,11 @@ class Buffer:
 
 def staging_copy(device, buf, offset, host, upload):
     """Copy between `host` (uint8 array) and `buf` through the device's staging buffer, in chunks."""
+    with device.lock:       # the staging buffer is shared by every thread
+        return _staging_copy(device, buf, offset, host, upload)
+
+
+def _staging_copy(device, buf, offset, host, upload):
     chunk = 64 << 20
     st = device._staging
     if st is None or st.nbytes < min(chunk, host.size):
@@ -180,13 +214,47 @@ def staging_copy(device, buf, offset, host, upload):
     return host
 
 
+def guarded_buffer(device, numel, data=None, host_visible=False, fill_guards=True, size=4):
+    """A pooled buffer laid out [guard | numel elements of `size` bytes | guard], guards set to SENTINEL
+    (guards are GUARD 4-byte words; the data region is padded to a multiple of 4 bytes).
+    host_visible: mapped even where device memory is not (small values written/read every step)."""
+    nbytes = _data_bytes(numel, size)
+    if host_visible and not device.is_host_visible:
+        buf = Buffer(device, nbytes + 2 * GUARD * 4, host_visible=True)
+    else:
+        buf = device.pool.alloc(nbytes + 2 * GUARD * 4)
+    if fill_guards:
+        guard = np.full(GUARD, SENTINEL, np.uint32)
+        buf.write(guard, 0)
+        buf.write(guard, GUARD * 4 + nbytes)
+    if data is not None:
+        buf.write(data, GUARD * 4)
+    return buf
+
+
+def _data_bytes(numel, size):
+    return -(-numel * size // 4) * 4
+
+
+def guards_intact(buf, numel, size=4):
+    head = buf.read(0, GUARD * 4).view(np.uint32)
+    tail = buf.read(GUARD * 4 + _data_bytes(numel, size), GUARD * 4).view(np.uint32)
+    return bool((head == SENTINEL).all() and (tail == SENTINEL).all())
+
+
 class BufferPool:
-    """Hands out buffers, reusing freed ones of the same rounded size (powers of two above 4 KiB)."""
+    """Hands out buffers, reusing freed ones of the same rounded size (powers of two above 4 KiB).
+
+    Thread-safe. `free_later` may be called from any thread at any time (finalizers): the buffer is
+    queued and taken back at the next pool call."""
 
     def __init__(self, device):
         self.device = device
-        self._free = {}
+        self._free = {}                             # size -> [Buffer], most recently freed last
+        self._order = collections.OrderedDict()     # serial -> Buffer, least recently freed first
         self._all = []
+        self._later = collections.deque()
+        self.free_bytes = 0
 
     @staticmethod
     def bucket(nbytes):
@@ -196,30 +264,80 @@ class BufferPool:
         return 1 << (nbytes - 1).bit_length()
 
     def alloc(self, nbytes):
-        size = self.bucket(nbytes)
-        free = self._free.get(size)
-        if free:
-            return free.pop()
-        buf = Buffer(self.device, size)
-        self._all.append(buf)
-        return buf
+        return self.alloc_many((nbytes,))[0]
+
+    def alloc_many(self, sizes):
+        """One buffer of at least each of `sizes` bytes (under one lock)."""
+        out = []
+        with self.device.lock:
+            self.device.check_open()
+            self._drain()
+            for nbytes in sizes:
+                size = self.bucket(nbytes)
+                free = self._free.get(size)
+                if free:
+                    buf = free.pop()
+                    del self._order[buf.serial]
+                    self.free_bytes -= buf.nbytes
+                else:
+                    buf = Buffer(self.device, size)
+                    self._all.append(buf)
+                out.append(buf)
+        return out
 
     def free(self, buf):
+        with self.device.lock:
+            self._drain()
+            self._put(buf)
+        self.device.programs.enforce_budget()
+
+    def free_later(self, buf):
+        """Queue `buf` for return (safe from finalizers and other threads: no lock is taken)."""
+        self._later.append(buf)
+
+    def _put(self, buf):
+        if not buf.alive:
+            return
+        if buf.host_visible and not self.device.is_host_visible:
+            buf.destroy()       # a mapped buffer made outside the pool: never handed out for device data
+            return
         self._free.setdefault(buf.nbytes, []).append(buf)
+        self._order[buf.serial] = buf
+        self.free_bytes += buf.nbytes
+
+    def _drain(self):
+        while self._later:
+            self._put(self._later.popleft())
+
+    def drain(self):
+        """Take back the buffers queued by free_later."""
+        if self._later:
+            with self.device.lock:
+                self._drain()
+
+    def shrink(self, keep_bytes):
+        """Destroy the least recently freed buffers until at most `keep_bytes` are free."""
+        with self.device.lock:
+            self._drain()
+            dead = set()
+            while self.free_bytes > keep_bytes and self._order:
+                _, buf = self._order.popitem(last=False)
+                self._free[buf.nbytes].remove(buf)
+                self.free_bytes -= buf.nbytes
+                dead.add(buf.serial)
+                buf.destroy()
+            if dead:
+                self._all = [b for b in self._all if b.serial not in dead]
 
     def trim(self):
         """Destroy every buffer that is free now."""
-        for bufs in self._free.values():
-            for b in bufs:
-                self.device.pipelines.forget_buffer(b)
-                b.destroy()
-        dead = {id(b) for bufs in self._free.values() for b in bufs}
-        self._all = [b for b in self._all if id(b) not in dead]
-        self._free.clear()
+        self.shrink(0)
 
     def destroy(self):
+        self._later.clear()
         for b in self._all:
             b.destroy()
         if self.device._staging is not None:
             self.device._staging.destroy()
-        self._all, self._free = [], {}
+        self._all, self._free, self.free_bytes = [], {}, 0
+        self._order.clear()

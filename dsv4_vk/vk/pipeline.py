@@ -35,7 +35,8 @@ class PipelineCache:
         self.device = device
         self._pipelines = {}
         self._set_layouts = {}
-        self._sets = {}
+        self._sets = {}         # key -> (set, descriptor pool)
+        self._by_buffer = {}    # buffer serial -> keys of the sets binding it
 
     def _set_layout(self, n):
         if n not in self._set_layouts:
@@ -76,8 +77,14 @@ class PipelineCache:
                required_subgroup_size, bool(full_subgroups))
         p = self._pipelines.get(key)
         if p is None:
-            p = self._pipelines[key] = self._create(key, shader, defines, spec, n_bindings,
-                                                    required_subgroup_size, full_subgroups)
+            with self.device.lock:
+                self.device.check_open()
+                p = self._pipelines.get(key)
+                if p is None:
+                    p = self._pipelines[key] = self._create(key, shader, defines, spec, n_bindings,
+                                                            required_subgroup_size, full_subgroups)
+                if self.device.validation:
+                    self.device.check_validation(f"creating pipeline {shader}")
         return p
 
     def _create(self, key, shader, defines, spec, n, req_sg, full):
@@ -138,33 +145,45 @@ class PipelineCache:
     def descriptor_set(self, pipeline, bindings):
         """A descriptor set binding `bindings` at 0..n-1, cached by (layout, bindings).
 
-        Each binding is a Buffer (bound whole) or (Buffer, byte offset): the offset must be a
-        multiple of the device's minStorageBufferOffsetAlignment (256 always is)."""
+        Each binding is a Buffer (bound whole), (Buffer, byte offset) or (Buffer, offset, range): the
+        offset must be a multiple of the device's minStorageBufferOffsetAlignment (256 always is),
+        and no range may exceed maxStorageBufferRange (ValueError: never bound past it)."""
         bindings = [b if isinstance(b, tuple) else (b, 0) for b in bindings]
-        key = (pipeline.n_bindings, tuple((id(b), off) for b, off in bindings))
+        bindings = [(b[0], b[1], b[2] if len(b) > 2 else b[0].nbytes - b[1]) for b in bindings]
+        key = (pipeline.n_bindings, tuple((b.serial, off, rng) for b, off, rng in bindings))
         hit = self._sets.get(key)
         if hit is not None:
             return hit[0]
-        dset, pool = self.device.allocate_descriptor_set(pipeline.set_layout)
-        n = len(bindings)
-        infos = ffi.new("VkDescriptorBufferInfo[]", n)
-        writes = ffi.new("VkWriteDescriptorSet[]", n)
-        for i, (b, off) in enumerate(bindings):
-            infos[i].buffer, infos[i].offset, infos[i].range = b.handle, off, b.nbytes - off
-            w = writes[i]
-            w.sType = vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET
-            w.dstSet, w.dstBinding, w.descriptorCount = dset, i, 1
-            w.descriptorType = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
-            w.pBufferInfo = infos + i
-        lib.vkUpdateDescriptorSets(self.device.device, n, writes, 0, ffi.NULL)
-        self._sets[key] = (dset, pool, tuple(b for b, _ in bindings))
+        limit = self.device.caps.limits.max_storage_buffer_range
+        for i, (b, off, rng) in enumerate(bindings):
+            if rng > limit:
+                raise ValueError(f"{pipeline.name}: binding {i} would span {rng} bytes, past this device's "
+                                 f"maxStorageBufferRange of {limit} bytes ({self.device.name})")
+        with self.device.lock:
+            dset, pool = self.device.allocate_descriptor_set(pipeline.set_layout)
+            n = len(bindings)
+            infos = ffi.new("VkDescriptorBufferInfo[]", n)
+            writes = ffi.new("VkWriteDescriptorSet[]", n)
+            for i, (b, off, rng) in enumerate(bindings):
+                infos[i].buffer, infos[i].offset, infos[i].range = b.handle, off, rng
+                w = writes[i]
+                w.sType = vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET
+                w.dstSet, w.dstBinding, w.descriptorCount = dset, i, 1
+                w.descriptorType = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
+                w.pBufferInfo = infos + i
+            lib.vkUpdateDescriptorSets(self.device.device, n, writes, 0, ffi.NULL)
+            self._sets[key] = (dset, pool)
+            for b, _, _ in bindings:
+                self._by_buffer.setdefault(b.serial, set()).add(key)
         return dset
 
     def forget_buffer(self, buf):
         """Free cached descriptor sets that reference `buf` (before it is destroyed)."""
-        for key in [k for k, v in self._sets.items() if any(b is buf for b in v[2])]:
-            dset, pool, _ = self._sets.pop(key)
-            self.device.free_descriptor_set(pool, dset)
+        with self.device.lock:
+            for key in self._by_buffer.pop(buf.serial, ()):
+                hit = self._sets.pop(key, None)
+                if hit is not None:
+                    self.device.free_descriptor_set(hit[1], hit[0])
 
     def destroy(self):
         d = self.device.device
@@ -176,6 +195,7 @@ class PipelineCache:
         self._pipelines.clear()
         self._set_layouts.clear()
         self._sets.clear()
+        self._by_buffer.clear()
 
 
 def pack_push(*fields) -> bytes:

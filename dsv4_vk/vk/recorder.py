@@ -21,23 +21,43 @@ def _overlap(ranges, lo, hi):
 
 
 class Recording:
-    """A finished command buffer: submit() replays it; timings() reads per-dispatch GPU times."""
+    """A finished command buffer: submit() replays it; timings() reads per-dispatch GPU times.
 
-    def __init__(self, device, cmd, labels, n_barriers, query_pools, keepalive):
+    It owns its command pool (so that recordings of different threads never share one) and its
+    fence; one submission of it may be in flight at a time."""
+
+    def __init__(self, device, pool, cmd, labels, n_barriers, query_pools, keepalive):
         self.device = device
+        self.pool = pool
         self.cmd = cmd
         self.fence = device.create_fence()
+        self.fence_arr = ffi.new("VkFence[]", [self.fence])
+        self.submit_info, self._cmd_arr = device.submit_info([cmd])
         self.labels = labels
         self.n_dispatches = len(labels)
         self.n_barriers = n_barriers
         self.query_pools = query_pools
         self.n_submits = 0
         self._keepalive = keepalive
+        device._recordings.add(self)
 
     def submit(self):
         """Run the recorded commands on the GPU and wait for them."""
-        self.device.submit_and_wait(self.cmd, self.fence)
+        self.start()
+        self.device.wait(self.fence_arr)
+
+    def start(self, info=None):
+        """Submit the recorded commands (or `info`: a VkSubmitInfo holding them among others) and
+        return at once; device.wait(self.fence_arr) waits for them."""
+        if self.cmd is None:
+            self.device.check_open()
+            raise ValueError("this recording was destroyed (its program was released)")
+        self.device.submit(self.submit_info if info is None else info, self.fence_arr)
         self.n_submits += 1
+
+    def allocate_command_buffer(self):
+        """Another command buffer from this recording's pool (per-call copies around it)."""
+        return self.device.allocate_command_buffer(self.pool)
 
     def timestamps_ns(self):
         """Raw timestamps in ns: one before the first dispatch and one after each (or, recorded with
@@ -68,17 +88,17 @@ class Recording:
         return None if ts is None else float(ts[-1] - ts[0])
 
     def destroy(self):
-        if self.cmd is not None:
-            self.device.free_command_buffer(self.cmd)
-            lib.vkDestroyFence(self.device.device, self.fence, ffi.NULL)
+        if self.cmd is not None and not self.device.closed:
+            d = self.device.device
+            lib.vkDestroyCommandPool(d, self.pool, ffi.NULL)     # frees every command buffer of it
+            lib.vkDestroyFence(d, self.fence, ffi.NULL)
             for pool, _ in self.query_pools:
-                lib.vkDestroyQueryPool(self.device.device, pool, ffi.NULL)
-            self.cmd = None
+                lib.vkDestroyQueryPool(d, pool, ffi.NULL)
+        self.cmd = None
 
     def __del__(self):
         try:
-            if not self.device._closed:
-                self.destroy()
+            self.destroy()
         except Exception:
             pass
 
@@ -87,8 +107,10 @@ class Recorder:
     """Records dispatches into one command buffer. Use `dispatch(...)` then `finish()`."""
 
     def __init__(self, device, timestamps=False):
+        device.check_open()
         self.device = device
-        self.cmd = device.allocate_command_buffer()
+        self.pool = device.create_command_pool()
+        self.cmd = device.allocate_command_buffer(self.pool)
         begin = ffi.new("VkCommandBufferBeginInfo*")
         begin.sType = vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO
         check(lib.vkBeginCommandBuffer(self.cmd, begin), "vkBeginCommandBuffer")
@@ -200,6 +222,34 @@ class Recorder:
                                  self._host_barrier, 0, ffi.NULL, 0, ffi.NULL)
         check(lib.vkEndCommandBuffer(self.cmd), "vkEndCommandBuffer")
         pools = [(p, used) for p, used in self._pools]
-        rec = Recording(self.device, self.cmd, self.labels, self.n_barriers, pools, self._keep)
+        rec = Recording(self.device, self.pool, self.cmd, self.labels, self.n_barriers, pools, self._keep)
         self.cmd = None
+        if self.device.validation:
+            self.device.check_validation("recording a command buffer")
         return rec
+
+
+def record_copies(cmd, copies):
+    """(Re-)record `cmd` as: a barrier after all earlier work of the queue, the buffer copies
+    (src, src_offset, dst, dst_offset, nbytes), a barrier before all later work. A compiled program
+    submits such a command buffer before and after its recording to take device tensors in and out."""
+    check(lib.vkResetCommandBuffer(cmd, 0), "vkResetCommandBuffer")
+    begin = ffi.new("VkCommandBufferBeginInfo*")
+    begin.sType = vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO
+    check(lib.vkBeginCommandBuffer(cmd, begin), "vkBeginCommandBuffer")
+    bar = ffi.new("VkMemoryBarrier*")
+    bar.sType = vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER
+    bar.srcAccessMask = vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT
+    bar.dstAccessMask = vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT
+    lib.vkCmdPipelineBarrier(cmd, _STAGE_COMPUTE | _STAGE_TRANSFER, _STAGE_TRANSFER, 0, 1, bar, 0, ffi.NULL,
+                             0, ffi.NULL)
+    region = ffi.new("VkBufferCopy*")
+    for src, src_off, dst, dst_off, n in copies:
+        region.srcOffset, region.dstOffset, region.size = src_off, dst_off, n
+        lib.vkCmdCopyBuffer(cmd, src.handle, dst.handle, 1, region)
+    bar.srcAccessMask = vk.VK_ACCESS_TRANSFER_WRITE_BIT
+    bar.dstAccessMask = (vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_READ_BIT
+                         | vk.VK_ACCESS_TRANSFER_WRITE_BIT | vk.VK_ACCESS_HOST_READ_BIT)
+    lib.vkCmdPipelineBarrier(cmd, _STAGE_TRANSFER, _STAGE_COMPUTE | _STAGE_TRANSFER | _STAGE_HOST, 0, 1, bar,
+                             0, ffi.NULL, 0, ffi.NULL)
+    check(lib.vkEndCommandBuffer(cmd), "vkEndCommandBuffer")

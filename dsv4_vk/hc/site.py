@@ -1,0 +1,130 @@
+"""Resident hyper-connection sites: the weights of a site (or of the head collapse) uploaded once,
+its programs compiled once per (op, shapes) and kept in the device's program cache.
+
+    site = HcSite(fn, scale, base, hc_eps=1e-6, norm_eps=1e-6, n_iter=20, device=dev)
+    u, post, comb = site.pre(X)             # X: a Tensor [T,4,D] on dev → Tensors (numpy → numpy)
+    X_new = site.post(f, X, post, comb)     # [T,4,D]
+    head = HcSite.head(fn_h, scale_h, base_h, device=dev)
+    u = head.collapse(X)                    # [T,D]
+
+`pre_graph` / `post_graph` / `collapse_graph` append the same nodes to a Graph of your own (the
+weights bound in place), to put whole steps into one program (docs/library.md).
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+
+from . import composite as hc, policy as hc_policy
+from .api import array_arg, call, empty_result, hc_post, hidden, pick_device
+from .kernels import HC, N_MIX, check_eps, check_n_iter
+from ..vk.tensor import Tensor
+
+_owners = itertools.count(1)
+
+
+def _resident(dev, name, a, expected):
+    a = array_arg(name, a, expected)
+    return a if isinstance(a, Tensor) else dev.tensor(a)
+
+
+class _Resident:
+    """Weights on a device and a token naming this object's entries in the program cache."""
+
+    def __init__(self, device, fused, *arrays):
+        self.device = pick_device(device, *arrays)
+        hc_policy.check_override("HC_COMB", fused)
+        self.fused = fused
+        self._owner = ("hc-site", next(_owners))
+        # the cached programs bind this object's weights: drop them when it goes away
+        weakref.finalize(self, _drop, weakref.ref(self.device), self._owner)
+
+    def _x(self, X):
+        X = array_arg("X", X, (None, HC, self.D))
+        return X, X.shape[0]
+
+
+def _drop(device_ref, owner):
+    dev = device_ref()
+    if dev is not None and not dev.closed:
+        dev.programs.drop_later(owner)
+
+
+class HcSite(_Resident):
+    """One hyper-connection site with fn [24,4D], scale [3], base [24] resident on `device`."""
+
+    def __init__(self, fn, scale, base, *, hc_eps: float = 1e-6, norm_eps: float = 1e-6, n_iter: int = 20,
+                 device=None, fused: bool | None = None):
+        super().__init__(device, fused, fn, scale, base)
+        fn_shape = fn.shape if isinstance(fn, Tensor) else getattr(fn, "shape", None)
+        if fn_shape is None or len(fn_shape) != 2 or fn_shape[1] % HC or fn_shape[1] == 0:
+            raise ValueError(f"fn must have shape [24, 4*D] with D ≥ 1, got {fn_shape}")
+        self.D = hidden("fn", fn_shape[1] // HC)
+        dev = self.device
+        self.fn = _resident(dev, "fn", fn, (N_MIX, HC * self.D))
+        self.scale = _resident(dev, "scale", scale, (3,))
+        self.base = _resident(dev, "base", base, (N_MIX,))
+        self.hc_eps, self.norm_eps = check_eps("hc_eps", hc_eps), check_eps("norm_eps", norm_eps)
+        self.n_iter = check_n_iter(n_iter)
+
+    @classmethod
+    def head(cls, fn_h, scale_h, base_h, *, hc_eps: float = 1e-6, norm_eps: float = 1e-6, device=None,
+             fused: bool | None = None) -> "HcHead":
+        """The head collapse (fn_h [4,4D], scale_h [1], base_h [4]) with its weights resident."""
+        return HcHead(fn_h, scale_h, base_h, hc_eps=hc_eps, norm_eps=norm_eps, device=device, fused=fused)
+
+    def pre_graph(self, g, X):
+        """Append this site's pre side to graph g: (u, post, comb) graph tensors."""
+        return hc.site_pre(g, X, g.bind(self.fn, "fn"), g.bind(self.scale, "scale"), g.bind(self.base, "base"),
+                           hc_eps=self.hc_eps, norm_eps=self.norm_eps, n_iter=self.n_iter, fused=self.fused,
+                           device=self.device)
+
+    def post_graph(self, g, f, X, post, comb):
+        """Append this site's post side to graph g: X_new [T,4,D]."""
+        return hc.post(g, f, X, post, comb, fused=self.fused, device=self.device)
+
+    def pre(self, X, *, out=None):
+        """(u [T,D], post [T,4], comb [T,4,4]) from the streams X [T,4,D]: Tensors for a Tensor X
+        (or with out=(u, post, comb)), numpy arrays for a numpy X."""
+        X, T = self._x(X)
+        on_device = out is not None or isinstance(X, Tensor)
+        if T == 0:
+            return empty_result(on_device, self.device, (0, self.D), (0, HC), (0, HC, HC))
+        out = tuple(out) if out is not None else None
+        return call(self.device, (self._owner, "pre"), {"X": X}, [(T, self.D), (T, HC), (T, HC, HC)],
+                    lambda g, t, dev: self.pre_graph(g, t["X"]), out, ("X",))
+
+    def post(self, f, X, post, comb, *, out=None):
+        """X_new [T,4,D] = f·post[:, d] + Σ_s comb[:, s, d]·X[:, s] (HC_POST, this site's path)."""
+        return hc_post(f, X, post, comb, fused=self.fused, device=self.device, out=out)
+
+
+class HcHead(_Resident):
+    """The head collapse: u = Σ_s pre_h[t,s]·X[t,s,:] with fn_h [4,4D], scale_h [1], base_h [4] resident."""
+
+    def __init__(self, fn_h, scale_h, base_h, *, hc_eps: float = 1e-6, norm_eps: float = 1e-6, device=None,
+                 fused: bool | None = None):
+        super().__init__(device, fused, fn_h, scale_h, base_h)
+        fn_shape = fn_h.shape if isinstance(fn_h, Tensor) else getattr(fn_h, "shape", None)
+        if fn_shape is None or len(fn_shape) != 2 or fn_shape[1] % HC or fn_shape[1] == 0:
+            raise ValueError(f"fn_h must have shape [4, 4*D] with D ≥ 1, got {fn_shape}")
+        self.D = hidden("fn_h", fn_shape[1] // HC)
+        dev = self.device
+        self.fn = _resident(dev, "fn_h", fn_h, (HC, HC * self.D))
+        self.scale = _resident(dev, "scale_h", scale_h, (1,))
+        self.base = _resident(dev, "base_h", base_h, (HC,))
+        self.hc_eps, self.norm_eps = check_eps("hc_eps", hc_eps), check_eps("norm_eps", norm_eps)
+
+    def collapse_graph(self, g, X):
+        """Append the head collapse to graph g: u [T,D]."""
+        return hc.head_pre(g, X, g.bind(self.fn, "fn_h"), g.bind(self.scale, "scale_h"), g.bind(self.base, "base_h"),
+                           hc_eps=self.hc_eps, norm_eps=self.norm_eps, fused=self.fused, device=self.device)
+
+    def collapse(self, X, *, out=None):
+        """u [T,D] from the streams X [T,4,D] (Tensor → Tensor, numpy → numpy)."""
+        X, T = self._x(X)
+        if T == 0:
+            return empty_result(out is not None or isinstance(X, Tensor), self.device, (0, self.D))[0]
+        out = (out,) if isinstance(out, Tensor) else out
+        return call(self.device, (self._owner, "collapse"), {"X": X}, [(T, self.D)],
+                    lambda g, t, dev: self.collapse_graph(g, t["X"]), out, ("X",))[0]

@@ -1,0 +1,164 @@
+"""Device tensors: arrays that live on a device between calls (`dsv4_vk.Tensor`).
+
+A tensor is one pooled buffer laid out like a graph storage, [guard | data | guard], so that
+compiled programs can bind it directly (as a param) or copy it on the device (inputs, outputs)
+without a host round trip. When the tensor is garbage collected (or `release()`d) its buffer goes
+back to the device's pool.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .memory import GUARD, Buffer, guarded_buffer
+
+# f16 / bf16: weights kept in their checkpoint precision (the mat-vec and expert kernels read them);
+# element offsets and strides stay in elements of the tensor's own dtype. numpy's bfloat16 comes
+# from ml_dtypes (a dependency); without it everything but bf16 tensors still works.
+DTYPES = {"f32": np.float32, "i32": np.int32, "f16": np.float16}
+try:
+    import ml_dtypes
+    DTYPES["bf16"] = ml_dtypes.bfloat16
+except ImportError:                     # pragma: no cover (a machine without the dependency)
+    pass
+_SUPPORTED = ("dtype {} is not supported: expected one of float32, int32, float16, bfloat16 "
+              "(bfloat16 needs the ml_dtypes package)")
+
+
+def dtype_name(dt) -> str:
+    """'f32', 'i32', 'f16' or 'bf16' for a dtype given as a name, a numpy dtype or a type."""
+    if isinstance(dt, str) and dt in DTYPES:
+        return dt
+    try:
+        dt = np.dtype(dt)
+    except TypeError:
+        raise ValueError(_SUPPORTED.format(repr(dt))) from None
+    for k, v in DTYPES.items():
+        if dt == np.dtype(v):
+            return k
+    raise ValueError(_SUPPORTED.format(dt))
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a dtype name."""
+    return np.dtype(DTYPES[dtype]).itemsize
+
+
+def data_bytes(numel: int, dtype: str) -> int:
+    """Bytes of `numel` elements, padded to a multiple of 4 (buffers hold whole 4-byte words)."""
+    return -(-numel * itemsize(dtype) // 4) * 4
+
+
+def _shape(shape) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+    except (TypeError, ValueError):
+        raise ValueError(f"shape must be a tuple of integers, got {shape!r}") from None
+    if any(s < 0 for s in shape):
+        raise ValueError(f"negative dimension in shape {shape}")
+    return shape
+
+
+class Tensor:
+    """An array on `device`: `.shape`, `.dtype`, `.numpy()`, `.write(array)`."""
+
+    def __init__(self, device, shape, dtype="f32", *, host_visible: bool = False, fill_guards: bool = False):
+        device.check_open()
+        self.device = device
+        self.shape = _shape(shape)
+        self.dtype_name = dtype_name(dtype)
+        self.numel = math.prod(self.shape)
+        # guards get the sentinel only on request (executor params: guard checks then cover them);
+        # a tensor made per call (op outputs) skips those writes
+        self.guarded = fill_guards
+        self.buffer: Buffer | None = guarded_buffer(device, self.numel, None, host_visible, self.guarded,
+                                                    size=itemsize(self.dtype_name))
+
+    @classmethod
+    def _pooled_many(cls, device, specs) -> list["Tensor"]:
+        """Output tensors from the pool with no checks, for (shape, dtype name, numel) specs known to
+        be good: the per-call path of compiled programs (one pool lock for all of them)."""
+        bufs = device.pool.alloc_many([data_bytes(numel, dt) + 2 * GUARD * 4 for _, dt, numel in specs])
+        out = []
+        for (shape, dtype_name, numel), buf in zip(specs, bufs):
+            t = cls.__new__(cls)
+            t.device, t.shape, t.dtype_name, t.numel, t.guarded, t.buffer = device, shape, dtype_name, numel, False, buf
+            out.append(t)
+        return out
+
+    @classmethod
+    def from_array(cls, device, array, dtype=None) -> "Tensor":
+        a = np.asarray(array)
+        if dtype is None:
+            dtype = np.float32 if a.dtype == np.float64 else a.dtype
+        t = cls(device, a.shape, dtype)
+        t.write(a)
+        return t
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(DTYPES[self.dtype_name])
+
+    @property
+    def _np_dtype(self) -> np.dtype:      # (subclasses may name their dtype differently)
+        return np.dtype(DTYPES[self.dtype_name])
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * itemsize(self.dtype_name)
+
+    def _buf(self) -> Buffer:
+        if self.buffer is None:
+            self.device.check_open()
+            raise ValueError("this tensor was released")
+        return self.buffer
+
+    def numpy(self) -> np.ndarray:
+        """A host copy."""
+        raw = self._buf().read(GUARD * 4, self.nbytes).view(self._np_dtype)
+        return raw.reshape(self.shape)
+
+    def write(self, array, start: int | None = None) -> None:
+        """Overwrite the whole tensor with `array` (same shape; float64 is rounded to float32) or, with
+        `start`, the flat elements [start, start + array.size)."""
+        buf = self._buf()
+        a = np.asarray(array)
+        if start is None and a.shape != self.shape:
+            raise ValueError(f"write of shape {a.shape} into a tensor of shape {self.shape}")
+        want = self._np_dtype
+        if a.dtype != want:
+            if not (np.issubdtype(a.dtype, np.floating) and self.dtype_name == "f32") and \
+                    not (np.issubdtype(a.dtype, np.integer) and self.dtype_name == "i32"):
+                raise ValueError(f"write of dtype {a.dtype} into a {want} tensor")
+            a = a.astype(want)
+        start = 0 if start is None else int(start)
+        if start < 0 or start + a.size > self.numel:
+            raise ValueError(f"writing {a.size} element(s) at {start} overruns the tensor's {self.numel}")
+        buf.write(np.ascontiguousarray(a), GUARD * 4 + start * itemsize(self.dtype_name))
+
+    def read_at(self, start: int, count: int = 1) -> np.ndarray:
+        """Elements [start, start + count) of the flat tensor (a few values without reading the rest)."""
+        if start < 0 or count < 0 or start + count > self.numel:
+            raise ValueError(f"reading {count} element(s) at {start} overruns the tensor's {self.numel}")
+        size = itemsize(self.dtype_name)
+        return self._buf().read(GUARD * 4 + start * size, count * size).view(self._np_dtype).copy()
+
+    def release(self) -> None:
+        """Give the buffer back now (it is also given back when the tensor is garbage collected)."""
+        buf, self.buffer = self.buffer, None
+        if buf is not None and not self.device.closed:
+            self.device.pool.free(buf)
+
+    def __del__(self):
+        buf = getattr(self, "buffer", None)
+        if buf is not None and not self.device.closed:
+            self.device.pool.free_later(buf)     # no lock in a finalizer: the pool takes it back later
+
+    def __repr__(self) -> str:
+        state = "" if self.buffer is not None else " released"
+        return f"<dsv4_vk.Tensor {self.shape} {self.dtype} on {self.device.name!r}{state}>"

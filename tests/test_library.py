@@ -1,0 +1,449 @@
+"""The library path (issue 9): device tensors, resident HC sites, compiled programs of whole steps,
+closed devices, threads, the memory budget, maxStorageBufferRange and strict environment switches.
+
+Device-path results are compared bit for bit with the numpy API (the same kernels), which the HC
+tests check against the float64 references; the head collapse is checked against its reference."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import dsv4_vk as dv
+from dsv4_vk.hc import kernels
+from dsv4_vk.vk import Buffer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(code, **env_vars):
+    e = {**os.environ, **env_vars}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=e,
+                          cwd=ROOT, timeout=600)
+
+
+def site_arrays(rng, T, D):
+    return dict(X=rng.uniform(-1, 1, (T, 4, D)).astype(np.float32),
+                fn=(rng.uniform(-1, 1, (24, 4 * D)) * 2 / np.sqrt(4 * D)).astype(np.float32),
+                scale=rng.uniform(-0.5, 0.5, 3).astype(np.float32),
+                base=rng.uniform(-0.25, 0.25, 24).astype(np.float32))
+
+
+# --- device tensors --------------------------------------------------------------------------------
+
+def test_tensor_round_trip_write_and_errors(device, rng):
+    a = rng.standard_normal((3, 5))                        # float64 is stored as float32
+    t = device.tensor(a)
+    assert isinstance(t, dv.Tensor) and t.shape == (3, 5) and t.dtype == np.float32
+    np.testing.assert_array_equal(t.numpy(), a.astype(np.float32))
+    b = rng.standard_normal((3, 5)).astype(np.float32)
+    t.write(b)
+    np.testing.assert_array_equal(t.numpy(), b)
+    i = device.empty((7,), np.int32)
+    i.write(np.arange(7))
+    assert i.dtype == np.int32 and i.numpy().tolist() == list(range(7))
+    with pytest.raises(ValueError, match=r"write of shape \(5, 3\) into a tensor of shape \(3, 5\)"):
+        t.write(b.T)
+    h = device.tensor(np.arange(5, dtype=np.float16))                     # 16-bit elements pack two per word
+    assert h.dtype == np.float16 and h.numpy().tolist() == list(range(5)) and h.read_at(3, 2).tolist() == [3, 4]
+    with pytest.raises(ValueError, match="dtype complex64 is not supported: expected one of float32, int32"):
+        device.empty((2,), np.complex64)
+    with pytest.raises(ValueError, match="negative dimension"):
+        device.empty((2, -1))
+
+
+def test_ops_take_tensors_and_return_tensors(device, rng):
+    T, D = 5, 36
+    s = site_arrays(rng, T, D)
+    mixes = rng.uniform(-2, 2, (T, 24)).astype(np.float32)
+    w, post, comb = (rng.uniform(0, 1, (T, 4)).astype(np.float32), rng.uniform(0, 2, (T, 4)).astype(np.float32),
+                     rng.uniform(0, 1, (T, 4, 4)).astype(np.float32))
+    f = rng.uniform(-1, 1, (T, D)).astype(np.float32)
+    calls = [(dv.hc_comb, (mixes, s["scale"], s["base"])), (dv.hc_pre, (s["X"], w)),
+             (dv.hc_post, (f, s["X"], post, comb)), (dv.hc_site_pre, (s["X"], s["fn"], s["scale"], s["base"]))]
+    for fn, args in calls:
+        want = fn(*args)
+        assert isinstance(want, (np.ndarray, tuple))                    # numpy in → numpy out, as before
+        got = fn(*[device.tensor(a) for a in args])
+        for g, w_ in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            assert isinstance(g, dv.Tensor), fn.__name__
+            np.testing.assert_array_equal(g.numpy(), w_)
+        mixed = fn(device.tensor(args[0]), *args[1:])                 # one Tensor makes the call a device call
+        first = mixed[0] if isinstance(mixed, tuple) else mixed
+        assert isinstance(first, dv.Tensor)
+    out = device.empty((T, 4, 4))
+    assert dv.hc_comb(device.tensor(mixes), s["scale"], s["base"], out=out) is out
+    np.testing.assert_array_equal(out.numpy(), dv.hc_comb(mixes, s["scale"], s["base"]))
+    with pytest.raises(ValueError, match=r"out\['out0'\] is a f32 Tensor of shape \(5, 4\), expected f32 \(5, 4, 4\)"):
+        dv.hc_comb(mixes, s["scale"], s["base"], out=device.empty((T, 4)))
+    other = dv.Device()
+    with pytest.raises(ValueError, match="a Tensor argument lives on"):
+        dv.hc_pre(device.tensor(s["X"]), other.tensor(w))
+    other.close()
+
+
+def test_hc_site_and_head_match_the_functions_and_never_touch_the_host(device, rng, monkeypatch):
+    T, D = 3, 40
+    s = site_arrays(rng, T, D)
+    site = dv.HcSite(s["fn"], s["scale"], s["base"], hc_eps=1e-5, norm_eps=1e-6, n_iter=12, device=device)
+    want = dv.hc_site_pre(s["X"], s["fn"], s["scale"], s["base"], hc_eps=1e-5, n_iter=12)
+    X = device.tensor(s["X"])
+    got = site.pre(X)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.numpy(), w)
+    for g, w in zip(site.pre(s["X"]), want):                             # numpy in → numpy out
+        assert isinstance(g, np.ndarray)
+        np.testing.assert_array_equal(g, w)
+    f = rng.uniform(-1, 1, (T, D)).astype(np.float32)
+    np.testing.assert_array_equal(site.post(device.tensor(f), X, got[1], got[2]).numpy(),
+                                  dv.hc_post(f, s["X"], want[1], want[2]))
+    # after the first call, a call moves nothing between host and device (weights resident, results stay)
+    moved = []
+    monkeypatch.setattr(Buffer, "write", lambda self, *a, **k: moved.append("write"))
+    monkeypatch.setattr(Buffer, "read", lambda self, *a, **k: moved.append("read"))
+    for _ in range(3):
+        u, p, c = site.pre(X)
+        site.post(u, X, p, c)
+    assert moved == []
+    monkeypatch.undo()
+    fn_h = (rng.uniform(-1, 1, (4, 4 * D)) / np.sqrt(4 * D)).astype(np.float32)
+    scale_h, base_h = rng.uniform(-0.5, 0.5, 1).astype(np.float32), rng.uniform(-0.25, 0.25, 4).astype(np.float32)
+    head = dv.HcSite.head(fn_h, scale_h, base_h, device=device)
+    ref = kernels.reference_head_pre(s["X"], fn_h, scale_h, base_h)
+    u = head.collapse(X)
+    assert isinstance(u, dv.Tensor) and u.shape == (T, D)
+    np.testing.assert_allclose(u.numpy(), ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(head.collapse(s["X"]), u.numpy())
+    with pytest.raises(ValueError, match=r"X must have shape \[\*, 4, 40\], got \(3, 4, 41\)"):
+        site.pre(np.zeros((3, 4, 41), np.float32))
+    # a site that goes away takes its cached programs (which bind its weights) with it
+    owner = site._owner
+    assert any(k[0] == owner for k in device.programs._idle)
+    import gc
+    import weakref
+    ref = weakref.ref(site)
+    del site
+    gc.collect()
+    assert ref() is None
+    head.collapse(X)                                                     # the next call drops them
+    assert not any(k[0] == owner for k in device.programs._idle)
+
+
+def test_program_of_several_sites_is_one_submit_with_shared_resident_state(device, rng):
+    T, D, n_sites = 2, 32, 3
+    s = site_arrays(rng, T, D)
+    sites = [dv.HcSite(s["fn"] * (k + 1), s["scale"], s["base"], device=device) for k in range(n_sites)]
+    w = device.tensor((rng.standard_normal((D, D)) / np.sqrt(D)).astype(np.float32))   # the user's own layer
+    g = dv.Graph()
+    x = g.input("X", (T, 4, D))
+    wt = g.bind(w)
+    for site in sites:
+        u, post, comb = site.pre_graph(g, x)
+        x = site.post_graph(g, g.op("MUL_MAT", u, wt), x, post, comb)
+    g.output("X_new", x)
+    prog = g.compile(device)
+    assert prog.recording.n_dispatches >= 4 * n_sites
+    X, out = device.tensor(s["X"]), device.empty((T, 4, D))
+    n = prog.recording.n_submits
+    handle = prog.submit({"X": X}, out={"X_new": out})                  # asynchronous: returns at once
+    handle.wait()
+    assert handle.done() and prog.recording.n_submits == n + 1          # N sites, one submit
+    xr = s["X"]
+    for k in range(n_sites):                                             # the same step through the API
+        u, post, comb = dv.hc_site_pre(xr, s["fn"] * (k + 1), s["scale"], s["base"])
+        f = dv.Graph()
+        ff = f.op("MUL_MAT", f.input("u", u.shape), f.const(w.numpy()))
+        f.output("f", ff)
+        xr = dv.hc_post(dv.Executor(device).run(f, u=u)["f"], xr, post, comb)
+    np.testing.assert_allclose(out.numpy(), xr, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(prog.run(X=s["X"])["X_new"], xr, rtol=1e-5, atol=1e-5)   # numpy in, read back
+
+    # state shared between programs: one writes a bound tensor in place, another reads it
+    state = device.tensor(np.ones((4,), np.float32))
+    g1, g2 = dv.Graph(), dv.Graph()
+    st = g1.bind(state)
+    g1.op("SCALE", st, a=2.0, b=1.0, out=st)
+    g2.output("y", g2.op("SCALE", g2.bind(state), a=1.0, b=0.0))
+    p1, p2 = g1.compile(device), g2.compile(device)
+    for _ in range(3):
+        p1.replay()
+    np.testing.assert_array_equal(p2.run()["y"], np.full(4, 15.0, np.float32))
+    np.testing.assert_array_equal(state.numpy(), np.full(4, 15.0, np.float32))
+
+
+# --- closed devices ---------------------------------------------------------------------------------
+
+def test_use_after_close_raises_device_closed_never_crashes():
+    code = """
+    import numpy as np, dsv4_vk as dv
+    dev = dv.Device()
+    with dev:
+        t = dev.tensor(np.ones((2, 24), np.float32))
+        site = dv.HcSite(np.zeros((24, 16), np.float32), np.zeros(3, np.float32), np.zeros(24, np.float32), device=dev)
+        g = dv.Graph(); g.output("y", g.op("SCALE", g.input("x", (2, 24)), a=2.0)); prog = g.compile(dev)
+        prog.run(x=np.ones((2, 24), np.float32))
+    dev.close(); dev.close()                     # idempotent
+    uses = {"numpy": lambda: t.numpy(), "write": lambda: t.write(np.zeros((2, 24))),
+            "tensor": lambda: dev.tensor([1.0]),
+            "empty": lambda: dev.empty((3,)), "op on a tensor": lambda: dv.hc_comb(t, np.zeros(3), np.zeros(24)),
+            "op with device=": lambda: dv.hc_comb(np.ones((2, 24)), np.zeros(3), np.zeros(24), device=dev),
+            "site": lambda: site.pre(np.zeros((1, 4, 4), np.float32)), "program": lambda: prog.run(x=np.ones((2, 24))),
+            "executor": lambda: dv.Executor(dev), "compile": lambda: g.compile(dev), "trim": dev.trim,
+            "enter": lambda: dev.__enter__()}
+    for name, use in uses.items():
+        try:
+            use()
+        except dv.DeviceClosed as e:
+            assert "was closed" in str(e), e
+        else:
+            raise AssertionError(f"{name} after close did not raise DeviceClosed")
+    d1 = dv.default_device(); d1.close()
+    d2 = dv.default_device()                     # the default device is opened again
+    assert d2 is not d1 and not d2.closed
+    assert dv.hc_comb(np.ones((1, 24)), np.zeros(3), np.zeros(24)).shape == (1, 4, 4)
+    print("ok")
+    """
+    r = _run(code)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-3000:])
+
+
+# --- threads --------------------------------------------------------------------------------------------
+
+THREADS = """
+import threading, numpy as np, dsv4_vk as dv
+rng = np.random.default_rng(1)
+dev = dv.default_device()
+assert dev.is_host_visible == (not {staging})
+D = 256
+fn = (rng.uniform(-1, 1, (24, 4 * D)) / 10).astype(np.float32)
+scale, base = rng.uniform(-0.5, 0.5, 3).astype(np.float32), rng.uniform(-0.25, 0.25, 24).astype(np.float32)
+site = dv.HcSite(fn, scale, base, device=dev)
+jobs = []                                   # (kind, T) per thread: same shapes, different shapes, device tensors
+ex = dv.Executor(dev)                       # one executor and graph shared by threads
+g = dv.Graph(); g.output("y", g.op("SCALE", g.input("x", (5, 4, D)), a=3.0, b=1.0))
+for k in range(4):
+    jobs += [("comb", 64), ("comb", 64 + k), ("site", 1 + k), ("pre", 2 + 3 * k), ("exec", 5)]
+# every thread its own data: threads that share a program's buffers would mix them up
+inputs = [rng.uniform(-2, 2, (T, 24)).astype(np.float32) if kind == "comb"
+          else rng.uniform(-1, 1, (T, 4, D)).astype(np.float32) for kind, T in jobs]
+def run(kind, x):
+    if kind == "comb":
+        return dv.hc_comb(x, scale, base)
+    if kind == "pre":
+        return dv.hc_pre(x, x[:, :, 0])
+    if kind == "exec":
+        return ex.run(g, x=x)["y"]
+    u, post, comb = site.pre(dev.tensor(x))
+    return np.concatenate([u.numpy().ravel(), post.numpy().ravel(), comb.numpy().ravel()])
+want = [run(j[0], x) for j, x in zip(jobs, inputs)]
+bad, errors = [], []
+def worker(i):
+    try:
+        for _ in range(25):
+            if not np.array_equal(run(jobs[i][0], inputs[i]), want[i]):
+                bad.append(jobs[i])
+    except Exception as e:
+        errors.append(repr(e))
+threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(jobs))]
+for t in threads: t.start()
+for t in threads: t.join()
+assert not errors, errors
+print("wrong", len(bad), sorted(set(bad)))
+"""
+
+
+@pytest.mark.parametrize("staging", [False, True], ids=["direct", "staging"])
+def test_threads_share_a_device(staging):
+    r = _run(THREADS.format(staging=staging), DSV4_VK_FORCE_STAGING="1" if staging else "0")
+    assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
+    assert r.stdout.strip() == "wrong 0 []", r.stdout
+
+
+def test_staging_path_runs_each_call_in_one_submit():
+    # discrete GPUs: host arrays travel through mapped buffers in the run's own submit
+    code = """
+    import numpy as np, dsv4_vk as dv
+    from dsv4_vk.hc import kernels as K
+    dev = dv.default_device()
+    assert not dev.is_host_visible
+    submits = []
+    real = dev.submit
+    dev.submit = lambda *a: (submits.append(1), real(*a))[1]
+    rng = np.random.default_rng(2)
+    T, D = 5, 48
+    X, fn = rng.uniform(-1, 1, (T, 4, D)), rng.uniform(-1, 1, (24, 4 * D)) / 20
+    scale, base = rng.uniform(-0.5, 0.5, 3), rng.uniform(-0.25, 0.25, 24)
+    site = dv.HcSite(fn, scale, base)
+    for call in range(3):
+        submits.clear()
+        got = dv.hc_site_pre(X, fn, scale, base)
+        n_api = len(submits)
+        submits.clear()
+        u, post, comb = site.pre(dev.tensor(X))
+        n_site = len(submits)                       # the upload of X is a submit of its own (dev.tensor)
+        for g, w in zip(got, K.reference_site_pre(X, fn, scale, base)):
+            assert np.allclose(g, w, rtol=1e-4, atol=1e-5), np.abs(g - w).max()
+        assert all(np.array_equal(a.numpy(), b) for a, b in zip((u, post, comb), got))
+    print("submits", n_api, n_site)
+    """
+    r = _run(code, DSV4_VK_FORCE_STAGING="1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "submits 1 2", r.stdout
+
+
+# --- memory, storage range ------------------------------------------------------------------------------
+
+def test_memory_stays_flat_over_many_shapes():
+    code = """
+    import numpy as np, dsv4_vk as dv
+    def rss():
+        return int(open("/proc/self/statm").read().split()[1]) * 4096
+    dev = dv.default_device()
+    assert dev.cache_bytes == 24 << 20
+    rng = np.random.default_rng(0)
+    D, peak, most = 512, 0, 0
+    ex = dv.Executor(dev)
+    for i, T in enumerate(range(1024, 1088)):       # 64 shapes, x = 8 MiB each
+        x = rng.uniform(-1, 1, (T, 4, D)).astype(np.float32)
+        w = rng.uniform(0, 1, (T, 4)).astype(np.float32)
+        u = dv.hc_pre(x, w)
+        assert np.allclose(u, np.einsum("ts,tsd->td", w, x), atol=1e-4)
+        g = dv.Graph()                              # the executor's graphs are bounded the same way
+        g.output("y", g.op("SCALE", g.input("x", x.shape), a=2.0))
+        assert np.array_equal(ex.run(g, x=x)["y"], 2 * x)
+        m = dev.memory_stats()
+        assert m["cached_program_bytes"] + m["pool_free_bytes"] <= m["budget_bytes"], m
+        most = max(most, m["allocated_bytes"])
+        if i == 8:
+            base = rss()
+        if i > 8:
+            peak = max(peak, rss() - base)
+    print("growth MiB", peak >> 20, "allocated MiB at most", most >> 20)
+    assert peak < 48 << 20 and most <= 256 << 20, (peak, most)
+    del ex, g
+    dev.trim()
+    m = dev.memory_stats()
+    assert m["cached_programs"] == 0 and m["pool_free_bytes"] == 0 and m["allocations"] == 0, m
+    print("ok")
+    """
+    r = _run(code, DSV4_VK_CACHE_BYTES="24M")
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.stdout, r.stderr[-3000:])
+
+
+def test_nothing_is_bound_past_max_storage_buffer_range(rng):
+    import dataclasses
+    dev = dv.Device()
+    limit = dev.caps.limits.max_storage_buffer_range
+    g = dv.Graph()
+    g.output("y", g.op("SCALE", g.input("x", (limit // 4 + 1,)), a=2.0))
+    before = dev.memory_stats()["allocations"]
+    with pytest.raises(ValueError, match=f"exceeds this device's maxStorageBufferRange of {limit} bytes"):
+        g.compile(dev)
+    assert dev.memory_stats()["allocations"] == before                  # refused before allocating
+    # a device that allows 64 KiB per binding: numpy calls run in chunks of tokens, tensors are refused
+    small = 64 << 10
+    limits = dataclasses.replace(dev.caps.limits, max_storage_buffer_range=small)
+    dev.caps = dataclasses.replace(dev.caps, limits=limits)
+    T = 2000                                                              # mixes: 192000 bytes
+    mixes = rng.uniform(-2, 2, (T, 24)).astype(np.float32)
+    scale, base = rng.uniform(-0.5, 0.5, 3).astype(np.float32), rng.uniform(-0.25, 0.25, 24).astype(np.float32)
+    got = dv.hc_comb(mixes, scale, base, device=dev)
+    np.testing.assert_array_equal(got, dv.hc_comb(mixes, scale, base))   # unsplit, on the default device
+    with pytest.raises(ValueError, match=f"maxStorageBufferRange of {small} bytes .*at most 682 tokens"):
+        dv.hc_comb(dev.tensor(mixes), scale, base)
+    pipe = dev.pipelines.get("unary", 2, {"OP_SCALE": 1}, (64,))
+    big = dev.pool.alloc(small * 2)
+    with pytest.raises(ValueError, match=f"binding 0 would span {2 * small} bytes, past this device's "
+                                         f"maxStorageBufferRange of {small}"):
+        dev.pipelines.descriptor_set(pipe, [big, big])
+    dev.close()
+
+
+# --- environment switches ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["DSV4_VK_VALIDATION", "DSV4_VK_FORCE_STAGING", "DSV4_VK_CACHE_BYTES"])
+def test_device_switches_reject_junk(name, monkeypatch):
+    monkeypatch.setenv(name, "maybe")
+    with pytest.raises(ValueError, match=f"environment variable {name}='maybe' is not understood"):
+        dv.Device()
+
+
+def test_other_switches_reject_junk(monkeypatch):
+    from dsv4_vk.core import profile
+    from dsv4_vk.hc import policy
+    monkeypatch.setenv("DSV4_VK_PROFILE", "2")
+    with pytest.raises(ValueError, match="DSV4_VK_PROFILE='2' is not understood"):
+        profile.active()
+    monkeypatch.delenv("DSV4_VK_PROFILE")
+    for name in ("DSV4_VK_DISABLE_HC", "DSV4_VK_DISABLE_HC_COMB", "DSV4_VK_DISABLE_HC_PRE", "DSV4_VK_DISABLE_HC_POST"):
+        monkeypatch.setenv(name, "nope")
+        with pytest.raises(ValueError, match=f"{name}='nope' is not understood"):
+            policy.disabled_by("HC_" + name.rsplit("_", 1)[1] if name != "DSV4_VK_DISABLE_HC" else "HC_COMB")
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("DSV4_VK_HC_COMB_VARIANT", "sg99")
+    with pytest.raises(ValueError, match="DSV4_VK_HC_COMB_VARIANT='sg99' is not understood"):
+        policy.forced_variant()
+    monkeypatch.setenv("DSV4_VK_DEVICE", "no-such-gpu")
+    with pytest.raises(dv.VulkanUnavailable, match="DSV4_VK_DEVICE='no-such-gpu' matches no device"):
+        dv.Device()
+
+
+@pytest.mark.parametrize("raw, value", [("", 1 << 30), ("123", 123), ("64M", 64 << 20), ("2 GiB", 2 << 30),
+                                        ("16kb", 16 << 10)])
+def test_byte_sizes_parse(raw, value, monkeypatch):
+    from dsv4_vk.vk import env
+    monkeypatch.setenv("DSV4_VK_CACHE_BYTES", raw)
+    assert env.byte_size("DSV4_VK_CACHE_BYTES", 1 << 30) == value
+
+
+@pytest.mark.parametrize("raw", ["-1", "1.5G", "12 parsecs", "1e9"])
+def test_byte_sizes_reject_junk(raw, monkeypatch):
+    from dsv4_vk.vk import env
+    monkeypatch.setenv("DSV4_VK_CACHE_BYTES", raw)
+    with pytest.raises(ValueError, match="DSV4_VK_CACHE_BYTES"):
+        env.byte_size("DSV4_VK_CACHE_BYTES", 1)
+
+
+# --- the docs ---------------------------------------------------------------------------------------------
+
+DOC_CHECK = """
+# appended by the test: the same loop in float64 from the initial state, against the device's result
+from dsv4_vk.hc import kernels as K
+from dsv4_vk.ops import get_op
+kv_write, attention = get_op("KV_WRITE").reference, get_op("ATTENTION").reference
+cs, sn = rope_tables(D, C)
+ref_x = X0.astype(np.float64)
+caches = [(np.zeros((C, 1, 1, D)), np.zeros((C, 1, 1, D))) for _ in layers]
+for t in range(STEPS):
+    for (site, wq, wk, wv, wo, _, _), (kc, vc) in zip(layers, caches):
+        u, post, comb = K.reference_site_pre(ref_x, site.fn.numpy(), site.scale.numpy(), site.base.numpy())
+        kc[:] = kv_write(kc, (u @ wk.numpy().T.astype(np.float64)).reshape(1, 1, 1, D), [t], cs, sn, rotate=1)
+        vc[:] = kv_write(vc, (u @ wv.numpy().T.astype(np.float64)).reshape(1, 1, 1, D), [t], cs, sn, rotate=0)
+        a = attention((u @ wq.numpy().T).reshape(1, 1, D), kc.reshape(C, 1, D), vc.reshape(C, 1, D), [t], cs, sn,
+                      scale=1 / np.sqrt(D))
+        ref_x = K.reference_post(a.reshape(1, D) @ wo.numpy().T, ref_x, post, comb)
+ref_h = K.reference_head_pre(ref_x, head.fn.numpy(), head.scale.numpy(), head.base.numpy())
+err_x = np.abs(X.numpy() - ref_x).max() / np.abs(ref_x).max()
+err_h = np.abs(h.numpy() - ref_h).max() / np.abs(ref_h).max()
+assert err_x < 1e-4 and err_h < 1e-4, (err_x, err_h)
+print("reference ok", err_x, err_h)
+"""
+
+
+def test_library_doc_example_runs_and_matches_a_float64_loop():
+    text = open(os.path.join(ROOT, "docs", "library.md")).read()
+    blocks = text.split("```python\n")[1:]
+    assert len(blocks) == 1, "docs/library.md should hold one runnable python example"
+    code = blocks[0].split("```")[0]
+    # keep the device open after the loop, and remember the streams before it, for the check below
+    for old, new in (("with dv.Device() as dev:", "if True:\n    dev = dv.Device()"),
+                     ("    step = g.compile(dev)\n", "    step = g.compile(dev)\n    X0 = X.numpy()\n")):
+        assert old in code, f"the example changed: {old!r} not found"
+        code = code.replace(old, new)
+    r = _run(code + DOC_CHECK)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "decode loop ok: 12 submits" in r.stdout and "reference ok" in r.stdout, r.stdout
+    plain = _run(blocks[0].split("```")[0])                          # and as printed, closing its device
+    assert plain.returncode == 0 and "decode loop ok" in plain.stdout, plain.stderr[-3000:]

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Host time per call of each library path at decode size (T = 1, D = 4096 by default):
+
+- numpy API: hc_comb / hc_pre / hc_post / hc_site_pre on numpy arrays (upload, submit, wait, read);
+- device-tensor API: the same functions on dsv4_vk.Tensors (results stay on the device);
+- HcSite: site.pre / site.post with the weights resident;
+- program: a compiled graph of one full site (pre → post, f = u), and of N sites chained.
+
+Columns (medians over --calls calls after --warmup calls, µs): "call", the whole call; "in s+w", the
+time the call spent inside Device.submit + Device.wait (vkQueueSubmit and the fence wait, timed in
+the call); "overhead" = call − in s+w, what the library costs on the host beyond submit + wait;
+"cpu ovh", the same difference in CPU time of the calling thread (time.thread_time: what the
+library's Python costs, free of the preemption a loaded machine adds to wall time); "stubbed",
+the call with Device.submit and Device.wait replaced by no-ops (the library's host work with warm
+caches: on a CPU device the kernels between calls evict the interpreter's caches); "bare", the
+same submission (same command buffers) issued alone, for reference. Submits per call are counted,
+not assumed.
+
+    python3 tools/bench_library.py [--d 4096] [--t 1] [--calls 300] [--sites 4] [--json out.json]
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import dsv4_vk as dv
+from dsv4_vk.hc import api as hc_api
+
+
+class SubmitClock:
+    """Accumulates the time spent inside dev.submit and dev.wait (instance attributes shadow them)."""
+
+    def __init__(self, dev):
+        self.ns = self.cpu_ns = self.submits = 0
+        self.stubbed = False
+        for name in ("submit", "wait"):
+            setattr(dev, name, self._timed(getattr(dev, name)))
+
+    def _timed(self, fn):
+        def timed(*a, **kw):
+            if self.stubbed:
+                return None
+            self.submits += fn.__name__ == "submit"
+            t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.ns += time.perf_counter_ns() - t0
+                self.cpu_ns += time.thread_time_ns() - c0
+        return timed
+
+
+def _median_us(fn, calls, warmup, clock):
+    for _ in range(warmup):
+        fn()
+    ts, inside, cpu = [], [], []
+    for _ in range(calls):
+        clock.ns = clock.cpu_ns = 0
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+        fn()
+        ts.append(time.perf_counter_ns() - t0)
+        cpu.append(time.thread_time_ns() - c0 - clock.cpu_ns)
+        inside.append(clock.ns)
+    over = [t - i for t, i in zip(ts, inside)]
+    return tuple(statistics.median(v) / 1e3 for v in (ts, inside, over, cpu))
+
+
+def measure(name, op, call, program, calls, warmup, clock):
+    """Time `call` (and its time inside submit + wait), then the bare submission it made on `program()`."""
+    host, inside, over, cpu = _median_us(call, calls, warmup, clock)
+    cg = program()
+    clock.submits = 0
+    call()
+    submits = clock.submits           # every vkQueueSubmit: staging copies (discrete GPUs) count too
+    info = cg.last_submit_info
+    dev, fence = cg.device, cg.recording.fence_arr
+
+    def bare():
+        dev.submit(info, fence)
+        dev.wait(fence)
+    base = _median_us(bare, calls, warmup, clock)[0]
+    clock.stubbed = True
+    try:
+        stub = _median_us(call, calls, warmup, clock)[0]
+    finally:
+        clock.stubbed = False
+    row = {"path": name, "op": op, "call_us": round(host, 1), "in_submit_wait_us": round(inside, 1),
+           "overhead_us": round(over, 1), "cpu_overhead_us": round(cpu, 1), "stubbed_us": round(stub, 1),
+           "bare_submit_wait_us": round(base, 1), "submits_per_call": submits}
+    cols = " ".join(f"{v:9.1f}" for v in (host, inside, over, cpu, stub, base))
+    print(f"{name:14s} {op:20s} {cols} {submits:4d}", flush=True)
+    return row
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--d", type=int, default=4096)
+    ap.add_argument("--t", type=int, default=1)
+    ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--sites", type=int, default=4, help="sites chained in the N-site program")
+    ap.add_argument("--json", help="write the results to this file")
+    args = ap.parse_args(argv)
+    if args.d < 1 or args.t < 1 or args.calls < 1 or args.warmup < 0 or args.sites < 1:
+        ap.error("--d, --t, --calls and --sites must be ≥ 1, --warmup ≥ 0")
+    T, D = args.t, args.d
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, (T, 4, D)).astype(np.float32)
+    fn = (rng.uniform(-1, 1, (24, 4 * D)) * 2 / np.sqrt(4 * D)).astype(np.float32)
+    scale = rng.uniform(-0.5, 0.5, 3).astype(np.float32)
+    base = rng.uniform(-0.25, 0.25, 24).astype(np.float32)
+    mixes = rng.uniform(-2, 2, (T, 24)).astype(np.float32)
+    w = rng.uniform(0, 1, (T, 4)).astype(np.float32)
+    f = rng.uniform(-1, 1, (T, D)).astype(np.float32)
+    post = rng.uniform(0, 2, (T, 4)).astype(np.float32)
+    comb = rng.uniform(0, 1, (T, 4, 4)).astype(np.float32)
+
+    rows = []
+    with dv.Device() as dev:
+        print(f"device: {dev.name} ({dev.caps.type}); T = {T}, D = {D}; median of {args.calls} calls, µs")
+        heads = " ".join(f"{h:>9s}" for h in ("call", "in s+w", "overhead", "cpu ovh", "stubbed", "bare"))
+        print(f"{'path':14s} {'op':20s} {heads} {'subm':>4s}")
+        last = lambda: hc_api._local.last          # the program the last API call ran  # noqa: E731
+        n, c = dict(calls=args.calls, warmup=args.warmup, clock=SubmitClock(dev)), dict(device=dev)
+        rows.append(measure("numpy", "hc_comb", lambda: dv.hc_comb(mixes, scale, base, **c), last, **n))
+        rows.append(measure("numpy", "hc_pre", lambda: dv.hc_pre(X, w, **c), last, **n))
+        rows.append(measure("numpy", "hc_post", lambda: dv.hc_post(f, X, post, comb, **c), last, **n))
+        rows.append(measure("numpy", "hc_site_pre", lambda: dv.hc_site_pre(X, fn, scale, base, **c), last, **n))
+
+        t = {k: dev.tensor(v) for k, v in dict(X=X, fn=fn, scale=scale, base=base, mixes=mixes, w=w, f=f,
+                                                 post=post, comb=comb).items()}
+        rows.append(measure("device-tensor", "hc_comb", lambda: dv.hc_comb(t["mixes"], t["scale"], t["base"]),
+                            last, **n))
+        rows.append(measure("device-tensor", "hc_pre", lambda: dv.hc_pre(t["X"], t["w"]), last, **n))
+        rows.append(measure("device-tensor", "hc_post", lambda: dv.hc_post(t["f"], t["X"], t["post"], t["comb"]),
+                            last, **n))
+        rows.append(measure("device-tensor", "hc_site_pre",
+                            lambda: dv.hc_site_pre(t["X"], t["fn"], t["scale"], t["base"]), last, **n))
+
+        site = dv.HcSite(t["fn"], t["scale"], t["base"], device=dev)
+        rows.append(measure("HcSite", "pre", lambda: site.pre(t["X"]), last, **n))
+        u, p, cb = site.pre(t["X"])
+        rows.append(measure("HcSite", "post", lambda: site.post(u, t["X"], p, cb), last, **n))
+
+        for n_sites in sorted({1, args.sites}):
+            sites = [site] + [dv.HcSite(t["fn"], t["scale"], t["base"], device=dev) for _ in range(n_sites - 1)]
+            g = dv.Graph()
+            x = xin = g.input("X", (T, 4, D))
+            for s in sites:
+                uu, pp, cc = s.pre_graph(g, x)
+                x = s.post_graph(g, uu, x, pp, cc)
+            g.output("X_new", x)
+            prog = g.compile(dev)
+            x_next = dev.empty((T, 4, D))
+            assert xin.shape == x_next.shape
+            rows.append(measure("program", f"{n_sites} full site(s)",
+                                lambda: prog.replay(X=t["X"], out={"X_new": x_next}), lambda: prog, **n))
+        info = {"device": dev.name, "type": dev.caps.type, "T": T, "D": D, "calls": args.calls,
+                "warmup": args.warmup, "version": dv.__version__, "rows": rows}
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(info, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
