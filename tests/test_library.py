@@ -342,7 +342,7 @@ def test_nothing_is_bound_past_max_storage_buffer_range(rng):
     with pytest.raises(ValueError, match=f"exceeds this device's maxStorageBufferRange of {limit} bytes"):
         g.compile(dev)
     assert dev.memory_stats()["allocations"] == before                  # refused before allocating
-    # a device that allows 64 KiB per binding: numpy calls run in chunks of tokens, tensors are refused
+    # a device that allows 64 KiB per binding: calls run in chunks of tokens, on numpy arrays and tensors
     small = 64 << 10
     limits = dataclasses.replace(dev.caps.limits, max_storage_buffer_range=small)
     dev.caps = dataclasses.replace(dev.caps, limits=limits)
@@ -351,8 +351,13 @@ def test_nothing_is_bound_past_max_storage_buffer_range(rng):
     scale, base = rng.uniform(-0.5, 0.5, 3).astype(np.float32), rng.uniform(-0.25, 0.25, 24).astype(np.float32)
     got = dv.hc_comb(mixes, scale, base, device=dev)
     np.testing.assert_array_equal(got, dv.hc_comb(mixes, scale, base))   # unsplit, on the default device
-    with pytest.raises(ValueError, match=f"maxStorageBufferRange of {small} bytes .*at most 682 tokens"):
-        dv.hc_comb(dev.tensor(mixes), scale, base)
+    t_got = dv.hc_comb(dev.tensor(mixes), scale, base)                    # tensors: chunks copied on the device
+    np.testing.assert_array_equal(t_got.numpy(), got)
+    X = rng.uniform(-1, 1, (300, 4, 32)).astype(np.float32)              # 512 B per token: 128 tokens per chunk
+    w = rng.uniform(0, 1, (300, 4)).astype(np.float32)
+    u = dev.empty((300, 32))
+    assert dv.hc_pre(dev.tensor(X), w, out=u) is u
+    np.testing.assert_array_equal(u.numpy(), dv.hc_pre(X, w))
     pipe = dev.pipelines.get("unary", 2, {"OP_SCALE": 1}, (64,))
     big = dev.pool.alloc(small * 2)
     with pytest.raises(ValueError, match=f"binding 0 would span {2 * small} bytes, past this device's "

@@ -19,7 +19,7 @@ from .tensor import DTYPES, dtype_name, itemsize
 from ..vk import Buffer, Recorder, default_device
 from ..vk.memory import GUARD, SENTINEL, guarded_buffer, guards_intact  # noqa: F401  (re-exported)
 from ..vk.recorder import record_copies
-from ..vk.tensor import Tensor as DeviceTensor, data_bytes
+from ..vk.tensor import Tensor as DeviceTensor, TensorRows, data_bytes
 
 IO_CACHE = 4        # per compiled graph: recorded copy command buffers kept per (inputs, outputs) buffers
 
@@ -213,21 +213,21 @@ class CompiledGraph:
         if src.shape != t.shape or src.dtype_name != t.dtype:
             raise ValueError(f"input {name!r} is a {src.dtype_name} Tensor of shape {src.shape}, "
                              f"expected {t.dtype} {t.shape}")
-        return (src._buf(), GUARD * 4, buf, GUARD * 4, nbytes)
+        return (src._buf(), src.byte_offset, buf, GUARD * 4, nbytes)
 
     def _copy_out(self, name, dst):
         spec = self._out_spec.get(name)
         if spec is None:
             raise ValueError(f"graph has no output {name!r}; outputs are {sorted(self.graph.outputs)}")
         t, buf, off, nbytes, contiguous = spec
-        if not isinstance(dst, DeviceTensor) or dst.device is not self.device:
+        if not isinstance(dst, (DeviceTensor, TensorRows)) or dst.device is not self.device:
             raise ValueError(f"out[{name!r}] must be a dsv4_vk.Tensor on {self.device!r}, got {dst!r}")
         if dst.shape != t.shape or dst.dtype_name != t.dtype:
             raise ValueError(f"out[{name!r}] is a {dst.dtype_name} Tensor of shape {dst.shape}, "
                              f"expected {t.dtype} {t.shape}")
         if not contiguous:
             raise ValueError(f"output {name!r} is a strided view: add g.op('CONT', ...) to copy it out")
-        return (buf, off, dst._buf(), GUARD * 4, nbytes)
+        return (buf, off, dst._buf(), dst.byte_offset, nbytes)
 
     def new_outputs(self):
         """{output name: a new device Tensor of its shape} (to pass as `out`)."""
@@ -272,7 +272,7 @@ class CompiledGraph:
             copies_in, copies_out, keep = [], [], []
             stage = None if self.device.is_host_visible else self._staging()
             for k, v in {**(inputs or {}), **kw}.items():
-                if isinstance(v, DeviceTensor):
+                if isinstance(v, (DeviceTensor, TensorRows)):
                     copies_in.append(self._copy_in(k, v))
                     keep.append(v)
                 elif stage is None:

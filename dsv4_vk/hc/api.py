@@ -6,7 +6,7 @@ and recorded once per key, later calls only write or copy their inputs, submit o
 any `dsv4_vk.Tensor` argument (or `out=`), the results are Tensors that stay on the device (inputs
 and outputs are copied on the device, in the same submit); otherwise numpy arrays (float32). T = 0
 returns empty results without touching the device. Per-token ops whose arrays exceed the device's
-maxStorageBufferRange run in chunks of tokens (numpy path) or are refused naming the limit.
+maxStorageBufferRange run in chunks of tokens, each chunk one submit.
 `last_run()` describes the calling thread's last call: dispatches, barriers, paths [(op, path, reason)].
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ..core.graph import Graph
 from ..ops.base import format_shape
 from .kernels import HC, N_MIX, check_eps, check_n_iter
 from ..vk import Device, default_device
-from ..vk.tensor import Tensor
+from ..vk.tensor import Tensor, TensorRows
 
 Array = Union[ArrayLike, Tensor]        # numpy-like in → numpy out; a device Tensor in → Tensors out
 Result = Union[np.ndarray, Tensor]
@@ -79,7 +79,7 @@ def pick_device(device, *arrays):
     Tensor must live on it."""
     dev = device
     for a in arrays:
-        if isinstance(a, Tensor):
+        if isinstance(a, (Tensor, TensorRows)):
             if dev is None:
                 dev = a.device
             elif a.device is not dev:
@@ -112,7 +112,7 @@ def call(device, key, inputs, out_shapes, build, out=None, per_token=()):
     dev = pick_device(device, *inputs.values(), *(out or ()))
     on_device, largest, shapes = out is not None, 0, []
     for v in inputs.values():           # one pass: the per-call path is short
-        if isinstance(v, Tensor):
+        if isinstance(v, (Tensor, TensorRows)):
             on_device, n = True, v.numel
         else:
             n = v.size
@@ -121,11 +121,15 @@ def call(device, key, inputs, out_shapes, build, out=None, per_token=()):
     if per_token and 4 * max([largest] + [math.prod(s) for s in out_shapes]) > dev.caps.limits.max_storage_buffer_range:
         T = out_shapes[0][0]
         chunk = _chunk_tokens(dev, {k: inputs[k] for k in per_token}, out_shapes)
-        if T > chunk:
+        if T > chunk:                   # one call per chunk of tokens, each within the limit
             if on_device:
-                limit = dev.caps.limits.max_storage_buffer_range
-                raise ValueError(f"{T} tokens make arrays larger than this device's maxStorageBufferRange of "
-                                 f"{limit} bytes ({dev.name}): pass at most {chunk} tokens per call")
+                outs = tuple(out) if out is not None else tuple(dev.empty(s) for s in out_shapes)
+                for i in range(0, T, chunk):
+                    n = min(chunk, T - i)
+                    part = {k: (_rows(v, i, i + n) if k in per_token else v) for k, v in inputs.items()}
+                    call(dev, key, part, [(n,) + tuple(s[1:]) for s in out_shapes], build,
+                         tuple(o.rows(i, i + n) for o in outs))
+                return outs
             parts = [call(dev, key, {k: (v[i:i + chunk] if k in per_token else v) for k, v in inputs.items()},
                           [(min(chunk, T - i),) + tuple(s[1:]) for s in out_shapes], build)
                      for i in range(0, T, chunk)]
@@ -145,6 +149,10 @@ def call(device, key, inputs, out_shapes, build, out=None, per_token=()):
     finally:
         dev.programs.put(key, cg)
     return outs
+
+
+def _rows(v, start, stop):
+    return v.rows(start, stop) if isinstance(v, Tensor) else v[start:stop]
 
 
 def empty_result(on_device, device, *shapes):

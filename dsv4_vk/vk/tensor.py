@@ -63,6 +63,8 @@ def _shape(shape) -> tuple[int, ...]:
 class Tensor:
     """An array on `device`: `.shape`, `.dtype`, `.numpy()`, `.write(array)`."""
 
+    byte_offset = GUARD * 4         # where the data starts in the buffer (after the leading guard)
+
     def __init__(self, device, shape, dtype="f32", *, host_visible: bool = False, fill_guards: bool = False):
         device.check_open()
         self.device = device
@@ -148,6 +150,11 @@ class Tensor:
         size = itemsize(self.dtype_name)
         return self._buf().read(GUARD * 4 + start * size, count * size).view(self._np_dtype).copy()
 
+    def rows(self, start: int, stop: int) -> "TensorRows":
+        """Rows [start, stop) of the first axis, as a copy source or destination for programs
+        (an input, or an entry of `out=`): no data is copied until a program runs."""
+        return TensorRows(self, start, stop)
+
     def release(self) -> None:
         """Give the buffer back now (it is also given back when the tensor is garbage collected)."""
         buf, self.buffer = self.buffer, None
@@ -162,3 +169,22 @@ class Tensor:
     def __repr__(self) -> str:
         state = "" if self.buffer is not None else " released"
         return f"<dsv4_vk.Tensor {self.shape} {self.dtype} on {self.device.name!r}{state}>"
+
+
+class TensorRows:
+    """Rows [start, stop) of a device tensor's first axis (see Tensor.rows): programs copy from or
+    into them on the device, e.g. to run a call too large for one binding in chunks of tokens."""
+
+    def __init__(self, tensor: Tensor, start: int, stop: int):
+        if not tensor.shape or not 0 <= start <= stop <= tensor.shape[0]:
+            raise ValueError(f"rows [{start}, {stop}) are not within the first axis of a tensor of shape {tensor.shape}")
+        self.tensor, self.device, self.dtype_name = tensor, tensor.device, tensor.dtype_name
+        self.shape = (stop - start,) + tensor.shape[1:]
+        self.numel = math.prod(self.shape)
+        self.byte_offset = tensor.byte_offset + start * math.prod(tensor.shape[1:]) * itemsize(tensor.dtype_name)
+
+    def _buf(self) -> Buffer:
+        return self.tensor._buf()
+
+    def __repr__(self) -> str:
+        return f"<rows {self.shape} of {self.tensor!r}>"
