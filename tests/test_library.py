@@ -332,6 +332,51 @@ def test_memory_stays_flat_over_many_shapes():
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.stdout, r.stderr[-3000:])
 
 
+def test_program_cache_evicts_least_recently_used_within_the_budget():
+    class Entry:
+        def __init__(self, name, nbytes):
+            self.name, self.nbytes, self.released = name, nbytes, False
+
+        def release(self):
+            self.released = True
+    dev = dv.Device()
+    dev.trim()
+    dev.cache_bytes = 250
+    cache = dev.programs
+    a, b, c = Entry("a", 100), Entry("b", 100), Entry("c", 100)
+    for key, e in (("a", a), ("b", b)):
+        assert cache.acquire(key, lambda e=e: e) is e
+        cache.put(key, e)
+    assert cache.acquire("a", lambda: None) is a                         # a hit: a is checked out ...
+    assert cache.count == 1 and cache.nbytes == 100
+    cache.put("a", a)                                                     # ... and now the most recent
+    assert cache.acquire("c", lambda: c) is c
+    cache.put("c", c)                                                     # 300 > 250: b goes, not a
+    assert b.released and not a.released and not c.released and cache.nbytes == 200
+    fresh = Entry("a2", 100)
+    assert cache.acquire("b", lambda: fresh) is fresh                     # gone from the cache: built again
+    dev.trim()
+    assert a.released and c.released and cache.count == 0
+    dev.close()
+
+
+def test_cached_programs_follow_fused_flags_and_environment(device, rng, monkeypatch):
+    from dsv4_vk.hc import policy
+    mixes = rng.uniform(-2, 2, (3, 24)).astype(np.float32)
+    scale, base = np.zeros(3, np.float32), np.zeros(24, np.float32)
+    paths = {}
+    for fused in (True, False, None):
+        dv.hc_comb(mixes, scale, base, fused=fused, device=device)
+        paths[fused] = dv.last_run().paths[0][1]
+    assert paths[True].startswith("fused") and paths[False] == "unfused" and paths[None] == paths[True]
+    monkeypatch.setenv("DSV4_VK_DISABLE_HC_COMB", "1")
+    policy.clear()                                                        # new choices: new programs
+    dv.hc_comb(mixes, scale, base, device=device)
+    assert dv.last_run().paths[0][1] == "unfused"
+    monkeypatch.delenv("DSV4_VK_DISABLE_HC_COMB")
+    policy.clear()
+
+
 def test_nothing_is_bound_past_max_storage_buffer_range(rng):
     import dataclasses
     dev = dv.Device()
