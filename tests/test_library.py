@@ -171,6 +171,11 @@ def test_program_of_several_sites_is_one_submit_with_shared_resident_state(devic
         p1.replay()
     np.testing.assert_array_equal(p2.run()["y"], np.full(4, 15.0, np.float32))
     np.testing.assert_array_equal(state.numpy(), np.full(4, 15.0, np.float32))
+    with pytest.raises(ValueError, match=r"is bound in 2 compiled program\(s\)"):
+        state.release()                                                  # the programs still use its memory
+    p1.release()
+    del p2
+    state.release()
 
 
 # --- closed devices ---------------------------------------------------------------------------------

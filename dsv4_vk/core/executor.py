@@ -85,6 +85,7 @@ class CompiledGraph:
         self.buffers = {}
         self._owned = []
         self._unguarded = set()
+        self._pinned = []                        # device tensors bound as params
         self._lock = threading.RLock()
         self._pending = None
         self._io = collections.OrderedDict()     # copies key -> (VkSubmitInfo, keepalive)
@@ -109,6 +110,7 @@ class CompiledGraph:
             for buf in self._owned:
                 device.pool.free(buf)
             self._owned = []
+            self._unpin()
             raise
         self.nbytes = sum(b.nbytes for b in self._owned)
         self._io_specs()
@@ -135,7 +137,10 @@ class CompiledGraph:
             raise ValueError(f"param {s.name!r} holds {p.numel} {p.dtype_name}, graph wants {s.numel} {s.dtype}")
         if not p.guarded:
             self._unguarded.add(id(s))
-        return p._buf()
+        buf = p._buf()
+        p._pins += 1                 # released while this program binds it: refused (Tensor.release)
+        self._pinned.append(p)
+        return buf
 
     def _record(self, rec, node, launch):
         dev = self.device
@@ -376,11 +381,18 @@ class CompiledGraph:
                 for buf in (self._stage or ())[::2]:
                     buf.destroy()
             self.buffers, self._owned, self._io, self._stage = {}, [], collections.OrderedDict(), None
+            self._unpin()
+
+    def _unpin(self):
+        for p in self._pinned:
+            p._pins -= 1
+        self._pinned = []
 
     def __del__(self):
         # a finalizer may run on any thread at any time: no locks, buffers queued for the pool
         try:
-            if self.device.closed or not self._owned:
+            self._unpin()
+            if self.device.closed or self.recording.cmd is None:
                 return
             if self._pending is not None:
                 self.device.wait(self.recording.fence_arr)

@@ -64,6 +64,7 @@ class Tensor:
     """An array on `device`: `.shape`, `.dtype`, `.numpy()`, `.write(array)`."""
 
     byte_offset = GUARD * 4         # where the data starts in the buffer (after the leading guard)
+    _pins = 0                       # compiled programs binding this tensor in place
 
     def __init__(self, device, shape, dtype="f32", *, host_visible: bool = False, fill_guards: bool = False):
         device.check_open()
@@ -156,7 +157,11 @@ class Tensor:
         return TensorRows(self, start, stop)
 
     def release(self) -> None:
-        """Give the buffer back now (it is also given back when the tensor is garbage collected)."""
+        """Give the buffer back now (it is also given back when the tensor is garbage collected).
+        Refused while a compiled program binds the tensor: it would go on using the memory."""
+        if self._pins:
+            raise ValueError(f"{self!r} is bound in {self._pins} compiled program(s): release them (or drop "
+                             "them) first")
         buf, self.buffer = self.buffer, None
         if buf is not None and not self.device.closed:
             self.device.pool.free(buf)
