@@ -337,6 +337,30 @@ def test_memory_stays_flat_over_many_shapes():
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.stdout, r.stderr[-3000:])
 
 
+def test_freed_ranges_of_a_memory_block_are_reused():
+    # device allocations stay flat when buffers come and go in any order: holes are reused and merge
+    dev = dv.Device()
+    a, b, c = (Buffer(dev, 1 << 20) for _ in range(3))
+    assert len(dev.arena.blocks) == 1 and a.block is b.block is c.block
+    b_off = b.offset
+    b.destroy()
+    d = Buffer(dev, 1 << 20)
+    assert d.offset == b_off and len(dev.arena.blocks) == 1
+    a.destroy()
+    d.destroy()                                   # [a][d] merge into one hole before c
+    e = Buffer(dev, 2 << 20)
+    assert e.offset == 0 and len(dev.arena.blocks) == 1
+    for _ in range(200):                          # churn of mixed sizes: never a second block
+        bufs = [Buffer(dev, n << 16) for n in (1, 7, 3, 12, 5)]
+        for buf in bufs[::2] + bufs[1::2]:
+            buf.destroy()
+    assert len(dev.arena.blocks) == 1
+    e.destroy()
+    c.destroy()
+    assert not dev.arena.blocks
+    dev.close()
+
+
 def test_program_cache_evicts_least_recently_used_within_the_budget():
     class Entry:
         def __init__(self, name, nbytes):

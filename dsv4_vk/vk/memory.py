@@ -1,6 +1,7 @@
 """Storage buffers, the memory blocks they live in, and a pool that reuses freed buffers by size.
 
-Buffers are sub-allocated from 64 MiB blocks (larger ones get their own allocation): drivers cap
+Buffers are sub-allocated from 64 MiB blocks, first fit in their holes (larger ones get their own
+allocation): drivers cap
 the number of live allocations (NVIDIA: 4096), which an unfused graph of ~190 tensors per HC site
 would otherwise exhaust. Where device-local memory is also host-visible (lavapipe, integrated GPUs) a buffer is mapped once
 and read/written through a zero-copy numpy view; elsewhere uploads and downloads go through one
@@ -30,9 +31,10 @@ _serials = itertools.count(1)
 
 
 class _Block:
-    """One VkDeviceMemory holding one or more buffers (bump-allocated; freed when none is left)."""
+    """One VkDeviceMemory holding one or more buffers: first-fit placement in its holes (a freed
+    buffer's range is reused, neighbouring holes merge); freed when no buffer is left."""
 
-    def __init__(self, device, size, memory_type, host_visible, dedicated_for=None):
+    def __init__(self, device, size, memory_type, host_visible, dedicated_for=None, shared=False):
         alloc = ffi.new("VkMemoryAllocateInfo*")
         alloc.sType = vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO
         alloc.allocationSize = size
@@ -45,7 +47,9 @@ class _Block:
         mem = ffi.new("VkDeviceMemory*")
         check(lib.vkAllocateMemory(device.device, alloc, ffi.NULL, mem), f"vkAllocateMemory({size} bytes)")
         self.device, self.memory, self.size, self.memory_type = device, mem[0], size, memory_type
-        self.used, self.live = 0, 0
+        self.holes = [(0, size)]        # free (offset, size) ranges, by offset
+        self.live = 0
+        self.shared = shared            # a sub-allocation block (else one buffer's own allocation)
         self.host_visible = host_visible
         self.view = None
         if host_visible:
@@ -54,30 +58,40 @@ class _Block:
             self.view = np.frombuffer(ffi.buffer(ptr[0], size), dtype=np.uint8)
 
     def take(self, size, align):
-        """Byte offset of `size` bytes aligned to `align`, or None when the block is full."""
-        off = -(-self.used // align) * align
-        if off + size > self.size:
-            return None
-        self.used = off + size
-        self.live += 1
-        return off
+        """Byte offset of `size` bytes aligned to `align` (the first hole that fits), or None."""
+        for i, (off, n) in enumerate(self.holes):
+            start = -(-off // align) * align
+            if start + size <= off + n:
+                rest = [(a, b) for a, b in ((off, start - off), (start + size, off + n - start - size)) if b > 0]
+                self.holes[i:i + 1] = rest
+                self.live += 1
+                return start
+        return None
 
-    def release(self, arena):
+    def release(self, arena, offset, size):
+        """A buffer at [offset, offset + size) is gone: its range becomes a hole again."""
         self.live -= 1
-        if self.live == 0 and KEEP_BLOCKS and self in arena.open.values():
-            self.used = 0               # empty: bump-allocate from the start again
-        elif self.live == 0:            # any other empty block would never be reused: free it
+        if self.live == 0 and not (KEEP_BLOCKS and self.shared):   # empty: give the memory back
             self.view = None
             lib.vkFreeMemory(self.device.device, self.memory, ffi.NULL)
             arena.forget(self)
+            return
+        holes = self.holes
+        i = next((k for k, (o, _) in enumerate(holes) if o > offset), len(holes))
+        holes.insert(i, (offset, size))
+        if i + 1 < len(holes) and offset + size == holes[i + 1][0]:           # merge with the next hole
+            holes[i:i + 2] = [(offset, size + holes[i + 1][1])]
+        if i > 0 and holes[i - 1][0] + holes[i - 1][1] == holes[i][0]:        # and with the previous one
+            holes[i - 1:i + 1] = [(holes[i - 1][0], holes[i - 1][1] + holes[i][1])]
 
 
 class Arena:
-    """Places buffers in blocks: one open block per (memory type, host-visible) at a time."""
+    """Places buffers in blocks: small ones in shared blocks per (memory type, host-visible), first
+    fit over the blocks there; large or dedicated ones in allocations of their own."""
 
     def __init__(self, device):
         self.device = device
-        self.open = {}
+        self.shared = {}        # (memory type, host-visible) -> [shared blocks]
         self.blocks = set()     # live VkDeviceMemory allocations
 
     def place(self, handle, req, memory_type, host_visible, dedicated):
@@ -86,19 +100,20 @@ class Arena:
         if dedicated or size > BLOCK_BYTES // 2:
             block = _Block(self.device, size, memory_type, host_visible, handle if dedicated else None)
         else:
-            block = self.open.get(key)
-            off = block.take(size, align) if block is not None else None
-            if off is not None:
-                return block, off
-            block = self.open[key] = _Block(self.device, BLOCK_BYTES, memory_type, host_visible)
+            for block in self.shared.get(key, ()):
+                off = block.take(size, align)
+                if off is not None:
+                    return block, off
+            block = _Block(self.device, BLOCK_BYTES, memory_type, host_visible, shared=True)
+            self.shared.setdefault(key, []).append(block)
         self.blocks.add(block)
         return block, block.take(size, align)
 
     def forget(self, block):
         self.blocks.discard(block)
-        for k, b in list(self.open.items()):
-            if b is block:
-                del self.open[k]
+        for blocks in self.shared.values():
+            if block in blocks:
+                blocks.remove(block)
 
 
 class Buffer:
@@ -137,6 +152,7 @@ class Buffer:
             lib.vkDestroyBuffer(d, self.handle, ffi.NULL)
             raise
         self.memory = self.block.memory
+        self._span = int(req.size)
         check(lib.vkBindBufferMemory(d, self.handle, self.memory, self.offset), "vkBindBufferMemory")
         self.host_visible = host_visible
         self._view = self.block.view[self.offset:self.offset + self.nbytes] if host_visible else None
@@ -181,7 +197,7 @@ class Buffer:
                 self._view = None
                 dev.pipelines.forget_buffer(self)
                 lib.vkDestroyBuffer(dev.device, self.handle, ffi.NULL)
-                self.block.release(dev.arena)
+                self.block.release(dev.arena, self.offset, self._span)
 
     def __repr__(self):
         return f"<Buffer {self.nbytes} B>"
