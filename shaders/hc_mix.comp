@@ -1,19 +1,59 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-#extension GL_KHR_shader_subgroup_basic : require
-#extension GL_KHR_shader_subgroup_arithmetic : require
-//! variants: - | VEC4
-// HC_MIX (whole-site fusion, decode-sized T): the site's flat RMS norm and mixes mat-mul in one
-// dispatch, mix[t,j] = (x_t · fn[j]) / sqrt(mean(x_t²) + norm_eps), x_t = X[t] flattened (4·D).
-// Layout: one workgroup per (token, mix row): group g → t = g / m, j = g % m. Each invocation
-// accumulates the dot and the sum of squares over chunks local id, +WG, ... of each of the 4
-// streams (a chunk is a vec4 with -D VEC4, else one float); then subgroupAdd and one shared-memory
-// step across the workgroup's subgroups (a single barrier, so no early return before it). Every
-// one of a token's m workgroups recomputes the sum of squares: X is read m times, from cache,
-// instead of a second dependent dispatch. Workgroup size (spec 0) ≤ 256.
-// Push: T, m, chunks per stream, 1/(4·D), norm_eps, X (offset, token and stream strides), fn
-// (offset, row stride; fn[j, s·D + d] is chunk s·chunks + c of row j), out (offset, strides).
+//! variants: - | VEC4 ; - | FINAL
+//! variants: REDUCE
+// HC_MIX family: a site's flat RMS norm and mixes mat-mul, mix[t,j] = (x_t · fn[j]) / sqrt(mean(x_t²)
+// + norm_eps) with x_t = X[t] flattened (4·D), reading each token's X once for all M mixes and its
+// sum of squares.
+//
+// Layout (default and -D FINAL): workgroup g → token tile g / G (R consecutive tokens, spec 2) and
+// split g % G of the D axis: chunks [split·slice, (split+1)·slice) of each of the 4 streams. A chunk
+// is a vec4 with -D VEC4, else one float. Invocation i takes chunks i, i+WG, ... of its split and keeps
+// R·(M+1) running sums in registers: for every chunk it loads the R tokens' x and each fn row once,
+// so fn is read once per tile, not per token, and X once in all. Tokens past T in the last tile
+// re-read token T−1 (no branch in the loop) and are not stored. Then every sum is reduced across
+// the workgroup (wg_reduce.glsl: subgroupAdd + one shared-memory step).
+//   default: partials[t, split, 0..M−1] = the split's dot products, [t, split, M] = its Σx² — the
+//            layout the whole-site kernel (hc_site.comp) and -D REDUCE finish;
+//   FINAL:   (G = 1 only) mix[t, j] directly.
+// -D REDUCE: the second pass at decode, one invocation per (t, j): Σ over the G partials, then the
+//   norm: mix[t, j] = Σ dot / sqrt(Σ Σx² / (4·D) + norm_eps).
+// Spec constants: 0 workgroup size, 1 M (mix rows), 2 R (tokens per tile).
+// Push (tile kernels): T, chunks per stream, slice (chunks per split), G, 1/(4·D), norm_eps,
+//   X (offset, token and stream strides, in chunks), fn (offset, row stride, in chunks; fn[j, s·D + d]
+//   is chunk s·chunks + c of row j), out (offset, token stride, split or row stride).
+// Push (REDUCE): T, G, 1/(4·D), norm_eps, partials (offset, token and split strides), out (offset,
+//   token and row strides).
 #include "common.glsl"
+layout(constant_id = 1) const uint M = 24;
+layout(constant_id = 2) const uint R = 1;
+
+#if defined(REDUCE)
+layout(binding = 0) readonly buffer Part { float part[]; };
+layout(binding = 1) writeonly buffer Mix { float mix_out[]; };
+layout(push_constant) uniform P {
+    uint T, G;
+    float inv_k, norm_eps;
+    uint p_off, p_st, p_sg;
+    uint o_off, o_st, o_sj;
+} p;
+
+void main() {
+    uint i = flat_index();
+    if (i >= p.T * M) return;
+    uint t = i / M, j = i % M;
+    uint b = p.p_off + t * p.p_st;
+    float d = 0.0, ss = 0.0;
+    for (uint g = 0u; g < p.G; ++g) {
+        d += part[b + g * p.p_sg + j];
+        ss += part[b + g * p.p_sg + M];
+    }
+    mix_out[p.o_off + t * p.o_st + j * p.o_sj] = d / sqrt(ss * p.inv_k + p.norm_eps);
+}
+
+#else
+#define WG_NV (R * (M + 1u))
+#include "wg_reduce.glsl"
 #if defined(VEC4)
 #define VEC vec4
 float dot_v(vec4 a, vec4 b) { return dot(a, b); }
@@ -23,40 +63,51 @@ float dot_v(float a, float b) { return a * b; }
 #endif
 layout(binding = 0) readonly buffer X { VEC x[]; };
 layout(binding = 1) readonly buffer Fn { VEC fn[]; };
-layout(binding = 2) writeonly buffer Mix { float mix_out[]; };
+layout(binding = 2) writeonly buffer Out { float out_[]; };
 layout(push_constant) uniform P {
-    uint T, m, chunks;
+    uint T, chunks, slice, G;
     float inv_k, norm_eps;
     uint x_off, x_st, x_ss;
     uint f_off, f_sj;
-    uint o_off, o_st, o_sj;
+    uint o_off, o_st, o_s2;
 } p;
-
-shared vec2 partial[256];       // (dot, sum of squares) per subgroup
 
 void main() {
     uint g = flat_group();
-    uint t = g / p.m, j = g % p.m;
-    bool live = t < p.T;        // folded grids overshoot
-    float d = 0.0, ss = 0.0;
-    if (live) {
+    uint t0 = (g / p.G) * R, split = g % p.G;
+    uint c_end = min((split + 1u) * p.slice, p.chunks);
+    float acc[WG_NV];                          // acc[r·(M+1) + j]: dots j < M, then Σx²
+    [[unroll]] for (uint k = 0u; k < WG_NV; ++k) acc[k] = 0.0;
+    if (t0 < p.T) {                            // workgroup-uniform: a folded grid's extra groups idle
+        uint xb[R];
+        [[unroll]] for (uint r = 0u; r < R; ++r) xb[r] = p.x_off + min(t0 + r, p.T - 1u) * p.x_st;
         for (uint s = 0u; s < 4u; ++s) {
-            uint xb = p.x_off + t * p.x_st + s * p.x_ss;
-            uint fb = p.f_off + j * p.f_sj + s * p.chunks;
-            for (uint c = gl_LocalInvocationID.x; c < p.chunks; c += gl_WorkGroupSize.x) {
-                VEC xv = x[xb + c];
-                d += dot_v(xv, fn[fb + c]);
-                ss += dot_v(xv, xv);
+            for (uint c = split * p.slice + gl_LocalInvocationID.x; c < c_end; c += gl_WorkGroupSize.x) {
+                VEC xv[R];
+                [[unroll]] for (uint r = 0u; r < R; ++r) {
+                    xv[r] = x[xb[r] + s * p.x_ss + c];
+                    acc[r * (M + 1u) + M] += dot_v(xv[r], xv[r]);
+                }
+                uint fb = p.f_off + s * p.chunks + c;
+                [[unroll]] for (uint j = 0u; j < M; ++j) {
+                    VEC f = fn[fb + j * p.f_sj];
+                    [[unroll]] for (uint r = 0u; r < R; ++r) acc[r * (M + 1u) + j] += dot_v(xv[r], f);
+                }
             }
         }
     }
-    d = subgroupAdd(d);
-    ss = subgroupAdd(ss);
-    if (subgroupElect()) partial[gl_SubgroupID] = vec2(d, ss);
+    [[unroll]] for (uint k = 0u; k < WG_NV; ++k) wg_put(k, acc[k]);
     barrier();
-    if (gl_LocalInvocationID.x == 0u && live) {
-        vec2 sum = vec2(0.0);
-        for (uint i = 0u; i < gl_NumSubgroups; ++i) sum += partial[i];
-        mix_out[p.o_off + t * p.o_st + j * p.o_sj] = sum.x / sqrt(sum.y * p.inv_k + p.norm_eps);
+    for (uint k = gl_LocalInvocationID.x; k < WG_NV; k += gl_WorkGroupSize.x) {   // value k of the tile
+        uint r = k / (M + 1u), j = k % (M + 1u);
+        if (t0 + r >= p.T) continue;
+#if defined(FINAL)
+        if (j < M)
+            out_[p.o_off + (t0 + r) * p.o_st + j * p.o_s2] =
+                wg_total(k) / sqrt(wg_total(r * (M + 1u) + M) * p.inv_k + p.norm_eps);
+#else
+        out_[p.o_off + (t0 + r) * p.o_st + split * p.o_s2 + j] = wg_total(k);
+#endif
     }
 }
+#endif
