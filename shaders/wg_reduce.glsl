@@ -10,14 +10,25 @@
 
 shared float wg_red[(gl_WorkGroupSize.x / 4u) * (WG_NV)];
 
-void wg_put(uint k, float v) {
-    v = subgroupAdd(v);
-    if (subgroupElect()) wg_red[gl_SubgroupID * (WG_NV) + k] = v;
+// Value k of this subgroup, already reduced over the subgroup (by any subgroup operation).
+void wg_store(uint k, float subgroup_value) {
+    if (subgroupElect()) wg_red[gl_SubgroupID * (WG_NV) + k] = subgroup_value;
 }
 
-// After the barrier: the workgroup's total of value k (every invocation may ask for any k).
+void wg_put(uint k, float v) { wg_store(k, subgroupAdd(v)); }
+
+// After the barrier: subgroup i's value k; the workgroup's total or maximum of value k (every
+// invocation may ask for any k).
+float wg_at(uint i, uint k) { return wg_red[i * (WG_NV) + k]; }
+
 float wg_total(uint k) {
     float s = 0.0;
-    for (uint i = 0u; i < gl_NumSubgroups; ++i) s += wg_red[i * (WG_NV) + k];
+    for (uint i = 0u; i < gl_NumSubgroups; ++i) s += wg_at(i, k);
     return s;
+}
+
+float wg_max(uint k) {
+    float m = wg_at(0u, k);
+    for (uint i = 1u; i < gl_NumSubgroups; ++i) m = max(m, wg_at(i, k));
+    return m;
 }

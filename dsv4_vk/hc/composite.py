@@ -326,16 +326,24 @@ def site(g, X, fn, scale, base, sublayer, *, mix=None, next_fn=None, hc_eps=1e-6
     f = sublayer(u)
     _tensor(g, "sublayer output", f)
     check_shape("sublayer output", f.shape, (X.shape[0], X.shape[2]))
-    carry_ok = (next_fn is not None and X.shape[0] <= CARRY_MAX_T and g.paths[-1][0] == "HC_SITE"
-                and g.paths[-1][1] == "fused:site")
+    return site_post(g, f, X, post_w, comb_m, next_fn=next_fn, fused=fused, site=site, device=device)
+
+
+def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, device=None):
+    """The second half of `site`: X_new = post(f, X, post, comb); returns (X_new, carry). On the site
+    path at T ≤ CARRY_MAX_T with `next_fn`: HC_POST_MIX, carry = the next site's mixes partials."""
+    device = device or default_device()
     if next_fn is not None:
         _tensor(g, "next_fn", next_fn)
-        if next_fn.shape[0] not in (N_MIX, HC):
-            raise ValueError(f"next_fn must be a site's fn [24, {HC * X.shape[2]}] or the head's [4, {HC * X.shape[2]}], "
+        D = X.shape[-1]
+        if next_fn.ndim != 2 or next_fn.shape[0] not in (N_MIX, HC) or next_fn.shape[1] != HC * D:
+            raise ValueError(f"next_fn must be a site's fn [24, {HC * D}] or the head's [4, {HC * D}], "
                              f"got {list(next_fn.shape)}")
-        check_shape("next_fn", next_fn.shape, (next_fn.shape[0], HC * X.shape[2]))
-    if not carry_ok:
+    if next_fn is None or X.shape[0] > CARRY_MAX_T or not _site_choice(device, fused, site).fused:
         return post(g, f, X, post_w, comb_m, fused=fused, device=device), None
+    for name, t in (("f", f), ("residual", X), ("post", post_w), ("comb", comb_m)):
+        _tensor(g, name, t)
+    check_post_shapes(f.shape, X.shape, post_w.shape, comb_m.shape)
     with g.tag("HC_POST"):
         out = g.empty(X.shape)
         carry = g.op("HC_POST_MIX", _unit_inner(g, f), _unit_inner(g, X), post_w, comb_m, _unit_inner(g, next_fn),
