@@ -18,7 +18,7 @@
 //   FINAL:   (G = 1 only) mix[t, j] directly.
 // -D REDUCE: the second pass at decode, one invocation per (t, j): Σ over the G partials, then the
 //   norm: mix[t, j] = Σ dot / sqrt(Σ Σx² / (4·D) + norm_eps).
-// Spec constants: 0 workgroup size, 1 M (mix rows), 2 R (tokens per tile).
+// Spec constants: 0 workgroup size, 1 M (mix rows), 2 R (tokens per tile), 3 RG (row groups).
 // Push (tile kernels): T, chunks per stream, slice (chunks per split), G, 1/(4·D), norm_eps,
 //   X (offset, token and stream strides, in chunks), fn (offset, row stride, in chunks; fn[j, s·D + d]
 //   is chunk s·chunks + c of row j), out (offset, token stride, split or row stride).
@@ -27,6 +27,10 @@
 #include "common.glsl"
 layout(constant_id = 1) const uint M = 24;
 layout(constant_id = 2) const uint R = 1;
+// Row groups (spec 3; tile kernels): invocation i works on chunk lane i % (WG/RG) and the mix rows j
+// with j % RG == i / (WG/RG) (Σx² in row group 0). At decode a token's fn (M·4·D floats) is the data
+// to stream, and RG > 1 spreads it over RG times more invocations, each with fewer loads in flight.
+layout(constant_id = 3) const uint RG = 1;
 
 #if defined(REDUCE)
 layout(binding = 0) readonly buffer Part { float part[]; };
@@ -76,20 +80,23 @@ void main() {
     uint g = flat_group();
     uint t0 = (g / p.G) * R, split = g % p.G;
     uint c_end = min((split + 1u) * p.slice, p.chunks);
+    const uint CL = gl_WorkGroupSize.x / RG;   // chunk lanes
+    uint lane = gl_LocalInvocationID.x % CL, rg = gl_LocalInvocationID.x / CL;
     float acc[WG_NV];                          // acc[r·(M+1) + j]: dots j < M, then Σx²
     [[unroll]] for (uint k = 0u; k < WG_NV; ++k) acc[k] = 0.0;
     if (t0 < p.T) {                            // workgroup-uniform: a folded grid's extra groups idle
         uint xb[R];
         [[unroll]] for (uint r = 0u; r < R; ++r) xb[r] = p.x_off + min(t0 + r, p.T - 1u) * p.x_st;
         for (uint s = 0u; s < 4u; ++s) {
-            for (uint c = split * p.slice + gl_LocalInvocationID.x; c < c_end; c += gl_WorkGroupSize.x) {
+            for (uint c = split * p.slice + lane; c < c_end; c += CL) {
                 VEC xv[R];
                 [[unroll]] for (uint r = 0u; r < R; ++r) {
                     xv[r] = x[xb[r] + s * p.x_ss + c];
-                    acc[r * (M + 1u) + M] += dot_v(xv[r], xv[r]);
+                    if (rg == 0u) acc[r * (M + 1u) + M] += dot_v(xv[r], xv[r]);
                 }
                 uint fb = p.f_off + s * p.chunks + c;
                 [[unroll]] for (uint j = 0u; j < M; ++j) {
+                    if (j % RG != rg) continue;
                     VEC f = fn[fb + j * p.f_sj];
                     [[unroll]] for (uint r = 0u; r < R; ++r) acc[r * (M + 1u) + j] += dot_v(xv[r], f);
                 }

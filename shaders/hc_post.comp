@@ -34,6 +34,10 @@ layout(binding = 2) readonly buffer Post { float post[]; };
 layout(binding = 3) readonly buffer Comb { float comb[]; };
 #if defined(MIX_NEXT)
 layout(constant_id = 2) const uint M = 24;
+// Row groups (spec 3): invocation i takes chunk lane i % (WG/RG) and the next fn's rows j with
+// j % RG == i / (WG/RG); the RG invocations of one chunk all compute its outputs (cheap, cached
+// loads) and row group 0 stores them and sums their squares. A workgroup covers WG/RG chunks.
+layout(constant_id = 3) const uint RG = 1;
 #define WG_NV (M + 1u)
 #include "wg_reduce.glsl"
 layout(binding = 4) readonly buffer Fn { VEC fn[]; };
@@ -78,7 +82,13 @@ void main() {
         pw[d] = post[pb + d * p.p_sd];
         cw[d] = vec4(comb[cd], comb[cd + p.c_ss], comb[cd + 2u * p.c_ss], comb[cd + 3u * p.c_ss]);
     }
+#if defined(MIX_NEXT)
+    const uint CL = gl_WorkGroupSize.x / RG;   // chunk lanes (CPT = 1)
+    uint rg = gl_LocalInvocationID.x / CL;
+    uint c0 = (g % p.groups_per_token) * CL + gl_LocalInvocationID.x % CL;
+#else
     uint c0 = (g % p.groups_per_token) * gl_WorkGroupSize.x * CPT + gl_LocalInvocationID.x;
+#endif
     [[unroll]] for (uint k = 0u; k < CPT; ++k) {
         uint c = c0 + k * gl_WorkGroupSize.x;
 #if defined(MIX_NEXT)
@@ -98,13 +108,20 @@ void main() {
             r[d] += x3 * cw[d].w;
         }
         uint ob = p.o_off + t * p.o_st + c;
-        [[unroll]] for (uint d = 0u; d < 4u; ++d) o[ob + d * p.o_sd] = r[d];
 #if defined(MIX_NEXT)
-        [[unroll]] for (uint d = 0u; d < 4u; ++d) {
-            acc[M] += dot_v(r[d], r[d]);
-            uint fb = p.fn_off + d * p.n_chunks + c;
-            [[unroll]] for (uint j = 0u; j < M; ++j) acc[j] += dot_v(r[d], fn[fb + j * p.fn_sj]);
+        if (rg == 0u) {
+            [[unroll]] for (uint d = 0u; d < 4u; ++d) {
+                o[ob + d * p.o_sd] = r[d];
+                acc[M] += dot_v(r[d], r[d]);
+            }
         }
+        [[unroll]] for (uint d = 0u; d < 4u; ++d) {
+            uint fb = p.fn_off + d * p.n_chunks + c;
+            [[unroll]] for (uint j = 0u; j < M; ++j)
+                if (j % RG == rg) acc[j] += dot_v(r[d], fn[fb + j * p.fn_sj]);
+        }
+#else
+        [[unroll]] for (uint d = 0u; d < 4u; ++d) o[ob + d * p.o_sd] = r[d];
 #endif
     }
 #if defined(MIX_NEXT)

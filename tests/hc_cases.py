@@ -314,13 +314,19 @@ def run_chain(ex, inputs, n_sites, fused, site, views=None):
     return run(ex, inputs, build, views)
 
 
-@pytest.mark.parametrize("D, T, peak, layout", [
-    (1, 1, 1.0, "c"), (5, 3, 1.0, "c"), (64, 8, 10.0, "c"), (64, 9, 1.0, "c"), (33, 4, 1.0, "streams_outer"),
-    (4096, 1, 1.0, "c"), (7168, 2, 1.0, "c"), (256, 40, 10.0, "streams_outer")])
-def test_site_chain_site_vs_three_op_vs_unfused_vs_float64(ex, rng, D, T, peak, layout):
-    """Two whole sites and the head collapse, the posts carrying the next mixes (HC_POST_MIX) at
-    T ≤ CARRY_MAX_T: the streams after each site, each u and the head's output on every path
-    against float64 and each other. X is also fed as a permuted [4,T,D] input (strided views)."""
+@pytest.mark.parametrize("D, T, peak, layout, post", [
+    (1, 1, 1.0, "c", {}), (5, 3, 1.0, "c", {"post_rg": 1}), (64, 8, 10.0, "c", {"post_wg": 32, "post_rg": 8}),
+    (64, 9, 1.0, "c", {}), (33, 4, 1.0, "streams_outer", {"post_rg": 2}), (4096, 1, 1.0, "c", {}),
+    (7168, 2, 1.0, "c", {"post_wg": 256, "post_rg": 8}), (256, 40, 10.0, "streams_outer", {})])
+def test_site_chain_site_vs_three_op_vs_unfused_vs_float64(ex, rng, D, T, peak, layout, post):
+    """Two whole sites and the head collapse, the posts carrying the next mixes (HC_POST_MIX, several
+    layouts) at T ≤ CARRY_MAX_T: the streams after each site, each u and the head's output on every
+    path against float64 and each other. X is also fed as a permuted [4,T,D] input (strided views)."""
+    with tuning(hc.composite.SITE_TUNING, **post):
+        site_chain_case(ex, rng, D, T, peak, layout)
+
+
+def site_chain_case(ex, rng, D, T, peak, layout):
     n = 2
     i = chain_inputs(rng, T, D, n, peak)
     feed = {**i, "X": np.ascontiguousarray(i["X"].transpose(1, 0, 2)) if layout == "streams_outer" else i["X"]}
@@ -346,14 +352,15 @@ def test_site_chain_site_vs_three_op_vs_unfused_vs_float64(ex, rng, D, T, peak, 
 
 @settings(max_examples=12, deadline=None, database=None)     # each layout is a new pipeline (≈ 0.1 s here)
 @given(T=st.integers(1, 12), D=st.integers(1, 70), m=st.sampled_from([4, 24]), layout=st.sampled_from(["c", "strided"]),
-       wg=st.sampled_from([16, 64]), tile=st.integers(1, 4), groups=st.integers(1, 6), seed=st.integers(0, 2**32 - 1))
-def test_mix_kernels_hypothesis(ex, T, D, m, layout, wg, tile, groups, seed):
+       wg=st.sampled_from([16, 64]), tile=st.integers(1, 4), groups=st.integers(1, 6), rg=st.sampled_from([1, 2, 8]),
+       seed=st.integers(0, 2**32 - 1))
+def test_mix_kernels_hypothesis(ex, T, D, m, layout, wg, tile, groups, rg, seed):
     """The mixes through any HC_MIX layout (workgroup size, token tile, D splits: HC_MIX, or HC_MIX_PART +
     HC_MIX_REDUCE), any D (vec4 or scalar), m rows, X contiguous or a permuted [4,T,D] input; and
     HC_MIX_PART's partials against their float64 layout."""
     wg = max(wg, ex.device.subgroup_size)
-    with tuning(ops_hc.MIX_TUNING, wg=wg, tile=tile, groups=groups):
-        mix_layouts_case(ex, T, D, m, layout, wg, tile, groups, seed)
+    with tuning(ops_hc.MIX_TUNING, wg=wg, tile=tile, groups=groups, rg=rg):
+        mix_layouts_case(ex, T, D, m, layout, wg, tile, groups, rg, seed)
 
 
 @contextlib.contextmanager
@@ -368,13 +375,13 @@ def tuning(table, **values):
         table.update(old)
 
 
-def mix_layouts_case(ex, T, D, m, layout, wg, tile, groups, seed):
+def mix_layouts_case(ex, T, D, m, layout, wg, tile, groups, rg, seed):
     rng = np.random.default_rng(seed)
     i = site_inputs(rng, T, D, m=m)
     X = i["X"] if layout == "c" else np.ascontiguousarray(i["X"].transpose(1, 0, 2))
     view = {"X": (lambda t: t) if layout == "c" else (lambda t: t.permute(1, 0, 2))}
     (mix, part), g = run(ex, {"X": X, "fn": i["fn"]}, lambda g, t: (
-        hc.mixes(g, t["X"], t["fn"]), g.op("HC_MIX_PART", t["X"], t["fn"], tile=tile, groups=groups, wg=wg)), view)
+        hc.mixes(g, t["X"], t["fn"]), g.op("HC_MIX_PART", t["X"], t["fn"], tile=tile, groups=groups, wg=wg, rg=rg)), view)
     assert [n.op.name for n in g.nodes][:-1] == (["HC_MIX"] if groups == 1 else ["HC_MIX_PART", "HC_MIX_REDUCE"])
     ref = ops_hc.reference_mixes(i["X"], i["fn"])
     x = i["X"].reshape(T, -1).astype(np.float64)

@@ -158,9 +158,9 @@ def post(g, f, residual, post, comb, *, fused=None, device=None):
 # each read the slice of fn they need, once per token; beyond it the next site reads X again with
 # HC_MIX_PART's token tiles, which read fn once per tile (prefill: X then lies in DRAM either way).
 CARRY_MAX_T = 8
-# HC_POST_MIX workgroup size: one chunk per invocation, so D/4/wg workgroups per token at decode
-# (tools/hc_tune.py sweeps it).
-SITE_TUNING = {"post_wg": 64}
+# HC_POST_MIX layout: workgroup size and row groups (the next fn's 24 rows spread over post_rg
+# invocations per chunk): D/4/(post_wg/post_rg) workgroups per token (tools/hc_tune.py sweeps them).
+SITE_TUNING = {"post_wg": 128, "post_rg": 4}
 
 
 def _mix_partials(g, X, fn, device):
@@ -168,8 +168,8 @@ def _mix_partials(g, X, fn, device):
     X, fn = _unit_inner(g, X), _unit_inner(g, fn)
     T, _, D = X.shape
     chunks = D // 4 if kernels.vec4_ok(D, [X, fn]) else D
-    wg, tile, groups = kernels.mix_layout(device, T, chunks)
-    return g.op("HC_MIX_PART", X, fn, tile=tile, groups=groups, wg=wg)
+    wg, tile, groups, rg = kernels.mix_layout(device, T, chunks)
+    return g.op("HC_MIX_PART", X, fn, tile=tile, groups=groups, wg=wg, rg=rg)
 
 
 def mixes(g, X, fn, *, norm_eps=1e-6, fused=None, device=None):
@@ -192,10 +192,10 @@ def _mixes(g, X, fn, norm_eps, fused, device):
     if fused:
         X, fn = _unit_inner(g, X), _unit_inner(g, fn)
         chunks = D // 4 if kernels.vec4_ok(D, [X, fn]) else D
-        wg, tile, groups = kernels.mix_layout(device, T, chunks)
+        wg, tile, groups, rg = kernels.mix_layout(device, T, chunks)
         if groups == 1:
-            return g.op("HC_MIX", X, fn, norm_eps=norm_eps, tile=tile, wg=wg)
-        part = g.op("HC_MIX_PART", X, fn, tile=tile, groups=groups, wg=wg)
+            return g.op("HC_MIX", X, fn, norm_eps=norm_eps, tile=tile, wg=wg, rg=rg)
+        part = g.op("HC_MIX_PART", X, fn, tile=tile, groups=groups, wg=wg, rg=rg)
         return g.op("HC_MIX_REDUCE", part, norm_eps=norm_eps, width=HC * D)
     x = (X if X.is_contiguous else g.op("CONT", X)).reshape(T, HC * D)
     return g.op("MUL_MAT", g.op("RMS_NORM", x, eps=norm_eps), fn)
@@ -347,7 +347,7 @@ def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, d
     with g.tag("HC_POST"):
         out = g.empty(X.shape)
         carry = g.op("HC_POST_MIX", _unit_inner(g, f), _unit_inner(g, X), post_w, comb_m, _unit_inner(g, next_fn),
-                     out, wg=SITE_TUNING["post_wg"])
+                     out, wg=SITE_TUNING["post_wg"], rg=SITE_TUNING["post_rg"])
     return out, carry
 
 

@@ -223,7 +223,7 @@ def vec4_ok(D, tensors):
 
 
 # HC_MIX layout knobs (tools/hc_tune.py sweeps them); None: the rule of mix_layout.
-MIX_TUNING = {"wg": None, "tile": None, "groups": None}
+MIX_TUNING = {"wg": None, "tile": None, "groups": None, "rg": None}
 # Workgroups a mixes pass aims for (a few per compute unit of a large GPU; a CPU device runs
 # workgroups on its cores one after another, so a few suffice there).
 MIX_TARGET_GROUPS = {"cpu": 4}
@@ -231,16 +231,29 @@ MIX_TARGET_GROUPS_DEFAULT = 256
 
 
 def mix_layout(device, T, chunks):
-    """(workgroup size, tile R, groups G) of the HC_MIX kernels for T tokens of `chunks` chunks per
-    stream: R tokens per workgroup share each fn load (registers: R·25 sums per invocation); the
-    D axis is split into G slices of ≥ one chunk per invocation until about the target number of
-    workgroups is reached (decode: many slices of one token; prefill: token tiles, G = 1)."""
+    """(workgroup size, tile R, groups G, row groups RG) of the HC_MIX kernels for T tokens of
+    `chunks` chunks per stream: R tokens per workgroup share each fn load (registers: R·25 sums per
+    invocation); the D axis is split into G slices of ≥ one chunk per chunk lane (WG/RG of them)
+    until about the target number of workgroups is reached (decode: many slices of one token, the
+    mix rows spread over RG row groups; prefill: token tiles, G = 1)."""
     target = MIX_TARGET_GROUPS.get(device.caps.type, MIX_TARGET_GROUPS_DEFAULT)
-    wg = MIX_TUNING["wg"] or (64 if device.caps.is_cpu or T * 4 < target else 256)
+    decode = T * 4 < target
+    wg = MIX_TUNING["wg"] or (64 if device.caps.is_cpu else 128 if decode else 256)
+    rg = MIX_TUNING["rg"] or (8 if decode and not device.caps.is_cpu else 1)
     tile = MIX_TUNING["tile"] or (4 if T >= 4 * target else 2 if T >= 2 * target else 1)
     tiles = -(-T // tile)
-    groups = MIX_TUNING["groups"] or max(1, min(-(-target // tiles), -(-chunks // wg)))
-    return wg, tile, groups
+    groups = MIX_TUNING["groups"] or max(1, min(-(-target // tiles), -(-chunks // (wg // rg))))
+    return wg, tile, groups, rg
+
+
+def check_shared(device, op, wg, values):
+    """HCUnsupported unless the wg_reduce.glsl step (one float per value per possible subgroup of
+    ≥ 4 lanes) fits the device's shared memory: a pipeline past it can lose the device."""
+    need = (wg // 4) * values * 4
+    have = device.caps.limits.max_shared_memory
+    if need > have:
+        raise HCUnsupported(f"{op}: workgroup {wg} × {values} values needs {need} B of shared memory, "
+                            f"{device.name} has {have} B: use a smaller tile or workgroup")
 
 
 def _check_mix_args(X, fn):
@@ -268,7 +281,10 @@ def _mix_tile_launch(node, device, final, groups):
     vec4 = vec4_ok(D, [X, fn])
     unit = 4 if vec4 else 1
     chunks = D // unit
-    tile, wg = node.params["tile"], node.params["wg"]
+    tile, wg, rg = node.params["tile"], node.params["wg"], node.params.get("rg", 1)
+    if wg % rg:
+        raise ValueError(f"{node.op.name}: rg ({rg}) must divide the workgroup size ({wg})")
+    check_shared(device, node.op.name, wg, tile * (m + 1))
     slice_ = -(-chunks // groups)
     o_s2 = out.strides[1]       # final: row stride; partials: split stride (entries contiguous)
     push = pack_push(T, chunks, slice_, groups, 1.0 / (HC * D),
@@ -279,7 +295,7 @@ def _mix_tile_launch(node, device, final, groups):
     if final:
         defines["FINAL"] = 1
     return [Launch("hc_mix", [X, fn, out], (2,), push, grid_1d(-(-T // tile) * groups, 1), defines=defines,
-                   spec=(wg, m, tile), full_subgroups=device.caps.subgroup.full_subgroups)]
+                   spec=(wg, m, tile, rg), full_subgroups=device.caps.subgroup.full_subgroups)]
 
 
 @register
@@ -295,12 +311,13 @@ class HcMix(OpDef):
         check_eps("norm_eps", params.get("norm_eps", 1e-6))
         _check_layout_param(self.name, params, "tile")
         _check_layout_param(self.name, params, "wg")
+        _check_layout_param(self.name, {"rg": 1, **params}, "rg")
         return (X.shape[0], fn.shape[0]), "f32"
 
     def lower(self, node, device):
         return _mix_tile_launch(node, device, True, 1)
 
-    def reference(self, X, fn, norm_eps=1e-6, **layout):
+    def reference(self, X, fn, norm_eps=1e-6, **layout):  # layout: tile, wg, rg
         return reference_mixes(X, fn, norm_eps)
 
 
@@ -333,6 +350,7 @@ class HcMixPartials(OpDef):
         _check_mix_args(X, fn)
         _check_layout_param(self.name, params, "tile")
         _check_layout_param(self.name, params, "wg")
+        _check_layout_param(self.name, {"rg": 1, **params}, "rg")
         G = _check_layout_param(self.name, params, "groups")
         return (X.shape[0], G, fn.shape[0] + 1), "f32"
 
@@ -341,7 +359,7 @@ class HcMixPartials(OpDef):
             raise ValueError(f"{self.name}: the partials' entries must be contiguous, got strides {node.output.strides}")
         return _mix_tile_launch(node, device, False, node.params["groups"])
 
-    def reference(self, X, fn, tile=1, groups=1, wg=1):
+    def reference(self, X, fn, tile=1, groups=1, wg=1, rg=1):
         D = np.shape(X)[2]
         return reference_mix_partials(X, fn, groups, 4 if D % 4 == 0 else 1)
 
@@ -489,8 +507,9 @@ def check_post_shapes(f, residual, post, comb):
     return T, D
 
 
-def _post_launch(node, device, f, res, post, comb, out, fn=None, part=None, wg=None):
-    """HC_POST's launch; with fn / part also the next site's mixes partials (-D MIX_NEXT)."""
+def _post_launch(node, device, f, res, post, comb, out, fn=None, part=None, wg=None, rg=1):
+    """HC_POST's launch; with fn / part also the next site's mixes partials (-D MIX_NEXT, wg/rg chunk
+    lanes per workgroup)."""
     _unit_inner(node.op.name, "output", out)
     T, D = f.shape
     tensors = [f, res, out] + ([fn] if fn is not None else [])
@@ -499,7 +518,7 @@ def _post_launch(node, device, f, res, post, comb, out, fn=None, part=None, wg=N
     else:
         vec4 = vec4_ok(D, tensors)
         chunks = D // 4 if vec4 else D
-        gpt, cpt = -(-chunks // wg), 1
+        gpt, cpt = -(-chunks // (wg // rg)), 1
     unit = 4 if vec4 else 1
     fields = [T, chunks, gpt, f.offset // unit, *_strides_in(f, unit), res.offset // unit, *_strides_in(res, unit),
               post.offset, *post.strides, comb.offset, *comb.strides, out.offset // unit, *_strides_in(out, unit)]
@@ -508,7 +527,8 @@ def _post_launch(node, device, f, res, post, comb, out, fn=None, part=None, wg=N
     if fn is not None:
         fields += [fn.offset // unit, fn.strides[0] // unit, part.offset, part.strides[0], part.strides[1]]
         defines["MIX_NEXT"] = 1
-        args, writes, spec = [f, res, post, comb, fn, out, part], (5, 6), (wg, cpt, fn.shape[0])
+        check_shared(device, node.op.name, wg, fn.shape[0] + 1)
+        args, writes, spec = [f, res, post, comb, fn, out, part], (5, 6), (wg, cpt, fn.shape[0], rg)
         extra = {"full_subgroups": device.caps.subgroup.full_subgroups}
     return [Launch("hc_post", args, writes, pack_push(*fields), grid_1d(T * gpt, 1), defines=defines, spec=spec,
                    **extra)]
@@ -533,14 +553,14 @@ class HcPost(OpDef):
         return reference_post(f, residual, post, comb)
 
 
-def post_mix_groups(D, tensors, wg):
-    """Splits (workgroups per token) of HC_POST_MIX: one chunk per invocation."""
-    return -(-(D // 4 if vec4_ok(D, tensors) else D) // wg)
+def post_mix_groups(D, tensors, wg, rg=1):
+    """Splits (workgroups per token) of HC_POST_MIX: wg/rg chunks each."""
+    return -(-(D // 4 if vec4_ok(D, tensors) else D) // (wg // rg))
 
 
 @register
 class HcPostMix(OpDef):
-    """HC_POST_MIX(f, residual, post, comb, fn_next [m,4D], out [T,4,D], wg=) -> partials [T,G,m+1].
+    """HC_POST_MIX(f, residual, post, comb, fn_next [m,4D], out [T,4,D], wg=, rg=) -> partials [T,G,m+1].
 
     A layer boundary in one pass: HC_POST writes the new streams into its argument `out` (an empty
     tensor the graph function made: written_inputs) and, from the values still in registers, the
@@ -557,17 +577,21 @@ class HcPostMix(OpDef):
         for name, t in (("f", f), ("residual", res), ("fn_next", fn), ("out", out)):
             _unit_inner(self.name, name, t)
         wg = _check_layout_param(self.name, params, "wg")
-        return (T, post_mix_groups(D, [f, res, out, fn], wg), fn.shape[0] + 1), "f32"
+        rg = _check_layout_param(self.name, {"rg": 1, **params}, "rg")
+        if wg % rg:
+            raise ValueError(f"{self.name}: rg ({rg}) must divide wg ({wg})")
+        return (T, post_mix_groups(D, [f, res, out, fn], wg, rg), fn.shape[0] + 1), "f32"
 
     def lower(self, node, device):
         f, res, post, comb, fn, out = node.inputs
         why = site_supported(device)
         if why is not None:
             raise HCUnsupported(f"{self.name} cannot run on {device.name}: {why}")
-        return _post_launch(node, device, f, res, post, comb, out, fn, node.output, node.params["wg"])
+        return _post_launch(node, device, f, res, post, comb, out, fn, node.output, node.params["wg"],
+                            node.params.get("rg", 1))
 
-    def reference(self, f, residual, post, comb, fn_next, out=None, wg=1):
+    def reference(self, f, residual, post, comb, fn_next, out=None, wg=1, rg=1):
         x = reference_post(f, residual, post, comb)
         D = np.shape(f)[1]
-        groups = -(-(D // 4 if D % 4 == 0 else D) // wg)
+        groups = -(-(D // 4 if D % 4 == 0 else D) // (wg // rg))
         return reference_mix_partials(x, fn_next, groups, 4 if D % 4 == 0 else 1)
