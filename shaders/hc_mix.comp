@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: - | VEC4 ; - | FINAL
+//! variants: - | VEC4 ; - | FINAL | KSPLIT
 //! variants: REDUCE
 // HC_MIX family: a site's flat RMS norm and mixes mat-mul, mix[t,j] = (x_t · fn[j]) / sqrt(mean(x_t²)
 // + norm_eps) with x_t = X[t] flattened (4·D), reading each token's X once for all M mixes and its
@@ -16,12 +16,19 @@
 //   default: partials[t, split, 0..M−1] = the split's dot products, [t, split, M] = its Σx² — the
 //            layout the whole-site kernel (hc_site.comp) and -D REDUCE finish;
 //   FINAL:   (G = 1 only) mix[t, j] directly.
-// -D REDUCE: the second pass at decode, one invocation per (t, j): Σ over the G partials, then the
+// -D KSPLIT (prefill; partials): workgroup g → token block g / G (push tb tokens) and split g % G of S
+//   chunks (spec 4) per stream. The split's fn slice (M·4·S chunks) is staged once in shared memory
+//   and every token of the block streams through it: fn is read once per block of tokens from
+//   memory, and from shared memory (broadcast across the block's tokens) inside. LPT (spec 5)
+//   consecutive subgroup lanes take one token (chunks lane, lane+LPT, ...), summed by shuffles.
+// -D REDUCE: the second pass, one invocation per (t, j): Σ over the G partials, then the
 //   norm: mix[t, j] = Σ dot / sqrt(Σ Σx² / (4·D) + norm_eps).
-// Spec constants: 0 workgroup size, 1 M (mix rows), 2 R (tokens per tile), 3 RG (row groups).
+// Spec constants: 0 workgroup size, 1 M (mix rows), 2 R (tokens per tile), 3 RG (row groups); KSPLIT
+//   also 4 S (chunks per split) and 5 LPT (lanes per token).
 // Push (tile kernels): T, chunks per stream, slice (chunks per split), G, 1/(4·D), norm_eps,
 //   X (offset, token and stream strides, in chunks), fn (offset, row stride, in chunks; fn[j, s·D + d]
-//   is chunk s·chunks + c of row j), out (offset, token stride, split or row stride).
+//   is chunk s·chunks + c of row j), out (offset, token stride, split or row stride), tokens per
+//   block (KSPLIT).
 // Push (REDUCE): T, G, 1/(4·D), norm_eps, partials (offset, token and split strides), out (offset,
 //   token and row strides).
 #include "common.glsl"
@@ -56,8 +63,6 @@ void main() {
 }
 
 #else
-#define WG_NV (R * (M + 1u))
-#include "wg_reduce.glsl"
 #if defined(VEC4)
 #define VEC vec4
 float dot_v(vec4 a, vec4 b) { return dot(a, b); }
@@ -74,7 +79,52 @@ layout(push_constant) uniform P {
     uint x_off, x_st, x_ss;
     uint f_off, f_sj;
     uint o_off, o_st, o_s2;
+    uint tb;                                   // KSPLIT: tokens per workgroup
 } p;
+
+#if defined(KSPLIT)
+#extension GL_KHR_shader_subgroup_shuffle : require
+layout(constant_id = 4) const uint S = 16;      // chunks per split (per stream)
+layout(constant_id = 5) const uint LPT = 4;     // lanes per token (a power of two ≤ the subgroup)
+shared VEC fs[M * 4u * S];                      // the split's fn slice: fs[(j·4 + stream)·S + c]
+
+void main() {
+    uint g = flat_group();
+    uint block = g / p.G, split = g % p.G;
+    uint c_begin = split * S;
+    for (uint i = gl_LocalInvocationID.x; i < M * 4u * S; i += gl_WorkGroupSize.x) {
+        uint c = i % S, js = i / S;
+        fs[i] = c_begin + c < p.chunks ? fn[p.f_off + (js / 4u) * p.f_sj + (js % 4u) * p.chunks + c_begin + c] : VEC(0.0);
+    }
+    barrier();
+    // a token's LPT lanes are consecutive lanes of one subgroup (full subgroups, WG a multiple of LPT)
+    uint pos = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
+    uint cluster = pos / LPT, lane = pos % LPT;
+    uint n_c = min(S, p.chunks - min(c_begin, p.chunks));
+    uint t_end = min((block + 1u) * p.tb, p.T);
+    for (uint t0 = block * p.tb; t0 < t_end; t0 += gl_WorkGroupSize.x / LPT) {   // uniform loop
+        uint t = t0 + cluster;
+        uint tc = min(t, p.T - 1u);            // lanes past the block compute on a real token, store nothing
+        float acc[M + 1u];
+        [[unroll]] for (uint k = 0u; k <= M; ++k) acc[k] = 0.0;
+        for (uint s = 0u; s < 4u; ++s) {
+            uint xb = p.x_off + tc * p.x_st + s * p.x_ss + c_begin;
+            for (uint c = lane; c < n_c; c += LPT) {
+                VEC xv = x[xb + c];
+                acc[M] += dot_v(xv, xv);
+                [[unroll]] for (uint j = 0u; j < M; ++j) acc[j] += dot_v(xv, fs[(j * 4u + s) * S + c]);
+            }
+        }
+        [[unroll]] for (uint k = 0u; k <= M; ++k)
+            [[unroll]] for (uint m = 1u; m < LPT; m <<= 1u) acc[k] += subgroupShuffleXor(acc[k], m);
+        if (t < t_end && lane == 0u)
+            [[unroll]] for (uint k = 0u; k <= M; ++k) out_[p.o_off + t * p.o_st + split * p.o_s2 + k] = acc[k];
+    }
+}
+
+#else
+#define WG_NV (R * (M + 1u))
+#include "wg_reduce.glsl"
 
 void main() {
     uint g = flat_group();
@@ -117,4 +167,5 @@ void main() {
 #endif
     }
 }
+#endif
 #endif

@@ -55,9 +55,12 @@ void main() {
     uint tc = min(t, p.T - 1u);
     float acc[WG_NV];
     [[unroll]] for (uint k = 0u; k < WG_NV; ++k) acc[k] = 0.0;
+    // only the slice-0 workgroup needs all M mixes (coefficients); the others the pre gates' and Σx²
+    bool all_mixes = slice == 0u;
     for (uint i = gl_LocalInvocationID.x; i < p.G; i += gl_WorkGroupSize.x) {
         uint b = p.p_off + tc * p.p_st + i * p.p_sg;
-        [[unroll]] for (uint k = 0u; k < WG_NV; ++k) acc[k] += part[b + k];
+        [[unroll]] for (uint k = 0u; k < WG_NV; ++k)
+            if (all_mixes || k < 4u || k == M) acc[k] += part[b + k];
     }
     [[unroll]] for (uint k = 0u; k < WG_NV; ++k) wg_put(k, acc[k]);
     barrier();

@@ -353,14 +353,16 @@ def site_chain_case(ex, rng, D, T, peak, layout):
 @settings(max_examples=12, deadline=None, database=None)     # each layout is a new pipeline (≈ 0.1 s here)
 @given(T=st.integers(1, 12), D=st.integers(1, 70), m=st.sampled_from([4, 24]), layout=st.sampled_from(["c", "strided"]),
        wg=st.sampled_from([16, 64]), tile=st.integers(1, 4), groups=st.integers(1, 6), rg=st.sampled_from([1, 2, 8]),
+       split=st.sampled_from([0, 0, 1, 3, 8]), lpt=st.sampled_from([1, 2, 4]), tb=st.sampled_from([1, 5, 64]),
        seed=st.integers(0, 2**32 - 1))
-def test_mix_kernels_hypothesis(ex, T, D, m, layout, wg, tile, groups, rg, seed):
-    """The mixes through any HC_MIX layout (workgroup size, token tile, D splits: HC_MIX, or HC_MIX_PART +
-    HC_MIX_REDUCE), any D (vec4 or scalar), m rows, X contiguous or a permuted [4,T,D] input; and
+def test_mix_kernels_hypothesis(ex, T, D, m, layout, wg, tile, groups, rg, split, lpt, tb, seed):
+    """The mixes through any HC_MIX layout (the tile kernel: workgroup size, token tile, D splits, row
+    groups; KSPLIT: chunks per split, lanes per token, tokens per block) as HC_MIX or HC_MIX_PART +
+    HC_MIX_REDUCE, any D (vec4 or scalar), m rows, X contiguous or a permuted [4,T,D] input; and
     HC_MIX_PART's partials against their float64 layout."""
     wg = max(wg, ex.device.subgroup_size)
-    with tuning(ops_hc.MIX_TUNING, wg=wg, tile=tile, groups=groups, rg=rg):
-        mix_layouts_case(ex, T, D, m, layout, wg, tile, groups, rg, seed)
+    with tuning(ops_hc.MIX_TUNING, wg=wg, tile=tile, groups=groups, rg=rg, split=split, lpt=lpt, tb=tb):
+        mix_layouts_case(ex, T, D, m, layout, seed)
 
 
 @contextlib.contextmanager
@@ -375,21 +377,25 @@ def tuning(table, **values):
         table.update(old)
 
 
-def mix_layouts_case(ex, T, D, m, layout, wg, tile, groups, rg, seed):
+def mix_layouts_case(ex, T, D, m, layout, seed):
     rng = np.random.default_rng(seed)
     i = site_inputs(rng, T, D, m=m)
     X = i["X"] if layout == "c" else np.ascontiguousarray(i["X"].transpose(1, 0, 2))
     view = {"X": (lambda t: t) if layout == "c" else (lambda t: t.permute(1, 0, 2))}
+    unit = 4 if D % 4 == 0 else 1                      # (a permuted X's strides D and T·D: multiples of 4 too)
+    lay = ops_hc.mix_layout(ex.device, T, D // unit, m, unit)
     (mix, part), g = run(ex, {"X": X, "fn": i["fn"]}, lambda g, t: (
-        hc.mixes(g, t["X"], t["fn"]), g.op("HC_MIX_PART", t["X"], t["fn"], tile=tile, groups=groups, wg=wg, rg=rg)), view)
-    assert [n.op.name for n in g.nodes][:-1] == (["HC_MIX"] if groups == 1 else ["HC_MIX_PART", "HC_MIX_REDUCE"])
+        hc.mixes(g, t["X"], t["fn"]), g.op("HC_MIX_PART", t["X"], t["fn"], **lay)), view)
+    single = lay["groups"] == 1 and not lay["split"]
+    assert [n.op.name for n in g.nodes][:-1] == (["HC_MIX"] if single else ["HC_MIX_PART", "HC_MIX_REDUCE"])
+    groups = lay["groups"]
     ref = ops_hc.reference_mixes(i["X"], i["fn"])
     x = i["X"].reshape(T, -1).astype(np.float64)
     r = 1 / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + 1e-6)
     bound = 64 * U * (np.abs(x) @ np.abs(i["fn"].T)) * r + 8 * U * np.abs(ref)   # dot over 4·D, then the norm
     assert (np.abs(mix - ref) <= bound).all(), np.abs(mix - ref).max()
-    pref = ops_hc.reference_mix_partials(i["X"], i["fn"], groups, 4 if D % 4 == 0 else 1)
-    pmag = ops_hc.reference_mix_partials(np.abs(i["X"]), np.abs(i["fn"]), groups, 4 if D % 4 == 0 else 1)
+    pref = ops_hc.reference_mix_partials(i["X"], i["fn"], groups, unit, lay["split"])
+    pmag = ops_hc.reference_mix_partials(np.abs(i["X"]), np.abs(i["fn"]), groups, unit, lay["split"])
     assert (np.abs(part - pref) <= 64 * U * pmag + 1e-30).all(), np.abs(part - pref).max()
 
 
@@ -397,12 +403,16 @@ def test_site_kernels_fold_past_65535_workgroups(ex, rng, monkeypatch):
     """One token tile per workgroup (tile 1, no D split) and one HC_SITE workgroup per token: grids
     folded into y. (Workgroups of one subgroup: lavapipe runs barriers slowly.)"""
     sg = ex.device.subgroup_size
-    monkeypatch.setitem(ops_hc.MIX_TUNING, "tile", 1)
-    monkeypatch.setitem(ops_hc.MIX_TUNING, "groups", 1)
-    monkeypatch.setitem(ops_hc.MIX_TUNING, "wg", sg)
     monkeypatch.setitem(ops_hc.SLICE_TUNING, "wg", sg)
     T, D = 65537, 4
     i = site_inputs(rng, T, D)
+    # the tile kernel (one token per workgroup), then KSPLIT (one token per block)
+    for knobs in ({"tile": 1, "groups": 1, "wg": sg, "split": 0}, {"split": 1, "tb": 1, "wg": sg}):
+        with tuning(ops_hc.MIX_TUNING, **knobs):
+            check_site_folded(ex, rng, i, T)
+
+
+def check_site_folded(ex, rng, i, T):
     (u, post_w, comb_w), g = run(ex, i, lambda g, t: hc.site_pre(g, t["X"], t["fn"], t["scale"], t["base"], site=True))
     assert [n.op.name for n in g.nodes] == ["HC_MIX_PART", "HC_SITE"]
     idx = np.unique(np.concatenate([np.arange(64), np.arange(T - 64, T), rng.integers(0, T, 2000)]))

@@ -167,17 +167,17 @@ def _mix_partials(g, X, fn, device):
     """partials [T,G,m+1] of the mixes of X with fn (HC_MIX_PART, layout from kernels.mix_layout)."""
     X, fn = _unit_inner(g, X), _unit_inner(g, fn)
     T, _, D = X.shape
-    chunks = D // 4 if kernels.vec4_ok(D, [X, fn]) else D
-    wg, tile, groups, rg = kernels.mix_layout(device, T, chunks)
-    return g.op("HC_MIX_PART", X, fn, tile=tile, groups=groups, wg=wg, rg=rg)
+    unit = 4 if kernels.vec4_ok(D, [X, fn]) else 1
+    return g.op("HC_MIX_PART", X, fn, **kernels.mix_layout(device, T, D // unit, fn.shape[0], unit))
 
 
 def mixes(g, X, fn, *, norm_eps=1e-6, fused=None, device=None):
     """mix [T,m] = (x @ fnᵀ)·r, x = X flattened per token, r = 1/sqrt(mean(x²) + norm_eps).
 
     Fused (device with subgroup arithmetic): HC_MIX (token tiles, one dispatch) where the tiles
-    alone give the device enough workgroups, else HC_MIX_PART (D split over workgroups) +
-    HC_MIX_REDUCE. Unfused: RMS_NORM → MUL_MAT."""
+    alone give the device enough workgroups, else HC_MIX_PART (D split over workgroups: decode, or
+    KSPLIT's fn slices in shared memory from KSPLIT_MIN_T tokens) + HC_MIX_REDUCE. Unfused:
+    RMS_NORM → MUL_MAT."""
     device = device or default_device()
     _tensor(g, "X", X)
     _tensor(g, "fn", fn)
@@ -191,11 +191,11 @@ def _mixes(g, X, fn, norm_eps, fused, device):
     T, _, D = X.shape
     if fused:
         X, fn = _unit_inner(g, X), _unit_inner(g, fn)
-        chunks = D // 4 if kernels.vec4_ok(D, [X, fn]) else D
-        wg, tile, groups, rg = kernels.mix_layout(device, T, chunks)
-        if groups == 1:
-            return g.op("HC_MIX", X, fn, norm_eps=norm_eps, tile=tile, wg=wg, rg=rg)
-        part = g.op("HC_MIX_PART", X, fn, tile=tile, groups=groups, wg=wg, rg=rg)
+        unit = 4 if kernels.vec4_ok(D, [X, fn]) else 1
+        layout = kernels.mix_layout(device, T, D // unit, fn.shape[0], unit)
+        if layout["groups"] == 1 and not layout["split"]:
+            return g.op("HC_MIX", X, fn, norm_eps=norm_eps, tile=layout["tile"], wg=layout["wg"], rg=layout["rg"])
+        part = g.op("HC_MIX_PART", X, fn, **layout)
         return g.op("HC_MIX_REDUCE", part, norm_eps=norm_eps, width=HC * D)
     x = (X if X.is_contiguous else g.op("CONT", X)).reshape(T, HC * D)
     return g.op("MUL_MAT", g.op("RMS_NORM", x, eps=norm_eps), fn)

@@ -223,27 +223,47 @@ def vec4_ok(D, tensors):
 
 
 # HC_MIX layout knobs (tools/hc_tune.py sweeps them); None: the rule of mix_layout.
-MIX_TUNING = {"wg": None, "tile": None, "groups": None, "rg": None}
+MIX_TUNING = {"wg": None, "tile": None, "groups": None, "rg": None, "split": None, "lpt": None, "tb": None}
 # Workgroups a mixes pass aims for (a few per compute unit of a large GPU; a CPU device runs
 # workgroups on its cores one after another, so a few suffice there).
 MIX_TARGET_GROUPS = {"cpu": 4}
 MIX_TARGET_GROUPS_DEFAULT = 256
+# From this many tokens the mixes stage fn in shared memory per D split (KSPLIT) and stream blocks
+# of tokens through it; below, each workgroup reads its fn slice from memory (tile kernel).
+KSPLIT_MIN_T = 64
 
 
-def mix_layout(device, T, chunks):
-    """(workgroup size, tile R, groups G, row groups RG) of the HC_MIX kernels for T tokens of
-    `chunks` chunks per stream: R tokens per workgroup share each fn load (registers: R·25 sums per
-    invocation); the D axis is split into G slices of ≥ one chunk per chunk lane (WG/RG of them)
-    until about the target number of workgroups is reached (decode: many slices of one token, the
-    mix rows spread over RG row groups; prefill: token tiles, G = 1)."""
+def ksplit_chunks(device, m, unit):
+    """Largest chunks per split (≤ 32) whose fn slice, m·4·S chunks of `unit` floats, fits shared memory."""
+    return max(1, min(32, device.caps.limits.max_shared_memory // (m * HC * unit * 4)))
+
+
+def mix_layout(device, T, chunks, m=N_MIX, unit=4):
+    """The HC_MIX kernels' layout for T tokens of `chunks` chunks (of `unit` floats) per stream, as
+    node params: wg, tile R, groups G, row groups RG, and for KSPLIT split S, lpt, tb (split 0: the
+    tile kernel).
+    - decode (few tokens): the tile kernel, D split into G slices of ≥ one chunk per chunk lane
+      (WG/RG of them), the mix rows spread over RG row groups, until about the target number of
+      workgroups is reached;
+    - T ≥ KSPLIT_MIN_T with shuffles: KSPLIT, G = chunks/S splits each staging its fn slice in shared
+      memory, blocks of tb tokens streaming through it, LPT lanes per token;
+    - otherwise the tile kernel with R tokens per workgroup sharing each fn load (R·25 sums per
+      invocation), G = 1 once the tiles alone give enough workgroups."""
+    t = MIX_TUNING
     target = MIX_TARGET_GROUPS.get(device.caps.type, MIX_TARGET_GROUPS_DEFAULT)
+    cpu = device.caps.is_cpu
+    sg = device.caps.subgroup
+    if (t["split"] != 0 and T >= KSPLIT_MIN_T and device.supports_subgroup_op("shuffle") and sg.full_subgroups
+            and sg.min_size >= 4) or t["split"]:
+        split = min(t["split"] or ksplit_chunks(device, m, unit), chunks)
+        return {"wg": t["wg"] or (64 if cpu else 256), "tile": 1, "groups": -(-chunks // split), "rg": 1,
+                "split": split, "lpt": t["lpt"] or 4, "tb": t["tb"] or (64 if cpu else 128)}
     decode = T * 4 < target
-    wg = MIX_TUNING["wg"] or (64 if device.caps.is_cpu else 128 if decode else 256)
-    rg = MIX_TUNING["rg"] or (8 if decode and not device.caps.is_cpu else 1)
-    tile = MIX_TUNING["tile"] or (4 if T >= 4 * target else 2 if T >= 2 * target else 1)
-    tiles = -(-T // tile)
-    groups = MIX_TUNING["groups"] or max(1, min(-(-target // tiles), -(-chunks // (wg // rg))))
-    return wg, tile, groups, rg
+    wg = t["wg"] or (64 if cpu else 128 if decode else 256)
+    rg = t["rg"] or (8 if decode and not cpu else 1)
+    tile = t["tile"] or (4 if T >= 4 * target else 2 if T >= 2 * target else 1)
+    groups = t["groups"] or max(1, min(-(-target // -(-T // tile)), -(-chunks // (wg // rg))))
+    return {"wg": wg, "tile": tile, "groups": groups, "rg": rg, "split": 0, "lpt": 1, "tb": 1}
 
 
 def check_shared(device, op, wg, values):
@@ -271,6 +291,7 @@ def _check_layout_param(op, params, name):
 
 
 def _mix_tile_launch(node, device, final, groups):
+    """The launch of HC_MIX (final) or HC_MIX_PART: the tile kernel, or KSPLIT (param split > 0)."""
     X, fn = node.inputs
     out = node.output
     why = mix_supported(device)
@@ -281,21 +302,35 @@ def _mix_tile_launch(node, device, final, groups):
     vec4 = vec4_ok(D, [X, fn])
     unit = 4 if vec4 else 1
     chunks = D // unit
-    tile, wg, rg = node.params["tile"], node.params["wg"], node.params.get("rg", 1)
+    pr = node.params
+    tile, wg, rg, split = pr["tile"], pr["wg"], pr.get("rg", 1), pr.get("split", 0)
+    lpt, tb = pr.get("lpt", 1), pr.get("tb", 1)
     if wg % rg:
         raise ValueError(f"{node.op.name}: rg ({rg}) must divide the workgroup size ({wg})")
-    check_shared(device, node.op.name, wg, tile * (m + 1))
-    slice_ = -(-chunks // groups)
-    o_s2 = out.strides[1]       # final: row stride; partials: split stride (entries contiguous)
-    push = pack_push(T, chunks, slice_, groups, 1.0 / (HC * D),
-                     check_eps("norm_eps", node.params.get("norm_eps", 1e-6)),
-                     X.offset // unit, *_strides_in(X, unit), fn.offset // unit, fn.strides[0] // unit,
-                     out.offset, out.strides[0], o_s2)
     defines = {"VEC4": 1} if vec4 else {}
+    if split:
+        if final or groups != -(-chunks // split):
+            raise ValueError(f"{node.op.name}: split {split} needs partials with groups = ceil({chunks} / {split})")
+        if lpt & (lpt - 1) or wg % lpt or lpt > device.caps.subgroup.min_size:
+            raise ValueError(f"{node.op.name}: lpt ({lpt}) must be a power of two dividing wg ({wg}) and at most "
+                             f"the subgroup size ({device.caps.subgroup.min_size})")
+        need = m * HC * split * unit * 4
+        if need > device.caps.limits.max_shared_memory:
+            raise HCUnsupported(f"{node.op.name}: split {split} stages {need} B of fn in shared memory, "
+                                f"{device.name} has {device.caps.limits.max_shared_memory} B")
+        defines["KSPLIT"] = 1
+        grid, spec = grid_1d(-(-T // tb) * groups, 1), (wg, m, 1, 1, split, lpt)
+    else:
+        check_shared(device, node.op.name, wg, tile * (m + 1))
+        grid, spec = grid_1d(-(-T // tile) * groups, 1), (wg, m, tile, rg)
     if final:
         defines["FINAL"] = 1
-    return [Launch("hc_mix", [X, fn, out], (2,), push, grid_1d(-(-T // tile) * groups, 1), defines=defines,
-                   spec=(wg, m, tile, rg), full_subgroups=device.caps.subgroup.full_subgroups)]
+    push = pack_push(T, chunks, -(-chunks // groups), groups, 1.0 / (HC * D),
+                     check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
+                     X.offset // unit, *_strides_in(X, unit), fn.offset // unit, fn.strides[0] // unit,
+                     out.offset, out.strides[0], out.strides[1], tb)
+    return [Launch("hc_mix", [X, fn, out], (2,), push, grid, defines=defines, spec=spec,
+                   full_subgroups=device.caps.subgroup.full_subgroups)]
 
 
 @register
@@ -321,14 +356,14 @@ class HcMix(OpDef):
         return reference_mixes(X, fn, norm_eps)
 
 
-def reference_mix_partials(X, fn, groups, chunk=1):
-    """partials [T,G,m+1]: per split of D (chunks of `chunk` floats, ceil(chunks/G) per split), the
-    dot products with fn over the 4 streams' slices and Σx² (hc_mix.comp's layout)."""
+def reference_mix_partials(X, fn, groups, chunk=1, split=None):
+    """partials [T,G,m+1]: per split of D (chunks of `chunk` floats, `split` or else ceil(chunks/G)
+    per split), the dot products with fn over the 4 streams' slices and Σx² (hc_mix.comp's layout)."""
     X, fn = _f64(X), _f64(fn)
     T, _, D = X.shape
     m = fn.shape[0]
     chunks = D // chunk
-    per = -(-chunks // groups) * chunk
+    per = (split or -(-chunks // groups)) * chunk
     f = fn.reshape(m, HC, D)
     out = np.zeros((T, groups, m + 1))
     for s in range(groups):
@@ -350,7 +385,10 @@ class HcMixPartials(OpDef):
         _check_mix_args(X, fn)
         _check_layout_param(self.name, params, "tile")
         _check_layout_param(self.name, params, "wg")
-        _check_layout_param(self.name, {"rg": 1, **params}, "rg")
+        for k in ("rg", "lpt", "tb"):
+            _check_layout_param(self.name, {k: 1, **params}, k)
+        if params.get("split", 0):
+            _check_layout_param(self.name, params, "split")
         G = _check_layout_param(self.name, params, "groups")
         return (X.shape[0], G, fn.shape[0] + 1), "f32"
 
@@ -359,9 +397,9 @@ class HcMixPartials(OpDef):
             raise ValueError(f"{self.name}: the partials' entries must be contiguous, got strides {node.output.strides}")
         return _mix_tile_launch(node, device, False, node.params["groups"])
 
-    def reference(self, X, fn, tile=1, groups=1, wg=1, rg=1):
+    def reference(self, X, fn, tile=1, groups=1, wg=1, rg=1, split=0, lpt=1, tb=1):
         D = np.shape(X)[2]
-        return reference_mix_partials(X, fn, groups, 4 if D % 4 == 0 else 1)
+        return reference_mix_partials(X, fn, groups, 4 if D % 4 == 0 else 1, split)
 
 
 @register
