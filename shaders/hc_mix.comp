@@ -6,25 +6,24 @@
 // + norm_eps) with x_t = X[t] flattened (4·D), reading each token's X once for all M mixes and its
 // sum of squares.
 //
-// Layout (default and -D FINAL): workgroup g → token tile g / G (R consecutive tokens, spec 2) and
-// split g % G of the D axis: chunks [split·slice, (split+1)·slice) of each of the 4 streams. A chunk
-// is a vec4 with -D VEC4, else one float. Invocation i takes chunks i, i+WG, ... of its split and keeps
-// R·(M+1) running sums in registers: for every chunk it loads the R tokens' x and each fn row once,
-// so fn is read once per tile, not per token, and X once in all. Tokens past T in the last tile
-// re-read token T−1 (no branch in the loop) and are not stored. Then every sum is reduced across
-// the workgroup (wg_reduce.glsl: subgroupAdd + one shared-memory step).
+// Layout (default and -D FINAL; decode and few tokens): workgroup g → token g / G and split g % G of
+// the D axis: chunks [split·slice, (split+1)·slice) of each of the 4 streams. A chunk is a vec4 with
+// -D VEC4, else one float. Invocation i takes chunks i, i+WG, ... of its split, loads x and each fn
+// row's chunk once and keeps the M + 1 running sums in registers (hc_mixacc.glsl); then they are
+// reduced across the workgroup (wg_reduce.glsl: subgroupAdd + one shared-memory step).
 //   default: partials[t, split, 0..M−1] = the split's dot products, [t, split, M] = its Σx² — the
 //            layout the whole-site kernel (hc_site.comp) and -D REDUCE finish;
 //   FINAL:   (G = 1 only) mix[t, j] directly.
-// -D KSPLIT (prefill; partials): workgroup g → token block g / G (push tb tokens) and split g % G of S
-//   chunks (spec 4) per stream. The split's fn slice (M·4·S chunks) is staged once in shared memory
-//   and every token of the block streams through it: fn is read once per block of tokens from
-//   memory, and from shared memory (broadcast across the block's tokens) inside. LPT (spec 5)
+// -D KSPLIT (many tokens; partials): workgroup g → token block g / G (push tb tokens) and split g % G
+//   of S chunks (spec 2) per stream. The split's fn slice (M·4·S chunks) is staged once in shared
+//   memory and every token of the block streams through it: fn is read from memory once per block
+//   of tokens, and from shared memory (a broadcast across the block's tokens) inside. LPT (spec 3)
 //   consecutive subgroup lanes take one token (chunks lane, lane+LPT, ...), summed by shuffles.
+//   Each token's X is read once.
 // -D REDUCE: the second pass, one invocation per (t, j): Σ over the G partials, then the
 //   norm: mix[t, j] = Σ dot / sqrt(Σ Σx² / (4·D) + norm_eps).
-// Spec constants: 0 workgroup size, 1 M (mix rows), 2 R (tokens per tile), 3 RG (row groups); KSPLIT
-//   also 4 S (chunks per split) and 5 LPT (lanes per token).
+// Spec constants: 0 workgroup size, 1 M (mix rows: a multiple of 4, ≤ 24); KSPLIT also 2 S (chunks
+//   per split) and 3 LPT (lanes per token).
 // Push (tile kernels): T, chunks per stream, slice (chunks per split), G, 1/(4·D), norm_eps,
 //   X (offset, token and stream strides, in chunks), fn (offset, row stride, in chunks; fn[j, s·D + d]
 //   is chunk s·chunks + c of row j), out (offset, token stride, split or row stride), tokens per
@@ -32,12 +31,7 @@
 // Push (REDUCE): T, G, 1/(4·D), norm_eps, partials (offset, token and split strides), out (offset,
 //   token and row strides).
 #include "common.glsl"
-layout(constant_id = 1) const uint M = 24;
-layout(constant_id = 2) const uint R = 1;
-// Row groups (spec 3; tile kernels): invocation i works on chunk lane i % (WG/RG) and the mix rows j
-// with j % RG == i / (WG/RG) (Σx² in row group 0). At decode a token's fn (M·4·D floats) is the data
-// to stream, and RG > 1 spreads it over RG times more invocations, each with fewer loads in flight.
-layout(constant_id = 3) const uint RG = 1;
+layout(constant_id = 1) const uint M = 24;     // mix rows: a multiple of 4, at most 24
 
 #if defined(REDUCE)
 layout(binding = 0) readonly buffer Part { float part[]; };
@@ -84,9 +78,11 @@ layout(push_constant) uniform P {
 
 #if defined(KSPLIT)
 #extension GL_KHR_shader_subgroup_shuffle : require
-layout(constant_id = 4) const uint S = 16;      // chunks per split (per stream)
-layout(constant_id = 5) const uint LPT = 4;     // lanes per token (a power of two ≤ the subgroup)
+layout(constant_id = 2) const uint S = 16;      // chunks per split (per stream)
+layout(constant_id = 3) const uint LPT = 4;     // lanes per token (a power of two ≤ the subgroup)
 shared VEC fs[M * 4u * S];                      // the split's fn slice: fs[(j·4 + stream)·S + c]
+#define FN(i) fs[i]
+#include "hc_mixacc.glsl"
 
 void main() {
     uint g = flat_group();
@@ -105,65 +101,50 @@ void main() {
     for (uint t0 = block * p.tb; t0 < t_end; t0 += gl_WorkGroupSize.x / LPT) {   // uniform loop
         uint t = t0 + cluster;
         uint tc = min(t, p.T - 1u);            // lanes past the block compute on a real token, store nothing
-        float acc[M + 1u];
-        [[unroll]] for (uint k = 0u; k <= M; ++k) acc[k] = 0.0;
+        MixAcc A = mixacc_zero();
         for (uint s = 0u; s < 4u; ++s) {
             uint xb = p.x_off + tc * p.x_st + s * p.x_ss + c_begin;
-            for (uint c = lane; c < n_c; c += LPT) {
-                VEC xv = x[xb + c];
-                acc[M] += dot_v(xv, xv);
-                [[unroll]] for (uint j = 0u; j < M; ++j) acc[j] += dot_v(xv, fs[(j * 4u + s) * S + c]);
-            }
+            for (uint c = lane; c < n_c; c += LPT) mixacc_add(A, x[xb + c], s * S + c, 4u * S, true);
         }
-        [[unroll]] for (uint k = 0u; k <= M; ++k)
-            [[unroll]] for (uint m = 1u; m < LPT; m <<= 1u) acc[k] += subgroupShuffleXor(acc[k], m);
-        if (t < t_end && lane == 0u)
-            [[unroll]] for (uint k = 0u; k <= M; ++k) out_[p.o_off + t * p.o_st + split * p.o_s2 + k] = acc[k];
+        for (uint m = 1u; m < LPT; m <<= 1u) {
+            A.a0 += subgroupShuffleXor(A.a0, m); A.a1 += subgroupShuffleXor(A.a1, m);
+            A.a2 += subgroupShuffleXor(A.a2, m); A.a3 += subgroupShuffleXor(A.a3, m);
+            A.a4 += subgroupShuffleXor(A.a4, m); A.a5 += subgroupShuffleXor(A.a5, m);
+            A.ss += subgroupShuffleXor(A.ss, m);
+        }
+        if (t < t_end && lane == 0u) {
+            uint ob = p.o_off + t * p.o_st + split * p.o_s2;
+            for (uint k = 0u; k <= M; ++k) out_[ob + k] = mixacc_at(A, k);
+        }
     }
 }
 
 #else
-#define WG_NV (R * (M + 1u))
+#define WG_NV (M + 1u)
 #include "wg_reduce.glsl"
+#define FN(i) fn[i]
+#include "hc_mixacc.glsl"
 
 void main() {
     uint g = flat_group();
-    uint t0 = (g / p.G) * R, split = g % p.G;
+    uint t = g / p.G, split = g % p.G;
     uint c_end = min((split + 1u) * p.slice, p.chunks);
-    const uint CL = gl_WorkGroupSize.x / RG;   // chunk lanes
-    uint lane = gl_LocalInvocationID.x % CL, rg = gl_LocalInvocationID.x / CL;
-    float acc[WG_NV];                          // acc[r·(M+1) + j]: dots j < M, then Σx²
-    [[unroll]] for (uint k = 0u; k < WG_NV; ++k) acc[k] = 0.0;
-    if (t0 < p.T) {                            // workgroup-uniform: a folded grid's extra groups idle
-        uint xb[R];
-        [[unroll]] for (uint r = 0u; r < R; ++r) xb[r] = p.x_off + min(t0 + r, p.T - 1u) * p.x_st;
+    MixAcc A = mixacc_zero();
+    if (t < p.T) {                             // workgroup-uniform: a folded grid's extra groups idle
         for (uint s = 0u; s < 4u; ++s) {
-            for (uint c = split * p.slice + lane; c < c_end; c += CL) {
-                VEC xv[R];
-                [[unroll]] for (uint r = 0u; r < R; ++r) {
-                    xv[r] = x[xb[r] + s * p.x_ss + c];
-                    if (rg == 0u) acc[r * (M + 1u) + M] += dot_v(xv[r], xv[r]);
-                }
-                uint fb = p.f_off + s * p.chunks + c;
-                [[unroll]] for (uint j = 0u; j < M; ++j) {
-                    if (j % RG != rg) continue;
-                    VEC f = fn[fb + j * p.f_sj];
-                    [[unroll]] for (uint r = 0u; r < R; ++r) acc[r * (M + 1u) + j] += dot_v(xv[r], f);
-                }
-            }
+            uint xb = p.x_off + t * p.x_st + s * p.x_ss;
+            for (uint c = split * p.slice + gl_LocalInvocationID.x; c < c_end; c += gl_WorkGroupSize.x)
+                mixacc_add(A, x[xb + c], p.f_off + s * p.chunks + c, p.f_sj, true);
         }
     }
-    [[unroll]] for (uint k = 0u; k < WG_NV; ++k) wg_put(k, acc[k]);
+    for (uint k = 0u; k <= M; ++k) wg_put(k, mixacc_at(A, k));
     barrier();
-    for (uint k = gl_LocalInvocationID.x; k < WG_NV; k += gl_WorkGroupSize.x) {   // value k of the tile
-        uint r = k / (M + 1u), j = k % (M + 1u);
-        if (t0 + r >= p.T) continue;
+    if (t >= p.T) return;
+    for (uint k = gl_LocalInvocationID.x; k <= M; k += gl_WorkGroupSize.x) {   // invocation k stores value k
 #if defined(FINAL)
-        if (j < M)
-            out_[p.o_off + (t0 + r) * p.o_st + j * p.o_s2] =
-                wg_total(k) / sqrt(wg_total(r * (M + 1u) + M) * p.inv_k + p.norm_eps);
+        if (k < M) out_[p.o_off + t * p.o_st + k * p.o_s2] = wg_total(k) / sqrt(wg_total(M) * p.inv_k + p.norm_eps);
 #else
-        out_[p.o_off + (t0 + r) * p.o_st + split * p.o_s2 + j] = wg_total(k);
+        out_[p.o_off + t * p.o_st + split * p.o_s2 + k] = wg_total(k);
 #endif
     }
 }

@@ -33,14 +33,12 @@ layout(binding = 1) readonly buffer R { VEC res[]; };
 layout(binding = 2) readonly buffer Post { float post[]; };
 layout(binding = 3) readonly buffer Comb { float comb[]; };
 #if defined(MIX_NEXT)
-layout(constant_id = 2) const uint M = 24;
-// Row groups (spec 3): invocation i takes chunk lane i % (WG/RG) and the next fn's rows j with
-// j % RG == i / (WG/RG); the RG invocations of one chunk all compute its outputs (cheap, cached
-// loads) and row group 0 stores them and sums their squares. A workgroup covers WG/RG chunks.
-layout(constant_id = 3) const uint RG = 1;
+layout(constant_id = 2) const uint M = 24;     // the next fn's rows: a multiple of 4, ≤ 24
 #define WG_NV (M + 1u)
 #include "wg_reduce.glsl"
 layout(binding = 4) readonly buffer Fn { VEC fn[]; };
+#define FN(i) fn[i]
+#include "hc_mixacc.glsl"
 layout(binding = 5) writeonly buffer O { VEC o[]; };
 layout(binding = 6) writeonly buffer Part { float part[]; };
 #else
@@ -63,8 +61,7 @@ void main() {
     uint g = flat_group();
     uint t = g / p.groups_per_token;
 #if defined(MIX_NEXT)
-    float acc[WG_NV];
-    [[unroll]] for (uint k = 0u; k < WG_NV; ++k) acc[k] = 0.0;
+    MixAcc A = mixacc_zero();
     bool live = t < p.T;                       // no return before the workgroup reduction
     t = min(t, p.T - 1u);
 #else
@@ -82,13 +79,7 @@ void main() {
         pw[d] = post[pb + d * p.p_sd];
         cw[d] = vec4(comb[cd], comb[cd + p.c_ss], comb[cd + 2u * p.c_ss], comb[cd + 3u * p.c_ss]);
     }
-#if defined(MIX_NEXT)
-    const uint CL = gl_WorkGroupSize.x / RG;   // chunk lanes (CPT = 1)
-    uint rg = gl_LocalInvocationID.x / CL;
-    uint c0 = (g % p.groups_per_token) * CL + gl_LocalInvocationID.x % CL;
-#else
     uint c0 = (g % p.groups_per_token) * gl_WorkGroupSize.x * CPT + gl_LocalInvocationID.x;
-#endif
     [[unroll]] for (uint k = 0u; k < CPT; ++k) {
         uint c = c0 + k * gl_WorkGroupSize.x;
 #if defined(MIX_NEXT)
@@ -108,24 +99,13 @@ void main() {
             r[d] += x3 * cw[d].w;
         }
         uint ob = p.o_off + t * p.o_st + c;
-#if defined(MIX_NEXT)
-        if (rg == 0u) {
-            [[unroll]] for (uint d = 0u; d < 4u; ++d) {
-                o[ob + d * p.o_sd] = r[d];
-                acc[M] += dot_v(r[d], r[d]);
-            }
-        }
-        [[unroll]] for (uint d = 0u; d < 4u; ++d) {
-            uint fb = p.fn_off + d * p.n_chunks + c;
-            [[unroll]] for (uint j = 0u; j < M; ++j)
-                if (j % RG == rg) acc[j] += dot_v(r[d], fn[fb + j * p.fn_sj]);
-        }
-#else
         [[unroll]] for (uint d = 0u; d < 4u; ++d) o[ob + d * p.o_sd] = r[d];
+#if defined(MIX_NEXT)
+        [[unroll]] for (uint d = 0u; d < 4u; ++d) mixacc_add(A, r[d], p.fn_off + d * p.n_chunks + c, p.fn_sj, true);
 #endif
     }
 #if defined(MIX_NEXT)
-    [[unroll]] for (uint k = 0u; k < WG_NV; ++k) wg_put(k, acc[k]);
+    for (uint k = 0u; k <= M; ++k) wg_put(k, mixacc_at(A, k));
     barrier();
     uint slice = g % p.groups_per_token;
     for (uint k = gl_LocalInvocationID.x; k < WG_NV && live; k += gl_WorkGroupSize.x)

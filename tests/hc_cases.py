@@ -315,9 +315,9 @@ def run_chain(ex, inputs, n_sites, fused, site, views=None):
 
 
 @pytest.mark.parametrize("D, T, peak, layout, post", [
-    (1, 1, 1.0, "c", {}), (5, 3, 1.0, "c", {"post_rg": 1}), (64, 8, 10.0, "c", {"post_wg": 32, "post_rg": 8}),
-    (64, 9, 1.0, "c", {}), (33, 4, 1.0, "streams_outer", {"post_rg": 2}), (4096, 1, 1.0, "c", {}),
-    (7168, 2, 1.0, "c", {"post_wg": 256, "post_rg": 8}), (256, 40, 10.0, "streams_outer", {})])
+    (1, 1, 1.0, "c", {}), (5, 3, 1.0, "c", {"post_wg": 16}), (64, 8, 10.0, "c", {"post_wg": 32}),
+    (64, 9, 1.0, "c", {}), (33, 4, 1.0, "streams_outer", {}), (4096, 1, 1.0, "c", {}),
+    (7168, 2, 1.0, "c", {"post_wg": 256}), (256, 40, 10.0, "streams_outer", {})])
 def test_site_chain_site_vs_three_op_vs_unfused_vs_float64(ex, rng, D, T, peak, layout, post):
     """Two whole sites and the head collapse, the posts carrying the next mixes (HC_POST_MIX, several
     layouts) at T ≤ CARRY_MAX_T: the streams after each site, each u and the head's output on every
@@ -352,16 +352,15 @@ def site_chain_case(ex, rng, D, T, peak, layout):
 
 @settings(max_examples=12, deadline=None, database=None)     # each layout is a new pipeline (≈ 0.1 s here)
 @given(T=st.integers(1, 12), D=st.integers(1, 70), m=st.sampled_from([4, 24]), layout=st.sampled_from(["c", "strided"]),
-       wg=st.sampled_from([16, 64]), tile=st.integers(1, 4), groups=st.integers(1, 6), rg=st.sampled_from([1, 2, 8]),
-       split=st.sampled_from([0, 0, 1, 3, 8]), lpt=st.sampled_from([1, 2, 4]), tb=st.sampled_from([1, 5, 64]),
-       seed=st.integers(0, 2**32 - 1))
-def test_mix_kernels_hypothesis(ex, T, D, m, layout, wg, tile, groups, rg, split, lpt, tb, seed):
-    """The mixes through any HC_MIX layout (the tile kernel: workgroup size, token tile, D splits, row
-    groups; KSPLIT: chunks per split, lanes per token, tokens per block) as HC_MIX or HC_MIX_PART +
+       wg=st.sampled_from([16, 64]), groups=st.integers(1, 6), split=st.sampled_from([0, 0, 1, 3, 8]),
+       lpt=st.sampled_from([1, 2, 4]), tb=st.sampled_from([1, 5, 64]), seed=st.integers(0, 2**32 - 1))
+def test_mix_kernels_hypothesis(ex, T, D, m, layout, wg, groups, split, lpt, tb, seed):
+    """The mixes through any HC_MIX layout (the per-token kernel: workgroup size, D splits; KSPLIT: chunks
+    per split, lanes per token, tokens per block) as HC_MIX or HC_MIX_PART +
     HC_MIX_REDUCE, any D (vec4 or scalar), m rows, X contiguous or a permuted [4,T,D] input; and
     HC_MIX_PART's partials against their float64 layout."""
     wg = max(wg, ex.device.subgroup_size)
-    with tuning(ops_hc.MIX_TUNING, wg=wg, tile=tile, groups=groups, rg=rg, split=split, lpt=lpt, tb=tb):
+    with tuning(ops_hc.MIX_TUNING, wg=wg, groups=groups, split=split, lpt=lpt, tb=tb):
         mix_layouts_case(ex, T, D, m, layout, seed)
 
 
@@ -400,14 +399,14 @@ def mix_layouts_case(ex, T, D, m, layout, seed):
 
 
 def test_site_kernels_fold_past_65535_workgroups(ex, rng, monkeypatch):
-    """One token tile per workgroup (tile 1, no D split) and one HC_SITE workgroup per token: grids
+    """One token per workgroup (no D split; KSPLIT: blocks of one token) and one HC_SITE workgroup per token: grids
     folded into y. (Workgroups of one subgroup: lavapipe runs barriers slowly.)"""
     sg = ex.device.subgroup_size
     monkeypatch.setitem(ops_hc.SLICE_TUNING, "wg", sg)
     T, D = 65537, 4
     i = site_inputs(rng, T, D)
-    # the tile kernel (one token per workgroup), then KSPLIT (one token per block)
-    for knobs in ({"tile": 1, "groups": 1, "wg": sg, "split": 0}, {"split": 1, "tb": 1, "wg": sg}):
+    # the per-token kernel (one token per workgroup), then KSPLIT (one token per block)
+    for knobs in ({"groups": 1, "wg": sg, "split": 0}, {"split": 1, "tb": 1, "wg": sg}):
         with tuning(ops_hc.MIX_TUNING, **knobs):
             check_site_folded(ex, rng, i, T)
 

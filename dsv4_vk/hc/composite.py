@@ -156,11 +156,11 @@ def post(g, f, residual, post, comb, *, fused=None, device=None):
 
 # The site carries the next site's mixes through HC_POST_MIX up to this T (decode): its workgroups
 # each read the slice of fn they need, once per token; beyond it the next site reads X again with
-# HC_MIX_PART's token tiles, which read fn once per tile (prefill: X then lies in DRAM either way).
+# HC_MIX_PART (KSPLIT), which reads fn once per block of tokens (prefill: X then lies in DRAM either way).
 CARRY_MAX_T = 8
-# HC_POST_MIX layout: workgroup size and row groups (the next fn's 24 rows spread over post_rg
-# invocations per chunk): D/4/(post_wg/post_rg) workgroups per token (tools/hc_tune.py sweeps them).
-SITE_TUNING = {"post_wg": 128, "post_rg": 4}
+# HC_POST_MIX workgroup size: one chunk per invocation, so D/4/post_wg workgroups per token at decode
+# (tools/hc_tune.py sweeps it).
+SITE_TUNING = {"post_wg": 64}
 
 
 def _mix_partials(g, X, fn, device):
@@ -174,7 +174,7 @@ def _mix_partials(g, X, fn, device):
 def mixes(g, X, fn, *, norm_eps=1e-6, fused=None, device=None):
     """mix [T,m] = (x @ fnᵀ)·r, x = X flattened per token, r = 1/sqrt(mean(x²) + norm_eps).
 
-    Fused (device with subgroup arithmetic): HC_MIX (token tiles, one dispatch) where the tiles
+    Fused (device with subgroup arithmetic): HC_MIX (one workgroup per token, one dispatch) where the tokens
     alone give the device enough workgroups, else HC_MIX_PART (D split over workgroups: decode, or
     KSPLIT's fn slices in shared memory from KSPLIT_MIN_T tokens) + HC_MIX_REDUCE. Unfused:
     RMS_NORM → MUL_MAT."""
@@ -194,7 +194,7 @@ def _mixes(g, X, fn, norm_eps, fused, device):
         unit = 4 if kernels.vec4_ok(D, [X, fn]) else 1
         layout = kernels.mix_layout(device, T, D // unit, fn.shape[0], unit)
         if layout["groups"] == 1 and not layout["split"]:
-            return g.op("HC_MIX", X, fn, norm_eps=norm_eps, tile=layout["tile"], wg=layout["wg"], rg=layout["rg"])
+            return g.op("HC_MIX", X, fn, norm_eps=norm_eps, wg=layout["wg"])
         part = g.op("HC_MIX_PART", X, fn, **layout)
         return g.op("HC_MIX_REDUCE", part, norm_eps=norm_eps, width=HC * D)
     x = (X if X.is_contiguous else g.op("CONT", X)).reshape(T, HC * D)
@@ -347,7 +347,7 @@ def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, d
     with g.tag("HC_POST"):
         out = g.empty(X.shape)
         carry = g.op("HC_POST_MIX", _unit_inner(g, f), _unit_inner(g, X), post_w, comb_m, _unit_inner(g, next_fn),
-                     out, wg=SITE_TUNING["post_wg"], rg=SITE_TUNING["post_rg"])
+                     out, wg=SITE_TUNING["post_wg"])
     return out, carry
 
 

@@ -223,13 +223,13 @@ def vec4_ok(D, tensors):
 
 
 # HC_MIX layout knobs (tools/hc_tune.py sweeps them); None: the rule of mix_layout.
-MIX_TUNING = {"wg": None, "tile": None, "groups": None, "rg": None, "split": None, "lpt": None, "tb": None}
+MIX_TUNING = {"wg": None, "groups": None, "split": None, "lpt": None, "tb": None}
 # Workgroups a mixes pass aims for (a few per compute unit of a large GPU; a CPU device runs
 # workgroups on its cores one after another, so a few suffice there).
 MIX_TARGET_GROUPS = {"cpu": 4}
 MIX_TARGET_GROUPS_DEFAULT = 256
 # From this many tokens the mixes stage fn in shared memory per D split (KSPLIT) and stream blocks
-# of tokens through it; below, each workgroup reads its fn slice from memory (tile kernel).
+# of tokens through it; below, each workgroup reads its fn slice from memory (per-token kernel).
 KSPLIT_MIN_T = 64
 
 
@@ -240,15 +240,12 @@ def ksplit_chunks(device, m, unit):
 
 def mix_layout(device, T, chunks, m=N_MIX, unit=4):
     """The HC_MIX kernels' layout for T tokens of `chunks` chunks (of `unit` floats) per stream, as
-    node params: wg, tile R, groups G, row groups RG, and for KSPLIT split S, lpt, tb (split 0: the
-    tile kernel).
-    - decode (few tokens): the tile kernel, D split into G slices of ≥ one chunk per chunk lane
-      (WG/RG of them), the mix rows spread over RG row groups, until about the target number of
-      workgroups is reached;
-    - T ≥ KSPLIT_MIN_T with shuffles: KSPLIT, G = chunks/S splits each staging its fn slice in shared
-      memory, blocks of tb tokens streaming through it, LPT lanes per token;
-    - otherwise the tile kernel with R tokens per workgroup sharing each fn load (R·25 sums per
-      invocation), G = 1 once the tiles alone give enough workgroups."""
+    node params: wg, groups G, and for KSPLIT split S, lpt, tb (split 0: the per-token kernel).
+    - T ≥ KSPLIT_MIN_T with shuffles and full subgroups: KSPLIT, G = chunks/S splits each staging its
+      fn slice in shared memory, blocks of tb tokens streaming through it, LPT lanes per token;
+    - otherwise the per-token kernel, one token per workgroup and D split into G slices of ≥ one chunk per
+      invocation until about the target number of workgroups is reached (decode: a token's fn is
+      the data to stream, spread over many workgroups)."""
     t = MIX_TUNING
     target = MIX_TARGET_GROUPS.get(device.caps.type, MIX_TARGET_GROUPS_DEFAULT)
     cpu = device.caps.is_cpu
@@ -256,14 +253,11 @@ def mix_layout(device, T, chunks, m=N_MIX, unit=4):
     if (t["split"] != 0 and T >= KSPLIT_MIN_T and device.supports_subgroup_op("shuffle") and sg.full_subgroups
             and sg.min_size >= 4) or t["split"]:
         split = min(t["split"] or ksplit_chunks(device, m, unit), chunks)
-        return {"wg": t["wg"] or (64 if cpu else 256), "tile": 1, "groups": -(-chunks // split), "rg": 1,
-                "split": split, "lpt": t["lpt"] or 4, "tb": t["tb"] or (64 if cpu else 128)}
-    decode = T * 4 < target
-    wg = t["wg"] or (64 if cpu else 128 if decode else 256)
-    rg = t["rg"] or (8 if decode and not cpu else 1)
-    tile = t["tile"] or (4 if T >= 4 * target else 2 if T >= 2 * target else 1)
-    groups = t["groups"] or max(1, min(-(-target // -(-T // tile)), -(-chunks // (wg // rg))))
-    return {"wg": wg, "tile": tile, "groups": groups, "rg": rg, "split": 0, "lpt": 1, "tb": 1}
+        return {"wg": t["wg"] or (64 if cpu else 256), "groups": -(-chunks // split), "split": split,
+                "lpt": t["lpt"] or 4, "tb": t["tb"] or (64 if cpu else 128)}
+    wg = t["wg"] or (64 if cpu else 128)
+    groups = t["groups"] or max(1, min(-(-target // T), -(-chunks // wg)))
+    return {"wg": wg, "groups": groups, "split": 0, "lpt": 1, "tb": 1}
 
 
 def check_shared(device, op, wg, values):
@@ -273,12 +267,15 @@ def check_shared(device, op, wg, values):
     have = device.caps.limits.max_shared_memory
     if need > have:
         raise HCUnsupported(f"{op}: workgroup {wg} × {values} values needs {need} B of shared memory, "
-                            f"{device.name} has {have} B: use a smaller tile or workgroup")
+                            f"{device.name} has {have} B: use a smaller workgroup")
 
 
 def _check_mix_args(X, fn):
     check_shape("X", X.shape, (None, HC, None))
     check_shape("fn", fn.shape, (None, HC * X.shape[2]))
+    if fn.shape[0] % 4 or fn.shape[0] > N_MIX:
+        raise ValueError(f"HC_MIX: fn must have a multiple of 4 rows, at most {N_MIX} (a site's 24, the head's 4), "
+                         f"got {fn.shape[0]}")
     _unit_inner("HC_MIX", "X", X)
     _unit_inner("HC_MIX", "fn", fn)
 
@@ -290,8 +287,8 @@ def _check_layout_param(op, params, name):
     return int(v)
 
 
-def _mix_tile_launch(node, device, final, groups):
-    """The launch of HC_MIX (final) or HC_MIX_PART: the tile kernel, or KSPLIT (param split > 0)."""
+def _mix_launch(node, device, final, groups):
+    """The launch of HC_MIX (final) or HC_MIX_PART: the per-token kernel, or KSPLIT (param split > 0)."""
     X, fn = node.inputs
     out = node.output
     why = mix_supported(device)
@@ -303,10 +300,7 @@ def _mix_tile_launch(node, device, final, groups):
     unit = 4 if vec4 else 1
     chunks = D // unit
     pr = node.params
-    tile, wg, rg, split = pr["tile"], pr["wg"], pr.get("rg", 1), pr.get("split", 0)
-    lpt, tb = pr.get("lpt", 1), pr.get("tb", 1)
-    if wg % rg:
-        raise ValueError(f"{node.op.name}: rg ({rg}) must divide the workgroup size ({wg})")
+    wg, split, lpt, tb = pr["wg"], pr.get("split", 0), pr.get("lpt", 1), pr.get("tb", 1)
     defines = {"VEC4": 1} if vec4 else {}
     if split:
         if final or groups != -(-chunks // split):
@@ -319,10 +313,10 @@ def _mix_tile_launch(node, device, final, groups):
             raise HCUnsupported(f"{node.op.name}: split {split} stages {need} B of fn in shared memory, "
                                 f"{device.name} has {device.caps.limits.max_shared_memory} B")
         defines["KSPLIT"] = 1
-        grid, spec = grid_1d(-(-T // tb) * groups, 1), (wg, m, 1, 1, split, lpt)
+        grid, spec = grid_1d(-(-T // tb) * groups, 1), (wg, m, split, lpt)
     else:
-        check_shared(device, node.op.name, wg, tile * (m + 1))
-        grid, spec = grid_1d(-(-T // tile) * groups, 1), (wg, m, tile, rg)
+        check_shared(device, node.op.name, wg, m + 1)
+        grid, spec = grid_1d(T * groups, 1), (wg, m)
     if final:
         defines["FINAL"] = 1
     push = pack_push(T, chunks, -(-chunks // groups), groups, 1.0 / (HC * D),
@@ -335,24 +329,22 @@ def _mix_tile_launch(node, device, final, groups):
 
 @register
 class HcMix(OpDef):
-    """HC_MIX(X [T,4,D], fn [m,4D], norm_eps=, tile=R, wg=) -> mix [T,m] = (x @ fnᵀ) / sqrt(mean(x²) + norm_eps),
-    x = X flattened per token: the site's flat RMS norm and mixes mat-mul in one dispatch, each
-    token's X read once, fn once per tile of R tokens (hc_mix.comp -D FINAL)."""
+    """HC_MIX(X [T,4,D], fn [m,4D], norm_eps=, wg=) -> mix [T,m] = (x @ fnᵀ) / sqrt(mean(x²) + norm_eps),
+    x = X flattened per token: the site's flat RMS norm and mixes mat-mul in one dispatch, one
+    workgroup per token reading its X once (hc_mix.comp -D FINAL)."""
     name, n_inputs = "HC_MIX", 2
 
     def infer(self, inputs, params):
         X, fn = inputs
         _check_mix_args(X, fn)
         check_eps("norm_eps", params.get("norm_eps", 1e-6))
-        _check_layout_param(self.name, params, "tile")
         _check_layout_param(self.name, params, "wg")
-        _check_layout_param(self.name, {"rg": 1, **params}, "rg")
         return (X.shape[0], fn.shape[0]), "f32"
 
     def lower(self, node, device):
-        return _mix_tile_launch(node, device, True, 1)
+        return _mix_launch(node, device, True, 1)
 
-    def reference(self, X, fn, norm_eps=1e-6, **layout):  # layout: tile, wg, rg
+    def reference(self, X, fn, norm_eps=1e-6, wg=1):
         return reference_mixes(X, fn, norm_eps)
 
 
@@ -375,7 +367,7 @@ def reference_mix_partials(X, fn, groups, chunk=1, split=None):
 
 @register
 class HcMixPartials(OpDef):
-    """HC_MIX_PART(X [T,4,D], fn [m,4D], tile=R, groups=G, wg=) -> partials [T,G,m+1]: per split of D the
+    """HC_MIX_PART(X [T,4,D], fn [m,4D], groups=G, wg=, split=, lpt=, tb=) -> partials [T,G,m+1]: per split of D the
     dot products with the m fn rows and Σx² (hc_mix.comp default variant). Decode splits D over many
     workgroups; HC_SITE or HC_MIX_REDUCE finish."""
     name, n_inputs = "HC_MIX_PART", 2
@@ -383,9 +375,8 @@ class HcMixPartials(OpDef):
     def infer(self, inputs, params):
         X, fn = inputs
         _check_mix_args(X, fn)
-        _check_layout_param(self.name, params, "tile")
         _check_layout_param(self.name, params, "wg")
-        for k in ("rg", "lpt", "tb"):
+        for k in ("lpt", "tb"):
             _check_layout_param(self.name, {k: 1, **params}, k)
         if params.get("split", 0):
             _check_layout_param(self.name, params, "split")
@@ -395,9 +386,9 @@ class HcMixPartials(OpDef):
     def lower(self, node, device):
         if node.output.strides[2] != 1:
             raise ValueError(f"{self.name}: the partials' entries must be contiguous, got strides {node.output.strides}")
-        return _mix_tile_launch(node, device, False, node.params["groups"])
+        return _mix_launch(node, device, False, node.params["groups"])
 
-    def reference(self, X, fn, tile=1, groups=1, wg=1, rg=1, split=0, lpt=1, tb=1):
+    def reference(self, X, fn, groups=1, wg=1, split=0, lpt=1, tb=1):
         D = np.shape(X)[2]
         return reference_mix_partials(X, fn, groups, 4 if D % 4 == 0 else 1, split)
 
@@ -545,9 +536,9 @@ def check_post_shapes(f, residual, post, comb):
     return T, D
 
 
-def _post_launch(node, device, f, res, post, comb, out, fn=None, part=None, wg=None, rg=1):
-    """HC_POST's launch; with fn / part also the next site's mixes partials (-D MIX_NEXT, wg/rg chunk
-    lanes per workgroup)."""
+def _post_launch(node, device, f, res, post, comb, out, fn=None, part=None, wg=None):
+    """HC_POST's launch; with fn / part also the next site's mixes partials (-D MIX_NEXT, one chunk
+    per invocation)."""
     _unit_inner(node.op.name, "output", out)
     T, D = f.shape
     tensors = [f, res, out] + ([fn] if fn is not None else [])
@@ -556,7 +547,7 @@ def _post_launch(node, device, f, res, post, comb, out, fn=None, part=None, wg=N
     else:
         vec4 = vec4_ok(D, tensors)
         chunks = D // 4 if vec4 else D
-        gpt, cpt = -(-chunks // (wg // rg)), 1
+        gpt, cpt = -(-chunks // wg), 1
     unit = 4 if vec4 else 1
     fields = [T, chunks, gpt, f.offset // unit, *_strides_in(f, unit), res.offset // unit, *_strides_in(res, unit),
               post.offset, *post.strides, comb.offset, *comb.strides, out.offset // unit, *_strides_in(out, unit)]
@@ -566,7 +557,7 @@ def _post_launch(node, device, f, res, post, comb, out, fn=None, part=None, wg=N
         fields += [fn.offset // unit, fn.strides[0] // unit, part.offset, part.strides[0], part.strides[1]]
         defines["MIX_NEXT"] = 1
         check_shared(device, node.op.name, wg, fn.shape[0] + 1)
-        args, writes, spec = [f, res, post, comb, fn, out, part], (5, 6), (wg, cpt, fn.shape[0], rg)
+        args, writes, spec = [f, res, post, comb, fn, out, part], (5, 6), (wg, cpt, fn.shape[0])
         extra = {"full_subgroups": device.caps.subgroup.full_subgroups}
     return [Launch("hc_post", args, writes, pack_push(*fields), grid_1d(T * gpt, 1), defines=defines, spec=spec,
                    **extra)]
@@ -591,14 +582,14 @@ class HcPost(OpDef):
         return reference_post(f, residual, post, comb)
 
 
-def post_mix_groups(D, tensors, wg, rg=1):
-    """Splits (workgroups per token) of HC_POST_MIX: wg/rg chunks each."""
-    return -(-(D // 4 if vec4_ok(D, tensors) else D) // (wg // rg))
+def post_mix_groups(D, tensors, wg):
+    """Splits (workgroups per token) of HC_POST_MIX: one chunk per invocation."""
+    return -(-(D // 4 if vec4_ok(D, tensors) else D) // wg)
 
 
 @register
 class HcPostMix(OpDef):
-    """HC_POST_MIX(f, residual, post, comb, fn_next [m,4D], out [T,4,D], wg=, rg=) -> partials [T,G,m+1].
+    """HC_POST_MIX(f, residual, post, comb, fn_next [m,4D], out [T,4,D], wg=) -> partials [T,G,m+1].
 
     A layer boundary in one pass: HC_POST writes the new streams into its argument `out` (an empty
     tensor the graph function made: written_inputs) and, from the values still in registers, the
@@ -614,22 +605,20 @@ class HcPostMix(OpDef):
         check_shape("out", out.shape, (T, HC, D))
         for name, t in (("f", f), ("residual", res), ("fn_next", fn), ("out", out)):
             _unit_inner(self.name, name, t)
+        if fn.shape[0] % 4 or fn.shape[0] > N_MIX:
+            raise ValueError(f"{self.name}: fn_next must have a multiple of 4 rows, at most {N_MIX}, got {fn.shape[0]}")
         wg = _check_layout_param(self.name, params, "wg")
-        rg = _check_layout_param(self.name, {"rg": 1, **params}, "rg")
-        if wg % rg:
-            raise ValueError(f"{self.name}: rg ({rg}) must divide wg ({wg})")
-        return (T, post_mix_groups(D, [f, res, out, fn], wg, rg), fn.shape[0] + 1), "f32"
+        return (T, post_mix_groups(D, [f, res, out, fn], wg), fn.shape[0] + 1), "f32"
 
     def lower(self, node, device):
         f, res, post, comb, fn, out = node.inputs
         why = site_supported(device)
         if why is not None:
             raise HCUnsupported(f"{self.name} cannot run on {device.name}: {why}")
-        return _post_launch(node, device, f, res, post, comb, out, fn, node.output, node.params["wg"],
-                            node.params.get("rg", 1))
+        return _post_launch(node, device, f, res, post, comb, out, fn, node.output, node.params["wg"])
 
-    def reference(self, f, residual, post, comb, fn_next, out=None, wg=1, rg=1):
+    def reference(self, f, residual, post, comb, fn_next, out=None, wg=1):
         x = reference_post(f, residual, post, comb)
         D = np.shape(f)[1]
-        groups = -(-(D // 4 if D % 4 == 0 else D) // (wg // rg))
+        groups = -(-(D // 4 if D % 4 == 0 else D) // wg)
         return reference_mix_partials(x, fn_next, groups, 4 if D % 4 == 0 else 1)
