@@ -34,8 +34,8 @@
 layout(constant_id = 1) const uint M = 24;     // mix rows: a multiple of 4, at most 24
 
 #if defined(REDUCE)
-layout(binding = 0) readonly buffer Part { float part[]; };
-layout(binding = 1) writeonly buffer Mix { float mix_out[]; };
+layout(binding = 0) restrict readonly buffer Part { float part[]; };
+layout(binding = 1) restrict writeonly buffer Mix { float mix_out[]; };
 layout(push_constant) uniform P {
     uint T, G;
     float inv_k, norm_eps;
@@ -48,12 +48,18 @@ void main() {
     if (i >= p.T * M) return;
     uint t = i / M, j = i % M;
     uint b = p.p_off + t * p.p_st;
-    float d = 0.0, ss = 0.0;
-    for (uint g = 0u; g < p.G; ++g) {
-        d += part[b + g * p.p_sg + j];
-        ss += part[b + g * p.p_sg + M];
+    vec4 d = vec4(0.0), ss = vec4(0.0);        // 4 independent chains: loads overlap, not one per trip
+    uint g = 0u;
+    for (; g + 4u <= p.G; g += 4u) {
+        uvec4 o = b + (g + uvec4(0u, 1u, 2u, 3u)) * p.p_sg;
+        d += vec4(part[o.x + j], part[o.y + j], part[o.z + j], part[o.w + j]);
+        ss += vec4(part[o.x + M], part[o.y + M], part[o.z + M], part[o.w + M]);
     }
-    mix_out[p.o_off + t * p.o_st + j * p.o_sj] = d / sqrt(ss * p.inv_k + p.norm_eps);
+    for (; g < p.G; ++g) {
+        d.x += part[b + g * p.p_sg + j];
+        ss.x += part[b + g * p.p_sg + M];
+    }
+    mix_out[p.o_off + t * p.o_st + j * p.o_sj] = ((d.x + d.y) + (d.z + d.w)) / sqrt(((ss.x + ss.y) + (ss.z + ss.w)) * p.inv_k + p.norm_eps);
 }
 
 #else
@@ -64,9 +70,10 @@ float dot_v(vec4 a, vec4 b) { return dot(a, b); }
 #define VEC float
 float dot_v(float a, float b) { return a * b; }
 #endif
-layout(binding = 0) readonly buffer X { VEC x[]; };
-layout(binding = 1) readonly buffer Fn { VEC fn[]; };
-layout(binding = 2) writeonly buffer Out { float out_[]; };
+// restrict: bindings never alias within a dispatch, so loads may be hoisted and batched (latency)
+layout(binding = 0) restrict readonly buffer X { VEC x[]; };
+layout(binding = 1) restrict readonly buffer Fn { VEC fn[]; };
+layout(binding = 2) restrict writeonly buffer Out { float out_[]; };
 layout(push_constant) uniform P {
     uint T, chunks, slice, G;
     float inv_k, norm_eps;
@@ -101,10 +108,13 @@ void main() {
     for (uint t0 = block * p.tb; t0 < t_end; t0 += gl_WorkGroupSize.x / LPT) {   // uniform loop
         uint t = t0 + cluster;
         uint tc = min(t, p.T - 1u);            // lanes past the block compute on a real token, store nothing
+        // per chunk the 4 streams' x loads first, so that their latencies overlap
         MixAcc A = mixacc_zero();
-        for (uint s = 0u; s < 4u; ++s) {
-            uint xb = p.x_off + tc * p.x_st + s * p.x_ss + c_begin;
-            for (uint c = lane; c < n_c; c += LPT) mixacc_add(A, x[xb + c], s * S + c, 4u * S, true);
+        uint xb = p.x_off + tc * p.x_st + c_begin;
+        for (uint c = lane; c < n_c; c += LPT) {
+            VEC xv[4];
+            [[unroll]] for (uint s = 0u; s < 4u; ++s) xv[s] = x[xb + s * p.x_ss + c];
+            [[unroll]] for (uint s = 0u; s < 4u; ++s) mixacc_add(A, xv[s], s * S + c, 4u * S, true);
         }
         for (uint m = 1u; m < LPT; m <<= 1u) {
             A.a0 += subgroupShuffleXor(A.a0, m); A.a1 += subgroupShuffleXor(A.a1, m);
@@ -131,10 +141,11 @@ void main() {
     uint c_end = min((split + 1u) * p.slice, p.chunks);
     MixAcc A = mixacc_zero();
     if (t < p.T) {                             // workgroup-uniform: a folded grid's extra groups idle
-        for (uint s = 0u; s < 4u; ++s) {
-            uint xb = p.x_off + t * p.x_st + s * p.x_ss;
-            for (uint c = split * p.slice + gl_LocalInvocationID.x; c < c_end; c += gl_WorkGroupSize.x)
-                mixacc_add(A, x[xb + c], p.f_off + s * p.chunks + c, p.f_sj, true);
+        uint xb = p.x_off + t * p.x_st;
+        for (uint c = split * p.slice + gl_LocalInvocationID.x; c < c_end; c += gl_WorkGroupSize.x) {
+            VEC xv[4];                         // the 4 streams' loads first: their latencies overlap
+            [[unroll]] for (uint s = 0u; s < 4u; ++s) xv[s] = x[xb + s * p.x_ss + c];
+            [[unroll]] for (uint s = 0u; s < 4u; ++s) mixacc_add(A, xv[s], p.f_off + s * p.chunks + c, p.f_sj, true);
         }
     }
     for (uint k = 0u; k <= M; ++k) wg_put(k, mixacc_at(A, k));

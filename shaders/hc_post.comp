@@ -36,11 +36,12 @@ layout(binding = 3) readonly buffer Comb { float comb[]; };
 layout(constant_id = 2) const uint M = 24;     // the next fn's rows: a multiple of 4, ≤ 24
 #define WG_NV (M + 1u)
 #include "wg_reduce.glsl"
-layout(binding = 4) readonly buffer Fn { VEC fn[]; };
+// restrict: the bindings never alias, so the fn loads may move above the stores of the new streams
+layout(binding = 4) restrict readonly buffer Fn { VEC fn[]; };
 #define FN(i) fn[i]
 #include "hc_mixacc.glsl"
-layout(binding = 5) writeonly buffer O { VEC o[]; };
-layout(binding = 6) writeonly buffer Part { float part[]; };
+layout(binding = 5) restrict writeonly buffer O { VEC o[]; };
+layout(binding = 6) restrict writeonly buffer Part { float part[]; };
 #else
 layout(binding = 4) writeonly buffer O { VEC o[]; };
 #endif

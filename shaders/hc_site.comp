@@ -29,12 +29,12 @@ layout(constant_id = 2) const uint M = 24;
 #else
 #define VEC float
 #endif
-layout(binding = 0) readonly buffer Part { float part[]; };
-layout(binding = 1) readonly buffer X { VEC x[]; };
-layout(binding = 2) readonly buffer Scale { float scale[]; };
-layout(binding = 3) readonly buffer Base { float base[]; };
-layout(binding = 4) writeonly buffer Coefs { float coefs[]; };
-layout(binding = 5) writeonly buffer U { VEC u[]; };
+layout(binding = 0) restrict readonly buffer Part { float part[]; };
+layout(binding = 1) restrict readonly buffer X { VEC x[]; };
+layout(binding = 2) restrict readonly buffer Scale { float scale[]; };
+layout(binding = 3) restrict readonly buffer Base { float base[]; };
+layout(binding = 4) restrict writeonly buffer Coefs { float coefs[]; };
+layout(binding = 5) restrict writeonly buffer U { VEC u[]; };
 layout(push_constant) uniform P {
     uint T, n_chunks, groups_per_token, G, n_iter;
     float inv_k, norm_eps, eps;
