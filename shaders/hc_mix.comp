@@ -15,15 +15,16 @@
 //            layout the whole-site kernel (hc_site.comp) and -D REDUCE finish;
 //   FINAL:   (G = 1 only) mix[t, j] directly.
 // -D KSPLIT (many tokens; partials): workgroup g → token block g / G (push tb tokens) and split g % G
-//   of S chunks (spec 2) per stream. The split's fn slice (M·4·S chunks) is staged once in shared
+//   of S = 16 chunks per stream. The split's fn slice (M·4·S chunks) is staged once in shared
 //   memory and every token of the block streams through it: fn is read from memory once per block
 //   of tokens, and from shared memory (a broadcast across the block's tokens) inside. LPT (spec 3)
 //   consecutive subgroup lanes take one token (chunks lane, lane+LPT, ...), summed by shuffles.
+//   (Shared arrays have literal sizes here: 24·4·16 chunks, 24 KiB with vec4.)
 //   Each token's X is read once.
 // -D REDUCE: the second pass, one invocation per (t, j): Σ over the G partials, then the
 //   norm: mix[t, j] = Σ dot / sqrt(Σ Σx² / (4·D) + norm_eps).
-// Spec constants: 0 workgroup size, 1 M (mix rows: a multiple of 4, ≤ 24); KSPLIT also 2 S (chunks
-//   per split) and 3 LPT (lanes per token).
+// Spec constants: 0 workgroup size, 1 M (mix rows: a multiple of 4, ≤ 24); KSPLIT also 2 LPT (lanes
+//   per token).
 // Push (tile kernels): T, chunks per stream, slice (chunks per split), G, 1/(4·D), norm_eps,
 //   X (offset, token and stream strides, in chunks), fn (offset, row stride, in chunks; fn[j, s·D + d]
 //   is chunk s·chunks + c of row j), out (offset, token stride, split or row stride), tokens per
@@ -85,9 +86,9 @@ layout(push_constant) uniform P {
 
 #if defined(KSPLIT)
 #extension GL_KHR_shader_subgroup_shuffle : require
-layout(constant_id = 2) const uint S = 16;      // chunks per split (per stream)
-layout(constant_id = 3) const uint LPT = 4;     // lanes per token (a power of two ≤ the subgroup)
-shared VEC fs[M * 4u * S];                      // the split's fn slice: fs[(j·4 + stream)·S + c]
+const uint S = 16;                              // chunks per split and stream (a literal: fs has a fixed size)
+layout(constant_id = 2) const uint LPT = 4;     // lanes per token (a power of two ≤ the subgroup)
+shared VEC fs[24 * 4 * 16];                     // the split's fn slice: fs[(j·4 + stream)·S + c], j < M
 #define FN(i) fs[i]
 #include "hc_mixacc.glsl"
 
@@ -131,6 +132,7 @@ void main() {
 
 #else
 #define WG_NV (M + 1u)
+#define WG_NV_MAX 25
 #include "wg_reduce.glsl"
 #define FN(i) fn[i]
 #include "hc_mixacc.glsl"

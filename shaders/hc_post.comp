@@ -35,6 +35,7 @@ layout(binding = 3) readonly buffer Comb { float comb[]; };
 #if defined(MIX_NEXT)
 layout(constant_id = 2) const uint M = 24;     // the next fn's rows: a multiple of 4, ≤ 24
 #define WG_NV (M + 1u)
+#define WG_NV_MAX 25
 #include "wg_reduce.glsl"
 // restrict: the bindings never alias, so the fn loads may move above the stores of the new streams
 layout(binding = 4) restrict readonly buffer Fn { VEC fn[]; };

@@ -22,6 +22,7 @@
 layout(constant_id = 1) const uint CPT = 1;
 layout(constant_id = 2) const uint M = 24;
 #define WG_NV (M + 1u)
+#define WG_NV_MAX 25
 #include "wg_reduce.glsl"
 #include "hc_math.glsl"
 #if defined(VEC4)
@@ -53,16 +54,16 @@ void main() {
     uint t = g / p.groups_per_token, slice = g % p.groups_per_token;
     bool live = t < p.T;                       // folded grids overshoot; no return before the barrier
     uint tc = min(t, p.T - 1u);
-    float acc[WG_NV];
-    [[unroll]] for (uint k = 0u; k < WG_NV; ++k) acc[k] = 0.0;
+    float acc[WG_NV_MAX];
+    [[unroll]] for (uint k = 0u; k < WG_NV_MAX; ++k) acc[k] = 0.0;
     // only the slice-0 workgroup needs all M mixes (coefficients); the others the pre gates' and Σx²
     bool all_mixes = slice == 0u;
     for (uint i = gl_LocalInvocationID.x; i < p.G; i += gl_WorkGroupSize.x) {
         uint b = p.p_off + tc * p.p_st + i * p.p_sg;
-        [[unroll]] for (uint k = 0u; k < WG_NV; ++k)
-            if (all_mixes || k < 4u || k == M) acc[k] += part[b + k];
+        [[unroll]] for (uint k = 0u; k < WG_NV_MAX; ++k)
+            if (k <= M && (all_mixes || k < 4u || k == M)) acc[k] += part[b + k];
     }
-    [[unroll]] for (uint k = 0u; k < WG_NV; ++k) wg_put(k, acc[k]);
+    [[unroll]] for (uint k = 0u; k < WG_NV_MAX; ++k) if (k <= M) wg_put(k, acc[k]);
     barrier();
     float r = 1.0 / sqrt(wg_total(M) * p.inv_k + p.norm_eps);
     vec4 pre;

@@ -15,6 +15,7 @@
 #if defined(LANES_WORKGROUP)
 #include "common.glsl"
 #define WG_NV 1u
+#define WG_NV_MAX 1
 #include "wg_reduce.glsl"
 #define LANES gl_WorkGroupSize.x
 uint cluster_id() { return flat_group(); }

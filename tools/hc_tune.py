@@ -5,7 +5,7 @@ workgroup size, D splits, KSPLIT split, lpt, tb), site.* = hc.composite.SITE_TUN
 Every combination of the given values is timed (median of --replays, after a clock warm-up).
 
     . .vkdev/enter.sh; python3 tools/hc_tune.py --d 4096,7168 --t 4096 --out $OUT/hc_tune.json
-    python3 tools/hc_tune.py --ops HC_MIX --t 512,4096 --d 4096 --set mix.split=8,16,32 --set mix.lpt=1,2,4
+    python3 tools/hc_tune.py --ops HC_MIX --t 512,4096 --d 4096 --set mix.split=0,16 --set mix.lpt=1,2,4
     python3 tools/hc_tune.py --ops HC_SITE --t 1 --d 4096 --set site.post_wg=32,64,128 --set slice.wg=64,256
 """
 import argparse

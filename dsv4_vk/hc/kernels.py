@@ -233,9 +233,7 @@ MIX_TARGET_GROUPS_DEFAULT = 256
 KSPLIT_MIN_T = 64
 
 
-def ksplit_chunks(device, m, unit):
-    """Largest chunks per split (≤ 32) whose fn slice, m·4·S chunks of `unit` floats, fits shared memory."""
-    return max(1, min(32, device.caps.limits.max_shared_memory // (m * HC * unit * 4)))
+KSPLIT_S = 16   # chunks per split and stream of KSPLIT (a literal in hc_mix.comp: its shared fn slice)
 
 
 def mix_layout(device, T, chunks, m=N_MIX, unit=4):
@@ -252,22 +250,27 @@ def mix_layout(device, T, chunks, m=N_MIX, unit=4):
     sg = device.caps.subgroup
     if (t["split"] != 0 and T >= KSPLIT_MIN_T and device.supports_subgroup_op("shuffle") and sg.full_subgroups
             and sg.min_size >= 4) or t["split"]:
-        split = min(t["split"] or ksplit_chunks(device, m, unit), chunks)
-        return {"wg": t["wg"] or (64 if cpu else 256), "groups": -(-chunks // split), "split": split,
+        return {"wg": t["wg"] or (64 if cpu else 256), "groups": -(-chunks // KSPLIT_S), "split": KSPLIT_S,
                 "lpt": t["lpt"] or 4, "tb": t["tb"] or (64 if cpu else 128)}
     wg = t["wg"] or (64 if cpu else 128)
     groups = t["groups"] or max(1, min(-(-target // T), -(-chunks // wg)))
     return {"wg": wg, "groups": groups, "split": 0, "lpt": 1, "tb": 1}
 
 
+WG_REDUCE_MAX = 256   # wg_reduce.glsl's shared step holds 64 subgroups of ≥ 4 lanes
+
+
 def check_shared(device, op, wg, values):
-    """HCUnsupported unless the wg_reduce.glsl step (one float per value per possible subgroup of
-    ≥ 4 lanes) fits the device's shared memory: a pipeline past it can lose the device."""
-    need = (wg // 4) * values * 4
+    """ValueError unless a workgroup of `wg` fits wg_reduce.glsl's fixed shared step (≤ 256
+    invocations, ≤ 25 values); HCUnsupported if the step (64 × 25 floats) exceeds the device's shared
+    memory — a pipeline past it can lose the device (seen on the H200)."""
+    if wg > WG_REDUCE_MAX or values > N_MIX + 1:
+        raise ValueError(f"{op}: workgroup {wg} with {values} sums exceeds the shared reduction step "
+                         f"({WG_REDUCE_MAX} invocations, {N_MIX + 1} sums)")
+    need = 64 * (N_MIX + 1) * 4
     have = device.caps.limits.max_shared_memory
     if need > have:
-        raise HCUnsupported(f"{op}: workgroup {wg} × {values} values needs {need} B of shared memory, "
-                            f"{device.name} has {have} B: use a smaller workgroup")
+        raise HCUnsupported(f"{op}: the reduction step needs {need} B of shared memory, {device.name} has {have} B")
 
 
 def _check_mix_args(X, fn):
@@ -303,8 +306,9 @@ def _mix_launch(node, device, final, groups):
     wg, split, lpt, tb = pr["wg"], pr.get("split", 0), pr.get("lpt", 1), pr.get("tb", 1)
     defines = {"VEC4": 1} if vec4 else {}
     if split:
-        if final or groups != -(-chunks // split):
-            raise ValueError(f"{node.op.name}: split {split} needs partials with groups = ceil({chunks} / {split})")
+        if split != KSPLIT_S or final or groups != -(-chunks // split):
+            raise ValueError(f"{node.op.name}: split must be {KSPLIT_S} with partials of groups = "
+                             f"ceil({chunks} / {KSPLIT_S}), got split {split}, groups {groups}")
         if lpt & (lpt - 1) or wg % lpt or lpt > device.caps.subgroup.min_size:
             raise ValueError(f"{node.op.name}: lpt ({lpt}) must be a power of two dividing wg ({wg}) and at most "
                              f"the subgroup size ({device.caps.subgroup.min_size})")
@@ -313,7 +317,7 @@ def _mix_launch(node, device, final, groups):
             raise HCUnsupported(f"{node.op.name}: split {split} stages {need} B of fn in shared memory, "
                                 f"{device.name} has {device.caps.limits.max_shared_memory} B")
         defines["KSPLIT"] = 1
-        grid, spec = grid_1d(-(-T // tb) * groups, 1), (wg, m, split, lpt)
+        grid, spec = grid_1d(-(-T // tb) * groups, 1), (wg, m, lpt)
     else:
         check_shared(device, node.op.name, wg, m + 1)
         grid, spec = grid_1d(T * groups, 1), (wg, m)
@@ -468,6 +472,7 @@ class HcSite(OpDef):
         T, G, m1 = part.shape
         D = X.shape[2]
         vec4, chunks, wg, gpt, cpt = _slice_launch_layout(D, [X, u])
+        check_shared(device, self.name, wg, m1)
         unit = 4 if vec4 else 1
         push = pack_push(T, chunks, gpt, G, check_n_iter(node.params.get("n_iter", 20)), 1.0 / (HC * D),
                          check_eps("norm_eps", node.params.get("norm_eps", 1e-6)),
