@@ -158,6 +158,10 @@ def post(g, f, residual, post, comb, *, fused=None, device=None):
 # each read the slice of fn they need, once per token; beyond it the next site reads X again with
 # HC_MIX_PART (KSPLIT), which reads fn once per block of tokens (prefill: X then lies in DRAM either way).
 CARRY_MAX_T = 8
+# The policy's site path runs the site kernels up to this T and the three fused ops beyond (H200,
+# D = 4096: site 22.0 against 23.9 µs at T = 1; 110 against 94 µs at T = 512; 675 against 511 µs at
+# T = 4096 — HC_SITE's per-token reduction and Sinkhorn cost more than the dispatches they save).
+SITE_MAX_T = CARRY_MAX_T
 # HC_POST_MIX workgroup size: one chunk per invocation, so D/4/post_wg workgroups per token at decode
 # (tools/hc_tune.py sweeps it).
 SITE_TUNING = {"post_wg": 64}
@@ -245,9 +249,10 @@ def _coef_views(g, coefs):
     return coefs[:, 0:HC], coefs[:, HC:2 * HC], comb_m
 
 
-def _site_choice(device, fused, site):
-    """The HC_SITE Choice for a call: fused=False (the unfused chains) never runs the site kernels;
-    site=None follows the policy, True forces the site kernels, False the three-op path."""
+def _site_choice(device, fused, site, T=1):
+    """The HC_SITE Choice for a call of T tokens: fused=False (the unfused chains) never runs the
+    site kernels; site=None follows the policy (and above SITE_MAX_T tokens the three fused ops),
+    True forces the site kernels, False the three-op path."""
     if site is not None and not isinstance(site, (bool, np.bool_)):
         raise ValueError(f"site must be None, True or False, got {site!r}")
     if fused is False:
@@ -256,7 +261,11 @@ def _site_choice(device, fused, site):
         return hc_policy.Choice(False, None, "unfused requested by the caller (fused=False)")
     if site is False:
         return hc_policy.Choice(False, hc_policy.THREE_OP, "three-op path requested by the caller (site=False)")
-    return hc_policy.choose("HC_SITE", device, True if site else None)
+    choice = hc_policy.choose("HC_SITE", device, True if site else None)
+    if choice.fused and site is None and T > SITE_MAX_T:
+        return hc_policy.Choice(False, hc_policy.THREE_OP, f"T = {T} > {SITE_MAX_T} tokens: the three fused ops "
+                                                          "(measured faster there on the H200, docs/hc_ops.md)")
+    return choice
 
 
 def site_pre(g, X, fn, scale, base, *, hc_eps=1e-6, norm_eps=1e-6, n_iter=20, fused=None, site=None, device=None,
@@ -273,7 +282,7 @@ def site_pre(g, X, fn, scale, base, *, hc_eps=1e-6, norm_eps=1e-6, n_iter=20, fu
     hc_eps, norm_eps, n_iter = check_eps("hc_eps", hc_eps), check_eps("norm_eps", norm_eps), check_n_iter(n_iter)
     device = device or default_device()
     mix = _check_carry(g, mix, X, N_MIX)
-    site_choice = _site_choice(device, fused, site)
+    site_choice = _site_choice(device, fused, site, X.shape[0])
     _record(g, "HC_SITE", site_choice)
     if site_choice.fused:
         u, coefs = _site_kernels(g, X, fn, scale, base, mix, N_MIX, hc_eps, norm_eps, n_iter, device)
@@ -339,7 +348,7 @@ def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, d
         if next_fn.ndim != 2 or next_fn.shape[0] not in (N_MIX, HC) or next_fn.shape[1] != HC * D:
             raise ValueError(f"next_fn must be a site's fn [24, {HC * D}] or the head's [4, {HC * D}], "
                              f"got {list(next_fn.shape)}")
-    if next_fn is None or X.shape[0] > CARRY_MAX_T or not _site_choice(device, fused, site).fused:
+    if next_fn is None or X.shape[0] > CARRY_MAX_T or not _site_choice(device, fused, site, X.shape[0]).fused:
         return post(g, f, X, post_w, comb_m, fused=fused, device=device), None
     for name, t in (("f", f), ("residual", X), ("post", post_w), ("comb", comb_m)):
         _tensor(g, name, t)
@@ -360,7 +369,7 @@ def head_pre(g, X, fn_h, scale_h, base_h, *, hc_eps=1e-6, norm_eps=1e-6, fused=N
     hc_eps, norm_eps = check_eps("hc_eps", hc_eps), check_eps("norm_eps", norm_eps)
     device = device or default_device()
     mix = _check_carry(g, mix, X, HC)
-    site_choice = _site_choice(device, fused, site)
+    site_choice = _site_choice(device, fused, site, X.shape[0])
     _record(g, "HC_SITE", site_choice)
     if site_choice.fused:
         u, _ = _site_kernels(g, X, fn_h, scale_h, base_h, mix, HC, hc_eps, norm_eps, 1, device)
