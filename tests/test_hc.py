@@ -159,6 +159,7 @@ def test_switch_in_a_fresh_process_shows_in_info():
     lines = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith("HC_")}
     assert "unfused: disabled by environment (DSV4_VK_DISABLE_HC_COMB=1)" in lines["HC_COMB"], r.stdout
     assert lines["HC_PRE"].split()[1] == "fused:" and lines["HC_POST"].split()[1] == "fused:", r.stdout
+    assert lines["HC_SITE"].startswith("HC_SITE       three-op: part of the site is not fused: HC_COMB unfused"), r.stdout
 
 
 @pytest.mark.parametrize("name", HC_ENV[:5])
