@@ -150,7 +150,7 @@ void main() {
             [[unroll]] for (uint s = 0u; s < 4u; ++s) mixacc_add(A, xv[s], p.f_off + s * p.chunks + c, p.f_sj, true);
         }
     }
-    for (uint k = 0u; k <= M; ++k) wg_put(k, mixacc_at(A, k));
+    mixacc_put(A);
     barrier();
     if (t >= p.T) return;
     for (uint k = gl_LocalInvocationID.x; k <= M; k += gl_WorkGroupSize.x) {   // invocation k stores value k

@@ -107,7 +107,7 @@ void main() {
 #endif
     }
 #if defined(MIX_NEXT)
-    for (uint k = 0u; k <= M; ++k) wg_put(k, mixacc_at(A, k));
+    mixacc_put(A);
     barrier();
     uint slice = g % p.groups_per_token;
     for (uint k = gl_LocalInvocationID.x; k < WG_NV && live; k += gl_WorkGroupSize.x)

@@ -24,6 +24,7 @@ layout(constant_id = 2) const uint M = 24;
 #define WG_NV (M + 1u)
 #define WG_NV_MAX 25
 #include "wg_reduce.glsl"
+#include "hc_mixacc.glsl"
 #include "hc_math.glsl"
 #if defined(VEC4)
 #define VEC vec4
@@ -54,16 +55,22 @@ void main() {
     uint t = g / p.groups_per_token, slice = g % p.groups_per_token;
     bool live = t < p.T;                       // folded grids overshoot; no return before the barrier
     uint tc = min(t, p.T - 1u);
-    float acc[WG_NV_MAX];
-    [[unroll]] for (uint k = 0u; k < WG_NV_MAX; ++k) acc[k] = 0.0;
     // only the slice-0 workgroup needs all M mixes (coefficients); the others the pre gates' and Σx²
     bool all_mixes = slice == 0u;
+    MixAcc A = mixacc_zero();
     for (uint i = gl_LocalInvocationID.x; i < p.G; i += gl_WorkGroupSize.x) {
         uint b = p.p_off + tc * p.p_st + i * p.p_sg;
-        [[unroll]] for (uint k = 0u; k < WG_NV_MAX; ++k)
-            if (k <= M && (all_mixes || k < 4u || k == M)) acc[k] += part[b + k];
+        A.a0 += vec4(part[b], part[b + 1u], part[b + 2u], part[b + 3u]);
+        A.ss += part[b + M];
+        if (all_mixes) {
+            if (M > 4u) A.a1 += vec4(part[b + 4u], part[b + 5u], part[b + 6u], part[b + 7u]);
+            if (M > 8u) A.a2 += vec4(part[b + 8u], part[b + 9u], part[b + 10u], part[b + 11u]);
+            if (M > 12u) A.a3 += vec4(part[b + 12u], part[b + 13u], part[b + 14u], part[b + 15u]);
+            if (M > 16u) A.a4 += vec4(part[b + 16u], part[b + 17u], part[b + 18u], part[b + 19u]);
+            if (M > 20u) A.a5 += vec4(part[b + 20u], part[b + 21u], part[b + 22u], part[b + 23u]);
+        }
     }
-    [[unroll]] for (uint k = 0u; k < WG_NV_MAX; ++k) if (k <= M) wg_put(k, acc[k]);
+    mixacc_put(A);
     barrier();
     float r = 1.0 / sqrt(wg_total(M) * p.inv_k + p.norm_eps);
     vec4 pre;
