@@ -364,19 +364,29 @@ dev = default_device()
 assert dev.validation
 rng = np.random.default_rng()
 ex = dv.Executor(dev)
-for T, D in ((9, 64), (3, 5)):                    # HC_MIX and vec4 / scalar kernels
+for T, D in ((9, 64), (3, 5), (70, 8)):           # vec4 / scalar kernels; T = 70: KSPLIT mixes
     g = dv.Graph()
     X, fn, f = g.input("X", (T, 4, D)), g.input("fn", (24, 4 * D)), g.input("f", (T, D))
     s, b, m = g.input("s", (3,)), g.input("b", (24,)), g.input("m", (T, 24))
-    for fused in (True, False):
-        u, post, comb = hc.site_pre(g, X, fn, s, b, fused=fused)
-        g.output(f"u{fused}", u)
-        g.output(f"x{fused}", hc.post(g, f, X, post, comb, fused=fused))
+    for fused, site in ((True, None), (True, True), (True, False), (False, None)):
+        u, post, comb = hc.site_pre(g, X, fn, s, b, fused=fused, site=site)
+        g.output(f"u{fused}{site}", u)
+        g.output(f"x{fused}{site}", hc.post(g, f, X, post, comb, fused=fused))
+    # a chain: HC_POST_MIX carries the mixes (T ≤ 8), the head collapse finishes them
+    X1, carry = hc.site(g, X, fn, s, b, lambda u: g.op("SCALE", u, a=0.5, b=0.0), next_fn=fn[0:4], site=True)
+    g.output("head", hc.head_pre(g, X1, fn[0:4], s[0:1], b[0:4], mix=carry, site=True))
+    g.output("mixes", hc.mixes(g, X, fn))
     for v in hc.variants(dev)["HC_COMB"]:
         g.output(v, hc.comb(g, m, s, b, variant=v))
     for _ in range(2):
         ex.run(g, X=rng.standard_normal((T, 4, D)), fn=rng.standard_normal((24, 4 * D)), s=rng.standard_normal(3),
                b=rng.standard_normal(24), f=rng.standard_normal((T, D)), m=rng.standard_normal((T, 24)))
+g = dv.Graph()                                     # row reductions by a whole workgroup (one long row)
+x = g.input("x", (2, 4096))
+g.output("r", g.op("RMS_NORM", x, eps=1e-6))
+g.output("p", g.op("SOFT_MAX", x))
+g.output("q", g.op("SUM_ROWS", x))
+ex.run(g, x=rng.standard_normal((2, 4096)))
 for sev, msg in dev.validation_messages:
     print(sev, msg[:400])
 print("variants", hc.variants(dev)["HC_COMB"], "messages", len(dev.validation_messages))

@@ -193,7 +193,7 @@ def mixes(g, X, fn, *, norm_eps=1e-6, fused=None, device=None):
 
 def _mixes(g, X, fn, norm_eps, fused, device):
     T, _, D = X.shape
-    if fused:
+    if fused and fn.shape[0] % 4 == 0 and fn.shape[0] <= N_MIX:       # the kernels' row blocks
         X, fn = _unit_inner(g, X), _unit_inner(g, fn)
         unit = 4 if kernels.vec4_ok(D, [X, fn]) else 1
         layout = kernels.mix_layout(device, T, D // unit, fn.shape[0], unit)
