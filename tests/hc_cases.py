@@ -382,7 +382,7 @@ def mix_layouts_case(ex, T, D, m, layout, seed):
     X = i["X"] if layout == "c" else np.ascontiguousarray(i["X"].transpose(1, 0, 2))
     view = {"X": (lambda t: t) if layout == "c" else (lambda t: t.permute(1, 0, 2))}
     unit = 4 if D % 4 == 0 else 1                      # (a permuted X's strides D and T·D: multiples of 4 too)
-    lay = ops_hc.mix_layout(ex.device, T, D // unit, m, unit)
+    lay = ops_hc.mix_layout(ex.device, T, D // unit)
     (mix, part), g = run(ex, {"X": X, "fn": i["fn"]}, lambda g, t: (
         hc.mixes(g, t["X"], t["fn"]), g.op("HC_MIX_PART", t["X"], t["fn"], **lay)), view)
     single = lay["groups"] == 1 and not lay["split"]

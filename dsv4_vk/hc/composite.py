@@ -172,7 +172,7 @@ def _mix_partials(g, X, fn, device):
     X, fn = _unit_inner(g, X), _unit_inner(g, fn)
     T, _, D = X.shape
     unit = 4 if kernels.vec4_ok(D, [X, fn]) else 1
-    return g.op("HC_MIX_PART", X, fn, **kernels.mix_layout(device, T, D // unit, fn.shape[0], unit))
+    return g.op("HC_MIX_PART", X, fn, **kernels.mix_layout(device, T, D // unit))
 
 
 def mixes(g, X, fn, *, norm_eps=1e-6, fused=None, device=None):
@@ -196,7 +196,7 @@ def _mixes(g, X, fn, norm_eps, fused, device):
     if fused and fn.shape[0] % 4 == 0 and fn.shape[0] <= N_MIX:       # the kernels' row blocks
         X, fn = _unit_inner(g, X), _unit_inner(g, fn)
         unit = 4 if kernels.vec4_ok(D, [X, fn]) else 1
-        layout = kernels.mix_layout(device, T, D // unit, fn.shape[0], unit)
+        layout = kernels.mix_layout(device, T, D // unit)
         if layout["groups"] == 1 and not layout["split"]:
             return g.op("HC_MIX", X, fn, norm_eps=norm_eps, wg=layout["wg"])
         part = g.op("HC_MIX_PART", X, fn, **layout)

@@ -236,11 +236,11 @@ KSPLIT_MIN_T = 64
 KSPLIT_S = 16   # chunks per split and stream of KSPLIT (a literal in hc_mix.comp: its shared fn slice)
 
 
-def mix_layout(device, T, chunks, m=N_MIX, unit=4):
-    """The HC_MIX kernels' layout for T tokens of `chunks` chunks (of `unit` floats) per stream, as
+def mix_layout(device, T, chunks):
+    """The HC_MIX kernels' layout for T tokens of `chunks` chunks per stream, as
     node params: wg, groups G, and for KSPLIT split S, lpt, tb (split 0: the per-token kernel).
     - T ≥ KSPLIT_MIN_T with shuffles and full subgroups: KSPLIT, G = chunks/S splits each staging its
-      fn slice in shared memory, blocks of tb tokens streaming through it, LPT lanes per token;
+      fn slice (16 chunks) in shared memory, blocks of tb tokens streaming through it, lpt lanes per token;
     - otherwise the per-token kernel, one token per workgroup and D split into G slices of ≥ one chunk per
       invocation until about the target number of workgroups is reached (decode: a token's fn is
       the data to stream, spread over many workgroups)."""
