@@ -443,3 +443,39 @@ def test_coefs_kernel(ex, rng, T):
         (c,), _ = run(ex, inputs, lambda g, t: g.op("HC_COEFS", t["mixes"], t["scale"], t["base"], eps=1e-6,
                                                     n_iter=20, variant=variant))
         assert nmse(c, ref) <= REF_NMSE and max_abs(c, ref) <= REF_MAX_ABS, variant
+
+
+@pytest.mark.parametrize("T, D, wg, m", [(1, 4096, 64, 24), (3, 5, 16, 4), (8, 36, 32, 24), (2, 7168, 256, 4)])
+def test_post_mix_partials(ex, rng, T, D, wg, m):
+    """HC_POST_MIX alone: the new streams (as HC_POST) and the next fn's partial sums per D slice of
+    wg chunks, against float64; a residual fed as a permuted [4,T,D] input (strided)."""
+    wg = max(wg, ex.device.subgroup_size)
+    i = post_inputs(rng, T, D)
+    fn = (rng.uniform(-1, 1, (m, 4 * D)) * 2 / np.sqrt(4 * D)).astype(np.float32)
+    feed = {**i, "residual": np.ascontiguousarray(i["residual"].transpose(1, 0, 2)), "fn": fn}
+
+    def build(g, t):
+        out = g.empty((T, 4, D))
+        part = g.op("HC_POST_MIX", t["f"], t["residual"], t["post"], t["comb"], t["fn"], out, wg=wg)
+        return out, part
+    (x_new, part), g = run(ex, feed, build, views={"residual": lambda t: t.permute(1, 0, 2)})
+    ref = reference_post(**i)
+    assert (np.abs(x_new - ref) <= post_bound(**i)).all()
+    unit = 4 if D % 4 == 0 else 1
+    groups = -(-(D // unit) // wg)
+    assert part.shape == (T, groups, m + 1)
+    pref = ops_hc.reference_mix_partials(ref, fn, groups, unit)
+    pmag = ops_hc.reference_mix_partials(np.abs(ref), np.abs(fn), groups, unit)
+    assert (np.abs(part - pref) <= 64 * U * pmag + 1e-6 * np.abs(pmag)).all(), np.abs(part - pref).max()
+
+
+def test_mixes_with_other_row_counts_go_unfused(ex, rng):
+    """The mixes kernels take a multiple of 4 rows, at most 24; any other fn runs RMS_NORM → MUL_MAT."""
+    i = site_inputs(rng, 3, 8, m=4)
+    fn = (rng.uniform(-1, 1, (5, 32)) / 4).astype(np.float32)
+    (mix,), g = run(ex, {"X": i["X"], "fn": fn}, lambda g, t: hc.mixes(g, t["X"], t["fn"]))
+    assert [n.op.name for n in g.nodes] == ["RMS_NORM", "MUL_MAT"]
+    assert nmse(mix, ops_hc.reference_mixes(i["X"], fn)) <= 1e-12
+    with pytest.raises(ValueError, match="multiple of 4 rows"):
+        g2 = Graph()
+        g2.op("HC_MIX", g2.input("X", (3, 4, 8)), g2.input("fn", (5, 32)), wg=64)
