@@ -12,9 +12,10 @@
 //           (over dst) are shuffleXor 1, 2; column sums (over src) shuffleXor 4, 8. Needs a full
 //           subgroup of ≥ 16 lanes (the host guarantees it; a smaller one would shuffle garbage,
 //           so the kernel writes NaN instead). Workgroup (spec 0) = 4·subgroup size.
-//   ROWS4 — 4 lanes per token, lane & 3 = src holds row c[src][0..3] as a vec4. Softmax and row
-//           sums are in-register; column sums are shuffleXor 1, 2 on the vec4. Works at any
-//           subgroup size ≥ 4 (multiple of 4). Workgroup (spec 0) = 64.
+//   ROWS4 — 4 lanes per token, lane & 3 = src holds row c[src][0..3] as a vec4 (hc_math.glsl,
+//           shared with the whole-site kernel). Softmax and row sums are in-register; column sums
+//           are shuffleXor 1, 2 on the vec4. Works at any subgroup size ≥ 4 (multiple of 4).
+//           Workgroup (spec 0) = 64.
 // Lane → token: (gl_SubgroupID·gl_SubgroupSize + lane) / lanes-per-token, so a token's lanes are
 // always inside one subgroup. Lanes past the last token compute on zero logits (every lane takes
 // part in every shuffle: no early return) and do not store.
@@ -24,6 +25,7 @@
 // Push: T, n_iter, eps, element offsets and strides of mixes[T,24], scale[3], base[24], comb[T,4,4]
 // (with COEFS: the comb part of coefs), then offset and stride of the gates (COEFS only).
 #include "common.glsl"
+#include "hc_math.glsl"
 layout(binding = 0) readonly buffer Mix { float mixes[]; };
 layout(binding = 1) readonly buffer Scale { float scale[]; };
 layout(binding = 2) readonly buffer Base { float base[]; };
@@ -47,9 +49,8 @@ float logit(uint t, uint k) {   // comb logit of flat index k = dst + 4·src
 
 // gate j of token t: pre (j < 4) or post (4 ≤ j < 8), the unfused chain's formulas
 float gate(uint t, uint j) {
-    float z = mixes[p.m_off + t * p.m_st + j * p.m_sj] * scale[p.s_off + (j >> 2) * p.s_s] + base[p.b_off + j * p.b_s];
-    float s = 1.0 / (1.0 + exp(-z));
-    return j < 4u ? s + p.eps : 2.0 * s;
+    return hc_gate(mixes[p.m_off + t * p.m_st + j * p.m_sj], scale[p.s_off + (j >> 2) * p.s_s],
+                   base[p.b_off + j * p.b_s], j < 4u, p.eps);
 }
 
 void store_gate(uint t, uint j) {
@@ -84,9 +85,6 @@ void main() {
 }
 
 #elif defined(ROWS4)
-vec4 col_sum(vec4 v) { v += subgroupShuffleXor(v, 1u); return v + subgroupShuffleXor(v, 2u); }
-float hsum(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
-
 void main() {
     uint lane = gl_SubgroupInvocationID;
     uint slot = gl_SubgroupID * gl_SubgroupSize + lane;
@@ -95,13 +93,7 @@ void main() {
     bool live = t < p.T;
     vec4 l = vec4(0.0);
     if (live) l = vec4(logit(t, 4u * src), logit(t, 4u * src + 1u), logit(t, 4u * src + 2u), logit(t, 4u * src + 3u));
-    vec4 e = exp(l - max(max(l.x, l.y), max(l.z, l.w)));
-    vec4 c = e / hsum(e) + p.eps;
-    c /= col_sum(c) + p.eps;
-    for (uint it = 1u; it < p.n_iter; ++it) {
-        c /= hsum(c) + p.eps;
-        c /= col_sum(c) + p.eps;
-    }
+    vec4 c = hc_sinkhorn_rows4(l, p.eps, p.n_iter);
     if (gl_SubgroupSize < 4u) c = vec4(QNAN);
     if (live) {
         uint o = p.c_off + t * p.c_st + src * p.c_ss;

@@ -1,19 +1,69 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-#extension GL_KHR_shader_subgroup_basic : require
-#extension GL_KHR_shader_subgroup_arithmetic : require
-//! variants: - | VEC4
-// HC_MIX (whole-site fusion, decode-sized T): the site's flat RMS norm and mixes mat-mul in one
-// dispatch, mix[t,j] = (x_t · fn[j]) / sqrt(mean(x_t²) + norm_eps), x_t = X[t] flattened (4·D).
-// Layout: one workgroup per (token, mix row): group g → t = g / m, j = g % m. Each invocation
-// accumulates the dot and the sum of squares over chunks local id, +WG, ... of each of the 4
-// streams (a chunk is a vec4 with -D VEC4, else one float); then subgroupAdd and one shared-memory
-// step across the workgroup's subgroups (a single barrier, so no early return before it). Every
-// one of a token's m workgroups recomputes the sum of squares: X is read m times, from cache,
-// instead of a second dependent dispatch. Workgroup size (spec 0) ≤ 256.
-// Push: T, m, chunks per stream, 1/(4·D), norm_eps, X (offset, token and stream strides), fn
-// (offset, row stride; fn[j, s·D + d] is chunk s·chunks + c of row j), out (offset, strides).
+//! variants: - | VEC4 ; - | FINAL | KSPLIT
+//! variants: REDUCE
+// HC_MIX family: a site's flat RMS norm and mixes mat-mul, mix[t,j] = (x_t · fn[j]) / sqrt(mean(x_t²)
+// + norm_eps) with x_t = X[t] flattened (4·D), reading each token's X once for all M mixes and its
+// sum of squares.
+//
+// Layout (default and -D FINAL; decode and few tokens): workgroup g → token g / G and split g % G of
+// the D axis: chunks [split·slice, (split+1)·slice) of each of the 4 streams. A chunk is a vec4 with
+// -D VEC4, else one float. Invocation i takes chunks i, i+WG, ... of its split, loads x and each fn
+// row's chunk once and keeps the M + 1 running sums in registers (hc_mixacc.glsl); then they are
+// reduced across the workgroup (wg_reduce.glsl: subgroupAdd + one shared-memory step).
+//   default: partials[t, split, 0..M−1] = the split's dot products, [t, split, M] = its Σx² — the
+//            layout the whole-site kernel (hc_site.comp) and -D REDUCE finish;
+//   FINAL:   (G = 1 only) mix[t, j] directly.
+// -D KSPLIT (many tokens; partials): workgroup g → token block g / G (push tb tokens) and split g % G
+//   of S = 16 chunks per stream. The split's fn slice (M·4·S chunks) is staged once in shared
+//   memory and every token of the block streams through it: fn is read from memory once per block
+//   of tokens, and from shared memory (a broadcast across the block's tokens) inside. LPT (spec 3)
+//   consecutive subgroup lanes take one token (chunks lane, lane+LPT, ...), summed by shuffles.
+//   (Shared arrays have literal sizes here: 24·4·16 chunks, 24 KiB with vec4.)
+//   Each token's X is read once.
+// -D REDUCE: the second pass, one invocation per (t, j): Σ over the G partials, then the
+//   norm: mix[t, j] = Σ dot / sqrt(Σ Σx² / (4·D) + norm_eps).
+// Spec constants: 0 workgroup size, 1 M (mix rows: a multiple of 4, ≤ 24); KSPLIT also 2 LPT (lanes
+//   per token).
+// Push (tile kernels): T, chunks per stream, slice (chunks per split), G, 1/(4·D), norm_eps,
+//   X (offset, token and stream strides, in chunks), fn (offset, row stride, in chunks; fn[j, s·D + d]
+//   is chunk s·chunks + c of row j), out (offset, token stride, split or row stride), tokens per
+//   block (KSPLIT).
+// Push (REDUCE): T, G, 1/(4·D), norm_eps, partials (offset, token and split strides), out (offset,
+//   token and row strides).
 #include "common.glsl"
+layout(constant_id = 1) const uint M = 24;     // mix rows: a multiple of 4, at most 24
+
+#if defined(REDUCE)
+layout(binding = 0) restrict readonly buffer Part { float part[]; };
+layout(binding = 1) restrict writeonly buffer Mix { float mix_out[]; };
+layout(push_constant) uniform P {
+    uint T, G;
+    float inv_k, norm_eps;
+    uint p_off, p_st, p_sg;
+    uint o_off, o_st, o_sj;
+} p;
+
+void main() {
+    uint i = flat_index();
+    if (i >= p.T * M) return;
+    uint t = i / M, j = i % M;
+    uint b = p.p_off + t * p.p_st;
+    vec4 d = vec4(0.0), ss = vec4(0.0);        // 4 independent chains: loads overlap, not one per trip
+    uint g = 0u;
+    for (; g + 4u <= p.G; g += 4u) {
+        uvec4 o = b + (g + uvec4(0u, 1u, 2u, 3u)) * p.p_sg;
+        d += vec4(part[o.x + j], part[o.y + j], part[o.z + j], part[o.w + j]);
+        ss += vec4(part[o.x + M], part[o.y + M], part[o.z + M], part[o.w + M]);
+    }
+    for (; g < p.G; ++g) {
+        d.x += part[b + g * p.p_sg + j];
+        ss.x += part[b + g * p.p_sg + M];
+    }
+    mix_out[p.o_off + t * p.o_st + j * p.o_sj] = ((d.x + d.y) + (d.z + d.w)) / sqrt(((ss.x + ss.y) + (ss.z + ss.w)) * p.inv_k + p.norm_eps);
+}
+
+#else
 #if defined(VEC4)
 #define VEC vec4
 float dot_v(vec4 a, vec4 b) { return dot(a, b); }
@@ -21,42 +71,95 @@ float dot_v(vec4 a, vec4 b) { return dot(a, b); }
 #define VEC float
 float dot_v(float a, float b) { return a * b; }
 #endif
-layout(binding = 0) readonly buffer X { VEC x[]; };
-layout(binding = 1) readonly buffer Fn { VEC fn[]; };
-layout(binding = 2) writeonly buffer Mix { float mix_out[]; };
+// restrict: bindings never alias within a dispatch, so loads may be hoisted and batched (latency)
+layout(binding = 0) restrict readonly buffer X { VEC x[]; };
+layout(binding = 1) restrict readonly buffer Fn { VEC fn[]; };
+layout(binding = 2) restrict writeonly buffer Out { float out_[]; };
 layout(push_constant) uniform P {
-    uint T, m, chunks;
+    uint T, chunks, slice, G;
     float inv_k, norm_eps;
     uint x_off, x_st, x_ss;
     uint f_off, f_sj;
-    uint o_off, o_st, o_sj;
+    uint o_off, o_st, o_s2;
+    uint tb;                                   // KSPLIT: tokens per workgroup
 } p;
 
-shared vec2 partial[256];       // (dot, sum of squares) per subgroup
+#if defined(KSPLIT)
+#extension GL_KHR_shader_subgroup_shuffle : require
+const uint S = 16;                              // chunks per split and stream (a literal: fs has a fixed size)
+layout(constant_id = 2) const uint LPT = 4;     // lanes per token (a power of two ≤ the subgroup)
+shared VEC fs[24 * 4 * 16];                     // the split's fn slice: fs[(j·4 + stream)·S + c], j < M
+#define FN(i) fs[i]
+#include "hc_mixacc.glsl"
 
 void main() {
     uint g = flat_group();
-    uint t = g / p.m, j = g % p.m;
-    bool live = t < p.T;        // folded grids overshoot
-    float d = 0.0, ss = 0.0;
-    if (live) {
-        for (uint s = 0u; s < 4u; ++s) {
-            uint xb = p.x_off + t * p.x_st + s * p.x_ss;
-            uint fb = p.f_off + j * p.f_sj + s * p.chunks;
-            for (uint c = gl_LocalInvocationID.x; c < p.chunks; c += gl_WorkGroupSize.x) {
-                VEC xv = x[xb + c];
-                d += dot_v(xv, fn[fb + c]);
-                ss += dot_v(xv, xv);
-            }
+    uint block = g / p.G, split = g % p.G;
+    uint c_begin = split * S;
+    for (uint i = gl_LocalInvocationID.x; i < M * 4u * S; i += gl_WorkGroupSize.x) {
+        uint c = i % S, js = i / S;
+        fs[i] = c_begin + c < p.chunks ? fn[p.f_off + (js / 4u) * p.f_sj + (js % 4u) * p.chunks + c_begin + c] : VEC(0.0);
+    }
+    barrier();
+    // a token's LPT lanes are consecutive lanes of one subgroup (full subgroups, WG a multiple of LPT)
+    uint pos = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
+    uint cluster = pos / LPT, lane = pos % LPT;
+    uint n_c = min(S, p.chunks - min(c_begin, p.chunks));
+    uint t_end = min((block + 1u) * p.tb, p.T);
+    for (uint t0 = block * p.tb; t0 < t_end; t0 += gl_WorkGroupSize.x / LPT) {   // uniform loop
+        uint t = t0 + cluster;
+        uint tc = min(t, p.T - 1u);            // lanes past the block compute on a real token, store nothing
+        // per chunk the 4 streams' x loads first, so that their latencies overlap
+        MixAcc A = mixacc_zero();
+        uint xb = p.x_off + tc * p.x_st + c_begin;
+        for (uint c = lane; c < n_c; c += LPT) {
+            VEC xv[4];
+            [[unroll]] for (uint s = 0u; s < 4u; ++s) xv[s] = x[xb + s * p.x_ss + c];
+            [[unroll]] for (uint s = 0u; s < 4u; ++s) mixacc_add(A, xv[s], s * S + c, 4u * S, true);
+        }
+        for (uint m = 1u; m < LPT; m <<= 1u) {
+            A.a0 += subgroupShuffleXor(A.a0, m); A.a1 += subgroupShuffleXor(A.a1, m);
+            A.a2 += subgroupShuffleXor(A.a2, m); A.a3 += subgroupShuffleXor(A.a3, m);
+            A.a4 += subgroupShuffleXor(A.a4, m); A.a5 += subgroupShuffleXor(A.a5, m);
+            A.ss += subgroupShuffleXor(A.ss, m);
+        }
+        if (t < t_end && lane == 0u) {
+            uint ob = p.o_off + t * p.o_st + split * p.o_s2;
+            for (uint k = 0u; k <= M; ++k) out_[ob + k] = mixacc_at(A, k);
         }
     }
-    d = subgroupAdd(d);
-    ss = subgroupAdd(ss);
-    if (subgroupElect()) partial[gl_SubgroupID] = vec2(d, ss);
+}
+
+#else
+#define WG_NV (M + 1u)
+#define WG_NV_MAX 25
+#include "wg_reduce.glsl"
+#define FN(i) fn[i]
+#include "hc_mixacc.glsl"
+
+void main() {
+    uint g = flat_group();
+    uint t = g / p.G, split = g % p.G;
+    uint c_end = min((split + 1u) * p.slice, p.chunks);
+    MixAcc A = mixacc_zero();
+    if (t < p.T) {                             // workgroup-uniform: a folded grid's extra groups idle
+        uint xb = p.x_off + t * p.x_st;
+        for (uint c = split * p.slice + gl_LocalInvocationID.x; c < c_end; c += gl_WorkGroupSize.x) {
+            VEC xv[4];                         // the 4 streams' loads first: their latencies overlap
+            [[unroll]] for (uint s = 0u; s < 4u; ++s) xv[s] = x[xb + s * p.x_ss + c];
+            [[unroll]] for (uint s = 0u; s < 4u; ++s) mixacc_add(A, xv[s], p.f_off + s * p.chunks + c, p.f_sj, true);
+        }
+    }
+    mixacc_put(A);
     barrier();
-    if (gl_LocalInvocationID.x == 0u && live) {
-        vec2 sum = vec2(0.0);
-        for (uint i = 0u; i < gl_NumSubgroups; ++i) sum += partial[i];
-        mix_out[p.o_off + t * p.o_st + j * p.o_sj] = sum.x / sqrt(sum.y * p.inv_k + p.norm_eps);
+    if (t >= p.T) return;
+    for (uint k = gl_LocalInvocationID.x; k <= M; k += gl_WorkGroupSize.x) {   // invocation k stores value k
+#if defined(FINAL)
+        if (k < M) out_[p.o_off + t * p.o_st + k * p.o_s2] = wg_total(k) / sqrt(wg_total(M) * p.inv_k + p.norm_eps);
+#else
+        out_[p.o_off + t * p.o_st + split * p.o_s2 + k] = wg_total(k);
+#endif
     }
 }
+#endif
+#endif

@@ -7,6 +7,36 @@
 // A cluster never straddles two subgroups (LANES divides the subgroup size and the workgroup is
 // launched as full subgroups), so the shuffles only read lanes of the same cluster. A cluster is
 // active or inactive as a whole, so callers may return early per cluster.
+// -D LANES_WORKGROUP instead of LANES: the cluster is the whole workgroup (one row per workgroup,
+// for few long rows such as one token's D = 4096 at decode): LANES is the workgroup size, sums and
+// maxima are subgroup reductions plus one shared-memory step (wg_reduce.glsl), with a barrier
+// before it so that one reduction may follow another. Every invocation of the workgroup must call
+// them (a workgroup is active or inactive as a whole).
+#if defined(LANES_WORKGROUP)
+#include "common.glsl"
+#define WG_NV 1u
+#define WG_NV_MAX 1
+#include "wg_reduce.glsl"
+#define LANES gl_WorkGroupSize.x
+uint cluster_id() { return flat_group(); }
+uint cluster_lane() { return gl_LocalInvocationID.x; }
+
+float cluster_sum(float v) {
+    v = subgroupAdd(v);
+    barrier();                  // the previous reduction's readers are done with the shared step
+    wg_store(0u, v);
+    barrier();
+    return wg_total(0u);
+}
+
+float cluster_max(float v) {
+    v = subgroupMax(v);
+    barrier();
+    wg_store(0u, v);
+    barrier();
+    return wg_max(0u);
+}
+#else
 #ifndef LANES
 #error "define LANES"
 #endif
@@ -50,3 +80,4 @@ float cluster_max(float v) {
 #endif
     return v;
 }
+#endif

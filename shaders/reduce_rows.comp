@@ -1,10 +1,12 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 //! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; OP_SUM_ROWS | OP_RMS_NORM | OP_RMS_NORM HAS_WEIGHT
+//! variants: LANES_WORKGROUP ; OP_SUM_ROWS | OP_RMS_NORM | OP_RMS_NORM HAS_WEIGHT
 // Reductions over the last axis of a 4-D strided view x[ne0, ne1, ne2, ne3] (rows of ne3 values).
 // Variants (-D): OP_SUM_ROWS   d[r, 0] = Σ_j x[r, j]
 //                OP_RMS_NORM   d[r, j] = x[r, j] / sqrt(Σ_j x[r, j]² / ne3 + eps) (· w[j] with HAS_WEIGHT)
-// Layout: one cluster of LANES lanes per row (lanes.glsl); lane l takes columns l, l+LANES, ...
+// Layout: one cluster of LANES lanes per row (lanes.glsl; -D LANES_WORKGROUP: the whole workgroup,
+// for few long rows); lane l takes columns l, l+LANES, ...
 // so neighbouring lanes read neighbouring elements. Accumulation in f32.
 #include "lanes.glsl"
 layout(binding = 0) readonly buffer X { float x[]; };

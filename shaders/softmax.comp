@@ -1,10 +1,12 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 //! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS
+//! variants: LANES_WORKGROUP
 // Softmax over the last axis of a 4-D strided view: d[r, j] = exp(s·x[r, j] − m) / Σ_j exp(s·x[r, j] − m),
 // m = max_j s·x[r, j]. Output any strided view (in place allowed: each lane rereads then writes
 // only its own elements).
-// Layout: one cluster of LANES lanes per row (lanes.glsl); lane l takes columns l, l+LANES, ...
+// Layout: one cluster of LANES lanes per row (lanes.glsl; -D LANES_WORKGROUP: the whole workgroup,
+// for few long rows); lane l takes columns l, l+LANES, ...
 // Pass 1 keeps a running (max, Σexp) per lane (online softmax), merged across the cluster;
 // pass 2 writes. The running max starts at −FLT_MAX, not −inf, so a fully −inf row gives 0/0 = NaN
 // like the reference instead of NaN from inf − inf in the merge.

@@ -9,6 +9,7 @@ fresh random inputs: the spec's cases, subgroup/workgroup boundaries, hypothesis
 strided views, peaked logits, NaN inputs, grids folded past 65535 workgroups; guard regions
 checked after every run.
 """
+import contextlib
 import os
 
 import numpy as np
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from dsv4_vk import Executor, Graph, hc
 from dsv4_vk.hc import cases
 from dsv4_vk.vk import default_device
+import dsv4_vk.hc.composite  # noqa: F401  (hc.composite.CARRY_MAX_T)
 from dsv4_vk.hc.policy import HCUnsupported
 from dsv4_vk.hc.metrics import max_abs, nmse, nonfinite_mismatch
 from dsv4_vk.hc import kernels as ops_hc
@@ -250,16 +252,173 @@ def site_inputs(rng, T, D, m=24, peak=1.0):
 
 
 SITE_CASES = [c for c in DEVICE_CASES if c.op == "HC_SITE_PRE" and c.T > 0]
+# (fused, site): the site kernels, the three fused ops, the unfused chains
+SITE_PATHS = [(True, True), (True, False), (False, None)]
 
 
 @pytest.mark.parametrize("case", SITE_CASES, ids=[c.name for c in SITE_CASES])
-def test_site_pre_fused_structure(ex, case):
-    """fused: HC_MIX (T ≤ mix_max_t) or RMS_NORM + MUL_MAT, then HC_COEFS and HC_PRE (numbers: test_case_list)."""
-    g = cases.build(case, "fused", ex.device)
-    ops = [n.op.name for n in g.nodes]
-    mix = case.T <= hc.mix_max_t(ex.device)
-    assert ("HC_MIX" in ops) == mix and "HC_COEFS" in ops and "HC_PRE" in ops, ops
-    assert len(ops) == (3 if mix else 4), ops
+def test_site_pre_structure(ex, case):
+    """site: HC_MIX_PART + HC_SITE; three-op: the mixes (HC_MIX, or HC_MIX_PART + HC_MIX_REDUCE), HC_COEFS,
+    HC_PRE (numbers: test_case_list, and the chain test below for all three paths)."""
+    for site in (True, False):
+        g = Graph()
+        t = {k: g.input(k, s) for k, s in cases.input_shapes(case).items()}
+        hc.site_pre(g, t["X"], t["fn"], t["scale"], t["base"], site=site, device=ex.device)
+        ops = [n.op.name for n in g.nodes]
+        if site:
+            assert ops == ["HC_MIX_PART", "HC_SITE"], ops
+        else:
+            assert ops[-2:] == ["HC_COEFS", "HC_PRE"] and ops[:-2] in (["HC_MIX"], ["HC_MIX_PART", "HC_MIX_REDUCE"]), ops
+
+
+def chain_reference(i, n_sites):
+    """float64: n_sites sites (sublayer f = 0.5·u + 0.1, fn/scale/base per site) then the head collapse;
+    returns ([X after each site], [u of each site], head output, [(terms' magnitude) of u and X])."""
+    X = np.asarray(i["X"], np.float64)
+    xs, us, mags = [], [], []
+    for k in range(n_sites):
+        pre_w, post_w, comb_w = ops_hc.reference_site_coefs(X, i[f"fn{k}"], i[f"scale{k}"], i[f"base{k}"])
+        u = reference_pre(X, pre_w)
+        f = 0.5 * u + 0.1
+        mags.append((ops_hc.magnitude(reference_pre, X, pre_w), ops_hc.magnitude(reference_post, f, X, post_w, comb_w)))
+        X = reference_post(f, X, post_w, comb_w)
+        us.append(u)
+        xs.append(X)
+    w = ops_hc.reference_head_weights(X, i["fn_h"], i["scale_h"], i["base_h"])
+    return xs, us, reference_pre(X, w), mags, ops_hc.magnitude(reference_pre, X, w)
+
+
+def chain_inputs(rng, T, D, n_sites, peak=1.0):
+    out = {"X": rng.uniform(-1, 1, (T, 4, D)).astype(np.float32)}
+    for k in range(n_sites):
+        s = site_inputs(rng, T, D, peak=peak)
+        out.update({f"fn{k}": s["fn"], f"scale{k}": s["scale"], f"base{k}": s["base"]})
+    h = site_inputs(rng, T, D, m=4)
+    out.update(fn_h=h["fn"], scale_h=h["scale"], base_h=h["base"])
+    return out
+
+
+def run_chain(ex, inputs, n_sites, fused, site, views=None):
+    """n_sites sites with hc.site (each post given the next site's fn), then head_pre with the carry."""
+    def build(g, t):
+        X, carry, outs = t["X"], None, []
+        fns = [t[f"fn{k}"] for k in range(n_sites)] + [t["fn_h"]]
+        for k in range(n_sites):
+            us = []
+            X, carry = hc.site(g, X, fns[k], t[f"scale{k}"], t[f"base{k}"],
+                               lambda u: (us.append(u), g.op("SCALE", u, a=0.5, b=0.1))[1], mix=carry,
+                               next_fn=fns[k + 1], fused=fused, site=site)
+            outs += [us[0], X]
+        outs.append(hc.head_pre(g, X, t["fn_h"], t["scale_h"], t["base_h"], mix=carry, fused=fused, site=site))
+        return tuple(outs)
+    return run(ex, inputs, build, views)
+
+
+@pytest.mark.parametrize("D, T, peak, layout, post", [
+    (1, 1, 1.0, "c", {}), (5, 3, 1.0, "c", {"post_wg": 16}), (64, 8, 10.0, "c", {"post_wg": 32}),
+    (64, 9, 1.0, "c", {}), (33, 4, 1.0, "streams_outer", {}), (4096, 1, 1.0, "c", {}),
+    (7168, 2, 1.0, "c", {"post_wg": 256}), (256, 40, 10.0, "streams_outer", {})])
+def test_site_chain_site_vs_three_op_vs_unfused_vs_float64(ex, rng, D, T, peak, layout, post):
+    """Two whole sites and the head collapse, the posts carrying the next mixes (HC_POST_MIX, several
+    layouts) at T ≤ CARRY_MAX_T: the streams after each site, each u and the head's output on every
+    path against float64 and each other. X is also fed as a permuted [4,T,D] input (strided views)."""
+    with tuning(hc.composite.SITE_TUNING, **post):
+        site_chain_case(ex, rng, D, T, peak, layout)
+
+
+def site_chain_case(ex, rng, D, T, peak, layout):
+    n = 2
+    i = chain_inputs(rng, T, D, n, peak)
+    feed = {**i, "X": np.ascontiguousarray(i["X"].transpose(1, 0, 2)) if layout == "streams_outer" else i["X"]}
+    views = {"X": lambda t: t.permute(1, 0, 2)} if layout == "streams_outer" else None
+    xs, us, head, mags, head_mag = chain_reference(i, n)
+    refs = [r for k in range(n) for r in (us[k], xs[k])] + [head]
+    scales = [m for k in range(n) for m in mags[k]] + [head_mag]
+    results = [{} for _ in refs]
+    for fused, site in SITE_PATHS:
+        outs, g = run_chain(ex, feed, n, fused, site, views)
+        ops = [nd.op.name for nd in g.nodes]
+        if site:
+            carry = T <= hc.composite.CARRY_MAX_T
+            assert ops.count("HC_POST_MIX") == (n if carry else 0) and ops.count("HC_MIX_PART") == (1 if carry else n + 1), ops
+        name = "site" if site else "three-op" if fused else "unfused"
+        for k, o in enumerate(outs):
+            results[k][name] = o
+    for k, (ref, scale) in enumerate(zip(refs, scales)):
+        check_paths(results[k], ref, f"chain D={D} T={T} output {k}", sum_bound(scale, 64) + 2e-6, None, scale)
+        for name, r in results[k].items():
+            assert nmse(r, ref, scale) <= SITE_NMSE, (k, name)
+
+
+@settings(max_examples=12, deadline=None, database=None)     # each layout is a new pipeline (≈ 0.1 s here)
+@given(T=st.integers(1, 12), D=st.integers(1, 70), m=st.sampled_from([4, 24]), layout=st.sampled_from(["c", "strided"]),
+       wg=st.sampled_from([16, 64]), groups=st.integers(1, 6), split=st.sampled_from([0, 16]),
+       lpt=st.sampled_from([1, 2, 4]), tb=st.sampled_from([1, 5, 64]), seed=st.integers(0, 2**32 - 1))
+def test_mix_kernels_hypothesis(ex, T, D, m, layout, wg, groups, split, lpt, tb, seed):
+    """The mixes through any HC_MIX layout (the per-token kernel: workgroup size, D splits; KSPLIT: chunks
+    per split, lanes per token, tokens per block) as HC_MIX or HC_MIX_PART +
+    HC_MIX_REDUCE, any D (vec4 or scalar), m rows, X contiguous or a permuted [4,T,D] input; and
+    HC_MIX_PART's partials against their float64 layout."""
+    wg = max(wg, ex.device.subgroup_size)
+    with tuning(ops_hc.MIX_TUNING, wg=wg, groups=groups, split=split, lpt=lpt, tb=tb):
+        mix_layouts_case(ex, T, D, m, layout, seed)
+
+
+@contextlib.contextmanager
+def tuning(table, **values):
+    """Set layout knobs of a tuning table for the duration of a block."""
+    old = dict(table)
+    table.update(values)
+    try:
+        yield
+    finally:
+        table.clear()
+        table.update(old)
+
+
+def mix_layouts_case(ex, T, D, m, layout, seed):
+    rng = np.random.default_rng(seed)
+    i = site_inputs(rng, T, D, m=m)
+    X = i["X"] if layout == "c" else np.ascontiguousarray(i["X"].transpose(1, 0, 2))
+    view = {"X": (lambda t: t) if layout == "c" else (lambda t: t.permute(1, 0, 2))}
+    unit = 4 if D % 4 == 0 else 1                      # (a permuted X's strides D and T·D: multiples of 4 too)
+    lay = ops_hc.mix_layout(ex.device, T, D // unit)
+    (mix, part), g = run(ex, {"X": X, "fn": i["fn"]}, lambda g, t: (
+        hc.mixes(g, t["X"], t["fn"]), g.op("HC_MIX_PART", t["X"], t["fn"], **lay)), view)
+    single = lay["groups"] == 1 and not lay["split"]
+    assert [n.op.name for n in g.nodes][:-1] == (["HC_MIX"] if single else ["HC_MIX_PART", "HC_MIX_REDUCE"])
+    groups = lay["groups"]
+    ref = ops_hc.reference_mixes(i["X"], i["fn"])
+    x = i["X"].reshape(T, -1).astype(np.float64)
+    r = 1 / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + 1e-6)
+    bound = 64 * U * (np.abs(x) @ np.abs(i["fn"].T)) * r + 8 * U * np.abs(ref)   # dot over 4·D, then the norm
+    assert (np.abs(mix - ref) <= bound).all(), np.abs(mix - ref).max()
+    pref = ops_hc.reference_mix_partials(i["X"], i["fn"], groups, unit, lay["split"])
+    pmag = ops_hc.reference_mix_partials(np.abs(i["X"]), np.abs(i["fn"]), groups, unit, lay["split"])
+    assert (np.abs(part - pref) <= 64 * U * pmag + 1e-30).all(), np.abs(part - pref).max()
+
+
+def test_site_kernels_fold_past_65535_workgroups(ex, rng, monkeypatch):
+    """One token per workgroup (no D split; KSPLIT: blocks of one token) and one HC_SITE workgroup per token: grids
+    folded into y. (Workgroups of one subgroup: lavapipe runs barriers slowly.)"""
+    sg = ex.device.subgroup_size
+    monkeypatch.setitem(ops_hc.SLICE_TUNING, "wg", sg)
+    T, D = 65537, 4
+    i = site_inputs(rng, T, D)
+    # the per-token kernel (one token per workgroup), then KSPLIT (one token per block)
+    for knobs in ({"groups": 1, "wg": sg, "split": 0}, {"split": 16, "tb": 1, "wg": sg}):
+        with tuning(ops_hc.MIX_TUNING, **knobs):
+            check_site_folded(ex, rng, i, T)
+
+
+def check_site_folded(ex, rng, i, T):
+    (u, post_w, comb_w), g = run(ex, i, lambda g, t: hc.site_pre(g, t["X"], t["fn"], t["scale"], t["base"], site=True))
+    assert [n.op.name for n in g.nodes] == ["HC_MIX_PART", "HC_SITE"]
+    idx = np.unique(np.concatenate([np.arange(64), np.arange(T - 64, T), rng.integers(0, T, 2000)]))
+    sub = {k: (v[idx] if k == "X" else v) for k, v in i.items()}
+    pre_r, post_r, comb_r = ops_hc.reference_site_coefs(**sub)
+    assert nmse(u[idx], reference_pre(sub["X"], pre_r)) <= SITE_NMSE
+    assert max_abs(post_w[idx], post_r) <= SITE_MAX_ABS and max_abs(comb_w[idx], comb_r) <= SITE_MAX_ABS
 
 
 @pytest.mark.parametrize("D, T", [(1, 1), (7, 3), (1024, 8), (64, 9)])
@@ -268,27 +427,11 @@ def test_head_pre_all_paths(ex, rng, D, T):
     w = ops_hc.reference_head_weights(i["X"], i["fn"], i["scale"], i["base"])
     ref, scale = reference_pre(i["X"], w), ops_hc.magnitude(reference_pre, i["X"], w)
     res = {}
-    for fused in (True, False):
-        (u,), g = run(ex, i, lambda g, t: hc.head_pre(g, t["X"], t["fn"], t["scale"], t["base"], fused=fused))
-        res[g.paths[-1][1]] = u
+    for fused, site in SITE_PATHS:
+        (u,), g = run(ex, i, lambda g, t: hc.head_pre(g, t["X"], t["fn"], t["scale"], t["base"], fused=fused, site=site))
+        res["+".join(p[1] for p in g.paths)] = u
+    assert len(res) == 3, res.keys()
     check_paths(res, ref, f"head D={D} T={T}", SITE_MAX_ABS, SITE_NMSE, scale)
-
-
-@SETTINGS
-@given(T=st.integers(1, 9), D=st.integers(1, 70), m=st.sampled_from([4, 24]), layout=st.sampled_from(["c", "strided"]),
-       seed=st.integers(0, 2**32 - 1))
-def test_mix_kernel_hypothesis(ex, T, D, m, layout, seed):
-    """HC_MIX alone: any D (vec4 or scalar), m rows, X contiguous or a permuted [4,T,D] input."""
-    rng = np.random.default_rng(seed)
-    i = site_inputs(rng, T, D, m=m)
-    X = i["X"] if layout == "c" else np.ascontiguousarray(i["X"].transpose(1, 0, 2))
-    view = {"X": (lambda t: t) if layout == "c" else (lambda t: t.permute(1, 0, 2))}
-    (mix,), _ = run(ex, {"X": X, "fn": i["fn"]}, lambda g, t: g.op("HC_MIX", t["X"], t["fn"], norm_eps=1e-6), view)
-    ref = ops_hc.reference_mixes(i["X"], i["fn"])
-    x = i["X"].reshape(T, -1).astype(np.float64)
-    r = 1 / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + 1e-6)
-    bound = 64 * U * (np.abs(x) @ np.abs(i["fn"].T)) * r + 8 * U * np.abs(ref)   # dot over 4·D, then the norm
-    assert (np.abs(mix - ref) <= bound).all(), np.abs(mix - ref).max()
 
 
 @pytest.mark.parametrize("T", [1, 17, 300])
@@ -300,3 +443,39 @@ def test_coefs_kernel(ex, rng, T):
         (c,), _ = run(ex, inputs, lambda g, t: g.op("HC_COEFS", t["mixes"], t["scale"], t["base"], eps=1e-6,
                                                     n_iter=20, variant=variant))
         assert nmse(c, ref) <= REF_NMSE and max_abs(c, ref) <= REF_MAX_ABS, variant
+
+
+@pytest.mark.parametrize("T, D, wg, m", [(1, 4096, 64, 24), (3, 5, 16, 4), (8, 36, 32, 24), (2, 7168, 256, 4)])
+def test_post_mix_partials(ex, rng, T, D, wg, m):
+    """HC_POST_MIX alone: the new streams (as HC_POST) and the next fn's partial sums per D slice of
+    wg chunks, against float64; a residual fed as a permuted [4,T,D] input (strided)."""
+    wg = max(wg, ex.device.subgroup_size)
+    i = post_inputs(rng, T, D)
+    fn = (rng.uniform(-1, 1, (m, 4 * D)) * 2 / np.sqrt(4 * D)).astype(np.float32)
+    feed = {**i, "residual": np.ascontiguousarray(i["residual"].transpose(1, 0, 2)), "fn": fn}
+
+    def build(g, t):
+        out = g.empty((T, 4, D))
+        part = g.op("HC_POST_MIX", t["f"], t["residual"], t["post"], t["comb"], t["fn"], out, wg=wg)
+        return out, part
+    (x_new, part), g = run(ex, feed, build, views={"residual": lambda t: t.permute(1, 0, 2)})
+    ref = reference_post(**i)
+    assert (np.abs(x_new - ref) <= post_bound(**i)).all()
+    unit = 4 if D % 4 == 0 else 1
+    groups = -(-(D // unit) // wg)
+    assert part.shape == (T, groups, m + 1)
+    pref = ops_hc.reference_mix_partials(ref, fn, groups, unit)
+    pmag = ops_hc.reference_mix_partials(np.abs(ref), np.abs(fn), groups, unit)
+    assert (np.abs(part - pref) <= 64 * U * pmag + 1e-6 * np.abs(pmag)).all(), np.abs(part - pref).max()
+
+
+def test_mixes_with_other_row_counts_go_unfused(ex, rng):
+    """The mixes kernels take a multiple of 4 rows, at most 24; any other fn runs RMS_NORM → MUL_MAT."""
+    i = site_inputs(rng, 3, 8, m=4)
+    fn = (rng.uniform(-1, 1, (5, 32)) / 4).astype(np.float32)
+    (mix,), g = run(ex, {"X": i["X"], "fn": fn}, lambda g, t: hc.mixes(g, t["X"], t["fn"]))
+    assert [n.op.name for n in g.nodes] == ["RMS_NORM", "MUL_MAT"]
+    assert nmse(mix, ops_hc.reference_mixes(i["X"], fn)) <= 1e-12
+    with pytest.raises(ValueError, match="multiple of 4 rows"):
+        g2 = Graph()
+        g2.op("HC_MIX", g2.input("X", (3, 4, 8)), g2.input("fn", (5, 32)), wg=64)

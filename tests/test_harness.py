@@ -22,7 +22,7 @@ from dsv4_vk.core import profile
 from dsv4_vk.hc import cases
 
 ROOT = Path(__file__).resolve().parents[1]
-ROW = re.compile(r"^(HC_\w+ T=\d+.*?)\s+(fused:\w+|fused|unfused)\s+(PASS|FAIL)\b")
+ROW = re.compile(r"^(HC_\w+ T=\d+.*?)\s+(fused:\w+|fused|unfused|three-op)\s+(PASS|FAIL)\b")
 
 
 def _python(args, **env):
@@ -44,7 +44,7 @@ def test_eval_quick_passes_at_subgroup_size(width, subgroup):
     paths = {m.group(2) for m in rows}
     # the 16-lane kernel must run where the subgroup has 16 lanes, and never where it has fewer
     assert ("fused:sg16" in paths) == (subgroup >= 16)
-    assert {"fused:rows4", "fused", "unfused"} <= paths
+    assert {"fused:rows4", "fused", "unfused", "fused:site", "three-op"} <= paths
     ops = {m.group(1).split()[0] for m in rows}
     assert ops == set(cases.OPS)
     assert re.search(rf"# {len(rows)} passed, 0 failed .*subgroup size {subgroup}\)", lines[-1])

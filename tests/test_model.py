@@ -81,16 +81,18 @@ def worker():
             print(f"worker: {name} fused={fused} paths={sorted(paths)} worst nmse {err:.3g} ok")
 
 
-@pytest.mark.parametrize("width,subgroup,comb", [(512, 16, "sg16"), (128, 4, "rows4")])
-def test_transformers_match_at_another_subgroup_size(width, subgroup, comb):
-    env = dict(os.environ, LP_NATIVE_VECTOR_WIDTH=str(width))
+@pytest.mark.parametrize("width,subgroup,site,paths", [
+    (512, 16, "1", "['fused', 'fused:sg16', 'three-op']"),     # the three-op path (sg16 comb)
+    (128, 4, "0", "['fused:site']")])                         # the whole-site kernels (posts carry the mixes)
+def test_transformers_match_at_another_subgroup_size(width, subgroup, site, paths):
+    env = dict(os.environ, LP_NATIVE_VECTOR_WIDTH=str(width), DSV4_VK_DISABLE_HC_SITE=site)
     r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "test_model.py"), "worker"], cwd=ROOT,
                        env=env, capture_output=True, text=True, timeout=600)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-5000:]
     assert f"worker: subgroup size {subgroup}" in out, out
     for name in ("mixed", "bf16"):
-        assert f"{name} fused=True paths=['fused', 'fused:{comb}'] " in out, out
+        assert f"{name} fused=True paths={paths} " in out, out
         assert f"{name} fused=False paths=['unfused'] " in out, out
 
 
@@ -180,15 +182,76 @@ def test_decode_replays_one_recording_and_updates_the_cache_on_the_device(monkey
     assert np.array_equal(after[0], before[0]) and (after[1:3] != before[1:3]).all(axis=1).all()
 
 
+# --- multi-step decode -----------------------------------------------------------------------------------------
+
+def one_step_run(sampling, prompt, n, stop=(), k=1, take=None):
+    """(tokens, position, the next step's token, sampler counter) after generate(..., steps_per_submit=k);
+    `take`: stop iterating after that many tokens (the generator is closed)."""
+    m = Model.load(TINY, seed=3, prefill_chunk=8)
+    gen = m.generate(prompt, n, sampling, stop=set(stop), steps_per_submit=k)
+    toks = []
+    for t in gen:
+        toks.append(t)
+        if take is not None and len(toks) == take:
+            gen.close()
+            break
+    counter = int(m.ex.params["sampler.state"].read_at(1)[0])
+    return toks, m.position, m.step(), counter
+
+
+@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=1.0, top_k=8, seed=11)], ids=["greedy", "seeded"])
+def test_multi_step_generate_equals_one_step(sampling, rng):
+    """K steps per submit give the tokens of one step per submit, and leave the model where one-step
+    decoding would (position, fed-back token, sampler counter: the next step agrees), after running
+    out, after a stop token in the middle of a batch and after the caller stops taking tokens."""
+    prompt = [int(t) for t in rng.integers(0, TINY.vocab_size, 5)]
+    ref = one_step_run(sampling, prompt, 14)
+    assert len(ref[0]) == 14 and ref[1] == 5 + 13
+    for k in (3, 8):
+        assert one_step_run(sampling, prompt, 14, k=k) == ref, k
+    stop = ref[0][6]
+    first = ref[0].index(stop)
+    ref_stop = one_step_run(sampling, prompt, 14, stop=[stop])
+    assert ref_stop[0] == ref[0][:first + 1]
+    for k in (4, 8):
+        assert one_step_run(sampling, prompt, 14, stop=[stop], k=k) == ref_stop, k
+        assert one_step_run(sampling, prompt, 14, k=k, take=5) == one_step_run(sampling, prompt, 14, take=5), k
+
+
+def test_steps_submits_once_per_k_steps_and_stops_at_the_context(rng):
+    m = Model.load(TINY, seed=2, prefill_chunk=8)
+    prompt = rng.integers(0, TINY.vocab_size, 4)
+    m.prefill(prompt)
+    one = Model.load(TINY, seed=2, prefill_chunk=8)
+    one.prefill(prompt)
+    expected = [one.step() for _ in range(TINY.max_ctx - 4)]
+    toks = m.steps(5)
+    cg = m._graphs[("decode", 5, False)]
+    per_step = m.compiled("decode").recording.n_dispatches
+    assert cg.recording.n_submits == 1 and cg.recording.n_dispatches == 5 * (per_step + 1)    # + STORE_AT
+    toks += m.steps(5)
+    assert cg.recording.n_submits == 2 and m.position == 14
+    while m.position < TINY.max_ctx:
+        toks += m.steps(100)                  # at most prefill_chunk (8) per submit, clamped at the end
+    assert toks == expected and m.position == TINY.max_ctx
+    with pytest.raises(ValueError, match="sequence is full"):
+        m.steps(1)
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="k must be an integer ≥ 1"):
+            m.steps(bad)
+    with pytest.raises(ValueError, match="steps_per_submit must be an integer ≥ 1"):
+        m.generate([1], 3, steps_per_submit=0)
+
+
 def test_profile_splits_prefill_and_decode(rng):
     m = Model.load(TINY, seed=1)
     with profile.profile() as prof:
-        list(m.generate(rng.integers(0, TINY.vocab_size, 3), 4))
+        list(m.generate(rng.integers(0, TINY.vocab_size, 3), 4, steps_per_submit=1))
     d = prof.as_dict()["phases"]
     assert d["prefill"]["runs"] == 1 and d["decode"]["runs"] == 3
-    assert d["decode"]["dispatches"] == 3 * m.compiled("decode").recording.n_dispatches
+    assert d["decode"]["dispatches"] == 3 * (m.compiled("decode").recording.n_dispatches + 1)    # + STORE_AT
     ops = " ".join(d["decode"]["ops"])
-    for op in ("MQA_ATTENTION", "COMPRESS", "TOPK", "V4_ROUTE", "MUL_MAT_ID", "SAMPLE", "HC_COMB"):
+    for op in ("MQA_ATTENTION", "COMPRESS", "TOPK", "V4_ROUTE", "MUL_MAT_ID", "SAMPLE", "HC_SITE"):
         assert op in ops, (op, ops)
 
 

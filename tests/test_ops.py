@@ -332,7 +332,8 @@ def test_grid_beyond_65535_workgroups(rng):
 
 # Row lengths and K around every cluster width (1, 2, 4, 8, 16 lanes), the DSV4 widths, and the
 # MUL_MAT kernels at T = 1 and T > 1: run in-process, at other subgroup sizes and without subgroup ops.
-LANE_ROWS = [1, 3, 4, 5, 9, 17, 33, 64, 65, 129, 4096]
+# Rows of 256 values and more, 5 at a time, are reduced by a whole workgroup each (reduce_rows.row_workgroup).
+LANE_ROWS = [1, 3, 4, 5, 9, 17, 33, 64, 65, 129, 255, 256, 257, 1000, 4096]
 LANE_MATMUL = [(1, 4096, 24), (1, 16384, 7), (3, 17, 40), (1, 33, 130), (5, 64, 3), (8, 9, 5), (9, 129, 66),
                (130, 4096, 9), (1, 257, 3001), (17, 7, 2500)]
 
@@ -343,6 +344,15 @@ def check_lane_variants(rng):
 
 
 def check_lane_variants_on(rng, as_gpu):
+    from dsv4_vk.ops.reduce_rows import row_workgroup
+    from dsv4_vk.vk import default_device
+    dev = default_device()
+    has_ops = {"basic", "arithmetic"} <= set(dev.caps.subgroup.operations)
+    assert row_workgroup(dev, 5, 4096) == has_ops and not row_workgroup(dev, 5, 255)
+    assert not row_workgroup(dev, 257, 4096)
+    x = make_input((257, 300), "contig", normal(rng, 2.0))          # many long rows: the cluster kernels
+    check_close(*run_op("SOFT_MAX", Spec([x], {"scale": 0.5}), as_gpu=as_gpu), *BOUNDS["SOFT_MAX"])
+    check_close(*run_op("RMS_NORM", Spec([x], {"eps": 1e-6}), as_gpu=as_gpu), *BOUNDS["RMS_NORM"])
     for n in LANE_ROWS:
         x = make_input((5, n), "contig", normal(rng, 2.0))
         check_close(*run_op("SOFT_MAX", Spec([x], {"scale": 0.5}), as_gpu=as_gpu), *BOUNDS["SOFT_MAX"])
@@ -390,6 +400,46 @@ def test_get_rows_out_of_range_rows_are_nan(rng):
     got, _, _ = run_op("GET_ROWS", Spec([Input(table), Input(ids)]))
     assert np.array_equal(got[[0, 3]], table[[0, 9]])
     assert np.isnan(got[[1, 2, 4]]).all()
+
+
+@pytest.mark.parametrize("n", [7, 1000])
+def test_row_reductions_on_strided_views_masked_rows_and_out_views(rng, n):
+    """Cluster (n = 7) and workgroup-per-row (n = 1000) kernels: a transposed input, −inf entries and
+    a fully masked softmax row, a sliced out view with its sentinel surroundings untouched."""
+    x = make_input((3, n), "transposed", normal(rng, 2.0))
+    x.stored[rng.random(x.stored.shape) < 0.2] = -np.inf
+    x.stored[:, 1] = -np.inf                                         # stored [n, 3]: logical row 1
+    got, ref, _ = run_op("SOFT_MAX", Spec([x], {"scale": 0.7}), out_kind="sliced")
+    assert nonfinite_mismatch(got, ref) == 0 and np.isnan(got[1]).all()
+    ok = np.isfinite(ref)
+    assert np.abs(got[ok] - ref[ok]).max() <= 1e-6
+    y = make_input((4, n), "sliced", normal(rng))
+    check_close(*run_op("RMS_NORM", Spec([y], {"eps": 1e-6}), out_kind="sliced"), *BOUNDS["RMS_NORM"])
+    check_close(*run_op("SUM_ROWS", Spec([y]), out_kind="transposed"), *BOUNDS["SUM_ROWS"])
+
+
+def test_store_at_stores_at_a_device_position_and_advances_it():
+    """Recorded 4 times back to back: each repetition stores src at dst[index] and moves index on by
+    advance; positions outside dst (here −1 and past the end) are skipped."""
+    for start, adv, reps in ((1, 2, 4), (-1, 1, 3), (8, 3, 2)):
+        g = Graph()
+        src, idx, dst = g.input("src", (2,), "i32"), g.param("idx", (1,), "i32"), g.param("dst", (9,), "i32")
+        g.op("STORE_AT", src, idx, dst, out=dst, advance=adv)
+        ex = Executor()
+        ex.set_param("idx", np.array([start], np.int32))
+        ex.set_param("dst", np.full(9, -7, np.int32))
+        ex.compile(g, repeat=reps).run({"src": np.array([5, 6], np.int32)})
+        want = np.full(9, -7)
+        for r in range(reps):
+            for i, v in enumerate((5, 6)):
+                if 0 <= start + r * adv + i < 9:
+                    want[start + r * adv + i] = v
+        assert ex.params["dst"].read().tolist() == want.tolist()
+        assert int(ex.params["idx"].read()[0]) == start + reps * adv
+    g = Graph()
+    src, idx, dst = g.input("s", (1,), "i32"), g.input("i", (1,), "i32"), g.param("d", (3,), "i32")
+    with pytest.raises(ValueError, match="writes its input 1"):
+        g.op("STORE_AT", src, idx, dst, out=dst, advance=1)
 
 
 def test_softmax_fully_masked_row_is_nan_like_reference():

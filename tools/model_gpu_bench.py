@@ -22,6 +22,11 @@ preset at D = `--host-dim` (default 1024): it must not grow with layers (target 
 each timed series the GPU is kept busy for `--warm-ms` (floor.ClockWarmer; default 500 on GPUs):
 an idle GPU runs at a low shader clock (H200: 345 against 1980 MHz, docs/hc_ops.md), and the
 weights upload leaves it idle.
+Multi-step decode (fused path): tokens/s with K = `--steps-per-submit` (default 1,4,16) decode
+steps recorded in one command buffer (Model.steps; K is at most the prefill chunk). The
+weight-bandwidth floor: the bytes of weights a decode step must read (every weight on the device
+but the unpicked routed experts and all but one embedding row) at the measured copy bandwidth,
+against the measured time per token; and RMS_NORM's share of the profiled decode GPU time.
 """
 import argparse
 import json
@@ -57,11 +62,13 @@ def parse(argv):
     ap.add_argument("--host-dim", type=int, default=1024)
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each timed series "
                     "(default 500 on GPUs, 0 on CPU devices)")
+    ap.add_argument("--steps-per-submit", default="1,4,16", help="K values of the multi-step decode series")
     ap.add_argument("--quick", action="store_true", help="the demo preset at tiny sizes (a dry run on lavapipe)")
     a = ap.parse_args(argv)
     if a.quick:
         a.preset, a.max_ctx, a.prompt, a.tokens, a.host_dim = "demo", 64, 20, 8, 64
     a.host_layers = [int(v) for v in a.host_layers.split(",")]
+    a.steps_per_submit = [int(v) for v in a.steps_per_submit.split(",")]
     return a
 
 
@@ -75,6 +82,47 @@ def config(name, max_ctx, layers=None, experts=None, **over):
     if experts is not None:
         kw["n_routed_experts"] = experts
     return base.replace(**kw)
+
+
+def weight_bytes_per_token(model):
+    """Bytes of weights one decode step reads: every weight on the device except the routed experts
+    it does not pick (num_experts_per_tok of n_routed_experts; the shared expert always) and all but
+    one row of the embedding."""
+    cfg, total = model.cfg, 0
+    E, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+    for name, p in model.ex.params.items():
+        if name.startswith(("step.", "sampler.", "rope.")) or name.endswith((".kv", ".state", ".ent")):
+            continue
+        n = p.numel * np.dtype(model.params[name].dtype).itemsize
+        if name == "embed.weight":
+            n //= model.params[name].shape[0]
+        elif name.endswith(("ffn.w13", "ffn.w2")):          # [E + 1, ...]: routed experts then the shared one
+            n = n * (k + 1) // (E + 1)
+        total += n
+    return total
+
+
+def multi_step(cfg, weights, prompt, a, warm):
+    """{K: tokens/s} of the fused model decoding K steps per command buffer (Model.steps)."""
+    model = Model(cfg, weights, fused=True)
+    out = {}
+    for k in a.steps_per_submit:
+        k = min(k, model.prefill_chunk)
+        n = max(k, a.tokens // k * k)
+        model.reset()
+        model.prefill(prompt)
+        model.steps(k)                                   # record this K's command buffer
+        model.reset()
+        model.prefill(prompt)
+        if warm is not None:
+            warm()
+        t0 = time.perf_counter()
+        done = 0
+        while done < n:
+            done += len(model.steps(min(k, n - done)))
+        dt = time.perf_counter() - t0
+        out[str(k)] = {"tokens_per_s": done / dt, "ms_per_token": 1e3 * dt / done, "tokens": done}
+    return out, weight_bytes_per_token(model)
 
 
 def timed_steps(model, prompt, n, warm=None):
@@ -164,6 +212,20 @@ def main(argv=None):
         print(f"{name:8s} {r['tokens_per_s']:9.1f} tokens/s  {r['ms_per_token']:8.3f} ms/token  "
               f"{r['dispatches_per_token']:6d} dispatches/token  host {r['host_us_per_step_median']:.1f} µs/step",
               flush=True)
+    fused = res["decode"]["fused"]
+    fused["rms_norm_pct_of_gpu"] = 100 * fused["gpu_ms_per_token_by_op"].get("RMS_NORM", 0.0) / fused["gpu_ms_per_token_profiled"]
+    res["multi_step"], wb = multi_step(cfg, weights, prompt, a, warm)
+    copy = floor.copy_gbps(dev, warm=warm)
+    floor_ms = wb / (copy * 1e6)
+    best = max(res["multi_step"].values(), key=lambda r: r["tokens_per_s"])
+    res["weight_floor"] = {"weight_bytes_per_token": wb, "copy_gbps": copy, "floor_ms_per_token": floor_ms,
+                           "pct_of_floor_one_step": 100 * floor_ms / fused["ms_per_token"],
+                           "pct_of_floor_best_multi_step": 100 * floor_ms / best["ms_per_token"]}
+    print(f"RMS_NORM {fused['rms_norm_pct_of_gpu']:.1f}% of decode GPU time (profiled); multi-step: "
+          + ", ".join(f"K={k} {r['tokens_per_s']:.1f} tokens/s" for k, r in res["multi_step"].items()))
+    print(f"weight floor: {wb / 1e6:.0f} MB/token at {copy:.0f} GB/s = {floor_ms:.3f} ms/token: one step "
+          f"{res['weight_floor']['pct_of_floor_one_step']:.1f}% of it, best multi-step "
+          f"{res['weight_floor']['pct_of_floor_best_multi_step']:.1f}%", flush=True)
     res["same_greedy_tokens"] = tokens["fused"] == tokens["unfused"]
     res["decode_speedup_fused_over_unfused"] = (res["decode"]["fused"]["tokens_per_s"]
                                                 / res["decode"]["unfused"]["tokens_per_s"])

@@ -30,6 +30,9 @@ from . import apply_device, parser
 HC3 = ("HC_COMB", "HC_PRE", "HC_POST")
 TARGET_DECODE_RATIO = 40.0
 TARGET_COPY_PCT = 85.0
+TARGET_SITE_DECODE_US, TARGET_SITE_DISPATCHES = 8.0, 2     # a whole site at decode, D = 4096
+TARGET_SITE_FLOOR_RATIO = 1.3                              # a whole site at prefill over its floor
+TARGET_MIX_COPY_PCT = 80.0                                 # HC_MIX alone at T ≥ 512
 MIN_REPLAYS = 10
 
 
@@ -166,6 +169,7 @@ def summarize(rows, floor):
                 "unfused_us": sum(r["gpu_us"] for r in unf), "fused_us": sum(r["gpu_us"] for r in fused),
                 "ratio": sum(r["gpu_us"] for r in unf) / sum(r["gpu_us"] for r in fused),
                 "fused_paths": [r["path"] for r in fused], "measured_as": how}
+    out["site"] = _site_summary(rows, floor)
     pre = [r for r in rows if r["section"] == "prefill" and not r["error"]]
     if pre and floor:
         tmax = max(r["T"] for r in pre)
@@ -176,6 +180,32 @@ def summarize(rows, floor):
                     out["prefill_copy_pct"][f"{op} T={tmax} D={D}"] = {
                         "op": op, "T": tmax, "D": D, "gbps": best["gbps"],
                         "pct_of_copy": 100 * best["gbps"] / floor["copy_gbps"]}
+    return out
+
+
+def _site_summary(rows, floor):
+    """The whole site (HC_SITE, best fused path) per D: at decode its GPU µs and dispatches, at each
+    prefill T its GPU time over its floor (cases.floor_bytes at the copy bandwidth); HC_MIX's copy %."""
+    out = {"decode": {}, "prefill": {}, "mix": {}}
+    for r in rows:
+        if r["error"] or r["path"] == C.UNFUSED or r["op"] not in ("HC_SITE", "HC_MIX"):
+            continue
+        case = C.Case(r["op"], r["T"], r["D"])
+        key = f"T={r['T']} D={r['D']}"
+        if r["op"] == "HC_MIX":
+            if r["section"] == "prefill" and floor:
+                best = out["mix"].get(key)
+                pct = 100 * r["gbps"] / floor["copy_gbps"]
+                if best is None or pct > best["pct_of_copy"]:
+                    out["mix"][key] = {"T": r["T"], "D": r["D"], "path": r["path"], "gbps": r["gbps"], "pct_of_copy": pct}
+            continue
+        sec = out[r["section"]]
+        if key in sec and sec[key]["gpu_us"] <= r["gpu_us"]:
+            continue
+        sec[key] = {"T": r["T"], "D": r["D"], "path": r["path"], "gpu_us": r["gpu_us"], "dispatches": r["dispatches"]}
+        if floor:
+            floor_us = C.floor_bytes(case) / (floor["copy_gbps"] * 1e3)
+            sec[key].update(floor_us=floor_us, floor_ratio=r["gpu_us"] / floor_us)
     return out
 
 
@@ -223,7 +253,23 @@ def format_summary(s):
         target = f"target ≥ {TARGET_COPY_PCT:.0f}% at T=4096, D=4096: {ok}" if (v["T"], v["D"]) == (4096, 4096) \
             else "target applies at T=4096, D=4096"
         lines.append(f"prefill {k}: {v['gbps']:.2f} GB/s = {v['pct_of_copy']:.1f}% of copy bandwidth ({target})")
-    if not s["decode_ratio"] and not s["prefill_copy_pct"]:
+    site = s.get("site", {})
+    for k, v in site.get("decode", {}).items():
+        ok = v["gpu_us"] <= TARGET_SITE_DECODE_US and v["dispatches"] <= TARGET_SITE_DISPATCHES
+        lines.append(f"decode HC_SITE {k} ({v['path']}): {v['gpu_us']:.1f} µs GPU, {v['dispatches']} dispatches "
+                     f"(target ≤ {TARGET_SITE_DECODE_US:g} µs and ≤ {TARGET_SITE_DISPATCHES} at D=4096: "
+                     f"{'met' if ok else 'NOT met'})")
+    for k, v in site.get("prefill", {}).items():
+        if "floor_ratio" in v:
+            ok = v["floor_ratio"] <= TARGET_SITE_FLOOR_RATIO
+            lines.append(f"prefill HC_SITE {k} ({v['path']}): {v['gpu_us']:.1f} µs GPU = {v['floor_ratio']:.2f}× its "
+                         f"floor {v['floor_us']:.1f} µs (target ≤ {TARGET_SITE_FLOOR_RATIO}× at T=4096, D=4096: "
+                         f"{'met' if ok else 'NOT met'})")
+    for k, v in site.get("mix", {}).items():
+        ok = v["pct_of_copy"] >= TARGET_MIX_COPY_PCT
+        lines.append(f"prefill HC_MIX {k}: {v['gbps']:.1f} GB/s = {v['pct_of_copy']:.1f}% of copy bandwidth "
+                     f"(target ≥ {TARGET_MIX_COPY_PCT:g}% at T ≥ 512: {'met' if ok else 'NOT met'})")
+    if not s["decode_ratio"] and not s["prefill_copy_pct"] and not any(site.values()):
         lines.append("(nothing to summarise: sections or paths missing)")
     return "\n".join(lines)
 

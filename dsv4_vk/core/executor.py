@@ -77,8 +77,13 @@ class CompiledGraph:
     on the device). A compiled graph serves one caller at a time: run/replay hold its lock."""
 
     def __init__(self, device, graph, timestamps=False, params=None, repeat=1):
-        """repeat: record the graph's dispatches that many times in the one command buffer
-        (benchmarks: per-submit costs are then shared, as in a real step of many kernels)."""
+        """repeat: record the graph's dispatches that many times back to back in the one command
+        buffer (barriers between repetitions where one reads what another wrote). Benchmarks use it
+        to share per-submit costs; multi-step decode to run K steps per submit: repetitions differ
+        only through device state the graph itself advances (a position param moved on by
+        STORE_AT's `advance`), so nothing is re-recorded and the host writes nothing between them."""
+        if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+            raise ValueError(f"repeat must be an integer ≥ 1, got {repeat!r}")
         device.check_open()
         self.device, self.graph, self.timestamps = device, graph, timestamps
         self.repeat = repeat
@@ -470,13 +475,14 @@ class Executor:
                     if any(s.kind == "param" and s.name == name for s in cg.graph.storages)]:
             self._cache.pop(key).release()
 
-    def compile(self, graph):
+    def compile(self, graph, repeat=1):
+        """The CompiledGraph of `graph` (recorded `repeat` times back to back), cached by signature."""
         timestamps = self.timestamps or profile.active()
-        key = (graph.signature(), timestamps)
+        key = (graph.signature(), timestamps, repeat)
         with self._lock:
             cg = self._cache.get(key)
             if cg is None:
-                cg = CompiledGraph(self.device, graph, timestamps, self.params)
+                cg = CompiledGraph(self.device, graph, timestamps, self.params, repeat)
                 self._cache[key] = cg
                 # past cache_size graphs or the device's byte budget the least recently used is
                 # dropped: freed as soon as nobody holds it (a caller keeping it, e.g. a model's

@@ -115,6 +115,10 @@ class Graph:
                 raise ValueError(f"{name}: input {i} belongs to another graph")
             if t.dtype not in op.dtypes:
                 raise ValueError(f"{name}: input {i} has dtype {t.dtype}; expected {' or '.join(op.dtypes)}")
+        for i in op.written_inputs:
+            if i < len(inputs) and inputs[i].storage.kind not in ("temp", "param"):
+                raise ValueError(f"{name} writes its input {i}: pass a tensor made with Graph.empty (or a "
+                                 f"param), got a {inputs[i].storage.kind} tensor")
         shape, dtype = op.infer(list(inputs), params)
         if out is None:
             out = self.empty(shape, dtype)

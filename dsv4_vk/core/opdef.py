@@ -36,6 +36,10 @@ class OpDef:
     name: str = ""
     n_inputs: int | None = None            # None: variadic
     dtypes: tuple[str, ...] = ("f32",)     # accepted input dtypes (per op, checked for every input)
+    # Indices of inputs the op also writes (a kernel with more than one result: the extra results
+    # are empty tensors the caller made with Graph.empty, or params, passed in; its launches list
+    # them in `writes`). The graph checks they are never graph inputs or constants.
+    written_inputs: tuple[int, ...] = ()
 
     def infer(self, inputs: list, params: dict[str, Any]) -> tuple[tuple[int, ...], str]:
         """Validate inputs/params; return (output shape, output dtype)."""

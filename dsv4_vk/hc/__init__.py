@@ -1,23 +1,24 @@
 """DeepSeek-V4's hyper-connections (mHC), the centre of dsv4_vk, in one place:
 
-- `kernels`: the fused op declarations (HC_COMB, HC_COEFS, HC_MIX, HC_PRE, HC_POST) with their
-  float64 references;
+- `kernels`: the fused op declarations (HC_COMB, HC_COEFS, HC_MIX, HC_MIX_PART, HC_MIX_REDUCE,
+  HC_PRE, HC_POST, and the whole-site HC_SITE, HC_POST_MIX) with their float64 references;
 - `composite`: graph functions that append the fused node(s) or the unfused chain of primitives
-  (`comb`, `pre`, `post`, `site_pre`, `head_pre`);
+  (`comb`, `pre`, `post`, `mixes`, `site_pre`, `site_post`, `site`, `head_pre`);
 - `policy`: which path runs on a device and why (environment switches, device capabilities);
 - `api`: the ops as functions (`hc_comb`, `hc_pre`, `hc_post`, `hc_site_pre`): numpy in → numpy
   out, device Tensors in → Tensors out;
-- `site`: `HcSite` / `HcHead`, a site's (or the head's) weights resident on a device;
+- `resident`: `HcSite` / `HcHead`, a site's (or the head's) weights resident on a device;
 - `cases`: the one case list behind eval, bench, the tests and the GPU check; `metrics`: errors.
 """
 from .. import ops as _primitives  # noqa: F401  (the unfused chains are built from these)
 from . import kernels  # noqa: F401  (registers the fused ops)
 from .api import hc_comb, hc_post, hc_pre, hc_site_pre, last_run
-from .composite import comb, comb_chain, head_pre, mix_max_t, post, post_chain, pre, pre_chain, site_pre, variants
+from .composite import (CARRY_MAX_T, comb, comb_chain, head_pre, mixes, post, post_chain, pre, pre_chain, site,
+                        site_post, site_pre, variants)
 from .kernels import HC, N_MIX
 from .policy import HCUnsupported
-from .site import HcHead, HcSite
+from .resident import HcHead, HcSite
 
-__all__ = ["HC", "N_MIX", "HCUnsupported", "HcHead", "HcSite",
-           "comb", "comb_chain", "head_pre", "hc_comb", "hc_post", "hc_pre",
-           "hc_site_pre", "last_run", "mix_max_t", "post", "post_chain", "pre", "pre_chain", "site_pre", "variants"]
+__all__ = ["HC", "N_MIX", "HCUnsupported", "HcHead", "HcSite", "comb", "comb_chain", "head_pre", "hc_comb",
+           "hc_post", "hc_pre", "hc_site_pre", "last_run", "mixes", "post", "post_chain", "pre", "pre_chain", "site",
+           "site_post", "site_pre", "variants", "CARRY_MAX_T"]

@@ -19,10 +19,17 @@ import numpy as np
 from ..core.graph import Graph
 from .metrics import max_abs, nmse, nonfinite_mismatch
 
-OPS = ("HC_COMB", "HC_PRE", "HC_POST", "HC_STEP", "HC_SITE_PRE")
+OPS = ("HC_COMB", "HC_PRE", "HC_POST", "HC_STEP", "HC_SITE_PRE", "HC_MIX", "HC_SITE")
 # HC_STEP: the three HC ops of one site in one graph (comb from mixes, pre collapse, post fan-out
 # with that comb), so their joint cost is read off one GPU timeline as a model sees it.
+# HC_MIX: a site's mixes (flat RMS + mixes mat-mul) alone.
+# HC_SITE: a whole site as it runs inside a model, pre and post, with an identity sublayer (f = u):
+# from X and the site's weights to u, post, comb and the new streams. At decode (T ≤
+# composite.CARRY_MAX_T) its mixes' partial sums come in as `mix` ([T,1,25], what the previous
+# site's post carries; the host computes them) and its post computes the next site's (next fn = fn):
+# the steady state of a chain of sites, mixes included. At prefill the site reads X for its mixes.
 UNFUSED = "unfused"
+SITE, THREE_OP = "fused:site", "three-op"
 MAX_GROUPS = 65535
 
 
@@ -77,6 +84,11 @@ def paths(device, op):
         fused = ["fused"] if any(variants.get(k) for k in ("HC_COMB", "HC_PRE", "HC_SITE_PRE")) else []
     elif op == "HC_STEP":
         fused = [f"fused:{v}" for v in variants.get("HC_COMB", [])]
+    elif op == "HC_SITE":
+        fused = ([SITE] if variants.get("HC_SITE") else []) + ([THREE_OP] if variants.get("HC_COMB") else [])
+    elif op == "HC_MIX":
+        from .kernels import mix_supported
+        fused = ["fused"] if mix_supported(device) is None else []
     else:
         fused = ["fused"] if variants.get(op) else []
     return fused + [UNFUSED]
@@ -86,6 +98,8 @@ def _path_args(path):
     """(fused, variant) keyword values for a path name."""
     if path == UNFUSED:
         return False, None
+    if path == THREE_OP:
+        return True, None
     _, _, variant = path.partition(":")
     return True, (variant or None)
 
@@ -132,6 +146,16 @@ def edge_cases(quick=False):
     site = ((1, 1), (64, 5), (256, 17)) if quick else ((1, 1), (3, 7), (64, 5), (256, 17), (1024, 33), (4096, 3))
     out += [Case("HC_SITE_PRE", T, D, why="site") for D, T in site]
     out += [Case("HC_SITE_PRE", 17, 64, peaked=True, why="site, peaked logits")]
+    whole = ((1, 1), (5, 3), (64, 8), (64, 9), (257, 2), (4096, 1), (7168, 2)) if not quick else ((1, 1), (64, 8), (33, 9))
+    out += [Case("HC_SITE", T, D, why="whole site (decode: carried mixes)" if T <= 8 else "whole site")
+            for D, T in whole]
+    out += [Case("HC_SITE", 4, 64, peaked=True, why="whole site, peaked logits")]
+    if not quick:
+        # (peaked logits stay at D = 64: at D = 4096 the unfused chain's 16384-term mixes sums, amplified
+        # by the peaked comb scale, exceed the site's f32 bound while far within the spec's 1e-7)
+        out += [Case("HC_SITE", 300, 1024, why="whole site, prefill")]
+    mixd = ((1, 1), (7, 5), (4096, 1), (64, 300)) if not quick else ((7, 5), (64, 33))
+    out += [Case("HC_MIX", T, D, why="mixes") for D, T in mixd]
     out += [Case("HC_STEP", T, D, why="three ops in one graph") for D, T in ((1, 1), (257, 3), (64, 33))]
     if not quick:
         # one workgroup per token slice (PRE/POST) and 16 tokens per workgroup at most (COMB)
@@ -176,6 +200,8 @@ def input_shapes(case):
         "HC_SITE_PRE": {"X": (T, 4, D), "fn": (24, 4 * D), "scale": (3,), "base": (24,)},
         "HC_STEP": {"mixes": (T, 24), "scale": (3,), "base": (24,), "X": (T, 4, D), "weights": (T, 4),
                     "f": (T, D), "post": (T, 4)},
+        "HC_MIX": {"X": (T, 4, D), "fn": (24, 4 * D)},
+        "HC_SITE": {"X": (T, 4, D), "fn": (24, 4 * D), "scale": (3,), "base": (24,), "mix": (T, 1, 25)},
     }[case.op]
 
 
@@ -187,6 +213,8 @@ def output_shapes(case):
         "HC_POST": {"out": (T, 4, D)},
         "HC_SITE_PRE": {"u": (T, D), "post": (T, 4), "comb": (T, 4, 4)},
         "HC_STEP": {"u": (T, D), "out": (T, 4, D)},
+        "HC_MIX": {"mix": (T, 24)},
+        "HC_SITE": {"u": (T, D), "post": (T, 4), "comb": (T, 4, 4), "X_new": (T, 4, D)},
     }[case.op]
 
 
@@ -202,6 +230,10 @@ def make_inputs(case, rng):
     U[−1,1]·2/√(4D), which makes its mixes about as wide as the spec's U[−2,2]."""
     out = {}
     for name, shape in input_shapes(case).items():
+        if name == "mix":       # the carried partial sums of X's mixes: not random, computed from X, fn
+            from .kernels import reference_mix_partials
+            out[name] = reference_mix_partials(out["X"], out["fn"], 1).astype(np.float32)
+            continue
         if name == "fn":
             a = rng.uniform(-1, 1, shape) * (2 / math.sqrt(shape[1]))
         else:
@@ -232,6 +264,16 @@ def build(case, path, device=None):
         u, post, comb = hc.site_pre(g, t["X"], t["fn"], t["scale"], t["base"], hc_eps=case.eps,
                                     norm_eps=1e-6, n_iter=case.n_iter, **kw)
         outs = {"u": u, "post": post, "comb": comb}
+    elif case.op == "HC_MIX":
+        outs = {"mix": hc.mixes(g, t["X"], t["fn"], fused=fused, device=device)}
+    elif case.op == "HC_SITE":
+        # hc.site's two halves, so that post and comb can be outputs; the sublayer is the identity
+        site = True if path == SITE else False if path == THREE_OP else None
+        kw = {"fused": fused, "site": site, "device": device}
+        u, post, comb = hc.site_pre(g, t["X"], t["fn"], t["scale"], t["base"], hc_eps=case.eps, n_iter=case.n_iter,
+                                    mix=t["mix"] if case.T <= hc.CARRY_MAX_T else None, **kw)
+        X_new, _ = hc.site_post(g, u, t["X"], post, comb, next_fn=t["fn"], **kw)
+        outs = {"u": u, "post": post, "comb": comb, "X_new": X_new}
     elif case.op == "HC_STEP":
         comb = hc.comb(g, t["mixes"], t["scale"], t["base"], eps=case.eps, n_iter=case.n_iter,
                        variant=variant, **kw)
@@ -288,12 +330,23 @@ def expected(case, inputs):
         comb_err = COMB_MAX_ABS * np.abs(a["X"]).sum(axis=1, keepdims=True)
         return {"u": Expected(ref.reference_pre(a["X"], a["weights"]), sum_bound(mu, 4), scale=mu),
                 "out": Expected(ref.reference_post(*post_args), sum_bound(mo, 5) + comb_err, scale=mo)}
-    if case.op == "HC_SITE_PRE":
+    if case.op == "HC_MIX":
+        # a dot over 4·D terms: summed in pieces of ≤ 64 serial terms on the fused path (splits, lanes);
+        # the NMSE ceiling is the strict check
+        m = ref.magnitude(ref.reference_mixes, a["X"], a["fn"])
+        return {"mix": Expected(ref.reference_mixes(a["X"], a["fn"]), sum_bound(m, 64), SITE_NMSE)}
+    if case.op in ("HC_SITE_PRE", "HC_SITE"):
         pre, post, comb = ref.reference_site_coefs(a["X"], a["fn"], a["scale"], a["base"], case.eps, 1e-6,
                                                    case.n_iter)
+        u = ref.reference_pre(a["X"], pre)
         mu = ref.magnitude(ref.reference_pre, a["X"], pre)
-        return {"u": Expected(ref.reference_pre(a["X"], pre), SITE_MAX_ABS, SITE_NMSE, mu),
-                "post": Expected(post, SITE_MAX_ABS, SITE_NMSE), "comb": Expected(comb, SITE_MAX_ABS, SITE_NMSE)}
+        out = {"u": Expected(u, SITE_MAX_ABS, SITE_NMSE, mu),
+               "post": Expected(post, SITE_MAX_ABS, SITE_NMSE), "comb": Expected(comb, SITE_MAX_ABS, SITE_NMSE)}
+        if case.op == "HC_SITE":     # post with f = u: u, post and comb each carry their own error
+            mo = ref.magnitude(ref.reference_post, u, a["X"], post, comb)
+            err_in = SITE_MAX_ABS * (np.abs(u)[:, None, :] + 2 + np.abs(a["X"]).sum(axis=1, keepdims=True))
+            out["X_new"] = Expected(ref.reference_post(u, a["X"], post, comb), sum_bound(mo, 5) + err_in, SITE_NMSE, mo)
+        return out
     raise ValueError(f"unknown op {case.op!r}; expected one of {OPS}")
 
 
@@ -382,6 +435,14 @@ def _evaluate_empty(device, case, path, inputs, run):
     return _row(case, path, guards=guards, dispatches=n, note="empty result",
                 error=f"output shapes {[out[k].shape for k in bad]}, expected {[want[k] for k in bad]}" if bad else None,
                 **{"pass": not bad and not guards})
+
+
+def floor_bytes(case):
+    """HC_SITE: the bytes a site must move at least, by the issue's measure: X read for the mixes and
+    for the collapse, f (= u here) and X read and X written by the post (f32). Else io_bytes."""
+    if case.op != "HC_SITE":
+        return io_bytes(case)
+    return 4 * case.T * (4 * 4 * case.D + case.D)
 
 
 def io_bytes(case):

@@ -6,18 +6,24 @@ primitive nodes (one dispatch per node, exactly as shared/spec/HC_OPS.md describ
     u = hc.pre(g, X, weights)                                   # [T,D]
     X_new = hc.post(g, f, X, post, comb)                        # [T,4,D]
     u, post, comb = hc.site_pre(g, X, fn, scale, base)          # one site's pre side
+    X_new, carry = hc.site(g, X, fn, scale, base, sublayer, mix=carry, next_fn=fn_next)   # a whole site
 
-`site_pre` with a fused HC_COMB fuses the whole pre side into three dispatches (HC_MIX, HC_COEFS,
-HC_PRE). `fused=None` follows hc_policy (environment and device), True/False overrides it (True where the
+Site path (policy HC_SITE, the default where the device can): `site_pre` is HC_MIX_PART + HC_SITE,
+or HC_SITE alone with the partials `mix` carried from the previous site's HC_POST_MIX, so at
+decode a whole site is two dispatches (HC_SITE, HC_POST_MIX) plus its sublayer. Three-op path
+(`DSV4_VK_DISABLE_HC_SITE`): the mixes (HC_MIX), HC_COEFS (comb with both gates), HC_PRE, HC_POST.
+`fused=None` follows hc_policy (environment and device), True/False overrides it (True where the
 device cannot is an error). Nodes are labelled with g.tag(op); g.paths gets (op, path, reason).
 `device` (default: the process-wide device) is the device the graph will run on: the path depends
 on it.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..core.graph import Graph
 from ..vk import Device
-from . import policy as hc_policy
+from . import kernels, policy as hc_policy
 from .kernels import HC, N_MIX, check_eps, check_n_iter, check_post_shapes, check_same, check_shape, mix_supported
 from ..core.tensor import Tensor
 from ..vk import default_device
@@ -73,8 +79,7 @@ def comb_chain(g, mixes, scale, base, eps, n_iter):
     return c
 
 
-def comb(g: Graph, mixes: Tensor, scale: Tensor, base: Tensor, *, eps: float = 1e-6, n_iter: int = 20,
-         fused: bool | None = None, variant: str | None = None, device: Device | None = None) -> Tensor:
+def comb(g, mixes, scale, base, *, eps=1e-6, n_iter=20, fused=None, variant=None, device=None):
     """comb [T,4,4] (comb[t, src, dst]) from mixes [T,24], scale [3], base [24]."""
     for name, t in (("mixes", mixes), ("scale", scale), ("base", base)):
         _tensor(g, name, t)
@@ -108,7 +113,7 @@ def pre_chain(g, x, weights):
     return acc
 
 
-def pre(g: Graph, x: Tensor, weights: Tensor, *, fused: bool | None = None, device: Device | None = None) -> Tensor:
+def pre(g, x, weights, *, fused=None, device=None):
     """u [T,D] = Σ_s weights[t,s] · x[t,s,:] for x [T,4,D], weights [T,4]."""
     _check_pre(g, x, weights)
     choice = hc_policy.choose("HC_PRE", device or default_device(), fused)
@@ -133,8 +138,7 @@ def post_chain(g, f, residual, post_w, comb_m):
     return g.op("CONCAT", *outs, axis=1)
 
 
-def post(g: Graph, f: Tensor, residual: Tensor, post: Tensor, comb: Tensor, *, fused: bool | None = None,
-         device: Device | None = None) -> Tensor:
+def post(g, f, residual, post, comb, *, fused=None, device=None):
     """X_new [T,4,D]: X_new[t,d,:] = f[t,:]·post[t,d] + Σ_s comb[t,s,d]·residual[t,s,:]."""
     post_w, comb_m = post, comb
     for name, t in (("f", f), ("residual", residual), ("post", post_w), ("comb", comb_m)):
@@ -150,22 +154,53 @@ def post(g: Graph, f: Tensor, residual: Tensor, post: Tensor, comb: Tensor, *, f
 
 # --- a whole site, the head collapse -------------------------------------------------------------------
 
-# HC_MIX (one workgroup per token and mix row) up to this T, RMS_NORM + MUL_MAT beyond. On GPUs
-# HC_MIX wins at every T measured (H200, results/h200/history/hc_gpu_check: 1.8x at T=4096 to 37x at T=1);
-# on CPU devices its shared-memory step is slow, so only decode-sized T use it there.
-MIX_MAX_T = {"cpu": 8}
+# The site carries the next site's mixes through HC_POST_MIX up to this T (decode): its workgroups
+# each read the slice of fn they need, once per token; beyond it the next site reads X again with
+# HC_MIX_PART (KSPLIT), which reads fn once per block of tokens (prefill: X then lies in DRAM either way).
+CARRY_MAX_T = 8
+# The policy's site path runs the site kernels up to this T and the three fused ops beyond (H200,
+# D = 4096: site 22.0 against 23.9 µs at T = 1; 110 against 94 µs at T = 512; 675 against 511 µs at
+# T = 4096 — HC_SITE's per-token reduction and Sinkhorn cost more than the dispatches they save).
+SITE_MAX_T = CARRY_MAX_T
+# HC_POST_MIX workgroup size: one chunk per invocation, so D/4/post_wg workgroups per token at decode
+# (tools/hc_tune.py sweeps it).
+SITE_TUNING = {"post_wg": 64}
 
 
-def mix_max_t(device):
-    return MIX_MAX_T.get(device.caps.type, 1 << 31)
-
-
-def _flat_rms_mixes(g, X, fn, norm_eps, fused, device):
-    """mix [T,m] = (x @ fnᵀ)·r, x = X flattened per token, r = 1/sqrt(mean(x²) + norm_eps): one HC_MIX
-    dispatch (fused, decode-sized T, device with subgroup arithmetic) or RMS_NORM → MUL_MAT."""
+def _mix_partials(g, X, fn, device):
+    """partials [T,G,m+1] of the mixes of X with fn (HC_MIX_PART, layout from kernels.mix_layout)."""
+    X, fn = _unit_inner(g, X), _unit_inner(g, fn)
     T, _, D = X.shape
-    if fused and T <= mix_max_t(device) and mix_supported(device) is None:
-        return g.op("HC_MIX", _unit_inner(g, X), _unit_inner(g, fn), norm_eps=norm_eps)
+    unit = 4 if kernels.vec4_ok(D, [X, fn]) else 1
+    return g.op("HC_MIX_PART", X, fn, **kernels.mix_layout(device, T, D // unit))
+
+
+def mixes(g, X, fn, *, norm_eps=1e-6, fused=None, device=None):
+    """mix [T,m] = (x @ fnᵀ)·r, x = X flattened per token, r = 1/sqrt(mean(x²) + norm_eps).
+
+    Fused (device with subgroup arithmetic): HC_MIX (one workgroup per token, one dispatch) where the tokens
+    alone give the device enough workgroups, else HC_MIX_PART (D split over workgroups: decode, or
+    KSPLIT's fn slices in shared memory from KSPLIT_MIN_T tokens) + HC_MIX_REDUCE. Unfused:
+    RMS_NORM → MUL_MAT."""
+    device = device or default_device()
+    _tensor(g, "X", X)
+    _tensor(g, "fn", fn)
+    check_shape("X", X.shape, (None, HC, None))
+    check_shape("fn", fn.shape, (None, HC * X.shape[2]))
+    norm_eps = check_eps("norm_eps", norm_eps)
+    return _mixes(g, X, fn, norm_eps, fused is not False and mix_supported(device) is None, device)
+
+
+def _mixes(g, X, fn, norm_eps, fused, device):
+    T, _, D = X.shape
+    if fused and fn.shape[0] % 4 == 0 and fn.shape[0] <= N_MIX:       # the kernels' row blocks
+        X, fn = _unit_inner(g, X), _unit_inner(g, fn)
+        unit = 4 if kernels.vec4_ok(D, [X, fn]) else 1
+        layout = kernels.mix_layout(device, T, D // unit)
+        if layout["groups"] == 1 and not layout["split"]:
+            return g.op("HC_MIX", X, fn, norm_eps=norm_eps, wg=layout["wg"])
+        part = g.op("HC_MIX_PART", X, fn, **layout)
+        return g.op("HC_MIX_REDUCE", part, norm_eps=norm_eps, width=HC * D)
     x = (X if X.is_contiguous else g.op("CONT", X)).reshape(T, HC * D)
     return g.op("MUL_MAT", g.op("RMS_NORM", x, eps=norm_eps), fn)
 
@@ -176,33 +211,97 @@ def _gate(g, mix, scale1, base, a, b):
     return g.op("SCALE", s, a=a, b=b)
 
 
-def site_pre(g: Graph, X: Tensor, fn: Tensor, scale: Tensor, base: Tensor, *, hc_eps: float = 1e-6,
-             norm_eps: float = 1e-6, n_iter: int = 20, fused: bool | None = None,
-             device: Device | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """One site's pre side: (u [T,D], post [T,4], comb [T,4,4]) from the streams X [T,4,D].
-
-    With a fused HC_COMB the site is fused as a whole: HC_MIX (T ≤ mix_max_t(device); else RMS_NORM → MUL_MAT),
-    HC_COEFS (comb and both gates: post and comb are then strided views of its [T,24] output), HC_PRE."""
-    for name, t in (("X", X), ("fn", fn), ("scale", scale), ("base", base)):
+def _check_site_args(g, X, fn, scale, base, m, n_scale, suffix=""):
+    for name, t in (("X", X), ("fn" + suffix, fn), ("scale" + suffix, scale), ("base" + suffix, base)):
         _tensor(g, name, t)
     check_shape("X", X.shape, (None, HC, None))
-    check_shape("fn", fn.shape, (N_MIX, HC * X.shape[2]))
-    check_shape("scale", scale.shape, (3,))
-    check_shape("base", base.shape, (N_MIX,))
+    check_shape("fn" + suffix, fn.shape, (m, HC * X.shape[2]))
+    check_shape("scale" + suffix, scale.shape, (n_scale,))
+    check_shape("base" + suffix, base.shape, (m,))
+
+
+def _check_carry(g, mix, X, m):
+    """A carried partials tensor [T, G, m+1] (from site(..., next_fn=)) or None."""
+    if mix is None:
+        return None
+    _tensor(g, "mix", mix)
+    check_shape("mix", mix.shape, (X.shape[0], None, m + 1))
+    return mix
+
+
+def _site_kernels(g, X, fn, scale, base, mix, m, hc_eps, norm_eps, n_iter, device):
+    """The site path's pre side: (u [T,D], coefs [T,m]) through HC_SITE (+ HC_MIX_PART unless the
+    partials were carried)."""
+    T, _, D = X.shape
+    with g.tag("HC_MIX"):
+        part = mix if mix is not None else _mix_partials(g, X, fn, device)
+    with g.tag("HC_SITE"):
+        coefs = g.empty((T, m))
+        u = g.op("HC_SITE", part, _unit_inner(g, X), scale, base, coefs, hc_eps=hc_eps, norm_eps=norm_eps,
+                 n_iter=n_iter)
+    return u, coefs
+
+
+def _coef_views(g, coefs):
+    """(pre [T,4], post [T,4], comb [T,4,4]) views of a [T,24] coefficient tensor (HC_COEFS's layout)."""
+    st, sj = coefs.strides
+    comb_m = Tensor(g, coefs.storage, (coefs.shape[0], HC, HC), (st, HC * sj, sj), coefs.offset + 2 * HC * sj)
+    return coefs[:, 0:HC], coefs[:, HC:2 * HC], comb_m
+
+
+def _site_choice(device, fused, site, T=1):
+    """The HC_SITE Choice for a call of T tokens: fused=False (the unfused chains) never runs the
+    site kernels; site=None follows the policy (and above SITE_MAX_T tokens the three fused ops),
+    True forces the site kernels, False the three-op path."""
+    if site is not None and not isinstance(site, (bool, np.bool_)):
+        raise ValueError(f"site must be None, True or False, got {site!r}")
+    if fused is False:
+        if site:
+            raise ValueError("site=True runs fused kernels, but fused=False was requested")
+        return hc_policy.Choice(False, None, "unfused requested by the caller (fused=False)")
+    if site is False:
+        return hc_policy.Choice(False, hc_policy.THREE_OP, "three-op path requested by the caller (site=False)")
+    choice = hc_policy.choose("HC_SITE", device, True if site else None)
+    if choice.fused and site is None and T > SITE_MAX_T:
+        return hc_policy.Choice(False, hc_policy.THREE_OP, f"T = {T} > {SITE_MAX_T} tokens: the three fused ops "
+                                                          "(measured faster there on the H200, docs/hc_ops.md)")
+    return choice
+
+
+def site_pre(g, X, fn, scale, base, *, hc_eps=1e-6, norm_eps=1e-6, n_iter=20, fused=None, site=None, device=None,
+             mix=None):
+    """One site's pre side: (u [T,D], post [T,4], comb [T,4,4]) from the streams X [T,4,D].
+
+    Site path (HC_SITE on, policy.py): HC_MIX_PART (unless `mix`, the partials carried from the
+    previous site's post, is given) then HC_SITE: two dispatches, one with `mix`. Three-op path:
+    the mixes (`mixes`), HC_COEFS (comb and both gates: post and comb are then strided views of
+    its [T,24] output), HC_PRE; `mix` is ignored there. Unfused: every op as its primitive chain.
+    `fused` as for the three ops (False: the unfused chains); `site`: None (policy), True (force the
+    site kernels), False (the three-op path)."""
+    _check_site_args(g, X, fn, scale, base, N_MIX, 3)
     hc_eps, norm_eps, n_iter = check_eps("hc_eps", hc_eps), check_eps("norm_eps", norm_eps), check_n_iter(n_iter)
     device = device or default_device()
+    mix = _check_carry(g, mix, X, N_MIX)
+    site_choice = _site_choice(device, fused, site, X.shape[0])
+    _record(g, "HC_SITE", site_choice)
+    if site_choice.fused:
+        u, coefs = _site_kernels(g, X, fn, scale, base, mix, N_MIX, hc_eps, norm_eps, n_iter, device)
+        _, post_w, comb_m = _coef_views(g, coefs)
+        return u, post_w, comb_m
+    return _three_op_pre(g, X, fn, scale, base, hc_eps, norm_eps, n_iter, fused, device)
+
+
+def _three_op_pre(g, X, fn, scale, base, hc_eps, norm_eps, n_iter, fused, device):
     comb_choice = hc_policy.choose("HC_COMB", device, fused)
     with g.tag("HC_MIX"):
-        mix = _flat_rms_mixes(g, X, fn, norm_eps, comb_choice.fused, device)
+        mix = _mixes(g, X, fn, norm_eps, comb_choice.fused and mix_supported(device) is None, device)
     if comb_choice.fused:
         # site fusion: the comb kernel also writes the pre/post gates (HC_COEFS, one dispatch for nine)
         _record(g, "HC_COMB", hc_policy.Choice(True, comb_choice.variant, comb_choice.reason + "; HC_COEFS: "
                                                "comb with the site's pre/post gates"))
         with g.tag("HC_COMB"):
             coefs = g.op("HC_COEFS", mix, scale, base, eps=hc_eps, n_iter=n_iter, variant=comb_choice.variant)
-        pre_w, post_w = coefs[:, 0:HC], coefs[:, HC:2 * HC]
-        st, sj = coefs.strides
-        comb_m = Tensor(g, coefs.storage, (coefs.shape[0], HC, HC), (st, HC * sj, sj), coefs.offset + 2 * HC * sj)
+        pre_w, post_w, comb_m = _coef_views(g, coefs)
     else:
         with g.tag("HC_MIX"):
             pre_w = _gate(g, mix[:, 0:HC], scale[0:1], base[0:HC], 1.0, hc_eps)
@@ -214,19 +313,69 @@ def site_pre(g: Graph, X: Tensor, fn: Tensor, scale: Tensor, base: Tensor, *, hc
     return u, post_w, comb_m
 
 
-def head_pre(g: Graph, X: Tensor, fn_h: Tensor, scale_h: Tensor, base_h: Tensor, *, hc_eps: float = 1e-6,
-             norm_eps: float = 1e-6, fused: bool | None = None, device: Device | None = None) -> Tensor:
-    """Head collapse: Σ_s pre_h[t,s]·X[t,s,:], pre_h = sigmoid(mix_h·scale_h[0] + base_h) + hc_eps."""
-    for name, t in (("X", X), ("fn_h", fn_h), ("scale_h", scale_h), ("base_h", base_h)):
+def site(g, X, fn, scale, base, sublayer, *, mix=None, next_fn=None, hc_eps=1e-6, norm_eps=1e-6, n_iter=20,
+         fused=None, site=None, device=None):
+    """A whole site: u, post, comb = site_pre(X); f = sublayer(u); X_new = post(f, X, post, comb).
+    Returns (X_new [T,4,D], carry).
+
+    `sublayer(u)` appends the sublayer's nodes (norm, attention or MoE) and returns f [T,D].
+    `next_fn` (the next site's fn [24,4D], or the head's fn_h [4,4D]): on the site path at
+    T ≤ CARRY_MAX_T, HC_POST_MIX writes X_new and the next site's mixes partials in the same pass;
+    `carry` is then those partials ([T,G,m+1]) to pass as the next site's (or head_pre's) `mix=`,
+    else None. A model's decode step is then two dispatches per site plus its sublayers:
+
+        carry = None
+        for i, (fn, scale, base, sub) in enumerate(sites):
+            X, carry = hc.site(g, X, fn, scale, base, sub, mix=carry, next_fn=next_fns[i])
+        h = hc.head_pre(g, X, fn_h, scale_h, base_h, mix=carry)
+    """
+    device = device or default_device()
+    u, post_w, comb_m = site_pre(g, X, fn, scale, base, hc_eps=hc_eps, norm_eps=norm_eps, n_iter=n_iter,
+                                 fused=fused, site=site, device=device, mix=mix)
+    f = sublayer(u)
+    _tensor(g, "sublayer output", f)
+    check_shape("sublayer output", f.shape, (X.shape[0], X.shape[2]))
+    return site_post(g, f, X, post_w, comb_m, next_fn=next_fn, fused=fused, site=site, device=device)
+
+
+def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, device=None):
+    """The second half of `site`: X_new = post(f, X, post, comb); returns (X_new, carry). On the site
+    path at T ≤ CARRY_MAX_T with `next_fn`: HC_POST_MIX, carry = the next site's mixes partials."""
+    device = device or default_device()
+    if next_fn is not None:
+        _tensor(g, "next_fn", next_fn)
+        D = X.shape[-1]
+        if next_fn.ndim != 2 or next_fn.shape[0] not in (N_MIX, HC) or next_fn.shape[1] != HC * D:
+            raise ValueError(f"next_fn must be a site's fn [24, {HC * D}] or the head's [4, {HC * D}], "
+                             f"got {list(next_fn.shape)}")
+    if next_fn is None or X.shape[0] > CARRY_MAX_T or not _site_choice(device, fused, site, X.shape[0]).fused:
+        return post(g, f, X, post_w, comb_m, fused=fused, device=device), None
+    for name, t in (("f", f), ("residual", X), ("post", post_w), ("comb", comb_m)):
         _tensor(g, name, t)
-    check_shape("X", X.shape, (None, HC, None))
-    check_shape("fn_h", fn_h.shape, (HC, HC * X.shape[2]))
-    check_shape("scale_h", scale_h.shape, (1,))
-    check_shape("base_h", base_h.shape, (HC,))
+    check_post_shapes(f.shape, X.shape, post_w.shape, comb_m.shape)
+    with g.tag("HC_POST"):
+        out = g.empty(X.shape)
+        carry = g.op("HC_POST_MIX", _unit_inner(g, f), _unit_inner(g, X), post_w, comb_m, _unit_inner(g, next_fn),
+                     out, wg=SITE_TUNING["post_wg"])
+    return out, carry
+
+
+def head_pre(g, X, fn_h, scale_h, base_h, *, hc_eps=1e-6, norm_eps=1e-6, fused=None, site=None, device=None,
+             mix=None):
+    """Head collapse: Σ_s pre_h[t,s]·X[t,s,:], pre_h = sigmoid(mix_h·scale_h[0] + base_h) + hc_eps.
+    Site path: HC_SITE with m = 4 (one dispatch with `mix`, the partials carried from the last
+    site's post; else HC_MIX_PART first)."""
+    _check_site_args(g, X, fn_h, scale_h, base_h, HC, 1, "_h")
     hc_eps, norm_eps = check_eps("hc_eps", hc_eps), check_eps("norm_eps", norm_eps)
     device = device or default_device()
+    mix = _check_carry(g, mix, X, HC)
+    site_choice = _site_choice(device, fused, site, X.shape[0])
+    _record(g, "HC_SITE", site_choice)
+    if site_choice.fused:
+        u, _ = _site_kernels(g, X, fn_h, scale_h, base_h, mix, HC, hc_eps, norm_eps, 1, device)
+        return u
     pre_choice = hc_policy.choose("HC_PRE", device, fused)
     with g.tag("HC_MIX"):
-        mix = _flat_rms_mixes(g, X, fn_h, norm_eps, pre_choice.fused, device)
-        pre_h = _gate(g, mix, scale_h, base_h, 1.0, hc_eps)
+        m = _mixes(g, X, fn_h, norm_eps, pre_choice.fused and mix_supported(device) is None, device)
+        pre_h = _gate(g, m, scale_h, base_h, 1.0, hc_eps)
     return pre(g, X, pre_h, fused=fused, device=device)

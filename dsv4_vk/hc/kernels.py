@@ -212,47 +212,290 @@ class HcCoefs(HcComb):
 
 
 def mix_supported(device):
-    """HC_MIX reduces with subgroupAdd: None when the device can run it, else why not."""
+    """The HC_MIX kernels reduce with subgroupAdd: None when the device can run them, else why not."""
     ok = device.supports_subgroup_op("basic") and device.supports_subgroup_op("arithmetic")
     return None if ok else "no subgroup arithmetic in compute shaders"
 
 
+def vec4_ok(D, tensors):
+    """Chunks of 4 floats: D, every offset and every stride but the (unit) last one multiples of 4."""
+    return D % 4 == 0 and all(t.offset % 4 == 0 and all(s % 4 == 0 for s in t.strides[:-1]) for t in tensors)
+
+
+# HC_MIX layout knobs (tools/hc_tune.py sweeps them); None: the rule of mix_layout.
+MIX_TUNING = {"wg": None, "groups": None, "split": None, "lpt": None, "tb": None}
+# Workgroups a mixes pass aims for (a few per compute unit of a large GPU; a CPU device runs
+# workgroups on its cores one after another, so a few suffice there).
+MIX_TARGET_GROUPS = {"cpu": 4}
+MIX_TARGET_GROUPS_DEFAULT = 256
+# From this many tokens the mixes stage fn in shared memory per D split (KSPLIT) and stream blocks
+# of tokens through it; below, each workgroup reads its fn slice from memory (per-token kernel).
+KSPLIT_MIN_T = 64
+
+
+KSPLIT_S = 16   # chunks per split and stream of KSPLIT (a literal in hc_mix.comp: its shared fn slice)
+
+
+def mix_layout(device, T, chunks):
+    """The HC_MIX kernels' layout for T tokens of `chunks` chunks per stream, as
+    node params: wg, groups G, and for KSPLIT split S, lpt, tb (split 0: the per-token kernel).
+    - T ≥ KSPLIT_MIN_T with shuffles and full subgroups: KSPLIT, G = chunks/S splits each staging its
+      fn slice (16 chunks) in shared memory, blocks of tb tokens streaming through it, lpt lanes per token;
+    - otherwise the per-token kernel, one token per workgroup and D split into G slices of ≥ one chunk per
+      invocation until about the target number of workgroups is reached (decode: a token's fn is
+      the data to stream, spread over many workgroups)."""
+    t = MIX_TUNING
+    target = MIX_TARGET_GROUPS.get(device.caps.type, MIX_TARGET_GROUPS_DEFAULT)
+    cpu = device.caps.is_cpu
+    sg = device.caps.subgroup
+    if (t["split"] != 0 and T >= KSPLIT_MIN_T and device.supports_subgroup_op("shuffle") and sg.full_subgroups
+            and sg.min_size >= 4) or t["split"]:
+        return {"wg": t["wg"] or (64 if cpu else 256), "groups": -(-chunks // KSPLIT_S), "split": KSPLIT_S,
+                "lpt": t["lpt"] or 4, "tb": t["tb"] or (64 if cpu else 128)}
+    wg = t["wg"] or (64 if cpu else 128)
+    groups = t["groups"] or max(1, min(-(-target // T), -(-chunks // wg)))
+    return {"wg": wg, "groups": groups, "split": 0, "lpt": 1, "tb": 1}
+
+
+WG_REDUCE_MAX = 256   # wg_reduce.glsl's shared step holds 64 subgroups of ≥ 4 lanes
+
+
+def check_shared(device, op, wg, values):
+    """ValueError unless a workgroup of `wg` fits wg_reduce.glsl's fixed shared step (≤ 256
+    invocations, ≤ 25 values); HCUnsupported if the step (64 × 25 floats) exceeds the device's shared
+    memory — a pipeline past it can lose the device (seen on the H200)."""
+    if wg > WG_REDUCE_MAX or values > N_MIX + 1:
+        raise ValueError(f"{op}: workgroup {wg} with {values} sums exceeds the shared reduction step "
+                         f"({WG_REDUCE_MAX} invocations, {N_MIX + 1} sums)")
+    need = 64 * (N_MIX + 1) * 4
+    have = device.caps.limits.max_shared_memory
+    if need > have:
+        raise HCUnsupported(f"{op}: the reduction step needs {need} B of shared memory, {device.name} has {have} B")
+
+
+def _check_mix_args(X, fn):
+    check_shape("X", X.shape, (None, HC, None))
+    check_shape("fn", fn.shape, (None, HC * X.shape[2]))
+    if fn.shape[0] % 4 or fn.shape[0] > N_MIX:
+        raise ValueError(f"HC_MIX: fn must have a multiple of 4 rows, at most {N_MIX} (a site's 24, the head's 4), "
+                         f"got {fn.shape[0]}")
+    _unit_inner("HC_MIX", "X", X)
+    _unit_inner("HC_MIX", "fn", fn)
+
+
+def _check_layout_param(op, params, name):
+    v = params.get(name)
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise ValueError(f"{op}: {name} must be an integer ≥ 1, got {v!r}")
+    return int(v)
+
+
+def _mix_launch(node, device, final, groups):
+    """The launch of HC_MIX (final) or HC_MIX_PART: the per-token kernel, or KSPLIT (param split > 0)."""
+    X, fn = node.inputs
+    out = node.output
+    why = mix_supported(device)
+    if why is not None:
+        raise HCUnsupported(f"{node.op.name} cannot run on {device.name}: {why}")
+    T, _, D = X.shape
+    m = fn.shape[0]
+    vec4 = vec4_ok(D, [X, fn])
+    unit = 4 if vec4 else 1
+    chunks = D // unit
+    pr = node.params
+    wg, split, lpt, tb = pr["wg"], pr.get("split", 0), pr.get("lpt", 1), pr.get("tb", 1)
+    defines = {"VEC4": 1} if vec4 else {}
+    if split:
+        if split != KSPLIT_S or final or groups != -(-chunks // split):
+            raise ValueError(f"{node.op.name}: split must be {KSPLIT_S} with partials of groups = "
+                             f"ceil({chunks} / {KSPLIT_S}), got split {split}, groups {groups}")
+        if lpt & (lpt - 1) or wg % lpt or lpt > device.caps.subgroup.min_size:
+            raise ValueError(f"{node.op.name}: lpt ({lpt}) must be a power of two dividing wg ({wg}) and at most "
+                             f"the subgroup size ({device.caps.subgroup.min_size})")
+        need = m * HC * split * unit * 4
+        if need > device.caps.limits.max_shared_memory:
+            raise HCUnsupported(f"{node.op.name}: split {split} stages {need} B of fn in shared memory, "
+                                f"{device.name} has {device.caps.limits.max_shared_memory} B")
+        defines["KSPLIT"] = 1
+        grid, spec = grid_1d(-(-T // tb) * groups, 1), (wg, m, lpt)
+    else:
+        check_shared(device, node.op.name, wg, m + 1)
+        grid, spec = grid_1d(T * groups, 1), (wg, m)
+    if final:
+        defines["FINAL"] = 1
+    push = pack_push(T, chunks, -(-chunks // groups), groups, 1.0 / (HC * D),
+                     check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
+                     X.offset // unit, *_strides_in(X, unit), fn.offset // unit, fn.strides[0] // unit,
+                     out.offset, out.strides[0], out.strides[1], tb)
+    return [Launch("hc_mix", [X, fn, out], (2,), push, grid, defines=defines, spec=spec,
+                   full_subgroups=device.caps.subgroup.full_subgroups)]
+
+
 @register
 class HcMix(OpDef):
-    """HC_MIX(X [T,4,D], fn [m,4D], norm_eps=) -> mix [T,m] = (x @ fnᵀ) / sqrt(mean(x²) + norm_eps), x = X
-    flattened per token: the site's flat RMS norm and mixes mat-mul in one dispatch (whole-site fusion)."""
+    """HC_MIX(X [T,4,D], fn [m,4D], norm_eps=, wg=) -> mix [T,m] = (x @ fnᵀ) / sqrt(mean(x²) + norm_eps),
+    x = X flattened per token: the site's flat RMS norm and mixes mat-mul in one dispatch, one
+    workgroup per token reading its X once (hc_mix.comp -D FINAL)."""
     name, n_inputs = "HC_MIX", 2
-    WORKGROUP = 256
 
     def infer(self, inputs, params):
         X, fn = inputs
-        check_shape("X", X.shape, (None, HC, None))
-        check_shape("fn", fn.shape, (None, HC * X.shape[2]))
+        _check_mix_args(X, fn)
         check_eps("norm_eps", params.get("norm_eps", 1e-6))
-        _unit_inner("HC_MIX", "X", X)
-        _unit_inner("HC_MIX", "fn", fn)
+        _check_layout_param(self.name, params, "wg")
         return (X.shape[0], fn.shape[0]), "f32"
 
     def lower(self, node, device):
-        X, fn = node.inputs
+        return _mix_launch(node, device, True, 1)
+
+    def reference(self, X, fn, norm_eps=1e-6, wg=1):
+        return reference_mixes(X, fn, norm_eps)
+
+
+def reference_mix_partials(X, fn, groups, chunk=1, split=None):
+    """partials [T,G,m+1]: per split of D (chunks of `chunk` floats, `split` or else ceil(chunks/G)
+    per split), the dot products with fn over the 4 streams' slices and Σx² (hc_mix.comp's layout)."""
+    X, fn = _f64(X), _f64(fn)
+    T, _, D = X.shape
+    m = fn.shape[0]
+    chunks = D // chunk
+    per = (split or -(-chunks // groups)) * chunk
+    f = fn.reshape(m, HC, D)
+    out = np.zeros((T, groups, m + 1))
+    for s in range(groups):
+        xs, fs = X[:, :, s * per:(s + 1) * per], f[:, :, s * per:(s + 1) * per]
+        out[:, s, :m] = np.einsum("tcd,jcd->tj", xs, fs)
+        out[:, s, m] = (xs * xs).sum(axis=(1, 2))
+    return out
+
+
+@register
+class HcMixPartials(OpDef):
+    """HC_MIX_PART(X [T,4,D], fn [m,4D], groups=G, wg=, split=, lpt=, tb=) -> partials [T,G,m+1]: per split of D the
+    dot products with the m fn rows and Σx² (hc_mix.comp default variant). Decode splits D over many
+    workgroups; HC_SITE or HC_MIX_REDUCE finish."""
+    name, n_inputs = "HC_MIX_PART", 2
+
+    def infer(self, inputs, params):
+        X, fn = inputs
+        _check_mix_args(X, fn)
+        _check_layout_param(self.name, params, "wg")
+        for k in ("lpt", "tb"):
+            _check_layout_param(self.name, {k: 1, **params}, k)
+        if params.get("split", 0):
+            _check_layout_param(self.name, params, "split")
+        G = _check_layout_param(self.name, params, "groups")
+        return (X.shape[0], G, fn.shape[0] + 1), "f32"
+
+    def lower(self, node, device):
+        if node.output.strides[2] != 1:
+            raise ValueError(f"{self.name}: the partials' entries must be contiguous, got strides {node.output.strides}")
+        return _mix_launch(node, device, False, node.params["groups"])
+
+    def reference(self, X, fn, groups=1, wg=1, split=0, lpt=1, tb=1):
+        D = np.shape(X)[2]
+        return reference_mix_partials(X, fn, groups, 4 if D % 4 == 0 else 1, split)
+
+
+@register
+class HcMixReduce(OpDef):
+    """HC_MIX_REDUCE(partials [T,G,m+1], norm_eps=, width=4·D) -> mix [T,m] = Σ dots / sqrt(Σ Σx² / width + norm_eps)."""
+    name, n_inputs = "HC_MIX_REDUCE", 1
+
+    def infer(self, inputs, params):
+        (part,) = inputs
+        check_shape("partials", part.shape, (None, None, None))
+        if part.shape[2] < 2:
+            raise ValueError(f"{self.name}: partials need m ≥ 1 dot products and Σx², got shape {part.shape}")
+        check_eps("norm_eps", params.get("norm_eps", 1e-6))
+        _check_layout_param(self.name, params, "width")
+        return (part.shape[0], part.shape[2] - 1), "f32"
+
+    def lower(self, node, device):
+        (part,) = node.inputs
         out = node.output
-        why = mix_supported(device)
+        if part.strides[2] != 1:
+            raise ValueError(f"{self.name}: the partials' entries must be contiguous, got strides {part.strides}")
+        T, G, m1 = part.shape
+        push = pack_push(T, G, 1.0 / node.params["width"], check_eps("norm_eps", node.params.get("norm_eps", 1e-6)),
+                         part.offset, part.strides[0], part.strides[1], out.offset, *out.strides)
+        return [Launch("hc_mix", [part, out], (1,), push, grid_1d(T * (m1 - 1), 64), defines={"REDUCE": 1},
+                       spec=(64, m1 - 1, 1))]
+
+    def reference(self, part, norm_eps=1e-6, width=1):
+        p = _f64(part).sum(axis=1)
+        return p[:, :-1] / np.sqrt(p[:, -1:] / width + norm_eps)
+
+
+def _site_m(part, scale, base):
+    """m of a site (24: pre, post, comb) or of the head collapse (4: pre only), from the partials."""
+    m = part.shape[2] - 1
+    if m not in (N_MIX, HC):
+        raise ValueError(f"HC_SITE: partials must be [T, G, 25] (a site) or [T, G, 5] (the head), got {part.shape}")
+    check_shape("scale", scale.shape, (3 if m == N_MIX else 1,))
+    check_shape("base", base.shape, (m,))
+    return m
+
+
+@register
+class HcSite(OpDef):
+    """HC_SITE(partials [T,G,m+1], X [T,4,D], scale, base, coefs [T,m], hc_eps=, norm_eps=, n_iter=) -> u [T,D].
+
+    The rest of a site's pre side from its mixes' partial sums (hc_site.comp): mixes, gates,
+    Sinkhorn, the pre collapse u. Also writes its argument `coefs` (an empty tensor the graph
+    function made: written_inputs): m = 24, a site: pre | post | comb (HC_COEFS's layout); m = 4, the
+    head collapse: its 4 pre gates."""
+    name, n_inputs = "HC_SITE", 5
+    written_inputs = (4,)
+
+    def infer(self, inputs, params):
+        part, X, scale, base, coefs = inputs
+        check_shape("partials", part.shape, (None, None, None))
+        check_shape("X", X.shape, (None, HC, None))
+        m = _site_m(part, scale, base)
+        check_same("partials", part.shape[0], "X", X.shape[0], "T (tokens)")
+        check_shape("coefs", coefs.shape, (X.shape[0], m))
+        check_eps("hc_eps", params.get("hc_eps", 1e-6))
+        check_eps("norm_eps", params.get("norm_eps", 1e-6))
+        check_n_iter(params.get("n_iter", 20))
+        _unit_inner(self.name, "X", X)
+        if part.strides[2] != 1:
+            raise ValueError(f"{self.name}: the partials' entries must be contiguous, got strides {part.strides}")
+        return (X.shape[0], X.shape[2]), "f32"
+
+    def lower(self, node, device):
+        part, X, scale, base, coefs = node.inputs
+        u = node.output
+        why = site_supported(device)
         if why is not None:
-            raise HCUnsupported(f"HC_MIX cannot run on {device.name}: {why}")
-        T, _, D = X.shape
-        m = fn.shape[0]
-        vec4 = D % 4 == 0 and X.offset % 4 == 0 and fn.offset % 4 == 0 and all(
-            s % 4 == 0 for s in (*X.strides[:-1], fn.strides[0]))
+            raise HCUnsupported(f"{self.name} cannot run on {device.name}: {why}")
+        T, G, m1 = part.shape
+        D = X.shape[2]
+        vec4, chunks, wg, gpt, cpt = _slice_launch_layout(D, [X, u])
+        check_shared(device, self.name, wg, m1)
         unit = 4 if vec4 else 1
-        push = pack_push(T, m, D // unit, 1.0 / (HC * D), check_eps("norm_eps", node.params.get("norm_eps", 1e-6)),
-                     X.offset // unit, *_strides_in(X, unit), fn.offset // unit, fn.strides[0] // unit,
-                     out.offset, *out.strides)
-        return [Launch("hc_mix", [X, fn, out], (2,), push, grid_1d(T * m, 1),
-                       defines={"VEC4": 1} if vec4 else {}, spec=(self.WORKGROUP,),
+        push = pack_push(T, chunks, gpt, G, check_n_iter(node.params.get("n_iter", 20)), 1.0 / (HC * D),
+                         check_eps("norm_eps", node.params.get("norm_eps", 1e-6)),
+                         check_eps("hc_eps", node.params.get("hc_eps", 1e-6)),
+                         part.offset, part.strides[0], part.strides[1], X.offset // unit, *_strides_in(X, unit),
+                         scale.offset, scale.strides[0], base.offset, base.strides[0],
+                         u.offset // unit, u.strides[0] // unit, coefs.offset, *coefs.strides)
+        return [Launch("hc_site", [part, X, scale, base, coefs, u], (4, 5), push, grid_1d(T * gpt, 1),
+                       defines={"VEC4": 1} if vec4 else {}, spec=(wg, cpt, m1 - 1),
                        full_subgroups=device.caps.subgroup.full_subgroups)]
 
-    def reference(self, X, fn, norm_eps=1e-6):
-        return reference_mixes(X, fn, norm_eps)
+    def reference(self, part, X, scale, base, coefs=None, hc_eps=1e-6, norm_eps=1e-6, n_iter=20):
+        p = _f64(part).sum(axis=1)
+        mix = p[:, :-1] / np.sqrt(p[:, -1:] / (HC * np.shape(X)[2]) + norm_eps)
+        w = (reference_coefs(mix, scale, base, hc_eps, n_iter)[:, :HC] if mix.shape[1] == N_MIX
+             else _sigmoid(mix * _f64(scale)[0] + _f64(base)) + hc_eps)
+        return reference_pre(X, w)
+
+
+def site_supported(device):
+    """HC_SITE / HC_POST_MIX need subgroup arithmetic and the ROWS4 Sinkhorn (shuffles, subgroups of a
+    multiple of 4 lanes): None when the device can run them, else why not."""
+    return mix_supported(device) or comb_support(device)["rows4"]
 
 
 @register
@@ -298,6 +541,33 @@ def check_post_shapes(f, residual, post, comb):
     return T, D
 
 
+def _post_launch(node, device, f, res, post, comb, out, fn=None, part=None, wg=None):
+    """HC_POST's launch; with fn / part also the next site's mixes partials (-D MIX_NEXT, one chunk
+    per invocation)."""
+    _unit_inner(node.op.name, "output", out)
+    T, D = f.shape
+    tensors = [f, res, out] + ([fn] if fn is not None else [])
+    if wg is None:
+        vec4, chunks, wg, gpt, cpt = _slice_launch_layout(D, tensors)
+    else:
+        vec4 = vec4_ok(D, tensors)
+        chunks = D // 4 if vec4 else D
+        gpt, cpt = -(-chunks // wg), 1
+    unit = 4 if vec4 else 1
+    fields = [T, chunks, gpt, f.offset // unit, *_strides_in(f, unit), res.offset // unit, *_strides_in(res, unit),
+              post.offset, *post.strides, comb.offset, *comb.strides, out.offset // unit, *_strides_in(out, unit)]
+    defines = {"VEC4": 1} if vec4 else {}
+    args, writes, spec, extra = [f, res, post, comb, out], (4,), (wg, cpt), {}
+    if fn is not None:
+        fields += [fn.offset // unit, fn.strides[0] // unit, part.offset, part.strides[0], part.strides[1]]
+        defines["MIX_NEXT"] = 1
+        check_shared(device, node.op.name, wg, fn.shape[0] + 1)
+        args, writes, spec = [f, res, post, comb, fn, out, part], (5, 6), (wg, cpt, fn.shape[0])
+        extra = {"full_subgroups": device.caps.subgroup.full_subgroups}
+    return [Launch("hc_post", args, writes, pack_push(*fields), grid_1d(T * gpt, 1), defines=defines, spec=spec,
+                   **extra)]
+
+
 @register
 class HcPost(OpDef):
     """HC_POST(f [T,D], residual [T,4,D], post [T,4], comb [T,4,4]) -> [T,4,D]."""
@@ -311,17 +581,49 @@ class HcPost(OpDef):
         return (T, HC, D), "f32"
 
     def lower(self, node, device):
-        f, res, post, comb = node.inputs
-        out = node.output
-        _unit_inner("HC_POST", "output", out)
-        T, D = f.shape
-        vec4, chunks, wg, gpt, cpt = _slice_launch_layout(D, [f, res, out])
-        unit = 4 if vec4 else 1
-        push = pack_push(T, chunks, gpt, f.offset // unit, *_strides_in(f, unit),
-                     res.offset // unit, *_strides_in(res, unit), post.offset, *post.strides,
-                     comb.offset, *comb.strides, out.offset // unit, *_strides_in(out, unit))
-        return [Launch("hc_post", [f, res, post, comb, out], (4,), push, grid_1d(T * gpt, 1),
-                       defines={"VEC4": 1} if vec4 else {}, spec=(wg, cpt))]
+        return _post_launch(node, device, *node.inputs, node.output)
 
     def reference(self, f, residual, post, comb):
         return reference_post(f, residual, post, comb)
+
+
+def post_mix_groups(D, tensors, wg):
+    """Splits (workgroups per token) of HC_POST_MIX: one chunk per invocation."""
+    return -(-(D // 4 if vec4_ok(D, tensors) else D) // wg)
+
+
+@register
+class HcPostMix(OpDef):
+    """HC_POST_MIX(f, residual, post, comb, fn_next [m,4D], out [T,4,D], wg=) -> partials [T,G,m+1].
+
+    A layer boundary in one pass: HC_POST writes the new streams into its argument `out` (an empty
+    tensor the graph function made: written_inputs) and, from the values still in registers, the
+    next site's mixes partials (hc_post.comp -D MIX_NEXT; G = workgroups per token, one chunk per
+    invocation), which HC_SITE finishes."""
+    name, n_inputs = "HC_POST_MIX", 6
+    written_inputs = (5,)
+
+    def infer(self, inputs, params):
+        f, res, post, comb, fn, out = inputs
+        T, D = check_post_shapes(f.shape, res.shape, post.shape, comb.shape)
+        check_shape("fn_next", fn.shape, (None, HC * D))
+        check_shape("out", out.shape, (T, HC, D))
+        for name, t in (("f", f), ("residual", res), ("fn_next", fn), ("out", out)):
+            _unit_inner(self.name, name, t)
+        if fn.shape[0] % 4 or fn.shape[0] > N_MIX:
+            raise ValueError(f"{self.name}: fn_next must have a multiple of 4 rows, at most {N_MIX}, got {fn.shape[0]}")
+        wg = _check_layout_param(self.name, params, "wg")
+        return (T, post_mix_groups(D, [f, res, out, fn], wg), fn.shape[0] + 1), "f32"
+
+    def lower(self, node, device):
+        f, res, post, comb, fn, out = node.inputs
+        why = site_supported(device)
+        if why is not None:
+            raise HCUnsupported(f"{self.name} cannot run on {device.name}: {why}")
+        return _post_launch(node, device, f, res, post, comb, out, fn, node.output, node.params["wg"])
+
+    def reference(self, f, residual, post, comb, fn_next, out=None, wg=1):
+        x = reference_post(f, residual, post, comb)
+        D = np.shape(f)[1]
+        groups = -(-(D // 4 if D % 4 == 0 else D) // wg)
+        return reference_mix_partials(x, fn_next, groups, 4 if D % 4 == 0 else 1)

@@ -4,6 +4,10 @@ Resolved once per device and process from the environment and the device's capab
 - `DSV4_VK_DISABLE_HC` (all three ops), `DSV4_VK_DISABLE_HC_COMB` / `_PRE` / `_POST` (one each):
   1/true/yes/on disable the fused kernel (the unfused chain runs), 0/false/no/off/empty keep it;
   any other value is a ValueError.
+- `DSV4_VK_DISABLE_HC_SITE` (same values): the whole-site kernels (HC_MIX_PART / HC_SITE /
+  HC_POST_MIX: a site in two dispatches at decode) off; sites then run the three-op path (HC_MIX,
+  HC_COEFS, HC_PRE, HC_POST), which keeps its own switches. The site also runs only where all
+  three ops run fused (a switch that disables one of them, or `DSV4_VK_DISABLE_HC`, disables it).
 - `DSV4_VK_HC_COMB_VARIANT=sg16|rows4` forces the HC_COMB kernel variant.
 - Device contract: `sg16` (16 lanes per token) needs subgroup size ≥ 16, shuffles and required full
   subgroups; `rows4` (4 lanes per token) needs shuffles and subgroup size ≥ 4. A 16-lane shuffle
@@ -21,7 +25,8 @@ from ..vk import env
 
 log = logging.getLogger("dsv4_vk")
 
-OPS = ("HC_COMB", "HC_PRE", "HC_POST")
+OPS = ("HC_COMB", "HC_PRE", "HC_POST", "HC_SITE")
+THREE_OP = "three-op"     # HC_SITE's fallback path
 COMB_VARIANTS = ("sg16", "rows4")
 ALL_ENV = "DSV4_VK_DISABLE_HC"
 VARIANT_ENV = "DSV4_VK_HC_COMB_VARIANT"
@@ -34,13 +39,14 @@ class HCUnsupported(ValueError):
 @dataclass(frozen=True)
 class Choice:
     fused: bool
-    variant: str        # "sg16" / "rows4" for HC_COMB, "fused" for PRE/POST, None when unfused
+    variant: str        # "sg16" / "rows4" for HC_COMB, "fused" for PRE/POST, "site" for HC_SITE;
+                        # None when unfused (HC_SITE off: "three-op")
     reason: str
 
     @property
     def path(self):
         if not self.fused:
-            return "unfused"
+            return self.variant or "unfused"
         return f"fused:{self.variant}" if self.variant != "fused" else "fused"
 
 
@@ -115,7 +121,9 @@ def comb_support(device):
 def variants(device):
     """Kernel variants this device can run, per op."""
     sup = comb_support(device)
-    return {"HC_COMB": [v for v in COMB_VARIANTS if sup[v] is None], "HC_PRE": ["fused"], "HC_POST": ["fused"]}
+    from .kernels import site_supported
+    return {"HC_COMB": [v for v in COMB_VARIANTS if sup[v] is None], "HC_PRE": ["fused"], "HC_POST": ["fused"],
+            "HC_SITE": ["site"] if site_supported(device) is None else []}
 
 
 # --- resolution ----------------------------------------------------------------------------------------
@@ -158,7 +166,25 @@ def _resolve_plain(op):
     return Choice(True, "fused", "fused kernel (vec4 loads where D % 4 == 0), any device")
 
 
+def _resolve_site(device, parts):
+    """HC_SITE from its own switch, the three ops' choices `parts` and the device."""
+    from .kernels import site_supported
+    env = disabled_by("HC_SITE")
+    if env:
+        return Choice(False, THREE_OP, f"disabled by environment ({env}): three-op path")
+    off = [f"{op} {c.path} ({c.reason})" for op, c in parts.items() if not c.fused]
+    if off:
+        return Choice(False, THREE_OP, "part of the site is not fused: " + "; ".join(off) + ": three-op path")
+    why = site_supported(device)
+    if why is not None:
+        return Choice(False, THREE_OP, f"device cannot run the site kernels ({why}): three-op path")
+    return Choice(True, "site", "whole-site kernels: HC_MIX_PART, HC_SITE (mixes, gates, ROWS4 Sinkhorn, "
+                                "pre collapse), HC_POST_MIX (post + next site's mixes)")
+
+
 def _resolve_op(op, device):
+    if op == "HC_SITE":
+        return _resolve_site(device, {o: _resolve_op(o, device) for o in OPS if o != "HC_SITE"})
     return _resolve_comb(device) if op == "HC_COMB" else _resolve_plain(op)
 
 
@@ -168,7 +194,8 @@ def resolve(device):
     hit = _resolved.get(key)
     if hit is not None and hit[0] is device:
         return hit[1]
-    choices = {op: _resolve_op(op, device) for op in OPS}
+    choices = {op: _resolve_op(op, device) for op in OPS if op != "HC_SITE"}
+    choices["HC_SITE"] = _resolve_site(device, dict(choices))
     _resolved[key] = (device, choices)
     for op, c in choices.items():
         log.info("%s on %s: %s (%s)", op, device.name, c.path, c.reason)
@@ -203,6 +230,10 @@ def check_override(op, fused=None, variant=None):
     if fused is not None and not isinstance(fused, (bool, np.bool_)):
         raise ValueError(f"fused must be None, True or False, got {fused!r}")
     if variant is not None:
+        if op == "HC_SITE" and variant in ("site", THREE_OP):
+            if fused is False:
+                raise ValueError(f"variant={variant!r} names a fused path but fused=False was requested")
+            return
         if op != "HC_COMB":
             raise ValueError(f"variant applies to HC_COMB only, got variant={variant!r} for {op}")
         if variant not in COMB_VARIANTS:
@@ -219,6 +250,8 @@ def choose(op, device, fused=None, variant=None):
         return Choice(False, None, "unfused requested by the caller (fused=False)")
     if fused is None and variant is None:
         return resolve(device)[op]
+    if op == "HC_SITE":
+        return _choose_site(device, fused, variant)
     if op != "HC_COMB":
         return Choice(True, "fused", "fused requested by the caller (fused=True)")
     sup = comb_support(device)
@@ -232,3 +265,15 @@ def choose(op, device, fused=None, variant=None):
     if sup[variant] is not None:
         raise HCUnsupported(f"HC_COMB variant {variant} cannot run on this device: {sup[variant]}")
     return Choice(True, variant, f"variant {variant} requested by the caller")
+
+
+def _choose_site(device, fused, variant):
+    """HC_SITE with a caller's override: variant "site" (or fused=True) forces the site kernels,
+    "three-op" the three fused ops."""
+    from .kernels import site_supported
+    if variant == THREE_OP:
+        return Choice(False, THREE_OP, "three-op path requested by the caller")
+    why = site_supported(device)
+    if why is not None:
+        raise HCUnsupported(f"the whole-site kernels cannot run on this device: {why}")
+    return Choice(True, "site", "site kernels requested by the caller")

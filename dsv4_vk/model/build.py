@@ -144,23 +144,30 @@ class ModelGraph:
         D = cfg.hidden_size
         emb = g.op("GET_ROWS", self.param("embed.weight"), ids)                       # [T, D]
         X = g.op("CONT", emb.reshape(T, 1, D).broadcast_to((T, cfg.hc_mult, D)))      # 4 streams
-        for i in range(cfg.num_hidden_layers):
-            X = self.site(X, i, "attn", self.attention)
-            X = self.site(X, i, "ffn", self.moe)
+        # Each site's post also starts the next site's mixes where the site kernels run (decode),
+        # so it is given the next site's fn (the head's after the last layer); `carry` holds them.
+        sites = [(i, name, sub) for i in range(cfg.num_hidden_layers)
+                 for name, sub in (("attn", self.attention), ("ffn", self.moe))]
+        fns = [f"layers.{i}.hc_{name}_fn" for i, name, _ in sites] + ["hc_head_fn"]
+        carry = None
+        for k, (i, name, sublayer) in enumerate(sites):
+            X, carry = self.site(X, i, name, sublayer, carry, self.param(fns[k + 1]))
         h = hc.head_pre(g, X, self.param("hc_head_fn"), self.param("hc_head_scale"), self.param("hc_head_base"),
-                        hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps, fused=self.fused, device=self.device)
+                        hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps, fused=self.fused, device=self.device, mix=carry)
         h = g.op("RMS_NORM", h, self.param("norm.weight"), eps=cfg.rms_norm_eps)
         return g.op("MUL_MAT", h, self.param("head.weight"))                          # [T, V]
 
-    def site(self, X, i, name, sublayer):
-        """u, post, comb = site_pre(X); f = sublayer(rmsnorm_w(u)); X = post(f, X, post, comb)."""
+    def site(self, X, i, name, sublayer, carry, next_fn):
+        """X_new = post(sublayer(rmsnorm_w(u)), X) around site_pre(X) (hc.site: at decode two
+        dispatches plus the sublayer); returns (X_new, the next site's carried mixes or None)."""
         cfg, g = self.cfg, self.g
         p = f"layers.{i}."
-        u, post, comb = hc.site_pre(g, X, self.param(p + f"hc_{name}_fn"), self.param(p + f"hc_{name}_scale"),
-                                    self.param(p + f"hc_{name}_base"), hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps,
-                                    n_iter=cfg.hc_sinkhorn_iters, fused=self.fused, device=self.device)
-        x = g.op("RMS_NORM", u, self.param(p + f"{name}_norm.weight"), eps=cfg.rms_norm_eps)
-        return hc.post(g, sublayer(i, x), X, post, comb, fused=self.fused, device=self.device)
+        return hc.site(g, X, self.param(p + f"hc_{name}_fn"), self.param(p + f"hc_{name}_scale"),
+                       self.param(p + f"hc_{name}_base"),
+                       lambda u: sublayer(i, g.op("RMS_NORM", u, self.param(p + f"{name}_norm.weight"),
+                                                  eps=cfg.rms_norm_eps)),
+                       mix=carry, next_fn=next_fn, hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps,
+                       n_iter=cfg.hc_sinkhorn_iters, fused=self.fused, device=self.device)
 
     def _compress(self, prefix, xs, i, overlap, T):
         """The projections xs [T, 2W] into the state rows at step.pos, then the closed windows' entries."""

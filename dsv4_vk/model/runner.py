@@ -11,6 +11,8 @@ Every decode step replays ONE command buffer recorded once: the host writes the 
 a host-visible param), submits, and reads the sampled token (4 bytes); nothing is recorded and no
 Python runs per dispatch. The sampled token stays on the device as the next step's input. Prefill
 runs the prompt in chunks of `prefill_chunk` tokens (the last one padded) through one more graph.
+`steps(k)` records k decode steps back to back in one command buffer (the position advanced on the
+device) and submits once; `generate` uses it (docs/model.md: what it gains and costs).
 """
 from __future__ import annotations
 
@@ -47,6 +49,8 @@ class Sampling:
 
 
 GREEDY = Sampling()
+HISTORY = "step.history"      # i32 [max_ctx]: the token sampled after each position (multi-step decode)
+STEPS_PER_SUBMIT = 4          # generate's default decode steps per command buffer
 
 
 class Model:
@@ -66,10 +70,12 @@ class Model:
         self.prefill_chunk = min(prefill_chunk, cfg.max_ctx)
         self.ex = Executor(self.device)
         self.params = param_arrays(cfg, weights, self.prefill_chunk)
+        # multi-step decode (steps): the token sampled after each position, written on the device
+        self.params[HISTORY] = np.zeros(cfg.max_ctx, np.int32)
         for name, a in self.params.items():
-            self.ex.set_param(name, a, host_visible=name in STEP_PARAMS or name.startswith("sampler."))
+            self.ex.set_param(name, a, host_visible=name in STEP_PARAMS + (HISTORY,) or name.startswith("sampler."))
         self._graphs = {}         # (kind, timestamps) -> CompiledGraph, held so no step looks them up
-        self._step = {n: self.ex.params[n] for n in STEP_PARAMS}
+        self._step = {n: self.ex.params[n] for n in STEP_PARAMS + (HISTORY,)}
         self.position = 0
         self.sampling = GREEDY
         self.timing = {"steps": 0, "step_s": 0.0, "submit_s": 0.0}
@@ -199,13 +205,55 @@ class Model:
             raise FloatingPointError("the logits have no finite value: the device sampled no token")
         return out
 
+    def steps(self, k: int) -> list:
+        """Multi-step decode: k decode steps (fewer where the context ends; at most prefill_chunk)
+        recorded back to back in ONE command buffer and submitted once; returns the k sampled tokens.
+        Each repetition feeds the token the previous one sampled (it stays on the device), stores
+        its own at step.history[pos] and advances step.pos on the device (STORE_AT), so the host
+        writes the position once and reads k tokens once per k steps. The command buffer for each k
+        is recorded on first use. k ≤ prefill_chunk: the decode rings keep chunk − 1 spare rows, so
+        steps a caller discards (rewinding `position`, as generate does) never overwrite rows the
+        kept positions still read."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be an integer ≥ 1, got {k!r}")
+        if self.position >= self.cfg.max_ctx:
+            raise ValueError(f"the sequence is full: position {self.position} = max_ctx; call reset()")
+        t0 = time.perf_counter()
+        k = min(k, self.prefill_chunk, self.cfg.max_ctx - self.position)
+        key = ("decode", k, profile.active())
+        cg = self._graphs.get(key)
+        if cg is None:
+            g = ModelGraph(self.cfg, self.params, 1, prefill=False, fused=self.fused, device=self.device,
+                           splits=self.splits).g
+            hist = g.param(HISTORY, (self.cfg.max_ctx,), "i32")
+            g.op("STORE_AT", g.param("step.token", (1,), "i32"), g.param("step.pos", (1,), "i32"), hist, out=hist,
+                 advance=1)
+            cg = self._graphs[key] = self.ex.compile(g, repeat=k)
+        self._write("step.pos", self.position)
+        t1 = time.perf_counter()
+        with profile.phase("decode"):
+            self._replay(cg)
+        t2 = time.perf_counter()
+        toks = [int(t) for t in self._step[HISTORY].read_at(self.position, k)]
+        self.position += k
+        tm = self.timing
+        tm["steps"] += k
+        tm["submit_s"] += t2 - t1
+        tm["step_s"] += time.perf_counter() - t0
+        return toks
+
     def generate(self, prompt: Sequence[int] | np.ndarray, max_new_tokens: int, sampling: "Sampling | None" = None,
-                 stop: Iterable[int] | None = None) -> Iterator[int]:
-        """A new sequence: prefill `prompt`, then yield up to max_new_tokens sampled tokens (one
-        decode step each after the first), ending early after a token in `stop`. Arguments are
-        checked here, before the generator is returned."""
+                 stop: Iterable[int] | None = None, steps_per_submit: int = STEPS_PER_SUBMIT) -> Iterator[int]:
+        """A new sequence: prefill `prompt`, then yield up to max_new_tokens sampled tokens, ending
+        early after a token in `stop`. Decode runs `steps_per_submit` steps per command buffer
+        (`steps`); tokens past a stop token (or past what the caller took) are discarded and the
+        position, the fed-back token and the sampler counter rewound, so the model ends in the
+        state one-step decoding would leave. Arguments are checked here, before the generator is
+        returned."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer ≥ 0, got {max_new_tokens!r}")
+        if isinstance(steps_per_submit, bool) or not isinstance(steps_per_submit, int) or steps_per_submit < 1:
+            raise ValueError(f"steps_per_submit must be an integer ≥ 1, got {steps_per_submit!r}")
         if sampling is not None and not isinstance(sampling, Sampling):
             raise ValueError(f"sampling must be a Sampling or None, got {type(sampling).__name__}")
         self.reset()
@@ -213,18 +261,37 @@ class Model:
         if prompt.size + max_new_tokens - 1 > self.cfg.max_ctx:
             raise ValueError(f"max_new_tokens: {prompt.size} prompt + {max_new_tokens} new tokens exceed "
                              f"max_ctx {self.cfg.max_ctx} (+1: the last token is not fed back)")
-        return self._generate(prompt, max_new_tokens, sampling or self.sampling, set(stop or ()))
+        return self._generate(prompt, max_new_tokens, sampling or self.sampling, set(stop or ()), steps_per_submit)
 
-    def _generate(self, prompt, max_new_tokens, sampling, stop):
+    def _generate(self, prompt, max_new_tokens, sampling, stop, per_submit):
         if max_new_tokens == 0:
             return
         self.set_sampling(sampling)
         self.prefill(prompt)
-        tok = self.next_token
-        for n in range(max_new_tokens):
-            if tok < 0:
-                raise FloatingPointError("the logits have no finite value: the device sampled no token")
-            yield tok
-            if tok in stop or n + 1 == max_new_tokens:
-                return
-            tok = self.step()
+        batch, n = [self.next_token], 0
+        while True:
+            for j, tok in enumerate(batch):
+                if tok < 0:
+                    raise FloatingPointError("the logits have no finite value: the device sampled no token")
+                try:
+                    yield tok
+                except GeneratorExit:               # the caller stopped taking tokens
+                    self._discard(batch, j + 1)
+                    raise
+                n += 1
+                if tok in stop or n == max_new_tokens:
+                    self._discard(batch, j + 1)
+                    return
+            batch = self.steps(min(per_submit, max_new_tokens - n))
+
+    def _discard(self, batch, kept):
+        """Rewind after a batch of which only the first `kept` tokens were used: the position, the
+        token fed back next and the sampler counter go back to where one-step decoding would have
+        left them (steps: the rows the discarded steps wrote are rewritten before anything reads them)."""
+        surplus = len(batch) - kept
+        if surplus <= 0:
+            return
+        self.position -= surplus
+        self._write("step.token", batch[kept - 1])
+        state = self.ex.params["sampler.state"]
+        state.write(state.read_at(1) - surplus, 1)

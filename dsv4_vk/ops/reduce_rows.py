@@ -2,7 +2,10 @@
 
 Each row is reduced by a cluster of subgroup lanes (shaders/lanes.glsl) sized by `cluster_lanes`
 from the row length and the device's subgroup caps, down to one lane per row (no subgroup ops)
-where a device has none. Inputs are any strided views; outputs any views of the right shape.
+where a device has none — or, for few long rows (`row_workgroup`: decode, one token's D = 4096),
+by a whole workgroup per row (subgroup sums + one shared-memory step), so that a row is spread
+over WORKGROUP lanes instead of one subgroup's. Inputs are any strided views; outputs any views
+of the right shape.
 """
 import numpy as np
 
@@ -10,12 +13,30 @@ from .base import (Launch, OpDef, check_finite, check_params, cluster_lanes, gri
                    shape_push, tensor_push)
 
 WORKGROUP = 256    # a multiple of every subgroup size, so workgroups are whole subgroups
+# A workgroup per row for rows at least this long when there are at most ROW_WG_MAX_ROWS of them:
+# the cluster kernels put WORKGROUP / lanes rows in one workgroup, so few rows would keep only a
+# few subgroups of the device busy, each walking its row serially.
+ROW_WG_MIN_LEN = 256
+ROW_WG_MAX_ROWS = 256
+
+
+def row_workgroup(device, rows, n):
+    """True when `rows` rows of n values are each reduced by a whole workgroup (needs subgroup
+    arithmetic and subgroups of ≥ 4 lanes)."""
+    sg = device.caps.subgroup
+    ops = set(sg.operations) if sg.compute_stage else set()
+    return n >= ROW_WG_MIN_LEN and rows <= ROW_WG_MAX_ROWS and {"basic", "arithmetic"} <= ops and sg.min_size >= 4
 
 
 def row_launch(device, shader, x, out, w=None, scalar=0.0, op_define=None):
     """Launch of a per-row kernel: x rows (last axis) in, `out` (same leading shape) written."""
     shape = shape_push(x)
-    defs, extra = cluster_lanes(device, shape[3])
+    rows = shape[0] * shape[1] * shape[2]
+    if row_workgroup(device, rows, shape[3]):
+        defs, extra, per_group = {"LANES_WORKGROUP": 1}, {}, 1
+    else:
+        defs, extra = cluster_lanes(device, shape[3])
+        per_group = WORKGROUP // defs["LANES"]
     if op_define:
         defs[op_define] = 1
     # same push layout for both shaders: shape, x, out, scalar, then (reduce_rows only) the weight view
@@ -24,8 +45,7 @@ def row_launch(device, shader, x, out, w=None, scalar=0.0, op_define=None):
     if w is not None:
         defs["HAS_WEIGHT"] = 1
     args = [x] + ([w] if w is not None else []) + [out]
-    rows = shape[0] * shape[1] * shape[2]
-    return Launch(shader, args, (len(args) - 1,), push, grid_1d(rows, WORKGROUP // defs["LANES"]),
+    return Launch(shader, args, (len(args) - 1,), push, grid_1d(rows, per_group),
                   defines=defs, spec=(WORKGROUP,), **extra)
 
 

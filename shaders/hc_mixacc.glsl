@@ -1,0 +1,52 @@
+// A token's running mixes sums — M ≤ 24 dot products with fn rows (M a multiple of 4, spec constant)
+// and Σx² — in explicit registers: 6 vec4 and a float, never an indexed array (an array indexed
+// in a loop can be placed in local memory, which turned these bandwidth kernels into local-memory
+// traffic). Rows past M are dead code once M is specialised.
+// The includer defines M and, for mixacc_add, VEC, dot_v(VEC, VEC) and FN(i): the fn chunk at index i
+// (a buffer or shared memory), with row j of a chunk at FN(base + j·row_stride); for mixacc_put it
+// includes wg_reduce.glsl first.
+struct MixAcc { vec4 a0, a1, a2, a3, a4, a5; float ss; };
+
+MixAcc mixacc_zero() { return MixAcc(vec4(0.0), vec4(0.0), vec4(0.0), vec4(0.0), vec4(0.0), vec4(0.0), 0.0); }
+
+#if defined(FN)
+vec4 mix_rows4(VEC xv, uint base, uint sj) {
+    return vec4(dot_v(xv, FN(base)), dot_v(xv, FN(base + sj)), dot_v(xv, FN(base + 2u * sj)),
+                dot_v(xv, FN(base + 3u * sj)));
+}
+
+// A += x·fn[j, chunk] for every row j, and Σx² (with_ss); base: index of row 0's chunk, sj: row stride.
+void mixacc_add(inout MixAcc A, VEC xv, uint base, uint sj, bool with_ss) {
+    if (with_ss) A.ss += dot_v(xv, xv);
+    A.a0 += mix_rows4(xv, base, sj);
+    if (M > 4u) A.a1 += mix_rows4(xv, base + 4u * sj, sj);
+    if (M > 8u) A.a2 += mix_rows4(xv, base + 8u * sj, sj);
+    if (M > 12u) A.a3 += mix_rows4(xv, base + 12u * sj, sj);
+    if (M > 16u) A.a4 += mix_rows4(xv, base + 16u * sj, sj);
+    if (M > 20u) A.a5 += mix_rows4(xv, base + 20u * sj, sj);
+}
+#endif
+
+// Value k (k < M: mix k, k = M: Σx²) — for constant k, or a k known only at run time (a select).
+float mixacc_at(MixAcc A, uint k) {
+    if (k == M) return A.ss;
+    vec4 v = k < 4u ? A.a0 : k < 8u ? A.a1 : k < 12u ? A.a2 : k < 16u ? A.a3 : k < 20u ? A.a4 : A.a5;
+    uint i = k & 3u;
+    return i == 0u ? v.x : i == 1u ? v.y : i == 2u ? v.z : v.w;
+}
+
+#if defined(WG_NV_MAX)
+// wg_reduce.glsl's first step for all M + 1 sums at once: seven vector subgroupAdds back to back,
+// then one elected store of the subgroup's 25 values (not 25 reductions each behind its own branch).
+void mixacc_put(MixAcc A) {
+    A.a0 = subgroupAdd(A.a0);
+    if (M > 4u) A.a1 = subgroupAdd(A.a1);
+    if (M > 8u) A.a2 = subgroupAdd(A.a2);
+    if (M > 12u) A.a3 = subgroupAdd(A.a3);
+    if (M > 16u) A.a4 = subgroupAdd(A.a4);
+    if (M > 20u) A.a5 = subgroupAdd(A.a5);
+    A.ss = subgroupAdd(A.ss);
+    if (subgroupElect())
+        for (uint k = 0u; k <= M; ++k) wg_red[gl_SubgroupID * WG_NV_MAX + k] = mixacc_at(A, k);
+}
+#endif
