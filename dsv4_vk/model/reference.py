@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from ..hc.kernels import reference_head_pre, reference_post, reference_site_pre
+from ..ops.moe import router_scores
 from .checkpoint import check_tensors
 from .config import CSA, SWA, V4Config
 
@@ -111,13 +112,7 @@ def index_topk(scores, valid, k):
 def route(logits, scoring, bias, hash_ids, k, scale):
     """(expert ids [T,k], weights [T,k]): selection by score + bias (bias ranks only) or by the hash
     table; weights = picked scores / (their sum + 1e-20) · routed_scaling_factor."""
-    if scoring == "sqrtsoftplus":
-        sc = np.sqrt(np.logaddexp(0.0, logits))
-    elif scoring == "sigmoid":
-        sc = 1.0 / (1.0 + np.exp(-logits))
-    else:
-        e = np.exp(logits - logits.max(axis=-1, keepdims=True))
-        sc = e / e.sum(axis=-1, keepdims=True)
+    sc = router_scores(logits, scoring)
     if hash_ids is None:
         ids = np.argsort(-(sc + bias), axis=-1, kind="stable")[:, :k]
     else:

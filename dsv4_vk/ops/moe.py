@@ -162,19 +162,24 @@ class MulMatId(OpDef):
 SCORING = ("sqrtsoftplus", "sigmoid", "softmax")
 
 
+def router_scores(logits, scoring):
+    """float64 router scores of logits [T, E]: sqrt(softplus), sigmoid, or softmax over the experts."""
+    lg = np.asarray(logits, np.float64)
+    if scoring == "sqrtsoftplus":
+        return np.sqrt(np.logaddexp(0.0, lg))
+    if scoring == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-lg))
+    e = np.exp(lg - lg.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
 def reference_v4_route(logits, sel, ids=None, top_k=1, scoring="sqrtsoftplus", route_scale=1.0):
     """[T, top_k + 1, 2] (expert id, weight) as V4_ROUTE computes it; sel is the correction bias [E]
     (top-k by score + bias) or, with ids, the hash table tid2eid [V, top_k]; last route: the shared
     expert (id E, weight 1)."""
     lg = np.asarray(logits, np.float64)
     T, E = lg.shape
-    if scoring == "sqrtsoftplus":
-        sc = np.sqrt(np.logaddexp(0.0, lg))
-    elif scoring == "sigmoid":
-        sc = 1.0 / (1.0 + np.exp(-lg))
-    else:
-        e = np.exp(lg - lg.max(axis=-1, keepdims=True))
-        sc = e / e.sum(axis=-1, keepdims=True)
+    sc = router_scores(lg, scoring)
     if ids is None:
         pick = np.argsort(-(sc + np.asarray(sel, np.float64)), axis=-1, kind="stable")[:, :top_k]
     else:
