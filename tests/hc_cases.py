@@ -271,12 +271,16 @@ def test_site_pre_structure(ex, case):
             assert ops[-2:] == ["HC_COEFS", "HC_PRE"] and ops[:-2] in (["HC_MIX"], ["HC_MIX_PART", "HC_MIX_REDUCE"]), ops
 
 
-def chain_reference(i, n_sites):
+def chain_reference(i, n_sites, stage_inputs=None):
     """float64: n_sites sites (sublayer f = 0.5·u + 0.1, fn/scale/base per site) then the head collapse;
-    returns ([X after each site], [u of each site], head output, [(terms' magnitude) of u and X])."""
+    returns ([X after each site], [u of each site], head output, [(terms' magnitude) of u and X], head's).
+    stage_inputs: a path's own X after each site; then stage k > 0 and the head start from that path's
+    X (each stage's own rounding, not the conditioning of the chain before it)."""
     X = np.asarray(i["X"], np.float64)
     xs, us, mags = [], [], []
     for k in range(n_sites):
+        if stage_inputs is not None and k > 0:
+            X = np.asarray(stage_inputs[k - 1], np.float64)
         pre_w, post_w, comb_w = ops_hc.reference_site_coefs(X, i[f"fn{k}"], i[f"scale{k}"], i[f"base{k}"])
         u = reference_pre(X, pre_w)
         f = 0.5 * u + 0.1
@@ -284,6 +288,8 @@ def chain_reference(i, n_sites):
         X = reference_post(f, X, post_w, comb_w)
         us.append(u)
         xs.append(X)
+    if stage_inputs is not None:
+        X = np.asarray(stage_inputs[n_sites - 1], np.float64)
     w = ops_hc.reference_head_weights(X, i["fn_h"], i["scale_h"], i["base_h"])
     return xs, us, reference_pre(X, w), mags, ops_hc.magnitude(reference_pre, X, w)
 
@@ -345,9 +351,15 @@ def site_chain_case(ex, rng, D, T, peak, layout):
         for k, o in enumerate(outs):
             results[k][name] = o
     for k, (ref, scale) in enumerate(zip(refs, scales)):
-        check_paths(results[k], ref, f"chain D={D} T={T} output {k}", sum_bound(scale, 64) + 2e-6, None, scale)
-        for name, r in results[k].items():
-            assert nmse(r, ref, scale) <= SITE_NMSE, (k, name)
+        # end to end: the chain's conditioning (at D = 1 the head's gates see 4 values) amplifies each
+        # stage's rounding, so the spec's ceiling; each stage alone is held to the site bound below
+        check_paths(results[k], ref, f"chain D={D} T={T} output {k}", sum_bound(scale, 64) + 2e-6, PATH_NMSE, scale)
+    for name in results[0]:
+        own_x = [results[2 * k + 1][name] for k in range(n)]
+        xs, us, head, _, _ = chain_reference(i, n, stage_inputs=own_x)
+        for k, ref in enumerate([r for k in range(n) for r in (us[k], xs[k])] + [head]):
+            e = nmse(results[k][name], ref, scales[k])
+            assert e <= SITE_NMSE, f"chain D={D} T={T} {name}: stage output {k} NMSE {e:.3g} vs float64 of its own input"
 
 
 @settings(max_examples=12, deadline=None, database=None)     # each layout is a new pipeline (≈ 0.1 s here)
