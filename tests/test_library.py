@@ -374,16 +374,16 @@ def test_program_cache_evicts_least_recently_used_within_the_budget():
     cache = dev.programs
     a, b, c = Entry("a", 100), Entry("b", 100), Entry("c", 100)
     for key, e in (("a", a), ("b", b)):
-        assert cache.acquire(key, lambda e=e: e) is e
+        assert cache.acquire(key) is None                                 # a miss: the caller builds
         cache.put(key, e)
-    assert cache.acquire("a", lambda: None) is a                         # a hit: a is checked out ...
+    assert cache.acquire("a") is a                                        # a hit: a is checked out ...
     assert cache.count == 1 and cache.nbytes == 100
+    assert cache.acquire("a") is None                                     # ... so another caller builds its own
     cache.put("a", a)                                                     # ... and now the most recent
-    assert cache.acquire("c", lambda: c) is c
+    assert cache.acquire("c") is None
     cache.put("c", c)                                                     # 300 > 250: b goes, not a
     assert b.released and not a.released and not c.released and cache.nbytes == 200
-    fresh = Entry("a2", 100)
-    assert cache.acquire("b", lambda: fresh) is fresh                     # gone from the cache: built again
+    assert cache.acquire("b") is None                                     # gone from the cache: built again
     dev.trim()
     assert a.released and c.released and cache.count == 0
     dev.close()
@@ -440,9 +440,29 @@ def test_nothing_is_bound_past_max_storage_buffer_range(rng):
     dev.close()
 
 
+@pytest.mark.parametrize("spin_us", ["1", "1000000", "-"])
+def test_fence_polling_then_sleeping_gives_the_same_results(spin_us, rng, monkeypatch):
+    """Device.wait polls the fence for DSV4_VK_SPIN_US (1 µs: the run outlasts it, so the wait ends
+    asleep in vkWaitForFences; 1 s: it ends while polling), then sleeps; unset: the device's default."""
+    from dsv4_vk.vk.device import DEFAULT_SPIN_US
+    if spin_us == "-":
+        monkeypatch.delenv("DSV4_VK_SPIN_US", raising=False)
+    else:
+        monkeypatch.setenv("DSV4_VK_SPIN_US", spin_us)
+    x = rng.uniform(-1, 1, (37, 4, 300)).astype(np.float32)
+    w = rng.uniform(0, 1, (37, 4)).astype(np.float32)
+    with dv.Device() as dev:
+        default = 0 if dev.caps.type == "cpu" else DEFAULT_SPIN_US
+        assert dev.spin_ns == 1000 * (default if spin_us == "-" else int(spin_us))
+        for _ in range(3):
+            u = dv.hc_pre(dev.tensor(x), dev.tensor(w)).numpy()
+            ref = kernels.reference_pre(x, w)
+            assert np.abs(u - ref).max() <= 1e-5 and np.abs(ref).max() > 0.1
+
+
 # --- environment switches ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["DSV4_VK_VALIDATION", "DSV4_VK_FORCE_STAGING", "DSV4_VK_CACHE_BYTES"])
+@pytest.mark.parametrize("name", ["DSV4_VK_VALIDATION", "DSV4_VK_FORCE_STAGING", "DSV4_VK_CACHE_BYTES", "DSV4_VK_SPIN_US"])
 def test_device_switches_reject_junk(name, monkeypatch):
     monkeypatch.setenv(name, "maybe")
     with pytest.raises(ValueError, match=f"environment variable {name}='maybe' is not understood"):
@@ -453,6 +473,7 @@ def test_other_switches_reject_junk(monkeypatch):
     from dsv4_vk.core import profile
     from dsv4_vk.hc import policy
     monkeypatch.setenv("DSV4_VK_PROFILE", "2")
+    monkeypatch.setattr(profile, "_env_flag", None)      # read once per process: read it again here
     with pytest.raises(ValueError, match="DSV4_VK_PROFILE='2' is not understood"):
         profile.active()
     monkeypatch.delenv("DSV4_VK_PROFILE")

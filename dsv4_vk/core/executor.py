@@ -95,7 +95,7 @@ class CompiledGraph:
         self._pending = None
         self._io = collections.OrderedDict()     # copies key -> (VkSubmitInfo, keepalive)
         self._stage = None                       # (upload, {input: offset}, download, {output: offset})
-        self._staged = set()                     # outputs of the last run waiting in the download buffer
+        self._staged = frozenset()               # outputs of the last run waiting in the download buffer
         self.stats = None
         self._check_ranges()
         try:
@@ -243,14 +243,13 @@ class CompiledGraph:
         """{output name: a new device Tensor of its shape} (to pass as `out`)."""
         return dict(zip(self._out_spec, DeviceTensor._pooled_many(self.device, self._out_alloc)))
 
-    def _io_info(self, copies_in, copies_out):
-        """The VkSubmitInfo of [copies in, the recording, copies out], recorded once per buffer set."""
-        key = (tuple((c[0].serial, c[2].serial, c[1], c[3], c[4]) for c in copies_in),
-               tuple((c[0].serial, c[2].serial, c[1], c[3], c[4]) for c in copies_out))   # buffers, offsets, sizes
+    def _io_info(self, key, copies_in, copies_out):
+        """The VkSubmitInfo of [copies in, the recording, copies out], recorded once per buffer set
+        (`key`: the copies' buffers, offsets and sizes)."""
         hit = self._io.get(key)
         if hit is not None:
             self._io.move_to_end(key)
-            return hit[0]
+            return hit[0][0]
         rec = self.recording
         if len(self._io) >= IO_CACHE:
             _, (_, cmds) = self._io.popitem(last=False)     # not in flight: its command buffers are reused
@@ -266,45 +265,58 @@ class CompiledGraph:
             chain.append(cmds[1])
         info, arr = self.device.submit_info(chain)
         self._io[key] = ((info, arr), cmds)
-        return info, arr
+        return info
 
     def submit(self, inputs: dict | None = None, out: dict | None = None, read_back=(), **kw) -> Submission:
         """Start a run: write host inputs, copy device-tensor inputs in and the outputs named in
         `out` ({name: Tensor}) out, in one submit. Returns a Submission; a run still in flight on
         this graph is waited for first. read_back: output names `read` will ask for after the run
         (where the host cannot map device memory they come back in the same submit)."""
+        if kw:
+            inputs = {**(inputs or {}), **kw}
         with self._lock:
             if self._pending is not None:
                 self._pending.wait()
             if self.recording.cmd is None:
                 self.device.check_open()
                 raise ValueError("this compiled graph was released")
-            copies_in, copies_out, keep = [], [], []
+            # the per-call path of every library call: one pass, the copy key built as it goes
+            copies_in, copies_out, keep, key = [], [], [], []
             stage = None if self.device.is_host_visible else self._staging()
-            for k, v in {**(inputs or {}), **kw}.items():
-                if isinstance(v, (DeviceTensor, TensorRows)):
-                    copies_in.append(self._copy_in(k, v))
+            if inputs:
+                for k, v in inputs.items():
+                    if isinstance(v, (DeviceTensor, TensorRows)):
+                        c = self._copy_in(k, v)
+                        keep.append(v)
+                    elif stage is None:
+                        self.set_input(k, v)
+                        continue
+                    else:
+                        a = self._host_input(k, v)
+                        up, off = stage[0], stage[1][k]
+                        up._view[off:off + a.nbytes] = a.view(np.uint8).reshape(-1)
+                        c = (up, off, self._in_spec[k][1], GUARD * 4, a.nbytes)
+                    if c[4]:
+                        copies_in.append(c)
+                        key += (c[0].serial, c[1], c[2].serial, c[4])
+            key.append(None)            # copies in | copies out
+            if out:
+                for k, v in out.items():
+                    c = self._copy_out(k, v)
                     keep.append(v)
-                elif stage is None:
-                    self.set_input(k, v)
-                else:
-                    a = self._host_input(k, v)
-                    up, off = stage[0], stage[1][k]
-                    up._view[off:off + a.nbytes] = a.view(np.uint8).reshape(-1)
-                    copies_in.append((up, off, self._in_spec[k][1], GUARD * 4, a.nbytes))
-            for k, v in (out or {}).items():
-                copies_out.append(self._copy_out(k, v))
-                keep.append(v)
-            self._staged = set()
+                    if c[4]:
+                        copies_out.append(c)
+                        key += (c[0].serial, c[1], c[2].serial, c[3], c[4])
             if stage is not None:
+                self._staged = set()
                 for k in read_back:
                     if k in stage[3] and k not in (out or {}):
                         _, buf, off, n, _ = self._out_spec[k]
-                        copies_out.append((buf, off, stage[2], stage[3][k], n))
+                        if n:
+                            copies_out.append((buf, off, stage[2], stage[3][k], n))
+                            key += (buf.serial, off, stage[2].serial, stage[3][k], n)
                         self._staged.add(k)
-            copies_in = [c for c in copies_in if c[4]]
-            copies_out = [c for c in copies_out if c[4]]
-            info = self._io_info(copies_in, copies_out)[0] if copies_in or copies_out else None
+            info = self._io_info(tuple(key), copies_in, copies_out) if copies_in or copies_out else None
             self.recording.start(info)
             self.last_submit_info = info if info is not None else self.recording.submit_info   # (benchmarks)
             self._pending = Submission(self, keep)

@@ -28,7 +28,15 @@ _env_profile = None   # the process-wide Profile of DSV4_VK_PROFILE=1
 
 
 def _env_enabled():
-    return env.flag("DSV4_VK_PROFILE")
+    """DSV4_VK_PROFILE, read once (at the first run): every run asks, and the environment lookup
+    would cost each library call about a microsecond."""
+    global _env_flag
+    if _env_flag is None:
+        _env_flag = env.flag("DSV4_VK_PROFILE")
+    return _env_flag
+
+
+_env_flag = None
 
 
 def active():

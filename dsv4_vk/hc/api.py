@@ -110,45 +110,58 @@ def call(device, key, inputs, out_shapes, build, out=None, per_token=()):
     Tensor or `out` (a tuple of Tensors to write) is given. per_token: names of the inputs whose
     first axis is T (all of them when the op is per-token), so that oversized calls can be split."""
     dev = pick_device(device, *inputs.values(), *(out or ()))
-    on_device, largest, shapes = out is not None, 0, []
-    for v in inputs.values():           # one pass: the per-call path is short
-        if isinstance(v, (Tensor, TensorRows)):
-            on_device, n = True, v.numel
-        else:
-            n = v.size
-        largest = max(largest, n)
+    on_device = out is not None
+    shapes = []
+    for v in inputs.values():           # one pass: this is the per-call path
+        on_device = on_device or isinstance(v, _ON_DEVICE)
         shapes.append(v.shape)
-    if per_token and 4 * max([largest] + [math.prod(s) for s in out_shapes]) > dev.caps.limits.max_storage_buffer_range:
-        T = out_shapes[0][0]
-        chunk = _chunk_tokens(dev, {k: inputs[k] for k in per_token}, out_shapes)
-        if T > chunk:                   # one call per chunk of tokens, each within the limit
-            if on_device:
-                outs = tuple(out) if out is not None else tuple(dev.empty(s) for s in out_shapes)
-                for i in range(0, T, chunk):
-                    n = min(chunk, T - i)
-                    part = {k: (_rows(v, i, i + n) if k in per_token else v) for k, v in inputs.items()}
-                    call(dev, key, part, [(n,) + tuple(s[1:]) for s in out_shapes], build,
-                         tuple(o.rows(i, i + n) for o in outs))
-                return outs
-            parts = [call(dev, key, {k: (v[i:i + chunk] if k in per_token else v) for k, v in inputs.items()},
-                          [(min(chunk, T - i),) + tuple(s[1:]) for s in out_shapes], build)
-                     for i in range(0, T, chunk)]
-            return tuple(np.concatenate(p) for p in zip(*parts))
     key = (*key, tuple(shapes), hc_policy.generation())     # key[0]: the op, or the owning site
-    cg = dev.programs.acquire(key, lambda: _compile(dev, inputs, build))
+    cg = dev.programs.acquire(key)
+    if cg is None:                      # first call of this key (or evicted): sizes checked, then compiled
+        if per_token and _oversized(dev, inputs, out_shapes):
+            T = out_shapes[0][0]
+            chunk = _chunk_tokens(dev, {k: inputs[k] for k in per_token}, out_shapes)
+            if T > chunk:
+                return _call_in_chunks(dev, key[:-2], inputs, out_shapes, build, out, per_token, on_device, T, chunk)
+        cg = _compile(dev, inputs, build)
     try:
         if on_device:
             outs = cg.new_outputs() if out is None else {f"out{i}": o for i, o in enumerate(out)}
-            cg.submit(inputs, out=outs).wait()
+            cg.submit(inputs, outs).wait()
             outs = tuple(outs.values())
         else:
-            names = [f"out{i}" for i in range(len(out_shapes))]
-            cg.submit(inputs, read_back=names).wait()
+            names = cg.graph.outputs.keys()
+            cg.submit(inputs, None, names).wait()
             outs = tuple(cg.read(k) for k in names)
         _local.last = cg
     finally:
         dev.programs.put(key, cg)
     return outs
+
+
+_ON_DEVICE = (Tensor, TensorRows)
+
+
+def _oversized(dev, inputs, out_shapes):
+    largest = max([v.numel if isinstance(v, _ON_DEVICE) else v.size for v in inputs.values()]
+                  + [math.prod(s) for s in out_shapes])
+    return 4 * largest > dev.caps.limits.max_storage_buffer_range
+
+
+def _call_in_chunks(dev, key, inputs, out_shapes, build, out, per_token, on_device, T, chunk):
+    """One call per chunk of tokens, each within the device's maxStorageBufferRange."""
+    if on_device:
+        outs = tuple(out) if out is not None else tuple(dev.empty(s) for s in out_shapes)
+        for i in range(0, T, chunk):
+            n = min(chunk, T - i)
+            part = {k: (_rows(v, i, i + n) if k in per_token else v) for k, v in inputs.items()}
+            call(dev, key, part, [(n,) + tuple(s[1:]) for s in out_shapes], build,
+                 tuple(o.rows(i, i + n) for o in outs))
+        return outs
+    parts = [call(dev, key, {k: (v[i:i + chunk] if k in per_token else v) for k, v in inputs.items()},
+                  [(min(chunk, T - i),) + tuple(s[1:]) for s in out_shapes], build)
+             for i in range(0, T, chunk)]
+    return tuple(np.concatenate(p) for p in zip(*parts))
 
 
 def _rows(v, start, stop):

@@ -1,7 +1,7 @@
 """The device's cache of compiled programs, bounded by its byte budget.
 
 Entries are anything with `nbytes` and `release()` (the executor's compiled graphs), cached by a key
-such as (op, shapes, flags). A caller checks an entry out with `acquire` and gives it back with
+such as (op, shapes, flags). A caller checks an entry out with `acquire` (None: build one) and gives it back with
 `put`: while checked out no other caller gets it (a concurrent caller with the same key gets
 another one, compiled for it), so per-call buffers are never shared between concurrent calls.
 Idle entries and the pool's free buffers together stay within `Device.cache_bytes`
@@ -20,21 +20,23 @@ class ProgramCache:
         self.count = 0
         self._dropped = collections.deque()       # owners gone (from finalizers: no lock taken there)
 
-    def acquire(self, key, build):
-        """An idle entry of `key`, checked out; or `build()` (not counted until it is put back)."""
-        while self._dropped:
-            self.drop(self._dropped.popleft())
+    def acquire(self, key):
+        """An idle entry of `key`, checked out; None when there is none (the caller builds one,
+        which counts once it is put back)."""
+        if self._dropped:
+            while self._dropped:
+                self.drop(self._dropped.popleft())
         with self._lock:
             entries = self._idle.get(key)
-            if entries:
-                entry = entries.pop()
-                if not entries:
-                    del self._idle[key]
-                self.nbytes -= entry.nbytes
-                self.count -= 1
-                return entry
-        self.device.check_open()
-        return build()
+            if not entries:
+                self.device.check_open()
+                return None
+            entry = entries.pop()
+            if not entries:
+                del self._idle[key]
+            self.nbytes -= entry.nbytes
+            self.count -= 1
+            return entry
 
     def put(self, key, entry):
         """Give a checked-out entry back (most recently used), then hold the budget."""

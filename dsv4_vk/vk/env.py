@@ -36,3 +36,15 @@ def byte_size(name: str, default: int) -> int:
         raise ValueError(f"environment variable {name}={raw!r} is not understood: expected a byte count such "
                          "as 1073741824, 512M or 2GiB (units K, M, G, powers of 1024)")
     return int(m.group(1)) * _UNITS[m.group(2)]
+
+
+def integer(name: str, default: int, lo: int, hi: int, what: str) -> int:
+    """An integer in [lo, hi] (`what` says what it counts); unset or empty gives `default`."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    v = raw.strip()
+    if not re.fullmatch(r"\d+", v) or not lo <= int(v) <= hi:
+        raise ValueError(f"environment variable {name}={raw!r} is not understood: expected {what}, an integer "
+                         f"from {lo} to {hi}")
+    return int(v)
