@@ -12,7 +12,7 @@ from importlib.metadata import PackageNotFoundError, version as _version
 from . import ops  # noqa: F401  (registers the primitive ops)
 from . import hc  # noqa: F401  (registers the fused HC ops)
 from .core import CompiledGraph, Executor, Graph, GraphTensor, RunStats, Submission
-from .hc import HCUnsupported, HcHead, HcSite, hc_comb, hc_post, hc_pre, hc_site_pre, last_run
+from .hc import HCUnsupported, HcHead, HcSite, MixCarry, hc_comb, hc_post, hc_pre, hc_site_pre, last_run
 from .vk import (Device, DeviceClosed, ShaderCompileError, Tensor, ValidationError, VulkanError, VulkanUnavailable,
                  default_device)
 
@@ -22,6 +22,6 @@ except PackageNotFoundError:     # running from a source tree that was never ins
     __version__ = "0+unknown"
 
 __all__ = ["CompiledGraph", "Device", "DeviceClosed", "Executor", "Graph", "GraphTensor", "HCUnsupported", "HcHead",
-           "HcSite", "RunStats", "ShaderCompileError", "Submission", "Tensor", "ValidationError", "VulkanError",
+           "HcSite", "MixCarry", "RunStats", "ShaderCompileError", "Submission", "Tensor", "ValidationError", "VulkanError",
            "VulkanUnavailable", "__version__", "default_device", "hc", "hc_comb", "hc_post", "hc_pre", "hc_site_pre",
            "last_run"]

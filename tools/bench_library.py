@@ -3,8 +3,10 @@
 
 - numpy API: hc_comb / hc_pre / hc_post / hc_site_pre on numpy arrays (upload, submit, wait, read);
 - device-tensor API: the same functions on dsv4_vk.Tensors (results stay on the device);
-- HcSite: site.pre / site.post with the weights resident;
-- program: a compiled graph of one full site (pre → post, f = u), and of N sites chained.
+- HcSite: site.pre / site.post with the weights resident; post(next=) also computing the next site's
+  mixes (HC_POST_MIX), and the next site's pre(carry=) starting from them;
+- program: a compiled graph of one full site (pre → post, f = u), and of N sites chained (each post
+  carrying the next site's mixes).
 
 Columns (µs; per figure the lowest of 3 medians over --calls calls each, after --warmup calls): "call", the whole call; "in s+w", the
 time the call spent inside Device.submit + Device.wait (vkQueueSubmit and the fence wait, timed in
@@ -149,17 +151,25 @@ def main(argv=None):
                             lambda: dv.hc_site_pre(t["X"], t["fn"], t["scale"], t["base"]), last, **n))
 
         site = dv.HcSite(t["fn"], t["scale"], t["base"], device=dev)
+        site2 = dv.HcSite(t["fn"], t["scale"], t["base"], device=dev)
         rows.append(measure("HcSite", "pre", lambda: site.pre(t["X"]), last, **n))
         u, p, cb = site.pre(t["X"])
         rows.append(measure("HcSite", "post", lambda: site.post(u, t["X"], p, cb), last, **n))
+        rows.append(measure("HcSite", "post(next=)", lambda: site.post(u, t["X"], p, cb, next=site2), last, **n))
+        _, carry = site.post(u, t["X"], p, cb, next=site2)
+        rows.append(measure("HcSite", "pre(carry=)", lambda: site2.pre(t["X"], carry=carry), last, **n))
 
         for n_sites in sorted({1, args.sites}):
             sites = [site] + [dv.HcSite(t["fn"], t["scale"], t["base"], device=dev) for _ in range(n_sites - 1)]
             g = dv.Graph()
             x = xin = g.input("X", (T, 4, D))
-            for s in sites:
-                uu, pp, cc = s.pre_graph(g, x)
-                x = s.post_graph(g, uu, x, pp, cc)
+            mix = None
+            for k, s in enumerate(sites):         # each post carries the next site's mixes (the last: none)
+                uu, pp, cc = s.pre_graph(g, x, mix=mix)
+                if k + 1 < n_sites:
+                    x, mix = s.post_graph(g, uu, x, pp, cc, next=sites[k + 1])
+                else:
+                    x = s.post_graph(g, uu, x, pp, cc)
             g.output("X_new", x)
             prog = g.compile(dev)
             x_next = dev.empty((T, 4, D))

@@ -7,18 +7,19 @@
 - `policy`: which path runs on a device and why (environment switches, device capabilities);
 - `api`: the ops as functions (`hc_comb`, `hc_pre`, `hc_post`, `hc_site_pre`): numpy in → numpy
   out, device Tensors in → Tensors out;
-- `resident`: `HcSite` / `HcHead`, a site's (or the head's) weights resident on a device;
+- `resident`: `HcSite` / `HcHead`, a site's (or the head's) weights resident on a device, and
+  `MixCarry`, the next site's mixes computed by a post;
 - `cases`: the one case list behind eval, bench, the tests and the GPU check; `metrics`: errors.
 """
 from .. import ops as _primitives  # noqa: F401  (the unfused chains are built from these)
 from . import kernels  # noqa: F401  (registers the fused ops)
 from .api import hc_comb, hc_post, hc_pre, hc_site_pre, last_run
-from .composite import (CARRY_MAX_T, comb, comb_chain, head_pre, mixes, post, post_chain, pre, pre_chain, site,
+from .composite import (CARRY_MAX_T, carries, comb, comb_chain, head_pre, mixes, post, post_chain, pre, pre_chain, site,
                         site_post, site_pre, variants)
 from .kernels import HC, N_MIX
 from .policy import HCUnsupported
-from .resident import HcHead, HcSite
+from .resident import HcHead, HcSite, MixCarry
 
-__all__ = ["HC", "N_MIX", "HCUnsupported", "HcHead", "HcSite", "comb", "comb_chain", "head_pre", "hc_comb",
+__all__ = ["HC", "N_MIX", "HCUnsupported", "HcHead", "HcSite", "MixCarry", "carries", "comb", "comb_chain", "head_pre", "hc_comb",
            "hc_post", "hc_pre", "hc_site_pre", "last_run", "mixes", "post", "post_chain", "pre", "pre_chain", "site",
            "site_post", "site_pre", "variants", "CARRY_MAX_T"]

@@ -126,7 +126,12 @@ def call(device, key, inputs, out_shapes, build, out=None, per_token=()):
         cg = _compile(dev, inputs, build)
     try:
         if on_device:
-            outs = cg.new_outputs() if out is None else {f"out{i}": o for i, o in enumerate(out)}
+            if out is None:
+                outs = cg.new_outputs()
+            else:                       # out=: the given tensors, new ones where an entry is None
+                outs = {f"out{i}": o for i, o in enumerate(out)}
+                if None in out:
+                    outs = {k: (v if outs[k] is None else outs[k]) for k, v in cg.new_outputs().items()}
             cg.submit(inputs, outs).wait()
             outs = tuple(outs.values())
         else:

@@ -338,6 +338,12 @@ def site(g, X, fn, scale, base, sublayer, *, mix=None, next_fn=None, hc_eps=1e-6
     return site_post(g, f, X, post_w, comb_m, next_fn=next_fn, fused=fused, site=site, device=device)
 
 
+def carries(device, fused, T, site=None):
+    """Whether a site's post carries the next site's mixes partials at T tokens (the site path, T ≤
+    CARRY_MAX_T)."""
+    return T <= CARRY_MAX_T and _site_choice(device, fused, site, T).fused
+
+
 def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, device=None):
     """The second half of `site`: X_new = post(f, X, post, comb); returns (X_new, carry). On the site
     path at T ≤ CARRY_MAX_T with `next_fn`: HC_POST_MIX, carry = the next site's mixes partials."""
@@ -348,7 +354,7 @@ def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, d
         if next_fn.ndim != 2 or next_fn.shape[0] not in (N_MIX, HC) or next_fn.shape[1] != HC * D:
             raise ValueError(f"next_fn must be a site's fn [24, {HC * D}] or the head's [4, {HC * D}], "
                              f"got {list(next_fn.shape)}")
-    if next_fn is None or X.shape[0] > CARRY_MAX_T or not _site_choice(device, fused, site, X.shape[0]).fused:
+    if next_fn is None or not carries(device, fused, X.shape[0], site):
         return post(g, f, X, post_w, comb_m, fused=fused, device=device), None
     for name, t in (("f", f), ("residual", X), ("post", post_w), ("comb", comb_m)):
         _tensor(g, name, t)

@@ -7,8 +7,12 @@ its programs compiled once per (op, shapes) and kept in the device's program cac
     head = HcSite.head(fn_h, scale_h, base_h, device=dev)
     u = head.collapse(X)                    # [T,D]
 
-`pre_graph` / `post_graph` / `collapse_graph` append the same nodes to a Graph of your own (the
-weights bound in place), to put whole steps into one program (docs/library.md).
+Chained sites: `X_new, carry = site.post(f, X, post, comb, next=site2)` also computes site2's mixes
+partials in the same pass (HC_POST_MIX, on the site path at T ≤ CARRY_MAX_T), and
+`site2.pre(X_new, carry=carry)` (or `head.collapse(X_new, carry=carry)`) starts from them: a site
+is then two dispatches. `pre_graph` / `post_graph` / `collapse_graph` append the same nodes to a
+Graph of your own (the weights bound in place, `mix=` / `next=` for the carry), to put whole steps
+into one program (docs/library.md).
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import weakref
 
 from . import composite as hc, policy as hc_policy
 from .api import array_arg, call, empty_result, hc_post, hidden, pick_device
+from .composite import CARRY_MAX_T
 from .kernels import HC, N_MIX, check_eps, check_n_iter
 from ..vk.tensor import Tensor
 
@@ -42,6 +47,41 @@ class _Resident:
     def _x(self, X):
         X = array_arg("X", X, (None, HC, self.D))
         return X, X.shape[0]
+
+    def _carry(self, carry, T):
+        """The partials of a MixCarry made for this object (None: no carry)."""
+        if carry is None or carry.partials is None:
+            return None
+        if not isinstance(carry, MixCarry):
+            raise ValueError(f"carry must be the MixCarry a post(..., next=) returned, got {type(carry).__name__}")
+        if carry.target is not self:
+            raise ValueError("carry was computed for another site: pass it to the site given as next=")
+        if carry.partials.shape[0] != T:
+            raise ValueError(f"carry holds {carry.partials.shape[0]} token(s), X has {T}")
+        return carry.partials
+
+    def _run_pre(self, name, X, T, carry, out, out_shapes, build):
+        """call() of this object's pre-side program, with the carried partials as an input when given."""
+        mix = self._carry(carry, T)
+        if mix is None:
+            return call(self.device, (self._owner, name), {"X": X}, out_shapes,
+                        lambda g, t, dev: build(g, t["X"], None), out, ("X",))
+        return call(self.device, (self._owner, name, "carried"), {"X": X, "mix": mix}, out_shapes,
+                    lambda g, t, dev: build(g, t["X"], t["mix"]), out, ("X", "mix"))
+
+
+class MixCarry:
+    """The next site's mixes partials, computed by `site.post(..., next=)` in the same pass as the new
+    streams: give it to that site's `pre(X_new, carry=)` (or the head's `collapse`). `partials` is
+    None where nothing was carried (more than CARRY_MAX_T tokens, or the three-op path): the next
+    pre then computes its mixes itself."""
+
+    def __init__(self, target, partials):
+        self.target, self.partials = target, partials
+
+    def __repr__(self):
+        what = "nothing" if self.partials is None else f"partials {tuple(self.partials.shape)}"
+        return f"<MixCarry of {what} for {type(self.target).__name__}>"
 
 
 def _drop(device_ref, owner):
@@ -73,30 +113,60 @@ class HcSite(_Resident):
         """The head collapse (fn_h [4,4D], scale_h [1], base_h [4]) with its weights resident."""
         return HcHead(fn_h, scale_h, base_h, hc_eps=hc_eps, norm_eps=norm_eps, device=device, fused=fused)
 
-    def pre_graph(self, g, X):
-        """Append this site's pre side to graph g: (u, post, comb) graph tensors."""
+    def pre_graph(self, g, X, mix=None):
+        """Append this site's pre side to graph g: (u, post, comb) graph tensors. mix: the partials a
+        previous post_graph(..., next=this site) returned."""
         return hc.site_pre(g, X, g.bind(self.fn, "fn"), g.bind(self.scale, "scale"), g.bind(self.base, "base"),
                            hc_eps=self.hc_eps, norm_eps=self.norm_eps, n_iter=self.n_iter, fused=self.fused,
-                           device=self.device)
+                           device=self.device, mix=mix)
 
-    def post_graph(self, g, f, X, post, comb):
-        """Append this site's post side to graph g: X_new [T,4,D]."""
-        return hc.post(g, f, X, post, comb, fused=self.fused, device=self.device)
+    def post_graph(self, g, f, X, post, comb, next=None):
+        """Append this site's post side to graph g: X_new [T,4,D]; with `next` (the next HcSite or the
+        HcHead) (X_new, partials or None) — the partials for next.pre_graph / collapse_graph's mix=."""
+        if next is None:
+            return hc.post(g, f, X, post, comb, fused=self.fused, device=self.device)
+        self._check_next(next)
+        return hc.site_post(g, f, X, post, comb, next_fn=g.bind(next.fn, "next_fn"), fused=self.fused,
+                            device=self.device)
 
-    def pre(self, X, *, out=None):
+    def _check_next(self, next):
+        if not isinstance(next, _Resident):
+            raise ValueError(f"next must be an HcSite or HcHead, got {type(next).__name__}")
+        if next.device is not self.device or next.D != self.D:
+            raise ValueError(f"next must live on the same device with the same D ({self.D}), got D = {next.D} "
+                             f"on {next.device!r}")
+
+    def pre(self, X, *, carry: MixCarry | None = None, out=None):
         """(u [T,D], post [T,4], comb [T,4,4]) from the streams X [T,4,D]: Tensors for a Tensor X
-        (or with out=(u, post, comb)), numpy arrays for a numpy X."""
+        (or with out=(u, post, comb)), numpy arrays for a numpy X. carry: what the previous site's
+        post(..., next=this site) returned, for X its output."""
         X, T = self._x(X)
         on_device = out is not None or isinstance(X, Tensor)
         if T == 0:
             return empty_result(on_device, self.device, (0, self.D), (0, HC), (0, HC, HC))
         out = tuple(out) if out is not None else None
-        return call(self.device, (self._owner, "pre"), {"X": X}, [(T, self.D), (T, HC), (T, HC, HC)],
-                    lambda g, t, dev: self.pre_graph(g, t["X"]), out, ("X",))
+        return self._run_pre("pre", X, T, carry, out, [(T, self.D), (T, HC), (T, HC, HC)], self.pre_graph)
 
-    def post(self, f, X, post, comb, *, out=None):
-        """X_new [T,4,D] = f·post[:, d] + Σ_s comb[:, s, d]·X[:, s] (HC_POST, this site's path)."""
-        return hc_post(f, X, post, comb, fused=self.fused, device=self.device, out=out)
+    def post(self, f, X, post, comb, *, next=None, out=None):
+        """X_new [T,4,D] = f·post[:, d] + Σ_s comb[:, s, d]·X[:, s] (HC_POST, this site's path).
+        With `next` (the next HcSite, or the HcHead): (X_new, MixCarry) — where this site runs the
+        site kernels at T ≤ CARRY_MAX_T, next's mixes partials are computed in the same pass."""
+        if next is None:
+            return hc_post(f, X, post, comb, fused=self.fused, device=self.device, out=out)
+        self._check_next(next)
+        X, T = self._x(X)
+        if T == 0 or T > CARRY_MAX_T or not hc.carries(self.device, self.fused, T):
+            return hc_post(f, X, post, comb, fused=self.fused, device=self.device, out=out), MixCarry(next, None)
+        f = array_arg("f", f, (T, self.D))
+        post = array_arg("post", post, (T, HC))
+        comb = array_arg("comb", comb, (T, HC, HC))
+        if out is not None and not isinstance(out, Tensor):
+            raise ValueError(f"out must be a Tensor, got {out!r}")
+        outs = call(self.device, (self._owner, "post", next._owner), {"f": f, "X": X, "post": post, "comb": comb},
+                    [(T, HC, self.D)],
+                    lambda g, t, dev: self.post_graph(g, t["f"], t["X"], t["post"], t["comb"], next=next),
+                    None if out is None else (out, None), ())
+        return outs[0], MixCarry(next, outs[1])
 
 
 class HcHead(_Resident):
@@ -115,16 +185,17 @@ class HcHead(_Resident):
         self.base = _resident(dev, "base_h", base_h, (HC,))
         self.hc_eps, self.norm_eps = check_eps("hc_eps", hc_eps), check_eps("norm_eps", norm_eps)
 
-    def collapse_graph(self, g, X):
-        """Append the head collapse to graph g: u [T,D]."""
+    def collapse_graph(self, g, X, mix=None):
+        """Append the head collapse to graph g: u [T,D]. mix: the partials a last site's
+        post_graph(..., next=this head) returned."""
         return hc.head_pre(g, X, g.bind(self.fn, "fn_h"), g.bind(self.scale, "scale_h"), g.bind(self.base, "base_h"),
-                           hc_eps=self.hc_eps, norm_eps=self.norm_eps, fused=self.fused, device=self.device)
+                           hc_eps=self.hc_eps, norm_eps=self.norm_eps, fused=self.fused, device=self.device,
+                           mix=mix)
 
-    def collapse(self, X, *, out=None):
-        """u [T,D] from the streams X [T,4,D] (Tensor → Tensor, numpy → numpy)."""
+    def collapse(self, X, *, carry: MixCarry | None = None, out=None):
+        """u [T,D] from the streams X [T,4,D] (Tensor → Tensor, numpy → numpy); carry as for HcSite.pre."""
         X, T = self._x(X)
         if T == 0:
             return empty_result(out is not None or isinstance(X, Tensor), self.device, (0, self.D))[0]
         out = (out,) if isinstance(out, Tensor) else out
-        return call(self.device, (self._owner, "collapse"), {"X": X}, [(T, self.D)],
-                    lambda g, t, dev: self.collapse_graph(g, t["X"]), out, ("X",))[0]
+        return self._run_pre("collapse", X, T, carry, out, [(T, self.D)], self.collapse_graph)[0]
