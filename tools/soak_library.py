@@ -3,7 +3,7 @@
 and device allocations. It fails (exit 1) when either grows after the warm-up.
 
 Each step: two HcSites (pre on the device streams, the user's layer — an RMS_NORM program of its own
-— and post), the head collapse, one
+— and post carrying the next mixes), the head collapse from the carry, one
 hc_comb on numpy arrays (the numpy API), and one replay of a compiled program of a full site
 (bound weights, X copied in and out). Every --every steps it samples the process RSS
 (/proc/self/statm), the device's allocations and bytes (`Device.memory_stats`) and the number of
@@ -64,12 +64,13 @@ def main(argv=None):
               f"{'objects':>8s} {'ms/step':>8s}")
         t0 = time.perf_counter()
         for step in range(1, args.steps + 1):
-            for site in sites:
-                u, post, comb = site.pre(X)
+            carry = None
+            for k, site in enumerate(sites):        # each post carries the next site's (the head's) mixes
+                u, post, comb = site.pre(X, carry=carry)
                 f = dev.empty((1, D))
                 layer.replay(u=u, out={"f": f})
-                X = site.post(f, X, post, comb)
-            h = head.collapse(X)
+                X, carry = site.post(f, X, post, comb, next=sites[k + 1] if k + 1 < len(sites) else head)
+            h = head.collapse(X, carry=carry)
             dv.hc_comb(mixes, scale, base, device=dev)
             prog.replay(X=X, out={"X_new": X})
             if step == args.warmup or step % args.every == 0 or step == args.steps:

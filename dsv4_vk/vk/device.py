@@ -526,11 +526,15 @@ class Device:
         return Tensor(self, shape, dtype)
 
     def trim(self) -> None:
-        """Release every cached program that is not in use and every free pooled buffer now."""
+        """Release every cached program that is not in use, every free pooled buffer and the staging
+        buffer of uploads and reads (discrete GPUs; made again on the next one) now."""
         self.check_open()
         self.programs.trim()
         with self.lock:
             self.pool.trim()
+            if self._staging is not None:
+                self._staging.destroy()
+                self._staging = None
 
     def memory_stats(self) -> dict:
         """Bytes and counts of what the device holds (the soak and the memory tests watch these)."""
