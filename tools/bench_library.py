@@ -18,7 +18,10 @@ caches: on a CPU device the kernels between calls evict the interpreter's caches
 same submission (same command buffers) issued alone, for reference. Submits per call are counted,
 not assumed.
 
-    python3 tools/bench_library.py [--d 4096] [--t 1] [--calls 300] [--sites 4] [--json out.json]
+    python3 tools/bench_library.py [--d 4096] [--t 1] [--calls 300] [--sites 4] [--spin-us 0,2000] [--json out.json]
+
+"spin": the fence polling of Device.wait in µs (DSV4_VK_SPIN_US); with --spin-us each row is
+measured at each setting in turn, in one process.
 """
 import argparse
 import json
@@ -36,6 +39,7 @@ class SubmitClock:
     """Accumulates the time spent inside dev.submit and dev.wait (instance attributes shadow them)."""
 
     def __init__(self, dev):
+        self.device = dev
         self.ns = self.cpu_ns = self.submits = 0
         self.stubbed = False
         for name in ("submit", "wait"):
@@ -77,7 +81,24 @@ def _median_us(fn, calls, warmup, clock):
     return best
 
 
+SPIN_US = [None]      # fence polling settings compared row by row (--spin-us); None: the device's default
+
+
 def measure(name, op, call, program, calls, warmup, clock):
+    """measure_one for each --spin-us setting, in turn, in this process (variants compared side by side)."""
+    dev, rows = clock.device, []
+    default = dev.spin_ns
+    try:
+        for spin in SPIN_US:
+            dev.spin_ns = default if spin is None else 1000 * spin
+            rows.append(measure_one(name, op, call, program, calls, warmup, clock))
+            rows[-1]["spin_us"] = dev.spin_ns // 1000
+    finally:
+        dev.spin_ns = default
+    return rows
+
+
+def measure_one(name, op, call, program, calls, warmup, clock):
     """Time `call` (and its time inside submit + wait), then the bare submission it made on `program()`."""
     host, inside, over, cpu = _median_us(call, calls, warmup, clock)
     cg = program()
@@ -100,7 +121,7 @@ def measure(name, op, call, program, calls, warmup, clock):
            "overhead_us": round(over, 1), "cpu_overhead_us": round(cpu, 1), "stubbed_us": round(stub, 1),
            "bare_submit_wait_us": round(base, 1), "submits_per_call": submits}
     cols = " ".join(f"{v:9.1f}" for v in (host, inside, over, cpu, stub, base))
-    print(f"{name:14s} {op:20s} {cols} {submits:4d}", flush=True)
+    print(f"{name:14s} {op:20s} {clock.device.spin_ns // 1000:5d} {cols} {submits:4d}", flush=True)
     return row
 
 
@@ -111,8 +132,16 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--sites", type=int, default=4, help="sites chained in the N-site program")
+    ap.add_argument("--spin-us", default="", help="comma-separated DSV4_VK_SPIN_US settings to compare row by row "
+                    "(default: the device's own)")
     ap.add_argument("--json", help="write the results to this file")
     args = ap.parse_args(argv)
+    try:
+        SPIN_US[:] = [int(v) for v in args.spin_us.split(",")] if args.spin_us else [None]
+    except ValueError:
+        ap.error(f"--spin-us: expected integers such as 0,2000, got {args.spin_us!r}")
+    if any(v is not None and v < 0 for v in SPIN_US):
+        ap.error("--spin-us values must be ≥ 0")
     if args.d < 1 or args.t < 1 or args.calls < 1 or args.warmup < 0 or args.sites < 1:
         ap.error("--d, --t, --calls and --sites must be ≥ 1, --warmup ≥ 0")
     T, D = args.t, args.d
@@ -132,32 +161,32 @@ def main(argv=None):
         print(f"device: {dev.name} ({dev.caps.type}); T = {T}, D = {D}; lowest of {ROUNDS} medians of "
               f"{args.calls} calls, µs")
         heads = " ".join(f"{h:>9s}" for h in ("call", "in s+w", "overhead", "cpu ovh", "stubbed", "bare"))
-        print(f"{'path':14s} {'op':20s} {heads} {'subm':>4s}")
+        print(f"{'path':14s} {'op':20s} {'spin':>5s} {heads} {'subm':>4s}")
         last = lambda: hc_api._local.last          # the program the last API call ran  # noqa: E731
         n, c = dict(calls=args.calls, warmup=args.warmup, clock=SubmitClock(dev)), dict(device=dev)
-        rows.append(measure("numpy", "hc_comb", lambda: dv.hc_comb(mixes, scale, base, **c), last, **n))
-        rows.append(measure("numpy", "hc_pre", lambda: dv.hc_pre(X, w, **c), last, **n))
-        rows.append(measure("numpy", "hc_post", lambda: dv.hc_post(f, X, post, comb, **c), last, **n))
-        rows.append(measure("numpy", "hc_site_pre", lambda: dv.hc_site_pre(X, fn, scale, base, **c), last, **n))
+        rows.extend(measure("numpy", "hc_comb", lambda: dv.hc_comb(mixes, scale, base, **c), last, **n))
+        rows.extend(measure("numpy", "hc_pre", lambda: dv.hc_pre(X, w, **c), last, **n))
+        rows.extend(measure("numpy", "hc_post", lambda: dv.hc_post(f, X, post, comb, **c), last, **n))
+        rows.extend(measure("numpy", "hc_site_pre", lambda: dv.hc_site_pre(X, fn, scale, base, **c), last, **n))
 
         t = {k: dev.tensor(v) for k, v in dict(X=X, fn=fn, scale=scale, base=base, mixes=mixes, w=w, f=f,
                                                  post=post, comb=comb).items()}
-        rows.append(measure("device-tensor", "hc_comb", lambda: dv.hc_comb(t["mixes"], t["scale"], t["base"]),
+        rows.extend(measure("device-tensor", "hc_comb", lambda: dv.hc_comb(t["mixes"], t["scale"], t["base"]),
                             last, **n))
-        rows.append(measure("device-tensor", "hc_pre", lambda: dv.hc_pre(t["X"], t["w"]), last, **n))
-        rows.append(measure("device-tensor", "hc_post", lambda: dv.hc_post(t["f"], t["X"], t["post"], t["comb"]),
+        rows.extend(measure("device-tensor", "hc_pre", lambda: dv.hc_pre(t["X"], t["w"]), last, **n))
+        rows.extend(measure("device-tensor", "hc_post", lambda: dv.hc_post(t["f"], t["X"], t["post"], t["comb"]),
                             last, **n))
-        rows.append(measure("device-tensor", "hc_site_pre",
+        rows.extend(measure("device-tensor", "hc_site_pre",
                             lambda: dv.hc_site_pre(t["X"], t["fn"], t["scale"], t["base"]), last, **n))
 
         site = dv.HcSite(t["fn"], t["scale"], t["base"], device=dev)
         site2 = dv.HcSite(t["fn"], t["scale"], t["base"], device=dev)
-        rows.append(measure("HcSite", "pre", lambda: site.pre(t["X"]), last, **n))
+        rows.extend(measure("HcSite", "pre", lambda: site.pre(t["X"]), last, **n))
         u, p, cb = site.pre(t["X"])
-        rows.append(measure("HcSite", "post", lambda: site.post(u, t["X"], p, cb), last, **n))
-        rows.append(measure("HcSite", "post(next=)", lambda: site.post(u, t["X"], p, cb, next=site2), last, **n))
+        rows.extend(measure("HcSite", "post", lambda: site.post(u, t["X"], p, cb), last, **n))
+        rows.extend(measure("HcSite", "post(next=)", lambda: site.post(u, t["X"], p, cb, next=site2), last, **n))
         _, carry = site.post(u, t["X"], p, cb, next=site2)
-        rows.append(measure("HcSite", "pre(carry=)", lambda: site2.pre(t["X"], carry=carry), last, **n))
+        rows.extend(measure("HcSite", "pre(carry=)", lambda: site2.pre(t["X"], carry=carry), last, **n))
 
         for n_sites in sorted({1, args.sites}):
             sites = [site] + [dv.HcSite(t["fn"], t["scale"], t["base"], device=dev) for _ in range(n_sites - 1)]
@@ -174,7 +203,7 @@ def main(argv=None):
             prog = g.compile(dev)
             x_next = dev.empty((T, 4, D))
             assert xin.shape == x_next.shape
-            rows.append(measure("program", f"{n_sites} full site(s)",
+            rows.extend(measure("program", f"{n_sites} full site(s)",
                                 lambda: prog.replay(X=t["X"], out={"X_new": x_next}), lambda: prog, **n))
         info = {"device": dev.name, "type": dev.caps.type, "T": T, "D": D, "calls": args.calls,
                 "warmup": args.warmup, "rounds": ROUNDS, "version": dv.__version__, "rows": rows}

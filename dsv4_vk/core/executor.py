@@ -211,7 +211,8 @@ class CompiledGraph:
                          for k, t in self.graph.inputs.items()}
         self._out_spec = {k: (t, self._buffer(t), GUARD * 4 + t.offset * itemsize(t.dtype), data_bytes(t.numel, t.dtype),
                               t.is_contiguous) for k, t in self.graph.outputs.items()}
-        self._out_alloc = [(t.shape, t.dtype, t.numel) for t in self.graph.outputs.values()]
+        self._out_alloc = [DeviceTensor.pooled_spec(self.device, t.shape, t.dtype, t.numel)
+                           for t in self.graph.outputs.values()]
 
     def _copy_in(self, name, src):
         spec = self._in_spec.get(name)
@@ -275,52 +276,63 @@ class CompiledGraph:
         if kw:
             inputs = {**(inputs or {}), **kw}
         with self._lock:
-            if self._pending is not None:
-                self._pending.wait()
-            if self.recording.cmd is None:
-                self.device.check_open()
-                raise ValueError("this compiled graph was released")
-            # the per-call path of every library call: one pass, the copy key built as it goes
-            copies_in, copies_out, keep, key = [], [], [], []
-            stage = None if self.device.is_host_visible else self._staging()
-            if inputs:
-                for k, v in inputs.items():
-                    if isinstance(v, (DeviceTensor, TensorRows)):
-                        c = self._copy_in(k, v)
-                        keep.append(v)
-                    elif stage is None:
-                        self.set_input(k, v)
-                        continue
-                    else:
-                        a = self._host_input(k, v)
-                        up, off = stage[0], stage[1][k]
-                        up._view[off:off + a.nbytes] = a.view(np.uint8).reshape(-1)
-                        c = (up, off, self._in_spec[k][1], GUARD * 4, a.nbytes)
-                    if c[4]:
-                        copies_in.append(c)
-                        key += (c[0].serial, c[1], c[2].serial, c[4])
-            key.append(None)            # copies in | copies out
-            if out:
-                for k, v in out.items():
-                    c = self._copy_out(k, v)
-                    keep.append(v)
-                    if c[4]:
-                        copies_out.append(c)
-                        key += (c[0].serial, c[1], c[2].serial, c[3], c[4])
-            if stage is not None:
-                self._staged = set()
-                for k in read_back:
-                    if k in stage[3] and k not in (out or {}):
-                        _, buf, off, n, _ = self._out_spec[k]
-                        if n:
-                            copies_out.append((buf, off, stage[2], stage[3][k], n))
-                            key += (buf.serial, off, stage[2].serial, stage[3][k], n)
-                        self._staged.add(k)
-            info = self._io_info(tuple(key), copies_in, copies_out) if copies_in or copies_out else None
-            self.recording.start(info)
-            self.last_submit_info = info if info is not None else self.recording.submit_info   # (benchmarks)
-            self._pending = Submission(self, keep)
+            self._pending = Submission(self, self._start(inputs, out, read_back))
             return self._pending
+
+    def execute(self, inputs: dict | None = None, out: dict | None = None, read_back=()) -> None:
+        """submit(...).wait() without the Submission: the library's synchronous calls."""
+        with self._lock:
+            keep = self._start(inputs, out, read_back)     # noqa: F841  (alive until the wait)
+            self.device.wait(self.recording.fence_arr)
+            self._finished()
+
+    def _start(self, inputs, out, read_back):
+        """Copies and submit of one run (holding _lock); returns the device tensors it copies."""
+        if self._pending is not None:
+            self._pending.wait()
+        if self.recording.cmd is None:
+            self.device.check_open()
+            raise ValueError("this compiled graph was released")
+        # the per-call path of every library call: one pass, the copy key built as it goes
+        copies_in, copies_out, keep, key = [], [], [], []
+        stage = None if self.device.is_host_visible else self._staging()
+        if inputs:
+            for k, v in inputs.items():
+                if isinstance(v, (DeviceTensor, TensorRows)):
+                    c = self._copy_in(k, v)
+                    keep.append(v)
+                elif stage is None:
+                    self.set_input(k, v)
+                    continue
+                else:
+                    a = self._host_input(k, v)
+                    up, off = stage[0], stage[1][k]
+                    up._view[off:off + a.nbytes] = a.view(np.uint8).reshape(-1)
+                    c = (up, off, self._in_spec[k][1], GUARD * 4, a.nbytes)
+                if c[4]:
+                    copies_in.append(c)
+                    key += (c[0].serial, c[1], c[2].serial, c[4])
+        key.append(None)            # copies in | copies out
+        if out:
+            for k, v in out.items():
+                c = self._copy_out(k, v)
+                keep.append(v)
+                if c[4]:
+                    copies_out.append(c)
+                    key += (c[0].serial, c[1], c[2].serial, c[3], c[4])
+        if stage is not None:
+            self._staged = set()
+            for k in read_back:
+                if k in stage[3] and k not in (out or {}):
+                    _, buf, off, n, _ = self._out_spec[k]
+                    if n:
+                        copies_out.append((buf, off, stage[2], stage[3][k], n))
+                        key += (buf.serial, off, stage[2].serial, stage[3][k], n)
+                    self._staged.add(k)
+        info = self._io_info(tuple(key), copies_in, copies_out) if copies_in or copies_out else None
+        self.recording.start(info)
+        self.last_submit_info = info if info is not None else self.recording.submit_info   # (benchmarks)
+        return keep
 
     def _fence_signalled(self):
         from ..vk.binding import lib
@@ -370,15 +382,14 @@ class CompiledGraph:
         """Write the given inputs (others keep their last values), submit the recorded command buffer
         once and wait; outputs stay on the device (`read` them, or read params, or pass `out`). The
         cheap path of a decode loop: no recording, no read-back."""
-        with self._lock:
-            self.submit(inputs, out, **kw).wait()
+        self.execute({**(inputs or {}), **kw} if kw else inputs, out)
 
     def run(self, inputs: dict | None = None, out: dict | None = None, **kw) -> dict:
         """Write inputs, replay the recorded command buffer, return {output name: array} (outputs
         copied into `out` tensors are not read back)."""
         with self._lock:
             names = [k for k in self.graph.outputs if k not in (out or {})]
-            self.submit(inputs, out, names, **kw).wait()
+            self.execute({**(inputs or {}), **kw} if kw else inputs, out, names)
             self.stats = self.run_stats()
             return {k: self.read(k) for k in names}
 

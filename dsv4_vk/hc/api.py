@@ -109,12 +109,19 @@ def call(device, key, inputs, out_shapes, build, out=None, per_token=()):
     `inputs` ({name: array or Tensor}); returns a tuple of arrays, or of Tensors when an input is a
     Tensor or `out` (a tuple of Tensors to write) is given. per_token: names of the inputs whose
     first axis is T (all of them when the op is per-token), so that oversized calls can be split."""
-    dev = pick_device(device, *inputs.values(), *(out or ()))
-    on_device = out is not None
-    shapes = []
-    for v in inputs.values():           # one pass: this is the per-call path
-        on_device = on_device or isinstance(v, _ON_DEVICE)
+    dev, on_device, shapes = device, out is not None, []
+    for v in inputs.values():           # one pass (pick_device inlined): this is the per-call path
+        if isinstance(v, _ON_DEVICE):
+            on_device = True
+            if dev is None:
+                dev = v.device
+            elif v.device is not dev:
+                raise ValueError(f"a Tensor argument lives on {v.device!r}, the call runs on {dev!r}")
         shapes.append(v.shape)
+    if out is not None or dev is None:
+        dev = pick_device(dev, *(out or ()))
+    elif dev._closed:
+        dev.check_open()
     key = (*key, tuple(shapes), hc_policy.generation())     # key[0]: the op, or the owning site
     cg = dev.programs.acquire(key)
     if cg is None:                      # first call of this key (or evicted): sizes checked, then compiled
@@ -132,11 +139,11 @@ def call(device, key, inputs, out_shapes, build, out=None, per_token=()):
                 outs = {f"out{i}": o for i, o in enumerate(out)}
                 if None in out:
                     outs = {k: (v if outs[k] is None else outs[k]) for k, v in cg.new_outputs().items()}
-            cg.submit(inputs, outs).wait()
+            cg.execute(inputs, outs)
             outs = tuple(outs.values())
         else:
             names = cg.graph.outputs.keys()
-            cg.submit(inputs, None, names).wait()
+            cg.execute(inputs, None, names)
             outs = tuple(cg.read(k) for k in names)
         _local.last = cg
     finally:

@@ -31,9 +31,7 @@ class ProgramCache:
             if not entries:
                 self.device.check_open()
                 return None
-            entry = entries.pop()
-            if not entries:
-                del self._idle[key]
+            entry = entries.pop()        # an emptied list stays (a tuple key is hashed at every lookup)
             self.nbytes -= entry.nbytes
             self.count -= 1
             return entry
@@ -43,11 +41,18 @@ class ProgramCache:
         with self._lock:
             if self.device.closed:
                 return
-            self._idle.setdefault(key, []).append(entry)
-            self._idle.move_to_end(key)
+            entries = self._idle.get(key)
+            if entries is None:
+                self._idle[key] = [entry]
+            else:
+                entries.append(entry)
+                self._idle.move_to_end(key)
             self.nbytes += entry.nbytes
             self.count += 1
-        self.enforce_budget()
+        # the pool took back what was queued at this call's allocation (BufferPool.take): over the
+        # budget only if this sum says so
+        if self.nbytes + self.device.pool.free_bytes > self.device.cache_bytes:
+            self.enforce_budget()
 
     def _evict(self, keep_bytes, owner=None):
         """Remove idle entries, least recently used first, until ≤ keep_bytes remain (or all of

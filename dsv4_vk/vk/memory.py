@@ -284,12 +284,18 @@ class BufferPool:
 
     def alloc_many(self, sizes):
         """One buffer of at least each of `sizes` bytes (under one lock)."""
+        return self.take([self.bucket(n) for n in sizes])
+
+    def take(self, buckets):
+        """One buffer of each of `buckets` (sizes from bucket(): the per-call path, where callers
+        computed them once)."""
         out = []
         with self.device.lock:
-            self.device.check_open()
-            self._drain()
-            for nbytes in sizes:
-                size = self.bucket(nbytes)
+            if self.device._closed:
+                self.device.check_open()
+            if self._later:
+                self._drain()
+            for size in buckets:
                 free = self._free.get(size)
                 if free:
                     buf = free.pop()

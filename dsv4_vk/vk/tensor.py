@@ -80,15 +80,21 @@ class Tensor:
 
     @classmethod
     def _pooled_many(cls, device, specs) -> list["Tensor"]:
-        """Output tensors from the pool with no checks, for (shape, dtype name, numel) specs known to
-        be good: the per-call path of compiled programs (one pool lock for all of them)."""
-        bufs = device.pool.alloc_many([data_bytes(numel, dt) + 2 * GUARD * 4 for _, dt, numel in specs])
+        """Output tensors from the pool with no checks, for (shape, dtype name, numel, pool bucket)
+        specs known to be good (`pooled_spec`): the per-call path of compiled programs (one pool
+        lock for all of them)."""
+        bufs = device.pool.take([bucket for *_, bucket in specs])
         out = []
-        for (shape, dtype_name, numel), buf in zip(specs, bufs):
+        for (shape, dtype_name, numel, _), buf in zip(specs, bufs):
             t = cls.__new__(cls)
             t.device, t.shape, t.dtype_name, t.numel, t.guarded, t.buffer = device, shape, dtype_name, numel, False, buf
             out.append(t)
         return out
+
+    @staticmethod
+    def pooled_spec(device, shape, dtype_name, numel):
+        """What _pooled_many needs for tensors of this shape and dtype (computed once per program)."""
+        return shape, dtype_name, numel, device.pool.bucket(data_bytes(numel, dtype_name) + 2 * GUARD * 4)
 
     @classmethod
     def from_array(cls, device, array, dtype=None) -> "Tensor":
@@ -168,7 +174,7 @@ class Tensor:
 
     def __del__(self):
         buf = getattr(self, "buffer", None)
-        if buf is not None and not self.device.closed:
+        if buf is not None and not self.device._closed:
             self.device.pool.free_later(buf)     # no lock in a finalizer: the pool takes it back later
 
     def __repr__(self) -> str:
