@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""GPU time per kernel of whole hyper-connection sites at decode: a program of --sites sites
+chained as a model's decode step runs them (each post carrying the next site's mixes, the head
+collapse last; f = u as the sublayer), run --runs times under the profiler, which puts a timestamp
+after every dispatch. Per label: dispatches per run and GPU µs per dispatch (timestamps between
+dispatches serialise them: the figures say which kernel costs what, the bench says the total).
+
+    python3 tools/profile_site.py [--d 4096] [--t 1] [--sites 4] [--runs 200] [--warm-ms 500]
+"""
+import argparse
+import time
+
+import numpy as np
+
+import dsv4_vk as dv
+from dsv4_vk.core import profile
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--d", type=int, default=4096)
+    ap.add_argument("--t", type=int, default=1)
+    ap.add_argument("--sites", type=int, default=4)
+    ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--warm-ms", type=float, default=500.0, help="replays before profiling (GPU clocks up)")
+    args = ap.parse_args(argv)
+    if min(args.d, args.t, args.sites, args.runs) < 1 or args.warm_ms < 0:
+        ap.error("--d, --t, --sites and --runs must be ≥ 1, --warm-ms ≥ 0")
+    T, D, rng = args.t, args.d, np.random.default_rng(0)
+    with dv.Device() as dev:
+        sites = [dv.HcSite((rng.uniform(-1, 1, (24, 4 * D)) * 2 / np.sqrt(4 * D)).astype(np.float32),
+                           rng.uniform(-0.5, 0.5, 3), rng.uniform(-0.25, 0.25, 24), device=dev)
+                 for _ in range(args.sites)]
+        head = dv.HcSite.head((rng.uniform(-1, 1, (4, 4 * D)) / np.sqrt(4 * D)).astype(np.float32),
+                              rng.uniform(-0.5, 0.5, 1), rng.uniform(-0.25, 0.25, 4), device=dev)
+        g = dv.Graph()
+        x, mix = g.input("X", (T, 4, D)), None
+        for k, s in enumerate(sites):
+            u, post, comb = s.pre_graph(g, x, mix=mix)
+            x, mix = s.post_graph(g, u, x, post, comb, next=sites[k + 1] if k + 1 < len(sites) else head)
+        g.output("u", head.collapse_graph(g, x, mix=mix))
+        prog = g.compile(dev)
+        X = dev.tensor(rng.uniform(-1, 1, (T, 4, D)).astype(np.float32))
+        end = time.perf_counter() + args.warm_ms / 1e3
+        while time.perf_counter() < end:
+            prog.replay(X=X)
+        with profile.profile() as prof:
+            profiled = g.compile(dev, timestamps=True)     # a timestamp after every dispatch
+            for _ in range(args.runs):
+                profiled.replay(X=X)
+        print(f"device: {dev.name}; T = {T}, D = {D}; {args.sites} site(s) + head; {args.runs} runs; "
+              f"paths {sorted(set(p[1] for p in g.paths))}")
+        print(prof.table())
+
+
+if __name__ == "__main__":
+    main()
