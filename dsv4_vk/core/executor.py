@@ -21,6 +21,7 @@ from ..vk.memory import GUARD, SENTINEL, guarded_buffer, guards_intact  # noqa: 
 from ..vk.recorder import record_copies
 from ..vk.tensor import Tensor as DeviceTensor, TensorRows, data_bytes
 
+_DEVICE_TYPES = (DeviceTensor, TensorRows)
 IO_CACHE = 4        # per compiled graph: recorded copy command buffers kept per (inputs, outputs) buffers
 
 
@@ -198,8 +199,8 @@ class CompiledGraph:
                 for k, n in sizes:
                     offs[k], end = end, end + -(-n // 256) * 256
                 return offs, end
-            up, up_bytes = layout([(k, n) for k, (_, _, n) in self._in_spec.items()])
-            down, down_bytes = layout([(k, n) for k, (_, _, _, n, contiguous) in self._out_spec.items() if contiguous])
+            up, up_bytes = layout([(k, n) for k, (_, _, n, *_) in self._in_spec.items()])
+            down, down_bytes = layout([(k, n) for k, (_, _, _, n, contiguous, *_) in self._out_spec.items() if contiguous])
             bufs = [Buffer(self.device, max(4, b), host_visible=True) for b in (up_bytes, down_bytes)]
             self._stage = (bufs[0], up, bufs[1], down)
             self.nbytes += sum(b.nbytes for b in bufs)
@@ -207,10 +208,12 @@ class CompiledGraph:
 
     def _io_specs(self):
         """Per input and output: what a device-tensor copy needs, computed once."""
-        self._in_spec = {k: (t, self.buffers[id(t.storage)], data_bytes(t.numel, t.dtype))
+        # (tensor, buffer, bytes, shape, dtype name) per input; outputs: (tensor, buffer, byte offset,
+        # bytes, contiguous, shape, dtype name)
+        self._in_spec = {k: (t, self.buffers[id(t.storage)], data_bytes(t.numel, t.dtype), t.shape, t.dtype)
                          for k, t in self.graph.inputs.items()}
         self._out_spec = {k: (t, self._buffer(t), GUARD * 4 + t.offset * itemsize(t.dtype), data_bytes(t.numel, t.dtype),
-                              t.is_contiguous) for k, t in self.graph.outputs.items()}
+                              t.is_contiguous, t.shape, t.dtype) for k, t in self.graph.outputs.items()}
         self._out_alloc = [DeviceTensor.pooled_spec(self.device, t.shape, t.dtype, t.numel)
                            for t in self.graph.outputs.values()]
 
@@ -218,7 +221,7 @@ class CompiledGraph:
         spec = self._in_spec.get(name)
         if spec is None:
             self._input(name)
-        t, buf, nbytes = spec
+        t, buf, nbytes, *_ = spec
         if src.device is not self.device:
             raise ValueError(f"input {name!r} lives on {src.device!r}, the graph runs on {self.device!r}")
         if src.shape != t.shape or src.dtype_name != t.dtype:
@@ -230,7 +233,7 @@ class CompiledGraph:
         spec = self._out_spec.get(name)
         if spec is None:
             raise ValueError(f"graph has no output {name!r}; outputs are {sorted(self.graph.outputs)}")
-        t, buf, off, nbytes, contiguous = spec
+        t, buf, off, nbytes, contiguous, *_ = spec
         if not isinstance(dst, (DeviceTensor, TensorRows)) or dst.device is not self.device:
             raise ValueError(f"out[{name!r}] must be a dsv4_vk.Tensor on {self.device!r}, got {dst!r}")
         if dst.shape != t.shape or dst.dtype_name != t.dtype:
@@ -246,11 +249,7 @@ class CompiledGraph:
 
     def _io_info(self, key, copies_in, copies_out):
         """The VkSubmitInfo of [copies in, the recording, copies out], recorded once per buffer set
-        (`key`: the copies' buffers, offsets and sizes)."""
-        hit = self._io.get(key)
-        if hit is not None:
-            self._io.move_to_end(key)
-            return hit[0][0]
+        (`key`: the copies' names, buffers and offsets)."""
         rec = self.recording
         if len(self._io) >= IO_CACHE:
             _, (_, cmds) = self._io.popitem(last=False)     # not in flight: its command buffers are reused
@@ -287,52 +286,90 @@ class CompiledGraph:
             self._finished()
 
     def _start(self, inputs, out, read_back):
-        """Copies and submit of one run (holding _lock); returns the device tensors it copies."""
+        """Copies and submit of one run (holding _lock); returns the device tensors it copies.
+
+        The per-call path of every library call. Each device tensor is checked against its slot
+        with a few attribute reads and contributes (name, buffer serial, offset) to the key of the
+        recorded copies; the copies themselves are listed (and recorded) only when the key is new."""
         if self._pending is not None:
             self._pending.wait()
         if self.recording.cmd is None:
             self.device.check_open()
             raise ValueError("this compiled graph was released")
-        # the per-call path of every library call: one pass, the copy key built as it goes
-        copies_in, copies_out, keep, key = [], [], [], []
-        stage = None if self.device.is_host_visible else self._staging()
+        dev = self.device
+        stage = None if dev.is_host_visible else self._staging()
+        key, keep, staged = [], [], None
         if inputs:
+            in_spec = self._in_spec
             for k, v in inputs.items():
-                if isinstance(v, (DeviceTensor, TensorRows)):
-                    c = self._copy_in(k, v)
+                if isinstance(v, _DEVICE_TYPES):
+                    spec = in_spec.get(k)
+                    if spec is None or v.device is not dev or v.shape != spec[3] or v.dtype_name != spec[4] \
+                            or v.buffer is None:
+                        self._copy_in(k, v)              # raises, naming what is wrong
                     keep.append(v)
+                    if spec[2]:
+                        key.append((k, v.buffer.serial, v.byte_offset))
                 elif stage is None:
                     self.set_input(k, v)
-                    continue
                 else:
                     a = self._host_input(k, v)
                     up, off = stage[0], stage[1][k]
                     up._view[off:off + a.nbytes] = a.view(np.uint8).reshape(-1)
-                    c = (up, off, self._in_spec[k][1], GUARD * 4, a.nbytes)
-                if c[4]:
-                    copies_in.append(c)
-                    key += (c[0].serial, c[1], c[2].serial, c[4])
-        key.append(None)            # copies in | copies out
+                    if a.nbytes:
+                        key.append((k, None, 0))
         if out:
             for k, v in out.items():
-                c = self._copy_out(k, v)
+                spec = self._out_spec.get(k)
+                if spec is None or not isinstance(v, _DEVICE_TYPES) or v.device is not dev or not spec[4] \
+                        or v.shape != spec[5] or v.dtype_name != spec[6] or v.buffer is None:
+                    self._copy_out(k, v)                 # raises, naming what is wrong
                 keep.append(v)
-                if c[4]:
-                    copies_out.append(c)
-                    key += (c[0].serial, c[1], c[2].serial, c[3], c[4])
+                if spec[3]:
+                    key.append((k, True, v.buffer.serial, v.byte_offset))
         if stage is not None:
-            self._staged = set()
+            staged = set()
             for k in read_back:
                 if k in stage[3] and k not in (out or {}):
-                    _, buf, off, n, _ = self._out_spec[k]
-                    if n:
-                        copies_out.append((buf, off, stage[2], stage[3][k], n))
-                        key += (buf.serial, off, stage[2].serial, stage[3][k], n)
-                    self._staged.add(k)
-        info = self._io_info(tuple(key), copies_in, copies_out) if copies_in or copies_out else None
+                    if self._out_spec[k][3]:
+                        key.append((k, False))
+                    staged.add(k)
+            self._staged = staged
+        info = None
+        if key:
+            key = tuple(key)
+            hit = self._io.get(key)
+            if hit is not None:
+                self._io.move_to_end(key)
+                info = hit[0][0]
+            else:
+                info = self._record_io(key, inputs, out, staged, stage)
         self.recording.start(info)
         self.last_submit_info = info if info is not None else self.recording.submit_info   # (benchmarks)
         return keep
+
+    def _record_io(self, key, inputs, out, staged, stage):
+        """Record the copies of a new key (checked by _start) around the recording; its VkSubmitInfo."""
+        copies_in, copies_out = [], []
+        for k, v in (inputs or {}).items():
+            if isinstance(v, _DEVICE_TYPES):
+                c = self._copy_in(k, v)
+            elif stage is not None:
+                n = self._in_spec[k][2]
+                c = (stage[0], stage[1][k], self._in_spec[k][1], GUARD * 4, n)
+            else:
+                continue
+            if c[4]:
+                copies_in.append(c)
+        for k, v in (out or {}).items():
+            c = self._copy_out(k, v)
+            if c[4]:
+                copies_out.append(c)
+        for k in staged or ():
+            _, buf, off, n, *_ = self._out_spec[k]
+            if n:
+                copies_out.append((buf, off, stage[2], stage[3][k], n))
+        return self._io_info(key, copies_in, copies_out)
 
     def _fence_signalled(self):
         from ..vk.binding import lib

@@ -42,13 +42,20 @@ def _check_dims(name, shape, expected):
             raise ValueError(f"{name} must have shape {format_shape(expected)}, got {shape}")
 
 
+_FITS = set()      # (shape, expected) pairs that passed _check_dims
+
+
 def array_arg(name, a, expected):
     """A float32 device Tensor as given, or `a` as a float32 array; shape `expected` (ints, or None:
     any size; T may be 0, D must be ≥ 1)."""
     if isinstance(a, Tensor):
+        if a.dtype_name == "f32" and (a.shape, expected) in _FITS:      # seen before: the per-call path
+            return a
         if a.dtype_name != "f32":
             raise ValueError(f"{name} must be a float32 Tensor, got {a.dtype}")
         _check_dims(name, a.shape, expected)
+        if len(_FITS) < 4096:
+            _FITS.add((a.shape, expected))
         return a
     try:
         arr = np.asarray(a)

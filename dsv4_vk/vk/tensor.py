@@ -194,6 +194,10 @@ class TensorRows:
         self.numel = math.prod(self.shape)
         self.byte_offset = tensor.byte_offset + start * math.prod(tensor.shape[1:]) * itemsize(tensor.dtype_name)
 
+    @property
+    def buffer(self) -> Buffer | None:
+        return self.tensor.buffer
+
     def _buf(self) -> Buffer:
         return self.tensor._buf()
 
