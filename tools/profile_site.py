@@ -5,7 +5,8 @@ collapse last; f = u as the sublayer), run --runs times under the profiler, whic
 after every dispatch. Per label: dispatches per run and GPU µs per dispatch (timestamps between
 dispatches serialise them: the figures say which kernel costs what, the bench says the total).
 
-    python3 tools/profile_site.py [--d 4096] [--t 1] [--sites 4] [--runs 200] [--warm-ms 500]
+    python3 tools/profile_site.py [--d 4096] [--t 1] [--sites 4] [--runs 200] [--warm-ms 500] [--n-iter 20]
+                                  [--post-wg 64]
 """
 import argparse
 import time
@@ -14,6 +15,7 @@ import numpy as np
 
 import dsv4_vk as dv
 from dsv4_vk.core import profile
+from dsv4_vk.hc import composite
 
 
 def main(argv=None):
@@ -22,14 +24,19 @@ def main(argv=None):
     ap.add_argument("--t", type=int, default=1)
     ap.add_argument("--sites", type=int, default=4)
     ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--n-iter", type=int, default=20, help="Sinkhorn iterations (1: its cost out of the figures)")
+    ap.add_argument("--post-wg", type=int, help="HC_POST_MIX workgroup size (hc.composite.SITE_TUNING)")
     ap.add_argument("--warm-ms", type=float, default=500.0, help="replays before profiling (GPU clocks up)")
     args = ap.parse_args(argv)
+    if args.post_wg is not None:
+        composite.SITE_TUNING["post_wg"] = args.post_wg
     if min(args.d, args.t, args.sites, args.runs) < 1 or args.warm_ms < 0:
         ap.error("--d, --t, --sites and --runs must be ≥ 1, --warm-ms ≥ 0")
     T, D, rng = args.t, args.d, np.random.default_rng(0)
     with dv.Device() as dev:
         sites = [dv.HcSite((rng.uniform(-1, 1, (24, 4 * D)) * 2 / np.sqrt(4 * D)).astype(np.float32),
-                           rng.uniform(-0.5, 0.5, 3), rng.uniform(-0.25, 0.25, 24), device=dev)
+                           rng.uniform(-0.5, 0.5, 3), rng.uniform(-0.25, 0.25, 24), n_iter=args.n_iter,
+                           device=dev)
                  for _ in range(args.sites)]
         head = dv.HcSite.head((rng.uniform(-1, 1, (4, 4 * D)) / np.sqrt(4 * D)).astype(np.float32),
                               rng.uniform(-0.5, 0.5, 1), rng.uniform(-0.25, 0.25, 4), device=dev)
@@ -48,7 +55,8 @@ def main(argv=None):
             profiled = g.compile(dev, timestamps=True)     # a timestamp after every dispatch
             for _ in range(args.runs):
                 profiled.replay(X=X)
-        print(f"device: {dev.name}; T = {T}, D = {D}; {args.sites} site(s) + head; {args.runs} runs; "
+        print(f"device: {dev.name}; T = {T}, D = {D}; {args.sites} site(s) + head; n_iter {args.n_iter}; "
+              f"post_wg {composite.SITE_TUNING['post_wg']}; {args.runs} runs; "
               f"paths {sorted(set(p[1] for p in g.paths))}")
         print(prof.table())
 
