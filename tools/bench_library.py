@@ -16,7 +16,8 @@ library's Python costs, free of the preemption a loaded machine adds to wall tim
 the call with Device.submit and Device.wait replaced by no-ops (the library's host work with warm
 caches: on a CPU device the kernels between calls evict the interpreter's caches); "bare", the
 same submission (same command buffers) issued alone, for reference. Submits per call are counted,
-not assumed.
+not assumed; "recs": copy sets the program recorded during all those calls (0 when every call found its
+device-tensor copies already recorded).
 
     python3 tools/bench_library.py [--d 4096] [--t 1] [--calls 300] [--sites 4] [--spin-us 0,2000] [--json out.json]
 
@@ -100,6 +101,8 @@ def measure(name, op, call, program, calls, warmup, clock):
 
 def measure_one(name, op, call, program, calls, warmup, clock):
     """Time `call` (and its time inside submit + wait), then the bare submission it made on `program()`."""
+    call()
+    before = program().copy_recordings
     host, inside, over, cpu = _median_us(call, calls, warmup, clock)
     cg = program()
     clock.submits = 0
@@ -117,11 +120,13 @@ def measure_one(name, op, call, program, calls, warmup, clock):
         stub = _median_us(call, calls, warmup, clock)[0]
     finally:
         clock.stubbed = False
+    recorded = program().copy_recordings - before     # over the timed, bare and stubbed calls
     row = {"path": name, "op": op, "call_us": round(host, 1), "in_submit_wait_us": round(inside, 1),
            "overhead_us": round(over, 1), "cpu_overhead_us": round(cpu, 1), "stubbed_us": round(stub, 1),
-           "bare_submit_wait_us": round(base, 1), "submits_per_call": submits}
+           "bare_submit_wait_us": round(base, 1), "submits_per_call": submits,
+           "copy_recordings": recorded}
     cols = " ".join(f"{v:9.1f}" for v in (host, inside, over, cpu, stub, base))
-    print(f"{name:14s} {op:20s} {clock.device.spin_ns // 1000:5d} {cols} {submits:4d}", flush=True)
+    print(f"{name:14s} {op:20s} {clock.device.spin_ns // 1000:5d} {cols} {submits:4d} {recorded:5d}", flush=True)
     return row
 
 
@@ -161,7 +166,7 @@ def main(argv=None):
         print(f"device: {dev.name} ({dev.caps.type}); T = {T}, D = {D}; lowest of {ROUNDS} medians of "
               f"{args.calls} calls, µs")
         heads = " ".join(f"{h:>9s}" for h in ("call", "in s+w", "overhead", "cpu ovh", "stubbed", "bare"))
-        print(f"{'path':14s} {'op':20s} {'spin':>5s} {heads} {'subm':>4s}")
+        print(f"{'path':14s} {'op':20s} {'spin':>5s} {heads} {'subm':>4s} {'recs':>5s}")
         last = lambda: hc_api._local.last          # the program the last API call ran  # noqa: E731
         n, c = dict(calls=args.calls, warmup=args.warmup, clock=SubmitClock(dev)), dict(device=dev)
         rows.extend(measure("numpy", "hc_comb", lambda: dv.hc_comb(mixes, scale, base, **c), last, **n))

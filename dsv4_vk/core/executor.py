@@ -95,6 +95,7 @@ class CompiledGraph:
         self._lock = threading.RLock()
         self._pending = None
         self._io = collections.OrderedDict()     # copies key -> (VkSubmitInfo, keepalive)
+        self.copy_recordings = 0                 # copy sets recorded so far (a new key each: benchmarks watch it)
         self._stage = None                       # (upload, {input: offset}, download, {output: offset})
         self._staged = frozenset()               # outputs of the last run waiting in the download buffer
         self.stats = None
@@ -350,6 +351,7 @@ class CompiledGraph:
 
     def _record_io(self, key, inputs, out, staged, stage):
         """Record the copies of a new key (checked by _start) around the recording; its VkSubmitInfo."""
+        self.copy_recordings += 1
         copies_in, copies_out = [], []
         for k, v in (inputs or {}).items():
             if isinstance(v, _DEVICE_TYPES):

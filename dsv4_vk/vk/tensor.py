@@ -64,10 +64,14 @@ class Tensor:
     """An array on `device`: `.shape`, `.dtype`, `.numpy()`, `.write(array)`."""
 
     byte_offset = GUARD * 4         # where the data starts in the buffer (after the leading guard)
-    _pins = 0                       # compiled programs binding this tensor in place
+    # slots: every tensor has the same fixed layout, however it was made (__init__ or the pool's
+    # per-call path), so the per-call attribute reads stay on the interpreter's fast path
+    __slots__ = ("device", "shape", "dtype_name", "numel", "guarded", "buffer", "_pins", "__weakref__")
 
     def __init__(self, device, shape, dtype="f32", *, host_visible: bool = False, fill_guards: bool = False):
         device.check_open()
+        self._pins = 0                  # compiled programs binding this tensor in place
+        self.buffer = None
         self.device = device
         self.shape = _shape(shape)
         self.dtype_name = dtype_name(dtype)
@@ -87,7 +91,8 @@ class Tensor:
         out = []
         for (shape, dtype_name, numel, _), buf in zip(specs, bufs):
             t = cls.__new__(cls)
-            t.device, t.shape, t.dtype_name, t.numel, t.guarded, t.buffer = device, shape, dtype_name, numel, False, buf
+            t.device, t.shape, t.dtype_name, t.numel, t.guarded, t.buffer, t._pins = \
+                device, shape, dtype_name, numel, False, buf, 0
             out.append(t)
         return out
 
