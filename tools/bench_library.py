@@ -8,16 +8,15 @@
 - program: a compiled graph of one full site (pre → post, f = u), and of N sites chained (each post
   carrying the next site's mixes).
 
-Columns (µs; per figure the lowest of 3 medians over --calls calls each, after --warmup calls): "call", the whole call; "in s+w", the
-time the call spent inside Device.submit + Device.wait (vkQueueSubmit and the fence wait, timed in
-the call); "overhead" = call − in s+w, what the library costs on the host beyond submit + wait;
-"cpu ovh", the same difference in CPU time of the calling thread (time.thread_time: what the
-library's Python costs, free of the preemption a loaded machine adds to wall time); "stubbed",
+Columns (µs; per figure the lowest of --rounds medians over --calls calls each, after --warmup
+calls): "call", the whole call; "in s+w", the time the call spent inside Device.submit +
+Device.wait (vkQueueSubmit and the fence wait, timed in the call with perf_counter only);
+"overhead" = call − in s+w, what the library costs on the host beyond submit + wait; "stubbed",
 the call with Device.submit and Device.wait replaced by no-ops (the library's host work with warm
-caches: on a CPU device the kernels between calls evict the interpreter's caches); "bare", the
-same submission (same command buffers) issued alone, for reference. Submits per call are counted,
-not assumed; "recs": copy sets the program recorded during all those calls (0 when every call found its
-device-tensor copies already recorded).
+caches: the driver's submit and wait, and on a CPU device the kernels, evict the interpreter's
+caches between real calls); "bare", the same submission (same command buffers) issued alone, for
+reference. Submits per call are counted, not assumed; "recs": copy sets the program recorded
+during all those calls (0 when every call found its device-tensor copies already recorded).
 
     python3 tools/bench_library.py [--d 4096] [--t 1] [--calls 300] [--sites 4] [--spin-us 0,2000] [--json out.json]
 
@@ -37,47 +36,49 @@ from dsv4_vk.hc import api as hc_api
 
 
 class SubmitClock:
-    """Accumulates the time spent inside dev.submit and dev.wait (instance attributes shadow them)."""
+    """Accumulates the time spent inside dev.submit and dev.wait (instance attributes shadow them).
+    Only perf_counter_ns (a vDSO read) inside: a thread CPU-time clock is a system call on some
+    hosts, and the part of the wrapper outside its window would be billed as library overhead."""
 
     def __init__(self, dev):
         self.device = dev
-        self.ns = self.cpu_ns = self.submits = 0
+        self.ns = self.submits = 0
         self.stubbed = False
         for name in ("submit", "wait"):
-            setattr(dev, name, self._timed(getattr(dev, name)))
+            setattr(dev, name, self._timed(getattr(dev, name), name == "submit"))
 
-    def _timed(self, fn):
+    def _timed(self, fn, is_submit):
+        clock = time.perf_counter_ns
+
         def timed(*a, **kw):
             if self.stubbed:
                 return None
-            self.submits += fn.__name__ == "submit"
-            t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+            self.submits += is_submit
+            t0 = clock()
             try:
                 return fn(*a, **kw)
             finally:
-                self.ns += time.perf_counter_ns() - t0
-                self.cpu_ns += time.thread_time_ns() - c0
+                self.ns += clock() - t0
         return timed
 
 
-ROUNDS = 3     # each figure is the lowest of the per-round medians: the round least disturbed by other load
+ROUNDS = [7]   # each figure is the lowest of the per-round medians: the round least disturbed by other load
 
 
 def _median_us(fn, calls, warmup, clock):
     for _ in range(warmup):
         fn()
-    best = None
-    for _ in range(ROUNDS):
-        ts, inside, cpu = [], [], []
+    best, now = None, time.perf_counter_ns
+    for _ in range(ROUNDS[0]):
+        ts, inside = [], []
         for _ in range(calls):
-            clock.ns = clock.cpu_ns = 0
-            t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+            clock.ns = 0
+            t0 = now()
             fn()
-            ts.append(time.perf_counter_ns() - t0)
-            cpu.append(time.thread_time_ns() - c0 - clock.cpu_ns)
+            ts.append(now() - t0)
             inside.append(clock.ns)
         over = [t - i for t, i in zip(ts, inside)]
-        med = tuple(statistics.median(v) / 1e3 for v in (ts, inside, over, cpu))
+        med = tuple(statistics.median(v) / 1e3 for v in (ts, inside, over))
         best = med if best is None else tuple(min(a, b) for a, b in zip(best, med))
     return best
 
@@ -103,7 +104,7 @@ def measure_one(name, op, call, program, calls, warmup, clock):
     """Time `call` (and its time inside submit + wait), then the bare submission it made on `program()`."""
     call()
     before = program().copy_recordings
-    host, inside, over, cpu = _median_us(call, calls, warmup, clock)
+    host, inside, over = _median_us(call, calls, warmup, clock)
     cg = program()
     clock.submits = 0
     call()
@@ -122,10 +123,10 @@ def measure_one(name, op, call, program, calls, warmup, clock):
         clock.stubbed = False
     recorded = program().copy_recordings - before     # over the timed, bare and stubbed calls
     row = {"path": name, "op": op, "call_us": round(host, 1), "in_submit_wait_us": round(inside, 1),
-           "overhead_us": round(over, 1), "cpu_overhead_us": round(cpu, 1), "stubbed_us": round(stub, 1),
+           "overhead_us": round(over, 1), "stubbed_us": round(stub, 1),
            "bare_submit_wait_us": round(base, 1), "submits_per_call": submits,
            "copy_recordings": recorded}
-    cols = " ".join(f"{v:9.1f}" for v in (host, inside, over, cpu, stub, base))
+    cols = " ".join(f"{v:9.1f}" for v in (host, inside, over, stub, base))
     print(f"{name:14s} {op:20s} {clock.device.spin_ns // 1000:5d} {cols} {submits:4d} {recorded:5d}", flush=True)
     return row
 
@@ -136,6 +137,7 @@ def main(argv=None):
     ap.add_argument("--t", type=int, default=1)
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=ROUNDS[0], help="rounds of --calls calls per figure (lowest median)")
     ap.add_argument("--sites", type=int, default=4, help="sites chained in the N-site program")
     ap.add_argument("--spin-us", default="", help="comma-separated DSV4_VK_SPIN_US settings to compare row by row "
                     "(default: the device's own)")
@@ -147,8 +149,9 @@ def main(argv=None):
         ap.error(f"--spin-us: expected integers such as 0,2000, got {args.spin_us!r}")
     if any(v is not None and v < 0 for v in SPIN_US):
         ap.error("--spin-us values must be ≥ 0")
-    if args.d < 1 or args.t < 1 or args.calls < 1 or args.warmup < 0 or args.sites < 1:
-        ap.error("--d, --t, --calls and --sites must be ≥ 1, --warmup ≥ 0")
+    if args.d < 1 or args.t < 1 or args.calls < 1 or args.warmup < 0 or args.sites < 1 or args.rounds < 1:
+        ap.error("--d, --t, --calls, --rounds and --sites must be ≥ 1, --warmup ≥ 0")
+    ROUNDS[0] = args.rounds
     T, D = args.t, args.d
     rng = np.random.default_rng(0)
     X = rng.uniform(-1, 1, (T, 4, D)).astype(np.float32)
@@ -163,9 +166,9 @@ def main(argv=None):
 
     rows = []
     with dv.Device() as dev:
-        print(f"device: {dev.name} ({dev.caps.type}); T = {T}, D = {D}; lowest of {ROUNDS} medians of "
+        print(f"device: {dev.name} ({dev.caps.type}); T = {T}, D = {D}; lowest of {ROUNDS[0]} medians of "
               f"{args.calls} calls, µs")
-        heads = " ".join(f"{h:>9s}" for h in ("call", "in s+w", "overhead", "cpu ovh", "stubbed", "bare"))
+        heads = " ".join(f"{h:>9s}" for h in ("call", "in s+w", "overhead", "stubbed", "bare"))
         print(f"{'path':14s} {'op':20s} {'spin':>5s} {heads} {'subm':>4s} {'recs':>5s}")
         last = lambda: hc_api._local.last          # the program the last API call ran  # noqa: E731
         n, c = dict(calls=args.calls, warmup=args.warmup, clock=SubmitClock(dev)), dict(device=dev)
@@ -211,7 +214,7 @@ def main(argv=None):
             rows.extend(measure("program", f"{n_sites} full site(s)",
                                 lambda: prog.replay(X=t["X"], out={"X_new": x_next}), lambda: prog, **n))
         info = {"device": dev.name, "type": dev.caps.type, "T": T, "D": D, "calls": args.calls,
-                "warmup": args.warmup, "rounds": ROUNDS, "version": dv.__version__, "rows": rows}
+                "warmup": args.warmup, "rounds": ROUNDS[0], "version": dv.__version__, "rows": rows}
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(info, fh, indent=1)
