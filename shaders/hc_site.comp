@@ -48,7 +48,6 @@ layout(push_constant) uniform P {
 } p;
 
 float mix_of(uint j, float r) { return wg_total(j) * r; }
-float logit(uint k, float r) { return mix_of(8u + k, r) * scale[p.s_off + 2u * p.s_s] + base[p.b_off + (8u + k) * p.b_s]; }
 
 void main() {
     uint g = flat_group();
@@ -57,6 +56,28 @@ void main() {
     uint tc = min(t, p.T - 1u);
     // only the slice-0 workgroup needs all M mixes (coefficients); the others the pre gates' and Σx²
     bool all_mixes = slice == 0u;
+    // The loads that do not depend on the mixes go first — this invocation's X chunks (clamped to
+    // the row: a chunk past it is loaded but never stored) and the gate parameters — so that their
+    // memory latency overlaps the partials' reduction instead of following its barrier (at decode
+    // this kernel is a chain of latencies, not of bandwidth).
+    uint c0 = slice * gl_WorkGroupSize.x * CPT + gl_LocalInvocationID.x;
+    VEC xs[4u * CPT];
+    [[unroll]] for (uint k = 0u; k < CPT; ++k) {
+        uint xb = p.x_off + tc * p.x_st + min(c0 + k * gl_WorkGroupSize.x, p.n_chunks - 1u);
+        [[unroll]] for (uint s = 0u; s < 4u; ++s) xs[4u * k + s] = x[xb + s * p.x_ss];
+    }
+    uint src = gl_SubgroupInvocationID & 3u;
+    float scale_pre = scale[p.s_off];
+    vec4 base_pre = vec4(base[p.b_off], base[p.b_off + p.b_s], base[p.b_off + 2u * p.b_s], base[p.b_off + 3u * p.b_s]);
+    float scale_post = 0.0, scale_comb = 0.0, base_post = 0.0;
+    vec4 base_comb = vec4(0.0);
+    if (M == 24u) {                            // a site's (the head has scale[1], base[4] only)
+        scale_post = scale[p.s_off + p.s_s];
+        scale_comb = scale[p.s_off + 2u * p.s_s];
+        uint bl = p.b_off + (8u + 4u * src) * p.b_s;       // (used by lanes 0..3 of the Sinkhorn subgroup)
+        base_comb = vec4(base[bl], base[bl + p.b_s], base[bl + 2u * p.b_s], base[bl + 3u * p.b_s]);
+        base_post = base[p.b_off + (4u + src) * p.b_s];
+    }
     MixAcc A = mixacc_zero();
     for (uint i = gl_LocalInvocationID.x; i < p.G; i += gl_WorkGroupSize.x) {
         uint b = p.p_off + tc * p.p_st + i * p.p_sg;
@@ -75,18 +96,19 @@ void main() {
     float r = 1.0 / sqrt(wg_total(M) * p.inv_k + p.norm_eps);
     vec4 pre;
     [[unroll]] for (uint s = 0u; s < 4u; ++s)
-        pre[s] = hc_gate(mix_of(s, r), scale[p.s_off], base[p.b_off + s * p.b_s], true, p.eps);
+        pre[s] = hc_gate(mix_of(s, r), scale_pre, base_pre[s], true, p.eps);
 
     if (slice == 0u && gl_SubgroupID == 0u) {  // uniform per subgroup: the shuffles see all lanes
-        uint lane = gl_SubgroupInvocationID, src = lane & 3u;
+        uint lane = gl_SubgroupInvocationID;
         uint cb = p.c_off + tc * p.c_st;
         if (M == 24u) {
-            vec4 l = vec4(logit(4u * src, r), logit(4u * src + 1u, r), logit(4u * src + 2u, r), logit(4u * src + 3u, r));
+            uint k0 = 8u + 4u * src;
+            vec4 l = vec4(mix_of(k0, r), mix_of(k0 + 1u, r), mix_of(k0 + 2u, r), mix_of(k0 + 3u, r)) * scale_comb
+                     + base_comb;
             vec4 c = hc_sinkhorn_rows4(l, p.eps, p.n_iter);
             if (live && lane < 4u) {
                 coefs[cb + src * p.c_sj] = pre[src];
-                coefs[cb + (4u + src) * p.c_sj] =
-                    hc_gate(mix_of(4u + src, r), scale[p.s_off + p.s_s], base[p.b_off + (4u + src) * p.b_s], false, p.eps);
+                coefs[cb + (4u + src) * p.c_sj] = hc_gate(mix_of(4u + src, r), scale_post, base_post, false, p.eps);
                 [[unroll]] for (uint d = 0u; d < 4u; ++d) coefs[cb + (8u + 4u * src + d) * p.c_sj] = c[d];
             }
         } else if (live && lane < 4u) {
@@ -94,15 +116,13 @@ void main() {
         }
     }
     if (!live) return;
-    uint c0 = slice * gl_WorkGroupSize.x * CPT + gl_LocalInvocationID.x;
     [[unroll]] for (uint k = 0u; k < CPT; ++k) {
         uint c = c0 + k * gl_WorkGroupSize.x;
         if (c >= p.n_chunks) return;
-        uint xb = p.x_off + t * p.x_st + c;
-        VEC v = pre[0] * x[xb];
-        v += pre[1] * x[xb + p.x_ss];
-        v += pre[2] * x[xb + 2u * p.x_ss];
-        v += pre[3] * x[xb + 3u * p.x_ss];
+        VEC v = pre[0] * xs[4u * k];
+        v += pre[1] * xs[4u * k + 1u];
+        v += pre[2] * xs[4u * k + 2u];
+        v += pre[3] * xs[4u * k + 3u];
         u[p.u_off + t * p.u_st + c] = v;
     }
 }

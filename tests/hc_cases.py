@@ -332,6 +332,15 @@ def test_site_chain_site_vs_three_op_vs_unfused_vs_float64(ex, rng, D, T, peak, 
         site_chain_case(ex, rng, D, T, peak, layout)
 
 
+@pytest.mark.parametrize("D, T, wg, cpt", [(64, 1, 16, 2), (33, 3, 16, 4), (256, 2, 32, 2), (4096, 1, None, 4),
+                                         (7, 9, 8, 3)])
+def test_site_chain_across_slice_layouts(ex, rng, D, T, wg, cpt):
+    """The chain again with other slice layouts of HC_SITE / HC_PRE / HC_POST: workgroup size and
+    chunks per invocation (X prefetched per chunk; chunks past the row clamped, never stored)."""
+    with tuning(ops_hc.SLICE_TUNING, wg=wg, cpt=cpt):
+        site_chain_case(ex, rng, D, T, 1.0, "c")
+
+
 def site_chain_case(ex, rng, D, T, peak, layout):
     n = 2
     i = chain_inputs(rng, T, D, n, peak)
