@@ -273,12 +273,23 @@ def check_shared(device, op, wg, values):
         raise HCUnsupported(f"{op}: the reduction step needs {need} B of shared memory, {device.name} has {have} B")
 
 
+def _check_fn_rows(op, name, fn):
+    """The mixes kernels take fn rows in blocks of 4 (hc_mixacc.glsl), at most a site's 24."""
+    if fn.shape[0] % 4 or fn.shape[0] > N_MIX:
+        raise ValueError(f"{op}: {name} must have a multiple of 4 rows, at most {N_MIX} (a site's 24, the head's 4), "
+                         f"got {fn.shape[0]}")
+
+
+def _check_partials(op, part):
+    """Partials [T, G, m+1] are read and written with their m+1 entries adjacent."""
+    if part.strides[2] != 1:
+        raise ValueError(f"{op}: the partials' entries must be contiguous, got strides {part.strides}")
+
+
 def _check_mix_args(X, fn):
     check_shape("X", X.shape, (None, HC, None))
     check_shape("fn", fn.shape, (None, HC * X.shape[2]))
-    if fn.shape[0] % 4 or fn.shape[0] > N_MIX:
-        raise ValueError(f"HC_MIX: fn must have a multiple of 4 rows, at most {N_MIX} (a site's 24, the head's 4), "
-                         f"got {fn.shape[0]}")
+    _check_fn_rows("HC_MIX", "fn", fn)
     _unit_inner("HC_MIX", "X", X)
     _unit_inner("HC_MIX", "fn", fn)
 
@@ -388,8 +399,7 @@ class HcMixPartials(OpDef):
         return (X.shape[0], G, fn.shape[0] + 1), "f32"
 
     def lower(self, node, device):
-        if node.output.strides[2] != 1:
-            raise ValueError(f"{self.name}: the partials' entries must be contiguous, got strides {node.output.strides}")
+        _check_partials(self.name, node.output)
         return _mix_launch(node, device, False, node.params["groups"])
 
     def reference(self, X, fn, groups=1, wg=1, split=0, lpt=1, tb=1):
@@ -414,8 +424,7 @@ class HcMixReduce(OpDef):
     def lower(self, node, device):
         (part,) = node.inputs
         out = node.output
-        if part.strides[2] != 1:
-            raise ValueError(f"{self.name}: the partials' entries must be contiguous, got strides {part.strides}")
+        _check_partials(self.name, part)
         T, G, m1 = part.shape
         push = pack_push(T, G, 1.0 / node.params["width"], check_eps("norm_eps", node.params.get("norm_eps", 1e-6)),
                          part.offset, part.strides[0], part.strides[1], out.offset, *out.strides)
@@ -459,8 +468,7 @@ class HcSite(OpDef):
         check_eps("norm_eps", params.get("norm_eps", 1e-6))
         check_n_iter(params.get("n_iter", 20))
         _unit_inner(self.name, "X", X)
-        if part.strides[2] != 1:
-            raise ValueError(f"{self.name}: the partials' entries must be contiguous, got strides {part.strides}")
+        _check_partials(self.name, part)
         return (X.shape[0], X.shape[2]), "f32"
 
     def lower(self, node, device):
@@ -610,8 +618,7 @@ class HcPostMix(OpDef):
         check_shape("out", out.shape, (T, HC, D))
         for name, t in (("f", f), ("residual", res), ("fn_next", fn), ("out", out)):
             _unit_inner(self.name, name, t)
-        if fn.shape[0] % 4 or fn.shape[0] > N_MIX:
-            raise ValueError(f"{self.name}: fn_next must have a multiple of 4 rows, at most {N_MIX}, got {fn.shape[0]}")
+        _check_fn_rows(self.name, "fn_next", fn)
         wg = _check_layout_param(self.name, params, "wg")
         return (T, post_mix_groups(D, [f, res, out, fn], wg), fn.shape[0] + 1), "f32"
 

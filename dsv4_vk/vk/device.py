@@ -23,6 +23,7 @@ from . import env
 from .binding import ERROR_FRAGMENTED_POOL, ERROR_OUT_OF_POOL_MEMORY, check, ffi, lib, vk
 from .caps import Capabilities
 from .errors import DeviceClosed, ValidationError, VulkanError, VulkanUnavailable
+from .recorder import begin_transfer
 
 if TYPE_CHECKING:
     from .tensor import Tensor
@@ -218,9 +219,6 @@ def _choose(probes, selector, what):
                                     + ", ".join(f"{j}: {p['name']}" for j, p in enumerate(probes)))
         return hits[0]
     return min(range(len(probes)), key=lambda i: (_TYPE_RANK.get(probes[i]["type_code"], 9), i))
-
-
-_BARRIER_STAGES = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
 
 
 class Device:
@@ -498,18 +496,7 @@ class Device:
             if self._one_shot is None:
                 self._one_shot = (self.allocate_command_buffer(), self.create_fence())
             cmd, fence = self._one_shot
-            check(lib.vkResetCommandBuffer(cmd, 0), "vkResetCommandBuffer")
-            begin = ffi.new("VkCommandBufferBeginInfo*")
-            begin.sType = vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO
-            begin.flags = vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT
-            check(lib.vkBeginCommandBuffer(cmd, begin), "vkBeginCommandBuffer")
-            # earlier submissions may still write what this copies: order after them
-            bar = ffi.new("VkMemoryBarrier*")
-            bar.sType = vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER
-            bar.srcAccessMask = vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT
-            bar.dstAccessMask = vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT
-            lib.vkCmdPipelineBarrier(cmd, _BARRIER_STAGES, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, bar,
-                                     0, ffi.NULL, 0, ffi.NULL)
+            begin_transfer(cmd, one_time=True)
             record(cmd)
             check(lib.vkEndCommandBuffer(cmd), "vkEndCommandBuffer")
             self.submit_and_wait(cmd, fence)

@@ -124,6 +124,7 @@ class Buffer:
         self.device = device
         self.alive = False
         self.serial = next(_serials)     # unique for the process (ids and handles are reused)
+        self.freed_at = 0                # when the pool last took it back (BufferPool.shrink's order)
         self.nbytes = max(4, (int(nbytes) + 3) // 4 * 4)
         host_visible = device.is_host_visible if host_visible is None else host_visible
         d = device.device
@@ -267,7 +268,7 @@ class BufferPool:
     def __init__(self, device):
         self.device = device
         self._free = {}                             # size -> [Buffer], most recently freed last
-        self._order = collections.OrderedDict()     # serial -> Buffer, least recently freed first
+        self._clock = 0                             # counts frees: a buffer's freed_at orders shrink()
         self._all = []
         self._later = collections.deque()
         self.free_bytes = 0
@@ -299,7 +300,6 @@ class BufferPool:
                 free = self._free.get(size)
                 if free:
                     buf = free.pop()
-                    del self._order[buf.serial]
                     self.free_bytes -= buf.nbytes
                 else:
                     buf = Buffer(self.device, size)
@@ -323,8 +323,13 @@ class BufferPool:
         if buf.host_visible and not self.device.is_host_visible:
             buf.destroy()       # a mapped buffer made outside the pool: never handed out for device data
             return
-        self._free.setdefault(buf.nbytes, []).append(buf)
-        self._order[buf.serial] = buf
+        self._clock += 1
+        buf.freed_at = self._clock
+        free = self._free.get(buf.nbytes)
+        if free is None:
+            self._free[buf.nbytes] = [buf]
+        else:
+            free.append(buf)
         self.free_bytes += buf.nbytes
 
     def _drain(self):
@@ -342,12 +347,14 @@ class BufferPool:
         with self.device.lock:
             self._drain()
             dead = set()
-            while self.free_bytes > keep_bytes and self._order:
-                _, buf = self._order.popitem(last=False)
-                self._free[buf.nbytes].remove(buf)
-                self.free_bytes -= buf.nbytes
-                dead.add(buf.serial)
-                buf.destroy()
+            if self.free_bytes > keep_bytes:        # the least recently freed first (rare: no index kept)
+                for buf in sorted((b for bufs in self._free.values() for b in bufs), key=lambda b: b.freed_at):
+                    if self.free_bytes <= keep_bytes:
+                        break
+                    self._free[buf.nbytes].remove(buf)
+                    self.free_bytes -= buf.nbytes
+                    dead.add(buf.serial)
+                    buf.destroy()
             if dead:
                 self._all = [b for b in self._all if b.serial not in dead]
 
@@ -362,4 +369,4 @@ class BufferPool:
         if self.device._staging is not None:
             self.device._staging.destroy()
         self._all, self._free, self.free_bytes = [], {}, 0
-        self._order.clear()
+        self._clock = 0

@@ -229,13 +229,14 @@ class Recorder:
         return rec
 
 
-def record_copies(cmd, copies):
-    """(Re-)record `cmd` as: a barrier after all earlier work of the queue, the buffer copies
-    (src, src_offset, dst, dst_offset, nbytes), a barrier before all later work. A compiled program
-    submits such a command buffer before and after its recording to take device tensors in and out."""
+def begin_transfer(cmd, one_time=False):
+    """(Re-)begin `cmd` with a barrier after all earlier work of the queue, for transfers: earlier
+    submissions may still write what it copies (record_copies, Device.one_shot)."""
     check(lib.vkResetCommandBuffer(cmd, 0), "vkResetCommandBuffer")
     begin = ffi.new("VkCommandBufferBeginInfo*")
     begin.sType = vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO
+    if one_time:
+        begin.flags = vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT
     check(lib.vkBeginCommandBuffer(cmd, begin), "vkBeginCommandBuffer")
     bar = ffi.new("VkMemoryBarrier*")
     bar.sType = vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER
@@ -243,6 +244,14 @@ def record_copies(cmd, copies):
     bar.dstAccessMask = vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT
     lib.vkCmdPipelineBarrier(cmd, _STAGE_COMPUTE | _STAGE_TRANSFER, _STAGE_TRANSFER, 0, 1, bar, 0, ffi.NULL,
                              0, ffi.NULL)
+    return bar
+
+
+def record_copies(cmd, copies):
+    """(Re-)record `cmd` as: a barrier after all earlier work of the queue, the buffer copies
+    (src, src_offset, dst, dst_offset, nbytes), a barrier before all later work. A compiled program
+    submits such a command buffer before and after its recording to take device tensors in and out."""
+    bar = begin_transfer(cmd)
     region = ffi.new("VkBufferCopy*")
     for src, src_off, dst, dst_off, n in copies:
         region.srcOffset, region.dstOffset, region.size = src_off, dst_off, n
