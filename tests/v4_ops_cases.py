@@ -154,6 +154,34 @@ def test_v4_route(rng, hashed, scoring, T, E, k):
     check(got, ref, bad)
 
 
+@pytest.mark.parametrize("serial", [False, True])
+@pytest.mark.parametrize("scoring", ["sqrtsoftplus", "softmax"])
+@pytest.mark.parametrize("T,E,k", [(2, 1000, 6), (1, 2000, 8), (3, 7, 7), (65, 64, 3)])
+def test_v4_route_selection(rng, monkeypatch, serial, scoring, T, E, k):
+    """The workgroup-per-token selection (and the serial one of devices without subgroup shuffles)
+    against a stable descending sort: experts past one workgroup's width, k = E, equal values
+    (the lower id first) and NaN logits (after every number)."""
+    from dsv4_vk.ops import moe
+    from dsv4_vk.vk import default_device
+    if serial:
+        monkeypatch.setattr(moe, "route_workgroup", lambda device, n: None)
+    else:                                                                 # lavapipe has the subgroup ops
+        assert moe.route_workgroup(default_device(), E) in (64, 256)
+    lg = f32(rng, T, E, scale=3.0)
+    lg[:, E // 3] = lg[:, E // 2] = lg[:, E - 1] = 2.5                   # ties: the lowest id wins
+    lg[0, 1] = np.nan                                                     # ranks last
+    bias = f32(rng, E, scale=0.1)
+    bias[[E // 3, E // 2, E - 1]] = 0.25
+    with np.errstate(invalid="ignore"):                                   # the reference meets the NaN too
+        got, ref, bad = run("V4_ROUTE", [lg, bias], {"top_k": k, "scoring": scoring, "route_scale": 1.5})
+    if scoring == "softmax":                                              # a NaN logit poisons softmax's Σ
+        assert np.isnan(got[0, :k, 1]).all() and np.array_equal(got[1:, :, 0], ref[1:, :, 0])
+        check(got[1:], ref[1:], bad)
+        return
+    assert np.array_equal(got[..., 0], ref[..., 0]), (got[..., 0], ref[..., 0])
+    check(got, ref, bad)
+
+
 @pytest.mark.parametrize("limit", [0.5, 3.0])
 def test_clamped_swiglu(rng, limit):
     T, R, E, F, K = 3, 3, 5, 16, 32

@@ -192,6 +192,16 @@ def reference_v4_route(logits, sel, ids=None, top_k=1, scoring="sqrtsoftplus", r
     return out
 
 
+def route_workgroup(device, n_experts):
+    """Workgroup size of V4_ROUTE's one-workgroup-per-token selection (whole subgroups, at most 64 of
+    them: its shared arrays), or None where the device lacks the subgroup operations it needs."""
+    sg = device.caps.subgroup
+    ops = set(sg.operations) if sg.compute_stage else set()
+    if not {"basic", "arithmetic", "shuffle"} <= ops or sg.min_size < 4 or sg.max_size > 256:
+        return None
+    return max(64 if n_experts <= 1024 else 256, sg.max_size)
+
+
 @register
 class V4Route(OpDef):
     """V4_ROUTE(logits [T,E], bias [E], top_k=, scoring=, route_scale=) or
@@ -235,8 +245,14 @@ class V4Route(OpDef):
         if hashed:
             defs["HASH"] = 1
         args = [lg, sel] + ([ids] if hashed else []) + [out]
-        return [Launch("v4_route", args, (len(args) - 1,), push, grid_1d(lg.shape[0], 64), defines=defs,
-                       spec=(64, prm["top_k"]))]
+        T, E = lg.shape
+        wg = route_workgroup(device, E)
+        if wg is None:                 # no subgroup arithmetic / shuffles: one invocation per token
+            return [Launch("v4_route", args, (len(args) - 1,), push, grid_1d(T, 64), defines={**defs, "SERIAL": 1},
+                           spec=(64, prm["top_k"]))]
+        extra = {"full_subgroups": True} if device.caps.subgroup.full_subgroups else {}
+        return [Launch("v4_route", args, (len(args) - 1,), push, grid_1d(T, 1), defines=defs,
+                       spec=(wg, prm["top_k"]), **extra)]
 
     def reference(self, logits, sel, ids=None, top_k=1, scoring="sqrtsoftplus", route_scale=1.0):
         return reference_v4_route(logits, sel, ids, top_k, scoring, route_scale)
