@@ -13,6 +13,9 @@
 // left to MQA_COMBINE, which merges the parts).
 // Lanes: one cluster of LANES lanes (lanes.glsl) per (t, h, split); lane l holds channels
 // l + LANES·m, m < PER_LANE; online softmax in f32, one cluster sum per key, no shared memory.
+// KEYS keys at a time (spec constant 5): their loads, dot products and cluster sums are issued
+// together, so that their memory latencies overlap (a decode step is a chain of them), then the
+// online softmax takes them one by one in key order — the same arithmetic as one key at a time.
 // A position outside [0, capacity) gives NaN.
 // Push: T, H, hd, capacity, n_ent, K, q (off, s0, s1), kv_rows, kv (off, s0), ent (off, s0), idx (off, s0),
 // out (off, s0, s1), pos_off, sink_off, scale.
@@ -21,6 +24,7 @@ layout(constant_id = 1) const uint PER_LANE = 1; // ceil(hd / LANES): channels p
 layout(constant_id = 2) const uint SPLITS = 1;   // parts of each key list (decode)
 layout(constant_id = 3) const uint WINDOW = 1;   // sliding_window
 layout(constant_id = 4) const uint RATE = 1;     // the compression rate m (MODE_HCA)
+layout(constant_id = 5) const uint KEYS = 1;     // keys loaded and reduced together
 layout(binding = 0) readonly buffer Q { float q[]; };
 layout(binding = 1) readonly buffer KV { float kv[]; };
 layout(binding = 2) readonly buffer E { float ent[]; };
@@ -47,30 +51,6 @@ void add_key(float s, float vals[PER_LANE]) {
     l = l * corr + e;
     [[unroll]] for (uint m = 0; m < PER_LANE; ++m) acc[m] = acc[m] * corr + e * vals[m];
     mx = mn;
-}
-
-void raw_key(uint j, uint lane) {
-    float vals[PER_LANE];
-    float d = 0.0;
-    uint b = p.kv_off + j * p.kv_s0;
-    [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
-        uint c = lane + LANES * m;
-        vals[m] = c < p.hd ? kv[b + c] : 0.0;
-        d += qv[m] * vals[m];
-    }
-    add_key(cluster_sum(d), vals);
-}
-
-void ent_key(uint w, uint lane) {
-    float vals[PER_LANE];
-    float d = 0.0;
-    uint b = p.e_off + w * p.e_s0;
-    [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
-        uint c = lane + LANES * m;
-        vals[m] = c < p.hd ? ent[b + c] : 0.0;
-        d += qv[m] * vals[m];
-    }
-    add_key(cluster_sum(d), vals);
 }
 
 void main() {
@@ -105,17 +85,38 @@ void main() {
     uint n = n_raw + n_c;
     uint per = (n + SPLITS - 1) / SPLITS;
     uint s0 = min(split * per, n), s1 = min(s0 + per, n);
-    for (uint s = s0; s < s1; ++s) {
-        if (s < n_raw) {
-            raw_key((j0 + s) % p.kv_rows, lane);
-        } else {
+    for (uint s = s0; s < s1; s += KEYS) {
+        float vals[KEYS][PER_LANE];
+        float d[KEYS];
+        bool ok[KEYS];
+        [[unroll]] for (uint k = 0; k < KEYS; ++k) {
+            uint sk = s + k;
+            ok[k] = sk < s1;                              // uniform per cluster, as every test here
+            bool raw = sk < n_raw;
+            uint b = 0u;
+            if (ok[k] && raw) {
+                b = p.kv_off + ((j0 + sk) % p.kv_rows) * p.kv_s0;
+            } else if (ok[k]) {
 #if defined(MODE_CSA)
-            int w = idx[p.i_off + t * p.i_s0 + (s - n_raw)];
-            if (w >= 0 && uint(w) < p.n_ent) ent_key(uint(w), lane);   // uniform per cluster
+                int w = idx[p.i_off + t * p.i_s0 + (sk - n_raw)];
+                ok[k] = w >= 0 && uint(w) < p.n_ent;      // −1: no entry
+                b = p.e_off + uint(max(w, 0)) * p.e_s0;
 #else
-            ent_key(s - n_raw, lane);
+                b = p.e_off + (sk - n_raw) * p.e_s0;
 #endif
+            }
+            d[k] = 0.0;
+            [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
+                uint c = lane + LANES * m;
+                float v = 0.0;
+                if (ok[k] && c < p.hd) v = raw ? kv[b + c] : ent[b + c];
+                vals[k][m] = v;
+                d[k] += qv[m] * v;
+            }
         }
+        [[unroll]] for (uint k = 0; k < KEYS; ++k) d[k] = cluster_sum(d[k]);   // every lane, every k
+        [[unroll]] for (uint k = 0; k < KEYS; ++k)
+            if (ok[k]) add_key(d[k], vals[k]);
     }
     float inv = SPLITS > 1 ? 1.0 : 1.0 / l;             // parts stay unnormalised for MQA_COMBINE
     [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {

@@ -113,9 +113,13 @@ def test_topk(rng, T, n, k):
     ("sliding", 5, 4, 32, 0, 8, 1, 1, 64), ("sliding", 1, 2, 64, 40, 8, 1, 1, 64), ("hca", 7, 3, 32, 30, 8, 8, 1, 64),
     ("csa", 4, 4, 16, 20, 6, 4, 1, 64), ("hca", 1, 4, 32, 60, 8, 4, 4, 64), ("csa", 1, 2, 48, 63, 8, 4, 3, 64),
     ("sliding", 1, 2, 16, 63, 128, 1, 5, 64), ("sliding", 6, 2, 16, 30, 8, 1, 1, 13), ("csa", 3, 2, 16, 61, 6, 4, 2, 8)])
-def test_mqa_attention(rng, mode, T, H, hd, p0, window, rate, splits, rows):
+@pytest.mark.parametrize("keys", [None, 1, 3])
+def test_mqa_attention(rng, monkeypatch, keys, mode, T, H, hd, p0, window, rate, splits, rows):
     """rows < 64: kv is a ring of the last `rows` positions (≥ window + T − 1); the last case runs
-    past the capacity 64 (NaN rows)."""
+    past the capacity 64 (NaN rows). keys: keys per step of the kernel (None: its default; 3: a
+    last step part past the list, CSA's −1 entries inside steps)."""
+    from dsv4_vk.ops import v4_attention
+    monkeypatch.setitem(v4_attention.MQA_KEYS, "keys", keys)
     C = 64
     n_ent = C // rate
     arrays = [f32(rng, T, H, hd), f32(rng, rows, hd), np.array([p0], np.int32), f32(rng, H)]

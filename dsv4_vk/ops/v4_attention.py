@@ -151,6 +151,7 @@ def reference_mqa(q, kv, pos, sinks, ent=None, idx=None, *, scale, window, mode=
 
 
 MODES = ("sliding", "hca", "csa")
+MQA_KEYS = {"keys": None}      # MQA_ATTENTION keys per step (None: from channels per lane; tests and tuning set it)
 
 
 @register
@@ -207,7 +208,10 @@ class MqaAttention(OpDef):
         T, H, hd = q.shape
         lanes, extra = cluster_lanes(device, hd, per_lane=4)
         defs = dict(lanes)
-        spec = (256, -(-hd // lanes["LANES"]), S, prm["window"], prm.get("rate", 1))
+        per_lane = -(-hd // lanes["LANES"])
+        # keys in flight per cluster: their values stay in registers (KEYS·PER_LANE floats a lane)
+        keys = 4 if per_lane <= 16 else 2 if per_lane <= 32 else 1
+        spec = (256, per_lane, S, prm["window"], prm.get("rate", 1), MQA_KEYS.get("keys") or keys)
         if mode != "sliding":
             defs[f"MODE_{mode.upper()}"] = 1
         n_ent = ent.shape[0] if mode != "sliding" else 0
