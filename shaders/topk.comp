@@ -4,12 +4,19 @@
 // TOPK: idx[t, r] = the entry of rank r among the finite scores of row t (descending score, ties
 // to the lower index), r < K; slots past the number of finite scores get −1. Exact for any K (the
 // indexer's index_topk, e.g. 512): entry w's rank is the count of entries ahead of it, O(n²) per row.
-// Lanes: one workgroup per row; invocation l ranks entries l, l + WG, ...; the −1 fill comes first,
-// then a barrier, then the ranked writes. Push: T, n, K, s (off, s0), idx (off, s0).
+// Lanes: one workgroup per row; invocation l ranks entries l, l + WG, ..., BATCH of them at a
+// time, against the row staged TILE scores at a time into shared memory (every rank count reads
+// shared memory, not a global load per comparison: at decode the row is one token's and the O(n²)
+// scan was a chain of memory latencies). The −1 fill comes first, then a barrier, then the ranked
+// writes. Push: T, n, K, s (off, s0), idx (off, s0).
 #include "common.glsl"
 layout(binding = 0) readonly buffer S { float sc[]; };
 layout(binding = 1) buffer I { int idx[]; };
 layout(push_constant) uniform P { uint T, n, K, s_off, s_s0, i_off, i_s0; } p;
+
+const uint TILE = 1024u;
+const uint BATCH = 4u;
+shared float tile[TILE];
 
 bool finite(float v) { return !isinf(v) && !isnan(v); }
 
@@ -21,14 +28,31 @@ void main() {
     for (uint r = l; r < p.K; r += wg) idx[ib + r] = -1;
     memoryBarrierBuffer();
     barrier();
-    for (uint w = l; w < p.n; w += wg) {
-        float v = sc[sb + w];
-        if (!finite(v)) continue;
-        uint rank = 0;
-        for (uint u = 0; u < p.n && rank < p.K; ++u) {
-            float x = sc[sb + u];
-            if (finite(x) && (x > v || (x == v && u < w))) ++rank;
+    uint per = (p.n + wg - 1u) / wg;                    // entries per invocation (uniform)
+    for (uint j0 = 0u; j0 < per; j0 += BATCH) {
+        uint w[BATCH], rank[BATCH];
+        float v[BATCH];
+        bool live[BATCH];
+        [[unroll]] for (uint k = 0u; k < BATCH; ++k) {
+            w[k] = l + (j0 + k) * wg;
+            v[k] = w[k] < p.n ? sc[sb + w[k]] : 0.0;
+            live[k] = w[k] < p.n && finite(v[k]);
+            rank[k] = 0u;
         }
-        if (rank < p.K) idx[ib + rank] = int(w);
+        for (uint base = 0u; base < p.n; base += TILE) {
+            uint cnt = min(TILE, p.n - base);
+            barrier();                                  // the last tile's readers are done
+            for (uint i = l; i < cnt; i += wg) tile[i] = sc[sb + base + i];
+            barrier();
+            for (uint i = 0u; i < cnt; ++i) {
+                float x = tile[i];
+                if (!finite(x)) continue;
+                uint u = base + i;
+                [[unroll]] for (uint k = 0u; k < BATCH; ++k)
+                    if (x > v[k] || (x == v[k] && u < w[k])) ++rank[k];
+            }
+        }
+        [[unroll]] for (uint k = 0u; k < BATCH; ++k)
+            if (live[k] && rank[k] < p.K) idx[ib + rank[k]] = int(w[k]);
     }
 }

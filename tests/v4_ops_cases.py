@@ -100,7 +100,7 @@ def test_index_score(rng, T, nh, hd, n, rate, p0):
     check(got, ref, bad)
 
 
-@pytest.mark.parametrize("T,n,k", [(1, 9, 4), (5, 300, 100), (2, 70, 512), (3, 1000, 65)])
+@pytest.mark.parametrize("T,n,k", [(1, 9, 4), (5, 300, 100), (2, 70, 512), (3, 1000, 65), (2, 2500, 300)])
 def test_topk(rng, T, n, k):
     s = f32(rng, T, n)
     s[:, rng.integers(0, n, n // 5)] = -np.inf                     # masked entries
