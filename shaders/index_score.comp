@@ -6,10 +6,15 @@
 //   score[t, w] = scale · Σ_h wt[t, h] · ReLU(q[t, h]·k[w])    for w < (p + 1)/RATE (closed windows)
 //   score[t, w] = −inf                                          otherwise (and for a bad position)
 // Lanes: one cluster of LANES lanes (lanes.glsl) per (t, w); lane l takes channels l, l + LANES,
-// ...; one cluster sum per head. Push: T, nh, hd, n, capacity, q (off, s0, s1), wt (off, s0),
+// ... (PER_LANE of them, the key's kept in registers for every head); one cluster sum per head,
+// HEADS heads at a time (their loads and sums issued together, then added in head order: the
+// same arithmetic as one head at a time). Spec constants: 0 workgroup size, 1 RATE, 2 PER_LANE
+// (ceil(hd / LANES)), 3 HEADS. Push: T, nh, hd, n, capacity, q (off, s0, s1), wt (off, s0),
 // k (off, s0), out (off, s0), pos_off, scale.
 #include "lanes.glsl"
 layout(constant_id = 1) const uint RATE = 4;     // the compression rate m
+layout(constant_id = 2) const uint PER_LANE = 1;
+layout(constant_id = 3) const uint HEADS = 1;
 layout(binding = 0) readonly buffer Q { float q[]; };
 layout(binding = 1) readonly buffer Wt { float wt[]; };
 layout(binding = 2) readonly buffer K { float k[]; };
@@ -32,11 +37,24 @@ void main() {
     if (pp >= 0 && uint(pp) < p.capacity && w < (uint(pp) + 1) / RATE) {
         s = 0.0;
         uint kb = p.k_off + w * p.k_s0;
-        for (uint h = 0; h < p.nh; ++h) {
-            uint qb = p.q_off + t * p.q_s0 + h * p.q_s1;
-            float d = 0.0;
-            for (uint c = lane; c < p.hd; c += LANES) d += q[qb + c] * k[kb + c];
-            s += wt[p.w_off + t * p.w_s0 + h] * max(cluster_sum(d), 0.0);
+        float kr[PER_LANE];
+        [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
+            uint c = lane + LANES * m;
+            kr[m] = c < p.hd ? k[kb + c] : 0.0;
+        }
+        for (uint h0 = 0; h0 < p.nh; h0 += HEADS) {
+            float d[HEADS];
+            [[unroll]] for (uint j = 0; j < HEADS; ++j) {
+                uint qb = p.q_off + t * p.q_s0 + min(h0 + j, p.nh - 1u) * p.q_s1;
+                d[j] = 0.0;
+                [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
+                    uint c = lane + LANES * m;
+                    if (c < p.hd) d[j] += q[qb + c] * kr[m];
+                }
+            }
+            [[unroll]] for (uint j = 0; j < HEADS; ++j) d[j] = cluster_sum(d[j]);   // every lane, every j
+            [[unroll]] for (uint j = 0; j < HEADS; ++j)
+                if (h0 + j < p.nh) s += wt[p.w_off + t * p.w_s0 + h0 + j] * max(d[j], 0.0);
         }
         s *= p.scale;
     }

@@ -93,8 +93,13 @@ def test_compress(rng, overlap, rate, d, half, T, p0, rows):
     assert (got != ent).any(axis=1).sum() == sum((p + 1) % rate == 0 for p in range(p0, p0 + T))
 
 
-@pytest.mark.parametrize("T,nh,hd,n,rate,p0", [(1, 16, 16, 9, 4, 37), (6, 4, 32, 12, 4, 3), (3, 64, 128, 300, 4, 1000)])
-def test_index_score(rng, T, nh, hd, n, rate, p0):
+@pytest.mark.parametrize("heads", [None, 1, 3])
+@pytest.mark.parametrize("T,nh,hd,n,rate,p0", [(1, 16, 16, 9, 4, 37), (6, 4, 32, 12, 4, 3), (3, 64, 128, 300, 4, 1000),
+                                               (2, 7, 20, 30, 4, 90)])
+def test_index_score(rng, monkeypatch, heads, T, nh, hd, n, rate, p0):
+    """heads: heads per step of the kernel (None: its default; 3: a last step past the heads)."""
+    from dsv4_vk.ops import compress
+    monkeypatch.setitem(compress.INDEX_HEADS, "heads", heads)
     arrays = [f32(rng, T, nh, hd), f32(rng, T, nh), f32(rng, n, hd), np.array([p0], np.int32)]
     got, ref, bad = run("INDEX_SCORE", arrays, {"rate": rate, "scale": hd ** -0.5 * nh ** -0.5, "capacity": 4096})
     check(got, ref, bad)

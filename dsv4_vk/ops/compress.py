@@ -16,6 +16,7 @@ from .v4_attention import _positions
 
 COMPRESS_WG = 64
 TOPK_WG = 64
+INDEX_HEADS = {"heads": None}   # INDEX_SCORE heads per step (None: from channels per lane; tests set it)
 
 
 def reference_pool(c, z, norm_w, eps, overlap):
@@ -159,8 +160,10 @@ class IndexScore(OpDef):
         push = pack_push([T, nh, hd, n, prm["capacity"], q.offset, q.strides[0], q.strides[1], wt.offset,
                           wt.strides[0], k.offset, k.strides[0], out.offset, out.strides[0], pos.offset],
                          float(prm.get("scale", 1.0)))
+        per_lane = -(-hd // lanes["LANES"])
+        heads = INDEX_HEADS.get("heads") or (4 if per_lane <= 16 else 1)     # loads in flight per lane
         return [Launch("index_score", [q, wt, k, pos, out], (4,), push, grid_1d(T * n, 256 // lanes["LANES"]),
-                       defines=lanes, spec=(256, prm["rate"]), **extra)]
+                       defines=lanes, spec=(256, prm["rate"], per_lane, heads), **extra)]
 
     def reference(self, q, wt, k, pos, rate=1, scale=1.0, capacity=1 << 30):
         s = reference_index_score(q, wt, k, pos, rate, scale)
