@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Every measurement the open issues quote, in one call of the GPU machine (device time is scarce:
+# one machine start instead of five). Each step has its own time limit and its output file; a
+# summary of every step (command, exit status, last lines) goes to OUT/summary.txt, everything to
+# OUT/results.tgz (the device tool returns at most 8 files).
+#
+#   . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH; bash tools/gpu_session.sh $OUT [STEP ...]
+#
+# STEP: eval, library, soak, site, profile, model (default: all, in that order). A call may run
+# 10 minutes: split them, e.g. `eval library soak profile`, then `site model`. `model` needs the
+# safetensors and ml_dtypes wheels in .vkdev/whl (results/README.md); `site` needs PyTorch with CUDA. Files in
+# results.tgz: eval_h200.{txt,json}, bench_library_h200.{txt,json}, soak_library_h200.{txt,json},
+# site_compare.{txt,json}, site_compare.bench.json, profile_site_h200.txt, model_bench_v4.{txt,json}.
+set -u
+out=${1:?usage: gpu_session.sh OUT [STEP ...]}
+shift
+steps=${*:-eval library soak site profile model}
+r="$out/r"
+mkdir -p "$r"
+summary="$out/summary.txt"
+
+step() {   # step NAME LIMIT_S FILE COMMAND...
+    local name=$1 limit=$2 file=$3
+    shift 3
+    echo "== $name ($(date -u +%H:%M:%S)): $*" >> "$summary"
+    timeout "$limit" "$@" > "$r/$file" 2>&1
+    echo "exit $?" >> "$summary"
+    tail -n 6 "$r/$file" >> "$summary"
+}
+
+for s in $steps; do
+    case $s in
+        eval) step eval 240 eval_h200.txt python3 -m dsv4_vk eval --json "$r/eval_h200.json" ;;
+        library) step library 120 bench_library_h200.txt python3 tools/bench_library.py --spin-us 0,2000 \
+                     --json "$r/bench_library_h200.json" ;;
+        soak) step soak 120 soak_library_h200.txt python3 tools/soak_library.py --json "$r/soak_library_h200.json" ;;
+        site) step site 240 site_compare.log python3 tools/site_torch_compare.py --out "$r/site_compare" ;;
+        profile) step profile 120 profile_site_h200.txt python3 tools/profile_site.py ;;
+        model) step model 420 model_bench_v4.txt python3 tools/model_gpu_bench.py --out "$r/model_bench_v4.json" ;;
+        *) echo "unknown step $s (eval, library, soak, site, profile, model)" >> "$summary" ;;
+    esac
+done
+tar czf "$out/results.tgz" -C "$out" r
+cat "$summary"
