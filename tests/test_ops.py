@@ -333,7 +333,7 @@ def test_grid_beyond_65535_workgroups(rng):
 # Row lengths and K around every cluster width (1, 2, 4, 8, 16 lanes), the DSV4 widths, and the
 # MUL_MAT kernels at T = 1 and T > 1: run in-process, at other subgroup sizes and without subgroup ops.
 # Rows of 256 values and more, 5 at a time, are reduced by a whole workgroup each (reduce_rows.row_workgroup).
-LANE_ROWS = [1, 3, 4, 5, 9, 17, 33, 64, 65, 129, 255, 256, 257, 1000, 4096]
+LANE_ROWS = [1, 3, 4, 5, 9, 17, 33, 64, 65, 129, 255, 256, 257, 1000, 4096, 5000]  # 5000: past a lane's register cache
 LANE_MATMUL = [(1, 4096, 24), (1, 16384, 7), (3, 17, 40), (1, 33, 130), (5, 64, 3), (8, 9, 5), (9, 129, 66),
                (130, 4096, 9), (1, 257, 3001), (17, 7, 2500)]
 
