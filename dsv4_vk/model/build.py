@@ -217,7 +217,8 @@ class ModelGraph:
         G, r = cfg.o_groups, cfg.o_lora_rank
         og = o.reshape(T, G, H * hd // G).permute(1, 0, 2)                            # [G, T, k]
         y = g.op("MUL_MAT", og, self.param(a + "wo_a.weight").reshape(G, r, H * hd // G))   # [G, T, r]
-        y = g.op("CONT", y.permute(1, 0, 2)).reshape(T, G * r)
+        y = y.permute(1, 0, 2)                                                        # [T, G, r]
+        y = (y if y.is_contiguous else g.op("CONT", y)).reshape(T, G * r)             # one token: already is
         return g.op("MUL_MAT", y, self.param(a + "wo_b.weight"))
 
     @staticmethod
