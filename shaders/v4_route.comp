@@ -57,6 +57,14 @@ float score(uint t, uint e, float mx, float den) {
 #endif
 }
 
+#if defined(HASH)
+// Route r of token t from the hash table: tid2eid[ids[t], r], −1 when it is no expert.
+int hash_pick(uint t, uint r) {
+    int e = tid[p.sel_off + uint(ids[p.ids_off + t]) * p.tid_s0 + r];
+    return (e >= 0 && uint(e) < p.E) ? e : -1;
+}
+#endif
+
 // Whether candidate (v, e) ranks before (w, f): a number before NaN, the larger value, then the
 // lower id; e < 0 is no candidate.
 bool before(float v, int e, float w, int f) {
@@ -104,8 +112,7 @@ void main() {
     int pick[TOP_K];
     for (uint r = 0u; r < TOP_K; ++r) {
 #if defined(HASH)
-        int e = tid[p.sel_off + uint(ids[p.ids_off + t]) * p.tid_s0 + r];
-        pick[r] = (e >= 0 && uint(e) < p.E) ? e : -1;
+        pick[r] = hash_pick(t, r);
 #else
         float bv = 0.0;
         int be = -1;
@@ -156,8 +163,7 @@ void main() {
     int pick[TOP_K];
     for (uint r = 0u; r < TOP_K; ++r) {
 #if defined(HASH)
-        int e = tid[p.sel_off + uint(ids[p.ids_off + t]) * p.tid_s0 + r];
-        pick[r] = (e >= 0 && uint(e) < p.E) ? e : -1;
+        pick[r] = hash_pick(t, r);
 #else
         pick[r] = picks[r];
 #endif

@@ -22,6 +22,13 @@ from ..vk.recorder import record_copies
 from ..vk.tensor import Tensor as DeviceTensor, TensorRows, data_bytes
 
 _DEVICE_TYPES = (DeviceTensor, TensorRows)
+
+
+def _merged_inputs(inputs, kw):
+    """The inputs dict with keyword inputs added (submit/replay/run take both)."""
+    return {**(inputs or {}), **kw} if kw else inputs
+
+
 IO_CACHE = 4        # per compiled graph: recorded copy command buffers kept per (inputs, outputs) buffers
 
 
@@ -273,10 +280,8 @@ class CompiledGraph:
         `out` ({name: Tensor}) out, in one submit. Returns a Submission; a run still in flight on
         this graph is waited for first. read_back: output names `read` will ask for after the run
         (where the host cannot map device memory they come back in the same submit)."""
-        if kw:
-            inputs = {**(inputs or {}), **kw}
         with self._lock:
-            self._pending = Submission(self, self._start(inputs, out, read_back))
+            self._pending = Submission(self, self._start(_merged_inputs(inputs, kw), out, read_back))
             return self._pending
 
     def execute(self, inputs: dict | None = None, out: dict | None = None, read_back=()) -> None:
@@ -421,14 +426,14 @@ class CompiledGraph:
         """Write the given inputs (others keep their last values), submit the recorded command buffer
         once and wait; outputs stay on the device (`read` them, or read params, or pass `out`). The
         cheap path of a decode loop: no recording, no read-back."""
-        self.execute({**(inputs or {}), **kw} if kw else inputs, out)
+        self.execute(_merged_inputs(inputs, kw), out)
 
     def run(self, inputs: dict | None = None, out: dict | None = None, **kw) -> dict:
         """Write inputs, replay the recorded command buffer, return {output name: array} (outputs
         copied into `out` tensors are not read back)."""
         with self._lock:
             names = [k for k in self.graph.outputs if k not in (out or {})]
-            self.execute({**(inputs or {}), **kw} if kw else inputs, out, names)
+            self.execute(_merged_inputs(inputs, kw), out, names)
             self.stats = self.run_stats()
             return {k: self.read(k) for k in names}
 

@@ -21,7 +21,6 @@ import weakref
 
 from . import composite as hc, policy as hc_policy
 from .api import array_arg, call, empty_result, hc_post, hidden, pick_device
-from .composite import CARRY_MAX_T
 from .kernels import HC, N_MIX, check_eps, check_n_iter
 from ..vk.tensor import Tensor
 
@@ -155,7 +154,7 @@ class HcSite(_Resident):
             return hc_post(f, X, post, comb, fused=self.fused, device=self.device, out=out)
         self._check_next(next)
         X, T = self._x(X)
-        if T == 0 or T > CARRY_MAX_T or not hc.carries(self.device, self.fused, T):
+        if T == 0 or not hc.carries(self.device, self.fused, T):
             return hc_post(f, X, post, comb, fused=self.fused, device=self.device, out=out), MixCarry(next, None)
         f = array_arg("f", f, (T, self.D))
         post = array_arg("post", post, (T, HC))

@@ -124,15 +124,14 @@ def cluster_lanes(device: Any, n: int, per_lane: int = 4, max_lanes: int | None 
     size pinned where the device may vary it); a smaller one a shuffle butterfly; without subgroup
     ops, one lane."""
     sg = device.caps.subgroup
-    ops = set(sg.operations) if sg.compute_stage else set()
     lanes = min(max(1, sg.min_size), next_pow2(-(-int(n) // per_lane)), max_lanes or 1 << 30)
     extra = {"full_subgroups": True} if sg.full_subgroups else {}
-    if lanes > 1 and lanes == sg.min_size and {"basic", "arithmetic"} <= ops:
+    if lanes > 1 and lanes == sg.min_size and sg.supports("basic", "arithmetic"):
         if sg.min_size == sg.max_size:
             return {"LANES": lanes, "LANES_SUBGROUP_OPS": 1}, extra
         if sg.size_control and sg.required_size_compute:
             return {"LANES": lanes, "LANES_SUBGROUP_OPS": 1}, {**extra, "subgroup_size": lanes}
-    if lanes > 1 and {"basic", "shuffle"} <= ops:
+    if lanes > 1 and sg.supports("basic", "shuffle"):
         return {"LANES": lanes}, extra
     return {"LANES": 1}, {}
 

@@ -196,8 +196,7 @@ def route_workgroup(device, n_experts):
     """Workgroup size of V4_ROUTE's one-workgroup-per-token selection (whole subgroups, at most 64 of
     them: its shared arrays), or None where the device lacks the subgroup operations it needs."""
     sg = device.caps.subgroup
-    ops = set(sg.operations) if sg.compute_stage else set()
-    if not {"basic", "arithmetic", "shuffle"} <= ops or sg.min_size < 4 or sg.max_size > 256:
+    if not sg.supports("basic", "arithmetic", "shuffle") or sg.min_size < 4 or sg.max_size > 256:
         return None
     return max(64 if n_experts <= 1024 else 256, sg.max_size)
 

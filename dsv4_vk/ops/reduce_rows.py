@@ -24,8 +24,7 @@ def row_workgroup(device, rows, n):
     """True when `rows` rows of n values are each reduced by a whole workgroup (needs subgroup
     arithmetic and subgroups of ≥ 4 lanes)."""
     sg = device.caps.subgroup
-    ops = set(sg.operations) if sg.compute_stage else set()
-    return n >= ROW_WG_MIN_LEN and rows <= ROW_WG_MAX_ROWS and {"basic", "arithmetic"} <= ops and sg.min_size >= 4
+    return n >= ROW_WG_MIN_LEN and rows <= ROW_WG_MAX_ROWS and sg.supports("basic", "arithmetic") and sg.min_size >= 4
 
 
 def row_launch(device, shader, x, out, w=None, scalar=0.0, op_define=None):

@@ -16,8 +16,9 @@ class SubgroupCaps:
     full_subgroups: bool            # VK 1.3 computeFullSubgroups
     required_size_compute: bool     # a compute pipeline may require a subgroup size
 
-    def supports(self, op: str) -> bool:
-        return self.compute_stage and op in self.operations
+    def supports(self, *ops: str) -> bool:
+        """Whether compute shaders may use every one of the subgroup operation classes `ops`."""
+        return self.compute_stage and all(op in self.operations for op in ops)
 
 
 @dataclass(frozen=True)

@@ -462,22 +462,21 @@ class Device:
     def wait(self, fence_arr, timeout_ns=600 * 10**9):
         """Block until the submission signalling fence_arr[0] finished (outside the device lock)."""
         self.check_open()
+        res = vk.VK_NOT_READY
         if self.spin_ns:
             end = time.perf_counter_ns() + min(self.spin_ns, timeout_ns)
             while True:
                 res = lib.vkGetFenceStatus(self.device, fence_arr[0])
-                if res == vk.VK_SUCCESS:
-                    if self.validation:
-                        self.check_validation("the submitted work")
-                    return
                 if res != vk.VK_NOT_READY:
                     check(res, "vkGetFenceStatus")
+                    break
                 if time.perf_counter_ns() >= end:
                     break
-        res = lib.vkWaitForFences(self.device, 1, fence_arr, 1, timeout_ns)
-        if res == vk.VK_TIMEOUT:
-            raise VulkanError(f"GPU work did not finish within {timeout_ns / 1e9:.0f} s")
-        check(res, "vkWaitForFences")
+        if res != vk.VK_SUCCESS:
+            res = lib.vkWaitForFences(self.device, 1, fence_arr, 1, timeout_ns)
+            if res == vk.VK_TIMEOUT:
+                raise VulkanError(f"GPU work did not finish within {timeout_ns / 1e9:.0f} s")
+            check(res, "vkWaitForFences")
         if self.validation:
             self.check_validation("the submitted work")
 
