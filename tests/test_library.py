@@ -228,6 +228,76 @@ def test_program_of_several_sites_is_one_submit_with_shared_resident_state(devic
     state.release()
 
 
+def test_small_outputs_are_handed_out_again_only_once_nobody_holds_them(device, rng):
+    # a program keeps the output tensors it handed out last and hands them out again once their
+    # reference count says the caller dropped them: never one still held, weakly referenced or released
+    import weakref
+    mixes = [device.tensor(rng.uniform(-2, 2, (2, 24)).astype(np.float32)) for _ in range(3)]
+    scale, base = (device.tensor(rng.uniform(-0.5, 0.5, n).astype(np.float32)) for n in (3, 24))
+    want = [dv.hc_comb(m.numpy(), scale.numpy(), base.numpy()) for m in mixes]
+    dv.hc_comb(mixes[0], scale, base)
+    take = device.pool.take
+    taken = []
+    device.pool.take = lambda buckets: (taken.append(len(buckets)), take(buckets))[1]
+    try:
+        for _ in range(3):                                               # dropped at once: no pool round trip
+            dv.hc_comb(mixes[1], scale, base)
+        assert taken == []
+        kept = dv.hc_comb(mixes[0], scale, base)                          # held by the caller ...
+        other = dv.hc_comb(mixes[1], scale, base)
+        assert other is not kept and taken == [1]                         # ... so a new one was taken
+        np.testing.assert_array_equal(kept.numpy(), want[0])
+        np.testing.assert_array_equal(other.numpy(), want[1])
+        ref = weakref.ref(other)
+        del other
+        third = dv.hc_comb(mixes[2], scale, base)                         # weakly referenced: left alone
+        assert ref() is None and third is not kept                        # (let go by the program, not reused)
+        np.testing.assert_array_equal(third.numpy(), want[2])
+        np.testing.assert_array_equal(kept.numpy(), want[0])
+        third.release()                                                   # released, then dropped
+        del third
+        np.testing.assert_array_equal(dv.hc_comb(mixes[2], scale, base).numpy(), want[2])
+    finally:
+        device.pool.take = take
+    # the program holds them in its size in the cache's budget
+    dv.hc_comb(mixes[0], scale, base)
+    cg = dv.last_run.__globals__["_local"].last
+    assert cg._hold > 0 and cg.nbytes >= cg._hold
+
+
+def test_a_program_rechecks_an_argument_set_that_changed_since_its_last_run(device, rng):
+    # the last run's device-tensor arguments are remembered by state (buffer, offset, shape, dtype):
+    # any change is checked again, never run on the remembered copies
+    g = dv.Graph()
+    g.output("y", g.op("SCALE", g.input("x", (2, 3)), a=2.0, b=1.0))
+    prog = g.compile(device)
+    a = rng.standard_normal((4, 3)).astype(np.float32)
+    x, y = device.tensor(a[:2]), device.empty((2, 3))
+    for _ in range(2):
+        prog.replay(x=x, out={"y": y})
+        np.testing.assert_array_equal(y.numpy(), 2 * a[:2] + 1)
+    rows, y2 = device.tensor(a), device.empty((2, 3))
+    prog.replay(x=rows.rows(2, 4), out={"y": y2})                        # other buffer, other offset
+    np.testing.assert_array_equal(y2.numpy(), 2 * a[2:] + 1)
+    prog.replay(x=rows.rows(0, 2), out={"y": y2})                        # same buffer, other offset
+    np.testing.assert_array_equal(y2.numpy(), 2 * a[:2] + 1)
+    with pytest.raises(ValueError, match=r"out\['y'\] is a i32 Tensor of shape \(2, 3\)"):
+        prog.replay(x=x, out={"y": device.empty((2, 3), np.int32)})
+    prog.replay(x=x, out={"y": y})
+    with pytest.raises(ValueError, match=r"input 'x' is a f32 Tensor of shape \(3, 2\)"):
+        prog.replay(x=device.tensor(a[:3, :2]), out={"y": y})
+    prog.replay(x=x, out={"y": y})
+    x.release()
+    with pytest.raises(ValueError, match="released"):
+        prog.replay(x=x, out={"y": y})
+    x = device.tensor(a[2:])
+    prog.replay(x=x, out={"y": y})
+    prog.replay({"x": a[:2]}, out={"y": y})                              # a host array among them
+    np.testing.assert_array_equal(y.numpy(), 2 * a[:2] + 1)
+    prog.replay(x=x, out={"y": y})
+    np.testing.assert_array_equal(y.numpy(), 2 * a[2:] + 1)
+
+
 # --- closed devices ---------------------------------------------------------------------------------
 
 def test_use_after_close_raises_device_closed_never_crashes():
