@@ -20,6 +20,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from . import composite as hc, policy as hc_policy
+from .policy import _generation
 from ..core.executor import CompiledGraph
 from ..core.graph import Graph
 from ..ops.base import format_shape
@@ -129,7 +130,7 @@ def call(device, key, inputs, out_shapes, build, out=None, per_token=()):
         dev = pick_device(dev, *(out or ()))
     elif dev._closed:
         dev.check_open()
-    key = (*key, tuple(shapes), hc_policy.generation())     # key[0]: the op, or the owning site
+    key = (*key, tuple(shapes), _generation[0])     # key[0]: the op, or the owning site; generation(), inlined
     cg = dev.programs.acquire(key)
     if cg is None:                      # first call of this key (or evicted): sizes checked, then compiled
         if per_token and _oversized(dev, inputs, out_shapes):
@@ -142,10 +143,11 @@ def call(device, key, inputs, out_shapes, build, out=None, per_token=()):
         if on_device:
             if out is None:
                 outs = cg.new_outputs()
-            else:                       # out=: the given tensors, new ones where an entry is None
+            elif None in out:           # out=: the given tensors, new ones where an entry is None
+                outs = cg.new_outputs()
+                outs.update((k, o) for k, o in zip(outs, out) if o is not None)   # (outputs: out0, out1, ...)
+            else:
                 outs = {f"out{i}": o for i, o in enumerate(out)}
-                if None in out:
-                    outs = {k: (v if outs[k] is None else outs[k]) for k, v in cg.new_outputs().items()}
             cg.execute(inputs, outs)
             outs = tuple(outs.values())
         else:
@@ -244,7 +246,9 @@ def hc_pre(x: Array, weights: Array, *, fused: bool | None = None, device: Devic
     """u [T,D] = Σ_s weights[t,s]·x[t,s,:] for x [T,4,D], weights [T,4]."""
     x = array_arg("x", x, (None, HC, None))
     weights = array_arg("weights", weights, (None, HC))
-    T = same("T (tokens)", ("x", x.shape[0]), ("weights", weights.shape[0]))
+    T = x.shape[0]
+    if weights.shape[0] != T:
+        same("T (tokens)", ("x", T), ("weights", weights.shape[0]))     # raises, naming both
     D = hidden("x", x.shape[2])
     hc_policy.check_override("HC_PRE", fused)
     out = _out(out, 1)
@@ -262,9 +266,11 @@ def hc_post(f: Array, residual: Array, post: Array, comb: Array, *, fused: bool 
     residual = array_arg("residual", residual, (None, HC, None))
     post = array_arg("post", post, (None, HC))
     comb = array_arg("comb", comb, (None, HC, HC))
-    T = same("T (tokens)", ("f", f.shape[0]), ("residual", residual.shape[0]), ("post", post.shape[0]),
-             ("comb", comb.shape[0]))
-    D = hidden("f", same("D (hidden size)", ("f", f.shape[1]), ("residual", residual.shape[2])))
+    T, D = f.shape
+    if not residual.shape[0] == post.shape[0] == comb.shape[0] == T or residual.shape[2] != D:   # raise, naming them
+        same("T (tokens)", ("f", T), ("residual", residual.shape[0]), ("post", post.shape[0]), ("comb", comb.shape[0]))
+        same("D (hidden size)", ("f", D), ("residual", residual.shape[2]))
+    hidden("f", D)
     hc_policy.check_override("HC_POST", fused)
     out = _out(out, 1)
     if T == 0:

@@ -97,6 +97,8 @@ def check_same(name_a, a, name_b, b, what):
 
 
 def check_eps(name, value):
+    if value.__class__ is float and 0.0 < value < math.inf:     # the usual case, checked per call
+        return value
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -107,6 +109,8 @@ def check_eps(name, value):
 
 
 def check_n_iter(value):
+    if value.__class__ is int and value >= 1:                   # the usual case, checked per call
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"n_iter must be an integer ≥ 1, got {value!r}")
     return int(value)

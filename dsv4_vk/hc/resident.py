@@ -22,6 +22,7 @@ import weakref
 from . import composite as hc, policy as hc_policy
 from .api import array_arg, call, empty_result, hc_post, hidden, pick_device
 from .kernels import HC, N_MIX, check_eps, check_n_iter
+from .policy import _generation
 from ..vk.tensor import Tensor
 
 _owners = itertools.count(1)
@@ -75,6 +76,8 @@ class MixCarry:
     None where nothing was carried (more than CARRY_MAX_T tokens, or the three-op path): the next
     pre then computes its mixes itself."""
 
+    __slots__ = ("target", "partials")
+
     def __init__(self, target, partials):
         self.target, self.partials = target, partials
 
@@ -105,6 +108,7 @@ class HcSite(_Resident):
         self.base = _resident(dev, "base", base, (N_MIX,))
         self.hc_eps, self.norm_eps = check_eps("hc_eps", hc_eps), check_eps("norm_eps", norm_eps)
         self.n_iter = check_n_iter(n_iter)
+        self._carry_memo = (None, {})       # (policy generation, {T: carries})
 
     @classmethod
     def head(cls, fn_h, scale_h, base_h, *, hc_eps: float = 1e-6, norm_eps: float = 1e-6, device=None,
@@ -127,6 +131,18 @@ class HcSite(_Resident):
         self._check_next(next)
         return hc.site_post(g, f, X, post, comb, next_fn=g.bind(next.fn, "next_fn"), fused=self.fused,
                             device=self.device)
+
+    def _carries(self, T):
+        """hc.carries for this site at T tokens, remembered per policy generation (the per-call path)."""
+        if T > hc.CARRY_MAX_T:
+            return False
+        gen, memo = self._carry_memo
+        if gen != _generation[0]:
+            gen, memo = self._carry_memo = (_generation[0], {})
+        hit = memo.get(T)
+        if hit is None:
+            hit = memo[T] = hc.carries(self.device, self.fused, T)
+        return hit
 
     def _check_next(self, next):
         if not isinstance(next, _Resident):
@@ -154,7 +170,7 @@ class HcSite(_Resident):
             return hc_post(f, X, post, comb, fused=self.fused, device=self.device, out=out)
         self._check_next(next)
         X, T = self._x(X)
-        if T == 0 or not hc.carries(self.device, self.fused, T):
+        if T == 0 or not self._carries(T):
             return hc_post(f, X, post, comb, fused=self.fused, device=self.device, out=out), MixCarry(next, None)
         f = array_arg("f", f, (T, self.D))
         post = array_arg("post", post, (T, HC))
