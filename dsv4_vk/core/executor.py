@@ -37,13 +37,14 @@ HOLD_BYTES = 1 << 20  # per compiled graph: outputs up to this size are kept and
 
 
 _NOTHING = frozenset()
+_BUFFER = attrgetter("buffer")
 _COPY_STATE = attrgetter("buffer", "byte_offset", "shape", "dtype_name")   # what a tensor's copy depends on (its
 #                                                                     buffer belongs to its device)
 
 
 def _refcounts(items):
     """The reference count of each of `items` (a list) as this function sees it."""
-    return [getrefcount(t) for t in items]
+    return list(map(getrefcount, items))
 
 
 _SOLE = _refcounts([object()])[0]   # ... of an object nothing but that list refers to (calibrated here:
@@ -247,6 +248,7 @@ class CompiledGraph:
         held = sum(spec[3] for spec in self._out_alloc)
         self._hold = held if 0 < held <= HOLD_BYTES else 0      # bytes of the outputs new_outputs keeps
         self._held = None                                       # the tensors it handed out last
+        self._sole = [_SOLE] * len(self._out_alloc)             # their counts once nothing else holds them
 
     def _copy_in(self, name, src):
         spec = self._in_spec.get(name)
@@ -290,9 +292,10 @@ class CompiledGraph:
                 self.nbytes += self._hold       # counted with the program in the cache's budget
             return dict(zip(self._out_spec, outs))
         counts = _refcounts(held)
-        for i, n in enumerate(counts):
-            if n != _SOLE or held[i].buffer is None or getweakrefcount(held[i]):
-                held[i] = DeviceTensor._pooled_many(self.device, self._out_alloc[i:i + 1])[0]
+        if counts != self._sole or any(map(getweakrefcount, held)) or None in map(_BUFFER, held):
+            for i, n in enumerate(counts):
+                if n != _SOLE or held[i].buffer is None or getweakrefcount(held[i]):
+                    held[i] = DeviceTensor._pooled_many(self.device, self._out_alloc[i:i + 1])[0]
         return dict(zip(self._out_spec, held))
 
     def _io_info(self, key, copies_in, copies_out):
