@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import threading
 from operator import attrgetter
-from sys import getrefcount
+import sys
 from weakref import getweakrefcount
 
 import numpy as np
@@ -44,11 +44,17 @@ _COPY_STATE = attrgetter("buffer", "byte_offset", "shape", "dtype_name")   # wha
 
 def _refcounts(items):
     """The reference count of each of `items` (a list) as this function sees it."""
-    return list(map(getrefcount, items))
+    return list(map(sys.getrefcount, items))
 
 
-_SOLE = _refcounts([object()])[0]   # ... of an object nothing but that list refers to (calibrated here:
-#                                      the interpreter's own references differ between versions)
+# reference counts tell whether a caller dropped a tensor only where they are exact: CPython with its
+# GIL (not free-threaded builds, not interpreters without sys.getrefcount); elsewhere nothing is held
+if hasattr(sys, "getrefcount") and getattr(sys, "_is_gil_enabled", lambda: True)():
+    _SOLE = _refcounts([object()])[0]   # ... of an object nothing but that list refers to (calibrated
+    #                                     here: the interpreter's own references differ between versions)
+else:                                   # pragma: no cover
+    HOLD_BYTES = 0
+    _SOLE = None
 
 
 class RunStats:
