@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; - | MODE_HCA | MODE_CSA
+//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; - | MODE_HCA | MODE_CSA ; - | TILED
 // MQA_ATTENTION: DeepSeek-V4's attention, one shared key = value head for all H query heads.
 // For chunk token t at p = pos[0] + t and head h the key list is
 //   raw rows j of kv with p − WINDOW < j ≤ p (the sliding window; kv [kv_rows, hd] is a ring,
@@ -11,11 +11,17 @@
 // SPLITS > 1 (decode with long key lists): the list is cut into SPLITS contiguous parts, one
 // cluster each, writing (max, sum, acc[hd]) to out viewed as [T, H, SPLITS, hd + 2] (the sink is
 // left to MQA_COMBINE, which merges the parts).
-// Lanes: one cluster of LANES lanes (lanes.glsl) per (t, h, split); lane l holds channels
+// Lanes: one cluster of LANES lanes (lanes.glsl) per (t, split, h), h fastest; lane l holds channels
 // l + LANES·m, m < PER_LANE; online softmax in f32, one cluster sum per key, no shared memory.
 // KEYS keys at a time (spec constant 5): their loads, dot products and cluster sums are issued
 // together, so that their memory latencies overlap (a decode step is a chain of them), then the
 // online softmax takes them one by one in key order — the same arithmetic as one key at a time.
+// TILED (decode: few tokens, key lists split into many short parts): one workgroup per
+// (t, split, group of heads), one cluster per head; the split's keys are staged TILE at a time in
+// shared memory by the whole workgroup (every load of a tile issued together: one memory latency
+// per tile instead of one per key, and each key read from memory once per head group, not once
+// per head), then each cluster scores the tile's keys against its head (all cluster sums issued
+// together) and merges the tile into its online softmax at once.
 // A position outside [0, capacity) gives NaN.
 // Push: T, H, hd, capacity, n_ent, K, q (off, s0, s1), kv_rows, kv (off, s0), ent (off, s0), idx (off, s0),
 // out (off, s0, s1), pos_off, sink_off, scale.
@@ -25,6 +31,7 @@ layout(constant_id = 2) const uint SPLITS = 1;   // parts of each key list (deco
 layout(constant_id = 3) const uint WINDOW = 1;   // sliding_window
 layout(constant_id = 4) const uint RATE = 1;     // the compression rate m (MODE_HCA)
 layout(constant_id = 5) const uint KEYS = 1;     // keys loaded and reduced together
+layout(constant_id = 6) const uint TILE = 1;     // TILED: keys staged in shared memory at a time
 layout(binding = 0) readonly buffer Q { float q[]; };
 layout(binding = 1) readonly buffer KV { float kv[]; };
 layout(binding = 2) readonly buffer E { float ent[]; };
@@ -53,18 +60,38 @@ void add_key(float s, float vals[PER_LANE]) {
     mx = mn;
 }
 
-void main() {
-    uint item = cluster_id();
-    if (item >= p.T * p.H * SPLITS) return;             // whole cluster leaves together
-    uint lane = cluster_lane();
-    uint split = item % SPLITS, th = item / SPLITS;
-    uint t = th / p.H, h = th % p.H;
-    int pp = pos[p.pos_off] + int(t);
-    uint ob = p.o_off + t * p.o_s0 + h * p.o_s1 + split * (p.hd + 2);
-    if (pp < 0 || uint(pp) >= p.capacity) {             // uniform per cluster
-        for (uint c = lane; c < p.hd + (SPLITS > 1 ? 2 : 0); c += LANES) o[ob + c] = uintBitsToFloat(0x7FC00000u);
-        return;
+// Where key sk of token t's list lies (j0, n_raw: its raw window): false for a CSA slot
+// without an entry; raw: in kv (else ent); b: the row's first element.
+bool key_at(uint t, uint sk, uint j0, uint n_raw, out bool raw, out uint b) {
+    raw = sk < n_raw;
+    if (raw) {
+        b = p.kv_off + ((j0 + sk) % p.kv_rows) * p.kv_s0;
+        return true;
     }
+#if defined(MODE_CSA)
+    int w = idx[p.i_off + t * p.i_s0 + (sk - n_raw)];
+    b = p.e_off + uint(max(w, 0)) * p.e_s0;
+    return w >= 0 && uint(w) < p.n_ent;                 // −1: no entry
+#else
+    b = p.e_off + (sk - n_raw) * p.e_s0;
+    return true;
+#endif
+}
+
+// Token t's key list at position pp: its raw window starts at j0 and holds n_raw rows; n keys in all.
+void key_list(int pp, out uint j0, out uint n_raw, out uint n) {
+    j0 = uint(max(pp - int(WINDOW) + 1, 0));
+    n_raw = uint(pp) + 1 - j0;
+#if defined(MODE_HCA)
+    n = n_raw + min((uint(pp) + 1) / RATE, p.n_ent);
+#elif defined(MODE_CSA)
+    n = n_raw + p.K;
+#else
+    n = n_raw;
+#endif
+}
+
+void load_q(uint t, uint h, uint lane) {
     uint qb = p.q_off + t * p.q_s0 + h * p.q_s1;
     [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
         uint c = lane + LANES * m;
@@ -73,16 +100,111 @@ void main() {
     }
     if (SPLITS > 1) { mx = LOWEST; l = 0.0; }
     else { mx = sinks[p.sink_off + h]; l = 1.0; }       // the sink: logit only, no value
-    uint j0 = uint(max(pp - int(WINDOW) + 1, 0));
-    uint n_raw = uint(pp) + 1 - j0;
-#if defined(MODE_HCA)
-    uint n_c = min((uint(pp) + 1) / RATE, p.n_ent);
-#elif defined(MODE_CSA)
-    uint n_c = p.K;
+}
+
+void store_out(uint ob, uint lane) {
+    float inv = SPLITS > 1 ? 1.0 : 1.0 / l;             // parts stay unnormalised for MQA_COMBINE
+    [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
+        uint c = lane + LANES * m;
+        if (c < p.hd) o[ob + c] = acc[m] * inv;
+    }
+    if (SPLITS > 1 && lane == 0) { o[ob + p.hd] = mx; o[ob + p.hd + 1] = l; }
+}
+
+void store_nan(uint ob, uint lane) {
+    for (uint c = lane; c < p.hd + (SPLITS > 1 ? 2 : 0); c += LANES) o[ob + c] = uintBitsToFloat(0x7FC00000u);
+}
+
+#if defined(TILED)
+const uint ROW = PER_LANE * LANES;                  // a staged key row (≥ hd; the rest zeros)
+const uint LOADS = (TILE * ROW + gl_WorkGroupSize.x - 1) / gl_WorkGroupSize.x;
+shared float ks[TILE * ROW];
+shared uint kbase[TILE], kflag[TILE];                // row start; bit 0: a key, bit 1: raw (kv)
+
+void main() {
+    uint heads_per_group = gl_WorkGroupSize.x / LANES;
+    uint groups = (p.H + heads_per_group - 1) / heads_per_group;
+    uint g = flat_group();
+    if (g >= p.T * SPLITS * groups) return;             // the whole workgroup leaves together
+    uint lid = lane_linear(), lane = lid % LANES;
+    uint split = (g / groups) % SPLITS, t = g / groups / SPLITS;
+    uint h = (g % groups) * heads_per_group + lid / LANES;
+    bool head = h < p.H;                                 // a partial last group: idle clusters
+    h = min(h, p.H - 1);                                // ... still stage keys and reach barriers
+    int pp = pos[p.pos_off] + int(t);
+    uint ob = p.o_off + t * p.o_s0 + h * p.o_s1 + split * (p.hd + 2);
+    if (pp < 0 || uint(pp) >= p.capacity) {             // uniform per workgroup
+        if (head) store_nan(ob, lane);
+        return;
+    }
+    load_q(t, h, lane);
+    uint j0, n_raw, n;
+    key_list(pp, j0, n_raw, n);
+    uint per = (n + SPLITS - 1) / SPLITS;
+    uint s0 = min(split * per, n), s1 = min(s0 + per, n);
+    for (uint s = s0; s < s1; s += TILE) {              // uniform per workgroup
+        uint nk = min(TILE, s1 - s);
+        barrier();                                      // the previous tile's readers are done
+        if (lid < nk) {
+            bool raw;
+            uint b;
+            bool ok = key_at(t, s + lid, j0, n_raw, raw, b);
+            kbase[lid] = b;
+            kflag[lid] = (ok ? 1u : 0u) | (raw ? 2u : 0u);
+        }
+        barrier();
+        float v[LOADS];                                 // all loads first: one latency per tile
+        [[unroll]] for (uint i = 0; i < LOADS; ++i) {
+            uint e = lid + i * gl_WorkGroupSize.x, k = e / ROW, c = e % ROW;
+            v[i] = 0.0;
+            if (k < nk && c < p.hd && (kflag[k] & 1u) != 0u)
+                v[i] = (kflag[k] & 2u) != 0u ? kv[kbase[k] + c] : ent[kbase[k] + c];
+        }
+        [[unroll]] for (uint i = 0; i < LOADS; ++i) {
+            uint e = lid + i * gl_WorkGroupSize.x;
+            if (e < TILE * ROW) ks[e] = v[i];
+        }
+        barrier();
+        float sc[TILE];
+        [[unroll]] for (uint k = 0; k < TILE; ++k) {
+            float d = 0.0;
+            [[unroll]] for (uint m = 0; m < PER_LANE; ++m) d += qv[m] * ks[k * ROW + lane + LANES * m];
+            sc[k] = d;
+        }
+        [[unroll]] for (uint k = 0; k < TILE; ++k) sc[k] = cluster_sum(sc[k]);   // every lane, every k
+        float tm = LOWEST;
+        [[unroll]] for (uint k = 0; k < TILE; ++k)
+            if (k < nk && (kflag[k] & 1u) != 0u) tm = max(tm, sc[k]);
+        float mn = max(mx, tm), corr = exp(mx - mn);
+        l *= corr;
+        [[unroll]] for (uint m = 0; m < PER_LANE; ++m) acc[m] *= corr;
+        [[unroll]] for (uint k = 0; k < TILE; ++k) {
+            if (k < nk && (kflag[k] & 1u) != 0u) {
+                float e = exp(sc[k] - mn);
+                l += e;
+                [[unroll]] for (uint m = 0; m < PER_LANE; ++m) acc[m] += e * ks[k * ROW + lane + LANES * m];
+            }
+        }
+        mx = mn;
+    }
+    if (head) store_out(ob, lane);
+}
 #else
-    uint n_c = 0;
-#endif
-    uint n = n_raw + n_c;
+void main() {
+    uint item = cluster_id();
+    if (item >= p.T * p.H * SPLITS) return;             // whole cluster leaves together
+    uint lane = cluster_lane();
+    uint h = item % p.H, ts = item / p.H;               // heads fastest: a workgroup's clusters
+    uint split = ts % SPLITS, t = ts / SPLITS;          // read the same keys (shared in L1)
+    int pp = pos[p.pos_off] + int(t);
+    uint ob = p.o_off + t * p.o_s0 + h * p.o_s1 + split * (p.hd + 2);
+    if (pp < 0 || uint(pp) >= p.capacity) {             // uniform per cluster
+        store_nan(ob, lane);
+        return;
+    }
+    load_q(t, h, lane);
+    uint j0, n_raw, n;
+    key_list(pp, j0, n_raw, n);
     uint per = (n + SPLITS - 1) / SPLITS;
     uint s0 = min(split * per, n), s1 = min(s0 + per, n);
     for (uint s = s0; s < s1; s += KEYS) {
@@ -90,21 +212,9 @@ void main() {
         float d[KEYS];
         bool ok[KEYS];
         [[unroll]] for (uint k = 0; k < KEYS; ++k) {
-            uint sk = s + k;
-            ok[k] = sk < s1;                              // uniform per cluster, as every test here
-            bool raw = sk < n_raw;
+            bool raw = false;
             uint b = 0u;
-            if (ok[k] && raw) {
-                b = p.kv_off + ((j0 + sk) % p.kv_rows) * p.kv_s0;
-            } else if (ok[k]) {
-#if defined(MODE_CSA)
-                int w = idx[p.i_off + t * p.i_s0 + (sk - n_raw)];
-                ok[k] = w >= 0 && uint(w) < p.n_ent;      // −1: no entry
-                b = p.e_off + uint(max(w, 0)) * p.e_s0;
-#else
-                b = p.e_off + (sk - n_raw) * p.e_s0;
-#endif
-            }
+            ok[k] = s + k < s1 && key_at(t, s + k, j0, n_raw, raw, b);   // uniform per cluster
             d[k] = 0.0;
             [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
                 uint c = lane + LANES * m;
@@ -118,10 +228,6 @@ void main() {
         [[unroll]] for (uint k = 0; k < KEYS; ++k)
             if (ok[k]) add_key(d[k], vals[k]);
     }
-    float inv = SPLITS > 1 ? 1.0 : 1.0 / l;             // parts stay unnormalised for MQA_COMBINE
-    [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
-        uint c = lane + LANES * m;
-        if (c < p.hd) o[ob + c] = acc[m] * inv;
-    }
-    if (SPLITS > 1 && lane == 0) { o[ob + p.hd] = mx; o[ob + p.hd + 1] = l; }
+    store_out(ob, lane);
 }
+#endif

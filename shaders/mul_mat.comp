@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: MODE_GEMV ; - | VEC4 ; LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; TB=1,2,3,4,5,6,7,8 ; - | W_BF16 | W_F16
+//! variants: MODE_GEMV ; - | VEC4 ; LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; TB=1,2,3,4,5,6,7,8 ; - | W_BF16 | W_F16 ; - | NORM_X
 //! variants: MODE_GEMM_REGS ; - | VEC4 ; - | W_BF16 | W_F16
 //! variants: MODE_GEMM_SHARED ; - | W_BF16 | W_F16
 // MUL_MAT: d[b0, b1, t, n] = Σ_k x[b0, b1, t, k] · w[b0, b1, n, k]  (x @ wᵀ), f32 accumulation.
@@ -17,6 +17,13 @@
 //                     ty + 16i and outputs tx + 16j, i, j < 4.
 //   W_BF16 / W_F16    16-bit weights (weights.glsl), widened to f32 as they are read.
 //   VEC4              (GEMV, GEMM_REGS) k contiguous and every row start 16-byte aligned: vec4 loads.
+//   NORM_X            (GEMV) x rows RMS-normalised on the fly: d = (x / rms(x) ⊙ g) @ wᵀ with
+//                     rms(x) = sqrt(mean_k x² + eps), g [K] at binding 3: each cluster sums x² beside
+//                     its dot product (x is a few KB, read from cache), so RMS_NORM → MUL_MAT at
+//                     decode is one dispatch, not two.
+// GEMV's spec constant 1, UNROLL: vec4 steps a lane loads before adding them (TB = 1), so that
+// that many weight loads per lane are in flight (decode reads each weight once: memory-level
+// parallelism decides its speed).
 // Rows past T or N in a partial tile are clamped to the last row for loading, never stored.
 #if defined(MODE_GEMV)
 #include "lanes.glsl"
@@ -34,7 +41,17 @@ layout(push_constant) uniform P {
     uint x_off, x_s0, x_s1, x_s2, x_s3;
     uint w_off, w_s0, w_s1, w_s2, w_s3;
     uint d_off, d_s0, d_s1, d_s2, d_s3;
+#if defined(NORM_X)
+    uint g_off;
+    float eps;
+#endif
 } p;
+#if defined(NORM_X)
+layout(binding = 3) readonly buffer G { float g[]; };
+#if defined(VEC4)
+layout(binding = 3) readonly buffer G4 { vec4 g4[]; };
+#endif
+#endif
 
 uint x_row(uint b0, uint b1, uint t) { return p.x_off + b0 * p.x_s0 + b1 * p.x_s1 + min(t, p.T - 1) * p.x_s2; }
 uint w_row(uint b0, uint b1, uint n) { return p.w_off + b0 * p.w_s0 + b1 * p.w_s1 + min(n, p.N - 1) * p.w_s2; }
@@ -43,6 +60,28 @@ void store(uint b0, uint b1, uint t, uint n, float v) {
 }
 
 #if defined(MODE_GEMV)
+layout(constant_id = 1) const uint UNROLL = 1;
+float acc[TB], ss[TB];      // ss: Σ x² of each token's row (NORM_X)
+uint xb[TB];
+
+#if defined(VEC4)
+void add4(uint t, vec4 xv, vec4 wv, uint k) {
+#if defined(NORM_X)
+    ss[t] += dot(xv, xv);
+    xv *= g4[p.g_off / 4 + k];
+#endif
+    acc[t] += dot(xv, wv);
+}
+#endif
+
+void add1(uint t, float xv, float wv, uint k) {
+#if defined(NORM_X)
+    ss[t] += xv * xv;
+    xv *= g[p.g_off + k];
+#endif
+    acc[t] += xv * wv;
+}
+
 void main() {
     uint blocks = (p.T + TB - 1) / TB;
     uint item = cluster_id();
@@ -52,23 +91,35 @@ void main() {
     uint t0 = (r % blocks) * TB; r /= blocks;
     uint b1 = r % p.ne1, b0 = r / p.ne1;
     uint wb = w_row(b0, b1, n);
-    uint xb[TB];
-    float acc[TB];
-    [[unroll]] for (uint t = 0; t < TB; ++t) { xb[t] = x_row(b0, b1, t0 + t); acc[t] = 0.0; }
+    [[unroll]] for (uint t = 0; t < TB; ++t) { xb[t] = x_row(b0, b1, t0 + t); acc[t] = 0.0; ss[t] = 0.0; }
     uint k = lane;
 #if defined(VEC4)
-    for (; k < p.K / 4; k += LANES) {
-        vec4 wv = W4_AT(wb / 4 + k);
-        [[unroll]] for (uint t = 0; t < TB; ++t) acc[t] += dot(x4[xb[t] / 4 + k], wv);
+    uint K4 = p.K / 4;
+    if (TB == 1) {
+        for (; k + (UNROLL - 1) * LANES < K4; k += UNROLL * LANES) {
+            vec4 wv[UNROLL], xv[UNROLL];
+            [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
+                wv[u] = W4_AT(wb / 4 + k + u * LANES);
+                xv[u] = x4[xb[0] / 4 + k + u * LANES];
+            }
+            [[unroll]] for (uint u = 0; u < UNROLL; ++u) add4(0, xv[u], wv[u], k + u * LANES);
+        }
     }
-    k = (p.K / 4) * 4 + lane;
+    for (; k < K4; k += LANES) {
+        vec4 wv = W4_AT(wb / 4 + k);
+        [[unroll]] for (uint t = 0; t < TB; ++t) add4(t, x4[xb[t] / 4 + k], wv, k);
+    }
+    k = K4 * 4 + lane;
 #endif
     for (; k < p.K; k += LANES) {
         float wv = W_AT(wb + k * p.w_s3);
-        [[unroll]] for (uint t = 0; t < TB; ++t) acc[t] += x[xb[t] + k * p.x_s3] * wv;
+        [[unroll]] for (uint t = 0; t < TB; ++t) add1(t, x[xb[t] + k * p.x_s3], wv, k);
     }
     [[unroll]] for (uint t = 0; t < TB; ++t) {
         float s = cluster_sum(acc[t]);
+#if defined(NORM_X)
+        s /= sqrt(cluster_sum(ss[t]) / float(p.K) + p.eps);
+#endif
         if (lane == t % LANES) store(b0, b1, t0 + t, n, s);
     }
 }

@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; MODE_SWIGLU | MODE_SUM ; - | VEC4 ; - | HAS_ADD ; - | W_BF16 | W_F16
+//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; MODE_SWIGLU | MODE_SUM ; - | VEC4 ; - | HAS_ADD ; - | W_BF16 | W_F16 ; - | NORM_X
 // MUL_MAT_ID: matrix products with the experts the router chose, route[t, r] = (id, weight)
 // (MOE_ROUTE's output; ids are exact floats), weights w [E, N, K] stacked per expert:
 //   MODE_SWIGLU  x [T, 1 or R, K] (stride 0 over r: the same token row for every route), w [E, 2F, K]:
@@ -13,7 +13,13 @@
 // Layout: one cluster of LANES lanes per output element (lanes.glsl), lane l takes k = l, l+LANES,
 // ...; the output column (f or n) varies fastest across clusters, so neighbouring clusters read
 // neighbouring weight rows of the same expert. W_BF16 / W_F16: 16-bit weights (weights.glsl). VEC4: K % 4 == 0 and every row 16-byte aligned.
+// NORM_X (MODE_SWIGLU): x rows RMS-normalised as they are read, x / rms(x) ⊙ g with g [K] at
+// binding 4 and rms(x) = sqrt(mean_k x² + eps): the FFN norm and the experts in one dispatch.
+// UNROLL (spec constant 1): vec4 steps a lane loads before it adds them, so that that many loads
+// per row are in flight (a decode step reads each weight once: memory-level parallelism decides
+// its speed); MODE_SWIGLU reads its gate and up rows in the same loop for the same reason.
 #include "lanes.glsl"
+layout(constant_id = 1) const uint UNROLL = 1;
 layout(binding = 0) readonly buffer X { float x[]; };
 layout(binding = 2) readonly buffer R { float route[]; };
 #if defined(HAS_ADD)
@@ -34,20 +40,72 @@ layout(push_constant) uniform P {
     uint d_off, d_s0, d_s1, d_s2;       // MODE_SUM: d[t, n] at d_off + t·d_s0 + n·d_s1
     uint a_off, a_s0, a_s1;
     float limit;                        // MODE_SWIGLU's clamp (+inf: none)
+#if defined(NORM_X)
+    uint g_off;
+    float eps;
+#endif
 } p;
+#if defined(NORM_X)
+layout(binding = 4) readonly buffer G { float g[]; };
+#if defined(VEC4)
+layout(binding = 4) readonly buffer G4 { vec4 g4[]; };
+#endif
+#endif
 
 #define NAN uintBitsToFloat(0x7FC00000u)
 
-// This lane's share of the dot product of x row xb with w row wb (k contiguous in both).
-float partial_dot(uint xb, uint wb, uint lane) {
-    float acc = 0.0;
+// This lane's share of the dot products of x row xb with w rows wb[0..ROWS) (k contiguous).
+#if defined(MODE_SWIGLU)
+const uint ROWS = 2;                                    // gate and up
+#else
+const uint ROWS = 1;
+#endif
+float ss = 0.0;              // Σ x² of this lane's share of the x row (NORM_X)
+
+#if defined(VEC4)
+vec4 x_at4(uint xb, uint k) {
+    vec4 v = x4[xb / 4 + k];
+#if defined(NORM_X)
+    ss += dot(v, v);
+    v *= g4[p.g_off / 4 + k];
+#endif
+    return v;
+}
+#endif
+
+float x_at(uint xb, uint k) {
+    float v = x[xb + k];
+#if defined(NORM_X)
+    ss += v * v;
+    v *= g[p.g_off + k];
+#endif
+    return v;
+}
+
+void partial_dots(uint xb, uint wb[ROWS], uint lane, out float acc[ROWS]) {
+    [[unroll]] for (uint j = 0; j < ROWS; ++j) acc[j] = 0.0;
     uint k = lane;
 #if defined(VEC4)
-    for (; k < p.K / 4; k += LANES) acc += dot(x4[xb / 4 + k], W4_AT(wb / 4 + k));
-    k = (p.K / 4) * 4 + lane;
+    uint K4 = p.K / 4;
+    for (; k + (UNROLL - 1) * LANES < K4; k += UNROLL * LANES) {
+        vec4 xv[UNROLL], wv[ROWS][UNROLL];
+        [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
+            xv[u] = x_at4(xb, k + u * LANES);
+            [[unroll]] for (uint j = 0; j < ROWS; ++j) wv[j][u] = W4_AT(wb[j] / 4 + k + u * LANES);
+        }
+        [[unroll]] for (uint u = 0; u < UNROLL; ++u)
+            [[unroll]] for (uint j = 0; j < ROWS; ++j) acc[j] += dot(xv[u], wv[j][u]);
+    }
+    for (; k < K4; k += LANES) {
+        vec4 xv = x_at4(xb, k);
+        [[unroll]] for (uint j = 0; j < ROWS; ++j) acc[j] += dot(xv, W4_AT(wb[j] / 4 + k));
+    }
+    k = K4 * 4 + lane;
 #endif
-    for (; k < p.K; k += LANES) acc += x[xb + k] * W_AT(wb + k);
-    return acc;
+    for (; k < p.K; k += LANES) {
+        float xv = x_at(xb, k);
+        [[unroll]] for (uint j = 0; j < ROWS; ++j) acc[j] += xv * W_AT(wb[j] + k);
+    }
 }
 
 // Expert id of route (t, r), or −1 when it is not a valid id.
@@ -68,11 +126,17 @@ void main() {
     if (id >= 0) {                                      // uniform per cluster
         uint xb = p.x_off + t * p.x_s0 + r * p.x_s1;
         uint wb = p.w_off + uint(id) * p.w_s0;
-        float g = cluster_sum(partial_dot(xb, wb + f * p.w_s1, lane));
-        float u = cluster_sum(partial_dot(xb, wb + (p.N + f) * p.w_s1, lane));
-        g = min(g, p.limit);
-        u = clamp(u, -p.limit, p.limit);
-        v = g / (1.0 + exp(-g)) * u;
+        float a[ROWS];
+        partial_dots(xb, uint[ROWS](wb + f * p.w_s1, wb + (p.N + f) * p.w_s1), lane, a);
+        float gate = cluster_sum(a[0]), up = cluster_sum(a[1]);
+#if defined(NORM_X)
+        float inv = 1.0 / sqrt(cluster_sum(ss) / float(p.K) + p.eps);
+        gate *= inv;
+        up *= inv;
+#endif
+        gate = min(gate, p.limit);
+        up = clamp(up, -p.limit, p.limit);
+        v = gate / (1.0 + exp(-gate)) * up;
     }
     if (lane == 0) d[p.d_off + t * p.d_s0 + r * p.d_s1 + f * p.d_s2] = v;
 #elif defined(MODE_SUM)
@@ -85,7 +149,9 @@ void main() {
         if (id < 0) { ok = false; continue; }
         float wt = route[p.r_off + t * p.r_s0 + r * p.r_s1 + p.r_s2];
         uint xb = p.x_off + t * p.x_s0 + r * p.x_s1;
-        acc += wt * partial_dot(xb, p.w_off + uint(id) * p.w_s0 + n * p.w_s1, lane);
+        float a[ROWS];
+        partial_dots(xb, uint[ROWS](p.w_off + uint(id) * p.w_s0 + n * p.w_s1), lane, a);
+        acc += wt * a[0];
     }
     float s = cluster_sum(acc);
 #if defined(HAS_ADD)

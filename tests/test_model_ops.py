@@ -83,12 +83,16 @@ def test_moe_route_picks_top_k_with_ties_to_the_lower_id(router, norm, rng):
     assert max_abs(got[ok, :, 1], ref[ok, :, 1]) <= 1e-6
 
 
+@pytest.mark.parametrize("D,F,unroll", [(20, 12, None), (400, 200, 4), (400, 200, 3)])
 @pytest.mark.parametrize("as_gpu", [False, True])
-def test_mul_mat_id_reads_only_the_chosen_experts(as_gpu, rng, monkeypatch, device):
-    """SwiGLU over the routes, then the weighted sum (+ add); an invalid id gives NaN, not a wild read."""
+def test_mul_mat_id_reads_only_the_chosen_experts(as_gpu, D, F, unroll, rng, monkeypatch, device):
+    """SwiGLU over the routes, then the weighted sum (+ add); an invalid id gives NaN, not a wild read.
+    unroll: vec4 steps in flight per lane (400, 200: unrolled steps, then a tail of single steps)."""
+    from dsv4_vk.ops import moe
     if as_gpu:      # lower as for a GPU: subgroup-lane clusters over K instead of one lane per output
         monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
-    T, E, F, D = 5, 6, 12, 20
+    monkeypatch.setitem(moe.MUL_MAT_ID_UNROLL, "unroll", unroll)
+    T, E = 5, 6
     route = get_op("MOE_ROUTE").reference(rng.standard_normal((T, E - 1)), top_k=2, n_shared=1).astype(np.float32)
     route[3, 1, 0] = E + 7                                 # out of range: token 3 -> NaN
     w13 = rng.standard_normal((E, 2 * F, D)).astype(np.float32)
@@ -105,6 +109,16 @@ def test_mul_mat_id_reads_only_the_chosen_experts(as_gpu, rng, monkeypatch, devi
     for got, ref in ((out["h"], rh), (out["y"], ry)):
         assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.isnan(got[3]).any()
         assert nmse(got, ref) <= 1e-10
+    gn = rng.standard_normal(D).astype(np.float32)           # with the FFN norm folded in
+    g = Graph()
+    xi, ri = g.input("x", x.shape), g.input("r", route.shape)
+    g.output("h", g.op("MUL_MAT_ID", xi.reshape(T, 1, D), g.const(w13), ri, g.const(gn), mode="swiglu",
+                       rms_eps=1e-6))
+    got = run_graph(g, x=x * 30, r=route)["h"]
+    ref = op.reference(x[:, None, :] * 30, w13, route, gn, mode="swiglu", rms_eps=1e-6)
+    assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.isnan(got[3]).any()
+    assert nmse(got, ref) <= 1e-10
+    assert nmse(ref, rh) > 1e-3                                # the norm changed the result
 
 
 def test_sample_greedy_and_top_k_match_the_reference_draw_by_draw(rng):

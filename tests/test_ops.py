@@ -365,6 +365,8 @@ def check_lane_variants_on(rng, as_gpu):
             w = make_input((N, K), "contig", normal(rng, 1 / np.sqrt(K)))
             for kernel in ("gemv", "gemm"):
                 check_close(*run_op("MUL_MAT", Spec([x, w], {"kernel": kernel}), as_gpu=as_gpu), *BOUNDS["MUL_MAT"])
+            g = make_input((K,), "contig", normal(rng))      # RMS_NORM(x, g) → MUL_MAT in one dispatch
+            check_close(*run_op("MUL_MAT", Spec([x, w, g], {"rms_eps": 1e-6}), as_gpu=as_gpu), *BOUNDS["MUL_MAT"])
 
 
 def test_lane_variants(rng):
@@ -470,6 +472,11 @@ BAD_CALLS = [
     ("MUL_MAT", [(4,), (5, 4)], {}, "input 0 has shape"),
     ("MUL_MAT", [(2, 3, 4), (3, 5, 4)], {}, "do not broadcast"),
     ("MUL_MAT", [(3, 4), (5, 4)], {"kernel": "fast"}, "kernel must be one of"),
+    ("MUL_MAT", [(3, 4), (5, 4), (4,)], {}, "a norm weight needs rms_eps"),
+    ("MUL_MAT", [(3, 4), (5, 4), (3,)], {"rms_eps": 1e-6}, r"norm weight g \(\[K\]\)"),
+    ("MUL_MAT", [(3, 4), (5, 4)], {"rms_eps": 1e-6}, "rms_eps is given without a norm weight"),
+    ("MUL_MAT", [(3, 4), (5, 4), (4,)], {"rms_eps": 1e-6, "kernel": "gemm"}, "runs the gemv kernel"),
+    ("MUL_MAT", [(3, 4), (5, 4), (4,)], {"rms_eps": -1.0}, "rms_eps must be ≥ 0"),
     ("MUL_MAT", [(3, 0), (5, 0)], {}, "input 0 is empty"),
     ("GET_ROWS", [(4, 5), (3,)], {}, r"input 1 \(ids\) is \(3,\) f32; expected a 1-D i32"),
     ("GET_ROWS", [(4, 5), ("i32", (3, 1))], {}, "expected a 1-D i32"),

@@ -118,13 +118,17 @@ def test_topk(rng, T, n, k):
     ("sliding", 5, 4, 32, 0, 8, 1, 1, 64), ("sliding", 1, 2, 64, 40, 8, 1, 1, 64), ("hca", 7, 3, 32, 30, 8, 8, 1, 64),
     ("csa", 4, 4, 16, 20, 6, 4, 1, 64), ("hca", 1, 4, 32, 60, 8, 4, 4, 64), ("csa", 1, 2, 48, 63, 8, 4, 3, 64),
     ("sliding", 1, 2, 16, 63, 128, 1, 5, 64), ("sliding", 6, 2, 16, 30, 8, 1, 1, 13), ("csa", 3, 2, 16, 61, 6, 4, 2, 8)])
-@pytest.mark.parametrize("keys", [None, 1, 3])
-def test_mqa_attention(rng, monkeypatch, keys, mode, T, H, hd, p0, window, rate, splits, rows):
+@pytest.mark.parametrize("kernel,keys,tile", [("cluster", None, None), ("cluster", 1, None), ("cluster", 3, None),
+                                              ("tiled", None, None), ("tiled", None, 3)])
+def test_mqa_attention(rng, monkeypatch, kernel, keys, tile, mode, T, H, hd, p0, window, rate, splits, rows):
     """rows < 64: kv is a ring of the last `rows` positions (≥ window + T − 1); the last case runs
-    past the capacity 64 (NaN rows). keys: keys per step of the kernel (None: its default; 3: a
-    last step part past the list, CSA's −1 entries inside steps)."""
+    past the capacity 64 (NaN rows). keys: keys per step of the cluster kernel (None: its default;
+    3: a last step part past the list, CSA's −1 entries inside steps); tile: keys per staged tile of
+    the tiled kernel (3: several tiles per split, a partial last one)."""
     from dsv4_vk.ops import v4_attention
     monkeypatch.setitem(v4_attention.MQA_KEYS, "keys", keys)
+    if tile is not None:
+        monkeypatch.setattr(v4_attention, "TILE_KEYS", tile)
     C = 64
     n_ent = C // rate
     arrays = [f32(rng, T, H, hd), f32(rng, rows, hd), np.array([p0], np.int32), f32(rng, H)]
@@ -139,7 +143,7 @@ def test_mqa_attention(rng, monkeypatch, keys, mode, T, H, hd, p0, window, rate,
     want = get_op("MQA_ATTENTION").reference(*arrays, **prm)
     g = Graph()
     ts = [g.const(a) for a in arrays]
-    out = g.op("MQA_ATTENTION", *ts, splits=splits, **prm)
+    out = g.op("MQA_ATTENTION", *ts, splits=splits, kernel=kernel, **prm)
     if splits > 1:
         out = g.op("MQA_COMBINE", out, ts[3], splits=splits)
     g.output("out", out)

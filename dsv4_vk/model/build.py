@@ -19,19 +19,19 @@ so a decode step is one replay.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from .. import hc
-from ..core.graph import Graph
+from ..core.graph import Graph, Tensor
 from ..ops.sample import sample
-from ..ops.v4_attention import rope_table
+from ..ops.v4_attention import mqa_decode_splits, rope_table
 from .checkpoint import BF16
 from .config import CSA, HCA, SWA, V4Config
 from .reference import inv_freq
 
 STEP_PARAMS = ("step.pos", "step.last", "step.token")
-SPLIT_KEYS = 128            # decode: one MQA split per this many keys in the longest key list
-MAX_SPLITS = 32
 
 
 def _stack(parts):
@@ -106,27 +106,38 @@ def param_arrays(cfg: V4Config, weights: dict, chunk: int = 16) -> dict:
     return out
 
 
-def decode_splits(cfg: V4Config, i: int) -> int:
-    """MQA splits of layer i at decode: one per SPLIT_KEYS keys of its longest key list."""
+def decode_splits(cfg: V4Config, i: int, device) -> int:
+    """MQA splits of layer i at decode: one tiled workgroup's tile of its longest key list each
+    (ops.v4_attention.mqa_decode_splits)."""
     kind = cfg.layer_types[i]
     n = cfg.sliding_window
     if kind == CSA:
         n += min(cfg.index_topk, cfg.max_ctx // cfg.rate(i))
     elif kind != SWA:
         n += cfg.max_ctx // cfg.rate(i)
-    return max(1, min(MAX_SPLITS, -(-n // SPLIT_KEYS)))
+    return mqa_decode_splits(device, cfg.head_dim, n)
 
 
 DTYPE_NAMES = {np.dtype(np.float32): "f32", np.dtype(np.int32): "i32", np.dtype(np.float16): "f16", BF16: "bf16"}
 
 
+class Normed(NamedTuple):
+    """RMS_NORM(x, g, eps) not yet computed: the mat-muls that read it normalise x's rows as they
+    load them (MUL_MAT / MUL_MAT_ID with a norm weight), one dispatch fewer per norm at decode."""
+    x: Tensor
+    g: Tensor
+    eps: float
+
+
 class ModelGraph:
     """Builds one forward graph of T tokens; `params` are the uploaded arrays (names, shapes, dtypes).
-    splits: MQA key-list splits per layer (None: decode_splits at T = 1, else 1)."""
+    splits: MQA key-list splits per layer (None: decode_splits at T = 1, else 1). At T = 1 the RMS
+    norms whose only readers are mat-muls are folded into them (Normed)."""
 
     def __init__(self, cfg: V4Config, params: dict, T: int, *, prefill: bool, fused, device, splits=None):
         self.cfg, self.params, self.fused, self.device = cfg, params, fused, device
         self.splits = splits
+        self.fold_norms = T == 1
         self.g = g = Graph()
         self.ids = g.input("ids", (T,), "i32") if prefill else self.param("step.token")
         self.pos = self.param("step.pos")
@@ -138,6 +149,17 @@ class ModelGraph:
     def param(self, name):
         a = self.params[name]
         return self.g.param(name, a.shape, DTYPE_NAMES[np.dtype(a.dtype)])
+
+    def norm(self, x: Tensor, weight: str) -> Tensor | Normed:
+        """RMS_NORM of x's rows with the named weight; left to the reading mat-muls at T = 1."""
+        g, eps = self.param(weight), self.cfg.rms_norm_eps
+        return Normed(x, g, eps) if self.fold_norms else self.g.op("RMS_NORM", x, g, eps=eps)
+
+    def linear(self, x: Tensor | Normed, w: Tensor) -> Tensor:
+        """x @ wᵀ (x normalised in the same dispatch when it is Normed)."""
+        if isinstance(x, Normed):
+            return self.g.op("MUL_MAT", x.x, w, x.g, rms_eps=x.eps)
+        return self.g.op("MUL_MAT", x, w)
 
     def forward(self, ids, T):
         cfg, g = self.cfg, self.g
@@ -154,8 +176,7 @@ class ModelGraph:
             X, carry = self.site(X, i, name, sublayer, carry, self.param(fns[k + 1]))
         h = hc.head_pre(g, X, self.param("hc_head_fn"), self.param("hc_head_scale"), self.param("hc_head_base"),
                         hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps, fused=self.fused, device=self.device, mix=carry)
-        h = g.op("RMS_NORM", h, self.param("norm.weight"), eps=cfg.rms_norm_eps)
-        return g.op("MUL_MAT", h, self.param("head.weight"))                          # [T, V]
+        return self.linear(self.norm(h, "norm.weight"), self.param("head.weight"))    # [T, V]
 
     def site(self, X, i, name, sublayer, carry, next_fn):
         """X_new = post(sublayer(rmsnorm_w(u)), X) around site_pre(X) (hc.site: at decode two
@@ -164,8 +185,7 @@ class ModelGraph:
         p = f"layers.{i}."
         return hc.site(g, X, self.param(p + f"hc_{name}_fn"), self.param(p + f"hc_{name}_scale"),
                        self.param(p + f"hc_{name}_base"),
-                       lambda u: sublayer(i, g.op("RMS_NORM", u, self.param(p + f"{name}_norm.weight"),
-                                                  eps=cfg.rms_norm_eps)),
+                       lambda u: sublayer(i, self.norm(u, p + f"{name}_norm.weight")),
                        mix=carry, next_fn=next_fn, hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps,
                        n_iter=cfg.hc_sinkhorn_iters, fused=self.fused, device=self.device)
 
@@ -182,18 +202,18 @@ class ModelGraph:
 
     def attention(self, i, x):
         cfg, g = self.cfg, self.g
-        T, H, hd, eps = x.shape[0], cfg.num_attention_heads, cfg.head_dim, cfg.rms_norm_eps
+        T, H, hd, eps = self.ids.shape[0], cfg.num_attention_heads, cfg.head_dim, cfg.rms_norm_eps
         a = f"layers.{i}.attn."
         kind = cfg.layer_types[i]
         rk = "main" if kind == SWA else "compress"
         cos, sin = self.param(f"rope.{rk}.cos"), self.param(f"rope.{rk}.sin")
-        xw = g.op("MUL_MAT", x, self.param(a + "wx"))                                 # every x projection
+        xw = self.linear(x, self.param(a + "wx"))                                     # every x projection
         cols, at = {}, 0
         for name, n in x_projections(cfg, i):
             cols[name[len(a):]] = xw[:, at:at + n]
             at += n
-        qr = g.op("RMS_NORM", cols["wq_a.weight"], self.param(a + "q_norm.weight"), eps=eps)
-        q = g.op("MUL_MAT", qr, self.param(a + "wq_b.weight")).reshape(T, H, hd)
+        qr = self.norm(cols["wq_a.weight"], a + "q_norm.weight")                      # read by two mat-muls
+        q = self.linear(qr, self.param(a + "wq_b.weight")).reshape(T, H, hd)
         q = g.op("ROPE", g.op("RMS_NORM", q, eps=eps), self.pos, cos, sin)
         kv = g.op("RMS_NORM", cols["wkv.weight"], self.param(a + "kv_norm.weight"), eps=eps)
         kv = g.op("ROPE", kv.reshape(T, 1, hd), self.pos, cos, sin).reshape(T, hd)
@@ -208,7 +228,7 @@ class ModelGraph:
             prm = {"mode": "csa" if kind == CSA else "hca", "rate": m}
         if kind == CSA:
             extra.append(self.indexer(i, x, xw, cols, qr, T))
-        S = self.splits[i] if self.splits is not None else (decode_splits(cfg, i) if T == 1 else 1)
+        S = self.splits[i] if self.splits is not None else (decode_splits(cfg, i, self.device) if T == 1 else 1)
         o = g.op("MQA_ATTENTION", q, cache, self.pos, self.param(a + "attn_sink"), *extra, scale=hd ** -0.5,
                  window=cfg.sliding_window, splits=S, capacity=cfg.max_ctx, **prm)
         if S > 1:
@@ -232,7 +252,7 @@ class ModelGraph:
         a = f"layers.{i}.attn.indexer."
         nI, hI, m = cfg.index_n_heads, cfg.index_head_dim, cfg.rate(i)
         keys = self._compress("idx", self._cat(xw, cols["indexer.compressor.wkv.weight"], 4 * hI), i, True, T)
-        qI = g.op("MUL_MAT", qr, self.param(a + "wq_b.weight")).reshape(T, nI, hI)
+        qI = self.linear(qr, self.param(a + "wq_b.weight")).reshape(T, nI, hI)
         qI = g.op("ROPE", qI, self.pos, self.param("rope.compress.cos"), self.param("rope.compress.sin"))
         s = g.op("INDEX_SCORE", qI, cols["indexer.weights_proj.weight"], keys, self.pos, rate=m,
                  scale=hI ** -0.5 * nI ** -0.5, capacity=cfg.max_ctx)
@@ -242,13 +262,17 @@ class ModelGraph:
         """V4_ROUTE (score + bias, or the hash table by token id; the shared expert appended) →
         the chosen experts' clamped SwiGLU → weighted sum."""
         cfg, g = self.cfg, self.g
-        T, D = x.shape
+        T, D = (x.x if isinstance(x, Normed) else x).shape
         f = f"layers.{i}.ffn."
-        logits = g.op("MUL_MAT", x, self.param(f + "gate.weight"))
+        logits = self.linear(x, self.param(f + "gate.weight"))
         sel = ([self.param(f + "gate.tid2eid"), self.ids] if cfg.mlp_layer_types[i] == "hash_moe"
                else [self.param(f + "gate.bias")])
         route = g.op("V4_ROUTE", logits, *sel, top_k=cfg.num_experts_per_tok, scoring=cfg.scoring_func,
                      route_scale=float(cfg.routed_scaling_factor))
-        h = g.op("MUL_MAT_ID", x.reshape(T, 1, D), self.param(f + "w13"), route, mode="swiglu",
-                 limit=float(cfg.swiglu_limit))                                       # [T, k+1, F]
+        if isinstance(x, Normed):       # the FFN norm applied as the experts read x
+            h = g.op("MUL_MAT_ID", x.x.reshape(T, 1, D), self.param(f + "w13"), route, x.g, mode="swiglu",
+                     limit=float(cfg.swiglu_limit), rms_eps=x.eps)
+        else:
+            h = g.op("MUL_MAT_ID", x.reshape(T, 1, D), self.param(f + "w13"), route, mode="swiglu",
+                     limit=float(cfg.swiglu_limit))                                   # [T, k+1, F]
         return g.op("MUL_MAT_ID", h, self.param(f + "w2"), route, mode="sum")         # [T, D]

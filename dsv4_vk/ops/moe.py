@@ -5,6 +5,7 @@ import numpy as np
 
 from .base import (Launch, OpDef, check_finite, check_params, cluster_lanes, expect, grid_1d, is_cpu, nonempty,
                    pack_push, register, unit_last, weight_defines, WEIGHT_DTYPES)
+from .mul_mat import rms_rows, rms_weight
 
 MAX_TOP_K = 64
 ROUTERS = ("softmax", "sigmoid")
@@ -70,25 +71,31 @@ class MoeRoute(OpDef):
         return reference_route(logits, top_k, router, norm, route_scale, n_shared)
 
 
+# vec4 steps a lane of MUL_MAT_ID loads before adding them (None: 4 on GPUs, 1 on CPU devices,
+# where registers are scarce and loads are cheap; tests and the bench set it)
+MUL_MAT_ID_UNROLL = {"unroll": None}
+
+
 @register
 class MulMatId(OpDef):
-    """MUL_MAT_ID(x, w [E,N,K], route [T,R,2][, add [T,N]], mode=):
-    mode="swiglu": x [T, 1 or R, K], N = 2F -> [T,R,F] = silu(w[id,:F]·x)·(w[id,F:]·x);
+    """MUL_MAT_ID(x, w [E,N,K], route [T,R,2][, add [T,N] | norm weight g [K]], mode=):
+    mode="swiglu": x [T, 1 or R, K], N = 2F -> [T,R,F] = silu(w[id,:F]·x)·(w[id,F:]·x); with g and
+                   rms_eps=, x is RMS_NORM(x, g, rms_eps) (normalised as it is read: one dispatch);
     mode="sum":    x [T,R,K] -> [T,N] = Σ_r weight_r · w[id_r]·x[t,r] (+ add)."""
     name, n_inputs = "MUL_MAT_ID", None
     dtypes = WEIGHT_DTYPES      # x, route f32; w f32, bf16 or f16 (widened to f32 as it is read)
 
     def infer(self, inputs, params):
-        check_params(self.name, params, ("mode", "limit"))
+        check_params(self.name, params, ("mode", "limit", "rms_eps"))
         mode = params.get("mode")
         if "limit" in params and (mode != "swiglu" or not check_finite(f"{self.name} limit", params["limit"]) > 0):
             raise ValueError(f"{self.name}: limit (the SwiGLU clamp) must be a finite number > 0 with mode='swiglu', "
                              f"got {params['limit']!r} with mode={mode!r}")
         if mode not in ("swiglu", "sum"):
             raise ValueError(f"{self.name}: mode must be 'swiglu' or 'sum', got {mode!r}")
-        if len(inputs) not in ((3,) if mode == "swiglu" else (3, 4)):
-            raise ValueError(f"{self.name} mode={mode} takes x, w, route{', [add]' if mode == 'sum' else ''}; "
-                             f"got {len(inputs)} inputs")
+        if len(inputs) not in (3, 4):
+            raise ValueError(f"{self.name} mode={mode} takes x, w, route, "
+                             f"{'[add]' if mode == 'sum' else '[norm weight g]'}; got {len(inputs)} inputs")
         nonempty(self.name, inputs)
         x, w, route = inputs[:3]
         for i, t in enumerate(inputs):
@@ -105,6 +112,7 @@ class MulMatId(OpDef):
         for what, t in (("x", x), ("w", w)):
             unit_last(self.name, what, t)
         if mode == "swiglu":
+            rms_weight(self.name, x, inputs[3] if len(inputs) == 4 else None, params)
             if N % 2:
                 raise ValueError(f"{self.name}: w [experts, 2F, K] needs an even N for gate and up rows, got {N}")
             return (T, R, N // 2), "f32"
@@ -114,9 +122,10 @@ class MulMatId(OpDef):
 
     def lower(self, node, device):
         x, w, route = node.inputs[:3]
-        add = node.inputs[3] if len(node.inputs) == 4 else None
-        out = node.output
         mode = node.params["mode"]
+        add = node.inputs[3] if len(node.inputs) == 4 and mode == "sum" else None
+        g = node.inputs[3] if len(node.inputs) == 4 and mode == "swiglu" else None
+        out = node.output
         T, R, _ = route.shape
         E, N, K = w.shape
         if x.shape[1] == 1:
@@ -124,23 +133,30 @@ class MulMatId(OpDef):
         cols = N // 2 if mode == "swiglu" else N
         lanes, extra = cluster_lanes(device, K, per_lane=8, max_lanes=1 if is_cpu(device) else None)
         defs = dict(lanes, **{f"MODE_{mode.upper()}": 1})
-        aligned = [x.offset, x.strides[0], x.strides[1], w.offset, w.strides[0], w.strides[1], K]
+        aligned = [x.offset, x.strides[0], x.strides[1], w.offset, w.strides[0], w.strides[1], K,
+                   g.offset if g is not None else 0]
         if all(a % 4 == 0 for a in aligned):
             defs["VEC4"] = 1
         o_strides = list(out.strides) if mode == "swiglu" else [out.strides[0], out.strides[1], 0]
         a = [add.offset, *add.strides] if add is not None else [0, 0, 0]
+        norm = [g.offset, float(node.params["rms_eps"])] if g is not None else []
         push = pack_push([T, R, cols, K, E, x.offset, x.strides[0], x.strides[1], w.offset, w.strides[0],
                       w.strides[1], route.offset, *route.strides, out.offset, *o_strides, *a],
-                         float(node.params.get("limit", np.inf)))
-        args = [x, w, route] + ([add] if add is not None else []) + [out]
+                         float(node.params.get("limit", np.inf)), *norm)
+        args = [x, w, route] + ([add] if add is not None else []) + [out] + ([g] if g is not None else [])
         if add is not None:
             defs["HAS_ADD"] = 1
+        if g is not None:
+            defs["NORM_X"] = 1
         defs.update(weight_defines(w))
         items = T * R * cols if mode == "swiglu" else T * cols
-        return [Launch("mul_mat_id", args, (len(args) - 1,), push, grid_1d(items, 256 // defs["LANES"]),
-                       defines=defs, spec=(256,), **extra)]
+        unroll = MUL_MAT_ID_UNROLL["unroll"] or (1 if is_cpu(device) else 4)
+        return [Launch("mul_mat_id", args, (len(args) - 1 - (g is not None),), push, grid_1d(items, 256 // defs["LANES"]),
+                       defines=defs, spec=(256, unroll), **extra)]
 
-    def reference(self, x, w, route, add=None, mode=None, limit=None):
+    def reference(self, x, w, route, add=None, mode=None, limit=None, rms_eps=None):
+        if mode == "swiglu" and add is not None:       # the fourth input of swiglu: the norm weight
+            x, add = rms_rows(x, add, rms_eps), None
         x, w, route = (np.asarray(a, np.float64) for a in (x, w, route))
         T, R, _ = route.shape
         ids = route[..., 0]

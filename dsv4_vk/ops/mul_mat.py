@@ -12,8 +12,8 @@ lavapipe, 2 cores, 4096×4096 f32 weight: T=1 gemv 16.7 ms (32.5 ms with 8-lane 
 """
 import numpy as np
 
-from .base import (Launch, OpDef, broadcast_shapes, check_params, cluster_lanes, grid_1d, is_cpu, next_pow2, nonempty,
-                   pack_push, register, tensor_push, weight_defines, WEIGHT_DTYPES)
+from .base import (Launch, OpDef, broadcast_shapes, check_finite, check_params, cluster_lanes, expect, grid_1d, is_cpu,
+                   next_pow2, nonempty, pack_push, register, tensor_push, unit_last, weight_defines, WEIGHT_DTYPES)
 
 GEMV_MAX_T = 8          # TB, the tokens one GEMV cluster carries, is at most this
 CPU_GEMV_MAX_T = 1
@@ -48,18 +48,53 @@ def vec4_ok(*views):
     return True
 
 
+# vec4 steps a GEMV lane loads before adding them at one token per cluster (None: 4 on GPUs, 1 on
+# CPU devices; tests and the bench set it)
+GEMV_UNROLL = {"unroll": None}
+
+
+def rms_weight(op, x, g, params):
+    """Checks the optional RMS-norm weight g of a row-normalising mat-mul (x rows of K values)."""
+    if g is None:
+        if "rms_eps" in params:
+            raise ValueError(f"{op}: rms_eps is given without a norm weight input")
+        return
+    expect(op, "norm weight g ([K])", g, (x.shape[-1],))
+    unit_last(op, "norm weight g", g)
+    if "rms_eps" not in params:
+        raise ValueError(f"{op}: a norm weight needs rms_eps=<finite number ≥ 0>")
+    if check_finite(f"{op} rms_eps", params["rms_eps"]) < 0:
+        raise ValueError(f"{op}: rms_eps must be ≥ 0, got {params['rms_eps']!r}")
+
+
+def rms_rows(x, g, eps):
+    """float64 RMS_NORM of x's rows with weight g (the reference of the fused norm)."""
+    x = np.asarray(x, np.float64)
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * np.asarray(g, np.float64)
+
+
 @register
 class MulMat(OpDef):
-    """x @ wᵀ over the last two dims: x [..., T, K], w [..., N, K] -> [..., T, N]; batch dims broadcast."""
-    name, n_inputs = "MUL_MAT", 2
+    """x @ wᵀ over the last two dims: x [..., T, K], w [..., N, K] -> [..., T, N]; batch dims broadcast.
+    With a third input g [K] and rms_eps=: RMS_NORM(x, g, rms_eps) @ wᵀ in the same dispatch (the
+    GEMV kernel normalises each x row as it reads it; decode's norm → projection pairs)."""
+    name, n_inputs = "MUL_MAT", None
     dtypes = WEIGHT_DTYPES      # x f32; w f32, bf16 or f16 (widened to f32 as it is read)
 
     def infer(self, inputs, params):
-        x, w = inputs
+        if len(inputs) not in (2, 3):
+            raise ValueError(f"MUL_MAT takes x, w[, norm weight g]; got {len(inputs)} inputs")
+        x, w = inputs[:2]
         nonempty(self.name, inputs)
-        check_params(self.name, params, ("kernel",))
+        check_params(self.name, params, ("kernel", "rms_eps"))
         if params.get("kernel", "auto") not in KERNELS:
             raise ValueError(f"MUL_MAT kernel must be one of {KERNELS}, got {params['kernel']!r}")
+        if len(inputs) == 3:
+            if params.get("kernel", "auto") not in ("auto", "gemv"):
+                raise ValueError(f"MUL_MAT with a norm weight runs the gemv kernel, got kernel={params['kernel']!r}")
+            if inputs[2].dtype != "f32":
+                raise ValueError(f"MUL_MAT: the norm weight (input 2) must be f32, got {inputs[2].dtype}")
+        rms_weight(self.name, x, inputs[2] if len(inputs) == 3 else None, params)
         for i, (t, what) in enumerate(((x, "x [..., T, K]"), (w, "w [..., N, K]"))):
             if t.ndim < 2:
                 raise ValueError(f"MUL_MAT: input {i} has shape {t.shape}; expected {what} with at least 2 dims")
@@ -78,16 +113,22 @@ class MulMat(OpDef):
         batch = out.shape[:-2]
         x = node.inputs[0].broadcast_to(batch + (T, K))
         w = node.inputs[1].broadcast_to(batch + (N, K))
+        g = node.inputs[2] if len(node.inputs) == 3 else None
         b = (1,) * (2 - len(batch)) + batch
-        push = pack_push(b[0], b[1], T, N, K, tensor_push(x), tensor_push(w), tensor_push(out))
-        kernel = pick_kernel(device, T, node.params.get("kernel", "auto"), N)
-        defines = {"VEC4": 1} if K >= 4 and vec4_ok(x, w) else {}
-        extra = {}
+        push = [b[0], b[1], T, N, K, tensor_push(x), tensor_push(w), tensor_push(out)]
+        kernel = "gemv" if g is not None else pick_kernel(device, T, node.params.get("kernel", "auto"), N)
+        defines = {"VEC4": 1} if K >= 4 and vec4_ok(x, w, *([g] if g is not None else [])) else {}
+        extra, args, spec = {}, [x, w, out], (WORKGROUP,)
+        if g is not None:
+            defines["NORM_X"] = 1
+            push += [g.offset, float(node.params["rms_eps"])]
+            args.append(g)
         if kernel == "gemv":
             tb = min(next_pow2(T), GEMV_MAX_T)
             lane_defs, extra = cluster_lanes(device, K, per_lane=8, max_lanes=1 if is_cpu(device) else None)
             defines.update(lane_defs, MODE_GEMV=1, TB=tb)
             grid = grid_1d(b[0] * b[1] * -(-T // tb) * N, WORKGROUP // lane_defs["LANES"])
+            spec = (WORKGROUP, GEMV_UNROLL["unroll"] or (1 if is_cpu(device) else 4))
         elif kernel == "gemm_regs":
             defines["MODE_GEMM_REGS"] = 1
             grid = grid_1d(b[0] * b[1] * -(-T // 4) * -(-N // 4), WORKGROUP)
@@ -95,7 +136,8 @@ class MulMat(OpDef):
             defines = {"MODE_GEMM_SHARED": 1}
             grid = grid_1d(b[0] * b[1] * -(-T // 64) * -(-N // 64), 1)
         defines.update(weight_defines(w))
-        return [Launch("mul_mat", [x, w, out], (2,), push, grid, defines=defines, spec=(WORKGROUP,), **extra)]
+        return [Launch("mul_mat", args, (2,), pack_push(*push), grid, defines=defines, spec=spec, **extra)]
 
-    def reference(self, x, w, kernel="auto"):
-        return np.matmul(np.asarray(x, np.float64), np.swapaxes(np.asarray(w, np.float64), -1, -2))
+    def reference(self, x, w, g=None, kernel="auto", rms_eps=None):
+        x = np.asarray(x, np.float64) if g is None else rms_rows(x, g, rms_eps)
+        return np.matmul(x, np.swapaxes(np.asarray(w, np.float64), -1, -2))

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import (Launch, OpDef, check_finite, check_params, cluster_lanes, expect, grid_1d, nonempty, pack_push,
-                   register, unit_last)
+from .base import (Launch, OpDef, check_finite, check_params, cluster_lanes, expect, grid_1d, is_cpu, nonempty,
+                   pack_push, register, unit_last)
 
 NAN = np.nan
 
@@ -152,19 +152,47 @@ def reference_mqa(q, kv, pos, sinks, ent=None, idx=None, *, scale, window, mode=
 
 MODES = ("sliding", "hca", "csa")
 MQA_KEYS = {"keys": None}      # MQA_ATTENTION keys per step (None: from channels per lane; tests and tuning set it)
+MQA_KERNELS = ("auto", "tiled", "cluster")
+TILED_MAX_TOKENS = 4           # auto: the tiled kernel up to this many query tokens (decode)
+TILE_KEYS = 16                 # keys a tiled workgroup stages at a time, where shared memory allows
+MAX_DECODE_SPLITS = 64
+
+
+def _mqa_lanes(device, hd):
+    lanes, extra = cluster_lanes(device, hd, per_lane=4)
+    return lanes, extra, -(-hd // lanes["LANES"])
+
+
+def mqa_tile_keys(device, hd: int) -> int:
+    """Keys the tiled MQA_ATTENTION stages at a time on this device (0: a key row does not fit
+    its shared memory)."""
+    lanes, _, per_lane = _mqa_lanes(device, hd)
+    row = 4 * per_lane * lanes["LANES"] + 8                       # a staged row + its base and flags
+    return min(TILE_KEYS, (device.caps.limits.max_shared_memory - 64) // row)
+
+
+def mqa_decode_splits(device, hd: int, n_keys: int) -> int:
+    """Key-list splits for one decode token with at most n_keys keys: one tiled workgroup's tile
+    each (more parallel work, one memory latency per split), at most MAX_DECODE_SPLITS."""
+    tile = (not is_cpu(device) and mqa_tile_keys(device, hd)) or 128
+    return max(1, min(MAX_DECODE_SPLITS, -(-int(n_keys) // tile)))
 
 
 @register
 class MqaAttention(OpDef):
     """MQA_ATTENTION(q [T,H,hd], kv [rows,hd], pos [1] i32, sinks [H][, ent [n,hd][, idx [T,K] i32]],
-    scale=, window=, mode="sliding"|"hca"|"csa", rate=, splits=1, capacity=rows) -> [T,H,hd]: DeepSeek-V4's
-    attention over the raw window plus compressed entries (shaders/mqa_attention.comp). splits > 1
-    cuts each key list into that many parts on separate lanes, merged by one more dispatch."""
+    scale=, window=, mode="sliding"|"hca"|"csa", rate=, splits=1, capacity=rows, kernel="auto") -> [T,H,hd]:
+    DeepSeek-V4's attention over the raw window plus compressed entries (shaders/mqa_attention.comp).
+    splits > 1 cuts each key list into that many parts on separate lanes, merged by one more
+    dispatch. kernel: "tiled" (keys staged in shared memory per group of heads; auto up to
+    TILED_MAX_TOKENS tokens), "cluster" (one cluster per head reads its keys itself), "auto"."""
     name, n_inputs = "MQA_ATTENTION", None
     dtypes = ("f32", "i32")
 
     def infer(self, inputs, params):
-        check_params(self.name, params, ("scale", "window", "mode", "rate", "splits", "capacity"))
+        check_params(self.name, params, ("scale", "window", "mode", "rate", "splits", "capacity", "kernel"))
+        if params.get("kernel", "auto") not in MQA_KERNELS:
+            raise ValueError(f"{self.name}: kernel must be one of {MQA_KERNELS}, got {params['kernel']!r}")
         mode = params.get("mode", "sliding")
         if mode not in MODES:
             raise ValueError(f"{self.name}: mode must be one of {MODES}, got {mode!r}")
@@ -206,12 +234,20 @@ class MqaAttention(OpDef):
         ent = node.inputs[4] if mode != "sliding" else kv            # bound but unread without entries
         idx = node.inputs[5] if mode == "csa" else pos
         T, H, hd = q.shape
-        lanes, extra = cluster_lanes(device, hd, per_lane=4)
+        lanes, extra, per_lane = _mqa_lanes(device, hd)
         defs = dict(lanes)
-        per_lane = -(-hd // lanes["LANES"])
         # keys in flight per cluster: their values stay in registers (KEYS·PER_LANE floats a lane)
         keys = 4 if per_lane <= 16 else 2 if per_lane <= 32 else 1
-        spec = (256, per_lane, S, prm["window"], prm.get("rate", 1), MQA_KEYS.get("keys") or keys)
+        tile = mqa_tile_keys(device, hd)
+        kernel = prm.get("kernel", "auto")
+        if kernel == "auto":      # CPU devices: barriers cost more than the loads they save
+            kernel = "tiled" if T <= TILED_MAX_TOKENS and tile and not is_cpu(device) else "cluster"
+        if kernel == "tiled" and not tile:
+            raise ValueError(f"{self.name}: kernel='tiled' stages key rows of {hd} floats in shared memory; "
+                             f"{device.name} has {device.caps.limits.max_shared_memory} B, too little for one")
+        spec = (256, per_lane, S, prm["window"], prm.get("rate", 1), MQA_KEYS.get("keys") or keys, tile or 1)
+        if kernel == "tiled":
+            defs["TILED"] = 1
         if mode != "sliding":
             defs[f"MODE_{mode.upper()}"] = 1
         n_ent = ent.shape[0] if mode != "sliding" else 0
@@ -220,13 +256,15 @@ class MqaAttention(OpDef):
         head = [T, H, hd, prm.get("capacity", kv.shape[0]), n_ent, K, q.offset, q.strides[0], q.strides[1],
                 kv.shape[0], kv.offset, kv.strides[0], ent.offset, ent.strides[0], idx.offset, i_s0]
         tail = [pos.offset, sinks.offset]
-        grid = grid_1d(T * H * S, 256 // lanes["LANES"])
+        heads_per_group = 256 // lanes["LANES"]
+        grid = (grid_1d(T * S * -(-H // heads_per_group), 1) if kernel == "tiled"
+                else grid_1d(T * H * S, heads_per_group))
         push = pack_push(head, [out.offset, out.strides[0], out.strides[1]], tail, float(prm["scale"]))
         return [Launch("mqa_attention", [q, kv, ent, idx, pos, sinks, out], (6,), push, grid,
                        defines=defs, spec=spec, **extra)]
 
     def reference(self, q, kv, pos, sinks, ent=None, idx=None, scale=1.0, window=1, mode="sliding", rate=1, splits=1,
-                  capacity=None):
+                  capacity=None, kernel="auto"):
         if splits != 1:
             raise ValueError("the reference of a split MQA_ATTENTION is that of MQA_COMBINE over it")
         return reference_mqa(q, kv, pos, sinks, ent, idx, scale=scale, window=window, mode=mode, rate=rate,

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""GPU time of the model's decode kernels other than the dense projections, at DeepSeek-V4-Flash
+widths (T = 1, D = 4096, 64 heads of 512, the shapes of `tools/model_gpu_bench.py`), with the
+variants that decide their speed side by side in one run:
+
+- MQA_ATTENTION (+ MQA_COMBINE when split) in each layer kind (sliding window; HCA; CSA with the
+  indexer's top-k), tiled and cluster kernels, over key-list splits (with the model's decode
+  choice) and keys in flight per cluster;
+- MUL_MAT at T = 1 (bf16, plain and with the RMS norm folded in) and MUL_MAT_ID (the routed +
+  shared experts' SwiGLU and weighted sum, bf16) over vec4 steps in flight per lane, in GB/s of
+  the weights they read;
+- the row ops of a decode step (RMS_NORM, ROPE) at their model shapes.
+
+Each row: median over replays of one recorded command buffer, a timestamp after every dispatch
+(summed over the row's dispatches), after the clock warm-up.
+
+    python tools/bench_decode_ops.py [--replays 20] [--quick] [--json out.json]
+"""
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from dsv4_vk.cli.floor import ClockWarmer
+from dsv4_vk.core.executor import Executor
+from dsv4_vk.core.graph import Graph
+from dsv4_vk.model.checkpoint import BF16
+from dsv4_vk.ops import moe, mul_mat, v4_attention
+
+
+def gpu_us(ex, g, feeds, replays, warm):
+    ex.run(g, **feeds)                                   # compile, record, warm up
+    warm()
+    times = []
+    for _ in range(replays):
+        ex.run(g, **feeds)
+        times.append(float(np.sum(ex.last.stats.gpu_ns)) / 1e3)
+    return statistics.median(times), ex.last.stats.dispatches
+
+
+def mqa_graph(rng, mode, H, hd, ctx, window, pos, splits, n_ent, K, kernel):
+    g = Graph()
+    q = g.const(rng.standard_normal((1, H, hd)).astype(np.float32))
+    kv = g.const(rng.standard_normal((ctx, hd)).astype(np.float32))
+    p = g.const(np.array([pos], np.int32))
+    sinks = g.const(rng.standard_normal(H).astype(np.float32))
+    extra, prm = [], {}
+    if mode != "sliding":
+        extra.append(g.const(rng.standard_normal((n_ent, hd)).astype(np.float32)))
+        prm = {"mode": mode, "rate": 4 if mode == "csa" else 128}
+    if mode == "csa":
+        extra.append(g.const(rng.permutation(n_ent)[:K].astype(np.int32).reshape(1, K)))
+    o = g.op("MQA_ATTENTION", q, kv, p, sinks, *extra, scale=hd ** -0.5, window=window, splits=splits,
+             capacity=ctx, kernel=kernel, **prm)
+    if splits > 1:
+        o = g.op("MQA_COMBINE", o, sinks, splits=splits)
+    g.output("o", o)
+    return g
+
+
+def moe_graphs(rng, w13, w2, R):
+    E, F, D = w2.shape[0], w2.shape[2], w2.shape[1]
+    route = np.zeros((1, R, 2), np.float32)
+    route[0, :, 0] = rng.permutation(E)[:R]
+    route[0, :, 1] = rng.random(R)
+    g1 = Graph()
+    g1.output("h", g1.op("MUL_MAT_ID", g1.input("x", (1, 1, D)), g1.const(w13), g1.const(route), mode="swiglu",
+                         limit=10.0))
+    g2 = Graph()
+    g2.output("y", g2.op("MUL_MAT_ID", g2.input("h", (1, R, F)), g2.const(w2), g2.const(route), mode="sum"))
+    return (g1, {"x": rng.standard_normal((1, 1, D)).astype(np.float32)}, R * 2 * F * D * 2), \
+           (g2, {"h": rng.standard_normal((1, R, F)).astype(np.float32)}, R * D * F * 2)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--quick", action="store_true", help="small shapes (a dry run on CPU devices)")
+    ap.add_argument("--splits", default="1,3,8,32", help="MQA key-list splits to sweep (and the decode choice)")
+    ap.add_argument("--keys", default="1,4", help="MQA keys in flight per cluster (cluster kernel) to sweep")
+    ap.add_argument("--unroll", default="1,4", help="MUL_MAT (T = 1) and MUL_MAT_ID vec4 steps in flight per "
+                    "lane to sweep")
+    ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
+    ap.add_argument("--json", help="write the results to this file")
+    args = ap.parse_args(argv)
+    ex = Executor(timestamps=True)
+    cpu = ex.device.caps.type == "cpu"
+    warm = ClockWarmer(ex.device, args.warm_ms if args.warm_ms is not None else (0 if cpu else 500))
+    rng = np.random.default_rng(0)
+    print(f"device: {ex.device.name} ({ex.device.caps.type}, subgroup {ex.device.subgroup_size})", flush=True)
+    H, hd, ctx, window, pos = (4, 64, 64, 16, 40) if args.quick else (64, 512, 1024, 128, 512)
+    D, F, E, R = (256, 128, 8, 3) if args.quick else (4096, 2048, 64, 7)
+    results = []
+    kinds = [("sliding", 0, 0), ("hca", ctx // 128 or 1, 0), ("csa", ctx // 4, min(512, ctx // 4))]
+    for mode, n_ent, K in kinds:
+        n_keys = window + (K if mode == "csa" else min((pos + 1) // 128, n_ent) if mode == "hca" else 0)
+        auto = v4_attention.mqa_decode_splits(ex.device, hd, n_keys)
+        for kernel, keys in [("cluster", int(k)) for k in args.keys.split(",")] + [("tiled", None)]:
+            v4_attention.MQA_KEYS["keys"] = keys
+            line = [f"MQA {mode:7s} {kernel:7s} keys/cluster {keys or '-'}  ({n_keys} keys, decode splits {auto})"]
+            for S in sorted({int(s) for s in args.splits.split(",")} | {auto}):
+                g = mqa_graph(rng, mode, H, hd, ctx, window, pos, S, n_ent, K, kernel)
+                us, n = gpu_us(ex, g, {}, args.replays, warm)
+                line.append(f"S={S}: {us:6.1f}")
+                results.append({"op": "MQA_ATTENTION", "mode": mode, "kernel": kernel, "keys": keys, "splits": S,
+                                "us": us, "dispatches": n, "n_keys": n_keys})
+            print(" | ".join(line) + "  µs", flush=True)
+    v4_attention.MQA_KEYS["keys"] = None
+    w = (rng.standard_normal((8 * D, D)) / np.sqrt(D)).astype(BF16)     # the dense projections' kernel
+    gn = rng.standard_normal(D).astype(np.float32)
+    for unroll in (int(u) for u in args.unroll.split(",")):
+        mul_mat.GEMV_UNROLL["unroll"] = unroll
+        for norm in (False, True):
+            g = Graph()
+            g.output("y", g.op("MUL_MAT", g.input("x", (1, D)), g.const(w), *([g.const(gn)] if norm else []),
+                               **({"rms_eps": 1e-6} if norm else {})))
+            us, n = gpu_us(ex, g, {"x": rng.standard_normal((1, D)).astype(np.float32)}, args.replays, warm)
+            label = "with RMS norm" if norm else "plain"
+            print(f"MUL_MAT T=1 {w.shape} bf16 unroll {unroll} {label:13s} {us:8.1f} µs  "
+                  f"{w.nbytes / us / 1e3:7.1f} GB/s of weights", flush=True)
+            results.append({"op": "MUL_MAT", "shape": w.shape, "unroll": unroll, "norm": norm, "us": us,
+                            "gbs": w.nbytes / us / 1e3})
+    mul_mat.GEMV_UNROLL["unroll"] = None
+    w13 = (rng.standard_normal((E, 2 * F, D), np.float32) / np.sqrt(D)).astype(BF16)   # generated once
+    w2 = (rng.standard_normal((E, D, F), np.float32) / np.sqrt(F)).astype(BF16)
+    for unroll in (int(u) for u in args.unroll.split(",")):
+        moe.MUL_MAT_ID_UNROLL["unroll"] = unroll
+        for label, (g, feeds, nbytes) in zip(("swiglu (w13)", "sum (w2)"), moe_graphs(rng, w13, w2, R)):
+            us, n = gpu_us(ex, g, feeds, args.replays, warm)
+            print(f"MUL_MAT_ID {label:12s} unroll {unroll}  {us:8.1f} µs  {nbytes / us / 1e3:7.1f} GB/s of expert "
+                  f"weights", flush=True)
+            results.append({"op": "MUL_MAT_ID", "mode": label, "unroll": unroll, "us": us, "gbs": nbytes / us / 1e3})
+    moe.MUL_MAT_ID_UNROLL["unroll"] = None
+    rows = [("RMS_NORM", (1, D), {"eps": 1e-6}), ("RMS_NORM", (1, H, hd), {"eps": 1e-6}),
+            ("RMS_NORM", (1, 1024 if not args.quick else 64), {"eps": 1e-6})]
+    for op, shape, prm in rows:
+        g = Graph()
+        g.output("y", g.op(op, g.input("x", shape), **prm))
+        us, n = gpu_us(ex, g, {"x": rng.standard_normal(shape).astype(np.float32)}, args.replays, warm)
+        print(f"{op:10s} {str(shape):16s} {us:8.1f} µs", flush=True)
+        results.append({"op": op, "shape": shape, "us": us})
+    warm.close()
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": ex.device.name, "results": results}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
