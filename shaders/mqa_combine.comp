@@ -1,31 +1,67 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: -
+//! variants: - | ROPE
 // MQA_COMBINE: merges MQA_ATTENTION's SPLITS partial results part [T, H, SPLITS, hd + 2] (acc[hd],
 // max, sum per part) with the sink: out[t, h, c] = Σ_s e^(max_s − M)·acc_s[c] / (e^(sink − M) +
 // Σ_s e^(max_s − M)·sum_s), M = max(sink, max_s). Lanes: one invocation per (t, h, c).
-// Push: T, H, hd, splits, part_off, out (off, s0, s1), sink_off.
+// -D ROPE: then the output's trailing 2·half channels de-rotated as ROPE inverse=True does at
+// position pos[0] + t (V carries RoPE): an invocation also merges its channel's pair partner.
+// Push: T, H, hd, splits, part_off, out (off, s0, s1), sink_off[, half, capacity, pos_off, cos_off,
+// sin_off, tab_s0].
 #include "common.glsl"
 layout(binding = 0) readonly buffer Pt { float part[]; };
 layout(binding = 1) readonly buffer Sk { float sinks[]; };
 layout(binding = 2) writeonly buffer O { float o[]; };
-layout(push_constant) uniform P { uint T, H, hd, splits, part_off, o_off, o_s0, o_s1, sink_off; } p;
+#if defined(ROPE)
+layout(binding = 3) readonly buffer Pos { int pos[]; };
+layout(binding = 4) readonly buffer Cos { float cos_t[]; };
+layout(binding = 5) readonly buffer Sin { float sin_t[]; };
+#endif
+layout(push_constant) uniform P {
+    uint T, H, hd, splits, part_off, o_off, o_s0, o_s1, sink_off;
+#if defined(ROPE)
+    uint half_rd, capacity, pos_off, cos_off, sin_off, tab_s0;
+#endif
+} p;
 
 void main() {
     uint i = flat_index();
     if (i >= p.T * p.H * p.hd) return;
     uint c = i % p.hd, th = i / p.hd;
-    uint h = th % p.H;
+    uint h = th % p.H, t = th / p.H;
     uint b = p.part_off + th * p.splits * (p.hd + 2);
     float sink = sinks[p.sink_off + h];
     float M = sink;
     for (uint s = 0; s < p.splits; ++s) M = max(M, part[b + s * (p.hd + 2) + p.hd]);
-    float den = exp(sink - M), num = 0.0;
+#if defined(ROPE)
+    uint first = p.hd - 2u * p.half_rd;
+    bool rot = c >= first;
+    uint cp = rot ? c ^ 1u : c;                         // the pair partner (first is even)
+#else
+    uint cp = c;
+#endif
+    float den = exp(sink - M), num = 0.0, num_p = 0.0;
     for (uint s = 0; s < p.splits; ++s) {
         uint r = b + s * (p.hd + 2);
         float f = exp(part[r + p.hd] - M);              // an empty part: max = LOWEST, f = 0
         den += f * part[r + p.hd + 1];
         num += f * part[r + c];
+        num_p += f * part[r + cp];
     }
-    o[p.o_off + (th / p.H) * p.o_s0 + h * p.o_s1 + c] = num / den;
+    float v = num / den;
+#if defined(ROPE)
+    if (rot) {
+        int pp = pos[p.pos_off] + int(t);
+        if (pp < 0 || uint(pp) >= p.capacity) {
+            v = uintBitsToFloat(0x7FC00000u);
+        } else {
+            uint k = (c - first) / 2u;
+            float cs = cos_t[p.cos_off + uint(pp) * p.tab_s0 + k];
+            float sn = -sin_t[p.sin_off + uint(pp) * p.tab_s0 + k];   // the inverse rotation
+            float other = num_p / den;
+            v = (c & 1u) == 0u ? v * cs - other * sn : other * sn + v * cs;
+        }
+    }
+#endif
+    o[p.o_off + t * p.o_s0 + h * p.o_s1 + c] = v;
 }

@@ -1,10 +1,16 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; OP_SUM_ROWS | OP_RMS_NORM | OP_RMS_NORM HAS_WEIGHT
-//! variants: LANES_WORKGROUP ; OP_SUM_ROWS | OP_RMS_NORM | OP_RMS_NORM HAS_WEIGHT
+//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; OP_SUM_ROWS | OP_RMS_NORM | OP_RMS_NORM HAS_WEIGHT | OP_RMS_NORM ROPE | OP_RMS_NORM HAS_WEIGHT ROPE
+//! variants: LANES_WORKGROUP ; OP_SUM_ROWS | OP_RMS_NORM | OP_RMS_NORM HAS_WEIGHT | OP_RMS_NORM ROPE | OP_RMS_NORM HAS_WEIGHT ROPE
 // Reductions over the last axis of a 4-D strided view x[ne0, ne1, ne2, ne3] (rows of ne3 values).
 // Variants (-D): OP_SUM_ROWS   d[r, 0] = Σ_j x[r, j]
 //                OP_RMS_NORM   d[r, j] = x[r, j] / sqrt(Σ_j x[r, j]² / ne3 + eps) (· w[j] with HAS_WEIGHT)
+//                ROPE          (with OP_RMS_NORM) then the trailing 2·half columns rotated by
+//                              interleaved pairs (j, j+1) at position pos[0] + row / rows_per_token
+//                              (tables cos/sin [capacity, half]; rope.comp's rotation; a position
+//                              outside [0, capacity) gives NaN there): q's and kv's RMS_NORM → ROPE
+//                              in one dispatch. A lane reads its column's partner back from memory
+//                              (the row is in cache), so any lane layout works.
 // Layout: one cluster of LANES lanes per row (lanes.glsl; -D LANES_WORKGROUP: the whole workgroup,
 // for few long rows); lane l takes columns l, l+LANES, ...
 // so neighbouring lanes read neighbouring elements. Accumulation in f32.
@@ -14,8 +20,15 @@ layout(binding = 0) readonly buffer X { float x[]; };
 #if defined(HAS_WEIGHT)
 layout(binding = 1) readonly buffer W { float w[]; };
 layout(binding = 2) buffer D { float d[]; };
+#define ROPE_BINDING 3
 #else
 layout(binding = 1) buffer D { float d[]; };
+#define ROPE_BINDING 2
+#endif
+#if defined(ROPE)
+layout(binding = ROPE_BINDING) readonly buffer Pos { int pos[]; };
+layout(binding = ROPE_BINDING + 1) readonly buffer Cos { float cos_t[]; };
+layout(binding = ROPE_BINDING + 2) readonly buffer Sin { float sin_t[]; };
 #endif
 layout(push_constant) uniform P {
     uint ne0, ne1, ne2, ne3;
@@ -23,7 +36,39 @@ layout(push_constant) uniform P {
     uint d_off, d_s0, d_s1, d_s2, d_s3;
     float eps;
     uint w_off, w_s;
+#if defined(ROPE)
+    uint rows_per_token, half_rd, capacity, pos_off, cos_off, sin_off, tab_s0;
+#endif
 } p;
+
+#if defined(OP_RMS_NORM)
+float weight(uint j) {
+#if defined(HAS_WEIGHT)
+    return w[p.w_off + j * p.w_s];
+#else
+    return 1.0;
+#endif
+}
+
+// Writes column j of the normalised row (value v = x·r·w there), rotated where ROPE asks.
+void put(uint xb, uint db, uint j, float v, float r, int pp) {
+#if defined(ROPE)
+    uint first = p.ne3 - 2u * p.half_rd;
+    if (j >= first) {
+        if (pp < 0 || uint(pp) >= p.capacity) {
+            v = uintBitsToFloat(0x7FC00000u);
+        } else {
+            uint i = (j - first) / 2u, jp = j ^ 1u;     // first is even: pairs (even, odd)
+            float other = x[xb + jp * p.x_s3] * r * weight(jp);
+            float cs = cos_t[p.cos_off + uint(pp) * p.tab_s0 + i];
+            float sn = sin_t[p.sin_off + uint(pp) * p.tab_s0 + i];
+            v = (j & 1u) == 0u ? v * cs - other * sn : other * sn + v * cs;
+        }
+    }
+#endif
+    d[db + j * p.d_s3] = v;
+}
+#endif
 
 void main() {
     uint row = cluster_id();
@@ -58,22 +103,22 @@ void main() {
     }
     for (uint j = lane + RMS_CACHE * LANES; j < p.ne3; j += LANES) { float v = x[xb + j * p.x_s3]; acc += v * v; }
     float r = 1.0 / sqrt(cluster_sum(acc) / float(p.ne3) + p.eps);
+#if defined(ROPE)
+    int pp = pos[p.pos_off] + int(row / p.rows_per_token);
+#else
+    int pp = 0;
+#endif
     [[unroll]] for (uint k = 0u; k < RMS_CACHE; ++k) {
         uint j = lane + k * LANES;
         if (j >= p.ne3) break;
 #if defined(HAS_WEIGHT)
-        d[db + j * p.d_s3] = xc[k] * r * wc[k];
+        put(xb, db, j, xc[k] * r * wc[k], r, pp);
 #else
-        d[db + j * p.d_s3] = xc[k] * r;
+        put(xb, db, j, xc[k] * r, r, pp);
 #endif
     }
-    for (uint j = lane + RMS_CACHE * LANES; j < p.ne3; j += LANES) {
-#if defined(HAS_WEIGHT)
-        d[db + j * p.d_s3] = x[xb + j * p.x_s3] * r * w[p.w_off + j * p.w_s];
-#else
-        d[db + j * p.d_s3] = x[xb + j * p.x_s3] * r;
-#endif
-    }
+    for (uint j = lane + RMS_CACHE * LANES; j < p.ne3; j += LANES)
+        put(xb, db, j, x[xb + j * p.x_s3] * r * weight(j), r, pp);
 #else
 #error "define OP_SUM_ROWS or OP_RMS_NORM"
 #endif

@@ -338,6 +338,12 @@ LANE_MATMUL = [(1, 4096, 24), (1, 16384, 7), (3, 17, 40), (1, 33, 130), (5, 64, 
                (130, 4096, 9), (1, 257, 3001), (17, 7, 2500)]
 
 
+def rope_inputs(rng, half, capacity, p0):
+    """pos [1] i32 = p0 and random angle tables cos, sin [capacity, half] (RMS_NORM's rope inputs)."""
+    ang = rng.uniform(-np.pi, np.pi, (capacity, half))
+    return [Input(np.array([p0], np.int32)), Input(np.cos(ang).astype(np.float32)), Input(np.sin(ang).astype(np.float32))]
+
+
 def check_lane_variants(rng):
     for as_gpu in (False, True):
         check_lane_variants_on(rng, as_gpu)
@@ -359,6 +365,12 @@ def check_lane_variants_on(rng, as_gpu):
         check_close(*run_op("SUM_ROWS", Spec([x]), as_gpu=as_gpu), *BOUNDS["SUM_ROWS"])
         w = make_input((n,), "contig", normal(rng))
         check_close(*run_op("RMS_NORM", Spec([x, w], {"eps": 1e-6}), as_gpu=as_gpu), *BOUNDS["RMS_NORM"])
+        if n % 2 == 0:                   # with RoPE on the trailing channels: 5 tokens, the last 2 past capacity 6
+            check_close(*run_op("RMS_NORM", Spec([x, w, *rope_inputs(rng, min(n // 2, 5), 6, 3)],
+                                                 {"eps": 1e-6, "rope": True}), as_gpu=as_gpu), *BOUNDS["RMS_NORM"])
+            q = make_input((3, 2, n), "sliced", normal(rng, 2.0))    # [T, heads, n]: token = row // heads
+            check_close(*run_op("RMS_NORM", Spec([q, *rope_inputs(rng, n // 2, 9, 1)], {"eps": 1e-6, "rope": True}),
+                                as_gpu=as_gpu), *BOUNDS["RMS_NORM"])
     for T, K, N in LANE_MATMUL:
         for layout_x in ("contig", "sliced"):     # vec4 and scalar loads
             x = make_input((T, K), layout_x, normal(rng))
@@ -461,7 +473,12 @@ BAD_CALLS = [
     ("RMS_NORM", [(4, 5)], {"eps": 0.0}, "eps must be > 0"),
     ("RMS_NORM", [(4, 5)], {"eps": float("nan")}, "eps must be a finite"),
     ("RMS_NORM", [(4, 5), (4,)], {"eps": 1e-6}, r"input 1 \(w\) has shape \(4,\), expected \(5,\)"),
-    ("RMS_NORM", [(4, 5), (5,), (5,)], {"eps": 1e-6}, "takes x and optionally w"),
+    ("RMS_NORM", [(4, 5), (5,), (5,)], {"eps": 1e-6}, "takes x, optionally w; got 3"),
+    ("RMS_NORM", [(4, 6), (6,)], {"eps": 1e-6, "rope": True}, r"then pos, cos, sin \(rope=True\)"),
+    ("RMS_NORM", [(4, 6), ("i32", (1,)), (8, 4), (8, 4)], {"eps": 1e-6, "rope": True}, "hold the 8 rotated"),
+    ("RMS_NORM", [(4, 6), ("i32", (1,)), (8, 2), (8, 3)], {"eps": 1e-6, "rope": True}, "sin"),
+    ("RMS_NORM", [(4, 6), (1,), (8, 2), (8, 2)], {"eps": 1e-6, "rope": True}, "pos"),
+    ("RMS_NORM", [(4, 6)], {"eps": 1e-6, "rope": 1}, "rope must be True or False"),
     ("CONCAT", [(2, 3), (2, 4)], {"axis": 0}, "input 1 has size 4 in dim 1, input 0 has 3"),
     ("CONCAT", [(2, 3), (2, 3, 1)], {"axis": 0}, "input 1 has 3 dimensions"),
     ("CONCAT", [(2, 3), (2, 3)], {"axis": 2}, r"axis must be an int in \[-2, 2\)"),

@@ -145,10 +145,17 @@ def test_mqa_attention(rng, monkeypatch, kernel, keys, tile, mode, T, H, hd, p0,
     ts = [g.const(a) for a in arrays]
     out = g.op("MQA_ATTENTION", *ts, splits=splits, kernel=kernel, **prm)
     if splits > 1:
-        out = g.op("MQA_COMBINE", out, ts[3], splits=splits)
+        part = out
+        out = g.op("MQA_COMBINE", part, ts[3], splits=splits)
+        ang = rng.uniform(-np.pi, np.pi, (C, min(hd // 2, 5)))     # and with the output's RoPE removed
+        tables = [np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)]
+        g.output("rot", g.op("MQA_COMBINE", part, ts[3], ts[2], *map(g.const, tables), splits=splits, rope=True))
     g.output("out", out)
     cg = Executor().compile(g)
-    check(cg.run()["out"], want, cg.check_guards())
+    got = cg.run()
+    check(got["out"], want, cg.check_guards())
+    if splits > 1:
+        check(got["rot"], get_op("ROPE").reference(want, arrays[2], *tables, inverse=True), cg.check_guards())
 
 
 @pytest.mark.parametrize("hashed", [False, True])

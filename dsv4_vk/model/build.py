@@ -214,9 +214,9 @@ class ModelGraph:
             at += n
         qr = self.norm(cols["wq_a.weight"], a + "q_norm.weight")                      # read by two mat-muls
         q = self.linear(qr, self.param(a + "wq_b.weight")).reshape(T, H, hd)
-        q = g.op("ROPE", g.op("RMS_NORM", q, eps=eps), self.pos, cos, sin)
-        kv = g.op("RMS_NORM", cols["wkv.weight"], self.param(a + "kv_norm.weight"), eps=eps)
-        kv = g.op("ROPE", kv.reshape(T, 1, hd), self.pos, cos, sin).reshape(T, hd)
+        q = g.op("RMS_NORM", q, self.pos, cos, sin, eps=eps, rope=True)              # per-head norm, RoPE
+        kv = g.op("RMS_NORM", cols["wkv.weight"], self.param(a + "kv_norm.weight"), self.pos, cos, sin, eps=eps,
+                  rope=True)
         cache = self.param(f"layers.{i}.kv")
         cache = g.op("STORE_ROWS", cache, kv, self.pos, capacity=cfg.max_ctx, out=cache)
         extra, prm = [], {}
@@ -231,9 +231,10 @@ class ModelGraph:
         S = self.splits[i] if self.splits is not None else (decode_splits(cfg, i, self.device) if T == 1 else 1)
         o = g.op("MQA_ATTENTION", q, cache, self.pos, self.param(a + "attn_sink"), *extra, scale=hd ** -0.5,
                  window=cfg.sliding_window, splits=S, capacity=cfg.max_ctx, **prm)
-        if S > 1:
-            o = g.op("MQA_COMBINE", o, self.param(a + "attn_sink"), splits=S)
-        o = g.op("ROPE", o, self.pos, cos, sin, inverse=True)                        # V carries RoPE
+        if S > 1:                       # V carries RoPE: removed as the parts are merged, or after
+            o = g.op("MQA_COMBINE", o, self.param(a + "attn_sink"), self.pos, cos, sin, splits=S, rope=True)
+        else:
+            o = g.op("ROPE", o, self.pos, cos, sin, inverse=True)
         G, r = cfg.o_groups, cfg.o_lora_rank
         og = o.reshape(T, G, H * hd // G).permute(1, 0, 2)                            # [G, T, k]
         y = g.op("MUL_MAT", og, self.param(a + "wo_a.weight").reshape(G, r, H * hd // G))   # [G, T, r]

@@ -7,10 +7,20 @@ by a whole workgroup per row (subgroup sums + one shared-memory step), so that a
 over WORKGROUP lanes instead of one subgroup's. Inputs are any strided views; outputs any views
 of the right shape.
 """
+import math
+
 import numpy as np
 
 from .base import (Launch, OpDef, check_finite, check_params, cluster_lanes, grid_1d, nonempty, pack_push, register,
                    shape_push, tensor_push)
+from .v4_attention import Rope, check_rope_tables
+
+
+def reference_rope_rows(y, pos, cos, sin):
+    """ROPE's float64 reference over y [T, ..., n] (token = first axis)."""
+    y = np.asarray(y, np.float64)
+    flat = y.reshape(y.shape[0], -1, y.shape[-1])
+    return Rope().reference(flat, pos, cos, sin).reshape(y.shape)
 
 WORKGROUP = 256    # a multiple of every subgroup size, so workgroups are whole subgroups
 # A workgroup per row for rows at least this long when there are at most ROW_WG_MAX_ROWS of them:
@@ -27,8 +37,9 @@ def row_workgroup(device, rows, n):
     return n >= ROW_WG_MIN_LEN and rows <= ROW_WG_MAX_ROWS and sg.supports("basic", "arithmetic") and sg.min_size >= 4
 
 
-def row_launch(device, shader, x, out, w=None, scalar=0.0, op_define=None):
-    """Launch of a per-row kernel: x rows (last axis) in, `out` (same leading shape) written."""
+def row_launch(device, shader, x, out, w=None, scalar=0.0, op_define=None, rope=None):
+    """Launch of a per-row kernel: x rows (last axis) in, `out` (same leading shape) written.
+    rope: (inputs pos, cos, sin; their push values) for RMS_NORM's rotation."""
     shape = shape_push(x)
     rows = shape[0] * shape[1] * shape[2]
     if row_workgroup(device, rows, shape[3]):
@@ -39,12 +50,15 @@ def row_launch(device, shader, x, out, w=None, scalar=0.0, op_define=None):
     if op_define:
         defs[op_define] = 1
     # same push layout for both shaders: shape, x, out, scalar, then (reduce_rows only) the weight view
-    weight = [w.offset, w.strides[0]] if w is not None else []
-    push = pack_push(shape, tensor_push(x), tensor_push(out), float(scalar), weight)
+    weight = [w.offset, w.strides[0]] if w is not None else ([0, 0] if rope else [])
+    push = pack_push(shape, tensor_push(x), tensor_push(out), float(scalar), weight, rope[1] if rope else [])
     if w is not None:
         defs["HAS_WEIGHT"] = 1
     args = [x] + ([w] if w is not None else []) + [out]
-    return Launch(shader, args, (len(args) - 1,), push, grid_1d(rows, per_group),
+    if rope:
+        defs["ROPE"] = 1
+        args += rope[0]
+    return Launch(shader, args, (len(args) - 1 - (3 if rope else 0),), push, grid_1d(rows, per_group),
                   defines=defs, spec=(WORKGROUP,), **extra)
 
 
@@ -92,14 +106,23 @@ class SumRows(OpDef):
 
 @register
 class RmsNorm(OpDef):
-    """x / sqrt(mean(x², last axis) + eps), times w (shape (x.shape[-1],)) when given; eps required."""
+    """x / sqrt(mean(x², last axis) + eps), times w (shape (x.shape[-1],)) when given; eps required.
+    rope=True: three more inputs pos [1] i32, cos, sin [capacity, half], and the result's trailing
+    2·half channels rotated as ROPE does (token t = x's first axis at position pos[0] + t): DeepSeek-V4's
+    q and kv norms and their RoPE in one dispatch."""
     name, n_inputs = "RMS_NORM", None
+    dtypes = ("f32", "i32")
 
     def infer(self, inputs, params):
-        if len(inputs) not in (1, 2):
-            raise ValueError(f"RMS_NORM takes x and optionally w, got {len(inputs)} input tensors")
+        check_params(self.name, params, ("eps", "rope"))
+        rope = params.get("rope", False)
+        if not isinstance(rope, bool):
+            raise ValueError(f"RMS_NORM: rope must be True or False, got {rope!r}")
+        n_rope = 3 if rope else 0
+        if len(inputs) - n_rope not in (1, 2):
+            raise ValueError(f"RMS_NORM takes x, optionally w{', then pos, cos, sin (rope=True)' if rope else ''}; "
+                             f"got {len(inputs)} input tensors")
         nonempty(self.name, inputs)
-        check_params(self.name, params, ("eps",))
         if "eps" not in params:
             raise ValueError("RMS_NORM needs eps=<finite number > 0>")
         eps = check_finite("RMS_NORM eps", params["eps"])
@@ -108,17 +131,39 @@ class RmsNorm(OpDef):
         x = inputs[0]
         if x.ndim == 0:
             raise ValueError("RMS_NORM: input 0 (x) is a scalar; expected at least one axis")
-        if len(inputs) == 2 and tuple(inputs[1].shape) != (x.shape[-1],):
+        for i, t in enumerate(inputs[:len(inputs) - n_rope]):
+            if t.dtype != "f32":
+                raise ValueError(f"RMS_NORM: input {i} must be f32, got {t.dtype}")
+        if len(inputs) - n_rope == 2 and tuple(inputs[1].shape) != (x.shape[-1],):
             raise ValueError(f"RMS_NORM: input 1 (w) has shape {inputs[1].shape}, expected ({x.shape[-1]},) "
                              "= the last dimension of x")
+        if rope:
+            if x.ndim < 2:
+                raise ValueError(f"{self.name}: with rope, x must be [T, ..., n] (token first), got shape {x.shape}")
+            check_rope_tables(self.name, *inputs[-3:], x.shape[-1])
         return x.shape, "f32"
 
     def lower(self, node, device):
-        w = node.inputs[1] if len(node.inputs) == 2 else None
+        rope = node.params.get("rope", False)
+        base = node.inputs[:len(node.inputs) - (3 if rope else 0)]
+        w = base[1] if len(base) == 2 else None
+        extra = None
+        if rope:
+            x, out = node.inputs[0], node.output
+            if out.storage is x.storage:
+                raise ValueError("RMS_NORM with rope=True reads x's rows back while it writes: out must not be x")
+            pos, cos, sin = node.inputs[-3:]
+            extra = ([pos, cos, sin], [math.prod(x.shape[1:-1]), cos.shape[1], cos.shape[0], pos.offset, cos.offset,
+                                       sin.offset, cos.strides[0]])
         return [row_launch(device, "reduce_rows", node.inputs[0], node.output, w=w,
-                           scalar=float(node.params["eps"]), op_define="OP_RMS_NORM")]
+                           scalar=float(node.params["eps"]), op_define="OP_RMS_NORM", rope=extra)]
 
-    def reference(self, x, w=None, eps=None):
+    def reference(self, x, *rest, eps=None, rope=False):
+        w = rest[0] if len(rest) in (1, 4) else None
         x = np.asarray(x, np.float64)
         y = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
-        return y if w is None else y * np.asarray(w, np.float64)
+        y = y if w is None else y * np.asarray(w, np.float64)
+        if not rope:
+            return y
+        pos, cos, sin = rest[-3:]
+        return reference_rope_rows(y, pos, cos, sin)

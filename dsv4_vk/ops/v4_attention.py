@@ -45,6 +45,19 @@ def _positions(pos, T, capacity):
     return p, (p >= 0) & (p < capacity)
 
 
+def check_rope_tables(op, pos, cos, sin, n):
+    """pos [1] i32 and cos, sin [capacity, half] rotating the trailing 2·half of n channels."""
+    expect(op, "pos (rope)", pos, (1,), "i32")
+    expect(op, "cos (rope, [capacity, half])", cos, (None, None))
+    expect(op, "sin (rope, like cos)", sin, cos.shape)
+    for what, t in (("cos", cos), ("sin", sin)):
+        unit_last(op, what, t)
+    if cos.strides[0] != sin.strides[0]:
+        raise ValueError(f"{op}: cos and sin must have the same row stride")
+    if n % 2 or 2 * cos.shape[1] > n:
+        raise ValueError(f"{op}: rows of {n} channels must be even and hold the {2 * cos.shape[1]} rotated ones")
+
+
 @register
 class Rope(OpDef):
     """ROPE(x [T,H,n], pos [1] i32, cos, sin [capacity, half], inverse=False) -> [T,H,n]: the
@@ -57,17 +70,8 @@ class Rope(OpDef):
         nonempty(self.name, [x, cos])
         check_params(self.name, params, ("inverse",))
         expect(self.name, "x (input 0, [T, heads, n])", x, (None, None, None))
-        expect(self.name, "pos (input 1)", pos, (1,), "i32")
-        C, half = cos.shape if cos.ndim == 2 else (0, 0)
-        expect(self.name, "cos (input 2, [capacity, half])", cos, (None, None))
-        expect(self.name, "sin (input 3, like cos)", sin, cos.shape)
-        for what, t in (("x", x), ("cos", cos), ("sin", sin)):
-            unit_last(self.name, what, t)
-        if cos.strides[0] != sin.strides[0]:
-            raise ValueError(f"{self.name}: cos and sin must have the same row stride")
-        if x.shape[2] % 2 or 2 * half > x.shape[2]:
-            raise ValueError(f"{self.name}: x rows of {x.shape[2]} channels must be even and hold the "
-                             f"{2 * half} rotated ones")
+        unit_last(self.name, "x", x)
+        check_rope_tables(self.name, pos, cos, sin, x.shape[2])
         if not isinstance(params.get("inverse", False), bool):
             raise ValueError(f"{self.name}: inverse must be True or False, got {params['inverse']!r}")
         return x.shape, "f32"
@@ -273,13 +277,22 @@ class MqaAttention(OpDef):
 
 @register
 class MqaCombine(OpDef):
-    """MQA_COMBINE(part [T, H, S·(hd+2)] from MQA_ATTENTION splits=S, sinks [H], splits=S) -> [T,H,hd]."""
-    name, n_inputs = "MQA_COMBINE", 2
+    """MQA_COMBINE(part [T, H, S·(hd+2)] from MQA_ATTENTION splits=S, sinks [H], splits=S) -> [T,H,hd].
+    rope=True: three more inputs pos [1] i32, cos, sin [capacity, half], and the result de-rotated
+    as ROPE inverse=True does (the attention output's RoPE removed in the same dispatch)."""
+    name, n_inputs = "MQA_COMBINE", None
+    dtypes = ("f32", "i32")
 
     def infer(self, inputs, params):
-        part, sinks = inputs
+        check_params(self.name, params, ("splits", "rope"))
+        rope = params.get("rope", False)
+        if not isinstance(rope, bool):
+            raise ValueError(f"{self.name}: rope must be True or False, got {rope!r}")
+        if len(inputs) != (5 if rope else 2):
+            raise ValueError(f"{self.name} takes part, sinks{', pos, cos, sin (rope=True)' if rope else ''}; "
+                             f"got {len(inputs)} inputs")
+        part, sinks = inputs[:2]
         nonempty(self.name, inputs)
-        check_params(self.name, params, ("splits",))
         S = params.get("splits")
         if isinstance(S, bool) or not isinstance(S, int) or S < 1:
             raise ValueError(f"{self.name}: splits must be an integer ≥ 1, got {S!r}")
@@ -288,17 +301,29 @@ class MqaCombine(OpDef):
         if n % S or n // S < 3 or not part.is_contiguous:
             raise ValueError(f"{self.name}: part rows of {n} values are not {S} contiguous splits of head_dim + 2")
         expect(self.name, "sinks (input 1, [heads])", sinks, (H,))
+        if rope:
+            check_rope_tables(self.name, *inputs[2:], n // S - 2)
         return (T, H, n // S - 2), "f32"
 
     def lower(self, node, device):
-        part, sinks = node.inputs
+        part, sinks = node.inputs[:2]
         out = node.output
         T, H, hd = out.shape
-        push = pack_push([T, H, hd, node.params["splits"], part.offset, out.offset, out.strides[0], out.strides[1],
-                          sinks.offset])
-        return [Launch("mqa_combine", [part, sinks, out], (2,), push, grid_1d(T * H * hd))]
+        head = [T, H, hd, node.params["splits"], part.offset, out.offset, out.strides[0], out.strides[1],
+                sinks.offset]
+        if node.params.get("rope", False):
+            pos, cos, sin = node.inputs[2:]
+            push = pack_push(head, [cos.shape[1], cos.shape[0], pos.offset, cos.offset, sin.offset, cos.strides[0]])
+            return [Launch("mqa_combine", [part, sinks, out, pos, cos, sin], (2,), push, grid_1d(T * H * hd),
+                           defines={"ROPE": 1})]
+        return [Launch("mqa_combine", [part, sinks, out], (2,), pack_push(head), grid_1d(T * H * hd))]
 
-    def reference(self, part, sinks, splits=1):
+    def reference(self, part, sinks, pos=None, cos=None, sin=None, splits=1, rope=False):
+        out = self._merge(part, sinks, splits)
+        return Rope().reference(out, pos, cos, sin, inverse=True) if rope else out
+
+    @staticmethod
+    def _merge(part, sinks, splits):
         part, sinks = np.asarray(part, np.float64), np.asarray(sinks, np.float64)
         T, H, n = part.shape
         hd = n // splits - 2
