@@ -65,10 +65,19 @@ float acc[TB], ss[TB];      // ss: Σ x² of each token's row (NORM_X)
 uint xb[TB];
 
 #if defined(VEC4)
-void add4(uint t, vec4 xv, vec4 wv, uint k) {
+// The norm weights of vec4 step k (loaded beside x and w, so that their latency overlaps theirs).
+vec4 g_at4(uint k) {
+#if defined(NORM_X)
+    return g4[p.g_off / 4 + k];
+#else
+    return vec4(1.0);
+#endif
+}
+
+void add4(uint t, vec4 xv, vec4 gv, vec4 wv) {
 #if defined(NORM_X)
     ss[t] += dot(xv, xv);
-    xv *= g4[p.g_off / 4 + k];
+    xv *= gv;
 #endif
     acc[t] += dot(xv, wv);
 }
@@ -97,17 +106,18 @@ void main() {
     uint K4 = p.K / 4;
     if (TB == 1) {
         for (; k + (UNROLL - 1) * LANES < K4; k += UNROLL * LANES) {
-            vec4 wv[UNROLL], xv[UNROLL];
+            vec4 wv[UNROLL], xv[UNROLL], gv[UNROLL];
             [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
                 wv[u] = W4_AT(wb / 4 + k + u * LANES);
                 xv[u] = x4[xb[0] / 4 + k + u * LANES];
+                gv[u] = g_at4(k + u * LANES);
             }
-            [[unroll]] for (uint u = 0; u < UNROLL; ++u) add4(0, xv[u], wv[u], k + u * LANES);
+            [[unroll]] for (uint u = 0; u < UNROLL; ++u) add4(0, xv[u], gv[u], wv[u]);
         }
     }
     for (; k < K4; k += LANES) {
-        vec4 wv = W4_AT(wb / 4 + k);
-        [[unroll]] for (uint t = 0; t < TB; ++t) add4(t, x4[xb[t] / 4 + k], wv, k);
+        vec4 wv = W4_AT(wb / 4 + k), gv = g_at4(k);
+        [[unroll]] for (uint t = 0; t < TB; ++t) add4(t, x4[xb[t] / 4 + k], gv, wv);
     }
     k = K4 * 4 + lane;
 #endif

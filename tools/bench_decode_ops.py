@@ -69,9 +69,13 @@ def moe_graphs(rng, w13, w2, R):
     g1 = Graph()
     g1.output("h", g1.op("MUL_MAT_ID", g1.input("x", (1, 1, D)), g1.const(w13), g1.const(route), mode="swiglu",
                          limit=10.0))
+    gn = Graph()                                         # with the FFN norm folded in
+    gn.output("h", gn.op("MUL_MAT_ID", gn.input("x", (1, 1, D)), gn.const(w13), gn.const(route),
+                         gn.const(rng.standard_normal(D).astype(np.float32)), mode="swiglu", limit=10.0, rms_eps=1e-6))
     g2 = Graph()
     g2.output("y", g2.op("MUL_MAT_ID", g2.input("h", (1, R, F)), g2.const(w2), g2.const(route), mode="sum"))
-    return (g1, {"x": rng.standard_normal((1, 1, D)).astype(np.float32)}, R * 2 * F * D * 2), \
+    x = {"x": rng.standard_normal((1, 1, D)).astype(np.float32)}
+    return (g1, x, R * 2 * F * D * 2), (gn, x, R * 2 * F * D * 2), \
            (g2, {"h": rng.standard_normal((1, R, F)).astype(np.float32)}, R * D * F * 2)
 
 
@@ -84,6 +88,8 @@ def main(argv=None):
     ap.add_argument("--unroll", default="1,4", help="MUL_MAT (T = 1) and MUL_MAT_ID vec4 steps in flight per "
                     "lane to sweep")
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
+    ap.add_argument("--only", default="mqa,mul_mat,mul_mat_id,rows",
+                    help="sections to run: mqa, mul_mat, mul_mat_id, rows")
     ap.add_argument("--json", help="write the results to this file")
     args = ap.parse_args(argv)
     ex = Executor(timestamps=True)
@@ -95,7 +101,8 @@ def main(argv=None):
     D, F, E, R = (256, 128, 8, 3) if args.quick else (4096, 2048, 64, 7)
     results = []
     kinds = [("sliding", 0, 0), ("hca", ctx // 128 or 1, 0), ("csa", ctx // 4, min(512, ctx // 4))]
-    for mode, n_ent, K in kinds:
+    only = set(args.only.split(","))
+    for mode, n_ent, K in kinds if "mqa" in only else []:
         n_keys = window + (K if mode == "csa" else min((pos + 1) // 128, n_ent) if mode == "hca" else 0)
         auto = v4_attention.mqa_decode_splits(ex.device, hd, n_keys)
         for kernel, keys in [("cluster", int(k)) for k in args.keys.split(",")] + [("tiled", None)]:
@@ -111,7 +118,7 @@ def main(argv=None):
     v4_attention.MQA_KEYS["keys"] = None
     w = (rng.standard_normal((8 * D, D)) / np.sqrt(D)).astype(BF16)     # the dense projections' kernel
     gn = rng.standard_normal(D).astype(np.float32)
-    for unroll in (int(u) for u in args.unroll.split(",")):
+    for unroll in (int(u) for u in args.unroll.split(",")) if "mul_mat" in only else []:
         mul_mat.GEMV_UNROLL["unroll"] = unroll
         for norm in (False, True):
             g = Graph()
@@ -124,11 +131,13 @@ def main(argv=None):
             results.append({"op": "MUL_MAT", "shape": w.shape, "unroll": unroll, "norm": norm, "us": us,
                             "gbs": w.nbytes / us / 1e3})
     mul_mat.GEMV_UNROLL["unroll"] = None
-    w13 = (rng.standard_normal((E, 2 * F, D), np.float32) / np.sqrt(D)).astype(BF16)   # generated once
-    w2 = (rng.standard_normal((E, D, F), np.float32) / np.sqrt(F)).astype(BF16)
-    for unroll in (int(u) for u in args.unroll.split(",")):
+    if "mul_mat_id" in only:
+        w13 = (rng.standard_normal((E, 2 * F, D), np.float32) / np.sqrt(D)).astype(BF16)   # generated once
+        w2 = (rng.standard_normal((E, D, F), np.float32) / np.sqrt(F)).astype(BF16)
+    for unroll in (int(u) for u in args.unroll.split(",")) if "mul_mat_id" in only else []:
         moe.MUL_MAT_ID_UNROLL["unroll"] = unroll
-        for label, (g, feeds, nbytes) in zip(("swiglu (w13)", "sum (w2)"), moe_graphs(rng, w13, w2, R)):
+        for label, (g, feeds, nbytes) in zip(("swiglu (w13)", "swiglu + norm", "sum (w2)"),
+                                                 moe_graphs(rng, w13, w2, R)):
             us, n = gpu_us(ex, g, feeds, args.replays, warm)
             print(f"MUL_MAT_ID {label:12s} unroll {unroll}  {us:8.1f} µs  {nbytes / us / 1e3:7.1f} GB/s of expert "
                   f"weights", flush=True)
@@ -136,7 +145,7 @@ def main(argv=None):
     moe.MUL_MAT_ID_UNROLL["unroll"] = None
     rows = [("RMS_NORM", (1, D), {"eps": 1e-6}), ("RMS_NORM", (1, H, hd), {"eps": 1e-6}),
             ("RMS_NORM", (1, 1024 if not args.quick else 64), {"eps": 1e-6})]
-    for op, shape, prm in rows:
+    for op, shape, prm in rows if "rows" in only else []:
         g = Graph()
         g.output("y", g.op(op, g.input("x", shape), **prm))
         us, n = gpu_us(ex, g, {"x": rng.standard_normal(shape).astype(np.float32)}, args.replays, warm)
