@@ -57,7 +57,7 @@ class Model:
     def __init__(self, cfg: V4Config, weights: dict, device=None, fused=None, prefill_chunk: int = 16,
                  splits=None):
         """weights: canonical names (model.checkpoint); splits: MQA key-list splits per layer at decode
-        (None: one per 128 keys of the layer's longest list)."""
+        (None: model.build.decode_splits, one tiled-attention tile of the layer's longest list each)."""
         if not isinstance(cfg, V4Config):
             raise ValueError(f"cfg must be a V4Config, got {type(cfg).__name__}")
         weights = normalise(cfg, weights)
