@@ -51,6 +51,8 @@ def vec4_ok(*views):
 # vec4 steps a GEMV lane loads before adding them at one token per cluster (None: 4 on GPUs, 1 on
 # CPU devices; tests and the bench set it)
 GEMV_UNROLL = {"unroll": None}
+# weight rows per GEMV cluster (None: 1, as measured; tests and the bench set it)
+GEMV_ROWS = {"rows": None}
 
 
 def rms_weight(op, x, g, params):
@@ -125,10 +127,11 @@ class MulMat(OpDef):
             args.append(g)
         if kernel == "gemv":
             tb = min(next_pow2(T), GEMV_MAX_T)
+            rows = GEMV_ROWS["rows"] or 1
             lane_defs, extra = cluster_lanes(device, K, per_lane=8, max_lanes=1 if is_cpu(device) else None)
             defines.update(lane_defs, MODE_GEMV=1, TB=tb)
-            grid = grid_1d(b[0] * b[1] * -(-T // tb) * N, WORKGROUP // lane_defs["LANES"])
-            spec = (WORKGROUP, GEMV_UNROLL["unroll"] or (1 if is_cpu(device) else 4))
+            grid = grid_1d(b[0] * b[1] * -(-T // tb) * -(-N // rows), WORKGROUP // lane_defs["LANES"])
+            spec = (WORKGROUP, GEMV_UNROLL["unroll"] or (1 if is_cpu(device) else 4), rows)
         elif kernel == "gemm_regs":
             defines["MODE_GEMM_REGS"] = 1
             grid = grid_1d(b[0] * b[1] * -(-T // 4) * -(-N // 4), WORKGROUP)
