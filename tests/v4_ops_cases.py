@@ -158,6 +158,18 @@ def test_mqa_attention(rng, monkeypatch, kernel, keys, tile, mode, T, H, hd, p0,
         check(got["rot"], get_op("ROPE").reference(want, arrays[2], *tables, inverse=True), cg.check_guards())
 
 
+@pytest.mark.parametrize("kernel", ["tiled", "cluster"])
+@pytest.mark.parametrize("case", [("csa", 1, 3, 48, 63, 8, 4, 3, 64), ("sliding", 5, 4, 32, 0, 8, 1, 1, 64)])
+def test_mqa_attention_without_subgroup_operations(rng, monkeypatch, kernel, case):
+    """A device without subgroup operations: one lane per head (LANES = 1), no cluster sums."""
+    import dataclasses
+    from dsv4_vk.vk import default_device
+    dev = default_device()
+    no_ops = dataclasses.replace(dev.caps.subgroup, operations=())
+    monkeypatch.setattr(dev, "caps", dataclasses.replace(dev.caps, subgroup=no_ops))
+    test_mqa_attention(rng, monkeypatch, kernel, None, 3 if kernel == "tiled" else None, *case)
+
+
 @pytest.mark.parametrize("hashed", [False, True])
 @pytest.mark.parametrize("scoring", ["sqrtsoftplus", "sigmoid", "softmax"])
 @pytest.mark.parametrize("T,E,k", [(1, 4, 2), (9, 16, 6), (3, 256, 8)])
