@@ -11,7 +11,9 @@
 Columns (µs; per figure the lowest of --rounds medians over --calls calls each, after --warmup
 calls): "call", the whole call; "in s+w", the time the call spent inside Device.submit +
 Device.wait (vkQueueSubmit and the fence wait, timed in the call with perf_counter only);
-"overhead" = call − in s+w, what the library costs on the host beyond submit + wait; "stubbed",
+"overhead" = call − in s+w, what the library costs on the host beyond submit + wait; "after w",
+the part of it after the last wait returned (reading results back, handing out the outputs: where
+a host whose caches went cold while it waited pays); "stubbed",
 the call with Device.submit and Device.wait replaced by no-ops (the library's host work with warm
 caches: the driver's submit and wait, and on a CPU device the kernels, evict the interpreter's
 caches between real calls); "bare", the same submission (same command buffers) issued alone, for
@@ -42,7 +44,7 @@ class SubmitClock:
 
     def __init__(self, dev):
         self.device = dev
-        self.ns = self.submits = 0
+        self.ns = self.submits = self.wait_end = 0
         self.stubbed = False
         for name in ("submit", "wait"):
             setattr(dev, name, self._timed(getattr(dev, name), name == "submit"))
@@ -58,7 +60,10 @@ class SubmitClock:
             try:
                 return fn(*a, **kw)
             finally:
-                self.ns += clock() - t0
+                t1 = clock()
+                self.ns += t1 - t0
+                if not is_submit:
+                    self.wait_end = t1
         return timed
 
 
@@ -70,15 +75,17 @@ def _median_us(fn, calls, warmup, clock):
         fn()
     best, now = None, time.perf_counter_ns
     for _ in range(ROUNDS[0]):
-        ts, inside = [], []
+        ts, inside, after = [], [], []
         for _ in range(calls):
-            clock.ns = 0
+            clock.ns = clock.wait_end = 0
             t0 = now()
             fn()
-            ts.append(now() - t0)
+            t1 = now()
+            ts.append(t1 - t0)
             inside.append(clock.ns)
+            after.append(t1 - clock.wait_end if clock.wait_end else 0)
         over = [t - i for t, i in zip(ts, inside)]
-        med = tuple(statistics.median(v) / 1e3 for v in (ts, inside, over))
+        med = tuple(statistics.median(v) / 1e3 for v in (ts, inside, over, after))
         best = med if best is None else tuple(min(a, b) for a, b in zip(best, med))
     return best
 
@@ -104,7 +111,7 @@ def measure_one(name, op, call, program, calls, warmup, clock):
     """Time `call` (and its time inside submit + wait), then the bare submission it made on `program()`."""
     call()
     before = program().copy_recordings
-    host, inside, over = _median_us(call, calls, warmup, clock)
+    host, inside, over, after = _median_us(call, calls, warmup, clock)
     cg = program()
     clock.submits = 0
     call()
@@ -123,10 +130,10 @@ def measure_one(name, op, call, program, calls, warmup, clock):
         clock.stubbed = False
     recorded = program().copy_recordings - before     # over the timed, bare and stubbed calls
     row = {"path": name, "op": op, "call_us": round(host, 1), "in_submit_wait_us": round(inside, 1),
-           "overhead_us": round(over, 1), "stubbed_us": round(stub, 1),
+           "overhead_us": round(over, 1), "after_wait_us": round(after, 1), "stubbed_us": round(stub, 1),
            "bare_submit_wait_us": round(base, 1), "submits_per_call": submits,
            "copy_recordings": recorded}
-    cols = " ".join(f"{v:9.1f}" for v in (host, inside, over, stub, base))
+    cols = " ".join(f"{v:9.1f}" for v in (host, inside, over, after, stub, base))
     print(f"{name:14s} {op:20s} {clock.device.spin_ns // 1000:5d} {cols} {submits:4d} {recorded:5d}", flush=True)
     return row
 
@@ -168,7 +175,7 @@ def main(argv=None):
     with dv.Device() as dev:
         print(f"device: {dev.name} ({dev.caps.type}); T = {T}, D = {D}; lowest of {ROUNDS[0]} medians of "
               f"{args.calls} calls, µs")
-        heads = " ".join(f"{h:>9s}" for h in ("call", "in s+w", "overhead", "stubbed", "bare"))
+        heads = " ".join(f"{h:>9s}" for h in ("call", "in s+w", "overhead", "after w", "stubbed", "bare"))
         print(f"{'path':14s} {'op':20s} {'spin':>5s} {heads} {'subm':>4s} {'recs':>5s}")
         last = lambda: hc_api._local.last          # the program the last API call ran  # noqa: E731
         n, c = dict(calls=args.calls, warmup=args.warmup, clock=SubmitClock(dev)), dict(device=dev)
