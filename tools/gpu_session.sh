@@ -6,11 +6,13 @@
 #
 #   . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH; bash tools/gpu_session.sh $OUT [STEP ...]
 #
-# STEP: eval, library, soak, site, profile, model (default: all, in that order). A call may run
+# STEP: eval, library, soak, site, profile, model, decode (default: all but decode, in that order;
+# decode: tools/bench_decode_ops.py, the model's decode kernels and their variants). A call may run
 # 10 minutes: split them, e.g. `eval library soak profile`, then `site model`. `model` needs the
 # safetensors and ml_dtypes wheels in .vkdev/whl (results/README.md); `site` needs PyTorch with CUDA. Files in
 # results.tgz: eval_h200.{txt,json}, bench_library_h200.{txt,json}, soak_library_h200.{txt,json},
-# site_compare.{txt,json}, site_compare.bench.json, profile_site_h200.txt, model_bench_v4.{txt,json}.
+# site_compare.{txt,json}, site_compare.bench.json, profile_site_h200.txt, model_bench_v4.{txt,json},
+# decode_ops_h200.{txt,json}.
 set -u
 out=${1:?usage: gpu_session.sh OUT [STEP ...]}
 shift
@@ -37,7 +39,8 @@ for s in $steps; do
         site) step site 240 site_compare.log python3 tools/site_torch_compare.py --out "$r/site_compare" ;;
         profile) step profile 120 profile_site_h200.txt python3 tools/profile_site.py ;;
         model) step model 420 model_bench_v4.txt python3 tools/model_gpu_bench.py --out "$r/model_bench_v4.json" ;;
-        *) echo "unknown step $s (eval, library, soak, site, profile, model)" >> "$summary" ;;
+        decode) step decode 300 decode_ops_h200.txt python3 tools/bench_decode_ops.py --json "$r/decode_ops_h200.json" ;;
+        *) echo "unknown step $s (eval, library, soak, site, profile, model, decode)" >> "$summary" ;;
     esac
 done
 tar czf "$out/results.tgz" -C "$out" r
