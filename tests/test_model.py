@@ -71,6 +71,24 @@ def test_split_decode_attention_and_small_prefill_chunks_match_too():
     check_fixture("mixed", True, splits=[3, 2, 4], chunk=5)
 
 
+@pytest.mark.parametrize("splits,chunk", [(None, 16), ([3, 2, 4], 3)])
+def test_the_attention_gpus_run_matches_too(monkeypatch, splits, chunk):
+    """Attention lowered as on a GPU: the tiled kernel at decode (and for prefill chunks of ≤ 4
+    tokens), the decode splits one tile each; with splits, MQA_COMBINE removes the RoPE."""
+    from dsv4_vk.ops import v4_attention
+    monkeypatch.setattr(v4_attention, "is_cpu", lambda device: False)
+    lowered, lower = [], v4_attention.MqaAttention.lower
+
+    def spy(self, node, device):
+        launches = lower(self, node, device)
+        lowered.extend((node.inputs[0].shape[0], "TILED" in ln.defines) for ln in launches)
+        return launches
+    monkeypatch.setattr(v4_attention.MqaAttention, "lower", spy)
+    check_fixture("mixed", True, splits=splits, chunk=chunk)
+    assert lowered and all(tiled == (T <= v4_attention.TILED_MAX_TOKENS) for T, tiled in lowered)
+    assert any(T == 1 for T, _ in lowered)
+
+
 def worker():
     """Subprocess entry: the fixture checks on both paths at this process's subgroup size."""
     from dsv4_vk.vk import default_device
