@@ -18,13 +18,15 @@
 //   of S = 16 chunks per stream. The split's fn slice (M·4·S chunks) is staged once in shared
 //   memory and every token of the block streams through it: fn is read from memory once per block
 //   of tokens, and from shared memory (a broadcast across the block's tokens) inside. LPT (spec 3)
-//   consecutive subgroup lanes take one token (chunks lane, lane+LPT, ...), summed by shuffles.
+//   consecutive subgroup lanes take one token (chunks lane, lane+LPT, ...), summed by shuffles;
+//   with TPL = 2 (spec 3) they take two tokens, each fn chunk read from shared memory once for
+//   both (the shared-memory loads, not X, bound this kernel when fn is reread per token).
 //   (Shared arrays have literal sizes here: 24·4·16 chunks, 24 KiB with vec4.)
 //   Each token's X is read once.
 // -D REDUCE: the second pass, one invocation per (t, j): Σ over the G partials, then the
 //   norm: mix[t, j] = Σ dot / sqrt(Σ Σx² / (4·D) + norm_eps).
 // Spec constants: 0 workgroup size, 1 M (mix rows: a multiple of 4, ≤ 24); KSPLIT also 2 LPT (lanes
-//   per token).
+//   per token) and 3 TPL (tokens per lane group, 1 or 2).
 // Push (tile kernels): T, chunks per stream, slice (chunks per split), G, 1/(4·D), norm_eps,
 //   X (offset, token and stream strides, in chunks), fn (offset, row stride, in chunks; fn[j, s·D + d]
 //   is chunk s·chunks + c of row j), out (offset, token stride, split or row stride), tokens per
@@ -88,9 +90,25 @@ layout(push_constant) uniform P {
 #extension GL_KHR_shader_subgroup_shuffle : require
 const uint S = 16;                              // chunks per split and stream (a literal: fs has a fixed size)
 layout(constant_id = 2) const uint LPT = 4;     // lanes per token (a power of two ≤ the subgroup)
+layout(constant_id = 3) const uint TPL = 1;     // tokens per group of LPT lanes: 1 or 2
 shared VEC fs[24 * 4 * 16];                     // the split's fn slice: fs[(j·4 + stream)·S + c], j < M
 #define FN(i) fs[i]
 #include "hc_mixacc.glsl"
+
+// The sums of a token's LPT lanes (shuffles within the group), on every lane of it.
+void lanes_sum(inout MixAcc A) {
+    for (uint m = 1u; m < LPT; m <<= 1u) {
+        A.a0 += subgroupShuffleXor(A.a0, m); A.a1 += subgroupShuffleXor(A.a1, m);
+        A.a2 += subgroupShuffleXor(A.a2, m); A.a3 += subgroupShuffleXor(A.a3, m);
+        A.a4 += subgroupShuffleXor(A.a4, m); A.a5 += subgroupShuffleXor(A.a5, m);
+        A.ss += subgroupShuffleXor(A.ss, m);
+    }
+}
+
+void put_partials(MixAcc A, uint t, uint split) {
+    uint ob = p.o_off + t * p.o_st + split * p.o_s2;
+    for (uint k = 0u; k <= M; ++k) out_[ob + k] = mixacc_at(A, k);
+}
 
 void main() {
     uint g = flat_group();
@@ -106,26 +124,28 @@ void main() {
     uint cluster = pos / LPT, lane = pos % LPT;
     uint n_c = min(S, p.chunks - min(c_begin, p.chunks));
     uint t_end = min((block + 1u) * p.tb, p.T);
-    for (uint t0 = block * p.tb; t0 < t_end; t0 += gl_WorkGroupSize.x / LPT) {   // uniform loop
-        uint t = t0 + cluster;
-        uint tc = min(t, p.T - 1u);            // lanes past the block compute on a real token, store nothing
-        // per chunk the 4 streams' x loads first, so that their latencies overlap
-        MixAcc A = mixacc_zero();
-        uint xb = p.x_off + tc * p.x_st + c_begin;
+    for (uint t0 = block * p.tb; t0 < t_end; t0 += TPL * (gl_WorkGroupSize.x / LPT)) {   // uniform loop
+        uint ta = t0 + TPL * cluster, tb2 = ta + 1u;
+        // lanes past the block compute on a real token, store nothing
+        uint xa = p.x_off + min(ta, p.T - 1u) * p.x_st + c_begin, xb = p.x_off + min(tb2, p.T - 1u) * p.x_st + c_begin;
+        // per chunk the streams' x loads first, so that their latencies overlap
+        MixAcc A = mixacc_zero(), B = mixacc_zero();
         for (uint c = lane; c < n_c; c += LPT) {
-            VEC xv[4];
-            [[unroll]] for (uint s = 0u; s < 4u; ++s) xv[s] = x[xb + s * p.x_ss + c];
-            [[unroll]] for (uint s = 0u; s < 4u; ++s) mixacc_add(A, xv[s], s * S + c, 4u * S, true);
+            VEC va[4], vb[4];
+            [[unroll]] for (uint s = 0u; s < 4u; ++s) {
+                va[s] = x[xa + s * p.x_ss + c];
+                if (TPL > 1u) vb[s] = x[xb + s * p.x_ss + c];
+            }
+            [[unroll]] for (uint s = 0u; s < 4u; ++s) {
+                if (TPL > 1u) mixacc_add2(A, B, va[s], vb[s], s * S + c, 4u * S);
+                else mixacc_add(A, va[s], s * S + c, 4u * S, true);
+            }
         }
-        for (uint m = 1u; m < LPT; m <<= 1u) {
-            A.a0 += subgroupShuffleXor(A.a0, m); A.a1 += subgroupShuffleXor(A.a1, m);
-            A.a2 += subgroupShuffleXor(A.a2, m); A.a3 += subgroupShuffleXor(A.a3, m);
-            A.a4 += subgroupShuffleXor(A.a4, m); A.a5 += subgroupShuffleXor(A.a5, m);
-            A.ss += subgroupShuffleXor(A.ss, m);
-        }
-        if (t < t_end && lane == 0u) {
-            uint ob = p.o_off + t * p.o_st + split * p.o_s2;
-            for (uint k = 0u; k <= M; ++k) out_[ob + k] = mixacc_at(A, k);
+        lanes_sum(A);
+        if (TPL > 1u) lanes_sum(B);
+        if (lane == 0u) {
+            if (ta < t_end) put_partials(A, ta, split);
+            if (TPL > 1u && tb2 < t_end) put_partials(B, tb2, split);
         }
     }
 }

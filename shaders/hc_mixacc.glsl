@@ -25,6 +25,26 @@ void mixacc_add(inout MixAcc A, VEC xv, uint base, uint sj, bool with_ss) {
     if (M > 16u) A.a4 += mix_rows4(xv, base + 16u * sj, sj);
     if (M > 20u) A.a5 += mix_rows4(xv, base + 20u * sj, sj);
 }
+
+// mix_rows4 for two tokens at once: each fn chunk is loaded once for both (half the fn loads per
+// product where fn comes from shared memory); the same sums in the same order as mix_rows4.
+void mix_rows4_2(VEC xa, VEC xb, uint base, uint sj, inout vec4 a, inout vec4 b) {
+    VEC f0 = FN(base), f1 = FN(base + sj), f2 = FN(base + 2u * sj), f3 = FN(base + 3u * sj);
+    a += vec4(dot_v(xa, f0), dot_v(xa, f1), dot_v(xa, f2), dot_v(xa, f3));
+    b += vec4(dot_v(xb, f0), dot_v(xb, f1), dot_v(xb, f2), dot_v(xb, f3));
+}
+
+// mixacc_add(A, xa, ...) and mixacc_add(B, xb, ...) with the fn chunks loaded once (Σx² included).
+void mixacc_add2(inout MixAcc A, inout MixAcc B, VEC xa, VEC xb, uint base, uint sj) {
+    A.ss += dot_v(xa, xa);
+    B.ss += dot_v(xb, xb);
+    mix_rows4_2(xa, xb, base, sj, A.a0, B.a0);
+    if (M > 4u) mix_rows4_2(xa, xb, base + 4u * sj, sj, A.a1, B.a1);
+    if (M > 8u) mix_rows4_2(xa, xb, base + 8u * sj, sj, A.a2, B.a2);
+    if (M > 12u) mix_rows4_2(xa, xb, base + 12u * sj, sj, A.a3, B.a3);
+    if (M > 16u) mix_rows4_2(xa, xb, base + 16u * sj, sj, A.a4, B.a4);
+    if (M > 20u) mix_rows4_2(xa, xb, base + 20u * sj, sj, A.a5, B.a5);
+}
 #endif
 
 // Value k (k < M: mix k, k = M: Σx²) — for constant k, or a k known only at run time (a select).

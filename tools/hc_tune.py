@@ -1,11 +1,12 @@
 """Sweep HC kernel launch layouts on a device and print GPU time and GB/s against a copy of the same
 bytes. Knobs are entries of the tuning tables: slice.* = hc.kernels.SLICE_TUNING (HC_PRE, HC_POST,
 HC_SITE: workgroup size, chunks per invocation), mix.* = hc.kernels.MIX_TUNING (HC_MIX kernels:
-workgroup size, D splits, KSPLIT split, lpt, tb), site.* = hc.composite.SITE_TUNING (HC_POST_MIX workgroup).
+workgroup size, D splits, KSPLIT split, lpt, tb, tpl), site.* = hc.composite.SITE_TUNING (HC_POST_MIX workgroup).
 Every combination of the given values is timed (median of --replays, after a clock warm-up).
 
     . .vkdev/enter.sh; python3 tools/hc_tune.py --d 4096,7168 --t 4096 --out $OUT/hc_tune.json
     python3 tools/hc_tune.py --ops HC_MIX --t 512,4096 --d 4096 --set mix.split=0,16 --set mix.lpt=1,2,4
+    python3 tools/hc_tune.py --ops HC_MIX,HC_SITE --t 512,4096 --d 4096 --set mix.split=16 --set mix.tpl=1,2
     python3 tools/hc_tune.py --ops HC_SITE --t 1 --d 4096 --set site.post_wg=32,64,128 --set slice.wg=64,256
 """
 import argparse

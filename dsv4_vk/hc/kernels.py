@@ -227,7 +227,7 @@ def vec4_ok(D, tensors):
 
 
 # HC_MIX layout knobs (tools/hc_tune.py sweeps them); None: the rule of mix_layout.
-MIX_TUNING = {"wg": None, "groups": None, "split": None, "lpt": None, "tb": None}
+MIX_TUNING = {"wg": None, "groups": None, "split": None, "lpt": None, "tb": None, "tpl": None}
 # Workgroups a mixes pass aims for (a few per compute unit of a large GPU; a CPU device runs
 # workgroups on its cores one after another, so a few suffice there).
 MIX_TARGET_GROUPS = {"cpu": 4}
@@ -244,7 +244,8 @@ def mix_layout(device, T, chunks):
     """The HC_MIX kernels' layout for T tokens of `chunks` chunks per stream, as
     node params: wg, groups G, and for KSPLIT split S, lpt, tb (split 0: the per-token kernel).
     - T ≥ KSPLIT_MIN_T with shuffles and full subgroups: KSPLIT, G = chunks/S splits each staging its
-      fn slice (16 chunks) in shared memory, blocks of tb tokens streaming through it, lpt lanes per token;
+      fn slice (16 chunks) in shared memory, blocks of tb tokens streaming through it, lpt lanes per
+      group of tpl tokens (1, as measured; 2 halves the fn loads from shared memory per product);
     - otherwise the per-token kernel, one token per workgroup and D split into G slices of ≥ one chunk per
       invocation until about the target number of workgroups is reached (decode: a token's fn is
       the data to stream, spread over many workgroups)."""
@@ -255,10 +256,10 @@ def mix_layout(device, T, chunks):
     if (t["split"] != 0 and T >= KSPLIT_MIN_T and device.supports_subgroup_op("shuffle") and sg.full_subgroups
             and sg.min_size >= 4) or t["split"]:
         return {"wg": t["wg"] or (64 if cpu else 256), "groups": -(-chunks // KSPLIT_S), "split": KSPLIT_S,
-                "lpt": t["lpt"] or 4, "tb": t["tb"] or (64 if cpu else 128)}
+                "lpt": t["lpt"] or 4, "tb": t["tb"] or (64 if cpu else 128), "tpl": t["tpl"] or 1}
     wg = t["wg"] or (64 if cpu else 128)
     groups = t["groups"] or max(1, min(-(-target // T), -(-chunks // wg)))
-    return {"wg": wg, "groups": groups, "split": 0, "lpt": 1, "tb": 1}
+    return {"wg": wg, "groups": groups, "split": 0, "lpt": 1, "tb": 1, "tpl": 1}
 
 
 WG_REDUCE_MAX = 256   # wg_reduce.glsl's shared step holds 64 subgroups of ≥ 4 lanes
@@ -318,7 +319,7 @@ def _mix_launch(node, device, final, groups):
     unit = 4 if vec4 else 1
     chunks = D // unit
     pr = node.params
-    wg, split, lpt, tb = pr["wg"], pr.get("split", 0), pr.get("lpt", 1), pr.get("tb", 1)
+    wg, split, lpt, tb, tpl = pr["wg"], pr.get("split", 0), pr.get("lpt", 1), pr.get("tb", 1), pr.get("tpl", 1)
     defines = {"VEC4": 1} if vec4 else {}
     if split:
         if split != KSPLIT_S or final or groups != -(-chunks // split):
@@ -331,8 +332,10 @@ def _mix_launch(node, device, final, groups):
         if need > device.caps.limits.max_shared_memory:
             raise HCUnsupported(f"{node.op.name}: split {split} stages {need} B of fn in shared memory, "
                                 f"{device.name} has {device.caps.limits.max_shared_memory} B")
+        if tpl not in (1, 2):
+            raise ValueError(f"{node.op.name}: tpl (tokens per lane group) must be 1 or 2, got {tpl}")
         defines["KSPLIT"] = 1
-        grid, spec = grid_1d(-(-T // tb) * groups, 1), (wg, m, lpt)
+        grid, spec = grid_1d(-(-T // tb) * groups, 1), (wg, m, lpt, tpl)
     else:
         check_shared(device, node.op.name, wg, m + 1)
         grid, spec = grid_1d(T * groups, 1), (wg, m)
@@ -386,7 +389,7 @@ def reference_mix_partials(X, fn, groups, chunk=1, split=None):
 
 @register
 class HcMixPartials(OpDef):
-    """HC_MIX_PART(X [T,4,D], fn [m,4D], groups=G, wg=, split=, lpt=, tb=) -> partials [T,G,m+1]: per split of D the
+    """HC_MIX_PART(X [T,4,D], fn [m,4D], groups=G, wg=, split=, lpt=, tb=, tpl=) -> partials [T,G,m+1]: per split of D the
     dot products with the m fn rows and Σx² (hc_mix.comp default variant). Decode splits D over many
     workgroups; HC_SITE or HC_MIX_REDUCE finish."""
     name, n_inputs = "HC_MIX_PART", 2
@@ -395,7 +398,7 @@ class HcMixPartials(OpDef):
         X, fn = inputs
         _check_mix_args(X, fn)
         _check_layout_param(self.name, params, "wg")
-        for k in ("lpt", "tb"):
+        for k in ("lpt", "tb", "tpl"):
             _check_layout_param(self.name, {k: 1, **params}, k)
         if params.get("split", 0):
             _check_layout_param(self.name, params, "split")
@@ -406,7 +409,7 @@ class HcMixPartials(OpDef):
         _check_partials(self.name, node.output)
         return _mix_launch(node, device, False, node.params["groups"])
 
-    def reference(self, X, fn, groups=1, wg=1, split=0, lpt=1, tb=1):
+    def reference(self, X, fn, groups=1, wg=1, split=0, lpt=1, tb=1, tpl=1):
         D = np.shape(X)[2]
         return reference_mix_partials(X, fn, groups, 4 if D % 4 == 0 else 1, split)
 
