@@ -89,6 +89,25 @@ def test_the_attention_gpus_run_matches_too(monkeypatch, splits, chunk):
     assert any(T == 1 for T, _ in lowered)
 
 
+@pytest.mark.parametrize("max_bytes", [0, 16384])
+def test_decode_with_fewer_norms_folded_matches_too(monkeypatch, max_bytes):
+    """Norms left as RMS_NORM dispatches for mat-muls reading more than max_bytes of weights (0:
+    every one; 16384: the small ones fold, the larger ones share one RMS_NORM per norm)."""
+    from dsv4_vk.model import build
+    cfg, w, e = fixture("mixed")
+
+    def decode_nodes():
+        m = Model(cfg, w, fused=True)
+        m.prefill(e["prompt"])
+        nodes = m.compiled("decode").graph.nodes
+        return sum("rms_eps" in n.params for n in nodes), sum(n.op.name == "RMS_NORM" for n in nodes)
+    all_folded, all_norms = decode_nodes()
+    monkeypatch.setitem(build.NORM_FOLD, "max_bytes", max_bytes)
+    folded, norms = decode_nodes()
+    assert (folded == 0) == (max_bytes == 0) and folded < all_folded and norms > all_norms
+    check_fixture("mixed", True)
+
+
 def worker():
     """Subprocess entry: the fixture checks on both paths at this process's subgroup size."""
     from dsv4_vk.vk import default_device
@@ -347,11 +366,17 @@ def test_make_checkpoint_tool_and_the_gpu_bench_dry_run(tmp_path):
                         "hc_mult=2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "hc_mult must be 4" in r.stderr
     out = tmp_path / "bench.json"
-    r = subprocess.run([sys.executable, "tools/model_gpu_bench.py", "--quick", "--out", str(out)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "tools/model_gpu_bench.py", "--quick", "--out", str(out),
+                        "--variants", "fold_mb=0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads(out.read_text())
     assert res["decode"]["fused"]["dispatches_per_token"] < res["decode"]["unfused"]["dispatches_per_token"]
+    unfolded = res["decode_variants"]["fold_mb=0"]       # every norm its own dispatch: more of them, same tokens
+    assert unfolded["same_tokens_as_fused"]
+    assert unfolded["dispatches_per_token"] > res["decode"]["fused"]["dispatches_per_token"]
+    r = subprocess.run([sys.executable, "tools/model_gpu_bench.py", "--quick", "--out", str(out),
+                        "--variants", "fold=1"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "unknown knob 'fold'" in r.stderr
     assert res["same_greedy_tokens"] and set(res["host"]) == {"2", "8"} and res["dtype"] == "bf16"
     assert res["decode"]["fused"]["device_memory_bytes"]["weights"]["bf16"] > 0
 

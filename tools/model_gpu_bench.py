@@ -27,6 +27,11 @@ steps recorded in one command buffer (Model.steps; K is at most the prefill chun
 weight-bandwidth floor: the bytes of weights a decode step must read (every weight on the device
 but the unpicked routed experts and all but one embedding row) at the measured copy bandwidth,
 against the measured time per token; and RMS_NORM's share of the profiled decode GPU time.
+--variants: more fused decode series in the same run, each with kernel knobs set, for side-by-side
+ratios; ";" between variants, "," between knobs of one: fold_mb (norms folded only into mat-muls
+reading at most this many MiB of weights a token, model.build.NORM_FOLD), gemv_rows, gemv_unroll
+(ops.mul_mat GEMV_ROWS / GEMV_UNROLL), moe_unroll (ops.moe.MUL_MAT_ID_UNROLL); e.g.
+`--variants "fold_mb=64;fold_mb=0;gemv_rows=2"`.
 """
 import argparse
 import json
@@ -39,13 +44,35 @@ import numpy as np
 
 from dsv4_vk.cli import floor
 from dsv4_vk.core import profile
-from dsv4_vk.model import Model, random_weights
+from dsv4_vk.model import Model, build, random_weights
 from dsv4_vk.model.checkpoint import BF16
+from dsv4_vk.ops import moe, mul_mat
 from dsv4_vk.model.config import preset
 from dsv4_vk.vk import default_device
 
 HOST_TARGET_US = 100.0
 DTYPES = {"f32": np.float32, "bf16": BF16, "f16": np.float16}
+KNOBS = {"fold_mb": (build.NORM_FOLD, "max_bytes", lambda v: int(float(v) * 2**20)),
+         "gemv_rows": (mul_mat.GEMV_ROWS, "rows", int), "gemv_unroll": (mul_mat.GEMV_UNROLL, "unroll", int),
+         "moe_unroll": (moe.MUL_MAT_ID_UNROLL, "unroll", int)}
+
+
+def parse_variants(text):
+    """[(label, [(table, key, value)])] from "k=v,k=v;k=v" (--variants)."""
+    out = []
+    for label in filter(None, (v.strip() for v in text.split(";"))):
+        sets = []
+        for item in label.split(","):
+            k, _, v = item.partition("=")
+            if k.strip() not in KNOBS:
+                raise ValueError(f"--variants: unknown knob {k.strip()!r}; expected one of {sorted(KNOBS)}")
+            table, key, conv = KNOBS[k.strip()]
+            try:
+                sets.append((table, key, conv(v)))
+            except ValueError:
+                raise ValueError(f"--variants: {item!r} needs a number after '='") from None
+        out.append((label, sets))
+    return out
 
 
 def parse(argv):
@@ -64,7 +91,12 @@ def parse(argv):
                     "(default 500 on GPUs, 0 on CPU devices)")
     ap.add_argument("--steps-per-submit", default="1,4,16", help="K values of the multi-step decode series")
     ap.add_argument("--quick", action="store_true", help="the demo preset at tiny sizes (a dry run on lavapipe)")
+    ap.add_argument("--variants", default="", help="extra fused decode series with kernel knobs (see above)")
     a = ap.parse_args(argv)
+    try:
+        a.variants = parse_variants(a.variants)
+    except ValueError as e:
+        ap.error(str(e))
     if a.quick:
         a.preset, a.max_ctx, a.prompt, a.tokens, a.host_dim = "demo", 64, 20, 8, 64
     a.host_layers = [int(v) for v in a.host_layers.split(",")]
@@ -212,6 +244,24 @@ def main(argv=None):
         print(f"{name:8s} {r['tokens_per_s']:9.1f} tokens/s  {r['ms_per_token']:8.3f} ms/token  "
               f"{r['dispatches_per_token']:6d} dispatches/token  host {r['host_us_per_step_median']:.1f} µs/step",
               flush=True)
+    res["decode_variants"] = {}
+    for label, sets in a.variants:
+        old = [(table, key, table[key]) for table, key, _ in sets]
+        for table, key, value in sets:
+            table[key] = value
+        try:
+            toks, r = decode_path(cfg, weights, prompt, a, True, warm)
+        finally:
+            for table, key, value in old:
+                table[key] = value
+        r["same_tokens_as_fused"] = toks == tokens["fused"]
+        r["speed_over_fused"] = r["tokens_per_s"] / res["decode"]["fused"]["tokens_per_s"]
+        res["decode_variants"][label] = r
+        by_op = r["gpu_ms_per_token_by_op"]
+        print(f"fused {label}: {r['tokens_per_s']:9.1f} tokens/s ({r['speed_over_fused']:.3f}x)  "
+              f"{r['dispatches_per_token']} dispatches/token  GPU ms MUL_MAT {by_op.get('MUL_MAT', 0):.3f} "
+              f"MUL_MAT_ID {by_op.get('MUL_MAT_ID', 0):.3f} RMS_NORM {by_op.get('RMS_NORM', 0):.3f}; same tokens: "
+              f"{r['same_tokens_as_fused']}", flush=True)
     fused = res["decode"]["fused"]
     fused["rms_norm_pct_of_gpu"] = 100 * fused["gpu_ms_per_token_by_op"].get("RMS_NORM", 0.0) / fused["gpu_ms_per_token_profiled"]
     res["multi_step"], wb = multi_step(cfg, weights, prompt, a, warm)

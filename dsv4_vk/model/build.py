@@ -121,6 +121,14 @@ def decode_splits(cfg: V4Config, i: int, device) -> int:
 DTYPE_NAMES = {np.dtype(np.float32): "f32", np.dtype(np.int32): "i32", np.dtype(np.float16): "f16", BF16: "bf16"}
 
 
+# Which mat-muls normalise a Normed x themselves at decode: those reading at most max_bytes of
+# weights a token (None: every one, as measured on the H200 in results/h200/model_bench_v4.txt).
+# A folded mat-mul re-reads x and the norm weights for every weight step (1.5x the GPU time of the
+# plain GEMV in isolation), an unfolded one costs an RMS_NORM dispatch: the crossing point is a
+# measurement (tools/model_gpu_bench.py --variants).
+NORM_FOLD = {"max_bytes": None}
+
+
 class Normed(NamedTuple):
     """RMS_NORM(x, g, eps) not yet computed: the mat-muls that read it normalise x's rows as they
     load them (MUL_MAT / MUL_MAT_ID with a norm weight), one dispatch fewer per norm at decode."""
@@ -138,6 +146,7 @@ class ModelGraph:
         self.cfg, self.params, self.fused, self.device = cfg, params, fused, device
         self.splits = splits
         self.fold_norms = T == 1
+        self._norms = {}
         self.g = g = Graph()
         self.ids = g.input("ids", (T,), "i32") if prefill else self.param("step.token")
         self.pos = self.param("step.pos")
@@ -155,11 +164,27 @@ class ModelGraph:
         g, eps = self.param(weight), self.cfg.rms_norm_eps
         return Normed(x, g, eps) if self.fold_norms else self.g.op("RMS_NORM", x, g, eps=eps)
 
-    def linear(self, x: Tensor | Normed, w: Tensor) -> Tensor:
-        """x @ wᵀ (x normalised in the same dispatch when it is Normed)."""
-        if isinstance(x, Normed):
+    def folds(self, x: Tensor | Normed, read_bytes: int) -> bool:
+        """Whether a mat-mul reading read_bytes of weights normalises the Normed x itself."""
+        limit = NORM_FOLD["max_bytes"]
+        return isinstance(x, Normed) and (limit is None or read_bytes <= limit)
+
+    def normed(self, x: Tensor | Normed) -> Tensor:
+        """x's rows normalised by one RMS_NORM (once per Normed, shared by its unfolded readers)."""
+        if not isinstance(x, Normed):
+            return x
+        key = (id(x.x), id(x.g))
+        if key not in self._norms:
+            self._norms[key] = (x, self.g.op("RMS_NORM", x.x, x.g, eps=x.eps))
+        return self._norms[key][1]
+
+    def linear(self, x: Tensor | Normed, weight: str) -> Tensor:
+        """x @ wᵀ with the named weight (x normalised in the same dispatch when it is Normed and the
+        weight within NORM_FOLD)."""
+        w = self.param(weight)
+        if self.folds(x, self.params[weight].nbytes):
             return self.g.op("MUL_MAT", x.x, w, x.g, rms_eps=x.eps)
-        return self.g.op("MUL_MAT", x, w)
+        return self.g.op("MUL_MAT", self.normed(x), w)
 
     def forward(self, ids, T):
         cfg, g = self.cfg, self.g
@@ -176,7 +201,7 @@ class ModelGraph:
             X, carry = self.site(X, i, name, sublayer, carry, self.param(fns[k + 1]))
         h = hc.head_pre(g, X, self.param("hc_head_fn"), self.param("hc_head_scale"), self.param("hc_head_base"),
                         hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps, fused=self.fused, device=self.device, mix=carry)
-        return self.linear(self.norm(h, "norm.weight"), self.param("head.weight"))    # [T, V]
+        return self.linear(self.norm(h, "norm.weight"), "head.weight")    # [T, V]
 
     def site(self, X, i, name, sublayer, carry, next_fn):
         """X_new = post(sublayer(rmsnorm_w(u)), X) around site_pre(X) (hc.site: at decode two
@@ -207,13 +232,13 @@ class ModelGraph:
         kind = cfg.layer_types[i]
         rk = "main" if kind == SWA else "compress"
         cos, sin = self.param(f"rope.{rk}.cos"), self.param(f"rope.{rk}.sin")
-        xw = self.linear(x, self.param(a + "wx"))                                     # every x projection
+        xw = self.linear(x, a + "wx")                                     # every x projection
         cols, at = {}, 0
         for name, n in x_projections(cfg, i):
             cols[name[len(a):]] = xw[:, at:at + n]
             at += n
         qr = self.norm(cols["wq_a.weight"], a + "q_norm.weight")                      # read by two mat-muls
-        q = self.linear(qr, self.param(a + "wq_b.weight")).reshape(T, H, hd)
+        q = self.linear(qr, a + "wq_b.weight").reshape(T, H, hd)
         q = g.op("RMS_NORM", q, self.pos, cos, sin, eps=eps, rope=True)              # per-head norm, RoPE
         kv = g.op("RMS_NORM", cols["wkv.weight"], self.param(a + "kv_norm.weight"), self.pos, cos, sin, eps=eps,
                   rope=True)
@@ -253,7 +278,7 @@ class ModelGraph:
         a = f"layers.{i}.attn.indexer."
         nI, hI, m = cfg.index_n_heads, cfg.index_head_dim, cfg.rate(i)
         keys = self._compress("idx", self._cat(xw, cols["indexer.compressor.wkv.weight"], 4 * hI), i, True, T)
-        qI = self.linear(qr, self.param(a + "wq_b.weight")).reshape(T, nI, hI)
+        qI = self.linear(qr, a + "wq_b.weight").reshape(T, nI, hI)
         qI = g.op("ROPE", qI, self.pos, self.param("rope.compress.cos"), self.param("rope.compress.sin"))
         s = g.op("INDEX_SCORE", qI, cols["indexer.weights_proj.weight"], keys, self.pos, rate=m,
                  scale=hI ** -0.5 * nI ** -0.5, capacity=cfg.max_ctx)
@@ -265,15 +290,16 @@ class ModelGraph:
         cfg, g = self.cfg, self.g
         T, D = (x.x if isinstance(x, Normed) else x).shape
         f = f"layers.{i}.ffn."
-        logits = self.linear(x, self.param(f + "gate.weight"))
+        logits = self.linear(x, f + "gate.weight")
         sel = ([self.param(f + "gate.tid2eid"), self.ids] if cfg.mlp_layer_types[i] == "hash_moe"
                else [self.param(f + "gate.bias")])
         route = g.op("V4_ROUTE", logits, *sel, top_k=cfg.num_experts_per_tok, scoring=cfg.scoring_func,
                      route_scale=float(cfg.routed_scaling_factor))
-        if isinstance(x, Normed):       # the FFN norm applied as the experts read x
+        w13 = self.params[f + "w13"]
+        if self.folds(x, w13.nbytes // w13.shape[0] * (cfg.num_experts_per_tok + 1)):   # the experts read
             h = g.op("MUL_MAT_ID", x.x.reshape(T, 1, D), self.param(f + "w13"), route, x.g, mode="swiglu",
-                     limit=float(cfg.swiglu_limit), rms_eps=x.eps)
+                     limit=float(cfg.swiglu_limit), rms_eps=x.eps)                    # the FFN norm as they read x
         else:
-            h = g.op("MUL_MAT_ID", x.reshape(T, 1, D), self.param(f + "w13"), route, mode="swiglu",
+            h = g.op("MUL_MAT_ID", self.normed(x).reshape(T, 1, D), self.param(f + "w13"), route, mode="swiglu",
                      limit=float(cfg.swiglu_limit))                                   # [T, k+1, F]
         return g.op("MUL_MAT_ID", h, self.param(f + "w2"), route, mode="sum")         # [T, D]
