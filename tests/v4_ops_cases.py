@@ -170,6 +170,24 @@ def test_mqa_attention_without_subgroup_operations(rng, monkeypatch, kernel, cas
     test_mqa_attention(rng, monkeypatch, kernel, None, 3 if kernel == "tiled" else None, *case)
 
 
+def test_mqa_tiled_needs_shared_memory_for_a_key_row(rng, monkeypatch):
+    """A device whose shared memory cannot stage one key row: kernel="tiled" is refused by name,
+    "auto" takes the cluster kernel, decode splits fall back to 128 keys each."""
+    import dataclasses
+    from dsv4_vk.ops import v4_attention
+    from dsv4_vk.vk import default_device
+    dev = default_device()
+    small = dataclasses.replace(dev.caps.limits, max_shared_memory=256)
+    monkeypatch.setattr(dev, "caps", dataclasses.replace(dev.caps, limits=small))
+    monkeypatch.setattr(v4_attention, "is_cpu", lambda device: False)
+    assert v4_attention.mqa_tile_keys(dev, 512) == 0 and v4_attention.mqa_decode_splits(dev, 512, 384) == 3
+    with pytest.raises(ValueError, match=r"kernel='tiled' stages key rows of 512 floats in shared memory"):
+        _graph_error("MQA_ATTENTION", [np.zeros((1, 2, 512), np.float32), np.zeros((8, 512), np.float32),
+                                       np.zeros(1, np.int32), np.zeros(2, np.float32)],
+                     {"scale": 0.5, "window": 4, "kernel": "tiled"}, False)
+    test_mqa_attention(rng, monkeypatch, "auto", None, None, "sliding", 1, 2, 64, 40, 8, 1, 2, 64)
+
+
 @pytest.mark.parametrize("hashed", [False, True])
 @pytest.mark.parametrize("scoring", ["sqrtsoftplus", "sigmoid", "softmax"])
 @pytest.mark.parametrize("T,E,k", [(1, 4, 2), (9, 16, 6), (3, 256, 8)])
