@@ -290,6 +290,15 @@ U = 2.0 ** -24                 # f32 unit roundoff
 PATH_NMSE = 1e-7               # fused vs unfused, and the ceiling vs float64 (the spec's pass criterion)
 COMB_NMSE, COMB_MAX_ABS = 1e-12, 5e-7      # comb/gates vs float64: a few f32 ulps (catches a lost eps = 1e-6)
 SITE_NMSE, SITE_MAX_ABS = 1e-11, 2e-6      # a site adds the rounding of its 4·D-long mixes mat-mul
+SITE_MAX_ABS_D = 2048          # ... up to this D; beyond it the bound grows as √D
+
+
+def site_max_abs(D: int) -> float:
+    """Elementwise bound of a site's u, post and comb against float64. Their error is that of the
+    mixes, dots over 4·D terms, which the unfused chain sums serially on CPU devices: a random walk
+    of roundings, growing as √D (over 1500 seeds on lavapipe, the unfused post at D = 7168 reached
+    0.89 of a flat 2e-6, at D = 64 0.16; one CI run went past it)."""
+    return SITE_MAX_ABS * max(1.0, math.sqrt(D / SITE_MAX_ABS_D))
 
 
 @dataclass
@@ -340,11 +349,12 @@ def expected(case, inputs):
                                                    case.n_iter)
         u = ref.reference_pre(a["X"], pre)
         mu = ref.magnitude(ref.reference_pre, a["X"], pre)
-        out = {"u": Expected(u, SITE_MAX_ABS, SITE_NMSE, mu),
-               "post": Expected(post, SITE_MAX_ABS, SITE_NMSE), "comb": Expected(comb, SITE_MAX_ABS, SITE_NMSE)}
+        bound = site_max_abs(a["X"].shape[2])
+        out = {"u": Expected(u, bound, SITE_NMSE, mu),
+               "post": Expected(post, bound, SITE_NMSE), "comb": Expected(comb, bound, SITE_NMSE)}
         if case.op == "HC_SITE":     # post with f = u: u, post and comb each carry their own error
             mo = ref.magnitude(ref.reference_post, u, a["X"], post, comb)
-            err_in = SITE_MAX_ABS * (np.abs(u)[:, None, :] + 2 + np.abs(a["X"]).sum(axis=1, keepdims=True))
+            err_in = bound * (np.abs(u)[:, None, :] + 2 + np.abs(a["X"]).sum(axis=1, keepdims=True))
             out["X_new"] = Expected(ref.reference_post(u, a["X"], post, comb), sum_bound(mo, 5) + err_in, SITE_NMSE, mo)
         return out
     raise ValueError(f"unknown op {case.op!r}; expected one of {OPS}")
