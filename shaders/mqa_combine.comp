@@ -16,6 +16,7 @@ layout(binding = 2) writeonly buffer O { float o[]; };
 layout(binding = 3) readonly buffer Pos { int pos[]; };
 layout(binding = 4) readonly buffer Cos { float cos_t[]; };
 layout(binding = 5) readonly buffer Sin { float sin_t[]; };
+#include "rope.glsl"
 #endif
 layout(push_constant) uniform P {
     uint T, H, hd, splits, part_off, o_off, o_s0, o_s1, sink_off;
@@ -34,11 +35,10 @@ void main() {
     float M = sink;
     for (uint s = 0; s < p.splits; ++s) M = max(M, part[b + s * (p.hd + 2) + p.hd]);
 #if defined(ROPE)
-    uint first = p.hd - 2u * p.half_rd;
-    bool rot = c >= first;
-    uint cp = rot ? c ^ 1u : c;                         // the pair partner (first is even)
+    uint first = p.hd - 2u * p.half_rd;                 // even: pairs (c, c ^ 1)
+    uint cp = c >= first ? c ^ 1u : c;                  // the pair partner, merged beside c
 #else
-    uint cp = c;
+    uint cp = c;                                        // (num_p: dead code without ROPE)
 #endif
     float den = exp(sink - M), num = 0.0, num_p = 0.0;
     for (uint s = 0; s < p.splits; ++s) {
@@ -50,18 +50,8 @@ void main() {
     }
     float v = num / den;
 #if defined(ROPE)
-    if (rot) {
-        int pp = pos[p.pos_off] + int(t);
-        if (pp < 0 || uint(pp) >= p.capacity) {
-            v = uintBitsToFloat(0x7FC00000u);
-        } else {
-            uint k = (c - first) / 2u;
-            float cs = cos_t[p.cos_off + uint(pp) * p.tab_s0 + k];
-            float sn = -sin_t[p.sin_off + uint(pp) * p.tab_s0 + k];   // the inverse rotation
-            float other = num_p / den;
-            v = (c & 1u) == 0u ? v * cs - other * sn : other * sn + v * cs;
-        }
-    }
+    v = rope_channel(v, num_p / den, c, first, pos[p.pos_off] + int(t), p.capacity, p.cos_off, p.sin_off, p.tab_s0,
+                     true);                              // the inverse rotation
 #endif
     o[p.o_off + t * p.o_s0 + h * p.o_s1 + c] = v;
 }

@@ -41,6 +41,10 @@ layout(push_constant) uniform P {
 #endif
 } p;
 
+#if defined(ROPE)
+#include "rope.glsl"
+#endif
+
 #if defined(OP_RMS_NORM)
 float weight(uint j) {
 #if defined(HAS_WEIGHT)
@@ -53,17 +57,11 @@ float weight(uint j) {
 // Writes column j of the normalised row (value v = x·r·w there), rotated where ROPE asks.
 void put(uint xb, uint db, uint j, float v, float r, int pp) {
 #if defined(ROPE)
-    uint first = p.ne3 - 2u * p.half_rd;
+    uint first = p.ne3 - 2u * p.half_rd;                // even: pairs (even, odd)
     if (j >= first) {
-        if (pp < 0 || uint(pp) >= p.capacity) {
-            v = uintBitsToFloat(0x7FC00000u);
-        } else {
-            uint i = (j - first) / 2u, jp = j ^ 1u;     // first is even: pairs (even, odd)
-            float other = x[xb + jp * p.x_s3] * r * weight(jp);
-            float cs = cos_t[p.cos_off + uint(pp) * p.tab_s0 + i];
-            float sn = sin_t[p.sin_off + uint(pp) * p.tab_s0 + i];
-            v = (j & 1u) == 0u ? v * cs - other * sn : other * sn + v * cs;
-        }
+        uint jp = j ^ 1u;
+        v = rope_channel(v, x[xb + jp * p.x_s3] * r * weight(jp), j, first, pp, p.capacity, p.cos_off, p.sin_off,
+                         p.tab_s0, false);
     }
 #endif
     d[db + j * p.d_s3] = v;

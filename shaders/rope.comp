@@ -19,6 +19,12 @@ layout(push_constant) uniform P {
     uint o_off, o_s0, o_s1;
     uint pos_off, cos_off, sin_off, tab_s0;
 } p;
+#include "rope.glsl"
+#if defined(INVERSE)
+const bool INVERSE_ROT = true;
+#else
+const bool INVERSE_ROT = false;
+#endif
 
 void main() {
     uint i = flat_index();
@@ -28,20 +34,8 @@ void main() {
     uint xb = p.x_off + t * p.x_s0 + h * p.x_s1 + 2 * c;
     uint ob = p.o_off + t * p.o_s0 + h * p.o_s1 + 2 * c;
     vec2 a = vec2(x[xb], x[xb + 1]);
-    uint first = p.n2 - p.half_rd;                      // the first rotated pair
-    if (c >= first) {
-        int pp = pos[p.pos_off] + int(t);
-        if (pp < 0 || uint(pp) >= p.capacity) {
-            a = vec2(uintBitsToFloat(0x7FC00000u));
-        } else {
-            float cs = cos_t[p.cos_off + uint(pp) * p.tab_s0 + c - first];
-            float sn = sin_t[p.sin_off + uint(pp) * p.tab_s0 + c - first];
-#if defined(INVERSE)
-            sn = -sn;
-#endif
-            a = vec2(a.x * cs - a.y * sn, a.x * sn + a.y * cs);
-        }
-    }
-    o[ob] = a.x;
-    o[ob + 1] = a.y;
+    uint first = 2u * (p.n2 - p.half_rd);               // the first rotated channel
+    int pp = pos[p.pos_off] + int(t);
+    o[ob] = rope_channel(a.x, a.y, 2u * c, first, pp, p.capacity, p.cos_off, p.sin_off, p.tab_s0, INVERSE_ROT);
+    o[ob + 1] = rope_channel(a.y, a.x, 2u * c + 1u, first, pp, p.capacity, p.cos_off, p.sin_off, p.tab_s0, INVERSE_ROT);
 }

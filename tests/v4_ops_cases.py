@@ -257,6 +257,8 @@ def _graph_error(name, arrays, params, inplace=False):
      "STORE_ROWS writes in place"),
     ("STORE_ROWS", [np.zeros((4, 3), np.float32), np.zeros((2, 4), np.float32), np.zeros(1, np.int32)], {}, True,
      r"x \(input 1, \[T, n\]\) must be f32 \[\*, 3\]"),
+    ("RMS_NORM", [np.ones((2, 1, 8), np.float32), np.zeros(1, np.int32), np.zeros((4, 2), np.float32),
+                  np.zeros((4, 2), np.float32)], {"eps": 1e-6, "rope": True}, True, "out must not be x"),
     ("ROPE", [np.zeros((2, 1, 6), np.float32), np.zeros(1, np.int32), np.zeros((4, 4), np.float32),
               np.zeros((4, 4), np.float32)], {}, False, "must be even and hold the 8 rotated ones"),
     ("MQA_ATTENTION", [np.zeros((1, 2, 4), np.float32), np.zeros((8, 4), np.float32), np.zeros(1, np.int32),

@@ -6,8 +6,8 @@ the first token of the chunk) from a buffer, so one recorded decode step serves 
 """
 import numpy as np
 
-from .base import (Launch, OpDef, check_finite, check_params, cluster_lanes, expect, grid_1d, nonempty, pack_push,
-                   register, unit_last)
+from .base import (Launch, OpDef, check_finite, check_flag, check_params, cluster_lanes, expect, grid_1d, nonempty,
+                   pack_push, register, unit_last)
 
 def check_rope_tables(op, cos, sin, capacity, half):
     for what, t in (("cos", cos), ("sin", sin)):
@@ -117,8 +117,7 @@ class Attention(OpDef):
         if "scale" not in params:
             raise ValueError(f"{self.name} needs scale=<finite number> (usually 1/sqrt(head_dim))")
         check_finite(f"{self.name} scale", params["scale"])
-        if not isinstance(params.get("rope", True), bool):
-            raise ValueError(f"{self.name}: rope must be True or False, got {params['rope']!r}")
+        check_flag(self.name, params, "rope", True)
         return (T, H, hd), "f32"
 
     def lower(self, node, device):

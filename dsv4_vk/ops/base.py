@@ -92,6 +92,14 @@ def check_params(op: str, params: dict[str, Any], accepted: Iterable[str]) -> No
         raise ValueError(f"{op}: unknown parameter(s) {sorted(extra)}; accepted: {list(accepted)}")
 
 
+def check_flag(op: str, params: dict[str, Any], key: str, default: bool = False) -> bool:
+    """The boolean parameter `key` (default when absent); anything but True or False is an error."""
+    v = params.get(key, default)
+    if not isinstance(v, bool):
+        raise ValueError(f"{op}: {key} must be True or False, got {v!r}")
+    return v
+
+
 def check_finite(name: str, value: Any) -> float:
     v = float(value)
     if not np.isfinite(v):

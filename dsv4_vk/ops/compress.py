@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import (Launch, OpDef, check_finite, check_params, cluster_lanes, expect, grid_1d, nonempty, pack_push,
-                   register, unit_last)
+from .base import (Launch, OpDef, check_finite, check_flag, check_params, cluster_lanes, expect, grid_1d, nonempty,
+                   pack_push, register, unit_last)
 from .v4_attention import _positions
 
 COMPRESS_WG = 64
@@ -46,13 +46,11 @@ class Compress(OpDef):
         out, st, ape, norm, pos, cos, sin = inputs
         nonempty(self.name, [out, st, ape, norm, cos])
         check_params(self.name, params, ("rate", "overlap", "eps", "tokens"))
-        m, ov = params.get("rate"), params.get("overlap", False)
+        m, ov = params.get("rate"), check_flag(self.name, params, "overlap")
         for key in ("rate", "tokens"):
             v = params.get(key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{self.name}: {key} must be an integer ≥ 1, got {v!r}")
-        if not isinstance(ov, bool):
-            raise ValueError(f"{self.name}: overlap must be True or False, got {ov!r}")
         check_finite(f"{self.name} eps", params.get("eps", 1e-6))
         expect(self.name, "out (input 0, [entries, d])", out, (None, None))
         d = out.shape[1]

@@ -3,9 +3,10 @@ the chosen experts only), with their float64 references.
 """
 import numpy as np
 
-from .base import (Launch, OpDef, check_finite, check_params, cluster_lanes, expect, grid_1d, is_cpu, nonempty,
-                   pack_push, register, unit_last, weight_defines, WEIGHT_DTYPES)
-from .mul_mat import rms_rows, rms_weight
+from .base import (Launch, OpDef, check_finite, check_flag, check_params, cluster_lanes, expect, grid_1d, is_cpu,
+                   nonempty, pack_push, register, unit_last, weight_defines, WEIGHT_DTYPES)
+from .mul_mat import rms_weight
+from .reduce_rows import reference_rms_norm
 
 MAX_TOP_K = 64
 ROUTERS = ("softmax", "sigmoid")
@@ -53,8 +54,7 @@ class MoeRoute(OpDef):
             raise ValueError(f"{self.name}: n_shared must be an integer in [0, {MAX_TOP_K}], got {s!r}")
         if params.get("router", "sigmoid") not in ROUTERS:
             raise ValueError(f"{self.name}: router must be one of {ROUTERS}, got {params['router']!r}")
-        if not isinstance(params.get("norm", True), bool):
-            raise ValueError(f"{self.name}: norm must be True or False, got {params['norm']!r}")
+        check_flag(self.name, params, "norm", True)
         check_finite(f"{self.name} route_scale", params.get("route_scale", 1.0))
         return (lg.shape[0], k + s, 2), "f32"
 
@@ -151,12 +151,13 @@ class MulMatId(OpDef):
         defs.update(weight_defines(w))
         items = T * R * cols if mode == "swiglu" else T * cols
         unroll = MUL_MAT_ID_UNROLL["unroll"] or (1 if is_cpu(device) else 4)
-        return [Launch("mul_mat_id", args, (len(args) - 1 - (g is not None),), push, grid_1d(items, 256 // defs["LANES"]),
+        out_index = len(args) - 1 - (g is not None)
+        return [Launch("mul_mat_id", args, (out_index,), push, grid_1d(items, 256 // defs["LANES"]),
                        defines=defs, spec=(256, unroll), **extra)]
 
     def reference(self, x, w, route, add=None, mode=None, limit=None, rms_eps=None):
         if mode == "swiglu" and add is not None:       # the fourth input of swiglu: the norm weight
-            x, add = rms_rows(x, add, rms_eps), None
+            x, add = reference_rms_norm(x, add, rms_eps), None
         x, w, route = (np.asarray(a, np.float64) for a in (x, w, route))
         T, R, _ = route.shape
         ids = route[..., 0]

@@ -14,6 +14,7 @@ import numpy as np
 
 from .base import (Launch, OpDef, broadcast_shapes, check_finite, check_params, cluster_lanes, expect, grid_1d, is_cpu,
                    next_pow2, nonempty, pack_push, register, tensor_push, unit_last, weight_defines, WEIGHT_DTYPES)
+from .reduce_rows import reference_rms_norm
 
 GEMV_MAX_T = 8          # TB, the tokens one GEMV cluster carries, is at most this
 CPU_GEMV_MAX_T = 1
@@ -69,12 +70,6 @@ def rms_weight(op, x, g, params):
         raise ValueError(f"{op}: rms_eps must be ≥ 0, got {params['rms_eps']!r}")
 
 
-def rms_rows(x, g, eps):
-    """float64 RMS_NORM of x's rows with weight g (the reference of the fused norm)."""
-    x = np.asarray(x, np.float64)
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * np.asarray(g, np.float64)
-
-
 @register
 class MulMat(OpDef):
     """x @ wᵀ over the last two dims: x [..., T, K], w [..., N, K] -> [..., T, N]; batch dims broadcast.
@@ -91,11 +86,8 @@ class MulMat(OpDef):
         check_params(self.name, params, ("kernel", "rms_eps"))
         if params.get("kernel", "auto") not in KERNELS:
             raise ValueError(f"MUL_MAT kernel must be one of {KERNELS}, got {params['kernel']!r}")
-        if len(inputs) == 3:
-            if params.get("kernel", "auto") not in ("auto", "gemv"):
-                raise ValueError(f"MUL_MAT with a norm weight runs the gemv kernel, got kernel={params['kernel']!r}")
-            if inputs[2].dtype != "f32":
-                raise ValueError(f"MUL_MAT: the norm weight (input 2) must be f32, got {inputs[2].dtype}")
+        if len(inputs) == 3 and params.get("kernel", "auto") not in ("auto", "gemv"):
+            raise ValueError(f"MUL_MAT with a norm weight runs the gemv kernel, got kernel={params['kernel']!r}")
         rms_weight(self.name, x, inputs[2] if len(inputs) == 3 else None, params)
         for i, (t, what) in enumerate(((x, "x [..., T, K]"), (w, "w [..., N, K]"))):
             if t.ndim < 2:
@@ -142,5 +134,5 @@ class MulMat(OpDef):
         return [Launch("mul_mat", args, (2,), pack_push(*push), grid, defines=defines, spec=spec, **extra)]
 
     def reference(self, x, w, g=None, kernel="auto", rms_eps=None):
-        x = np.asarray(x, np.float64) if g is None else rms_rows(x, g, rms_eps)
+        x = np.asarray(x, np.float64) if g is None else reference_rms_norm(x, g, rms_eps)
         return np.matmul(x, np.swapaxes(np.asarray(w, np.float64), -1, -2))

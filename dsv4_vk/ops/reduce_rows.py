@@ -11,9 +11,16 @@ import math
 
 import numpy as np
 
-from .base import (Launch, OpDef, check_finite, check_params, cluster_lanes, grid_1d, nonempty, pack_push, register,
-                   shape_push, tensor_push)
-from .v4_attention import Rope, check_rope_tables
+from .base import (Launch, OpDef, check_finite, check_flag, check_params, cluster_lanes, grid_1d, nonempty, pack_push,
+                   register, shape_push, tensor_push)
+from .v4_attention import Rope, check_rope_tables, rope_push
+
+
+def reference_rms_norm(x, w=None, eps=None):
+    """float64 RMS_NORM of x's rows (last axis), times w when given."""
+    x = np.asarray(x, np.float64)
+    y = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    return y if w is None else y * np.asarray(w, np.float64)
 
 
 def reference_rope_rows(y, pos, cos, sin):
@@ -115,9 +122,7 @@ class RmsNorm(OpDef):
 
     def infer(self, inputs, params):
         check_params(self.name, params, ("eps", "rope"))
-        rope = params.get("rope", False)
-        if not isinstance(rope, bool):
-            raise ValueError(f"RMS_NORM: rope must be True or False, got {rope!r}")
+        rope = check_flag(self.name, params, "rope")
         n_rope = 3 if rope else 0
         if len(inputs) - n_rope not in (1, 2):
             raise ValueError(f"RMS_NORM takes x, optionally w{', then pos, cos, sin (rope=True)' if rope else ''}; "
@@ -152,17 +157,13 @@ class RmsNorm(OpDef):
             x, out = node.inputs[0], node.output
             if out.storage is x.storage:
                 raise ValueError("RMS_NORM with rope=True reads x's rows back while it writes: out must not be x")
-            pos, cos, sin = node.inputs[-3:]
-            extra = ([pos, cos, sin], [math.prod(x.shape[1:-1]), cos.shape[1], cos.shape[0], pos.offset, cos.offset,
-                                       sin.offset, cos.strides[0]])
+            tables = node.inputs[-3:]
+            extra = (tables, [math.prod(x.shape[1:-1]), *rope_push(*tables)])
         return [row_launch(device, "reduce_rows", node.inputs[0], node.output, w=w,
                            scalar=float(node.params["eps"]), op_define="OP_RMS_NORM", rope=extra)]
 
     def reference(self, x, *rest, eps=None, rope=False):
-        w = rest[0] if len(rest) in (1, 4) else None
-        x = np.asarray(x, np.float64)
-        y = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
-        y = y if w is None else y * np.asarray(w, np.float64)
+        y = reference_rms_norm(x, rest[0] if len(rest) in (1, 4) else None, eps)
         if not rope:
             return y
         pos, cos, sin = rest[-3:]

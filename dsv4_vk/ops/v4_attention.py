@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import (Launch, OpDef, check_finite, check_params, cluster_lanes, expect, grid_1d, is_cpu, nonempty,
-                   pack_push, register, unit_last)
+from .base import (Launch, OpDef, check_finite, check_flag, check_params, cluster_lanes, expect, grid_1d, is_cpu,
+                   nonempty, pack_push, register, unit_last)
 
 NAN = np.nan
 
@@ -58,6 +58,12 @@ def check_rope_tables(op, pos, cos, sin, n):
         raise ValueError(f"{op}: rows of {n} channels must be even and hold the {2 * cos.shape[1]} rotated ones")
 
 
+def rope_push(pos, cos, sin) -> list[int]:
+    """The push values of a kernel that rotates as it writes (rope.glsl's tables): half, capacity,
+    pos, cos and sin offsets, the tables' row stride."""
+    return [cos.shape[1], cos.shape[0], pos.offset, cos.offset, sin.offset, cos.strides[0]]
+
+
 @register
 class Rope(OpDef):
     """ROPE(x [T,H,n], pos [1] i32, cos, sin [capacity, half], inverse=False) -> [T,H,n]: the
@@ -72,8 +78,7 @@ class Rope(OpDef):
         expect(self.name, "x (input 0, [T, heads, n])", x, (None, None, None))
         unit_last(self.name, "x", x)
         check_rope_tables(self.name, pos, cos, sin, x.shape[2])
-        if not isinstance(params.get("inverse", False), bool):
-            raise ValueError(f"{self.name}: inverse must be True or False, got {params['inverse']!r}")
+        check_flag(self.name, params, "inverse")
         return x.shape, "f32"
 
     def lower(self, node, device):
@@ -285,9 +290,7 @@ class MqaCombine(OpDef):
 
     def infer(self, inputs, params):
         check_params(self.name, params, ("splits", "rope"))
-        rope = params.get("rope", False)
-        if not isinstance(rope, bool):
-            raise ValueError(f"{self.name}: rope must be True or False, got {rope!r}")
+        rope = check_flag(self.name, params, "rope")
         if len(inputs) != (5 if rope else 2):
             raise ValueError(f"{self.name} takes part, sinks{', pos, cos, sin (rope=True)' if rope else ''}; "
                              f"got {len(inputs)} inputs")
@@ -312,9 +315,8 @@ class MqaCombine(OpDef):
         head = [T, H, hd, node.params["splits"], part.offset, out.offset, out.strides[0], out.strides[1],
                 sinks.offset]
         if node.params.get("rope", False):
-            pos, cos, sin = node.inputs[2:]
-            push = pack_push(head, [cos.shape[1], cos.shape[0], pos.offset, cos.offset, sin.offset, cos.strides[0]])
-            return [Launch("mqa_combine", [part, sinks, out, pos, cos, sin], (2,), push, grid_1d(T * H * hd),
+            push = pack_push(head, rope_push(*node.inputs[2:]))
+            return [Launch("mqa_combine", [part, sinks, out, *node.inputs[2:]], (2,), push, grid_1d(T * H * hd),
                            defines={"ROPE": 1})]
         return [Launch("mqa_combine", [part, sinks, out], (2,), pack_push(head), grid_1d(T * H * hd))]
 
