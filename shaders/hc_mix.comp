@@ -19,14 +19,15 @@
 //   memory and every token of the block streams through it: fn is read from memory once per block
 //   of tokens, and from shared memory (a broadcast across the block's tokens) inside. LPT (spec 3)
 //   consecutive subgroup lanes take one token (chunks lane, lane+LPT, ...), summed by shuffles;
-//   with TPL = 2 (spec 3) they take two tokens, each fn chunk read from shared memory once for
-//   both (the shared-memory loads, not X, bound this kernel when fn is reread per token).
+//   with TPL = 2 or 4 (spec 3) they take two or four tokens, each fn chunk read from shared memory
+//   once for all of them (the shared-memory loads, not X, bound this kernel when fn is reread per
+//   token). With LPT = 1 every lane of a subgroup reads the same fn chunk: a broadcast.
 //   (Shared arrays have literal sizes here: 24·4·16 chunks, 24 KiB with vec4.)
 //   Each token's X is read once.
 // -D REDUCE: the second pass, one invocation per (t, j): Σ over the G partials, then the
 //   norm: mix[t, j] = Σ dot / sqrt(Σ Σx² / (4·D) + norm_eps).
 // Spec constants: 0 workgroup size, 1 M (mix rows: a multiple of 4, ≤ 24); KSPLIT also 2 LPT (lanes
-//   per token) and 3 TPL (tokens per lane group, 1 or 2).
+//   per token) and 3 TPL (tokens per lane group, 1, 2 or 4).
 // Push (tile kernels): T, chunks per stream, slice (chunks per split), G, 1/(4·D), norm_eps,
 //   X (offset, token and stream strides, in chunks), fn (offset, row stride, in chunks; fn[j, s·D + d]
 //   is chunk s·chunks + c of row j), out (offset, token stride, split or row stride), tokens per
@@ -90,7 +91,7 @@ layout(push_constant) uniform P {
 #extension GL_KHR_shader_subgroup_shuffle : require
 const uint S = 16;                              // chunks per split and stream (a literal: fs has a fixed size)
 layout(constant_id = 2) const uint LPT = 4;     // lanes per token (a power of two ≤ the subgroup)
-layout(constant_id = 3) const uint TPL = 1;     // tokens per group of LPT lanes: 1 or 2
+layout(constant_id = 3) const uint TPL = 1;     // tokens per group of LPT lanes: 1, 2 or 4
 shared VEC fs[24 * 4 * 16];                     // the split's fn slice: fs[(j·4 + stream)·S + c], j < M
 #define FN(i) fs[i]
 #include "hc_mixacc.glsl"
@@ -125,27 +126,33 @@ void main() {
     uint n_c = min(S, p.chunks - min(c_begin, p.chunks));
     uint t_end = min((block + 1u) * p.tb, p.T);
     for (uint t0 = block * p.tb; t0 < t_end; t0 += TPL * (gl_WorkGroupSize.x / LPT)) {   // uniform loop
-        uint ta = t0 + TPL * cluster, tb2 = ta + 1u;
+        uint ta = t0 + TPL * cluster;
         // lanes past the block compute on a real token, store nothing
-        uint xa = p.x_off + min(ta, p.T - 1u) * p.x_st + c_begin, xb = p.x_off + min(tb2, p.T - 1u) * p.x_st + c_begin;
+        uint xt[4];
+        [[unroll]] for (uint i = 0u; i < 4u; ++i) xt[i] = p.x_off + min(ta + min(i, TPL - 1u), p.T - 1u) * p.x_st + c_begin;
         // per chunk the streams' x loads first, so that their latencies overlap
-        MixAcc A = mixacc_zero(), B = mixacc_zero();
+        MixAcc A = mixacc_zero(), B = mixacc_zero(), C = mixacc_zero(), E = mixacc_zero();
         for (uint c = lane; c < n_c; c += LPT) {
-            VEC va[4], vb[4];
+            VEC va[4], vb[4], vc[4], ve[4];
             [[unroll]] for (uint s = 0u; s < 4u; ++s) {
-                va[s] = x[xa + s * p.x_ss + c];
-                if (TPL > 1u) vb[s] = x[xb + s * p.x_ss + c];
+                va[s] = x[xt[0] + s * p.x_ss + c];
+                if (TPL > 1u) vb[s] = x[xt[1] + s * p.x_ss + c];
+                if (TPL > 2u) { vc[s] = x[xt[2] + s * p.x_ss + c]; ve[s] = x[xt[3] + s * p.x_ss + c]; }
             }
             [[unroll]] for (uint s = 0u; s < 4u; ++s) {
-                if (TPL > 1u) mixacc_add2(A, B, va[s], vb[s], s * S + c, 4u * S);
+                if (TPL > 2u) mixacc_add4(A, B, C, E, va[s], vb[s], vc[s], ve[s], s * S + c, 4u * S);
+                else if (TPL > 1u) mixacc_add2(A, B, va[s], vb[s], s * S + c, 4u * S);
                 else mixacc_add(A, va[s], s * S + c, 4u * S, true);
             }
         }
         lanes_sum(A);
         if (TPL > 1u) lanes_sum(B);
+        if (TPL > 2u) { lanes_sum(C); lanes_sum(E); }
         if (lane == 0u) {
             if (ta < t_end) put_partials(A, ta, split);
-            if (TPL > 1u && tb2 < t_end) put_partials(B, tb2, split);
+            if (TPL > 1u && ta + 1u < t_end) put_partials(B, ta + 1u, split);
+            if (TPL > 2u && ta + 2u < t_end) put_partials(C, ta + 2u, split);
+            if (TPL > 2u && ta + 3u < t_end) put_partials(E, ta + 3u, split);
         }
     }
 }

@@ -45,6 +45,28 @@ void mixacc_add2(inout MixAcc A, inout MixAcc B, VEC xa, VEC xb, uint base, uint
     if (M > 16u) mix_rows4_2(xa, xb, base + 16u * sj, sj, A.a4, B.a4);
     if (M > 20u) mix_rows4_2(xa, xb, base + 20u * sj, sj, A.a5, B.a5);
 }
+
+// mix_rows4 for four tokens: each fn chunk loaded once serves four products.
+void mix_rows4_4(VEC xa, VEC xb, VEC xc, VEC xe, uint base, uint sj, inout vec4 a, inout vec4 b, inout vec4 c,
+                 inout vec4 e) {
+    VEC f0 = FN(base), f1 = FN(base + sj), f2 = FN(base + 2u * sj), f3 = FN(base + 3u * sj);
+    a += vec4(dot_v(xa, f0), dot_v(xa, f1), dot_v(xa, f2), dot_v(xa, f3));
+    b += vec4(dot_v(xb, f0), dot_v(xb, f1), dot_v(xb, f2), dot_v(xb, f3));
+    c += vec4(dot_v(xc, f0), dot_v(xc, f1), dot_v(xc, f2), dot_v(xc, f3));
+    e += vec4(dot_v(xe, f0), dot_v(xe, f1), dot_v(xe, f2), dot_v(xe, f3));
+}
+
+// mixacc_add for four tokens with the fn chunks loaded once (the same sums in the same order).
+void mixacc_add4(inout MixAcc A, inout MixAcc B, inout MixAcc C, inout MixAcc E, VEC xa, VEC xb, VEC xc,
+                 VEC xe, uint base, uint sj) {
+    A.ss += dot_v(xa, xa); B.ss += dot_v(xb, xb); C.ss += dot_v(xc, xc); E.ss += dot_v(xe, xe);
+    mix_rows4_4(xa, xb, xc, xe, base, sj, A.a0, B.a0, C.a0, E.a0);
+    if (M > 4u) mix_rows4_4(xa, xb, xc, xe, base + 4u * sj, sj, A.a1, B.a1, C.a1, E.a1);
+    if (M > 8u) mix_rows4_4(xa, xb, xc, xe, base + 8u * sj, sj, A.a2, B.a2, C.a2, E.a2);
+    if (M > 12u) mix_rows4_4(xa, xb, xc, xe, base + 12u * sj, sj, A.a3, B.a3, C.a3, E.a3);
+    if (M > 16u) mix_rows4_4(xa, xb, xc, xe, base + 16u * sj, sj, A.a4, B.a4, C.a4, E.a4);
+    if (M > 20u) mix_rows4_4(xa, xb, xc, xe, base + 20u * sj, sj, A.a5, B.a5, C.a5, E.a5);
+}
 #endif
 
 // Value k (k < M: mix k, k = M: Σx²) — for constant k, or a k known only at run time (a select).

@@ -375,7 +375,7 @@ def site_chain_case(ex, rng, D, T, peak, layout):
 @settings(max_examples=12, deadline=None, database=None)     # each layout is a new pipeline (≈ 0.1 s here)
 @given(T=st.integers(1, 12), D=st.integers(1, 70), m=st.sampled_from([4, 24]), layout=st.sampled_from(["c", "strided"]),
        wg=st.sampled_from([16, 64]), groups=st.integers(1, 6), split=st.sampled_from([0, 16]),
-       lpt=st.sampled_from([1, 2, 4]), tb=st.sampled_from([1, 5, 64]), tpl=st.sampled_from([1, 2]),
+       lpt=st.sampled_from([1, 2, 4]), tb=st.sampled_from([1, 5, 64]), tpl=st.sampled_from([1, 2, 4]),
        seed=st.integers(0, 2**32 - 1))
 def test_mix_kernels_hypothesis(ex, T, D, m, layout, wg, groups, split, lpt, tb, tpl, seed):
     """The mixes through any HC_MIX layout (the per-token kernel: workgroup size, D splits; KSPLIT: chunks
@@ -389,12 +389,12 @@ def test_mix_kernels_hypothesis(ex, T, D, m, layout, wg, groups, split, lpt, tb,
 
 @pytest.mark.parametrize("T,D,lpt,tb", [(70, 64, 4, 64), (9, 8, 2, 5), (33, 5, 1, 64), (1, 12, 4, 1)])
 def test_mix_tokens_per_lane_group_give_the_same_sums(ex, rng, T, D, lpt, tb):
-    """KSPLIT with two tokens per lane group (one shared fn load for both) adds the same terms in the
-    same order as one token per group: equal partials, and both against float64 (odd T: a group's
-    second token past the block or past T)."""
+    """KSPLIT with two or four tokens per lane group (one shared fn load for all) adds the same terms
+    in the same order as one token per group: equal partials, and each against float64 (odd T: a
+    group's later tokens past the block or past T)."""
     wg = max(16, ex.device.subgroup_size)
     outs = []
-    for tpl in (1, 2):
+    for tpl in (1, 2, 4):
         with tuning(ops_hc.MIX_TUNING, wg=wg, split=16, lpt=min(lpt, ex.device.subgroup_size), tb=tb, tpl=tpl):
             seed = int(rng.integers(0, 2**32 - 1)) if not outs else seed
             mix_layouts_case(ex, T, D, 24, "c", seed)
@@ -403,7 +403,7 @@ def test_mix_tokens_per_lane_group_give_the_same_sums(ex, rng, T, D, lpt, tb):
             assert lay["tpl"] == tpl and lay["split"] == 16
             (part,), _ = run(ex, {"X": i["X"], "fn": i["fn"]}, lambda g, t: (g.op("HC_MIX_PART", t["X"], t["fn"], **lay),))
             outs.append(part)
-    assert np.array_equal(outs[0], outs[1])
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
 
 
 @contextlib.contextmanager
