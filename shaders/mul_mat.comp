@@ -23,8 +23,7 @@
 //                     decode is one dispatch, not two.
 // GEMV's spec constant 1, UNROLL: vec4 steps a lane loads before adding them (TB = 1), so that
 // that many weight loads per lane are in flight (decode reads each weight once: memory-level
-// parallelism decides its speed); spec constant 2, RPC: weight rows per cluster, so that each load
-// of x (and of the norm weights) serves RPC rows.
+// parallelism decides its speed).
 // Rows past T or N in a partial tile are clamped to the last row for loading, never stored.
 #if defined(MODE_GEMV)
 #include "lanes.glsl"
@@ -62,13 +61,11 @@ void store(uint b0, uint b1, uint t, uint n, float v) {
 
 #if defined(MODE_GEMV)
 layout(constant_id = 1) const uint UNROLL = 1;
-layout(constant_id = 2) const uint RPC = 1;     // weight rows per cluster: each x (and g) load serves RPC rows
-float acc[TB * RPC], ss[TB];                    // acc[t·RPC + j]; ss: Σ x² of token t's row (NORM_X)
-uint xb[TB], wb[RPC];
+float acc[TB], ss[TB];      // ss: Σ x² of each token's row (NORM_X)
+uint xb[TB];
 
-// The norm weights at vec4 step k (1 without NORM_X), loaded beside x and w so that their latency
-// overlaps theirs.
 #if defined(VEC4)
+// The norm weights of vec4 step k (loaded beside x and w, so that their latency overlaps theirs).
 vec4 g_at4(uint k) {
 #if defined(NORM_X)
     return g4[p.g_off / 4 + k];
@@ -76,82 +73,64 @@ vec4 g_at4(uint k) {
     return vec4(1.0);
 #endif
 }
-#endif
-float g_at(uint k) {
+
+void add4(uint t, vec4 xv, vec4 gv, vec4 wv) {
 #if defined(NORM_X)
-    return g[p.g_off + k];
-#else
-    return 1.0;
+    ss[t] += dot(xv, xv);
+    xv *= gv;
 #endif
+    acc[t] += dot(xv, wv);
+}
+#endif
+
+void add1(uint t, float xv, float wv, uint k) {
+#if defined(NORM_X)
+    ss[t] += xv * xv;
+    xv *= g[p.g_off + k];
+#endif
+    acc[t] += xv * wv;
 }
 
 void main() {
-    uint blocks = (p.T + TB - 1) / TB, n_groups = (p.N + RPC - 1) / RPC;
+    uint blocks = (p.T + TB - 1) / TB;
     uint item = cluster_id();
-    if (item >= p.ne0 * p.ne1 * blocks * n_groups) return;    // whole cluster leaves together
+    if (item >= p.ne0 * p.ne1 * blocks * p.N) return;     // whole cluster leaves together
     uint lane = cluster_lane();
-    uint n0 = (item % n_groups) * RPC, r = item / n_groups;
+    uint n = item % p.N, r = item / p.N;
     uint t0 = (r % blocks) * TB; r /= blocks;
     uint b1 = r % p.ne1, b0 = r / p.ne1;
-    [[unroll]] for (uint j = 0; j < RPC; ++j) wb[j] = w_row(b0, b1, n0 + j);   // rows past N: clamped, not stored
-    [[unroll]] for (uint t = 0; t < TB; ++t) { xb[t] = x_row(b0, b1, t0 + t); ss[t] = 0.0; }
-    [[unroll]] for (uint i = 0; i < TB * RPC; ++i) acc[i] = 0.0;
+    uint wb = w_row(b0, b1, n);
+    [[unroll]] for (uint t = 0; t < TB; ++t) { xb[t] = x_row(b0, b1, t0 + t); acc[t] = 0.0; ss[t] = 0.0; }
     uint k = lane;
 #if defined(VEC4)
     uint K4 = p.K / 4;
-    if (TB == 1) {                              // UNROLL steps' loads issued before their sums
+    if (TB == 1) {
         for (; k + (UNROLL - 1) * LANES < K4; k += UNROLL * LANES) {
-            vec4 xv[UNROLL], gv[UNROLL], wv[RPC][UNROLL];
+            vec4 wv[UNROLL], xv[UNROLL], gv[UNROLL];
             [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
+                wv[u] = W4_AT(wb / 4 + k + u * LANES);
                 xv[u] = x4[xb[0] / 4 + k + u * LANES];
                 gv[u] = g_at4(k + u * LANES);
-                [[unroll]] for (uint j = 0; j < RPC; ++j) wv[j][u] = W4_AT(wb[j] / 4 + k + u * LANES);
             }
-            [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
-#if defined(NORM_X)
-                ss[0] += dot(xv[u], xv[u]);
-#endif
-                vec4 xg = xv[u] * gv[u];
-                [[unroll]] for (uint j = 0; j < RPC; ++j) acc[j] += dot(xg, wv[j][u]);
-            }
+            [[unroll]] for (uint u = 0; u < UNROLL; ++u) add4(0, xv[u], gv[u], wv[u]);
         }
     }
     for (; k < K4; k += LANES) {
-        vec4 gv = g_at4(k), wv[RPC];
-        [[unroll]] for (uint j = 0; j < RPC; ++j) wv[j] = W4_AT(wb[j] / 4 + k);
-        [[unroll]] for (uint t = 0; t < TB; ++t) {
-            vec4 xv = x4[xb[t] / 4 + k];
-#if defined(NORM_X)
-            ss[t] += dot(xv, xv);
-#endif
-            xv *= gv;
-            [[unroll]] for (uint j = 0; j < RPC; ++j) acc[t * RPC + j] += dot(xv, wv[j]);
-        }
+        vec4 wv = W4_AT(wb / 4 + k), gv = g_at4(k);
+        [[unroll]] for (uint t = 0; t < TB; ++t) add4(t, x4[xb[t] / 4 + k], gv, wv);
     }
     k = K4 * 4 + lane;
 #endif
     for (; k < p.K; k += LANES) {
-        float gv = g_at(k), wv[RPC];
-        [[unroll]] for (uint j = 0; j < RPC; ++j) wv[j] = W_AT(wb[j] + k * p.w_s3);
-        [[unroll]] for (uint t = 0; t < TB; ++t) {
-            float xv = x[xb[t] + k * p.x_s3];
-#if defined(NORM_X)
-            ss[t] += xv * xv;
-#endif
-            xv *= gv;
-            [[unroll]] for (uint j = 0; j < RPC; ++j) acc[t * RPC + j] += xv * wv[j];
-        }
+        float wv = W_AT(wb + k * p.w_s3);
+        [[unroll]] for (uint t = 0; t < TB; ++t) add1(t, x[xb[t] + k * p.x_s3], wv, k);
     }
     [[unroll]] for (uint t = 0; t < TB; ++t) {
+        float s = cluster_sum(acc[t]);
 #if defined(NORM_X)
-        float inv = 1.0 / sqrt(cluster_sum(ss[t]) / float(p.K) + p.eps);
-#else
-        float inv = 1.0;
+        s /= sqrt(cluster_sum(ss[t]) / float(p.K) + p.eps);
 #endif
-        [[unroll]] for (uint j = 0; j < RPC; ++j) {
-            float s = cluster_sum(acc[t * RPC + j]) * inv;
-            if (lane == (t * RPC + j) % LANES) store(b0, b1, t0 + t, n0 + j, s);
-        }
+        if (lane == t % LANES) store(b0, b1, t0 + t, n, s);
     }
 }
 

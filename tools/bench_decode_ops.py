@@ -88,7 +88,6 @@ def main(argv=None):
     ap.add_argument("--unroll", default="1,4", help="MUL_MAT (T = 1) and MUL_MAT_ID vec4 steps in flight per "
                     "lane to sweep")
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
-    ap.add_argument("--gemv-rows", default="1,2,4", help="MUL_MAT (T = 1) weight rows per cluster to sweep")
     ap.add_argument("--only", default="mqa,mul_mat,mul_mat_id,rows",
                     help="sections to run: mqa, mul_mat, mul_mat_id, rows")
     ap.add_argument("--json", help="write the results to this file")
@@ -119,20 +118,19 @@ def main(argv=None):
     v4_attention.MQA_KEYS["keys"] = None
     w = (rng.standard_normal((8 * D, D)) / np.sqrt(D)).astype(BF16)     # the dense projections' kernel
     gn = rng.standard_normal(D).astype(np.float32)
-    variants = [(int(u), int(r)) for u in args.unroll.split(",") for r in args.gemv_rows.split(",")]
-    for unroll, rows in variants if "mul_mat" in only else []:
-        mul_mat.GEMV_UNROLL["unroll"], mul_mat.GEMV_ROWS["rows"] = unroll, rows
+    for unroll in (int(u) for u in args.unroll.split(",")) if "mul_mat" in only else []:
+        mul_mat.GEMV_UNROLL["unroll"] = unroll
         for norm in (False, True):
             g = Graph()
             g.output("y", g.op("MUL_MAT", g.input("x", (1, D)), g.const(w), *([g.const(gn)] if norm else []),
                                **({"rms_eps": 1e-6} if norm else {})))
             us, n = gpu_us(ex, g, {"x": rng.standard_normal((1, D)).astype(np.float32)}, args.replays, warm)
             label = "with RMS norm" if norm else "plain"
-            print(f"MUL_MAT T=1 {w.shape} bf16 unroll {unroll} rows/cluster {rows} {label:13s} {us:8.1f} µs  "
+            print(f"MUL_MAT T=1 {w.shape} bf16 unroll {unroll} {label:13s} {us:8.1f} µs  "
                   f"{w.nbytes / us / 1e3:7.1f} GB/s of weights", flush=True)
-            results.append({"op": "MUL_MAT", "shape": w.shape, "unroll": unroll, "rows": rows, "norm": norm,
-                            "us": us, "gbs": w.nbytes / us / 1e3})
-    mul_mat.GEMV_UNROLL["unroll"] = mul_mat.GEMV_ROWS["rows"] = None
+            results.append({"op": "MUL_MAT", "shape": w.shape, "unroll": unroll, "norm": norm, "us": us,
+                            "gbs": w.nbytes / us / 1e3})
+    mul_mat.GEMV_UNROLL["unroll"] = None
     if "mul_mat_id" in only:
         w13 = (rng.standard_normal((E, 2 * F, D), np.float32) / np.sqrt(D)).astype(BF16)   # generated once
         w2 = (rng.standard_normal((E, D, F), np.float32) / np.sqrt(F)).astype(BF16)

@@ -42,7 +42,7 @@ for s in $steps; do
         model) step model 420 model_bench_v4.txt python3 tools/model_gpu_bench.py --out "$r/model_bench_v4.json" ;;
         decode) step decode 300 decode_ops_h200.txt python3 tools/bench_decode_ops.py --json "$r/decode_ops_h200.json" ;;
         variants) step variants 560 model_variants_h200.txt python3 tools/model_gpu_bench.py \
-                      --out "$r/model_variants_h200.json" --variants "fold_mb=64;fold_mb=0;gemv_rows=2;gemv_rows=4" ;;
+                      --out "$r/model_variants_h200.json" --variants "fold_mb=64;fold_mb=0" ;;
         *) echo "unknown step $s (eval, library, soak, site, profile, model, decode, variants)" >> "$summary" ;;
     esac
 done

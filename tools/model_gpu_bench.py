@@ -29,9 +29,9 @@ but the unpicked routed experts and all but one embedding row) at the measured c
 against the measured time per token; and RMS_NORM's share of the profiled decode GPU time.
 --variants: more fused decode series in the same run, each with kernel knobs set, for side-by-side
 ratios; ";" between variants, "," between knobs of one: fold_mb (norms folded only into mat-muls
-reading at most this many MiB of weights a token, model.build.NORM_FOLD), gemv_rows, gemv_unroll
-(ops.mul_mat GEMV_ROWS / GEMV_UNROLL), moe_unroll (ops.moe.MUL_MAT_ID_UNROLL); e.g.
-`--variants "fold_mb=64;fold_mb=0;gemv_rows=2"`.
+reading at most this many MiB of weights a token, model.build.NORM_FOLD), gemv_unroll
+(ops.mul_mat.GEMV_UNROLL), moe_unroll (ops.moe.MUL_MAT_ID_UNROLL); e.g.
+`--variants "fold_mb=64;fold_mb=0;gemv_unroll=8"`.
 """
 import argparse
 import json
@@ -53,7 +53,7 @@ from dsv4_vk.vk import default_device
 HOST_TARGET_US = 100.0
 DTYPES = {"f32": np.float32, "bf16": BF16, "f16": np.float16}
 KNOBS = {"fold_mb": (build.NORM_FOLD, "max_bytes", lambda v: int(float(v) * 2**20)),
-         "gemv_rows": (mul_mat.GEMV_ROWS, "rows", int), "gemv_unroll": (mul_mat.GEMV_UNROLL, "unroll", int),
+         "gemv_unroll": (mul_mat.GEMV_UNROLL, "unroll", int),
          "moe_unroll": (moe.MUL_MAT_ID_UNROLL, "unroll", int)}
 
 

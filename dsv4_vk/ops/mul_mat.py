@@ -52,16 +52,6 @@ def vec4_ok(*views):
 # vec4 steps a GEMV lane loads before adding them at one token per cluster (None: 4 on GPUs, 1 on
 # CPU devices; tests and the bench set it)
 GEMV_UNROLL = {"unroll": None}
-# weight rows per GEMV cluster, so that each load of x (and of the norm weight) serves that many
-# rows and more weight loads are in flight per lane. None: 1 on CPU devices; on GPUs 2, or 4 with a
-# folded norm. H200, bf16 (32768, 4096), unroll 4 (results/h200/decode_gemv_rows.txt): rows 1 / 2 / 4
-# plain 204.0 / 181.2 / 197.4 µs, with the norm 340.5 / 241.2 / 223.0 µs. Tests and the bench set it.
-GEMV_ROWS = {"rows": None}
-
-
-def gemv_rows(device, normed):
-    """Weight rows per GEMV cluster (GEMV_ROWS, else the measured rule above)."""
-    return GEMV_ROWS["rows"] or (1 if is_cpu(device) else 4 if normed else 2)
 
 
 def rms_weight(op, x, g, params):
@@ -127,11 +117,10 @@ class MulMat(OpDef):
             args.append(g)
         if kernel == "gemv":
             tb = min(next_pow2(T), GEMV_MAX_T)
-            rows = gemv_rows(device, g is not None)
             lane_defs, extra = cluster_lanes(device, K, per_lane=8, max_lanes=1 if is_cpu(device) else None)
             defines.update(lane_defs, MODE_GEMV=1, TB=tb)
-            grid = grid_1d(b[0] * b[1] * -(-T // tb) * -(-N // rows), WORKGROUP // lane_defs["LANES"])
-            spec = (WORKGROUP, GEMV_UNROLL["unroll"] or (1 if is_cpu(device) else 4), rows)
+            grid = grid_1d(b[0] * b[1] * -(-T // tb) * N, WORKGROUP // lane_defs["LANES"])
+            spec = (WORKGROUP, GEMV_UNROLL["unroll"] or (1 if is_cpu(device) else 4))
         elif kernel == "gemm_regs":
             defines["MODE_GEMM_REGS"] = 1
             grid = grid_1d(b[0] * b[1] * -(-T // 4) * -(-N // 4), WORKGROUP)
