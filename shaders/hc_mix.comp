@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: - | VEC4 ; - | FINAL | KSPLIT
+//! variants: - | VEC4 ; - | FINAL | KSPLIT | TILE
 //! variants: REDUCE
 // HC_MIX family: a site's flat RMS norm and mixes mat-mul, mix[t,j] = (x_t · fn[j]) / sqrt(mean(x_t²)
 // + norm_eps) with x_t = X[t] flattened (4·D), reading each token's X once for all M mixes and its
@@ -24,9 +24,18 @@
 //   token). With LPT = 1 every lane of a subgroup reads the same fn chunk: a broadcast.
 //   (Shared arrays have literal sizes here: 24·4·16 chunks, 24 KiB with vec4.)
 //   Each token's X is read once.
+// -D TILE (many tokens; partials): the mixes as a register-blocked mat-mul. Workgroup g → token
+//   block g / G of 64 tokens and split g % G of SC chunks per stream (push slice). Its 64
+//   invocations are 16 token groups × 4 row groups: invocation (tg, rg) = (id % 16, id / 16) keeps
+//   the sums of tokens tg + 16·i (i < 4) with fn rows rg + 4·r (r < M/4) and Σx² in registers. The
+//   split is walked in steps of 8 chunks of one stream: the block's x (64 tokens × 8 chunks, 128
+//   contiguous bytes per token with vec4) and fn (M rows × 8 chunks) are staged in shared memory
+//   with whole-line loads, then each invocation takes per chunk 4 x and M/4 fn values from shared
+//   memory for 4·M/4 products: x and fn are each read from memory once per block and the products
+//   outnumber the shared-memory loads ~10 to 1. Partials as the default layout.
 // -D REDUCE: the second pass, one invocation per (t, j): Σ over the G partials, then the
 //   norm: mix[t, j] = Σ dot / sqrt(Σ Σx² / (4·D) + norm_eps).
-// Spec constants: 0 workgroup size, 1 M (mix rows: a multiple of 4, ≤ 24); KSPLIT also 2 LPT (lanes
+// Spec constants: 0 workgroup size (TILE: 64), 1 M (mix rows: a multiple of 4, ≤ 24); KSPLIT also 2 LPT (lanes
 //   per token) and 3 TPL (tokens per lane group, 1, 2 or 4).
 // Push (tile kernels): T, chunks per stream, slice (chunks per split), G, 1/(4·D), norm_eps,
 //   X (offset, token and stream strides, in chunks), fn (offset, row stride, in chunks; fn[j, s·D + d]
@@ -154,6 +163,61 @@ void main() {
             if (TPL > 2u && ta + 2u < t_end) put_partials(C, ta + 2u, split);
             if (TPL > 2u && ta + 3u < t_end) put_partials(E, ta + 3u, split);
         }
+    }
+}
+
+#elif defined(TILE)
+const uint TT = 4, BT = 16 * TT;                // tokens per invocation, tokens per block
+const uint BKC = 8;                             // chunks of one stream per step
+const uint RMAX = 6;                            // fn rows per invocation: M / 4 ≤ 6
+shared VEC xs[BKC][BT];                         // xs[c][t]: consecutive token groups read consecutive entries
+shared VEC fs[BKC][24];                         // fs[c][j], j < M
+
+void main() {
+    uint g = flat_group();
+    uint block = g / p.G, split = g % p.G;
+    uint id = gl_LocalInvocationID.x;           // the workgroup is 64 invocations
+    uint tg = id % 16u, rg = id / 16u;
+    uint t_base = block * BT;
+    uint c_begin = split * p.slice, c_end = min(c_begin + p.slice, p.chunks);
+    float acc[TT][RMAX], ss[TT];
+    [[unroll]] for (uint i = 0u; i < TT; ++i) {
+        ss[i] = 0.0;
+        [[unroll]] for (uint r = 0u; r < RMAX; ++r) acc[i][r] = 0.0;
+    }
+    // staging: invocation id loads chunk id % 8 of tokens id / 8 + 8·q and of fn rows id / 8 + 8·q
+    uint lc = id % BKC, lr = id / BKC;
+    for (uint s = 0u; s < 4u; ++s) {
+        for (uint c0 = c_begin; c0 < c_end; c0 += BKC) {     // uniform: every invocation takes every step
+            uint c = c0 + lc;
+            bool in_c = c < c_end;
+            [[unroll]] for (uint q = 0u; q < BT / 8u; ++q) {
+                uint t = min(t_base + lr + 8u * q, p.T - 1u);    // tokens past T: a real row, never stored
+                xs[lc][lr + 8u * q] = in_c ? x[p.x_off + t * p.x_st + s * p.x_ss + c] : VEC(0.0);
+            }
+            [[unroll]] for (uint q = 0u; q < 3u; ++q) {
+                uint j = lr + 8u * q;
+                if (j < M) fs[lc][j] = in_c ? fn[p.f_off + j * p.f_sj + s * p.chunks + c] : VEC(0.0);
+            }
+            barrier();
+            [[unroll]] for (uint kk = 0u; kk < BKC; ++kk) {
+                VEC xv[TT], fv[RMAX];
+                [[unroll]] for (uint i = 0u; i < TT; ++i) xv[i] = xs[kk][tg + 16u * i];
+                [[unroll]] for (uint r = 0u; r < RMAX; ++r) if (4u * r < M) fv[r] = fs[kk][rg + 4u * r];
+                [[unroll]] for (uint i = 0u; i < TT; ++i) {
+                    ss[i] += dot_v(xv[i], xv[i]);
+                    [[unroll]] for (uint r = 0u; r < RMAX; ++r) if (4u * r < M) acc[i][r] += dot_v(xv[i], fv[r]);
+                }
+            }
+            barrier();
+        }
+    }
+    [[unroll]] for (uint i = 0u; i < TT; ++i) {
+        uint t = t_base + tg + 16u * i;
+        if (t >= p.T) continue;
+        uint ob = p.o_off + t * p.o_st + split * p.o_s2;
+        [[unroll]] for (uint r = 0u; r < RMAX; ++r) if (4u * r < M) out_[ob + rg + 4u * r] = acc[i][r];
+        if (rg == 0u) out_[ob + M] = ss[i];
     }
 }
 

@@ -227,7 +227,8 @@ def vec4_ok(D, tensors):
 
 
 # HC_MIX layout knobs (tools/hc_tune.py sweeps them); None: the rule of mix_layout.
-MIX_TUNING = {"wg": None, "groups": None, "split": None, "lpt": None, "tb": None, "tpl": None}
+MIX_TUNING = {"wg": None, "groups": None, "split": None, "lpt": None, "tb": None, "tpl": None, "kernel": None}
+MIX_KERNELS = ("token", "ksplit", "tile")
 # Workgroups a mixes pass aims for (a few per compute unit of a large GPU; a CPU device runs
 # workgroups on its cores one after another, so a few suffice there).
 MIX_TARGET_GROUPS = {"cpu": 4}
@@ -238,6 +239,10 @@ KSPLIT_MIN_T = 64
 
 
 KSPLIT_S = 16   # chunks per split and stream of KSPLIT (a literal in hc_mix.comp: its shared fn slice)
+# TILE (hc_mix.comp -D TILE): 64 invocations per workgroup, blocks of 64 tokens, its shared x and fn
+# step (8 chunks: 64 tokens + 24 rows); chunks per stream and split by default.
+TILE_WG, TILE_TOKENS, TILE_STEP = 64, 64, 8
+TILE_SPLIT = 64
 
 
 def mix_layout(device, T, chunks):
@@ -246,7 +251,8 @@ def mix_layout(device, T, chunks):
     - T ≥ KSPLIT_MIN_T with shuffles and full subgroups: KSPLIT, G = chunks/S splits each staging its
       fn slice (16 chunks) in shared memory, blocks of tb tokens streaming through it, lpt lanes per
       group of tpl tokens (2: each fn load from shared memory serves two products; H200, T = 4096,
-      D = 4096: 1.39× faster than 1, results/h200/hc_tune_tpl.txt);
+      D = 4096: 1.39× faster than 1, results/h200/hc_tune_tpl.txt; blocks of 256 tokens 1.05× faster
+      than 128, 4 lanes and 2 tokens per group the fastest, hc_tune_mix.txt);
     - otherwise the per-token kernel, one token per workgroup and D split into G slices of ≥ one chunk per
       invocation until about the target number of workgroups is reached (decode: a token's fn is
       the data to stream, spread over many workgroups)."""
@@ -254,10 +260,16 @@ def mix_layout(device, T, chunks):
     target = MIX_TARGET_GROUPS.get(device.caps.type, MIX_TARGET_GROUPS_DEFAULT)
     cpu = device.caps.is_cpu
     sg = device.caps.subgroup
-    if (t["split"] != 0 and T >= KSPLIT_MIN_T and device.supports_subgroup_op("shuffle") and sg.full_subgroups
+    if t["kernel"] is not None and t["kernel"] not in MIX_KERNELS:
+        raise ValueError(f"MIX_TUNING kernel must be one of {MIX_KERNELS} or None, got {t['kernel']!r}")
+    if t["kernel"] == "tile" or (t["kernel"] is None and not cpu and T >= KSPLIT_MIN_T):
+        split = t["split"] or TILE_SPLIT
+        return {"wg": TILE_WG, "groups": -(-chunks // split), "split": split, "lpt": 1, "tb": TILE_TOKENS,
+                "tpl": 1, "tile": 1}
+    if t["kernel"] == "ksplit" or (t["kernel"] is None and t["split"] != 0 and T >= KSPLIT_MIN_T and device.supports_subgroup_op("shuffle") and sg.full_subgroups
             and sg.min_size >= 4) or t["split"]:
         return {"wg": t["wg"] or (64 if cpu else 256), "groups": -(-chunks // KSPLIT_S), "split": KSPLIT_S,
-                "lpt": t["lpt"] or 4, "tb": t["tb"] or (64 if cpu else 128), "tpl": t["tpl"] or 2}
+                "lpt": t["lpt"] or 4, "tb": t["tb"] or (64 if cpu else 256), "tpl": t["tpl"] or 2}
     wg = t["wg"] or (64 if cpu else 128)
     groups = t["groups"] or max(1, min(-(-target // T), -(-chunks // wg)))
     return {"wg": wg, "groups": groups, "split": 0, "lpt": 1, "tb": 1, "tpl": 1}
@@ -322,7 +334,17 @@ def _mix_launch(node, device, final, groups):
     pr = node.params
     wg, split, lpt, tb, tpl = pr["wg"], pr.get("split", 0), pr.get("lpt", 1), pr.get("tb", 1), pr.get("tpl", 1)
     defines = {"VEC4": 1} if vec4 else {}
-    if split:
+    if pr.get("tile"):
+        if final or not split or groups != -(-chunks // split) or wg != TILE_WG or tb != TILE_TOKENS:
+            raise ValueError(f"{node.op.name}: the tile kernel takes wg {TILE_WG}, tb {TILE_TOKENS} and partials of "
+                             f"groups = ceil({chunks} / split), got wg {wg}, tb {tb}, split {split}, groups {groups}")
+        need = TILE_STEP * (TILE_TOKENS + N_MIX) * unit * 4
+        if need > device.caps.limits.max_shared_memory:
+            raise HCUnsupported(f"{node.op.name}: the tile kernel stages {need} B in shared memory, "
+                                f"{device.name} has {device.caps.limits.max_shared_memory} B")
+        defines["TILE"] = 1
+        grid, spec = grid_1d(-(-T // TILE_TOKENS) * groups, 1), (wg, m)
+    elif split:
         if split != KSPLIT_S or final or groups != -(-chunks // split):
             raise ValueError(f"{node.op.name}: split must be {KSPLIT_S} with partials of groups = "
                              f"ceil({chunks} / {KSPLIT_S}), got split {split}, groups {groups}")
@@ -342,7 +364,7 @@ def _mix_launch(node, device, final, groups):
         grid, spec = grid_1d(T * groups, 1), (wg, m)
     if final:
         defines["FINAL"] = 1
-    push = pack_push(T, chunks, -(-chunks // groups), groups, 1.0 / (HC * D),
+    push = pack_push(T, chunks, split if pr.get("tile") else -(-chunks // groups), groups, 1.0 / (HC * D),
                      check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
                      X.offset // unit, *_strides_in(X, unit), fn.offset // unit, fn.strides[0] // unit,
                      out.offset, out.strides[0], out.strides[1], tb)
@@ -390,9 +412,10 @@ def reference_mix_partials(X, fn, groups, chunk=1, split=None):
 
 @register
 class HcMixPartials(OpDef):
-    """HC_MIX_PART(X [T,4,D], fn [m,4D], groups=G, wg=, split=, lpt=, tb=, tpl=) -> partials [T,G,m+1]: per split of D the
-    dot products with the m fn rows and Σx² (hc_mix.comp default variant). Decode splits D over many
-    workgroups; HC_SITE or HC_MIX_REDUCE finish."""
+    """HC_MIX_PART(X [T,4,D], fn [m,4D], groups=G, wg=, split=, lpt=, tb=, tpl=, tile=) -> partials [T,G,m+1]: per split
+    of D the dot products with the m fn rows and Σx² (hc_mix.comp: the per-token kernel, KSPLIT, or with
+    tile=1 the register-blocked TILE). Decode splits D over many workgroups; HC_SITE or HC_MIX_REDUCE
+    finish."""
     name, n_inputs = "HC_MIX_PART", 2
 
     def infer(self, inputs, params):
@@ -403,6 +426,8 @@ class HcMixPartials(OpDef):
             _check_layout_param(self.name, {k: 1, **params}, k)
         if params.get("split", 0):
             _check_layout_param(self.name, params, "split")
+        if params.get("tile", 0) not in (0, 1) or isinstance(params.get("tile", 0), bool):
+            raise ValueError(f"{self.name}: tile must be 0 or 1, got {params['tile']!r}")
         G = _check_layout_param(self.name, params, "groups")
         return (X.shape[0], G, fn.shape[0] + 1), "f32"
 
@@ -410,7 +435,7 @@ class HcMixPartials(OpDef):
         _check_partials(self.name, node.output)
         return _mix_launch(node, device, False, node.params["groups"])
 
-    def reference(self, X, fn, groups=1, wg=1, split=0, lpt=1, tb=1, tpl=1):
+    def reference(self, X, fn, groups=1, wg=1, split=0, lpt=1, tb=1, tpl=1, tile=0):
         D = np.shape(X)[2]
         return reference_mix_partials(X, fn, groups, 4 if D % 4 == 0 else 1, split)
 
