@@ -170,7 +170,8 @@ void main() {
 const uint TT = 4, BT = 16 * TT;                // tokens per invocation, tokens per block
 const uint BKC = 8;                             // chunks of one stream per step
 const uint RMAX = 6;                            // fn rows per invocation: M / 4 ≤ 6
-shared VEC xs[BKC][BT];                         // xs[c][t]: consecutive token groups read consecutive entries
+shared VEC xs[BKC][BT + 1];                     // xs[c][t]: token groups read consecutive entries; +1: the
+                                                // stores of 8 chunks of one token hit distinct banks
 shared VEC fs[BKC][24];                         // fs[c][j], j < M
 
 void main() {
@@ -185,31 +186,42 @@ void main() {
         ss[i] = 0.0;
         [[unroll]] for (uint r = 0u; r < RMAX; ++r) acc[i][r] = 0.0;
     }
-    // staging: invocation id loads chunk id % 8 of tokens id / 8 + 8·q and of fn rows id / 8 + 8·q
+    // staging: invocation id loads chunk id % 8 of tokens id / 8 + 8·q and of fn rows id / 8 + 8·q.
+    // Step n = (stream n / per_s, chunks c_begin + 8·(n % per_s) ...): its loads are issued into
+    // registers before step n − 1's products, so that their latency overlaps that work.
     uint lc = id % BKC, lr = id / BKC;
-    for (uint s = 0u; s < 4u; ++s) {
-        for (uint c0 = c_begin; c0 < c_end; c0 += BKC) {     // uniform: every invocation takes every step
-            uint c = c0 + lc;
+    uint per_s = (c_end - min(c_begin, c_end) + BKC - 1u) / BKC, n_steps = 4u * per_s;
+    VEC px[BT / 8u], pf[3];
+    for (uint n = 0u; n <= n_steps; ++n) {                  // uniform: every invocation takes every step
+        if (n > 0u) {
+            barrier();                                      // step n − 2's products are done with xs, fs
+            [[unroll]] for (uint q = 0u; q < BT / 8u; ++q) xs[lc][lr + 8u * q] = px[q];
+            [[unroll]] for (uint q = 0u; q < 3u; ++q) if (lr + 8u * q < M) fs[lc][lr + 8u * q] = pf[q];
+            barrier();
+        }
+        if (n < n_steps) {
+            uint s = n / per_s, c = c_begin + BKC * (n % per_s) + lc;
             bool in_c = c < c_end;
+            uint cc = in_c ? c : c_begin;
             [[unroll]] for (uint q = 0u; q < BT / 8u; ++q) {
                 uint t = min(t_base + lr + 8u * q, p.T - 1u);    // tokens past T: a real row, never stored
-                xs[lc][lr + 8u * q] = in_c ? x[p.x_off + t * p.x_st + s * p.x_ss + c] : VEC(0.0);
+                px[q] = x[p.x_off + t * p.x_st + s * p.x_ss + cc];
+                if (!in_c) px[q] = VEC(0.0);
             }
             [[unroll]] for (uint q = 0u; q < 3u; ++q) {
-                uint j = lr + 8u * q;
-                if (j < M) fs[lc][j] = in_c ? fn[p.f_off + j * p.f_sj + s * p.chunks + c] : VEC(0.0);
+                uint j = min(lr + 8u * q, M - 1u);
+                pf[q] = in_c ? fn[p.f_off + j * p.f_sj + s * p.chunks + cc] : VEC(0.0);
             }
-            barrier();
-            [[unroll]] for (uint kk = 0u; kk < BKC; ++kk) {
-                VEC xv[TT], fv[RMAX];
-                [[unroll]] for (uint i = 0u; i < TT; ++i) xv[i] = xs[kk][tg + 16u * i];
-                [[unroll]] for (uint r = 0u; r < RMAX; ++r) if (4u * r < M) fv[r] = fs[kk][rg + 4u * r];
-                [[unroll]] for (uint i = 0u; i < TT; ++i) {
-                    ss[i] += dot_v(xv[i], xv[i]);
-                    [[unroll]] for (uint r = 0u; r < RMAX; ++r) if (4u * r < M) acc[i][r] += dot_v(xv[i], fv[r]);
-                }
+        }
+        if (n == 0u) continue;
+        [[unroll]] for (uint kk = 0u; kk < BKC; ++kk) {
+            VEC xv[TT], fv[RMAX];
+            [[unroll]] for (uint i = 0u; i < TT; ++i) xv[i] = xs[kk][tg + 16u * i];
+            [[unroll]] for (uint r = 0u; r < RMAX; ++r) if (4u * r < M) fv[r] = fs[kk][rg + 4u * r];
+            [[unroll]] for (uint i = 0u; i < TT; ++i) {
+                ss[i] += dot_v(xv[i], xv[i]);
+                [[unroll]] for (uint r = 0u; r < RMAX; ++r) if (4u * r < M) acc[i][r] += dot_v(xv[i], fv[r]);
             }
-            barrier();
         }
     }
     [[unroll]] for (uint i = 0u; i < TT; ++i) {

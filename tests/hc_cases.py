@@ -395,7 +395,8 @@ def test_mix_tokens_per_lane_group_give_the_same_sums(ex, rng, T, D, lpt, tb):
     wg = max(16, ex.device.subgroup_size)
     outs = []
     for tpl in (1, 2, 4):
-        with tuning(ops_hc.MIX_TUNING, wg=wg, split=16, lpt=min(lpt, ex.device.subgroup_size), tb=tb, tpl=tpl):
+        with tuning(ops_hc.MIX_TUNING, kernel="ksplit", wg=wg, split=16, lpt=min(lpt, ex.device.subgroup_size), tb=tb,
+                    tpl=tpl):
             seed = int(rng.integers(0, 2**32 - 1)) if not outs else seed
             mix_layouts_case(ex, T, D, 24, "c", seed)
             i = site_inputs(np.random.default_rng(seed), T, D, m=24)
@@ -459,7 +460,7 @@ def test_site_kernels_fold_past_65535_workgroups(ex, rng, monkeypatch):
     T, D = 65537, 4
     i = site_inputs(rng, T, D)
     # the per-token kernel (one token per workgroup), then KSPLIT (one token per block)
-    for knobs in ({"groups": 1, "wg": sg, "split": 0}, {"split": 16, "tb": 1, "wg": sg}):
+    for knobs in ({"kernel": "token", "groups": 1, "wg": sg, "split": 0}, {"kernel": "ksplit", "split": 16, "tb": 1, "wg": sg}):
         with tuning(ops_hc.MIX_TUNING, **knobs):
             check_site_folded(ex, rng, i, T)
 

@@ -243,6 +243,9 @@ KSPLIT_S = 16   # chunks per split and stream of KSPLIT (a literal in hc_mix.com
 # step (8 chunks: 64 tokens + 24 rows); chunks per stream and split by default.
 TILE_WG, TILE_TOKENS, TILE_STEP = 64, 64, 8
 TILE_SPLIT = 64
+# The mixes kernel for many tokens on GPUs ("ksplit" or "tile"; CPU devices take KSPLIT, where
+# barriers are slow).
+MIX_MANY_TOKENS_GPU = "tile"
 
 
 def mix_layout(device, T, chunks):
@@ -260,14 +263,25 @@ def mix_layout(device, T, chunks):
     target = MIX_TARGET_GROUPS.get(device.caps.type, MIX_TARGET_GROUPS_DEFAULT)
     cpu = device.caps.is_cpu
     sg = device.caps.subgroup
-    if t["kernel"] is not None and t["kernel"] not in MIX_KERNELS:
-        raise ValueError(f"MIX_TUNING kernel must be one of {MIX_KERNELS} or None, got {t['kernel']!r}")
-    if t["kernel"] == "tile" or (t["kernel"] is None and not cpu and T >= KSPLIT_MIN_T):
+    kernel = t["kernel"]
+    if kernel is not None and kernel not in MIX_KERNELS:
+        raise ValueError(f"MIX_TUNING kernel must be one of {MIX_KERNELS} or None, got {kernel!r}")
+    if kernel is None:
+        many = T >= KSPLIT_MIN_T
+        ksplit_ok = device.supports_subgroup_op("shuffle") and sg.full_subgroups and sg.min_size >= 4
+        if t["split"] == 0:
+            kernel = "token"
+        elif many and not cpu:
+            kernel = MIX_MANY_TOKENS_GPU
+        elif t["split"] or (many and ksplit_ok):
+            kernel = "ksplit"
+        else:
+            kernel = "token"
+    if kernel == "tile":
         split = t["split"] or TILE_SPLIT
         return {"wg": TILE_WG, "groups": -(-chunks // split), "split": split, "lpt": 1, "tb": TILE_TOKENS,
                 "tpl": 1, "tile": 1}
-    if t["kernel"] == "ksplit" or (t["kernel"] is None and t["split"] != 0 and T >= KSPLIT_MIN_T and device.supports_subgroup_op("shuffle") and sg.full_subgroups
-            and sg.min_size >= 4) or t["split"]:
+    if kernel == "ksplit":
         return {"wg": t["wg"] or (64 if cpu else 256), "groups": -(-chunks // KSPLIT_S), "split": KSPLIT_S,
                 "lpt": t["lpt"] or 4, "tb": t["tb"] or (64 if cpu else 256), "tpl": t["tpl"] or 2}
     wg = t["wg"] or (64 if cpu else 128)
