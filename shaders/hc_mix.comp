@@ -31,8 +31,9 @@
 //   split is walked in steps of 8 chunks of one stream: the block's x (64 tokens × 8 chunks, 128
 //   contiguous bytes per token with vec4) and fn (M rows × 8 chunks) are staged in shared memory
 //   with whole-line loads, then each invocation takes per chunk 4 x and M/4 fn values from shared
-//   memory for 4·M/4 products: x and fn are each read from memory once per block and the products
-//   outnumber the shared-memory loads ~10 to 1. Partials as the default layout.
+//   memory for 4·M/4 products (componentwise into VEC accumulators, summed at the end): x and fn
+//   are each read from memory once per block and the products outnumber the shared-memory loads
+//   ~10 to 1. Partials as the default layout.
 // -D REDUCE: the second pass, one invocation per (t, j): Σ over the G partials, then the
 //   norm: mix[t, j] = Σ dot / sqrt(Σ Σx² / (4·D) + norm_eps).
 // Spec constants: 0 workgroup size (TILE: 64), 1 M (mix rows: a multiple of 4, ≤ 24); KSPLIT also 2 LPT (lanes
@@ -79,9 +80,11 @@ void main() {
 #if defined(VEC4)
 #define VEC vec4
 float dot_v(vec4 a, vec4 b) { return dot(a, b); }
+float hsum(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
 #else
 #define VEC float
 float dot_v(float a, float b) { return a * b; }
+float hsum(float v) { return v; }
 #endif
 // restrict: bindings never alias within a dispatch, so loads may be hoisted and batched (latency)
 layout(binding = 0) restrict readonly buffer X { VEC x[]; };
@@ -181,55 +184,46 @@ void main() {
     uint tg = id % 16u, rg = id / 16u;
     uint t_base = block * BT;
     uint c_begin = split * p.slice, c_end = min(c_begin + p.slice, p.chunks);
-    float acc[TT][RMAX], ss[TT];
+    // per (token, row) a VEC of running products, summed across its components at the end: every
+    // product is independent FMAs into its own registers (a dot() per step would chain 4 of them)
+    VEC acc[TT][RMAX], ss[TT];
     [[unroll]] for (uint i = 0u; i < TT; ++i) {
-        ss[i] = 0.0;
-        [[unroll]] for (uint r = 0u; r < RMAX; ++r) acc[i][r] = 0.0;
+        ss[i] = VEC(0.0);
+        [[unroll]] for (uint r = 0u; r < RMAX; ++r) acc[i][r] = VEC(0.0);
     }
-    // staging: invocation id loads chunk id % 8 of tokens id / 8 + 8·q and of fn rows id / 8 + 8·q.
-    // Step n = (stream n / per_s, chunks c_begin + 8·(n % per_s) ...): its loads are issued into
-    // registers before step n − 1's products, so that their latency overlaps that work.
+    // staging: invocation id loads chunk id % 8 of tokens id / 8 + 8·q and of fn rows id / 8 + 8·q
     uint lc = id % BKC, lr = id / BKC;
-    uint per_s = (c_end - min(c_begin, c_end) + BKC - 1u) / BKC, n_steps = 4u * per_s;
-    VEC px[BT / 8u], pf[3];
-    for (uint n = 0u; n <= n_steps; ++n) {                  // uniform: every invocation takes every step
-        if (n > 0u) {
-            barrier();                                      // step n − 2's products are done with xs, fs
-            [[unroll]] for (uint q = 0u; q < BT / 8u; ++q) xs[lc][lr + 8u * q] = px[q];
-            [[unroll]] for (uint q = 0u; q < 3u; ++q) if (lr + 8u * q < M) fs[lc][lr + 8u * q] = pf[q];
-            barrier();
-        }
-        if (n < n_steps) {
-            uint s = n / per_s, c = c_begin + BKC * (n % per_s) + lc;
+    for (uint s = 0u; s < 4u; ++s) {
+        for (uint c0 = c_begin; c0 < c_end; c0 += BKC) {     // uniform: every invocation takes every step
+            uint c = c0 + lc;
             bool in_c = c < c_end;
-            uint cc = in_c ? c : c_begin;
             [[unroll]] for (uint q = 0u; q < BT / 8u; ++q) {
                 uint t = min(t_base + lr + 8u * q, p.T - 1u);    // tokens past T: a real row, never stored
-                px[q] = x[p.x_off + t * p.x_st + s * p.x_ss + cc];
-                if (!in_c) px[q] = VEC(0.0);
+                xs[lc][lr + 8u * q] = in_c ? x[p.x_off + t * p.x_st + s * p.x_ss + c] : VEC(0.0);
             }
             [[unroll]] for (uint q = 0u; q < 3u; ++q) {
-                uint j = min(lr + 8u * q, M - 1u);
-                pf[q] = in_c ? fn[p.f_off + j * p.f_sj + s * p.chunks + cc] : VEC(0.0);
+                uint j = lr + 8u * q;
+                if (j < M) fs[lc][j] = in_c ? fn[p.f_off + j * p.f_sj + s * p.chunks + c] : VEC(0.0);
             }
-        }
-        if (n == 0u) continue;
-        [[unroll]] for (uint kk = 0u; kk < BKC; ++kk) {
-            VEC xv[TT], fv[RMAX];
-            [[unroll]] for (uint i = 0u; i < TT; ++i) xv[i] = xs[kk][tg + 16u * i];
-            [[unroll]] for (uint r = 0u; r < RMAX; ++r) if (4u * r < M) fv[r] = fs[kk][rg + 4u * r];
-            [[unroll]] for (uint i = 0u; i < TT; ++i) {
-                ss[i] += dot_v(xv[i], xv[i]);
-                [[unroll]] for (uint r = 0u; r < RMAX; ++r) if (4u * r < M) acc[i][r] += dot_v(xv[i], fv[r]);
+            barrier();
+            [[unroll]] for (uint kk = 0u; kk < BKC; ++kk) {
+                VEC xv[TT], fv[RMAX];
+                [[unroll]] for (uint i = 0u; i < TT; ++i) xv[i] = xs[kk][tg + 16u * i];
+                [[unroll]] for (uint r = 0u; r < RMAX; ++r) if (4u * r < M) fv[r] = fs[kk][rg + 4u * r];
+                [[unroll]] for (uint i = 0u; i < TT; ++i) {
+                    ss[i] += xv[i] * xv[i];
+                    [[unroll]] for (uint r = 0u; r < RMAX; ++r) if (4u * r < M) acc[i][r] += xv[i] * fv[r];
+                }
             }
+            barrier();
         }
     }
     [[unroll]] for (uint i = 0u; i < TT; ++i) {
         uint t = t_base + tg + 16u * i;
         if (t >= p.T) continue;
         uint ob = p.o_off + t * p.o_st + split * p.o_s2;
-        [[unroll]] for (uint r = 0u; r < RMAX; ++r) if (4u * r < M) out_[ob + rg + 4u * r] = acc[i][r];
-        if (rg == 0u) out_[ob + M] = ss[i];
+        [[unroll]] for (uint r = 0u; r < RMAX; ++r) if (4u * r < M) out_[ob + rg + 4u * r] = hsum(acc[i][r]);
+        if (rg == 0u) out_[ob + M] = hsum(ss[i]);
     }
 }
 

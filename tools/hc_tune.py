@@ -3,6 +3,8 @@ bytes. Knobs are entries of the tuning tables: slice.* = hc.kernels.SLICE_TUNING
 HC_SITE: workgroup size, chunks per invocation), mix.* = hc.kernels.MIX_TUNING (HC_MIX kernels:
 workgroup size, D splits, KSPLIT split, lpt, tb, tpl), site.* = hc.composite.SITE_TUNING (HC_POST_MIX workgroup).
 Every combination of the given values is timed (median of --replays, after a clock warm-up).
+--per-dispatch adds, per row, each dispatch's own GPU time (a second recording with a timestamp
+after every dispatch, which serialises them: the parts, not the whole).
 
     . .vkdev/enter.sh; python3 tools/hc_tune.py --d 4096,7168 --t 4096 --out $OUT/hc_tune.json
     python3 tools/hc_tune.py --ops HC_MIX --t 512,4096 --d 4096 --set mix.split=0,16 --set mix.lpt=1,2,4
@@ -20,6 +22,7 @@ from dsv4_vk.hc import composite as hc_composite
 from dsv4_vk.hc import kernels as hc_ops
 from dsv4_vk.cli import floor as F
 from dsv4_vk.cli.bench import bench_path
+from dsv4_vk.core.executor import CompiledGraph
 from dsv4_vk.vk import default_device, memory
 
 TABLES = {"slice": hc_ops.SLICE_TUNING, "mix": hc_ops.MIX_TUNING, "site": hc_composite.SITE_TUNING}
@@ -36,6 +39,24 @@ def knob(text):
     return table, key, [None if v == "auto" else int(v) if v.lstrip("-").isdigit() else v for v in values.split(",")]
 
 
+def per_dispatch(dev, case, path, inputs, replays, warm):
+    """[(label, median µs)] per dispatch of the case's graph, a timestamp after each."""
+    cg = CompiledGraph(dev, C.build(case, path, dev), timestamps=True)
+    try:
+        for name, array in inputs.items():
+            cg.set_input(name, array)
+        rec = cg.recording
+        rec.submit()
+        warm()
+        runs = []
+        for _ in range(replays):
+            rec.submit()
+            runs.append(rec.timings())
+        return [(lab, float(np.median([r[i] for r in runs])) / 1e3) for i, lab in enumerate(rec.labels)]
+    finally:
+        cg.release()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--d", default="4096,7168")
@@ -49,6 +70,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=1, help="graph repetitions per command buffer")
     ap.add_argument("--warm-ms", type=float, default=300.0, help="clock warm-up before each timing")
     ap.add_argument("--dedicated-mib", type=int, help="dedicated allocations for buffers from this size")
+    ap.add_argument("--per-dispatch", action="store_true", help="also time each dispatch of a row on its own")
     ap.add_argument("--out")
     a = ap.parse_args()
     if a.dedicated_mib is not None:
@@ -74,6 +96,8 @@ def main():
                         TABLES[t][k] = v
                     try:
                         r = bench_path(dev, case, PATH.get(op, "fused"), inputs, a.replays, a.repeat, warm)
+                        parts = per_dispatch(dev, case, PATH.get(op, "fused"), inputs, a.replays, warm) \
+                            if a.per_dispatch else None
                     except Exception as e:          # a layout the device refuses: report, go on
                         print(f"{op:8s} T={T} D={D} {setting}: {type(e).__name__}: {e}")
                         continue
@@ -86,8 +110,12 @@ def main():
                            "pct_copy_1g": 100 * r["gbps"] / copy_1g, "copy_same_bytes_gbps": copy_same}
                     if op == "HC_SITE":
                         row["floor_ratio"] = r["gpu_us"] / (C.floor_bytes(case) / (copy_1g * 1e3))
+                    if parts is not None:
+                        row["per_dispatch_us"] = parts
                     rows.append(row)
                     extra = f" {row['floor_ratio']:.2f}× floor" if "floor_ratio" in row else ""
+                    if parts is not None:
+                        extra += " (" + ", ".join(f"{lab} {us:.1f}" for lab, us in parts) + " µs)"
                     print(f"{op:8s} T={T} D={D} {' '.join(f'{k}={v}' for k, v in setting.items())}  "
                           f"{r['gpu_us']:8.1f} µs {r['gbps']:8.0f} GB/s {row['pct_copy_1g']:6.1f}% of copy(1 GiB) "
                           f"{r['dispatches']} disp{extra}", flush=True)

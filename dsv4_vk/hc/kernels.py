@@ -244,8 +244,12 @@ KSPLIT_S = 16   # chunks per split and stream of KSPLIT (a literal in hc_mix.com
 TILE_WG, TILE_TOKENS, TILE_STEP = 64, 64, 8
 TILE_SPLIT = 64
 # The mixes kernel for many tokens on GPUs ("ksplit" or "tile"; CPU devices take KSPLIT, where
-# barriers are slow).
-MIX_MANY_TOKENS_GPU = "tile"
+# barriers are slow). H200, D = 4096 (results/h200/hc_tune_parts.txt, hc_tune_vacc.txt): HC_MIX_PART
+# at T = 4096 183 µs with KSPLIT, 192–204 µs with TILE at 32–128 chunks per split (with dot chains,
+# componentwise accumulators, or loads issued a step ahead: all the same); at T = 512 29.7 against
+# 33.4 µs. Every variant reads X in 128–256-byte pieces of rows 64 KiB apart, which is the common
+# factor left to change.
+MIX_MANY_TOKENS_GPU = "ksplit"
 
 
 def mix_layout(device, T, chunks):
