@@ -37,6 +37,7 @@ HOLD_BYTES = 1 << 20  # per compiled graph: outputs up to this size are kept and
 
 
 _NOTHING = frozenset()
+_NO_ARGS = {}       # (never written)
 _BUFFER = attrgetter("buffer")
 _COPY_STATE = attrgetter("buffer", "byte_offset", "shape", "dtype_name")   # what a tensor's copy depends on (its
 #                                                                     buffer belongs to its device)
@@ -130,7 +131,8 @@ class CompiledGraph:
         self.copy_recordings = 0                 # copy sets recorded so far (a new key each: benchmarks watch it)
         self._stage = None                       # (upload, {input: offset}, download, {output: offset})
         self._staged = _NOTHING                  # outputs of the last run waiting in the download buffer
-        self._fast = None                        # (names, _COPY_STATE of each, VkSubmitInfo) of the last run's
+        self._fast = None                        # (names, _COPY_STATE of each, VkSubmitInfo of the copies or
+        #                                          None, the VkSubmitInfo submitted) of the last run's
         #                                          device tensors, when it had nothing else (_start)
         self.stats = None
         self._check_ranges()
@@ -255,6 +257,7 @@ class CompiledGraph:
         self._hold = held if 0 < held <= HOLD_BYTES else 0      # bytes of the outputs new_outputs keeps
         self._held = None                                       # the tensors it handed out last
         self._sole = [_SOLE] * len(self._out_alloc)             # their counts once nothing else holds them
+        self._out_tail = (None, *self._out_spec)                # the argument names' tail of execute_into
 
     def _copy_in(self, name, src):
         spec = self._in_spec.get(name)
@@ -290,19 +293,52 @@ class CompiledGraph:
         the caller dropped them (no weak references either): a decode loop then gets its outputs
         with no pool round trip, and the same buffers keep the recorded copies' key. A tensor still
         held anywhere is left alone and a new one is taken from the pool in its place."""
+        return dict(zip(self._out_spec, self._new_outputs()))
+
+    def _new_outputs(self):
+        """new_outputs() as a list in output order (the held list itself: callers copy it, never change it)."""
         held = self._held
         if held is None:
             outs = DeviceTensor._pooled_many(self.device, self._out_alloc)
             if self._hold:
                 self._held = outs
                 self.nbytes += self._hold       # counted with the program in the cache's budget
-            return dict(zip(self._out_spec, outs))
+            return outs
         counts = _refcounts(held)
         if counts != self._sole or any(map(getweakrefcount, held)) or None in map(_BUFFER, held):
             for i, n in enumerate(counts):
                 if n != _SOLE or held[i].buffer is None or getweakrefcount(held[i]):
                     held[i] = DeviceTensor._pooled_many(self.device, self._out_alloc[i:i + 1])[0]
-        return dict(zip(self._out_spec, held))
+        return held
+
+    def execute_into(self, inputs: dict, out=None) -> tuple:
+        """execute(inputs, out) for the library's device-tensor calls: `out` a tuple of Tensors for the
+        outputs in order (None entries, or out=None: new ones, as new_outputs); returns the output
+        tensors as a tuple. One method for what took new_outputs, a dict of them and execute."""
+        if out is None:
+            outs = self._new_outputs()          # (the held list itself: only read here)
+        elif None in out:
+            outs = list(self._new_outputs())    # (a copy: the held list is the program's)
+            for i, o in enumerate(out[:len(outs)]):
+                if o is not None:
+                    outs[i] = o
+        else:
+            outs = out
+            if len(out) > len(self._out_spec):
+                raise ValueError(f"out holds {len(out)} tensors, the program has {len(self._out_spec)} "
+                                 f"output(s): {list(self._out_spec)}")
+        with self._lock:
+            # _start's first step, the argument set of the last run again, without building the out
+            # dict; _start does everything else (a pending run, a released program, new arguments)
+            if self._pending is not None or self.recording.cmd is None or \
+                    not self._submit_fast((*inputs, *self._out_tail), (*inputs.values(), *outs)):
+                self._start(inputs, dict(zip(self._out_spec, outs)), ())
+            self.device.wait(self.recording.fence_arr)     # (inputs and outs keep the tensors alive until here)
+            if self.timestamps or profile.active():
+                self._finished()
+            else:
+                self.stats = None           # (_finished, inlined for the usual case)
+        return tuple(outs)
 
     def _io_info(self, key, copies_in, copies_out):
         """The VkSubmitInfo of [copies in, the recording, copies out], recorded once per buffer set
@@ -351,27 +387,18 @@ class CompiledGraph:
         run with the same names and the same state skips the checks and the key (a decode loop)."""
         if self._pending is not None:
             self._pending.wait()
-        if self.recording.cmd is None:
+        rec = self.recording
+        if rec.cmd is None:
             self.device.check_open()
             raise ValueError("this compiled graph was released")
         # the argument set of the last run again (device tensors only: same names, and each the same
         # buffer (on the same device), offset, shape and dtype, so the same checks pass and the same
         # copies apply)
-        fast = self._fast
-        if fast is not None and not read_back:
-            names = (*(inputs or ()), None, *(out or ()))
-            if names == fast[0]:
-                vals = (*(inputs or {}).values(), *(out or {}).values())
-                try:
-                    same = list(map(_COPY_STATE, vals)) == fast[1]
-                except AttributeError:          # a host array among them
-                    same = False
-                if same:
-                    info = fast[2]
-                    self._staged = _NOTHING
-                    self.recording.start(info)
-                    self.last_submit_info = info if info is not None else self.recording.submit_info
-                    return vals
+        if self._fast is not None and not read_back:
+            ins, outs = inputs or _NO_ARGS, out or _NO_ARGS
+            vals = (*ins.values(), *outs.values())
+            if self._submit_fast((*ins, None, *outs), vals):
+                return vals
         dev = self.device
         stage = None if dev.is_host_visible else self._staging()
         key, keep, staged, host = [], [], None, False
@@ -422,11 +449,31 @@ class CompiledGraph:
                 info = hit[0][0]
             else:
                 info = self._record_io(key, inputs, out, staged, stage)
-        if not host and not staged:         # checked above: the next run with this argument set skips it all
-            self._fast = ((*(inputs or ()), None, *(out or ())), list(map(_COPY_STATE, keep)), info)
-        self.recording.start(info)
         self.last_submit_info = info if info is not None else self.recording.submit_info   # (benchmarks)
+        if not host and not staged:         # checked above: the next run with this argument set skips it all
+            self._fast = ((*(inputs or ()), None, *(out or ())), list(map(_COPY_STATE, keep)), info,
+                          self.last_submit_info)
+        self.recording.start(info)
         return keep
+
+    def _submit_fast(self, names, vals):
+        """Submit what the last run submitted when it had the same argument names (inputs, None,
+        outputs) and `vals`, its device tensors in that order, are in the same state; True if so.
+        Called holding _lock, with no run pending and the recording alive (_start checks both)."""
+        fast = self._fast
+        if fast is None or names != fast[0]:
+            return False
+        try:
+            if list(map(_COPY_STATE, vals)) != fast[1]:
+                return False
+        except AttributeError:          # a host array among them
+            return False
+        self._staged = _NOTHING
+        self.last_submit_info = info = fast[3]
+        rec = self.recording
+        self.device.submit(info, rec.fence_arr)     # rec.start(fast[2]), inlined: the caller checked rec.cmd
+        rec.n_submits += 1
+        return True
 
     def _record_io(self, key, inputs, out, staged, stage):
         """Record the copies of a new key (checked by _start) around the recording; its VkSubmitInfo."""

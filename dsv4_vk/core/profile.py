@@ -41,7 +41,7 @@ _env_flag = None
 
 def active():
     """True while any run should be profiled (the executor then records timestamps)."""
-    return bool(_stack) or _env_enabled()
+    return bool(_stack) or (_env_flag if _env_flag is not None else _env_enabled())   # (every run asks)
 
 
 def notify(stats):

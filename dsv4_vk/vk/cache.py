@@ -38,20 +38,21 @@ class ProgramCache:
 
     def put(self, key, entry):
         """Give a checked-out entry back (most recently used), then hold the budget."""
+        dev, idle = self.device, self._idle         # (the per-call path: attributes read once)
         with self._lock:
-            if self.device.closed:
+            if dev._closed:
                 return
-            entries = self._idle.get(key)
+            entries = idle.get(key)
             if entries is None:
-                self._idle[key] = [entry]
+                idle[key] = [entry]
             else:
                 entries.append(entry)
-                self._idle.move_to_end(key)
+                idle.move_to_end(key)
             self.nbytes += entry.nbytes
             self.count += 1
         # the pool took back what was queued at this call's allocation (BufferPool.take): over the
         # budget only if this sum says so
-        if self.nbytes + self.device.pool.free_bytes > self.device.cache_bytes:
+        if self.nbytes + dev.pool.free_bytes > dev.cache_bytes:
             self.enforce_budget()
 
     def _evict(self, keep_bytes, owner=None):
