@@ -1,7 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 //! variants: MODE_GEMV ; - | VEC4 ; LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; TB=1,2,3,4,5,6,7,8 ; - | W_BF16 | W_F16 ; - | NORM_X
-//! variants: MODE_GEMV_XS VEC4 ; - | W_BF16 | W_F16 ; - | NORM_X
 //! variants: MODE_GEMM_REGS ; - | VEC4 ; - | W_BF16 | W_F16
 //! variants: MODE_GEMM_SHARED ; - | W_BF16 | W_F16
 // MUL_MAT: d[b0, b1, t, n] = Σ_k x[b0, b1, t, k] · w[b0, b1, n, k]  (x @ wᵀ), f32 accumulation.
@@ -10,13 +9,6 @@
 //                     n); lane l takes k = l, l+LANES, ... for TB tokens at once (each w value is
 //                     loaded once per block), then a cluster reduction. n varies fastest across
 //                     clusters, so neighbouring clusters share the x rows.
-//   MODE_GEMV_XS      one token, no batch, VEC4 (decode's projections on GPUs): the workgroup stages x
-//                     in shared memory once (with NORM_X as x ⊙ g, Σx² reduced beside it), then each
-//                     subgroup computes rows wg·rows_wg + subgroup, + subgroups, ... of its block
-//                     (push rows_wg), lanes along k with UNROLL weight loads in flight, a
-//                     subgroupAdd per row. Every weight is read once and x once per block of rows,
-//                     not once per row: the per-row x reads from cache were twice the bytes of the
-//                     bf16 weights, and the folded norm's g as many again.
 //   MODE_GEMM_REGS    many tokens, no shared memory (lavapipe, where barrier() is slow): one
 //                     invocation per 4 tokens × 4 outputs tile, n-tiles fastest.
 //   MODE_GEMM_SHARED  many tokens on GPUs: one 256-invocation workgroup per 64 × 64 tile; 16-deep
@@ -53,9 +45,6 @@ layout(push_constant) uniform P {
     uint g_off;
     float eps;
 #endif
-#if defined(MODE_GEMV_XS)
-    uint rows_wg;
-#endif
 } p;
 #if defined(NORM_X)
 layout(binding = 3) readonly buffer G { float g[]; };
@@ -76,19 +65,10 @@ float acc[TB], ss[TB];      // ss: Σ x² of each token's row (NORM_X)
 uint xb[TB];
 
 #if defined(VEC4)
-// The norm weights of vec4 step k (loaded beside x and w, so that their latency overlaps theirs).
-vec4 g_at4(uint k) {
-#if defined(NORM_X)
-    return g4[p.g_off / 4 + k];
-#else
-    return vec4(1.0);
-#endif
-}
-
-void add4(uint t, vec4 xv, vec4 gv, vec4 wv) {
+void add4(uint t, vec4 xv, vec4 wv, uint k) {
 #if defined(NORM_X)
     ss[t] += dot(xv, xv);
-    xv *= gv;
+    xv *= g4[p.g_off / 4 + k];
 #endif
     acc[t] += dot(xv, wv);
 }
@@ -117,18 +97,17 @@ void main() {
     uint K4 = p.K / 4;
     if (TB == 1) {
         for (; k + (UNROLL - 1) * LANES < K4; k += UNROLL * LANES) {
-            vec4 wv[UNROLL], xv[UNROLL], gv[UNROLL];
+            vec4 wv[UNROLL], xv[UNROLL];
             [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
                 wv[u] = W4_AT(wb / 4 + k + u * LANES);
                 xv[u] = x4[xb[0] / 4 + k + u * LANES];
-                gv[u] = g_at4(k + u * LANES);
             }
-            [[unroll]] for (uint u = 0; u < UNROLL; ++u) add4(0, xv[u], gv[u], wv[u]);
+            [[unroll]] for (uint u = 0; u < UNROLL; ++u) add4(0, xv[u], wv[u], k + u * LANES);
         }
     }
     for (; k < K4; k += LANES) {
-        vec4 wv = W4_AT(wb / 4 + k), gv = g_at4(k);
-        [[unroll]] for (uint t = 0; t < TB; ++t) add4(t, x4[xb[t] / 4 + k], gv, wv);
+        vec4 wv = W4_AT(wb / 4 + k);
+        [[unroll]] for (uint t = 0; t < TB; ++t) add4(t, x4[xb[t] / 4 + k], wv, k);
     }
     k = K4 * 4 + lane;
 #endif
@@ -142,53 +121,6 @@ void main() {
         s /= sqrt(cluster_sum(ss[t]) / float(p.K) + p.eps);
 #endif
         if (lane == t % LANES) store(b0, b1, t0 + t, n, s);
-    }
-}
-
-#elif defined(MODE_GEMV_XS)
-#extension GL_KHR_shader_subgroup_basic : require
-#extension GL_KHR_shader_subgroup_arithmetic : require
-layout(constant_id = 1) const uint UNROLL = 4;
-const uint XS_MAX = 2048;                       // vec4 of x: K ≤ 8192 (the host checks)
-shared vec4 xs[XS_MAX];
-shared float ss_red[64];                        // one Σx² per subgroup (≤ 64 subgroups)
-
-void main() {
-    uint K4 = p.K / 4, tid = gl_LocalInvocationID.x;
-    uint row0 = flat_group() * p.rows_wg;
-    float ss = 0.0;
-    for (uint k = tid; k < K4; k += gl_WorkGroupSize.x) {
-        vec4 v = x4[p.x_off / 4 + k];
-#if defined(NORM_X)
-        ss += dot(v, v);
-        v *= g4[p.g_off / 4 + k];
-#endif
-        xs[k] = v;
-    }
-#if defined(NORM_X)
-    ss = subgroupAdd(ss);
-    if (subgroupElect()) ss_red[gl_SubgroupID] = ss;
-#endif
-    barrier();
-    float inv = 1.0;
-#if defined(NORM_X)
-    float total = 0.0;
-    for (uint i = 0u; i < gl_NumSubgroups; ++i) total += ss_red[i];
-    inv = 1.0 / sqrt(total / float(p.K) + p.eps);
-#endif
-    uint L = gl_SubgroupSize, row_end = min(row0 + p.rows_wg, p.N);
-    for (uint n = row0 + gl_SubgroupID; n < row_end; n += gl_NumSubgroups) {    // subgroup-uniform
-        uint wb = (p.w_off + n * p.w_s2) / 4;
-        float acc = 0.0;
-        uint k = gl_SubgroupInvocationID;
-        for (; k + (UNROLL - 1u) * L < K4; k += UNROLL * L) {
-            vec4 wv[UNROLL];                    // the weight loads first: UNROLL in flight
-            [[unroll]] for (uint u = 0u; u < UNROLL; ++u) wv[u] = W4_AT(wb + k + u * L);
-            [[unroll]] for (uint u = 0u; u < UNROLL; ++u) acc += dot(xs[k + u * L], wv[u]);
-        }
-        for (; k < K4; k += L) acc += dot(xs[k], W4_AT(wb + k));
-        acc = subgroupAdd(acc);
-        if (subgroupElect()) d[p.d_off + n * p.d_s3] = acc * inv;
     }
 }
 
@@ -260,5 +192,5 @@ void main() {
     [[unroll]] for (uint i = 0; i < R; ++i) [[unroll]] for (uint j = 0; j < R; ++j) store(b0, b1, t0 + ty + 16 * i, n0 + tx + 16 * j, acc[i][j]);
 }
 #else
-#error "define MODE_GEMV, MODE_GEMV_XS, MODE_GEMM_REGS or MODE_GEMM_SHARED"
+#error "define MODE_GEMV, MODE_GEMM_REGS or MODE_GEMM_SHARED"
 #endif

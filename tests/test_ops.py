@@ -24,7 +24,6 @@ from dsv4_vk.core.executor import CompiledGraph, Executor
 from dsv4_vk.core.graph import Graph
 from dsv4_vk.hc.metrics import max_abs, nmse, nonfinite_mismatch
 from dsv4_vk.ops import base, get_op
-from dsv4_vk.ops import mul_mat as mul_mat_op
 from dsv4_vk.ops.mul_mat import KERNELS
 
 SIZES = [1, 2, 3, 4, 5, 7, 8, 13, 16, 17, 31, 33, 64, 127, 255, 256, 257, 1000]
@@ -384,32 +383,6 @@ def check_lane_variants_on(rng, as_gpu):
 
 def test_lane_variants(rng):
     check_lane_variants(rng)
-
-
-@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
-@pytest.mark.parametrize("K,N", [(4096, 24), (8192, 300), (4, 1), (64, 1000)])
-def test_gemv_with_x_in_shared_memory(rng, dtype, K, N):
-    """MODE_GEMV_XS (one token; x, or x ⊙ g with the folded norm, staged once per block of rows: the GPUs'
-    one-token GEMV, forced here) against float64 of the stored weights, plain and with the norm; the largest
-    K it takes, one row, and blocks past N."""
-    from dsv4_vk.model.checkpoint import BF16
-    w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype({"f32": np.float32, "bf16": BF16, "f16": np.float16}[dtype])
-    x = (2 * rng.standard_normal((1, K))).astype(np.float32)
-    gn = rng.standard_normal(K).astype(np.float32)
-    for norm in (False, True):
-        g = Graph()
-        y = g.op("MUL_MAT", g.input("x", (1, K)), g.const(w), *([g.const(gn)] if norm else []),
-                 **({"rms_eps": 1e-6} if norm else {}))
-        g.output("y", y)
-        with mock.patch.dict(mul_mat_op.GEMV_XS, on=True):
-            ex = Executor()
-            got = ex.run(g, x=x)["y"]
-            assert mul_mat_op.use_gemv_xs(ex.device, 1, K, (1, 1), True)
-        ref, mag = (get_op("MUL_MAT").reference(a, b.astype(np.float64), *([c] if norm else []),
-                                                **({"rms_eps": 1e-6} if norm else {}))
-                    for a, b, c in ((x, w, gn), (np.abs(x), np.abs(w), np.abs(gn))))
-        assert np.all(np.isfinite(got)) and nmse(got, ref, mag) <= 1e-12, (norm, nmse(got, ref, mag))
-        assert np.all(np.abs(got - ref) <= 8 * K * 2.0 ** -24 * mag), (norm, max_abs(got, ref))
 
 
 def test_without_subgroup_operations(device, rng, monkeypatch):

@@ -54,24 +54,6 @@ def vec4_ok(*views):
 GEMV_UNROLL = {"unroll": None}
 
 
-# One token on GPUs: the GEMV that stages x (⊙ the folded norm weight) in shared memory once per
-# block of rows (MODE_GEMV_XS). None: on for GPUs; tests set it. K ≤ XS_MAX_K (the shared array);
-# blocks of rows so that about XS_TARGET_GROUPS workgroups cover N, at least one row per subgroup.
-GEMV_XS = {"on": None}
-XS_MAX_K = 8192
-XS_TARGET_GROUPS = 1024
-
-
-def use_gemv_xs(device, T, K, batch, vec4):
-    """Whether a one-token MUL_MAT takes MODE_GEMV_XS (needs subgroup sums over full subgroups)."""
-    on = GEMV_XS["on"]
-    if on is None:
-        on = not is_cpu(device)
-    sg = device.caps.subgroup
-    return (bool(on) and T == 1 and all(b == 1 for b in batch) and vec4 and K <= XS_MAX_K
-            and sg.full_subgroups and sg.supports("basic", "arithmetic"))
-
-
 def rms_weight(op, x, g, params):
     """Checks the optional RMS-norm weight g of a row-normalising mat-mul (x rows of K values)."""
     if g is None:
@@ -133,13 +115,7 @@ class MulMat(OpDef):
             defines["NORM_X"] = 1
             push += [g.offset, float(node.params["rms_eps"])]
             args.append(g)
-        if kernel == "gemv" and use_gemv_xs(device, T, K, b, "VEC4" in defines):
-            rows_wg = max(WORKGROUP // device.caps.subgroup.min_size, -(-N // XS_TARGET_GROUPS))
-            defines.update(MODE_GEMV_XS=1)
-            push.append(rows_wg)
-            grid = grid_1d(-(-N // rows_wg), 1)
-            spec, extra = (WORKGROUP, GEMV_UNROLL["unroll"] or 4), {"full_subgroups": True}
-        elif kernel == "gemv":
+        if kernel == "gemv":
             tb = min(next_pow2(T), GEMV_MAX_T)
             lane_defs, extra = cluster_lanes(device, K, per_lane=8, max_lanes=1 if is_cpu(device) else None)
             defines.update(lane_defs, MODE_GEMV=1, TB=tb)
