@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: - | VEC4 ; - | FINAL | KSPLIT | TILE
+//! variants: - | VEC4 ; - | FINAL | KSPLIT | TILE | KSPLIT POST
 //! variants: REDUCE
 // HC_MIX family: a site's flat RMS norm and mixes mat-mul, mix[t,j] = (x_t · fn[j]) / sqrt(mean(x_t²)
 // + norm_eps) with x_t = X[t] flattened (4·D), reading each token's X once for all M mixes and its
@@ -24,6 +24,11 @@
 //   token). With LPT = 1 every lane of a subgroup reads the same fn chunk: a broadcast.
 //   (Shared arrays have literal sizes here: 24·4·16 chunks, 24 KiB with vec4.)
 //   Each token's X is read once.
+// -D KSPLIT -D POST (HC_POST_MIX for many tokens: a layer boundary at prefill): the streams are not
+//   read from X but made by the post, X_new[t,d,:] = f[t,:]·post[t,d] + Σ_s comb[t,s,d]·res[t,s,:]
+//   (hc_post.comp's sum order), written out, and their partials computed from the registers: the
+//   next site's mixes cost no read of X_new. Bindings 0 f, 1 fn (the next site's), 2 partials,
+//   3 res, 4 post, 5 comb, 6 X_new; TPL ≤ 2.
 // -D TILE (many tokens; partials): the mixes as a register-blocked mat-mul. Workgroup g → token
 //   block g / G of 64 tokens and split g % G of SC chunks per stream (push slice). Its 64
 //   invocations are 16 token groups × 4 row groups: invocation (tg, rg) = (id % 16, id / 16) keeps
@@ -87,7 +92,15 @@ float dot_v(float a, float b) { return a * b; }
 float hsum(float v) { return v; }
 #endif
 // restrict: bindings never alias within a dispatch, so loads may be hoisted and batched (latency)
+#if defined(POST)
+layout(binding = 0) restrict readonly buffer Fsub { VEC fsub[]; };
+layout(binding = 3) restrict readonly buffer X { VEC x[]; };            // the residual streams
+layout(binding = 4) restrict readonly buffer PostW { float postw[]; };
+layout(binding = 5) restrict readonly buffer CombW { float combw[]; };
+layout(binding = 6) restrict writeonly buffer Xnew { VEC xnew[]; };
+#else
 layout(binding = 0) restrict readonly buffer X { VEC x[]; };
+#endif
 layout(binding = 1) restrict readonly buffer Fn { VEC fn[]; };
 layout(binding = 2) restrict writeonly buffer Out { float out_[]; };
 layout(push_constant) uniform P {
@@ -97,6 +110,11 @@ layout(push_constant) uniform P {
     uint f_off, f_sj;
     uint o_off, o_st, o_s2;
     uint tb;                                   // KSPLIT: tokens per workgroup
+#if defined(POST)
+    uint s_off, s_st;                          // f (the sublayer's output), in chunks
+    uint pw_off, pw_st, pw_sd, cw_off, cw_st, cw_ss, cw_sd;
+    uint n_off, n_st, n_sd;                    // X_new, in chunks
+#endif
 } p;
 
 #if defined(KSPLIT)
@@ -117,6 +135,36 @@ void lanes_sum(inout MixAcc A) {
         A.ss += subgroupShuffleXor(A.ss, m);
     }
 }
+
+#if defined(POST)
+struct PostCoef { vec4 pw; mat4 cw; };          // cw[d] = comb[t, 0..3, d]
+
+PostCoef post_coef(uint t) {
+    PostCoef P;
+    uint pb = p.pw_off + t * p.pw_st, cb = p.cw_off + t * p.cw_st;
+    [[unroll]] for (uint d = 0u; d < 4u; ++d) {
+        uint cd = cb + d * p.cw_sd;
+        P.pw[d] = postw[pb + d * p.pw_sd];
+        P.cw[d] = vec4(combw[cd], combw[cd + p.cw_ss], combw[cd + 2u * p.cw_ss], combw[cd + 3u * p.cw_ss]);
+    }
+    return P;
+}
+
+// Token t's new streams at chunk cc from its residual chunks v (replaced by them), stored if `store`.
+void post_streams(uint t, uint cc, PostCoef P, inout VEC v[4], bool store) {
+    VEC fv = fsub[p.s_off + t * p.s_st + cc];
+    VEC r[4];
+    [[unroll]] for (uint d = 0u; d < 4u; ++d) {
+        r[d] = fv * P.pw[d];
+        r[d] += v[0] * P.cw[d].x;
+        r[d] += v[1] * P.cw[d].y;
+        r[d] += v[2] * P.cw[d].z;
+        r[d] += v[3] * P.cw[d].w;
+    }
+    if (store) [[unroll]] for (uint d = 0u; d < 4u; ++d) xnew[p.n_off + t * p.n_st + d * p.n_sd + cc] = r[d];
+    v = r;
+}
+#endif
 
 void put_partials(MixAcc A, uint t, uint split) {
     uint ob = p.o_off + t * p.o_st + split * p.o_s2;
@@ -144,6 +192,10 @@ void main() {
         [[unroll]] for (uint i = 0u; i < 4u; ++i) xt[i] = p.x_off + min(ta + min(i, TPL - 1u), p.T - 1u) * p.x_st + c_begin;
         // per chunk the streams' x loads first, so that their latencies overlap
         MixAcc A = mixacc_zero(), B = mixacc_zero(), C = mixacc_zero(), E = mixacc_zero();
+#if defined(POST)
+        uint tpa = min(ta, p.T - 1u), tpb = min(ta + 1u, p.T - 1u);
+        PostCoef PA = post_coef(tpa), PB = post_coef(tpb);
+#endif
         for (uint c = lane; c < n_c; c += LPT) {
             VEC va[4], vb[4], vc[4], ve[4];
             [[unroll]] for (uint s = 0u; s < 4u; ++s) {
@@ -151,6 +203,10 @@ void main() {
                 if (TPL > 1u) vb[s] = x[xt[1] + s * p.x_ss + c];
                 if (TPL > 2u) { vc[s] = x[xt[2] + s * p.x_ss + c]; ve[s] = x[xt[3] + s * p.x_ss + c]; }
             }
+#if defined(POST)
+            post_streams(tpa, c_begin + c, PA, va, ta < t_end);
+            if (TPL > 1u) post_streams(tpb, c_begin + c, PB, vb, ta + 1u < t_end);
+#endif
             [[unroll]] for (uint s = 0u; s < 4u; ++s) {
                 if (TPL > 2u) mixacc_add4(A, B, C, E, va[s], vb[s], vc[s], ve[s], s * S + c, 4u * S);
                 else if (TPL > 1u) mixacc_add2(A, B, va[s], vb[s], s * S + c, 4u * S);

@@ -170,12 +170,14 @@ def test_comb_nan_inputs_propagate_alike(ex, rng):
 
 
 def test_sg16_below_16_lanes_is_refused_and_the_kernel_poisons(ex, rng, monkeypatch):
-    if ex.device.subgroup_size >= 16:
-        pytest.skip("this device can run sg16")
     g0 = Graph()
+    args = (g0.input("m", (2, 24)), g0.input("s", (3,)), g0.input("b", (24,)))
+    if ex.device.subgroup_size >= 16:       # the 16-lane kernel is this device's to run: the same call is accepted
+        hc.comb(g0, *args, variant="sg16", device=ex.device)
+        assert [n.op.name for n in g0.nodes] == ["HC_COMB"]
+        return
     with pytest.raises(HCUnsupported, match="subgroup size"):
-        hc.comb(g0, g0.input("m", (2, 24)), g0.input("s", (3,)), g0.input("b", (24,)), variant="sg16",
-                device=ex.device)
+        hc.comb(g0, *args, variant="sg16", device=ex.device)
     # force the 16-lane pipeline onto this smaller subgroup: the kernel must write NaN, not garbage
     monkeypatch.setattr(ops_hc, "comb_support", lambda d: {"sg16": None, "rows4": None})
     monkeypatch.setattr(ops_hc, "sg16_subgroup_size", lambda d: 16)
@@ -332,6 +334,15 @@ def test_site_chain_site_vs_three_op_vs_unfused_vs_float64(ex, rng, D, T, peak, 
         site_chain_case(ex, rng, D, T, peak, layout)
 
 
+@pytest.mark.parametrize("D, T, layout", [(64, 70, "c"), (33, 9, "c"), (256, 40, "streams_outer"), (4096, 65, "c")])
+def test_site_chain_carrying_at_prefill(ex, rng, D, T, layout):
+    """The chain with PREFILL_CARRY: past CARRY_MAX_T each post is HC_POST_MIX in KSPLIT's layout and the
+    next site starts from HC_MIX_REDUCE of its partials (three-op path; the site kernels when forced)."""
+    with tuning(hc.composite.PREFILL_CARRY, prefill=True):
+        assert hc.carries(ex.device, True, T, None) and hc.carries(ex.device, True, T, True)
+        site_chain_case(ex, rng, D, T, 1.0, layout)
+
+
 @pytest.mark.parametrize("D, T, wg, cpt", [(64, 1, 16, 2), (33, 3, 16, 4), (256, 2, 32, 2), (4096, 1, None, 4),
                                          (7, 9, 8, 3)])
 def test_site_chain_across_slice_layouts(ex, rng, D, T, wg, cpt):
@@ -353,9 +364,11 @@ def site_chain_case(ex, rng, D, T, peak, layout):
     for fused, site in SITE_PATHS:
         outs, g = run_chain(ex, feed, n, fused, site, views)
         ops = [nd.op.name for nd in g.nodes]
-        if site:
-            carry = T <= hc.composite.CARRY_MAX_T
-            assert ops.count("HC_POST_MIX") == (n if carry else 0) and ops.count("HC_MIX_PART") == (1 if carry else n + 1), ops
+        if fused:
+            carry = hc.carries(ex.device, fused, T, site)
+            assert ops.count("HC_POST_MIX") == (n if carry else 0), ops
+            if site:
+                assert ops.count("HC_MIX_PART") == (1 if carry else n + 1), ops
         name = "site" if site else "three-op" if fused else "unfused"
         for k, o in enumerate(outs):
             results[k][name] = o
@@ -520,6 +533,34 @@ def test_post_mix_partials(ex, rng, T, D, wg, m):
     assert part.shape == (T, groups, m + 1)
     pref = ops_hc.reference_mix_partials(ref, fn, groups, unit)
     pmag = ops_hc.reference_mix_partials(np.abs(ref), np.abs(fn), groups, unit)
+    assert (np.abs(part - pref) <= 64 * U * pmag + 1e-6 * np.abs(pmag)).all(), np.abs(part - pref).max()
+
+
+@pytest.mark.parametrize("T, D, m, lpt, tb, tpl", [(9, 64, 24, 4, 64, 2), (70, 5, 4, 1, 5, 1), (130, 260, 24, 2, 64, 2),
+                                                (65, 4096, 24, 4, 256, 2)])
+def test_post_mix_partials_ksplit(ex, rng, T, D, m, lpt, tb, tpl):
+    """HC_POST_MIX in KSPLIT's layout (many tokens: hc_mix.comp -D KSPLIT -D POST): the new streams (as
+    HC_POST) and the next fn's partials per split of 16 chunks against float64; partial token blocks,
+    scalar chunks (odd D), a residual fed as a permuted [4,T,D] input (strided)."""
+    wg = max(64, ex.device.subgroup_size)
+    lpt = min(lpt, ex.device.subgroup_size)
+    i = post_inputs(rng, T, D)
+    fn = (rng.uniform(-1, 1, (m, 4 * D)) * 2 / np.sqrt(4 * D)).astype(np.float32)
+    feed = {**i, "residual": np.ascontiguousarray(i["residual"].transpose(1, 0, 2)), "fn": fn}
+
+    def build(g, t):
+        out = g.empty((T, 4, D))
+        part = g.op("HC_POST_MIX", t["f"], t["residual"], t["post"], t["comb"], t["fn"], out, wg=wg, split=16,
+                    lpt=lpt, tb=tb, tpl=tpl)
+        return out, part
+    (x_new, part), g = run(ex, feed, build, views={"residual": lambda t: t.permute(1, 0, 2)})
+    ref = reference_post(**i)
+    assert (np.abs(x_new - ref) <= post_bound(**i)).all()
+    unit = 1 if D % 4 else 4        # (the permuted residual's strides are multiples of 4 where D is)
+    groups = -(-(D // unit) // 16)
+    assert part.shape == (T, groups, m + 1)
+    pref = ops_hc.reference_mix_partials(ref, fn, groups, unit, 16)
+    pmag = ops_hc.reference_mix_partials(np.abs(ref), np.abs(fn), groups, unit, 16)
     assert (np.abs(part - pref) <= 64 * U * pmag + 1e-6 * np.abs(pmag)).all(), np.abs(part - pref).max()
 
 

@@ -89,6 +89,21 @@ def test_the_attention_gpus_run_matches_too(monkeypatch, splits, chunk):
     assert any(T == 1 for T, _ in lowered)
 
 
+def test_prefill_with_the_posts_carrying_the_mixes_matches_too(monkeypatch):
+    """PREFILL_CARRY: prefill chunks of 16 tokens (past CARRY_MAX_T) chain their sites through
+    HC_POST_MIX in KSPLIT's layout and HC_MIX_REDUCE of the carried partials."""
+    from dsv4_vk.hc import composite
+    monkeypatch.setitem(composite.PREFILL_CARRY, "prefill", True)
+    cfg, w, e = fixture("mixed")
+    m = Model(cfg, w, fused=True, prefill_chunk=16)
+    m.prefill(e["prompt"])
+    ops = [n.op.name for n in m.compiled("prefill").graph.nodes]
+    n_sites = 2 * cfg.num_hidden_layers        # the head then starts from the last post's partials too
+    assert ops.count("HC_POST_MIX") == n_sites and ops.count("HC_MIX_REDUCE") == n_sites, ops
+    assert ops.count("HC_MIX") + ops.count("HC_MIX_PART") == 1, ops      # the first site's mixes only
+    check_fixture("mixed", True, chunk=16)
+
+
 @pytest.mark.parametrize("max_bytes", [0, 16384])
 def test_decode_with_fewer_norms_folded_matches_too(monkeypatch, max_bytes):
     """Norms left as RMS_NORM dispatches for mat-muls reading more than max_bytes of weights (0:

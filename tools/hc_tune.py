@@ -1,7 +1,9 @@
 """Sweep HC kernel launch layouts on a device and print GPU time and GB/s against a copy of the same
 bytes. Knobs are entries of the tuning tables: slice.* = hc.kernels.SLICE_TUNING (HC_PRE, HC_POST,
 HC_SITE: workgroup size, chunks per invocation), mix.* = hc.kernels.MIX_TUNING (HC_MIX kernels:
-workgroup size, D splits, KSPLIT split, lpt, tb, tpl), site.* = hc.composite.SITE_TUNING (HC_POST_MIX workgroup).
+workgroup size, D splits, KSPLIT split, lpt, tb, tpl, kernel), site.* = hc.composite.SITE_TUNING (HC_POST_MIX
+workgroup), carry.prefill = hc.composite.PREFILL_CARRY (0/1: HC_SITE past 8 tokens with the post carrying the
+next mixes).
 Every combination of the given values is timed (median of --replays, after a clock warm-up).
 --per-dispatch adds, per row, each dispatch's own GPU time (a second recording with a timestamp
 after every dispatch, which serialises them: the parts, not the whole).
@@ -10,6 +12,7 @@ after every dispatch, which serialises them: the parts, not the whole).
     python3 tools/hc_tune.py --ops HC_MIX --t 512,4096 --d 4096 --set mix.split=0,16 --set mix.lpt=1,2,4
     python3 tools/hc_tune.py --ops HC_MIX,HC_SITE --t 512,4096 --d 4096 --set mix.split=16 --set mix.tpl=1,2
     python3 tools/hc_tune.py --ops HC_SITE --t 1 --d 4096 --set site.post_wg=32,64,128 --set slice.wg=64,256
+    python3 tools/hc_tune.py --ops HC_SITE --t 512,4096 --d 4096 --set carry.prefill=0,1 --per-dispatch
 """
 import argparse
 import itertools
@@ -25,7 +28,8 @@ from dsv4_vk.cli.bench import bench_path
 from dsv4_vk.core.executor import CompiledGraph
 from dsv4_vk.vk import default_device, memory
 
-TABLES = {"slice": hc_ops.SLICE_TUNING, "mix": hc_ops.MIX_TUNING, "site": hc_composite.SITE_TUNING}
+TABLES = {"slice": hc_ops.SLICE_TUNING, "mix": hc_ops.MIX_TUNING, "site": hc_composite.SITE_TUNING,
+          "carry": hc_composite.PREFILL_CARRY}
 PATH = {"HC_SITE": C.SITE}
 
 
@@ -71,8 +75,11 @@ def main():
     ap.add_argument("--warm-ms", type=float, default=300.0, help="clock warm-up before each timing")
     ap.add_argument("--dedicated-mib", type=int, help="dedicated allocations for buffers from this size")
     ap.add_argument("--per-dispatch", action="store_true", help="also time each dispatch of a row on its own")
+    ap.add_argument("--site-path", choices=("site", "three-op"), default="site",
+                    help="HC_SITE's path: the site kernels (default) or the three fused ops")
     ap.add_argument("--out")
     a = ap.parse_args()
+    PATH["HC_SITE"] = C.SITE if a.site_path == "site" else C.THREE_OP
     if a.dedicated_mib is not None:
         memory.DEDICATED_FROM = a.dedicated_mib << 20
     knobs = a.set or [("slice", "wg", [int(v) for v in a.wg.split(",")]),

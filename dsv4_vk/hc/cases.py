@@ -24,10 +24,11 @@ OPS = ("HC_COMB", "HC_PRE", "HC_POST", "HC_STEP", "HC_SITE_PRE", "HC_MIX", "HC_S
 # with that comb), so their joint cost is read off one GPU timeline as a model sees it.
 # HC_MIX: a site's mixes (flat RMS + mixes mat-mul) alone.
 # HC_SITE: a whole site as it runs inside a model, pre and post, with an identity sublayer (f = u):
-# from X and the site's weights to u, post, comb and the new streams. At decode (T ≤
-# composite.CARRY_MAX_T) its mixes' partial sums come in as `mix` ([T,1,25], what the previous
-# site's post carries; the host computes them) and its post computes the next site's (next fn = fn):
-# the steady state of a chain of sites, mixes included. At prefill the site reads X for its mixes.
+# from X and the site's weights to u, post, comb and the new streams. Where a post carries the next
+# site's mixes (composite.carries: decode, T ≤ CARRY_MAX_T, and with PREFILL_CARRY any T) its
+# mixes' partial sums come in as `mix` ([T,1,25], what the previous site's post carries; the host
+# computes them) and its post computes the next site's (next fn = fn): the steady state of a chain of
+# sites, mixes included. Elsewhere the site reads X for its mixes.
 UNFUSED = "unfused"
 SITE, THREE_OP = "fused:site", "three-op"
 MAX_GROUPS = 65535
@@ -271,7 +272,7 @@ def build(case, path, device=None):
         site = True if path == SITE else False if path == THREE_OP else None
         kw = {"fused": fused, "site": site, "device": device}
         u, post, comb = hc.site_pre(g, t["X"], t["fn"], t["scale"], t["base"], hc_eps=case.eps, n_iter=case.n_iter,
-                                    mix=t["mix"] if case.T <= hc.CARRY_MAX_T else None, **kw)
+                                    mix=t["mix"] if hc.carries(device, fused, case.T, site) else None, **kw)
         X_new, _ = hc.site_post(g, u, t["X"], post, comb, next_fn=t["fn"], **kw)
         outs = {"u": u, "post": post, "comb": comb, "X_new": X_new}
     elif case.op == "HC_STEP":

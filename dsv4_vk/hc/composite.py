@@ -165,6 +165,11 @@ SITE_MAX_T = CARRY_MAX_T
 # HC_POST_MIX workgroup size: one chunk per invocation, so D/4/post_wg workgroups per token at decode
 # (tools/hc_tune.py sweeps it).
 SITE_TUNING = {"post_wg": 64}
+# Past CARRY_MAX_T tokens a site's post may carry the next site's mixes too: HC_POST_MIX in KSPLIT's
+# layout (the new streams made, written and reduced with the next fn's slices in one pass), then the
+# next site's HC_MIX_REDUCE + HC_COEFS + HC_PRE, so that prefill reads X_new once less per site.
+# Off until measured on a GPU (tools/gpu_session.sh mix; tools/hc_tune.py --set carry.prefill=0,1).
+PREFILL_CARRY = {"prefill": False}
 
 
 def _mix_partials(g, X, fn, device):
@@ -274,8 +279,9 @@ def site_pre(g, X, fn, scale, base, *, hc_eps=1e-6, norm_eps=1e-6, n_iter=20, fu
 
     Site path (HC_SITE on, policy.py): HC_MIX_PART (unless `mix`, the partials carried from the
     previous site's post, is given) then HC_SITE: two dispatches, one with `mix`. Three-op path:
-    the mixes (`mixes`), HC_COEFS (comb and both gates: post and comb are then strided views of
-    its [T,24] output), HC_PRE; `mix` is ignored there. Unfused: every op as its primitive chain.
+    the mixes (`mixes`, or HC_MIX_REDUCE of `mix`), HC_COEFS (comb and both gates: post and comb
+    are then strided views of its [T,24] output), HC_PRE. Unfused: every op as its primitive chain
+    (`mix` ignored).
     `fused` as for the three ops (False: the unfused chains); `site`: None (policy), True (force the
     site kernels), False (the three-op path)."""
     _check_site_args(g, X, fn, scale, base, N_MIX, 3)
@@ -288,13 +294,21 @@ def site_pre(g, X, fn, scale, base, *, hc_eps=1e-6, norm_eps=1e-6, n_iter=20, fu
         u, coefs = _site_kernels(g, X, fn, scale, base, mix, N_MIX, hc_eps, norm_eps, n_iter, device)
         _, post_w, comb_m = _coef_views(g, coefs)
         return u, post_w, comb_m
-    return _three_op_pre(g, X, fn, scale, base, hc_eps, norm_eps, n_iter, fused, device)
+    return _three_op_pre(g, X, fn, scale, base, hc_eps, norm_eps, n_iter, fused, device, mix)
 
 
-def _three_op_pre(g, X, fn, scale, base, hc_eps, norm_eps, n_iter, fused, device):
+def _carried_or_mixes(g, X, fn, norm_eps, fused, device, carry):
+    """The mixes [T,m]: HC_MIX_REDUCE of the carried partials where given (fused), else `_mixes`."""
+    if carry is not None and fused:
+        return g.op("HC_MIX_REDUCE", carry, norm_eps=norm_eps, width=HC * X.shape[2])
+    return _mixes(g, X, fn, norm_eps, fused, device)
+
+
+def _three_op_pre(g, X, fn, scale, base, hc_eps, norm_eps, n_iter, fused, device, carry=None):
     comb_choice = hc_policy.choose("HC_COMB", device, fused)
     with g.tag("HC_MIX"):
-        mix = _mixes(g, X, fn, norm_eps, comb_choice.fused and mix_supported(device) is None, device)
+        mix = _carried_or_mixes(g, X, fn, norm_eps, comb_choice.fused and mix_supported(device) is None, device,
+                                carry)
     if comb_choice.fused:
         # site fusion: the comb kernel also writes the pre/post gates (HC_COEFS, one dispatch for nine)
         _record(g, "HC_COMB", hc_policy.Choice(True, comb_choice.variant, comb_choice.reason + "; HC_COEFS: "
@@ -339,9 +353,17 @@ def site(g, X, fn, scale, base, sublayer, *, mix=None, next_fn=None, hc_eps=1e-6
 
 
 def carries(device, fused, T, site=None):
-    """Whether a site's post carries the next site's mixes partials at T tokens (the site path, T ≤
-    CARRY_MAX_T)."""
-    return T <= CARRY_MAX_T and _site_choice(device, fused, site, T).fused
+    """Whether a site's post carries the next site's mixes partials at T tokens: the site path up to
+    CARRY_MAX_T; beyond, with PREFILL_CARRY, where the post, the comb and KSPLIT's mixes run fused."""
+    choice = _site_choice(device, fused, site, T)
+    if T <= CARRY_MAX_T:
+        return choice.fused
+    if not PREFILL_CARRY["prefill"] or fused is False:
+        return False
+    sg = device.caps.subgroup
+    return (choice.fused or choice.variant == hc_policy.THREE_OP) and mix_supported(device) is None \
+        and hc_policy.choose("HC_POST", device, fused).fused and hc_policy.choose("HC_COMB", device, fused).fused \
+        and device.supports_subgroup_op("shuffle") and sg.full_subgroups and sg.min_size >= 4
 
 
 def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, device=None):
@@ -359,10 +381,17 @@ def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, d
     for name, t in (("f", f), ("residual", X), ("post", post_w), ("comb", comb_m)):
         _tensor(g, name, t)
     check_post_shapes(f.shape, X.shape, post_w.shape, comb_m.shape)
+    T, D = f.shape
+    layout = {"wg": SITE_TUNING["post_wg"]}
+    if T > CARRY_MAX_T:             # KSPLIT's layout for many tokens (two tokens per lane group at most)
+        f, X, next_fn = _unit_inner(g, f), _unit_inner(g, X), _unit_inner(g, next_fn)
+        unit = 4 if kernels.vec4_ok(D, [f, X, next_fn]) else 1
+        layout = kernels.mix_layout(device, T, D // unit, kernel="ksplit")
+        layout = {k: layout[k] for k in ("wg", "split", "lpt", "tb")} | {"tpl": min(layout["tpl"], 2)}
     with g.tag("HC_POST"):
         out = g.empty(X.shape)
         carry = g.op("HC_POST_MIX", _unit_inner(g, f), _unit_inner(g, X), post_w, comb_m, _unit_inner(g, next_fn),
-                     out, wg=SITE_TUNING["post_wg"])
+                     out, **layout)
     return out, carry
 
 
@@ -382,6 +411,6 @@ def head_pre(g, X, fn_h, scale_h, base_h, *, hc_eps=1e-6, norm_eps=1e-6, fused=N
         return u
     pre_choice = hc_policy.choose("HC_PRE", device, fused)
     with g.tag("HC_MIX"):
-        m = _mixes(g, X, fn_h, norm_eps, pre_choice.fused and mix_supported(device) is None, device)
+        m = _carried_or_mixes(g, X, fn_h, norm_eps, pre_choice.fused and mix_supported(device) is None, device, mix)
         pre_h = _gate(g, m, scale_h, base_h, 1.0, hc_eps)
     return pre(g, X, pre_h, fused=fused, device=device)

@@ -252,7 +252,7 @@ TILE_SPLIT = 64
 MIX_MANY_TOKENS_GPU = "ksplit"
 
 
-def mix_layout(device, T, chunks):
+def mix_layout(device, T, chunks, kernel=None):
     """The HC_MIX kernels' layout for T tokens of `chunks` chunks per stream, as
     node params: wg, groups G, and for KSPLIT split S, lpt, tb (split 0: the per-token kernel).
     - T ≥ KSPLIT_MIN_T with shuffles and full subgroups: KSPLIT, G = chunks/S splits each staging its
@@ -267,7 +267,7 @@ def mix_layout(device, T, chunks):
     target = MIX_TARGET_GROUPS.get(device.caps.type, MIX_TARGET_GROUPS_DEFAULT)
     cpu = device.caps.is_cpu
     sg = device.caps.subgroup
-    kernel = t["kernel"]
+    kernel = kernel or t["kernel"]         # (an argument: a caller that needs one kernel, e.g. HC_POST_MIX's KSPLIT)
     if kernel is not None and kernel not in MIX_KERNELS:
         raise ValueError(f"MIX_TUNING kernel must be one of {MIX_KERNELS} or None, got {kernel!r}")
     if kernel is None:
@@ -337,6 +337,26 @@ def _check_layout_param(op, params, name):
     return int(v)
 
 
+def _ksplit_checks(op, device, chunks, groups, m, unit, pr, tpls):
+    """The KSPLIT layout's constraints (hc_mix.comp -D KSPLIT, with or without POST)."""
+    split, wg, lpt, tpl = pr.get("split", 0), pr["wg"], pr.get("lpt", 1), pr.get("tpl", 1)
+    if split != KSPLIT_S or groups != -(-chunks // split):
+        raise ValueError(f"{op}: split must be {KSPLIT_S} with partials of groups = "
+                         f"ceil({chunks} / {KSPLIT_S}), got split {split}, groups {groups}")
+    sg = device.caps.subgroup
+    if not (device.supports_subgroup_op("shuffle") and sg.full_subgroups):
+        raise HCUnsupported(f"{op}: KSPLIT needs subgroup shuffles and full subgroups, {device.name} has not")
+    if lpt & (lpt - 1) or wg % lpt or lpt > sg.min_size:
+        raise ValueError(f"{op}: lpt ({lpt}) must be a power of two dividing wg ({wg}) and at most "
+                         f"the subgroup size ({sg.min_size})")
+    need = m * HC * split * unit * 4
+    if need > device.caps.limits.max_shared_memory:
+        raise HCUnsupported(f"{op}: split {split} stages {need} B of fn in shared memory, "
+                            f"{device.name} has {device.caps.limits.max_shared_memory} B")
+    if tpl not in tpls:
+        raise ValueError(f"{op}: tpl (tokens per lane group) must be one of {tpls}, got {tpl}")
+
+
 def _mix_launch(node, device, final, groups):
     """The launch of HC_MIX (final) or HC_MIX_PART: the per-token kernel, or KSPLIT (param split > 0)."""
     X, fn = node.inputs
@@ -363,18 +383,9 @@ def _mix_launch(node, device, final, groups):
         defines["TILE"] = 1
         grid, spec = grid_1d(-(-T // TILE_TOKENS) * groups, 1), (wg, m)
     elif split:
-        if split != KSPLIT_S or final or groups != -(-chunks // split):
-            raise ValueError(f"{node.op.name}: split must be {KSPLIT_S} with partials of groups = "
-                             f"ceil({chunks} / {KSPLIT_S}), got split {split}, groups {groups}")
-        if lpt & (lpt - 1) or wg % lpt or lpt > device.caps.subgroup.min_size:
-            raise ValueError(f"{node.op.name}: lpt ({lpt}) must be a power of two dividing wg ({wg}) and at most "
-                             f"the subgroup size ({device.caps.subgroup.min_size})")
-        need = m * HC * split * unit * 4
-        if need > device.caps.limits.max_shared_memory:
-            raise HCUnsupported(f"{node.op.name}: split {split} stages {need} B of fn in shared memory, "
-                                f"{device.name} has {device.caps.limits.max_shared_memory} B")
-        if tpl not in (1, 2, 4):
-            raise ValueError(f"{node.op.name}: tpl (tokens per lane group) must be 1, 2 or 4, got {tpl}")
+        if final:
+            raise ValueError(f"{node.op.name}: KSPLIT writes partials, not the final mixes")
+        _ksplit_checks(node.op.name, device, chunks, groups, m, unit, pr, (1, 2, 4))
         defines["KSPLIT"] = 1
         grid, spec = grid_1d(-(-T // tb) * groups, 1), (wg, m, lpt, tpl)
     else:
@@ -646,19 +657,44 @@ class HcPost(OpDef):
         return reference_post(f, residual, post, comb)
 
 
-def post_mix_groups(D, tensors, wg):
-    """Splits (workgroups per token) of HC_POST_MIX: one chunk per invocation."""
-    return -(-(D // 4 if vec4_ok(D, tensors) else D) // wg)
+def post_mix_groups(D, tensors, wg, split=0):
+    """Splits of HC_POST_MIX's partials: workgroups per token (one chunk per invocation), or with
+    split > 0 (KSPLIT, many tokens) the D splits of `split` chunks."""
+    chunks = D // 4 if vec4_ok(D, tensors) else D
+    return -(-chunks // (split or wg))
+
+
+def _post_mix_ksplit_launch(node, device, f, res, post, comb, fn, out, part):
+    """HC_POST_MIX for many tokens: hc_mix.comp -D KSPLIT -D POST (blocks of tokens through the next
+    fn's D split staged in shared memory, the new streams made and written on the way)."""
+    T, D = f.shape
+    vec4 = vec4_ok(D, [f, res, out, fn])
+    unit = 4 if vec4 else 1
+    chunks = D // unit
+    pr = node.params
+    m, groups = fn.shape[0], part.shape[1]
+    _ksplit_checks(node.op.name, device, chunks, groups, m, unit, pr, (1, 2))
+    wg, lpt, tb, tpl = pr["wg"], pr["lpt"], pr["tb"], pr["tpl"]
+    push = pack_push(T, chunks, KSPLIT_S, groups, 1.0 / (HC * D), 0.0,
+                     res.offset // unit, *_strides_in(res, unit), fn.offset // unit, fn.strides[0] // unit,
+                     part.offset, part.strides[0], part.strides[1], tb,
+                     f.offset // unit, *_strides_in(f, unit), post.offset, *post.strides, comb.offset, *comb.strides,
+                     out.offset // unit, *_strides_in(out, unit))
+    defines = {"KSPLIT": 1, "POST": 1, **({"VEC4": 1} if vec4 else {})}
+    return [Launch("hc_mix", [f, fn, part, res, post, comb, out], (2, 6), push, grid_1d(-(-T // tb) * groups, 1),
+                   defines=defines, spec=(wg, m, lpt, tpl), full_subgroups=True)]
 
 
 @register
 class HcPostMix(OpDef):
-    """HC_POST_MIX(f, residual, post, comb, fn_next [m,4D], out [T,4,D], wg=) -> partials [T,G,m+1].
+    """HC_POST_MIX(f, residual, post, comb, fn_next [m,4D], out [T,4,D], wg=[, split=, lpt=, tb=, tpl=])
+    -> partials [T,G,m+1].
 
     A layer boundary in one pass: HC_POST writes the new streams into its argument `out` (an empty
     tensor the graph function made: written_inputs) and, from the values still in registers, the
-    next site's mixes partials (hc_post.comp -D MIX_NEXT; G = workgroups per token, one chunk per
-    invocation), which HC_SITE finishes."""
+    next site's mixes partials, which HC_SITE or HC_MIX_REDUCE finish. Few tokens: hc_post.comp
+    -D MIX_NEXT, G = workgroups per token (one chunk per invocation). With split (KSPLIT's layout,
+    `mix_layout(..., kernel="ksplit")`, tpl ≤ 2): hc_mix.comp -D KSPLIT -D POST, G = D splits."""
     name, n_inputs = "HC_POST_MIX", 6
     written_inputs = (5,)
 
@@ -671,17 +707,28 @@ class HcPostMix(OpDef):
             _unit_inner(self.name, name, t)
         _check_fn_rows(self.name, "fn_next", fn)
         wg = _check_layout_param(self.name, params, "wg")
-        return (T, post_mix_groups(D, [f, res, out, fn], wg), fn.shape[0] + 1), "f32"
+        split = 0
+        if params.get("split", 0):
+            split = _check_layout_param(self.name, params, "split")
+            for k in ("lpt", "tb", "tpl"):
+                _check_layout_param(self.name, params, k)
+        return (T, post_mix_groups(D, [f, res, out, fn], wg, split), fn.shape[0] + 1), "f32"
 
     def lower(self, node, device):
         f, res, post, comb, fn, out = node.inputs
+        if node.params.get("split", 0):
+            why = mix_supported(device)
+            if why is not None:
+                raise HCUnsupported(f"{self.name} cannot run on {device.name}: {why}")
+            return _post_mix_ksplit_launch(node, device, f, res, post, comb, fn, out, node.output)
         why = site_supported(device)
         if why is not None:
             raise HCUnsupported(f"{self.name} cannot run on {device.name}: {why}")
         return _post_launch(node, device, f, res, post, comb, out, fn, node.output, node.params["wg"])
 
-    def reference(self, f, residual, post, comb, fn_next, out=None, wg=1):
+    def reference(self, f, residual, post, comb, fn_next, out=None, wg=1, split=0, lpt=1, tb=1, tpl=1):
         x = reference_post(f, residual, post, comb)
         D = np.shape(f)[1]
-        groups = -(-(D // 4 if D % 4 == 0 else D) // wg)
-        return reference_mix_partials(x, fn_next, groups, 4 if D % 4 == 0 else 1)
+        chunk = 4 if D % 4 == 0 else 1
+        groups = -(-(D // chunk) // (split or wg))
+        return reference_mix_partials(x, fn_next, groups, chunk, split)
