@@ -512,55 +512,35 @@ def test_coefs_kernel(ex, rng, T):
         assert nmse(c, ref) <= REF_NMSE and max_abs(c, ref) <= REF_MAX_ABS, variant
 
 
-@pytest.mark.parametrize("T, D, wg, m", [(1, 4096, 64, 24), (3, 5, 16, 4), (8, 36, 32, 24), (2, 7168, 256, 4)])
-def test_post_mix_partials(ex, rng, T, D, wg, m):
-    """HC_POST_MIX alone: the new streams (as HC_POST) and the next fn's partial sums per D slice of
-    wg chunks, against float64; a residual fed as a permuted [4,T,D] input (strided)."""
-    wg = max(wg, ex.device.subgroup_size)
+@pytest.mark.parametrize("T, D, m, layout", [
+    (1, 4096, 24, {"wg": 64}), (3, 5, 4, {"wg": 16}), (8, 36, 24, {"wg": 32}), (2, 7168, 4, {"wg": 256}),
+    (9, 64, 24, {"split": 16, "lpt": 4, "tb": 64, "tpl": 2}), (70, 5, 4, {"split": 16, "lpt": 1, "tb": 5, "tpl": 1}),
+    (130, 260, 24, {"split": 16, "lpt": 2, "tb": 64, "tpl": 2}), (65, 4096, 24, {"split": 16, "lpt": 4, "tb": 256, "tpl": 2})])
+def test_post_mix_partials(ex, rng, T, D, m, layout):
+    """HC_POST_MIX alone: the new streams (as HC_POST) and the next fn's partial sums against float64,
+    per D slice of wg chunks (hc_post.comp -D MIX_NEXT) or, with split, per split of 16 chunks in
+    KSPLIT's layout (hc_mix.comp -D KSPLIT -D POST: partial token blocks, scalar chunks at odd D); a
+    residual fed as a permuted [4,T,D] input (strided)."""
+    split = layout.get("split", 0)
+    layout = {**layout, "wg": max(layout.get("wg", 64), ex.device.subgroup_size)}
+    if split:
+        layout["lpt"] = min(layout["lpt"], ex.device.subgroup_size)
     i = post_inputs(rng, T, D)
     fn = (rng.uniform(-1, 1, (m, 4 * D)) * 2 / np.sqrt(4 * D)).astype(np.float32)
     feed = {**i, "residual": np.ascontiguousarray(i["residual"].transpose(1, 0, 2)), "fn": fn}
 
     def build(g, t):
         out = g.empty((T, 4, D))
-        part = g.op("HC_POST_MIX", t["f"], t["residual"], t["post"], t["comb"], t["fn"], out, wg=wg)
+        part = g.op("HC_POST_MIX", t["f"], t["residual"], t["post"], t["comb"], t["fn"], out, **layout)
         return out, part
     (x_new, part), g = run(ex, feed, build, views={"residual": lambda t: t.permute(1, 0, 2)})
     ref = reference_post(**i)
     assert (np.abs(x_new - ref) <= post_bound(**i)).all()
-    unit = 4 if D % 4 == 0 else 1
-    groups = -(-(D // unit) // wg)
+    unit = 4 if D % 4 == 0 else 1           # (the permuted residual's strides are multiples of 4 where D is)
+    groups = -(-(D // unit) // (split or layout["wg"]))
     assert part.shape == (T, groups, m + 1)
-    pref = ops_hc.reference_mix_partials(ref, fn, groups, unit)
-    pmag = ops_hc.reference_mix_partials(np.abs(ref), np.abs(fn), groups, unit)
-    assert (np.abs(part - pref) <= 64 * U * pmag + 1e-6 * np.abs(pmag)).all(), np.abs(part - pref).max()
-
-
-@pytest.mark.parametrize("T, D, m, lpt, tb, tpl", [(9, 64, 24, 4, 64, 2), (70, 5, 4, 1, 5, 1), (130, 260, 24, 2, 64, 2),
-                                                (65, 4096, 24, 4, 256, 2)])
-def test_post_mix_partials_ksplit(ex, rng, T, D, m, lpt, tb, tpl):
-    """HC_POST_MIX in KSPLIT's layout (many tokens: hc_mix.comp -D KSPLIT -D POST): the new streams (as
-    HC_POST) and the next fn's partials per split of 16 chunks against float64; partial token blocks,
-    scalar chunks (odd D), a residual fed as a permuted [4,T,D] input (strided)."""
-    wg = max(64, ex.device.subgroup_size)
-    lpt = min(lpt, ex.device.subgroup_size)
-    i = post_inputs(rng, T, D)
-    fn = (rng.uniform(-1, 1, (m, 4 * D)) * 2 / np.sqrt(4 * D)).astype(np.float32)
-    feed = {**i, "residual": np.ascontiguousarray(i["residual"].transpose(1, 0, 2)), "fn": fn}
-
-    def build(g, t):
-        out = g.empty((T, 4, D))
-        part = g.op("HC_POST_MIX", t["f"], t["residual"], t["post"], t["comb"], t["fn"], out, wg=wg, split=16,
-                    lpt=lpt, tb=tb, tpl=tpl)
-        return out, part
-    (x_new, part), g = run(ex, feed, build, views={"residual": lambda t: t.permute(1, 0, 2)})
-    ref = reference_post(**i)
-    assert (np.abs(x_new - ref) <= post_bound(**i)).all()
-    unit = 1 if D % 4 else 4        # (the permuted residual's strides are multiples of 4 where D is)
-    groups = -(-(D // unit) // 16)
-    assert part.shape == (T, groups, m + 1)
-    pref = ops_hc.reference_mix_partials(ref, fn, groups, unit, 16)
-    pmag = ops_hc.reference_mix_partials(np.abs(ref), np.abs(fn), groups, unit, 16)
+    pref = ops_hc.reference_mix_partials(ref, fn, groups, unit, split)
+    pmag = ops_hc.reference_mix_partials(np.abs(ref), np.abs(fn), groups, unit, split)
     assert (np.abs(part - pref) <= 64 * U * pmag + 1e-6 * np.abs(pmag)).all(), np.abs(part - pref).max()
 
 
