@@ -26,7 +26,7 @@
 //   Each token's X is read once.
 // -D KSPLIT -D POST (HC_POST_MIX for many tokens: a layer boundary at prefill): the streams are not
 //   read from X but made by the post, X_new[t,d,:] = f[t,:]·post[t,d] + Σ_s comb[t,s,d]·res[t,s,:]
-//   (hc_post.comp's sum order), written out, and their partials computed from the registers: the
+//   (hc_post.glsl, as hc_post.comp), written out, and their partials computed from the registers: the
 //   next site's mixes cost no read of X_new. Bindings 0 f, 1 fn (the next site's), 2 partials,
 //   3 res, 4 post, 5 comb, 6 X_new; TPL ≤ 2.
 // -D TILE (many tokens; partials): the mixes as a register-blocked mat-mul. Workgroup g → token
@@ -139,6 +139,7 @@ void lanes_sum(inout MixAcc A) {
 }
 
 #if defined(POST)
+#include "hc_post.glsl"
 struct PostCoef { vec4 pw; mat4 cw; };          // cw[d] = comb[t, 0..3, d]
 
 PostCoef post_coef(uint t) {
@@ -156,13 +157,7 @@ PostCoef post_coef(uint t) {
 void post_streams(uint t, uint cc, PostCoef P, inout VEC v[4], bool store) {
     VEC fv = fsub[p.s_off + t * p.s_st + cc];
     VEC r[4];
-    [[unroll]] for (uint d = 0u; d < 4u; ++d) {
-        r[d] = fv * P.pw[d];
-        r[d] += v[0] * P.cw[d].x;
-        r[d] += v[1] * P.cw[d].y;
-        r[d] += v[2] * P.cw[d].z;
-        r[d] += v[3] * P.cw[d].w;
-    }
+    [[unroll]] for (uint d = 0u; d < 4u; ++d) r[d] = post_stream(fv, P.pw[d], P.cw[d], v[0], v[1], v[2], v[3]);
     if (store) [[unroll]] for (uint d = 0u; d < 4u; ++d) xnew[p.n_off + t * p.n_st + d * p.n_sd + cc] = r[d];
     v = r;
 }

@@ -28,6 +28,7 @@ float dot_v(vec4 a, vec4 b) { return dot(a, b); }
 #define VEC float
 float dot_v(float a, float b) { return a * b; }
 #endif
+#include "hc_post.glsl"
 layout(binding = 0) readonly buffer F { VEC f[]; };
 layout(binding = 1) readonly buffer R { VEC res[]; };
 layout(binding = 2) readonly buffer Post { float post[]; };
@@ -93,13 +94,7 @@ void main() {
         VEC fv = f[p.f_off + t * p.f_st + c];
         VEC x0 = res[rb], x1 = res[rb + p.r_ss], x2 = res[rb + 2u * p.r_ss], x3 = res[rb + 3u * p.r_ss];
         VEC r[4];
-        [[unroll]] for (uint d = 0u; d < 4u; ++d) {
-            r[d] = fv * pw[d];
-            r[d] += x0 * cw[d].x;
-            r[d] += x1 * cw[d].y;
-            r[d] += x2 * cw[d].z;
-            r[d] += x3 * cw[d].w;
-        }
+        [[unroll]] for (uint d = 0u; d < 4u; ++d) r[d] = post_stream(fv, pw[d], cw[d], x0, x1, x2, x3);
         uint ob = p.o_off + t * p.o_st + c;
         [[unroll]] for (uint d = 0u; d < 4u; ++d) o[ob + d * p.o_sd] = r[d];
 #if defined(MIX_NEXT)

@@ -405,3 +405,18 @@ def test_hc_graphs_are_clean_under_validation(width):
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip().endswith("messages 0"), r.stdout
     assert ("sg16" in r.stdout) == (width == 512), r.stdout
+
+
+@pytest.mark.parametrize("ops, kernel", [(("basic", "arithmetic", "shuffle"), "ksplit"), (("basic", "arithmetic"), "token")])
+def test_many_tokens_mixes_on_a_gpu_take_ksplit_only_with_shuffles(env, device, monkeypatch, ops, kernel):
+    """The mixes of many tokens on a GPU: KSPLIT where its lanes can shuffle, else the per-token kernel
+    (never a KSPLIT launch the device would refuse). (`env`: the policy's choices for the faked
+    device are forgotten afterwards.)"""
+    import dataclasses
+    from dsv4_vk.hc import kernels
+    sg = dataclasses.replace(device.caps.subgroup, operations=ops, full_subgroups=True, min_size=32, max_size=32)
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", subgroup=sg))
+    lay = kernels.mix_layout(device, 4096, 1024)
+    assert lay["split"] == (kernels.KSPLIT_S if kernel == "ksplit" else 0) and "tile" not in lay
+    monkeypatch.setitem(hc.composite.PREFILL_CARRY, "prefill", True)     # the prefill carry is KSPLIT's too
+    assert hc.carries(device, None, 4096) == (kernel == "ksplit")

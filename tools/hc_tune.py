@@ -24,8 +24,7 @@ from dsv4_vk.hc import cases as C
 from dsv4_vk.hc import composite as hc_composite
 from dsv4_vk.hc import kernels as hc_ops
 from dsv4_vk.cli import floor as F
-from dsv4_vk.cli.bench import bench_path
-from dsv4_vk.core.executor import CompiledGraph
+from dsv4_vk.cli.bench import bench_path, dispatch_times
 from dsv4_vk.vk import default_device, memory
 
 TABLES = {"slice": hc_ops.SLICE_TUNING, "mix": hc_ops.MIX_TUNING, "site": hc_composite.SITE_TUNING,
@@ -41,24 +40,6 @@ def knob(text):
                                          f"{[f'{t}.{k}' for t, d in TABLES.items() for k in d]}, got {text!r}")
     # numbers, 'auto' (None), or names (e.g. mix.kernel=tile,ksplit)
     return table, key, [None if v == "auto" else int(v) if v.lstrip("-").isdigit() else v for v in values.split(",")]
-
-
-def per_dispatch(dev, case, path, inputs, replays, warm):
-    """[(label, median µs)] per dispatch of the case's graph, a timestamp after each."""
-    cg = CompiledGraph(dev, C.build(case, path, dev), timestamps=True)
-    try:
-        for name, array in inputs.items():
-            cg.set_input(name, array)
-        rec = cg.recording
-        rec.submit()
-        warm()
-        runs = []
-        for _ in range(replays):
-            rec.submit()
-            runs.append(rec.timings())
-        return [(lab, float(np.median([r[i] for r in runs])) / 1e3) for i, lab in enumerate(rec.labels)]
-    finally:
-        cg.release()
 
 
 def main():
@@ -103,7 +84,7 @@ def main():
                         TABLES[t][k] = v
                     try:
                         r = bench_path(dev, case, PATH.get(op, "fused"), inputs, a.replays, a.repeat, warm)
-                        parts = per_dispatch(dev, case, PATH.get(op, "fused"), inputs, a.replays, warm) \
+                        parts = dispatch_times(dev, case, PATH.get(op, "fused"), inputs, a.replays, warm) \
                             if a.per_dispatch else None
                     except Exception as e:          # a layout the device refuses: report, go on
                         print(f"{op:8s} T={T} D={D} {setting}: {type(e).__name__}: {e}")

@@ -73,36 +73,54 @@ def graph_barriers(device, graph):
         cg.release()
 
 
-def bench_path(device, case, path, inputs, replays, repeat=1, warm=None):
-    """One row: timings of `case` along `path`; with repeat > 1 the graph is recorded that many
-    times back to back in one command buffer and the GPU time is per repetition. warm: called
-    right before the timed replays (floor.ClockWarmer: the GPU's clock up from idle)."""
+def _replays(device, graph, inputs, replays, warm, timestamps, repeat=1):
+    """The recording of `graph` with `inputs` set, submitted once (shader JIT, first touch of the
+    buffers), then after warm() handed to the caller `replays` times to submit and time; released
+    at the end."""
     from ..core.executor import CompiledGraph
-    graph = C.build(case, path, device)
-    # timestamps only before and after the graph: per-dispatch ones would serialise the work timed
-    cg = CompiledGraph(device, graph, timestamps="ends", repeat=repeat)
+    cg = CompiledGraph(device, graph, timestamps=timestamps, repeat=repeat)
     try:
         for name, array in inputs.items():
             cg.set_input(name, array)
         rec = cg.recording
-        rec.submit()                    # warm-up: shader JIT, first touch of the buffers
+        rec.submit()
         if warm is not None:
             warm()
-        gpu, wall = [], []
         for _ in range(replays):
-            t0 = time.perf_counter_ns()
-            rec.submit()
-            wall.append((time.perf_counter_ns() - t0) / 1e3)
-            gpu.append(rec.total_gpu_ns() / 1e3 / repeat)
-        # a repeated recording adds barriers between repetitions: count one recording's own
-        dispatches = rec.n_dispatches // repeat
-        barriers = rec.n_barriers if repeat == 1 else graph_barriers(device, graph)
+            yield rec
     finally:
         cg.release()
+
+
+def bench_path(device, case, path, inputs, replays, repeat=1, warm=None):
+    """One row: timings of `case` along `path`; with repeat > 1 the graph is recorded that many
+    times back to back in one command buffer and the GPU time is per repetition. warm: called
+    right before the timed replays (floor.ClockWarmer: the GPU's clock up from idle)."""
+    graph = C.build(case, path, device)
+    gpu, wall = [], []
+    # timestamps only before and after the graph: per-dispatch ones would serialise the work timed
+    for rec in _replays(device, graph, inputs, replays, warm, "ends", repeat):
+        t0 = time.perf_counter_ns()
+        rec.submit()
+        wall.append((time.perf_counter_ns() - t0) / 1e3)
+        gpu.append(rec.total_gpu_ns() / 1e3 / repeat)
+    # a repeated recording adds barriers between repetitions: count one recording's own
+    dispatches = rec.n_dispatches // repeat
+    barriers = rec.n_barriers if repeat == 1 else graph_barriers(device, graph)
     gpu_us = statistics.median(gpu)
     return {"gpu_us": gpu_us, "wall_us": statistics.median(wall), "dispatches": dispatches, "barriers": barriers,
             "record_us": record_us(device, graph), "gbps": C.io_bytes(case) / (gpu_us * 1e3),
             "tokens_per_s": case.T / (gpu_us * 1e-6)}
+
+
+def dispatch_times(device, case, path, inputs, replays, warm=None):
+    """[(label, median GPU µs)] per dispatch of `case` along `path`, a timestamp after each (which
+    serialises them: the parts of a row, not its whole)."""
+    runs = []
+    for rec in _replays(device, C.build(case, path, device), inputs, replays, warm, True):
+        rec.submit()
+        runs.append(rec.timings())
+    return [(lab, float(statistics.median(r[i] for r in runs)) / 1e3) for i, lab in enumerate(rec.labels)]
 
 
 def run(device, cases, replays, rng, on_row=None, repeat=1, warm_ms=0):

@@ -255,12 +255,24 @@ _POST_FITS = set()     # (f, residual, post, comb) shapes of float32 Tensors wit
 #                        checks: one lookup instead of four array_arg calls and the T / D comparisons
 
 
+def known_args(memo, a, b, c, d):
+    """Whether a..d are float32 Tensors whose shapes together passed a call's checks before (a key of
+    memo): the per-call path of hc_post and HcSite.post(next=) then skips those checks."""
+    return a.__class__ is Tensor and b.__class__ is Tensor and c.__class__ is Tensor and d.__class__ is Tensor \
+        and a.dtype_name == b.dtype_name == c.dtype_name == d.dtype_name == "f32" \
+        and (a.shape, b.shape, c.shape, d.shape) in memo
+
+
+def remember_args(memo, limit, a, b, c, d):
+    """After a..d passed the checks: their shapes into memo (at most `limit` entries), if all are Tensors."""
+    if len(memo) < limit and all(t.__class__ is Tensor for t in (a, b, c, d)):
+        memo.add((a.shape, b.shape, c.shape, d.shape))
+
+
 def hc_post(f: Array, residual: Array, post: Array, comb: Array, *, fused: bool | None = None,
             device: Device | None = None, out: Tensor | None = None) -> Result:
     """X_new [T,4,D] = f·post[:, d] + Σ_s comb[:, s, d]·residual[:, s] for each destination d."""
-    if f.__class__ is Tensor and residual.__class__ is Tensor and post.__class__ is Tensor \
-            and comb.__class__ is Tensor and f.dtype_name == residual.dtype_name == post.dtype_name \
-            == comb.dtype_name == "f32" and (f.shape, residual.shape, post.shape, comb.shape) in _POST_FITS:
+    if known_args(_POST_FITS, f, residual, post, comb):
         T, D = f.shape          # the per-call path: four float32 Tensors whose shapes passed the checks below
     else:
         f = array_arg("f", f, (None, None))
@@ -273,8 +285,8 @@ def hc_post(f: Array, residual: Array, post: Array, comb: Array, *, fused: bool 
                  ("comb", comb.shape[0]))
             same("D (hidden size)", ("f", D), ("residual", residual.shape[2]))
         hidden("f", D)
-        if T and len(_POST_FITS) < 4096 and all(a.__class__ is Tensor for a in (f, residual, post, comb)):
-            _POST_FITS.add((f.shape, residual.shape, post.shape, comb.shape))
+        if T:
+            remember_args(_POST_FITS, 4096, f, residual, post, comb)
     if fused is not None:       # (with fused=None and no variant there is nothing to check)
         hc_policy.check_override("HC_POST", fused)
     if out is not None:

@@ -360,10 +360,9 @@ def carries(device, fused, T, site=None):
         return choice.fused
     if not PREFILL_CARRY["prefill"] or fused is False:
         return False
-    sg = device.caps.subgroup
     return (choice.fused or choice.variant == hc_policy.THREE_OP) and mix_supported(device) is None \
         and hc_policy.choose("HC_POST", device, fused).fused and hc_policy.choose("HC_COMB", device, fused).fused \
-        and device.supports_subgroup_op("shuffle") and sg.full_subgroups and sg.min_size >= 4
+        and kernels.ksplit_preferred(device)
 
 
 def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, device=None):
@@ -381,17 +380,16 @@ def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, d
     for name, t in (("f", f), ("residual", X), ("post", post_w), ("comb", comb_m)):
         _tensor(g, name, t)
     check_post_shapes(f.shape, X.shape, post_w.shape, comb_m.shape)
-    T, D = f.shape
-    layout = {"wg": SITE_TUNING["post_wg"]}
-    if T > CARRY_MAX_T:             # KSPLIT's layout for many tokens (two tokens per lane group at most)
-        f, X, next_fn = _unit_inner(g, f), _unit_inner(g, X), _unit_inner(g, next_fn)
-        unit = 4 if kernels.vec4_ok(D, [f, X, next_fn]) else 1
-        layout = kernels.mix_layout(device, T, D // unit, kernel="ksplit")
-        layout = {k: layout[k] for k in ("wg", "split", "lpt", "tb")} | {"tpl": min(layout["tpl"], 2)}
     with g.tag("HC_POST"):
+        f, X_in, next_fn = _unit_inner(g, f), _unit_inner(g, X), _unit_inner(g, next_fn)
+        T, D = f.shape
+        layout = {"wg": SITE_TUNING["post_wg"]}
+        if T > CARRY_MAX_T:         # KSPLIT's layout for many tokens (two tokens per lane group at most)
+            unit = 4 if kernels.vec4_ok(D, [f, X_in, next_fn]) else 1
+            layout = kernels.mix_layout(device, T, D // unit, kernel="ksplit")
+            layout = {k: layout[k] for k in ("wg", "split", "lpt", "tb")} | {"tpl": min(layout["tpl"], 2)}
         out = g.empty(X.shape)
-        carry = g.op("HC_POST_MIX", _unit_inner(g, f), _unit_inner(g, X), post_w, comb_m, _unit_inner(g, next_fn),
-                     out, **layout)
+        carry = g.op("HC_POST_MIX", f, X_in, post_w, comb_m, next_fn, out, **layout)
     return out, carry
 
 

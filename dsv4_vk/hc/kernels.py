@@ -221,6 +221,16 @@ def mix_supported(device):
     return None if ok else "no subgroup arithmetic in compute shaders"
 
 
+def ksplit_runs(device):
+    """KSPLIT sums a token's lanes with shuffles inside full subgroups: whether the device can run it."""
+    return device.supports_subgroup_op("shuffle") and device.caps.subgroup.full_subgroups
+
+
+def ksplit_preferred(device):
+    """Whether many tokens' mixes take KSPLIT by default (it runs, with subgroups of ≥ 4 lanes)."""
+    return ksplit_runs(device) and device.caps.subgroup.min_size >= 4
+
+
 def vec4_ok(D, tensors):
     """Chunks of 4 floats: D, every offset and every stride but the (unit) last one multiples of 4."""
     return D % 4 == 0 and all(t.offset % 4 == 0 and all(s % 4 == 0 for s in t.strides[:-1]) for t in tensors)
@@ -266,19 +276,16 @@ def mix_layout(device, T, chunks, kernel=None):
     t = MIX_TUNING
     target = MIX_TARGET_GROUPS.get(device.caps.type, MIX_TARGET_GROUPS_DEFAULT)
     cpu = device.caps.is_cpu
-    sg = device.caps.subgroup
     kernel = kernel or t["kernel"]         # (an argument: a caller that needs one kernel, e.g. HC_POST_MIX's KSPLIT)
     if kernel is not None and kernel not in MIX_KERNELS:
-        raise ValueError(f"MIX_TUNING kernel must be one of {MIX_KERNELS} or None, got {kernel!r}")
+        raise ValueError(f"the mixes kernel must be one of {MIX_KERNELS} or None, got {kernel!r}")
     if kernel is None:
-        many = T >= KSPLIT_MIN_T
-        ksplit_ok = device.supports_subgroup_op("shuffle") and sg.full_subgroups and sg.min_size >= 4
         if t["split"] == 0:
             kernel = "token"
-        elif many and not cpu:
-            kernel = MIX_MANY_TOKENS_GPU
-        elif t["split"] or (many and ksplit_ok):
+        elif t["split"]:                   # a KSPLIT split set: KSPLIT
             kernel = "ksplit"
+        elif T >= KSPLIT_MIN_T and ksplit_preferred(device):
+            kernel = "ksplit" if cpu else MIX_MANY_TOKENS_GPU
         else:
             kernel = "token"
     if kernel == "tile":
@@ -343,12 +350,12 @@ def _ksplit_checks(op, device, chunks, groups, m, unit, pr, tpls):
     if split != KSPLIT_S or groups != -(-chunks // split):
         raise ValueError(f"{op}: split must be {KSPLIT_S} with partials of groups = "
                          f"ceil({chunks} / {KSPLIT_S}), got split {split}, groups {groups}")
-    sg = device.caps.subgroup
-    if not (device.supports_subgroup_op("shuffle") and sg.full_subgroups):
+    if not ksplit_runs(device):
         raise HCUnsupported(f"{op}: KSPLIT needs subgroup shuffles and full subgroups, {device.name} has not")
-    if lpt & (lpt - 1) or wg % lpt or lpt > sg.min_size:
+    min_size = device.caps.subgroup.min_size
+    if lpt & (lpt - 1) or wg % lpt or lpt > min_size:
         raise ValueError(f"{op}: lpt ({lpt}) must be a power of two dividing wg ({wg}) and at most "
-                         f"the subgroup size ({sg.min_size})")
+                         f"the subgroup size ({min_size})")
     need = m * HC * split * unit * 4
     if need > device.caps.limits.max_shared_memory:
         raise HCUnsupported(f"{op}: split {split} stages {need} B of fn in shared memory, "

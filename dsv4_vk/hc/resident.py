@@ -20,7 +20,7 @@ import itertools
 import weakref
 
 from . import composite as hc, policy as hc_policy
-from .api import array_arg, call, empty_result, hc_post, hidden, pick_device
+from .api import array_arg, call, empty_result, hc_post, hidden, known_args, pick_device, remember_args
 from .kernels import HC, N_MIX, check_eps, check_n_iter
 from .policy import _generation
 from ..vk.tensor import Tensor
@@ -171,10 +171,7 @@ class HcSite(_Resident):
         if next is None:
             return hc_post(f, X, post, comb, fused=self.fused, device=self.device, out=out)
         self._check_next(next)
-        if X.__class__ is Tensor and f.__class__ is Tensor and post.__class__ is Tensor \
-                and comb.__class__ is Tensor and X.dtype_name == f.dtype_name == post.dtype_name \
-                == comb.dtype_name == "f32" and (X.shape, f.shape, post.shape, comb.shape) in self._post_fits \
-                and self._carries(T := X.shape[0]):
+        if known_args(self._post_fits, X, f, post, comb) and self._carries(T := X.shape[0]):
             pass                # the per-call path: float32 Tensors whose shapes passed the checks below
         else:                   # (also where nothing is carried: handed to hc_post below)
             X, T = self._x(X)
@@ -183,8 +180,7 @@ class HcSite(_Resident):
             f = array_arg("f", f, (T, self.D))
             post = array_arg("post", post, (T, HC))
             comb = array_arg("comb", comb, (T, HC, HC))
-            if len(self._post_fits) < 64 and all(a.__class__ is Tensor for a in (X, f, post, comb)):
-                self._post_fits.add((X.shape, f.shape, post.shape, comb.shape))
+            remember_args(self._post_fits, 64, X, f, post, comb)
         if out is not None and not isinstance(out, Tensor):
             raise ValueError(f"out must be a Tensor, got {out!r}")
         outs = call(self.device, (self._owner, "post", next._owner), {"f": f, "X": X, "post": post, "comb": comb},
