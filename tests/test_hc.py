@@ -420,3 +420,25 @@ def test_many_tokens_mixes_on_a_gpu_take_ksplit_only_with_shuffles(env, device, 
     assert lay["split"] == (kernels.KSPLIT_S if kernel == "ksplit" else 0) and "tile" not in lay
     monkeypatch.setitem(hc.composite.PREFILL_CARRY, "prefill", True)     # the prefill carry is KSPLIT's too
     assert hc.carries(device, None, 4096) == (kernel == "ksplit")
+
+
+def test_mixes_layout_errors_name_the_parameter(device, monkeypatch):
+    """Bad layouts of the mixes kernels: a clear ValueError naming what is wrong, at graph build or at
+    compile, before anything runs."""
+    from dsv4_vk.hc import kernels
+    T, D = 70, 64
+    g = Graph()
+    X, fn = g.input("X", (T, 4, D)), g.input("fn", (24, 4 * D))
+    with pytest.raises(ValueError, match="tile must be 0 or 1, got 2"):
+        g.op("HC_MIX_PART", X, fn, wg=64, groups=1, split=16, tile=2)
+    monkeypatch.setitem(kernels.MIX_TUNING, "kernel", "bogus")
+    with pytest.raises(ValueError, match="mixes kernel must be one of .* got 'bogus'"):
+        kernels.mix_layout(device, T, D // 4)
+    monkeypatch.setitem(kernels.MIX_TUNING, "kernel", None)
+    g = Graph()
+    f, res = g.input("f", (T, D)), g.input("res", (T, 4, D))
+    post, comb, fn = g.input("post", (T, 4)), g.input("comb", (T, 4, 4)), g.input("fn", (24, 4 * D))
+    g.output("part", g.op("HC_POST_MIX", f, res, post, comb, fn, g.empty((T, 4, D)), wg=64, split=16, lpt=4, tb=64,
+                          tpl=4))
+    with pytest.raises(ValueError, match=r"tpl \(tokens per lane group\) must be one of \(1, 2\), got 4"):
+        Executor(device).compile(g)
