@@ -168,8 +168,10 @@ SITE_TUNING = {"post_wg": 64}
 # Past CARRY_MAX_T tokens a site's post may carry the next site's mixes too: HC_POST_MIX in KSPLIT's
 # layout (the new streams made, written and reduced with the next fn's slices in one pass), then the
 # next site's HC_MIX_REDUCE + HC_COEFS + HC_PRE, so that prefill reads X_new once less per site.
-# Off until measured on a GPU (tools/gpu_session.sh mix; tools/hc_tune.py --set carry.prefill=0,1).
-PREFILL_CARRY = {"prefill": False}
+# On: faster at every size measured on the H200 (results/h200/hc_tune_carry_h200.txt, the site's
+# dispatches timed one by one, three-op path): D = 4096, T = 64 / 512 / 4096: 30.0 / 72.7 / 405.4 µs
+# against 35.6 / 80.6 / 422.1 µs without; D = 7168, T = 4096: 692.9 against 718.1 µs.
+PREFILL_CARRY = {"prefill": True}
 
 
 def _mix_partials(g, X, fn, device):
