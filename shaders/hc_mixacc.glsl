@@ -78,9 +78,49 @@ float mixacc_at(MixAcc A, uint k) {
 }
 
 #if defined(WG_NV_MAX)
+#if defined(MIXACC_TRANSPOSE)
+#extension GL_KHR_shader_subgroup_shuffle : require
+// The subgroup's M + 1 sums by a transposing butterfly (the includer enables subgroup shuffles):
+// the 8 vec4 slots (a0..a5, (ss, 0, 0, 0), 0) are halved at each of lane bits 0, 1, 2 — a lane keeps
+// one half and adds its neighbour's copy of that half — so after 7 vec4 shuffles lane l holds slot
+// q = 4·bit0 + 2·bit1 + bit2 summed over its 8 lanes, and the remaining bits are plain butterfly
+// steps on one vec4: 7 + log2(subgroup / 8) vec4 shuffles for all 25 sums, against 5 per vec4
+// (35) for seven subgroupAdds, and eight lanes store at once. Subgroups of at least 8 lanes.
+vec4 mixacc_swap_add(bool upper, vec4 lo, vec4 hi, uint mask) {
+    return (upper ? hi : lo) + subgroupShuffleXor(upper ? lo : hi, mask);
+}
+
+void mixacc_put_transposed(MixAcc A) {
+    uint l = gl_SubgroupInvocationID;
+    bool b0 = (l & 1u) != 0u, b1 = (l & 2u) != 0u, b2 = (l & 4u) != 0u;
+    vec4 s6 = vec4(A.ss, 0.0, 0.0, 0.0);
+    vec4 k0 = mixacc_swap_add(b0, A.a0, A.a4, 1u), k1 = mixacc_swap_add(b0, A.a1, A.a5, 1u);
+    vec4 k2 = mixacc_swap_add(b0, A.a2, s6, 1u), k3 = mixacc_swap_add(b0, A.a3, vec4(0.0), 1u);
+    vec4 m0 = mixacc_swap_add(b1, k0, k2, 2u), m1 = mixacc_swap_add(b1, k1, k3, 2u);
+    vec4 v = mixacc_swap_add(b2, m0, m1, 4u);
+    for (uint o = 8u; o < gl_SubgroupSize; o <<= 1u) v += subgroupShuffleXor(v, o);
+    uint q = (b0 ? 4u : 0u) + (b1 ? 2u : 0u) + (b2 ? 1u : 0u);
+    uint b = gl_SubgroupID * WG_NV_MAX;
+    if (l < 8u && q < M / 4u) {
+        wg_red[b + 4u * q] = v.x;
+        wg_red[b + 4u * q + 1u] = v.y;
+        wg_red[b + 4u * q + 2u] = v.z;
+        wg_red[b + 4u * q + 3u] = v.w;
+    } else if (l < 8u && q == 6u) {
+        wg_red[b + M] = v.x;
+    }
+}
+#endif
+
 // wg_reduce.glsl's first step for all M + 1 sums at once: seven vector subgroupAdds back to back,
 // then one elected store of the subgroup's 25 values (not 25 reductions each behind its own branch).
 void mixacc_put(MixAcc A) {
+#if defined(MIXACC_TRANSPOSE)
+    if (gl_SubgroupSize >= 8u) {
+        mixacc_put_transposed(A);
+        return;
+    }
+#endif
     A.a0 = subgroupAdd(A.a0);
     if (M > 4u) A.a1 = subgroupAdd(A.a1);
     if (M > 8u) A.a2 = subgroupAdd(A.a2);

@@ -16,7 +16,8 @@
 //   (j < M, spec constant 2) and [t, slice, M] = Σ out², reduced across the workgroup
 //   (wg_reduce.glsl) — hc_mix.comp's partials layout, finished by hc_site.comp. Bindings 4 fn_next,
 //   5 out, 6 partials; push adds fn_next (offset, row stride, chunks) and partials (offset, token
-//   and split strides). The slice is the split: groups per token = G.
+//   and split strides). Layout: one destination stream per invocation, WG/4 chunks per workgroup (WG a
+//   multiple of 4); the workgroup's slice of WG/4 chunks is the split: groups per token = G.
 #include "common.glsl"
 // Chunks per invocation (spec constant 1): a workgroup covers WG·CPT chunks, each invocation
 // CPT of them strided by WG (more independent loads in flight per invocation on GPUs).
@@ -41,6 +42,7 @@ layout(constant_id = 2) const uint M = 24;     // the next fn's rows: a multiple
 // restrict: the bindings never alias, so the fn loads may move above the stores of the new streams
 layout(binding = 4) restrict readonly buffer Fn { VEC fn[]; };
 #define FN(i) fn[i]
+#define MIXACC_TRANSPOSE                       // HC_POST_MIX runs on the site path only: it has shuffles
 #include "hc_mixacc.glsl"
 layout(binding = 5) restrict writeonly buffer O { VEC o[]; };
 layout(binding = 6) restrict writeonly buffer Part { float part[]; };
@@ -64,12 +66,34 @@ void main() {
     uint g = flat_group();
     uint t = g / p.groups_per_token;
 #if defined(MIX_NEXT)
+    // One destination stream per invocation: the workgroup is 4 groups of WG/4 invocations, group d
+    // making stream d of WG/4 chunks, so a token has 4× the invocations of HC_POST's layout and each
+    // forms a quarter of the next mixes' products. At decode this pass is a chain of latencies, and
+    // more, shorter invocations finish it sooner (H200, D = 4096: results/h200/ablate_site.txt).
     MixAcc A = mixacc_zero();
     bool live = t < p.T;                       // no return before the workgroup reduction
     t = min(t, p.T - 1u);
+    uint q = gl_WorkGroupSize.x / 4u, d = gl_LocalInvocationID.x / q;
+    uint cd = p.c_off + t * p.c_st + d * p.c_sd;
+    float pw = post[p.p_off + t * p.p_st + d * p.p_sd];
+    vec4 cw = vec4(comb[cd], comb[cd + p.c_ss], comb[cd + 2u * p.c_ss], comb[cd + 3u * p.c_ss]);
+    uint c0 = (g % p.groups_per_token) * q * CPT + gl_LocalInvocationID.x % q;
+    [[unroll]] for (uint k = 0u; k < CPT; ++k) {
+        uint c = c0 + k * q;
+        if (!live || c >= p.n_chunks) break;
+        uint rb = p.r_off + t * p.r_st + c;
+        VEC r = post_stream(f[p.f_off + t * p.f_st + c], pw, cw, res[rb], res[rb + p.r_ss], res[rb + 2u * p.r_ss],
+                            res[rb + 3u * p.r_ss]);
+        o[p.o_off + t * p.o_st + c + d * p.o_sd] = r;
+        mixacc_add(A, r, p.fn_off + d * p.n_chunks + c, p.fn_sj, true);
+    }
+    mixacc_put(A);
+    barrier();
+    uint slice = g % p.groups_per_token;
+    for (uint k = gl_LocalInvocationID.x; k < WG_NV && live; k += gl_WorkGroupSize.x)
+        part[p.q_off + t * p.q_st + slice * p.q_sg + k] = wg_total(k);
 #else
     if (t >= p.T) return;                      // folded grids overshoot
-#endif
     // All 20 coefficients into registers before any store: the output may alias the inputs as
     // far as the compiler knows, so loads after a store could not move above it. (On the H200
     // this measured the same as loading them per destination: results/h200/hc_tune_post.txt.)
@@ -85,11 +109,7 @@ void main() {
     uint c0 = (g % p.groups_per_token) * gl_WorkGroupSize.x * CPT + gl_LocalInvocationID.x;
     [[unroll]] for (uint k = 0u; k < CPT; ++k) {
         uint c = c0 + k * gl_WorkGroupSize.x;
-#if defined(MIX_NEXT)
-        if (!live || c >= p.n_chunks) break;
-#else
         if (c >= p.n_chunks) return;
-#endif
         uint rb = p.r_off + t * p.r_st + c;
         VEC fv = f[p.f_off + t * p.f_st + c];
         VEC x0 = res[rb], x1 = res[rb + p.r_ss], x2 = res[rb + 2u * p.r_ss], x3 = res[rb + 3u * p.r_ss];
@@ -97,15 +117,6 @@ void main() {
         [[unroll]] for (uint d = 0u; d < 4u; ++d) r[d] = post_stream(fv, pw[d], cw[d], x0, x1, x2, x3);
         uint ob = p.o_off + t * p.o_st + c;
         [[unroll]] for (uint d = 0u; d < 4u; ++d) o[ob + d * p.o_sd] = r[d];
-#if defined(MIX_NEXT)
-        [[unroll]] for (uint d = 0u; d < 4u; ++d) mixacc_add(A, r[d], p.fn_off + d * p.n_chunks + c, p.fn_sj, true);
-#endif
     }
-#if defined(MIX_NEXT)
-    mixacc_put(A);
-    barrier();
-    uint slice = g % p.groups_per_token;
-    for (uint k = gl_LocalInvocationID.x; k < WG_NV && live; k += gl_WorkGroupSize.x)
-        part[p.q_off + t * p.q_st + slice * p.q_sg + k] = wg_total(k);
 #endif
 }

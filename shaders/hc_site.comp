@@ -24,6 +24,7 @@ layout(constant_id = 2) const uint M = 24;
 #define WG_NV (M + 1u)
 #define WG_NV_MAX 25
 #include "wg_reduce.glsl"
+#define MIXACC_TRANSPOSE                       // the site path has shuffles (ROWS4 Sinkhorn)
 #include "hc_mixacc.glsl"
 #include "hc_math.glsl"
 #if defined(VEC4)

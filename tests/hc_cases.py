@@ -518,7 +518,7 @@ def test_coefs_kernel(ex, rng, T):
     (130, 260, 24, {"split": 16, "lpt": 2, "tb": 64, "tpl": 2}), (65, 4096, 24, {"split": 16, "lpt": 4, "tb": 256, "tpl": 2})])
 def test_post_mix_partials(ex, rng, T, D, m, layout):
     """HC_POST_MIX alone: the new streams (as HC_POST) and the next fn's partial sums against float64,
-    per D slice of wg chunks (hc_post.comp -D MIX_NEXT) or, with split, per split of 16 chunks in
+    per D slice of wg/4 chunks (hc_post.comp -D MIX_NEXT) or, with split, per split of 16 chunks in
     KSPLIT's layout (hc_mix.comp -D KSPLIT -D POST: partial token blocks, scalar chunks at odd D); a
     residual fed as a permuted [4,T,D] input (strided)."""
     split = layout.get("split", 0)
@@ -537,10 +537,11 @@ def test_post_mix_partials(ex, rng, T, D, m, layout):
     ref = reference_post(**i)
     assert (np.abs(x_new - ref) <= post_bound(**i)).all()
     unit = 4 if D % 4 == 0 else 1           # (the permuted residual's strides are multiples of 4 where D is)
-    groups = -(-(D // unit) // (split or layout["wg"]))
+    per = split or layout["wg"] // 4       # -D MIX_NEXT: one destination stream per invocation
+    groups = -(-(D // unit) // per)
     assert part.shape == (T, groups, m + 1)
-    pref = ops_hc.reference_mix_partials(ref, fn, groups, unit, split)
-    pmag = ops_hc.reference_mix_partials(np.abs(ref), np.abs(fn), groups, unit, split)
+    pref = ops_hc.reference_mix_partials(ref, fn, groups, unit, per)
+    pmag = ops_hc.reference_mix_partials(np.abs(ref), np.abs(fn), groups, unit, per)
     assert (np.abs(part - pref) <= 64 * U * pmag + 1e-6 * np.abs(pmag)).all(), np.abs(part - pref).max()
 
 

@@ -442,3 +442,14 @@ def test_mixes_layout_errors_name_the_parameter(device, monkeypatch):
                           tpl=4))
     with pytest.raises(ValueError, match=r"tpl \(tokens per lane group\) must be one of \(1, 2\), got 4"):
         Executor(device).compile(g)
+
+
+def test_post_mix_workgroup_must_hold_whole_streams():
+    """HC_POST_MIX at few tokens gives each destination stream a quarter of the workgroup: a wg that
+    is not a multiple of 4 is refused at graph build, naming the parameter."""
+    g = Graph()
+    T, D = 1, 64
+    f, res = g.input("f", (T, D)), g.input("res", (T, 4, D))
+    post, comb, fn = g.input("post", (T, 4)), g.input("comb", (T, 4, 4)), g.input("fn", (24, 4 * D))
+    with pytest.raises(ValueError, match="HC_POST_MIX: wg must be a multiple of 4 .* got 30"):
+        g.op("HC_POST_MIX", f, res, post, comb, fn, g.empty((T, 4, D)), wg=30)

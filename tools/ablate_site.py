@@ -27,6 +27,16 @@ ABL = {
     "post_fnL1": [("hc_post.comp", "mixacc_add(A, r[d], p.fn_off + d * p.n_chunks + c, p.fn_sj, true);",
                    "mixacc_add(A, r[d], p.fn_off + (c & 7u), 8u, true);")],
     "post_noreduce": [("hc_post.comp", "mixacc_put(A);\n    barrier();", "")],
+    "no_transpose": [("hc_site.comp", "#define MIXACC_TRANSPOSE ", "// "), ("hc_post.comp", "#define MIXACC_TRANSPOSE ", "// ")],
+    # host-side layouts: entries "name": [patches] above, or "name": ([patches], "python run in the child")
+    "scalar": ([], "import dsv4_vk.hc.kernels as K; K.vec4_ok = lambda D, tensors: False"),
+    "post_wg32": ([], "import dsv4_vk.hc.composite as H; H.SITE_TUNING['post_wg'] = 32"),
+    "post_wg128": ([], "import dsv4_vk.hc.composite as H; H.SITE_TUNING['post_wg'] = 128"),
+    "post_wg256": ([], "import dsv4_vk.hc.composite as H; H.SITE_TUNING['post_wg'] = 256"),
+    "scalar_wg128": ([], "import dsv4_vk.hc.kernels as K, dsv4_vk.hc.composite as H; "
+                         "K.vec4_ok = lambda D, tensors: False; H.SITE_TUNING['post_wg'] = 128"),
+    "scalar_wg256": ([], "import dsv4_vk.hc.kernels as K, dsv4_vk.hc.composite as H; "
+                         "K.vec4_ok = lambda D, tensors: False; H.SITE_TUNING['post_wg'] = 256"),
     "post_nopostwrite": [("hc_post.comp", "[[unroll]] for (uint d = 0u; d < 4u; ++d) o[ob + d * p.o_sd] = r[d];", "")],
 }
 
@@ -35,7 +45,8 @@ def child(name):
     import numpy as np
     tmp = Path(tempfile.mkdtemp())
     shutil.copytree(ROOT / "shaders", tmp / "shaders")
-    for f, a, b in ABL[name]:
+    patches, host = ABL[name] if isinstance(ABL[name], tuple) else (ABL[name], "")
+    for f, a, b in patches:
         p = tmp / "shaders" / f
         s = p.read_text()
         assert a in s, (name, a)
@@ -43,6 +54,7 @@ def child(name):
     from dsv4_vk.vk import shader
     shader.shader_dir = lambda: tmp / "shaders"
     shader.SHADER_DIR = tmp / "shaders"
+    exec(host)
     from dsv4_vk.hc import cases as C
     from dsv4_vk.cli import floor as F
     from dsv4_vk.cli.bench import bench_path, dispatch_times

@@ -626,10 +626,10 @@ def _post_launch(node, device, f, res, post, comb, out, fn=None, part=None, wg=N
     tensors = [f, res, out] + ([fn] if fn is not None else [])
     if wg is None:
         vec4, chunks, wg, gpt, cpt = _slice_launch_layout(D, tensors)
-    else:
+    else:                           # HC_POST_MIX: one destination stream per invocation, wg/4 chunks a group
         vec4 = vec4_ok(D, tensors)
         chunks = D // 4 if vec4 else D
-        gpt, cpt = -(-chunks // wg), 1
+        gpt, cpt = post_mix_groups(D, tensors, wg), 1
     unit = 4 if vec4 else 1
     fields = [T, chunks, gpt, f.offset // unit, *_strides_in(f, unit), res.offset // unit, *_strides_in(res, unit),
               post.offset, *post.strides, comb.offset, *comb.strides, out.offset // unit, *_strides_in(out, unit)]
@@ -664,11 +664,16 @@ class HcPost(OpDef):
         return reference_post(f, residual, post, comb)
 
 
+def post_mix_split(wg, split=0):
+    """Chunks per split of HC_POST_MIX's partials: KSPLIT's `split` (many tokens), else a workgroup's
+    wg/4 chunks (hc_post.comp -D MIX_NEXT: one destination stream per invocation)."""
+    return split or wg // HC
+
+
 def post_mix_groups(D, tensors, wg, split=0):
-    """Splits of HC_POST_MIX's partials: workgroups per token (one chunk per invocation), or with
-    split > 0 (KSPLIT, many tokens) the D splits of `split` chunks."""
+    """Splits of HC_POST_MIX's partials per token (workgroups per token at few tokens)."""
     chunks = D // 4 if vec4_ok(D, tensors) else D
-    return -(-chunks // (split or wg))
+    return -(-chunks // post_mix_split(wg, split))
 
 
 def _post_mix_ksplit_launch(node, device, f, res, post, comb, fn, out, part):
@@ -700,7 +705,8 @@ class HcPostMix(OpDef):
     A layer boundary in one pass: HC_POST writes the new streams into its argument `out` (an empty
     tensor the graph function made: written_inputs) and, from the values still in registers, the
     next site's mixes partials, which HC_SITE or HC_MIX_REDUCE finish. Few tokens: hc_post.comp
-    -D MIX_NEXT, G = workgroups per token (one chunk per invocation). With split (KSPLIT's layout,
+    -D MIX_NEXT, G = workgroups per token (one destination stream of one chunk per invocation, wg/4
+    chunks per workgroup). With split (KSPLIT's layout,
     `mix_layout(..., kernel="ksplit")`, tpl ≤ 2): hc_mix.comp -D KSPLIT -D POST, G = D splits."""
     name, n_inputs = "HC_POST_MIX", 6
     written_inputs = (5,)
@@ -719,6 +725,9 @@ class HcPostMix(OpDef):
             split = _check_layout_param(self.name, params, "split")
             for k in ("lpt", "tb", "tpl"):
                 _check_layout_param(self.name, params, k)
+        elif wg % HC:
+            raise ValueError(f"{self.name}: wg must be a multiple of {HC} (one destination stream per "
+                             f"invocation), got {wg}")
         return (T, post_mix_groups(D, [f, res, out, fn], wg, split), fn.shape[0] + 1), "f32"
 
     def lower(self, node, device):
@@ -733,9 +742,9 @@ class HcPostMix(OpDef):
             raise HCUnsupported(f"{self.name} cannot run on {device.name}: {why}")
         return _post_launch(node, device, f, res, post, comb, out, fn, node.output, node.params["wg"])
 
-    def reference(self, f, residual, post, comb, fn_next, out=None, wg=1, split=0, lpt=1, tb=1, tpl=1):
+    def reference(self, f, residual, post, comb, fn_next, out=None, wg=HC, split=0, lpt=1, tb=1, tpl=1):
         x = reference_post(f, residual, post, comb)
         D = np.shape(f)[1]
         chunk = 4 if D % 4 == 0 else 1
-        groups = -(-(D // chunk) // (split or wg))
-        return reference_mix_partials(x, fn_next, groups, chunk, split)
+        per = post_mix_split(wg, split)
+        return reference_mix_partials(x, fn_next, -(-(D // chunk) // per), chunk, per)
