@@ -46,8 +46,12 @@ uint pcg(uint v) {
 
 // entry j of a row: its value and the vocabulary id it stands for
 #if defined(CANDIDATES)
-#define VALUE(lb, j) logits[(lb) + 2u * (j) * p.l_s1]
-#define ID(lb, j) uint(logits[(lb) + (2u * (j) + 1u) * p.l_s1])
+// Entry j of the draw is slot j % cand_k of chunk j / cand_k: a chunk's candidates are in pick order,
+// so only its first top_k can be among the row's top_k (greedy reads one pair per chunk, not 64).
+uint cand_k = 1u;
+#define PAIR(j) (((j) / cand_k) * uint(MAX_TOP_K) + (j) % cand_k)
+#define VALUE(lb, j) logits[(lb) + 2u * PAIR(j) * p.l_s1]
+#define ID(lb, j) uint(logits[(lb) + (2u * PAIR(j) + 1u) * p.l_s1])
 #else
 #define VALUE(lb, j) logits[(lb) + (j) * p.l_s1]
 #define ID(lb, j) (j)
@@ -120,7 +124,12 @@ void main() {
     uint clusters = gl_WorkGroupSize.x / LANES;
     uint lane = cluster_lane();
     for (uint row = cluster_id(); row < p.T; row += clusters) {      // uniform per cluster
+#if defined(CANDIDATES)
+        cand_k = uint(top_k);
+        int n = select_top(p.l_off + row * p.l_s0, 0u, p.V / uint(MAX_TOP_K) * cand_k, top_k, vals, ids);
+#else
         int n = select_top(p.l_off + row * p.l_s0, 0u, p.V, top_k, vals, ids);
+#endif
         int token = n > 0 ? ids[0] : -1;
         if (n > 1) {
             float total = 0.0;
