@@ -26,8 +26,8 @@ OPS = ("HC_COMB", "HC_PRE", "HC_POST", "HC_STEP", "HC_SITE_PRE", "HC_MIX", "HC_S
 # HC_SITE: a whole site as it runs inside a model, pre and post, with an identity sublayer (f = u):
 # from X and the site's weights to u, post, comb and the new streams. Where a post carries the next
 # site's mixes (composite.carries: decode, T ≤ CARRY_MAX_T, and with PREFILL_CARRY any T) its
-# mixes' partial sums come in as `mix` ([T,1,25], what the previous site's post carries; the host
-# computes them) and its post computes the next site's (next fn = fn): the steady state of a chain of
+# mixes' partial sums come in as `mix` ([T, G, 25] in the G D splits the previous site's post
+# makes, composite.carry_splits; the host computes them) and its post computes the next site's (next fn = fn): the steady state of a chain of
 # sites, mixes included. Elsewhere the site reads X for its mixes.
 UNFUSED = "unfused"
 SITE, THREE_OP = "fused:site", "three-op"
@@ -202,8 +202,14 @@ def input_shapes(case):
         "HC_STEP": {"mixes": (T, 24), "scale": (3,), "base": (24,), "X": (T, 4, D), "weights": (T, 4),
                     "f": (T, D), "post": (T, 4)},
         "HC_MIX": {"X": (T, 4, D), "fn": (24, 4 * D)},
-        "HC_SITE": {"X": (T, 4, D), "fn": (24, 4 * D), "scale": (3,), "base": (24,), "mix": (T, 1, 25)},
+        "HC_SITE": {"X": (T, 4, D), "fn": (24, 4 * D), "scale": (3,), "base": (24,),
+                    "mix": (T, _carry_splits(T, D), 25)},
     }[case.op]
+
+
+def _carry_splits(T, D):
+    from .composite import carry_splits
+    return carry_splits(T, D)
 
 
 def output_shapes(case):
@@ -231,9 +237,11 @@ def make_inputs(case, rng):
     U[−1,1]·2/√(4D), which makes its mixes about as wide as the spec's U[−2,2]."""
     out = {}
     for name, shape in input_shapes(case).items():
-        if name == "mix":       # the carried partial sums of X's mixes: not random, computed from X, fn
-            from .kernels import reference_mix_partials
-            out[name] = reference_mix_partials(out["X"], out["fn"], 1).astype(np.float32)
+        if name == "mix":       # the carried partial sums of X's mixes: not random, computed from X, fn,
+            from .kernels import reference_mix_partials    # in as many D splits as the post makes
+            unit = 4 if case.D % 4 == 0 else 1
+            G = shape[1]
+            out[name] = reference_mix_partials(out["X"], out["fn"], G, unit, -(-(case.D // unit) // G)).astype(np.float32)
             continue
         if name == "fn":
             a = rng.uniform(-1, 1, shape) * (2 / math.sqrt(shape[1]))

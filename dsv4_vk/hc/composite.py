@@ -174,6 +174,15 @@ SITE_TUNING = {"post_wg": 64}
 PREFILL_CARRY = {"prefill": True}
 
 
+def carry_splits(T: int, D: int) -> int:
+    """The number of D splits G in the mixes partials [T, G, m + 1] that a post carries at T tokens
+    of contiguous hidden size D: HC_POST_MIX's workgroups per token at decode (post_wg/4 chunks
+    each), KSPLIT's splits past CARRY_MAX_T."""
+    chunks = D // 4 if D % 4 == 0 else D
+    per = kernels.post_mix_split(SITE_TUNING["post_wg"]) if T <= CARRY_MAX_T else kernels.KSPLIT_S
+    return -(-chunks // per)
+
+
 def _mix_partials(g, X, fn, device):
     """partials [T,G,m+1] of the mixes of X with fn (HC_MIX_PART, layout from kernels.mix_layout)."""
     X, fn = _unit_inner(g, X), _unit_inner(g, fn)
