@@ -1,6 +1,11 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 //! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS
+//! variants: LANES=2,4,8,16,32 SCATTER | LANES=2,4,8,16,32 LANES_SUBGROUP_OPS SCATTER
+#if defined(SCATTER)
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#endif
 // INDEX_SCORE: the lightning indexer's scores of chunk token t (position p = pos[0] + t) against
 // the compressed index keys k [n, hd]:
 //   score[t, w] = scale · Σ_h wt[t, h] · ReLU(q[t, h]·k[w])    for w < (p + 1)/RATE (closed windows)
@@ -8,7 +13,11 @@
 // Lanes: one cluster of LANES lanes (lanes.glsl) per (t, w); lane l takes channels l, l + LANES,
 // ... (PER_LANE of them, the key's kept in registers for every head); one cluster sum per head,
 // HEADS heads at a time (their loads and sums issued together, then added in head order: the
-// same arithmetic as one head at a time). Spec constants: 0 workgroup size, 1 RATE, 2 PER_LANE
+// same arithmetic as one head at a time). -D SCATTER (subgroup shuffles, LANES ≤ 32): LANES heads a
+// step, each lane's parts of their dot products reduced by a transposing butterfly that leaves head
+// h0 + lane's whole dot in lane `lane` (LANES − 1 shuffles per lane for LANES heads, where cluster sums
+// take log2(LANES) per head: H200, 64 heads × 128, 256 keys: the sums were half of 25.9 µs), the
+// lane's ReLU-weighted heads summed, then one cluster sum. Spec constants: 0 workgroup size, 1 RATE, 2 PER_LANE
 // (ceil(hd / LANES)), 3 HEADS. Push: T, nh, hd, n, capacity, q (off, s0, s1), wt (off, s0),
 // k (off, s0), out (off, s0), pos_off, scale.
 #include "lanes.glsl"
@@ -42,6 +51,30 @@ void main() {
             uint c = lane + LANES * m;
             kr[m] = c < p.hd ? k[kb + c] : 0.0;
         }
+#if defined(SCATTER)
+        for (uint h0 = 0; h0 < p.nh; h0 += LANES) {
+            float d[LANES];
+            [[unroll]] for (uint j = 0; j < LANES; ++j) {
+                uint qb = p.q_off + t * p.q_s0 + min(h0 + j, p.nh - 1u) * p.q_s1;
+                d[j] = 0.0;
+                [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
+                    uint c = lane + LANES * m;
+                    if (c < p.hd) d[j] += q[qb + c] * kr[m];
+                }
+            }
+            // halve the heads at each lane bit m: the lane keeps the half its bit selects and adds the
+            // partner's copy of it; after the last step d[0] is head h0 + lane summed over the cluster
+            [[unroll]] for (uint m = LANES / 2u; m >= 1u; m >>= 1u) {
+                bool up = (lane & m) != 0u;
+                [[unroll]] for (uint i = 0u; i < m; ++i) {
+                    float send = up ? d[i] : d[i + m];
+                    d[i] = (up ? d[i + m] : d[i]) + subgroupShuffleXor(send, m);
+                }
+            }
+            if (h0 + lane < p.nh) s += wt[p.w_off + t * p.w_s0 + h0 + lane] * max(d[0], 0.0);
+        }
+        s = cluster_sum(s);
+#else
         for (uint h0 = 0; h0 < p.nh; h0 += HEADS) {
             float d[HEADS];
             [[unroll]] for (uint j = 0; j < HEADS; ++j) {
@@ -56,6 +89,7 @@ void main() {
             [[unroll]] for (uint j = 0; j < HEADS; ++j)
                 if (h0 + j < p.nh) s += wt[p.w_off + t * p.w_s0 + h0 + j] * max(d[j], 0.0);
         }
+#endif
         s *= p.scale;
     }
     if (lane == 0) o[p.o_off + t * p.o_s0 + w] = s;

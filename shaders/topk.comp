@@ -19,6 +19,10 @@ const uint BATCH = 4u;
 shared float tile[TILE];
 
 bool finite(float v) { return !isinf(v) && !isnan(v); }
+#define NEG_INF uintBitsToFloat(0xFF800000u)
+
+// 1 when entry u (score x) ranks ahead of entry w (score v): a higher score, or the same and a lower index
+uint ahead(float x, uint u, float v, uint w) { return (x > v || (x == v && u < w)) ? 1u : 0u; }
 
 void main() {
     uint t = flat_group();
@@ -42,15 +46,22 @@ void main() {
         for (uint base = 0u; base < p.n; base += TILE) {
             uint cnt = min(TILE, p.n - base);
             barrier();                                  // the last tile's readers are done
-            for (uint i = l; i < cnt; i += wg) tile[i] = sc[sb + base + i];
-            barrier();
-            for (uint i = 0u; i < cnt; ++i) {
-                float x = tile[i];
-                if (!finite(x)) continue;
-                uint u = base + i;
-                [[unroll]] for (uint k = 0u; k < BATCH; ++k)
-                    if (x > v[k] || (x == v[k] && u < w[k])) ++rank[k];
+            // staged with every non-finite score as −inf, which is ahead of no finite entry: the scan
+            // below needs no branch, and its steps are independent (a branch per entry made each
+            // step wait for the last: 18.7 µs for 256 scores on the H200, any workgroup size)
+            for (uint i = l; i < cnt; i += wg) {
+                float x = sc[sb + base + i];
+                tile[i] = finite(x) ? x : NEG_INF;
             }
+            barrier();
+            uint i = 0u;
+            for (; i + 4u <= cnt; i += 4u) {            // four entries a step: their loads together
+                vec4 x = vec4(tile[i], tile[i + 1u], tile[i + 2u], tile[i + 3u]);
+                [[unroll]] for (uint k = 0u; k < BATCH; ++k)
+                    [[unroll]] for (uint e = 0u; e < 4u; ++e) rank[k] += ahead(x[e], base + i + e, v[k], w[k]);
+            }
+            for (; i < cnt; ++i)
+                [[unroll]] for (uint k = 0u; k < BATCH; ++k) rank[k] += ahead(tile[i], base + i, v[k], w[k]);
         }
         [[unroll]] for (uint k = 0u; k < BATCH; ++k)
             if (live[k] && rank[k] < p.K) idx[ib + rank[k]] = int(w[k]);

@@ -110,6 +110,7 @@ def test_topk(rng, T, n, k):
     s = f32(rng, T, n)
     s[:, rng.integers(0, n, n // 5)] = -np.inf                     # masked entries
     s[0, :3] = s[0, 3]                                             # ties go to the lower index
+    s[-1, rng.integers(0, n, 2)] = [np.nan, np.inf]                # never ranked, never ahead of a finite one
     got, ref, bad = run("TOPK", [s], {"k": k})
     assert not bad and np.array_equal(got, ref)
 

@@ -9,7 +9,10 @@ variants that decide their speed side by side in one run:
 - MUL_MAT at T = 1 (bf16, plain and with the RMS norm folded in) and MUL_MAT_ID (the routed +
   shared experts' SwiGLU and weighted sum, bf16) over vec4 steps in flight per lane, in GB/s of
   the weights they read;
-- the row ops of a decode step (RMS_NORM, ROPE) at their model shapes.
+- the row ops of a decode step (RMS_NORM, ROPE) at their model shapes;
+- the selection ops of a decode step ("select"): the indexer's INDEX_SCORE and TOPK over the CSA
+  layer's compressed keys, V4_ROUTE, and the two-stage SAMPLE over the vocabulary, with the knobs
+  that set their layouts (TOPK workgroup size, INDEX_SCORE heads per step).
 
 Each row: median over replays of one recorded command buffer, a timestamp after every dispatch
 (summed over the row's dispatches), after the clock warm-up.
@@ -28,7 +31,7 @@ from dsv4_vk.cli.floor import ClockWarmer
 from dsv4_vk.core.executor import Executor
 from dsv4_vk.core.graph import Graph
 from dsv4_vk.model.checkpoint import BF16
-from dsv4_vk.ops import moe, mul_mat, v4_attention
+from dsv4_vk.ops import compress, moe, mul_mat, sample, v4_attention
 
 
 def gpu_us(ex, g, feeds, replays, warm):
@@ -79,6 +82,48 @@ def moe_graphs(rng, w13, w2, R):
            (g2, {"h": rng.standard_normal((1, R, F)).astype(np.float32)}, R * D * F * 2)
 
 
+def select_rows(ex, rng, args, warm, ctx, pos, D, E):
+    """INDEX_SCORE and TOPK of the CSA layer (rate 4: ctx/4 compressed keys, (pos + 1)/4 of them
+    closed), V4_ROUTE (E experts, top 6 + the shared one) and SAMPLE (greedy) at decode."""
+    nI, hI, V = (8, 32, 5000) if args.quick else (64, 128, 129280)
+    n = ctx // 4
+    rows = []
+
+    def row(label, g, feeds, **extra):
+        us, nd = gpu_us(ex, g, feeds, args.replays, warm)
+        print(f"{label:44s} {us:8.1f} µs  ({nd} dispatch{'es' if nd > 1 else ''})", flush=True)
+        rows.append({"op": label.split()[0], "label": label, "us": us, "dispatches": nd, **extra})
+
+    for heads in (1, 4, 8):
+        compress.INDEX_HEADS["heads"] = heads
+        g = Graph()
+        g.output("s", g.op("INDEX_SCORE", g.input("q", (1, nI, hI)), g.input("w", (1, nI)), g.const(
+            rng.standard_normal((n, hI)).astype(np.float32)), g.const(np.array([pos], np.int32)), rate=4,
+            scale=hI ** -0.5 * nI ** -0.5, capacity=ctx))
+        row(f"INDEX_SCORE {nI} heads x {hI}, {n} keys, heads/step {heads}", g,
+            {"q": rng.standard_normal((1, nI, hI)).astype(np.float32),
+             "w": rng.standard_normal((1, nI)).astype(np.float32)}, heads=heads)
+    compress.INDEX_HEADS["heads"] = None
+    scores = rng.standard_normal((1, n)).astype(np.float32)
+    scores[0, (pos + 1) // 4:] = -np.inf                      # the windows not yet closed
+    saved = compress.TOPK_WG
+    for wg in (64, 256, 1024):
+        compress.TOPK_WG = wg
+        g = Graph()
+        g.output("i", g.op("TOPK", g.input("s", (1, n)), k=min(512, n)))
+        row(f"TOPK {n} scores, k {min(512, n)}, wg {wg}", g, {"s": scores}, wg=wg)
+    compress.TOPK_WG = saved
+    g = Graph()
+    g.output("r", g.op("V4_ROUTE", g.input("l", (1, E)), g.const(rng.standard_normal(E).astype(np.float32) * 0.1),
+                       top_k=6, scoring="sqrtsoftplus", route_scale=1.5))
+    row(f"V4_ROUTE {E} experts, top 6", g, {"l": rng.standard_normal((1, E)).astype(np.float32)})
+    g = Graph()
+    g.output("t", sample.sample(g, g.input("l", (1, V)), g.const(np.array([0.0, 1.0], np.float32)),
+                                g.const(np.array([1, 0], np.int32))))
+    row(f"SAMPLE greedy, vocab {V}", g, {"l": rng.standard_normal((1, V)).astype(np.float32)})
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--replays", type=int, default=20)
@@ -88,8 +133,8 @@ def main(argv=None):
     ap.add_argument("--unroll", default="1,4", help="MUL_MAT (T = 1) and MUL_MAT_ID vec4 steps in flight per "
                     "lane to sweep")
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
-    ap.add_argument("--only", default="mqa,mul_mat,mul_mat_id,rows",
-                    help="sections to run: mqa, mul_mat, mul_mat_id, rows")
+    ap.add_argument("--only", default="mqa,mul_mat,mul_mat_id,rows,select",
+                    help="sections to run: mqa, mul_mat, mul_mat_id, rows, select")
     ap.add_argument("--json", help="write the results to this file")
     args = ap.parse_args(argv)
     ex = Executor(timestamps=True)
@@ -151,6 +196,8 @@ def main(argv=None):
         us, n = gpu_us(ex, g, {"x": rng.standard_normal(shape).astype(np.float32)}, args.replays, warm)
         print(f"{op:10s} {str(shape):16s} {us:8.1f} µs", flush=True)
         results.append({"op": op, "shape": shape, "us": us})
+    if "select" in only:
+        results += select_rows(ex, rng, args, warm, ctx, pos, D, E)
     warm.close()
     if args.json:
         Path(args.json).write_text(json.dumps({"device": ex.device.name, "results": results}, indent=2) + "\n")

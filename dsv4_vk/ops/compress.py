@@ -16,7 +16,8 @@ from .v4_attention import _positions
 
 COMPRESS_WG = 64
 TOPK_WG = 64
-INDEX_HEADS = {"heads": None}   # INDEX_SCORE heads per step (None: from channels per lane; tests set it)
+INDEX_HEADS = {"heads": None}   # INDEX_SCORE heads per step with cluster sums (None: the SCATTER kernel where
+                                # the device has shuffles, else from channels per lane; tests set it)
 
 
 def reference_pool(c, z, norm_w, eps, overlap):
@@ -160,6 +161,9 @@ class IndexScore(OpDef):
                          float(prm.get("scale", 1.0)))
         per_lane = -(-hd // lanes["LANES"])
         heads = INDEX_HEADS.get("heads") or (4 if per_lane <= 16 else 1)     # loads in flight per lane
+        if INDEX_HEADS.get("heads") is None and 2 <= lanes["LANES"] <= 32 \
+                and device.caps.subgroup.supports("basic", "shuffle"):
+            lanes = {**lanes, "SCATTER": 1}            # LANES heads a step, a transposing reduction
         return [Launch("index_score", [q, wt, k, pos, out], (4,), push, grid_1d(T * n, 256 // lanes["LANES"]),
                        defines=lanes, spec=(256, prm["rate"], per_lane, heads), **extra)]
 
