@@ -94,13 +94,13 @@ def select_rows(ex, rng, args, warm, ctx, pos, D, E):
         print(f"{label:44s} {us:8.1f} µs  ({nd} dispatch{'es' if nd > 1 else ''})", flush=True)
         rows.append({"op": label.split()[0], "label": label, "us": us, "dispatches": nd, **extra})
 
-    for heads in (1, 4, 8):
+    for heads in (None, 1, 4, 8):                      # None: the default (SCATTER where it runs)
         compress.INDEX_HEADS["heads"] = heads
         g = Graph()
         g.output("s", g.op("INDEX_SCORE", g.input("q", (1, nI, hI)), g.input("w", (1, nI)), g.const(
             rng.standard_normal((n, hI)).astype(np.float32)), g.const(np.array([pos], np.int32)), rate=4,
             scale=hI ** -0.5 * nI ** -0.5, capacity=ctx))
-        row(f"INDEX_SCORE {nI} heads x {hI}, {n} keys, heads/step {heads}", g,
+        row(f"INDEX_SCORE {nI} heads x {hI}, {n} keys, heads/step {heads or 'default'}", g,
             {"q": rng.standard_normal((1, nI, hI)).astype(np.float32),
              "w": rng.standard_normal((1, nI)).astype(np.float32)}, heads=heads)
     compress.INDEX_HEADS["heads"] = None
