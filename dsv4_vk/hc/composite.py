@@ -159,8 +159,9 @@ def post(g, f, residual, post, comb, *, fused=None, device=None):
 # HC_MIX_PART (KSPLIT), which reads fn once per block of tokens (prefill: X then lies in DRAM either way).
 CARRY_MAX_T = 8
 # The policy's site path runs the site kernels up to this T and the three fused ops beyond (H200,
-# D = 4096: site 22.0 against 23.9 µs at T = 1; 110 against 94 µs at T = 512; 675 against 511 µs at
-# T = 4096 — HC_SITE's per-token reduction and Sinkhorn cost more than the dispatches they save).
+# D = 4096, results/h200/site_compare.txt: site 10.8 against 20.5 µs at T = 1; 438.0 against 413.1 µs
+# at T = 4096, both with the prefill carry — HC_SITE's per-token reduction and Sinkhorn cost more
+# than the dispatches they save when there are many tokens).
 SITE_MAX_T = CARRY_MAX_T
 # HC_POST_MIX workgroup size: one chunk per invocation, so D/4/post_wg workgroups per token at decode
 # (tools/hc_tune.py sweeps it).
