@@ -1,7 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 //! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; MODE_SWIGLU | MODE_SUM ; - | VEC4 ; - | HAS_ADD ; - | W_BF16 | W_F16 ; - | NORM_X
-//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; MODE_SWIGLU | MODE_SUM ; VEC4 W8 ; - | HAS_ADD ; W_BF16 | W_F16 ; - | NORM_X
 // MUL_MAT_ID: matrix products with the experts the router chose, route[t, r] = (id, weight)
 // (MOE_ROUTE's output; ids are exact floats), weights w [E, N, K] stacked per expert:
 //   MODE_SWIGLU  x [T, 1 or R, K] (stride 0 over r: the same token row for every route), w [E, 2F, K]:
@@ -14,8 +13,6 @@
 // Layout: one cluster of LANES lanes per output element (lanes.glsl), lane l takes k = l, l+LANES,
 // ...; the output column (f or n) varies fastest across clusters, so neighbouring clusters read
 // neighbouring weight rows of the same expert. W_BF16 / W_F16: 16-bit weights (weights.glsl). VEC4: K % 4 == 0 and every row 16-byte aligned.
-// W8 (16-bit weights with VEC4, K and every weight row start a multiple of 8 elements): 8 weights per
-// 16-byte load, twice the bytes in flight per load instruction.
 // NORM_X (MODE_SWIGLU): x rows RMS-normalised as they are read, x / rms(x) ⊙ g with g [K] at
 // binding 4 and rms(x) = sqrt(mean_k x² + eps): the FFN norm and the experts in one dispatch.
 // UNROLL (spec constant 1): vec4 steps a lane loads before it adds them, so that that many loads
@@ -90,29 +87,6 @@ void partial_dots(uint xb, uint wb[ROWS], uint lane, out float acc[ROWS]) {
     uint k = lane;
 #if defined(VEC4)
     uint K4 = p.K / 4;
-#if defined(W8)
-    uint K8 = p.K / 8, k8 = lane;
-    for (; k8 + (UNROLL - 1) * LANES < K8; k8 += UNROLL * LANES) {
-        vec4 xl[UNROLL], xh[UNROLL], wl[ROWS][UNROLL], wh[ROWS][UNROLL];
-        [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
-            uint q = k8 + u * LANES;
-            xl[u] = x_at4(xb, 2 * q);
-            xh[u] = x_at4(xb, 2 * q + 1);
-            [[unroll]] for (uint j = 0; j < ROWS; ++j) W8_AT(wb[j] / 8 + q, wl[j][u], wh[j][u]);
-        }
-        [[unroll]] for (uint u = 0; u < UNROLL; ++u)
-            [[unroll]] for (uint j = 0; j < ROWS; ++j) acc[j] += dot(xl[u], wl[j][u]) + dot(xh[u], wh[j][u]);
-    }
-    for (; k8 < K8; k8 += LANES) {
-        vec4 xl = x_at4(xb, 2 * k8), xh = x_at4(xb, 2 * k8 + 1);
-        [[unroll]] for (uint j = 0; j < ROWS; ++j) {
-            vec4 wl, wh;
-            W8_AT(wb[j] / 8 + k8, wl, wh);
-            acc[j] += dot(xl, wl) + dot(xh, wh);
-        }
-    }
-    k = K4;                                             // (K % 8 = 0: the whole row in 8s)
-#endif
     for (; k + (UNROLL - 1) * LANES < K4; k += UNROLL * LANES) {
         vec4 xv[UNROLL], wv[ROWS][UNROLL];
         [[unroll]] for (uint u = 0; u < UNROLL; ++u) {

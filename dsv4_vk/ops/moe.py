@@ -74,9 +74,6 @@ class MoeRoute(OpDef):
 # vec4 steps a lane of MUL_MAT_ID loads before adding them (None: 4 on GPUs, 1 on CPU devices,
 # where registers are scarce and loads are cheap; tests and the bench set it)
 MUL_MAT_ID_UNROLL = {"unroll": None}
-# 16-bit expert weights: 8 per 16-byte load (-D W8) where K and the rows allow it; off: 4 per load
-# (tools/model_gpu_bench.py --variants "moe_w8=0").
-MUL_MAT_ID_W8 = {"on": True}
 
 
 @register
@@ -140,8 +137,6 @@ class MulMatId(OpDef):
                    g.offset if g is not None else 0]
         if all(a % 4 == 0 for a in aligned):
             defs["VEC4"] = 1
-            if MUL_MAT_ID_W8["on"] and w.dtype in ("bf16", "f16") and all(a % 8 == 0 for a in aligned[3:7]):
-                defs["W8"] = 1          # 8 weights per 16-byte load
         o_strides = list(out.strides) if mode == "swiglu" else [out.strides[0], out.strides[1], 0]
         a = [add.offset, *add.strides] if add is not None else [0, 0, 0]
         norm = [g.offset, float(node.params["rms_eps"])] if g is not None else []

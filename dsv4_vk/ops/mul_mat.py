@@ -52,15 +52,6 @@ def vec4_ok(*views):
 # vec4 steps a GEMV lane loads before adding them at one token per cluster (None: 4 on GPUs, 1 on
 # CPU devices; tests and the bench set it)
 GEMV_UNROLL = {"unroll": None}
-# One-token GEMV over 16-bit weights: 8 weights per 16-byte load (-D W8) where K and the weight rows
-# allow it; off: the 8-byte loads of 4 weights (tools/model_gpu_bench.py --variants "gemv_w8=0").
-GEMV_W8 = {"on": True}
-
-
-def w8_ok(w, K):
-    """16-bit weights whose rows start on 16 bytes and hold a multiple of 8 elements (-D W8)."""
-    return w.dtype in ("bf16", "f16") and K % 8 == 0 and w.offset % 8 == 0 and \
-        all(s % 8 == 0 for n, s in zip(w.shape[:-1], w.strides[:-1]) if n > 1)
 
 
 def rms_weight(op, x, g, params):
@@ -128,8 +119,6 @@ class MulMat(OpDef):
             tb = min(next_pow2(T), GEMV_MAX_T)
             lane_defs, extra = cluster_lanes(device, K, per_lane=8, max_lanes=1 if is_cpu(device) else None)
             defines.update(lane_defs, MODE_GEMV=1, TB=tb)
-            if tb == 1 and "VEC4" in defines and GEMV_W8["on"] and w8_ok(w, K):
-                defines["W8"] = 1
             grid = grid_1d(b[0] * b[1] * -(-T // tb) * N, WORKGROUP // lane_defs["LANES"])
             spec = (WORKGROUP, GEMV_UNROLL["unroll"] or (1 if is_cpu(device) else 4))
         elif kernel == "gemm_regs":
