@@ -85,7 +85,7 @@ float mixacc_at(MixAcc A, uint k) {
 // one half and adds its neighbour's copy of that half — so after 7 vec4 shuffles lane l holds slot
 // q = 4·bit0 + 2·bit1 + bit2 summed over its 8 lanes, and the remaining bits are plain butterfly
 // steps on one vec4: 7 + log2(subgroup / 8) vec4 shuffles for all 25 sums, against 5 per vec4
-// (35) for seven subgroupAdds, and eight lanes store at once. Subgroups of at least 8 lanes.
+// (35) for seven subgroupAdds, and eight lanes store at once. Full subgroups of at least 8 lanes.
 vec4 mixacc_swap_add(bool upper, vec4 lo, vec4 hi, uint mask) {
     return (upper ? hi : lo) + subgroupShuffleXor(upper ? lo : hi, mask);
 }
@@ -116,7 +116,9 @@ void mixacc_put_transposed(MixAcc A) {
 // then one elected store of the subgroup's 25 values (not 25 reductions each behind its own branch).
 void mixacc_put(MixAcc A) {
 #if defined(MIXACC_TRANSPOSE)
-    if (gl_SubgroupSize >= 8u) {
+    // (uniform) the butterfly reads every lane of the subgroup: a workgroup smaller than the subgroup,
+    // or not a multiple of it, may leave lanes inactive, whose shuffled values are undefined
+    if (gl_SubgroupSize >= 8u && gl_WorkGroupSize.x % gl_SubgroupSize == 0u) {
         mixacc_put_transposed(A);
         return;
     }

@@ -514,6 +514,7 @@ def test_coefs_kernel(ex, rng, T):
 
 @pytest.mark.parametrize("T, D, m, layout", [
     (1, 4096, 24, {"wg": 64}), (3, 5, 4, {"wg": 16}), (8, 36, 24, {"wg": 32}), (2, 7168, 4, {"wg": 256}),
+    (2, 64, 24, {"wg": 4, "partial_subgroup": True}),
     (9, 64, 24, {"split": 16, "lpt": 4, "tb": 64, "tpl": 2}), (70, 5, 4, {"split": 16, "lpt": 1, "tb": 5, "tpl": 1}),
     (130, 260, 24, {"split": 16, "lpt": 2, "tb": 64, "tpl": 2}), (65, 4096, 24, {"split": 16, "lpt": 4, "tb": 256, "tpl": 2})])
 def test_post_mix_partials(ex, rng, T, D, m, layout):
@@ -522,7 +523,10 @@ def test_post_mix_partials(ex, rng, T, D, m, layout):
     KSPLIT's layout (hc_mix.comp -D KSPLIT -D POST: partial token blocks, scalar chunks at odd D); a
     residual fed as a permuted [4,T,D] input (strided)."""
     split = layout.get("split", 0)
-    layout = {**layout, "wg": max(layout.get("wg", 64), ex.device.subgroup_size)}
+    partial = layout.get("partial_subgroup", False)   # wg 4: one chunk per destination stream, a workgroup
+    layout = {k: v for k, v in layout.items() if k != "partial_subgroup"}   # smaller than the subgroup
+    if not partial:
+        layout["wg"] = max(layout.get("wg", 64), ex.device.subgroup_size)
     if split:
         layout["lpt"] = min(layout["lpt"], ex.device.subgroup_size)
     i = post_inputs(rng, T, D)

@@ -559,7 +559,7 @@ class HcSite(OpDef):
                          u.offset // unit, u.strides[0] // unit, coefs.offset, *coefs.strides)
         return [Launch("hc_site", [part, X, scale, base, coefs, u], (4, 5), push, grid_1d(T * gpt, 1),
                        defines={"VEC4": 1} if vec4 else {}, spec=(wg, cpt, m1 - 1),
-                       full_subgroups=device.caps.subgroup.full_subgroups)]
+                       full_subgroups=full_subgroups_for(device, wg))]
 
     def reference(self, part, X, scale, base, coefs=None, hc_eps=1e-6, norm_eps=1e-6, n_iter=20):
         p = _f64(part).sum(axis=1)
@@ -567,6 +567,14 @@ class HcSite(OpDef):
         w = (reference_coefs(mix, scale, base, hc_eps, n_iter)[:, :HC] if mix.shape[1] == N_MIX
              else _sigmoid(mix * _f64(scale)[0] + _f64(base)) + hc_eps)
         return reference_pre(X, w)
+
+
+def full_subgroups_for(device, wg):
+    """Whether a pipeline of workgroup size wg may ask for full subgroups: the device can require
+    them, and wg is a multiple of its largest subgroup (Vulkan's condition for the request; a smaller
+    workgroup runs as one partial subgroup, which the kernels' reductions allow for)."""
+    sg = device.caps.subgroup
+    return bool(sg.full_subgroups and wg % sg.max_size == 0)
 
 
 def site_supported(device):
@@ -640,7 +648,7 @@ def _post_launch(node, device, f, res, post, comb, out, fn=None, part=None, wg=N
         defines["MIX_NEXT"] = 1
         check_shared(device, node.op.name, wg, fn.shape[0] + 1)
         args, writes, spec = [f, res, post, comb, fn, out, part], (5, 6), (wg, cpt, fn.shape[0])
-        extra = {"full_subgroups": device.caps.subgroup.full_subgroups}
+        extra = {"full_subgroups": full_subgroups_for(device, wg)}
     return [Launch("hc_post", args, writes, pack_push(*fields), grid_1d(T * gpt, 1), defines=defines, spec=spec,
                    **extra)]
 
