@@ -95,9 +95,11 @@ def test_compress(rng, overlap, rate, d, half, T, p0, rows):
 
 @pytest.mark.parametrize("heads", [None, 1, 3])
 @pytest.mark.parametrize("T,nh,hd,n,rate,p0", [(1, 16, 16, 9, 4, 37), (6, 4, 32, 12, 4, 3), (3, 64, 128, 300, 4, 1000),
-                                               (2, 7, 20, 30, 4, 90)])
+                                               (2, 7, 20, 30, 4, 90), (1, 5, 8, 11, 4, 45)])
 def test_index_score(rng, monkeypatch, heads, T, nh, hd, n, rate, p0):
-    """heads: heads per step of the kernel (None: its default; 3: a last step past the heads)."""
+    """heads: heads per step of the cluster-sum kernel (None: the default, SCATTER where the device has
+    shuffles: LANES heads a step, e.g. 2 lanes at hd = 8 with 5 heads, the last step past the heads;
+    3: a last step past the heads)."""
     from dsv4_vk.ops import compress
     monkeypatch.setitem(compress.INDEX_HEADS, "heads", heads)
     arrays = [f32(rng, T, nh, hd), f32(rng, T, nh), f32(rng, n, hd), np.array([p0], np.int32)]
