@@ -6,9 +6,11 @@ heads16, lanes8 / lanes4 (fewer lanes per key).
 
     . .vkdev/enter.sh; python3 tools/ablate_select.py [NAME ...] [--quick]
 """
-import json, shutil, subprocess, sys, tempfile
-from pathlib import Path
-ROOT = Path(__file__).resolve().parents[1]
+import runpy
+import sys
+
+from ablation import ROOT, main
+
 ABL = {
     "base": ([], ""),
     "nosum": ([("index_score.comp", "d[j] = cluster_sum(d[j]);", "d[j] = d[j];")], ""),
@@ -20,25 +22,18 @@ ABL = {
     "lanes4": ([], "from dsv4_vk.ops import compress as C, base as B\n"
                    "C.cluster_lanes = lambda dev, n, per_lane=4, max_lanes=None, _cl=B.cluster_lanes: _cl(dev, n, per_lane=32)"),
 }
-def child(name):
-    patches, host = ABL[name]
-    tmp = Path(tempfile.mkdtemp())
-    shutil.copytree(ROOT / "shaders", tmp / "shaders")
-    for f, a, b in patches:
-        p = tmp / "shaders" / f; s = p.read_text(); assert a in s, a; p.write_text(s.replace(a, b))
-    from dsv4_vk.vk import shader
-    shader.shader_dir = lambda: tmp / "shaders"; shader.SHADER_DIR = tmp / "shaders"
-    exec(host)
-    sys.argv = ["x", "--only", "select", "--replays", "20"] + (["--quick"] if "--quick" in sys.argv else [])
-    import runpy
+def child(name, flags):
+    sys.argv = ["bench_decode_ops.py", "--only", "select", "--replays", "20", *flags]
     runpy.run_path(str(ROOT / "tools" / "bench_decode_ops.py"), run_name="__main__")
+
+
+def report(name, proc):
+    for line in proc.stdout.splitlines():
+        if line.startswith(("INDEX", "TOPK")):
+            print(f"{name:8s} {line}", flush=True)
+    if proc.returncode:
+        print(name, "FAILED", proc.stderr[-800:], flush=True)
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--child"]:
-        child(sys.argv[2]); sys.exit()
-    for name in [a for a in sys.argv[1:] if a != "--quick"] or ABL:
-        p = subprocess.run([sys.executable, __file__, "--child", name] + (["--quick"] if "--quick" in sys.argv else []), capture_output=True, text=True)
-        for line in p.stdout.splitlines():
-            if line.startswith(("INDEX", "TOPK")):
-                print(f"{name:8s} {line}", flush=True)
-        if p.returncode:
-            print(name, "FAILED", p.stderr[-800:])
+    main(__file__, ABL, child, report)

@@ -10,10 +10,11 @@ back to back in one command buffer (rep8, per site), and each dispatch with a ti
 A replaced line that dead-code elimination removes takes its inputs with it: e.g. without the
 reduction (post_noreduce) the fn products are dead too.
 """
-import json, os, shutil, subprocess, sys, tempfile
-from pathlib import Path
+import json
+import os
 
-ROOT = Path(__file__).resolve().parents[1]
+from ablation import main
+
 ABL = {
     "base": [],
     "site_sink1": [("hc_site.comp", "hc_sinkhorn_rows4(l, p.eps, p.n_iter)", "hc_sinkhorn_rows4(l, p.eps, 1u)")],
@@ -22,10 +23,10 @@ ABL = {
     "site_nox": [("hc_site.comp", "u[p.u_off + t * p.u_st + c] = v;", "u[p.u_off + t * p.u_st + c] = VEC(pre[0]+pre[1]+pre[2]+pre[3]);")],
     "site_nosink_nox": [("hc_site.comp", "hc_sinkhorn_rows4(l, p.eps, p.n_iter)", "l"),
                         ("hc_site.comp", "u[p.u_off + t * p.u_st + c] = v;", "u[p.u_off + t * p.u_st + c] = VEC(pre[0]+pre[1]+pre[2]+pre[3]);")],
-    "post_nofn": [("hc_post.comp", "[[unroll]] for (uint d = 0u; d < 4u; ++d) mixacc_add(A, r[d], p.fn_off + d * p.n_chunks + c, p.fn_sj, true);",
-                   "[[unroll]] for (uint d = 0u; d < 4u; ++d) A.ss += dot_v(r[d], r[d]);")],
-    "post_fnL1": [("hc_post.comp", "mixacc_add(A, r[d], p.fn_off + d * p.n_chunks + c, p.fn_sj, true);",
-                   "mixacc_add(A, r[d], p.fn_off + (c & 7u), 8u, true);")],
+    "post_nofn": [("hc_post.comp", "mixacc_add(A, r, p.fn_off + d * p.n_chunks + c, p.fn_sj, true);",
+                   "A.ss += dot_v(r, r);")],
+    "post_fnL1": [("hc_post.comp", "mixacc_add(A, r, p.fn_off + d * p.n_chunks + c, p.fn_sj, true);",
+                   "mixacc_add(A, r, p.fn_off + (c & 7u), 8u, true);")],
     "post_noreduce": [("hc_post.comp", "mixacc_put(A);\n    barrier();", "")],
     "no_transpose": [("hc_site.comp", "#define MIXACC_TRANSPOSE ", "// "), ("hc_post.comp", "#define MIXACC_TRANSPOSE ", "// ")],
     # host-side layouts: entries "name": [patches] above, or "name": ([patches], "python run in the child")
@@ -37,24 +38,12 @@ ABL = {
                          "K.vec4_ok = lambda D, tensors: False; H.SITE_TUNING['post_wg'] = 128"),
     "scalar_wg256": ([], "import dsv4_vk.hc.kernels as K, dsv4_vk.hc.composite as H; "
                          "K.vec4_ok = lambda D, tensors: False; H.SITE_TUNING['post_wg'] = 256"),
-    "post_nopostwrite": [("hc_post.comp", "[[unroll]] for (uint d = 0u; d < 4u; ++d) o[ob + d * p.o_sd] = r[d];", "")],
+    "post_nopostwrite": [("hc_post.comp", "o[p.o_off + t * p.o_st + c + d * p.o_sd] = r;", "")],
 }
 
 
-def child(name):
+def child(name, flags):
     import numpy as np
-    tmp = Path(tempfile.mkdtemp())
-    shutil.copytree(ROOT / "shaders", tmp / "shaders")
-    patches, host = ABL[name] if isinstance(ABL[name], tuple) else (ABL[name], "")
-    for f, a, b in patches:
-        p = tmp / "shaders" / f
-        s = p.read_text()
-        assert a in s, (name, a)
-        p.write_text(s.replace(a, b))
-    from dsv4_vk.vk import shader
-    shader.shader_dir = lambda: tmp / "shaders"
-    shader.SHADER_DIR = tmp / "shaders"
-    exec(host)
     from dsv4_vk.hc import cases as C
     from dsv4_vk.cli import floor as F
     from dsv4_vk.cli.bench import bench_path, dispatch_times
@@ -62,8 +51,9 @@ def child(name):
     dev = default_device()
     rng = np.random.default_rng(0)
     out = {"name": name}
+    others = [("HC_PRE", "fused"), ("HC_POST", "fused"), ("HC_COMB", None), ("HC_SITE", C.THREE_OP)]
     with F.ClockWarmer(dev, 500) as warm:
-        for op, path in [("HC_SITE", C.SITE)] + ([("HC_PRE", "fused"), ("HC_POST", "fused"), ("HC_COMB", None), ("HC_SITE", C.THREE_OP)] if name == "base" else []):
+        for op, path in [("HC_SITE", C.SITE)] + (others if name == "base" else []):
             case = C.Case(op, 1, 4096)
             if path is None:
                 path = [p for p in C.paths(dev, op) if p.startswith("fused")][0]
@@ -75,27 +65,25 @@ def child(name):
     print(json.dumps(out))
 
 
+RESULTS = []
+
+
+def report(name, proc):
+    line = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    try:
+        d = json.loads(line)
+    except ValueError:
+        print(name, "FAILED", proc.stderr[-1500:], flush=True)
+        return
+    RESULTS.append(d)
+    for k, v in d.items():
+        if k != "name":
+            print(f"{name:18s} {k:22s} rep1 {v['rep1']:6.1f}  rep8 {v['rep8']:6.1f}  parts " +
+                  ", ".join(f"{lab} {us:.1f}" for lab, us in v["parts"]), flush=True)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "--child":
-        child(sys.argv[2])
-        sys.exit()
-    names = sys.argv[1:] or list(ABL)
-    unknown = [n for n in names if n not in ABL]
-    if unknown:
-        sys.exit(f"unknown ablation(s) {unknown}: expected names from {list(ABL)}")
-    res = []
-    for name in names:
-        p = subprocess.run([sys.executable, __file__, "--child", name], capture_output=True, text=True, timeout=120)
-        line = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
-        try:
-            d = json.loads(line)
-        except Exception:
-            print(name, "FAILED", p.stderr[-1500:], flush=True)
-            continue
-        res.append(d)
-        for k, v in d.items():
-            if k != "name":
-                print(f"{name:18s} {k:22s} rep1 {v['rep1']:6.1f}  rep8 {v['rep8']:6.1f}  parts " +
-                      ", ".join(f"{l} {u:.1f}" for l, u in v["parts"]), flush=True)
-    if os.environ.get("OUT"):
-        json.dump(res, open(os.path.join(os.environ["OUT"], "ablate_site.json"), "w"), indent=1)
+    main(__file__, ABL, child, report)
+    if RESULTS and os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "ablate_site.json"), "w") as f:
+            json.dump(RESULTS, f, indent=1)
