@@ -69,7 +69,7 @@ void main() {
     // One destination stream per invocation: the workgroup is 4 groups of WG/4 invocations, group d
     // making stream d of WG/4 chunks, so a token has 4× the invocations of HC_POST's layout and each
     // forms a quarter of the next mixes' products. At decode this pass is a chain of latencies, and
-    // more, shorter invocations finish it sooner (H200, D = 4096: results/h200/ablate_site.txt).
+    // more, shorter invocations finish it sooner (H200, D = 4096: results/h200/ablate_site_layout.txt).
     MixAcc A = mixacc_zero();
     bool live = t < p.T;                       // no return before the workgroup reduction
     t = min(t, p.T - 1u);

@@ -27,8 +27,8 @@ OPS = ("HC_COMB", "HC_PRE", "HC_POST", "HC_STEP", "HC_SITE_PRE", "HC_MIX", "HC_S
 # from X and the site's weights to u, post, comb and the new streams. Where a post carries the next
 # site's mixes (composite.carries: decode, T ≤ CARRY_MAX_T, and with PREFILL_CARRY any T) its
 # mixes' partial sums come in as `mix` ([T, G, 25] in the G D splits the previous site's post
-# makes, composite.carry_splits; the host computes them) and its post computes the next site's (next fn = fn): the steady state of a chain of
-# sites, mixes included. Elsewhere the site reads X for its mixes.
+# makes, composite.carry_splits; the host computes them) and its post computes the next site's
+# (next fn = fn): the steady state of a chain of sites, mixes included. Elsewhere the site reads X for its mixes.
 UNFUSED = "unfused"
 SITE, THREE_OP = "fused:site", "three-op"
 MAX_GROUPS = 65535
@@ -241,7 +241,8 @@ def make_inputs(case, rng):
             from .kernels import reference_mix_partials    # in as many D splits as the post makes
             unit = 4 if case.D % 4 == 0 else 1
             G = shape[1]
-            out[name] = reference_mix_partials(out["X"], out["fn"], G, unit, -(-(case.D // unit) // G)).astype(np.float32)
+            per = -(-(case.D // unit) // G)
+            out[name] = reference_mix_partials(out["X"], out["fn"], G, unit, per).astype(np.float32)
             continue
         if name == "fn":
             a = rng.uniform(-1, 1, shape) * (2 / math.sqrt(shape[1]))
