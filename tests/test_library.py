@@ -131,11 +131,13 @@ def test_hc_site_and_head_match_the_functions_and_never_touch_the_host(device, r
     assert not any(k[0] == owner for k in device.programs._idle)
 
 
-@pytest.mark.parametrize("T, D, as_tensors", [(1, 40, True), (3, 33, False), (8, 64, True), (9, 40, True)])
+@pytest.mark.parametrize("T, D, as_tensors", [(1, 40, True), (3, 33, False), (8, 64, True), (9, 40, True),
+                                               (20, 132, False)])
 def test_chained_hc_sites_carry_the_next_mixes_in_the_post(device, rng, T, D, as_tensors):
     """site1.post(..., next=site2) → (X_new, carry); site2.pre(X_new, carry=) and head.collapse(carry=)
     give what the uncarried calls give (float64 within f32 rounding, each other at NMSE ≤ 1e-7), with
-    one dispatch per carried call at T ≤ CARRY_MAX_T; beyond it nothing is carried."""
+    one dispatch per carried call at T ≤ CARRY_MAX_T; beyond it the post carries where the prefill
+    carry runs (hc.carries) and the next pre starts from a reduction of the partials."""
     from dsv4_vk.hc.metrics import nmse
     s1, s2 = site_arrays(rng, T, D), site_arrays(rng, T, D)
     sites = [dv.HcSite(s["fn"], s["scale"], s["base"], device=device) for s in (s1, s2)]
@@ -143,13 +145,15 @@ def test_chained_hc_sites_carry_the_next_mixes_in_the_post(device, rng, T, D, as
     head = dv.HcSite.head(fn_h, rng.uniform(-0.5, 0.5, 1), rng.uniform(-0.25, 0.25, 4), device=device)
     put = device.tensor if as_tensors else (lambda a: a)
     host = (lambda t: t.numpy()) if as_tensors else (lambda a: a)
-    carried = T <= dv.hc.CARRY_MAX_T
+    carried = dv.hc.carries(device, None, T)
+    decode = T <= dv.hc.CARRY_MAX_T
+    assert carried or not decode                 # (the site path carries at decode on every device here)
 
     def run(carry_on):
         X, carry, outs = put(s1["X"]), None, []
         for k, site in enumerate(sites):
             u, post, comb = site.pre(X, carry=carry)
-            if carry_on and carry is not None and carried:     # HC_SITE alone (CONT: strided outputs copied out)
+            if carry_on and carry is not None and carried and decode:     # HC_SITE alone (CONT: strided
                 assert [lab for lab in dv.last_run().labels if lab != "CONT"] == ["HC_SITE"], dv.last_run().labels
             f = put(0.5 * host(u) + 0.1)
             nxt = sites[k + 1] if k + 1 < len(sites) else head
@@ -170,8 +174,12 @@ def test_chained_hc_sites_carry_the_next_mixes_in_the_post(device, rng, T, D, as
     np.testing.assert_allclose(chained[-1], kernels.reference_head_pre(plain[-2], fn_h, head.scale.numpy(),
                                                                        head.base.numpy()), rtol=1e-4, atol=1e-5)
     X = put(s1["X"])
-    _, carry = sites[0].post(put(s1["X"][:, 0]), X, put(np.ones((T, 4), np.float32)),
-                             put(np.eye(4, dtype=np.float32)[None].repeat(T, 0)), next=sites[1])
+    X_new, carry = sites[0].post(put(s1["X"][:, 0]), X, put(np.ones((T, 4), np.float32)),
+                                 put(np.eye(4, dtype=np.float32)[None].repeat(T, 0)), next=sites[1])
+    if carried:                     # the pre reads the carried partials, not X, for its mixes: scaled
+        doubled = dv.MixCarry(sites[1], put(2 * host(carry.partials)))     # partials change its u
+        u_carry, u_doubled = host(sites[1].pre(X_new, carry=carry)[0]), host(sites[1].pre(X_new, carry=doubled)[0])
+        assert nmse(u_doubled, u_carry) > 1e-6
     if carried:
         with pytest.raises(ValueError, match="carry was computed for another site"):
             head.collapse(X, carry=carry)

@@ -8,9 +8,9 @@ its programs compiled once per (op, shapes) and kept in the device's program cac
     u = head.collapse(X)                    # [T,D]
 
 Chained sites: `X_new, carry = site.post(f, X, post, comb, next=site2)` also computes site2's mixes
-partials in the same pass (HC_POST_MIX, on the site path at T ≤ CARRY_MAX_T), and
-`site2.pre(X_new, carry=carry)` (or `head.collapse(X_new, carry=carry)`) starts from them: a site
-is then two dispatches. `pre_graph` / `post_graph` / `collapse_graph` append the same nodes to a
+partials in the same pass (HC_POST_MIX: on the site path at T ≤ CARRY_MAX_T, and past it where the
+prefill carry runs, hc.carries), and `site2.pre(X_new, carry=carry)` (or `head.collapse(X_new,
+carry=carry)`) starts from them: at decode a site is then two dispatches. `pre_graph` / `post_graph` / `collapse_graph` append the same nodes to a
 Graph of your own (the weights bound in place, `mix=` / `next=` for the carry), to put whole steps
 into one program (docs/library.md).
 """
@@ -73,8 +73,8 @@ class _Resident:
 class MixCarry:
     """The next site's mixes partials, computed by `site.post(..., next=)` in the same pass as the new
     streams: give it to that site's `pre(X_new, carry=)` (or the head's `collapse`). `partials` is
-    None where nothing was carried (more than CARRY_MAX_T tokens, or the three-op path): the next
-    pre then computes its mixes itself."""
+    None where nothing was carried (hc.carries: the three-op path at decode; past CARRY_MAX_T tokens
+    a device without the prefill carry's kernels): the next pre then computes its mixes itself."""
 
     __slots__ = ("target", "partials")
 
@@ -135,15 +135,15 @@ class HcSite(_Resident):
                             device=self.device)
 
     def _carries(self, T):
-        """hc.carries for this site at T tokens, remembered per policy generation (the per-call path)."""
-        if T > hc.CARRY_MAX_T:
-            return False
+        """hc.carries for this site at T tokens, remembered per policy generation (the per-call path;
+        every T past CARRY_MAX_T gives the same answer, so they share one entry)."""
+        key = min(T, hc.CARRY_MAX_T + 1)
         gen, memo = self._carry_memo
         if gen != _generation[0]:
             gen, memo = self._carry_memo = (_generation[0], {})
-        hit = memo.get(T)
+        hit = memo.get(key)
         if hit is None:
-            hit = memo[T] = hc.carries(self.device, self.fused, T)
+            hit = memo[key] = hc.carries(self.device, self.fused, key)
         return hit
 
     def _check_next(self, next):
@@ -166,8 +166,9 @@ class HcSite(_Resident):
 
     def post(self, f, X, post, comb, *, next=None, out=None):
         """X_new [T,4,D] = f·post[:, d] + Σ_s comb[:, s, d]·X[:, s] (HC_POST, this site's path).
-        With `next` (the next HcSite, or the HcHead): (X_new, MixCarry) — where this site runs the
-        site kernels at T ≤ CARRY_MAX_T, next's mixes partials are computed in the same pass."""
+        With `next` (the next HcSite, or the HcHead): (X_new, MixCarry) — where hc.carries (the site
+        kernels at T ≤ CARRY_MAX_T, the prefill carry past it), next's mixes partials are computed
+        in the same pass."""
         if next is None:
             return hc_post(f, X, post, comb, fused=self.fused, device=self.device, out=out)
         self._check_next(next)
