@@ -28,7 +28,8 @@ OPS = ("HC_COMB", "HC_PRE", "HC_POST", "HC_STEP", "HC_SITE_PRE", "HC_MIX", "HC_S
 # site's mixes (composite.carries: decode, T ≤ CARRY_MAX_T, and with PREFILL_CARRY any T) its
 # mixes' partial sums come in as `mix` ([T, G, 25] in the G D splits the previous site's post
 # makes, composite.carry_splits; the host computes them) and its post computes the next site's
-# (next fn = fn): the steady state of a chain of sites, mixes included. Elsewhere the site reads X for its mixes.
+# (next fn = fn): the steady state of a chain of sites, mixes included. Elsewhere the site reads X
+# for its mixes.
 UNFUSED = "unfused"
 SITE, THREE_OP = "fused:site", "three-op"
 MAX_GROUPS = 65535
@@ -193,6 +194,7 @@ def bench_cases(ds=(4096, 7168), prefill_ts=PREFILL_TS, ops=OPS):
 # --- inputs, graphs, references -------------------------------------------------------------------
 
 def input_shapes(case):
+    from .composite import carry_splits
     T, D = case.T, case.D
     return {
         "HC_COMB": {"mixes": (T, 24), "scale": (3,), "base": (24,)},
@@ -203,13 +205,9 @@ def input_shapes(case):
                     "f": (T, D), "post": (T, 4)},
         "HC_MIX": {"X": (T, 4, D), "fn": (24, 4 * D)},
         "HC_SITE": {"X": (T, 4, D), "fn": (24, 4 * D), "scale": (3,), "base": (24,),
-                    "mix": (T, _carry_splits(T, D), 25)},
+                    "mix": (T, carry_splits(T, D), 25)},
     }[case.op]
 
-
-def _carry_splits(T, D):
-    from .composite import carry_splits
-    return carry_splits(T, D)
 
 
 def output_shapes(case):
@@ -238,11 +236,11 @@ def make_inputs(case, rng):
     out = {}
     for name, shape in input_shapes(case).items():
         if name == "mix":       # the carried partial sums of X's mixes: not random, computed from X, fn,
-            from .kernels import reference_mix_partials    # in as many D splits as the post makes
+            from .composite import carry_split_chunks      # in the D splits the post makes
+            from .kernels import reference_mix_partials
             unit = 4 if case.D % 4 == 0 else 1
-            G = shape[1]
-            per = -(-(case.D // unit) // G)
-            out[name] = reference_mix_partials(out["X"], out["fn"], G, unit, per).astype(np.float32)
+            out[name] = reference_mix_partials(out["X"], out["fn"], shape[1], unit,
+                                               carry_split_chunks(case.T)).astype(np.float32)
             continue
         if name == "fn":
             a = rng.uniform(-1, 1, shape) * (2 / math.sqrt(shape[1]))

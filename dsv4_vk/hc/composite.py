@@ -175,13 +175,17 @@ SITE_TUNING = {"post_wg": 64}
 PREFILL_CARRY = {"prefill": True}
 
 
+def carry_split_chunks(T: int) -> int:
+    """Chunks per D split of the mixes partials a post carries at T tokens: a HC_POST_MIX workgroup's
+    post_wg/4 at decode, KSPLIT's split past CARRY_MAX_T."""
+    return kernels.post_mix_split(SITE_TUNING["post_wg"]) if T <= CARRY_MAX_T else kernels.KSPLIT_S
+
+
 def carry_splits(T: int, D: int) -> int:
     """The number of D splits G in the mixes partials [T, G, m + 1] that a post carries at T tokens
-    of contiguous hidden size D: HC_POST_MIX's workgroups per token at decode (post_wg/4 chunks
-    each), KSPLIT's splits past CARRY_MAX_T."""
+    of contiguous hidden size D (chunks of 4 floats where D allows)."""
     chunks = D // 4 if D % 4 == 0 else D
-    per = kernels.post_mix_split(SITE_TUNING["post_wg"]) if T <= CARRY_MAX_T else kernels.KSPLIT_S
-    return -(-chunks // per)
+    return -(-chunks // carry_split_chunks(T))
 
 
 def _mix_partials(g, X, fn, device):

@@ -637,7 +637,7 @@ def _post_launch(node, device, f, res, post, comb, out, fn=None, part=None, wg=N
     else:                           # HC_POST_MIX: one destination stream per invocation, wg/4 chunks a group
         vec4 = vec4_ok(D, tensors)
         chunks = D // 4 if vec4 else D
-        gpt, cpt = post_mix_groups(D, tensors, wg), 1
+        gpt, cpt = -(-chunks // post_mix_split(wg)), 1
     unit = 4 if vec4 else 1
     fields = [T, chunks, gpt, f.offset // unit, *_strides_in(f, unit), res.offset // unit, *_strides_in(res, unit),
               post.offset, *post.strides, comb.offset, *comb.strides, out.offset // unit, *_strides_in(out, unit)]

@@ -10,9 +10,9 @@ its programs compiled once per (op, shapes) and kept in the device's program cac
 Chained sites: `X_new, carry = site.post(f, X, post, comb, next=site2)` also computes site2's mixes
 partials in the same pass (HC_POST_MIX: on the site path at T ≤ CARRY_MAX_T, and past it where the
 prefill carry runs, hc.carries), and `site2.pre(X_new, carry=carry)` (or `head.collapse(X_new,
-carry=carry)`) starts from them: at decode a site is then two dispatches. `pre_graph` / `post_graph` / `collapse_graph` append the same nodes to a
-Graph of your own (the weights bound in place, `mix=` / `next=` for the carry), to put whole steps
-into one program (docs/library.md).
+carry=carry)`) starts from them: at decode a site is then two dispatches. `pre_graph` /
+`post_graph` / `collapse_graph` append the same nodes to a Graph of your own (the weights bound in
+place, `mix=` / `next=` for the carry), to put whole steps into one program (docs/library.md).
 """
 from __future__ import annotations
 
