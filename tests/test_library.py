@@ -140,6 +140,9 @@ def test_chained_hc_sites_carry_the_next_mixes_in_the_post(device, rng, T, D, as
     carry runs (hc.carries) and the next pre starts from a reduction of the partials."""
     from dsv4_vk.hc.metrics import nmse
     s1, s2 = site_arrays(rng, T, D), site_arrays(rng, T, D)
+    # site 2's pre scale bounded away from 0, so that its u depends visibly on its mixes (the doubled
+    # partials below); a uniform(-0.5, 0.5) draw near 0 left the change at NMSE 6e-7 once
+    s2["scale"] = (rng.choice([-1, 1], 3) * rng.uniform(0.3, 0.5, 3)).astype(np.float32)
     sites = [dv.HcSite(s["fn"], s["scale"], s["base"], device=device) for s in (s1, s2)]
     fn_h = (rng.uniform(-1, 1, (4, 4 * D)) / np.sqrt(4 * D)).astype(np.float32)
     head = dv.HcSite.head(fn_h, rng.uniform(-0.5, 0.5, 1), rng.uniform(-0.25, 0.25, 4), device=device)
@@ -179,7 +182,7 @@ def test_chained_hc_sites_carry_the_next_mixes_in_the_post(device, rng, T, D, as
     if carried:                     # the pre reads the carried partials, not X, for its mixes: scaled
         doubled = dv.MixCarry(sites[1], put(2 * host(carry.partials)))     # partials change its u
         u_carry, u_doubled = host(sites[1].pre(X_new, carry=carry)[0]), host(sites[1].pre(X_new, carry=doubled)[0])
-        assert nmse(u_doubled, u_carry) > 1e-6
+        assert nmse(u_doubled, u_carry) > 1e-5
     if carried:
         with pytest.raises(ValueError, match="carry was computed for another site"):
             head.collapse(X, carry=carry)
