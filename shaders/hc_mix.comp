@@ -1,6 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 //! variants: - | VEC4 ; - | FINAL | KSPLIT | TILE | KSPLIT POST
+//! variants: VEC4 TC ; - | CM_NV CM_N=8 | CM_NV CM_N=16
 //! variants: REDUCE
 // HC_MIX family: a site's flat RMS norm and mixes mat-mul, mix[t,j] = (x_t · fn[j]) / sqrt(mean(x_t²)
 // + norm_eps) with x_t = X[t] flattened (4·D), reading each token's X once for all M mixes and its
@@ -39,9 +40,26 @@
 //   memory for 4·M/4 products (componentwise into VEC accumulators, summed at the end): x and fn
 //   are each read from memory once per block and the products outnumber the shared-memory loads
 //   ~10 to 1. Partials as the default layout.
+// -D TC (many tokens; partials; VEC4 only): the mixes on 16-bit tensor cores at fp32 accuracy.
+//   Workgroup g → token block g / G of 64 tokens and split g % G of `slice` chunks per stream;
+//   128 invocations. Per step (16 chunks = 64 floats of one stream) the block's x and the M fn rows
+//   are staged in shared memory split into two fp16 parts, hi = f16(v·σ) and lo = f16((v·σ − hi)·2¹¹)
+//   (σ = 2⁻⁸ for x, 1 for fn), so that x·f = 2⁸·(xhi·fhi + 2⁻¹¹·(xhi·flo + xlo·fhi)) up to the
+//   dropped xlo·flo (2⁻²² relative): two fp32 accumulators, C1 = Σ xhi·fhi and C2 = Σ (xhi·flo +
+//   xlo·fhi), each product exact. σ keeps |x| < 2²⁴ inside fp16's range; below 2⁻⁶ the parts are
+//   subnormal, the error stays under 2⁻²⁸ absolute. Σx² is summed in fp32 while staging (lanes of 16
+//   invocations per token, added in the epilogue). The staged rows are XS = 72 halves apart (64 + 8:
+//   consecutive rows start on different banks).
+//   -D CM_NV: the products by VK_NV_cooperative_matrix, subgroup s of 4 (32 lanes) taking tokens
+//     16s..16s+15 against ⌈M / CM_N⌉ tiles of CM_N fn rows (CM_N = 8 or 16, the device's shape
+//     16 × CM_N × 16); the accumulators are stored to shared memory at the end.
+//   without: the same staging and epilogue with the products formed by FMA loops (invocation i:
+//     token i % 64, rows 12·(i / 64) + 0..11) — the tensor-core kernel's arithmetic on any device,
+//     for tests.
+//   The epilogue writes partials[t, split, j] = 2⁸·(C1 + 2⁻¹¹·C2) and [t, split, M] = Σx².
 // -D REDUCE: the second pass, one invocation per (t, j): Σ over the G partials, then the
 //   norm: mix[t, j] = Σ dot / sqrt(Σ Σx² / (4·D) + norm_eps).
-// Spec constants: 0 workgroup size (TILE: 64), 1 M (mix rows: a multiple of 4, ≤ 24); KSPLIT also 2 LPT (lanes
+// Spec constants: 0 workgroup size (TILE: 64, TC: 128), 1 M (mix rows: a multiple of 4, ≤ 24); KSPLIT also 2 LPT (lanes
 //   per token) and 3 TPL (tokens per lane group, 1, 2 or 4).
 // Push (tile kernels): T, chunks per stream, slice (chunks per split), G, 1/(4·D), norm_eps,
 //   X (offset, token and stream strides, in chunks), fn (offset, row stride, in chunks; fn[j, s·D + d]
@@ -219,6 +237,156 @@ void main() {
             if (TPL > 2u && ta + 2u < t_end) put_partials(C, ta + 2u, split);
             if (TPL > 2u && ta + 3u < t_end) put_partials(E, ta + 3u, split);
         }
+    }
+}
+
+#elif defined(TC)
+#if !defined(VEC4)
+#error "TC stages whole vec4 chunks"
+#endif
+const uint BT = 64;                             // tokens per block
+const uint KC = 16;                             // chunks (vec4) of one stream per step
+const uint XS = 4u * KC + 8u;                   // halves between staged rows
+const float X_SIGMA = 1.0 / 256.0, LO = 2048.0;
+#if defined(CM_NV)
+#extension GL_NV_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_KHR_shader_subgroup_basic : require
+const uint NT = (24u + CM_N - 1u) / CM_N;       // fn row tiles (M ≤ 24)
+const uint NP = NT * CM_N;                      // fn rows staged (zeros past M)
+const uint CW = NP;                             // the accumulators' row width in shared memory
+shared float16_t xh[BT * XS], xl[BT * XS], fh[NP * XS], fl[NP * XS];
+shared float cs[2u * BT * CW + BT * KC];        // C1, C2, then the Σx² lanes
+#define C1(t, j) cs[(t) * CW + (j)]
+#define C2(t, j) cs[BT * CW + (t) * CW + (j)]
+#define SSQ(t, l) cs[2u * BT * CW + (t) * KC + (l)]
+void stage_x(uint i, vec4 hi, vec4 lo) {
+    [[unroll]] for (uint e = 0u; e < 4u; ++e) { xh[i + e] = float16_t(hi[e]); xl[i + e] = float16_t(lo[e]); }
+}
+void stage_f(uint i, vec4 hi, vec4 lo) {
+    [[unroll]] for (uint e = 0u; e < 4u; ++e) { fh[i + e] = float16_t(hi[e]); fl[i + e] = float16_t(lo[e]); }
+}
+#else
+const uint NP = 24u, CW = 24u;
+// hi and lo as one packHalf2x16 word; after the last step the epilogue's sums (as float bits)
+shared uint xp[BT * XS], fp[NP * XS];
+#define C1(t, j) uintBitsToFloat(xp[(t) * CW + (j)])
+#define C2(t, j) uintBitsToFloat(xp[BT * CW + (t) * CW + (j)])
+#define SSQ(t, l) uintBitsToFloat(xp[2u * BT * CW + (t) * KC + (l)])
+void stage_x(uint i, vec4 hi, vec4 lo) {
+    [[unroll]] for (uint e = 0u; e < 4u; ++e) xp[i + e] = packHalf2x16(vec2(hi[e], lo[e]));
+}
+void stage_f(uint i, vec4 hi, vec4 lo) {
+    [[unroll]] for (uint e = 0u; e < 4u; ++e) fp[i + e] = packHalf2x16(vec2(hi[e], lo[e]));
+}
+#endif
+
+// v·σ split into fp16 parts: hi (rounded to fp16) and lo = (v·σ − hi)·2¹¹ (rounded when staged);
+// v·σ − hi is exact in fp32.
+void split16(vec4 v, float sigma, out vec4 hi, out vec4 lo) {
+    vec4 a = v * sigma;
+    hi = vec4(unpackHalf2x16(packHalf2x16(a.xy)), unpackHalf2x16(packHalf2x16(a.zw)));
+    lo = (a - hi) * LO;
+}
+
+void main() {
+    uint g = flat_group();
+    uint block = g / p.G, split = g % p.G;
+    uint id = gl_LocalInvocationID.x;           // the workgroup is 128 invocations
+    uint t_base = block * BT;
+    uint c_begin = split * p.slice, c_end = min(c_begin + p.slice, p.chunks);
+    // staging: invocation id takes chunk id % 16 of tokens id / 16 + 8·r and of fn rows id / 16 + 8·q
+    uint lc = id % KC, lr = id / KC;
+    float ssq[BT / 8u];
+    [[unroll]] for (uint r = 0u; r < BT / 8u; ++r) ssq[r] = 0.0;
+#if defined(CM_NV)
+    fcoopmatNV<32, gl_ScopeSubgroup, 16, CM_N> c1[NT], c2[NT];
+    [[unroll]] for (uint n = 0u; n < NT; ++n) {
+        c1[n] = fcoopmatNV<32, gl_ScopeSubgroup, 16, CM_N>(0.0);
+        c2[n] = fcoopmatNV<32, gl_ScopeSubgroup, 16, CM_N>(0.0);
+    }
+    uint row0 = 16u * gl_SubgroupID;            // this subgroup's tokens in the block
+#else
+    uint et = id % BT, ej = 12u * (id / BT);    // this invocation's token and first fn row
+    float c1[12], c2[12];
+    [[unroll]] for (uint r = 0u; r < 12u; ++r) { c1[r] = 0.0; c2[r] = 0.0; }
+#endif
+    for (uint s = 0u; s < 4u; ++s) {
+        for (uint c0 = c_begin; c0 < c_end; c0 += KC) {     // uniform: every invocation takes every step
+            uint c = c0 + lc;
+            bool in_c = c < c_end;
+            [[unroll]] for (uint r = 0u; r < BT / 8u; ++r) {
+                uint t = t_base + lr + 8u * r;
+                vec4 v = in_c && t < p.T ? x[p.x_off + t * p.x_st + s * p.x_ss + c] : vec4(0.0);
+                ssq[r] += dot(v, v);
+                vec4 hi, lo;
+                split16(v, X_SIGMA, hi, lo);
+                stage_x((lr + 8u * r) * XS + 4u * lc, hi, lo);
+            }
+            [[unroll]] for (uint q = 0u; q < NP / 8u; ++q) {
+                uint j = lr + 8u * q;
+                vec4 v = in_c && j < M ? fn[p.f_off + j * p.f_sj + s * p.chunks + c] : vec4(0.0);
+                vec4 hi, lo;
+                split16(v, 1.0, hi, lo);
+                stage_f(j * XS + 4u * lc, hi, lo);
+            }
+            barrier();
+#if defined(CM_NV)
+            [[unroll]] for (uint kk = 0u; kk < 4u * KC; kk += 16u) {
+                fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> ah, al;
+                coopMatLoadNV(ah, xh, row0 * XS + kk, XS, false);
+                coopMatLoadNV(al, xl, row0 * XS + kk, XS, false);
+                [[unroll]] for (uint n = 0u; n < NT; ++n) {
+                    if (n * CM_N >= M) break;
+                    fcoopmatNV<16, gl_ScopeSubgroup, 16, CM_N> bh, bl;    // column-major: (k, j) at j·XS + k
+                    coopMatLoadNV(bh, fh, n * CM_N * XS + kk, XS, true);
+                    coopMatLoadNV(bl, fl, n * CM_N * XS + kk, XS, true);
+                    c1[n] = coopMatMulAddNV(ah, bh, c1[n]);
+                    c2[n] = coopMatMulAddNV(ah, bl, c2[n]);
+                    c2[n] = coopMatMulAddNV(al, bh, c2[n]);
+                }
+            }
+#else
+            for (uint k = 0u; k < 4u * KC; ++k) {
+                vec2 xv = unpackHalf2x16(xp[et * XS + k]);
+                [[unroll]] for (uint r = 0u; r < 12u; ++r) {
+                    if (ej + r >= M) break;
+                    vec2 fv = unpackHalf2x16(fp[(ej + r) * XS + k]);
+                    c1[r] = fma(xv.x, fv.x, c1[r]);
+                    c2[r] = fma(xv.y, fv.x, fma(xv.x, fv.y, c2[r]));
+                }
+            }
+#endif
+            barrier();
+        }
+    }
+    // epilogue: the accumulators and the Σx² lanes to shared memory, then one value per invocation
+#if defined(CM_NV)
+    [[unroll]] for (uint n = 0u; n < NT; ++n) {
+        coopMatStoreNV(c1[n], cs, row0 * CW + n * CM_N, CW, false);
+        coopMatStoreNV(c2[n], cs, BT * CW + row0 * CW + n * CM_N, CW, false);
+    }
+    [[unroll]] for (uint r = 0u; r < BT / 8u; ++r) SSQ(lr + 8u * r, lc) = ssq[r];
+#else
+    [[unroll]] for (uint r = 0u; r < 12u; ++r) {
+        xp[et * CW + ej + r] = floatBitsToUint(c1[r]);          // rows past M: zeros, never read
+        xp[BT * CW + et * CW + ej + r] = floatBitsToUint(c2[r]);
+    }
+    [[unroll]] for (uint r = 0u; r < BT / 8u; ++r) xp[2u * BT * CW + (lr + 8u * r) * KC + lc] = floatBitsToUint(ssq[r]);
+#endif
+    barrier();
+    for (uint i = id; i < BT * (M + 1u); i += gl_WorkGroupSize.x) {
+        uint tl = i / (M + 1u), j = i % (M + 1u), t = t_base + tl;
+        if (t >= p.T) continue;
+        float v;
+        if (j < M) {
+            v = (C1(tl, j) + C2(tl, j) * (1.0 / LO)) / X_SIGMA;
+        } else {
+            v = 0.0;
+            for (uint l = 0u; l < KC; ++l) v += SSQ(tl, l);
+        }
+        out_[p.o_off + t * p.o_st + split * p.o_s2 + j] = v;
     }
 }
 

@@ -386,17 +386,18 @@ def site_chain_case(ex, rng, D, T, peak, layout):
             assert e <= SITE_NMSE, f"chain D={D} T={T} {name}: stage output {k} NMSE {e:.3g} vs float64 of its own input"
 
 
-@settings(max_examples=12, deadline=None, database=None)     # each layout is a new pipeline (≈ 0.1 s here)
+@settings(max_examples=16, deadline=None, database=None)     # each layout is a new pipeline (≈ 0.1 s here)
 @given(T=st.integers(1, 12), D=st.integers(1, 70), m=st.sampled_from([4, 24]), layout=st.sampled_from(["c", "strided"]),
        wg=st.sampled_from([16, 64]), groups=st.integers(1, 6), split=st.sampled_from([0, 16]),
        lpt=st.sampled_from([1, 2, 4]), tb=st.sampled_from([1, 5, 64]), tpl=st.sampled_from([1, 2, 4]),
-       kernel=st.sampled_from([None, "tile"]), seed=st.integers(0, 2**32 - 1))
+       kernel=st.sampled_from([None, "tile", "tc"]), seed=st.integers(0, 2**32 - 1))
 def test_mix_kernels_hypothesis(ex, T, D, m, layout, wg, groups, split, lpt, tb, tpl, kernel, seed):
     """The mixes through any HC_MIX layout (the per-token kernel: workgroup size, D splits; KSPLIT: chunks
     per split, lanes per token, tokens per block, tokens per lane group) as HC_MIX or HC_MIX_PART +
     HC_MIX_REDUCE, any D (vec4 or scalar), m rows, X contiguous or a permuted [4,T,D] input; and
-    HC_MIX_PART's partials against their float64 layout."""
+    HC_MIX_PART's partials against their float64 layout (the tensor-core kernel: D a multiple of 4)."""
     wg = max(wg, ex.device.subgroup_size)
+    D = 4 * -(-D // 4) if kernel == "tc" else D
     with tuning(ops_hc.MIX_TUNING, wg=wg, groups=groups, split=split, lpt=lpt, tb=tb, tpl=tpl, kernel=kernel):
         mix_layouts_case(ex, T, D, m, layout, seed)
 
@@ -429,6 +430,18 @@ def test_mix_tile_kernel(ex, rng, T, D, split, m, layout):
     with tuning(ops_hc.MIX_TUNING, kernel="tile", split=split):
         lay = ops_hc.mix_layout(ex.device, T, D // (4 if D % 4 == 0 else 1))
         assert lay["tile"] == 1 and lay["split"] == split and lay["groups"] > 1
+        mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
+
+
+@pytest.mark.parametrize("T,D,split,m,layout", [(130, 64, 12, 24, "c"), (64, 36, 8, 4, "strided"), (3, 4096, 64, 24, "c"),
+                                                 (65, 8, 64, 24, "c"), (200, 132, 16, 8, "c")])
+def test_mix_tensor_core_kernel(ex, rng, T, D, split, m, layout):
+    """The tensor-core kernel TC (cooperative matrices where the device has them, else its FMA form):
+    partial token blocks (T past a multiple of 64), splits ending inside a staging step of 16 chunks
+    and past D, the head's 4 rows and 8 rows (one fn tile), a permuted X; against float64."""
+    with tuning(ops_hc.MIX_TUNING, kernel="tc", split=split):
+        lay = ops_hc.mix_layout(ex.device, T, D // 4)
+        assert lay["tc"] == (1 if ops_hc.tc_tile_n(ex.device) else 2) and lay["split"] == split
         mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
 
 

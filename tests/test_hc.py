@@ -453,3 +453,53 @@ def test_post_mix_workgroup_must_hold_whole_streams():
     post, comb, fn = g.input("post", (T, 4)), g.input("comb", (T, 4, 4)), g.input("fn", (24, 4 * D))
     with pytest.raises(ValueError, match="HC_POST_MIX: wg must be a multiple of 4 .* got 30"):
         g.op("HC_POST_MIX", f, res, post, comb, fn, g.empty((T, 4, D)), wg=30)
+
+
+def test_tensor_core_mixes_kernel_refuses_what_it_cannot_run(device):
+    """HC_MIX_PART's tensor-core kernel: bad tc values and layouts are ValueErrors naming the parameter;
+    tc = 1 on a device without cooperative matrices (lavapipe) is HCUnsupported naming the extension
+    and pointing at tc = 2, never a pipeline the driver would refuse."""
+    from dsv4_vk.hc import kernels
+    T, D = 70, 64
+    g = Graph()
+    X, fn = g.input("X", (T, 4, D)), g.input("fn", (24, 4 * D))
+    with pytest.raises(ValueError, match=r"tc must be 0 .* got 3"):
+        g.op("HC_MIX_PART", X, fn, wg=128, groups=1, split=16, tb=64, tc=3)
+    with pytest.raises(ValueError, match="tile and tc are two kernels"):
+        g.op("HC_MIX_PART", X, fn, wg=64, groups=1, split=16, tb=64, tile=1, tc=2)
+
+    def compile_one(D, tc=2, **layout):
+        g = Graph()
+        X, fn = g.input("X", (T, 4, D)), g.input("fn", (24, 4 * D))
+        chunks = D // 4 if D % 4 == 0 else D
+        lay = {"wg": 128, "split": 16, "groups": -(-chunks // 16), "tb": 64, "tc": tc, **layout}
+        g.output("part", g.op("HC_MIX_PART", X, fn, **lay))
+        Executor(device).compile(g)
+
+    with pytest.raises(ValueError, match=r"stages chunks of 4 floats.* got D = 7"):
+        compile_one(7)
+    with pytest.raises(ValueError, match="takes wg 128, tb 64 .* got wg 64"):
+        compile_one(D, wg=64)
+    with pytest.raises(ValueError, match=r"groups = ceil\(16 / split\), got .* groups 3"):
+        compile_one(D, groups=3)
+    assert kernels.tc_tile_n(device) is None
+    with pytest.raises(HCUnsupported, match=r"tc = 1 needs VK_NV_cooperative_matrix.*tc = 2"):
+        compile_one(D, tc=1)
+
+
+@pytest.mark.parametrize("shapes, sg, want", [([(16, 8, 16), (16, 16, 16)], 32, 8), ([(16, 16, 16)], 32, 16),
+                                              ([(16, 8, 16)], 64, None), ([(16, 8, 32)], 32, None), ([], 32, None)])
+def test_tensor_core_kernel_takes_the_devices_fp16_shape(env, device, monkeypatch, shapes, sg, want):
+    """tc = 1 where the device has a 16 × 8 (preferred: no padding of 24 rows) or 16 × 16 × 16 fp16 shape
+    accumulating in fp32, with 32-lane subgroups (4 subgroups of 16 tokens); the portable tc = 2 otherwise."""
+    import dataclasses
+    from dsv4_vk.hc import kernels
+    from dsv4_vk.vk.caps import CoopMatShape
+    cm = tuple(CoopMatShape(m, n, k, "f16", "f16", "f32", "f32") for m, n, k in shapes)
+    cm += (CoopMatShape(16, 8, 16, "f16", "f16", "f16", "f16"),)       # fp16 accumulation: never taken
+    sgc = dataclasses.replace(device.caps.subgroup, min_size=sg, max_size=sg, size=sg)
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, coopmat=cm, subgroup=sgc))
+    assert kernels.tc_tile_n(device) == want
+    monkeypatch.setitem(kernels.MIX_TUNING, "kernel", "tc")
+    lay = kernels.mix_layout(device, 4096, 1024)
+    assert lay["tc"] == (1 if want else 2) and lay["groups"] == 1024 // kernels.TC_SPLIT

@@ -6,16 +6,18 @@
 #
 #   . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH; bash tools/gpu_session.sh $OUT [STEP ...]
 #
-# STEP: eval, library, soak, site, profile, model, decode, variants, mix (default: all but the last
-# three, in that order; decode: tools/bench_decode_ops.py, the model's decode kernels and their
+# STEP: eval, library, soak, site, profile, model, decode, variants, mix, tc (default: all but the last
+# four, in that order; decode: tools/bench_decode_ops.py, the model's decode kernels and their
 # variants; variants: the model bench with fused series at other kernel knobs — a call of its own;
 # mix: the mixes kernels for many tokens, KSPLIT against TILE, and the prefill site with and without
-# its post carrying the next mixes, each dispatch timed on its own). A call may run
+# its post carrying the next mixes, each dispatch timed on its own; tc: the tensor-core mixes kernel —
+# the device's cooperative-matrix shapes, its tests at subgroup 32, KSPLIT against it). A call may run
 # 10 minutes: split them, e.g. `eval library soak profile`, then `site model`. `model` needs the
 # safetensors and ml_dtypes wheels in .vkdev/whl (results/README.md); `site` needs PyTorch with CUDA. Files in
 # results.tgz: eval_h200.{txt,json}, bench_library_h200.{txt,json}, soak_library_h200.{txt,json},
 # site_compare.{txt,json}, site_compare.bench.json, profile_site_h200.txt, model_bench_v4.{txt,json},
-# decode_ops_h200.{txt,json}, model_variants_h200.{txt,json}, hc_tune_mix_h200.{txt,json}, hc_tune_carry_h200.{txt,json}.
+# decode_ops_h200.{txt,json}, model_variants_h200.{txt,json}, hc_tune_mix_h200.{txt,json}, hc_tune_carry_h200.{txt,json},
+# info_tc_h200.txt, tc_tests_h200.txt, hc_tune_tc_h200.{txt,json}.
 set -u
 out=${1:?usage: gpu_session.sh OUT [STEP ...]}
 shift
@@ -50,7 +52,12 @@ for s in $steps; do
              step carry 200 hc_tune_carry_h200.txt python3 tools/hc_tune.py --ops HC_SITE --t 64,512,4096 \
                  --d 4096,7168 --site-path three-op --set carry.prefill=0,1 --per-dispatch \
                  --out "$r/hc_tune_carry_h200.json" ;;
-        *) echo "unknown step $s (eval, library, soak, site, profile, model, decode, variants, mix)" >> "$summary" ;;
+        tc) step tc_info 60 info_tc_h200.txt python3 -m dsv4_vk info
+            step tc_tests 240 tc_tests_h200.txt python3 -m pytest -q -p no:cacheprovider tests/hc_cases.py \
+                -k "test_mix"
+            step tc_tune 240 hc_tune_tc_h200.txt python3 tools/hc_tune.py --ops HC_MIX --t 512,4096 \
+                --d 4096,7168 --set mix.kernel=ksplit,tc --per-dispatch --out "$r/hc_tune_tc_h200.json" ;;
+        *) echo "unknown step $s (eval, library, soak, site, profile, model, decode, variants, mix, tc)" >> "$summary" ;;
     esac
 done
 tar czf "$out/results.tgz" -C "$out" r

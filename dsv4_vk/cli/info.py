@@ -31,6 +31,9 @@ def _human(rep):
         f"invocations {lim['max_workgroup_invocations']}",
         f"memory        shared {lim['max_shared_memory']} B, push constants {lim['max_push_constants']} B, "
         f"storage range {lim['max_storage_buffer_range']} B",
+        "coop. matrix  " + (", ".join(sorted({f"{c['m']}x{c['n']}x{c['k']} {c['a']}·{c['b']}+{c['c']}"
+                                              for c in rep.get("coopmat", ())}))
+                            or "none (the tensor-core kernels need VK_NV_cooperative_matrix, fp16 arithmetic)"),
         "heaps         " + ", ".join(f"{h['size'] / 2**30:.1f} GiB{' device-local' if h['device_local'] else ''}"
                                      for h in rep["memory_heaps"]),
     ]

@@ -238,7 +238,7 @@ def vec4_ok(D, tensors):
 
 # HC_MIX layout knobs (tools/hc_tune.py sweeps them); None: the rule of mix_layout.
 MIX_TUNING = {"wg": None, "groups": None, "split": None, "lpt": None, "tb": None, "tpl": None, "kernel": None}
-MIX_KERNELS = ("token", "ksplit", "tile")
+MIX_KERNELS = ("token", "ksplit", "tile", "tc")
 # Workgroups a mixes pass aims for (a few per compute unit of a large GPU; a CPU device runs
 # workgroups on its cores one after another, so a few suffice there).
 MIX_TARGET_GROUPS = {"cpu": 4}
@@ -260,6 +260,24 @@ TILE_SPLIT = 64
 # 33.4 µs. Every variant reads X in 128–256-byte pieces of rows 64 KiB apart, which is the common
 # factor left to change.
 MIX_MANY_TOKENS_GPU = "ksplit"
+# TC (hc_mix.comp -D TC): the mixes on 16-bit tensor cores with fp32 accuracy (each operand split
+# into fp16 hi and lo parts, three products). 128 invocations, blocks of 64 tokens, chunks per
+# stream and split by default (G = D / 4 / 64: 16 splits at D = 4096, partials 1/40 of X's bytes).
+# Not chosen by default until measured; tc = 1 runs it on VK_NV_cooperative_matrix, tc = 2 forms
+# the same products with FMA loops on any device (its arithmetic, for tests).
+TC_WG, TC_TOKENS, TC_SPLIT = 128, 64, 64
+TC_XS = 72      # halves between staged rows (64 + 8, a literal in hc_mix.comp)
+TC_VARIANTS = {1: "cooperative matrices", 2: "FMA products"}
+
+
+def tc_tile_n(device):
+    """The fn rows per tile (8 or 16) of a 16 × n × 16 fp16 × fp16 + fp32 cooperative-matrix shape the
+    device has at subgroup scope, with 32-lane subgroups (TC's layout: 4 subgroups of 16 tokens);
+    None without."""
+    if not (device.caps.subgroup.min_size == device.caps.subgroup.max_size == 32):
+        return None
+    ns = {c.n for c in device.caps.coopmat if (c.m, c.k, c.a, c.b, c.c, c.d) == (16, 16, "f16", "f16", "f32", "f32")}
+    return next((n for n in (8, 16) if n in ns), None)
 
 
 def mix_layout(device, T, chunks, kernel=None):
@@ -288,6 +306,10 @@ def mix_layout(device, T, chunks, kernel=None):
             kernel = "ksplit" if cpu else MIX_MANY_TOKENS_GPU
         else:
             kernel = "token"
+    if kernel == "tc":
+        split = t["split"] or TC_SPLIT
+        return {"wg": TC_WG, "groups": -(-chunks // split), "split": split, "lpt": 1, "tb": TC_TOKENS,
+                "tpl": 1, "tc": 1 if tc_tile_n(device) else 2}
     if kernel == "tile":
         split = t["split"] or TILE_SPLIT
         return {"wg": TILE_WG, "groups": -(-chunks // split), "split": split, "lpt": 1, "tb": TILE_TOKENS,
@@ -379,6 +401,8 @@ def _mix_launch(node, device, final, groups):
     pr = node.params
     wg, split, lpt, tb, tpl = pr["wg"], pr.get("split", 0), pr.get("lpt", 1), pr.get("tb", 1), pr.get("tpl", 1)
     defines = {"VEC4": 1} if vec4 else {}
+    if pr.get("tc"):
+        return [_tc_launch(node, device, final, groups, vec4, chunks)]
     if pr.get("tile"):
         if final or not split or groups != -(-chunks // split) or wg != TILE_WG or tb != TILE_TOKENS:
             raise ValueError(f"{node.op.name}: the tile kernel takes wg {TILE_WG}, tb {TILE_TOKENS} and partials of "
@@ -406,6 +430,42 @@ def _mix_launch(node, device, final, groups):
                      out.offset, out.strides[0], out.strides[1], tb)
     return [Launch("hc_mix", [X, fn, out], (2,), push, grid, defines=defines, spec=spec,
                    full_subgroups=device.caps.subgroup.full_subgroups)]
+
+
+def _tc_launch(node, device, final, groups, vec4, chunks):
+    """HC_MIX_PART's tensor-core kernel (hc_mix.comp -D TC): tc = 1 on cooperative matrices, 2 with FMA products."""
+    name, pr = node.op.name, node.params
+    X, fn = node.inputs
+    T, m, split, tc = X.shape[0], fn.shape[0], pr.get("split", 0), pr["tc"]
+    if final or not split or groups != -(-chunks // split) or pr["wg"] != TC_WG or pr.get("tb", 1) != TC_TOKENS:
+        raise ValueError(f"{name}: the tensor-core kernel writes partials and takes wg {TC_WG}, tb {TC_TOKENS} and "
+                         f"groups = ceil({chunks} / split), got wg {pr['wg']}, tb {pr.get('tb', 1)}, split {split}, "
+                         f"groups {groups}")
+    if not vec4:
+        raise ValueError(f"{name}: the tensor-core kernel stages chunks of 4 floats: D and every offset and stride "
+                         f"of X and fn but the last must be multiples of 4, got D = {X.shape[2]}")
+    defines, full = {"VEC4": 1, "TC": 1}, False
+    if tc == 1:
+        n = tc_tile_n(device)
+        if n is None:
+            raise HCUnsupported(f"{name}: tc = 1 needs VK_NV_cooperative_matrix with a 16 × 8 or 16 × 16 × 16 fp16 "
+                                f"shape accumulating in fp32 and 32-lane subgroups; {device.name} has "
+                                f"{len(device.caps.coopmat)} shapes and subgroups of {device.caps.subgroup.min_size}–"
+                                f"{device.caps.subgroup.max_size} (tc = 2 forms the same products without them)")
+        defines.update(CM_NV=1, CM_N=n)
+        full = True                        # 4 whole subgroups: gl_SubgroupID picks the token tile
+        rows = -(-N_MIX // n) * n
+        need = (2 * 2 * (TC_TOKENS + rows) * TC_XS) + 4 * (2 * TC_TOKENS * rows + TC_TOKENS * 16)
+    else:
+        need = 4 * (TC_TOKENS + N_MIX) * TC_XS
+    if need > device.caps.limits.max_shared_memory:
+        raise HCUnsupported(f"{name}: the tensor-core kernel stages {need} B in shared memory, "
+                            f"{device.name} has {device.caps.limits.max_shared_memory} B")
+    push = pack_push(T, chunks, split, groups, 1.0 / (HC * X.shape[2]), check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
+                     X.offset // 4, *_strides_in(X, 4), fn.offset // 4, fn.strides[0] // 4,
+                     node.output.offset, node.output.strides[0], node.output.strides[1], TC_TOKENS)
+    return Launch("hc_mix", [X, fn, node.output], (2,), push, grid_1d(-(-T // TC_TOKENS) * groups, 1),
+                  defines=defines, spec=(TC_WG, m), full_subgroups=full)
 
 
 @register
@@ -448,10 +508,10 @@ def reference_mix_partials(X, fn, groups, chunk=1, split=None):
 
 @register
 class HcMixPartials(OpDef):
-    """HC_MIX_PART(X [T,4,D], fn [m,4D], groups=G, wg=, split=, lpt=, tb=, tpl=, tile=) -> partials [T,G,m+1]: per split
-    of D the dot products with the m fn rows and Σx² (hc_mix.comp: the per-token kernel, KSPLIT, or with
-    tile=1 the register-blocked TILE). Decode splits D over many workgroups; HC_SITE or HC_MIX_REDUCE
-    finish."""
+    """HC_MIX_PART(X [T,4,D], fn [m,4D], groups=G, wg=, split=, lpt=, tb=, tpl=, tile=, tc=) -> partials [T,G,m+1]: per
+    split of D the dot products with the m fn rows and Σx² (hc_mix.comp: the per-token kernel, KSPLIT, with
+    tile=1 the register-blocked TILE, with tc=1 or 2 the tensor-core kernel TC). Decode splits D over many
+    workgroups; HC_SITE or HC_MIX_REDUCE finish."""
     name, n_inputs = "HC_MIX_PART", 2
 
     def infer(self, inputs, params):
@@ -464,6 +524,11 @@ class HcMixPartials(OpDef):
             _check_layout_param(self.name, params, "split")
         if params.get("tile", 0) not in (0, 1) or isinstance(params.get("tile", 0), bool):
             raise ValueError(f"{self.name}: tile must be 0 or 1, got {params['tile']!r}")
+        tc = params.get("tc", 0)
+        if isinstance(tc, bool) or tc not in (0, *TC_VARIANTS):
+            raise ValueError(f"{self.name}: tc must be 0 (no tensor-core kernel) or one of {TC_VARIANTS}, got {tc!r}")
+        if tc and params.get("tile", 0):
+            raise ValueError(f"{self.name}: tile and tc are two kernels, set one")
         G = _check_layout_param(self.name, params, "groups")
         return (X.shape[0], G, fn.shape[0] + 1), "f32"
 
@@ -471,7 +536,7 @@ class HcMixPartials(OpDef):
         _check_partials(self.name, node.output)
         return _mix_launch(node, device, False, node.params["groups"])
 
-    def reference(self, X, fn, groups=1, wg=1, split=0, lpt=1, tb=1, tpl=1, tile=0):
+    def reference(self, X, fn, groups=1, wg=1, split=0, lpt=1, tb=1, tpl=1, tile=0, tc=0):
         D = np.shape(X)[2]
         return reference_mix_partials(X, fn, groups, 4 if D % 4 == 0 else 1, split)
 

@@ -59,6 +59,18 @@ class QueueFamily:
 
 
 @dataclass(frozen=True)
+class CoopMatShape:
+    """One VK_NV_cooperative_matrix shape at subgroup scope: D (m×n) = A (m×k) · B (k×n) + C."""
+    m: int
+    n: int
+    k: int
+    a: str                          # component types: f16, f32, s8, ...
+    b: str
+    c: str
+    d: str
+
+
+@dataclass(frozen=True)
 class Capabilities:
     index: int
     name: str
@@ -77,6 +89,8 @@ class Capabilities:
     memory_heaps: tuple[MemoryHeap, ...]
     memory_types: tuple[MemoryType, ...]
     queues: tuple[QueueFamily, ...]
+    # VK_NV_cooperative_matrix shapes (enabled with fp16 and the memory model); empty without
+    coopmat: tuple[CoopMatShape, ...] = ()
 
     @property
     def is_cpu(self) -> bool:
@@ -102,4 +116,5 @@ class Capabilities:
             memory_heaps=tuple(MemoryHeap(**h) for h in p["memory_heaps"]),
             memory_types=tuple(MemoryType(**t) for t in p["memory_types"]),
             queues=tuple(QueueFamily(**q) for q in p["queues"]),
+            coopmat=tuple(CoopMatShape(**c) for c in p.get("coopmat", ())),
         )

@@ -119,7 +119,40 @@ def _physical_devices(instance):
     return [arr[i] for i in range(count[0])]
 
 
-def _probe(pd):
+COOPMAT_NV = b"VK_NV_cooperative_matrix"
+# VkComponentTypeNV and VkScopeNV values (the binding leaves them None)
+_COMPONENT_NAMES = {0: "f16", 1: "f32", 2: "f64", 3: "s8", 4: "s16", 5: "s32", 6: "s64", 7: "u8", 8: "u16",
+                    9: "u32", 10: "u64"}
+_SCOPE_SUBGROUP_NV = 3
+
+
+def _extensions(pd):
+    count = ffi.new("uint32_t*")
+    check(lib.vkEnumerateDeviceExtensionProperties(pd, ffi.NULL, count, ffi.NULL), "vkEnumerateDeviceExtensionProperties")
+    props = ffi.new("VkExtensionProperties[]", count[0])
+    check(lib.vkEnumerateDeviceExtensionProperties(pd, ffi.NULL, count, props), "vkEnumerateDeviceExtensionProperties")
+    return {ffi.string(props[i].extensionName) for i in range(count[0])}
+
+
+def _coopmat_shapes(instance, pd):
+    """The subgroup-scope matrix shapes of VK_NV_cooperative_matrix, as (M, N, K, A, B, C, D types)."""
+    fn = lib.vkGetInstanceProcAddr(instance, b"vkGetPhysicalDeviceCooperativeMatrixPropertiesNV")
+    if fn == ffi.NULL:
+        return []
+    fn = ffi.cast("PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV", fn)
+    count = ffi.new("uint32_t*")
+    check(fn(pd, count, ffi.NULL), "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV")
+    props = ffi.new("VkCooperativeMatrixPropertiesNV[]", count[0])
+    for i in range(count[0]):
+        props[i].sType = vk.VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV
+    check(fn(pd, count, props), "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV")
+    name = _COMPONENT_NAMES.get
+    return [{"m": q.MSize, "n": q.NSize, "k": q.KSize, "a": name(q.AType, "?"), "b": name(q.BType, "?"),
+             "c": name(q.CType, "?"), "d": name(q.DType, "?")}
+            for q in props[0:count[0]] if q.scope == _SCOPE_SUBGROUP_NV]
+
+
+def _probe(instance, pd):
     """Everything we want to know about a physical device, as plain Python values."""
     sg = ffi.new("VkPhysicalDeviceSubgroupProperties*")
     sg.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES
@@ -140,9 +173,21 @@ def _probe(pd):
     f2 = ffi.new("VkPhysicalDeviceFeatures2*")
     f2.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2
     api13 = p.apiVersion >= vk.VK_MAKE_VERSION(1, 3, 0)
+    f12 = ffi.new("VkPhysicalDeviceVulkan12Features*")
+    f12.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES
+    cmf = ffi.new("VkPhysicalDeviceCooperativeMatrixFeaturesNV*")
+    cmf.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV
+    has_coopmat = COOPMAT_NV in _extensions(pd)
     if api13:
         f2.pNext = f13
+        f13.pNext = f12
+        if has_coopmat:
+            f12.pNext = cmf
     lib.vkGetPhysicalDeviceFeatures2(pd, f2)
+    # cooperative matrices as the tensor-core kernels use them: the extension and its feature,
+    # fp16 arithmetic and the Vulkan memory model (which the GLSL extension's SPIR-V declares)
+    coopmat = (_coopmat_shapes(instance, pd) if api13 and has_coopmat and cmf.cooperativeMatrix
+               and f12.shaderFloat16 and f12.vulkanMemoryModel else [])
     mem = ffi.new("VkPhysicalDeviceMemoryProperties*")
     lib.vkGetPhysicalDeviceMemoryProperties(pd, mem)
     qcount = ffi.new("uint32_t*")
@@ -190,6 +235,7 @@ def _probe(pd):
                          for i in range(mem.memoryTypeCount)],
         "queues": queues,
         "api13": api13,
+        "coopmat": coopmat,
     }
 
 
@@ -197,7 +243,7 @@ def list_devices():
     """Probe every physical device without creating a logical device."""
     inst = _create_instance(False)
     try:
-        return [_probe(pd) for pd in _physical_devices(inst)]
+        return [_probe(inst, pd) for pd in _physical_devices(inst)]
     finally:
         lib.vkDestroyInstance(inst, ffi.NULL)
 
@@ -252,7 +298,7 @@ class Device:
         try:
             self._messenger = _create_messenger(self.instance, self._on_message) if validation else None
             pds = _physical_devices(self.instance)
-            probes = [_probe(pd) for pd in pds]
+            probes = [_probe(self.instance, pd) for pd in pds]
             self.index = _choose(probes, selector, what)
         except BaseException:
             self._destroy_instance()
@@ -336,12 +382,28 @@ class Device:
         info.queueCreateInfoCount = 1
         info.pQueueCreateInfos = qinfo
         sgc = self.caps.subgroup
+        chain = []                          # feature structs, linked into info.pNext in order
         if self.caps.api13 and (sgc.size_control or sgc.full_subgroups):
             f13 = _keep(keep, ffi.new("VkPhysicalDeviceVulkan13Features*"))
             f13.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES
             f13.subgroupSizeControl = int(sgc.size_control)
             f13.computeFullSubgroups = int(sgc.full_subgroups)
-            info.pNext = f13
+            chain.append(f13)
+        if self.caps.coopmat:             # the tensor-core kernels' extension, fp16 and memory model
+            f12 = _keep(keep, ffi.new("VkPhysicalDeviceVulkan12Features*"))
+            f12.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES
+            f12.shaderFloat16 = 1
+            f12.vulkanMemoryModel = 1
+            cmf = _keep(keep, ffi.new("VkPhysicalDeviceCooperativeMatrixFeaturesNV*"))
+            cmf.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV
+            cmf.cooperativeMatrix = 1
+            chain += [f12, cmf]
+            info.enabledExtensionCount = 1
+            info.ppEnabledExtensionNames = _keep(keep, ffi.new("char*[]", [_keep(keep, ffi.new("char[]", COOPMAT_NV))]))
+        for a, b in zip(chain, chain[1:]):
+            a.pNext = b
+        if chain:
+            info.pNext = chain[0]
         out = ffi.new("VkDevice*")
         check(lib.vkCreateDevice(self.physical, info, ffi.NULL, out), "vkCreateDevice")
         self.device = out[0]
