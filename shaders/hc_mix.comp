@@ -1,7 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 //! variants: - | VEC4 ; - | FINAL | KSPLIT | TILE | KSPLIT POST
-//! variants: VEC4 TC ; - | CM_NV CM_N=8 | CM_NV CM_N=16
+//! variants: VEC4 TC ; - | POST ; - | CM_NV CM_N=8 | CM_NV CM_N=16
 //! variants: REDUCE
 // HC_MIX family: a site's flat RMS norm and mixes mat-mul, mix[t,j] = (x_t · fn[j]) / sqrt(mean(x_t²)
 // + norm_eps) with x_t = X[t] flattened (4·D), reading each token's X once for all M mixes and its
@@ -57,6 +57,11 @@
 //     token i % 64, rows 12·(i / 64) + 0..11) — the tensor-core kernel's arithmetic on any device,
 //     for tests.
 //   The epilogue writes partials[t, split, j] = 2⁸·(C1 + 2⁻¹¹·C2) and [t, split, M] = Σx².
+//   Steps run stream by stream (a token's 64 floats of one stream: 256 contiguous bytes). With
+//   -D POST (HC_POST_MIX for many tokens, bindings and push as KSPLIT POST) a step is instead 4
+//   chunks of all 4 streams, so that an invocation makes its stream of the new X (hc_post.glsl)
+//   from the 4 residual chunks it loads, writes it, and stages it; the fn rows are staged in the
+//   same order (k = 16·stream + 4·chunk + component), so the products are the same sums.
 // -D REDUCE: the second pass, one invocation per (t, j): Σ over the G partials, then the
 //   norm: mix[t, j] = Σ dot / sqrt(Σ Σx² / (4·D) + norm_eps).
 // Spec constants: 0 workgroup size (TILE: 64, TC: 128), 1 M (mix rows: a multiple of 4, ≤ 24); KSPLIT also 2 LPT (lanes
@@ -290,14 +295,34 @@ void split16(vec4 v, float sigma, out vec4 hi, out vec4 lo) {
     lo = (a - hi) * LO;
 }
 
+#if defined(POST)
+#include "hc_post.glsl"
+#endif
+
 void main() {
     uint g = flat_group();
     uint block = g / p.G, split = g % p.G;
     uint id = gl_LocalInvocationID.x;           // the workgroup is 128 invocations
     uint t_base = block * BT;
     uint c_begin = split * p.slice, c_end = min(c_begin + p.slice, p.chunks);
-    // staging: invocation id takes chunk id % 16 of tokens id / 16 + 8·r and of fn rows id / 16 + 8·q
+    // staging: invocation id takes slot id % 16 of a step for tokens id / 16 + 8·r and fn rows
+    // id / 16 + 8·q; a slot is a chunk of the step's stream, or with POST stream slot / 4, chunk slot % 4
     uint lc = id % KC, lr = id / KC;
+#if defined(POST)
+    const uint CPS = KC / 4u;                   // chunks per step
+    uint n_steps = (c_end - c_begin + CPS - 1u) / CPS;
+    uint ps = lc / 4u;                          // this invocation's stream of the new X
+    float pw[BT / 8u];                          // its tokens' post[t, ps] and comb[t, 0..3, ps]
+    vec4 cw[BT / 8u];
+    [[unroll]] for (uint r = 0u; r < BT / 8u; ++r) {
+        uint t = min(t_base + lr + 8u * r, p.T - 1u);
+        uint cb = p.cw_off + t * p.cw_st + ps * p.cw_sd;
+        pw[r] = postw[p.pw_off + t * p.pw_st + ps * p.pw_sd];
+        cw[r] = vec4(combw[cb], combw[cb + p.cw_ss], combw[cb + 2u * p.cw_ss], combw[cb + 3u * p.cw_ss]);
+    }
+#else
+    uint n_steps = 4u * ((c_end - c_begin + KC - 1u) / KC);
+#endif
     float ssq[BT / 8u];
     [[unroll]] for (uint r = 0u; r < BT / 8u; ++r) ssq[r] = 0.0;
 #if defined(CM_NV)
@@ -312,54 +337,67 @@ void main() {
     float c1[12], c2[12];
     [[unroll]] for (uint r = 0u; r < 12u; ++r) { c1[r] = 0.0; c2[r] = 0.0; }
 #endif
-    for (uint s = 0u; s < 4u; ++s) {
-        for (uint c0 = c_begin; c0 < c_end; c0 += KC) {     // uniform: every invocation takes every step
-            uint c = c0 + lc;
-            bool in_c = c < c_end;
-            [[unroll]] for (uint r = 0u; r < BT / 8u; ++r) {
-                uint t = t_base + lr + 8u * r;
-                vec4 v = in_c && t < p.T ? x[p.x_off + t * p.x_st + s * p.x_ss + c] : vec4(0.0);
-                ssq[r] += dot(v, v);
-                vec4 hi, lo;
-                split16(v, X_SIGMA, hi, lo);
-                stage_x((lr + 8u * r) * XS + 4u * lc, hi, lo);
-            }
-            [[unroll]] for (uint q = 0u; q < NP / 8u; ++q) {
-                uint j = lr + 8u * q;
-                vec4 v = in_c && j < M ? fn[p.f_off + j * p.f_sj + s * p.chunks + c] : vec4(0.0);
-                vec4 hi, lo;
-                split16(v, 1.0, hi, lo);
-                stage_f(j * XS + 4u * lc, hi, lo);
-            }
-            barrier();
-#if defined(CM_NV)
-            [[unroll]] for (uint kk = 0u; kk < 4u * KC; kk += 16u) {
-                fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> ah, al;
-                coopMatLoadNV(ah, xh, row0 * XS + kk, XS, false);
-                coopMatLoadNV(al, xl, row0 * XS + kk, XS, false);
-                [[unroll]] for (uint n = 0u; n < NT; ++n) {
-                    if (n * CM_N >= M) break;
-                    fcoopmatNV<16, gl_ScopeSubgroup, 16, CM_N> bh, bl;    // column-major: (k, j) at j·XS + k
-                    coopMatLoadNV(bh, fh, n * CM_N * XS + kk, XS, true);
-                    coopMatLoadNV(bl, fl, n * CM_N * XS + kk, XS, true);
-                    c1[n] = coopMatMulAddNV(ah, bh, c1[n]);
-                    c2[n] = coopMatMulAddNV(ah, bl, c2[n]);
-                    c2[n] = coopMatMulAddNV(al, bh, c2[n]);
-                }
+    for (uint step = 0u; step < n_steps; ++step) {        // uniform: every invocation takes every step
+#if defined(POST)
+        uint s = ps, c = c_begin + step * CPS + lc % 4u;
+#else
+        uint per = n_steps / 4u, s = step / per, c = c_begin + (step % per) * KC + lc;
+#endif
+        bool in_c = c < c_end;
+        [[unroll]] for (uint r = 0u; r < BT / 8u; ++r) {
+            uint t = t_base + lr + 8u * r;
+            bool live = in_c && t < p.T;
+#if defined(POST)
+            vec4 v = vec4(0.0);
+            if (live) {
+                uint rb = p.x_off + t * p.x_st + c;
+                v = post_stream(fsub[p.s_off + t * p.s_st + c], pw[r], cw[r], x[rb], x[rb + p.x_ss],
+                                x[rb + 2u * p.x_ss], x[rb + 3u * p.x_ss]);
+                xnew[p.n_off + t * p.n_st + s * p.n_sd + c] = v;
             }
 #else
-            for (uint k = 0u; k < 4u * KC; ++k) {
-                vec2 xv = unpackHalf2x16(xp[et * XS + k]);
-                [[unroll]] for (uint r = 0u; r < 12u; ++r) {
-                    if (ej + r >= M) break;
-                    vec2 fv = unpackHalf2x16(fp[(ej + r) * XS + k]);
-                    c1[r] = fma(xv.x, fv.x, c1[r]);
-                    c2[r] = fma(xv.y, fv.x, fma(xv.x, fv.y, c2[r]));
-                }
-            }
+            vec4 v = live ? x[p.x_off + t * p.x_st + s * p.x_ss + c] : vec4(0.0);
 #endif
-            barrier();
+            ssq[r] += dot(v, v);
+            vec4 hi, lo;
+            split16(v, X_SIGMA, hi, lo);
+            stage_x((lr + 8u * r) * XS + 4u * lc, hi, lo);
         }
+        [[unroll]] for (uint q = 0u; q < NP / 8u; ++q) {
+            uint j = lr + 8u * q;
+            vec4 v = in_c && j < M ? fn[p.f_off + j * p.f_sj + s * p.chunks + c] : vec4(0.0);
+            vec4 hi, lo;
+            split16(v, 1.0, hi, lo);
+            stage_f(j * XS + 4u * lc, hi, lo);
+        }
+        barrier();
+#if defined(CM_NV)
+        [[unroll]] for (uint kk = 0u; kk < 4u * KC; kk += 16u) {
+            fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> ah, al;
+            coopMatLoadNV(ah, xh, row0 * XS + kk, XS, false);
+            coopMatLoadNV(al, xl, row0 * XS + kk, XS, false);
+            [[unroll]] for (uint n = 0u; n < NT; ++n) {
+                if (n * CM_N >= M) break;
+                fcoopmatNV<16, gl_ScopeSubgroup, 16, CM_N> bh, bl;    // column-major: (k, j) at j·XS + k
+                coopMatLoadNV(bh, fh, n * CM_N * XS + kk, XS, true);
+                coopMatLoadNV(bl, fl, n * CM_N * XS + kk, XS, true);
+                c1[n] = coopMatMulAddNV(ah, bh, c1[n]);
+                c2[n] = coopMatMulAddNV(ah, bl, c2[n]);
+                c2[n] = coopMatMulAddNV(al, bh, c2[n]);
+            }
+        }
+#else
+        for (uint k = 0u; k < 4u * KC; ++k) {
+            vec2 xv = unpackHalf2x16(xp[et * XS + k]);
+            [[unroll]] for (uint r = 0u; r < 12u; ++r) {
+                if (ej + r >= M) break;
+                vec2 fv = unpackHalf2x16(fp[(ej + r) * XS + k]);
+                c1[r] = fma(xv.x, fv.x, c1[r]);
+                c2[r] = fma(xv.y, fv.x, fma(xv.x, fv.y, c2[r]));
+            }
+        }
+#endif
+        barrier();
     }
     // epilogue: the accumulators and the Σx² lanes to shared memory, then one value per invocation
 #if defined(CM_NV)

@@ -335,11 +335,15 @@ def test_site_chain_site_vs_three_op_vs_unfused_vs_float64(ex, rng, D, T, peak, 
         site_chain_case(ex, rng, D, T, peak, layout)
 
 
-@pytest.mark.parametrize("D, T, layout", [(64, 70, "c"), (33, 9, "c"), (256, 40, "streams_outer"), (4096, 65, "c")])
-def test_site_chain_carrying_at_prefill(ex, rng, D, T, layout):
-    """The chain with PREFILL_CARRY: past CARRY_MAX_T each post is HC_POST_MIX in KSPLIT's layout and the
-    next site starts from HC_MIX_REDUCE of its partials (three-op path; the site kernels when forced)."""
-    with tuning(hc.composite.PREFILL_CARRY, prefill=True):
+@pytest.mark.parametrize("D, T, layout, kernel", [(64, 70, "c", "ksplit"), (33, 9, "c", "ksplit"),
+                                                   (256, 40, "streams_outer", "ksplit"), (4096, 65, "c", "ksplit"),
+                                                   (68, 70, "c", "tc"), (33, 9, "c", "tc"),
+                                                   (256, 40, "streams_outer", "tc"), (4096, 65, "c", "tc")])
+def test_site_chain_carrying_at_prefill(ex, rng, D, T, layout, kernel):
+    """The chain with PREFILL_CARRY: past CARRY_MAX_T each post is HC_POST_MIX in KSPLIT's layout, or the
+    tensor-core kernel's (where the streams are vec4-aligned; odd D keeps KSPLIT), and the next site starts
+    from HC_MIX_REDUCE of its partials (three-op path; the site kernels when forced)."""
+    with tuning(hc.composite.PREFILL_CARRY, prefill=True, kernel=kernel):
         assert hc.carries(ex.device, True, T, None) and hc.carries(ex.device, True, T, True)
         site_chain_case(ex, rng, D, T, 1.0, layout)
 

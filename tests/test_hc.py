@@ -455,7 +455,7 @@ def test_post_mix_workgroup_must_hold_whole_streams():
         g.op("HC_POST_MIX", f, res, post, comb, fn, g.empty((T, 4, D)), wg=30)
 
 
-def test_tensor_core_mixes_kernel_refuses_what_it_cannot_run(device):
+def test_tensor_core_mixes_kernel_refuses_what_it_cannot_run(device, monkeypatch):
     """HC_MIX_PART's tensor-core kernel: bad tc values and layouts are ValueErrors naming the parameter;
     tc = 1 on a device without cooperative matrices (lavapipe) is HCUnsupported naming the extension
     and pointing at tc = 2, never a pipeline the driver would refuse."""
@@ -485,6 +485,16 @@ def test_tensor_core_mixes_kernel_refuses_what_it_cannot_run(device):
     assert kernels.tc_tile_n(device) is None
     with pytest.raises(HCUnsupported, match=r"tc = 1 needs VK_NV_cooperative_matrix.*tc = 2"):
         compile_one(D, tc=1)
+    g = Graph()                                     # HC_POST_MIX: the tensor-core form is a many-token layout
+    f, res = g.input("f", (T, D)), g.input("res", (T, 4, D))
+    post, comb, fn = g.input("post", (T, 4)), g.input("comb", (T, 4, 4)), g.input("fn", (24, 4 * D))
+    with pytest.raises(ValueError, match=r"HC_POST_MIX: the tensor-core kernel \(tc\) takes a split"):
+        g.op("HC_POST_MIX", f, res, post, comb, fn, g.empty((T, 4, D)), wg=128, tc=2)
+    with pytest.raises(ValueError, match=r"HC_POST_MIX: tc must be 0 .* got 5"):
+        g.op("HC_POST_MIX", f, res, post, comb, fn, g.empty((T, 4, D)), wg=128, split=64, lpt=1, tb=64, tpl=1, tc=5)
+    monkeypatch.setitem(hc.composite.PREFILL_CARRY, "kernel", "tile")
+    with pytest.raises(ValueError, match=r"PREFILL_CARRY\['kernel'\] must be one of \('ksplit', 'tc'\), got 'tile'"):
+        hc.composite.carry_splits(64, D)
 
 
 @pytest.mark.parametrize("shapes, sg, want", [([(16, 8, 16), (16, 16, 16)], 32, 8), ([(16, 16, 16)], 32, 16),

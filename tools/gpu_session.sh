@@ -17,7 +17,7 @@
 # results.tgz: eval_h200.{txt,json}, bench_library_h200.{txt,json}, soak_library_h200.{txt,json},
 # site_compare.{txt,json}, site_compare.bench.json, profile_site_h200.txt, model_bench_v4.{txt,json},
 # decode_ops_h200.{txt,json}, model_variants_h200.{txt,json}, hc_tune_mix_h200.{txt,json}, hc_tune_carry_h200.{txt,json},
-# info_tc_h200.txt, tc_tests_h200.txt, hc_tune_tc_h200.{txt,json}.
+# info_tc_h200.txt, tc_tests_h200.txt, hc_tune_tc_h200.{txt,json}, hc_tune_tc_carry_h200.{txt,json}.
 set -u
 out=${1:?usage: gpu_session.sh OUT [STEP ...]}
 shift
@@ -54,9 +54,12 @@ for s in $steps; do
                  --out "$r/hc_tune_carry_h200.json" ;;
         tc) step tc_info 60 info_tc_h200.txt python3 -m dsv4_vk info
             step tc_tests 240 tc_tests_h200.txt python3 -m pytest -q -p no:cacheprovider tests/hc_cases.py \
-                -k "test_mix"
+                -k "test_mix or carrying_at_prefill"
             step tc_tune 240 hc_tune_tc_h200.txt python3 tools/hc_tune.py --ops HC_MIX --t 512,4096 \
-                --d 4096,7168 --set mix.kernel=ksplit,tc --per-dispatch --out "$r/hc_tune_tc_h200.json" ;;
+                --d 4096,7168 --set mix.kernel=ksplit,tc --per-dispatch --out "$r/hc_tune_tc_h200.json"
+            step tc_carry 240 hc_tune_tc_carry_h200.txt python3 tools/hc_tune.py --ops HC_SITE --t 512,4096 \
+                --d 4096 --site-path three-op --set carry.kernel=ksplit,tc --set mix.kernel=ksplit,tc --per-dispatch \
+                --out "$r/hc_tune_tc_carry_h200.json" ;;
         *) echo "unknown step $s (eval, library, soak, site, profile, model, decode, variants, mix, tc)" >> "$summary" ;;
     esac
 done

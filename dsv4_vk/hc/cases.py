@@ -240,7 +240,7 @@ def make_inputs(case, rng):
             from .kernels import reference_mix_partials
             unit = 4 if case.D % 4 == 0 else 1
             out[name] = reference_mix_partials(out["X"], out["fn"], shape[1], unit,
-                                               carry_split_chunks(case.T)).astype(np.float32)
+                                               carry_split_chunks(case.T, case.D)).astype(np.float32)
             continue
         if name == "fn":
             a = rng.uniform(-1, 1, shape) * (2 / math.sqrt(shape[1]))

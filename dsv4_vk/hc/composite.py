@@ -172,20 +172,32 @@ SITE_TUNING = {"post_wg": 64}
 # On: faster at every size measured on the H200 (results/h200/hc_tune_carry_h200.txt, the site's
 # dispatches timed one by one, three-op path): D = 4096, T = 64 / 512 / 4096: 30.0 / 72.7 / 405.4 µs
 # against 35.6 / 80.6 / 422.1 µs without; D = 7168, T = 4096: 692.9 against 718.1 µs.
-PREFILL_CARRY = {"prefill": True}
+# "kernel": the prefill carry's mixes kernel, "ksplit" or "tc" (the tensor-core kernel, where the
+# streams are vec4-aligned; KSPLIT elsewhere) — KSPLIT until the tensor-core one is measured.
+PREFILL_CARRY = {"prefill": True, "kernel": "ksplit"}
+CARRY_KERNELS = ("ksplit", "tc")
 
 
-def carry_split_chunks(T: int) -> int:
-    """Chunks per D split of the mixes partials a post carries at T tokens: a HC_POST_MIX workgroup's
-    post_wg/4 at decode, KSPLIT's split past CARRY_MAX_T."""
-    return kernels.post_mix_split(SITE_TUNING["post_wg"]) if T <= CARRY_MAX_T else kernels.KSPLIT_S
+def _prefill_carry_kernel(vec4: bool) -> str:
+    kernel = PREFILL_CARRY["kernel"]
+    if kernel not in CARRY_KERNELS:
+        raise ValueError(f"PREFILL_CARRY['kernel'] must be one of {CARRY_KERNELS}, got {kernel!r}")
+    return kernel if vec4 else "ksplit"
+
+
+def carry_split_chunks(T: int, D: int) -> int:
+    """Chunks per D split of the mixes partials a post carries at T tokens of contiguous hidden size
+    D: a HC_POST_MIX workgroup's post_wg/4 at decode, the prefill carry kernel's split past CARRY_MAX_T."""
+    if T <= CARRY_MAX_T:
+        return kernels.post_mix_split(SITE_TUNING["post_wg"])
+    return kernels.TC_SPLIT if _prefill_carry_kernel(D % 4 == 0) == "tc" else kernels.KSPLIT_S
 
 
 def carry_splits(T: int, D: int) -> int:
     """The number of D splits G in the mixes partials [T, G, m + 1] that a post carries at T tokens
     of contiguous hidden size D (chunks of 4 floats where D allows)."""
     chunks = D // 4 if D % 4 == 0 else D
-    return -(-chunks // carry_split_chunks(T))
+    return -(-chunks // carry_split_chunks(T, D))
 
 
 def _mix_partials(g, X, fn, device):
@@ -401,9 +413,11 @@ def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, d
         T, D = f.shape
         layout = {"wg": SITE_TUNING["post_wg"]}
         if T > CARRY_MAX_T:         # KSPLIT's layout for many tokens (two tokens per lane group at most)
-            unit = 4 if kernels.vec4_ok(D, [f, X_in, next_fn]) else 1
-            layout = kernels.mix_layout(device, T, D // unit, kernel="ksplit")
-            layout = {k: layout[k] for k in ("wg", "split", "lpt", "tb")} | {"tpl": min(layout["tpl"], 2)}
+            vec4 = kernels.vec4_ok(D, [f, X_in, next_fn])
+            kernel = _prefill_carry_kernel(vec4)
+            layout = kernels.mix_layout(device, T, D // (4 if vec4 else 1), kernel=kernel)
+            layout = {k: layout[k] for k in ("wg", "split", "lpt", "tb")} | {"tpl": min(layout["tpl"], 2)} \
+                | ({"tc": layout["tc"]} if kernel == "tc" else {})
         out = g.empty(X.shape)
         carry = g.op("HC_POST_MIX", f, X_in, post_w, comb_m, next_fn, out, **layout)
     return out, carry

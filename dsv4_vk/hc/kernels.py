@@ -432,18 +432,9 @@ def _mix_launch(node, device, final, groups):
                    full_subgroups=device.caps.subgroup.full_subgroups)]
 
 
-def _tc_launch(node, device, final, groups, vec4, chunks):
-    """HC_MIX_PART's tensor-core kernel (hc_mix.comp -D TC): tc = 1 on cooperative matrices, 2 with FMA products."""
-    name, pr = node.op.name, node.params
-    X, fn = node.inputs
-    T, m, split, tc = X.shape[0], fn.shape[0], pr.get("split", 0), pr["tc"]
-    if final or not split or groups != -(-chunks // split) or pr["wg"] != TC_WG or pr.get("tb", 1) != TC_TOKENS:
-        raise ValueError(f"{name}: the tensor-core kernel writes partials and takes wg {TC_WG}, tb {TC_TOKENS} and "
-                         f"groups = ceil({chunks} / split), got wg {pr['wg']}, tb {pr.get('tb', 1)}, split {split}, "
-                         f"groups {groups}")
-    if not vec4:
-        raise ValueError(f"{name}: the tensor-core kernel stages chunks of 4 floats: D and every offset and stride "
-                         f"of X and fn but the last must be multiples of 4, got D = {X.shape[2]}")
+def _tc_defines(name, device, tc):
+    """The tensor-core kernel's defines and whether it needs full subgroups (tc = 1 on cooperative
+    matrices, 2 with FMA products); HCUnsupported where the device cannot run it."""
     defines, full = {"VEC4": 1, "TC": 1}, False
     if tc == 1:
         n = tc_tile_n(device)
@@ -461,11 +452,42 @@ def _tc_launch(node, device, final, groups, vec4, chunks):
     if need > device.caps.limits.max_shared_memory:
         raise HCUnsupported(f"{name}: the tensor-core kernel stages {need} B in shared memory, "
                             f"{device.name} has {device.caps.limits.max_shared_memory} B")
-    push = pack_push(T, chunks, split, groups, 1.0 / (HC * X.shape[2]), check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
+    return defines, full
+
+
+def _tc_checks(name, pr, chunks, groups, vec4, D):
+    split = pr.get("split", 0)
+    if not split or groups != -(-chunks // split) or pr["wg"] != TC_WG or pr.get("tb", 1) != TC_TOKENS:
+        raise ValueError(f"{name}: the tensor-core kernel writes partials and takes wg {TC_WG}, tb {TC_TOKENS} and "
+                         f"groups = ceil({chunks} / split), got wg {pr['wg']}, tb {pr.get('tb', 1)}, split {split}, "
+                         f"groups {groups}")
+    if not vec4:
+        raise ValueError(f"{name}: the tensor-core kernel stages chunks of 4 floats: D and every offset and stride "
+                         f"but the last must be multiples of 4, got D = {D}")
+
+
+def _tc_launch(node, device, final, groups, vec4, chunks):
+    """HC_MIX_PART's tensor-core kernel (hc_mix.comp -D TC)."""
+    name, pr = node.op.name, node.params
+    X, fn = node.inputs
+    T, m = X.shape[0], fn.shape[0]
+    if final:
+        raise ValueError(f"{name}: the tensor-core kernel writes partials, not the final mixes")
+    _tc_checks(name, pr, chunks, groups, vec4, X.shape[2])
+    defines, full = _tc_defines(name, device, pr["tc"])
+    push = pack_push(T, chunks, pr["split"], groups, 1.0 / (HC * X.shape[2]),
+                     check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
                      X.offset // 4, *_strides_in(X, 4), fn.offset // 4, fn.strides[0] // 4,
                      node.output.offset, node.output.strides[0], node.output.strides[1], TC_TOKENS)
     return Launch("hc_mix", [X, fn, node.output], (2,), push, grid_1d(-(-T // TC_TOKENS) * groups, 1),
                   defines=defines, spec=(TC_WG, m), full_subgroups=full)
+
+
+def _check_tc_param(op, params):
+    tc = params.get("tc", 0)
+    if isinstance(tc, bool) or tc not in (0, *TC_VARIANTS):
+        raise ValueError(f"{op}: tc must be 0 (no tensor-core kernel) or one of {TC_VARIANTS}, got {tc!r}")
+    return tc
 
 
 @register
@@ -524,10 +546,7 @@ class HcMixPartials(OpDef):
             _check_layout_param(self.name, params, "split")
         if params.get("tile", 0) not in (0, 1) or isinstance(params.get("tile", 0), bool):
             raise ValueError(f"{self.name}: tile must be 0 or 1, got {params['tile']!r}")
-        tc = params.get("tc", 0)
-        if isinstance(tc, bool) or tc not in (0, *TC_VARIANTS):
-            raise ValueError(f"{self.name}: tc must be 0 (no tensor-core kernel) or one of {TC_VARIANTS}, got {tc!r}")
-        if tc and params.get("tile", 0):
+        if _check_tc_param(self.name, params) and params.get("tile", 0):
             raise ValueError(f"{self.name}: tile and tc are two kernels, set one")
         G = _check_layout_param(self.name, params, "groups")
         return (X.shape[0], G, fn.shape[0] + 1), "f32"
@@ -751,28 +770,34 @@ def post_mix_groups(D, tensors, wg, split=0):
 
 def _post_mix_ksplit_launch(node, device, f, res, post, comb, fn, out, part):
     """HC_POST_MIX for many tokens: hc_mix.comp -D KSPLIT -D POST (blocks of tokens through the next
-    fn's D split staged in shared memory, the new streams made and written on the way)."""
+    fn's D split staged in shared memory, the new streams made and written on the way), or with
+    tc = 1 / 2 -D TC -D POST (the tensor-core kernel, steps of 4 chunks of the 4 streams)."""
     T, D = f.shape
     vec4 = vec4_ok(D, [f, res, out, fn])
     unit = 4 if vec4 else 1
     chunks = D // unit
     pr = node.params
     m, groups = fn.shape[0], part.shape[1]
-    _ksplit_checks(node.op.name, device, chunks, groups, m, unit, pr, (1, 2))
-    wg, lpt, tb, tpl = pr["wg"], pr["lpt"], pr["tb"], pr["tpl"]
-    push = pack_push(T, chunks, KSPLIT_S, groups, 1.0 / (HC * D), 0.0,
+    if pr.get("tc"):
+        _tc_checks(node.op.name, pr, chunks, groups, vec4, D)
+        defines, full = _tc_defines(node.op.name, device, pr["tc"])
+        split, wg, tb, spec = pr["split"], TC_WG, TC_TOKENS, (TC_WG, m)
+    else:
+        _ksplit_checks(node.op.name, device, chunks, groups, m, unit, pr, (1, 2))
+        defines, full = {"KSPLIT": 1, **({"VEC4": 1} if vec4 else {})}, True
+        split, wg, tb, spec = KSPLIT_S, pr["wg"], pr["tb"], (pr["wg"], m, pr["lpt"], pr["tpl"])
+    push = pack_push(T, chunks, split, groups, 1.0 / (HC * D), 0.0,
                      res.offset // unit, *_strides_in(res, unit), fn.offset // unit, fn.strides[0] // unit,
                      part.offset, part.strides[0], part.strides[1], tb,
                      f.offset // unit, *_strides_in(f, unit), post.offset, *post.strides, comb.offset, *comb.strides,
                      out.offset // unit, *_strides_in(out, unit))
-    defines = {"KSPLIT": 1, "POST": 1, **({"VEC4": 1} if vec4 else {})}
     return [Launch("hc_mix", [f, fn, part, res, post, comb, out], (2, 6), push, grid_1d(-(-T // tb) * groups, 1),
-                   defines=defines, spec=(wg, m, lpt, tpl), full_subgroups=True)]
+                   defines={**defines, "POST": 1}, spec=spec, full_subgroups=full)]
 
 
 @register
 class HcPostMix(OpDef):
-    """HC_POST_MIX(f, residual, post, comb, fn_next [m,4D], out [T,4,D], wg=[, split=, lpt=, tb=, tpl=])
+    """HC_POST_MIX(f, residual, post, comb, fn_next [m,4D], out [T,4,D], wg=[, split=, lpt=, tb=, tpl=, tc=])
     -> partials [T,G,m+1].
 
     A layer boundary in one pass: HC_POST writes the new streams into its argument `out` (an empty
@@ -780,7 +805,8 @@ class HcPostMix(OpDef):
     next site's mixes partials, which HC_SITE or HC_MIX_REDUCE finish. Few tokens: hc_post.comp
     -D MIX_NEXT, G = workgroups per token (one destination stream of one chunk per invocation, wg/4
     chunks per workgroup). With split (KSPLIT's layout,
-    `mix_layout(..., kernel="ksplit")`, tpl ≤ 2): hc_mix.comp -D KSPLIT -D POST, G = D splits."""
+    `mix_layout(..., kernel="ksplit")`, tpl ≤ 2): hc_mix.comp -D KSPLIT -D POST, G = D splits; with
+    `mix_layout(..., kernel="tc")` (tc = 1 or 2): -D TC -D POST, the tensor-core kernel."""
     name, n_inputs = "HC_POST_MIX", 6
     written_inputs = (5,)
 
@@ -798,6 +824,9 @@ class HcPostMix(OpDef):
             split = _check_layout_param(self.name, params, "split")
             for k in ("lpt", "tb", "tpl"):
                 _check_layout_param(self.name, params, k)
+            _check_tc_param(self.name, params)
+        elif params.get("tc", 0):
+            raise ValueError(f"{self.name}: the tensor-core kernel (tc) takes a split (many tokens)")
         elif wg % HC:
             raise ValueError(f"{self.name}: wg must be a multiple of {HC} (one destination stream per "
                              f"invocation), got {wg}")
@@ -815,7 +844,7 @@ class HcPostMix(OpDef):
             raise HCUnsupported(f"{self.name} cannot run on {device.name}: {why}")
         return _post_launch(node, device, f, res, post, comb, out, fn, node.output, node.params["wg"])
 
-    def reference(self, f, residual, post, comb, fn_next, out=None, wg=HC, split=0, lpt=1, tb=1, tpl=1):
+    def reference(self, f, residual, post, comb, fn_next, out=None, wg=HC, split=0, lpt=1, tb=1, tpl=1, tc=0):
         x = reference_post(f, residual, post, comb)
         D = np.shape(f)[1]
         chunk = 4 if D % 4 == 0 else 1
