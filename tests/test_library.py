@@ -593,7 +593,8 @@ def test_fence_polling_then_sleeping_gives_the_same_results(spin_us, rng, monkey
 
 # --- environment switches ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["DSV4_VK_VALIDATION", "DSV4_VK_FORCE_STAGING", "DSV4_VK_CACHE_BYTES", "DSV4_VK_SPIN_US"])
+@pytest.mark.parametrize("name", ["DSV4_VK_VALIDATION", "DSV4_VK_FORCE_STAGING", "DSV4_VK_CACHE_BYTES", "DSV4_VK_SPIN_US",
+                                  "DSV4_VK_DISABLE_COOPMAT"])
 def test_device_switches_reject_junk(name, monkeypatch):
     monkeypatch.setenv(name, "maybe")
     with pytest.raises(ValueError, match=f"environment variable {name}='maybe' is not understood"):

@@ -278,6 +278,7 @@ class Device:
         if validation is None:
             validation = env.flag("DSV4_VK_VALIDATION")
         force_staging = env.flag("DSV4_VK_FORCE_STAGING")
+        no_coopmat = env.flag("DSV4_VK_DISABLE_COOPMAT")
         self.cache_bytes = env.byte_size("DSV4_VK_CACHE_BYTES", DEFAULT_CACHE_BYTES)
         spin_us = env.integer("DSV4_VK_SPIN_US", -1, 0, 10**7, "microseconds to poll a fence before sleeping")
         what = "Device"
@@ -304,7 +305,10 @@ class Device:
             self._destroy_instance()
             raise
         self.physical = pds[self.index]
-        self.caps = Capabilities.from_probe(self.index, probes[self.index])
+        probe = probes[self.index]
+        if no_coopmat:                  # neither enabled nor offered to the kernels
+            probe = {**probe, "coopmat": []}
+        self.caps = Capabilities.from_probe(self.index, probe)
         self.queue_family = next((i for i, q in enumerate(self.caps.queues) if q.flags & vk.VK_QUEUE_COMPUTE_BIT),
                                  None)
         if self.queue_family is None:
