@@ -288,6 +288,8 @@ def mix_layout(device, T, chunks, kernel=None):
       group of tpl tokens (2: each fn load from shared memory serves two products; H200, T = 4096,
       D = 4096: 1.39× faster than 1, results/h200/hc_tune_tpl.txt; blocks of 256 tokens 1.05× faster
       than 128, 4 lanes and 2 tokens per group the fastest, hc_tune_mix.txt);
+    - kernel "tile" or "tc" only when asked for (MIX_TUNING or the argument): TILE's register blocks, or
+      the tensor-core kernel (tc = 1 with cooperative matrices, else its FMA form tc = 2);
     - otherwise the per-token kernel, one token per workgroup and D split into G slices of ≥ one chunk per
       invocation until about the target number of workgroups is reached (decode: a token's fn is
       the data to stream, spread over many workgroups)."""
