@@ -455,11 +455,13 @@ def test_post_mix_workgroup_must_hold_whole_streams():
         g.op("HC_POST_MIX", f, res, post, comb, fn, g.empty((T, 4, D)), wg=30)
 
 
-def test_tensor_core_mixes_kernel_refuses_what_it_cannot_run(device, monkeypatch):
+def test_tensor_core_mixes_kernel_refuses_what_it_cannot_run(env, device, monkeypatch):
     """HC_MIX_PART's tensor-core kernel: bad tc values and layouts are ValueErrors naming the parameter;
-    tc = 1 on a device without cooperative matrices (lavapipe) is HCUnsupported naming the extension
-    and pointing at tc = 2, never a pipeline the driver would refuse."""
+    tc = 1 on a device without cooperative matrices (lavapipe; elsewhere faked, `env`) is HCUnsupported
+    naming the extension and pointing at tc = 2, never a pipeline the driver would refuse."""
+    import dataclasses
     from dsv4_vk.hc import kernels
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, coopmat=()))
     T, D = 70, 64
     g = Graph()
     X, fn = g.input("X", (T, 4, D)), g.input("fn", (24, 4 * D))

@@ -412,7 +412,7 @@ def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, d
         f, X_in, next_fn = _unit_inner(g, f), _unit_inner(g, X), _unit_inner(g, next_fn)
         T, D = f.shape
         layout = {"wg": SITE_TUNING["post_wg"]}
-        if T > CARRY_MAX_T:         # KSPLIT's layout for many tokens (two tokens per lane group at most)
+        if T > CARRY_MAX_T:         # the prefill carry kernel's layout (KSPLIT: two tokens per lane group at most)
             vec4 = kernels.vec4_ok(D, [f, X_in, next_fn])
             kernel = _prefill_carry_kernel(vec4)
             layout = kernels.mix_layout(device, T, D // (4 if vec4 else 1), kernel=kernel)

@@ -266,7 +266,8 @@ MIX_MANY_TOKENS_GPU = "ksplit"
 # Not chosen by default until measured; tc = 1 runs it on VK_NV_cooperative_matrix, tc = 2 forms
 # the same products with FMA loops on any device (its arithmetic, for tests).
 TC_WG, TC_TOKENS, TC_SPLIT = 128, 64, 64
-TC_XS = 72      # halves between staged rows (64 + 8, a literal in hc_mix.comp)
+TC_STEP = 16                    # chunks per staging step (KC in hc_mix.comp): also Σx² lanes per token
+TC_XS = 4 * TC_STEP + 8         # halves between staged rows (XS in hc_mix.comp)
 TC_VARIANTS = {1: "cooperative matrices", 2: "FMA products"}
 
 
@@ -448,7 +449,7 @@ def _tc_defines(name, device, tc):
         defines.update(CM_NV=1, CM_N=n)
         full = True                        # 4 whole subgroups: gl_SubgroupID picks the token tile
         rows = -(-N_MIX // n) * n
-        need = (2 * 2 * (TC_TOKENS + rows) * TC_XS) + 4 * (2 * TC_TOKENS * rows + TC_TOKENS * 16)
+        need = (2 * 2 * (TC_TOKENS + rows) * TC_XS) + 4 * (2 * TC_TOKENS * rows + TC_TOKENS * TC_STEP)
     else:
         need = 4 * (TC_TOKENS + N_MIX) * TC_XS
     if need > device.caps.limits.max_shared_memory:
@@ -770,7 +771,7 @@ def post_mix_groups(D, tensors, wg, split=0):
     return -(-chunks // post_mix_split(wg, split))
 
 
-def _post_mix_ksplit_launch(node, device, f, res, post, comb, fn, out, part):
+def _post_mix_many_tokens_launch(node, device, f, res, post, comb, fn, out, part):
     """HC_POST_MIX for many tokens: hc_mix.comp -D KSPLIT -D POST (blocks of tokens through the next
     fn's D split staged in shared memory, the new streams made and written on the way), or with
     tc = 1 / 2 -D TC -D POST (the tensor-core kernel, steps of 4 chunks of the 4 streams)."""
@@ -840,7 +841,7 @@ class HcPostMix(OpDef):
             why = mix_supported(device)
             if why is not None:
                 raise HCUnsupported(f"{self.name} cannot run on {device.name}: {why}")
-            return _post_mix_ksplit_launch(node, device, f, res, post, comb, fn, out, node.output)
+            return _post_mix_many_tokens_launch(node, device, f, res, post, comb, fn, out, node.output)
         why = site_supported(device)
         if why is not None:
             raise HCUnsupported(f"{self.name} cannot run on {device.name}: {why}")

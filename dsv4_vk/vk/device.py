@@ -126,6 +126,13 @@ _COMPONENT_NAMES = {0: "f16", 1: "f32", 2: "f64", 3: "s8", 4: "s16", 5: "s32", 6
 _SCOPE_SUBGROUP_NV = 3
 
 
+def _link(structs):
+    """Chain Vulkan structs through pNext in order; the first (None for none)."""
+    for a, b in zip(structs, structs[1:]):
+        a.pNext = b
+    return structs[0] if structs else None
+
+
 def _extensions(pd):
     count = ffi.new("uint32_t*")
     check(lib.vkEnumerateDeviceExtensionProperties(pd, ffi.NULL, count, ffi.NULL), "vkEnumerateDeviceExtensionProperties")
@@ -179,10 +186,7 @@ def _probe(instance, pd):
     cmf.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV
     has_coopmat = COOPMAT_NV in _extensions(pd)
     if api13:
-        f2.pNext = f13
-        f13.pNext = f12
-        if has_coopmat:
-            f12.pNext = cmf
+        _link([f2, f13, f12] + ([cmf] if has_coopmat else []))
     lib.vkGetPhysicalDeviceFeatures2(pd, f2)
     # cooperative matrices as the tensor-core kernels use them: the extension and its feature,
     # fp16 arithmetic and the Vulkan memory model (which the GLSL extension's SPIR-V declares)
@@ -404,10 +408,8 @@ class Device:
             chain += [f12, cmf]
             info.enabledExtensionCount = 1
             info.ppEnabledExtensionNames = _keep(keep, ffi.new("char*[]", [_keep(keep, ffi.new("char[]", COOPMAT_NV))]))
-        for a, b in zip(chain, chain[1:]):
-            a.pNext = b
         if chain:
-            info.pNext = chain[0]
+            info.pNext = _link(chain)
         out = ffi.new("VkDevice*")
         check(lib.vkCreateDevice(self.physical, info, ffi.NULL, out), "vkCreateDevice")
         self.device = out[0]
