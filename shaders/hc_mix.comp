@@ -253,6 +253,18 @@ const uint BT = 64;                             // tokens per block
 const uint KC = 16;                             // chunks (vec4) of one stream per step
 const uint XS = 4u * KC + 8u;                   // halves between staged rows
 const float X_SIGMA = 1.0 / 256.0, LO = 2048.0;
+// v·σ split into fp16 parts: hi = v·σ on fp16's grid and lo = (v·σ − hi)·2¹¹ (exact in fp32; rounded
+// when staged). hi is rounded by integer arithmetic to 11 significant bits (multiples of 2⁻²⁴ below
+// fp16's normal range), so that converting it to fp16 is exact. Not f32(f16(a)): the H200's compiler
+// folds that round trip to a (unpackHalf2x16(packHalf2x16(a)) too), lo was then 0 and the sums had
+// fp16's 2⁻¹¹ relative error.
+void split16(vec4 v, float sigma, out vec4 hi, out vec4 lo) {
+    vec4 a = v * sigma;
+    vec4 normal = uintBitsToFloat((floatBitsToUint(a) + 0x1000u) & 0xFFFFE000u);   // |a| rounded, sign kept
+    vec4 sub = round(a * 16777216.0) * (1.0 / 16777216.0);
+    hi = mix(normal, sub, lessThan(abs(a), vec4(1.0 / 16384.0)));
+    lo = (a - hi) * LO;
+}
 #if defined(CM_NV)
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -266,10 +278,14 @@ shared float cs[2u * BT * CW + BT * KC];        // C1, C2, then the Σx² lanes
 #define C1(t, j) cs[(t) * CW + (j)]
 #define C2(t, j) cs[BT * CW + (t) * CW + (j)]
 #define SSQ(t, l) cs[2u * BT * CW + (t) * KC + (l)]
-void stage_x(uint i, vec4 hi, vec4 lo) {
+void stage_x(uint i, vec4 v, float sigma) {
+    vec4 hi, lo;
+    split16(v, sigma, hi, lo);
     [[unroll]] for (uint e = 0u; e < 4u; ++e) { xh[i + e] = float16_t(hi[e]); xl[i + e] = float16_t(lo[e]); }
 }
-void stage_f(uint i, vec4 hi, vec4 lo) {
+void stage_f(uint i, vec4 v, float sigma) {
+    vec4 hi, lo;
+    split16(v, sigma, hi, lo);
     [[unroll]] for (uint e = 0u; e < 4u; ++e) { fh[i + e] = float16_t(hi[e]); fl[i + e] = float16_t(lo[e]); }
 }
 #else
@@ -279,21 +295,17 @@ shared uint xp[BT * XS], fp[NP * XS];
 #define C1(t, j) uintBitsToFloat(xp[(t) * CW + (j)])
 #define C2(t, j) uintBitsToFloat(xp[BT * CW + (t) * CW + (j)])
 #define SSQ(t, l) uintBitsToFloat(xp[2u * BT * CW + (t) * KC + (l)])
-void stage_x(uint i, vec4 hi, vec4 lo) {
+void stage_x(uint i, vec4 v, float sigma) {
+    vec4 hi, lo;
+    split16(v, sigma, hi, lo);
     [[unroll]] for (uint e = 0u; e < 4u; ++e) xp[i + e] = packHalf2x16(vec2(hi[e], lo[e]));
 }
-void stage_f(uint i, vec4 hi, vec4 lo) {
+void stage_f(uint i, vec4 v, float sigma) {
+    vec4 hi, lo;
+    split16(v, sigma, hi, lo);
     [[unroll]] for (uint e = 0u; e < 4u; ++e) fp[i + e] = packHalf2x16(vec2(hi[e], lo[e]));
 }
 #endif
-
-// v·σ split into fp16 parts: hi (rounded to fp16) and lo = (v·σ − hi)·2¹¹ (rounded when staged);
-// v·σ − hi is exact in fp32.
-void split16(vec4 v, float sigma, out vec4 hi, out vec4 lo) {
-    vec4 a = v * sigma;
-    hi = vec4(unpackHalf2x16(packHalf2x16(a.xy)), unpackHalf2x16(packHalf2x16(a.zw)));
-    lo = (a - hi) * LO;
-}
 
 #if defined(POST)
 #include "hc_post.glsl"
@@ -359,16 +371,12 @@ void main() {
             vec4 v = live ? x[p.x_off + t * p.x_st + s * p.x_ss + c] : vec4(0.0);
 #endif
             ssq[r] += dot(v, v);
-            vec4 hi, lo;
-            split16(v, X_SIGMA, hi, lo);
-            stage_x((lr + 8u * r) * XS + 4u * lc, hi, lo);
+            stage_x((lr + 8u * r) * XS + 4u * lc, v, X_SIGMA);
         }
         [[unroll]] for (uint q = 0u; q < NP / 8u; ++q) {
             uint j = lr + 8u * q;
             vec4 v = in_c && j < M ? fn[p.f_off + j * p.f_sj + s * p.chunks + c] : vec4(0.0);
-            vec4 hi, lo;
-            split16(v, 1.0, hi, lo);
-            stage_f(j * XS + 4u * lc, hi, lo);
+            stage_f(j * XS + 4u * lc, v, 1.0);
         }
         barrier();
 #if defined(CM_NV)
