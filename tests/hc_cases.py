@@ -10,6 +10,7 @@ strided views, peaked logits, NaN inputs, grids folded past 65535 workgroups; gu
 checked after every run.
 """
 import contextlib
+import dataclasses
 import os
 
 import numpy as np
@@ -338,11 +339,22 @@ def test_site_chain_site_vs_three_op_vs_unfused_vs_float64(ex, rng, D, T, peak, 
 @pytest.mark.parametrize("D, T, layout, kernel", [(64, 70, "c", "ksplit"), (33, 9, "c", "ksplit"),
                                                    (256, 40, "streams_outer", "ksplit"), (4096, 65, "c", "ksplit"),
                                                    (68, 70, "c", "tc"), (33, 9, "c", "tc"),
-                                                   (256, 40, "streams_outer", "tc"), (4096, 65, "c", "tc")])
-def test_site_chain_carrying_at_prefill(ex, rng, D, T, layout, kernel):
+                                                   (256, 40, "streams_outer", "tc"), (4096, 65, "c", "tc"),
+                                                   (64, 300, "c", "ksplit-gpu"), (36, 130, "streams_outer", "ksplit-gpu")])
+def test_site_chain_carrying_at_prefill(ex, rng, D, T, layout, kernel, monkeypatch):
     """The chain with PREFILL_CARRY: past CARRY_MAX_T each post is HC_POST_MIX in KSPLIT's layout, or the
     tensor-core kernel's (where the streams are vec4-aligned; odd D keeps KSPLIT), and the next site starts
-    from HC_MIX_REDUCE of its partials (three-op path; the site kernels when forced)."""
+    from HC_MIX_REDUCE of its partials (three-op path; the site kernels when forced). ksplit-gpu: lowered
+    as for a GPU, KSPLIT in the carry's own layout (PREFILL_CARRY's tb, lpt, tpl: 128-token blocks)."""
+    if kernel == "ksplit-gpu":
+        monkeypatch.setattr(ex.device, "caps", dataclasses.replace(ex.device.caps, type="discrete-gpu"))
+        kernel = "ksplit"
+        g = Graph()
+        hc.composite.site_post(g, g.input("f", (T, D)), g.input("X", (T, 4, D)), g.input("post", (T, 4)),
+                               g.input("comb", (T, 4, 4)), next_fn=g.input("fn", (24, 4 * D)), device=ex.device)
+        (node,) = [n for n in g.nodes if n.op.name == "HC_POST_MIX"]
+        assert {k: node.params[k] for k in ("tb", "lpt", "tpl")} == \
+            {k: hc.composite.PREFILL_CARRY[k] for k in ("tb", "lpt", "tpl")}
     with tuning(hc.composite.PREFILL_CARRY, prefill=True, kernel=kernel):
         assert hc.carries(ex.device, True, T, None) and hc.carries(ex.device, True, T, True)
         site_chain_case(ex, rng, D, T, 1.0, layout)

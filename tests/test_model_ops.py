@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import dsv4_vk.ops.sample as sample_ops
 from dsv4_vk import Executor, Graph
 from dsv4_vk.hc.metrics import max_abs, nmse
-from dsv4_vk.ops import get_op
+from dsv4_vk.ops import get_op, mul_mat
 from dsv4_vk.ops.attention import rope_tables
 from dsv4_vk.ops.sample import sample_candidates, sample_uniform
 
@@ -152,13 +152,24 @@ def test_mul_mat_id_over_16bit_experts(dtype, as_gpu, rng, monkeypatch, device):
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
-@pytest.mark.parametrize("as_gpu", [False, True])
-def test_one_token_gemv_over_16bit_weights(dtype, as_gpu, rng, monkeypatch, device):
+@pytest.mark.parametrize("as_gpu,w8,spread", [(False, None, None), (True, None, None), (True, False, None),
+                                              (True, None, 0)])
+def test_one_token_gemv_over_16bit_weights(dtype, as_gpu, w8, spread, rng, monkeypatch, device):
     """MUL_MAT at T = 1 over bf16 / f16 weights, plain and with the RMS norm folded in, against
-    float64: K of 4096, 200, 68, and a weight view starting 4 elements in."""
+    float64: K of 4096, 200, 68, and a weight view starting 4 elements in. As on a GPU: 16-byte
+    weight loads (W8) where K and the rows allow, or 8-byte ones (w8 False); 37 outputs reduced by a
+    workgroup each where K allows (K = 4096: 256 lanes), or by subgroup-lane clusters (spread 0)."""
     from dsv4_vk.model.checkpoint import BF16
-    if as_gpu:      # lower as for a GPU: subgroup-lane clusters over K, 4 vec4 steps in flight
+    if as_gpu:      # lower as for a GPU: lane clusters over K, 4 vec4 steps in flight
         monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    monkeypatch.setitem(mul_mat.GEMV_UNROLL, "w8", w8)
+    monkeypatch.setitem(mul_mat.GEMV_UNROLL, "spread", spread)
+    if as_gpu:      # the launch is the one the parameters name
+        g = Graph()
+        g.op("MUL_MAT", g.input("x", (1, 4096)), g.input("w", (37, 4096), dtype))
+        (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+        assert ("W8" in launch.defines) == (w8 is None)
+        assert ("LANES_WORKGROUP" in launch.defines) == (spread is None)
     npdt = BF16 if dtype == "bf16" else np.dtype(np.float16)
     for K, start in ((4096, 0), (200, 0), (68, 0), (64, 4)):
         N = 37
@@ -305,3 +316,23 @@ def test_model_op_declaration_errors():
                          g2.input("cos", (8, 2)), g2.input("sin", (8, 2))))
     with pytest.raises(ValueError, match="in place: pass out=<the cache"):
         Executor().compile(g2)
+
+
+@pytest.mark.parametrize("T,K,norm", [(1, 520, False), (3, 520, True), (8, 2048, False), (5, 1030, True)])
+def test_gemv_with_a_workgroup_per_output(T, K, norm, rng, monkeypatch, device):
+    """MUL_MAT's GEMV with each output reduced by a whole workgroup (few outputs on a GPU), f32
+    weights, 1 to 8 tokens per cluster, with and without the RMS norm folded in, K with and without a
+    vec4 tail, against float64."""
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    N = 5
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
+    gn = rng.standard_normal(K).astype(np.float32)
+    g = Graph()
+    args = [g.input("x", (T, K)), g.const(w)] + ([g.const(gn)] if norm else [])
+    g.output("y", g.op("MUL_MAT", *args, **({"rms_eps": 1e-6} if norm else {})))
+    (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+    assert "LANES_WORKGROUP" in launch.defines and launch.spec[0] == mul_mat.gemv_workgroup_lanes(device, N, K) >= 64
+    got = run_graph(g, x=x)["y"]
+    ref = get_op("MUL_MAT").reference(x, w, *([gn] if norm else []), **({"rms_eps": 1e-6} if norm else {}))
+    assert nmse(got, ref) <= 1e-10 and max_abs(got, ref) <= 1e-4 * np.abs(ref).max()

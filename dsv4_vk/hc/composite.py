@@ -173,8 +173,13 @@ SITE_TUNING = {"post_wg": 64}
 # dispatches timed one by one, three-op path): D = 4096, T = 64 / 512 / 4096: 30.0 / 72.7 / 405.4 µs
 # against 35.6 / 80.6 / 422.1 µs without; D = 7168, T = 4096: 692.9 against 718.1 µs.
 # "kernel": the prefill carry's mixes kernel, "ksplit" or "tc" (the tensor-core kernel, where the
-# streams are vec4-aligned; KSPLIT elsewhere) — KSPLIT until the tensor-core one is measured.
-PREFILL_CARRY = {"prefill": True, "kernel": "ksplit"}
+# streams are vec4-aligned; KSPLIT elsewhere). KSPLIT: on the H200 the tensor-core kernel's carry
+# took 845 against 314 µs (T = 4096, D = 4096, results/h200/hc_tune_tc_carry_h200.txt).
+# "tb", "lpt", "tpl": KSPLIT's layout for the carry on GPUs (None: mix_layout's, HC_MIX's own): blocks
+# of 128 tokens, 2 lanes per token, one token per lane group — the post with its carry 293.0 against
+# 315.1 µs with HC_MIX's 256 / 4 / 2 at T = 4096, D = 4096, 487.8 against 546.6 at D = 7168; 49.4 / 82.4
+# against 50.4 / 88.1 at T = 512 (H200, results/h200/hc_tune_carry_knobs_h200.txt).
+PREFILL_CARRY = {"prefill": True, "kernel": "ksplit", "tb": 128, "lpt": 2, "tpl": 1}
 CARRY_KERNELS = ("ksplit", "tc")
 
 
@@ -418,6 +423,8 @@ def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, d
             layout = kernels.mix_layout(device, T, D // (4 if vec4 else 1), kernel=kernel)
             layout = {k: layout[k] for k in ("wg", "split", "lpt", "tb")} | {"tpl": min(layout["tpl"], 2)} \
                 | ({"tc": layout["tc"]} if kernel == "tc" else {})
+            if kernel == "ksplit" and not device.caps.is_cpu:
+                layout |= {k: PREFILL_CARRY[k] for k in ("tb", "lpt", "tpl") if PREFILL_CARRY[k] is not None}
         out = g.empty(X.shape)
         carry = g.op("HC_POST_MIX", f, X_in, post_w, comb_m, next_fn, out, **layout)
     return out, carry

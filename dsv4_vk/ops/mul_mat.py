@@ -49,9 +49,35 @@ def vec4_ok(*views):
     return True
 
 
-# vec4 steps a GEMV lane loads before adding them at one token per cluster (None: 4 on GPUs, 1 on
-# CPU devices; tests and the bench set it)
-GEMV_UNROLL = {"unroll": None}
+# GEMV loads: unroll, the steps a lane loads before adding them at one token per cluster (None: 4
+# on GPUs, 1 on CPU devices); w8, 16-bit weights in 16-byte loads of 8 (shader -D W8) where K and
+# the weight rows allow (None: on GPUs; False: 8-byte loads of 4); spread, the lanes the device
+# should have at work (None: GEMV_SPREAD on GPUs; 0: off): outputs too few to give every one a
+# subgroup of lanes that many are reduced by a whole workgroup each, 64-256 lanes, each then walking
+# fewer of K's loads one after the other (a chain of memory latencies otherwise: H200, bf16, 1024 × 4096
+# at 1.3 TB/s with 32 lanes an output). Tests and the benches set them.
+GEMV_UNROLL = {"unroll": None, "w8": None, "spread": None}
+GEMV_SPREAD = 1 << 18                   # (an H200 holds 132 SMs × 2048 invocations)
+GEMV_WG_MAX = 256
+
+
+def gemv_workgroup_lanes(device, rows: int, K: int) -> int | None:
+    """Lanes of a workgroup-wide cluster for each of `rows` GEMV outputs over K, or None for the
+    subgroup-lane clusters: where rows × a subgroup falls short of the spread, up to GEMV_WG_MAX lanes and
+    at least 8 of K per lane (needs subgroup arithmetic, as the row ops' workgroup reduction)."""
+    spread = GEMV_UNROLL["spread"]
+    spread = (0 if is_cpu(device) else GEMV_SPREAD) if spread is None else spread
+    sg = device.caps.subgroup
+    if not spread or not sg.supports("basic", "arithmetic") or sg.min_size < 4:
+        return None
+    lanes = min(GEMV_WG_MAX, next_pow2(-(-spread // max(rows, 1))), 1 << (max(K // 8, 1).bit_length() - 1))
+    return lanes if lanes > sg.max_size else None
+
+
+def w8_ok(w, K: int) -> bool:
+    """16-bit weights whose rows start on 16-byte boundaries, K a multiple of 8 (-D W8)."""
+    return w.dtype in ("bf16", "f16") and K % 8 == 0 and w.offset % 8 == 0 \
+        and all(s % 8 == 0 for n, s in zip(w.shape[:-1], w.strides[:-1]) if n > 1)
 
 
 def rms_weight(op, x, g, params):
@@ -117,10 +143,19 @@ class MulMat(OpDef):
             args.append(g)
         if kernel == "gemv":
             tb = min(next_pow2(T), GEMV_MAX_T)
-            lane_defs, extra = cluster_lanes(device, K, per_lane=8, max_lanes=1 if is_cpu(device) else None)
+            rows = b[0] * b[1] * -(-T // tb) * N
+            unroll = GEMV_UNROLL["unroll"] or (1 if is_cpu(device) else 4)
+            wg_lanes = gemv_workgroup_lanes(device, rows, K)
+            if wg_lanes:
+                lane_defs, extra = {"LANES_WORKGROUP": 1}, {}
+                grid, spec = grid_1d(rows, 1), (wg_lanes, unroll)
+            else:
+                lane_defs, extra = cluster_lanes(device, K, per_lane=8, max_lanes=1 if is_cpu(device) else None)
+                grid, spec = grid_1d(rows, WORKGROUP // lane_defs["LANES"]), (WORKGROUP, unroll)
             defines.update(lane_defs, MODE_GEMV=1, TB=tb)
-            grid = grid_1d(b[0] * b[1] * -(-T // tb) * N, WORKGROUP // lane_defs["LANES"])
-            spec = (WORKGROUP, GEMV_UNROLL["unroll"] or (1 if is_cpu(device) else 4))
+            w8 = GEMV_UNROLL["w8"]
+            if tb == 1 and "VEC4" in defines and w8_ok(w, K) and (not is_cpu(device) if w8 is None else w8):
+                defines["W8"] = 1
         elif kernel == "gemm_regs":
             defines["MODE_GEMM_REGS"] = 1
             grid = grid_1d(b[0] * b[1] * -(-T // 4) * -(-N // 4), WORKGROUP)
