@@ -1,7 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 //! variants: MODE_GEMV ; - | VEC4 ; LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1,2,3,4,5,6,7,8 ; - | W_BF16 | W_F16 ; - | NORM_X
-//! variants: MODE_GEMV VEC4 ; LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1 ; W_BF16 W8 | W_F16 W8 ; - | NORM_X
 //! variants: MODE_GEMM_REGS ; - | VEC4 ; - | W_BF16 | W_F16
 //! variants: MODE_GEMM_SHARED ; - | W_BF16 | W_F16
 // MUL_MAT: d[b0, b1, t, n] = Σ_k x[b0, b1, t, k] · w[b0, b1, n, k]  (x @ wᵀ), f32 accumulation.
@@ -20,9 +19,6 @@
 //                     ty + 16i and outputs tx + 16j, i, j < 4.
 //   W_BF16 / W_F16    16-bit weights (weights.glsl), widened to f32 as they are read.
 //   VEC4              (GEMV, GEMM_REGS) k contiguous and every row start 16-byte aligned: vec4 loads.
-//   W8                (GEMV at one token, 16-bit weights, with VEC4; K and every weight row start a
-//                     multiple of 8 elements) weights in 16-byte loads of 8: twice the bytes per load,
-//                     so twice the weight bytes in flight per lane at the same UNROLL.
 //   NORM_X            (GEMV) x rows RMS-normalised on the fly: d = (x / rms(x) ⊙ g) @ wᵀ with
 //                     rms(x) = sqrt(mean_k x² + eps), g [K] at binding 3: each cluster sums x² beside
 //                     its dot product (x is a few KB, read from cache), so RMS_NORM → MUL_MAT at
@@ -101,31 +97,6 @@ void main() {
     uint k = lane;
 #if defined(VEC4)
     uint K4 = p.K / 4;
-#if defined(W8)
-    if (TB == 1) {                              // k in steps of 8 (K % 8 == 0): after it k ≥ K4
-        for (; k + (UNROLL - 1) * LANES < K4 / 2; k += UNROLL * LANES) {
-            vec4 wl[UNROLL], wh[UNROLL], xl[UNROLL], xh[UNROLL];
-            [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
-                uint j = k + u * LANES;
-                W8_AT(wb / 8 + j, wl[u], wh[u]);
-                xl[u] = x4[xb[0] / 4 + 2 * j];
-                xh[u] = x4[xb[0] / 4 + 2 * j + 1];
-            }
-            [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
-                uint j = k + u * LANES;
-                add4(0, xl[u], wl[u], 2 * j);
-                add4(0, xh[u], wh[u], 2 * j + 1);
-            }
-        }
-        for (; k < K4 / 2; k += LANES) {
-            vec4 wl, wh;
-            W8_AT(wb / 8 + k, wl, wh);
-            add4(0, x4[xb[0] / 4 + 2 * k], wl, 2 * k);
-            add4(0, x4[xb[0] / 4 + 2 * k + 1], wh, 2 * k + 1);
-        }
-        k = K4 + lane;
-    }
-#endif
     if (TB == 1) {
         for (; k + (UNROLL - 1) * LANES < K4; k += UNROLL * LANES) {
             vec4 wv[UNROLL], xv[UNROLL];

@@ -2,8 +2,7 @@
 // holds f32 (default),
 // bf16 (-D W_BF16) or f16 (-D W_F16) values; 16-bit weights are read in pairs from uint words
 // (element 2i in the low half: little-endian) and widened to f32, so every product accumulates
-// in f32 as with f32 weights. W_AT(i): element i; W4_AT(j): elements 4j..4j+3 (with VEC4);
-// W8_AT(j, lo, hi): elements 8j..8j+7 (16-bit weights with -D W8).
+// in f32 as with f32 weights. W_AT(i): element i; W4_AT(j): elements 4j..4j+3 (with VEC4).
 #ifndef W_BINDING
 #define W_BINDING 1
 #endif
@@ -22,16 +21,9 @@ float W_AT(uint i) {
     return w_half((i & 1u) != 0u ? v >> 16 : v & 0xFFFFu);
 }
 #if defined(VEC4)
-vec4 w_halves4(uvec2 v) { return vec4(w_half(v.x & 0xFFFFu), w_half(v.x >> 16), w_half(v.y & 0xFFFFu), w_half(v.y >> 16)); }
-vec4 W4_AT(uint j) { return w_halves4(w64[j]); }
-#endif
-#if defined(W8)
-// -D W8 (with VEC4): elements 8j..8j+7 in one 16-byte load, the halves as two vec4
-layout(binding = W_BINDING) readonly buffer W128 { uvec4 w128[]; };
-void W8_AT(uint j, out vec4 lo, out vec4 hi) {
-    uvec4 v = w128[j];
-    lo = w_halves4(v.xy);
-    hi = w_halves4(v.zw);
+vec4 W4_AT(uint j) {
+    uvec2 v = w64[j];
+    return vec4(w_half(v.x & 0xFFFFu), w_half(v.x >> 16), w_half(v.y & 0xFFFFu), w_half(v.y >> 16));
 }
 #endif
 #else

@@ -152,23 +152,20 @@ def test_mul_mat_id_over_16bit_experts(dtype, as_gpu, rng, monkeypatch, device):
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
-@pytest.mark.parametrize("as_gpu,w8,spread", [(False, None, None), (True, None, None), (True, False, None),
-                                              (True, None, 0)])
-def test_one_token_gemv_over_16bit_weights(dtype, as_gpu, w8, spread, rng, monkeypatch, device):
+@pytest.mark.parametrize("as_gpu,spread", [(False, None), (True, None), (True, 0)])
+def test_one_token_gemv_over_16bit_weights(dtype, as_gpu, spread, rng, monkeypatch, device):
     """MUL_MAT at T = 1 over bf16 / f16 weights, plain and with the RMS norm folded in, against
-    float64: K of 4096, 200, 68, and a weight view starting 4 elements in. As on a GPU: 16-byte
-    weight loads (W8) where K and the rows allow, or 8-byte ones (w8 False); 37 outputs reduced by a
-    workgroup each where K allows (K = 4096: 256 lanes), or by subgroup-lane clusters (spread 0)."""
+    float64: K of 4096, 200, 68, and a weight view starting 4 elements in. As on a GPU, 37 outputs
+    are reduced by a workgroup each where K allows (K = 4096: 256 lanes), or by subgroup-lane
+    clusters (spread 0)."""
     from dsv4_vk.model.checkpoint import BF16
     if as_gpu:      # lower as for a GPU: lane clusters over K, 4 vec4 steps in flight
         monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
-    monkeypatch.setitem(mul_mat.GEMV_UNROLL, "w8", w8)
     monkeypatch.setitem(mul_mat.GEMV_UNROLL, "spread", spread)
     if as_gpu:      # the launch is the one the parameters name
         g = Graph()
         g.op("MUL_MAT", g.input("x", (1, 4096)), g.input("w", (37, 4096), dtype))
         (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
-        assert ("W8" in launch.defines) == (w8 is None)
         assert ("LANES_WORKGROUP" in launch.defines) == (spread is None)
     npdt = BF16 if dtype == "bf16" else np.dtype(np.float16)
     for K, start in ((4096, 0), (200, 0), (68, 0), (64, 4)):

@@ -2,8 +2,8 @@
 """GPU time of MUL_MAT at one token (the decode GEMV) at DeepSeek-V4-Flash's projection shapes,
 bf16 weights, in GB/s of the weights read and as a share of the measured copy bandwidth, with
 its load knobs side by side in one run (ops.mul_mat.GEMV_UNROLL): a workgroup per output where
-outputs are few (spread) against subgroup-lane clusters, w8 (16-byte weight loads of 8) against
-8-byte loads of 4, and the steps in flight per lane (unroll); plain and with the RMS norm folded in. Each row: median over replays of a recording that runs the mat-mul `--repeat` times
+outputs are few (spread) against subgroup-lane clusters, and the steps in flight per lane (unroll);
+plain and with the RMS norm folded in. Each row: median over replays of a recording that runs the mat-mul `--repeat` times
 back to back (a timestamp before and after only), after the clock warm-up.
 
     . .vkdev/enter.sh; python3 tools/bench_gemv.py --json $OUT/gemv.json
@@ -53,7 +53,6 @@ def main(argv=None):
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--repeat", type=int, default=4, help="mat-muls back to back per recording")
     ap.add_argument("--unroll", default="1,4,8", help="steps in flight per lane to sweep")
-    ap.add_argument("--w8", default="0,1", help="16-byte weight loads off/on (0,1)")
     ap.add_argument("--spread", default="-1,0", help="lanes the GPU should have at work (-1: the default "
                     "GEMV_SPREAD; 0: subgroup-lane clusters only)")
     ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES), help="of " + ", ".join(s[0] for s in SHAPES))
@@ -70,22 +69,18 @@ def main(argv=None):
         for (label, N, K), norm in itertools.product(shapes, (False, True)):
             if not norm:
                 weights = (rng.standard_normal((N, K), dtype=np.float32) / np.sqrt(K)).astype(BF16)
-            for spread, w8, unroll in itertools.product(map(int, a.spread.split(",")),
-                                                        [bool(int(v)) for v in a.w8.split(",")],
-                                                        map(int, a.unroll.split(","))):
+            for spread, unroll in itertools.product(map(int, a.spread.split(",")), map(int, a.unroll.split(","))):
                 spread = None if spread < 0 else spread
-                mul_mat.GEMV_UNROLL.update(unroll=unroll, w8=w8, spread=spread)
+                mul_mat.GEMV_UNROLL.update(unroll=unroll, spread=spread)
                 try:
+                    wg = mul_mat.gemv_workgroup_lanes(dev, N, K)
                     us = time_gemv(dev, weights, norm, a.replays, a.repeat, warm, rng)
                 finally:
-                    mul_mat.GEMV_UNROLL.update(unroll=None, w8=None, spread=None)
-                wg = mul_mat.gemv_workgroup_lanes(dev, N, K) if spread is None else \
-                    (spread and mul_mat.gemv_workgroup_lanes(dev, N, K))
+                    mul_mat.GEMV_UNROLL.update(unroll=None, spread=None)
                 gbps = N * K * 2 / (us * 1e3)
-                rows.append({"shape": label, "N": N, "K": K, "norm": norm, "spread": spread, "wg_lanes": wg or None,
-                             "w8": w8, "unroll": unroll, "us": us, "gbps": gbps, "pct_copy": 100 * gbps / copy})
-                print(f"{label:5s} ({N:6d}, {K:5d}){' +norm' if norm else '      '} wg lanes={wg or '-':3} w8={int(w8)} "
-                      f"unroll={unroll}  "
+                rows.append({"shape": label, "N": N, "K": K, "norm": norm, "spread": spread, "wg_lanes": wg,
+                             "unroll": unroll, "us": us, "gbps": gbps, "pct_copy": 100 * gbps / copy})
+                print(f"{label:5s} ({N:6d}, {K:5d}){' +norm' if norm else '      '} wg lanes={wg or '-':3} unroll={unroll}  "
                       f"{us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy", flush=True)
     if a.json:
         with open(a.json, "w") as f:

@@ -29,7 +29,7 @@ but the unpicked routed experts and all but one embedding row) at the measured c
 against the measured time per token; and RMS_NORM's share of the profiled decode GPU time.
 --variants: more fused decode series in the same run, each with kernel knobs set, for side-by-side
 ratios; ";" between variants, "," between knobs of one: fold_mb (norms folded only into mat-muls
-reading at most this many MiB of weights a token, model.build.NORM_FOLD), gemv_unroll, gemv_w8 (0/1),
+reading at most this many MiB of weights a token, model.build.NORM_FOLD), gemv_unroll,
 gemv_spread (0: subgroup-lane clusters only) (ops.mul_mat.GEMV_UNROLL), moe_unroll
 (ops.moe.MUL_MAT_ID_UNROLL); e.g.
 `--variants "fold_mb=64;fold_mb=0;gemv_unroll=8"`.
@@ -55,7 +55,6 @@ HOST_TARGET_US = 100.0
 DTYPES = {"f32": np.float32, "bf16": BF16, "f16": np.float16}
 KNOBS = {"fold_mb": (build.NORM_FOLD, "max_bytes", lambda v: int(float(v) * 2**20)),
          "gemv_unroll": (mul_mat.GEMV_UNROLL, "unroll", int),
-         "gemv_w8": (mul_mat.GEMV_UNROLL, "w8", lambda v: bool(int(v))),
          "gemv_spread": (mul_mat.GEMV_UNROLL, "spread", int),
          "moe_unroll": (moe.MUL_MAT_ID_UNROLL, "unroll", int)}
 

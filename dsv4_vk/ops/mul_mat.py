@@ -50,13 +50,14 @@ def vec4_ok(*views):
 
 
 # GEMV loads: unroll, the steps a lane loads before adding them at one token per cluster (None: 4
-# on GPUs, 1 on CPU devices); w8, 16-bit weights in 16-byte loads of 8 (shader -D W8) where K and
-# the weight rows allow (None: on GPUs; False: 8-byte loads of 4); spread, the lanes the device
-# should have at work (None: GEMV_SPREAD on GPUs; 0: off): outputs too few to give every one a
-# subgroup of lanes that many are reduced by a whole workgroup each, 64-256 lanes, each then walking
-# fewer of K's loads one after the other (a chain of memory latencies otherwise: H200, bf16, 1024 × 4096
-# at 1.3 TB/s with 32 lanes an output). Tests and the benches set them.
-GEMV_UNROLL = {"unroll": None, "w8": None, "spread": None}
+# on GPUs, 1 on CPU devices); spread, the lanes the device should have at work (None: GEMV_SPREAD on
+# GPUs; 0: off): outputs too few to give every one a subgroup of lanes that many are reduced by a
+# whole workgroup each, 64-256 lanes, each walking fewer of K's loads one after the other (a chain of
+# memory latencies otherwise). H200, bf16, 4 steps in flight (results/h200/gemv_spread_h200.txt):
+# 1024 × 4096 5.1 against 6.2 µs, 512 × 4096 4.1 against 6.0, with the norm folded in 6.9 / 4.9
+# against 9.4 / 9.1; 4096 × 8192 19.4 against 22.4. (16-byte weight loads of 8 bf16 were tried
+# twice and are slower in the model: results/README.md.) Tests and the benches set them.
+GEMV_UNROLL = {"unroll": None, "spread": None}
 GEMV_SPREAD = 1 << 18                   # (an H200 holds 132 SMs × 2048 invocations)
 GEMV_WG_MAX = 256
 
@@ -72,12 +73,6 @@ def gemv_workgroup_lanes(device, rows: int, K: int) -> int | None:
         return None
     lanes = min(GEMV_WG_MAX, next_pow2(-(-spread // max(rows, 1))), 1 << (max(K // 8, 1).bit_length() - 1))
     return lanes if lanes > sg.max_size else None
-
-
-def w8_ok(w, K: int) -> bool:
-    """16-bit weights whose rows start on 16-byte boundaries, K a multiple of 8 (-D W8)."""
-    return w.dtype in ("bf16", "f16") and K % 8 == 0 and w.offset % 8 == 0 \
-        and all(s % 8 == 0 for n, s in zip(w.shape[:-1], w.strides[:-1]) if n > 1)
 
 
 def rms_weight(op, x, g, params):
@@ -153,9 +148,6 @@ class MulMat(OpDef):
                 lane_defs, extra = cluster_lanes(device, K, per_lane=8, max_lanes=1 if is_cpu(device) else None)
                 grid, spec = grid_1d(rows, WORKGROUP // lane_defs["LANES"]), (WORKGROUP, unroll)
             defines.update(lane_defs, MODE_GEMV=1, TB=tb)
-            w8 = GEMV_UNROLL["w8"]
-            if tb == 1 and "VEC4" in defines and w8_ok(w, K) and (not is_cpu(device) if w8 is None else w8):
-                defines["W8"] = 1
         elif kernel == "gemm_regs":
             defines["MODE_GEMM_REGS"] = 1
             grid = grid_1d(b[0] * b[1] * -(-T // 4) * -(-N // 4), WORKGROUP)
