@@ -6,18 +6,22 @@
 #
 #   . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH; bash tools/gpu_session.sh $OUT [STEP ...]
 #
-# STEP: eval, library, soak, site, profile, model, decode, variants, mix, tc (default: all but the last
-# four, in that order; decode: tools/bench_decode_ops.py, the model's decode kernels and their
+# STEP: eval, library, soak, site, profile, model, decode, variants, mix, tc, mixtests, layout, tc_ablate,
+# spread (default: the first six, in that order; decode: tools/bench_decode_ops.py, the model's decode kernels and their
 # variants; variants: the model bench with fused series at other kernel knobs — a call of its own;
 # mix: the mixes kernels for many tokens, KSPLIT against TILE, and the prefill site with and without
 # its post carrying the next mixes, each dispatch timed on its own; tc: the tensor-core mixes kernel —
-# the device's cooperative-matrix shapes, its tests at subgroup 32, KSPLIT against it). A call may run
+# the device's cooperative-matrix shapes, its tests at subgroup 32, KSPLIT against it; mixtests: the
+# mixes and site-chain tests at subgroup 32; layout: HC_MIX and the carried prefill site at the
+# defaults, then the site with the carry in HC_MIX's KSPLIT layout (256 / 4 / 2); tc_ablate:
+# tools/ablate_tc.sh; spread: the model bench beside a series without GEMV_SPREAD). A call may run
 # 10 minutes: split them, e.g. `eval library soak profile`, then `site model`. `model` needs the
 # safetensors and ml_dtypes wheels in .vkdev/whl (results/README.md); `site` needs PyTorch with CUDA. Files in
 # results.tgz: eval_h200.{txt,json}, bench_library_h200.{txt,json}, soak_library_h200.{txt,json},
 # site_compare.{txt,json}, site_compare.bench.json, profile_site_h200.txt, model_bench_v4.{txt,json},
 # decode_ops_h200.{txt,json}, model_variants_h200.{txt,json}, hc_tune_mix_h200.{txt,json}, hc_tune_carry_h200.{txt,json},
-# info_tc_h200.txt, tc_tests_h200.txt, hc_tune_tc_h200.{txt,json}, hc_tune_tc_carry_h200.{txt,json}.
+# info_tc_h200.txt, tc_tests_h200.txt, hc_tune_tc_h200.{txt,json}, hc_tune_tc_carry_h200.{txt,json},
+# mix_tests_h200.txt, hc_tune_layout{,_mix}_h200.{txt,json}, ablate_tc_h200.txt, model_spread_h200.{txt,json}.
 set -u
 out=${1:?usage: gpu_session.sh OUT [STEP ...]}
 shift
@@ -60,7 +64,17 @@ for s in $steps; do
             step tc_carry 240 hc_tune_tc_carry_h200.txt python3 tools/hc_tune.py --ops HC_SITE --t 512,4096 \
                 --d 4096 --site-path three-op --set carry.kernel=ksplit,tc --set mix.kernel=ksplit,tc --per-dispatch \
                 --out "$r/hc_tune_tc_carry_h200.json" ;;
-        *) echo "unknown step $s (eval, library, soak, site, profile, model, decode, variants, mix, tc)" >> "$summary" ;;
+        mixtests) step mixtests 120 mix_tests_h200.txt python3 -m pytest -q -p no:cacheprovider tests/hc_cases.py \
+                      -k "test_mix or carrying or site_chain" ;;
+        layout) step layout 120 hc_tune_layout_h200.txt python3 tools/hc_tune.py --ops HC_MIX,HC_SITE --t 512,4096 \
+                    --d 4096,7168 --site-path three-op --set carry.prefill=1 --per-dispatch --out "$r/hc_tune_layout_h200.json"
+                step layout_mix 120 hc_tune_layout_mix_h200.txt python3 tools/hc_tune.py --ops HC_SITE --t 512,4096 \
+                    --d 4096,7168 --site-path three-op --set carry.tb=256 --set carry.lpt=4 --set carry.tpl=2 \
+                    --per-dispatch --out "$r/hc_tune_layout_mix_h200.json" ;;
+        tc_ablate) step tc_ablate 150 ablate_tc_h200.txt bash tools/ablate_tc.sh ;;
+        spread) step spread 400 model_spread_h200.txt python3 tools/model_gpu_bench.py --out "$r/model_spread_h200.json" \
+                    --variants "gemv_spread=0" ;;
+        *) echo "unknown step $s (eval, library, soak, site, profile, model, decode, variants, mix, tc, mixtests, layout, tc_ablate, spread)" >> "$summary" ;;
     esac
 done
 tar czf "$out/results.tgz" -C "$out" r

@@ -2,8 +2,9 @@
 bytes. Knobs are entries of the tuning tables: slice.* = hc.kernels.SLICE_TUNING (HC_PRE, HC_POST,
 HC_SITE: workgroup size, chunks per invocation), mix.* = hc.kernels.MIX_TUNING (HC_MIX kernels:
 workgroup size, D splits, KSPLIT split, lpt, tb, tpl, kernel), site.* = hc.composite.SITE_TUNING (HC_POST_MIX
-workgroup), carry.prefill / carry.kernel = hc.composite.PREFILL_CARRY (0/1: HC_SITE past 8 tokens with the
-post carrying the next mixes; ksplit/tc: the kernel of that carry).
+workgroup), carry.prefill / carry.kernel / carry.tb / carry.lpt / carry.tpl = hc.composite.PREFILL_CARRY (0/1:
+HC_SITE past 8 tokens with the post carrying the next mixes; ksplit/tc: the kernel of that carry; KSPLIT's
+layout for it on GPUs).
 Every combination of the given values is timed (median of --replays, after a clock warm-up).
 --per-dispatch adds, per row, each dispatch's own GPU time (a second recording with a timestamp
 after every dispatch, which serialises them: the parts, not the whole).
