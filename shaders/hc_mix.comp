@@ -94,7 +94,8 @@ void main() {
     uint b = p.p_off + t * p.p_st;
     // RG splits' loads issued before any is added, into RG independent chains: the partials of a
     // token are few (T·G·(M + 1) floats) and the invocations few, so the time is the number of
-    // dependent load trips (H200, T = 4096, G = 64: 16.9 µs with 4 loads a trip)
+    // dependent load trips (H200, D = 4096, G = 64: 11.5 against 13.6 µs with 4 loads a trip at
+    // T = 4096, 5.1 against 7.4 at T = 512; results/h200/hc_tune_layout_h200.txt, hc_tune_mix_h200.txt)
     const uint RG = 16u;
     vec4 d[RG / 4u], ss[RG / 4u];
     [[unroll]] for (uint q = 0u; q < RG / 4u; ++q) { d[q] = vec4(0.0); ss[q] = vec4(0.0); }

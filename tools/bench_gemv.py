@@ -3,8 +3,8 @@
 bf16 weights, in GB/s of the weights read and as a share of the measured copy bandwidth, with
 its load knobs side by side in one run (ops.mul_mat.GEMV_UNROLL): a workgroup per output where
 outputs are few (spread) against subgroup-lane clusters, and the steps in flight per lane (unroll);
-plain and with the RMS norm folded in. Each row: median over replays of a recording that runs the mat-mul `--repeat` times
-back to back (a timestamp before and after only), after the clock warm-up.
+plain and with the RMS norm folded in. Each row: median over replays of a recording that runs the
+mat-mul `--repeat` times back to back (a timestamp before and after only), after the clock warm-up.
 
     . .vkdev/enter.sh; python3 tools/bench_gemv.py --json $OUT/gemv.json
 """
@@ -80,8 +80,8 @@ def main(argv=None):
                 gbps = N * K * 2 / (us * 1e3)
                 rows.append({"shape": label, "N": N, "K": K, "norm": norm, "spread": spread, "wg_lanes": wg,
                              "unroll": unroll, "us": us, "gbps": gbps, "pct_copy": 100 * gbps / copy})
-                print(f"{label:5s} ({N:6d}, {K:5d}){' +norm' if norm else '      '} wg lanes={wg or '-':3} unroll={unroll}  "
-                      f"{us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy", flush=True)
+                print(f"{label:5s} ({N:6d}, {K:5d}){' +norm' if norm else '      '} wg lanes={wg or '-':3} "
+                      f"unroll={unroll}  {us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": dev.name, "copy_gbps": copy, "rows": rows}, f, indent=1)

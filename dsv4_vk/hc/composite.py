@@ -176,9 +176,9 @@ SITE_TUNING = {"post_wg": 64}
 # streams are vec4-aligned; KSPLIT elsewhere). KSPLIT: on the H200 the tensor-core kernel's carry
 # took 845 against 314 µs (T = 4096, D = 4096, results/h200/hc_tune_tc_carry_h200.txt).
 # "tb", "lpt", "tpl": KSPLIT's layout for the carry on GPUs (None: mix_layout's, HC_MIX's own): blocks
-# of 128 tokens, 2 lanes per token, one token per lane group — the post with its carry 293.0 against
-# 315.1 µs with HC_MIX's 256 / 4 / 2 at T = 4096, D = 4096, 487.8 against 546.6 at D = 7168; 49.4 / 82.4
-# against 50.4 / 88.1 at T = 512 (H200, results/h200/hc_tune_carry_knobs_h200.txt).
+# of 128 tokens, 2 lanes per token, one token per lane group — the post with its carry 295.2 against
+# 313.1 µs with HC_MIX's 256 / 4 / 2 at T = 4096, D = 4096, 487.7 against 543.9 at D = 7168; 49.2 / 82.4
+# against 49.7 / 86.5 at T = 512 (H200, results/h200/hc_tune_layout_h200.txt, hc_tune_layout_mix_h200.txt).
 PREFILL_CARRY = {"prefill": True, "kernel": "ksplit", "tb": 128, "lpt": 2, "tpl": 1}
 CARRY_KERNELS = ("ksplit", "tc")
 
