@@ -333,3 +333,23 @@ def test_gemv_with_a_workgroup_per_output(T, K, norm, rng, monkeypatch, device):
     got = run_graph(g, x=x)["y"]
     ref = get_op("MUL_MAT").reference(x, w, *([gn] if norm else []), **({"rms_eps": 1e-6} if norm else {}))
     assert nmse(got, ref) <= 1e-10 and max_abs(got, ref) <= 1e-4 * np.abs(ref).max()
+
+
+def test_gemv_workgroup_lanes_follow_the_outputs_and_the_device(device, monkeypatch):
+    """A workgroup per output only where outputs are too few to keep the spread of lanes busy in
+    subgroup clusters; a power of two no larger than GEMV_WG_MAX, the device's workgroup limits and
+    K / 8; never on CPU devices unless asked for."""
+    gpu = dataclasses.replace(device.caps, type="discrete-gpu")
+    monkeypatch.setattr(device, "caps", gpu)
+    sg = gpu.subgroup.max_size
+    assert mul_mat.gemv_workgroup_lanes(device, 512, 4096) == mul_mat.GEMV_WG_MAX
+    assert mul_mat.gemv_workgroup_lanes(device, 4096, 8192) == (64 if sg < 64 else None)   # 2¹⁸ / 4096 lanes
+    assert mul_mat.gemv_workgroup_lanes(device, 129280, 4096) is None        # the vocabulary head: subgroups
+    assert mul_mat.gemv_workgroup_lanes(device, 5, 100) is None              # K / 8 = 12 lanes at most
+    small = dataclasses.replace(gpu.limits, max_workgroup_invocations=96)
+    monkeypatch.setattr(device, "caps", dataclasses.replace(gpu, limits=small))
+    assert mul_mat.gemv_workgroup_lanes(device, 512, 4096) == (64 if sg < 64 else None)
+    monkeypatch.setattr(device, "caps", dataclasses.replace(gpu, type="cpu"))
+    assert mul_mat.gemv_workgroup_lanes(device, 512, 4096) is None
+    monkeypatch.setitem(mul_mat.GEMV_UNROLL, "spread", 1 << 18)
+    assert mul_mat.gemv_workgroup_lanes(device, 512, 4096) == mul_mat.GEMV_WG_MAX

@@ -64,14 +64,18 @@ GEMV_WG_MAX = 256
 
 def gemv_workgroup_lanes(device, rows: int, K: int) -> int | None:
     """Lanes of a workgroup-wide cluster for each of `rows` GEMV outputs over K, or None for the
-    subgroup-lane clusters: where rows × a subgroup falls short of the spread, up to GEMV_WG_MAX lanes and
-    at least 8 of K per lane (needs subgroup arithmetic, as the row ops' workgroup reduction)."""
+    subgroup-lane clusters: where rows × a subgroup falls short of the spread, a power of two up to
+    GEMV_WG_MAX lanes and the device's workgroup limits, at least 8 of K per lane (needs subgroup
+    arithmetic, as the row ops' workgroup reduction)."""
     spread = GEMV_UNROLL["spread"]
     spread = (0 if is_cpu(device) else GEMV_SPREAD) if spread is None else spread
     sg = device.caps.subgroup
     if not spread or not sg.supports("basic", "arithmetic") or sg.min_size < 4:
         return None
-    lanes = min(GEMV_WG_MAX, next_pow2(-(-spread // max(rows, 1))), 1 << (max(K // 8, 1).bit_length() - 1))
+    lim = device.caps.limits
+    wg_max = min(GEMV_WG_MAX, lim.max_workgroup_invocations, lim.max_workgroup_size[0])
+    lanes = min(1 << (wg_max.bit_length() - 1), next_pow2(-(-spread // max(rows, 1))),
+                1 << (max(K // 8, 1).bit_length() - 1))
     return lanes if lanes > sg.max_size else None
 
 
