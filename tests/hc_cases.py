@@ -24,7 +24,7 @@ from dsv4_vk.vk import default_device
 import dsv4_vk.hc.composite  # noqa: F401  (hc.composite.CARRY_MAX_T)
 from dsv4_vk.hc.policy import HCUnsupported
 from dsv4_vk.hc.metrics import max_abs, nmse, nonfinite_mismatch
-from dsv4_vk.hc import kernels as ops_hc
+from dsv4_vk.hc import kernels as ops_hc, mix_kernels
 from dsv4_vk.hc.kernels import reference_comb, reference_post, reference_pre
 
 PATH_NMSE, U, sum_bound = cases.PATH_NMSE, cases.U, cases.sum_bound
@@ -414,7 +414,7 @@ def test_mix_kernels_hypothesis(ex, T, D, m, layout, wg, groups, split, lpt, tb,
     HC_MIX_PART's partials against their float64 layout (the tensor-core kernel: D a multiple of 4)."""
     wg = max(wg, ex.device.subgroup_size)
     D = 4 * -(-D // 4) if kernel == "tc" else D
-    with tuning(ops_hc.MIX_TUNING, wg=wg, groups=groups, split=split, lpt=lpt, tb=tb, tpl=tpl, kernel=kernel):
+    with tuning(mix_kernels.MIX_TUNING, wg=wg, groups=groups, split=split, lpt=lpt, tb=tb, tpl=tpl, kernel=kernel):
         mix_layouts_case(ex, T, D, m, layout, seed)
 
 
@@ -426,12 +426,12 @@ def test_mix_tokens_per_lane_group_give_the_same_sums(ex, rng, T, D, lpt, tb):
     wg = max(16, ex.device.subgroup_size)
     outs = []
     for tpl in (1, 2, 4):
-        with tuning(ops_hc.MIX_TUNING, kernel="ksplit", wg=wg, split=16, lpt=min(lpt, ex.device.subgroup_size), tb=tb,
+        with tuning(mix_kernels.MIX_TUNING, kernel="ksplit", wg=wg, split=16, lpt=min(lpt, ex.device.subgroup_size), tb=tb,
                     tpl=tpl):
             seed = int(rng.integers(0, 2**32 - 1)) if not outs else seed
             mix_layouts_case(ex, T, D, 24, "c", seed)
             i = site_inputs(np.random.default_rng(seed), T, D, m=24)
-            lay = ops_hc.mix_layout(ex.device, T, D // (4 if D % 4 == 0 else 1))
+            lay = mix_kernels.mix_layout(ex.device, T, D // (4 if D % 4 == 0 else 1))
             assert lay["tpl"] == tpl and lay["split"] == 16
             (part,), _ = run(ex, {"X": i["X"], "fn": i["fn"]}, lambda g, t: (g.op("HC_MIX_PART", t["X"], t["fn"], **lay),))
             outs.append(part)
@@ -443,8 +443,8 @@ def test_mix_tokens_per_lane_group_give_the_same_sums(ex, rng, T, D, lpt, tb):
 def test_mix_tile_kernel(ex, rng, T, D, split, m, layout):
     """The register-blocked TILE kernel: partial token blocks (T past a multiple of 64), splits that end inside
     a staging step of 8 chunks, scalar chunks (odd D), the head's 4 rows, a permuted X; against float64."""
-    with tuning(ops_hc.MIX_TUNING, kernel="tile", split=split):
-        lay = ops_hc.mix_layout(ex.device, T, D // (4 if D % 4 == 0 else 1))
+    with tuning(mix_kernels.MIX_TUNING, kernel="tile", split=split):
+        lay = mix_kernels.mix_layout(ex.device, T, D // (4 if D % 4 == 0 else 1))
         assert lay["tile"] == 1 and lay["split"] == split and lay["groups"] > 1
         mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
 
@@ -455,9 +455,9 @@ def test_mix_tensor_core_kernel(ex, rng, T, D, split, m, layout):
     """The tensor-core kernel TC (cooperative matrices where the device has them, else its FMA form):
     partial token blocks (T past a multiple of 64), splits ending inside a staging step of 16 chunks
     and past D, the head's 4 rows and 8 rows (one fn tile), a permuted X; against float64."""
-    with tuning(ops_hc.MIX_TUNING, kernel="tc", split=split):
-        lay = ops_hc.mix_layout(ex.device, T, D // 4)
-        assert lay["tc"] == (1 if ops_hc.tc_tile_n(ex.device) else 2) and lay["split"] == split
+    with tuning(mix_kernels.MIX_TUNING, kernel="tc", split=split):
+        lay = mix_kernels.mix_layout(ex.device, T, D // 4)
+        assert lay["tc"] == (1 if mix_kernels.tc_tile_n(ex.device) else 2) and lay["split"] == split
         mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
 
 
@@ -479,7 +479,7 @@ def mix_layouts_case(ex, T, D, m, layout, seed):
     X = i["X"] if layout == "c" else np.ascontiguousarray(i["X"].transpose(1, 0, 2))
     view = {"X": (lambda t: t) if layout == "c" else (lambda t: t.permute(1, 0, 2))}
     unit = 4 if D % 4 == 0 else 1                      # (a permuted X's strides D and T·D: multiples of 4 too)
-    lay = ops_hc.mix_layout(ex.device, T, D // unit)
+    lay = mix_kernels.mix_layout(ex.device, T, D // unit)
     (mix, part), g = run(ex, {"X": X, "fn": i["fn"]}, lambda g, t: (
         hc.mixes(g, t["X"], t["fn"]), g.op("HC_MIX_PART", t["X"], t["fn"], **lay)), view)
     single = lay["groups"] == 1 and not lay["split"]
@@ -490,8 +490,8 @@ def mix_layouts_case(ex, T, D, m, layout, seed):
     r = 1 / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + 1e-6)
     bound = 64 * U * (np.abs(x) @ np.abs(i["fn"].T)) * r + 8 * U * np.abs(ref)   # dot over 4·D, then the norm
     assert (np.abs(mix - ref) <= bound).all(), np.abs(mix - ref).max()
-    pref = ops_hc.reference_mix_partials(i["X"], i["fn"], groups, unit, lay["split"])
-    pmag = ops_hc.reference_mix_partials(np.abs(i["X"]), np.abs(i["fn"]), groups, unit, lay["split"])
+    pref = mix_kernels.reference_mix_partials(i["X"], i["fn"], groups, unit, lay["split"])
+    pmag = mix_kernels.reference_mix_partials(np.abs(i["X"]), np.abs(i["fn"]), groups, unit, lay["split"])
     assert (np.abs(part - pref) <= 64 * U * pmag + 1e-30).all(), np.abs(part - pref).max()
 
 
@@ -504,7 +504,7 @@ def test_site_kernels_fold_past_65535_workgroups(ex, rng, monkeypatch):
     i = site_inputs(rng, T, D)
     # the per-token kernel (one token per workgroup), then KSPLIT (one token per block)
     for knobs in ({"kernel": "token", "groups": 1, "wg": sg, "split": 0}, {"kernel": "ksplit", "split": 16, "tb": 1, "wg": sg}):
-        with tuning(ops_hc.MIX_TUNING, **knobs):
+        with tuning(mix_kernels.MIX_TUNING, **knobs):
             check_site_folded(ex, rng, i, T)
 
 
@@ -574,8 +574,8 @@ def test_post_mix_partials(ex, rng, T, D, m, layout):
     per = split or layout["wg"] // 4       # -D MIX_NEXT: one destination stream per invocation
     groups = -(-(D // unit) // per)
     assert part.shape == (T, groups, m + 1)
-    pref = ops_hc.reference_mix_partials(ref, fn, groups, unit, per)
-    pmag = ops_hc.reference_mix_partials(np.abs(ref), np.abs(fn), groups, unit, per)
+    pref = mix_kernels.reference_mix_partials(ref, fn, groups, unit, per)
+    pmag = mix_kernels.reference_mix_partials(np.abs(ref), np.abs(fn), groups, unit, per)
     assert (np.abs(part - pref) <= 64 * U * pmag + 1e-6 * np.abs(pmag)).all(), np.abs(part - pref).max()
 
 

@@ -413,11 +413,11 @@ def test_many_tokens_mixes_on_a_gpu_take_ksplit_only_with_shuffles(env, device, 
     (never a KSPLIT launch the device would refuse). (`env`: the policy's choices for the faked
     device are forgotten afterwards.)"""
     import dataclasses
-    from dsv4_vk.hc import kernels
+    from dsv4_vk.hc import mix_kernels
     sg = dataclasses.replace(device.caps.subgroup, operations=ops, full_subgroups=True, min_size=32, max_size=32)
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", subgroup=sg))
-    lay = kernels.mix_layout(device, 4096, 1024)
-    assert lay["split"] == (kernels.KSPLIT_S if kernel == "ksplit" else 0) and "tile" not in lay
+    lay = mix_kernels.mix_layout(device, 4096, 1024)
+    assert lay["split"] == (mix_kernels.KSPLIT_S if kernel == "ksplit" else 0) and "tile" not in lay
     monkeypatch.setitem(hc.composite.PREFILL_CARRY, "prefill", True)     # the prefill carry is KSPLIT's too
     assert hc.carries(device, None, 4096) == (kernel == "ksplit")
 
@@ -425,16 +425,16 @@ def test_many_tokens_mixes_on_a_gpu_take_ksplit_only_with_shuffles(env, device, 
 def test_mixes_layout_errors_name_the_parameter(device, monkeypatch):
     """Bad layouts of the mixes kernels: a clear ValueError naming what is wrong, at graph build or at
     compile, before anything runs."""
-    from dsv4_vk.hc import kernels
+    from dsv4_vk.hc import mix_kernels
     T, D = 70, 64
     g = Graph()
     X, fn = g.input("X", (T, 4, D)), g.input("fn", (24, 4 * D))
     with pytest.raises(ValueError, match="tile must be 0 or 1, got 2"):
         g.op("HC_MIX_PART", X, fn, wg=64, groups=1, split=16, tile=2)
-    monkeypatch.setitem(kernels.MIX_TUNING, "kernel", "bogus")
+    monkeypatch.setitem(mix_kernels.MIX_TUNING, "kernel", "bogus")
     with pytest.raises(ValueError, match="mixes kernel must be one of .* got 'bogus'"):
-        kernels.mix_layout(device, T, D // 4)
-    monkeypatch.setitem(kernels.MIX_TUNING, "kernel", None)
+        mix_kernels.mix_layout(device, T, D // 4)
+    monkeypatch.setitem(mix_kernels.MIX_TUNING, "kernel", None)
     g = Graph()
     f, res = g.input("f", (T, D)), g.input("res", (T, 4, D))
     post, comb, fn = g.input("post", (T, 4)), g.input("comb", (T, 4, 4)), g.input("fn", (24, 4 * D))
@@ -460,7 +460,7 @@ def test_tensor_core_mixes_kernel_refuses_what_it_cannot_run(env, device, monkey
     tc = 1 on a device without cooperative matrices (lavapipe; elsewhere faked, `env`) is HCUnsupported
     naming the extension and pointing at tc = 2, never a pipeline the driver would refuse."""
     import dataclasses
-    from dsv4_vk.hc import kernels
+    from dsv4_vk.hc import mix_kernels
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, coopmat=()))
     T, D = 70, 64
     g = Graph()
@@ -484,7 +484,7 @@ def test_tensor_core_mixes_kernel_refuses_what_it_cannot_run(env, device, monkey
         compile_one(D, wg=64)
     with pytest.raises(ValueError, match=r"groups = ceil\(16 / split\), got .* groups 3"):
         compile_one(D, groups=3)
-    assert kernels.tc_tile_n(device) is None
+    assert mix_kernels.tc_tile_n(device) is None
     with pytest.raises(HCUnsupported, match=r"tc = 1 needs VK_NV_cooperative_matrix.*tc = 2"):
         compile_one(D, tc=1)
     g = Graph()                                     # HC_POST_MIX: the tensor-core form is a many-token layout
@@ -505,13 +505,13 @@ def test_tensor_core_kernel_takes_the_devices_fp16_shape(env, device, monkeypatc
     """tc = 1 where the device has a 16 × 8 (preferred: no padding of 24 rows) or 16 × 16 × 16 fp16 shape
     accumulating in fp32, with 32-lane subgroups (4 subgroups of 16 tokens); the portable tc = 2 otherwise."""
     import dataclasses
-    from dsv4_vk.hc import kernels
+    from dsv4_vk.hc import mix_kernels
     from dsv4_vk.vk.caps import CoopMatShape
     cm = tuple(CoopMatShape(m, n, k, "f16", "f16", "f32", "f32") for m, n, k in shapes)
     cm += (CoopMatShape(16, 8, 16, "f16", "f16", "f16", "f16"),)       # fp16 accumulation: never taken
     sgc = dataclasses.replace(device.caps.subgroup, min_size=sg, max_size=sg, size=sg)
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, coopmat=cm, subgroup=sgc))
-    assert kernels.tc_tile_n(device) == want
-    monkeypatch.setitem(kernels.MIX_TUNING, "kernel", "tc")
-    lay = kernels.mix_layout(device, 4096, 1024)
-    assert lay["tc"] == (1 if want else 2) and lay["groups"] == 1024 // kernels.TC_SPLIT
+    assert mix_kernels.tc_tile_n(device) == want
+    monkeypatch.setitem(mix_kernels.MIX_TUNING, "kernel", "tc")
+    lay = mix_kernels.mix_layout(device, 4096, 1024)
+    assert lay["tc"] == (1 if want else 2) and lay["groups"] == 1024 // mix_kernels.TC_SPLIT

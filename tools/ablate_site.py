@@ -15,6 +15,10 @@ import os
 
 from ablation import main
 
+# scalar chunks everywhere: every module that chooses vec4 loads (kernels for HC_PRE/HC_POST/HC_SITE,
+# mix_kernels for the mixes kernels) told that no tensor allows them
+SCALAR = ("import dsv4_vk.hc.kernels as K, dsv4_vk.hc.mix_kernels as MK; "
+          "K.vec4_ok = MK.vec4_ok = lambda D, tensors: False")
 ABL = {
     "base": [],
     "site_sink1": [("hc_site.comp", "hc_sinkhorn_rows4(l, p.eps, p.n_iter)", "hc_sinkhorn_rows4(l, p.eps, 1u)")],
@@ -30,14 +34,12 @@ ABL = {
     "post_noreduce": [("hc_post.comp", "mixacc_put(A);\n    barrier();", "")],
     "no_transpose": [("hc_site.comp", "#define MIXACC_TRANSPOSE ", "// "), ("hc_post.comp", "#define MIXACC_TRANSPOSE ", "// ")],
     # host-side layouts: entries "name": [patches] above, or "name": ([patches], "python run in the child")
-    "scalar": ([], "import dsv4_vk.hc.kernels as K; K.vec4_ok = lambda D, tensors: False"),
+    "scalar": ([], SCALAR),
     "post_wg32": ([], "import dsv4_vk.hc.composite as H; H.SITE_TUNING['post_wg'] = 32"),
     "post_wg128": ([], "import dsv4_vk.hc.composite as H; H.SITE_TUNING['post_wg'] = 128"),
     "post_wg256": ([], "import dsv4_vk.hc.composite as H; H.SITE_TUNING['post_wg'] = 256"),
-    "scalar_wg128": ([], "import dsv4_vk.hc.kernels as K, dsv4_vk.hc.composite as H; "
-                         "K.vec4_ok = lambda D, tensors: False; H.SITE_TUNING['post_wg'] = 128"),
-    "scalar_wg256": ([], "import dsv4_vk.hc.kernels as K, dsv4_vk.hc.composite as H; "
-                         "K.vec4_ok = lambda D, tensors: False; H.SITE_TUNING['post_wg'] = 256"),
+    "scalar_wg128": ([], SCALAR + "; import dsv4_vk.hc.composite as H; H.SITE_TUNING['post_wg'] = 128"),
+    "scalar_wg256": ([], SCALAR + "; import dsv4_vk.hc.composite as H; H.SITE_TUNING['post_wg'] = 256"),
     "post_nopostwrite": [("hc_post.comp", "o[p.o_off + t * p.o_st + c + d * p.o_sd] = r;", "")],
 }
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from dsv4_vk.core.executor import Executor
 from dsv4_vk.core.graph import Graph
-from dsv4_vk.hc import HCUnsupported, kernels as K
+from dsv4_vk.hc import HCUnsupported, mix_kernels
 from dsv4_vk.vk import default_device
 
 
@@ -33,7 +33,7 @@ def main(T=64, D=256, m=24, seed=1):
         xf = x.reshape(T, -1).astype(np.float64)
         ref, mag = xf @ f.astype(np.float64).T, np.abs(xf) @ np.abs(f.astype(np.float64)).T
         for tc in (1, 2):
-            lay = {**K.mix_layout(dev, T, D // 4, kernel="tc"), "tc": tc}
+            lay = {**mix_kernels.mix_layout(dev, T, D // 4, kernel="tc"), "tc": tc}
             g = Graph()
             g.output("p", g.op("HC_MIX_PART", g.input("X", x.shape), g.input("fn", f.shape), **lay))
             try:

@@ -1,6 +1,6 @@
 """Sweep HC kernel launch layouts on a device and print GPU time and GB/s against a copy of the same
 bytes. Knobs are entries of the tuning tables: slice.* = hc.kernels.SLICE_TUNING (HC_PRE, HC_POST,
-HC_SITE: workgroup size, chunks per invocation), mix.* = hc.kernels.MIX_TUNING (HC_MIX kernels:
+HC_SITE: workgroup size, chunks per invocation), mix.* = hc.mix_kernels.MIX_TUNING (HC_MIX kernels:
 workgroup size, D splits, KSPLIT split, lpt, tb, tpl, kernel), site.* = hc.composite.SITE_TUNING (HC_POST_MIX
 workgroup), carry.prefill / carry.kernel / carry.tb / carry.lpt / carry.tpl = hc.composite.PREFILL_CARRY (0/1:
 HC_SITE past 8 tokens with the post carrying the next mixes; ksplit/tc: the kernel of that carry; KSPLIT's
@@ -23,12 +23,12 @@ import numpy as np
 
 from dsv4_vk.hc import cases as C
 from dsv4_vk.hc import composite as hc_composite
-from dsv4_vk.hc import kernels as hc_ops
+from dsv4_vk.hc import kernels as hc_ops, mix_kernels
 from dsv4_vk.cli import floor as F
 from dsv4_vk.cli.bench import bench_path, dispatch_times
 from dsv4_vk.vk import default_device, memory
 
-TABLES = {"slice": hc_ops.SLICE_TUNING, "mix": hc_ops.MIX_TUNING, "site": hc_composite.SITE_TUNING,
+TABLES = {"slice": hc_ops.SLICE_TUNING, "mix": mix_kernels.MIX_TUNING, "site": hc_composite.SITE_TUNING,
           "carry": hc_composite.PREFILL_CARRY}
 PATH = {"HC_SITE": C.SITE}
 

@@ -237,7 +237,7 @@ def make_inputs(case, rng):
     for name, shape in input_shapes(case).items():
         if name == "mix":       # the carried partial sums of X's mixes: not random, computed from X, fn,
             from .composite import carry_split_chunks      # in the D splits the post makes
-            from .kernels import reference_mix_partials
+            from .mix_kernels import reference_mix_partials
             unit = 4 if case.D % 4 == 0 else 1
             out[name] = reference_mix_partials(out["X"], out["fn"], shape[1], unit,
                                                carry_split_chunks(case.T, case.D)).astype(np.float32)

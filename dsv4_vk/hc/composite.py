@@ -23,7 +23,7 @@ import numpy as np
 
 from ..core.graph import Graph
 from ..vk import Device
-from . import kernels, policy as hc_policy
+from . import kernels, mix_kernels, policy as hc_policy
 from .kernels import HC, N_MIX, check_eps, check_n_iter, check_post_shapes, check_same, check_shape, mix_supported
 from ..core.tensor import Tensor
 from ..vk import default_device
@@ -195,7 +195,7 @@ def carry_split_chunks(T: int, D: int) -> int:
     D: a HC_POST_MIX workgroup's post_wg/4 at decode, the prefill carry kernel's split past CARRY_MAX_T."""
     if T <= CARRY_MAX_T:
         return kernels.post_mix_split(SITE_TUNING["post_wg"])
-    return kernels.TC_SPLIT if _prefill_carry_kernel(D % 4 == 0) == "tc" else kernels.KSPLIT_S
+    return mix_kernels.TC_SPLIT if _prefill_carry_kernel(D % 4 == 0) == "tc" else mix_kernels.KSPLIT_S
 
 
 def carry_splits(T: int, D: int) -> int:
@@ -206,11 +206,11 @@ def carry_splits(T: int, D: int) -> int:
 
 
 def _mix_partials(g, X, fn, device):
-    """partials [T,G,m+1] of the mixes of X with fn (HC_MIX_PART, layout from kernels.mix_layout)."""
+    """partials [T,G,m+1] of the mixes of X with fn (HC_MIX_PART, layout from mix_kernels.mix_layout)."""
     X, fn = _unit_inner(g, X), _unit_inner(g, fn)
     T, _, D = X.shape
     unit = 4 if kernels.vec4_ok(D, [X, fn]) else 1
-    return g.op("HC_MIX_PART", X, fn, **kernels.mix_layout(device, T, D // unit))
+    return g.op("HC_MIX_PART", X, fn, **mix_kernels.mix_layout(device, T, D // unit))
 
 
 def mixes(g, X, fn, *, norm_eps=1e-6, fused=None, device=None):
@@ -234,7 +234,7 @@ def _mixes(g, X, fn, norm_eps, fused, device):
     if fused and fn.shape[0] % 4 == 0 and fn.shape[0] <= N_MIX:       # the kernels' row blocks
         X, fn = _unit_inner(g, X), _unit_inner(g, fn)
         unit = 4 if kernels.vec4_ok(D, [X, fn]) else 1
-        layout = kernels.mix_layout(device, T, D // unit)
+        layout = mix_kernels.mix_layout(device, T, D // unit)
         if layout["groups"] == 1 and not layout["split"]:
             return g.op("HC_MIX", X, fn, norm_eps=norm_eps, wg=layout["wg"])
         part = g.op("HC_MIX_PART", X, fn, **layout)
@@ -420,7 +420,7 @@ def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, d
         if T > CARRY_MAX_T:         # the prefill carry kernel's layout (KSPLIT: two tokens per lane group at most)
             vec4 = kernels.vec4_ok(D, [f, X_in, next_fn])
             kernel = _prefill_carry_kernel(vec4)
-            layout = kernels.mix_layout(device, T, D // (4 if vec4 else 1), kernel=kernel)
+            layout = mix_kernels.mix_layout(device, T, D // (4 if vec4 else 1), kernel=kernel)
             layout = {k: layout[k] for k in ("wg", "split", "lpt", "tb")} | {"tpl": min(layout["tpl"], 2)} \
                 | ({"tc": layout["tc"]} if kernel == "tc" else {})
             if kernel == "ksplit" and not device.caps.is_cpu:

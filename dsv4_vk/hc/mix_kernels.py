@@ -1,0 +1,422 @@
+"""The mixes kernels (hc_mix.comp) as ops: HC_MIX, HC_MIX_PART, HC_MIX_REDUCE and HC_POST_MIX, with
+their layouts and launches — the per-token kernel, KSPLIT (fn slices staged in shared memory, blocks
+of tokens streamed through them), TILE (register blocks), the tensor-core kernel (tc = 1 on
+cooperative matrices, 2 with FMA products), the partials' reduction, and the post that carries the
+next site's mixes (hc_post.comp -D MIX_NEXT at few tokens, hc_mix.comp -D POST at many) — and the
+tuning tables they read (tools/hc_tune.py sweeps them). The other fused HC ops: `kernels`.
+"""
+import numpy as np
+
+from .kernels import (HC, N_MIX, as_f64, check_eps, check_fn_rows, check_layout_param, check_partials,
+                      check_post_shapes, check_shared, check_unit_inner, ksplit_preferred, ksplit_runs,
+                      mix_supported, post_launch, post_mix_groups, post_mix_split, reference_mixes, reference_post,
+                      site_supported, strides_in, vec4_ok)
+from .policy import HCUnsupported
+from ..ops.base import Launch, OpDef, check_shape, grid_1d, pack_push, register
+
+
+# HC_MIX layout knobs (tools/hc_tune.py sweeps them); None: the rule of mix_layout.
+MIX_TUNING = {"wg": None, "groups": None, "split": None, "lpt": None, "tb": None, "tpl": None, "kernel": None}
+MIX_KERNELS = ("token", "ksplit", "tile", "tc")
+# Workgroups a mixes pass aims for (a few per compute unit of a large GPU; a CPU device runs
+# workgroups on its cores one after another, so a few suffice there).
+MIX_TARGET_GROUPS = {"cpu": 4}
+MIX_TARGET_GROUPS_DEFAULT = 256
+# From this many tokens the mixes stage fn in shared memory per D split (KSPLIT) and stream blocks
+# of tokens through it; below, each workgroup reads its fn slice from memory (per-token kernel).
+KSPLIT_MIN_T = 64
+
+
+KSPLIT_S = 16   # chunks per split and stream of KSPLIT (a literal in hc_mix.comp: its shared fn slice)
+# TILE (hc_mix.comp -D TILE): 64 invocations per workgroup, blocks of 64 tokens, its shared x and fn
+# step (8 chunks: 64 tokens + 24 rows); chunks per stream and split by default.
+TILE_WG, TILE_TOKENS, TILE_STEP = 64, 64, 8
+TILE_SPLIT = 64
+# The mixes kernel for many tokens on GPUs ("ksplit" or "tile"; CPU devices take KSPLIT, where
+# barriers are slow). H200, D = 4096 (results/h200/hc_tune_parts.txt, hc_tune_vacc.txt): HC_MIX_PART
+# at T = 4096 183 µs with KSPLIT, 192–204 µs with TILE at 32–128 chunks per split (with dot chains,
+# componentwise accumulators, or loads issued a step ahead: all the same); at T = 512 29.7 against
+# 33.4 µs. Every variant reads X in 128–256-byte pieces of rows 64 KiB apart, which is the common
+# factor left to change.
+MIX_MANY_TOKENS_GPU = "ksplit"
+# TC (hc_mix.comp -D TC): the mixes on 16-bit tensor cores with fp32 accuracy (each operand split
+# into fp16 hi and lo parts, three products). 128 invocations, blocks of 64 tokens, chunks per
+# stream and split by default (G = D / 4 / 64: 16 splits at D = 4096, partials 1/40 of X's bytes).
+# Not chosen by default until measured; tc = 1 runs it on VK_NV_cooperative_matrix, tc = 2 forms
+# the same products with FMA loops on any device (its arithmetic, for tests).
+TC_WG, TC_TOKENS, TC_SPLIT = 128, 64, 64
+TC_STEP = 16                    # chunks per staging step (KC in hc_mix.comp): also Σx² lanes per token
+TC_XS = 4 * TC_STEP + 8         # halves between staged rows (XS in hc_mix.comp)
+TC_VARIANTS = {1: "cooperative matrices", 2: "FMA products"}
+
+
+def tc_tile_n(device):
+    """The fn rows per tile (8 or 16) of a 16 × n × 16 fp16 × fp16 + fp32 cooperative-matrix shape the
+    device has at subgroup scope, with 32-lane subgroups (TC's layout: 4 subgroups of 16 tokens);
+    None without."""
+    if not (device.caps.subgroup.min_size == device.caps.subgroup.max_size == 32):
+        return None
+    ns = {c.n for c in device.caps.coopmat if (c.m, c.k, c.a, c.b, c.c, c.d) == (16, 16, "f16", "f16", "f32", "f32")}
+    return next((n for n in (8, 16) if n in ns), None)
+
+
+def mix_layout(device, T, chunks, kernel=None):
+    """The HC_MIX kernels' layout for T tokens of `chunks` chunks per stream, as
+    node params: wg, groups G, and for KSPLIT split S, lpt, tb (split 0: the per-token kernel).
+    - T ≥ KSPLIT_MIN_T with shuffles and full subgroups: KSPLIT, G = chunks/S splits each staging its
+      fn slice (16 chunks) in shared memory, blocks of tb tokens streaming through it, lpt lanes per
+      group of tpl tokens (2: each fn load from shared memory serves two products; H200, T = 4096,
+      D = 4096: 1.39× faster than 1, results/h200/hc_tune_tpl.txt; blocks of 256 tokens 1.05× faster
+      than 128, 4 lanes and 2 tokens per group the fastest, hc_tune_mix.txt);
+    - kernel "tile" or "tc" only when asked for (MIX_TUNING or the argument): TILE's register blocks, or
+      the tensor-core kernel (tc = 1 with cooperative matrices, else its FMA form tc = 2);
+    - otherwise the per-token kernel, one token per workgroup and D split into G slices of ≥ one chunk per
+      invocation until about the target number of workgroups is reached (decode: a token's fn is
+      the data to stream, spread over many workgroups)."""
+    t = MIX_TUNING
+    target = MIX_TARGET_GROUPS.get(device.caps.type, MIX_TARGET_GROUPS_DEFAULT)
+    cpu = device.caps.is_cpu
+    kernel = kernel or t["kernel"]         # (an argument: a caller that needs one kernel, e.g. HC_POST_MIX's KSPLIT)
+    if kernel is not None and kernel not in MIX_KERNELS:
+        raise ValueError(f"the mixes kernel must be one of {MIX_KERNELS} or None, got {kernel!r}")
+    if kernel is None:
+        if t["split"] == 0:
+            kernel = "token"
+        elif t["split"]:                   # a KSPLIT split set: KSPLIT
+            kernel = "ksplit"
+        elif T >= KSPLIT_MIN_T and ksplit_preferred(device):
+            kernel = "ksplit" if cpu else MIX_MANY_TOKENS_GPU
+        else:
+            kernel = "token"
+    if kernel == "tc":
+        split = t["split"] or TC_SPLIT
+        return {"wg": TC_WG, "groups": -(-chunks // split), "split": split, "lpt": 1, "tb": TC_TOKENS,
+                "tpl": 1, "tc": 1 if tc_tile_n(device) else 2}
+    if kernel == "tile":
+        split = t["split"] or TILE_SPLIT
+        return {"wg": TILE_WG, "groups": -(-chunks // split), "split": split, "lpt": 1, "tb": TILE_TOKENS,
+                "tpl": 1, "tile": 1}
+    if kernel == "ksplit":
+        return {"wg": t["wg"] or (64 if cpu else 256), "groups": -(-chunks // KSPLIT_S), "split": KSPLIT_S,
+                "lpt": t["lpt"] or 4, "tb": t["tb"] or (64 if cpu else 256), "tpl": t["tpl"] or 2}
+    wg = t["wg"] or (64 if cpu else 128)
+    groups = t["groups"] or max(1, min(-(-target // T), -(-chunks // wg)))
+    return {"wg": wg, "groups": groups, "split": 0, "lpt": 1, "tb": 1, "tpl": 1}
+
+
+
+def _check_mix_args(X, fn):
+    check_shape("X", X.shape, (None, HC, None))
+    check_shape("fn", fn.shape, (None, HC * X.shape[2]))
+    check_fn_rows("HC_MIX", "fn", fn)
+    check_unit_inner("HC_MIX", "X", X)
+    check_unit_inner("HC_MIX", "fn", fn)
+
+
+
+def _ksplit_checks(op, device, chunks, groups, m, unit, pr, tpls):
+    """The KSPLIT layout's constraints (hc_mix.comp -D KSPLIT, with or without POST)."""
+    split, wg, lpt, tpl = pr.get("split", 0), pr["wg"], pr.get("lpt", 1), pr.get("tpl", 1)
+    if split != KSPLIT_S or groups != -(-chunks // split):
+        raise ValueError(f"{op}: split must be {KSPLIT_S} with partials of groups = "
+                         f"ceil({chunks} / {KSPLIT_S}), got split {split}, groups {groups}")
+    if not ksplit_runs(device):
+        raise HCUnsupported(f"{op}: KSPLIT needs subgroup shuffles and full subgroups, {device.name} has not")
+    min_size = device.caps.subgroup.min_size
+    if lpt & (lpt - 1) or wg % lpt or lpt > min_size:
+        raise ValueError(f"{op}: lpt ({lpt}) must be a power of two dividing wg ({wg}) and at most "
+                         f"the subgroup size ({min_size})")
+    need = m * HC * split * unit * 4
+    if need > device.caps.limits.max_shared_memory:
+        raise HCUnsupported(f"{op}: split {split} stages {need} B of fn in shared memory, "
+                            f"{device.name} has {device.caps.limits.max_shared_memory} B")
+    if tpl not in tpls:
+        raise ValueError(f"{op}: tpl (tokens per lane group) must be one of {tpls}, got {tpl}")
+
+
+def _mix_launch(node, device, final, groups):
+    """The launch of HC_MIX (final) or HC_MIX_PART: the per-token kernel, or KSPLIT (param split > 0)."""
+    X, fn = node.inputs
+    out = node.output
+    why = mix_supported(device)
+    if why is not None:
+        raise HCUnsupported(f"{node.op.name} cannot run on {device.name}: {why}")
+    T, _, D = X.shape
+    m = fn.shape[0]
+    vec4 = vec4_ok(D, [X, fn])
+    unit = 4 if vec4 else 1
+    chunks = D // unit
+    pr = node.params
+    wg, split, lpt, tb, tpl = pr["wg"], pr.get("split", 0), pr.get("lpt", 1), pr.get("tb", 1), pr.get("tpl", 1)
+    defines = {"VEC4": 1} if vec4 else {}
+    if pr.get("tc"):
+        return [_tc_launch(node, device, final, groups, vec4, chunks)]
+    if pr.get("tile"):
+        if final or not split or groups != -(-chunks // split) or wg != TILE_WG or tb != TILE_TOKENS:
+            raise ValueError(f"{node.op.name}: the tile kernel takes wg {TILE_WG}, tb {TILE_TOKENS} and partials of "
+                             f"groups = ceil({chunks} / split), got wg {wg}, tb {tb}, split {split}, groups {groups}")
+        need = TILE_STEP * (TILE_TOKENS + N_MIX) * unit * 4
+        if need > device.caps.limits.max_shared_memory:
+            raise HCUnsupported(f"{node.op.name}: the tile kernel stages {need} B in shared memory, "
+                                f"{device.name} has {device.caps.limits.max_shared_memory} B")
+        defines["TILE"] = 1
+        grid, spec = grid_1d(-(-T // TILE_TOKENS) * groups, 1), (wg, m)
+    elif split:
+        if final:
+            raise ValueError(f"{node.op.name}: KSPLIT writes partials, not the final mixes")
+        _ksplit_checks(node.op.name, device, chunks, groups, m, unit, pr, (1, 2, 4))
+        defines["KSPLIT"] = 1
+        grid, spec = grid_1d(-(-T // tb) * groups, 1), (wg, m, lpt, tpl)
+    else:
+        check_shared(device, node.op.name, wg, m + 1)
+        grid, spec = grid_1d(T * groups, 1), (wg, m)
+    if final:
+        defines["FINAL"] = 1
+    push = pack_push(T, chunks, split if pr.get("tile") else -(-chunks // groups), groups, 1.0 / (HC * D),
+                     check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
+                     X.offset // unit, *strides_in(X, unit), fn.offset // unit, fn.strides[0] // unit,
+                     out.offset, out.strides[0], out.strides[1], tb)
+    return [Launch("hc_mix", [X, fn, out], (2,), push, grid, defines=defines, spec=spec,
+                   full_subgroups=device.caps.subgroup.full_subgroups)]
+
+
+def _tc_defines(name, device, tc):
+    """The tensor-core kernel's defines and whether it needs full subgroups (tc = 1 on cooperative
+    matrices, 2 with FMA products); HCUnsupported where the device cannot run it."""
+    defines, full = {"VEC4": 1, "TC": 1}, False
+    if tc == 1:
+        n = tc_tile_n(device)
+        if n is None:
+            raise HCUnsupported(f"{name}: tc = 1 needs VK_NV_cooperative_matrix with a 16 × 8 or 16 × 16 × 16 fp16 "
+                                f"shape accumulating in fp32 and 32-lane subgroups; {device.name} has "
+                                f"{len(device.caps.coopmat)} shapes and subgroups of {device.caps.subgroup.min_size}–"
+                                f"{device.caps.subgroup.max_size} (tc = 2 forms the same products without them)")
+        defines.update(CM_NV=1, CM_N=n)
+        full = True                        # 4 whole subgroups: gl_SubgroupID picks the token tile
+        rows = -(-N_MIX // n) * n
+        need = (2 * 2 * (TC_TOKENS + rows) * TC_XS) + 4 * (2 * TC_TOKENS * rows + TC_TOKENS * TC_STEP)
+    else:
+        need = 4 * (TC_TOKENS + N_MIX) * TC_XS
+    if need > device.caps.limits.max_shared_memory:
+        raise HCUnsupported(f"{name}: the tensor-core kernel stages {need} B in shared memory, "
+                            f"{device.name} has {device.caps.limits.max_shared_memory} B")
+    return defines, full
+
+
+def _tc_checks(name, pr, chunks, groups, vec4, D):
+    split = pr.get("split", 0)
+    if not split or groups != -(-chunks // split) or pr["wg"] != TC_WG or pr.get("tb", 1) != TC_TOKENS:
+        raise ValueError(f"{name}: the tensor-core kernel writes partials and takes wg {TC_WG}, tb {TC_TOKENS} and "
+                         f"groups = ceil({chunks} / split), got wg {pr['wg']}, tb {pr.get('tb', 1)}, split {split}, "
+                         f"groups {groups}")
+    if not vec4:
+        raise ValueError(f"{name}: the tensor-core kernel stages chunks of 4 floats: D and every offset and stride "
+                         f"but the last must be multiples of 4, got D = {D}")
+
+
+def _tc_launch(node, device, final, groups, vec4, chunks):
+    """HC_MIX_PART's tensor-core kernel (hc_mix.comp -D TC)."""
+    name, pr = node.op.name, node.params
+    X, fn = node.inputs
+    T, m = X.shape[0], fn.shape[0]
+    if final:
+        raise ValueError(f"{name}: the tensor-core kernel writes partials, not the final mixes")
+    _tc_checks(name, pr, chunks, groups, vec4, X.shape[2])
+    defines, full = _tc_defines(name, device, pr["tc"])
+    push = pack_push(T, chunks, pr["split"], groups, 1.0 / (HC * X.shape[2]),
+                     check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
+                     X.offset // 4, *strides_in(X, 4), fn.offset // 4, fn.strides[0] // 4,
+                     node.output.offset, node.output.strides[0], node.output.strides[1], TC_TOKENS)
+    return Launch("hc_mix", [X, fn, node.output], (2,), push, grid_1d(-(-T // TC_TOKENS) * groups, 1),
+                  defines=defines, spec=(TC_WG, m), full_subgroups=full)
+
+
+def _check_tc_param(op, params):
+    tc = params.get("tc", 0)
+    if isinstance(tc, bool) or tc not in (0, *TC_VARIANTS):
+        raise ValueError(f"{op}: tc must be 0 (no tensor-core kernel) or one of {TC_VARIANTS}, got {tc!r}")
+    return tc
+
+
+@register
+class HcMix(OpDef):
+    """HC_MIX(X [T,4,D], fn [m,4D], norm_eps=, wg=) -> mix [T,m] = (x @ fnᵀ) / sqrt(mean(x²) + norm_eps),
+    x = X flattened per token: the site's flat RMS norm and mixes mat-mul in one dispatch, one
+    workgroup per token reading its X once (hc_mix.comp -D FINAL)."""
+    name, n_inputs = "HC_MIX", 2
+
+    def infer(self, inputs, params):
+        X, fn = inputs
+        _check_mix_args(X, fn)
+        check_eps("norm_eps", params.get("norm_eps", 1e-6))
+        check_layout_param(self.name, params, "wg")
+        return (X.shape[0], fn.shape[0]), "f32"
+
+    def lower(self, node, device):
+        return _mix_launch(node, device, True, 1)
+
+    def reference(self, X, fn, norm_eps=1e-6, wg=1):
+        return reference_mixes(X, fn, norm_eps)
+
+
+def reference_mix_partials(X, fn, groups, chunk=1, split=None):
+    """partials [T,G,m+1]: per split of D (chunks of `chunk` floats, `split` or else ceil(chunks/G)
+    per split), the dot products with fn over the 4 streams' slices and Σx² (hc_mix.comp's layout)."""
+    X, fn = as_f64(X), as_f64(fn)
+    T, _, D = X.shape
+    m = fn.shape[0]
+    chunks = D // chunk
+    per = (split or -(-chunks // groups)) * chunk
+    f = fn.reshape(m, HC, D)
+    out = np.zeros((T, groups, m + 1))
+    for s in range(groups):
+        xs, fs = X[:, :, s * per:(s + 1) * per], f[:, :, s * per:(s + 1) * per]
+        out[:, s, :m] = np.einsum("tcd,jcd->tj", xs, fs)
+        out[:, s, m] = (xs * xs).sum(axis=(1, 2))
+    return out
+
+
+@register
+class HcMixPartials(OpDef):
+    """HC_MIX_PART(X [T,4,D], fn [m,4D], groups=G, wg=, split=, lpt=, tb=, tpl=, tile=, tc=) -> partials [T,G,m+1]: per
+    split of D the dot products with the m fn rows and Σx² (hc_mix.comp: the per-token kernel, KSPLIT, with
+    tile=1 the register-blocked TILE, with tc=1 or 2 the tensor-core kernel TC). Decode splits D over many
+    workgroups; HC_SITE or HC_MIX_REDUCE finish."""
+    name, n_inputs = "HC_MIX_PART", 2
+
+    def infer(self, inputs, params):
+        X, fn = inputs
+        _check_mix_args(X, fn)
+        check_layout_param(self.name, params, "wg")
+        for k in ("lpt", "tb", "tpl"):
+            check_layout_param(self.name, {k: 1, **params}, k)
+        if params.get("split", 0):
+            check_layout_param(self.name, params, "split")
+        if params.get("tile", 0) not in (0, 1) or isinstance(params.get("tile", 0), bool):
+            raise ValueError(f"{self.name}: tile must be 0 or 1, got {params['tile']!r}")
+        if _check_tc_param(self.name, params) and params.get("tile", 0):
+            raise ValueError(f"{self.name}: tile and tc are two kernels, set one")
+        G = check_layout_param(self.name, params, "groups")
+        return (X.shape[0], G, fn.shape[0] + 1), "f32"
+
+    def lower(self, node, device):
+        check_partials(self.name, node.output)
+        return _mix_launch(node, device, False, node.params["groups"])
+
+    def reference(self, X, fn, groups=1, wg=1, split=0, lpt=1, tb=1, tpl=1, tile=0, tc=0):
+        D = np.shape(X)[2]
+        return reference_mix_partials(X, fn, groups, 4 if D % 4 == 0 else 1, split)
+
+
+@register
+class HcMixReduce(OpDef):
+    """HC_MIX_REDUCE(partials [T,G,m+1], norm_eps=, width=4·D) -> mix [T,m] = Σ dots / sqrt(Σ Σx² / width + norm_eps)."""
+    name, n_inputs = "HC_MIX_REDUCE", 1
+
+    def infer(self, inputs, params):
+        (part,) = inputs
+        check_shape("partials", part.shape, (None, None, None))
+        if part.shape[2] < 2:
+            raise ValueError(f"{self.name}: partials need m ≥ 1 dot products and Σx², got shape {part.shape}")
+        check_eps("norm_eps", params.get("norm_eps", 1e-6))
+        check_layout_param(self.name, params, "width")
+        return (part.shape[0], part.shape[2] - 1), "f32"
+
+    def lower(self, node, device):
+        (part,) = node.inputs
+        out = node.output
+        check_partials(self.name, part)
+        T, G, m1 = part.shape
+        push = pack_push(T, G, 1.0 / node.params["width"], check_eps("norm_eps", node.params.get("norm_eps", 1e-6)),
+                         part.offset, part.strides[0], part.strides[1], out.offset, *out.strides)
+        return [Launch("hc_mix", [part, out], (1,), push, grid_1d(T * (m1 - 1), 64), defines={"REDUCE": 1},
+                       spec=(64, m1 - 1, 1))]
+
+    def reference(self, part, norm_eps=1e-6, width=1):
+        p = as_f64(part).sum(axis=1)
+        return p[:, :-1] / np.sqrt(p[:, -1:] / width + norm_eps)
+
+
+
+def _post_mix_many_tokens_launch(node, device, f, res, post, comb, fn, out, part):
+    """HC_POST_MIX for many tokens: hc_mix.comp -D KSPLIT -D POST (blocks of tokens through the next
+    fn's D split staged in shared memory, the new streams made and written on the way), or with
+    tc = 1 / 2 -D TC -D POST (the tensor-core kernel, steps of 4 chunks of the 4 streams)."""
+    T, D = f.shape
+    vec4 = vec4_ok(D, [f, res, out, fn])
+    unit = 4 if vec4 else 1
+    chunks = D // unit
+    pr = node.params
+    m, groups = fn.shape[0], part.shape[1]
+    if pr.get("tc"):
+        _tc_checks(node.op.name, pr, chunks, groups, vec4, D)
+        defines, full = _tc_defines(node.op.name, device, pr["tc"])
+        split, wg, tb, spec = pr["split"], TC_WG, TC_TOKENS, (TC_WG, m)
+    else:
+        _ksplit_checks(node.op.name, device, chunks, groups, m, unit, pr, (1, 2))
+        defines, full = {"KSPLIT": 1, **({"VEC4": 1} if vec4 else {})}, True
+        split, wg, tb, spec = KSPLIT_S, pr["wg"], pr["tb"], (pr["wg"], m, pr["lpt"], pr["tpl"])
+    push = pack_push(T, chunks, split, groups, 1.0 / (HC * D), 0.0,
+                     res.offset // unit, *strides_in(res, unit), fn.offset // unit, fn.strides[0] // unit,
+                     part.offset, part.strides[0], part.strides[1], tb,
+                     f.offset // unit, *strides_in(f, unit), post.offset, *post.strides, comb.offset, *comb.strides,
+                     out.offset // unit, *strides_in(out, unit))
+    return [Launch("hc_mix", [f, fn, part, res, post, comb, out], (2, 6), push, grid_1d(-(-T // tb) * groups, 1),
+                   defines={**defines, "POST": 1}, spec=spec, full_subgroups=full)]
+
+
+@register
+class HcPostMix(OpDef):
+    """HC_POST_MIX(f, residual, post, comb, fn_next [m,4D], out [T,4,D], wg=[, split=, lpt=, tb=, tpl=, tc=])
+    -> partials [T,G,m+1].
+
+    A layer boundary in one pass: HC_POST writes the new streams into its argument `out` (an empty
+    tensor the graph function made: written_inputs) and, from the values still in registers, the
+    next site's mixes partials, which HC_SITE or HC_MIX_REDUCE finish. Few tokens: hc_post.comp
+    -D MIX_NEXT, G = workgroups per token (one destination stream of one chunk per invocation, wg/4
+    chunks per workgroup). With split (KSPLIT's layout,
+    `mix_layout(..., kernel="ksplit")`, tpl ≤ 2): hc_mix.comp -D KSPLIT -D POST, G = D splits; with
+    `mix_layout(..., kernel="tc")` (tc = 1 or 2): -D TC -D POST, the tensor-core kernel."""
+    name, n_inputs = "HC_POST_MIX", 6
+    written_inputs = (5,)
+
+    def infer(self, inputs, params):
+        f, res, post, comb, fn, out = inputs
+        T, D = check_post_shapes(f.shape, res.shape, post.shape, comb.shape)
+        check_shape("fn_next", fn.shape, (None, HC * D))
+        check_shape("out", out.shape, (T, HC, D))
+        for name, t in (("f", f), ("residual", res), ("fn_next", fn), ("out", out)):
+            check_unit_inner(self.name, name, t)
+        check_fn_rows(self.name, "fn_next", fn)
+        wg = check_layout_param(self.name, params, "wg")
+        split = 0
+        if params.get("split", 0):
+            split = check_layout_param(self.name, params, "split")
+            for k in ("lpt", "tb", "tpl"):
+                check_layout_param(self.name, params, k)
+            _check_tc_param(self.name, params)
+        elif params.get("tc", 0):
+            raise ValueError(f"{self.name}: the tensor-core kernel (tc) takes a split (many tokens)")
+        elif wg % HC:
+            raise ValueError(f"{self.name}: wg must be a multiple of {HC} (one destination stream per "
+                             f"invocation), got {wg}")
+        return (T, post_mix_groups(D, [f, res, out, fn], wg, split), fn.shape[0] + 1), "f32"
+
+    def lower(self, node, device):
+        f, res, post, comb, fn, out = node.inputs
+        if node.params.get("split", 0):
+            why = mix_supported(device)
+            if why is not None:
+                raise HCUnsupported(f"{self.name} cannot run on {device.name}: {why}")
+            return _post_mix_many_tokens_launch(node, device, f, res, post, comb, fn, out, node.output)
+        why = site_supported(device)
+        if why is not None:
+            raise HCUnsupported(f"{self.name} cannot run on {device.name}: {why}")
+        return post_launch(node, device, f, res, post, comb, out, fn, node.output, node.params["wg"])
+
+    def reference(self, f, residual, post, comb, fn_next, out=None, wg=HC, split=0, lpt=1, tb=1, tpl=1, tc=0):
+        x = reference_post(f, residual, post, comb)
+        D = np.shape(f)[1]
+        chunk = 4 if D % 4 == 0 else 1
+        per = post_mix_split(wg, split)
+        return reference_mix_partials(x, fn_next, -(-(D // chunk) // per), chunk, per)
