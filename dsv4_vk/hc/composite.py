@@ -1,5 +1,5 @@
 """Hyper-connection graph functions: each appends either its fused node(s) or the unfused chain of
-primitive nodes (one dispatch per node, exactly as shared/spec/HC_OPS.md describes it).
+primitive nodes (one dispatch per node, exactly as docs/hc_math.md describes it).
 
     g = Graph()
     comb = hc.comb(g, mixes, scale, base)                       # [T,4,4], comb[t, src, dst]

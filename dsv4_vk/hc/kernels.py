@@ -1,6 +1,9 @@
-"""Fused DeepSeek-V4 hyper-connection ops HC_COMB, HC_PRE, HC_POST and their float64 references.
+"""Fused DeepSeek-V4 hyper-connection ops HC_COMB / HC_COEFS, HC_PRE, HC_POST and the whole-site
+HC_SITE, the float64 references of every HC op, and the checks and helpers the HC ops share. The
+mixes ops (HC_MIX, HC_MIX_PART, HC_MIX_REDUCE, HC_POST_MIX) and their kernels' layouts:
+`mix_kernels`.
 
-Math and layouts: shared/spec/HC_OPS.md. comb[t, src, dst]: the destination is the column.
+Math and layouts: docs/hc_math.md. comb[t, src, dst]: the destination is the column.
 The graph functions in `dsv4_vk.hc` choose between these fused nodes and the unfused chain.
 """
 import math
