@@ -111,6 +111,12 @@ def check_eps(name, value):
     return v
 
 
+def require_support(op, device, why):
+    """HCUnsupported naming the op, the device and why, unless why is None (the device can run it)."""
+    if why is not None:
+        raise HCUnsupported(f"{op} cannot run on {device.name}: {why}")
+
+
 def check_n_iter(value):
     if value.__class__ is int and value >= 1:                   # the usual case, checked per call
         return value
@@ -169,9 +175,7 @@ class HcComb(OpDef):
         mixes, scale, base = node.inputs
         out = node.output
         variant = node.params["variant"]
-        why = comb_support(device)[variant]
-        if why is not None:
-            raise HCUnsupported(f"{self.name} variant {variant} cannot run on {device.name}: {why}")
+        require_support(f"{self.name} variant {variant}", device, comb_support(device)[variant])
         T = mixes.shape[0]
         push = pack_push(T, check_n_iter(node.params.get("n_iter", 20)), float(node.params.get("eps", 1e-6)),
                      mixes.offset, *mixes.strides, scale.offset, scale.strides[0], base.offset, base.strides[0],
@@ -313,9 +317,7 @@ class HcSite(OpDef):
     def lower(self, node, device):
         part, X, scale, base, coefs = node.inputs
         u = node.output
-        why = site_supported(device)
-        if why is not None:
-            raise HCUnsupported(f"{self.name} cannot run on {device.name}: {why}")
+        require_support(self.name, device, site_supported(device))
         T, G, m1 = part.shape
         D = X.shape[2]
         vec4, chunks, wg, gpt, cpt = _slice_launch_layout(D, [X, u])

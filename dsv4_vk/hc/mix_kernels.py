@@ -10,7 +10,7 @@ import numpy as np
 from .kernels import (HC, N_MIX, as_f64, check_eps, check_fn_rows, check_layout_param, check_partials,
                       check_post_shapes, check_shared, check_unit_inner, ksplit_preferred, ksplit_runs,
                       mix_supported, post_launch, post_mix_groups, post_mix_split, reference_mixes, reference_post,
-                      site_supported, strides_in, vec4_ok)
+                      require_support, site_supported, strides_in, vec4_ok)
 from .policy import HCUnsupported
 from ..ops.base import Launch, OpDef, check_shape, grid_1d, pack_push, register
 
@@ -138,9 +138,7 @@ def _mix_launch(node, device, final, groups):
     """The launch of HC_MIX (final) or HC_MIX_PART: the per-token kernel, or KSPLIT (param split > 0)."""
     X, fn = node.inputs
     out = node.output
-    why = mix_supported(device)
-    if why is not None:
-        raise HCUnsupported(f"{node.op.name} cannot run on {device.name}: {why}")
+    require_support(node.op.name, device, mix_supported(device))
     T, _, D = X.shape
     m = fn.shape[0]
     vec4 = vec4_ok(D, [X, fn])
@@ -405,13 +403,9 @@ class HcPostMix(OpDef):
     def lower(self, node, device):
         f, res, post, comb, fn, out = node.inputs
         if node.params.get("split", 0):
-            why = mix_supported(device)
-            if why is not None:
-                raise HCUnsupported(f"{self.name} cannot run on {device.name}: {why}")
+            require_support(self.name, device, mix_supported(device))
             return _post_mix_many_tokens_launch(node, device, f, res, post, comb, fn, out, node.output)
-        why = site_supported(device)
-        if why is not None:
-            raise HCUnsupported(f"{self.name} cannot run on {device.name}: {why}")
+        require_support(self.name, device, site_supported(device))
         return post_launch(node, device, f, res, post, comb, out, fn, node.output, node.params["wg"])
 
     def reference(self, f, residual, post, comb, fn_next, out=None, wg=HC, split=0, lpt=1, tb=1, tpl=1, tc=0):
