@@ -16,7 +16,7 @@ import statistics
 import numpy as np
 
 from dsv4_vk.cli import floor as F
-from dsv4_vk.core.executor import CompiledGraph
+from dsv4_vk.cli.bench import timed_replays
 from dsv4_vk.core.graph import Graph
 from dsv4_vk.model.checkpoint import BF16
 from dsv4_vk.ops import mul_mat
@@ -30,22 +30,15 @@ SHAPES = [("head", 129280, 4096), ("wq_b", 32768, 1024), ("wo_b", 4096, 8192), (
 def time_gemv(device, weights, norm, replays, repeat, warm, rng):
     N, K = weights.shape
     g = Graph()
-    w = g.const(weights)
-    args = [g.input("x", (1, K)), w] + ([g.const(rng.standard_normal(K).astype(np.float32))] if norm else [])
+    norm_w = [g.const(rng.standard_normal(K).astype(np.float32))] if norm else []
+    args = [g.input("x", (1, K)), g.const(weights)] + norm_w
     g.output("y", g.op("MUL_MAT", *args, **({"rms_eps": 1e-6} if norm else {})))
-    cg = CompiledGraph(device, g, timestamps="ends", repeat=repeat)
-    try:
-        cg.set_input("x", rng.standard_normal((1, K)).astype(np.float32))
-        rec = cg.recording
+    x = {"x": rng.standard_normal((1, K)).astype(np.float32)}
+    times = []
+    for rec in timed_replays(device, g, x, replays, warm, "ends", repeat):
         rec.submit()
-        warm()
-        times = []
-        for _ in range(replays):
-            rec.submit()
-            times.append(rec.total_gpu_ns() / 1e3 / repeat)
-        return statistics.median(times)
-    finally:
-        cg.release()
+        times.append(rec.total_gpu_ns() / 1e3 / repeat)
+    return statistics.median(times)
 
 
 def main(argv=None):

@@ -73,7 +73,7 @@ def graph_barriers(device, graph):
         cg.release()
 
 
-def _replays(device, graph, inputs, replays, warm, timestamps, repeat=1):
+def timed_replays(device, graph, inputs, replays, warm, timestamps, repeat=1):
     """The recording of `graph` with `inputs` set, submitted once (shader JIT, first touch of the
     buffers), then after warm() handed to the caller `replays` times to submit and time; released
     at the end."""
@@ -99,7 +99,7 @@ def bench_path(device, case, path, inputs, replays, repeat=1, warm=None):
     graph = C.build(case, path, device)
     gpu, wall = [], []
     # timestamps only before and after the graph: per-dispatch ones would serialise the work timed
-    for rec in _replays(device, graph, inputs, replays, warm, "ends", repeat):
+    for rec in timed_replays(device, graph, inputs, replays, warm, "ends", repeat):
         t0 = time.perf_counter_ns()
         rec.submit()
         wall.append((time.perf_counter_ns() - t0) / 1e3)
@@ -117,7 +117,7 @@ def dispatch_times(device, case, path, inputs, replays, warm=None):
     """[(label, median GPU µs)] per dispatch of `case` along `path`, a timestamp after each (which
     serialises them: the parts of a row, not its whole)."""
     runs = []
-    for rec in _replays(device, C.build(case, path, device), inputs, replays, warm, True):
+    for rec in timed_replays(device, C.build(case, path, device), inputs, replays, warm, True):
         rec.submit()
         runs.append(rec.timings())
     return [(lab, float(statistics.median(r[i] for r in runs)) / 1e3) for i, lab in enumerate(rec.labels)]
