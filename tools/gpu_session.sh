@@ -14,7 +14,7 @@
 # the device's cooperative-matrix shapes, its tests at subgroup 32, KSPLIT against it; mixtests: the
 # mixes and site-chain tests at subgroup 32; layout: HC_MIX and the carried prefill site at the
 # defaults, then the site with the carry in HC_MIX's KSPLIT layout (256 / 4 / 2); tc_ablate:
-# tools/ablate_tc.sh; spread: the model bench beside a series without GEMV_SPREAD). A call may run
+# tools/ablate_tc.py; spread: the model bench beside a series without GEMV_SPREAD). A call may run
 # 10 minutes: split them, e.g. `eval library soak profile`, then `site model`. `model` needs the
 # safetensors and ml_dtypes wheels in .vkdev/whl (results/README.md); `site` needs PyTorch with CUDA. Files in
 # results.tgz: eval_h200.{txt,json}, bench_library_h200.{txt,json}, soak_library_h200.{txt,json},
@@ -71,7 +71,7 @@ for s in $steps; do
                 step layout_mix 120 hc_tune_layout_mix_h200.txt python3 tools/hc_tune.py --ops HC_SITE --t 512,4096 \
                     --d 4096,7168 --site-path three-op --set carry.tb=256 --set carry.lpt=4 --set carry.tpl=2 \
                     --per-dispatch --out "$r/hc_tune_layout_mix_h200.json" ;;
-        tc_ablate) step tc_ablate 150 ablate_tc_h200.txt bash tools/ablate_tc.sh ;;
+        tc_ablate) step tc_ablate 150 ablate_tc_h200.txt python3 tools/ablate_tc.py ;;
         spread) step spread 400 model_spread_h200.txt python3 tools/model_gpu_bench.py --out "$r/model_spread_h200.json" \
                     --variants "gemv_spread=0" ;;
         *) echo "unknown step $s (eval, library, soak, site, profile, model, decode, variants, mix, tc, mixtests, layout, tc_ablate, spread)" >> "$summary" ;;
