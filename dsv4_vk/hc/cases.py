@@ -209,7 +209,6 @@ def input_shapes(case):
     }[case.op]
 
 
-
 def output_shapes(case):
     T, D = case.T, case.D
     return {
