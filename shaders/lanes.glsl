@@ -14,8 +14,8 @@
 // them (a workgroup is active or inactive as a whole).
 #if defined(LANES_WORKGROUP)
 #include "common.glsl"
-#define WG_NV 1u
-#define WG_NV_MAX 1
+#define WG_NV 2u
+#define WG_NV_MAX 2
 #include "wg_reduce.glsl"
 #define LANES gl_WorkGroupSize.x
 uint cluster_id() { return flat_group(); }
@@ -35,6 +35,17 @@ float cluster_max(float v) {
     wg_store(0u, v);
     barrier();
     return wg_max(0u);
+}
+
+// Two sums in one shared-memory step (one barrier pair, not two: a decode GEMV's dot product and
+// its folded norm's Σx²).
+vec2 cluster_sum2(vec2 v) {
+    v = subgroupAdd(v);
+    barrier();
+    wg_store(0u, v.x);
+    wg_store(1u, v.y);
+    barrier();
+    return vec2(wg_total(0u), wg_total(1u));
 }
 #else
 #ifndef LANES
@@ -64,6 +75,15 @@ uint cluster_id() { return flat_group() * (gl_WorkGroupSize.x / LANES) + lane_li
 uint cluster_lane() { return lane_linear() % LANES; }
 
 float cluster_sum(float v) {
+#if LANES > 1 && defined(LANES_SUBGROUP_OPS)
+    v = subgroupAdd(v);
+#elif LANES > 1
+    [[unroll]] for (uint m = 1; m < LANES; m <<= 1) v += subgroupShuffleXor(v, m);
+#endif
+    return v;
+}
+
+vec2 cluster_sum2(vec2 v) {
 #if LANES > 1 && defined(LANES_SUBGROUP_OPS)
     v = subgroupAdd(v);
 #elif LANES > 1

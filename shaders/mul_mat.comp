@@ -118,9 +118,11 @@ void main() {
         [[unroll]] for (uint t = 0; t < TB; ++t) add1(t, x[xb[t] + k * p.x_s3], wv, k);
     }
     [[unroll]] for (uint t = 0; t < TB; ++t) {
-        float s = cluster_sum(acc[t]);
 #if defined(NORM_X)
-        s /= sqrt(cluster_sum(ss[t]) / float(p.K) + p.eps);
+        vec2 r = cluster_sum2(vec2(acc[t], ss[t]));
+        float s = r.x / sqrt(r.y / float(p.K) + p.eps);
+#else
+        float s = cluster_sum(acc[t]);
 #endif
         if (lane == t % LANES) store(b0, b1, t0 + t, n, s);
     }

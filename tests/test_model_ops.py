@@ -83,17 +83,23 @@ def test_moe_route_picks_top_k_with_ties_to_the_lower_id(router, norm, rng):
     assert max_abs(got[ok, :, 1], ref[ok, :, 1]) <= 1e-6
 
 
-@pytest.mark.parametrize("D,F,unroll", [(20, 12, None), (400, 200, 4), (400, 200, 3)])
+@pytest.mark.parametrize("D,F,unroll,routes,wg,top_k", [
+    (20, 12, None, None, None, 2), (400, 200, 4, None, None, 2), (400, 200, 3, 2, None, 2),
+    (400, 200, 4, 4, None, 6), (20, 12, 1, 3, None, 6), (400, 200, 2, 4, 64, 6), (20, 12, 1, 8, 16, 2)])
 @pytest.mark.parametrize("as_gpu", [False, True])
-def test_mul_mat_id_reads_only_the_chosen_experts(as_gpu, D, F, unroll, rng, monkeypatch, device):
+def test_mul_mat_id_reads_only_the_chosen_experts(as_gpu, D, F, unroll, routes, wg, top_k, rng, monkeypatch, device):
     """SwiGLU over the routes, then the weighted sum (+ add); an invalid id gives NaN, not a wild read.
-    unroll: vec4 steps in flight per lane (400, 200: unrolled steps, then a tail of single steps)."""
+    unroll: vec4 steps in flight per lane (400, 200: unrolled steps, then a tail of single steps);
+    routes: the sum's routes loaded together (top_k + 1 routes: groups, then a padded last group);
+    wg: the sum's outputs reduced by a workgroup of that many lanes each."""
     from dsv4_vk.ops import moe
     if as_gpu:      # lower as for a GPU: subgroup-lane clusters over K instead of one lane per output
         monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
     monkeypatch.setitem(moe.MUL_MAT_ID_UNROLL, "unroll", unroll)
-    T, E = 5, 6
-    route = get_op("MOE_ROUTE").reference(rng.standard_normal((T, E - 1)), top_k=2, n_shared=1).astype(np.float32)
+    monkeypatch.setitem(moe.MUL_MAT_ID_UNROLL, "routes", routes)
+    monkeypatch.setitem(moe.MUL_MAT_ID_UNROLL, "wg", wg)
+    T, E = 5, 8
+    route = get_op("MOE_ROUTE").reference(rng.standard_normal((T, E - 1)), top_k=top_k, n_shared=1).astype(np.float32)
     route[3, 1, 0] = E + 7                                 # out of range: token 3 -> NaN
     w13 = rng.standard_normal((E, 2 * F, D)).astype(np.float32)
     w2 = rng.standard_normal((E, D, F)).astype(np.float32)

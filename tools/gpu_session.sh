@@ -7,21 +7,23 @@
 #   . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH; bash tools/gpu_session.sh $OUT [STEP ...]
 #
 # STEP: eval, library, soak, site, profile, model, decode, variants, mix, tc, mixtests, layout, tc_ablate,
-# spread (default: the first six, in that order; decode: tools/bench_decode_ops.py, the model's decode kernels and their
+# spread, timeline (default: the first six, in that order; decode: tools/bench_decode_ops.py, the model's decode kernels and their
 # variants; variants: the model bench with fused series at other kernel knobs — a call of its own;
 # mix: the mixes kernels for many tokens, KSPLIT against TILE, and the prefill site with and without
 # its post carrying the next mixes, each dispatch timed on its own; tc: the tensor-core mixes kernel —
 # the device's cooperative-matrix shapes, its tests at subgroup 32, KSPLIT against it; mixtests: the
 # mixes and site-chain tests at subgroup 32; layout: HC_MIX and the carried prefill site at the
 # defaults, then the site with the carry in HC_MIX's KSPLIT layout (256 / 4 / 2); tc_ablate:
-# tools/ablate_tc.py; spread: the model bench beside a series without GEMV_SPREAD). A call may run
+# tools/ablate_tc.py; spread: the model bench beside a series without GEMV_SPREAD; timeline: the fused
+# decode step dispatch by dispatch, profiled). A call may run
 # 10 minutes: split them, e.g. `eval library soak profile`, then `site model`. `model` needs the
 # safetensors and ml_dtypes wheels in .vkdev/whl (results/README.md); `site` needs PyTorch with CUDA. Files in
 # results.tgz: eval_h200.{txt,json}, bench_library_h200.{txt,json}, soak_library_h200.{txt,json},
 # site_compare.{txt,json}, site_compare.bench.json, profile_site_h200.txt, model_bench_v4.{txt,json},
 # decode_ops_h200.{txt,json}, model_variants_h200.{txt,json}, hc_tune_mix_h200.{txt,json}, hc_tune_carry_h200.{txt,json},
 # info_tc_h200.txt, tc_tests_h200.txt, hc_tune_tc_h200.{txt,json}, hc_tune_tc_carry_h200.{txt,json},
-# mix_tests_h200.txt, hc_tune_layout{,_mix}_h200.{txt,json}, ablate_tc_h200.txt, model_spread_h200.{txt,json}.
+# mix_tests_h200.txt, hc_tune_layout{,_mix}_h200.{txt,json}, ablate_tc_h200.txt, model_spread_h200.{txt,json},
+# model_timeline_h200.{txt,json}.
 set -u
 out=${1:?usage: gpu_session.sh OUT [STEP ...]}
 shift
@@ -74,7 +76,9 @@ for s in $steps; do
         tc_ablate) step tc_ablate 150 ablate_tc_h200.txt python3 tools/ablate_tc.py ;;
         spread) step spread 400 model_spread_h200.txt python3 tools/model_gpu_bench.py --out "$r/model_spread_h200.json" \
                     --variants "gemv_spread=0" ;;
-        *) echo "unknown step $s (eval, library, soak, site, profile, model, decode, variants, mix, tc, mixtests, layout, tc_ablate, spread)" >> "$summary" ;;
+        timeline) step timeline 300 model_timeline_h200.txt python3 tools/model_gpu_bench.py --timeline \
+                      --skip unfused,multi,host --out "$r/model_timeline_h200.json" ;;
+        *) echo "unknown step $s (eval, library, soak, site, profile, model, decode, variants, mix, tc, mixtests, layout, tc_ablate, spread, timeline)" >> "$summary" ;;
     esac
 done
 tar czf "$out/results.tgz" -C "$out" r

@@ -30,9 +30,12 @@ against the measured time per token; and RMS_NORM's share of the profiled decode
 --variants: more fused decode series in the same run, each with kernel knobs set, for side-by-side
 ratios; ";" between variants, "," between knobs of one: fold_mb (norms folded only into mat-muls
 reading at most this many MiB of weights a token, model.build.NORM_FOLD), gemv_unroll,
-gemv_spread (0: subgroup-lane clusters only) (ops.mul_mat.GEMV_UNROLL), moe_unroll
-(ops.moe.MUL_MAT_ID_UNROLL); e.g.
+gemv_spread (0: subgroup-lane clusters only) (ops.mul_mat.GEMV_UNROLL), moe_unroll, moe_routes,
+moe_wg (ops.moe.MUL_MAT_ID_UNROLL); e.g.
 `--variants "fold_mb=64;fold_mb=0;gemv_unroll=8"`.
+--timeline: every dispatch of the fused decode step with its mean profiled GPU time (the time
+since the previous dispatch's end), shader, variant and argument shapes; --skip leaves out parts
+of the run (unfused, multi, host) when only one question is asked.
 """
 import argparse
 import json
@@ -56,7 +59,9 @@ DTYPES = {"f32": np.float32, "bf16": BF16, "f16": np.float16}
 KNOBS = {"fold_mb": (build.NORM_FOLD, "max_bytes", lambda v: int(float(v) * 2**20)),
          "gemv_unroll": (mul_mat.GEMV_UNROLL, "unroll", int),
          "gemv_spread": (mul_mat.GEMV_UNROLL, "spread", int),
-         "moe_unroll": (moe.MUL_MAT_ID_UNROLL, "unroll", int)}
+         "moe_unroll": (moe.MUL_MAT_ID_UNROLL, "unroll", int),
+         "moe_routes": (moe.MUL_MAT_ID_UNROLL, "routes", int),
+         "moe_wg": (moe.MUL_MAT_ID_UNROLL, "wg", int)}
 
 
 def parse_variants(text):
@@ -94,6 +99,10 @@ def parse(argv):
     ap.add_argument("--steps-per-submit", default="1,4,16", help="K values of the multi-step decode series")
     ap.add_argument("--quick", action="store_true", help="the demo preset at tiny sizes (a dry run on lavapipe)")
     ap.add_argument("--variants", default="", help="extra fused decode series with kernel knobs (see above)")
+    ap.add_argument("--timeline", action="store_true", help="also list every dispatch of the fused decode step "
+                    "with its mean profiled GPU µs (JSON 'timeline', and printed)")
+    ap.add_argument("--skip", default="", help="comma-separated parts to leave out: unfused, multi, host "
+                    "(quicker runs for one question)")
     a = ap.parse_args(argv)
     try:
         a.variants = parse_variants(a.variants)
@@ -136,11 +145,11 @@ def weight_bytes_per_token(model):
     return total
 
 
-def multi_step(cfg, weights, prompt, a, warm):
-    """{K: tokens/s} of the fused model decoding K steps per command buffer (Model.steps)."""
+def multi_step(cfg, weights, prompt, a, warm, ks):
+    """{K: tokens/s} of the fused model decoding K steps per command buffer (Model.steps), K in ks."""
     model = Model(cfg, weights, fused=True)
     out = {}
-    for k in a.steps_per_submit:
+    for k in ks:
         k = min(k, model.prefill_chunk)
         n = max(k, a.tokens // k * k)
         model.reset()
@@ -189,7 +198,10 @@ def decode_path(cfg, weights, prompt, a, fused, warm):
     ph = prof.as_dict()["phases"]["decode"]
     runs = max(ph["runs"], 1)
     ops = sorted(ph["ops"].items(), key=lambda kv: -kv[1]["gpu_ms"])
+    timeline = [{"position": i, "op": label, "dispatch": detail, "gpu_us": us}
+                for i, label, detail, _, us in prof.phases["decode"].timeline()]
     return toks, {
+        "timeline": timeline,
         "tokens_per_s": float(1.0 / np.median(wall)), "ms_per_token": float(1e3 * np.median(wall)),
         "dispatches_per_token": rec.n_dispatches, "barriers_per_token": rec.n_barriers,
         "host_us_per_step_median": float(1e6 * np.median(host)),
@@ -240,9 +252,15 @@ def main(argv=None):
            "note": "DeepSeek-V4-Flash widths; fewer layers and routed experts so the weights fit one GPU",
            "decode_steps_timed": a.tokens, "decode": {}, "host": {}, "host_target_us": HOST_TARGET_US}
     tokens = {}
-    for name, fused in (("fused", True), ("unfused", False)):
+    for name, fused in (("fused", True), ("unfused", False))[:1 if "unfused" in a.skip else 2]:
         tokens[name], res["decode"][name] = decode_path(cfg, weights, prompt, a, fused, warm)
         r = res["decode"][name]
+        timeline = r.pop("timeline")
+        if a.timeline and fused:
+            r["timeline"] = timeline
+            for d in timeline:
+                print(f"  {d['position']:4d} {d['gpu_us']:8.1f} µs  {d['op']:18s} {d['dispatch']}")
+            print(f"  total {sum(d['gpu_us'] for d in timeline):.1f} µs", flush=True)
         print(f"{name:8s} {r['tokens_per_s']:9.1f} tokens/s  {r['ms_per_token']:8.3f} ms/token  "
               f"{r['dispatches_per_token']:6d} dispatches/token  host {r['host_us_per_step_median']:.1f} µs/step",
               flush=True)
@@ -253,6 +271,7 @@ def main(argv=None):
             table[key] = value
         try:
             toks, r = decode_path(cfg, weights, prompt, a, True, warm)
+            r.pop("timeline")
         finally:
             for table, key, value in old:
                 table[key] = value
@@ -266,10 +285,10 @@ def main(argv=None):
               f"{r['same_tokens_as_fused']}", flush=True)
     fused = res["decode"]["fused"]
     fused["rms_norm_pct_of_gpu"] = 100 * fused["gpu_ms_per_token_by_op"].get("RMS_NORM", 0.0) / fused["gpu_ms_per_token_profiled"]
-    res["multi_step"], wb = multi_step(cfg, weights, prompt, a, warm)
+    res["multi_step"], wb = multi_step(cfg, weights, prompt, a, warm, [] if "multi" in a.skip else a.steps_per_submit)
     copy = floor.copy_gbps(dev, warm=warm)
     floor_ms = wb / (copy * 1e6)
-    best = max(res["multi_step"].values(), key=lambda r: r["tokens_per_s"])
+    best = max(res["multi_step"].values() or [fused], key=lambda r: r["tokens_per_s"])
     res["weight_floor"] = {"weight_bytes_per_token": wb, "copy_gbps": copy, "floor_ms_per_token": floor_ms,
                            "pct_of_floor_one_step": 100 * floor_ms / fused["ms_per_token"],
                            "pct_of_floor_best_multi_step": 100 * floor_ms / best["ms_per_token"]}
@@ -278,18 +297,19 @@ def main(argv=None):
     print(f"weight floor: {wb / 1e6:.0f} MB/token at {copy:.0f} GB/s = {floor_ms:.3f} ms/token: one step "
           f"{res['weight_floor']['pct_of_floor_one_step']:.1f}% of it, best multi-step "
           f"{res['weight_floor']['pct_of_floor_best_multi_step']:.1f}%", flush=True)
-    res["same_greedy_tokens"] = tokens["fused"] == tokens["unfused"]
-    res["decode_speedup_fused_over_unfused"] = (res["decode"]["fused"]["tokens_per_s"]
-                                                / res["decode"]["unfused"]["tokens_per_s"])
+    if "unfused" in res["decode"]:
+        res["same_greedy_tokens"] = tokens["fused"] == tokens["unfused"]
+        res["decode_speedup_fused_over_unfused"] = (res["decode"]["fused"]["tokens_per_s"]
+                                                    / res["decode"]["unfused"]["tokens_per_s"])
+        print(f"same greedy tokens: {res['same_greedy_tokens']}; fused/unfused decode speed-up "
+              f"{res['decode_speedup_fused_over_unfused']:.2f}x")
     del weights
-    for layers in a.host_layers:
+    for layers in [] if "host" in a.skip else a.host_layers:
         res["host"][str(layers)] = {name: host_time(a, layers, fused, warm) for name, fused in (("fused", True), ("unfused", False))}
         for name, r in res["host"][str(layers)].items():
             print(f"host, {layers} layers, D {a.host_dim}, {name:8s}: {r['host_us_median']:6.1f} µs median "
                   f"({r['host_us_p90']:.1f} p90) outside submit+wait, {r['python_us_per_step_without_gpu']:.1f} µs "
                   f"with no GPU work, {r['dispatches_per_token']} dispatches", flush=True)
-    print(f"same greedy tokens: {res['same_greedy_tokens']}; fused/unfused decode speed-up "
-          f"{res['decode_speedup_fused_over_unfused']:.2f}x")
     warm.close()
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:

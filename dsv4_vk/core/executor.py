@@ -58,6 +58,16 @@ else:                                   # pragma: no cover
     _SOLE = None
 
 
+def dispatch_detail(launch) -> str:
+    """What a dispatch ran, for per-dispatch profiles: shader, defines, grid and argument shapes
+    (outputs marked with '>'), e.g. 'mul_mat LANES=32 W_BF16 grid 512 | [1,4096] [1024,4096]bf16 >[1,1024]'."""
+    defs = " ".join(k if v == 1 and k != "LANES" else f"{k}={v}" for k, v in launch.defines.items())
+    args = " ".join(f"{'>' if i in launch.writes else ''}[{','.join(map(str, t.shape))}]"
+                    f"{'' if t.dtype == 'f32' else t.dtype}" for i, t in enumerate(launch.args))
+    grid = "x".join(str(g) for g in launch.grid if g != 1) or "1"
+    return f"{launch.shader} {defs} grid {grid} | {args}".replace("  ", " ")
+
+
 class RunStats:
     """What one run did: dispatches, barriers, submits, paths of composite ops, GPU time."""
 
@@ -67,6 +77,7 @@ class RunStats:
         self.submits = 1
         self.paths = list(compiled.graph.paths)
         self.labels = list(compiled.recording.labels)
+        self.details = compiled.dispatch_details     # per dispatch: shader, variant, shapes (not copied)
         self.gpu_ns = gpu_ns           # per dispatch, when timestamps were recorded
 
     def per_label(self):
@@ -135,6 +146,7 @@ class CompiledGraph:
         #                                          None, the VkSubmitInfo submitted) of the last run's
         #                                          device tensors, when it had nothing else (_start)
         self.stats = None
+        self.dispatch_details = []               # per dispatch, for profiles: what ran (dispatch_detail)
         self._check_ranges()
         try:
             for s in graph.storages:
@@ -201,6 +213,7 @@ class CompiledGraph:
             (writes if i in launch.writes else reads).append(rng)
         label = launch.label or node.tag or node.op.name
         rec.dispatch(pipe, bufs, launch.push, launch.grid, reads, writes, label=label)
+        self.dispatch_details.append(dispatch_detail(launch))
 
     # --- inputs and outputs ---------------------------------------------------------------------------
     def _input(self, name):

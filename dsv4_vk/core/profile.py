@@ -94,6 +94,8 @@ class PhaseStats:
         self.untimed_runs = 0        # runs without timestamps (device without timestamp queries)
         self.gpu_ns = 0.0
         self.ops = collections.OrderedDict()    # label -> [dispatches, gpu ns]
+        # (position in its run, label, detail) -> [runs, gpu ns]: each dispatch of the phase's runs
+        self.dispatch_times = collections.OrderedDict()
 
     def add(self, stats):
         self.runs += 1
@@ -107,6 +109,17 @@ class PhaseStats:
             entry[0] += n
             entry[1] += ns
             self.gpu_ns += ns
+        if stats.gpu_ns is not None:
+            for i, (label, detail) in enumerate(zip(stats.labels, stats.details)):
+                entry = self.dispatch_times.setdefault((i, label, detail), [0, 0.0])
+                entry[0] += 1
+                entry[1] += float(stats.gpu_ns[i])
+
+    def timeline(self):
+        """[(position, label, detail, runs, mean GPU µs)] of every dispatch, in run order (dispatches of
+        different graphs at one position are listed apart)."""
+        return [(i, label, detail, n, ns / n / 1e3)
+                for (i, label, detail), (n, ns) in sorted(self.dispatch_times.items(), key=lambda kv: kv[0][0])]
 
     def as_dict(self):
         return {"runs": self.runs, "submits": self.submits, "dispatches": self.dispatches,

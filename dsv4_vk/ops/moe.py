@@ -4,7 +4,7 @@ the chosen experts only), with their float64 references.
 import numpy as np
 
 from .base import (Launch, OpDef, check_finite, check_flag, check_params, cluster_lanes, expect, grid_1d, is_cpu,
-                   nonempty, pack_push, register, unit_last, weight_defines, WEIGHT_DTYPES)
+                   next_pow2, nonempty, pack_push, register, unit_last, weight_defines, WEIGHT_DTYPES)
 from .mul_mat import rms_weight
 from .reduce_rows import reference_rms_norm
 
@@ -72,8 +72,15 @@ class MoeRoute(OpDef):
 
 
 # vec4 steps a lane of MUL_MAT_ID loads before adding them (None: 4 on GPUs, 1 on CPU devices,
-# where registers are scarce and loads are cheap; tests and the bench set it)
-MUL_MAT_ID_UNROLL = {"unroll": None}
+# where registers are scarce and loads are cheap); mode="sum"'s routes loaded together (None: 1, a
+# power of two ≤ 8) and the lanes of a workgroup-wide cluster per output (None or 0: subgroup-lane
+# clusters); tests and the benches set them. The sum is the decode step's slowest weight stream
+# (H200: 40 µs for 117 MB in the model, 72% of copy; results/h200/model_timeline_h200.txt), a
+# chain of R·K/(4·32·unroll) memory latencies per output. Alone (tools/bench_moe.py,
+# results/h200/moe_h200.txt) 4 routes with unroll 2 took 43.7 µs against 54.8 at the default;
+# in the model, as a specialization constant, 4 routes were slower (results/h200/model_routes_h200.txt).
+# Left at 1 until the literal form is measured in the model beside "wg".
+MUL_MAT_ID_UNROLL = {"unroll": None, "routes": None, "wg": None}
 
 
 @register
@@ -131,7 +138,15 @@ class MulMatId(OpDef):
         if x.shape[1] == 1:
             x = x.broadcast_to((T, R, K))
         cols = N // 2 if mode == "swiglu" else N
-        lanes, extra = cluster_lanes(device, K, per_lane=8, max_lanes=1 if is_cpu(device) else None)
+        wg = MUL_MAT_ID_UNROLL["wg"] if mode == "sum" else None
+        sg = device.caps.subgroup
+        if wg and sg.supports("basic", "arithmetic") and sg.min_size >= 4:
+            lim = device.caps.limits
+            wg = min(next_pow2(wg), 256, lim.max_workgroup_invocations, lim.max_workgroup_size[0])
+            lanes, extra = {"LANES_WORKGROUP": 1}, {}
+        else:
+            wg = None
+            lanes, extra = cluster_lanes(device, K, per_lane=8, max_lanes=1 if is_cpu(device) else None)
         defs = dict(lanes, **{f"MODE_{mode.upper()}": 1})
         aligned = [x.offset, x.strides[0], x.strides[1], w.offset, w.strides[0], w.strides[1], K,
                    g.offset if g is not None else 0]
@@ -151,7 +166,12 @@ class MulMatId(OpDef):
         defs.update(weight_defines(w))
         items = T * R * cols if mode == "swiglu" else T * cols
         unroll = MUL_MAT_ID_UNROLL["unroll"] or (1 if is_cpu(device) else 4)
+        if mode == "sum":         # a power of two ≤ 8 (the shader's variants), at most R's
+            routes = MUL_MAT_ID_UNROLL["routes"] or 1
+            defs["ROUTES"] = min(1 << (int(routes).bit_length() - 1), next_pow2(R), 8)
         out_index = len(args) - 1 - (g is not None)
+        if wg:
+            return [Launch("mul_mat_id", args, (out_index,), push, grid_1d(items, 1), defines=defs, spec=(wg, unroll))]
         return [Launch("mul_mat_id", args, (out_index,), push, grid_1d(items, 256 // defs["LANES"]),
                        defines=defs, spec=(256, unroll), **extra)]
 
