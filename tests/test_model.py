@@ -173,6 +173,36 @@ def test_index_topk_above_64_over_a_long_prompt_matches_the_reference(rng):
     assert nmse(got, ref) <= NMSE_MAX and max_abs(got, ref) <= 1e-3 * np.abs(ref).max()
 
 
+def test_csa_attends_over_every_entry_without_its_indexer_where_top_k_keeps_them_all(rng, monkeypatch):
+    """index_topk ≥ max_ctx // rate: the top-k keeps every entry that can close, so the CSA layer
+    runs no indexer (no INDEX_SCORE or TOPK, its weights and cache not uploaded) and attends over
+    every closed entry — against the float64 reference, which runs the indexer, and against the same
+    model built with its indexer."""
+    from dsv4_vk.model import build
+    cfg = TINY.replace(index_topk=10)                       # CSA at rate 4, max_ctx 40: ≤ 10 entries
+    w = random_weights(cfg, int(rng.integers(0, 2 ** 31)))
+    ids = rng.integers(0, cfg.vocab_size, 36)
+
+    def logits(m):
+        rows = [m.prefill(ids[:21], all_logits=True)] + [m.step(int(t), output="logits")[None] for t in ids[21:]]
+        return np.concatenate(rows)
+
+    def ops(m):
+        return {n.op.name for kind in ("prefill", "decode") for n in m.compiled(kind).graph.nodes}
+
+    dense = Model(cfg, w, prefill_chunk=8)
+    got = logits(dense)
+    ref = V4Reference(cfg, w).forward(ids)
+    assert nmse(got, ref) <= NMSE_MAX and max_abs(got, ref) <= 1e-3 * np.abs(ref).max()
+    assert not {"INDEX_SCORE", "TOPK"} & ops(dense)
+    assert not [n for n in dense.ex.params if ".indexer." in n or ".idx." in n]
+    monkeypatch.setitem(build.INDEXER, "always", True)
+    sparse = Model(cfg, w, prefill_chunk=8)
+    assert {"INDEX_SCORE", "TOPK"} <= ops(sparse)
+    assert nmse(logits(sparse), got) <= 1e-9
+    assert sparse.memory()["weights"]["f32"] > dense.memory()["weights"]["f32"]
+
+
 def test_chunked_prefill_plus_decode_equals_recomputing_the_sequence(rng):
     weights = random_weights(TINY, int(rng.integers(0, 2 ** 31)))
     ids = rng.integers(0, TINY.vocab_size, 23)

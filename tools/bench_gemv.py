@@ -11,12 +11,11 @@ mat-mul `--repeat` times back to back (a timestamp before and after only), after
 import argparse
 import itertools
 import json
-import statistics
 
 import numpy as np
 
 from dsv4_vk.cli import floor as F
-from dsv4_vk.cli.bench import timed_replays
+from dsv4_vk.cli.bench import median_gpu_us
 from dsv4_vk.core.graph import Graph
 from dsv4_vk.model.checkpoint import BF16
 from dsv4_vk.ops import mul_mat
@@ -33,12 +32,7 @@ def time_gemv(device, weights, norm, replays, repeat, warm, rng):
     norm_w = [g.const(rng.standard_normal(K).astype(np.float32))] if norm else []
     args = [g.input("x", (1, K)), g.const(weights)] + norm_w
     g.output("y", g.op("MUL_MAT", *args, **({"rms_eps": 1e-6} if norm else {})))
-    x = {"x": rng.standard_normal((1, K)).astype(np.float32)}
-    times = []
-    for rec in timed_replays(device, g, x, replays, warm, "ends", repeat):
-        rec.submit()
-        times.append(rec.total_gpu_ns() / 1e3 / repeat)
-    return statistics.median(times)
+    return median_gpu_us(device, g, {"x": rng.standard_normal((1, K)).astype(np.float32)}, replays, warm, repeat)
 
 
 def main(argv=None):

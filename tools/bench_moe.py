@@ -12,12 +12,11 @@ timestamp before and after only), after the clock warm-up.
 import argparse
 import itertools
 import json
-import statistics
 
 import numpy as np
 
 from dsv4_vk.cli import floor as F
-from dsv4_vk.cli.bench import timed_replays
+from dsv4_vk.cli.bench import median_gpu_us
 from dsv4_vk.core.graph import Graph
 from dsv4_vk.model.checkpoint import BF16
 from dsv4_vk.ops import moe
@@ -38,14 +37,6 @@ def op_graph(mode, w, route, norm, rng):
         g.output("y", g.op("MUL_MAT_ID", g.input("x", (1, R, K)), g.const(w), g.const(route), mode="sum"))
         x = rng.standard_normal((1, R, K)).astype(np.float32)
     return g, {"x": x}, R * N * K * 2
-
-
-def time_graph(device, g, inputs, replays, repeat, warm):
-    times = []
-    for rec in timed_replays(device, g, inputs, replays, warm, "ends", repeat):
-        rec.submit()
-        times.append(rec.total_gpu_ns() / 1e3 / repeat)
-    return statistics.median(times)
 
 
 def main(argv=None):
@@ -82,7 +73,7 @@ def main(argv=None):
             g, inputs, nbytes = op_graph(mode, w, route, norm, rng)
             moe.MUL_MAT_ID_UNROLL.update(unroll=unroll, routes=routes, wg=wg)
             try:
-                us = time_graph(dev, g, inputs, a.replays, a.repeat, warm)
+                us = median_gpu_us(dev, g, inputs, a.replays, warm, a.repeat)
             finally:
                 moe.MUL_MAT_ID_UNROLL.update(unroll=None, routes=None, wg=None)
             gbps = nbytes / (us * 1e3)

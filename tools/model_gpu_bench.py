@@ -31,7 +31,9 @@ against the measured time per token; and RMS_NORM's share of the profiled decode
 ratios; ";" between variants, "," between knobs of one: fold_mb (norms folded only into mat-muls
 reading at most this many MiB of weights a token, model.build.NORM_FOLD), gemv_unroll,
 gemv_spread (0: subgroup-lane clusters only) (ops.mul_mat.GEMV_UNROLL), moe_unroll, moe_routes,
-moe_wg (ops.moe.MUL_MAT_ID_UNROLL); e.g.
+moe_wg (ops.moe.MUL_MAT_ID_UNROLL), indexer (1: CSA layers run their indexer even where its
+top-k keeps every entry the cache can hold, as at this preset's 1024-token cache;
+model.build.INDEXER); e.g.
 `--variants "fold_mb=64;fold_mb=0;gemv_unroll=8"`.
 --timeline: every dispatch of the fused decode step with its mean profiled GPU time (the time
 since the previous dispatch's end), shader, variant and argument shapes; --skip leaves out parts
@@ -61,7 +63,8 @@ KNOBS = {"fold_mb": (build.NORM_FOLD, "max_bytes", lambda v: int(float(v) * 2**2
          "gemv_spread": (mul_mat.GEMV_UNROLL, "spread", int),
          "moe_unroll": (moe.MUL_MAT_ID_UNROLL, "unroll", int),
          "moe_routes": (moe.MUL_MAT_ID_UNROLL, "routes", int),
-         "moe_wg": (moe.MUL_MAT_ID_UNROLL, "wg", int)}
+         "moe_wg": (moe.MUL_MAT_ID_UNROLL, "wg", int),
+         "indexer": (build.INDEXER, "always", lambda v: bool(int(v)))}
 
 
 def parse_variants(text):

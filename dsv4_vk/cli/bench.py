@@ -92,6 +92,17 @@ def timed_replays(device, graph, inputs, replays, warm, timestamps, repeat=1):
         cg.release()
 
 
+def median_gpu_us(device, graph, inputs, replays, warm=None, repeat=4) -> float:
+    """Median GPU µs of one run of `graph` over `replays` replays of a recording that runs it
+    `repeat` times back to back (timestamps before and after only), after warm() (the kernel
+    benches of tools/)."""
+    times = []
+    for rec in timed_replays(device, graph, inputs, replays, warm, "ends", repeat):
+        rec.submit()
+        times.append(rec.total_gpu_ns() / 1e3 / repeat)
+    return statistics.median(times)
+
+
 def bench_path(device, case, path, inputs, replays, repeat=1, warm=None):
     """One row: timings of `case` along `path`; with repeat > 1 the graph is recorded that many
     times back to back in one command buffer and the GPU time is per repetition. warm: called

@@ -11,7 +11,7 @@ Params (Graph.param names; docs/model.md lists them):
   rows, RoPE applied), `layers.{i}.cmp.state` [2m + chunk − 1 (CSA) or m + chunk − 1, 2W] (a ring
   of the compressor's projections c | z: the open window and CSA's overlap rows),
   `layers.{i}.cmp.ent` [max_ctx/m, hd] (compressed entries), and for CSA the indexer's
-  `layers.{i}.idx.state` / `layers.{i}.idx.ent` (cache_rows);
+  `layers.{i}.idx.state` / `layers.{i}.idx.ent` (cache_rows) where the indexer runs (indexer_runs);
 - RoPE tables `rope.{main,compress}.{cos,sin}` [max_ctx, rd/2];
 - per step: `step.pos`, `step.last`, `step.token` (i32 [1]), `sampler.cfg`, `sampler.state`.
 Every cache write happens on the device inside the recorded command buffer (STORE_ROWS, COMPRESS),
@@ -33,6 +33,22 @@ from .reference import inv_freq
 
 STEP_PARAMS = ("step.pos", "step.last", "step.token")
 
+# "always": build the lightning indexer into every CSA layer, even where its top-k keeps every
+# entry the cache can hold (tests and benches compare the two graphs).
+INDEXER = {"always": False}
+
+
+def indexer_runs(cfg: V4Config, i: int) -> bool:
+    """Whether CSA layer i needs its lightning indexer. Its top-k keeps every visible entry when they
+    are at most index_topk (transformers' selection, model.reference.index_topk), and at most
+    max_ctx // rate entries ever close: where that is ≤ index_topk, attending over all of them —
+    MQA_ATTENTION's HCA mode at the layer's rate — is the same attention, and the indexer's
+    projections, compressor, scores and top-k are left out of the graphs (DeepSeek-V4-Flash: models
+    of up to index_topk · 4 = 2048 tokens of context). Their weights are then not uploaded."""
+    if cfg.layer_types[i] != CSA:
+        return False
+    return INDEXER["always"] or cfg.index_topk < max(cfg.max_ctx // cfg.rate(i), 1)
+
 
 def _stack(parts):
     """Concatenate along rows; mixed dtypes are widened to float32 (one weight, one dtype)."""
@@ -42,15 +58,16 @@ def _stack(parts):
     return np.concatenate(parts)
 
 
-def x_projections(cfg: V4Config, i: int) -> list:
-    """[(canonical weight name, rows)] stacked into layers.{i}.attn.wx, in order."""
+def x_projections(cfg: V4Config, i: int, indexer: bool) -> list:
+    """[(canonical weight name, rows)] stacked into layers.{i}.attn.wx, in order (the indexer's with
+    `indexer`)."""
     a = f"layers.{i}.attn."
     out = [(a + "wq_a.weight", cfg.q_lora_rank), (a + "wkv.weight", cfg.head_dim)]
     kind = cfg.layer_types[i]
     if kind != SWA:
         W = cfg.head_dim * (2 if kind == CSA else 1)
         out += [(a + "compressor.wkv.weight", W), (a + "compressor.wgate.weight", W)]
-    if kind == CSA:
+    if indexer:
         WI = 2 * cfg.index_head_dim
         out += [(a + "indexer.compressor.wkv.weight", WI), (a + "indexer.compressor.wgate.weight", WI),
                 (a + "indexer.weights_proj.weight", cfg.index_n_heads)]
@@ -76,7 +93,7 @@ def param_arrays(cfg: V4Config, weights: dict, chunk: int = 16) -> dict:
     C = cfg.max_ctx
     for i in range(cfg.num_hidden_layers):
         a, f = f"layers.{i}.attn.", f"layers.{i}.ffn."
-        proj = x_projections(cfg, i)
+        proj = x_projections(cfg, i, indexer_runs(cfg, i))
         out[a + "wx"] = _stack([weights[n] for n, _ in proj])
         fused.update(n for n, _ in proj)
         s = f + "shared_experts."
@@ -90,9 +107,11 @@ def param_arrays(cfg: V4Config, weights: dict, chunk: int = 16) -> dict:
             m, W = cfg.rate(i), cfg.head_dim * (2 if kind == CSA else 1)
             out[f"layers.{i}.cmp.state"] = np.zeros((rows[kind], 2 * W), np.float32)
             out[f"layers.{i}.cmp.ent"] = np.zeros((max(C // m, 1), cfg.head_dim), np.float32)
-        if kind == CSA:
+        if indexer_runs(cfg, i):
             out[f"layers.{i}.idx.state"] = np.zeros((rows[CSA], 4 * cfg.index_head_dim), np.float32)
             out[f"layers.{i}.idx.ent"] = np.zeros((max(C // cfg.rate(i), 1), cfg.index_head_dim), np.float32)
+        elif kind == CSA:                   # the graphs read none of the indexer's weights
+            fused.update(n for n in weights if n.startswith(a + "indexer."))
     for name, arr in weights.items():
         if name not in fused:
             out[name] = arr
@@ -155,6 +174,11 @@ class ModelGraph:
         g.output("logits", logits)
         last = g.op("GET_ROWS", logits, self.param("step.last")) if prefill else logits
         sample(g, last, self.param("sampler.cfg"), self.param("sampler.state"), out=self.param("step.token"))
+
+    def indexer_runs(self, i: int) -> bool:
+        """Whether layer i's indexer was built into the params (param_arrays: indexer_runs), so that
+        the graphs always agree with the uploaded layout."""
+        return f"layers.{i}.idx.state" in self.params
 
     def param(self, name):
         a = self.params[name]
@@ -233,9 +257,10 @@ class ModelGraph:
         kind = cfg.layer_types[i]
         rk = "main" if kind == SWA else "compress"
         cos, sin = self.param(f"rope.{rk}.cos"), self.param(f"rope.{rk}.sin")
+        sparse = self.indexer_runs(i)
         xw = self.linear(x, a + "wx")                                     # every x projection
         cols, at = {}, 0
-        for name, n in x_projections(cfg, i):
+        for name, n in x_projections(cfg, i, sparse):
             cols[name[len(a):]] = xw[:, at:at + n]
             at += n
         qr = self.norm(cols["wq_a.weight"], a + "q_norm.weight")                      # read by two mat-muls
@@ -251,8 +276,8 @@ class ModelGraph:
             W = cfg.head_dim * (2 if kind == CSA else 1)
             xs = self._cat(xw, cols["compressor.wkv.weight"], 2 * W)
             extra.append(self._compress("cmp", xs, i, kind == CSA, T))
-            prm = {"mode": "csa" if kind == CSA else "hca", "rate": m}
-        if kind == CSA:
+            prm = {"mode": "csa" if sparse else "hca", "rate": m}             # hca: every entry
+        if sparse:
             extra.append(self.indexer(i, x, xw, cols, qr, T))
         S = self.splits[i] if self.splits is not None else (decode_splits(cfg, i, self.device) if T == 1 else 1)
         o = g.op("MQA_ATTENTION", q, cache, self.pos, self.param(a + "attn_sink"), *extra, scale=hd ** -0.5,
