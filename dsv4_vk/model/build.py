@@ -215,7 +215,9 @@ class ModelGraph:
         cfg, g = self.cfg, self.g
         D = cfg.hidden_size
         emb = g.op("GET_ROWS", self.param("embed.weight"), ids)                       # [T, D]
-        X = g.op("CONT", emb.reshape(T, 1, D).broadcast_to((T, cfg.hc_mult, D)))      # 4 streams
+        # the 4 streams start equal: a stride-0 view of the embedding (the HC kernels read strided
+        # X; the first post writes the first materialised X), not a copy
+        X = emb.reshape(T, 1, D).broadcast_to((T, cfg.hc_mult, D))
         # Each site's post also starts the next site's mixes where the site kernels run (decode),
         # so it is given the next site's fn (the head's after the last layer); `carry` holds them.
         sites = [(i, name, sub) for i in range(cfg.num_hidden_layers)
