@@ -1,7 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; OP_SUM_ROWS | OP_RMS_NORM | OP_RMS_NORM HAS_WEIGHT | OP_RMS_NORM ROPE | OP_RMS_NORM HAS_WEIGHT ROPE
-//! variants: LANES_WORKGROUP ; OP_SUM_ROWS | OP_RMS_NORM | OP_RMS_NORM HAS_WEIGHT | OP_RMS_NORM ROPE | OP_RMS_NORM HAS_WEIGHT ROPE
+//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; OP_SUM_ROWS | OP_RMS_NORM | OP_RMS_NORM HAS_WEIGHT | OP_RMS_NORM ROPE | OP_RMS_NORM HAS_WEIGHT ROPE | OP_RMS_NORM HAS_WEIGHT ROPE RING | OP_RMS_NORM ROPE RING
+//! variants: LANES_WORKGROUP ; OP_SUM_ROWS | OP_RMS_NORM | OP_RMS_NORM HAS_WEIGHT | OP_RMS_NORM ROPE | OP_RMS_NORM HAS_WEIGHT ROPE | OP_RMS_NORM HAS_WEIGHT ROPE RING | OP_RMS_NORM ROPE RING
 // Reductions over the last axis of a 4-D strided view x[ne0, ne1, ne2, ne3] (rows of ne3 values).
 // Variants (-D): OP_SUM_ROWS   d[r, 0] = Σ_j x[r, j]
 //                OP_RMS_NORM   d[r, j] = x[r, j] / sqrt(Σ_j x[r, j]² / ne3 + eps) (· w[j] with HAS_WEIGHT)
@@ -11,6 +11,10 @@
 //                              outside [0, capacity) gives NaN there): q's and kv's RMS_NORM → ROPE
 //                              in one dispatch. A lane reads its column's partner back from memory
 //                              (the row is in cache), so any lane layout works.
+//                RING          (with ROPE, x [T, n]) row t is stored at row (pos[0] + t) % ring_rows
+//                              of d [ring_rows, n] if its position is in [0, capacity), else not at
+//                              all: STORE_ROWS of the result in the same dispatch (kv's norm, RoPE
+//                              and cache write).
 // Layout: one cluster of LANES lanes per row (lanes.glsl; -D LANES_WORKGROUP: the whole workgroup,
 // for few long rows); lane l takes columns l, l+LANES, ...
 // so neighbouring lanes read neighbouring elements. Accumulation in f32.
@@ -38,6 +42,9 @@ layout(push_constant) uniform P {
     uint w_off, w_s;
 #if defined(ROPE)
     uint rows_per_token, half_rd, capacity, pos_off, cos_off, sin_off, tab_s0;
+#endif
+#if defined(RING)
+    uint ring_rows;
 #endif
 } p;
 
@@ -105,6 +112,10 @@ void main() {
     int pp = pos[p.pos_off] + int(row / p.rows_per_token);
 #else
     int pp = 0;
+#endif
+#if defined(RING)
+    if (pp < 0 || uint(pp) >= p.capacity) return;        // (uniform per cluster, after its last sum)
+    db = p.d_off + (uint(pp) % p.ring_rows) * p.d_s2;
 #endif
     [[unroll]] for (uint k = 0u; k < RMS_CACHE; ++k) {
         uint j = lane + k * LANES;

@@ -78,6 +78,28 @@ def test_store_rows(rng, T, n, p0, rows, capacity):
     assert (got != arrays[0]).any(axis=1).sum() == min(T, max(0, capacity - p0))
 
 
+@pytest.mark.parametrize("weight", [True, False])
+@pytest.mark.parametrize("T,n,half,p0,rows,capacity", [(1, 512, 32, 5, 143, 64), (7, 8, 2, 29, 10, 40),
+                                                        (3, 300, 4, 38, 6, 40), (16, 64, 8, 0, 20, 48)])
+def test_rms_norm_into_a_ring(rng, weight, T, n, half, p0, rows, capacity):
+    """RMS_NORM rope=True ring=True: the normalised, rotated rows stored at their positions' rows of
+    a ring (positions 29..35 wrap around 10 rows; 38..40 run past the capacity and are not stored),
+    every other row untouched — against RMS_NORM then STORE_ROWS in float64. The tables are longer
+    than the capacity, which alone bounds the stores; n = 512 at T = 1 takes a workgroup per row."""
+    cos, sin = tables(rng, capacity + 4, half)
+    dst = f32(rng, rows, n)
+    ins = [f32(rng, T, n, scale=3.0)] + ([1 + 0.3 * f32(rng, n)] if weight else []) + [
+        np.array([p0], np.int32), cos, sin, dst]
+    prm = {"eps": 1e-6, "rope": True, "ring": True, "capacity": capacity}
+    g = Graph()
+    ts = [g.const(a) for a in ins]
+    g.output("out", g.op("RMS_NORM", *ts, out=ts[-1], **prm))
+    cg = Executor().compile(g)
+    got = cg.run()["out"]
+    check(got, get_op("RMS_NORM").reference(*ins, **prm), cg.check_guards())
+    assert (got != dst).any(axis=1).sum() == min(T, max(0, capacity - p0))
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("rate,d,half,T,p0,rows", [(4, 16, 4, 13, 0, 48), (4, 32, 8, 1, 11, 48), (8, 8, 2, 24, 5, 48),
                                                    (3, 130, 4, 7, 2, 48), (4, 16, 4, 6, 30, 13), (8, 8, 2, 1, 39, 16)])

@@ -268,10 +268,9 @@ class ModelGraph:
         qr = self.norm(cols["wq_a.weight"], a + "q_norm.weight")                      # read by two mat-muls
         q = self.linear(qr, a + "wq_b.weight").reshape(T, H, hd)
         q = g.op("RMS_NORM", q, self.pos, cos, sin, eps=eps, rope=True)              # per-head norm, RoPE
-        kv = g.op("RMS_NORM", cols["wkv.weight"], self.param(a + "kv_norm.weight"), self.pos, cos, sin, eps=eps,
-                  rope=True)
-        cache = self.param(f"layers.{i}.kv")
-        cache = g.op("STORE_ROWS", cache, kv, self.pos, capacity=cfg.max_ctx, out=cache)
+        cache = self.param(f"layers.{i}.kv")                              # kv's norm and RoPE, stored
+        cache = g.op("RMS_NORM", cols["wkv.weight"], self.param(a + "kv_norm.weight"), self.pos, cos, sin, cache,
+                     eps=eps, rope=True, ring=True, capacity=cfg.max_ctx, out=cache)
         extra, prm = [], {}
         if kind != SWA:
             m = cfg.rate(i)

@@ -13,7 +13,7 @@ import numpy as np
 
 from .base import (Launch, OpDef, check_finite, check_flag, check_params, cluster_lanes, grid_1d, nonempty, pack_push,
                    register, shape_push, tensor_push)
-from .v4_attention import Rope, check_rope_tables, rope_push
+from .v4_attention import Rope, StoreRows, check_rope_tables, rope_push
 
 
 def reference_rms_norm(x, w=None, eps=None):
@@ -44,9 +44,10 @@ def row_workgroup(device, rows, n):
     return n >= ROW_WG_MIN_LEN and rows <= ROW_WG_MAX_ROWS and sg.supports("basic", "arithmetic") and sg.min_size >= 4
 
 
-def row_launch(device, shader, x, out, w=None, scalar=0.0, op_define=None, rope=None):
-    """Launch of a per-row kernel: x rows (last axis) in, `out` (same leading shape) written.
-    rope: (inputs pos, cos, sin; their push values) for RMS_NORM's rotation."""
+def row_launch(device, shader, x, out, w=None, scalar=0.0, op_define=None, rope=None, ring=False):
+    """Launch of a per-row kernel: x rows (last axis) in, `out` (same leading shape, or with ring
+    a ring of rows the push values end with) written. rope: (inputs pos, cos, sin; their push
+    values) for RMS_NORM's rotation."""
     shape = shape_push(x)
     rows = shape[0] * shape[1] * shape[2]
     if row_workgroup(device, rows, shape[3]):
@@ -65,6 +66,8 @@ def row_launch(device, shader, x, out, w=None, scalar=0.0, op_define=None, rope=
     if rope:
         defs["ROPE"] = 1
         args += rope[0]
+    if ring:
+        defs["RING"] = 1
     return Launch(shader, args, (len(args) - 1 - (3 if rope else 0),), push, grid_1d(rows, per_group),
                   defines=defs, spec=(WORKGROUP,), **extra)
 
@@ -116,13 +119,21 @@ class RmsNorm(OpDef):
     """x / sqrt(mean(x², last axis) + eps), times w (shape (x.shape[-1],)) when given; eps required.
     rope=True: three more inputs pos [1] i32, cos, sin [capacity, half], and the result's trailing
     2·half channels rotated as ROPE does (token t = x's first axis at position pos[0] + t): DeepSeek-V4's
-    q and kv norms and their RoPE in one dispatch."""
+    q and kv norms and their RoPE in one dispatch.
+    ring=True (with rope, x [T, n]): one more input, a ring dst [rows, n], and IN PLACE (out=dst):
+    row t of the result is stored at dst row (pos[0] + t) % rows when its position is in [0,
+    capacity=) (default: the tables' rows), as STORE_ROWS would store it — kv's norm, RoPE and cache
+    write in one dispatch."""
     name, n_inputs = "RMS_NORM", None
     dtypes = ("f32", "i32")
 
     def infer(self, inputs, params):
-        check_params(self.name, params, ("eps", "rope"))
+        check_params(self.name, params, ("eps", "rope", "ring", "capacity"))
         rope = check_flag(self.name, params, "rope")
+        if check_flag(self.name, params, "ring"):
+            return self._infer_ring(inputs, params, rope)
+        if "capacity" in params:
+            raise ValueError(f"{self.name}: capacity= is the ring's (ring=True), got it without a ring")
         n_rope = 3 if rope else 0
         if len(inputs) - n_rope not in (1, 2):
             raise ValueError(f"RMS_NORM takes x, optionally w{', then pos, cos, sin (rope=True)' if rope else ''}; "
@@ -148,7 +159,26 @@ class RmsNorm(OpDef):
             check_rope_tables(self.name, *inputs[-3:], x.shape[-1])
         return x.shape, "f32"
 
+    def _infer_ring(self, inputs, params, rope):
+        if not rope:
+            raise ValueError(f"{self.name}: ring=True stores rows at their positions: it needs rope=True (pos, cos, sin)")
+        if len(inputs) not in (5, 6):
+            raise ValueError(f"{self.name} ring=True takes x, optionally w, then pos, cos, sin, dst; "
+                             f"got {len(inputs)} input tensors")
+        x, dst = inputs[0], inputs[-1]
+        shape, _ = self.infer(inputs[:-1], {k: v for k, v in params.items() if k in ("eps", "rope")})
+        if x.ndim != 2 or dst.ndim != 2 or dst.shape[1] != x.shape[1] or dst.dtype != "f32":
+            raise ValueError(f"{self.name} ring=True: x must be [T, n] and dst (the last input) f32 [rows, n]; "
+                             f"got x {x.shape}, dst {dst.dtype} {dst.shape}")
+        cap = params.get("capacity", inputs[-3].shape[0])
+        if isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= inputs[-3].shape[0]:
+            raise ValueError(f"{self.name}: capacity must be an integer in [1, {inputs[-3].shape[0]}] (the RoPE "
+                             f"tables' rows), got {cap!r}")
+        return dst.shape, "f32"
+
     def lower(self, node, device):
+        if node.params.get("ring"):
+            return [self._lower_ring(node, device)]
         rope = node.params.get("rope", False)
         base = node.inputs[:len(node.inputs) - (3 if rope else 0)]
         w = base[1] if len(base) == 2 else None
@@ -162,7 +192,25 @@ class RmsNorm(OpDef):
         return [row_launch(device, "reduce_rows", node.inputs[0], node.output, w=w,
                            scalar=float(node.params["eps"]), op_define="OP_RMS_NORM", rope=extra)]
 
-    def reference(self, x, *rest, eps=None, rope=False):
+    def _lower_ring(self, node, device):
+        x, dst, out = node.inputs[0], node.inputs[-1], node.output
+        if out.storage is not dst.storage or out.offset != dst.offset or out.strides != dst.strides:
+            raise ValueError("RMS_NORM ring=True writes in place: pass out=<the ring given as the last input>")
+        if out.storage is x.storage:
+            raise ValueError("RMS_NORM ring=True reads x's rows back while it writes: the ring must not be x")
+        tables = node.inputs[-4:-1]
+        w = node.inputs[1] if len(node.inputs) == 6 else None
+        push = rope_push(*tables)
+        push[1] = node.params.get("capacity", push[1])          # positions stored: [0, capacity)
+        return row_launch(device, "reduce_rows", x, out, w=w, scalar=float(node.params["eps"]),
+                          op_define="OP_RMS_NORM", rope=(tables, [1, *push, dst.shape[0]]), ring=True)
+
+    def reference(self, x, *rest, eps=None, rope=False, ring=False, capacity=None):
+        if ring:
+            *rest, dst = rest
+            y = self.reference(x, *rest, eps=eps, rope=True)
+            cap = np.shape(rest[-2])[0] if capacity is None else capacity
+            return StoreRows().reference(dst, y, rest[-3], capacity=cap)
         y = reference_rms_norm(x, rest[0] if len(rest) in (1, 4) else None, eps)
         if not rope:
             return y
