@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: - | OVERLAP
+//! variants: - | OVERLAP ; - | NEW_ROWS
 // COMPRESS: the KV compressor of DeepSeek-V4's compressed layers. state [rows, 2·W] holds per
 // position the projections c (channels [0, W)) and the gate logits z (channels [W, 2W)), written
 // by STORE_ROWS (a ring: position q in row q % rows, rows ≥ the 2·RATE (CSA) or RATE (HCA) rows a
@@ -13,10 +13,20 @@
 //   entry = RoPE(RMSNorm(e) · norm_w) on the trailing 2·half channels at position w·RATE.
 // Tokens that close no window write nothing (decode: most steps). Lanes: one workgroup per chunk
 // token; invocation l pools channels l, l + WG, ... into shared memory, then a shared-memory sum of
-// squares, then norm + RoPE per pair. Push: T, d, capacity, half, n_out, rows, st (off, s0), ape (off,
-// s0), norm_off, out (off, s0), pos_off, cos_off, sin_off, tab_s0, eps.
+// squares, then norm + RoPE per pair.
+// -D NEW_ROWS: the chunk's projections xs [T, 2·W] (binding 7) are stored into the state here
+// (each token's workgroup its row, as STORE_ROWS would: a dispatch fewer), and a window reads
+// this chunk's positions from xs, earlier ones from the state: no workgroup reads a row another
+// writes in this dispatch (the ring holds the rows a chunk reads back besides those it writes).
+// Push: T, d, capacity, half, n_out, rows, st (off, s0), ape (off, s0), norm_off, out (off, s0),
+// pos_off, cos_off, sin_off, tab_s0, eps; NEW_ROWS: xs (off, s0).
 #include "common.glsl"
+#if defined(NEW_ROWS)
+layout(binding = 0) buffer S { float st[]; };
+layout(binding = 7) readonly buffer Xs { float xs[]; };
+#else
 layout(binding = 0) readonly buffer S { float st[]; };
+#endif
 layout(binding = 1) readonly buffer A { float ape[]; };
 layout(binding = 2) readonly buffer Nw { float nw[]; };
 layout(binding = 3) readonly buffer Pos { int pos[]; };
@@ -28,6 +38,9 @@ layout(push_constant) uniform P {
     uint s_off, s_s0, a_off, a_s0, n_off, o_off, o_s0;
     uint pos_off, cos_off, sin_off, tab_s0;
     float eps;
+#if defined(NEW_ROWS)
+    uint x_off, x_s0;
+#endif
 } p;
 
 layout(constant_id = 1) const uint RATE = 4;     // the compression rate m
@@ -41,10 +54,27 @@ const uint W_MULT = 2;
 const uint W_MULT = 1;
 #endif
 
+int chunk_pos;      // pos[0], the chunk's first position
+
+// Channel ch of position q's state row (q ≤ this token's position, so at most this chunk's last).
+float st_at(uint q, uint ch) {
+#if defined(NEW_ROWS)
+    int k = int(q) - chunk_pos;
+    if (k >= 0) return xs[p.x_off + uint(k) * p.x_s0 + ch];
+#endif
+    return st[p.s_off + (q % p.rows) * p.s_s0 + ch];
+}
+
 void main() {
     uint t = flat_group();
     uint l = gl_LocalInvocationID.x, wg = gl_WorkGroupSize.x;
-    int pp = pos[p.pos_off] + int(t);
+    chunk_pos = pos[p.pos_off];
+    int pp = chunk_pos + int(t);
+#if defined(NEW_ROWS)
+    if (t < p.T && pp >= 0 && uint(pp) < p.capacity)
+        for (uint c = l; c < 2u * W_MULT * p.d; c += wg)
+            st[p.s_off + (uint(pp) % p.rows) * p.s_s0 + c] = xs[p.x_off + t * p.x_s0 + c];
+#endif
     // uniform per workgroup: leave together, before any barrier
     if (t >= p.T || pp < 0 || uint(pp) >= p.capacity || (uint(pp) + 1) % RATE != 0) return;
     uint w = (uint(pp) + 1) / RATE - 1;
@@ -56,28 +86,28 @@ void main() {
 #if defined(OVERLAP)
         if (w > 0)
             for (uint j = 0; j < RATE; ++j)
-                mx = max(mx, st[p.s_off + (((w - 1) * RATE + j) % p.rows) * p.s_s0 + W + ch] + ape[p.a_off + j * p.a_s0 + ch]);
+                mx = max(mx, st_at((w - 1) * RATE + j, W + ch) + ape[p.a_off + j * p.a_s0 + ch]);
         uint cur = p.d;                                 // the current window's channels
 #else
         uint cur = 0;
 #endif
         for (uint j = 0; j < RATE; ++j)
-            mx = max(mx, st[p.s_off + ((w * RATE + j) % p.rows) * p.s_s0 + W + cur + ch] + ape[p.a_off + j * p.a_s0 + cur + ch]);
+            mx = max(mx, st_at(w * RATE + j, W + cur + ch) + ape[p.a_off + j * p.a_s0 + cur + ch]);
         float den = 0.0, num = 0.0;
 #if defined(OVERLAP)
         if (w > 0)
             for (uint j = 0; j < RATE; ++j) {
-                uint r = p.s_off + (((w - 1) * RATE + j) % p.rows) * p.s_s0;
-                float e = exp(st[r + W + ch] + ape[p.a_off + j * p.a_s0 + ch] - mx);
+                uint q = (w - 1) * RATE + j;
+                float e = exp(st_at(q, W + ch) + ape[p.a_off + j * p.a_s0 + ch] - mx);
                 den += e;
-                num += e * st[r + ch];
+                num += e * st_at(q, ch);
             }
 #endif
         for (uint j = 0; j < RATE; ++j) {
-            uint r = p.s_off + ((w * RATE + j) % p.rows) * p.s_s0;
-            float e = exp(st[r + W + cur + ch] + ape[p.a_off + j * p.a_s0 + cur + ch] - mx);
+            uint q = w * RATE + j;
+            float e = exp(st_at(q, W + cur + ch) + ape[p.a_off + j * p.a_s0 + cur + ch] - mx);
             den += e;
-            num += e * st[r + cur + ch];
+            num += e * st_at(q, cur + ch);
         }
         float v = num / den;
         pooled[ch] = v;

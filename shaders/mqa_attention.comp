@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; - | MODE_HCA | MODE_CSA ; - | TILED
+//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; - | MODE_HCA | MODE_CSA ; - | TILED ; - | Q_NORM
 // MQA_ATTENTION: DeepSeek-V4's attention, one shared key = value head for all H query heads.
 // For chunk token t at p = pos[0] + t and head h the key list is
 //   raw rows j of kv with p − WINDOW < j ≤ p (the sliding window; kv [kv_rows, hd] is a ring,
@@ -22,9 +22,13 @@
 // per tile instead of one per key, and each key read from memory once per head group, not once
 // per head), then each cluster scores the tile's keys against its head (all cluster sums issued
 // together) and merges the tile into its online softmax at once.
+// -D Q_NORM: q as the projection wrote it; each head's row is RMS-normalised (no weight, eps q_eps)
+// and its trailing 2·q_half channels rotated (rope.glsl, tables cos/sin at bindings 7, 8) as it is
+// loaded — q's per-head norm and RoPE, a dispatch of their own otherwise. A lane reads its
+// channel's partner back from memory (the row is in cache).
 // A position outside [0, capacity) gives NaN.
 // Push: T, H, hd, capacity, n_ent, K, q (off, s0, s1), kv_rows, kv (off, s0), ent (off, s0), idx (off, s0),
-// out (off, s0, s1), pos_off, sink_off, scale.
+// out (off, s0, s1), pos_off, sink_off, scale; Q_NORM: q_eps, q_half, cos_off, sin_off, tab_s0.
 #include "lanes.glsl"
 layout(constant_id = 1) const uint PER_LANE = 1; // ceil(hd / LANES): channels per lane
 layout(constant_id = 2) const uint SPLITS = 1;   // parts of each key list (decode)
@@ -46,7 +50,16 @@ layout(push_constant) uniform P {
     uint o_off, o_s0, o_s1;
     uint pos_off, sink_off;
     float scale;
+#if defined(Q_NORM)
+    float q_eps;
+    uint q_half, cos_off, sin_off, tab_s0;
+#endif
 } p;
+#if defined(Q_NORM)
+layout(binding = 7) readonly buffer Cos { float cos_t[]; };
+layout(binding = 8) readonly buffer Sin { float sin_t[]; };
+#include "rope.glsl"
+#endif
 
 const float LOWEST = -3.402823466e38;
 float qv[PER_LANE], acc[PER_LANE];
@@ -91,13 +104,33 @@ void key_list(int pp, out uint j0, out uint n_raw, out uint n) {
 #endif
 }
 
-void load_q(uint t, uint h, uint lane) {
+// Token t's query row of head h at position pp, scaled (every lane of the cluster calls it).
+void load_q(uint t, uint h, uint lane, int pp) {
     uint qb = p.q_off + t * p.q_s0 + h * p.q_s1;
+#if defined(Q_NORM)
+    float ss = 0.0;
+    [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
+        uint c = lane + LANES * m;
+        qv[m] = c < p.hd ? q[qb + c] : 0.0;
+        ss += qv[m] * qv[m];
+    }
+    float r = 1.0 / sqrt(cluster_sum(ss) / float(p.hd) + p.q_eps);
+    uint first = p.hd - 2u * p.q_half;
+    [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
+        uint c = lane + LANES * m;
+        float v = qv[m] * r;
+        if (c < p.hd && c >= first)
+            v = rope_channel(v, q[qb + (c ^ 1u)] * r, c, first, pp, p.capacity, p.cos_off, p.sin_off, p.tab_s0, false);
+        qv[m] = v * p.scale;
+        acc[m] = 0.0;
+    }
+#else
     [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
         uint c = lane + LANES * m;
         qv[m] = c < p.hd ? q[qb + c] * p.scale : 0.0;
         acc[m] = 0.0;
     }
+#endif
     if (SPLITS > 1) { mx = LOWEST; l = 0.0; }
     else { mx = sinks[p.sink_off + h]; l = 1.0; }       // the sink: logit only, no value
 }
@@ -137,7 +170,7 @@ void main() {
         if (head) store_nan(ob, lane);
         return;
     }
-    load_q(t, h, lane);
+    load_q(t, h, lane, pp);
     uint j0, n_raw, n;
     key_list(pp, j0, n_raw, n);
     uint per = (n + SPLITS - 1) / SPLITS;
@@ -202,7 +235,7 @@ void main() {
         store_nan(ob, lane);
         return;
     }
-    load_q(t, h, lane);
+    load_q(t, h, lane, pp);
     uint j0, n_raw, n;
     key_list(pp, j0, n_raw, n);
     uint per = (n + SPLITS - 1) / SPLITS;

@@ -115,6 +115,49 @@ def test_compress(rng, overlap, rate, d, half, T, p0, rows):
     assert (got != ent).any(axis=1).sum() == sum((p + 1) % rate == 0 for p in range(p0, p0 + T))
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("rate,d,half,T,p0,rows", [(4, 16, 4, 13, 0, 48), (4, 32, 8, 1, 11, 48), (8, 8, 2, 24, 5, 39),
+                                                   (3, 130, 4, 7, 2, 12), (4, 16, 4, 6, 30, 13), (8, 8, 2, 1, 47, 16)])
+def test_compress_storing_the_chunk(rng, overlap, rate, d, half, T, p0, rows):
+    """COMPRESS given the chunk's projections xs: it stores them into the state ring (as STORE_ROWS,
+    positions past the capacity not at all) and pools this chunk's positions from xs — the entries
+    and the state against STORE_ROWS then COMPRESS in float64; rings of exactly the rows the
+    overlap needs (39 = 2·8 + 24 − 1, 13 = 2·4 + 6 − 1: wrapping within the chunk)."""
+    C = 48
+    W = 2 * d if overlap else d
+    cos, sin = tables(rng, C, half)
+    ent, st, xs = f32(rng, C // rate, d), f32(rng, rows, 2 * W), f32(rng, T, 2 * W)
+    consts = [ent, None, f32(rng, rate, W), (1 + 0.3 * f32(rng, d)), np.array([p0], np.int32), cos, sin, xs]
+    prm = {"rate": rate, "overlap": overlap, "eps": 1e-6, "tokens": T}
+    g = Graph()
+    ts = [g.const(a) if a is not None else g.param("state", st.shape) for a in consts]
+    g.output("out", g.op("COMPRESS", *ts, out=ts[0], **prm))
+    ex = Executor()
+    ex.set_param("state", st)
+    cg = ex.compile(g)
+    got = cg.run()["out"]
+    op = get_op("COMPRESS")
+    check(got, op.reference(ent, st, *consts[2:], **prm), cg.check_guards())
+    check(ex.params["state"].read(), op.reference_state(st, xs, consts[4], cos), [], nmse_max=0, atol=0)
+    assert (got != ent).any(axis=1).sum() == sum((p + 1) % rate == 0 for p in range(p0, min(p0 + T, C)))
+
+
+def test_compress_storing_the_chunk_refuses_what_it_cannot_write():
+    """With xs COMPRESS writes the state: a constant state, or a ring too small for a chunk's rows
+    beside those its windows read back, is refused by name."""
+    arrays = [np.zeros((12, 8), np.float32), np.zeros((11, 32), np.float32), np.zeros((4, 16), np.float32),
+              np.ones(8, np.float32), np.zeros(1, np.int32), np.zeros((48, 2), np.float32),
+              np.zeros((48, 2), np.float32), np.zeros((5, 32), np.float32)]
+    prm = {"rate": 4, "overlap": True, "eps": 1e-6, "tokens": 5}
+    with pytest.raises(ValueError, match=r"with xs writes the state \(input 1\): pass a tensor made with"):
+        _graph_error("COMPRESS", arrays, prm, True)
+    g = Graph()
+    ts = [g.const(a) if i != 1 else g.param("state", a.shape) for i, a in enumerate(arrays)]
+    with pytest.raises(ValueError, match=r"the state ring needs 12 rows \(the 8 a window reads back and the 5 a "
+                                         r"chunk writes\), got 11"):
+        g.op("COMPRESS", *ts, out=ts[0], **prm)
+
+
 @pytest.mark.parametrize("heads", [None, 1, 3])
 @pytest.mark.parametrize("T,nh,hd,n,rate,p0", [(1, 16, 16, 9, 4, 37), (6, 4, 32, 12, 4, 3), (3, 64, 128, 300, 4, 1000),
                                                (2, 7, 20, 30, 4, 90), (1, 5, 8, 11, 4, 45)])
@@ -145,11 +188,13 @@ def test_topk(rng, T, n, k):
     ("sliding", 1, 2, 16, 63, 128, 1, 5, 64), ("sliding", 6, 2, 16, 30, 8, 1, 1, 13), ("csa", 3, 2, 16, 61, 6, 4, 2, 8)])
 @pytest.mark.parametrize("kernel,keys,tile", [("cluster", None, None), ("cluster", 1, None), ("cluster", 3, None),
                                               ("tiled", None, None), ("tiled", None, 3)])
-def test_mqa_attention(rng, monkeypatch, kernel, keys, tile, mode, T, H, hd, p0, window, rate, splits, rows):
+def test_mqa_attention(rng, monkeypatch, kernel, keys, tile, mode, T, H, hd, p0, window, rate, splits, rows,
+                       q_norm=False):
     """rows < 64: kv is a ring of the last `rows` positions (≥ window + T − 1); the last case runs
     past the capacity 64 (NaN rows). keys: keys per step of the cluster kernel (None: its default;
     3: a last step part past the list, CSA's −1 entries inside steps); tile: keys per staged tile of
-    the tiled kernel (3: several tiles per split, a partial last one)."""
+    the tiled kernel (3: several tiles per split, a partial last one). q_norm: q as the projection
+    wrote it (scaled up), normalised per head and rotated as it is loaded."""
     from dsv4_vk.ops import v4_attention
     monkeypatch.setitem(v4_attention.MQA_KEYS, "keys", keys)
     if tile is not None:
@@ -165,6 +210,10 @@ def test_mqa_attention(rng, monkeypatch, kernel, keys, tile, mode, T, H, hd, p0,
         idx[:, 0] = np.minimum(idx[:, 0], (p0 + 1) // rate - 1)
         arrays.append(idx)
     prm = {"scale": hd ** -0.5, "window": window, "mode": mode, "rate": rate, "capacity": C}
+    if q_norm:
+        arrays[0] *= 7.0
+        arrays += list(tables(rng, C + 3, min(hd // 2, 6)))
+        prm["q_norm_eps"] = 1e-6
     want = get_op("MQA_ATTENTION").reference(*arrays, **prm)
     g = Graph()
     ts = [g.const(a) for a in arrays]
@@ -173,26 +222,36 @@ def test_mqa_attention(rng, monkeypatch, kernel, keys, tile, mode, T, H, hd, p0,
         part = out
         out = g.op("MQA_COMBINE", part, ts[3], splits=splits)
         ang = rng.uniform(-np.pi, np.pi, (C, min(hd // 2, 5)))     # and with the output's RoPE removed
-        tables = [np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)]
-        g.output("rot", g.op("MQA_COMBINE", part, ts[3], ts[2], *map(g.const, tables), splits=splits, rope=True))
+        out_tables = [np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)]
+        g.output("rot", g.op("MQA_COMBINE", part, ts[3], ts[2], *map(g.const, out_tables), splits=splits, rope=True))
     g.output("out", out)
     cg = Executor().compile(g)
     got = cg.run()
     check(got["out"], want, cg.check_guards())
     if splits > 1:
-        check(got["rot"], get_op("ROPE").reference(want, arrays[2], *tables, inverse=True), cg.check_guards())
+        check(got["rot"], get_op("ROPE").reference(want, arrays[2], *out_tables, inverse=True), cg.check_guards())
 
 
+@pytest.mark.parametrize("kernel,tile", [("cluster", None), ("tiled", None), ("tiled", 3)])
+@pytest.mark.parametrize("case", [("csa", 1, 3, 48, 63, 8, 4, 3, 64), ("hca", 7, 3, 32, 30, 8, 8, 1, 64),
+                                  ("sliding", 6, 2, 16, 30, 8, 1, 1, 13), ("sliding", 1, 2, 16, 63, 128, 1, 5, 64)])
+def test_mqa_attention_normalises_and_rotates_q(rng, monkeypatch, kernel, tile, case):
+    """q_norm_eps: q's per-head RMS norm and RoPE as the attention loads it, against RMS_NORM then
+    ROPE then the attention in float64 (split lists, a ring, positions past the capacity)."""
+    test_mqa_attention(rng, monkeypatch, kernel, None, tile, *case, q_norm=True)
+
+
+@pytest.mark.parametrize("q_norm", [False, True])
 @pytest.mark.parametrize("kernel", ["tiled", "cluster"])
 @pytest.mark.parametrize("case", [("csa", 1, 3, 48, 63, 8, 4, 3, 64), ("sliding", 5, 4, 32, 0, 8, 1, 1, 64)])
-def test_mqa_attention_without_subgroup_operations(rng, monkeypatch, kernel, case):
+def test_mqa_attention_without_subgroup_operations(rng, monkeypatch, kernel, case, q_norm):
     """A device without subgroup operations: one lane per head (LANES = 1), no cluster sums."""
     import dataclasses
     from dsv4_vk.vk import default_device
     dev = default_device()
     no_ops = dataclasses.replace(dev.caps.subgroup, operations=())
     monkeypatch.setattr(dev, "caps", dataclasses.replace(dev.caps, subgroup=no_ops))
-    test_mqa_attention(rng, monkeypatch, kernel, None, 3 if kernel == "tiled" else None, *case)
+    test_mqa_attention(rng, monkeypatch, kernel, None, 3 if kernel == "tiled" else None, *case, q_norm=q_norm)
 
 
 def test_mqa_tiled_needs_shared_memory_for_a_key_row(rng, monkeypatch):
@@ -302,6 +361,26 @@ def _graph_error(name, arrays, params, inplace=False):
      "scoring must be one of"),
     ("MUL_MAT_ID", [np.zeros((2, 1, 4), np.float32), np.zeros((3, 8, 4), np.float32), np.zeros((2, 1, 2), np.float32)],
      {"mode": "sum", "limit": 1.0}, False, "limit .* with mode='swiglu'"),
+    ("RMS_NORM", [np.ones((2, 8), np.float32), np.zeros(1, np.int32), np.zeros((4, 2), np.float32),
+                  np.zeros((4, 2), np.float32), np.zeros((6, 8), np.float32)], {"eps": 1e-6, "rope": True, "ring": True},
+     False, r"ring=True writes in place: pass out=<the ring given as the last input>"),
+    ("RMS_NORM", [np.ones((2, 8), np.float32), np.zeros((6, 8), np.float32)], {"eps": 1e-6, "ring": True}, False,
+     r"ring=True stores rows at their positions: it needs rope=True"),
+    ("RMS_NORM", [np.ones((2, 8), np.float32), np.zeros(1, np.int32), np.zeros((4, 2), np.float32),
+                  np.zeros((4, 2), np.float32), np.zeros((6, 4), np.float32)], {"eps": 1e-6, "rope": True, "ring": True},
+     False, r"x must be \[T, n\] and dst \(the last input\) f32 \[rows, n\]; got x \(2, 8\), dst f32 \(6, 4\)"),
+    ("RMS_NORM", [np.ones((2, 8), np.float32), np.zeros(1, np.int32), np.zeros((4, 2), np.float32),
+                  np.zeros((4, 2), np.float32), np.zeros((6, 8), np.float32)],
+     {"eps": 1e-6, "rope": True, "ring": True, "capacity": 5}, False, r"capacity must be an integer in \[1, 4\]"),
+    ("MQA_ATTENTION", [np.zeros((1, 2, 8), np.float32), np.zeros((8, 8), np.float32), np.zeros(1, np.int32),
+                       np.zeros(2, np.float32), np.zeros((8, 2), np.float32), np.zeros((8, 2), np.float32)],
+     {"scale": 0.5, "window": 4, "q_norm_eps": 0.0}, False, "q_norm_eps must be > 0"),
+    ("MQA_ATTENTION", [np.zeros((1, 2, 8), np.float32), np.zeros((8, 8), np.float32), np.zeros(1, np.int32),
+                       np.zeros(2, np.float32)], {"scale": 0.5, "window": 4, "q_norm_eps": 1e-6}, False,
+     r"mode=sliding takes 6 inputs \(q, kv, pos, sinks\[, ent\[, idx\]\], cos, sin\), got 4"),
+    ("MQA_ATTENTION", [np.zeros((1, 2, 8), np.float32), np.zeros((8, 8), np.float32), np.zeros(1, np.int32),
+                       np.zeros(2, np.float32), np.zeros((4, 2), np.float32), np.zeros((4, 2), np.float32)],
+     {"scale": 0.5, "window": 4, "q_norm_eps": 1e-6}, False, "the RoPE tables have 4 rows, fewer than the capacity 8"),
 ])
 def test_declaration_errors_name_the_argument(name, arrays, params, inplace, msg):
     with pytest.raises(ValueError, match=msg):

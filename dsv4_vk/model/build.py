@@ -14,8 +14,8 @@ Params (Graph.param names; docs/model.md lists them):
   `layers.{i}.idx.state` / `layers.{i}.idx.ent` (cache_rows) where the indexer runs (indexer_runs);
 - RoPE tables `rope.{main,compress}.{cos,sin}` [max_ctx, rd/2];
 - per step: `step.pos`, `step.last`, `step.token` (i32 [1]), `sampler.cfg`, `sampler.state`.
-Every cache write happens on the device inside the recorded command buffer (STORE_ROWS, COMPRESS),
-so a decode step is one replay.
+Every cache write happens on the device inside the recorded command buffer (kv's RMS_NORM into
+its ring, COMPRESS into the state and entries), so a decode step is one replay.
 """
 from __future__ import annotations
 
@@ -245,12 +245,11 @@ class ModelGraph:
         """The projections xs [T, 2W] into the state rows at step.pos, then the closed windows' entries."""
         g, cfg = self.g, self.cfg
         a = f"layers.{i}.attn." + ("indexer.compressor." if prefix == "idx" else "compressor.")
-        st = self.param(f"layers.{i}.{prefix}.state")
-        st = g.op("STORE_ROWS", st, xs, self.pos, capacity=cfg.max_ctx, out=st)
-        ent = self.param(f"layers.{i}.{prefix}.ent")
-        return g.op("COMPRESS", ent, st, self.param(a + "ape"), self.param(a + "norm.weight"), self.pos,
-                    self.param("rope.compress.cos"), self.param("rope.compress.sin"), rate=cfg.rate(i),
-                    overlap=overlap, eps=cfg.rms_norm_eps, tokens=T, out=ent)
+        ent = self.param(f"layers.{i}.{prefix}.ent")                # xs stored into the state there too
+        return g.op("COMPRESS", ent, self.param(f"layers.{i}.{prefix}.state"), self.param(a + "ape"),
+                    self.param(a + "norm.weight"), self.pos, self.param("rope.compress.cos"),
+                    self.param("rope.compress.sin"), xs, rate=cfg.rate(i), overlap=overlap, eps=cfg.rms_norm_eps,
+                    tokens=T, out=ent)
 
     def attention(self, i, x):
         cfg, g = self.cfg, self.g
@@ -266,8 +265,7 @@ class ModelGraph:
             cols[name[len(a):]] = xw[:, at:at + n]
             at += n
         qr = self.norm(cols["wq_a.weight"], a + "q_norm.weight")                      # read by two mat-muls
-        q = self.linear(qr, a + "wq_b.weight").reshape(T, H, hd)
-        q = g.op("RMS_NORM", q, self.pos, cos, sin, eps=eps, rope=True)              # per-head norm, RoPE
+        q = self.linear(qr, a + "wq_b.weight").reshape(T, H, hd)    # its per-head norm and RoPE: in MQA
         cache = self.param(f"layers.{i}.kv")                              # kv's norm and RoPE, stored
         cache = g.op("RMS_NORM", cols["wkv.weight"], self.param(a + "kv_norm.weight"), self.pos, cos, sin, cache,
                      eps=eps, rope=True, ring=True, capacity=cfg.max_ctx, out=cache)
@@ -281,8 +279,8 @@ class ModelGraph:
         if sparse:
             extra.append(self.indexer(i, x, xw, cols, qr, T))
         S = self.splits[i] if self.splits is not None else (decode_splits(cfg, i, self.device) if T == 1 else 1)
-        o = g.op("MQA_ATTENTION", q, cache, self.pos, self.param(a + "attn_sink"), *extra, scale=hd ** -0.5,
-                 window=cfg.sliding_window, splits=S, capacity=cfg.max_ctx, **prm)
+        o = g.op("MQA_ATTENTION", q, cache, self.pos, self.param(a + "attn_sink"), *extra, cos, sin, scale=hd ** -0.5,
+                 window=cfg.sliding_window, splits=S, capacity=cfg.max_ctx, q_norm_eps=eps, **prm)
         if S > 1:                       # V carries RoPE: removed as the parts are merged, or after
             o = g.op("MQA_COMBINE", o, self.param(a + "attn_sink"), self.pos, cos, sin, splits=S, rope=True)
         else:

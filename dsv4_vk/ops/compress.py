@@ -2,9 +2,10 @@
 HCA / CSA windows, with the entry's RMSNorm and RoPE), INDEX_SCORE (the lightning indexer's
 ReLU scores, causal) and TOPK (exact top-k of any size, e.g. index_topk = 512).
 
-COMPRESS reads the per-position projections from a state buffer written by STORE_ROWS and writes
-entry w when a chunk token closes window w: prefill and decode run the same kernels, and the
-decode step's command buffer, replayed, updates the open window and the entries on the device.
+COMPRESS reads the per-position projections from a state buffer and writes entry w when a chunk
+token closes window w; given the chunk's projections as well, it stores them into the state itself
+(a STORE_ROWS dispatch fewer). Prefill and decode run the same kernels, and the decode step's
+command buffer, replayed, updates the open window and the entries on the device.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 
 from .base import (Launch, OpDef, check_finite, check_flag, check_params, cluster_lanes, expect, grid_1d, nonempty,
                    pack_push, register, unit_last)
-from .v4_attention import _positions
+from .v4_attention import StoreRows, _positions
 
 COMPRESS_WG = 64
 TOPK_WG = 64
@@ -37,14 +38,19 @@ def reference_pool(c, z, norm_w, eps, overlap):
 @register
 class Compress(OpDef):
     """COMPRESS(out [n, d], state [rows, 2W], ape [rate, W], norm [d], pos [1] i32, cos, sin
-    [capacity, half], rate=, overlap=, eps=, tokens=T) IN PLACE on out (out=): entry w = (p+1)/rate − 1
-    for every one of the T chunk tokens p = pos[0]+t < capacity that closes a window; W = 2d with
-    overlap (CSA), else d (HCA); state is a ring (position q in row q % rows)."""
-    name, n_inputs = "COMPRESS", 7
+    [capacity, half][, xs [T, 2W]], rate=, overlap=, eps=, tokens=T) IN PLACE on out (out=): entry
+    w = (p+1)/rate − 1 for every one of the T chunk tokens p = pos[0]+t < capacity that closes a
+    window; W = 2d with overlap (CSA), else d (HCA); state is a ring (position q in row q % rows).
+    With xs, the chunk's projections: stored into the state first (as STORE_ROWS would, in the
+    same dispatch; the state is then written too and must hold the (2 with overlap, else 1)·rate
+    + T − 1 rows a chunk reads back or writes)."""
+    name, n_inputs = "COMPRESS", None
     dtypes = ("f32", "i32")
 
     def infer(self, inputs, params):
-        out, st, ape, norm, pos, cos, sin = inputs
+        if len(inputs) not in (7, 8):
+            raise ValueError(f"{self.name} takes out, state, ape, norm, pos, cos, sin[, xs]; got {len(inputs)} inputs")
+        out, st, ape, norm, pos, cos, sin = inputs[:7]
         nonempty(self.name, [out, st, ape, norm, cos])
         check_params(self.name, params, ("rate", "overlap", "eps", "tokens"))
         m, ov = params.get("rate"), check_flag(self.name, params, "overlap")
@@ -72,10 +78,21 @@ class Compress(OpDef):
                              "with one row stride for cos and sin")
         for what, t in (("out", out), ("state", st), ("ape", ape), ("cos", cos), ("sin", sin)):
             unit_last(self.name, what, t)
+        if len(inputs) == 8:
+            T = params["tokens"]
+            expect(self.name, f"xs (input 7, the chunk's projections [{T}, 2·{W}])", inputs[7], (T, 2 * W))
+            unit_last(self.name, "xs", inputs[7])
+            if st.storage.kind not in ("temp", "param"):
+                raise ValueError(f"{self.name} with xs writes the state (input 1): pass a tensor made with "
+                                 f"Graph.empty (or a param), got a {st.storage.kind} tensor")
+            need = (2 if ov else 1) * m + T - 1
+            if st.shape[0] < need:
+                raise ValueError(f"{self.name}: with xs the state ring needs {need} rows (the {need - T + 1} a "
+                                 f"window reads back and the {T} a chunk writes), got {st.shape[0]}")
         return out.shape, "f32"
 
     def lower(self, node, device):
-        out, st, ape, norm, pos, cos, sin = node.inputs
+        out, st, ape, norm, pos, cos, sin = node.inputs[:7]
         res = node.output
         if res.storage is not out.storage or res.offset != out.offset:
             raise ValueError("COMPRESS writes the entries in place: pass out=<the tensor given as input 0>")
@@ -87,11 +104,25 @@ class Compress(OpDef):
                           ape.offset, ape.strides[0], norm.offset, out.offset, out.strides[0], pos.offset,
                           cos.offset, sin.offset, cos.strides[0]],
                          float(prm.get("eps", 1e-6)))
-        return [Launch("compress", [st, ape, norm, pos, cos, sin, res], (6,), push, grid_1d(T, 1), defines=defs,
+        args, writes = [st, ape, norm, pos, cos, sin, res], (6,)
+        if len(node.inputs) == 8:
+            xs = node.inputs[7]
+            defs["NEW_ROWS"] = 1
+            args, writes = args + [xs], (6, 0)
+            push += pack_push([xs.offset, xs.strides[0]])
+        return [Launch("compress", args, writes, push, grid_1d(T, 1), defines=defs,
                        spec=(COMPRESS_WG, prm["rate"], d))]
 
-    def reference(self, out, st, ape, norm, pos, cos, sin, rate=1, overlap=False, eps=1e-6, tokens=1):
+    @staticmethod
+    def reference_state(st, xs, pos, cos):
+        """float64 state after a COMPRESS given xs: xs's rows stored at their positions < capacity."""
+        return StoreRows().reference(st, xs, pos, capacity=np.shape(cos)[0])
+
+    def reference(self, out, st, ape, norm, pos, cos, sin, xs=None, rate=1, overlap=False, eps=1e-6, tokens=1):
+        """The entries (with xs, after storing xs into the state: reference_state gives that)."""
         res = np.array(out, np.float64)
+        if xs is not None:
+            st = self.reference_state(st, xs, pos, cos)
         st, ape = np.asarray(st, np.float64), np.asarray(ape, np.float64)
         n, d = res.shape
         W = ape.shape[1]

@@ -138,6 +138,12 @@ class StoreRows(OpDef):
         return out
 
 
+def reference_q_norm(q, pos, cos, sin, eps):
+    """float64 q [T, H, hd] with each head's row RMS-normalised (no weight), then RoPE at its position."""
+    q = np.asarray(q, np.float64)
+    return Rope().reference(q / np.sqrt(np.mean(q * q, axis=-1, keepdims=True) + eps), pos, cos, sin)
+
+
 def reference_mqa(q, kv, pos, sinks, ent=None, idx=None, *, scale, window, mode="sliding", rate=1, capacity=None):
     """float64 MQA_ATTENTION: q [T,H,hd], kv [rows,hd] (position j in row j % rows), ent [n,hd],
     idx [T,K] i32 (−1: none); positions outside [0, capacity) give NaN."""
@@ -189,28 +195,40 @@ def mqa_decode_splits(device, hd: int, n_keys: int) -> int:
 
 @register
 class MqaAttention(OpDef):
-    """MQA_ATTENTION(q [T,H,hd], kv [rows,hd], pos [1] i32, sinks [H][, ent [n,hd][, idx [T,K] i32]],
-    scale=, window=, mode="sliding"|"hca"|"csa", rate=, splits=1, capacity=rows, kernel="auto") -> [T,H,hd]:
-    DeepSeek-V4's attention over the raw window plus compressed entries (shaders/mqa_attention.comp).
-    splits > 1 cuts each key list into that many parts on separate lanes, merged by one more
-    dispatch. kernel: "tiled" (keys staged in shared memory per group of heads; auto up to
-    TILED_MAX_TOKENS tokens), "cluster" (one cluster per head reads its keys itself), "auto"."""
+    """MQA_ATTENTION(q [T,H,hd], kv [rows,hd], pos [1] i32, sinks [H][, ent [n,hd][, idx [T,K] i32]]
+    [, cos, sin], scale=, window=, mode="sliding"|"hca"|"csa", rate=, splits=1, capacity=rows,
+    kernel="auto", q_norm_eps=) -> [T,H,hd]: DeepSeek-V4's attention over the raw window plus
+    compressed entries (shaders/mqa_attention.comp). splits > 1 cuts each key list into that many
+    parts on separate lanes, merged by one more dispatch. kernel: "tiled" (keys staged in shared
+    memory per group of heads; auto up to TILED_MAX_TOKENS tokens), "cluster" (one cluster per head
+    reads its keys itself), "auto". q_norm_eps= (with the RoPE tables cos, sin [≥ capacity, half]
+    last): q is the projection's output, each head's row RMS-normalised and rotated at its position
+    as it is loaded (q's per-head norm and RoPE in this dispatch, as RMS_NORM rope=True would)."""
     name, n_inputs = "MQA_ATTENTION", None
     dtypes = ("f32", "i32")
 
     def infer(self, inputs, params):
-        check_params(self.name, params, ("scale", "window", "mode", "rate", "splits", "capacity", "kernel"))
+        check_params(self.name, params, ("scale", "window", "mode", "rate", "splits", "capacity", "kernel",
+                                         "q_norm_eps"))
         if params.get("kernel", "auto") not in MQA_KERNELS:
             raise ValueError(f"{self.name}: kernel must be one of {MQA_KERNELS}, got {params['kernel']!r}")
         mode = params.get("mode", "sliding")
         if mode not in MODES:
             raise ValueError(f"{self.name}: mode must be one of {MODES}, got {mode!r}")
-        want = {"sliding": 4, "hca": 5, "csa": 6}[mode]
+        q_norm = "q_norm_eps" in params
+        want = {"sliding": 4, "hca": 5, "csa": 6}[mode] + (2 if q_norm else 0)
         if len(inputs) != want:
-            raise ValueError(f"{self.name} mode={mode} takes {want} inputs "
-                             f"(q, kv, pos, sinks[, ent[, idx]]), got {len(inputs)}")
+            raise ValueError(f"{self.name} mode={mode} takes {want} inputs (q, kv, pos, sinks[, ent[, idx]]"
+                             f"{', cos, sin' if q_norm else ''}), got {len(inputs)}")
         nonempty(self.name, inputs)
         q, kv, pos, sinks = inputs[:4]
+        if q_norm:
+            if check_finite(f"{self.name} q_norm_eps", params["q_norm_eps"]) <= 0:
+                raise ValueError(f"{self.name}: q_norm_eps must be > 0, got {params['q_norm_eps']!r}")
+            check_rope_tables(self.name, pos, *inputs[-2:], q.shape[2])
+            if params.get("capacity", kv.shape[0]) > inputs[-2].shape[0]:
+                raise ValueError(f"{self.name}: the RoPE tables have {inputs[-2].shape[0]} rows, fewer than the "
+                                 f"capacity {params.get('capacity', kv.shape[0])}")
         expect(self.name, "q (input 0, [T, heads, head_dim])", q, (None, None, None))
         T, H, hd = q.shape
         expect(self.name, "kv (input 1, [rows, head_dim])", kv, (None, hd))
@@ -240,6 +258,7 @@ class MqaAttention(OpDef):
         q, kv, pos, sinks = node.inputs[:4]
         prm, out = node.params, node.output
         mode, S = prm.get("mode", "sliding"), prm.get("splits", 1)
+        q_norm = "q_norm_eps" in prm
         ent = node.inputs[4] if mode != "sliding" else kv            # bound but unread without entries
         idx = node.inputs[5] if mode == "csa" else pos
         T, H, hd = q.shape
@@ -268,14 +287,24 @@ class MqaAttention(OpDef):
         heads_per_group = 256 // lanes["LANES"]
         grid = (grid_1d(T * S * -(-H // heads_per_group), 1) if kernel == "tiled"
                 else grid_1d(T * H * S, heads_per_group))
-        push = pack_push(head, [out.offset, out.strides[0], out.strides[1]], tail, float(prm["scale"]))
-        return [Launch("mqa_attention", [q, kv, ent, idx, pos, sinks, out], (6,), push, grid,
-                       defines=defs, spec=spec, **extra)]
+        args = [q, kv, ent, idx, pos, sinks, out]
+        rope = []
+        if q_norm:
+            cos, sin = node.inputs[-2:]
+            defs["Q_NORM"] = 1
+            args += [cos, sin]
+            rope = [float(prm["q_norm_eps"]), cos.shape[1], cos.offset, sin.offset, cos.strides[0]]
+        push = pack_push(head, [out.offset, out.strides[0], out.strides[1]], tail, float(prm["scale"]), *rope)
+        return [Launch("mqa_attention", args, (6,), push, grid, defines=defs, spec=spec, **extra)]
 
-    def reference(self, q, kv, pos, sinks, ent=None, idx=None, scale=1.0, window=1, mode="sliding", rate=1, splits=1,
-                  capacity=None, kernel="auto"):
+    def reference(self, q, kv, pos, sinks, *rest, scale=1.0, window=1, mode="sliding", rate=1, splits=1,
+                  capacity=None, kernel="auto", q_norm_eps=None):
         if splits != 1:
             raise ValueError("the reference of a split MQA_ATTENTION is that of MQA_COMBINE over it")
+        if q_norm_eps is not None:
+            *rest, cos, sin = rest
+            q = reference_q_norm(q, pos, cos, sin, q_norm_eps)
+        ent, idx = (list(rest) + [None, None])[:2]
         return reference_mqa(q, kv, pos, sinks, ent, idx, scale=scale, window=window, mode=mode, rate=rate,
                              capacity=capacity)
 
