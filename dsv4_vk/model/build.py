@@ -264,7 +264,7 @@ class ModelGraph:
         for name, n in x_projections(cfg, i, sparse):
             cols[name[len(a):]] = xw[:, at:at + n]
             at += n
-        qr = self.norm(cols["wq_a.weight"], a + "q_norm.weight")                      # read by two mat-muls
+        qr = self.norm(cols["wq_a.weight"], a + "q_norm.weight")     # read by wq_b (and the indexer's)
         q = self.linear(qr, a + "wq_b.weight").reshape(T, H, hd)    # its per-head norm and RoPE: in MQA
         cache = self.param(f"layers.{i}.kv")                              # kv's norm and RoPE, stored
         cache = g.op("RMS_NORM", cols["wkv.weight"], self.param(a + "kv_norm.weight"), self.pos, cos, sin, cache,
