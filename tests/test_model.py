@@ -203,6 +203,31 @@ def test_csa_attends_over_every_entry_without_its_indexer_where_top_k_keeps_them
     assert sparse.memory()["weights"]["f32"] > dense.memory()["weights"]["f32"]
 
 
+def test_the_indexer_scores_only_from_the_position_where_its_top_k_drops_entries(rng, monkeypatch):
+    """TINY's CSA layer (rate 4, top-3 of up to 10 entries): up to position 14 every closed entry is
+    kept, so those chunks and steps run graphs without the indexer's scores and top-k (its keys are
+    still compressed); from 15 on it scores. Against the float64 reference and against the model
+    that scores everywhere; the profile counts one TOPK a step from position 15."""
+    from dsv4_vk.model import build
+    w = random_weights(TINY, int(rng.integers(0, 2 ** 31)))
+    ids = rng.integers(0, TINY.vocab_size, 30)
+
+    def logits(m):
+        with profile.profile() as prof:
+            rows = [m.prefill(ids[:9], all_logits=True)]
+            with profile.phase("decode"):
+                rows += [m.step(int(t), output="logits")[None] for t in ids[9:]]
+        return np.concatenate(rows), prof.as_dict()["phases"]["decode"]["ops"]
+
+    got, ops = logits(Model(TINY, w, prefill_chunk=8))
+    ref = V4Reference(TINY, w).forward(ids)
+    assert nmse(got, ref) <= NMSE_MAX and max_abs(got, ref) <= 1e-3 * np.abs(ref).max()
+    assert ops["TOPK"]["dispatches"] == 29 - 15 + 1                   # the steps at positions 15..29
+    monkeypatch.setitem(build.INDEXER, "always", True)
+    everywhere, ops = logits(Model(TINY, w, prefill_chunk=8))
+    assert ops["TOPK"]["dispatches"] == 29 - 9 + 1 and nmse(everywhere, got) <= 1e-9
+
+
 def test_chunked_prefill_plus_decode_equals_recomputing_the_sequence(rng):
     weights = random_weights(TINY, int(rng.integers(0, 2 ** 31)))
     ids = rng.integers(0, TINY.vocab_size, 23)
@@ -246,7 +271,10 @@ def test_decode_replays_one_recording_and_updates_the_cache_on_the_device(monkey
     assert m.ex.params["layers.1.cmp.state"].shape == (8 + 16 - 1, 2 * TINY.head_dim)
     m.prefill(rng.integers(0, TINY.vocab_size, 3))
     m.step()
-    cg = m.compiled("decode")
+    # positions 3..13: every CSA top-k keeps all closed entries, the decode graph without scoring
+    from dsv4_vk.model.build import all_entries_fit
+    assert all_entries_fit(TINY, 13) and not all_entries_fit(TINY, 15)
+    cg = m.compiled("decode", dense=True)
     rec, n, submits = cg.recording, cg.recording.n_dispatches, cg.recording.n_submits
     before = m.ex.params["layers.0.cmp.ent"].read()
 
@@ -256,7 +284,7 @@ def test_decode_replays_one_recording_and_updates_the_cache_on_the_device(monkey
     monkeypatch.setattr(executor_module.CompiledGraph, "__init__", no_recording)
     for _ in range(10):
         m.step()
-    assert m.compiled("decode") is cg and cg.recording is rec
+    assert m.compiled("decode", dense=True) is cg and cg.recording is rec
     assert rec.n_dispatches == n and rec.n_submits == submits + 10
     assert m.position == 14
     after = m.ex.params["layers.0.cmp.ent"].read()
@@ -307,9 +335,9 @@ def test_steps_submits_once_per_k_steps_and_stops_at_the_context(rng):
     one = Model.load(TINY, seed=2, prefill_chunk=8)
     one.prefill(prompt)
     expected = [one.step() for _ in range(TINY.max_ctx - 4)]
-    toks = m.steps(5)
-    cg = m._graphs[("decode", 5, False)]
-    per_step = m.compiled("decode").recording.n_dispatches
+    toks = m.steps(5)                       # positions 4..8: no layer's top-k drops an entry yet
+    cg = m._graphs[("decode", 5, True, False)]
+    per_step = m.compiled("decode", dense=True).recording.n_dispatches
     assert cg.recording.n_submits == 1 and cg.recording.n_dispatches == 5 * (per_step + 1)    # + STORE_AT
     toks += m.steps(5)
     assert cg.recording.n_submits == 2 and m.position == 14
@@ -327,10 +355,10 @@ def test_steps_submits_once_per_k_steps_and_stops_at_the_context(rng):
 
 def test_profile_splits_prefill_and_decode(rng):
     m = Model.load(TINY, seed=1)
-    with profile.profile() as prof:
-        list(m.generate(rng.integers(0, TINY.vocab_size, 3), 4, steps_per_submit=1))
+    with profile.profile() as prof:         # past position 15 the CSA indexer scores (TOPK below)
+        list(m.generate(rng.integers(0, TINY.vocab_size, 16), 4, steps_per_submit=1))
     d = prof.as_dict()["phases"]
-    assert d["prefill"]["runs"] == 1 and d["decode"]["runs"] == 3
+    assert d["prefill"]["runs"] == 1 and d["decode"]["runs"] == 3    # one 16-token chunk
     assert d["decode"]["dispatches"] == 3 * (m.compiled("decode").recording.n_dispatches + 1)    # + STORE_AT
     ops = " ".join(d["decode"]["ops"])
     for op in ("MQA_ATTENTION", "COMPRESS", "TOPK", "V4_ROUTE", "MUL_MAT_ID", "SAMPLE", "HC_SITE"):

@@ -33,8 +33,8 @@ from .reference import inv_freq
 
 STEP_PARAMS = ("step.pos", "step.last", "step.token")
 
-# "always": build the lightning indexer into every CSA layer, even where its top-k keeps every
-# entry the cache can hold (tests and benches compare the two graphs).
+# "always": build the lightning indexer into every CSA layer and score with it at every position,
+# even where its top-k keeps every entry (tests and benches compare the graphs).
 INDEXER = {"always": False}
 
 
@@ -48,6 +48,14 @@ def indexer_runs(cfg: V4Config, i: int) -> bool:
     if cfg.layer_types[i] != CSA:
         return False
     return INDEXER["always"] or cfg.index_topk < max(cfg.max_ctx // cfg.rate(i), 1)
+
+
+def all_entries_fit(cfg: V4Config, last_position: int) -> bool:
+    """Whether, up to last_position, every CSA layer's top-k keeps every entry that has closed:
+    (p + 1) // rate ≤ index_topk. A graph run only at such positions needs no indexer scores or
+    top-k (its compressor still runs, so that its keys exist once they matter)."""
+    return all((last_position + 1) // cfg.rate(i) <= cfg.index_topk
+               for i, kind in enumerate(cfg.layer_types) if kind == CSA)
 
 
 def _stack(parts):
@@ -160,11 +168,13 @@ class Normed(NamedTuple):
 class ModelGraph:
     """Builds one forward graph of T tokens; `params` are the uploaded arrays (names, shapes, dtypes).
     splits: MQA key-list splits per layer (None: decode_splits at T = 1, else 1). At T = 1 the RMS
-    norms whose only readers are mat-muls are folded into them (Normed)."""
+    norms whose only readers are mat-muls are folded into them (Normed). dense: the graph only runs
+    where all_entries_fit, so CSA layers attend every closed entry and skip the indexer's scoring."""
 
-    def __init__(self, cfg: V4Config, params: dict, T: int, *, prefill: bool, fused, device, splits=None):
+    def __init__(self, cfg: V4Config, params: dict, T: int, *, prefill: bool, fused, device, splits=None,
+                 dense: bool = False):
         self.cfg, self.params, self.fused, self.device = cfg, params, fused, device
-        self.splits = splits
+        self.splits, self.dense = splits, dense
         self.fold_norms = T == 1
         self._norms = {}
         self.g = g = Graph()
@@ -258,10 +268,11 @@ class ModelGraph:
         kind = cfg.layer_types[i]
         rk = "main" if kind == SWA else "compress"
         cos, sin = self.param(f"rope.{rk}.cos"), self.param(f"rope.{rk}.sin")
-        sparse = self.indexer_runs(i)
+        indexer = self.indexer_runs(i)
+        sparse = indexer and not self.dense                 # else every closed entry is attended
         xw = self.linear(x, a + "wx")                                     # every x projection
         cols, at = {}, 0
-        for name, n in x_projections(cfg, i, sparse):
+        for name, n in x_projections(cfg, i, indexer):
             cols[name[len(a):]] = xw[:, at:at + n]
             at += n
         qr = self.norm(cols["wq_a.weight"], a + "q_norm.weight")     # read by wq_b (and the indexer's)
@@ -278,6 +289,8 @@ class ModelGraph:
             prm = {"mode": "csa" if sparse else "hca", "rate": m}             # hca: every entry
         if sparse:
             extra.append(self.indexer(i, x, xw, cols, qr, T))
+        elif indexer:                       # its keys kept up to date for the positions where it scores
+            self._index_keys(i, xw, cols, T)
         S = self.splits[i] if self.splits is not None else (decode_splits(cfg, i, self.device) if T == 1 else 1)
         o = g.op("MQA_ATTENTION", q, cache, self.pos, self.param(a + "attn_sink"), *extra, cos, sin, scale=hd ** -0.5,
                  window=cfg.sliding_window, splits=S, capacity=cfg.max_ctx, q_norm_eps=eps, **prm)
@@ -297,12 +310,17 @@ class ModelGraph:
         """The view of xw's columns starting at `first`'s, `width` wide (adjacent projections)."""
         return xw[:, first.offset - xw.offset:first.offset - xw.offset + width]
 
+    def _index_keys(self, i, xw, cols, T):
+        """The indexer's compressed keys (its state and entries written in place)."""
+        width = 4 * self.cfg.index_head_dim
+        return self._compress("idx", self._cat(xw, cols["indexer.compressor.wkv.weight"], width), i, True, T)
+
     def indexer(self, i, x, xw, cols, qr, T):
         """The lightning indexer: its compressed keys, scores of this chunk's queries, the top-k."""
         cfg, g = self.cfg, self.g
         a = f"layers.{i}.attn.indexer."
         nI, hI, m = cfg.index_n_heads, cfg.index_head_dim, cfg.rate(i)
-        keys = self._compress("idx", self._cat(xw, cols["indexer.compressor.wkv.weight"], 4 * hI), i, True, T)
+        keys = self._index_keys(i, xw, cols, T)
         qI = self.linear(qr, a + "wq_b.weight").reshape(T, nI, hI)
         qI = g.op("ROPE", qI, self.pos, self.param("rope.compress.cos"), self.param("rope.compress.sin"))
         s = g.op("INDEX_SCORE", qI, cols["indexer.weights_proj.weight"], keys, self.pos, rate=m,

@@ -12,7 +12,9 @@ a host-visible param), submits, and reads the sampled token (4 bytes); nothing i
 Python runs per dispatch. The sampled token stays on the device as the next step's input. Prefill
 runs the prompt in chunks of `prefill_chunk` tokens (the last one padded) through one more graph.
 `steps(k)` records k decode steps back to back in one command buffer (the position advanced on the
-device) and submits once; `generate` uses it (docs/model.md: what it gains and costs).
+device) and submits once; `generate` uses it (docs/model.md: what it gains and costs). Chunks and
+steps at positions where every CSA top-k still keeps all closed entries run graphs without the
+indexer's scoring (`model.build.all_entries_fit`); each graph is recorded on first use.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from ..core import profile
 from ..core.executor import Executor
 from ..ops.sample import MAX_TOP_K
 from ..vk import default_device
-from .build import STEP_PARAMS, ModelGraph, param_arrays
+from .build import INDEXER, STEP_PARAMS, ModelGraph, all_entries_fit, param_arrays
 from .checkpoint import load_hf, normalise, random_weights
 from .config import V4Config
 
@@ -70,6 +72,8 @@ class Model:
         self.prefill_chunk = min(prefill_chunk, cfg.max_ctx)
         self.ex = Executor(self.device)
         self.params = param_arrays(cfg, weights, self.prefill_chunk)
+        # some CSA layer has an indexer that scores only where it matters (not with INDEXER["always"])
+        self._indexed = any(n.endswith(".idx.state") for n in self.params) and not INDEXER["always"]
         # multi-step decode (steps): the token sampled after each position, written on the device
         self.params[HISTORY] = np.zeros(cfg.max_ctx, np.int32)
         for name, a in self.params.items():
@@ -93,17 +97,26 @@ class Model:
         return cls(cfg, weights, device, fused, prefill_chunk, splits)
 
     # --- graphs -----------------------------------------------------------------------------------
-    def compiled(self, kind: str):
-        """The CompiledGraph of "prefill" or "decode" (built and recorded on first use, then replayed)."""
-        key = (kind, profile.active())
+    def compiled(self, kind: str, dense: bool = False):
+        """The CompiledGraph of "prefill" or "decode" (built and recorded on first use, then replayed);
+        dense: the one for positions where every CSA top-k keeps all closed entries (no indexer
+        scoring: model.build.all_entries_fit)."""
+        key = (kind, dense, profile.active())
         cg = self._graphs.get(key)
         if cg is None:
             T = self.prefill_chunk if kind == "prefill" else 1
             splits = None if kind == "decode" else [1] * self.cfg.num_hidden_layers
             graph = ModelGraph(self.cfg, self.params, T, prefill=kind == "prefill", fused=self.fused,
-                               device=self.device, splits=self.splits if kind == "decode" else splits).g
+                               device=self.device, splits=self.splits if kind == "decode" else splits,
+                               dense=dense).g
             cg = self._graphs[key] = self.ex.compile(graph)
         return cg
+
+    def _dense(self, last_position: int) -> bool:
+        """Whether the graphs for positions up to last_position may leave out the indexer's scoring
+        (it selects every entry there; its keys are still compressed). Where no layer builds an
+        indexer the one graph is already dense."""
+        return self._indexed and all_entries_fit(self.cfg, last_position)
 
     def memory(self) -> dict:
         """Device bytes of the uploaded params: {"weights": {dtype: bytes}, "cache": bytes (decode cache,
@@ -165,12 +178,12 @@ class Model:
         all_logits). The device samples the next token from them (see next_token)."""
         ids = self._ids(ids, "ids")
         C = self.prefill_chunk
-        cg = self.compiled("prefill")
-        logits_t = cg.graph.outputs["logits"]
         rows = []
         with profile.phase("prefill"):
             for start in range(0, ids.size, C):
                 chunk = ids[start:start + C]
+                cg = self.compiled("prefill", self._dense(self.position + start + C - 1))
+                logits_t = cg.graph.outputs["logits"]
                 self._write("step.pos", self.position + start)
                 self._write("step.last", chunk.size - 1)
                 self._replay(cg, {"ids": np.pad(chunk, (0, C - chunk.size))})
@@ -189,7 +202,7 @@ class Model:
             raise ValueError(f"the sequence is full: position {self.position} = max_ctx; call reset()")
         if token is not None:
             self._write("step.token", int(self._ids([token], "token")[0]))
-        cg = self.compiled("decode")
+        cg = self.compiled("decode", self._dense(self.position))
         self._write("step.pos", self.position)
         t1 = time.perf_counter()
         with profile.phase("decode"):
@@ -220,11 +233,12 @@ class Model:
             raise ValueError(f"the sequence is full: position {self.position} = max_ctx; call reset()")
         t0 = time.perf_counter()
         k = min(k, self.prefill_chunk, self.cfg.max_ctx - self.position)
-        key = ("decode", k, profile.active())
+        dense = self._dense(self.position + k - 1)
+        key = ("decode", k, dense, profile.active())
         cg = self._graphs.get(key)
         if cg is None:
             g = ModelGraph(self.cfg, self.params, 1, prefill=False, fused=self.fused, device=self.device,
-                           splits=self.splits).g
+                           splits=self.splits, dense=dense).g
             hist = g.param(HISTORY, (self.cfg.max_ctx,), "i32")
             g.op("STORE_AT", g.param("step.token", (1,), "i32"), g.param("step.pos", (1,), "i32"), hist, out=hist,
                  advance=1)
