@@ -140,7 +140,7 @@ class MulMatId(OpDef):
         cols = N // 2 if mode == "swiglu" else N
         wg = MUL_MAT_ID_UNROLL["wg"] if mode == "sum" else None
         sg = device.caps.subgroup
-        if wg and sg.supports("basic", "arithmetic") and sg.min_size >= 4:
+        if wg and wg > 1 and sg.supports("basic", "arithmetic") and sg.min_size >= 4:
             lim = device.caps.limits
             wg = min(next_pow2(wg), 256, lim.max_workgroup_invocations, lim.max_workgroup_size[0])
             lanes, extra = {"LANES_WORKGROUP": 1}, {}
