@@ -108,19 +108,21 @@ void key_list(int pp, out uint j0, out uint n_raw, out uint n) {
 void load_q(uint t, uint h, uint lane, int pp) {
     uint qb = p.q_off + t * p.q_s0 + h * p.q_s1;
 #if defined(Q_NORM)
-    float ss = 0.0;
+    // the channels and their rotation partners loaded together, before the sum (one latency)
+    float ss = 0.0, partner[PER_LANE];
+    uint first = p.hd - 2u * p.q_half;
     [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
         uint c = lane + LANES * m;
         qv[m] = c < p.hd ? q[qb + c] : 0.0;
+        partner[m] = c < p.hd && c >= first ? q[qb + (c ^ 1u)] : 0.0;
         ss += qv[m] * qv[m];
     }
     float r = 1.0 / sqrt(cluster_sum(ss) / float(p.hd) + p.q_eps);
-    uint first = p.hd - 2u * p.q_half;
     [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
         uint c = lane + LANES * m;
         float v = qv[m] * r;
         if (c < p.hd && c >= first)
-            v = rope_channel(v, q[qb + (c ^ 1u)] * r, c, first, pp, p.capacity, p.cos_off, p.sin_off, p.tab_s0, false);
+            v = rope_channel(v, partner[m] * r, c, first, pp, p.capacity, p.cos_off, p.sin_off, p.tab_s0, false);
         qv[m] = v * p.scale;
         acc[m] = 0.0;
     }

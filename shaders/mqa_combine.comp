@@ -6,6 +6,9 @@
 // Σ_s e^(max_s − M)·sum_s), M = max(sink, max_s). Lanes: one invocation per (t, h, c).
 // -D ROPE: then the output's trailing 2·half channels de-rotated as ROPE inverse=True does at
 // position pos[0] + t (V carries RoPE): an invocation also merges its channel's pair partner.
+// SPLITS (spec constant 1) is the parts' count: the loops over them unroll, so an invocation's loads
+// of every part are issued together (with a push-constant count they were a chain of memory
+// latencies: one step per part, 24 in a CSA layer at decode).
 // Push: T, H, hd, splits, part_off, out (off, s0, s1), sink_off[, half, capacity, pos_off, cos_off,
 // sin_off, tab_s0].
 #include "common.glsl"
@@ -24,16 +27,17 @@ layout(push_constant) uniform P {
     uint half_rd, capacity, pos_off, cos_off, sin_off, tab_s0;
 #endif
 } p;
+layout(constant_id = 1) const uint SPLITS = 1;
 
 void main() {
     uint i = flat_index();
     if (i >= p.T * p.H * p.hd) return;
     uint c = i % p.hd, th = i / p.hd;
     uint h = th % p.H, t = th / p.H;
-    uint b = p.part_off + th * p.splits * (p.hd + 2);
+    uint b = p.part_off + th * SPLITS * (p.hd + 2);
     float sink = sinks[p.sink_off + h];
     float M = sink;
-    for (uint s = 0; s < p.splits; ++s) M = max(M, part[b + s * (p.hd + 2) + p.hd]);
+    [[unroll]] for (uint s = 0; s < SPLITS; ++s) M = max(M, part[b + s * (p.hd + 2) + p.hd]);
 #if defined(ROPE)
     uint first = p.hd - 2u * p.half_rd;                 // even: pairs (c, c ^ 1)
     uint cp = c >= first ? c ^ 1u : c;                  // the pair partner, merged beside c
@@ -41,7 +45,7 @@ void main() {
     uint cp = c;                                        // (num_p: dead code without ROPE)
 #endif
     float den = exp(sink - M), num = 0.0, num_p = 0.0;
-    for (uint s = 0; s < p.splits; ++s) {
+    [[unroll]] for (uint s = 0; s < SPLITS; ++s) {
         uint r = b + s * (p.hd + 2);
         float f = exp(part[r + p.hd] - M);              // an empty part: max = LOWEST, f = 0
         den += f * part[r + p.hd + 1];

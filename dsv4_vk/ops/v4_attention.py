@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import (Launch, OpDef, check_finite, check_flag, check_params, cluster_lanes, expect, grid_1d, is_cpu,
-                   nonempty, pack_push, register, unit_last)
+from .base import (WORKGROUP, Launch, OpDef, check_finite, check_flag, check_params, cluster_lanes, expect, grid_1d,
+                   is_cpu, nonempty, pack_push, register, unit_last)
 
 NAN = np.nan
 
@@ -343,11 +343,12 @@ class MqaCombine(OpDef):
         T, H, hd = out.shape
         head = [T, H, hd, node.params["splits"], part.offset, out.offset, out.strides[0], out.strides[1],
                 sinks.offset]
+        spec = (WORKGROUP, node.params["splits"])
         if node.params.get("rope", False):
             push = pack_push(head, rope_push(*node.inputs[2:]))
             return [Launch("mqa_combine", [part, sinks, out, *node.inputs[2:]], (2,), push, grid_1d(T * H * hd),
-                           defines={"ROPE": 1})]
-        return [Launch("mqa_combine", [part, sinks, out], (2,), pack_push(head), grid_1d(T * H * hd))]
+                           defines={"ROPE": 1}, spec=spec)]
+        return [Launch("mqa_combine", [part, sinks, out], (2,), pack_push(head), grid_1d(T * H * hd), spec=spec)]
 
     def reference(self, part, sinks, pos=None, cos=None, sin=None, splits=1, rope=False):
         out = self._merge(part, sinks, splits)
