@@ -1,6 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 //! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; - | MODE_HCA | MODE_CSA ; - | TILED ; - | Q_NORM
+//! variants: LANES=2,4,8,16,32 LANES_SUBGROUP_OPS | LANES=2,4,8,16,32 ; - | MODE_HCA | MODE_CSA ; - | TILED ; - | Q_NORM ; LITERAL_ARRAYS
 // MQA_ATTENTION: DeepSeek-V4's attention, one shared key = value head for all H query heads.
 // For chunk token t at p = pos[0] + t and head h the key list is
 //   raw rows j of kv with p − WINDOW < j ≤ p (the sliding window; kv [kv_rows, hd] is a ring,
@@ -36,6 +37,19 @@ layout(constant_id = 3) const uint WINDOW = 1;   // sliding_window
 layout(constant_id = 4) const uint RATE = 1;     // the compression rate m (MODE_HCA)
 layout(constant_id = 5) const uint KEYS = 1;     // keys loaded and reduced together
 layout(constant_id = 6) const uint TILE = 1;     // TILED: keys staged in shared memory at a time
+// -D LITERAL_ARRAYS: the per-lane arrays get literal sizes (at least the specialization constants
+// their loops run to: PER_LANE ≤ 16, KEYS ≤ 4, TILE ≤ 16, ≤ 32 tile loads a lane; the host checks).
+// Arrays sized by specialization constants may be kept in memory rather than registers: the
+// H200 ran MUL_MAT_ID with a [spec][spec] array 1.3× slower (results/h200/model_routes_h200.txt).
+#if defined(LITERAL_ARRAYS)
+#define PL_N 16
+#define KEYS_N 4
+#define TILE_N 16
+#else
+#define PL_N PER_LANE
+#define KEYS_N KEYS
+#define TILE_N TILE
+#endif
 layout(binding = 0) readonly buffer Q { float q[]; };
 layout(binding = 1) readonly buffer KV { float kv[]; };
 layout(binding = 2) readonly buffer E { float ent[]; };
@@ -62,10 +76,10 @@ layout(binding = 8) readonly buffer Sin { float sin_t[]; };
 #endif
 
 const float LOWEST = -3.402823466e38;
-float qv[PER_LANE], acc[PER_LANE];
+float qv[PL_N], acc[PL_N];
 float mx, l;
 
-void add_key(float s, float vals[PER_LANE]) {
+void add_key(float s, float vals[PL_N]) {
     float mn = max(mx, s);
     float corr = exp(mx - mn), e = exp(s - mn);
     l = l * corr + e;
@@ -109,7 +123,7 @@ void load_q(uint t, uint h, uint lane, int pp) {
     uint qb = p.q_off + t * p.q_s0 + h * p.q_s1;
 #if defined(Q_NORM)
     // the channels and their rotation partners loaded together, before the sum (one latency)
-    float ss = 0.0, partner[PER_LANE];
+    float ss = 0.0, partner[PL_N];
     uint first = p.hd - 2u * p.q_half;
     [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
         uint c = lane + LANES * m;
@@ -153,6 +167,11 @@ void store_nan(uint ob, uint lane) {
 #if defined(TILED)
 const uint ROW = PER_LANE * LANES;                  // a staged key row (≥ hd; the rest zeros)
 const uint LOADS = (TILE * ROW + gl_WorkGroupSize.x - 1) / gl_WorkGroupSize.x;
+#if defined(LITERAL_ARRAYS)
+#define LOADS_N 32
+#else
+#define LOADS_N LOADS
+#endif
 shared float ks[TILE * ROW];
 shared uint kbase[TILE], kflag[TILE];                // row start; bit 0: a key, bit 1: raw (kv)
 
@@ -188,7 +207,7 @@ void main() {
             kflag[lid] = (ok ? 1u : 0u) | (raw ? 2u : 0u);
         }
         barrier();
-        float v[LOADS];                                 // all loads first: one latency per tile
+        float v[LOADS_N];                               // all loads first: one latency per tile
         [[unroll]] for (uint i = 0; i < LOADS; ++i) {
             uint e = lid + i * gl_WorkGroupSize.x, k = e / ROW, c = e % ROW;
             v[i] = 0.0;
@@ -200,7 +219,7 @@ void main() {
             if (e < TILE * ROW) ks[e] = v[i];
         }
         barrier();
-        float sc[TILE];
+        float sc[TILE_N];
         [[unroll]] for (uint k = 0; k < TILE; ++k) {
             float d = 0.0;
             [[unroll]] for (uint m = 0; m < PER_LANE; ++m) d += qv[m] * ks[k * ROW + lane + LANES * m];
@@ -243,9 +262,9 @@ void main() {
     uint per = (n + SPLITS - 1) / SPLITS;
     uint s0 = min(split * per, n), s1 = min(s0 + per, n);
     for (uint s = s0; s < s1; s += KEYS) {
-        float vals[KEYS][PER_LANE];
-        float d[KEYS];
-        bool ok[KEYS];
+        float vals[KEYS_N][PL_N];
+        float d[KEYS_N];
+        bool ok[KEYS_N];
         // (the key's row found inline, not through key_at: with its out parameters behind a
         // short-circuit test this loop ran 1.5-4x slower on the H200, results/h200/decode_ops/)
         [[unroll]] for (uint k = 0; k < KEYS; ++k) {

@@ -186,17 +186,20 @@ def test_topk(rng, T, n, k):
     ("sliding", 5, 4, 32, 0, 8, 1, 1, 64), ("sliding", 1, 2, 64, 40, 8, 1, 1, 64), ("hca", 7, 3, 32, 30, 8, 8, 1, 64),
     ("csa", 4, 4, 16, 20, 6, 4, 1, 64), ("hca", 1, 4, 32, 60, 8, 4, 4, 64), ("csa", 1, 2, 48, 63, 8, 4, 3, 64),
     ("sliding", 1, 2, 16, 63, 128, 1, 5, 64), ("sliding", 6, 2, 16, 30, 8, 1, 1, 13), ("csa", 3, 2, 16, 61, 6, 4, 2, 8)])
-@pytest.mark.parametrize("kernel,keys,tile", [("cluster", None, None), ("cluster", 1, None), ("cluster", 3, None),
-                                              ("tiled", None, None), ("tiled", None, 3)])
-def test_mqa_attention(rng, monkeypatch, kernel, keys, tile, mode, T, H, hd, p0, window, rate, splits, rows,
+@pytest.mark.parametrize("kernel,keys,tile,literal", [
+    ("cluster", None, None, False), ("cluster", 1, None, False), ("cluster", 3, None, False),
+    ("tiled", None, None, False), ("tiled", None, 3, False), ("cluster", 3, None, True), ("tiled", None, 3, True)])
+def test_mqa_attention(rng, monkeypatch, kernel, keys, tile, literal, mode, T, H, hd, p0, window, rate, splits, rows,
                        q_norm=False):
     """rows < 64: kv is a ring of the last `rows` positions (≥ window + T − 1); the last case runs
     past the capacity 64 (NaN rows). keys: keys per step of the cluster kernel (None: its default;
     3: a last step part past the list, CSA's −1 entries inside steps); tile: keys per staged tile of
-    the tiled kernel (3: several tiles per split, a partial last one). q_norm: q as the projection
-    wrote it (scaled up), normalised per head and rotated as it is loaded."""
+    the tiled kernel (3: several tiles per split, a partial last one); literal: the per-lane arrays
+    with literal sizes where they fit. q_norm: q as the projection wrote it (scaled up), normalised
+    per head and rotated as it is loaded."""
     from dsv4_vk.ops import v4_attention
     monkeypatch.setitem(v4_attention.MQA_KEYS, "keys", keys)
+    monkeypatch.setitem(v4_attention.MQA_ARRAYS, "literal", literal)
     if tile is not None:
         monkeypatch.setattr(v4_attention, "TILE_KEYS", tile)
     C = 64
@@ -238,7 +241,31 @@ def test_mqa_attention(rng, monkeypatch, kernel, keys, tile, mode, T, H, hd, p0,
 def test_mqa_attention_normalises_and_rotates_q(rng, monkeypatch, kernel, tile, case):
     """q_norm_eps: q's per-head RMS norm and RoPE as the attention loads it, against RMS_NORM then
     ROPE then the attention in float64 (split lists, a ring, positions past the capacity)."""
-    test_mqa_attention(rng, monkeypatch, kernel, None, tile, *case, q_norm=True)
+    test_mqa_attention(rng, monkeypatch, kernel, None, tile, kernel == "tiled", *case, q_norm=True)
+
+
+def test_mqa_literal_arrays_apply_where_they_fit(monkeypatch):
+    """-D LITERAL_ARRAYS only where every per-lane array fits its literal size (the decode shape:
+    head_dim 512 on 32-lane clusters, 16 channels a lane), never on one-lane clusters."""
+    import dataclasses
+    from dsv4_vk.ops import v4_attention
+    from dsv4_vk.vk import default_device
+    dev = default_device()
+    monkeypatch.setitem(v4_attention.MQA_ARRAYS, "literal", True)
+    monkeypatch.setattr(dev, "caps", dataclasses.replace(dev.caps, type="discrete-gpu"))
+
+    def defines(hd):
+        g = Graph()
+        q, kv = g.input("q", (1, 4, hd)), g.input("kv", (8, hd))
+        out = g.op("MQA_ATTENTION", q, kv, g.input("p", (1,), "i32"), g.input("s", (4,)), scale=0.5, window=4)
+        return get_op("MQA_ATTENTION").lower(g.nodes[-1], dev)[0].defines
+
+    sg = dev.caps.subgroup.max_size
+    assert "LITERAL_ARRAYS" in defines(16 * sg)
+    assert "LITERAL_ARRAYS" not in defines(64 * sg)                 # 64 channels a lane: past 16
+    no_ops = dataclasses.replace(dev.caps.subgroup, operations=())
+    monkeypatch.setattr(dev, "caps", dataclasses.replace(dev.caps, subgroup=no_ops))
+    assert "LITERAL_ARRAYS" not in defines(16)
 
 
 @pytest.mark.parametrize("q_norm", [False, True])
@@ -251,7 +278,7 @@ def test_mqa_attention_without_subgroup_operations(rng, monkeypatch, kernel, cas
     dev = default_device()
     no_ops = dataclasses.replace(dev.caps.subgroup, operations=())
     monkeypatch.setattr(dev, "caps", dataclasses.replace(dev.caps, subgroup=no_ops))
-    test_mqa_attention(rng, monkeypatch, kernel, None, 3 if kernel == "tiled" else None, *case, q_norm=q_norm)
+    test_mqa_attention(rng, monkeypatch, kernel, None, 3 if kernel == "tiled" else None, False, *case, q_norm=q_norm)
 
 
 def test_mqa_tiled_needs_shared_memory_for_a_key_row(rng, monkeypatch):
@@ -269,7 +296,7 @@ def test_mqa_tiled_needs_shared_memory_for_a_key_row(rng, monkeypatch):
         _graph_error("MQA_ATTENTION", [np.zeros((1, 2, 512), np.float32), np.zeros((8, 512), np.float32),
                                        np.zeros(1, np.int32), np.zeros(2, np.float32)],
                      {"scale": 0.5, "window": 4, "kernel": "tiled"}, False)
-    test_mqa_attention(rng, monkeypatch, "auto", None, None, "sliding", 1, 2, 64, 40, 8, 1, 2, 64)
+    test_mqa_attention(rng, monkeypatch, "auto", None, None, False, "sliding", 1, 2, 64, 40, 8, 1, 2, 64)
 
 
 @pytest.mark.parametrize("hashed", [False, True])

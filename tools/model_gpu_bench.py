@@ -33,7 +33,8 @@ reading at most this many MiB of weights a token, model.build.NORM_FOLD), gemv_u
 gemv_spread (0: subgroup-lane clusters only) (ops.mul_mat.GEMV_UNROLL), moe_unroll, moe_routes,
 moe_wg (ops.moe.MUL_MAT_ID_UNROLL), indexer (1: CSA layers run their indexer even where its
 top-k keeps every entry the cache can hold, as at this preset's 1024-token cache;
-model.build.INDEXER); e.g.
+model.build.INDEXER), mqa_literal (1: MQA_ATTENTION's per-lane arrays with literal sizes,
+ops.v4_attention.MQA_ARRAYS); e.g.
 `--variants "fold_mb=64;fold_mb=0;gemv_unroll=8"`.
 --timeline: every dispatch of the fused decode step with its mean profiled GPU time (the time
 since the previous dispatch's end), shader, variant and argument shapes; --skip leaves out parts
@@ -52,7 +53,7 @@ from dsv4_vk.cli import floor
 from dsv4_vk.core import profile
 from dsv4_vk.model import Model, build, random_weights
 from dsv4_vk.model.checkpoint import BF16
-from dsv4_vk.ops import moe, mul_mat
+from dsv4_vk.ops import moe, mul_mat, v4_attention
 from dsv4_vk.model.config import preset
 from dsv4_vk.vk import default_device
 
@@ -64,7 +65,8 @@ KNOBS = {"fold_mb": (build.NORM_FOLD, "max_bytes", lambda v: int(float(v) * 2**2
          "moe_unroll": (moe.MUL_MAT_ID_UNROLL, "unroll", int),
          "moe_routes": (moe.MUL_MAT_ID_UNROLL, "routes", int),
          "moe_wg": (moe.MUL_MAT_ID_UNROLL, "wg", int),
-         "indexer": (build.INDEXER, "always", lambda v: bool(int(v)))}
+         "indexer": (build.INDEXER, "always", lambda v: bool(int(v))),
+         "mqa_literal": (v4_attention.MQA_ARRAYS, "literal", lambda v: bool(int(v)))}
 
 
 def parse_variants(text):

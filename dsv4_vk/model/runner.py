@@ -97,10 +97,13 @@ class Model:
         return cls(cfg, weights, device, fused, prefill_chunk, splits)
 
     # --- graphs -----------------------------------------------------------------------------------
-    def compiled(self, kind: str, dense: bool = False):
+    def compiled(self, kind: str, dense: bool | None = None):
         """The CompiledGraph of "prefill" or "decode" (built and recorded on first use, then replayed);
         dense: the one for positions where every CSA top-k keeps all closed entries (no indexer
-        scoring: model.build.all_entries_fit)."""
+        scoring: model.build.all_entries_fit), or not; None: the one the next chunk or step at the
+        current position runs."""
+        if dense is None:
+            dense = self._dense(self.position + (self.prefill_chunk - 1 if kind == "prefill" else 0))
         key = (kind, dense, profile.active())
         cg = self._graphs.get(key)
         if cg is None:

@@ -167,6 +167,11 @@ def reference_mqa(q, kv, pos, sinks, ent=None, idx=None, *, scale, window, mode=
 
 MODES = ("sliding", "hca", "csa")
 MQA_KEYS = {"keys": None}      # MQA_ATTENTION keys per step (None: from channels per lane; tests and tuning set it)
+# MQA_ATTENTION's per-lane arrays with literal sizes (-D LITERAL_ARRAYS) where they fit, instead of
+# sizes from specialization constants, which a driver may keep in memory: not yet measured, so off
+# by default (tools/model_gpu_bench.py --variants mqa_literal=1; tests set it)
+MQA_ARRAYS = {"literal": False}
+LITERAL_MAX = {"per_lane": 16, "keys": 4, "tile": 16, "loads": 32}     # the shader's literal sizes
 MQA_KERNELS = ("auto", "tiled", "cluster")
 TILED_MAX_TOKENS = 4           # auto: the tiled kernel up to this many query tokens (decode)
 TILE_KEYS = 16                 # keys a tiled workgroup stages at a time, where shared memory allows
@@ -273,9 +278,14 @@ class MqaAttention(OpDef):
         if kernel == "tiled" and not tile:
             raise ValueError(f"{self.name}: kernel='tiled' stages key rows of {hd} floats in shared memory; "
                              f"{device.name} has {device.caps.limits.max_shared_memory} B, too little for one")
-        spec = (256, per_lane, S, prm["window"], prm.get("rate", 1), MQA_KEYS.get("keys") or keys, tile or 1)
+        keys = MQA_KEYS.get("keys") or keys
+        spec = (256, per_lane, S, prm["window"], prm.get("rate", 1), keys, tile or 1)
         if kernel == "tiled":
             defs["TILED"] = 1
+        loads = -(-(tile or 1) * per_lane * lanes["LANES"] // 256)
+        if MQA_ARRAYS["literal"] and 2 <= lanes["LANES"] <= 32 and per_lane <= LITERAL_MAX["per_lane"] and \
+                keys <= LITERAL_MAX["keys"] and (tile or 1) <= LITERAL_MAX["tile"] and loads <= LITERAL_MAX["loads"]:
+            defs["LITERAL_ARRAYS"] = 1
         if mode != "sliding":
             defs[f"MODE_{mode.upper()}"] = 1
         n_ent = ent.shape[0] if mode != "sliding" else 0
