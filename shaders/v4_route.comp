@@ -160,8 +160,8 @@ void main() {
     }
 #endif
     if (lid != 0u) return;
-    int pick[TOP_K];
-    for (uint r = 0u; r < TOP_K; ++r) {
+    int pick[TOP_K];                           // (unrolled loops: constant indices, registers)
+    [[unroll]] for (uint r = 0u; r < TOP_K; ++r) {
 #if defined(HASH)
         pick[r] = hash_pick(t, r);
 #else
@@ -170,10 +170,10 @@ void main() {
     }
 #endif
     float wsum = 0.0;
-    for (uint r = 0u; r < TOP_K; ++r) wsum += pick[r] >= 0 ? score(t, uint(pick[r]), mx, den) : 0.0;
+    [[unroll]] for (uint r = 0u; r < TOP_K; ++r) wsum += pick[r] >= 0 ? score(t, uint(pick[r]), mx, den) : 0.0;
     float f = p.route_scale / (wsum + 1e-20);
     uint ob = p.o_off + t * p.o_s0;
-    for (uint r = 0u; r < TOP_K; ++r) {
+    [[unroll]] for (uint r = 0u; r < TOP_K; ++r) {
         // an invalid id (a bad tid2eid entry) stays −1: MUL_MAT_ID then writes NaN for the token
         o[ob + r * p.o_s1] = float(pick[r]);
         o[ob + r * p.o_s1 + p.o_s2] = pick[r] >= 0 ? score(t, uint(pick[r]), mx, den) * f : 0.0;
