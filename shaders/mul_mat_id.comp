@@ -23,7 +23,8 @@
 // output's cluster walks R·K / (4·LANES·UNROLL) dependent memory latencies, and at decode every
 // cluster of the dispatch is resident at once, so that chain is the dispatch's time (H200, R = 7,
 // K = 2048: 40 µs for 117 MB, 72% of the copy bandwidth). A literal, not a specialization
-// constant: the H200 ran a [spec][spec]-sized register array as if it were in memory (52 µs).
+// constant: with [spec][spec]-sized arrays the sum took 52 µs in the model on the H200 (as if they
+// were kept in memory rather than registers).
 // -D LANES_WORKGROUP (MODE_SUM): the cluster is the workgroup, one output each: every lane's chain
 // of loads is short and the outputs' workgroups come in waves.
 #include "lanes.glsl"
