@@ -34,7 +34,8 @@ gemv_spread (0: subgroup-lane clusters only) (ops.mul_mat.GEMV_UNROLL), moe_unro
 moe_wg (ops.moe.MUL_MAT_ID_UNROLL), indexer (1: CSA layers run their indexer even where its
 top-k keeps every entry the cache can hold, as at this preset's 1024-token cache;
 model.build.INDEXER), mqa_literal (1: MQA_ATTENTION's per-lane arrays with literal sizes,
-ops.v4_attention.MQA_ARRAYS); e.g.
+ops.v4_attention.MQA_ARRAYS), mix_wg (the first site's HC_MIX workgroup size: smaller ones split
+D into more workgroups; hc.mix_kernels.MIX_TUNING); e.g.
 `--variants "fold_mb=64;fold_mb=0;gemv_unroll=8"`.
 --timeline: every dispatch of the fused decode step with its mean profiled GPU time (the time
 since the previous dispatch's end), shader, variant and argument shapes; --skip leaves out parts
@@ -51,6 +52,7 @@ import numpy as np
 
 from dsv4_vk.cli import floor
 from dsv4_vk.core import profile
+from dsv4_vk.hc import mix_kernels
 from dsv4_vk.model import Model, build, random_weights
 from dsv4_vk.model.checkpoint import BF16
 from dsv4_vk.ops import moe, mul_mat, v4_attention
@@ -66,7 +68,8 @@ KNOBS = {"fold_mb": (build.NORM_FOLD, "max_bytes", lambda v: int(float(v) * 2**2
          "moe_routes": (moe.MUL_MAT_ID_UNROLL, "routes", int),
          "moe_wg": (moe.MUL_MAT_ID_UNROLL, "wg", int),
          "indexer": (build.INDEXER, "always", lambda v: bool(int(v))),
-         "mqa_literal": (v4_attention.MQA_ARRAYS, "literal", lambda v: bool(int(v)))}
+         "mqa_literal": (v4_attention.MQA_ARRAYS, "literal", lambda v: bool(int(v))),
+         "mix_wg": (mix_kernels.MIX_TUNING, "wg", int)}
 
 
 def parse_variants(text):
