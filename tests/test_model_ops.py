@@ -44,6 +44,16 @@ def test_kv_write_writes_rotated_rows_at_the_device_position_only(T, S, H, half,
     assert np.array_equal(got[untouched], cache[untouched])
 
 
+def test_kv_write_without_out_is_refused():
+    cos, sin = (a.astype(np.float32) for a in rope_tables(4, 8))
+    g = Graph()
+    g.op("KV_WRITE", g.input("cache", (8, 1, 1, 4)), g.input("x", (1, 1, 1, 4)), g.input("pos", (1,), "i32"),
+         g.const(cos), g.const(sin))
+    with pytest.raises(ValueError, match=r"KV_WRITE writes the cache in place: pass out=<the cache tensor given as "
+                                         r"input 0>"):
+        Executor().compile(g)
+
+
 @settings(max_examples=12, deadline=None)
 @given(T=st.integers(1, 6), H=st.integers(1, 4), half=st.integers(1, 40), C=st.integers(1, 40),
        p0=st.integers(0, 40), rope=st.booleans(), seed=st.integers(0, 2**31))

@@ -454,6 +454,13 @@ def test_store_at_stores_at_a_device_position_and_advances_it():
     src, idx, dst = g.input("s", (1,), "i32"), g.input("i", (1,), "i32"), g.param("d", (3,), "i32")
     with pytest.raises(ValueError, match="writes its input 1"):
         g.op("STORE_AT", src, idx, dst, out=dst, advance=1)
+    g = Graph()
+    g.op("STORE_AT", g.input("s", (1,), "i32"), g.param("i", (1,), "i32"), g.param("d", (3,), "i32"), advance=1)
+    ex = Executor()
+    ex.set_param("i", np.zeros(1, np.int32))
+    ex.set_param("d", np.zeros(3, np.int32))
+    with pytest.raises(ValueError, match=r"STORE_AT writes dst in place: pass out=<the dst tensor given as input 2>"):
+        ex.compile(g)
 
 
 def test_softmax_fully_masked_row_is_nan_like_reference():

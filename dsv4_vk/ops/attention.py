@@ -6,8 +6,8 @@ the first token of the chunk) from a buffer, so one recorded decode step serves 
 """
 import numpy as np
 
-from .base import (Launch, OpDef, check_finite, check_flag, check_params, cluster_lanes, expect, grid_1d, nonempty,
-                   pack_push, register, unit_last)
+from .base import (Launch, OpDef, check_finite, check_flag, check_in_place, check_params, cluster_lanes, expect,
+                   grid_1d, nonempty, pack_push, register, unit_last)
 
 def check_rope_tables(op, cos, sin, capacity, half):
     for what, t in (("cos", cos), ("sin", sin)):
@@ -74,8 +74,7 @@ class KvWrite(OpDef):
     def lower(self, node, device):
         cache, x, pos, cos, sin = node.inputs
         out = node.output
-        if out.storage is not cache.storage or out.offset != cache.offset or out.strides != cache.strides:
-            raise ValueError("KV_WRITE writes the cache in place: pass out=<the cache tensor given as input 0>")
+        check_in_place(out, cache, "KV_WRITE writes the cache", "the cache tensor given as input 0")
         C, S, H, hd = cache.shape
         T = x.shape[0]
         push = pack_push([T, S, H, hd // 2, x.offset, *x.strides, out.offset, *out.strides,

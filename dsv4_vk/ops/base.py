@@ -17,7 +17,7 @@ from ..vk import pack_push
 
 __all__ = ["REGISTRY", "WORKGROUP", "MAX_GROUPS", "Launch", "OpDef", "get_op", "register", "pack_push",
            "grid_1d", "tensor_push", "shape_push", "check_finite", "broadcast_shapes", "format_shape",
-           "check_shape", "expect", "unit_last", "nonempty", "check_params", "next_pow2", "cluster_lanes",
+           "check_shape", "expect", "unit_last", "check_in_place", "nonempty", "check_params", "next_pow2", "cluster_lanes",
            "is_cpu", "weight_defines", "WEIGHT_DTYPES"]
 
 WEIGHT_DTYPES = ("f32", "bf16", "f16")
@@ -78,6 +78,14 @@ def unit_last(op: str, what: str, t: Tensor) -> None:
     """Kernels that read rows need unit stride along the last axis."""
     if t.shape[-1] > 1 and t.strides[-1] != 1:
         raise ValueError(f"{op}: {what} must have unit stride along its last axis (use CONT), got strides {t.strides}")
+
+
+def check_in_place(out: Tensor, dst: Tensor, writes: str, given: str) -> None:
+    """An op that writes dst in place was given out=dst (the same view): else the error
+    '<writes> in place: pass out=<given>', e.g. writes "STORE_ROWS writes", given "the tensor given
+    as input 0"."""
+    if out.storage is not dst.storage or out.offset != dst.offset or out.strides != dst.strides:
+        raise ValueError(f"{writes} in place: pass out=<{given}>")
 
 
 def nonempty(op: str, tensors: Sequence[Tensor]) -> None:

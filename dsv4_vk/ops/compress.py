@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import (Launch, OpDef, check_finite, check_flag, check_params, cluster_lanes, expect, grid_1d, nonempty,
-                   pack_push, register, unit_last)
+from .base import (Launch, OpDef, check_finite, check_flag, check_in_place, check_params, cluster_lanes, expect,
+                   grid_1d, nonempty, pack_push, register, unit_last)
 from .v4_attention import StoreRows, _positions
 
 COMPRESS_WG = 64
@@ -94,8 +94,7 @@ class Compress(OpDef):
     def lower(self, node, device):
         out, st, ape, norm, pos, cos, sin = node.inputs[:7]
         res = node.output
-        if res.storage is not out.storage or res.offset != out.offset:
-            raise ValueError("COMPRESS writes the entries in place: pass out=<the tensor given as input 0>")
+        check_in_place(res, out, "COMPRESS writes the entries", "the tensor given as input 0")
         prm = node.params
         n, d = out.shape
         defs = {"OVERLAP": 1} if prm.get("overlap") else {}

@@ -11,8 +11,8 @@ import math
 
 import numpy as np
 
-from .base import (Launch, OpDef, check_finite, check_flag, check_params, cluster_lanes, grid_1d, nonempty, pack_push,
-                   register, shape_push, tensor_push)
+from .base import (Launch, OpDef, check_finite, check_flag, check_in_place, check_params, cluster_lanes, grid_1d,
+                   nonempty, pack_push, register, shape_push, tensor_push)
 from .v4_attention import Rope, StoreRows, check_rope_tables, rope_push
 
 
@@ -194,8 +194,7 @@ class RmsNorm(OpDef):
 
     def _lower_ring(self, node, device):
         x, dst, out = node.inputs[0], node.inputs[-1], node.output
-        if out.storage is not dst.storage or out.offset != dst.offset or out.strides != dst.strides:
-            raise ValueError("RMS_NORM ring=True writes in place: pass out=<the ring given as the last input>")
+        check_in_place(out, dst, "RMS_NORM ring=True writes", "the ring given as the last input")
         if out.storage is x.storage:
             raise ValueError("RMS_NORM ring=True reads x's rows back while it writes: the ring must not be x")
         tables = node.inputs[-4:-1]

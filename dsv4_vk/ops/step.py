@@ -8,7 +8,7 @@ Works on i32 or f32 words alike (a bit copy). Positions outside dst are skipped,
 """
 import numpy as np
 
-from .base import Launch, OpDef, check_params, nonempty, pack_push, register
+from .base import Launch, OpDef, check_in_place, check_params, nonempty, pack_push, register
 
 
 @register
@@ -37,8 +37,7 @@ class StoreAt(OpDef):
     def lower(self, node, device):
         src, index, dst = node.inputs
         out = node.output
-        if out.storage is not dst.storage or out.offset != dst.offset or out.strides != dst.strides:
-            raise ValueError("STORE_AT writes dst in place: pass out=<the dst tensor given as input 2>")
+        check_in_place(out, dst, "STORE_AT writes dst", "the dst tensor given as input 2")
         adv = int(node.params.get("advance", 0))
         push = pack_push(src.shape[0], dst.shape[0], src.offset, src.strides[0], index.offset, dst.offset,
                          dst.strides[0], adv)

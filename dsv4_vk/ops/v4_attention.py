@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import (WORKGROUP, Launch, OpDef, check_finite, check_flag, check_params, cluster_lanes, expect, grid_1d,
-                   is_cpu, nonempty, pack_push, register, unit_last)
+from .base import (WORKGROUP, Launch, OpDef, check_finite, check_flag, check_in_place, check_params, cluster_lanes,
+                   expect, grid_1d, is_cpu, nonempty, pack_push, register, unit_last)
 
 NAN = np.nan
 
@@ -123,8 +123,7 @@ class StoreRows(OpDef):
     def lower(self, node, device):
         dst, x, pos = node.inputs
         out = node.output
-        if out.storage is not dst.storage or out.offset != dst.offset or out.strides != dst.strides:
-            raise ValueError("STORE_ROWS writes in place: pass out=<the tensor given as input 0>")
+        check_in_place(out, dst, "STORE_ROWS writes", "the tensor given as input 0")
         T, n = x.shape
         push = pack_push([T, n, node.params.get("capacity", dst.shape[0]), dst.shape[0], x.offset, x.strides[0],
                           out.offset, out.strides[0], pos.offset])
