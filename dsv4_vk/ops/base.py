@@ -17,7 +17,7 @@ from ..vk import pack_push
 
 __all__ = ["REGISTRY", "WORKGROUP", "MAX_GROUPS", "Launch", "OpDef", "get_op", "register", "pack_push",
            "grid_1d", "tensor_push", "shape_push", "check_finite", "broadcast_shapes", "format_shape",
-           "check_shape", "expect", "unit_last", "check_in_place", "nonempty", "check_params", "next_pow2", "cluster_lanes",
+           "check_shape", "expect", "unit_last", "check_in_place", "nonempty", "check_params", "next_pow2", "cluster_lanes", "workgroup_cluster_max",
            "is_cpu", "weight_defines", "WEIGHT_DTYPES"]
 
 WEIGHT_DTYPES = ("f32", "bf16", "f16")
@@ -130,6 +130,18 @@ def next_pow2(n: int) -> int:
 
 def is_cpu(device: Any) -> bool:
     return device.caps.is_cpu
+
+
+def workgroup_cluster_max(device: Any, cap: int) -> int:
+    """Lanes of the largest workgroup-wide cluster (lanes.glsl -D LANES_WORKGROUP) a kernel may
+    launch on this device: the largest power of two ≤ cap and the device's workgroup limits, or 0
+    where the device lacks what its reduction needs (wg_reduce.glsl: subgroup arithmetic,
+    subgroups of ≥ 4 lanes)."""
+    sg = device.caps.subgroup
+    if not sg.supports("basic", "arithmetic") or sg.min_size < 4:
+        return 0
+    lim = device.caps.limits
+    return 1 << (min(cap, lim.max_workgroup_invocations, lim.max_workgroup_size[0]).bit_length() - 1)
 
 
 def cluster_lanes(device: Any, n: int, per_lane: int = 4, max_lanes: int | None = None) -> tuple[dict, dict]:

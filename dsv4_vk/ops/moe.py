@@ -4,7 +4,8 @@ the chosen experts only), with their float64 references.
 import numpy as np
 
 from .base import (Launch, OpDef, check_finite, check_flag, check_params, cluster_lanes, expect, grid_1d, is_cpu,
-                   next_pow2, nonempty, pack_push, register, unit_last, weight_defines, WEIGHT_DTYPES)
+                   next_pow2, nonempty, pack_push, register, unit_last, weight_defines, workgroup_cluster_max,
+                   WEIGHT_DTYPES)
 from .mul_mat import rms_weight
 from .reduce_rows import reference_rms_norm
 
@@ -139,10 +140,9 @@ class MulMatId(OpDef):
             x = x.broadcast_to((T, R, K))
         cols = N // 2 if mode == "swiglu" else N
         wg = MUL_MAT_ID_UNROLL["wg"] if mode == "sum" else None
-        sg = device.caps.subgroup
-        if wg and wg > 1 and sg.supports("basic", "arithmetic") and sg.min_size >= 4:
-            lim = device.caps.limits
-            wg = min(next_pow2(wg), 256, lim.max_workgroup_invocations, lim.max_workgroup_size[0])
+        wg_max = workgroup_cluster_max(device, 256)
+        if wg and wg > 1 and wg_max:
+            wg = min(next_pow2(wg), wg_max)
             lanes, extra = {"LANES_WORKGROUP": 1}, {}
         else:
             wg = None

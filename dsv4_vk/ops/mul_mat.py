@@ -13,7 +13,8 @@ lavapipe, 2 cores, 4096×4096 f32 weight: T=1 gemv 16.7 ms (32.5 ms with 8-lane 
 import numpy as np
 
 from .base import (Launch, OpDef, broadcast_shapes, check_finite, check_params, cluster_lanes, expect, grid_1d, is_cpu,
-                   next_pow2, nonempty, pack_push, register, tensor_push, unit_last, weight_defines, WEIGHT_DTYPES)
+                   next_pow2, nonempty, pack_push, register, tensor_push, unit_last, weight_defines,
+                   workgroup_cluster_max, WEIGHT_DTYPES)
 from .reduce_rows import reference_rms_norm
 
 GEMV_MAX_T = 8          # TB, the tokens one GEMV cluster carries, is at most this
@@ -69,14 +70,11 @@ def gemv_workgroup_lanes(device, rows: int, K: int) -> int | None:
     arithmetic, as the row ops' workgroup reduction)."""
     spread = GEMV_UNROLL["spread"]
     spread = (0 if is_cpu(device) else GEMV_SPREAD) if spread is None else spread
-    sg = device.caps.subgroup
-    if not spread or not sg.supports("basic", "arithmetic") or sg.min_size < 4:
+    wg_max = workgroup_cluster_max(device, GEMV_WG_MAX)
+    if not spread or not wg_max:
         return None
-    lim = device.caps.limits
-    wg_max = min(GEMV_WG_MAX, lim.max_workgroup_invocations, lim.max_workgroup_size[0])
-    lanes = min(1 << (wg_max.bit_length() - 1), next_pow2(-(-spread // max(rows, 1))),
-                1 << (max(K // 8, 1).bit_length() - 1))
-    return lanes if lanes > sg.max_size else None
+    lanes = min(wg_max, next_pow2(-(-spread // max(rows, 1))), 1 << (max(K // 8, 1).bit_length() - 1))
+    return lanes if lanes > device.caps.subgroup.max_size else None
 
 
 def rms_weight(op, x, g, params):

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from .base import (Launch, OpDef, check_finite, check_flag, check_in_place, check_params, cluster_lanes, grid_1d,
-                   nonempty, pack_push, register, shape_push, tensor_push)
+                   nonempty, pack_push, register, shape_push, tensor_push, workgroup_cluster_max)
 from .v4_attention import Rope, StoreRows, check_rope_tables, rope_push
 
 
@@ -38,10 +38,9 @@ ROW_WG_MAX_ROWS = 256
 
 
 def row_workgroup(device, rows, n):
-    """True when `rows` rows of n values are each reduced by a whole workgroup (needs subgroup
-    arithmetic and subgroups of ≥ 4 lanes)."""
-    sg = device.caps.subgroup
-    return n >= ROW_WG_MIN_LEN and rows <= ROW_WG_MAX_ROWS and sg.supports("basic", "arithmetic") and sg.min_size >= 4
+    """True when `rows` rows of n values are each reduced by a whole workgroup of WORKGROUP lanes
+    (where the device can launch one: base.workgroup_cluster_max)."""
+    return n >= ROW_WG_MIN_LEN and rows <= ROW_WG_MAX_ROWS and workgroup_cluster_max(device, WORKGROUP) == WORKGROUP
 
 
 def row_launch(device, shader, x, out, w=None, scalar=0.0, op_define=None, rope=None, ring=False):
