@@ -412,6 +412,10 @@ def _graph_error(name, arrays, params, inplace=False):
     ("MQA_ATTENTION", [np.zeros((1, 2, 8), np.float32), np.zeros((8, 8), np.float32), np.zeros(1, np.int32),
                        np.zeros(2, np.float32), np.zeros((4, 2), np.float32), np.zeros((4, 2), np.float32)],
      {"scale": 0.5, "window": 4, "q_norm_eps": 1e-6}, False, "the RoPE tables have 4 rows, fewer than the capacity 8"),
+    ("MQA_ATTENTION", [np.zeros((1, 2, 8), np.float32), np.zeros((8, 8), np.float32), np.zeros(1, np.int32),
+                       np.zeros(2, np.float32), np.zeros((8, 2), np.float32), np.zeros((8, 2), np.float32)],
+     {"scale": 0.5, "window": 4, "q_norm_eps": 1e-6, "capacity": "8"}, False,
+     "capacity must be an integer ≥ 1, got '8'"),
 ])
 def test_declaration_errors_name_the_argument(name, arrays, params, inplace, msg):
     with pytest.raises(ValueError, match=msg):

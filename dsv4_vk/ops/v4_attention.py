@@ -230,9 +230,6 @@ class MqaAttention(OpDef):
             if check_finite(f"{self.name} q_norm_eps", params["q_norm_eps"]) <= 0:
                 raise ValueError(f"{self.name}: q_norm_eps must be > 0, got {params['q_norm_eps']!r}")
             check_rope_tables(self.name, pos, *inputs[-2:], q.shape[2])
-            if params.get("capacity", kv.shape[0]) > inputs[-2].shape[0]:
-                raise ValueError(f"{self.name}: the RoPE tables have {inputs[-2].shape[0]} rows, fewer than the "
-                                 f"capacity {params.get('capacity', kv.shape[0])}")
         expect(self.name, "q (input 0, [T, heads, head_dim])", q, (None, None, None))
         T, H, hd = q.shape
         expect(self.name, "kv (input 1, [rows, head_dim])", kv, (None, hd))
@@ -255,6 +252,10 @@ class MqaAttention(OpDef):
                 raise ValueError(f"{self.name}: {k} must be an integer ≥ 1, got {v!r}")
         if "window" not in params:
             raise ValueError(f"{self.name} needs window=<sliding window in tokens>")
+        capacity = params.get("capacity", kv.shape[0])
+        if q_norm and capacity > inputs[-2].shape[0]:         # (capacity checked as an integer above)
+            raise ValueError(f"{self.name}: the RoPE tables have {inputs[-2].shape[0]} rows, fewer than the "
+                             f"capacity {capacity}")
         S = params.get("splits", 1)
         return (q.shape if S == 1 else (T, H, S * (hd + 2))), "f32"
 
