@@ -165,7 +165,7 @@ class RmsNorm(OpDef):
             raise ValueError(f"{self.name} ring=True takes x, optionally w, then pos, cos, sin, dst; "
                              f"got {len(inputs)} input tensors")
         x, dst = inputs[0], inputs[-1]
-        shape, _ = self.infer(inputs[:-1], {k: v for k, v in params.items() if k in ("eps", "rope")})
+        self.infer(inputs[:-1], {k: v for k, v in params.items() if k in ("eps", "rope")})   # x, w, rope checks
         if x.ndim != 2 or dst.ndim != 2 or dst.shape[1] != x.shape[1] or dst.dtype != "f32":
             raise ValueError(f"{self.name} ring=True: x must be [T, n] and dst (the last input) f32 [rows, n]; "
                              f"got x {x.shape}, dst {dst.dtype} {dst.shape}")
