@@ -12,8 +12,9 @@
 //        w·RATE + j at channel d + ch (ape[j, d + ch])
 //   entry = RoPE(RMSNorm(e) · norm_w) on the trailing 2·half channels at position w·RATE.
 // Tokens that close no window write nothing (decode: most steps). Lanes: one workgroup per chunk
-// token; invocation l pools channels l, l + WG, ... into shared memory, then a shared-memory sum of
-// squares, then norm + RoPE per pair.
+// token (a power of two ≤ 256 invocations: a channel's slots are a chain of memory latencies, so
+// the fewer channels an invocation walks the shorter the step); invocation l pools channels l,
+// l + WG, ... into shared memory, then a shared-memory sum of squares, then norm + RoPE per pair.
 // -D NEW_ROWS: the chunk's projections xs [T, 2·W] (binding 7) are stored into the state here
 // (each token's workgroup its row, as STORE_ROWS would: a dispatch fewer), and a window reads
 // this chunk's positions from xs, earlier ones from the state: no workgroup reads a row another
@@ -59,10 +60,18 @@ int chunk_pos;      // pos[0], the chunk's first position
 // Channel ch of position q's state row (q ≤ this token's position, so at most this chunk's last).
 float st_at(uint q, uint ch) {
 #if defined(NEW_ROWS)
+    // Both loads unconditional, the value selected after: behind a branch the loads of a window
+    // were issued one memory latency at a time (H200: 33 µs a decode step against 13 for
+    // STORE_ROWS + COMPRESS, results/h200/model_bench_v4.txt at a06f224). For this chunk's rows the
+    // state load reads the row after the chunk's, which no workgroup writes in this dispatch.
     int k = int(q) - chunk_pos;
-    if (k >= 0) return xs[p.x_off + uint(k) * p.x_s0 + ch];
-#endif
+    uint row = k >= 0 ? (uint(max(chunk_pos, 0)) + p.T) % p.rows : q % p.rows;
+    float s = st[p.s_off + row * p.s_s0 + ch];
+    float x = xs[p.x_off + uint(clamp(k, 0, int(p.T) - 1)) * p.x_s0 + ch];
+    return k >= 0 ? x : s;
+#else
     return st[p.s_off + (q % p.rows) * p.s_s0 + ch];
+#endif
 }
 
 void main() {

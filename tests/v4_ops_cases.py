@@ -9,7 +9,7 @@ import pytest
 
 from dsv4_vk.core.executor import Executor
 from dsv4_vk.core.graph import Graph
-from dsv4_vk.ops import get_op
+from dsv4_vk.ops import compress, get_op
 from dsv4_vk.ops.v4_attention import rope_table
 
 NMSE_MAX = 1e-10
@@ -102,7 +102,8 @@ def test_rms_norm_into_a_ring(rng, weight, T, n, half, p0, rows, capacity):
 
 @pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("rate,d,half,T,p0,rows", [(4, 16, 4, 13, 0, 48), (4, 32, 8, 1, 11, 48), (8, 8, 2, 24, 5, 48),
-                                                   (3, 130, 4, 7, 2, 48), (4, 16, 4, 6, 30, 13), (8, 8, 2, 1, 39, 16)])
+                                                   (3, 130, 4, 7, 2, 48), (4, 16, 4, 6, 30, 13), (8, 8, 2, 1, 39, 16),
+                                                   (4, 520, 8, 5, 3, 48)])
 def test_compress(rng, overlap, rate, d, half, T, p0, rows):
     """rows < 48: the state is a ring of the last `rows` positions."""
     C = 48
@@ -117,12 +118,16 @@ def test_compress(rng, overlap, rate, d, half, T, p0, rows):
 
 @pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("rate,d,half,T,p0,rows", [(4, 16, 4, 13, 0, 48), (4, 32, 8, 1, 11, 48), (8, 8, 2, 24, 5, 39),
-                                                   (3, 130, 4, 7, 2, 12), (4, 16, 4, 6, 30, 13), (8, 8, 2, 1, 47, 16)])
-def test_compress_storing_the_chunk(rng, overlap, rate, d, half, T, p0, rows):
+                                                   (3, 130, 4, 7, 2, 12), (4, 16, 4, 6, 30, 13), (8, 8, 2, 1, 47, 16),
+                                                   (4, 520, 8, 5, 3, 48)])
+@pytest.mark.parametrize("wg", [256, 32, 1])
+def test_compress_storing_the_chunk(rng, monkeypatch, wg, overlap, rate, d, half, T, p0, rows):
     """COMPRESS given the chunk's projections xs: it stores them into the state ring (as STORE_ROWS,
     positions past the capacity not at all) and pools this chunk's positions from xs — the entries
     and the state against STORE_ROWS then COMPRESS in float64; rings of exactly the rows the
-    overlap needs (39 = 2·8 + 24 − 1, 13 = 2·4 + 6 − 1: wrapping within the chunk)."""
+    overlap needs (39 = 2·8 + 24 − 1, 13 = 2·4 + 6 − 1: wrapping within the chunk). Workgroups of
+    256 (d = 520: three channels a lane), 32 and 1 invocations (the cap COMPRESS_WG)."""
+    monkeypatch.setitem(compress.COMPRESS_WG, "wg", wg)
     C = 48
     W = 2 * d if overlap else d
     cos, sin = tables(rng, C, half)
@@ -140,6 +145,18 @@ def test_compress_storing_the_chunk(rng, overlap, rate, d, half, T, p0, rows):
     check(got, op.reference(ent, st, *consts[2:], **prm), cg.check_guards())
     check(ex.params["state"].read(), op.reference_state(st, xs, consts[4], cos), [], nmse_max=0, atol=0)
     assert (got != ent).any(axis=1).sum() == sum((p + 1) % rate == 0 for p in range(p0, min(p0 + T, C)))
+
+
+def test_compress_workgroup_cap(monkeypatch):
+    """COMPRESS's workgroup: the largest power of two within the cap, 256 and the device's limits; a
+    cap below 1 is refused by name."""
+    dev = Executor().device
+    for cap, want in ((256, 256), (300, 256), (100, 64), (1, 1)):
+        monkeypatch.setitem(compress.COMPRESS_WG, "wg", cap)
+        assert compress.compress_workgroup(dev) == min(want, dev.caps.limits.max_workgroup_invocations)
+    monkeypatch.setitem(compress.COMPRESS_WG, "wg", 0)
+    with pytest.raises(ValueError, match=r"COMPRESS_WG\['wg'\] must be at least 1, got 0"):
+        compress.compress_workgroup(dev)
 
 
 def test_compress_storing_the_chunk_refuses_what_it_cannot_write():

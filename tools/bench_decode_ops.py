@@ -130,6 +130,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="small shapes (a dry run on CPU devices)")
     ap.add_argument("--splits", default="1,3,8,32", help="MQA key-list splits to sweep (and the decode choice)")
     ap.add_argument("--keys", default="1,4", help="MQA keys in flight per cluster (cluster kernel) to sweep")
+    ap.add_argument("--kernels", default="cluster,tiled", help="MQA kernels to run: cluster, tiled")
     ap.add_argument("--unroll", default="1,4", help="MUL_MAT (T = 1) and MUL_MAT_ID vec4 steps in flight per "
                     "lane to sweep")
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
@@ -147,10 +148,14 @@ def main(argv=None):
     results = []
     kinds = [("sliding", 0, 0), ("hca", ctx // 128 or 1, 0), ("csa", ctx // 4, min(512, ctx // 4))]
     only = set(args.only.split(","))
+    if not set(args.kernels.split(",")) <= {"cluster", "tiled"}:
+        ap.error(f"--kernels: expected cluster and/or tiled, got {args.kernels!r}")
     for mode, n_ent, K in kinds if "mqa" in only else []:
         n_keys = window + (K if mode == "csa" else min((pos + 1) // 128, n_ent) if mode == "hca" else 0)
         auto = v4_attention.mqa_decode_splits(ex.device, hd, n_keys)
-        for kernel, keys in [("cluster", int(k)) for k in args.keys.split(",")] + [("tiled", None)]:
+        kernels = args.kernels.split(",")
+        for kernel, keys in [("cluster", int(k)) for k in args.keys.split(",") if "cluster" in kernels] + \
+                [("tiled", None)] * ("tiled" in kernels):
             v4_attention.MQA_KEYS["keys"] = keys
             line = [f"MQA {mode:7s} {kernel:7s} keys/cluster {keys or '-'}  ({n_keys} keys, decode splits {auto})"]
             for S in sorted({int(s) for s in args.splits.split(",")} | {auto}):

@@ -35,7 +35,8 @@ moe_wg (ops.moe.MUL_MAT_ID_UNROLL), indexer (1: CSA layers run their indexer eve
 top-k keeps every entry the cache can hold, as at this preset's 1024-token cache;
 model.build.INDEXER), mqa_literal (1: MQA_ATTENTION's per-lane arrays with literal sizes,
 ops.v4_attention.MQA_ARRAYS), mix_wg (the first site's HC_MIX workgroup size: smaller ones split
-D into more workgroups; hc.mix_kernels.MIX_TUNING); e.g.
+D into more workgroups; hc.mix_kernels.MIX_TUNING), compress_wg (COMPRESS's workgroup cap,
+ops.compress.COMPRESS_WG); e.g.
 `--variants "fold_mb=64;fold_mb=0;gemv_unroll=8"`.
 --timeline: every dispatch of the fused decode step with its mean profiled GPU time (the time
 since the previous dispatch's end), shader, variant and argument shapes; --skip leaves out parts
@@ -55,7 +56,7 @@ from dsv4_vk.core import profile
 from dsv4_vk.hc import mix_kernels
 from dsv4_vk.model import Model, build, random_weights
 from dsv4_vk.model.checkpoint import BF16
-from dsv4_vk.ops import moe, mul_mat, v4_attention
+from dsv4_vk.ops import compress, moe, mul_mat, v4_attention
 from dsv4_vk.model.config import preset
 from dsv4_vk.vk import default_device
 
@@ -69,7 +70,8 @@ KNOBS = {"fold_mb": (build.NORM_FOLD, "max_bytes", lambda v: int(float(v) * 2**2
          "moe_wg": (moe.MUL_MAT_ID_UNROLL, "wg", int),
          "indexer": (build.INDEXER, "always", lambda v: bool(int(v))),
          "mqa_literal": (v4_attention.MQA_ARRAYS, "literal", lambda v: bool(int(v))),
-         "mix_wg": (mix_kernels.MIX_TUNING, "wg", int)}
+         "mix_wg": (mix_kernels.MIX_TUNING, "wg", int),
+         "compress_wg": (compress.COMPRESS_WG, "wg", int)}
 
 
 def parse_variants(text):

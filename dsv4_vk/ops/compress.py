@@ -15,10 +15,21 @@ from .base import (Launch, OpDef, check_finite, check_flag, check_in_place, chec
                    grid_1d, nonempty, pack_push, register, unit_last)
 from .v4_attention import StoreRows, _positions
 
-COMPRESS_WG = 64
+COMPRESS_WG = {"wg": 256}   # COMPRESS's workgroup: at most this many invocations (a power of two ≤ 256, part[] in
+                            # compress.comp), fewer where the device allows fewer
 TOPK_WG = 64
 INDEX_HEADS = {"heads": None}   # INDEX_SCORE heads per step with cluster sums (None: the SCATTER kernel where
                                 # the device has shuffles, else from channels per lane; tests set it)
+
+
+def compress_workgroup(device) -> int:
+    """COMPRESS's workgroup size on this device: the largest power of two ≤ COMPRESS_WG["wg"] (at most
+    256) and the device's workgroup limits."""
+    lim = device.caps.limits
+    cap = min(int(COMPRESS_WG["wg"]), 256, lim.max_workgroup_invocations, lim.max_workgroup_size[0])
+    if cap < 1:
+        raise ValueError(f"COMPRESS_WG['wg'] must be at least 1, got {COMPRESS_WG['wg']!r}")
+    return 1 << (cap.bit_length() - 1)
 
 
 def reference_pool(c, z, norm_w, eps, overlap):
@@ -110,7 +121,7 @@ class Compress(OpDef):
             args, writes = args + [xs], (6, 0)
             push += pack_push([xs.offset, xs.strides[0]])
         return [Launch("compress", args, writes, push, grid_1d(T, 1), defines=defs,
-                       spec=(COMPRESS_WG, prm["rate"], d))]
+                       spec=(compress_workgroup(device), prm["rate"], d))]
 
     @staticmethod
     def reference_state(st, xs, pos, cos):

@@ -1,0 +1,44 @@
+"""Where the tiled MQA_ATTENTION's decode time goes: `tools/bench_decode_ops.py --only mqa --kernels
+tiled --splits 8` (each layer kind at DeepSeek-V4-Flash widths, 8 splits and the model's decode
+choice; MQA_COMBINE included) run once per ablation, each in a subprocess of its own with a copy of
+shaders/ whose lines are replaced (results wrong on purpose: only the time is read) or a layout knob
+set: noload (keys not read: the staged values made from their index), nodot (no q·k products),
+nosum (no cluster sums of the scores), noacc (no value accumulation), noq (q not read), tile8 /
+tile4 (8 or 4 keys staged at a time instead of 16).
+
+    . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH; python3 tools/ablate_mqa.py [NAME ...] [--quick]
+"""
+import runpy
+import sys
+
+from ablation import ROOT, main
+
+F = "mqa_attention.comp"
+ABL = {
+    "base": ([], ""),
+    "noload": ([(F, "v[i] = (kflag[k] & 2u) != 0u ? kv[kbase[k] + c] : ent[kbase[k] + c];", "v[i] = float(c);")], ""),
+    "nodot": ([(F, "d += qv[m] * ks[k * ROW + lane + LANES * m];", "d += qv[m];")], ""),
+    "nosum": ([(F, "sc[k] = cluster_sum(sc[k]);", "sc[k] = sc[k];")], ""),
+    "noacc": ([(F, "acc[m] += e * ks[k * ROW + lane + LANES * m];", "acc[m] += e;")], ""),
+    "noq": ([(F, "qv[m] = c < p.hd ? q[qb + c] * p.scale : 0.0;", "qv[m] = p.scale;")], ""),
+    "tile8": ([], "from dsv4_vk.ops import v4_attention; v4_attention.TILE_KEYS = 8"),
+    "tile4": ([], "from dsv4_vk.ops import v4_attention; v4_attention.TILE_KEYS = 4"),
+}
+
+
+def child(name, flags):
+    sys.argv = ["bench_decode_ops.py", "--only", "mqa", "--kernels", "tiled", "--splits", "8", "--replays", "20",
+                *flags]
+    runpy.run_path(str(ROOT / "tools" / "bench_decode_ops.py"), run_name="__main__")
+
+
+def report(name, proc):
+    for line in proc.stdout.splitlines():
+        if line.startswith("MQA"):
+            print(f"{name:7s} {line}", flush=True)
+    if proc.returncode:
+        print(name, "FAILED", proc.stderr[-800:], flush=True)
+
+
+if __name__ == "__main__":
+    main(__file__, ABL, child, report)
