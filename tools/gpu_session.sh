@@ -7,7 +7,7 @@
 #   . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH; bash tools/gpu_session.sh $OUT [STEP ...]
 #
 # STEP: eval, library, soak, site, profile, model, decode, variants, mix, tc, mixtests, layout, tc_ablate,
-# spread, timeline, v4tests (default: the first six, in that order; decode: tools/bench_decode_ops.py, the model's decode kernels and their
+# spread, timeline, v4tests, mqa_ablate (default: the first six, in that order; decode: tools/bench_decode_ops.py, the model's decode kernels and their
 # variants; variants: the model bench with fused series at other kernel knobs — a call of its own;
 # mix: the mixes kernels for many tokens, KSPLIT against TILE, and the prefill site with and without
 # its post carrying the next mixes, each dispatch timed on its own; tc: the tensor-core mixes kernel —
@@ -16,7 +16,7 @@
 # defaults, then the site with the carry in HC_MIX's KSPLIT layout (256 / 4 / 2); tc_ablate:
 # tools/ablate_tc.py; spread: the model bench beside a series without GEMV_SPREAD; timeline: the fused
 # decode step dispatch by dispatch, profiled; v4tests: the model's kernels against float64 at the
-# device's subgroup size). A call may run
+# device's subgroup size; mqa_ablate: tools/ablate_mqa.py, the tiled MQA_ATTENTION with parts of it removed). A call may run
 # 10 minutes: split them, e.g. `eval library soak profile`, then `site model`. `model` needs the
 # safetensors and ml_dtypes wheels in .vkdev/whl (results/README.md); `site` needs PyTorch with CUDA. Files in
 # results.tgz: eval_h200.{txt,json}, bench_library_h200.{txt,json}, soak_library_h200.{txt,json},
@@ -24,7 +24,7 @@
 # decode_ops_h200.{txt,json}, model_variants_h200.{txt,json}, hc_tune_mix_h200.{txt,json}, hc_tune_carry_h200.{txt,json},
 # info_tc_h200.txt, tc_tests_h200.txt, hc_tune_tc_h200.{txt,json}, hc_tune_tc_carry_h200.{txt,json},
 # mix_tests_h200.txt, hc_tune_layout{,_mix}_h200.{txt,json}, ablate_tc_h200.txt, model_spread_h200.{txt,json},
-# model_timeline_h200.{txt,json}, v4_tests_h200.txt.
+# model_timeline_h200.{txt,json}, v4_tests_h200.txt, ablate_mqa_h200.txt.
 set -u
 out=${1:?usage: gpu_session.sh OUT [STEP ...]}
 shift
@@ -51,7 +51,7 @@ for s in $steps; do
         site) step site 240 site_compare.log python3 tools/site_torch_compare.py --out "$r/site_compare" ;;
         profile) step profile 120 profile_site_h200.txt python3 tools/profile_site.py ;;
         model) step model 540 model_bench_v4.txt python3 tools/model_gpu_bench.py --out "$r/model_bench_v4.json" \
-                   --timeline --variants "indexer=1;mqa_literal=1;mix_wg=32;moe_routes=4,moe_unroll=2;moe_wg=256,moe_routes=4,moe_unroll=1" ;;
+                   --timeline --variants "compress_wg=64;mix_wg=32" ;;
         decode) step decode 300 decode_ops_h200.txt python3 tools/bench_decode_ops.py --json "$r/decode_ops_h200.json" ;;
         variants) step variants 560 model_variants_h200.txt python3 tools/model_gpu_bench.py \
                       --out "$r/model_variants_h200.json" --variants "fold_mb=64;fold_mb=0" ;;
@@ -80,9 +80,10 @@ for s in $steps; do
                     --variants "gemv_spread=0" ;;
         v4tests) step v4tests 240 v4_tests_h200.txt python3 -m pytest -q -p no:cacheprovider tests/v4_ops_cases.py \
                      tests/test_model_ops.py ;;
+        mqa_ablate) step mqa_ablate 300 ablate_mqa_h200.txt python3 tools/ablate_mqa.py ;;
         timeline) step timeline 300 model_timeline_h200.txt python3 tools/model_gpu_bench.py --timeline \
                       --skip unfused,multi,host --out "$r/model_timeline_h200.json" ;;
-        *) echo "unknown step $s (eval, library, soak, site, profile, model, decode, variants, mix, tc, mixtests, layout, tc_ablate, spread, timeline, v4tests)" >> "$summary" ;;
+        *) echo "unknown step $s (eval, library, soak, site, profile, model, decode, variants, mix, tc, mixtests, layout, tc_ablate, spread, timeline, v4tests, mqa_ablate)" >> "$summary" ;;
     esac
 done
 tar czf "$out/results.tgz" -C "$out" r
