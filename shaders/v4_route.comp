@@ -1,6 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 //! variants: SCORE_SQRTSOFTPLUS | SCORE_SIGMOID | SCORE_SOFTMAX ; - | HASH ; - | SERIAL
+//! variants: SCORE_SQRTSOFTPLUS | SCORE_SIGMOID | SCORE_SOFTMAX ; RANK
 #if !defined(SERIAL)
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -20,6 +21,11 @@
 // everywhere. Scores are recomputed per round (a few per invocation), never stored. Invocation 0
 // sums the weights in pick order and writes the routes. With SCORE_SOFTMAX, max and Σexp are
 // workgroup reductions first.
+// -D RANK (at most RANK_MAX experts, one per invocation): every invocation scores its expert once,
+// the scores meet in shared memory (one barrier), and each invocation counts the experts that rank
+// before its own: an expert whose rank is below TOP_K is pick `rank` (the order is strict, so the
+// ranks are distinct). One pass over the scores instead of TOP_K rounds of a butterfly and two
+// barriers each — a decode step's router is a chain of latencies, not of work.
 // -D SERIAL (devices without subgroup arithmetic and shuffles): one invocation per token scans the
 // experts TOP_K times (the same picks; softmax's Σexp summed in expert order).
 // Spec constants: 0 workgroup size, 1 TOP_K. Push: T, E, lg (off, s0), sel_off (bias offset or
@@ -44,6 +50,10 @@ layout(push_constant) uniform P {
 shared float red_v[64];          // per subgroup (≤ 64 of them): best value / running reduction
 shared int red_e[64];            // per subgroup: best expert
 shared int picks[64];            // the experts taken so far (TOP_K ≤ 64)
+#endif
+#if defined(RANK)
+const uint RANK_MAX = 256;       // experts (the host checks; ≤ the workgroup)
+shared float rank_v[RANK_MAX];   // score + bias of every expert
 #endif
 
 float score(uint t, uint e, float mx, float den) {
@@ -134,7 +144,21 @@ void main() {
 #if defined(SCORE_SOFTMAX)
     softmax_stats(t, mx, den);
 #endif
-#if !defined(HASH)
+#if defined(RANK)
+    if (lid < TOP_K) picks[lid] = -1;          // (E < TOP_K: routes past E stay no expert)
+    float own = 0.0;
+    if (lid < p.E) {
+        own = score(t, lid, mx, den) + bias[p.sel_off + lid];
+        rank_v[lid] = own;
+    }
+    barrier();
+    if (lid < p.E) {
+        uint rank = 0u;
+        for (uint f = 0u; f < p.E; ++f) rank += before(rank_v[f], int(f), own, int(lid)) ? 1u : 0u;
+        if (rank < TOP_K) picks[rank] = int(lid);
+    }
+    barrier();
+#elif !defined(HASH)
     for (uint r = 0u; r < TOP_K; ++r) {
         float bv = 0.0;
         int be = -1;

@@ -218,7 +218,7 @@ def test_mqa_attention(rng, monkeypatch, kernel, keys, tile, literal, mode, T, H
     monkeypatch.setitem(v4_attention.MQA_KEYS, "keys", keys)
     monkeypatch.setitem(v4_attention.MQA_ARRAYS, "literal", literal)
     if tile is not None:
-        monkeypatch.setattr(v4_attention, "TILE_KEYS", tile)
+        monkeypatch.setitem(v4_attention.MQA_TILE, "keys", tile)
     C = 64
     n_ent = C // rate
     arrays = [f32(rng, T, H, hd), f32(rng, rows, hd), np.array([p0], np.int32), f32(rng, H)]
@@ -332,19 +332,22 @@ def test_v4_route(rng, hashed, scoring, T, E, k):
     check(got, ref, bad)
 
 
-@pytest.mark.parametrize("serial", [False, True])
+@pytest.mark.parametrize("kind", ["rank", "rounds", "serial"])
 @pytest.mark.parametrize("scoring", ["sqrtsoftplus", "softmax"])
-@pytest.mark.parametrize("T,E,k", [(2, 1000, 6), (1, 2000, 8), (3, 7, 7), (65, 64, 3)])
-def test_v4_route_selection(rng, monkeypatch, serial, scoring, T, E, k):
-    """The workgroup-per-token selection (and the serial one of devices without subgroup shuffles)
-    against a stable descending sort: experts past one workgroup's width, k = E, equal values
-    (the lower id first) and NaN logits (after every number)."""
+@pytest.mark.parametrize("T,E,k", [(2, 1000, 6), (1, 2000, 8), (3, 7, 7), (65, 64, 3), (2, 256, 8), (1, 100, 6)])
+def test_v4_route_selection(rng, monkeypatch, kind, scoring, T, E, k):
+    """The workgroup-per-token selections — one-pass ranking up to 256 experts, rounds of a
+    butterfly past them (or when ranking is off), the serial scan of devices without subgroup
+    shuffles — against a stable descending sort: experts past one workgroup's width, k = E, equal
+    values (the lower id first) and NaN logits (after every number)."""
     from dsv4_vk.ops import moe
     from dsv4_vk.vk import default_device
-    if serial:
+    if kind == "serial":
         monkeypatch.setattr(moe, "route_workgroup", lambda device, n: None)
     else:                                                                 # lavapipe has the subgroup ops
         assert moe.route_workgroup(default_device(), E) in (64, 256)
+        monkeypatch.setitem(moe.ROUTE_RANK, "on", kind == "rank")
+    assert moe.route_kernel(default_device(), E, False) == ("rounds" if kind == "rank" and E > 256 else kind)
     lg = f32(rng, T, E, scale=3.0)
     lg[:, E // 3] = lg[:, E // 2] = lg[:, E - 1] = 2.5                   # ties: the lowest id wins
     lg[0, 1] = np.nan                                                     # ranks last

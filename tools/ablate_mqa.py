@@ -21,8 +21,8 @@ ABL = {
     "nosum": ([(F, "sc[k] = cluster_sum(sc[k]);", "sc[k] = sc[k];")], ""),
     "noacc": ([(F, "acc[m] += e * ks[k * ROW + lane + LANES * m];", "acc[m] += e;")], ""),
     "noq": ([(F, "qv[m] = c < p.hd ? q[qb + c] * p.scale : 0.0;", "qv[m] = p.scale;")], ""),
-    "tile8": ([], "from dsv4_vk.ops import v4_attention; v4_attention.TILE_KEYS = 8"),
-    "tile4": ([], "from dsv4_vk.ops import v4_attention; v4_attention.TILE_KEYS = 4"),
+    "tile8": ([], "from dsv4_vk.ops import v4_attention; v4_attention.MQA_TILE['keys'] = 8"),
+    "tile4": ([], "from dsv4_vk.ops import v4_attention; v4_attention.MQA_TILE['keys'] = 4"),
 }
 
 

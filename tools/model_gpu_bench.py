@@ -36,7 +36,9 @@ top-k keeps every entry the cache can hold, as at this preset's 1024-token cache
 model.build.INDEXER), mqa_literal (1: MQA_ATTENTION's per-lane arrays with literal sizes,
 ops.v4_attention.MQA_ARRAYS), mix_wg (the first site's HC_MIX workgroup size: smaller ones split
 D into more workgroups; hc.mix_kernels.MIX_TUNING), compress_wg (COMPRESS's workgroup cap,
-ops.compress.COMPRESS_WG); e.g.
+ops.compress.COMPRESS_WG), mqa_tile (keys the tiled MQA_ATTENTION stages at a time; the decode
+splits follow: ops.v4_attention.MQA_TILE), route_rank (0: V4_ROUTE's rounds of a butterfly instead of
+its one-pass ranking, ops.moe.ROUTE_RANK); e.g.
 `--variants "fold_mb=64;fold_mb=0;gemv_unroll=8"`.
 --timeline: every dispatch of the fused decode step with its mean profiled GPU time (the time
 since the previous dispatch's end), shader, variant and argument shapes; --skip leaves out parts
@@ -71,7 +73,9 @@ KNOBS = {"fold_mb": (build.NORM_FOLD, "max_bytes", lambda v: int(float(v) * 2**2
          "indexer": (build.INDEXER, "always", lambda v: bool(int(v))),
          "mqa_literal": (v4_attention.MQA_ARRAYS, "literal", lambda v: bool(int(v))),
          "mix_wg": (mix_kernels.MIX_TUNING, "wg", int),
-         "compress_wg": (compress.COMPRESS_WG, "wg", int)}
+         "compress_wg": (compress.COMPRESS_WG, "wg", int),
+         "mqa_tile": (v4_attention.MQA_TILE, "keys", int),
+         "route_rank": (moe.ROUTE_RANK, "on", lambda v: bool(int(v)))}
 
 
 def parse_variants(text):

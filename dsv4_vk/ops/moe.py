@@ -229,6 +229,21 @@ def reference_v4_route(logits, sel, ids=None, top_k=1, scoring="sqrtsoftplus", r
     return out
 
 
+ROUTE_RANK = {"on": True, "max": 256}   # V4_ROUTE's one-pass ranking (v4_route.comp -D RANK) up to this many
+                                        # experts (its shared scores); off: TOP_K rounds of a butterfly
+
+
+def route_kernel(device, n_experts: int, hashed: bool) -> str:
+    """How V4_ROUTE selects on this device: "serial" (no subgroup arithmetic and shuffles), "rank"
+    (bias top-k over at most ROUTE_RANK["max"] experts, one per invocation) or "rounds"."""
+    if route_workgroup(device, n_experts) is None:
+        return "serial"
+    if not hashed and ROUTE_RANK["on"] and n_experts <= min(int(ROUTE_RANK["max"]), 256) and \
+            next_pow2(n_experts) <= device.caps.limits.max_workgroup_invocations:
+        return "rank"
+    return "rounds"
+
+
 def route_workgroup(device, n_experts):
     """Workgroup size of V4_ROUTE's one-workgroup-per-token selection (whole subgroups, at most 64 of
     them: its shared arrays), or None where the device lacks the subgroup operations it needs."""
@@ -282,10 +297,14 @@ class V4Route(OpDef):
             defs["HASH"] = 1
         args = [lg, sel] + ([ids] if hashed else []) + [out]
         T, E = lg.shape
-        wg = route_workgroup(device, E)
-        if wg is None:                 # no subgroup arithmetic / shuffles: one invocation per token
+        kind = route_kernel(device, E, hashed)
+        if kind == "serial":           # no subgroup arithmetic / shuffles: one invocation per token
             return [Launch("v4_route", args, (len(args) - 1,), push, grid_1d(T, 64), defines={**defs, "SERIAL": 1},
                            spec=(64, prm["top_k"]))]
+        wg = route_workgroup(device, E)
+        if kind == "rank":             # one expert per invocation
+            defs["RANK"] = 1
+            wg = max(wg, next_pow2(E))
         extra = {"full_subgroups": True} if device.caps.subgroup.full_subgroups else {}
         return [Launch("v4_route", args, (len(args) - 1,), push, grid_1d(T, 1), defines=defs,
                        spec=(wg, prm["top_k"]), **extra)]

@@ -173,7 +173,7 @@ MQA_ARRAYS = {"literal": False}
 LITERAL_MAX = {"per_lane": 16, "keys": 4, "tile": 16, "loads": 32}     # the shader's literal sizes
 MQA_KERNELS = ("auto", "tiled", "cluster")
 TILED_MAX_TOKENS = 4           # auto: the tiled kernel up to this many query tokens (decode)
-TILE_KEYS = 16                 # keys a tiled workgroup stages at a time, where shared memory allows
+MQA_TILE = {"keys": 16}        # keys a tiled workgroup stages at a time, where shared memory allows
 MAX_DECODE_SPLITS = 64
 
 
@@ -187,7 +187,7 @@ def mqa_tile_keys(device, hd: int) -> int:
     its shared memory)."""
     lanes, _, per_lane = _mqa_lanes(device, hd)
     row = 4 * per_lane * lanes["LANES"] + 8                       # a staged row + its base and flags
-    return min(TILE_KEYS, (device.caps.limits.max_shared_memory - 64) // row)
+    return min(int(MQA_TILE["keys"]), (device.caps.limits.max_shared_memory - 64) // row)
 
 
 def mqa_decode_splits(device, hd: int, n_keys: int) -> int:
