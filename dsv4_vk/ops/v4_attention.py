@@ -173,7 +173,10 @@ MQA_ARRAYS = {"literal": False}
 LITERAL_MAX = {"per_lane": 16, "keys": 4, "tile": 16, "loads": 32}     # the shader's literal sizes
 MQA_KERNELS = ("auto", "tiled", "cluster")
 TILED_MAX_TOKENS = 4           # auto: the tiled kernel up to this many query tokens (decode)
-MQA_TILE = {"keys": 16}        # keys a tiled workgroup stages at a time, where shared memory allows
+# keys a tiled workgroup stages at a time, where shared memory allows: 8 (twice the decode splits of
+# 16) was 1.024× faster in the model on the H200, and 14 against 17 µs alone
+# (results/h200/model_bench_v4.txt, ablate_mqa_h200.txt)
+MQA_TILE = {"keys": 8}
 MAX_DECODE_SPLITS = 64
 
 
