@@ -25,7 +25,8 @@
 // the scores meet in shared memory (one barrier), and each invocation counts the experts that rank
 // before its own: an expert whose rank is below TOP_K is pick `rank` (the order is strict, so the
 // ranks are distinct). One pass over the scores instead of TOP_K rounds of a butterfly and two
-// barriers each — a decode step's router is a chain of latencies, not of work.
+// barriers each — a decode step's router is a chain of latencies, not of work — and the picks'
+// weights are read from the shared scores rather than loaded and computed again.
 // -D SERIAL (devices without subgroup arithmetic and shuffles): one invocation per token scans the
 // experts TOP_K times (the same picks; softmax's Σexp summed in expert order).
 // Spec constants: 0 workgroup size, 1 TOP_K. Push: T, E, lg (off, s0), sel_off (bias offset or
@@ -54,6 +55,7 @@ shared int picks[64];            // the experts taken so far (TOP_K ≤ 64)
 #if defined(RANK)
 const uint RANK_MAX = 256;       // experts (the host checks; ≤ the workgroup)
 shared float rank_v[RANK_MAX];   // score + bias of every expert
+shared float rank_s[RANK_MAX];   // its score (the picks' weights read it back: no second load)
 #endif
 
 float score(uint t, uint e, float mx, float den) {
@@ -148,13 +150,20 @@ void main() {
     if (lid < TOP_K) picks[lid] = -1;          // (E < TOP_K: routes past E stay no expert)
     float own = 0.0;
     if (lid < p.E) {
-        own = score(t, lid, mx, den) + bias[p.sel_off + lid];
+        float sc = score(t, lid, mx, den);
+        own = sc + bias[p.sel_off + lid];
         rank_v[lid] = own;
+        rank_s[lid] = sc;
     }
     barrier();
     if (lid < p.E) {
-        uint rank = 0u;
-        for (uint f = 0u; f < p.E; ++f) rank += before(rank_v[f], int(f), own, int(lid)) ? 1u : 0u;
+        uint rank = 0u, f = 0u;
+        for (; f + 4u <= p.E; f += 4u) {       // 4 shared loads issued together
+            float v0 = rank_v[f], v1 = rank_v[f + 1u], v2 = rank_v[f + 2u], v3 = rank_v[f + 3u];
+            rank += (before(v0, int(f), own, int(lid)) ? 1u : 0u) + (before(v1, int(f + 1u), own, int(lid)) ? 1u : 0u)
+                  + (before(v2, int(f + 2u), own, int(lid)) ? 1u : 0u) + (before(v3, int(f + 3u), own, int(lid)) ? 1u : 0u);
+        }
+        for (; f < p.E; ++f) rank += before(rank_v[f], int(f), own, int(lid)) ? 1u : 0u;
         if (rank < TOP_K) picks[rank] = int(lid);
     }
     barrier();
@@ -193,14 +202,21 @@ void main() {
 #endif
     }
 #endif
-    float wsum = 0.0;
-    [[unroll]] for (uint r = 0u; r < TOP_K; ++r) wsum += pick[r] >= 0 ? score(t, uint(pick[r]), mx, den) : 0.0;
+    float wsum = 0.0, w[TOP_K];
+    [[unroll]] for (uint r = 0u; r < TOP_K; ++r) {
+#if defined(RANK)
+        w[r] = pick[r] >= 0 ? rank_s[pick[r]] : 0.0;
+#else
+        w[r] = pick[r] >= 0 ? score(t, uint(pick[r]), mx, den) : 0.0;
+#endif
+        wsum += w[r];
+    }
     float f = p.route_scale / (wsum + 1e-20);
     uint ob = p.o_off + t * p.o_s0;
     [[unroll]] for (uint r = 0u; r < TOP_K; ++r) {
         // an invalid id (a bad tid2eid entry) stays −1: MUL_MAT_ID then writes NaN for the token
         o[ob + r * p.o_s1] = float(pick[r]);
-        o[ob + r * p.o_s1 + p.o_s2] = pick[r] >= 0 ? score(t, uint(pick[r]), mx, den) * f : 0.0;
+        o[ob + r * p.o_s1 + p.o_s2] = pick[r] >= 0 ? w[r] * f : 0.0;
     }
     o[ob + TOP_K * p.o_s1] = float(p.E);
     o[ob + TOP_K * p.o_s1 + p.o_s2] = 1.0;
