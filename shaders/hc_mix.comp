@@ -9,9 +9,12 @@
 //
 // Layout (default and -D FINAL; decode and few tokens): workgroup g → token g / G and split g % G of
 // the D axis: chunks [split·slice, (split+1)·slice) of each of the 4 streams. A chunk is a vec4 with
-// -D VEC4, else one float. Invocation i takes chunks i, i+WG, ... of its split, loads x and each fn
-// row's chunk once and keeps the M + 1 running sums in registers (hc_mixacc.glsl); then they are
-// reduced across the workgroup (wg_reduce.glsl: subgroupAdd + one shared-memory step).
+// -D VEC4, else one float. The workgroup is 4 groups of WG/4 invocations, group s taking stream s:
+// invocation i takes chunks i % (WG/4), + WG/4, ... of its split in stream i / (WG/4), loads x and
+// each fn row's chunk once and keeps the M + 1 running sums in registers (hc_mixacc.glsl); then
+// they are reduced across the workgroup (wg_reduce.glsl: subgroupAdd + one shared-memory step).
+// One stream an invocation, as HC_POST_MIX: at decode this pass is a chain of latencies, and 4×
+// the invocations with a quarter of the fn loads each finish it sooner.
 //   default: partials[t, split, 0..M−1] = the split's dot products, [t, split, M] = its Σx² — the
 //            layout the whole-site kernel (hc_site.comp) and -D REDUCE finish;
 //   FINAL:   (G = 1 only) mix[t, j] directly.
@@ -526,13 +529,11 @@ void main() {
     uint t = g / p.G, split = g % p.G;
     uint c_end = min((split + 1u) * p.slice, p.chunks);
     MixAcc A = mixacc_zero();
+    uint q = gl_WorkGroupSize.x / 4u, s = gl_LocalInvocationID.x / q;     // (WG a multiple of 4)
     if (t < p.T) {                             // workgroup-uniform: a folded grid's extra groups idle
-        uint xb = p.x_off + t * p.x_st;
-        for (uint c = split * p.slice + gl_LocalInvocationID.x; c < c_end; c += gl_WorkGroupSize.x) {
-            VEC xv[4];                         // the 4 streams' loads first: their latencies overlap
-            [[unroll]] for (uint s = 0u; s < 4u; ++s) xv[s] = x[xb + s * p.x_ss + c];
-            [[unroll]] for (uint s = 0u; s < 4u; ++s) mixacc_add(A, xv[s], p.f_off + s * p.chunks + c, p.f_sj, true);
-        }
+        uint xb = p.x_off + t * p.x_st + s * p.x_ss;
+        for (uint c = split * p.slice + gl_LocalInvocationID.x % q; c < c_end; c += q)
+            mixacc_add(A, x[xb + c], p.f_off + s * p.chunks + c, p.f_sj, true);
     }
     mixacc_put(A);
     barrier();

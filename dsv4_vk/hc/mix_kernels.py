@@ -70,9 +70,10 @@ def mix_layout(device, T, chunks, kernel=None):
       than 128, 4 lanes and 2 tokens per group the fastest, hc_tune_mix.txt);
     - kernel "tile" or "tc" only when asked for (MIX_TUNING or the argument): TILE's register blocks, or
       the tensor-core kernel (tc = 1 with cooperative matrices, else its FMA form tc = 2);
-    - otherwise the per-token kernel, one token per workgroup and D split into G slices of ≥ one chunk per
-      invocation until about the target number of workgroups is reached (decode: a token's fn is
-      the data to stream, spread over many workgroups)."""
+    - otherwise the per-token kernel, one token per workgroup of 64 invocations (4 streams × 16) and D
+      split into G slices of ≥ one chunk per invocation until about the target number of workgroups
+      is reached (decode: a token's fn is the data to stream, spread over many workgroups; at D =
+      4096, 64 splits as HC_POST_MIX makes)."""
     t = MIX_TUNING
     target = MIX_TARGET_GROUPS.get(device.caps.type, MIX_TARGET_GROUPS_DEFAULT)
     cpu = device.caps.is_cpu
@@ -99,8 +100,8 @@ def mix_layout(device, T, chunks, kernel=None):
     if kernel == "ksplit":
         return {"wg": t["wg"] or (64 if cpu else 256), "groups": -(-chunks // KSPLIT_S), "split": KSPLIT_S,
                 "lpt": t["lpt"] or 4, "tb": t["tb"] or (64 if cpu else 256), "tpl": t["tpl"] or 2}
-    wg = t["wg"] or (64 if cpu else 128)
-    groups = t["groups"] or max(1, min(-(-target // T), -(-chunks // wg)))
+    wg = t["wg"] or 64
+    groups = t["groups"] or max(1, min(-(-target // T), -(-chunks // max(1, wg // HC))))
     return {"wg": wg, "groups": groups, "split": 0, "lpt": 1, "tb": 1, "tpl": 1}
 
 
@@ -166,6 +167,9 @@ def _mix_launch(node, device, final, groups):
         defines["KSPLIT"] = 1
         grid, spec = grid_1d(-(-T // tb) * groups, 1), (wg, m, lpt, tpl)
     else:
+        if wg % HC:
+            raise ValueError(f"{node.op.name}: the per-token kernel's workgroup is 4 groups of invocations, one "
+                             f"per stream: wg must be a multiple of 4, got {wg}")
         check_shared(device, node.op.name, wg, m + 1)
         grid, spec = grid_1d(T * groups, 1), (wg, m)
     if final:
