@@ -455,6 +455,18 @@ def test_post_mix_workgroup_must_hold_whole_streams():
         g.op("HC_POST_MIX", f, res, post, comb, fn, g.empty((T, 4, D)), wg=30)
 
 
+def test_mix_workgroup_must_hold_whole_streams():
+    """HC_MIX and HC_MIX_PART's per-token kernel give each stream a quarter of the workgroup: a wg that
+    is not a multiple of 4 is refused at graph build, naming the parameter (KSPLIT's wg is free)."""
+    g = Graph()
+    X, fn = g.input("X", (1, 4, 64)), g.input("fn", (24, 256))
+    with pytest.raises(ValueError, match="HC_MIX: the per-token kernel's workgroup .* multiple of 4, got 30"):
+        g.op("HC_MIX", X, fn, wg=30)
+    with pytest.raises(ValueError, match="HC_MIX_PART: the per-token kernel's workgroup .* multiple of 4, got 18"):
+        g.op("HC_MIX_PART", X, fn, wg=18, groups=2)
+    g.op("HC_MIX_PART", X, fn, wg=18, groups=1, split=16, lpt=1, tb=64)
+
+
 def test_tensor_core_mixes_kernel_refuses_what_it_cannot_run(env, device, monkeypatch):
     """HC_MIX_PART's tensor-core kernel: bad tc values and layouts are ValueErrors naming the parameter;
     tc = 1 on a device without cooperative matrices (lavapipe; elsewhere faked, `env`) is HCUnsupported

@@ -106,6 +106,14 @@ def mix_layout(device, T, chunks, kernel=None):
 
 
 
+def _check_stream_groups(op, params):
+    """The per-token kernel's workgroup is 4 groups of invocations, one per stream."""
+    wg = params["wg"]
+    if wg % HC:
+        raise ValueError(f"{op}: the per-token kernel's workgroup is 4 groups of invocations, one per stream: "
+                         f"wg must be a multiple of 4, got {wg}")
+
+
 def _check_mix_args(X, fn):
     check_shape("X", X.shape, (None, HC, None))
     check_shape("fn", fn.shape, (None, HC * X.shape[2]))
@@ -167,9 +175,7 @@ def _mix_launch(node, device, final, groups):
         defines["KSPLIT"] = 1
         grid, spec = grid_1d(-(-T // tb) * groups, 1), (wg, m, lpt, tpl)
     else:
-        if wg % HC:
-            raise ValueError(f"{node.op.name}: the per-token kernel's workgroup is 4 groups of invocations, one "
-                             f"per stream: wg must be a multiple of 4, got {wg}")
+        _check_stream_groups(node.op.name, pr)
         check_shared(device, node.op.name, wg, m + 1)
         grid, spec = grid_1d(T * groups, 1), (wg, m)
     if final:
@@ -252,6 +258,7 @@ class HcMix(OpDef):
         _check_mix_args(X, fn)
         check_eps("norm_eps", params.get("norm_eps", 1e-6))
         check_layout_param(self.name, params, "wg")
+        _check_stream_groups(self.name, params)
         return (X.shape[0], fn.shape[0]), "f32"
 
     def lower(self, node, device):
@@ -299,6 +306,8 @@ class HcMixPartials(OpDef):
         if _check_tc_param(self.name, params) and params.get("tile", 0):
             raise ValueError(f"{self.name}: tile and tc are two kernels, set one")
         G = check_layout_param(self.name, params, "groups")
+        if not (params.get("split", 0) or params.get("tile", 0) or params.get("tc", 0)):
+            _check_stream_groups(self.name, params)
         return (X.shape[0], G, fn.shape[0] + 1), "f32"
 
     def lower(self, node, device):
