@@ -9,10 +9,7 @@ default of 16, with a tile8 ablation instead of tile16).
 
     . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH; python3 tools/ablate_mqa.py [NAME ...] [--quick]
 """
-import runpy
-import sys
-
-from ablation import ROOT, main
+from ablation import line_reporter, main, run_tool
 
 F = "mqa_attention.comp"
 ABL = {
@@ -28,17 +25,11 @@ ABL = {
 
 
 def child(name, flags):
-    sys.argv = ["bench_decode_ops.py", "--only", "mqa", "--kernels", "tiled", "--splits", "8", "--replays", "20",
-                *flags]
-    runpy.run_path(str(ROOT / "tools" / "bench_decode_ops.py"), run_name="__main__")
+    run_tool("bench_decode_ops.py", ["--only", "mqa", "--kernels", "tiled", "--splits", "8", "--replays", "20",
+                                     *flags])
 
 
-def report(name, proc):
-    for line in proc.stdout.splitlines():
-        if line.startswith("MQA"):
-            print(f"{name:7s} {line}", flush=True)
-    if proc.returncode:
-        print(name, "FAILED", proc.stderr[-800:], flush=True)
+report = line_reporter(["MQA"], 7)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,7 @@ heads16, lanes8 / lanes4 (fewer lanes per key).
 
     . .vkdev/enter.sh; python3 tools/ablate_select.py [NAME ...] [--quick]
 """
-import runpy
-import sys
-
-from ablation import ROOT, main
+from ablation import line_reporter, main, run_tool
 
 ABL = {
     "base": ([], ""),
@@ -22,17 +19,13 @@ ABL = {
     "lanes4": ([], "from dsv4_vk.ops import compress as C, base as B\n"
                    "C.cluster_lanes = lambda dev, n, per_lane=4, max_lanes=None, _cl=B.cluster_lanes: _cl(dev, n, per_lane=32)"),
 }
+
+
 def child(name, flags):
-    sys.argv = ["bench_decode_ops.py", "--only", "select", "--replays", "20", *flags]
-    runpy.run_path(str(ROOT / "tools" / "bench_decode_ops.py"), run_name="__main__")
+    run_tool("bench_decode_ops.py", ["--only", "select", "--replays", "20", *flags])
 
 
-def report(name, proc):
-    for line in proc.stdout.splitlines():
-        if line.startswith(("INDEX", "TOPK")):
-            print(f"{name:8s} {line}", flush=True)
-    if proc.returncode:
-        print(name, "FAILED", proc.stderr[-800:], flush=True)
+report = line_reporter(["INDEX", "TOPK"], 8)
 
 
 if __name__ == "__main__":

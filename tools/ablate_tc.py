@@ -7,10 +7,7 @@ nomma_cheap (both of the first two).
 
     . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH; python3 tools/ablate_tc.py [NAME ...]
 """
-import runpy
-import sys
-
-from ablation import ROOT, main
+from ablation import line_reporter, main, run_tool
 
 NOMMA = [("hc_mix.comp", f"                {acc} = coopMatMulAddNV({a}, {b}, {acc});", "")
          for acc, a, b in (("c1[n]", "ah", "bh"), ("c2[n]", "ah", "bl"), ("c2[n]", "al", "bh"))]
@@ -26,17 +23,11 @@ ABL = {
 
 
 def child(name, flags):
-    sys.argv = ["hc_tune.py", "--ops", "HC_MIX", "--t", "4096", "--d", "4096", "--set", "mix.kernel=tc",
-                "--per-dispatch", *flags]
-    runpy.run_path(str(ROOT / "tools" / "hc_tune.py"), run_name="__main__")
+    run_tool("hc_tune.py", ["--ops", "HC_MIX", "--t", "4096", "--d", "4096", "--set", "mix.kernel=tc",
+                            "--per-dispatch", *flags])
 
 
-def report(name, proc):
-    for line in proc.stdout.splitlines():
-        if line.startswith("HC_MIX"):
-            print(f"{name} {line}", flush=True)
-    if proc.returncode:
-        print(name, "FAILED", proc.stderr[-800:], flush=True)
+report = line_reporter(["HC_MIX"])
 
 
 if __name__ == "__main__":

@@ -49,3 +49,22 @@ def main(script, table, child, report, argv=None):
     for name in names:
         report(name, subprocess.run([sys.executable, script, "--child", name, *flags], capture_output=True,
                                     text=True, timeout=300))
+
+
+def run_tool(tool, args):
+    """In a child: tools/<tool> run as a script with these arguments."""
+    import runpy
+    sys.argv = [tool, *args]
+    runpy.run_path(str(ROOT / "tools" / tool), run_name="__main__")
+
+
+def line_reporter(prefixes, width=0):
+    """A report that prints the child's output lines starting with one of `prefixes`, each after the
+    ablation's name, and the end of its error output when it failed."""
+    def report(name, proc):
+        for line in proc.stdout.splitlines():
+            if line.startswith(tuple(prefixes)):
+                print(f"{name:{width}s} {line}", flush=True)
+        if proc.returncode:
+            print(name, "FAILED", proc.stderr[-800:], flush=True)
+    return report
