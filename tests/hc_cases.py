@@ -406,12 +406,12 @@ def site_chain_case(ex, rng, D, T, peak, layout):
 @given(T=st.integers(1, 12), D=st.integers(1, 70), m=st.sampled_from([4, 24]), layout=st.sampled_from(["c", "strided"]),
        wg=st.sampled_from([16, 64]), groups=st.integers(1, 6), split=st.sampled_from([0, 16]),
        lpt=st.sampled_from([1, 2, 4]), tb=st.sampled_from([1, 5, 64]), tpl=st.sampled_from([1, 2, 4]),
-       kernel=st.sampled_from([None, "tile", "tc"]), seed=st.integers(0, 2**32 - 1))
+       kernel=st.sampled_from([None, "tile", "rb", "tc"]), seed=st.integers(0, 2**32 - 1))
 def test_mix_kernels_hypothesis(ex, T, D, m, layout, wg, groups, split, lpt, tb, tpl, kernel, seed):
     """The mixes through any HC_MIX layout (the per-token kernel: workgroup size, D splits; KSPLIT: chunks
     per split, lanes per token, tokens per block, tokens per lane group) as HC_MIX or HC_MIX_PART +
     HC_MIX_REDUCE, any D (vec4 or scalar), m rows, X contiguous or a permuted [4,T,D] input; and
-    HC_MIX_PART's partials against their float64 layout (the tensor-core kernel: D a multiple of 4)."""
+    HC_MIX_PART's partials against their float64 layout (TILE, RB; the tensor-core kernel: D a multiple of 4)."""
     wg = max(wg, ex.device.subgroup_size)
     D = 4 * -(-D // 4) if kernel == "tc" else D
     with tuning(mix_kernels.MIX_TUNING, wg=wg, groups=groups, split=split, lpt=lpt, tb=tb, tpl=tpl, kernel=kernel):
@@ -446,6 +446,19 @@ def test_mix_tile_kernel(ex, rng, T, D, split, m, layout):
     with tuning(mix_kernels.MIX_TUNING, kernel="tile", split=split):
         lay = mix_kernels.mix_layout(ex.device, T, D // (4 if D % 4 == 0 else 1))
         assert lay["tile"] == 1 and lay["split"] == split and lay["groups"] > 1
+        mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
+
+
+@pytest.mark.parametrize("T,D,split,m,layout", [(300, 64, 6, 24, "c"), (64, 36, 8, 4, "strided"), (65, 7, 3, 24, "c"),
+                                                 (3, 4096, 32, 24, "c"), (257, 20, 5, 16, "c"), (40, 48, 4, 12, "strided")])
+def test_mix_rb_kernel(ex, rng, T, D, split, m, layout):
+    """The larger-block RB kernel (8 tokens × 12 fn rows an invocation): token blocks of 256 with a
+    partial last one (300, 257), splits that end inside a staging step of 4 chunks (6, 5, 3), scalar
+    chunks (odd D), 4, 12 and 16 rows (the second row half idle or partly idle), a permuted X;
+    against float64."""
+    with tuning(mix_kernels.MIX_TUNING, kernel="rb", split=split):
+        lay = mix_kernels.mix_layout(ex.device, T, D // (4 if D % 4 == 0 else 1))
+        assert lay["tile"] == 2 and lay["split"] == split and lay["tb"] == mix_kernels.RB_TOKENS
         mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
 
 

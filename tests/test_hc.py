@@ -429,8 +429,8 @@ def test_mixes_layout_errors_name_the_parameter(device, monkeypatch):
     T, D = 70, 64
     g = Graph()
     X, fn = g.input("X", (T, 4, D)), g.input("fn", (24, 4 * D))
-    with pytest.raises(ValueError, match="tile must be 0 or 1, got 2"):
-        g.op("HC_MIX_PART", X, fn, wg=64, groups=1, split=16, tile=2)
+    with pytest.raises(ValueError, match=r"tile must be 0, 1 \(TILE\) or 2 \(RB\), got 3"):
+        g.op("HC_MIX_PART", X, fn, wg=64, groups=1, split=16, tile=3)
     monkeypatch.setitem(mix_kernels.MIX_TUNING, "kernel", "bogus")
     with pytest.raises(ValueError, match="mixes kernel must be one of .* got 'bogus'"):
         mix_kernels.mix_layout(device, T, D // 4)

@@ -7,7 +7,7 @@
 #   . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH; bash tools/gpu_session.sh $OUT [STEP ...]
 #
 # STEP: eval, library, soak, site, profile, model, decode, variants, mix, tc, mixtests, layout, tc_ablate,
-# spread, timeline, v4tests, mqa_ablate (default: the first six, in that order; decode: tools/bench_decode_ops.py, the model's decode kernels and their
+# spread, timeline, v4tests, mqa_ablate, mix_ablate, rb (default: the first six, in that order; decode: tools/bench_decode_ops.py, the model's decode kernels and their
 # variants; variants: the model bench with fused series at other kernel knobs — a call of its own;
 # mix: the mixes kernels for many tokens, KSPLIT against TILE, and the prefill site with and without
 # its post carrying the next mixes, each dispatch timed on its own; tc: the tensor-core mixes kernel —
@@ -16,7 +16,9 @@
 # defaults, then the site with the carry in HC_MIX's KSPLIT layout (256 / 4 / 2); tc_ablate:
 # tools/ablate_tc.py; spread: the model bench beside a series without GEMV_SPREAD; timeline: the fused
 # decode step dispatch by dispatch, profiled; v4tests: the model's kernels against float64 at the
-# device's subgroup size; mqa_ablate: tools/ablate_mqa.py, the tiled MQA_ATTENTION with parts of it removed). A call may run
+# device's subgroup size; mqa_ablate: tools/ablate_mqa.py, the tiled MQA_ATTENTION with parts of it removed;
+# mix_ablate: tools/ablate_mix.py, the many-token mixes kernels with parts removed; rb: the RB mixes
+# kernel against KSPLIT, and over its splits). A call may run
 # 10 minutes: split them, e.g. `eval library soak profile`, then `site model`. `model` needs the
 # safetensors and ml_dtypes wheels in .vkdev/whl (results/README.md); `site` needs PyTorch with CUDA. Files in
 # results.tgz: eval_h200.{txt,json}, bench_library_h200.{txt,json}, soak_library_h200.{txt,json},
@@ -24,7 +26,8 @@
 # decode_ops_h200.{txt,json}, model_variants_h200.{txt,json}, hc_tune_mix_h200.{txt,json}, hc_tune_carry_h200.{txt,json},
 # info_tc_h200.txt, tc_tests_h200.txt, hc_tune_tc_h200.{txt,json}, hc_tune_tc_carry_h200.{txt,json},
 # mix_tests_h200.txt, hc_tune_layout{,_mix}_h200.{txt,json}, ablate_tc_h200.txt, model_spread_h200.{txt,json},
-# model_timeline_h200.{txt,json}, v4_tests_h200.txt, ablate_mqa_h200.txt.
+# model_timeline_h200.{txt,json}, v4_tests_h200.txt, ablate_mqa_h200.txt, ablate_mix_h200.txt,
+# hc_tune_rb_h200.{txt,json}, hc_tune_rb_split_h200.{txt,json}.
 set -u
 out=${1:?usage: gpu_session.sh OUT [STEP ...]}
 shift
@@ -81,9 +84,14 @@ for s in $steps; do
         v4tests) step v4tests 240 v4_tests_h200.txt python3 -m pytest -q -p no:cacheprovider tests/v4_ops_cases.py \
                      tests/test_model_ops.py ;;
         mqa_ablate) step mqa_ablate 300 ablate_mqa_h200.txt python3 tools/ablate_mqa.py ;;
+        mix_ablate) step mix_ablate 300 ablate_mix_h200.txt python3 tools/ablate_mix.py ;;
+        rb) step rb 200 hc_tune_rb_h200.txt python3 tools/hc_tune.py --ops HC_MIX --t 512,4096 --d 4096,7168 \
+                --set mix.kernel=ksplit,rb --per-dispatch --out "$r/hc_tune_rb_h200.json"
+            step rb_split 200 hc_tune_rb_split_h200.txt python3 tools/hc_tune.py --ops HC_MIX --t 512,4096 \
+                --d 4096 --set mix.kernel=rb --set mix.split=16,32,64 --per-dispatch --out "$r/hc_tune_rb_split_h200.json" ;;
         timeline) step timeline 300 model_timeline_h200.txt python3 tools/model_gpu_bench.py --timeline \
                       --skip unfused,multi,host --out "$r/model_timeline_h200.json" ;;
-        *) echo "unknown step $s (eval, library, soak, site, profile, model, decode, variants, mix, tc, mixtests, layout, tc_ablate, spread, timeline, v4tests, mqa_ablate)" >> "$summary" ;;
+        *) echo "unknown step $s (eval, library, soak, site, profile, model, decode, variants, mix, tc, mixtests, layout, tc_ablate, spread, timeline, v4tests, mqa_ablate, mix_ablate, rb)" >> "$summary" ;;
     esac
 done
 tar czf "$out/results.tgz" -C "$out" r

@@ -17,7 +17,7 @@ from ..ops.base import Launch, OpDef, check_shape, grid_1d, pack_push, register
 
 # HC_MIX layout knobs (tools/hc_tune.py sweeps them); None: the rule of mix_layout.
 MIX_TUNING = {"wg": None, "groups": None, "split": None, "lpt": None, "tb": None, "tpl": None, "kernel": None}
-MIX_KERNELS = ("token", "ksplit", "tile", "tc")
+MIX_KERNELS = ("token", "ksplit", "tile", "rb", "tc")
 # Workgroups a mixes pass aims for (a few per compute unit of a large GPU; a CPU device runs
 # workgroups on its cores one after another, so a few suffice there).
 MIX_TARGET_GROUPS = {"cpu": 4}
@@ -32,6 +32,11 @@ KSPLIT_S = 16   # chunks per split and stream of KSPLIT (a literal in hc_mix.com
 # step (8 chunks: 64 tokens + 24 rows); chunks per stream and split by default.
 TILE_WG, TILE_TOKENS, TILE_STEP = 64, 64, 8
 TILE_SPLIT = 64
+# RB (hc_mix.comp -D RB, the mixes param tile = 2): TILE's mat-mul with 8 tokens × 12 fn rows an
+# invocation and fn read as a broadcast (4.8 products per operand loaded from shared memory). 64
+# invocations, blocks of 256 tokens, steps of 4 chunks; chunks per stream and split by default.
+# Not chosen by default until measured (tools/hc_tune.py --set mix.kernel=ksplit,rb).
+RB_WG, RB_TOKENS, RB_STEP, RB_SPLIT = 64, 256, 4, 32
 # The mixes kernel for many tokens on GPUs ("ksplit" or "tile"; CPU devices take KSPLIT, where
 # barriers are slow). H200, D = 4096 (results/h200/hc_tune_parts.txt, hc_tune_vacc.txt): HC_MIX_PART
 # at T = 4096 183 µs with KSPLIT, 192–204 µs with TILE at 32–128 chunks per split (with dot chains,
@@ -97,6 +102,10 @@ def mix_layout(device, T, chunks, kernel=None):
         split = t["split"] or TILE_SPLIT
         return {"wg": TILE_WG, "groups": -(-chunks // split), "split": split, "lpt": 1, "tb": TILE_TOKENS,
                 "tpl": 1, "tile": 1}
+    if kernel == "rb":
+        split = t["split"] or RB_SPLIT
+        return {"wg": RB_WG, "groups": -(-chunks // split), "split": split, "lpt": 1, "tb": RB_TOKENS,
+                "tpl": 1, "tile": 2}
     if kernel == "ksplit":
         return {"wg": t["wg"] or (64 if cpu else 256), "groups": -(-chunks // KSPLIT_S), "split": KSPLIT_S,
                 "lpt": t["lpt"] or 4, "tb": t["tb"] or (64 if cpu else 256), "tpl": t["tpl"] or 2}
@@ -159,15 +168,17 @@ def _mix_launch(node, device, final, groups):
     if pr.get("tc"):
         return [_tc_launch(node, device, final, groups, vec4, chunks)]
     if pr.get("tile"):
-        if final or not split or groups != -(-chunks // split) or wg != TILE_WG or tb != TILE_TOKENS:
-            raise ValueError(f"{node.op.name}: the tile kernel takes wg {TILE_WG}, tb {TILE_TOKENS} and partials of "
+        rb = pr["tile"] == 2
+        kwg, ktb, name = (RB_WG, RB_TOKENS, "rb") if rb else (TILE_WG, TILE_TOKENS, "tile")
+        if final or not split or groups != -(-chunks // split) or wg != kwg or tb != ktb:
+            raise ValueError(f"{node.op.name}: the {name} kernel takes wg {kwg}, tb {ktb} and partials of "
                              f"groups = ceil({chunks} / split), got wg {wg}, tb {tb}, split {split}, groups {groups}")
-        need = TILE_STEP * (TILE_TOKENS + N_MIX) * unit * 4
+        need = (RB_STEP * (RB_TOKENS + 1 + N_MIX) if rb else TILE_STEP * (TILE_TOKENS + N_MIX)) * unit * 4
         if need > device.caps.limits.max_shared_memory:
-            raise HCUnsupported(f"{node.op.name}: the tile kernel stages {need} B in shared memory, "
+            raise HCUnsupported(f"{node.op.name}: the {name} kernel stages {need} B in shared memory, "
                                 f"{device.name} has {device.caps.limits.max_shared_memory} B")
-        defines["TILE"] = 1
-        grid, spec = grid_1d(-(-T // TILE_TOKENS) * groups, 1), (wg, m)
+        defines["RB" if rb else "TILE"] = 1
+        grid, spec = grid_1d(-(-T // ktb) * groups, 1), (wg, m)
     elif split:
         if final:
             raise ValueError(f"{node.op.name}: KSPLIT writes partials, not the final mixes")
@@ -289,8 +300,8 @@ def reference_mix_partials(X, fn, groups, chunk=1, split=None):
 class HcMixPartials(OpDef):
     """HC_MIX_PART(X [T,4,D], fn [m,4D], groups=G, wg=, split=, lpt=, tb=, tpl=, tile=, tc=) -> partials [T,G,m+1]: per
     split of D the dot products with the m fn rows and Σx² (hc_mix.comp: the per-token kernel, KSPLIT, with
-    tile=1 the register-blocked TILE, with tc=1 or 2 the tensor-core kernel TC). Decode splits D over many
-    workgroups; HC_SITE or HC_MIX_REDUCE finish."""
+    tile=1 the register-blocked TILE, tile=2 its larger-block RB, with tc=1 or 2 the tensor-core kernel
+    TC). Decode splits D over many workgroups; HC_SITE or HC_MIX_REDUCE finish."""
     name, n_inputs = "HC_MIX_PART", 2
 
     def infer(self, inputs, params):
@@ -301,8 +312,8 @@ class HcMixPartials(OpDef):
             check_layout_param(self.name, {k: 1, **params}, k)
         if params.get("split", 0):
             check_layout_param(self.name, params, "split")
-        if params.get("tile", 0) not in (0, 1) or isinstance(params.get("tile", 0), bool):
-            raise ValueError(f"{self.name}: tile must be 0 or 1, got {params['tile']!r}")
+        if params.get("tile", 0) not in (0, 1, 2) or isinstance(params.get("tile", 0), bool):
+            raise ValueError(f"{self.name}: tile must be 0, 1 (TILE) or 2 (RB), got {params['tile']!r}")
         if _check_tc_param(self.name, params) and params.get("tile", 0):
             raise ValueError(f"{self.name}: tile and tc are two kernels, set one")
         G = check_layout_param(self.name, params, "groups")
