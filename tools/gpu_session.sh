@@ -54,7 +54,7 @@ for s in $steps; do
         site) step site 240 site_compare.log python3 tools/site_torch_compare.py --out "$r/site_compare" ;;
         profile) step profile 120 profile_site_h200.txt python3 tools/profile_site.py ;;
         model) step model 540 model_bench_v4.txt python3 tools/model_gpu_bench.py --out "$r/model_bench_v4.json" \
-                   --timeline --variants "mqa_tile=16;route_rank=0" ;;
+                   --timeline --variants "cache_first=1" ;;
         decode) step decode 300 decode_ops_h200.txt python3 tools/bench_decode_ops.py --json "$r/decode_ops_h200.json" ;;
         variants) step variants 560 model_variants_h200.txt python3 tools/model_gpu_bench.py \
                       --out "$r/model_variants_h200.json" --variants "fold_mb=64;fold_mb=0" ;;
