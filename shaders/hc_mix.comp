@@ -506,7 +506,7 @@ void main() {
                 VEC xv[RT];
                 [[unroll]] for (uint i = 0u; i < RT; ++i) {
                     xv[i] = rxs[kc * (RBT + 1u) + tg + 32u * i];
-                    ss[i] += dot_v(xv[i], xv[i]);
+                    if (rh == 0u) ss[i] += dot_v(xv[i], xv[i]);      // (one row half stores Σx²)
                 }
                 [[unroll]] for (uint r = 0u; r < RR; ++r) {
                     if (RR * rh + r < M) {
