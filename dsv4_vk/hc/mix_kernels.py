@@ -109,7 +109,7 @@ def mix_layout(device, T, chunks, kernel=None):
     if kernel == "ksplit":
         return {"wg": t["wg"] or (64 if cpu else 256), "groups": -(-chunks // KSPLIT_S), "split": KSPLIT_S,
                 "lpt": t["lpt"] or 4, "tb": t["tb"] or (64 if cpu else 256), "tpl": t["tpl"] or 2}
-    wg = t["wg"] or 64
+    wg = t["wg"] or max(64, device.caps.subgroup.max_size)     # (whole subgroups)
     groups = t["groups"] or max(1, min(-(-target // T), -(-chunks // max(1, wg // HC))))
     return {"wg": wg, "groups": groups, "split": 0, "lpt": 1, "tb": 1, "tpl": 1}
 
