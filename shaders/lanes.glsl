@@ -74,23 +74,18 @@ uint lane_linear() {
 uint cluster_id() { return flat_group() * (gl_WorkGroupSize.x / LANES) + lane_linear() / LANES; }
 uint cluster_lane() { return lane_linear() % LANES; }
 
-float cluster_sum(float v) {
+// v summed over the cluster, in place, for a float or a vector (GLSL has no generic functions).
 #if LANES > 1 && defined(LANES_SUBGROUP_OPS)
-    v = subgroupAdd(v);
+#define CLUSTER_ADD(v) v = subgroupAdd(v)
 #elif LANES > 1
-    [[unroll]] for (uint m = 1; m < LANES; m <<= 1) v += subgroupShuffleXor(v, m);
+#define CLUSTER_ADD(v) [[unroll]] for (uint m = 1; m < LANES; m <<= 1) v += subgroupShuffleXor(v, m)
+#else
+#define CLUSTER_ADD(v)
 #endif
-    return v;
-}
 
-vec2 cluster_sum2(vec2 v) {
-#if LANES > 1 && defined(LANES_SUBGROUP_OPS)
-    v = subgroupAdd(v);
-#elif LANES > 1
-    [[unroll]] for (uint m = 1; m < LANES; m <<= 1) v += subgroupShuffleXor(v, m);
-#endif
-    return v;
-}
+float cluster_sum(float v) { CLUSTER_ADD(v); return v; }
+
+vec2 cluster_sum2(vec2 v) { CLUSTER_ADD(v); return v; }
 
 float cluster_max(float v) {
 #if LANES > 1 && defined(LANES_SUBGROUP_OPS)

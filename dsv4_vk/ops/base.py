@@ -17,8 +17,8 @@ from ..vk import pack_push
 
 __all__ = ["REGISTRY", "WORKGROUP", "MAX_GROUPS", "Launch", "OpDef", "get_op", "register", "pack_push",
            "grid_1d", "tensor_push", "shape_push", "check_finite", "broadcast_shapes", "format_shape",
-           "check_shape", "expect", "unit_last", "check_in_place", "nonempty", "check_params", "next_pow2", "cluster_lanes", "workgroup_cluster_max",
-           "is_cpu", "weight_defines", "WEIGHT_DTYPES"]
+           "check_shape", "expect", "unit_last", "check_in_place", "nonempty", "check_params", "next_pow2",
+           "cluster_lanes", "workgroup_pow2", "workgroup_cluster_max", "is_cpu", "weight_defines", "WEIGHT_DTYPES"]
 
 WEIGHT_DTYPES = ("f32", "bf16", "f16")
 
@@ -132,16 +132,21 @@ def is_cpu(device: Any) -> bool:
     return device.caps.is_cpu
 
 
+def workgroup_pow2(device: Any, cap: int) -> int:
+    """The largest power of two ≤ cap (≥ 1) and the device's workgroup limits: a workgroup size for
+    kernels whose shared-memory reductions halve it step by step."""
+    lim = device.caps.limits
+    return 1 << (min(cap, lim.max_workgroup_invocations, lim.max_workgroup_size[0]).bit_length() - 1)
+
+
 def workgroup_cluster_max(device: Any, cap: int) -> int:
     """Lanes of the largest workgroup-wide cluster (lanes.glsl -D LANES_WORKGROUP) a kernel may
-    launch on this device: the largest power of two ≤ cap and the device's workgroup limits, or 0
-    where the device lacks what its reduction needs (wg_reduce.glsl: subgroup arithmetic,
-    subgroups of ≥ 4 lanes)."""
+    launch on this device: workgroup_pow2(device, cap), or 0 where the device lacks what its
+    reduction needs (wg_reduce.glsl: subgroup arithmetic, subgroups of ≥ 4 lanes)."""
     sg = device.caps.subgroup
     if not sg.supports("basic", "arithmetic") or sg.min_size < 4:
         return 0
-    lim = device.caps.limits
-    return 1 << (min(cap, lim.max_workgroup_invocations, lim.max_workgroup_size[0]).bit_length() - 1)
+    return workgroup_pow2(device, cap)
 
 
 def cluster_lanes(device: Any, n: int, per_lane: int = 4, max_lanes: int | None = None) -> tuple[dict, dict]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import (Launch, OpDef, check_finite, check_flag, check_in_place, check_params, cluster_lanes, expect,
-                   grid_1d, nonempty, pack_push, register, unit_last)
+                   grid_1d, nonempty, pack_push, register, unit_last, workgroup_pow2)
 from .v4_attention import StoreRows, _positions
 
 COMPRESS_WG = {"wg": 256}   # COMPRESS's workgroup: at most this many invocations (a power of two ≤ 256, part[] in
@@ -25,11 +25,10 @@ INDEX_HEADS = {"heads": None}   # INDEX_SCORE heads per step with cluster sums (
 def compress_workgroup(device) -> int:
     """COMPRESS's workgroup size on this device: the largest power of two ≤ COMPRESS_WG["wg"] (at most
     256) and the device's workgroup limits."""
-    lim = device.caps.limits
-    cap = min(int(COMPRESS_WG["wg"]), 256, lim.max_workgroup_invocations, lim.max_workgroup_size[0])
+    cap = min(int(COMPRESS_WG["wg"]), 256)
     if cap < 1:
         raise ValueError(f"COMPRESS_WG['wg'] must be at least 1, got {COMPRESS_WG['wg']!r}")
-    return 1 << (cap.bit_length() - 1)
+    return workgroup_pow2(device, cap)
 
 
 def reference_pool(c, z, norm_w, eps, overlap):

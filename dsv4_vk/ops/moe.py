@@ -5,7 +5,7 @@ import numpy as np
 
 from .base import (Launch, OpDef, check_finite, check_flag, check_params, cluster_lanes, expect, grid_1d, is_cpu,
                    next_pow2, nonempty, pack_push, register, unit_last, weight_defines, workgroup_cluster_max,
-                   WEIGHT_DTYPES)
+                   workgroup_pow2, WEIGHT_DTYPES)
 from .mul_mat import rms_weight
 from .reduce_rows import reference_rms_norm
 
@@ -239,7 +239,7 @@ def route_kernel(device, n_experts: int, hashed: bool) -> str:
     if route_workgroup(device, n_experts) is None:
         return "serial"
     if not hashed and ROUTE_RANK["on"] and n_experts <= min(int(ROUTE_RANK["max"]), 256) and \
-            next_pow2(n_experts) <= device.caps.limits.max_workgroup_invocations:
+            next_pow2(n_experts) <= workgroup_pow2(device, 256):          # one expert per invocation
         return "rank"
     return "rounds"
 
