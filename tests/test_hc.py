@@ -467,6 +467,21 @@ def test_mix_workgroup_must_hold_whole_streams():
     g.op("HC_MIX_PART", X, fn, wg=18, groups=1, split=16, lpt=1, tb=64)
 
 
+def test_rb_mixes_kernel_refuses_other_layouts(device):
+    """HC_MIX_PART's RB kernel (tile=2) takes its own workgroup and token block, and partials of one
+    split per D slice: anything else is a ValueError naming the kernel and what it takes."""
+    from dsv4_vk.hc import mix_kernels
+    T, D = 70, 64
+    good = {"wg": mix_kernels.RB_WG, "tb": mix_kernels.RB_TOKENS, "split": 4, "groups": 4, "tile": 2}
+    for bad in ({"wg": 128}, {"tb": 64}, {"groups": 3}):
+        g = Graph()
+        X, fn = g.input("X", (T, 4, D)), g.input("fn", (24, 4 * D))
+        g.output("part", g.op("HC_MIX_PART", X, fn, **{**good, **bad}))
+        with pytest.raises(ValueError, match=r"HC_MIX_PART: the rb kernel takes wg 64, tb 256 and partials of "
+                                             r"groups = ceil\(16 / split\), got"):
+            Executor(device).compile(g)
+
+
 def test_tensor_core_mixes_kernel_refuses_what_it_cannot_run(env, device, monkeypatch):
     """HC_MIX_PART's tensor-core kernel: bad tc values and layouts are ValueErrors naming the parameter;
     tc = 1 on a device without cooperative matrices (lavapipe; elsewhere faked, `env`) is HCUnsupported
