@@ -474,6 +474,37 @@ def test_mix_tensor_core_kernel(ex, rng, T, D, split, m, layout):
         mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
 
 
+@pytest.mark.parametrize("T,D,m,layout", [(130, 64, 24, "c"), (64, 48, 4, "strided"), (20, 4096, 24, "c"),
+                                          (300, 80, 8, "c"), (16, 16, 24, "c"), (33, 112, 12, "strided")])
+def test_mix_tensor_core_kernel_with_x_from_memory(ex, rng, T, D, m, layout):
+    """TCX, the tensor-core kernel that loads x straight from memory (cooperative matrices where the device
+    has them, else its FMA form): a last token block partly past T (130, 300; on cooperative matrices a
+    tile reaching past T starts at T − 16 and stores its own rows only: 20, 33), a last split shorter than
+    16 chunks (D = 80, 112), T = 16, 4, 8, 12 and 24 rows, a permuted X; against float64."""
+    with tuning(mix_kernels.MIX_TUNING, kernel="tcx"):
+        lay = mix_kernels.mix_layout(ex.device, T, D // 4)
+        assert lay["tc"] == (3 if mix_kernels.tc_tile_n(ex.device) else 4) and lay["split"] == mix_kernels.TCX_SPLIT
+        mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
+
+
+def test_mix_tensor_core_kernel_with_x_from_memory_refuses_what_it_cannot_load(ex, rng):
+    """D not a multiple of 16 (steps of 16 floats), T below 16 on cooperative matrices (tiles of 16 tokens),
+    another split, and the post's kernel asked to load its x: each refused by name."""
+    i = site_inputs(rng, 32, 20, m=24)
+    lay = {"wg": mix_kernels.TC_WG, "groups": 1, "split": 16, "tb": mix_kernels.TCX_TOKENS, "tc": 4}
+    for X, params, match in [(i["X"], lay, "multiple of 16, got D = 20"),
+                             (i["X"][:, :, :16], {**lay, "groups": 1, "split": 8}, "split 16"),
+                             (i["X"][:5, :, :16], {**lay, "groups": 1, "tc": 3}, "T must be at least 16, got T = 5")]:
+        with pytest.raises((ValueError, HCUnsupported), match=match):
+            run(ex, {"X": X, "fn": i["fn"][:, :4 * X.shape[2]]},
+                lambda g, t: (g.op("HC_MIX_PART", t["X"], t["fn"], **params),))
+    g = Graph()
+    f, res = g.input("f", (32, 16)), g.input("res", (32, 4, 16))
+    with pytest.raises(ValueError, match="tc = 1 or 2"):
+        g.op("HC_POST_MIX", f, res, g.input("post", (32, 4)), g.input("comb", (32, 4, 4)), g.input("fn", (24, 64)),
+             g.empty((32, 4, 16)), wg=128, split=16, lpt=1, tb=128, tpl=1, tc=3)
+
+
 @contextlib.contextmanager
 def tuning(table, **values):
     """Set layout knobs of a tuning table for the duration of a block."""

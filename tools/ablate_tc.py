@@ -3,7 +3,8 @@
 its own with a copy of shaders/ whose lines are replaced (results wrong on purpose: only the time is
 read): nomma (no cooperative-matrix products: loads, staging, epilogue only), cheapsplit (hi = v·σ
 unrounded: the split's arithmetic left out), noxload (X not read: the token index staged), and
-nomma_cheap (both of the first two).
+nomma_cheap (both of the first two); for TCX (mix.kernel=tcx, x loaded from memory as fp32 matrices)
+x_base, x_nomma, x_nosplit (the element-wise split left out), x_noload (x not read) and x_nosplit_noload.
 
     . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH; python3 tools/ablate_tc.py [NAME ...]
 """
@@ -11,7 +12,14 @@ from ablation import line_reporter, main, run_tool
 
 NOMMA = [("hc_mix.comp", f"                {acc} = coopMatMulAddNV({a}, {b}, {acc});", "")
          for acc, a, b in (("c1[n]", "ah", "bh"), ("c2[n]", "ah", "bl"), ("c2[n]", "al", "bh"))]
-CHEAP = [("hc_mix.comp", "    hi = mix(normal, sub, lessThan(abs(a), vec4(1.0 / 16384.0)));", "    hi = a;")]
+CHEAP = [("hc_mix.comp", "    return mix(normal, sub, lessThan(abs(a), vec4(1.0 / 16384.0)));", "    return a;")]
+# TCX (mix.kernel=tcx: x loaded from memory as fp32 matrices): its products, its element-wise split, its loads
+X_NOMMA = [("hc_mix.comp", f"                    c{k}[i * NT + n] = coopMatMulAddNV({a}[i], {b}, c{k}[i * NT + n]);", "")
+           for k, a, b in ((1, "ah", "bh"), (2, "ah", "bl"), (2, "al", "bh"))]
+X_NOSPLIT = [("hc_mix.comp", "                [[unroll]] for (int e = 0; e < a.length(); ++e) {",
+              "                [[unroll]] for (int e = 0; e < 0; ++e) {")]
+X_NOLOAD = [("hc_mix.comp", "                coopMatLoadNV(a, xf, xb[i] + xo, xst, false);",
+             "                a = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(float(xo));")]
 ABL = {
     "base": [],
     "nomma": NOMMA,
@@ -19,11 +27,17 @@ ABL = {
     "noxload": [("hc_mix.comp", "vec4 v = live ? x[p.x_off + t * p.x_st + s * p.x_ss + c] : vec4(0.0);",
                  "vec4 v = vec4(float(t));")],
     "nomma_cheap": NOMMA + CHEAP,
+    "x_base": [],
+    "x_nomma": X_NOMMA,
+    "x_nosplit": X_NOSPLIT,
+    "x_noload": X_NOLOAD,
+    "x_nosplit_noload": X_NOSPLIT + X_NOLOAD,
 }
 
 
 def child(name, flags):
-    run_tool("hc_tune.py", ["--ops", "HC_MIX", "--t", "4096", "--d", "4096", "--set", "mix.kernel=tc",
+    kernel = "tcx" if name.startswith("x_") else "tc"
+    run_tool("hc_tune.py", ["--ops", "HC_MIX", "--t", "4096", "--d", "4096", "--set", f"mix.kernel={kernel}",
                             "--per-dispatch", *flags])
 
 

@@ -85,13 +85,16 @@ for s in $steps; do
                      tests/test_model_ops.py ;;
         mqa_ablate) step mqa_ablate 300 ablate_mqa_h200.txt python3 tools/ablate_mqa.py ;;
         mix_ablate) step mix_ablate 300 ablate_mix_h200.txt python3 tools/ablate_mix.py ;;
-        rb) step rb 200 hc_tune_rb_h200.txt python3 tools/hc_tune.py --ops HC_MIX --t 512,4096 --d 4096,7168 \
-                --set mix.kernel=ksplit,rb --per-dispatch --out "$r/hc_tune_rb_h200.json"
-            step rb_split 200 hc_tune_rb_split_h200.txt python3 tools/hc_tune.py --ops HC_MIX --t 512,4096 \
-                --d 4096 --set mix.kernel=rb --set mix.split=16,32,64 --per-dispatch --out "$r/hc_tune_rb_split_h200.json" ;;
+        tcx) step tcx_tests 240 tcx_tests_h200.txt python3 -m pytest -q -p no:cacheprovider tests/hc_cases.py \
+                 -k "tensor_core or test_mix_kernels"
+             step tcx 240 hc_tune_tcx_h200.txt python3 tools/hc_tune.py --ops HC_MIX --t 512,4096 --d 4096,7168 \
+                 --set mix.kernel=ksplit,tc,tcx --per-dispatch --out "$r/hc_tune_tcx_h200.json"
+             step tcx_site 240 hc_tune_tcx_site_h200.txt python3 tools/hc_tune.py --ops HC_SITE --t 512,4096 \
+                 --d 4096 --site-path three-op --set mix.kernel=ksplit,tcx --per-dispatch \
+                 --out "$r/hc_tune_tcx_site_h200.json" ;;
         timeline) step timeline 300 model_timeline_h200.txt python3 tools/model_gpu_bench.py --timeline \
                       --skip unfused,multi,host --out "$r/model_timeline_h200.json" ;;
-        *) echo "unknown step $s (eval, library, soak, site, profile, model, decode, variants, mix, tc, mixtests, layout, tc_ablate, spread, timeline, v4tests, mqa_ablate, mix_ablate, rb)" >> "$summary" ;;
+        *) echo "unknown step $s (eval, library, soak, site, profile, model, decode, variants, mix, tc, mixtests, layout, tc_ablate, spread, timeline, v4tests, mqa_ablate, mix_ablate, tcx)" >> "$summary" ;;
     esac
 done
 tar czf "$out/results.tgz" -C "$out" r
