@@ -190,7 +190,6 @@ layout(push_constant) uniform P {
 const uint S = 16;                              // chunks per split and stream (a literal: fs has a fixed size)
 layout(constant_id = 2) const uint LPT = 4;     // lanes per token (a power of two ≤ the subgroup)
 layout(constant_id = 3) const uint TPL = 1;     // tokens per group of LPT lanes: 1, 2 or 4
-layout(constant_id = 4) const bool PREFETCH = true;   // a step's loads issued during the step before
 shared VEC fs[24 * 4 * 16];                     // the split's fn slice: fs[(j·4 + stream)·S + c], j < M
 #define FN(i) fs[i]
 #include "hc_mixacc.glsl"
@@ -220,9 +219,9 @@ PostCoef post_coef(uint t) {
     return P;
 }
 
-// Token t's new streams at chunk cc from its residual chunks v and the sublayer's chunk fv (v replaced
-// by them), stored if `store`.
-void post_streams(uint t, uint cc, PostCoef P, VEC fv, inout VEC v[4], bool store) {
+// Token t's new streams at chunk cc from its residual chunks v (replaced by them), stored if `store`.
+void post_streams(uint t, uint cc, PostCoef P, inout VEC v[4], bool store) {
+    VEC fv = fsub[p.s_off + t * p.s_st + cc];
     VEC r[4];
     [[unroll]] for (uint d = 0u; d < 4u; ++d) r[d] = post_stream(fv, P.pw[d], P.cw[d], v[0], v[1], v[2], v[3]);
     if (store) [[unroll]] for (uint d = 0u; d < 4u; ++d) xnew[p.n_off + t * p.n_st + d * p.n_sd + cc] = r[d];
@@ -235,91 +234,46 @@ void put_partials(MixAcc A, uint t, uint split) {
     for (uint k = 0u; k <= M; ++k) out_[ob + k] = mixacc_at(A, k);
 }
 
-// The loads of one step of a lane: chunk c (< the split's n_c) of the 4 streams of the TPL tokens from
-// ta (clamped to T: lanes past the block compute on a real token and store nothing); with POST also
-// the sublayer's chunks. One struct, so that a step's loads can be issued a step ahead.
-struct Step {
-    VEC a[4], b[4], c[4], e[4];
-#if defined(POST)
-    VEC fa, fb;
-#endif
-};
-
-Step load_step(uint ta, uint c) {
-    Step X;
-    uint xt[4];
-    [[unroll]] for (uint i = 0u; i < 4u; ++i) xt[i] = p.x_off + min(ta + min(i, TPL - 1u), p.T - 1u) * p.x_st + c;
-    [[unroll]] for (uint s = 0u; s < 4u; ++s) {
-        X.a[s] = x[xt[0] + s * p.x_ss];
-        X.b[s] = TPL > 1u ? x[xt[1] + s * p.x_ss] : VEC(0.0);
-        X.c[s] = TPL > 2u ? x[xt[2] + s * p.x_ss] : VEC(0.0);
-        X.e[s] = TPL > 2u ? x[xt[3] + s * p.x_ss] : VEC(0.0);
-    }
-#if defined(POST)
-    X.fa = fsub[p.s_off + min(ta, p.T - 1u) * p.s_st + c];
-    X.fb = TPL > 1u ? fsub[p.s_off + min(ta + 1u, p.T - 1u) * p.s_st + c] : VEC(0.0);
-#endif
-    return X;
-}
-
 void main() {
     uint g = flat_group();
     uint block = g / p.G, split = g % p.G;
     uint c_begin = split * S;
-    // fn's slice, in batches of 8 rounds whose loads are all issued before their stores (one memory
-    // latency a batch, not one a round)
-    for (uint i0 = 0u; i0 < M * 4u * S; i0 += 8u * gl_WorkGroupSize.x) {
-        VEC fv[8];
-        [[unroll]] for (uint q = 0u; q < 8u; ++q) {
-            uint i = i0 + gl_LocalInvocationID.x + q * gl_WorkGroupSize.x, c = i % S, js = i / S;
-            fv[q] = i < M * 4u * S && c_begin + c < p.chunks
-                ? fn[p.f_off + (js / 4u) * p.f_sj + (js % 4u) * p.chunks + c_begin + c] : VEC(0.0);
-        }
-        [[unroll]] for (uint q = 0u; q < 8u; ++q) {
-            uint i = i0 + gl_LocalInvocationID.x + q * gl_WorkGroupSize.x;
-            if (i < M * 4u * S) fs[i] = fv[q];
-        }
+    for (uint i = gl_LocalInvocationID.x; i < M * 4u * S; i += gl_WorkGroupSize.x) {
+        uint c = i % S, js = i / S;
+        fs[i] = c_begin + c < p.chunks ? fn[p.f_off + (js / 4u) * p.f_sj + (js % 4u) * p.chunks + c_begin + c] : VEC(0.0);
     }
     barrier();
     // a token's LPT lanes are consecutive lanes of one subgroup (full subgroups, WG a multiple of LPT)
     uint pos = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
     uint cluster = pos / LPT, lane = pos % LPT;
     uint n_c = min(S, p.chunks - min(c_begin, p.chunks));
-    uint n_it = (n_c + LPT - 1u) / LPT;        // steps a lane takes per token group (uniform)
     uint t_end = min((block + 1u) * p.tb, p.T);
-    uint tg = TPL * (gl_WorkGroupSize.x / LPT); // tokens per group of the workgroup
-    uint c_last = c_begin + n_c - 1u;
-    // step it of the group at t0: chunk lane + it·LPT (a lane past n_c loads the last chunk, adds nothing)
-    Step nxt;
-    if (PREFETCH) nxt = load_step(block * p.tb + TPL * cluster, min(c_begin + lane, c_last));
-    for (uint t0 = block * p.tb; t0 < t_end; t0 += tg) {   // uniform loop
+    for (uint t0 = block * p.tb; t0 < t_end; t0 += TPL * (gl_WorkGroupSize.x / LPT)) {   // uniform loop
         uint ta = t0 + TPL * cluster;
+        // lanes past the block compute on a real token, store nothing
+        uint xt[4];
+        [[unroll]] for (uint i = 0u; i < 4u; ++i) xt[i] = p.x_off + min(ta + min(i, TPL - 1u), p.T - 1u) * p.x_st + c_begin;
+        // per chunk the streams' x loads first, so that their latencies overlap
         MixAcc A = mixacc_zero(), B = mixacc_zero(), C = mixacc_zero(), E = mixacc_zero();
 #if defined(POST)
         uint tpa = min(ta, p.T - 1u), tpb = min(ta + 1u, p.T - 1u);
         PostCoef PA = post_coef(tpa), PB = post_coef(tpb);
 #endif
-        for (uint it = 0u; it < n_it; ++it) {       // uniform loop
-            uint c = lane + it * LPT;
-            Step X;
-            if (PREFETCH) {
-                X = nxt;
-                bool last = it + 1u == n_it;
-                if (!last || t0 + tg < t_end)
-                    nxt = load_step(last ? ta + tg : ta, min(c_begin + (last ? lane : c + LPT), c_last));
-            } else {
-                X = load_step(ta, min(c_begin + c, c_last));
+        for (uint c = lane; c < n_c; c += LPT) {
+            VEC va[4], vb[4], vc[4], ve[4];
+            [[unroll]] for (uint s = 0u; s < 4u; ++s) {
+                va[s] = x[xt[0] + s * p.x_ss + c];
+                if (TPL > 1u) vb[s] = x[xt[1] + s * p.x_ss + c];
+                if (TPL > 2u) { vc[s] = x[xt[2] + s * p.x_ss + c]; ve[s] = x[xt[3] + s * p.x_ss + c]; }
             }
-            if (c < n_c) {
 #if defined(POST)
-                post_streams(tpa, c_begin + c, PA, X.fa, X.a, ta < t_end);
-                if (TPL > 1u) post_streams(tpb, c_begin + c, PB, X.fb, X.b, ta + 1u < t_end);
+            post_streams(tpa, c_begin + c, PA, va, ta < t_end);
+            if (TPL > 1u) post_streams(tpb, c_begin + c, PB, vb, ta + 1u < t_end);
 #endif
-                [[unroll]] for (uint s = 0u; s < 4u; ++s) {
-                    if (TPL > 2u) mixacc_add4(A, B, C, E, X.a[s], X.b[s], X.c[s], X.e[s], s * S + c, 4u * S);
-                    else if (TPL > 1u) mixacc_add2(A, B, X.a[s], X.b[s], s * S + c, 4u * S);
-                    else mixacc_add(A, X.a[s], s * S + c, 4u * S, true);
-                }
+            [[unroll]] for (uint s = 0u; s < 4u; ++s) {
+                if (TPL > 2u) mixacc_add4(A, B, C, E, va[s], vb[s], vc[s], ve[s], s * S + c, 4u * S);
+                else if (TPL > 1u) mixacc_add2(A, B, va[s], vb[s], s * S + c, 4u * S);
+                else mixacc_add(A, va[s], s * S + c, 4u * S, true);
             }
         }
         lanes_sum(A);

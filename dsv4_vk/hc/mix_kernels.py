@@ -16,8 +16,7 @@ from ..ops.base import Launch, OpDef, check_shape, grid_1d, pack_push, register
 
 
 # HC_MIX layout knobs (tools/hc_tune.py sweeps them); None: the rule of mix_layout.
-MIX_TUNING = {"wg": None, "groups": None, "split": None, "lpt": None, "tb": None, "tpl": None, "kernel": None,
-              "prefetch": None}
+MIX_TUNING = {"wg": None, "groups": None, "split": None, "lpt": None, "tb": None, "tpl": None, "kernel": None}
 MIX_KERNELS = ("token", "ksplit", "tile", "rb", "tc", "tcx")
 # Workgroups a mixes pass aims for (a few per compute unit of a large GPU; a CPU device runs
 # workgroups on its cores one after another, so a few suffice there).
@@ -29,16 +28,6 @@ KSPLIT_MIN_T = 64
 
 
 KSPLIT_S = 16   # chunks per split and stream of KSPLIT (a literal in hc_mix.comp: its shared fn slice)
-# KSPLIT issues a step's x loads (and with POST the sublayer's chunks) during the step before (1), or
-# at the step (0). Measured: tools/hc_tune.py --set mix.prefetch=0,1.
-KSPLIT_PREFETCH = 1
-
-
-def _prefetch(op, params):
-    v = params.get("prefetch", KSPLIT_PREFETCH)
-    if isinstance(v, bool) or v not in (0, 1):
-        raise ValueError(f"{op}: prefetch must be 0 or 1, got {v!r}")
-    return v
 # TILE (hc_mix.comp -D TILE): 64 invocations per workgroup, blocks of 64 tokens, its shared x and fn
 # step (8 chunks: 64 tokens + 24 rows); chunks per stream and split by default.
 TILE_WG, TILE_TOKENS, TILE_STEP = 64, 64, 8
@@ -130,8 +119,7 @@ def mix_layout(device, T, chunks, kernel=None):
                 "tpl": 1, "tile": 2}
     if kernel == "ksplit":
         return {"wg": t["wg"] or (64 if cpu else 256), "groups": -(-chunks // KSPLIT_S), "split": KSPLIT_S,
-                "lpt": t["lpt"] or 4, "tb": t["tb"] or (64 if cpu else 256), "tpl": t["tpl"] or 2,
-                "prefetch": KSPLIT_PREFETCH if t["prefetch"] is None else t["prefetch"]}
+                "lpt": t["lpt"] or 4, "tb": t["tb"] or (64 if cpu else 256), "tpl": t["tpl"] or 2}
     wg = t["wg"] or max(64, device.caps.subgroup.max_size)     # (whole subgroups)
     groups = t["groups"] or max(1, min(-(-target // T), -(-chunks // max(1, wg // HC))))
     return {"wg": wg, "groups": groups, "split": 0, "lpt": 1, "tb": 1, "tpl": 1}
@@ -207,7 +195,7 @@ def _mix_launch(node, device, final, groups):
             raise ValueError(f"{node.op.name}: KSPLIT writes partials, not the final mixes")
         _ksplit_checks(node.op.name, device, chunks, groups, m, unit, pr, (1, 2, 4))
         defines["KSPLIT"] = 1
-        grid, spec = grid_1d(-(-T // tb) * groups, 1), (wg, m, lpt, tpl, _prefetch(node.op.name, pr))
+        grid, spec = grid_1d(-(-T // tb) * groups, 1), (wg, m, lpt, tpl)
     else:
         _check_stream_groups(node.op.name, pr)
         check_shared(device, node.op.name, wg, m + 1)
@@ -413,7 +401,7 @@ def _post_mix_many_tokens_launch(node, device, f, res, post, comb, fn, out, part
     else:
         _ksplit_checks(node.op.name, device, chunks, groups, m, unit, pr, (1, 2))
         defines, full = {"KSPLIT": 1, **({"VEC4": 1} if vec4 else {})}, True
-        split, wg, tb, spec = KSPLIT_S, pr["wg"], pr["tb"], (pr["wg"], m, pr["lpt"], pr["tpl"], _prefetch(node.op.name, pr))
+        split, wg, tb, spec = KSPLIT_S, pr["wg"], pr["tb"], (pr["wg"], m, pr["lpt"], pr["tpl"])
     push = pack_push(T, chunks, split, groups, 1.0 / (HC * D), 0.0,
                      res.offset // unit, *strides_in(res, unit), fn.offset // unit, fn.strides[0] // unit,
                      part.offset, part.strides[0], part.strides[1], tb,
