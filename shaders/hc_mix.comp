@@ -27,7 +27,10 @@
 //   consecutive subgroup lanes take one token (chunks lane, lane+LPT, ...), summed by shuffles;
 //   with TPL = 2 or 4 (spec 3) they take two or four tokens, each fn chunk read from shared memory
 //   once for all of them (TPL = 2: 1.39× faster than 1 at T = 4096 on the H200). With LPT = 1
-//   every lane of a subgroup reads the same fn chunk: a broadcast.
+//   every lane of a subgroup reads the same fn chunk: a broadcast. With RH = 2 (spec 4; M a multiple
+//   of 8) two groups of LPT lanes take the same tokens, each half of the rows: per fn chunk loaded, as
+//   many products, but each lane holds half the sums, so TPL can double for the same registers
+//   (4 tokens × 12 rows: 3 products per operand loaded, against 1.85 with 2 × 24).
 //   (Shared arrays have literal sizes here: 24·4·16 chunks, 24 KiB with vec4.)
 //   Each token's X is read once.
 // -D KSPLIT -D POST (HC_POST_MIX for many tokens: a layer boundary at prefill): the streams are not
@@ -88,7 +91,7 @@
 // -D REDUCE: the second pass, one invocation per (t, j): Σ over the G partials, then the
 //   norm: mix[t, j] = Σ dot / sqrt(Σ Σx² / (4·D) + norm_eps).
 // Spec constants: 0 workgroup size (TILE: 64, TC: 128), 1 M (mix rows: a multiple of 4, ≤ 24); KSPLIT also 2 LPT (lanes
-//   per token) and 3 TPL (tokens per lane group, 1, 2 or 4).
+//   per token), 3 TPL (tokens per lane group, 1, 2 or 4) and 4 RH (row groups, 1 or 2).
 // Push (tile kernels): T, chunks per stream, slice (chunks per split), G, 1/(4·D), norm_eps,
 //   X (offset, token and stream strides, in chunks), fn (offset, row stride, in chunks; fn[j, s·D + d]
 //   is chunk s·chunks + c of row j), out (offset, token stride, split or row stride), tokens per
@@ -190,8 +193,11 @@ layout(push_constant) uniform P {
 const uint S = 16;                              // chunks per split and stream (a literal: fs has a fixed size)
 layout(constant_id = 2) const uint LPT = 4;     // lanes per token (a power of two ≤ the subgroup)
 layout(constant_id = 3) const uint TPL = 1;     // tokens per group of LPT lanes: 1, 2 or 4
+layout(constant_id = 4) const uint RH = 1;      // row groups: RH groups of LPT lanes share tokens, M / RH rows each
+const uint MR = M / RH;                         // rows a lane forms (a multiple of 4)
 shared VEC fs[24 * 4 * 16];                     // the split's fn slice: fs[(j·4 + stream)·S + c], j < M
 #define FN(i) fs[i]
+#define MIXACC_ROWS MR
 #include "hc_mixacc.glsl"
 
 // The sums of a token's LPT lanes (shuffles within the group), on every lane of it.
@@ -229,9 +235,11 @@ void post_streams(uint t, uint cc, PostCoef P, inout VEC v[4], bool store) {
 }
 #endif
 
-void put_partials(MixAcc A, uint t, uint split) {
+// rows rh·MR .. rh·MR + MR − 1 of token t, and (row group 0) its Σx²
+void put_partials(MixAcc A, uint t, uint split, uint rh) {
     uint ob = p.o_off + t * p.o_st + split * p.o_s2;
-    for (uint k = 0u; k <= M; ++k) out_[ob + k] = mixacc_at(A, k);
+    for (uint k = 0u; k < MR; ++k) out_[ob + rh * MR + k] = mixacc_at(A, k);
+    if (rh == 0u) out_[ob + M] = A.ss;
 }
 
 void main() {
@@ -243,12 +251,14 @@ void main() {
         fs[i] = c_begin + c < p.chunks ? fn[p.f_off + (js / 4u) * p.f_sj + (js % 4u) * p.chunks + c_begin + c] : VEC(0.0);
     }
     barrier();
-    // a token's LPT lanes are consecutive lanes of one subgroup (full subgroups, WG a multiple of LPT)
+    // a token group's RH·LPT lanes are consecutive lanes of one subgroup (full subgroups, WG a multiple
+    // of RH·LPT): row group rh of LPT lanes forms rows rh·MR .. rh·MR + MR − 1 (fn rows MR·4·S apart)
     uint pos = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
-    uint cluster = pos / LPT, lane = pos % LPT;
+    uint cluster = pos / (LPT * RH), rh = (pos / LPT) % RH, lane = pos % LPT;
+    uint row0 = rh * MR * 4u * S;
     uint n_c = min(S, p.chunks - min(c_begin, p.chunks));
     uint t_end = min((block + 1u) * p.tb, p.T);
-    for (uint t0 = block * p.tb; t0 < t_end; t0 += TPL * (gl_WorkGroupSize.x / LPT)) {   // uniform loop
+    for (uint t0 = block * p.tb; t0 < t_end; t0 += TPL * (gl_WorkGroupSize.x / (LPT * RH))) {   // uniform loop
         uint ta = t0 + TPL * cluster;
         // lanes past the block compute on a real token, store nothing
         uint xt[4];
@@ -267,23 +277,23 @@ void main() {
                 if (TPL > 2u) { vc[s] = x[xt[2] + s * p.x_ss + c]; ve[s] = x[xt[3] + s * p.x_ss + c]; }
             }
 #if defined(POST)
-            post_streams(tpa, c_begin + c, PA, va, ta < t_end);
-            if (TPL > 1u) post_streams(tpb, c_begin + c, PB, vb, ta + 1u < t_end);
+            post_streams(tpa, c_begin + c, PA, va, rh == 0u && ta < t_end);     // (every row group makes them)
+            if (TPL > 1u) post_streams(tpb, c_begin + c, PB, vb, rh == 0u && ta + 1u < t_end);
 #endif
             [[unroll]] for (uint s = 0u; s < 4u; ++s) {
-                if (TPL > 2u) mixacc_add4(A, B, C, E, va[s], vb[s], vc[s], ve[s], s * S + c, 4u * S);
-                else if (TPL > 1u) mixacc_add2(A, B, va[s], vb[s], s * S + c, 4u * S);
-                else mixacc_add(A, va[s], s * S + c, 4u * S, true);
+                if (TPL > 2u) mixacc_add4(A, B, C, E, va[s], vb[s], vc[s], ve[s], row0 + s * S + c, 4u * S);
+                else if (TPL > 1u) mixacc_add2(A, B, va[s], vb[s], row0 + s * S + c, 4u * S);
+                else mixacc_add(A, va[s], row0 + s * S + c, 4u * S, true);
             }
         }
         lanes_sum(A);
         if (TPL > 1u) lanes_sum(B);
         if (TPL > 2u) { lanes_sum(C); lanes_sum(E); }
         if (lane == 0u) {
-            if (ta < t_end) put_partials(A, ta, split);
-            if (TPL > 1u && ta + 1u < t_end) put_partials(B, ta + 1u, split);
-            if (TPL > 2u && ta + 2u < t_end) put_partials(C, ta + 2u, split);
-            if (TPL > 2u && ta + 3u < t_end) put_partials(E, ta + 3u, split);
+            if (ta < t_end) put_partials(A, ta, split, rh);
+            if (TPL > 1u && ta + 1u < t_end) put_partials(B, ta + 1u, split, rh);
+            if (TPL > 2u && ta + 2u < t_end) put_partials(C, ta + 2u, split, rh);
+            if (TPL > 2u && ta + 3u < t_end) put_partials(E, ta + 3u, split, rh);
         }
     }
 }

@@ -5,6 +5,11 @@
 // The includer defines M and, for mixacc_add, VEC, dot_v(VEC, VEC) and FN(i): the fn chunk at index i
 // (a buffer or shared memory), with row j of a chunk at FN(base + j·row_stride); for mixacc_put it
 // includes wg_reduce.glsl first.
+// MIXACC_ROWS: the rows the add functions form (default M; KSPLIT's row groups set M / RH, the rows of
+// one lane, at base's row 0).
+#if !defined(MIXACC_ROWS)
+#define MIXACC_ROWS M
+#endif
 struct MixAcc { vec4 a0, a1, a2, a3, a4, a5; float ss; };
 
 MixAcc mixacc_zero() { return MixAcc(vec4(0.0), vec4(0.0), vec4(0.0), vec4(0.0), vec4(0.0), vec4(0.0), 0.0); }
@@ -19,11 +24,11 @@ vec4 mix_rows4(VEC xv, uint base, uint sj) {
 void mixacc_add(inout MixAcc A, VEC xv, uint base, uint sj, bool with_ss) {
     if (with_ss) A.ss += dot_v(xv, xv);
     A.a0 += mix_rows4(xv, base, sj);
-    if (M > 4u) A.a1 += mix_rows4(xv, base + 4u * sj, sj);
-    if (M > 8u) A.a2 += mix_rows4(xv, base + 8u * sj, sj);
-    if (M > 12u) A.a3 += mix_rows4(xv, base + 12u * sj, sj);
-    if (M > 16u) A.a4 += mix_rows4(xv, base + 16u * sj, sj);
-    if (M > 20u) A.a5 += mix_rows4(xv, base + 20u * sj, sj);
+    if (MIXACC_ROWS > 4u) A.a1 += mix_rows4(xv, base + 4u * sj, sj);
+    if (MIXACC_ROWS > 8u) A.a2 += mix_rows4(xv, base + 8u * sj, sj);
+    if (MIXACC_ROWS > 12u) A.a3 += mix_rows4(xv, base + 12u * sj, sj);
+    if (MIXACC_ROWS > 16u) A.a4 += mix_rows4(xv, base + 16u * sj, sj);
+    if (MIXACC_ROWS > 20u) A.a5 += mix_rows4(xv, base + 20u * sj, sj);
 }
 
 // mix_rows4 for two tokens at once: each fn chunk is loaded once for both (half the fn loads per
@@ -39,11 +44,11 @@ void mixacc_add2(inout MixAcc A, inout MixAcc B, VEC xa, VEC xb, uint base, uint
     A.ss += dot_v(xa, xa);
     B.ss += dot_v(xb, xb);
     mix_rows4_2(xa, xb, base, sj, A.a0, B.a0);
-    if (M > 4u) mix_rows4_2(xa, xb, base + 4u * sj, sj, A.a1, B.a1);
-    if (M > 8u) mix_rows4_2(xa, xb, base + 8u * sj, sj, A.a2, B.a2);
-    if (M > 12u) mix_rows4_2(xa, xb, base + 12u * sj, sj, A.a3, B.a3);
-    if (M > 16u) mix_rows4_2(xa, xb, base + 16u * sj, sj, A.a4, B.a4);
-    if (M > 20u) mix_rows4_2(xa, xb, base + 20u * sj, sj, A.a5, B.a5);
+    if (MIXACC_ROWS > 4u) mix_rows4_2(xa, xb, base + 4u * sj, sj, A.a1, B.a1);
+    if (MIXACC_ROWS > 8u) mix_rows4_2(xa, xb, base + 8u * sj, sj, A.a2, B.a2);
+    if (MIXACC_ROWS > 12u) mix_rows4_2(xa, xb, base + 12u * sj, sj, A.a3, B.a3);
+    if (MIXACC_ROWS > 16u) mix_rows4_2(xa, xb, base + 16u * sj, sj, A.a4, B.a4);
+    if (MIXACC_ROWS > 20u) mix_rows4_2(xa, xb, base + 20u * sj, sj, A.a5, B.a5);
 }
 
 // mix_rows4 for four tokens: each fn chunk loaded once serves four products.
@@ -61,11 +66,11 @@ void mixacc_add4(inout MixAcc A, inout MixAcc B, inout MixAcc C, inout MixAcc E,
                  VEC xe, uint base, uint sj) {
     A.ss += dot_v(xa, xa); B.ss += dot_v(xb, xb); C.ss += dot_v(xc, xc); E.ss += dot_v(xe, xe);
     mix_rows4_4(xa, xb, xc, xe, base, sj, A.a0, B.a0, C.a0, E.a0);
-    if (M > 4u) mix_rows4_4(xa, xb, xc, xe, base + 4u * sj, sj, A.a1, B.a1, C.a1, E.a1);
-    if (M > 8u) mix_rows4_4(xa, xb, xc, xe, base + 8u * sj, sj, A.a2, B.a2, C.a2, E.a2);
-    if (M > 12u) mix_rows4_4(xa, xb, xc, xe, base + 12u * sj, sj, A.a3, B.a3, C.a3, E.a3);
-    if (M > 16u) mix_rows4_4(xa, xb, xc, xe, base + 16u * sj, sj, A.a4, B.a4, C.a4, E.a4);
-    if (M > 20u) mix_rows4_4(xa, xb, xc, xe, base + 20u * sj, sj, A.a5, B.a5, C.a5, E.a5);
+    if (MIXACC_ROWS > 4u) mix_rows4_4(xa, xb, xc, xe, base + 4u * sj, sj, A.a1, B.a1, C.a1, E.a1);
+    if (MIXACC_ROWS > 8u) mix_rows4_4(xa, xb, xc, xe, base + 8u * sj, sj, A.a2, B.a2, C.a2, E.a2);
+    if (MIXACC_ROWS > 12u) mix_rows4_4(xa, xb, xc, xe, base + 12u * sj, sj, A.a3, B.a3, C.a3, E.a3);
+    if (MIXACC_ROWS > 16u) mix_rows4_4(xa, xb, xc, xe, base + 16u * sj, sj, A.a4, B.a4, C.a4, E.a4);
+    if (MIXACC_ROWS > 20u) mix_rows4_4(xa, xb, xc, xe, base + 20u * sj, sj, A.a5, B.a5, C.a5, E.a5);
 }
 #endif
 

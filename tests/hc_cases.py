@@ -406,15 +406,16 @@ def site_chain_case(ex, rng, D, T, peak, layout):
 @given(T=st.integers(1, 12), D=st.integers(1, 70), m=st.sampled_from([4, 24]), layout=st.sampled_from(["c", "strided"]),
        wg=st.sampled_from([16, 64]), groups=st.integers(1, 6), split=st.sampled_from([0, 16]),
        lpt=st.sampled_from([1, 2, 4]), tb=st.sampled_from([1, 5, 64]), tpl=st.sampled_from([1, 2, 4]),
-       kernel=st.sampled_from([None, "tile", "rb", "tc"]), seed=st.integers(0, 2**32 - 1))
-def test_mix_kernels_hypothesis(ex, T, D, m, layout, wg, groups, split, lpt, tb, tpl, kernel, seed):
+       rh=st.sampled_from([1, 2]), kernel=st.sampled_from([None, "tile", "rb", "tc"]), seed=st.integers(0, 2**32 - 1))
+def test_mix_kernels_hypothesis(ex, T, D, m, layout, wg, groups, split, lpt, tb, tpl, rh, kernel, seed):
     """The mixes through any HC_MIX layout (the per-token kernel: workgroup size, D splits; KSPLIT: chunks
-    per split, lanes per token, tokens per block, tokens per lane group) as HC_MIX or HC_MIX_PART +
+    per split, lanes per token, tokens per block, tokens per lane group, row groups) as HC_MIX or HC_MIX_PART +
     HC_MIX_REDUCE, any D (vec4 or scalar), m rows, X contiguous or a permuted [4,T,D] input; and
     HC_MIX_PART's partials against their float64 layout (TILE, RB; the tensor-core kernel: D a multiple of 4)."""
     wg = max(wg, ex.device.subgroup_size)
     D = 4 * -(-D // 4) if kernel == "tc" else D
-    with tuning(mix_kernels.MIX_TUNING, wg=wg, groups=groups, split=split, lpt=lpt, tb=tb, tpl=tpl, kernel=kernel):
+    rh = rh if lpt * rh <= ex.device.subgroup_size else 1
+    with tuning(mix_kernels.MIX_TUNING, wg=wg, groups=groups, split=split, lpt=lpt, tb=tb, tpl=tpl, rh=rh, kernel=kernel):
         mix_layouts_case(ex, T, D, m, layout, seed)
 
 
@@ -436,6 +437,32 @@ def test_mix_tokens_per_lane_group_give_the_same_sums(ex, rng, T, D, lpt, tb):
             (part,), _ = run(ex, {"X": i["X"], "fn": i["fn"]}, lambda g, t: (g.op("HC_MIX_PART", t["X"], t["fn"], **lay),))
             outs.append(part)
     assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+
+
+@pytest.mark.parametrize("T,D,m,tpl,layout", [(130, 64, 24, 4, "c"), (64, 48, 16, 2, "strided"), (70, 4096, 24, 4, "c"),
+                                             (300, 80, 8, 1, "c"), (33, 7, 24, 4, "c"), (9, 8, 4, 4, "strided")])
+def test_mix_row_groups(ex, rng, T, D, m, tpl, layout):
+    """KSPLIT with two row groups (rh = 2: two groups of lanes take the same tokens, each half of the fn
+    rows; the GPUs' default): 1, 2 or 4 tokens a group, a last block partly past T, scalar chunks (odd
+    D), 24, 16 and 8 rows, and 4 rows (one quad: the kernel runs one group), a permuted X; against
+    float64, as HC_MIX and as the partials."""
+    lpt = max(1, min(4, ex.device.subgroup_size // 2))
+    with tuning(mix_kernels.MIX_TUNING, kernel="ksplit", rh=2, tpl=tpl, lpt=lpt, wg=max(16, ex.device.subgroup_size),
+                tb=64):
+        lay = mix_kernels.mix_layout(ex.device, T, D // (4 if D % 4 == 0 else 1))
+        assert lay["rh"] == 2 and mix_kernels.ksplit_row_groups(lay, m) == (2 if m % 8 == 0 else 1)
+        mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
+
+
+def test_mix_row_groups_refuse_what_the_subgroup_cannot_hold(ex, rng):
+    """rh other than 1 or 2, and 2·lpt lanes wider than the subgroup: refused by name."""
+    i = site_inputs(rng, 70, 64, m=24)
+    sg = ex.device.caps.subgroup.min_size
+    base = {"wg": max(16, sg), "groups": 1, "split": 16, "tb": 64, "tpl": 2}
+    for params, match in [({**base, "lpt": 1, "rh": 3}, "rh \\(row groups\\) must be 1 or 2"),
+                          ({**base, "lpt": sg, "rh": 2}, f"lpt·rh \\({sg}·2\\)")]:
+        with pytest.raises(ValueError, match=match):
+            run(ex, {"X": i["X"], "fn": i["fn"]}, lambda g, t: (g.op("HC_MIX_PART", t["X"], t["fn"], **params),))
 
 
 @pytest.mark.parametrize("T,D,split,m,layout", [(130, 64, 12, 24, "c"), (64, 36, 8, 4, "strided"), (65, 7, 3, 24, "c"),

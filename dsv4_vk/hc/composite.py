@@ -175,11 +175,13 @@ SITE_TUNING = {"post_wg": 64}
 # "kernel": the prefill carry's mixes kernel, "ksplit" or "tc" (the tensor-core kernel, where the
 # streams are vec4-aligned; KSPLIT elsewhere). KSPLIT: on the H200 the tensor-core kernel's carry
 # took 845 against 314 µs (T = 4096, D = 4096, results/h200/hc_tune_tc_carry_h200.txt).
-# "tb", "lpt", "tpl": KSPLIT's layout for the carry on GPUs (None: mix_layout's, HC_MIX's own): blocks
+# "tb", "lpt", "tpl", "rh": KSPLIT's layout for the carry on GPUs (None: mix_layout's, HC_MIX's own): blocks
 # of 128 tokens, 2 lanes per token, one token per lane group — the post with its carry 295.2 against
 # 313.1 µs with HC_MIX's 256 / 4 / 2 at T = 4096, D = 4096, 487.7 against 543.9 at D = 7168; 49.2 / 82.4
 # against 49.7 / 86.5 at T = 512 (H200, results/h200/hc_tune_layout_h200.txt, hc_tune_layout_mix_h200.txt).
-PREFILL_CARRY = {"prefill": True, "kernel": "ksplit", "tb": 128, "lpt": 2, "tpl": 1}
+# One row group: the carry with two (each making the post) took 520.2 µs with one token a group and 408.1
+# with two, against 295.2 (T = 4096, D = 4096, results/h200/hc_tune_rh_carry_h200.txt).
+PREFILL_CARRY = {"prefill": True, "kernel": "ksplit", "tb": 128, "lpt": 2, "tpl": 1, "rh": 1}
 CARRY_KERNELS = ("ksplit", "tc")
 
 
@@ -422,9 +424,9 @@ def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, d
             kernel = _prefill_carry_kernel(vec4)
             layout = mix_kernels.mix_layout(device, T, D // (4 if vec4 else 1), kernel=kernel)
             layout = {k: layout[k] for k in ("wg", "split", "lpt", "tb")} | {"tpl": min(layout["tpl"], 2)} \
-                | ({"tc": layout["tc"]} if kernel == "tc" else {})
+                | ({"tc": layout["tc"]} if kernel == "tc" else {"rh": layout["rh"]})
             if kernel == "ksplit" and not device.caps.is_cpu:
-                layout |= {k: PREFILL_CARRY[k] for k in ("tb", "lpt", "tpl") if PREFILL_CARRY[k] is not None}
+                layout |= {k: PREFILL_CARRY[k] for k in ("tb", "lpt", "tpl", "rh") if PREFILL_CARRY[k] is not None}
         out = g.empty(X.shape)
         carry = g.op("HC_POST_MIX", f, X_in, post_w, comb_m, next_fn, out, **layout)
     return out, carry

@@ -16,7 +16,8 @@ from ..ops.base import Launch, OpDef, check_shape, grid_1d, pack_push, register
 
 
 # HC_MIX layout knobs (tools/hc_tune.py sweeps them); None: the rule of mix_layout.
-MIX_TUNING = {"wg": None, "groups": None, "split": None, "lpt": None, "tb": None, "tpl": None, "kernel": None}
+MIX_TUNING = {"wg": None, "groups": None, "split": None, "lpt": None, "tb": None, "tpl": None, "rh": None,
+              "kernel": None}
 MIX_KERNELS = ("token", "ksplit", "tile", "rb", "tc", "tcx")
 # Workgroups a mixes pass aims for (a few per compute unit of a large GPU; a CPU device runs
 # workgroups on its cores one after another, so a few suffice there).
@@ -28,6 +29,13 @@ KSPLIT_MIN_T = 64
 
 
 KSPLIT_S = 16   # chunks per split and stream of KSPLIT (a literal in hc_mix.comp: its shared fn slice)
+# KSPLIT's row groups (rh): 2 groups of lpt lanes take the same tokens, each half of the fn rows (M a
+# multiple of 8; other M run one group), so that a lane holds half the sums and tpl can double: 4 tokens
+# × 12 rows a lane, 3 products per fn operand loaded from shared memory against 1.85 with 2 × 24. On
+# GPUs where 2·lpt lanes fit in a subgroup. H200 (results/h200/hc_tune_rh_h200.txt, one run): HC_MIX
+# 180.7 against 192.8 µs at T = 4096, D = 4096 (300.8 against 323.2 at D = 7168; 31.7 against 34.6 at
+# T = 512); rh 2 with 2 tokens a group 0.73×. The prefill carry keeps 1 (composite.PREFILL_CARRY).
+KSPLIT_RH = 2
 # TILE (hc_mix.comp -D TILE): 64 invocations per workgroup, blocks of 64 tokens, its shared x and fn
 # step (8 chunks: 64 tokens + 24 rows); chunks per stream and split by default.
 TILE_WG, TILE_TOKENS, TILE_STEP = 64, 64, 8
@@ -80,7 +88,8 @@ def mix_layout(device, T, chunks, kernel=None):
       fn slice (16 chunks) in shared memory, blocks of tb tokens streaming through it, lpt lanes per
       group of tpl tokens (2: each fn load from shared memory serves two products; H200, T = 4096,
       D = 4096: 1.39× faster than 1, results/h200/hc_tune_tpl.txt; blocks of 256 tokens 1.05× faster
-      than 128, 4 lanes and 2 tokens per group the fastest, hc_tune_mix.txt);
+      than 128, 4 lanes and 2 tokens per group the fastest, hc_tune_mix.txt); on GPUs with 8-lane
+      subgroups or wider, rh = 2 row groups of 4 lanes with 4 tokens (KSPLIT_RH);
     - kernel "tile" or "tc" only when asked for (MIX_TUNING or the argument): TILE's register blocks, or
       the tensor-core kernel (tc = 1 with cooperative matrices, else its FMA form tc = 2);
     - otherwise the per-token kernel, one token per workgroup of 64 invocations (4 streams × 16) and D
@@ -118,8 +127,10 @@ def mix_layout(device, T, chunks, kernel=None):
         return {"wg": RB_WG, "groups": -(-chunks // split), "split": split, "lpt": 1, "tb": RB_TOKENS,
                 "tpl": 1, "tile": 2}
     if kernel == "ksplit":
+        lpt = t["lpt"] or 4
+        rh = t["rh"] or (KSPLIT_RH if not cpu and lpt * KSPLIT_RH <= device.caps.subgroup.min_size else 1)
         return {"wg": t["wg"] or (64 if cpu else 256), "groups": -(-chunks // KSPLIT_S), "split": KSPLIT_S,
-                "lpt": t["lpt"] or 4, "tb": t["tb"] or (64 if cpu else 256), "tpl": t["tpl"] or 2}
+                "lpt": lpt, "tb": t["tb"] or (64 if cpu else 256), "tpl": t["tpl"] or (4 if rh == 2 else 2), "rh": rh}
     wg = t["wg"] or max(64, device.caps.subgroup.max_size)     # (whole subgroups)
     groups = t["groups"] or max(1, min(-(-target // T), -(-chunks // max(1, wg // HC))))
     return {"wg": wg, "groups": groups, "split": 0, "lpt": 1, "tb": 1, "tpl": 1}
@@ -145,7 +156,7 @@ def _check_mix_args(X, fn):
 
 def _ksplit_checks(op, device, chunks, groups, m, unit, pr, tpls):
     """The KSPLIT layout's constraints (hc_mix.comp -D KSPLIT, with or without POST)."""
-    split, wg, lpt, tpl = pr.get("split", 0), pr["wg"], pr.get("lpt", 1), pr.get("tpl", 1)
+    split, wg, lpt, tpl, rh = pr.get("split", 0), pr["wg"], pr.get("lpt", 1), pr.get("tpl", 1), pr.get("rh", 1)
     if split != KSPLIT_S or groups != -(-chunks // split):
         raise ValueError(f"{op}: split must be {KSPLIT_S} with partials of groups = "
                          f"ceil({chunks} / {KSPLIT_S}), got split {split}, groups {groups}")
@@ -155,12 +166,21 @@ def _ksplit_checks(op, device, chunks, groups, m, unit, pr, tpls):
     if lpt & (lpt - 1) or wg % lpt or lpt > min_size:
         raise ValueError(f"{op}: lpt ({lpt}) must be a power of two dividing wg ({wg}) and at most "
                          f"the subgroup size ({min_size})")
+    if isinstance(rh, bool) or rh not in (1, 2) or wg % (lpt * rh) or lpt * rh > min_size:
+        raise ValueError(f"{op}: rh (row groups) must be 1 or 2 with lpt·rh ({lpt}·{rh}) dividing wg ({wg}) and at "
+                         f"most the subgroup size ({min_size})")
     need = m * HC * split * unit * 4
     if need > device.caps.limits.max_shared_memory:
         raise HCUnsupported(f"{op}: split {split} stages {need} B of fn in shared memory, "
                             f"{device.name} has {device.caps.limits.max_shared_memory} B")
     if tpl not in tpls:
         raise ValueError(f"{op}: tpl (tokens per lane group) must be one of {tpls}, got {tpl}")
+
+
+def ksplit_row_groups(params, m):
+    """KSPLIT's row groups for m fn rows: rh where each group's m / rh rows are whole quads, else 1."""
+    rh = params.get("rh", 1)
+    return rh if m % (4 * rh) == 0 else 1
 
 
 def _mix_launch(node, device, final, groups):
@@ -195,7 +215,7 @@ def _mix_launch(node, device, final, groups):
             raise ValueError(f"{node.op.name}: KSPLIT writes partials, not the final mixes")
         _ksplit_checks(node.op.name, device, chunks, groups, m, unit, pr, (1, 2, 4))
         defines["KSPLIT"] = 1
-        grid, spec = grid_1d(-(-T // tb) * groups, 1), (wg, m, lpt, tpl)
+        grid, spec = grid_1d(-(-T // tb) * groups, 1), (wg, m, lpt, tpl, ksplit_row_groups(pr, m))
     else:
         _check_stream_groups(node.op.name, pr)
         check_shared(device, node.op.name, wg, m + 1)
@@ -332,7 +352,7 @@ class HcMixPartials(OpDef):
         X, fn = inputs
         _check_mix_args(X, fn)
         check_layout_param(self.name, params, "wg")
-        for k in ("lpt", "tb", "tpl"):
+        for k in ("lpt", "tb", "tpl", "rh"):
             check_layout_param(self.name, {k: 1, **params}, k)
         if params.get("split", 0):
             check_layout_param(self.name, params, "split")
@@ -401,7 +421,7 @@ def _post_mix_many_tokens_launch(node, device, f, res, post, comb, fn, out, part
     else:
         _ksplit_checks(node.op.name, device, chunks, groups, m, unit, pr, (1, 2))
         defines, full = {"KSPLIT": 1, **({"VEC4": 1} if vec4 else {})}, True
-        split, wg, tb, spec = KSPLIT_S, pr["wg"], pr["tb"], (pr["wg"], m, pr["lpt"], pr["tpl"])
+        split, wg, tb, spec = KSPLIT_S, pr["wg"], pr["tb"], (pr["wg"], m, pr["lpt"], pr["tpl"], ksplit_row_groups(pr, m))
     push = pack_push(T, chunks, split, groups, 1.0 / (HC * D), 0.0,
                      res.offset // unit, *strides_in(res, unit), fn.offset // unit, fn.strides[0] // unit,
                      part.offset, part.strides[0], part.strides[1], tb,
@@ -440,6 +460,7 @@ class HcPostMix(OpDef):
             split = check_layout_param(self.name, params, "split")
             for k in ("lpt", "tb", "tpl"):
                 check_layout_param(self.name, params, k)
+            check_layout_param(self.name, {"rh": 1, **params}, "rh")
             if _check_tc_param(self.name, params) in (3, 4):
                 raise ValueError(f"{self.name}: the post's tensor-core kernel is tc = 1 or 2 (its x is the post's "
                                  f"own output, made in registers, not loaded), got tc = {params['tc']}")
