@@ -2,9 +2,7 @@
 #extension GL_GOOGLE_include_directive : require
 //! variants: - | VEC4 ; - | FINAL | KSPLIT | TILE | KSPLIT POST
 //! variants: VEC4 TC ; - | POST ; - | CM_NV CM_N=8 | CM_NV CM_N=16
-//! variants: VEC4 TC XDIRECT ; - | CM_NV CM_N=8 | CM_NV CM_N=16
 //! variants: REDUCE
-//! variants: - | VEC4 ; RB
 // HC_MIX family: a site's flat RMS norm and mixes mat-mul, mix[t,j] = (x_t · fn[j]) / sqrt(mean(x_t²)
 // + norm_eps) with x_t = X[t] flattened (4·D), reading each token's X once for all M mixes and its
 // sum of squares.
@@ -48,16 +46,6 @@
 //   memory for 4·M/4 products (componentwise into VEC accumulators, summed at the end): x and fn
 //   are each read from memory once per block and the products outnumber the shared-memory loads
 //   ~10 to 1. Partials as the default layout.
-// -D RB (many tokens; partials): TILE's mat-mul with larger register blocks and fn read as a
-//   broadcast. Workgroup g → token block g / G of 256 tokens and split g % G of `slice` chunks per
-//   stream; 64 invocations, invocation (tg, rh) = (id % 32, id / 32) keeps the sums of tokens
-//   tg + 32·i (i < 8) with fn rows 12·rh + r (r < 12, rows past M idle) and (rh = 0) their Σx² in
-//   registers. Steps of 4 chunks of one stream: the block's x (chunk-major, tokens contiguous, rows
-//   padded by one chunk) and the M fn rows' chunks are staged in shared memory, then per chunk an
-//   invocation loads 8 x and 12 fn values (the fn loads are the same address across a subgroup of
-//   one row half: a broadcast) for 96 dot products — each operand loaded from shared memory serves
-//   4.8 products against KSPLIT's 1.85 (2 tokens a lane group) and TILE's 2.4. Partials as the
-//   default layout.
 // -D TC (many tokens; partials; VEC4 only): the mixes on 16-bit tensor cores at fp32 accuracy.
 //   Workgroup g → token block g / G of 64 tokens and split g % G of `slice` chunks per stream;
 //   128 invocations. Per step (16 chunks = 64 floats of one stream) the block's x and the M fn rows
@@ -80,14 +68,6 @@
 //   chunks of all 4 streams, so that an invocation makes its stream of the new X (hc_post.glsl)
 //   from the 4 residual chunks it loads, writes it, and stages it; the fn rows are staged in the
 //   same order (k = 16·stream + 4·chunk + component), so the products are the same sums.
-// -D TC -D XDIRECT (TCX; partials as KSPLIT's, splits of 16 chunks a stream): x is not staged. fn's
-//   slice is staged once (split as above); subgroup s of 4 takes 2 tiles of 16 tokens of a block of
-//   128 and per step (16 floats of one stream) loads each tile straight from memory as a 16 × 16
-//   fp32 matrix, splits it element by element (h, l and the Σx² accumulator share its type, so one
-//   element mapping) and converts h and l to fp16 matrices. A tile reaching past T starts at T − 16
-//   (T ≥ 16) and stores only its own rows, through the subgroup's rows of shared memory. Without
-//   CM_NV: the same arithmetic with FMA products, one token an invocation. On the H200 it is slower
-//   than TC and KSPLIT (the matrix loads from memory cost most of it): opt-in, mix.kernel=tcx.
 // -D REDUCE: the second pass, one invocation per (t, j): Σ over the G partials, then the
 //   norm: mix[t, j] = Σ dot / sqrt(Σ Σx² / (4·D) + norm_eps).
 // Spec constants: 0 workgroup size (TILE: 64, TC: 128), 1 M (mix rows: a multiple of 4, ≤ 24); KSPLIT also 2 LPT (lanes
@@ -311,24 +291,13 @@ const float X_SIGMA = 1.0 / 256.0, LO = 2048.0;
 // fp16's normal range), so that converting it to fp16 is exact. Not f32(f16(a)): the H200's compiler
 // folds that round trip to a (unpackHalf2x16(packHalf2x16(a)) too), lo was then 0 and the sums had
 // fp16's 2⁻¹¹ relative error.
-vec4 on_f16_grid(vec4 a) {
-    vec4 normal = uintBitsToFloat((floatBitsToUint(a) + 0x1000u) & 0xFFFFE000u);   // |a| rounded, sign kept
-    vec4 sub = round(a * 16777216.0) * (1.0 / 16777216.0);
-    return mix(normal, sub, lessThan(abs(a), vec4(1.0 / 16384.0)));
-}
 void split16(vec4 v, float sigma, out vec4 hi, out vec4 lo) {
     vec4 a = v * sigma;
-    hi = on_f16_grid(a);
+    vec4 normal = uintBitsToFloat((floatBitsToUint(a) + 0x1000u) & 0xFFFFE000u);   // |a| rounded, sign kept
+    vec4 sub = round(a * 16777216.0) * (1.0 / 16777216.0);
+    hi = mix(normal, sub, lessThan(abs(a), vec4(1.0 / 16384.0)));
     lo = (a - hi) * LO;
 }
-#if defined(XDIRECT)
-// -D XDIRECT: x is not staged; a split is XSLICE chunks of each stream (fn staged once: 4·XSLICE·4 k
-// values a row), tokens in blocks of XBT = 128, 16 a tile.
-const uint XSLICE = 16u, XK = 16u * XSLICE, FS = XK + 8u, TS = 2u, XBT = 64u * TS;
-layout(binding = 0) restrict readonly buffer XF { float xf[]; };   // X again, as floats (matrix loads)
-#else
-const uint FS = XS;                             // halves between staged fn rows
-#endif
 #if defined(CM_NV)
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -337,12 +306,7 @@ const uint FS = XS;                             // halves between staged fn rows
 const uint NT = (24u + CM_N - 1u) / CM_N;       // fn row tiles (M ≤ 24)
 const uint NP = NT * CM_N;                      // fn rows staged (zeros past M)
 const uint CW = NP;                             // the accumulators' row width in shared memory
-shared float16_t fh[NP * FS], fl[NP * FS];
-#if defined(XDIRECT)
-const uint EW = NP + 16u;                       // a token's row of a subgroup's epilogue: NP sums, 16 Σx² lanes
-shared float es[4u * 16u * EW];
-#else
-shared float16_t xh[BT * XS], xl[BT * XS];
+shared float16_t xh[BT * XS], xl[BT * XS], fh[NP * XS], fl[NP * XS];
 shared float cs[2u * BT * CW + BT * KC];        // C1, C2, then the Σx² lanes
 #define C1(t, j) cs[(t) * CW + (j)]
 #define C2(t, j) cs[BT * CW + (t) * CW + (j)]
@@ -352,7 +316,6 @@ void stage_x(uint i, vec4 v, float sigma) {
     split16(v, sigma, hi, lo);
     [[unroll]] for (uint e = 0u; e < 4u; ++e) { xh[i + e] = float16_t(hi[e]); xl[i + e] = float16_t(lo[e]); }
 }
-#endif
 void stage_f(uint i, vec4 v, float sigma) {
     vec4 hi, lo;
     split16(v, sigma, hi, lo);
@@ -361,9 +324,7 @@ void stage_f(uint i, vec4 v, float sigma) {
 #else
 const uint NP = 24u, CW = 24u;
 // hi and lo as one packHalf2x16 word; after the last step the epilogue's sums (as float bits)
-shared uint fp[NP * FS];
-#if !defined(XDIRECT)
-shared uint xp[BT * XS];
+shared uint xp[BT * XS], fp[NP * XS];
 #define C1(t, j) uintBitsToFloat(xp[(t) * CW + (j)])
 #define C2(t, j) uintBitsToFloat(xp[BT * CW + (t) * CW + (j)])
 #define SSQ(t, l) uintBitsToFloat(xp[2u * BT * CW + (t) * KC + (l)])
@@ -372,7 +333,6 @@ void stage_x(uint i, vec4 v, float sigma) {
     split16(v, sigma, hi, lo);
     [[unroll]] for (uint e = 0u; e < 4u; ++e) xp[i + e] = packHalf2x16(vec2(hi[e], lo[e]));
 }
-#endif
 void stage_f(uint i, vec4 v, float sigma) {
     vec4 hi, lo;
     split16(v, sigma, hi, lo);
@@ -380,121 +340,6 @@ void stage_f(uint i, vec4 v, float sigma) {
 }
 #endif
 
-#if defined(XDIRECT)
-void main() {
-    uint g = flat_group();
-    uint block = g / p.G, split = g % p.G;
-    uint id = gl_LocalInvocationID.x;           // the workgroup is 128 invocations
-    uint c_begin = split * XSLICE, c_end = min(c_begin + XSLICE, p.chunks);
-    // fn's slice, once: row j's chunk c of stream s at k = 4·(s·XSLICE + c) (zeros past M and the split)
-    for (uint i = id; i < NP * 4u * XSLICE; i += gl_WorkGroupSize.x) {
-        uint j = i / (4u * XSLICE), q = i % (4u * XSLICE), c = c_begin + q % XSLICE;
-        vec4 v = j < M && c < c_end ? fn[p.f_off + j * p.f_sj + (q / XSLICE) * p.chunks + c] : vec4(0.0);
-        stage_f(j * FS + 4u * q, v, 1.0);
-    }
-    barrier();
-    uint steps = (c_end - c_begin) / 4u;        // steps of 4 chunks (16 floats) a stream (chunks % 4 == 0)
-    uint xst = 4u * p.x_st;                     // X's token stride in floats
-#if defined(CM_NV)
-    // subgroup sg: tiles of 16 tokens from t_own; a tile reaching past T starts at T − 16 (T ≥ 16) and
-    // stores only its own rows
-    uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
-    uint t_own = block * XBT + sg * 16u * TS;
-    if (t_own >= p.T) return;                   // uniform in the subgroup; no barrier follows
-    fcoopmatNV<32, gl_ScopeSubgroup, 16, CM_N> c1[TS * NT], c2[TS * NT];
-    fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> sq[TS];
-    uint xb[TS];
-    [[unroll]] for (uint i = 0u; i < TS; ++i) {
-        sq[i] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
-        xb[i] = 4u * (p.x_off + c_begin) + min(t_own + 16u * i, p.T - 16u) * xst;
-        [[unroll]] for (uint n = 0u; n < NT; ++n) {
-            c1[i * NT + n] = fcoopmatNV<32, gl_ScopeSubgroup, 16, CM_N>(0.0);
-            c2[i * NT + n] = fcoopmatNV<32, gl_ScopeSubgroup, 16, CM_N>(0.0);
-        }
-    }
-    for (uint s = 0u; s < 4u; ++s) {
-        for (uint st = 0u; st < steps; ++st) {
-            uint xo = 4u * s * p.x_ss + 16u * st, kk = 4u * XSLICE * s + 16u * st;
-            fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> ah[TS], al[TS];
-            [[unroll]] for (uint i = 0u; i < TS; ++i) {
-                // x straight from memory as fp32 (16 tokens × 16 k), split element by element: h, l
-                // and sq have one type, so one element mapping
-                fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> a, h, l;
-                coopMatLoadNV(a, xf, xb[i] + xo, xst, false);
-                [[unroll]] for (int e = 0; e < a.length(); ++e) {
-                    float v = a[e], av = v * X_SIGMA, hv = on_f16_grid(vec4(av)).x;
-                    h[e] = hv;
-                    l[e] = (av - hv) * LO;
-                    a[e] = v * v;
-                }
-                sq[i] += a;
-                ah[i] = fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>(h);
-                al[i] = fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>(l);
-            }
-            [[unroll]] for (uint n = 0u; n < NT; ++n) {
-                if (n * CM_N >= M) break;
-                fcoopmatNV<16, gl_ScopeSubgroup, 16, CM_N> bh, bl;    // column-major: (k, j) at j·FS + k
-                coopMatLoadNV(bh, fh, n * CM_N * FS + kk, FS, true);
-                coopMatLoadNV(bl, fl, n * CM_N * FS + kk, FS, true);
-                [[unroll]] for (uint i = 0u; i < TS; ++i) {
-                    c1[i * NT + n] = coopMatMulAddNV(ah[i], bh, c1[i * NT + n]);
-                    c2[i * NT + n] = coopMatMulAddNV(ah[i], bl, c2[i * NT + n]);
-                    c2[i * NT + n] = coopMatMulAddNV(al[i], bh, c2[i * NT + n]);
-                }
-            }
-        }
-    }
-    // epilogue, tile by tile through the subgroup's own rows of shared memory
-    uint eb = sg * 16u * EW;
-    [[unroll]] for (uint i = 0u; i < TS; ++i) {
-        uint t0 = t_own + 16u * i, r0 = min(t0, p.T - 16u);
-        if (t0 >= p.T) break;                   // uniform in the subgroup
-        [[unroll]] for (uint n = 0u; n < NT; ++n)
-            coopMatStoreNV(c1[i * NT + n] + c2[i * NT + n] * (1.0 / LO), es, eb + n * CM_N, EW, false);
-        coopMatStoreNV(sq[i], es, eb + NP, EW, false);
-        subgroupMemoryBarrierShared();
-        subgroupBarrier();
-        for (uint v = lane; v < 16u * (M + 1u); v += gl_SubgroupSize) {
-            uint r = v / (M + 1u), j = v % (M + 1u), t = r0 + r;
-            if (t < t0 || t >= p.T) continue;
-            float o = 0.0;
-            if (j < M) o = es[eb + r * EW + j] / X_SIGMA;
-            else for (uint l = 0u; l < 16u; ++l) o += es[eb + r * EW + NP + l];
-            out_[p.o_off + t * p.o_st + split * p.o_s2 + j] = o;
-        }
-        subgroupMemoryBarrierShared();
-        subgroupBarrier();
-    }
-#else
-    // the same arithmetic, one token an invocation, with FMA products (tests on any device)
-    uint t = block * XBT + id;
-    uint xr = 4u * (p.x_off + c_begin) + min(t, p.T - 1u) * xst;
-    float c1[24], c2[24], ss = 0.0;
-    [[unroll]] for (uint r = 0u; r < 24u; ++r) { c1[r] = 0.0; c2[r] = 0.0; }
-    for (uint s = 0u; s < 4u; ++s) {
-        for (uint k = 0u; k < 16u * steps; ++k) {
-            float v = xf[xr + 4u * s * p.x_ss + k], av = v * X_SIGMA, hv = on_f16_grid(vec4(av)).x;
-            vec2 xv = vec2(hv, on_f16_grid(vec4((av - hv) * LO)).x);     // the fp16 parts the matrices hold
-            ss += v * v;
-            uint kk = 4u * XSLICE * s + k;
-            [[unroll]] for (uint r = 0u; r < 24u; ++r) {
-                if (r >= M) break;
-                vec2 fv = unpackHalf2x16(fp[r * FS + kk]);
-                c1[r] = fma(xv.x, fv.x, c1[r]);
-                c2[r] = fma(xv.y, fv.x, fma(xv.x, fv.y, c2[r]));
-            }
-        }
-    }
-    if (t >= p.T) return;
-    uint ob = p.o_off + t * p.o_st + split * p.o_s2;
-    [[unroll]] for (uint r = 0u; r < 24u; ++r) {
-        if (r >= M) break;
-        out_[ob + r] = (c1[r] + c2[r] * (1.0 / LO)) / X_SIGMA;
-    }
-    out_[ob + M] = ss;
-#endif
-}
-#else
 #if defined(POST)
 #include "hc_post.glsl"
 #endif
@@ -621,64 +466,6 @@ void main() {
             for (uint l = 0u; l < KC; ++l) v += SSQ(tl, l);
         }
         out_[p.o_off + t * p.o_st + split * p.o_s2 + j] = v;
-    }
-}
-#endif
-
-#elif defined(RB)
-const uint RT = 8, RBT = 32 * RT;               // tokens per invocation, tokens per block
-const uint RR = 12;                             // fn rows per invocation (two row halves cover M ≤ 24)
-const uint RKS = 4;                             // chunks of one stream per step
-shared VEC rxs[RKS * (RBT + 1u)];               // rxs[c·(RBT + 1) + t]: +1 spreads a token's chunks over banks
-shared VEC rfs[RKS * 24u];                      // rfs[c·24 + j], j < M
-
-void main() {
-    uint g = flat_group();
-    uint block = g / p.G, split = g % p.G;
-    uint id = gl_LocalInvocationID.x;           // the workgroup is 64 invocations
-    uint tg = id % 32u, rh = id / 32u;
-    uint t_base = block * RBT;
-    uint c_begin = split * p.slice, c_end = min(c_begin + p.slice, p.chunks);
-    float acc[RT][RR], ss[RT];                  // constant indices only (unrolled loops): registers
-    [[unroll]] for (uint i = 0u; i < RT; ++i) {
-        ss[i] = 0.0;
-        [[unroll]] for (uint r = 0u; r < RR; ++r) acc[i][r] = 0.0;
-    }
-    for (uint s = 0u; s < 4u; ++s) {
-        for (uint c0 = c_begin; c0 < c_end; c0 += RKS) {     // uniform: every invocation takes every step
-            // staging: entry e = token · RKS + chunk, 16 a invocation (a token's 4 chunks contiguous in X)
-            [[unroll]] for (uint q = 0u; q < RBT * RKS / 64u; ++q) {
-                uint e = id + 64u * q, tl = e / RKS, kc = e % RKS, c = c0 + kc;
-                uint t = min(t_base + tl, p.T - 1u);             // tokens past T: a real row, never stored
-                rxs[kc * (RBT + 1u) + tl] = c < c_end ? x[p.x_off + t * p.x_st + s * p.x_ss + c] : VEC(0.0);
-            }
-            for (uint e = id; e < RKS * M; e += 64u) {
-                uint j = e / RKS, kc = e % RKS, c = c0 + kc;
-                rfs[kc * 24u + j] = c < c_end ? fn[p.f_off + j * p.f_sj + s * p.chunks + c] : VEC(0.0);
-            }
-            barrier();
-            [[unroll]] for (uint kc = 0u; kc < RKS; ++kc) {
-                VEC xv[RT];
-                [[unroll]] for (uint i = 0u; i < RT; ++i) {
-                    xv[i] = rxs[kc * (RBT + 1u) + tg + 32u * i];
-                    if (rh == 0u) ss[i] += dot_v(xv[i], xv[i]);      // (one row half stores Σx²)
-                }
-                [[unroll]] for (uint r = 0u; r < RR; ++r) {
-                    if (RR * rh + r < M) {
-                        VEC fv = rfs[kc * 24u + RR * rh + r];
-                        [[unroll]] for (uint i = 0u; i < RT; ++i) acc[i][r] += dot_v(xv[i], fv);
-                    }
-                }
-            }
-            barrier();
-        }
-    }
-    [[unroll]] for (uint i = 0u; i < RT; ++i) {
-        uint t = t_base + tg + 32u * i;
-        if (t >= p.T) continue;
-        uint ob = p.o_off + t * p.o_st + split * p.o_s2;
-        [[unroll]] for (uint r = 0u; r < RR; ++r) if (RR * rh + r < M) out_[ob + RR * rh + r] = acc[i][r];
-        if (rh == 0u) out_[ob + M] = ss[i];
     }
 }
 

@@ -406,12 +406,12 @@ def site_chain_case(ex, rng, D, T, peak, layout):
 @given(T=st.integers(1, 12), D=st.integers(1, 70), m=st.sampled_from([4, 24]), layout=st.sampled_from(["c", "strided"]),
        wg=st.sampled_from([16, 64]), groups=st.integers(1, 6), split=st.sampled_from([0, 16]),
        lpt=st.sampled_from([1, 2, 4]), tb=st.sampled_from([1, 5, 64]), tpl=st.sampled_from([1, 2, 4]),
-       rh=st.sampled_from([1, 2]), kernel=st.sampled_from([None, "tile", "rb", "tc"]), seed=st.integers(0, 2**32 - 1))
+       rh=st.sampled_from([1, 2]), kernel=st.sampled_from([None, "tile", "tc"]), seed=st.integers(0, 2**32 - 1))
 def test_mix_kernels_hypothesis(ex, T, D, m, layout, wg, groups, split, lpt, tb, tpl, rh, kernel, seed):
     """The mixes through any HC_MIX layout (the per-token kernel: workgroup size, D splits; KSPLIT: chunks
     per split, lanes per token, tokens per block, tokens per lane group, row groups) as HC_MIX or HC_MIX_PART +
     HC_MIX_REDUCE, any D (vec4 or scalar), m rows, X contiguous or a permuted [4,T,D] input; and
-    HC_MIX_PART's partials against their float64 layout (TILE, RB; the tensor-core kernel: D a multiple of 4)."""
+    HC_MIX_PART's partials against their float64 layout (TILE; the tensor-core kernel: D a multiple of 4)."""
     wg = max(wg, ex.device.subgroup_size)
     D = 4 * -(-D // 4) if kernel == "tc" else D
     rh = rh if lpt * rh <= ex.device.subgroup_size else 1
@@ -476,19 +476,6 @@ def test_mix_tile_kernel(ex, rng, T, D, split, m, layout):
         mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
 
 
-@pytest.mark.parametrize("T,D,split,m,layout", [(300, 64, 6, 24, "c"), (64, 36, 8, 4, "strided"), (65, 7, 3, 24, "c"),
-                                                 (3, 4096, 32, 24, "c"), (257, 20, 5, 16, "c"), (40, 48, 4, 12, "strided")])
-def test_mix_rb_kernel(ex, rng, T, D, split, m, layout):
-    """The larger-block RB kernel (8 tokens × 12 fn rows an invocation): token blocks of 256 with a
-    partial last one (300, 257), splits that end inside a staging step of 4 chunks (6, 5, 3), scalar
-    chunks (odd D), 4, 12 and 16 rows (the second row half idle or partly idle), a permuted X;
-    against float64."""
-    with tuning(mix_kernels.MIX_TUNING, kernel="rb", split=split):
-        lay = mix_kernels.mix_layout(ex.device, T, D // (4 if D % 4 == 0 else 1))
-        assert lay["tile"] == 2 and lay["split"] == split and lay["tb"] == mix_kernels.RB_TOKENS
-        mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
-
-
 @pytest.mark.parametrize("T,D,split,m,layout", [(130, 64, 12, 24, "c"), (64, 36, 8, 4, "strided"), (3, 4096, 64, 24, "c"),
                                                  (65, 8, 64, 24, "c"), (200, 132, 16, 8, "c")])
 def test_mix_tensor_core_kernel(ex, rng, T, D, split, m, layout):
@@ -499,37 +486,6 @@ def test_mix_tensor_core_kernel(ex, rng, T, D, split, m, layout):
         lay = mix_kernels.mix_layout(ex.device, T, D // 4)
         assert lay["tc"] == (1 if mix_kernels.tc_tile_n(ex.device) else 2) and lay["split"] == split
         mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
-
-
-@pytest.mark.parametrize("T,D,m,layout", [(130, 64, 24, "c"), (64, 48, 4, "strided"), (20, 4096, 24, "c"),
-                                          (300, 80, 8, "c"), (16, 16, 24, "c"), (33, 112, 12, "strided")])
-def test_mix_tensor_core_kernel_with_x_from_memory(ex, rng, T, D, m, layout):
-    """TCX, the tensor-core kernel that loads x straight from memory (cooperative matrices where the device
-    has them, else its FMA form): a last token block partly past T (130, 300; on cooperative matrices a
-    tile reaching past T starts at T − 16 and stores its own rows only: 20, 33), a last split shorter than
-    16 chunks (D = 80, 112), T = 16, 4, 8, 12 and 24 rows, a permuted X; against float64."""
-    with tuning(mix_kernels.MIX_TUNING, kernel="tcx"):
-        lay = mix_kernels.mix_layout(ex.device, T, D // 4)
-        assert lay["tc"] == (3 if mix_kernels.tc_tile_n(ex.device) else 4) and lay["split"] == mix_kernels.TCX_SPLIT
-        mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
-
-
-def test_mix_tensor_core_kernel_with_x_from_memory_refuses_what_it_cannot_load(ex, rng):
-    """D not a multiple of 16 (steps of 16 floats), T below 16 on cooperative matrices (tiles of 16 tokens),
-    another split, and the post's kernel asked to load its x: each refused by name."""
-    i = site_inputs(rng, 32, 20, m=24)
-    lay = {"wg": mix_kernels.TC_WG, "groups": 1, "split": 16, "tb": mix_kernels.TCX_TOKENS, "tc": 4}
-    for X, params, match in [(i["X"], lay, "multiple of 16, got D = 20"),
-                             (i["X"][:, :, :16], {**lay, "groups": 1, "split": 8}, "split 16"),
-                             (i["X"][:5, :, :16], {**lay, "groups": 1, "tc": 3}, "T must be at least 16, got T = 5")]:
-        with pytest.raises((ValueError, HCUnsupported), match=match):
-            run(ex, {"X": X, "fn": i["fn"][:, :4 * X.shape[2]]},
-                lambda g, t: (g.op("HC_MIX_PART", t["X"], t["fn"], **params),))
-    g = Graph()
-    f, res = g.input("f", (32, 16)), g.input("res", (32, 4, 16))
-    with pytest.raises(ValueError, match="tc = 1 or 2"):
-        g.op("HC_POST_MIX", f, res, g.input("post", (32, 4)), g.input("comb", (32, 4, 4)), g.input("fn", (24, 64)),
-             g.empty((32, 4, 16)), wg=128, split=16, lpt=1, tb=128, tpl=1, tc=3)
 
 
 @contextlib.contextmanager

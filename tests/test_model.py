@@ -203,30 +203,6 @@ def test_csa_attends_over_every_entry_without_its_indexer_where_top_k_keeps_them
     assert sparse.memory()["weights"]["f32"] > dense.memory()["weights"]["f32"]
 
 
-def test_cache_writes_recorded_first_give_the_same_logits(rng, monkeypatch):
-    """ATTENTION_ORDER["cache_first"]: kv's ring norm and COMPRESS recorded before q's up-projection —
-    the same dispatches in another order (q's GEMV after them in every layer), the same logits to the
-    bit over a prefill and decode steps."""
-    from dsv4_vk.model import build
-    cfg = TINY
-    w = random_weights(cfg, int(rng.integers(0, 2 ** 31)))
-    ids = rng.integers(0, cfg.vocab_size, 24)
-
-    def run():
-        m = Model(cfg, w, prefill_chunk=8)
-        rows = [m.prefill(ids[:20], all_logits=True)] + [m.step(int(t), output="logits")[None] for t in ids[20:]]
-        names = [n.op.name for n in m.compiled("decode").graph.nodes]
-        return np.concatenate(rows), names
-
-    plain, names = run()
-    monkeypatch.setitem(build.ATTENTION_ORDER, "cache_first", True)
-    first, names_first = run()
-    assert np.array_equal(plain, first)
-    assert sorted(names) == sorted(names_first)
-    before = [[seq[k - 1] for k, n in enumerate(seq) if n == "MQA_ATTENTION"] for seq in (names, names_first)]
-    assert "MUL_MAT" not in before[0] and before[1] == ["MUL_MAT"] * len(before[1])   # q's GEMV: last, or not
-
-
 def test_the_indexer_scores_only_from_the_position_where_its_top_k_drops_entries(rng, monkeypatch):
     """TINY's CSA layer (rate 4, top-3 of up to 10 entries): up to position 14 every closed entry is
     kept, so those chunks and steps run graphs without the indexer's scores and top-k (its keys are

@@ -1,12 +1,11 @@
 """What bounds the mixes kernels at prefill (HC_MIX_PART, T = 4096, D = 4096): `tools/hc_tune.py --ops
-HC_MIX --t 4096 --d 4096 --set mix.kernel=ksplit --per-dispatch` (tile*, rb*: mix.kernel=tile, rb) run once per
+HC_MIX --t 4096 --d 4096 --set mix.kernel=ksplit --per-dispatch` (tile*: mix.kernel=tile) run once per
 ablation, each in a subprocess of its own with a copy of shaders/ whose lines are replaced (results
 wrong on purpose: only the time is read):
-- KSPLIT (the GPU default, 2 tokens per lane group): base; nofnlds (the fn chunks not read from
+- KSPLIT (the GPU default: 4 tokens a lane group, 2 row groups): base; nofnlds (the fn chunks not read from
   shared memory: made from their index, the products kept); noproducts (x read, only Σx² formed: no
   fn reads, no products); noxload (x not read: made from its index);
-- TILE: tile (base); tile_nofnlds, tile_noxlds (fn or x not read from shared memory);
-- RB (8 tokens × 12 rows an invocation): rb (base), rb_nofnlds.
+- TILE: tile (base); tile_nofnlds, tile_noxlds (fn or x not read from shared memory).
 If nofnlds is much faster than base, the products wait on shared-memory operands (each fn load
 serves TPL products); if it is not, on the products themselves.
 
@@ -18,20 +17,21 @@ F = "hc_mix.comp"
 ABL = {
     "base": [],
     "nofnlds": [(F, "#define FN(i) fs[i]", "#define FN(i) VEC(uintBitsToFloat(i))")],
-    "noproducts": [(F, "else if (TPL > 1u) mixacc_add2(A, B, va[s], vb[s], s * S + c, 4u * S);",
-                    "else if (TPL > 1u) { A.ss += dot_v(va[s], va[s]); B.ss += dot_v(vb[s], vb[s]); }")],
+    "noproducts": [(F, "if (TPL > 2u) mixacc_add4(A, B, C, E, va[s], vb[s], vc[s], ve[s], row0 + s * S + c, 4u * S);",
+                    "if (TPL > 2u) { A.ss += dot_v(va[s], va[s]); B.ss += dot_v(vb[s], vb[s]); "
+                    "C.ss += dot_v(vc[s], vc[s]); E.ss += dot_v(ve[s], ve[s]); }")],
     "noxload": [(F, "va[s] = x[xt[0] + s * p.x_ss + c];", "va[s] = VEC(float(c + s));"),
-                (F, "if (TPL > 1u) vb[s] = x[xt[1] + s * p.x_ss + c];", "if (TPL > 1u) vb[s] = VEC(float(c));")],
+                (F, "if (TPL > 1u) vb[s] = x[xt[1] + s * p.x_ss + c];", "if (TPL > 1u) vb[s] = VEC(float(c));"),
+                (F, "if (TPL > 2u) { vc[s] = x[xt[2] + s * p.x_ss + c]; ve[s] = x[xt[3] + s * p.x_ss + c]; }",
+                 "if (TPL > 2u) { vc[s] = VEC(float(c + 1u)); ve[s] = VEC(float(c + 2u)); }")],
     "tile": [],
     "tile_nofnlds": [(F, "fv[r] = fs[kk][rg + 4u * r];", "fv[r] = VEC(float(kk + r));")],
     "tile_noxlds": [(F, "xv[i] = xs[kk][tg + 16u * i];", "xv[i] = VEC(float(kk + i));")],
-    "rb": [],
-    "rb_nofnlds": [(F, "VEC fv = rfs[kc * 24u + RR * rh + r];", "VEC fv = VEC(float(kc + r));")],
 }
 
 
 def child(name, flags):
-    kernel = next((k for k in ("tile", "rb") if name.startswith(k)), "ksplit")
+    kernel = "tile" if name.startswith("tile") else "ksplit"
     run_tool("hc_tune.py", ["--ops", "HC_MIX", "--t", "4096", "--d", "4096", "--set", f"mix.kernel={kernel}",
                             "--per-dispatch", *flags])
 

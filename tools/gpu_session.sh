@@ -54,7 +54,7 @@ for s in $steps; do
         site) step site 240 site_compare.log python3 tools/site_torch_compare.py --out "$r/site_compare" ;;
         profile) step profile 120 profile_site_h200.txt python3 tools/profile_site.py ;;
         model) step model 540 model_bench_v4.txt python3 tools/model_gpu_bench.py --out "$r/model_bench_v4.json" \
-                   --timeline --variants "cache_first=1" ;;
+                   --timeline --variants "route_rank=0" ;;
         decode) step decode 300 decode_ops_h200.txt python3 tools/bench_decode_ops.py --json "$r/decode_ops_h200.json" ;;
         variants) step variants 560 model_variants_h200.txt python3 tools/model_gpu_bench.py \
                       --out "$r/model_variants_h200.json" --variants "fold_mb=64;fold_mb=0" ;;
@@ -85,16 +85,9 @@ for s in $steps; do
                      tests/test_model_ops.py ;;
         mqa_ablate) step mqa_ablate 300 ablate_mqa_h200.txt python3 tools/ablate_mqa.py ;;
         mix_ablate) step mix_ablate 300 ablate_mix_h200.txt python3 tools/ablate_mix.py ;;
-        tcx) step tcx_tests 240 tcx_tests_h200.txt python3 -m pytest -q -p no:cacheprovider tests/hc_cases.py \
-                 -k "tensor_core or test_mix_kernels"
-             step tcx 240 hc_tune_tcx_h200.txt python3 tools/hc_tune.py --ops HC_MIX --t 512,4096 --d 4096,7168 \
-                 --set mix.kernel=ksplit,tc,tcx --per-dispatch --out "$r/hc_tune_tcx_h200.json"
-             step tcx_site 240 hc_tune_tcx_site_h200.txt python3 tools/hc_tune.py --ops HC_SITE --t 512,4096 \
-                 --d 4096 --site-path three-op --set mix.kernel=ksplit,tcx --per-dispatch \
-                 --out "$r/hc_tune_tcx_site_h200.json" ;;
         timeline) step timeline 300 model_timeline_h200.txt python3 tools/model_gpu_bench.py --timeline \
                       --skip unfused,multi,host --out "$r/model_timeline_h200.json" ;;
-        *) echo "unknown step $s (eval, library, soak, site, profile, model, decode, variants, mix, tc, mixtests, layout, tc_ablate, spread, timeline, v4tests, mqa_ablate, mix_ablate, tcx)" >> "$summary" ;;
+        *) echo "unknown step $s (eval, library, soak, site, profile, model, decode, variants, mix, tc, mixtests, layout, tc_ablate, spread, timeline, v4tests, mqa_ablate, mix_ablate)" >> "$summary" ;;
     esac
 done
 tar czf "$out/results.tgz" -C "$out" r

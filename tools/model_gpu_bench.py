@@ -38,8 +38,7 @@ ops.v4_attention.MQA_ARRAYS), mix_wg (the first site's HC_MIX workgroup size: sm
 D into more workgroups; hc.mix_kernels.MIX_TUNING), compress_wg (COMPRESS's workgroup cap,
 ops.compress.COMPRESS_WG), mqa_tile (keys the tiled MQA_ATTENTION stages at a time; the decode
 splits follow: ops.v4_attention.MQA_TILE), route_rank (0: V4_ROUTE's rounds of a butterfly instead of
-its one-pass ranking, ops.moe.ROUTE_RANK), cache_first (1: an attention layer records its cache writes
-before q's up-projection, model.build.ATTENTION_ORDER); e.g.
+its one-pass ranking, ops.moe.ROUTE_RANK); e.g.
 `--variants "fold_mb=64;fold_mb=0;gemv_unroll=8"`.
 --timeline: every dispatch of the fused decode step with its mean profiled GPU time (the time
 since the previous dispatch's end), shader, variant and argument shapes; --skip leaves out parts
@@ -76,8 +75,7 @@ KNOBS = {"fold_mb": (build.NORM_FOLD, "max_bytes", lambda v: int(float(v) * 2**2
          "mix_wg": (mix_kernels.MIX_TUNING, "wg", int),
          "compress_wg": (compress.COMPRESS_WG, "wg", int),
          "mqa_tile": (v4_attention.MQA_TILE, "keys", int),
-         "route_rank": (moe.ROUTE_RANK, "on", lambda v: bool(int(v))),
-         "cache_first": (build.ATTENTION_ORDER, "cache_first", lambda v: bool(int(v)))}
+         "route_rank": (moe.ROUTE_RANK, "on", lambda v: bool(int(v)))}
 
 
 def parse_variants(text):

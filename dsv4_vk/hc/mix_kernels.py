@@ -18,7 +18,7 @@ from ..ops.base import Launch, OpDef, check_shape, grid_1d, pack_push, register
 # HC_MIX layout knobs (tools/hc_tune.py sweeps them); None: the rule of mix_layout.
 MIX_TUNING = {"wg": None, "groups": None, "split": None, "lpt": None, "tb": None, "tpl": None, "rh": None,
               "kernel": None}
-MIX_KERNELS = ("token", "ksplit", "tile", "rb", "tc", "tcx")
+MIX_KERNELS = ("token", "ksplit", "tile", "tc")
 # Workgroups a mixes pass aims for (a few per compute unit of a large GPU; a CPU device runs
 # workgroups on its cores one after another, so a few suffice there).
 MIX_TARGET_GROUPS = {"cpu": 4}
@@ -40,11 +40,6 @@ KSPLIT_RH = 2
 # step (8 chunks: 64 tokens + 24 rows); chunks per stream and split by default.
 TILE_WG, TILE_TOKENS, TILE_STEP = 64, 64, 8
 TILE_SPLIT = 64
-# RB (hc_mix.comp -D RB, the mixes param tile = 2): TILE's mat-mul with 8 tokens × 12 fn rows an
-# invocation and fn read as a broadcast (4.8 products per operand loaded from shared memory). 64
-# invocations, blocks of 256 tokens, steps of 4 chunks; chunks per stream and split by default.
-# Not chosen by default until measured (tools/hc_tune.py --set mix.kernel=ksplit,rb).
-RB_WG, RB_TOKENS, RB_STEP, RB_SPLIT = 64, 256, 4, 32
 # The mixes kernel for many tokens on GPUs ("ksplit" or "tile"; CPU devices take KSPLIT, where
 # barriers are slow). H200, D = 4096 (results/h200/hc_tune_parts.txt, hc_tune_vacc.txt): HC_MIX_PART
 # at T = 4096 183 µs with KSPLIT, 192–204 µs with TILE at 32–128 chunks per split (with dot chains,
@@ -60,15 +55,7 @@ MIX_MANY_TOKENS_GPU = "ksplit"
 TC_WG, TC_TOKENS, TC_SPLIT = 128, 64, 64
 TC_STEP = 16                    # chunks per staging step (KC in hc_mix.comp): also Σx² lanes per token
 TC_XS = 4 * TC_STEP + 8         # halves between staged rows (XS in hc_mix.comp)
-TC_VARIANTS = {1: "cooperative matrices", 2: "FMA products", 3: "cooperative matrices, x loaded from memory",
-               4: "x loaded from memory, FMA products"}
-# TCX (hc_mix.comp -D TC -D XDIRECT, tc = 3 or 4): the tensor-core kernel without x's staging. A
-# subgroup loads its tiles of 16 tokens × 16 floats of X as fp32 matrices straight from memory and
-# splits them element by element; only fn's slice (16 chunks of each stream, split once) is staged.
-# 128 invocations, blocks of 128 tokens; D a multiple of 16, and T ≥ 16 on cooperative matrices (a
-# tile past T starts at T − 16).
-TCX_TOKENS, TCX_SPLIT = 128, 16
-TCX_FS = 16 * TCX_SPLIT + 8     # halves between staged fn rows (FS in hc_mix.comp)
+TC_VARIANTS = {1: "cooperative matrices", 2: "FMA products"}
 
 
 def tc_tile_n(device):
@@ -111,9 +98,6 @@ def mix_layout(device, T, chunks, kernel=None):
             kernel = "ksplit" if cpu else MIX_MANY_TOKENS_GPU
         else:
             kernel = "token"
-    if kernel == "tcx":
-        return {"wg": TC_WG, "groups": -(-chunks // TCX_SPLIT), "split": TCX_SPLIT, "lpt": 1, "tb": TCX_TOKENS,
-                "tpl": 1, "tc": 3 if tc_tile_n(device) else 4}
     if kernel == "tc":
         split = t["split"] or TC_SPLIT
         return {"wg": TC_WG, "groups": -(-chunks // split), "split": split, "lpt": 1, "tb": TC_TOKENS,
@@ -122,10 +106,6 @@ def mix_layout(device, T, chunks, kernel=None):
         split = t["split"] or TILE_SPLIT
         return {"wg": TILE_WG, "groups": -(-chunks // split), "split": split, "lpt": 1, "tb": TILE_TOKENS,
                 "tpl": 1, "tile": 1}
-    if kernel == "rb":
-        split = t["split"] or RB_SPLIT
-        return {"wg": RB_WG, "groups": -(-chunks // split), "split": split, "lpt": 1, "tb": RB_TOKENS,
-                "tpl": 1, "tile": 2}
     if kernel == "ksplit":
         lpt = t["lpt"] or 4
         rh = t["rh"] or (KSPLIT_RH if not cpu and lpt * KSPLIT_RH <= device.caps.subgroup.min_size else 1)
@@ -199,17 +179,15 @@ def _mix_launch(node, device, final, groups):
     if pr.get("tc"):
         return [_tc_launch(node, device, final, groups, vec4, chunks)]
     if pr.get("tile"):
-        rb = pr["tile"] == 2
-        kwg, ktb, name = (RB_WG, RB_TOKENS, "rb") if rb else (TILE_WG, TILE_TOKENS, "tile")
-        if final or not split or groups != -(-chunks // split) or wg != kwg or tb != ktb:
-            raise ValueError(f"{node.op.name}: the {name} kernel takes wg {kwg}, tb {ktb} and partials of "
+        if final or not split or groups != -(-chunks // split) or wg != TILE_WG or tb != TILE_TOKENS:
+            raise ValueError(f"{node.op.name}: the tile kernel takes wg {TILE_WG}, tb {TILE_TOKENS} and partials of "
                              f"groups = ceil({chunks} / split), got wg {wg}, tb {tb}, split {split}, groups {groups}")
-        need = (RB_STEP * (RB_TOKENS + 1 + N_MIX) if rb else TILE_STEP * (TILE_TOKENS + N_MIX)) * unit * 4
+        need = TILE_STEP * (TILE_TOKENS + N_MIX) * unit * 4
         if need > device.caps.limits.max_shared_memory:
-            raise HCUnsupported(f"{node.op.name}: the {name} kernel stages {need} B in shared memory, "
+            raise HCUnsupported(f"{node.op.name}: the tile kernel stages {need} B in shared memory, "
                                 f"{device.name} has {device.caps.limits.max_shared_memory} B")
-        defines["RB" if rb else "TILE"] = 1
-        grid, spec = grid_1d(-(-T // ktb) * groups, 1), (wg, m)
+        defines["TILE"] = 1
+        grid, spec = grid_1d(-(-T // TILE_TOKENS) * groups, 1), (wg, m)
     elif split:
         if final:
             raise ValueError(f"{node.op.name}: KSPLIT writes partials, not the final mixes")
@@ -233,8 +211,8 @@ def _mix_launch(node, device, final, groups):
 def _tc_defines(name, device, tc):
     """The tensor-core kernel's defines and whether it needs full subgroups (tc = 1 on cooperative
     matrices, 2 with FMA products); HCUnsupported where the device cannot run it."""
-    defines, full = {"VEC4": 1, "TC": 1, **({"XDIRECT": 1} if tc in (3, 4) else {})}, False
-    if tc in (1, 3):
+    defines, full = {"VEC4": 1, "TC": 1}, False
+    if tc == 1:
         n = tc_tile_n(device)
         if n is None:
             raise HCUnsupported(f"{name}: tc = 1 needs VK_NV_cooperative_matrix with a 16 × 8 or 16 × 16 × 16 fp16 "
@@ -244,36 +222,24 @@ def _tc_defines(name, device, tc):
         defines.update(CM_NV=1, CM_N=n)
         full = True                        # 4 whole subgroups: gl_SubgroupID picks the token tile
         rows = -(-N_MIX // n) * n
-        if tc == 3:
-            need = 2 * 2 * rows * TCX_FS + 4 * 4 * 16 * (rows + 16)
-        else:
-            need = (2 * 2 * (TC_TOKENS + rows) * TC_XS) + 4 * (2 * TC_TOKENS * rows + TC_TOKENS * TC_STEP)
+        need = (2 * 2 * (TC_TOKENS + rows) * TC_XS) + 4 * (2 * TC_TOKENS * rows + TC_TOKENS * TC_STEP)
     else:
-        need = 4 * N_MIX * TCX_FS if tc == 4 else 4 * (TC_TOKENS + N_MIX) * TC_XS
+        need = 4 * (TC_TOKENS + N_MIX) * TC_XS
     if need > device.caps.limits.max_shared_memory:
         raise HCUnsupported(f"{name}: the tensor-core kernel stages {need} B in shared memory, "
                             f"{device.name} has {device.caps.limits.max_shared_memory} B")
     return defines, full
 
 
-def _tc_checks(name, pr, chunks, groups, vec4, D, T):
-    split, tcx = pr.get("split", 0), pr["tc"] in (3, 4)
-    tb = TCX_TOKENS if tcx else TC_TOKENS
-    if not split or groups != -(-chunks // split) or pr["wg"] != TC_WG or pr.get("tb", 1) != tb \
-            or (tcx and split != TCX_SPLIT):
-        need = f"split {TCX_SPLIT}" if tcx else "split"
-        raise ValueError(f"{name}: the tensor-core kernel writes partials and takes wg {TC_WG}, tb {tb} and "
-                         f"groups = ceil({chunks} / {need}), got wg {pr['wg']}, tb {pr.get('tb', 1)}, split {split}, "
+def _tc_checks(name, pr, chunks, groups, vec4, D):
+    split = pr.get("split", 0)
+    if not split or groups != -(-chunks // split) or pr["wg"] != TC_WG or pr.get("tb", 1) != TC_TOKENS:
+        raise ValueError(f"{name}: the tensor-core kernel writes partials and takes wg {TC_WG}, tb {TC_TOKENS} and "
+                         f"groups = ceil({chunks} / split), got wg {pr['wg']}, tb {pr.get('tb', 1)}, split {split}, "
                          f"groups {groups}")
     if not vec4:
         raise ValueError(f"{name}: the tensor-core kernel stages chunks of 4 floats: D and every offset and stride "
                          f"but the last must be multiples of 4, got D = {D}")
-    if tcx and chunks % 4:
-        raise ValueError(f"{name}: the tensor-core kernel with x from memory takes steps of 16 floats: D must be a "
-                         f"multiple of 16, got D = {D}")
-    if pr["tc"] == 3 and T < 16:
-        raise ValueError(f"{name}: the tensor-core kernel with x from memory loads tiles of 16 tokens: T must be at "
-                         f"least 16, got T = {T}")
 
 
 def _tc_launch(node, device, final, groups, vec4, chunks):
@@ -283,14 +249,13 @@ def _tc_launch(node, device, final, groups, vec4, chunks):
     T, m = X.shape[0], fn.shape[0]
     if final:
         raise ValueError(f"{name}: the tensor-core kernel writes partials, not the final mixes")
-    _tc_checks(name, pr, chunks, groups, vec4, X.shape[2], T)
+    _tc_checks(name, pr, chunks, groups, vec4, X.shape[2])
     defines, full = _tc_defines(name, device, pr["tc"])
-    tb = TCX_TOKENS if pr["tc"] in (3, 4) else TC_TOKENS
     push = pack_push(T, chunks, pr["split"], groups, 1.0 / (HC * X.shape[2]),
                      check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
                      X.offset // 4, *strides_in(X, 4), fn.offset // 4, fn.strides[0] // 4,
-                     node.output.offset, node.output.strides[0], node.output.strides[1], tb)
-    return Launch("hc_mix", [X, fn, node.output], (2,), push, grid_1d(-(-T // tb) * groups, 1),
+                     node.output.offset, node.output.strides[0], node.output.strides[1], TC_TOKENS)
+    return Launch("hc_mix", [X, fn, node.output], (2,), push, grid_1d(-(-T // TC_TOKENS) * groups, 1),
                   defines=defines, spec=(TC_WG, m), full_subgroups=full)
 
 
@@ -344,7 +309,7 @@ def reference_mix_partials(X, fn, groups, chunk=1, split=None):
 class HcMixPartials(OpDef):
     """HC_MIX_PART(X [T,4,D], fn [m,4D], groups=G, wg=, split=, lpt=, tb=, tpl=, tile=, tc=) -> partials [T,G,m+1]: per
     split of D the dot products with the m fn rows and Σx² (hc_mix.comp: the per-token kernel, KSPLIT, with
-    tile=1 the register-blocked TILE, tile=2 its larger-block RB, with tc=1 or 2 the tensor-core kernel
+    tile=1 the register-blocked TILE, with tc=1 or 2 the tensor-core kernel
     TC). Decode splits D over many workgroups; HC_SITE or HC_MIX_REDUCE finish."""
     name, n_inputs = "HC_MIX_PART", 2
 
@@ -356,8 +321,8 @@ class HcMixPartials(OpDef):
             check_layout_param(self.name, {k: 1, **params}, k)
         if params.get("split", 0):
             check_layout_param(self.name, params, "split")
-        if params.get("tile", 0) not in (0, 1, 2) or isinstance(params.get("tile", 0), bool):
-            raise ValueError(f"{self.name}: tile must be 0, 1 (TILE) or 2 (RB), got {params['tile']!r}")
+        if params.get("tile", 0) not in (0, 1) or isinstance(params.get("tile", 0), bool):
+            raise ValueError(f"{self.name}: tile must be 0 or 1 (TILE), got {params['tile']!r}")
         if _check_tc_param(self.name, params) and params.get("tile", 0):
             raise ValueError(f"{self.name}: tile and tc are two kernels, set one")
         G = check_layout_param(self.name, params, "groups")
@@ -415,7 +380,7 @@ def _post_mix_many_tokens_launch(node, device, f, res, post, comb, fn, out, part
     pr = node.params
     m, groups = fn.shape[0], part.shape[1]
     if pr.get("tc"):
-        _tc_checks(node.op.name, pr, chunks, groups, vec4, D, T)
+        _tc_checks(node.op.name, pr, chunks, groups, vec4, D)
         defines, full = _tc_defines(node.op.name, device, pr["tc"])
         split, wg, tb, spec = pr["split"], TC_WG, TC_TOKENS, (TC_WG, m)
     else:
@@ -461,9 +426,7 @@ class HcPostMix(OpDef):
             for k in ("lpt", "tb", "tpl"):
                 check_layout_param(self.name, params, k)
             check_layout_param(self.name, {"rh": 1, **params}, "rh")
-            if _check_tc_param(self.name, params) in (3, 4):
-                raise ValueError(f"{self.name}: the post's tensor-core kernel is tc = 1 or 2 (its x is the post's "
-                                 f"own output, made in registers, not loaded), got tc = {params['tc']}")
+            _check_tc_param(self.name, params)
         elif params.get("tc", 0):
             raise ValueError(f"{self.name}: the tensor-core kernel (tc) takes a split (many tokens)")
         elif wg % HC:

@@ -36,12 +36,6 @@ STEP_PARAMS = ("step.pos", "step.last", "step.token")
 # "always": build the lightning indexer into every CSA layer and score with it at every position,
 # even where its top-k keeps every entry (tests and benches compare the graphs).
 INDEXER = {"always": False}
-# The order an attention layer records its independent dispatches in: with "cache_first" the cache
-# writes (kv's ring norm, COMPRESS) before q's up-projection. They read only the x projections, so
-# no barrier separates them from it either way; recorded first, these one-workgroup chains of
-# latencies start beside the 4096-workgroup GEMV instead of after its last workgroups. The same
-# arithmetic; off until the H200 measures it (tools/model_gpu_bench.py --variants cache_first=1).
-ATTENTION_ORDER = {"cache_first": False}
 
 
 def indexer_runs(cfg: V4Config, i: int) -> bool:
@@ -283,10 +277,7 @@ class ModelGraph:
             at += n
         qr = self.norm(cols["wq_a.weight"], a + "q_norm.weight")     # read by wq_b (and the indexer's)
 
-        def q_proj():                                                # its per-head norm and RoPE: in MQA
-            return self.linear(qr, a + "wq_b.weight").reshape(T, H, hd)
-
-        q = None if ATTENTION_ORDER["cache_first"] else q_proj()
+        q = self.linear(qr, a + "wq_b.weight").reshape(T, H, hd)    # its per-head norm and RoPE: in MQA
         cache = self.param(f"layers.{i}.kv")                              # kv's norm and RoPE, stored
         cache = g.op("RMS_NORM", cols["wkv.weight"], self.param(a + "kv_norm.weight"), self.pos, cos, sin, cache,
                      eps=eps, rope=True, ring=True, capacity=cfg.max_ctx, out=cache)
@@ -301,8 +292,6 @@ class ModelGraph:
             extra.append(self.indexer(i, x, xw, cols, qr, T))
         elif indexer:                       # its keys kept up to date for the positions where it scores
             self._index_keys(i, xw, cols, T)
-        if q is None:
-            q = q_proj()
         S = self.splits[i] if self.splits is not None else (decode_splits(cfg, i, self.device) if T == 1 else 1)
         o = g.op("MQA_ATTENTION", q, cache, self.pos, self.param(a + "attn_sink"), *extra, cos, sin, scale=hd ** -0.5,
                  window=cfg.sliding_window, splits=S, capacity=cfg.max_ctx, q_norm_eps=eps, **prm)
