@@ -174,7 +174,6 @@ const uint S = 16;                              // chunks per split and stream (
 layout(constant_id = 2) const uint LPT = 4;     // lanes per token (a power of two ≤ the subgroup)
 layout(constant_id = 3) const uint TPL = 1;     // tokens per group of LPT lanes: 1, 2 or 4
 layout(constant_id = 4) const uint RH = 1;      // row groups: RH groups of LPT lanes share tokens, M / RH rows each
-layout(constant_id = 5) const bool PCS = false; // POST: the tokens' post and comb in shared memory, not registers
 const uint MR = M / RH;                         // rows a lane forms (a multiple of 4)
 shared VEC fs[24 * 4 * 16];                     // the split's fn slice: fs[(j·4 + stream)·S + c], j < M
 #define FN(i) fs[i]
@@ -203,22 +202,6 @@ PostCoef post_coef(uint t) {
         P.pw[d] = postw[pb + d * p.pw_sd];
         P.cw[d] = vec4(combw[cd], combw[cd + p.cw_ss], combw[cd + 2u * p.cw_ss], combw[cd + 3u * p.cw_ss]);
     }
-    return P;
-}
-
-// With PCS the coefficients of a lane group's TPL tokens are in shared memory (slot = group·TPL + i),
-// written by the group's first lane, read at every chunk: 20 registers a token fewer.
-shared vec4 pcs[PCS ? (gl_WorkGroupSize.x / (LPT * RH)) * TPL * 5u : 1u];
-
-void put_coef(uint slot, PostCoef P) {
-    pcs[5u * slot] = P.pw;
-    [[unroll]] for (uint d = 0u; d < 4u; ++d) pcs[5u * slot + 1u + d] = P.cw[d];
-}
-
-PostCoef get_coef(uint slot) {
-    PostCoef P;
-    P.pw = pcs[5u * slot];
-    [[unroll]] for (uint d = 0u; d < 4u; ++d) P.cw[d] = pcs[5u * slot + 1u + d];
     return P;
 }
 
@@ -264,21 +247,7 @@ void main() {
         MixAcc A = mixacc_zero(), B = mixacc_zero(), C = mixacc_zero(), E = mixacc_zero();
 #if defined(POST)
         uint tpa = min(ta, p.T - 1u), tpb = min(ta + 1u, p.T - 1u);
-        PostCoef PA, PB;
-        uint slot = cluster * TPL;
-        if (PCS) {                              // (uniform) this group's slots: the previous group's reads done
-            subgroupMemoryBarrierShared();
-            subgroupBarrier();
-            if (lane == 0u && rh == 0u) {
-                put_coef(slot, post_coef(tpa));
-                if (TPL > 1u) put_coef(slot + 1u, post_coef(tpb));
-            }
-            subgroupMemoryBarrierShared();
-            subgroupBarrier();
-        } else {
-            PA = post_coef(tpa);
-            PB = post_coef(tpb);
-        }
+        PostCoef PA = post_coef(tpa), PB = post_coef(tpb);
 #endif
         for (uint c = lane; c < n_c; c += LPT) {
             VEC va[4], vb[4], vc[4], ve[4];
@@ -288,8 +257,8 @@ void main() {
                 if (TPL > 2u) { vc[s] = x[xt[2] + s * p.x_ss + c]; ve[s] = x[xt[3] + s * p.x_ss + c]; }
             }
 #if defined(POST)
-            post_streams(tpa, c_begin + c, PCS ? get_coef(slot) : PA, va, rh == 0u && ta < t_end);   // (every row group makes them)
-            if (TPL > 1u) post_streams(tpb, c_begin + c, PCS ? get_coef(slot + 1u) : PB, vb, rh == 0u && ta + 1u < t_end);
+            post_streams(tpa, c_begin + c, PA, va, rh == 0u && ta < t_end);     // (every row group makes them)
+            if (TPL > 1u) post_streams(tpb, c_begin + c, PB, vb, rh == 0u && ta + 1u < t_end);
 #endif
             [[unroll]] for (uint s = 0u; s < 4u; ++s) {
                 if (TPL > 2u) mixacc_add4(A, B, C, E, va[s], vb[s], vc[s], ve[s], row0 + s * S + c, 4u * S);

@@ -573,23 +573,19 @@ def test_coefs_kernel(ex, rng, T):
     (1, 4096, 24, {"wg": 64}), (3, 5, 4, {"wg": 16}), (8, 36, 24, {"wg": 32}), (2, 7168, 4, {"wg": 256}),
     (2, 64, 24, {"wg": 4, "partial_subgroup": True}),
     (9, 64, 24, {"split": 16, "lpt": 4, "tb": 64, "tpl": 2}), (70, 5, 4, {"split": 16, "lpt": 1, "tb": 5, "tpl": 1}),
-    (130, 260, 24, {"split": 16, "lpt": 2, "tb": 64, "tpl": 2}), (65, 4096, 24, {"split": 16, "lpt": 4, "tb": 256, "tpl": 2}),
-    (130, 260, 24, {"split": 16, "lpt": 2, "tb": 64, "tpl": 2, "pcs": 1}),
-    (70, 64, 24, {"split": 16, "lpt": 2, "tb": 64, "tpl": 1, "rh": 2, "pcs": 1}),
-    (65, 4096, 16, {"split": 16, "lpt": 2, "tb": 256, "tpl": 2, "rh": 2}), (33, 7, 4, {"split": 16, "lpt": 1, "tb": 64, "tpl": 2, "rh": 2})])
+    (130, 260, 24, {"split": 16, "lpt": 2, "tb": 64, "tpl": 2}), (65, 4096, 24, {"split": 16, "lpt": 4, "tb": 256, "tpl": 2})])
 def test_post_mix_partials(ex, rng, T, D, m, layout):
     """HC_POST_MIX alone: the new streams (as HC_POST) and the next fn's partial sums against float64,
     per D slice of wg/4 chunks (hc_post.comp -D MIX_NEXT) or, with split, per split of 16 chunks in
-    KSPLIT's layout (hc_mix.comp -D KSPLIT -D POST: partial token blocks, scalar chunks at odd D, two
-    row groups each making the streams, the tokens' post and comb in shared memory: pcs); a residual
-    fed as a permuted [4,T,D] input (strided)."""
+    KSPLIT's layout (hc_mix.comp -D KSPLIT -D POST: partial token blocks, scalar chunks at odd D); a
+    residual fed as a permuted [4,T,D] input (strided)."""
     split = layout.get("split", 0)
     partial = layout.get("partial_subgroup", False)   # wg 4: one chunk per destination stream, a workgroup
     layout = {k: v for k, v in layout.items() if k != "partial_subgroup"}   # smaller than the subgroup
     if not partial:
         layout["wg"] = max(layout.get("wg", 64), ex.device.subgroup_size)
     if split:
-        layout["lpt"] = min(layout["lpt"], ex.device.subgroup_size // layout.get("rh", 1))
+        layout["lpt"] = min(layout["lpt"], ex.device.subgroup_size)
     i = post_inputs(rng, T, D)
     fn = (rng.uniform(-1, 1, (m, 4 * D)) * 2 / np.sqrt(4 * D)).astype(np.float32)
     feed = {**i, "residual": np.ascontiguousarray(i["residual"].transpose(1, 0, 2)), "fn": fn}

@@ -386,14 +386,7 @@ def _post_mix_many_tokens_launch(node, device, f, res, post, comb, fn, out, part
     else:
         _ksplit_checks(node.op.name, device, chunks, groups, m, unit, pr, (1, 2))
         defines, full = {"KSPLIT": 1, **({"VEC4": 1} if vec4 else {})}, True
-        pcs = pr.get("pcs", 0)
-        if pcs:                             # the tokens' post and comb in shared memory
-            need = m * HC * KSPLIT_S * unit * 4 + pr["wg"] // (pr["lpt"] * pr.get("rh", 1)) * pr["tpl"] * 5 * 16
-            if need > device.caps.limits.max_shared_memory:
-                raise HCUnsupported(f"{node.op.name}: pcs stages {need} B in shared memory, "
-                                    f"{device.name} has {device.caps.limits.max_shared_memory} B")
-        split, wg, tb = KSPLIT_S, pr["wg"], pr["tb"]
-        spec = (pr["wg"], m, pr["lpt"], pr["tpl"], ksplit_row_groups(pr, m), pcs)
+        split, wg, tb, spec = KSPLIT_S, pr["wg"], pr["tb"], (pr["wg"], m, pr["lpt"], pr["tpl"], ksplit_row_groups(pr, m))
     push = pack_push(T, chunks, split, groups, 1.0 / (HC * D), 0.0,
                      res.offset // unit, *strides_in(res, unit), fn.offset // unit, fn.strides[0] // unit,
                      part.offset, part.strides[0], part.strides[1], tb,
@@ -433,9 +426,6 @@ class HcPostMix(OpDef):
             for k in ("lpt", "tb", "tpl"):
                 check_layout_param(self.name, params, k)
             check_layout_param(self.name, {"rh": 1, **params}, "rh")
-            if params.get("pcs", 0) not in (0, 1) or isinstance(params.get("pcs", 0), bool):
-                raise ValueError(f"{self.name}: pcs (post and comb in shared memory) must be 0 or 1, "
-                                 f"got {params['pcs']!r}")
             _check_tc_param(self.name, params)
         elif params.get("tc", 0):
             raise ValueError(f"{self.name}: the tensor-core kernel (tc) takes a split (many tokens)")
