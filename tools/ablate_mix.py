@@ -6,6 +6,11 @@ wrong on purpose: only the time is read):
   shared memory: made from their index, the products kept); noproducts (x read, only Σx² formed: no
   fn reads, no products); noxload (x not read: made from its index);
 - TILE: tile (base); tile_nofnlds, tile_noxlds (fn or x not read from shared memory).
+- the carrying post (HC_POST_MIX's KSPLIT form, timed inside the three-op site at prefill, `--ops
+  HC_SITE --site-path three-op`: read its HC_POST column): carry (base); carry_nofnlds;
+  carry_noproducts; carry_nopost (the new streams as residual + f: no post or comb read, no
+  coefficient arithmetic; the loads and stores kept); carry_nostore (the new streams not written);
+  carry_noxload (the residual not read).
 If nofnlds is much faster than base, the products wait on shared-memory operands (each fn load
 serves TPL products); if it is not, on the products themselves.
 
@@ -24,6 +29,13 @@ ABL = {
                 (F, "if (TPL > 1u) vb[s] = x[xt[1] + s * p.x_ss + c];", "if (TPL > 1u) vb[s] = VEC(float(c));"),
                 (F, "if (TPL > 2u) { vc[s] = x[xt[2] + s * p.x_ss + c]; ve[s] = x[xt[3] + s * p.x_ss + c]; }",
                  "if (TPL > 2u) { vc[s] = VEC(float(c + 1u)); ve[s] = VEC(float(c + 2u)); }")],
+    "carry": [],
+    "carry_nofnlds": [(F, "#define FN(i) fs[i]", "#define FN(i) VEC(uintBitsToFloat(i))")],
+    "carry_noproducts": [(F, "else mixacc_add(A, va[s], row0 + s * S + c, 4u * S, true);",
+                          "else A.ss += dot_v(va[s], va[s]);")],
+    "carry_nopost": [(F, "r[d] = post_stream(fv, P.pw[d], P.cw[d], v[0], v[1], v[2], v[3]);", "r[d] = v[d] + fv;")],
+    "carry_nostore": [(F, "    if (store) [[unroll]] for (uint d = 0u; d < 4u; ++d) xnew[", "    if (false) for (uint d = 0u; d < 4u; ++d) xnew[")],
+    "carry_noxload": [(F, "va[s] = x[xt[0] + s * p.x_ss + c];", "va[s] = VEC(float(c + s));")],
     "tile": [],
     "tile_nofnlds": [(F, "fv[r] = fs[kk][rg + 4u * r];", "fv[r] = VEC(float(kk + r));")],
     "tile_noxlds": [(F, "xv[i] = xs[kk][tg + 16u * i];", "xv[i] = VEC(float(kk + i));")],
@@ -31,12 +43,16 @@ ABL = {
 
 
 def child(name, flags):
+    if name.startswith("carry"):
+        run_tool("hc_tune.py", ["--ops", "HC_SITE", "--t", "4096", "--d", "4096", "--site-path", "three-op",
+                                "--set", "carry.prefill=1", "--per-dispatch", *flags])   # (one row, not a sweep)
+        return
     kernel = "tile" if name.startswith("tile") else "ksplit"
     run_tool("hc_tune.py", ["--ops", "HC_MIX", "--t", "4096", "--d", "4096", "--set", f"mix.kernel={kernel}",
                             "--per-dispatch", *flags])
 
 
-report = line_reporter(["HC_MIX"], 12)
+report = line_reporter(["HC_MIX", "HC_SITE"], 16)
 
 
 if __name__ == "__main__":

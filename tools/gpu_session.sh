@@ -84,10 +84,12 @@ for s in $steps; do
         v4tests) step v4tests 240 v4_tests_h200.txt python3 -m pytest -q -p no:cacheprovider tests/v4_ops_cases.py \
                      tests/test_model_ops.py ;;
         mqa_ablate) step mqa_ablate 300 ablate_mqa_h200.txt python3 tools/ablate_mqa.py ;;
-        mix_ablate) step mix_ablate 300 ablate_mix_h200.txt python3 tools/ablate_mix.py ;;
+        mix_ablate) step mix_ablate 300 ablate_mix_h200.txt python3 tools/ablate_mix.py base nofnlds noproducts noxload ;;
+        carry_ablate) step carry_ablate 300 ablate_carry_h200.txt python3 tools/ablate_mix.py carry carry_nofnlds \
+                          carry_noproducts carry_nopost carry_nostore carry_noxload ;;
         timeline) step timeline 300 model_timeline_h200.txt python3 tools/model_gpu_bench.py --timeline \
                       --skip unfused,multi,host --out "$r/model_timeline_h200.json" ;;
-        *) echo "unknown step $s (eval, library, soak, site, profile, model, decode, variants, mix, tc, mixtests, layout, tc_ablate, spread, timeline, v4tests, mqa_ablate, mix_ablate)" >> "$summary" ;;
+        *) echo "unknown step $s (eval, library, soak, site, profile, model, decode, variants, mix, tc, mixtests, layout, tc_ablate, spread, timeline, v4tests, mqa_ablate, mix_ablate, carry_ablate)" >> "$summary" ;;
     esac
 done
 tar czf "$out/results.tgz" -C "$out" r
