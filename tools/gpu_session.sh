@@ -7,7 +7,7 @@
 #   . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH; bash tools/gpu_session.sh $OUT [STEP ...]
 #
 # STEP: eval, library, soak, site, profile, model, decode, variants, mix, tc, mixtests, layout, tc_ablate,
-# spread, timeline, v4tests, mqa_ablate, mix_ablate, rb (default: the first six, in that order; decode: tools/bench_decode_ops.py, the model's decode kernels and their
+# spread, timeline, v4tests, mqa_ablate, mix_ablate, carry_ablate (default: the first six, in that order; decode: tools/bench_decode_ops.py, the model's decode kernels and their
 # variants; variants: the model bench with fused series at other kernel knobs — a call of its own;
 # mix: the mixes kernels for many tokens, KSPLIT against TILE, and the prefill site with and without
 # its post carrying the next mixes, each dispatch timed on its own; tc: the tensor-core mixes kernel —
@@ -17,8 +17,8 @@
 # tools/ablate_tc.py; spread: the model bench beside a series without GEMV_SPREAD; timeline: the fused
 # decode step dispatch by dispatch, profiled; v4tests: the model's kernels against float64 at the
 # device's subgroup size; mqa_ablate: tools/ablate_mqa.py, the tiled MQA_ATTENTION with parts of it removed;
-# mix_ablate: tools/ablate_mix.py, the many-token mixes kernels with parts removed; rb: the RB mixes
-# kernel against KSPLIT, and over its splits). A call may run
+# mix_ablate: tools/ablate_mix.py, KSPLIT (HC_MIX at prefill) with parts removed; carry_ablate: the
+# same tool on the carrying post inside the prefill site). A call may run
 # 10 minutes: split them, e.g. `eval library soak profile`, then `site model`. `model` needs the
 # safetensors and ml_dtypes wheels in .vkdev/whl (results/README.md); `site` needs PyTorch with CUDA. Files in
 # results.tgz: eval_h200.{txt,json}, bench_library_h200.{txt,json}, soak_library_h200.{txt,json},
