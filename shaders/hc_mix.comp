@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: - | VEC4 ; - | FINAL | KSPLIT | TILE | KSPLIT POST
+//! variants: - | VEC4 ; - | FINAL | KSPLIT | TILE | KSPLIT POST | KSPLIT KS=32
 //! variants: VEC4 TC ; - | POST ; - | CM_NV CM_N=8 | CM_NV CM_N=16
 //! variants: REDUCE
 // HC_MIX family: a site's flat RMS norm and mixes mat-mul, mix[t,j] = (x_t · fn[j]) / sqrt(mean(x_t²)
@@ -170,12 +170,16 @@ layout(push_constant) uniform P {
 
 #if defined(KSPLIT)
 #extension GL_KHR_shader_subgroup_shuffle : require
-const uint S = 16;                              // chunks per split and stream (a literal: fs has a fixed size)
+#if defined(KS)
+const uint S = KS;                              // chunks per split and stream (a define: fs has a fixed size)
+#else
+const uint S = 16;
+#endif
 layout(constant_id = 2) const uint LPT = 4;     // lanes per token (a power of two ≤ the subgroup)
 layout(constant_id = 3) const uint TPL = 1;     // tokens per group of LPT lanes: 1, 2 or 4
 layout(constant_id = 4) const uint RH = 1;      // row groups: RH groups of LPT lanes share tokens, M / RH rows each
 const uint MR = M / RH;                         // rows a lane forms (a multiple of 4)
-shared VEC fs[24 * 4 * 16];                     // the split's fn slice: fs[(j·4 + stream)·S + c], j < M
+shared VEC fs[24 * 4 * S];                      // the split's fn slice: fs[(j·4 + stream)·S + c], j < M
 #define FN(i) fs[i]
 #define MIXACC_ROWS MR
 #include "hc_mixacc.glsl"

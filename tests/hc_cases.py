@@ -404,19 +404,26 @@ def site_chain_case(ex, rng, D, T, peak, layout):
 
 @settings(max_examples=16, deadline=None, database=None)     # each layout is a new pipeline (≈ 0.1 s here)
 @given(T=st.integers(1, 12), D=st.integers(1, 70), m=st.sampled_from([4, 24]), layout=st.sampled_from(["c", "strided"]),
-       wg=st.sampled_from([16, 64]), groups=st.integers(1, 6), split=st.sampled_from([0, 16]),
+       wg=st.sampled_from([16, 64]), groups=st.integers(1, 6), split=st.sampled_from([0, 16, 32]),
        lpt=st.sampled_from([1, 2, 4]), tb=st.sampled_from([1, 5, 64]), tpl=st.sampled_from([1, 2, 4]),
        rh=st.sampled_from([1, 2]), kernel=st.sampled_from([None, "tile", "tc"]), seed=st.integers(0, 2**32 - 1))
 def test_mix_kernels_hypothesis(ex, T, D, m, layout, wg, groups, split, lpt, tb, tpl, rh, kernel, seed):
     """The mixes through any HC_MIX layout (the per-token kernel: workgroup size, D splits; KSPLIT: chunks
     per split, lanes per token, tokens per block, tokens per lane group, row groups) as HC_MIX or HC_MIX_PART +
     HC_MIX_REDUCE, any D (vec4 or scalar), m rows, X contiguous or a permuted [4,T,D] input; and
-    HC_MIX_PART's partials against their float64 layout (TILE; the tensor-core kernel: D a multiple of 4)."""
+    HC_MIX_PART's partials against their float64 layout (TILE; the tensor-core kernel: D a multiple of 4).
+    KSPLIT's fn slice past the device's shared memory (splits of 32 vec4 chunks, 24 rows, on lavapipe) is
+    HCUnsupported naming it."""
     wg = max(wg, ex.device.subgroup_size)
     D = 4 * -(-D // 4) if kernel == "tc" else D
     rh = rh if lpt * rh <= ex.device.subgroup_size else 1
+    fn_bytes = m * 4 * split * (4 if D % 4 == 0 else 1) * 4         # KSPLIT's staged fn slice
     with tuning(mix_kernels.MIX_TUNING, wg=wg, groups=groups, split=split, lpt=lpt, tb=tb, tpl=tpl, rh=rh, kernel=kernel):
-        mix_layouts_case(ex, T, D, m, layout, seed)
+        if kernel is None and fn_bytes > ex.device.caps.limits.max_shared_memory:
+            with pytest.raises(HCUnsupported, match=f"split {split} stages {fn_bytes} B of fn in shared memory"):
+                mix_layouts_case(ex, T, D, m, layout, seed)
+        else:
+            mix_layouts_case(ex, T, D, m, layout, seed)
 
 
 @pytest.mark.parametrize("T,D,lpt,tb", [(70, 64, 4, 64), (9, 8, 2, 5), (33, 5, 1, 64), (1, 12, 4, 1)])
@@ -451,6 +458,21 @@ def test_mix_row_groups(ex, rng, T, D, m, tpl, layout):
                 tb=64):
         lay = mix_kernels.mix_layout(ex.device, T, D // (4 if D % 4 == 0 else 1))
         assert lay["rh"] == 2 and mix_kernels.ksplit_row_groups(lay, m) == (2 if m % 8 == 0 else 1)
+        mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
+
+
+@pytest.mark.parametrize("T,D,m,rh,layout", [(130, 257, 24, 2, "c"), (70, 256, 16, 1, "strided"), (300, 96, 8, 2, "c"),
+                                            (33, 7, 24, 1, "c"), (65, 640, 12, 1, "c")])
+def test_mix_ksplit_32_chunk_splits(ex, rng, T, D, m, rh, layout):
+    """KSPLIT with splits of 32 chunks a stream (half the partials, X read in 512-byte pieces): scalar
+    chunks (odd D: 257, 7), vec4 chunks with 8–16 rows (24 vec4 rows need 48 KiB of shared memory,
+    more than lavapipe's 32), a last split shorter than 32 chunks (96, 640), one or two row groups, a
+    permuted X; against float64; the post's KSPLIT form keeps 16."""
+    lpt = max(1, min(4, ex.device.subgroup_size // rh))
+    with tuning(mix_kernels.MIX_TUNING, kernel="ksplit", split=32, rh=rh, tpl=4 if rh == 2 else 2, lpt=lpt,
+                wg=max(16, ex.device.subgroup_size), tb=64):
+        lay = mix_kernels.mix_layout(ex.device, T, D // (4 if D % 4 == 0 else 1))
+        assert lay["split"] == 32
         mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
 
 

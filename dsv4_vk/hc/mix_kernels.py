@@ -28,7 +28,11 @@ MIX_TARGET_GROUPS_DEFAULT = 256
 KSPLIT_MIN_T = 64
 
 
-KSPLIT_S = 16   # chunks per split and stream of KSPLIT (a literal in hc_mix.comp: its shared fn slice)
+KSPLIT_S = 16   # chunks per split and stream of KSPLIT (a define in hc_mix.comp: its shared fn slice)
+# The splits HC_MIX's KSPLIT takes (MIX_TUNING["split"]): 32 halves the splits (the partials) and reads
+# X in 512-byte pieces instead of 256, for twice the shared memory (48 KiB with vec4 chunks and 24 rows).
+# Not chosen until measured (tools/hc_tune.py --ops HC_MIX --set mix.split=16,32).
+KSPLIT_SPLITS = (16, 32)
 # KSPLIT's row groups (rh): 2 groups of lpt lanes take the same tokens, each half of the fn rows (M a
 # multiple of 8; other M run one group), so that a lane holds half the sums and tpl can double: 4 tokens
 # × 12 rows a lane, 3 products per fn operand loaded from shared memory against 1.85 with 2 × 24. On
@@ -109,7 +113,8 @@ def mix_layout(device, T, chunks, kernel=None):
     if kernel == "ksplit":
         lpt = t["lpt"] or 4
         rh = t["rh"] or (KSPLIT_RH if not cpu and lpt * KSPLIT_RH <= device.caps.subgroup.min_size else 1)
-        return {"wg": t["wg"] or (64 if cpu else 256), "groups": -(-chunks // KSPLIT_S), "split": KSPLIT_S,
+        split = t["split"] if t["split"] in KSPLIT_SPLITS else KSPLIT_S
+        return {"wg": t["wg"] or (64 if cpu else 256), "groups": -(-chunks // split), "split": split,
                 "lpt": lpt, "tb": t["tb"] or (64 if cpu else 256), "tpl": t["tpl"] or (4 if rh == 2 else 2), "rh": rh}
     wg = t["wg"] or max(64, device.caps.subgroup.max_size)     # (whole subgroups)
     groups = t["groups"] or max(1, min(-(-target // T), -(-chunks // max(1, wg // HC))))
@@ -137,9 +142,9 @@ def _check_mix_args(X, fn):
 def _ksplit_checks(op, device, chunks, groups, m, unit, pr, tpls):
     """The KSPLIT layout's constraints (hc_mix.comp -D KSPLIT, with or without POST)."""
     split, wg, lpt, tpl, rh = pr.get("split", 0), pr["wg"], pr.get("lpt", 1), pr.get("tpl", 1), pr.get("rh", 1)
-    if split != KSPLIT_S or groups != -(-chunks // split):
-        raise ValueError(f"{op}: split must be {KSPLIT_S} with partials of groups = "
-                         f"ceil({chunks} / {KSPLIT_S}), got split {split}, groups {groups}")
+    if split not in KSPLIT_SPLITS or groups != -(-chunks // split):
+        raise ValueError(f"{op}: split must be one of {KSPLIT_SPLITS} with partials of groups = "
+                         f"ceil({chunks} / split), got split {split}, groups {groups}")
     if not ksplit_runs(device):
         raise HCUnsupported(f"{op}: KSPLIT needs subgroup shuffles and full subgroups, {device.name} has not")
     min_size = device.caps.subgroup.min_size
@@ -193,6 +198,8 @@ def _mix_launch(node, device, final, groups):
             raise ValueError(f"{node.op.name}: KSPLIT writes partials, not the final mixes")
         _ksplit_checks(node.op.name, device, chunks, groups, m, unit, pr, (1, 2, 4))
         defines["KSPLIT"] = 1
+        if split != KSPLIT_S:
+            defines["KS"] = split
         grid, spec = grid_1d(-(-T // tb) * groups, 1), (wg, m, lpt, tpl, ksplit_row_groups(pr, m))
     else:
         _check_stream_groups(node.op.name, pr)
@@ -384,6 +391,8 @@ def _post_mix_many_tokens_launch(node, device, f, res, post, comb, fn, out, part
         defines, full = _tc_defines(node.op.name, device, pr["tc"])
         split, wg, tb, spec = pr["split"], TC_WG, TC_TOKENS, (TC_WG, m)
     else:
+        if pr["split"] != KSPLIT_S:
+            raise ValueError(f"{node.op.name}: the post's KSPLIT form takes split {KSPLIT_S}, got {pr['split']}")
         _ksplit_checks(node.op.name, device, chunks, groups, m, unit, pr, (1, 2))
         defines, full = {"KSPLIT": 1, **({"VEC4": 1} if vec4 else {})}, True
         split, wg, tb, spec = KSPLIT_S, pr["wg"], pr["tb"], (pr["wg"], m, pr["lpt"], pr["tpl"], ksplit_row_groups(pr, m))
