@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: - | VEC4 ; - | FINAL | KSPLIT | TILE | KSPLIT POST | KSPLIT KS=32
+//! variants: - | VEC4 ; - | FINAL | KSPLIT | TILE | KSPLIT POST | KSPLIT KS=32 | KSPLIT KS=32 POST
 //! variants: VEC4 TC ; - | POST ; - | CM_NV CM_N=8 | CM_NV CM_N=16
 //! variants: REDUCE
 // HC_MIX family: a site's flat RMS norm and mixes mat-mul, mix[t,j] = (x_t · fn[j]) / sqrt(mean(x_t²)

@@ -340,23 +340,33 @@ def test_site_chain_site_vs_three_op_vs_unfused_vs_float64(ex, rng, D, T, peak, 
                                                    (256, 40, "streams_outer", "ksplit"), (4096, 65, "c", "ksplit"),
                                                    (68, 70, "c", "tc"), (33, 9, "c", "tc"),
                                                    (256, 40, "streams_outer", "tc"), (4096, 65, "c", "tc"),
-                                                   (64, 300, "c", "ksplit-gpu"), (36, 130, "streams_outer", "ksplit-gpu")])
+                                                   (64, 300, "c", "ksplit-gpu"), (36, 130, "streams_outer", "ksplit-gpu"),
+                                                   (33, 70, "c", "ksplit32"), (71, 40, "streams_outer", "ksplit32")])
 def test_site_chain_carrying_at_prefill(ex, rng, D, T, layout, kernel, monkeypatch):
     """The chain with PREFILL_CARRY: past CARRY_MAX_T each post is HC_POST_MIX in KSPLIT's layout, or the
     tensor-core kernel's (where the streams are vec4-aligned; odd D keeps KSPLIT), and the next site starts
     from HC_MIX_REDUCE of its partials (three-op path; the site kernels when forced). ksplit-gpu: lowered
-    as for a GPU, KSPLIT in the carry's own layout (PREFILL_CARRY's tb, lpt, tpl: 128-token blocks)."""
-    if kernel == "ksplit-gpu":
-        monkeypatch.setattr(ex.device, "caps", dataclasses.replace(ex.device.caps, type="discrete-gpu"))
-        kernel = "ksplit"
+    as for a GPU, KSPLIT in the carry's own layout (PREFILL_CARRY's tb, lpt, tpl: 128-token blocks);
+    ksplit32: the carry's splits of 32 chunks (PREFILL_CARRY["split"]), whose partials HC_MIX_REDUCE and
+    HC_SITE take as any other (scalar chunks: 24 rows of 32 vec4 chunks need 48 KiB of shared memory,
+    lavapipe has 32; test_post_mix_partials runs vec4 chunks with 16 rows)."""
+    split = 32 if kernel == "ksplit32" else 16
+    kernel = "ksplit" if kernel == "ksplit32" else kernel
+    def carry_params():
         g = Graph()
         hc.composite.site_post(g, g.input("f", (T, D)), g.input("X", (T, 4, D)), g.input("post", (T, 4)),
                                g.input("comb", (T, 4, 4)), next_fn=g.input("fn", (24, 4 * D)), device=ex.device)
         (node,) = [n for n in g.nodes if n.op.name == "HC_POST_MIX"]
-        assert {k: node.params[k] for k in ("tb", "lpt", "tpl")} == \
+        return node.params
+
+    if kernel == "ksplit-gpu":
+        monkeypatch.setattr(ex.device, "caps", dataclasses.replace(ex.device.caps, type="discrete-gpu"))
+        kernel = "ksplit"
+        assert {k: carry_params()[k] for k in ("tb", "lpt", "tpl")} == \
             {k: hc.composite.PREFILL_CARRY[k] for k in ("tb", "lpt", "tpl")}
-    with tuning(hc.composite.PREFILL_CARRY, prefill=True, kernel=kernel):
+    with tuning(hc.composite.PREFILL_CARRY, prefill=True, kernel=kernel, split=split):
         assert hc.carries(ex.device, True, T, None) and hc.carries(ex.device, True, T, True)
+        assert kernel == "tc" or carry_params()["split"] == split
         site_chain_case(ex, rng, D, T, 1.0, layout)
 
 
@@ -467,7 +477,7 @@ def test_mix_ksplit_32_chunk_splits(ex, rng, T, D, m, rh, layout):
     """KSPLIT with splits of 32 chunks a stream (half the partials, X read in 512-byte pieces): scalar
     chunks (odd D: 257, 7), vec4 chunks with 8–16 rows (24 vec4 rows need 48 KiB of shared memory,
     more than lavapipe's 32), a last split shorter than 32 chunks (96, 640), one or two row groups, a
-    permuted X; against float64; the post's KSPLIT form keeps 16."""
+    permuted X; against float64."""
     lpt = max(1, min(4, ex.device.subgroup_size // rh))
     with tuning(mix_kernels.MIX_TUNING, kernel="ksplit", split=32, rh=rh, tpl=4 if rh == 2 else 2, lpt=lpt,
                 wg=max(16, ex.device.subgroup_size), tb=64):
@@ -595,12 +605,13 @@ def test_coefs_kernel(ex, rng, T):
     (1, 4096, 24, {"wg": 64}), (3, 5, 4, {"wg": 16}), (8, 36, 24, {"wg": 32}), (2, 7168, 4, {"wg": 256}),
     (2, 64, 24, {"wg": 4, "partial_subgroup": True}),
     (9, 64, 24, {"split": 16, "lpt": 4, "tb": 64, "tpl": 2}), (70, 5, 4, {"split": 16, "lpt": 1, "tb": 5, "tpl": 1}),
-    (130, 260, 24, {"split": 16, "lpt": 2, "tb": 64, "tpl": 2}), (65, 4096, 24, {"split": 16, "lpt": 4, "tb": 256, "tpl": 2})])
+    (130, 260, 24, {"split": 16, "lpt": 2, "tb": 64, "tpl": 2}), (65, 4096, 24, {"split": 16, "lpt": 4, "tb": 256, "tpl": 2}),
+    (130, 257, 24, {"split": 32, "lpt": 2, "tb": 64, "tpl": 2}), (70, 640, 16, {"split": 32, "lpt": 4, "tb": 64, "tpl": 1})])
 def test_post_mix_partials(ex, rng, T, D, m, layout):
     """HC_POST_MIX alone: the new streams (as HC_POST) and the next fn's partial sums against float64,
     per D slice of wg/4 chunks (hc_post.comp -D MIX_NEXT) or, with split, per split of 16 chunks in
-    KSPLIT's layout (hc_mix.comp -D KSPLIT -D POST: partial token blocks, scalar chunks at odd D); a
-    residual fed as a permuted [4,T,D] input (strided)."""
+    KSPLIT's layout (hc_mix.comp -D KSPLIT -D POST: partial token blocks, scalar chunks at odd D, splits of
+    16 or 32 chunks); a residual fed as a permuted [4,T,D] input (strided)."""
     split = layout.get("split", 0)
     partial = layout.get("partial_subgroup", False)   # wg 4: one chunk per destination stream, a workgroup
     layout = {k: v for k, v in layout.items() if k != "partial_subgroup"}   # smaller than the subgroup

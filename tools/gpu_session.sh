@@ -87,7 +87,10 @@ for s in $steps; do
         mqa_ablate) step mqa_ablate 300 ablate_mqa_h200.txt python3 tools/ablate_mqa.py ;;
         mix_ablate) step mix_ablate 300 ablate_mix_h200.txt python3 tools/ablate_mix.py base nofnlds noproducts noxload ;;
         ks32) step ks32 200 hc_tune_ks32_h200.txt python3 tools/hc_tune.py --ops HC_MIX --t 512,4096 --d 4096,7168 \
-                  --set mix.split=16,32 --per-dispatch --out "$r/hc_tune_ks32_h200.json" ;;
+                  --set mix.split=16,32 --per-dispatch --out "$r/hc_tune_ks32_h200.json"
+              step ks32_carry 200 hc_tune_ks32_carry_h200.txt python3 tools/hc_tune.py --ops HC_SITE --t 512,4096 \
+                  --d 4096,7168 --site-path three-op --set carry.split=16,32 --per-dispatch \
+                  --out "$r/hc_tune_ks32_carry_h200.json" ;;
         carry_ablate) step carry_ablate 300 ablate_carry_h200.txt python3 tools/ablate_mix.py carry carry_nofnlds \
                           carry_noproducts carry_nopost carry_nostore carry_noxload ;;
         timeline) step timeline 300 model_timeline_h200.txt python3 tools/model_gpu_bench.py --timeline \

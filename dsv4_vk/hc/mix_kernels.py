@@ -391,11 +391,10 @@ def _post_mix_many_tokens_launch(node, device, f, res, post, comb, fn, out, part
         defines, full = _tc_defines(node.op.name, device, pr["tc"])
         split, wg, tb, spec = pr["split"], TC_WG, TC_TOKENS, (TC_WG, m)
     else:
-        if pr["split"] != KSPLIT_S:
-            raise ValueError(f"{node.op.name}: the post's KSPLIT form takes split {KSPLIT_S}, got {pr['split']}")
         _ksplit_checks(node.op.name, device, chunks, groups, m, unit, pr, (1, 2))
-        defines, full = {"KSPLIT": 1, **({"VEC4": 1} if vec4 else {})}, True
-        split, wg, tb, spec = KSPLIT_S, pr["wg"], pr["tb"], (pr["wg"], m, pr["lpt"], pr["tpl"], ksplit_row_groups(pr, m))
+        split = pr["split"]
+        defines, full = {"KSPLIT": 1, **({"VEC4": 1} if vec4 else {}), **({"KS": split} if split != KSPLIT_S else {})}, True
+        wg, tb, spec = pr["wg"], pr["tb"], (pr["wg"], m, pr["lpt"], pr["tpl"], ksplit_row_groups(pr, m))
     push = pack_push(T, chunks, split, groups, 1.0 / (HC * D), 0.0,
                      res.offset // unit, *strides_in(res, unit), fn.offset // unit, fn.strides[0] // unit,
                      part.offset, part.strides[0], part.strides[1], tb,
