@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: - | VEC4 ; - | FINAL | KSPLIT | TILE | KSPLIT POST | KSPLIT KS=32 | KSPLIT KS=32 POST
+//! variants: - | VEC4 ; - | FINAL | KSPLIT | KSPLIT POST | KSPLIT KS=32 | KSPLIT KS=32 POST
 //! variants: VEC4 TC ; - | POST ; - | CM_NV CM_N=8 | CM_NV CM_N=16
 //! variants: REDUCE
 // HC_MIX family: a site's flat RMS norm and mixes mat-mul, mix[t,j] = (x_t · fn[j]) / sqrt(mean(x_t²)
@@ -36,16 +36,6 @@
 //   (hc_post.glsl, as hc_post.comp), written out, and their partials computed from the registers: the
 //   next site's mixes cost no read of X_new. Bindings 0 f, 1 fn (the next site's), 2 partials,
 //   3 res, 4 post, 5 comb, 6 X_new; TPL ≤ 2.
-// -D TILE (many tokens; partials): the mixes as a register-blocked mat-mul. Workgroup g → token
-//   block g / G of 64 tokens and split g % G of SC chunks per stream (push slice). Its 64
-//   invocations are 16 token groups × 4 row groups: invocation (tg, rg) = (id % 16, id / 16) keeps
-//   the sums of tokens tg + 16·i (i < 4) with fn rows rg + 4·r (r < M/4) and Σx² in registers. The
-//   split is walked in steps of 8 chunks of one stream: the block's x (64 tokens × 8 chunks, 128
-//   contiguous bytes per token with vec4) and fn (M rows × 8 chunks) are staged in shared memory
-//   with whole-line loads, then each invocation takes per chunk 4 x and M/4 fn values from shared
-//   memory for 4·M/4 products (componentwise into VEC accumulators, summed at the end): x and fn
-//   are each read from memory once per block and the products outnumber the shared-memory loads
-//   ~10 to 1. Partials as the default layout.
 // -D TC (many tokens; partials; VEC4 only): the mixes on 16-bit tensor cores at fp32 accuracy.
 //   Workgroup g → token block g / G of 64 tokens and split g % G of `slice` chunks per stream;
 //   128 invocations. Per step (16 chunks = 64 floats of one stream) the block's x and the M fn rows
@@ -70,9 +60,9 @@
 //   same order (k = 16·stream + 4·chunk + component), so the products are the same sums.
 // -D REDUCE: the second pass, one invocation per (t, j): Σ over the G partials, then the
 //   norm: mix[t, j] = Σ dot / sqrt(Σ Σx² / (4·D) + norm_eps).
-// Spec constants: 0 workgroup size (TILE: 64, TC: 128), 1 M (mix rows: a multiple of 4, ≤ 24); KSPLIT also 2 LPT (lanes
+// Spec constants: 0 workgroup size (TC: 128), 1 M (mix rows: a multiple of 4, ≤ 24); KSPLIT also 2 LPT (lanes
 //   per token), 3 TPL (tokens per lane group, 1, 2 or 4) and 4 RH (row groups, 1 or 2).
-// Push (tile kernels): T, chunks per stream, slice (chunks per split), G, 1/(4·D), norm_eps,
+// Push (all but REDUCE): T, chunks per stream, slice (chunks per split), G, 1/(4·D), norm_eps,
 //   X (offset, token and stream strides, in chunks), fn (offset, row stride, in chunks; fn[j, s·D + d]
 //   is chunk s·chunks + c of row j), out (offset, token stride, split or row stride), tokens per
 //   block (KSPLIT); KSPLIT POST then f (offset, token stride), post (offset, token and stream
@@ -470,64 +460,6 @@ void main() {
             for (uint l = 0u; l < KC; ++l) v += SSQ(tl, l);
         }
         out_[p.o_off + t * p.o_st + split * p.o_s2 + j] = v;
-    }
-}
-
-#elif defined(TILE)
-const uint TT = 4, BT = 16 * TT;                // tokens per invocation, tokens per block
-const uint BKC = 8;                             // chunks of one stream per step
-const uint RMAX = 6;                            // fn rows per invocation: M / 4 ≤ 6
-shared VEC xs[BKC][BT + 1];                     // xs[c][t]: token groups read consecutive entries; +1: the
-                                                // stores of 8 chunks of one token hit distinct banks
-shared VEC fs[BKC][24];                         // fs[c][j], j < M
-
-void main() {
-    uint g = flat_group();
-    uint block = g / p.G, split = g % p.G;
-    uint id = gl_LocalInvocationID.x;           // the workgroup is 64 invocations
-    uint tg = id % 16u, rg = id / 16u;
-    uint t_base = block * BT;
-    uint c_begin = split * p.slice, c_end = min(c_begin + p.slice, p.chunks);
-    // per (token, row) a VEC of running products, summed across its components at the end: every
-    // product is independent FMAs into its own registers (a dot() per step would chain 4 of them)
-    VEC acc[TT][RMAX], ss[TT];
-    [[unroll]] for (uint i = 0u; i < TT; ++i) {
-        ss[i] = VEC(0.0);
-        [[unroll]] for (uint r = 0u; r < RMAX; ++r) acc[i][r] = VEC(0.0);
-    }
-    // staging: invocation id loads chunk id % 8 of tokens id / 8 + 8·q and of fn rows id / 8 + 8·q
-    uint lc = id % BKC, lr = id / BKC;
-    for (uint s = 0u; s < 4u; ++s) {
-        for (uint c0 = c_begin; c0 < c_end; c0 += BKC) {     // uniform: every invocation takes every step
-            uint c = c0 + lc;
-            bool in_c = c < c_end;
-            [[unroll]] for (uint q = 0u; q < BT / 8u; ++q) {
-                uint t = min(t_base + lr + 8u * q, p.T - 1u);    // tokens past T: a real row, never stored
-                xs[lc][lr + 8u * q] = in_c ? x[p.x_off + t * p.x_st + s * p.x_ss + c] : VEC(0.0);
-            }
-            [[unroll]] for (uint q = 0u; q < 3u; ++q) {
-                uint j = lr + 8u * q;
-                if (j < M) fs[lc][j] = in_c ? fn[p.f_off + j * p.f_sj + s * p.chunks + c] : VEC(0.0);
-            }
-            barrier();
-            [[unroll]] for (uint kk = 0u; kk < BKC; ++kk) {
-                VEC xv[TT], fv[RMAX];
-                [[unroll]] for (uint i = 0u; i < TT; ++i) xv[i] = xs[kk][tg + 16u * i];
-                [[unroll]] for (uint r = 0u; r < RMAX; ++r) if (4u * r < M) fv[r] = fs[kk][rg + 4u * r];
-                [[unroll]] for (uint i = 0u; i < TT; ++i) {
-                    ss[i] += xv[i] * xv[i];
-                    [[unroll]] for (uint r = 0u; r < RMAX; ++r) if (4u * r < M) acc[i][r] += xv[i] * fv[r];
-                }
-            }
-            barrier();
-        }
-    }
-    [[unroll]] for (uint i = 0u; i < TT; ++i) {
-        uint t = t_base + tg + 16u * i;
-        if (t >= p.T) continue;
-        uint ob = p.o_off + t * p.o_st + split * p.o_s2;
-        [[unroll]] for (uint r = 0u; r < RMAX; ++r) if (4u * r < M) out_[ob + rg + 4u * r] = hsum(acc[i][r]);
-        if (rg == 0u) out_[ob + M] = hsum(ss[i]);
     }
 }
 

@@ -416,12 +416,12 @@ def site_chain_case(ex, rng, D, T, peak, layout):
 @given(T=st.integers(1, 12), D=st.integers(1, 70), m=st.sampled_from([4, 24]), layout=st.sampled_from(["c", "strided"]),
        wg=st.sampled_from([16, 64]), groups=st.integers(1, 6), split=st.sampled_from([0, 16, 32]),
        lpt=st.sampled_from([1, 2, 4]), tb=st.sampled_from([1, 5, 64]), tpl=st.sampled_from([1, 2, 4]),
-       rh=st.sampled_from([1, 2]), kernel=st.sampled_from([None, "tile", "tc"]), seed=st.integers(0, 2**32 - 1))
+       rh=st.sampled_from([1, 2]), kernel=st.sampled_from([None, "tc"]), seed=st.integers(0, 2**32 - 1))
 def test_mix_kernels_hypothesis(ex, T, D, m, layout, wg, groups, split, lpt, tb, tpl, rh, kernel, seed):
     """The mixes through any HC_MIX layout (the per-token kernel: workgroup size, D splits; KSPLIT: chunks
     per split, lanes per token, tokens per block, tokens per lane group, row groups) as HC_MIX or HC_MIX_PART +
     HC_MIX_REDUCE, any D (vec4 or scalar), m rows, X contiguous or a permuted [4,T,D] input; and
-    HC_MIX_PART's partials against their float64 layout (TILE; the tensor-core kernel: D a multiple of 4).
+    HC_MIX_PART's partials against their float64 layout (the tensor-core kernel: D a multiple of 4).
     KSPLIT's fn slice past the device's shared memory (splits of 32 vec4 chunks, 24 rows, on lavapipe) is
     HCUnsupported naming it."""
     wg = max(wg, ex.device.subgroup_size)
@@ -495,17 +495,6 @@ def test_mix_row_groups_refuse_what_the_subgroup_cannot_hold(ex, rng):
                           ({**base, "lpt": sg, "rh": 2}, f"lpt·rh \\({sg}·2\\)")]:
         with pytest.raises(ValueError, match=match):
             run(ex, {"X": i["X"], "fn": i["fn"]}, lambda g, t: (g.op("HC_MIX_PART", t["X"], t["fn"], **params),))
-
-
-@pytest.mark.parametrize("T,D,split,m,layout", [(130, 64, 12, 24, "c"), (64, 36, 8, 4, "strided"), (65, 7, 3, 24, "c"),
-                                                 (3, 4096, 64, 24, "c")])
-def test_mix_tile_kernel(ex, rng, T, D, split, m, layout):
-    """The register-blocked TILE kernel: partial token blocks (T past a multiple of 64), splits that end inside
-    a staging step of 8 chunks, scalar chunks (odd D), the head's 4 rows, a permuted X; against float64."""
-    with tuning(mix_kernels.MIX_TUNING, kernel="tile", split=split):
-        lay = mix_kernels.mix_layout(ex.device, T, D // (4 if D % 4 == 0 else 1))
-        assert lay["tile"] == 1 and lay["split"] == split and lay["groups"] > 1
-        mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
 
 
 @pytest.mark.parametrize("T,D,split,m,layout", [(130, 64, 12, 24, "c"), (64, 36, 8, 4, "strided"), (3, 4096, 64, 24, "c"),

@@ -1,11 +1,10 @@
 """What bounds the mixes kernels at prefill (HC_MIX_PART, T = 4096, D = 4096): `tools/hc_tune.py --ops
-HC_MIX --t 4096 --d 4096 --set mix.kernel=ksplit --per-dispatch` (tile*: mix.kernel=tile) run once per
+HC_MIX --t 4096 --d 4096 --set mix.kernel=ksplit --per-dispatch` run once per
 ablation, each in a subprocess of its own with a copy of shaders/ whose lines are replaced (results
 wrong on purpose: only the time is read):
 - KSPLIT (the GPU default: 4 tokens a lane group, 2 row groups): base; nofnlds (the fn chunks not read from
   shared memory: made from their index, the products kept); noproducts (x read, only Σx² formed: no
   fn reads, no products); noxload (x not read: made from its index);
-- TILE: tile (base); tile_nofnlds, tile_noxlds (fn or x not read from shared memory).
 - the carrying post (HC_POST_MIX's KSPLIT form, timed inside the three-op site at prefill, `--ops
   HC_SITE --site-path three-op`: read its HC_POST column): carry (base); carry_nofnlds;
   carry_noproducts; carry_nopost (the new streams as residual + f: no post or comb read, no
@@ -36,9 +35,6 @@ ABL = {
     "carry_nopost": [(F, "r[d] = post_stream(fv, P.pw[d], P.cw[d], v[0], v[1], v[2], v[3]);", "r[d] = v[d] + fv;")],
     "carry_nostore": [(F, "    if (store) [[unroll]] for (uint d = 0u; d < 4u; ++d) xnew[", "    if (false) for (uint d = 0u; d < 4u; ++d) xnew[")],
     "carry_noxload": [(F, "va[s] = x[xt[0] + s * p.x_ss + c];", "va[s] = VEC(float(c + s));")],
-    "tile": [],
-    "tile_nofnlds": [(F, "fv[r] = fs[kk][rg + 4u * r];", "fv[r] = VEC(float(kk + r));")],
-    "tile_noxlds": [(F, "xv[i] = xs[kk][tg + 16u * i];", "xv[i] = VEC(float(kk + i));")],
 }
 
 
@@ -47,8 +43,7 @@ def child(name, flags):
         run_tool("hc_tune.py", ["--ops", "HC_SITE", "--t", "4096", "--d", "4096", "--site-path", "three-op",
                                 "--set", "carry.prefill=1", "--per-dispatch", *flags])   # (one row, not a sweep)
         return
-    kernel = "tile" if name.startswith("tile") else "ksplit"
-    run_tool("hc_tune.py", ["--ops", "HC_MIX", "--t", "4096", "--d", "4096", "--set", f"mix.kernel={kernel}",
+    run_tool("hc_tune.py", ["--ops", "HC_MIX", "--t", "4096", "--d", "4096", "--set", "mix.kernel=ksplit",
                             "--per-dispatch", *flags])
 
 

@@ -9,7 +9,7 @@
 # STEP: eval, library, soak, site, profile, model, decode, variants, mix, tc, mixtests, layout, tc_ablate,
 # spread, timeline, v4tests, mqa_ablate, mix_ablate, carry_ablate, ks32 (default: the first six, in that order; decode: tools/bench_decode_ops.py, the model's decode kernels and their
 # variants; variants: the model bench with fused series at other kernel knobs — a call of its own;
-# mix: the mixes kernels for many tokens, KSPLIT against TILE, and the prefill site with and without
+# mix: the mixes kernels for many tokens, KSPLIT against TC, and the prefill site with and without
 # its post carrying the next mixes, each dispatch timed on its own; tc: the tensor-core mixes kernel —
 # the device's cooperative-matrix shapes, its tests at subgroup 32, KSPLIT against it; mixtests: the
 # mixes and site-chain tests at subgroup 32; layout: HC_MIX and the carried prefill site at the
@@ -60,7 +60,7 @@ for s in $steps; do
         variants) step variants 560 model_variants_h200.txt python3 tools/model_gpu_bench.py \
                       --out "$r/model_variants_h200.json" --variants "fold_mb=64;fold_mb=0" ;;
         mix) step mix 200 hc_tune_mix_h200.txt python3 tools/hc_tune.py --ops HC_MIX,HC_SITE --t 512,4096 \
-                 --d 4096,7168 --set mix.kernel=ksplit,tile --per-dispatch --out "$r/hc_tune_mix_h200.json"
+                 --d 4096,7168 --set mix.kernel=ksplit,tc --per-dispatch --out "$r/hc_tune_mix_h200.json"
              step carry 200 hc_tune_carry_h200.txt python3 tools/hc_tune.py --ops HC_SITE --t 64,512,4096 \
                  --d 4096,7168 --site-path three-op --set carry.prefill=0,1 --per-dispatch \
                  --out "$r/hc_tune_carry_h200.json" ;;

@@ -39,7 +39,7 @@ def knob(text):
     if table not in TABLES or key not in TABLES[table] or not values:
         raise argparse.ArgumentTypeError(f"expected TABLE.KEY=v1,v2 with TABLE.KEY one of "
                                          f"{[f'{t}.{k}' for t, d in TABLES.items() for k in d]}, got {text!r}")
-    # numbers, 'auto' (None), or names (e.g. mix.kernel=tile,ksplit)
+    # numbers, 'auto' (None), or names (e.g. mix.kernel=tc,ksplit)
     return table, key, [None if v == "auto" else int(v) if v.lstrip("-").isdigit() else v for v in values.split(",")]
 
 

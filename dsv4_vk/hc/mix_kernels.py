@@ -1,6 +1,6 @@
 """The mixes kernels (hc_mix.comp) as ops: HC_MIX, HC_MIX_PART, HC_MIX_REDUCE and HC_POST_MIX, with
 their layouts and launches — the per-token kernel, KSPLIT (fn slices staged in shared memory, blocks
-of tokens streamed through them), TILE (register blocks), the tensor-core kernel (tc = 1 on
+of tokens streamed through them), the tensor-core kernel (tc = 1 on
 cooperative matrices, 2 with FMA products), the partials' reduction, and the post that carries the
 next site's mixes (hc_post.comp -D MIX_NEXT at few tokens, hc_mix.comp -D POST at many) — and the
 tuning tables they read (tools/hc_tune.py sweeps them). The other fused HC ops: `kernels`.
@@ -12,13 +12,13 @@ from .kernels import (HC, N_MIX, as_f64, check_eps, check_fn_rows, check_layout_
                       mix_supported, post_launch, post_mix_groups, post_mix_split, reference_mixes, reference_post,
                       require_support, site_supported, strides_in, vec4_ok)
 from .policy import HCUnsupported
-from ..ops.base import Launch, OpDef, check_shape, grid_1d, pack_push, register
+from ..ops.base import Launch, OpDef, check_params, check_shape, grid_1d, pack_push, register
 
 
 # HC_MIX layout knobs (tools/hc_tune.py sweeps them); None: the rule of mix_layout.
 MIX_TUNING = {"wg": None, "groups": None, "split": None, "lpt": None, "tb": None, "tpl": None, "rh": None,
               "kernel": None}
-MIX_KERNELS = ("token", "ksplit", "tile", "tc")
+MIX_KERNELS = ("token", "ksplit", "tc")
 # Workgroups a mixes pass aims for (a few per compute unit of a large GPU; a CPU device runs
 # workgroups on its cores one after another, so a few suffice there).
 MIX_TARGET_GROUPS = {"cpu": 4}
@@ -40,17 +40,10 @@ KSPLIT_SPLITS = (16, 32)
 # 180.7 against 192.8 µs at T = 4096, D = 4096 (300.8 against 323.2 at D = 7168; 31.7 against 34.6 at
 # T = 512); rh 2 with 2 tokens a group 0.73×. The prefill carry keeps 1 (composite.PREFILL_CARRY).
 KSPLIT_RH = 2
-# TILE (hc_mix.comp -D TILE): 64 invocations per workgroup, blocks of 64 tokens, its shared x and fn
-# step (8 chunks: 64 tokens + 24 rows); chunks per stream and split by default.
-TILE_WG, TILE_TOKENS, TILE_STEP = 64, 64, 8
-TILE_SPLIT = 64
-# The mixes kernel for many tokens on GPUs ("ksplit" or "tile"; CPU devices take KSPLIT, where
-# barriers are slow). H200, D = 4096 (results/h200/hc_tune_parts.txt, hc_tune_vacc.txt): HC_MIX_PART
-# at T = 4096 183 µs with KSPLIT, 192–204 µs with TILE at 32–128 chunks per split (with dot chains,
-# componentwise accumulators, or loads issued a step ahead: all the same); at T = 512 29.7 against
-# 33.4 µs. Every variant reads X in 128–256-byte pieces of rows 64 KiB apart, which is the common
-# factor left to change.
-MIX_MANY_TOKENS_GPU = "ksplit"
+# KSPLIT is the kernel for many tokens. Register-blocked mat-muls that stage x and fn in shared memory
+# were slower on the H200 and removed: TILE (4 tokens × 6 rows an invocation; HC_MIX_PART 192–204
+# against 183 µs at T = 4096, D = 4096, results/h200/hc_tune_parts.txt, hc_tune_vacc.txt; commit
+# 1927822 has it) and RB (8 × 12; 0.54×, hc_tune_rb_h200.txt; commit 7f42b43).
 # TC (hc_mix.comp -D TC): the mixes on 16-bit tensor cores with fp32 accuracy (each operand split
 # into fp16 hi and lo parts, three products). 128 invocations, blocks of 64 tokens, chunks per
 # stream and split by default (G = D / 4 / 64: 16 splits at D = 4096, partials 1/40 of X's bytes).
@@ -81,8 +74,8 @@ def mix_layout(device, T, chunks, kernel=None):
       D = 4096: 1.39× faster than 1, results/h200/hc_tune_tpl.txt; blocks of 256 tokens 1.05× faster
       than 128, 4 lanes and 2 tokens per group the fastest, hc_tune_mix.txt); on GPUs with 8-lane
       subgroups or wider, rh = 2 row groups of 4 lanes with 4 tokens (KSPLIT_RH);
-    - kernel "tile" or "tc" only when asked for (MIX_TUNING or the argument): TILE's register blocks, or
-      the tensor-core kernel (tc = 1 with cooperative matrices, else its FMA form tc = 2);
+    - kernel "tc" only when asked for (MIX_TUNING or the argument): the tensor-core kernel (tc = 1 with
+      cooperative matrices, else its FMA form tc = 2);
     - otherwise the per-token kernel, one token per workgroup of 64 invocations (4 streams × 16) and D
       split into G slices of ≥ one chunk per invocation until about the target number of workgroups
       is reached (decode: a token's fn is the data to stream, spread over many workgroups; at D =
@@ -99,17 +92,13 @@ def mix_layout(device, T, chunks, kernel=None):
         elif t["split"]:                   # a KSPLIT split set: KSPLIT
             kernel = "ksplit"
         elif T >= KSPLIT_MIN_T and ksplit_preferred(device):
-            kernel = "ksplit" if cpu else MIX_MANY_TOKENS_GPU
+            kernel = "ksplit"
         else:
             kernel = "token"
     if kernel == "tc":
         split = t["split"] or TC_SPLIT
         return {"wg": TC_WG, "groups": -(-chunks // split), "split": split, "lpt": 1, "tb": TC_TOKENS,
                 "tpl": 1, "tc": 1 if tc_tile_n(device) else 2}
-    if kernel == "tile":
-        split = t["split"] or TILE_SPLIT
-        return {"wg": TILE_WG, "groups": -(-chunks // split), "split": split, "lpt": 1, "tb": TILE_TOKENS,
-                "tpl": 1, "tile": 1}
     if kernel == "ksplit":
         lpt = t["lpt"] or 4
         rh = t["rh"] or (KSPLIT_RH if not cpu and lpt * KSPLIT_RH <= device.caps.subgroup.min_size else 1)
@@ -183,17 +172,7 @@ def _mix_launch(node, device, final, groups):
     defines = {"VEC4": 1} if vec4 else {}
     if pr.get("tc"):
         return [_tc_launch(node, device, final, groups, vec4, chunks)]
-    if pr.get("tile"):
-        if final or not split or groups != -(-chunks // split) or wg != TILE_WG or tb != TILE_TOKENS:
-            raise ValueError(f"{node.op.name}: the tile kernel takes wg {TILE_WG}, tb {TILE_TOKENS} and partials of "
-                             f"groups = ceil({chunks} / split), got wg {wg}, tb {tb}, split {split}, groups {groups}")
-        need = TILE_STEP * (TILE_TOKENS + N_MIX) * unit * 4
-        if need > device.caps.limits.max_shared_memory:
-            raise HCUnsupported(f"{node.op.name}: the tile kernel stages {need} B in shared memory, "
-                                f"{device.name} has {device.caps.limits.max_shared_memory} B")
-        defines["TILE"] = 1
-        grid, spec = grid_1d(-(-T // TILE_TOKENS) * groups, 1), (wg, m)
-    elif split:
+    if split:
         if final:
             raise ValueError(f"{node.op.name}: KSPLIT writes partials, not the final mixes")
         _ksplit_checks(node.op.name, device, chunks, groups, m, unit, pr, (1, 2, 4))
@@ -207,7 +186,7 @@ def _mix_launch(node, device, final, groups):
         grid, spec = grid_1d(T * groups, 1), (wg, m)
     if final:
         defines["FINAL"] = 1
-    push = pack_push(T, chunks, split if pr.get("tile") else -(-chunks // groups), groups, 1.0 / (HC * D),
+    push = pack_push(T, chunks, -(-chunks // groups), groups, 1.0 / (HC * D),
                      check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
                      X.offset // unit, *strides_in(X, unit), fn.offset // unit, fn.strides[0] // unit,
                      out.offset, out.strides[0], out.strides[1], tb)
@@ -314,26 +293,24 @@ def reference_mix_partials(X, fn, groups, chunk=1, split=None):
 
 @register
 class HcMixPartials(OpDef):
-    """HC_MIX_PART(X [T,4,D], fn [m,4D], groups=G, wg=, split=, lpt=, tb=, tpl=, tile=, tc=) -> partials [T,G,m+1]: per
-    split of D the dot products with the m fn rows and Σx² (hc_mix.comp: the per-token kernel, KSPLIT, with
-    tile=1 the register-blocked TILE, with tc=1 or 2 the tensor-core kernel
-    TC). Decode splits D over many workgroups; HC_SITE or HC_MIX_REDUCE finish."""
+    """HC_MIX_PART(X [T,4,D], fn [m,4D], groups=G, wg=, split=, lpt=, tb=, tpl=, rh=, tc=, norm_eps=) -> partials
+    [T,G,m+1]: per split of D the dot products with the m fn rows and Σx² (hc_mix.comp: the per-token
+    kernel, KSPLIT, with tc=1 or 2 the tensor-core kernel TC). Decode splits D over many workgroups;
+    HC_SITE or HC_MIX_REDUCE finish."""
     name, n_inputs = "HC_MIX_PART", 2
 
     def infer(self, inputs, params):
         X, fn = inputs
         _check_mix_args(X, fn)
+        check_params(self.name, params, ("groups", "wg", "split", "lpt", "tb", "tpl", "rh", "tc", "norm_eps"))
         check_layout_param(self.name, params, "wg")
         for k in ("lpt", "tb", "tpl", "rh"):
             check_layout_param(self.name, {k: 1, **params}, k)
         if params.get("split", 0):
             check_layout_param(self.name, params, "split")
-        if params.get("tile", 0) not in (0, 1) or isinstance(params.get("tile", 0), bool):
-            raise ValueError(f"{self.name}: tile must be 0 or 1 (TILE), got {params['tile']!r}")
-        if _check_tc_param(self.name, params) and params.get("tile", 0):
-            raise ValueError(f"{self.name}: tile and tc are two kernels, set one")
+        _check_tc_param(self.name, params)
         G = check_layout_param(self.name, params, "groups")
-        if not (params.get("split", 0) or params.get("tile", 0) or params.get("tc", 0)):
+        if not (params.get("split", 0) or params.get("tc", 0)):
             _check_stream_groups(self.name, params)
         return (X.shape[0], G, fn.shape[0] + 1), "f32"
 
@@ -341,7 +318,7 @@ class HcMixPartials(OpDef):
         check_partials(self.name, node.output)
         return _mix_launch(node, device, False, node.params["groups"])
 
-    def reference(self, X, fn, groups=1, wg=1, split=0, lpt=1, tb=1, tpl=1, tile=0, tc=0):
+    def reference(self, X, fn, groups=1, wg=1, split=0, lpt=1, tb=1, tpl=1, rh=1, tc=0, norm_eps=1e-6):
         D = np.shape(X)[2]
         return reference_mix_partials(X, fn, groups, 4 if D % 4 == 0 else 1, split)
 
