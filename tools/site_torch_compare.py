@@ -87,16 +87,19 @@ def run_torch(ts, D, warm_s):
         n = 2000 if T == 1 else 50
         variants = [("eager", base_fn), ("torch.compile", torch.compile(base_fn)),
                     ("torch.compile + CUDA graphs", torch.compile(base_fn, mode="reduce-overhead"))]
-        t_end = time.perf_counter() + warm_s          # clock up from idle, as dsv4_vk's --warm-ms
-        while time.perf_counter() < t_end:
-            base_fn(*args)
-        torch.cuda.synchronize()
         ref = None
         for name, fn in variants:
-            u, x_new = fn(*args)
+            u, x_new = fn(*args)                          # (torch.compile compiles here, for seconds)
             torch.cuda.synchronize()
             ref = ref if ref is not None else x_new
             err = float((x_new - ref).abs().max())
+            # the clock up from idle right before the timing, as dsv4_vk's --warm-ms: warmed once before
+            # the variants, the compiled ones were timed after their compile had let the clock decay,
+            # and the CUDA-graph decode time varied from 67 to 134 µs between runs
+            t_end = time.perf_counter() + warm_s
+            while time.perf_counter() < t_end:
+                fn(*args)
+            torch.cuda.synchronize()
             b2b, sync = time_torch(torch, fn, args, n, 200 if T == 1 else 20)
             rows.append({"impl": name, "T": T, "D": D, "gpu_us_back_to_back": b2b, "us_per_synced_call": sync,
                          "max_abs_vs_eager": err})
