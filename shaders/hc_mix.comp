@@ -19,7 +19,7 @@
 //            layout the whole-site kernel (hc_site.comp) and -D REDUCE finish;
 //   FINAL:   (G = 1 only) mix[t, j] directly.
 // -D KSPLIT (many tokens; partials): workgroup g → token block g / G (push tb tokens) and split g % G
-//   of S = 16 chunks per stream. The split's fn slice (M·4·S chunks) is staged once in shared
+//   of S chunks per stream (16, or -D KS=32). The split's fn slice (M·4·S chunks) is staged once in shared
 //   memory and every token of the block streams through it: fn is read from memory once per block
 //   of tokens, and from shared memory (a broadcast across the block's tokens) inside. LPT (spec 2)
 //   consecutive subgroup lanes take one token (chunks lane, lane+LPT, ...), summed by shuffles;
@@ -29,7 +29,7 @@
 //   of 8) two groups of LPT lanes take the same tokens, each half of the rows: per fn chunk loaded, as
 //   many products, but each lane holds half the sums, so TPL can double for the same registers
 //   (4 tokens × 12 rows: 3 products per operand loaded, against 1.85 with 2 × 24).
-//   (Shared arrays have literal sizes here: 24·4·16 chunks, 24 KiB with vec4.)
+//   (Shared arrays have compile-time sizes here: 24·4·S chunks, 24 or 48 KiB with vec4.)
 //   Each token's X is read once.
 // -D KSPLIT -D POST (HC_POST_MIX for many tokens: a layer boundary at prefill): the streams are not
 //   read from X but made by the post, X_new[t,d,:] = f[t,:]·post[t,d] + Σ_s comb[t,s,d]·res[t,s,:]
