@@ -126,11 +126,9 @@ void main() {
 #if defined(VEC4)
 #define VEC vec4
 float dot_v(vec4 a, vec4 b) { return dot(a, b); }
-float hsum(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
 #else
 #define VEC float
 float dot_v(float a, float b) { return a * b; }
-float hsum(float v) { return v; }
 #endif
 // restrict: bindings never alias within a dispatch, so loads may be hoisted and batched (latency)
 #if defined(POST)

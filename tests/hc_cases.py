@@ -352,6 +352,7 @@ def test_site_chain_carrying_at_prefill(ex, rng, D, T, layout, kernel, monkeypat
     lavapipe has 32; test_post_mix_partials runs vec4 chunks with 16 rows)."""
     split = 32 if kernel == "ksplit32" else 16
     kernel = "ksplit" if kernel == "ksplit32" else kernel
+
     def carry_params():
         g = Graph()
         hc.composite.site_post(g, g.input("f", (T, D)), g.input("X", (T, 4, D)), g.input("post", (T, 4)),

@@ -18,23 +18,25 @@ serves TPL products); if it is not, on the products themselves.
 from ablation import line_reporter, main, run_tool
 
 F = "hc_mix.comp"
+NOFNLDS = [(F, "#define FN(i) fs[i]", "#define FN(i) VEC(uintBitsToFloat(i))")]
+NOXLOAD_A = [(F, "va[s] = x[xt[0] + s * p.x_ss + c];", "va[s] = VEC(float(c + s));")]   # (the carry: one token a group)
 ABL = {
     "base": [],
-    "nofnlds": [(F, "#define FN(i) fs[i]", "#define FN(i) VEC(uintBitsToFloat(i))")],
+    "nofnlds": NOFNLDS,
     "noproducts": [(F, "if (TPL > 2u) mixacc_add4(A, B, C, E, va[s], vb[s], vc[s], ve[s], row0 + s * S + c, 4u * S);",
                     "if (TPL > 2u) { A.ss += dot_v(va[s], va[s]); B.ss += dot_v(vb[s], vb[s]); "
                     "C.ss += dot_v(vc[s], vc[s]); E.ss += dot_v(ve[s], ve[s]); }")],
-    "noxload": [(F, "va[s] = x[xt[0] + s * p.x_ss + c];", "va[s] = VEC(float(c + s));"),
+    "noxload": NOXLOAD_A + [
                 (F, "if (TPL > 1u) vb[s] = x[xt[1] + s * p.x_ss + c];", "if (TPL > 1u) vb[s] = VEC(float(c));"),
                 (F, "if (TPL > 2u) { vc[s] = x[xt[2] + s * p.x_ss + c]; ve[s] = x[xt[3] + s * p.x_ss + c]; }",
                  "if (TPL > 2u) { vc[s] = VEC(float(c + 1u)); ve[s] = VEC(float(c + 2u)); }")],
     "carry": [],
-    "carry_nofnlds": [(F, "#define FN(i) fs[i]", "#define FN(i) VEC(uintBitsToFloat(i))")],
+    "carry_nofnlds": NOFNLDS,
     "carry_noproducts": [(F, "else mixacc_add(A, va[s], row0 + s * S + c, 4u * S, true);",
                           "else A.ss += dot_v(va[s], va[s]);")],
     "carry_nopost": [(F, "r[d] = post_stream(fv, P.pw[d], P.cw[d], v[0], v[1], v[2], v[3]);", "r[d] = v[d] + fv;")],
     "carry_nostore": [(F, "    if (store) [[unroll]] for (uint d = 0u; d < 4u; ++d) xnew[", "    if (false) for (uint d = 0u; d < 4u; ++d) xnew[")],
-    "carry_noxload": [(F, "va[s] = x[xt[0] + s * p.x_ss + c];", "va[s] = VEC(float(c + s));")],
+    "carry_noxload": NOXLOAD_A,
 }
 
 

@@ -128,8 +128,9 @@ def _check_mix_args(X, fn):
 
 
 
-def _ksplit_checks(op, device, chunks, groups, m, unit, pr, tpls):
-    """The KSPLIT layout's constraints (hc_mix.comp -D KSPLIT, with or without POST)."""
+def _ksplit_pipeline(op, device, chunks, groups, m, unit, pr, tpls):
+    """The KSPLIT layout's constraints (hc_mix.comp -D KSPLIT, with or without POST), then its defines
+    and specialization constants (wg, m, lpt, tpl, row groups)."""
     split, wg, lpt, tpl, rh = pr.get("split", 0), pr["wg"], pr.get("lpt", 1), pr.get("tpl", 1), pr.get("rh", 1)
     if split not in KSPLIT_SPLITS or groups != -(-chunks // split):
         raise ValueError(f"{op}: split must be one of {KSPLIT_SPLITS} with partials of groups = "
@@ -149,6 +150,8 @@ def _ksplit_checks(op, device, chunks, groups, m, unit, pr, tpls):
                             f"{device.name} has {device.caps.limits.max_shared_memory} B")
     if tpl not in tpls:
         raise ValueError(f"{op}: tpl (tokens per lane group) must be one of {tpls}, got {tpl}")
+    defines = {"KSPLIT": 1, **({"KS": split} if split != KSPLIT_S else {})}
+    return defines, (wg, m, lpt, tpl, ksplit_row_groups(pr, m))
 
 
 def ksplit_row_groups(params, m):
@@ -168,18 +171,16 @@ def _mix_launch(node, device, final, groups):
     unit = 4 if vec4 else 1
     chunks = D // unit
     pr = node.params
-    wg, split, lpt, tb, tpl = pr["wg"], pr.get("split", 0), pr.get("lpt", 1), pr.get("tb", 1), pr.get("tpl", 1)
+    wg, split, tb = pr["wg"], pr.get("split", 0), pr.get("tb", 1)
     defines = {"VEC4": 1} if vec4 else {}
     if pr.get("tc"):
         return [_tc_launch(node, device, final, groups, vec4, chunks)]
     if split:
         if final:
             raise ValueError(f"{node.op.name}: KSPLIT writes partials, not the final mixes")
-        _ksplit_checks(node.op.name, device, chunks, groups, m, unit, pr, (1, 2, 4))
-        defines["KSPLIT"] = 1
-        if split != KSPLIT_S:
-            defines["KS"] = split
-        grid, spec = grid_1d(-(-T // tb) * groups, 1), (wg, m, lpt, tpl, ksplit_row_groups(pr, m))
+        ksplit_defines, spec = _ksplit_pipeline(node.op.name, device, chunks, groups, m, unit, pr, (1, 2, 4))
+        defines.update(ksplit_defines)
+        grid = grid_1d(-(-T // tb) * groups, 1)
     else:
         _check_stream_groups(node.op.name, pr)
         check_shared(device, node.op.name, wg, m + 1)
@@ -368,10 +369,9 @@ def _post_mix_many_tokens_launch(node, device, f, res, post, comb, fn, out, part
         defines, full = _tc_defines(node.op.name, device, pr["tc"])
         split, wg, tb, spec = pr["split"], TC_WG, TC_TOKENS, (TC_WG, m)
     else:
-        _ksplit_checks(node.op.name, device, chunks, groups, m, unit, pr, (1, 2))
-        split = pr["split"]
-        defines, full = {"KSPLIT": 1, **({"VEC4": 1} if vec4 else {}), **({"KS": split} if split != KSPLIT_S else {})}, True
-        wg, tb, spec = pr["wg"], pr["tb"], (pr["wg"], m, pr["lpt"], pr["tpl"], ksplit_row_groups(pr, m))
+        defines, spec = _ksplit_pipeline(node.op.name, device, chunks, groups, m, unit, pr, (1, 2))
+        defines, full = {**defines, **({"VEC4": 1} if vec4 else {})}, True
+        split, wg, tb = pr["split"], pr["wg"], pr["tb"]
     push = pack_push(T, chunks, split, groups, 1.0 / (HC * D), 0.0,
                      res.offset // unit, *strides_in(res, unit), fn.offset // unit, fn.strides[0] // unit,
                      part.offset, part.strides[0], part.strides[1], tb,
