@@ -105,7 +105,7 @@ void mixacc_put_transposed(MixAcc A) {
     vec4 v = mixacc_swap_add(b2, m0, m1, 4u);
     for (uint o = 8u; o < gl_SubgroupSize; o <<= 1u) v += subgroupShuffleXor(v, o);
     uint q = (b0 ? 4u : 0u) + (b1 ? 2u : 0u) + (b2 ? 1u : 0u);
-    uint b = WG_RED_BASE + gl_SubgroupID * WG_NV_MAX;
+    uint b = gl_SubgroupID * WG_NV_MAX;
     if (l < 8u && q < M / 4u) {
         wg_red[b + 4u * q] = v.x;
         wg_red[b + 4u * q + 1u] = v.y;
@@ -136,6 +136,6 @@ void mixacc_put(MixAcc A) {
     if (M > 20u) A.a5 = subgroupAdd(A.a5);
     A.ss = subgroupAdd(A.ss);
     if (subgroupElect())
-        for (uint k = 0u; k <= M; ++k) wg_red[WG_RED_BASE + gl_SubgroupID * WG_NV_MAX + k] = mixacc_at(A, k);
+        for (uint k = 0u; k <= M; ++k) wg_red[gl_SubgroupID * WG_NV_MAX + k] = mixacc_at(A, k);
 }
 #endif

@@ -18,11 +18,6 @@
 //   5 out, 6 partials; push adds fn_next (offset, row stride, chunks) and partials (offset, token
 //   and split strides). Layout: one destination stream per invocation, WG/4 chunks per workgroup (WG a
 //   multiple of 4); the workgroup's slice of WG/4 chunks is the split: groups per token = G.
-//   Workgroup g → tokens (g / G)·TB .. + TB − 1 (spec constant 3, TB; 1 at decode) and slice g % G:
-//   an invocation loads its (stream, chunk)'s M fn chunks into registers once and reuses them for
-//   the block's tokens one after another (the prefill carry), the next token's loads issued before
-//   the current one's products; the workgroup step alternates between two shared copies (one
-//   barrier a token).
 #include "common.glsl"
 // Chunks per invocation (spec constant 1): a workgroup covers WG·CPT chunks, each invocation
 // CPT of them strided by WG (more independent loads in flight per invocation on GPUs).
@@ -41,15 +36,12 @@ layout(binding = 2) readonly buffer Post { float post[]; };
 layout(binding = 3) readonly buffer Comb { float comb[]; };
 #if defined(MIX_NEXT)
 layout(constant_id = 2) const uint M = 24;     // the next fn's rows: a multiple of 4, ≤ 24
-layout(constant_id = 3) const uint TB = 1;     // tokens per workgroup
 #define WG_NV (M + 1u)
 #define WG_NV_MAX 25
-#define WG_RED_COPIES 2
 #include "wg_reduce.glsl"
 // restrict: the bindings never alias, so the fn loads may move above the stores of the new streams
 layout(binding = 4) restrict readonly buffer Fn { VEC fn[]; };
-VEC fr[24];                                    // this invocation's chunk of each fn row (constant indices only)
-#define FN(i) fr[i]
+#define FN(i) fn[i]
 #define MIXACC_TRANSPOSE                       // HC_POST_MIX runs on the site path only: it has shuffles
 #include "hc_mixacc.glsl"
 layout(binding = 5) restrict writeonly buffer O { VEC o[]; };
@@ -72,46 +64,35 @@ layout(push_constant) uniform P {
 
 void main() {
     uint g = flat_group();
+    uint t = g / p.groups_per_token;
 #if defined(MIX_NEXT)
     // One destination stream per invocation: the workgroup is 4 groups of WG/4 invocations, group d
     // making stream d of WG/4 chunks, so a token has 4× the invocations of HC_POST's layout and each
     // forms a quarter of the next mixes' products. At decode this pass is a chain of latencies, and
     // more, shorter invocations finish it sooner (H200, D = 4096: results/h200/ablate_site_layout.txt).
+    MixAcc A = mixacc_zero();
+    bool live = t < p.T;                       // no return before the workgroup reduction
+    t = min(t, p.T - 1u);
     uint q = gl_WorkGroupSize.x / 4u, d = gl_LocalInvocationID.x / q;
-    uint slice = g % p.groups_per_token, c = slice * q + gl_LocalInvocationID.x % q;
-    bool in_c = c < p.n_chunks;                // (a last slice past D: fn 0, nothing stored)
-    uint cc = min(c, p.n_chunks - 1u);
-    [[unroll]] for (uint j = 0u; j < 24u; ++j)
-        fr[j] = j < M && in_c ? fn[p.fn_off + j * p.fn_sj + d * p.n_chunks + cc] : VEC(0.0);
-    uint t0 = (g / p.groups_per_token) * TB, t_end = min(t0 + TB, p.T);
-    // token t's operands: f and the 4 residual chunks at cc, post[t, d], comb[t, 0..3, d]
-    VEC nf, n0, n1, n2, n3;
-    float npw;
-    vec4 ncw;
-#define HC_POST_LOAD(t) { uint rb_ = p.r_off + (t) * p.r_st + cc, cd_ = p.c_off + (t) * p.c_st + d * p.c_sd; \
-        nf = f[p.f_off + (t) * p.f_st + cc]; n0 = res[rb_]; n1 = res[rb_ + p.r_ss]; n2 = res[rb_ + 2u * p.r_ss]; \
-        n3 = res[rb_ + 3u * p.r_ss]; npw = post[p.p_off + (t) * p.p_st + d * p.p_sd]; \
-        ncw = vec4(comb[cd_], comb[cd_ + p.c_ss], comb[cd_ + 2u * p.c_ss], comb[cd_ + 3u * p.c_ss]); }
-    if (t0 < t_end) HC_POST_LOAD(t0)
-    for (uint t = t0; t < t_end; ++t) {        // uniform
-        VEC cf = nf, c0 = n0, c1 = n1, c2 = n2, c3 = n3;
-        float pw = npw;
-        vec4 cw = ncw;
-        if (t + 1u < t_end) HC_POST_LOAD(t + 1u)
-        VEC r = post_stream(cf, pw, cw, c0, c1, c2, c3);
-        if (in_c) o[p.o_off + t * p.o_st + c + d * p.o_sd] = r;
-        MixAcc A = mixacc_zero();
-        mixacc_add(A, r, 0u, 1u, true);        // (past D: r made from real operands, fn 0, Σr² dropped)
-        if (!in_c) A.ss = 0.0;
-        wg_red_copy = t & 1u;
-        mixacc_put(A);
-        barrier();
-        for (uint k = gl_LocalInvocationID.x; k < WG_NV; k += gl_WorkGroupSize.x)
-            part[p.q_off + t * p.q_st + slice * p.q_sg + k] = wg_total(k);
+    uint cd = p.c_off + t * p.c_st + d * p.c_sd;
+    float pw = post[p.p_off + t * p.p_st + d * p.p_sd];
+    vec4 cw = vec4(comb[cd], comb[cd + p.c_ss], comb[cd + 2u * p.c_ss], comb[cd + 3u * p.c_ss]);
+    uint c0 = (g % p.groups_per_token) * q * CPT + gl_LocalInvocationID.x % q;
+    [[unroll]] for (uint k = 0u; k < CPT; ++k) {
+        uint c = c0 + k * q;
+        if (!live || c >= p.n_chunks) break;
+        uint rb = p.r_off + t * p.r_st + c;
+        VEC r = post_stream(f[p.f_off + t * p.f_st + c], pw, cw, res[rb], res[rb + p.r_ss], res[rb + 2u * p.r_ss],
+                            res[rb + 3u * p.r_ss]);
+        o[p.o_off + t * p.o_st + c + d * p.o_sd] = r;
+        mixacc_add(A, r, p.fn_off + d * p.n_chunks + c, p.fn_sj, true);
     }
-#undef HC_POST_LOAD
+    mixacc_put(A);
+    barrier();
+    uint slice = g % p.groups_per_token;
+    for (uint k = gl_LocalInvocationID.x; k < WG_NV && live; k += gl_WorkGroupSize.x)
+        part[p.q_off + t * p.q_st + slice * p.q_sg + k] = wg_total(k);
 #else
-    uint t = g / p.groups_per_token;
     if (t >= p.T) return;                      // folded grids overshoot
     // All 20 coefficients into registers before any store: the output may alias the inputs as
     // far as the compiler knows, so loads after a store could not move above it. (On the H200

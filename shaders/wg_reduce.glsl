@@ -7,31 +7,21 @@
 // computed from specialization constants, so that every driver sees a fixed footprint. wg_put must
 // be reached by every invocation in uniform control flow (subgroupAdd, then the caller's barrier):
 // no early return before it.
-// WG_RED_COPIES 2 (optional): two copies of the step, the one in use chosen by wg_red_copy (0 or 1),
-// so that a workgroup reducing one set of values after another (HC_POST_MIX's token blocks) writes the
-// next set while the last is still being read: one barrier per set instead of two.
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 
-#if defined(WG_RED_COPIES)
-shared float wg_red[WG_RED_COPIES * 64 * WG_NV_MAX];
-uint wg_red_copy = 0u;
-#define WG_RED_BASE (wg_red_copy * (64u * WG_NV_MAX))
-#else
 shared float wg_red[64 * WG_NV_MAX];
-#define WG_RED_BASE 0u
-#endif
 
 // Value k of this subgroup, already reduced over the subgroup (by any subgroup operation).
 void wg_store(uint k, float subgroup_value) {
-    if (subgroupElect()) wg_red[WG_RED_BASE + gl_SubgroupID * WG_NV_MAX + k] = subgroup_value;
+    if (subgroupElect()) wg_red[gl_SubgroupID * WG_NV_MAX + k] = subgroup_value;
 }
 
 void wg_put(uint k, float v) { wg_store(k, subgroupAdd(v)); }
 
 // After the barrier: subgroup i's value k; the workgroup's total or maximum of value k (every
 // invocation may ask for any k).
-float wg_at(uint i, uint k) { return wg_red[WG_RED_BASE + i * WG_NV_MAX + k]; }
+float wg_at(uint i, uint k) { return wg_red[i * WG_NV_MAX + k]; }
 
 float wg_total(uint k) {
     float s = 0.0;

@@ -341,9 +341,7 @@ def test_site_chain_site_vs_three_op_vs_unfused_vs_float64(ex, rng, D, T, peak, 
                                                    (68, 70, "c", "tc"), (33, 9, "c", "tc"),
                                                    (256, 40, "streams_outer", "tc"), (4096, 65, "c", "tc"),
                                                    (64, 300, "c", "ksplit-gpu"), (36, 130, "streams_outer", "ksplit-gpu"),
-                                                   (33, 70, "c", "ksplit32"), (71, 40, "streams_outer", "ksplit32"),
-                                                   (64, 70, "c", "block"), (33, 40, "streams_outer", "block"),
-                                                   (4096, 65, "c", "block")])
+                                                   (33, 70, "c", "ksplit32"), (71, 40, "streams_outer", "ksplit32")])
 def test_site_chain_carrying_at_prefill(ex, rng, D, T, layout, kernel, monkeypatch):
     """The chain with PREFILL_CARRY: past CARRY_MAX_T each post is HC_POST_MIX in KSPLIT's layout, or the
     tensor-core kernel's (where the streams are vec4-aligned; odd D keeps KSPLIT), and the next site starts
@@ -351,8 +349,7 @@ def test_site_chain_carrying_at_prefill(ex, rng, D, T, layout, kernel, monkeypat
     as for a GPU, KSPLIT in the carry's own layout (PREFILL_CARRY's tb, lpt, tpl: 128-token blocks);
     ksplit32: the carry's splits of 32 chunks (PREFILL_CARRY["split"]), whose partials HC_MIX_REDUCE and
     HC_SITE take as any other (scalar chunks: 24 rows of 32 vec4 chunks need 48 KiB of shared memory,
-    lavapipe has 32; test_post_mix_partials runs vec4 chunks with 16 rows); block: HC_POST_MIX's own layout
-    with PREFILL_CARRY's block_tb tokens a workgroup."""
+    lavapipe has 32; test_post_mix_partials runs vec4 chunks with 16 rows)."""
     split = 32 if kernel == "ksplit32" else 16
     kernel = "ksplit" if kernel == "ksplit32" else kernel
 
@@ -370,11 +367,7 @@ def test_site_chain_carrying_at_prefill(ex, rng, D, T, layout, kernel, monkeypat
             {k: hc.composite.PREFILL_CARRY[k] for k in ("tb", "lpt", "tpl")}
     with tuning(hc.composite.PREFILL_CARRY, prefill=True, kernel=kernel, split=split):
         assert hc.carries(ex.device, True, T, None) and hc.carries(ex.device, True, T, True)
-        if kernel == "block":
-            assert carry_params() == {"wg": hc.composite.PREFILL_CARRY["block_wg"],
-                                      "tb": hc.composite.PREFILL_CARRY["block_tb"]}
-        else:
-            assert kernel == "tc" or carry_params()["split"] == split
+        assert kernel == "tc" or carry_params()["split"] == split
         site_chain_case(ex, rng, D, T, 1.0, layout)
 
 
@@ -603,15 +596,12 @@ def test_coefs_kernel(ex, rng, T):
     (2, 64, 24, {"wg": 4, "partial_subgroup": True}),
     (9, 64, 24, {"split": 16, "lpt": 4, "tb": 64, "tpl": 2}), (70, 5, 4, {"split": 16, "lpt": 1, "tb": 5, "tpl": 1}),
     (130, 260, 24, {"split": 16, "lpt": 2, "tb": 64, "tpl": 2}), (65, 4096, 24, {"split": 16, "lpt": 4, "tb": 256, "tpl": 2}),
-    (130, 257, 24, {"split": 32, "lpt": 2, "tb": 64, "tpl": 2}), (70, 640, 16, {"split": 32, "lpt": 4, "tb": 64, "tpl": 1}),
-    (37, 300, 24, {"wg": 64, "tb": 8}), (5, 33, 4, {"wg": 16, "tb": 3}), (66, 4096, 24, {"wg": 256, "tb": 64}),
-    (2, 64, 24, {"wg": 4, "tb": 2, "partial_subgroup": True})])
+    (130, 257, 24, {"split": 32, "lpt": 2, "tb": 64, "tpl": 2}), (70, 640, 16, {"split": 32, "lpt": 4, "tb": 64, "tpl": 1})])
 def test_post_mix_partials(ex, rng, T, D, m, layout):
     """HC_POST_MIX alone: the new streams (as HC_POST) and the next fn's partial sums against float64,
     per D slice of wg/4 chunks (hc_post.comp -D MIX_NEXT) or, with split, per split of 16 chunks in
     KSPLIT's layout (hc_mix.comp -D KSPLIT -D POST: partial token blocks, scalar chunks at odd D, splits of
-    16 or 32 chunks); with tb, workgroups of tb tokens through the fn chunks held in registers (partial
-    last blocks, a last slice past D); a residual fed as a permuted [4,T,D] input (strided)."""
+    16 or 32 chunks); a residual fed as a permuted [4,T,D] input (strided)."""
     split = layout.get("split", 0)
     partial = layout.get("partial_subgroup", False)   # wg 4: one chunk per destination stream, a workgroup
     layout = {k: v for k, v in layout.items() if k != "partial_subgroup"}   # smaller than the subgroup

@@ -183,18 +183,15 @@ SITE_TUNING = {"post_wg": 64}
 # with two, against 295.2 (T = 4096, D = 4096, results/h200/hc_tune_rh_carry_h200.txt).
 # "split": KSPLIT's chunks a split and stream for the carry (16, or 32: half the partials and the
 # residual read in 512-byte pieces; not yet timed: tools/hc_tune.py --set carry.split=16,32).
-# "block": HC_POST_MIX's own layout (hc_post.comp -D MIX_NEXT) with "block_tb" tokens per workgroup of
-# "block_wg": each invocation holds its (stream, chunk)'s fn chunks in registers for the block's tokens.
-PREFILL_CARRY = {"prefill": True, "kernel": "ksplit", "tb": 128, "lpt": 2, "tpl": 1, "rh": 1, "split": 16,
-                 "block_wg": 256, "block_tb": 64}
-CARRY_KERNELS = ("ksplit", "tc", "block")
+PREFILL_CARRY = {"prefill": True, "kernel": "ksplit", "tb": 128, "lpt": 2, "tpl": 1, "rh": 1, "split": 16}
+CARRY_KERNELS = ("ksplit", "tc")
 
 
 def _prefill_carry_kernel(vec4: bool) -> str:
     kernel = PREFILL_CARRY["kernel"]
     if kernel not in CARRY_KERNELS:
         raise ValueError(f"PREFILL_CARRY['kernel'] must be one of {CARRY_KERNELS}, got {kernel!r}")
-    return kernel if vec4 or kernel == "block" else "ksplit"
+    return kernel if vec4 else "ksplit"
 
 
 def carry_split_chunks(T: int, D: int) -> int:
@@ -202,10 +199,7 @@ def carry_split_chunks(T: int, D: int) -> int:
     D: a HC_POST_MIX workgroup's post_wg/4 at decode, the prefill carry kernel's split past CARRY_MAX_T."""
     if T <= CARRY_MAX_T:
         return kernels.post_mix_split(SITE_TUNING["post_wg"])
-    kernel = _prefill_carry_kernel(D % 4 == 0)
-    if kernel == "block":
-        return kernels.post_mix_split(PREFILL_CARRY["block_wg"])
-    return mix_kernels.TC_SPLIT if kernel == "tc" else _carry_ksplit()
+    return mix_kernels.TC_SPLIT if _prefill_carry_kernel(D % 4 == 0) == "tc" else _carry_ksplit()
 
 
 def _carry_ksplit() -> int:
@@ -415,22 +409,6 @@ def carries(device, fused, T, site=None):
         and kernels.ksplit_preferred(device)
 
 
-def _carry_layout(device, T, D, vec4):
-    """HC_POST_MIX's layout: at decode SITE_TUNING's; past CARRY_MAX_T the prefill carry kernel's
-    (KSPLIT: two tokens per lane group at most)."""
-    if T <= CARRY_MAX_T:
-        return {"wg": SITE_TUNING["post_wg"]}
-    kernel = _prefill_carry_kernel(vec4)
-    if kernel == "block":
-        return {"wg": PREFILL_CARRY["block_wg"], "tb": PREFILL_CARRY["block_tb"]}
-    layout = mix_kernels.mix_layout(device, T, D // (4 if vec4 else 1), kernel=kernel)
-    layout = {k: layout[k] for k in ("wg", "split", "lpt", "tb")} | {"tpl": min(layout["tpl"], 2)} \
-        | ({"tc": layout["tc"]} if kernel == "tc" else {"rh": layout["rh"], "split": _carry_ksplit()})
-    if kernel == "ksplit" and not device.caps.is_cpu:
-        layout |= {k: PREFILL_CARRY[k] for k in ("tb", "lpt", "tpl", "rh") if PREFILL_CARRY[k] is not None}
-    return layout
-
-
 def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, device=None):
     """The second half of `site`: X_new = post(f, X, post, comb); returns (X_new, carry). On the site
     path at T ≤ CARRY_MAX_T with `next_fn`: HC_POST_MIX, carry = the next site's mixes partials."""
@@ -449,7 +427,15 @@ def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, d
     with g.tag("HC_POST"):
         f, X_in, next_fn = _unit_inner(g, f), _unit_inner(g, X), _unit_inner(g, next_fn)
         T, D = f.shape
-        layout = _carry_layout(device, T, D, kernels.vec4_ok(D, [f, X_in, next_fn]))
+        layout = {"wg": SITE_TUNING["post_wg"]}
+        if T > CARRY_MAX_T:         # the prefill carry kernel's layout (KSPLIT: two tokens per lane group at most)
+            vec4 = kernels.vec4_ok(D, [f, X_in, next_fn])
+            kernel = _prefill_carry_kernel(vec4)
+            layout = mix_kernels.mix_layout(device, T, D // (4 if vec4 else 1), kernel=kernel)
+            layout = {k: layout[k] for k in ("wg", "split", "lpt", "tb")} | {"tpl": min(layout["tpl"], 2)} \
+                | ({"tc": layout["tc"]} if kernel == "tc" else {"rh": layout["rh"], "split": _carry_ksplit()})
+            if kernel == "ksplit" and not device.caps.is_cpu:
+                layout |= {k: PREFILL_CARRY[k] for k in ("tb", "lpt", "tpl", "rh") if PREFILL_CARRY[k] is not None}
         out = g.empty(X.shape)
         carry = g.op("HC_POST_MIX", f, X_in, post_w, comb_m, next_fn, out, **layout)
     return out, carry

@@ -398,9 +398,9 @@ def check_post_shapes(f, residual, post, comb):
     return T, D
 
 
-def post_launch(node, device, f, res, post, comb, out, fn=None, part=None, wg=None, tb=1):
+def post_launch(node, device, f, res, post, comb, out, fn=None, part=None, wg=None):
     """HC_POST's launch; with fn / part also the next site's mixes partials (-D MIX_NEXT, one chunk
-    per invocation, tb tokens per workgroup through the fn chunks it holds in registers)."""
+    per invocation)."""
     check_unit_inner(node.op.name, "output", out)
     T, D = f.shape
     tensors = [f, res, out] + ([fn] if fn is not None else [])
@@ -419,10 +419,10 @@ def post_launch(node, device, f, res, post, comb, out, fn=None, part=None, wg=No
         fields += [fn.offset // unit, fn.strides[0] // unit, part.offset, part.strides[0], part.strides[1]]
         defines["MIX_NEXT"] = 1
         check_shared(device, node.op.name, wg, fn.shape[0] + 1)
-        args, writes, spec = [f, res, post, comb, fn, out, part], (5, 6), (wg, cpt, fn.shape[0], tb)
+        args, writes, spec = [f, res, post, comb, fn, out, part], (5, 6), (wg, cpt, fn.shape[0])
         extra = {"full_subgroups": full_subgroups_for(device, wg)}
-    return [Launch("hc_post", args, writes, pack_push(*fields), grid_1d(-(-T // tb) * gpt, 1), defines=defines,
-                   spec=spec, **extra)]
+    return [Launch("hc_post", args, writes, pack_push(*fields), grid_1d(T * gpt, 1), defines=defines, spec=spec,
+                   **extra)]
 
 
 @register

@@ -414,10 +414,7 @@ class HcPostMix(OpDef):
             _check_tc_param(self.name, params)
         elif params.get("tc", 0):
             raise ValueError(f"{self.name}: the tensor-core kernel (tc) takes a split (many tokens)")
-        else:
-            check_params(self.name, params, ("wg", "tb", "split", "tc"))
-            check_layout_param(self.name, {"tb": 1, **params}, "tb")
-        if not split and wg % HC:
+        elif wg % HC:
             raise ValueError(f"{self.name}: wg must be a multiple of {HC} (one destination stream per "
                              f"invocation), got {wg}")
         return (T, post_mix_groups(D, [f, res, out, fn], wg, split), fn.shape[0] + 1), "f32"
@@ -428,8 +425,7 @@ class HcPostMix(OpDef):
             require_support(self.name, device, mix_supported(device))
             return _post_mix_many_tokens_launch(node, device, f, res, post, comb, fn, out, node.output)
         require_support(self.name, device, site_supported(device))
-        return post_launch(node, device, f, res, post, comb, out, fn, node.output, node.params["wg"],
-                           node.params.get("tb", 1))
+        return post_launch(node, device, f, res, post, comb, out, fn, node.output, node.params["wg"])
 
     def reference(self, f, residual, post, comb, fn_next, out=None, wg=HC, split=0, lpt=1, tb=1, tpl=1, tc=0):
         x = reference_post(f, residual, post, comb)
