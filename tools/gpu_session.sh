@@ -52,7 +52,7 @@ for s in $steps; do
         library) step library 120 bench_library_h200.txt python3 tools/bench_library.py --spin-us 0,2000 \
                      --json "$r/bench_library_h200.json" ;;
         soak) step soak 120 soak_library_h200.txt python3 tools/soak_library.py --json "$r/soak_library_h200.json" ;;
-        site) step site 240 site_compare.log python3 tools/site_torch_compare.py --out "$r/site_compare" ;;
+        site) step site 420 site_compare.log python3 tools/site_torch_compare.py --out "$r/site_compare" ;;
         profile) step profile 120 profile_site_h200.txt python3 tools/profile_site.py ;;
         model) step model 540 model_bench_v4.txt python3 tools/model_gpu_bench.py --out "$r/model_bench_v4.json" \
                    --timeline --variants "route_rank=0" ;;

@@ -7,7 +7,10 @@ Two timings each: back to back (N calls between two CUDA events, / N: the GPU ti
 the host keeps the queue full) and per synchronised call (host wall time of one call +
 synchronize, median). dsv4_vk's numbers come from `python -m dsv4_vk bench --op HC_SITE,HC_MIX`
 in a subprocess (GPU time between timestamps around the graph, median over replays, after the same
-clock warm-up), so both sides run on the same GPU in the same job.
+clock warm-up), so both sides run on the same GPU in the same job: one site per command buffer, and
+back to back (`--repeat N`: the site recorded N times in one command buffer, the repetitions ordered
+by barriers as a model's consecutive sites are, / N) — the like of PyTorch's back-to-back figure, which
+the decode ratio compares.
 
     . .vkdev/enter.sh; python3 tools/site_torch_compare.py --out $OUT/site_compare    # writes .json + .txt
     python3 tools/site_torch_compare.py --out /tmp/x --no-torch --ts 1,64             # anywhere (lavapipe)
@@ -108,8 +111,9 @@ def run_torch(ts, D, warm_s):
     return {"torch": torch.__version__, "cuda_device": torch.cuda.get_device_name(0), "rows": rows}
 
 
-def run_dsv4(ts, D, warm_ms, out_json):
-    cmd = [sys.executable, "-m", "dsv4_vk", "bench", "--op", "HC_SITE,HC_MIX", "--d", str(D),
+def run_dsv4(ts, D, warm_ms, out_json, repeat=1):
+    ops = "HC_SITE,HC_MIX" if repeat == 1 else "HC_SITE"
+    cmd = [sys.executable, "-m", "dsv4_vk", "bench", "--op", ops, "--d", str(D), "--repeat", str(repeat),
            "--t", ",".join(str(t) for t in ts if t > 1) or "512", "--warm-ms", str(warm_ms), "--json", out_json]
     if 1 not in ts:
         cmd.append("--no-decode")
@@ -133,20 +137,45 @@ def table(doc):
                      f"dependent dispatch {fl.get('dispatch_barrier_us', float('nan')):.2f} µs")
     if doc.get("torch"):
         lines.append(f"PyTorch {doc['torch']['torch']} on {doc['torch']['cuda_device']}")
-    lines += ["", f"| implementation | T | GPU µs per site | µs per synchronised call | dispatches |", "|---|---|---|---|---|"]
+    b2b = doc.get("dsv4_vk_back_to_back")
+    n = b2b["repeat"] if b2b else None
+    lines += ["", "| implementation | T | GPU µs, one site per submit | GPU µs per site back to back | "
+                  "µs per synchronised call | dispatches |", "|---|---|---|---|---|---|"]
     for T in doc["ts"]:
         if vk:
-            for r in vk["rows"]:
-                if r["op"] == "HC_SITE" and r["T"] == T and r["D"] == doc["D"] and not r.get("error"):
-                    lines.append(f"| dsv4_vk {r['path']} | {T} | {r['gpu_us']:.1f} | {r['wall_us']:.1f} | {r['dispatches']} |")
+            for r in _site_rows(vk, T, doc["D"]):
+                rep = _site_rows(b2b, T, doc["D"], r["path"]) if b2b else []
+                back = f"{rep[0]['gpu_us']:.1f} ({n} sites)" if rep else "-"
+                lines.append(f"| dsv4_vk {r['path']} | {T} | {r['gpu_us']:.1f} | {back} | {r['wall_us']:.1f} | "
+                             f"{r['dispatches']} |")
         for r in (doc.get("torch") or {}).get("rows", []):
             if r["T"] == T:
-                lines.append(f"| PyTorch {r['impl']} | {T} | {r['gpu_us_back_to_back']:.1f} | "
+                lines.append(f"| PyTorch {r['impl']} | {T} | - | {r['gpu_us_back_to_back']:.1f} | "
                              f"{r['us_per_synced_call']:.1f} | - |")
     if vk:
         from dsv4_vk.cli.bench import format_summary
         lines += ["", format_summary(vk["summary"])]
+    lines += [line for line in [_decode_ratio(doc)] if line]
     return "\n".join(lines)
+
+
+def _site_rows(bench, T, D, path=None):
+    return [r for r in bench["rows"] if r["op"] == "HC_SITE" and r["T"] == T and r["D"] == D and not r.get("error")
+            and (path is None or r["path"] == path)]
+
+
+def _decode_ratio(doc):
+    """The issue's decode comparison, like with like: dsv4_vk's fused site back to back against
+    torch.compile + CUDA graphs back to back."""
+    b2b, torch_rows = doc.get("dsv4_vk_back_to_back"), (doc.get("torch") or {}).get("rows", [])
+    ours = [r for r in _site_rows(b2b, 1, doc["D"]) if r["path"].startswith("fused")] if b2b else []
+    theirs = [r for r in torch_rows if r["T"] == 1 and r["impl"] == "torch.compile + CUDA graphs"]
+    if not (ours and theirs):
+        return None
+    a, b = ours[0]["gpu_us"], theirs[0]["gpu_us_back_to_back"]
+    ok = "met" if b / a >= 10 else "NOT met"
+    return (f"decode T=1 D={doc['D']} back to back: dsv4_vk {ours[0]['path']} {a:.1f} µs per site against "
+            f"torch.compile + CUDA graphs {b:.1f} µs = {b / a:.1f}× (target ≥ 10×: {ok})")
 
 
 def main(argv=None):
@@ -157,6 +186,8 @@ def main(argv=None):
     ap.add_argument("--warm-ms", type=float, default=500.0)
     ap.add_argument("--no-torch", action="store_true", help="dsv4_vk only (no CUDA here)")
     ap.add_argument("--no-dsv4", action="store_true", help="PyTorch only")
+    ap.add_argument("--repeat", type=int, default=16, help="sites per command buffer for dsv4_vk's back-to-back "
+                    "figure (1: that run is skipped)")
     a = ap.parse_args(argv)
     ts = sorted({int(t) for t in a.ts.split(",")})
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
@@ -165,6 +196,8 @@ def main(argv=None):
         doc["torch"] = run_torch(ts, a.d, a.warm_ms / 1e3)
     if not a.no_dsv4:
         doc["dsv4_vk"] = run_dsv4(ts, a.d, a.warm_ms, a.out + ".bench.json")
+        if a.repeat > 1:
+            doc["dsv4_vk_back_to_back"] = run_dsv4(ts, a.d, a.warm_ms, a.out + ".b2b.bench.json", a.repeat)
     with open(a.out + ".json", "w") as fh:
         json.dump(doc, fh, indent=1)
     text = table(doc)
