@@ -263,16 +263,21 @@ SITE_PATHS = [(True, True), (True, False), (False, None)]
 @pytest.mark.parametrize("case", SITE_CASES, ids=[c.name for c in SITE_CASES])
 def test_site_pre_structure(ex, case):
     """site: HC_MIX_PART + HC_SITE; three-op: the mixes (HC_MIX, or HC_MIX_PART + HC_MIX_REDUCE), HC_COEFS,
-    HC_PRE (numbers: test_case_list, and the chain test below for all three paths)."""
+    HC_PRE_GATE, with no barrier between the last two (the collapse forms its own gates); numbers:
+    test_case_list, and the chain test below for all three paths."""
+    from dsv4_vk.cli.bench import graph_barriers
     for site in (True, False):
         g = Graph()
         t = {k: g.input(k, s) for k, s in cases.input_shapes(case).items()}
-        hc.site_pre(g, t["X"], t["fn"], t["scale"], t["base"], site=site, device=ex.device)
+        outs = hc.site_pre(g, t["X"], t["fn"], t["scale"], t["base"], site=site, device=ex.device)
         ops = [n.op.name for n in g.nodes]
         if site:
             assert ops == ["HC_MIX_PART", "HC_SITE"], ops
         else:
-            assert ops[-2:] == ["HC_COEFS", "HC_PRE"] and ops[:-2] in (["HC_MIX"], ["HC_MIX_PART", "HC_MIX_REDUCE"]), ops
+            assert ops[-2:] == ["HC_COEFS", "HC_PRE_GATE"] and ops[:-2] in (["HC_MIX"], ["HC_MIX_PART", "HC_MIX_REDUCE"]), ops
+            for name, o in zip(("u", "post", "comb"), outs):
+                g.output(name, o)
+            assert graph_barriers(ex.device, g) == len(ops) - 2, ops     # one after each mixes dispatch only
 
 
 def chain_reference(i, n_sites, stage_inputs=None):
@@ -589,6 +594,31 @@ def test_coefs_kernel(ex, rng, T):
         (c,), _ = run(ex, inputs, lambda g, t: g.op("HC_COEFS", t["mixes"], t["scale"], t["base"], eps=1e-6,
                                                     n_iter=20, variant=variant))
         assert nmse(c, ref) <= REF_NMSE and max_abs(c, ref) <= REF_MAX_ABS, variant
+
+
+@pytest.mark.parametrize("T, D", [(1, 4096), (17, 33), (300, 260), (5, 7168)])
+def test_pre_gate_kernel(ex, rng, T, D):
+    """HC_PRE_GATE alone: the collapse with gates formed from the mixes — the pre mixes a strided view of
+    a [T,24] mixes tensor, scale and base views of a site's — against float64 (the gates, then the sum in
+    the unfused chain's order) and against HC_PRE with HC_COEFS's pre gates; bad shapes refused by name."""
+    X = rng.standard_normal((T, 4, D)).astype(np.float32)
+    mixes = rng.uniform(-3, 3, (T, 24)).astype(np.float32)
+    scale = rng.uniform(0.5, 1.5, 3).astype(np.float32)
+    base = rng.uniform(-0.5, 0.5, 24).astype(np.float32)
+    feed = {"X": X, "mixes": mixes, "scale": scale, "base": base}
+
+    def build(g, t):
+        u = g.op("HC_PRE_GATE", t["X"], t["mixes"][:, 0:4], t["scale"][0:1], t["base"][0:4], eps=1e-6)
+        coefs = g.op("HC_COEFS", t["mixes"], t["scale"], t["base"], eps=1e-6, n_iter=20, variant="rows4")
+        return u, g.op("HC_PRE", t["X"], coefs[:, 0:4])
+    (u, u_coefs), _ = run(ex, feed, build)
+    pre = 1.0 / (1.0 + np.exp(-(mixes[:, :4].astype(np.float64) * scale[0] + base[:4]))) + 1e-6
+    ref = reference_pre(X, pre)
+    assert (np.abs(u - ref) <= pre_bound(X, pre)).all(), np.abs(u - ref).max()
+    assert nmse(u, ref) <= 1e-12 and nmse(u, u_coefs) <= 1e-12
+    g = Graph()
+    with pytest.raises(ValueError, match="base"):
+        g.op("HC_PRE_GATE", g.input("X", (T, 4, D)), g.input("m", (T, 4)), g.input("s", (1,)), g.input("b", (24,)))
 
 
 @pytest.mark.parametrize("T, D, m, layout", [

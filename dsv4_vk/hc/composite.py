@@ -367,6 +367,15 @@ def _three_op_pre(g, X, fn, scale, base, hc_eps, norm_eps, n_iter, fused, device
         _record(g, "HC_COMB", comb_choice)
         with g.tag("HC_COMB"):
             comb_m = comb_chain(g, mix, scale, base, hc_eps, n_iter)
+    pre_choice = hc_policy.choose("HC_PRE", device, fused)
+    if comb_choice.fused and pre_choice.fused and device.supports_subgroup_op("shuffle"):
+        # the collapse forms its own gates from the mixes (HC_PRE_GATE): it does not read HC_COEFS's
+        # output, so no barrier separates the two and they run side by side
+        _record(g, "HC_PRE", hc_policy.Choice(True, pre_choice.variant, pre_choice.reason + "; HC_PRE_GATE: the "
+                                              "pre gates from the mixes, beside HC_COEFS"))
+        with g.tag("HC_PRE"):
+            u = g.op("HC_PRE_GATE", _unit_inner(g, X), mix[:, 0:HC], scale[0:1], base[0:HC], eps=hc_eps)
+        return u, post_w, comb_m
     u = pre(g, X, pre_w, fused=fused, device=device)
     return u, post_w, comb_m
 

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from .policy import COMB_VARIANTS, HCUnsupported, comb_support, required_subgroup_size, sg16_subgroup_size
-from ..ops.base import Launch, OpDef, check_shape, grid_1d, pack_push, register
+from ..ops.base import Launch, OpDef, check_params, check_shape, grid_1d, pack_push, register
 
 HC = 4            # streams
 N_MIX = 24        # (2 + HC) · HC mixes: pre 0..3, post 4..7, comb 8..23
@@ -382,6 +382,45 @@ class HcPre(OpDef):
 
     def reference(self, x, w):
         return reference_pre(x, w)
+
+
+@register
+class HcPreGate(OpDef):
+    """HC_PRE_GATE(x [T,4,D], mix [T,4], scale [1], base [4], eps=) -> u [T,D] = Σ_s pre[t,s]·x[t,s,:]
+    with pre = sigmoid(mix·scale[0] + base) + eps: HC_PRE with the pre gates formed from the mixes
+    (hc_pre.comp -D GATE), so that the three-op site's collapse does not wait for HC_COEFS.
+    Decomposition: the gates (MUL, ADD, SIGMOID, SCALE) then HC_PRE."""
+    name, n_inputs = "HC_PRE_GATE", 4
+
+    def infer(self, inputs, params):
+        x, mix, scale, base = inputs
+        check_params(self.name, params, ("eps",))
+        check_eps("eps", params.get("eps", 1e-6))
+        check_shape("x", x.shape, (None, HC, None))
+        check_shape("mix", mix.shape, (None, HC))
+        check_shape("scale", scale.shape, (1,))
+        check_shape("base", base.shape, (HC,))
+        check_same("x", x.shape[0], "mix", mix.shape[0], "T (tokens)")
+        check_unit_inner(self.name, "x", x)
+        return (x.shape[0], x.shape[2]), "f32"
+
+    def lower(self, node, device):
+        x, mix, scale, base = node.inputs
+        u = node.output
+        check_unit_inner(self.name, "output", u)
+        require_support(self.name, device, None if device.supports_subgroup_op("shuffle") else
+                        "no subgroup shuffles in compute shaders (hc_math.glsl)")
+        T, _, D = x.shape
+        vec4, chunks, wg, gpt, cpt = _slice_launch_layout(D, [x, u])
+        unit = 4 if vec4 else 1
+        push = pack_push(T, chunks, gpt, x.offset // unit, *strides_in(x, unit), mix.offset, *mix.strides,
+                         u.offset // unit, *strides_in(u, unit), scale.offset, base.offset, base.strides[0],
+                         check_eps("eps", node.params.get("eps", 1e-6)))
+        return [Launch("hc_pre", [x, mix, u, scale, base], (2,), push, grid_1d(T * gpt, 1),
+                       defines={"GATE": 1, **({"VEC4": 1} if vec4 else {})}, spec=(wg, cpt))]
+
+    def reference(self, x, mix, scale, base, eps=1e-6):
+        return reference_pre(x, _sigmoid(as_f64(mix) * as_f64(scale)[0] + as_f64(base)) + eps)
 
 
 def check_post_shapes(f, residual, post, comb):
