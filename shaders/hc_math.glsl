@@ -16,50 +16,13 @@ float hc_gate(float mix, float scale, float base, bool is_pre, float eps) {
 vec4 hc_col_sum4(vec4 v) { v += subgroupShuffleXor(v, 1u); return v + subgroupShuffleXor(v, 2u); }
 float hc_hsum(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
 
-// -D SINK_RSQ: each normalisation multiplies by 1/s formed as inversesqrt(s)² (s > 0: sums of positive
-// entries plus eps) instead of dividing — one special-function op and two multiplies in place of a
-// division on the iterations' dependent chain, a few ulp from the quotient (the unfused chain's).
-#if defined(SINK_RSQ)
-#define HC_NORMALISE(c, s) ((c) * (inversesqrt(s) * inversesqrt(s)))
-#else
-#define HC_NORMALISE(c, s) ((c) / (s))
-#endif
-
 vec4 hc_sinkhorn_rows4(vec4 l, float eps, uint n_iter) {
     vec4 e = exp(l - max(max(l.x, l.y), max(l.z, l.w)));
-    vec4 c = HC_NORMALISE(e, hc_hsum(e)) + eps;
-    c = HC_NORMALISE(c, hc_col_sum4(c) + eps);
+    vec4 c = e / hc_hsum(e) + eps;
+    c /= hc_col_sum4(c) + eps;
     for (uint it = 1u; it < n_iter; ++it) {
-        c = HC_NORMALISE(c, hc_hsum(c) + eps);
-        c = HC_NORMALISE(c, hc_col_sum4(c) + eps);
+        c /= hc_hsum(c) + eps;
+        c /= hc_col_sum4(c) + eps;
     }
     return c;
-}
-
-// The same Sinkhorn with the whole matrix in one invocation (rows r0..r3, r_src = logits row src): row
-// sums in registers, column sums as vec4 adds of the rows — no shuffles on the dependent chain (each
-// of HC_SITE's lanes 0..3 runs it and keeps its own row). Same operations in the same order per entry.
-vec4 hc_sinkhorn_lane(vec4 r0, vec4 r1, vec4 r2, vec4 r3, uint src, float eps, uint n_iter) {
-    r0 = exp(r0 - max(max(r0.x, r0.y), max(r0.z, r0.w)));
-    r1 = exp(r1 - max(max(r1.x, r1.y), max(r1.z, r1.w)));
-    r2 = exp(r2 - max(max(r2.x, r2.y), max(r2.z, r2.w)));
-    r3 = exp(r3 - max(max(r3.x, r3.y), max(r3.z, r3.w)));
-    r0 = HC_NORMALISE(r0, hc_hsum(r0)) + eps;
-    r1 = HC_NORMALISE(r1, hc_hsum(r1)) + eps;
-    r2 = HC_NORMALISE(r2, hc_hsum(r2)) + eps;
-    r3 = HC_NORMALISE(r3, hc_hsum(r3)) + eps;
-    for (uint it = 0u; it < n_iter; ++it) {
-        if (it > 0u) {
-            r0 = HC_NORMALISE(r0, hc_hsum(r0) + eps);
-            r1 = HC_NORMALISE(r1, hc_hsum(r1) + eps);
-            r2 = HC_NORMALISE(r2, hc_hsum(r2) + eps);
-            r3 = HC_NORMALISE(r3, hc_hsum(r3) + eps);
-        }
-        vec4 col = ((r0 + r1) + (r2 + r3)) + eps;   // (hc_col_sum4's order)
-        r0 = HC_NORMALISE(r0, col);
-        r1 = HC_NORMALISE(r1, col);
-        r2 = HC_NORMALISE(r2, col);
-        r3 = HC_NORMALISE(r3, col);
-    }
-    return src == 0u ? r0 : src == 1u ? r1 : src == 2u ? r2 : r3;
 }

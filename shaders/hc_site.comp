@@ -1,7 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_shuffle : require
-//! variants: - | VEC4 ; - | SINK_RSQ | SINK_LANE | SINK_LANE SINK_RSQ
+//! variants: - | VEC4
 // HC_SITE: the rest of a site's pre side in one dispatch, from the mixes' partial sums (hc_mix.comp
 // partials, or the previous site's HC_POST with -D MIX_NEXT): mixes = Σ partial dots / sqrt(Σ Σx² /
 // (4·D) + norm_eps); gates; Sinkhorn; u[t,:] = Σ_s pre[t,s]·X[t,s,:].
@@ -13,9 +13,6 @@
 // pre gates | post gates | comb (HC_COEFS's layout; lanes 0..3 of subgroup 0 run the ROWS4
 // Sinkhorn of hc_math.glsl, so any subgroup size ≥ 4 works), with M = 4 (the head collapse) the 4
 // pre gates. The collapse keeps the unfused chain's order ((w0·x0 + w1·x1) + w2·x2) + w3·x3.
-// -D SINK_LANE: lanes 0..3 each run the whole Sinkhorn in registers (hc_sinkhorn_lane: no shuffles on its
-//   chain) and keep their row; -D SINK_RSQ: its normalisations by inversesqrt² (hc_math.glsl). Decode
-//   waits on the slice-0 workgroup's Sinkhorn: these shorten its chain of latencies.
 // Spec constants: 0 workgroup size, 1 CPT (chunks per invocation), 2 M (24 or 4).
 // Push: T, chunks per stream, groups per token, G, n_iter, 1/(4·D), norm_eps, hc_eps, partials
 //   (offset, token and split strides; entry M is Σx²), X (offset, token and stream strides, chunks),
@@ -121,20 +118,10 @@ void main() {
         uint lane = gl_SubgroupInvocationID;
         uint cb = p.c_off + tc * p.c_st;
         if (M == 24u) {
-#if defined(SINK_LANE)
-            vec4 lr[4];                        // every logits row (base_comb is this lane's row only)
-            [[unroll]] for (uint i = 0u; i < 4u; ++i) {
-                uint k0 = 8u + 4u * i, bl = p.b_off + k0 * p.b_s;
-                lr[i] = vec4(mix_of(k0, r), mix_of(k0 + 1u, r), mix_of(k0 + 2u, r), mix_of(k0 + 3u, r)) * scale_comb
-                        + vec4(base[bl], base[bl + p.b_s], base[bl + 2u * p.b_s], base[bl + 3u * p.b_s]);
-            }
-            vec4 c = hc_sinkhorn_lane(lr[0], lr[1], lr[2], lr[3], src, p.eps, p.n_iter);
-#else
             uint k0 = 8u + 4u * src;
             vec4 l = vec4(mix_of(k0, r), mix_of(k0 + 1u, r), mix_of(k0 + 2u, r), mix_of(k0 + 3u, r)) * scale_comb
                      + base_comb;
             vec4 c = hc_sinkhorn_rows4(l, p.eps, p.n_iter);
-#endif
             if (live && lane < 4u) {
                 coefs[cb + src * p.c_sj] = pre[src];
                 coefs[cb + (4u + src) * p.c_sj] = hc_gate(mix_of(4u + src, r), scale_post, base_post, false, p.eps);

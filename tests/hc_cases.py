@@ -332,14 +332,11 @@ def run_chain(ex, inputs, n_sites, fused, site, views=None):
 @pytest.mark.parametrize("D, T, peak, layout, post", [
     (1, 1, 1.0, "c", {}), (5, 3, 1.0, "c", {"post_wg": 16}), (64, 8, 10.0, "c", {"post_wg": 32}),
     (64, 9, 1.0, "c", {}), (33, 4, 1.0, "streams_outer", {}), (4096, 1, 1.0, "c", {}),
-    (7168, 2, 1.0, "c", {"post_wg": 256}), (256, 40, 10.0, "streams_outer", {}),
-    (4096, 1, 10.0, "c", {"sink": "rows4_rsq"}), (64, 3, 1.0, "c", {"sink": "lane"}),
-    (4096, 1, 1.0, "c", {"sink": "lane_rsq"}), (33, 5, 10.0, "streams_outer", {"sink": "lane_rsq"})])
+    (7168, 2, 1.0, "c", {"post_wg": 256}), (256, 40, 10.0, "streams_outer", {})])
 def test_site_chain_site_vs_three_op_vs_unfused_vs_float64(ex, rng, D, T, peak, layout, post):
     """Two whole sites and the head collapse, the posts carrying the next mixes (HC_POST_MIX, several
     layouts) at T ≤ CARRY_MAX_T: the streams after each site, each u and the head's output on every
-    path against float64 and each other. X is also fed as a permuted [4,T,D] input (strided views).
-    sink: HC_SITE's Sinkhorn in each form (the matrix in one lane; normalised by inversesqrt²)."""
+    path against float64 and each other. X is also fed as a permuted [4,T,D] input (strided views)."""
     with tuning(hc.composite.SITE_TUNING, **post):
         site_chain_case(ex, rng, D, T, peak, layout)
 
@@ -622,17 +619,6 @@ def test_pre_gate_kernel(ex, rng, T, D):
     g = Graph()
     with pytest.raises(ValueError, match="base"):
         g.op("HC_PRE_GATE", g.input("X", (T, 4, D)), g.input("m", (T, 4)), g.input("s", (1,)), g.input("b", (24,)))
-
-
-def test_site_sinkhorn_form_is_checked():
-    """HC_SITE's sink names one of SINKHORN_FORMS; anything else is refused by name, as is an unknown param."""
-    g = Graph()
-    t = [g.input("part", (2, 3, 25)), g.input("X", (2, 4, 8)), g.input("scale", (3,)), g.input("base", (24,)),
-         g.empty((2, 24))]
-    with pytest.raises(ValueError, match=r"sink must be one of \('rows4', 'rows4_rsq', 'lane', 'lane_rsq'\), got 'fast'"):
-        g.op("HC_SITE", *t, sink="fast")
-    with pytest.raises(ValueError, match="sinkhorn"):
-        g.op("HC_SITE", *t, sinkhorn="lane")
 
 
 @pytest.mark.parametrize("T, D, m, layout", [

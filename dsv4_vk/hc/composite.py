@@ -165,7 +165,7 @@ CARRY_MAX_T = 8
 SITE_MAX_T = CARRY_MAX_T
 # HC_POST_MIX workgroup size: one chunk per invocation, so D/4/post_wg workgroups per token at decode
 # (tools/hc_tune.py sweeps it).
-SITE_TUNING = {"post_wg": 64, "sink": "rows4"}
+SITE_TUNING = {"post_wg": 64}
 # Past CARRY_MAX_T tokens a site's post may carry the next site's mixes too: HC_POST_MIX in KSPLIT's
 # layout (the new streams made, written and reduced with the next fn's slices in one pass), then the
 # next site's HC_MIX_REDUCE + HC_COEFS + HC_PRE, so that prefill reads X_new once less per site.
@@ -287,7 +287,7 @@ def _site_kernels(g, X, fn, scale, base, mix, m, hc_eps, norm_eps, n_iter, devic
     with g.tag("HC_SITE"):
         coefs = g.empty((T, m))
         u = g.op("HC_SITE", part, _unit_inner(g, X), scale, base, coefs, hc_eps=hc_eps, norm_eps=norm_eps,
-                 n_iter=n_iter, sink=SITE_TUNING["sink"])
+                 n_iter=n_iter)
     return u, coefs
 
 

@@ -291,15 +291,12 @@ def _site_m(part, scale, base):
 
 @register
 class HcSite(OpDef):
-    """HC_SITE(partials [T,G,m+1], X [T,4,D], scale, base, coefs [T,m], hc_eps=, norm_eps=, n_iter=, sink=)
-    -> u [T,D].
+    """HC_SITE(partials [T,G,m+1], X [T,4,D], scale, base, coefs [T,m], hc_eps=, norm_eps=, n_iter=) -> u [T,D].
 
     The rest of a site's pre side from its mixes' partial sums (hc_site.comp): mixes, gates,
     Sinkhorn, the pre collapse u. Also writes its argument `coefs` (an empty tensor the graph
     function made: written_inputs): m = 24, a site: pre | post | comb (HC_COEFS's layout); m = 4, the
-    head collapse: its 4 pre gates. sink: the Sinkhorn's form (SINKHORN_FORMS): "rows4" (4 lanes, a
-    row each: column sums by shuffles) or "lane" (the matrix in each lane), "_rsq" normalising by
-    inversesqrt² instead of dividing."""
+    head collapse: its 4 pre gates."""
     name, n_inputs = "HC_SITE", 5
     written_inputs = (4,)
 
@@ -315,8 +312,6 @@ class HcSite(OpDef):
         check_n_iter(params.get("n_iter", 20))
         check_unit_inner(self.name, "X", X)
         check_partials(self.name, part)
-        check_params(self.name, params, ("hc_eps", "norm_eps", "n_iter", "sink"))
-        _sink_defines(self.name, params.get("sink", "rows4"))
         return (X.shape[0], X.shape[2]), "f32"
 
     def lower(self, node, device):
@@ -334,9 +329,8 @@ class HcSite(OpDef):
                          part.offset, part.strides[0], part.strides[1], X.offset // unit, *strides_in(X, unit),
                          scale.offset, scale.strides[0], base.offset, base.strides[0],
                          u.offset // unit, u.strides[0] // unit, coefs.offset, *coefs.strides)
-        defines = {**({"VEC4": 1} if vec4 else {}), **_sink_defines(self.name, node.params.get("sink", "rows4"))}
         return [Launch("hc_site", [part, X, scale, base, coefs, u], (4, 5), push, grid_1d(T * gpt, 1),
-                       defines=defines, spec=(wg, cpt, m1 - 1),
+                       defines={"VEC4": 1} if vec4 else {}, spec=(wg, cpt, m1 - 1),
                        full_subgroups=full_subgroups_for(device, wg))]
 
     def reference(self, part, X, scale, base, coefs=None, hc_eps=1e-6, norm_eps=1e-6, n_iter=20):
@@ -345,16 +339,6 @@ class HcSite(OpDef):
         w = (reference_coefs(mix, scale, base, hc_eps, n_iter)[:, :HC] if mix.shape[1] == N_MIX
              else _sigmoid(mix * as_f64(scale)[0] + as_f64(base)) + hc_eps)
         return reference_pre(X, w)
-
-
-SINKHORN_FORMS = ("rows4", "rows4_rsq", "lane", "lane_rsq")
-
-
-def _sink_defines(op, sink):
-    """hc_site.comp's defines for a Sinkhorn form (ValueError naming the forms for any other)."""
-    if sink not in SINKHORN_FORMS:
-        raise ValueError(f"{op}: sink must be one of {SINKHORN_FORMS}, got {sink!r}")
-    return {**({"SINK_LANE": 1} if sink.startswith("lane") else {}), **({"SINK_RSQ": 1} if sink.endswith("_rsq") else {})}
 
 
 def full_subgroups_for(device, wg):
