@@ -2,7 +2,7 @@
 #extension GL_GOOGLE_include_directive : require
 //! variants: - | VEC4 ; - | FINAL | KSPLIT | KSPLIT POST | KSPLIT KS=32 | KSPLIT KS=32 POST
 //! variants: VEC4 TC ; - | POST ; - | CM_NV CM_N=8 | CM_NV CM_N=16
-//! variants: REDUCE ; - | TOKEN_WG
+//! variants: REDUCE
 // HC_MIX family: a site's flat RMS norm and mixes mat-mul, mix[t,j] = (x_t · fn[j]) / sqrt(mean(x_t²)
 // + norm_eps) with x_t = X[t] flattened (4·D), reading each token's X once for all M mixes and its
 // sum of squares.
@@ -60,9 +60,6 @@
 //   same order (k = 16·stream + 4·chunk + component), so the products are the same sums.
 // -D REDUCE: the second pass, one invocation per (t, j): Σ over the G partials, then the
 //   norm: mix[t, j] = Σ dot / sqrt(Σ Σx² / (4·D) + norm_eps).
-//   -D TOKEN_WG: a workgroup per token instead: invocation i sums splits i, i + WG, ... (the token's
-//   partials read as one contiguous block, each once), then the workgroup's reduction of the M + 1
-//   sums (hc_mixacc.glsl's mixacc_put, wg_reduce.glsl) and the same norm.
 // Spec constants: 0 workgroup size (TC: 128), 1 M (mix rows: a multiple of 4, ≤ 24); KSPLIT also 2 LPT (lanes
 //   per token), 3 TPL (tokens per lane group, 1, 2 or 4) and 4 RH (row groups, 1 or 2).
 // Push (all but REDUCE): T, chunks per stream, slice (chunks per split), G, 1/(4·D), norm_eps,
@@ -86,33 +83,6 @@ layout(push_constant) uniform P {
     uint o_off, o_st, o_sj;
 } p;
 
-#if defined(TOKEN_WG)
-#define WG_NV (M + 1u)
-#define WG_NV_MAX 25
-#include "wg_reduce.glsl"
-#include "hc_mixacc.glsl"
-
-void main() {
-    uint t = flat_group();
-    if (t >= p.T) return;                      // (workgroup-uniform: folded grids overshoot)
-    MixAcc A = mixacc_zero();
-    for (uint i = gl_LocalInvocationID.x; i < p.G; i += gl_WorkGroupSize.x) {
-        uint b = p.p_off + t * p.p_st + i * p.p_sg;
-        A.a0 += vec4(part[b], part[b + 1u], part[b + 2u], part[b + 3u]);
-        if (M > 4u) A.a1 += vec4(part[b + 4u], part[b + 5u], part[b + 6u], part[b + 7u]);
-        if (M > 8u) A.a2 += vec4(part[b + 8u], part[b + 9u], part[b + 10u], part[b + 11u]);
-        if (M > 12u) A.a3 += vec4(part[b + 12u], part[b + 13u], part[b + 14u], part[b + 15u]);
-        if (M > 16u) A.a4 += vec4(part[b + 16u], part[b + 17u], part[b + 18u], part[b + 19u]);
-        if (M > 20u) A.a5 += vec4(part[b + 20u], part[b + 21u], part[b + 22u], part[b + 23u]);
-        A.ss += part[b + M];
-    }
-    mixacc_put(A);
-    barrier();
-    float rn = sqrt(wg_total(M) * p.inv_k + p.norm_eps);
-    for (uint k = gl_LocalInvocationID.x; k < M; k += gl_WorkGroupSize.x)
-        mix_out[p.o_off + t * p.o_st + k * p.o_sj] = wg_total(k) / rn;
-}
-#else
 void main() {
     uint i = flat_index();
     if (i >= p.T * M) return;
@@ -151,7 +121,6 @@ void main() {
     mix_out[p.o_off + t * p.o_st + j * p.o_sj] = ((dt.x + dt.y) + (dt.z + dt.w)) /
         sqrt(((st.x + st.y) + (st.z + st.w)) * p.inv_k + p.norm_eps);
 }
-#endif
 
 #else
 #if defined(VEC4)

@@ -422,12 +422,11 @@ def site_chain_case(ex, rng, D, T, peak, layout):
 @given(T=st.integers(1, 12), D=st.integers(1, 70), m=st.sampled_from([4, 24]), layout=st.sampled_from(["c", "strided"]),
        wg=st.sampled_from([16, 64]), groups=st.integers(1, 6), split=st.sampled_from([0, 16, 32]),
        lpt=st.sampled_from([1, 2, 4]), tb=st.sampled_from([1, 5, 64]), tpl=st.sampled_from([1, 2, 4]),
-       rh=st.sampled_from([1, 2]), kernel=st.sampled_from([None, "tc"]), reduce=st.sampled_from(["rows", "token"]),
-       seed=st.integers(0, 2**32 - 1))
-def test_mix_kernels_hypothesis(ex, T, D, m, layout, wg, groups, split, lpt, tb, tpl, rh, kernel, reduce, seed):
+       rh=st.sampled_from([1, 2]), kernel=st.sampled_from([None, "tc"]), seed=st.integers(0, 2**32 - 1))
+def test_mix_kernels_hypothesis(ex, T, D, m, layout, wg, groups, split, lpt, tb, tpl, rh, kernel, seed):
     """The mixes through any HC_MIX layout (the per-token kernel: workgroup size, D splits; KSPLIT: chunks
     per split, lanes per token, tokens per block, tokens per lane group, row groups) as HC_MIX or HC_MIX_PART +
-    HC_MIX_REDUCE (either form), any D (vec4 or scalar), m rows, X contiguous or a permuted [4,T,D] input; and
+    HC_MIX_REDUCE, any D (vec4 or scalar), m rows, X contiguous or a permuted [4,T,D] input; and
     HC_MIX_PART's partials against their float64 layout (the tensor-core kernel: D a multiple of 4).
     KSPLIT's fn slice past the device's shared memory (splits of 32 vec4 chunks, 24 rows, on lavapipe) is
     HCUnsupported naming it."""
@@ -435,36 +434,12 @@ def test_mix_kernels_hypothesis(ex, T, D, m, layout, wg, groups, split, lpt, tb,
     D = 4 * -(-D // 4) if kernel == "tc" else D
     rh = rh if lpt * rh <= ex.device.subgroup_size else 1
     fn_bytes = m * 4 * split * (4 if D % 4 == 0 else 1) * 4         # KSPLIT's staged fn slice
-    with tuning(mix_kernels.MIX_TUNING, wg=wg, groups=groups, split=split, lpt=lpt, tb=tb, tpl=tpl, rh=rh, kernel=kernel,
-                reduce=reduce):
+    with tuning(mix_kernels.MIX_TUNING, wg=wg, groups=groups, split=split, lpt=lpt, tb=tb, tpl=tpl, rh=rh, kernel=kernel):
         if kernel is None and fn_bytes > ex.device.caps.limits.max_shared_memory:
             with pytest.raises(HCUnsupported, match=f"split {split} stages {fn_bytes} B of fn in shared memory"):
                 mix_layouts_case(ex, T, D, m, layout, seed)
         else:
             mix_layouts_case(ex, T, D, m, layout, seed)
-
-
-@pytest.mark.parametrize("T,G,m", [(1, 64, 24), (37, 3, 24), (5, 300, 24), (70, 112, 4), (9, 64, 8), (4, 17, 5)])
-def test_mix_reduce_forms(ex, rng, T, G, m):
-    """HC_MIX_REDUCE in both forms — an invocation per mix, a workgroup per token (G past the workgroup:
-    several splits an invocation; m = 5 runs the rows form) — from strided partials (a view of a wider
-    tensor) against float64 and each other; a form that is neither is refused by name."""
-    wide = rng.uniform(-1, 1, (T, G + 3, m + 1)).astype(np.float32)
-    wide[:, :, m] = rng.uniform(0.5, 2.0, (T, G + 3))                 # Σx² partials are positive
-    width = 4 * 512
-    part = wide[:, 1:G + 1]
-    ref = mix_kernels.HcMixReduce().reference(part, norm_eps=1e-6, width=width)
-    outs = {}
-    for form in mix_kernels.REDUCE_FORMS:
-        (mix,), _ = run(ex, {"wide": wide}, lambda g, t: g.op("HC_MIX_REDUCE", t["wide"][:, 1:G + 1], norm_eps=1e-6,
-                                                                width=width, form=form))
-        mag = mix_kernels.HcMixReduce().reference(np.abs(part), norm_eps=1e-6, width=width)
-        assert (np.abs(mix - ref) <= 4 * G * U * np.abs(mag) + 1e-7).all(), (form, np.abs(mix - ref).max())
-        outs[form] = mix
-    assert nmse(outs["token"], outs["rows"]) <= 1e-12
-    g = Graph()
-    with pytest.raises(ValueError, match=r"form must be one of \('rows', 'token'\), got 'tile'"):
-        g.op("HC_MIX_REDUCE", g.input("p", (T, G, m + 1)), width=width, form="tile")
 
 
 @pytest.mark.parametrize("T,D,lpt,tb", [(70, 64, 4, 64), (9, 8, 2, 5), (33, 5, 1, 64), (1, 12, 4, 1)])

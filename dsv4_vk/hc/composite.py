@@ -249,7 +249,7 @@ def _mixes(g, X, fn, norm_eps, fused, device):
         if layout["groups"] == 1 and not layout["split"]:
             return g.op("HC_MIX", X, fn, norm_eps=norm_eps, wg=layout["wg"])
         part = g.op("HC_MIX_PART", X, fn, **layout)
-        return g.op("HC_MIX_REDUCE", part, norm_eps=norm_eps, width=HC * D, form=mix_kernels.reduce_form())
+        return g.op("HC_MIX_REDUCE", part, norm_eps=norm_eps, width=HC * D)
     x = (X if X.is_contiguous else g.op("CONT", X)).reshape(T, HC * D)
     return g.op("MUL_MAT", g.op("RMS_NORM", x, eps=norm_eps), fn)
 
@@ -344,8 +344,7 @@ def site_pre(g, X, fn, scale, base, *, hc_eps=1e-6, norm_eps=1e-6, n_iter=20, fu
 def _carried_or_mixes(g, X, fn, norm_eps, fused, device, carry):
     """The mixes [T,m]: HC_MIX_REDUCE of the carried partials where given (fused), else `_mixes`."""
     if carry is not None and fused:
-        return g.op("HC_MIX_REDUCE", carry, norm_eps=norm_eps, width=HC * X.shape[2],
-                    form=mix_kernels.reduce_form())
+        return g.op("HC_MIX_REDUCE", carry, norm_eps=norm_eps, width=HC * X.shape[2])
     return _mixes(g, X, fn, norm_eps, fused, device)
 
 

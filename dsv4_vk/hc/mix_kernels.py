@@ -17,12 +17,7 @@ from ..ops.base import Launch, OpDef, check_params, check_shape, grid_1d, pack_p
 
 # HC_MIX layout knobs (tools/hc_tune.py sweeps them); None: the rule of mix_layout.
 MIX_TUNING = {"wg": None, "groups": None, "split": None, "lpt": None, "tb": None, "tpl": None, "rh": None,
-              "kernel": None, "reduce": None}
-# HC_MIX_REDUCE's forms (MIX_TUNING["reduce"]; None: REDUCE_FORM): "rows", one invocation per (token,
-# mix) adding the G splits 16 loads at a time; "token", a workgroup per token reading its partials as
-# one block and reducing them across the workgroup (M a multiple of 4, at most 24; others run "rows").
-REDUCE_FORMS = ("rows", "token")
-REDUCE_FORM = "rows"
+              "kernel": None}
 MIX_KERNELS = ("token", "ksplit", "tc")
 # Workgroups a mixes pass aims for (a few per compute unit of a large GPU; a CPU device runs
 # workgroups on its cores one after another, so a few suffice there).
@@ -329,28 +324,18 @@ class HcMixPartials(OpDef):
         return reference_mix_partials(X, fn, groups, 4 if D % 4 == 0 else 1, split)
 
 
-def reduce_form():
-    """HC_MIX_REDUCE's form: MIX_TUNING["reduce"], else REDUCE_FORM."""
-    return MIX_TUNING["reduce"] or REDUCE_FORM
-
-
 @register
 class HcMixReduce(OpDef):
-    """HC_MIX_REDUCE(partials [T,G,m+1], norm_eps=, width=4·D, form=) -> mix [T,m] = Σ dots / sqrt(Σ Σx² /
-    width + norm_eps). form (REDUCE_FORMS): "rows" (an invocation per mix) or "token" (a workgroup per
-    token, hc_mix.comp -D REDUCE -D TOKEN_WG; m a multiple of 4 up to 24, else "rows")."""
+    """HC_MIX_REDUCE(partials [T,G,m+1], norm_eps=, width=4·D) -> mix [T,m] = Σ dots / sqrt(Σ Σx² / width + norm_eps)."""
     name, n_inputs = "HC_MIX_REDUCE", 1
 
     def infer(self, inputs, params):
         (part,) = inputs
-        check_params(self.name, params, ("norm_eps", "width", "form"))
         check_shape("partials", part.shape, (None, None, None))
         if part.shape[2] < 2:
             raise ValueError(f"{self.name}: partials need m ≥ 1 dot products and Σx², got shape {part.shape}")
         check_eps("norm_eps", params.get("norm_eps", 1e-6))
         check_layout_param(self.name, params, "width")
-        if params.get("form", "rows") not in REDUCE_FORMS:
-            raise ValueError(f"{self.name}: form must be one of {REDUCE_FORMS}, got {params.get('form')!r}")
         return (part.shape[0], part.shape[2] - 1), "f32"
 
     def lower(self, node, device):
@@ -360,16 +345,10 @@ class HcMixReduce(OpDef):
         T, G, m1 = part.shape
         push = pack_push(T, G, 1.0 / node.params["width"], check_eps("norm_eps", node.params.get("norm_eps", 1e-6)),
                          part.offset, part.strides[0], part.strides[1], out.offset, *out.strides)
-        m = m1 - 1
-        if node.params.get("form", "rows") == "token" and m % 4 == 0 and m <= N_MIX:
-            wg = 64 if G <= 64 else 128 if G <= 128 else 256       # (a split an invocation where G allows)
-            check_shared(device, self.name, wg, m1)
-            return [Launch("hc_mix", [part, out], (1,), push, grid_1d(T, 1), defines={"REDUCE": 1, "TOKEN_WG": 1},
-                           spec=(wg, m, 1))]
-        return [Launch("hc_mix", [part, out], (1,), push, grid_1d(T * m, 64), defines={"REDUCE": 1},
-                       spec=(64, m, 1))]
+        return [Launch("hc_mix", [part, out], (1,), push, grid_1d(T * (m1 - 1), 64), defines={"REDUCE": 1},
+                       spec=(64, m1 - 1, 1))]
 
-    def reference(self, part, norm_eps=1e-6, width=1, form="rows"):
+    def reference(self, part, norm_eps=1e-6, width=1):
         p = as_f64(part).sum(axis=1)
         return p[:, :-1] / np.sqrt(p[:, -1:] / width + norm_eps)
 
