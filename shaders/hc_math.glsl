@@ -2,11 +2,7 @@
 // whole-site kernel (hc_site.comp), so the two paths compute gates and Sinkhorn identically.
 // Needs GL_KHR_shader_subgroup_shuffle (the includer enables it).
 
-// A gate from its mix: pre (j < 4): sigmoid(mix·scale + base) + eps; post: 2·sigmoid(mix·scale + base).
-float hc_gate(float mix, float scale, float base, bool is_pre, float eps) {
-    float s = 1.0 / (1.0 + exp(-(mix * scale + base)));
-    return is_pre ? s + eps : 2.0 * s;
-}
+#include "hc_gate.glsl"
 
 // Sinkhorn, ROWS4 layout: 4 consecutive subgroup lanes hold one token's matrix, lane & 3 = src
 // holding logits row l[src][dst 0..3] as a vec4. Softmax over dst and row sums are in-register,

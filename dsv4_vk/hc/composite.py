@@ -368,7 +368,7 @@ def _three_op_pre(g, X, fn, scale, base, hc_eps, norm_eps, n_iter, fused, device
         with g.tag("HC_COMB"):
             comb_m = comb_chain(g, mix, scale, base, hc_eps, n_iter)
     pre_choice = hc_policy.choose("HC_PRE", device, fused)
-    if comb_choice.fused and pre_choice.fused and device.supports_subgroup_op("shuffle"):
+    if comb_choice.fused and pre_choice.fused:
         # the collapse forms its own gates from the mixes (HC_PRE_GATE): it does not read HC_COEFS's
         # output, so no barrier separates the two and they run side by side
         _record(g, "HC_PRE", hc_policy.Choice(True, pre_choice.variant, pre_choice.reason + "; HC_PRE_GATE: the "

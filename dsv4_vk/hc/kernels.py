@@ -408,8 +408,6 @@ class HcPreGate(OpDef):
         x, mix, scale, base = node.inputs
         u = node.output
         check_unit_inner(self.name, "output", u)
-        require_support(self.name, device, None if device.supports_subgroup_op("shuffle") else
-                        "no subgroup shuffles in compute shaders (hc_math.glsl)")
         T, _, D = x.shape
         vec4, chunks, wg, gpt, cpt = _slice_launch_layout(D, [x, u])
         unit = 4 if vec4 else 1
