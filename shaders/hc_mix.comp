@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: - | VEC4 ; - | FINAL | KSPLIT | KSPLIT POST | KSPLIT KS=32 | KSPLIT KS=32 POST
+//! variants: - | VEC4 ; - | FINAL | KSPLIT | KSPLIT POST
 //! variants: VEC4 TC ; - | POST ; - | CM_NV CM_N=8 | CM_NV CM_N=16
 //! variants: REDUCE
 // HC_MIX family: a site's flat RMS norm and mixes mat-mul, mix[t,j] = (x_t · fn[j]) / sqrt(mean(x_t²)
@@ -19,7 +19,8 @@
 //            layout the whole-site kernel (hc_site.comp) and -D REDUCE finish;
 //   FINAL:   (G = 1 only) mix[t, j] directly.
 // -D KSPLIT (many tokens; partials): workgroup g → token block g / G (push tb tokens) and split g % G
-//   of S chunks per stream (16, or -D KS=32). The split's fn slice (M·4·S chunks) is staged once in shared
+//   of S = 16 chunks per stream (32 was slower on the H200). The split's fn slice (M·4·S chunks) is staged
+//   once in shared
 //   memory and every token of the block streams through it: fn is read from memory once per block
 //   of tokens, and from shared memory (a broadcast across the block's tokens) inside. LPT (spec 2)
 //   consecutive subgroup lanes take one token (chunks lane, lane+LPT, ...), summed by shuffles;
@@ -29,7 +30,7 @@
 //   of 8) two groups of LPT lanes take the same tokens, each half of the rows: per fn chunk loaded, as
 //   many products, but each lane holds half the sums, so TPL can double for the same registers
 //   (4 tokens × 12 rows: 3 products per operand loaded, against 1.85 with 2 × 24).
-//   (Shared arrays have compile-time sizes here: 24·4·S chunks, 24 or 48 KiB with vec4.)
+//   (Shared arrays have compile-time sizes here: 24·4·S chunks, 24 KiB with vec4.)
 //   Each token's X is read once.
 // -D KSPLIT -D POST (HC_POST_MIX for many tokens: a layer boundary at prefill): the streams are not
 //   read from X but made by the post, X_new[t,d,:] = f[t,:]·post[t,d] + Σ_s comb[t,s,d]·res[t,s,:]
@@ -158,11 +159,7 @@ layout(push_constant) uniform P {
 
 #if defined(KSPLIT)
 #extension GL_KHR_shader_subgroup_shuffle : require
-#if defined(KS)
-const uint S = KS;                              // chunks per split and stream (a define: fs has a fixed size)
-#else
-const uint S = 16;
-#endif
+const uint S = 16;                              // chunks per split and stream (mix_kernels.KSPLIT_S)
 layout(constant_id = 2) const uint LPT = 4;     // lanes per token (a power of two ≤ the subgroup)
 layout(constant_id = 3) const uint TPL = 1;     // tokens per group of LPT lanes: 1, 2 or 4
 layout(constant_id = 4) const uint RH = 1;      // row groups: RH groups of LPT lanes share tokens, M / RH rows each

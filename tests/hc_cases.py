@@ -345,18 +345,12 @@ def test_site_chain_site_vs_three_op_vs_unfused_vs_float64(ex, rng, D, T, peak, 
                                                    (256, 40, "streams_outer", "ksplit"), (4096, 65, "c", "ksplit"),
                                                    (68, 70, "c", "tc"), (33, 9, "c", "tc"),
                                                    (256, 40, "streams_outer", "tc"), (4096, 65, "c", "tc"),
-                                                   (64, 300, "c", "ksplit-gpu"), (36, 130, "streams_outer", "ksplit-gpu"),
-                                                   (33, 70, "c", "ksplit32"), (71, 40, "streams_outer", "ksplit32")])
+                                                   (64, 300, "c", "ksplit-gpu"), (36, 130, "streams_outer", "ksplit-gpu")])
 def test_site_chain_carrying_at_prefill(ex, rng, D, T, layout, kernel, monkeypatch):
     """The chain with PREFILL_CARRY: past CARRY_MAX_T each post is HC_POST_MIX in KSPLIT's layout, or the
     tensor-core kernel's (where the streams are vec4-aligned; odd D keeps KSPLIT), and the next site starts
     from HC_MIX_REDUCE of its partials (three-op path; the site kernels when forced). ksplit-gpu: lowered
-    as for a GPU, KSPLIT in the carry's own layout (PREFILL_CARRY's tb, lpt, tpl: 128-token blocks);
-    ksplit32: the carry's splits of 32 chunks (PREFILL_CARRY["split"]), whose partials HC_MIX_REDUCE and
-    HC_SITE take as any other (scalar chunks: 24 rows of 32 vec4 chunks need 48 KiB of shared memory,
-    lavapipe has 32; test_post_mix_partials runs vec4 chunks with 16 rows)."""
-    split = 32 if kernel == "ksplit32" else 16
-    kernel = "ksplit" if kernel == "ksplit32" else kernel
+    as for a GPU, KSPLIT in the carry's own layout (PREFILL_CARRY's tb, lpt, tpl: 128-token blocks)."""
 
     def carry_params():
         g = Graph()
@@ -370,9 +364,9 @@ def test_site_chain_carrying_at_prefill(ex, rng, D, T, layout, kernel, monkeypat
         kernel = "ksplit"
         assert {k: carry_params()[k] for k in ("tb", "lpt", "tpl")} == \
             {k: hc.composite.PREFILL_CARRY[k] for k in ("tb", "lpt", "tpl")}
-    with tuning(hc.composite.PREFILL_CARRY, prefill=True, kernel=kernel, split=split):
+    with tuning(hc.composite.PREFILL_CARRY, prefill=True, kernel=kernel):
         assert hc.carries(ex.device, True, T, None) and hc.carries(ex.device, True, T, True)
-        assert kernel == "tc" or carry_params()["split"] == split
+        assert kernel == "tc" or carry_params()["split"] == mix_kernels.KSPLIT_S
         site_chain_case(ex, rng, D, T, 1.0, layout)
 
 
@@ -420,26 +414,19 @@ def site_chain_case(ex, rng, D, T, peak, layout):
 
 @settings(max_examples=16, deadline=None, database=None)     # each layout is a new pipeline (≈ 0.1 s here)
 @given(T=st.integers(1, 12), D=st.integers(1, 70), m=st.sampled_from([4, 24]), layout=st.sampled_from(["c", "strided"]),
-       wg=st.sampled_from([16, 64]), groups=st.integers(1, 6), split=st.sampled_from([0, 16, 32]),
+       wg=st.sampled_from([16, 64]), groups=st.integers(1, 6), split=st.sampled_from([0, 16]),
        lpt=st.sampled_from([1, 2, 4]), tb=st.sampled_from([1, 5, 64]), tpl=st.sampled_from([1, 2, 4]),
        rh=st.sampled_from([1, 2]), kernel=st.sampled_from([None, "tc"]), seed=st.integers(0, 2**32 - 1))
 def test_mix_kernels_hypothesis(ex, T, D, m, layout, wg, groups, split, lpt, tb, tpl, rh, kernel, seed):
     """The mixes through any HC_MIX layout (the per-token kernel: workgroup size, D splits; KSPLIT: chunks
     per split, lanes per token, tokens per block, tokens per lane group, row groups) as HC_MIX or HC_MIX_PART +
     HC_MIX_REDUCE, any D (vec4 or scalar), m rows, X contiguous or a permuted [4,T,D] input; and
-    HC_MIX_PART's partials against their float64 layout (the tensor-core kernel: D a multiple of 4).
-    KSPLIT's fn slice past the device's shared memory (splits of 32 vec4 chunks, 24 rows, on lavapipe) is
-    HCUnsupported naming it."""
+    HC_MIX_PART's partials against their float64 layout (the tensor-core kernel: D a multiple of 4)."""
     wg = max(wg, ex.device.subgroup_size)
     D = 4 * -(-D // 4) if kernel == "tc" else D
     rh = rh if lpt * rh <= ex.device.subgroup_size else 1
-    fn_bytes = m * 4 * split * (4 if D % 4 == 0 else 1) * 4         # KSPLIT's staged fn slice
     with tuning(mix_kernels.MIX_TUNING, wg=wg, groups=groups, split=split, lpt=lpt, tb=tb, tpl=tpl, rh=rh, kernel=kernel):
-        if kernel is None and fn_bytes > ex.device.caps.limits.max_shared_memory:
-            with pytest.raises(HCUnsupported, match=f"split {split} stages {fn_bytes} B of fn in shared memory"):
-                mix_layouts_case(ex, T, D, m, layout, seed)
-        else:
-            mix_layouts_case(ex, T, D, m, layout, seed)
+        mix_layouts_case(ex, T, D, m, layout, seed)
 
 
 @pytest.mark.parametrize("T,D,lpt,tb", [(70, 64, 4, 64), (9, 8, 2, 5), (33, 5, 1, 64), (1, 12, 4, 1)])
@@ -477,19 +464,22 @@ def test_mix_row_groups(ex, rng, T, D, m, tpl, layout):
         mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
 
 
-@pytest.mark.parametrize("T,D,m,rh,layout", [(130, 257, 24, 2, "c"), (70, 256, 16, 1, "strided"), (300, 96, 8, 2, "c"),
-                                            (33, 7, 24, 1, "c"), (65, 640, 12, 1, "c")])
-def test_mix_ksplit_32_chunk_splits(ex, rng, T, D, m, rh, layout):
-    """KSPLIT with splits of 32 chunks a stream (half the partials, X read in 512-byte pieces): scalar
-    chunks (odd D: 257, 7), vec4 chunks with 8–16 rows (24 vec4 rows need 48 KiB of shared memory,
-    more than lavapipe's 32), a last split shorter than 32 chunks (96, 640), one or two row groups, a
-    permuted X; against float64."""
-    lpt = max(1, min(4, ex.device.subgroup_size // rh))
-    with tuning(mix_kernels.MIX_TUNING, kernel="ksplit", split=32, rh=rh, tpl=4 if rh == 2 else 2, lpt=lpt,
-                wg=max(16, ex.device.subgroup_size), tb=64):
-        lay = mix_kernels.mix_layout(ex.device, T, D // (4 if D % 4 == 0 else 1))
-        assert lay["split"] == 32
-        mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
+def test_ksplit_split_and_shared_memory_are_checked(ex, rng, monkeypatch):
+    """KSPLIT takes splits of 16 chunks only (MIX_TUNING["split"] = 32, removed, is refused by name), and a
+    fn slice past the device's shared memory is HCUnsupported naming both sizes (here a device that
+    reports 16 KiB: 24 rows × 4 streams × 16 vec4 chunks stage 24 KiB)."""
+    i = site_inputs(rng, 70, 64, m=24)
+    feed = {"X": i["X"], "fn": i["fn"]}
+    wg = max(16, ex.device.subgroup_size)
+    with tuning(mix_kernels.MIX_TUNING, kernel="ksplit", split=32, wg=wg, lpt=1, tb=64, tpl=1, rh=1):
+        with pytest.raises(ValueError, match=r"split must be 16 with partials of groups = ceil\(16 / 16\), got split 32"):
+            run(ex, feed, lambda g, t: hc.mixes(g, t["X"], t["fn"]))
+    caps = ex.device.caps
+    monkeypatch.setattr(ex.device, "caps", dataclasses.replace(caps, limits=dataclasses.replace(
+        caps.limits, max_shared_memory=16384)))
+    with tuning(mix_kernels.MIX_TUNING, kernel="ksplit", wg=wg, lpt=1, tb=64, tpl=1, rh=1):
+        with pytest.raises(HCUnsupported, match="split 16 stages 24576 B of fn in shared memory, .* has 16384 B"):
+            run(ex, feed, lambda g, t: hc.mixes(g, t["X"], t["fn"]))
 
 
 def test_mix_row_groups_refuse_what_the_subgroup_cannot_hold(ex, rng):
@@ -626,12 +616,12 @@ def test_pre_gate_kernel(ex, rng, T, D):
     (2, 64, 24, {"wg": 4, "partial_subgroup": True}),
     (9, 64, 24, {"split": 16, "lpt": 4, "tb": 64, "tpl": 2}), (70, 5, 4, {"split": 16, "lpt": 1, "tb": 5, "tpl": 1}),
     (130, 260, 24, {"split": 16, "lpt": 2, "tb": 64, "tpl": 2}), (65, 4096, 24, {"split": 16, "lpt": 4, "tb": 256, "tpl": 2}),
-    (130, 257, 24, {"split": 32, "lpt": 2, "tb": 64, "tpl": 2}), (70, 640, 16, {"split": 32, "lpt": 4, "tb": 64, "tpl": 1})])
+    (130, 257, 24, {"split": 16, "lpt": 2, "tb": 64, "tpl": 2}), (70, 640, 16, {"split": 16, "lpt": 4, "tb": 64, "tpl": 1})])
 def test_post_mix_partials(ex, rng, T, D, m, layout):
     """HC_POST_MIX alone: the new streams (as HC_POST) and the next fn's partial sums against float64,
     per D slice of wg/4 chunks (hc_post.comp -D MIX_NEXT) or, with split, per split of 16 chunks in
-    KSPLIT's layout (hc_mix.comp -D KSPLIT -D POST: partial token blocks, scalar chunks at odd D, splits of
-    16 or 32 chunks); a residual fed as a permuted [4,T,D] input (strided)."""
+    KSPLIT's layout (hc_mix.comp -D KSPLIT -D POST: partial token blocks, scalar chunks at odd D, a last
+    split shorter than 16 chunks); a residual fed as a permuted [4,T,D] input (strided)."""
     split = layout.get("split", 0)
     partial = layout.get("partial_subgroup", False)   # wg 4: one chunk per destination stream, a workgroup
     layout = {k: v for k, v in layout.items() if k != "partial_subgroup"}   # smaller than the subgroup

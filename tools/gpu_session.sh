@@ -7,7 +7,7 @@
 #   . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH; bash tools/gpu_session.sh $OUT [STEP ...]
 #
 # STEP: eval, library, soak, site, profile, model, decode, variants, mix, tc, mixtests, layout, tc_ablate,
-# spread, timeline, v4tests, mqa_ablate, mix_ablate, carry_ablate, ks32 (default: the first six, in that order; decode: tools/bench_decode_ops.py, the model's decode kernels and their
+# spread, timeline, v4tests, mqa_ablate, mix_ablate, carry_ablate (default: the first six, in that order; decode: tools/bench_decode_ops.py, the model's decode kernels and their
 # variants; variants: the model bench with fused series at other kernel knobs — a call of its own;
 # mix: the mixes kernels for many tokens, KSPLIT against TC, and the prefill site with and without
 # its post carrying the next mixes, each dispatch timed on its own; tc: the tensor-core mixes kernel —
@@ -18,8 +18,7 @@
 # decode step dispatch by dispatch, profiled; v4tests: the model's kernels against float64 at the
 # device's subgroup size; mqa_ablate: tools/ablate_mqa.py, the tiled MQA_ATTENTION with parts of it removed;
 # mix_ablate: tools/ablate_mix.py, KSPLIT (HC_MIX at prefill) with parts removed; carry_ablate: the
-# same tool on the carrying post inside the prefill site; ks32: HC_MIX with KSPLIT's splits of 16 and of 32
-# chunks). A call may run
+# same tool on the carrying post inside the prefill site). A call may run
 # 10 minutes: split them, e.g. `eval library soak profile`, then `site model`. `model` needs the
 # safetensors and ml_dtypes wheels in .vkdev/whl (results/README.md); `site` needs PyTorch with CUDA. Files in
 # results.tgz: eval_h200.{txt,json}, bench_library_h200.{txt,json}, soak_library_h200.{txt,json},
@@ -86,16 +85,7 @@ for s in $steps; do
                      tests/test_model_ops.py ;;
         mqa_ablate) step mqa_ablate 300 ablate_mqa_h200.txt python3 tools/ablate_mqa.py ;;
         mix_ablate) step mix_ablate 300 ablate_mix_h200.txt python3 tools/ablate_mix.py base nofnlds noproducts noxload ;;
-        ks32) step ks32 200 hc_tune_ks32_h200.txt python3 tools/hc_tune.py --ops HC_MIX --t 512,4096 --d 4096,7168 \
-                  --set mix.split=16,32 --per-dispatch --out "$r/hc_tune_ks32_h200.json"
-              step ks32_carry 200 hc_tune_ks32_carry_h200.txt python3 tools/hc_tune.py --ops HC_SITE --t 512,4096 \
-                  --d 4096,7168 --site-path three-op --set carry.split=16,32 --per-dispatch \
-                  --out "$r/hc_tune_ks32_carry_h200.json" ;;
-        carry_ablate) step carry_ablate 300 ablate_carry_h200.txt python3 tools/ablate_mix.py carry carry_nofnlds \
-                          carry_noproducts carry_nopost carry_nostore carry_noxload ;;
-        timeline) step timeline 300 model_timeline_h200.txt python3 tools/model_gpu_bench.py --timeline \
-                      --skip unfused,multi,host --out "$r/model_timeline_h200.json" ;;
-        *) echo "unknown step $s (eval, library, soak, site, profile, model, decode, variants, mix, tc, mixtests, layout, tc_ablate, spread, timeline, v4tests, mqa_ablate, mix_ablate, carry_ablate, ks32)" >> "$summary" ;;
+        *) echo "unknown step $s (eval, library, soak, site, profile, model, decode, variants, mix, tc, mixtests, layout, tc_ablate, spread, timeline, v4tests, mqa_ablate, mix_ablate, carry_ablate)" >> "$summary" ;;
     esac
 done
 tar czf "$out/results.tgz" -C "$out" r

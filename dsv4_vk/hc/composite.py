@@ -181,9 +181,8 @@ SITE_TUNING = {"post_wg": 64}
 # against 49.7 / 86.5 at T = 512 (H200, results/h200/hc_tune_layout_h200.txt, hc_tune_layout_mix_h200.txt).
 # One row group: the carry with two (each making the post) took 520.2 µs with one token a group and 408.1
 # with two, against 295.2 (T = 4096, D = 4096, results/h200/hc_tune_rh_carry_h200.txt).
-# "split": KSPLIT's chunks a split and stream for the carry (16, or 32: half the partials and the
-# residual read in 512-byte pieces; not yet timed: tools/hc_tune.py --set carry.split=16,32).
-PREFILL_CARRY = {"prefill": True, "kernel": "ksplit", "tb": 128, "lpt": 2, "tpl": 1, "rh": 1, "split": 16}
+# KSPLIT's splits of 16 chunks (mix_kernels.KSPLIT_S; 32 were slower, also for the carry).
+PREFILL_CARRY = {"prefill": True, "kernel": "ksplit", "tb": 128, "lpt": 2, "tpl": 1, "rh": 1}
 CARRY_KERNELS = ("ksplit", "tc")
 
 
@@ -199,14 +198,7 @@ def carry_split_chunks(T: int, D: int) -> int:
     D: a HC_POST_MIX workgroup's post_wg/4 at decode, the prefill carry kernel's split past CARRY_MAX_T."""
     if T <= CARRY_MAX_T:
         return kernels.post_mix_split(SITE_TUNING["post_wg"])
-    return mix_kernels.TC_SPLIT if _prefill_carry_kernel(D % 4 == 0) == "tc" else _carry_ksplit()
-
-
-def _carry_ksplit() -> int:
-    split = PREFILL_CARRY["split"]
-    if split not in mix_kernels.KSPLIT_SPLITS:
-        raise ValueError(f"PREFILL_CARRY['split'] must be one of {mix_kernels.KSPLIT_SPLITS}, got {split!r}")
-    return split
+    return mix_kernels.TC_SPLIT if _prefill_carry_kernel(D % 4 == 0) == "tc" else mix_kernels.KSPLIT_S
 
 
 def carry_splits(T: int, D: int) -> int:
@@ -442,7 +434,7 @@ def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, d
             kernel = _prefill_carry_kernel(vec4)
             layout = mix_kernels.mix_layout(device, T, D // (4 if vec4 else 1), kernel=kernel)
             layout = {k: layout[k] for k in ("wg", "split", "lpt", "tb")} | {"tpl": min(layout["tpl"], 2)} \
-                | ({"tc": layout["tc"]} if kernel == "tc" else {"rh": layout["rh"], "split": _carry_ksplit()})
+                | ({"tc": layout["tc"]} if kernel == "tc" else {"rh": layout["rh"], "split": mix_kernels.KSPLIT_S})
             if kernel == "ksplit" and not device.caps.is_cpu:
                 layout |= {k: PREFILL_CARRY[k] for k in ("tb", "lpt", "tpl", "rh") if PREFILL_CARRY[k] is not None}
         out = g.empty(X.shape)

@@ -28,11 +28,11 @@ MIX_TARGET_GROUPS_DEFAULT = 256
 KSPLIT_MIN_T = 64
 
 
-KSPLIT_S = 16   # chunks per split and stream of KSPLIT (a define in hc_mix.comp: its shared fn slice)
-# The splits HC_MIX's KSPLIT takes (MIX_TUNING["split"]): 32 halves the splits (the partials) and reads
-# X in 512-byte pieces instead of 256, for twice the shared memory (48 KiB with vec4 chunks and 24 rows).
-# Not chosen until measured (tools/hc_tune.py --ops HC_MIX --set mix.split=16,32).
-KSPLIT_SPLITS = (16, 32)
+# Chunks per split and stream of KSPLIT (a constant in hc_mix.comp: its shared fn slice). Splits of 32
+# (half the partials, X read in 512-byte pieces, 48 KiB of fn) were slower on the H200 at every size of
+# HC_MIX (190.7 against 180.7 µs at T = D = 4096) and at 3 of 4 of the carried site
+# (results/h200/hc_tune_ks32_h200.txt, hc_tune_ks32_carry_h200.txt) and were removed (commit c5546b3 has them).
+KSPLIT_S = 16
 # KSPLIT's row groups (rh): 2 groups of lpt lanes take the same tokens, each half of the fn rows (M a
 # multiple of 8; other M run one group), so that a lane holds half the sums and tpl can double: 4 tokens
 # × 12 rows a lane, 3 products per fn operand loaded from shared memory against 1.85 with 2 × 24. On
@@ -102,7 +102,7 @@ def mix_layout(device, T, chunks, kernel=None):
     if kernel == "ksplit":
         lpt = t["lpt"] or 4
         rh = t["rh"] or (KSPLIT_RH if not cpu and lpt * KSPLIT_RH <= device.caps.subgroup.min_size else 1)
-        split = t["split"] if t["split"] in KSPLIT_SPLITS else KSPLIT_S
+        split = t["split"] or KSPLIT_S            # (any other is refused by name when lowered)
         return {"wg": t["wg"] or (64 if cpu else 256), "groups": -(-chunks // split), "split": split,
                 "lpt": lpt, "tb": t["tb"] or (64 if cpu else 256), "tpl": t["tpl"] or (4 if rh == 2 else 2), "rh": rh}
     wg = t["wg"] or max(64, device.caps.subgroup.max_size)     # (whole subgroups)
@@ -132,9 +132,9 @@ def _ksplit_pipeline(op, device, chunks, groups, m, unit, pr, tpls):
     """The KSPLIT layout's constraints (hc_mix.comp -D KSPLIT, with or without POST), then its defines
     and specialization constants (wg, m, lpt, tpl, row groups)."""
     split, wg, lpt, tpl, rh = pr.get("split", 0), pr["wg"], pr.get("lpt", 1), pr.get("tpl", 1), pr.get("rh", 1)
-    if split not in KSPLIT_SPLITS or groups != -(-chunks // split):
-        raise ValueError(f"{op}: split must be one of {KSPLIT_SPLITS} with partials of groups = "
-                         f"ceil({chunks} / split), got split {split}, groups {groups}")
+    if split != KSPLIT_S or groups != -(-chunks // split):
+        raise ValueError(f"{op}: split must be {KSPLIT_S} with partials of groups = ceil({chunks} / {KSPLIT_S}), "
+                         f"got split {split}, groups {groups}")
     if not ksplit_runs(device):
         raise HCUnsupported(f"{op}: KSPLIT needs subgroup shuffles and full subgroups, {device.name} has not")
     min_size = device.caps.subgroup.min_size
@@ -150,8 +150,7 @@ def _ksplit_pipeline(op, device, chunks, groups, m, unit, pr, tpls):
                             f"{device.name} has {device.caps.limits.max_shared_memory} B")
     if tpl not in tpls:
         raise ValueError(f"{op}: tpl (tokens per lane group) must be one of {tpls}, got {tpl}")
-    defines = {"KSPLIT": 1, **({"KS": split} if split != KSPLIT_S else {})}
-    return defines, (wg, m, lpt, tpl, ksplit_row_groups(pr, m))
+    return {"KSPLIT": 1}, (wg, m, lpt, tpl, ksplit_row_groups(pr, m))
 
 
 def ksplit_row_groups(params, m):
