@@ -8,7 +8,7 @@
 // per workgroup: a broadcast/scalar load, no shared memory + barrier, which lavapipe runs slowly).
 // The sum keeps the unfused chain's order ((w0·x0 + w1·x1) + w2·x2) + w3·x3.
 // Push: T, chunks per token, groups per token, offsets/strides (x, u in chunk units; w in floats).
-// -D GATE (HC_PRE_GATE, the three-op site at prefill): w holds the pre mixes and the weights are their
+// -D GATE (HC_PRE_GATE, the three-op site): w holds the pre mixes and the weights are their
 //   gates, w = sigmoid(mix·scale[0] + base[0..3]) + eps (hc_gate.glsl, as HC_COEFS forms
 //   them), so that the collapse needs only the mixes and runs beside HC_COEFS instead of after it.
 //   Bindings 3 scale, 4 base; push adds scale's offset, base's offset and stride, eps.
