@@ -12,17 +12,13 @@
 vec4 hc_col_sum4(vec4 v) { v += subgroupShuffleXor(v, 1u); return v + subgroupShuffleXor(v, 2u); }
 float hc_hsum(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
 
-// The iterations (rows, then columns) after the first column normalisation.
-#define HC_SINKHORN_STEP(c, eps) { c /= hc_hsum(c) + eps; c /= hc_col_sum4(c) + eps; }
-
 vec4 hc_sinkhorn_rows4(vec4 l, float eps, uint n_iter) {
     vec4 e = exp(l - max(max(l.x, l.y), max(l.z, l.w)));
     vec4 c = e / hc_hsum(e) + eps;
     c /= hc_col_sum4(c) + eps;
-    if (n_iter == 20u) {                       // the models' count: a literal trip count, fully unrolled
-        [[unroll]] for (uint it = 1u; it < 20u; ++it) HC_SINKHORN_STEP(c, eps)
-    } else {
-        for (uint it = 1u; it < n_iter; ++it) HC_SINKHORN_STEP(c, eps)
+    for (uint it = 1u; it < n_iter; ++it) {
+        c /= hc_hsum(c) + eps;
+        c /= hc_col_sum4(c) + eps;
     }
     return c;
 }
