@@ -276,7 +276,12 @@ def test_decode_replays_one_recording_and_updates_the_cache_on_the_device(monkey
     assert all_entries_fit(TINY, 13) and not all_entries_fit(TINY, 15)
     cg = m.compiled("decode", dense=True)
     rec, n, submits = cg.recording, cg.recording.n_dispatches, cg.recording.n_submits
-    before = m.ex.params["layers.0.cmp.ent"].read()
+    # windows 1, 2 already hold the entries the prefill's padded chunk made for positions past the prompt
+    # (pad token 0): the steps would write the same values again where they sample token 0, so mark them
+    ent = m.ex.params["layers.0.cmp.ent"]
+    sentinel = np.full((2, ent.shape[1]), 1e30, np.float32)
+    ent.write(sentinel, start=ent.shape[1])
+    before = ent.read()
 
     def no_recording(*a, **k):
         raise AssertionError("a decode step recorded commands")
@@ -287,9 +292,9 @@ def test_decode_replays_one_recording_and_updates_the_cache_on_the_device(monkey
     assert m.compiled("decode", dense=True) is cg and cg.recording is rec
     assert rec.n_dispatches == n and rec.n_submits == submits + 10
     assert m.position == 14
-    after = m.ex.params["layers.0.cmp.ent"].read()
+    after = ent.read()
     # positions 4..13 closed CSA windows 1, 2 (rate 4): written by the replayed steps, 0 untouched
-    assert np.array_equal(after[0], before[0]) and (after[1:3] != before[1:3]).all(axis=1).all()
+    assert np.array_equal(after[0], before[0]) and np.isfinite(after[1:3]).all() and (np.abs(after[1:3]) < 1e29).all()
 
 
 # --- multi-step decode -----------------------------------------------------------------------------------------
