@@ -162,7 +162,9 @@ def table(doc):
     if vk:
         from dsv4_vk.cli.bench import format_summary
         lines += ["", format_summary(vk["summary"])]
-    lines += [line for line in [_decode_ratio(doc)] if line]
+    ratio = _decode_ratio(doc)
+    if ratio:
+        lines.append(ratio)
     return "\n".join(lines)
 
 

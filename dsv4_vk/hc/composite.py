@@ -434,7 +434,7 @@ def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, d
             kernel = _prefill_carry_kernel(vec4)
             layout = mix_kernels.mix_layout(device, T, D // (4 if vec4 else 1), kernel=kernel)
             layout = {k: layout[k] for k in ("wg", "split", "lpt", "tb")} | {"tpl": min(layout["tpl"], 2)} \
-                | ({"tc": layout["tc"]} if kernel == "tc" else {"rh": layout["rh"], "split": mix_kernels.KSPLIT_S})
+                | ({"tc": layout["tc"]} if kernel == "tc" else {"rh": layout["rh"]})
             if kernel == "ksplit" and not device.caps.is_cpu:
                 layout |= {k: PREFILL_CARRY[k] for k in ("tb", "lpt", "tpl", "rh") if PREFILL_CARRY[k] is not None}
         out = g.empty(X.shape)

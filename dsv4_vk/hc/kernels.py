@@ -369,19 +369,27 @@ class HcPre(OpDef):
         return (x.shape[0], x.shape[2]), "f32"
 
     def lower(self, node, device):
-        x, w = node.inputs
-        u = node.output
-        check_unit_inner("HC_PRE", "output", u)
-        T, _, D = x.shape
-        vec4, chunks, wg, gpt, cpt = _slice_launch_layout(D, [x, u])
-        unit = 4 if vec4 else 1
-        push = pack_push(T, chunks, gpt, x.offset // unit, *strides_in(x, unit),
-                     w.offset, *w.strides, u.offset // unit, *strides_in(u, unit))
-        return [Launch("hc_pre", [x, w, u], (2,), push, grid_1d(T * gpt, 1),
-                       defines={"VEC4": 1} if vec4 else {}, spec=(wg, cpt))]
+        return pre_launch(node, *node.inputs)
 
     def reference(self, x, w):
         return reference_pre(x, w)
+
+
+def pre_launch(node, x, w, scale=None, base=None):
+    """hc_pre.comp's launch: HC_PRE with weights w, or with scale and base HC_PRE_GATE (-D GATE: w holds
+    the pre mixes, the node's eps param)."""
+    u = node.output
+    check_unit_inner(node.op.name, "output", u)
+    T, _, D = x.shape
+    vec4, chunks, wg, gpt, cpt = _slice_launch_layout(D, [x, u])
+    unit = 4 if vec4 else 1
+    fields = [T, chunks, gpt, x.offset // unit, *strides_in(x, unit), w.offset, *w.strides,
+              u.offset // unit, *strides_in(u, unit)]
+    args, defines = [x, w, u], {"VEC4": 1} if vec4 else {}
+    if scale is not None:
+        fields += [scale.offset, base.offset, base.strides[0], check_eps("eps", node.params.get("eps", 1e-6))]
+        args, defines = args + [scale, base], {**defines, "GATE": 1}
+    return [Launch("hc_pre", args, (2,), pack_push(*fields), grid_1d(T * gpt, 1), defines=defines, spec=(wg, cpt))]
 
 
 @register
@@ -405,17 +413,7 @@ class HcPreGate(OpDef):
         return (x.shape[0], x.shape[2]), "f32"
 
     def lower(self, node, device):
-        x, mix, scale, base = node.inputs
-        u = node.output
-        check_unit_inner(self.name, "output", u)
-        T, _, D = x.shape
-        vec4, chunks, wg, gpt, cpt = _slice_launch_layout(D, [x, u])
-        unit = 4 if vec4 else 1
-        push = pack_push(T, chunks, gpt, x.offset // unit, *strides_in(x, unit), mix.offset, *mix.strides,
-                         u.offset // unit, *strides_in(u, unit), scale.offset, base.offset, base.strides[0],
-                         check_eps("eps", node.params.get("eps", 1e-6)))
-        return [Launch("hc_pre", [x, mix, u, scale, base], (2,), push, grid_1d(T * gpt, 1),
-                       defines={"GATE": 1, **({"VEC4": 1} if vec4 else {})}, spec=(wg, cpt))]
+        return pre_launch(node, *node.inputs)
 
     def reference(self, x, mix, scale, base, eps=1e-6):
         return reference_pre(x, _sigmoid(as_f64(mix) * as_f64(scale)[0] + as_f64(base)) + eps)
