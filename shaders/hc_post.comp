@@ -70,8 +70,6 @@ layout(binding = 9) restrict writeonly buffer Coefs { float coefs[]; };
 layout(binding = 10) restrict writeonly buffer U { VEC u[]; };
 layout(binding = 11) restrict coherent buffer Count { uint count[]; };
 layout(constant_id = 3) const uint TCPT = 1;   // the last workgroup's chunks per invocation: ⌈chunks / WG⌉
-shared float tail_sum[WG_NV_MAX];              // the last workgroup's sums of the token's partials
-#define SITE_SUM(j) tail_sum[j]
 #include "hc_site.glsl"
 shared bool is_last;
 #endif
@@ -135,50 +133,23 @@ void main() {
     if (!is_last) return;                      // uniform: the workgroup's shared flag
     memoryBarrierBuffer();
     if (gl_LocalInvocationID.x == 0u) count[t] = 0u;
-    // The loads first — the new streams (clamped to the row: a chunk past it is loaded but never
-    // stored) and the gate parameters — so that their latency overlaps the partials' sums.
+    // The new streams first (clamped to the row: a chunk past it is loaded but never stored), so
+    // that their latency overlaps the partials' reduction.
     VEC xs[4u * TCPT];
     [[unroll]] for (uint k = 0u; k < TCPT; ++k) {
         uint ob = p.o_off + t * p.o_st + min(gl_LocalInvocationID.x + k * gl_WorkGroupSize.x, p.n_chunks - 1u);
         [[unroll]] for (uint s = 0u; s < 4u; ++s) xs[4u * k + s] = o[ob + s * p.o_sd];
     }
     SiteGates sg = site_gates(p.s_off, 1u, p.b_off, 1u);
-    // Invocation j ≤ M sums entry j over the G splits (four running sums: independent loads), then
-    // one barrier: cheaper than HC_SITE's workgroup reduction when only G ≪ WG rows are summed.
-    uint lid = gl_LocalInvocationID.x;
-    if (lid < WG_NV) {
-        uint b = p.q_off + t * p.q_st + lid, G = p.groups_per_token, i = 0u;
-        vec4 acc = vec4(0.0);
-        for (; i + 4u <= G; i += 4u)
-            acc += vec4(part[b + i * p.q_sg], part[b + (i + 1u) * p.q_sg], part[b + (i + 2u) * p.q_sg],
-                        part[b + (i + 3u) * p.q_sg]);
-        for (; i < G; ++i) acc.x += part[b + i * p.q_sg];
-        tail_sum[lid] = hc_hsum(acc);
-    }
-    barrier();
+    site_sum_partials(p.q_off + t * p.q_st, p.groups_per_token, p.q_sg, true);
     float rms = site_rms_inv(p.inv_k, p.norm_eps);
     vec4 pre = site_pre_gates(sg, rms, p.eps);
     [[unroll]] for (uint k = 0u; k < TCPT; ++k) {
-        uint c = lid + k * gl_WorkGroupSize.x;
+        uint c = gl_LocalInvocationID.x + k * gl_WorkGroupSize.x;
         if (c < p.n_chunks)
             u[t * p.n_chunks + c] = site_collapse(pre, xs[4u * k], xs[4u * k + 1u], xs[4u * k + 2u], xs[4u * k + 3u]);
     }
-    if (lid < 4u) {                            // lane-form Sinkhorn: no shuffles, any subgroup size
-        uint cb = t * M;
-        coefs[cb + lid] = pre[lid];
-        if (M == 24u) {
-            vec4 rows[4];
-            [[unroll]] for (uint r = 0u; r < 4u; ++r)
-                rows[r] = vec4(site_mix(8u + 4u * r, rms), site_mix(9u + 4u * r, rms), site_mix(10u + 4u * r, rms),
-                               site_mix(11u + 4u * r, rms)) * sg.scale_comb
-                          + vec4(base[p.b_off + 8u + 4u * r], base[p.b_off + 9u + 4u * r], base[p.b_off + 10u + 4u * r],
-                                 base[p.b_off + 11u + 4u * r]);
-            hc_sinkhorn_lane(rows[0], rows[1], rows[2], rows[3], p.eps, p.n_iter);
-            vec4 c = lid == 0u ? rows[0] : lid == 1u ? rows[1] : lid == 2u ? rows[2] : rows[3];
-            coefs[cb + 4u + lid] = hc_gate(site_mix(4u + lid, rms), sg.scale_post, base[p.b_off + 4u + lid], false, p.eps);
-            [[unroll]] for (uint d = 0u; d < 4u; ++d) coefs[cb + 8u + 4u * lid + d] = c[d];
-        }
-    }
+    if (gl_SubgroupID == 0u) site_coefs(sg, pre, rms, p.eps, p.n_iter, t * M, 1u, true);
 #endif
 #else
     if (t >= p.T) return;                      // folded grids overshoot

@@ -44,13 +44,9 @@ void site_sum_partials(uint b, uint G, uint sg, bool all_mixes) {
     barrier();
 }
 
-// The token's summed partials: SITE_SUM(j), j ≤ M (the includer may define it; else wg_total after
-// site_sum_partials). r = 1 / sqrt(Σx² / (4·D) + norm_eps), mix j = its dot product · r.
-#if !defined(SITE_SUM)
-#define SITE_SUM(j) wg_total(j)
-#endif
-float site_rms_inv(float inv_k, float norm_eps) { return 1.0 / sqrt(SITE_SUM(M) * inv_k + norm_eps); }
-float site_mix(uint j, float r) { return SITE_SUM(j) * r; }
+// After site_sum_partials: r = 1 / sqrt(Σx² / (4·D) + norm_eps), mix j = its dot product · r.
+float site_rms_inv(float inv_k, float norm_eps) { return 1.0 / sqrt(wg_total(M) * inv_k + norm_eps); }
+float site_mix(uint j, float r) { return wg_total(j) * r; }
 
 vec4 site_pre_gates(SiteGates q, float r, float eps) {
     vec4 pre;
