@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: - | VEC4 ; - | MIX_NEXT | MIX_NEXT SITE_NEXT
+//! variants: - | VEC4 ; - | MIX_NEXT
 // HC_POST: out[t,d,:] = f[t,:]·post[t,d] + Σ_s comb[t,s,d] · res[t,s,:]
 //   (f [T,D], res [T,4,D], post [T,4], comb [T,4,4] = comb[t,src,dst], out [T,4,D]).
 // Layout: each workgroup covers one slice of one token: group g → token g / groups_per_token,
@@ -18,17 +18,6 @@
 //   5 out, 6 partials; push adds fn_next (offset, row stride, chunks) and partials (offset, token
 //   and split strides). Layout: one destination stream per invocation, WG/4 chunks per workgroup (WG a
 //   multiple of 4); the workgroup's slice of WG/4 chunks is the split: groups per token = G.
-// -D SITE_NEXT (with MIX_NEXT; HC_POST_SITE, a layer boundary in one dispatch): the token's last
-//   workgroup to finish also forms the next site's whole pre side. Each workgroup publishes its new
-//   streams and partials (coherent stores, memoryBarrierBuffer) and then counts itself in
-//   (atomicAdd on count[t]); the one that makes the count G is the last, so every other slice's
-//   stores are visible to it: it resets the count to 0 for the next dispatch, reads the token's new
-//   streams back (TCPT chunks per invocation, spec constant 3), sums the G partials and runs
-//   hc_site.glsl — the gates, the Sinkhorn (coefs[t, 0..M-1], HC_SITE's layout, contiguous) and the
-//   collapse u[t, :] (contiguous). A workgroup that is not the last only waits at its own barriers,
-//   never for another workgroup, so any scheduling order completes. Bindings 7 scale, 8 base
-//   (unit stride), 9 coefs, 10 u, 11 count; push adds n_iter, 1/(4·D), norm_eps, hc_eps, scale and
-//   base offsets.
 #include "common.glsl"
 // Chunks per invocation (spec constant 1): a workgroup covers WG·CPT chunks, each invocation
 // CPT of them strided by WG (more independent loads in flight per invocation on GPUs).
@@ -55,24 +44,8 @@ layout(binding = 4) restrict readonly buffer Fn { VEC fn[]; };
 #define FN(i) fn[i]
 #define MIXACC_TRANSPOSE                       // HC_POST_MIX runs on the site path only: it has shuffles
 #include "hc_mixacc.glsl"
-#if defined(SITE_NEXT)
-#define NEXT_ACCESS coherent                   // read back by the token's last workgroup
-#else
-#define NEXT_ACCESS writeonly
-#endif
-layout(binding = 5) restrict NEXT_ACCESS buffer O { VEC o[]; };
-layout(binding = 6) restrict NEXT_ACCESS buffer Part { float part[]; };
-#if defined(SITE_NEXT)
-#include "hc_math.glsl"                        // (shuffles enabled by hc_mixacc.glsl's MIXACC_TRANSPOSE)
-layout(binding = 7) restrict readonly buffer Scale { float scale[]; };
-layout(binding = 8) restrict readonly buffer Base { float base[]; };
-layout(binding = 9) restrict writeonly buffer Coefs { float coefs[]; };
-layout(binding = 10) restrict writeonly buffer U { VEC u[]; };
-layout(binding = 11) restrict coherent buffer Count { uint count[]; };
-layout(constant_id = 3) const uint TCPT = 1;   // the last workgroup's chunks per invocation: ⌈chunks / WG⌉
-#include "hc_site.glsl"
-shared bool is_last;
-#endif
+layout(binding = 5) restrict writeonly buffer O { VEC o[]; };
+layout(binding = 6) restrict writeonly buffer Part { float part[]; };
 #else
 layout(binding = 4) writeonly buffer O { VEC o[]; };
 #endif
@@ -86,11 +59,6 @@ layout(push_constant) uniform P {
 #if defined(MIX_NEXT)
     uint fn_off, fn_sj;
     uint q_off, q_st, q_sg;
-#endif
-#if defined(SITE_NEXT)
-    uint n_iter;
-    float inv_k, norm_eps, eps;
-    uint s_off, b_off;
 #endif
 } p;
 
@@ -124,33 +92,6 @@ void main() {
     uint slice = g % p.groups_per_token;
     for (uint k = gl_LocalInvocationID.x; k < WG_NV && live; k += gl_WorkGroupSize.x)
         part[p.q_off + t * p.q_st + slice * p.q_sg + k] = wg_total(k);
-#if defined(SITE_NEXT)
-    memoryBarrierBuffer();                     // this invocation's stores before the count
-    barrier();                                 // ... every invocation's (and wg_red free again)
-    if (gl_LocalInvocationID.x == 0u)
-        is_last = live && atomicAdd(count[t], 1u) == p.groups_per_token - 1u;
-    barrier();
-    if (!is_last) return;                      // uniform: the workgroup's shared flag
-    memoryBarrierBuffer();
-    if (gl_LocalInvocationID.x == 0u) count[t] = 0u;
-    // The new streams first (clamped to the row: a chunk past it is loaded but never stored), so
-    // that their latency overlaps the partials' reduction.
-    VEC xs[4u * TCPT];
-    [[unroll]] for (uint k = 0u; k < TCPT; ++k) {
-        uint ob = p.o_off + t * p.o_st + min(gl_LocalInvocationID.x + k * gl_WorkGroupSize.x, p.n_chunks - 1u);
-        [[unroll]] for (uint s = 0u; s < 4u; ++s) xs[4u * k + s] = o[ob + s * p.o_sd];
-    }
-    SiteGates sg = site_gates(p.s_off, 1u, p.b_off, 1u);
-    site_sum_partials(p.q_off + t * p.q_st, p.groups_per_token, p.q_sg, true);
-    float rms = site_rms_inv(p.inv_k, p.norm_eps);
-    vec4 pre = site_pre_gates(sg, rms, p.eps);
-    [[unroll]] for (uint k = 0u; k < TCPT; ++k) {
-        uint c = gl_LocalInvocationID.x + k * gl_WorkGroupSize.x;
-        if (c < p.n_chunks)
-            u[t * p.n_chunks + c] = site_collapse(pre, xs[4u * k], xs[4u * k + 1u], xs[4u * k + 2u], xs[4u * k + 3u]);
-    }
-    if (gl_SubgroupID == 0u) site_coefs(sg, pre, rms, p.eps, p.n_iter, t * M, 1u, true);
-#endif
 #else
     if (t >= p.T) return;                      // folded grids overshoot
     // All 20 coefficients into registers before any store: the output may alias the inputs as

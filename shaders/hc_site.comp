@@ -12,8 +12,7 @@
 // token's slice-0 workgroup also writes the coefficients: with M = 24 (a site) coefs[t, 0..23] =
 // pre gates | post gates | comb (HC_COEFS's layout; lanes 0..3 of subgroup 0 run the ROWS4
 // Sinkhorn of hc_math.glsl, so any subgroup size ≥ 4 works), with M = 4 (the head collapse) the 4
-// pre gates. The collapse keeps the unfused chain's order ((w0·x0 + w1·x1) + w2·x2) + w3·x3. The
-// reduction, gates, Sinkhorn and coefficients are hc_site.glsl's, shared with HC_POST_SITE.
+// pre gates. The collapse keeps the unfused chain's order ((w0·x0 + w1·x1) + w2·x2) + w3·x3.
 // Spec constants: 0 workgroup size, 1 CPT (chunks per invocation), 2 M (24 or 4).
 // Push: T, chunks per stream, groups per token, G, n_iter, 1/(4·D), norm_eps, hc_eps, partials
 //   (offset, token and split strides; entry M is Σx²), X (offset, token and stream strides, chunks),
@@ -39,7 +38,6 @@ layout(binding = 2) restrict readonly buffer Scale { float scale[]; };
 layout(binding = 3) restrict readonly buffer Base { float base[]; };
 layout(binding = 4) restrict writeonly buffer Coefs { float coefs[]; };
 layout(binding = 5) restrict writeonly buffer U { VEC u[]; };
-#include "hc_site.glsl"
 layout(push_constant) uniform P {
     uint T, n_chunks, groups_per_token, G, n_iter;
     float inv_k, norm_eps, eps;
@@ -49,6 +47,8 @@ layout(push_constant) uniform P {
     uint u_off, u_st;
     uint c_off, c_st, c_sj;
 } p;
+
+float mix_of(uint j, float r) { return wg_total(j) * r; }
 
 void main() {
     uint g = flat_group();
@@ -67,10 +67,37 @@ void main() {
         uint xb = p.x_off + tc * p.x_st + min(c0 + k * gl_WorkGroupSize.x, p.n_chunks - 1u);
         [[unroll]] for (uint s = 0u; s < 4u; ++s) xs[4u * k + s] = x[xb + s * p.x_ss];
     }
-    SiteGates q = site_gates(p.s_off, p.s_s, p.b_off, p.b_s);
-    site_sum_partials(p.p_off + tc * p.p_st, p.G, p.p_sg, all_mixes);
-    float r = site_rms_inv(p.inv_k, p.norm_eps);
-    vec4 pre = site_pre_gates(q, r, p.eps);
+    uint src = gl_SubgroupInvocationID & 3u;
+    float scale_pre = scale[p.s_off];
+    vec4 base_pre = vec4(base[p.b_off], base[p.b_off + p.b_s], base[p.b_off + 2u * p.b_s], base[p.b_off + 3u * p.b_s]);
+    float scale_post = 0.0, scale_comb = 0.0, base_post = 0.0;
+    vec4 base_comb = vec4(0.0);
+    if (M == 24u) {                            // a site's (the head has scale[1], base[4] only)
+        scale_post = scale[p.s_off + p.s_s];
+        scale_comb = scale[p.s_off + 2u * p.s_s];
+        uint bl = p.b_off + (8u + 4u * src) * p.b_s;       // (used by lanes 0..3 of the Sinkhorn subgroup)
+        base_comb = vec4(base[bl], base[bl + p.b_s], base[bl + 2u * p.b_s], base[bl + 3u * p.b_s]);
+        base_post = base[p.b_off + (4u + src) * p.b_s];
+    }
+    MixAcc A = mixacc_zero();
+    for (uint i = gl_LocalInvocationID.x; i < p.G; i += gl_WorkGroupSize.x) {
+        uint b = p.p_off + tc * p.p_st + i * p.p_sg;
+        A.a0 += vec4(part[b], part[b + 1u], part[b + 2u], part[b + 3u]);
+        A.ss += part[b + M];
+        if (all_mixes) {
+            if (M > 4u) A.a1 += vec4(part[b + 4u], part[b + 5u], part[b + 6u], part[b + 7u]);
+            if (M > 8u) A.a2 += vec4(part[b + 8u], part[b + 9u], part[b + 10u], part[b + 11u]);
+            if (M > 12u) A.a3 += vec4(part[b + 12u], part[b + 13u], part[b + 14u], part[b + 15u]);
+            if (M > 16u) A.a4 += vec4(part[b + 16u], part[b + 17u], part[b + 18u], part[b + 19u]);
+            if (M > 20u) A.a5 += vec4(part[b + 20u], part[b + 21u], part[b + 22u], part[b + 23u]);
+        }
+    }
+    mixacc_put(A);
+    barrier();
+    float r = 1.0 / sqrt(wg_total(M) * p.inv_k + p.norm_eps);
+    vec4 pre;
+    [[unroll]] for (uint s = 0u; s < 4u; ++s)
+        pre[s] = hc_gate(mix_of(s, r), scale_pre, base_pre[s], true, p.eps);
 
     // the collapse first: its stores are on their way while the slice-0 workgroup's Sinkhorn runs
     // (at decode the coefficients are this dispatch's critical path; H200, T = 1, D = 4096: 6.1
@@ -78,11 +105,30 @@ void main() {
     if (live) {
         [[unroll]] for (uint k = 0u; k < CPT; ++k) {
             uint c = c0 + k * gl_WorkGroupSize.x;
-            if (c < p.n_chunks)
-                u[p.u_off + t * p.u_st + c] = site_collapse(pre, xs[4u * k], xs[4u * k + 1u], xs[4u * k + 2u],
-                                                            xs[4u * k + 3u]);
+            if (c < p.n_chunks) {
+                VEC v = pre[0] * xs[4u * k];
+                v += pre[1] * xs[4u * k + 1u];
+                v += pre[2] * xs[4u * k + 2u];
+                v += pre[3] * xs[4u * k + 3u];
+                u[p.u_off + t * p.u_st + c] = v;
+            }
         }
     }
-    if (slice == 0u && gl_SubgroupID == 0u)   // uniform per subgroup: the shuffles see all lanes
-        site_coefs(q, pre, r, p.eps, p.n_iter, p.c_off + tc * p.c_st, p.c_sj, live);
+    if (slice == 0u && gl_SubgroupID == 0u) {  // uniform per subgroup: the shuffles see all lanes
+        uint lane = gl_SubgroupInvocationID;
+        uint cb = p.c_off + tc * p.c_st;
+        if (M == 24u) {
+            uint k0 = 8u + 4u * src;
+            vec4 l = vec4(mix_of(k0, r), mix_of(k0 + 1u, r), mix_of(k0 + 2u, r), mix_of(k0 + 3u, r)) * scale_comb
+                     + base_comb;
+            vec4 c = hc_sinkhorn_rows4(l, p.eps, p.n_iter);
+            if (live && lane < 4u) {
+                coefs[cb + src * p.c_sj] = pre[src];
+                coefs[cb + (4u + src) * p.c_sj] = hc_gate(mix_of(4u + src, r), scale_post, base_post, false, p.eps);
+                [[unroll]] for (uint d = 0u; d < 4u; ++d) coefs[cb + (8u + 4u * src + d) * p.c_sj] = c[d];
+            }
+        } else if (live && lane < 4u) {
+            coefs[cb + src * p.c_sj] = pre[src];
+        }
+    }
 }

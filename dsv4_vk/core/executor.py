@@ -153,7 +153,7 @@ class CompiledGraph:
                 if s.kind == "param":
                     self.buffers[id(s)] = self._param_buffer(s, params)
                     continue
-                buf = guarded_buffer(device, s.numel, s.data if s.kind in ("const", "zeros") else None, size=itemsize(s.dtype))
+                buf = guarded_buffer(device, s.numel, s.data if s.kind == "const" else None, size=itemsize(s.dtype))
                 self.buffers[id(s)] = buf
                 self._owned.append(buf)
             rec = Recorder(device, timestamps=timestamps)

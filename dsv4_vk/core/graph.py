@@ -96,14 +96,6 @@ class Graph:
     def empty(self, shape: Sequence[int], dtype: str = "f32", name: str | None = None) -> Tensor:
         return Tensor(self, self._storage(math.prod(shape), dtype, "temp", name), shape)
 
-    def zeros(self, shape: Sequence[int], dtype: str = "f32", name: str | None = None) -> Tensor:
-        """Scratch state that holds zeros when the program starts: every op that writes it must leave it
-        zeros again (a kernel's arrival counters, which each dispatch's last workgroup resets)."""
-        if dtype not in DTYPES:
-            raise ValueError(f"zeros {name!r}: dtype {dtype!r} not supported; expected one of {list(DTYPES)}")
-        a = np.zeros(math.prod(shape), DTYPES[dtype])
-        return Tensor(self, self._storage(a.size, dtype, "zeros", name, a), shape)
-
     def output(self, name: str, tensor: Tensor) -> Tensor:
         if tensor.graph is not self:
             raise ValueError(f"output {name!r} belongs to another graph")
@@ -124,9 +116,9 @@ class Graph:
             if t.dtype not in op.dtypes:
                 raise ValueError(f"{name}: input {i} has dtype {t.dtype}; expected {' or '.join(op.dtypes)}")
         for i in op.written_inputs:
-            if i < len(inputs) and inputs[i].storage.kind not in ("temp", "param", "zeros"):
+            if i < len(inputs) and inputs[i].storage.kind not in ("temp", "param"):
                 raise ValueError(f"{name} writes its input {i}: pass a tensor made with Graph.empty (or a "
-                                 f"param, or Graph.zeros), got a {inputs[i].storage.kind} tensor")
+                                 f"param), got a {inputs[i].storage.kind} tensor")
         shape, dtype = op.infer(list(inputs), params)
         if out is None:
             out = self.empty(shape, dtype)

@@ -19,8 +19,6 @@ on it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ..core.graph import Graph
@@ -168,11 +166,6 @@ SITE_MAX_T = CARRY_MAX_T
 # HC_POST_MIX workgroup size: one chunk per invocation, so D/4/post_wg workgroups per token at decode
 # (tools/hc_tune.py sweeps it).
 SITE_TUNING = {"post_wg": 64}
-# A layer boundary in one dispatch (HC_POST_SITE): a post given the next site's weights (site's / site_post's
-# next_fn, next_scale, next_base) at T ≤ CARRY_MAX_T on the site path also forms the next site's pre side,
-# in each token's last workgroup; "boundary_wg" is its workgroup size (that workgroup reads the token's
-# new streams back: ⌈D/4 / boundary_wg⌉ chunks of each stream per invocation).
-BOUNDARY = {"on": True, "wg": 256}
 # Past CARRY_MAX_T tokens a site's post may carry the next site's mixes too: HC_POST_MIX in KSPLIT's
 # layout (the new streams made, written and reduced with the next fn's slices in one pass), then the
 # next site's HC_MIX_REDUCE + HC_COEFS + HC_PRE, so that prefill reads X_new once less per site.
@@ -268,26 +261,10 @@ def _check_site_args(g, X, fn, scale, base, m, n_scale, suffix=""):
     check_shape("base" + suffix, base.shape, (m,))
 
 
-@dataclass(frozen=True)
-class CarriedPre:
-    """A site's pre side, formed by the previous site's post (HC_POST_SITE, a layer boundary in one
-    dispatch): the collapse u [T,D] and the coefficients coefs [T,m] (m = 24: pre | post | comb; the
-    head's m = 4: its pre gates). `site` / `site_post` return it as the carry; pass it on as the next
-    `site`'s, `site_pre`'s or `head_pre`'s `mix=`."""
-    u: Tensor
-    coefs: Tensor
-
-
 def _check_carry(g, mix, X, m):
-    """A carry from site(..., next_fn=): partials [T, G, m+1], a CarriedPre, or None."""
+    """A carried partials tensor [T, G, m+1] (from site(..., next_fn=)) or None."""
     if mix is None:
         return None
-    if isinstance(mix, CarriedPre):
-        _tensor(g, "mix.u", mix.u)
-        _tensor(g, "mix.coefs", mix.coefs)
-        check_shape("mix.u", mix.u.shape, (X.shape[0], X.shape[2]))
-        check_shape("mix.coefs", mix.coefs.shape, (X.shape[0], m))
-        return mix
     _tensor(g, "mix", mix)
     check_shape("mix", mix.shape, (X.shape[0], None, m + 1))
     return mix
@@ -350,14 +327,9 @@ def site_pre(g, X, fn, scale, base, *, hc_eps=1e-6, norm_eps=1e-6, n_iter=20, fu
     site_choice = _site_choice(device, fused, site, X.shape[0])
     _record(g, "HC_SITE", site_choice)
     if site_choice.fused:
-        if isinstance(mix, CarriedPre):      # formed by the previous post: nothing to dispatch
-            u, coefs = mix.u, mix.coefs
-        else:
-            u, coefs = _site_kernels(g, X, fn, scale, base, mix, N_MIX, hc_eps, norm_eps, n_iter, device)
+        u, coefs = _site_kernels(g, X, fn, scale, base, mix, N_MIX, hc_eps, norm_eps, n_iter, device)
         _, post_w, comb_m = _coef_views(g, coefs)
         return u, post_w, comb_m
-    if isinstance(mix, CarriedPre):          # the site path is off here: the pre side again, from X
-        mix = None
     return _three_op_pre(g, X, fn, scale, base, hc_eps, norm_eps, n_iter, fused, device, mix)
 
 
@@ -400,8 +372,8 @@ def _three_op_pre(g, X, fn, scale, base, hc_eps, norm_eps, n_iter, fused, device
     return u, post_w, comb_m
 
 
-def site(g, X, fn, scale, base, sublayer, *, mix=None, next_fn=None, next_scale=None, next_base=None, hc_eps=1e-6,
-         norm_eps=1e-6, n_iter=20, fused=None, site=None, device=None):
+def site(g, X, fn, scale, base, sublayer, *, mix=None, next_fn=None, hc_eps=1e-6, norm_eps=1e-6, n_iter=20,
+         fused=None, site=None, device=None):
     """A whole site: u, post, comb = site_pre(X); f = sublayer(u); X_new = post(f, X, post, comb).
     Returns (X_new [T,4,D], carry).
 
@@ -409,15 +381,11 @@ def site(g, X, fn, scale, base, sublayer, *, mix=None, next_fn=None, next_scale=
     `next_fn` (the next site's fn [24,4D], or the head's fn_h [4,4D]): on the site path at
     T ≤ CARRY_MAX_T, HC_POST_MIX writes X_new and the next site's mixes partials in the same pass;
     `carry` is then those partials ([T,G,m+1]) to pass as the next site's (or head_pre's) `mix=`,
-    else None. With the next site's `next_scale` and `next_base` too (the head's scale_h, base_h),
-    HC_POST_SITE also forms the next site's whole pre side in that dispatch (BOUNDARY) and `carry`
-    is a CarriedPre (hc_eps, norm_eps, n_iter are then the next site's too). A model's decode step
-    is then one dispatch per site plus its sublayers (and the first site's pre):
+    else None. A model's decode step is then two dispatches per site plus its sublayers:
 
         carry = None
         for i, (fn, scale, base, sub) in enumerate(sites):
-            X, carry = hc.site(g, X, fn, scale, base, sub, mix=carry, next_fn=next_fns[i],
-                               next_scale=next_scales[i], next_base=next_bases[i])
+            X, carry = hc.site(g, X, fn, scale, base, sub, mix=carry, next_fn=next_fns[i])
         h = hc.head_pre(g, X, fn_h, scale_h, base_h, mix=carry)
     """
     device = device or default_device()
@@ -426,8 +394,7 @@ def site(g, X, fn, scale, base, sublayer, *, mix=None, next_fn=None, next_scale=
     f = sublayer(u)
     _tensor(g, "sublayer output", f)
     check_shape("sublayer output", f.shape, (X.shape[0], X.shape[2]))
-    return site_post(g, f, X, post_w, comb_m, next_fn=next_fn, next_scale=next_scale, next_base=next_base,
-                     hc_eps=hc_eps, norm_eps=norm_eps, n_iter=n_iter, fused=fused, site=site, device=device)
+    return site_post(g, f, X, post_w, comb_m, next_fn=next_fn, fused=fused, site=site, device=device)
 
 
 def carries(device, fused, T, site=None):
@@ -443,60 +410,21 @@ def carries(device, fused, T, site=None):
         and kernels.ksplit_preferred(device)
 
 
-def _check_next(g, X, next_fn, next_scale, next_base):
-    """Validate the next site's weights given to a post; whether its scale and base are given too."""
-    if next_fn is None:
-        if next_scale is not None or next_base is not None:
-            raise ValueError("next_scale / next_base given without next_fn")
-        return False
-    _tensor(g, "next_fn", next_fn)
-    D = X.shape[-1]
-    if next_fn.ndim != 2 or next_fn.shape[0] not in (N_MIX, HC) or next_fn.shape[1] != HC * D:
-        raise ValueError(f"next_fn must be a site's fn [24, {HC * D}] or the head's [4, {HC * D}], "
-                         f"got {list(next_fn.shape)}")
-    if (next_scale is None) != (next_base is None):
-        raise ValueError("next_scale and next_base go together (the next site's, or the head's, gate weights)")
-    if next_scale is None:
-        return False
-    m = next_fn.shape[0]
-    _tensor(g, "next_scale", next_scale)
-    _tensor(g, "next_base", next_base)
-    check_shape("next_scale", next_scale.shape, (3 if m == N_MIX else 1,))
-    check_shape("next_base", next_base.shape, (m,))
-    return True
-
-
-def _boundary(g, f, X, post_w, comb_m, next_fn, next_scale, next_base, hc_eps, norm_eps, n_iter):
-    """HC_POST_SITE: (X_new, CarriedPre of the next site)."""
-    with g.tag("HC_POST"):
-        f, X_in, next_fn = _unit_inner(g, f), _unit_inner(g, X), _unit_inner(g, next_fn)
-        next_scale, next_base = _unit_inner(g, next_scale), _unit_inner(g, next_base)
-        T, D = f.shape
-        m, wg = next_fn.shape[0], BOUNDARY["wg"]
-        G = kernels.post_mix_groups(D, [f, X_in, next_fn], wg)
-        out, part, coefs = g.empty(X.shape), g.empty((T, G, m + 1)), g.empty((T, m))
-        count = g.zeros((T,), "i32", name="HC_POST_SITE count")
-        u = g.op("HC_POST_SITE", f, X_in, post_w, comb_m, next_fn, next_scale, next_base, out, part, coefs, count,
-                 hc_eps=hc_eps, norm_eps=norm_eps, n_iter=n_iter, wg=wg)
-    return out, CarriedPre(u, coefs)
-
-
-def site_post(g, f, X, post_w, comb_m, *, next_fn=None, next_scale=None, next_base=None, hc_eps=1e-6,
-              norm_eps=1e-6, n_iter=20, fused=None, site=None, device=None):
+def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, device=None):
     """The second half of `site`: X_new = post(f, X, post, comb); returns (X_new, carry). On the site
-    path at T ≤ CARRY_MAX_T with `next_fn`: HC_POST_MIX, carry = the next site's mixes partials; with
-    `next_scale` and `next_base` too, HC_POST_SITE (BOUNDARY), carry = the next site's CarriedPre
-    (hc_eps, norm_eps, n_iter: the next site's)."""
+    path at T ≤ CARRY_MAX_T with `next_fn`: HC_POST_MIX, carry = the next site's mixes partials."""
     device = device or default_device()
-    whole_next = _check_next(g, X, next_fn, next_scale, next_base)
+    if next_fn is not None:
+        _tensor(g, "next_fn", next_fn)
+        D = X.shape[-1]
+        if next_fn.ndim != 2 or next_fn.shape[0] not in (N_MIX, HC) or next_fn.shape[1] != HC * D:
+            raise ValueError(f"next_fn must be a site's fn [24, {HC * D}] or the head's [4, {HC * D}], "
+                             f"got {list(next_fn.shape)}")
     if next_fn is None or not carries(device, fused, X.shape[0], site):
         return post(g, f, X, post_w, comb_m, fused=fused, device=device), None
     for name, t in (("f", f), ("residual", X), ("post", post_w), ("comb", comb_m)):
         _tensor(g, name, t)
     check_post_shapes(f.shape, X.shape, post_w.shape, comb_m.shape)
-    if whole_next and BOUNDARY["on"] and X.shape[0] <= CARRY_MAX_T:
-        hc_eps, norm_eps, n_iter = check_eps("hc_eps", hc_eps), check_eps("norm_eps", norm_eps), check_n_iter(n_iter)
-        return _boundary(g, f, X, post_w, comb_m, next_fn, next_scale, next_base, hc_eps, norm_eps, n_iter)
     with g.tag("HC_POST"):
         f, X_in, next_fn = _unit_inner(g, f), _unit_inner(g, X), _unit_inner(g, next_fn)
         T, D = f.shape
@@ -526,12 +454,8 @@ def head_pre(g, X, fn_h, scale_h, base_h, *, hc_eps=1e-6, norm_eps=1e-6, fused=N
     site_choice = _site_choice(device, fused, site, X.shape[0])
     _record(g, "HC_SITE", site_choice)
     if site_choice.fused:
-        if isinstance(mix, CarriedPre):
-            return mix.u
         u, _ = _site_kernels(g, X, fn_h, scale_h, base_h, mix, HC, hc_eps, norm_eps, 1, device)
         return u
-    if isinstance(mix, CarriedPre):
-        mix = None
     pre_choice = hc_policy.choose("HC_PRE", device, fused)
     with g.tag("HC_MIX"):
         m = _carried_or_mixes(g, X, fn_h, norm_eps, pre_choice.fused and mix_supported(device) is None, device, mix)

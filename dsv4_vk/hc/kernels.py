@@ -433,10 +433,9 @@ def check_post_shapes(f, residual, post, comb):
     return T, D
 
 
-def post_launch(node, device, f, res, post, comb, out, fn=None, part=None, wg=None, site=None):
+def post_launch(node, device, f, res, post, comb, out, fn=None, part=None, wg=None):
     """HC_POST's launch; with fn / part also the next site's mixes partials (-D MIX_NEXT, one chunk
-    per invocation); with site = (scale, base, coefs, u, count) also the next site's pre side, by
-    each token's last workgroup (-D SITE_NEXT, HC_POST_SITE: node.params hc_eps, norm_eps, n_iter)."""
+    per invocation)."""
     check_unit_inner(node.op.name, "output", out)
     T, D = f.shape
     tensors = [f, res, out] + ([fn] if fn is not None else [])
@@ -457,14 +456,6 @@ def post_launch(node, device, f, res, post, comb, out, fn=None, part=None, wg=No
         check_shared(device, node.op.name, wg, fn.shape[0] + 1)
         args, writes, spec = [f, res, post, comb, fn, out, part], (5, 6), (wg, cpt, fn.shape[0])
         extra = {"full_subgroups": full_subgroups_for(device, wg)}
-    if site is not None:
-        scale, base, coefs, u, count = site
-        prm = node.params
-        fields += [check_n_iter(prm.get("n_iter", 20)), 1.0 / (HC * D), check_eps("norm_eps", prm.get("norm_eps", 1e-6)),
-                   check_eps("hc_eps", prm.get("hc_eps", 1e-6)), scale.offset, base.offset]
-        defines["SITE_NEXT"] = 1
-        args, writes = args + [scale, base, coefs, u, count], writes + (9, 10, 11)
-        spec = spec + (-(-chunks // wg),)
     return [Launch("hc_post", args, writes, pack_push(*fields), grid_1d(T * gpt, 1), defines=defines, spec=spec,
                    **extra)]
 

@@ -7,11 +7,10 @@ tuning tables they read (tools/hc_tune.py sweeps them). The other fused HC ops: 
 """
 import numpy as np
 
-from .kernels import (HC, N_MIX, as_f64, check_eps, check_fn_rows, check_layout_param, check_n_iter,
-                      check_partials, check_post_shapes, check_shared, check_unit_inner, ksplit_preferred,
-                      ksplit_runs, mix_supported, post_launch, post_mix_groups, post_mix_split, reference_head_pre,
-                      reference_mixes, reference_post, reference_site_pre, require_support, site_supported,
-                      strides_in, vec4_ok)
+from .kernels import (HC, N_MIX, as_f64, check_eps, check_fn_rows, check_layout_param, check_partials,
+                      check_post_shapes, check_shared, check_unit_inner, ksplit_preferred, ksplit_runs,
+                      mix_supported, post_launch, post_mix_groups, post_mix_split, reference_mixes, reference_post,
+                      require_support, site_supported, strides_in, vec4_ok)
 from .policy import HCUnsupported
 from ..ops.base import Launch, OpDef, check_params, check_shape, grid_1d, pack_push, register
 
@@ -433,72 +432,3 @@ class HcPostMix(OpDef):
         chunk = 4 if D % 4 == 0 else 1
         per = post_mix_split(wg, split)
         return reference_mix_partials(x, fn_next, -(-(D // chunk) // per), chunk, per)
-
-
-@register
-class HcPostSite(OpDef):
-    """HC_POST_SITE(f, residual, post, comb, fn_next [m,4D], scale_next, base_next, out [T,4,D],
-    partials [T,G,m+1], coefs [T,m], count [T] (i32), hc_eps=, norm_eps=, n_iter=, wg=) -> u [T,D].
-
-    A layer boundary in one dispatch (hc_post.comp -D MIX_NEXT -D SITE_NEXT): HC_POST_MIX — the new
-    streams into `out`, the next site's mixes partials into `partials` — and then, in each token's
-    last workgroup to finish, what HC_SITE makes from those partials: the next site's coefficients
-    into `coefs` (m = 24: pre | post | comb; m = 4, the head: the pre gates) and its collapse u.
-    `out`, `partials`, `coefs` and `count` are tensors the graph function made (written_inputs);
-    `count` must hold zeros, and the kernel leaves it so. scale_next and base_next have unit stride;
-    partials, coefs and the output are fresh (contiguous, offset 0).
-    Decomposition: HC_POST_MIX, then HC_SITE on its partials and the new streams."""
-    name, n_inputs = "HC_POST_SITE", 11
-    written_inputs = (7, 8, 9, 10)
-    dtypes = ("f32", "i32")                    # count is i32, every other input f32 (infer checks)
-
-    def infer(self, inputs, params):
-        f, res, post, comb, fn, scale, base, out, part, coefs, count = inputs
-        check_params(self.name, params, ("hc_eps", "norm_eps", "n_iter", "wg"))
-        for i, t in enumerate(inputs[:10]):
-            if t.dtype != "f32":
-                raise ValueError(f"{self.name}: input {i} has dtype {t.dtype}; expected f32")
-        T, D = check_post_shapes(f.shape, res.shape, post.shape, comb.shape)
-        check_shape("fn_next", fn.shape, (None, HC * D))
-        m = fn.shape[0]
-        if m not in (N_MIX, HC):
-            raise ValueError(f"{self.name}: fn_next must be a site's [24, {HC * D}] or the head's [4, {HC * D}], "
-                             f"got {list(fn.shape)}")
-        check_shape("scale_next", scale.shape, (3 if m == N_MIX else 1,))
-        check_shape("base_next", base.shape, (m,))
-        check_shape("out", out.shape, (T, HC, D))
-        for name, t in (("f", f), ("residual", res), ("fn_next", fn), ("out", out), ("scale_next", scale),
-                        ("base_next", base)):
-            check_unit_inner(self.name, name, t)
-        wg = check_layout_param(self.name, params, "wg")
-        if wg % HC:
-            raise ValueError(f"{self.name}: wg must be a multiple of {HC} (one destination stream per invocation), "
-                             f"got {wg}")
-        G = post_mix_groups(D, [f, res, out, fn], wg)
-        check_shape("partials", part.shape, (T, G, m + 1))
-        check_shape("coefs", coefs.shape, (T, m))
-        check_shape("count", count.shape, (T,))
-        for name, t in (("partials", part), ("coefs", coefs)):
-            if t.offset != 0 or not t.is_contiguous:
-                raise ValueError(f"{self.name}: {name} must be a whole contiguous tensor (g.empty), got offset "
-                                 f"{t.offset}, strides {t.strides}")
-        if count.dtype != "i32" or count.offset != 0 or count.strides != (1,):
-            raise ValueError(f"{self.name}: count must be a whole i32 tensor of zeros [T], got {count.dtype} "
-                             f"offset {count.offset} strides {count.strides}")
-        check_eps("hc_eps", params.get("hc_eps", 1e-6))
-        check_eps("norm_eps", params.get("norm_eps", 1e-6))
-        check_n_iter(params.get("n_iter", 20))
-        return (T, D), "f32"
-
-    def lower(self, node, device):
-        f, res, post, comb, fn, scale, base, out, part, coefs, count = node.inputs
-        require_support(self.name, device, site_supported(device))
-        return post_launch(node, device, f, res, post, comb, out, fn, part, node.params["wg"],
-                           site=(scale, base, coefs, node.output, count))
-
-    def reference(self, f, residual, post, comb, fn_next, scale_next, base_next, out=None, part=None, coefs=None,
-                  count=None, hc_eps=1e-6, norm_eps=1e-6, n_iter=20, wg=HC):
-        x = reference_post(f, residual, post, comb)
-        if np.shape(fn_next)[0] == N_MIX:
-            return reference_site_pre(x, fn_next, scale_next, base_next, hc_eps, norm_eps, n_iter)[0]
-        return reference_head_pre(x, fn_next, scale_next, base_next, hc_eps, norm_eps)
