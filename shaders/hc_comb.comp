@@ -14,7 +14,8 @@
 //           so the kernel writes NaN instead). Workgroup (spec 0) = 4·subgroup size.
 //   ROWS4 — 4 lanes per token, lane & 3 = src holds row c[src][0..3] as a vec4 (hc_math.glsl,
 //           shared with the whole-site kernel). Softmax and row sums are in-register; column sums
-//           are shuffleXor 1, 2 on the vec4. Works at any subgroup size ≥ 4 (multiple of 4).
+//           are the vec4 rows of lanes src ^ 1, 2, 3 (three shuffles at once). Works at any subgroup
+//           size ≥ 4 (multiple of 4).
 //           Workgroup (spec 0) = 64.
 // Lane → token: (gl_SubgroupID·gl_SubgroupSize + lane) / lanes-per-token, so a token's lanes are
 // always inside one subgroup. Lanes past the last token compute on zero logits (every lane takes

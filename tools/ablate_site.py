@@ -19,6 +19,12 @@ from ablation import main
 # mix_kernels for the mixes kernels) told that no tensor allows them
 SCALAR = ("import dsv4_vk.hc.kernels as K, dsv4_vk.hc.mix_kernels as MK; "
           "K.vec4_ok = MK.vec4_ok = lambda D, tensors: False")
+SINK_HEAD = "vec4 hc_sinkhorn_rows4(vec4 l, float eps, uint n_iter) {"
+SINK_LOOP = "        c /= hc_hsum(c) + eps;\n        c /= hc_col_sum4(c) + eps;\n"
+NR_RCP = """#define HC_NR(r, x) r = r * (2.0 - (x) * r)
+float hc_rcp(float x) { float r = uintBitsToFloat(0x7EF311C3u - floatBitsToUint(x)); HC_NR(r, x); HC_NR(r, x); HC_NR(r, x); return r; }
+vec4 hc_rcp(vec4 x) { vec4 r = uintBitsToFloat(uvec4(0x7EF311C3u) - floatBitsToUint(x)); HC_NR(r, x); HC_NR(r, x); HC_NR(r, x); return r; }
+"""
 ABL = {
     "base": [],
     "site_sink1": [("hc_site.comp", "hc_sinkhorn_rows4(l, p.eps, p.n_iter)", "hc_sinkhorn_rows4(l, p.eps, 1u)")],
@@ -40,6 +46,11 @@ ABL = {
     "post_wg256": ([], "import dsv4_vk.hc.composite as H; H.SITE_TUNING['post_wg'] = 256"),
     "scalar_wg128": ([], SCALAR + "; import dsv4_vk.hc.composite as H; H.SITE_TUNING['post_wg'] = 128"),
     "scalar_wg256": ([], SCALAR + "; import dsv4_vk.hc.composite as H; H.SITE_TUNING['post_wg'] = 256"),
+    # the Sinkhorn's divisions: none (multiplied instead: the floor of their cost), or reciprocals by
+    # three Newton steps from a bit-trick guess (FMAs only, no division subroutine)
+    "sink_nodiv": [("hc_math.glsl", SINK_LOOP, SINK_LOOP.replace("/=", "*="))],
+    "sink_nr": [("hc_math.glsl", SINK_HEAD, NR_RCP + SINK_HEAD),
+                ("hc_math.glsl", SINK_LOOP, "        c *= hc_rcp(hc_hsum(c) + eps);\n        c *= hc_rcp(hc_col_sum4(c) + eps);\n")],
     "post_nopostwrite": [("hc_post.comp", "o[p.o_off + t * p.o_st + c + d * p.o_sd] = r;", "")],
 }
 
