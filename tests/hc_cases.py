@@ -552,6 +552,28 @@ def test_site_kernels_fold_past_65535_workgroups(ex, rng, monkeypatch):
             check_site_folded(ex, rng, i, T)
 
 
+@pytest.mark.parametrize("D, T", [(1024, 1), (37, 3), (4096, 2)])
+def test_site_workgroup_size(ex, rng, D, T):
+    """HC_SITE at the decode workgroup size SITE_TUNING['site_wg'] (4 to 256, a multiple of 4): its
+    launch has that workgroup, and u, post and comb match float64 at every size; a size outside that
+    is refused by name."""
+    i = site_inputs(rng, T, D)
+    pre_r, post_r, comb_r = ops_hc.reference_site_coefs(**i)
+    for wg in (4, 8, 64, 256):
+        with tuning(hc.composite.SITE_TUNING, site_wg=wg):
+            (u, post_w, comb_w), g = run(ex, i, lambda g, t: hc.site_pre(g, t["X"], t["fn"], t["scale"], t["base"],
+                                                                           site=True))
+        node = [n for n in g.nodes if n.op.name == "HC_SITE"][0]
+        assert node.op.lower(node, ex.device)[0].spec[0] == wg
+        assert nmse(u, reference_pre(i["X"], pre_r)) <= SITE_NMSE, wg
+        assert max_abs(post_w, post_r) <= SITE_MAX_ABS and max_abs(comb_w, comb_r) <= SITE_MAX_ABS, wg
+    for wg in (0, 6, 260):
+        with tuning(hc.composite.SITE_TUNING, site_wg=wg), pytest.raises(ValueError, match="wg"):
+            g = Graph()
+            t = {k: g.input(k, v.shape) for k, v in i.items()}
+            hc.site_pre(g, t["X"], t["fn"], t["scale"], t["base"], site=True)
+
+
 def check_site_folded(ex, rng, i, T):
     (u, post_w, comb_w), g = run(ex, i, lambda g, t: hc.site_pre(g, t["X"], t["fn"], t["scale"], t["base"], site=True))
     assert [n.op.name for n in g.nodes] == ["HC_MIX_PART", "HC_SITE"]

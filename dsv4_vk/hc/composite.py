@@ -164,8 +164,11 @@ CARRY_MAX_T = 8
 # than the dispatches they save when there are many tokens).
 SITE_MAX_T = CARRY_MAX_T
 # HC_POST_MIX workgroup size: one chunk per invocation, so D/4/post_wg workgroups per token at decode
-# (tools/hc_tune.py sweeps it).
-SITE_TUNING = {"post_wg": 64}
+# (tools/hc_tune.py sweeps it). "site_wg": HC_SITE's up to CARRY_MAX_T tokens (HC_PRE's layout beyond) —
+# 64: more, smaller workgroups each reducing the partials over 2 subgroups instead of 8; H200, T = 1,
+# one site 9.7 µs against 10.2 with 256 (back to back 8.2 against 8.5; D = 7168 10.2 / 8.7 against
+# 10.5 / 8.8), results/h200/hc_tune_site_wg_h200.txt.
+SITE_TUNING = {"post_wg": 64, "site_wg": 64}
 # Past CARRY_MAX_T tokens a site's post may carry the next site's mixes too: HC_POST_MIX in KSPLIT's
 # layout (the new streams made, written and reduced with the next fn's slices in one pass), then the
 # next site's HC_MIX_REDUCE + HC_COEFS + HC_PRE, so that prefill reads X_new once less per site.
@@ -279,7 +282,7 @@ def _site_kernels(g, X, fn, scale, base, mix, m, hc_eps, norm_eps, n_iter, devic
     with g.tag("HC_SITE"):
         coefs = g.empty((T, m))
         u = g.op("HC_SITE", part, _unit_inner(g, X), scale, base, coefs, hc_eps=hc_eps, norm_eps=norm_eps,
-                 n_iter=n_iter)
+                 n_iter=n_iter, wg=SITE_TUNING["site_wg"] if T <= CARRY_MAX_T else None)
     return u, coefs
 
 

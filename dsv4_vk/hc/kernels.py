@@ -136,13 +136,13 @@ def check_unit_inner(op, name, t):
 SLICE_TUNING = {"wg": None, "cpt": 1}   # PRE/POST layout knobs (tools/hc_tune.py sweeps them)
 
 
-def _slice_launch_layout(D, tensors):
+def _slice_launch_layout(D, tensors, wg=None):
     """(vec4?, chunks per token, workgroup size, groups per token, chunks per invocation) of the
-    PRE/POST kernels."""
+    PRE/POST kernels (and HC_SITE's; `wg` overrides the workgroup size)."""
     vec4 = D % 4 == 0 and all(t.offset % 4 == 0 and all(s % 4 == 0 for s in t.strides[:-1]) for t in tensors)
     chunks = D // 4 if vec4 else D
     cpt = SLICE_TUNING["cpt"]
-    wg = SLICE_TUNING["wg"] or min(256, max(32, 1 << (chunks - 1).bit_length()))
+    wg = wg or SLICE_TUNING["wg"] or min(256, max(32, 1 << (chunks - 1).bit_length()))
     return vec4, chunks, wg, -(-chunks // (wg * cpt)), cpt
 
 
@@ -291,12 +291,14 @@ def _site_m(part, scale, base):
 
 @register
 class HcSite(OpDef):
-    """HC_SITE(partials [T,G,m+1], X [T,4,D], scale, base, coefs [T,m], hc_eps=, norm_eps=, n_iter=) -> u [T,D].
+    """HC_SITE(partials [T,G,m+1], X [T,4,D], scale, base, coefs [T,m], hc_eps=, norm_eps=, n_iter=[, wg=])
+    -> u [T,D].
 
     The rest of a site's pre side from its mixes' partial sums (hc_site.comp): mixes, gates,
     Sinkhorn, the pre collapse u. Also writes its argument `coefs` (an empty tensor the graph
     function made: written_inputs): m = 24, a site: pre | post | comb (HC_COEFS's layout); m = 4, the
-    head collapse: its 4 pre gates."""
+    head collapse: its 4 pre gates. wg: the workgroup size (a multiple of 4 from 4 to 256: the
+    Sinkhorn's four lanes, the shared reduction step), else HC_PRE's."""
     name, n_inputs = "HC_SITE", 5
     written_inputs = (4,)
 
@@ -310,6 +312,11 @@ class HcSite(OpDef):
         check_eps("hc_eps", params.get("hc_eps", 1e-6))
         check_eps("norm_eps", params.get("norm_eps", 1e-6))
         check_n_iter(params.get("n_iter", 20))
+        if params.get("wg") is not None:
+            wg = check_layout_param(self.name, params, "wg")
+            if wg % 4 or wg > WG_REDUCE_MAX:
+                raise ValueError(f"{self.name}: wg must be a multiple of 4 from 4 to {WG_REDUCE_MAX} (the "
+                                 f"Sinkhorn's four lanes, the shared reduction step), got {wg}")
         check_unit_inner(self.name, "X", X)
         check_partials(self.name, part)
         return (X.shape[0], X.shape[2]), "f32"
@@ -320,7 +327,7 @@ class HcSite(OpDef):
         require_support(self.name, device, site_supported(device))
         T, G, m1 = part.shape
         D = X.shape[2]
-        vec4, chunks, wg, gpt, cpt = _slice_launch_layout(D, [X, u])
+        vec4, chunks, wg, gpt, cpt = _slice_launch_layout(D, [X, u], node.params.get("wg"))
         check_shared(device, self.name, wg, m1)
         unit = 4 if vec4 else 1
         push = pack_push(T, chunks, gpt, G, check_n_iter(node.params.get("n_iter", 20)), 1.0 / (HC * D),
@@ -333,7 +340,7 @@ class HcSite(OpDef):
                        defines={"VEC4": 1} if vec4 else {}, spec=(wg, cpt, m1 - 1),
                        full_subgroups=full_subgroups_for(device, wg))]
 
-    def reference(self, part, X, scale, base, coefs=None, hc_eps=1e-6, norm_eps=1e-6, n_iter=20):
+    def reference(self, part, X, scale, base, coefs=None, hc_eps=1e-6, norm_eps=1e-6, n_iter=20, wg=None):
         p = as_f64(part).sum(axis=1)
         mix = p[:, :-1] / np.sqrt(p[:, -1:] / (HC * np.shape(X)[2]) + norm_eps)
         w = (reference_coefs(mix, scale, base, hc_eps, n_iter)[:, :HC] if mix.shape[1] == N_MIX
