@@ -4,7 +4,7 @@
 #extension GL_KHR_shader_subgroup_shuffle : require
 //! variants: SG16 | ROWS4 ; - | COEFS
 // HC_COMB: per token, comb = Sinkhorn(softmax_dst(mix[8:24]·scale[2] + base[8:24]) + eps), the
-// exact order of HC_OPS.md: 1 column normalisation, then n_iter−1 × (rows, columns). Every
+// exact order of docs/hc_math.md: 1 column normalisation, then n_iter−1 × (rows, columns). Every
 // iteration stays in registers; reductions are subgroup shuffles; no shared memory, no barrier.
 //
 // Variants (-D):

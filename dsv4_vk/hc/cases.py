@@ -5,9 +5,10 @@ once per path — each fused variant this device can run ("fused:<variant>"), an
 ("unfused") — feeds every path the same fresh random inputs in the spec's ranges and compares them
 with each other and with the op's float64 numpy reference.
 
-Eval cases: the spec's test cases (HC_OPS.md "Test cases"), sizes crossing this device's subgroup
-and workgroup boundaries, peaked logits (scale × 10), T = 0, and (full sweep) grids past the 65535
-workgroup limit. Bench cases: decode (T = 1) and prefill (T = 512 … 4096) for each hidden size D.
+Eval cases: the spec's test cases (llama.cpp's eval set, `spec_cases`), sizes crossing this
+device's subgroup and workgroup boundaries, peaked logits (scale × 10), T = 0, and (full sweep)
+grids past the 65535 workgroup limit. Bench cases: decode (T = 1) and prefill (T = 512 … 4096) for
+each hidden size D.
 """
 import argparse
 import math
@@ -109,7 +110,7 @@ def _path_args(path):
 # --- case lists ------------------------------------------------------------------------------------
 
 def spec_cases():
-    """HC_OPS.md "Test cases" (llama.cpp's eval set)."""
+    """The spec's test cases (llama.cpp's eval set)."""
     out = [Case("HC_COMB", T, n_iter=n) for T, n in ((1, 1), (17, 4), (257, 8), (17, 20))]
     out += [Case("HC_COMB", T) for T in (1, 256, 336, 512, 513, 1024, 2048)]
     for op in ("HC_PRE", "HC_POST"):
@@ -222,7 +223,7 @@ def output_shapes(case):
     }[case.op]
 
 
-_RANGES = {   # HC_OPS.md input ranges
+_RANGES = {   # the input ranges of docs/hc_math.md ("Test inputs")
     "mixes": (-2, 2), "scale": (-0.5, 0.5), "base": (-0.25, 0.25), "weights": (0, 1), "comb": (0, 1),
     "post": (0, 2), "x": (-1, 1), "residual": (-1, 1), "f": (-1, 1), "X": (-1, 1),
 }
