@@ -3,7 +3,6 @@
 //! variants: - | VEC4 ; - | FINAL | KSPLIT | KSPLIT POST
 //! variants: VEC4 TC ; - | POST ; - | CM_NV CM_N=8 | CM_NV CM_N=16
 //! variants: REDUCE
-//! variants: VEC4 KTILE
 // HC_MIX family: a site's flat RMS norm and mixes mat-mul, mix[t,j] = (x_t · fn[j]) / sqrt(mean(x_t²)
 // + norm_eps) with x_t = X[t] flattened (4·D), reading each token's X once for all M mixes and its
 // sum of squares.
@@ -164,7 +163,6 @@ const uint S = 16;                              // chunks per split and stream (
 layout(constant_id = 2) const uint LPT = 4;     // lanes per token (a power of two ≤ the subgroup)
 layout(constant_id = 3) const uint TPL = 1;     // tokens per group of LPT lanes: 1, 2 or 4
 layout(constant_id = 4) const uint RH = 1;      // row groups: RH groups of LPT lanes share tokens, M / RH rows each
-layout(constant_id = 5) const uint SB = 8;      // fn loads a staging round issues before its stores
 const uint MR = M / RH;                         // rows a lane forms (a multiple of 4)
 shared VEC fs[24 * 4 * S];                      // the split's fn slice: fs[(j·4 + stream)·S + c], j < M
 #define FN(i) fs[i]
@@ -217,18 +215,9 @@ void main() {
     uint g = flat_group();
     uint block = g / p.G, split = g % p.G;
     uint c_begin = split * S;
-    for (uint i0 = 0u; i0 < M * 4u * S; i0 += SB * gl_WorkGroupSize.x) {   // SB loads issued before their stores
-        VEC v[SB];
-        [[unroll]] for (uint u = 0u; u < SB; ++u) {
-            uint i = i0 + u * gl_WorkGroupSize.x + gl_LocalInvocationID.x;
-            uint c = i % S, js = i / S;
-            v[u] = i < M * 4u * S && c_begin + c < p.chunks ? fn[p.f_off + (js / 4u) * p.f_sj + (js % 4u) * p.chunks + c_begin + c]
-                                                             : VEC(0.0);
-        }
-        [[unroll]] for (uint u = 0u; u < SB; ++u) {
-            uint i = i0 + u * gl_WorkGroupSize.x + gl_LocalInvocationID.x;
-            if (i < M * 4u * S) fs[i] = v[u];
-        }
+    for (uint i = gl_LocalInvocationID.x; i < M * 4u * S; i += gl_WorkGroupSize.x) {
+        uint c = i % S, js = i / S;
+        fs[i] = c_begin + c < p.chunks ? fn[p.f_off + (js / 4u) * p.f_sj + (js % 4u) * p.chunks + c_begin + c] : VEC(0.0);
     }
     barrier();
     // a token group's RH·LPT lanes are consecutive lanes of one subgroup (full subgroups, WG a multiple
@@ -274,111 +263,6 @@ void main() {
             if (TPL > 1u && ta + 1u < t_end) put_partials(B, ta + 1u, split, rh);
             if (TPL > 2u && ta + 2u < t_end) put_partials(C, ta + 2u, split, rh);
             if (TPL > 2u && ta + 3u < t_end) put_partials(E, ta + 3u, split, rh);
-        }
-    }
-}
-
-#elif defined(KTILE)
-#extension GL_KHR_shader_subgroup_shuffle : require
-#if !defined(VEC4)
-#error "KTILE loads whole vec4 chunks"
-#endif
-layout(constant_id = 2) const uint TPL = 4;     // tokens per lane: 1, 2, 4 or 8
-layout(constant_id = 3) const uint KS = 32;     // chunks per split and stream: 16 or 32 (mix_kernels.ktile_split)
-layout(constant_id = 4) const uint RH = 1;      // row groups: RH groups of KL lanes share tokens, M / RH rows each
-layout(constant_id = 5) const uint KL = 8;      // lanes a token group: chunk q, q + KL, ... of each stream
-layout(constant_id = 6) const uint PF = 1;      // steps loaded ahead: (PF + 1)·TPL ≤ 32
-const uint KH = KS / KL;                        // chunks per lane and stream
-const uint RQ = M / RH / 4u;                    // row quads a lane forms
-const uint SB = 8u;                             // fn loads a staging round issues before its stores
-// fs[((s·KH + h)·M + j)·KL + q] = fn row j, stream s, chunk KL·h + q of the split: the KL lanes of a
-// token group read KL consecutive vec4, the groups of a subgroup the same
-shared vec4 fs[24 * 4 * KS];
-
-// a + (x·f0, x·f1, x·f2, x·f3) as fma chains
-vec4 fma4(vec4 a, vec4 x, vec4 f0, vec4 f1, vec4 f2, vec4 f3) {
-    return vec4(fma(x.w, f0.w, fma(x.z, f0.z, fma(x.y, f0.y, fma(x.x, f0.x, a.x)))),
-                fma(x.w, f1.w, fma(x.z, f1.z, fma(x.y, f1.y, fma(x.x, f1.x, a.y)))),
-                fma(x.w, f2.w, fma(x.z, f2.z, fma(x.y, f2.y, fma(x.x, f2.x, a.z)))),
-                fma(x.w, f3.w, fma(x.z, f3.z, fma(x.y, f3.y, fma(x.x, f3.x, a.w)))));
-}
-
-void main() {
-    uint g = flat_group();
-    uint block = g / p.G, split = g % p.G;
-    uint c_begin = split * KS;
-    uint n_c = min(KS, p.chunks - min(c_begin, p.chunks));
-    // consecutive invocations read consecutive chunks of one fn row; SB loads issued before their stores
-    for (uint i0 = 0u; i0 < M * 4u * KS; i0 += SB * gl_WorkGroupSize.x) {
-        vec4 v[SB];
-        [[unroll]] for (uint u = 0u; u < SB; ++u) {
-            uint i = i0 + u * gl_WorkGroupSize.x + gl_LocalInvocationID.x;
-            uint c = i % KS, js = i / KS;                     // js = j·4 + stream
-            v[u] = i < M * 4u * KS && c < n_c ? fn[p.f_off + (js / 4u) * p.f_sj + (js % 4u) * p.chunks + c_begin + c]
-                                              : vec4(0.0);
-        }
-        [[unroll]] for (uint u = 0u; u < SB; ++u) {
-            uint i = i0 + u * gl_WorkGroupSize.x + gl_LocalInvocationID.x;
-            uint c = i % KS, js = i / KS;
-            if (i < M * 4u * KS) fs[(((js % 4u) * KH + c / KL) * M + js / 4u) * KL + c % KL] = v[u];
-        }
-    }
-    barrier();
-    // (full subgroups: a token group's RH·KL lanes are consecutive lanes of one subgroup)
-    uint pos = gl_LocalInvocationID.x;
-    uint q = pos % KL, rh = (pos / KL) % RH, group = pos / (KL * RH);
-    uint t_end = min((block + 1u) * p.tb, p.T);
-    for (uint t0 = block * p.tb; t0 < t_end; t0 += TPL * (gl_WorkGroupSize.x / (KL * RH))) {   // uniform loop
-        uint ta = t0 + TPL * group;
-        uint xb[8];                             // lanes past the block compute on a real token, store nothing
-        [[unroll]] for (uint i = 0u; i < 8u; ++i) xb[i] = p.x_off + min(ta + min(i, TPL - 1u), p.T - 1u) * p.x_st + c_begin + q;
-        vec4 acc[48];
-        float ss[8];
-        [[unroll]] for (uint i = 0u; i < 48u; ++i) acc[i] = vec4(0.0);
-        [[unroll]] for (uint i = 0u; i < 8u; ++i) ss[i] = 0.0;
-        // step k: stream k / KH, chunk KL·(k % KH) + q (zero past the row's chunks). A ring of PF + 1 steps:
-        // step k + PF is loaded before step k's products; the step loop is unrolled, so the ring's
-        // indices are constants (registers, not local memory)
-        vec4 ring[32];
-        [[unroll]] for (uint i = 0u; i < 32u; ++i) ring[i] = vec4(0.0);
-        [[unroll]] for (uint d = 0u; d < PF; ++d) {
-            uint c = KL * (d % KH) + q;
-            [[unroll]] for (uint i = 0u; i < TPL; ++i)
-                ring[d * TPL + i] = c < n_c ? x[xb[i] + (d / KH) * p.x_ss + KL * (d % KH)] : vec4(0.0);
-        }
-        [[unroll]] for (uint k = 0u; k < 4u * KH; ++k) {
-            uint kn = k + PF, cn = KL * (kn % KH) + q, sl = (kn % (PF + 1u)) * TPL, sc = (k % (PF + 1u)) * TPL;
-            if (kn < 4u * KH)
-                [[unroll]] for (uint i = 0u; i < TPL; ++i)
-                    ring[sl + i] = cn < n_c ? x[xb[i] + (kn / KH) * p.x_ss + KL * (kn % KH)] : vec4(0.0);
-            uint base = (k * M + rh * RQ * 4u) * KL + q;
-            [[unroll]] for (uint r = 0u; r < RQ; ++r) {
-                uint fb = base + 4u * r * KL;
-                vec4 f0 = fs[fb], f1 = fs[fb + KL], f2 = fs[fb + 2u * KL], f3 = fs[fb + 3u * KL];
-                [[unroll]] for (uint i = 0u; i < TPL; ++i) acc[i * 6u + r] = fma4(acc[i * 6u + r], ring[sc + i], f0, f1, f2, f3);
-            }
-            [[unroll]] for (uint i = 0u; i < TPL; ++i) {
-                vec4 v = ring[sc + i];
-                ss[i] = fma(v.w, v.w, fma(v.z, v.z, fma(v.y, v.y, fma(v.x, v.x, ss[i]))));
-            }
-        }
-        // the sums of the KL lanes; lane q stores tokens q, q + KL, ... (rows rh·M/RH.., Σx² by row group 0)
-        [[unroll]] for (uint m = 1u; m < KL; m <<= 1u) {
-            [[unroll]] for (uint i = 0u; i < TPL; ++i) {
-                [[unroll]] for (uint r = 0u; r < RQ; ++r) acc[i * 6u + r] += subgroupShuffleXor(acc[i * 6u + r], m);
-                ss[i] += subgroupShuffleXor(ss[i], m);
-            }
-        }
-        [[unroll]] for (uint i = 0u; i < TPL; ++i) {
-            uint t = ta + i;
-            if (i % KL == q && t < t_end) {
-                uint ob = p.o_off + t * p.o_st + split * p.o_s2 + rh * RQ * 4u;
-                [[unroll]] for (uint r = 0u; r < RQ; ++r) {
-                    out_[ob + 4u * r] = acc[i * 6u + r].x; out_[ob + 4u * r + 1u] = acc[i * 6u + r].y;
-                    out_[ob + 4u * r + 2u] = acc[i * 6u + r].z; out_[ob + 4u * r + 3u] = acc[i * 6u + r].w;
-                }
-                if (rh == 0u) out_[p.o_off + t * p.o_st + split * p.o_s2 + M] = ss[i];
-            }
         }
     }
 }

@@ -517,21 +517,6 @@ def tuning(table, **values):
         table.update(old)
 
 
-@pytest.mark.parametrize("T, D, m, tpl, wg, tb, layout, pf, fmac", [
-    (70, 64, 24, 2, 64, 64, "c", 1, 0), (9, 36, 4, 4, 16, 5, "strided", 2, 1), (130, 4096, 24, 4, 128, 256, "c", 2, 0),
-    (33, 260, 24, 1, 32, 64, "strided", 1, 1), (67, 516, 8, 8, 64, 40, "c", 1, 1), (50, 132, 24, 2, 32, 17, "c", 7, 1), (140, 1028, 24, 8, 64, 100, "c", 2, 1), (70, 4100, 24, 4, 64, 64, "c", 5, 1)])
-@pytest.mark.parametrize("kl, rh", [(4, 1), (8, 1), (4, 2)])
-def test_mix_ktile_kernel(ex, T, D, m, tpl, wg, tb, layout, pf, fmac, kl, rh):
-    """KTILE (4 lanes a token group, tpl tokens × all m rows a lane, fn's 32-chunk split staged once a
-    workgroup): the mixes and the partials against float64, splits cut short by the end of the row
-    (D = 36, 260, 516), tokens past the last block, X contiguous or permuted."""
-    with tuning(mix_kernels.MIX_TUNING, kernel="ktile", tpl=tpl, wg=max(wg, ex.device.subgroup_size), tb=tb, pf=pf,
-                kl=kl, rh=rh if m % 8 == 0 else 1):
-        lay = mix_kernels.mix_layout(ex.device, T, D // 4)
-        assert lay["ktile"] == 1 and lay["tpl"] == tpl and lay["split"] == mix_kernels.ktile_split(ex.device)
-        mix_layouts_case(ex, T, D, m, layout, 1000 + T)
-
-
 def mix_layouts_case(ex, T, D, m, layout, seed):
     rng = np.random.default_rng(seed)
     i = site_inputs(rng, T, D, m=m)

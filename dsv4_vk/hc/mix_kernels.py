@@ -17,8 +17,8 @@ from ..ops.base import Launch, OpDef, check_params, check_shape, grid_1d, pack_p
 
 # HC_MIX layout knobs (tools/hc_tune.py sweeps them); None: the rule of mix_layout.
 MIX_TUNING = {"wg": None, "groups": None, "split": None, "lpt": None, "tb": None, "tpl": None, "rh": None,
-              "kernel": None, "pf": None, "fmac": None, "sb": None, "kl": None}
-MIX_KERNELS = ("token", "ksplit", "ktile", "tc")
+              "kernel": None}
+MIX_KERNELS = ("token", "ksplit", "tc")
 # Workgroups a mixes pass aims for (a few per compute unit of a large GPU; a CPU device runs
 # workgroups on its cores one after another, so a few suffice there).
 MIX_TARGET_GROUPS = {"cpu": 4}
@@ -50,16 +50,6 @@ KSPLIT_RH = 2
 # Not chosen by default until measured; tc = 1 runs it on VK_NV_cooperative_matrix, tc = 2 forms
 # the same products with FMA loops on any device (its arithmetic, for tests).
 TC_WG, TC_TOKENS, TC_SPLIT = 128, 64, 64
-# KTILE (hc_mix.comp -D KTILE; vec4 rows): 4 lanes a token group, each lane tpl tokens × all M rows,
-# fn's split of KTILE_SPLITS[0] chunks per stream staged once a workgroup (48 KiB at M = 24), or the
-# next where the device's shared memory is smaller.
-KTILE_SPLITS = (32, 16)
-
-
-def ktile_split(device):
-    """KTILE's chunks per split and stream: the largest whose fn slice (24 rows) fits shared memory."""
-    room = device.caps.limits.max_shared_memory
-    return next((s for s in KTILE_SPLITS if N_MIX * HC * s * 16 <= room), KTILE_SPLITS[-1])
 TC_STEP = 16                    # chunks per staging step (KC in hc_mix.comp): also Σx² lanes per token
 TC_XS = 4 * TC_STEP + 8         # halves between staged rows (XS in hc_mix.comp)
 TC_VARIANTS = {1: "cooperative matrices", 2: "FMA products"}
@@ -109,20 +99,12 @@ def mix_layout(device, T, chunks, kernel=None):
         split = t["split"] or TC_SPLIT
         return {"wg": TC_WG, "groups": -(-chunks // split), "split": split, "lpt": 1, "tb": TC_TOKENS,
                 "tpl": 1, "tc": 1 if tc_tile_n(device) else 2}
-    if kernel == "ktile":
-        split = t["split"] or ktile_split(device)
-        wg, tpl = t["wg"] or (64 if cpu else 256), t["tpl"] or (2 if cpu else 4)
-        return {"wg": wg, "groups": -(-chunks // split), "split": split, "lpt": 4,
-                "tb": t["tb"] or (64 if cpu else tpl * wg // (t["kl"] or 4) // (t["rh"] or 1)), "tpl": tpl, "ktile": 1,
-                "pf": t["pf"] or 1,
-                "kl": t["kl"] or 4, "rh": t["rh"] or 1}
     if kernel == "ksplit":
         lpt = t["lpt"] or 4
         rh = t["rh"] or (KSPLIT_RH if not cpu and lpt * KSPLIT_RH <= device.caps.subgroup.min_size else 1)
         split = t["split"] or KSPLIT_S            # (any other is refused by name when lowered)
         return {"wg": t["wg"] or (64 if cpu else 256), "groups": -(-chunks // split), "split": split,
-                "lpt": lpt, "tb": t["tb"] or (64 if cpu else 256), "tpl": t["tpl"] or (4 if rh == 2 else 2), "rh": rh,
-                "sb": t["sb"] or 8}
+                "lpt": lpt, "tb": t["tb"] or (64 if cpu else 256), "tpl": t["tpl"] or (4 if rh == 2 else 2), "rh": rh}
     wg = t["wg"] or max(64, device.caps.subgroup.max_size)     # (whole subgroups)
     groups = t["groups"] or max(1, min(-(-target // T), -(-chunks // max(1, wg // HC))))
     return {"wg": wg, "groups": groups, "split": 0, "lpt": 1, "tb": 1, "tpl": 1}
@@ -168,7 +150,7 @@ def _ksplit_pipeline(op, device, chunks, groups, m, unit, pr, tpls):
                             f"{device.name} has {device.caps.limits.max_shared_memory} B")
     if tpl not in tpls:
         raise ValueError(f"{op}: tpl (tokens per lane group) must be one of {tpls}, got {tpl}")
-    return {"KSPLIT": 1}, (wg, m, lpt, tpl, ksplit_row_groups(pr, m), pr.get("sb", 8))
+    return {"KSPLIT": 1}, (wg, m, lpt, tpl, ksplit_row_groups(pr, m))
 
 
 def ksplit_row_groups(params, m):
@@ -192,8 +174,6 @@ def _mix_launch(node, device, final, groups):
     defines = {"VEC4": 1} if vec4 else {}
     if pr.get("tc"):
         return [_tc_launch(node, device, final, groups, vec4, chunks)]
-    if pr.get("ktile"):
-        return [_ktile_launch(node, device, final, groups, vec4, chunks)]
     if split:
         if final:
             raise ValueError(f"{node.op.name}: KSPLIT writes partials, not the final mixes")
@@ -265,39 +245,6 @@ def _tc_launch(node, device, final, groups, vec4, chunks):
                   defines=defines, spec=(TC_WG, m), full_subgroups=full)
 
 
-def _ktile_launch(node, device, final, groups, vec4, chunks):
-    """HC_MIX_PART's KTILE kernel (hc_mix.comp -D KTILE)."""
-    name, pr = node.op.name, node.params
-    X, fn = node.inputs
-    T, m = X.shape[0], fn.shape[0]
-    wg, tpl, tb = pr["wg"], pr.get("tpl", 1), pr.get("tb", 1)
-    if final:
-        raise ValueError(f"{name}: KTILE writes partials, not the final mixes")
-    if not vec4:
-        raise ValueError(f"{name}: KTILE loads chunks of 4 floats: D and every offset and stride but the last must be "
-                         f"multiples of 4, got D = {X.shape[2]}")
-    split = pr.get("split")
-    if split not in KTILE_SPLITS or groups != -(-chunks // split) or pr.get("lpt") != 4:
-        raise ValueError(f"{name}: KTILE takes split one of {KTILE_SPLITS}, lpt 4 and groups = ceil({chunks} / split), "
-                         f"got split {split}, lpt {pr.get('lpt')}, groups {groups}")
-    if not ksplit_runs(device) or device.caps.subgroup.min_size < 4:
-        raise HCUnsupported(f"{name}: KTILE needs subgroup shuffles and full subgroups of at least 4 lanes")
-    if (pr.get("pf", 1) + 1) * tpl > 32:
-        raise ValueError(f"{name}: KTILE's ring holds (pf + 1)·tpl ≤ 32 chunks, got pf {pr.get('pf')}, tpl {tpl}")
-    if wg % 4 or tpl not in (1, 2, 4, 8):
-        raise ValueError(f"{name}: KTILE takes wg a multiple of 4 and tpl 1, 2, 4 or 8, got wg {wg}, tpl {tpl}")
-    need = m * HC * split * 16
-    if need > device.caps.limits.max_shared_memory:
-        raise HCUnsupported(f"{name}: KTILE stages {need} B of fn in shared memory, {device.name} has "
-                            f"{device.caps.limits.max_shared_memory} B")
-    push = pack_push(T, chunks, split, groups, 1.0 / (HC * X.shape[2]),
-                     check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
-                     X.offset // 4, *strides_in(X, 4), fn.offset // 4, fn.strides[0] // 4,
-                     node.output.offset, node.output.strides[0], node.output.strides[1], tb)
-    return Launch("hc_mix", [X, fn, node.output], (2,), push, grid_1d(-(-T // tb) * groups, 1),
-                  defines={"VEC4": 1, "KTILE": 1}, spec=(wg, m, tpl, split, pr.get("rh", 1), pr.get("kl", 4), pr.get("pf", 1)), full_subgroups=device.caps.subgroup.full_subgroups)
-
-
 def _check_tc_param(op, params):
     tc = params.get("tc", 0)
     if isinstance(tc, bool) or tc not in (0, *TC_VARIANTS):
@@ -355,7 +302,7 @@ class HcMixPartials(OpDef):
     def infer(self, inputs, params):
         X, fn = inputs
         _check_mix_args(X, fn)
-        check_params(self.name, params, ("groups", "wg", "split", "lpt", "tb", "tpl", "rh", "tc", "ktile", "pf", "fmac", "sb", "kl", "norm_eps"))
+        check_params(self.name, params, ("groups", "wg", "split", "lpt", "tb", "tpl", "rh", "tc", "norm_eps"))
         check_layout_param(self.name, params, "wg")
         for k in ("lpt", "tb", "tpl", "rh"):
             check_layout_param(self.name, {k: 1, **params}, k)
@@ -371,7 +318,7 @@ class HcMixPartials(OpDef):
         check_partials(self.name, node.output)
         return _mix_launch(node, device, False, node.params["groups"])
 
-    def reference(self, X, fn, groups=1, wg=1, split=0, lpt=1, tb=1, tpl=1, rh=1, tc=0, ktile=0, pf=1, fmac=0, sb=8, kl=4, norm_eps=1e-6):
+    def reference(self, X, fn, groups=1, wg=1, split=0, lpt=1, tb=1, tpl=1, rh=1, tc=0, norm_eps=1e-6):
         D = np.shape(X)[2]
         return reference_mix_partials(X, fn, groups, 4 if D % 4 == 0 else 1, split)
 
