@@ -163,7 +163,6 @@ const uint S = 16;                              // chunks per split and stream (
 layout(constant_id = 2) const uint LPT = 4;     // lanes per token (a power of two ≤ the subgroup)
 layout(constant_id = 3) const uint TPL = 1;     // tokens per group of LPT lanes: 1, 2 or 4
 layout(constant_id = 4) const uint RH = 1;      // row groups: RH groups of LPT lanes share tokens, M / RH rows each
-layout(constant_id = 5) const uint REV = 0;     // 1: token blocks in reverse order (last block first)
 const uint MR = M / RH;                         // rows a lane forms (a multiple of 4)
 shared VEC fs[24 * 4 * S];                      // the split's fn slice: fs[(j·4 + stream)·S + c], j < M
 #define FN(i) fs[i]
@@ -215,7 +214,6 @@ void put_partials(MixAcc A, uint t, uint split, uint rh) {
 void main() {
     uint g = flat_group();
     uint block = g / p.G, split = g % p.G;
-    if (REV == 1u) block = (p.T + p.tb - 1u) / p.tb - 1u - block;
     uint c_begin = split * S;
     for (uint i = gl_LocalInvocationID.x; i < M * 4u * S; i += gl_WorkGroupSize.x) {
         uint c = i % S, js = i / S;

@@ -185,7 +185,7 @@ SITE_TUNING = {"post_wg": 64, "site_wg": 64}
 # One row group: the carry with two (each making the post) took 520.2 µs with one token a group and 408.1
 # with two, against 295.2 (T = 4096, D = 4096, results/h200/hc_tune_rh_carry_h200.txt).
 # KSPLIT's splits of 16 chunks (mix_kernels.KSPLIT_S; 32 were slower, also for the carry).
-PREFILL_CARRY = {"prefill": True, "kernel": "ksplit", "tb": 128, "lpt": 2, "tpl": 1, "rh": 1, "reverse": 0}
+PREFILL_CARRY = {"prefill": True, "kernel": "ksplit", "tb": 128, "lpt": 2, "tpl": 1, "rh": 1}
 CARRY_KERNELS = ("ksplit", "tc")
 
 
@@ -439,7 +439,7 @@ def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, d
             layout = {k: layout[k] for k in ("wg", "split", "lpt", "tb")} | {"tpl": min(layout["tpl"], 2)} \
                 | ({"tc": layout["tc"]} if kernel == "tc" else {"rh": layout["rh"]})
             if kernel == "ksplit" and not device.caps.is_cpu:
-                layout |= {k: PREFILL_CARRY[k] for k in ("tb", "lpt", "tpl", "rh", "reverse") if PREFILL_CARRY[k] is not None}
+                layout |= {k: PREFILL_CARRY[k] for k in ("tb", "lpt", "tpl", "rh") if PREFILL_CARRY[k] is not None}
         out = g.empty(X.shape)
         carry = g.op("HC_POST_MIX", f, X_in, post_w, comb_m, next_fn, out, **layout)
     return out, carry

@@ -150,7 +150,7 @@ def _ksplit_pipeline(op, device, chunks, groups, m, unit, pr, tpls):
                             f"{device.name} has {device.caps.limits.max_shared_memory} B")
     if tpl not in tpls:
         raise ValueError(f"{op}: tpl (tokens per lane group) must be one of {tpls}, got {tpl}")
-    return {"KSPLIT": 1}, (wg, m, lpt, tpl, ksplit_row_groups(pr, m), int(bool(pr.get("reverse", 0))))
+    return {"KSPLIT": 1}, (wg, m, lpt, tpl, ksplit_row_groups(pr, m))
 
 
 def ksplit_row_groups(params, m):
