@@ -339,7 +339,8 @@ def test_v4_route_selection(rng, monkeypatch, kind, scoring, T, E, k):
     """The workgroup-per-token selections — one-pass ranking up to 256 experts, rounds of a
     butterfly past them (or when ranking is off), the serial scan of devices without subgroup
     shuffles — against a stable descending sort: experts past one workgroup's width, k = E, equal
-    values (the lower id first) and NaN logits (after every number)."""
+    values (the lower id first) and NaN logits (after every number). A NaN goes into an extra last
+    token, so that the T tokens of the case are all checked whatever the scoring."""
     from dsv4_vk.ops import moe
     from dsv4_vk.vk import default_device
     if kind == "serial":
@@ -348,16 +349,16 @@ def test_v4_route_selection(rng, monkeypatch, kind, scoring, T, E, k):
         assert moe.route_workgroup(default_device(), E) in (64, 256)
         monkeypatch.setitem(moe.ROUTE_RANK, "on", kind == "rank")
     assert moe.route_kernel(default_device(), E, False) == ("rounds" if kind == "rank" and E > 256 else kind)
-    lg = f32(rng, T, E, scale=3.0)
+    lg = f32(rng, T + 1, E, scale=3.0)
     lg[:, E // 3] = lg[:, E // 2] = lg[:, E - 1] = 2.5                   # ties: the lowest id wins
-    lg[0, 1] = np.nan                                                     # ranks last
+    lg[T, 1] = np.nan                                                     # ranks last
     bias = f32(rng, E, scale=0.1)
     bias[[E // 3, E // 2, E - 1]] = 0.25
     with np.errstate(invalid="ignore"):                                   # the reference meets the NaN too
         got, ref, bad = run("V4_ROUTE", [lg, bias], {"top_k": k, "scoring": scoring, "route_scale": 1.5})
     if scoring == "softmax":                                              # a NaN logit poisons softmax's Σ
-        assert np.isnan(got[0, :k, 1]).all() and np.array_equal(got[1:, :, 0], ref[1:, :, 0])
-        check(got[1:], ref[1:], bad)
+        assert np.isnan(got[T, :k, 1]).all() and np.array_equal(got[:T, :, 0], ref[:T, :, 0])
+        check(got[:T], ref[:T], bad)
         return
     assert np.array_equal(got[..., 0], ref[..., 0]), (got[..., 0], ref[..., 0])
     check(got, ref, bad)

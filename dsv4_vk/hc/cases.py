@@ -1,7 +1,7 @@
 """The one case list behind `python -m dsv4_vk eval` (correctness) and `bench` (speed).
 
-A Case is (op, T, D, n_iter, eps, peaked, paths). For every case the harness builds the same graph
-once per path — each fused variant this device can run ("fused:<variant>"), and the unfused chain
+A Case is (op, T, D, n_iter, eps, norm_eps, peaked, paths). For every case the harness builds the same
+graph once per path — each fused variant this device can run ("fused:<variant>"), and the unfused chain
 ("unfused") — feeds every path the same fresh random inputs in the spec's ranges and compares them
 with each other and with the op's float64 numpy reference.
 
@@ -43,6 +43,7 @@ class Case:
     D: int = 0              # hidden size; 0 for HC_COMB (it has none)
     n_iter: int = 20        # Sinkhorn iterations (HC_COMB, HC_SITE_PRE)
     eps: float = 1e-6       # hc_eps
+    norm_eps: float = 1e-6  # the flat RMS norm's eps (HC_MIX, HC_SITE_PRE, HC_SITE)
     peaked: bool = False    # comb logits scale × 10
     fused_only: bool = False  # too large for the unfused chain on this device: fused vs reference
     why: str = "spec"       # where the case comes from
@@ -52,17 +53,19 @@ class Case:
         parts = [self.op, f"T={self.T}"]
         if self.op != "HC_COMB":
             parts.append(f"D={self.D}")
-        if self.op in ("HC_COMB", "HC_STEP", "HC_SITE_PRE"):
+        if self.op in ("HC_COMB", "HC_STEP", "HC_SITE_PRE", "HC_SITE"):
             parts.append(f"n_iter={self.n_iter}")
             if self.eps != 1e-6:
                 parts.append(f"eps={self.eps:g}")
+        if self.norm_eps != 1e-6:
+            parts.append(f"norm_eps={self.norm_eps:g}")
         if self.peaked:
             parts.append("peaked")
         return " ".join(parts)
 
     def as_dict(self):
         return {"op": self.op, "T": self.T, "D": self.D, "n_iter": self.n_iter, "eps": self.eps,
-                "peaked": self.peaked, "why": self.why, "name": self.name}
+                "norm_eps": self.norm_eps, "peaked": self.peaked, "why": self.why, "name": self.name}
 
 
 def parse_ops(text):
@@ -149,6 +152,12 @@ def edge_cases(quick=False):
     site = ((1, 1), (64, 5), (256, 17)) if quick else ((1, 1), (3, 7), (64, 5), (256, 17), (1024, 33), (4096, 3))
     out += [Case("HC_SITE_PRE", T, D, why="site") for D, T in site]
     out += [Case("HC_SITE_PRE", 17, 64, peaked=True, why="site, peaked logits")]
+    # every coefficient knob at a value where getting it wrong shows: Sinkhorn iterations, hc_eps, and a
+    # norm_eps comparable to mean(x²) = 1/3 (at 1e-6 a lost norm_eps moves the mixes by 1.5e-6 relative)
+    knobs = ({"n_iter": 1}, {"n_iter": 4, "eps": 1e-3}, {"n_iter": 8, "norm_eps": 0.5})
+    out += [Case("HC_SITE_PRE", 5, 64, why="site, other coefficient knobs", **k) for k in knobs]
+    out += [Case("HC_SITE", T, 64, n_iter=4, eps=1e-3, norm_eps=0.5, why="whole site, other coefficient knobs")
+            for T in ((3,) if quick else (3, 9, 70))]
     whole = ((1, 1), (5, 3), (64, 8), (64, 9), (257, 2), (4096, 1), (7168, 2)) if not quick else ((1, 1), (64, 8), (33, 9))
     out += [Case("HC_SITE", T, D, why="whole site (decode: carried mixes)" if T <= 8 else "whole site")
             for D, T in whole]
@@ -159,6 +168,8 @@ def edge_cases(quick=False):
         out += [Case("HC_SITE", 300, 1024, why="whole site, prefill")]
     mixd = ((1, 1), (7, 5), (4096, 1), (64, 300)) if not quick else ((7, 5), (64, 33))
     out += [Case("HC_MIX", T, D, why="mixes") for D, T in mixd]
+    out += [Case("HC_MIX", T, D, norm_eps=0.5, why="mixes, norm_eps comparable to mean(x²)")
+            for D, T in (((7, 5), (64, 70)) if quick else ((7, 5), (4096, 1), (64, 70)))]
     out += [Case("HC_STEP", T, D, why="three ops in one graph") for D, T in ((1, 1), (257, 3), (64, 33))]
     if not quick:
         # one workgroup per token slice (PRE/POST) and 16 tokens per workgroup at most (COMB)
@@ -171,7 +182,7 @@ def eval_cases(device, quick=False):
     """Every eval case for `device` (quick: a small sweep for CI), duplicates removed."""
     seen, out = set(), []
     for c in spec_cases() + boundary_cases(device, quick) + edge_cases(quick):
-        key = (c.op, c.T, c.D, c.n_iter, c.eps, c.peaked)
+        key = (c.op, c.T, c.D, c.n_iter, c.eps, c.norm_eps, c.peaked)
         if key not in seen:
             seen.add(key)
             out.append(c)
@@ -270,16 +281,16 @@ def build(case, path, device=None):
         outs = {"out": hc.post(g, t["f"], t["residual"], t["post"], t["comb"], **kw)}
     elif case.op == "HC_SITE_PRE":
         u, post, comb = hc.site_pre(g, t["X"], t["fn"], t["scale"], t["base"], hc_eps=case.eps,
-                                    norm_eps=1e-6, n_iter=case.n_iter, **kw)
+                                    norm_eps=case.norm_eps, n_iter=case.n_iter, **kw)
         outs = {"u": u, "post": post, "comb": comb}
     elif case.op == "HC_MIX":
-        outs = {"mix": hc.mixes(g, t["X"], t["fn"], fused=fused, device=device)}
+        outs = {"mix": hc.mixes(g, t["X"], t["fn"], norm_eps=case.norm_eps, fused=fused, device=device)}
     elif case.op == "HC_SITE":
         # hc.site's two halves, so that post and comb can be outputs; the sublayer is the identity
         site = True if path == SITE else False if path == THREE_OP else None
         kw = {"fused": fused, "site": site, "device": device}
-        u, post, comb = hc.site_pre(g, t["X"], t["fn"], t["scale"], t["base"], hc_eps=case.eps, n_iter=case.n_iter,
-                                    mix=t["mix"] if hc.carries(device, fused, case.T, site) else None, **kw)
+        u, post, comb = hc.site_pre(g, t["X"], t["fn"], t["scale"], t["base"], hc_eps=case.eps,
+                                    norm_eps=case.norm_eps, n_iter=case.n_iter, mix=t["mix"] if hc.carries(device, fused, case.T, site) else None, **kw)
         X_new, _ = hc.site_post(g, u, t["X"], post, comb, next_fn=t["fn"], **kw)
         outs = {"u": u, "post": post, "comb": comb, "X_new": X_new}
     elif case.op == "HC_STEP":
@@ -359,10 +370,10 @@ def expected(case, inputs):
     if case.op == "HC_MIX":
         # a dot over 4·D terms: summed in pieces of ≤ 64 serial terms on the fused path (splits, lanes);
         # the NMSE ceiling is the strict check
-        m = ref.magnitude(ref.reference_mixes, a["X"], a["fn"])
-        return {"mix": Expected(ref.reference_mixes(a["X"], a["fn"]), sum_bound(m, 64), SITE_NMSE)}
+        m = ref.magnitude(ref.reference_mixes, a["X"], a["fn"], case.norm_eps)
+        return {"mix": Expected(ref.reference_mixes(a["X"], a["fn"], case.norm_eps), sum_bound(m, 64), SITE_NMSE)}
     if case.op in ("HC_SITE_PRE", "HC_SITE"):
-        pre, post, comb = ref.reference_site_coefs(a["X"], a["fn"], a["scale"], a["base"], case.eps, 1e-6,
+        pre, post, comb = ref.reference_site_coefs(a["X"], a["fn"], a["scale"], a["base"], case.eps, case.norm_eps,
                                                    case.n_iter)
         u = ref.reference_pre(a["X"], pre)
         mu = ref.magnitude(ref.reference_pre, a["X"], pre)
