@@ -262,14 +262,10 @@ def test_api_results_and_last_run(env, rng):
     assert dv.last_run().labels == ["HC_MIX", "HC_SITE", "CONT", "CONT"]
 
 
-class _Untouchable:
-    """A device that fails the test if anything uses it."""
-    def __getattr__(self, name):
-        raise AssertionError(f"device.{name} used for an empty input")
-
-
-def test_api_zero_tokens_returns_empty_without_the_device():
-    d = _Untouchable()
+def test_api_zero_tokens_return_empty_results_after_the_same_checks():
+    """T = 0: empty results and no dispatch, after the checks a call with tokens makes — device= must be a
+    Device, out= of the right shape (a closed device: test_library's use-after-close test)."""
+    d = dv.default_device()
     assert dv.hc_comb(np.zeros((0, 24)), np.ones(3), np.ones(24), device=d).shape == (0, 4, 4)
     assert dv.hc_pre(np.zeros((0, 4, 7)), np.zeros((0, 4)), device=d).shape == (0, 7)
     assert dv.hc_post(np.zeros((0, 7)), np.zeros((0, 4, 7)), np.zeros((0, 4)), np.zeros((0, 4, 4)),
@@ -277,6 +273,12 @@ def test_api_zero_tokens_returns_empty_without_the_device():
     u, p, c = dv.hc_site_pre(np.zeros((0, 4, 3)), np.ones((24, 12)), np.ones(3), np.ones(24), device=d)
     assert (u.shape, p.shape, c.shape) == ((0, 3), (0, 4), (0, 4, 4))
     assert dv.last_run().dispatches == 0
+    with pytest.raises(ValueError, match="device must be a dsv4_vk Device"):
+        dv.hc_pre(np.zeros((0, 4, 7)), np.zeros((0, 4)), device="llvmpipe")
+    with pytest.raises(ValueError, match=r"out\[0\] must have shape \[0, 7\], got \(5, 5\)"):
+        dv.hc_pre(np.zeros((0, 4, 7)), np.zeros((0, 4)), out=d.empty((5, 5)))
+    o = d.empty((0, 4, 4))
+    assert dv.hc_comb(np.zeros((0, 24)), np.ones(3), np.ones(24), out=o) is o
 
 
 M, S, B = np.zeros((3, 24)), np.zeros(3), np.zeros(24)
@@ -311,6 +313,17 @@ F, P, C = np.zeros((3, 8)), np.zeros((3, 4)), np.zeros((3, 4, 4))
     (lambda: dv.hc_site_pre(X, np.zeros((24, 32)), S, B, norm_eps=0), "norm_eps must be a finite number > 0"),
     (lambda: dv.hc_site_pre(X, np.zeros((24, 32)), S, B, hc_eps=float("nan")), "hc_eps must be a finite"),
     (lambda: dv.hc_site_pre(X, np.zeros((24, 32)), S, B, n_iter=-3), "n_iter must be an integer ≥ 1"),
+    (lambda: dv.hc_comb(M, S, B, n_iter=1001), "n_iter must be an integer ≥ 1 and at most 1000"),
+    (lambda: dv.hc_comb(M, S, B, eps=1e39), "eps must be a finite number > 0 that float32 holds"),
+    (lambda: dv.hc_comb(M, S, B, eps=1e-50), "eps must be a finite number > 0 that float32 holds"),
+    (lambda: dv.hc_comb(M, S, B, eps=True), "eps must be a finite number > 0"),
+    (lambda: dv.hc_comb(M, S, B, eps="1e-6"), "eps must be a finite number > 0"),
+    (lambda: dv.hc_site_pre(X, np.zeros((24, 32)), S, B, hc_eps=1e39), "hc_eps must be a finite number > 0"),
+    (lambda: dv.hc_site_pre(X, np.zeros((24, 32)), S, B, norm_eps=10 ** 400), "norm_eps must be a finite number"),
+    (lambda: dv.HcSite(np.zeros((24, 32)), S, B, norm_eps=1e39), "norm_eps must be a finite number > 0"),
+    (lambda: dv.hc_comb(M, S, B, device="llvmpipe"), "device must be a dsv4_vk Device"),
+    (lambda: dv.hc_pre(X, W, device=0), "device must be a dsv4_vk Device"),
+    (lambda: dv.HcSite(np.zeros((24, 32)), S, B, device="llvmpipe"), "device must be a dsv4_vk Device"),
 ])
 def test_api_bad_input_is_a_value_error_naming_the_argument(call, match):
     with pytest.raises(ValueError, match=match):

@@ -131,6 +131,33 @@ def test_hc_site_and_head_match_the_functions_and_never_touch_the_host(device, r
     assert not any(k[0] == owner for k in device.programs._idle)
 
 
+def test_site_calls_refuse_bad_carries_and_outs(device, rng):
+    """HcSite.pre / HcHead.collapse refuse by name: a carry that is not a MixCarry, a carry given with
+    another X than the X_new it came with (same shape: its partials would be silently wrong), and an
+    out= that is not 3 Tensors (1 for the collapse)."""
+    T, D = 2, 16
+    s1, s2 = site_arrays(rng, T, D), site_arrays(rng, T, D)
+    a, b = (dv.HcSite(s["fn"], s["scale"], s["base"], device=device) for s in (s1, s2))
+    head = dv.HcSite.head(np.ones((4, 4 * D), np.float32), np.ones(1), np.zeros(4), device=device)
+    X = device.tensor(s1["X"])
+    u, p, c = a.pre(X)
+    X_new, carry = a.post(u, X, p, c, next=b)
+    assert carry.partials is not None and carry.source is X_new      # (the site path carries at decode here)
+    for bad in ("abc", 123):
+        with pytest.raises(ValueError, match="carry must be the MixCarry a post"):
+            b.pre(X_new, carry=bad)
+    with pytest.raises(ValueError, match="carry belongs to the X_new its post"):
+        b.pre(device.tensor(X_new.numpy()), carry=carry)
+    u_carry = b.pre(X_new, carry=carry)[0].numpy()             # the X it came with: the same u as without it
+    assert np.abs(u_carry - b.pre(X_new)[0].numpy()).max() <= 1e-4 * np.abs(u_carry).max()
+    for out in ((device.empty((T, D)), device.empty((T, 4))), device.empty((T, D)), "abc",
+                (np.zeros((T, D), np.float32),) * 3):
+        with pytest.raises(ValueError, match="out must be a tuple of 3 Tensors"):
+            b.pre(X_new, out=out)
+    with pytest.raises(ValueError, match="out must be a Tensor"):
+        head.collapse(X_new, out="abc")
+
+
 @pytest.mark.parametrize("T, D, as_tensors", [(1, 40, True), (3, 33, False), (8, 64, True), (9, 40, True),
                                                (20, 132, False)])
 def test_chained_hc_sites_carry_the_next_mixes_in_the_post(device, rng, T, D, as_tensors):
@@ -326,6 +353,8 @@ def test_use_after_close_raises_device_closed_never_crashes():
             "empty": lambda: dev.empty((3,)), "op on a tensor": lambda: dv.hc_comb(t, np.zeros(3), np.zeros(24)),
             "op with device=": lambda: dv.hc_comb(np.ones((2, 24)), np.zeros(3), np.zeros(24), device=dev),
             "site": lambda: site.pre(np.zeros((1, 4, 4), np.float32)), "program": lambda: prog.run(x=np.ones((2, 24))),
+            "op without tokens": lambda: dv.hc_comb(np.ones((0, 24)), np.zeros(3), np.zeros(24), device=dev),
+            "site without tokens": lambda: site.pre(np.zeros((0, 4, 4), np.float32)),
             "executor": lambda: dv.Executor(dev), "compile": lambda: g.compile(dev), "trim": dev.trim,
             "enter": lambda: dev.__enter__()}
     for name, use in uses.items():

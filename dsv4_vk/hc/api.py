@@ -5,7 +5,7 @@ the op's program from the device's program cache, keyed by (op, shapes, flags): 
 and recorded once per key, later calls only write or copy their inputs, submit once and wait. Given
 any `dsv4_vk.Tensor` argument (or `out=`), the results are Tensors that stay on the device (inputs
 and outputs are copied on the device, in the same submit); otherwise numpy arrays (float32). T = 0
-returns empty results without touching the device. Per-token ops whose arrays exceed the device's
+returns empty results after the same checks (the device, out's shapes) without running anything. Per-token ops whose arrays exceed the device's
 maxStorageBufferRange run in chunks of tokens, each chunk one submit.
 `last_run()` describes the calling thread's last call: dispatches, barriers, paths [(op, path, reason)].
 """
@@ -82,10 +82,18 @@ def hidden(name, d):
     return d
 
 
+def check_device(device):
+    """`device` if it is a Device (or None); a clear error for anything else."""
+    if device is not None and not isinstance(device, Device):
+        raise ValueError(f"device must be a dsv4_vk Device (e.g. dsv4_vk.default_device()) or None, "
+                         f"got {type(device).__name__} {device!r}")
+    return device
+
+
 def pick_device(device, *arrays):
     """`device`, else the device of the first Tensor among `arrays`, else the default device; every
     Tensor must live on it."""
-    dev = device
+    dev = check_device(device)
     for a in arrays:
         if isinstance(a, (Tensor, TensorRows)):
             if dev is None:
@@ -118,6 +126,8 @@ def call(device, key, inputs, out_shapes, build, out=None, per_token=()):
     Tensor or `out` (a tuple of Tensors to write) is given. per_token: names of the inputs whose
     first axis is T (all of them when the op is per-token), so that oversized calls can be split."""
     dev, on_device, shapes = device, out is not None, []
+    if dev is not None and dev.__class__ is not Device:
+        check_device(dev)
     for v in inputs.values():           # one pass (pick_device inlined): this is the per-call path
         if isinstance(v, _ON_DEVICE):
             on_device = True
@@ -181,12 +191,22 @@ def _rows(v, start, stop):
     return v.rows(start, stop) if isinstance(v, Tensor) else v[start:stop]
 
 
-def empty_result(on_device, device, *shapes):
+def empty_result(device, arrays, out, *shapes):
+    """The results of a call with T = 0: no work, but the checks of a call with tokens — the device
+    (open, every Tensor on it) and out's shapes; numpy arrays when no argument is a Tensor (the
+    device, if given, is still checked; none is opened)."""
     _local.last = None
-    if on_device:
-        dev = device or default_device()
+    if out is None and not any(isinstance(a, _ON_DEVICE) for a in arrays):
+        if check_device(device) is not None:
+            device.check_open()
+        return tuple(np.zeros(s, np.float32) for s in shapes)
+    dev = pick_device(device, *arrays, *(out or ()))
+    if out is None:
         return tuple(dev.empty(s) for s in shapes)
-    return tuple(np.zeros(s, np.float32) for s in shapes)
+    for i, (o, s) in enumerate(zip(out, shapes)):
+        if o is not None and tuple(o.shape) != tuple(s):
+            raise ValueError(f"out[{i}] must have shape {format_shape(s)}, got {tuple(o.shape)}")
+    return tuple(dev.empty(s) if o is None else o for o, s in zip(out, shapes))
 
 
 def _one(outs):
@@ -211,10 +231,6 @@ def last_run() -> Any:
     return _EMPTY if cg is None else cg.run_stats()
 
 
-def _on_device(out, *arrays):
-    return out is not None or any(isinstance(a, Tensor) for a in arrays)
-
-
 def hc_comb(mixes: Array, scale: Array, base: Array, *, eps: float = 1e-6, n_iter: int = 20,
             fused: bool | None = None, variant: str | None = None, device: Device | None = None,
             out: Tensor | None = None) -> Result:
@@ -226,7 +242,7 @@ def hc_comb(mixes: Array, scale: Array, base: Array, *, eps: float = 1e-6, n_ite
     hc_policy.check_override("HC_COMB", fused, variant)
     out, T = _out(out, 1), mixes.shape[0]
     if T == 0:
-        return _one(empty_result(_on_device(out, mixes, scale, base), device, (0, HC, HC)))
+        return _one(empty_result(device, (mixes, scale, base), out, (0, HC, HC)))
     return _one(call(device, ("hc_comb", eps, n_iter, fused, variant), {"mixes": mixes, "scale": scale, "base": base},
                      [(T, HC, HC)],
                      lambda g, t, dev: hc.comb(g, t["mixes"], t["scale"], t["base"], eps=eps, n_iter=n_iter,
@@ -245,7 +261,7 @@ def hc_pre(x: Array, weights: Array, *, fused: bool | None = None, device: Devic
     hc_policy.check_override("HC_PRE", fused)
     out = _out(out, 1)
     if T == 0:
-        return _one(empty_result(_on_device(out, x, weights), device, (0, D)))
+        return _one(empty_result(device, (x, weights), out, (0, D)))
     return _one(call(device, ("hc_pre", fused), {"x": x, "weights": weights}, [(T, D)],
                      lambda g, t, dev: hc.pre(g, t["x"], t["weights"], fused=fused, device=dev), out,
                      ("x", "weights")))
@@ -292,7 +308,7 @@ def hc_post(f: Array, residual: Array, post: Array, comb: Array, *, fused: bool 
     if out is not None:
         out = _out(out, 1)
     if T == 0:
-        return _one(empty_result(_on_device(out, f, residual, post, comb), device, (0, HC, D)))
+        return _one(empty_result(device, (f, residual, post, comb), out, (0, HC, D)))
     return call(device, ("hc_post", fused), {"f": f, "residual": residual, "post": post, "comb": comb},
                 [(T, HC, D)], lambda g, t, dev: hc.post(g, t["f"], t["residual"], t["post"], t["comb"], fused=fused,
                                                       device=dev), out, _POST_INPUTS)[0]
@@ -315,7 +331,7 @@ def hc_site_pre(X: Array, fn: Array, scale: Array, base: Array, *, hc_eps: float
     hc_policy.check_override("HC_COMB", fused)
     out, T = _out(out, 3), X.shape[0]
     if T == 0:
-        return empty_result(_on_device(out, X, fn, scale, base), device, (0, D), (0, HC), (0, HC, HC))
+        return empty_result(device, (X, fn, scale, base), out, (0, D), (0, HC), (0, HC, HC))
     return call(device, ("hc_site_pre", hc_eps, norm_eps, n_iter, fused),
                 {"X": X, "fn": fn, "scale": scale, "base": base}, [(T, D), (T, HC), (T, HC, HC)],
                 lambda g, t, dev: hc.site_pre(g, t["X"], t["fn"], t["scale"], t["base"], hc_eps=hc_eps,

@@ -99,15 +99,24 @@ def check_same(name_a, a, name_b, b, what):
         raise ValueError(f"{what} disagrees between {name_a} ({a}) and {name_b} ({b})")
 
 
+F32_MAX = float(np.finfo(np.float32).max)
+F32_TINY = float(np.finfo(np.float32).smallest_subnormal)
+
+
 def check_eps(name, value):
-    if value.__class__ is float and 0.0 < value < math.inf:     # the usual case, checked per call
+    """An eps as the kernels take it: a number > 0 that float32 holds (neither 0 nor inf once rounded)."""
+    if value.__class__ is float and F32_TINY <= value <= F32_MAX:      # the usual case, checked per call
         return value
+    wrong = ValueError(f"{name} must be a finite number > 0 that float32 holds ({F32_TINY:.3g} to {F32_MAX:.6g}), "
+                       f"got {value!r}")
+    if isinstance(value, (bool, str, bytes)):
+        raise wrong
     try:
         v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}") from None
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    except (TypeError, ValueError, OverflowError):
+        raise wrong from None
+    if not math.isfinite(v) or v <= 0 or v > F32_MAX or np.float32(v) == 0:
+        raise wrong
     return v
 
 
@@ -117,11 +126,16 @@ def require_support(op, device, why):
         raise HCUnsupported(f"{op} cannot run on {device.name}: {why}")
 
 
+# Sinkhorn iterations accepted: DeepSeek-V4 runs 20; the unfused chain records 7 nodes an iteration,
+# so an unbounded count would grow its graph (and the time to record it) without limit.
+MAX_N_ITER = 1000
+
+
 def check_n_iter(value):
-    if value.__class__ is int and value >= 1:                   # the usual case, checked per call
+    if value.__class__ is int and 1 <= value <= MAX_N_ITER:        # the usual case, checked per call
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"n_iter must be an integer ≥ 1, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= MAX_N_ITER:
+        raise ValueError(f"n_iter must be an integer ≥ 1 and at most {MAX_N_ITER} (Sinkhorn iterations), got {value!r}")
     return int(value)
 
 

@@ -20,7 +20,7 @@ import itertools
 import weakref
 
 from . import composite as hc, policy as hc_policy
-from .api import array_arg, call, empty_result, hc_post, hidden, known_args, pick_device, remember_args
+from .api import _out, array_arg, call, empty_result, hc_post, hidden, known_args, pick_device, remember_args
 from .kernels import HC, N_MIX, check_eps, check_n_iter
 from .policy import _generation
 from ..vk.tensor import Tensor
@@ -48,21 +48,27 @@ class _Resident:
         X = array_arg("X", X, (None, HC, self.D))
         return X, X.shape[0]
 
-    def _carry(self, carry, T):
-        """The partials of a MixCarry made for this object (None: no carry)."""
-        if carry is None or carry.partials is None:
+    def _carry(self, carry, X, T):
+        """The partials of a MixCarry made for this object and this X (None: no carry)."""
+        if carry is None:
             return None
         if not isinstance(carry, MixCarry):
             raise ValueError(f"carry must be the MixCarry a post(..., next=) returned, got {type(carry).__name__}")
+        if carry.partials is None:
+            return None
         if carry.target is not self:
             raise ValueError("carry was computed for another site: pass it to the site given as next=")
         if carry.partials.shape[0] != T:
             raise ValueError(f"carry holds {carry.partials.shape[0]} token(s), X has {T}")
+        if carry.source is not None and X is not carry.source:     # (a MixCarry made by hand names no X)
+            # the partials are X_new's mixes: with any other X (even of the same shape) they would be wrong
+            raise ValueError("carry belongs to the X_new its post(..., next=) returned: pass that tensor as X "
+                             "(without the carry, pre computes the mixes of any X itself)")
         return carry.partials
 
     def _run_pre(self, name, X, T, carry, out, out_shapes, build):
         """call() of this object's pre-side program, with the carried partials as an input when given."""
-        mix = self._carry(carry, T)
+        mix = self._carry(carry, X, T)
         if mix is None:
             return call(self.device, (self._owner, name), {"X": X}, out_shapes,
                         lambda g, t, dev: build(g, t["X"], None), out, ("X",))
@@ -74,12 +80,13 @@ class MixCarry:
     """The next site's mixes partials, computed by `site.post(..., next=)` in the same pass as the new
     streams: give it to that site's `pre(X_new, carry=)` (or the head's `collapse`). `partials` is
     None where nothing was carried (hc.carries: the three-op path at decode; past CARRY_MAX_T tokens
-    a device without the prefill carry's kernels): the next pre then computes its mixes itself."""
+    a device without the prefill carry's kernels): the next pre then computes its mixes itself.
+    `source` is the X_new the post returned with it: pre refuses the carry with any other X."""
 
-    __slots__ = ("target", "partials")
+    __slots__ = ("target", "partials", "source")
 
-    def __init__(self, target, partials):
-        self.target, self.partials = target, partials
+    def __init__(self, target, partials, source=None):
+        self.target, self.partials, self.source = target, partials, source    # source: the X_new they belong to
 
     def __repr__(self):
         what = "nothing" if self.partials is None else f"partials {tuple(self.partials.shape)}"
@@ -158,10 +165,9 @@ class HcSite(_Resident):
         (or with out=(u, post, comb)), numpy arrays for a numpy X. carry: what the previous site's
         post(..., next=this site) returned, for X its output."""
         X, T = self._x(X)
-        on_device = out is not None or isinstance(X, Tensor)
+        out = _out(out, 3)
         if T == 0:
-            return empty_result(on_device, self.device, (0, self.D), (0, HC), (0, HC, HC))
-        out = tuple(out) if out is not None else None
+            return empty_result(self.device, (X,), out, (0, self.D), (0, HC), (0, HC, HC))
         return self._run_pre("pre", X, T, carry, out, [(T, self.D), (T, HC), (T, HC, HC)], self.pre_graph)
 
     def post(self, f, X, post, comb, *, next=None, out=None):
@@ -188,7 +194,7 @@ class HcSite(_Resident):
                     [(T, HC, self.D)],
                     lambda g, t, dev: self.post_graph(g, t["f"], t["X"], t["post"], t["comb"], next=next),
                     None if out is None else (out, None), ())
-        return outs[0], MixCarry(next, outs[1])
+        return outs[0], MixCarry(next, outs[1], outs[0])
 
 
 class HcHead(_Resident):
@@ -217,7 +223,7 @@ class HcHead(_Resident):
     def collapse(self, X, *, carry: MixCarry | None = None, out=None):
         """u [T,D] from the streams X [T,4,D] (Tensor → Tensor, numpy → numpy); carry as for HcSite.pre."""
         X, T = self._x(X)
+        out = _out(out, 1)
         if T == 0:
-            return empty_result(out is not None or isinstance(X, Tensor), self.device, (0, self.D))[0]
-        out = (out,) if isinstance(out, Tensor) else out
+            return empty_result(self.device, (X,), out, (0, self.D))[0]
         return self._run_pre("collapse", X, T, carry, out, [(T, self.D)], self.collapse_graph)[0]
