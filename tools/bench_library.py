@@ -200,8 +200,8 @@ def main(argv=None):
         u, p, cb = site.pre(t["X"])
         rows.extend(measure("HcSite", "post", lambda: site.post(u, t["X"], p, cb), last, **n))
         rows.extend(measure("HcSite", "post(next=)", lambda: site.post(u, t["X"], p, cb, next=site2), last, **n))
-        _, carry = site.post(u, t["X"], p, cb, next=site2)
-        rows.extend(measure("HcSite", "pre(carry=)", lambda: site2.pre(t["X"], carry=carry), last, **n))
+        X_new, carry = site.post(u, t["X"], p, cb, next=site2)
+        rows.extend(measure("HcSite", "pre(carry=)", lambda: site2.pre(X_new, carry=carry), last, **n))
 
         for n_sites in sorted({1, args.sites}):
             sites = [site] + [dv.HcSite(t["fn"], t["scale"], t["base"], device=dev) for _ in range(n_sites - 1)]
