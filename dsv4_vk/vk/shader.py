@@ -20,13 +20,21 @@ Where SPIR-V comes from, in order:
    entry has a sha256 beside it, and an entry that does not match (truncated, corrupted, unreadable
    checksum) is rebuilt;
 3. `glslangValidator`, whose output is written to the cache.
+Compiler: `DSV4_VK_GLSLANG` (a path, or a command name looked up on PATH; empty or blank means unset),
+else `glslangValidator` on PATH. It is checked, and run with `--version` (the version is part of the
+cache key, so a disk-cache hit needs it too), the first time a shader is not served from the prebuilt
+set: a `DSV4_VK_GLSLANG` that does not exist, is not an executable file, cannot run, or does not answer
+`--version` is an error that names it, and so is a compile that fails without printing anything.
 Cache directory: `DSV4_VK_CACHE_DIR`, else `$XDG_CACHE_HOME/dsv4_vk`, else `~/.cache/dsv4_vk`. A cache
 directory that cannot be written (read-only) still serves its entries and new results are kept in
-memory; a `DSV4_VK_CACHE_DIR` that is not a usable directory is an error that names it.
+memory, and so are they where the default location cannot be created (with a warning); a
+`DSV4_VK_CACHE_DIR` that is not a usable directory (a file, a path through a file, a path too long,
+one that cannot be created) is an error that names it.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import functools
 import hashlib
 import itertools
@@ -34,6 +42,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -143,26 +152,91 @@ def _variant_id(name: str, key: tuple) -> str:
 
 # --- glslang ---------------------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
-def compiler() -> tuple[str, str]:
-    """(path, version string) of glslangValidator, or a ShaderCompileError saying how to install it."""
-    exe = os.environ.get("DSV4_VK_GLSLANG") or shutil.which("glslangValidator")
+def _shown(value: str, limit: int = 120) -> str:
+    """repr of an environment value for a message; a huge one is cut, with its length."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
+
+def _named_compiler(raw: str) -> str:
+    """DSV4_VK_GLSLANG's value as an absolute executable path, or an error saying what is wrong with it."""
+    # a bare name is looked up on PATH, as the shell (and exec) would
+    found = shutil.which(raw)
+    if found:
+        return os.path.abspath(found)
+    where = f"DSV4_VK_GLSLANG={_shown(raw)}"
+    if os.sep not in raw:
+        what = "is not a path and there is no command of that name on PATH"
+    elif not os.path.exists(raw):
+        what = "does not exist"
+    else:
+        what = "is a directory, not an executable file" if os.path.isdir(raw) else "is not an executable file"
+    raise ShaderCompileError(f"{where} {what}: set it to the path of glslangValidator (Debian package "
+                             "`glslang-tools`), or unset it to use the one on PATH")
+
+
+_named: dict[str, str] = {}              # executable -> "the compiler named by DSV4_VK_GLSLANG=..."
+
+
+def _compiler_source() -> tuple[str, str, bool]:
+    """(executable, how messages name it, whether DSV4_VK_GLSLANG chose it): that variable when set, else
+    glslangValidator on PATH."""
+    raw = os.environ.get("DSV4_VK_GLSLANG", "")
+    if raw.strip():                              # empty or blank means unset, like the other switches
+        return _named_compiler(raw), f"the compiler named by DSV4_VK_GLSLANG={_shown(raw)}", True
+    exe = shutil.which("glslangValidator")
     if not exe:
         raise ShaderCompileError("glslangValidator was not found on PATH: install Debian package "
                                  "`glslang-tools` (or run `make setup`), or set DSV4_VK_GLSLANG to its path.")
-    out = subprocess.run([exe, "--version"], capture_output=True, text=True)
-    return exe, out.stdout.strip()
+    return exe, f"glslangValidator ({exe})", False
+
+
+def _run_compiler(args: list[str], who: str, timeout: float | None = None) -> subprocess.CompletedProcess:
+    # stdin closed: a wrong program named as the compiler must not wait for input; errors="replace": nor
+    # may its output, not being text, turn into a UnicodeDecodeError
+    try:
+        return subprocess.run(args, capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL,
+                              timeout=timeout)
+    except OSError as e:
+        raise ShaderCompileError(f"{who} could not run ({e.strerror or e}): expected glslangValidator") from None
+    except subprocess.TimeoutExpired:
+        raise ShaderCompileError(f"{who} did not finish `{' '.join(args[1:])}` within {timeout:.0f} s: "
+                                 "expected glslangValidator") from None
+
+
+@functools.lru_cache(maxsize=None)
+def compiler() -> tuple[str, str]:
+    """(path, version string) of glslangValidator, or a ShaderCompileError saying how to install it (or,
+    for a DSV4_VK_GLSLANG that is not a working compiler, what is wrong with it)."""
+    exe, who, named = _compiler_source()
+    if named:
+        _named[exe] = who
+    out = _run_compiler([exe, "--version"], who, timeout=60)
+    version = out.stdout.strip()
+    # the version is part of every cache key, so a program that does not give one cannot be used
+    if out.returncode != 0 or not version:
+        said = (out.stdout + out.stderr).strip()
+        said = f"printed {_shown(said.splitlines()[0], 200)}" if said else "printed nothing"
+        raise ShaderCompileError(f"{who} is not a working glslangValidator: `{exe} --version` exited with "
+                                 f"status {out.returncode} and {said}")
+    return exe, version
 
 
 def _glslang(name: str, path: Path, key: tuple) -> bytes:
     exe, _ = compiler()
+    who = _named.get(exe, f"glslangValidator ({exe})")
     args = [f"-D{k}={v}" for k, v in key]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.spv"
         cmd = [exe, "-V", "--target-env", "vulkan1.2", "-S", "comp", *args, "-o", str(out), str(path)]
-        res = subprocess.run(cmd, capture_output=True, text=True)
+        res = _run_compiler(cmd, who)
         if res.returncode != 0 or not out.exists():
             msg = (res.stdout + res.stderr).strip()
+            if not msg:                          # nothing to show: the compiler itself is the likely fault
+                msg = f"{who} exited with status {res.returncode} and printed nothing"
+            elif exe in _named:                  # a compile error may be the wrong program's, not the shader's
+                msg += f"\n(compiler: {who})"
             raise ShaderCompileError(f"shader {name}.comp failed to compile with defines {dict(key)}:\n{msg}")
         return out.read_bytes()
 
@@ -229,6 +303,31 @@ def _warn_once(msg: str) -> None:
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
+def _is_dir(d: Path) -> bool:
+    # Path.is_dir raises, rather than answering False, for a name too long or a parent it may not search
+    try:
+        return d.is_dir()
+    except OSError:
+        return False
+
+
+def _unusable(d: Path, e: OSError) -> str:
+    """Why directory `d` could not be created (`e`), in words that say what to change."""
+    if e.errno == errno.ENAMETOOLONG:
+        return ("its path is too long: most file systems allow 255 bytes for a name in a path and 4096 for "
+                "the whole path")
+    if e.errno in (errno.EEXIST, errno.ENOTDIR):
+        # name the file that is in the way: it may be d itself or any directory above it
+        for p in (*reversed(d.parents), d):
+            try:
+                mode = os.stat(p).st_mode
+                if not stat.S_ISDIR(mode):
+                    return f"{p} is a file, not a directory" if stat.S_ISREG(mode) else f"{p} is not a directory"
+            except OSError:
+                break
+    return e.strerror or str(e)
+
+
 def cache_dir() -> tuple[Path | None, bool]:
     """(directory, writable). (None, False) when the default location cannot be used at all."""
     explicit = os.environ.get("DSV4_VK_CACHE_DIR")
@@ -242,13 +341,15 @@ def cache_dir() -> tuple[Path | None, bool]:
     try:
         d.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        if explicit and not d.is_dir():
-            raise ShaderCompileError(f"DSV4_VK_CACHE_DIR={explicit!r} is not a usable directory ({e.strerror}): "
-                                     "point it at a writable directory, or unset it") from None
-        _warn_once(f"shader cache {d} cannot be created ({e.strerror}): compiling in memory")
-        return (d if d.is_dir() else None), False
-    if not d.is_dir():
-        raise ShaderCompileError(f"DSV4_VK_CACHE_DIR={explicit!r} is not a directory")
+        if explicit and not _is_dir(d):
+            raise ShaderCompileError(f"DSV4_VK_CACHE_DIR={_shown(explicit)} is not a usable directory "
+                                     f"({_unusable(d, e)}): point it at a writable directory, or unset it") from None
+        # only the default location falls back to memory: a directory the user named must work
+        _warn_once(f"shader cache {_shown(str(d))} cannot be created ({_unusable(d, e)}): compiling in memory")
+        return (d if _is_dir(d) else None), False
+    if not _is_dir(d):
+        where = f"DSV4_VK_CACHE_DIR={_shown(explicit)}" if explicit else f"shader cache {_shown(str(d))}"
+        raise ShaderCompileError(f"{where} is not a directory: point DSV4_VK_CACHE_DIR at a writable directory")
     writable = os.access(d, os.W_OK | os.X_OK)
     if not writable:
         _warn_once(f"shader cache {d} is read-only: new SPIR-V is kept in memory only")
