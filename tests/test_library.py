@@ -52,6 +52,19 @@ def test_tensor_round_trip_write_and_errors(device, rng):
         device.empty((2,), np.complex64)
     with pytest.raises(ValueError, match="negative dimension"):
         device.empty((2, -1))
+    assert device.empty((np.int64(3), 2)).shape == (3, 2)
+    for shape in ((2.5, 4), (True, 4), ("3",)):
+        with pytest.raises(ValueError, match="shape must be a tuple of integers"):
+            device.empty(shape)
+    with pytest.raises(ValueError, match="larger than .* largest memory heap"):
+        device.empty((2 ** 62,))
+    with pytest.raises(ValueError, match="outside int32's range"):
+        i.write(np.array([2 ** 40, 0, 0, 0, 0, 0, 0]))
+    assert i.numpy().tolist() == list(range(7))                           # (nothing written)
+    for bad in (lambda: t.rows(0.5, 2), lambda: t.read_at(1.5), lambda: t.write(b[0], start=1.5),
+                lambda: t.read_at(0, True)):
+        with pytest.raises(ValueError, match="must be an integer, got"):
+            bad()
 
 
 def test_ops_take_tensors_and_return_tensors(device, rng):

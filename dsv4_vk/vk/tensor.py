@@ -8,6 +8,7 @@ back to the device's pool.
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
 
@@ -50,10 +51,22 @@ def data_bytes(numel: int, dtype: str) -> int:
     return -(-numel * itemsize(dtype) // 4) * 4
 
 
+def _index(name, value) -> int:
+    """An integer argument (int or numpy integer; not a float, not a bool), else a clear error."""
+    if value.__class__ is int:
+        return value
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
 def _shape(shape) -> tuple[int, ...]:
     try:
-        shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
-    except (TypeError, ValueError):
+        shape = tuple(_index("a dimension", s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+    except ValueError:
         raise ValueError(f"shape must be a tuple of integers, got {shape!r}") from None
     if any(s < 0 for s in shape):
         raise ValueError(f"negative dimension in shape {shape}")
@@ -76,6 +89,10 @@ class Tensor:
         self.shape = _shape(shape)
         self.dtype_name = dtype_name(dtype)
         self.numel = math.prod(self.shape)
+        heap = max((h.size for h in device.caps.memory_heaps), default=0)
+        if heap and data_bytes(self.numel, self.dtype_name) > heap:
+            raise ValueError(f"a tensor of shape {self.shape} ({data_bytes(self.numel, self.dtype_name)} bytes) "
+                             f"is larger than {device.name}'s largest memory heap ({heap} bytes)")
         # guards get the sentinel only on request (executor params: guard checks then cover them);
         # a tensor made per call (op outputs) skips those writes
         self.guarded = fill_guards
@@ -149,14 +166,18 @@ class Tensor:
             if not (np.issubdtype(a.dtype, np.floating) and self.dtype_name == "f32") and \
                     not (np.issubdtype(a.dtype, np.integer) and self.dtype_name == "i32"):
                 raise ValueError(f"write of dtype {a.dtype} into a {want} tensor")
+            if self.dtype_name == "i32" and a.size and (a.min() < -2 ** 31 or a.max() >= 2 ** 31):
+                raise ValueError(f"write of values outside int32's range into an i32 tensor "
+                                 f"(from {a.min()} to {a.max()})")
             a = a.astype(want)
-        start = 0 if start is None else int(start)
+        start = 0 if start is None else _index("start", start)
         if start < 0 or start + a.size > self.numel:
             raise ValueError(f"writing {a.size} element(s) at {start} overruns the tensor's {self.numel}")
         buf.write(np.ascontiguousarray(a), GUARD * 4 + start * itemsize(self.dtype_name))
 
     def read_at(self, start: int, count: int = 1) -> np.ndarray:
         """Elements [start, start + count) of the flat tensor (a few values without reading the rest)."""
+        start, count = _index("start", start), _index("count", count)
         if start < 0 or count < 0 or start + count > self.numel:
             raise ValueError(f"reading {count} element(s) at {start} overruns the tensor's {self.numel}")
         size = itemsize(self.dtype_name)
@@ -192,6 +213,7 @@ class TensorRows:
     into them on the device, e.g. to run a call too large for one binding in chunks of tokens."""
 
     def __init__(self, tensor: Tensor, start: int, stop: int):
+        start, stop = _index("start", start), _index("stop", stop)
         if not tensor.shape or not 0 <= start <= stop <= tensor.shape[0]:
             raise ValueError(f"rows [{start}, {stop}) are not within the first axis of a tensor of shape {tensor.shape}")
         self.tensor, self.device, self.dtype_name = tensor, tensor.device, tensor.dtype_name
