@@ -10,6 +10,7 @@ command buffers submitted with the recording, in the same vkQueueSubmit.
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 from operator import attrgetter
 import sys
@@ -19,7 +20,7 @@ import numpy as np
 
 from . import profile
 from .tensor import DTYPES, dtype_name, itemsize
-from ..vk import Buffer, Recorder, default_device
+from ..vk import Buffer, DeviceClosed, Recorder, default_device
 from ..vk.memory import GUARD, SENTINEL, guarded_buffer, guards_intact  # noqa: F401  (re-exported)
 from ..vk.recorder import record_copies
 from ..vk.tensor import Tensor as DeviceTensor, TensorRows, data_bytes
@@ -41,6 +42,30 @@ _NO_ARGS = {}       # (never written)
 _BUFFER = attrgetter("buffer")
 _COPY_STATE = attrgetter("buffer", "byte_offset", "shape", "dtype_name")   # what a tensor's copy depends on (its
 #                                                                     buffer belongs to its device)
+
+
+def _counted(method):
+    """`method` (of an object with a `device`) counted as a call inside the device (Device.begin_use):
+    close() waits for it to return before it destroys anything, and refuses it once closing."""
+    @functools.wraps(method)
+    def counted(self, *args, **kw):
+        dev = self.device
+        dev.begin_use()
+        try:
+            return method(self, *args, **kw)
+        finally:
+            dev.end_use()
+    return counted
+
+
+def _try_begin_use(device):
+    """device.begin_use() → True; False where the device is closing or closed (close() destroys
+    the handles then: releasing code skips them)."""
+    try:
+        device.begin_use()
+    except DeviceClosed:
+        return False
+    return True
 
 
 def _refcounts(items):
@@ -106,7 +131,12 @@ class Submission:
     def wait(self) -> None:
         if not self._waited:
             cg = self.compiled
-            cg.device.wait(cg.recording.fence_arr)
+            dev = cg.device
+            dev.begin_use()         # close() destroys the fence only after this wait
+            try:
+                dev.wait(cg.recording.fence_arr)
+            finally:
+                dev.end_use()
             self._waited, self._keep = True, None
             if cg._pending is self:
                 cg._pending = None
@@ -119,7 +149,9 @@ class CompiledGraph:
     `run(inputs)` → {output: numpy array}; `replay(inputs)` leaves the outputs on the device (`read`
     them, or give `out={name: Tensor}`); `submit(inputs)` returns a Submission at once, so the host
     can prepare the next step while the GPU runs. Inputs are numpy arrays or device Tensors (copied
-    on the device). A compiled graph serves one caller at a time: run/replay hold its lock."""
+    on the device). A compiled graph serves one caller at a time: run/replay hold its lock. Every
+    call that touches the device's handles is counted (Device.begin_use): a close() in another
+    thread waits for it, and once closing the call raises DeviceClosed."""
 
     def __init__(self, device, graph, timestamps=False, params=None, repeat=1):
         """repeat: record the graph's dispatches that many times back to back in the one command
@@ -148,6 +180,14 @@ class CompiledGraph:
         self.stats = None
         self.dispatch_details = []               # per dispatch, for profiles: what ran (dispatch_detail)
         self._check_ranges()
+        self._build(params)
+        self.nbytes = sum(b.nbytes for b in self._owned)
+        self._io_specs()
+
+    @_counted
+    def _build(self, params):
+        """The storages' buffers and the recording; whatever was made goes back if any step fails."""
+        device, graph, rec = self.device, self.graph, None
         try:
             for s in graph.storages:
                 if s.kind == "param":
@@ -156,19 +196,19 @@ class CompiledGraph:
                 buf = guarded_buffer(device, s.numel, s.data if s.kind == "const" else None, size=itemsize(s.dtype))
                 self.buffers[id(s)] = buf
                 self._owned.append(buf)
-            rec = Recorder(device, timestamps=timestamps)
-            for node in [n for _ in range(repeat) for n in graph.nodes]:
+            rec = Recorder(device, timestamps=self.timestamps)
+            for node in [n for _ in range(self.repeat) for n in graph.nodes]:
                 for launch in node.op.lower(node, device):
                     self._record(rec, node, launch)
             self.recording = rec.finish()
         except BaseException:
+            if rec is not None:
+                rec.discard()       # its command pool, buffer and query pools (none once finished)
             for buf in self._owned:
                 device.pool.free(buf)
             self._owned = []
             self._unpin()
             raise
-        self.nbytes = sum(b.nbytes for b in self._owned)
-        self._io_specs()
 
     def _check_ranges(self):
         """Refuse (before allocating anything) a storage that could not be bound whole."""
@@ -234,8 +274,12 @@ class CompiledGraph:
             a = a.astype(np.float32)
         return np.ascontiguousarray(a)
 
+    @_counted
     def set_input(self, name, array):
         """Write a host array into input `name` now (a staging copy where memory is not mapped)."""
+        self._set_input(name, array)
+
+    def _set_input(self, name, array):
         t = self._input(name)
         self.buffers[id(t.storage)].write(self._host_input(name, array), GUARD * 4)
 
@@ -328,30 +372,38 @@ class CompiledGraph:
         """execute(inputs, out) for the library's device-tensor calls: `out` a tuple of Tensors for the
         outputs in order (None entries, or out=None: new ones, as new_outputs); returns the output
         tensors as a tuple. One method for what took new_outputs, a dict of them and execute."""
-        if out is None:
-            outs = self._new_outputs()          # (the held list itself: only read here)
-        elif None in out:
-            outs = list(self._new_outputs())    # (a copy: the held list is the program's)
-            for i, o in enumerate(out[:len(outs)]):
-                if o is not None:
-                    outs[i] = o
-        else:
-            outs = out
-            if len(out) > len(self._out_spec):
-                raise ValueError(f"out holds {len(out)} tensors, the program has {len(self._out_spec)} "
-                                 f"output(s): {list(self._out_spec)}")
-        with self._lock:
-            # _start's first step, the argument set of the last run again, without building the out
-            # dict; _start does everything else (a pending run, a released program, new arguments)
-            if self._pending is not None or self.recording.cmd is None or \
-                    not self._submit_fast((*inputs, *self._out_tail), (*inputs.values(), *outs)):
-                self._start(inputs, dict(zip(self._out_spec, outs)), ())
-            self.device.wait(self.recording.fence_arr)     # (inputs and outs keep the tensors alive until here)
-            if self.timestamps or profile.active():
-                self._finished()
+        dev = self.device
+        users = dev._users
+        users.append(None)          # dev.begin_use(), inlined: the per-call path (end_use: the finally)
+        try:
+            if dev._closing:
+                dev.check_open()
+            if out is None:
+                outs = self._new_outputs()          # (the held list itself: only read here)
+            elif None in out:
+                outs = list(self._new_outputs())    # (a copy: the held list is the program's)
+                for i, o in enumerate(out[:len(outs)]):
+                    if o is not None:
+                        outs[i] = o
             else:
-                self.stats = None           # (_finished, inlined for the usual case)
-        return tuple(outs)
+                outs = out
+                if len(out) > len(self._out_spec):
+                    raise ValueError(f"out holds {len(out)} tensors, the program has {len(self._out_spec)} "
+                                     f"output(s): {list(self._out_spec)}")
+            with self._lock:
+                # _start's first step, the argument set of the last run again, without building the out
+                # dict; _start does everything else (a pending run, a released program, new arguments)
+                if self._pending is not None or self.recording.cmd is None or \
+                        not self._submit_fast((*inputs, *self._out_tail), (*inputs.values(), *outs)):
+                    self._start(inputs, dict(zip(self._out_spec, outs)), ())
+                dev.wait(self.recording.fence_arr)     # (inputs and outs keep the tensors alive until here)
+                if self.timestamps or profile.active():
+                    self._finished()
+                else:
+                    self.stats = None           # (_finished, inlined for the usual case)
+            return tuple(outs)
+        finally:
+            users.pop()
 
     def _io_info(self, key, copies_in, copies_out):
         """The VkSubmitInfo of [copies in, the recording, copies out], recorded once per buffer set
@@ -379,16 +431,29 @@ class CompiledGraph:
         `out` ({name: Tensor}) out, in one submit. Returns a Submission; a run still in flight on
         this graph is waited for first. read_back: output names `read` will ask for after the run
         (where the host cannot map device memory they come back in the same submit)."""
-        with self._lock:
-            self._pending = Submission(self, self._start(_merged_inputs(inputs, kw), out, read_back))
-            return self._pending
+        dev = self.device
+        dev.begin_use()
+        try:
+            with self._lock:
+                self._pending = Submission(self, self._start(_merged_inputs(inputs, kw), out, read_back))
+                return self._pending
+        finally:
+            dev.end_use()
 
     def execute(self, inputs: dict | None = None, out: dict | None = None, read_back=()) -> None:
         """submit(...).wait() without the Submission: the library's synchronous calls."""
-        with self._lock:
-            keep = self._start(inputs, out, read_back)     # noqa: F841  (alive until the wait)
-            self.device.wait(self.recording.fence_arr)
-            self._finished()
+        dev = self.device
+        users = dev._users
+        users.append(None)          # dev.begin_use(), inlined: the per-call path (end_use: the finally)
+        try:
+            if dev._closing:
+                dev.check_open()
+            with self._lock:
+                keep = self._start(inputs, out, read_back)     # noqa: F841  (alive until the wait)
+                dev.wait(self.recording.fence_arr)
+                self._finished()
+        finally:
+            users.pop()
 
     def _start(self, inputs, out, read_back):
         """Copies and submit of one run (holding _lock); returns the device tensors it copies.
@@ -427,7 +492,7 @@ class CompiledGraph:
                     if spec[2]:
                         key.append((k, v.buffer.serial, v.byte_offset))
                 elif stage is None:
-                    self.set_input(k, v)
+                    self._set_input(k, v)
                     host = True
                 else:
                     host = True
@@ -512,6 +577,7 @@ class CompiledGraph:
                 copies_out.append((buf, off, stage[2], stage[3][k], n))
         return self._io_info(key, copies_in, copies_out)
 
+    @_counted
     def _fence_signalled(self):
         from ..vk.binding import lib
         return lib.vkGetFenceStatus(self.device.device, self.recording.fence) == 0
@@ -536,6 +602,17 @@ class CompiledGraph:
 
     def read(self, t) -> np.ndarray:
         """numpy copy of any graph tensor view, or of the output named `t` (after a run)."""
+        dev = self.device
+        users = dev._users
+        users.append(None)          # dev.begin_use(), inlined: once per output of every numpy call
+        try:
+            if dev._closing:
+                dev.check_open()
+            return self._read(t)
+        finally:
+            users.pop()
+
+    def _read(self, t):
         if isinstance(t, str):
             if t not in self.graph.outputs:
                 raise ValueError(f"graph has no output {t!r}; outputs are {sorted(self.graph.outputs)}")
@@ -571,6 +648,7 @@ class CompiledGraph:
             self.stats = self.run_stats()
             return {k: self.read(k) for k in names}
 
+    @_counted
     def check_guards(self):
         """Names of storages whose guard regions were overwritten (empty list: all intact)."""
         return [s.name or f"{s.kind}#{i}" for i, s in enumerate(self.graph.storages)
@@ -578,14 +656,19 @@ class CompiledGraph:
 
     def release(self):
         with self._lock:
-            if self._pending is not None and not self.device.closed:
-                self._pending.wait()
-            self.recording.destroy()
-            if not self.device.closed:
-                for buf in self._owned:
-                    self.device.pool.free(buf)
-                for buf in (self._stage or ())[::2]:
-                    buf.destroy()
+            live = _try_begin_use(self.device)      # else close() destroys everything
+            try:
+                if live and self._pending is not None:
+                    self._pending.wait()
+                self.recording.destroy()
+                if live:
+                    for buf in self._owned:
+                        self.device.pool.free(buf)
+                    for buf in (self._stage or ())[::2]:
+                        buf.destroy()
+            finally:
+                if live:
+                    self.device.end_use()
             self.buffers, self._owned, self._io, self._stage = {}, [], collections.OrderedDict(), None
             self._held = self._fast = None
             self._unpin()
@@ -599,14 +682,17 @@ class CompiledGraph:
         # a finalizer may run on any thread at any time: no locks, buffers queued for the pool
         try:
             self._unpin()
-            if self.device.closed or self.recording.cmd is None:
-                return
-            if self._pending is not None:
-                self.device.wait(self.recording.fence_arr)
-            self.recording.destroy()
-            for buf in self._owned + list((self._stage or ())[::2]):
-                self.device.pool.free_later(buf)    # the mapped staging pair is destroyed, not pooled
-            self._owned = []
+            if self.device.closed or self.recording.cmd is None or not _try_begin_use(self.device):
+                return      # (closing: the recording's own finalizer hands it to close())
+            try:
+                if self._pending is not None:
+                    self.device.wait(self.recording.fence_arr)
+                self.recording.destroy()
+                for buf in self._owned + list((self._stage or ())[::2]):
+                    self.device.pool.free_later(buf)    # the mapped staging pair is destroyed, not pooled
+                self._owned = []
+            finally:
+                self.device.end_use()
         except Exception:
             pass
 

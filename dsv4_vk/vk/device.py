@@ -9,7 +9,9 @@ caused it.
 Threads: one device may be used from several threads. `lock` (re-entrant) guards the queue, the
 shared descriptor pools, the pipeline cache, the buffer pool and the staging buffer; each recording
 owns its command pool and fence, so recordings of different threads never share one. GPU waits
-happen outside the lock.
+happen outside the lock. Calls that use the device's handles are counted (`begin_use`/`end_use`):
+close() refuses new calls, waits for the counted ones to end, then destroys everything, so no
+thread waits on a fence (or writes mapped memory) that close() is destroying.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from . import env
 from .binding import ERROR_FRAGMENTED_POOL, ERROR_OUT_OF_POOL_MEMORY, check, ffi, lib, vk
 from .caps import Capabilities
 from .errors import DeviceClosed, ValidationError, VulkanError, VulkanUnavailable
-from .recorder import begin_transfer
+from .recorder import begin_transfer, destroy_recording
 
 if TYPE_CHECKING:
     from .tensor import Tensor
@@ -293,6 +295,9 @@ class Device:
             raise ValueError(f"Device(selector): expected a device index ≥ 0 or a name substring, got {selector!r}")
         selector = str(selector) if selector is not None else None
         self._closed = True             # until every handle exists: close() then has nothing to undo
+        self._closing = True            # set when close() begins (and until the device is open): calls refused
+        self._users = []                # one entry per counted call inside the device now (begin_use)
+        self._orphans = []              # handles of recordings destroyed while closing: close() destroys them
         self.lock = threading.RLock()
         self.validation = validation
         self.instance = _create_instance(validation)
@@ -341,7 +346,7 @@ class Device:
         self.pool = BufferPool(self)
         self.pipelines = PipelineCache(self)
         self.programs = ProgramCache(self)
-        self._closed = False
+        self._closed = self._closing = False
 
     # --- state --------------------------------------------------------------------------------
     @property
@@ -349,10 +354,25 @@ class Device:
         return self._closed
 
     def check_open(self):
-        """Raise DeviceClosed when the device was closed (called by every entry point)."""
-        if self._closed:
+        """Raise DeviceClosed once close() has begun (called by every entry point)."""
+        if self._closing:
             raise DeviceClosed(f"device {self.caps.name!r} was closed: open a new one with dsv4_vk.Device() "
                                "(or default_device(), which reopens the default device)")
+
+    def begin_use(self) -> None:
+        """Count a call that uses the device's handles until its end_use() (in a `finally`): close()
+        waits for every counted call to end before it destroys anything. Raises DeviceClosed once
+        close() has begun. Lock-free, for the per-call path: a list append, a flag read, a pop
+        (CompiledGraph's per-call methods inline these steps, in this order)."""
+        users = self._users
+        users.append(None)      # counted first, checked second; close() sets _closing first, reads the
+        if self._closing:       # count second: one of the two sees the other (the GIL orders them)
+            users.pop()
+            self.check_open()
+
+    def end_use(self) -> None:
+        """The end of a call counted by begin_use()."""
+        self._users.pop()
 
     def _on_message(self, severity, msg):
         self.validation_messages.append((severity, msg))
@@ -572,12 +592,20 @@ class Device:
     def tensor(self, array: Any, dtype: Any = None) -> "Tensor":
         """A device Tensor holding a copy of `array` (float64 becomes float32)."""
         from .tensor import Tensor
-        return Tensor.from_array(self, array, dtype)
+        self.begin_use()            # (close() waits for the buffer and the upload)
+        try:
+            return Tensor.from_array(self, array, dtype)
+        finally:
+            self.end_use()
 
     def empty(self, shape: Sequence[int], dtype: Any = "f32") -> "Tensor":
         """An uninitialised device Tensor of `shape` (dtype float32 or int32)."""
         from .tensor import Tensor
-        return Tensor(self, shape, dtype)
+        self.begin_use()
+        try:
+            return Tensor(self, shape, dtype)
+        finally:
+            self.end_use()
 
     def trim(self) -> None:
         """Release every cached program that is not in use, every free pooled buffer and the staging
@@ -611,18 +639,27 @@ class Device:
         return self.caps.subgroup.supports(op)
 
     def wait_idle(self):
-        self.check_open()
-        lib.vkDeviceWaitIdle(self.device)
+        self.begin_use()
+        try:
+            lib.vkDeviceWaitIdle(self.device)
+        finally:
+            self.end_use()
 
     def close(self) -> None:
-        """Wait for the GPU, destroy everything the device made; idempotent."""
+        """Refuse new calls, wait for the calls other threads are inside of and for the GPU, destroy
+        everything the device made; idempotent. A call racing with close() completes or raises
+        DeviceClosed."""
+        self._closing = True            # from here on begin_use() and check_open() raise DeviceClosed
+        while self._users:              # counted calls end before their handles go (a fence a thread
+            time.sleep(0.001)           # waits on, mapped memory it reads); rare, so a poll will do
         with self.lock:
             if self._closed:
                 return
             lib.vkDeviceWaitIdle(self.device)
-            self.programs.clear()
             for rec in list(self._recordings):
-                rec.destroy()
+                rec.destroy()           # (hands its handles to _orphans: the device is closing)
+            while self._orphans:        # ... and those of recordings finalized while it was closing
+                destroy_recording(self.device, *self._orphans.pop())
             if self._one_shot is not None:
                 lib.vkDestroyFence(self.device, self._one_shot[1], ffi.NULL)
             self.pipelines.destroy()
@@ -635,6 +672,7 @@ class Device:
             lib.vkDestroyCommandPool(self.device, self.command_pool, ffi.NULL)
             lib.vkDestroyDevice(self.device, ffi.NULL)
             self._destroy_instance()
+        self.programs.clear()           # after _closed: put() keeps nothing from here on
         if self.validation:
             self.check_validation("closing the device")     # e.g. objects still alive at vkDestroyDevice
 

@@ -9,6 +9,7 @@ of times without re-recording.
 import numpy as np
 
 from .binding import check, ffi, lib, vk
+from .errors import DeviceClosed
 
 _STAGE_COMPUTE = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
 _STAGE_TRANSFER = vk.VK_PIPELINE_STAGE_TRANSFER_BIT
@@ -20,6 +21,32 @@ def _overlap(ranges, lo, hi):
     return any(a < hi and lo < b for a, b in ranges)
 
 
+def destroy_recording(vk_device, pool, fence, query_pools):
+    """Destroy a command pool (every command buffer of it goes with it), a fence (or None) and query
+    pools [(pool, count)]."""
+    lib.vkDestroyCommandPool(vk_device, pool, ffi.NULL)
+    if fence is not None:
+        lib.vkDestroyFence(vk_device, fence, ffi.NULL)
+    for qp, _ in query_pools:
+        lib.vkDestroyQueryPool(vk_device, qp, ffi.NULL)
+
+
+def _release(device, handles):
+    """destroy_recording(*handles) now, or by close() when the device is closing: a finalizer may
+    get here on any thread, while close() destroys the device or waits for the GPU to finish them."""
+    if device._closed:
+        return                  # (destroyed with the device)
+    try:
+        device.begin_use()
+    except DeviceClosed:
+        device._orphans.append(handles)
+        return
+    try:
+        destroy_recording(device.device, *handles)
+    finally:
+        device.end_use()
+
+
 class Recording:
     """A finished command buffer: submit() replays it; timings() reads per-dispatch GPU times.
 
@@ -28,10 +55,8 @@ class Recording:
 
     def __init__(self, device, pool, cmd, labels, n_barriers, query_pools, keepalive):
         self.device = device
+        self.cmd = None             # (until it owns its handles, below: destroy() has nothing to do)
         self.pool = pool
-        self.cmd = cmd
-        self.fence = device.create_fence()
-        self.fence_arr = ffi.new("VkFence[]", [self.fence])
         self.submit_info, self._cmd_arr = device.submit_info([cmd])
         self.labels = labels
         self.n_dispatches = len(labels)
@@ -39,12 +64,21 @@ class Recording:
         self.query_pools = query_pools
         self.n_submits = 0
         self._keepalive = keepalive
+        self.fence = device.create_fence()
+        self.fence_arr = ffi.new("VkFence[]", [self.fence])
+        self._handles = [(pool, self.fence, query_pools)]    # taken once by destroy() (list.pop is atomic)
+        self.cmd = cmd
         device._recordings.add(self)
 
     def submit(self):
         """Run the recorded commands on the GPU and wait for them."""
-        self.start()
-        self.device.wait(self.fence_arr)
+        dev = self.device
+        dev.begin_use()             # close() waits for the fence wait before destroying the fence
+        try:
+            self.start()
+            dev.wait(self.fence_arr)
+        finally:
+            dev.end_use()
 
     def start(self, info=None):
         """Submit the recorded commands (or `info`: a VkSubmitInfo holding them among others) and
@@ -66,17 +100,28 @@ class Recording:
             return None
         period = self.device.caps.timestamps.period_ns
         bits = self.device.caps.timestamps.valid_bits
-        vals = []
-        for pool, count in self.query_pools:
-            data = ffi.new("uint64_t[]", count)
-            check(lib.vkGetQueryPoolResults(self.device.device, pool, 0, count, 8 * count, data, 8,
-                                            vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT),
-                  "vkGetQueryPoolResults")
-            vals.extend(data[i] for i in range(count))
-        ts = np.array(vals, dtype=np.uint64)
+        ts = np.array(self._query_results(), dtype=np.uint64)
         if bits and bits < 64:
             ts &= np.uint64((1 << bits) - 1)
         return ts.astype(np.float64) * period
+
+    def _query_results(self):
+        """The raw timestamp values of every query pool (counted: close() waits for the read)."""
+        dev = self.device
+        dev.begin_use()
+        try:
+            if self.cmd is None:
+                raise ValueError("this recording was destroyed (its program was released)")
+            vals = []
+            for pool, count in self.query_pools:
+                data = ffi.new("uint64_t[]", count)
+                check(lib.vkGetQueryPoolResults(dev.device, pool, 0, count, 8 * count, data, 8,
+                                                vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT),
+                      "vkGetQueryPoolResults")
+                vals.extend(data[i] for i in range(count))
+            return vals
+        finally:
+            dev.end_use()
 
     def timings(self):
         """GPU ns per dispatch (time between its preceding and its own end-of-pipe timestamp)."""
@@ -88,13 +133,14 @@ class Recording:
         return None if ts is None else float(ts[-1] - ts[0])
 
     def destroy(self):
-        if self.cmd is not None and not self.device.closed:
-            d = self.device.device
-            lib.vkDestroyCommandPool(d, self.pool, ffi.NULL)     # frees every command buffer of it
-            lib.vkDestroyFence(d, self.fence, ffi.NULL)
-            for pool, _ in self.query_pools:
-                lib.vkDestroyQueryPool(d, pool, ffi.NULL)
+        """Destroy the command pool, fence and query pools (once: a finalizer and close() may both
+        get here); the caller waited for its submissions, or the device is closing."""
         self.cmd = None
+        try:
+            handles = self._handles.pop()
+        except (IndexError, AttributeError):        # destroyed already, or never made whole
+            return
+        _release(self.device, handles)
 
     def __del__(self):
         try:
@@ -109,11 +155,6 @@ class Recorder:
     def __init__(self, device, timestamps=False):
         device.check_open()
         self.device = device
-        self.pool = device.create_command_pool()
-        self.cmd = device.allocate_command_buffer(self.pool)
-        begin = ffi.new("VkCommandBufferBeginInfo*")
-        begin.sType = vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO
-        check(lib.vkBeginCommandBuffer(self.cmd, begin), "vkBeginCommandBuffer")
         self._barrier = ffi.new("VkMemoryBarrier*")
         self._barrier.sType = vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER
         self._barrier.srcAccessMask = vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT
@@ -138,8 +179,20 @@ class Recorder:
         self._ends_only = timestamps == "ends" and can
         self.timestamps = bool(timestamps) and not self._ends_only and can
         self._pools = []     # [pool, used]
-        if self.timestamps or self._ends_only:
-            self._timestamp(vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT)
+        # Vulkan objects last: owned (and destroyed by discard() on failure) until finish() hands
+        # them to the Recording
+        self.cmd = None
+        self.pool = device.create_command_pool()
+        try:
+            self.cmd = device.allocate_command_buffer(self.pool)
+            begin = ffi.new("VkCommandBufferBeginInfo*")
+            begin.sType = vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO
+            check(lib.vkBeginCommandBuffer(self.cmd, begin), "vkBeginCommandBuffer")
+            if self.timestamps or self._ends_only:
+                self._timestamp(vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT)
+        except BaseException:
+            self.discard()
+            raise
 
     # --- synchronisation --------------------------------------------------------------------
     def _hazard(self, reads, writes):
@@ -223,10 +276,24 @@ class Recorder:
         check(lib.vkEndCommandBuffer(self.cmd), "vkEndCommandBuffer")
         pools = [(p, used) for p, used in self._pools]
         rec = Recording(self.device, self.pool, self.cmd, self.labels, self.n_barriers, pools, self._keep)
-        self.cmd = None
+        self.cmd, self.pool, self._pools = None, None, []      # the Recording owns them now
         if self.device.validation:
             self.device.check_validation("recording a command buffer")
         return rec
+
+    def discard(self):
+        """Destroy what an unfinished recording made (its command pool and query pools): a recording
+        that failed part way, e.g. at a dispatch whose arguments could not be packed."""
+        pool, self.pool, self.cmd = self.pool, None, None
+        if pool is not None:
+            _release(self.device, (pool, None, [(p, used) for p, used in self._pools]))
+        self._pools = []
+
+    def __del__(self):
+        try:
+            self.discard()          # dropped unfinished (an exception its owner did not catch)
+        except Exception:
+            pass
 
 
 def begin_transfer(cmd, one_time=False):
