@@ -102,14 +102,23 @@ print("outcomes", sorted(outcomes.items()))
 """
 
 
+# Devices one process opens in turn (each attempt opens one): the H200's driver refused the 31st
+# vkCreateInstance of a process (results/h200/history/issue10/device_reopen_h200.txt), so the attempts
+# run in processes of at most this many.
+ATTEMPTS_PER_PROCESS = 20
+
+
 @pytest.mark.parametrize("validation, attempts", [("0", 100), ("1", 40)], ids=["plain", "validation"])
 def test_close_while_threads_are_inside_calls(validation, attempts):
     """close() while five threads loop calls on the device, many times: no deadlock, no crash, and
     every call either completes (with the right result) or raises DeviceClosed. Under the validation
     layer close() also raises if anything was left (a compile cut short by close(), say)."""
-    r = _run(CLOSE_RACE, 150, attempts, DSV4_VK_VALIDATION=validation)
-    assert r.returncode == 0, (r.returncode, r.stdout[-2000:], r.stderr[-6000:])
-    outcomes = dict(ast.literal_eval(r.stdout.strip().split("outcomes ", 1)[1]))
+    outcomes = {}
+    for _ in range(0, attempts, ATTEMPTS_PER_PROCESS):
+        r = _run(CLOSE_RACE, 150, ATTEMPTS_PER_PROCESS, DSV4_VK_VALIDATION=validation)
+        assert r.returncode == 0, (r.returncode, r.stdout[-2000:], r.stderr[-6000:])
+        for k, n in ast.literal_eval(r.stdout.strip().split("outcomes ", 1)[1]):
+            outcomes[k] = outcomes.get(k, 0) + n
     assert set(outcomes) <= {"finished", "DeviceClosed"}, outcomes
     assert outcomes.get("DeviceClosed"), outcomes
 
