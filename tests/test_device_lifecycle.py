@@ -51,14 +51,16 @@ def attempt(seed):
     dev = dv.Device()
     assert dev.validation == (os.environ.get("DSV4_VK_VALIDATION") == "1")
     site, Xt, prog = dv.HcSite(fn, scale, base, device=dev), dev.tensor(X), scale_graph().compile(dev)
+    Xw = dev.tensor(X)
     # every worker loops one kind of call: the numpy API (execute, read), a resident site on device
     # tensors (execute_into), a program run (execute, read), a new program compiled and submitted,
-    # a new tensor (a buffer and its upload)
+    # a new tensor (a buffer and its upload), a tensor's own write and read (its mapped memory)
     calls = [lambda: same(dv.hc_site_pre(X, fn, scale, base, device=dev), want_pre),
              lambda: site.pre(Xt),
              lambda: same([prog.run(x=x)["y"]], [2 * x]),
              lambda: scale_graph().compile(dev).submit(x=x).wait(),
-             lambda: dev.tensor(x)]
+             lambda: dev.tensor(x),
+             lambda: (Xw.write(X), same([Xw.numpy(), Xw.read_at(5, 3)], [X, X.reshape(-1)[5:8]]))]
     for call in calls:      # warm: the pipelines exist, so that the race is mostly with steady-state calls
         call()
     outcome = [None] * len(calls)
@@ -110,7 +112,7 @@ ATTEMPTS_PER_PROCESS = 20
 
 @pytest.mark.parametrize("validation, attempts", [("0", 100), ("1", 40)], ids=["plain", "validation"])
 def test_close_while_threads_are_inside_calls(validation, attempts):
-    """close() while five threads loop calls on the device, many times: no deadlock, no crash, and
+    """close() while six threads loop calls on the device, many times: no deadlock, no crash, and
     every call either completes (with the right result) or raises DeviceClosed. Under the validation
     layer close() also raises if anything was left (a compile cut short by close(), say)."""
     outcomes = {}

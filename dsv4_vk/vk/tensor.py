@@ -151,7 +151,12 @@ class Tensor:
 
     def numpy(self) -> np.ndarray:
         """A host copy."""
-        raw = self._buf().read(GUARD * 4, self.nbytes).view(self._np_dtype)
+        dev = self.device
+        dev.begin_use()                 # (a close() in another thread waits for the read: Device.begin_use)
+        try:
+            raw = self._buf().read(GUARD * 4, self.nbytes).view(self._np_dtype)
+        finally:
+            dev.end_use()
         return raw.reshape(self.shape)
 
     def write(self, array, start: int | None = None) -> None:
@@ -173,7 +178,12 @@ class Tensor:
         start = 0 if start is None else _index("start", start)
         if start < 0 or start + a.size > self.numel:
             raise ValueError(f"writing {a.size} element(s) at {start} overruns the tensor's {self.numel}")
-        buf.write(np.ascontiguousarray(a), GUARD * 4 + start * itemsize(self.dtype_name))
+        dev = self.device
+        dev.begin_use()
+        try:
+            buf.write(np.ascontiguousarray(a), GUARD * 4 + start * itemsize(self.dtype_name))
+        finally:
+            dev.end_use()
 
     def read_at(self, start: int, count: int = 1) -> np.ndarray:
         """Elements [start, start + count) of the flat tensor (a few values without reading the rest)."""
@@ -181,7 +191,12 @@ class Tensor:
         if start < 0 or count < 0 or start + count > self.numel:
             raise ValueError(f"reading {count} element(s) at {start} overruns the tensor's {self.numel}")
         size = itemsize(self.dtype_name)
-        return self._buf().read(GUARD * 4 + start * size, count * size).view(self._np_dtype).copy()
+        dev = self.device
+        dev.begin_use()
+        try:
+            return self._buf().read(GUARD * 4 + start * size, count * size).view(self._np_dtype).copy()
+        finally:
+            dev.end_use()
 
     def rows(self, start: int, stop: int) -> "TensorRows":
         """Rows [start, stop) of the first axis, as a copy source or destination for programs
