@@ -92,9 +92,14 @@ def test_ops_take_tensors_and_return_tensors(device, rng):
     with pytest.raises(ValueError, match=r"out\['out0'\] is a f32 Tensor of shape \(5, 4\), expected f32 \(5, 4, 4\)"):
         dv.hc_comb(mixes, s["scale"], s["base"], out=device.empty((T, 4)))
     other = dv.Device()
-    with pytest.raises(ValueError, match="a Tensor argument lives on"):
-        dv.hc_pre(device.tensor(s["X"]), other.tensor(w))
+    with pytest.raises(ValueError, match=r"a Tensor argument lives on <Device #(\d+) .*, the call runs on <Device #(?!\1)"):
+        dv.hc_pre(device.tensor(s["X"]), other.tensor(w))          # (the two devices told apart by number)
     other.close()
+    Xt, wt = device.tensor(s["X"]), device.tensor(w)                 # rows of Tensors as arguments
+    u = dv.hc_pre(Xt.rows(1, T), wt.rows(1, T))
+    np.testing.assert_array_equal(u.numpy(), dv.hc_pre(s["X"][1:], w[1:]))
+    with pytest.raises(ValueError, match="x must be a float32 Tensor, got i32"):
+        dv.hc_pre(device.tensor(s["X"].astype(np.int32)).rows(0, 2), wt.rows(0, 2))
 
 
 def test_hc_site_and_head_match_the_functions_and_never_touch_the_host(device, rng, monkeypatch):

@@ -217,7 +217,8 @@ class CompiledGraph:
             if s.nbytes > limit:
                 raise ValueError(f"{s.kind} tensor {s.name or '#' + str(i)} of {s.nbytes} bytes exceeds this "
                                  f"device's maxStorageBufferRange of {limit} bytes ({self.device.name}): "
-                                 "split the work into smaller calls (e.g. fewer tokens)")
+                                 "each tensor is bound whole, so split the work into smaller calls (fewer tokens, "
+                                 "where the tensor holds one row per token)")
 
     def _param_buffer(self, s, params):
         p = s.data if s.data is not None else (params or {}).get(s.name)

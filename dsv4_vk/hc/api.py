@@ -49,11 +49,11 @@ _FITS = set()      # (shape, expected) pairs that passed _check_dims
 def array_arg(name, a, expected):
     """A float32 device Tensor as given, or `a` as a float32 array; shape `expected` (ints, or None:
     any size; T may be 0, D must be ≥ 1)."""
-    if isinstance(a, Tensor):
+    if isinstance(a, (Tensor, TensorRows)):            # (rows of a Tensor: Tensor.rows)
         if a.dtype_name == "f32" and (a.shape, expected) in _FITS:      # seen before: the per-call path
             return a
         if a.dtype_name != "f32":
-            raise ValueError(f"{name} must be a float32 Tensor, got {a.dtype}")
+            raise ValueError(f"{name} must be a float32 Tensor, got {a.dtype_name}")
         _check_dims(name, a.shape, expected)
         if len(_FITS) < 4096:
             _FITS.add((a.shape, expected))
@@ -63,7 +63,8 @@ def array_arg(name, a, expected):
     except Exception as e:      # ragged lists and the like
         raise ValueError(f"{name} must be a numeric array, got {type(a).__name__} ({e})") from None
     if not np.issubdtype(arr.dtype, np.floating):
-        raise ValueError(f"{name} must be a floating-point array (float32 or float64), got dtype {arr.dtype}")
+        raise ValueError(f"{name} must be a floating-point array (converted to float32) or a float32 Tensor, "
+                         f"got dtype {arr.dtype}")
     _check_dims(name, arr.shape, expected)
     return np.ascontiguousarray(arr, dtype=np.float32)
 

@@ -15,6 +15,7 @@ thread waits on a fence (or writes mapped memory) that close() is destroying.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -294,6 +295,7 @@ class Device:
                 (isinstance(selector, int) and selector < 0):
             raise ValueError(f"Device(selector): expected a device index ≥ 0 or a name substring, got {selector!r}")
         selector = str(selector) if selector is not None else None
+        self.serial = next(_serials)    # the process's devices in the order opened (repr)
         self._closed = True             # until every handle exists: close() then has nothing to undo
         self._closing = True            # set when close() begins (and until the device is open): calls refused
         self._users = []                # one entry per counted call inside the device now (begin_use)
@@ -685,10 +687,12 @@ class Device:
 
     def __repr__(self):
         state = " closed" if self._closed else ""
-        return f"<Device {self.name!r} {self.caps.type} subgroup={self.subgroup_size}{state}>"
+        # the number tells two devices on the same GPU apart (in "lives on ..., the call runs on ...")
+        return f"<Device #{self.serial} {self.name!r} {self.caps.type} subgroup={self.subgroup_size}{state}>"
 
 
 _default = None
+_serials = itertools.count(1)
 _default_lock = threading.Lock()
 
 
