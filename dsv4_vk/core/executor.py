@@ -20,7 +20,7 @@ import numpy as np
 
 from . import profile
 from .tensor import DTYPES, dtype_name, itemsize
-from ..vk import Buffer, DeviceClosed, Recorder, default_device
+from ..vk import Buffer, Recorder, default_device
 from ..vk.memory import GUARD, SENTINEL, guarded_buffer, guards_intact  # noqa: F401  (re-exported)
 from ..vk.recorder import record_copies
 from ..vk.tensor import Tensor as DeviceTensor, TensorRows, data_bytes
@@ -49,23 +49,9 @@ def _counted(method):
     close() waits for it to return before it destroys anything, and refuses it once closing."""
     @functools.wraps(method)
     def counted(self, *args, **kw):
-        dev = self.device
-        dev.begin_use()
-        try:
+        with self.device.in_use:
             return method(self, *args, **kw)
-        finally:
-            dev.end_use()
     return counted
-
-
-def _try_begin_use(device):
-    """device.begin_use() → True; False where the device is closing or closed (close() destroys
-    the handles then: releasing code skips them)."""
-    try:
-        device.begin_use()
-    except DeviceClosed:
-        return False
-    return True
 
 
 def _refcounts(items):
@@ -132,11 +118,8 @@ class Submission:
         if not self._waited:
             cg = self.compiled
             dev = cg.device
-            dev.begin_use()         # close() destroys the fence only after this wait
-            try:
+            with dev.in_use:        # close() destroys the fence only after this wait
                 dev.wait(cg.recording.fence_arr)
-            finally:
-                dev.end_use()
             self._waited, self._keep = True, None
             if cg._pending is self:
                 cg._pending = None
@@ -432,14 +415,9 @@ class CompiledGraph:
         `out` ({name: Tensor}) out, in one submit. Returns a Submission; a run still in flight on
         this graph is waited for first. read_back: output names `read` will ask for after the run
         (where the host cannot map device memory they come back in the same submit)."""
-        dev = self.device
-        dev.begin_use()
-        try:
-            with self._lock:
-                self._pending = Submission(self, self._start(_merged_inputs(inputs, kw), out, read_back))
-                return self._pending
-        finally:
-            dev.end_use()
+        with self.device.in_use, self._lock:
+            self._pending = Submission(self, self._start(_merged_inputs(inputs, kw), out, read_back))
+            return self._pending
 
     def execute(self, inputs: dict | None = None, out: dict | None = None, read_back=()) -> None:
         """submit(...).wait() without the Submission: the library's synchronous calls."""
@@ -657,7 +635,7 @@ class CompiledGraph:
 
     def release(self):
         with self._lock:
-            live = _try_begin_use(self.device)      # else close() destroys everything
+            live = self.device.try_begin_use()      # else close() destroys everything
             try:
                 if live and self._pending is not None:
                     self._pending.wait()
@@ -683,7 +661,7 @@ class CompiledGraph:
         # a finalizer may run on any thread at any time: no locks, buffers queued for the pool
         try:
             self._unpin()
-            if self.device.closed or self.recording.cmd is None or not _try_begin_use(self.device):
+            if self.device.closed or self.recording.cmd is None or not self.device.try_begin_use():
                 return      # (closing: the recording's own finalizer hands it to close())
             try:
                 if self._pending is not None:

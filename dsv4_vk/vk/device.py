@@ -299,6 +299,7 @@ class Device:
         self._closed = True             # until every handle exists: close() then has nothing to undo
         self._closing = True            # set when close() begins (and until the device is open): calls refused
         self._users = []                # one entry per counted call inside the device now (begin_use)
+        self.in_use = _InUse(self)      # `with device.in_use:` counts the block (begin_use / end_use)
         self._orphans = []              # handles of recordings destroyed while closing: close() destroys them
         self.lock = threading.RLock()
         self.validation = validation
@@ -362,10 +363,10 @@ class Device:
                                "(or default_device(), which reopens the default device)")
 
     def begin_use(self) -> None:
-        """Count a call that uses the device's handles until its end_use() (in a `finally`): close()
-        waits for every counted call to end before it destroys anything. Raises DeviceClosed once
-        close() has begun. Lock-free, for the per-call path: a list append, a flag read, a pop
-        (CompiledGraph's per-call methods inline these steps, in this order)."""
+        """Count a call that uses the device's handles until its end_use() (in a `finally`; or the
+        block `with device.in_use:`): close() waits for every counted call to end before it destroys
+        anything. Raises DeviceClosed once close() has begun. Lock-free, for the per-call path: a list
+        append, a flag read, a pop (CompiledGraph's per-call methods inline these steps, in this order)."""
         users = self._users
         users.append(None)      # counted first, checked second; close() sets _closing first, reads the
         if self._closing:       # count second: one of the two sees the other (the GIL orders them)
@@ -375,6 +376,15 @@ class Device:
     def end_use(self) -> None:
         """The end of a call counted by begin_use()."""
         self._users.pop()
+
+    def try_begin_use(self) -> bool:
+        """begin_use() → True; False where the device is closing or closed, for releasing code (a
+        finalizer, release()): close() destroys the handles then, so it leaves them alone."""
+        try:
+            self.begin_use()
+        except DeviceClosed:
+            return False
+        return True
 
     def _on_message(self, severity, msg):
         self.validation_messages.append((severity, msg))
@@ -594,20 +604,14 @@ class Device:
     def tensor(self, array: Any, dtype: Any = None) -> "Tensor":
         """A device Tensor holding a copy of `array` (float64 becomes float32)."""
         from .tensor import Tensor
-        self.begin_use()            # (close() waits for the buffer and the upload)
-        try:
+        with self.in_use:           # (close() waits for the buffer and the upload)
             return Tensor.from_array(self, array, dtype)
-        finally:
-            self.end_use()
 
     def empty(self, shape: Sequence[int], dtype: Any = "f32") -> "Tensor":
         """An uninitialised device Tensor of `shape` (dtype float32 or int32)."""
         from .tensor import Tensor
-        self.begin_use()
-        try:
+        with self.in_use:
             return Tensor(self, shape, dtype)
-        finally:
-            self.end_use()
 
     def trim(self) -> None:
         """Release every cached program that is not in use, every free pooled buffer and the staging
@@ -641,11 +645,8 @@ class Device:
         return self.caps.subgroup.supports(op)
 
     def wait_idle(self):
-        self.begin_use()
-        try:
+        with self.in_use:
             lib.vkDeviceWaitIdle(self.device)
-        finally:
-            self.end_use()
 
     def close(self) -> None:
         """Refuse new calls, wait for the calls other threads are inside of and for the GPU, destroy
@@ -692,6 +693,20 @@ class Device:
 
 
 _default = None
+class _InUse:
+    """`with device.in_use:` — the block counted as a call inside the device (Device.begin_use)."""
+    __slots__ = ("device",)
+
+    def __init__(self, device):
+        self.device = device
+
+    def __enter__(self):
+        self.device.begin_use()
+
+    def __exit__(self, *exc):
+        self.device.end_use()
+
+
 _serials = itertools.count(1)
 _default_lock = threading.Lock()
 

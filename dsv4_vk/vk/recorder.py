@@ -9,7 +9,6 @@ of times without re-recording.
 import numpy as np
 
 from .binding import check, ffi, lib, vk
-from .errors import DeviceClosed
 
 _STAGE_COMPUTE = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
 _STAGE_TRANSFER = vk.VK_PIPELINE_STAGE_TRANSFER_BIT
@@ -36,9 +35,7 @@ def _release(device, handles):
     get here on any thread, while close() destroys the device or waits for the GPU to finish them."""
     if device._closed:
         return                  # (destroyed with the device)
-    try:
-        device.begin_use()
-    except DeviceClosed:
+    if not device.try_begin_use():
         device._orphans.append(handles)
         return
     try:
@@ -73,12 +70,9 @@ class Recording:
     def submit(self):
         """Run the recorded commands on the GPU and wait for them."""
         dev = self.device
-        dev.begin_use()             # close() waits for the fence wait before destroying the fence
-        try:
+        with dev.in_use:            # close() waits for the fence wait before destroying the fence
             self.start()
             dev.wait(self.fence_arr)
-        finally:
-            dev.end_use()
 
     def start(self, info=None):
         """Submit the recorded commands (or `info`: a VkSubmitInfo holding them among others) and
@@ -108,8 +102,7 @@ class Recording:
     def _query_results(self):
         """The raw timestamp values of every query pool (counted: close() waits for the read)."""
         dev = self.device
-        dev.begin_use()
-        try:
+        with dev.in_use:
             if self.cmd is None:
                 raise ValueError("this recording was destroyed (its program was released)")
             vals = []
@@ -120,8 +113,6 @@ class Recording:
                       "vkGetQueryPoolResults")
                 vals.extend(data[i] for i in range(count))
             return vals
-        finally:
-            dev.end_use()
 
     def timings(self):
         """GPU ns per dispatch (time between its preceding and its own end-of-pipe timestamp)."""

@@ -90,9 +90,10 @@ class Tensor:
         self.dtype_name = dtype_name(dtype)
         self.numel = math.prod(self.shape)
         heap = max((h.size for h in device.caps.memory_heaps), default=0)
-        if heap and data_bytes(self.numel, self.dtype_name) > heap:
-            raise ValueError(f"a tensor of shape {self.shape} ({data_bytes(self.numel, self.dtype_name)} bytes) "
-                             f"is larger than {device.name}'s largest memory heap ({heap} bytes)")
+        nbytes = data_bytes(self.numel, self.dtype_name)
+        if heap and nbytes > heap:
+            raise ValueError(f"a tensor of shape {self.shape} ({nbytes} bytes) is larger than {device.name}'s largest "
+                             f"memory heap ({heap} bytes)")
         # guards get the sentinel only on request (executor params: guard checks then cover them);
         # a tensor made per call (op outputs) skips those writes
         self.guarded = fill_guards
@@ -151,12 +152,8 @@ class Tensor:
 
     def numpy(self) -> np.ndarray:
         """A host copy."""
-        dev = self.device
-        dev.begin_use()                 # (a close() in another thread waits for the read: Device.begin_use)
-        try:
+        with self.device.in_use:        # (a close() in another thread waits for the read: Device.begin_use)
             raw = self._buf().read(GUARD * 4, self.nbytes).view(self._np_dtype)
-        finally:
-            dev.end_use()
         return raw.reshape(self.shape)
 
     def write(self, array, start: int | None = None) -> None:
@@ -178,12 +175,8 @@ class Tensor:
         start = 0 if start is None else _index("start", start)
         if start < 0 or start + a.size > self.numel:
             raise ValueError(f"writing {a.size} element(s) at {start} overruns the tensor's {self.numel}")
-        dev = self.device
-        dev.begin_use()
-        try:
+        with self.device.in_use:
             buf.write(np.ascontiguousarray(a), GUARD * 4 + start * itemsize(self.dtype_name))
-        finally:
-            dev.end_use()
 
     def read_at(self, start: int, count: int = 1) -> np.ndarray:
         """Elements [start, start + count) of the flat tensor (a few values without reading the rest)."""
@@ -191,12 +184,8 @@ class Tensor:
         if start < 0 or count < 0 or start + count > self.numel:
             raise ValueError(f"reading {count} element(s) at {start} overruns the tensor's {self.numel}")
         size = itemsize(self.dtype_name)
-        dev = self.device
-        dev.begin_use()
-        try:
+        with self.device.in_use:
             return self._buf().read(GUARD * 4 + start * size, count * size).view(self._np_dtype).copy()
-        finally:
-            dev.end_use()
 
     def rows(self, start: int, stop: int) -> "TensorRows":
         """Rows [start, stop) of the first axis, as a copy source or destination for programs
