@@ -92,7 +92,8 @@ def test_ops_take_tensors_and_return_tensors(device, rng):
     with pytest.raises(ValueError, match=r"out\['out0'\] is a f32 Tensor of shape \(5, 4\), expected f32 \(5, 4, 4\)"):
         dv.hc_comb(mixes, s["scale"], s["base"], out=device.empty((T, 4)))
     other = dv.Device()
-    with pytest.raises(ValueError, match=r"a Tensor argument lives on <Device #(\d+) .*, the call runs on <Device #(?!\1)"):
+    two_devices = r"a Tensor argument lives on <Device #(\d+) .*, the call runs on <Device #(?!\1)"
+    with pytest.raises(ValueError, match=two_devices):
         dv.hc_pre(device.tensor(s["X"]), other.tensor(w))          # (the two devices told apart by number)
     other.close()
     Xt, wt = device.tensor(s["X"]), device.tensor(w)                 # rows of Tensors as arguments

@@ -5,8 +5,9 @@ the op's program from the device's program cache, keyed by (op, shapes, flags): 
 and recorded once per key, later calls only write or copy their inputs, submit once and wait. Given
 any `dsv4_vk.Tensor` argument (or `out=`), the results are Tensors that stay on the device (inputs
 and outputs are copied on the device, in the same submit); otherwise numpy arrays (float32). T = 0
-returns empty results after the same checks (the device, out's shapes) without running anything. Per-token ops whose arrays exceed the device's
-maxStorageBufferRange run in chunks of tokens, each chunk one submit.
+returns empty results after the same checks (the device, out's shapes) without running anything.
+Per-token ops whose arrays exceed the device's maxStorageBufferRange run in chunks of tokens, each
+chunk one submit.
 `last_run()` describes the calling thread's last call: dispatches, barriers, paths [(op, path, reason)].
 """
 from __future__ import annotations
@@ -214,7 +215,8 @@ def _one(outs):
     return outs if len(outs) > 1 else outs[0]
 
 
-def _out(out, n):
+def out_arg(out, n):
+    """`out=` of a call with n outputs as a tuple of n Tensors (None: none given), else a clear error."""
     if out is None:
         return None
     outs = out if isinstance(out, (tuple, list)) else (out,)
@@ -241,7 +243,7 @@ def hc_comb(mixes: Array, scale: Array, base: Array, *, eps: float = 1e-6, n_ite
     base = array_arg("base", base, (N_MIX,))
     eps, n_iter = check_eps("eps", eps), check_n_iter(n_iter)
     hc_policy.check_override("HC_COMB", fused, variant)
-    out, T = _out(out, 1), mixes.shape[0]
+    out, T = out_arg(out, 1), mixes.shape[0]
     if T == 0:
         return _one(empty_result(device, (mixes, scale, base), out, (0, HC, HC)))
     return _one(call(device, ("hc_comb", eps, n_iter, fused, variant), {"mixes": mixes, "scale": scale, "base": base},
@@ -260,7 +262,7 @@ def hc_pre(x: Array, weights: Array, *, fused: bool | None = None, device: Devic
         same("T (tokens)", ("x", T), ("weights", weights.shape[0]))     # raises, naming both
     D = hidden("x", x.shape[2])
     hc_policy.check_override("HC_PRE", fused)
-    out = _out(out, 1)
+    out = out_arg(out, 1)
     if T == 0:
         return _one(empty_result(device, (x, weights), out, (0, D)))
     return _one(call(device, ("hc_pre", fused), {"x": x, "weights": weights}, [(T, D)],
@@ -307,7 +309,7 @@ def hc_post(f: Array, residual: Array, post: Array, comb: Array, *, fused: bool 
     if fused is not None:       # (with fused=None and no variant there is nothing to check)
         hc_policy.check_override("HC_POST", fused)
     if out is not None:
-        out = _out(out, 1)
+        out = out_arg(out, 1)
     if T == 0:
         return _one(empty_result(device, (f, residual, post, comb), out, (0, HC, D)))
     return call(device, ("hc_post", fused), {"f": f, "residual": residual, "post": post, "comb": comb},
@@ -330,7 +332,7 @@ def hc_site_pre(X: Array, fn: Array, scale: Array, base: Array, *, hc_eps: float
     base = array_arg("base", base, (N_MIX,))
     hc_eps, norm_eps, n_iter = check_eps("hc_eps", hc_eps), check_eps("norm_eps", norm_eps), check_n_iter(n_iter)
     hc_policy.check_override("HC_COMB", fused)
-    out, T = _out(out, 3), X.shape[0]
+    out, T = out_arg(out, 3), X.shape[0]
     if T == 0:
         return empty_result(device, (X, fn, scale, base), out, (0, D), (0, HC), (0, HC, HC))
     return call(device, ("hc_site_pre", hc_eps, norm_eps, n_iter, fused),

@@ -135,7 +135,8 @@ def check_n_iter(value):
     if value.__class__ is int and 1 <= value <= MAX_N_ITER:        # the usual case, checked per call
         return value
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= MAX_N_ITER:
-        raise ValueError(f"n_iter must be an integer ≥ 1 and at most {MAX_N_ITER} (Sinkhorn iterations), got {value!r}")
+        raise ValueError(f"n_iter must be an integer ≥ 1 and at most {MAX_N_ITER} (Sinkhorn iterations), "
+                         f"got {value!r}")
     return int(value)
 
 

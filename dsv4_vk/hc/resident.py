@@ -20,7 +20,7 @@ import itertools
 import weakref
 
 from . import composite as hc, policy as hc_policy
-from .api import _out, array_arg, call, empty_result, hc_post, hidden, known_args, pick_device, remember_args
+from .api import array_arg, call, empty_result, hc_post, hidden, known_args, out_arg, pick_device, remember_args
 from .kernels import HC, N_MIX, check_eps, check_n_iter
 from .policy import _generation
 from ..vk.tensor import Tensor
@@ -165,7 +165,7 @@ class HcSite(_Resident):
         (or with out=(u, post, comb)), numpy arrays for a numpy X. carry: what the previous site's
         post(..., next=this site) returned, for X its output."""
         X, T = self._x(X)
-        out = _out(out, 3)
+        out = out_arg(out, 3)
         if T == 0:
             return empty_result(self.device, (X,), out, (0, self.D), (0, HC), (0, HC, HC))
         return self._run_pre("pre", X, T, carry, out, [(T, self.D), (T, HC), (T, HC, HC)], self.pre_graph)
@@ -223,7 +223,7 @@ class HcHead(_Resident):
     def collapse(self, X, *, carry: MixCarry | None = None, out=None):
         """u [T,D] from the streams X [T,4,D] (Tensor → Tensor, numpy → numpy); carry as for HcSite.pre."""
         X, T = self._x(X)
-        out = _out(out, 1)
+        out = out_arg(out, 1)
         if T == 0:
             return empty_result(self.device, (X,), out, (0, self.D))[0]
         return self._run_pre("collapse", X, T, carry, out, [(T, self.D)], self.collapse_graph)[0]
