@@ -2,6 +2,8 @@
 #extension GL_GOOGLE_include_directive : require
 //! variants: - | VEC4 ; - | FINAL | KSPLIT | KSPLIT POST
 //! variants: VEC4 TC ; - | POST ; - | CM_NV CM_N=8 | CM_NV CM_N=16
+//! variants: VEC4 TC TCR ; CM_TT=1 | CM_TT=2 | CM_TT=4 ; - | CM_NV CM_N=8
+//! variants: VEC4 TC TCR CM_NV CM_N=8 CM_TT=1 PROBE
 //! variants: REDUCE
 // HC_MIX family: a site's flat RMS norm and mixes mat-mul, mix[t,j] = (x_t · fn[j]) / sqrt(mean(x_t²)
 // + norm_eps) with x_t = X[t] flattened (4·D), reading each token's X once for all M mixes and its
@@ -287,7 +289,14 @@ void split16(vec4 v, float sigma, out vec4 hi, out vec4 lo) {
     hi = mix(normal, sub, lessThan(abs(a), vec4(1.0 / 16384.0)));
     lo = (a - hi) * LO;
 }
+#if defined(TCR)
+#extension GL_KHR_shader_subgroup_shuffle : require
 #if defined(CM_NV)
+#extension GL_NV_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#endif
+#elif defined(CM_NV)
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -333,6 +342,213 @@ void stage_f(uint i, vec4 v, float sigma) {
 #include "hc_post.glsl"
 #endif
 
+#if defined(TCR) && defined(PROBE)
+// -D PROBE: the device's element layout of the 16 × 16 A, 16 × 8 B and 16 × 8 C matrices TCR uses, for
+// mix_kernels.tcr_layout: one subgroup of 32 loads matrices whose entry (r, c) is its flat index and
+// writes lane l's element e at out[l·8 + e] (A), 256 + l·4 + e (B), 384 + l·4 + e (C).
+shared float16_t pa[256], pb[128];
+shared float pc[128];
+void main() {
+    uint l = gl_LocalInvocationID.x;
+    for (uint i = l; i < 256u; i += 32u) pa[i] = float16_t(float(i));
+    for (uint i = l; i < 128u; i += 32u) { pb[i] = float16_t(float(i)); pc[i] = float(i); }
+    barrier();
+    fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> a;
+    fcoopmatNV<16, gl_ScopeSubgroup, 16, 8> b;
+    fcoopmatNV<32, gl_ScopeSubgroup, 16, 8> c;
+    coopMatLoadNV(a, pa, 0u, 16u, false);
+    coopMatLoadNV(b, pb, 0u, 8u, false);
+    coopMatLoadNV(c, pc, 0u, 8u, false);
+    for (uint e = 0u; e < 8u; ++e) out_[l * 8u + e] = e < uint(a.length()) ? float(a[e]) : -1.0;
+    for (uint e = 0u; e < 4u; ++e) out_[256u + l * 4u + e] = e < uint(b.length()) ? float(b[e]) : -1.0;
+    for (uint e = 0u; e < 4u; ++e) out_[384u + l * 4u + e] = e < uint(c.length()) ? c[e] : -1.0;
+    if (l == 0u) out_[512] = float(a.length() * 10000 + b.length() * 100 + c.length());
+}
+#elif defined(TCR)
+// -D TCR: x split in registers straight into the elements of the A matrices, no staging. With
+// -D CM_NV on VK_NV_cooperative_matrix's 16 × 8 × 16 fp16 shape. Lane l = 4g + q holds, of a 16 × 16
+// A, rows g, g + 8 and columns 2q, 2q+1, 2q+8, 2q+9; of a 16 × 8 B, rows g, g + 8 and columns 2q,
+// 2q+1 (as the H200 has them); which element is which the device probe (-D PROBE below,
+// mix_kernels.tcr_layout) reads and spec constants 2–4 (TCR_AH, TCR_AF, TCR_BF) carry: A element e is in
+// row g + 8·A_H(e), column 2q + KK(A_F(e)); B element e in row g + 8·(B_F(e) >> 1), column 2q + (B_F(e)
+// & 1). A sum over k is the same in any order of k, so the logical columns 2q, 2q+1, 2q+8, 2q+9 take
+// the 4 floats of one vec4 chunk (4q + j of a 16-chunk step, j the 16-deep product): each lane loads
+// whole chunks of x, 4 lanes 256 contiguous bytes of a token per step; B's rows gq, gq + 8 are then
+// floats of the chunks 4·(gq / 2) + j of its two fn rows.
+// Without CM_NV the same elements go through shared memory and FMA loops (32-invocation groups
+// stand in for the subgroups): the kernel's data flow and arithmetic on any device, for tests.
+// Workgroup: 4 groups of 32 invocations, each TT (CM_TT) tiles of 16 tokens; split g % G of `slice`
+// chunks per stream; tb = 64·TT tokens a workgroup.
+const uint TT = CM_TT;
+const uint TW = 64u * TT;                       // tokens per workgroup
+layout(constant_id = 2) const uint TCR_AH = 240u;     // spec constants (probed per device; these: the
+layout(constant_id = 3) const uint TCR_AF = 58596u;   // H200's, mix_kernels.TCR_H200_LAYOUT)
+layout(constant_id = 4) const uint TCR_BF = 228u;
+#define A_H(e) ((TCR_AH >> (e)) & 1u)
+#define A_F(e) ((TCR_AF >> (2u * (e))) & 3u)
+#define B_F(e) ((TCR_BF >> (2u * (e))) & 3u)
+#define KK(f) (((f) & 1u) + 8u * ((f) >> 1u))     // a float of the chunk → its logical column 2q + 0, 1, 8, 9
+shared float ct[2u * TW * 24u];                 // C1, C2: [token][24] each
+shared float sq[TW];
+#if defined(CM_NV)
+#define MAT_A fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
+#define MAT_B fcoopmatNV<16, gl_ScopeSubgroup, 16, 8>
+#define MAT_C fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>
+#define H16 float16_t
+#else
+// the emulation's matrices: per 32-invocation group A (hi, lo) of each tile, B (hi, lo) of each fn tile
+// (hi, lo) as one packHalf2x16 word: the rounding to fp16 the matrices' elements have
+shared uint ea[4u * TT * 256u], eb[4u * 3u * 128u];
+#define H16 float
+#endif
+void tcr_split(vec4 v, float sigma, out vec4 h, out vec4 l) {
+    split16(v, sigma, h, l);
+}
+void main() {
+    uint g = flat_group();
+    uint block = g / p.G, split = g % p.G;
+    uint lane = gl_LocalInvocationID.x & 31u, grp = gl_LocalInvocationID.x >> 5u;
+    uint gq = lane >> 2u, q = lane & 3u;
+    uint tl0 = grp * 16u * TT;                  // this group's first token in the workgroup's block
+    uint t0 = block * TW + tl0;
+    uint c_begin = split * p.slice, c_end = min(c_begin + p.slice, p.chunks);
+    uint n_ss = (c_end - c_begin) / 16u;        // 16-chunk steps per stream (the launch checks divisibility)
+#if defined(CM_NV)
+    MAT_C c1[TT][3], c2[TT][3];
+    [[unroll]] for (uint tt = 0u; tt < TT; ++tt) [[unroll]] for (uint n = 0u; n < 3u; ++n) {
+        c1[tt][n] = MAT_C(0.0);
+        c2[tt][n] = MAT_C(0.0);
+    }
+#else
+    float c1[TT][3][4], c2[TT][3][4];
+    [[unroll]] for (uint tt = 0u; tt < TT; ++tt) [[unroll]] for (uint n = 0u; n < 3u; ++n)
+        [[unroll]] for (uint e = 0u; e < 4u; ++e) { c1[tt][n][e] = 0.0; c2[tt][n][e] = 0.0; }
+#endif
+    float ssq[TT][2];
+    uint xrow[TT][2];
+    bool xlive[TT][2];
+    [[unroll]] for (uint tt = 0u; tt < TT; ++tt) [[unroll]] for (uint h = 0u; h < 2u; ++h) {
+        uint t = t0 + 16u * tt + gq + 8u * h;
+        xlive[tt][h] = t < p.T;
+        xrow[tt][h] = p.x_off + min(t, p.T - 1u) * p.x_st;
+        ssq[tt][h] = 0.0;
+    }
+    for (uint s = 0u; s < 4u; ++s) {
+        for (uint ss = 0u; ss < n_ss; ++ss) {
+            uint cb = c_begin + 16u * ss + 4u * q;
+            vec4 xv[TT][2][4];
+            [[unroll]] for (uint tt = 0u; tt < TT; ++tt) [[unroll]] for (uint h = 0u; h < 2u; ++h)
+                [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+                    vec4 v = x[xrow[tt][h] + s * p.x_ss + cb + j];
+                    xv[tt][h][j] = xlive[tt][h] ? v : vec4(0.0);
+                }
+            // B: rows k = gq, gq + 8 hold, in A's order of k, floats (gq & 1) and 2 + (gq & 1) of chunk
+            // 4·(gq / 2) + j: of fn rows 8n + 2q and 8n + 2q + 1 (its columns)
+            vec4 fv[3][2][4];
+            uint fb = p.f_off + s * p.chunks + c_begin + 16u * ss + 4u * (gq >> 1u);
+            [[unroll]] for (uint n = 0u; n < 3u; ++n) [[unroll]] for (uint c = 0u; c < 2u; ++c) {
+                uint row = 8u * n + 2u * q + c;
+                [[unroll]] for (uint j = 0u; j < 4u; ++j)
+                    fv[n][c][j] = row < M ? fn[fb + min(row, M - 1u) * p.f_sj + j] : vec4(0.0);
+            }
+            bool odd = (gq & 1u) == 1u;
+            [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+#if defined(CM_NV)
+                MAT_B bh[3], bl[3];
+#else
+                barrier();                      // the previous step's products have read ea, eb
+#endif
+                [[unroll]] for (uint n = 0u; n < 3u; ++n) {
+                    vec4 f0 = fv[n][0][j], f1 = fv[n][1][j];      // w[2·(k is gq + 8) + (column is odd)]
+                    vec4 w = odd ? vec4(f0.y, f1.y, f0.w, f1.w) : vec4(f0.x, f1.x, f0.z, f1.z);
+                    vec4 h, l;
+                    tcr_split(w, 1.0, h, l);
+#if defined(CM_NV)
+                    [[unroll]] for (uint e = 0u; e < 4u; ++e) { bh[n][e] = H16(h[B_F(e)]); bl[n][e] = H16(l[B_F(e)]); }
+#else
+                    [[unroll]] for (uint e = 0u; e < 4u; ++e) {          // B element e: (k, column)
+                        uint k = gq + 8u * (B_F(e) >> 1u), col = 2u * q + (B_F(e) & 1u);
+                        eb[(grp * 3u + n) * 128u + k * 8u + col] = packHalf2x16(vec2(h[B_F(e)], l[B_F(e)]));
+                    }
+#endif
+                }
+                [[unroll]] for (uint tt = 0u; tt < TT; ++tt) {
+                    vec4 a0 = xv[tt][0][j], a1 = xv[tt][1][j];
+                    ssq[tt][0] += dot(a0, a0);
+                    ssq[tt][1] += dot(a1, a1);
+                    vec4 h0, l0, h1, l1;
+                    tcr_split(a0, X_SIGMA, h0, l0);
+                    tcr_split(a1, X_SIGMA, h1, l1);
+                    // element e: row gq + 8·A_H(e) (a0 or a1), float A_F(e) of its chunk
+                    H16 ah[8], al[8];
+                    [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+                        ah[e] = H16(A_H(e) == 0u ? h0[A_F(e)] : h1[A_F(e)]);
+                        al[e] = H16(A_H(e) == 0u ? l0[A_F(e)] : l1[A_F(e)]);
+                    }
+#if defined(CM_NV)
+                    MAT_A mh, ml;
+                    [[unroll]] for (uint e = 0u; e < 8u; ++e) { mh[e] = ah[e]; ml[e] = al[e]; }
+                    [[unroll]] for (uint n = 0u; n < 3u; ++n) {
+                        if (8u * n >= M) break;
+                        c1[tt][n] = coopMatMulAddNV(mh, bh[n], c1[tt][n]);
+                        c2[tt][n] = coopMatMulAddNV(mh, bl[n], c2[tt][n]);
+                        c2[tt][n] = coopMatMulAddNV(ml, bh[n], c2[tt][n]);
+                    }
+#else
+                    [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+                        ea[(grp * TT + tt) * 256u + (gq + 8u * A_H(e)) * 16u + 2u * q + KK(A_F(e))] = packHalf2x16(vec2(ah[e], al[e]));
+                    }
+#endif
+                }
+#if !defined(CM_NV)
+                barrier();
+                [[unroll]] for (uint tt = 0u; tt < TT; ++tt) [[unroll]] for (uint n = 0u; n < 3u; ++n) {
+                    if (8u * n >= M) break;
+                    [[unroll]] for (uint e = 0u; e < 4u; ++e) {           // C element e: (row, column)
+                        uint row = gq + 8u * (e >> 1u), col = 2u * q + (e & 1u);
+                        uint oa = (grp * TT + tt) * 256u + row * 16u, ob = (grp * 3u + n) * 128u + col;
+                        for (uint k = 0u; k < 16u; ++k) {
+                            vec2 xa = unpackHalf2x16(ea[oa + k]), fb = unpackHalf2x16(eb[ob + k * 8u]);
+                            c1[tt][n][e] = fma(xa.x, fb.x, c1[tt][n][e]);
+                            c2[tt][n][e] = fma(xa.y, fb.x, fma(xa.x, fb.y, c2[tt][n][e]));
+                        }
+                    }
+                }
+#endif
+            }
+        }
+    }
+    // epilogue: C1, C2 to shared memory ([token][24]), Σx² summed over the 4 lanes of a row
+    [[unroll]] for (uint tt = 0u; tt < TT; ++tt) {
+        uint r = (tl0 + 16u * tt) * 24u;
+        [[unroll]] for (uint n = 0u; n < 3u; ++n) {
+#if defined(CM_NV)
+            coopMatStoreNV(c1[tt][n], ct, r + 8u * n, 24u, false);
+            coopMatStoreNV(c2[tt][n], ct, TW * 24u + r + 8u * n, 24u, false);
+#else
+            [[unroll]] for (uint e = 0u; e < 4u; ++e) {
+                uint o = r + (gq + 8u * (e >> 1u)) * 24u + 8u * n + 2u * q + (e & 1u);
+                ct[o] = c1[tt][n][e];
+                ct[TW * 24u + o] = c2[tt][n][e];
+            }
+#endif
+        }
+        [[unroll]] for (uint h = 0u; h < 2u; ++h) {
+            float v = ssq[tt][h];
+            v += subgroupShuffleXor(v, 1u);     // the 4 lanes of a row: aligned within any subgroup ≥ 4
+            v += subgroupShuffleXor(v, 2u);
+            if (q == 0u) sq[tl0 + 16u * tt + gq + 8u * h] = v;
+        }
+    }
+    barrier();
+    for (uint i = gl_LocalInvocationID.x; i < TW * (M + 1u); i += gl_WorkGroupSize.x) {
+        uint tl = i / (M + 1u), j = i % (M + 1u), t = block * TW + tl;
+        if (t >= p.T) continue;
+        float v = j < M ? (ct[tl * 24u + j] + ct[TW * 24u + tl * 24u + j] * (1.0 / LO)) / X_SIGMA : sq[tl];
+        out_[p.o_off + t * p.o_st + split * p.o_s2 + j] = v;
+    }
+}
+#else
 void main() {
     uint g = flat_group();
     uint block = g / p.G, split = g % p.G;
@@ -457,6 +673,7 @@ void main() {
         out_[p.o_off + t * p.o_st + split * p.o_s2 + j] = v;
     }
 }
+#endif
 
 #else
 #define WG_NV (M + 1u)

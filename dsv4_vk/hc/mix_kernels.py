@@ -13,11 +13,12 @@ from .kernels import (HC, N_MIX, as_f64, check_eps, check_fn_rows, check_layout_
                       require_support, site_supported, strides_in, vec4_ok)
 from .policy import HCUnsupported
 from ..ops.base import Launch, OpDef, check_params, check_shape, grid_1d, pack_push, register
+from ..vk import Buffer, Recorder
 
 
 # HC_MIX layout knobs (tools/hc_tune.py sweeps them); None: the rule of mix_layout.
 MIX_TUNING = {"wg": None, "groups": None, "split": None, "lpt": None, "tb": None, "tpl": None, "rh": None,
-              "kernel": None}
+              "kernel": None, "tc": None, "tt": None}
 MIX_KERNELS = ("token", "ksplit", "tc")
 # Workgroups a mixes pass aims for (a few per compute unit of a large GPU; a CPU device runs
 # workgroups on its cores one after another, so a few suffice there).
@@ -52,7 +53,8 @@ KSPLIT_RH = 2
 TC_WG, TC_TOKENS, TC_SPLIT = 128, 64, 64
 TC_STEP = 16                    # chunks per staging step (KC in hc_mix.comp): also Σx² lanes per token
 TC_XS = 4 * TC_STEP + 8         # halves between staged rows (XS in hc_mix.comp)
-TC_VARIANTS = {1: "cooperative matrices", 2: "FMA products"}
+TC_VARIANTS = {1: "cooperative matrices", 2: "FMA products", 3: "cooperative matrices from registers",
+               4: "TCR's data flow with FMA products"}
 
 
 def tc_tile_n(device):
@@ -63,6 +65,85 @@ def tc_tile_n(device):
         return None
     ns = {c.n for c in device.caps.coopmat if (c.m, c.k, c.a, c.b, c.c, c.d) == (16, 16, "f16", "f16", "f32", "f32")}
     return next((n for n in (8, 16) if n in ns), None)
+
+
+# TCR's element layout (hc_mix.comp -D TCR): lane l = 4·g + q of a 32-lane subgroup holds, of a 16 × 16 A,
+# rows g and g + 8 and columns 2q, 2q+1, 2q+8, 2q+9; of a 16 × 8 B, rows g, g + 8 and columns 2q, 2q+1
+# (the H200's). Which element e is which is the device's: the probe reads it, and spec constants 2–4
+# tell the kernel (TCR_AH bit e: A element e in row g + 8; TCR_AF 2 bits per element: its column
+# 2q + (0, 1, 8, 9)[code]; TCR_BF 2 bits per element: 2·(row g + 8) + (column 2q + 1)).
+TCR_H200_LAYOUT = (0b11110000, 0b11_10_01_00_11_10_01_00, 0b11_10_01_00)
+_KK = (0, 1, 8, 9)
+_tcr_layouts = {}
+
+
+def tcr_layout_from(a, b):
+    """TCR's layout constants (TCR_AH, TCR_AF, TCR_BF) from a probe's A [32, 8] and B [32, 4] (each
+    element's flat index r·16 + c or k·8 + n), or a reason the layout is not TCR's."""
+    first = {}
+    for lane in range(32):
+        g, q = divmod(lane, 4)
+        for e in range(8):
+            r, c = divmod(int(a[lane, e]), 16)
+            if r not in (g, g + 8) or c - 2 * q not in _KK:
+                return f"A element {e} of lane {lane} is ({r}, {c}), not in rows {g}, {g + 8} and columns 2q + 0, 1, 8, 9"
+            code = (int(r == g + 8), _KK.index(c - 2 * q))
+            if first.setdefault(("a", e), code) != code:
+                return f"A element {e} is a different entry in lanes 0 and {lane}"
+        for e in range(4):
+            k, n = divmod(int(b[lane, e]), 8)
+            if k not in (g, g + 8) or n not in (2 * q, 2 * q + 1):
+                return f"B element {e} of lane {lane} is ({k}, {n}), not in rows {g}, {g + 8} and columns {2 * q}, {2 * q + 1}"
+            code = 2 * (k == g + 8) + (n == 2 * q + 1)
+            if first.setdefault(("b", e), code) != code:
+                return f"B element {e} is a different entry in lanes 0 and {lane}"
+    a_codes = [first["a", e] for e in range(8)]
+    b_codes = [first["b", e] for e in range(4)]
+    if sorted(a_codes) != [(h, f) for h in (0, 1) for f in range(4)] or sorted(b_codes) != [0, 1, 2, 3]:
+        return "the elements do not cover the lane's rows and columns once each"
+    return (sum(h << e for e, (h, _) in enumerate(a_codes)), sum(f << 2 * e for e, (_, f) in enumerate(a_codes)),
+            sum(c << 2 * e for e, c in enumerate(b_codes)))
+
+
+def tcr_layout(device):
+    """TCR's layout constants on `device` (probed once per device: hc_mix.comp -D PROBE), or the reason it cannot
+    run there (str)."""
+    key = (id(device), getattr(device, "serial", None))
+    if key not in _tcr_layouts:
+        if tc_tile_n(device) != 8:
+            _tcr_layouts[key] = ("needs VK_NV_cooperative_matrix's 16 × 8 × 16 fp16 shape accumulating in fp32 "
+                                 "and 32-lane subgroups")
+        else:
+            out = tcr_probe(device)
+            if int(out[512]) != 80404:
+                _tcr_layouts[key] = f"element counts (A, B, C) {int(out[512])} are not 8, 4, 4 a lane"
+            else:
+                _tcr_layouts[key] = tcr_layout_from(out[:256].reshape(32, 8), out[256:384].reshape(32, 4))
+    return _tcr_layouts[key]
+
+
+def tcr_probe(device):
+    """hc_mix.comp -D PROBE's output on `device`: A's elements [32 lanes × 8], B's [32 × 4], C's [32 × 4],
+    each the flat index of its entry, then the element counts."""
+    if True:
+        if True:
+            pipe = device.pipelines.get("hc_mix", 3, {"VEC4": 1, "TC": 1, "TCR": 1, "CM_NV": 1, "CM_N": 8,
+                                                       "CM_TT": 1, "PROBE": 1}, (32, 24), full_subgroups=True)
+            buf = Buffer(device, 4 * 520)
+            try:
+                buf.write(np.full(520, -2, np.float32))
+                rec = Recorder(device)
+                rec.dispatch(pipe, [buf, buf, buf], b"", (1, 1, 1), writes=[(buf, 0, 4 * 520)])
+                r = rec.finish()
+                try:
+                    r.submit()
+                finally:
+                    r.destroy()
+                out = buf.read(0, 4 * 520).view(np.float32)
+            finally:
+                device.pipelines.forget_buffer(buf)
+                buf.destroy()
+            return out
 
 
 def mix_layout(device, T, chunks, kernel=None):
@@ -97,8 +178,10 @@ def mix_layout(device, T, chunks, kernel=None):
             kernel = "token"
     if kernel == "tc":
         split = t["split"] or TC_SPLIT
-        return {"wg": TC_WG, "groups": -(-chunks // split), "split": split, "lpt": 1, "tb": TC_TOKENS,
-                "tpl": 1, "tc": 1 if tc_tile_n(device) else 2}
+        tc = t["tc"] or (1 if tc_tile_n(device) else 2)
+        tb = TC_TOKENS * (t["tt"] or 1) if tc in (3, 4) else TC_TOKENS
+        return {"wg": TC_WG, "groups": -(-chunks // split), "split": split, "lpt": 1, "tb": tb,
+                "tpl": 1, "tc": tc}
     if kernel == "ksplit":
         lpt = t["lpt"] or 4
         rh = t["rh"] or (KSPLIT_RH if not cpu and lpt * KSPLIT_RH <= device.caps.subgroup.min_size else 1)
@@ -194,10 +277,21 @@ def _mix_launch(node, device, final, groups):
                    full_subgroups=device.caps.subgroup.full_subgroups)]
 
 
-def _tc_defines(name, device, tc):
+def _tc_defines(name, device, tc, tt=1):
     """The tensor-core kernel's defines and whether it needs full subgroups (tc = 1 on cooperative
     matrices, 2 with FMA products); HCUnsupported where the device cannot run it."""
     defines, full = {"VEC4": 1, "TC": 1}, False
+    if tc in (3, 4):
+        need = 4 * (2 * TC_TOKENS * tt * N_MIX + TC_TOKENS * tt) + (4 * 4 * (tt * 256 + 3 * 128) if tc == 4 else 0)
+        if need > device.caps.limits.max_shared_memory:
+            raise HCUnsupported(f"{name}: tc = {tc} with {TC_TOKENS * tt} tokens a workgroup keeps {need} B in shared "
+                                f"memory, {device.name} has {device.caps.limits.max_shared_memory} B")
+        if tc == 4:
+            return {**defines, "TCR": 1, "CM_TT": tt}, False
+        lay = tcr_layout(device)
+        if isinstance(lay, str):
+            raise HCUnsupported(f"{name}: tc = 3 cannot run on {device.name}: {lay}")
+        return {**defines, "CM_NV": 1, "CM_N": 8, "TCR": 1, "CM_TT": tt}, True
     if tc == 1:
         n = tc_tile_n(device)
         if n is None:
@@ -219,7 +313,10 @@ def _tc_defines(name, device, tc):
 
 def _tc_checks(name, pr, chunks, groups, vec4, D):
     split = pr.get("split", 0)
-    if not split or groups != -(-chunks // split) or pr["wg"] != TC_WG or pr.get("tb", 1) != TC_TOKENS:
+    tb = pr.get("tb", 1)
+    if pr.get("tc") in (3, 4) and (tb % TC_TOKENS or split % 16 or chunks % 16):
+        raise ValueError(f"{name}: tc = 3 takes 16-chunk steps and 64·tt tokens: got split {split}, chunks {chunks}, tb {tb}")
+    if not split or groups != -(-chunks // split) or pr["wg"] != TC_WG or (tb != TC_TOKENS and pr.get("tc") not in (3, 4)):
         raise ValueError(f"{name}: the tensor-core kernel writes partials and takes wg {TC_WG}, tb {TC_TOKENS} and "
                          f"groups = ceil({chunks} / split), got wg {pr['wg']}, tb {pr.get('tb', 1)}, split {split}, "
                          f"groups {groups}")
@@ -236,13 +333,17 @@ def _tc_launch(node, device, final, groups, vec4, chunks):
     if final:
         raise ValueError(f"{name}: the tensor-core kernel writes partials, not the final mixes")
     _tc_checks(name, pr, chunks, groups, vec4, X.shape[2])
-    defines, full = _tc_defines(name, device, pr["tc"])
+    tb = pr.get("tb", TC_TOKENS)
+    defines, full = _tc_defines(name, device, pr["tc"], tb // TC_TOKENS)
     push = pack_push(T, chunks, pr["split"], groups, 1.0 / (HC * X.shape[2]),
                      check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
                      X.offset // 4, *strides_in(X, 4), fn.offset // 4, fn.strides[0] // 4,
-                     node.output.offset, node.output.strides[0], node.output.strides[1], TC_TOKENS)
-    return Launch("hc_mix", [X, fn, node.output], (2,), push, grid_1d(-(-T // TC_TOKENS) * groups, 1),
-                  defines=defines, spec=(TC_WG, m), full_subgroups=full)
+                     node.output.offset, node.output.strides[0], node.output.strides[1], tb)
+    spec = (TC_WG, m)
+    if pr["tc"] in (3, 4):
+        spec += tcr_layout(device) if pr["tc"] == 3 else TCR_H200_LAYOUT
+    return Launch("hc_mix", [X, fn, node.output], (2,), push, grid_1d(-(-T // tb) * groups, 1),
+                  defines=defines, spec=spec, full_subgroups=full)
 
 
 def _check_tc_param(op, params):
