@@ -12,6 +12,7 @@ checked after every run.
 import contextlib
 import dataclasses
 import os
+import re
 
 import numpy as np
 import pytest
@@ -526,6 +527,88 @@ def test_mix_tensor_core_kernel(ex, rng, T, D, split, m, layout):
         lay = mix_kernels.mix_layout(ex.device, T, D // 4)
         assert lay["tc"] == (1 if mix_kernels.tc_tile_n(ex.device) else 2) and lay["split"] == split
         mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
+
+
+def tcr_variant(device):
+    """TCR on cooperative matrices where the device's element layout is TCR's, else its emulation."""
+    return 3 if isinstance(mix_kernels.tcr_layout(device), tuple) else 4
+
+
+@pytest.mark.parametrize("T,D,split,m,layout", [(130, 128, 32, 24, "c"), (64, 64, 16, 4, "strided"), (3, 1024, 64, 24, "c"),
+                                                 (77, 448, 16, 8, "c")])
+def test_mix_tcr_kernel(ex, rng, T, D, split, m, layout):
+    """TCR, x split in registers into the tensor-core matrices' elements (cooperative matrices where the
+    device's layout is TCR's, else its emulation through shared memory): partial 16-token tiles and
+    workgroup blocks, the head's 4 rows and 8 rows, D = 448 (7 steps of 64), a permuted X; against float64."""
+    with tuning(mix_kernels.MIX_TUNING, kernel="tc", tc=tcr_variant(ex.device), split=split):
+        lay = mix_kernels.mix_layout(ex.device, T, D // 4)
+        assert lay["tc"] in (3, 4) and lay["tb"] == 64
+        mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
+
+
+def _probe_of(a_entry, b_entry):
+    """A probe's A [32, 8] and B [32, 4] from per-element entry functions of (g, q, e)."""
+    a = np.array([[a_entry(l // 4, l % 4, e) for e in range(8)] for l in range(32)])
+    b = np.array([[b_entry(l // 4, l % 4, e) for e in range(4)] for l in range(32)])
+    return a, b
+
+
+def _h200_entries(a_order=range(8), b_order=range(4)):
+    """The H200's A element e = (g + 8·(e ≥ 4), 2q + (0, 1, 8, 9)[e % 4]), B e = (g + 8·(e ≥ 2), 2q + e % 2),
+    in another order of the elements where asked."""
+    ao, bo = list(a_order), list(b_order)
+    return (lambda g, q, e: (g + 8 * (ao[e] >= 4)) * 16 + 2 * q + (0, 1, 8, 9)[ao[e] % 4],
+            lambda g, q, e: (g + 8 * (bo[e] >= 2)) * 8 + 2 * q + bo[e] % 2)
+
+
+def test_tcr_layout_from_a_probe():
+    """The probe's layouts: the H200's gives TCR_H200_LAYOUT; another order of the elements other constants;
+    an entry outside the lane's rows or columns, one missing, or lanes that differ: a reason, not constants."""
+    assert mix_kernels.tcr_layout_from(*_probe_of(*_h200_entries())) == mix_kernels.TCR_H200_LAYOUT
+    other = mix_kernels.tcr_layout_from(*_probe_of(*_h200_entries([4, 5, 6, 7, 0, 1, 2, 3], [1, 0, 3, 2])))
+    assert other == (0b00001111, mix_kernels.TCR_H200_LAYOUT[1], 0b10_11_00_01)
+    a, b = _probe_of(*_h200_entries())
+    ptx_b = np.array([[(2 * (l % 4) + (e & 1) + 8 * (e >> 1)) * 8 + l // 4 for e in range(4)] for l in range(32)])
+    for bad, match in [((np.where(np.arange(8) == 2, 16 * 15, a), b), "A element 2 of lane 0 is \\(15, 0\\)"),
+                       ((a[:, [0, 0, 2, 3, 4, 5, 6, 7]], b), "do not cover"),
+                       ((a, ptx_b), "B element 1 of lane 0 is \\(1, 0\\), not in rows 0, 8"),
+                       ((np.vstack([a[:1], a[1:2][:, [1, 0, 2, 3, 4, 5, 6, 7]], a[2:]]), b), "differs|different entry")]:
+        reason = mix_kernels.tcr_layout_from(*bad)
+        assert isinstance(reason, str), bad
+        assert re.search(match, reason), reason
+
+
+def test_tcr_emulation_follows_the_layout_constants(ex, rng, monkeypatch):
+    """The emulation reads the same spec constants as the kernel: with another order of the elements (as
+    a device could have) it still matches float64 — the constants reach every element, not just the
+    H200's order."""
+    if tcr_variant(ex.device) == 3:
+        pytest.skip("this device runs TCR on its cooperative matrices (test_mix_tcr_kernel covers it)")
+    other = mix_kernels.tcr_layout_from(*_probe_of(*_h200_entries([6, 4, 7, 5, 2, 0, 3, 1], [3, 1, 2, 0])))
+    assert isinstance(other, tuple) and other != mix_kernels.TCR_H200_LAYOUT
+    monkeypatch.setattr(mix_kernels, "TCR_H200_LAYOUT", other)
+    with tuning(mix_kernels.MIX_TUNING, kernel="tc", tc=4, split=16):
+        mix_layouts_case(ex, 70, 64, 24, "c", int(rng.integers(0, 2**32 - 1)))
+
+
+def test_tcr_refuses_what_it_cannot_take(ex, rng):
+    """D not a multiple of 64 (16-chunk steps), token blocks past the device's shared memory, and the post
+    form (HC_POST_MIX has none): refused by name."""
+    i = site_inputs(rng, 70, 96, m=24)
+    base = {"wg": 128, "groups": 2, "split": 16, "lpt": 1, "tb": 64, "tpl": 1, "tc": 4}
+    with pytest.raises(ValueError, match="tc = 4 takes 16-chunk steps"):
+        run(ex, {"X": i["X"], "fn": i["fn"]}, lambda g, t: (g.op("HC_MIX_PART", t["X"], t["fn"], **base),))
+    i = site_inputs(rng, 70, 128, m=24)
+    big = {**base, "tb": 64 * 32}
+    with pytest.raises(HCUnsupported, match="tc = 4 with 2048 tokens a workgroup keeps [0-9]+ B in shared memory"):
+        run(ex, {"X": i["X"], "fn": i["fn"]}, lambda g, t: (g.op("HC_MIX_PART", t["X"], t["fn"], **big),))
+    g = Graph()
+    t = {k: g.input(k, s) for k, s in [("f", (70, 128)), ("res", (70, 4, 128)), ("post", (70, 4)), ("comb", (70, 4, 4)),
+                                      ("fn", (24, 512))]}
+    t["out"] = g.empty((70, 4, 128))
+    with pytest.raises(ValueError, match="tc must be 0 .* or one of \\{1: .*, 2: .*\\}, got 3"):
+        g.op("HC_POST_MIX", t["f"], t["res"], t["post"], t["comb"], t["fn"], t["out"], wg=128, split=16, lpt=1, tb=64,
+             tpl=1, tc=3)
 
 
 @contextlib.contextmanager

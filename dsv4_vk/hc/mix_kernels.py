@@ -315,7 +315,8 @@ def _tc_checks(name, pr, chunks, groups, vec4, D):
     split = pr.get("split", 0)
     tb = pr.get("tb", 1)
     if pr.get("tc") in (3, 4) and (tb % TC_TOKENS or split % 16 or chunks % 16):
-        raise ValueError(f"{name}: tc = 3 takes 16-chunk steps and 64·tt tokens: got split {split}, chunks {chunks}, tb {tb}")
+        raise ValueError(f"{name}: tc = {pr['tc']} takes 16-chunk steps and 64·tt tokens: split and chunks (D / 4) must be "
+                         f"multiples of 16 and tb of 64, got split {split}, chunks {chunks}, tb {tb}")
     if not split or groups != -(-chunks // split) or pr["wg"] != TC_WG or (tb != TC_TOKENS and pr.get("tc") not in (3, 4)):
         raise ValueError(f"{name}: the tensor-core kernel writes partials and takes wg {TC_WG}, tb {TC_TOKENS} and "
                          f"groups = ceil({chunks} / split), got wg {pr['wg']}, tb {pr.get('tb', 1)}, split {split}, "
@@ -346,10 +347,10 @@ def _tc_launch(node, device, final, groups, vec4, chunks):
                   defines=defines, spec=spec, full_subgroups=full)
 
 
-def _check_tc_param(op, params):
+def _check_tc_param(op, params, variants=TC_VARIANTS):
     tc = params.get("tc", 0)
-    if isinstance(tc, bool) or tc not in (0, *TC_VARIANTS):
-        raise ValueError(f"{op}: tc must be 0 (no tensor-core kernel) or one of {TC_VARIANTS}, got {tc!r}")
+    if isinstance(tc, bool) or tc not in (0, *variants):
+        raise ValueError(f"{op}: tc must be 0 (no tensor-core kernel) or one of {variants}, got {tc!r}")
     return tc
 
 
@@ -511,7 +512,7 @@ class HcPostMix(OpDef):
             for k in ("lpt", "tb", "tpl"):
                 check_layout_param(self.name, params, k)
             check_layout_param(self.name, {"rh": 1, **params}, "rh")
-            _check_tc_param(self.name, params)
+            _check_tc_param(self.name, params, {k: TC_VARIANTS[k] for k in (1, 2)})     # (TCR has no post form)
         elif params.get("tc", 0):
             raise ValueError(f"{self.name}: the tensor-core kernel (tc) takes a split (many tokens)")
         elif wg % HC:
