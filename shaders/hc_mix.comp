@@ -388,7 +388,7 @@ layout(constant_id = 4) const uint TCR_BF = 228u;
 #define A_F(e) ((TCR_AF >> (2u * (e))) & 3u)
 #define B_F(e) ((TCR_BF >> (2u * (e))) & 3u)
 #define KK(f) (((f) & 1u) + 8u * ((f) >> 1u))     // a float of the chunk → its logical column 2q + 0, 1, 8, 9
-shared float ct[2u * TW * 24u];                 // C1, C2: [token][24] each
+shared float ct[TW * 24u];                      // C1 + 2⁻¹¹·C2: [token][24]
 shared float sq[TW];
 #if defined(CM_NV)
 #define MAT_A fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
@@ -523,14 +523,11 @@ void main() {
         uint r = (tl0 + 16u * tt) * 24u;
         [[unroll]] for (uint n = 0u; n < 3u; ++n) {
 #if defined(CM_NV)
-            coopMatStoreNV(c1[tt][n], ct, r + 8u * n, 24u, false);
-            coopMatStoreNV(c2[tt][n], ct, TW * 24u + r + 8u * n, 24u, false);
+            MAT_C c = c1[tt][n] + c2[tt][n] * float(1.0 / LO);
+            coopMatStoreNV(c, ct, r + 8u * n, 24u, false);
 #else
-            [[unroll]] for (uint e = 0u; e < 4u; ++e) {
-                uint o = r + (gq + 8u * (e >> 1u)) * 24u + 8u * n + 2u * q + (e & 1u);
-                ct[o] = c1[tt][n][e];
-                ct[TW * 24u + o] = c2[tt][n][e];
-            }
+            [[unroll]] for (uint e = 0u; e < 4u; ++e)
+                ct[r + (gq + 8u * (e >> 1u)) * 24u + 8u * n + 2u * q + (e & 1u)] = c1[tt][n][e] + c2[tt][n][e] * (1.0 / LO);
 #endif
         }
         [[unroll]] for (uint h = 0u; h < 2u; ++h) {
@@ -544,7 +541,7 @@ void main() {
     for (uint i = gl_LocalInvocationID.x; i < TW * (M + 1u); i += gl_WorkGroupSize.x) {
         uint tl = i / (M + 1u), j = i % (M + 1u), t = block * TW + tl;
         if (t >= p.T) continue;
-        float v = j < M ? (ct[tl * 24u + j] + ct[TW * 24u + tl * 24u + j] * (1.0 / LO)) / X_SIGMA : sq[tl];
+        float v = j < M ? ct[tl * 24u + j] / X_SIGMA : sq[tl];
         out_[p.o_off + t * p.o_st + split * p.o_s2 + j] = v;
     }
 }

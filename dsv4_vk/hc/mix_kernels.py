@@ -282,7 +282,7 @@ def _tc_defines(name, device, tc, tt=1):
     matrices, 2 with FMA products); HCUnsupported where the device cannot run it."""
     defines, full = {"VEC4": 1, "TC": 1}, False
     if tc in (3, 4):
-        need = 4 * (2 * TC_TOKENS * tt * N_MIX + TC_TOKENS * tt) + (4 * 4 * (tt * 256 + 3 * 128) if tc == 4 else 0)
+        need = 4 * (TC_TOKENS * tt * N_MIX + TC_TOKENS * tt) + (4 * 4 * (tt * 256 + 3 * 128) if tc == 4 else 0)
         if need > device.caps.limits.max_shared_memory:
             raise HCUnsupported(f"{name}: tc = {tc} with {TC_TOKENS * tt} tokens a workgroup keeps {need} B in shared "
                                 f"memory, {device.name} has {device.caps.limits.max_shared_memory} B")

@@ -1,0 +1,34 @@
+"""What bounds TCR (HC_MIX_PART tc = 3, the mixes on tensor cores from registers) on a GPU: `tools/hc_tune.py
+--ops HC_MIX --t 4096 --d 4096 --set mix.kernel=tc --set mix.tc=3 --set mix.tt=TT --per-dispatch` once per
+ablation, each in a subprocess with a copy of shaders/ whose lines are replaced (results wrong on purpose:
+only the time is read): nomma (no matrix products), cheapsplit (hi = v·σ: the split's rounding left out),
+nobsplit (fn's values not split: hi = lo = w), noxload (X not read: the token index instead).
+
+    . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH; python3 tools/ablate_tcr.py [NAME ...] [--tt=2]
+"""
+from ablation import line_reporter, main, run_tool
+
+NOMMA = [("hc_mix.comp", f"                        {acc} = coopMatMulAddNV({a}, {b}[n], {acc});", "")
+         for acc, a, b in (("c1[tt][n]", "mh", "bh"), ("c2[tt][n]", "mh", "bl"), ("c2[tt][n]", "ml", "bh"))]
+CHEAP = [("hc_mix.comp", "    hi = mix(normal, sub, lessThan(abs(a), vec4(1.0 / 16384.0)));", "    hi = a;")]
+ABL = {
+    "base": [],
+    "nomma": NOMMA,
+    "cheapsplit": CHEAP,
+    "nobsplit": [("hc_mix.comp", "                    tcr_split(w, 1.0, h, l);", "                    h = w; l = w;")],
+    "noxload": [("hc_mix.comp", "                    vec4 v = x[xrow[tt][h] + s * p.x_ss + cb + j];",
+                 "                    vec4 v = vec4(float(xrow[tt][h] + cb + j));")],
+}
+
+
+def child(name, flags):
+    tt = next((f.split("=")[1] for f in flags if f.startswith("--tt=")), "1")
+    run_tool("hc_tune.py", ["--ops", "HC_MIX", "--t", "4096", "--d", "4096", "--set", "mix.kernel=tc", "--set", "mix.tc=3",
+                            "--set", f"mix.tt={tt}", "--per-dispatch", *[f for f in flags if not f.startswith("--tt=")]])
+
+
+report = line_reporter(["HC_MIX"])
+
+
+if __name__ == "__main__":
+    main(__file__, ABL, child, report)
