@@ -4,6 +4,7 @@
 //! variants: VEC4 TC ; - | POST ; - | CM_NV CM_N=8 | CM_NV CM_N=16
 //! variants: VEC4 TC TCR ; CM_TT=1 | CM_TT=2 | CM_TT=4 ; - | CM_NV CM_N=8
 //! variants: VEC4 TC TCR CM_NV CM_N=8 CM_TT=1 PROBE
+//! variants: VEC4 TC TCR CM_TT=1 FNSPLIT
 //! variants: REDUCE
 // HC_MIX family: a site's flat RMS norm and mixes mat-mul, mix[t,j] = (x_t · fn[j]) / sqrt(mean(x_t²)
 // + norm_eps) with x_t = X[t] flattened (4·D), reading each token's X once for all M mixes and its
@@ -143,8 +144,16 @@ layout(binding = 6) restrict writeonly buffer Xnew { VEC xnew[]; };
 #else
 layout(binding = 0) restrict readonly buffer X { VEC x[]; };
 #endif
+#if defined(TCR) && !defined(PROBE) && !defined(FNSPLIT)
+layout(binding = 1) restrict readonly buffer Fn { uvec4 fnp[]; };     // fn split by -D FNSPLIT
+#else
 layout(binding = 1) restrict readonly buffer Fn { VEC fn[]; };
+#endif
+#if defined(FNSPLIT)
+layout(binding = 2) restrict writeonly buffer Out { uvec4 out_u[]; };
+#else
 layout(binding = 2) restrict writeonly buffer Out { float out_[]; };
+#endif
 layout(push_constant) uniform P {
     uint T, chunks, slice, G;
     float inv_k, norm_eps;
@@ -342,6 +351,16 @@ void stage_f(uint i, vec4 v, float sigma) {
 #include "hc_post.glsl"
 #endif
 
+#if defined(TCR)
+layout(constant_id = 2) const uint TCR_AH = 240u;     // spec constants (probed per device; these: the
+layout(constant_id = 3) const uint TCR_AF = 58596u;   // H200's, mix_kernels.TCR_H200_LAYOUT)
+layout(constant_id = 4) const uint TCR_BF = 228u;
+#define A_H(e) ((TCR_AH >> (e)) & 1u)
+#define A_F(e) ((TCR_AF >> (2u * (e))) & 3u)
+#define B_F(e) ((TCR_BF >> (2u * (e))) & 3u)
+#define KK(f) (((f) & 1u) + 8u * ((f) >> 1u))     // a float of the chunk → its logical column 2q + 0, 1, 8, 9
+#endif
+
 #if defined(TCR) && defined(PROBE)
 // -D PROBE: the device's element layout of the 16 × 16 A, 16 × 8 B and 16 × 8 C matrices TCR uses, for
 // mix_kernels.tcr_layout: one subgroup of 32 loads matrices whose entry (r, c) is its flat index and
@@ -364,6 +383,33 @@ void main() {
     for (uint e = 0u; e < 4u; ++e) out_[384u + l * 4u + e] = e < uint(c.length()) ? c[e] : -1.0;
     if (l == 0u) out_[512] = float(a.length() * 10000 + b.length() * 100 + c.length());
 }
+#elif defined(TCR) && defined(FNSPLIT)
+// -D FNSPLIT (HC_MIX_FN_SPLIT): fn as TCR's B elements, split into fp16 hi and lo once per call, so that
+// TCR's lanes load them (one uvec4 a lane, fn tile and step) instead of splitting fn in every
+// workgroup. Invocation i = ((step·4 + j)·3 + n)·32 + lane, step a 64-float step of the 4·D columns
+// (stream step / (chunks / 16)): B element e of lane 4g + q is row k = g + 8·(B_F(e) >> 1), column
+// 2q + (B_F(e) & 1) of fn tile n, i.e. float (g & 1) + 2·(B_F(e) >> 1) of chunk 4·(g / 2) + j of fn row
+// 8n + 2q + (B_F(e) & 1) (zero past M). Push as the other variants: chunks, G = steps, fn (offset, row
+// stride), out offset (in uvec4).
+void main() {
+    uint i = flat_index();
+    if (i >= p.G * 384u) return;
+    uint lane = i & 31u, n = (i >> 5u) % 3u, j = (i / 96u) & 3u, step = i / 384u;
+    uint gq = lane >> 2u, q = lane & 3u;
+    uint per = p.chunks / 16u, s = step / per;
+    uint c = s * p.chunks + (step % per) * 16u + 4u * (gq >> 1u) + j;
+    vec4 f[2];
+    [[unroll]] for (uint r = 0u; r < 2u; ++r) {
+        uint row = 8u * n + 2u * q + r;
+        f[r] = row < M ? fn[p.f_off + row * p.f_sj + c] : vec4(0.0);
+    }
+    bool odd = (gq & 1u) == 1u;                 // w[2·(k is g + 8) + (column is odd)]
+    vec4 w = odd ? vec4(f[0].y, f[1].y, f[0].w, f[1].w) : vec4(f[0].x, f[1].x, f[0].z, f[1].z);
+    vec4 h, l;
+    split16(w, 1.0, h, l);
+    out_u[p.o_off + i] = uvec4(packHalf2x16(vec2(h[B_F(0u)], h[B_F(1u)])), packHalf2x16(vec2(h[B_F(2u)], h[B_F(3u)])),
+                               packHalf2x16(vec2(l[B_F(0u)], l[B_F(1u)])), packHalf2x16(vec2(l[B_F(2u)], l[B_F(3u)])));
+}
 #elif defined(TCR)
 // -D TCR: x split in registers straight into the elements of the A matrices, no staging. With
 // -D CM_NV on VK_NV_cooperative_matrix's 16 × 8 × 16 fp16 shape. Lane l = 4g + q holds, of a 16 × 16
@@ -381,13 +427,6 @@ void main() {
 // chunks per stream; tb = 64·TT tokens a workgroup.
 const uint TT = CM_TT;
 const uint TW = 64u * TT;                       // tokens per workgroup
-layout(constant_id = 2) const uint TCR_AH = 240u;     // spec constants (probed per device; these: the
-layout(constant_id = 3) const uint TCR_AF = 58596u;   // H200's, mix_kernels.TCR_H200_LAYOUT)
-layout(constant_id = 4) const uint TCR_BF = 228u;
-#define A_H(e) ((TCR_AH >> (e)) & 1u)
-#define A_F(e) ((TCR_AF >> (2u * (e))) & 3u)
-#define B_F(e) ((TCR_BF >> (2u * (e))) & 3u)
-#define KK(f) (((f) & 1u) + 8u * ((f) >> 1u))     // a float of the chunk → its logical column 2q + 0, 1, 8, 9
 shared float ct[TW * 24u];                      // C1 + 2⁻¹¹·C2: [token][24]
 shared float sq[TW];
 #if defined(CM_NV)
@@ -442,16 +481,11 @@ void main() {
                     vec4 v = x[xrow[tt][h] + s * p.x_ss + cb + j];
                     xv[tt][h][j] = xlive[tt][h] ? v : vec4(0.0);
                 }
-            // B: rows k = gq, gq + 8 hold, in A's order of k, floats (gq & 1) and 2 + (gq & 1) of chunk
-            // 4·(gq / 2) + j: of fn rows 8n + 2q and 8n + 2q + 1 (its columns)
-            vec4 fv[3][2][4];
-            uint fb = p.f_off + s * p.chunks + c_begin + 16u * ss + 4u * (gq >> 1u);
-            [[unroll]] for (uint n = 0u; n < 3u; ++n) [[unroll]] for (uint c = 0u; c < 2u; ++c) {
-                uint row = 8u * n + 2u * q + c;
-                [[unroll]] for (uint j = 0u; j < 4u; ++j)
-                    fv[n][c][j] = row < M ? fn[fb + min(row, M - 1u) * p.f_sj + j] : vec4(0.0);
-            }
-            bool odd = (gq & 1u) == 1u;
+            // B's elements of this lane, split by -D FNSPLIT: fp16 (hi of elements 0, 1; hi 2, 3; lo 0, 1; lo 2, 3)
+            uvec4 fv[4][3];
+            uint fb = p.f_off + (s * (p.chunks / 16u) + c_begin / 16u + ss) * 384u + lane;
+            [[unroll]] for (uint j = 0u; j < 4u; ++j) [[unroll]] for (uint n = 0u; n < 3u; ++n)
+                fv[j][n] = fnp[fb + (j * 3u + n) * 32u];
             [[unroll]] for (uint j = 0u; j < 4u; ++j) {
 #if defined(CM_NV)
                 MAT_B bh[3], bl[3];
@@ -459,16 +493,17 @@ void main() {
                 barrier();                      // the previous step's products have read ea, eb
 #endif
                 [[unroll]] for (uint n = 0u; n < 3u; ++n) {
-                    vec4 f0 = fv[n][0][j], f1 = fv[n][1][j];      // w[2·(k is gq + 8) + (column is odd)]
-                    vec4 w = odd ? vec4(f0.y, f1.y, f0.w, f1.w) : vec4(f0.x, f1.x, f0.z, f1.z);
-                    vec4 h, l;
-                    tcr_split(w, 1.0, h, l);
+                    uvec4 b = fv[j][n];
 #if defined(CM_NV)
-                    [[unroll]] for (uint e = 0u; e < 4u; ++e) { bh[n][e] = H16(h[B_F(e)]); bl[n][e] = H16(l[B_F(e)]); }
+                    f16vec2 h01 = unpackFloat2x16(b.x), h23 = unpackFloat2x16(b.y);
+                    f16vec2 l01 = unpackFloat2x16(b.z), l23 = unpackFloat2x16(b.w);
+                    bh[n][0] = h01.x; bh[n][1] = h01.y; bh[n][2] = h23.x; bh[n][3] = h23.y;
+                    bl[n][0] = l01.x; bl[n][1] = l01.y; bl[n][2] = l23.x; bl[n][3] = l23.y;
 #else
+                    vec4 h = vec4(unpackHalf2x16(b.x), unpackHalf2x16(b.y)), l = vec4(unpackHalf2x16(b.z), unpackHalf2x16(b.w));
                     [[unroll]] for (uint e = 0u; e < 4u; ++e) {          // B element e: (k, column)
                         uint k = gq + 8u * (B_F(e) >> 1u), col = 2u * q + (B_F(e) & 1u);
-                        eb[(grp * 3u + n) * 128u + k * 8u + col] = packHalf2x16(vec2(h[B_F(e)], l[B_F(e)]));
+                        eb[(grp * 3u + n) * 128u + k * 8u + col] = packHalf2x16(vec2(h[e], l[e]));
                     }
 #endif
                 }

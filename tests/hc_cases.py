@@ -529,21 +529,35 @@ def test_mix_tensor_core_kernel(ex, rng, T, D, split, m, layout):
         mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
 
 
-def tcr_variant(device):
-    """TCR on cooperative matrices where the device's element layout is TCR's, else its emulation."""
-    return 3 if isinstance(mix_kernels.tcr_layout(device), tuple) else 4
-
-
-@pytest.mark.parametrize("T,D,split,m,layout", [(130, 128, 32, 24, "c"), (64, 64, 16, 4, "strided"), (3, 1024, 64, 24, "c"),
-                                                 (77, 448, 16, 8, "c")])
-def test_mix_tcr_kernel(ex, rng, T, D, split, m, layout):
+@pytest.mark.parametrize("T,D,split,m,layout,tt", [(130, 128, 32, 24, "c", 1), (64, 64, 16, 4, "strided", 1),
+                                                    (3, 1024, 64, 24, "c", 2), (77, 448, 16, 8, "c", 2)])
+def test_mix_tcr_kernel(ex, rng, T, D, split, m, layout, tt):
     """TCR, x split in registers into the tensor-core matrices' elements (cooperative matrices where the
-    device's layout is TCR's, else its emulation through shared memory): partial 16-token tiles and
-    workgroup blocks, the head's 4 rows and 8 rows, D = 448 (7 steps of 64), a permuted X; against float64."""
-    with tuning(mix_kernels.MIX_TUNING, kernel="tc", tc=tcr_variant(ex.device), split=split):
+    device's probed layout is TCR's, else its emulation through shared memory) with fn split once by
+    HC_MIX_FN_SPLIT: partial 16-token tiles and workgroup blocks, the head's 4 rows and 8 rows, D = 448
+    (7 steps of 64), a permuted X; against float64."""
+    if tt == 2 and not isinstance(mix_kernels.tcr_layout(ex.device), tuple) and ex.device.caps.limits.max_shared_memory < 40000:
+        tt = 1                                 # (the emulation of 128-token blocks needs 39 KiB of shared memory)
+    with tuning(mix_kernels.MIX_TUNING, kernel="tcr", split=split, tt=tt):
         lay = mix_kernels.mix_layout(ex.device, T, D // 4)
-        assert lay["tc"] in (3, 4) and lay["tb"] == 64
+        assert lay["tcr"] and lay["tt"] == tt and lay["cm"] == int(isinstance(mix_kernels.tcr_layout(ex.device), tuple))
         mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
+
+
+def test_mix_fn_split_words(ex, rng):
+    """HC_MIX_FN_SPLIT's words are the reference's bit for bit, and decode to fn within fp32's rounding
+    (hi + 2⁻¹¹·lo, 22 significant bits), rows past m zero; tiny weights (fp16 subnormal hi) included."""
+    m, D = 20, 128
+    fn = rng.uniform(-1, 1, (m, 4 * D)).astype(np.float32)
+    fn[:, ::5] *= 1e-6
+    lay = mix_kernels.tcr_layout(ex.device)
+    lay = lay if isinstance(lay, tuple) else mix_kernels.TCR_H200_LAYOUT
+    (w,), _ = run(ex, {"fn": fn}, lambda g, t: (g.op("HC_MIX_FN_SPLIT", t["fn"], layout=lay),))
+    ref = mix_kernels.HcMixFnSplit().reference(fn, layout=lay)
+    assert w.view(np.uint32).tolist() == ref.view(np.uint32).tolist()
+    back = mix_kernels.tcr_fn_from_split(w, m, D, lay)
+    assert np.all(np.abs(back - fn) <= 2.0 ** -22 * np.abs(fn) + 2.0 ** -36), np.abs(back - fn).max()
+    assert not np.any(mix_kernels.tcr_fn_from_split(w, 24, D, lay)[m:])
 
 
 def _probe_of(a_entry, b_entry):
@@ -582,33 +596,46 @@ def test_tcr_emulation_follows_the_layout_constants(ex, rng, monkeypatch):
     """The emulation reads the same spec constants as the kernel: with another order of the elements (as
     a device could have) it still matches float64 — the constants reach every element, not just the
     H200's order."""
-    if tcr_variant(ex.device) == 3:
+    if isinstance(mix_kernels.tcr_layout(ex.device), tuple):
         pytest.skip("this device runs TCR on its cooperative matrices (test_mix_tcr_kernel covers it)")
     other = mix_kernels.tcr_layout_from(*_probe_of(*_h200_entries([6, 4, 7, 5, 2, 0, 3, 1], [3, 1, 2, 0])))
     assert isinstance(other, tuple) and other != mix_kernels.TCR_H200_LAYOUT
     monkeypatch.setattr(mix_kernels, "TCR_H200_LAYOUT", other)
-    with tuning(mix_kernels.MIX_TUNING, kernel="tc", tc=4, split=16):
+    with tuning(mix_kernels.MIX_TUNING, kernel="tcr", split=16, tt=1):
+        assert mix_kernels.mix_layout(ex.device, 70, 16)["layout"] == other
         mix_layouts_case(ex, 70, 64, 24, "c", int(rng.integers(0, 2**32 - 1)))
 
 
 def test_tcr_refuses_what_it_cannot_take(ex, rng):
-    """D not a multiple of 64 (16-chunk steps), token blocks past the device's shared memory, and the post
-    form (HC_POST_MIX has none): refused by name."""
-    i = site_inputs(rng, 70, 96, m=24)
-    base = {"wg": 128, "groups": 2, "split": 16, "lpt": 1, "tb": 64, "tpl": 1, "tc": 4}
-    with pytest.raises(ValueError, match="tc = 4 takes 16-chunk steps"):
-        run(ex, {"X": i["X"], "fn": i["fn"]}, lambda g, t: (g.op("HC_MIX_PART", t["X"], t["fn"], **base),))
-    i = site_inputs(rng, 70, 128, m=24)
-    big = {**base, "tb": 64 * 32}
-    with pytest.raises(HCUnsupported, match="tc = 4 with 2048 tokens a workgroup keeps [0-9]+ B in shared memory"):
-        run(ex, {"X": i["X"], "fn": i["fn"]}, lambda g, t: (g.op("HC_MIX_PART", t["X"], t["fn"], **big),))
+    """D not a multiple of 64 (steps of 64 floats), a split not of whole steps, token blocks past the device's
+    shared memory, a layout that is not three codes, fn_split of another D: refused by name."""
     g = Graph()
-    t = {k: g.input(k, s) for k, s in [("f", (70, 128)), ("res", (70, 4, 128)), ("post", (70, 4)), ("comb", (70, 4, 4)),
-                                      ("fn", (24, 512))]}
-    t["out"] = g.empty((70, 4, 128))
-    with pytest.raises(ValueError, match="tc must be 0 .* or one of \\{1: .*, 2: .*\\}, got 3"):
-        g.op("HC_POST_MIX", t["f"], t["res"], t["post"], t["comb"], t["fn"], t["out"], wg=128, split=16, lpt=1, tb=64,
-             tpl=1, tc=3)
+    X, fn = g.input("X", (70, 4, 128)), g.input("fn", (24, 512))
+    with pytest.raises(ValueError, match="D must be a multiple of 64, got 96"):
+        g.op("HC_MIX_FN_SPLIT", g.input("fn2", (24, 384)), layout=mix_kernels.TCR_H200_LAYOUT)
+    with pytest.raises(ValueError, match="layout must be TCR's three element codes"):
+        g.op("HC_MIX_FN_SPLIT", fn, layout=(1, 2))
+    fw = g.op("HC_MIX_FN_SPLIT", fn, layout=mix_kernels.TCR_H200_LAYOUT)
+    base = {"m": 24, "groups": 2, "split": 16, "tt": 1, "cm": 0, "layout": mix_kernels.TCR_H200_LAYOUT}
+    with pytest.raises(ValueError, match="split .* must be a multiple of 16 and groups = ceil\\(32 / split\\), got split 8"):
+        g.op("HC_MIX_TCR", X, fw, **{**base, "split": 8, "groups": 4})
+    with pytest.raises(ValueError, match="fn_split"):
+        g.op("HC_MIX_TCR", g.input("X2", (70, 4, 64)), fw, **base)
+    with pytest.raises(ValueError, match="tt .* must be 1, 2 or 4 and cm 0 or 1, got tt 3"):
+        g.op("HC_MIX_TCR", X, fw, **{**base, "tt": 3})
+    i = site_inputs(rng, 70, 128, m=24)
+    big = {**base, "tt": 4}
+    emulated_need = 4 * (256 * 24 + 256) + 16 * (4 * 256 + 3 * 128)        # C tiles and Σx², the emulation's A and B
+
+    def build(g, t):
+        return (g.op("HC_MIX_TCR", t["X"], g.op("HC_MIX_FN_SPLIT", t["fn"], layout=mix_kernels.TCR_H200_LAYOUT), **big),)
+    if emulated_need > ex.device.caps.limits.max_shared_memory:
+        with pytest.raises(HCUnsupported, match=f"tt = 4 \\(256 tokens a workgroup\\) keeps {emulated_need} B in shared"):
+            run(ex, {"X": i["X"], "fn": i["fn"]}, build)
+    else:                                      # (a device with the room runs it)
+        (part,), _ = run(ex, {"X": i["X"], "fn": i["fn"]}, build)
+        pref = mix_kernels.reference_mix_partials(i["X"], i["fn"], 2, 4, 16)
+        assert nmse(part, pref) < 1e-11
 
 
 @contextlib.contextmanager
@@ -631,9 +658,10 @@ def mix_layouts_case(ex, T, D, m, layout, seed):
     unit = 4 if D % 4 == 0 else 1                      # (a permuted X's strides D and T·D: multiples of 4 too)
     lay = mix_kernels.mix_layout(ex.device, T, D // unit)
     (mix, part), g = run(ex, {"X": X, "fn": i["fn"]}, lambda g, t: (
-        hc.mixes(g, t["X"], t["fn"]), g.op("HC_MIX_PART", t["X"], t["fn"], **lay)), view)
+        hc.mixes(g, t["X"], t["fn"]), mix_kernels.mix_partials(g, t["X"], t["fn"], lay)), view)
     single = lay["groups"] == 1 and not lay["split"]
-    assert [n.op.name for n in g.nodes][:-1] == (["HC_MIX"] if single else ["HC_MIX_PART", "HC_MIX_REDUCE"])
+    parts = ["HC_MIX_FN_SPLIT", "HC_MIX_TCR"] if lay.get("tcr") else ["HC_MIX_PART"]
+    assert [n.op.name for n in g.nodes][:len(parts) + 1] == (["HC_MIX"] if single else parts + ["HC_MIX_REDUCE"])
     groups = lay["groups"]
     ref = ops_hc.reference_mixes(i["X"], i["fn"])
     x = i["X"].reshape(T, -1).astype(np.float64)

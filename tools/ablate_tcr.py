@@ -1,8 +1,8 @@
-"""What bounds TCR (HC_MIX_PART tc = 3, the mixes on tensor cores from registers) on a GPU: `tools/hc_tune.py
---ops HC_MIX --t 4096 --d 4096 --set mix.kernel=tc --set mix.tc=3 --set mix.tt=TT --per-dispatch` once per
+"""What bounds TCR (HC_MIX_TCR, the mixes on tensor cores from registers) on a GPU: `tools/hc_tune.py
+--ops HC_MIX --t 4096 --d 4096 --set mix.kernel=tcr --set mix.tt=TT --per-dispatch` once per
 ablation, each in a subprocess with a copy of shaders/ whose lines are replaced (results wrong on purpose:
 only the time is read): nomma (no matrix products), cheapsplit (hi = v·σ: the split's rounding left out),
-nobsplit (fn's values not split: hi = lo = w), noxload (X not read: the token index instead).
+noxload (X not read: the token index instead).
 
     . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH; python3 tools/ablate_tcr.py [NAME ...] [--tt=2]
 """
@@ -15,7 +15,6 @@ ABL = {
     "base": [],
     "nomma": NOMMA,
     "cheapsplit": CHEAP,
-    "nobsplit": [("hc_mix.comp", "                    tcr_split(w, 1.0, h, l);", "                    h = w; l = w;")],
     "noxload": [("hc_mix.comp", "                    vec4 v = x[xrow[tt][h] + s * p.x_ss + cb + j];",
                  "                    vec4 v = vec4(float(xrow[tt][h] + cb + j));")],
 }
@@ -23,7 +22,7 @@ ABL = {
 
 def child(name, flags):
     tt = next((f.split("=")[1] for f in flags if f.startswith("--tt=")), "1")
-    run_tool("hc_tune.py", ["--ops", "HC_MIX", "--t", "4096", "--d", "4096", "--set", "mix.kernel=tc", "--set", "mix.tc=3",
+    run_tool("hc_tune.py", ["--ops", "HC_MIX", "--t", "4096", "--d", "4096", "--set", "mix.kernel=tcr",
                             "--set", f"mix.tt={tt}", "--per-dispatch", *[f for f in flags if not f.startswith("--tt=")]])
 
 

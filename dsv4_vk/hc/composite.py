@@ -216,7 +216,7 @@ def _mix_partials(g, X, fn, device):
     X, fn = _unit_inner(g, X), _unit_inner(g, fn)
     T, _, D = X.shape
     unit = 4 if kernels.vec4_ok(D, [X, fn]) else 1
-    return g.op("HC_MIX_PART", X, fn, **mix_kernels.mix_layout(device, T, D // unit))
+    return mix_kernels.mix_partials(g, X, fn, mix_kernels.mix_layout(device, T, D // unit))
 
 
 def mixes(g, X, fn, *, norm_eps=1e-6, fused=None, device=None):
@@ -243,7 +243,7 @@ def _mixes(g, X, fn, norm_eps, fused, device):
         layout = mix_kernels.mix_layout(device, T, D // unit)
         if layout["groups"] == 1 and not layout["split"]:
             return g.op("HC_MIX", X, fn, norm_eps=norm_eps, wg=layout["wg"])
-        part = g.op("HC_MIX_PART", X, fn, **layout)
+        part = mix_kernels.mix_partials(g, X, fn, layout)
         return g.op("HC_MIX_REDUCE", part, norm_eps=norm_eps, width=HC * D)
     x = (X if X.is_contiguous else g.op("CONT", X)).reshape(T, HC * D)
     return g.op("MUL_MAT", g.op("RMS_NORM", x, eps=norm_eps), fn)

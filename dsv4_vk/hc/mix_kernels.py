@@ -18,8 +18,8 @@ from ..vk import Buffer, Recorder
 
 # HC_MIX layout knobs (tools/hc_tune.py sweeps them); None: the rule of mix_layout.
 MIX_TUNING = {"wg": None, "groups": None, "split": None, "lpt": None, "tb": None, "tpl": None, "rh": None,
-              "kernel": None, "tc": None, "tt": None}
-MIX_KERNELS = ("token", "ksplit", "tc")
+              "kernel": None, "tt": None}
+MIX_KERNELS = ("token", "ksplit", "tc", "tcr")
 # Workgroups a mixes pass aims for (a few per compute unit of a large GPU; a CPU device runs
 # workgroups on its cores one after another, so a few suffice there).
 MIX_TARGET_GROUPS = {"cpu": 4}
@@ -53,8 +53,7 @@ KSPLIT_RH = 2
 TC_WG, TC_TOKENS, TC_SPLIT = 128, 64, 64
 TC_STEP = 16                    # chunks per staging step (KC in hc_mix.comp): also Σx² lanes per token
 TC_XS = 4 * TC_STEP + 8         # halves between staged rows (XS in hc_mix.comp)
-TC_VARIANTS = {1: "cooperative matrices", 2: "FMA products", 3: "cooperative matrices from registers",
-               4: "TCR's data flow with FMA products"}
+TC_VARIANTS = {1: "cooperative matrices", 2: "FMA products"}
 
 
 def tc_tile_n(device):
@@ -178,10 +177,13 @@ def mix_layout(device, T, chunks, kernel=None):
             kernel = "token"
     if kernel == "tc":
         split = t["split"] or TC_SPLIT
-        tc = t["tc"] or (1 if tc_tile_n(device) else 2)
-        tb = TC_TOKENS * (t["tt"] or 1) if tc in (3, 4) else TC_TOKENS
-        return {"wg": TC_WG, "groups": -(-chunks // split), "split": split, "lpt": 1, "tb": tb,
-                "tpl": 1, "tc": tc}
+        return {"wg": TC_WG, "groups": -(-chunks // split), "split": split, "lpt": 1, "tb": TC_TOKENS,
+                "tpl": 1, "tc": 1 if tc_tile_n(device) else 2}
+    if kernel == "tcr":
+        split = t["split"] or TC_SPLIT
+        lay = tcr_layout(device)
+        return {"tcr": 1, "groups": -(-chunks // split), "split": split, "tt": t["tt"] or TCR_TT,
+                "cm": int(isinstance(lay, tuple)), "layout": lay if isinstance(lay, tuple) else TCR_H200_LAYOUT}
     if kernel == "ksplit":
         lpt = t["lpt"] or 4
         rh = t["rh"] or (KSPLIT_RH if not cpu and lpt * KSPLIT_RH <= device.caps.subgroup.min_size else 1)
@@ -277,21 +279,10 @@ def _mix_launch(node, device, final, groups):
                    full_subgroups=device.caps.subgroup.full_subgroups)]
 
 
-def _tc_defines(name, device, tc, tt=1):
+def _tc_defines(name, device, tc):
     """The tensor-core kernel's defines and whether it needs full subgroups (tc = 1 on cooperative
     matrices, 2 with FMA products); HCUnsupported where the device cannot run it."""
     defines, full = {"VEC4": 1, "TC": 1}, False
-    if tc in (3, 4):
-        need = 4 * (TC_TOKENS * tt * N_MIX + TC_TOKENS * tt) + (4 * 4 * (tt * 256 + 3 * 128) if tc == 4 else 0)
-        if need > device.caps.limits.max_shared_memory:
-            raise HCUnsupported(f"{name}: tc = {tc} with {TC_TOKENS * tt} tokens a workgroup keeps {need} B in shared "
-                                f"memory, {device.name} has {device.caps.limits.max_shared_memory} B")
-        if tc == 4:
-            return {**defines, "TCR": 1, "CM_TT": tt}, False
-        lay = tcr_layout(device)
-        if isinstance(lay, str):
-            raise HCUnsupported(f"{name}: tc = 3 cannot run on {device.name}: {lay}")
-        return {**defines, "CM_NV": 1, "CM_N": 8, "TCR": 1, "CM_TT": tt}, True
     if tc == 1:
         n = tc_tile_n(device)
         if n is None:
@@ -313,11 +304,7 @@ def _tc_defines(name, device, tc, tt=1):
 
 def _tc_checks(name, pr, chunks, groups, vec4, D):
     split = pr.get("split", 0)
-    tb = pr.get("tb", 1)
-    if pr.get("tc") in (3, 4) and (tb % TC_TOKENS or split % 16 or chunks % 16):
-        raise ValueError(f"{name}: tc = {pr['tc']} takes 16-chunk steps and 64·tt tokens: split and chunks (D / 4) must be "
-                         f"multiples of 16 and tb of 64, got split {split}, chunks {chunks}, tb {tb}")
-    if not split or groups != -(-chunks // split) or pr["wg"] != TC_WG or (tb != TC_TOKENS and pr.get("tc") not in (3, 4)):
+    if not split or groups != -(-chunks // split) or pr["wg"] != TC_WG or pr.get("tb", 1) != TC_TOKENS:
         raise ValueError(f"{name}: the tensor-core kernel writes partials and takes wg {TC_WG}, tb {TC_TOKENS} and "
                          f"groups = ceil({chunks} / split), got wg {pr['wg']}, tb {pr.get('tb', 1)}, split {split}, "
                          f"groups {groups}")
@@ -334,23 +321,19 @@ def _tc_launch(node, device, final, groups, vec4, chunks):
     if final:
         raise ValueError(f"{name}: the tensor-core kernel writes partials, not the final mixes")
     _tc_checks(name, pr, chunks, groups, vec4, X.shape[2])
-    tb = pr.get("tb", TC_TOKENS)
-    defines, full = _tc_defines(name, device, pr["tc"], tb // TC_TOKENS)
+    defines, full = _tc_defines(name, device, pr["tc"])
     push = pack_push(T, chunks, pr["split"], groups, 1.0 / (HC * X.shape[2]),
                      check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
                      X.offset // 4, *strides_in(X, 4), fn.offset // 4, fn.strides[0] // 4,
-                     node.output.offset, node.output.strides[0], node.output.strides[1], tb)
-    spec = (TC_WG, m)
-    if pr["tc"] in (3, 4):
-        spec += tcr_layout(device) if pr["tc"] == 3 else TCR_H200_LAYOUT
-    return Launch("hc_mix", [X, fn, node.output], (2,), push, grid_1d(-(-T // tb) * groups, 1),
-                  defines=defines, spec=spec, full_subgroups=full)
+                     node.output.offset, node.output.strides[0], node.output.strides[1], TC_TOKENS)
+    return Launch("hc_mix", [X, fn, node.output], (2,), push, grid_1d(-(-T // TC_TOKENS) * groups, 1),
+                  defines=defines, spec=(TC_WG, m), full_subgroups=full)
 
 
-def _check_tc_param(op, params, variants=TC_VARIANTS):
+def _check_tc_param(op, params):
     tc = params.get("tc", 0)
-    if isinstance(tc, bool) or tc not in (0, *variants):
-        raise ValueError(f"{op}: tc must be 0 (no tensor-core kernel) or one of {variants}, got {tc!r}")
+    if isinstance(tc, bool) or tc not in (0, *TC_VARIANTS):
+        raise ValueError(f"{op}: tc must be 0 (no tensor-core kernel) or one of {TC_VARIANTS}, got {tc!r}")
     return tc
 
 
@@ -423,6 +406,183 @@ class HcMixPartials(OpDef):
     def reference(self, X, fn, groups=1, wg=1, split=0, lpt=1, tb=1, tpl=1, rh=1, tc=0, norm_eps=1e-6):
         D = np.shape(X)[2]
         return reference_mix_partials(X, fn, groups, 4 if D % 4 == 0 else 1, split)
+
+
+# TCR (hc_mix.comp -D TCR): tiles of 16 tokens per subgroup (tt of them: tt = 2 measured fastest on the
+# H200), workgroups of 4 subgroups, 16-chunk steps of one stream; fn split once per call (HC_MIX_FN_SPLIT).
+TCR_TT = 2
+TCR_STEP_FLOATS = 64
+TCR_STEP_WORDS = 4 * 3 * 32 * 4         # per step of 64 floats: j, fn tile, lane, uvec4
+
+
+def tcr_words(D):
+    """The length (uint32 words, held in an f32 tensor) of fn split for TCR at hidden size D."""
+    return HC * D // TCR_STEP_FLOATS * TCR_STEP_WORDS
+
+
+def _split16(v, sigma):
+    """hc_mix.comp's split16 in numpy float32: hi on fp16's grid by integer rounding, lo = (v·σ − hi)·2¹¹."""
+    a = (np.asarray(v, np.float32) * np.float32(sigma)).astype(np.float32)
+    normal = ((a.view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+    sub = (np.round(a * np.float32(16777216.0)) * np.float32(1.0 / 16777216.0)).astype(np.float32)
+    hi = np.where(np.abs(a) < np.float32(1.0 / 16384.0), sub, normal).astype(np.float32)
+    return hi, ((a - hi) * np.float32(2048.0)).astype(np.float32)
+
+
+def _tcr_b_index(D, bf):
+    """For every word group (step, j, n, lane) and element e: fn's row and column of TCR's B element."""
+    steps = HC * D // TCR_STEP_FLOATS
+    st, j, n, lane = np.meshgrid(np.arange(steps), np.arange(4), np.arange(3), np.arange(32), indexing="ij")
+    g, q = lane // 4, lane % 4
+    rows, cols = [], []
+    for e in range(4):
+        code = (bf >> (2 * e)) & 3
+        rows.append(8 * n + 2 * q + (code & 1))
+        cols.append(TCR_STEP_FLOATS * st + 4 * (4 * (g // 2) + j) + (g & 1) + 2 * (code >> 1))
+    return np.stack(rows, -1), np.stack(cols, -1)            # [steps, 4, 3, 32, 4]
+
+
+def _check_tcr_layout(op, layout):
+    if not (isinstance(layout, (tuple, list)) and len(layout) == 3 and all(isinstance(v, int) and 0 <= v < 2**16
+                                                                          for v in layout)):
+        raise ValueError(f"{op}: layout must be TCR's three element codes (TCR_AH, TCR_AF, TCR_BF), "
+                         f"e.g. {TCR_H200_LAYOUT}, got {layout!r}")
+    return tuple(layout)
+
+
+def _check_tcr_d(op, D):
+    if D % TCR_STEP_FLOATS:
+        raise ValueError(f"{op}: TCR takes the streams in steps of {TCR_STEP_FLOATS} floats: D must be a multiple "
+                         f"of {TCR_STEP_FLOATS}, got {D}")
+
+
+@register
+class HcMixFnSplit(OpDef):
+    """HC_MIX_FN_SPLIT(fn [m,4D], layout=(ah, af, bf)) -> [tcr_words(D)]: fn as TCR's B elements, each split
+    into fp16 hi and lo (hc_mix.comp -D FNSPLIT), uint32 words held in an f32 tensor — what HC_MIX_TCR
+    reads instead of splitting fn in every workgroup."""
+    name, n_inputs = "HC_MIX_FN_SPLIT", 1
+
+    def infer(self, inputs, params):
+        (fn,) = inputs
+        check_shape("fn", fn.shape, (None, None))
+        check_fn_rows(self.name, "fn", fn)
+        check_unit_inner(self.name, "fn", fn)
+        check_params(self.name, params, ("layout",))
+        _check_tcr_layout(self.name, params.get("layout"))
+        if fn.shape[1] % HC:
+            raise ValueError(f"{self.name}: fn's columns are the 4 streams' D each: a multiple of 4, got {fn.shape[1]}")
+        _check_tcr_d(self.name, fn.shape[1] // HC)
+        return (tcr_words(fn.shape[1] // HC),), "f32"
+
+    def lower(self, node, device):
+        (fn,), out = node.inputs, node.output
+        m, D = fn.shape[0], fn.shape[1] // HC
+        if not vec4_ok(D, [fn]) or out.offset % 4:
+            raise ValueError(f"{self.name}: fn's offset and row stride, and the output's offset, must be multiples of 4 "
+                             f"floats, got {fn.offset}, {fn.strides[0]}, {out.offset}")
+        steps = HC * D // TCR_STEP_FLOATS
+        push = pack_push(0, D // 4, 0, steps, 0.0, 0.0, 0, 0, 0, fn.offset // 4, fn.strides[0] // 4, out.offset // 4,
+                         0, 0, 0)
+        return [Launch("hc_mix", [fn, fn, out], (2,), push, grid_1d(steps * TCR_STEP_WORDS // 4, TC_WG),
+                       defines={"VEC4": 1, "TC": 1, "TCR": 1, "CM_TT": 1, "FNSPLIT": 1},
+                       spec=(TC_WG, m, *node.params["layout"]))]
+
+    def reference(self, fn, layout=TCR_H200_LAYOUT):
+        fn = np.asarray(fn, np.float32)
+        m, D = fn.shape[0], fn.shape[1] // HC
+        rows, cols = _tcr_b_index(D, layout[2])
+        v = np.where(rows < m, np.pad(fn, ((0, 24 - m), (0, 0)))[np.minimum(rows, 23), cols], 0).astype(np.float32)
+        hi, lo = _split16(v, 1.0)
+        h16, l16 = hi.astype(np.float16).view(np.uint16).astype(np.uint32), lo.astype(np.float16).view(np.uint16).astype(np.uint32)
+        words = np.stack([h16[..., 0] | h16[..., 1] << 16, h16[..., 2] | h16[..., 3] << 16,
+                          l16[..., 0] | l16[..., 1] << 16, l16[..., 2] | l16[..., 3] << 16], -1)
+        return words.astype(np.uint32).reshape(-1).view(np.float32)
+
+
+def tcr_fn_from_split(words, m, D, layout=TCR_H200_LAYOUT):
+    """fn [m, 4D] as TCR's products see it (hi + 2⁻¹¹·lo of each B element) from HC_MIX_FN_SPLIT's words."""
+    w = np.asarray(words, np.float32).view(np.uint32).reshape(-1, 4, 3, 32, 4)
+    halves = np.stack([w & 0xFFFF, w >> 16], -1).astype(np.uint16).view(np.float16).astype(np.float64)
+    hi = halves[..., :2, :].reshape(*w.shape[:-1], 4)          # elements 0..3: word 0 (0, 1), word 1 (2, 3)
+    lo = halves[..., 2:, :].reshape(*w.shape[:-1], 4)
+    rows, cols = _tcr_b_index(D, layout[2])
+    fn = np.zeros((24, HC * D))
+    fn[rows, cols] = hi + lo / 2048.0
+    return fn[:m]
+
+
+@register
+class HcMixTcr(OpDef):
+    """HC_MIX_TCR(X [T,4,D], fn_split [tcr_words(D)], m=, groups=G, split=, tt=, cm=, layout=, norm_eps=) -> partials
+    [T,G,m+1]: the mixes' partial sums on tensor cores, x split in registers straight into the matrices'
+    elements (hc_mix.comp -D TCR; cm = 1 on VK_NV_cooperative_matrix where the probed element layout is
+    `layout`, cm = 0 its emulation through shared memory); fn_split from HC_MIX_FN_SPLIT with the same
+    layout. HC_MIX_REDUCE finishes."""
+    name, n_inputs = "HC_MIX_TCR", 2
+
+    def infer(self, inputs, params):
+        X, fw = inputs
+        check_shape("X", X.shape, (None, HC, None))
+        check_unit_inner(self.name, "X", X)
+        check_params(self.name, params, ("m", "groups", "split", "tt", "cm", "layout", "norm_eps"))
+        D = X.shape[2]
+        _check_tcr_d(self.name, D)
+        check_shape("fn_split", fw.shape, (tcr_words(D),))
+        m = check_layout_param(self.name, params, "m")
+        if m > N_MIX:
+            raise ValueError(f"{self.name}: m (fn rows) must be 1..{N_MIX}, got {m}")
+        split, G = check_layout_param(self.name, params, "split"), check_layout_param(self.name, params, "groups")
+        if split % 16 or G != -(-(D // 4) // split):
+            raise ValueError(f"{self.name}: split (chunks of 4 floats per stream) must be a multiple of 16 and groups "
+                             f"= ceil({D // 4} / split), got split {split}, groups {G}")
+        if params.get("tt") not in (1, 2, 4) or params.get("cm") not in (0, 1) or isinstance(params.get("cm"), bool):
+            raise ValueError(f"{self.name}: tt (16-token tiles a subgroup) must be 1, 2 or 4 and cm 0 or 1, "
+                             f"got tt {params.get('tt')!r}, cm {params.get('cm')!r}")
+        _check_tcr_layout(self.name, params.get("layout"))
+        check_eps("norm_eps", params.get("norm_eps", 1e-6))
+        return (X.shape[0], G, m + 1), "f32"
+
+    def lower(self, node, device):
+        X, fw = node.inputs
+        out, pr = node.output, node.params
+        check_partials(self.name, out)
+        T, _, D = X.shape
+        tt, m = pr["tt"], pr["m"]
+        if not vec4_ok(D, [X]) or fw.offset % 4:
+            raise ValueError(f"{self.name}: X's offset and strides and fn_split's offset must be multiples of 4, got "
+                             f"{X.offset}, {X.strides}, {fw.offset}")
+        need = 4 * (TC_TOKENS * tt * N_MIX + TC_TOKENS * tt) + (0 if pr["cm"] else 4 * 4 * (tt * 256 + 3 * 128))
+        if need > device.caps.limits.max_shared_memory:
+            raise HCUnsupported(f"{self.name}: tt = {tt} ({TC_TOKENS * tt} tokens a workgroup) keeps {need} B in shared "
+                                f"memory, {device.name} has {device.caps.limits.max_shared_memory} B")
+        defines = {"VEC4": 1, "TC": 1, "TCR": 1, "CM_TT": tt}
+        if pr["cm"]:
+            lay = tcr_layout(device)
+            if isinstance(lay, str):
+                raise HCUnsupported(f"{self.name}: cm = 1 cannot run on {device.name}: {lay} (cm = 0 emulates it)")
+            if lay != tuple(pr["layout"]):
+                raise ValueError(f"{self.name}: layout {tuple(pr['layout'])} is not {device.name}'s {lay}")
+            defines.update(CM_NV=1, CM_N=8)
+        push = pack_push(T, D // 4, pr["split"], pr["groups"], 1.0 / (HC * D), check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
+                         X.offset // 4, *strides_in(X, 4), fw.offset // 4, 0, out.offset, out.strides[0], out.strides[1],
+                         TC_TOKENS * tt)
+        return [Launch("hc_mix", [X, fw, out], (2,), push, grid_1d(-(-T // (TC_TOKENS * tt)) * pr["groups"], 1),
+                       defines=defines, spec=(TC_WG, m, *pr["layout"]), full_subgroups=bool(pr["cm"]))]
+
+    def reference(self, X, fw, m=24, groups=1, split=16, tt=1, cm=0, layout=TCR_H200_LAYOUT, norm_eps=1e-6):
+        D = np.shape(X)[2]
+        return reference_mix_partials(X, tcr_fn_from_split(fw, m, D, layout), groups, 4, split)
+
+
+def mix_partials(g, X, fn, layout):
+    """partials [T,G,m+1] of the mixes of X (unit inner stride) with fn in `layout` (mix_layout's): HC_MIX_PART,
+    or with TCR's layout HC_MIX_FN_SPLIT + HC_MIX_TCR."""
+    if not layout.get("tcr"):
+        return g.op("HC_MIX_PART", X, fn, **layout)
+    lay = {k: v for k, v in layout.items() if k != "tcr"}
+    fw = g.op("HC_MIX_FN_SPLIT", fn, layout=lay["layout"])
+    return g.op("HC_MIX_TCR", X, fw, m=fn.shape[0], **lay)
 
 
 @register
@@ -512,7 +672,7 @@ class HcPostMix(OpDef):
             for k in ("lpt", "tb", "tpl"):
                 check_layout_param(self.name, params, k)
             check_layout_param(self.name, {"rh": 1, **params}, "rh")
-            _check_tc_param(self.name, params, {k: TC_VARIANTS[k] for k in (1, 2)})     # (TCR has no post form)
+            _check_tc_param(self.name, params)
         elif params.get("tc", 0):
             raise ValueError(f"{self.name}: the tensor-core kernel (tc) takes a split (many tokens)")
         elif wg % HC:

@@ -341,7 +341,11 @@ class Device:
         self._staging = None
         self._one_shot = None
         self._recordings = weakref.WeakSet()    # destroyed at close() if their owners still hold them
-        self._buffers = weakref.WeakSet()
+        # every live Buffer, held strongly until its destroy(): close() destroys what is left, also
+        # buffers whose owners dropped them without destroy() (a program finalized as close() began,
+        # the mapped pair its finalizer queued in the pool, which close() then forgets); a weak set
+        # lost those, and their VkBuffer and VkDeviceMemory outlived vkDestroyDevice
+        self._buffers = set()
         from .cache import ProgramCache
         from .memory import Arena, BufferPool
         from .pipeline import PipelineCache
@@ -669,6 +673,11 @@ class Device:
             self.pool.destroy()
             for buf in list(self._buffers):
                 buf.destroy()
+            self._buffers.clear()
+            for block in list(self.arena.blocks):   # blocks no buffer holds (KEEP_BLOCKS keeps them)
+                block.free()
+            self.arena.blocks.clear()
+            self.arena.shared.clear()
             self._closed = True
             for p in self._desc_pools:
                 lib.vkDestroyDescriptorPool(self.device, p, ffi.NULL)

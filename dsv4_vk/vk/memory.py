@@ -54,8 +54,16 @@ class _Block:
         self.view = None
         if host_visible:
             ptr = ffi.new("void**")
-            check(lib.vkMapMemory(device.device, self.memory, 0, size, 0, ptr), "vkMapMemory")
+            res = lib.vkMapMemory(device.device, self.memory, 0, size, 0, ptr)
+            if res != vk.VK_SUCCESS:    # (the allocation is nobody's yet: give it back)
+                lib.vkFreeMemory(device.device, self.memory, ffi.NULL)
+                check(res, "vkMapMemory")
             self.view = np.frombuffer(ffi.buffer(ptr[0], size), dtype=np.uint8)
+
+    def free(self):
+        """Give the memory back whatever it holds (Device.close: the buffers in it are gone)."""
+        self.view = None
+        lib.vkFreeMemory(self.device.device, self.memory, ffi.NULL)
 
     def take(self, size, align):
         """Byte offset of `size` bytes aligned to `align` (the first hole that fits), or None."""
@@ -72,8 +80,7 @@ class _Block:
         """A buffer at [offset, offset + size) is gone: its range becomes a hole again."""
         self.live -= 1
         if self.live == 0 and not (KEEP_BLOCKS and self.shared):   # empty: give the memory back
-            self.view = None
-            lib.vkFreeMemory(self.device.device, self.memory, ffi.NULL)
+            self.free()
             arena.forget(self)
             return
         holes = self.holes
@@ -120,13 +127,29 @@ class Buffer:
     """One VkBuffer placed in a memory block. `nbytes` is the usable size (a multiple of 4, ≥ 4)."""
 
     def __init__(self, device, nbytes, host_visible=None, dedicated=None):
-        device.check_open()
         self.device = device
         self.alive = False
         self.serial = next(_serials)     # unique for the process (ids and handles are reused)
         self.freed_at = 0                # when the pool last took it back (BufferPool.shrink's order)
         self.nbytes = max(4, (int(nbytes) + 3) // 4 * 4)
         host_visible = device.is_host_visible if host_visible is None else host_visible
+        self.host_visible = host_visible
+        # Made and registered in device._buffers under the device lock, open checked under it too:
+        # close() destroys what _buffers holds under that lock, so a buffer is either refused
+        # (DeviceClosed) or registered before close() destroys the registered ones -- also for the
+        # callers that are not counted calls (a host-visible Param, a kernel probe), which close()
+        # does not wait for. (Outside the lock a buffer made as close() ran was never destroyed, and
+        # its memory was allocated on a VkDevice close() had destroyed.) Not a per-call path: the
+        # pool hands out buffers it made before (and BufferPool.take holds the lock anyway).
+        with device.lock:
+            device.check_open()
+            self._create(device, host_visible, dedicated)
+            self.alive = True
+            device._buffers.add(self)
+        if device.validation:
+            device.check_validation("vkCreateBuffer")
+
+    def _create(self, device, host_visible, dedicated):
         d = device.device
         info = ffi.new("VkBufferCreateInfo*")
         info.sType = vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO
@@ -136,31 +159,29 @@ class Buffer:
         out = ffi.new("VkBuffer*")
         check(lib.vkCreateBuffer(d, info, ffi.NULL, out), "vkCreateBuffer")
         self.handle = out[0]
-        req = ffi.new("VkMemoryRequirements*")
-        lib.vkGetBufferMemoryRequirements(d, self.handle, req)
-        if host_visible:
-            flags = _HOST | (vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT if device.is_host_visible else 0)
-        else:
-            flags = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
-        self.memory_type = device._find_memory(flags, req.memoryTypeBits)
-        if dedicated is None:
-            dedicated = DEDICATED_FROM is not None and self.nbytes >= DEDICATED_FROM
         try:
-            with device.lock:
-                self.block, self.offset = device.arena.place(self.handle, req, self.memory_type, host_visible,
-                                                             dedicated)
-        except Exception:
+            req = ffi.new("VkMemoryRequirements*")
+            lib.vkGetBufferMemoryRequirements(d, self.handle, req)
+            if host_visible:
+                flags = _HOST | (vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT if device.is_host_visible else 0)
+            else:
+                flags = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
+            self.memory_type = device._find_memory(flags, req.memoryTypeBits)
+            if dedicated is None:
+                dedicated = DEDICATED_FROM is not None and self.nbytes >= DEDICATED_FROM
+            self.block, self.offset = device.arena.place(self.handle, req, self.memory_type, host_visible,
+                                                         dedicated)
+        except BaseException:
             lib.vkDestroyBuffer(d, self.handle, ffi.NULL)
             raise
         self.memory = self.block.memory
         self._span = int(req.size)
-        check(lib.vkBindBufferMemory(d, self.handle, self.memory, self.offset), "vkBindBufferMemory")
-        self.host_visible = host_visible
+        res = lib.vkBindBufferMemory(d, self.handle, self.memory, self.offset)
+        if res != vk.VK_SUCCESS:        # (its range goes back: a block left with no buffer is freed)
+            lib.vkDestroyBuffer(d, self.handle, ffi.NULL)
+            self.block.release(device.arena, self.offset, self._span)
+            check(res, "vkBindBufferMemory")
         self._view = self.block.view[self.offset:self.offset + self.nbytes] if host_visible else None
-        self.alive = True
-        device._buffers.add(self)
-        if device.validation:
-            device.check_validation("vkCreateBuffer")
 
     def _check(self):
         if not self.alive:
@@ -196,6 +217,7 @@ class Buffer:
             if self.alive and not dev.closed:
                 self.alive = False
                 self._view = None
+                dev._buffers.discard(self)
                 dev.pipelines.forget_buffer(self)
                 lib.vkDestroyBuffer(dev.device, self.handle, ffi.NULL)
                 self.block.release(dev.arena, self.offset, self._span)
