@@ -171,3 +171,129 @@ def test_failed_compile_releases_what_it_created():
     r = _run(FAILED_COMPILE, 120, DSV4_VK_VALIDATION="1")
     assert r.returncode == 0, (r.returncode, r.stdout[-2000:], r.stderr[-6000:])
     assert r.stdout.strip().startswith("ok"), r.stdout
+
+
+# --- buffers and memory left at close() ---------------------------------------------------------------
+
+# Each case on a fresh device with no mapped device memory (DSV4_VK_FORCE_STAGING=1: the memory layout
+# of a discrete GPU, where programs make a mapped upload/download buffer pair and mapped tensors have
+# buffers of their own outside the pool), under the validation layer: close() raises ValidationError
+# if a VkBuffer or VkDeviceMemory is still alive at vkDestroyDevice. Deterministic forms of what the
+# close race above left on an H200 (two VkBuffers and their VkDeviceMemory), which lavapipe's timing
+# never showed.
+LEFT_AT_CLOSE = r"""
+import gc, sys, threading, time
+import numpy as np, dsv4_vk as dv
+from dsv4_vk.vk import memory
+from dsv4_vk.vk.memory import Buffer
+from dsv4_vk.vk.tensor import Tensor
+
+x = np.ones((2, 24), np.float32)
+
+def program(dev):
+    g = dv.Graph(); g.output("y", g.op("SCALE", g.input("x", (2, 24)), a=2.0))
+    prog = g.compile(dev)
+    prog.submit(x=x).wait()         # (no mapped device memory: this makes its mapped upload/download pair)
+    return prog
+
+def closing(dev, action):
+    # close() in a thread while this thread is inside a counted call: `action` runs once close() has
+    # begun (calls are refused) and before it destroys anything
+    errors = []
+    def close():
+        try:
+            dev.close()
+        except BaseException as e:
+            errors.append(e)
+    dev.begin_use()
+    t = threading.Thread(target=close)
+    t.start()
+    while not dev._closing:
+        time.sleep(0.001)
+    try:
+        action()
+    finally:
+        dev.end_use()
+    t.join(60)
+    assert not t.is_alive(), "close() hangs"
+    if errors:
+        raise errors[0]
+
+def dropped_before_close(dev):      # its finalizer queues the pair for the pool (free_later) ...
+    prog = program(dev)
+    del prog
+    gc.collect()
+    dev.close()                     # ... and close() dropped the pool's queue
+
+def host_visible_tensor_dropped(dev):       # a mapped tensor's own buffer, queued the same way
+    t = Tensor(dev, (4, 24), host_visible=True)
+    t.write(np.ones((4, 24), np.float32))
+    del t
+    dev.close()
+
+def finalized_while_closing(dev):   # its finalizer leaves everything to close() (calls are refused)
+    prog = program(dev)
+    def drop():
+        nonlocal prog
+        prog = None
+        gc.collect()
+    closing(dev, drop)
+
+def released_while_closing(dev):    # release() likewise drops its pair without destroying it
+    prog = program(dev)
+    closing(dev, prog.release)
+
+def made_as_close_begins(dev):      # a buffer made by an uncounted caller: close() does not wait for it
+    real = dev._find_memory
+    started = []
+    def find_memory(*a, **kw):      # (called between vkCreateBuffer and the placement in a block)
+        if not started:
+            started.append(threading.Thread(target=dev.close))
+            started[0].start()
+            while not dev._closing:
+                time.sleep(0.001)
+            time.sleep(0.1)         # (close() goes on as far as it can)
+        return real(*a, **kw)
+    dev._find_memory = find_memory
+    try:
+        buf = Buffer(dev, 1024, host_visible=True)
+    except dv.DeviceClosed:
+        buf = None
+    started[0].join(60)
+    assert dev.closed
+    if buf is not None:             # made before close() destroyed everything: destroyed with it
+        try:
+            buf.write(np.zeros(4, np.float32))
+        except dv.DeviceClosed:
+            pass
+        else:
+            raise AssertionError("a buffer made as close() ran can still be written")
+
+def kept_block(dev):                # KEEP_BLOCKS: an emptied shared block stays allocated until close()
+    memory.KEEP_BLOCKS = True
+    try:
+        Buffer(dev, 1024).destroy()
+        assert dev.memory_stats()["allocations"] == 1
+        dev.close()
+    finally:
+        memory.KEEP_BLOCKS = False
+
+for case in sys.argv[1:]:
+    dev = dv.Device()
+    assert dev.validation and not dev.is_host_visible
+    globals()[case](dev)            # ValidationError from close(): a VkBuffer or VkDeviceMemory was left
+    assert dev.closed and not dev.validation_messages, dev.validation_messages
+    print("ok", case)
+"""
+
+
+@pytest.mark.parametrize("case", ["dropped_before_close", "host_visible_tensor_dropped", "finalized_while_closing",
+                                  "released_while_closing", "made_as_close_begins", "kept_block"])
+def test_close_destroys_every_buffer_and_memory(case):
+    """close() destroys every VkBuffer and VkDeviceMemory, also those of buffers whose owners dropped
+    them without destroying them (a program finalized or released just before or while close() runs:
+    its mapped pair), of a buffer made by an uncounted caller as close() begins, and emptied blocks
+    kept for reuse."""
+    r = _run(LEFT_AT_CLOSE, 120, case, DSV4_VK_VALIDATION="1", DSV4_VK_FORCE_STAGING="1")
+    assert r.returncode == 0, (r.returncode, r.stdout[-2000:], r.stderr[-6000:])
+    assert r.stdout.strip() == f"ok {case}", r.stdout
