@@ -123,26 +123,23 @@ def tcr_layout(device):
 
 def tcr_probe(device):
     """hc_mix.comp -D PROBE's output on `device`: A's elements [32 lanes × 8], B's [32 × 4], C's [32 × 4],
-    each the flat index of its entry, then the element counts."""
-    if True:
-        if True:
-            pipe = device.pipelines.get("hc_mix", 3, {"VEC4": 1, "TC": 1, "TCR": 1, "CM_NV": 1, "CM_N": 8,
-                                                       "CM_TT": 1, "PROBE": 1}, (32, 24), full_subgroups=True)
-            buf = Buffer(device, 4 * 520)
+    each the flat index of its entry, then the element counts (8, 4, 4 as 80404)."""
+    with device.in_use:                     # (close() waits for it: the recording's pools are destroyed here)
+        pipe = device.pipelines.get("hc_mix", 3, {"VEC4": 1, "TC": 1, "TCR": 1, "CM_NV": 1, "CM_N": 8, "CM_TT": 1,
+                                                   "PROBE": 1}, (32, 24), full_subgroups=True)
+        buf = Buffer(device, 4 * 520)
+        try:
+            buf.write(np.full(520, -2, np.float32))
+            rec = Recorder(device)
+            rec.dispatch(pipe, [buf, buf, buf], b"", (1, 1, 1), writes=[(buf, 0, 4 * 520)])
+            r = rec.finish()
             try:
-                buf.write(np.full(520, -2, np.float32))
-                rec = Recorder(device)
-                rec.dispatch(pipe, [buf, buf, buf], b"", (1, 1, 1), writes=[(buf, 0, 4 * 520)])
-                r = rec.finish()
-                try:
-                    r.submit()
-                finally:
-                    r.destroy()
-                out = buf.read(0, 4 * 520).view(np.float32)
+                r.submit()
             finally:
-                device.pipelines.forget_buffer(buf)
-                buf.destroy()
-            return out
+                r.destroy()
+            return buf.read(0, 4 * 520).view(np.float32)
+        finally:
+            buf.destroy()
 
 
 def mix_layout(device, T, chunks, kernel=None):
@@ -171,6 +168,8 @@ def mix_layout(device, T, chunks, kernel=None):
             kernel = "token"
         elif t["split"]:                   # a KSPLIT split set: KSPLIT
             kernel = "ksplit"
+        elif T >= TCR_MIN_T and chunks % 16 == 0 and isinstance(tcr_layout(device), tuple):
+            kernel = "tcr"
         elif T >= KSPLIT_MIN_T and ksplit_preferred(device):
             kernel = "ksplit"
         else:
@@ -180,7 +179,7 @@ def mix_layout(device, T, chunks, kernel=None):
         return {"wg": TC_WG, "groups": -(-chunks // split), "split": split, "lpt": 1, "tb": TC_TOKENS,
                 "tpl": 1, "tc": 1 if tc_tile_n(device) else 2}
     if kernel == "tcr":
-        split = t["split"] or TC_SPLIT
+        split = t["split"] or TCR_SPLIT
         lay = tcr_layout(device)
         return {"tcr": 1, "groups": -(-chunks // split), "split": split, "tt": t["tt"] or TCR_TT,
                 "cm": int(isinstance(lay, tuple)), "layout": lay if isinstance(lay, tuple) else TCR_H200_LAYOUT}
@@ -411,6 +410,8 @@ class HcMixPartials(OpDef):
 # TCR (hc_mix.comp -D TCR): tiles of 16 tokens per subgroup (tt of them: tt = 2 measured fastest on the
 # H200), workgroups of 4 subgroups, 16-chunk steps of one stream; fn split once per call (HC_MIX_FN_SPLIT).
 TCR_TT = 2
+TCR_SPLIT = 32                          # chunks per stream and split (G = D / 128): 123.4 against 138.9 µs with 64
+TCR_MIN_T = 512                         # from this many tokens mix_layout picks TCR where the device runs it
 TCR_STEP_FLOATS = 64
 TCR_STEP_WORDS = 4 * 3 * 32 * 4         # per step of 64 floats: j, fn tile, lane, uvec4
 
