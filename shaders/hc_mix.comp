@@ -5,7 +5,6 @@
 //! variants: VEC4 TC TCR ; CM_TT=1 | CM_TT=2 | CM_TT=4 ; - | CM_NV CM_N=8
 //! variants: VEC4 TC TCR CM_NV CM_N=8 CM_TT=1 PROBE
 //! variants: VEC4 TC TCR CM_TT=1 FNSPLIT
-//! variants: VEC4 TC TCR POST ; CM_TT=1 | CM_TT=2 ; - | CM_NV CM_N=8
 //! variants: REDUCE
 // HC_MIX family: a site's flat RMS norm and mixes mat-mul, mix[t,j] = (x_t · fn[j]) / sqrt(mean(x_t²)
 // + norm_eps) with x_t = X[t] flattened (4·D), reading each token's X once for all M mixes and its
@@ -389,7 +388,7 @@ void main() {
 // TCR's lanes load them (one uvec4 a lane, fn tile and step) instead of splitting fn in every
 // workgroup. Invocation i = ((step·4 + j)·3 + n)·32 + lane, step a 64-float step of the 4·D columns
 // (stream step / (chunks / 16)): B element e of lane 4g + q is row k = g + 8·(B_F(e) >> 1), column
-// 2q + (B_F(e) & 1) of fn tile n, i.e. float (g & 1) + 2·(B_F(e) >> 1) of chunk 4j + g / 2 of fn row
+// 2q + (B_F(e) & 1) of fn tile n, i.e. float (g & 1) + 2·(B_F(e) >> 1) of chunk 4·(g / 2) + j of fn row
 // 8n + 2q + (B_F(e) & 1) (zero past M). Push as the other variants: chunks, G = steps, fn (offset, row
 // stride), out offset (in uvec4).
 void main() {
@@ -398,7 +397,7 @@ void main() {
     uint lane = i & 31u, n = (i >> 5u) % 3u, j = (i / 96u) & 3u, step = i / 384u;
     uint gq = lane >> 2u, q = lane & 3u;
     uint per = p.chunks / 16u, s = step / per;
-    uint c = s * p.chunks + (step % per) * 16u + 4u * j + (gq >> 1u);
+    uint c = s * p.chunks + (step % per) * 16u + 4u * (gq >> 1u) + j;
     vec4 f[2];
     [[unroll]] for (uint r = 0u; r < 2u; ++r) {
         uint row = 8u * n + 2u * q + r;
@@ -419,12 +418,9 @@ void main() {
 // mix_kernels.tcr_layout) reads and spec constants 2–4 (TCR_AH, TCR_AF, TCR_BF) carry: A element e is in
 // row g + 8·A_H(e), column 2q + KK(A_F(e)); B element e in row g + 8·(B_F(e) >> 1), column 2q + (B_F(e)
 // & 1). A sum over k is the same in any order of k, so the logical columns 2q, 2q+1, 2q+8, 2q+9 take
-// the 4 floats of one vec4 chunk (4j + q of a 16-chunk step, j the 16-deep product): each lane loads
-// whole chunks of x, 4 lanes 64 contiguous bytes of a token, for each of the 4 streams (a product per
-// stream); B's rows gq, gq + 8 are then floats of the chunk 4j + gq / 2 of its two fn rows.
-// -D POST (HC_POST_MIX_TCR, a layer boundary at prefill): the 4 streams at chunk c are made by the post
-// (hc_post.glsl) from the residual's 4 chunks and f's, written to X_new, and go into the products from
-// the registers (bindings and push as KSPLIT POST).
+// the 4 floats of one vec4 chunk (4q + j of a 16-chunk step, j the 16-deep product): each lane loads
+// whole chunks of x, 4 lanes 256 contiguous bytes of a token per step; B's rows gq, gq + 8 are then
+// floats of the chunks 4·(gq / 2) + j of its two fn rows.
 // Without CM_NV the same elements go through shared memory and FMA loops (32-invocation groups
 // stand in for the subgroups): the kernel's data flow and arithmetic on any device, for tests.
 // Workgroup: 4 groups of 32 invocations, each TT (CM_TT) tiles of 16 tokens; split g % G of `slice`
@@ -438,13 +434,11 @@ shared float sq[TW];
 #define MAT_B fcoopmatNV<16, gl_ScopeSubgroup, 16, 8>
 #define MAT_C fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>
 #define H16 float16_t
-#define TCR_UNROLL [[unroll]]
 #else
 // the emulation's matrices: per 32-invocation group A (hi, lo) of each tile, B (hi, lo) of each fn tile
 // (hi, lo) as one packHalf2x16 word: the rounding to fp16 the matrices' elements have
 shared uint ea[4u * TT * 256u], eb[4u * 3u * 128u];
 #define H16 float
-#define TCR_UNROLL [[dont_unroll]]              // (lavapipe compiles 16 copies of the step slowly)
 #endif
 void tcr_split(vec4 v, float sigma, out vec4 h, out vec4 l) {
     split16(v, sigma, h, l);
@@ -470,64 +464,36 @@ void main() {
         [[unroll]] for (uint e = 0u; e < 4u; ++e) { c1[tt][n][e] = 0.0; c2[tt][n][e] = 0.0; }
 #endif
     float ssq[TT][2];
-    uint trow[TT][2];                           // the lane's rows' tokens (clamped to T − 1: loads only)
-    bool live[TT][2];
+    uint xrow[TT][2];
+    bool xlive[TT][2];
     [[unroll]] for (uint tt = 0u; tt < TT; ++tt) [[unroll]] for (uint h = 0u; h < 2u; ++h) {
         uint t = t0 + 16u * tt + gq + 8u * h;
-        live[tt][h] = t < p.T;
-        trow[tt][h] = min(t, p.T - 1u);
+        xlive[tt][h] = t < p.T;
+        xrow[tt][h] = p.x_off + min(t, p.T - 1u) * p.x_st;
         ssq[tt][h] = 0.0;
     }
-#if defined(POST)
-    vec4 pw[TT][2], cw[TT][2][4];               // the rows' post[t, 0..3] and comb[t, 0..3, dst]
-    [[unroll]] for (uint tt = 0u; tt < TT; ++tt) [[unroll]] for (uint h = 0u; h < 2u; ++h) {
-        uint t = trow[tt][h];
-        [[unroll]] for (uint d = 0u; d < 4u; ++d) {
-            pw[tt][h][d] = postw[p.pw_off + t * p.pw_st + d * p.pw_sd];
-            uint cb = p.cw_off + t * p.cw_st + d * p.cw_sd;
-            cw[tt][h][d] = vec4(combw[cb], combw[cb + p.cw_ss], combw[cb + 2u * p.cw_ss], combw[cb + 3u * p.cw_ss]);
-        }
-    }
-#endif
-    uint per = p.chunks / 16u;                  // 16-chunk steps per stream
-    for (uint ss = 0u; ss < n_ss; ++ss) {
-        uint c16 = c_begin + 16u * ss;
-        TCR_UNROLL for (uint j = 0u; j < 4u; ++j) {
-            uint c = c16 + 4u * j + q;          // the lane's chunk in product j (A columns 2q, 2q+1, 2q+8, 2q+9)
-            vec4 xv[TT][2][4];                  // [tile][row][stream]: the 4 streams at chunk c
-            [[unroll]] for (uint tt = 0u; tt < TT; ++tt) [[unroll]] for (uint h = 0u; h < 2u; ++h) {
-                uint t = trow[tt][h];
-                uint rb = p.x_off + t * p.x_st + c;
-#if defined(POST)
-                // the post (hc_post.glsl): the new streams from the residual's 4 chunks, written out
-                vec4 fr = fsub[p.s_off + t * p.s_st + c];
-                vec4 r0 = x[rb], r1 = x[rb + p.x_ss], r2 = x[rb + 2u * p.x_ss], r3 = x[rb + 3u * p.x_ss];
-                [[unroll]] for (uint d = 0u; d < 4u; ++d) {
-                    vec4 v = post_stream(fr, pw[tt][h][d], cw[tt][h][d], r0, r1, r2, r3);
-                    if (live[tt][h]) xnew[p.n_off + t * p.n_st + d * p.n_sd + c] = v;
-                    xv[tt][h][d] = live[tt][h] ? v : vec4(0.0);
+    for (uint s = 0u; s < 4u; ++s) {
+        for (uint ss = 0u; ss < n_ss; ++ss) {
+            uint cb = c_begin + 16u * ss + 4u * q;
+            vec4 xv[TT][2][4];
+            [[unroll]] for (uint tt = 0u; tt < TT; ++tt) [[unroll]] for (uint h = 0u; h < 2u; ++h)
+                [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+                    vec4 v = x[xrow[tt][h] + s * p.x_ss + cb + j];
+                    xv[tt][h][j] = xlive[tt][h] ? v : vec4(0.0);
                 }
-#else
-                [[unroll]] for (uint d = 0u; d < 4u; ++d) {
-                    vec4 v = x[rb + d * p.x_ss];
-                    xv[tt][h][d] = live[tt][h] ? v : vec4(0.0);
-                }
-#endif
-                [[unroll]] for (uint d = 0u; d < 4u; ++d) ssq[tt][h] += dot(xv[tt][h][d], xv[tt][h][d]);
-            }
-            // B's elements of this lane for the 4 streams' steps, split by -D FNSPLIT: fp16 (hi of elements
-            // 0, 1; hi 2, 3; lo 0, 1; lo 2, 3)
+            // B's elements of this lane, split by -D FNSPLIT: fp16 (hi of elements 0, 1; hi 2, 3; lo 0, 1; lo 2, 3)
             uvec4 fv[4][3];
-            [[unroll]] for (uint d = 0u; d < 4u; ++d) [[unroll]] for (uint n = 0u; n < 3u; ++n)
-                fv[d][n] = fnp[p.f_off + (d * per + c16 / 16u) * 384u + j * 96u + n * 32u + lane];
-            TCR_UNROLL for (uint d = 0u; d < 4u; ++d) {
+            uint fb = p.f_off + (s * (p.chunks / 16u) + c_begin / 16u + ss) * 384u + lane;
+            [[unroll]] for (uint j = 0u; j < 4u; ++j) [[unroll]] for (uint n = 0u; n < 3u; ++n)
+                fv[j][n] = fnp[fb + (j * 3u + n) * 32u];
+            [[unroll]] for (uint j = 0u; j < 4u; ++j) {
 #if defined(CM_NV)
                 MAT_B bh[3], bl[3];
 #else
-                barrier();                      // the previous product's reads of ea, eb are done
+                barrier();                      // the previous step's products have read ea, eb
 #endif
                 [[unroll]] for (uint n = 0u; n < 3u; ++n) {
-                    uvec4 b = fv[d][n];
+                    uvec4 b = fv[j][n];
 #if defined(CM_NV)
                     f16vec2 h01 = unpackFloat2x16(b.x), h23 = unpackFloat2x16(b.y);
                     f16vec2 l01 = unpackFloat2x16(b.z), l23 = unpackFloat2x16(b.w);
@@ -542,10 +508,13 @@ void main() {
 #endif
                 }
                 [[unroll]] for (uint tt = 0u; tt < TT; ++tt) {
+                    vec4 a0 = xv[tt][0][j], a1 = xv[tt][1][j];
+                    ssq[tt][0] += dot(a0, a0);
+                    ssq[tt][1] += dot(a1, a1);
                     vec4 h0, l0, h1, l1;
-                    tcr_split(xv[tt][0][d], X_SIGMA, h0, l0);
-                    tcr_split(xv[tt][1][d], X_SIGMA, h1, l1);
-                    // element e: row gq + 8·A_H(e) (h0 or h1), float A_F(e) of its chunk
+                    tcr_split(a0, X_SIGMA, h0, l0);
+                    tcr_split(a1, X_SIGMA, h1, l1);
+                    // element e: row gq + 8·A_H(e) (a0 or a1), float A_F(e) of its chunk
                     H16 ah[8], al[8];
                     [[unroll]] for (uint e = 0u; e < 8u; ++e) {
                         ah[e] = H16(A_H(e) == 0u ? h0[A_F(e)] : h1[A_F(e)]);

@@ -366,26 +366,19 @@ def test_site_chain_site_vs_three_op_vs_unfused_vs_float64(ex, rng, D, T, peak, 
                                                    (256, 40, "streams_outer", "ksplit"), (4096, 65, "c", "ksplit"),
                                                    (68, 70, "c", "tc"), (33, 9, "c", "tc"),
                                                    (256, 40, "streams_outer", "tc"), (4096, 65, "c", "tc"),
-                                                   (64, 300, "c", "ksplit-gpu"), (36, 130, "streams_outer", "ksplit-gpu"),
-                                                   (64, 70, "c", "tcr"), (256, 40, "streams_outer", "tcr"),
-                                                   (128, 9, "c", "tcr"), (33, 9, "c", "tcr")])
+                                                   (64, 300, "c", "ksplit-gpu"), (36, 130, "streams_outer", "ksplit-gpu")])
 def test_site_chain_carrying_at_prefill(ex, rng, D, T, layout, kernel, monkeypatch):
     """The chain with PREFILL_CARRY: past CARRY_MAX_T each post is HC_POST_MIX in KSPLIT's layout, or the
-    tensor-core kernel's (where the streams are vec4-aligned; odd D keeps KSPLIT), or HC_POST_MIX_TCR (TCR:
-    D a multiple of 64, else KSPLIT; the emulation where the device has no cooperative matrices), and the
-    next site starts from HC_MIX_REDUCE of its partials (three-op path; the site kernels when forced).
-    ksplit-gpu: lowered as for a GPU, KSPLIT in the carry's own layout (PREFILL_CARRY's tb, lpt, tpl:
-    128-token blocks)."""
+    tensor-core kernel's (where the streams are vec4-aligned; odd D keeps KSPLIT), and the next site starts
+    from HC_MIX_REDUCE of its partials (three-op path; the site kernels when forced). ksplit-gpu: lowered
+    as for a GPU, KSPLIT in the carry's own layout (PREFILL_CARRY's tb, lpt, tpl: 128-token blocks)."""
 
-    def carry_node():
+    def carry_params():
         g = Graph()
         hc.composite.site_post(g, g.input("f", (T, D)), g.input("X", (T, 4, D)), g.input("post", (T, 4)),
                                g.input("comb", (T, 4, 4)), next_fn=g.input("fn", (24, 4 * D)), device=ex.device)
-        (node,) = [n for n in g.nodes if n.op.name.startswith("HC_POST_MIX")]
-        return node
-
-    def carry_params():
-        return carry_node().params
+        (node,) = [n for n in g.nodes if n.op.name == "HC_POST_MIX"]
+        return node.params
 
     if kernel == "ksplit-gpu":
         monkeypatch.setattr(ex.device, "caps", dataclasses.replace(ex.device.caps, type="discrete-gpu"))
@@ -394,11 +387,7 @@ def test_site_chain_carrying_at_prefill(ex, rng, D, T, layout, kernel, monkeypat
             {k: hc.composite.PREFILL_CARRY[k] for k in ("tb", "lpt", "tpl")}
     with tuning(hc.composite.PREFILL_CARRY, prefill=True, kernel=kernel):
         assert hc.carries(ex.device, True, T, None) and hc.carries(ex.device, True, T, True)
-        tcr = kernel == "tcr" and D % 64 == 0
-        assert carry_node().op.name == ("HC_POST_MIX_TCR" if tcr else "HC_POST_MIX")
-        want = mix_kernels.TCR_SPLIT if tcr else mix_kernels.TC_SPLIT if kernel == "tc" and D % 4 == 0 else mix_kernels.KSPLIT_S
-        assert carry_params()["split"] == want
-        assert hc.composite.carry_split_chunks(T, D, ex.device) == carry_params()["split"]
+        assert kernel == "tc" or carry_params()["split"] == mix_kernels.KSPLIT_S
         site_chain_case(ex, rng, D, T, 1.0, layout)
 
 
@@ -428,10 +417,9 @@ def site_chain_case(ex, rng, D, T, peak, layout):
         ops = [nd.op.name for nd in g.nodes]
         if fused:
             carry = hc.carries(ex.device, fused, T, site)
-            assert ops.count("HC_POST_MIX") + ops.count("HC_POST_MIX_TCR") == (n if carry else 0), ops
+            assert ops.count("HC_POST_MIX") == (n if carry else 0), ops
             if site:
-                first = ops.count("HC_MIX_PART") + ops.count("HC_MIX_TCR")     # the first site's own mixes
-                assert first == (1 if carry else n + 1), ops
+                assert ops.count("HC_MIX_PART") == (1 if carry else n + 1), ops
         name = "site" if site else "three-op" if fused else "unfused"
         for k, o in enumerate(outs):
             results[k][name] = o

@@ -185,43 +185,30 @@ SITE_TUNING = {"post_wg": 64, "site_wg": 64}
 # One row group: the carry with two (each making the post) took 520.2 µs with one token a group and 408.1
 # with two, against 295.2 (T = 4096, D = 4096, results/h200/hc_tune_rh_carry_h200.txt).
 # KSPLIT's splits of 16 chunks (mix_kernels.KSPLIT_S; 32 were slower, also for the carry).
-# "kernel" None: TCR (HC_POST_MIX_TCR) where the device runs it (mix_kernels.tcr_layout) and D is a multiple
-# of 64, else KSPLIT; "tt": TCR's 16-token tiles a subgroup in the carry (None: TCR_CARRY_TT).
-PREFILL_CARRY = {"prefill": True, "kernel": None, "tb": 128, "lpt": 2, "tpl": 1, "rh": 1, "tt": None}
-CARRY_KERNELS = ("ksplit", "tc", "tcr")
-TCR_CARRY_TT = 1
+PREFILL_CARRY = {"prefill": True, "kernel": "ksplit", "tb": 128, "lpt": 2, "tpl": 1, "rh": 1}
+CARRY_KERNELS = ("ksplit", "tc")
 
 
-def _prefill_carry_kernel(vec4: bool, D: int, device=None) -> str:
-    """The prefill carry's kernel for contiguous hidden size D (vec4: the streams in chunks of 4 floats);
-    without a device, the kernel of devices without TCR."""
+def _prefill_carry_kernel(vec4: bool) -> str:
     kernel = PREFILL_CARRY["kernel"]
-    if kernel is not None and kernel not in CARRY_KERNELS:
-        raise ValueError(f"PREFILL_CARRY['kernel'] must be one of {CARRY_KERNELS} or None, got {kernel!r}")
-    tcr_ok = vec4 and D % mix_kernels.TCR_STEP_FLOATS == 0
-    if kernel is None:
-        kernel = "tcr" if tcr_ok and device is not None and isinstance(mix_kernels.tcr_layout(device), tuple) else "ksplit"
-    if kernel == "tcr":
-        return kernel if tcr_ok else "ksplit"
+    if kernel not in CARRY_KERNELS:
+        raise ValueError(f"PREFILL_CARRY['kernel'] must be one of {CARRY_KERNELS}, got {kernel!r}")
     return kernel if vec4 else "ksplit"
 
 
-def carry_split_chunks(T: int, D: int, device=None) -> int:
+def carry_split_chunks(T: int, D: int) -> int:
     """Chunks per D split of the mixes partials a post carries at T tokens of contiguous hidden size
-    D: a HC_POST_MIX workgroup's post_wg/4 at decode, the prefill carry kernel's split past CARRY_MAX_T
-    (on `device`; without one, that of devices without TCR)."""
+    D: a HC_POST_MIX workgroup's post_wg/4 at decode, the prefill carry kernel's split past CARRY_MAX_T."""
     if T <= CARRY_MAX_T:
         return kernels.post_mix_split(SITE_TUNING["post_wg"])
-    kernel = _prefill_carry_kernel(D % 4 == 0, D, device)
-    return {"tc": mix_kernels.TC_SPLIT, "tcr": mix_kernels.TCR_SPLIT}.get(kernel, mix_kernels.KSPLIT_S)
+    return mix_kernels.TC_SPLIT if _prefill_carry_kernel(D % 4 == 0) == "tc" else mix_kernels.KSPLIT_S
 
 
-def carry_splits(T: int, D: int, device=None) -> int:
+def carry_splits(T: int, D: int) -> int:
     """The number of D splits G in the mixes partials [T, G, m + 1] that a post carries at T tokens
-    of contiguous hidden size D (chunks of 4 floats where D allows), on `device` (without one: on
-    devices without TCR)."""
+    of contiguous hidden size D (chunks of 4 floats where D allows)."""
     chunks = D // 4 if D % 4 == 0 else D
-    return -(-chunks // carry_split_chunks(T, D, device))
+    return -(-chunks // carry_split_chunks(T, D))
 
 
 def _mix_partials(g, X, fn, device):
@@ -447,13 +434,8 @@ def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, d
         layout = {"wg": SITE_TUNING["post_wg"]}
         if T > CARRY_MAX_T:         # the prefill carry kernel's layout (KSPLIT: two tokens per lane group at most)
             vec4 = kernels.vec4_ok(D, [f, X_in, next_fn])
-            kernel = _prefill_carry_kernel(vec4, D, device)
+            kernel = _prefill_carry_kernel(vec4)
             layout = mix_kernels.mix_layout(device, T, D // (4 if vec4 else 1), kernel=kernel)
-            if kernel == "tcr":
-                out = g.empty(X.shape)
-                lay = {k: v for k, v in layout.items() if k != "tcr"} | {"tt": PREFILL_CARRY["tt"] or TCR_CARRY_TT}
-                fw = g.op("HC_MIX_FN_SPLIT", next_fn, layout=lay["layout"])
-                return out, g.op("HC_POST_MIX_TCR", f, X_in, post_w, comb_m, fw, out, m=next_fn.shape[0], **lay)
             layout = {k: layout[k] for k in ("wg", "split", "lpt", "tb")} | {"tpl": min(layout["tpl"], 2)} \
                 | ({"tc": layout["tc"]} if kernel == "tc" else {"rh": layout["rh"]})
             if kernel == "ksplit" and not device.caps.is_cpu:

@@ -439,7 +439,7 @@ def _tcr_b_index(D, bf):
     for e in range(4):
         code = (bf >> (2 * e)) & 3
         rows.append(8 * n + 2 * q + (code & 1))
-        cols.append(TCR_STEP_FLOATS * st + 4 * (4 * j + g // 2) + (g & 1) + 2 * (code >> 1))
+        cols.append(TCR_STEP_FLOATS * st + 4 * (4 * (g // 2) + j) + (g & 1) + 2 * (code >> 1))
     return np.stack(rows, -1), np.stack(cols, -1)            # [steps, 4, 3, 32, 4]
 
 
@@ -513,44 +513,6 @@ def tcr_fn_from_split(words, m, D, layout=TCR_H200_LAYOUT):
     return fn[:m]
 
 
-def _check_tcr_params(op, params, D):
-    """(m, G) of a TCR op's params (m, groups, split, tt, cm, layout, norm_eps) at hidden size D."""
-    _check_tcr_d(op, D)
-    m = check_layout_param(op, params, "m")
-    if m > N_MIX:
-        raise ValueError(f"{op}: m (fn rows) must be 1..{N_MIX}, got {m}")
-    split, G = check_layout_param(op, params, "split"), check_layout_param(op, params, "groups")
-    if split % 16 or G != -(-(D // 4) // split):
-        raise ValueError(f"{op}: split (chunks of 4 floats per stream) must be a multiple of 16 and groups "
-                         f"= ceil({D // 4} / split), got split {split}, groups {G}")
-    if params.get("tt") not in (1, 2, 4) or params.get("cm") not in (0, 1) or isinstance(params.get("cm"), bool):
-        raise ValueError(f"{op}: tt (16-token tiles a subgroup) must be 1, 2 or 4 and cm 0 or 1, "
-                         f"got tt {params.get('tt')!r}, cm {params.get('cm')!r}")
-    _check_tcr_layout(op, params.get("layout"))
-    check_eps("norm_eps", params.get("norm_eps", 1e-6))
-    return m, G
-
-
-def _tcr_pipeline(op, device, pr, fw):
-    """TCR's defines and whether it needs full subgroups; refused by name where the device cannot run it."""
-    tt = pr["tt"]
-    if fw.offset % 4:
-        raise ValueError(f"{op}: fn_split's offset must be a multiple of 4, got {fw.offset}")
-    need = 4 * (TC_TOKENS * tt * N_MIX + TC_TOKENS * tt) + (0 if pr["cm"] else 4 * 4 * (tt * 256 + 3 * 128))
-    if need > device.caps.limits.max_shared_memory:
-        raise HCUnsupported(f"{op}: tt = {tt} ({TC_TOKENS * tt} tokens a workgroup) keeps {need} B in shared "
-                            f"memory, {device.name} has {device.caps.limits.max_shared_memory} B")
-    defines = {"VEC4": 1, "TC": 1, "TCR": 1, "CM_TT": tt}
-    if pr["cm"]:
-        lay = tcr_layout(device)
-        if isinstance(lay, str):
-            raise HCUnsupported(f"{op}: cm = 1 cannot run on {device.name}: {lay} (cm = 0 emulates it)")
-        if lay != tuple(pr["layout"]):
-            raise ValueError(f"{op}: layout {tuple(pr['layout'])} is not {device.name}'s {lay}")
-        defines.update(CM_NV=1, CM_N=8)
-    return defines, bool(pr["cm"])
-
-
 @register
 class HcMixTcr(OpDef):
     """HC_MIX_TCR(X [T,4,D], fn_split [tcr_words(D)], m=, groups=G, split=, tt=, cm=, layout=, norm_eps=) -> partials
@@ -568,7 +530,18 @@ class HcMixTcr(OpDef):
         D = X.shape[2]
         _check_tcr_d(self.name, D)
         check_shape("fn_split", fw.shape, (tcr_words(D),))
-        m, G = _check_tcr_params(self.name, params, D)
+        m = check_layout_param(self.name, params, "m")
+        if m > N_MIX:
+            raise ValueError(f"{self.name}: m (fn rows) must be 1..{N_MIX}, got {m}")
+        split, G = check_layout_param(self.name, params, "split"), check_layout_param(self.name, params, "groups")
+        if split % 16 or G != -(-(D // 4) // split):
+            raise ValueError(f"{self.name}: split (chunks of 4 floats per stream) must be a multiple of 16 and groups "
+                             f"= ceil({D // 4} / split), got split {split}, groups {G}")
+        if params.get("tt") not in (1, 2, 4) or params.get("cm") not in (0, 1) or isinstance(params.get("cm"), bool):
+            raise ValueError(f"{self.name}: tt (16-token tiles a subgroup) must be 1, 2 or 4 and cm 0 or 1, "
+                             f"got tt {params.get('tt')!r}, cm {params.get('cm')!r}")
+        _check_tcr_layout(self.name, params.get("layout"))
+        check_eps("norm_eps", params.get("norm_eps", 1e-6))
         return (X.shape[0], G, m + 1), "f32"
 
     def lower(self, node, device):
@@ -576,62 +549,31 @@ class HcMixTcr(OpDef):
         out, pr = node.output, node.params
         check_partials(self.name, out)
         T, _, D = X.shape
-        if not vec4_ok(D, [X]):
-            raise ValueError(f"{self.name}: X's offset and strides must be multiples of 4, got {X.offset}, {X.strides}")
-        defines, full = _tcr_pipeline(self.name, device, pr, fw)
+        tt, m = pr["tt"], pr["m"]
+        if not vec4_ok(D, [X]) or fw.offset % 4:
+            raise ValueError(f"{self.name}: X's offset and strides and fn_split's offset must be multiples of 4, got "
+                             f"{X.offset}, {X.strides}, {fw.offset}")
+        need = 4 * (TC_TOKENS * tt * N_MIX + TC_TOKENS * tt) + (0 if pr["cm"] else 4 * 4 * (tt * 256 + 3 * 128))
+        if need > device.caps.limits.max_shared_memory:
+            raise HCUnsupported(f"{self.name}: tt = {tt} ({TC_TOKENS * tt} tokens a workgroup) keeps {need} B in shared "
+                                f"memory, {device.name} has {device.caps.limits.max_shared_memory} B")
+        defines = {"VEC4": 1, "TC": 1, "TCR": 1, "CM_TT": tt}
+        if pr["cm"]:
+            lay = tcr_layout(device)
+            if isinstance(lay, str):
+                raise HCUnsupported(f"{self.name}: cm = 1 cannot run on {device.name}: {lay} (cm = 0 emulates it)")
+            if lay != tuple(pr["layout"]):
+                raise ValueError(f"{self.name}: layout {tuple(pr['layout'])} is not {device.name}'s {lay}")
+            defines.update(CM_NV=1, CM_N=8)
         push = pack_push(T, D // 4, pr["split"], pr["groups"], 1.0 / (HC * D), check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
                          X.offset // 4, *strides_in(X, 4), fw.offset // 4, 0, out.offset, out.strides[0], out.strides[1],
-                         TC_TOKENS * pr["tt"])
-        return [Launch("hc_mix", [X, fw, out], (2,), push, grid_1d(-(-T // (TC_TOKENS * pr["tt"])) * pr["groups"], 1),
-                       defines=defines, spec=(TC_WG, pr["m"], *pr["layout"]), full_subgroups=full)]
+                         TC_TOKENS * tt)
+        return [Launch("hc_mix", [X, fw, out], (2,), push, grid_1d(-(-T // (TC_TOKENS * tt)) * pr["groups"], 1),
+                       defines=defines, spec=(TC_WG, m, *pr["layout"]), full_subgroups=bool(pr["cm"]))]
 
     def reference(self, X, fw, m=24, groups=1, split=16, tt=1, cm=0, layout=TCR_H200_LAYOUT, norm_eps=1e-6):
         D = np.shape(X)[2]
         return reference_mix_partials(X, tcr_fn_from_split(fw, m, D, layout), groups, 4, split)
-
-
-@register
-class HcPostMixTcr(OpDef):
-    """HC_POST_MIX_TCR(f, residual, post, comb, fn_split [tcr_words(D)], out [T,4,D], m=, groups=, split=, tt=, cm=,
-    layout=) -> partials [T,G,m+1]: HC_POST_MIX at prefill on TCR (hc_mix.comp -D TCR -D POST): each lane
-    makes the new streams at its chunks (hc_post.glsl), writes them into `out` and puts them into the
-    tensor-core products with the next site's fn, split by HC_MIX_FN_SPLIT."""
-    name, n_inputs = "HC_POST_MIX_TCR", 6
-    written_inputs = (5,)
-
-    def infer(self, inputs, params):
-        f, res, post, comb, fw, out = inputs
-        T, D = check_post_shapes(f.shape, res.shape, post.shape, comb.shape)
-        check_shape("out", out.shape, (T, HC, D))
-        for name, t in (("f", f), ("residual", res), ("out", out)):
-            check_unit_inner(self.name, name, t)
-        check_params(self.name, params, ("m", "groups", "split", "tt", "cm", "layout", "norm_eps"))
-        _check_tcr_d(self.name, D)
-        check_shape("fn_split", fw.shape, (tcr_words(D),))
-        m, G = _check_tcr_params(self.name, params, D)
-        return (T, G, m + 1), "f32"
-
-    def lower(self, node, device):
-        f, res, post, comb, fw, out = node.inputs
-        part, pr = node.output, node.params
-        check_partials(self.name, part)
-        T, D = f.shape
-        if not vec4_ok(D, [f, res, out]):
-            raise ValueError(f"{self.name}: f's, the residual's and out's offsets and strides must be multiples of 4")
-        defines, full = _tcr_pipeline(self.name, device, pr, fw)
-        push = pack_push(T, D // 4, pr["split"], pr["groups"], 1.0 / (HC * D), 0.0,
-                         res.offset // 4, *strides_in(res, 4), fw.offset // 4, 0,
-                         part.offset, part.strides[0], part.strides[1], TC_TOKENS * pr["tt"],
-                         f.offset // 4, *strides_in(f, 4), post.offset, *post.strides, comb.offset, *comb.strides,
-                         out.offset // 4, *strides_in(out, 4))
-        return [Launch("hc_mix", [f, fw, part, res, post, comb, out], (2, 6), push,
-                       grid_1d(-(-T // (TC_TOKENS * pr["tt"])) * pr["groups"], 1), defines={**defines, "POST": 1},
-                       spec=(TC_WG, pr["m"], *pr["layout"]), full_subgroups=full)]
-
-    def reference(self, f, residual, post, comb, fw, out=None, m=24, groups=1, split=16, tt=1, cm=0,
-                  layout=TCR_H200_LAYOUT, norm_eps=1e-6):
-        x = reference_post(f, residual, post, comb)
-        return reference_mix_partials(x, tcr_fn_from_split(fw, m, np.shape(f)[1], layout), groups, 4, split)
 
 
 def mix_partials(g, X, fn, layout):
