@@ -1,3 +1,8 @@
+"""The device's cooperative-matrix element layout as TCR's probe reads it (hc_mix.comp -D PROBE): for every lane,
+which entry (row, column) of a 16 × 16 A, 16 × 8 B and 16 × 8 C each of its elements is.
+
+    . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH; python3 tools/tcr_probe_dump.py
+"""
 import numpy as np
 from dsv4_vk.vk.device import Device
 from dsv4_vk.hc import mix_kernels as mk
