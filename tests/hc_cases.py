@@ -425,9 +425,11 @@ def site_chain_case(ex, rng, D, T, peak, layout):
             results[k][name] = o
     for k, (ref, scale) in enumerate(zip(refs, scales)):
         # end to end: the chain's conditioning (at D = 1 the head's gates see 4 values) amplifies each
-        # stage's rounding, so the spec's ceiling; each stage alone is held to the site bound below
-        check_paths(results[k], ref, f"chain D={D} T={T} output {k}", sum_bound(scale, 64) + cases.site_max_abs(D),
-                    PATH_NMSE, scale)
+        # stage's rounding, so the spec's ceiling; the mixes of every site up to output k (k // 2 + 1 of them)
+        # add their rounding (the unfused chain at D = 256, T = 40, peak 10 went 10% past one site's bound in
+        # about 1 seed of 100 on lavapipe); each stage alone is held to one site's bound below
+        bound = sum_bound(scale, 64) + (k // 2 + 1) * cases.site_max_abs(D)
+        check_paths(results[k], ref, f"chain D={D} T={T} output {k}", bound, PATH_NMSE, scale)
     for name in results[0]:
         own_x = [results[2 * k + 1][name] for k in range(n)]
         xs, us, head, _, _ = chain_reference(i, n, stage_inputs=own_x)
