@@ -1,6 +1,7 @@
 """The hyper-connection ops: kernels at lavapipe subgroup sizes 4, 8 and 16 (each in its own process,
 tests/hc_cases.py), the environment switches and the device contract, the numpy API's errors."""
 import logging
+import json
 import os
 import subprocess
 import sys
@@ -160,6 +161,21 @@ def test_switch_in_a_fresh_process_shows_in_info():
     assert "unfused: disabled by environment (DSV4_VK_DISABLE_HC_COMB=1)" in lines["HC_COMB"], r.stdout
     assert lines["HC_PRE"].split()[1] == "fused:" and lines["HC_POST"].split()[1] == "fused:", r.stdout
     assert lines["HC_SITE"].startswith("HC_SITE       three-op: part of the site is not fused: HC_COMB unfused"), r.stdout
+
+
+def test_info_names_the_mixes_kernel_for_many_tokens():
+    """info says which kernel the mixes of many tokens take, and why not TCR: with DSV4_VK_DISABLE_COOPMAT=1
+    (any device), KSPLIT, because the cooperative-matrix shape is missing; --json carries the same."""
+    env = {**{k: v for k, v in os.environ.items() if k not in HC_ENV}, "DSV4_VK_DISABLE_COOPMAT": "1"}
+    r = subprocess.run([sys.executable, "-m", "dsv4_vk", "info"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (line,) = [x for x in r.stdout.splitlines() if x.startswith("HC_MIX ")]
+    assert line.startswith("HC_MIX        many tokens: KSPLIT (TCR needs VK_NV_cooperative_matrix's 16 × 8 × 16"), line
+    r = subprocess.run([sys.executable, "-m", "dsv4_vk", "info", "--json"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=120)
+    mix = json.loads(r.stdout)["hc_mix"]
+    assert mix["kernel"] == "ksplit" and "cooperative_matrix" in mix["tcr"], mix
 
 
 @pytest.mark.parametrize("name", HC_ENV[:5])

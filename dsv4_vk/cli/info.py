@@ -12,7 +12,11 @@ def report(dev):
     out.pop("memory_types", None)
     try:
         from ..hc.policy import describe
+        from ..hc.mix_kernels import TCR_MIN_T, tcr_layout
         out["hc"] = describe(dev)
+        lay = tcr_layout(dev)               # (a probe dispatch where the device has the shapes)
+        out["hc_mix"] = ({"kernel": "tcr", "from_tokens": TCR_MIN_T, "layout": list(lay)} if isinstance(lay, tuple)
+                         else {"kernel": "ksplit", "tcr": lay})
     except ImportError:
         pass
     return out
@@ -39,6 +43,11 @@ def _human(rep):
     ]
     for op, choice in rep.get("hc", {}).items():
         lines.append(f"{op:13s} {choice['path']}: {choice['reason']}")
+    mix = rep.get("hc_mix")
+    if mix:
+        lines.append("HC_MIX        " + (f"many tokens: TCR from {mix['from_tokens']} tokens (tensor cores, element layout "
+                                        f"{tuple(mix['layout'])})" if mix["kernel"] == "tcr"
+                                        else f"many tokens: KSPLIT (TCR {mix['tcr']})"))
     return "\n".join(lines)
 
 
