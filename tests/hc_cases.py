@@ -25,7 +25,7 @@ from dsv4_vk.vk import default_device
 import dsv4_vk.hc.composite  # noqa: F401  (hc.composite.CARRY_MAX_T)
 from dsv4_vk.hc.policy import HCUnsupported
 from dsv4_vk.hc.metrics import max_abs, nmse, nonfinite_mismatch
-from dsv4_vk.hc import kernels as ops_hc, mix_kernels
+from dsv4_vk.hc import kernels as ops_hc, mix_kernels, tcr
 from dsv4_vk.hc.kernels import reference_comb, reference_post, reference_pre
 
 PATH_NMSE, U, sum_bound = cases.PATH_NMSE, cases.U, cases.sum_bound
@@ -538,11 +538,11 @@ def test_mix_tcr_kernel(ex, rng, T, D, split, m, layout, tt):
     device's probed layout is TCR's, else its emulation through shared memory) with fn split once by
     HC_MIX_FN_SPLIT: partial 16-token tiles and workgroup blocks, the head's 4 rows and 8 rows, D = 448
     (7 steps of 64), a permuted X; against float64."""
-    if tt == 2 and not isinstance(mix_kernels.tcr_layout(ex.device), tuple) and ex.device.caps.limits.max_shared_memory < 40000:
+    if tt == 2 and not isinstance(tcr.tcr_layout(ex.device), tuple) and ex.device.caps.limits.max_shared_memory < 40000:
         tt = 1                                 # (the emulation of 128-token blocks needs 39 KiB of shared memory)
     with tuning(mix_kernels.MIX_TUNING, kernel="tcr", split=split, tt=tt):
         lay = mix_kernels.mix_layout(ex.device, T, D // 4)
-        assert lay["tcr"] and lay["tt"] == tt and lay["cm"] == int(isinstance(mix_kernels.tcr_layout(ex.device), tuple))
+        assert lay["tcr"] and lay["tt"] == tt and lay["cm"] == int(isinstance(tcr.tcr_layout(ex.device), tuple))
         mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
 
 
@@ -552,14 +552,14 @@ def test_mix_fn_split_words(ex, rng):
     m, D = 20, 128
     fn = rng.uniform(-1, 1, (m, 4 * D)).astype(np.float32)
     fn[:, ::5] *= 1e-6
-    lay = mix_kernels.tcr_layout(ex.device)
-    lay = lay if isinstance(lay, tuple) else mix_kernels.TCR_H200_LAYOUT
+    lay = tcr.tcr_layout(ex.device)
+    lay = lay if isinstance(lay, tuple) else tcr.TCR_H200_LAYOUT
     (w,), _ = run(ex, {"fn": fn}, lambda g, t: (g.op("HC_MIX_FN_SPLIT", t["fn"], layout=lay),))
-    ref = mix_kernels.HcMixFnSplit().reference(fn, layout=lay)
+    ref = tcr.HcMixFnSplit().reference(fn, layout=lay)
     assert w.view(np.uint32).tolist() == ref.view(np.uint32).tolist()
-    back = mix_kernels.tcr_fn_from_split(w, m, D, lay)
+    back = tcr.tcr_fn_from_split(w, m, D, lay)
     assert np.all(np.abs(back - fn) <= 2.0 ** -22 * np.abs(fn) + 2.0 ** -36), np.abs(back - fn).max()
-    assert not np.any(mix_kernels.tcr_fn_from_split(w, 24, D, lay)[m:])
+    assert not np.any(tcr.tcr_fn_from_split(w, 24, D, lay)[m:])
 
 
 def _probe_of(a_entry, b_entry):
@@ -580,16 +580,16 @@ def _h200_entries(a_order=range(8), b_order=range(4)):
 def test_tcr_layout_from_a_probe():
     """The probe's layouts: the H200's gives TCR_H200_LAYOUT; another order of the elements other constants;
     an entry outside the lane's rows or columns, one missing, or lanes that differ: a reason, not constants."""
-    assert mix_kernels.tcr_layout_from(*_probe_of(*_h200_entries())) == mix_kernels.TCR_H200_LAYOUT
-    other = mix_kernels.tcr_layout_from(*_probe_of(*_h200_entries([4, 5, 6, 7, 0, 1, 2, 3], [1, 0, 3, 2])))
-    assert other == (0b00001111, mix_kernels.TCR_H200_LAYOUT[1], 0b10_11_00_01)
+    assert tcr.tcr_layout_from(*_probe_of(*_h200_entries())) == tcr.TCR_H200_LAYOUT
+    other = tcr.tcr_layout_from(*_probe_of(*_h200_entries([4, 5, 6, 7, 0, 1, 2, 3], [1, 0, 3, 2])))
+    assert other == (0b00001111, tcr.TCR_H200_LAYOUT[1], 0b10_11_00_01)
     a, b = _probe_of(*_h200_entries())
     ptx_b = np.array([[(2 * (l % 4) + (e & 1) + 8 * (e >> 1)) * 8 + l // 4 for e in range(4)] for l in range(32)])
     for bad, match in [((np.where(np.arange(8) == 2, 16 * 15, a), b), "A element 2 of lane 0 is \\(15, 0\\)"),
                        ((a[:, [0, 0, 2, 3, 4, 5, 6, 7]], b), "do not cover"),
                        ((a, ptx_b), "B element 1 of lane 0 is \\(1, 0\\), not in rows 0, 8"),
                        ((np.vstack([a[:1], a[1:2][:, [1, 0, 2, 3, 4, 5, 6, 7]], a[2:]]), b), "differs|different entry")]:
-        reason = mix_kernels.tcr_layout_from(*bad)
+        reason = tcr.tcr_layout_from(*bad)
         assert isinstance(reason, str), bad
         assert re.search(match, reason), reason
 
@@ -598,11 +598,11 @@ def test_tcr_emulation_follows_the_layout_constants(ex, rng, monkeypatch):
     """The emulation reads the same spec constants as the kernel: with another order of the elements (as
     a device could have) it still matches float64 — the constants reach every element, not just the
     H200's order."""
-    if isinstance(mix_kernels.tcr_layout(ex.device), tuple):
+    if isinstance(tcr.tcr_layout(ex.device), tuple):
         pytest.skip("this device runs TCR on its cooperative matrices (test_mix_tcr_kernel covers it)")
-    other = mix_kernels.tcr_layout_from(*_probe_of(*_h200_entries([6, 4, 7, 5, 2, 0, 3, 1], [3, 1, 2, 0])))
-    assert isinstance(other, tuple) and other != mix_kernels.TCR_H200_LAYOUT
-    monkeypatch.setattr(mix_kernels, "TCR_H200_LAYOUT", other)
+    other = tcr.tcr_layout_from(*_probe_of(*_h200_entries([6, 4, 7, 5, 2, 0, 3, 1], [3, 1, 2, 0])))
+    assert isinstance(other, tuple) and other != tcr.TCR_H200_LAYOUT
+    monkeypatch.setattr(mix_kernels, "TCR_H200_LAYOUT", other)     # (what mix_layout gives the emulation)
     with tuning(mix_kernels.MIX_TUNING, kernel="tcr", split=16, tt=1):
         assert mix_kernels.mix_layout(ex.device, 70, 16)["layout"] == other
         mix_layouts_case(ex, 70, 64, 24, "c", int(rng.integers(0, 2**32 - 1)))
@@ -614,11 +614,11 @@ def test_tcr_refuses_what_it_cannot_take(ex, rng):
     g = Graph()
     X, fn = g.input("X", (70, 4, 128)), g.input("fn", (24, 512))
     with pytest.raises(ValueError, match="D must be a multiple of 64, got 96"):
-        g.op("HC_MIX_FN_SPLIT", g.input("fn2", (24, 384)), layout=mix_kernels.TCR_H200_LAYOUT)
+        g.op("HC_MIX_FN_SPLIT", g.input("fn2", (24, 384)), layout=tcr.TCR_H200_LAYOUT)
     with pytest.raises(ValueError, match="layout must be TCR's three element codes"):
         g.op("HC_MIX_FN_SPLIT", fn, layout=(1, 2))
-    fw = g.op("HC_MIX_FN_SPLIT", fn, layout=mix_kernels.TCR_H200_LAYOUT)
-    base = {"m": 24, "groups": 2, "split": 16, "tt": 1, "cm": 0, "layout": mix_kernels.TCR_H200_LAYOUT}
+    fw = g.op("HC_MIX_FN_SPLIT", fn, layout=tcr.TCR_H200_LAYOUT)
+    base = {"m": 24, "groups": 2, "split": 16, "tt": 1, "cm": 0, "layout": tcr.TCR_H200_LAYOUT}
     with pytest.raises(ValueError, match="split .* must be a multiple of 16 and groups = ceil\\(32 / split\\), got split 8"):
         g.op("HC_MIX_TCR", X, fw, **{**base, "split": 8, "groups": 4})
     with pytest.raises(ValueError, match="fn_split"):
@@ -630,7 +630,7 @@ def test_tcr_refuses_what_it_cannot_take(ex, rng):
     emulated_need = 4 * (256 * 24 + 256) + 16 * (4 * 256 + 3 * 128)        # C tiles and Σx², the emulation's A and B
 
     def build(g, t):
-        return (g.op("HC_MIX_TCR", t["X"], g.op("HC_MIX_FN_SPLIT", t["fn"], layout=mix_kernels.TCR_H200_LAYOUT), **big),)
+        return (g.op("HC_MIX_TCR", t["X"], g.op("HC_MIX_FN_SPLIT", t["fn"], layout=tcr.TCR_H200_LAYOUT), **big),)
     if emulated_need > ex.device.caps.limits.max_shared_memory:
         with pytest.raises(HCUnsupported, match=f"tt = 4 \\(256 tokens a workgroup\\) keeps {emulated_need} B in shared"):
             run(ex, {"X": i["X"], "fn": i["fn"]}, build)

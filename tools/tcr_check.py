@@ -9,13 +9,13 @@ import numpy as np
 from dsv4_vk import hc
 from dsv4_vk.core.executor import Executor
 from dsv4_vk.core.graph import Graph
-from dsv4_vk.hc import kernels as K, mix_kernels
+from dsv4_vk.hc import kernels as K, mix_kernels, tcr
 from dsv4_vk.vk.device import Device
 
 dev = Device()
 ex = Executor(dev)
 gpu = not dev.caps.is_cpu
-print("tcr layout:", mix_kernels.tcr_layout(dev), flush=True)
+print("tcr layout:", tcr.tcr_layout(dev), flush=True)
 rng = np.random.default_rng(1)
 cases = [(4096, 4096, 24, 64) if gpu else (130, 512, 24, 32), (100, 256, 24, 16), (1, 4096, 24, 64), (77, 1024, 4, 32),
          (300, 7168, 24, 64) if gpu else (20, 448, 8, 16)]

@@ -12,7 +12,7 @@ def report(dev):
     out.pop("memory_types", None)
     try:
         from ..hc.policy import describe
-        from ..hc.mix_kernels import TCR_MIN_T, tcr_layout
+        from ..hc.tcr import TCR_MIN_T, tcr_layout
         out["hc"] = describe(dev)
         lay = tcr_layout(dev)               # (a probe dispatch where the device has the shapes)
         out["hc_mix"] = ({"kernel": "tcr", "from_tokens": TCR_MIN_T, "layout": list(lay)} if isinstance(lay, tuple)

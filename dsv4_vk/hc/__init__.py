@@ -3,7 +3,8 @@
 - `kernels`: the fused op declarations (HC_COMB, HC_COEFS, HC_PRE, HC_POST, and the whole-site
   HC_SITE) with their float64 references; `mix_kernels`: the mixes ops (HC_MIX, HC_MIX_PART,
   HC_MIX_REDUCE, and HC_POST_MIX, the post that carries the next site's mixes), their kernels'
-  layouts and tuning tables;
+  layouts and tuning tables; `tcr`: the mixes of many tokens on tensor cores (the device's probed
+  element layout, HC_MIX_FN_SPLIT, HC_MIX_TCR);
 - `composite`: graph functions that append the fused node(s) or the unfused chain of primitives
   (`comb`, `pre`, `post`, `mixes`, `site_pre`, `site_post`, `site`, `head_pre`);
 - `policy`: which path runs on a device and why (environment switches, device capabilities);
@@ -14,7 +15,7 @@
 - `cases`: the one case list behind eval, bench, the tests and the GPU check; `metrics`: errors.
 """
 from .. import ops as _primitives  # noqa: F401  (the unfused chains are built from these)
-from . import kernels, mix_kernels  # noqa: F401  (register the fused ops)
+from . import kernels, mix_kernels, tcr  # noqa: F401  (register the fused ops)
 from .api import hc_comb, hc_post, hc_pre, hc_site_pre, last_run
 from .composite import (CARRY_MAX_T, carries, comb, comb_chain, head_pre, mixes, post, post_chain, pre, pre_chain, site,
                         site_post, site_pre, variants)

@@ -61,6 +61,23 @@ def reference_mixes(X, fn, norm_eps=1e-6):
     return (x @ fn.T) * r
 
 
+def reference_mix_partials(X, fn, groups, chunk=1, split=None):
+    """partials [T,G,m+1]: per split of D (chunks of `chunk` floats, `split` or else ceil(chunks/G)
+    per split), the dot products with fn over the 4 streams' slices and Σx² (hc_mix.comp's layout)."""
+    X, fn = as_f64(X), as_f64(fn)
+    T, _, D = X.shape
+    m = fn.shape[0]
+    chunks = D // chunk
+    per = (split or -(-chunks // groups)) * chunk
+    f = fn.reshape(m, HC, D)
+    out = np.zeros((T, groups, m + 1))
+    for s in range(groups):
+        xs, fs = X[:, :, s * per:(s + 1) * per], f[:, :, s * per:(s + 1) * per]
+        out[:, s, :m] = np.einsum("tcd,jcd->tj", xs, fs)
+        out[:, s, m] = (xs * xs).sum(axis=(1, 2))
+    return out
+
+
 def reference_site_coefs(X, fn, scale, base, hc_eps=1e-6, norm_eps=1e-6, n_iter=20):
     """One site's coefficients: (pre [T,4], post [T,4], comb [T,4,4])."""
     scale, base = as_f64(scale), as_f64(base)

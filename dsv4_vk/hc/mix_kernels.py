@@ -7,13 +7,13 @@ tuning tables they read (tools/hc_tune.py sweeps them). The other fused HC ops: 
 """
 import numpy as np
 
-from .kernels import (HC, N_MIX, as_f64, check_eps, check_fn_rows, check_layout_param, check_partials,
+from .kernels import (HC, N_MIX, as_f64, check_eps, check_fn_rows, check_layout_param, check_partials, reference_mix_partials,
                       check_post_shapes, check_shared, check_unit_inner, ksplit_preferred, ksplit_runs,
                       mix_supported, post_launch, post_mix_groups, post_mix_split, reference_mixes, reference_post,
                       require_support, site_supported, strides_in, vec4_ok)
 from .policy import HCUnsupported
 from ..ops.base import Launch, OpDef, check_params, check_shape, grid_1d, pack_push, register
-from ..vk import Buffer, Recorder
+from .tcr import TCR_H200_LAYOUT, TCR_MIN_T, TCR_SPLIT, TCR_TT, tc_tile_n, tcr_layout
 
 
 # HC_MIX layout knobs (tools/hc_tune.py sweeps them); None: the rule of mix_layout.
@@ -54,92 +54,6 @@ TC_WG, TC_TOKENS, TC_SPLIT = 128, 64, 64
 TC_STEP = 16                    # chunks per staging step (KC in hc_mix.comp): also Σx² lanes per token
 TC_XS = 4 * TC_STEP + 8         # halves between staged rows (XS in hc_mix.comp)
 TC_VARIANTS = {1: "cooperative matrices", 2: "FMA products"}
-
-
-def tc_tile_n(device):
-    """The fn rows per tile (8 or 16) of a 16 × n × 16 fp16 × fp16 + fp32 cooperative-matrix shape the
-    device has at subgroup scope, with 32-lane subgroups (TC's layout: 4 subgroups of 16 tokens);
-    None without."""
-    if not (device.caps.subgroup.min_size == device.caps.subgroup.max_size == 32):
-        return None
-    ns = {c.n for c in device.caps.coopmat if (c.m, c.k, c.a, c.b, c.c, c.d) == (16, 16, "f16", "f16", "f32", "f32")}
-    return next((n for n in (8, 16) if n in ns), None)
-
-
-# TCR's element layout (hc_mix.comp -D TCR): lane l = 4·g + q of a 32-lane subgroup holds, of a 16 × 16 A,
-# rows g and g + 8 and columns 2q, 2q+1, 2q+8, 2q+9; of a 16 × 8 B, rows g, g + 8 and columns 2q, 2q+1
-# (the H200's). Which element e is which is the device's: the probe reads it, and spec constants 2–4
-# tell the kernel (TCR_AH bit e: A element e in row g + 8; TCR_AF 2 bits per element: its column
-# 2q + (0, 1, 8, 9)[code]; TCR_BF 2 bits per element: 2·(row g + 8) + (column 2q + 1)).
-TCR_H200_LAYOUT = (0b11110000, 0b11_10_01_00_11_10_01_00, 0b11_10_01_00)
-_KK = (0, 1, 8, 9)
-_tcr_layouts = {}
-
-
-def tcr_layout_from(a, b):
-    """TCR's layout constants (TCR_AH, TCR_AF, TCR_BF) from a probe's A [32, 8] and B [32, 4] (each
-    element's flat index r·16 + c or k·8 + n), or a reason the layout is not TCR's."""
-    first = {}
-    for lane in range(32):
-        g, q = divmod(lane, 4)
-        for e in range(8):
-            r, c = divmod(int(a[lane, e]), 16)
-            if r not in (g, g + 8) or c - 2 * q not in _KK:
-                return f"A element {e} of lane {lane} is ({r}, {c}), not in rows {g}, {g + 8} and columns 2q + 0, 1, 8, 9"
-            code = (int(r == g + 8), _KK.index(c - 2 * q))
-            if first.setdefault(("a", e), code) != code:
-                return f"A element {e} is a different entry in lanes 0 and {lane}"
-        for e in range(4):
-            k, n = divmod(int(b[lane, e]), 8)
-            if k not in (g, g + 8) or n not in (2 * q, 2 * q + 1):
-                return f"B element {e} of lane {lane} is ({k}, {n}), not in rows {g}, {g + 8} and columns {2 * q}, {2 * q + 1}"
-            code = 2 * (k == g + 8) + (n == 2 * q + 1)
-            if first.setdefault(("b", e), code) != code:
-                return f"B element {e} is a different entry in lanes 0 and {lane}"
-    a_codes = [first["a", e] for e in range(8)]
-    b_codes = [first["b", e] for e in range(4)]
-    if sorted(a_codes) != [(h, f) for h in (0, 1) for f in range(4)] or sorted(b_codes) != [0, 1, 2, 3]:
-        return "the elements do not cover the lane's rows and columns once each"
-    return (sum(h << e for e, (h, _) in enumerate(a_codes)), sum(f << 2 * e for e, (_, f) in enumerate(a_codes)),
-            sum(c << 2 * e for e, c in enumerate(b_codes)))
-
-
-def tcr_layout(device):
-    """TCR's layout constants on `device` (probed once per device: hc_mix.comp -D PROBE), or the reason it cannot
-    run there (str)."""
-    key = (id(device), getattr(device, "serial", None))
-    if key not in _tcr_layouts:
-        if tc_tile_n(device) != 8:
-            _tcr_layouts[key] = ("needs VK_NV_cooperative_matrix's 16 × 8 × 16 fp16 shape accumulating in fp32 "
-                                 "and 32-lane subgroups")
-        else:
-            out = tcr_probe(device)
-            if int(out[512]) != 80404:
-                _tcr_layouts[key] = f"element counts (A, B, C) {int(out[512])} are not 8, 4, 4 a lane"
-            else:
-                _tcr_layouts[key] = tcr_layout_from(out[:256].reshape(32, 8), out[256:384].reshape(32, 4))
-    return _tcr_layouts[key]
-
-
-def tcr_probe(device):
-    """hc_mix.comp -D PROBE's output on `device`: A's elements [32 lanes × 8], B's [32 × 4], C's [32 × 4],
-    each the flat index of its entry, then the element counts (8, 4, 4 as 80404)."""
-    with device.in_use:                     # (close() waits for it: the recording's pools are destroyed here)
-        pipe = device.pipelines.get("hc_mix", 3, {"VEC4": 1, "TC": 1, "TCR": 1, "CM_NV": 1, "CM_N": 8, "CM_TT": 1,
-                                                   "PROBE": 1}, (32, 24), full_subgroups=True)
-        buf = Buffer(device, 4 * 520)
-        try:
-            buf.write(np.full(520, -2, np.float32))
-            rec = Recorder(device)
-            rec.dispatch(pipe, [buf, buf, buf], b"", (1, 1, 1), writes=[(buf, 0, 4 * 520)])
-            r = rec.finish()
-            try:
-                r.submit()
-            finally:
-                r.destroy()
-            return buf.read(0, 4 * 520).view(np.float32)
-        finally:
-            buf.destroy()
 
 
 def mix_layout(device, T, chunks, kernel=None):
@@ -358,23 +272,6 @@ class HcMix(OpDef):
         return reference_mixes(X, fn, norm_eps)
 
 
-def reference_mix_partials(X, fn, groups, chunk=1, split=None):
-    """partials [T,G,m+1]: per split of D (chunks of `chunk` floats, `split` or else ceil(chunks/G)
-    per split), the dot products with fn over the 4 streams' slices and Σx² (hc_mix.comp's layout)."""
-    X, fn = as_f64(X), as_f64(fn)
-    T, _, D = X.shape
-    m = fn.shape[0]
-    chunks = D // chunk
-    per = (split or -(-chunks // groups)) * chunk
-    f = fn.reshape(m, HC, D)
-    out = np.zeros((T, groups, m + 1))
-    for s in range(groups):
-        xs, fs = X[:, :, s * per:(s + 1) * per], f[:, :, s * per:(s + 1) * per]
-        out[:, s, :m] = np.einsum("tcd,jcd->tj", xs, fs)
-        out[:, s, m] = (xs * xs).sum(axis=(1, 2))
-    return out
-
-
 @register
 class HcMixPartials(OpDef):
     """HC_MIX_PART(X [T,4,D], fn [m,4D], groups=G, wg=, split=, lpt=, tb=, tpl=, rh=, tc=, norm_eps=) -> partials
@@ -405,175 +302,6 @@ class HcMixPartials(OpDef):
     def reference(self, X, fn, groups=1, wg=1, split=0, lpt=1, tb=1, tpl=1, rh=1, tc=0, norm_eps=1e-6):
         D = np.shape(X)[2]
         return reference_mix_partials(X, fn, groups, 4 if D % 4 == 0 else 1, split)
-
-
-# TCR (hc_mix.comp -D TCR): tiles of 16 tokens per subgroup (tt of them: tt = 2 measured fastest on the
-# H200), workgroups of 4 subgroups, 16-chunk steps of one stream; fn split once per call (HC_MIX_FN_SPLIT).
-TCR_TT = 2
-TCR_SPLIT = 32                          # chunks per stream and split (G = D / 128): 123.4 against 138.9 µs with 64
-TCR_MIN_T = 512                         # from this many tokens mix_layout picks TCR where the device runs it
-TCR_STEP_FLOATS = 64
-TCR_STEP_WORDS = 4 * 3 * 32 * 4         # per step of 64 floats: j, fn tile, lane, uvec4
-
-
-def tcr_words(D):
-    """The length (uint32 words, held in an f32 tensor) of fn split for TCR at hidden size D."""
-    return HC * D // TCR_STEP_FLOATS * TCR_STEP_WORDS
-
-
-def _split16(v, sigma):
-    """hc_mix.comp's split16 in numpy float32: hi on fp16's grid by integer rounding, lo = (v·σ − hi)·2¹¹."""
-    a = (np.asarray(v, np.float32) * np.float32(sigma)).astype(np.float32)
-    normal = ((a.view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
-    sub = (np.round(a * np.float32(16777216.0)) * np.float32(1.0 / 16777216.0)).astype(np.float32)
-    hi = np.where(np.abs(a) < np.float32(1.0 / 16384.0), sub, normal).astype(np.float32)
-    return hi, ((a - hi) * np.float32(2048.0)).astype(np.float32)
-
-
-def _tcr_b_index(D, bf):
-    """For every word group (step, j, n, lane) and element e: fn's row and column of TCR's B element."""
-    steps = HC * D // TCR_STEP_FLOATS
-    st, j, n, lane = np.meshgrid(np.arange(steps), np.arange(4), np.arange(3), np.arange(32), indexing="ij")
-    g, q = lane // 4, lane % 4
-    rows, cols = [], []
-    for e in range(4):
-        code = (bf >> (2 * e)) & 3
-        rows.append(8 * n + 2 * q + (code & 1))
-        cols.append(TCR_STEP_FLOATS * st + 4 * (4 * (g // 2) + j) + (g & 1) + 2 * (code >> 1))
-    return np.stack(rows, -1), np.stack(cols, -1)            # [steps, 4, 3, 32, 4]
-
-
-def _check_tcr_layout(op, layout):
-    if not (isinstance(layout, (tuple, list)) and len(layout) == 3 and all(isinstance(v, int) and 0 <= v < 2**16
-                                                                          for v in layout)):
-        raise ValueError(f"{op}: layout must be TCR's three element codes (TCR_AH, TCR_AF, TCR_BF), "
-                         f"e.g. {TCR_H200_LAYOUT}, got {layout!r}")
-    return tuple(layout)
-
-
-def _check_tcr_d(op, D):
-    if D % TCR_STEP_FLOATS:
-        raise ValueError(f"{op}: TCR takes the streams in steps of {TCR_STEP_FLOATS} floats: D must be a multiple "
-                         f"of {TCR_STEP_FLOATS}, got {D}")
-
-
-@register
-class HcMixFnSplit(OpDef):
-    """HC_MIX_FN_SPLIT(fn [m,4D], layout=(ah, af, bf)) -> [tcr_words(D)]: fn as TCR's B elements, each split
-    into fp16 hi and lo (hc_mix.comp -D FNSPLIT), uint32 words held in an f32 tensor — what HC_MIX_TCR
-    reads instead of splitting fn in every workgroup."""
-    name, n_inputs = "HC_MIX_FN_SPLIT", 1
-
-    def infer(self, inputs, params):
-        (fn,) = inputs
-        check_shape("fn", fn.shape, (None, None))
-        check_fn_rows(self.name, "fn", fn)
-        check_unit_inner(self.name, "fn", fn)
-        check_params(self.name, params, ("layout",))
-        _check_tcr_layout(self.name, params.get("layout"))
-        if fn.shape[1] % HC:
-            raise ValueError(f"{self.name}: fn's columns are the 4 streams' D each: a multiple of 4, got {fn.shape[1]}")
-        _check_tcr_d(self.name, fn.shape[1] // HC)
-        return (tcr_words(fn.shape[1] // HC),), "f32"
-
-    def lower(self, node, device):
-        (fn,), out = node.inputs, node.output
-        m, D = fn.shape[0], fn.shape[1] // HC
-        if not vec4_ok(D, [fn]) or out.offset % 4:
-            raise ValueError(f"{self.name}: fn's offset and row stride, and the output's offset, must be multiples of 4 "
-                             f"floats, got {fn.offset}, {fn.strides[0]}, {out.offset}")
-        steps = HC * D // TCR_STEP_FLOATS
-        push = pack_push(0, D // 4, 0, steps, 0.0, 0.0, 0, 0, 0, fn.offset // 4, fn.strides[0] // 4, out.offset // 4,
-                         0, 0, 0)
-        return [Launch("hc_mix", [fn, fn, out], (2,), push, grid_1d(steps * TCR_STEP_WORDS // 4, TC_WG),
-                       defines={"VEC4": 1, "TC": 1, "TCR": 1, "CM_TT": 1, "FNSPLIT": 1},
-                       spec=(TC_WG, m, *node.params["layout"]))]
-
-    def reference(self, fn, layout=TCR_H200_LAYOUT):
-        fn = np.asarray(fn, np.float32)
-        m, D = fn.shape[0], fn.shape[1] // HC
-        rows, cols = _tcr_b_index(D, layout[2])
-        v = np.where(rows < m, np.pad(fn, ((0, 24 - m), (0, 0)))[np.minimum(rows, 23), cols], 0).astype(np.float32)
-        hi, lo = _split16(v, 1.0)
-        h16, l16 = hi.astype(np.float16).view(np.uint16).astype(np.uint32), lo.astype(np.float16).view(np.uint16).astype(np.uint32)
-        words = np.stack([h16[..., 0] | h16[..., 1] << 16, h16[..., 2] | h16[..., 3] << 16,
-                          l16[..., 0] | l16[..., 1] << 16, l16[..., 2] | l16[..., 3] << 16], -1)
-        return words.astype(np.uint32).reshape(-1).view(np.float32)
-
-
-def tcr_fn_from_split(words, m, D, layout=TCR_H200_LAYOUT):
-    """fn [m, 4D] as TCR's products see it (hi + 2⁻¹¹·lo of each B element) from HC_MIX_FN_SPLIT's words."""
-    w = np.asarray(words, np.float32).view(np.uint32).reshape(-1, 4, 3, 32, 4)
-    halves = np.stack([w & 0xFFFF, w >> 16], -1).astype(np.uint16).view(np.float16).astype(np.float64)
-    hi = halves[..., :2, :].reshape(*w.shape[:-1], 4)          # elements 0..3: word 0 (0, 1), word 1 (2, 3)
-    lo = halves[..., 2:, :].reshape(*w.shape[:-1], 4)
-    rows, cols = _tcr_b_index(D, layout[2])
-    fn = np.zeros((24, HC * D))
-    fn[rows, cols] = hi + lo / 2048.0
-    return fn[:m]
-
-
-@register
-class HcMixTcr(OpDef):
-    """HC_MIX_TCR(X [T,4,D], fn_split [tcr_words(D)], m=, groups=G, split=, tt=, cm=, layout=, norm_eps=) -> partials
-    [T,G,m+1]: the mixes' partial sums on tensor cores, x split in registers straight into the matrices'
-    elements (hc_mix.comp -D TCR; cm = 1 on VK_NV_cooperative_matrix where the probed element layout is
-    `layout`, cm = 0 its emulation through shared memory); fn_split from HC_MIX_FN_SPLIT with the same
-    layout. HC_MIX_REDUCE finishes."""
-    name, n_inputs = "HC_MIX_TCR", 2
-
-    def infer(self, inputs, params):
-        X, fw = inputs
-        check_shape("X", X.shape, (None, HC, None))
-        check_unit_inner(self.name, "X", X)
-        check_params(self.name, params, ("m", "groups", "split", "tt", "cm", "layout", "norm_eps"))
-        D = X.shape[2]
-        _check_tcr_d(self.name, D)
-        check_shape("fn_split", fw.shape, (tcr_words(D),))
-        m = check_layout_param(self.name, params, "m")
-        if m > N_MIX:
-            raise ValueError(f"{self.name}: m (fn rows) must be 1..{N_MIX}, got {m}")
-        split, G = check_layout_param(self.name, params, "split"), check_layout_param(self.name, params, "groups")
-        if split % 16 or G != -(-(D // 4) // split):
-            raise ValueError(f"{self.name}: split (chunks of 4 floats per stream) must be a multiple of 16 and groups "
-                             f"= ceil({D // 4} / split), got split {split}, groups {G}")
-        if params.get("tt") not in (1, 2, 4) or params.get("cm") not in (0, 1) or isinstance(params.get("cm"), bool):
-            raise ValueError(f"{self.name}: tt (16-token tiles a subgroup) must be 1, 2 or 4 and cm 0 or 1, "
-                             f"got tt {params.get('tt')!r}, cm {params.get('cm')!r}")
-        _check_tcr_layout(self.name, params.get("layout"))
-        check_eps("norm_eps", params.get("norm_eps", 1e-6))
-        return (X.shape[0], G, m + 1), "f32"
-
-    def lower(self, node, device):
-        X, fw = node.inputs
-        out, pr = node.output, node.params
-        check_partials(self.name, out)
-        T, _, D = X.shape
-        tt, m = pr["tt"], pr["m"]
-        if not vec4_ok(D, [X]) or fw.offset % 4:
-            raise ValueError(f"{self.name}: X's offset and strides and fn_split's offset must be multiples of 4, got "
-                             f"{X.offset}, {X.strides}, {fw.offset}")
-        need = 4 * (TC_TOKENS * tt * N_MIX + TC_TOKENS * tt) + (0 if pr["cm"] else 4 * 4 * (tt * 256 + 3 * 128))
-        if need > device.caps.limits.max_shared_memory:
-            raise HCUnsupported(f"{self.name}: tt = {tt} ({TC_TOKENS * tt} tokens a workgroup) keeps {need} B in shared "
-                                f"memory, {device.name} has {device.caps.limits.max_shared_memory} B")
-        defines = {"VEC4": 1, "TC": 1, "TCR": 1, "CM_TT": tt}
-        if pr["cm"]:
-            lay = tcr_layout(device)
-            if isinstance(lay, str):
-                raise HCUnsupported(f"{self.name}: cm = 1 cannot run on {device.name}: {lay} (cm = 0 emulates it)")
-            if lay != tuple(pr["layout"]):
-                raise ValueError(f"{self.name}: layout {tuple(pr['layout'])} is not {device.name}'s {lay}")
-            defines.update(CM_NV=1, CM_N=8)
-        push = pack_push(T, D // 4, pr["split"], pr["groups"], 1.0 / (HC * D), check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
-                         X.offset // 4, *strides_in(X, 4), fw.offset // 4, 0, out.offset, out.strides[0], out.strides[1],
-                         TC_TOKENS * tt)
-        return [Launch("hc_mix", [X, fw, out], (2,), push, grid_1d(-(-T // (TC_TOKENS * tt)) * pr["groups"], 1),
-                       defines=defines, spec=(TC_WG, m, *pr["layout"]), full_subgroups=bool(pr["cm"]))]
-
-    def reference(self, X, fw, m=24, groups=1, split=16, tt=1, cm=0, layout=TCR_H200_LAYOUT, norm_eps=1e-6):
-        D = np.shape(X)[2]
-        return reference_mix_partials(X, tcr_fn_from_split(fw, m, D, layout), groups, 4, split)
 
 
 def mix_partials(g, X, fn, layout):
