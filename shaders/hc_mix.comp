@@ -353,7 +353,7 @@ void stage_f(uint i, vec4 v, float sigma) {
 
 #if defined(TCR)
 layout(constant_id = 2) const uint TCR_AH = 240u;     // spec constants (probed per device; these: the
-layout(constant_id = 3) const uint TCR_AF = 58596u;   // H200's, mix_kernels.TCR_H200_LAYOUT)
+layout(constant_id = 3) const uint TCR_AF = 58596u;   // H200's, hc.tcr.TCR_H200_LAYOUT)
 layout(constant_id = 4) const uint TCR_BF = 228u;
 #define A_H(e) ((TCR_AH >> (e)) & 1u)
 #define A_F(e) ((TCR_AF >> (2u * (e))) & 3u)
@@ -363,7 +363,7 @@ layout(constant_id = 4) const uint TCR_BF = 228u;
 
 #if defined(TCR) && defined(PROBE)
 // -D PROBE: the device's element layout of the 16 × 16 A, 16 × 8 B and 16 × 8 C matrices TCR uses, for
-// mix_kernels.tcr_layout: one subgroup of 32 loads matrices whose entry (r, c) is its flat index and
+// hc.tcr.tcr_layout: one subgroup of 32 loads matrices whose entry (r, c) is its flat index and
 // writes lane l's element e at out[l·8 + e] (A), 256 + l·4 + e (B), 384 + l·4 + e (C).
 shared float16_t pa[256], pb[128];
 shared float pc[128];
@@ -415,7 +415,7 @@ void main() {
 // -D CM_NV on VK_NV_cooperative_matrix's 16 × 8 × 16 fp16 shape. Lane l = 4g + q holds, of a 16 × 16
 // A, rows g, g + 8 and columns 2q, 2q+1, 2q+8, 2q+9; of a 16 × 8 B, rows g, g + 8 and columns 2q,
 // 2q+1 (as the H200 has them); which element is which the device probe (-D PROBE below,
-// mix_kernels.tcr_layout) reads and spec constants 2–4 (TCR_AH, TCR_AF, TCR_BF) carry: A element e is in
+// hc.tcr.tcr_layout) reads and spec constants 2–4 (TCR_AH, TCR_AF, TCR_BF) carry: A element e is in
 // row g + 8·A_H(e), column 2q + KK(A_F(e)); B element e in row g + 8·(B_F(e) >> 1), column 2q + (B_F(e)
 // & 1). A sum over k is the same in any order of k, so the logical columns 2q, 2q+1, 2q+8, 2q+9 take
 // the 4 floats of one vec4 chunk (4q + j of a 16-chunk step, j the 16-deep product): each lane loads
