@@ -440,9 +440,6 @@ shared float sq[TW];
 shared uint ea[4u * TT * 256u], eb[4u * 3u * 128u];
 #define H16 float
 #endif
-void tcr_split(vec4 v, float sigma, out vec4 h, out vec4 l) {
-    split16(v, sigma, h, l);
-}
 void main() {
     uint g = flat_group();
     uint block = g / p.G, split = g % p.G;
@@ -512,8 +509,8 @@ void main() {
                     ssq[tt][0] += dot(a0, a0);
                     ssq[tt][1] += dot(a1, a1);
                     vec4 h0, l0, h1, l1;
-                    tcr_split(a0, X_SIGMA, h0, l0);
-                    tcr_split(a1, X_SIGMA, h1, l1);
+                    split16(a0, X_SIGMA, h0, l0);
+                    split16(a1, X_SIGMA, h1, l1);
                     // element e: row gq + 8·A_H(e) (a0 or a1), float A_F(e) of its chunk
                     H16 ah[8], al[8];
                     [[unroll]] for (uint e = 0u; e < 8u; ++e) {

@@ -7,13 +7,13 @@ tuning tables they read (tools/hc_tune.py sweeps them). The other fused HC ops: 
 """
 import numpy as np
 
-from .kernels import (HC, N_MIX, as_f64, check_eps, check_fn_rows, check_layout_param, check_partials, reference_mix_partials,
+from .kernels import (HC, N_MIX, as_f64, check_eps, check_fn_rows, check_layout_param, check_partials,
                       check_post_shapes, check_shared, check_unit_inner, ksplit_preferred, ksplit_runs,
-                      mix_supported, post_launch, post_mix_groups, post_mix_split, reference_mixes, reference_post,
-                      require_support, site_supported, strides_in, vec4_ok)
+                      mix_supported, post_launch, post_mix_groups, post_mix_split, reference_mix_partials,
+                      reference_mixes, reference_post, require_support, site_supported, strides_in, vec4_ok)
 from .policy import HCUnsupported
-from ..ops.base import Launch, OpDef, check_params, check_shape, grid_1d, pack_push, register
 from .tcr import TCR_H200_LAYOUT, TCR_MIN_T, TCR_SPLIT, TCR_TT, tc_tile_n, tcr_layout
+from ..ops.base import Launch, OpDef, check_params, check_shape, grid_1d, pack_push, register
 
 
 # HC_MIX layout knobs (tools/hc_tune.py sweeps them); None: the rule of mix_layout.

@@ -188,7 +188,7 @@ class HcMixFnSplit(OpDef):
         fn = np.asarray(fn, np.float32)
         m, D = fn.shape[0], fn.shape[1] // HC
         rows, cols = _tcr_b_index(D, layout[2])
-        v = np.where(rows < m, np.pad(fn, ((0, 24 - m), (0, 0)))[np.minimum(rows, 23), cols], 0).astype(np.float32)
+        v = np.where(rows < m, np.pad(fn, ((0, N_MIX - m), (0, 0)))[np.minimum(rows, N_MIX - 1), cols], 0).astype(np.float32)
         hi, lo = _split16(v, 1.0)
         h16, l16 = hi.astype(np.float16).view(np.uint16).astype(np.uint32), lo.astype(np.float16).view(np.uint16).astype(np.uint32)
         words = np.stack([h16[..., 0] | h16[..., 1] << 16, h16[..., 2] | h16[..., 3] << 16,
@@ -203,7 +203,7 @@ def tcr_fn_from_split(words, m, D, layout=TCR_H200_LAYOUT):
     hi = halves[..., :2, :].reshape(*w.shape[:-1], 4)          # elements 0..3: word 0 (0, 1), word 1 (2, 3)
     lo = halves[..., 2:, :].reshape(*w.shape[:-1], 4)
     rows, cols = _tcr_b_index(D, layout[2])
-    fn = np.zeros((24, HC * D))
+    fn = np.zeros((N_MIX, HC * D))
     fn[rows, cols] = hi + lo / 2048.0
     return fn[:m]
 
