@@ -386,7 +386,7 @@ def test_site_chain_carrying_at_prefill(ex, rng, D, T, layout, kernel, monkeypat
         assert {k: carry_params()[k] for k in ("tb", "lpt", "tpl")} == \
             {k: hc.composite.PREFILL_CARRY[k] for k in ("tb", "lpt", "tpl")}
     with tuning(hc.composite.PREFILL_CARRY, prefill=True, kernel=kernel):
-        assert hc.carries(ex.device, True, T, None) and hc.carries(ex.device, True, T, True)
+        assert hc.carries(ex.device, True, T, D, None) and hc.carries(ex.device, True, T, D, True)
         assert kernel == "tc" or carry_params()["split"] == mix_kernels.KSPLIT_S
         site_chain_case(ex, rng, D, T, 1.0, layout)
 
@@ -416,7 +416,7 @@ def site_chain_case(ex, rng, D, T, peak, layout):
         outs, g = run_chain(ex, feed, n, fused, site, views)
         ops = [nd.op.name for nd in g.nodes]
         if fused:
-            carry = hc.carries(ex.device, fused, T, site)
+            carry = hc.carries(ex.device, fused, T, D, site)
             assert ops.count("HC_POST_MIX") == (n if carry else 0), ops
             if site:
                 assert ops.count("HC_MIX_PART") == (1 if carry else n + 1), ops

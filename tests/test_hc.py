@@ -448,7 +448,44 @@ def test_many_tokens_mixes_on_a_gpu_take_ksplit_only_with_shuffles(env, device, 
     lay = mix_kernels.mix_layout(device, 4096, 1024)
     assert lay["split"] == (mix_kernels.KSPLIT_S if kernel == "ksplit" else 0) and "tile" not in lay
     monkeypatch.setitem(hc.composite.PREFILL_CARRY, "prefill", True)     # the prefill carry is KSPLIT's too
-    assert hc.carries(device, None, 4096) == (kernel == "ksplit")
+    assert hc.carries(device, None, 4096, 4096) == (kernel == "ksplit")
+
+
+@pytest.mark.parametrize("mode", [None, True, False])
+def test_prefill_carry_leaves_tcr_mixes_to_the_next_site(env, device, monkeypatch, mode):
+    """PREFILL_CARRY["prefill"] None (auto): a GPU whose mixes of many tokens run on TCR keeps the
+    post plain there and the next site runs HC_MIX_FN_SPLIT + HC_MIX_TCR; below TCR_MIN_T, or where D
+    has no whole 16-chunk steps, the post carries (KSPLIT). True carries everywhere past CARRY_MAX_T,
+    False nowhere; anything else is refused by name. (The graphs are built, not run: lavapipe has no
+    cooperative matrices, so the H200's layout is faked.)"""
+    import dataclasses
+    from dsv4_vk.hc import mix_kernels, tcr
+    sg = dataclasses.replace(device.caps.subgroup, operations=("basic", "arithmetic", "shuffle"),
+                             full_subgroups=True, min_size=32, max_size=32)
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", subgroup=sg))
+    monkeypatch.setattr(mix_kernels, "tcr_layout", lambda dev: tcr.TCR_H200_LAYOUT)
+    monkeypatch.setitem(hc.composite.PREFILL_CARRY, "prefill", mode)
+    big, small = mix_kernels.TCR_MIN_T, mix_kernels.TCR_MIN_T - 1
+    expect = {None: (False, True, True), True: (True, True, True), False: (False, False, False)}[mode]
+    assert (hc.carries(device, None, big, 4096), hc.carries(device, None, small, 4096),
+            hc.carries(device, None, big, 4100)) == expect          # 4100: 1025 chunks, no TCR
+    assert hc.carries(device, None, 1, 4096)                           # decode carries in every mode
+
+    rng = np.random.default_rng(7)
+    D = 4096
+    fn = (rng.uniform(-1, 1, (24, 4 * D)) / 128).astype(np.float32)
+    scale, base = np.float32([0.5, 0.4, 0.3]), rng.uniform(-0.5, 0.5, 24).astype(np.float32)
+    g = Graph()
+    X = g.input("X", (big, 4, D))
+    u, post, comb = hc.site_pre(g, X, g.const(fn), g.const(scale), g.const(base), device=device)
+    X_new, carry = hc.site_post(g, u, X, post, comb, next_fn=g.const(fn), device=device)
+    ops = [n.op.name for n in g.nodes]
+    assert (carry is not None, ops.count("HC_POST_MIX")) == ((True, 1) if expect[0] else (False, 0)), ops
+    assert ops.count("HC_MIX_TCR") == 1, ops                           # this site's own mixes: TCR
+
+    monkeypatch.setitem(hc.composite.PREFILL_CARRY, "prefill", "yes")
+    with pytest.raises(ValueError, match=r"PREFILL_CARRY\['prefill'\] must be None \(auto\), True or False, got 'yes'"):
+        hc.carries(device, None, big, 4096)
 
 
 def test_mixes_layout_errors_name_the_parameter(device, monkeypatch):

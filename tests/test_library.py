@@ -194,7 +194,7 @@ def test_chained_hc_sites_carry_the_next_mixes_in_the_post(device, rng, T, D, as
     head = dv.HcSite.head(fn_h, rng.uniform(-0.5, 0.5, 1), rng.uniform(-0.25, 0.25, 4), device=device)
     put = device.tensor if as_tensors else (lambda a: a)
     host = (lambda t: t.numpy()) if as_tensors else (lambda a: a)
-    carried = dv.hc.carries(device, None, T)
+    carried = dv.hc.carries(device, None, T, D)
     decode = T <= dv.hc.CARRY_MAX_T
     assert carried or not decode                 # (the site path carries at decode on every device here)
 

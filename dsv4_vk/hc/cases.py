@@ -289,7 +289,7 @@ def build(case, path, device=None):
         # hc.site's two halves, so that post and comb can be outputs; the sublayer is the identity
         site = True if path == SITE else False if path == THREE_OP else None
         kw = {"fused": fused, "site": site, "device": device}
-        mix = t["mix"] if hc.carries(device, fused, case.T, site) else None
+        mix = t["mix"] if hc.carries(device, fused, case.T, case.D, site) else None
         u, post, comb = hc.site_pre(g, t["X"], t["fn"], t["scale"], t["base"], hc_eps=case.eps,
                                     norm_eps=case.norm_eps, n_iter=case.n_iter, mix=mix, **kw)
         X_new, _ = hc.site_post(g, u, t["X"], post, comb, next_fn=t["fn"], **kw)

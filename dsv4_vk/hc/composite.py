@@ -185,7 +185,11 @@ SITE_TUNING = {"post_wg": 64, "site_wg": 64}
 # One row group: the carry with two (each making the post) took 520.2 µs with one token a group and 408.1
 # with two, against 295.2 (T = 4096, D = 4096, results/h200/hc_tune_rh_carry_h200.txt).
 # KSPLIT's splits of 16 chunks (mix_kernels.KSPLIT_S; 32 were slower, also for the carry).
-PREFILL_CARRY = {"prefill": True, "kernel": "ksplit", "tb": 128, "lpt": 2, "tpl": 1, "rh": 1}
+# "prefill" None (auto): not where the next site's mixes run on TCR (mix_kernels.mix_layout, T ≥ TCR_MIN_T
+# with the device's probed layout), whose HC_MIX reads X again in less time than the carry adds to the
+# post: H200, T = D = 4096, the post 142.6 µs alone against 294.9 carrying, TCR's mixes 123.4 µs
+# (results/h200/hc_tune_carry_h200.txt, hc_tune_tcr_h200.txt). True: carry wherever it can; False: never.
+PREFILL_CARRY = {"prefill": None, "kernel": "ksplit", "tb": 128, "lpt": 2, "tpl": 1, "rh": 1}
 CARRY_KERNELS = ("ksplit", "tc")
 
 
@@ -400,13 +404,20 @@ def site(g, X, fn, scale, base, sublayer, *, mix=None, next_fn=None, hc_eps=1e-6
     return site_post(g, f, X, post_w, comb_m, next_fn=next_fn, fused=fused, site=site, device=device)
 
 
-def carries(device, fused, T, site=None):
-    """Whether a site's post carries the next site's mixes partials at T tokens: the site path up to
-    CARRY_MAX_T; beyond, with PREFILL_CARRY, where the post, the comb and KSPLIT's mixes run fused."""
+def carries(device, fused, T, D, site=None):
+    """Whether a site's post carries the next site's mixes partials at T tokens of hidden size D: the
+    site path up to CARRY_MAX_T; beyond, with PREFILL_CARRY, where the post, the comb and KSPLIT's
+    mixes run fused — unless (PREFILL_CARRY["prefill"] None, the default) the next site's mixes
+    would run on TCR, which reads X again faster than the carry adds to the post."""
     choice = _site_choice(device, fused, site, T)
     if T <= CARRY_MAX_T:
         return choice.fused
-    if not PREFILL_CARRY["prefill"] or fused is False:
+    mode = PREFILL_CARRY["prefill"]
+    if mode not in (None, True, False):
+        raise ValueError(f"PREFILL_CARRY['prefill'] must be None (auto), True or False, got {mode!r}")
+    if mode is False or fused is False:
+        return False
+    if mode is None and mix_kernels.mix_layout(device, T, D // 4 if D % 4 == 0 else D).get("tcr"):
         return False
     return (choice.fused or choice.variant == hc_policy.THREE_OP) and mix_supported(device) is None \
         and hc_policy.choose("HC_POST", device, fused).fused and hc_policy.choose("HC_COMB", device, fused).fused \
@@ -423,7 +434,7 @@ def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, d
         if next_fn.ndim != 2 or next_fn.shape[0] not in (N_MIX, HC) or next_fn.shape[1] != HC * D:
             raise ValueError(f"next_fn must be a site's fn [24, {HC * D}] or the head's [4, {HC * D}], "
                              f"got {list(next_fn.shape)}")
-    if next_fn is None or not carries(device, fused, X.shape[0], site):
+    if next_fn is None or not carries(device, fused, X.shape[0], X.shape[2], site):
         return post(g, f, X, post_w, comb_m, fused=fused, device=device), None
     for name, t in (("f", f), ("residual", X), ("post", post_w), ("comb", comb_m)):
         _tensor(g, name, t)

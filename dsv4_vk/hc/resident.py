@@ -142,15 +142,16 @@ class HcSite(_Resident):
                             device=self.device)
 
     def _carries(self, T):
-        """hc.carries for this site at T tokens, remembered per policy generation (the per-call path;
-        every T past CARRY_MAX_T gives the same answer, so they share one entry)."""
-        key = min(T, hc.CARRY_MAX_T + 1)
+        """hc.carries for this site at T tokens, remembered per policy generation up to CARRY_MAX_T (the
+        per-call decode path); past it asked each call (the answer depends on T there: TCR's mixes)."""
+        if T > hc.CARRY_MAX_T:
+            return hc.carries(self.device, self.fused, T, self.D)
         gen, memo = self._carry_memo
         if gen != _generation[0]:
             gen, memo = self._carry_memo = (_generation[0], {})
-        hit = memo.get(key)
+        hit = memo.get(T)
         if hit is None:
-            hit = memo[key] = hc.carries(self.device, self.fused, key)
+            hit = memo[T] = hc.carries(self.device, self.fused, T, self.D)
         return hit
 
     def _check_next(self, next):
