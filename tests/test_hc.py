@@ -445,6 +445,8 @@ def test_many_tokens_mixes_on_a_gpu_take_ksplit_only_with_shuffles(env, device, 
     from dsv4_vk.hc import mix_kernels
     sg = dataclasses.replace(device.caps.subgroup, operations=ops, full_subgroups=True, min_size=32, max_size=32)
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", subgroup=sg))
+    # (without cooperative matrices: on a GPU that has them, TCR takes these mixes, as the next test checks)
+    monkeypatch.setattr(mix_kernels, "tcr_layout", lambda dev: "no cooperative matrices (this test's device)")
     lay = mix_kernels.mix_layout(device, 4096, 1024)
     assert lay["split"] == (mix_kernels.KSPLIT_S if kernel == "ksplit" else 0) and "tile" not in lay
     monkeypatch.setitem(hc.composite.PREFILL_CARRY, "prefill", True)     # the prefill carry is KSPLIT's too

@@ -25,6 +25,27 @@ NR_RCP = """#define HC_NR(r, x) r = r * (2.0 - (x) * r)
 float hc_rcp(float x) { float r = uintBitsToFloat(0x7EF311C3u - floatBitsToUint(x)); HC_NR(r, x); HC_NR(r, x); HC_NR(r, x); return r; }
 vec4 hc_rcp(vec4 x) { vec4 r = uintBitsToFloat(uvec4(0x7EF311C3u) - floatBitsToUint(x)); HC_NR(r, x); HC_NR(r, x); HC_NR(r, x); return r; }
 """
+SINK_FN = """    for (uint it = 1u; it < n_iter; ++it) {
+        c /= hc_hsum(c) + eps;
+        c /= hc_col_sum4(c) + eps;
+    }
+    return c;"""
+TCOPY_FN = """    uint base = gl_SubgroupInvocationID & ~3u, me = gl_SubgroupInvocationID & 3u;
+    vec4 k;                                     // k[m] = c[m][me]: lane m ^ r gives its c[me ^ r ^ r]
+    [[unroll]] for (uint r = 0u; r < 4u; ++r) k[me ^ r] = subgroupShuffleXor(c[me ^ r], r);
+    for (uint it = 1u; it < n_iter; ++it) {
+        float s = hc_hsum(c) + eps;
+        c *= RCP(s);
+        vec4 sv = vec4(subgroupShuffle(s, base), subgroupShuffle(s, base + 1u), subgroupShuffle(s, base + 2u),
+                       subgroupShuffle(s, base + 3u));
+        k *= RCP(sv);
+        float t = hc_hsum(k) + eps;
+        k *= RCP(t);
+        vec4 tv = vec4(subgroupShuffle(t, base), subgroupShuffle(t, base + 1u), subgroupShuffle(t, base + 2u),
+                       subgroupShuffle(t, base + 3u));
+        c *= RCP(tv);
+    }
+    return c;"""
 ABL = {
     "base": [],
     "site_sink1": [("hc_site.comp", "hc_sinkhorn_rows4(l, p.eps, p.n_iter)", "hc_sinkhorn_rows4(l, p.eps, 1u)")],
@@ -51,6 +72,22 @@ ABL = {
     "sink_nodiv": [("hc_math.glsl", SINK_LOOP, SINK_LOOP.replace("/=", "*="))],
     "sink_nr": [("hc_math.glsl", SINK_HEAD, NR_RCP + SINK_HEAD),
                 ("hc_math.glsl", SINK_LOOP, "        c *= hc_rcp(hc_hsum(c) + eps);\n        c *= hc_rcp(hc_col_sum4(c) + eps);\n")],
+    # the Sinkhorn's loop unrolled for the bench's 20 iterations (wrong for others); its column sums
+    # without shuffles (wrong on purpose: the floor of their cost)
+    "sink_unroll": [("hc_math.glsl", "    for (uint it = 1u; it < n_iter; ++it) {",
+                     "    [[unroll]] for (uint it = 1u; it < 20u; ++it) {")],
+    "sink_noshuf": [("hc_math.glsl", "    vec4 a = subgroupShuffleXor(v, 1u), b = subgroupShuffleXor(v, 2u), c = subgroupShuffleXor(v, 3u);",
+                     "    vec4 a = v * 0.5, b = v * 0.25, c = v * 0.125;")],
+    # the loop's divisions as products with 1/|s| by inversesqrt(s·s) (one MUFU.RSQ, no division
+    # subroutine; s > 0 here)
+    "sink_rsq": [("hc_math.glsl", SINK_LOOP,
+                  "        { float s = hc_hsum(c) + eps; c *= inversesqrt(s * s); }\n"
+                  "        { vec4 s = hc_col_sum4(c) + eps; c *= inversesqrt(s * s); }\n")],
+    # each lane also keeps its column of the matrix, so that a half-step's sums are local and only
+    # the 4 scalar sums cross lanes (8 float shuffles an iteration instead of 3 vec4 = 12, but two
+    # shuffle latencies instead of one); with the divisions as in sink_rsq too
+    "sink_tcopy": [("hc_math.glsl", SINK_FN, "#define RCP(x) (1.0 / (x))\n" + TCOPY_FN)],
+    "sink_tcopy_rsq": [("hc_math.glsl", SINK_FN, "#define RCP(x) inversesqrt((x) * (x))\n" + TCOPY_FN)],
     "post_nopostwrite": [("hc_post.comp", "o[p.o_off + t * p.o_st + c + d * p.o_sd] = r;", "")],
 }
 
