@@ -2,7 +2,7 @@
 #extension GL_GOOGLE_include_directive : require
 //! variants: - | VEC4 ; - | FINAL | KSPLIT | KSPLIT POST
 //! variants: VEC4 TC ; - | POST ; - | CM_NV CM_N=8 | CM_NV CM_N=16
-//! variants: VEC4 TC TCR ; CM_TT=1 | CM_TT=2 | CM_TT=4 ; - | CM_NV CM_N=8 ; - | TCR_PF
+//! variants: VEC4 TC TCR ; CM_TT=1 | CM_TT=2 | CM_TT=4 ; - | CM_NV CM_N=8
 //! variants: VEC4 TC TCR CM_NV CM_N=8 CM_TT=1 PROBE
 //! variants: VEC4 TC TCR CM_TT=1 FNSPLIT
 //! variants: REDUCE
@@ -469,29 +469,15 @@ void main() {
         xrow[tt][h] = p.x_off + min(t, p.T - 1u) * p.x_st;
         ssq[tt][h] = 0.0;
     }
-    // this lane's 4 chunks from CB of stream S, of each of its rows
-#define TCR_LOAD_X(V, S, CB) \
-    [[unroll]] for (uint tt = 0u; tt < TT; ++tt) [[unroll]] for (uint h = 0u; h < 2u; ++h) \
-        [[unroll]] for (uint j = 0u; j < 4u; ++j) { \
-            vec4 v_ = x[xrow[tt][h] + (S) * p.x_ss + (CB) + j]; \
-            V[tt][h][j] = xlive[tt][h] ? v_ : vec4(0.0); \
-        }
-#if defined(TCR_PF)
-    // -D TCR_PF: each step's x loaded a step ahead, so that its memory latency overlaps the products
-    // (the last step loads stream 3's first chunks again: its loads stay unconditional)
-    vec4 xv[TT][2][4];
-    TCR_LOAD_X(xv, 0u, c_begin + 4u * q)
-#endif
     for (uint s = 0u; s < 4u; ++s) {
         for (uint ss = 0u; ss < n_ss; ++ss) {
-#if defined(TCR_PF)
-            bool wrap = ss + 1u == n_ss;
-            vec4 xn[TT][2][4];
-            TCR_LOAD_X(xn, min(s + uint(wrap), 3u), c_begin + 16u * (wrap ? 0u : ss + 1u) + 4u * q)
-#else
+            uint cb = c_begin + 16u * ss + 4u * q;
             vec4 xv[TT][2][4];
-            TCR_LOAD_X(xv, s, c_begin + 16u * ss + 4u * q)
-#endif
+            [[unroll]] for (uint tt = 0u; tt < TT; ++tt) [[unroll]] for (uint h = 0u; h < 2u; ++h)
+                [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+                    vec4 v = x[xrow[tt][h] + s * p.x_ss + cb + j];
+                    xv[tt][h][j] = xlive[tt][h] ? v : vec4(0.0);
+                }
             // B's elements of this lane, split by -D FNSPLIT: fp16 (hi of elements 0, 1; hi 2, 3; lo 0, 1; lo 2, 3)
             uvec4 fv[4][3];
             uint fb = p.f_off + (s * (p.chunks / 16u) + c_begin / 16u + ss) * 384u + lane;
@@ -562,9 +548,6 @@ void main() {
                 }
 #endif
             }
-#if defined(TCR_PF)
-            xv = xn;
-#endif
         }
     }
     // epilogue: C1, C2 to shared memory ([token][24]), Σx² summed over the 4 lanes of a row

@@ -531,22 +531,18 @@ def test_mix_tensor_core_kernel(ex, rng, T, D, split, m, layout):
         mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
 
 
-@pytest.mark.parametrize("T,D,split,m,layout,tt,pf", [(130, 128, 32, 24, "c", 1, 0), (64, 64, 16, 4, "strided", 1, 0),
-                                                       (3, 1024, 64, 24, "c", 2, 0), (77, 448, 16, 8, "c", 2, 0),
-                                                       (130, 128, 32, 24, "c", 1, 1), (64, 64, 16, 4, "strided", 1, 1),
-                                                       (300, 1024, 64, 24, "c", 2, 1), (77, 448, 16, 8, "c", 2, 1)])
-def test_mix_tcr_kernel(ex, rng, T, D, split, m, layout, tt, pf):
+@pytest.mark.parametrize("T,D,split,m,layout,tt", [(130, 128, 32, 24, "c", 1), (64, 64, 16, 4, "strided", 1),
+                                                    (3, 1024, 64, 24, "c", 2), (77, 448, 16, 8, "c", 2)])
+def test_mix_tcr_kernel(ex, rng, T, D, split, m, layout, tt):
     """TCR, x split in registers into the tensor-core matrices' elements (cooperative matrices where the
     device's probed layout is TCR's, else its emulation through shared memory) with fn split once by
     HC_MIX_FN_SPLIT: partial 16-token tiles and workgroup blocks, the head's 4 rows and 8 rows, D = 448
-    (7 steps of 64), a permuted X; with x loaded a step ahead (pf 1: steps crossing streams, 1, 2 and 4
-    steps a stream); against float64."""
+    (7 steps of 64), a permuted X; against float64."""
     if tt == 2 and not isinstance(tcr.tcr_layout(ex.device), tuple) and ex.device.caps.limits.max_shared_memory < 40000:
         tt = 1                                 # (the emulation of 128-token blocks needs 39 KiB of shared memory)
-    with tuning(mix_kernels.MIX_TUNING, kernel="tcr", split=split, tt=tt, pf=pf):
+    with tuning(mix_kernels.MIX_TUNING, kernel="tcr", split=split, tt=tt):
         lay = mix_kernels.mix_layout(ex.device, T, D // 4)
-        assert lay["tcr"] and lay["tt"] == tt and lay["pf"] == pf
-        assert lay["cm"] == int(isinstance(tcr.tcr_layout(ex.device), tuple))
+        assert lay["tcr"] and lay["tt"] == tt and lay["cm"] == int(isinstance(tcr.tcr_layout(ex.device), tuple))
         mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
 
 
@@ -627,12 +623,8 @@ def test_tcr_refuses_what_it_cannot_take(ex, rng):
         g.op("HC_MIX_TCR", X, fw, **{**base, "split": 8, "groups": 4})
     with pytest.raises(ValueError, match="fn_split"):
         g.op("HC_MIX_TCR", g.input("X2", (70, 4, 64)), fw, **base)
-    with pytest.raises(ValueError, match="tt .* must be 1, 2 or 4, cm and pf 0 or 1, got tt 3, cm 0, pf 0"):
+    with pytest.raises(ValueError, match="tt .* must be 1, 2 or 4 and cm 0 or 1, got tt 3"):
         g.op("HC_MIX_TCR", X, fw, **{**base, "tt": 3})
-    with pytest.raises(ValueError, match="cm and pf 0 or 1, got tt 1, cm 0, pf 2"):
-        g.op("HC_MIX_TCR", X, fw, **{**base, "pf": 2})
-    with pytest.raises(ValueError, match="cm and pf 0 or 1, got tt 1, cm 0, pf True"):
-        g.op("HC_MIX_TCR", X, fw, **{**base, "pf": True})
     i = site_inputs(rng, 70, 128, m=24)
     big = {**base, "tt": 4}
     emulated_need = 4 * (256 * 24 + 256) + 16 * (4 * 256 + 3 * 128)        # C tiles and Σx², the emulation's A and B

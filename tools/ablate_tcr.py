@@ -4,7 +4,7 @@ ablation, each in a subprocess with a copy of shaders/ whose lines are replaced 
 only the time is read): nomma (no matrix products), cheapsplit (hi = v·σ: the split's rounding left out),
 noxload (X not read: the token index instead).
 
-    . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH; python3 tools/ablate_tcr.py [NAME ...] [--tt=2] [--pf=1]
+    . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH; python3 tools/ablate_tcr.py [NAME ...] [--tt=2]
 """
 from ablation import line_reporter, main, run_tool
 
@@ -15,16 +15,15 @@ ABL = {
     "base": [],
     "nomma": NOMMA,
     "cheapsplit": CHEAP,
-    "noxload": [("hc_mix.comp", "vec4 v_ = x[xrow[tt][h] + (S) * p.x_ss + (CB) + j];",
-                 "vec4 v_ = vec4(float(xrow[tt][h] + (CB) + j));")],
+    "noxload": [("hc_mix.comp", "                    vec4 v = x[xrow[tt][h] + s * p.x_ss + cb + j];",
+                 "                    vec4 v = vec4(float(xrow[tt][h] + cb + j));")],
 }
 
 
 def child(name, flags):
-    knob = {k: next((f.split("=")[1] for f in flags if f.startswith(f"--{k}=")), d) for k, d in (("tt", "1"), ("pf", "0"))}
+    tt = next((f.split("=")[1] for f in flags if f.startswith("--tt=")), "1")
     run_tool("hc_tune.py", ["--ops", "HC_MIX", "--t", "4096", "--d", "4096", "--set", "mix.kernel=tcr",
-                            "--set", f"mix.tt={knob['tt']}", "--set", f"mix.pf={knob['pf']}", "--per-dispatch",
-                            *[f for f in flags if not f.startswith(("--tt=", "--pf="))]])
+                            "--set", f"mix.tt={tt}", "--per-dispatch", *[f for f in flags if not f.startswith("--tt=")]])
 
 
 report = line_reporter(["HC_MIX"])

@@ -12,13 +12,13 @@ from .kernels import (HC, N_MIX, as_f64, check_eps, check_fn_rows, check_layout_
                       mix_supported, post_launch, post_mix_groups, post_mix_split, reference_mix_partials,
                       reference_mixes, reference_post, require_support, site_supported, strides_in, vec4_ok)
 from .policy import HCUnsupported
-from .tcr import TCR_H200_LAYOUT, TCR_MIN_T, TCR_PF, TCR_SPLIT, TCR_TT, tc_tile_n, tcr_layout
+from .tcr import TCR_H200_LAYOUT, TCR_MIN_T, TCR_SPLIT, TCR_TT, tc_tile_n, tcr_layout
 from ..ops.base import Launch, OpDef, check_params, check_shape, grid_1d, pack_push, register
 
 
 # HC_MIX layout knobs (tools/hc_tune.py sweeps them); None: the rule of mix_layout.
 MIX_TUNING = {"wg": None, "groups": None, "split": None, "lpt": None, "tb": None, "tpl": None, "rh": None,
-              "kernel": None, "tt": None, "pf": None}
+              "kernel": None, "tt": None}
 MIX_KERNELS = ("token", "ksplit", "tc", "tcr")
 # Workgroups a mixes pass aims for (a few per compute unit of a large GPU; a CPU device runs
 # workgroups on its cores one after another, so a few suffice there).
@@ -96,7 +96,6 @@ def mix_layout(device, T, chunks, kernel=None):
         split = t["split"] or TCR_SPLIT
         lay = tcr_layout(device)
         return {"tcr": 1, "groups": -(-chunks // split), "split": split, "tt": t["tt"] or TCR_TT,
-                "pf": TCR_PF if t["pf"] is None else t["pf"],
                 "cm": int(isinstance(lay, tuple)), "layout": lay if isinstance(lay, tuple) else TCR_H200_LAYOUT}
     if kernel == "ksplit":
         lpt = t["lpt"] or 4

@@ -106,8 +106,6 @@ def tcr_probe(device):
 # H200), workgroups of 4 subgroups, 16-chunk steps of one stream; fn split once per call (HC_MIX_FN_SPLIT).
 TCR_TT = 2
 TCR_SPLIT = 32                          # chunks per stream and split (G = D / 128): 123.4 against 138.9 µs with 64
-# pf 1 (hc_mix.comp -D TCR_PF): each step's x loaded a step ahead, so its latency overlaps the products
-TCR_PF = 0
 TCR_MIN_T = 512                         # from this many tokens mix_layout picks TCR where the device runs it
 TCR_STEP_FLOATS = 64
 TCR_STEP_WORDS = 4 * 3 * 32 * 4         # per step of 64 floats: j, fn tile, lane, uvec4
@@ -223,7 +221,7 @@ class HcMixTcr(OpDef):
         X, fw = inputs
         check_shape("X", X.shape, (None, HC, None))
         check_unit_inner(self.name, "X", X)
-        check_params(self.name, params, ("m", "groups", "split", "tt", "cm", "layout", "norm_eps", "pf"))
+        check_params(self.name, params, ("m", "groups", "split", "tt", "cm", "layout", "norm_eps"))
         D = X.shape[2]
         _check_tcr_d(self.name, D)
         check_shape("fn_split", fw.shape, (tcr_words(D),))
@@ -234,10 +232,9 @@ class HcMixTcr(OpDef):
         if split % 16 or G != -(-(D // 4) // split):
             raise ValueError(f"{self.name}: split (chunks of 4 floats per stream) must be a multiple of 16 and groups "
                              f"= ceil({D // 4} / split), got split {split}, groups {G}")
-        if params.get("tt") not in (1, 2, 4) or any(params.get(k, 0) not in (0, 1) or isinstance(params.get(k), bool)
-                                                   for k in ("cm", "pf")):
-            raise ValueError(f"{self.name}: tt (16-token tiles a subgroup) must be 1, 2 or 4, cm and pf 0 or 1, "
-                             f"got tt {params.get('tt')!r}, cm {params.get('cm')!r}, pf {params.get('pf', 0)!r}")
+        if params.get("tt") not in (1, 2, 4) or params.get("cm") not in (0, 1) or isinstance(params.get("cm"), bool):
+            raise ValueError(f"{self.name}: tt (16-token tiles a subgroup) must be 1, 2 or 4 and cm 0 or 1, "
+                             f"got tt {params.get('tt')!r}, cm {params.get('cm')!r}")
         _check_tcr_layout(self.name, params.get("layout"))
         check_eps("norm_eps", params.get("norm_eps", 1e-6))
         return (X.shape[0], G, m + 1), "f32"
@@ -255,7 +252,7 @@ class HcMixTcr(OpDef):
         if need > device.caps.limits.max_shared_memory:
             raise HCUnsupported(f"{self.name}: tt = {tt} ({TCR_BLOCK * tt} tokens a workgroup) keeps {need} B in shared "
                                 f"memory, {device.name} has {device.caps.limits.max_shared_memory} B")
-        defines = {"VEC4": 1, "TC": 1, "TCR": 1, "CM_TT": tt} | ({"TCR_PF": 1} if pr.get("pf") else {})
+        defines = {"VEC4": 1, "TC": 1, "TCR": 1, "CM_TT": tt}
         if pr["cm"]:
             lay = tcr_layout(device)
             if isinstance(lay, str):
