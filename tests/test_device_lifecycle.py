@@ -269,6 +269,28 @@ def made_as_close_begins(dev):      # a buffer made by an uncounted caller: clos
         else:
             raise AssertionError("a buffer made as close() ran can still be written")
 
+def floor_measured_as_close_begins(dev):     # the floor tool's recorder: its command pool made as close() runs
+    from dsv4_vk.cli import floor
+    real = dev.create_command_pool
+    started = []
+    def create_command_pool():
+        if not started:
+            started.append(threading.Thread(target=dev.close))
+            started[0].start()
+            while not dev._closing:
+                time.sleep(0.001)
+            time.sleep(0.1)         # (close() goes on as far as it can: not past a counted call)
+        return real()
+    dev.create_command_pool = create_command_pool
+    try:
+        floor.submit_roundtrip_us(dev, replays=2)
+    except dv.DeviceClosed:
+        pass
+    else:
+        raise AssertionError("a measurement overtaken by close() completed")
+    started[0].join(60)
+    assert dev.closed
+
 def kept_block(dev):                # KEEP_BLOCKS: an emptied shared block stays allocated until close()
     memory.KEEP_BLOCKS = True
     try:
@@ -288,12 +310,14 @@ for case in sys.argv[1:]:
 
 
 @pytest.mark.parametrize("case", ["dropped_before_close", "host_visible_tensor_dropped", "finalized_while_closing",
-                                  "released_while_closing", "made_as_close_begins", "kept_block"])
+                                  "released_while_closing", "made_as_close_begins", "floor_measured_as_close_begins",
+                                  "kept_block"])
 def test_close_destroys_every_buffer_and_memory(case):
     """close() destroys every VkBuffer and VkDeviceMemory, also those of buffers whose owners dropped
     them without destroying them (a program finalized or released just before or while close() runs:
     its mapped pair), of a buffer made by an uncounted caller as close() begins, and emptied blocks
-    kept for reuse."""
+    kept for reuse; a floor measurement whose recorder starts as close() begins ends in DeviceClosed
+    with nothing left behind (close() waits for it: no command pool made on a destroyed device)."""
     r = _run(LEFT_AT_CLOSE, 120, case, DSV4_VK_VALIDATION="1", DSV4_VK_FORCE_STAGING="1")
     assert r.returncode == 0, (r.returncode, r.stdout[-2000:], r.stderr[-6000:])
     assert r.stdout.strip() == f"ok {case}", r.stdout

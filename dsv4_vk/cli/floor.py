@@ -29,15 +29,18 @@ GPU_COPY_BYTES = 1 << 30        # far beyond any GPU's L2, so the copy reads DRA
 
 @contextlib.contextmanager
 def _scratch(device, nbytes, fill=None):
-    """A buffer that lives for the measurement only (its cached descriptor sets go with it)."""
-    buf = Buffer(device, nbytes)
-    try:
-        if fill is not None:
-            buf.write(fill)
-        yield buf
-    finally:
-        device.pipelines.forget_buffer(buf)
-        buf.destroy()
+    """A buffer that lives for the measurement only (its cached descriptor sets go with it). The
+    measurement is a counted call (device.in_use): close() waits for it before destroying the
+    recorder's command pool under it, and a measurement that close() overtakes raises DeviceClosed."""
+    with device.in_use:
+        buf = Buffer(device, nbytes)
+        try:
+            if fill is not None:
+                buf.write(fill)
+            yield buf
+        finally:
+            device.pipelines.forget_buffer(buf)
+            buf.destroy()
 
 
 @contextlib.contextmanager
@@ -198,8 +201,9 @@ class ClockWarmer:
         self.device, self.ms, self._bufs, self._rec = device, float(ms), [], None
         if self.ms <= 0:
             return
-        self._bufs = [Buffer(device, nbytes), Buffer(device, nbytes)]
-        self._rec = _copies(device, *self._bufs, nbytes, copies).finish()
+        with device.in_use:             # (counted, as _scratch: the recorder's pool is made here)
+            self._bufs = [Buffer(device, nbytes), Buffer(device, nbytes)]
+            self._rec = _copies(device, *self._bufs, nbytes, copies).finish()
 
     def __call__(self):
         if self._rec is None:

@@ -141,7 +141,10 @@ class Recording:
 
 
 class Recorder:
-    """Records dispatches into one command buffer. Use `dispatch(...)` then `finish()`."""
+    """Records dispatches into one command buffer. Use `dispatch(...)` then `finish()`. Record inside a
+    counted call (`with device.in_use:`, as the executor, the TCR probe and the floor measurements
+    do): close() waits only for counted calls, so a recorder outside one may find its device's
+    handles destroyed under it."""
 
     def __init__(self, device, timestamps=False):
         device.check_open()
