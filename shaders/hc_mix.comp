@@ -161,6 +161,9 @@ layout(push_constant) uniform P {
     uint f_off, f_sj;
     uint o_off, o_st, o_s2;
     uint tb;                                   // KSPLIT: tokens per workgroup
+#if defined(TCR) && !defined(PROBE) && !defined(FNSPLIT)
+    uint zero;                                 // 0 (tcr_split)
+#endif
 #if defined(POST)
     uint s_off, s_st;                          // f (the sublayer's output), in chunks
     uint pw_off, pw_st, pw_sd, cw_off, cw_st, cw_ss, cw_sd;
@@ -440,6 +443,17 @@ shared float sq[TW];
 shared uint ea[4u * TT * 256u], eb[4u * 3u * 128u];
 #define H16 float
 #endif
+// x·σ split into fp16 hi and lo = (x·σ − hi)·2¹¹ as packHalf2x16 words (floats 0, 1 | 2, 3): hi is the
+// conversion's own rounding, read back through p.zero (0 at run time) so that the compiler cannot fold
+// f32(f16(a)) to a (split16's trouble). About 5 operations a float against split16's 12 and its two
+// conversions; the products see the same hi + 2⁻¹¹·lo to fp32's rounding.
+void tcr_split(vec4 v, out uvec2 hb, out uvec2 lb) {
+    vec4 a = v * X_SIGMA;
+    hb = uvec2(packHalf2x16(a.xy), packHalf2x16(a.zw));
+    vec4 hi = vec4(unpackHalf2x16(hb.x ^ p.zero), unpackHalf2x16(hb.y ^ p.zero));
+    vec4 lo = (a - hi) * LO;
+    lb = uvec2(packHalf2x16(lo.xy), packHalf2x16(lo.zw));
+}
 void main() {
     uint g = flat_group();
     uint block = g / p.G, split = g % p.G;
@@ -508,18 +522,16 @@ void main() {
                     vec4 a0 = xv[tt][0][j], a1 = xv[tt][1][j];
                     ssq[tt][0] += dot(a0, a0);
                     ssq[tt][1] += dot(a1, a1);
-                    vec4 h0, l0, h1, l1;
-                    split16(a0, X_SIGMA, h0, l0);
-                    split16(a1, X_SIGMA, h1, l1);
+                    uvec2 hb[2], lb[2];
+                    tcr_split(a0, hb[0], lb[0]);
+                    tcr_split(a1, hb[1], lb[1]);
                     // element e: row gq + 8·A_H(e) (a0 or a1), float A_F(e) of its chunk
-                    H16 ah[8], al[8];
-                    [[unroll]] for (uint e = 0u; e < 8u; ++e) {
-                        ah[e] = H16(A_H(e) == 0u ? h0[A_F(e)] : h1[A_F(e)]);
-                        al[e] = H16(A_H(e) == 0u ? l0[A_F(e)] : l1[A_F(e)]);
-                    }
 #if defined(CM_NV)
                     MAT_A mh, ml;
-                    [[unroll]] for (uint e = 0u; e < 8u; ++e) { mh[e] = ah[e]; ml[e] = al[e]; }
+                    [[unroll]] for (uint e = 0u; e < 8u; ++e) {
+                        mh[e] = unpackFloat2x16(hb[A_H(e)][A_F(e) >> 1u])[A_F(e) & 1u];
+                        ml[e] = unpackFloat2x16(lb[A_H(e)][A_F(e) >> 1u])[A_F(e) & 1u];
+                    }
                     [[unroll]] for (uint n = 0u; n < 3u; ++n) {
                         if (8u * n >= M) break;
                         c1[tt][n] = coopMatMulAddNV(mh, bh[n], c1[tt][n]);
@@ -528,7 +540,9 @@ void main() {
                     }
 #else
                     [[unroll]] for (uint e = 0u; e < 8u; ++e) {
-                        ea[(grp * TT + tt) * 256u + (gq + 8u * A_H(e)) * 16u + 2u * q + KK(A_F(e))] = packHalf2x16(vec2(ah[e], al[e]));
+                        vec2 h = unpackHalf2x16(hb[A_H(e)][A_F(e) >> 1u]), l = unpackHalf2x16(lb[A_H(e)][A_F(e) >> 1u]);
+                        ea[(grp * TT + tt) * 256u + (gq + 8u * A_H(e)) * 16u + 2u * q + KK(A_F(e))] =
+                            packHalf2x16(vec2(h[A_F(e) & 1u], l[A_F(e) & 1u]));
                     }
 #endif
                 }

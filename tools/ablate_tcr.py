@@ -2,6 +2,7 @@
 --ops HC_MIX --t 4096 --d 4096 --set mix.kernel=tcr --set mix.tt=TT --per-dispatch` once per
 ablation, each in a subprocess with a copy of shaders/ whose lines are replaced (results wrong on purpose:
 only the time is read): nomma (no matrix products), cheapsplit (hi = v·σ: the split's rounding left out),
+oldsplit (x split by split16's integer rounding, the form before tcr_split: correct, for comparison),
 noxload (X not read: the token index instead).
 
     . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH; python3 tools/ablate_tcr.py [NAME ...] [--tt=2]
@@ -10,11 +11,20 @@ from ablation import line_reporter, main, run_tool
 
 NOMMA = [("hc_mix.comp", f"                        {acc} = coopMatMulAddNV({a}, {b}[n], {acc});", "")
          for acc, a, b in (("c1[tt][n]", "mh", "bh"), ("c2[tt][n]", "mh", "bl"), ("c2[tt][n]", "ml", "bh"))]
-CHEAP = [("hc_mix.comp", "    hi = mix(normal, sub, lessThan(abs(a), vec4(1.0 / 16384.0)));", "    hi = a;")]
+CHEAP = [("hc_mix.comp", "    vec4 hi = vec4(unpackHalf2x16(hb.x ^ p.zero), unpackHalf2x16(hb.y ^ p.zero));", "    vec4 hi = a;")]
+# x split as before tcr_split (split16's integer rounding, then each part converted)
+OLDSPLIT = [("hc_mix.comp", "void tcr_split(vec4 v, out uvec2 hb, out uvec2 lb) {\n", """void tcr_split(vec4 v, out uvec2 hb, out uvec2 lb) {
+    vec4 h_, l_;
+    split16(v, X_SIGMA, h_, l_);
+    hb = uvec2(packHalf2x16(h_.xy), packHalf2x16(h_.zw));
+    lb = uvec2(packHalf2x16(l_.xy), packHalf2x16(l_.zw));
+    return;
+""")]
 ABL = {
     "base": [],
     "nomma": NOMMA,
     "cheapsplit": CHEAP,
+    "oldsplit": OLDSPLIT,
     "noxload": [("hc_mix.comp", "                    vec4 v = x[xrow[tt][h] + s * p.x_ss + cb + j];",
                  "                    vec4 v = vec4(float(xrow[tt][h] + cb + j));")],
 }

@@ -262,7 +262,7 @@ class HcMixTcr(OpDef):
             defines.update(CM_NV=1, CM_N=8)
         push = pack_push(T, D // 4, pr["split"], pr["groups"], 1.0 / (HC * D), check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
                          X.offset // 4, *strides_in(X, 4), fw.offset // 4, 0, out.offset, out.strides[0], out.strides[1],
-                         TCR_BLOCK * tt)
+                         TCR_BLOCK * tt, 0)
         return [Launch("hc_mix", [X, fw, out], (2,), push, grid_1d(-(-T // (TCR_BLOCK * tt)) * pr["groups"], 1),
                        defines=defines, spec=(TCR_WG, m, *pr["layout"]), full_subgroups=bool(pr["cm"]))]
 
