@@ -3,6 +3,7 @@
 ablation, each in a subprocess with a copy of shaders/ whose lines are replaced (results wrong on purpose:
 only the time is read): nomma (no matrix products), cheapsplit (hi = v·σ: the split's rounding left out),
 oldsplit (x split by split16's integer rounding, the form before tcr_split: correct, for comparison),
+fnperj (fn's words loaded per 16-deep product: correct, a candidate),
 noxload (X not read: the token index instead).
 
     . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH; python3 tools/ablate_tcr.py [NAME ...] [--tt=2]
@@ -20,11 +21,19 @@ OLDSPLIT = [("hc_mix.comp", "void tcr_split(vec4 v, out uvec2 hb, out uvec2 lb) 
     lb = uvec2(packHalf2x16(l_.xy), packHalf2x16(l_.zw));
     return;
 """)]
+# fn's words loaded per 16-deep product j (3 uvec4 live instead of 12: registers for more warps)
+FNPERJ = [("hc_mix.comp", """            uvec4 fv[4][3];
+            uint fb""", "            uint fb"),
+          ("hc_mix.comp", """            [[unroll]] for (uint j = 0u; j < 4u; ++j) [[unroll]] for (uint n = 0u; n < 3u; ++n)
+                fv[j][n] = fnp[fb + (j * 3u + n) * 32u];
+""", ""),
+          ("hc_mix.comp", "                    uvec4 b = fv[j][n];", "                    uvec4 b = fnp[fb + (j * 3u + n) * 32u];")]
 ABL = {
     "base": [],
     "nomma": NOMMA,
     "cheapsplit": CHEAP,
     "oldsplit": OLDSPLIT,
+    "fnperj": FNPERJ,
     "noxload": [("hc_mix.comp", "                    vec4 v = x[xrow[tt][h] + s * p.x_ss + cb + j];",
                  "                    vec4 v = vec4(float(xrow[tt][h] + cb + j));")],
 }
