@@ -174,8 +174,31 @@ def test_info_names_the_mixes_kernel_for_many_tokens():
     assert line.startswith("HC_MIX        many tokens: KSPLIT (TCR needs VK_NV_cooperative_matrix's 16 × 8 × 16"), line
     r = subprocess.run([sys.executable, "-m", "dsv4_vk", "info", "--json"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=120)
-    mix = json.loads(r.stdout)["hc_mix"]
+    rep = json.loads(r.stdout)
+    mix = rep["hc_mix"]
     assert mix["kernel"] == "ksplit" and "cooperative_matrix" in mix["tcr"], mix
+    # without TCR the post carries at every T (lavapipe: the site path at decode, KSPLIT's carry past it)
+    assert rep["hc_carry"] == {"D": 4096, "1-8": True, "9-511": True, ">=512": True}, rep["hc_carry"]
+
+
+def test_info_says_where_the_post_carries_the_mixes(device, monkeypatch):
+    """info's carry line follows hc.carries: on a GPU whose mixes run on TCR the prefill carry stops at
+    TCR_MIN_T (faked here: lavapipe has no cooperative matrices)."""
+    import dataclasses
+    from dsv4_vk.cli import info
+    from dsv4_vk.hc import mix_kernels, tcr
+    sg = dataclasses.replace(device.caps.subgroup, operations=("basic", "arithmetic", "shuffle"),
+                             full_subgroups=True, min_size=32, max_size=32)
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", subgroup=sg))
+    monkeypatch.setattr(mix_kernels, "tcr_layout", lambda dev: tcr.TCR_H200_LAYOUT)
+    hc_policy.clear()
+    try:
+        assert info.carry_summary(device) == {"D": 4096, "1-8": True, "9-511": True, ">=512": False}
+        assert info.carry_summary(device, D=4100)[">=512"]             # 1025 chunks: no TCR, the carry runs
+        line = info._human(info.report(device)).splitlines()[-1]
+    finally:
+        hc_policy.clear()
+    assert line == "HC_POST_MIX   the post carries the next site's mixes (D = 4096) at T 1-8: yes, 9-511: yes, >=512: no", line
 
 
 @pytest.mark.parametrize("name", HC_ENV[:5])

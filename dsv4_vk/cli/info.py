@@ -17,9 +17,19 @@ def report(dev):
         lay = tcr_layout(dev)               # (a probe dispatch where the device has the shapes)
         out["hc_mix"] = ({"kernel": "tcr", "from_tokens": TCR_MIN_T, "layout": list(lay)} if isinstance(lay, tuple)
                          else {"kernel": "ksplit", "tcr": lay})
+        out["hc_carry"] = carry_summary(dev)
     except ImportError:
         pass
     return out
+
+
+def carry_summary(dev, D=4096):
+    """Where a site's post carries the next site's mixes (hc.carries, policy defaults) at hidden size D:
+    at decode (T ≤ CARRY_MAX_T), past it below TCR_MIN_T, and from TCR_MIN_T tokens."""
+    from ..hc import CARRY_MAX_T, carries
+    from ..hc.tcr import TCR_MIN_T
+    spans = {f"1-{CARRY_MAX_T}": 1, f"{CARRY_MAX_T + 1}-{TCR_MIN_T - 1}": CARRY_MAX_T + 1, f">={TCR_MIN_T}": TCR_MIN_T}
+    return {"D": D, **{span: carries(dev, None, T, D) for span, T in spans.items()}}
 
 
 def _human(rep):
@@ -48,6 +58,10 @@ def _human(rep):
         lines.append("HC_MIX        " + (f"many tokens: TCR from {mix['from_tokens']} tokens (tensor cores, element layout "
                                         f"{tuple(mix['layout'])})" if mix["kernel"] == "tcr"
                                         else f"many tokens: KSPLIT (TCR {mix['tcr']})"))
+    carry = rep.get("hc_carry")
+    if carry:
+        lines.append(f"HC_POST_MIX   the post carries the next site's mixes (D = {carry['D']}) at T " +
+                     ", ".join(f"{span}: {'yes' if on else 'no'}" for span, on in carry.items() if span != "D"))
     return "\n".join(lines)
 
 
