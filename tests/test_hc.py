@@ -476,12 +476,12 @@ def test_many_tokens_mixes_on_a_gpu_take_ksplit_only_with_shuffles(env, device, 
     assert hc.carries(device, None, 4096, 4096) == (kernel == "ksplit")
 
 
-@pytest.mark.parametrize("mode", [None, True, False])
+@pytest.mark.parametrize("mode", [None, True, False, 1, 0])
 def test_prefill_carry_leaves_tcr_mixes_to_the_next_site(env, device, monkeypatch, mode):
     """PREFILL_CARRY["prefill"] None (auto): a GPU whose mixes of many tokens run on TCR keeps the
     post plain there and the next site runs HC_MIX_FN_SPLIT + HC_MIX_TCR; below TCR_MIN_T, or where D
     has no whole 16-chunk steps, the post carries (KSPLIT). True carries everywhere past CARRY_MAX_T,
-    False nowhere; anything else is refused by name. (The graphs are built, not run: lavapipe has no
+    False nowhere (1 and 0, as tools/hc_tune.py sets them, the same); anything else is refused by name. (The graphs are built, not run: lavapipe has no
     cooperative matrices, so the H200's layout is faked.)"""
     import dataclasses
     from dsv4_vk.hc import mix_kernels, tcr
@@ -491,7 +491,8 @@ def test_prefill_carry_leaves_tcr_mixes_to_the_next_site(env, device, monkeypatc
     monkeypatch.setattr(mix_kernels, "tcr_layout", lambda dev: tcr.TCR_H200_LAYOUT)
     monkeypatch.setitem(hc.composite.PREFILL_CARRY, "prefill", mode)
     big, small = mix_kernels.TCR_MIN_T, mix_kernels.TCR_MIN_T - 1
-    expect = {None: (False, True, True), True: (True, True, True), False: (False, False, False)}[mode]
+    expect = {None: (False, True, True), True: (True, True, True), False: (False, False, False)}[
+        None if mode is None else bool(mode)]
     assert (hc.carries(device, None, big, 4096), hc.carries(device, None, small, 4096),
             hc.carries(device, None, big, 4100)) == expect          # 4100: 1025 chunks, no TCR
     assert hc.carries(device, None, 1, 4096)                           # decode carries in every mode
@@ -508,9 +509,10 @@ def test_prefill_carry_leaves_tcr_mixes_to_the_next_site(env, device, monkeypatc
     assert (carry is not None, ops.count("HC_POST_MIX")) == ((True, 1) if expect[0] else (False, 0)), ops
     assert ops.count("HC_MIX_TCR") == 1, ops                           # this site's own mixes: TCR
 
-    monkeypatch.setitem(hc.composite.PREFILL_CARRY, "prefill", "yes")
-    with pytest.raises(ValueError, match=r"PREFILL_CARRY\['prefill'\] must be None \(auto\), True or False, got 'yes'"):
-        hc.carries(device, None, big, 4096)
+    for bad in ("yes", 2, 0.5):
+        monkeypatch.setitem(hc.composite.PREFILL_CARRY, "prefill", bad)
+        with pytest.raises(ValueError, match=rf"PREFILL_CARRY\['prefill'\] must be None \(auto\), True or False, got {bad!r}"):
+            hc.carries(device, None, big, 4096)
 
 
 def test_mixes_layout_errors_name_the_parameter(device, monkeypatch):

@@ -2,9 +2,9 @@
 bytes. Knobs are entries of the tuning tables: slice.* = hc.kernels.SLICE_TUNING (HC_PRE, HC_POST,
 HC_SITE: workgroup size, chunks per invocation), mix.* = hc.mix_kernels.MIX_TUNING (HC_MIX kernels:
 workgroup size, D splits, KSPLIT split, lpt, tb, tpl, kernel), site.* = hc.composite.SITE_TUNING (HC_POST_MIX
-workgroup), carry.prefill / carry.kernel / carry.tb / carry.lpt / carry.tpl = hc.composite.PREFILL_CARRY (0/1:
-HC_SITE past 8 tokens with the post carrying the next mixes; ksplit/tc: the kernel of that carry; KSPLIT's
-layout for it on GPUs).
+workgroup), carry.prefill / carry.kernel / carry.tb / carry.lpt / carry.tpl = hc.composite.PREFILL_CARRY (0/1/auto:
+HC_SITE past 8 tokens with the post carrying the next mixes never, wherever it can, or where the next
+mixes do not run on TCR; ksplit/tc: the kernel of that carry; KSPLIT's layout for it on GPUs).
 Every combination of the given values is timed (median of --replays, after a clock warm-up).
 --per-dispatch adds, per row, each dispatch's own GPU time (a second recording with a timestamp
 after every dispatch, which serialises them: the parts, not the whole).
@@ -13,7 +13,7 @@ after every dispatch, which serialises them: the parts, not the whole).
     python3 tools/hc_tune.py --ops HC_MIX --t 512,4096 --d 4096 --set mix.split=0,16 --set mix.lpt=1,2,4
     python3 tools/hc_tune.py --ops HC_MIX,HC_SITE --t 512,4096 --d 4096 --set mix.split=16 --set mix.tpl=1,2
     python3 tools/hc_tune.py --ops HC_SITE --t 1 --d 4096 --set site.post_wg=32,64,128 --set slice.wg=64,256
-    python3 tools/hc_tune.py --ops HC_SITE --t 512,4096 --d 4096 --set carry.prefill=0,1 --per-dispatch
+    python3 tools/hc_tune.py --ops HC_SITE --t 512,4096 --d 4096 --site-path three-op --set carry.prefill=auto,0,1 --per-dispatch
 """
 import argparse
 import itertools

@@ -413,9 +413,9 @@ def carries(device, fused, T, D, site=None):
     if T <= CARRY_MAX_T:
         return choice.fused
     mode = PREFILL_CARRY["prefill"]
-    if mode not in (None, True, False):
+    if mode is not None and (not isinstance(mode, int) or mode not in (0, 1)):    # (bool is an int: 0/1 as tools set it)
         raise ValueError(f"PREFILL_CARRY['prefill'] must be None (auto), True or False, got {mode!r}")
-    if mode is False or fused is False:
+    if (mode is not None and not mode) or fused is False:
         return False
     if mode is None and mix_kernels.mix_layout(device, T, D // 4 if D % 4 == 0 else D).get("tcr"):
         return False
