@@ -436,12 +436,10 @@ shared float sq[TW];
 #define MAT_A fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
 #define MAT_B fcoopmatNV<16, gl_ScopeSubgroup, 16, 8>
 #define MAT_C fcoopmatNV<32, gl_ScopeSubgroup, 16, 8>
-#define H16 float16_t
 #else
 // the emulation's matrices: per 32-invocation group A (hi, lo) of each tile, B (hi, lo) of each fn tile
 // (hi, lo) as one packHalf2x16 word: the rounding to fp16 the matrices' elements have
 shared uint ea[4u * TT * 256u], eb[4u * 3u * 128u];
-#define H16 float
 #endif
 // x·σ split into fp16 hi and lo = (x·σ − hi)·2¹¹ as packHalf2x16 words (floats 0, 1 | 2, 3): hi is the
 // conversion's own rounding, read back through p.zero (0 at run time) so that the compiler cannot fold

@@ -187,8 +187,10 @@ SITE_TUNING = {"post_wg": 64, "site_wg": 64}
 # KSPLIT's splits of 16 chunks (mix_kernels.KSPLIT_S; 32 were slower, also for the carry).
 # "prefill" None (auto): not where the next site's mixes run on TCR (mix_kernels.mix_layout, T ≥ TCR_MIN_T
 # with the device's probed layout), whose HC_MIX reads X again in less time than the carry adds to the
-# post: H200, T = D = 4096, the post 142.6 µs alone against 294.9 carrying, TCR's mixes 123.4 µs
-# (results/h200/hc_tune_carry_h200.txt, hc_tune_tcr_h200.txt). True: carry wherever it can; False: never.
+# post: H200, T = D = 4096, the site 347.5 against 387.5 µs (HC_POST 143.2 and TCR's mixes 128.7 against
+# the carrying post's 295.2 and its reduction 14.2), D = 7168 579.1 against 642.9, T = 512 67.5 / 97.8
+# against 70.1 / 115.5 (results/h200/hc_tune_carry_tcr_h200.txt). True (1): carry wherever it can;
+# False (0): never.
 PREFILL_CARRY = {"prefill": None, "kernel": "ksplit", "tb": 128, "lpt": 2, "tpl": 1, "rh": 1}
 CARRY_KERNELS = ("ksplit", "tc")
 
