@@ -481,8 +481,9 @@ def test_prefill_carry_leaves_tcr_mixes_to_the_next_site(env, device, monkeypatc
     """PREFILL_CARRY["prefill"] None (auto): a GPU whose mixes of many tokens run on TCR keeps the
     post plain there and the next site runs HC_MIX_FN_SPLIT + HC_MIX_TCR; below TCR_MIN_T, or where D
     has no whole 16-chunk steps, the post carries (KSPLIT). True carries everywhere past CARRY_MAX_T,
-    False nowhere (1 and 0, as tools/hc_tune.py sets them, the same); anything else is refused by name. (The graphs are built, not run: lavapipe has no
-    cooperative matrices, so the H200's layout is faked.)"""
+    False nowhere (1 and 0, as tools/hc_tune.py sets them, the same); anything else is refused by
+    name. (The graphs are built, not run: lavapipe has no cooperative matrices, so the H200's layout
+    is faked.)"""
     import dataclasses
     from dsv4_vk.hc import mix_kernels, tcr
     sg = dataclasses.replace(device.caps.subgroup, operations=("basic", "arithmetic", "shuffle"),

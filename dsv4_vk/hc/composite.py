@@ -210,11 +210,15 @@ def carry_split_chunks(T: int, D: int) -> int:
     return mix_kernels.TC_SPLIT if _prefill_carry_kernel(D % 4 == 0) == "tc" else mix_kernels.KSPLIT_S
 
 
+def _contiguous_chunks(D: int) -> int:
+    """Chunks per stream of a contiguous hidden size D: vec4 chunks where D allows, else floats."""
+    return D // 4 if D % 4 == 0 else D
+
+
 def carry_splits(T: int, D: int) -> int:
     """The number of D splits G in the mixes partials [T, G, m + 1] that a post carries at T tokens
     of contiguous hidden size D (chunks of 4 floats where D allows)."""
-    chunks = D // 4 if D % 4 == 0 else D
-    return -(-chunks // carry_split_chunks(T, D))
+    return -(-_contiguous_chunks(D) // carry_split_chunks(T, D))
 
 
 def _mix_partials(g, X, fn, device):
@@ -419,7 +423,7 @@ def carries(device, fused, T, D, site=None):
         raise ValueError(f"PREFILL_CARRY['prefill'] must be None (auto), True or False, got {mode!r}")
     if (mode is not None and not mode) or fused is False:
         return False
-    if mode is None and mix_kernels.mix_layout(device, T, D // 4 if D % 4 == 0 else D).get("tcr"):
+    if mode is None and mix_kernels.mix_layout(device, T, _contiguous_chunks(D)).get("tcr"):
         return False
     return (choice.fused or choice.variant == hc_policy.THREE_OP) and mix_supported(device) is None \
         and hc_policy.choose("HC_POST", device, fused).fused and hc_policy.choose("HC_COMB", device, fused).fused \
