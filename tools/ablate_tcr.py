@@ -6,7 +6,7 @@ oldsplit (x split by split16's integer rounding, the form before tcr_split: corr
 fnperj (fn's words loaded per 16-deep product: correct, a candidate),
 noxload (X not read: the token index instead).
 
-    . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH; python3 tools/ablate_tcr.py [NAME ...] [--tt=2]
+    . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH; python3 tools/ablate_tcr.py [NAME ...] [--tt=2] [--t=4096] [--d=4096]
 """
 from ablation import line_reporter, main, run_tool
 
@@ -28,21 +28,65 @@ FNPERJ = [("hc_mix.comp", """            uvec4 fv[4][3];
                 fv[j][n] = fnp[fb + (j * 3u + n) * 32u];
 """, ""),
           ("hc_mix.comp", "                    uvec4 b = fv[j][n];", "                    uvec4 b = fnp[fb + (j * 3u + n) * 32u];")]
+# x read as chunk q + 4j (4 lanes of a token: 64 contiguous bytes per load) instead of 4q + j (fn's
+# words left as they are: wrong values, the time of the coalesced form)
+COAL = [("hc_mix.comp", "    tcr_load(xv, xrow, xlive, c_begin + 4u * q);", "    tcr_load(xv, xrow, xlive, c_begin + q);"),
+        ("hc_mix.comp", "c_begin + 16u * nss + 4u * q);", "c_begin + 16u * nss + q);"),
+        ("hc_mix.comp", "            vec4 v = x[xrow[tt][h] + c + j];", "            vec4 v = x[xrow[tt][h] + c + 4u * j];")]
+# every workgroup's fn words from the same step (6 KiB in every L1): the cost of fn's traffic
+FNSAME = [("hc_mix.comp", "            uint fb = p.f_off + (s * (p.chunks / 16u) + c_begin / 16u + ss) * 384u + lane;",
+           "            uint fb = p.f_off + lane;")]
+# partials stored [G, T, m+1] (a permuted view): TCR writes a workgroup's tokens contiguously, REDUCE's
+# lanes read consecutive floats
+PART_T = ([], """
+import dsv4_vk.hc.mix_kernels as mk
+def mix_partials(g, X, fn, layout):
+    if not layout.get("tcr"):
+        return g.op("HC_MIX_PART", X, fn, **layout)
+    lay = {k: v for k, v in layout.items() if k != "tcr"}
+    fw = g.op("HC_MIX_FN_SPLIT", fn, layout=lay["layout"])
+    out = g.empty((lay["groups"], X.shape[0], fn.shape[0] + 1), "f32").permute(1, 0, 2)
+    return g.op("HC_MIX_TCR", X, fw, m=fn.shape[0], out=out, **lay)
+mk.mix_partials = mix_partials
+""")
+# x loaded straight into the registers each step multiplies (the form before the staging through shared
+# memory: each step's loads wait out their latency before its products)
+UNSTAGED = [("hc_mix.comp", """    vec4 xv[TT][2][4];                          // the next step's x, in flight during this step's products
+    tcr_load(xv, xrow, xlive, c_begin + 4u * q);
+""", ""),
+            ("hc_mix.comp", """            [[unroll]] for (uint tt = 0u; tt < TT; ++tt) [[unroll]] for (uint h = 0u; h < 2u; ++h)
+                [[unroll]] for (uint j = 0u; j < 4u; ++j) XST(tt, h, j) = xv[tt][h][j];
+            if (ss + 1u < n_ss || s < 3u) {     // workgroup-uniform
+                uint ns = ss + 1u < n_ss ? s : s + 1u, nss = ss + 1u < n_ss ? ss + 1u : 0u;
+                tcr_load(xv, xrow, xlive, ns * p.x_ss + c_begin + 16u * nss + 4u * q);
+            }
+""", """            vec4 xv[TT][2][4];
+            tcr_load(xv, xrow, xlive, s * p.x_ss + c_begin + 16u * ss + 4u * q);
+"""),
+            ("hc_mix.comp", "vec4 a0 = XST(tt, 0u, j), a1 = XST(tt, 1u, j);", "vec4 a0 = xv[tt][0][j], a1 = xv[tt][1][j];"),
+            ("hc_mix.comp", "shared vec4 xst[4u * TT * 8u * 32u];", "shared vec4 xst[TW];")]
 ABL = {
     "base": [],
     "nomma": NOMMA,
     "cheapsplit": CHEAP,
     "oldsplit": OLDSPLIT,
     "fnperj": FNPERJ,
-    "noxload": [("hc_mix.comp", "                    vec4 v = x[xrow[tt][h] + s * p.x_ss + cb + j];",
-                 "                    vec4 v = vec4(float(xrow[tt][h] + cb + j));")],
+    "unstaged": UNSTAGED,
+    "coal": COAL,
+    "fnsame": FNSAME,
+    "coal_fnsame": COAL + FNSAME,
+    "part_t": PART_T,
+    "coal_part_t": (COAL, PART_T[1]),
+    "noxload": [("hc_mix.comp", "            vec4 v = x[xrow[tt][h] + c + j];",
+                 "            vec4 v = vec4(float(xrow[tt][h] + c + j));")],
 }
 
 
 def child(name, flags):
-    tt = next((f.split("=")[1] for f in flags if f.startswith("--tt=")), "1")
-    run_tool("hc_tune.py", ["--ops", "HC_MIX", "--t", "4096", "--d", "4096", "--set", "mix.kernel=tcr",
-                            "--set", f"mix.tt={tt}", "--per-dispatch", *[f for f in flags if not f.startswith("--tt=")]])
+    opt = {k: v for k, v in (f[2:].split("=", 1) for f in flags if f.startswith(("--tt=", "--t=", "--d=")))}
+    rest = [f for f in flags if not f.startswith(("--tt=", "--t=", "--d="))]
+    run_tool("hc_tune.py", ["--ops", "HC_MIX", "--t", opt.get("t", "4096"), "--d", opt.get("d", "4096"), "--set",
+                            "mix.kernel=tcr", "--set", f"mix.tt={opt.get('tt', '1')}", "--per-dispatch", *rest])
 
 
 report = line_reporter(["HC_MIX"])
