@@ -431,13 +431,7 @@ void main() {
 const uint TT = CM_TT;
 const uint TW = 64u * TT;                       // tokens per workgroup
 shared float ct[TW * 24u];                      // C1 + 2⁻¹¹·C2: [token][24]
-// Each lane's x chunks of the step being multiplied, [group][tt][h][j][lane]: the next step's loads are
-// issued into registers before this step's products and stored here after them, so that a step's
-// memory latency overlaps the step before it for the registers of one step (a register prefetch
-// needs two: slower, results/h200/ablate_tcr_pf_h200.txt). Lane-private slots: no barrier. After the
-// loop the epilogue keeps Σx² in slot .x of the first TW.
-shared vec4 xst[4u * TT * 8u * 32u];
-#define XST(tt, h, j) xst[((grp * TT + (tt)) * 8u + 4u * (h) + (j)) * 32u + lane]
+shared float sq[TW];
 #if defined(CM_NV)
 #define MAT_A fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
 #define MAT_B fcoopmatNV<16, gl_ScopeSubgroup, 16, 8>
@@ -459,14 +453,6 @@ void tcr_split(vec4 v, out uvec2 hb, out uvec2 lb) {
     vec4 hi = vec4(unpackHalf2x16(hb.x ^ p.zero), unpackHalf2x16(hb.y ^ p.zero));
     vec4 lo = (a - hi) * LO;
     lb = uvec2(packHalf2x16(lo.xy), packHalf2x16(lo.zw));
-}
-// a step's x chunks of this lane: rows xrow (tokens past T read as zeros), chunks c + j of the row
-void tcr_load(out vec4 xv[TT][2][4], uint xrow[TT][2], bool xlive[TT][2], uint c) {
-    [[unroll]] for (uint tt = 0u; tt < TT; ++tt) [[unroll]] for (uint h = 0u; h < 2u; ++h)
-        [[unroll]] for (uint j = 0u; j < 4u; ++j) {
-            vec4 v = x[xrow[tt][h] + c + j];
-            xv[tt][h][j] = xlive[tt][h] ? v : vec4(0.0);
-        }
 }
 void main() {
     uint g = flat_group();
@@ -497,16 +483,15 @@ void main() {
         xrow[tt][h] = p.x_off + min(t, p.T - 1u) * p.x_st;
         ssq[tt][h] = 0.0;
     }
-    vec4 xv[TT][2][4];                          // the next step's x, in flight during this step's products
-    tcr_load(xv, xrow, xlive, c_begin + 4u * q);
     for (uint s = 0u; s < 4u; ++s) {
         for (uint ss = 0u; ss < n_ss; ++ss) {
+            uint cb = c_begin + 16u * ss + 4u * q;
+            vec4 xv[TT][2][4];
             [[unroll]] for (uint tt = 0u; tt < TT; ++tt) [[unroll]] for (uint h = 0u; h < 2u; ++h)
-                [[unroll]] for (uint j = 0u; j < 4u; ++j) XST(tt, h, j) = xv[tt][h][j];
-            if (ss + 1u < n_ss || s < 3u) {     // workgroup-uniform
-                uint ns = ss + 1u < n_ss ? s : s + 1u, nss = ss + 1u < n_ss ? ss + 1u : 0u;
-                tcr_load(xv, xrow, xlive, ns * p.x_ss + c_begin + 16u * nss + 4u * q);
-            }
+                [[unroll]] for (uint j = 0u; j < 4u; ++j) {
+                    vec4 v = x[xrow[tt][h] + s * p.x_ss + cb + j];
+                    xv[tt][h][j] = xlive[tt][h] ? v : vec4(0.0);
+                }
             // B's elements of this lane, split by -D FNSPLIT: fp16 (hi of elements 0, 1; hi 2, 3; lo 0, 1; lo 2, 3)
             uvec4 fv[4][3];
             uint fb = p.f_off + (s * (p.chunks / 16u) + c_begin / 16u + ss) * 384u + lane;
@@ -534,7 +519,7 @@ void main() {
 #endif
                 }
                 [[unroll]] for (uint tt = 0u; tt < TT; ++tt) {
-                    vec4 a0 = XST(tt, 0u, j), a1 = XST(tt, 1u, j);
+                    vec4 a0 = xv[tt][0][j], a1 = xv[tt][1][j];
                     ssq[tt][0] += dot(a0, a0);
                     ssq[tt][1] += dot(a1, a1);
                     uvec2 hb[2], lb[2];
@@ -580,7 +565,6 @@ void main() {
         }
     }
     // epilogue: C1, C2 to shared memory ([token][24]), Σx² summed over the 4 lanes of a row
-    barrier();                                  // every group is done with its staged x
     [[unroll]] for (uint tt = 0u; tt < TT; ++tt) {
         uint r = (tl0 + 16u * tt) * 24u;
         [[unroll]] for (uint n = 0u; n < 3u; ++n) {
@@ -596,14 +580,14 @@ void main() {
             float v = ssq[tt][h];
             v += subgroupShuffleXor(v, 1u);     // the 4 lanes of a row: aligned within any subgroup ≥ 4
             v += subgroupShuffleXor(v, 2u);
-            if (q == 0u) xst[tl0 + 16u * tt + gq + 8u * h].x = v;
+            if (q == 0u) sq[tl0 + 16u * tt + gq + 8u * h] = v;
         }
     }
     barrier();
     for (uint i = gl_LocalInvocationID.x; i < TW * (M + 1u); i += gl_WorkGroupSize.x) {
         uint tl = i / (M + 1u), j = i % (M + 1u), t = block * TW + tl;
         if (t >= p.T) continue;
-        float v = j < M ? ct[tl * 24u + j] / X_SIGMA : xst[tl].x;
+        float v = j < M ? ct[tl * 24u + j] / X_SIGMA : sq[tl];
         out_[p.o_off + t * p.o_st + split * p.o_s2 + j] = v;
     }
 }

@@ -19,40 +19,6 @@ from ablation import main
 # mix_kernels for the mixes kernels) told that no tensor allows them
 SCALAR = ("import dsv4_vk.hc.kernels as K, dsv4_vk.hc.mix_kernels as MK; "
           "K.vec4_ok = MK.vec4_ok = lambda D, tensors: False")
-# the Sinkhorn before the scaled form (hc_math.glsl): c itself normalised, its column sums by three
-# vec4 shuffles an iteration; the sink_* ablations below are variants of this form, applied after it
-SINK_SCALED = """vec4 hc_sinkhorn_rows4(vec4 l, float eps, uint n_iter) {
-    vec4 e = exp(l - max(max(l.x, l.y), max(l.z, l.w)));
-    vec4 R0 = e / hc_hsum(e) + eps;
-    vec4 R1 = subgroupShuffleXor(R0, 1u), R2 = subgroupShuffleXor(R0, 2u), R3 = subgroupShuffleXor(R0, 3u);
-    precise vec4 t = (R0 + R1) + (R2 + R3);
-    vec4 s = 1.0 / (t + eps), r = vec4(1.0);
-    for (uint it = 1u; it < n_iter; ++it) {
-        vec4 d = vec4(dot(R0, s), dot(R1, s), dot(R2, s), dot(R3, s));
-        r /= r * d + eps;
-        precise vec4 tc = (R0 * r.x + R1 * r.y) + (R2 * r.z + R3 * r.w);
-        s /= s * tc + eps;
-    }
-    return R0 * r.x * s;
-}
-"""
-SINK_SHUFFLED = """vec4 hc_col_sum4(vec4 v) {
-    vec4 a = subgroupShuffleXor(v, 1u), b = subgroupShuffleXor(v, 2u), c = subgroupShuffleXor(v, 3u);
-    return (v + a) + (b + c);
-}
-
-vec4 hc_sinkhorn_rows4(vec4 l, float eps, uint n_iter) {
-    vec4 e = exp(l - max(max(l.x, l.y), max(l.z, l.w)));
-    vec4 c = e / hc_hsum(e) + eps;
-    c /= hc_col_sum4(c) + eps;
-    for (uint it = 1u; it < n_iter; ++it) {
-        c /= hc_hsum(c) + eps;
-        c /= hc_col_sum4(c) + eps;
-    }
-    return c;
-}
-"""
-SHUFFLED = [("hc_math.glsl", SINK_SCALED, SINK_SHUFFLED)]
 SINK_HEAD = "vec4 hc_sinkhorn_rows4(vec4 l, float eps, uint n_iter) {"
 SINK_LOOP = "        c /= hc_hsum(c) + eps;\n        c /= hc_col_sum4(c) + eps;\n"
 NR_RCP = """#define HC_NR(r, x) r = r * (2.0 - (x) * r)
@@ -103,34 +69,25 @@ ABL = {
     "scalar_wg256": ([], SCALAR + "; import dsv4_vk.hc.composite as H; H.SITE_TUNING['post_wg'] = 256"),
     # the Sinkhorn's divisions: none (multiplied instead: the floor of their cost), or reciprocals by
     # three Newton steps from a bit-trick guess (FMAs only, no division subroutine)
-    "sink_shuffled": SHUFFLED,
-    # the scaled form's divisions multiplied instead (wrong on purpose: their cost); without precise
-    # (the column sums may contract into FMAs); its row dot products as two pairs
-    "scaled_nodiv": [("hc_math.glsl", "        r /= r * d + eps;", "        r *= r * d + eps;"),
-                     ("hc_math.glsl", "        s /= s * tc + eps;", "        s *= s * tc + eps;")],
-    "scaled_noprecise": [("hc_math.glsl", "        precise vec4 tc =", "        vec4 tc =")],
-    "scaled_tree": [("hc_math.glsl", "        vec4 d = vec4(dot(R0, s), dot(R1, s), dot(R2, s), dot(R3, s));",
-                     "        vec4 p0 = R0 * s, p1 = R1 * s, p2 = R2 * s, p3 = R3 * s;\n"
-                     "        vec4 d = vec4(hc_hsum(p0), hc_hsum(p1), hc_hsum(p2), hc_hsum(p3));")],
-    "sink_nodiv": SHUFFLED + [("hc_math.glsl", SINK_LOOP, SINK_LOOP.replace("/=", "*="))],
-    "sink_nr": SHUFFLED + [("hc_math.glsl", SINK_HEAD, NR_RCP + SINK_HEAD),
+    "sink_nodiv": [("hc_math.glsl", SINK_LOOP, SINK_LOOP.replace("/=", "*="))],
+    "sink_nr": [("hc_math.glsl", SINK_HEAD, NR_RCP + SINK_HEAD),
                 ("hc_math.glsl", SINK_LOOP, "        c *= hc_rcp(hc_hsum(c) + eps);\n        c *= hc_rcp(hc_col_sum4(c) + eps);\n")],
     # the Sinkhorn's loop unrolled for the bench's 20 iterations (wrong for others); its column sums
     # without shuffles (wrong on purpose: the floor of their cost)
-    "sink_unroll": SHUFFLED + [("hc_math.glsl", "    for (uint it = 1u; it < n_iter; ++it) {",
+    "sink_unroll": [("hc_math.glsl", "    for (uint it = 1u; it < n_iter; ++it) {",
                      "    [[unroll]] for (uint it = 1u; it < 20u; ++it) {")],
-    "sink_noshuf": SHUFFLED + [("hc_math.glsl", "    vec4 a = subgroupShuffleXor(v, 1u), b = subgroupShuffleXor(v, 2u), c = subgroupShuffleXor(v, 3u);",
+    "sink_noshuf": [("hc_math.glsl", "    vec4 a = subgroupShuffleXor(v, 1u), b = subgroupShuffleXor(v, 2u), c = subgroupShuffleXor(v, 3u);",
                      "    vec4 a = v * 0.5, b = v * 0.25, c = v * 0.125;")],
     # the loop's divisions as products with 1/|s| by inversesqrt(s·s) (one MUFU.RSQ, no division
     # subroutine; s > 0 here)
-    "sink_rsq": SHUFFLED + [("hc_math.glsl", SINK_LOOP,
+    "sink_rsq": [("hc_math.glsl", SINK_LOOP,
                   "        { float s = hc_hsum(c) + eps; c *= inversesqrt(s * s); }\n"
                   "        { vec4 s = hc_col_sum4(c) + eps; c *= inversesqrt(s * s); }\n")],
     # each lane also keeps its column of the matrix, so that a half-step's sums are local and only
     # the 4 scalar sums cross lanes (8 float shuffles an iteration instead of 3 vec4 = 12, but two
     # shuffle latencies instead of one); with the divisions as in sink_rsq too
-    "sink_tcopy": SHUFFLED + [("hc_math.glsl", SINK_FN, "#define RCP(x) (1.0 / (x))\n" + TCOPY_FN)],
-    "sink_tcopy_rsq": SHUFFLED + [("hc_math.glsl", SINK_FN, "#define RCP(x) inversesqrt((x) * (x))\n" + TCOPY_FN)],
+    "sink_tcopy": [("hc_math.glsl", SINK_FN, "#define RCP(x) (1.0 / (x))\n" + TCOPY_FN)],
+    "sink_tcopy_rsq": [("hc_math.glsl", SINK_FN, "#define RCP(x) inversesqrt((x) * (x))\n" + TCOPY_FN)],
     "post_nopostwrite": [("hc_post.comp", "o[p.o_off + t * p.o_st + c + d * p.o_sd] = r;", "")],
 }
 

@@ -3,8 +3,9 @@
 ablation, each in a subprocess with a copy of shaders/ whose lines are replaced (results wrong on purpose:
 only the time is read): nomma (no matrix products), cheapsplit (hi = v·σ: the split's rounding left out),
 oldsplit (x split by split16's integer rounding, the form before tcr_split: correct, for comparison),
-fnperj (fn's words loaded per 16-deep product: correct, a candidate),
-noxload (X not read: the token index instead).
+fnperj (fn's words loaded per 16-deep product: correct, a candidate), coal (each load instruction
+reading 64 contiguous bytes of a token), fnsame (every workgroup reading the same fn words), part_t
+(the partials stored split-major), noxload (X not read: the token index instead).
 
     . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH; python3 tools/ablate_tcr.py [NAME ...] [--tt=2] [--t=4096] [--d=4096]
 """
@@ -29,11 +30,11 @@ FNPERJ = [("hc_mix.comp", """            uvec4 fv[4][3];
 """, ""),
           ("hc_mix.comp", "                    uvec4 b = fv[j][n];", "                    uvec4 b = fnp[fb + (j * 3u + n) * 32u];")]
 # x read as chunk q + 4j (4 lanes of a token: 64 contiguous bytes per load) instead of 4q + j (fn's
-# words left as they are: wrong values, the time of the coalesced form)
-COAL = [("hc_mix.comp", "    tcr_load(xv, xrow, xlive, c_begin + 4u * q);", "    tcr_load(xv, xrow, xlive, c_begin + q);"),
-        ("hc_mix.comp", "c_begin + 16u * nss + 4u * q);", "c_begin + 16u * nss + q);"),
-        ("hc_mix.comp", "            vec4 v = x[xrow[tt][h] + c + j];", "            vec4 v = x[xrow[tt][h] + c + 4u * j];")]
-# every workgroup's fn words from the same step (6 KiB in every L1): the cost of fn's traffic
+# words left as they are: wrong values, the time of that access pattern)
+COAL = [("hc_mix.comp", "            uint cb = c_begin + 16u * ss + 4u * q;", "            uint cb = c_begin + 16u * ss + q;"),
+        ("hc_mix.comp", "                    vec4 v = x[xrow[tt][h] + s * p.x_ss + cb + j];",
+         "                    vec4 v = x[xrow[tt][h] + s * p.x_ss + cb + 4u * j];")]
+# every workgroup's fn words from the same step (6 KiB in every L1): what fn's traffic costs
 FNSAME = [("hc_mix.comp", "            uint fb = p.f_off + (s * (p.chunks / 16u) + c_begin / 16u + ss) * 384u + lane;",
            "            uint fb = p.f_off + lane;")]
 # partials stored [G, T, m+1] (a permuted view): TCR writes a workgroup's tokens contiguously, REDUCE's
@@ -49,36 +50,17 @@ def mix_partials(g, X, fn, layout):
     return g.op("HC_MIX_TCR", X, fw, m=fn.shape[0], out=out, **lay)
 mk.mix_partials = mix_partials
 """)
-# x loaded straight into the registers each step multiplies (the form before the staging through shared
-# memory: each step's loads wait out their latency before its products)
-UNSTAGED = [("hc_mix.comp", """    vec4 xv[TT][2][4];                          // the next step's x, in flight during this step's products
-    tcr_load(xv, xrow, xlive, c_begin + 4u * q);
-""", ""),
-            ("hc_mix.comp", """            [[unroll]] for (uint tt = 0u; tt < TT; ++tt) [[unroll]] for (uint h = 0u; h < 2u; ++h)
-                [[unroll]] for (uint j = 0u; j < 4u; ++j) XST(tt, h, j) = xv[tt][h][j];
-            if (ss + 1u < n_ss || s < 3u) {     // workgroup-uniform
-                uint ns = ss + 1u < n_ss ? s : s + 1u, nss = ss + 1u < n_ss ? ss + 1u : 0u;
-                tcr_load(xv, xrow, xlive, ns * p.x_ss + c_begin + 16u * nss + 4u * q);
-            }
-""", """            vec4 xv[TT][2][4];
-            tcr_load(xv, xrow, xlive, s * p.x_ss + c_begin + 16u * ss + 4u * q);
-"""),
-            ("hc_mix.comp", "vec4 a0 = XST(tt, 0u, j), a1 = XST(tt, 1u, j);", "vec4 a0 = xv[tt][0][j], a1 = xv[tt][1][j];"),
-            ("hc_mix.comp", "shared vec4 xst[4u * TT * 8u * 32u];", "shared vec4 xst[TW];")]
 ABL = {
     "base": [],
     "nomma": NOMMA,
     "cheapsplit": CHEAP,
     "oldsplit": OLDSPLIT,
     "fnperj": FNPERJ,
-    "unstaged": UNSTAGED,
     "coal": COAL,
     "fnsame": FNSAME,
-    "coal_fnsame": COAL + FNSAME,
     "part_t": PART_T,
-    "coal_part_t": (COAL, PART_T[1]),
-    "noxload": [("hc_mix.comp", "            vec4 v = x[xrow[tt][h] + c + j];",
-                 "            vec4 v = vec4(float(xrow[tt][h] + c + j));")],
+    "noxload": [("hc_mix.comp", "                    vec4 v = x[xrow[tt][h] + s * p.x_ss + cb + j];",
+                 "                    vec4 v = vec4(float(xrow[tt][h] + cb + j));")],
 }
 
 

@@ -111,13 +111,6 @@ TCR_STEP_FLOATS = 64
 TCR_STEP_WORDS = 4 * 3 * 32 * 4         # per step of 64 floats: j, fn tile, lane, uvec4
 
 
-def tcr_shared_bytes(tt, cm):
-    """Shared memory of a TCR workgroup (hc_mix.comp -D TCR) with tt tiles a subgroup: the accumulators'
-    [tokens][24] floats and each lane's staged x (8 vec4 a tile), and for the emulation (cm = 0) its
-    A and B matrices."""
-    return 4 * TCR_BLOCK * tt * N_MIX + 16 * TCR_WG * 8 * tt + (0 if cm else 4 * 4 * (tt * 256 + 3 * 128))
-
-
 def tcr_words(D):
     """The length (uint32 words, held in an f32 tensor) of fn split for TCR at hidden size D."""
     return HC * D // TCR_STEP_FLOATS * TCR_STEP_WORDS
@@ -255,7 +248,7 @@ class HcMixTcr(OpDef):
         if not vec4_ok(D, [X]) or fw.offset % 4:
             raise ValueError(f"{self.name}: X's offset and strides and fn_split's offset must be multiples of 4, got "
                              f"{X.offset}, {X.strides}, {fw.offset}")
-        need = tcr_shared_bytes(tt, pr["cm"])
+        need = 4 * (TCR_BLOCK * tt * N_MIX + TCR_BLOCK * tt) + (0 if pr["cm"] else 4 * 4 * (tt * 256 + 3 * 128))
         if need > device.caps.limits.max_shared_memory:
             raise HCUnsupported(f"{self.name}: tt = {tt} ({TCR_BLOCK * tt} tokens a workgroup) keeps {need} B in shared "
                                 f"memory, {device.name} has {device.caps.limits.max_shared_memory} B")
