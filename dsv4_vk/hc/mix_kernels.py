@@ -12,7 +12,7 @@ from .kernels import (HC, N_MIX, as_f64, check_eps, check_fn_rows, check_layout_
                       mix_supported, post_launch, post_mix_groups, post_mix_split, reference_mix_partials,
                       reference_mixes, reference_post, require_support, site_supported, strides_in, vec4_ok)
 from .policy import HCUnsupported
-from .tcr import TCR_H200_LAYOUT, TCR_MIN_T, TCR_SPLIT, TCR_TT, tc_tile_n, tcr_layout
+from .tcr import TCR_H200_LAYOUT, TCR_MIN_T, TCR_TT, tc_tile_n, tcr_layout, tcr_split_chunks
 from ..ops.base import Launch, OpDef, check_params, check_shape, grid_1d, pack_push, register
 
 
@@ -93,9 +93,10 @@ def mix_layout(device, T, chunks, kernel=None):
         return {"wg": TC_WG, "groups": -(-chunks // split), "split": split, "lpt": 1, "tb": TC_TOKENS,
                 "tpl": 1, "tc": 1 if tc_tile_n(device) else 2}
     if kernel == "tcr":
-        split = t["split"] or TCR_SPLIT
+        tt = t["tt"] or TCR_TT
+        split = t["split"] or tcr_split_chunks(T, chunks, tt, target)
         lay = tcr_layout(device)
-        return {"tcr": 1, "groups": -(-chunks // split), "split": split, "tt": t["tt"] or TCR_TT,
+        return {"tcr": 1, "groups": -(-chunks // split), "split": split, "tt": tt,
                 "cm": int(isinstance(lay, tuple)), "layout": lay if isinstance(lay, tuple) else TCR_H200_LAYOUT}
     if kernel == "ksplit":
         lpt = t["lpt"] or 4

@@ -105,10 +105,24 @@ def tcr_probe(device):
 # TCR (hc_mix.comp -D TCR): tiles of 16 tokens per subgroup (tt of them: tt = 2 measured fastest on the
 # H200), workgroups of 4 subgroups, 16-chunk steps of one stream; fn split once per call (HC_MIX_FN_SPLIT).
 TCR_TT = 2
-TCR_SPLIT = 32                          # chunks per stream and split (G = D / 128): 123.4 against 138.9 µs with 64
+TCR_SPLITS = (16, 32, 64)               # chunks per stream and split: G = ceil(chunks / split) splits
+TCR_SPLIT = 32                          # where none fits the workgroups in one wave (tcr_split_chunks)
 TCR_MIN_T = 512                         # from this many tokens mix_layout picks TCR where the device runs it
 TCR_STEP_FLOATS = 64
 TCR_STEP_WORDS = 4 * 3 * 32 * 4         # per step of 64 floats: j, fn tile, lane, uvec4
+
+
+def tcr_split_chunks(T, chunks, tt, wave):
+    """TCR's chunks per split (first form, measured in results/h200/hc_tune_tcr_rule_h200.txt): of
+    TCR_SPLITS no longer than the stream, the one whose workgroups fill their last wave of `wave` best,
+    ties to the larger split."""
+    blocks = -(-T // (TCR_BLOCK * tt))
+
+    def fill(split):
+        n = blocks * -(-chunks // split)
+        return n / (wave * -(-n // wave))
+    fits = [s for s in TCR_SPLITS if s <= chunks] or [TCR_SPLITS[0]]
+    return max(fits, key=lambda s: (round(fill(s), 6), s))
 
 
 def tcr_words(D):
