@@ -516,6 +516,33 @@ def test_prefill_carry_leaves_tcr_mixes_to_the_next_site(env, device, monkeypatc
             hc.carries(device, None, big, 4096)
 
 
+def test_tcr_split_fits_the_workgroups_in_one_wave(env, device, monkeypatch):
+    """TCR's chunks per split: where splits make between half a wave and one wave of workgroups (token
+    blocks × splits), the smallest of them; else TCR_SPLIT (32), or 16 where the stream is shorter.
+    mix_layout takes it where no split is set, on a GPU with the H200's layout (faked here: lavapipe
+    has no cooperative matrices)."""
+    import dataclasses
+    from dsv4_vk.hc import mix_kernels, tcr
+    # D = 4096 (1024 chunks), blocks of 128 tokens: T = 512 → 4 blocks, 64 splits of 16 = 256 workgroups
+    # (32: 128, also in the band; 16 is smaller); T = 1024: 32 → 256 (16 → 512, two waves); T = 2048: 64 →
+    # 256; T = 4096: 512 workgroups at the least, no split in one wave: 32
+    assert [tcr.tcr_split_chunks(T, 1024, 2, 256) for T in (512, 1024, 2048, 4096)] == [16, 32, 64, 32]
+    # D = 7168 (1792 chunks): T = 512 → 448, 224, 112 workgroups: 32; T = 1024: 64 (224); T = 2048: none
+    assert [tcr.tcr_split_chunks(T, 1792, 2, 256) for T in (512, 1024, 2048)] == [32, 64, 32]
+    assert tcr.tcr_split_chunks(512, 1024, 1, 256) == 32          # blocks of 64 tokens: twice the blocks
+    assert tcr.tcr_split_chunks(4096, 32, 2, 256) == 32           # no split in one wave
+    assert tcr.tcr_split_chunks(4096, 16, 2, 256) == 16           # a stream shorter than TCR_SPLIT
+    sg = dataclasses.replace(device.caps.subgroup, operations=("basic", "arithmetic", "shuffle"),
+                             full_subgroups=True, min_size=32, max_size=32)
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", subgroup=sg))
+    monkeypatch.setattr(mix_kernels, "tcr_layout", lambda dev: tcr.TCR_H200_LAYOUT)
+    for T, chunks, split in ((512, 1024, 16), (2048, 1024, 64), (4096, 1024, 32), (1024, 1792, 64)):
+        lay = mix_kernels.mix_layout(device, T, chunks)
+        assert (lay["tcr"], lay["tt"], lay["split"], lay["groups"]) == (1, 2, split, -(-chunks // split))
+    monkeypatch.setitem(mix_kernels.MIX_TUNING, "split", 32)           # a split set: that one
+    assert mix_kernels.mix_layout(device, 2048, 1024, kernel="tcr")["split"] == 32
+
+
 def test_mixes_layout_errors_name_the_parameter(device, monkeypatch):
     """Bad layouts of the mixes kernels: a clear ValueError naming what is wrong, at graph build or at
     compile, before anything runs."""

@@ -113,16 +113,19 @@ TCR_STEP_WORDS = 4 * 3 * 32 * 4         # per step of 64 floats: j, fn tile, lan
 
 
 def tcr_split_chunks(T, chunks, tt, wave):
-    """TCR's chunks per split (first form, measured in results/h200/hc_tune_tcr_rule_h200.txt): of
-    TCR_SPLITS no longer than the stream, the one whose workgroups fill their last wave of `wave` best,
-    ties to the larger split."""
+    """TCR's chunks per split at T tokens of `chunks` chunks per stream, tt tiles a subgroup, on a device
+    that runs about `wave` of its workgroups at once: where some splits of TCR_SPLITS make between half
+    a wave and one wave of workgroups (token blocks × splits), the smallest of them (the most
+    workgroups, each streaming its steps with no second wave behind it); otherwise TCR_SPLIT. H200, wave
+    256 (MIX_TARGET_GROUPS_DEFAULT): at T = 512, 1024, 2048, 4096 and D = 4096, 7168 the fastest of the
+    splits measured, e.g. HC_MIX 62.0 against 75.0 µs at T = 2048, D = 4096 (64), 60.7 against 75.3 at
+    T = 1024, D = 7168 (64); at T = D = 4096 splits of 64 (two waves) took 124.4 against 109.3
+    (results/h200/hc_tune_tcr_rule_h200.txt, hc_tune_tcr_midt_h200.txt)."""
     blocks = -(-T // (TCR_BLOCK * tt))
-
-    def fill(split):
-        n = blocks * -(-chunks // split)
-        return n / (wave * -(-n // wave))
-    fits = [s for s in TCR_SPLITS if s <= chunks] or [TCR_SPLITS[0]]
-    return max(fits, key=lambda s: (round(fill(s), 6), s))
+    one_wave = [s for s in TCR_SPLITS if s <= chunks and wave / 2 <= blocks * -(-chunks // s) <= wave]
+    if one_wave:
+        return min(one_wave)
+    return TCR_SPLIT if TCR_SPLIT <= chunks else TCR_SPLITS[0]
 
 
 def tcr_words(D):
