@@ -59,6 +59,8 @@ TC_VARIANTS = {1: "cooperative matrices", 2: "FMA products"}
 def mix_layout(device, T, chunks, kernel=None):
     """The HC_MIX kernels' layout for T tokens of `chunks` chunks per stream, as
     node params: wg, groups G, and for KSPLIT split S, lpt, tb (split 0: the per-token kernel).
+    - T ≥ TCR_MIN_T where the device's cooperative matrices have TCR's element layout (hc.tcr): TCR, tt
+      = TCR_TT tiles a subgroup, the split from tcr_split_chunks (about one wave of workgroups);
     - T ≥ KSPLIT_MIN_T with shuffles and full subgroups: KSPLIT, G = chunks/S splits each staging its
       fn slice (16 chunks) in shared memory, blocks of tb tokens streaming through it, lpt lanes per
       group of tpl tokens (2: each fn load from shared memory serves two products; H200, T = 4096,
