@@ -117,10 +117,10 @@ def tcr_split_chunks(T, chunks, tt, wave):
     that runs about `wave` of its workgroups at once: where some splits of TCR_SPLITS make between half
     a wave and one wave of workgroups (token blocks × splits), the smallest of them (the most
     workgroups, each streaming its steps with no second wave behind it); otherwise TCR_SPLIT. H200, wave
-    256 (MIX_TARGET_GROUPS_DEFAULT): at T = 512, 1024, 2048, 4096 and D = 4096, 7168 the fastest of the
-    splits measured, e.g. HC_MIX 62.0 against 75.0 µs at T = 2048, D = 4096 (64), 60.7 against 75.3 at
-    T = 1024, D = 7168 (64); at T = D = 4096 splits of 64 (two waves) took 124.4 against 109.3
-    (results/h200/hc_tune_tcr_rule_h200.txt, hc_tune_tcr_midt_h200.txt)."""
+    256 (MIX_TARGET_GROUPS_DEFAULT): at T = 512, 1024, 2048 and D = 4096, 7168 the fastest of 16, 32, 64
+    (results/h200/hc_tune_tcr_midt_h200.txt), e.g. HC_MIX 62.5 against 75.6 µs with 32 at T = 2048,
+    D = 4096 (64), 60.8 against 75.9 at T = 1024, D = 7168 (64) (hc_tune_tcr_rule2_h200.txt); at
+    T = D = 4096 splits of 64 (two waves) took 124.4 against 109.3 with 32 (hc_tune_tcr_rule_h200.txt)."""
     blocks = -(-T // (TCR_BLOCK * tt))
     one_wave = [s for s in TCR_SPLITS if s <= chunks and wave / 2 <= blocks * -(-chunks // s) <= wave]
     if one_wave:
