@@ -41,9 +41,10 @@ FNSAME = [("hc_mix.comp", "            uint fb = p.f_off + (s * (p.chunks / 16u)
 # lanes read consecutive floats
 PART_T = ([], """
 import dsv4_vk.hc.mix_kernels as mk
+plain = mk.mix_partials
 def mix_partials(g, X, fn, layout):
     if not layout.get("tcr"):
-        return g.op("HC_MIX_PART", X, fn, **layout)
+        return plain(g, X, fn, layout)
     lay = {k: v for k, v in layout.items() if k != "tcr"}
     fw = g.op("HC_MIX_FN_SPLIT", fn, layout=lay["layout"])
     out = g.empty((lay["groups"], X.shape[0], fn.shape[0] + 1), "f32").permute(1, 0, 2)
