@@ -16,6 +16,7 @@ import numpy as np
 import dsv4_vk as dv
 from dsv4_vk.core import profile
 from dsv4_vk.hc import composite
+from site_chain_bench import chain
 
 
 def main(argv=None):
@@ -34,18 +35,7 @@ def main(argv=None):
         ap.error("--d, --t, --sites and --runs must be ≥ 1, --warm-ms ≥ 0")
     T, D, rng = args.t, args.d, np.random.default_rng(0)
     with dv.Device() as dev:
-        sites = [dv.HcSite((rng.uniform(-1, 1, (24, 4 * D)) * 2 / np.sqrt(4 * D)).astype(np.float32),
-                           rng.uniform(-0.5, 0.5, 3), rng.uniform(-0.25, 0.25, 24), n_iter=args.n_iter,
-                           device=dev)
-                 for _ in range(args.sites)]
-        head = dv.HcSite.head((rng.uniform(-1, 1, (4, 4 * D)) / np.sqrt(4 * D)).astype(np.float32),
-                              rng.uniform(-0.5, 0.5, 1), rng.uniform(-0.25, 0.25, 4), device=dev)
-        g = dv.Graph()
-        x, mix = g.input("X", (T, 4, D)), None
-        for k, s in enumerate(sites):
-            u, post, comb = s.pre_graph(g, x, mix=mix)
-            x, mix = s.post_graph(g, u, x, post, comb, next=sites[k + 1] if k + 1 < len(sites) else head)
-        g.output("u", head.collapse_graph(g, x, mix=mix))
+        g, _ = chain(dev, T, D, args.sites, rng, n_iter=args.n_iter)
         prog = g.compile(dev)
         X = dev.tensor(rng.uniform(-1, 1, (T, 4, D)).astype(np.float32))
         end = time.perf_counter() + args.warm_ms / 1e3

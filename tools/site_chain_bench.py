@@ -24,10 +24,13 @@ from dsv4_vk.hc import policy
 MODES = {"handoff": None, "barrier": "1"}       # DSV4_VK_DISABLE_HC_HANDOFF
 
 
-def chain(dev, T, D, n_sites, rng):
-    """(graph, its input X): n_sites sites and the head, the weights random in the cases' ranges."""
+def chain(dev, T, D, n_sites, rng, n_iter=20):
+    """(graph, the HcSites it uses): n_sites sites chained as a model's decode step runs them and the
+    head collapse (outputs "h" and the last streams "X"; input "X"), weights random in the cases'
+    ranges. (tools/profile_site.py times the same chain dispatch by dispatch.)"""
     sites = [dv.HcSite((rng.uniform(-1, 1, (24, 4 * D)) * 2 / np.sqrt(4 * D)).astype(np.float32),
-                       rng.uniform(-0.5, 0.5, 3), rng.uniform(-0.25, 0.25, 24), device=dev) for _ in range(n_sites)]
+                       rng.uniform(-0.5, 0.5, 3), rng.uniform(-0.25, 0.25, 24), n_iter=n_iter, device=dev)
+             for _ in range(n_sites)]
     head = dv.HcSite.head((rng.uniform(-1, 1, (4, 4 * D)) / np.sqrt(4 * D)).astype(np.float32),
                           rng.uniform(-0.5, 0.5, 1), rng.uniform(-0.25, 0.25, 4), device=dev)
     g = dv.Graph()
