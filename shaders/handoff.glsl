@@ -14,9 +14,10 @@
 // are `coherent`: their values come from where the other dispatch's stores land.
 // The includer defines HANDOFF_BINDING and calls handoff_signal / handoff_wait from uniform
 // control flow in every invocation (they contain barrier()).
-layout(binding = HANDOFF_BINDING) coherent restrict buffer Sync { uint sync[]; };
+layout(binding = HANDOFF_BINDING) coherent volatile restrict buffer Sync { uint sync[]; };
 #define HANDOFF_SPIN_MAX (1u << 22)
 #define HANDOFF_NAN uintBitsToFloat(0x7fc00000u)
+#define HANDOFF_BACKOFF 0u
 shared bool handoff_ok;
 
 // Producer: after this workgroup's last store. `live`: a real workgroup (folded grids overshoot:
@@ -35,8 +36,13 @@ bool handoff_wait(uint o, uint producers, uint consumers) {
         bool arrived = false;
         // (arrived is read again after the loop: a compiler may bound loops itself — llvmpipe ends
         // any loop after 65535 iterations)
-        for (; !arrived && polls < HANDOFF_SPIN_MAX; ++polls) arrived = atomicAdd(sync[o], 0u) >= producers;
-        if (!arrived && atomicAdd(sync[o], 0u) < producers) atomicAdd(sync[o + 2u], 1u);
+        for (; !arrived && polls < HANDOFF_SPIN_MAX; ++polls) {
+            arrived = sync[o] >= producers;
+            uint w = polls;
+            for (uint i = 0u; !arrived && i < HANDOFF_BACKOFF; ++i) w = w * 1664525u + 1013904223u;
+            if (w == 12345u) ++polls;
+        }
+        if (!arrived && sync[o] < producers) atomicAdd(sync[o + 2u], 1u);
         handoff_ok = atomicAdd(sync[o + 2u], 0u) == 0u;
         if (atomicAdd(sync[o + 1u], 1u) == consumers - 1u) {
             atomicExchange(sync[o], 0u);

@@ -25,14 +25,14 @@ SRC = r"""#version 450
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 layout(binding = 0) coherent buffer D { float d[]; };
-layout(binding = 1) coherent buffer C { uint cnt[]; };
+layout(binding = 1) coherent volatile buffer C { uint cnt[]; };
 layout(push_constant) uniform P { uint step, arrived_before, spin; } p;
 shared uint waited;
 void main() {
     if (gl_LocalInvocationIndex == 0u) {
         uint n = 0u;
         if (p.spin != 0u)
-            while (atomicAdd(cnt[0], 0u) < p.arrived_before && n < (1u << 22)) ++n;
+            while ((p.spin == 2u ? cnt[0] : atomicAdd(cnt[0], 0u)) < p.arrived_before && n < (1u << 22)) ++n;
         waited = n;
         if (n >= (1u << 22)) atomicAdd(cnt[1], 1u);      // a wait that timed out: reported, not hung
     }
@@ -78,7 +78,7 @@ def main():
             zero = Buffer(dev, 16)
             d.write(np.zeros(W * (a.n + 1), np.float32))
             zero.write(np.zeros(4, np.uint32))
-            for mode in ("barrier", "spin", "launch", "spin"):
+            for mode in ("barrier", "spin", "spinload", "launch", "spinload"):
                 rec = Recorder(dev, timestamps="ends")
                 rec.copy(zero, 0, c, 0, 16)
                 rec.barrier()
@@ -87,7 +87,8 @@ def main():
                         rw = ([(d, 4 * W * k, 4 * W * (k + 1))], [(d, 4 * W * (k + 1), 4 * W * (k + 2))])
                     else:
                         rw = ((), ())
-                    rec.dispatch(pipe, [d, c], pack_push(k, k * G, int(mode == "spin")), (G, 1, 1), *rw)
+                    spin = {"spin": 1, "spinload": 2}.get(mode, 0)
+                    rec.dispatch(pipe, [d, c], pack_push(k, k * G, spin), (G, 1, 1), *rw)
                 r = rec.finish()
                 r.submit()
                 if warm is not None:
