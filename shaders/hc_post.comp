@@ -1,7 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 //! variants: - | VEC4 ; - | MIX_NEXT
-//! variants: - | VEC4 ; MIX_NEXT HANDOFF
 // HC_POST: out[t,d,:] = f[t,:]·post[t,d] + Σ_s comb[t,s,d] · res[t,s,:]
 //   (f [T,D], res [T,4,D], post [T,4], comb [T,4,4] = comb[t,src,dst], out [T,4,D]).
 // Layout: each workgroup covers one slice of one token: group g → token g / groups_per_token,
@@ -19,9 +18,6 @@
 //   5 out, 6 partials; push adds fn_next (offset, row stride, chunks) and partials (offset, token
 //   and split strides). Layout: one destination stream per invocation, WG/4 chunks per workgroup (WG a
 //   multiple of 4); the workgroup's slice of WG/4 chunks is the split: groups per token = G.
-// -D MIX_NEXT -D HANDOFF (handoff.glsl, binding 7; push adds the sync offset): the HC_SITE dispatched
-//   next reads the new streams and partials with no barrier between the two; each workgroup signals
-//   once its stores are done.
 #include "common.glsl"
 // Chunks per invocation (spec constant 1): a workgroup covers WG·CPT chunks, each invocation
 // CPT of them strided by WG (more independent loads in flight per invocation on GPUs).
@@ -48,15 +44,8 @@ layout(binding = 4) restrict readonly buffer Fn { VEC fn[]; };
 #define FN(i) fn[i]
 #define MIXACC_TRANSPOSE                       // HC_POST_MIX runs on the site path only: it has shuffles
 #include "hc_mixacc.glsl"
-#if defined(HANDOFF)
-#define HANDOFF_BINDING 7
-#include "handoff.glsl"
-#define TO_CONSUMER coherent
-#else
-#define TO_CONSUMER
-#endif
-layout(binding = 5) TO_CONSUMER restrict writeonly buffer O { VEC o[]; };
-layout(binding = 6) TO_CONSUMER restrict writeonly buffer Part { float part[]; };
+layout(binding = 5) restrict writeonly buffer O { VEC o[]; };
+layout(binding = 6) restrict writeonly buffer Part { float part[]; };
 #else
 layout(binding = 4) writeonly buffer O { VEC o[]; };
 #endif
@@ -70,9 +59,6 @@ layout(push_constant) uniform P {
 #if defined(MIX_NEXT)
     uint fn_off, fn_sj;
     uint q_off, q_st, q_sg;
-#endif
-#if defined(HANDOFF)
-    uint sync_off;
 #endif
 } p;
 
@@ -106,9 +92,6 @@ void main() {
     uint slice = g % p.groups_per_token;
     for (uint k = gl_LocalInvocationID.x; k < WG_NV && live; k += gl_WorkGroupSize.x)
         part[p.q_off + t * p.q_st + slice * p.q_sg + k] = wg_total(k);
-#if defined(HANDOFF)
-    handoff_signal(p.sync_off, live);
-#endif
 #else
     if (t >= p.T) return;                      // folded grids overshoot
     // All 20 coefficients into registers before any store: the output may alias the inputs as

@@ -1,7 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_shuffle : require
-//! variants: - | VEC4 ; - | HANDOFF
+//! variants: - | VEC4
 // HC_SITE: the rest of a site's pre side in one dispatch, from the mixes' partial sums (hc_mix.comp
 // partials, or the previous site's HC_POST with -D MIX_NEXT): mixes = Σ partial dots / sqrt(Σ Σx² /
 // (4·D) + norm_eps); gates; Sinkhorn; u[t,:] = Σ_s pre[t,s]·X[t,s,:].
@@ -17,9 +17,7 @@
 // Push: T, chunks per stream, groups per token, G, n_iter, 1/(4·D), norm_eps, hc_eps, partials
 //   (offset, token and split strides; entry M is Σx²), X (offset, token and stream strides, chunks),
 //   scale (offset, stride), base (offset, stride), u (offset, token stride, chunks), coefs (offset,
-//   token and entry strides); -D HANDOFF adds the handoff's sync offset, producers and consumers.
-// -D HANDOFF (handoff.glsl, binding 6): the partials and X come from the HC_POST_MIX dispatched just
-//   before with no barrier between the two; every workgroup waits for its signal before reading them.
+//   token and entry strides).
 #include "common.glsl"
 layout(constant_id = 1) const uint CPT = 1;
 layout(constant_id = 2) const uint M = 24;
@@ -34,17 +32,8 @@ layout(constant_id = 2) const uint M = 24;
 #else
 #define VEC float
 #endif
-#if defined(HANDOFF)
-#define HANDOFF_BINDING 6
-#include "handoff.glsl"
-#define FROM_PRODUCER coherent
-#define OUT(T, v) (handed_off ? (v) : T(HANDOFF_NAN))  // the wait gave up: NaN, not unfinished data
-#else
-#define FROM_PRODUCER
-#define OUT(T, v) (v)
-#endif
-layout(binding = 0) FROM_PRODUCER restrict readonly buffer Part { float part[]; };
-layout(binding = 1) FROM_PRODUCER restrict readonly buffer X { VEC x[]; };
+layout(binding = 0) restrict readonly buffer Part { float part[]; };
+layout(binding = 1) restrict readonly buffer X { VEC x[]; };
 layout(binding = 2) restrict readonly buffer Scale { float scale[]; };
 layout(binding = 3) restrict readonly buffer Base { float base[]; };
 layout(binding = 4) restrict writeonly buffer Coefs { float coefs[]; };
@@ -57,9 +46,6 @@ layout(push_constant) uniform P {
     uint s_off, s_s, b_off, b_s;
     uint u_off, u_st;
     uint c_off, c_st, c_sj;
-#if defined(HANDOFF)
-    uint sync_off, producers, consumers;
-#endif
 } p;
 
 float mix_of(uint j, float r) { return wg_total(j) * r; }
@@ -71,10 +57,16 @@ void main() {
     uint tc = min(t, p.T - 1u);
     // only the slice-0 workgroup needs all M mixes (coefficients); the others the pre gates' and Σx²
     bool all_mixes = slice == 0u;
-    // The loads that do not depend on the mixes go first — the gate parameters and this invocation's
-    // X chunks (clamped to the row: a chunk past it is loaded but never stored) — so that their
+    // The loads that do not depend on the mixes go first — this invocation's X chunks (clamped to
+    // the row: a chunk past it is loaded but never stored) and the gate parameters — so that their
     // memory latency overlaps the partials' reduction instead of following its barrier (at decode
-    // this kernel is a chain of latencies, not of bandwidth). With the handoff X waits for it.
+    // this kernel is a chain of latencies, not of bandwidth).
+    uint c0 = slice * gl_WorkGroupSize.x * CPT + gl_LocalInvocationID.x;
+    VEC xs[4u * CPT];
+    [[unroll]] for (uint k = 0u; k < CPT; ++k) {
+        uint xb = p.x_off + tc * p.x_st + min(c0 + k * gl_WorkGroupSize.x, p.n_chunks - 1u);
+        [[unroll]] for (uint s = 0u; s < 4u; ++s) xs[4u * k + s] = x[xb + s * p.x_ss];
+    }
     uint src = gl_SubgroupInvocationID & 3u;
     float scale_pre = scale[p.s_off];
     vec4 base_pre = vec4(base[p.b_off], base[p.b_off + p.b_s], base[p.b_off + 2u * p.b_s], base[p.b_off + 3u * p.b_s]);
@@ -86,15 +78,6 @@ void main() {
         uint bl = p.b_off + (8u + 4u * src) * p.b_s;       // (used by lanes 0..3 of the Sinkhorn subgroup)
         base_comb = vec4(base[bl], base[bl + p.b_s], base[bl + 2u * p.b_s], base[bl + 3u * p.b_s]);
         base_post = base[p.b_off + (4u + src) * p.b_s];
-    }
-#if defined(HANDOFF)
-    bool handed_off = handoff_wait(p.sync_off, p.producers, p.consumers);
-#endif
-    uint c0 = slice * gl_WorkGroupSize.x * CPT + gl_LocalInvocationID.x;
-    VEC xs[4u * CPT];
-    [[unroll]] for (uint k = 0u; k < CPT; ++k) {
-        uint xb = p.x_off + tc * p.x_st + min(c0 + k * gl_WorkGroupSize.x, p.n_chunks - 1u);
-        [[unroll]] for (uint s = 0u; s < 4u; ++s) xs[4u * k + s] = x[xb + s * p.x_ss];
     }
     MixAcc A = mixacc_zero();
     for (uint i = gl_LocalInvocationID.x; i < p.G; i += gl_WorkGroupSize.x) {
@@ -127,7 +110,7 @@ void main() {
                 v += pre[1] * xs[4u * k + 1u];
                 v += pre[2] * xs[4u * k + 2u];
                 v += pre[3] * xs[4u * k + 3u];
-                u[p.u_off + t * p.u_st + c] = OUT(VEC, v);
+                u[p.u_off + t * p.u_st + c] = v;
             }
         }
     }
@@ -140,13 +123,12 @@ void main() {
                      + base_comb;
             vec4 c = hc_sinkhorn_rows4(l, p.eps, p.n_iter);
             if (live && lane < 4u) {
-                coefs[cb + src * p.c_sj] = OUT(float, pre[src]);
-                coefs[cb + (4u + src) * p.c_sj] = OUT(float, hc_gate(mix_of(4u + src, r), scale_post, base_post,
-                                                                     false, p.eps));
-                [[unroll]] for (uint d = 0u; d < 4u; ++d) coefs[cb + (8u + 4u * src + d) * p.c_sj] = OUT(float, c[d]);
+                coefs[cb + src * p.c_sj] = pre[src];
+                coefs[cb + (4u + src) * p.c_sj] = hc_gate(mix_of(4u + src, r), scale_post, base_post, false, p.eps);
+                [[unroll]] for (uint d = 0u; d < 4u; ++d) coefs[cb + (8u + 4u * src + d) * p.c_sj] = c[d];
             }
         } else if (live && lane < 4u) {
-            coefs[cb + src * p.c_sj] = OUT(float, pre[src]);
+            coefs[cb + src * p.c_sj] = pre[src];
         }
     }
 }

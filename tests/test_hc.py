@@ -12,8 +12,7 @@ import pytest
 
 import dsv4_vk as dv
 from dsv4_vk import Executor, Graph, hc
-from dsv4_vk.core.opdef import get_op
-from dsv4_vk.hc import cases, policy as hc_policy
+from dsv4_vk.hc import policy as hc_policy
 from dsv4_vk.hc.policy import HCUnsupported
 from dsv4_vk.vk.caps import SubgroupCaps
 from dsv4_vk.hc.metrics import max_abs, nmse
@@ -21,7 +20,7 @@ from dsv4_vk.hc.kernels import reference_comb, reference_post, reference_pre, re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HC_ENV = ["DSV4_VK_DISABLE_HC", "DSV4_VK_DISABLE_HC_COMB", "DSV4_VK_DISABLE_HC_PRE", "DSV4_VK_DISABLE_HC_POST",
-          "DSV4_VK_DISABLE_HC_SITE", "DSV4_VK_DISABLE_HC_HANDOFF", "DSV4_VK_HC_COMB_VARIANT"]
+          "DSV4_VK_DISABLE_HC_SITE", "DSV4_VK_HC_COMB_VARIANT"]
 
 
 @pytest.mark.parametrize("width, subgroup", [(128, 4), (256, 8), (512, 16)])
@@ -202,7 +201,7 @@ def test_info_says_where_the_post_carries_the_mixes(device, monkeypatch):
     assert line == "HC_POST_MIX   the post carries the next site's mixes (D = 4096) at T 1-8: yes, 9-511: yes, >=512: no", line
 
 
-@pytest.mark.parametrize("name", HC_ENV[:6])
+@pytest.mark.parametrize("name", HC_ENV[:5])
 @pytest.mark.parametrize("value", ["2", "maybe", "enable"])
 def test_bad_switch_values_are_errors_naming_the_variable(env, device, name, value):
     env(**{name: value})
@@ -240,7 +239,7 @@ def test_choice_is_logged_once_per_device(env, device, caplog):
 def fake_device(size, ops=("basic", "shuffle"), full=True, size_control=False, lo=None, hi=None):
     sg = SubgroupCaps(size=size, compute_stage=True, operations=tuple(ops), size_control=size_control,
                       full_subgroups=full, min_size=lo or size, max_size=hi or size, required_size_compute=size_control)
-    return SimpleNamespace(caps=SimpleNamespace(subgroup=sg, type="discrete-gpu", is_cpu=False), subgroup_size=size, name=f"fake-sg{size}", validation=False,
+    return SimpleNamespace(caps=SimpleNamespace(subgroup=sg, type="discrete-gpu", is_cpu=False), subgroup_size=size, name=f"fake-sg{size}",
                            supports_subgroup_op=lambda op: op in ops)
 
 
@@ -647,77 +646,3 @@ def test_tensor_core_kernel_takes_the_devices_fp16_shape(env, device, monkeypatc
     monkeypatch.setitem(mix_kernels.MIX_TUNING, "kernel", "tc")
     lay = mix_kernels.mix_layout(device, 4096, 1024)
     assert lay["tc"] == (1 if want else 2) and lay["groups"] == 1024 // mix_kernels.TC_SPLIT
-
-
-# --- the handoff between HC_POST_MIX and HC_SITE ----------------------------------------------------------
-
-def _site_alone(device, rng, sync_words, T=2, D=64):
-    """HC_SITE on host-made partials with its own sync words (a bound device tensor, so the test sets
-    and reads them): (u, coefs, the float64 u, the sync tensor)."""
-    i = cases.make_inputs(cases.Case("HC_SITE", T, D), rng)
-    g = Graph()
-    part = g.input("mix", i["mix"].shape)
-    X, scale, base = g.input("X", (T, 4, D)), g.input("scale", (3,)), g.input("base", (24,))
-    sync = device.tensor(np.array(sync_words, np.int32))
-    coefs = g.empty((T, 24))
-    u = g.op("HC_SITE", part, X, scale, base, coefs, g.bind(sync), wg=16)
-    g.output("u", u)
-    g.output("coefs", coefs)
-    out = g.compile(device).run(mix=i["mix"], X=i["X"], scale=i["scale"], base=i["base"])
-    want = get_op("HC_SITE").reference(i["mix"], i["X"], i["scale"], i["base"])
-    return out, want, sync, i["mix"].shape
-
-
-def test_handoff_wait_passes_once_the_producers_arrived_and_resets(device, rng):
-    """Arrivals already at the producer count (T × G workgroups): HC_SITE reads, matches float64, and its
-    last workgroup puts the counters back to zero for the next pair."""
-    T, G = 2, cases.input_shapes(cases.Case("HC_SITE", 2, 64))["mix"][1]
-    out, want, sync, _ = _site_alone(device, rng, [T * G, 0, 0, 0])
-    assert nmse(out["u"], want) <= 1e-10 and np.isfinite(out["coefs"]).all()
-    assert sync.numpy().tolist() == [0, 0, 0, 0]
-
-
-def test_handoff_wait_gives_up_with_nan_not_a_hang(device, rng):
-    """No producer ever signals: each workgroup's wait gives up after its poll limit, counts itself in
-    sync[2] and writes NaN (u and every coefficient) instead of reading unfinished data; a counter
-    that already shows a give-up poisons a later wait too, even when the arrivals are complete."""
-    out, _, sync, _ = _site_alone(device, rng, [0, 0, 0, 0])
-    assert np.isnan(out["u"]).all() and np.isnan(out["coefs"]).all()
-    words = sync.numpy().tolist()
-    assert words[2] >= 1 and words[:2] == [0, 0], words
-    T, G = 2, cases.input_shapes(cases.Case("HC_SITE", 2, 64))["mix"][1]
-    out, _, _, _ = _site_alone(device, rng, [T * G, 0, 1, 0])
-    assert np.isnan(out["u"]).all() and np.isnan(out["coefs"]).all()
-
-
-@pytest.mark.parametrize("words, dtype", [((4,), "f32"), ((3,), "i32"), ((2, 2), "i32")])
-def test_handoff_sync_of_the_wrong_shape_is_refused(words, dtype):
-    g = Graph()
-    part, X = g.input("mix", (1, 1, 25)), g.input("X", (1, 4, 4))
-    scale, base, coefs = g.input("scale", (3,)), g.input("base", (24,)), g.empty((1, 24))
-    with pytest.raises(ValueError, match="HC_SITE: the handoff's sync must be 4 contiguous i32 words"):
-        g.op("HC_SITE", part, X, scale, base, coefs, g.empty(words, dtype))
-    with pytest.raises(ValueError, match="HC_SITE takes 5 input tensors, or 6 with a handoff's sync last"):
-        g.op("HC_SITE", part, X, scale, base, coefs, g.zeros((4,), "i32"), g.zeros((4,), "i32"))
-    with pytest.raises(ValueError, match="HC_SITE: input 0 has dtype i32; expected f32"):
-        g.op("HC_SITE", g.input("ip", (1, 1, 25), "i32"), X, scale, base, coefs)
-
-
-def test_handoff_switch_keeps_the_barrier(env, device):
-    """DSV4_VK_DISABLE_HC_HANDOFF=1: no sync words, a barrier between HC_POST_MIX and HC_SITE; info's
-    HC_SITE reason says which (junk is an error naming the variable, as every switch)."""
-    def chain():
-        g = Graph()
-        X = g.input("X", (1, 4, 16))
-        fns = [g.input(f"fn{i}", (24, 64)) for i in range(2)]
-        scale, base = g.input("scale", (3,)), g.input("base", (24,))
-        X, carry = hc.site(g, X, fns[0], scale, base, lambda u: u, next_fn=fns[1], device=device)
-        u, _, _ = hc.site_pre(g, X, fns[1], scale, base, mix=carry, device=device)
-        g.output("u", u)
-        return g
-    env()
-    assert any(t.dtype == "i32" for nd in chain().nodes for t in nd.inputs)
-    assert "handoff: HC_SITE waits for HC_POST_MIX's signal" in hc_policy.resolve(device)["HC_SITE"].reason
-    env(DSV4_VK_DISABLE_HC_HANDOFF="1")
-    assert not any(t.dtype == "i32" for nd in chain().nodes for t in nd.inputs)
-    assert "no handoff (DSV4_VK_DISABLE_HC_HANDOFF=1)" in hc_policy.resolve(device)["HC_SITE"].reason

@@ -103,31 +103,6 @@ def test_recorder_barriers_only_on_hazards_and_replay(device):
         device.pool.free(buf)
 
 
-def test_recorder_after_previous_waives_only_the_previous_dispatch(device):
-    """A dispatch recorded with after_previous (a handoff: its shader waits for the one before) gets no
-    barrier for its hazards against that dispatch, and still gets one for a hazard against anything
-    earlier; the waived dispatch's ranges still count for the dispatches after it."""
-    pipe = device.pipelines.get("unary", 2, {"OP_SCALE": 1}, (64,))
-    a, b, c, d = (device.pool.alloc(1024) for _ in range(4))
-    r = (0, 256)
-    try:
-        rec = Recorder(device)
-        rec.dispatch(pipe, [a, b], b"", (1, 1, 1), reads=[(a, *r)], writes=[(b, *r)])
-        rec.dispatch(pipe, [b, c], b"", (1, 1, 1), reads=[(b, *r)], writes=[(c, *r)], after_previous=True)
-        assert rec.n_barriers == 0                      # RAW on b against the previous dispatch: waived
-        rec.dispatch(pipe, [b, d], b"", (1, 1, 1), reads=[(b, *r)], writes=[(d, *r)])
-        assert rec.n_barriers == 1                      # RAW on b against the first dispatch: a barrier
-        rec.dispatch(pipe, [a, b], b"", (1, 1, 1), reads=[(a, *r)], writes=[(b, *r)])     # WAR on b
-        assert rec.n_barriers == 2
-        rec.dispatch(pipe, [a, c], b"", (1, 1, 1), reads=[(a, *r)], writes=[(c, *r)])
-        rec.dispatch(pipe, [b, d], b"", (1, 1, 1), reads=[(b, *r)], writes=[(d, *r)], after_previous=True)
-        assert rec.n_barriers == 3                      # RAW on b against the dispatch before the previous
-        rec.discard()
-    finally:
-        for buf in (a, b, c, d):
-            device.pool.free(buf)
-
-
 def test_push_constants_too_large():
     with pytest.raises(ValueError, match="exceed 128"):
         pack_push(*range(33))

@@ -4,8 +4,9 @@ previous dispatch wrote in other workgroups (a permuted index) and writes its ow
 
   barrier   a pipeline barrier between consecutive dispatches (what the recorder does today)
   spin      no barrier: each workgroup of dispatch k waits until the counter shows every workgroup of
-            dispatch k-1 arrived (atomic loads), then reads with coherent loads; each workgroup
-            fences its stores and increments the counter when done
+            dispatch k-1 arrived (polled by atomicAdd(0)), then reads with coherent loads; each
+            workgroup fences its stores and increments the counter when done
+  spinload  the same, the counter polled by volatile loads
   launch    no barrier and no wait (the results race; the launch floor only)
 
 Every replay checks d[N] == N everywhere (except `launch`). GPU µs per dispatch, median of replays.

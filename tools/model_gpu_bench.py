@@ -38,8 +38,7 @@ ops.v4_attention.MQA_ARRAYS), mix_wg (the first site's HC_MIX workgroup size: sm
 D into more workgroups; hc.mix_kernels.MIX_TUNING), compress_wg (COMPRESS's workgroup cap,
 ops.compress.COMPRESS_WG), mqa_tile (keys the tiled MQA_ATTENTION stages at a time; the decode
 splits follow: ops.v4_attention.MQA_TILE), route_rank (0: V4_ROUTE's rounds of a butterfly instead of
-its one-pass ranking, ops.moe.ROUTE_RANK), handoff (0: a barrier between each HC_POST_MIX and the
-HC_SITE after it, DSV4_VK_DISABLE_HC_HANDOFF); e.g.
+its one-pass ranking, ops.moe.ROUTE_RANK); e.g.
 `--variants "fold_mb=64;fold_mb=0;gemv_unroll=8"`.
 --timeline: every dispatch of the fused decode step with its mean profiled GPU time (the time
 since the previous dispatch's end), shader, variant and argument shapes; --skip leaves out parts
@@ -56,7 +55,7 @@ import numpy as np
 
 from dsv4_vk.cli import floor
 from dsv4_vk.core import profile
-from dsv4_vk.hc import mix_kernels, policy as hc_policy
+from dsv4_vk.hc import mix_kernels
 from dsv4_vk.model import Model, build, random_weights
 from dsv4_vk.model.checkpoint import BF16
 from dsv4_vk.ops import compress, moe, mul_mat, v4_attention
@@ -65,19 +64,6 @@ from dsv4_vk.vk import default_device
 
 HOST_TARGET_US = 100.0
 DTYPES = {"f32": np.float32, "bf16": BF16, "f16": np.float16}
-class _Environment:
-    """The process environment as a knob table (a value of None unsets the variable)."""
-
-    def __getitem__(self, name):
-        return os.environ.get(name)
-
-    def __setitem__(self, name, value):
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-
-
 KNOBS = {"fold_mb": (build.NORM_FOLD, "max_bytes", lambda v: int(float(v) * 2**20)),
          "gemv_unroll": (mul_mat.GEMV_UNROLL, "unroll", int),
          "gemv_spread": (mul_mat.GEMV_UNROLL, "spread", int),
@@ -89,8 +75,7 @@ KNOBS = {"fold_mb": (build.NORM_FOLD, "max_bytes", lambda v: int(float(v) * 2**2
          "mix_wg": (mix_kernels.MIX_TUNING, "wg", int),
          "compress_wg": (compress.COMPRESS_WG, "wg", int),
          "mqa_tile": (v4_attention.MQA_TILE, "keys", int),
-         "route_rank": (moe.ROUTE_RANK, "on", lambda v: bool(int(v))),
-         "handoff": (_Environment(), hc_policy.HANDOFF_ENV, lambda v: "0" if int(v) else "1")}
+         "route_rank": (moe.ROUTE_RANK, "on", lambda v: bool(int(v)))}
 
 
 def parse_variants(text):

@@ -1,17 +1,16 @@
 #!/usr/bin/env python3
 """GPU time of a chain of whole hyper-connection sites at decode, as a model's decode step runs them
-(each post carrying the next site's mixes, the head collapse last; f = u as the sublayer), with
-HC_SITE's handoff (shaders/handoff.glsl) on and off, in one process and one run. Per D and mode:
-dispatches, barriers, GPU µs per site (the chain's total over its sites; timestamps before and
-after the whole chain only), median of --replays after a clock warm-up; and whether both modes
-gave the same bits (the handoff changes no arithmetic).
+(each post carrying the next site's mixes, the head collapse last; f = u as the sublayer): per D,
+dispatches, barriers and GPU µs per site (the chain's total over its sites; timestamps before and
+after the whole chain only), median of --replays after a clock warm-up.
+(results/h200/history/issue10/handoff/ has this tool's runs at 0e48b56, which also timed each chain
+with HC_SITE waiting in its shader for the HC_POST_MIX before it instead of a barrier.)
 
     . .vkdev/enter.sh; python3 tools/site_chain_bench.py [--d 4096,7168] [--t 1] [--sites 16] [--replays 200]
                                                           [--warm-ms 500] [--json FILE]
 """
 import argparse
 import json
-import os
 import statistics
 
 import numpy as np
@@ -19,9 +18,6 @@ import numpy as np
 import dsv4_vk as dv
 from dsv4_vk.cli.floor import ClockWarmer
 from dsv4_vk.core.executor import CompiledGraph
-from dsv4_vk.hc import policy
-
-MODES = {"handoff": None, "barrier": "1"}       # DSV4_VK_DISABLE_HC_HANDOFF
 
 
 def chain(dev, T, D, n_sites, rng, n_iter=20):
@@ -57,33 +53,22 @@ def main(argv=None):
         print(f"device: {dev.name}; T = {a.t}; {a.sites} sites + head per chain")
         for D in [int(d) for d in a.d.split(",")]:
             X = np.random.default_rng(1).uniform(-1, 1, (a.t, 4, D)).astype(np.float32)
-            outs = {}
-            for mode, env in list(MODES.items()) * 2:        # each mode twice, alternating
-                if env is None:
-                    os.environ.pop(policy.HANDOFF_ENV, None)
-                else:
-                    os.environ[policy.HANDOFF_ENV] = env
-                g, keep = chain(dev, a.t, D, a.sites, np.random.default_rng(0))
-                prog = CompiledGraph(dev, g, timestamps="ends")
-                got = prog.run(X=X)
-                outs.setdefault(mode, got)
-                warm()
-                per = []
-                for _ in range(a.replays):
-                    prog.replay(X=X)
-                    per.append(prog.recording.total_gpu_ns() / 1e3 / a.sites)
-                st = prog.run_stats()
-                row = {"D": D, "T": a.t, "mode": mode, "sites": a.sites, "dispatches": st.dispatches,
-                       "barriers": st.barriers, "us_per_site": statistics.median(per), "us_min": min(per)}
-                rows.append(row)
-                print(f"D={D} {mode:8s} {st.dispatches} dispatches, {st.barriers} barriers: "
-                      f"{row['us_per_site']:.2f} µs per site (min {row['us_min']:.2f})", flush=True)
-                prog.release()
-            same = all(np.array_equal(outs["handoff"][k], outs["barrier"][k]) for k in ("h", "X"))
-            finite = all(np.isfinite(outs["handoff"][k]).all() for k in ("h", "X"))
-            print(f"D={D} handoff and barrier outputs bit-identical: {same}; finite: {finite}", flush=True)
-            rows.append({"D": D, "identical": same, "finite": finite})
-    os.environ.pop(policy.HANDOFF_ENV, None)
+            g, keep = chain(dev, a.t, D, a.sites, np.random.default_rng(0))
+            prog = CompiledGraph(dev, g, timestamps="ends")
+            got = prog.run(X=X)
+            finite = all(np.isfinite(v).all() for v in got.values())
+            warm()
+            per = []
+            for _ in range(a.replays):
+                prog.replay(X=X)
+                per.append(prog.recording.total_gpu_ns() / 1e3 / a.sites)
+            st = prog.run_stats()
+            row = {"D": D, "T": a.t, "sites": a.sites, "dispatches": st.dispatches, "barriers": st.barriers,
+                   "us_per_site": statistics.median(per), "us_min": min(per), "finite": finite}
+            rows.append(row)
+            print(f"D={D}: {st.dispatches} dispatches, {st.barriers} barriers: {row['us_per_site']:.2f} µs per "
+                  f"site (min {row['us_min']:.2f}); outputs finite: {finite}", flush=True)
+            prog.release()
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"rows": rows}, fh, indent=1)

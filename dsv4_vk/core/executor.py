@@ -176,8 +176,7 @@ class CompiledGraph:
                 if s.kind == "param":
                     self.buffers[id(s)] = self._param_buffer(s, params)
                     continue
-                # consts, and temps made with Graph.zeros, start with their data
-                buf = guarded_buffer(device, s.numel, s.data, size=itemsize(s.dtype))
+                buf = guarded_buffer(device, s.numel, s.data if s.kind == "const" else None, size=itemsize(s.dtype))
                 self.buffers[id(s)] = buf
                 self._owned.append(buf)
             rec = Recorder(device, timestamps=self.timestamps)
@@ -237,8 +236,7 @@ class CompiledGraph:
             rng = (buf, GUARD * 4 + lo * sz, GUARD * 4 + -(-hi * sz // 4) * 4)
             (writes if i in launch.writes else reads).append(rng)
         label = launch.label or node.tag or node.op.name
-        rec.dispatch(pipe, bufs, launch.push, launch.grid, reads, writes, label=label,
-                     after_previous=launch.after_previous)
+        rec.dispatch(pipe, bufs, launch.push, launch.grid, reads, writes, label=label)
         self.dispatch_details.append(dispatch_detail(launch))
 
     # --- inputs and outputs ---------------------------------------------------------------------------

@@ -96,14 +96,6 @@ class Graph:
     def empty(self, shape: Sequence[int], dtype: str = "f32", name: str | None = None) -> Tensor:
         return Tensor(self, self._storage(math.prod(shape), dtype, "temp", name), shape)
 
-    def zeros(self, shape: Sequence[int], dtype: str = "f32", name: str | None = None) -> Tensor:
-        """A scratch tensor zeroed once, when the graph is compiled (counters that the kernels using
-        them leave as they found them, e.g. a handoff's: shaders/handoff.glsl)."""
-        if dtype not in DTYPES:
-            raise ValueError(f"zeros {name or ''}: dtype {dtype!r} not supported; expected one of {list(DTYPES)}")
-        data = np.zeros(math.prod(shape), DTYPES[dtype])
-        return Tensor(self, self._storage(data.size, dtype, "temp", name, data), shape)
-
     def output(self, name: str, tensor: Tensor) -> Tensor:
         if tensor.graph is not self:
             raise ValueError(f"output {name!r} belongs to another graph")
@@ -161,7 +153,7 @@ class Graph:
             h.update(repr((s.kind, s.numel, s.dtype, s.name)).encode())
             if s.kind == "param" and s.data is not None:      # bound: the tensor is part of the identity
                 h.update(repr(id(s.data)).encode())
-            if s.kind in ("const", "temp") and s.data is not None:      # (a temp's: Graph.zeros)
+            if s.kind == "const":
                 h.update(hashlib.sha256(s.data.tobytes()).digest())
         for n in self.nodes:
             h.update(repr((n.op.name, [t(x) for x in n.inputs], t(n.output),

@@ -29,9 +29,6 @@ class Launch:
     subgroup_size: int | None = None       # required subgroup size, when the kernel depends on it
     full_subgroups: bool = False
     label: str = ""
-    # The shader waits for the dispatch recorded just before it (a handoff, shaders/handoff.glsl):
-    # no barrier for what that one wrote or read
-    after_previous: bool = False
 
 
 class OpDef:

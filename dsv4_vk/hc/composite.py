@@ -289,28 +289,11 @@ def _site_kernels(g, X, fn, scale, base, mix, m, hc_eps, norm_eps, n_iter, devic
     T, _, D = X.shape
     with g.tag("HC_MIX"):
         part = mix if mix is not None else _mix_partials(g, X, fn, device)
-    sync = _handoff(g, mix, device)
     with g.tag("HC_SITE"):
         coefs = g.empty((T, m))
-        u = g.op("HC_SITE", part, _unit_inner(g, X), scale, base, coefs, *([sync] if sync is not None else []),
-                 hc_eps=hc_eps, norm_eps=norm_eps, n_iter=n_iter,
-                 wg=SITE_TUNING["site_wg"] if T <= CARRY_MAX_T else None)
+        u = g.op("HC_SITE", part, _unit_inner(g, X), scale, base, coefs, hc_eps=hc_eps, norm_eps=norm_eps,
+                 n_iter=n_iter, wg=SITE_TUNING["site_wg"] if T <= CARRY_MAX_T else None)
     return u, coefs
-
-
-def _handoff(g, mix, device):
-    """The sync words through which HC_SITE takes the carried partials `mix` from the HC_POST_MIX that
-    made them, where that is the last node recorded (the two dispatches are adjacent) and the policy
-    allows it; that node then signals on them (it gains them as its last input). None otherwise:
-    a barrier separates the two."""
-    prev = g.nodes[-1] if g.nodes else None
-    if (mix is None or prev is None or prev.op.name != "HC_POST_MIX" or prev.output is not mix
-            or len(prev.inputs) != 6 or prev.params.get("split", 0) or not hc_policy.handoff_on(device)):
-        return None
-    sync = g.zeros((kernels.SYNC_WORDS,), "i32")
-    prev.inputs.append(sync)
-    prev.op.infer(prev.inputs, prev.params)
-    return sync
 
 
 def _coef_views(g, coefs):

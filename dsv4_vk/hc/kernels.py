@@ -304,31 +304,6 @@ def check_partials(op, part):
         raise ValueError(f"{op}: the partials' entries must be contiguous, got strides {part.strides}")
 
 
-# A handoff's counters (shaders/handoff.glsl): arrivals, departures, waits that gave up, one spare.
-SYNC_WORDS = 4
-
-
-def check_sync(op, sync):
-    """The handoff's counters: an i32 tensor of SYNC_WORDS contiguous words (Graph.zeros)."""
-    if sync.dtype != "i32" or tuple(sync.shape) != (SYNC_WORDS,) or sync.strides[0] != 1:
-        raise ValueError(f"{op}: the handoff's sync must be {SYNC_WORDS} contiguous i32 words "
-                         f"(Graph.zeros(({SYNC_WORDS},), 'i32')), got {sync.dtype} {list(sync.shape)}")
-
-
-def split_sync(op, inputs, n):
-    """(the op's n f32 inputs, the handoff's sync or None): `inputs` holds n tensors, or n + 1 with
-    the sync last."""
-    if len(inputs) not in (n, n + 1):
-        raise ValueError(f"{op} takes {n} input tensors, or {n + 1} with a handoff's sync last; got {len(inputs)}")
-    for i, t in enumerate(inputs[:n]):
-        if t.dtype != "f32":
-            raise ValueError(f"{op}: input {i} has dtype {t.dtype}; expected f32")
-    sync = inputs[n] if len(inputs) > n else None
-    if sync is not None:
-        check_sync(op, sync)
-    return list(inputs[:n]), sync
-
-
 def check_layout_param(op, params, name):
     v = params.get(name)
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
@@ -348,22 +323,19 @@ def _site_m(part, scale, base):
 
 @register
 class HcSite(OpDef):
-    """HC_SITE(partials [T,G,m+1], X [T,4,D], scale, base, coefs [T,m][, sync], hc_eps=, norm_eps=, n_iter=[,
-    wg=]) -> u [T,D].
+    """HC_SITE(partials [T,G,m+1], X [T,4,D], scale, base, coefs [T,m], hc_eps=, norm_eps=, n_iter=[, wg=])
+    -> u [T,D].
 
     The rest of a site's pre side from its mixes' partial sums (hc_site.comp): mixes, gates,
     Sinkhorn, the pre collapse u. Also writes its argument `coefs` (an empty tensor the graph
     function made: written_inputs): m = 24, a site: pre | post | comb (HC_COEFS's layout); m = 4, the
     head collapse: its 4 pre gates. wg: the workgroup size (a multiple of 4 from 4 to 256: the
-    Sinkhorn's four lanes, the shared reduction step), else HC_PRE's. With `sync` (check_sync) the
-    partials and X come from the HC_POST_MIX recorded just before, which signals on the same sync:
-    no barrier between the two (a handoff, shaders/handoff.glsl)."""
-    name, n_inputs = "HC_SITE", None
-    dtypes = ("f32", "i32")
-    written_inputs = (4, 5)
+    Sinkhorn's four lanes, the shared reduction step), else HC_PRE's."""
+    name, n_inputs = "HC_SITE", 5
+    written_inputs = (4,)
 
     def infer(self, inputs, params):
-        (part, X, scale, base, coefs), _ = split_sync(self.name, inputs, 5)
+        part, X, scale, base, coefs = inputs
         check_shape("partials", part.shape, (None, None, None))
         check_shape("X", X.shape, (None, HC, None))
         m = _site_m(part, scale, base)
@@ -382,7 +354,7 @@ class HcSite(OpDef):
         return (X.shape[0], X.shape[2]), "f32"
 
     def lower(self, node, device):
-        (part, X, scale, base, coefs), sync = split_sync(self.name, node.inputs, 5)
+        part, X, scale, base, coefs = node.inputs
         u = node.output
         require_support(self.name, device, site_supported(device))
         T, G, m1 = part.shape
@@ -396,16 +368,11 @@ class HcSite(OpDef):
                          part.offset, part.strides[0], part.strides[1], X.offset // unit, *strides_in(X, unit),
                          scale.offset, scale.strides[0], base.offset, base.strides[0],
                          u.offset // unit, u.strides[0] // unit, coefs.offset, *coefs.strides)
-        grid = grid_1d(T * gpt, 1)
-        args, writes, defines = [part, X, scale, base, coefs, u], (4, 5), {"VEC4": 1} if vec4 else {}
-        if sync is not None:        # producers: HC_POST_MIX's workgroups (G a token); consumers: all of ours
-            push += pack_push(sync.offset, T * G, grid[0] * grid[1])
-            args, writes, defines = args + [sync], (4, 5, 6), defines | {"HANDOFF": 1}
-        return [Launch("hc_site", args, writes, push, grid, defines=defines, spec=(wg, cpt, m1 - 1),
-                       full_subgroups=full_subgroups_for(device, wg), after_previous=sync is not None)]
+        return [Launch("hc_site", [part, X, scale, base, coefs, u], (4, 5), push, grid_1d(T * gpt, 1),
+                       defines={"VEC4": 1} if vec4 else {}, spec=(wg, cpt, m1 - 1),
+                       full_subgroups=full_subgroups_for(device, wg))]
 
-    def reference(self, part, X, scale, base, coefs=None, sync=None, hc_eps=1e-6, norm_eps=1e-6, n_iter=20,
-                  wg=None):
+    def reference(self, part, X, scale, base, coefs=None, hc_eps=1e-6, norm_eps=1e-6, n_iter=20, wg=None):
         p = as_f64(part).sum(axis=1)
         mix = p[:, :-1] / np.sqrt(p[:, -1:] / (HC * np.shape(X)[2]) + norm_eps)
         w = (reference_coefs(mix, scale, base, hc_eps, n_iter)[:, :HC] if mix.shape[1] == N_MIX
@@ -505,9 +472,9 @@ def check_post_shapes(f, residual, post, comb):
     return T, D
 
 
-def post_launch(node, device, f, res, post, comb, out, fn=None, part=None, wg=None, sync=None):
+def post_launch(node, device, f, res, post, comb, out, fn=None, part=None, wg=None):
     """HC_POST's launch; with fn / part also the next site's mixes partials (-D MIX_NEXT, one chunk
-    per invocation), and with sync (MIX_NEXT only) a handoff's signal (-D HANDOFF)."""
+    per invocation)."""
     check_unit_inner(node.op.name, "output", out)
     T, D = f.shape
     tensors = [f, res, out] + ([fn] if fn is not None else [])
@@ -528,10 +495,6 @@ def post_launch(node, device, f, res, post, comb, out, fn=None, part=None, wg=No
         check_shared(device, node.op.name, wg, fn.shape[0] + 1)
         args, writes, spec = [f, res, post, comb, fn, out, part], (5, 6), (wg, cpt, fn.shape[0])
         extra = {"full_subgroups": full_subgroups_for(device, wg)}
-        if sync is not None:
-            fields.append(sync.offset)
-            defines["HANDOFF"] = 1
-            args, writes = args + [sync], (5, 6, 7)
     return [Launch("hc_post", args, writes, pack_push(*fields), grid_1d(T * gpt, 1), defines=defines, spec=spec,
                    **extra)]
 

@@ -10,8 +10,7 @@ import numpy as np
 from .kernels import (HC, N_MIX, as_f64, check_eps, check_fn_rows, check_layout_param, check_partials,
                       check_post_shapes, check_shared, check_unit_inner, ksplit_preferred, ksplit_runs,
                       mix_supported, post_launch, post_mix_groups, post_mix_split, reference_mix_partials,
-                      reference_mixes, reference_post, require_support, site_supported, split_sync, strides_in,
-                      vec4_ok)
+                      reference_mixes, reference_post, require_support, site_supported, strides_in, vec4_ok)
 from .policy import HCUnsupported
 from .tcr import TCR_H200_LAYOUT, TCR_MIN_T, TCR_TT, tc_tile_n, tcr_layout, tcr_split_chunks
 from ..ops.base import Launch, OpDef, check_params, check_shape, grid_1d, pack_push, register
@@ -377,8 +376,8 @@ def _post_mix_many_tokens_launch(node, device, f, res, post, comb, fn, out, part
 
 @register
 class HcPostMix(OpDef):
-    """HC_POST_MIX(f, residual, post, comb, fn_next [m,4D], out [T,4,D][, sync], wg=[, split=, lpt=, tb=, tpl=,
-    tc=]) -> partials [T,G,m+1].
+    """HC_POST_MIX(f, residual, post, comb, fn_next [m,4D], out [T,4,D], wg=[, split=, lpt=, tb=, tpl=, tc=])
+    -> partials [T,G,m+1].
 
     A layer boundary in one pass: HC_POST writes the new streams into its argument `out` (an empty
     tensor the graph function made: written_inputs) and, from the values still in registers, the
@@ -386,15 +385,12 @@ class HcPostMix(OpDef):
     -D MIX_NEXT, G = workgroups per token (one destination stream of one chunk per invocation, wg/4
     chunks per workgroup). With split (KSPLIT's layout,
     `mix_layout(..., kernel="ksplit")`, tpl ≤ 2): hc_mix.comp -D KSPLIT -D POST, G = D splits; with
-    `mix_layout(..., kernel="tc")` (tc = 1 or 2): -D TC -D POST, the tensor-core kernel. With `sync`
-    (check_sync; few tokens only) each workgroup signals it when its stores are done, for the HC_SITE
-    recorded next (a handoff, shaders/handoff.glsl)."""
-    name, n_inputs = "HC_POST_MIX", None
-    dtypes = ("f32", "i32")
-    written_inputs = (5, 6)
+    `mix_layout(..., kernel="tc")` (tc = 1 or 2): -D TC -D POST, the tensor-core kernel."""
+    name, n_inputs = "HC_POST_MIX", 6
+    written_inputs = (5,)
 
     def infer(self, inputs, params):
-        (f, res, post, comb, fn, out), sync = split_sync(self.name, inputs, 6)
+        f, res, post, comb, fn, out = inputs
         T, D = check_post_shapes(f.shape, res.shape, post.shape, comb.shape)
         check_shape("fn_next", fn.shape, (None, HC * D))
         check_shape("out", out.shape, (T, HC, D))
@@ -411,23 +407,20 @@ class HcPostMix(OpDef):
             _check_tc_param(self.name, params)
         elif params.get("tc", 0):
             raise ValueError(f"{self.name}: the tensor-core kernel (tc) takes a split (many tokens)")
-        if split and sync is not None:
-            raise ValueError(f"{self.name}: a handoff's sync is for the few-token kernel (no split)")
         elif wg % HC:
             raise ValueError(f"{self.name}: wg must be a multiple of {HC} (one destination stream per "
                              f"invocation), got {wg}")
         return (T, post_mix_groups(D, [f, res, out, fn], wg, split), fn.shape[0] + 1), "f32"
 
     def lower(self, node, device):
-        (f, res, post, comb, fn, out), sync = split_sync(self.name, node.inputs, 6)
+        f, res, post, comb, fn, out = node.inputs
         if node.params.get("split", 0):
             require_support(self.name, device, mix_supported(device))
             return _post_mix_many_tokens_launch(node, device, f, res, post, comb, fn, out, node.output)
         require_support(self.name, device, site_supported(device))
-        return post_launch(node, device, f, res, post, comb, out, fn, node.output, node.params["wg"], sync)
+        return post_launch(node, device, f, res, post, comb, out, fn, node.output, node.params["wg"])
 
-    def reference(self, f, residual, post, comb, fn_next, out=None, sync=None, wg=HC, split=0, lpt=1, tb=1, tpl=1,
-                  tc=0):
+    def reference(self, f, residual, post, comb, fn_next, out=None, wg=HC, split=0, lpt=1, tb=1, tpl=1, tc=0):
         x = reference_post(f, residual, post, comb)
         D = np.shape(f)[1]
         chunk = 4 if D % 4 == 0 else 1

@@ -8,9 +8,6 @@ Resolved once per device and process from the environment and the device's capab
   HC_POST_MIX: a site in two dispatches at decode) off; sites then run the three-op path (HC_MIX,
   HC_COEFS, HC_PRE, HC_POST), which keeps its own switches. The site also runs only where all
   three ops run fused (a switch that disables one of them, or `DSV4_VK_DISABLE_HC`, disables it).
-- `DSV4_VK_DISABLE_HC_HANDOFF` (same values): on the site path, HC_SITE no longer waits in its
-  shader for the HC_POST_MIX recorded just before it (a handoff, shaders/handoff.glsl); a pipeline
-  barrier separates the two instead, as it does under the validation layer.
 - `DSV4_VK_HC_COMB_VARIANT=sg16|rows4` forces the HC_COMB kernel variant.
 - Device contract: `sg16` (16 lanes per token) needs subgroup size ≥ 16, shuffles and required full
   subgroups; `rows4` (4 lanes per token) needs shuffles and subgroup size ≥ 4. A 16-lane shuffle
@@ -32,7 +29,6 @@ OPS = ("HC_COMB", "HC_PRE", "HC_POST", "HC_SITE")
 THREE_OP = "three-op"     # HC_SITE's fallback path
 COMB_VARIANTS = ("sg16", "rows4")
 ALL_ENV = "DSV4_VK_DISABLE_HC"
-HANDOFF_ENV = "DSV4_VK_DISABLE_HC_HANDOFF"
 VARIANT_ENV = "DSV4_VK_HC_COMB_VARIANT"
 
 
@@ -173,7 +169,6 @@ def _resolve_plain(op):
 def _resolve_site(device, parts):
     """HC_SITE from its own switch, the three ops' choices `parts` and the device."""
     from .kernels import site_supported
-    handoff = handoff_reason(device)    # (its switch is checked whatever the path: junk is an error)
     env = disabled_by("HC_SITE")
     if env:
         return Choice(False, THREE_OP, f"disabled by environment ({env}): three-op path")
@@ -184,24 +179,7 @@ def _resolve_site(device, parts):
     if why is not None:
         return Choice(False, THREE_OP, f"device cannot run the site kernels ({why}): three-op path")
     return Choice(True, "site", "whole-site kernels: HC_MIX_PART, HC_SITE (mixes, gates, ROWS4 Sinkhorn, "
-                                "pre collapse), HC_POST_MIX (post + next site's mixes); " + handoff)
-
-
-def handoff_on(device):
-    """Whether HC_SITE takes the partials of the HC_POST_MIX recorded just before it by a handoff (it
-    waits in its shader for that dispatch's signal) rather than after a pipeline barrier. Not under
-    the validation layer: its synchronization checks see barriers only, so they would report the
-    handoff as a missing one."""
-    return not env_switch(HANDOFF_ENV) and not device.validation
-
-
-def handoff_reason(device):
-    if env_switch(HANDOFF_ENV):
-        return f"no handoff ({HANDOFF_ENV}={os.environ[HANDOFF_ENV]}): a barrier between HC_POST_MIX and HC_SITE"
-    if device.validation:
-        return ("no handoff under the validation layer (it sees barriers only): a barrier between HC_POST_MIX "
-                "and HC_SITE")
-    return "handoff: HC_SITE waits for HC_POST_MIX's signal, no barrier between them"
+                                "pre collapse), HC_POST_MIX (post + next site's mixes)")
 
 
 def _resolve_op(op, device):

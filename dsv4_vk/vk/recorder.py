@@ -3,10 +3,8 @@
 Every vkCmd* goes through the raw cffi `lib` with structs built once (the binding's wrappers cost
 about 10x more per call). A barrier is recorded only where a dispatch reads what an earlier
 dispatch wrote (RAW), or writes what an earlier one read or wrote (WAR/WAW) since the last
-barrier, judged over byte ranges of buffers — except the hazards of a dispatch recorded with
-`after_previous` against the dispatch just before it, which the two order themselves (a handoff:
-shaders/handoff.glsl). A finished `Recording` can be submitted any number of times without
-re-recording.
+barrier, judged over byte ranges of buffers. A finished `Recording` can be submitted any number
+of times without re-recording.
 """
 import numpy as np
 
@@ -163,9 +161,8 @@ class Recorder:
         self._push_buf = ffi.new("uint8_t[]", 128)
         self._set_buf = ffi.new("VkDescriptorSet[]", 1)
         self._copy = ffi.new("VkBufferCopy*")
-        self._writes = {}   # buffer id -> [(lo, hi)] written since the last barrier (before the last dispatch)
+        self._writes = {}   # buffer id -> [(lo, hi)] written since the last barrier
         self._reads = {}
-        self._last = ((), ())   # the last dispatch's (reads, writes), not yet in _reads / _writes
         self._bound = None
         self.labels = []
         self.n_barriers = 0
@@ -192,23 +189,14 @@ class Recorder:
             raise
 
     # --- synchronisation --------------------------------------------------------------------
-    @staticmethod
-    def _hazard(reads, writes, earlier_reads, earlier_writes):
+    def _hazard(self, reads, writes):
         for b, lo, hi in reads:
-            if _overlap(earlier_writes.get(id(b), ()), lo, hi):
+            if _overlap(self._writes.get(id(b), ()), lo, hi):
                 return True
         for b, lo, hi in writes:
-            if _overlap(earlier_writes.get(id(b), ()), lo, hi) or _overlap(earlier_reads.get(id(b), ()), lo, hi):
+            if _overlap(self._writes.get(id(b), ()), lo, hi) or _overlap(self._reads.get(id(b), ()), lo, hi):
                 return True
         return False
-
-    def _merge_last(self):
-        last_reads, last_writes = self._last
-        for b, lo, hi in last_reads:
-            self._reads.setdefault(id(b), []).append((lo, hi))
-        for b, lo, hi in last_writes:
-            self._writes.setdefault(id(b), []).append((lo, hi))
-        self._last = ((), ())
 
     def barrier(self):
         """A full compute/transfer -> compute/transfer memory barrier."""
@@ -216,19 +204,15 @@ class Recorder:
         lib.vkCmdPipelineBarrier(self.cmd, stages, stages, 0, 1, self._barrier, 0, ffi.NULL, 0, ffi.NULL)
         self._writes.clear()
         self._reads.clear()
-        self._last = ((), ())
         self.n_barriers += 1
 
-    def _track(self, reads, writes, after_previous=False):
-        """after_previous: the dispatch waits in its shader for the one recorded just before it, so
-        its hazards against that one need no barrier (those against anything earlier still do)."""
-        if not after_previous:
-            self._merge_last()
-        if self._hazard(reads, writes, self._reads, self._writes):
-            self.barrier()          # (clears the last dispatch's ranges too)
-        else:
-            self._merge_last()
-        self._last = (list(reads), list(writes))
+    def _track(self, reads, writes):
+        if self._hazard(reads, writes):
+            self.barrier()
+        for b, lo, hi in reads:
+            self._reads.setdefault(id(b), []).append((lo, hi))
+        for b, lo, hi in writes:
+            self._writes.setdefault(id(b), []).append((lo, hi))
 
     def _timestamp(self, stage):
         if not self._pools or self._pools[-1][1] == _QUERY_CHUNK:
@@ -245,14 +229,13 @@ class Recorder:
         pool[1] += 1
 
     # --- commands -----------------------------------------------------------------------------
-    def dispatch(self, pipeline, buffers, push, grid, reads=(), writes=(), label="", after_previous=False):
+    def dispatch(self, pipeline, buffers, push, grid, reads=(), writes=(), label=""):
         """Record one dispatch.
 
         buffers: Buffers (or (Buffer, byte offset)) bound at 0..n-1; push: bytes; grid: (x, y, z) workgroups;
-        reads / writes: (buffer, byte_lo, byte_hi) ranges this dispatch touches (for barriers);
-        after_previous: the shader itself waits for the dispatch recorded just before (a handoff).
+        reads / writes: (buffer, byte_lo, byte_hi) ranges this dispatch touches (for barriers).
         """
-        self._track(reads, writes, after_previous)
+        self._track(reads, writes)
         if self._bound is not pipeline.handle:
             lib.vkCmdBindPipeline(self.cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.handle)
             self._bound = pipeline.handle
