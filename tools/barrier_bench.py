@@ -17,7 +17,7 @@ from dsv4_vk.cli import floor
 from dsv4_vk.core.executor import CompiledGraph
 from dsv4_vk.vk import recorder
 from dsv4_vk.vk.binding import ffi, lib, vk
-from site_chain_bench import chain
+from site_chain_bench import chain, us_per_site
 
 FULL = recorder.Recorder.barrier
 
@@ -54,10 +54,7 @@ def main(argv=None):
                 got = prog.run(X=X)
                 outs.setdefault(name, got)
                 warm()
-                per = []
-                for _ in range(a.replays):
-                    prog.replay(X=X)
-                    per.append(prog.recording.total_gpu_ns() / 1e3 / a.sites)
+                per = us_per_site(prog, X, a.sites, a.replays)
                 n_bar = prog.recording.n_barriers
                 prog.release()
             finally:

@@ -28,13 +28,11 @@ SRC = r"""#version 450
 layout(binding = 0) coherent buffer D { float d[]; };
 layout(binding = 1) coherent volatile buffer C { uint cnt[]; };
 layout(push_constant) uniform P { uint step, arrived_before, spin; } p;
-shared uint waited;
 void main() {
     if (gl_LocalInvocationIndex == 0u) {
         uint n = 0u;
         if (p.spin != 0u)
             while ((p.spin == 2u ? cnt[0] : atomicAdd(cnt[0], 0u)) < p.arrived_before && n < (1u << 22)) ++n;
-        waited = n;
         if (n >= (1u << 22)) atomicAdd(cnt[1], 1u);      // a wait that timed out: reported, not hung
     }
     memoryBarrierBuffer();

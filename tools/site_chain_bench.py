@@ -39,6 +39,15 @@ def chain(dev, T, D, n_sites, rng, n_iter=20):
     return g, (sites, head)
 
 
+def us_per_site(prog, X, n_sites, replays):
+    """GPU µs per site of each of `replays` replays of `prog` (recorded with timestamps="ends")."""
+    per = []
+    for _ in range(replays):
+        prog.replay(X=X)
+        per.append(prog.recording.total_gpu_ns() / 1e3 / n_sites)
+    return per
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--d", default="4096,7168")
@@ -58,10 +67,7 @@ def main(argv=None):
             got = prog.run(X=X)
             finite = all(np.isfinite(v).all() for v in got.values())
             warm()
-            per = []
-            for _ in range(a.replays):
-                prog.replay(X=X)
-                per.append(prog.recording.total_gpu_ns() / 1e3 / a.sites)
+            per = us_per_site(prog, X, a.sites, a.replays)
             st = prog.run_stats()
             row = {"D": D, "T": a.t, "sites": a.sites, "dispatches": st.dispatches, "barriers": st.barriers,
                    "us_per_site": statistics.median(per), "us_min": min(per), "finite": finite}
