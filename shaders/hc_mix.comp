@@ -446,7 +446,7 @@ shared uint ea[4u * TT * 256u], eb[4u * 3u * 128u];
 // f32(f16(a)) to a (split16's trouble). About 5 operations a float against split16's 12 and its two
 // conversions; the products see the same hi + 2⁻¹¹·lo to fp32's rounding. Where hi is an fp16
 // subnormal (|x| < 2⁻⁶) the read-back must agree with the matrices' reading of the same bits: both
-// keep subnormals on the H200 (tools/tcr_check.py scales a seventh of x by 1e-4: NMSE 1.6e-12).
+// keep subnormals on the H200.
 void tcr_split(vec4 v, out uvec2 hb, out uvec2 lb) {
     vec4 a = v * X_SIGMA;
     hb = uvec2(packHalf2x16(a.xy), packHalf2x16(a.zw));

@@ -304,19 +304,3 @@ def test_profile_env_prints_table_at_exit():
     assert r.returncode == 0, r.stderr
     assert re.search(r"^decode\s+EXP\s+2\s+1\.0\s", r.stderr, re.M)
     assert re.search(r"^decode\s+total\s+4\s+2\.0\s.*runs 2, submits 2, barriers 2", r.stderr, re.M)
-
-
-@pytest.mark.parametrize("tool", ["ablate_site", "ablate_select"])
-def test_ablation_tools_patch_the_current_shaders(tool, monkeypatch):
-    """Each ablation's replaced text is still in the shader it patches (a stale one would make the
-    tool's child stop with a message naming it, not time the wrong kernel)."""
-    import importlib.util
-    tools = Path(__file__).resolve().parents[1] / "tools"
-    monkeypatch.syspath_prepend(str(tools))
-    spec = importlib.util.spec_from_file_location(tool, tools / f"{tool}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    patches = [p for abl in module.ABL.values() for p in (abl[0] if isinstance(abl, tuple) else abl)]
-    assert patches
-    for file, text, _ in patches:
-        assert text in (tools.parent / "shaders" / file).read_text(), (tool, file, text)
