@@ -105,7 +105,7 @@ print("outcomes", sorted(outcomes.items()))
 
 
 # Devices one process opens in turn (each attempt opens one): the H200's driver refused the 31st
-# vkCreateInstance of a process (results/h200/history/issue10/device_reopen_h200.txt), so the attempts
+# vkCreateInstance of a process (results/h200/device_reopen_h200.txt), so the attempts
 # run in processes of at most this many.
 ATTEMPTS_PER_PROCESS = 20
 
