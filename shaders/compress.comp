@@ -61,8 +61,7 @@ int chunk_pos;      // pos[0], the chunk's first position
 float st_at(uint q, uint ch) {
 #if defined(NEW_ROWS)
     // Both loads unconditional, the value selected after: behind a branch the loads of a window
-    // were issued one memory latency at a time (H200: 33 µs a decode step against 13 for
-    // STORE_ROWS + COMPRESS, results/h200/model_bench_v4.txt at a06f224). For this chunk's rows the
+    // were issued one memory latency at a time. For this chunk's rows the
     // state load reads the row after the chunk's, which no workgroup writes in this dispatch.
     int k = int(q) - chunk_pos;
     uint row = k >= 0 ? (uint(max(chunk_pos, 0)) + p.T) % p.rows : q % p.rows;

@@ -8,8 +8,7 @@
 // holding logits row l[src][dst 0..3] as a vec4. Softmax over dst and row sums are in-register,
 // column sums are the vec4's of lanes src ^ 1, 2, 3 fetched at once — three independent shuffles,
 // one shuffle latency on the iterations' dependent chain instead of a butterfly's two, and the same
-// sums bit for bit (each lane adds its pair, then the other pair, as the butterfly did; H200, the
-// decode site back to back 8.29–8.34 against 8.48–8.50 µs, results/h200/ablate_boundary3_h200.txt).
+// sums bit for bit (each lane adds its pair, then the other pair, as the butterfly did).
 // The exact order of docs/hc_math.md (HC_COMB): softmax + eps, 1 column normalisation, then
 // n_iter − 1 × (rows, columns). Every lane of the subgroup must call it (the shuffles read the
 // neighbours of a 4-lane group only).

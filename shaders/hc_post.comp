@@ -69,7 +69,7 @@ void main() {
     // One destination stream per invocation: the workgroup is 4 groups of WG/4 invocations, group d
     // making stream d of WG/4 chunks, so a token has 4× the invocations of HC_POST's layout and each
     // forms a quarter of the next mixes' products. At decode this pass is a chain of latencies, and
-    // more, shorter invocations finish it sooner (H200, D = 4096: results/h200/ablate_site_layout.txt).
+    // more, shorter invocations finish it sooner.
     MixAcc A = mixacc_zero();
     bool live = t < p.T;                       // no return before the workgroup reduction
     t = min(t, p.T - 1u);
@@ -95,8 +95,7 @@ void main() {
 #else
     if (t >= p.T) return;                      // folded grids overshoot
     // All 20 coefficients into registers before any store: the output may alias the inputs as
-    // far as the compiler knows, so loads after a store could not move above it. (On the H200
-    // this measured the same as loading them per destination: results/h200/hc_tune_post.txt.)
+    // far as the compiler knows, so loads after a store could not move above it.
     uint pb = p.p_off + t * p.p_st;
     uint cb = p.c_off + t * p.c_st;
     float pw[4];

@@ -100,8 +100,7 @@ void main() {
         pre[s] = hc_gate(mix_of(s, r), scale_pre, base_pre[s], true, p.eps);
 
     // the collapse first: its stores are on their way while the slice-0 workgroup's Sinkhorn runs
-    // (at decode the coefficients are this dispatch's critical path; H200, T = 1, D = 4096: 6.1
-    // against 6.9 µs with the Sinkhorn first, results/h200/site_decode_collapse_first.txt)
+    // (at decode the coefficients are this dispatch's critical path)
     if (live) {
         [[unroll]] for (uint k = 0u; k < CPT; ++k) {
             uint c = c0 + k * gl_WorkGroupSize.x;

@@ -16,7 +16,7 @@
 // same arithmetic as one head at a time). -D SCATTER (subgroup shuffles, LANES ≤ 32): LANES heads a
 // step, each lane's parts of their dot products reduced by a transposing butterfly that leaves head
 // h0 + lane's whole dot in lane `lane` (LANES − 1 shuffles per lane for LANES heads, where cluster sums
-// take log2(LANES) per head: H200, 64 heads × 128, 256 keys: the sums were half of 25.9 µs), the
+// take log2(LANES) per head, which were half the kernel's time on the H200), the
 // lane's ReLU-weighted heads summed, then one cluster sum. Spec constants: 0 workgroup size, 1 RATE, 2 PER_LANE
 // (ceil(hd / LANES)), 3 HEADS. Push: T, nh, hd, n, capacity, q (off, s0, s1), wt (off, s0),
 // k (off, s0), out (off, s0), pos_off, scale.

@@ -40,7 +40,7 @@ layout(constant_id = 6) const uint TILE = 1;     // TILED: keys staged in shared
 // -D LITERAL_ARRAYS: the per-lane arrays get literal sizes (at least the specialization constants
 // their loops run to: PER_LANE ≤ 16, KEYS ≤ 4, TILE ≤ 16, ≤ 32 tile loads a lane; the host checks).
 // Arrays sized by specialization constants may be kept in memory rather than registers: the
-// H200 ran MUL_MAT_ID with a [spec][spec] array 1.3× slower (results/h200/model_routes_h200.txt).
+// H200 ran MUL_MAT_ID with a [spec][spec] array slower than with literal sizes.
 #if defined(LITERAL_ARRAYS)
 #define PL_N 16
 #define KEYS_N 4
@@ -266,7 +266,7 @@ void main() {
         float d[KEYS_N];
         bool ok[KEYS_N];
         // (the key's row found inline, not through key_at: with its out parameters behind a
-        // short-circuit test this loop ran 1.5-4x slower on the H200, results/h200/decode_ops/)
+        // short-circuit test this loop ran several times slower on the H200)
         [[unroll]] for (uint k = 0; k < KEYS; ++k) {
             uint sk = s + k;
             ok[k] = sk < s1;                              // uniform per cluster, as every test here

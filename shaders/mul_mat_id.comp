@@ -21,10 +21,9 @@
 // its speed); MODE_SWIGLU reads its gate and up rows in the same loop for the same reason.
 // ROUTES (-D, MODE_SUM): routes whose rows a lane loads in the same steps. One route at a time, an
 // output's cluster walks R·K / (4·LANES·UNROLL) dependent memory latencies, and at decode every
-// cluster of the dispatch is resident at once, so that chain is the dispatch's time (H200, R = 7,
-// K = 2048: 40 µs for 117 MB, 72% of the copy bandwidth). A literal, not a specialization
-// constant: with [spec][spec]-sized arrays the sum took 52 µs in the model on the H200 (as if they
-// were kept in memory rather than registers).
+// cluster of the dispatch is resident at once, so that chain is the dispatch's time. A literal, not
+// a specialization constant: with [spec][spec]-sized arrays the sum was slower in the model on the
+// H200 (as if they were kept in memory rather than registers).
 // -D LANES_WORKGROUP (MODE_SUM): the cluster is the workgroup, one output each: every lane's chain
 // of loads is short and the outputs' workgroups come in waves.
 #include "lanes.glsl"

@@ -191,9 +191,8 @@ class ClockWarmer:
     """Keeps the GPU busy for `ms` right before a measurement.
 
     GPUs lower their shader clock when idle and raise it only after sustained load: on the H200
-    the SM clock sat at 345 MHz (memory clock 3201 MHz, throttle reason "GPU idle") while a
-    benchmark submitted short bursts between host work, and a 1 GiB copy read 1.55 TB/s there
-    against 4.0 TB/s at 1980 MHz (`results/h200/clocks/`). Without a warm-up a timing measures
+    the SM clock sat at 345 MHz (throttle reason "GPU idle") while a benchmark submitted short
+    bursts between host work, against 1980 MHz under load (`results/h200/clocks/`). Without a warm-up a timing measures
     the clock governor as much as the kernel. The load is a copy of 2 × `nbytes` scratch memory
     repeated back to back until `ms` have passed; ms = 0 does nothing."""
 

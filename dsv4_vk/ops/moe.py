@@ -76,10 +76,9 @@ class MoeRoute(OpDef):
 # where registers are scarce and loads are cheap); mode="sum"'s routes loaded together (None: 1, a
 # power of two ≤ 8) and the lanes of a workgroup-wide cluster per output (None or 0: subgroup-lane
 # clusters); tests and the benches set them. The sum is the decode step's slowest weight stream
-# (H200: 40 µs for 117 MB in the model, 72% of copy; results/h200/model_timeline_h200.txt), a
-# chain of R·K/(4·32·unroll) memory latencies per output. Alone (tools/bench_moe.py,
-# results/h200/moe_h200.txt) 4 routes with unroll 2 took 43.7 µs against 54.8 at the default;
-# in the model, as a specialization constant, 4 routes were slower (results/h200/model_routes_h200.txt).
+# (results/h200/model_bench_v4.txt), a chain of R·K/(4·32·unroll) memory latencies per output.
+# Alone, 4 routes with unroll 2 were faster than the default (tools/bench_moe.py,
+# results/h200/moe_h200.txt); in the model, as a specialization constant, they were slower.
 # Left at 1 until the literal form is measured in the model beside "wg".
 MUL_MAT_ID_UNROLL = {"unroll": None, "routes": None, "wg": None}
 

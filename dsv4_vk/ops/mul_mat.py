@@ -19,9 +19,8 @@ from .reduce_rows import reference_rms_norm
 
 GEMV_MAX_T = 8          # TB, the tokens one GEMV cluster carries, is at most this
 CPU_GEMV_MAX_T = 1
-# GPUs: GEMV up to this many tokens, and at any T when N is below one 64-wide GEMM tile. H200
-# (results/h200/primitives_h200.txt): K=N=4096 T=64 gemv 1.18 ms, gemm_shared 1.56 ms; T=512
-# gemv 8.75, gemm_shared 3.72; K=16384 N=24 T=512 gemv 0.57, gemm_shared 3.91.
+# GPUs: GEMV up to this many tokens, and at any T when N is below one 64-wide GEMM tile (where the
+# H200 measured it faster than the GEMM kernels: tools/bench_primitives.py).
 GPU_GEMV_MAX_T = 64
 GEMM_TILE_N = 64
 KERNELS = ("auto", "gemv", "gemm", "gemm_regs", "gemm_shared")
@@ -54,10 +53,8 @@ def vec4_ok(*views):
 # on GPUs, 1 on CPU devices); spread, the lanes the device should have at work (None: GEMV_SPREAD on
 # GPUs; 0: off): outputs too few to give every one a subgroup of lanes that many are reduced by a
 # whole workgroup each, 64-256 lanes, each walking fewer of K's loads one after the other (a chain of
-# memory latencies otherwise). H200, bf16, 4 steps in flight (results/h200/gemv_spread_h200.txt):
-# 1024 × 4096 5.1 against 6.2 µs, 512 × 4096 4.1 against 6.0, with the norm folded in 6.9 / 4.9
-# against 9.4 / 9.1; 4096 × 8192 19.4 against 22.4. (16-byte weight loads of 8 bf16 were tried
-# twice and are slower in the model: results/README.md.) Tests and the benches set them.
+# memory latencies otherwise), faster for those shapes on the H200 (results/h200/gemv_spread_h200.txt).
+# 8-byte weight loads: 16-byte loads of 8 bf16 were slower in the model. Tests and the benches set them.
 GEMV_UNROLL = {"unroll": None, "spread": None}
 GEMV_SPREAD = 1 << 18                   # (an H200 holds 132 SMs × 2048 invocations)
 GEMV_WG_MAX = 256

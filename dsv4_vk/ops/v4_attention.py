@@ -174,8 +174,8 @@ LITERAL_MAX = {"per_lane": 16, "keys": 4, "tile": 16, "loads": 32}     # the sha
 MQA_KERNELS = ("auto", "tiled", "cluster")
 TILED_MAX_TOKENS = 4           # auto: the tiled kernel up to this many query tokens (decode)
 # keys a tiled workgroup stages at a time, where shared memory allows: 8 (twice the decode splits of
-# 16) was 1.024× faster in the model on the H200, and 14 against 17 µs alone
-# (results/h200/model_bench_v4.txt, ablate_mqa_h200.txt)
+# 16) measured faster than 16 on the H200, alone and in the model: the dispatch's fixed cost bounds
+# it, not any part of its work (results/h200/ablate_mqa_h200.txt)
 MQA_TILE = {"keys": 8}
 MAX_DECODE_SPLITS = 64
 
