@@ -44,6 +44,16 @@ class _Resident:
         # the cached programs bind this object's weights: drop them when it goes away
         weakref.finalize(self, _drop, weakref.ref(self.device), self._owner)
 
+    def __repr__(self) -> str:
+        # never raises: also on a closed device, or for an object whose construction failed half-way
+        dev = getattr(self, "device", None)
+        fields = [f"D={getattr(self, 'D', '?')}"] + [f"{k}={getattr(self, k)}" for k in ("hc_eps", "norm_eps", "n_iter")
+                                                     if hasattr(self, k)]
+        fields.append(f"fused={getattr(self, 'fused', '?')}")
+        state = ", device closed" if getattr(dev, "_closed", False) else ""
+        return (f"<dsv4_vk.{type(self).__name__} {' '.join(fields)} on Device #{getattr(dev, 'serial', '?')} "
+                f"{getattr(getattr(dev, 'caps', None), 'name', '?')!r}{state}>")
+
     def _x(self, X):
         X = array_arg("X", X, (None, HC, self.D))
         return X, X.shape[0]

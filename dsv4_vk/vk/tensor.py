@@ -11,6 +11,7 @@ import math
 import operator
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from .memory import GUARD, Buffer, guarded_buffer
 
@@ -207,9 +208,29 @@ class Tensor:
         if buf is not None and not self.device._closed:
             self.device.pool.free_later(buf)     # no lock in a finalizer: the pool takes it back later
 
+    def __array__(self, dtype: DTypeLike = None, copy: bool | None = None) -> np.ndarray:
+        """`np.asarray(tensor)`: a host copy of the data (as numpy() gives). The data lives on the device,
+        so every conversion copies: copy=False (numpy 2: "never copy") is refused."""
+        if copy is False:
+            raise ValueError("a dsv4_vk.Tensor lives on a device: converting it to a numpy array always copies "
+                             "(use np.asarray(t) or t.numpy(), not copy=False)")
+        a = self.numpy()
+        return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
+
     def __repr__(self) -> str:
-        state = "" if self.buffer is not None else " released"
-        return f"<dsv4_vk.Tensor {self.shape} {self.dtype} on {self.device.name!r}{state}>"
+        # never raises: also for a tensor whose device was closed or whose construction failed half-way
+        device = getattr(self, "device", None)
+        name = getattr(getattr(device, "caps", None), "name", "?")
+        dtype = DTYPES.get(getattr(self, "dtype_name", ""))
+        state = ""
+        if getattr(self, "buffer", None) is None:
+            state = ", released"
+        elif getattr(device, "_closed", False):
+            state = ", device closed"
+        elif getattr(self, "_pins", 0):
+            state = f", bound in {self._pins} program(s)"
+        return (f"<dsv4_vk.Tensor {getattr(self, 'shape', '?')} {np.dtype(dtype) if dtype else '?'} "
+                f"on Device #{getattr(device, 'serial', '?')} {name!r}{state}>")
 
 
 class TensorRows:
