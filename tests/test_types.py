@@ -52,3 +52,24 @@ def test_tensor_and_site_reprs_say_what_they_are_even_after_close(rng):
     assert repr(site).endswith(f"{where}, device closed>") and repr(head).endswith(", device closed>")
     for half_made in (dv.Tensor.__new__(dv.Tensor), dv.HcSite.__new__(dv.HcSite)):   # a constructor that raised
         assert repr(half_made).startswith("<dsv4_vk.")
+
+
+# --- a model's paths, per site -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_model_paths_name_the_site_of_every_hc_op(fused):
+    from test_model import TINY
+    from dsv4_vk.model import Model, SitePath
+    m = Model.load(TINY, fused=fused)
+    paths = m.paths()
+    assert paths and all(isinstance(p, SitePath) for p in paths)
+    sites = [f"layers.{i}.{name}" for i in range(TINY.num_hidden_layers) for name in ("attn", "ffn")] + ["head"]
+    assert list(dict.fromkeys(p.site for p in paths)) == sites        # every site, in order, each op labelled
+    graph_paths = m.compiled("decode").graph.paths
+    assert [(p.op, p.path, p.reason) for p in paths] == graph_paths
+    for site in sites:              # the fused site is one HC_SITE; unfused, its chain's ops follow it
+        ops = [p.op for p in paths if p.site == site]
+        want = ["HC_SITE"] if fused else ["HC_SITE", "HC_PRE"] if site == "head" else \
+            ["HC_SITE", "HC_COMB", "HC_PRE", "HC_POST"]
+        assert ops == want, (site, ops)
+    assert all((p.path == "unfused") == (fused is False) for p in paths)
