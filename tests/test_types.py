@@ -73,3 +73,41 @@ def test_model_paths_name_the_site_of_every_hc_op(fused):
             ["HC_SITE", "HC_COMB", "HC_PRE", "HC_POST"]
         assert ops == want, (site, ops)
     assert all((p.path == "unfused") == (fused is False) for p in paths)
+
+
+# --- HcSite.post(next=) past maxStorageBufferRange ------------------------------------------------------
+
+def test_chained_post_past_the_binding_limit_runs_in_chunks_and_carries_nothing(rng):
+    """docs/library.md: an X past maxStorageBufferRange is posted in chunks (as hc_post), and the carry
+    is empty, so the next pre computes its own mixes. Checked on a device that allows 64 KiB a binding
+    against the same calls on a device with lavapipe's 128 MiB (where the post does carry)."""
+    import dataclasses
+    from dsv4_vk.hc import kernels
+    T, D = 300, 32                                                      # X: 150 KiB, 512 B a token
+    X = rng.uniform(-1, 1, (T, 4, D)).astype(np.float32)
+    f = rng.uniform(-1, 1, (T, D)).astype(np.float32)
+    w1, w2 = site_weights(rng, D), site_weights(rng, D)
+    with dv.Device() as big, dv.Device() as small:
+        small.caps = dataclasses.replace(small.caps, limits=dataclasses.replace(small.caps.limits,
+                                                                                max_storage_buffer_range=64 << 10))
+        results = {}
+        for name, dev in (("big", big), ("small", small)):
+            site, nxt = dv.HcSite(*w1, device=dev), dv.HcSite(*w2, device=dev)
+            Xt = dev.tensor(X)
+            u, post, comb = site.pre(Xt)
+            X_new, carry = site.post(dev.tensor(f), Xt, post, comb, next=nxt)
+            X_np, carry_np = site.post(f, X, post.numpy(), comb.numpy(), next=nxt)     # numpy in: numpy out
+            assert isinstance(X_np, np.ndarray) and (carry_np.partials is None) == (name == "small")
+            results[name] = (post.numpy(), comb.numpy(), X_new.numpy(), X_np, carry,
+                             [r.numpy() for r in nxt.pre(X_new, carry=carry)])
+        assert results["big"][4].partials is not None                  # where it fits, the post carries
+        assert results["small"][4].partials is None
+        post, comb, X_new, X_np, _, nxt_out = results["small"]
+        for got, want in zip((post, comb), results["big"][:2]):           # (pre's kernels: chosen per chunk size)
+            assert np.abs(got - want).max() <= 1e-5
+        np.testing.assert_array_equal(X_new, X_np)
+        np.testing.assert_array_equal(X_new, dv.hc_post(f, X, post, comb))            # unchunked, plain post
+        ref = kernels.reference_post(f, X, post, comb)
+        assert np.abs(X_new - ref).max() <= 1e-5 * np.abs(ref).max()
+        for got, want in zip(nxt_out, results["big"][5]):                 # next pre: its own mixes vs carried
+            assert np.abs(got - want).max() <= 1e-4 * max(np.abs(want).max(), 1.0)

@@ -185,7 +185,8 @@ class HcSite(_Resident):
         """X_new [T,4,D] = f·post[:, d] + Σ_s comb[:, s, d]·X[:, s] (HC_POST, this site's path).
         With `next` (the next HcSite, or the HcHead): (X_new, MixCarry) — where hc.carries (the site
         kernels at T ≤ CARRY_MAX_T, the prefill carry past it), next's mixes partials are computed
-        in the same pass."""
+        in the same pass. An X past the device's maxStorageBufferRange is posted in chunks of tokens
+        as hc_post does, with nothing carried (carry.partials None: next's pre computes its mixes)."""
         if next is None:
             return hc_post(f, X, post, comb, fused=self.fused, device=self.device, out=out)
         self._check_next(next)
@@ -193,7 +194,9 @@ class HcSite(_Resident):
             pass                # the per-call path: float32 Tensors whose shapes passed the checks below
         else:                   # (also where nothing is carried: handed to hc_post below)
             X, T = self._x(X)
-            if T == 0 or not self._carries(T):
+            # past the binding limit hc_post runs in chunks of tokens, carrying nothing: a carry's partials
+            # are laid out for all T tokens at once (their kernel's split depends on T)
+            if T == 0 or not self._carries(T) or 4 * T * HC * self.D > self.device.caps.limits.max_storage_buffer_range:
                 return hc_post(f, X, post, comb, fused=self.fused, device=self.device, out=out), MixCarry(next, None)
             f = array_arg("f", f, (T, self.D))
             post = array_arg("post", post, (T, HC))
