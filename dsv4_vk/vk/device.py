@@ -341,7 +341,7 @@ class Device:
         self.spin_ns = 1000 * (default_spin if spin_us < 0 else spin_us)
         self._staging = None
         self._one_shot: tuple[Handle, Handle] | None = None
-        self._recordings: weakref.WeakSet[Any] = weakref.WeakSet()    # destroyed at close() if their owners still hold them
+        self._recordings: weakref.WeakSet = weakref.WeakSet()    # destroyed at close() if their owners still hold them
         # every live Buffer, held strongly until its destroy(): close() destroys what is left, also
         # buffers whose owners dropped them without destroy() (a program finalized as close() began,
         # the mapped pair its finalizer queued in the pool, which close() then forgets); a weak set
