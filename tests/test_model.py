@@ -56,7 +56,7 @@ def check_fixture(name, fused, splits=None, chunk=16):
     assert max(errs) <= NMSE_MAX, f"{name} fused={fused}: NMSE per position {errs}"
     for kind in ("prefill", "decode"):
         assert m.compiled(kind).check_guards() == []
-    paths = {path for _, path, _ in m.paths()}
+    paths = {p.path for p in m.paths()}
     assert (paths == {"unfused"}) if fused is False else ("unfused" not in paths)
     return max(errs), paths
 

@@ -222,7 +222,7 @@ def decode_path(cfg, weights, prompt, a, fused, warm):
         "gpu_ms_per_token_profiled": ph["gpu_ms"] / runs,
         "gpu_ms_per_token_by_op": {k: v["gpu_ms"] / runs for k, v in ops},
         "dispatches_per_token_by_op": {k: v["dispatches"] / runs for k, v in ops},
-        "hc_paths": sorted({f"{op}:{path}" for op, path, _ in model.paths()}),
+        "hc_paths": sorted({f"{p.op}:{p.path}" for p in model.paths()}),
         "device_memory_bytes": mem,
     }
 

@@ -62,7 +62,7 @@ def run_path(cfg, weights, prompt, args, fused):
            "tokens_per_s": (len(tokens) - 1) / decode_s if len(tokens) > 1 else float("nan"),
            "dispatches": model.compiled("decode").recording.n_dispatches,
            "host_us": 1e6 * (tm["step_s"] - tm["submit_s"]) / max(tm["steps"], 1),
-           "paths": sorted({f"{op}:{path}" for op, path, _ in model.paths()}),
+           "paths": sorted({f"{p.op}:{p.path}" for p in model.paths()}),
            "memory": mem}
     prof = None
     if not args.no_profile:

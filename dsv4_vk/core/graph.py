@@ -41,8 +41,10 @@ class Graph:
         self.inputs = {}
         self.outputs = {}
         self.storages = []
-        self.paths = []          # (composite op, path, reason) for every composite op built
-        self._tags = []          # stack of tags (e.g. "HC_COMB/unfused") that label nodes
+        self.paths: list[tuple[str, str, str]] = []     # (composite op, path, reason) for every composite op built
+        self.path_scopes: list[str] = []     # the scope each entry of paths was built in (Graph.scope; "" outside)
+        self._tags: list[str] = []           # stack of tags (e.g. "HC_COMB/unfused") that label nodes
+        self._scopes: list[str] = []
 
     # --- leaves -----------------------------------------------------------------------------------
     def _storage(self, numel, dtype, kind, name=None, data=None):
@@ -140,6 +142,27 @@ class Graph:
     def tag(self, label: str) -> "Graph._Tag":
         """Context manager labelling the nodes built inside (used by profiling: GPU time per op)."""
         return Graph._Tag(self, label)
+
+    def scope(self, label: str) -> "Graph._Scope":
+        """Context manager naming the part of a model that the composite ops built inside belong to
+        (a model's "layers.3.ffn"): path_scopes records it beside each entry of paths. Nodes' tags
+        (and so profiles) are unchanged."""
+        return Graph._Scope(self, label)
+
+    class _Scope:
+        def __init__(self, g, label):
+            self.g, self.label = g, label
+
+        def __enter__(self):
+            self.g._scopes.append(self.label)
+
+        def __exit__(self, *exc):
+            self.g._scopes.pop()
+
+    def record_path(self, op: str, path: str, reason: str) -> None:
+        """Note which path a composite op took, and why, in the current scope (paths, path_scopes)."""
+        self.paths.append((op, path, reason))
+        self.path_scopes.append("/".join(self._scopes))
 
     # --- identity -----------------------------------------------------------------------------------
     def signature(self) -> str:

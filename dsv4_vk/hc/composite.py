@@ -50,7 +50,7 @@ def _unit_inner(g, t):
 
 
 def _record(g, op, choice):
-    g.paths.append((op, choice.path, choice.reason))
+    g.record_path(op, choice.path, choice.reason)
 
 
 # --- HC_COMB -----------------------------------------------------------------------------------------

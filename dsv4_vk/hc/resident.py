@@ -44,6 +44,16 @@ class _Resident:
         # the cached programs bind this object's weights: drop them when it goes away
         weakref.finalize(self, _drop, weakref.ref(self.device), self._owner)
 
+    def __repr__(self) -> str:
+        # never raises: also on a closed device, or for an object whose construction failed half-way
+        dev = getattr(self, "device", None)
+        fields = [f"D={getattr(self, 'D', '?')}"] + [f"{k}={getattr(self, k)}" for k in ("hc_eps", "norm_eps", "n_iter")
+                                                     if hasattr(self, k)]
+        fields.append(f"fused={getattr(self, 'fused', '?')}")
+        state = ", device closed" if getattr(dev, "_closed", False) else ""
+        return (f"<dsv4_vk.{type(self).__name__} {' '.join(fields)} on Device #{getattr(dev, 'serial', '?')} "
+                f"{getattr(getattr(dev, 'caps', None), 'name', '?')!r}{state}>")
+
     def _x(self, X):
         X = array_arg("X", X, (None, HC, self.D))
         return X, X.shape[0]
@@ -175,7 +185,8 @@ class HcSite(_Resident):
         """X_new [T,4,D] = f·post[:, d] + Σ_s comb[:, s, d]·X[:, s] (HC_POST, this site's path).
         With `next` (the next HcSite, or the HcHead): (X_new, MixCarry) — where hc.carries (the site
         kernels at T ≤ CARRY_MAX_T, the prefill carry past it), next's mixes partials are computed
-        in the same pass."""
+        in the same pass. An X past the device's maxStorageBufferRange is posted in chunks of tokens
+        as hc_post does, with nothing carried (carry.partials None: next's pre computes its mixes)."""
         if next is None:
             return hc_post(f, X, post, comb, fused=self.fused, device=self.device, out=out)
         self._check_next(next)
@@ -183,7 +194,9 @@ class HcSite(_Resident):
             pass                # the per-call path: float32 Tensors whose shapes passed the checks below
         else:                   # (also where nothing is carried: handed to hc_post below)
             X, T = self._x(X)
-            if T == 0 or not self._carries(T):
+            # past the binding limit hc_post runs in chunks of tokens, carrying nothing: a carry's partials
+            # are laid out for all T tokens at once (their kernel's split depends on T)
+            if T == 0 or not self._carries(T) or 4 * T * HC * self.D > self.device.caps.limits.max_storage_buffer_range:
                 return hc_post(f, X, post, comb, fused=self.fused, device=self.device, out=out), MixCarry(next, None)
             f = array_arg("f", f, (T, self.D))
             post = array_arg("post", post, (T, HC))

@@ -3,7 +3,7 @@ directories), the float64 reference, device graphs and the token-by-token runner
 from .checkpoint import CheckpointError, load_hf, random_weights, save_hf, tensor_shapes
 from .config import ConfigError, V4Config
 from .reference import V4Reference
-from .runner import Model, Sampling
+from .runner import Model, Sampling, SitePath
 
-__all__ = ["CheckpointError", "ConfigError", "Model", "Sampling", "V4Config", "V4Reference", "load_hf",
+__all__ = ["CheckpointError", "ConfigError", "Model", "Sampling", "SitePath", "V4Config", "V4Reference", "load_hf",
            "random_weights", "save_hf", "tensor_shapes"]

@@ -235,9 +235,12 @@ class ModelGraph:
         fns = [f"layers.{i}.hc_{name}_fn" for i, name, _ in sites] + ["hc_head_fn"]
         carry = None
         for k, (i, name, sublayer) in enumerate(sites):
-            X, carry = self.site(X, i, name, sublayer, carry, self.param(fns[k + 1]))
-        h = hc.head_pre(g, X, self.param("hc_head_fn"), self.param("hc_head_scale"), self.param("hc_head_base"),
-                        hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps, fused=self.fused, device=self.device, mix=carry)
+            with g.scope(f"layers.{i}.{name}"):         # names the site in Model.paths()
+                X, carry = self.site(X, i, name, sublayer, carry, self.param(fns[k + 1]))
+        with g.scope("head"):
+            h = hc.head_pre(g, X, self.param("hc_head_fn"), self.param("hc_head_scale"), self.param("hc_head_base"),
+                            hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps, fused=self.fused, device=self.device,
+                            mix=carry)
         return self.linear(self.norm(h, "norm.weight"), "head.weight")    # [T, V]
 
     def site(self, X, i, name, sublayer, carry, next_fn):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -48,6 +48,14 @@ class Sampling:
             raise ValueError(f"Sampling.top_k must be an integer in [1, {MAX_TOP_K}], got {self.top_k!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 31:
             raise ValueError(f"Sampling.seed must be an integer in [0, 2^31), got {self.seed!r}")
+
+
+class SitePath(NamedTuple):
+    """Which path one HC op of a model took, and why (Model.paths)."""
+    site: str           # the hyper-connection site: "layers.{i}.attn", "layers.{i}.ffn" or "head"
+    op: str             # HC_SITE, HC_COMB, HC_PRE, HC_POST, ...
+    path: str           # "fused:site", "unfused", ...
+    reason: str
 
 
 GREEDY = Sampling()
@@ -133,9 +141,11 @@ class Model:
                 weights[p.dtype] = weights.get(p.dtype, 0) + nbytes
         return {"weights": weights, "cache": cache, "total": sum(weights.values()) + cache}
 
-    def paths(self) -> list:
-        """(op, path, reason) of every HC op of the decode graph."""
-        return list(self.compiled("decode").graph.paths)
+    def paths(self) -> list[SitePath]:
+        """SitePath(site, op, path, reason) of every HC op of the decode graph, in order; site names the
+        hyper-connection site it belongs to ("layers.0.attn", "layers.0.ffn", …, "head")."""
+        graph = self.compiled("decode").graph
+        return [SitePath(site, *p) for site, p in zip(graph.path_scopes, graph.paths)]
 
     # --- per-step values ------------------------------------------------------------------------------
     def _write(self, name, value):

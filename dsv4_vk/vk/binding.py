@@ -3,6 +3,8 @@
 Everything else in dsv4_vk reaches Vulkan through this subpackage. `lib` is the raw cffi library
 (calls cost ~10x less than the binding's wrappers); `ffi` builds structs.
 """
+from typing import Any
+
 from .errors import VulkanUnavailable
 
 try:
@@ -24,6 +26,9 @@ except ImportError as e:
 RESULT_NAMES = {(-abs(getattr(vk, n)) if n.startswith("VK_ERROR_") else getattr(vk, n)): n for n in dir(vk)
                 if (n.startswith("VK_ERROR_") or n in ("VK_TIMEOUT", "VK_NOT_READY", "VK_INCOMPLETE"))
                 and isinstance(getattr(vk, n), int)}
+# a Vulkan handle or struct as the cffi binding gives it (VkFence, VkCommandBuffer[1], VkSubmitInfo*, ...):
+# the binding has no type information
+Handle = Any
 ERROR_OUT_OF_POOL_MEMORY = -1000069000
 ERROR_FRAGMENTED_POOL = -12
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ class Capabilities:
     @staticmethod
     def from_probe(index: int, p: dict) -> "Capabilities":
         sg, ts, lim = p["subgroup"], p["timestamps"], p["limits"]
+        limits: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in lim.items()}
         return Capabilities(
             index=index, name=p["name"], type=p["type"], type_code=p["type_code"], vendor_id=p["vendor_id"],
             device_id=p["device_id"], api_version=p["api_version"], driver_version=p["driver_version"],
@@ -112,7 +114,7 @@ class Capabilities:
                                   size_control=sg["size_control"], full_subgroups=sg["full_subgroups"],
                                   required_size_compute=sg["required_size_compute"]),
             timestamps=TimestampCaps(**ts),
-            limits=Limits(**{k: tuple(v) if isinstance(v, list) else v for k, v in lim.items()}),
+            limits=Limits(**limits),
             memory_heaps=tuple(MemoryHeap(**h) for h in p["memory_heaps"]),
             memory_types=tuple(MemoryType(**t) for t in p["memory_types"]),
             queues=tuple(QueueFamily(**q) for q in p["queues"]),

@@ -20,15 +20,16 @@ import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from . import env
-from .binding import ERROR_FRAGMENTED_POOL, ERROR_OUT_OF_POOL_MEMORY, check, ffi, lib, vk
+from .binding import ERROR_FRAGMENTED_POOL, ERROR_OUT_OF_POOL_MEMORY, Handle, check, ffi, lib, vk
 from .caps import Capabilities
 from .errors import DeviceClosed, ValidationError, VulkanError, VulkanUnavailable
 from .recorder import begin_transfer, destroy_recording
 
 if TYPE_CHECKING:
+    from .memory import Buffer
     from .tensor import Tensor
 
 DEFAULT_CACHE_BYTES = 1 << 30   # budget of cached programs + free pooled buffers (DSV4_VK_CACHE_BYTES)
@@ -298,14 +299,14 @@ class Device:
         self.serial = next(_serials)    # the process's devices in the order opened (repr)
         self._closed = True             # until every handle exists: close() then has nothing to undo
         self._closing = True            # set when close() begins (and until the device is open): calls refused
-        self._users = []                # one entry per counted call inside the device now (begin_use)
+        self._users: list[None] = []    # one entry per counted call inside the device now (begin_use)
         self.in_use = _InUse(self)      # `with device.in_use:` counts the block (begin_use / end_use)
-        self._orphans = []              # handles of recordings destroyed while closing: close() destroys them
+        self._orphans: list[tuple] = []  # handles of recordings destroyed while closing: close() destroys them
         self.lock = threading.RLock()
         self.validation = validation
         self.instance = _create_instance(validation)
         # every validation message is kept here; the ones of the current thread's last call raise
-        self.validation_messages = []
+        self.validation_messages: list[tuple[int, str]] = []
         self._pending_messages = threading.local()
         self._messenger = None
         try:
@@ -339,13 +340,13 @@ class Device:
         default_spin = 0 if self.caps.type_code == 4 else DEFAULT_SPIN_US
         self.spin_ns = 1000 * (default_spin if spin_us < 0 else spin_us)
         self._staging = None
-        self._one_shot = None
-        self._recordings = weakref.WeakSet()    # destroyed at close() if their owners still hold them
+        self._one_shot: tuple[Handle, Handle] | None = None
+        self._recordings: weakref.WeakSet = weakref.WeakSet()    # destroyed at close() if their owners still hold them
         # every live Buffer, held strongly until its destroy(): close() destroys what is left, also
         # buffers whose owners dropped them without destroy() (a program finalized as close() began,
         # the mapped pair its finalizer queued in the pool, which close() then forgets); a weak set
         # lost those, and their VkBuffer and VkDeviceMemory outlived vkDestroyDevice
-        self._buffers = set()
+        self._buffers: set[Buffer] = set()
         from .cache import ProgramCache
         from .memory import Arena, BufferPool
         from .pipeline import PipelineCache
@@ -360,7 +361,7 @@ class Device:
     def closed(self) -> bool:
         return self._closed
 
-    def check_open(self):
+    def check_open(self) -> None:
         """Raise DeviceClosed once close() has begun (called by every entry point)."""
         if self._closing:
             raise DeviceClosed(f"device {self.caps.name!r} was closed: open a new one with dsv4_vk.Device() "
@@ -397,7 +398,7 @@ class Device:
             pending = self._pending_messages.items = []
         pending.append((severity, msg))
 
-    def check_validation(self, what="the last call"):
+    def check_validation(self, what: str = "the last call") -> None:
         """With validation on: raise ValidationError for messages the layer reported in this thread."""
         pending = getattr(self._pending_messages, "items", None)
         if pending:
@@ -483,7 +484,7 @@ class Device:
         return None
 
     # --- descriptor sets (the pools are shared: callers hold `lock`) ------------------------------
-    def allocate_descriptor_set(self, layout):
+    def allocate_descriptor_set(self, layout: Handle) -> tuple[Handle, Handle]:
         self.check_open()
         lay = ffi.new("VkDescriptorSetLayout[]", [layout])
         info = ffi.new("VkDescriptorSetAllocateInfo*")
@@ -505,8 +506,9 @@ class Device:
                     self._new_descriptor_pool()
                     continue
                 check(res, "vkAllocateDescriptorSets")
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
-    def free_descriptor_set(self, pool, dset):
+    def free_descriptor_set(self, pool: Handle, dset: Handle) -> None:
         if self._closed:
             return
         arr = ffi.new("VkDescriptorSet[]", [dset])
@@ -514,7 +516,7 @@ class Device:
             lib.vkFreeDescriptorSets(self.device, pool, 1, arr)
 
     # --- command buffers ----------------------------------------------------------------------
-    def create_command_pool(self):
+    def create_command_pool(self) -> Handle:
         """A command pool of the compute queue family; its owner uses it from one thread at a time."""
         pinfo = ffi.new("VkCommandPoolCreateInfo*")
         pinfo.sType = vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO
@@ -524,7 +526,7 @@ class Device:
         check(lib.vkCreateCommandPool(self.device, pinfo, ffi.NULL, cp), "vkCreateCommandPool")
         return cp[0]
 
-    def allocate_command_buffer(self, pool=None):
+    def allocate_command_buffer(self, pool: Handle | None = None) -> Handle:
         self.check_open()
         info = ffi.new("VkCommandBufferAllocateInfo*")
         info.sType = vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO
@@ -535,7 +537,7 @@ class Device:
         check(lib.vkAllocateCommandBuffers(self.device, info, out), "vkAllocateCommandBuffers")
         return out[0]
 
-    def create_fence(self):
+    def create_fence(self) -> Handle:
         self.check_open()
         info = ffi.new("VkFenceCreateInfo*")
         info.sType = vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO
@@ -544,7 +546,7 @@ class Device:
         return out[0]
 
     @staticmethod
-    def submit_info(cmds):
+    def submit_info(cmds: Sequence[Handle]) -> tuple[Handle, Handle]:
         """A VkSubmitInfo for the command buffers `cmds` (built once per recording, reused per submit)."""
         arr = ffi.new("VkCommandBuffer[]", list(cmds))
         info = ffi.new("VkSubmitInfo*")
@@ -553,7 +555,7 @@ class Device:
         info.pCommandBuffers = arr
         return info, arr
 
-    def submit(self, info, fence_arr):
+    def submit(self, info: Handle, fence_arr: Handle) -> None:
         """Submit a VkSubmitInfo with fence fence_arr[0] (a VkFence[1]); returns without waiting."""
         with self.lock:
             self.check_open()
@@ -563,7 +565,7 @@ class Device:
             self.check_validation("vkQueueSubmit")
         check(res, "vkQueueSubmit")
 
-    def wait(self, fence_arr, timeout_ns=600 * 10**9):
+    def wait(self, fence_arr: Handle, timeout_ns: int = 600 * 10**9) -> None:
         """Block until the submission signalling fence_arr[0] finished (outside the device lock)."""
         self.check_open()
         res = vk.VK_NOT_READY
@@ -584,14 +586,14 @@ class Device:
         if self.validation:
             self.check_validation("the submitted work")
 
-    def submit_and_wait(self, cmd, fence, timeout_ns=600 * 10**9):
+    def submit_and_wait(self, cmd: Handle, fence: Handle, timeout_ns: int = 600 * 10**9) -> None:
         """Submit one recorded command buffer and block until the GPU finished it."""
         info, keep = self.submit_info([cmd])
         fences = ffi.new("VkFence[]", [fence])
         self.submit(info, fences)
         self.wait(fences, timeout_ns)
 
-    def one_shot(self, record):
+    def one_shot(self, record: Callable[[Handle], object]) -> None:
         """Record commands with `record(cmd)` into the shared one-shot command buffer, submit and wait
         (holding `lock` throughout: the command buffer and the staging buffer are shared)."""
         with self.lock:
@@ -638,17 +640,17 @@ class Device:
 
     # --- convenience ----------------------------------------------------------------------------
     @property
-    def name(self):
+    def name(self) -> str:
         return self.caps.name
 
     @property
-    def subgroup_size(self):
+    def subgroup_size(self) -> int:
         return self.caps.subgroup.size
 
-    def supports_subgroup_op(self, op):
+    def supports_subgroup_op(self, op: str) -> bool:
         return self.caps.subgroup.supports(op)
 
-    def wait_idle(self):
+    def wait_idle(self) -> None:
         with self.in_use:
             lib.vkDeviceWaitIdle(self.device)
 

@@ -10,9 +10,15 @@ from __future__ import annotations
 import math
 import operator
 
+from typing import TYPE_CHECKING, Any, Sequence
+
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from .memory import GUARD, Buffer, guarded_buffer
+
+if TYPE_CHECKING:
+    from .device import Device
 
 # f16 / bf16: weights kept in their checkpoint precision (the mat-vec and expert kernels read them);
 # element offsets and strides stay in elements of the tensor's own dtype. numpy's bfloat16 comes
@@ -81,10 +87,11 @@ class Tensor:
     # per-call path), so the per-call attribute reads stay on the interpreter's fast path
     __slots__ = ("device", "shape", "dtype_name", "numel", "guarded", "buffer", "_pins", "__weakref__")
 
-    def __init__(self, device, shape, dtype="f32", *, host_visible: bool = False, fill_guards: bool = False):
+    def __init__(self, device: Device, shape: int | Sequence[int], dtype: DTypeLike = "f32", *,
+                 host_visible: bool = False, fill_guards: bool = False):
         device.check_open()
         self._pins = 0                  # compiled programs binding this tensor in place
-        self.buffer = None
+        self.buffer: Buffer | None = None
         self.device = device
         self.shape = _shape(shape)
         self.dtype_name = dtype_name(dtype)
@@ -97,8 +104,8 @@ class Tensor:
         # guards get the sentinel only on request (executor params: guard checks then cover them);
         # a tensor made per call (op outputs) skips those writes
         self.guarded = fill_guards
-        self.buffer: Buffer | None = guarded_buffer(device, self.numel, None, host_visible, self.guarded,
-                                                    size=itemsize(self.dtype_name))
+        self.buffer = guarded_buffer(device, self.numel, None, host_visible, self.guarded,
+                                     size=itemsize(self.dtype_name))
 
     @classmethod
     def _pooled_many(cls, device, specs) -> list["Tensor"]:
@@ -115,12 +122,12 @@ class Tensor:
         return out
 
     @staticmethod
-    def pooled_spec(device, shape, dtype_name, numel):
+    def pooled_spec(device: Device, shape: tuple[int, ...], dtype_name: str, numel: int) -> tuple[Any, ...]:
         """What _pooled_many needs for tensors of this shape and dtype (computed once per program)."""
         return shape, dtype_name, numel, device.pool.bucket(data_bytes(numel, dtype_name) + 2 * GUARD * 4)
 
     @classmethod
-    def from_array(cls, device, array, dtype=None) -> "Tensor":
+    def from_array(cls, device: Device, array: ArrayLike, dtype: DTypeLike | None = None) -> "Tensor":
         a = np.asarray(array)
         if dtype is None:
             dtype = np.float32 if a.dtype == np.float64 else a.dtype
@@ -156,7 +163,7 @@ class Tensor:
             raw = self._buf().read(GUARD * 4, self.nbytes).view(self._np_dtype)
         return raw.reshape(self.shape)
 
-    def write(self, array, start: int | None = None) -> None:
+    def write(self, array: ArrayLike, start: int | None = None) -> None:
         """Overwrite the whole tensor with `array` (same shape; float64 is rounded to float32) or, with
         `start`, the flat elements [start, start + array.size)."""
         buf = self._buf()
@@ -207,9 +214,29 @@ class Tensor:
         if buf is not None and not self.device._closed:
             self.device.pool.free_later(buf)     # no lock in a finalizer: the pool takes it back later
 
+    def __array__(self, dtype: DTypeLike | None = None, copy: bool | None = None) -> np.ndarray:
+        """`np.asarray(tensor)`: a host copy of the data (as numpy() gives). The data lives on the device,
+        so every conversion copies: copy=False (numpy 2: "never copy") is refused."""
+        if copy is False:
+            raise ValueError("a dsv4_vk.Tensor lives on a device: converting it to a numpy array always copies "
+                             "(use np.asarray(t) or t.numpy(), not copy=False)")
+        a = self.numpy()
+        return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
+
     def __repr__(self) -> str:
-        state = "" if self.buffer is not None else " released"
-        return f"<dsv4_vk.Tensor {self.shape} {self.dtype} on {self.device.name!r}{state}>"
+        # never raises: also for a tensor whose device was closed or whose construction failed half-way
+        device = getattr(self, "device", None)
+        name = getattr(getattr(device, "caps", None), "name", "?")
+        dtype = DTYPES.get(getattr(self, "dtype_name", ""))
+        state = ""
+        if getattr(self, "buffer", None) is None:
+            state = ", released"
+        elif getattr(device, "_closed", False):
+            state = ", device closed"
+        elif getattr(self, "_pins", 0):
+            state = f", bound in {self._pins} program(s)"
+        return (f"<dsv4_vk.Tensor {getattr(self, 'shape', '?')} {np.dtype(dtype) if dtype else '?'} "
+                f"on Device #{getattr(device, 'serial', '?')} {name!r}{state}>")
 
 
 class TensorRows:
