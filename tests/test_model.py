@@ -394,6 +394,81 @@ def test_api_errors_name_the_argument():
         m.step()
 
 
+def test_a_stale_generator_raises_and_leaves_the_new_sequence_alone(rng):
+    """A generator made before reset() or another generate() raises on its next token (its tokens would
+    come from the new sequence's state), and closing it does not rewind the new sequence."""
+    m = Model.load(TINY, seed=5, prefill_chunk=8)
+    prompt = [int(t) for t in rng.integers(0, TINY.vocab_size, 4)]
+    ref = list(Model.load(TINY, seed=5, prefill_chunk=8).generate(prompt, 10, steps_per_submit=3))
+    for change in ("reset", "generate", "prefill", "step"):
+        old = m.generate(prompt, 10, steps_per_submit=3)
+        assert next(old) == ref[0]
+        new = m.generate(prompt, 10, steps_per_submit=3) if change == "generate" else None
+        if change == "reset":
+            m.reset()
+        elif change in ("prefill", "step"):
+            m.step(1) if change == "step" else m.prefill([1])
+        with pytest.raises(RuntimeError, match="stale"):
+            next(old)
+        if new is not None:
+            got = [next(new) for _ in range(3)]
+            position = m.position
+            old.close()                                      # closing the stale one rewinds nothing
+            del old
+            assert m.position == position
+            assert got + list(new) == ref, change
+    # a generator made and not started yet is stale too once another one begins
+    first = m.generate(prompt, 3)
+    assert list(m.generate(prompt, 10, steps_per_submit=3)) == ref
+    with pytest.raises(RuntimeError, match="stale"):
+        next(first)
+
+
+def test_generate_without_sampling_is_greedy_every_time(rng):
+    prompt = [int(t) for t in rng.integers(0, TINY.vocab_size, 4)]
+    greedy = list(Model.load(TINY, seed=6).generate(prompt, 8))
+    m = Model.load(TINY, seed=6)
+    hot = Sampling(temperature=5.0, top_k=40, seed=9)
+    sampled = list(m.generate(prompt, 8, hot))
+    assert sampled != greedy                   # (else the next asserts could not tell the two apart)
+    assert list(m.generate(prompt, 8)) == greedy
+    m.set_sampling(hot)
+    m.reset()
+    assert list(m.generate(prompt, 8, None)) == greedy
+    assert m.sampling == Sampling()
+
+
+def test_step_before_any_prompt_is_refused():
+    m = Model.load(TINY, seed=0)
+    for call in (m.step, lambda: m.steps(2)):
+        with pytest.raises(ValueError, match="no prompt yet"):
+            call()
+    assert m.position == 0
+    m.step(3)                                 # a token given is a prompt of one
+    m.step()
+    m.reset()
+    with pytest.raises(ValueError, match="no prompt yet"):
+        m.step()
+    m.prefill([1, 2])
+    m.steps(2)
+
+
+@pytest.mark.parametrize("splits, message", [
+    ([1, 1], "splits has 2 entries: expected one per layer, num_hidden_layers = 3"),
+    ([1, 1, 1, 1], "splits has 4 entries"),
+    ([1, 1000, 1], "integers from 1 to 64"), ([0, 1, 1], "integers from 1 to 64"), ([1, 2.0, 1], "from 1 to 64"),
+    (4, "sequence of 3 integers"), ("111", "sequence of 3 integers")])
+def test_splits_are_bounded_and_one_per_layer(splits, message):
+    with pytest.raises(ValueError, match=message):
+        Model.load(TINY, seed=0, splits=splits)
+
+
+@pytest.mark.parametrize("device", ["cpu", 0, "llvmpipe"])
+def test_device_that_is_not_a_device_is_explained(device):
+    with pytest.raises(ValueError, match="device must be a dsv4_vk.Device .*got " + repr(device)):
+        Model.load(TINY, device=device)
+
+
 def validation_worker():
     """Subprocess entry (DSV4_VK_VALIDATION=1): prefill, decode and sampling on both paths."""
     from dsv4_vk.vk import default_device

@@ -27,7 +27,8 @@ import numpy as np
 from ..core import profile
 from ..core.executor import Executor
 from ..ops.sample import MAX_TOP_K
-from ..vk import default_device
+from ..ops.v4_attention import MAX_DECODE_SPLITS
+from ..vk import Device, default_device
 from .build import INDEXER, STEP_PARAMS, ModelGraph, all_entries_fit, param_arrays
 from .checkpoint import load_hf, normalise, random_weights
 from .config import V4Config
@@ -70,6 +71,11 @@ class Model:
         (None: model.build.decode_splits, one tiled-attention tile of the layer's longest list each)."""
         if not isinstance(cfg, V4Config):
             raise ValueError(f"cfg must be a V4Config, got {type(cfg).__name__}")
+        if device is not None and not isinstance(device, Device):
+            raise ValueError(f"device must be a dsv4_vk.Device (a Vulkan device: dsv4_vk.Device(), Device(1) or "
+                             f"Device('llvmpipe'); `dsv4_vk info --all` lists them) or None for the default one, "
+                             f"got {device!r}")
+        splits = _check_splits(splits, cfg.num_hidden_layers)
         weights = normalise(cfg, weights)
         if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be an integer ≥ 1, got {prefill_chunk!r}")
@@ -90,6 +96,8 @@ class Model:
         self._step = {n: self.ex.params[n] for n in STEP_PARAMS + (HISTORY,)}
         self.position = 0
         self.sampling = GREEDY
+        self._fed = False         # whether a prompt (or a token) was run since the sequence began
+        self._epoch = 0           # advanced by every call that changes the sequence: stale generators see it
         self.timing = {"steps": 0, "step_s": 0.0, "submit_s": 0.0}
 
     # --- construction ---------------------------------------------------------------------------
@@ -159,14 +167,18 @@ class Model:
 
     # --- API --------------------------------------------------------------------------------------------
     def reset(self) -> None:
-        """Start a new sequence at position 0 (cache rows are overwritten before they are read)."""
+        """Start a new sequence at position 0 (cache rows are overwritten before they are read). A
+        generator that `generate` returned before raises on its next token."""
         self.position = 0
+        self._fed = False
+        self._epoch += 1
 
     def set_sampling(self, sampling: "Sampling") -> None:
         """Sampling of every following prefill/step (reseeds the device RNG)."""
         if not isinstance(sampling, Sampling):
             raise ValueError(f"sampling must be a Sampling, got {type(sampling).__name__}")
         self.sampling = sampling
+        self._epoch += 1
         self.ex.set_param("sampler.cfg", np.array([sampling.temperature, sampling.top_k], np.float32))
         self.ex.set_param("sampler.state", np.array([sampling.seed, 0], np.int32))
 
@@ -203,6 +215,8 @@ class Model:
                 if all_logits or start + C >= ids.size:
                     rows.append(cg.read(logits_t)[:chunk.size])
         self.position += ids.size
+        self._fed = True
+        self._epoch += 1
         return np.concatenate(rows) if all_logits else rows[-1][-1]
 
     def step(self, token: int | None = None, output: str = "token") -> int | np.ndarray:
@@ -215,6 +229,8 @@ class Model:
             raise ValueError(f"the sequence is full: position {self.position} = max_ctx; call reset()")
         if token is not None:
             self._write("step.token", int(self._ids([token], "token")[0]))
+        else:
+            self._check_fed("step()")
         cg = self.compiled("decode", self._dense(self.position))
         self._write("step.pos", self.position)
         t1 = time.perf_counter()
@@ -222,6 +238,8 @@ class Model:
             self._replay(cg)
         t2 = time.perf_counter()
         self.position += 1
+        self._fed = True
+        self._epoch += 1
         out = self._read_token() if output == "token" else cg.read(cg.graph.outputs["logits"])[0]
         tm = self.timing
         tm["steps"] += 1
@@ -244,6 +262,7 @@ class Model:
             raise ValueError(f"k must be an integer ≥ 1, got {k!r}")
         if self.position >= self.cfg.max_ctx:
             raise ValueError(f"the sequence is full: position {self.position} = max_ctx; call reset()")
+        self._check_fed("steps()")
         t0 = time.perf_counter()
         k = min(k, self.prefill_chunk, self.cfg.max_ctx - self.position)
         dense = self._dense(self.position + k - 1)
@@ -263,6 +282,7 @@ class Model:
         t2 = time.perf_counter()
         toks = [int(t) for t in self._step[HISTORY].read_at(self.position, k)]
         self.position += k
+        self._epoch += 1
         tm = self.timing
         tm["steps"] += k
         tm["submit_s"] += t2 - t1
@@ -272,11 +292,13 @@ class Model:
     def generate(self, prompt: Sequence[int] | np.ndarray, max_new_tokens: int, sampling: "Sampling | None" = None,
                  stop: Iterable[int] | None = None, steps_per_submit: int = STEPS_PER_SUBMIT) -> Iterator[int]:
         """A new sequence: prefill `prompt`, then yield up to max_new_tokens sampled tokens, ending
-        early after a token in `stop`. Decode runs `steps_per_submit` steps per command buffer
-        (`steps`); tokens past a stop token (or past what the caller took) are discarded and the
-        position, the fed-back token and the sampler counter rewound, so the model ends in the
-        state one-step decoding would leave. Arguments are checked here, before the generator is
-        returned."""
+        early after a token in `stop`. sampling=None: greedy (`Sampling()`), whatever was set before.
+        Decode runs `steps_per_submit` steps per command buffer (`steps`); tokens past a stop token
+        (or past what the caller took) are discarded and the position, the fed-back token and the
+        sampler counter rewound, so the model ends in the state one-step decoding would leave.
+        Arguments are checked here, before the generator is returned. The generator owns the model
+        until it ends: once anything else changes the sequence (`reset`, another `generate`,
+        `prefill`, `step`, `steps`, `set_sampling`) it raises RuntimeError on its next token."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer ≥ 0, got {max_new_tokens!r}")
         if isinstance(steps_per_submit, bool) or not isinstance(steps_per_submit, int) or steps_per_submit < 1:
@@ -288,13 +310,16 @@ class Model:
         if prompt.size + max_new_tokens - 1 > self.cfg.max_ctx:
             raise ValueError(f"max_new_tokens: {prompt.size} prompt + {max_new_tokens} new tokens exceed "
                              f"max_ctx {self.cfg.max_ctx} (+1: the last token is not fed back)")
-        return self._generate(prompt, max_new_tokens, sampling or self.sampling, set(stop or ()), steps_per_submit)
+        return self._generate(prompt, max_new_tokens, GREEDY if sampling is None else sampling, set(stop or ()),
+                              steps_per_submit, self._epoch)
 
-    def _generate(self, prompt, max_new_tokens, sampling, stop, per_submit):
+    def _generate(self, prompt, max_new_tokens, sampling, stop, per_submit, epoch):
         if max_new_tokens == 0:
             return
+        self._check_current(epoch)
         self.set_sampling(sampling)
         self.prefill(prompt)
+        epoch = self._epoch
         batch, n = [self.next_token], 0
         while True:
             for j, tok in enumerate(batch):
@@ -303,13 +328,27 @@ class Model:
                 try:
                     yield tok
                 except GeneratorExit:               # the caller stopped taking tokens
-                    self._discard(batch, j + 1)
+                    if self._epoch == epoch:        # (a stale generator leaves the new sequence alone)
+                        self._discard(batch, j + 1)
                     raise
+                self._check_current(epoch)
                 n += 1
                 if tok in stop or n == max_new_tokens:
                     self._discard(batch, j + 1)
                     return
             batch = self.steps(min(per_submit, max_new_tokens - n))
+            epoch = self._epoch
+
+    def _check_current(self, epoch):
+        if self._epoch != epoch:
+            raise RuntimeError("this generate() iterator is stale: the model's sequence changed since it "
+                               "yielded (reset, another generate, prefill, step, steps or set_sampling); its "
+                               "tokens would come from another state. Call generate() again")
+
+    def _check_fed(self, what):
+        if not self._fed:
+            raise ValueError(f"{what} has no token to feed: the sequence has no prompt yet (after Model.load or "
+                             "reset). Run prefill(ids) first, or pass the token: step(token)")
 
     def _discard(self, batch, kept):
         """Rewind after a batch of which only the first `kept` tokens were used: the position, the
@@ -322,3 +361,20 @@ class Model:
         self._write("step.token", batch[kept - 1])
         state = self.ex.params["sampler.state"]
         state.write(state.read_at(1) - surplus, 1)
+
+
+def _check_splits(splits, n_layers):
+    """splits as a tuple of n_layers integers in [1, MAX_DECODE_SPLITS] (None: the default per layer)."""
+    if splits is None:
+        return None
+    if isinstance(splits, (str, bytes)) or not isinstance(splits, Sequence):
+        raise ValueError(f"splits must be None or a sequence of {n_layers} integers (one per layer), "
+                         f"got {type(splits).__name__}")
+    if len(splits) != n_layers:
+        raise ValueError(f"splits has {len(splits)} entries: expected one per layer, num_hidden_layers = {n_layers}")
+    bad = [s for s in splits if isinstance(s, bool) or not isinstance(s, (int, np.integer))
+           or not 1 <= s <= MAX_DECODE_SPLITS]
+    if bad:
+        raise ValueError(f"splits entries must be integers from 1 to {MAX_DECODE_SPLITS} (key-list splits at "
+                         f"decode), got {bad[:5]}")
+    return tuple(int(s) for s in splits)
