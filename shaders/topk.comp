@@ -17,12 +17,13 @@
 // Variants (one workgroup of WG ≤ 256 invocations each; bins looped when WG < 256):
 //   -      one workgroup per row selects from the row's scores and writes idx, sorted (each
 //          selected key's rank is the count of selected keys above it, read from shared memory);
-//   PART   one workgroup per (row, tile of TILE entries): the tile's top K keys, unordered, into
-//          cand[t, tile] = [count, (key hi, key lo) × count]; tiles at or past v(t) leave at once;
+//   PART   `groups` workgroups per row, each taking tiles of TILE entries g, g + groups, ... below
+//          v(t): a tile's top K keys, unordered, into cand[t, tile] = [count, (key hi, key lo) ×
+//          count]; tiles at or past v(t) are neither read nor written;
 //   MERGE  one workgroup per row: the top K of the candidates of the row's tiles below v(t),
 //          written as the plain variant writes them.
 // Spec constants: 0 workgroup size, 1 K (shared memory holds 2·K keys' words), 2 TILE.
-// Push: T, n, K, tiles, rate, capacity, has_pos, s (off, s0), pos_off, cand (off, s0), idx (off, s0).
+// Push: T, n, K, tiles, groups, rate, capacity, has_pos, s (off, s0), pos_off, cand (off, s0), idx (off, s0).
 #include "common.glsl"
 layout(constant_id = 1) const uint KCAP = 1;
 layout(constant_id = 2) const uint TILE = 4096;
@@ -37,7 +38,7 @@ layout(binding = 3) writeonly buffer I { int idx[]; };
 layout(binding = 2) writeonly buffer I { int idx[]; };
 #endif
 layout(push_constant) uniform P {
-    uint T, n, K, tiles, rate, capacity, has_pos;
+    uint T, n, K, tiles, groups, rate, capacity, has_pos;
     uint s_off, s_s0, pos_off, c_off, c_s0, i_off, i_s0;
 } p;
 
@@ -80,28 +81,10 @@ uvec2 item(uint i) {
 #endif
 }
 
-void main() {
+// the top KCAP keys of the workgroup's list (row, first, list set): PART stores them as tile's
+// candidates, the others rank them and write idx
+void select_list(uint tile) {
     uint l = gl_LocalInvocationID.x, wg = gl_WorkGroupSize.x;
-    uint g = flat_group();
-#if defined(PART)
-    row = g / p.tiles;
-    uint tile = g % p.tiles;
-#else
-    row = g;
-#endif
-    if (row >= p.T) return;                             // uniform per workgroup
-    uint v = valid_entries(row);
-#if defined(PART)
-    first = tile * TILE;
-    if (first >= v) return;                             // past the row's entries: nothing to read
-    list = min(TILE, v - first);
-#elif defined(MERGE)
-    first = 0u;
-    list = (v + TILE - 1u) / TILE * KCAP;              // the candidate slots of the tiles below v
-#else
-    first = 0u;
-    list = v;
-#endif
     // radix select over the keys: pre holds the digits decided so far (under msk)
     uvec2 pre = uvec2(0u), msk = uvec2(0u);
     uint need = 0u, total = 0u;
@@ -173,5 +156,31 @@ void main() {
         idx[ib + rank] = int(~me.y);
     }
     for (uint r = chosen + l; r < KCAP; r += wg) idx[ib + r] = -1;
+#endif
+}
+
+void main() {
+    uint g = flat_group();
+#if defined(PART)
+    row = g / p.groups;
+#else
+    row = g;
+#endif
+    if (row >= p.T) return;                             // uniform per workgroup
+    uint v = valid_entries(row);
+#if defined(PART)
+    for (uint tile = g % p.groups; tile * TILE < v; tile += p.groups) {   // none past the row's entries
+        first = tile * TILE;
+        list = min(TILE, v - first);
+        select_list(tile);
+    }
+#elif defined(MERGE)
+    first = 0u;
+    list = (v + TILE - 1u) / TILE * KCAP;              // the candidate slots of the tiles below v
+    select_list(0u);
+#else
+    first = 0u;
+    list = v;
+    select_list(0u);
 #endif
 }

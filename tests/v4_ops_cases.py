@@ -188,7 +188,9 @@ def test_index_score(rng, monkeypatch, heads, T, nh, hd, n, rate, p0):
     monkeypatch.setitem(compress.INDEX_HEADS, "heads", heads)
     arrays = [f32(rng, T, nh, hd), f32(rng, T, nh), f32(rng, n, hd), np.array([p0], np.int32)]
     got, ref, bad = run("INDEX_SCORE", arrays, {"rate": rate, "scale": hd ** -0.5 * nh ** -0.5, "capacity": 4096})
-    check(got, ref, bad)
+    closed = np.isfinite(ref)                       # the rest of a row is left unwritten (TOPK never reads it)
+    assert closed.sum() == sum(min((p0 + t + 1) // rate, n) for t in range(T))
+    check(got[closed], ref[closed], bad)
 
 
 @pytest.mark.parametrize("T,n,k", [(1, 9, 4), (5, 300, 100), (2, 70, 512), (3, 1000, 65), (2, 2500, 300)])
@@ -251,6 +253,23 @@ def test_topk_without_a_bound_ranks_every_entry(T, n, k, tile, seed):
     got, bad = run_topk(s, k, tile=tile)
     assert not bad
     np.testing.assert_array_equal(got, compress.reference_topk(s, k))
+
+
+@pytest.mark.parametrize("groups", [1, 3, 1000])
+def test_index_score_and_topk_tiles_with_any_workgroups_per_row(rng, monkeypatch, groups):
+    """INDEX_SCORE's blocks and TOPK_TILES's tiles shared among `groups` workgroups per row (each
+    looping over its blocks below the row's bound; 1000: one block each, as on a GPU)."""
+    monkeypatch.setitem(compress.ROW_GROUPS, "cpu", groups)
+    monkeypatch.setitem(compress.ROW_GROUPS, "gpu", groups)
+    T, nh, hd, n, rate, p0 = 3, 8, 16, 700, 2, 900                     # rows see 450..451 of 700 entries
+    arrays = [f32(rng, T, nh, hd), f32(rng, T, nh), f32(rng, n, hd), np.array([p0], np.int32)]
+    got, ref, bad = run("INDEX_SCORE", arrays, {"rate": rate, "scale": 0.25, "capacity": 4096})
+    closed = np.isfinite(ref)
+    check(got[closed], ref[closed], bad)
+    s = np.where(closed, ref, np.float32(1e30)).astype(np.float32)    # past the bound: never read
+    got, bad = run_topk(s, 40, p0, rate, 4096, tile=16)
+    assert not bad
+    np.testing.assert_array_equal(got, compress.reference_topk(ref, 40, np.array([p0]), rate, 4096))
 
 
 def test_topk_reads_only_the_entries_that_exist():

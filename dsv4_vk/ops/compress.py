@@ -21,6 +21,17 @@ INDEX_HEADS = {"heads": None}   # INDEX_SCORE heads per step with cluster sums (
                                 # the device has shuffles, else from channels per lane; tests set it)
 
 
+# Workgroups per row of INDEX_SCORE and TOPK_TILES at most, looping over the row's blocks below its
+# causal bound: the grid is recorded once for the cache's capacity, and an idle workgroup is not free
+# (lavapipe: about 17 µs each); a GPU keeps thousands in flight.
+ROW_GROUPS = {"cpu": 2, "gpu": 2048}
+
+
+def row_groups(device, blocks: int) -> int:
+    """Workgroups per row for `blocks` blocks of a row: all of them up to ROW_GROUPS's cap."""
+    return max(1, min(int(blocks), int(ROW_GROUPS["cpu" if device.caps.is_cpu else "gpu"])))
+
+
 def compress_workgroup(device) -> int:
     """COMPRESS's workgroup size on this device: the largest power of two ≤ COMPRESS_WG["wg"] (at most
     256) and the device's workgroup limits."""
@@ -167,7 +178,10 @@ def reference_index_score(q, wt, k, pos, rate, scale):
 
 @register
 class IndexScore(OpDef):
-    """INDEX_SCORE(q [T,nh,hd], wt [T,nh], k [n,hd], pos [1] i32, rate=, scale=, capacity=) -> [T, n]."""
+    """INDEX_SCORE(q [T,nh,hd], wt [T,nh], k [n,hd], pos [1] i32, rate=, scale=, capacity=) -> [T, n]:
+    row t's scores of its closed entries w < min((p + 1) // rate, n), p = pos[0] + t in [0, capacity);
+    the rest of the row is not written (TOPK with the same bound reads none of it), so the work
+    follows the position. The reference gives −inf there."""
     name, n_inputs = "INDEX_SCORE", 4
     dtypes = ("f32", "i32")
 
@@ -203,7 +217,9 @@ class IndexScore(OpDef):
         if INDEX_HEADS.get("heads") is None and 2 <= lanes["LANES"] <= 32 \
                 and device.caps.subgroup.supports("basic", "shuffle"):
             lanes = {**lanes, "SCATTER": 1}            # LANES heads a step, a transposing reduction
-        return [Launch("index_score", [q, wt, k, pos, out], (4,), push, grid_1d(T * n, 256 // lanes["LANES"]),
+        groups = row_groups(device, -(-n // (256 // lanes["LANES"])))   # workgroups per row
+        push += pack_push([groups])
+        return [Launch("index_score", [q, wt, k, pos, out], (4,), push, grid_1d(T * groups, 1),
                        defines=lanes, spec=(256, prm["rate"], per_lane, heads), **extra)]
 
     def reference(self, q, wt, k, pos, rate=1, scale=1.0, capacity=1 << 30):
@@ -278,8 +294,8 @@ def _topk_check(op, inputs, params, with_tile):
     return s, pos, inputs[1 + bounded:], params["k"], params.get("tile")
 
 
-def _topk_push(s, pos, K, tiles, params, cand=None, out=None):
-    return pack_push([s.shape[0], s.shape[1], K, tiles, params.get("rate", 1), params.get("capacity", 1),
+def _topk_push(s, pos, K, tiles, params, cand=None, out=None, groups=1):
+    return pack_push([s.shape[0], s.shape[1], K, tiles, groups, params.get("rate", 1), params.get("capacity", 1),
                       int(pos is not None), s.offset, s.strides[0], pos.offset if pos is not None else 0,
                       cand.offset if cand is not None else 0, cand.strides[0] if cand is not None else 0,
                       out.offset if out is not None else 0, out.strides[0] if out is not None else 0])
@@ -312,9 +328,10 @@ class TopKTiles(OpDef):
     def lower(self, node, device):
         s, pos, _, K, tile = _topk_check(self.name, node.inputs, node.params, True)
         tiles = topk_tiles(s.shape[1], tile)
-        push = _topk_push(s, pos, K, tiles, node.params, cand=node.output)
+        groups = row_groups(device, tiles)
+        push = _topk_push(s, pos, K, tiles, node.params, cand=node.output, groups=groups)
         return [Launch("topk", [s, pos if pos is not None else s, node.output], (2,), push,
-                       grid_1d(s.shape[0] * tiles, 1), defines={"PART": 1},
+                       grid_1d(s.shape[0] * groups, 1), defines={"PART": 1},
                        spec=_topk_spec(self.name, device, K, tile))]
 
     def reference(self, scores, pos=None, k=1, tile=1, rate=1, capacity=1 << 30):
