@@ -8,9 +8,14 @@
 #endif
 // INDEX_SCORE: the lightning indexer's scores of chunk token t (position p = pos[0] + t) against
 // the compressed index keys k [n, hd]:
-//   score[t, w] = scale · Σ_h wt[t, h] · ReLU(q[t, h]·k[w])    for w < (p + 1)/RATE (closed windows)
-//   score[t, w] = −inf                                          otherwise (and for a bad position)
-// Lanes: one cluster of LANES lanes (lanes.glsl) per (t, w); lane l takes channels l, l + LANES,
+//   score[t, w] = scale · Σ_h wt[t, h] · ReLU(q[t, h]·k[w])    for w < min((p + 1)/RATE, n) (closed windows)
+// and nothing else: entries at or past the row's bound (and rows at a position outside [0, capacity))
+// are not written — TOPK reads only below the same bound — and workgroups wholly past it leave at
+// once, so the work follows the closed windows, not the cache's capacity n.
+// Lanes: `groups` workgroups per row (grid T × groups), each taking blocks of WG / LANES entries,
+// block g, g + groups, ... below the bound (groups: enough for the capacity, at most the host's
+// cap per row, so that neither empty workgroups nor their launches scale with the capacity);
+// one cluster of LANES lanes (lanes.glsl) per (t, w); lane l takes channels l, l + LANES,
 // ... (PER_LANE of them, the key's kept in registers for every head); one cluster sum per head,
 // HEADS heads at a time (their loads and sums issued together, then added in head order: the
 // same arithmetic as one head at a time). -D SCATTER (subgroup shuffles, LANES ≤ 32): LANES heads a
@@ -19,7 +24,7 @@
 // take log2(LANES) per head, which were half the kernel's time on the H200), the
 // lane's ReLU-weighted heads summed, then one cluster sum. Spec constants: 0 workgroup size, 1 RATE, 2 PER_LANE
 // (ceil(hd / LANES)), 3 HEADS. Push: T, nh, hd, n, capacity, q (off, s0, s1), wt (off, s0),
-// k (off, s0), out (off, s0), pos_off, scale.
+// k (off, s0), out (off, s0), pos_off, scale, groups.
 #include "lanes.glsl"
 layout(constant_id = 1) const uint RATE = 4;     // the compression rate m
 layout(constant_id = 2) const uint PER_LANE = 1;
@@ -34,17 +39,20 @@ layout(push_constant) uniform P {
     uint q_off, q_s0, q_s1, w_off, w_s0, k_off, k_s0, o_off, o_s0;
     uint pos_off;
     float scale;
+    uint groups;
 } p;
 
 void main() {
-    uint item = cluster_id();
-    if (item >= p.T * p.n) return;                      // whole cluster leaves together
-    uint lane = cluster_lane();
-    uint w = item % p.n, t = item / p.n;
+    uint per_group = gl_WorkGroupSize.x / LANES;        // clusters (entries) per block
+    uint t = flat_group() / p.groups, g = flat_group() % p.groups;
+    if (t >= p.T) return;
     int pp = pos[p.pos_off] + int(t);
-    float s = uintBitsToFloat(0xFF800000u);             // −inf: not selectable
-    if (pp >= 0 && uint(pp) < p.capacity && w < (uint(pp) + 1) / RATE) {
-        s = 0.0;
+    uint bound = pp >= 0 && uint(pp) < p.capacity ? min((uint(pp) + 1u) / RATE, p.n) : 0u;
+    uint lane = cluster_lane();
+    for (uint w0 = g * per_group; w0 < bound; w0 += p.groups * per_group) {    // uniform per workgroup
+        uint w = w0 + lane_linear() / LANES;
+        if (w >= bound) break;                          // whole cluster leaves together
+        float s = 0.0;
         uint kb = p.k_off + w * p.k_s0;
         float kr[PER_LANE];
         [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
@@ -91,6 +99,6 @@ void main() {
         }
 #endif
         s *= p.scale;
+        if (lane == 0) o[p.o_off + t * p.o_s0 + w] = s;
     }
-    if (lane == 0) o[p.o_off + t * p.o_s0 + w] = s;
 }

@@ -1,69 +1,186 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: -
-// TOPK: idx[t, r] = the entry of rank r among the finite scores of row t (descending score, ties
-// to the lower index), r < K; slots past the number of finite scores get −1. Exact for any K (the
-// indexer's index_topk, e.g. 512): entry w's rank is the count of entries ahead of it, O(n²) per row.
-// Lanes: one workgroup per row; invocation l ranks entries l, l + WG, ..., BATCH of them at a
-// time, against the row staged TILE scores at a time into shared memory (every rank count reads
-// shared memory, not a global load per comparison: at decode the row is one token's and the O(n²)
-// scan was a chain of memory latencies). The −1 fill comes first, then a barrier, then the ranked
-// writes. Push: T, n, K, s (off, s0), idx (off, s0).
+//! variants: - | PART | MERGE
+// TOPK: idx[t, r] = the entry of rank r among the selectable scores of row t, r < K; slots past
+// the number of selectable scores get −1. Order: descending score, ties to the lower index (the
+// order of torch.topk over the indexer's scores in transformers, model.reference.index_topk).
+// Selectable: finite, and inside the row's bound v(t) — with a position buffer (has_pos) the
+// indexer's causal bound v = min((p + 1) / rate, n) for p = pos[0] + t in [0, capacity), else 0;
+// without, v = n. NaN and ±inf rank after every finite score and are never selected. Nothing at
+// or past v(t) is read, so the cost follows the entries that exist, not n (the cache's capacity).
+//
+// Selection: every score becomes a 64-bit key (order-preserving bits of the score, then the
+// complemented index: ties to the lower index), 0 for a non-selectable one; a radix select (8 bits
+// a pass, a 256-bin histogram in shared memory, at most 8 passes, stopping at the pass whose bin
+// holds exactly the keys still needed) finds the K-th largest key, and the keys at or above it
+// are the top K. Keys are unique, so the result does not depend on the order of the lists.
+// Variants (one workgroup of WG ≤ 256 invocations each; bins looped when WG < 256):
+//   -      one workgroup per row selects from the row's scores and writes idx, sorted (each
+//          selected key's rank is the count of selected keys above it, read from shared memory);
+//   PART   `groups` workgroups per row, each taking tiles of TILE entries g, g + groups, ... below
+//          v(t): a tile's top K keys, unordered, into cand[t, tile] = [count, (key hi, key lo) ×
+//          count]; tiles at or past v(t) are neither read nor written;
+//   MERGE  one workgroup per row: the top K of the candidates of the row's tiles below v(t),
+//          written as the plain variant writes them.
+// Spec constants: 0 workgroup size, 1 K (shared memory holds 2·K keys' words), 2 TILE.
+// Push: T, n, K, tiles, groups, rate, capacity, has_pos, s (off, s0), pos_off, cand (off, s0), idx (off, s0).
 #include "common.glsl"
+layout(constant_id = 1) const uint KCAP = 1;
+layout(constant_id = 2) const uint TILE = 4096;
 layout(binding = 0) readonly buffer S { float sc[]; };
-layout(binding = 1) buffer I { int idx[]; };
-layout(push_constant) uniform P { uint T, n, K, s_off, s_s0, i_off, i_s0; } p;
+layout(binding = 1) readonly buffer Pos { int pos[]; };
+#if defined(PART)
+layout(binding = 2) writeonly buffer C { uint cand[]; };
+#elif defined(MERGE)
+layout(binding = 2) readonly buffer C { uint cand[]; };
+layout(binding = 3) writeonly buffer I { int idx[]; };
+#else
+layout(binding = 2) writeonly buffer I { int idx[]; };
+#endif
+layout(push_constant) uniform P {
+    uint T, n, K, tiles, groups, rate, capacity, has_pos;
+    uint s_off, s_s0, pos_off, c_off, c_s0, i_off, i_s0;
+} p;
 
-const uint TILE = 1024u;
-const uint BATCH = 4u;
-shared float tile[TILE];
+const uint BINS = 256u;
+shared uint hist[BINS];
+shared uint groups[16];
+shared uint st_digit, st_need, st_cnt, st_slot;
+#if !defined(PART)
+shared uint key_hi[KCAP], key_lo[KCAP];
+#endif
 
-bool finite(float v) { return !isinf(v) && !isnan(v); }
-#define NEG_INF uintBitsToFloat(0xFF800000u)
+// order-preserving bits of a finite score (−0 as +0: equal scores tie by index), 0 if not finite
+uint ordered(float x) {
+    if (isnan(x) || isinf(x)) return 0u;
+    uint b = floatBitsToUint(x == 0.0 ? 0.0 : x);
+    return (b & 0x80000000u) != 0u ? ~b : (b | 0x80000000u);
+}
 
-// 1 when entry u (score x) ranks ahead of entry w (score v): a higher score, or the same and a lower index
-uint ahead(float x, uint u, float v, uint w) { return (x > v || (x == v && u < w)) ? 1u : 0u; }
+uint valid_entries(uint t) {
+    if (p.has_pos == 0u) return p.n;
+    int q = pos[p.pos_off] + int(t);
+    if (q < 0 || uint(q) >= p.capacity) return 0u;
+    return min((uint(q) + 1u) / p.rate, p.n);
+}
+
+bool at_least(uvec2 a, uvec2 b) { return a.x > b.x || (a.x == b.x && a.y >= b.y); }
+
+uint row, first, list;          // the workgroup's row; its list: entries first.. (PART), count
+
+// item i of the workgroup's list: its key, (0, 0) when not selectable
+uvec2 item(uint i) {
+#if defined(MERGE)
+    uint base = p.c_off + row * p.c_s0 + (i / KCAP) * (2u * KCAP + 1u);
+    uint s = i % KCAP;
+    if (s >= cand[base]) return uvec2(0u);
+    return uvec2(cand[base + 1u + 2u * s], cand[base + 2u + 2u * s]);
+#else
+    uint w = first + i;
+    return uvec2(ordered(sc[p.s_off + row * p.s_s0 + w]), ~w);
+#endif
+}
+
+// the top KCAP keys of the workgroup's list (row, first, list set): PART stores them as tile's
+// candidates, the others rank them and write idx
+void select_list(uint tile) {
+    uint l = gl_LocalInvocationID.x, wg = gl_WorkGroupSize.x;
+    // radix select over the keys: pre holds the digits decided so far (under msk)
+    uvec2 pre = uvec2(0u), msk = uvec2(0u);
+    uint need = 0u, total = 0u;
+    for (uint b = 0u; b < 8u; ++b) {
+        for (uint d = l; d < BINS; d += wg) hist[d] = 0u;
+        barrier();
+        uint sh = 24u - 8u * (b & 3u);
+        for (uint i = l; i < list; i += wg) {
+            uvec2 it = item(i);
+            if (it.x != 0u && (it & msk) == pre) atomicAdd(hist[((b < 4u ? it.x : it.y) >> sh) & 0xFFu], 1u);
+        }
+        barrier();
+        for (uint c = l; c < 16u; c += wg) {
+            uint s = 0u;
+            for (uint e = 0u; e < 16u; ++e) s += hist[16u * c + e];
+            groups[c] = s;
+        }
+        barrier();
+        if (b == 0u) {                                  // every selectable key is in this histogram
+            for (uint c = 0u; c < 16u; ++c) total += groups[c];
+            need = min(KCAP, total);
+            if (need == total) break;                   // all of them (msk = 0 selects every key)
+        }
+        for (uint d = l; d < BINS; d += wg) {          // keys in bins above d
+            uint above = 0u, c = d >> 4u;
+            for (uint e = c + 1u; e < 16u; ++e) above += groups[e];
+            for (uint e = d + 1u; e < 16u * c + 16u; ++e) above += hist[e];
+            if (above < need && need <= above + hist[d]) { st_digit = d; st_need = need - above; st_cnt = hist[d]; }
+        }
+        barrier();
+        uint d = st_digit;
+        need = st_need;
+        if (b < 4u) { pre.x |= d << sh; msk.x |= 0xFFu << sh; }
+        else        { pre.y |= d << sh; msk.y |= 0xFFu << sh; }
+        bool done = need == st_cnt;                     // the bin's keys are exactly those still needed
+        barrier();                                      // st_* read by all before they change
+        if (done) break;
+    }
+    uint chosen = min(KCAP, total);
+    if (l == 0u) st_slot = 0u;
+    barrier();
+#if defined(PART)
+    uint base = p.c_off + row * p.c_s0 + tile * (2u * KCAP + 1u);
+    if (l == 0u) cand[base] = chosen;
+    for (uint i = l; i < list; i += wg) {
+        uvec2 it = item(i);
+        if (it.x != 0u && at_least(it & msk, pre)) {
+            uint s = atomicAdd(st_slot, 1u);
+            cand[base + 1u + 2u * s] = it.x;
+            cand[base + 2u + 2u * s] = it.y;
+        }
+    }
+#else
+    for (uint i = l; i < list; i += wg) {
+        uvec2 it = item(i);
+        if (it.x != 0u && at_least(it & msk, pre)) {
+            uint s = atomicAdd(st_slot, 1u);
+            key_hi[s] = it.x;
+            key_lo[s] = it.y;
+        }
+    }
+    barrier();
+    uint ib = p.i_off + row * p.i_s0;
+    for (uint s = l; s < chosen; s += wg) {             // rank: the selected keys above this one
+        uvec2 me = uvec2(key_hi[s], key_lo[s]);
+        uint rank = 0u;
+        for (uint j = 0u; j < chosen; ++j)
+            rank += (key_hi[j] > me.x || (key_hi[j] == me.x && key_lo[j] > me.y)) ? 1u : 0u;
+        idx[ib + rank] = int(~me.y);
+    }
+    for (uint r = chosen + l; r < KCAP; r += wg) idx[ib + r] = -1;
+#endif
+}
 
 void main() {
-    uint t = flat_group();
-    if (t >= p.T) return;                               // uniform per workgroup
-    uint l = gl_LocalInvocationID.x, wg = gl_WorkGroupSize.x;
-    uint sb = p.s_off + t * p.s_s0, ib = p.i_off + t * p.i_s0;
-    for (uint r = l; r < p.K; r += wg) idx[ib + r] = -1;
-    memoryBarrierBuffer();
-    barrier();
-    uint per = (p.n + wg - 1u) / wg;                    // entries per invocation (uniform)
-    for (uint j0 = 0u; j0 < per; j0 += BATCH) {
-        uint w[BATCH], rank[BATCH];
-        float v[BATCH];
-        bool live[BATCH];
-        [[unroll]] for (uint k = 0u; k < BATCH; ++k) {
-            w[k] = l + (j0 + k) * wg;
-            v[k] = w[k] < p.n ? sc[sb + w[k]] : 0.0;
-            live[k] = w[k] < p.n && finite(v[k]);
-            rank[k] = 0u;
-        }
-        for (uint base = 0u; base < p.n; base += TILE) {
-            uint cnt = min(TILE, p.n - base);
-            barrier();                                  // the last tile's readers are done
-            // staged with every non-finite score as −inf, which is ahead of no finite entry: the scan
-            // below needs no branch, and its steps are independent (a branch per entry made each
-            // step wait for the last)
-            for (uint i = l; i < cnt; i += wg) {
-                float x = sc[sb + base + i];
-                tile[i] = finite(x) ? x : NEG_INF;
-            }
-            barrier();
-            uint i = 0u;
-            for (; i + 4u <= cnt; i += 4u) {            // four entries a step: their loads together
-                vec4 x = vec4(tile[i], tile[i + 1u], tile[i + 2u], tile[i + 3u]);
-                [[unroll]] for (uint k = 0u; k < BATCH; ++k)
-                    [[unroll]] for (uint e = 0u; e < 4u; ++e) rank[k] += ahead(x[e], base + i + e, v[k], w[k]);
-            }
-            for (; i < cnt; ++i)
-                [[unroll]] for (uint k = 0u; k < BATCH; ++k) rank[k] += ahead(tile[i], base + i, v[k], w[k]);
-        }
-        [[unroll]] for (uint k = 0u; k < BATCH; ++k)
-            if (live[k] && rank[k] < p.K) idx[ib + rank[k]] = int(w[k]);
+    uint g = flat_group();
+#if defined(PART)
+    row = g / p.groups;
+#else
+    row = g;
+#endif
+    if (row >= p.T) return;                             // uniform per workgroup
+    uint v = valid_entries(row);
+#if defined(PART)
+    for (uint tile = g % p.groups; tile * TILE < v; tile += p.groups) {   // none past the row's entries
+        first = tile * TILE;
+        list = min(TILE, v - first);
+        select_list(tile);
     }
+#elif defined(MERGE)
+    first = 0u;
+    list = (v + TILE - 1u) / TILE * KCAP;              // the candidate slots of the tiles below v
+    select_list(0u);
+#else
+    first = 0u;
+    list = v;
+    select_list(0u);
+#endif
 }

@@ -6,6 +6,8 @@ and 16 (LP_NATIVE_VECTOR_WIDTH=128 / 512):
 """
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsv4_vk.core.executor import Executor
 from dsv4_vk.core.graph import Graph
@@ -186,7 +188,9 @@ def test_index_score(rng, monkeypatch, heads, T, nh, hd, n, rate, p0):
     monkeypatch.setitem(compress.INDEX_HEADS, "heads", heads)
     arrays = [f32(rng, T, nh, hd), f32(rng, T, nh), f32(rng, n, hd), np.array([p0], np.int32)]
     got, ref, bad = run("INDEX_SCORE", arrays, {"rate": rate, "scale": hd ** -0.5 * nh ** -0.5, "capacity": 4096})
-    check(got, ref, bad)
+    closed = np.isfinite(ref)                       # the rest of a row is left unwritten (TOPK never reads it)
+    assert closed.sum() == sum(min((p0 + t + 1) // rate, n) for t in range(T))
+    check(got[closed], ref[closed], bad)
 
 
 @pytest.mark.parametrize("T,n,k", [(1, 9, 4), (5, 300, 100), (2, 70, 512), (3, 1000, 65), (2, 2500, 300)])
@@ -197,6 +201,88 @@ def test_topk(rng, T, n, k):
     s[-1, rng.integers(0, n, 2)] = [np.nan, np.inf]                # never ranked, never ahead of a finite one
     got, ref, bad = run("TOPK", [s], {"k": k})
     assert not bad and np.array_equal(got, ref)
+
+
+def topk_scores(rng, T, n, levels, specials):
+    """Scores [T, n] with many ties (values from `levels` distinct ones, zeros among them as the
+    indexer's ReLU sums give, −0 beside +0) and `specials` entries per row set to NaN, ±inf."""
+    s = rng.integers(-levels, levels + 1, (T, n)).astype(np.float32) / 4
+    s[s == 0] *= np.where(rng.random(int((s == 0).sum())) < 0.5, -1.0, 1.0).astype(np.float32)
+    for t in range(T):
+        w = rng.integers(0, n, specials)
+        s[t, w] = rng.choice([np.nan, np.inf, -np.inf], specials)
+    return s
+
+
+def run_topk(s, k, pos=None, rate=1, capacity=None, tile=None):
+    """compress.topk's device result for scores s (one TOPK, or TOPK_TILES + TOPK where s's rows span
+    several tiles) and its guard-damaged storages."""
+    g = Graph()
+    bound = g.const(np.array([pos], np.int32)) if pos is not None else None
+    g.output("i", compress.topk(g, g.const(s), k, pos=bound, rate=rate, capacity=capacity, tile=tile))
+    cg = Executor().compile(g)
+    return cg.run()["i"], cg.check_guards()
+
+
+@settings(max_examples=20, deadline=None, database=None)
+@given(T=st.integers(1, 5), n=st.integers(1, 700), k=st.integers(1, 300), tile=st.sampled_from([None, 1, 7, 64, 256]),
+       levels=st.sampled_from([0, 2, 50, 10 ** 6]), specials=st.integers(0, 5), pos=st.integers(-3, 3000),
+       rate=st.sampled_from([1, 2, 4, 128]), capacity=st.sampled_from([50, 1 << 20]), seed=st.integers(0, 2 ** 31))
+def test_topk_over_each_rows_causal_entries_matches_float64(T, n, k, tile, levels, specials, pos, rate, capacity, seed):
+    """The indexer's top-k: row t of a chunk at pos ranks only its closed entries w < (p + 1)/rate
+    (none for p outside [0, capacity)); ties (levels 0: every score equal) go to the lower index, −0
+    ties with +0, NaN and ±inf are never selected, k past the selectable entries pads −1. Rows one
+    tile (one TOPK) or many (TOPK_TILES, then TOPK merging the tiles' candidates, tiles of 1 to 256
+    entries), against reference_topk."""
+    rng = np.random.default_rng(seed)
+    s = topk_scores(rng, T, n, levels, specials)
+    got, bad = run_topk(s, k, pos, rate, capacity, tile)
+    assert not bad
+    np.testing.assert_array_equal(got, compress.reference_topk(s, k, np.array([pos]), rate, capacity))
+
+
+@settings(max_examples=8, deadline=None, database=None)
+@given(T=st.integers(1, 3), n=st.integers(1, 3000), k=st.sampled_from([1, 16, 512]), tile=st.sampled_from([None, 100, 512]),
+       seed=st.integers(0, 2 ** 31))
+def test_topk_without_a_bound_ranks_every_entry(T, n, k, tile, seed):
+    """Without pos every entry of the row is ranked (reference: NaN, ±inf never selected)."""
+    rng = np.random.default_rng(seed)
+    s = rng.standard_normal((T, n)).astype(np.float32)
+    s[:, rng.integers(0, n, n // 7)] = -np.inf
+    s[:, rng.integers(0, n, n // 7)] = s[0, 0]                         # a tied value
+    got, bad = run_topk(s, k, tile=tile)
+    assert not bad
+    np.testing.assert_array_equal(got, compress.reference_topk(s, k))
+
+
+@pytest.mark.parametrize("groups", [1, 3, 1000])
+def test_index_score_and_topk_tiles_with_any_workgroups_per_row(rng, monkeypatch, groups):
+    """INDEX_SCORE's blocks and TOPK_TILES's tiles shared among `groups` workgroups per row (each
+    looping over its blocks below the row's bound; 1000: one block each, as on a GPU)."""
+    monkeypatch.setitem(compress.ROW_GROUPS, "cpu", groups)
+    monkeypatch.setitem(compress.ROW_GROUPS, "gpu", groups)
+    T, nh, hd, n, rate, p0 = 3, 8, 16, 700, 2, 900                     # rows see 450..451 of 700 entries
+    arrays = [f32(rng, T, nh, hd), f32(rng, T, nh), f32(rng, n, hd), np.array([p0], np.int32)]
+    got, ref, bad = run("INDEX_SCORE", arrays, {"rate": rate, "scale": 0.25, "capacity": 4096})
+    closed = np.isfinite(ref)
+    check(got[closed], ref[closed], bad)
+    s = np.where(closed, ref, np.float32(1e30)).astype(np.float32)    # past the bound: never read
+    got, bad = run_topk(s, 40, p0, rate, 4096, tile=16)
+    assert not bad
+    np.testing.assert_array_equal(got, compress.reference_topk(ref, 40, np.array([p0]), rate, 4096))
+
+
+def test_topk_reads_only_the_entries_that_exist():
+    """Scores past every row's bound (the cache's capacity not yet filled) are never read: the
+    highest scores placed there change nothing, in one tile or in many."""
+    rng = np.random.default_rng(3)
+    n, pos, rate = 4096, 1001, 4                                        # rows see 250..252 entries
+    s = rng.standard_normal((3, n)).astype(np.float32)
+    ref = compress.reference_topk(s, 64, np.array([pos]), rate, 1 << 20)
+    s[:, 253:] = 1e30
+    for tile in (None, 100):
+        got, bad = run_topk(s, 64, pos, rate, 1 << 20, tile)
+        assert not bad and np.array_equal(got, ref)
 
 
 @pytest.mark.parametrize("mode,T,H,hd,p0,window,rate,splits,rows", [
@@ -407,6 +493,14 @@ def _graph_error(name, arrays, params, inplace=False):
                   np.zeros((8, 1), np.float32)], {"rate": 4, "overlap": True, "tokens": 1}, False,
      r"COMPRESS writes the entries in place: pass out=<the tensor given as input 0>"),
     ("TOPK", [np.zeros((2, 5), np.float32)], {"k": 0}, False, "k must be an integer ≥ 1"),
+    ("TOPK", [np.zeros((2, 5), np.float32), np.zeros(1, np.int32)], {"k": 2, "rate": 4}, False,
+     r"a causal bound needs both rate= and capacity="),
+    ("TOPK", [np.zeros((2, 5), np.float32)], {"k": 2, "rate": 4, "capacity": 8}, False,
+     r"takes pos \(i32 \[1\]\) as input 1"),
+    ("TOPK", [np.zeros((2, 5), np.float32), np.zeros((2, 3), np.int32)], {"k": 2, "tile": 2}, False,
+     r"cand \(TOPK_TILES's output\) must be i32 \[2, 15\]"),
+    ("TOPK", [np.zeros((2, 5), np.float32)], {"k": 10 ** 6}, False, r"k = 1000000 stages 8\d+ B of keys in shared memory"),
+    ("TOPK_TILES", [np.zeros((2, 5), np.float32)], {"k": 2}, False, r"needs tile="),
     ("V4_ROUTE", [np.zeros((2, 4), np.float32), np.zeros(4, np.float32)], {"top_k": 5}, False,
      r"top_k must be an integer in \[1, 4\]"),
     ("V4_ROUTE", [np.zeros((2, 4), np.float32), np.zeros(4, np.float32)], {"top_k": 2, "scoring": "relu"}, False,

@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import hc
 from ..core.graph import Graph, Tensor
+from ..ops.compress import topk
 from ..ops.sample import sample
 from ..ops.v4_attention import mqa_decode_splits, rope_table
 from .checkpoint import BF16
@@ -329,7 +330,8 @@ class ModelGraph:
         qI = g.op("ROPE", qI, self.pos, self.param("rope.compress.cos"), self.param("rope.compress.sin"))
         s = g.op("INDEX_SCORE", qI, cols["indexer.weights_proj.weight"], keys, self.pos, rate=m,
                  scale=hI ** -0.5 * nI ** -0.5, capacity=cfg.max_ctx)
-        return g.op("TOPK", s, k=min(cfg.index_topk, keys.shape[0]))
+        # each row ranks only its closed windows' scores: the cost follows the position, not max_ctx
+        return topk(g, s, min(cfg.index_topk, keys.shape[0]), pos=self.pos, rate=m, capacity=cfg.max_ctx)
 
     def moe(self, i, x):
         """V4_ROUTE (score + bias, or the hash table by token id; the shared expert appended) →

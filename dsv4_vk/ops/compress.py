@@ -17,9 +17,19 @@ from .v4_attention import StoreRows, _positions
 
 COMPRESS_WG = {"wg": 256}   # COMPRESS's workgroup: at most this many invocations (a power of two ≤ 256, part[] in
                             # compress.comp), fewer where the device allows fewer
-TOPK_WG = 64
 INDEX_HEADS = {"heads": None}   # INDEX_SCORE heads per step with cluster sums (None: the SCATTER kernel where
                                 # the device has shuffles, else from channels per lane; tests set it)
+
+
+# Workgroups per row of INDEX_SCORE and TOPK_TILES at most, looping over the row's blocks below its
+# causal bound: the grid is recorded once for the cache's capacity, and an idle workgroup is not free
+# (lavapipe: about 17 µs each); a GPU keeps thousands in flight.
+ROW_GROUPS = {"cpu": 2, "gpu": 2048}
+
+
+def row_groups(device, blocks: int) -> int:
+    """Workgroups per row for `blocks` blocks of a row: all of them up to ROW_GROUPS's cap."""
+    return max(1, min(int(blocks), int(ROW_GROUPS["cpu" if device.caps.is_cpu else "gpu"])))
 
 
 def compress_workgroup(device) -> int:
@@ -168,7 +178,10 @@ def reference_index_score(q, wt, k, pos, rate, scale):
 
 @register
 class IndexScore(OpDef):
-    """INDEX_SCORE(q [T,nh,hd], wt [T,nh], k [n,hd], pos [1] i32, rate=, scale=, capacity=) -> [T, n]."""
+    """INDEX_SCORE(q [T,nh,hd], wt [T,nh], k [n,hd], pos [1] i32, rate=, scale=, capacity=) -> [T, n]:
+    row t's scores of its closed entries w < min((p + 1) // rate, n), p = pos[0] + t in [0, capacity);
+    the rest of the row is not written (TOPK with the same bound reads none of it), so the work
+    follows the position. The reference gives −inf there."""
     name, n_inputs = "INDEX_SCORE", 4
     dtypes = ("f32", "i32")
 
@@ -204,7 +217,9 @@ class IndexScore(OpDef):
         if INDEX_HEADS.get("heads") is None and 2 <= lanes["LANES"] <= 32 \
                 and device.caps.subgroup.supports("basic", "shuffle"):
             lanes = {**lanes, "SCATTER": 1}            # LANES heads a step, a transposing reduction
-        return [Launch("index_score", [q, wt, k, pos, out], (4,), push, grid_1d(T * n, 256 // lanes["LANES"]),
+        groups = row_groups(device, -(-n // (256 // lanes["LANES"])))   # workgroups per row
+        push += pack_push([groups])
+        return [Launch("index_score", [q, wt, k, pos, out], (4,), push, grid_1d(T * groups, 1),
                        defines=lanes, spec=(256, prm["rate"], per_lane, heads), **extra)]
 
     def reference(self, q, wt, k, pos, rate=1, scale=1.0, capacity=1 << 30):
@@ -214,37 +229,152 @@ class IndexScore(OpDef):
         return s
 
 
-def reference_topk(scores, k):
-    """idx [T, k] int: finite entries by descending score (ties: lower index first), −1 padding."""
+def reference_topk(scores, k, pos=None, rate=1, capacity=1 << 30):
+    """idx [T, k] int: each row's finite entries by descending score (ties: lower index first), −1
+    padding; with pos, row t sees only entries w < min((p + 1) // rate, n) for p = pos[0] + t in
+    [0, capacity) (none otherwise)."""
     s = np.asarray(scores, np.float64)
-    out = np.full((s.shape[0], k), -1, np.int64)
+    T, n = s.shape
+    bound = np.full(T, n)
+    if pos is not None:
+        p, ok = _positions(pos, T, capacity)
+        bound = np.where(ok, np.minimum((p + 1) // rate, n), 0)
+    out = np.full((T, k), -1, np.int64)
     for t, row in enumerate(s):
-        fin = np.flatnonzero(np.isfinite(row))
+        fin = np.flatnonzero(np.isfinite(row[:bound[t]]))
         order = fin[np.lexsort((fin, -row[fin]))][:k]
         out[t, :len(order)] = order
     return out
 
 
+TOPK_TILE = {"entries": 4096}   # TOPK_TILES: entries a workgroup selects from (then one merge per row)
+TOPK_WG = 256                   # TOPK's workgroup (at most: the device may allow fewer); its histogram has 256 bins
+
+
+def topk_tiles(n: int, tile: int) -> int:
+    """Tiles of `tile` entries covering n scores."""
+    return max(1, -(-int(n) // int(tile)))
+
+
+def topk(g, scores, k: int, pos=None, rate: int = 1, capacity: int | None = None, tile: int | None = None):
+    """The top k of each row of scores [T, n] (TOPK's order and bound): one TOPK where the row fits
+    one tile, else TOPK_TILES (each tile's top k, a workgroup each) and TOPK merging them. With pos
+    (i32 [1]), row t reads only its causal entries (TOPK): the cost follows the entries that exist."""
+    tile = int(tile or TOPK_TILE["entries"])
+    bound = [] if pos is None else [pos]
+    prm = {"k": k} if pos is None else {"k": k, "rate": rate, "capacity": capacity or (1 << 30)}
+    if topk_tiles(scores.shape[1], tile) == 1:
+        return g.op("TOPK", scores, *bound, **prm)
+    cand = g.op("TOPK_TILES", scores, *bound, tile=tile, **prm)
+    return g.op("TOPK", scores, *bound, cand, tile=tile, **prm)
+
+
+def _topk_check(op, inputs, params, with_tile):
+    """(scores, pos or None, rest, k, tile) of TOPK / TOPK_TILES after checking them."""
+    nonempty(op, inputs[:1])
+    check_params(op, params, ("k", "rate", "capacity", "tile"))
+    s = inputs[0]
+    expect(op, "scores (input 0, [T, n])", s, (None, None))
+    unit_last(op, "scores", s)
+    for key in ("k", "rate", "capacity", "tile"):
+        v = params.get(key, 1)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{op}: {key} must be an integer ≥ 1, got {v!r}")
+    bounded = "rate" in params or "capacity" in params
+    if bounded and not ("rate" in params and "capacity" in params):
+        raise ValueError(f"{op}: a causal bound needs both rate= and capacity= (and pos as input 1)")
+    pos = None
+    if bounded:
+        if len(inputs) < 2:
+            raise ValueError(f"{op} with rate= and capacity= takes pos (i32 [1]) as input 1")
+        pos = inputs[1]
+        expect(op, "pos (input 1)", pos, (1,), "i32")
+    if with_tile and "tile" not in params:
+        raise ValueError(f"{op} needs tile=<entries per workgroup>")
+    return s, pos, inputs[1 + bounded:], params["k"], params.get("tile")
+
+
+def _topk_push(s, pos, K, tiles, params, cand=None, out=None, groups=1):
+    return pack_push([s.shape[0], s.shape[1], K, tiles, groups, params.get("rate", 1), params.get("capacity", 1),
+                      int(pos is not None), s.offset, s.strides[0], pos.offset if pos is not None else 0,
+                      cand.offset if cand is not None else 0, cand.strides[0] if cand is not None else 0,
+                      out.offset if out is not None else 0, out.strides[0] if out is not None else 0])
+
+
+def _topk_spec(op, device, K, tile):
+    """TOPK's spec constants (workgroup, K, tile); K's keys must fit the device's shared memory."""
+    need = 8 * K + 4 * (256 + 16 + 4)
+    have = device.caps.limits.max_shared_memory
+    if need > have:
+        raise ValueError(f"{op}: k = {K} stages {need} B of keys in shared memory; {device.name} has {have} B "
+                         f"(k at most {(have - 4 * 276) // 8})")
+    return (workgroup_pow2(device, TOPK_WG), K, tile or 1)
+
+
 @register
-class TopK(OpDef):
-    """TOPK(scores [T, n], k=) -> [T, k] i32 (shaders/topk.comp): exact, any k ≥ 1."""
-    name, n_inputs = "TOPK", 1
+class TopKTiles(OpDef):
+    """TOPK_TILES(scores [T, n][, pos [1] i32], k=, tile=[, rate=, capacity=]) -> cand [T, tiles·(2k+1)]
+    i32: each tile's top k keys (count, then key pairs; shaders/topk.comp -D PART), for TOPK to merge.
+    Tiles at or past the row's bound (TOPK) are not written."""
+    name, n_inputs = "TOPK_TILES", None
+    dtypes = ("f32", "i32")
 
     def infer(self, inputs, params):
-        (s,) = inputs
-        nonempty(self.name, inputs)
-        check_params(self.name, params, ("k",))
-        expect(self.name, "scores (input 0, [T, n])", s, (None, None))
-        unit_last(self.name, "scores", s)
-        k = params.get("k")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"{self.name}: k must be an integer ≥ 1, got {k!r}")
+        s, pos, rest, k, tile = _topk_check(self.name, inputs, params, True)
+        if rest:
+            raise ValueError(f"{self.name} takes scores[, pos]; got {len(inputs)} inputs")
+        return (s.shape[0], topk_tiles(s.shape[1], tile) * (2 * k + 1)), "i32"
+
+    def lower(self, node, device):
+        s, pos, _, K, tile = _topk_check(self.name, node.inputs, node.params, True)
+        tiles = topk_tiles(s.shape[1], tile)
+        groups = row_groups(device, tiles)
+        push = _topk_push(s, pos, K, tiles, node.params, cand=node.output, groups=groups)
+        return [Launch("topk", [s, pos if pos is not None else s, node.output], (2,), push,
+                       grid_1d(s.shape[0] * groups, 1), defines={"PART": 1},
+                       spec=_topk_spec(self.name, device, K, tile))]
+
+    def reference(self, scores, pos=None, k=1, tile=1, rate=1, capacity=1 << 30):
+        raise ValueError("TOPK_TILES's candidates are checked through the TOPK that merges them")
+
+
+@register
+class TopK(OpDef):
+    """TOPK(scores [T, n][, pos [1] i32][, cand], k=[, rate=, capacity=][, tile=]) -> [T, k] i32
+    (shaders/topk.comp): each row's top k scores' entries, by descending score, ties to the lower
+    index (torch.topk's order over the indexer's scores), −1 past the row's selectable entries. Only
+    finite scores are selectable: NaN and ±inf rank after every finite one and are never selected.
+    With rate= and capacity= (and pos), row t reads only entries w < min((p + 1) // rate, n) at
+    p = pos[0] + t in [0, capacity) (none elsewhere): the indexer's causal bound, so the work follows
+    the entries that exist, not n. With cand (TOPK_TILES's output for the same scores, tile=): the
+    merge of the tiles' candidates. Any k ≥ 1 whose 8·k bytes fit the device's shared memory."""
+    name, n_inputs = "TOPK", None
+    dtypes = ("f32", "i32")
+
+    def infer(self, inputs, params):
+        s, pos, rest, k, tile = _topk_check(self.name, inputs, params, False)
+        if len(rest) > 1:
+            raise ValueError(f"{self.name} takes scores[, pos][, cand]; got {len(inputs)} inputs")
+        if rest:
+            if tile is None:
+                raise ValueError(f"{self.name} with cand needs the tile= TOPK_TILES used")
+            want = topk_tiles(s.shape[1], tile) * (2 * k + 1)
+            expect(self.name, "cand (TOPK_TILES's output)", rest[0], (s.shape[0], want), "i32")
         return (s.shape[0], k), "i32"
 
     def lower(self, node, device):
-        (s,), out = node.inputs, node.output
-        push = pack_push([s.shape[0], s.shape[1], out.shape[1], s.offset, s.strides[0], out.offset, out.strides[0]])
-        return [Launch("topk", [s, out], (1,), push, grid_1d(s.shape[0], 1), spec=(TOPK_WG,))]
+        s, pos, rest, K, tile = _topk_check(self.name, node.inputs, node.params, False)
+        out = node.output
+        spec = _topk_spec(self.name, device, K, tile)
+        bound = pos if pos is not None else s
+        if rest:
+            push = _topk_push(s, pos, K, topk_tiles(s.shape[1], tile), node.params, cand=rest[0], out=out)
+            return [Launch("topk", [s, bound, rest[0], out], (3,), push, grid_1d(s.shape[0], 1),
+                           defines={"MERGE": 1}, spec=spec)]
+        push = _topk_push(s, pos, K, 1, node.params, out=out)
+        return [Launch("topk", [s, bound, out], (2,), push, grid_1d(s.shape[0], 1), spec=spec)]
 
-    def reference(self, scores, k=1):
-        return reference_topk(scores, k)
+    def reference(self, scores, *rest, k=1, rate=None, capacity=None, tile=None):
+        """(cand, when given, is the tiles' candidates for the same scores: the result is the rows' top k)"""
+        pos = rest[0] if rate is not None else None
+        return reference_topk(scores, k, pos, rate or 1, capacity or (1 << 30))
