@@ -1,8 +1,9 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 //! variants: MODE_GEMV ; - | VEC4 ; LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1,2,3,4,5,6,7,8 ; - | W_BF16 | W_F16 ; - | NORM_X
-//! variants: MODE_GEMM_REGS ; - | VEC4 ; - | W_BF16 | W_F16
-//! variants: MODE_GEMM_SHARED ; - | W_BF16 | W_F16
+//! variants: MODE_GEMV ; - | VEC4 ; LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1,8 ; W_FP8 | W_FP4 ; - | NORM_X
+//! variants: MODE_GEMM_REGS ; - | VEC4 ; - | W_BF16 | W_F16 | W_FP8 | W_FP4
+//! variants: MODE_GEMM_SHARED ; - | W_BF16 | W_F16 | W_FP8 | W_FP4
 // MUL_MAT: d[b0, b1, t, n] = Σ_k x[b0, b1, t, k] · w[b0, b1, n, k]  (x @ wᵀ), f32 accumulation.
 // x, w, d are strided 4-D views (broadcast batch dims have stride 0). Variants (-D):
 //   MODE_GEMV         few tokens: one cluster of LANES lanes (lanes.glsl) per (batch, TB-token block,
@@ -18,6 +19,11 @@
 //                     is contiguous); invocation (ty, tx) = (id / 16, id % 16) computes tokens
 //                     ty + 16i and outputs tx + 16j, i, j < 4.
 //   W_BF16 / W_F16    16-bit weights (weights.glsl), widened to f32 as they are read.
+//   W_FP8 / W_FP4     DeepSeek's quantised weights (weights.glsl): w is the tensor of packed
+//                     codes (32-bit words, q_kw a row), its scale bytes at the binding after
+//                     the others (3, or 4 with NORM_X); dequantised
+//                     in registers. The GEMV takes TB = 1 or 8 with them (a partial block of
+//                     tokens is clamped like any other).
 //   VEC4              (GEMV, GEMM_REGS) k contiguous and every row start 16-byte aligned: vec4 loads.
 //   NORM_X            (GEMV) x rows RMS-normalised on the fly: d = (x / rms(x) ⊙ g) @ wᵀ with
 //                     rms(x) = sqrt(mean_k x² + eps), g [K] at binding 3: each cluster sums x² beside
@@ -37,7 +43,6 @@ layout(binding = 2) buffer D { float d[]; };
 #if defined(VEC4)
 layout(binding = 0) readonly buffer X4 { vec4 x4[]; };
 #endif
-#include "weights.glsl"
 layout(push_constant) uniform P {
     uint ne0, ne1, T, N, K;
     uint x_off, x_s0, x_s1, x_s2, x_s3;
@@ -47,7 +52,17 @@ layout(push_constant) uniform P {
     uint g_off;
     float eps;
 #endif
+#if defined(W_FP8) || defined(W_FP4)
+    uint q_kw, q_rows, q_srows, q_sc;   // quantised weights' geometry (weights.glsl)
+#endif
 } p;
+#define W_S3 p.w_s3
+#if defined(NORM_X)
+#define W_SCALE_BINDING 4
+#else
+#define W_SCALE_BINDING 3
+#endif
+#include "weights.glsl"
 #if defined(NORM_X)
 layout(binding = 3) readonly buffer G { float g[]; };
 #if defined(VEC4)
@@ -101,20 +116,20 @@ void main() {
         for (; k + (UNROLL - 1) * LANES < K4; k += UNROLL * LANES) {
             vec4 wv[UNROLL], xv[UNROLL];
             [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
-                wv[u] = W4_AT(wb / 4 + k + u * LANES);
+                wv[u] = W4_ROW(wb, k + u * LANES);
                 xv[u] = x4[xb[0] / 4 + k + u * LANES];
             }
             [[unroll]] for (uint u = 0; u < UNROLL; ++u) add4(0, xv[u], wv[u], k + u * LANES);
         }
     }
     for (; k < K4; k += LANES) {
-        vec4 wv = W4_AT(wb / 4 + k);
+        vec4 wv = W4_ROW(wb, k);
         [[unroll]] for (uint t = 0; t < TB; ++t) add4(t, x4[xb[t] / 4 + k], wv, k);
     }
     k = K4 * 4 + lane;
 #endif
     for (; k < p.K; k += LANES) {
-        float wv = W_AT(wb + k * p.w_s3);
+        float wv = W1_ROW(wb, k);
         [[unroll]] for (uint t = 0; t < TB; ++t) add1(t, x[xb[t] + k * p.x_s3], wv, k);
     }
     [[unroll]] for (uint t = 0; t < TB; ++t) {
@@ -147,7 +162,7 @@ void main() {
     for (; k < p.K / 4; ++k) {
         vec4 xv[TM], wv[TN];
         [[unroll]] for (uint i = 0; i < TM; ++i) xv[i] = x4[xb[i] / 4 + k];
-        [[unroll]] for (uint j = 0; j < TN; ++j) wv[j] = W4_AT(wb[j] / 4 + k);
+        [[unroll]] for (uint j = 0; j < TN; ++j) wv[j] = W4_ROW(wb[j], k);
         [[unroll]] for (uint i = 0; i < TM; ++i) [[unroll]] for (uint j = 0; j < TN; ++j) acc[i][j] += dot(xv[i], wv[j]);
     }
     k *= 4;
@@ -155,7 +170,7 @@ void main() {
     for (; k < p.K; ++k) {
         float xv[TM], wv[TN];
         [[unroll]] for (uint i = 0; i < TM; ++i) xv[i] = x[xb[i] + k * p.x_s3];
-        [[unroll]] for (uint j = 0; j < TN; ++j) wv[j] = W_AT(wb[j] + k * p.w_s3);
+        [[unroll]] for (uint j = 0; j < TN; ++j) wv[j] = W1_ROW(wb[j], k);
         [[unroll]] for (uint i = 0; i < TM; ++i) [[unroll]] for (uint j = 0; j < TN; ++j) acc[i][j] += xv[i] * wv[j];
     }
     [[unroll]] for (uint i = 0; i < TM; ++i) [[unroll]] for (uint j = 0; j < TN; ++j) store(b0, b1, t0 + i, n0 + j, acc[i][j]);
@@ -183,7 +198,7 @@ void main() {
         bool in_k = k < p.K;
         [[unroll]] for (uint i = 0; i < R; ++i) {
             xs[lk][lr + 16 * i] = in_k ? x[xb[i] + k * p.x_s3] : 0.0;
-            ws[lk][lr + 16 * i] = in_k ? W_AT(wb[i] + k * p.w_s3) : 0.0;
+            ws[lk][lr + 16 * i] = in_k ? W1_ROW(wb[i], k) : 0.0;
         }
         barrier();
         [[unroll]] for (uint kk = 0; kk < BK; ++kk) {

@@ -2,6 +2,8 @@
 #extension GL_GOOGLE_include_directive : require
 //! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; MODE_SWIGLU ; - | VEC4 ; - | W_BF16 | W_F16 ; - | NORM_X
 //! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS | LANES_WORKGROUP ; MODE_SUM ROUTES=1,2,4,8 ; - | VEC4 ; - | HAS_ADD ; - | W_BF16 | W_F16
+//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; MODE_SWIGLU ; - | VEC4 ; W_FP8 | W_FP4 ; - | NORM_X
+//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS | LANES_WORKGROUP ; MODE_SUM ROUTES=1 ; - | VEC4 ; - | HAS_ADD ; W_FP8 | W_FP4
 // MUL_MAT_ID: matrix products with the experts the router chose, route[t, r] = (id, weight)
 // (MOE_ROUTE's output; ids are exact floats), weights w [E, N, K] stacked per expert:
 //   MODE_SWIGLU  x [T, 1 or R, K] (stride 0 over r: the same token row for every route), w [E, 2F, K]:
@@ -14,6 +16,9 @@
 // Layout: one cluster of LANES lanes per output element (lanes.glsl), lane l takes k = l, l+LANES,
 // ...; the output column (f or n) varies fastest across clusters, so neighbouring clusters read
 // neighbouring weight rows of the same expert. W_BF16 / W_F16: 16-bit weights (weights.glsl). VEC4: K % 4 == 0 and every row 16-byte aligned.
+// W_FP8 / W_FP4: DeepSeek's quantised experts (weights.glsl), w the packed codes [E, N, q_kw
+// words], their scale bytes at binding W_SCALE_BINDING (the last one), one grid per expert;
+// MODE_SUM with them loads one route at a time (ROUTES = 1).
 // NORM_X (MODE_SWIGLU): x rows RMS-normalised as they are read, x / rms(x) ⊙ g with g [K] at
 // binding 4 and rms(x) = sqrt(mean_k x² + eps): the FFN norm and the experts in one dispatch.
 // UNROLL (spec constant 1): vec4 steps a lane loads before it adds them, so that that many loads
@@ -39,7 +44,6 @@ layout(binding = 3) writeonly buffer D { float d[]; };
 #if defined(VEC4)
 layout(binding = 0) readonly buffer X4 { vec4 x4[]; };
 #endif
-#include "weights.glsl"
 layout(push_constant) uniform P {
     uint T, R, N, K, E;                 // N: output columns (F for MODE_SWIGLU)
     uint x_off, x_s0, x_s1;
@@ -52,7 +56,17 @@ layout(push_constant) uniform P {
     uint g_off;
     float eps;
 #endif
+#if defined(W_FP8) || defined(W_FP4)
+    uint q_kw, q_rows, q_srows, q_sc;   // quantised weights' geometry (weights.glsl)
+#endif
 } p;
+#define W_S3 1u
+#if defined(HAS_ADD) || defined(NORM_X)
+#define W_SCALE_BINDING 5
+#else
+#define W_SCALE_BINDING 4
+#endif
+#include "weights.glsl"
 #if defined(NORM_X)
 layout(binding = 4) readonly buffer G { float g[]; };
 #if defined(VEC4)
@@ -99,20 +113,20 @@ void partial_dots(uint xb, uint wb[ROWS], uint lane, out float acc[ROWS]) {
         vec4 xv[UNROLL], wv[ROWS][UNROLL];
         [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
             xv[u] = x_at4(xb, k + u * LANES);
-            [[unroll]] for (uint j = 0; j < ROWS; ++j) wv[j][u] = W4_AT(wb[j] / 4 + k + u * LANES);
+            [[unroll]] for (uint j = 0; j < ROWS; ++j) wv[j][u] = W4_ROW(wb[j], k + u * LANES);
         }
         [[unroll]] for (uint u = 0; u < UNROLL; ++u)
             [[unroll]] for (uint j = 0; j < ROWS; ++j) acc[j] += dot(xv[u], wv[j][u]);
     }
     for (; k < K4; k += LANES) {
         vec4 xv = x_at4(xb, k);
-        [[unroll]] for (uint j = 0; j < ROWS; ++j) acc[j] += dot(xv, W4_AT(wb[j] / 4 + k));
+        [[unroll]] for (uint j = 0; j < ROWS; ++j) acc[j] += dot(xv, W4_ROW(wb[j], k));
     }
     k = K4 * 4 + lane;
 #endif
     for (; k < p.K; k += LANES) {
         float xv = x_at(xb, k);
-        [[unroll]] for (uint j = 0; j < ROWS; ++j) acc[j] += xv * W_AT(wb[j] + k);
+        [[unroll]] for (uint j = 0; j < ROWS; ++j) acc[j] += xv * W1_ROW(wb[j], k);
     }
 }
 
@@ -129,17 +143,17 @@ void route_dots(uint xb[ROUTES], uint wb[ROUTES], uint lane, out float acc[ROUTE
         [[unroll]] for (uint u = 0; u < UNROLL; ++u)
             [[unroll]] for (uint i = 0; i < ROUTES; ++i) {
                 xv[i][u] = x4[xb[i] / 4 + k + u * LANES];
-                wv[i][u] = W4_AT(wb[i] / 4 + k + u * LANES);
+                wv[i][u] = W4_ROW(wb[i], k + u * LANES);
             }
         [[unroll]] for (uint u = 0; u < UNROLL; ++u)
             [[unroll]] for (uint i = 0; i < ROUTES; ++i) acc[i] += dot(xv[i][u], wv[i][u]);
     }
     for (; k < K4; k += LANES)
-        [[unroll]] for (uint i = 0; i < ROUTES; ++i) acc[i] += dot(x4[xb[i] / 4 + k], W4_AT(wb[i] / 4 + k));
+        [[unroll]] for (uint i = 0; i < ROUTES; ++i) acc[i] += dot(x4[xb[i] / 4 + k], W4_ROW(wb[i], k));
     k = K4 * 4 + lane;
 #endif
     for (; k < p.K; k += LANES)
-        [[unroll]] for (uint i = 0; i < ROUTES; ++i) acc[i] += x[xb[i] + k] * W_AT(wb[i] + k);
+        [[unroll]] for (uint i = 0; i < ROUTES; ++i) acc[i] += x[xb[i] + k] * W1_ROW(wb[i], k);
 }
 #endif
 

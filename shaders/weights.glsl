@@ -1,11 +1,76 @@
-// Weight reads by element index, whatever the weights' precision: binding W_BINDING (default 1)
-// holds f32 (default),
-// bf16 (-D W_BF16) or f16 (-D W_F16) values; 16-bit weights are read in pairs from uint words
-// (element 2i in the low half: little-endian) and widened to f32, so every product accumulates
-// in f32 as with f32 weights. W_AT(i): element i; W4_AT(j): elements 4j..4j+3 (with VEC4).
+// Weight reads whatever the weights' storage, binding W_BINDING (default 1). Callers address a
+// weight row by wb, the index of its first element in the bound tensor's own units (elements for
+// float weights, 32-bit words for quantised ones), and k along the row:
+//   W1_ROW(wb, k)  element k (float weights: at wb + k·W_S3, W_S3 defined by the shader);
+//   W4_ROW(wb, j)  elements 4j..4j+3 as a vec4 (with VEC4: k contiguous, rows 16-byte aligned for
+//                  float weights, K % 4 == 0 for quantised ones).
+// Every value is widened to f32 in registers, so every product accumulates in f32.
+//   (default)  f32;
+//   W_BF16 / W_F16  16-bit values read in pairs from uint words (element 2i in the low half);
+//   W_FP8      DeepSeek's FP8 linears: E4M3 bytes (4 a word, element 4i in the low byte), one E8M0
+//              scale byte per 128 × 128 block (w = q · 2^(s − 127));
+//   W_FP4      DeepSeek's routed experts: E2M1 nibbles (8 a word, element 2i in the low nibble of
+//              its byte), one E8M0 scale byte per 32 consecutive inputs of a row.
+// Quantised rows are whole words (a row of K codes padded to q_kw words); the scale bytes of the
+// whole tensor are packed 4 a word at binding W_SCALE_BINDING, grid per matrix of q_rows rows:
+// ceil(q_rows / BR) × q_sc (BR = 128 for FP8, 1 for FP4), matrices one after the other. The
+// shader's push block has q_kw, q_rows, q_srows (= ceil(q_rows / BR)) and q_sc, and is declared
+// before this file is included. E4M3 / E2M1 codes become halves by moving their bits into a
+// half's sign, exponent and mantissa (exact, subnormals included: e.g. E4M3 0.eee.mmm → half
+// 0.0eeee.mmm0000000 = the code's value · 2^−8); that power of two goes into the scale.
 #ifndef W_BINDING
 #define W_BINDING 1
 #endif
+#if defined(W_FP8) || defined(W_FP4)
+#define W_QUANT 1
+layout(binding = W_BINDING) readonly buffer W { uint wq[]; };
+layout(binding = W_SCALE_BINDING) readonly buffer WScale { uint wscale[]; };
+#if defined(W_FP8)
+const uint Q_BR = 128u, Q_BC = 128u;
+const float Q_UNIT = 256.0;             // half(code bits) · 2^8 = the E4M3 value
+#else
+const uint Q_BR = 1u, Q_BC = 32u;
+const float Q_UNIT = 16384.0;           // half(code bits) · 2^14 = the E2M1 value
+#endif
+// The scale byte index of element 0 of the row at word wb (loop-invariant per row: hoisted).
+uint q_srow(uint wb) {
+    uint row = wb / p.q_kw;
+    uint m = row / p.q_rows;
+    return (m * p.q_srows + (row - m * p.q_rows) / Q_BR) * p.q_sc;
+}
+float q_scale(uint wb, uint k) {
+    uint i = q_srow(wb) + k / Q_BC;
+    uint b = (wscale[i >> 2] >> ((i & 3u) << 3)) & 0xFFu;
+    return (b == 0u ? uintBitsToFloat(0x00400000u) : uintBitsToFloat(b << 23)) * Q_UNIT;
+}
+#if defined(W_FP8)
+// bytes 0, 1 of v as a half pair (sign to bit 15, exponent and mantissa to bits 7..13)
+uint q_pair(uint v) {
+    return ((v & 0x80u) << 8) | ((v & 0x7Fu) << 7) | ((v & 0x8000u) << 16) | ((v & 0x7F00u) << 15);
+}
+vec4 W4_ROW(uint wb, uint j) {
+    uint v = wq[wb + j];
+    return vec4(unpackHalf2x16(q_pair(v)), unpackHalf2x16(q_pair(v >> 16))) * q_scale(wb, 4u * j);
+}
+float W1_ROW(uint wb, uint k) {
+    uint v = wq[wb + (k >> 2)] >> ((k & 3u) << 3);
+    return unpackHalf2x16(q_pair(v & 0xFFu)).x * q_scale(wb, k);
+}
+#else
+// nibbles 0, 1 of v as a half pair (sign to bit 15, exponent and mantissa to bits 9..11)
+uint q_pair(uint v) {
+    return ((v & 0x8u) << 12) | ((v & 0x7u) << 9) | ((v & 0x80u) << 24) | ((v & 0x70u) << 21);
+}
+vec4 W4_ROW(uint wb, uint j) {
+    uint v = wq[wb + (j >> 1)] >> ((j & 1u) << 4);
+    return vec4(unpackHalf2x16(q_pair(v)), unpackHalf2x16(q_pair(v >> 8))) * q_scale(wb, 4u * j);
+}
+float W1_ROW(uint wb, uint k) {
+    uint v = wq[wb + (k >> 3)] >> ((k & 7u) << 2);
+    return unpackHalf2x16(q_pair(v & 0xFu)).x * q_scale(wb, k);
+}
+#endif
+#else
 #if defined(W_BF16) || defined(W_F16)
 layout(binding = W_BINDING) readonly buffer W { uint w32[]; };
 #if defined(VEC4)
@@ -33,4 +98,7 @@ layout(binding = W_BINDING) readonly buffer W4 { vec4 w4[]; };
 #endif
 #define W_AT(i) w[i]
 #define W4_AT(j) w4[j]
+#endif
+#define W1_ROW(wb, k) W_AT((wb) + (k) * W_S3)
+#define W4_ROW(wb, j) W4_AT((wb) / 4 + (j))
 #endif

@@ -6,7 +6,7 @@ import numpy as np
 from .base import (Launch, OpDef, check_finite, check_flag, check_params, cluster_lanes, expect, grid_1d, is_cpu,
                    next_pow2, nonempty, pack_push, register, unit_last, weight_defines, workgroup_cluster_max,
                    workgroup_pow2, WEIGHT_DTYPES)
-from .mul_mat import rms_weight
+from .mul_mat import QUANT, check_quant, dequantize, quant_push, rms_weight
 from .reduce_rows import reference_rms_norm
 
 MAX_TOP_K = 64
@@ -88,12 +88,16 @@ class MulMatId(OpDef):
     """MUL_MAT_ID(x, w [E,N,K], route [T,R,2][, add [T,N] | norm weight g [K]], mode=):
     mode="swiglu": x [T, 1 or R, K], N = 2F -> [T,R,F] = silu(w[id,:F]·x)·(w[id,F:]·x); with g and
                    rms_eps=, x is RMS_NORM(x, g, rms_eps) (normalised as it is read: one dispatch);
-    mode="sum":    x [T,R,K] -> [T,N] = Σ_r weight_r · w[id_r]·x[t,r] (+ add)."""
+    mode="sum":    x [T,R,K] -> [T,N] = Σ_r weight_r · w[id_r]·x[t,r] (+ add).
+    With wq="fp8" | "fp4" (ops.mul_mat.QUANT): w is i32 [E, N, words] of packed codes, one scale grid
+    per expert, and the last input the scale bytes."""
     name, n_inputs = "MUL_MAT_ID", None
-    dtypes = WEIGHT_DTYPES      # x, route f32; w f32, bf16 or f16 (widened to f32 as it is read)
+    dtypes = WEIGHT_DTYPES + ("i32",)   # x, route f32; w f32, bf16 or f16 (widened to f32 as it is read), or quantised
 
     def infer(self, inputs, params):
-        check_params(self.name, params, ("mode", "limit", "rms_eps"))
+        check_params(self.name, params, ("mode", "limit", "rms_eps", "wq"))
+        quant = "wq" in params
+        inputs, scale = (inputs[:-1], inputs[-1]) if quant else (inputs, None)
         mode = params.get("mode")
         if "limit" in params and (mode != "swiglu" or not check_finite(f"{self.name} limit", params["limit"]) > 0):
             raise ValueError(f"{self.name}: limit (the SwiGLU clamp) must be a finite number > 0 with mode='swiglu', "
@@ -102,7 +106,8 @@ class MulMatId(OpDef):
             raise ValueError(f"{self.name}: mode must be 'swiglu' or 'sum', got {mode!r}")
         if len(inputs) not in (3, 4):
             raise ValueError(f"{self.name} mode={mode} takes x, w, route, "
-                             f"{'[add]' if mode == 'sum' else '[norm weight g]'}; got {len(inputs)} inputs")
+                             f"{'[add]' if mode == 'sum' else '[norm weight g]'}{', scale' if quant else ''}; got "
+                             f"{len(inputs) + quant} inputs")
         nonempty(self.name, inputs)
         x, w, route = inputs[:3]
         for i, t in enumerate(inputs):
@@ -112,6 +117,12 @@ class MulMatId(OpDef):
         T, R, _ = route.shape
         expect(self.name, "w (input 1, [experts, N, K])", w, (None, None, None), w.dtype)
         E, N, K = w.shape
+        if quant:
+            K = x.shape[-1]
+            check_quant(self.name, params["wq"], w, scale, K, E)
+        elif w.dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"{self.name}: input 1 (w) must be one of {WEIGHT_DTYPES}, got {w.dtype} (quantised "
+                             "weights: wq=)")
         expect(self.name, f"x (input 0, [T, {'1 or ' if mode == 'swiglu' else ''}routes, K])", x, (T, None, K))
         if x.shape[1] not in ((1, R) if mode == "swiglu" else (R,)):
             raise ValueError(f"{self.name}: x has {x.shape[1]} rows per token, expected "
@@ -128,13 +139,16 @@ class MulMatId(OpDef):
         return (T, N), "f32"
 
     def lower(self, node, device):
-        x, w, route = node.inputs[:3]
+        fmt = QUANT[node.params["wq"]] if "wq" in node.params else None
+        inputs = node.inputs[:-1] if fmt else node.inputs
+        x, w, route = inputs[:3]
         mode = node.params["mode"]
-        add = node.inputs[3] if len(node.inputs) == 4 and mode == "sum" else None
-        g = node.inputs[3] if len(node.inputs) == 4 and mode == "swiglu" else None
+        add = inputs[3] if len(inputs) == 4 and mode == "sum" else None
+        g = inputs[3] if len(inputs) == 4 and mode == "swiglu" else None
         out = node.output
         T, R, _ = route.shape
-        E, N, K = w.shape
+        E, N, _ = w.shape
+        K = x.shape[-1]
         if x.shape[1] == 1:
             x = x.broadcast_to((T, R, K))
         cols = N // 2 if mode == "swiglu" else N
@@ -147,8 +161,9 @@ class MulMatId(OpDef):
             wg = None
             lanes, extra = cluster_lanes(device, K, per_lane=8, max_lanes=1 if is_cpu(device) else None)
         defs = dict(lanes, **{f"MODE_{mode.upper()}": 1})
-        aligned = [x.offset, x.strides[0], x.strides[1], w.offset, w.strides[0], w.strides[1], K,
-                   g.offset if g is not None else 0]
+        aligned = [x.offset, x.strides[0], x.strides[1], K, g.offset if g is not None else 0]
+        if not fmt:                         # (quantised rows are whole words, K % 4 is enough)
+            aligned += [w.offset, w.strides[0], w.strides[1]]
         if all(a % 4 == 0 for a in aligned):
             defs["VEC4"] = 1
         o_strides = list(out.strides) if mode == "swiglu" else [out.strides[0], out.strides[1], 0]
@@ -156,25 +171,31 @@ class MulMatId(OpDef):
         norm = [g.offset, float(node.params["rms_eps"])] if g is not None else []
         push = pack_push([T, R, cols, K, E, x.offset, x.strides[0], x.strides[1], w.offset, w.strides[0],
                       w.strides[1], route.offset, *route.strides, out.offset, *o_strides, *a],
-                         float(node.params.get("limit", np.inf)), *norm)
+                         float(node.params.get("limit", np.inf)), *norm, *(quant_push(fmt, w, K, E) if fmt else []))
         args = [x, w, route] + ([add] if add is not None else []) + [out] + ([g] if g is not None else [])
+        out_index = len(args) - 1 - (g is not None)
+        if fmt:
+            args.append(node.inputs[-1])
         if add is not None:
             defs["HAS_ADD"] = 1
         if g is not None:
             defs["NORM_X"] = 1
-        defs.update(weight_defines(w))
+        defs.update(fmt.define() if fmt else weight_defines(w))
         items = T * R * cols if mode == "swiglu" else T * cols
         unroll = MUL_MAT_ID_UNROLL["unroll"] or (1 if is_cpu(device) else 4)
-        if mode == "sum":         # a power of two ≤ 8 (the shader's variants), at most R's
-            routes = MUL_MAT_ID_UNROLL["routes"] or 1
+        if mode == "sum":         # a power of two ≤ 8 (the shader's variants), at most R's; quantised: 1
+            routes = 1 if fmt else MUL_MAT_ID_UNROLL["routes"] or 1
             defs["ROUTES"] = min(1 << (int(routes).bit_length() - 1), next_pow2(R), 8)
-        out_index = len(args) - 1 - (g is not None)
         if wg:
             return [Launch("mul_mat_id", args, (out_index,), push, grid_1d(items, 1), defines=defs, spec=(wg, unroll))]
         return [Launch("mul_mat_id", args, (out_index,), push, grid_1d(items, 256 // defs["LANES"]),
                        defines=defs, spec=(256, unroll), **extra)]
 
-    def reference(self, x, w, route, add=None, mode=None, limit=None, rms_eps=None):
+    def reference(self, x, w, route, *rest, mode=None, limit=None, rms_eps=None, wq=None):
+        if wq is not None:
+            *rest, scale = rest
+            w = dequantize(wq, w, scale, np.shape(x)[-1], np.shape(w)[0])
+        add = rest[0] if rest else None
         if mode == "swiglu" and add is not None:       # the fourth input of swiglu: the norm weight
             x, add = reference_rms_norm(x, add, rms_eps), None
         x, w, route = (np.asarray(a, np.float64) for a in (x, w, route))

@@ -7,9 +7,15 @@ Kernels (shaders/mul_mat.comp), chosen per call by `pick_kernel` unless `kernel=
   invocation per output on CPU devices (T = 1), where lavapipe runs invocations as SIMD lanes;
 - "gemm_regs" (CPU devices such as lavapipe, where shared memory + barrier is slow) or
   "gemm_shared" (GPUs) for more tokens; kernel="gemm" picks between them by device type.
+Weights are f32, bf16, f16 or one of DeepSeek's quantised formats (`QUANT`, params `wq="fp8"` or
+`"fp4"`): w is then the i32 tensor of packed codes [..., N, ceil(K / codes a word)] and the last
+input the tensor of its E8M0 scale bytes, 4 a word (`quant_arrays` makes both from the published
+bytes; `dequantize` is the float64 meaning).
 lavapipe, 2 cores, 4096×4096 f32 weight: T=1 gemv 16.7 ms (32.5 ms with 8-lane clusters), gemm_regs
 19.4 ms; T=8, N=1024: gemv 13.2 ms, gemm_regs 5.0 ms; gemm_shared 10-30× slower than either.
 """
+from dataclasses import dataclass
+
 import numpy as np
 
 from .base import (Launch, OpDef, broadcast_shapes, check_finite, check_params, cluster_lanes, expect, grid_1d, is_cpu,
@@ -25,6 +31,135 @@ GPU_GEMV_MAX_T = 64
 GEMM_TILE_N = 64
 KERNELS = ("auto", "gemv", "gemm", "gemm_regs", "gemm_shared")
 WORKGROUP = 256
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    """A block-scaled weight format: codes of `bits` bits, one E8M0 scale byte per block of
+    block_rows × block_cols (rows × inputs)."""
+    name: str
+    bits: int
+    block_rows: int
+    block_cols: int
+
+    @property
+    def per_word(self) -> int:
+        return 32 // self.bits
+
+    def words(self, K: int) -> int:
+        """32-bit words of a row of K codes (rows are padded to whole words on the device)."""
+        return -(-K // self.per_word)
+
+    def grid(self, N: int, K: int) -> tuple[int, int]:
+        """Scale grid of one N × K matrix (a partial last block has its own scale)."""
+        return -(-N // self.block_rows), -(-K // self.block_cols)
+
+    def define(self) -> dict:
+        return {f"W_{self.name.upper()}": 1}
+
+
+QUANT = {"fp8": QuantFormat("fp8", 8, 128, 128), "fp4": QuantFormat("fp4", 4, 1, 32)}
+# E2M1 magnitudes by code (bit 3 is the sign)
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def decode_e4m3(codes) -> np.ndarray:
+    """float64 values of E4M3 (fn) bytes: sign bit 7, exponent bits 6..3 (bias 7), mantissa 2..0;
+    exponent 0 is subnormal (m · 2^−9); 0x7F / 0xFF are NaN."""
+    c = np.asarray(codes, np.uint8).astype(np.int64)
+    e, m = (c >> 3) & 15, c & 7
+    v = np.where(e == 0, m * 2.0 ** -9, (1 + m / 8) * np.exp2(e - 7.0))
+    v = np.where((c & 0x7F) == 0x7F, np.nan, v)
+    return np.where(c & 0x80, -v, v)
+
+
+def decode_e2m1(codes) -> np.ndarray:
+    """float64 values of E2M1 nibbles (bit 3 the sign, bits 2..0 index E2M1)."""
+    c = np.asarray(codes, np.uint8).astype(np.int64)
+    v = np.asarray(E2M1)[c & 7]
+    return np.where(c & 8, -v, v)
+
+
+def decode_e8m0(codes) -> np.ndarray:
+    """float64 scales of E8M0 bytes: 2^(b − 127), 255 is NaN."""
+    b = np.asarray(codes, np.uint8).astype(np.float64)
+    return np.where(b == 255, np.nan, np.exp2(b - 127))
+
+
+def unpack_codes(fmt: QuantFormat, words, K: int) -> np.ndarray:
+    """The codes [..., rows, K] (uint8) of packed words [..., rows, words(K)] (little-endian:
+    element 0 in the lowest bits)."""
+    b = np.ascontiguousarray(words).view(np.uint8)
+    if fmt.bits == 8:
+        return b[..., :K]
+    out = np.empty(b.shape[:-1] + (2 * b.shape[-1],), np.uint8)
+    out[..., 0::2], out[..., 1::2] = b & 15, b >> 4
+    return out[..., :K]
+
+
+def dequantize(fmt: QuantFormat | str, words, scale_words, K: int, matrices: int = 1) -> np.ndarray:
+    """float64 weights [..., N, K] of packed codes [..., N, words(K)] and the flat scale bytes
+    (int32 words, 4 bytes each): the rows form `matrices` equal matrices, each with its scale grid
+    (fmt.grid) stored row-major, one after the other; w = code value · 2^(s − 127)."""
+    fmt = QUANT[fmt] if isinstance(fmt, str) else fmt
+    words = np.asarray(words)
+    lead = words.shape[:-1]
+    rows = int(np.prod(lead))
+    codes = unpack_codes(fmt, words.reshape(rows, -1), K)
+    vals = decode_e4m3(codes) if fmt.bits == 8 else decode_e2m1(codes)
+    Nm = rows // matrices
+    sr, sc = fmt.grid(Nm, K)
+    sb = np.ascontiguousarray(scale_words).view(np.uint8)[:matrices * sr * sc].reshape(matrices, sr, sc)
+    s = decode_e8m0(sb)
+    s = np.repeat(np.repeat(s, fmt.block_rows, axis=1)[:, :Nm], fmt.block_cols, axis=2)[:, :, :K]
+    return (vals.reshape(matrices, Nm, K) * s).reshape(lead + (K,))
+
+
+def quant_arrays(codes, scale) -> tuple[np.ndarray, np.ndarray]:
+    """(packed words int32 [..., rows, words], scale words int32 [n]) of published bytes: codes uint8
+    [..., rows, bytes a row] (rows padded to whole words: no copy when they already are), scale
+    bytes of any shape (flattened, padded to a whole word)."""
+    codes = np.asarray(codes)
+    pad = -codes.shape[-1] % 4
+    if pad:
+        codes = np.concatenate([codes, np.zeros(codes.shape[:-1] + (pad,), np.uint8)], axis=-1)
+    words = np.ascontiguousarray(codes).view(np.int32)
+    s = np.ascontiguousarray(scale).reshape(-1).view(np.uint8)
+    if s.size % 4:
+        s = np.concatenate([s, np.zeros(-s.size % 4, np.uint8)])
+    return words, s.view(np.int32)
+
+
+def check_quant(op: str, fmt_name, w, scale, K: int, matrices: int) -> QuantFormat:
+    """The QuantFormat of params wq=; ValueError unless w holds whole contiguous rows of packed
+    codes for K inputs and scale the bytes of `matrices` scale grids."""
+    fmt = QUANT.get(fmt_name)
+    if fmt is None:
+        raise ValueError(f"{op}: wq must be one of {sorted(QUANT)}, got {fmt_name!r}")
+    if w.dtype != "i32" or scale.dtype != "i32" or scale.ndim != 1:
+        raise ValueError(f"{op}: wq={fmt_name!r} takes w as i32 words of packed codes and the scale bytes as a 1-D "
+                         f"i32 tensor (the last input); got w {w.dtype} {list(w.shape)}, scale {scale.dtype} "
+                         f"{list(scale.shape)}")
+    if w.shape[-1] != fmt.words(K):
+        raise ValueError(f"{op}: w {list(w.shape)} holds {w.shape[-1]} words a row; {K} {fmt_name} codes take "
+                         f"{fmt.words(K)}")
+    if w.offset != 0 or not w.is_contiguous:
+        raise ValueError(f"{op}: quantised weights must be a whole contiguous tensor (their scale grid is by row "
+                         "number), got a view")
+    rows = int(np.prod(w.shape[:-1]))
+    sr, sc = fmt.grid(rows // matrices, K)
+    need = matrices * sr * sc
+    if scale.numel * 4 < need:
+        raise ValueError(f"{op}: scale holds {scale.numel * 4} bytes; w {list(w.shape)} ({fmt_name}, K={K}) needs "
+                         f"{matrices} grid(s) of {sr} × {sc} = {need}")
+    return fmt
+
+
+def quant_push(fmt: QuantFormat, w, K: int, matrices: int) -> list[int]:
+    """q_kw, q_rows, q_srows, q_sc of weights.glsl."""
+    rows = int(np.prod(w.shape[:-1])) // matrices
+    sr, sc = fmt.grid(rows, K)
+    return [fmt.words(K), rows, sr, sc]
 
 
 def pick_kernel(device, T, kernel="auto", N=None):
@@ -92,16 +227,21 @@ def rms_weight(op, x, g, params):
 class MulMat(OpDef):
     """x @ wᵀ over the last two dims: x [..., T, K], w [..., N, K] -> [..., T, N]; batch dims broadcast.
     With a third input g [K] and rms_eps=: RMS_NORM(x, g, rms_eps) @ wᵀ in the same dispatch (the
-    GEMV kernel normalises each x row as it reads it; decode's norm → projection pairs)."""
+    GEMV kernel normalises each x row as it reads it; decode's norm → projection pairs).
+    With wq="fp8" | "fp4": w holds packed quantised codes and the last input their scale bytes.
+    """
     name, n_inputs = "MUL_MAT", None
-    dtypes = WEIGHT_DTYPES      # x f32; w f32, bf16 or f16 (widened to f32 as it is read)
+    dtypes = WEIGHT_DTYPES + ("i32",)   # x f32; w f32, bf16 or f16 (widened to f32 as it is read), or quantised
 
     def infer(self, inputs, params):
-        if len(inputs) not in (2, 3):
-            raise ValueError(f"MUL_MAT takes x, w[, norm weight g]; got {len(inputs)} inputs")
-        x, w = inputs[:2]
+        check_params(self.name, params, ("kernel", "rms_eps", "wq"))
+        quant = "wq" in params
+        if len(inputs) - quant not in (2, 3):
+            raise ValueError(f"MUL_MAT takes x, w[, norm weight g]{', scale' if quant else ''}; got {len(inputs)} "
+                             "inputs")
         nonempty(self.name, inputs)
-        check_params(self.name, params, ("kernel", "rms_eps"))
+        inputs, scale = (inputs[:-1], inputs[-1]) if quant else (inputs, None)
+        x, w = inputs[:2]
         if params.get("kernel", "auto") not in KERNELS:
             raise ValueError(f"MUL_MAT kernel must be one of {KERNELS}, got {params['kernel']!r}")
         if len(inputs) == 3 and params.get("kernel", "auto") not in ("auto", "gemv"):
@@ -112,7 +252,12 @@ class MulMat(OpDef):
                 raise ValueError(f"MUL_MAT: input {i} has shape {t.shape}; expected {what} with at least 2 dims")
         if x.dtype != "f32":
             raise ValueError(f"MUL_MAT: input 0 (x) must be f32, got {x.dtype} (only the weights may be 16-bit)")
-        if x.shape[-1] != w.shape[-1]:
+        if quant:
+            check_quant(self.name, params["wq"], w, scale, x.shape[-1], 1)
+        elif w.dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"MUL_MAT: input 1 (w) must be one of {WEIGHT_DTYPES}, got {w.dtype} (quantised "
+                             "weights: wq=)")
+        elif x.shape[-1] != w.shape[-1]:
             raise ValueError(f"MUL_MAT: K differs: input 0 (x) {x.shape} has K={x.shape[-1]}, "
                              f"input 1 (w) {w.shape} has K={w.shape[-1]}")
         batch = broadcast_shapes(self.name, x.shape[:-2], w.shape[:-2])
@@ -120,23 +265,30 @@ class MulMat(OpDef):
 
     def lower(self, node, device):
         out = node.output
+        fmt = QUANT[node.params["wq"]] if "wq" in node.params else None
+        inputs = node.inputs[:-1] if fmt else node.inputs
         T, N = out.shape[-2:]
-        K = node.inputs[0].shape[-1]
+        K = inputs[0].shape[-1]
         batch = out.shape[:-2]
-        x = node.inputs[0].broadcast_to(batch + (T, K))
-        w = node.inputs[1].broadcast_to(batch + (N, K))
-        g = node.inputs[2] if len(node.inputs) == 3 else None
+        x = inputs[0].broadcast_to(batch + (T, K))
+        w = inputs[1].broadcast_to(batch + (N, inputs[1].shape[-1]))
+        g = inputs[2] if len(inputs) == 3 else None
         b = (1,) * (2 - len(batch)) + batch
         push = [b[0], b[1], T, N, K, tensor_push(x), tensor_push(w), tensor_push(out)]
         kernel = "gemv" if g is not None else pick_kernel(device, T, node.params.get("kernel", "auto"), N)
-        defines = {"VEC4": 1} if K >= 4 and vec4_ok(x, w, *([g] if g is not None else [])) else {}
+        aligned = vec4_ok(x, *([g] if g is not None else [])) and (K % 4 == 0 if fmt else vec4_ok(w))
+        defines = {"VEC4": 1} if K >= 4 and aligned else {}
         extra, args, spec = {}, [x, w, out], (WORKGROUP,)
         if g is not None:
             defines["NORM_X"] = 1
             push += [g.offset, float(node.params["rms_eps"])]
             args.append(g)
+        if fmt:
+            push += quant_push(fmt, inputs[1], K, 1)
+            args.append(node.inputs[-1])
         if kernel == "gemv":
-            tb = min(next_pow2(T), GEMV_MAX_T)
+            # quantised weights: 1 or 8 tokens a cluster (the variants built), a partial block clamped
+            tb = min(next_pow2(T), GEMV_MAX_T) if not fmt else (1 if T == 1 else GEMV_MAX_T)
             rows = b[0] * b[1] * -(-T // tb) * N
             unroll = GEMV_UNROLL["unroll"] or (1 if is_cpu(device) else 4)
             wg_lanes = gemv_workgroup_lanes(device, rows, K)
@@ -153,9 +305,13 @@ class MulMat(OpDef):
         else:
             defines = {"MODE_GEMM_SHARED": 1}
             grid = grid_1d(b[0] * b[1] * -(-T // 64) * -(-N // 64), 1)
-        defines.update(weight_defines(w))
+        defines.update(fmt.define() if fmt else weight_defines(w))
         return [Launch("mul_mat", args, (2,), pack_push(*push), grid, defines=defines, spec=spec, **extra)]
 
-    def reference(self, x, w, g=None, kernel="auto", rms_eps=None):
+    def reference(self, x, w, *rest, kernel="auto", rms_eps=None, wq=None):
+        if wq is not None:
+            *rest, scale = rest
+            w = dequantize(wq, w, scale, np.shape(x)[-1], 1)
+        g = rest[0] if rest else None
         x = np.asarray(x, np.float64) if g is None else reference_rms_norm(x, g, rms_eps)
         return np.matmul(x, np.swapaxes(np.asarray(w, np.float64), -1, -2))
