@@ -25,7 +25,7 @@ from dsv4_vk.vk import default_device
 import dsv4_vk.hc.composite  # noqa: F401  (hc.composite.CARRY_MAX_T)
 from dsv4_vk.hc.policy import HCUnsupported
 from dsv4_vk.hc.metrics import max_abs, nmse, nonfinite_mismatch
-from dsv4_vk.hc import kernels as ops_hc, mix_kernels, tcr
+from dsv4_vk.hc import kernels as ops_hc, mix_kernels, plan as hc_plan, tcr
 from dsv4_vk.hc.kernels import reference_comb, reference_post, reference_pre
 
 PATH_NMSE, U, sum_bound = cases.PATH_NMSE, cases.U, cases.sum_bound
@@ -468,7 +468,7 @@ def test_mix_tokens_per_lane_group_give_the_same_sums(ex, rng, T, D, lpt, tb):
             seed = int(rng.integers(0, 2**32 - 1)) if not outs else seed
             mix_layouts_case(ex, T, D, 24, "c", seed)
             i = site_inputs(np.random.default_rng(seed), T, D, m=24)
-            lay = mix_kernels.mix_layout(ex.device, T, D // (4 if D % 4 == 0 else 1))
+            lay = hc_plan.mix_layout(ex.device, T, D // (4 if D % 4 == 0 else 1))
             assert lay["tpl"] == tpl and lay["split"] == 16
             (part,), _ = run(ex, {"X": i["X"], "fn": i["fn"]}, lambda g, t: (g.op("HC_MIX_PART", t["X"], t["fn"], **lay),))
             outs.append(part)
@@ -485,7 +485,7 @@ def test_mix_row_groups(ex, rng, T, D, m, tpl, layout):
     lpt = max(1, min(4, ex.device.subgroup_size // 2))
     with tuning(mix_kernels.MIX_TUNING, kernel="ksplit", rh=2, tpl=tpl, lpt=lpt, wg=max(16, ex.device.subgroup_size),
                 tb=64):
-        lay = mix_kernels.mix_layout(ex.device, T, D // (4 if D % 4 == 0 else 1))
+        lay = hc_plan.mix_layout(ex.device, T, D // (4 if D % 4 == 0 else 1))
         assert lay["rh"] == 2 and mix_kernels.ksplit_row_groups(lay, m) == (2 if m % 8 == 0 else 1)
         mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
 
@@ -526,7 +526,7 @@ def test_mix_tensor_core_kernel(ex, rng, T, D, split, m, layout):
     partial token blocks (T past a multiple of 64), splits ending inside a staging step of 16 chunks
     and past D, the head's 4 rows and 8 rows (one fn tile), a permuted X; against float64."""
     with tuning(mix_kernels.MIX_TUNING, kernel="tc", split=split):
-        lay = mix_kernels.mix_layout(ex.device, T, D // 4)
+        lay = hc_plan.mix_layout(ex.device, T, D // 4)
         assert lay["tc"] == (1 if mix_kernels.tc_tile_n(ex.device) else 2) and lay["split"] == split
         mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
 
@@ -541,7 +541,7 @@ def test_mix_tcr_kernel(ex, rng, T, D, split, m, layout, tt):
     if tt == 2 and not isinstance(tcr.tcr_layout(ex.device), tuple) and ex.device.caps.limits.max_shared_memory < 40000:
         tt = 1                                 # (the emulation of 128-token blocks needs 39 KiB of shared memory)
     with tuning(mix_kernels.MIX_TUNING, kernel="tcr", split=split, tt=tt):
-        lay = mix_kernels.mix_layout(ex.device, T, D // 4)
+        lay = hc_plan.mix_layout(ex.device, T, D // 4)
         assert lay["tcr"] and lay["tt"] == tt and lay["cm"] == int(isinstance(tcr.tcr_layout(ex.device), tuple))
         mix_layouts_case(ex, T, D, m, layout, int(rng.integers(0, 2**32 - 1)))
 
@@ -604,7 +604,7 @@ def test_tcr_emulation_follows_the_layout_constants(ex, rng, monkeypatch):
     assert isinstance(other, tuple) and other != tcr.TCR_H200_LAYOUT
     monkeypatch.setattr(mix_kernels, "TCR_H200_LAYOUT", other)     # (what mix_layout gives the emulation)
     with tuning(mix_kernels.MIX_TUNING, kernel="tcr", split=16, tt=1):
-        assert mix_kernels.mix_layout(ex.device, 70, 16)["layout"] == other
+        assert hc_plan.mix_layout(ex.device, 70, 16)["layout"] == other
         mix_layouts_case(ex, 70, 64, 24, "c", int(rng.integers(0, 2**32 - 1)))
 
 
@@ -658,7 +658,7 @@ def mix_layouts_case(ex, T, D, m, layout, seed):
     X = i["X"] if layout == "c" else np.ascontiguousarray(i["X"].transpose(1, 0, 2))
     view = {"X": (lambda t: t) if layout == "c" else (lambda t: t.permute(1, 0, 2))}
     unit = 4 if D % 4 == 0 else 1                      # (a permuted X's strides D and T·D: multiples of 4 too)
-    lay = mix_kernels.mix_layout(ex.device, T, D // unit)
+    lay = hc_plan.mix_layout(ex.device, T, D // unit)
     (mix, part), g = run(ex, {"X": X, "fn": i["fn"]}, lambda g, t: (
         hc.mixes(g, t["X"], t["fn"]), mix_kernels.mix_partials(g, t["X"], t["fn"], lay)), view)
     single = lay["groups"] == 1 and not lay["split"]

@@ -12,7 +12,7 @@ import pytest
 
 import dsv4_vk as dv
 from dsv4_vk import Executor, Graph, hc
-from dsv4_vk.hc import policy as hc_policy
+from dsv4_vk.hc import plan as hc_plan, policy as hc_policy, tcr
 from dsv4_vk.hc.policy import HCUnsupported
 from dsv4_vk.vk.caps import SubgroupCaps
 from dsv4_vk.hc.metrics import max_abs, nmse
@@ -190,7 +190,7 @@ def test_info_says_where_the_post_carries_the_mixes(device, monkeypatch):
     sg = dataclasses.replace(device.caps.subgroup, operations=("basic", "arithmetic", "shuffle"),
                              full_subgroups=True, min_size=32, max_size=32)
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", subgroup=sg))
-    monkeypatch.setattr(mix_kernels, "tcr_layout", lambda dev: tcr.TCR_H200_LAYOUT)
+    monkeypatch.setattr(tcr, "tcr_layout", lambda dev: tcr.TCR_H200_LAYOUT)
     hc_policy.clear()
     try:
         assert info.carry_summary(device) == {"D": 4096, "1-8": True, "9-511": True, ">=512": False}
@@ -376,7 +376,7 @@ def test_graph_functions_validate_their_tensors(device):
         hc.comb(g, other.input("m", (3, 24)), s, b, device=device)
     with pytest.raises(ValueError, match=r"base must have shape \[24\]"):
         hc.comb(g, m, s, m[0, :23], device=device)
-    with pytest.raises(ValueError, match="mixes must be a graph Tensor"):
+    with pytest.raises(ValueError, match="mixes must be a graph tensor"):
         hc.comb(g, np.zeros((3, 24)), s, b, device=device)
     with pytest.raises(ValueError, match="eps must be a finite number > 0"):
         hc.comb(g, m, s, b, eps=0, device=device)
@@ -469,8 +469,8 @@ def test_many_tokens_mixes_on_a_gpu_take_ksplit_only_with_shuffles(env, device, 
     sg = dataclasses.replace(device.caps.subgroup, operations=ops, full_subgroups=True, min_size=32, max_size=32)
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", subgroup=sg))
     # (without cooperative matrices: on a GPU that has them, TCR takes these mixes, as the next test checks)
-    monkeypatch.setattr(mix_kernels, "tcr_layout", lambda dev: "no cooperative matrices (this test's device)")
-    lay = mix_kernels.mix_layout(device, 4096, 1024)
+    monkeypatch.setattr(tcr, "tcr_layout", lambda dev: "no cooperative matrices (this test's device)")
+    lay = hc_plan.mix_layout(device, 4096, 1024)
     assert lay["split"] == (mix_kernels.KSPLIT_S if kernel == "ksplit" else 0) and "tile" not in lay
     monkeypatch.setitem(hc.composite.PREFILL_CARRY, "prefill", True)     # the prefill carry is KSPLIT's too
     assert hc.carries(device, None, 4096, 4096) == (kernel == "ksplit")
@@ -489,9 +489,9 @@ def test_prefill_carry_leaves_tcr_mixes_to_the_next_site(env, device, monkeypatc
     sg = dataclasses.replace(device.caps.subgroup, operations=("basic", "arithmetic", "shuffle"),
                              full_subgroups=True, min_size=32, max_size=32)
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", subgroup=sg))
-    monkeypatch.setattr(mix_kernels, "tcr_layout", lambda dev: tcr.TCR_H200_LAYOUT)
+    monkeypatch.setattr(tcr, "tcr_layout", lambda dev: tcr.TCR_H200_LAYOUT)
     monkeypatch.setitem(hc.composite.PREFILL_CARRY, "prefill", mode)
-    big, small = mix_kernels.TCR_MIN_T, mix_kernels.TCR_MIN_T - 1
+    big, small = tcr.TCR_MIN_T, tcr.TCR_MIN_T - 1
     expect = {None: (False, True, True), True: (True, True, True), False: (False, False, False)}[
         None if mode is None else bool(mode)]
     assert (hc.carries(device, None, big, 4096), hc.carries(device, None, small, 4096),
@@ -535,12 +535,12 @@ def test_tcr_split_fits_the_workgroups_in_one_wave(env, device, monkeypatch):
     sg = dataclasses.replace(device.caps.subgroup, operations=("basic", "arithmetic", "shuffle"),
                              full_subgroups=True, min_size=32, max_size=32)
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", subgroup=sg))
-    monkeypatch.setattr(mix_kernels, "tcr_layout", lambda dev: tcr.TCR_H200_LAYOUT)
+    monkeypatch.setattr(tcr, "tcr_layout", lambda dev: tcr.TCR_H200_LAYOUT)
     for T, chunks, split in ((512, 1024, 16), (2048, 1024, 64), (4096, 1024, 32), (1024, 1792, 64)):
-        lay = mix_kernels.mix_layout(device, T, chunks)
+        lay = hc_plan.mix_layout(device, T, chunks)
         assert (lay["tcr"], lay["tt"], lay["split"], lay["groups"]) == (1, 2, split, -(-chunks // split))
     monkeypatch.setitem(mix_kernels.MIX_TUNING, "split", 32)           # a split set: that one
-    assert mix_kernels.mix_layout(device, 2048, 1024, kernel="tcr")["split"] == 32
+    assert hc_plan.mix_layout(device, 2048, 1024, kernel="tcr")["split"] == 32
 
 
 def test_mixes_layout_errors_name_the_parameter(device, monkeypatch):
@@ -554,7 +554,7 @@ def test_mixes_layout_errors_name_the_parameter(device, monkeypatch):
         g.op("HC_MIX_PART", X, fn, wg=64, groups=1, split=16, tile=1)
     monkeypatch.setitem(mix_kernels.MIX_TUNING, "kernel", "bogus")
     with pytest.raises(ValueError, match="mixes kernel must be one of .* got 'bogus'"):
-        mix_kernels.mix_layout(device, T, D // 4)
+        hc_plan.mix_layout(device, T, D // 4)
     monkeypatch.setitem(mix_kernels.MIX_TUNING, "kernel", None)
     g = Graph()
     f, res = g.input("f", (T, D)), g.input("res", (T, 4, D))
@@ -627,7 +627,7 @@ def test_tensor_core_mixes_kernel_refuses_what_it_cannot_run(env, device, monkey
         g.op("HC_POST_MIX", f, res, post, comb, fn, g.empty((T, 4, D)), wg=128, split=64, lpt=1, tb=64, tpl=1, tc=5)
     monkeypatch.setitem(hc.composite.PREFILL_CARRY, "kernel", "tile")
     with pytest.raises(ValueError, match=r"PREFILL_CARRY\['kernel'\] must be one of \('ksplit', 'tc'\), got 'tile'"):
-        hc.composite.carry_splits(64, D)
+        hc.plan.carry_splits(64, D)
 
 
 @pytest.mark.parametrize("shapes, sg, want", [([(16, 8, 16), (16, 16, 16)], 32, 8), ([(16, 16, 16)], 32, 16),
@@ -644,5 +644,5 @@ def test_tensor_core_kernel_takes_the_devices_fp16_shape(env, device, monkeypatc
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, coopmat=cm, subgroup=sgc))
     assert mix_kernels.tc_tile_n(device) == want
     monkeypatch.setitem(mix_kernels.MIX_TUNING, "kernel", "tc")
-    lay = mix_kernels.mix_layout(device, 4096, 1024)
+    lay = hc_plan.mix_layout(device, 4096, 1024)
     assert lay["tc"] == (1 if want else 2) and lay["groups"] == 1024 // mix_kernels.TC_SPLIT

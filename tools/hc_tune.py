@@ -1,8 +1,8 @@
 """Sweep HC kernel launch layouts on a device and print GPU time and GB/s against a copy of the same
 bytes. Knobs are entries of the tuning tables: slice.* = hc.kernels.SLICE_TUNING (HC_PRE, HC_POST,
 HC_SITE: workgroup size, chunks per invocation), mix.* = hc.mix_kernels.MIX_TUNING (HC_MIX kernels:
-workgroup size, D splits, KSPLIT split, lpt, tb, tpl, kernel), site.* = hc.composite.SITE_TUNING (HC_POST_MIX
-workgroup), carry.prefill / carry.kernel / carry.tb / carry.lpt / carry.tpl = hc.composite.PREFILL_CARRY (0/1/auto:
+workgroup size, D splits, KSPLIT split, lpt, tb, tpl, kernel), site.* = hc.plan.SITE_TUNING (HC_POST_MIX
+and HC_SITE workgroups at decode), carry.prefill / carry.kernel / carry.tb / carry.lpt / carry.tpl = hc.plan.PREFILL_CARRY (0/1/auto:
 HC_SITE past 8 tokens with the post carrying the next mixes never, wherever it can, or where the next
 mixes do not run on TCR; ksplit/tc: the kernel of that carry; KSPLIT's layout for it on GPUs).
 Every combination of the given values is timed (median of --replays, after a clock warm-up).
@@ -22,14 +22,13 @@ import json
 import numpy as np
 
 from dsv4_vk.hc import cases as C
-from dsv4_vk.hc import composite as hc_composite
-from dsv4_vk.hc import kernels as hc_ops, mix_kernels
+from dsv4_vk.hc import kernels as hc_ops, mix_kernels, plan as hc_plan
 from dsv4_vk.cli import floor as F
 from dsv4_vk.cli.bench import bench_path, dispatch_times
 from dsv4_vk.vk import default_device, memory
 
-TABLES = {"slice": hc_ops.SLICE_TUNING, "mix": mix_kernels.MIX_TUNING, "site": hc_composite.SITE_TUNING,
-          "carry": hc_composite.PREFILL_CARRY}
+TABLES = {"slice": hc_ops.SLICE_TUNING, "mix": mix_kernels.MIX_TUNING, "site": hc_plan.SITE_TUNING,
+          "carry": hc_plan.PREFILL_CARRY}
 PATH = {"HC_SITE": C.SITE}
 
 

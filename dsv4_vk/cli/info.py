@@ -11,25 +11,17 @@ def report(dev):
     out = dev.caps.as_dict()
     out.pop("memory_types", None)
     try:
-        from ..hc.policy import describe
-        from ..hc.tcr import TCR_MIN_T, tcr_layout
-        out["hc"] = describe(dev)
-        lay = tcr_layout(dev)               # (a probe dispatch where the device has the shapes)
-        out["hc_mix"] = ({"kernel": "tcr", "from_tokens": TCR_MIN_T, "layout": list(lay)} if isinstance(lay, tuple)
-                         else {"kernel": "ksplit", "tcr": lay})
-        out["hc_carry"] = carry_summary(dev)
+        from ..hc.plan import describe
+        out.update(describe(dev))           # the HC plan: hc, hc_mix, hc_carry
     except ImportError:
         pass
     return out
 
 
 def carry_summary(dev, D=4096):
-    """Where a site's post carries the next site's mixes (hc.carries, policy defaults) at hidden size D:
-    at decode (T ≤ CARRY_MAX_T), past it below TCR_MIN_T, and from TCR_MIN_T tokens."""
-    from ..hc import CARRY_MAX_T, carries
-    from ..hc.tcr import TCR_MIN_T
-    spans = {f"1-{CARRY_MAX_T}": 1, f"{CARRY_MAX_T + 1}-{TCR_MIN_T - 1}": CARRY_MAX_T + 1, f">={TCR_MIN_T}": TCR_MIN_T}
-    return {"D": D, **{span: carries(dev, None, T, D) for span, T in spans.items()}}
+    """Where a site's post carries the next site's mixes at hidden size D (hc.plan.carry_summary)."""
+    from ..hc.plan import carry_summary as summary
+    return summary(dev, D)
 
 
 def _human(rep):

@@ -28,7 +28,7 @@ OPS = ("HC_COMB", "HC_PRE", "HC_POST", "HC_STEP", "HC_SITE_PRE", "HC_MIX", "HC_S
 # from X and the site's weights to u, post, comb and the new streams. Where a post carries the next
 # site's mixes (composite.carries: decode, T ≤ CARRY_MAX_T, and with PREFILL_CARRY any T) its
 # mixes' partial sums come in as `mix` ([T, G, 25] in the G D splits the previous site's post
-# makes, composite.carry_splits; the host computes them) and its post computes the next site's
+# makes, plan.carry_splits; the host computes them) and its post computes the next site's
 # (next fn = fn): the steady state of a chain of sites, mixes included. Elsewhere the site reads X
 # for its mixes.
 UNFUSED = "unfused"
@@ -93,7 +93,7 @@ def paths(device, op):
     elif op == "HC_SITE":
         fused = ([SITE] if variants.get("HC_SITE") else []) + ([THREE_OP] if variants.get("HC_COMB") else [])
     elif op == "HC_MIX":
-        from .kernels import mix_supported
+        from .policy import mix_supported
         fused = ["fused"] if mix_supported(device) is None else []
     else:
         fused = ["fused"] if variants.get(op) else []
@@ -206,7 +206,7 @@ def bench_cases(ds=(4096, 7168), prefill_ts=PREFILL_TS, ops=OPS):
 # --- inputs, graphs, references -------------------------------------------------------------------
 
 def input_shapes(case):
-    from .composite import carry_splits
+    from .plan import carry_splits
     T, D = case.T, case.D
     return {
         "HC_COMB": {"mixes": (T, 24), "scale": (3,), "base": (24,)},
@@ -247,7 +247,7 @@ def make_inputs(case, rng):
     out = {}
     for name, shape in input_shapes(case).items():
         if name == "mix":       # the carried partial sums of X's mixes: not random, computed from X, fn,
-            from .composite import carry_split_chunks      # in the D splits the post makes
+            from .plan import carry_split_chunks           # in the D splits the post makes
             from .mix_kernels import reference_mix_partials
             unit = 4 if case.D % 4 == 0 else 1
             out[name] = reference_mix_partials(out["X"], out["fn"], shape[1], unit,

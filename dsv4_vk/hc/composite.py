@@ -8,11 +8,11 @@ primitive nodes (one dispatch per node, exactly as docs/hc_math.md describes it)
     u, post, comb = hc.site_pre(g, X, fn, scale, base)          # one site's pre side
     X_new, carry = hc.site(g, X, fn, scale, base, sublayer, mix=carry, next_fn=fn_next)   # a whole site
 
-Site path (policy HC_SITE, the default where the device can): `site_pre` is HC_MIX_PART + HC_SITE,
+Site path (the plan's HC_SITE, the default where the device can): `site_pre` is HC_MIX_PART + HC_SITE,
 or HC_SITE alone with the partials `mix` carried from the previous site's HC_POST_MIX, so at
 decode a whole site is two dispatches (HC_SITE, HC_POST_MIX) plus its sublayer. Three-op path
 (`DSV4_VK_DISABLE_HC_SITE`): the mixes (HC_MIX), HC_COEFS (comb with both gates), HC_PRE, HC_POST.
-`fused=None` follows hc_policy (environment and device), True/False overrides it (True where the
+`fused=None` follows the plan (`plan.plan`: environment, device and shape), True/False overrides it (True where the
 device cannot is an error). Nodes are labelled with g.tag(op); g.paths gets (op, path, reason).
 `device` (default: the process-wide device) is the device the graph will run on: the path depends
 on it.
@@ -23,9 +23,11 @@ import numpy as np
 
 from ..core.graph import Graph
 from ..vk import Device
-from . import kernels, mix_kernels, policy as hc_policy
-from .kernels import HC, N_MIX, check_eps, check_n_iter, check_post_shapes, check_same, check_shape, mix_supported
-from ..core.tensor import Tensor
+from . import kernels, mix_kernels, plan as hc_plan, policy as hc_policy
+from .kernels import HC, N_MIX, check_eps, check_n_iter, check_post_shapes, check_same, check_shape
+from .plan import CARRY_MAX_T, PREFILL_CARRY, SITE_MAX_T, SITE_TUNING, carries, carry_splits  # noqa: F401  (re-exported)
+from .policy import mix_supported
+from ..core.tensor import GraphTensor
 from ..vk import default_device
 
 
@@ -35,8 +37,8 @@ def variants(device):
 
 
 def _tensor(g, name, t):
-    if not isinstance(t, Tensor):
-        raise ValueError(f"{name} must be a graph Tensor, got {type(t).__name__}")
+    if not isinstance(t, GraphTensor):
+        raise ValueError(f"{name} must be a graph tensor, got {type(t).__name__}")
     if t.graph is not g:
         raise ValueError(f"{name} belongs to another graph")
     if t.dtype != "f32":
@@ -87,7 +89,7 @@ def comb(g, mixes, scale, base, *, eps=1e-6, n_iter=20, fused=None, variant=None
     check_shape("scale", scale.shape, (3,))
     check_shape("base", base.shape, (N_MIX,))
     eps, n_iter = check_eps("eps", eps), check_n_iter(n_iter)
-    choice = hc_policy.choose("HC_COMB", device or default_device(), fused, variant)
+    choice = hc_plan.plan("HC_COMB", device or default_device(), fused=fused, variant=variant)
     _record(g, "HC_COMB", choice)
     with g.tag("HC_COMB"):
         if choice.fused:
@@ -116,7 +118,7 @@ def pre_chain(g, x, weights):
 def pre(g, x, weights, *, fused=None, device=None):
     """u [T,D] = Σ_s weights[t,s] · x[t,s,:] for x [T,4,D], weights [T,4]."""
     _check_pre(g, x, weights)
-    choice = hc_policy.choose("HC_PRE", device or default_device(), fused)
+    choice = hc_plan.plan("HC_PRE", device or default_device(), fused=fused)
     _record(g, "HC_PRE", choice)
     with g.tag("HC_PRE"):
         if choice.fused:
@@ -144,7 +146,7 @@ def post(g, f, residual, post, comb, *, fused=None, device=None):
     for name, t in (("f", f), ("residual", residual), ("post", post_w), ("comb", comb_m)):
         _tensor(g, name, t)
     check_post_shapes(f.shape, residual.shape, post_w.shape, comb_m.shape)
-    choice = hc_policy.choose("HC_POST", device or default_device(), fused)
+    choice = hc_plan.plan("HC_POST", device or default_device(), fused=fused)
     _record(g, "HC_POST", choice)
     with g.tag("HC_POST"):
         if choice.fused:
@@ -154,79 +156,12 @@ def post(g, f, residual, post, comb, *, fused=None, device=None):
 
 # --- a whole site, the head collapse -------------------------------------------------------------------
 
-# The site carries the next site's mixes through HC_POST_MIX up to this T (decode): its workgroups
-# each read the slice of fn they need, once per token; beyond it the next site reads X again with
-# HC_MIX_PART (KSPLIT), which reads fn once per block of tokens (prefill: X then lies in DRAM either way).
-CARRY_MAX_T = 8
-# The policy's site path runs the site kernels up to this T and the three fused ops beyond (H200,
-# D = 4096, results/h200/site_compare.txt: site 10.8 against 20.5 µs at T = 1; 438.0 against 413.1 µs
-# at T = 4096, both with the prefill carry — HC_SITE's per-token reduction and Sinkhorn cost more
-# than the dispatches they save when there are many tokens).
-SITE_MAX_T = CARRY_MAX_T
-# HC_POST_MIX workgroup size: one chunk per invocation, so D/4/post_wg workgroups per token at decode
-# (tools/hc_tune.py sweeps it). "site_wg": HC_SITE's up to CARRY_MAX_T tokens (HC_PRE's layout beyond) —
-# 64: more, smaller workgroups each reducing the partials over 2 subgroups instead of 8; H200, T = 1,
-# one site 9.7 µs against 10.2 with 256 (back to back 8.2 against 8.5; D = 7168 10.2 / 8.7 against
-# 10.5 / 8.8), results/h200/hc_tune_site_wg_h200.txt.
-SITE_TUNING = {"post_wg": 64, "site_wg": 64}
-# Past CARRY_MAX_T tokens a site's post may carry the next site's mixes too: HC_POST_MIX in KSPLIT's
-# layout (the new streams made, written and reduced with the next fn's slices in one pass), then the
-# next site's HC_MIX_REDUCE + HC_COEFS + HC_PRE, so that prefill reads X_new once less per site.
-# On: faster at every size measured on the H200 (results/h200/hc_tune_carry_h200.txt, the site's
-# dispatches timed one by one, three-op path): D = 4096, T = 64 / 512 / 4096: 30.0 / 72.7 / 405.4 µs
-# against 35.6 / 80.6 / 422.1 µs without; D = 7168, T = 4096: 692.9 against 718.1 µs.
-# "kernel": the prefill carry's mixes kernel, "ksplit" or "tc" (the tensor-core kernel, where the
-# streams are vec4-aligned; KSPLIT elsewhere). KSPLIT: on the H200 the tensor-core kernel's carry
-# took 845 against 314 µs (T = 4096, D = 4096, results/h200/hc_tune_tc_carry_h200.txt).
-# "tb", "lpt", "tpl", "rh": KSPLIT's layout for the carry on GPUs (None: mix_layout's, HC_MIX's own): blocks
-# of 128 tokens, 2 lanes per token, one token per lane group — the post with its carry 295.2 against
-# 313.1 µs with HC_MIX's 256 / 4 / 2 at T = 4096, D = 4096, 487.7 against 543.9 at D = 7168; 49.2 / 82.4
-# against 49.7 / 86.5 at T = 512 (H200, results/h200/hc_tune_layout_h200.txt, hc_tune_layout_mix_h200.txt).
-# One row group: the carry with two (each making the post) took 520.2 µs with one token a group and 408.1
-# with two, against 295.2 (T = 4096, D = 4096, results/h200/hc_tune_rh_carry_h200.txt).
-# KSPLIT's splits of 16 chunks (mix_kernels.KSPLIT_S; 32 were slower, also for the carry).
-# "prefill" None (auto): not where the next site's mixes run on TCR (mix_kernels.mix_layout, T ≥ TCR_MIN_T
-# with the device's probed layout), whose HC_MIX reads X again in less time than the carry adds to the
-# post: H200, T = D = 4096, the site 347.5 against 387.5 µs (HC_POST 143.2 and TCR's mixes 128.7 against
-# the carrying post's 295.2 and its reduction 14.2), D = 7168 579.1 against 642.9, T = 512 67.5 / 97.8
-# against 70.1 / 115.5 (results/h200/hc_tune_carry_tcr_h200.txt). True (1): carry wherever it can;
-# False (0): never.
-PREFILL_CARRY = {"prefill": None, "kernel": "ksplit", "tb": 128, "lpt": 2, "tpl": 1, "rh": 1}
-CARRY_KERNELS = ("ksplit", "tc")
-
-
-def _prefill_carry_kernel(vec4: bool) -> str:
-    kernel = PREFILL_CARRY["kernel"]
-    if kernel not in CARRY_KERNELS:
-        raise ValueError(f"PREFILL_CARRY['kernel'] must be one of {CARRY_KERNELS}, got {kernel!r}")
-    return kernel if vec4 else "ksplit"
-
-
-def carry_split_chunks(T: int, D: int) -> int:
-    """Chunks per D split of the mixes partials a post carries at T tokens of contiguous hidden size
-    D: a HC_POST_MIX workgroup's post_wg/4 at decode, the prefill carry kernel's split past CARRY_MAX_T."""
-    if T <= CARRY_MAX_T:
-        return kernels.post_mix_split(SITE_TUNING["post_wg"])
-    return mix_kernels.TC_SPLIT if _prefill_carry_kernel(D % 4 == 0) == "tc" else mix_kernels.KSPLIT_S
-
-
-def _contiguous_chunks(D: int) -> int:
-    """Chunks per stream of a contiguous hidden size D: vec4 chunks where D allows, else floats."""
-    return D // 4 if D % 4 == 0 else D
-
-
-def carry_splits(T: int, D: int) -> int:
-    """The number of D splits G in the mixes partials [T, G, m + 1] that a post carries at T tokens
-    of contiguous hidden size D (chunks of 4 floats where D allows)."""
-    return -(-_contiguous_chunks(D) // carry_split_chunks(T, D))
-
-
 def _mix_partials(g, X, fn, device):
-    """partials [T,G,m+1] of the mixes of X with fn (HC_MIX_PART, layout from mix_kernels.mix_layout)."""
+    """partials [T,G,m+1] of the mixes of X with fn (HC_MIX_PART in the plan's layout)."""
     X, fn = _unit_inner(g, X), _unit_inner(g, fn)
     T, _, D = X.shape
     unit = 4 if kernels.vec4_ok(D, [X, fn]) else 1
-    return mix_kernels.mix_partials(g, X, fn, mix_kernels.mix_layout(device, T, D // unit))
+    return mix_kernels.mix_partials(g, X, fn, hc_plan.plan("HC_MIX", device, T, D, chunks=D // unit).params)
 
 
 def mixes(g, X, fn, *, norm_eps=1e-6, fused=None, device=None):
@@ -250,7 +185,7 @@ def _mixes(g, X, fn, norm_eps, fused, device):
     if fused and fn.shape[0] % 4 == 0 and fn.shape[0] <= N_MIX:       # the kernels' row blocks
         X, fn = _unit_inner(g, X), _unit_inner(g, fn)
         unit = 4 if kernels.vec4_ok(D, [X, fn]) else 1
-        layout = mix_kernels.mix_layout(device, T, D // unit)
+        layout = hc_plan.plan("HC_MIX", device, T, D, chunks=D // unit).params
         if layout["groups"] == 1 and not layout["split"]:
             return g.op("HC_MIX", X, fn, norm_eps=norm_eps, wg=layout["wg"])
         part = mix_kernels.mix_partials(g, X, fn, layout)
@@ -299,27 +234,14 @@ def _site_kernels(g, X, fn, scale, base, mix, m, hc_eps, norm_eps, n_iter, devic
 def _coef_views(g, coefs):
     """(pre [T,4], post [T,4], comb [T,4,4]) views of a [T,24] coefficient tensor (HC_COEFS's layout)."""
     st, sj = coefs.strides
-    comb_m = Tensor(g, coefs.storage, (coefs.shape[0], HC, HC), (st, HC * sj, sj), coefs.offset + 2 * HC * sj)
+    comb_m = GraphTensor(g, coefs.storage, (coefs.shape[0], HC, HC), (st, HC * sj, sj), coefs.offset + 2 * HC * sj)
     return coefs[:, 0:HC], coefs[:, HC:2 * HC], comb_m
 
 
 def _site_choice(device, fused, site, T=1):
-    """The HC_SITE Choice for a call of T tokens: fused=False (the unfused chains) never runs the
-    site kernels; site=None follows the policy (and above SITE_MAX_T tokens the three fused ops),
-    True forces the site kernels, False the three-op path."""
-    if site is not None and not isinstance(site, (bool, np.bool_)):
-        raise ValueError(f"site must be None, True or False, got {site!r}")
-    if fused is False:
-        if site:
-            raise ValueError("site=True runs fused kernels, but fused=False was requested")
-        return hc_policy.Choice(False, None, "unfused requested by the caller (fused=False)")
-    if site is False:
-        return hc_policy.Choice(False, hc_policy.THREE_OP, "three-op path requested by the caller (site=False)")
-    choice = hc_policy.choose("HC_SITE", device, True if site else None)
-    if choice.fused and site is None and T > SITE_MAX_T:
-        return hc_policy.Choice(False, hc_policy.THREE_OP, f"T = {T} > {SITE_MAX_T} tokens: the three fused ops "
-                                                          "(measured faster there on the H200, docs/hc_ops.md)")
-    return choice
+    """The plan of HC_SITE for a call of T tokens (fused=False: the unfused chains; site=None: the
+    plan's choice, True: the site kernels, False: the three-op path)."""
+    return hc_plan.plan("HC_SITE", device, T, fused=fused, site=site)
 
 
 def site_pre(g, X, fn, scale, base, *, hc_eps=1e-6, norm_eps=1e-6, n_iter=20, fused=None, site=None, device=None,
@@ -354,7 +276,7 @@ def _carried_or_mixes(g, X, fn, norm_eps, fused, device, carry):
 
 
 def _three_op_pre(g, X, fn, scale, base, hc_eps, norm_eps, n_iter, fused, device, carry=None):
-    comb_choice = hc_policy.choose("HC_COMB", device, fused)
+    comb_choice = hc_plan.plan("HC_COMB", device, fused=fused)
     with g.tag("HC_MIX"):
         mix = _carried_or_mixes(g, X, fn, norm_eps, comb_choice.fused and mix_supported(device) is None, device,
                                 carry)
@@ -372,7 +294,7 @@ def _three_op_pre(g, X, fn, scale, base, hc_eps, norm_eps, n_iter, fused, device
         _record(g, "HC_COMB", comb_choice)
         with g.tag("HC_COMB"):
             comb_m = comb_chain(g, mix, scale, base, hc_eps, n_iter)
-    pre_choice = hc_policy.choose("HC_PRE", device, fused)
+    pre_choice = hc_plan.plan("HC_PRE", device, fused=fused)
     if comb_choice.fused and pre_choice.fused:
         # the collapse forms its own gates from the mixes (HC_PRE_GATE): it does not read HC_COEFS's
         # output, so no barrier separates the two and they run side by side
@@ -410,26 +332,6 @@ def site(g, X, fn, scale, base, sublayer, *, mix=None, next_fn=None, hc_eps=1e-6
     return site_post(g, f, X, post_w, comb_m, next_fn=next_fn, fused=fused, site=site, device=device)
 
 
-def carries(device, fused, T, D, site=None):
-    """Whether a site's post carries the next site's mixes partials at T tokens of hidden size D: the
-    site path up to CARRY_MAX_T; beyond, with PREFILL_CARRY, where the post, the comb and KSPLIT's
-    mixes run fused — unless (PREFILL_CARRY["prefill"] None, the default) the next site's mixes
-    would run on TCR, which reads X again faster than the carry adds to the post."""
-    choice = _site_choice(device, fused, site, T)
-    if T <= CARRY_MAX_T:
-        return choice.fused
-    mode = PREFILL_CARRY["prefill"]
-    if mode is not None and (not isinstance(mode, int) or mode not in (0, 1)):    # (bool is an int: 0/1 as tools set it)
-        raise ValueError(f"PREFILL_CARRY['prefill'] must be None (auto), True or False, got {mode!r}")
-    if (mode is not None and not mode) or fused is False:
-        return False
-    if mode is None and mix_kernels.mix_layout(device, T, _contiguous_chunks(D)).get("tcr"):
-        return False
-    return (choice.fused or choice.variant == hc_policy.THREE_OP) and mix_supported(device) is None \
-        and hc_policy.choose("HC_POST", device, fused).fused and hc_policy.choose("HC_COMB", device, fused).fused \
-        and kernels.ksplit_preferred(device)
-
-
 def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, device=None):
     """The second half of `site`: X_new = post(f, X, post, comb); returns (X_new, carry). On the site
     path at T ≤ CARRY_MAX_T with `next_fn`: HC_POST_MIX, carry = the next site's mixes partials."""
@@ -448,15 +350,8 @@ def site_post(g, f, X, post_w, comb_m, *, next_fn=None, fused=None, site=None, d
     with g.tag("HC_POST"):
         f, X_in, next_fn = _unit_inner(g, f), _unit_inner(g, X), _unit_inner(g, next_fn)
         T, D = f.shape
-        layout = {"wg": SITE_TUNING["post_wg"]}
-        if T > CARRY_MAX_T:         # the prefill carry kernel's layout (KSPLIT: two tokens per lane group at most)
-            vec4 = kernels.vec4_ok(D, [f, X_in, next_fn])
-            kernel = _prefill_carry_kernel(vec4)
-            layout = mix_kernels.mix_layout(device, T, D // (4 if vec4 else 1), kernel=kernel)
-            layout = {k: layout[k] for k in ("wg", "split", "lpt", "tb")} | {"tpl": min(layout["tpl"], 2)} \
-                | ({"tc": layout["tc"]} if kernel == "tc" else {"rh": layout["rh"]})
-            if kernel == "ksplit" and not device.caps.is_cpu:
-                layout |= {k: PREFILL_CARRY[k] for k in ("tb", "lpt", "tpl", "rh") if PREFILL_CARRY[k] is not None}
+        unit = 4 if kernels.vec4_ok(D, [f, X_in, next_fn]) else 1
+        layout = hc_plan.plan("HC_POST_MIX", device, T, D, chunks=D // unit, fused=fused, site=site).params
         out = g.empty(X.shape)
         carry = g.op("HC_POST_MIX", f, X_in, post_w, comb_m, next_fn, out, **layout)
     return out, carry
@@ -476,7 +371,7 @@ def head_pre(g, X, fn_h, scale_h, base_h, *, hc_eps=1e-6, norm_eps=1e-6, fused=N
     if site_choice.fused:
         u, _ = _site_kernels(g, X, fn_h, scale_h, base_h, mix, HC, hc_eps, norm_eps, 1, device)
         return u
-    pre_choice = hc_policy.choose("HC_PRE", device, fused)
+    pre_choice = hc_plan.plan("HC_PRE", device, fused=fused)
     with g.tag("HC_MIX"):
         m = _carried_or_mixes(g, X, fn_h, norm_eps, pre_choice.fused and mix_supported(device) is None, device, mix)
         pre_h = _gate(g, m, scale_h, base_h, 1.0, hc_eps)

@@ -10,7 +10,8 @@ import math
 
 import numpy as np
 
-from .policy import COMB_VARIANTS, HCUnsupported, comb_support, required_subgroup_size, sg16_subgroup_size
+from .policy import (COMB_VARIANTS, HCUnsupported, comb_support, full_subgroups_for, required_subgroup_size,
+                     sg16_subgroup_size, site_supported)
 from ..ops.base import Launch, OpDef, check_params, check_shape, grid_1d, pack_push, register
 
 HC = 4            # streams
@@ -254,22 +255,6 @@ class HcCoefs(HcComb):
         return reference_coefs(mixes, scale, base, eps, n_iter)
 
 
-def mix_supported(device):
-    """The HC_MIX kernels reduce with subgroupAdd: None when the device can run them, else why not."""
-    ok = device.supports_subgroup_op("basic") and device.supports_subgroup_op("arithmetic")
-    return None if ok else "no subgroup arithmetic in compute shaders"
-
-
-def ksplit_runs(device):
-    """KSPLIT sums a token's lanes with shuffles inside full subgroups: whether the device can run it."""
-    return device.supports_subgroup_op("shuffle") and device.caps.subgroup.full_subgroups
-
-
-def ksplit_preferred(device):
-    """Whether many tokens' mixes take KSPLIT by default (it runs, with subgroups of ≥ 4 lanes)."""
-    return ksplit_runs(device) and device.caps.subgroup.min_size >= 4
-
-
 def vec4_ok(D, tensors):
     """Chunks of 4 floats: D, every offset and every stride but the (unit) last one multiples of 4."""
     return D % 4 == 0 and all(t.offset % 4 == 0 and all(s % 4 == 0 for s in t.strides[:-1]) for t in tensors)
@@ -378,20 +363,6 @@ class HcSite(OpDef):
         w = (reference_coefs(mix, scale, base, hc_eps, n_iter)[:, :HC] if mix.shape[1] == N_MIX
              else _sigmoid(mix * as_f64(scale)[0] + as_f64(base)) + hc_eps)
         return reference_pre(X, w)
-
-
-def full_subgroups_for(device, wg):
-    """Whether a pipeline of workgroup size wg may ask for full subgroups: the device can require
-    them, and wg is a multiple of its largest subgroup (Vulkan's condition for the request; a smaller
-    workgroup runs as one partial subgroup, which the kernels' reductions allow for)."""
-    sg = device.caps.subgroup
-    return bool(sg.full_subgroups and wg % sg.max_size == 0)
-
-
-def site_supported(device):
-    """HC_SITE / HC_POST_MIX need subgroup arithmetic and the ROWS4 Sinkhorn (shuffles, subgroups of a
-    multiple of 4 lanes): None when the device can run them, else why not."""
-    return mix_supported(device) or comb_support(device)["rows4"]
 
 
 @register

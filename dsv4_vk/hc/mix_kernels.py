@@ -1,22 +1,23 @@
-"""The mixes kernels (hc_mix.comp) as ops: HC_MIX, HC_MIX_PART, HC_MIX_REDUCE and HC_POST_MIX, with
-their layouts and launches — the per-token kernel, KSPLIT (fn slices staged in shared memory, blocks
-of tokens streamed through them), the tensor-core kernel (tc = 1 on
-cooperative matrices, 2 with FMA products), the partials' reduction, and the post that carries the
-next site's mixes (hc_post.comp -D MIX_NEXT at few tokens, hc_mix.comp -D POST at many) — and the
-tuning tables they read (tools/hc_tune.py sweeps them). The other fused HC ops: `kernels`.
+"""The mixes kernels as ops: HC_MIX, HC_MIX_PART, HC_MIX_REDUCE and HC_POST_MIX, with their layouts
+and launches — the per-token kernel, KSPLIT (fn slices staged in shared memory, blocks of tokens
+streamed through them), the tensor-core kernel (tc = 1 on cooperative matrices, 2 with FMA
+products), the partials' reduction, and the post that carries the next site's mixes (hc_post.comp
+-D MIX_NEXT at few tokens, hc_mix_ksplit.comp / hc_mix_tc.comp -D POST at many) — and the tuning
+table they read (tools/hc_tune.py sweeps it). Which kernel runs: `plan`. TCR: `tcr`.
 """
 import numpy as np
 
 from .kernels import (HC, N_MIX, as_f64, check_eps, check_fn_rows, check_layout_param, check_partials,
-                      check_post_shapes, check_shared, check_unit_inner, ksplit_preferred, ksplit_runs,
-                      mix_supported, post_launch, post_mix_groups, post_mix_split, reference_mix_partials,
-                      reference_mixes, reference_post, require_support, site_supported, strides_in, vec4_ok)
-from .policy import HCUnsupported
-from .tcr import TCR_H200_LAYOUT, TCR_MIN_T, TCR_TT, tc_tile_n, tcr_layout, tcr_split_chunks
+                      check_post_shapes, check_shared, check_unit_inner, post_launch, post_mix_groups, post_mix_split,
+                      reference_mix_partials, reference_mixes, reference_post, require_support, strides_in, vec4_ok)
+from .policy import HCUnsupported, ksplit_runs, mix_supported, site_supported
+from . import tcr
+from .tcr import TCR_H200_LAYOUT, TCR_TT, tc_tile_n, tcr_split_chunks
 from ..ops.base import Launch, OpDef, check_params, check_shape, grid_1d, pack_push, register
 
 
-# HC_MIX layout knobs (tools/hc_tune.py sweeps them); None: the rule of mix_layout.
+# HC_MIX layout knobs (tools/hc_tune.py sweeps them); None: the rule of mix_layout. "kernel" and
+# "split" also pick the kernel (hc.plan.mix_kernel).
 MIX_TUNING = {"wg": None, "groups": None, "split": None, "lpt": None, "tb": None, "tpl": None, "rh": None,
               "kernel": None, "tt": None}
 MIX_KERNELS = ("token", "ksplit", "tc", "tcr")
@@ -24,72 +25,44 @@ MIX_KERNELS = ("token", "ksplit", "tc", "tcr")
 # workgroups on its cores one after another, so a few suffice there).
 MIX_TARGET_GROUPS = {"cpu": 4}
 MIX_TARGET_GROUPS_DEFAULT = 256
-# From this many tokens the mixes stage fn in shared memory per D split (KSPLIT) and stream blocks
-# of tokens through it; below, each workgroup reads its fn slice from memory (per-token kernel).
-KSPLIT_MIN_T = 64
-
-
-# Chunks per split and stream of KSPLIT (a constant in hc_mix.comp: its shared fn slice). Splits of 32
-# (half the partials, X read in 512-byte pieces, 48 KiB of fn) were slower on the H200 at every size of
-# HC_MIX (190.7 against 180.7 µs at T = D = 4096) and at 3 of 4 of the carried site
-# (results/h200/hc_tune_ks32_h200.txt, hc_tune_ks32_carry_h200.txt) and were removed (commit c5546b3 has them).
+# Chunks per split and stream of KSPLIT (a constant in hc_mix_ksplit.comp: its shared fn slice); splits
+# of 32 were slower on the H200.
 KSPLIT_S = 16
 # KSPLIT's row groups (rh): 2 groups of lpt lanes take the same tokens, each half of the fn rows (M a
 # multiple of 8; other M run one group), so that a lane holds half the sums and tpl can double: 4 tokens
 # × 12 rows a lane, 3 products per fn operand loaded from shared memory against 1.85 with 2 × 24. On
-# GPUs where 2·lpt lanes fit in a subgroup. H200 (results/h200/hc_tune_rh_h200.txt, one run): HC_MIX
-# 180.7 against 192.8 µs at T = 4096, D = 4096 (300.8 against 323.2 at D = 7168; 31.7 against 34.6 at
-# T = 512); rh 2 with 2 tokens a group 0.73×. The prefill carry keeps 1 (composite.PREFILL_CARRY).
+# GPUs where 2·lpt lanes fit in a subgroup (faster there at every size measured). The prefill carry
+# keeps 1 (plan.PREFILL_CARRY).
 KSPLIT_RH = 2
-# KSPLIT is the kernel for many tokens. Register-blocked mat-muls that stage x and fn in shared memory
-# were slower on the H200 and removed: TILE (4 tokens × 6 rows an invocation; HC_MIX_PART 192–204
-# against 183 µs at T = 4096, D = 4096, results/h200/hc_tune_parts.txt, hc_tune_vacc.txt; commit
-# 1927822 has it) and RB (8 × 12; 0.54×, hc_tune_rb_h200.txt; commit 7f42b43).
-# TC (hc_mix.comp -D TC): the mixes on 16-bit tensor cores with fp32 accuracy (each operand split
-# into fp16 hi and lo parts, three products). 128 invocations, blocks of 64 tokens, chunks per
-# stream and split by default (G = D / 4 / 64: 16 splits at D = 4096, partials 1/40 of X's bytes).
-# Not chosen by default until measured; tc = 1 runs it on VK_NV_cooperative_matrix, tc = 2 forms
-# the same products with FMA loops on any device (its arithmetic, for tests).
+# TC (hc_mix_tc.comp): the mixes on 16-bit tensor cores with fp32 accuracy (each operand split into
+# fp16 hi and lo parts, three products). 128 invocations, blocks of 64 tokens, 64 chunks per stream
+# and split (G = D / 4 / 64: 16 splits at D = 4096, partials 1/40 of X's bytes). Only when asked for:
+# its staging makes it slower than KSPLIT on the H200. tc = 1 runs it on VK_NV_cooperative_matrix,
+# tc = 2 forms the same products with FMA loops on any device (its arithmetic, for tests).
 TC_WG, TC_TOKENS, TC_SPLIT = 128, 64, 64
-TC_STEP = 16                    # chunks per staging step (KC in hc_mix.comp): also Σx² lanes per token
-TC_XS = 4 * TC_STEP + 8         # halves between staged rows (XS in hc_mix.comp)
+TC_STEP = 16                    # chunks per staging step (KC in hc_mix_tc.comp): also Σx² lanes per token
+TC_XS = 4 * TC_STEP + 8         # halves between staged rows (XS in hc_mix_tc.comp)
 TC_VARIANTS = {1: "cooperative matrices", 2: "FMA products"}
 
 
-def mix_layout(device, T, chunks, kernel=None):
-    """The HC_MIX kernels' layout for T tokens of `chunks` chunks per stream, as
-    node params: wg, groups G, and for KSPLIT split S, lpt, tb (split 0: the per-token kernel).
-    - T ≥ TCR_MIN_T where the device's cooperative matrices have TCR's element layout (hc.tcr): TCR, tt
-      = TCR_TT tiles a subgroup, the split from tcr_split_chunks (about one wave of workgroups);
-    - T ≥ KSPLIT_MIN_T with shuffles and full subgroups: KSPLIT, G = chunks/S splits each staging its
-      fn slice (16 chunks) in shared memory, blocks of tb tokens streaming through it, lpt lanes per
-      group of tpl tokens (2: each fn load from shared memory serves two products; H200, T = 4096,
-      D = 4096: 1.39× faster than 1, results/h200/hc_tune_tpl.txt; blocks of 256 tokens 1.05× faster
-      than 128, 4 lanes and 2 tokens per group the fastest, hc_tune_mix.txt); on GPUs with 8-lane
-      subgroups or wider, rh = 2 row groups of 4 lanes with 4 tokens (KSPLIT_RH);
-    - kernel "tc" only when asked for (MIX_TUNING or the argument): the tensor-core kernel (tc = 1 with
-      cooperative matrices, else its FMA form tc = 2);
-    - otherwise the per-token kernel, one token per workgroup of 64 invocations (4 streams × 16) and D
-      split into G slices of ≥ one chunk per invocation until about the target number of workgroups
-      is reached (decode: a token's fn is the data to stream, spread over many workgroups; at D =
-      4096, 64 splits as HC_POST_MIX makes)."""
+def mix_layout(device, T, chunks, kernel):
+    """The node params of mixes kernel `kernel` (hc.plan.mix_kernel picks it) for T tokens of `chunks`
+    chunks per stream: wg, groups G, and per kernel
+    - "tcr": tt = TCR_TT tiles a subgroup, the split from tcr_split_chunks (about one wave of workgroups);
+    - "ksplit": G = chunks/S splits each staging its fn slice (16 chunks) in shared memory, blocks of tb
+      tokens streaming through it, lpt lanes per group of tpl tokens (each fn load from shared memory
+      serves tpl products); on GPUs with 8-lane subgroups or wider, rh = 2 row groups of 4 lanes with 4
+      tokens (KSPLIT_RH); CPU devices: 4 lanes, 2 tokens, one group;
+    - "tc": the tensor-core kernel (tc = 1 with cooperative matrices, else its FMA form tc = 2);
+    - "token": one token per workgroup of 64 invocations (4 streams × 16) and D split into G slices of
+      ≥ one chunk per invocation until about the target number of workgroups is reached (decode: a
+      token's fn is the data to stream, spread over many workgroups; at D = 4096, 64 splits as
+      HC_POST_MIX makes)."""
     t = MIX_TUNING
     target = MIX_TARGET_GROUPS.get(device.caps.type, MIX_TARGET_GROUPS_DEFAULT)
     cpu = device.caps.is_cpu
-    kernel = kernel or t["kernel"]         # (an argument: a caller that needs one kernel, e.g. HC_POST_MIX's KSPLIT)
-    if kernel is not None and kernel not in MIX_KERNELS:
-        raise ValueError(f"the mixes kernel must be one of {MIX_KERNELS} or None, got {kernel!r}")
-    if kernel is None:
-        if t["split"] == 0:
-            kernel = "token"
-        elif t["split"]:                   # a KSPLIT split set: KSPLIT
-            kernel = "ksplit"
-        elif T >= TCR_MIN_T and chunks % 16 == 0 and isinstance(tcr_layout(device), tuple):
-            kernel = "tcr"
-        elif T >= KSPLIT_MIN_T and ksplit_preferred(device):
-            kernel = "ksplit"
-        else:
-            kernel = "token"
+    if kernel not in MIX_KERNELS:
+        raise ValueError(f"the mixes kernel must be one of {MIX_KERNELS}, got {kernel!r}")
     if kernel == "tc":
         split = t["split"] or TC_SPLIT
         return {"wg": TC_WG, "groups": -(-chunks // split), "split": split, "lpt": 1, "tb": TC_TOKENS,
@@ -97,7 +70,7 @@ def mix_layout(device, T, chunks, kernel=None):
     if kernel == "tcr":
         tt = t["tt"] or TCR_TT
         split = t["split"] or tcr_split_chunks(T, chunks, tt, target)
-        lay = tcr_layout(device)
+        lay = tcr.tcr_layout(device)
         return {"tcr": 1, "groups": -(-chunks // split), "split": split, "tt": tt,
                 "cm": int(isinstance(lay, tuple)), "layout": lay if isinstance(lay, tuple) else TCR_H200_LAYOUT}
     if kernel == "ksplit":

@@ -118,10 +118,39 @@ def comb_support(device):
     return out
 
 
+def mix_supported(device):
+    """The HC_MIX kernels reduce with subgroupAdd: None when the device can run them, else why not."""
+    ok = device.supports_subgroup_op("basic") and device.supports_subgroup_op("arithmetic")
+    return None if ok else "no subgroup arithmetic in compute shaders"
+
+
+def ksplit_runs(device):
+    """KSPLIT sums a token's lanes with shuffles inside full subgroups: whether the device can run it."""
+    return device.supports_subgroup_op("shuffle") and device.caps.subgroup.full_subgroups
+
+
+def ksplit_preferred(device):
+    """Whether many tokens' mixes take KSPLIT by default (it runs, with subgroups of ≥ 4 lanes)."""
+    return ksplit_runs(device) and device.caps.subgroup.min_size >= 4
+
+
+def full_subgroups_for(device, wg):
+    """Whether a pipeline of workgroup size wg may ask for full subgroups: the device can require
+    them, and wg is a multiple of its largest subgroup (Vulkan's condition for the request; a smaller
+    workgroup runs as one partial subgroup, which the kernels' reductions allow for)."""
+    sg = device.caps.subgroup
+    return bool(sg.full_subgroups and wg % sg.max_size == 0)
+
+
+def site_supported(device):
+    """HC_SITE / HC_POST_MIX need subgroup arithmetic and the ROWS4 Sinkhorn (shuffles, subgroups of a
+    multiple of 4 lanes): None when the device can run them, else why not."""
+    return mix_supported(device) or comb_support(device)["rows4"]
+
+
 def variants(device):
     """Kernel variants this device can run, per op."""
     sup = comb_support(device)
-    from .kernels import site_supported
     return {"HC_COMB": [v for v in COMB_VARIANTS if sup[v] is None], "HC_PRE": ["fused"], "HC_POST": ["fused"],
             "HC_SITE": ["site"] if site_supported(device) is None else []}
 
@@ -168,7 +197,6 @@ def _resolve_plain(op):
 
 def _resolve_site(device, parts):
     """HC_SITE from its own switch, the three ops' choices `parts` and the device."""
-    from .kernels import site_supported
     env = disabled_by("HC_SITE")
     if env:
         return Choice(False, THREE_OP, f"disabled by environment ({env}): three-op path")
@@ -270,7 +298,6 @@ def choose(op, device, fused=None, variant=None):
 def _choose_site(device, fused, variant):
     """HC_SITE with a caller's override: variant "site" (or fused=True) forces the site kernels,
     "three-op" the three fused ops."""
-    from .kernels import site_supported
     if variant == THREE_OP:
         return Choice(False, THREE_OP, "three-op path requested by the caller")
     why = site_supported(device)

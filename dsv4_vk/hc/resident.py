@@ -22,7 +22,7 @@ import weakref
 from . import composite as hc, policy as hc_policy
 from .api import array_arg, call, empty_result, hc_post, hidden, known_args, out_arg, pick_device, remember_args
 from .kernels import HC, N_MIX, check_eps, check_n_iter
-from .policy import _generation
+from .policy import generation
 from ..vk.tensor import Tensor
 
 _owners = itertools.count(1)
@@ -157,8 +157,8 @@ class HcSite(_Resident):
         if T > hc.CARRY_MAX_T:
             return hc.carries(self.device, self.fused, T, self.D)
         gen, memo = self._carry_memo
-        if gen != _generation[0]:
-            gen, memo = self._carry_memo = (_generation[0], {})
+        if gen != generation():
+            gen, memo = self._carry_memo = (generation(), {})
         hit = memo.get(T)
         if hit is None:
             hit = memo[T] = hc.carries(self.device, self.fused, T, self.D)
