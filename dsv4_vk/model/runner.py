@@ -138,7 +138,7 @@ class Model:
             if name.startswith(("step.", "sampler.", "rope.")) or name.endswith((".kv", ".state", ".ent")):
                 cache += nbytes
             else:
-                weights[p.dtype] = weights.get(p.dtype, 0) + nbytes
+                weights[p.dtype_name] = weights.get(p.dtype_name, 0) + nbytes
         return {"weights": weights, "cache": cache, "total": sum(weights.values()) + cache}
 
     def paths(self) -> list[SitePath]:
