@@ -37,6 +37,29 @@ def tensors_in_tensors_out(dev: dv.Device, m: F32, x: F32, w: F32) -> None:
     assert_type(xt.numpy(), np.ndarray)
 
 
+def sites(dev: dv.Device, X: F32, f: F32, fn: F32, s: F32, b: F32) -> None:
+    site, nxt = dv.HcSite(fn, s, b, device=dev), dv.HcSite(fn, s, b, device=dev)
+    head = dv.HcSite.head(fn, s, b, device=dev)
+    assert_type(head, dv.HcHead)
+    u, post, comb = site.pre(X)
+    assert_type(u, np.ndarray)
+    assert_type(site.post(f, X, post, comb), np.ndarray)
+    assert_type(site.post(f, X, post, comb, next=nxt), tuple[np.ndarray, dv.MixCarry])
+    assert_type(head.collapse(X), np.ndarray)
+    Xt = dev.tensor(X)
+    ut, post_t, comb_t = site.pre(Xt)
+    assert_type(ut, dv.Tensor)
+    assert_type(site.post(ut, Xt, post_t, comb_t), dv.Tensor)
+    Xn, carry = site.post(ut, Xt, post_t, comb_t, next=head)
+    assert_type(Xn, dv.Tensor)
+    assert_type(head.collapse(Xn, carry=carry), dv.Tensor)
+    g = dv.Graph()
+    x = g.input("X", (1, 4, 8))
+    gu, gp, gc = site.pre_graph(g, x)
+    assert_type(site.post_graph(g, gu, x, gp, gc), dv.GraphTensor)
+    assert_type(site.post_graph(g, gu, x, gp, gc, next=nxt), tuple[dv.GraphTensor, dv.GraphTensor | None])
+
+
 def graphs_and_models(dev: dv.Device, model: Model) -> None:
     g = dv.Graph()
     x = g.input("x", (4, 8))
