@@ -4,7 +4,7 @@ PY      := .venv/bin/python
 APT_PKGS := mesa-vulkan-drivers libvulkan1 glslang-tools vulkan-validationlayers
 STAMP   := .venv/.installed
 
-.PHONY: setup demo test wheel-check info eval bench clean
+.PHONY: setup demo test typecheck wheel-check info eval bench clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# mypy over the package and tests/typecheck_api.py (the files and settings: pyproject.toml's [tool.mypy])
+typecheck: setup
+	$(PY) -m mypy
 
 # build the wheel from the committed tree, install it in a fresh venv, run it without glslangValidator
 wheel-check: setup

@@ -151,9 +151,9 @@ def test_transformers_match_at_another_subgroup_size(width, subgroup, site, path
 def test_bf16_checkpoint_keeps_bf16_weights_on_the_device():
     cfg, w, _ = fixture("bf16")
     m = Model(cfg, w)
-    assert m.ex.params["layers.0.attn.wx"].dtype == "bf16" and m.ex.params["layers.1.ffn.w13"].dtype == "bf16"
-    assert m.ex.params["embed.weight"].dtype == "bf16" and m.ex.params["head.weight"].dtype == "bf16"
-    assert m.ex.params["layers.0.hc_attn_fn"].dtype == "f32"          # F32 where the format is F32
+    assert m.ex.params["layers.0.attn.wx"].dtype_name == "bf16" and m.ex.params["layers.1.ffn.w13"].dtype_name == "bf16"
+    assert m.ex.params["embed.weight"].dtype_name == "bf16" and m.ex.params["head.weight"].dtype_name == "bf16"
+    assert m.ex.params["layers.0.hc_attn_fn"].dtype_name == "f32"          # F32 where the format is F32
     mem = m.memory()
     f32 = Model(cfg, {k: (v.astype(np.float32) if v.dtype.itemsize == 2 else v) for k, v in w.items()}).memory()
     assert mem["weights"]["bf16"] > 0 and mem["weights"]["bf16"] * 2 == f32["weights"]["f32"] - mem["weights"]["f32"]

@@ -111,3 +111,44 @@ def test_chained_post_past_the_binding_limit_runs_in_chunks_and_carries_nothing(
         assert np.abs(X_new - ref).max() <= 1e-5 * np.abs(ref).max()
         for got, want in zip(nxt_out, results["big"][5]):                 # next pre: its own mixes vs carried
             assert np.abs(got - want).max() <= 1e-4 * max(np.abs(want).max(), 1.0)
+
+
+# --- a typed public API ------------------------------------------------------------------------------
+
+def public_callables():
+    """(qualified name, function) of every public function, method and property of dsv4_vk's and
+    dsv4_vk.model's public names."""
+    import inspect
+    import dsv4_vk.model as model
+    for mod in (dv, model):
+        for name in mod.__all__:
+            obj = getattr(mod, name)
+            if inspect.isfunction(obj):
+                yield f"{mod.__name__}.{name}", obj
+            elif inspect.isclass(obj) and not issubclass(obj, BaseException):
+                for attr, member in vars(obj).items():
+                    if attr.startswith("_") and attr != "__init__":
+                        continue
+                    if isinstance(member, (staticmethod, classmethod)):
+                        member = member.__func__
+                    elif isinstance(member, property):
+                        member = member.fget
+                    if inspect.isfunction(member):
+                        yield f"{mod.__name__}.{name}.{attr}", member
+
+
+def test_public_functions_and_methods_are_annotated():
+    """Every parameter of a public function or method has a type, and so has its result (mypy checks
+    the bodies of annotated functions only, and users' type checkers see these signatures)."""
+    import inspect
+    missing = []
+    for qualname, fn in public_callables():
+        params = list(inspect.signature(fn).parameters.values())
+        if params and params[0].name in ("self", "cls"):
+            params = params[1:]
+        untyped = [p.name for p in params if p.annotation is inspect.Parameter.empty]
+        if fn.__name__ != "__init__" and inspect.signature(fn).return_annotation is inspect.Signature.empty:
+            untyped.append("return")
+        if untyped:
+            missing.append(f"{qualname}: {', '.join(untyped)}")
+    assert not missing, "not annotated:\n" + "\n".join(missing)

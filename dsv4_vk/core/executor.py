@@ -14,9 +14,11 @@ import functools
 import threading
 from operator import attrgetter
 import sys
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 from weakref import getweakrefcount
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import profile
 from .tensor import DTYPES, dtype_name, itemsize
@@ -24,6 +26,11 @@ from ..vk import Buffer, Recorder, default_device
 from ..vk.memory import GUARD, SENTINEL, guarded_buffer, guards_intact  # noqa: F401  (re-exported)
 from ..vk.recorder import record_copies
 from ..vk.tensor import Tensor as DeviceTensor, TensorRows, data_bytes
+
+if TYPE_CHECKING:
+    from ..vk import Device
+    from .graph import Graph
+    from .tensor import GraphTensor
 
 _DEVICE_TYPES = (DeviceTensor, TensorRows)
 
@@ -37,8 +44,8 @@ IO_CACHE = 4        # per compiled graph: recorded copy command buffers kept per
 HOLD_BYTES = 1 << 20  # per compiled graph: outputs up to this size are kept and handed out again (new_outputs)
 
 
-_NOTHING = frozenset()
-_NO_ARGS = {}       # (never written)
+_NOTHING: frozenset = frozenset()
+_NO_ARGS: dict = {}     # (never written)
 _BUFFER = attrgetter("buffer")
 _COPY_STATE = attrgetter("buffer", "byte_offset", "shape", "dtype_name")   # what a tensor's copy depends on (its
 #                                                                     buffer belongs to its device)
@@ -82,7 +89,7 @@ def dispatch_detail(launch) -> str:
 class RunStats:
     """What one run did: dispatches, barriers, submits, paths of composite ops, GPU time."""
 
-    def __init__(self, compiled, gpu_ns=None):
+    def __init__(self, compiled: CompiledGraph, gpu_ns: np.ndarray | None = None):
         self.dispatches = compiled.recording.n_dispatches
         self.barriers = compiled.recording.n_barriers
         self.submits = 1
@@ -91,9 +98,9 @@ class RunStats:
         self.details = compiled.dispatch_details     # per dispatch: shader, variant, shapes (not copied)
         self.gpu_ns = gpu_ns           # per dispatch, when timestamps were recorded
 
-    def per_label(self):
+    def per_label(self) -> dict[str, tuple[int, float]]:
         """{label: (dispatches, gpu ns)} aggregated over dispatch labels."""
-        out = collections.OrderedDict()
+        out: dict[str, tuple[int, float]] = collections.OrderedDict()
         for i, lab in enumerate(self.labels):
             n, t = out.get(lab, (0, 0.0))
             out[lab] = (n + 1, t + (float(self.gpu_ns[i]) if self.gpu_ns is not None else 0.0))
@@ -108,7 +115,7 @@ class Submission:
     """One submitted run of a compiled graph: `wait()` blocks until the GPU finished it (then its
     outputs can be read), `done()` polls. Holds the device tensors it copies until then."""
 
-    def __init__(self, compiled, keep):
+    def __init__(self, compiled: CompiledGraph, keep: Any):
         self.compiled, self._keep, self._waited = compiled, keep, False
 
     def done(self) -> bool:
@@ -136,7 +143,8 @@ class CompiledGraph:
     call that touches the device's handles is counted (Device.begin_use): a close() in another
     thread waits for it, and once closing the call raises DeviceClosed."""
 
-    def __init__(self, device, graph, timestamps=False, params=None, repeat=1):
+    def __init__(self, device: Device, graph: Graph, timestamps: bool = False,
+                 params: Mapping[str, DeviceTensor] | None = None, repeat: int = 1):
         """repeat: record the graph's dispatches that many times back to back in the one command
         buffer (barriers between repetitions where one reads what another wrote). Benchmarks use it
         to share per-submit costs; multi-step decode to run K steps per submit: repetitions differ
@@ -147,21 +155,21 @@ class CompiledGraph:
         device.check_open()
         self.device, self.graph, self.timestamps = device, graph, timestamps
         self.repeat = repeat
-        self.buffers = {}
-        self._owned = []
-        self._unguarded = set()
-        self._pinned = []                        # device tensors bound as params
+        self.buffers: dict[int, Buffer] = {}
+        self._owned: list[Buffer] = []
+        self._unguarded: set[int] = set()
+        self._pinned: list[DeviceTensor] = []    # device tensors bound as params
         self._lock = threading.RLock()
-        self._pending = None
-        self._io = collections.OrderedDict()     # copies key -> (VkSubmitInfo, keepalive)
+        self._pending: Submission | None = None
+        self._io: collections.OrderedDict = collections.OrderedDict()     # copies key -> (VkSubmitInfo, keepalive)
         self.copy_recordings = 0                 # copy sets recorded so far (a new key each: benchmarks watch it)
         self._stage = None                       # (upload, {input: offset}, download, {output: offset})
         self._staged = _NOTHING                  # outputs of the last run waiting in the download buffer
         self._fast = None                        # (names, _COPY_STATE of each, VkSubmitInfo of the copies or
         #                                          None, the VkSubmitInfo submitted) of the last run's
         #                                          device tensors, when it had nothing else (_start)
-        self.stats = None
-        self.dispatch_details = []               # per dispatch, for profiles: what ran (dispatch_detail)
+        self.stats: RunStats | None = None
+        self.dispatch_details: list = []         # per dispatch, for profiles: what ran (dispatch_detail)
         self._check_ranges()
         self._build(params)
         self.nbytes = sum(b.nbytes for b in self._owned)
@@ -259,7 +267,7 @@ class CompiledGraph:
         return np.ascontiguousarray(a)
 
     @_counted
-    def set_input(self, name, array):
+    def set_input(self, name: str, array: ArrayLike) -> None:
         """Write a host array into input `name` now (a staging copy where memory is not mapped)."""
         self._set_input(name, array)
 
@@ -326,7 +334,7 @@ class CompiledGraph:
             raise ValueError(f"output {name!r} is a strided view: add g.op('CONT', ...) to copy it out")
         return (buf, off, dst._buf(), dst.byte_offset, nbytes)
 
-    def new_outputs(self):
+    def new_outputs(self) -> dict[str, DeviceTensor]:
         """{output name: a device Tensor of its shape} (to pass as `out`) that nobody else holds.
 
         Where the outputs are small (≤ HOLD_BYTES in all: decode sizes), the program keeps the
@@ -352,7 +360,7 @@ class CompiledGraph:
                     held[i] = DeviceTensor._pooled_many(self.device, self._out_alloc[i:i + 1])[0]
         return held
 
-    def execute_into(self, inputs: dict, out=None) -> tuple:
+    def execute_into(self, inputs: dict, out: tuple[DeviceTensor | TensorRows | None, ...] | None = None) -> tuple:
         """execute(inputs, out) for the library's device-tensor calls: `out` a tuple of Tensors for the
         outputs in order (None entries, or out=None: new ones, as new_outputs); returns the output
         tensors as a tuple. One method for what took new_outputs, a dict of them and execute."""
@@ -410,7 +418,8 @@ class CompiledGraph:
         self._io[key] = ((info, arr), cmds)
         return info
 
-    def submit(self, inputs: dict | None = None, out: dict | None = None, read_back=(), **kw) -> Submission:
+    def submit(self, inputs: dict | None = None, out: dict | None = None, read_back: Iterable[str] = (),
+               **kw: Any) -> Submission:
         """Start a run: write host inputs, copy device-tensor inputs in and the outputs named in
         `out` ({name: Tensor}) out, in one submit. Returns a Submission; a run still in flight on
         this graph is waited for first. read_back: output names `read` will ask for after the run
@@ -419,7 +428,7 @@ class CompiledGraph:
             self._pending = Submission(self, self._start(_merged_inputs(inputs, kw), out, read_back))
             return self._pending
 
-    def execute(self, inputs: dict | None = None, out: dict | None = None, read_back=()) -> None:
+    def execute(self, inputs: dict | None = None, out: dict | None = None, read_back: Iterable[str] = ()) -> None:
         """submit(...).wait() without the Submission: the library's synchronous calls."""
         dev = self.device
         users = dev._users
@@ -568,7 +577,7 @@ class CompiledGraph:
         else:
             self.stats = None
 
-    def run_stats(self):
+    def run_stats(self) -> RunStats:
         """RunStats of the last run (built on request when nothing was profiled)."""
         return self.stats if self.stats is not None else RunStats(self)
 
@@ -579,7 +588,7 @@ class CompiledGraph:
             buf = self.buffers[id(self.graph.storages[t.graph.storages.index(t.storage)])]
         return buf
 
-    def read(self, t) -> np.ndarray:
+    def read(self, t: str | GraphTensor) -> np.ndarray:
         """numpy copy of any graph tensor view, or of the output named `t` (after a run)."""
         dev = self.device
         users = dev._users
@@ -612,13 +621,13 @@ class CompiledGraph:
         view = np.lib.stride_tricks.as_strided(raw[t.offset:], t.shape, [s * sz for s in t.strides])
         return np.array(view)
 
-    def replay(self, inputs: dict | None = None, out: dict | None = None, **kw) -> None:
+    def replay(self, inputs: dict | None = None, out: dict | None = None, **kw: Any) -> None:
         """Write the given inputs (others keep their last values), submit the recorded command buffer
         once and wait; outputs stay on the device (`read` them, or read params, or pass `out`). The
         cheap path of a decode loop: no recording, no read-back."""
         self.execute(_merged_inputs(inputs, kw), out)
 
-    def run(self, inputs: dict | None = None, out: dict | None = None, **kw) -> dict:
+    def run(self, inputs: dict | None = None, out: dict | None = None, **kw: Any) -> dict:
         """Write inputs, replay the recorded command buffer, return {output name: array} (outputs
         copied into `out` tensors are not read back)."""
         with self._lock:
@@ -628,12 +637,12 @@ class CompiledGraph:
             return {k: self.read(k) for k in names}
 
     @_counted
-    def check_guards(self):
+    def check_guards(self) -> list[str]:
         """Names of storages whose guard regions were overwritten (empty list: all intact)."""
         return [s.name or f"{s.kind}#{i}" for i, s in enumerate(self.graph.storages)
                 if id(s) not in self._unguarded and not guards_intact(self.buffers[id(s)], s.numel, itemsize(s.dtype))]
 
-    def release(self):
+    def release(self) -> None:
         with self._lock:
             live = self.device.try_begin_use()      # else close() destroys everything
             try:
@@ -685,11 +694,6 @@ class Param(DeviceTensor):
         self.name = name
         self.write(a)
 
-    @property
-    def dtype(self) -> str:
-        """The dtype name ('f32', 'bf16', ...): executor params keep the graph's naming."""
-        return self.dtype_name
-
     def read(self):
         return self.numpy().copy()
 
@@ -706,17 +710,17 @@ class Executor:
     device's byte budget; the least recently used are dropped). Thread-safe: a graph run by two
     threads at once runs twice in turn."""
 
-    def __init__(self, device=None, timestamps=False, cache_size=64):
+    def __init__(self, device: Device | None = None, timestamps: bool = False, cache_size: int = 64):
         self.device = device or default_device()
         self.device.check_open()
         self.timestamps = timestamps
         self._lock = threading.RLock()
-        self._cache = collections.OrderedDict()
+        self._cache: collections.OrderedDict[tuple, CompiledGraph] = collections.OrderedDict()
         self.cache_size = cache_size
-        self.params = {}
-        self.last = None
+        self.params: dict[str, Param] = {}
+        self.last: CompiledGraph | None = None
 
-    def set_param(self, name, array, host_visible=False):
+    def set_param(self, name: str, array: ArrayLike, host_visible: bool = False) -> DeviceTensor:
         """Upload (or overwrite in place) the param `name`; graphs see it through Graph.param.
         host_visible=True on a new param: host reads/writes skip the staging copy (per-step values)."""
         a = np.ascontiguousarray(array)
@@ -742,7 +746,7 @@ class Executor:
                     if any(s.kind == "param" and s.name == name for s in cg.graph.storages)]:
             self._cache.pop(key).release()
 
-    def compile(self, graph, repeat=1):
+    def compile(self, graph: Graph, repeat: int = 1) -> CompiledGraph:
         """The CompiledGraph of `graph` (recorded `repeat` times back to back), cached by signature."""
         timestamps = self.timestamps or profile.active()
         key = (graph.signature(), timestamps, repeat)
@@ -761,7 +765,7 @@ class Executor:
                 self._cache.move_to_end(key)
             return cg
 
-    def run(self, graph, inputs=None, **kw):
+    def run(self, graph: Graph, inputs: dict | None = None, **kw: Any) -> dict:
         cg = self.compile(graph)
         out = cg.run(inputs, **kw)
         self.last = cg

@@ -14,7 +14,7 @@ unfused chain of primitive nodes; `g.paths` records which, and why.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 import math
 
 import numpy as np
@@ -23,6 +23,10 @@ from ..vk import default_device
 from .opdef import get_op
 from .tensor import DTYPES, Storage, Tensor, dtype_name
 from ..vk.tensor import Tensor as DeviceTensor
+
+if TYPE_CHECKING:
+    from ..vk import Device
+    from .executor import CompiledGraph
 
 
 class Node:
@@ -38,9 +42,9 @@ class Node:
 class Graph:
     def __init__(self) -> None:
         self.nodes: list[Node] = []
-        self.inputs = {}
-        self.outputs = {}
-        self.storages = []
+        self.inputs: dict[str, Tensor] = {}
+        self.outputs: dict[str, Tensor] = {}
+        self.storages: list[Storage] = []
         self.paths: list[tuple[str, str, str]] = []     # (composite op, path, reason) for every composite op built
         self.path_scopes: list[str] = []     # the scope each entry of paths was built in (Graph.scope; "" outside)
         self._tags: list[str] = []           # stack of tags (e.g. "HC_COMB/unfused") that label nodes
@@ -89,7 +93,8 @@ class Graph:
         s = self._storage(tensor.numel, tensor.dtype_name, "param", name or f"bound#{len(self.storages)}", tensor)
         return Tensor(self, s, tensor.shape)
 
-    def compile(self, device: Any = None, params: dict | None = None, timestamps: bool = False) -> Any:
+    def compile(self, device: Device | None = None, params: dict | None = None,
+                timestamps: bool = False) -> CompiledGraph:
         """Record this graph on `device` (default: the process-wide device) into a program you keep:
         `run`/`replay`/`submit` it as often as needed. params: {name: Tensor} for `param` leaves."""
         from .executor import CompiledGraph

@@ -22,8 +22,8 @@ from ..vk import env
 
 DEFAULT_PHASE = "run"
 
-_stack = []           # active Profile objects (profile() blocks, innermost last)
-_phases = []          # phase names, innermost last
+_stack: "list[Profile]" = []   # active Profile objects (profile() blocks, innermost last)
+_phases: list[str] = []        # phase names, innermost last
 _env_profile = None   # the process-wide Profile of DSV4_VK_PROFILE=1
 
 

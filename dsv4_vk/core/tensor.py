@@ -7,11 +7,17 @@ A `Storage` is one allocation a graph will place in one device buffer (input, co
 intermediate or output). Views (reshape, permute, slice, broadcast) share the storage and only
 change offset/shape/strides; kernels take any strided layout through their push constants.
 """
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING, Sequence, cast
 
 import numpy as np
 
 from ..vk.tensor import DTYPES, dtype_name, itemsize  # noqa: F401  (one dtype table for graphs and devices)
+
+if TYPE_CHECKING:
+    from .graph import Graph
 
 MAX_DIMS = 4
 
@@ -38,10 +44,18 @@ def contiguous_strides(shape):
     return tuple(reversed(strides))
 
 
+def _dims(args: tuple[int | Sequence[int], ...]) -> tuple[int, ...]:
+    """(2, 3) from f(2, 3) or f((2, 3)) (reshape, permute)."""
+    if len(args) == 1 and isinstance(args[0], (tuple, list)):
+        return tuple(args[0])
+    return cast("tuple[int, ...]", args)
+
+
 class GraphTensor:
     """A view of a graph storage (not data: graph functions and ops take and return these)."""
 
-    def __init__(self, graph, storage, shape, strides=None, offset=0):
+    def __init__(self, graph: Graph, storage: Storage, shape: Sequence[int], strides: Sequence[int] | None = None,
+                 offset: int = 0):
         shape = tuple(int(s) for s in shape)
         if len(shape) > MAX_DIMS:
             raise ValueError(f"tensors have at most {MAX_DIMS} dimensions, got shape {shape}")
@@ -53,29 +67,29 @@ class GraphTensor:
 
     # --- properties -----------------------------------------------------------------------------
     @property
-    def dtype(self):
+    def dtype(self) -> str:
         return self.storage.dtype
 
     @property
-    def ndim(self):
+    def ndim(self) -> int:
         return len(self.shape)
 
     @property
-    def numel(self):
+    def numel(self) -> int:
         return math.prod(self.shape)
 
     @property
-    def is_contiguous(self):
+    def is_contiguous(self) -> bool:
         return all(st == cs for n, st, cs in zip(self.shape, self.strides, contiguous_strides(self.shape)) if n != 1)
 
-    def extent(self):
+    def extent(self) -> tuple[int, int]:
         """(first, last+1) element of the storage this view can touch."""
         if self.numel == 0:
             return self.offset, self.offset
         hi = self.offset + sum((n - 1) * s for n, s in zip(self.shape, self.strides)) + 1
         return self.offset, hi
 
-    def padded(self):
+    def padded(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Shape and strides padded on the left to 4 dimensions (what kernels receive)."""
         pad = MAX_DIMS - self.ndim
         return (1,) * pad + self.shape, (0,) * pad + self.strides
@@ -84,8 +98,8 @@ class GraphTensor:
     def _view(self, shape, strides, offset=None):
         return GraphTensor(self.graph, self.storage, shape, strides, self.offset if offset is None else offset)
 
-    def reshape(self, *shape):
-        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+    def reshape(self, *dims: int | Sequence[int]) -> GraphTensor:
+        shape = _dims(dims)
         if -1 in shape:
             known = math.prod(s for s in shape if s != -1)
             shape = tuple(self.numel // known if s == -1 else s for s in shape)
@@ -96,18 +110,18 @@ class GraphTensor:
                              "materialise it with cont() first")
         return self._view(shape, contiguous_strides(shape))
 
-    def permute(self, *axes):
-        axes = tuple(axes[0]) if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else tuple(axes)
+    def permute(self, *order: int | Sequence[int]) -> GraphTensor:
+        axes = _dims(order)
         if sorted(axes) != list(range(self.ndim)):
             raise ValueError(f"permute axes {axes} are not a permutation of {self.ndim} dimensions")
         return self._view(tuple(self.shape[a] for a in axes), tuple(self.strides[a] for a in axes))
 
-    def transpose(self, a=-2, b=-1):
+    def transpose(self, a: int = -2, b: int = -1) -> GraphTensor:
         axes = list(range(self.ndim))
         axes[a], axes[b] = axes[b], axes[a]
         return self.permute(axes)
 
-    def broadcast_to(self, shape):
+    def broadcast_to(self, shape: Sequence[int]) -> GraphTensor:
         shape = tuple(shape)
         if len(shape) < self.ndim:
             raise ValueError(f"cannot broadcast {self.shape} to fewer dimensions {shape}")

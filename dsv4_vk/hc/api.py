@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import threading
 from types import SimpleNamespace
-from typing import Any, Union
+from typing import Any, Sequence, Union, cast, overload
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -29,8 +29,11 @@ from .kernels import HC, N_MIX, check_eps, check_n_iter
 from ..vk import Device, default_device
 from ..vk.tensor import Tensor, TensorRows
 
-Array = Union[ArrayLike, Tensor]        # numpy-like in → numpy out; a device Tensor in → Tensors out
+Array = Union[ArrayLike, Tensor, TensorRows]  # numpy-like in → numpy out; a device Tensor in → Tensors out
+HostArray = Union[np.ndarray, np.generic, Sequence[Any], float]     # what gives numpy results (overloads)
+DeviceArray = Union[Tensor, TensorRows]                             # what gives Tensors (overloads)
 Result = Union[np.ndarray, Tensor]
+Checked = Union[np.ndarray, Tensor, TensorRows]     # an argument array_arg accepted
 
 _local = threading.local()
 _EMPTY = SimpleNamespace(dispatches=0, barriers=0, submits=0, paths=[])
@@ -44,10 +47,10 @@ def _check_dims(name, shape, expected):
             raise ValueError(f"{name} must have shape {format_shape(expected)}, got {shape}")
 
 
-_FITS = set()      # (shape, expected) pairs that passed _check_dims
+_FITS: set[tuple] = set()      # (shape, expected) pairs that passed _check_dims
 
 
-def array_arg(name, a, expected):
+def array_arg(name: str, a: Any, expected: tuple[int | None, ...]) -> Checked:
     """A float32 device Tensor as given, or `a` as a float32 array; shape `expected` (ints, or None:
     any size; T may be 0, D must be ≥ 1)."""
     if isinstance(a, (Tensor, TensorRows)):            # (rows of a Tensor: Tensor.rows)
@@ -234,6 +237,22 @@ def last_run() -> Any:
     return _EMPTY if cg is None else cg.run_stats()
 
 
+# Each function's overloads: numpy-like arguments give numpy results; a device Tensor first argument
+# gives Tensors (so does any Tensor argument, or out=: typed as either).
+@overload
+def hc_comb(mixes: HostArray, scale: HostArray, base: HostArray, *, eps: float = ..., n_iter: int = ...,
+            fused: bool | None = ..., variant: str | None = ..., device: Device | None = ...,
+            out: None = ...) -> np.ndarray: ...
+@overload
+def hc_comb(mixes: DeviceArray, scale: Array, base: Array, *, eps: float = ..., n_iter: int = ...,
+            fused: bool | None = ..., variant: str | None = ..., device: Device | None = ...,
+            out: Tensor | None = ...) -> Tensor: ...
+@overload
+def hc_comb(mixes: Array, scale: Array, base: Array, *, eps: float = ..., n_iter: int = ...,
+            fused: bool | None = ..., variant: str | None = ..., device: Device | None = ...,
+            out: Tensor | None = ...) -> Result: ...
+
+
 def hc_comb(mixes: Array, scale: Array, base: Array, *, eps: float = 1e-6, n_iter: int = 20,
             fused: bool | None = None, variant: str | None = None, device: Device | None = None,
             out: Tensor | None = None) -> Result:
@@ -250,6 +269,17 @@ def hc_comb(mixes: Array, scale: Array, base: Array, *, eps: float = 1e-6, n_ite
                      [(T, HC, HC)],
                      lambda g, t, dev: hc.comb(g, t["mixes"], t["scale"], t["base"], eps=eps, n_iter=n_iter,
                                                fused=fused, variant=variant, device=dev), out, ("mixes",)))
+
+
+@overload
+def hc_pre(x: HostArray, weights: HostArray, *, fused: bool | None = ..., device: Device | None = ...,
+           out: None = ...) -> np.ndarray: ...
+@overload
+def hc_pre(x: DeviceArray, weights: Array, *, fused: bool | None = ..., device: Device | None = ...,
+           out: Tensor | None = ...) -> Tensor: ...
+@overload
+def hc_pre(x: Array, weights: Array, *, fused: bool | None = ..., device: Device | None = ...,
+           out: Tensor | None = ...) -> Result: ...
 
 
 def hc_pre(x: Array, weights: Array, *, fused: bool | None = None, device: Device | None = None,
@@ -270,7 +300,7 @@ def hc_pre(x: Array, weights: Array, *, fused: bool | None = None, device: Devic
                      ("x", "weights")))
 
 
-_POST_FITS = set()     # (f, residual, post, comb) shapes of float32 Tensors with T ≥ 1 that passed hc_post's
+_POST_FITS: set = set()  # (f, residual, post, comb) shapes of float32 Tensors with T ≥ 1 that passed hc_post's
 #                        checks: one lookup instead of four array_arg calls and the T / D comparisons
 
 
@@ -288,11 +318,22 @@ def remember_args(memo, limit, a, b, c, d):
         memo.add((a.shape, b.shape, c.shape, d.shape))
 
 
+@overload
+def hc_post(f: HostArray, residual: HostArray, post: HostArray, comb: HostArray, *, fused: bool | None = ...,
+            device: Device | None = ..., out: None = ...) -> np.ndarray: ...
+@overload
+def hc_post(f: DeviceArray, residual: Array, post: Array, comb: Array, *, fused: bool | None = ...,
+            device: Device | None = ..., out: Tensor | None = ...) -> Tensor: ...
+@overload
+def hc_post(f: Array, residual: Array, post: Array, comb: Array, *, fused: bool | None = ...,
+            device: Device | None = ..., out: Tensor | None = ...) -> Result: ...
+
+
 def hc_post(f: Array, residual: Array, post: Array, comb: Array, *, fused: bool | None = None,
             device: Device | None = None, out: Tensor | None = None) -> Result:
     """X_new [T,4,D] = f·post[:, d] + Σ_s comb[:, s, d]·residual[:, s] for each destination d."""
     if known_args(_POST_FITS, f, residual, post, comb):
-        T, D = f.shape          # the per-call path: four float32 Tensors whose shapes passed the checks below
+        T, D = cast(Tensor, f).shape    # the per-call path: four float32 Tensors whose shapes passed the checks below
     else:
         f = array_arg("f", f, (None, None))
         residual = array_arg("residual", residual, (None, HC, None))
@@ -318,6 +359,20 @@ def hc_post(f: Array, residual: Array, post: Array, comb: Array, *, fused: bool 
 
 
 _POST_INPUTS = ("f", "residual", "post", "comb")     # (hc_post's per-token inputs: all of them)
+
+
+@overload
+def hc_site_pre(X: HostArray, fn: HostArray, scale: HostArray, base: HostArray, *, hc_eps: float = ...,
+                norm_eps: float = ..., n_iter: int = ..., fused: bool | None = ..., device: Device | None = ...,
+                out: None = ...) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+@overload
+def hc_site_pre(X: DeviceArray, fn: Array, scale: Array, base: Array, *, hc_eps: float = ...,
+                norm_eps: float = ..., n_iter: int = ..., fused: bool | None = ..., device: Device | None = ...,
+                out: tuple[Tensor, Tensor, Tensor] | None = ...) -> tuple[Tensor, Tensor, Tensor]: ...
+@overload
+def hc_site_pre(X: Array, fn: Array, scale: Array, base: Array, *, hc_eps: float = ...,
+                norm_eps: float = ..., n_iter: int = ..., fused: bool | None = ..., device: Device | None = ...,
+                out: tuple[Tensor, Tensor, Tensor] | None = ...) -> tuple[Result, Result, Result]: ...
 
 
 def hc_site_pre(X: Array, fn: Array, scale: Array, base: Array, *, hc_eps: float = 1e-6, norm_eps: float = 1e-6,

@@ -157,7 +157,7 @@ def variants(device):
 
 # --- resolution ----------------------------------------------------------------------------------------
 
-_resolved = {}
+_resolved: dict[int, tuple] = {}     # id(device) -> (device, {op: Choice})
 _generation = [0]
 
 

@@ -18,12 +18,25 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from typing import TYPE_CHECKING, cast, overload
+
+import numpy as np
 
 from . import composite as hc, policy as hc_policy
-from .api import array_arg, call, empty_result, hc_post, hidden, known_args, out_arg, pick_device, remember_args
+from .api import (Array, DeviceArray, HostArray, Result, array_arg, call, empty_result, hc_post, hidden, known_args,
+                  out_arg, pick_device, remember_args)
 from .kernels import HC, N_MIX, check_eps, check_n_iter
 from .policy import generation
 from ..vk.tensor import Tensor
+
+if TYPE_CHECKING:
+    from ..core.graph import Graph
+    from ..core.tensor import GraphTensor
+    from ..vk import Device
+
+Arrays3 = tuple[np.ndarray, np.ndarray, np.ndarray]     # (u, post, comb) of a numpy X
+Tensors3 = tuple[Tensor, Tensor, Tensor]                # ... of a Tensor X
+Results3 = tuple[Result, Result, Result]
 
 _owners = itertools.count(1)
 
@@ -95,7 +108,7 @@ class MixCarry:
 
     __slots__ = ("target", "partials", "source")
 
-    def __init__(self, target, partials, source=None):
+    def __init__(self, target: HcSite | HcHead, partials: Result | None, source: Result | None = None):
         self.target, self.partials, self.source = target, partials, source    # source: the X_new they belong to
 
     def __repr__(self):
@@ -112,8 +125,8 @@ def _drop(device_ref, owner):
 class HcSite(_Resident):
     """One hyper-connection site with fn [24,4D], scale [3], base [24] resident on `device`."""
 
-    def __init__(self, fn, scale, base, *, hc_eps: float = 1e-6, norm_eps: float = 1e-6, n_iter: int = 20,
-                 device=None, fused: bool | None = None):
+    def __init__(self, fn: Array, scale: Array, base: Array, *, hc_eps: float = 1e-6, norm_eps: float = 1e-6,
+                 n_iter: int = 20, device: Device | None = None, fused: bool | None = None):
         super().__init__(device, fused, fn, scale, base)
         fn_shape = fn.shape if isinstance(fn, Tensor) else getattr(fn, "shape", None)
         if fn_shape is None or len(fn_shape) != 2 or fn_shape[1] % HC or fn_shape[1] == 0:
@@ -125,24 +138,33 @@ class HcSite(_Resident):
         self.base = _resident(dev, "base", base, (N_MIX,))
         self.hc_eps, self.norm_eps = check_eps("hc_eps", hc_eps), check_eps("norm_eps", norm_eps)
         self.n_iter = check_n_iter(n_iter)
-        self._carry_memo = (None, {})       # (policy generation, {T: carries})
-        self._post_fits = set()             # (X, f, post, comb) shapes of float32 Tensors that passed post(next=)'s
+        self._carry_memo: tuple[int | None, dict[int, bool]] = (None, {})   # (policy generation, {T: carries})
+        self._post_fits: set[tuple] = set()  # (X, f, post, comb) shapes of float32 Tensors that passed post(next=)'s
         #                                     checks (T ≥ 1): one lookup instead of four array_arg calls
 
     @classmethod
-    def head(cls, fn_h, scale_h, base_h, *, hc_eps: float = 1e-6, norm_eps: float = 1e-6, device=None,
-             fused: bool | None = None) -> "HcHead":
+    def head(cls, fn_h: Array, scale_h: Array, base_h: Array, *, hc_eps: float = 1e-6, norm_eps: float = 1e-6,
+             device: Device | None = None, fused: bool | None = None) -> "HcHead":
         """The head collapse (fn_h [4,4D], scale_h [1], base_h [4]) with its weights resident."""
         return HcHead(fn_h, scale_h, base_h, hc_eps=hc_eps, norm_eps=norm_eps, device=device, fused=fused)
 
-    def pre_graph(self, g, X, mix=None):
+    def pre_graph(self, g: Graph, X: GraphTensor,
+                  mix: GraphTensor | None = None) -> tuple[GraphTensor, GraphTensor, GraphTensor]:
         """Append this site's pre side to graph g: (u, post, comb) graph tensors. mix: the partials a
         previous post_graph(..., next=this site) returned."""
         return hc.site_pre(g, X, g.bind(self.fn, "fn"), g.bind(self.scale, "scale"), g.bind(self.base, "base"),
                            hc_eps=self.hc_eps, norm_eps=self.norm_eps, n_iter=self.n_iter, fused=self.fused,
                            device=self.device, mix=mix)
 
-    def post_graph(self, g, f, X, post, comb, next=None):
+    @overload
+    def post_graph(self, g: Graph, f: GraphTensor, X: GraphTensor, post: GraphTensor, comb: GraphTensor,
+                   next: None = ...) -> GraphTensor: ...
+    @overload
+    def post_graph(self, g: Graph, f: GraphTensor, X: GraphTensor, post: GraphTensor, comb: GraphTensor,
+                   next: HcSite | HcHead) -> tuple[GraphTensor, GraphTensor | None]: ...
+
+    def post_graph(self, g: Graph, f: GraphTensor, X: GraphTensor, post: GraphTensor, comb: GraphTensor,
+                   next: HcSite | HcHead | None = None) -> GraphTensor | tuple[GraphTensor, GraphTensor | None]:
         """Append this site's post side to graph g: X_new [T,4,D]; with `next` (the next HcSite or the
         HcHead) (X_new, partials or None) — the partials for next.pre_graph / collapse_graph's mix=."""
         if next is None:
@@ -171,7 +193,15 @@ class HcSite(_Resident):
             raise ValueError(f"next must live on the same device with the same D ({self.D}), got D = {next.D} "
                              f"on {next.device!r}")
 
-    def pre(self, X, *, carry: MixCarry | None = None, out=None):
+    @overload
+    def pre(self, X: HostArray, *, carry: MixCarry | None = ..., out: None = ...) -> Arrays3: ...
+    @overload
+    def pre(self, X: DeviceArray, *, carry: MixCarry | None = ..., out: Tensors3 | None = ...) -> Tensors3:
+        ...
+    @overload
+    def pre(self, X: Array, *, carry: MixCarry | None = ..., out: Tensors3 | None = ...) -> Results3: ...
+
+    def pre(self, X: Array, *, carry: MixCarry | None = None, out: Tensors3 | None = None) -> Results3:
         """(u [T,D], post [T,4], comb [T,4,4]) from the streams X [T,4,D]: Tensors for a Tensor X
         (or with out=(u, post, comb)), numpy arrays for a numpy X. carry: what the previous site's
         post(..., next=this site) returned, for X its output."""
@@ -181,7 +211,25 @@ class HcSite(_Resident):
             return empty_result(self.device, (X,), out, (0, self.D), (0, HC), (0, HC, HC))
         return self._run_pre("pre", X, T, carry, out, [(T, self.D), (T, HC), (T, HC, HC)], self.pre_graph)
 
-    def post(self, f, X, post, comb, *, next=None, out=None):
+    # overloads: numpy-like arguments give numpy arrays, a Tensor X gives Tensors; next= adds the MixCarry
+    @overload
+    def post(self, f: HostArray, X: HostArray, post: HostArray, comb: HostArray, *, next: None = ...,
+             out: None = ...) -> np.ndarray: ...
+    @overload
+    def post(self, f: Array, X: DeviceArray, post: Array, comb: Array, *, next: None = ...,
+             out: Tensor | None = ...) -> Tensor: ...
+    @overload
+    def post(self, f: HostArray, X: HostArray, post: HostArray, comb: HostArray, *, next: HcSite | HcHead,
+             out: None = ...) -> tuple[np.ndarray, MixCarry]: ...
+    @overload
+    def post(self, f: Array, X: DeviceArray, post: Array, comb: Array, *, next: HcSite | HcHead,
+             out: Tensor | None = ...) -> tuple[Tensor, MixCarry]: ...
+    @overload
+    def post(self, f: Array, X: Array, post: Array, comb: Array, *, next: HcSite | HcHead | None = ...,
+             out: Tensor | None = ...) -> Result | tuple[Result, MixCarry]: ...
+
+    def post(self, f: Array, X: Array, post: Array, comb: Array, *, next: HcSite | HcHead | None = None,
+             out: Tensor | None = None) -> Result | tuple[Result, MixCarry]:
         """X_new [T,4,D] = f·post[:, d] + Σ_s comb[:, s, d]·X[:, s] (HC_POST, this site's path).
         With `next` (the next HcSite, or the HcHead): (X_new, MixCarry) — where hc.carries (the site
         kernels at T ≤ CARRY_MAX_T, the prefill carry past it), next's mixes partials are computed
@@ -190,7 +238,7 @@ class HcSite(_Resident):
         if next is None:
             return hc_post(f, X, post, comb, fused=self.fused, device=self.device, out=out)
         self._check_next(next)
-        if known_args(self._post_fits, X, f, post, comb) and self._carries(T := X.shape[0]):
+        if known_args(self._post_fits, X, f, post, comb) and self._carries(T := cast(Tensor, X).shape[0]):
             pass                # the per-call path: float32 Tensors whose shapes passed the checks below
         else:                   # (also where nothing is carried: handed to hc_post below)
             X, T = self._x(X)
@@ -214,8 +262,8 @@ class HcSite(_Resident):
 class HcHead(_Resident):
     """The head collapse: u = Σ_s pre_h[t,s]·X[t,s,:] with fn_h [4,4D], scale_h [1], base_h [4] resident."""
 
-    def __init__(self, fn_h, scale_h, base_h, *, hc_eps: float = 1e-6, norm_eps: float = 1e-6, device=None,
-                 fused: bool | None = None):
+    def __init__(self, fn_h: Array, scale_h: Array, base_h: Array, *, hc_eps: float = 1e-6, norm_eps: float = 1e-6,
+                 device: Device | None = None, fused: bool | None = None):
         super().__init__(device, fused, fn_h, scale_h, base_h)
         fn_shape = fn_h.shape if isinstance(fn_h, Tensor) else getattr(fn_h, "shape", None)
         if fn_shape is None or len(fn_shape) != 2 or fn_shape[1] % HC or fn_shape[1] == 0:
@@ -227,14 +275,21 @@ class HcHead(_Resident):
         self.base = _resident(dev, "base_h", base_h, (HC,))
         self.hc_eps, self.norm_eps = check_eps("hc_eps", hc_eps), check_eps("norm_eps", norm_eps)
 
-    def collapse_graph(self, g, X, mix=None):
+    def collapse_graph(self, g: Graph, X: GraphTensor, mix: GraphTensor | None = None) -> GraphTensor:
         """Append the head collapse to graph g: u [T,D]. mix: the partials a last site's
         post_graph(..., next=this head) returned."""
         return hc.head_pre(g, X, g.bind(self.fn, "fn_h"), g.bind(self.scale, "scale_h"), g.bind(self.base, "base_h"),
                            hc_eps=self.hc_eps, norm_eps=self.norm_eps, fused=self.fused, device=self.device,
                            mix=mix)
 
-    def collapse(self, X, *, carry: MixCarry | None = None, out=None):
+    @overload
+    def collapse(self, X: HostArray, *, carry: MixCarry | None = ..., out: None = ...) -> np.ndarray: ...
+    @overload
+    def collapse(self, X: DeviceArray, *, carry: MixCarry | None = ..., out: Tensor | None = ...) -> Tensor: ...
+    @overload
+    def collapse(self, X: Array, *, carry: MixCarry | None = ..., out: Tensor | None = ...) -> Result: ...
+
+    def collapse(self, X: Array, *, carry: MixCarry | None = None, out: Tensor | None = None) -> Result:
         """u [T,D] from the streams X [T,4,D] (Tensor → Tensor, numpy → numpy); carry as for HcSite.pre."""
         X, T = self._x(X)
         out = out_arg(out, 1)

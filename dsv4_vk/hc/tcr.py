@@ -33,7 +33,7 @@ def tc_tile_n(device):
 # 2q + (0, 1, 8, 9)[code]; TCR_BF 2 bits per element: 2·(row g + 8) + (column 2q + 1)).
 TCR_H200_LAYOUT = (0b11110000, 0b11_10_01_00_11_10_01_00, 0b11_10_01_00)
 _KK = (0, 1, 8, 9)
-_tcr_layouts = {}
+_tcr_layouts: dict[tuple, tuple[int, int, int] | str] = {}
 
 
 def tcr_layout_from(a, b):

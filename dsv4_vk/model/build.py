@@ -19,7 +19,7 @@ its ring, COMPRESS into the state and entries), so a decode step is one replay.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, TypeGuard
 
 import numpy as np
 
@@ -97,7 +97,7 @@ def param_arrays(cfg: V4Config, weights: dict, chunk: int = 16) -> dict:
     """{param name: array} to upload for `cfg` from canonical `weights` (fused layouts built here);
     chunk: the prefill chunk the decode cache's rings are sized for."""
     rows = cache_rows(cfg, chunk)
-    fused = set()
+    fused: set[str] = set()
     out = {}
     C = cfg.max_ctx
     for i in range(cfg.num_hidden_layers):
@@ -177,7 +177,7 @@ class ModelGraph:
         self.cfg, self.params, self.fused, self.device = cfg, params, fused, device
         self.splits, self.dense = splits, dense
         self.fold_norms = T == 1
-        self._norms = {}
+        self._norms: dict[tuple[int, int], tuple[Normed, Tensor]] = {}
         self.g = g = Graph()
         self.ids = g.input("ids", (T,), "i32") if prefill else self.param("step.token")
         self.pos = self.param("step.pos")
@@ -200,7 +200,7 @@ class ModelGraph:
         g, eps = self.param(weight), self.cfg.rms_norm_eps
         return Normed(x, g, eps) if self.fold_norms else self.g.op("RMS_NORM", x, g, eps=eps)
 
-    def folds(self, x: Tensor | Normed, read_bytes: int) -> bool:
+    def folds(self, x: Tensor | Normed, read_bytes: int) -> TypeGuard[Normed]:
         """Whether a mat-mul reading read_bytes of weights normalises the Normed x itself."""
         limit = NORM_FOLD["max_bytes"]
         return isinstance(x, Normed) and (limit is None or read_bytes <= limit)

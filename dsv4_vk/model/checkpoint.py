@@ -27,6 +27,7 @@ import re
 
 import ml_dtypes  # noqa: F401  (registers numpy's bfloat16, which safetensors' numpy reader needs)
 import numpy as np
+from numpy.typing import DTypeLike
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
@@ -196,7 +197,8 @@ def _read_file(fn, names):
 
 def read_tensors(path: str) -> dict:
     """{file name as stored: array} of every tensor in a model directory (no renaming)."""
-    out, where = {}, {}
+    out: dict[str, np.ndarray] = {}
+    where: dict[str, str] = {}
     for fn, names in _files(path):
         for k, a in _read_file(fn, names).items():
             if k in out:
@@ -367,7 +369,7 @@ def _normal(rng, shape):
     return out.reshape(shape)
 
 
-def random_weights(cfg: V4Config, seed: int = 0, dtype=np.float32) -> dict:
+def random_weights(cfg: V4Config, seed: int = 0, dtype: DTypeLike = np.float32) -> dict:
     """A random, seeded set of canonical weights whose activations stay O(1) through the layers:
     linear maps at 1/sqrt(fan-in), norms around 1, and every bias, sink and HC base random (zeros
     would hide a missing term). dtype: of the linear weights (float32, float16 or BF16)."""

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 CSA, HCA, SWA = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
 LAYER_TYPES = (SWA, CSA, HCA)
@@ -146,7 +147,7 @@ class V4Config:
         t = self.layer_types[i]
         return 0 if t == SWA else self.compress_rates[t]
 
-    def replace(self, **changes) -> "V4Config":
+    def replace(self, **changes: Any) -> "V4Config":
         return dataclasses.replace(self, **changes)
 
     # --- config.json ---------------------------------------------------------------------------------

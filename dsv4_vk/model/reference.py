@@ -9,6 +9,7 @@ docs/model.md's; each sublayer is a separate function the kernel tests reuse.
 from __future__ import annotations
 
 import math
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -134,7 +135,7 @@ class V4Reference:
                   for k, v in weights.items()}
         self.freqs = {"main": inv_freq(cfg, "main"), "compress": inv_freq(cfg, "compress")}
 
-    def attention(self, i, x, pos):
+    def attention(self, i: int, x: np.ndarray, pos: np.ndarray) -> np.ndarray:
         cfg, w = self.cfg, self.w
         T, H, hd, eps = x.shape[0], cfg.num_attention_heads, cfg.head_dim, cfg.rms_norm_eps
         a = f"layers.{i}.attn."
@@ -160,12 +161,12 @@ class V4Reference:
         y = np.einsum("tgk,grk->tgr", og, wa).reshape(T, -1)
         return y @ w[a + "wo_b.weight"].T
 
-    def w_compress(self, p, x, m, overlap, d):
+    def w_compress(self, p: str, x: np.ndarray, m: int, overlap: bool, d: int) -> np.ndarray:
         w = self.w
         return compress(x, w[p + "wkv.weight"], w[p + "wgate.weight"], w[p + "ape"], w[p + "norm.weight"], m,
                         overlap, self.cfg.rms_norm_eps, self.freqs["compress"])
 
-    def index_scores(self, a, x, qr, pos, m):
+    def index_scores(self, a: str, x: np.ndarray, qr: np.ndarray, pos: np.ndarray, m: int) -> np.ndarray:
         cfg, w = self.cfg, self.w
         nI, hI = cfg.index_n_heads, cfg.index_head_dim
         kI = self.w_compress(a + "indexer.compressor.", x, m, True, hI)
@@ -174,7 +175,7 @@ class V4Reference:
         s = np.maximum(np.einsum("thd,sd->ths", qI, kI), 0.0) * hI ** -0.5
         return np.einsum("ths,th->ts", s, wt)
 
-    def moe(self, i, x, ids):
+    def moe(self, i: int, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
         cfg, w = self.cfg, self.w
         f = f"layers.{i}.ffn."
         F, L = cfg.moe_intermediate_size, cfg.swiglu_limit
@@ -192,7 +193,7 @@ class V4Reference:
         h = swiglu(x @ w[s + "w1.weight"].T, x @ w[s + "w3.weight"].T, L)
         return out + h @ w[s + "w2.weight"].T
 
-    def site(self, X, i, name, sublayer):
+    def site(self, X: np.ndarray, i: int, name: str, sublayer: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         cfg, w = self.cfg, self.w
         p = f"layers.{i}."
         u, post, comb = reference_site_pre(X, w[p + f"hc_{name}_fn"], w[p + f"hc_{name}_scale"],
@@ -200,7 +201,7 @@ class V4Reference:
                                            cfg.hc_sinkhorn_iters)
         return reference_post(sublayer(rms_norm(u, w[p + f"{name}_norm.weight"], cfg.rms_norm_eps)), X, post, comb)
 
-    def forward(self, ids) -> np.ndarray:
+    def forward(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """logits [N, V] of tokens `ids` at positions 0..N−1."""
         cfg, w = self.cfg, self.w
         ids = np.asarray(ids, np.int64)

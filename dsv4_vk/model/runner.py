@@ -25,7 +25,7 @@ from typing import Iterable, Iterator, NamedTuple, Sequence
 import numpy as np
 
 from ..core import profile
-from ..core.executor import Executor
+from ..core.executor import CompiledGraph, Executor
 from ..ops.sample import MAX_TOP_K
 from ..ops.v4_attention import MAX_DECODE_SPLITS
 from ..vk import Device, default_device
@@ -65,8 +65,8 @@ STEPS_PER_SUBMIT = 4          # generate's default decode steps per command buff
 
 
 class Model:
-    def __init__(self, cfg: V4Config, weights: dict, device=None, fused=None, prefill_chunk: int = 16,
-                 splits=None):
+    def __init__(self, cfg: V4Config, weights: dict, device: Device | None = None, fused: bool | None = None,
+                 prefill_chunk: int = 16, splits: Sequence[int] | None = None):
         """weights: canonical names (model.checkpoint); splits: MQA key-list splits per layer at decode
         (None: model.build.decode_splits, one tiled-attention tile of the layer's longest list each)."""
         if not isinstance(cfg, V4Config):
@@ -92,7 +92,7 @@ class Model:
         self.params[HISTORY] = np.zeros(cfg.max_ctx, np.int32)
         for name, a in self.params.items():
             self.ex.set_param(name, a, host_visible=name in STEP_PARAMS + (HISTORY,) or name.startswith("sampler."))
-        self._graphs = {}         # (kind, timestamps) -> CompiledGraph, held so no step looks them up
+        self._graphs: dict = {}   # (kind, timestamps) -> CompiledGraph, held so no step looks them up
         self._step = {n: self.ex.params[n] for n in STEP_PARAMS + (HISTORY,)}
         self.position = 0
         self.sampling = GREEDY
@@ -102,8 +102,9 @@ class Model:
 
     # --- construction ---------------------------------------------------------------------------
     @classmethod
-    def load(cls, path_or_config, device=None, fused=None, *, seed: int = 0, prefill_chunk: int = 16,
-             max_ctx: int | None = None, splits=None) -> "Model":
+    def load(cls, path_or_config: str | V4Config, device: Device | None = None, fused: bool | None = None, *,
+             seed: int = 0, prefill_chunk: int = 16, max_ctx: int | None = None,
+             splits: Sequence[int] | None = None) -> "Model":
         """From a Hugging Face model directory (config.json + safetensors; max_ctx: the decode cache
         capacity, default min(max_position_embeddings, 4096)), or random weights for a V4Config."""
         if isinstance(path_or_config, V4Config):
@@ -113,7 +114,7 @@ class Model:
         return cls(cfg, weights, device, fused, prefill_chunk, splits)
 
     # --- graphs -----------------------------------------------------------------------------------
-    def compiled(self, kind: str, dense: bool | None = None):
+    def compiled(self, kind: str, dense: bool | None = None) -> CompiledGraph:
         """The CompiledGraph of "prefill" or "decode" (built and recorded on first use, then replayed);
         dense: the one for positions where every CSA top-k keeps all closed entries (no indexer
         scoring: model.build.all_entries_fit), or not; None: the one the next chunk or step at the
@@ -140,13 +141,14 @@ class Model:
     def memory(self) -> dict:
         """Device bytes of the uploaded params: {"weights": {dtype: bytes}, "cache": bytes (decode cache,
         RoPE tables, per-step values), "total": bytes}; weights keep the checkpoint's precision."""
-        weights, cache = {}, 0
+        weights: dict[str, int] = {}
+        cache = 0
         for name, p in self.ex.params.items():
             nbytes = p.numel * np.dtype(self.params[name].dtype).itemsize
             if name.startswith(("step.", "sampler.", "rope.")) or name.endswith((".kv", ".state", ".ent")):
                 cache += nbytes
             else:
-                weights[p.dtype] = weights.get(p.dtype, 0) + nbytes
+                weights[p.dtype_name] = weights.get(p.dtype_name, 0) + nbytes
         return {"weights": weights, "cache": cache, "total": sum(weights.values()) + cache}
 
     def paths(self) -> list[SitePath]:
@@ -187,7 +189,7 @@ class Model:
         """The token the device sampled from the last logits (the next step's input by default)."""
         return self._read_token()
 
-    def _ids(self, ids, name):
+    def _ids(self, ids: Sequence[int] | np.ndarray, name: str) -> np.ndarray:
         a = np.asarray(ids)
         if a.ndim != 1 or a.size == 0 or not np.issubdtype(a.dtype, np.integer):
             raise ValueError(f"{name} must be a non-empty 1-D sequence of integer token ids, got {a.dtype} shape {a.shape}")

@@ -3,6 +3,8 @@
 All of them run `binary.comp` or `unary.comp` over 4-D strided views, so any view (transposed,
 sliced, broadcast) is read in place and any view can be written (`out=`).
 """
+from typing import Any, Callable
+
 import numpy as np
 
 from .base import (Launch, OpDef, broadcast_shapes, check_finite, grid_1d, pack_push, register, shape_push,
@@ -17,8 +19,8 @@ def _nonempty(op, *tensors):
 
 class _Binary(OpDef):
     n_inputs = 2
-    define = None
-    fn = None
+    define: str                 # (each op sets it: the shader's define)
+    fn: Callable[..., Any]      # the numpy ufunc of the reference
 
     def infer(self, inputs, params):
         a, b = inputs
@@ -61,8 +63,8 @@ def unary_launch(define, a, out, s=0.0, t=0.0):
 
 class _Unary(OpDef):
     n_inputs = 1
-    define = None
-    params = ()
+    define: str                 # (each op sets it: the shader's define)
+    params: tuple[str, ...] = ()
 
     def infer(self, inputs, params):
         _nonempty(self.name, *inputs)

@@ -233,8 +233,6 @@ class Tensor:
             state = ", released"
         elif getattr(device, "_closed", False):
             state = ", device closed"
-        elif getattr(self, "_pins", 0):
-            state = f", bound in {self._pins} program(s)"
         return (f"<dsv4_vk.Tensor {getattr(self, 'shape', '?')} {np.dtype(dtype) if dtype else '?'} "
                 f"on Device #{getattr(device, 'serial', '?')} {name!r}{state}>")
 
