@@ -304,3 +304,81 @@ def test_profile_env_prints_table_at_exit():
     assert r.returncode == 0, r.stderr
     assert re.search(r"^decode\s+EXP\s+2\s+1\.0\s", r.stderr, re.M)
     assert re.search(r"^decode\s+total\s+4\s+2\.0\s.*runs 2, submits 2, barriers 2", r.stderr, re.M)
+
+
+# --- command-line errors -------------------------------------------------------------------------------
+
+CLI_ERRORS = [  # (argv, what the one error line says)
+    (["demo", "--temperature", "-1"], "--temperature must be a finite number ≥ 0, got -1.0"),
+    (["demo", "--top-k", "1000"], "--top-k must be from 1 to 64, got 1000"),
+    (["demo", "--tokens", "many"], "argument --tokens: invalid int value: 'many'"),
+    (["demo", "--checkpoint", "/nonexistent"], "'/nonexistent' is not a directory"),
+    (["bench", "--seed", "-1"], "--seed must be ≥ 0, got -1"),
+    (["floor", "--copy-mib", "-1"], "--copy-mib must be a number > 0, got -1.0"),
+    (["--device", "7", "info"], "--device=7 but only"),
+    (["info", "--device", "²"], "--device='²' matches no device name"),
+    (["info", "--device", "9" * 5000], "but only"),
+    (["floor", "--chain", "4", "--replays", "1", "--copy-mib", "0.25", "--out", "/nonexistent/floor.json"],
+     "/nonexistent/floor.json: No such file or directory"),
+]
+
+
+CLI_CHILD = """
+import contextlib, io, json, sys
+import dsv4_vk.vk.device
+from dsv4_vk.cli import main
+out = []
+for argv in json.loads(sys.argv[1]):
+    dsv4_vk.vk.device._chosen = None                  # (each run as a fresh process would start)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            rc = main(argv)
+        except SystemExit as e:
+            rc = e.code
+    out.append([rc, err.getvalue()])
+print(json.dumps(out))
+"""
+
+
+def test_cli_errors_are_one_line_and_a_nonzero_exit():
+    """Every error is one `error:` line on stderr and a non-zero exit, never a traceback; a --device the
+    user gave is named as such (not as DSV4_VK_DEVICE, which they never set). One child runs them all
+    (DSV4_VK_DEVICE unset there), each through the console script's main."""
+    env = {k: v for k, v in os.environ.items() if k != "DSV4_VK_DEVICE"}
+    r = subprocess.run([sys.executable, "-c", CLI_CHILD, json.dumps([argv for argv, _ in CLI_ERRORS])],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for (argv, message), (rc, err) in zip(CLI_ERRORS, json.loads(r.stdout)):
+        lines = err.strip().splitlines()
+        assert rc != 0 and len(lines) == 1 and lines[0].startswith("error: "), (argv[:3], err[-2000:])
+        assert message in lines[0] and "DSV4_VK_DEVICE" not in lines[0], (argv[:3], lines[0][:300])
+
+
+def test_bench_exits_nonzero_when_a_row_failed(monkeypatch, capsys):
+    real = bench.bench_path
+
+    def failing(device, case, path, *a, **k):
+        if path == cases.UNFUSED:
+            raise RuntimeError("this path broke")
+        return real(device, case, path, *a, **k)
+    monkeypatch.setattr(bench, "bench_path", failing)
+    argv = ["--quick", "--d", "8", "--op", "HC_COMB", "--no-prefill", "--copy-mib", "0.25"]
+    assert bench.main(argv) == 1
+    err = capsys.readouterr().err
+    assert re.fullmatch(r"error: 1 of \d+ rows failed; the first: decode HC_COMB T=1 D=0 unfused: "
+                        r"RuntimeError: this path broke\n", err), err
+    monkeypatch.setattr(bench, "bench_path", real)
+    assert bench.main(argv) == 0
+
+
+def test_h200_targets_are_judged_only_on_an_h200():
+    summary = {"decode_ratio": {"4096": {"unfused_us": 10.0, "fused_us": 5.0, "ratio": 2.0}},
+               "prefill_copy_pct": {"HC_PRE T=4096 D=4096": {"T": 4096, "D": 4096, "gbps": 1.0, "pct_of_copy": 1.0}},
+               "site": {"decode": {"D=4096": {"path": "site", "gpu_us": 99.0, "dispatches": 2}},
+                        "mix": {"T=512": {"gbps": 1.0, "pct_of_copy": 1.0}}}}
+    on_h200 = bench.format_summary(summary, "NVIDIA H200")
+    assert on_h200.count("NOT met") == 4
+    elsewhere = bench.format_summary(summary, "llvmpipe (LLVM 15.0.6, 256 bits)")
+    assert "NOT met" not in elsewhere and " met" not in elsewhere and elsewhere.count("not judged here") == 4
+    assert "the targets are an H200's: not judged on llvmpipe" in elsewhere

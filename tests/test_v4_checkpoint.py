@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from dsv4_vk.model.checkpoint import CheckpointError, canonical, load_hf, save_hf, tensor_shapes
-from dsv4_vk.model.config import ConfigError, V4Config
+from dsv4_vk.model.config import INDEXER_KEYS, SIZE_KEYS, ConfigError, V4Config, preset
 from dsv4_vk.model.reference import V4Reference
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -193,10 +193,86 @@ def test_config_json_errors_name_the_key(tmp_path, key, value, match):
         load_hf(str(d))
 
 
+# every key config.json may hold, given a wrong value of each JSON kind: a ConfigError naming that key
+_WRONG = ("x", -1, 2.5, True, [1], {"a": 1}, float("nan"), 1e-60, 10 ** 30)
+_LEGACY = {"compress_ratios": [4, 128, 0], "num_hash_layers": 1, "qk_rope_head_dim": 8, "compress_rate_csa": 4,
+           "compress_rate_hca": 128, "max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["layer_types", "legacy"])
+def test_every_config_value_error_is_a_config_error_naming_its_key(legacy):
+    base = preset("tiny").to_hf()
+    if legacy:                      # the per-layer lists come from the legacy keys (and the defaults)
+        base = {k: v for k, v in base.items() if k not in ("layer_types", "mlp_layer_types", "partial_rotary_factor",
+                                                          "compress_rates")}
+        base.update(_LEGACY)
+    for key in sorted(set(base) | set(_LEGACY)):
+        for value in _WRONG:
+            try:
+                V4Config.from_hf(dict(base, **{key: value}))
+            except ConfigError as e:
+                assert key in str(e), (key, value, str(e))
+            except Exception as e:               # noqa: BLE001 (the test is that nothing else escapes)
+                pytest.fail(f"{key}={value!r}: {type(e).__name__}: {e}")
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("rms_norm_eps", 1e-60, r"config rms_norm_eps must be a finite number from 1\.4e-45 that float32 holds"),
+    ("hc_eps", 0.0, r"config hc_eps must be"), ("swiglu_limit", 1e300, r"config swiglu_limit must be .* float32"),
+    ("hc_sinkhorn_iters", 5000, r"config hc_sinkhorn_iters must be at most 1000"),
+    ("hc_sinkhorn_iters", 0, r"config hc_sinkhorn_iters must be an integer ≥ 1"),
+    ("compress_rate_csa", 0, r"config compress_rate_csa must be an integer ≥ 1"),
+    ("max_position_embeddings", "long", r"config max_position_embeddings must be an integer"),
+])
+def test_config_values_the_kernels_cannot_take_are_named_by_their_key(key, value, match):
+    with pytest.raises(ConfigError, match=match):
+        V4Config.from_hf(dict(preset("tiny").to_hf(), **{key: value}))
+
+
+@pytest.mark.parametrize("key", SIZE_KEYS + INDEXER_KEYS)
+def test_a_missing_size_key_is_named_not_defaulted(key):
+    d = preset("tiny").to_hf()         # (has CSA layers: the indexer's sizes are needed)
+    for value in ("missing", None):
+        if value == "missing":
+            del d[key]
+        else:
+            d[key] = None
+        with pytest.raises(ConfigError, match=f"config.json has no {key} \\(or null\\)"):
+            V4Config.from_hf(d)
+    if key in INDEXER_KEYS:            # not needed without a CSA layer
+        d["layer_types"] = ["sliding_attention", "heavily_compressed_attention", "sliding_attention"]
+        assert getattr(V4Config.from_hf(d), key) == getattr(V4Config(), key)
+
+
+def test_weight_count_is_the_checkpoint_tensors_values():
+    for cfg in (V4Config(), preset("demo"), preset("flash-1gpu"), preset("tiny", layer_types=("sliding_attention",) * 3,
+                                                                          mlp_layer_types=("moe",) * 3)):
+        assert cfg.weight_count() == sum(int(np.prod(s)) for s in tensor_shapes(cfg).values())
+
+
+def test_a_model_past_this_machines_memory_says_how_many_bytes(monkeypatch):
+    """num_hidden_layers: 10**7 from config.json, or a V4Config given to Model.load: a ConfigError with the
+    bytes needed at once (no per-layer lists of 10**7 tensors, no MemoryError minutes later)."""
+    from dsv4_vk.model import Model
+    d = {k: v for k, v in preset("tiny").to_hf().items() if k not in ("layer_types", "mlp_layer_types")}
+    d["num_hidden_layers"] = 10 ** 7
+    with pytest.raises(ConfigError, match=r"num_hidden_layers=10000000, .*need [\d,]+ bytes \([\d,.]+ GiB: "
+                                          r"[\d,]+ values at 2 bytes\); this machine has [\d.,]+ GiB of memory"):
+        V4Config.from_hf(d)
+    cfg = preset("tiny", num_hidden_layers=3000, layer_types=("sliding_attention",) * 3000,
+                 mlp_layer_types=("moe",) * 3000)
+    monkeypatch.setattr(os, "sysconf", lambda name: {"SC_PHYS_PAGES": 1000, "SC_PAGE_SIZE": 4096}[name])
+    need = cfg.weight_count() * 4
+    with pytest.raises(ConfigError, match=f"need {need:,} bytes .* at 4 bytes\\); this machine has 0.0 GiB"):
+        Model.load(cfg)
+
+
 def test_legacy_config_keys_fold_like_transformers():
-    d = {"num_hidden_layers": 3, "compress_ratios": [4, 128, 0], "num_hash_layers": 1, "qk_rope_head_dim": 8,
-         "head_dim": 32, "hidden_size": 32, "q_lora_rank": 16, "index_head_dim": 16, "vocab_size": 64,
-         "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 64}}
+    sizes = {k: getattr(V4Config(), k) for k in SIZE_KEYS + INDEXER_KEYS}
+    d = dict(sizes, **{"num_hidden_layers": 3, "compress_ratios": [4, 128, 0], "num_hash_layers": 1,
+                       "qk_rope_head_dim": 8, "head_dim": 32, "hidden_size": 32, "q_lora_rank": 16,
+                       "index_head_dim": 16, "vocab_size": 64,
+                       "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 64}})
     c = V4Config.from_hf(d)
     assert c.layer_types == ("compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention")
     assert c.mlp_layer_types == ("hash_moe", "moe", "moe") and c.rope_dim == 8 and c.yarn["factor"] == 16

@@ -1,5 +1,7 @@
 """The command line: `dsv4_vk <command>` (or `python -m dsv4_vk <command>`): info, eval, bench, demo,
-floor. Each command lives in its own module with a `main(argv)`; every command takes `--device`."""
+floor. Each command lives in its own module with a `main(argv)`; every command takes `--device`.
+An error is one `error:` line on stderr and a non-zero exit, never a traceback (`python -X dev -m
+dsv4_vk ...` shows the traceback)."""
 from __future__ import annotations
 
 import argparse
@@ -22,20 +24,35 @@ def program() -> str:
     return "python -m dsv4_vk" if base in ("__main__.py", "-m", "-c", "") else base
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):           # one line, as every other error (not the whole usage)
+        self.exit(2, f"error: {message} (`{self.prog} --help` lists the options)\n")
+
+
 def parser(command: str, description: str | None = None, **kw) -> argparse.ArgumentParser:
     """The argument parser of one command, with the `--device` option every command has."""
-    ap = argparse.ArgumentParser(prog=f"{program()} {command}", description=description, **kw)
+    ap = _Parser(prog=f"{program()} {command}", description=description, **kw)
     ap.add_argument("--device", metavar="INDEX|NAME",
                     help="Vulkan device by index (see `info --all`) or name substring; same as DSV4_VK_DEVICE")
     return ap
 
 
 def apply_device(args: argparse.Namespace) -> None:
-    """Make --device the process's device choice (the default device reads DSV4_VK_DEVICE when opened)."""
+    """Make --device the process's device choice (in place of DSV4_VK_DEVICE; errors name --device)."""
     if getattr(args, "device", None) is not None:
         if not args.device.strip():
             raise SystemExit("error: --device must be a device index or a name substring, got an empty string")
-        os.environ["DSV4_VK_DEVICE"] = args.device
+        from ..vk.device import choose_default
+        choose_default(args.device, "--device")
+
+
+def _error(e: BaseException) -> str:
+    """One line for an exception: the message (with the path for an OS error), the type where it says more."""
+    if isinstance(e, OSError) and e.strerror:
+        where = f"{e.filename}: " if e.filename is not None else ""
+        return f"{where}{e.strerror}"
+    msg = " ".join(str(e).split()) or type(e).__name__
+    return msg if isinstance(e, (ValueError, RuntimeError, LookupError)) else f"{type(e).__name__}: {msg}"
 
 
 def _usage() -> str:
@@ -68,4 +85,13 @@ def main(argv: list[str] | None = None) -> int:
         print(_usage())
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     mod = importlib.import_module(COMMANDS[argv[0]][0])
-    return mod.main(lead + argv[1:]) or 0
+    try:
+        return mod.main(lead + argv[1:]) or 0
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if sys.flags.dev_mode:
+            raise
+        print(f"error: {_error(e)}", file=sys.stderr)
+        return 1

@@ -277,6 +277,8 @@ def main(argv=None):
     apply_device(args)
     if args.chain < 1 or args.replays < 1:
         ap.error("--chain and --replays must be ≥ 1")
+    if args.copy_mib is not None and not 0 < args.copy_mib < float("inf"):
+        ap.error(f"--copy-mib must be a number > 0, got {args.copy_mib}")
     copy_bytes = None if args.copy_mib is None else int(args.copy_mib * 2**20) // 16 * 16
     result = measure(default_device(), chain=args.chain, copy_bytes=copy_bytes, replays=args.replays)
     print(json.dumps(result, indent=2) if args.json else format_floor(result))

@@ -1,6 +1,7 @@
 """`python -m dsv4_vk info [--json] [--all]`: what the device is and can do."""
 import argparse
 import json
+import sys
 
 from ..vk import Device, VulkanError, list_devices
 from . import apply_device, parser
@@ -73,7 +74,7 @@ def main(argv=None):
         dev = Device()
         rep = report(dev)
     except VulkanError as e:
-        print(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
         return 1
     print(json.dumps(rep, indent=2) if args.json else _human(rep))
     dev.close()

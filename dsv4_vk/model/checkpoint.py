@@ -293,6 +293,7 @@ def load_hf(path: str, max_ctx: int | None = None) -> tuple:
             raise CheckpointError(f"{path!r} is not a directory: expected a Hugging Face model directory with "
                                   "config.json and .safetensors files") from None
         raise CheckpointError(str(e)) from None
+    cfg.check_memory(2, "the weights (at least 2 bytes each)")
     tensors = _to_canonical(read_tensors(path), path)
     return cfg, normalise(cfg, tensors, f"checkpoint {path!r}")
 

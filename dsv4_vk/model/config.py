@@ -11,11 +11,15 @@ normalises) are accepted and ignored. `max_ctx` is ours: the decode cache capaci
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..hc.kernels import F32_MAX, F32_TINY, MAX_N_ITER
 
 CSA, HCA, SWA = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
 LAYER_TYPES = (SWA, CSA, HCA)
@@ -35,6 +39,14 @@ IGNORED = {"architectures", "model_type", "transformers_version", "dtype", "torc
            "num_hash_layers", "qk_rope_head_dim", "max_position_embeddings"}
 
 
+# keys config.json must give: the model's sizes are never guessed (the dataclass defaults are a tiny
+# test model's); the indexer's only where some layer is CSA
+SIZE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim", "q_lora_rank",
+             "o_groups", "o_lora_rank", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
+             "sliding_window")
+INDEXER_KEYS = ("index_n_heads", "index_head_dim", "index_topk")
+
+
 class ConfigError(ValueError):
     """A config.json value this backend cannot run, naming the key and what is supported."""
 
@@ -45,10 +57,20 @@ def _int(name, v, lo=1):
     return v
 
 
-def _pos(name, v):
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise ConfigError(f"config {name} must be a finite number > 0, got {v!r}")
+def _pos(name, v, lo=0.0):
+    """A number > 0 that float32 holds (the kernels take it as one); at least `lo` where given."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0 \
+            or v > F32_MAX or v < lo:
+        low = f"from {lo:.3g}" if lo else "> 0"
+        raise ConfigError(f"config {name} must be a finite number {low} that float32 holds (up to {F32_MAX:.6g}), "
+                          f"got {v!r}")
     return float(v)
+
+
+def _list(name, v):
+    if isinstance(v, (str, bytes, dict)) or not isinstance(v, (list, tuple)):
+        raise ConfigError(f"config {name} must be a list, got {v!r}")
+    return v
 
 
 @dataclass(frozen=True)
@@ -85,16 +107,19 @@ class V4Config:
     max_ctx: int = 128
 
     def __post_init__(self):
-        object.__setattr__(self, "layer_types", tuple(self.layer_types))
-        object.__setattr__(self, "mlp_layer_types", tuple(self.mlp_layer_types))
+        object.__setattr__(self, "layer_types", tuple(_list("layer_types", self.layer_types)))
+        object.__setattr__(self, "mlp_layer_types", tuple(_list("mlp_layer_types", self.mlp_layer_types)))
         for n in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
                   "q_lora_rank", "o_groups", "o_lora_rank", "n_routed_experts", "num_experts_per_tok",
                   "moe_intermediate_size", "sliding_window", "index_n_heads", "index_head_dim", "index_topk",
                   "hc_sinkhorn_iters", "max_ctx"):
             _int(n, getattr(self, n))
-        for n in ("routed_scaling_factor", "swiglu_limit", "rope_theta", "compress_rope_theta", "hc_eps",
-                  "rms_norm_eps", "partial_rotary_factor"):
+        for n in ("routed_scaling_factor", "swiglu_limit", "rope_theta", "compress_rope_theta", "partial_rotary_factor"):
             _pos(n, getattr(self, n))
+        for n in ("hc_eps", "rms_norm_eps"):           # (a subnormal eps is still an eps: the kernels take it)
+            _pos(n, getattr(self, n), F32_TINY)
+        if self.hc_sinkhorn_iters > MAX_N_ITER:
+            raise ConfigError(f"config hc_sinkhorn_iters must be at most {MAX_N_ITER}, got {self.hc_sinkhorn_iters}")
         if self.hc_mult != 4:
             raise ConfigError(f"config hc_mult must be 4 (the HC kernels' stream count), got {self.hc_mult!r}")
         if self.scoring_func not in SCORING:
@@ -147,6 +172,29 @@ class V4Config:
         t = self.layer_types[i]
         return 0 if t == SWA else self.compress_rates[t]
 
+    def weight_count(self) -> int:
+        """Values in the checkpoint's tensors (model.checkpoint.tensor_shapes), counted without listing them."""
+        D, V, hd, qr, E = self.hidden_size, self.vocab_size, self.head_dim, self.q_lora_rank, self.n_routed_experts
+        nI, hI, hc = self.index_n_heads, self.index_head_dim, self.hc_mult
+        n = 2 * V * D + D + hc * hc * D + hc + 1
+        layer = _layer_values(vars(self))
+        for (kind, mlp), count in collections.Counter(zip(self.layer_types, self.mlp_layer_types)).items():
+            extra = V * self.num_experts_per_tok if mlp == "hash_moe" else E
+            if kind != SWA:
+                c, m = (2 if kind == CSA else 1), self.compress_rates[kind]
+                extra += 2 * c * hd * D + m * c * hd + hd
+            if kind == CSA:
+                m = self.compress_rates[CSA]
+                extra += nI * hI * qr + nI * D + 2 * (2 * hI * D) + m * 2 * hI + hI
+            n += count * (layer + extra)
+        return n
+
+    def check_memory(self, bytes_per_weight: int, what: str) -> None:
+        """ConfigError, with the bytes needed, where the weights at `bytes_per_weight` each cannot fit in
+        this machine's memory (they are all on the host while loading: a MemoryError minutes later
+        otherwise)."""
+        _check_memory(vars(self), self.weight_count(), bytes_per_weight, what)
+
     def replace(self, **changes: Any) -> "V4Config":
         return dataclasses.replace(self, **changes)
 
@@ -183,16 +231,32 @@ class V4Config:
             raise ConfigError(f"config n_shared_experts {d['n_shared_experts']!r}: DeepSeek-V4 has exactly 1")
         if d.get("tie_word_embeddings"):
             raise ConfigError("config tie_word_embeddings true: DeepSeek-V4 has an untied lm_head")
-        L = kw.get("num_hidden_layers", 43)
-        rates = dict(DEFAULT_RATES, **(d.get("compress_rates") or {}))
+        missing = [k for k in SIZE_KEYS if k not in kw]
+        if missing:
+            raise ConfigError(f"config.json has no {', '.join(missing)} (or null): the model's sizes must be given")
+        L = _int("num_hidden_layers", kw["num_hidden_layers"])
+        if kw.get("hc_mult", 4) != 4:
+            raise ConfigError(f"config hc_mult must be 4 (the HC kernels' stream count), got {kw['hc_mult']!r}")
+        sizes = dict(kw, hc_mult=4)
+        for k in SIZE_KEYS:
+            _int(k, sizes[k])
+        # before the per-layer lists are built: the layers' shared tensors alone, at 2 bytes a value
+        _check_memory(sizes, L * _layer_values(sizes), 2, "the layers' weights (at least 2 bytes each)")
+        rates = d.get("compress_rates") or {}
+        if not isinstance(rates, dict):
+            raise ConfigError(f"config compress_rates must be an object mapping layer types to rates, got {rates!r}")
+        rates = dict(DEFAULT_RATES, **rates)
         for legacy, key in (("compress_rate_csa", CSA), ("compress_rate_hca", HCA)):
             if d.get(legacy) is not None:
-                rates[key] = d[legacy]
+                rates[key] = _int(legacy, d[legacy])
         kw["compress_rates"] = rates
+        for k in ("layer_types", "mlp_layer_types"):
+            if k in kw:
+                _list(k, kw[k])
         if "layer_types" not in kw:
             ratios = d.get("compress_ratios")
             if ratios is not None:
-                bad = [r for r in ratios if r not in LEGACY_RATIO]
+                bad = [r for r in _list("compress_ratios", ratios) if r not in LEGACY_RATIO]
                 if bad:
                     raise ConfigError(f"config compress_ratios entries must be one of {sorted(LEGACY_RATIO)}, got {bad}")
                 kw["layer_types"] = [LEGACY_RATIO[r] for r in ratios]
@@ -200,16 +264,22 @@ class V4Config:
                 kw["layer_types"] = [HCA] * min(L, 2) + [CSA if i % 2 else HCA for i in range(max(L - 2, 0))]
         kw["layer_types"] = list(kw["layer_types"])[:L]
         if "mlp_layer_types" not in kw:
-            n_hash = d.get("num_hash_layers") if d.get("num_hash_layers") is not None else 3
+            n_hash = _int("num_hash_layers", d["num_hash_layers"], 0) if d.get("num_hash_layers") is not None else 3
             kw["mlp_layer_types"] = ["hash_moe"] * min(L, n_hash) + ["moe"] * max(0, L - n_hash)
         kw["mlp_layer_types"] = list(kw["mlp_layer_types"])[:L]
+        if CSA in kw["layer_types"]:
+            missing = [k for k in INDEXER_KEYS if k not in kw]
+            if missing:
+                raise ConfigError(f"config.json has no {', '.join(missing)} (or null): its "
+                                  f"{CSA} layers' indexer sizes must be given")
         if "partial_rotary_factor" not in kw:
-            hd = kw.get("head_dim", 512)
+            hd = _int("head_dim", kw["head_dim"])
             rd = d.get("qk_rope_head_dim")
-            kw["partial_rotary_factor"] = rd / hd if rd is not None else 64 / 512
+            kw["partial_rotary_factor"] = _int("qk_rope_head_dim", rd) / hd if rd is not None else 64 / 512
         kw["yarn"] = cls._yarn(d, kw)
-        mpe = d.get("max_position_embeddings", 1048576)
-        kw["max_ctx"] = max_ctx if max_ctx is not None else min(int(mpe), 4096)
+        mpe = d.get("max_position_embeddings")
+        mpe = 1048576 if mpe is None else _int("max_position_embeddings", mpe)
+        kw["max_ctx"] = max_ctx if max_ctx is not None else min(mpe, 4096)
         return cls(**kw)
 
     @staticmethod
@@ -229,6 +299,7 @@ class V4Config:
             for sub in (main, comp):
                 if "partial_rotary_factor" in sub and sub["partial_rotary_factor"] != kw["partial_rotary_factor"]:
                     raise ConfigError("config rope_parameters partial_rotary_factor differs from the model's "
+                                      "partial_rotary_factor (or qk_rope_head_dim / head_dim) "
                                       f"({sub['partial_rotary_factor']} vs {kw['partial_rotary_factor']})")
         else:
             comp = {k: v for k, v in rp.items() if k not in ("main", "compress")}
@@ -243,6 +314,28 @@ class V4Config:
         if comp["attention_factor"] != 1.0:
             raise ConfigError(f"config yarn attention_factor {comp['attention_factor']!r}: V4 uses 1.0")
         return comp
+
+
+def _layer_values(c: dict) -> int:
+    """Values in the tensors every layer has, whatever its type (c: the config's sizes by key)."""
+    D, H, hd, qr, E, F = (c["hidden_size"], c["num_attention_heads"], c["head_dim"], c["q_lora_rank"],
+                          c["n_routed_experts"], c["moe_intermediate_size"])
+    hc = c["hc_mult"]
+    M, g, r = (2 + hc) * hc, c["o_groups"], c["o_lora_rank"]
+    return (2 * (M * hc * D + M + 3) + 2 * D + qr * D + qr + H * hd * qr + hd * D + hd + g * r * (H * hd // g)
+            + D * g * r + H + E * D + E * 2 * F * D + E * D * F + 3 * F * D)
+
+
+def _check_memory(c: dict, values: int, bytes_per_value: int, what: str) -> None:
+    need = values * bytes_per_value
+    try:
+        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return
+    if need > have:
+        shown = ", ".join(f"{k}={c[k]}" for k in SIZE_KEYS)
+        raise ConfigError(f"config sizes {shown}: {what} need {need:,} bytes ({need / 2 ** 30:,.1f} GiB: {values:,} values "
+                          f"at {bytes_per_value} bytes); this machine has {have / 2 ** 30:,.1f} GiB of memory")
 
 
 def load_config_json(path: str, max_ctx: int | None = None) -> V4Config:

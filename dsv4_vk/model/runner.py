@@ -109,6 +109,7 @@ class Model:
         capacity, default min(max_position_embeddings, 4096)), or random weights for a V4Config."""
         if isinstance(path_or_config, V4Config):
             cfg = path_or_config
+            cfg.check_memory(4, "the random float32 weights")
             return cls(cfg, random_weights(cfg, seed), device, fused, prefill_chunk, splits)
         cfg, weights = load_hf(path_or_config, max_ctx)
         return cls(cfg, weights, device, fused, prefill_chunk, splits)

@@ -261,10 +261,12 @@ def _choose(probes, selector, what):
         raise VulkanUnavailable("Vulkan found no physical device: install `mesa-vulkan-drivers` (lavapipe) "
                                 "or a GPU driver.")
     if selector:
-        if selector.strip().isdigit():
-            i = int(selector)
+        digits = selector.strip()
+        if digits.isascii() and digits.isdigit():     # (int() also reads "²" or "٣" and refuses 5000 digits)
+            i = int(digits) if len(digits) <= 9 else len(probes)
             if i >= len(probes):
-                raise VulkanUnavailable(f"{what}={selector} but only {len(probes)} device(s) exist: "
+                shown = selector if len(selector) <= 40 else f"{selector[:40]}... ({len(selector)} characters)"
+                raise VulkanUnavailable(f"{what}={shown} but only {len(probes)} device(s) exist: "
                                         + ", ".join(f"{j}: {p['name']}" for j, p in enumerate(probes)))
             return i
         hits = [i for i, p in enumerate(probes) if selector.lower() in p["name"].lower()]
@@ -290,7 +292,9 @@ class Device:
         self.cache_bytes = env.byte_size("DSV4_VK_CACHE_BYTES", DEFAULT_CACHE_BYTES)
         spin_us = env.integer("DSV4_VK_SPIN_US", -1, 0, 10**7, "microseconds to poll a fence before sleeping")
         what = "Device"
-        if selector is None:
+        if selector is None and _chosen is not None:
+            selector, what = _chosen
+        elif selector is None:
             selector, what = os.environ.get("DSV4_VK_DEVICE") or None, "DSV4_VK_DEVICE"
         elif isinstance(selector, bool) or not isinstance(selector, (int, str)) or \
                 (isinstance(selector, int) and selector < 0):
@@ -720,6 +724,16 @@ class _InUse:
 
 _serials = itertools.count(1)
 _default_lock = threading.Lock()
+
+
+_chosen = None             # (selector, how the user gave it) from choose_default: the command line's --device
+
+
+def choose_default(selector: str, given_as: str) -> None:
+    """Make `selector` what Device() and default_device() open in this process, named `given_as` in
+    their errors (the command line's --device), in place of DSV4_VK_DEVICE."""
+    global _chosen
+    _chosen = (selector, given_as)
 
 
 def default_device() -> Device:
