@@ -370,6 +370,52 @@ def test_profile_splits_prefill_and_decode(rng):
         assert op in ops, (op, ops)
 
 
+def test_max_ctx_sets_the_cache_and_its_bytes_are_known_before_allocating(rng):
+    """Model(..., max_ctx=) and Model.load(config, max_ctx=) size the cache; check_memory's bytes
+    (computed before anything is allocated) are the bytes the cache params take on the device."""
+    from dsv4_vk.model.runner import check_memory
+    w = random_weights(TINY, 0)
+    m = Model(TINY, w, max_ctx=96)
+    assert m.cfg.max_ctx == 96 and m.ex.params["layers.0.cmp.ent"].shape == (24, TINY.head_dim)
+    need = check_memory(m.cfg, 0, m.prefill_chunk, m.device)
+    assert need["cache"] == m.memory()["cache"] and need["available"] > 0
+    assert Model.load(TINY, max_ctx=72).cfg.max_ctx == 72
+    ids = rng.integers(0, TINY.vocab_size, 60)                   # positions past 40, within 96
+    assert nmse(m.prefill(ids, all_logits=True), V4Reference(m.cfg, w).forward(ids)) <= NMSE_MAX
+    for bad in (0, -5, 2.5, True):
+        with pytest.raises(ValueError, match=f"max_ctx must be an integer ≥ 1, got {bad!r}"):
+            Model(TINY, w, max_ctx=bad)
+
+
+def test_a_cache_too_large_for_the_device_is_refused_naming_the_bytes():
+    """max_ctx = 10⁹ (or any cache past the device's heap) is refused before anything is allocated,
+    naming max_ctx, the bytes needed and the bytes available; a tensor past the device's binding
+    range is refused naming it (a stand-in device with a small heap and range shows both)."""
+    from types import SimpleNamespace
+    from dsv4_vk.model.runner import check_memory
+    from dsv4_vk.vk.caps import MemoryHeap
+    heap = Model.load(TINY, max_ctx=40).device.caps.memory_heaps
+    have = max(h.size for h in heap if h.device_local)
+    for make in (lambda: Model.load(TINY, max_ctx=10 ** 9), lambda: Model(TINY, random_weights(TINY, 0), max_ctx=10 ** 9)):
+        with pytest.raises(ValueError, match=rf"max_ctx = 1000000000 needs \d+ bytes of device memory \(\d+ for the "
+                                             rf"decode cache and RoPE tables, \d+ for the weights\); .* has {have} "
+                                             rf"bytes available .*max_ctx at most about \d+ fits"):
+            make()
+
+    def stub(heap_bytes, range_bytes):
+        return SimpleNamespace(name="stub", caps=SimpleNamespace(memory_heaps=(MemoryHeap(heap_bytes, True),),
+                                                                  limits=SimpleNamespace(max_storage_buffer_range=range_bytes)))
+    cfg = TINY.replace(max_ctx=4096)
+    need = check_memory(cfg, 1000, 16, stub(1 << 30, 1 << 30))
+    assert need["total"] == need["cache"] + 1000
+    with pytest.raises(ValueError, match=rf"max_ctx = 4096 needs {need['total']} bytes .* stub has {need['total'] - 1} "
+                                         r"bytes available \(its largest device-local heap\); max_ctx at most about 40\d\d fits"):
+        check_memory(cfg, 1000, 16, stub(need["total"] - 1, 1 << 30))
+    with pytest.raises(ValueError, match=r"max_ctx = 4096: \S+ would take 65536 bytes, past stub's maxStorageBufferRange "
+                                         r"of 65535 bytes \(each tensor is bound whole\); max_ctx at most about 409\d fits"):
+        check_memory(cfg, 1000, 16, stub(1 << 30, 65535))
+
+
 def test_api_errors_name_the_argument():
     m = Model.load(TINY, seed=0)
     for bad, msg in (([], "ids must be a non-empty 1-D"), ([1.5], "integer token ids"), ([3, 48], "outside \\[0, 48\\)"),
