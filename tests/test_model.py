@@ -1,7 +1,9 @@
 """DeepSeek-V4 on the device against transformers itself: the fixtures under tests/fixtures/dsv4_*
 (written by tools/make_dsv4_fixtures.py from transformers' DeepseekV4ForCausalLM, saved with
 save_pretrained) hold float32 logits after a 37-token prefill (9 CSA windows, 4 HCA windows, past
-the 8-token sliding window) and after each of 17 cached decode steps. Every one must match to NMSE
+the 8-token sliding window) and after each of 17 cached decode steps; dsv4_long after a 128-token
+prompt (more than 10 × index_topk × rate tokens: the indexer's top-k keeps 3 of up to 36 entries)
+and 17 decode steps. Every one must match to NMSE
 ≤ 1e-6, fused and unfused HC, at lavapipe subgroup sizes 8 (here), 4 and 16 (subprocesses), with
 the decode attention's key lists split or whole. Also: against the float64 reference on a longer
 random config (index top-k above 64), chunked prefill + decode = recomputing, one replayed
@@ -27,6 +29,7 @@ from dsv4_vk.model import Model, Sampling, V4Config, V4Reference, load_hf, rando
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIX = os.path.join(ROOT, "tests", "fixtures")
 NMSE_MAX = 1e-6
+FIXTURE_CTX = {"long": 160}     # the decode cache of each fixture's checks (else 64)
 CSA, HCA, SWA = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
 TINY = V4Config(vocab_size=48, hidden_size=32, num_hidden_layers=3, num_attention_heads=2, head_dim=16,
                 q_lora_rank=8, o_groups=2, o_lora_rank=8, partial_rotary_factor=0.5, n_routed_experts=4,
@@ -35,16 +38,16 @@ TINY = V4Config(vocab_size=48, hidden_size=32, num_hidden_layers=3, num_attentio
                 index_n_heads=16, index_head_dim=8, index_topk=3, max_ctx=40)
 
 
-def fixture(name):
-    cfg, w = load_hf(os.path.join(FIX, f"dsv4_{name}"), max_ctx=64)
+def fixture(name, max_ctx=None):
+    cfg, w = load_hf(os.path.join(FIX, f"dsv4_{name}"), max_ctx=max_ctx or FIXTURE_CTX.get(name, 64))
     e = np.load(os.path.join(FIX, f"dsv4_{name}", "expected.npz"))
     return cfg, w, {k: e[k] for k in e.files}
 
 
-def check_fixture(name, fused, splits=None, chunk=16):
+def check_fixture(name, fused, splits=None, chunk=16, max_ctx=None):
     """Prefill the fixture's prompt, then its forced decode tokens one step each; every logits row
     against transformers'. Returns (worst NMSE, HC paths)."""
-    cfg, w, e = fixture(name)
+    cfg, w, e = fixture(name, max_ctx)
     m = Model(cfg, w, fused=fused, prefill_chunk=chunk, splits=splits)
     got = m.prefill(e["prompt"], all_logits=True)
     errs = [nmse(got[i], e["prefill"][i]) for i in range(len(got))]
@@ -59,6 +62,18 @@ def check_fixture(name, fused, splits=None, chunk=16):
     paths = {path for _, path, _ in m.paths()}
     assert (paths == {"unfused"}) if fused is False else ("unfused" not in paths)
     return max(errs), paths
+
+
+@pytest.mark.parametrize("chunk,fused,max_ctx", [(1, True, 160), (7, True, 1024), (7, False, 160), (32, True, 160),
+                                                  (32, False, 1024)])
+def test_long_context_past_the_indexer_top_k_matches_transformers(chunk, fused, max_ctx):
+    """tests/fixtures/dsv4_long: two CSA layers keeping 3 of up to 36 entries through a 128-token
+    prompt (more than 10 × index_topk × rate = 120 tokens) and 17 decode steps, in prefill chunks of
+    1, 7 and 32 tokens, fused and unfused, with the cache the sequence needs or a larger one (the
+    top-k reads only the entries that exist)."""
+    cfg, _, e = fixture("long", max_ctx)
+    assert len(e["prompt"]) >= 10 * cfg.index_topk * cfg.compress_rates[CSA] and len(e["decode"]) >= 16
+    check_fixture("long", fused, chunk=chunk, max_ctx=max_ctx)
 
 
 @pytest.mark.parametrize("name", ["mixed", "bf16"])
@@ -131,6 +146,9 @@ def worker():
         for fused in (True, False):
             err, paths = check_fixture(name, fused, splits=[2, 2, 2] if name == "mixed" else None)
             print(f"worker: {name} fused={fused} paths={sorted(paths)} worst nmse {err:.3g} ok")
+    for fused, chunk in ((True, 7), (False, 32)):         # past the indexer's top-k
+        err, paths = check_fixture("long", fused, chunk=chunk, max_ctx=1024)
+        print(f"worker: long fused={fused} paths={sorted(paths)} worst nmse {err:.3g} ok")
 
 
 @pytest.mark.parametrize("width,subgroup,site,paths", [
@@ -143,7 +161,7 @@ def test_transformers_match_at_another_subgroup_size(width, subgroup, site, path
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-5000:]
     assert f"worker: subgroup size {subgroup}" in out, out
-    for name in ("mixed", "bf16"):
+    for name in ("mixed", "bf16", "long"):
         assert f"{name} fused=True paths={paths} " in out, out
         assert f"{name} fused=False paths=['unfused'] " in out, out
 
