@@ -1,7 +1,9 @@
 """DeepSeek-V4 on the device against transformers itself: the fixtures under tests/fixtures/dsv4_*
 (written by tools/make_dsv4_fixtures.py from transformers' DeepseekV4ForCausalLM, saved with
 save_pretrained) hold float32 logits after a 37-token prefill (9 CSA windows, 4 HCA windows, past
-the 8-token sliding window) and after each of 17 cached decode steps. Every one must match to NMSE
+the 8-token sliding window) and after each of 17 cached decode steps; dsv4_long after a 128-token
+prompt (more than 10 × index_topk × rate tokens: the indexer's top-k keeps 3 of up to 36 entries)
+and 17 decode steps. Every one must match to NMSE
 ≤ 1e-6, fused and unfused HC, at lavapipe subgroup sizes 8 (here), 4 and 16 (subprocesses), with
 the decode attention's key lists split or whole. Also: against the float64 reference on a longer
 random config (index top-k above 64), chunked prefill + decode = recomputing, one replayed
@@ -27,6 +29,7 @@ from dsv4_vk.model import Model, Sampling, V4Config, V4Reference, load_hf, rando
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIX = os.path.join(ROOT, "tests", "fixtures")
 NMSE_MAX = 1e-6
+FIXTURE_CTX = {"long": 160}     # the decode cache of each fixture's checks (else 64)
 CSA, HCA, SWA = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
 TINY = V4Config(vocab_size=48, hidden_size=32, num_hidden_layers=3, num_attention_heads=2, head_dim=16,
                 q_lora_rank=8, o_groups=2, o_lora_rank=8, partial_rotary_factor=0.5, n_routed_experts=4,
@@ -35,16 +38,16 @@ TINY = V4Config(vocab_size=48, hidden_size=32, num_hidden_layers=3, num_attentio
                 index_n_heads=16, index_head_dim=8, index_topk=3, max_ctx=40)
 
 
-def fixture(name):
-    cfg, w = load_hf(os.path.join(FIX, f"dsv4_{name}"), max_ctx=64)
+def fixture(name, max_ctx=None):
+    cfg, w = load_hf(os.path.join(FIX, f"dsv4_{name}"), max_ctx=max_ctx or FIXTURE_CTX.get(name, 64))
     e = np.load(os.path.join(FIX, f"dsv4_{name}", "expected.npz"))
     return cfg, w, {k: e[k] for k in e.files}
 
 
-def check_fixture(name, fused, splits=None, chunk=16):
+def check_fixture(name, fused, splits=None, chunk=16, max_ctx=None):
     """Prefill the fixture's prompt, then its forced decode tokens one step each; every logits row
     against transformers'. Returns (worst NMSE, HC paths)."""
-    cfg, w, e = fixture(name)
+    cfg, w, e = fixture(name, max_ctx)
     m = Model(cfg, w, fused=fused, prefill_chunk=chunk, splits=splits)
     got = m.prefill(e["prompt"], all_logits=True)
     errs = [nmse(got[i], e["prefill"][i]) for i in range(len(got))]
@@ -59,6 +62,18 @@ def check_fixture(name, fused, splits=None, chunk=16):
     paths = {p.path for p in m.paths()}
     assert (paths == {"unfused"}) if fused is False else ("unfused" not in paths)
     return max(errs), paths
+
+
+@pytest.mark.parametrize("chunk,fused,max_ctx", [(1, True, 160), (7, True, 1024), (7, False, 160), (32, True, 160),
+                                                  (32, False, 1024)])
+def test_long_context_past_the_indexer_top_k_matches_transformers(chunk, fused, max_ctx):
+    """tests/fixtures/dsv4_long: two CSA layers keeping 3 of up to 36 entries through a 128-token
+    prompt (more than 10 × index_topk × rate = 120 tokens) and 17 decode steps, in prefill chunks of
+    1, 7 and 32 tokens, fused and unfused, with the cache the sequence needs or a larger one (the
+    top-k reads only the entries that exist)."""
+    cfg, _, e = fixture("long", max_ctx)
+    assert len(e["prompt"]) >= 10 * cfg.index_topk * cfg.compress_rates[CSA] and len(e["decode"]) >= 16
+    check_fixture("long", fused, chunk=chunk, max_ctx=max_ctx)
 
 
 @pytest.mark.parametrize("name", ["mixed", "bf16"])
@@ -131,6 +146,9 @@ def worker():
         for fused in (True, False):
             err, paths = check_fixture(name, fused, splits=[2, 2, 2] if name == "mixed" else None)
             print(f"worker: {name} fused={fused} paths={sorted(paths)} worst nmse {err:.3g} ok")
+    for fused, chunk in ((True, 7), (False, 32)):         # past the indexer's top-k
+        err, paths = check_fixture("long", fused, chunk=chunk, max_ctx=1024)
+        print(f"worker: long fused={fused} paths={sorted(paths)} worst nmse {err:.3g} ok")
 
 
 @pytest.mark.parametrize("width,subgroup,site,paths", [
@@ -143,7 +161,7 @@ def test_transformers_match_at_another_subgroup_size(width, subgroup, site, path
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-5000:]
     assert f"worker: subgroup size {subgroup}" in out, out
-    for name in ("mixed", "bf16"):
+    for name in ("mixed", "bf16", "long"):
         assert f"{name} fused=True paths={paths} " in out, out
         assert f"{name} fused=False paths=['unfused'] " in out, out
 
@@ -368,6 +386,52 @@ def test_profile_splits_prefill_and_decode(rng):
     ops = " ".join(d["decode"]["ops"])
     for op in ("MQA_ATTENTION", "COMPRESS", "TOPK", "V4_ROUTE", "MUL_MAT_ID", "SAMPLE", "HC_SITE"):
         assert op in ops, (op, ops)
+
+
+def test_max_ctx_sets_the_cache_and_its_bytes_are_known_before_allocating(rng):
+    """Model(..., max_ctx=) and Model.load(config, max_ctx=) size the cache; check_memory's bytes
+    (computed before anything is allocated) are the bytes the cache params take on the device."""
+    from dsv4_vk.model.runner import check_memory
+    w = random_weights(TINY, 0)
+    m = Model(TINY, w, max_ctx=96)
+    assert m.cfg.max_ctx == 96 and m.ex.params["layers.0.cmp.ent"].shape == (24, TINY.head_dim)
+    need = check_memory(m.cfg, 0, m.prefill_chunk, m.device)
+    assert need["cache"] == m.memory()["cache"] and need["available"] > 0
+    assert Model.load(TINY, max_ctx=72).cfg.max_ctx == 72
+    ids = rng.integers(0, TINY.vocab_size, 60)                   # positions past 40, within 96
+    assert nmse(m.prefill(ids, all_logits=True), V4Reference(m.cfg, w).forward(ids)) <= NMSE_MAX
+    for bad in (0, -5, 2.5, True):
+        with pytest.raises(ValueError, match=f"max_ctx must be an integer ≥ 1, got {bad!r}"):
+            Model(TINY, w, max_ctx=bad)
+
+
+def test_a_cache_too_large_for_the_device_is_refused_naming_the_bytes():
+    """max_ctx = 10⁹ (or any cache past the device's heap) is refused before anything is allocated,
+    naming max_ctx, the bytes needed and the bytes available; a tensor past the device's binding
+    range is refused naming it (a stand-in device with a small heap and range shows both)."""
+    from types import SimpleNamespace
+    from dsv4_vk.model.runner import check_memory
+    from dsv4_vk.vk.caps import MemoryHeap
+    heap = Model.load(TINY, max_ctx=40).device.caps.memory_heaps
+    have = max(h.size for h in heap if h.device_local)
+    for make in (lambda: Model.load(TINY, max_ctx=10 ** 9), lambda: Model(TINY, random_weights(TINY, 0), max_ctx=10 ** 9)):
+        with pytest.raises(ValueError, match=rf"max_ctx = 1000000000 needs \d+ bytes of device memory \(\d+ for the "
+                                             rf"decode cache and RoPE tables, \d+ for the weights\); .* has {have} "
+                                             rf"bytes available .*max_ctx at most about \d+ fits"):
+            make()
+
+    def stub(heap_bytes, range_bytes):
+        return SimpleNamespace(name="stub", caps=SimpleNamespace(memory_heaps=(MemoryHeap(heap_bytes, True),),
+                                                                  limits=SimpleNamespace(max_storage_buffer_range=range_bytes)))
+    cfg = TINY.replace(max_ctx=4096)
+    need = check_memory(cfg, 1000, 16, stub(1 << 30, 1 << 30))
+    assert need["total"] == need["cache"] + 1000
+    with pytest.raises(ValueError, match=rf"max_ctx = 4096 needs {need['total']} bytes .* stub has {need['total'] - 1} "
+                                         r"bytes available \(its largest device-local heap\); max_ctx at most about 40\d\d fits"):
+        check_memory(cfg, 1000, 16, stub(need["total"] - 1, 1 << 30))
+    with pytest.raises(ValueError, match=r"max_ctx = 4096: \S+ would take 65536 bytes, past stub's maxStorageBufferRange "
+                                         r"of 65535 bytes \(each tensor is bound whole\); max_ctx at most about 409\d fits"):
+        check_memory(cfg, 1000, 16, stub(1 << 30, 65535))
 
 
 def test_api_errors_name_the_argument():

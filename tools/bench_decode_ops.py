@@ -11,13 +11,17 @@ variants that decide their speed side by side in one run:
   the weights they read;
 - the row ops of a decode step (RMS_NORM, ROPE) at their model shapes;
 - the selection ops of a decode step ("select"): the indexer's INDEX_SCORE and TOPK over the CSA
-  layer's compressed keys, V4_ROUTE, and the two-stage SAMPLE over the vocabulary, with the knobs
-  that set their layouts (TOPK workgroup size, INDEX_SCORE heads per step).
+  layer's compressed keys, V4_ROUTE, and the two-stage SAMPLE over the vocabulary, with the knob
+  that sets INDEX_SCORE's layout (heads per step);
+- "topk" (not in the default --only): the indexer's TOPK over --topk-entries closed entries (8192:
+  a 32k context), k 512, at tile sizes (TOPK_TILES + TOPK, or one TOPK where a tile holds them
+  all), the same entries in caches 4× and 32× larger, and a quarter of them closed.
 
 Each row: median over replays of one recorded command buffer, a timestamp after every dispatch
 (summed over the row's dispatches), after the clock warm-up.
 
     python tools/bench_decode_ops.py [--replays 20] [--quick] [--json out.json]
+    python tools/bench_decode_ops.py --only topk [--topk-entries 8192] --json topk.json
 """
 import argparse
 import json
@@ -82,6 +86,21 @@ def moe_graphs(rng, w13, w2, R):
            (g2, {"h": rng.standard_normal((1, R, F)).astype(np.float32)}, R * D * F * 2)
 
 
+def topk_rows(rng, row, cases, tiles):
+    """The indexer's TOPK (k 512, rate 4) at decode: for each (cache entries n, position) in cases,
+    the (pos + 1)/4 closed entries ranked, one TOPK per row or TOPK_TILES + TOPK per tile size
+    (None: the default, compress.TOPK_TILE)."""
+    for n, pos in cases:
+        scores = rng.standard_normal((1, n)).astype(np.float32)
+        for tile in tiles:
+            g = Graph()
+            g.output("i", compress.topk(g, g.input("s", (1, n)), min(512, n), pos=g.const(np.array([pos], np.int32)),
+                                        rate=4, capacity=4 * n, tile=tile))
+            t = tile or compress.TOPK_TILE["entries"]
+            row(f"TOPK {min((pos + 1) // 4, n)} of {n} entries, k {min(512, n)}, tile {t}", g, {"s": scores}, tile=t,
+                entries=n, valid=min((pos + 1) // 4, n))
+
+
 def select_rows(ex, rng, args, warm, ctx, pos, D, E):
     """INDEX_SCORE and TOPK of the CSA layer (rate 4: ctx/4 compressed keys, (pos + 1)/4 of them
     closed), V4_ROUTE (E experts, top 6 + the shared one) and SAMPLE (greedy) at decode."""
@@ -104,15 +123,7 @@ def select_rows(ex, rng, args, warm, ctx, pos, D, E):
             {"q": rng.standard_normal((1, nI, hI)).astype(np.float32),
              "w": rng.standard_normal((1, nI)).astype(np.float32)}, heads=heads)
     compress.INDEX_HEADS["heads"] = None
-    scores = rng.standard_normal((1, n)).astype(np.float32)
-    scores[0, (pos + 1) // 4:] = -np.inf                      # the windows not yet closed
-    saved = compress.TOPK_WG
-    for wg in (64, 256, 1024):
-        compress.TOPK_WG = wg
-        g = Graph()
-        g.output("i", g.op("TOPK", g.input("s", (1, n)), k=min(512, n)))
-        row(f"TOPK {n} scores, k {min(512, n)}, wg {wg}", g, {"s": scores}, wg=wg)
-    compress.TOPK_WG = saved
+    topk_rows(rng, row, [(n, pos)], [None])
     g = Graph()
     g.output("r", g.op("V4_ROUTE", g.input("l", (1, E)), g.const(rng.standard_normal(E).astype(np.float32) * 0.1),
                        top_k=6, scoring="sqrtsoftplus", route_scale=1.5))
@@ -135,7 +146,11 @@ def main(argv=None):
                     "lane to sweep")
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
     ap.add_argument("--only", default="mqa,mul_mat,mul_mat_id,rows,select",
-                    help="sections to run: mqa, mul_mat, mul_mat_id, rows, select")
+                    help="sections to run: mqa, mul_mat, mul_mat_id, rows, select, topk")
+    ap.add_argument("--topk-entries", type=int, default=8192, help="topk: closed entries ranked (the indexer's "
+                    "at a 32k context)")
+    ap.add_argument("--topk-tiles", default="1024,2048,8192", help="topk: TOPK_TILES tile sizes to sweep beside "
+                    "the default (a tile ≥ the entries: one TOPK dispatch)")
     ap.add_argument("--json", help="write the results to this file")
     args = ap.parse_args(argv)
     ex = Executor(timestamps=True)
@@ -203,6 +218,17 @@ def main(argv=None):
         results.append({"op": op, "shape": shape, "us": us})
     if "select" in only:
         results += select_rows(ex, rng, args, warm, ctx, pos, D, E)
+    if "topk" in only:
+        n = args.topk_entries
+
+        def row(label, g, feeds, **extra):
+            us, nd = gpu_us(ex, g, feeds, args.replays, warm)
+            print(f"{label:52s} {us:8.1f} µs  ({nd} dispatch{'es' if nd > 1 else ''})", flush=True)
+            results.append({"op": "TOPK", "label": label, "us": us, "dispatches": nd, **extra})
+        # every entry closed; then the same n closed entries in caches of 4n and 32n entries (the cost
+        # must follow the closed entries, not the capacity); then a quarter of them closed
+        topk_rows(rng, row, [(n, 4 * n - 1), (4 * n, 4 * n - 1), (32 * n, 4 * n - 1), (n, n - 1)],
+                  [None] + [int(t) for t in args.topk_tiles.split(",")])
     warm.close()
     if args.json:
         Path(args.json).write_text(json.dumps({"device": ex.device.name, "results": results}, indent=2) + "\n")

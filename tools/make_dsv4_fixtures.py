@@ -1,6 +1,6 @@
 """Write the DeepSeek-V4 test fixtures from Hugging Face transformers (the authority).
 
-    /work/venv-tf/bin/python tools/make_dsv4_fixtures.py [--out tests/fixtures]
+    /work/venv-tf/bin/python tools/make_dsv4_fixtures.py [--out tests/fixtures] [--only long]
 
 Needs torch (CPU) and transformers ≥ 5.23, which CI cannot install; the files this writes are
 committed instead. For each tiny config below it writes `dsv4_<name>/`: the checkpoint exactly as
@@ -43,8 +43,15 @@ CONFIGS = {
     # BF16 linear weights in several shards; index_topk above the old 64 cap (≥ every entry count)
     "bf16": dict(BASE, num_hidden_layers=3, layer_types=[HCA, CSA, SWA], mlp_layer_types=["moe", "hash_moe", "moe"],
                  index_topk=80, scoring_func="sqrtsoftplus"),
+    # long context past the indexer's top-k: a 128-token prompt is > 10 × index_topk × rate (120)
+    # tokens, then 17 decode steps; two CSA layers each keep 3 of up to 36 entries
+    "long": dict(BASE, num_hidden_layers=3, layer_types=[CSA, HCA, CSA], mlp_layer_types=["hash_moe", "moe", "moe"],
+                 index_topk=3, max_position_embeddings=160,
+                 rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 40,
+                                  "beta_fast": 32, "beta_slow": 1}),
 }
 PROMPT, DECODE = 37, 17        # 37 tokens close 9 CSA and 4 HCA windows and pass the 8-token window
+LENGTHS = {"long": (128, 17)}  # (prompt, decode) where not PROMPT, DECODE
 
 
 def randomise(model, rng):
@@ -111,8 +118,9 @@ def make(name, kwargs, out_dir, seed):
     bf16 = name == "bf16"
     if bf16:
         names = to_bf16(model)
-    prompt = rng.integers(0, cfg.vocab_size, PROMPT)
-    decode = rng.integers(0, cfg.vocab_size, DECODE)
+    n_prompt, n_decode = LENGTHS.get(name, (PROMPT, DECODE))
+    prompt = rng.integers(0, cfg.vocab_size, n_prompt)
+    decode = rng.integers(0, cfg.vocab_size, n_decode)
     prefill, steps, full = run(model, prompt, decode)
     d = os.path.join(out_dir, f"dsv4_{name}")
     shutil.rmtree(d, ignore_errors=True)
@@ -130,7 +138,7 @@ def make(name, kwargs, out_dir, seed):
                         decode=decode.astype(np.int64), prefill=prefill, steps=steps, full=full)
     cached = np.concatenate([prefill, steps])
     gap = float(np.sum((cached - full) ** 2) / np.sum(full ** 2))
-    print(f"{d}: {PROMPT} + {DECODE} tokens, cached vs no-cache NMSE {gap:.2e}, "
+    print(f"{d}: {n_prompt} + {n_decode} tokens, cached vs no-cache NMSE {gap:.2e}, "
           f"logit RMS {float(np.sqrt(np.mean(full ** 2))):.3f}")
 
 
@@ -138,10 +146,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures"))
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--only", help="comma-separated fixture names to write (default: all)")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    only = set(args.only.split(",")) if args.only else set(CONFIGS)
+    if only - set(CONFIGS):
+        ap.error(f"--only: unknown fixtures {sorted(only - set(CONFIGS))}; known: {sorted(CONFIGS)}")
     for i, (name, kw) in enumerate(CONFIGS.items()):
-        make(name, kw, args.out, args.seed + i)
+        if name in only:
+            make(name, kw, args.out, args.seed + i)
 
 
 if __name__ == "__main__":

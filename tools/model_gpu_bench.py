@@ -40,6 +40,19 @@ ops.compress.COMPRESS_WG), mqa_tile (keys the tiled MQA_ATTENTION stages at a ti
 splits follow: ops.v4_attention.MQA_TILE), route_rank (0: V4_ROUTE's rounds of a butterfly instead of
 its one-pass ranking, ops.moe.ROUTE_RANK); e.g.
 `--variants "fold_mb=64;fold_mb=0;gemv_unroll=8"`.
+--long: the long-context sweep instead (--out is then a directory: long_context.json and .txt):
+prefill tokens/s (chunks of --chunk tokens) and decode tokens/s at each of --positions (default
+1k, 4k, 32k, 128k, 1M), for each cache of --caches: "shared" (one cache for every position, of
+--shared-ctx positions, default the largest position's), "sized" (a cache just large enough for
+each position) or a number of positions; plus a profiled decode step and prefill chunk at each
+(GPU ms per op and the slowest dispatches). The caches are filled with random rows and the model
+is put at the position directly (the kernels' work does not depend on how the rows got there), so
+1M positions take seconds, not a 1M-token prefill; a cache the device cannot hold is skipped with
+check_memory's reason. Random weights: the linear maps past 4M elements are one random block
+converted to the dtype once and repeated (bench_weights), so 16 GB build in seconds.
+    . .vkdev/enter.sh; python3 tools/model_gpu_bench.py --long --out $OUT/long_context          (H200)
+    python tools/model_gpu_bench.py --long --preset demo --positions 300 --caches 512,16384 --chunk 16 \
+        --out results/lavapipe/long_context_cache_sizes                                   (lavapipe)
 --timeline: every dispatch of the fused decode step with its mean profiled GPU time (the time
 since the previous dispatch's end), shader, variant and argument shapes; --skip leaves out parts
 of the run (unfused, multi, host) when only one question is asked.
@@ -56,7 +69,7 @@ import numpy as np
 from dsv4_vk.cli import floor
 from dsv4_vk.core import profile
 from dsv4_vk.hc import mix_kernels
-from dsv4_vk.model import Model, build, random_weights
+from dsv4_vk.model import Model, build, checkpoint, random_weights
 from dsv4_vk.model.checkpoint import BF16
 from dsv4_vk.ops import compress, moe, mul_mat, v4_attention
 from dsv4_vk.model.config import preset
@@ -117,6 +130,15 @@ def parse(argv):
                     "with its mean profiled GPU µs (JSON 'timeline', and printed)")
     ap.add_argument("--skip", default="", help="comma-separated parts to leave out: unfused, multi, host "
                     "(quicker runs for one question)")
+    ap.add_argument("--long", action="store_true", help="the long-context sweep (see above); --out is a directory")
+    ap.add_argument("--positions", default="1024,4096,32768,131072,1048576", help="--long: positions")
+    ap.add_argument("--caches", default="shared,sized", help="--long: shared, sized and/or cache sizes in positions")
+    ap.add_argument("--shared-ctx", type=int, help="--long: positions of the shared cache (default: the largest "
+                    "position + decode steps + a chunk)")
+    ap.add_argument("--chunk", type=int, default=128, help="--long: prefill chunk (Model prefill_chunk)")
+    ap.add_argument("--prefill-chunks", type=int, default=4, help="--long: prefill chunks timed per position")
+    ap.add_argument("--rounds", type=int, default=1, help="--long: measure every cache this many times in turn "
+                    "(medians over rounds; a shared CPU is noisy)")
     a = ap.parse_args(argv)
     try:
         a.variants = parse_variants(a.variants)
@@ -248,9 +270,206 @@ def host_time(a, layers, fused, warm):
             "dispatches_per_token": rec.n_dispatches}
 
 
+BLOCK = (1 << 20) + 7          # bench_weights' repeated block (odd: consecutive rows differ by a shift)
+
+
+def bench_weights(cfg, seed, dtype):
+    """random_weights(cfg, seed, dtype) for every tensor of at most 4M elements; each larger one (the
+    embedding and the linear maps) one random block at random_weights' scale, converted to dtype
+    once and repeated: building a 16 GB model takes seconds, and the kernels' work does not depend
+    on the values."""
+    shapes = checkpoint.tensor_shapes(cfg)
+    big = {n: s for n, s in shapes.items() if int(np.prod(s)) > 1 << 22}
+    saved = checkpoint.tensor_shapes
+    checkpoint.tensor_shapes = lambda c: {n: s for n, s in saved(c).items() if n not in big}
+    try:
+        out = random_weights(cfg, seed, dtype)
+    finally:
+        checkpoint.tensor_shapes = saved
+    rng = np.random.default_rng(seed + 1)
+    for name, shape in big.items():
+        scale = 1.0 if name == "embed.weight" else 1.0 / np.sqrt(shape[-1])
+        block = (rng.standard_normal(BLOCK, dtype=np.float32) * np.float32(scale)).astype(dtype)
+        out[name] = np.resize(block, int(np.prod(shape))).reshape(shape)
+    return out
+
+
+def fill_cache(model, seed):
+    """The decode cache's rows (raw window, compressor states, compressed entries, the indexer's
+    keys) set to random values, as a long sequence would leave them (zeros would tie every score)."""
+    rng = np.random.default_rng(seed)
+    block = rng.standard_normal(BLOCK, dtype=np.float32)
+    for name in model.ex.params:
+        if name.startswith("layers.") and name.endswith((".kv", ".state", ".ent")):
+            shape = model.params[name].shape
+            model.ex.set_param(name, np.resize(np.roll(block, int(rng.integers(BLOCK))), int(np.prod(shape)))
+                               .reshape(shape))
+
+
+def release(model):
+    """Give the model's device memory back now (its recorded graphs, then its params)."""
+    for cg in model._graphs.values():
+        cg.release()
+    model._graphs.clear()
+    for p in model.ex.params.values():
+        p.release()
+    model.ex.params.clear()
+
+
+def profiled(model, p, ids, steps=2):
+    """One prefill chunk at p and `steps` decode steps from p under the profiler: per phase GPU ms
+    per op (per run) and the 12 slowest dispatches."""
+    with profile.profile() as prof:
+        with profile.phase("prefill"):
+            model.position = p
+            model.prefill(ids)
+        with profile.phase("decode"):
+            model.position = p
+            for _ in range(steps):
+                model.step()
+    out = {}
+    for ph, d in prof.as_dict()["phases"].items():
+        runs = max(d["runs"], 1)
+        lines = sorted(prof.phases[ph].timeline(), key=lambda r: -r[4])[:12]
+        out[ph] = {"gpu_ms": d["gpu_ms"] / runs,
+                   "gpu_ms_by_op": {k: v["gpu_ms"] / runs for k, v in sorted(d["ops"].items(),
+                                                                             key=lambda kv: -kv[1]["gpu_ms"])},
+                   "slowest_dispatches": [{"op": label, "dispatch": detail, "gpu_us": us}
+                                          for _, label, detail, _, us in lines]}
+    return out
+
+
+def measure_at(model, p, a, rng, warm):
+    """Prefill tokens/s (a.prefill_chunks chunks, each at position p) and decode tokens/s (a.tokens
+    steps from p), medians; each graph is recorded before it is timed."""
+    C = model.prefill_chunk
+    ids = rng.integers(0, model.cfg.vocab_size, C)
+    chunk_s = []
+    for i in range(a.prefill_chunks + 1):
+        model.position = p
+        t0 = time.perf_counter()
+        model.prefill(ids)
+        if i:                                            # the first recorded the graph
+            chunk_s.append(time.perf_counter() - t0)
+    model.position = p
+    model.step()
+    if warm is not None:
+        warm()
+    model.position = p
+    step_s = []
+    for _ in range(a.tokens):
+        t0 = time.perf_counter()
+        model.step()
+        step_s.append(time.perf_counter() - t0)
+    return {"prefill_tokens_per_s": C / float(np.median(chunk_s)), "prefill_ms_per_chunk": 1e3 * float(np.median(chunk_s)),
+            "decode_tokens_per_s": 1.0 / float(np.median(step_s)), "decode_ms_per_token": 1e3 * float(np.median(step_s)),
+            "profile": profiled(model, p, ids)}
+
+
+def long_context(a, dev):
+    """--long (see the module docstring): {cache label: {position: measurements}} into a.out/."""
+    positions = [int(v) for v in a.positions.split(",")]
+    margin = a.tokens + a.chunk + 1                      # the decode steps and a chunk past the position
+    caches = []
+    for c in a.caches.split(","):
+        if c == "shared":
+            caches.append(("shared", a.shared_ctx or max(positions) + margin))
+        elif c == "sized":
+            caches.append(("sized", None))
+        else:
+            caches.append((f"cache {int(c)}", int(c)))
+    cfg = config(a.preset, max(positions) + margin, a.layers, a.experts)
+    t0 = time.perf_counter()
+    weights = bench_weights(cfg, 0, DTYPES[a.dtype])
+    wbytes = sum(w.nbytes for w in weights.values())
+    print(f"device {dev.name}; model {a.preset} ({a.dtype}): {wbytes / 1e9:.2f} GB of weights built in "
+          f"{time.perf_counter() - t0:.1f} s", flush=True)
+    warm = floor.ClockWarmer(dev, floor.default_warm_ms(dev) if a.warm_ms is None else a.warm_ms)
+    res = {"device": dev.name, "preset": a.preset, "dtype": a.dtype, "chunk": a.chunk, "positions": positions,
+           "decode_steps_timed": a.tokens, "prefill_chunks_timed": a.prefill_chunks, "rounds": a.rounds,
+           "config": cfg.replace(max_ctx=1).to_hf(), "caches": {}}
+    rounds = {}
+    for _ in range(a.rounds):
+        for label, ctx in caches:
+            model = None
+            for p in positions:
+                need = ctx if ctx is not None else p + margin
+                key = f"{label}" if ctx is not None else "sized"
+                if p + margin > need:
+                    res["caches"].setdefault(key, {})[str(p)] = {"skipped": f"position {p} + {margin} past the "
+                                                                           f"{need}-position cache"}
+                    continue
+                if model is None or model.cfg.max_ctx != need:
+                    if model is not None:
+                        release(model)
+                        model = None
+                    try:
+                        checkpoint_cfg = cfg.replace(max_ctx=need)
+                        model = Model(checkpoint_cfg, weights, fused=True, prefill_chunk=a.chunk)
+                    except ValueError as e:                # check_memory: does not fit this device
+                        res["caches"].setdefault(key, {})[str(p)] = {"max_ctx": need, "skipped": str(e)}
+                        print(f"{key:12s} position {p:8d}: skipped ({e})", flush=True)
+                        continue
+                    fill_cache(model, p)
+                r = measure_at(model, p, a, np.random.default_rng(p), warm)
+                r["max_ctx"] = need
+                r["cache_bytes"] = model.memory()["cache"]
+                rounds.setdefault((key, p), []).append(r)
+                print(f"{key:12s} position {p:8d} cache {need:8d}: prefill {r['prefill_tokens_per_s']:9.1f} tokens/s, "
+                      f"decode {r['decode_tokens_per_s']:8.1f} tokens/s ({r['decode_ms_per_token']:.3f} ms; "
+                      f"profiled GPU {r['profile']['decode']['gpu_ms'] / 2:.3f} ms a step)", flush=True)
+            if model is not None:
+                release(model)
+    for (key, p), rs in rounds.items():             # the median round (by decode time), its profile kept
+        r = sorted(rs, key=lambda r: r["decode_ms_per_token"])[len(rs) // 2]
+        r = dict(r, decode_ms_per_token_rounds=[x["decode_ms_per_token"] for x in rs],
+                 prefill_ms_per_chunk_rounds=[x["prefill_ms_per_chunk"] for x in rs])
+        res["caches"].setdefault(key, {})[str(p)] = r
+    warm.close()
+    lines = summary(res)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "long_context.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    with open(os.path.join(a.out, "long_context.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"wrote {a.out}/long_context.json and long_context.txt")
+    return 0
+
+
+def summary(res):
+    """The sweep as a table: per cache and position, tokens/s, and each against the first position."""
+    out = [f"{res['device']}: {res['preset']} {res['dtype']}, prefill chunk {res['chunk']}, "
+           f"{res['decode_steps_timed']} decode steps timed (median), {res['rounds']} round(s)",
+           f"{'cache':12s} {'position':>9s} {'max_ctx':>9s} {'prefill tok/s':>14s} {'vs first':>9s} "
+           f"{'decode tok/s':>13s} {'vs first':>9s}  top decode ops (GPU ms a step)"]
+    for key, by_pos in res["caches"].items():
+        first = None
+        for p, r in by_pos.items():
+            if "skipped" in r:
+                out.append(f"{key:12s} {p:>9s}  skipped: {r['skipped']}")
+                continue
+            first = first or r
+            ops = ", ".join(f"{k} {v:.3f}" for k, v in list(r["profile"]["decode"]["gpu_ms_by_op"].items())[:4])
+            out.append(f"{key:12s} {p:>9s} {r['max_ctx']:>9d} {r['prefill_tokens_per_s']:>14.1f} "
+                       f"{r['prefill_tokens_per_s'] / first['prefill_tokens_per_s']:>9.3f} "
+                       f"{r['decode_tokens_per_s']:>13.1f} {r['decode_tokens_per_s'] / first['decode_tokens_per_s']:>9.3f}"
+                       f"  {ops}")
+    positions = {p for by_pos in res["caches"].values() for p in by_pos}
+    for p in sorted(positions, key=int):
+        row = {k: v[p] for k, v in res["caches"].items() if p in v and "skipped" not in v[p]}
+        if len(row) > 1:
+            fast = min(r["decode_ms_per_token"] for r in row.values())
+            out.append(f"position {p}: decode ms a token " + ", ".join(
+                f"{k} {r['decode_ms_per_token']:.3f} ({r['decode_ms_per_token'] / fast:.2f}x)" for k, r in row.items()))
+    return out
+
+
 def main(argv=None):
     a = parse(argv if argv is not None else sys.argv[1:])
     dev = default_device()
+    if a.long:
+        return long_context(a, dev)
     cfg = config(a.preset, a.max_ctx, a.layers, a.experts)
     print(f"device {dev.name}, subgroup {dev.subgroup_size}; model {json.dumps(cfg.to_hf(), sort_keys=True)}",
           flush=True)

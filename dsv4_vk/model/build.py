@@ -93,12 +93,39 @@ def cache_rows(cfg: V4Config, chunk: int) -> dict:
     return out
 
 
+def cache_shapes(cfg: V4Config, chunk: int = 16) -> dict:
+    """{param name: (shape, dtype)} of the decode cache, the RoPE tables and the per-step values
+    param_arrays uploads beside the weights (the layout in this module's docstring): what max_ctx
+    costs, known before anything is allocated. The compressed entries and the RoPE tables grow with
+    max_ctx (max_ctx // rate rows; max_ctx rows), the rings with the window and the chunk."""
+    rows = cache_rows(cfg, chunk)
+    C, f32 = cfg.max_ctx, np.dtype(np.float32)
+    out = {}
+    for i in range(cfg.num_hidden_layers):
+        out[f"layers.{i}.kv"] = ((rows["kv"], cfg.head_dim), f32)
+        kind = cfg.layer_types[i]
+        if kind != SWA:
+            m, W = cfg.rate(i), cfg.head_dim * (2 if kind == CSA else 1)
+            out[f"layers.{i}.cmp.state"] = ((rows[kind], 2 * W), f32)
+            out[f"layers.{i}.cmp.ent"] = ((max(C // m, 1), cfg.head_dim), f32)
+        if indexer_runs(cfg, i):
+            out[f"layers.{i}.idx.state"] = ((rows[CSA], 4 * cfg.index_head_dim), f32)
+            out[f"layers.{i}.idx.ent"] = ((max(C // cfg.rate(i), 1), cfg.index_head_dim), f32)
+    half = cfg.rope_dim // 2
+    for kind in ("main", "compress"):
+        out[f"rope.{kind}.cos"] = out[f"rope.{kind}.sin"] = ((C, half), f32)
+    for name in STEP_PARAMS:
+        out[name] = ((1,), np.dtype(np.int32))
+    out["sampler.cfg"] = ((2,), f32)
+    out["sampler.state"] = ((2,), np.dtype(np.int32))
+    return out
+
+
 def param_arrays(cfg: V4Config, weights: dict, chunk: int = 16) -> dict:
     """{param name: array} to upload for `cfg` from canonical `weights` (fused layouts built here);
     chunk: the prefill chunk the decode cache's rings are sized for."""
-    rows = cache_rows(cfg, chunk)
     fused: set[str] = set()
-    out = {}
+    out = {name: np.zeros(shape, dt) for name, (shape, dt) in cache_shapes(cfg, chunk).items()}
     C = cfg.max_ctx
     for i in range(cfg.num_hidden_layers):
         a, f = f"layers.{i}.attn.", f"layers.{i}.ffn."
@@ -110,16 +137,7 @@ def param_arrays(cfg: V4Config, weights: dict, chunk: int = 16) -> dict:
         out[f + "w13"] = _stack([weights[f + "experts.w13"], shared13])
         out[f + "w2"] = _stack([weights[f + "experts.w2"], weights[s + "w2.weight"][None]])
         fused.update([f + "experts.w13", f + "experts.w2", s + "w1.weight", s + "w3.weight", s + "w2.weight"])
-        out[f"layers.{i}.kv"] = np.zeros((rows["kv"], cfg.head_dim), np.float32)
-        kind = cfg.layer_types[i]
-        if kind != SWA:
-            m, W = cfg.rate(i), cfg.head_dim * (2 if kind == CSA else 1)
-            out[f"layers.{i}.cmp.state"] = np.zeros((rows[kind], 2 * W), np.float32)
-            out[f"layers.{i}.cmp.ent"] = np.zeros((max(C // m, 1), cfg.head_dim), np.float32)
-        if indexer_runs(cfg, i):
-            out[f"layers.{i}.idx.state"] = np.zeros((rows[CSA], 4 * cfg.index_head_dim), np.float32)
-            out[f"layers.{i}.idx.ent"] = np.zeros((max(C // cfg.rate(i), 1), cfg.index_head_dim), np.float32)
-        elif kind == CSA:                   # the graphs read none of the indexer's weights
+        if cfg.layer_types[i] == CSA and not indexer_runs(cfg, i):      # the graphs read none of its weights
             fused.update(n for n in weights if n.startswith(a + "indexer."))
     for name, arr in weights.items():
         if name not in fused:
@@ -127,10 +145,7 @@ def param_arrays(cfg: V4Config, weights: dict, chunk: int = 16) -> dict:
     for kind in ("main", "compress"):
         cos, sin = rope_table(inv_freq(cfg, kind), C)
         out[f"rope.{kind}.cos"], out[f"rope.{kind}.sin"] = cos.astype(np.float32), sin.astype(np.float32)
-    for name in STEP_PARAMS:
-        out[name] = np.zeros(1, np.int32)
     out["sampler.cfg"] = np.array([0.0, 1.0], np.float32)
-    out["sampler.state"] = np.array([0, 0], np.int32)
     return out
 
 

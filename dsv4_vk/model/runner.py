@@ -29,8 +29,8 @@ from ..core.executor import CompiledGraph, Executor
 from ..ops.sample import MAX_TOP_K
 from ..ops.v4_attention import MAX_DECODE_SPLITS
 from ..vk import Device, default_device
-from .build import INDEXER, STEP_PARAMS, ModelGraph, all_entries_fit, param_arrays
-from .checkpoint import load_hf, normalise, random_weights
+from .build import INDEXER, STEP_PARAMS, ModelGraph, all_entries_fit, cache_shapes, param_arrays
+from .checkpoint import load_hf, normalise, random_weights, tensor_shapes
 from .config import V4Config
 
 
@@ -64,11 +64,72 @@ HISTORY = "step.history"      # i32 [max_ctx]: the token sampled after each posi
 STEPS_PER_SUBMIT = 4          # generate's default decode steps per command buffer
 
 
+def _positive(name, v):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name} must be an integer ≥ 1, got {v!r}")
+    return v
+
+
+def _tensor_bytes(cfg: V4Config, chunk: int) -> dict:
+    """{name: bytes} of what grows with max_ctx: the cache params (cache_shapes), the multi-step
+    token history, and each indexer's scores of a prefill chunk (a temporary)."""
+    shapes = cache_shapes(cfg, chunk)
+    sizes = {name: int(np.prod(shape, dtype=np.int64)) * dt.itemsize for name, (shape, dt) in shapes.items()}
+    sizes[HISTORY] = 4 * cfg.max_ctx
+    for i in range(cfg.num_hidden_layers):
+        if f"layers.{i}.idx.ent" in shapes:
+            sizes[f"layers.{i} indexer scores of a prefill chunk"] = 4 * chunk * shapes[f"layers.{i}.idx.ent"][0][0]
+    return sizes
+
+
+def check_memory(cfg: V4Config, weight_bytes: int, chunk: int, device) -> dict:
+    """The device bytes a Model of cfg needs, checked before anything is allocated: {"cache": the
+    decode cache, RoPE tables, per-step values and token history (exact), "weights": weight_bytes,
+    "total", "available": the device's largest device-local heap}. ValueError naming max_ctx, the
+    bytes needed and available (and about the largest max_ctx that fits) where they do not fit, or
+    where one tensor that grows with max_ctx (a cache tensor, a prefill chunk's indexer scores)
+    would exceed the device's maxStorageBufferRange (each tensor is bound whole)."""
+    C = cfg.max_ctx
+    sizes, sizes2 = _tensor_bytes(cfg, chunk), _tensor_bytes(cfg.replace(max_ctx=2 * C), chunk)
+    cache = sum(v for k, v in sizes.items() if " " not in k)
+    wbytes = int(weight_bytes)
+    heaps = [h.size for h in device.caps.memory_heaps if h.device_local] or [h.size for h in device.caps.memory_heaps]
+    have, limit = max(heaps), device.caps.limits.max_storage_buffer_range
+
+    def largest_fitting():
+        """About the largest max_ctx within the heap and the binding range (sizes are linear in it)."""
+        fits = []
+        slope = (sum(v for k, v in sizes2.items() if " " not in k) - cache) / C
+        if slope > 0:
+            fits.append((have - wbytes - (cache - slope * C)) / slope)
+        for k, v in sizes.items():
+            d = (sizes2[k] - v) / C
+            if d > 0:
+                fits.append((limit - (v - d * C)) / d)
+        return int(min(fits)) if fits else C
+
+    name, big = max(sizes.items(), key=lambda kv: kv[1])
+    if cache + wbytes > have or big > limit:
+        fits = largest_fitting()
+        hint = f"; max_ctx at most about {fits} fits" if fits >= 1 else "; the weights alone do not fit"
+        if cache + wbytes > have:
+            raise ValueError(f"max_ctx = {C} needs {cache + wbytes} bytes of device memory ({cache} for the decode "
+                             f"cache and RoPE tables, {wbytes} for the weights); {device.name} has {have} bytes "
+                             f"available (its largest device-local heap){hint}")
+        raise ValueError(f"max_ctx = {C}: {name} would take {big} bytes, past {device.name}'s maxStorageBufferRange "
+                         f"of {limit} bytes (each tensor is bound whole){hint}"
+                         + (" (or lower prefill_chunk)" if " " in name else ""))
+    return {"cache": cache, "weights": wbytes, "total": cache + wbytes, "available": have}
+
+
 class Model:
     def __init__(self, cfg: V4Config, weights: dict, device: Device | None = None, fused: bool | None = None,
-                 prefill_chunk: int = 16, splits: Sequence[int] | None = None):
+                 prefill_chunk: int = 16, splits: Sequence[int] | None = None, *,
+                 max_ctx: int | None = None):
         """weights: canonical names (model.checkpoint); splits: MQA key-list splits per layer at decode
-        (None: model.build.decode_splits, one tiled-attention tile of the layer's longest list each)."""
+        (None: model.build.decode_splits, one tiled-attention tile of the layer's longest list each);
+        max_ctx: the decode cache's capacity in positions (default cfg.max_ctx). The cache's bytes
+        are checked against the device before anything is allocated (check_memory)."""
         if not isinstance(cfg, V4Config):
             raise ValueError(f"cfg must be a V4Config, got {type(cfg).__name__}")
         if device is not None and not isinstance(device, Device):
@@ -76,6 +137,8 @@ class Model:
                              f"Device('llvmpipe'); `dsv4_vk info --all` lists them) or None for the default one, "
                              f"got {device!r}")
         splits = _check_splits(splits, cfg.num_hidden_layers)
+        if max_ctx is not None:
+            cfg = cfg.replace(max_ctx=_positive("max_ctx", max_ctx))
         weights = normalise(cfg, weights)
         if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be an integer ≥ 1, got {prefill_chunk!r}")
@@ -84,6 +147,7 @@ class Model:
         self.cfg, self.fused, self.splits = cfg, fused, splits
         self.device = device or default_device()
         self.prefill_chunk = min(prefill_chunk, cfg.max_ctx)
+        check_memory(cfg, sum(int(np.asarray(w).nbytes) for w in weights.values()), self.prefill_chunk, self.device)
         self.ex = Executor(self.device)
         self.params = param_arrays(cfg, weights, self.prefill_chunk)
         # some CSA layer has an indexer that scores only where it matters (not with INDEXER["always"])
@@ -106,11 +170,20 @@ class Model:
              seed: int = 0, prefill_chunk: int = 16, max_ctx: int | None = None,
              splits: Sequence[int] | None = None) -> "Model":
         """From a Hugging Face model directory (config.json + safetensors; max_ctx: the decode cache
-        capacity, default min(max_position_embeddings, 4096)), or random weights for a V4Config."""
+        capacity, default min(max_position_embeddings, 4096)), or random weights for a V4Config
+        (max_ctx: default the config's). A cache too large for the device is refused before anything
+        is allocated (check_memory)."""
         if isinstance(path_or_config, V4Config):
             cfg = path_or_config
+            if max_ctx is not None:
+                cfg = cfg.replace(max_ctx=_positive("max_ctx", max_ctx))
             cfg.check_memory(4, "the random float32 weights")
+            check_memory(cfg, sum(4 * int(np.prod(shape)) for shape in tensor_shapes(cfg).values()),
+                         min(prefill_chunk, cfg.max_ctx) if isinstance(prefill_chunk, int) else 1,
+                         device or default_device())                 # random weights: float32 / int32
             return cls(cfg, random_weights(cfg, seed), device, fused, prefill_chunk, splits)
+        if max_ctx is not None:
+            _positive("max_ctx", max_ctx)
         cfg, weights = load_hf(path_or_config, max_ctx)
         return cls(cfg, weights, device, fused, prefill_chunk, splits)
 
