@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """GPU time of MUL_MAT_ID at one token (the decode step's experts) at DeepSeek-V4-Flash's widths,
-bf16 experts, in GB/s of the expert weights read and as a share of the measured copy bandwidth,
+bf16 experts or the published FP4 ones (--formats bf16,fp4: E2M1 codes and a scale per 32
+inputs; fp8 too), in GB/s of the expert bytes read (codes and scales) and as a share of the
+measured copy bandwidth,
 with its load knobs side by side in one run (ops.moe.MUL_MAT_ID_UNROLL): the steps in flight per
 lane (unroll) and, for the weighted sum, the routes whose rows are loaded together (routes) and
 the lanes of a workgroup-wide cluster per output (wg; 0: subgroup-lane clusters). Each
@@ -8,6 +10,9 @@ row: median over replays of a recording that runs the op `--repeat` times back t
 timestamp before and after only), after the clock warm-up.
 
     . .vkdev/enter.sh; python3 tools/bench_moe.py --json $OUT/moe.json
+    . .vkdev/enter.sh; python3 tools/bench_moe.py --formats fp4 --experts 256 --routes-per-token 6 \
+        --routes 1 --unroll 4,8,16 --json $OUT/moe_fp4.json
+(quantised experts load one route at a time: --routes 1)
 """
 import argparse
 import itertools
@@ -20,23 +25,41 @@ from dsv4_vk.cli.bench import median_gpu_us
 from dsv4_vk.core.graph import Graph
 from dsv4_vk.model.checkpoint import BF16
 from dsv4_vk.ops import moe
+from dsv4_vk.ops.mul_mat import QUANT, quant_arrays
 from dsv4_vk.vk import default_device
 
 
-def op_graph(mode, w, route, norm, rng):
-    """(graph, inputs, weight bytes read): the SwiGLU (optionally with the FFN norm) or the sum."""
-    E, N, K = w.shape
+def make_experts(fmt, E, N, K, rng):
+    """(arrays: w[, scale bytes], op params, bytes of one expert) of E random N × K experts."""
+    if fmt == "bf16":
+        w = (rng.standard_normal((E, N, K), dtype=np.float32) / np.sqrt(K)).astype(BF16)
+        return [w], {}, N * K * 2
+    q = QUANT[fmt]
+    codes = rng.integers(0, 256, (E, N, K * q.bits // 8), dtype=np.uint8)
+    if fmt == "fp8":
+        codes[(codes & 0x7F) == 0x7F] = 0x38
+    sr, sc = q.grid(N, K)
+    scale = rng.integers(100, 110, (E, sr, sc), dtype=np.uint8)
+    words, sw = quant_arrays(codes, scale)
+    return [words, sw], {"wq": fmt}, (codes.nbytes + scale.nbytes) // E
+
+
+def op_graph(mode, w, params, per_expert, K, route, norm, rng):
+    """(graph, inputs, weight bytes read): the SwiGLU (optionally with the FFN norm) or the sum,
+    over experts of K inputs."""
     R = route.shape[1]
     g = Graph()
+    scale = [g.const(a) for a in w[1:]]
     if mode == "swiglu":
         extra = ([g.const(rng.standard_normal(K).astype(np.float32))], {"rms_eps": 1e-6}) if norm else ([], {})
-        g.output("y", g.op("MUL_MAT_ID", g.input("x", (1, 1, K)), g.const(w), g.const(route), *extra[0],
-                           mode="swiglu", limit=10.0, **extra[1]))
+        g.output("y", g.op("MUL_MAT_ID", g.input("x", (1, 1, K)), g.const(w[0]), g.const(route), *extra[0], *scale,
+                           mode="swiglu", limit=10.0, **extra[1], **params))
         x = rng.standard_normal((1, 1, K)).astype(np.float32)
     else:
-        g.output("y", g.op("MUL_MAT_ID", g.input("x", (1, R, K)), g.const(w), g.const(route), mode="sum"))
+        g.output("y", g.op("MUL_MAT_ID", g.input("x", (1, R, K)), g.const(w[0]), g.const(route), *scale, mode="sum",
+                           **params))
         x = rng.standard_normal((1, R, K)).astype(np.float32)
-    return g, {"x": x}, R * N * K * 2
+    return g, {"x": x}, R * per_expert
 
 
 def main(argv=None):
@@ -50,6 +73,7 @@ def main(argv=None):
     ap.add_argument("--unroll", default="2,4,8")
     ap.add_argument("--routes", default="1,2,4,8", help="the sum's routes loaded together, to sweep")
     ap.add_argument("--wg", default="0,64,256", help="the sum's workgroup lanes per output (0: subgroup clusters)")
+    ap.add_argument("--formats", default="bf16", help="expert formats to compare: bf16, fp4, fp8")
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
@@ -59,28 +83,30 @@ def main(argv=None):
     route = np.zeros((1, R, 2), np.float32)
     route[0, :, 0] = rng.permutation(E)[:R]
     route[0, :, 1] = rng.random(R)
-    w13 = (rng.standard_normal((E, 2 * Fd, D), dtype=np.float32) / np.sqrt(D)).astype(BF16)
-    w2 = (rng.standard_normal((E, D, Fd), dtype=np.float32) / np.sqrt(Fd)).astype(BF16)
     unrolls = [int(u) for u in a.unroll.split(",")]
-    cases = [("swiglu", w13, norm, u, None, None) for norm in (False, True) for u in unrolls]
-    cases += [("sum", w2, False, u, r, wg) for wg, r, u in itertools.product(
-        (int(v) for v in a.wg.split(",")), [int(v) for v in a.routes.split(",")], unrolls)]
     rows = []
     with F.ClockWarmer(dev, F.default_warm_ms(dev) if a.warm_ms is None else a.warm_ms) as warm:
         copy = F.copy_gbps(dev, warm=warm)
         print(f"{dev.name}: copy {copy:.0f} GB/s; {E} experts, {R} routes a token, D {D}, F {Fd}", flush=True)
-        for mode, w, norm, unroll, routes, wg in cases:
-            g, inputs, nbytes = op_graph(mode, w, route, norm, rng)
-            moe.MUL_MAT_ID_UNROLL.update(unroll=unroll, routes=routes, wg=wg)
-            try:
-                us = median_gpu_us(dev, g, inputs, a.replays, warm, a.repeat)
-            finally:
-                moe.MUL_MAT_ID_UNROLL.update(unroll=None, routes=None, wg=None)
-            gbps = nbytes / (us * 1e3)
-            rows.append({"mode": mode, "norm": norm, "unroll": unroll, "routes": routes, "wg": wg, "us": us,
-                         "gbps": gbps, "pct_copy": 100 * gbps / copy})
-            print(f"{mode:6s}{' +norm' if norm else '      '} unroll={unroll} routes={routes or '-'} wg={wg or '-':3} "
-                  f"{us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy", flush=True)
+        for fmt in a.formats.split(","):
+            w13 = make_experts(fmt, E, 2 * Fd, D, rng)
+            w2 = make_experts(fmt, E, D, Fd, rng)
+            cases = [("swiglu", w13, norm, u, None, None) for norm in (False, True) for u in unrolls]
+            cases += [("sum", w2, False, u, r, wg) for wg, r, u in itertools.product(
+                (int(v) for v in a.wg.split(",")), [int(v) for v in a.routes.split(",")], unrolls)]
+            for mode, (w, params, per_expert), norm, unroll, routes, wg in cases:
+                K = D if mode == "swiglu" else Fd
+                g, inputs, nbytes = op_graph(mode, w, params, per_expert, K, route, norm, rng)
+                moe.MUL_MAT_ID_UNROLL.update(unroll=unroll, routes=routes, wg=wg)
+                try:
+                    us = median_gpu_us(dev, g, inputs, a.replays, warm, a.repeat)
+                finally:
+                    moe.MUL_MAT_ID_UNROLL.update(unroll=None, routes=None, wg=None)
+                gbps = nbytes / (us * 1e3)
+                rows.append({"format": fmt, "mode": mode, "norm": norm, "unroll": unroll, "routes": routes, "wg": wg,
+                             "bytes": nbytes, "us": us, "gbps": gbps, "pct_copy": 100 * gbps / copy})
+                print(f"{fmt:4s} {mode:6s}{' +norm' if norm else '      '} unroll={unroll:2d} routes={routes or '-'} "
+                      f"wg={wg or '-':3} {us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": dev.name, "copy_gbps": copy, "experts": E, "routes_per_token": R, "d": D, "f": Fd,

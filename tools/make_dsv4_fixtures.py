@@ -1,6 +1,6 @@
 """Write the DeepSeek-V4 test fixtures from Hugging Face transformers (the authority).
 
-    /work/venv-tf/bin/python tools/make_dsv4_fixtures.py [--out tests/fixtures] [--only long]
+    /work/venv-tf/bin/python tools/make_dsv4_fixtures.py [--out tests/fixtures] [--only long,fp8,fp8_d256]
 
 Needs torch (CPU) and transformers ≥ 5.23, which CI cannot install; the files this writes are
 committed instead. For each tiny config below it writes `dsv4_<name>/`: the checkpoint exactly as
@@ -14,6 +14,13 @@ correction biases and tid2eid to 0 and norm weights / HC scales to 1, which woul
 or misplaced term; every one of them is randomised here, and the linear weights are drawn at
 1/sqrt(fan-in) so activations stay O(1) through the layers.
 
+Quantised fixtures (`QUANT_CONFIGS`, `dsv4_fp8*`): the checkpoint in DeepSeek's published layout
+(FP8 E4M3 linears with 128 × 128 E8M0 block scales, FP4 E2M1 routed experts with a scale per 32
+inputs, the rest BF16/F32) is written by the project's `write_random(dtype="fp8")`, and the
+expected logits come from transformers loading that directory with
+`FineGrainedFP8Config(dequantize=True)` in float32 (the authority reads the files; every dim is
+≤ 128 or a multiple of it, where transformers' block size, derived from the grid, is 128).
+
 Index top-k ties: the indexer scores Σ_h w_h·ReLU(q_h·k) tie at exactly 0 when every head's dot
 product is negative; with few index heads that happens often and two correct implementations may
 keep different tied entries. The configs use 16 index heads (a tie then needs 16 negative
@@ -26,7 +33,10 @@ import shutil
 
 import numpy as np
 import torch
-from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+from transformers import DeepseekV4Config, DeepseekV4ForCausalLM, FineGrainedFP8Config
+
+from dsv4_vk.model.checkpoint import write_random
+from dsv4_vk.model.config import V4Config
 
 CSA, HCA, SWA = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
 BASE = dict(vocab_size=64, hidden_size=32, moe_intermediate_size=16, num_attention_heads=4, head_dim=32,
@@ -49,6 +59,19 @@ CONFIGS = {
                  index_topk=3, max_position_embeddings=160,
                  rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 40,
                                   "beta_fast": 32, "beta_slow": 1}),
+}
+QBASE = dict(vocab_size=64, num_attention_heads=4, head_dim=32, num_experts_per_tok=2, n_routed_experts=4,
+             sliding_window=8, o_groups=2, index_n_heads=16, index_head_dim=16, partial_rotary_factor=0.25,
+             max_ctx=128, swiglu_limit=1.5, routed_scaling_factor=1.5, compress_rates={CSA: 4, HCA: 8})
+QUANT_CONFIGS = {
+    # every layer type, in 3 shards (a scale and its weight in different shards), DeepSeek's names, E8M0 scales
+    "fp8": (dict(QBASE, hidden_size=32, moe_intermediate_size=32, q_lora_rank=16, o_lora_rank=8, num_hidden_layers=3,
+                 layer_types=(CSA, HCA, SWA), mlp_layer_types=("hash_moe", "moe", "moe"), index_topk=4),
+            dict(naming="deepseek", shards=3, scale_dtype="e8m0")),
+    # hidden size 256 (two 128-blocks a row), save_pretrained's names with weight_scale_inv, U8 scales
+    "fp8_d256": (dict(QBASE, hidden_size=256, moe_intermediate_size=64, q_lora_rank=64, o_lora_rank=32,
+                      num_hidden_layers=2, layer_types=(CSA, HCA), mlp_layer_types=("hash_moe", "moe"), index_topk=4),
+                 dict(naming="save_pretrained", shards=1, scale_dtype="u8")),
 }
 PROMPT, DECODE = 37, 17        # 37 tokens close 9 CSA and 4 HCA windows and pass the 8-token window
 LENGTHS = {"long": (128, 17)}  # (prompt, decode) where not PROMPT, DECODE
@@ -142,6 +165,22 @@ def make(name, kwargs, out_dir, seed):
           f"logit RMS {float(np.sqrt(np.mean(full ** 2))):.3f}")
 
 
+def make_quant(name, cfg_kw, write_kw, out_dir, seed):
+    rng = np.random.default_rng(seed)
+    cfg = V4Config(**cfg_kw)
+    d = os.path.join(out_dir, f"dsv4_{name}")
+    shutil.rmtree(d, ignore_errors=True)
+    write_random(d, cfg, seed, dtype="fp8", **write_kw)
+    model = DeepseekV4ForCausalLM.from_pretrained(d, dtype=torch.float32,
+                                                  quantization_config=FineGrainedFP8Config(dequantize=True)).eval()
+    prompt = rng.integers(0, cfg.vocab_size, PROMPT)
+    decode = rng.integers(0, cfg.vocab_size, DECODE)
+    prefill, steps, full = run(model, prompt, decode)
+    np.savez_compressed(os.path.join(d, "expected.npz"), prompt=prompt.astype(np.int64),
+                        decode=decode.astype(np.int64), prefill=prefill, steps=steps, full=full)
+    print(f"{d}: {PROMPT} + {DECODE} tokens, logit RMS {float(np.sqrt(np.mean(full ** 2))):.3f}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures"))
@@ -149,12 +188,16 @@ def main():
     ap.add_argument("--only", help="comma-separated fixture names to write (default: all)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    only = set(args.only.split(",")) if args.only else set(CONFIGS)
-    if only - set(CONFIGS):
-        ap.error(f"--only: unknown fixtures {sorted(only - set(CONFIGS))}; known: {sorted(CONFIGS)}")
+    known = set(CONFIGS) | set(QUANT_CONFIGS)
+    only = set(args.only.split(",")) if args.only else known
+    if only - known:
+        ap.error(f"--only: unknown fixtures {sorted(only - known)}; known: {sorted(known)}")
     for i, (name, kw) in enumerate(CONFIGS.items()):
         if name in only:
             make(name, kw, args.out, args.seed + i)
+    for i, (name, (cfg_kw, write_kw)) in enumerate(QUANT_CONFIGS.items()):
+        if name in only:
+            make_quant(name, cfg_kw, write_kw, args.out, args.seed + 100 + i)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,14 @@ converted to the dtype once and repeated (bench_weights), so 16 GB build in seco
     . .vkdev/enter.sh; python3 tools/model_gpu_bench.py --long --out $OUT/long_context          (H200)
     python tools/model_gpu_bench.py --long --preset demo --positions 300 --caches 512,16384 --chunk 16 \
         --out results/lavapipe/long_context_cache_sizes                                   (lavapipe)
+--dtype fp8: DeepSeek's published layout (docs/quantized_weights.md: FP8 linears with 128 × 128
+block scales, FP4 routed experts, the rest BF16), kept quantised on the device. --compare-dtype
+bf16: the fused decode of the same shape with BF16 weights in the same run (tokens/s side by side).
+--load: the checkpoint written to a directory (--load-dir, default a temporary one) and read back
+by Model.load in a child process: seconds, GB/s of the checkpoint's bytes, the child's peak RSS.
+V4-Flash's depth in the published format on one GPU: `--layers 43 --experts 8 --dtype fp8`
+(each token reads 6 routed experts + the shared one whatever the expert count, so the bytes read
+per token are those of the 256-expert model).
 --timeline: every dispatch of the fused decode step with its mean profiled GPU time (the time
 since the previous dispatch's end), shader, variant and argument shapes; --skip leaves out parts
 of the run (unfused, multi, host) when only one question is asked.
@@ -76,7 +84,7 @@ from dsv4_vk.model.config import preset
 from dsv4_vk.vk import default_device
 
 HOST_TARGET_US = 100.0
-DTYPES = {"f32": np.float32, "bf16": BF16, "f16": np.float16}
+DTYPES = {"f32": np.float32, "bf16": BF16, "f16": np.float16, "fp8": "fp8"}
 KNOBS = {"fold_mb": (build.NORM_FOLD, "max_bytes", lambda v: int(float(v) * 2**20)),
          "gemv_unroll": (mul_mat.GEMV_UNROLL, "unroll", int),
          "gemv_spread": (mul_mat.GEMV_UNROLL, "spread", int),
@@ -115,7 +123,11 @@ def parse(argv):
     ap.add_argument("--preset", default="flash-1gpu")
     ap.add_argument("--layers", type=int, help="override the preset's layer count (layer types repeat)")
     ap.add_argument("--experts", type=int, help="override the preset's routed experts")
-    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="linear weights (default bf16)")
+    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="linear weights (default bf16; fp8: "
+                    "the published FP8/FP4 layout)")
+    ap.add_argument("--compare-dtype", choices=sorted(DTYPES), help="also the fused decode with these weights")
+    ap.add_argument("--load", action="store_true", help="time Model.load of the checkpoint written to --load-dir")
+    ap.add_argument("--load-dir", help="where --load writes the checkpoint (default: a temporary directory)")
     ap.add_argument("--max-ctx", type=int, default=1024)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=64, help="decode steps timed per path")
@@ -164,21 +176,47 @@ def config(name, max_ctx, layers=None, experts=None, **over):
 
 
 def weight_bytes_per_token(model):
-    """Bytes of weights one decode step reads: every weight on the device except the routed experts
-    it does not pick (num_experts_per_tok of n_routed_experts; the shared expert always) and all but
-    one row of the embedding."""
+    """Bytes of weights one decode step reads: every weight on the device (quantised ones with their
+    scales) except the routed experts it does not pick (num_experts_per_tok of n_routed_experts;
+    the shared expert always) and all but one row of the embedding."""
     cfg, total = model.cfg, 0
     E, k = cfg.n_routed_experts, cfg.num_experts_per_tok
     for name, p in model.ex.params.items():
         if name.startswith(("step.", "sampler.", "rope.")) or name.endswith((".kv", ".state", ".ent")):
             continue
-        n = p.numel * np.dtype(model.params[name].dtype).itemsize
+        n = p.nbytes
+        base = name[:-len(".scale")] if name.endswith(".scale") else name
         if name == "embed.weight":
             n //= model.params[name].shape[0]
-        elif name.endswith(("ffn.w13", "ffn.w2")):          # [E + 1, ...]: routed experts then the shared one
-            n = n * (k + 1) // (E + 1)
+        elif base.endswith(("ffn.w13", "ffn.w2")):          # [E (+ 1), ...]: routed experts (then the shared one)
+            stacked = model.params[base].shape[0]
+            n = n * (k + stacked - E) // stacked
         total += n
     return total
+
+
+def load_speed(cfg, weights, directory):
+    """Write the checkpoint, then Model.load it in a child process: seconds, GB/s, peak RSS."""
+    import subprocess
+    import tempfile
+    from dsv4_vk.model.checkpoint import save_hf
+    d = directory or tempfile.mkdtemp(prefix="dsv4_load_")
+    t0 = time.perf_counter()
+    save_hf(d, cfg, weights, naming="deepseek", shards=max(1, len(weights) // 400))
+    write_s = time.perf_counter() - t0
+    nbytes = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if f.endswith(".safetensors"))
+    child = ("import json, resource, sys, time\n"
+             "from dsv4_vk.model import Model\n"
+             "t = time.perf_counter(); m = Model.load(sys.argv[1], max_ctx=%d); s = time.perf_counter() - t\n"
+             "print(json.dumps({'load_s': s, 'peak_rss_bytes': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss"
+             " * 1024, 'device_weights': m.memory()['weights']}))" % cfg.max_ctx)
+    r = subprocess.run([sys.executable, "-c", child, d], capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"the load child failed: {r.stderr[-3000:]}")
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out.update(checkpoint_bytes=nbytes, write_s=write_s, load_gbps=nbytes / out["load_s"] / 1e9,
+               device_over_checkpoint=sum(out["device_weights"].values()) / nbytes, directory=d)
+    return out
 
 
 def multi_step(cfg, weights, prompt, a, warm, ks):
@@ -476,7 +514,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     weights = random_weights(cfg, 0, DTYPES[a.dtype])
     prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, a.prompt)
-    print(f"random weights: {sum(w.size for w in weights.values()) / 1e6:.0f} M parameters in "
+    print(f"random weights: {sum(int(np.prod(w.shape)) for w in weights.values()) / 1e6:.0f} M parameters in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
     warm_ms = floor.default_warm_ms(dev) if a.warm_ms is None else a.warm_ms
     warm = floor.ClockWarmer(dev, warm_ms)
@@ -497,6 +535,21 @@ def main(argv=None):
         print(f"{name:8s} {r['tokens_per_s']:9.1f} tokens/s  {r['ms_per_token']:8.3f} ms/token  "
               f"{r['dispatches_per_token']:6d} dispatches/token  host {r['host_us_per_step_median']:.1f} µs/step",
               flush=True)
+    if a.compare_dtype:
+        other = random_weights(cfg, 0, DTYPES[a.compare_dtype])
+        toks, r = decode_path(cfg, other, prompt, a, True, warm)
+        del other
+        r.pop("timeline")
+        r["speed_over_fused"] = r["tokens_per_s"] / res["decode"]["fused"]["tokens_per_s"]
+        res["decode_compare_dtype"] = dict(r, dtype=a.compare_dtype)
+        print(f"fused {a.compare_dtype}: {r['tokens_per_s']:9.1f} tokens/s ({a.dtype} is "
+              f"{1 / r['speed_over_fused']:.2f}x of it)  {r['dispatches_per_token']} dispatches/token", flush=True)
+    if a.load:
+        res["load"] = load_speed(cfg, weights, a.load_dir)
+        ld = res["load"]
+        print(f"load: {ld['checkpoint_bytes'] / 1e9:.2f} GB in {ld['load_s']:.1f} s = {ld['load_gbps']:.2f} GB/s, "
+              f"peak RSS {ld['peak_rss_bytes'] / 1e9:.2f} GB; device weights {ld['device_over_checkpoint']:.3f}x the "
+              "checkpoint", flush=True)
     res["decode_variants"] = {}
     for label, sets in a.variants:
         old = [(table, key, table[key]) for table, key, _ in sets]

@@ -7,6 +7,13 @@ Params (Graph.param names; docs/model.md lists them):
   (wq_a | wkv | compressor wkv | compressor wgate | indexer compressor wkv | wgate | weights_proj),
   `layers.{i}.ffn.w13` [E+1, 2F, D] / `layers.{i}.ffn.w2` [E+1, D, F] (routed experts, then the
   shared expert as expert E);
+- quantised checkpoints (docs/quantized_weights.md): a QuantWeight param `name` is uploaded as its
+  packed codes `name` (i32 words) and scale bytes `name.scale`; wx then stacks the BF16
+  projections, `layers.{i}.attn.wx.q` the FP8 ones (wq_a | wkv) where their grids stack (rows
+  multiples of 128; else each keeps its own name), and where the routed experts' format differs
+  from the shared expert's, `layers.{i}.ffn.w13` / `w2` hold the routed experts only and
+  `layers.{i}.ffn.shared.w13` [1, 2F, D] / `shared.w2` [1, D, F] the shared one, run with the
+  route `moe.shared_route` ([chunk, 1, 2] of (0, 1));
 - the decode cache, per layer: `layers.{i}.kv` [W + chunk − 1, hd] (a ring of the last raw K = V
   rows, RoPE applied), `layers.{i}.cmp.state` [2m + chunk − 1 (CSA) or m + chunk − 1, 2W] (a ring
   of the compressor's projections c | z: the open window and CSA's overlap rows),
@@ -28,7 +35,7 @@ from ..core.graph import Graph, Tensor
 from ..ops.compress import topk
 from ..ops.sample import sample
 from ..ops.v4_attention import mqa_decode_splits, rope_table
-from .checkpoint import BF16
+from .checkpoint import BF16, QuantWeight, is_quant, quantisable, stack_quant
 from .config import CSA, HCA, SWA, V4Config
 from .reference import inv_freq
 
@@ -65,6 +72,38 @@ def _stack(parts):
     if len(dts) > 1:
         parts = [np.asarray(p, np.float32) for p in parts]
     return np.concatenate(parts)
+
+
+def _quant_rows_stack(parts):
+    """Quantised weights stacked along rows into one matrix with one grid (their grids stack only
+    where every part's rows are whole blocks), or None."""
+    if not all(is_quant(p) for p in parts) or len({(p.fmt, p.shape[-1]) for p in parts}) > 1 or \
+            any(p.rows % p.format.block_rows or p.grid_rows != p.rows for p in parts):
+        return None
+    out = stack_quant([QuantWeight(p.fmt, p.codes, p.scale, 1) for p in parts], False)
+    return QuantWeight(out.fmt, out.codes, out.scale, out.rows)
+
+
+def x_groups(cfg: V4Config, i: int, indexer: bool, kinds) -> list:
+    """[(param name, [(canonical weight name, rows)])]: the params the attention input's projections
+    are read from, in x_projections' order within each. kinds(name): None for a float weight, else
+    its QuantWeight (or True) — from the checkpoint's weights or the uploaded params."""
+    a = f"layers.{i}.attn."
+    proj = x_projections(cfg, i, indexer)
+    quant = [(n, r) for n, r in proj if kinds(n) is not None]
+    floats = [(n, r) for n, r in proj if kinds(n) is None]
+    groups = [(a + "wx", floats)] if floats else []
+    if kinds(a + "wx.q") is not None:
+        groups.append((a + "wx.q", quant))
+    else:
+        groups += [(n, [(n, r)]) for n, r in quant]
+    return groups
+
+
+def moe_shared_apart(params: dict, i: int) -> bool:
+    """Whether layer i's shared expert has params of its own (its format differs from the routed
+    experts'), run by a second pair of MUL_MAT_IDs."""
+    return f"layers.{i}.ffn.shared.w13" in params
 
 
 def x_projections(cfg: V4Config, i: int, indexer: bool) -> list:
@@ -130,12 +169,34 @@ def param_arrays(cfg: V4Config, weights: dict, chunk: int = 16) -> dict:
     for i in range(cfg.num_hidden_layers):
         a, f = f"layers.{i}.attn.", f"layers.{i}.ffn."
         proj = x_projections(cfg, i, indexer_runs(cfg, i))
-        out[a + "wx"] = _stack([weights[n] for n, _ in proj])
-        fused.update(n for n, _ in proj)
+        quant = [n for n, _ in proj if is_quant(weights[n])]
+        floats = [weights[n] for n, _ in proj if n not in quant]
+        if floats:
+            out[a + "wx"] = _stack(floats)
+        fused.update(n for n, _ in proj if n not in quant)
+        if quant and quant == [n for n, _ in proj if quantisable(n)]:
+            stacked = _quant_rows_stack([weights[n] for n in quant])
+            if stacked is not None:
+                out[a + "wx.q"] = stacked
+                fused.update(quant)
         s = f + "shared_experts."
-        shared13 = np.concatenate([weights[s + "w1.weight"], weights[s + "w3.weight"]])[None]
-        out[f + "w13"] = _stack([weights[f + "experts.w13"], shared13])
-        out[f + "w2"] = _stack([weights[f + "experts.w2"], weights[s + "w2.weight"][None]])
+        routed13, routed2 = weights[f + "experts.w13"], weights[f + "experts.w2"]
+        sh13 = [weights[s + "w1.weight"], weights[s + "w3.weight"]]
+        sh2 = weights[s + "w2.weight"]
+        if any(is_quant(t) for t in (routed13, routed2, sh2, *sh13)):
+            shared13, shared2 = _shared_quant(sh13, sh2, cfg)
+            if _same_layout(routed13, shared13) and _same_layout(routed2, shared2):
+                out[f + "w13"] = stack_quant([routed13, shared13], True) if is_quant(routed13) else \
+                    _stack([routed13, shared13])
+                out[f + "w2"] = stack_quant([routed2, shared2], True) if is_quant(routed2) else \
+                    _stack([routed2, shared2])
+            else:
+                out[f + "w13"], out[f + "w2"] = routed13, routed2
+                out[f + "shared.w13"], out[f + "shared.w2"] = shared13, shared2
+        else:
+            shared13 = np.concatenate(sh13)[None]
+            out[f + "w13"] = _stack([routed13, shared13])
+            out[f + "w2"] = _stack([routed2, sh2[None]])
         fused.update([f + "experts.w13", f + "experts.w2", s + "w1.weight", s + "w3.weight", s + "w2.weight"])
         if cfg.layer_types[i] == CSA and not indexer_runs(cfg, i):      # the graphs read none of its weights
             fused.update(n for n in weights if n.startswith(a + "indexer."))
@@ -145,8 +206,40 @@ def param_arrays(cfg: V4Config, weights: dict, chunk: int = 16) -> dict:
     for kind in ("main", "compress"):
         cos, sin = rope_table(inv_freq(cfg, kind), C)
         out[f"rope.{kind}.cos"], out[f"rope.{kind}.sin"] = cos.astype(np.float32), sin.astype(np.float32)
+    if any(moe_shared_apart(out, i) for i in range(cfg.num_hidden_layers)):
+        out["moe.shared_route"] = np.tile(np.array([[[0.0, 1.0]]], np.float32), (chunk, 1, 1))
     out["sampler.cfg"] = np.array([0.0, 1.0], np.float32)
     return out
+
+
+def _shared_quant(sh13, sh2, cfg):
+    """The shared expert as one-expert stacks [1, 2F, D] and [1, D, F] (gate and up rows keep a
+    grid each); float parts as float arrays."""
+    if all(is_quant(t) for t in sh13):
+        w13 = stack_quant([stack_quant(sh13, False)], True)
+    else:
+        w13 = _stack([np.asarray(t, np.float32) if is_quant(t) else t for t in sh13])[None]
+    w2 = stack_quant([sh2], True) if is_quant(sh2) else np.asarray(sh2)[None]
+    return w13, w2
+
+
+def _same_layout(a, b) -> bool:
+    """Whether two expert stacks can be one stack: both float, or one format with equal grids."""
+    if is_quant(a) != is_quant(b):
+        return False
+    return not is_quant(a) or (a.fmt == b.fmt and a.grid_rows == b.grid_rows and a.shape[1:] == b.shape[1:])
+
+
+def upload_arrays(params: dict):
+    """(device param name, array, storage) of every param: a QuantWeight is its packed codes
+    (storage "fp8" / "fp4") and its scale bytes `name.scale` ("e8m0"); others their own dtype."""
+    for name, a in params.items():
+        if is_quant(a):
+            words, scale = a.device_arrays()
+            yield name, words, a.fmt
+            yield name + ".scale", scale, "e8m0"
+        else:
+            yield name, a, DTYPE_NAMES[np.dtype(a.dtype)]
 
 
 def decode_splits(cfg: V4Config, i: int, device) -> int:
@@ -208,7 +301,25 @@ class ModelGraph:
 
     def param(self, name):
         a = self.params[name]
+        if is_quant(a):
+            return self.g.param(name, a.shape[:-1] + (a.format.words(a.shape[-1]),), "i32")
         return self.g.param(name, a.shape, DTYPE_NAMES[np.dtype(a.dtype)])
+
+    def weight(self, name):
+        """(weight tensor, extra inputs, op params) of a mat-mul weight: a quantised one adds its
+        scale bytes (the last input) and wq= / grid_rows=."""
+        a, w = self.params[name], self.param(name)
+        if not is_quant(a):
+            return w, [], {}
+        scale = self.g.param(name + ".scale", (-(-a.scale.size // 4),), "i32")
+        return w, [scale], {"wq": a.fmt, "grid_rows": a.grid_rows}
+
+    def kinds(self, name):
+        """A projection's QuantWeight (True inside layers.{i}.attn.wx.q), or None when it is float."""
+        if name in self.params:
+            return self.params[name] if is_quant(self.params[name]) else None
+        i = name.split(".")[1]
+        return True if f"layers.{i}.attn.wx.q" in self.params and quantisable(name) else None
 
     def norm(self, x: Tensor, weight: str) -> Tensor | Normed:
         """RMS_NORM of x's rows with the named weight; left to the reading mat-muls at T = 1."""
@@ -232,10 +343,10 @@ class ModelGraph:
     def linear(self, x: Tensor | Normed, weight: str) -> Tensor:
         """x @ wᵀ with the named weight (x normalised in the same dispatch when it is Normed and the
         weight within NORM_FOLD)."""
-        w = self.param(weight)
+        w, extra, qp = self.weight(weight)
         if self.folds(x, self.params[weight].nbytes):
-            return self.g.op("MUL_MAT", x.x, w, x.g, rms_eps=x.eps)
-        return self.g.op("MUL_MAT", self.normed(x), w)
+            return self.g.op("MUL_MAT", x.x, w, x.g, *extra, rms_eps=x.eps, **qp)
+        return self.g.op("MUL_MAT", self.normed(x), w, *extra, **qp)
 
     def forward(self, ids, T):
         cfg, g = self.cfg, self.g
@@ -289,11 +400,12 @@ class ModelGraph:
         cos, sin = self.param(f"rope.{rk}.cos"), self.param(f"rope.{rk}.sin")
         indexer = self.indexer_runs(i)
         sparse = indexer and not self.dense                 # else every closed entry is attended
-        xw = self.linear(x, a + "wx")                                     # every x projection
-        cols, at = {}, 0
-        for name, n in x_projections(cfg, i, indexer):
-            cols[name[len(a):]] = xw[:, at:at + n]
-            at += n
+        cols, base = {}, {}                 # every x projection: one mat-mul a group of them
+        for param, parts in x_groups(cfg, i, indexer, self.kinds):
+            xw, at = self.linear(x, param), 0
+            for name, n in parts:
+                cols[name[len(a):]], base[name[len(a):]] = xw[:, at:at + n], xw
+                at += n
         qr = self.norm(cols["wq_a.weight"], a + "q_norm.weight")     # read by wq_b (and the indexer's)
 
         q = self.linear(qr, a + "wq_b.weight").reshape(T, H, hd)    # its per-head norm and RoPE: in MQA
@@ -304,13 +416,13 @@ class ModelGraph:
         if kind != SWA:
             m = cfg.rate(i)
             W = cfg.head_dim * (2 if kind == CSA else 1)
-            xs = self._cat(xw, cols["compressor.wkv.weight"], 2 * W)
+            xs = self._cat(base["compressor.wkv.weight"], cols["compressor.wkv.weight"], 2 * W)
             extra.append(self._compress("cmp", xs, i, kind == CSA, T))
             prm = {"mode": "csa" if sparse else "hca", "rate": m}             # hca: every entry
         if sparse:
-            extra.append(self.indexer(i, x, xw, cols, qr, T))
+            extra.append(self.indexer(i, x, base["indexer.compressor.wkv.weight"], cols, qr, T))
         elif indexer:                       # its keys kept up to date for the positions where it scores
-            self._index_keys(i, xw, cols, T)
+            self._index_keys(i, base["indexer.compressor.wkv.weight"], cols, T)
         S = self.splits[i] if self.splits is not None else (decode_splits(cfg, i, self.device) if T == 1 else 1)
         o = g.op("MQA_ATTENTION", q, cache, self.pos, self.param(a + "attn_sink"), *extra, cos, sin, scale=hd ** -0.5,
                  window=cfg.sliding_window, splits=S, capacity=cfg.max_ctx, q_norm_eps=eps, **prm)
@@ -320,10 +432,11 @@ class ModelGraph:
             o = g.op("ROPE", o, self.pos, cos, sin, inverse=True)
         G, r = cfg.o_groups, cfg.o_lora_rank
         og = o.reshape(T, G, H * hd // G).permute(1, 0, 2)                            # [G, T, k]
-        y = g.op("MUL_MAT", og, self.param(a + "wo_a.weight").reshape(G, r, H * hd // G))   # [G, T, r]
+        wo_a, extra, qp = self.weight(a + "wo_a.weight")
+        y = g.op("MUL_MAT", og, wo_a.reshape(G, r, wo_a.shape[-1]), *extra, **qp)       # [G, T, r]
         y = y.permute(1, 0, 2)                                                        # [T, G, r]
         y = (y if y.is_contiguous else g.op("CONT", y)).reshape(T, G * r)             # one token: already is
-        return g.op("MUL_MAT", y, self.param(a + "wo_b.weight"))
+        return self.linear(y, a + "wo_b.weight")
 
     @staticmethod
     def _cat(xw, first, width):
@@ -360,10 +473,30 @@ class ModelGraph:
         route = g.op("V4_ROUTE", logits, *sel, top_k=cfg.num_experts_per_tok, scoring=cfg.scoring_func,
                      route_scale=float(cfg.routed_scaling_factor))
         w13 = self.params[f + "w13"]
-        if self.folds(x, w13.nbytes // w13.shape[0] * (cfg.num_experts_per_tok + 1)):   # the experts read
-            h = g.op("MUL_MAT_ID", x.x.reshape(T, 1, D), self.param(f + "w13"), route, x.g, mode="swiglu",
-                     limit=float(cfg.swiglu_limit), rms_eps=x.eps)                    # the FFN norm as they read x
-        else:
-            h = g.op("MUL_MAT_ID", self.normed(x).reshape(T, 1, D), self.param(f + "w13"), route, mode="swiglu",
-                     limit=float(cfg.swiglu_limit))                                   # [T, k+1, F]
-        return g.op("MUL_MAT_ID", h, self.param(f + "w2"), route, mode="sum")         # [T, D]
+        if not moe_shared_apart(self.params, i):
+            fold = self.folds(x, w13.nbytes // w13.shape[0] * (cfg.num_experts_per_tok + 1))   # the experts read
+            h = self._swiglu(x, f + "w13", route, fold)                          # [T, k+1, F]
+            return self._expert_sum(h, f + "w2", route)                          # [T, D]
+        # the shared expert in another format: routed experts (routes 0..k-1), then the shared one
+        k = cfg.num_experts_per_tok
+        shared = self.param("moe.shared_route")[:T]
+        fold = self.folds(x, w13.nbytes // w13.shape[0] * k + self.params[f + "shared.w13"].nbytes)
+        h = self._swiglu(x, f + "w13", route[:, :k], fold)
+        hs = self._swiglu(x, f + "shared.w13", shared, fold)
+        return self._expert_sum(hs, f + "shared.w2", shared, self._expert_sum(h, f + "w2", route[:, :k]))
+
+    def _swiglu(self, x, weight, route, fold):
+        """The chosen experts' clamped SwiGLU [T, routes, F] (the FFN norm as they read x with fold)."""
+        T, D = (x.x if isinstance(x, Normed) else x).shape
+        w, extra, qp = self.weight(weight)
+        lim = float(self.cfg.swiglu_limit)
+        if fold:
+            return self.g.op("MUL_MAT_ID", x.x.reshape(T, 1, D), w, route, x.g, *extra, mode="swiglu", limit=lim,
+                             rms_eps=x.eps, **qp)
+        return self.g.op("MUL_MAT_ID", self.normed(x).reshape(T, 1, D), w, route, *extra, mode="swiglu", limit=lim,
+                         **qp)
+
+    def _expert_sum(self, h, weight, route, add=None):
+        """Σ_r weight_r · w[id_r] h_r (+ add) [T, D]."""
+        w, extra, qp = self.weight(weight)
+        return self.g.op("MUL_MAT_ID", h, w, route, *([add] if add is not None else []), *extra, mode="sum", **qp)

@@ -14,10 +14,15 @@ read, all mapped onto one canonical set (`tensor_shapes`):
 Per-expert tensors are stacked into `ffn.experts.w13` [E, 2F, D] (gate rows, then up rows) and
 `ffn.experts.w2` [E, D, F]. Linear weights keep their dtype (F32, F16 or BF16: the device reads
 them as they are); norms, HC tensors, sinks, position biases and the router bias become float32;
-`tid2eid` (I64 or I32) becomes int32 after a range check. FP8 / FP4 tensors and their block
-scales are refused naming the tensor and dtype; so is a malformed file (the library rejects
-overlapping or out-of-file data offsets), a missing, unexpected or mis-shaped tensor, and a
-config.json value the backend cannot run (model.config).
+`tid2eid` (integer, or a float holding whole numbers) becomes int32 after a range check.
+DeepSeek's published low-precision linears stay as published (`QuantWeight`, docs/quantized_weights.md):
+F8_E4M3 weights with an E8M0 scale per 128 × 128 block, FP4 E2M1 experts (I8 or U8, two inputs a
+byte) with an E8M0 scale per 32 inputs, each scale beside its weight as `<module>.scale` or
+`<module>.weight_scale_inv` (stored F8_E8M0, U8, or F32 powers of two). Refused, naming the tensor:
+a malformed file (the library rejects overlapping or out-of-file data offsets), a missing,
+unexpected or mis-shaped tensor, a scale grid that does not fit its weight, a missing scale, a NaN
+scale (byte 255) or code, a quantised tensor where the format keeps BF16, an integer-typed linear
+weight, and a config.json value the backend cannot run (model.config).
 """
 from __future__ import annotations
 
@@ -31,16 +36,101 @@ from numpy.typing import DTypeLike
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from ..ops.mul_mat import QUANT, dequantize, quant_arrays
 from .config import CSA, SWA, ConfigError, V4Config, load_config_json
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FLOAT_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": BF16, "F64": np.float64}
-INT_DTYPES = ("I64", "I32")
+INT_DTYPES = ("I64", "I32", "I16", "U32", "U16")
+CODE_DTYPES = ("F8_E4M3", "I8", "U8")           # FP8 codes; FP4 codes two a byte (int8 as published)
+SCALE_DTYPES = ("F8_E8M0", "U8", "F32")
+SCALE_SUFFIXES = (".weight_scale_inv", ".scale")
 INDEX = "model.safetensors.index.json"
+# safetensors' numpy reader looks these dtypes up as numpy attributes; ml_dtypes defines them
+for _name in ("float8_e4m3fn", "float8_e8m0fnu"):
+    if not hasattr(np, _name):
+        setattr(np, _name, getattr(ml_dtypes, _name))
 
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be read, or that does not match its config."""
+
+
+class QuantWeight:
+    """A linear weight in DeepSeek's published low-precision format, bytes as published.
+    fmt "fp8": codes uint8 [..., N, K] (E4M3), one E8M0 scale byte per 128 × 128 block;
+    fmt "fp4": codes uint8 [..., N, K / 2] (E2M1, element 2j in the low nibble), one per 32 inputs.
+    scale: uint8 [..., grids, rows, cols], the scale grid of every `grid_rows` rows (one matrix as
+    published; stacked experts, or gate and up rows, keep one grid each). np.asarray(w) gives the
+    float64 weights (exact: w = code value · 2^(s − 127))."""
+
+    __slots__ = ("fmt", "codes", "scale", "grid_rows")
+
+    def __init__(self, fmt: str, codes: np.ndarray, scale: np.ndarray, grid_rows: int | None = None):
+        self.fmt, self.codes, self.scale = fmt, codes, scale
+        self.grid_rows = codes.shape[-2] if grid_rows is None else grid_rows
+
+    @property
+    def format(self):
+        return QUANT[self.fmt]
+
+    @property
+    def shape(self) -> tuple:
+        return self.codes.shape[:-1] + (self.codes.shape[-1] * (8 // self.format.bits),)
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.nbytes + self.scale.nbytes
+
+    @property
+    def rows(self) -> int:
+        return int(np.prod(self.shape[:-1]))
+
+    def device_arrays(self) -> tuple:
+        """(codes as int32 words [..., N, words a row], scale bytes as int32 words [n]): what the
+        kernels bind (ops.mul_mat.quant_arrays)."""
+        return quant_arrays(self.codes, self.scale)
+
+    def __array__(self, dtype=None, copy=None):
+        words, scale = self.device_arrays()
+        w = dequantize(self.fmt, words, scale, self.shape[-1], self.rows // self.grid_rows)
+        return w if dtype is None else w.astype(dtype)
+
+    def matrix(self, m: int) -> "QuantWeight":
+        """The m-th grid's rows (grid_rows of them) with their scale grid, as published."""
+        gr, K = self.grid_rows, self.shape[-1]
+        sr, sc = self.format.grid(gr, K)
+        codes = self.codes.reshape(-1, self.codes.shape[-1])[m * gr:(m + 1) * gr]
+        return QuantWeight(self.fmt, codes, self.scale.reshape(-1)[m * sr * sc:(m + 1) * sr * sc].reshape(sr, sc))
+
+    def __repr__(self):
+        return f"QuantWeight({self.fmt}, shape={list(self.shape)}, grid_rows={self.grid_rows})"
+
+
+def stack_quant(parts: list, axis_new: bool) -> "QuantWeight":
+    """QuantWeights of one format and grid_rows stacked: along a new first axis (experts) or
+    along rows (gate then up): the grids follow one another, as the rows do."""
+    fmt, gr = parts[0].fmt, parts[0].grid_rows
+    if any(p.fmt != fmt or p.grid_rows != gr for p in parts):
+        raise CheckpointError(f"cannot stack quantised weights of formats/grids "
+                              f"{sorted({(p.fmt, p.grid_rows) for p in parts})}")
+    join = np.stack if axis_new else np.concatenate
+    return QuantWeight(fmt, join([p.codes for p in parts]), join([p.scale for p in parts]), gr)
+
+
+def is_quant(a) -> bool:
+    return isinstance(a, QuantWeight)
+
+
+def _shape(a) -> tuple:
+    return tuple(a.shape) if hasattr(a, "shape") else tuple(np.shape(a))
+
+
+def quantisable(name: str) -> bool:
+    """The linears DeepSeek publishes in FP8 / FP4 (everything else stays BF16 or F32)."""
+    return bool(re.search(r"\.attn\.(wq_a|wq_b|wkv|wo_a|wo_b|indexer\.wq_b)\.weight$", name) or
+                re.search(r"\.ffn\.shared_experts\.w[123]\.weight$", name) or
+                re.search(r"\.ffn\.experts(\.\d+\.w[123]\.weight|\.w13|\.w2)$", name))
 
 
 # --- canonical names and shapes ---------------------------------------------------------------------
@@ -171,7 +261,8 @@ def _files(path):
 
 
 def _read_file(fn, names):
-    """{name: array} of one file, refusing unsupported dtypes before reading any data."""
+    """{name: (array, safetensors dtype)} of one file, refusing unsupported dtypes before reading any
+    data. FP8 codes and E8M0 scales come back as their bytes (uint8)."""
     out = {}
     try:
         with safe_open(fn, framework="numpy") as f:
@@ -182,12 +273,12 @@ def _read_file(fn, names):
                     raise CheckpointError(f"{fn}: the index names tensor(s) {missing[:5]} that the file does not hold")
             for k in sorted(keys if names is None else names):
                 dt = f.get_slice(k).get_dtype()
-                if dt not in FLOAT_DTYPES and dt not in INT_DTYPES:
-                    quantised = dt.startswith(("F8", "F4", "U8", "I8"))
-                    what = " (FP8/FP4 quantised weights or their block scales)" if quantised else ""
-                    raise CheckpointError(f"{fn}: tensor {k!r} has dtype {dt}{what}; supported: F32, F16, BF16 "
-                                          "weights and I64/I32 tid2eid (dequantise the checkpoint to BF16 first)")
-                out[k] = f.get_tensor(k)
+                if dt not in FLOAT_DTYPES and dt not in INT_DTYPES and dt not in CODE_DTYPES + SCALE_DTYPES:
+                    raise CheckpointError(f"{fn}: tensor {k!r} has dtype {dt}; supported: F32, F16, BF16 weights, "
+                                          "F8_E4M3 or I8/U8 (FP4) quantised linears with F8_E8M0/U8/F32 scales, "
+                                          "integer tid2eid")
+                a = f.get_tensor(k)
+                out[k] = (a.view(np.uint8) if dt.startswith("F8") or dt == "I8" else a, dt)
     except SafetensorError as e:
         raise CheckpointError(f"{fn}: not a valid safetensors file ({e})") from None
     except OSError as e:
@@ -195,24 +286,83 @@ def _read_file(fn, names):
     return out
 
 
-def read_tensors(path: str) -> dict:
-    """{file name as stored: array} of every tensor in a model directory (no renaming)."""
-    out: dict[str, np.ndarray] = {}
+def read_tensors(path: str, with_dtypes: bool = False) -> dict:
+    """{file name as stored: array} of every tensor in a model directory (no renaming); with_dtypes:
+    {name: (array, safetensors dtype)}."""
+    out: dict = {}
     where: dict[str, str] = {}
     for fn, names in _files(path):
         for k, a in _read_file(fn, names).items():
             if k in out:
                 raise CheckpointError(f"tensor {k!r} is in both {where[k]} and {fn}")
             out[k], where[k] = a, fn
-    return out
+    return out if with_dtypes else {k: a for k, (a, _) in out.items()}
+
+
+def _scale_bytes(name, a, dt):
+    """E8M0 bytes of a scale tensor stored as F8_E8M0, U8, or F32 powers of two."""
+    if dt == "F32":
+        a = np.asarray(a, np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            e = np.log2(a)
+        ok = np.isfinite(e) & (e == np.round(e)) & (e >= -127) & (e <= 127)
+        if not ok.all():
+            raise CheckpointError(f"scale {name!r} (F32) holds {a[~ok][:3].tolist()}: E8M0 scales are powers of "
+                                  "two 2^-127 .. 2^127")
+        return (e + 127).astype(np.uint8)
+    return np.asarray(a).view(np.uint8)
+
+
+def _quant(name, codes, dt, scale):
+    """The QuantWeight of a linear's codes and its scale (name, array, dtype), grid checked."""
+    sname, sa, sdt = scale
+    if sdt not in SCALE_DTYPES:
+        raise CheckpointError(f"scale {sname!r} of {name!r} has dtype {sdt}; expected F8_E8M0, U8 or F32")
+    fmt = QUANT["fp8" if dt == "F8_E4M3" else "fp4"]
+    if codes.ndim != 2:
+        raise CheckpointError(f"quantised tensor {name!r} has shape {list(codes.shape)}; expected [out, in"
+                              f"{'/2' if fmt.bits == 4 else ''}]")
+    N, K = codes.shape[0], codes.shape[1] * (8 // fmt.bits)
+    grid = fmt.grid(N, K)
+    sb = _scale_bytes(sname, sa, sdt)
+    if tuple(sb.shape) != grid:
+        what = "128 × 128 block" if fmt.bits == 8 else "32 inputs of a row"
+        raise CheckpointError(f"scale {sname!r} has shape {list(sb.shape)}; {fmt.name} weight {name!r} "
+                              f"[{N}, {K}] needs {list(grid)} (one per {what}, a partial last block included)")
+    if (sb == 255).any():
+        raise CheckpointError(f"scale {sname!r} holds the E8M0 NaN byte 255")
+    return QuantWeight(fmt.name, np.ascontiguousarray(codes).view(np.uint8), sb)
 
 
 def _to_canonical(raw, path):
-    out, experts = {}, {}
-    for name, a in raw.items():
+    """Canonical names of raw {name: (array, dtype)}: quantised linears paired with their scales
+    (QuantWeight), per-expert tensors stacked."""
+    scales, out, experts = {}, {}, {}
+    for name, (a, dt) in raw.items():
         if name.startswith(("mtp.", "model.mtp.")):
             continue                                        # next-token-prediction layers: not built
+        for suffix in SCALE_SUFFIXES:                       # (X.scale beside X.weight; HC's *_hc.scale is not)
+            if name.endswith(suffix) and (suffix != ".scale" or name[:-len(suffix)] + ".weight" in raw):
+                scales[canonical(name[:-len(suffix)] + ".weight")] = (name, a, dt)
+                break
+    taken = {v[0] for v in scales.values()}
+    for name, (a, dt) in raw.items():
+        if name.startswith(("mtp.", "model.mtp.")) or name in taken:
+            continue
         c = canonical(name)
+        if dt in CODE_DTYPES:
+            if not quantisable(c):
+                raise CheckpointError(f"{path}: tensor {name!r} is quantised ({dt}), but the format keeps it in "
+                                      "BF16/F32 (only the attention projections and the experts are FP8/FP4)")
+            if c not in scales:
+                raise CheckpointError(f"{path}: quantised tensor {name!r} ({dt}) has no scale (expected "
+                                      f"{name[:-len('.weight')]}.scale or .weight_scale_inv)")
+            a = _quant(name, a, dt, scales.pop(c))
+        elif c in scales:
+            raise CheckpointError(f"{path}: scale {scales[c][0]!r} belongs to {name!r}, which is {dt}, not quantised")
+        elif is_linear(c) and dt not in FLOAT_DTYPES:
+            raise CheckpointError(f"{path}: linear weight {name!r} has integer dtype {dt}; expected F32/F16/BF16 "
+                                  "or F8_E4M3 / FP4 with a scale")
         m = _EXPERT.match(c)
         if m:
             experts.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = (name, a)
@@ -220,19 +370,33 @@ def _to_canonical(raw, path):
         if c in out:
             raise CheckpointError(f"{path}: two tensors map to {c!r} (one is {name!r}): mixed namings?")
         out[c] = a
+    if scales:
+        orphans = sorted(v[0] for v in scales.values())
+        raise CheckpointError(f"{path}: scale tensor(s) {orphans[:5]} have no weight beside them")
     for prefix, per in experts.items():
         n = max(per) + 1
         missing = [f"{prefix}.{j}.{w}.weight" for j in range(n) for w in ("w1", "w2", "w3") if w not in per.get(j, {})]
         if missing:
             raise CheckpointError(f"{path}: per-expert tensors incomplete, missing {missing[:5]}")
-        dts = {per[j][w][1].dtype for j in range(n) for w in ("w1", "w2", "w3")}
-        if len(dts) > 1:
-            raise CheckpointError(f"{path}: the experts of {prefix} mix dtypes {sorted(map(str, dts))}")
+        kinds = {_kind(per[j][w][1]) for j in range(n) for w in ("w1", "w2", "w3")}
+        if len(kinds) > 1:
+            raise CheckpointError(f"{path}: the experts of {prefix} mix dtypes {sorted(kinds)}")
         for key, parts in (("w13", ("w1", "w3")), ("w2", ("w2",))):
             if f"{prefix}.{key}" in out:
                 raise CheckpointError(f"{path}: {prefix} has both stacked and per-expert tensors")
-            out[f"{prefix}.{key}"] = np.stack([np.concatenate([per[j][w][1] for w in parts]) for j in range(n)])
+            mats = [[per[j][w][1] for w in parts] for j in range(n)]
+            if is_quant(mats[0][0]):
+                shapes = {tuple(m.codes.shape) for row in mats for m in row}
+                if len(shapes) > 1:
+                    raise CheckpointError(f"{path}: the experts of {prefix} have shapes {sorted(shapes)}")
+                out[f"{prefix}.{key}"] = stack_quant([stack_quant(row, False) for row in mats], True)
+            else:
+                out[f"{prefix}.{key}"] = np.stack([np.concatenate(row) for row in mats])
     return out
+
+
+def _kind(a):
+    return a.fmt if is_quant(a) else str(a.dtype)
 
 
 def check_tensors(cfg: V4Config, tensors: dict, where: str = "weights") -> None:
@@ -242,20 +406,40 @@ def check_tensors(cfg: V4Config, tensors: dict, where: str = "weights") -> None:
     for name, shape in want.items():
         if name not in tensors:
             problems.append(f"missing tensor {name!r} (expected shape {list(shape)})")
-        elif tuple(np.shape(tensors[name])) != tuple(shape):
-            problems.append(f"tensor {name!r} has shape {list(np.shape(tensors[name]))}, expected {list(shape)}")
+        elif _shape(tensors[name]) != tuple(shape):
+            a = tensors[name]
+            hint = ""
+            if is_quant(a) and a.fmt == "fp4" and shape[-1] % 2:
+                hint = f": an FP4 tensor packs two inputs a byte, and its width {shape[-1]} is odd"
+            problems.append(f"tensor {name!r} has shape {list(_shape(a))}, expected {list(shape)}{hint}")
     for name in sorted(set(tensors) - set(want)):
         hint = " (an FP8/FP4 block scale?)" if name.endswith(".scale") else ": misnamed, or a config mismatch"
-        problems.append(f"unexpected tensor {name!r} (shape {list(np.shape(tensors[name]))}){hint}")
+        problems.append(f"unexpected tensor {name!r} (shape {list(_shape(tensors[name]))}){hint}")
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise CheckpointError(f"{where} do not match the config: " + "; ".join(problems[:5]) + more)
     for name, a in tensors.items():
-        if name.endswith("tid2eid"):
+        if is_quant(a):
+            if not quantisable(name):
+                raise CheckpointError(f"{where}: tensor {name!r} is quantised ({a.fmt}), but the format keeps it "
+                                      "in BF16/F32")
+            if (a.scale == 255).any():
+                raise CheckpointError(f"{where}: tensor {name!r} has an E8M0 NaN scale (byte 255)")
+            if a.fmt == "fp8" and ((a.codes & 0x7F) == 0x7F).any():
+                raise CheckpointError(f"{where}: tensor {name!r} holds E4M3 NaN codes (0x7F / 0xFF)")
+        elif name.endswith("tid2eid"):
+            a = np.asarray(a)
+            if not np.issubdtype(a.dtype, np.integer) and not (np.isfinite(a).all() and (a == np.round(a)).all()):
+                bad = a[~(np.isfinite(a) & (a == np.round(a)))]
+                raise CheckpointError(f"{where}: tensor {name!r} ({a.dtype}) holds non-integer expert ids "
+                                      f"{bad[:5].tolist()}; expected integers")
             bad = (a < 0) | (a >= cfg.n_routed_experts)
             if bad.any():
                 raise CheckpointError(f"{where}: tensor {name!r} holds expert ids outside [0, {cfg.n_routed_experts}): "
                                       f"{np.asarray(a)[bad][:5].tolist()}")
+        elif is_linear(name) and np.asarray(a).dtype not in (np.float32, np.float16, BF16, np.float64):
+            raise CheckpointError(f"{where}: linear weight {name!r} has dtype {np.asarray(a).dtype}; expected "
+                                  "float32, float16 or bfloat16 (or a QuantWeight)")
         elif not _finite(np.asarray(a)):
             raise CheckpointError(f"{where}: tensor {name!r} holds non-finite values")
 
@@ -269,11 +453,14 @@ def _finite(a):
 
 
 def normalise(cfg: V4Config, tensors: dict, where: str = "weights") -> dict:
-    """Checked, with the dtypes the model uploads: linear weights F32/F16/BF16 as given, other floats
-    float32, tid2eid int32."""
+    """Checked, with the dtypes the model uploads: linear weights F32/F16/BF16 as given or quantised
+    (QuantWeight, as published), other floats float32, tid2eid int32."""
     check_tensors(cfg, tensors, where)
     out = {}
     for name, a in tensors.items():
+        if is_quant(a):
+            out[name] = a
+            continue
         a = np.asarray(a)
         if name.endswith("tid2eid"):
             out[name] = a.astype(np.int32)
@@ -282,6 +469,11 @@ def normalise(cfg: V4Config, tensors: dict, where: str = "weights") -> dict:
         else:
             out[name] = a.astype(np.float32)
     return out
+
+
+def dequantized(weights: dict, dtype=np.float32) -> dict:
+    """The weights with every QuantWeight as float values (exact in float32)."""
+    return {k: np.asarray(v, dtype) if is_quant(v) else v for k, v in weights.items()}
 
 
 def load_hf(path: str, max_ctx: int | None = None) -> tuple:
@@ -293,8 +485,7 @@ def load_hf(path: str, max_ctx: int | None = None) -> tuple:
             raise CheckpointError(f"{path!r} is not a directory: expected a Hugging Face model directory with "
                                   "config.json and .safetensors files") from None
         raise CheckpointError(str(e)) from None
-    cfg.check_memory(2, "the weights (at least 2 bytes each)")
-    tensors = _to_canonical(read_tensors(path), path)
+    tensors = _to_canonical(read_tensors(path, with_dtypes=True), path)
     return cfg, normalise(cfg, tensors, f"checkpoint {path!r}")
 
 
@@ -309,36 +500,62 @@ def _save_pretrained_name(c):
     return "model." + n
 
 
-def save_hf(path: str, cfg: V4Config, weights: dict, naming: str = "save_pretrained", shards: int = 1) -> None:
+def save_hf(path: str, cfg: V4Config, weights: dict, naming: str = "save_pretrained", shards: int = 1,
+            scale_dtype: str = "e8m0") -> None:
     """Write a model directory: config.json + `shards` safetensors files (+ the index when > 1).
     naming: "save_pretrained" (transformers' on-disk names) or "deepseek" (the original hub names);
-    experts are written one tensor per expert, as both do."""
+    experts are written one tensor per expert, as both do. Quantised weights (QuantWeight) are
+    written as published: codes F8_E4M3 (FP8) or I8 (FP4), scales `<module>.scale` ("deepseek")
+    or `<module>.weight_scale_inv` ("save_pretrained") stored as scale_dtype "e8m0" (F8_E8M0),
+    "u8" or "f32"; config.json then carries quantization_config. Shards take the sorted names in turn,
+    so a scale sits in another shard than its weight."""
     if naming not in ("save_pretrained", "deepseek"):
         raise ValueError(f"naming must be 'save_pretrained' or 'deepseek', got {naming!r}")
+    if scale_dtype not in ("e8m0", "u8", "f32"):
+        raise ValueError(f"scale_dtype must be 'e8m0', 'u8' or 'f32', got {scale_dtype!r}")
     check_tensors(cfg, weights)
     out = {}
+    quantised = {}
     for c, a in weights.items():
         m = re.match(r"^(layers\.\d+\.ffn\.experts)\.(w13|w2)$", c)
         items = []
         if m:
             F = cfg.moe_intermediate_size
             for j in range(a.shape[0]):
-                parts = {"w1": a[j, :F], "w3": a[j, F:]} if m.group(2) == "w13" else {"w2": a[j]}
+                if is_quant(a):
+                    parts = ({"w1": a.matrix(2 * j), "w3": a.matrix(2 * j + 1)} if m.group(2) == "w13"
+                             else {"w2": a.matrix(j)})
+                else:
+                    parts = {"w1": a[j, :F], "w3": a[j, F:]} if m.group(2) == "w13" else {"w2": a[j]}
                 items += [(f"{m.group(1)}.{j}.{w}.weight", v) for w, v in parts.items()]
         else:
             items = [(c, a)]
         for name, v in items:
             key = _save_pretrained_name(name) if naming == "save_pretrained" else name
+            if is_quant(v):
+                quantised[v.fmt] = True
+                out[key] = v.codes.view(ml_dtypes.float8_e4m3fn if v.fmt == "fp8" else np.int8)
+                sk = key[:-len(".weight")] + (".scale" if naming == "deepseek" else ".weight_scale_inv")
+                sb = np.ascontiguousarray(v.scale)
+                out[sk] = {"e8m0": lambda b: b.view(ml_dtypes.float8_e8m0fnu), "u8": lambda b: b,
+                           "f32": lambda b: np.exp2(b.astype(np.float32) - 127)}[scale_dtype](sb)
+                continue
             v = np.ascontiguousarray(v)
             out[key] = v.astype(np.int64) if name.endswith("tid2eid") else v
     os.makedirs(path, exist_ok=True)
+    hf = cfg.to_hf()
+    if quantised:
+        hf["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
+                                     "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
+        if "fp4" in quantised:
+            hf["expert_dtype"] = "fp4"
     with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(cfg.to_hf(), f, indent=2, sort_keys=True)
+        json.dump(hf, f, indent=2, sort_keys=True)
     names = sorted(out)
-    groups = [names[i::shards] for i in range(shards)]
     if shards == 1:
         save_file(out, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
         return
+    groups = [names[i::shards] for i in range(shards)]
     wm = {}
     for s, group in enumerate(groups):
         fn = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
@@ -370,12 +587,76 @@ def _normal(rng, shape):
     return out.reshape(shape)
 
 
-def random_weights(cfg: V4Config, seed: int = 0, dtype: DTypeLike = np.float32) -> dict:
+MAX_CODE = {"fp8": 448.0, "fp4": 6.0}          # largest E4M3 / E2M1 magnitude
+
+
+def quantize(w, fmt: str, grid_rows: int | None = None) -> QuantWeight:
+    """DeepSeek's quantisation of float weights [..., N, K] (as its conversion scripts do): per block
+    the scale 2^ceil(log2(amax / largest code)) (E8M0), codes rounded to nearest (ml_dtypes);
+    grid_rows: rows per scale grid (default N: one grid per matrix)."""
+    q = QUANT[fmt]
+    w = np.asarray(w, np.float32)
+    lead, (N, K) = w.shape[:-2], w.shape[-2:]
+    gr = N if grid_rows is None else grid_rows
+    mats = w.reshape(-1, gr, K)
+    sr, sc = q.grid(gr, K)
+    pad = np.zeros((mats.shape[0], sr * q.block_rows, sc * q.block_cols), np.float32)
+    pad[:, :gr, :K] = mats
+    blocks = np.abs(pad.reshape(-1, sr, q.block_rows, sc, q.block_cols)).max(axis=(2, 4))
+    with np.errstate(divide="ignore"):
+        e = np.ceil(np.log2(np.maximum(blocks, 1e-30) / MAX_CODE[fmt]))
+    e = np.clip(e, -127, 127)
+    full = np.repeat(np.repeat(np.exp2(-e), q.block_rows, axis=1), q.block_cols, axis=2)[:, :gr, :K]
+    scaled = (mats * full).reshape(lead + (N, K))
+    codes = scaled.astype(ml_dtypes.float8_e4m3fn if fmt == "fp8" else ml_dtypes.float4_e2m1fn).view(np.uint8)
+    if fmt == "fp4":
+        if K % 2:
+            raise ValueError(f"FP4 packs two inputs a byte: K={K} is odd")
+        codes = (codes[..., 0::2] & 15) | (codes[..., 1::2] << 4)
+    scale = (e + 127).astype(np.uint8).reshape(lead + (N // gr * sr, sc))
+    return QuantWeight(fmt, np.ascontiguousarray(codes), scale, gr)
+
+
+_CODE_BLOCKS = {}
+
+
+def _random_quant(rng, shape, fmt, fan_in, grid_rows):
+    """Random quantised weights at about 1/sqrt(fan_in): exact quantisation of normals up to BLOCK
+    values; past that, randomly rotated copies of one block of codes with random scales around
+    that level (as _normal does for floats: minutes saved on big models)."""
+    n = int(np.prod(shape))
+    if n <= BLOCK:
+        return quantize(_normal(rng, shape) / np.sqrt(fan_in), fmt, grid_rows)
+    q = QUANT[fmt]
+    per_byte = 8 // q.bits
+    if fmt not in _CODE_BLOCKS:     # codes of N(0, 1) · (largest code / 4): the top of the range used
+        base = quantize(rng.standard_normal((1, BLOCK), dtype=np.float32) * (MAX_CODE[fmt] / 4), fmt)
+        _CODE_BLOCKS[fmt] = base.codes.reshape(-1)
+    block = _CODE_BLOCKS[fmt]
+    nb = n // per_byte
+    codes = np.empty(nb, np.uint8)
+    for i in range(0, nb, block.size):
+        m = min(block.size, nb - i)
+        codes[i:i + m] = np.roll(block, int(rng.integers(block.size)))[:m]
+    lead, (N, K) = shape[:-2], shape[-2:]
+    sr, sc = q.grid(grid_rows, K)
+    level = int(np.round(np.log2(4 / MAX_CODE[fmt] / np.sqrt(fan_in)))) + 127
+    scale = (level - rng.integers(0, 2, tuple(lead) + (N // grid_rows * sr, sc))).astype(np.uint8)
+    return QuantWeight(fmt, codes.reshape(tuple(lead) + (N, K // per_byte)), scale, grid_rows)
+
+
+def random_weights(cfg: V4Config, seed: int = 0, dtype: DTypeLike | str = np.float32, experts: str | None = None) -> dict:
     """A random, seeded set of canonical weights whose activations stay O(1) through the layers:
     linear maps at 1/sqrt(fan-in), norms around 1, and every bias, sink and HC base random (zeros
-    would hide a missing term). dtype: of the linear weights (float32, float16 or BF16)."""
+    would hide a missing term). dtype: of the linear weights (float32, float16 or BF16), or "fp8":
+    DeepSeek's published layout (the FP8 linears quantised, routed experts in `experts`, default
+    "fp4", the rest BF16)."""
     rng = np.random.default_rng(seed)
+    quant = isinstance(dtype, str) and dtype == "fp8"
+    if quant and experts not in (None, "fp4", "fp8"):
+        raise ValueError(f"experts must be 'fp4' or 'fp8', got {experts!r}")
     out = {}
+    F = cfg.moe_intermediate_size
     for name, shape in tensor_shapes(cfg).items():
         if name.endswith("tid2eid"):
             out[name] = np.stack([rng.permutation(cfg.n_routed_experts)[:shape[1]] for _ in range(shape[0])]
@@ -388,21 +669,27 @@ def random_weights(cfg: V4Config, seed: int = 0, dtype: DTypeLike = np.float32) 
             out[name] = (0.5 * rng.standard_normal(shape)).astype(np.float32)
         elif name.endswith("_fn"):
             out[name] = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+        elif quant and quantisable(name):
+            routed = name.endswith(("experts.w13", "experts.w2"))
+            fmt = (experts or "fp4") if routed else "fp8"
+            grid_rows = F if name.endswith("w13") else shape[-2]
+            out[name] = _random_quant(rng, shape, fmt, shape[-1], grid_rows)
         else:                               # embed at 1, linear maps at 1/sqrt(fan-in)
             a = _normal(rng, shape)
             if name != "embed.weight":
                 a *= np.float32(1.0 / np.sqrt(shape[-1]))
-            out[name] = a.astype(dtype, copy=False)
+            out[name] = a.astype(BF16 if quant else dtype, copy=False)
     return out
 
 
 def write_random(path: str, cfg: V4Config, seed: int = 0, dtype: str = "f32", naming: str = "save_pretrained",
-                 shards: int = 1) -> dict:
+                 shards: int = 1, experts: str | None = None, scale_dtype: str = "e8m0") -> dict:
     """A random, seeded checkpoint directory for `cfg` (linear weights in dtype "f32", "bf16" or
-    "f16"); returns the weights written."""
-    dt = {"f32": np.float32, "bf16": BF16, "f16": np.float16}.get(dtype)
+    "f16", or "fp8": the published FP8 / FP4 layout, routed experts in `experts`); returns the
+    weights written."""
+    dt = {"f32": np.float32, "bf16": BF16, "f16": np.float16, "fp8": "fp8"}.get(dtype)
     if dt is None:
-        raise ValueError(f"dtype must be 'f32', 'bf16' or 'f16', got {dtype!r}")
-    w = random_weights(cfg, seed, dt)
-    save_hf(path, cfg, w, naming=naming, shards=shards)
+        raise ValueError(f"dtype must be 'f32', 'bf16', 'f16' or 'fp8', got {dtype!r}")
+    w = random_weights(cfg, seed, dt, experts)
+    save_hf(path, cfg, w, naming=naming, shards=shards, scale_dtype=scale_dtype)
     return w

@@ -51,6 +51,38 @@ class ConfigError(ValueError):
     """A config.json value this backend cannot run, naming the key and what is supported."""
 
 
+# DeepSeek's published low-precision format (docs/quantized_weights.md): what quantization_config
+# may say. The kernels read 128 × 128 FP8 blocks with E8M0 scales; the tensors' own dtypes decide
+# which linears are FP8 or FP4 (as in transformers), so these keys are checked, not needed.
+QUANT_CONFIG = {"quant_method": ("fp8",), "fmt": ("e4m3",), "scale_fmt": ("ue8m0", None),
+                "weight_block_size": ([128, 128],), "activation_scheme": ("dynamic",),
+                "modules_to_not_convert": None, "dequantize": None}
+EXPERT_DTYPES = (None, "fp4", "fp8")
+
+
+def check_quantization(d: dict) -> None:
+    """ConfigError unless config.json's quantization_config / expert_dtype describe the format the
+    kernels read."""
+    ed = d.get("expert_dtype")
+    if ed not in EXPERT_DTYPES:
+        raise ConfigError(f"config expert_dtype {ed!r} not supported; expected one of {EXPERT_DTYPES}")
+    qc = d.get("quantization_config")
+    if qc is None:
+        return
+    if not isinstance(qc, dict):
+        raise ConfigError(f"config quantization_config must be an object, got {qc!r}")
+    unknown = sorted(set(qc) - set(QUANT_CONFIG) - {"expert_dtype"})
+    if unknown:
+        raise ConfigError(f"config quantization_config has unsupported key(s) {unknown}")
+    for key, allowed in QUANT_CONFIG.items():
+        if allowed is not None and qc.get(key, allowed[-1]) not in allowed:
+            raise ConfigError(f"config quantization_config.{key} {qc[key]!r} not supported; expected "
+                              f"{' or '.join(repr(a) for a in allowed if a is not None)}")
+    if qc.get("expert_dtype") not in EXPERT_DTYPES:
+        raise ConfigError(f"config quantization_config.expert_dtype {qc['expert_dtype']!r} not supported; "
+                          f"expected one of {EXPERT_DTYPES}")
+
+
 def _int(name, v, lo=1):
     if isinstance(v, bool) or not isinstance(v, int) or v < lo:
         raise ConfigError(f"config {name} must be an integer ≥ {lo}, got {v!r}")
@@ -226,6 +258,7 @@ class V4Config:
         unknown = sorted(set(d) - known - IGNORED)
         if unknown:
             raise ConfigError(f"config.json has unsupported key(s) {unknown}")
+        check_quantization(d)
         kw = {k: d[k] for k in known if k in d and d[k] is not None}
         if d.get("n_shared_experts", 1) not in (None, 1):
             raise ConfigError(f"config n_shared_experts {d['n_shared_experts']!r}: DeepSeek-V4 has exactly 1")

@@ -29,7 +29,7 @@ from ..core.executor import CompiledGraph, Executor
 from ..ops.sample import MAX_TOP_K
 from ..ops.v4_attention import MAX_DECODE_SPLITS
 from ..vk import Device, default_device
-from .build import INDEXER, STEP_PARAMS, ModelGraph, all_entries_fit, cache_shapes, param_arrays
+from .build import INDEXER, STEP_PARAMS, ModelGraph, all_entries_fit, cache_shapes, param_arrays, upload_arrays
 from .checkpoint import load_hf, normalise, random_weights, tensor_shapes
 from .config import V4Config
 
@@ -154,9 +154,11 @@ class Model:
         self._indexed = any(n.endswith(".idx.state") for n in self.params) and not INDEXER["always"]
         # multi-step decode (steps): the token sampled after each position, written on the device
         self.params[HISTORY] = np.zeros(cfg.max_ctx, np.int32)
-        for name, a in self.params.items():
+        self.storage = {}         # device param name -> storage type (memory())
+        for name, a, storage in upload_arrays(self.params):
             self.ex.set_param(name, a, host_visible=name in STEP_PARAMS + (HISTORY,) or name.startswith("sampler."))
-        self._graphs: dict = {}   # (kind, timestamps) -> CompiledGraph, held so no step looks them up
+            self.storage[name] = storage
+        self._graphs: dict = {}       # (kind, timestamps) -> CompiledGraph, held so no step looks them up
         self._step = {n: self.ex.params[n] for n in STEP_PARAMS + (HISTORY,)}
         self.position = 0
         self.sampling = GREEDY
@@ -213,16 +215,18 @@ class Model:
         return self._indexed and all_entries_fit(self.cfg, last_position)
 
     def memory(self) -> dict:
-        """Device bytes of the uploaded params: {"weights": {dtype: bytes}, "cache": bytes (decode cache,
-        RoPE tables, per-step values), "total": bytes}; weights keep the checkpoint's precision."""
+        """Device bytes of the uploaded params: {"weights": {storage: bytes}, "cache": bytes (decode
+        cache, RoPE tables, per-step values), "total": bytes}; weights keep the checkpoint's precision
+        (storage: f32, bf16, f16, i32, or fp8 / fp4 codes and their e8m0 scales)."""
         weights: dict[str, int] = {}
         cache = 0
         for name, p in self.ex.params.items():
-            nbytes = p.numel * np.dtype(self.params[name].dtype).itemsize
+            nbytes = p.nbytes
             if name.startswith(("step.", "sampler.", "rope.")) or name.endswith((".kv", ".state", ".ent")):
                 cache += nbytes
             else:
-                weights[p.dtype_name] = weights.get(p.dtype_name, 0) + nbytes
+                kind = self.storage.get(name, p.dtype)
+                weights[kind] = weights.get(kind, 0) + nbytes
         return {"weights": weights, "cache": cache, "total": sum(weights.values()) + cache}
 
     def paths(self) -> list[SitePath]:

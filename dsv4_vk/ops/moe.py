@@ -90,12 +90,12 @@ class MulMatId(OpDef):
                    rms_eps=, x is RMS_NORM(x, g, rms_eps) (normalised as it is read: one dispatch);
     mode="sum":    x [T,R,K] -> [T,N] = Σ_r weight_r · w[id_r]·x[t,r] (+ add).
     With wq="fp8" | "fp4" (ops.mul_mat.QUANT): w is i32 [E, N, words] of packed codes, one scale grid
-    per expert, and the last input the scale bytes."""
+    per grid_rows rows (default N: one per expert), and the last input the scale bytes."""
     name, n_inputs = "MUL_MAT_ID", None
     dtypes = WEIGHT_DTYPES + ("i32",)   # x, route f32; w f32, bf16 or f16 (widened to f32 as it is read), or quantised
 
     def infer(self, inputs, params):
-        check_params(self.name, params, ("mode", "limit", "rms_eps", "wq"))
+        check_params(self.name, params, ("mode", "limit", "rms_eps", "wq", "grid_rows"))
         quant = "wq" in params
         inputs, scale = (inputs[:-1], inputs[-1]) if quant else (inputs, None)
         mode = params.get("mode")
@@ -119,7 +119,7 @@ class MulMatId(OpDef):
         E, N, K = w.shape
         if quant:
             K = x.shape[-1]
-            check_quant(self.name, params["wq"], w, scale, K, E)
+            check_quant(self.name, params, w, scale, K, N)
         elif w.dtype not in WEIGHT_DTYPES:
             raise ValueError(f"{self.name}: input 1 (w) must be one of {WEIGHT_DTYPES}, got {w.dtype} (quantised "
                              "weights: wq=)")
@@ -171,7 +171,7 @@ class MulMatId(OpDef):
         norm = [g.offset, float(node.params["rms_eps"])] if g is not None else []
         push = pack_push([T, R, cols, K, E, x.offset, x.strides[0], x.strides[1], w.offset, w.strides[0],
                       w.strides[1], route.offset, *route.strides, out.offset, *o_strides, *a],
-                         float(node.params.get("limit", np.inf)), *norm, *(quant_push(fmt, w, K, E) if fmt else []))
+                         float(node.params.get("limit", np.inf)), *norm, *(quant_push(fmt, K, node.params.get("grid_rows", N)) if fmt else []))
         args = [x, w, route] + ([add] if add is not None else []) + [out] + ([g] if g is not None else [])
         out_index = len(args) - 1 - (g is not None)
         if fmt:
@@ -191,10 +191,11 @@ class MulMatId(OpDef):
         return [Launch("mul_mat_id", args, (out_index,), push, grid_1d(items, 256 // defs["LANES"]),
                        defines=defs, spec=(256, unroll), **extra)]
 
-    def reference(self, x, w, route, *rest, mode=None, limit=None, rms_eps=None, wq=None):
+    def reference(self, x, w, route, *rest, mode=None, limit=None, rms_eps=None, wq=None, grid_rows=None):
         if wq is not None:
             *rest, scale = rest
-            w = dequantize(wq, w, scale, np.shape(x)[-1], np.shape(w)[0])
+            E, N = np.shape(w)[:2]
+            w = dequantize(wq, w, scale, np.shape(x)[-1], E * N // (grid_rows or N))
         add = rest[0] if rest else None
         if mode == "swiglu" and add is not None:       # the fourth input of swiglu: the norm weight
             x, add = reference_rms_norm(x, add, rms_eps), None

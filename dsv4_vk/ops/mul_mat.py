@@ -130,9 +130,11 @@ def quant_arrays(codes, scale) -> tuple[np.ndarray, np.ndarray]:
     return words, s.view(np.int32)
 
 
-def check_quant(op: str, fmt_name, w, scale, K: int, matrices: int) -> QuantFormat:
-    """The QuantFormat of params wq=; ValueError unless w holds whole contiguous rows of packed
-    codes for K inputs and scale the bytes of `matrices` scale grids."""
+def check_quant(op: str, params: dict, w, scale, K: int, default_grid_rows: int) -> tuple[QuantFormat, int]:
+    """(format, rows per scale grid) of params wq= and grid_rows= (default default_grid_rows);
+    ValueError unless w holds whole contiguous rows of packed codes for K inputs and scale the
+    bytes of one grid per grid_rows rows."""
+    fmt_name = params["wq"]
     fmt = QUANT.get(fmt_name)
     if fmt is None:
         raise ValueError(f"{op}: wq must be one of {sorted(QUANT)}, got {fmt_name!r}")
@@ -147,19 +149,21 @@ def check_quant(op: str, fmt_name, w, scale, K: int, matrices: int) -> QuantForm
         raise ValueError(f"{op}: quantised weights must be a whole contiguous tensor (their scale grid is by row "
                          "number), got a view")
     rows = int(np.prod(w.shape[:-1]))
-    sr, sc = fmt.grid(rows // matrices, K)
-    need = matrices * sr * sc
+    gr = params.get("grid_rows", default_grid_rows)
+    if isinstance(gr, bool) or not isinstance(gr, int) or gr < 1 or rows % gr:
+        raise ValueError(f"{op}: grid_rows must be an integer ≥ 1 dividing the weight's {rows} rows, got {gr!r}")
+    sr, sc = fmt.grid(gr, K)
+    need = rows // gr * sr * sc
     if scale.numel * 4 < need:
         raise ValueError(f"{op}: scale holds {scale.numel * 4} bytes; w {list(w.shape)} ({fmt_name}, K={K}) needs "
-                         f"{matrices} grid(s) of {sr} × {sc} = {need}")
-    return fmt
+                         f"{rows // gr} grid(s) of {sr} × {sc} = {need}")
+    return fmt, gr
 
 
-def quant_push(fmt: QuantFormat, w, K: int, matrices: int) -> list[int]:
+def quant_push(fmt: QuantFormat, K: int, grid_rows: int) -> list[int]:
     """q_kw, q_rows, q_srows, q_sc of weights.glsl."""
-    rows = int(np.prod(w.shape[:-1])) // matrices
-    sr, sc = fmt.grid(rows, K)
-    return [fmt.words(K), rows, sr, sc]
+    sr, sc = fmt.grid(grid_rows, K)
+    return [fmt.words(K), grid_rows, sr, sc]
 
 
 def pick_kernel(device, T, kernel="auto", N=None):
@@ -228,13 +232,14 @@ class MulMat(OpDef):
     """x @ wᵀ over the last two dims: x [..., T, K], w [..., N, K] -> [..., T, N]; batch dims broadcast.
     With a third input g [K] and rms_eps=: RMS_NORM(x, g, rms_eps) @ wᵀ in the same dispatch (the
     GEMV kernel normalises each x row as it reads it; decode's norm → projection pairs).
-    With wq="fp8" | "fp4": w holds packed quantised codes and the last input their scale bytes.
+    With wq="fp8" | "fp4": w holds packed quantised codes and the last input their scale bytes, one
+    grid per grid_rows rows (default: w's rows, batch dims included, are one matrix).
     """
     name, n_inputs = "MUL_MAT", None
     dtypes = WEIGHT_DTYPES + ("i32",)   # x f32; w f32, bf16 or f16 (widened to f32 as it is read), or quantised
 
     def infer(self, inputs, params):
-        check_params(self.name, params, ("kernel", "rms_eps", "wq"))
+        check_params(self.name, params, ("kernel", "rms_eps", "wq", "grid_rows"))
         quant = "wq" in params
         if len(inputs) - quant not in (2, 3):
             raise ValueError(f"MUL_MAT takes x, w[, norm weight g]{', scale' if quant else ''}; got {len(inputs)} "
@@ -253,7 +258,7 @@ class MulMat(OpDef):
         if x.dtype != "f32":
             raise ValueError(f"MUL_MAT: input 0 (x) must be f32, got {x.dtype} (only the weights may be 16-bit)")
         if quant:
-            check_quant(self.name, params["wq"], w, scale, x.shape[-1], 1)
+            check_quant(self.name, params, w, scale, x.shape[-1], int(np.prod(w.shape[:-1])))
         elif w.dtype not in WEIGHT_DTYPES:
             raise ValueError(f"MUL_MAT: input 1 (w) must be one of {WEIGHT_DTYPES}, got {w.dtype} (quantised "
                              "weights: wq=)")
@@ -284,7 +289,7 @@ class MulMat(OpDef):
             push += [g.offset, float(node.params["rms_eps"])]
             args.append(g)
         if fmt:
-            push += quant_push(fmt, inputs[1], K, 1)
+            push += quant_push(fmt, K, node.params.get("grid_rows", int(np.prod(inputs[1].shape[:-1]))))
             args.append(node.inputs[-1])
         if kernel == "gemv":
             # quantised weights: 1 or 8 tokens a cluster (the variants built), a partial block clamped
@@ -308,10 +313,11 @@ class MulMat(OpDef):
         defines.update(fmt.define() if fmt else weight_defines(w))
         return [Launch("mul_mat", args, (2,), pack_push(*push), grid, defines=defines, spec=spec, **extra)]
 
-    def reference(self, x, w, *rest, kernel="auto", rms_eps=None, wq=None):
+    def reference(self, x, w, *rest, kernel="auto", rms_eps=None, wq=None, grid_rows=None):
         if wq is not None:
             *rest, scale = rest
-            w = dequantize(wq, w, scale, np.shape(x)[-1], 1)
+            rows = int(np.prod(np.shape(w)[:-1]))
+            w = dequantize(wq, w, scale, np.shape(x)[-1], rows // (grid_rows or rows))
         g = rest[0] if rest else None
         x = np.asarray(x, np.float64) if g is None else reference_rms_norm(x, g, rms_eps)
         return np.matmul(x, np.swapaxes(np.asarray(w, np.float64), -1, -2))

@@ -1,0 +1,361 @@
+"""DeepSeek-V4's published low-precision checkpoints (docs/quantized_weights.md): the kernels that
+read FP8 / FP4 weights against a float64 dequantisation written here from the format description
+(ml_dtypes' E4M3 / E2M1 / E8M0 decoding, not the kernels' bit tricks), the loader's checks, and the
+model's logits against transformers loading the same directories (tests/fixtures/dsv4_fp8*, written
+by tools/make_dsv4_fixtures.py with FineGrainedFP8Config(dequantize=True), float32).
+
+Run as a script, the file is the subprocess worker for other lavapipe subgroup sizes.
+"""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from dsv4_vk import Executor, Graph
+from dsv4_vk.hc.metrics import max_abs, nmse
+from dsv4_vk.model import Model, V4Config
+from dsv4_vk.model.checkpoint import CheckpointError, QuantWeight, load_hf, write_random
+from dsv4_vk.model.config import ConfigError
+from dsv4_vk.ops import get_op, mul_mat
+from dsv4_vk.ops.mul_mat import quant_arrays
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIX = os.path.join(ROOT, "tests", "fixtures")
+FIXTURES = ("fp8", "fp8_d256")
+
+
+# --- the format, from its description ----------------------------------------------------------------
+
+def e8m0(b):
+    return np.asarray(b, np.uint8).view(ml_dtypes.float8_e8m0fnu).astype(np.float64)
+
+
+def dequant_fp8(codes, scale):
+    """codes uint8 [N, K] (E4M3), scale bytes [ceil(N/128), ceil(K/128)]: one per 128 × 128 block."""
+    N, K = codes.shape
+    s = np.repeat(np.repeat(e8m0(scale), 128, axis=0), 128, axis=1)[:N, :K]
+    return codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64) * s
+
+
+def dequant_fp4(packed, scale):
+    """packed uint8 [N, K/2]: element 2j in the low nibble; scale bytes [N, ceil(K/32)]."""
+    nib = np.stack([packed & 15, packed >> 4], axis=-1).reshape(packed.shape[0], -1)
+    v = nib.view(ml_dtypes.float4_e2m1fn).astype(np.float64)
+    return v * np.repeat(e8m0(scale), 32, axis=1)[:, :v.shape[1]]
+
+
+def random_quant(rng, fmt, N, K, level=-6):
+    """(codes, scale bytes) of a random N × K weight: every non-NaN code, scales around 2^level."""
+    if fmt == "fp8":
+        codes = rng.integers(0, 256, (N, K), dtype=np.uint8)
+        codes[(codes & 0x7F) == 0x7F] = 0x38                   # NaN codes are refused at load
+        grid = (-(-N // 128), -(-K // 128))
+    else:
+        codes = rng.integers(0, 256, (N, K // 2), dtype=np.uint8)
+        grid = (N, -(-K // 32))
+    return codes, rng.integers(127 + level - 2, 127 + level + 3, grid, dtype=np.uint8)
+
+
+def dequant(fmt, codes, scale):
+    return dequant_fp8(codes, scale) if fmt == "fp8" else dequant_fp4(codes, scale)
+
+
+def run_graph(g, **inputs):
+    ex = Executor()
+    out = ex.run(g, **inputs)
+    assert ex.last.check_guards() == []
+    return out
+
+
+def close(got, ref, what):
+    assert nmse(got, ref) <= 1e-10, what
+    assert max_abs(got, ref) <= 1e-5 * max(1.0, np.abs(ref).max()), what
+
+
+# --- kernels --------------------------------------------------------------------------------------------
+
+# (N, K): partial last blocks (300 rows, 260 inputs), K % 4 != 0 (scalar loads), K = 4096 (V4's D)
+SHAPES = {"fp8": [(300, 260), (37, 4096), (9, 70)], "fp4": [(40, 96), (33, 4096), (7, 70)]}
+
+
+def check_mul_mat(rng, as_gpu=False):
+    for fmt, shapes in SHAPES.items():
+        for N, K in shapes:
+            codes, scale = random_quant(rng, fmt, N, K)
+            w = dequant(fmt, codes, scale)
+            words, sw = quant_arrays(codes, scale)
+            for T in (1, 3, 20):
+                x = rng.standard_normal((T, K)).astype(np.float32)
+                gn = rng.standard_normal(K).astype(np.float32)
+                kernels = ("auto", "gemm_regs", "gemm_shared") if T > 1 else ("auto", "gemv", "gemm_shared")
+                for kernel in kernels:
+                    for norm in (False, True) if kernel in ("auto", "gemv") and T == 1 else (False,):
+                        g = Graph()
+                        args = [g.input("x", x.shape), g.const(words)] + ([g.const(gn)] if norm else [])
+                        prm = {"rms_eps": 1e-6} if norm else {}
+                        g.output("y", g.op("MUL_MAT", *args, g.const(sw), wq=fmt, kernel=kernel, **prm))
+                        got = run_graph(g, x=x)["y"]
+                        ref = get_op("MUL_MAT").reference(x, w, *([gn] if norm else []), **prm)
+                        close(got, ref, (fmt, N, K, T, kernel, norm))
+
+
+def check_mul_mat_batched(rng):
+    """wo_a's form: one [G·r, K] FP8 matrix (one scale grid) read as G batched [r, K] weights."""
+    G, r, K, T = 2, 160, 136, 3
+    codes, scale = random_quant(rng, "fp8", G * r, K)
+    w = dequant_fp8(codes, scale).reshape(G, r, K)
+    words, sw = quant_arrays(codes, scale)
+    x = rng.standard_normal((G, T, K)).astype(np.float32)
+    for kernel in ("gemv", "gemm_regs"):
+        g = Graph()
+        wt = g.const(words).reshape(G, r, words.shape[-1])
+        g.output("y", g.op("MUL_MAT", g.input("x", x.shape), wt, g.const(sw), wq="fp8", kernel=kernel))
+        close(run_graph(g, x=x)["y"], np.matmul(x.astype(np.float64), np.swapaxes(w, -1, -2)), kernel)
+
+
+def check_mul_mat_id(rng):
+    """SwiGLU (norm folded or not) and the weighted sum over quantised experts; w13 keeps a grid for
+    the gate rows and one for the up rows of each expert (grid_rows = F), as loaded."""
+    op = get_op("MUL_MAT_ID")
+    for fmt, D, F in (("fp4", 256, 64), ("fp4", 96, 40), ("fp8", 200, 136), ("fp8", 66, 34)):
+        T, E = 3, 5
+        route = get_op("MOE_ROUTE").reference(rng.standard_normal((T, E)), top_k=3).astype(np.float32)
+        parts13 = [random_quant(rng, fmt, F, D) for _ in range(2 * E)]
+        parts2 = [random_quant(rng, fmt, D, F) for _ in range(E)]
+        w13 = np.stack([np.concatenate([dequant(fmt, *parts13[2 * e]), dequant(fmt, *parts13[2 * e + 1])])
+                        for e in range(E)])
+        w2 = np.stack([dequant(fmt, *p) for p in parts2])
+        q13 = quant_arrays(np.stack([np.concatenate([parts13[2 * e][0], parts13[2 * e + 1][0]]) for e in range(E)]),
+                           np.concatenate([p[1].reshape(-1) for p in parts13]))
+        q2 = quant_arrays(np.stack([p[0] for p in parts2]), np.concatenate([p[1].reshape(-1) for p in parts2]))
+        x, gn = rng.standard_normal((T, D)).astype(np.float32), rng.standard_normal(D).astype(np.float32)
+        add = rng.standard_normal((T, D)).astype(np.float32)
+        for norm in (False, True):
+            g = Graph()
+            xi, ri = g.input("x", x.shape), g.input("r", route.shape)
+            extra, prm = ([g.const(gn)], {"rms_eps": 1e-6}) if norm else ([], {})
+            h = g.output("h", g.op("MUL_MAT_ID", xi.reshape(T, 1, D), g.const(q13[0]), ri, *extra, g.const(q13[1]),
+                                   mode="swiglu", limit=3.0, wq=fmt, grid_rows=F, **prm))
+            g.output("y", g.op("MUL_MAT_ID", h, g.const(q2[0]), ri, g.input("a", add.shape), g.const(q2[1]),
+                               mode="sum", wq=fmt))
+            out = run_graph(g, x=x, r=route, a=add)
+            rh = op.reference(x[:, None, :], w13, route, *([gn] if norm else []), mode="swiglu", limit=3.0, **prm)
+            ry = op.reference(rh, w2, route, add, mode="sum")
+            close(out["h"], rh, (fmt, D, F, norm, "swiglu"))
+            close(out["y"], ry, (fmt, D, F, norm, "sum"))
+
+
+def kernel_checks(rng):
+    check_mul_mat(rng)
+    check_mul_mat_batched(rng)
+    check_mul_mat_id(rng)
+
+
+def test_kernels_match_a_float64_dequantisation(rng):
+    kernel_checks(rng)
+
+
+@pytest.mark.parametrize("spread", [None, 0])
+def test_kernels_as_on_a_gpu(spread, rng, monkeypatch, device):
+    """Lowered for a GPU: lane clusters over K, GEMV outputs reduced by a workgroup (spread None) or
+    by subgroup-lane clusters, 8 tokens a GEMV cluster, 4 loads in flight."""
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    monkeypatch.setitem(mul_mat.GEMV_UNROLL, "spread", spread)
+    check_mul_mat(rng)
+    check_mul_mat_id(rng)
+
+
+def test_quantised_weights_are_checked():
+    g = Graph()
+    x, w, s4 = g.input("x", (1, 64)), g.input("w", (8, 16), "i32"), g.input("s", (4,), "i32")
+    with pytest.raises(ValueError, match=r"wq must be one of \['fp4', 'fp8'\]"):
+        g.op("MUL_MAT", x, w, s4, wq="int4")
+    with pytest.raises(ValueError, match=r"holds 16 words a row; 64 fp4 codes take 8"):
+        g.op("MUL_MAT", x, w, s4, wq="fp4")
+    with pytest.raises(ValueError, match=r"scale holds 4 bytes.*needs 1 grid\(s\) of 8 × 2 = 16"):
+        g.op("MUL_MAT", x, g.input("w4", (8, 8), "i32"), g.input("s1", (1,), "i32"), wq="fp4")
+    with pytest.raises(ValueError, match=r"grid_rows must be an integer ≥ 1 dividing the weight's 8 rows, got 3"):
+        g.op("MUL_MAT", x, g.input("w6", (8, 8), "i32"), s4, wq="fp4", grid_rows=3)
+    with pytest.raises(ValueError, match=r"must be one of \('f32', 'bf16', 'f16'\), got i32 \(quantised weights: wq=\)"):
+        g.op("MUL_MAT", x, g.input("wi", (8, 64), "i32"))
+    with pytest.raises(ValueError, match=r"whole contiguous tensor"):
+        g.op("MUL_MAT", g.input("x2", (1, 16)), g.input("w5", (8, 4), "i32")[1:], s4, wq="fp8")
+
+
+# --- loading ----------------------------------------------------------------------------------------------
+
+SMALL = V4Config(vocab_size=48, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, head_dim=32,
+                 q_lora_rank=32, o_groups=2, o_lora_rank=16, n_routed_experts=4, num_experts_per_tok=2,
+                 moe_intermediate_size=32, layer_types=("compressed_sparse_attention", "sliding_attention"),
+                 mlp_layer_types=("hash_moe", "moe"), index_n_heads=16, index_head_dim=16, index_topk=4,
+                 sliding_window=8, compress_rates={"compressed_sparse_attention": 4,
+                                                   "heavily_compressed_attention": 8}, max_ctx=32)
+
+
+@pytest.fixture
+def qdir(tmp_path):
+    d = tmp_path / "m"
+    write_random(str(d), SMALL, 3, dtype="fp8", naming="deepseek")
+    return d
+
+
+def rewrite(d, fn):
+    t = load_file(str(d / "model.safetensors"))
+    fn(t)
+    save_file(t, str(d / "model.safetensors"))
+
+
+def test_published_layouts_load_as_published(tmp_path):
+    """DeepSeek's names with .scale, save_pretrained's with .weight_scale_inv; E8M0, U8 and F32
+    scales; one file or shards: the same QuantWeights, bytes unchanged (no widening)."""
+    base = None
+    for naming, shards, sd in (("deepseek", 1, "e8m0"), ("save_pretrained", 3, "u8"), ("deepseek", 2, "f32")):
+        d = tmp_path / f"{naming}{shards}"
+        written = write_random(str(d), SMALL, 5, dtype="fp8", naming=naming, shards=shards, scale_dtype=sd)
+        cfg, w = load_hf(str(d))
+        q = w["layers.1.attn.wq_b.weight"]
+        assert isinstance(q, QuantWeight) and q.fmt == "fp8" and q.codes.dtype == np.uint8
+        e = w["layers.1.ffn.experts.w13"]
+        assert e.fmt == "fp4" and e.codes.shape == (4, 64, 32) and e.grid_rows == 32
+        for k, a in written.items():
+            if isinstance(a, QuantWeight):
+                assert np.array_equal(a.codes, w[k].codes) and np.array_equal(a.scale.ravel(), w[k].scale.ravel()), k
+        if base is None:
+            base = w
+        assert all(np.array_equal(np.asarray(base[k], np.float64), np.asarray(w[k], np.float64)) for k in w)
+    with open(tmp_path / "save_pretrained3" / "model.safetensors.index.json") as f:
+        wm = json.load(f)["weight_map"]
+    assert wm["model.layers.0.attn.wq_a.weight"] != wm["model.layers.0.attn.wq_a.weight_scale_inv"]
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda t: t.__setitem__("layers.0.attn.wq_a.scale", np.zeros((2, 1), np.uint8)),
+     r"scale 'layers\.0\.attn\.wq_a\.scale' has shape \[2, 1\]; fp8 weight 'layers\.0\.attn\.wq_a\.weight' \[32, 64\] "
+     r"needs \[1, 1\]"),
+    (lambda t: t.__setitem__("layers.1.ffn.experts.2.w2.scale", np.zeros((64, 2), np.uint8)),
+     r"scale 'layers\.1\.ffn\.experts\.2\.w2\.scale' has shape \[64, 2\]; fp4 weight .* \[64, 32\] needs \[64, 1\]"),
+    (lambda t: t["layers.1.attn.wo_b.scale"].view(np.uint8).__setitem__((0, 0), 255),
+     r"scale 'layers\.1\.attn\.wo_b\.scale' holds the E8M0 NaN byte 255"),
+    (lambda t: t.pop("layers.0.ffn.shared_experts.w2.scale"),
+     r"quantised tensor 'layers\.0\.ffn\.shared_experts\.w2\.weight' \(F8_E4M3\) has no scale"),
+    (lambda t: t.update({"layers.0.ffn.gate.weight": np.zeros((4, 64), ml_dtypes.float8_e4m3fn),
+                         "layers.0.ffn.gate.scale": np.full((1, 1), 127, np.uint8)}),
+     r"tensor 'layers\.0\.ffn\.gate\.weight' is quantised \(F8_E4M3\), but the format keeps it in BF16/F32"),
+    (lambda t: t["layers.0.attn.wkv.weight"].view(np.uint8).__setitem__((3, 5), 0x7F),
+     r"tensor 'layers\.0\.attn\.wkv\.weight' holds E4M3 NaN codes"),
+    (lambda t: t.__setitem__("layers.0.attn.wq_b.scale", np.full((1, 1), 3.0, np.float32)),
+     r"scale 'layers\.0\.attn\.wq_b\.scale' \(F32\) holds \[3\.0\]: E8M0 scales are powers of two"),
+    (lambda t: t.__setitem__("layers.0.ffn.gate.tid2eid", t["layers.0.ffn.gate.tid2eid"].astype(np.float32) + 0.7),
+     r"tensor 'layers\.0\.ffn\.gate\.tid2eid' \(float32\) holds non-integer expert ids \[[0-9.]+7"),
+    (lambda t: t.__setitem__("head.weight", np.ones((48, 64), np.int32)),
+     r"linear weight 'head\.weight' has integer dtype I32"),
+])
+def test_bad_checkpoints_refused_naming_the_tensor(qdir, edit, match):
+    rewrite(qdir, edit)
+    with pytest.raises(CheckpointError, match=match):
+        load_hf(str(qdir))
+
+
+def test_fp4_odd_width_refused(tmp_path):
+    """An FP4 tensor packs two inputs a byte: experts of an odd width cannot be stored."""
+    cfg = dataclasses.replace(SMALL, moe_intermediate_size=33)
+    d = tmp_path / "m"
+    write_random(str(d), SMALL, 3, dtype="fp8", naming="deepseek")
+    with open(d / "config.json") as f:
+        c = json.load(f)
+    c["moe_intermediate_size"] = cfg.moe_intermediate_size
+    with open(d / "config.json", "w") as f:
+        json.dump(c, f)
+    with pytest.raises(CheckpointError, match=r"'layers\.0\.ffn\.experts\.w2' has shape \[4, 64, 32\], expected "
+                                              r"\[4, 64, 33\]: an FP4 tensor packs two inputs a byte, and its width 33 "
+                                              r"is odd"):
+        load_hf(str(d))
+
+
+@pytest.mark.parametrize("qc,match", [
+    ({"weight_block_size": [64, 64]}, r"weight_block_size \[64, 64\] not supported; expected \[128, 128\]"),
+    ({"fmt": "e5m2"}, r"quantization_config\.fmt 'e5m2' not supported"),
+    ({"quant_method": "gptq"}, r"quant_method 'gptq' not supported"),
+])
+def test_unsupported_quantization_config_refused(qdir, qc, match):
+    with open(qdir / "config.json") as f:
+        c = json.load(f)
+    c["quantization_config"].update(qc)
+    with open(qdir / "config.json", "w") as f:
+        json.dump(c, f)
+    with pytest.raises(CheckpointError, match=match):
+        load_hf(str(qdir))
+    with pytest.raises(ConfigError, match=r"expert_dtype 'int2'"):
+        V4Config.from_hf(dict(c, quantization_config=None, expert_dtype="int2"))
+
+
+def test_device_bytes_stay_within_the_checkpoints(qdir):
+    """Weights keep the published precision on the device: ≤ 1.15 × the checkpoint's bytes."""
+    m = Model.load(str(qdir))
+    mem = m.memory()["weights"]
+    ckpt = os.path.getsize(qdir / "model.safetensors")
+    assert sum(mem.values()) <= 1.15 * ckpt, (mem, ckpt)
+    assert mem["fp4"] > 0 and mem["fp8"] > 0 and mem["e8m0"] > 0 and "f32" in mem
+
+
+# --- the model against transformers ---------------------------------------------------------------------
+
+def check_fixture(name, fused, chunk=16):
+    """Prefill the prompt, then every forced decode token; logits against transformers'."""
+    d = os.path.join(FIX, f"dsv4_{name}")
+    e = np.load(os.path.join(d, "expected.npz"))
+    m = Model.load(d, fused=fused, prefill_chunk=chunk, max_ctx=64)
+    assert any(isinstance(a, QuantWeight) for a in m.params.values())
+    got = m.prefill(e["prompt"], all_logits=True)
+    errs = [nmse(got[i], e["prefill"][i]) for i in range(len(got))]
+    assert max_abs(got, e["prefill"]) <= 1e-3 * np.abs(e["prefill"]).max()
+    for s, tok in enumerate(e["decode"]):
+        row = m.step(int(tok), output="logits")
+        errs.append(nmse(row, e["steps"][s]))
+        assert max_abs(row, e["steps"][s]) <= 1e-3 * np.abs(e["steps"][s]).max(), f"step {s}"
+    assert len(errs) == len(e["prompt"]) + len(e["decode"]) and len(e["decode"]) >= 16
+    assert max(errs) <= 1e-6, f"{name} fused={fused}: NMSE per position {errs}"
+    paths = {path for _, path, _ in m.paths()}
+    assert (paths == {"unfused"}) if fused is False else ("unfused" not in paths)
+    return max(errs)
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_logits_match_transformers(name, fused):
+    check_fixture(name, fused)
+
+
+def worker():
+    """Subprocess entry: kernels and fixtures at this process's subgroup size."""
+    from dsv4_vk.vk import default_device
+    print(f"worker: subgroup size {default_device().subgroup_size}")
+    kernel_checks(np.random.default_rng(7))
+    print("worker: kernels ok")
+    for name in FIXTURES:
+        for fused in (True, False):
+            print(f"worker: {name} fused={fused} worst nmse {check_fixture(name, fused, chunk=7):.3g} ok")
+
+
+@pytest.mark.parametrize("width,subgroup", [(128, 4), (512, 16)])
+def test_other_subgroup_sizes(width, subgroup):
+    env = dict(os.environ, LP_NATIVE_VECTOR_WIDTH=str(width))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "test_quant.py"), "worker"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=900)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-5000:]
+    assert f"worker: subgroup size {subgroup}" in out and "worker: kernels ok" in out, out
+    for name in FIXTURES:
+        for fused in (True, False):
+            assert f"worker: {name} fused={fused} worst nmse" in out, out
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    {"worker": worker}[sys.argv[1]]()
