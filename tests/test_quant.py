@@ -321,7 +321,7 @@ def check_fixture(name, fused, chunk=16):
         assert max_abs(row, e["steps"][s]) <= 1e-3 * np.abs(e["steps"][s]).max(), f"step {s}"
     assert len(errs) == len(e["prompt"]) + len(e["decode"]) and len(e["decode"]) >= 16
     assert max(errs) <= 1e-6, f"{name} fused={fused}: NMSE per position {errs}"
-    paths = {path for _, path, _ in m.paths()}
+    paths = {p.path for p in m.paths()}
     assert (paths == {"unfused"}) if fused is False else ("unfused" not in paths)
     return max(errs)
 
