@@ -122,6 +122,13 @@ def check_memory(cfg: V4Config, weight_bytes: int, chunk: int, device) -> dict:
     return {"cache": cache, "weights": wbytes, "total": cache + wbytes, "available": have}
 
 
+def _check_device(device: object) -> None:
+    if device is not None and not isinstance(device, Device):
+        raise ValueError(f"device must be a dsv4_vk.Device (a Vulkan device: dsv4_vk.Device(), Device(1) or "
+                         f"Device('llvmpipe'); `dsv4_vk info --all` lists them) or None for the default one, "
+                         f"got {device!r}")
+
+
 class Model:
     def __init__(self, cfg: V4Config, weights: dict, device: Device | None = None, fused: bool | None = None,
                  prefill_chunk: int = 16, splits: Sequence[int] | None = None, *,
@@ -132,10 +139,7 @@ class Model:
         are checked against the device before anything is allocated (check_memory)."""
         if not isinstance(cfg, V4Config):
             raise ValueError(f"cfg must be a V4Config, got {type(cfg).__name__}")
-        if device is not None and not isinstance(device, Device):
-            raise ValueError(f"device must be a dsv4_vk.Device (a Vulkan device: dsv4_vk.Device(), Device(1) or "
-                             f"Device('llvmpipe'); `dsv4_vk info --all` lists them) or None for the default one, "
-                             f"got {device!r}")
+        _check_device(device)
         splits = _check_splits(splits, cfg.num_hidden_layers)
         if max_ctx is not None:
             cfg = cfg.replace(max_ctx=_positive("max_ctx", max_ctx))
@@ -175,6 +179,7 @@ class Model:
         capacity, default min(max_position_embeddings, 4096)), or random weights for a V4Config
         (max_ctx: default the config's). A cache too large for the device is refused before anything
         is allocated (check_memory)."""
+        _check_device(device)
         if isinstance(path_or_config, V4Config):
             cfg = path_or_config
             if max_ctx is not None:
