@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import hc
-from ..core.graph import Graph, Tensor
+from ..core.graph import Graph, GraphTensor
 from ..ops.sample import sample
 from ..ops.v4_attention import mqa_decode_splits, rope_table
 from .checkpoint import BF16
@@ -160,8 +160,8 @@ NORM_FOLD = {"max_bytes": None}
 class Normed(NamedTuple):
     """RMS_NORM(x, g, eps) not yet computed: the mat-muls that read it normalise x's rows as they
     load them (MUL_MAT / MUL_MAT_ID with a norm weight), one dispatch fewer per norm at decode."""
-    x: Tensor
-    g: Tensor
+    x: GraphTensor
+    g: GraphTensor
     eps: float
 
 
@@ -194,17 +194,17 @@ class ModelGraph:
         a = self.params[name]
         return self.g.param(name, a.shape, DTYPE_NAMES[np.dtype(a.dtype)])
 
-    def norm(self, x: Tensor, weight: str) -> Tensor | Normed:
+    def norm(self, x: GraphTensor, weight: str) -> GraphTensor | Normed:
         """RMS_NORM of x's rows with the named weight; left to the reading mat-muls at T = 1."""
         g, eps = self.param(weight), self.cfg.rms_norm_eps
         return Normed(x, g, eps) if self.fold_norms else self.g.op("RMS_NORM", x, g, eps=eps)
 
-    def folds(self, x: Tensor | Normed, read_bytes: int) -> bool:
+    def folds(self, x: GraphTensor | Normed, read_bytes: int) -> bool:
         """Whether a mat-mul reading read_bytes of weights normalises the Normed x itself."""
         limit = NORM_FOLD["max_bytes"]
         return isinstance(x, Normed) and (limit is None or read_bytes <= limit)
 
-    def normed(self, x: Tensor | Normed) -> Tensor:
+    def normed(self, x: GraphTensor | Normed) -> GraphTensor:
         """x's rows normalised by one RMS_NORM (once per Normed, shared by its unfolded readers)."""
         if not isinstance(x, Normed):
             return x
@@ -213,7 +213,7 @@ class ModelGraph:
             self._norms[key] = (x, self.g.op("RMS_NORM", x.x, x.g, eps=x.eps))
         return self._norms[key][1]
 
-    def linear(self, x: Tensor | Normed, weight: str) -> Tensor:
+    def linear(self, x: GraphTensor | Normed, weight: str) -> GraphTensor:
         """x @ wᵀ with the named weight (x normalised in the same dispatch when it is Normed and the
         weight within NORM_FOLD)."""
         w = self.param(weight)
