@@ -1,7 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 //! variants: OP_STEP | OP_COPY ; - | GRID_STRIDE
-// Device-floor kernels (dsv4_vk/floor.py): the cheapest useful dispatch and a plain copy.
+// Device-floor kernels (dsv4_vk/cli/floor.py): the cheapest useful dispatch and a plain copy.
 // Variants (-D):
 //   OP_STEP  d[dst] = d[src] + 1: a one-invocation dispatch (launch with workgroup size 1, grid 1).
 //            Chained with src = i, dst = i + 1 each dispatch depends on the one before, and the

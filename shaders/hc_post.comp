@@ -14,7 +14,7 @@
 //   next site — its mixes' partial sums over this workgroup's slice of the new streams, which
 //   are still in registers: partials[t, slice, j] = Σ_{d, c in slice} out[t,d,c]·fn_next[j, d·D + c]
 //   (j < M, spec constant 2) and [t, slice, M] = Σ out², reduced across the workgroup
-//   (wg_reduce.glsl) — hc_mix.comp's partials layout, finished by hc_site.comp. Bindings 4 fn_next,
+//   (wg_reduce.glsl) — hc_mix_token.comp's partials layout, finished by hc_site.comp. Bindings 4 fn_next,
 //   5 out, 6 partials; push adds fn_next (offset, row stride, chunks) and partials (offset, token
 //   and split strides). Layout: one destination stream per invocation, WG/4 chunks per workgroup (WG a
 //   multiple of 4); the workgroup's slice of WG/4 chunks is the split: groups per token = G.

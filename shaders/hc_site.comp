@@ -2,7 +2,7 @@
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 //! variants: - | VEC4
-// HC_SITE: the rest of a site's pre side in one dispatch, from the mixes' partial sums (hc_mix.comp
+// HC_SITE: the rest of a site's pre side in one dispatch, from the mixes' partial sums (hc_mix_token.comp
 // partials, or the previous site's HC_POST with -D MIX_NEXT): mixes = Σ partial dots / sqrt(Σ Σx² /
 // (4·D) + norm_eps); gates; Sinkhorn; u[t,:] = Σ_s pre[t,s]·X[t,s,:].
 // Layout: workgroup g → token t = g / groups_per_token and slice g % groups_per_token of D (as

@@ -1,6 +1,6 @@
 // Reductions over clusters of LANES consecutive subgroup lanes, without shared memory or barriers.
 // LANES (a -D define, a power of two no larger than the subgroup) is chosen on the host from the
-// device caps (ops.rows.cluster_lanes):
+// device caps (ops.base.cluster_lanes):
 //   LANES == 1                   no subgroup operation at all: the fallback for devices without them;
 //   LANES_SUBGROUP_OPS defined   the cluster is the whole subgroup: subgroupAdd / subgroupMax;
 //   otherwise                    a butterfly of subgroupShuffleXor by 1, 2, .. LANES/2.

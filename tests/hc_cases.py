@@ -782,7 +782,7 @@ def test_pre_gate_kernel(ex, rng, T, D, eps):
 def test_post_mix_partials(ex, rng, T, D, m, layout):
     """HC_POST_MIX alone: the new streams (as HC_POST) and the next fn's partial sums against float64,
     per D slice of wg/4 chunks (hc_post.comp -D MIX_NEXT) or, with split, per split of 16 chunks in
-    KSPLIT's layout (hc_mix.comp -D KSPLIT -D POST: partial token blocks, scalar chunks at odd D, a last
+    KSPLIT's layout (hc_mix_ksplit.comp -D POST: partial token blocks, scalar chunks at odd D, a last
     split shorter than 16 chunks); a residual fed as a permuted [4,T,D] input (strided)."""
     split = layout.get("split", 0)
     partial = layout.get("partial_subgroup", False)   # wg 4: one chunk per destination stream, a workgroup

@@ -183,7 +183,7 @@ BAD_GRAPH_CALLS = [   # (message, build(g, x)) where x = g.input("x", (3, 4))
     ("SCALE: input 0 belongs to another graph", lambda g, x: Graph().op("SCALE", x)),
     ("output 'y' belongs to another graph", lambda g, x: Graph().output("y", x)),
     ("ADD takes 2 input tensor(s), got 1", lambda g, x: g.op("ADD", x)),
-    ("SCALE: input 0 must be a graph Tensor, got ndarray", lambda g, x: g.op("SCALE", np.ones(3))),
+    ("SCALE: input 0 must be a GraphTensor, got ndarray", lambda g, x: g.op("SCALE", np.ones(3))),
     ("SCALE: out has shape (4, 3) f32, expected (3, 4) f32", lambda g, x: g.op("SCALE", x, out=g.empty((4, 3)))),
     ("graph input 'x' declared twice", lambda g, x: g.input("x", (2,))),
     ("dtype 'f64' not supported", lambda g, x: g.input("h", (2,), "f64")),

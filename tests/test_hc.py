@@ -376,7 +376,7 @@ def test_graph_functions_validate_their_tensors(device):
         hc.comb(g, other.input("m", (3, 24)), s, b, device=device)
     with pytest.raises(ValueError, match=r"base must have shape \[24\]"):
         hc.comb(g, m, s, m[0, :23], device=device)
-    with pytest.raises(ValueError, match="mixes must be a graph tensor"):
+    with pytest.raises(ValueError, match="mixes must be a GraphTensor"):
         hc.comb(g, np.zeros((3, 24)), s, b, device=device)
     with pytest.raises(ValueError, match="eps must be a finite number > 0"):
         hc.comb(g, m, s, b, eps=0, device=device)

@@ -3,7 +3,7 @@ graph to one recorded command buffer and replays it, op declarations, and profil
 from .executor import CompiledGraph, Executor, RunStats, Submission
 from .graph import Graph
 from .opdef import Launch, OpDef, get_op, register
-from .tensor import GraphTensor, Tensor
+from .tensor import GraphTensor
 
-__all__ = ["CompiledGraph", "Executor", "Graph", "GraphTensor", "Launch", "OpDef", "RunStats", "Submission", "Tensor",
+__all__ = ["CompiledGraph", "Executor", "Graph", "GraphTensor", "Launch", "OpDef", "RunStats", "Submission",
            "get_op", "register"]

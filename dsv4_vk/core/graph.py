@@ -21,7 +21,7 @@ import numpy as np
 
 from ..vk import default_device
 from .opdef import get_op
-from .tensor import DTYPES, Storage, Tensor, dtype_name
+from .tensor import DTYPES, GraphTensor, Storage, dtype_name
 from ..vk.tensor import Tensor as DeviceTensor
 
 if TYPE_CHECKING:
@@ -56,68 +56,68 @@ class Graph:
         self.storages.append(s)
         return s
 
-    def input(self, name: str, shape: Sequence[int], dtype: str = "f32") -> Tensor:
+    def input(self, name: str, shape: Sequence[int], dtype: str = "f32") -> GraphTensor:
         if name in self.inputs:
             raise ValueError(f"graph input {name!r} declared twice")
         if dtype not in DTYPES:
             raise ValueError(f"input {name!r}: dtype {dtype!r} not supported; expected one of {list(DTYPES)}")
-        t = Tensor(self, self._storage(math.prod(shape), dtype, "input", name), shape)
+        t = GraphTensor(self, self._storage(math.prod(shape), dtype, "input", name), shape)
         self.inputs[name] = t
         return t
 
-    def const(self, array: Any, name: str | None = None) -> Tensor:
+    def const(self, array: Any, name: str | None = None) -> GraphTensor:
         """A constant uploaded once when the graph is compiled (weights, eps tables...)."""
         a = np.asarray(array)
         dt = dtype_name(a.dtype) if a.dtype != np.float64 else "f32"
         a = np.ascontiguousarray(a, dtype=DTYPES[dt])
-        return Tensor(self, self._storage(a.size, dt, "const", name, a), a.shape)
+        return GraphTensor(self, self._storage(a.size, dt, "const", name, a), a.shape)
 
-    def param(self, name: str, shape: Sequence[int], dtype: str = "f32") -> Tensor:
+    def param(self, name: str, shape: Sequence[int], dtype: str = "f32") -> GraphTensor:
         """A named tensor that lives outside the graph, in the executor (`Executor.set_param`):
         weights shared by several graphs, KV caches that persist across replays."""
         for s in self.storages:
             if s.kind == "param" and s.name == name and s.data is None:
                 if s.numel != math.prod(shape) or s.dtype != dtype:
                     raise ValueError(f"param {name!r} used with two shapes/dtypes")
-                return Tensor(self, s, shape)
-        return Tensor(self, self._storage(math.prod(shape), dtype, "param", name), shape)
+                return GraphTensor(self, s, shape)
+        return GraphTensor(self, self._storage(math.prod(shape), dtype, "param", name), shape)
 
-    def bind(self, tensor: DeviceTensor, name: str | None = None) -> Tensor:
+    def bind(self, tensor: DeviceTensor, name: str | None = None) -> GraphTensor:
         """A device Tensor used by this graph in place (weights, caches, state: never copied);
         every program compiled from the graph reads and writes that tensor itself."""
         if not isinstance(tensor, DeviceTensor):
             raise ValueError(f"Graph.bind takes a dsv4_vk.Tensor, got {type(tensor).__name__}")
         for s in self.storages:
             if s.kind == "param" and s.data is tensor:
-                return Tensor(self, s, tensor.shape)
+                return GraphTensor(self, s, tensor.shape)
         s = self._storage(tensor.numel, tensor.dtype_name, "param", name or f"bound#{len(self.storages)}", tensor)
-        return Tensor(self, s, tensor.shape)
+        return GraphTensor(self, s, tensor.shape)
 
     def compile(self, device: Device | None = None, params: dict | None = None,
                 timestamps: bool = False) -> CompiledGraph:
         """Record this graph on `device` (default: the process-wide device) into a program you keep:
-        `run`/`replay`/`submit` it as often as needed. params: {name: Tensor} for `param` leaves."""
+        `run`/`replay`/`submit` it as often as needed. params: {name: dsv4_vk.Tensor} for `param` leaves."""
         from .executor import CompiledGraph
         return CompiledGraph(device or default_device(), self, timestamps, params)
 
-    def empty(self, shape: Sequence[int], dtype: str = "f32", name: str | None = None) -> Tensor:
-        return Tensor(self, self._storage(math.prod(shape), dtype, "temp", name), shape)
+    def empty(self, shape: Sequence[int], dtype: str = "f32", name: str | None = None) -> GraphTensor:
+        return GraphTensor(self, self._storage(math.prod(shape), dtype, "temp", name), shape)
 
-    def output(self, name: str, tensor: Tensor) -> Tensor:
+    def output(self, name: str, tensor: GraphTensor) -> GraphTensor:
         if tensor.graph is not self:
             raise ValueError(f"output {name!r} belongs to another graph")
         self.outputs[name] = tensor
         return tensor
 
     # --- nodes ------------------------------------------------------------------------------------
-    def op(self, name: str, *inputs: Tensor, out: Tensor | None = None, **params: Any) -> Tensor:
+    def op(self, name: str, *inputs: GraphTensor, out: GraphTensor | None = None, **params: Any) -> GraphTensor:
         """Append one node of op `name`; returns its output tensor (or `out`, a view written in place)."""
         op = get_op(name)
         if op.n_inputs is not None and len(inputs) != op.n_inputs:
             raise ValueError(f"{name} takes {op.n_inputs} input tensor(s), got {len(inputs)}")
         for i, t in enumerate(inputs):
-            if not isinstance(t, Tensor):
-                raise ValueError(f"{name}: input {i} must be a graph Tensor, got {type(t).__name__}")
+            if not isinstance(t, GraphTensor):
+                raise ValueError(f"{name}: input {i} must be a GraphTensor, got {type(t).__name__}")
             if t.graph is not self:
                 raise ValueError(f"{name}: input {i} belongs to another graph")
             if t.dtype not in op.dtypes:

@@ -1,6 +1,6 @@
 """Graph tensors: (storage, element offset, shape, element strides, dtype) with zero-copy views.
 
-`GraphTensor` (also `dsv4_vk.core.Tensor`) is a symbolic view inside one Graph; the array that lives
+`GraphTensor` is a symbolic view inside one Graph; the array that lives
 on a device between calls is `dsv4_vk.Tensor` (vk/tensor.py).
 
 A `Storage` is one allocation a graph will place in one device buffer (input, constant,
@@ -169,4 +169,3 @@ class GraphTensor:
         return f"GraphTensor({self.shape}, {self.dtype}, strides={self.strides}, off={self.offset}, {self.storage.kind})"
 
 
-Tensor = GraphTensor    # the name inside dsv4_vk.core and the op families

@@ -26,7 +26,7 @@ OPS = ("HC_COMB", "HC_PRE", "HC_POST", "HC_STEP", "HC_SITE_PRE", "HC_MIX", "HC_S
 # HC_MIX: a site's mixes (flat RMS + mixes mat-mul) alone.
 # HC_SITE: a whole site as it runs inside a model, pre and post, with an identity sublayer (f = u):
 # from X and the site's weights to u, post, comb and the new streams. Where a post carries the next
-# site's mixes (composite.carries: decode, T ≤ CARRY_MAX_T, and with PREFILL_CARRY any T) its
+# site's mixes (plan.carries: decode, T ≤ CARRY_MAX_T, and with PREFILL_CARRY any T) its
 # mixes' partial sums come in as `mix` ([T, G, 25] in the G D splits the previous site's post
 # makes, plan.carry_splits; the host computes them) and its post computes the next site's
 # (next fn = fn): the steady state of a chain of sites, mixes included. Elsewhere the site reads X

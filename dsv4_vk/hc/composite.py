@@ -38,7 +38,7 @@ def variants(device):
 
 def _tensor(g, name, t):
     if not isinstance(t, GraphTensor):
-        raise ValueError(f"{name} must be a graph tensor, got {type(t).__name__}")
+        raise ValueError(f"{name} must be a GraphTensor, got {type(t).__name__}")
     if t.graph is not g:
         raise ValueError(f"{name} belongs to another graph")
     if t.dtype != "f32":
@@ -248,7 +248,7 @@ def site_pre(g, X, fn, scale, base, *, hc_eps=1e-6, norm_eps=1e-6, n_iter=20, fu
              mix=None):
     """One site's pre side: (u [T,D], post [T,4], comb [T,4,4]) from the streams X [T,4,D].
 
-    Site path (HC_SITE on, policy.py): HC_MIX_PART (unless `mix`, the partials carried from the
+    Site path (the plan's HC_SITE): HC_MIX_PART (unless `mix`, the partials carried from the
     previous site's post, is given) then HC_SITE: two dispatches, one with `mix`. Three-op path:
     the mixes (`mixes`, or HC_MIX_REDUCE of `mix`), HC_COEFS (comb and both gates: post and comb
     are then strided views of its [T,24] output), HC_PRE. Unfused: every op as its primitive chain

@@ -64,7 +64,7 @@ def reference_mixes(X, fn, norm_eps=1e-6):
 
 def reference_mix_partials(X, fn, groups, chunk=1, split=None):
     """partials [T,G,m+1]: per split of D (chunks of `chunk` floats, `split` or else ceil(chunks/G)
-    per split), the dot products with fn over the 4 streams' slices and Σx² (hc_mix.comp's layout)."""
+    per split), the dot products with fn over the 4 streams' slices and Σx² (hc_mix_token.comp's layout)."""
     X, fn = as_f64(X), as_f64(fn)
     T, _, D = X.shape
     m = fn.shape[0]
@@ -307,7 +307,7 @@ def _site_m(part, scale, base):
 
 
 @register
-class HcSite(OpDef):
+class HcSiteOp(OpDef):
     """HC_SITE(partials [T,G,m+1], X [T,4,D], scale, base, coefs [T,m], hc_eps=, norm_eps=, n_iter=[, wg=])
     -> u [T,D].
 

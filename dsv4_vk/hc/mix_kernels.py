@@ -21,6 +21,9 @@ from ..ops.base import Launch, OpDef, check_params, check_shape, grid_1d, pack_p
 MIX_TUNING = {"wg": None, "groups": None, "split": None, "lpt": None, "tb": None, "tpl": None, "rh": None,
               "kernel": None, "tt": None}
 MIX_KERNELS = ("token", "ksplit", "tc", "tcr")
+# The shader of each mixes kernel (shaders/<name>.comp): the names lowering, profiles and `info` share.
+MIX_SHADERS = {"token": "hc_mix_token", "ksplit": "hc_mix_ksplit", "tc": "hc_mix_tc", "tcr": "hc_mix_tcr",
+               "fn_split": "hc_mix_fn_split", "probe": "hc_mix_probe", "reduce": "hc_mix_reduce"}
 # Workgroups a mixes pass aims for (a few per compute unit of a large GPU; a CPU device runs
 # workgroups on its cores one after another, so a few suffice there).
 MIX_TARGET_GROUPS = {"cpu": 4}
@@ -103,7 +106,7 @@ def _check_mix_args(X, fn):
 
 
 def _ksplit_pipeline(op, device, chunks, groups, m, unit, pr, tpls):
-    """The KSPLIT layout's constraints (hc_mix.comp -D KSPLIT, with or without POST), then its defines
+    """The KSPLIT layout's constraints (hc_mix_ksplit.comp, with or without POST), then its defines
     and specialization constants (wg, m, lpt, tpl, row groups)."""
     split, wg, lpt, tpl, rh = pr.get("split", 0), pr["wg"], pr.get("lpt", 1), pr.get("tpl", 1), pr.get("rh", 1)
     if split != KSPLIT_S or groups != -(-chunks // split):
@@ -124,7 +127,7 @@ def _ksplit_pipeline(op, device, chunks, groups, m, unit, pr, tpls):
                             f"{device.name} has {device.caps.limits.max_shared_memory} B")
     if tpl not in tpls:
         raise ValueError(f"{op}: tpl (tokens per lane group) must be one of {tpls}, got {tpl}")
-    return {"KSPLIT": 1}, (wg, m, lpt, tpl, ksplit_row_groups(pr, m))
+    return {}, (wg, m, lpt, tpl, ksplit_row_groups(pr, m))
 
 
 def ksplit_row_groups(params, m):
@@ -164,14 +167,14 @@ def _mix_launch(node, device, final, groups):
                      check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
                      X.offset // unit, *strides_in(X, unit), fn.offset // unit, fn.strides[0] // unit,
                      out.offset, out.strides[0], out.strides[1], tb)
-    return [Launch("hc_mix", [X, fn, out], (2,), push, grid, defines=defines, spec=spec,
+    return [Launch(MIX_SHADERS["ksplit" if split else "token"], [X, fn, out], (2,), push, grid, defines=defines, spec=spec,
                    full_subgroups=device.caps.subgroup.full_subgroups)]
 
 
 def _tc_defines(name, device, tc):
     """The tensor-core kernel's defines and whether it needs full subgroups (tc = 1 on cooperative
     matrices, 2 with FMA products); HCUnsupported where the device cannot run it."""
-    defines, full = {"VEC4": 1, "TC": 1}, False
+    defines, full = {"VEC4": 1}, False
     if tc == 1:
         n = tc_tile_n(device)
         if n is None:
@@ -203,7 +206,7 @@ def _tc_checks(name, pr, chunks, groups, vec4, D):
 
 
 def _tc_launch(node, device, final, groups, vec4, chunks):
-    """HC_MIX_PART's tensor-core kernel (hc_mix.comp -D TC)."""
+    """HC_MIX_PART's tensor-core kernel (hc_mix_tc.comp)."""
     name, pr = node.op.name, node.params
     X, fn = node.inputs
     T, m = X.shape[0], fn.shape[0]
@@ -215,7 +218,7 @@ def _tc_launch(node, device, final, groups, vec4, chunks):
                      check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
                      X.offset // 4, *strides_in(X, 4), fn.offset // 4, fn.strides[0] // 4,
                      node.output.offset, node.output.strides[0], node.output.strides[1], TC_TOKENS)
-    return Launch("hc_mix", [X, fn, node.output], (2,), push, grid_1d(-(-T // TC_TOKENS) * groups, 1),
+    return Launch(MIX_SHADERS["tc"], [X, fn, node.output], (2,), push, grid_1d(-(-T // TC_TOKENS) * groups, 1),
                   defines=defines, spec=(TC_WG, m), full_subgroups=full)
 
 
@@ -230,7 +233,7 @@ def _check_tc_param(op, params):
 class HcMix(OpDef):
     """HC_MIX(X [T,4,D], fn [m,4D], norm_eps=, wg=) -> mix [T,m] = (x @ fnᵀ) / sqrt(mean(x²) + norm_eps),
     x = X flattened per token: the site's flat RMS norm and mixes mat-mul in one dispatch, one
-    workgroup per token reading its X once (hc_mix.comp -D FINAL)."""
+    workgroup per token reading its X once (hc_mix_token.comp -D FINAL)."""
     name, n_inputs = "HC_MIX", 2
 
     def infer(self, inputs, params):
@@ -251,7 +254,7 @@ class HcMix(OpDef):
 @register
 class HcMixPartials(OpDef):
     """HC_MIX_PART(X [T,4,D], fn [m,4D], groups=G, wg=, split=, lpt=, tb=, tpl=, rh=, tc=, norm_eps=) -> partials
-    [T,G,m+1]: per split of D the dot products with the m fn rows and Σx² (hc_mix.comp: the per-token
+    [T,G,m+1]: per split of D the dot products with the m fn rows and Σx² (hc_mix_token.comp: the per-token
     kernel, KSPLIT, with tc=1 or 2 the tensor-core kernel TC). Decode splits D over many workgroups;
     HC_SITE or HC_MIX_REDUCE finish."""
     name, n_inputs = "HC_MIX_PART", 2
@@ -311,7 +314,7 @@ class HcMixReduce(OpDef):
         T, G, m1 = part.shape
         push = pack_push(T, G, 1.0 / node.params["width"], check_eps("norm_eps", node.params.get("norm_eps", 1e-6)),
                          part.offset, part.strides[0], part.strides[1], out.offset, *out.strides)
-        return [Launch("hc_mix", [part, out], (1,), push, grid_1d(T * (m1 - 1), 64), defines={"REDUCE": 1},
+        return [Launch(MIX_SHADERS["reduce"], [part, out], (1,), push, grid_1d(T * (m1 - 1), 64), defines={},
                        spec=(64, m1 - 1, 1))]
 
     def reference(self, part, norm_eps=1e-6, width=1):
@@ -321,9 +324,9 @@ class HcMixReduce(OpDef):
 
 
 def _post_mix_many_tokens_launch(node, device, f, res, post, comb, fn, out, part):
-    """HC_POST_MIX for many tokens: hc_mix.comp -D KSPLIT -D POST (blocks of tokens through the next
+    """HC_POST_MIX for many tokens: hc_mix_ksplit.comp -D POST (blocks of tokens through the next
     fn's D split staged in shared memory, the new streams made and written on the way), or with
-    tc = 1 / 2 -D TC -D POST (the tensor-core kernel, steps of 4 chunks of the 4 streams)."""
+    tc = 1 / 2 hc_mix_tc.comp -D POST (the tensor-core kernel, steps of 4 chunks of the 4 streams)."""
     T, D = f.shape
     vec4 = vec4_ok(D, [f, res, out, fn])
     unit = 4 if vec4 else 1
@@ -343,7 +346,8 @@ def _post_mix_many_tokens_launch(node, device, f, res, post, comb, fn, out, part
                      part.offset, part.strides[0], part.strides[1], tb,
                      f.offset // unit, *strides_in(f, unit), post.offset, *post.strides, comb.offset, *comb.strides,
                      out.offset // unit, *strides_in(out, unit))
-    return [Launch("hc_mix", [f, fn, part, res, post, comb, out], (2, 6), push, grid_1d(-(-T // tb) * groups, 1),
+    return [Launch(MIX_SHADERS["tc" if pr.get("tc") else "ksplit"], [f, fn, part, res, post, comb, out], (2, 6), push,
+                   grid_1d(-(-T // tb) * groups, 1),
                    defines={**defines, "POST": 1}, spec=spec, full_subgroups=full)]
 
 
@@ -357,8 +361,8 @@ class HcPostMix(OpDef):
     next site's mixes partials, which HC_SITE or HC_MIX_REDUCE finish. Few tokens: hc_post.comp
     -D MIX_NEXT, G = workgroups per token (one destination stream of one chunk per invocation, wg/4
     chunks per workgroup). With split (KSPLIT's layout,
-    `mix_layout(..., kernel="ksplit")`, tpl ≤ 2): hc_mix.comp -D KSPLIT -D POST, G = D splits; with
-    `mix_layout(..., kernel="tc")` (tc = 1 or 2): -D TC -D POST, the tensor-core kernel."""
+    `mix_layout(..., kernel="ksplit")`, tpl ≤ 2): hc_mix_ksplit.comp -D POST, G = D splits; with
+    `mix_layout(..., kernel="tc")` (tc = 1 or 2): hc_mix_tc.comp -D POST, the tensor-core kernel."""
     name, n_inputs = "HC_POST_MIX", 6
     written_inputs = (5,)
 

@@ -1,8 +1,8 @@
 """TCR: the mixes of many tokens on fp16 tensor cores at fp32 accuracy, x split in registers straight into
-the elements of the cooperative matrices (hc_mix.comp -D TCR; docs/hc_ops.md). The device's element
-layout (probed once: hc_mix.comp -D PROBE), fn split once per call into the matrices' B elements
-(HC_MIX_FN_SPLIT), and the partial sums (HC_MIX_TCR), which HC_MIX_REDUCE finishes; `mix_kernels`
-picks TCR where the layout is TCR's (mix_layout, mix_partials).
+the elements of the cooperative matrices (hc_mix_tcr.comp; docs/hc_ops.md). The device's element
+layout (probed once: hc_mix_probe.comp), fn split once per call into the matrices' B elements
+(HC_MIX_FN_SPLIT), and the partial sums (HC_MIX_TCR), which HC_MIX_REDUCE finishes; `plan`
+picks TCR where the layout is TCR's (plan.mix_kernel).
 """
 import numpy as np
 
@@ -26,7 +26,7 @@ def tc_tile_n(device):
     return next((n for n in (8, 16) if n in ns), None)
 
 
-# TCR's element layout (hc_mix.comp -D TCR): lane l = 4·g + q of a 32-lane subgroup holds, of a 16 × 16 A,
+# TCR's element layout (hc_mix_tcr.comp): lane l = 4·g + q of a 32-lane subgroup holds, of a 16 × 16 A,
 # rows g and g + 8 and columns 2q, 2q+1, 2q+8, 2q+9; of a 16 × 8 B, rows g, g + 8 and columns 2q, 2q+1
 # (the H200's). Which element e is which is the device's: the probe reads it, and spec constants 2–4
 # tell the kernel (TCR_AH bit e: A element e in row g + 8; TCR_AF 2 bits per element: its column
@@ -65,7 +65,7 @@ def tcr_layout_from(a, b):
 
 
 def tcr_layout(device):
-    """TCR's layout constants on `device` (probed once per device: hc_mix.comp -D PROBE), or the reason it cannot
+    """TCR's layout constants on `device` (probed once per device: hc_mix_probe.comp), or the reason it cannot
     run there (str)."""
     key = (id(device), getattr(device, "serial", None))
     if key not in _tcr_layouts:
@@ -82,11 +82,10 @@ def tcr_layout(device):
 
 
 def tcr_probe(device):
-    """hc_mix.comp -D PROBE's output on `device`: A's elements [32 lanes × 8], B's [32 × 4], C's [32 × 4],
+    """hc_mix_probe.comp's output on `device`: A's elements [32 lanes × 8], B's [32 × 4], C's [32 × 4],
     each the flat index of its entry, then the element counts (8, 4, 4 as 80404)."""
     with device.in_use:                     # (close() waits for it: the recording's pools are destroyed here)
-        pipe = device.pipelines.get("hc_mix", 3, {"VEC4": 1, "TC": 1, "TCR": 1, "CM_NV": 1, "CM_N": 8, "CM_TT": 1,
-                                                   "PROBE": 1}, (32, 24), full_subgroups=True)
+        pipe = device.pipelines.get("hc_mix_probe", 3, {"VEC4": 1}, (32, 24), full_subgroups=True)
         buf = Buffer(device, 4 * 520)
         try:
             buf.write(np.full(520, -2, np.float32))
@@ -102,12 +101,12 @@ def tcr_probe(device):
             buf.destroy()
 
 
-# TCR (hc_mix.comp -D TCR): tiles of 16 tokens per subgroup (tt of them: tt = 2 measured fastest on the
+# TCR (hc_mix_tcr.comp): tiles of 16 tokens per subgroup (tt of them: tt = 2 measured fastest on the
 # H200), workgroups of 4 subgroups, 16-chunk steps of one stream; fn split once per call (HC_MIX_FN_SPLIT).
 TCR_TT = 2
 TCR_SPLITS = (16, 32, 64)               # chunks per stream and split: G = ceil(chunks / split) splits
 TCR_SPLIT = 32                          # where none fits the workgroups in one wave (tcr_split_chunks)
-TCR_MIN_T = 512                         # from this many tokens mix_layout picks TCR where the device runs it
+TCR_MIN_T = 512                         # from this many tokens plan.mix_kernel picks TCR where the device runs it
 TCR_STEP_FLOATS = 64
 TCR_STEP_WORDS = 4 * 3 * 32 * 4         # per step of 64 floats: j, fn tile, lane, uvec4
 
@@ -116,11 +115,10 @@ def tcr_split_chunks(T, chunks, tt, wave):
     """TCR's chunks per split at T tokens of `chunks` chunks per stream, tt tiles a subgroup, on a device
     that runs about `wave` of its workgroups at once: where some splits of TCR_SPLITS make between half
     a wave and one wave of workgroups (token blocks × splits), the smallest of them (the most
-    workgroups, each streaming its steps with no second wave behind it); otherwise TCR_SPLIT. H200, wave
-    256 (MIX_TARGET_GROUPS_DEFAULT): at T = 512, 1024, 2048 and D = 4096, 7168 the fastest of 16, 32, 64
-    (results/h200/hc_tune_tcr_midt_h200.txt), e.g. HC_MIX 62.5 against 75.6 µs with 32 at T = 2048,
-    D = 4096 (64), 60.8 against 75.9 at T = 1024, D = 7168 (64) (hc_tune_tcr_rule2_h200.txt); at
-    T = D = 4096 splits of 64 (two waves) took 124.4 against 109.3 with 32 (hc_tune_tcr_rule_h200.txt)."""
+    workgroups, each streaming its steps with no second wave behind it); otherwise TCR_SPLIT: a
+    workgroup streams its steps with their loads' latency exposed, and a second wave behind the first
+    costs more than longer workgroups do (H200, wave 256 = MIX_TARGET_GROUPS_DEFAULT:
+    results/h200/hc_tune_tcr_rule2_h200.txt)."""
     blocks = -(-T // (TCR_BLOCK * tt))
     one_wave = [s for s in TCR_SPLITS if s <= chunks and wave / 2 <= blocks * -(-chunks // s) <= wave]
     if one_wave:
@@ -134,7 +132,7 @@ def tcr_words(D):
 
 
 def _split16(v, sigma):
-    """hc_mix.comp's split16 in numpy float32: hi on fp16's grid by integer rounding, lo = (v·σ − hi)·2¹¹."""
+    """hc_mix_split.glsl's split16 in numpy float32: hi on fp16's grid by integer rounding, lo = (v·σ − hi)·2¹¹."""
     a = (np.asarray(v, np.float32) * np.float32(sigma)).astype(np.float32)
     normal = ((a.view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
     sub = (np.round(a * np.float32(16777216.0)) * np.float32(1.0 / 16777216.0)).astype(np.float32)
@@ -172,7 +170,7 @@ def _check_tcr_d(op, D):
 @register
 class HcMixFnSplit(OpDef):
     """HC_MIX_FN_SPLIT(fn [m,4D], layout=(ah, af, bf)) -> [tcr_words(D)]: fn as TCR's B elements, each split
-    into fp16 hi and lo (hc_mix.comp -D FNSPLIT), uint32 words held in an f32 tensor — what HC_MIX_TCR
+    into fp16 hi and lo (hc_mix_fn_split.comp), uint32 words held in an f32 tensor — what HC_MIX_TCR
     reads instead of splitting fn in every workgroup."""
     name, n_inputs = "HC_MIX_FN_SPLIT", 1
 
@@ -197,8 +195,8 @@ class HcMixFnSplit(OpDef):
         steps = HC * D // TCR_STEP_FLOATS
         push = pack_push(0, D // 4, 0, steps, 0.0, 0.0, 0, 0, 0, fn.offset // 4, fn.strides[0] // 4, out.offset // 4,
                          0, 0, 0)
-        return [Launch("hc_mix", [fn, fn, out], (2,), push, grid_1d(steps * TCR_STEP_WORDS // 4, TCR_WG),
-                       defines={"VEC4": 1, "TC": 1, "TCR": 1, "CM_TT": 1, "FNSPLIT": 1},
+        return [Launch("hc_mix_fn_split", [fn, fn, out], (2,), push, grid_1d(steps * TCR_STEP_WORDS // 4, TCR_WG),
+                       defines={"VEC4": 1},
                        spec=(TCR_WG, m, *node.params["layout"]))]
 
     def reference(self, fn, layout=TCR_H200_LAYOUT):
@@ -229,7 +227,7 @@ def tcr_fn_from_split(words, m, D, layout=TCR_H200_LAYOUT):
 class HcMixTcr(OpDef):
     """HC_MIX_TCR(X [T,4,D], fn_split [tcr_words(D)], m=, groups=G, split=, tt=, cm=, layout=, norm_eps=) -> partials
     [T,G,m+1]: the mixes' partial sums on tensor cores, x split in registers straight into the matrices'
-    elements (hc_mix.comp -D TCR; cm = 1 on VK_NV_cooperative_matrix where the probed element layout is
+    elements (hc_mix_tcr.comp; cm = 1 on VK_NV_cooperative_matrix where the probed element layout is
     `layout`, cm = 0 its emulation through shared memory); fn_split from HC_MIX_FN_SPLIT with the same
     layout. HC_MIX_REDUCE finishes."""
     name, n_inputs = "HC_MIX_TCR", 2
@@ -269,7 +267,7 @@ class HcMixTcr(OpDef):
         if need > device.caps.limits.max_shared_memory:
             raise HCUnsupported(f"{self.name}: tt = {tt} ({TCR_BLOCK * tt} tokens a workgroup) keeps {need} B in shared "
                                 f"memory, {device.name} has {device.caps.limits.max_shared_memory} B")
-        defines = {"VEC4": 1, "TC": 1, "TCR": 1, "CM_TT": tt}
+        defines = {"VEC4": 1, "CM_TT": tt}
         if pr["cm"]:
             lay = tcr_layout(device)
             if isinstance(lay, str):
@@ -280,7 +278,7 @@ class HcMixTcr(OpDef):
         push = pack_push(T, D // 4, pr["split"], pr["groups"], 1.0 / (HC * D), check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
                          X.offset // 4, *strides_in(X, 4), fw.offset // 4, 0, out.offset, out.strides[0], out.strides[1],
                          TCR_BLOCK * tt, 0)
-        return [Launch("hc_mix", [X, fw, out], (2,), push, grid_1d(-(-T // (TCR_BLOCK * tt)) * pr["groups"], 1),
+        return [Launch("hc_mix_tcr", [X, fw, out], (2,), push, grid_1d(-(-T // (TCR_BLOCK * tt)) * pr["groups"], 1),
                        defines=defines, spec=(TCR_WG, m, *pr["layout"]), full_subgroups=bool(pr["cm"]))]
 
     def reference(self, X, fw, m=24, groups=1, split=16, tt=1, cm=0, layout=TCR_H200_LAYOUT, norm_eps=1e-6):

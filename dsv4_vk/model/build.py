@@ -31,7 +31,7 @@ from typing import NamedTuple, TypeGuard
 import numpy as np
 
 from .. import hc
-from ..core.graph import Graph, Tensor
+from ..core.graph import Graph, GraphTensor
 from ..ops.compress import topk
 from ..ops.sample import sample
 from ..ops.v4_attention import mqa_decode_splits, rope_table
@@ -269,8 +269,8 @@ NORM_FOLD = {"max_bytes": None}
 class Normed(NamedTuple):
     """RMS_NORM(x, g, eps) not yet computed: the mat-muls that read it normalise x's rows as they
     load them (MUL_MAT / MUL_MAT_ID with a norm weight), one dispatch fewer per norm at decode."""
-    x: Tensor
-    g: Tensor
+    x: GraphTensor
+    g: GraphTensor
     eps: float
 
 
@@ -285,7 +285,7 @@ class ModelGraph:
         self.cfg, self.params, self.fused, self.device = cfg, params, fused, device
         self.splits, self.dense = splits, dense
         self.fold_norms = T == 1
-        self._norms: dict[tuple[int, int], tuple[Normed, Tensor]] = {}
+        self._norms: dict[tuple[int, int], tuple[Normed, GraphTensor]] = {}
         self.g = g = Graph()
         self.ids = g.input("ids", (T,), "i32") if prefill else self.param("step.token")
         self.pos = self.param("step.pos")
@@ -321,17 +321,17 @@ class ModelGraph:
         i = name.split(".")[1]
         return True if f"layers.{i}.attn.wx.q" in self.params and quantisable(name) else None
 
-    def norm(self, x: Tensor, weight: str) -> Tensor | Normed:
+    def norm(self, x: GraphTensor, weight: str) -> GraphTensor | Normed:
         """RMS_NORM of x's rows with the named weight; left to the reading mat-muls at T = 1."""
         g, eps = self.param(weight), self.cfg.rms_norm_eps
         return Normed(x, g, eps) if self.fold_norms else self.g.op("RMS_NORM", x, g, eps=eps)
 
-    def folds(self, x: Tensor | Normed, read_bytes: int) -> TypeGuard[Normed]:
+    def folds(self, x: GraphTensor | Normed, read_bytes: int) -> TypeGuard[Normed]:
         """Whether a mat-mul reading read_bytes of weights normalises the Normed x itself."""
         limit = NORM_FOLD["max_bytes"]
         return isinstance(x, Normed) and (limit is None or read_bytes <= limit)
 
-    def normed(self, x: Tensor | Normed) -> Tensor:
+    def normed(self, x: GraphTensor | Normed) -> GraphTensor:
         """x's rows normalised by one RMS_NORM (once per Normed, shared by its unfolded readers)."""
         if not isinstance(x, Normed):
             return x
@@ -340,7 +340,7 @@ class ModelGraph:
             self._norms[key] = (x, self.g.op("RMS_NORM", x.x, x.g, eps=x.eps))
         return self._norms[key][1]
 
-    def linear(self, x: Tensor | Normed, weight: str) -> Tensor:
+    def linear(self, x: GraphTensor | Normed, weight: str) -> GraphTensor:
         """x @ wᵀ with the named weight (x normalised in the same dispatch when it is Normed and the
         weight within NORM_FOLD)."""
         w, extra, qp = self.weight(weight)

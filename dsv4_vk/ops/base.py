@@ -12,7 +12,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from ..core.opdef import REGISTRY, WORKGROUP, Launch, OpDef, get_op, register
-from ..core.tensor import Tensor
+from ..core.tensor import GraphTensor
 from ..vk import pack_push
 
 __all__ = ["REGISTRY", "WORKGROUP", "MAX_GROUPS", "Launch", "OpDef", "get_op", "register", "pack_push",
@@ -38,13 +38,13 @@ def grid_1d(n_items: int, per_group: int = WORKGROUP) -> tuple[int, int, int]:
     return (gx, gy, 1)
 
 
-def tensor_push(t: Tensor) -> list[int]:
+def tensor_push(t: GraphTensor) -> list[int]:
     """[offset, stride0..3] of a tensor padded to 4 dimensions (elements)."""
     _, strides = t.padded()
     return [t.offset, *strides]
 
 
-def shape_push(t: Tensor) -> list[int]:
+def shape_push(t: GraphTensor) -> list[int]:
     shape, _ = t.padded()
     return list(shape)
 
@@ -67,20 +67,20 @@ def check_shape(name: str, shape: Sequence[int], expected: Sequence[int | None])
             raise ValueError(f"{name} must have shape {want} with every dimension ≥ 1, got {shape}")
 
 
-def expect(op: str, what: str, t: Tensor, shape: Sequence[int | None], dtype: str = "f32") -> None:
+def expect(op: str, what: str, t: GraphTensor, shape: Sequence[int | None], dtype: str = "f32") -> None:
     """ValueError unless t has `shape` (None: any size ≥ 1) and dtype."""
     ok = t.ndim == len(shape) and all(e is None or s == e for s, e in zip(t.shape, shape))
     if not ok or t.dtype != dtype:
         raise ValueError(f"{op}: {what} must be {dtype} {format_shape(shape)}, got {t.dtype} {list(t.shape)}")
 
 
-def unit_last(op: str, what: str, t: Tensor) -> None:
+def unit_last(op: str, what: str, t: GraphTensor) -> None:
     """Kernels that read rows need unit stride along the last axis."""
     if t.shape[-1] > 1 and t.strides[-1] != 1:
         raise ValueError(f"{op}: {what} must have unit stride along its last axis (use CONT), got strides {t.strides}")
 
 
-def check_in_place(out: Tensor, dst: Tensor, writes: str, given: str) -> None:
+def check_in_place(out: GraphTensor, dst: GraphTensor, writes: str, given: str) -> None:
     """An op that writes dst in place was given out=dst (the same view): else the error
     '<writes> in place: pass out=<given>', e.g. writes "STORE_ROWS writes", given "the tensor given
     as input 0"."""
@@ -88,7 +88,7 @@ def check_in_place(out: Tensor, dst: Tensor, writes: str, given: str) -> None:
         raise ValueError(f"{writes} in place: pass out=<{given}>")
 
 
-def nonempty(op: str, tensors: Sequence[Tensor]) -> None:
+def nonempty(op: str, tensors: Sequence[GraphTensor]) -> None:
     for i, t in enumerate(tensors):
         if t.numel == 0:
             raise ValueError(f"{op}: input {i} is empty (shape {t.shape}); expected at least one element")
@@ -169,6 +169,6 @@ def cluster_lanes(device: Any, n: int, per_lane: int = 4, max_lanes: int | None 
     return {"LANES": 1}, {}
 
 
-def weight_defines(w: Tensor) -> dict:
+def weight_defines(w: GraphTensor) -> dict:
     """The shader defines of weights.glsl for a weight tensor's dtype (f32: none)."""
     return {"bf16": {"W_BF16": 1}, "f16": {"W_F16": 1}}.get(w.dtype, {})
