@@ -39,12 +39,12 @@ class HCUnsupported(ValueError):
 @dataclass(frozen=True)
 class Choice:
     fused: bool
-    variant: str        # "sg16" / "rows4" for HC_COMB, "fused" for PRE/POST, "site" for HC_SITE;
+    variant: str | None  # "sg16" / "rows4" for HC_COMB, "fused" for PRE/POST, "site" for HC_SITE;
                         # None when unfused (HC_SITE off: "three-op")
     reason: str
 
     @property
-    def path(self):
+    def path(self) -> str:
         if not self.fused:
             return self.variant or "unfused"
         return f"fused:{self.variant}" if self.variant != "fused" else "fused"

@@ -48,6 +48,7 @@ def _resident(dev, name, a, expected):
 
 class _Resident:
     """Weights on a device and a token naming this object's entries in the program cache."""
+    D: int                  # the hidden size (each subclass sets it from its fn)
 
     def __init__(self, device, fused, *arrays):
         self.device = pick_device(device, *arrays)
