@@ -2,6 +2,7 @@
 SPIR-V disk cache and executor params shared by graphs."""
 import hashlib
 import json
+import re
 
 import numpy as np
 import pytest
@@ -237,31 +238,88 @@ def test_shader_compile_error_names_the_shader(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("unary-*.spv"))              # nothing cached for a failure
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip_byte", "drop_checksum", "garbage_checksum", "empty"])
-def test_corrupted_spirv_cache_entry_is_rebuilt(tmp_path, monkeypatch, damage):
+def _entries(directory, name):
+    return sorted(directory.glob(f"{name}-*" + shader_module.ENTRY_SUFFIX))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip_byte", "header_garbage", "checksum", "empty", "swapped",
+                                    "other_spirv_with_its_checksum", "not_spirv"])
+def test_corrupted_spirv_cache_entry_is_evicted_and_rebuilt(tmp_path, monkeypatch, damage):
+    """An entry is used only when it is the one filed under its key and its SPIR-V is sound; else it is
+    removed with a warning naming it, and compiled again. Two entries swapped (even with their checksums
+    rewritten to match) would run the wrong kernel: the key in each entry's header says so."""
     monkeypatch.setenv("DSV4_VK_CACHE_DIR", str(tmp_path))
-    good = compile_shader("binary", {"OP_ADD": 1})
-    (spv,) = tmp_path.glob("binary-*.spv")
-    assert spv.read_bytes() == good
+    good, other = compile_shader("binary", {"OP_ADD": 1}), compile_shader("binary", {"OP_MUL": 1})
+    assert good != other
+    (entry,) = [p for p in _entries(tmp_path, "binary") if p.read_bytes().endswith(good)]
+    (entry2,) = [p for p in _entries(tmp_path, "binary") if p != entry]
+    head, _, body = entry.read_bytes().partition(b"\n")
+    meta = json.loads(head)
+    assert body == good and meta["defines"] == {"OP_ADD": "1"} and meta["key"] in entry.name
     # a sound entry is served without running the compiler
-    monkeypatch.setattr(shader_module.subprocess, "run", lambda *a, **k: pytest.fail("recompiled a good entry"))
+    monkeypatch.setattr(shader_module.subprocess, "Popen", lambda *a, **k: pytest.fail("recompiled a good entry"))
     assert compile_shader("binary", {"OP_ADD": 1}) == good
     monkeypatch.undo()
     monkeypatch.setenv("DSV4_VK_CACHE_DIR", str(tmp_path))
+    raw, raw2 = entry.read_bytes(), entry2.read_bytes()
     if damage == "truncate":
-        spv.write_bytes(good[: len(good) // 2])
+        entry.write_bytes(raw[: len(raw) - 8])
     elif damage == "flip_byte":
-        bad = bytearray(good)
-        bad[len(bad) // 2] ^= 0xFF
-        spv.write_bytes(bytes(bad))
-    elif damage == "drop_checksum":
-        spv.with_suffix(".sha256").unlink()
-    elif damage == "garbage_checksum":
-        spv.with_suffix(".sha256").write_bytes(b"\xff\xfe\x00 not hex")
-    else:
-        spv.write_bytes(b"")
-    assert compile_shader("binary", {"OP_ADD": 1}) == good
-    assert spv.read_bytes() == good
+        bad = bytearray(raw)
+        bad[-len(good) // 2] ^= 0xFF
+        entry.write_bytes(bytes(bad))
+    elif damage == "header_garbage":
+        entry.write_bytes(b"\xff\xfe\x00 not json\n" + good)
+    elif damage == "checksum":
+        entry.write_bytes(json.dumps(dict(meta, sha256="0" * 64)).encode() + b"\n" + good)
+    elif damage == "empty":
+        entry.write_bytes(b"")
+    elif damage == "not_spirv":               # a consistent header over bytes that are not SPIR-V
+        junk = bytes(len(good))
+        entry.write_bytes(json.dumps(dict(meta, sha256=shader_module._entry_sum(meta["key"], junk))).encode()
+                          + b"\n" + junk)
+    elif damage == "swapped":                 # each file under the other's name
+        entry.write_bytes(raw2)
+        entry2.write_bytes(raw)
+    else:                                     # the other's SPIR-V, its sha256 written in (the key kept)
+        body2 = raw2.partition(b"\n")[2]
+        entry.write_bytes(json.dumps(dict(meta, sha256=hashlib.sha256(body2).hexdigest(), bytes=len(body2))).encode()
+                          + b"\n" + body2)
+    with pytest.warns(RuntimeWarning, match=f"shader cache entry {re.escape(str(entry))} was not used and is "
+                                            "compiled again: "):
+        assert compile_shader("binary", {"OP_ADD": 1}) == good
+    assert entry.read_bytes() == raw                             # written again as it was
+    if damage == "swapped":                                       # the other one is found out in its turn
+        with pytest.warns(RuntimeWarning, match=re.escape(str(entry2))):
+            assert compile_shader("binary", {"OP_MUL": 1}) == other
+    assert entry2.read_bytes() == raw2 and compile_shader("binary", {"OP_MUL": 1}) == other
+
+
+def test_an_unusable_cache_entry_is_named_in_a_compile_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSV4_VK_CACHE_DIR", str(tmp_path))
+    compile_shader("binary", {"OP_DIV": 1})
+    (entry,) = _entries(tmp_path, "binary")
+    entry.write_bytes(b"garbage")
+
+    def broken(name, path, key):
+        raise ShaderCompileError("the compiler broke")
+    monkeypatch.setattr(shader_module, "_glslang", broken)
+    with pytest.warns(RuntimeWarning), pytest.raises(ShaderCompileError) as e:
+        compile_shader("binary", {"OP_DIV": 1})
+    assert str(e.value).startswith("the compiler broke\n")
+    assert f"the shader cache entry {entry} was not usable: no header line" in str(e.value)
+    assert not entry.exists()
+
+
+def test_spirv_problem_checks_the_module():
+    good = compile_shader("unary", {"OP_EXP": 1})
+    assert shader_module.spirv_problem(good) is None
+    bad = bytearray(good)
+    bad[22:24] = (0xFFFF).to_bytes(2, "little")      # the first instruction's word count
+    assert "past the end" in shader_module.spirv_problem(bytes(bad))
+    assert "magic" in shader_module.spirv_problem(b"\0" * len(good))
+    assert "whole header" in shader_module.spirv_problem(good[:6])
+    assert "no GLCompute entry point" in shader_module.spirv_problem(good[:20])
 
 
 @pytest.mark.parametrize("directory", ["/proc/self", "/sys/kernel"])
@@ -272,7 +330,7 @@ def test_unwritable_cache_dir_compiles_in_memory(monkeypatch, directory):
     with pytest.warns(RuntimeWarning, match="compiling in memory|kept in memory only"):
         first = compile_shader("binary", {"OP_MUL": 1})
     assert first[:4] == (0x07230203).to_bytes(4, "little")
-    monkeypatch.setattr(shader_module.subprocess, "run", lambda *a, **k: pytest.fail("compiled twice"))
+    monkeypatch.setattr(shader_module.subprocess, "Popen", lambda *a, **k: pytest.fail("compiled twice"))
     assert compile_shader("binary", {"OP_MUL": 1}) == first          # served from memory
 
 
@@ -290,7 +348,7 @@ def test_prebuilt_spirv_is_used_only_while_the_source_matches(tmp_path, monkeypa
     good = compile_shader("binary", {"OP_ADD": 1})
     pre = tmp_path / "spirv"
     pre.mkdir()
-    fake = b"\x03\x02\x23\x07" + bytes(60)          # SPIR-V magic: only where it came from matters here
+    fake = good + (1 << 16).to_bytes(4, "little")   # sound SPIR-V (an OpNop more): only where it came from matters
     (pre / "b.spv").write_bytes(fake)
     vid = "binary|OP_ADD=1"
     entry = {"file": "b.spv", "source": shader_module.source_hash("binary"), "sha256": hashlib.sha256(fake).hexdigest()}

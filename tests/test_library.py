@@ -177,6 +177,32 @@ def test_site_calls_refuse_bad_carries_and_outs(device, rng):
         head.collapse(X_new, out="abc")
 
 
+@pytest.mark.parametrize("T, D", [(1, 257), (3, 40), (9, 40)])
+def test_a_hand_made_carry_of_the_wrong_layout_is_refused(device, rng, T, D):
+    """A MixCarry made by hand must hold partials [T, G, m + 1] with the G (D splits) a post would have
+    computed: more or fewer splits would be summed into the mixes without a word."""
+    from dsv4_vk.hc.composite import carry_splits
+    s1, s2 = site_arrays(rng, T, D), site_arrays(rng, T, D)
+    a, b = (dv.HcSite(s["fn"], s["scale"], s["base"], device=device) for s in (s1, s2))
+    head = dv.HcSite.head(np.ones((4, 4 * D), np.float32), np.ones(1), np.zeros(4), device=device)
+    X = device.tensor(s1["X"])
+    u, p, c = a.pre(X)
+    X_new, carry = a.post(u, X, p, c, next=b)
+    G = carry_splits(T, D)
+    assert carry.partials.shape == (T, G, 25)
+    made = dv.MixCarry(b, carry.partials)                        # the right layout: taken
+    assert np.array_equal(b.pre(X_new, carry=made)[0].numpy(), b.pre(X_new, carry=carry)[0].numpy())
+    whole = carry.partials.numpy()
+    for bad in (whole[:, :G - 1] if G > 1 else whole[:, [0, 0]], np.concatenate([whole, whole[:, :1] * 0], 1),
+                whole[:, :, :24]):
+        for partials in (bad, device.tensor(np.ascontiguousarray(bad))):
+            with pytest.raises(ValueError, match=r"carry.partials has shape .*expected \(%d, %d, 25\)" % (T, G)):
+                b.pre(X_new, carry=dv.MixCarry(b, partials))
+    X_h, carry_h = a.post(u, X, p, c, next=head)
+    with pytest.raises(ValueError, match=r"expected \(%d, %d, 5\)" % (T, G)):
+        head.collapse(X_h, carry=dv.MixCarry(head, np.zeros((T, G + 1, 5), np.float32)))
+
+
 @pytest.mark.parametrize("T, D, as_tensors", [(1, 40, True), (3, 33, False), (8, 64, True), (9, 40, True),
                                                (20, 132, False)])
 def test_chained_hc_sites_carry_the_next_mixes_in_the_post(device, rng, T, D, as_tensors):

@@ -1,5 +1,6 @@
 """The Vulkan layer itself: device choice and its errors, buffers and the staging path, the pool,
 recording, barriers, timestamps and replay."""
+import json
 import os
 import subprocess
 import sys
@@ -170,3 +171,52 @@ def test_cli_version_usage_and_device_option():
     for cmd in ("eval", "bench", "demo", "floor"):
         r = subprocess.run([sys.executable, "-m", "dsv4_vk", cmd, "--help"], capture_output=True, text=True)
         assert r.returncode == 0 and "--device INDEX|NAME" in r.stdout, cmd
+
+
+ENV_CHILD = """
+import json, warnings
+import dsv4_vk
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    try:
+        dsv4_vk.Device().close()
+        dsv4_vk.Device().close()          # a second device reports nothing again
+        got = {"type": None}
+    except Exception as e:
+        got = {"type": type(e).__name__, "message": str(e)}
+got["warnings"] = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
+print(json.dumps(got))
+"""
+ENV_CASES = [  # (variable, value, exception type or None, what its message says)
+    ("DSV4_VK_DEVICE", "²", "VulkanUnavailable", "DSV4_VK_DEVICE='²' matches no device name"),
+    ("DSV4_VK_DEVICE", "9" * 5000, "VulkanUnavailable", "DSV4_VK_DEVICE=9999"),
+    ("DSV4_VK_SPIN_US", "1" * 5000, "ValueError", "environment variable DSV4_VK_SPIN_US='111"),
+    ("DSV4_VK_SPIN_US", "٣", "ValueError", "environment variable DSV4_VK_SPIN_US='٣' is not understood"),
+    ("DSV4_VK_CACHE_BYTES", "7" * 5000 + "M", "ValueError", "environment variable DSV4_VK_CACHE_BYTES='777"),
+    ("DSV4_VK_CACHE_BYTES", "²G", "ValueError", "DSV4_VK_CACHE_BYTES='²G' is not understood"),
+]
+
+
+def test_env_values_of_odd_digits_name_the_variable():
+    """Non-ASCII digits and thousands of digits: an error naming the variable (with the value cut
+    short), not int()'s own ValueError."""
+    procs = [subprocess.Popen([sys.executable, "-c", ENV_CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=ROOT, env={**os.environ, name: value})
+             for name, value, _, _ in ENV_CASES]
+    for (name, value, kind, message), p in zip(ENV_CASES, procs):
+        out, err = p.communicate(timeout=300)
+        got = json.loads(out.strip().splitlines()[-1]) if p.returncode == 0 else {"crash": err[-2000:]}
+        assert got.get("type") == kind and message in got["message"], (name, value[:8], got)
+        assert len(got["message"]) < 600 and got["warnings"] == [], (name, got)
+
+
+def test_unknown_dsv4_vk_variable_is_reported_once():
+    r = _run(ENV_CHILD, DSV4_VK_DEVCE="1", DSV4_VK_FROBNICATE="on")
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["type"] is None and len(got["warnings"]) == 2, got
+    typo, other = sorted(got["warnings"])
+    assert typo.startswith("environment variable DSV4_VK_DEVCE is not a dsv4_vk switch (did you mean "
+                           "DSV4_VK_DEVICE?), so it changes nothing; the switches are DSV4_VK_DEVICE, ")
+    assert other.startswith("environment variable DSV4_VK_FROBNICATE is not a dsv4_vk switch, so")
+    for name in ("DSV4_VK_DISABLE_HC_POST", "DSV4_VK_SPIN_US", "DSV4_VK_GLSLANG", "DSV4_VK_HC_COMB_VARIANT"):
+        assert name in typo

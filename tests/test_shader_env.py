@@ -99,3 +99,48 @@ def test_cache_dir_under_a_file_names_the_file(tmp_path):
         assert got["type"] == "ShaderCompileError", got
         assert f"DSV4_VK_CACHE_DIR={value!r}" in got["message"]
         assert f"{blocker} is a file, not a directory" in got["message"]
+
+
+def test_compiler_output_that_is_not_spirv_is_refused(tmp_path):
+    """Fresh compiler output is checked as the cache's entries are: never used, never cached."""
+    program = _script(tmp_path / "junk", '[ "$1" = --version ] && echo "Glslang Version: fake" && exit 0\n'
+                                          'while [ $# -gt 0 ]; do [ "$1" = -o ] && echo junk > "$2"; shift; done\n')
+    got = _compile(tmp_path, DSV4_VK_GLSLANG=program)
+    assert got["type"] == "ShaderCompileError", got
+    assert f"DSV4_VK_GLSLANG={program!r}" in got["message"] and "not a SPIR-V compute shader" in got["message"]
+    assert not list((tmp_path / "fresh-cache").glob("binary-*"))
+
+
+HUNG_CHILD = """
+import json, time
+from dsv4_vk.vk import shader
+shader.COMPILE_TIMEOUT_S = 1.0
+t0 = time.monotonic()
+try:
+    shader.compile_shader("binary", {"OP_ADD": 1})
+    print(json.dumps({"type": None}))
+except Exception as e:
+    print(json.dumps({"type": type(e).__name__, "message": str(e), "s": time.monotonic() - t0}))
+"""
+
+
+def test_a_hung_compile_is_killed_with_its_process_group(tmp_path):
+    """A compiler that never finishes (here a script whose child holds the output pipes open) is killed
+    after COMPILE_TIMEOUT_S, its children too: an error naming it, not a hang."""
+    pid_file = tmp_path / "grandchild.pid"
+    program = _script(tmp_path / "hang", '[ "$1" = --version ] && echo "Glslang Version: fake" && exit 0\n'
+                                          f'sleep 600 & echo $! > {pid_file}\nwait\n')
+    e = {**os.environ, "DSV4_VK_CACHE_DIR": str(tmp_path / "cache"), "DSV4_VK_GLSLANG": program}
+    e["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    r = subprocess.run([sys.executable, "-c", HUNG_CHILD], capture_output=True, text=True, env=e, cwd=tmp_path,
+                       timeout=120)
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["type"] == "ShaderCompileError" and got["s"] < 30, got
+    assert f"DSV4_VK_GLSLANG={program!r}" in got["message"]
+    assert "did not finish" in got["message"] and "within 1 s and was killed with its process group" in got["message"]
+    pid = int(pid_file.read_text())
+    try:                                       # gone, or a zombie waiting for init to reap it
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        state = "gone"
+    assert state in ("gone", "Z"), state

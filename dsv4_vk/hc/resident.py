@@ -84,6 +84,12 @@ class _Resident:
             raise ValueError("carry was computed for another site: pass it to the site given as next=")
         if carry.partials.shape[0] != T:
             raise ValueError(f"carry holds {carry.partials.shape[0]} token(s), X has {T}")
+        if carry.source is None:                # made by hand: its layout is what a post would have made
+            want = (T, hc.carry_splits(T, self.D), (N_MIX if isinstance(self, HcSite) else HC) + 1)
+            if tuple(carry.partials.shape) != want:
+                raise ValueError(f"carry.partials has shape {tuple(carry.partials.shape)}, expected {want}: [T, "
+                                 f"D splits, mixes + 1] as post(..., next=) computes them at T = {T}, D = {self.D} "
+                                 "(hc.composite.carry_splits)")
         if carry.source is not None and X is not carry.source:     # (a MixCarry made by hand names no X)
             # the partials are X_new's mixes: with any other X (even of the same shape) they would be wrong
             raise ValueError("carry belongs to the X_new its post(..., next=) returned: pass that tensor as X "

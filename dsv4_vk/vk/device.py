@@ -285,6 +285,7 @@ class Device:
     tensor or program on it, raises DeviceClosed."""
 
     def __init__(self, selector: int | str | None = None, validation: bool | None = None):
+        env.report_unknown()
         if validation is None:
             validation = env.flag("DSV4_VK_VALIDATION")
         force_staging = env.flag("DSV4_VK_FORCE_STAGING")

@@ -16,10 +16,14 @@ Where SPIR-V comes from, in order:
 1. the prebuilt set (`dsv4_vk/spirv/`, made by `prebuild` when the wheel is built) — used when its
    recorded source hash equals the hash of the shader source found now (so an edited shader in a
    development tree is compiled again, and no glslangValidator is needed for an installed wheel);
-2. the disk cache, keyed by source (with every `#include`), defines and compiler version; each
-   entry has a sha256 beside it, and an entry that does not match (truncated, corrupted, unreadable
-   checksum) is rebuilt;
-3. `glslangValidator`, whose output is written to the cache.
+2. the disk cache, keyed by source (with every `#include`), defines and compiler version: one file
+   per entry, `<shader>-<key>.entry`, a JSON header line (the key, shader, defines, sha256 and length
+   of key and SPIR-V) and the SPIR-V. An entry is used only when its header names the key it is filed
+   under and its SPIR-V matches the checksum and is well formed (`spirv_problem`); any other entry
+   (truncated, corrupted, another entry's file) is removed with a warning naming it and compiled
+   again, and an error of that compile names it too;
+3. `glslangValidator`, whose output must be well-formed SPIR-V before it is used or cached. A
+   compile that runs longer than COMPILE_TIMEOUT_S is killed, with its whole process group.
 Compiler: `DSV4_VK_GLSLANG` (a path, or a command name looked up on PATH; empty or blank means unset),
 else `glslangValidator` on PATH. It is checked, and run with `--version` (the version is part of the
 cache key, so a disk-cache hit needs it too), the first time a shader is not served from the prebuilt
@@ -42,6 +46,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -57,6 +62,8 @@ MANIFEST = "manifest.json"
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 _VARIANTS = re.compile(r"^\s*//!\s*variants:(.*)$", re.M)
 SPIRV_MAGIC = 0x07230203
+COMPILE_TIMEOUT_S = 300.0           # one glslangValidator run (the largest variant takes a few seconds)
+ENTRY_SUFFIX = ".entry"
 _lock = threading.Lock()
 _memory: dict[str, bytes] = {}        # compiled in this process where the disk cache cannot be written
 
@@ -192,17 +199,28 @@ def _compiler_source() -> tuple[str, str, bool]:
     return exe, f"glslangValidator ({exe})", False
 
 
-def _run_compiler(args: list[str], who: str, timeout: float | None = None) -> subprocess.CompletedProcess:
+def _run_compiler(args: list[str], who: str, timeout: float) -> subprocess.CompletedProcess:
     # stdin closed: a wrong program named as the compiler must not wait for input; errors="replace": nor
-    # may its output, not being text, turn into a UnicodeDecodeError
+    # may its output, not being text, turn into a UnicodeDecodeError. Its own session: on a timeout the
+    # whole process group is killed (a wrapper script's children would otherwise hold the pipes open).
     try:
-        return subprocess.run(args, capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL,
-                              timeout=timeout)
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                text=True, errors="replace", start_new_session=True)
     except OSError as e:
         raise ShaderCompileError(f"{who} could not run ({e.strerror or e}): expected glslangValidator") from None
-    except subprocess.TimeoutExpired:
-        raise ShaderCompileError(f"{who} did not finish `{' '.join(args[1:])}` within {timeout:.0f} s: "
-                                 "expected glslangValidator") from None
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException as e:          # the timeout, or an interrupt: leave nothing running
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.communicate()
+        if isinstance(e, subprocess.TimeoutExpired):
+            raise ShaderCompileError(f"{who} did not finish `{' '.join(args[1:])}` within {timeout:.0f} s and "
+                                     "was killed with its process group: expected glslangValidator") from None
+        raise
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
 @functools.lru_cache(maxsize=None)
@@ -230,7 +248,7 @@ def _glslang(name: str, path: Path, key: tuple) -> bytes:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.spv"
         cmd = [exe, "-V", "--target-env", "vulkan1.2", "-S", "comp", *args, "-o", str(out), str(path)]
-        res = _run_compiler(cmd, who)
+        res = _run_compiler(cmd, who, COMPILE_TIMEOUT_S)
         if res.returncode != 0 or not out.exists():
             msg = (res.stdout + res.stderr).strip()
             if not msg:                          # nothing to show: the compiler itself is the likely fault
@@ -238,11 +256,36 @@ def _glslang(name: str, path: Path, key: tuple) -> bytes:
             elif exe in _named:                  # a compile error may be the wrong program's, not the shader's
                 msg += f"\n(compiler: {who})"
             raise ShaderCompileError(f"shader {name}.comp failed to compile with defines {dict(key)}:\n{msg}")
-        return out.read_bytes()
+        data = out.read_bytes()
+    problem = spirv_problem(data)
+    if problem:
+        raise ShaderCompileError(f"{who} compiled {name}.comp with defines {dict(key)} into {len(data)} bytes that "
+                                 f"are not a SPIR-V compute shader ({problem}): expected glslangValidator")
+    return data
+
+
+def spirv_problem(data: bytes) -> str | None:
+    """What is wrong with `data` as a SPIR-V compute module (None: nothing): the header, every
+    instruction's length adding up to the module's, and a GLCompute entry point."""
+    if len(data) % 4 or len(data) < 20:
+        return f"{len(data)} bytes: not a whole header of 4-byte words"
+    words = memoryview(data).cast("I")
+    if words[0] != SPIRV_MAGIC:
+        return f"no SPIR-V magic number (starts {bytes(data[:4]).hex()})"
+    if words[3] == 0:
+        return "its id bound is 0"
+    i, entry = 5, False
+    while i < len(words):
+        count, opcode = words[i] >> 16, words[i] & 0xFFFF
+        if count == 0 or i + count > len(words):
+            return f"instruction at word {i} runs past the end ({count} words)"
+        entry |= opcode == 15 and count > 1 and words[i + 1] == 5          # OpEntryPoint GLCompute
+        i += count
+    return None if entry else "no GLCompute entry point"
 
 
 def _is_spirv(data: bytes) -> bool:
-    return len(data) % 4 == 0 and len(data) >= 20 and int.from_bytes(data[:4], "little") == SPIRV_MAGIC
+    return spirv_problem(data) is None
 
 
 # --- prebuilt set ----------------------------------------------------------------------------------
@@ -356,22 +399,59 @@ def cache_dir() -> tuple[Path | None, bool]:
     return d, writable
 
 
-def _cached(spv_path: Path) -> bytes | None:
+def _entry_sum(cache_key: str, data: bytes) -> str:
+    """The entry's checksum: over its key and its SPIR-V, so another entry's SPIR-V does not match it
+    even with a checksum of its bytes written in."""
+    return hashlib.sha256(cache_key.encode() + b"\0" + data).hexdigest()
+
+
+def _entry_header(cache_key: str, name: str, key: tuple, data: bytes) -> bytes:
+    return json.dumps({"key": cache_key, "shader": name, "defines": dict(key), "bytes": len(data),
+                       "sha256": _entry_sum(cache_key, data)}, sort_keys=True).encode() + b"\n"
+
+
+def _cached(path: Path, cache_key: str, name: str, key: tuple) -> tuple[bytes | None, str | None]:
+    """(SPIR-V, None) of a sound entry filed as `cache_key`; (None, None) where there is none; (None,
+    what is wrong) for an entry that must not be used."""
     try:
-        data = spv_path.read_bytes()
-        want = spv_path.with_suffix(".sha256").read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return data if hashlib.sha256(data).hexdigest() == want and _is_spirv(data) else None
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None, None
+    except OSError as e:
+        return None, f"cannot be read ({e.strerror or e})"
+    head, sep, data = raw.partition(b"\n")
+    try:
+        meta = json.loads(head) if sep else None
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict):
+        return None, "no header line"
+    if meta.get("key") != cache_key or meta.get("shader") != name:
+        return None, (f"it holds the entry of {meta.get('shader')!r} {meta.get('defines')} (key {meta.get('key')!r}), "
+                      f"not of {name} {dict(key)} (key {cache_key})")
+    if meta.get("bytes") != len(data) or meta.get("sha256") != _entry_sum(cache_key, data):
+        return None, f"its {len(data)} bytes of SPIR-V do not match its key and the checksum in its header"
+    problem = spirv_problem(data)
+    return (None, f"not SPIR-V: {problem}") if problem else (data, None)
 
 
-def _store(spv_path: Path, data: bytes) -> bool:
+def _evict(path: Path, why: str) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        why += f"; it could not be removed ({e.strerror or e})"
+    warnings.warn(f"shader cache entry {path} was not used and is compiled again: {why}", RuntimeWarning,
+                  stacklevel=3)
+
+
+def _store(spv_path: Path, data: bytes, header: bytes = b"") -> bool:
     """Write one cache entry (atomically); False, with one warning, where the directory refuses it."""
     tmp = spv_path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
     try:
-        tmp.write_bytes(data)
+        tmp.write_bytes(header + data)
         os.replace(tmp, spv_path)
-        spv_path.with_suffix(".sha256").write_text(hashlib.sha256(data).hexdigest())
         return True
     except OSError as e:
         try:
@@ -410,13 +490,22 @@ def compile_shader(name: str, defines: dict | None = None) -> bytes:
     if hit is not None:
         return hit
     directory, writable = cache_dir()
-    spv_path = directory / f"{name}-{cache_key}.spv" if directory is not None else None
-    if spv_path is not None:
-        data = _cached(spv_path)
+    entry = directory / f"{name}-{cache_key}{ENTRY_SUFFIX}" if directory is not None else None
+    bad = None
+    if entry is not None:
+        data, bad = _cached(entry, cache_key, name, key)
         if data is not None:
             return data
-    data = _glslang(name, path, key)
-    if not (spv_path is not None and writable and _store(spv_path, data)):
+        if bad:
+            _evict(entry, bad)
+    try:
+        data = _glslang(name, path, key)
+    except ShaderCompileError as e:
+        if bad:
+            raise ShaderCompileError(f"{e}\n(compiling it again because the shader cache entry {entry} was "
+                                     f"not usable: {bad})") from None
+        raise
+    if not (entry is not None and writable and _store(entry, data, _entry_header(cache_key, name, key, data))):
         with _lock:
             _memory[cache_key] = data
     return data
