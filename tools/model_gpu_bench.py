@@ -150,7 +150,8 @@ def parse(argv):
     ap.add_argument("--chunk", type=int, default=128, help="--long: prefill chunk (Model prefill_chunk)")
     ap.add_argument("--prefill-chunks", type=int, default=4, help="--long: prefill chunks timed per position")
     ap.add_argument("--rounds", type=int, default=1, help="--long: measure every cache this many times in turn "
-                    "(medians over rounds; a shared CPU is noisy)")
+                    "(medians over rounds; a shared CPU is noisy); above 1 the models are kept and, at each "
+                    "position, rounds × tokens decode steps of the given cache sizes are alternated step by step")
     a = ap.parse_args(argv)
     try:
         a.variants = parse_variants(a.variants)
@@ -379,7 +380,8 @@ def profiled(model, p, ids, steps=2):
 
 def measure_at(model, p, a, rng, warm):
     """Prefill tokens/s (a.prefill_chunks chunks, each at position p) and decode tokens/s (a.tokens
-    steps from p), medians; each graph is recorded before it is timed."""
+    steps from p), medians, and the profiled chunk and steps (`profiled`); each graph is recorded
+    before it is timed."""
     C = model.prefill_chunk
     ids = rng.integers(0, model.cfg.vocab_size, C)
     chunk_s = []
@@ -402,6 +404,23 @@ def measure_at(model, p, a, rng, warm):
     return {"prefill_tokens_per_s": C / float(np.median(chunk_s)), "prefill_ms_per_chunk": 1e3 * float(np.median(chunk_s)),
             "decode_tokens_per_s": 1.0 / float(np.median(step_s)), "decode_ms_per_token": 1e3 * float(np.median(step_s)),
             "profile": profiled(model, p, ids)}
+
+
+def interleaved(models, p, n):
+    """n decode steps of each model from position p (back to p every 16 steps), alternating one step
+    of each in turn so that every model's steps meet the same load (a shared CPU): per model the
+    median ms a step and the median of its step-by-step ratios to the first model's."""
+    ms = {k: [] for k in models}
+    for i in range(n):
+        for k, m in models.items():
+            if i % 16 == 0:
+                m.position = p
+            t0 = time.perf_counter()
+            m.step()
+            ms[k].append(1e3 * (time.perf_counter() - t0))
+    first = np.array(next(iter(ms.values())))
+    return {k: {"median_ms": float(np.median(v)), "p10_ms": float(np.percentile(v, 10)),
+                "median_ratio_to_first": float(np.median(np.array(v) / first))} for k, v in ms.items()}
 
 
 def long_context(a, dev):
@@ -427,7 +446,8 @@ def long_context(a, dev):
            "decode_steps_timed": a.tokens, "prefill_chunks_timed": a.prefill_chunks, "rounds": a.rounds,
            "config": cfg.replace(max_ctx=1).to_hf(), "caches": {}}
     rounds = {}
-    for _ in range(a.rounds):
+    kept = {}                   # with --rounds > 1 the models stay (one per cache size) across rounds
+    for rnd in range(a.rounds):
         for label, ctx in caches:
             model = None
             for p in positions:
@@ -438,29 +458,45 @@ def long_context(a, dev):
                                                                            f"{need}-position cache"}
                     continue
                 if model is None or model.cfg.max_ctx != need:
-                    if model is not None:
+                    if model is not None and a.rounds == 1:
                         release(model)
-                        model = None
-                    try:
-                        checkpoint_cfg = cfg.replace(max_ctx=need)
-                        model = Model(checkpoint_cfg, weights, fused=True, prefill_chunk=a.chunk)
-                    except ValueError as e:                # check_memory: does not fit this device
-                        res["caches"].setdefault(key, {})[str(p)] = {"max_ctx": need, "skipped": str(e)}
-                        print(f"{key:12s} position {p:8d}: skipped ({e})", flush=True)
-                        continue
-                    fill_cache(model, p)
+                    model = kept.get(need)
+                    if model is None:
+                        try:
+                            model = Model(cfg.replace(max_ctx=need), weights, fused=True, prefill_chunk=a.chunk)
+                        except ValueError as e:            # check_memory: does not fit this device
+                            res["caches"].setdefault(key, {})[str(p)] = {"max_ctx": need, "skipped": str(e)}
+                            print(f"{key:12s} position {p:8d}: skipped ({e})", flush=True)
+                            continue
+                        fill_cache(model, p)
+                        if a.rounds > 1:
+                            kept[need] = model
                 r = measure_at(model, p, a, np.random.default_rng(p), warm)
                 r["max_ctx"] = need
                 r["cache_bytes"] = model.memory()["cache"]
                 rounds.setdefault((key, p), []).append(r)
                 print(f"{key:12s} position {p:8d} cache {need:8d}: prefill {r['prefill_tokens_per_s']:9.1f} tokens/s, "
-                      f"decode {r['decode_tokens_per_s']:8.1f} tokens/s ({r['decode_ms_per_token']:.3f} ms; "
-                      f"profiled GPU {r['profile']['decode']['gpu_ms'] / 2:.3f} ms a step)", flush=True)
-            if model is not None:
+                      f"decode {r['decode_tokens_per_s']:8.1f} tokens/s ({r['decode_ms_per_token']:.3f} ms)", flush=True)
+            if model is not None and a.rounds == 1:
                 release(model)
-    for (key, p), rs in rounds.items():             # the median round (by decode time), its profile kept
-        r = sorted(rs, key=lambda r: r["decode_ms_per_token"])[len(rs) // 2]
-        r = dict(r, decode_ms_per_token_rounds=[x["decode_ms_per_token"] for x in rs],
+    res["interleaved"] = {}
+    for p in positions if a.rounds > 1 else []:     # the kept models' decode steps alternated one by one
+        at = {f"cache {c}": m for c, m in kept.items() if p + margin <= c}
+        if len(at) > 1:
+            res["interleaved"][str(p)] = interleaved(at, p, a.tokens * a.rounds)
+    for model in kept.values():
+        release(model)
+    for (key, p), rs in rounds.items():             # medians over rounds (profiled GPU ms too; the first's dispatches)
+        med = {k: float(np.median([x[k] for x in rs])) for k in ("decode_ms_per_token", "prefill_ms_per_chunk")}
+        prof = rs[0]["profile"]
+        for ph in prof:
+            prof[ph]["gpu_ms"] = float(np.median([x["profile"][ph]["gpu_ms"] for x in rs]))
+            prof[ph]["gpu_ms_by_op"] = dict(sorted(((op, float(np.median([x["profile"][ph]["gpu_ms_by_op"].get(op, 0.0)
+                                                                           for x in rs])))
+                                                    for op in prof[ph]["gpu_ms_by_op"]), key=lambda kv: -kv[1]))
+        r = dict(rs[0], **med, decode_tokens_per_s=1e3 / med["decode_ms_per_token"],
+                 prefill_tokens_per_s=1e3 * a.chunk / med["prefill_ms_per_chunk"],
+                 decode_ms_per_token_rounds=[x["decode_ms_per_token"] for x in rs],
                  prefill_ms_per_chunk_rounds=[x["prefill_ms_per_chunk"] for x in rs])
         res["caches"].setdefault(key, {})[str(p)] = r
     warm.close()
@@ -497,9 +533,16 @@ def summary(res):
     for p in sorted(positions, key=int):
         row = {k: v[p] for k, v in res["caches"].items() if p in v and "skipped" not in v[p]}
         if len(row) > 1:
-            fast = min(r["decode_ms_per_token"] for r in row.values())
-            out.append(f"position {p}: decode ms a token " + ", ".join(
-                f"{k} {r['decode_ms_per_token']:.3f} ({r['decode_ms_per_token'] / fast:.2f}x)" for k, r in row.items()))
+            for what, get in (("median of rounds", lambda r: r["decode_ms_per_token"]),
+                              ("best round", lambda r: min(r["decode_ms_per_token_rounds"])),
+                              ("profiled GPU", lambda r: r["profile"]["decode"]["gpu_ms"])):
+                fast = min(get(r) for r in row.values())
+                out.append(f"position {p}: decode ms a step ({what}) " + ", ".join(
+                    f"{k} {get(r):.3f} ({get(r) / fast:.2f}x)" for k, r in row.items()))
+    for p, row in res.get("interleaved", {}).items():
+        out.append(f"position {p}: decode ms a step, steps of the caches alternated one by one: " + ", ".join(
+            f"{k} median {r['median_ms']:.3f} (p10 {r['p10_ms']:.3f}), step-by-step ratio to the first "
+            f"{r['median_ratio_to_first']:.3f}" for k, r in row.items()))
     return out
 
 
