@@ -29,7 +29,7 @@ from ..core.executor import Executor
 from ..ops.sample import MAX_TOP_K
 from ..vk import default_device
 from .build import INDEXER, STEP_PARAMS, ModelGraph, all_entries_fit, param_arrays, upload_arrays
-from .checkpoint import load_hf, normalise, random_weights
+from .checkpoint import LoadProgress, load_hf, normalise, random_weights
 from .config import V4Config
 
 
@@ -77,7 +77,7 @@ class Model:
         # multi-step decode (steps): the token sampled after each position, written on the device
         self.params[HISTORY] = np.zeros(cfg.max_ctx, np.int32)
         self.storage = {}         # device param name -> storage type (memory())
-        for name, a, storage in upload_arrays(self.params):
+        for name, a, storage in upload_arrays(self.params, LoadProgress()):
             self.ex.set_param(name, a, host_visible=name in STEP_PARAMS + (HISTORY,) or name.startswith("sampler."))
             self.storage[name] = storage
         self._graphs = {}         # (kind, timestamps) -> CompiledGraph, held so no step looks them up
