@@ -703,23 +703,29 @@ def save_hf(path: str, cfg: V4Config, weights: dict, naming: str = "save_pretrai
 
 # --- random weights -------------------------------------------------------------------------------------
 
-BLOCK = 1 << 24
+BLOCK = 1 << 22            # values drawn once per kind of weight, then tiled (_tiled)
+EXACT_MAX = 1 << 20        # tensors up to this many values are drawn (and quantised) value by value
 
 
 def _normal(rng, shape):
-    """Standard normal float32 values. Past BLOCK elements, randomly rotated copies of one drawn
-    block of BLOCK values: drawing billions of normals (a one-GPU benchmark model) would take
-    minutes, and a matrix of rotated blocks is as good a random weight for timing and for O(1)
-    activations."""
-    n = int(np.prod(shape))
-    if n <= BLOCK:
-        return rng.standard_normal(shape, dtype=np.float32)
-    block = rng.standard_normal(BLOCK, dtype=np.float32)
-    out = np.empty(n, np.float32)
-    for i in range(0, n, BLOCK):
-        m = min(BLOCK, n - i)
-        r = int(rng.integers(BLOCK))
-        out[i:i + m] = np.roll(block, r)[:m]
+    """Standard normal float32 values (up to EXACT_MAX of them; _tiled past that)."""
+    return rng.standard_normal(shape, dtype=np.float32)
+
+
+def _tiled(rng, shape, block):
+    """An array of `shape` filled with randomly rotated copies of the 1-D `block` (its dtype): for
+    tensors past EXACT_MAX values, where drawing billions of normals (a one-GPU benchmark model) would
+    take minutes; a matrix of rotated blocks is as good a random weight for timing and for O(1)
+    activations, and filling it is a copy at memory speed."""
+    n, B = int(np.prod(shape)), block.size
+    out = np.empty(n, block.dtype)
+    raw = np.dtype(f"u{block.dtype.itemsize}")          # plain copies (ml_dtypes' own copy is per element)
+    dst, src = out.view(raw), block.view(raw)
+    for i in range(0, n, B):
+        m, r = min(B, n - i), int(rng.integers(B))
+        head = min(m, B - r)
+        dst[i:i + head] = src[r:r + head]
+        dst[i + head:i + m] = src[:m - head]
     return out.reshape(shape)
 
 
@@ -757,24 +763,19 @@ _CODE_BLOCKS = {}
 
 
 def _random_quant(rng, shape, fmt, fan_in, grid_rows):
-    """Random quantised weights at about 1/sqrt(fan_in): exact quantisation of normals up to BLOCK
-    values; past that, randomly rotated copies of one block of codes with random scales around
+    """Random quantised weights at about 1/sqrt(fan_in): exact quantisation of normals up to
+    EXACT_MAX values; past that, randomly rotated copies of one block of codes with random scales around
     that level (as _normal does for floats: minutes saved on big models)."""
     n = int(np.prod(shape))
-    if n <= BLOCK:
+    if n <= EXACT_MAX:
         return quantize(_normal(rng, shape) / np.sqrt(fan_in), fmt, grid_rows)
     q = QUANT[fmt]
     per_byte = 8 // q.bits
     if fmt not in _CODE_BLOCKS:     # codes of N(0, 1) · (largest code / 4): the top of the range used
         base = quantize(rng.standard_normal((1, BLOCK), dtype=np.float32) * (MAX_CODE[fmt] / 4), fmt)
         _CODE_BLOCKS[fmt] = base.codes.reshape(-1)
-    block = _CODE_BLOCKS[fmt]
-    nb = n // per_byte
-    codes = np.empty(nb, np.uint8)
-    for i in range(0, nb, block.size):
-        m = min(block.size, nb - i)
-        codes[i:i + m] = np.roll(block, int(rng.integers(block.size)))[:m]
     lead, (N, K) = shape[:-2], shape[-2:]
+    codes = _tiled(rng, (n // per_byte,), _CODE_BLOCKS[fmt])
     sr, sc = q.grid(grid_rows, K)
     level = int(np.round(np.log2(4 / MAX_CODE[fmt] / np.sqrt(fan_in)))) + 127
     scale = (level - rng.integers(0, 2, tuple(lead) + (N // grid_rows * sr, sc))).astype(np.uint8)
@@ -791,12 +792,15 @@ def random_weights(cfg: V4Config, seed: int = 0, dtype=np.float32, experts: str 
     quant = isinstance(dtype, str) and dtype == "fp8"
     if quant and experts not in (None, "fp4", "fp8"):
         raise ValueError(f"experts must be 'fp4' or 'fp8', got {experts!r}")
-    out = {}
+    out, blocks = {}, {}
     F = cfg.moe_intermediate_size
     for name, shape in tensor_shapes(cfg).items():
-        if name.endswith("tid2eid"):
-            out[name] = np.stack([rng.permutation(cfg.n_routed_experts)[:shape[1]] for _ in range(shape[0])]
-                                 ).astype(np.int32)
+        if name.endswith("tid2eid"):        # distinct experts per token
+            E = cfg.n_routed_experts
+            if shape[0] * E <= EXACT_MAX:
+                out[name] = np.stack([rng.permutation(E)[:shape[1]] for _ in range(shape[0])]).astype(np.int32)
+            else:
+                out[name] = np.argsort(rng.random((shape[0], E), dtype=np.float32), axis=1)[:, :shape[1]].astype(np.int32)
         elif name.endswith("norm.weight") or name.endswith("_scale"):
             out[name] = (1.0 + 0.3 * rng.standard_normal(shape)).astype(np.float32)
         elif name.endswith(("attn_sink", "ape", "gate.bias")):
@@ -811,10 +815,15 @@ def random_weights(cfg: V4Config, seed: int = 0, dtype=np.float32, experts: str 
             grid_rows = F if name.endswith("w13") else shape[-2]
             out[name] = _random_quant(rng, shape, fmt, shape[-1], grid_rows)
         else:                               # embed at 1, linear maps at 1/sqrt(fan-in)
-            a = _normal(rng, shape)
-            if name != "embed.weight":
-                a *= np.float32(1.0 / np.sqrt(shape[-1]))
-            out[name] = a.astype(BF16 if quant else dtype, copy=False)
+            dt = np.dtype(BF16 if quant else dtype)
+            scale = np.float32(1.0 if name == "embed.weight" else 1.0 / np.sqrt(shape[-1]))
+            if int(np.prod(shape)) <= EXACT_MAX:
+                out[name] = (_normal(rng, shape) * scale).astype(dt, copy=False)
+            else:                           # one block drawn per (dtype, scale), tiled
+                key = (dt, float(scale))
+                if key not in blocks:
+                    blocks[key] = (rng.standard_normal(BLOCK, dtype=np.float32) * scale).astype(dt)
+                out[name] = _tiled(rng, shape, blocks[key])
     return out
 
 
