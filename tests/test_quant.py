@@ -295,6 +295,44 @@ def test_unsupported_quantization_config_refused(qdir, qc, match):
         V4Config.from_hf(dict(c, quantization_config=None, expert_dtype="int2"))
 
 
+def test_large_tensors_stream_from_the_files_when_uploaded(qdir, monkeypatch):
+    """Past EAGER_BYTES a tensor stays Lazy until its param is uploaded (the host never holds the
+    whole checkpoint); the model then computes what the eagerly read one does, and a bad value in
+    a lazy tensor is refused when it is read, naming the file's tensor."""
+    from dsv4_vk.model import checkpoint
+    eager = Model.load(str(qdir))
+    x = eager.prefill([1, 2, 3, 4, 5])
+    monkeypatch.setattr(checkpoint, "EAGER_BYTES", 64)
+    cfg, w = load_hf(str(qdir))
+    assert isinstance(w["embed.weight"], checkpoint.Lazy) and isinstance(w["layers.0.ffn.experts.w13"].codes,
+                                                                         checkpoint.Lazy)
+    lazy = Model(cfg, w)
+    assert isinstance(lazy.params["head.weight"], checkpoint.Lazy)          # the model keeps no host copy
+    assert np.array_equal(lazy.prefill([1, 2, 3, 4, 5]), x)
+    rewrite(qdir, lambda t: t["layers.1.attn.wo_b.weight"].view(np.uint8).__setitem__((2, 3), 0xFF))
+    cfg, w = load_hf(str(qdir))                       # not read yet
+    with pytest.raises(CheckpointError, match=r"tensor 'layers\.1\.attn\.wo_b\.weight' holds E4M3 NaN codes"):
+        Model(cfg, w)
+    rewrite(qdir, lambda t: t["head.weight"].view(np.uint16).__setitem__((1, 1), 0x7F80))      # BF16 +inf
+    with pytest.raises(CheckpointError, match=r"tensor 'head\.weight' holds non-finite values"):
+        Model.load(str(qdir))
+
+
+def test_load_progress_is_reported_for_large_loads():
+    import io
+    out = io.StringIO()
+    p = checkpoint_progress(out)
+    p(1 << 30, 4 << 30)
+    p(4 << 30, 4 << 30)
+    text = out.getvalue()
+    assert "loading weights: 1.1 / 4.3 GB (25%)" in text and "(100%)" in text and "GB/s" in text
+
+
+def checkpoint_progress(stream):
+    from dsv4_vk.model.checkpoint import LoadProgress
+    return LoadProgress(min_bytes=1, every=0.0, stream=stream)
+
+
 def test_device_bytes_stay_within_the_checkpoints(qdir):
     """Weights keep the published precision on the device: ≤ 1.15 × the checkpoint's bytes."""
     m = Model.load(str(qdir))

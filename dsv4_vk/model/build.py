@@ -35,7 +35,7 @@ from ..core.graph import Graph, GraphTensor
 from ..ops.compress import topk
 from ..ops.sample import sample
 from ..ops.v4_attention import mqa_decode_splits, rope_table
-from .checkpoint import BF16, QuantWeight, is_quant, quantisable, stack_quant
+from .checkpoint import BF16, FILES, QuantWeight, is_quant, join, quantisable, stack_quant
 from .config import CSA, HCA, SWA, V4Config
 from .reference import inv_freq
 
@@ -67,11 +67,12 @@ def all_entries_fit(cfg: V4Config, last_position: int) -> bool:
 
 
 def _stack(parts):
-    """Concatenate along rows; mixed dtypes are widened to float32 (one weight, one dtype)."""
-    dts = {np.asarray(p).dtype for p in parts}
+    """Concatenate along rows (lazily for Lazy parts); mixed dtypes are widened to float32 (one
+    weight, one dtype)."""
+    dts = {np.dtype(p.dtype) for p in parts}
     if len(dts) > 1:
         parts = [np.asarray(p, np.float32) for p in parts]
-    return np.concatenate(parts)
+    return join(parts, False)
 
 
 def _quant_rows_stack(parts):
@@ -194,9 +195,9 @@ def param_arrays(cfg: V4Config, weights: dict, chunk: int = 16) -> dict:
                 out[f + "w13"], out[f + "w2"] = routed13, routed2
                 out[f + "shared.w13"], out[f + "shared.w2"] = shared13, shared2
         else:
-            shared13 = np.concatenate(sh13)[None]
+            shared13 = join([join(sh13, False)], True)
             out[f + "w13"] = _stack([routed13, shared13])
-            out[f + "w2"] = _stack([routed2, sh2[None]])
+            out[f + "w2"] = _stack([routed2, join([sh2], True)])
         fused.update([f + "experts.w13", f + "experts.w2", s + "w1.weight", s + "w3.weight", s + "w2.weight"])
         if cfg.layer_types[i] == CSA and not indexer_runs(cfg, i):      # the graphs read none of its weights
             fused.update(n for n in weights if n.startswith(a + "indexer."))
@@ -219,7 +220,7 @@ def _shared_quant(sh13, sh2, cfg):
         w13 = stack_quant([stack_quant(sh13, False)], True)
     else:
         w13 = _stack([np.asarray(t, np.float32) if is_quant(t) else t for t in sh13])[None]
-    w2 = stack_quant([sh2], True) if is_quant(sh2) else np.asarray(sh2)[None]
+    w2 = stack_quant([sh2], True) if is_quant(sh2) else join([sh2], True)
     return w13, w2
 
 
@@ -230,16 +231,26 @@ def _same_layout(a, b) -> bool:
     return not is_quant(a) or (a.fmt == b.fmt and a.grid_rows == b.grid_rows and a.shape[1:] == b.shape[1:])
 
 
-def upload_arrays(params: dict):
-    """(device param name, array, storage) of every param: a QuantWeight is its packed codes
-    (storage "fp8" / "fp4") and its scale bytes `name.scale` ("e8m0"); others their own dtype."""
-    for name, a in params.items():
-        if is_quant(a):
-            words, scale = a.device_arrays()
-            yield name, words, a.fmt
-            yield name + ".scale", scale, "e8m0"
-        else:
-            yield name, a, DTYPE_NAMES[np.dtype(a.dtype)]
+def upload_arrays(params: dict, progress=None):
+    """(device param name, array, storage) of every param, read one at a time (a Lazy one only
+    now): a QuantWeight is its packed codes (storage "fp8" / "fp4") and its scale bytes
+    `name.scale` ("e8m0"); others their own dtype. progress(done bytes, total bytes) after each."""
+    total = sum(a.nbytes for a in params.values())
+    done = 0
+    try:
+        for name, a in params.items():
+            if is_quant(a):
+                words, scale = a.device_arrays()
+                yield name, words, a.fmt
+                yield name + ".scale", scale, "e8m0"
+            else:
+                arr = np.asarray(a)
+                yield name, arr, DTYPE_NAMES[np.dtype(arr.dtype)]
+            done += a.nbytes
+            if progress is not None:
+                progress(done, total)
+    finally:
+        FILES.close()                       # the checkpoint's memory maps
 
 
 def decode_splits(cfg: V4Config, i: int, device) -> int:

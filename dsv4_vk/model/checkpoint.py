@@ -56,6 +56,58 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be read, or that does not match its config."""
 
 
+class Lazy:
+    """An array not read yet: its shape and dtype, and how to get it (read from the checkpoint's
+    files, or joined from other lazy arrays) when np.asarray(lazy) or .load() asks. Model.load
+    keeps large tensors lazy until each param is uploaded, so the host never holds the whole
+    checkpoint: one param at a time, read and checked (non-finite values, NaN codes or scales:
+    CheckpointError naming the file's tensor), uploaded, dropped."""
+
+    __slots__ = ("shape", "dtype", "_get")
+
+    def __init__(self, shape, dtype, get):
+        self.shape, self.dtype, self._get = tuple(shape), np.dtype(dtype), get
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def load(self) -> np.ndarray:
+        a = self._get()
+        if tuple(a.shape) != self.shape or a.dtype != self.dtype:
+            raise CheckpointError(f"a tensor read as {a.dtype} {list(a.shape)}, expected {self.dtype} "
+                                  f"{list(self.shape)} (the file changed since it was opened?)")
+        return a
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.load()
+        return a if dtype is None else a.astype(dtype)
+
+    def __repr__(self):
+        return f"Lazy({self.dtype} {list(self.shape)})"
+
+
+def join(parts: list, new_axis: bool):
+    """np.stack (new_axis) or np.concatenate of arrays, lazily where any part is Lazy."""
+    op = np.stack if new_axis else np.concatenate
+    if not any(isinstance(p, Lazy) for p in parts):
+        return op(parts)
+    first = parts[0].shape
+    shape = (len(parts),) + first if new_axis else (sum(p.shape[0] for p in parts),) + first[1:]
+    dts = {np.dtype(p.dtype) for p in parts}
+    if len(dts) > 1:
+        raise CheckpointError(f"cannot join tensors of dtypes {sorted(map(str, dts))}")
+    return Lazy(shape, dts.pop(), lambda: op([np.asarray(p) for p in parts]))
+
+
 class QuantWeight:
     """A linear weight in DeepSeek's published low-precision format, bytes as published.
     fmt "fp8": codes uint8 [..., N, K] (E4M3), one E8M0 scale byte per 128 × 128 block;
@@ -89,7 +141,7 @@ class QuantWeight:
     def device_arrays(self) -> tuple:
         """(codes as int32 words [..., N, words a row], scale bytes as int32 words [n]): what the
         kernels bind (ops.mul_mat.quant_arrays)."""
-        return quant_arrays(self.codes, self.scale)
+        return quant_arrays(np.asarray(self.codes), np.asarray(self.scale))
 
     def __array__(self, dtype=None, copy=None):
         words, scale = self.device_arrays()
@@ -100,8 +152,9 @@ class QuantWeight:
         """The m-th grid's rows (grid_rows of them) with their scale grid, as published."""
         gr, K = self.grid_rows, self.shape[-1]
         sr, sc = self.format.grid(gr, K)
-        codes = self.codes.reshape(-1, self.codes.shape[-1])[m * gr:(m + 1) * gr]
-        return QuantWeight(self.fmt, codes, self.scale.reshape(-1)[m * sr * sc:(m + 1) * sr * sc].reshape(sr, sc))
+        codes = np.asarray(self.codes).reshape(-1, self.codes.shape[-1])[m * gr:(m + 1) * gr]
+        scale = np.asarray(self.scale).reshape(-1)[m * sr * sc:(m + 1) * sr * sc].reshape(sr, sc)
+        return QuantWeight(self.fmt, codes, scale)
 
     def __repr__(self):
         return f"QuantWeight({self.fmt}, shape={list(self.shape)}, grid_rows={self.grid_rows})"
@@ -114,8 +167,7 @@ def stack_quant(parts: list, axis_new: bool) -> "QuantWeight":
     if any(p.fmt != fmt or p.grid_rows != gr for p in parts):
         raise CheckpointError(f"cannot stack quantised weights of formats/grids "
                               f"{sorted({(p.fmt, p.grid_rows) for p in parts})}")
-    join = np.stack if axis_new else np.concatenate
-    return QuantWeight(fmt, join([p.codes for p in parts]), join([p.scale for p in parts]), gr)
+    return QuantWeight(fmt, join([p.codes for p in parts], axis_new), join([p.scale for p in parts], axis_new), gr)
 
 
 def is_quant(a) -> bool:
@@ -131,6 +183,28 @@ def quantisable(name: str) -> bool:
     return bool(re.search(r"\.attn\.(wq_a|wq_b|wkv|wo_a|wo_b|indexer\.wq_b)\.weight$", name) or
                 re.search(r"\.ffn\.shared_experts\.w[123]\.weight$", name) or
                 re.search(r"\.ffn\.experts(\.\d+\.w[123]\.weight|\.w13|\.w2)$", name))
+
+
+class LoadProgress:
+    """Upload progress on stderr, for loads of at least `min_bytes`: GB done, %, GB/s, every
+    `every` seconds (on one line on a terminal)."""
+
+    def __init__(self, min_bytes: int = 2 << 30, every: float = 2.0, stream=None):
+        import sys
+        import time
+        self.min_bytes, self.every, self.stream, self.clock = min_bytes, every, stream or sys.stderr, time.perf_counter
+        self.t0 = self.last = self.clock()
+
+    def __call__(self, done: int, total: int) -> None:
+        now = self.clock()
+        if total < self.min_bytes or (now - self.last < self.every and done < total):
+            return
+        self.last = now
+        tty = getattr(self.stream, "isatty", lambda: False)()
+        rate = done / max(now - self.t0, 1e-9) / 1e9
+        self.stream.write(f"{chr(13) if tty else ''}loading weights: {done / 1e9:.1f} / {total / 1e9:.1f} GB "
+                          f"({100 * done / total:.0f}%), {rate:.2f} GB/s{'' if tty and done < total else chr(10)}")
+        self.stream.flush()
 
 
 # --- canonical names and shapes ---------------------------------------------------------------------
@@ -260,9 +334,60 @@ def _files(path):
     return [(os.path.join(path, f), None) for f in files]
 
 
+EAGER_BYTES = 1 << 20          # tensors up to this size are read at once; larger ones when uploaded
+NP_DTYPES = dict(FLOAT_DTYPES, I64=np.int64, I32=np.int32, I16=np.int16, U32=np.uint32, U16=np.uint16,
+                 F8_E4M3=np.uint8, F8_E8M0=np.uint8, I8=np.uint8, U8=np.uint8)
+
+
+class _Files:
+    """Open safetensors files (memory maps), a few at a time: the least recently used is closed."""
+
+    def __init__(self, keep: int = 4):
+        self.keep, self.open = keep, {}
+
+    def get(self, fn, key, dt):
+        try:
+            st = os.stat(fn)
+            ident = (fn, st.st_mtime_ns, st.st_size, st.st_ino)     # a rewritten file is opened again
+            f = self.open.pop(ident, None)
+            if f is None:
+                f = safe_open(fn, framework="numpy")
+                f.__enter__()
+            self.open[ident] = f
+            while len(self.open) > self.keep:
+                self.open.pop(next(iter(self.open))).__exit__(None, None, None)
+            a = f.get_tensor(key)
+        except SafetensorError as e:
+            raise CheckpointError(f"{fn}: not a valid safetensors file ({e})") from None
+        except OSError as e:
+            raise CheckpointError(f"{fn}: cannot be read ({e.strerror or e})") from None
+        return a.view(np.uint8) if dt.startswith("F8") or dt == "I8" else a
+
+    def close(self) -> None:
+        while self.open:
+            self.open.popitem()[1].__exit__(None, None, None)
+
+
+FILES = _Files()
+
+
+def _checked(fn, key, dt, a):
+    """The values of a tensor just read, refused (naming it) when non-finite, a NaN E4M3 code or a
+    NaN E8M0 scale: checked as each tensor is read, so a lazy one is checked when uploaded."""
+    if dt in ("F32", "F16", "BF16", "F64") and not _finite(a):
+        raise CheckpointError(f"{fn}: tensor {key!r} holds non-finite values")
+    if dt == "F8_E4M3" and ((a & 0x7F) == 0x7F).any():
+        raise CheckpointError(f"{fn}: tensor {key!r} holds E4M3 NaN codes (0x7F / 0xFF)")
+    if dt == "F8_E8M0" or (dt == "U8" and key.endswith(SCALE_SUFFIXES)):
+        if (a == 255).any():
+            raise CheckpointError(f"{fn}: scale {key!r} holds the E8M0 NaN byte 255")
+    return a
+
+
 def _read_file(fn, names):
-    """{name: (array, safetensors dtype)} of one file, refusing unsupported dtypes before reading any
-    data. FP8 codes and E8M0 scales come back as their bytes (uint8)."""
+    """{name: (array or Lazy, safetensors dtype)} of one file, refusing unsupported dtypes before
+    reading any data. FP8 codes and E8M0 scales come as their bytes (uint8); tensors over
+    EAGER_BYTES stay Lazy (read and checked when their param is uploaded)."""
     out = {}
     try:
         with safe_open(fn, framework="numpy") as f:
@@ -272,13 +397,20 @@ def _read_file(fn, names):
                 if missing:
                     raise CheckpointError(f"{fn}: the index names tensor(s) {missing[:5]} that the file does not hold")
             for k in sorted(keys if names is None else names):
-                dt = f.get_slice(k).get_dtype()
-                if dt not in FLOAT_DTYPES and dt not in INT_DTYPES and dt not in CODE_DTYPES + SCALE_DTYPES:
+                sl = f.get_slice(k)
+                dt = sl.get_dtype()
+                if dt not in NP_DTYPES:
                     raise CheckpointError(f"{fn}: tensor {k!r} has dtype {dt}; supported: F32, F16, BF16 weights, "
                                           "F8_E4M3 or I8/U8 (FP4) quantised linears with F8_E8M0/U8/F32 scales, "
                                           "integer tid2eid")
-                a = f.get_tensor(k)
-                out[k] = (a.view(np.uint8) if dt.startswith("F8") or dt == "I8" else a, dt)
+                shape = tuple(sl.get_shape())
+                nbytes = int(np.prod(shape)) * np.dtype(NP_DTYPES[dt]).itemsize
+                if nbytes <= EAGER_BYTES or k.endswith("tid2eid"):
+                    a = f.get_tensor(k)
+                    out[k] = (_checked(fn, k, dt, a.view(np.uint8) if dt.startswith("F8") or dt == "I8" else a), dt)
+                else:
+                    out[k] = (Lazy(shape, NP_DTYPES[dt],
+                                   lambda fn=fn, k=k, dt=dt: _checked(fn, k, dt, FILES.get(fn, k, dt))), dt)
     except SafetensorError as e:
         raise CheckpointError(f"{fn}: not a valid safetensors file ({e})") from None
     except OSError as e:
@@ -301,6 +433,8 @@ def read_tensors(path: str, with_dtypes: bool = False) -> dict:
 
 def _scale_bytes(name, a, dt):
     """E8M0 bytes of a scale tensor stored as F8_E8M0, U8, or F32 powers of two."""
+    if isinstance(a, Lazy):
+        return a if dt != "F32" else Lazy(a.shape, np.uint8, lambda: _scale_bytes(name, a.load(), dt))
     if dt == "F32":
         a = np.asarray(a, np.float64)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -329,9 +463,9 @@ def _quant(name, codes, dt, scale):
         what = "128 × 128 block" if fmt.bits == 8 else "32 inputs of a row"
         raise CheckpointError(f"scale {sname!r} has shape {list(sb.shape)}; {fmt.name} weight {name!r} "
                               f"[{N}, {K}] needs {list(grid)} (one per {what}, a partial last block included)")
-    if (sb == 255).any():
+    if not isinstance(sb, Lazy) and (sb == 255).any():
         raise CheckpointError(f"scale {sname!r} holds the E8M0 NaN byte 255")
-    return QuantWeight(fmt.name, np.ascontiguousarray(codes).view(np.uint8), sb)
+    return QuantWeight(fmt.name, codes, sb)
 
 
 def _to_canonical(raw, path):
@@ -391,12 +525,12 @@ def _to_canonical(raw, path):
                     raise CheckpointError(f"{path}: the experts of {prefix} have shapes {sorted(shapes)}")
                 out[f"{prefix}.{key}"] = stack_quant([stack_quant(row, False) for row in mats], True)
             else:
-                out[f"{prefix}.{key}"] = np.stack([np.concatenate(row) for row in mats])
+                out[f"{prefix}.{key}"] = join([join(row, False) for row in mats], True)
     return out
 
 
 def _kind(a):
-    return a.fmt if is_quant(a) else str(a.dtype)
+    return a.fmt if is_quant(a) else str(np.dtype(a.dtype))
 
 
 def check_tensors(cfg: V4Config, tensors: dict, where: str = "weights") -> None:
@@ -423,10 +557,14 @@ def check_tensors(cfg: V4Config, tensors: dict, where: str = "weights") -> None:
             if not quantisable(name):
                 raise CheckpointError(f"{where}: tensor {name!r} is quantised ({a.fmt}), but the format keeps it "
                                       "in BF16/F32")
-            if (a.scale == 255).any():
+            if not isinstance(a.scale, Lazy) and (np.asarray(a.scale) == 255).any():
                 raise CheckpointError(f"{where}: tensor {name!r} has an E8M0 NaN scale (byte 255)")
-            if a.fmt == "fp8" and ((a.codes & 0x7F) == 0x7F).any():
+            if a.fmt == "fp8" and not isinstance(a.codes, Lazy) and ((a.codes & 0x7F) == 0x7F).any():
                 raise CheckpointError(f"{where}: tensor {name!r} holds E4M3 NaN codes (0x7F / 0xFF)")
+        elif isinstance(a, Lazy):           # read and checked when uploaded
+            if is_linear(name) and a.dtype not in (np.float32, np.float16, BF16, np.float64):
+                raise CheckpointError(f"{where}: linear weight {name!r} has dtype {a.dtype}; expected float32, "
+                                      "float16 or bfloat16 (or a QuantWeight)")
         elif name.endswith("tid2eid"):
             a = np.asarray(a)
             if not np.issubdtype(a.dtype, np.integer) and not (np.isfinite(a).all() and (a == np.round(a)).all()):
@@ -458,7 +596,7 @@ def normalise(cfg: V4Config, tensors: dict, where: str = "weights") -> dict:
     check_tensors(cfg, tensors, where)
     out = {}
     for name, a in tensors.items():
-        if is_quant(a):
+        if is_quant(a) or (isinstance(a, Lazy) and is_linear(name) and a.dtype in (np.float32, np.float16, BF16)):
             out[name] = a
             continue
         a = np.asarray(a)
@@ -567,23 +705,29 @@ def save_hf(path: str, cfg: V4Config, weights: dict, naming: str = "save_pretrai
 
 # --- random weights -------------------------------------------------------------------------------------
 
-BLOCK = 1 << 24
+BLOCK = 1 << 22            # values drawn once per kind of weight, then tiled (_tiled)
+EXACT_MAX = 1 << 20        # tensors up to this many values are drawn (and quantised) value by value
 
 
 def _normal(rng, shape):
-    """Standard normal float32 values. Past BLOCK elements, randomly rotated copies of one drawn
-    block of BLOCK values: drawing billions of normals (a one-GPU benchmark model) would take
-    minutes, and a matrix of rotated blocks is as good a random weight for timing and for O(1)
-    activations."""
-    n = int(np.prod(shape))
-    if n <= BLOCK:
-        return rng.standard_normal(shape, dtype=np.float32)
-    block = rng.standard_normal(BLOCK, dtype=np.float32)
-    out = np.empty(n, np.float32)
-    for i in range(0, n, BLOCK):
-        m = min(BLOCK, n - i)
-        r = int(rng.integers(BLOCK))
-        out[i:i + m] = np.roll(block, r)[:m]
+    """Standard normal float32 values (up to EXACT_MAX of them; _tiled past that)."""
+    return rng.standard_normal(shape, dtype=np.float32)
+
+
+def _tiled(rng, shape, block):
+    """An array of `shape` filled with randomly rotated copies of the 1-D `block` (its dtype): for
+    tensors past EXACT_MAX values, where drawing billions of normals (a one-GPU benchmark model) would
+    take minutes; a matrix of rotated blocks is as good a random weight for timing and for O(1)
+    activations, and filling it is a copy at memory speed."""
+    n, B = int(np.prod(shape)), block.size
+    out = np.empty(n, block.dtype)
+    raw = np.dtype(f"u{block.dtype.itemsize}")          # plain copies (ml_dtypes' own copy is per element)
+    dst, src = out.view(raw), block.view(raw)
+    for i in range(0, n, B):
+        m, r = min(B, n - i), int(rng.integers(B))
+        head = min(m, B - r)
+        dst[i:i + head] = src[r:r + head]
+        dst[i + head:i + m] = src[:m - head]
     return out.reshape(shape)
 
 
@@ -621,24 +765,19 @@ _CODE_BLOCKS = {}
 
 
 def _random_quant(rng, shape, fmt, fan_in, grid_rows):
-    """Random quantised weights at about 1/sqrt(fan_in): exact quantisation of normals up to BLOCK
-    values; past that, randomly rotated copies of one block of codes with random scales around
+    """Random quantised weights at about 1/sqrt(fan_in): exact quantisation of normals up to
+    EXACT_MAX values; past that, randomly rotated copies of one block of codes with random scales around
     that level (as _normal does for floats: minutes saved on big models)."""
     n = int(np.prod(shape))
-    if n <= BLOCK:
+    if n <= EXACT_MAX:
         return quantize(_normal(rng, shape) / np.sqrt(fan_in), fmt, grid_rows)
     q = QUANT[fmt]
     per_byte = 8 // q.bits
     if fmt not in _CODE_BLOCKS:     # codes of N(0, 1) · (largest code / 4): the top of the range used
         base = quantize(rng.standard_normal((1, BLOCK), dtype=np.float32) * (MAX_CODE[fmt] / 4), fmt)
         _CODE_BLOCKS[fmt] = base.codes.reshape(-1)
-    block = _CODE_BLOCKS[fmt]
-    nb = n // per_byte
-    codes = np.empty(nb, np.uint8)
-    for i in range(0, nb, block.size):
-        m = min(block.size, nb - i)
-        codes[i:i + m] = np.roll(block, int(rng.integers(block.size)))[:m]
     lead, (N, K) = shape[:-2], shape[-2:]
+    codes = _tiled(rng, (n // per_byte,), _CODE_BLOCKS[fmt])
     sr, sc = q.grid(grid_rows, K)
     level = int(np.round(np.log2(4 / MAX_CODE[fmt] / np.sqrt(fan_in)))) + 127
     scale = (level - rng.integers(0, 2, tuple(lead) + (N // grid_rows * sr, sc))).astype(np.uint8)
@@ -655,12 +794,15 @@ def random_weights(cfg: V4Config, seed: int = 0, dtype: DTypeLike | str = np.flo
     quant = isinstance(dtype, str) and dtype == "fp8"
     if quant and experts not in (None, "fp4", "fp8"):
         raise ValueError(f"experts must be 'fp4' or 'fp8', got {experts!r}")
-    out = {}
+    out, blocks = {}, {}
     F = cfg.moe_intermediate_size
     for name, shape in tensor_shapes(cfg).items():
-        if name.endswith("tid2eid"):
-            out[name] = np.stack([rng.permutation(cfg.n_routed_experts)[:shape[1]] for _ in range(shape[0])]
-                                 ).astype(np.int32)
+        if name.endswith("tid2eid"):        # distinct experts per token
+            E = cfg.n_routed_experts
+            if shape[0] * E <= EXACT_MAX:
+                out[name] = np.stack([rng.permutation(E)[:shape[1]] for _ in range(shape[0])]).astype(np.int32)
+            else:
+                out[name] = np.argsort(rng.random((shape[0], E), dtype=np.float32), axis=1)[:, :shape[1]].astype(np.int32)
         elif name.endswith("norm.weight") or name.endswith("_scale"):
             out[name] = (1.0 + 0.3 * rng.standard_normal(shape)).astype(np.float32)
         elif name.endswith(("attn_sink", "ape", "gate.bias")):
@@ -675,10 +817,15 @@ def random_weights(cfg: V4Config, seed: int = 0, dtype: DTypeLike | str = np.flo
             grid_rows = F if name.endswith("w13") else shape[-2]
             out[name] = _random_quant(rng, shape, fmt, shape[-1], grid_rows)
         else:                               # embed at 1, linear maps at 1/sqrt(fan-in)
-            a = _normal(rng, shape)
-            if name != "embed.weight":
-                a *= np.float32(1.0 / np.sqrt(shape[-1]))
-            out[name] = a.astype(BF16 if quant else dtype, copy=False)
+            dt = np.dtype(BF16 if quant else dtype)
+            scale = np.float32(1.0 if name == "embed.weight" else 1.0 / np.sqrt(shape[-1]))
+            if int(np.prod(shape)) <= EXACT_MAX:
+                out[name] = (_normal(rng, shape) * scale).astype(dt, copy=False)
+            else:                           # one block drawn per (dtype, scale), tiled
+                key = (dt, float(scale))
+                if key not in blocks:
+                    blocks[key] = (rng.standard_normal(BLOCK, dtype=np.float32) * scale).astype(dt)
+                out[name] = _tiled(rng, shape, blocks[key])
     return out
 
 

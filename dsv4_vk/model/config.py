@@ -407,6 +407,16 @@ PRESETS = {
 }
 
 
+# "flash-43": DeepSeek-V4-Flash's depth (43 layers, flash-1gpu's layer pattern repeated) and widths
+# with 8 routed experts: a token reads 6 routed experts and the shared one whatever their number,
+# so the weight bytes a decode step reads are the 256-expert model's; in DeepSeek's published
+# FP8 / FP4 layout (docs/quantized_weights.md) its weights fit one H200.
+_FLASH = PRESETS["flash-1gpu"]
+PRESETS["flash-43"] = dict(_FLASH, num_hidden_layers=43, n_routed_experts=8,
+                           layer_types=tuple(_FLASH["layer_types"][i % 4] for i in range(43)),
+                           mlp_layer_types=tuple(_FLASH["mlp_layer_types"][i % 4] for i in range(43)))
+
+
 def preset(name: str, **overrides) -> V4Config:
     """A named config (PRESETS) with fields replaced."""
     if name not in PRESETS:

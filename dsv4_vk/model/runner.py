@@ -30,7 +30,7 @@ from ..ops.sample import MAX_TOP_K
 from ..ops.v4_attention import MAX_DECODE_SPLITS
 from ..vk import Device, default_device
 from .build import INDEXER, STEP_PARAMS, ModelGraph, all_entries_fit, cache_shapes, param_arrays, upload_arrays
-from .checkpoint import load_hf, normalise, random_weights, tensor_shapes
+from .checkpoint import LoadProgress, load_hf, normalise, random_weights, tensor_shapes
 from .config import V4Config
 
 
@@ -151,7 +151,7 @@ class Model:
         self.cfg, self.fused, self.splits = cfg, fused, splits
         self.device = device or default_device()
         self.prefill_chunk = min(prefill_chunk, cfg.max_ctx)
-        check_memory(cfg, sum(int(np.asarray(w).nbytes) for w in weights.values()), self.prefill_chunk, self.device)
+        check_memory(cfg, sum(int(w.nbytes) for w in weights.values()), self.prefill_chunk, self.device)
         self.ex = Executor(self.device)
         self.params = param_arrays(cfg, weights, self.prefill_chunk)
         # some CSA layer has an indexer that scores only where it matters (not with INDEXER["always"])
@@ -159,7 +159,7 @@ class Model:
         # multi-step decode (steps): the token sampled after each position, written on the device
         self.params[HISTORY] = np.zeros(cfg.max_ctx, np.int32)
         self.storage = {}         # device param name -> storage type (memory())
-        for name, a, storage in upload_arrays(self.params):
+        for name, a, storage in upload_arrays(self.params, LoadProgress()):
             self.ex.set_param(name, a, host_visible=name in STEP_PARAMS + (HISTORY,) or name.startswith("sampler."))
             self.storage[name] = storage
         self._graphs: dict = {}       # (kind, timestamps) -> CompiledGraph, held so no step looks them up
