@@ -279,6 +279,8 @@ def bench_weights(cfg, seed, dtype):
     embedding and the linear maps) one random block at random_weights' scale, converted to dtype
     once and repeated: building a 16 GB model takes seconds, and the kernels' work does not depend
     on the values."""
+    if isinstance(dtype, str):                           # a quantised layout: random_weights makes it
+        return random_weights(cfg, seed, dtype)
     shapes = checkpoint.tensor_shapes(cfg)
     big = {n: s for n, s in shapes.items() if int(np.prod(s)) > 1 << 22}
     saved = checkpoint.tensor_shapes
