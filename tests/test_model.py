@@ -405,6 +405,30 @@ def test_max_ctx_sets_the_cache_and_its_bytes_are_known_before_allocating(rng):
             Model(TINY, w, max_ctx=bad)
 
 
+def test_a_step_far_into_a_million_position_cache_reads_only_what_exists(rng):
+    """The same cache rows up to position 5000 in a cache of 5040 positions and in one of 2^20: a
+    prefill chunk and decode steps there give the same logits (the rows past the position, zeros
+    in the large cache, would win the indexer's top-k if they were scored, and HCA would attend
+    them if they were read)."""
+    w = random_weights(TINY, int(rng.integers(0, 2 ** 31)))
+    P = 5000
+    small, big = Model(TINY, w, max_ctx=P + 40, prefill_chunk=4), Model(TINY, w, max_ctx=1 << 20, prefill_chunk=4)
+    for name in small.ex.params:
+        if name.startswith("layers.") and name.endswith((".kv", ".state", ".ent")):
+            rows = rng.standard_normal(small.params[name].shape).astype(np.float32)
+            small.ex.set_param(name, rows)
+            full = np.zeros(big.params[name].shape, np.float32)
+            full[:len(rows)] = rows
+            big.ex.set_param(name, full)
+    ids = rng.integers(0, TINY.vocab_size, 7)
+    out = []
+    for m in (small, big):
+        m.position = P
+        out.append(np.concatenate([m.prefill(ids[:4], all_logits=True)] +
+                                  [m.step(int(t), output="logits")[None] for t in ids[4:]]))
+    assert np.isfinite(out[0]).all() and nmse(out[1], out[0]) <= 1e-10
+
+
 def test_a_cache_too_large_for_the_device_is_refused_naming_the_bytes():
     """max_ctx = 10⁹ (or any cache past the device's heap) is refused before anything is allocated,
     naming max_ctx, the bytes needed and the bytes available; a tensor past the device's binding

@@ -272,6 +272,25 @@ def test_index_score_and_topk_tiles_with_any_workgroups_per_row(rng, monkeypatch
     np.testing.assert_array_equal(got, compress.reference_topk(ref, 40, np.array([p0]), rate, 4096))
 
 
+def test_the_grids_of_index_score_and_topk_tiles_do_not_grow_with_the_capacity():
+    """Recorded once for the cache's capacity n, INDEX_SCORE and TOPK_TILES launch at most
+    ROW_GROUPS workgroups per row (each looping over the blocks below its row's bound), so a
+    thousand-fold larger cache launches no more workgroups; TOPK's merge, one per row."""
+    dev = Executor().device
+    cap = compress.ROW_GROUPS["cpu" if dev.caps.is_cpu else "gpu"]
+    grids = {}
+    for n in (1 << 24, 1 << 28):
+        g = Graph()
+        pos = g.const(np.array([5000], np.int32))
+        s = g.op("INDEX_SCORE", g.const(np.zeros((3, 4, 16), np.float32)), g.const(np.zeros((3, 4), np.float32)),
+                 g.param("keys", (n, 16)), pos, rate=4, scale=0.5, capacity=4 * n)
+        compress.topk(g, s, 64, pos=pos, rate=4, capacity=4 * n)
+        grids[n] = {node.op.name: [lc.grid[0] * lc.grid[1] * lc.grid[2] for lc in node.op.lower(node, dev)]
+                    for node in g.nodes}
+    assert grids[1 << 24] == grids[1 << 28]
+    assert grids[1 << 28] == {"INDEX_SCORE": [3 * cap], "TOPK_TILES": [3 * cap], "TOPK": [3]}
+
+
 def test_topk_reads_only_the_entries_that_exist():
     """Scores past every row's bound (the cache's capacity not yet filled) are never read: the
     highest scores placed there change nothing, in one tile or in many."""

@@ -48,7 +48,8 @@ each position) or a number of positions; plus a profiled decode step and prefill
 (GPU ms per op and the slowest dispatches). The caches are filled with random rows and the model
 is put at the position directly (the kernels' work does not depend on how the rows got there), so
 1M positions take seconds, not a 1M-token prefill; a cache the device cannot hold is skipped with
-check_memory's reason. Random weights: the linear maps past 4M elements are one random block
+check_memory's reason; the files are rewritten after every measurement and positions not started
+within --budget-s seconds are skipped (a run cut short keeps what it measured). Random weights: the linear maps past 4M elements are one random block
 converted to the dtype once and repeated (bench_weights), so 16 GB build in seconds.
     . .vkdev/enter.sh; python3 tools/model_gpu_bench.py --long --out $OUT/long_context          (H200)
     python tools/model_gpu_bench.py --long --preset demo --positions 300 --caches 512,16384 --chunk 16 \
@@ -149,6 +150,8 @@ def parse(argv):
                     "position + decode steps + a chunk)")
     ap.add_argument("--chunk", type=int, default=128, help="--long: prefill chunk (Model prefill_chunk)")
     ap.add_argument("--prefill-chunks", type=int, default=4, help="--long: prefill chunks timed per position")
+    ap.add_argument("--budget-s", type=float, default=480, help="--long: positions not started after this many "
+                    "seconds are skipped (the results so far are written after every measurement)")
     ap.add_argument("--rounds", type=int, default=1, help="--long: measure every cache this many times in turn "
                     "(medians over rounds; a shared CPU is noisy); above 1 the models are kept and, at each "
                     "position, rounds × tokens decode steps of the given cache sizes are alternated step by step")
@@ -317,6 +320,8 @@ def bench_weights(cfg, seed, dtype):
     embedding and the linear maps) one random block at random_weights' scale, converted to dtype
     once and repeated: building a 16 GB model takes seconds, and the kernels' work does not depend
     on the values."""
+    if isinstance(dtype, str):                           # a quantised layout: random_weights makes it
+        return random_weights(cfg, seed, dtype)
     shapes = checkpoint.tensor_shapes(cfg)
     big = {n: s for n, s in shapes.items() if int(np.prod(s)) > 1 << 22}
     saved = checkpoint.tensor_shapes
@@ -453,6 +458,9 @@ def long_context(a, dev):
             for p in positions:
                 need = ctx if ctx is not None else p + margin
                 key = f"{label}" if ctx is not None else "sized"
+                if time.perf_counter() - t0 > a.budget_s:
+                    res["caches"].setdefault(key, {})[str(p)] = {"skipped": f"past the {a.budget_s:.0f} s budget"}
+                    continue
                 if p + margin > need:
                     res["caches"].setdefault(key, {})[str(p)] = {"skipped": f"position {p} + {margin} past the "
                                                                            f"{need}-position cache"}
@@ -475,6 +483,7 @@ def long_context(a, dev):
                 r["max_ctx"] = need
                 r["cache_bytes"] = model.memory()["cache"]
                 rounds.setdefault((key, p), []).append(r)
+                write_long(a.out, dict(res, partial=rounds_summary(rounds, a)))     # kept if the run is cut short
                 print(f"{key:12s} position {p:8d} cache {need:8d}: prefill {r['prefill_tokens_per_s']:9.1f} tokens/s, "
                       f"decode {r['decode_tokens_per_s']:8.1f} tokens/s ({r['decode_ms_per_token']:.3f} ms)", flush=True)
             if model is not None and a.rounds == 1:
@@ -486,29 +495,48 @@ def long_context(a, dev):
             res["interleaved"][str(p)] = interleaved(at, p, a.tokens * a.rounds)
     for model in kept.values():
         release(model)
-    for (key, p), rs in rounds.items():             # medians over rounds (profiled GPU ms too; the first's dispatches)
+    for (key, p), r in rounds_summary(rounds, a).items():
+        res["caches"].setdefault(key, {})[str(p)] = r
+    warm.close()
+    lines = write_long(a.out, res)
+    print("\n".join(lines))
+    print(f"wrote {a.out}/long_context.json and long_context.txt")
+    return 0
+
+
+def rounds_summary(rounds, a):
+    """{(cache, position): the first round's record with medians over rounds of the timings and of the
+    profiled GPU ms (its slowest dispatches: the first round's)}."""
+    out = {}
+    for (key, p), rs in rounds.items():
         med = {k: float(np.median([x[k] for x in rs])) for k in ("decode_ms_per_token", "prefill_ms_per_chunk")}
-        prof = rs[0]["profile"]
+        prof = {ph: dict(v) for ph, v in rs[0]["profile"].items()}
         for ph in prof:
             prof[ph]["gpu_ms"] = float(np.median([x["profile"][ph]["gpu_ms"] for x in rs]))
             prof[ph]["gpu_ms_by_op"] = dict(sorted(((op, float(np.median([x["profile"][ph]["gpu_ms_by_op"].get(op, 0.0)
                                                                            for x in rs])))
                                                     for op in prof[ph]["gpu_ms_by_op"]), key=lambda kv: -kv[1]))
-        r = dict(rs[0], **med, decode_tokens_per_s=1e3 / med["decode_ms_per_token"],
-                 prefill_tokens_per_s=1e3 * a.chunk / med["prefill_ms_per_chunk"],
-                 decode_ms_per_token_rounds=[x["decode_ms_per_token"] for x in rs],
-                 prefill_ms_per_chunk_rounds=[x["prefill_ms_per_chunk"] for x in rs])
-        res["caches"].setdefault(key, {})[str(p)] = r
-    warm.close()
+        out[(key, p)] = dict(rs[0], **med, profile=prof, decode_tokens_per_s=1e3 / med["decode_ms_per_token"],
+                             prefill_tokens_per_s=1e3 * a.chunk / med["prefill_ms_per_chunk"],
+                             decode_ms_per_token_rounds=[x["decode_ms_per_token"] for x in rs],
+                             prefill_ms_per_chunk_rounds=[x["prefill_ms_per_chunk"] for x in rs])
+    return out
+
+
+def write_long(out_dir, res):
+    """long_context.json and .txt (the summary table) into out_dir; res["partial"]: the measurements
+    so far, written after each one. Returns the table's lines."""
+    if "partial" in res:
+        res = dict(res, caches={k: dict(v) for k, v in res["caches"].items()})
+        for (key, p), r in res.pop("partial").items():
+            res["caches"].setdefault(key, {})[str(p)] = r
     lines = summary(res)
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "long_context.json"), "w") as f:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "long_context.json"), "w") as f:
         json.dump(res, f, indent=1)
-    with open(os.path.join(a.out, "long_context.txt"), "w") as f:
+    with open(os.path.join(out_dir, "long_context.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    print(f"wrote {a.out}/long_context.json and long_context.txt")
-    return 0
+    return lines
 
 
 def summary(res):

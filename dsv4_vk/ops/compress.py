@@ -9,6 +9,8 @@ command buffer, replayed, updates the open window and the entries on the device.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from .base import (Launch, OpDef, check_finite, check_flag, check_in_place, check_params, cluster_lanes, expect,
@@ -23,8 +25,8 @@ INDEX_HEADS = {"heads": None}   # INDEX_SCORE heads per step with cluster sums (
 
 # Workgroups per row of INDEX_SCORE and TOPK_TILES at most, looping over the row's blocks below its
 # causal bound: the grid is recorded once for the cache's capacity, and an idle workgroup is not free
-# (lavapipe: about 17 µs each); a GPU keeps thousands in flight.
-ROW_GROUPS = {"cpu": 2, "gpu": 2048}
+# (lavapipe: about 17 µs each, its threads one per core, at most 16); a GPU keeps thousands in flight.
+ROW_GROUPS = {"cpu": min(os.cpu_count() or 2, 16), "gpu": 2048}
 
 
 def row_groups(device, blocks: int) -> int:
