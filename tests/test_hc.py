@@ -646,3 +646,30 @@ def test_tensor_core_kernel_takes_the_devices_fp16_shape(env, device, monkeypatc
     monkeypatch.setitem(mix_kernels.MIX_TUNING, "kernel", "tc")
     lay = hc_plan.mix_layout(device, 4096, 1024)
     assert lay["tc"] == (1 if want else 2) and lay["groups"] == 1024 // mix_kernels.TC_SPLIT
+
+
+# --- the plan ----------------------------------------------------------------------------------------------
+
+def test_the_graph_functions_build_what_the_plan_says(env, device):
+    """hc.plan.plan is the one decision: the mixes node's params are the plan's layout, the site's path
+    and the post's carry are the plan's, and g.paths records the plan's path and reason."""
+    T, D = 70, 64
+    mix_plan = hc.plan.plan("HC_MIX", device, T, D)
+    assert mix_plan.fused and mix_plan.variant in ("ksplit", "token") and mix_plan.reason
+    g = Graph()
+    X, fn = g.input("X", (T, 4, D)), g.input("fn", (24, 4 * D))
+    hc.mixes(g, X, fn, device=device)
+    (part,) = [n for n in g.nodes if n.op.name == "HC_MIX_PART"]
+    assert {k: part.params.get(k) for k in mix_plan.params} == mix_plan.params, (part.params, mix_plan.params)
+    for T in (1, 8, 9, 600):
+        site_plan = hc.plan.plan("HC_SITE", device, T, D)
+        g = Graph()
+        X, fn = g.input("X", (T, 4, D)), g.input("fn", (24, 4 * D))
+        scale, base = g.input("scale", (3,)), g.input("base", (24,))
+        hc.site_pre(g, X, fn, scale, base, device=device)
+        assert ("HC_SITE", site_plan.path, site_plan.reason) in g.paths
+        assert hc.carries(device, None, T, D) == hc.plan.plan("HC_POST_MIX", device, T, D).fused
+    assert hc.plan.plan("HC_SITE", device, 9, D).path == "three-op"
+    assert hc.plan.plan("HC_MIX", device, 600, D, fused=False).path == "unfused"
+    with pytest.raises(ValueError, match="op must be one of HC_COMB, HC_PRE, HC_POST, HC_SITE, HC_MIX, HC_POST_MIX"):
+        hc.plan.plan("HC_MIXES", device)
