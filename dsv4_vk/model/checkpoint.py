@@ -21,6 +21,7 @@ config.json value the backend cannot run (model.config).
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -30,6 +31,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from ..vk.errors import path_problem
 from .config import CSA, SWA, ConfigError, V4Config, load_config_json
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -142,11 +144,23 @@ _EXPERT = re.compile(r"^(layers\.\d+\.ffn\.experts)\.(\d+)\.(w[123])\.weight$")
 
 # --- reading --------------------------------------------------------------------------------------------
 
-def _files(path):
-    """[(file, [tensor names or None: all])] of a model directory."""
+def check_directory(path):
+    """CheckpointError unless `path` is a directory (saying why not: a link loop, no permission...)."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        why = "does not exist" if e.errno == errno.ENOENT and not os.path.islink(path) else \
+            f"cannot be opened ({path_problem(path, e)})"
+        raise CheckpointError(f"{path!r} {why}: expected a Hugging Face model directory with config.json and "
+                              ".safetensors files") from None
     if not os.path.isdir(path):
         raise CheckpointError(f"{path!r} is not a directory: expected a Hugging Face model directory with "
                               "config.json and .safetensors files")
+
+
+def _files(path):
+    """[(file, [tensor names or None: all])] of a model directory."""
+    check_directory(path)
     index = os.path.join(path, INDEX)
     if os.path.exists(index):
         try:
@@ -172,6 +186,10 @@ def _files(path):
 def _read_file(fn, names):
     """{name: array} of one file, refusing unsupported dtypes before reading any data."""
     out = {}
+    try:                    # opened here first: the library words a link loop or no permission as no file
+        open(fn, "rb").close()
+    except OSError as e:
+        raise CheckpointError(f"{fn}: cannot be read ({path_problem(fn, e)})") from None
     try:
         with safe_open(fn, framework="numpy") as f:
             keys = set(f.keys())
@@ -287,9 +305,7 @@ def load_hf(path: str, max_ctx: int | None = None) -> tuple:
     try:
         cfg = load_config_json(os.path.join(path, "config.json"), max_ctx)
     except ConfigError as e:
-        if not os.path.isdir(path):
-            raise CheckpointError(f"{path!r} is not a directory: expected a Hugging Face model directory with "
-                                  "config.json and .safetensors files") from None
+        check_directory(path)
         raise CheckpointError(str(e)) from None
     cfg.check_memory(2, "the weights (at least 2 bytes each)")
     tensors = _to_canonical(read_tensors(path), path)
