@@ -312,7 +312,7 @@ CLI_ERRORS = [  # (argv, what the one error line says)
     (["demo", "--temperature", "-1"], "--temperature must be a finite number ≥ 0, got -1.0"),
     (["demo", "--top-k", "1000"], "--top-k must be from 1 to 64, got 1000"),
     (["demo", "--tokens", "many"], "argument --tokens: invalid int value: 'many'"),
-    (["demo", "--checkpoint", "/nonexistent"], "'/nonexistent' is not a directory"),
+    (["demo", "--checkpoint", "/nonexistent"], "'/nonexistent' does not exist"),
     (["bench", "--seed", "-1"], "--seed must be ≥ 0, got -1"),
     (["floor", "--copy-mib", "-1"], "--copy-mib must be a number > 0, got -1.0"),
     (["--device", "7", "info"], "--device=7 but only"),

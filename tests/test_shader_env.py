@@ -144,3 +144,13 @@ def test_a_hung_compile_is_killed_with_its_process_group(tmp_path):
     except FileNotFoundError:
         state = "gone"
     assert state in ("gone", "Z"), state
+
+
+@pytest.mark.parametrize("kind, what", [("loop", "cannot be opened: a symbolic link loop"),
+                                        ("dangling", "cannot be opened: a symbolic link to '/nonexistent/glslang'")])
+def test_glslang_link_loop_or_dangling_link_says_so(tmp_path, kind, what):
+    link = tmp_path / "glslang"
+    link.symlink_to(link if kind == "loop" else "/nonexistent/glslang")
+    got = _compile(tmp_path, DSV4_VK_GLSLANG=str(link))
+    assert got["type"] == "ShaderCompileError", got
+    assert f"DSV4_VK_GLSLANG={str(link)!r} {what}" in got["message"], got["message"]

@@ -282,7 +282,43 @@ def test_legacy_config_keys_fold_like_transformers():
         V4Config.from_hf(dict(d, compress_ratios=[4, 64, 0]))
 
 
+@pytest.mark.parametrize("case, what", [
+    ("config_loop", "config.json: cannot be read (a symbolic link loop: too many levels of symbolic links)"),
+    ("weights_loop", "model.safetensors: cannot be read (a symbolic link loop"),
+    ("directory_loop", "cannot be opened (a symbolic link loop"),
+    ("weights_dangling", "model.safetensors: cannot be read (a symbolic link to '/nonexistent/w', which does not exist)"),
+    ("weights_directory", "model.safetensors: cannot be read (a directory, not a file)"),
+    ("weights_unreadable", "model.safetensors: cannot be read (permission denied: this user may not read it)"),
+])
+def test_unreadable_files_and_link_loops_say_so(tmp_path, monkeypatch, case, what):
+    d = _copy(tmp_path)
+    target = d / ("config.json" if case.startswith("config") else "model.safetensors")
+    if case == "directory_loop":
+        d = tmp_path / "loop"
+        d.symlink_to(d)
+    elif case == "weights_unreadable":          # (the tests run as root: chmod would not stop the read)
+        real_open = open
+
+        def refusing(file, *a, **k):
+            if str(file) == str(target):
+                raise PermissionError(13, "Permission denied", str(file))
+            return real_open(file, *a, **k)
+        monkeypatch.setattr("builtins.open", refusing)
+    else:
+        target.unlink()
+        if case == "weights_directory":
+            target.mkdir()
+        else:
+            target.symlink_to("/nonexistent/w" if case.endswith("dangling") else target)
+    with pytest.raises(CheckpointError) as e:
+        load_hf(str(d))
+    assert what in str(e.value) and "No such file" not in str(e.value), str(e.value)
+
+
 def test_not_a_directory(tmp_path):
-    with pytest.raises(CheckpointError, match="not a directory"):
+    with pytest.raises(CheckpointError, match="nope.safetensors' does not exist: expected a Hugging Face model"):
         load_hf(str(tmp_path / "nope.safetensors"))
+    (tmp_path / "file").write_text("{}")
+    with pytest.raises(CheckpointError, match="file' is not a directory"):
+        load_hf(str(tmp_path / "file"))
     assert set(tensor_shapes(V4Config())) >= {"embed.weight", "layers.0.attn.indexer.wq_b.weight"}

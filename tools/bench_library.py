@@ -177,7 +177,7 @@ def main(argv=None):
               f"{args.calls} calls, µs")
         heads = " ".join(f"{h:>9s}" for h in ("call", "in s+w", "overhead", "after w", "stubbed", "bare"))
         print(f"{'path':14s} {'op':20s} {'spin':>5s} {heads} {'subm':>4s} {'recs':>5s}")
-        last = lambda: hc_api._local.last          # the program the last API call ran  # noqa: E731
+        last = lambda: hc_api._local.last()        # the program the last API call ran (a weak reference)  # noqa: E731
         n, c = dict(calls=args.calls, warmup=args.warmup, clock=SubmitClock(dev)), dict(device=dev)
         rows.extend(measure("numpy", "hc_comb", lambda: dv.hc_comb(mixes, scale, base, **c), last, **n))
         rows.extend(measure("numpy", "hc_pre", lambda: dv.hc_pre(X, w, **c), last, **n))

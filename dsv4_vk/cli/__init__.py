@@ -49,8 +49,10 @@ def apply_device(args: argparse.Namespace) -> None:
 def _error(e: BaseException) -> str:
     """One line for an exception: the message (with the path for an OS error), the type where it says more."""
     if isinstance(e, OSError) and e.strerror:
-        where = f"{e.filename}: " if e.filename is not None else ""
-        return f"{where}{e.strerror}"
+        if e.filename is None:
+            return e.strerror
+        from ..vk.errors import path_problem
+        return f"{e.filename}: {path_problem(e.filename, e)}"
     msg = " ".join(str(e).split()) or type(e).__name__
     return msg if isinstance(e, (ValueError, RuntimeError, LookupError)) else f"{type(e).__name__}: {msg}"
 

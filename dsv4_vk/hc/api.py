@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from types import SimpleNamespace
 from typing import Any, Sequence, Union, cast, overload
 
@@ -161,7 +162,7 @@ def call(device, key, inputs, out_shapes, build, out=None, per_token=()):
             names = cg.graph.outputs.keys()
             cg.execute(inputs, None, names)
             outs = tuple(cg.read(k) for k in names)
-        _local.last = cg
+        _local.last = weakref.ref(cg)   # (weak: a device dropped without close() must stay collectable)
     finally:
         dev.programs.put(key, cg)
     return outs
@@ -230,11 +231,13 @@ def out_arg(out, n):
 
 def last_run() -> Any:
     """Stats of this thread's last call: .dispatches, .barriers, .submits, .paths [(op, path, reason)];
-    None before any call."""
+    None before any call, and once its program is gone (its device closed or collected)."""
     if not hasattr(_local, "last"):
         return None
-    cg = _local.last
-    return _EMPTY if cg is None else cg.run_stats()
+    if _local.last is None:
+        return _EMPTY
+    cg = _local.last()
+    return None if cg is None else cg.run_stats()
 
 
 # Each function's overloads: numpy-like arguments give numpy results; a device Tensor first argument

@@ -15,8 +15,10 @@ Resolved once per device and process from the environment and the device's capab
 Per call, `fused=True/False` overrides the environment; `fused=True` (or a variant) that the
 device cannot run raises HCUnsupported instead of falling back.
 """
+import functools
 import logging
 import os
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -220,14 +222,21 @@ def resolve(device):
     """{op: Choice} for `device`, computed once per device and process (and logged once)."""
     key = id(device)
     hit = _resolved.get(key)
-    if hit is not None and hit[0] is device:
+    if hit is not None and hit[0]() is device:
         return hit[1]
     choices = {op: _resolve_op(op, device) for op in OPS if op != "HC_SITE"}
     choices["HC_SITE"] = _resolve_site(device, dict(choices))
-    _resolved[key] = (device, choices)
+    # a weak reference: a device dropped without close() must stay collectable (Device.__del__)
+    _resolved[key] = (weakref.ref(device, functools.partial(_forget, key)), choices)
     for op, c in choices.items():
         log.info("%s on %s: %s (%s)", op, device.name, c.path, c.reason)
     return choices
+
+
+def _forget(key, ref):
+    hit = _resolved.get(key)
+    if hit is not None and hit[0] is ref:      # (not a newer device that got the same id)
+        del _resolved[key]
 
 
 def clear():

@@ -26,6 +26,7 @@ weight, and a config.json value the backend cannot run (model.config).
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -37,6 +38,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from ..ops.mul_mat import QUANT, dequantize, quant_arrays
+from ..vk.errors import path_problem
 from .config import CSA, SWA, ConfigError, V4Config, load_config_json
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -307,11 +309,23 @@ _EXPERT = re.compile(r"^(layers\.\d+\.ffn\.experts)\.(\d+)\.(w[123])\.weight$")
 
 # --- reading --------------------------------------------------------------------------------------------
 
-def _files(path):
-    """[(file, [tensor names or None: all])] of a model directory."""
+def check_directory(path):
+    """CheckpointError unless `path` is a directory (saying why not: a link loop, no permission...)."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        why = "does not exist" if e.errno == errno.ENOENT and not os.path.islink(path) else \
+            f"cannot be opened ({path_problem(path, e)})"
+        raise CheckpointError(f"{path!r} {why}: expected a Hugging Face model directory with config.json and "
+                              ".safetensors files") from None
     if not os.path.isdir(path):
         raise CheckpointError(f"{path!r} is not a directory: expected a Hugging Face model directory with "
                               "config.json and .safetensors files")
+
+
+def _files(path):
+    """[(file, [tensor names or None: all])] of a model directory."""
+    check_directory(path)
     index = os.path.join(path, INDEX)
     if os.path.exists(index):
         try:
@@ -389,6 +403,10 @@ def _read_file(fn, names):
     reading any data. FP8 codes and E8M0 scales come as their bytes (uint8); tensors over
     EAGER_BYTES stay Lazy (read and checked when their param is uploaded)."""
     out = {}
+    try:                    # opened here first: the library words a link loop or no permission as no file
+        open(fn, "rb").close()
+    except OSError as e:
+        raise CheckpointError(f"{fn}: cannot be read ({path_problem(fn, e)})") from None
     try:
         with safe_open(fn, framework="numpy") as f:
             keys = set(f.keys())
@@ -619,9 +637,7 @@ def load_hf(path: str, max_ctx: int | None = None) -> tuple:
     try:
         cfg = load_config_json(os.path.join(path, "config.json"), max_ctx)
     except ConfigError as e:
-        if not os.path.isdir(path):
-            raise CheckpointError(f"{path!r} is not a directory: expected a Hugging Face model directory with "
-                                  "config.json and .safetensors files") from None
+        check_directory(path)
         raise CheckpointError(str(e)) from None
     tensors = _to_canonical(read_tensors(path, with_dtypes=True), path)
     return cfg, normalise(cfg, tensors, f"checkpoint {path!r}")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..hc.kernels import F32_MAX, F32_TINY, MAX_N_ITER
+from ..vk.errors import path_problem
 
 CSA, HCA, SWA = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
 LAYER_TYPES = (SWA, CSA, HCA)
@@ -377,7 +378,7 @@ def load_config_json(path: str, max_ctx: int | None = None) -> V4Config:
         with open(path, encoding="utf-8") as f:
             d = json.load(f)
     except OSError as e:
-        raise ConfigError(f"{path}: cannot be read ({e.strerror or e})") from None
+        raise ConfigError(f"{path}: cannot be read ({path_problem(path, e)})") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not valid JSON ({e})") from None
     try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import threading
 import time
 import weakref
@@ -694,6 +695,15 @@ class Device:
         self.programs.clear()           # after _closed: put() keeps nothing from here on
         if self.validation:
             self.check_validation("closing the device")     # e.g. objects still alive at vkDestroyDevice
+
+    def __del__(self):
+        # A device dropped without close() (nothing refers to it any more: no tensor, program or
+        # site of it is alive, so no call is inside it and no lock of it is held) frees its memory and
+        # handles as close() would, when the garbage collector takes it. Not at interpreter exit,
+        # where the modules it needs may be gone (the process's end frees everything anyway).
+        if getattr(self, "_closed", True) or sys.is_finalizing():
+            return
+        self.close()
 
     def _destroy_instance(self):
         if self._messenger is not None:

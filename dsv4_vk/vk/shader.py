@@ -54,7 +54,7 @@ import threading
 import warnings
 from pathlib import Path
 
-from .errors import ShaderCompileError
+from .errors import ShaderCompileError, path_problem
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 PREBUILT_DIR = PACKAGE_DIR / "spirv"
@@ -176,7 +176,12 @@ def _named_compiler(raw: str) -> str:
     if os.sep not in raw:
         what = "is not a path and there is no command of that name on PATH"
     elif not os.path.exists(raw):
-        what = "does not exist"
+        try:
+            os.stat(raw)
+            what = "does not exist"
+        except OSError as e:        # a link loop or a dangling link is not "does not exist"
+            what = "does not exist" if e.errno == errno.ENOENT and not os.path.islink(raw) else \
+                f"cannot be opened: {path_problem(raw, e)}"
     else:
         what = "is a directory, not an executable file" if os.path.isdir(raw) else "is not an executable file"
     raise ShaderCompileError(f"{where} {what}: set it to the path of glslangValidator (Debian package "
