@@ -12,7 +12,9 @@
 //                limit) (push constant; +inf: no clamp)
 //   MODE_SUM     x [T, R, K], w [E, N, K]:
 //                out[t, n] = Σ_r weight[t, r] · (w[id_r, n]·x[t, r])  (+ add[t, n] with HAS_ADD)
-// Only the chosen experts' rows are read. An id outside [0, E) writes NaN: no out-of-bounds read.
+// Only the chosen experts' rows are read. An id outside [0, n_ids) writes NaN: no out-of-bounds
+// read. Experts split over several tensors (a stack past maxStorageBufferRange): w holds experts
+// id_base .. id_base + E − 1 (push), a route to another part's expert adds 0 (SwiGLU writes 0).
 // Layout: one cluster of LANES lanes per output element (lanes.glsl), lane l takes k = l, l+LANES,
 // ...; the output column (f or n) varies fastest across clusters, so neighbouring clusters read
 // neighbouring weight rows of the same expert. W_BF16 / W_F16: 16-bit weights (weights.glsl). VEC4: K % 4 == 0 and every row 16-byte aligned.
@@ -47,6 +49,7 @@ layout(binding = 0) readonly buffer X4 { vec4 x4[]; };
 #endif
 layout(push_constant) uniform P {
     uint T, R, N, K, E;                 // N: output columns (F for MODE_SWIGLU)
+    uint id_base, n_ids;                // w holds experts id_base .. id_base + E − 1 of n_ids
     uint x_off, x_s0, x_s1;
     uint w_off, w_s0, w_s1;
     uint r_off, r_s0, r_s1, r_s2;
@@ -158,10 +161,13 @@ void route_dots(uint xb[ROUTES], uint wb[ROUTES], uint lane, out float acc[ROUTE
 }
 #endif
 
-// Expert id of route (t, r), or −1 when it is not a valid id.
+// Expert of route (t, r) in w: its index there, −2 when the id is valid but another part of the
+// experts holds it (the route adds nothing here), −1 when it is not a valid id.
 int expert(uint t, uint r) {
     float f = route[p.r_off + t * p.r_s0 + r * p.r_s1];
-    return (f >= 0.0 && f < float(p.E) && f == floor(f)) ? int(f) : -1;
+    if (!(f >= 0.0 && f < float(p.n_ids) && f == floor(f))) return -1;
+    uint id = uint(f);
+    return (id >= p.id_base && id - p.id_base < p.E) ? int(id - p.id_base) : -2;
 }
 
 void main() {
@@ -172,7 +178,7 @@ void main() {
     uint f = item % p.N, tr = item / p.N;
     uint r = tr % p.R, t = tr / p.R;
     int id = expert(t, r);
-    float v = NAN;
+    float v = id == -2 ? 0.0 : NAN;                     // another part's expert: 0 here
     if (id >= 0) {                                      // uniform per cluster
         uint xb = p.x_off + t * p.x_s0 + r * p.x_s1;
         uint wb = p.w_off + uint(id) * p.w_s0;
@@ -197,7 +203,7 @@ void main() {
 #if ROUTES == 1
     for (uint r = 0; r < p.R; ++r) {                    // the measured default: a route at a time
         int id = expert(t, r);
-        if (id < 0) { ok = false; continue; }
+        if (id < 0) { ok = ok && id == -2; continue; }
         float wt = route[p.r_off + t * p.r_s0 + r * p.r_s1 + p.r_s2];
         uint xb = p.x_off + t * p.x_s0 + r * p.x_s1;
         float a[ROWS];
@@ -215,7 +221,7 @@ void main() {
             uint r = min(r0 + i, p.R - 1);
             int id = expert(t, r);
             use[i] = r0 + i < p.R && id >= 0;
-            if (r0 + i < p.R && id < 0) ok = false;
+            if (r0 + i < p.R && id == -1) ok = false;
             wt[i] = route[p.r_off + t * p.r_s0 + r * p.r_s1 + p.r_s2];
             xb[i] = p.x_off + t * p.x_s0 + r * p.x_s1;
             wb[i] = p.w_off + uint(max(id, 0)) * p.w_s0 + n * p.w_s1;

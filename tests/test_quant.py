@@ -397,3 +397,24 @@ def test_other_subgroup_sizes(width, subgroup):
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     {"worker": worker}[sys.argv[1]]()
+
+
+@pytest.mark.parametrize("dtype,limit", [("fp8", 160 << 10), (np.float32, 600 << 10)])
+def test_expert_stacks_past_the_binding_limit_are_split(dtype, limit, monkeypatch, device):
+    """An expert stack larger than maxStorageBufferRange becomes parts, each bound alone (the
+    pipeline refuses any binding past the limit); the logits stay the reference's."""
+    from dsv4_vk.model import V4Reference, random_weights
+    from dsv4_vk.model.checkpoint import dequantized
+    cfg = dataclasses.replace(SMALL, n_routed_experts=16, moe_intermediate_size=256)
+    limits = dataclasses.replace(device.caps.limits, max_storage_buffer_range=limit)
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, limits=limits))
+    w = random_weights(cfg, 2, dtype)
+    m = Model(cfg, w, device=device)
+    parts = [n for n in m.params if ".ffn.w13." in n or ".ffn.w2." in n]
+    assert "layers.1.ffn.w13.2" in parts and "layers.1.ffn.w13" not in m.params, parts
+    assert all(p.nbytes <= limit for p in m.ex.params.values())
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, 12)
+    want = V4Reference(cfg, dequantized(w, np.float64)).forward(ids)
+    got = np.concatenate([m.prefill(ids[:9], all_logits=True)] + [m.step(int(t), output="logits")[None]
+                                                                  for t in ids[9:]])
+    assert nmse(got, want) <= 1e-10

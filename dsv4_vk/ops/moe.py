@@ -96,7 +96,7 @@ class MulMatId(OpDef):
     dtypes = WEIGHT_DTYPES + ("i32",)   # x, route f32; w f32, bf16 or f16 (widened to f32 as it is read), or quantised
 
     def infer(self, inputs, params):
-        check_params(self.name, params, ("mode", "limit", "rms_eps", "wq", "grid_rows"))
+        check_params(self.name, params, ("mode", "limit", "rms_eps", "wq", "grid_rows", "id_base", "n_ids"))
         quant = "wq" in params
         inputs, scale = (inputs[:-1], inputs[-1]) if quant else (inputs, None)
         mode = params.get("mode")
@@ -118,6 +118,7 @@ class MulMatId(OpDef):
         T, R, _ = route.shape
         expect(self.name, "w (input 1, [experts, N, K])", w, (None, None, None), w.dtype)
         E, N, K = w.shape
+        self.expert_ids(params, E)
         if quant:
             K = x.shape[-1]
             check_quant(self.name, params, w, scale, K, N)
@@ -138,6 +139,18 @@ class MulMatId(OpDef):
         if len(inputs) == 4:
             expect(self.name, "add (input 3, [T, N])", inputs[3], (T, N))
         return (T, N), "f32"
+
+    @staticmethod
+    def expert_ids(params, E):
+        """(id_base, n_ids) of params: w holds experts id_base .. id_base + E − 1 of n_ids (default
+        0 and E: all of them)."""
+        base, n = params.get("id_base", 0), params.get("n_ids", E + params.get("id_base", 0))
+        for k, v in (("id_base", base), ("n_ids", n)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"MUL_MAT_ID: {k} must be an integer ≥ 0, got {v!r}")
+        if base + E > n:
+            raise ValueError(f"MUL_MAT_ID: experts id_base {base} + {E} exceed n_ids {n}")
+        return base, n
 
     def lower(self, node, device):
         fmt = QUANT[node.params["wq"]] if "wq" in node.params else None
@@ -170,7 +183,7 @@ class MulMatId(OpDef):
         o_strides = list(out.strides) if mode == "swiglu" else [out.strides[0], out.strides[1], 0]
         a = [add.offset, *add.strides] if add is not None else [0, 0, 0]
         norm = [g.offset, float(node.params["rms_eps"])] if g is not None else []
-        push = pack_push([T, R, cols, K, E, x.offset, x.strides[0], x.strides[1], w.offset, w.strides[0],
+        push = pack_push([T, R, cols, K, E, *self.expert_ids(node.params, E), x.offset, x.strides[0], x.strides[1], w.offset, w.strides[0],
                       w.strides[1], route.offset, *route.strides, out.offset, *o_strides, *a],
                          float(node.params.get("limit", np.inf)), *norm, *(quant_push(fmt, K, node.params.get("grid_rows", N)) if fmt else []))
         args = [x, w, route] + ([add] if add is not None else []) + [out] + ([g] if g is not None else [])
@@ -192,7 +205,8 @@ class MulMatId(OpDef):
         return [Launch("mul_mat_id", args, (out_index,), push, grid_1d(items, 256 // defs["LANES"]),
                        defines=defs, spec=(256, unroll), **extra)]
 
-    def reference(self, x, w, route, *rest, mode=None, limit=None, rms_eps=None, wq=None, grid_rows=None):
+    def reference(self, x, w, route, *rest, mode=None, limit=None, rms_eps=None, wq=None, grid_rows=None,
+                  id_base=0, n_ids=None):
         if wq is not None:
             *rest, scale = rest
             E, N = np.shape(w)[:2]
@@ -202,11 +216,14 @@ class MulMatId(OpDef):
             x, add = reference_rms_norm(x, add, rms_eps), None
         x, w, route = (np.asarray(a, np.float64) for a in (x, w, route))
         T, R, _ = route.shape
+        n_ids = w.shape[0] + id_base if n_ids is None else n_ids
         ids = route[..., 0]
-        valid = (ids >= 0) & (ids < w.shape[0]) & (ids == np.floor(ids))
-        idx = np.where(valid, ids, 0).astype(np.int64)
+        valid = (ids >= 0) & (ids < n_ids) & (ids == np.floor(ids))
+        here = valid & (ids >= id_base) & (ids < id_base + w.shape[0])     # in this part of the experts
+        idx = np.where(here, ids - id_base, 0).astype(np.int64)
         xb = np.broadcast_to(x, (T, R, x.shape[-1]))
         y = np.einsum("trnk,trk->trn", w[idx], xb)
+        y[valid & ~here] = 0.0
         y[~valid] = np.nan
         if mode == "swiglu":
             F = w.shape[1] // 2
