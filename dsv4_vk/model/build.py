@@ -300,6 +300,9 @@ DTYPE_NAMES = {np.dtype(np.float32): "f32", np.dtype(np.int32): "i32", np.dtype(
 # H200 (tools/model_gpu_bench.py --variants "fold_mb=64"): folding only up to 64 MiB of weights was
 # 0.992x the speed of folding everywhere (None), the default.
 NORM_FOLD = {"max_bytes": None}
+# "fused": MUL_MAT_ID reads an FP8 shared expert beside FP4 routed experts in one dispatch (the
+# published layout: two dispatches a layer instead of four); off: each in its own (tests compare).
+SHARED = {"fused": True}
 
 
 class Normed(NamedTuple):
@@ -509,6 +512,10 @@ class ModelGraph:
             fold = self.folds(x, per_expert * (cfg.num_experts_per_tok + 1))   # the experts read
             h = self._swiglu(x, f + "w13", route, fold)                          # [T, k+1, F]
             return self._expert_sum(h, f + "w2", route)                          # [T, D]
+        if self.shared_in_dispatch(f):      # FP4 routed experts and the FP8 shared one, read together
+            fold = self.folds(x, per_expert * cfg.num_experts_per_tok + self.params[f + "shared.w13"].nbytes)
+            h = self._swiglu(x, f + "w13", route, fold, shared=f + "shared.w13")
+            return self._expert_sum(h, f + "w2", route, shared=f + "shared.w2")
         # the shared expert in another format: routed experts (routes 0..k-1), then the shared one
         k = cfg.num_experts_per_tok
         shared = self.param("moe.shared_route")[:T]
@@ -516,6 +523,21 @@ class ModelGraph:
         h = self._swiglu(x, f + "w13", route[:, :k], fold)
         hs = self._swiglu(x, f + "shared.w13", shared, fold)
         return self._expert_sum(hs, f + "shared.w2", shared, self._expert_sum(h, f + "w2", route[:, :k]))
+
+    def shared_in_dispatch(self, f) -> bool:
+        """Whether MUL_MAT_ID reads layer f's FP8 shared expert beside its FP4 routed experts in one
+        dispatch (shared_wq; SHARED["fused"], on by default)."""
+        r, sh = self.params.get(f + "w13"), self.params.get(f + "shared.w13")
+        return SHARED["fused"] and is_quant(r) and is_quant(sh) and r.fmt == "fp4" and sh.fmt == "fp8" and \
+            is_quant(self.params.get(f + "w2")) and self.params[f + "w2"].fmt == "fp4" and \
+            self.params[f + "shared.w2"].fmt == "fp8"
+
+    def _shared(self, name):
+        """(extra inputs, op params) that add the FP8 shared expert `name` to a MUL_MAT_ID."""
+        if name is None:
+            return [], {}
+        w, (scale,), qp = self.weight(name)
+        return [w, scale], {"shared_wq": qp["wq"], "shared_grid_rows": qp["grid_rows"]}
 
     def expert_parts(self, name):
         """[(param, id_base)] of an expert stack: itself, or the parts param_arrays split it into
@@ -534,14 +556,17 @@ class ModelGraph:
     def stack_bytes(self, name) -> int:
         return sum(self.params[p].nbytes for p, _ in self.expert_parts(name))
 
-    def _swiglu(self, x, weight, route, fold):
+    def _swiglu(self, x, weight, route, fold, shared=None):
         """The chosen experts' clamped SwiGLU [T, routes, F] (the FFN norm as they read x with fold);
-        over a split stack, each part's (0 for the others' routes) added."""
+        over a split stack, each part's (0 for the others' routes) added; `shared`: the shared
+        expert's FP8 param read in the same dispatch."""
         T, D = (x.x if isinstance(x, Normed) else x).shape
         lim = float(self.cfg.swiglu_limit)
         n_ids, out = self.stack_experts(weight), None
         for part, base in self.expert_parts(weight):
             w, extra, qp = self.weight(part)
+            more, sp = self._shared(shared)
+            extra, qp = extra + more, dict(qp, **sp)
             ids = {"id_base": base, "n_ids": n_ids} if base or n_ids != w.shape[0] else {}
             if fold:
                 h = self.g.op("MUL_MAT_ID", x.x.reshape(T, 1, D), w, route, x.g, *extra, mode="swiglu", limit=lim,
@@ -552,11 +577,13 @@ class ModelGraph:
             out = h if out is None else self.g.op("ADD", out, h)
         return out
 
-    def _expert_sum(self, h, weight, route, add=None):
+    def _expert_sum(self, h, weight, route, add=None, shared=None):
         """Σ_r weight_r · w[id_r] h_r (+ add) [T, D]; over a split stack, the parts chained by add."""
         n_ids = self.stack_experts(weight)
         for part, base in self.expert_parts(weight):
             w, extra, qp = self.weight(part)
+            more, sp = self._shared(shared)
+            extra, qp = extra + more, dict(qp, **sp)
             ids = {"id_base": base, "n_ids": n_ids} if base or n_ids != w.shape[0] else {}
             add = self.g.op("MUL_MAT_ID", h, w, route, *([add] if add is not None else []), *extra, mode="sum",
                             **qp, **ids)
