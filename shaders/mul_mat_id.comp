@@ -4,6 +4,8 @@
 //! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS | LANES_WORKGROUP ; MODE_SUM ROUTES=1,2,4,8 ; - | VEC4 ; - | HAS_ADD ; - | W_BF16 | W_F16
 //! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; MODE_SWIGLU ; - | VEC4 ; W_FP8 | W_FP4 ; - | NORM_X
 //! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS | LANES_WORKGROUP ; MODE_SUM ROUTES=1 ; - | VEC4 ; - | HAS_ADD ; W_FP8 | W_FP4
+//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; MODE_SWIGLU ; - | VEC4 ; W_FP4 SHARED_FP8 ; - | NORM_X
+//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS | LANES_WORKGROUP ; MODE_SUM ROUTES=1 ; - | VEC4 ; - | HAS_ADD ; W_FP4 SHARED_FP8
 // MUL_MAT_ID: matrix products with the experts the router chose, route[t, r] = (id, weight)
 // (MOE_ROUTE's output; ids are exact floats), weights w [E, N, K] stacked per expert:
 //   MODE_SWIGLU  x [T, 1 or R, K] (stride 0 over r: the same token row for every route), w [E, 2F, K]:
@@ -12,13 +14,18 @@
 //                limit) (push constant; +inf: no clamp)
 //   MODE_SUM     x [T, R, K], w [E, N, K]:
 //                out[t, n] = Σ_r weight[t, r] · (w[id_r, n]·x[t, r])  (+ add[t, n] with HAS_ADD)
-// Only the chosen experts' rows are read. An id outside [0, E) writes NaN: no out-of-bounds read.
+// Only the chosen experts' rows are read. An id outside [0, n_ids) writes NaN: no out-of-bounds
+// read. Experts split over several tensors (a stack past maxStorageBufferRange): w holds experts
+// id_base .. id_base + E − 1 (push), a route to another part's expert adds 0 (SwiGLU writes 0).
 // Layout: one cluster of LANES lanes per output element (lanes.glsl), lane l takes k = l, l+LANES,
 // ...; the output column (f or n) varies fastest across clusters, so neighbouring clusters read
 // neighbouring weight rows of the same expert. W_BF16 / W_F16: 16-bit weights (weights.glsl). VEC4: K % 4 == 0 and every row 16-byte aligned.
 // W_FP8 / W_FP4: DeepSeek's quantised experts (weights.glsl), w the packed codes [E, N, q_kw
 // words], their scale bytes at binding W_SCALE_BINDING (the last one), one grid per expert;
-// MODE_SUM with them loads one route at a time (ROUTES = 1).
+// MODE_SUM with them loads one route at a time (ROUTES = 1). -D SHARED_FP8 (with W_FP4): the last
+// expert id (n_ids − 1, the shared expert) is a separate FP8 tensor [2F or D rows, s_kw words] with
+// its scales at the two bindings after W's scale (DeepSeek's layout: FP4 routed experts, an FP8
+// shared one, in one dispatch).
 // NORM_X (MODE_SWIGLU): x rows RMS-normalised as they are read, x / rms(x) ⊙ g with g [K] at
 // binding 4 and rms(x) = sqrt(mean_k x² + eps): the FFN norm and the experts in one dispatch.
 // UNROLL (spec constant 1): vec4 steps a lane loads before it adds them, so that that many loads
@@ -46,6 +53,7 @@ layout(binding = 0) readonly buffer X4 { vec4 x4[]; };
 #endif
 layout(push_constant) uniform P {
     uint T, R, N, K, E;                 // N: output columns (F for MODE_SWIGLU)
+    uint id_base, n_ids;                // w holds experts id_base .. id_base + E − 1 of n_ids
     uint x_off, x_s0, x_s1;
     uint w_off, w_s0, w_s1;
     uint r_off, r_s0, r_s1, r_s2;
@@ -59,6 +67,9 @@ layout(push_constant) uniform P {
 #if defined(W_FP8) || defined(W_FP4)
     uint q_kw, q_rows, q_srows, q_sc;   // quantised weights' geometry (weights.glsl)
 #endif
+#if defined(SHARED_FP8)
+    uint s_rows;                        // the shared expert's rows per scale grid (weights.glsl)
+#endif
 } p;
 #define W_S3 1u
 #if defined(HAS_ADD) || defined(NORM_X)
@@ -66,6 +77,8 @@ layout(push_constant) uniform P {
 #else
 #define W_SCALE_BINDING 4
 #endif
+#define WS_BINDING (W_SCALE_BINDING + 1)
+#define WS_SCALE_BINDING (W_SCALE_BINDING + 2)
 #include "weights.glsl"
 #if defined(NORM_X)
 layout(binding = 4) readonly buffer G { float g[]; };
@@ -104,7 +117,16 @@ float x_at(uint xb, uint k) {
     return v;
 }
 
-void partial_dots(uint xb, uint wb[ROWS], uint lane, out float acc[ROWS]) {
+// sh: the rows are the shared expert's (SHARED_FP8; each call site passes a constant after
+// inlining, so each copy reads one format)
+#if defined(SHARED_FP8)
+#define RD4(wb, j) (sh ? S4_ROW(wb, j) : W4_ROW(wb, j))
+#define RD1(wb, k) (sh ? S1_ROW(wb, k) : W1_ROW(wb, k))
+#else
+#define RD4(wb, j) W4_ROW(wb, j)
+#define RD1(wb, k) W1_ROW(wb, k)
+#endif
+void partial_dots(uint xb, uint wb[ROWS], uint lane, out float acc[ROWS], bool sh) {
     [[unroll]] for (uint j = 0; j < ROWS; ++j) acc[j] = 0.0;
     uint k = lane;
 #if defined(VEC4)
@@ -113,20 +135,20 @@ void partial_dots(uint xb, uint wb[ROWS], uint lane, out float acc[ROWS]) {
         vec4 xv[UNROLL], wv[ROWS][UNROLL];
         [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
             xv[u] = x_at4(xb, k + u * LANES);
-            [[unroll]] for (uint j = 0; j < ROWS; ++j) wv[j][u] = W4_ROW(wb[j], k + u * LANES);
+            [[unroll]] for (uint j = 0; j < ROWS; ++j) wv[j][u] = RD4(wb[j], k + u * LANES);
         }
         [[unroll]] for (uint u = 0; u < UNROLL; ++u)
             [[unroll]] for (uint j = 0; j < ROWS; ++j) acc[j] += dot(xv[u], wv[j][u]);
     }
     for (; k < K4; k += LANES) {
         vec4 xv = x_at4(xb, k);
-        [[unroll]] for (uint j = 0; j < ROWS; ++j) acc[j] += dot(xv, W4_ROW(wb[j], k));
+        [[unroll]] for (uint j = 0; j < ROWS; ++j) acc[j] += dot(xv, RD4(wb[j], k));
     }
     k = K4 * 4 + lane;
 #endif
     for (; k < p.K; k += LANES) {
         float xv = x_at(xb, k);
-        [[unroll]] for (uint j = 0; j < ROWS; ++j) acc[j] += xv * W1_ROW(wb[j], k);
+        [[unroll]] for (uint j = 0; j < ROWS; ++j) acc[j] += xv * RD1(wb[j], k);
     }
 }
 
@@ -157,10 +179,16 @@ void route_dots(uint xb[ROUTES], uint wb[ROUTES], uint lane, out float acc[ROUTE
 }
 #endif
 
-// Expert id of route (t, r), or −1 when it is not a valid id.
+// Expert of route (t, r) in w: its index there, −2 when the id is valid but another part of the
+// experts holds it (the route adds nothing here), −1 when it is not a valid id.
 int expert(uint t, uint r) {
     float f = route[p.r_off + t * p.r_s0 + r * p.r_s1];
-    return (f >= 0.0 && f < float(p.E) && f == floor(f)) ? int(f) : -1;
+    if (!(f >= 0.0 && f < float(p.n_ids) && f == floor(f))) return -1;
+    uint id = uint(f);
+#if defined(SHARED_FP8)
+    if (id == p.n_ids - 1u) return int(p.E);            // the shared expert, in its own tensor
+#endif
+    return (id >= p.id_base && id - p.id_base < p.E) ? int(id - p.id_base) : -2;
 }
 
 void main() {
@@ -171,12 +199,16 @@ void main() {
     uint f = item % p.N, tr = item / p.N;
     uint r = tr % p.R, t = tr / p.R;
     int id = expert(t, r);
-    float v = NAN;
+    float v = id == -2 ? 0.0 : NAN;                     // another part's expert: 0 here
     if (id >= 0) {                                      // uniform per cluster
         uint xb = p.x_off + t * p.x_s0 + r * p.x_s1;
         uint wb = p.w_off + uint(id) * p.w_s0;
         float a[ROWS];
-        partial_dots(xb, uint[ROWS](wb + f * p.w_s1, wb + (p.N + f) * p.w_s1), lane, a);
+#if defined(SHARED_FP8)
+        if (id == int(p.E)) partial_dots(xb, uint[ROWS](f * S_KW, (p.N + f) * S_KW), lane, a, true);
+        else
+#endif
+        partial_dots(xb, uint[ROWS](wb + f * p.w_s1, wb + (p.N + f) * p.w_s1), lane, a, false);
         float gate = cluster_sum(a[0]), up = cluster_sum(a[1]);
 #if defined(NORM_X)
         float inv = 1.0 / sqrt(cluster_sum(ss) / float(p.K) + p.eps);
@@ -196,11 +228,15 @@ void main() {
 #if ROUTES == 1
     for (uint r = 0; r < p.R; ++r) {                    // the measured default: a route at a time
         int id = expert(t, r);
-        if (id < 0) { ok = false; continue; }
+        if (id < 0) { ok = ok && id == -2; continue; }
         float wt = route[p.r_off + t * p.r_s0 + r * p.r_s1 + p.r_s2];
         uint xb = p.x_off + t * p.x_s0 + r * p.x_s1;
         float a[ROWS];
-        partial_dots(xb, uint[ROWS](p.w_off + uint(id) * p.w_s0 + n * p.w_s1), lane, a);
+#if defined(SHARED_FP8)
+        if (id == int(p.E)) partial_dots(xb, uint[ROWS](n * S_KW), lane, a, true);
+        else
+#endif
+        partial_dots(xb, uint[ROWS](p.w_off + uint(id) * p.w_s0 + n * p.w_s1), lane, a, false);
         acc += wt * a[0];
     }
 #else
@@ -214,7 +250,7 @@ void main() {
             uint r = min(r0 + i, p.R - 1);
             int id = expert(t, r);
             use[i] = r0 + i < p.R && id >= 0;
-            if (r0 + i < p.R && id < 0) ok = false;
+            if (r0 + i < p.R && id == -1) ok = false;
             wt[i] = route[p.r_off + t * p.r_s0 + r * p.r_s1 + p.r_s2];
             xb[i] = p.x_off + t * p.x_s0 + r * p.x_s1;
             wb[i] = p.w_off + uint(max(id, 0)) * p.w_s0 + n * p.w_s1;

@@ -11,6 +11,7 @@
 //              scale byte per 128 × 128 block (w = q · 2^(s − 127));
 //   W_FP4      DeepSeek's routed experts: E2M1 nibbles (8 a word, element 2i in the low nibble of
 //              its byte), one E8M0 scale byte per 32 consecutive inputs of a row.
+// -D SHARED_FP8 adds a second, FP8 weight (S4_ROW / S1_ROW; see the end of the file).
 // Quantised rows are whole words (a row of K codes padded to q_kw words); the scale bytes of the
 // whole tensor are packed 4 a word at binding W_SCALE_BINDING, grid per matrix of q_rows rows:
 // ceil(q_rows / BR) × q_sc (BR = 128 for FP8, 1 for FP4), matrices one after the other. The
@@ -20,6 +21,28 @@
 // 0.0eeee.mmm0000000 = the code's value · 2^−8); that power of two goes into the scale.
 #ifndef W_BINDING
 #define W_BINDING 1
+#endif
+#if defined(W_FP8) || defined(W_FP4) || defined(SHARED_FP8)
+float q_e8m0(uint b) { return b == 0u ? uintBitsToFloat(0x00400000u) : uintBitsToFloat(b << 23); }
+// E4M3 bytes 0, 1 of v as a half pair (sign to bit 15, exponent and mantissa to bits 7..13): the
+// values · 2^−8
+uint q_fp8_pair(uint v) {
+    return ((v & 0x80u) << 8) | ((v & 0x7Fu) << 7) | ((v & 0x8000u) << 16) | ((v & 0x7F00u) << 15);
+}
+vec4 q_fp8x4(uint v) { return vec4(unpackHalf2x16(q_fp8_pair(v)), unpackHalf2x16(q_fp8_pair(v >> 16))); }
+// E2M1 nibbles 0, 1 of v as a half pair (sign to bit 15, exponent and mantissa to bits 9..11): the
+// values · 2^−14
+uint q_fp4_pair(uint v) {
+    return ((v & 0x8u) << 12) | ((v & 0x7u) << 9) | ((v & 0x80u) << 24) | ((v & 0x70u) << 21);
+}
+vec4 q_fp4x4(uint v) { return vec4(unpackHalf2x16(q_fp4_pair(v)), unpackHalf2x16(q_fp4_pair(v >> 8))); }
+// The scale byte index of element k of the row at word wb of a tensor with kw words a row, a grid
+// per `rows` rows of srows × sc (blocks of br × bc); the row and grid divisions are loop-invariant.
+uint q_sindex(uint wb, uint k, uint kw, uint rows, uint srows, uint sc, uint br, uint bc) {
+    uint row = wb / kw;
+    uint m = row / rows;
+    return (m * srows + (row - m * rows) / br) * sc + k / bc;
+}
 #endif
 #if defined(W_FP8) || defined(W_FP4)
 #define W_QUANT 1
@@ -32,42 +55,19 @@ const float Q_UNIT = 256.0;             // half(code bits) · 2^8 = the E4M3 val
 const uint Q_BR = 1u, Q_BC = 32u;
 const float Q_UNIT = 16384.0;           // half(code bits) · 2^14 = the E2M1 value
 #endif
-// The scale byte index of element 0 of the row at word wb (loop-invariant per row: hoisted).
-uint q_srow(uint wb) {
-    uint row = wb / p.q_kw;
-    uint m = row / p.q_rows;
-    return (m * p.q_srows + (row - m * p.q_rows) / Q_BR) * p.q_sc;
-}
 float q_scale(uint wb, uint k) {
-    uint i = q_srow(wb) + k / Q_BC;
-    uint b = (wscale[i >> 2] >> ((i & 3u) << 3)) & 0xFFu;
-    return (b == 0u ? uintBitsToFloat(0x00400000u) : uintBitsToFloat(b << 23)) * Q_UNIT;
+    uint i = q_sindex(wb, k, p.q_kw, p.q_rows, p.q_srows, p.q_sc, Q_BR, Q_BC);
+    return q_e8m0((wscale[i >> 2] >> ((i & 3u) << 3)) & 0xFFu) * Q_UNIT;
 }
 #if defined(W_FP8)
-// bytes 0, 1 of v as a half pair (sign to bit 15, exponent and mantissa to bits 7..13)
-uint q_pair(uint v) {
-    return ((v & 0x80u) << 8) | ((v & 0x7Fu) << 7) | ((v & 0x8000u) << 16) | ((v & 0x7F00u) << 15);
-}
-vec4 W4_ROW(uint wb, uint j) {
-    uint v = wq[wb + j];
-    return vec4(unpackHalf2x16(q_pair(v)), unpackHalf2x16(q_pair(v >> 16))) * q_scale(wb, 4u * j);
-}
+vec4 W4_ROW(uint wb, uint j) { return q_fp8x4(wq[wb + j]) * q_scale(wb, 4u * j); }
 float W1_ROW(uint wb, uint k) {
-    uint v = wq[wb + (k >> 2)] >> ((k & 3u) << 3);
-    return unpackHalf2x16(q_pair(v & 0xFFu)).x * q_scale(wb, k);
+    return unpackHalf2x16(q_fp8_pair((wq[wb + (k >> 2)] >> ((k & 3u) << 3)) & 0xFFu)).x * q_scale(wb, k);
 }
 #else
-// nibbles 0, 1 of v as a half pair (sign to bit 15, exponent and mantissa to bits 9..11)
-uint q_pair(uint v) {
-    return ((v & 0x8u) << 12) | ((v & 0x7u) << 9) | ((v & 0x80u) << 24) | ((v & 0x70u) << 21);
-}
-vec4 W4_ROW(uint wb, uint j) {
-    uint v = wq[wb + (j >> 1)] >> ((j & 1u) << 4);
-    return vec4(unpackHalf2x16(q_pair(v)), unpackHalf2x16(q_pair(v >> 8))) * q_scale(wb, 4u * j);
-}
+vec4 W4_ROW(uint wb, uint j) { return q_fp4x4(wq[wb + (j >> 1)] >> ((j & 1u) << 4)) * q_scale(wb, 4u * j); }
 float W1_ROW(uint wb, uint k) {
-    uint v = wq[wb + (k >> 3)] >> ((k & 7u) << 2);
-    return unpackHalf2x16(q_pair(v & 0xFu)).x * q_scale(wb, k);
+    return unpackHalf2x16(q_fp4_pair((wq[wb + (k >> 3)] >> ((k & 7u) << 2)) & 0xFu)).x * q_scale(wb, k);
 }
 #endif
 #else
@@ -101,4 +101,21 @@ layout(binding = W_BINDING) readonly buffer W4 { vec4 w4[]; };
 #endif
 #define W1_ROW(wb, k) W_AT((wb) + (k) * W_S3)
 #define W4_ROW(wb, j) W4_AT((wb) / 4 + (j))
+#endif
+#if defined(SHARED_FP8)
+// -D SHARED_FP8 (MUL_MAT_ID): one more expert, the shared one, in FP8 beside other experts: its
+// codes at binding WS_BINDING (S_KW = ceil(K / 4) words a row), its scale bytes at
+// WS_SCALE_BINDING (a grid per p.s_rows rows), read by S4_ROW / S1_ROW as W4_ROW / W1_ROW read the
+// others.
+layout(binding = WS_BINDING) readonly buffer WShared { uint wsq[]; };
+layout(binding = WS_SCALE_BINDING) readonly buffer WSharedScale { uint wsscale[]; };
+#define S_KW ((p.K + 3u) / 4u)
+float s_scale(uint wb, uint k) {
+    uint i = q_sindex(wb, k, S_KW, p.s_rows, (p.s_rows + 127u) / 128u, (p.K + 127u) / 128u, 128u, 128u);
+    return q_e8m0((wsscale[i >> 2] >> ((i & 3u) << 3)) & 0xFFu) * 256.0;
+}
+vec4 S4_ROW(uint wb, uint j) { return q_fp8x4(wsq[wb + j]) * s_scale(wb, 4u * j); }
+float S1_ROW(uint wb, uint k) {
+    return unpackHalf2x16(q_fp8_pair((wsq[wb + (k >> 2)] >> ((k & 3u) << 3)) & 0xFFu)).x * s_scale(wb, k);
+}
 #endif

@@ -151,10 +151,43 @@ def check_mul_mat_id(rng):
             close(out["y"], ry, (fmt, D, F, norm, "sum"))
 
 
+def check_shared_expert_in_the_same_dispatch(rng):
+    """FP4 routed experts and an FP8 shared expert (id E, its own tensors) in one MUL_MAT_ID: as if
+    the shared expert were stacked after the others."""
+    op = get_op("MUL_MAT_ID")
+    for D, F in ((256, 64), (96, 40)):
+        T, E = 3, 6
+        route = get_op("V4_ROUTE").reference(rng.standard_normal((T, E)), rng.standard_normal(E),
+                                             top_k=2).astype(np.float32)         # route 2: the shared one
+        r13 = [random_quant(rng, "fp4", 2 * F, D) for _ in range(E)]
+        r2 = [random_quant(rng, "fp4", D, F) for _ in range(E)]
+        s13 = [random_quant(rng, "fp8", F, D) for _ in range(2)]               # gate, up: a grid each
+        s2 = random_quant(rng, "fp8", D, F)
+        w13 = np.stack([dequant("fp4", *p) for p in r13] + [np.concatenate([dequant("fp8", *p) for p in s13])])
+        w2 = np.stack([dequant("fp4", *p) for p in r2] + [dequant("fp8", *s2)])
+        q13 = quant_arrays(np.stack([p[0] for p in r13]), np.concatenate([p[1].ravel() for p in r13]))
+        q2 = quant_arrays(np.stack([p[0] for p in r2]), np.concatenate([p[1].ravel() for p in r2]))
+        qs13 = quant_arrays(np.concatenate([p[0] for p in s13])[None], np.concatenate([p[1].ravel() for p in s13]))
+        qs2 = quant_arrays(s2[0][None], s2[1])
+        x, gn = rng.standard_normal((T, D)).astype(np.float32), rng.standard_normal(D).astype(np.float32)
+        g = Graph()
+        xi, ri = g.input("x", x.shape), g.input("r", route.shape)
+        h = g.output("h", g.op("MUL_MAT_ID", xi.reshape(T, 1, D), g.const(q13[0]), ri, g.const(gn), g.const(q13[1]),
+                               *map(g.const, qs13), mode="swiglu", rms_eps=1e-6, wq="fp4", shared_wq="fp8",
+                               shared_grid_rows=F))
+        g.output("y", g.op("MUL_MAT_ID", h, g.const(q2[0]), ri, g.const(q2[1]), *map(g.const, qs2), mode="sum",
+                           wq="fp4", shared_wq="fp8"))
+        out = run_graph(g, x=x, r=route)
+        rh = op.reference(x[:, None, :], w13, route, gn, mode="swiglu", rms_eps=1e-6)
+        close(out["h"], rh, (D, F, "swiglu"))
+        close(out["y"], op.reference(rh, w2, route, mode="sum"), (D, F, "sum"))
+
+
 def kernel_checks(rng):
     check_mul_mat(rng)
     check_mul_mat_batched(rng)
     check_mul_mat_id(rng)
+    check_shared_expert_in_the_same_dispatch(rng)
 
 
 def test_kernels_match_a_float64_dequantisation(rng):
@@ -169,6 +202,7 @@ def test_kernels_as_on_a_gpu(spread, rng, monkeypatch, device):
     monkeypatch.setitem(mul_mat.GEMV_UNROLL, "spread", spread)
     check_mul_mat(rng)
     check_mul_mat_id(rng)
+    check_shared_expert_in_the_same_dispatch(rng)
 
 
 def test_quantised_weights_are_checked():
@@ -370,6 +404,13 @@ def test_logits_match_transformers(name, fused):
     check_fixture(name, fused)
 
 
+def test_shared_expert_in_its_own_dispatches_matches_too(monkeypatch):
+    """The FP8 shared expert run apart from the FP4 routed ones (four MUL_MAT_IDs a layer, not two)."""
+    from dsv4_vk.model import build
+    monkeypatch.setitem(build.SHARED, "fused", False)
+    check_fixture("fp8", True)
+
+
 def worker():
     """Subprocess entry: kernels and fixtures at this process's subgroup size."""
     from dsv4_vk.vk import default_device
@@ -397,3 +438,24 @@ def test_other_subgroup_sizes(width, subgroup):
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     {"worker": worker}[sys.argv[1]]()
+
+
+@pytest.mark.parametrize("dtype,limit", [("fp8", 160 << 10), (np.float32, 600 << 10)])
+def test_expert_stacks_past_the_binding_limit_are_split(dtype, limit, monkeypatch, device):
+    """An expert stack larger than maxStorageBufferRange becomes parts, each bound alone (the
+    pipeline refuses any binding past the limit); the logits stay the reference's."""
+    from dsv4_vk.model import V4Reference, random_weights
+    from dsv4_vk.model.checkpoint import dequantized
+    cfg = dataclasses.replace(SMALL, n_routed_experts=16, moe_intermediate_size=256)
+    limits = dataclasses.replace(device.caps.limits, max_storage_buffer_range=limit)
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, limits=limits))
+    w = random_weights(cfg, 2, dtype)
+    m = Model(cfg, w, device=device)
+    parts = [n for n in m.params if ".ffn.w13." in n or ".ffn.w2." in n]
+    assert "layers.1.ffn.w13.2" in parts and "layers.1.ffn.w13" not in m.params, parts
+    assert all(p.nbytes <= limit for p in m.ex.params.values())
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, 12)
+    want = V4Reference(cfg, dequantized(w, np.float64)).forward(ids)
+    got = np.concatenate([m.prefill(ids[:9], all_logits=True)] + [m.step(int(t), output="logits")[None]
+                                                                  for t in ids[9:]])
+    assert nmse(got, want) <= 1e-10

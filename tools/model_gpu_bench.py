@@ -69,6 +69,7 @@ of the run (unfused, multi, host) when only one question is asked.
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -190,10 +191,11 @@ def weight_bytes_per_token(model):
             continue
         n = p.nbytes
         base = name[:-len(".scale")] if name.endswith(".scale") else name
+        stack = re.sub(r"\.\d+$", "", base)                 # an expert stack split in parts: name.0, ...
         if name == "embed.weight":
             n //= model.params[name].shape[0]
-        elif base.endswith(("ffn.w13", "ffn.w2")):          # [E (+ 1), ...]: routed experts (then the shared one)
-            stacked = model.params[base].shape[0]
+        elif stack.endswith(("ffn.w13", "ffn.w2")):         # [E (+ 1), ...]: routed experts (then the shared one)
+            stacked = sum(a.shape[0] for p, a in model.params.items() if re.sub(r"\.\d+$", "", p) == stack)
             n = n * (k + stacked - E) // stacked
         total += n
     return total

@@ -14,6 +14,8 @@ Params (Graph.param names; docs/model.md lists them):
   from the shared expert's, `layers.{i}.ffn.w13` / `w2` hold the routed experts only and
   `layers.{i}.ffn.shared.w13` [1, 2F, D] / `shared.w2` [1, D, F] the shared one, run with the
   route `moe.shared_route` ([chunk, 1, 2] of (0, 1));
+- an expert stack larger than the device's maxStorageBufferRange: parts `layers.{i}.ffn.w13.0`,
+  `.1`, ... along the experts (each bound alone; MUL_MAT_ID's id_base / n_ids);
 - the decode cache, per layer: `layers.{i}.kv` [W + chunk − 1, hd] (a ring of the last raw K = V
   rows, RoPE applied), `layers.{i}.cmp.state` [2m + chunk − 1 (CSA) or m + chunk − 1, 2W] (a ring
   of the compressor's projections c | z: the open window and CSA's overlap rows),
@@ -35,7 +37,7 @@ from ..core.graph import Graph, GraphTensor
 from ..ops.compress import topk
 from ..ops.sample import sample
 from ..ops.v4_attention import mqa_decode_splits, rope_table
-from .checkpoint import BF16, FILES, QuantWeight, is_quant, join, quantisable, stack_quant
+from .checkpoint import BF16, FILES, Lazy, QuantWeight, is_quant, join, quantisable, stack_quant
 from .config import CSA, HCA, SWA, V4Config
 from .reference import inv_freq
 
@@ -161,9 +163,46 @@ def cache_shapes(cfg: V4Config, chunk: int = 16) -> dict:
     return out
 
 
-def param_arrays(cfg: V4Config, weights: dict, chunk: int = 16) -> dict:
+BINDING_MARGIN = 1 << 16          # bytes a param's buffer holds beyond its data (guards, padding)
+
+
+def _param_bytes(a) -> int:
+    """Bytes of a param's largest device tensor (a QuantWeight's codes)."""
+    if is_quant(a):
+        return int(np.prod(a.shape[:-1])) * a.format.words(a.shape[-1]) * 4
+    return a.nbytes
+
+
+def _expert_slice(a, lo, hi):
+    """Experts lo..hi-1 of a stack (array, Lazy or QuantWeight), without reading a Lazy one."""
+    if is_quant(a):
+        return QuantWeight(a.fmt, _expert_slice(a.codes, lo, hi), _expert_slice(a.scale, lo, hi), a.grid_rows)
+    if isinstance(a, Lazy):
+        return Lazy((hi - lo,) + a.shape[1:], a.dtype, lambda: np.asarray(a)[lo:hi])
+    return a[lo:hi]
+
+
+def split_experts(out: dict, name: str, max_binding: int) -> None:
+    """Replace the expert stack out[name] by parts `name.0`, `name.1`, ... along the experts, each
+    within max_binding bytes, where it is larger (the kernels bind one part at a time)."""
+    a = out[name]
+    E, budget = a.shape[0], max_binding - BINDING_MARGIN
+    per = _param_bytes(a) // E
+    if per * E <= budget:
+        return
+    if per > budget:
+        raise ValueError(f"{name}: one expert takes {per} bytes, past this device's maxStorageBufferRange "
+                         f"({max_binding} bytes)")
+    n = budget // per
+    del out[name]
+    for j, lo in enumerate(range(0, E, n)):
+        out[f"{name}.{j}"] = _expert_slice(a, lo, min(lo + n, E))
+
+
+def param_arrays(cfg: V4Config, weights: dict, chunk: int = 16, max_binding: int | None = None) -> dict:
     """{param name: array} to upload for `cfg` from canonical `weights` (fused layouts built here);
-    chunk: the prefill chunk the decode cache's rings are sized for."""
+    chunk: the prefill chunk the decode cache's rings are sized for; max_binding: the device's
+    maxStorageBufferRange (expert stacks past it are split)."""
     fused: set[str] = set()
     out = {name: np.zeros(shape, dt) for name, (shape, dt) in cache_shapes(cfg, chunk).items()}
     C = cfg.max_ctx
@@ -204,6 +243,8 @@ def param_arrays(cfg: V4Config, weights: dict, chunk: int = 16) -> dict:
     for name, arr in weights.items():
         if name not in fused:
             out[name] = arr
+    for name in [n for n in out if n.endswith(("ffn.w13", "ffn.w2"))] if max_binding else []:
+        split_experts(out, name, max_binding)
     for kind in ("main", "compress"):
         cos, sin = rope_table(inv_freq(cfg, kind), C)
         out[f"rope.{kind}.cos"], out[f"rope.{kind}.sin"] = cos.astype(np.float32), sin.astype(np.float32)
@@ -275,6 +316,9 @@ DTYPE_NAMES = {np.dtype(np.float32): "f32", np.dtype(np.int32): "i32", np.dtype(
 # H200 (tools/model_gpu_bench.py --variants "fold_mb=64"): folding only up to 64 MiB of weights was
 # 0.992x the speed of folding everywhere (None), the default.
 NORM_FOLD = {"max_bytes": None}
+# "fused": MUL_MAT_ID reads an FP8 shared expert beside FP4 routed experts in one dispatch (the
+# published layout: two dispatches a layer instead of four); off: each in its own (tests compare).
+SHARED = {"fused": True}
 
 
 class Normed(NamedTuple):
@@ -483,31 +527,84 @@ class ModelGraph:
                else [self.param(f + "gate.bias")])
         route = g.op("V4_ROUTE", logits, *sel, top_k=cfg.num_experts_per_tok, scoring=cfg.scoring_func,
                      route_scale=float(cfg.routed_scaling_factor))
-        w13 = self.params[f + "w13"]
+        per_expert = self.stack_bytes(f + "w13") // self.stack_experts(f + "w13")
         if not moe_shared_apart(self.params, i):
-            fold = self.folds(x, w13.nbytes // w13.shape[0] * (cfg.num_experts_per_tok + 1))   # the experts read
+            fold = self.folds(x, per_expert * (cfg.num_experts_per_tok + 1))   # the experts read
             h = self._swiglu(x, f + "w13", route, fold)                          # [T, k+1, F]
             return self._expert_sum(h, f + "w2", route)                          # [T, D]
+        if self.shared_in_dispatch(f):      # FP4 routed experts and the FP8 shared one, read together
+            fold = self.folds(x, per_expert * cfg.num_experts_per_tok + self.params[f + "shared.w13"].nbytes)
+            h = self._swiglu(x, f + "w13", route, fold, shared=f + "shared.w13")
+            return self._expert_sum(h, f + "w2", route, shared=f + "shared.w2")
         # the shared expert in another format: routed experts (routes 0..k-1), then the shared one
         k = cfg.num_experts_per_tok
         shared = self.param("moe.shared_route")[:T]
-        fold = self.folds(x, w13.nbytes // w13.shape[0] * k + self.params[f + "shared.w13"].nbytes)
+        fold = self.folds(x, per_expert * k + self.params[f + "shared.w13"].nbytes)
         h = self._swiglu(x, f + "w13", route[:, :k], fold)
         hs = self._swiglu(x, f + "shared.w13", shared, fold)
         return self._expert_sum(hs, f + "shared.w2", shared, self._expert_sum(h, f + "w2", route[:, :k]))
 
-    def _swiglu(self, x, weight, route, fold):
-        """The chosen experts' clamped SwiGLU [T, routes, F] (the FFN norm as they read x with fold)."""
-        T, D = (x.x if isinstance(x, Normed) else x).shape
-        w, extra, qp = self.weight(weight)
-        lim = float(self.cfg.swiglu_limit)
-        if fold:
-            return self.g.op("MUL_MAT_ID", x.x.reshape(T, 1, D), w, route, x.g, *extra, mode="swiglu", limit=lim,
-                             rms_eps=x.eps, **qp)
-        return self.g.op("MUL_MAT_ID", self.normed(x).reshape(T, 1, D), w, route, *extra, mode="swiglu", limit=lim,
-                         **qp)
+    def shared_in_dispatch(self, f) -> bool:
+        """Whether MUL_MAT_ID reads layer f's FP8 shared expert beside its FP4 routed experts in one
+        dispatch (shared_wq; SHARED["fused"], on by default)."""
+        r, sh = self.params.get(f + "w13"), self.params.get(f + "shared.w13")
+        return SHARED["fused"] and is_quant(r) and is_quant(sh) and r.fmt == "fp4" and sh.fmt == "fp8" and \
+            is_quant(self.params.get(f + "w2")) and self.params[f + "w2"].fmt == "fp4" and \
+            self.params[f + "shared.w2"].fmt == "fp8"
 
-    def _expert_sum(self, h, weight, route, add=None):
-        """Σ_r weight_r · w[id_r] h_r (+ add) [T, D]."""
-        w, extra, qp = self.weight(weight)
-        return self.g.op("MUL_MAT_ID", h, w, route, *([add] if add is not None else []), *extra, mode="sum", **qp)
+    def _shared(self, name):
+        """(extra inputs, op params) that add the FP8 shared expert `name` to a MUL_MAT_ID."""
+        if name is None:
+            return [], {}
+        w, (scale,), qp = self.weight(name)
+        return [w, scale], {"shared_wq": qp["wq"], "shared_grid_rows": qp["grid_rows"]}
+
+    def expert_parts(self, name):
+        """[(param, id_base)] of an expert stack: itself, or the parts param_arrays split it into
+        (`name.0`, `name.1`, ...: each within one storage-buffer binding)."""
+        if name in self.params:
+            return [(name, 0)]
+        out, base = [], 0
+        while f"{name}.{len(out)}" in self.params:
+            out.append((f"{name}.{len(out)}", base))
+            base += self.params[out[-1][0]].shape[0]
+        return out
+
+    def stack_experts(self, name) -> int:
+        return sum(self.params[p].shape[0] for p, _ in self.expert_parts(name))
+
+    def stack_bytes(self, name) -> int:
+        return sum(self.params[p].nbytes for p, _ in self.expert_parts(name))
+
+    def _swiglu(self, x, weight, route, fold, shared=None):
+        """The chosen experts' clamped SwiGLU [T, routes, F] (the FFN norm as they read x with fold);
+        over a split stack, each part's (0 for the others' routes) added; `shared`: the shared
+        expert's FP8 param read in the same dispatch."""
+        T, D = (x.x if isinstance(x, Normed) else x).shape
+        lim = float(self.cfg.swiglu_limit)
+        n_ids, out = self.stack_experts(weight), None
+        for part, base in self.expert_parts(weight):
+            w, extra, qp = self.weight(part)
+            more, sp = self._shared(shared)
+            extra, qp = extra + more, dict(qp, **sp)
+            ids = {"id_base": base, "n_ids": n_ids} if base or n_ids != w.shape[0] else {}
+            if fold:
+                h = self.g.op("MUL_MAT_ID", x.x.reshape(T, 1, D), w, route, x.g, *extra, mode="swiglu", limit=lim,
+                              rms_eps=x.eps, **qp, **ids)
+            else:
+                h = self.g.op("MUL_MAT_ID", self.normed(x).reshape(T, 1, D), w, route, *extra, mode="swiglu",
+                              limit=lim, **qp, **ids)
+            out = h if out is None else self.g.op("ADD", out, h)
+        return out
+
+    def _expert_sum(self, h, weight, route, add=None, shared=None):
+        """Σ_r weight_r · w[id_r] h_r (+ add) [T, D]; over a split stack, the parts chained by add."""
+        n_ids = self.stack_experts(weight)
+        for part, base in self.expert_parts(weight):
+            w, extra, qp = self.weight(part)
+            more, sp = self._shared(shared)
+            extra, qp = extra + more, dict(qp, **sp)
+            ids = {"id_base": base, "n_ids": n_ids} if base or n_ids != w.shape[0] else {}
+            add = self.g.op("MUL_MAT_ID", h, w, route, *([add] if add is not None else []), *extra, mode="sum",
+                            **qp, **ids)
+        return add

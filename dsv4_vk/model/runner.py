@@ -153,7 +153,8 @@ class Model:
         self.prefill_chunk = min(prefill_chunk, cfg.max_ctx)
         check_memory(cfg, sum(int(w.nbytes) for w in weights.values()), self.prefill_chunk, self.device)
         self.ex = Executor(self.device)
-        self.params = param_arrays(cfg, weights, self.prefill_chunk)
+        self.params = param_arrays(cfg, weights, self.prefill_chunk,
+                                   max_binding=self.device.caps.limits.max_storage_buffer_range)
         # some CSA layer has an indexer that scores only where it matters (not with INDEXER["always"])
         self._indexed = any(n.endswith(".idx.state") for n in self.params) and not INDEXER["always"]
         # multi-step decode (steps): the token sampled after each position, written on the device

@@ -90,13 +90,26 @@ class MulMatId(OpDef):
                    rms_eps=, x is RMS_NORM(x, g, rms_eps) (normalised as it is read: one dispatch);
     mode="sum":    x [T,R,K] -> [T,N] = Σ_r weight_r · w[id_r]·x[t,r] (+ add).
     With wq="fp8" | "fp4" (ops.mul_mat.QUANT): w is i32 [E, N, words] of packed codes, one scale grid
-    per grid_rows rows (default N: one per expert), and the last input the scale bytes."""
+    per grid_rows rows (default N: one per expert), and the last input the scale bytes. With
+    shared_wq="fp8" (wq="fp4"): two more inputs, the shared expert's FP8 codes [1, N, words] and
+    scale bytes (a grid per shared_grid_rows rows), read as expert id E in the same dispatch.
+    id_base / n_ids: w holds experts id_base.. of n_ids (a split stack; other ids add 0)."""
     name, n_inputs = "MUL_MAT_ID", None
     dtypes = WEIGHT_DTYPES + ("i32",)   # x, route f32; w f32, bf16 or f16 (widened to f32 as it is read), or quantised
 
     def infer(self, inputs, params):
-        check_params(self.name, params, ("mode", "limit", "rms_eps", "wq", "grid_rows"))
+        check_params(self.name, params, ("mode", "limit", "rms_eps", "wq", "grid_rows", "id_base", "n_ids",
+                                          "shared_wq", "shared_grid_rows"))
         quant = "wq" in params
+        shared = None
+        if "shared_wq" in params:
+            if params["shared_wq"] != "fp8" or params.get("wq") != "fp4":
+                raise ValueError(f"{self.name}: shared_wq='fp8' (a shared expert in FP8 beside FP4 experts, "
+                                 f"wq='fp4') is the one mixed form, got wq={params.get('wq')!r}, "
+                                 f"shared_wq={params['shared_wq']!r}")
+            if "id_base" in params or "n_ids" in params:
+                raise ValueError(f"{self.name}: shared_wq with a split expert stack (id_base / n_ids) is not supported")
+            inputs, shared = inputs[:-2], inputs[-2:]
         inputs, scale = (inputs[:-1], inputs[-1]) if quant else (inputs, None)
         mode = params.get("mode")
         if "limit" in params and (mode != "swiglu" or not check_finite(f"{self.name} limit", params["limit"]) > 0):
@@ -117,9 +130,15 @@ class MulMatId(OpDef):
         T, R, _ = route.shape
         expect(self.name, "w (input 1, [experts, N, K])", w, (None, None, None), w.dtype)
         E, N, K = w.shape
+        self.expert_ids(params, E)
         if quant:
             K = x.shape[-1]
             check_quant(self.name, params, w, scale, K, N)
+            if shared is not None:
+                expect(self.name, "shared expert weight (the second last input, [1, N, words])", shared[0],
+                       (1, N, QUANT["fp8"].words(K)), "i32")
+                check_quant(self.name, {"wq": "fp8", "grid_rows": params.get("shared_grid_rows", N)}, shared[0],
+                            shared[1], K, N)
         elif w.dtype not in WEIGHT_DTYPES:
             raise ValueError(f"{self.name}: input 1 (w) must be one of {WEIGHT_DTYPES}, got {w.dtype} (quantised "
                              "weights: wq=)")
@@ -138,9 +157,24 @@ class MulMatId(OpDef):
             expect(self.name, "add (input 3, [T, N])", inputs[3], (T, N))
         return (T, N), "f32"
 
+    @staticmethod
+    def expert_ids(params, E):
+        """(id_base, n_ids) of params: w holds experts id_base .. id_base + E − 1 of n_ids (default
+        0 and E: all of them)."""
+        base, n = params.get("id_base", 0), params.get("n_ids", E + params.get("id_base", 0))
+        for k, v in (("id_base", base), ("n_ids", n)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"MUL_MAT_ID: {k} must be an integer ≥ 0, got {v!r}")
+        if base + E > n:
+            raise ValueError(f"MUL_MAT_ID: experts id_base {base} + {E} exceed n_ids {n}")
+        return base, n
+
     def lower(self, node, device):
         fmt = QUANT[node.params["wq"]] if "wq" in node.params else None
-        inputs = node.inputs[:-1] if fmt else node.inputs
+        shared = node.inputs[-2:] if "shared_wq" in node.params else None
+        inputs = node.inputs[:-2] if shared else node.inputs
+        scale = inputs[-1] if fmt else None
+        inputs = inputs[:-1] if fmt else inputs
         x, w, route = inputs[:3]
         mode = node.params["mode"]
         add = inputs[3] if len(inputs) == 4 and mode == "sum" else None
@@ -169,18 +203,24 @@ class MulMatId(OpDef):
         o_strides = list(out.strides) if mode == "swiglu" else [out.strides[0], out.strides[1], 0]
         a = [add.offset, *add.strides] if add is not None else [0, 0, 0]
         norm = [g.offset, float(node.params["rms_eps"])] if g is not None else []
-        push = pack_push([T, R, cols, K, E, x.offset, x.strides[0], x.strides[1], w.offset, w.strides[0],
+        ids = (0, E + 1) if shared else self.expert_ids(node.params, E)
+        sq = [node.params.get("shared_grid_rows", N)] if shared else []
+        push = pack_push([T, R, cols, K, E, *ids, x.offset, x.strides[0], x.strides[1], w.offset, w.strides[0],
                       w.strides[1], route.offset, *route.strides, out.offset, *o_strides, *a],
-                         float(node.params.get("limit", np.inf)), *norm, *(quant_push(fmt, K, node.params.get("grid_rows", N)) if fmt else []))
+                         float(node.params.get("limit", np.inf)), *norm, *(quant_push(fmt, K, node.params.get("grid_rows", N)) if fmt else []), *sq)
         args = [x, w, route] + ([add] if add is not None else []) + [out] + ([g] if g is not None else [])
         out_index = len(args) - 1 - (g is not None)
         if fmt:
-            args.append(node.inputs[-1])
+            args.append(scale)
+        if shared:
+            args += list(shared)
         if add is not None:
             defs["HAS_ADD"] = 1
         if g is not None:
             defs["NORM_X"] = 1
         defs.update(fmt.define() if fmt else weight_defines(w))
+        if shared:
+            defs["SHARED_FP8"] = 1
         items = T * R * cols if mode == "swiglu" else T * cols
         unroll = MUL_MAT_ID_UNROLL["unroll"] or (1 if is_cpu(device) else 4)
         if mode == "sum":         # a power of two ≤ 8 (the shader's variants), at most R's; quantised: 1
@@ -191,21 +231,31 @@ class MulMatId(OpDef):
         return [Launch("mul_mat_id", args, (out_index,), push, grid_1d(items, 256 // defs["LANES"]),
                        defines=defs, spec=(256, unroll), **extra)]
 
-    def reference(self, x, w, route, *rest, mode=None, limit=None, rms_eps=None, wq=None, grid_rows=None):
+    def reference(self, x, w, route, *rest, mode=None, limit=None, rms_eps=None, wq=None, grid_rows=None,
+                  id_base=0, n_ids=None, shared_wq=None, shared_grid_rows=None):
+        if shared_wq is not None:
+            *rest, ws, ws_scale = rest
+            N = np.shape(ws)[1]
+            shared = dequantize(shared_wq, ws, ws_scale, np.shape(x)[-1], N // (shared_grid_rows or N))
         if wq is not None:
             *rest, scale = rest
             E, N = np.shape(w)[:2]
             w = dequantize(wq, w, scale, np.shape(x)[-1], E * N // (grid_rows or N))
+        if shared_wq is not None:                       # the shared expert: id E, after the others
+            w = np.concatenate([np.asarray(w, np.float64), shared])
         add = rest[0] if rest else None
         if mode == "swiglu" and add is not None:       # the fourth input of swiglu: the norm weight
             x, add = reference_rms_norm(x, add, rms_eps), None
         x, w, route = (np.asarray(a, np.float64) for a in (x, w, route))
         T, R, _ = route.shape
+        n_ids = w.shape[0] + id_base if n_ids is None else n_ids
         ids = route[..., 0]
-        valid = (ids >= 0) & (ids < w.shape[0]) & (ids == np.floor(ids))
-        idx = np.where(valid, ids, 0).astype(np.int64)
+        valid = (ids >= 0) & (ids < n_ids) & (ids == np.floor(ids))
+        here = valid & (ids >= id_base) & (ids < id_base + w.shape[0])     # in this part of the experts
+        idx = np.where(here, ids - id_base, 0).astype(np.int64)
         xb = np.broadcast_to(x, (T, R, x.shape[-1]))
         y = np.einsum("trnk,trk->trn", w[idx], xb)
+        y[valid & ~here] = 0.0
         y[~valid] = np.nan
         if mode == "swiglu":
             F = w.shape[1] // 2
