@@ -42,8 +42,8 @@ class Node:
 class Graph:
     def __init__(self) -> None:
         self.nodes: list[Node] = []
-        self.inputs: dict[str, Tensor] = {}
-        self.outputs: dict[str, Tensor] = {}
+        self.inputs: dict[str, GraphTensor] = {}
+        self.outputs: dict[str, GraphTensor] = {}
         self.storages: list[Storage] = []
         self.paths: list[tuple[str, str, str]] = []     # (composite op, path, reason) for every composite op built
         self.path_scopes: list[str] = []     # the scope each entry of paths was built in (Graph.scope; "" outside)

@@ -28,7 +28,7 @@ its ring, COMPRESS into the state and entries), so a decode step is one replay.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, TypeGuard
+from typing import Any, NamedTuple, TypeGuard
 
 import numpy as np
 
@@ -142,7 +142,7 @@ def cache_shapes(cfg: V4Config, chunk: int = 16) -> dict:
     max_ctx (max_ctx // rate rows; max_ctx rows), the rings with the window and the chunk."""
     rows = cache_rows(cfg, chunk)
     C, f32 = cfg.max_ctx, np.dtype(np.float32)
-    out = {}
+    out: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
     for i in range(cfg.num_hidden_layers):
         out[f"layers.{i}.kv"] = ((rows["kv"], cfg.head_dim), f32)
         kind = cfg.layer_types[i]
@@ -204,7 +204,8 @@ def param_arrays(cfg: V4Config, weights: dict, chunk: int = 16, max_binding: int
     chunk: the prefill chunk the decode cache's rings are sized for; max_binding: the device's
     maxStorageBufferRange (expert stacks past it are split)."""
     fused: set[str] = set()
-    out = {name: np.zeros(shape, dt) for name, (shape, dt) in cache_shapes(cfg, chunk).items()}
+    out: dict[str, np.ndarray | QuantWeight] = {name: np.zeros(shape, dt)
+                                                for name, (shape, dt) in cache_shapes(cfg, chunk).items()}
     C = cfg.max_ctx
     for i in range(cfg.num_hidden_layers):
         a, f = f"layers.{i}.attn.", f"layers.{i}.ffn."
@@ -243,8 +244,9 @@ def param_arrays(cfg: V4Config, weights: dict, chunk: int = 16, max_binding: int
     for name, arr in weights.items():
         if name not in fused:
             out[name] = arr
-    for name in [n for n in out if n.endswith(("ffn.w13", "ffn.w2"))] if max_binding else []:
-        split_experts(out, name, max_binding)
+    if max_binding:
+        for name in [n for n in out if n.endswith(("ffn.w13", "ffn.w2"))]:
+            split_experts(out, name, max_binding)
     for kind in ("main", "compress"):
         cos, sin = rope_table(inv_freq(cfg, kind), C)
         out[f"rope.{kind}.cos"], out[f"rope.{kind}.sin"] = cos.astype(np.float32), sin.astype(np.float32)
@@ -547,7 +549,8 @@ class ModelGraph:
     def shared_in_dispatch(self, f) -> bool:
         """Whether MUL_MAT_ID reads layer f's FP8 shared expert beside its FP4 routed experts in one
         dispatch (shared_wq; SHARED["fused"], on by default)."""
-        r, sh = self.params.get(f + "w13"), self.params.get(f + "shared.w13")
+        r: Any = self.params.get(f + "w13")            # (arrays or QuantWeights: is_quant tells)
+        sh: Any = self.params.get(f + "shared.w13")
         return SHARED["fused"] and is_quant(r) and is_quant(sh) and r.fmt == "fp4" and sh.fmt == "fp8" and \
             is_quant(self.params.get(f + "w2")) and self.params[f + "w2"].fmt == "fp4" and \
             self.params[f + "shared.w2"].fmt == "fp8"

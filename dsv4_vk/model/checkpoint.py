@@ -357,7 +357,8 @@ class _Files:
     """Open safetensors files (memory maps), a few at a time: the least recently used is closed."""
 
     def __init__(self, keep: int = 4):
-        self.keep, self.open = keep, {}
+        self.keep = keep
+        self.open: dict = {}
 
     def get(self, fn, key, dt):
         try:
@@ -777,7 +778,7 @@ def quantize(w, fmt: str, grid_rows: int | None = None) -> QuantWeight:
     return QuantWeight(fmt, np.ascontiguousarray(codes), scale, gr)
 
 
-_CODE_BLOCKS = {}
+_CODE_BLOCKS: dict[str, np.ndarray] = {}
 
 
 def _random_quant(rng, shape, fmt, fan_in, grid_rows):

@@ -390,7 +390,7 @@ def load_config_json(path: str, max_ctx: int | None = None) -> V4Config:
 # Named configs: "tiny" (tests), "demo" (`make demo`), "flash-1gpu" (DeepSeek-V4-Flash's widths with
 # 4 layers and 64 routed experts: BF16 weights about 16 GB, one GPU; 256 experts would put 8.6 GB in
 # one expert tensor, past a 4 GB storage-buffer range).
-PRESETS = {
+PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(),
     "demo": dict(vocab_size=256, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, head_dim=32,
                  q_lora_rank=32, o_groups=2, o_lora_rank=32, n_routed_experts=8, num_experts_per_tok=2,
