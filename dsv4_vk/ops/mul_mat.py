@@ -198,6 +198,10 @@ def vec4_ok(*views):
 # against 9.4 / 9.1; 4096 × 8192 19.4 against 22.4. (16-byte weight loads of 8 bf16 were tried
 # twice and are slower in the model: results/README.md.) Tests and the benches set them.
 GEMV_UNROLL = {"unroll": None, "spread": None}
+# Output rows a GEMV cluster computes over quantised weights at one token (1, 2 or 4; -D NR): each
+# x load then serves that many rows (x is read from cache 4 (FP8) or 8 (FP4) times the weight
+# bytes at one row). Tests and the benches set it; 1 until measured on a GPU.
+GEMV_QUANT_ROWS = {"rows": 1}
 GEMV_SPREAD = 1 << 18                   # (an H200 holds 132 SMs × 2048 invocations)
 GEMV_WG_MAX = 256
 
@@ -297,7 +301,12 @@ class MulMat(OpDef):
         if kernel == "gemv":
             # quantised weights: 1 or 8 tokens a cluster (the variants built), a partial block clamped
             tb = min(next_pow2(T), GEMV_MAX_T) if not fmt else (1 if T == 1 else GEMV_MAX_T)
-            rows = b[0] * b[1] * -(-T // tb) * N
+            nr = GEMV_QUANT_ROWS["rows"] if fmt and tb == 1 and "VEC4" in defines else 1
+            if nr not in (1, 2, 4):
+                raise ValueError(f"GEMV_QUANT_ROWS['rows'] must be 1, 2 or 4, got {nr!r}")
+            if nr > 1:
+                defines["NR"] = nr
+            rows = b[0] * b[1] * -(-T // tb) * -(-N // nr)
             unroll = GEMV_UNROLL["unroll"] or (1 if is_cpu(device) else 4)
             wg_lanes = gemv_workgroup_lanes(device, rows, K)
             if wg_lanes:
