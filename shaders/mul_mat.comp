@@ -2,7 +2,6 @@
 #extension GL_GOOGLE_include_directive : require
 //! variants: MODE_GEMV ; - | VEC4 ; LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1,2,3,4,5,6,7,8 ; - | W_BF16 | W_F16 ; - | NORM_X
 //! variants: MODE_GEMV ; - | VEC4 ; LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1,8 ; W_FP8 | W_FP4 ; - | NORM_X
-//! variants: MODE_GEMV ; VEC4 ; LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1 ; W_FP8 | W_FP4 ; NR=2,4 ; - | NORM_X
 //! variants: MODE_GEMM_REGS ; - | VEC4 ; - | W_BF16 | W_F16 | W_FP8 | W_FP4
 //! variants: MODE_GEMM_SHARED ; - | W_BF16 | W_F16 | W_FP8 | W_FP4
 // MUL_MAT: d[b0, b1, t, n] = Σ_k x[b0, b1, t, k] · w[b0, b1, n, k]  (x @ wᵀ), f32 accumulation.
@@ -24,9 +23,9 @@
 //                     codes (32-bit words, q_kw a row), its scale bytes at the binding after
 //                     the others (3, or 4 with NORM_X); dequantised
 //                     in registers. The GEMV takes TB = 1 or 8 with them (a partial block of
-//                     tokens is clamped like any other), and at one token -D NR=2|4: that many
-//                     output rows a cluster sharing each x load (VEC4; rows past N clamped,
-//                     not stored).
+//                     tokens is clamped like any other), and at one token (VEC4) NR output
+//                     rows a cluster sharing each x load (spec constant 2; rows past N
+//                     clamped, not stored).
 //   VEC4              (GEMV, GEMM_REGS) k contiguous and every row start 16-byte aligned: vec4 loads.
 //   NORM_X            (GEMV) x rows RMS-normalised on the fly: d = (x / rms(x) ⊙ g) @ wᵀ with
 //                     rms(x) = sqrt(mean_k x² + eps), g [K] at binding 3: each cluster sums x² beside
@@ -102,10 +101,11 @@ void add1(uint t, float xv, float wv, uint k) {
     acc[t] += xv * wv;
 }
 
-#if defined(NR)
-// NR output rows a cluster, one token (TB = 1, VEC4): every x load serves NR weight rows, so that
-// x's loads from cache do not outnumber the weight bytes (FP8: 16 bytes of x a 4-byte word of
-// codes; FP4: a half word) and the loads of NR rows are in flight together.
+#if (defined(W_FP8) || defined(W_FP4)) && defined(VEC4) && TB == 1
+// Quantised weights at one token: NR (spec constant 2) output rows a cluster, every x load serving
+// NR weight rows, so that x's loads from cache do not outnumber the weight bytes (FP8: 16 bytes of
+// x a 4-byte word of codes; FP4: a half word) and the loads of NR rows are in flight together.
+layout(constant_id = 2) const uint NR = 1;
 void main() {
     uint NB = (p.N + NR - 1) / NR;
     uint item = cluster_id();

@@ -210,7 +210,7 @@ def test_kernels_as_on_a_gpu(spread, rows, rng, monkeypatch, device):
     g = Graph()
     g.op("MUL_MAT", g.input("x", (1, 4096)), g.input("w", (37, 1024), "i32"), g.input("s", (8,), "i32"), wq="fp8")
     (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
-    assert launch.defines.get("NR", 1) == rows
+    assert launch.spec[2] == rows
     check_mul_mat(rng)
     check_mul_mat_id(rng)
     check_shared_expert_in_the_same_dispatch(rng)

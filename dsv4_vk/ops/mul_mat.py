@@ -198,7 +198,7 @@ def vec4_ok(*views):
 # against 9.4 / 9.1; 4096 × 8192 19.4 against 22.4. (16-byte weight loads of 8 bf16 were tried
 # twice and are slower in the model: results/README.md.) Tests and the benches set them.
 GEMV_UNROLL = {"unroll": None, "spread": None}
-# Output rows a GEMV cluster computes over quantised weights at one token (1, 2 or 4; -D NR): each
+# Output rows a GEMV cluster computes over quantised weights at one token (1, 2 or 4; spec constant NR): each
 # x load then serves that many rows (x is read from cache 4 (FP8) or 8 (FP4) times the weight
 # bytes at one row). Tests and the benches set it; 1 until measured on a GPU.
 GEMV_QUANT_ROWS = {"rows": 1}
@@ -304,8 +304,6 @@ class MulMat(OpDef):
             nr = GEMV_QUANT_ROWS["rows"] if fmt and tb == 1 and "VEC4" in defines else 1
             if nr not in (1, 2, 4):
                 raise ValueError(f"GEMV_QUANT_ROWS['rows'] must be 1, 2 or 4, got {nr!r}")
-            if nr > 1:
-                defines["NR"] = nr
             rows = b[0] * b[1] * -(-T // tb) * -(-N // nr)
             unroll = GEMV_UNROLL["unroll"] or (1 if is_cpu(device) else 4)
             wg_lanes = gemv_workgroup_lanes(device, rows, K)
@@ -316,6 +314,8 @@ class MulMat(OpDef):
                 lane_defs, extra = cluster_lanes(device, K, per_lane=8, max_lanes=1 if is_cpu(device) else None)
                 grid, spec = grid_1d(rows, WORKGROUP // lane_defs["LANES"]), (WORKGROUP, unroll)
             defines.update(lane_defs, MODE_GEMV=1, TB=tb)
+            if fmt and tb == 1 and "VEC4" in defines:
+                spec = spec + (nr,)         # the rows a cluster (spec constant 2)
         elif kernel == "gemm_regs":
             defines["MODE_GEMM_REGS"] = 1
             grid = grid_1d(b[0] * b[1] * -(-T // 4) * -(-N // 4), WORKGROUP)
