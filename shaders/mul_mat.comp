@@ -23,7 +23,9 @@
 //                     codes (32-bit words, q_kw a row), its scale bytes at the binding after
 //                     the others (3, or 4 with NORM_X); dequantised
 //                     in registers. The GEMV takes TB = 1 or 8 with them (a partial block of
-//                     tokens is clamped like any other).
+//                     tokens is clamped like any other), and at one token (VEC4) NR output
+//                     rows a cluster sharing each x load (spec constant 2; rows past N
+//                     clamped, not stored).
 //   VEC4              (GEMV, GEMM_REGS) k contiguous and every row start 16-byte aligned: vec4 loads.
 //   NORM_X            (GEMV) x rows RMS-normalised on the fly: d = (x / rms(x) ⊙ g) @ wᵀ with
 //                     rms(x) = sqrt(mean_k x² + eps), g [K] at binding 3: each cluster sums x² beside
@@ -99,6 +101,55 @@ void add1(uint t, float xv, float wv, uint k) {
     acc[t] += xv * wv;
 }
 
+#if (defined(W_FP8) || defined(W_FP4)) && defined(VEC4) && TB == 1
+// Quantised weights at one token: NR (spec constant 2) output rows a cluster, every x load serving
+// NR weight rows, so that x's loads from cache do not outnumber the weight bytes (FP8: 16 bytes of
+// x a 4-byte word of codes; FP4: a half word) and the loads of NR rows are in flight together.
+layout(constant_id = 2) const uint NR = 1;
+void main() {
+    uint NB = (p.N + NR - 1) / NR;
+    uint item = cluster_id();
+    if (item >= p.ne0 * p.ne1 * p.T * NB) return;         // whole cluster leaves together
+    uint lane = cluster_lane();
+    uint n0 = (item % NB) * NR, r = item / NB;
+    uint t = r % p.T; r /= p.T;
+    uint b1 = r % p.ne1, b0 = r / p.ne1;
+    uint xr = x_row(b0, b1, t), wb[NR];
+    float a[NR], s2 = 0.0;
+    [[unroll]] for (uint i = 0; i < NR; ++i) { wb[i] = w_row(b0, b1, n0 + i); a[i] = 0.0; }
+    uint K4 = p.K / 4, k = lane;
+    for (; k + (UNROLL - 1) * LANES < K4; k += UNROLL * LANES) {
+        vec4 xv[UNROLL], wv[NR][UNROLL];
+        [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
+            xv[u] = x4[xr / 4 + k + u * LANES];
+            [[unroll]] for (uint i = 0; i < NR; ++i) wv[i][u] = W4_ROW(wb[i], k + u * LANES);
+        }
+        [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
+#if defined(NORM_X)
+            s2 += dot(xv[u], xv[u]);
+            xv[u] *= g4[p.g_off / 4 + k + u * LANES];
+#endif
+            [[unroll]] for (uint i = 0; i < NR; ++i) a[i] += dot(xv[u], wv[i][u]);
+        }
+    }
+    for (; k < K4; k += LANES) {
+        vec4 xv = x4[xr / 4 + k];
+#if defined(NORM_X)
+        s2 += dot(xv, xv);
+        xv *= g4[p.g_off / 4 + k];
+#endif
+        [[unroll]] for (uint i = 0; i < NR; ++i) a[i] += dot(xv, W4_ROW(wb[i], k));
+    }
+    float inv = 1.0;
+#if defined(NORM_X)
+    inv = 1.0 / sqrt(cluster_sum(s2) / float(p.K) + p.eps);
+#endif
+    [[unroll]] for (uint i = 0; i < NR; ++i) {
+        float v = cluster_sum(a[i]) * inv;
+        if (lane == i % LANES) store(b0, b1, t, n0 + i, v);
+    }
+}
+#else
 void main() {
     uint blocks = (p.T + TB - 1) / TB;
     uint item = cluster_id();
@@ -142,6 +193,7 @@ void main() {
         if (lane == t % LANES) store(b0, b1, t0 + t, n, s);
     }
 }
+#endif
 
 #elif defined(MODE_GEMM_REGS)
 const uint TM = 4, TN = 4;

@@ -194,12 +194,23 @@ def test_kernels_match_a_float64_dequantisation(rng):
     kernel_checks(rng)
 
 
-@pytest.mark.parametrize("spread", [None, 0])
-def test_kernels_as_on_a_gpu(spread, rng, monkeypatch, device):
+def test_gemv_rows_per_cluster_on_the_cpu_lowering(rng, monkeypatch):
+    monkeypatch.setitem(mul_mat.GEMV_QUANT_ROWS, "rows", 4)
+    check_mul_mat(rng)
+
+
+@pytest.mark.parametrize("spread,rows", [(None, 1), (0, 1), (None, 4), (0, 2)])
+def test_kernels_as_on_a_gpu(spread, rows, rng, monkeypatch, device):
     """Lowered for a GPU: lane clusters over K, GEMV outputs reduced by a workgroup (spread None) or
-    by subgroup-lane clusters, 8 tokens a GEMV cluster, 4 loads in flight."""
+    by subgroup-lane clusters, 8 tokens a GEMV cluster, 4 loads in flight; at one token 1, 2 or 4
+    output rows a cluster (N not a multiple of them: clamped rows not stored)."""
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
     monkeypatch.setitem(mul_mat.GEMV_UNROLL, "spread", spread)
+    monkeypatch.setitem(mul_mat.GEMV_QUANT_ROWS, "rows", rows)
+    g = Graph()
+    g.op("MUL_MAT", g.input("x", (1, 4096)), g.input("w", (37, 1024), "i32"), g.input("s", (8,), "i32"), wq="fp8")
+    (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+    assert launch.spec[2] == rows
     check_mul_mat(rng)
     check_mul_mat_id(rng)
     check_shared_expert_in_the_same_dispatch(rng)
@@ -416,6 +427,9 @@ def worker():
     from dsv4_vk.vk import default_device
     print(f"worker: subgroup size {default_device().subgroup_size}")
     kernel_checks(np.random.default_rng(7))
+    mul_mat.GEMV_QUANT_ROWS["rows"] = 2
+    check_mul_mat(np.random.default_rng(8))
+    mul_mat.GEMV_QUANT_ROWS["rows"] = 1
     print("worker: kernels ok")
     for name in FIXTURES:
         for fused in (True, False):

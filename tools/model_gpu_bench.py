@@ -30,7 +30,8 @@ against the measured time per token; and RMS_NORM's share of the profiled decode
 --variants: more fused decode series in the same run, each with kernel knobs set, for side-by-side
 ratios; ";" between variants, "," between knobs of one: fold_mb (norms folded only into mat-muls
 reading at most this many MiB of weights a token, model.build.NORM_FOLD), gemv_unroll,
-gemv_spread (0: subgroup-lane clusters only) (ops.mul_mat.GEMV_UNROLL), moe_unroll, moe_routes,
+gemv_spread (0: subgroup-lane clusters only) (ops.mul_mat.GEMV_UNROLL), gemv_rows (output rows a
+GEMV cluster over quantised weights, ops.mul_mat.GEMV_QUANT_ROWS), moe_unroll, moe_routes,
 moe_wg (ops.moe.MUL_MAT_ID_UNROLL), indexer (1: CSA layers run their indexer even where its
 top-k keeps every entry the cache can hold, as at this preset's 1024-token cache;
 model.build.INDEXER), mqa_literal (1: MQA_ATTENTION's per-lane arrays with literal sizes,
@@ -90,6 +91,7 @@ DTYPES = {"f32": np.float32, "bf16": BF16, "f16": np.float16, "fp8": "fp8"}
 KNOBS = {"fold_mb": (build.NORM_FOLD, "max_bytes", lambda v: int(float(v) * 2**20)),
          "gemv_unroll": (mul_mat.GEMV_UNROLL, "unroll", int),
          "gemv_spread": (mul_mat.GEMV_UNROLL, "spread", int),
+         "gemv_rows": (mul_mat.GEMV_QUANT_ROWS, "rows", int),
          "moe_unroll": (moe.MUL_MAT_ID_UNROLL, "unroll", int),
          "moe_routes": (moe.MUL_MAT_ID_UNROLL, "routes", int),
          "moe_wg": (moe.MUL_MAT_ID_UNROLL, "wg", int),

@@ -195,6 +195,10 @@ def vec4_ok(*views):
 # memory latencies otherwise), faster for those shapes on the H200 (results/h200/gemv_spread_h200.txt).
 # 8-byte weight loads: 16-byte loads of 8 bf16 were slower in the model. Tests and the benches set them.
 GEMV_UNROLL = {"unroll": None, "spread": None}
+# Output rows a GEMV cluster computes over quantised weights at one token (1, 2 or 4; spec constant NR): each
+# x load then serves that many rows (x is read from cache 4 (FP8) or 8 (FP4) times the weight
+# bytes at one row). Tests and the benches set it; 1 until measured on a GPU.
+GEMV_QUANT_ROWS = {"rows": 1}
 GEMV_SPREAD = 1 << 18                   # (an H200 holds 132 SMs × 2048 invocations)
 GEMV_WG_MAX = 256
 
@@ -294,7 +298,10 @@ class MulMat(OpDef):
         if kernel == "gemv":
             # quantised weights: 1 or 8 tokens a cluster (the variants built), a partial block clamped
             tb = min(next_pow2(T), GEMV_MAX_T) if not fmt else (1 if T == 1 else GEMV_MAX_T)
-            rows = b[0] * b[1] * -(-T // tb) * N
+            nr = GEMV_QUANT_ROWS["rows"] if fmt and tb == 1 and "VEC4" in defines else 1
+            if nr not in (1, 2, 4):
+                raise ValueError(f"GEMV_QUANT_ROWS['rows'] must be 1, 2 or 4, got {nr!r}")
+            rows = b[0] * b[1] * -(-T // tb) * -(-N // nr)
             unroll = GEMV_UNROLL["unroll"] or (1 if is_cpu(device) else 4)
             wg_lanes = gemv_workgroup_lanes(device, rows, K)
             if wg_lanes:
@@ -304,6 +311,8 @@ class MulMat(OpDef):
                 lane_defs, extra = cluster_lanes(device, K, per_lane=8, max_lanes=1 if is_cpu(device) else None)
                 grid, spec = grid_1d(rows, WORKGROUP // lane_defs["LANES"]), (WORKGROUP, unroll)
             defines.update(lane_defs, MODE_GEMV=1, TB=tb)
+            if fmt and tb == 1 and "VEC4" in defines:
+                spec = spec + (nr,)         # the rows a cluster (spec constant 2)
         elif kernel == "gemm_regs":
             defines["MODE_GEMM_REGS"] = 1
             grid = grid_1d(b[0] * b[1] * -(-T // 4) * -(-N // 4), WORKGROUP)
