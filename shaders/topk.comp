@@ -10,23 +10,30 @@
 // or past v(t) is read, so the cost follows the entries that exist, not n (the cache's capacity).
 //
 // Selection: every score becomes a 64-bit key (order-preserving bits of the score, then the
-// complemented index: ties to the lower index), 0 for a non-selectable one; a radix select (8 bits
-// a pass, a 256-bin histogram in shared memory, at most 8 passes, stopping at the pass whose bin
-// holds exactly the keys still needed) finds the K-th largest key, and the keys at or above it
-// are the top K. Keys are unique, so the result does not depend on the order of the lists.
-// Variants (one workgroup of WG ≤ 256 invocations each; bins looped when WG < 256):
+// complemented index: ties to the lower index), 0 for a non-selectable one. A radix select over
+// digits of BITS bits from the top finds the K-th largest key: the first pass (a 1 << BITS bin
+// histogram in shared memory) reads the list; a second read takes the keys of the bins above the
+// K-th one and stages the K-th one's keys (at most CAND of them) in shared memory, where the
+// next digits' passes run until a bin holds exactly the keys still needed (where the bin has more
+// than CAND keys, those passes read the list again). Keys are unique, so the result does not depend
+// on the order of the lists. The bin scan sums groups of bins (two levels of ~√bins each).
+// Variants (one workgroup of WG invocations a list; each invocation loads U entries a round):
 //   -      one workgroup per row selects from the row's scores and writes idx, sorted (each
-//          selected key's rank is the count of selected keys above it, read from shared memory);
+//          selected key's rank is the count of selected keys above it, split over WG / K parts
+//          when the workgroup has more invocations than keys);
 //   PART   `groups` workgroups per row, each taking tiles of TILE entries g, g + groups, ... below
 //          v(t): a tile's top K keys, unordered, into cand[t, tile] = [count, (key hi, key lo) ×
 //          count]; tiles at or past v(t) are neither read nor written;
 //   MERGE  one workgroup per row: the top K of the candidates of the row's tiles below v(t),
 //          written as the plain variant writes them.
-// Spec constants: 0 workgroup size, 1 K (shared memory holds 2·K keys' words), 2 TILE.
+// Spec constants: 0 workgroup size, 1 K (shared memory holds 2·K keys' words), 2 TILE, 3 BITS
+// (4..16), 4 CAND (keys of the K-th bin staged in shared memory at most).
 // Push: T, n, K, tiles, groups, rate, capacity, has_pos, s (off, s0), pos_off, cand (off, s0), idx (off, s0).
 #include "common.glsl"
 layout(constant_id = 1) const uint KCAP = 1;
 layout(constant_id = 2) const uint TILE = 4096;
+layout(constant_id = 3) const uint BITS = 11;
+layout(constant_id = 4) const uint CAND = 1;
 layout(binding = 0) readonly buffer S { float sc[]; };
 layout(binding = 1) readonly buffer Pos { int pos[]; };
 #if defined(PART)
@@ -42,10 +49,15 @@ layout(push_constant) uniform P {
     uint s_off, s_s0, pos_off, c_off, c_s0, i_off, i_s0;
 } p;
 
-const uint BINS = 256u;
+const uint BINS = 1u << BITS;
+const uint GROUP = 1u << (BITS / 2u);          // bins a group of the scan sums
+const uint NGROUPS = BINS / GROUP;
+const uint U = 8u;                             // entries an invocation loads before using them
+const uint NONE = 0xFFFFFFFFu;
 shared uint hist[BINS];
-shared uint groups[16];
-shared uint st_digit, st_need, st_cnt, st_slot;
+shared uint gsum[NGROUPS];
+shared uint st_digit, st_need, st_cnt, st_slot, st_staged;
+shared uint stage_hi[CAND], stage_lo[CAND];
 #if !defined(PART)
 shared uint key_hi[KCAP], key_lo[KCAP];
 #endif
@@ -64,9 +76,21 @@ uint valid_entries(uint t) {
     return min((uint(q) + 1u) / p.rate, p.n);
 }
 
-bool at_least(uvec2 a, uvec2 b) { return a.x > b.x || (a.x == b.x && a.y >= b.y); }
+bool above(uvec2 a, uvec2 b) { return a.x > b.x || (a.x == b.x && a.y > b.y); }
 
-uint row, first, list;          // the workgroup's row; its list: entries first.. (PART), count
+// bits lo .. lo + w − 1 (w ≤ 16) of the 64-bit key (hi, lo)
+uint field(uvec2 k, uint lo, uint w) {
+    uint v = lo >= 32u ? k.x >> (lo - 32u) : (lo == 0u ? k.y : (k.y >> lo) | (k.x << (32u - lo)));
+    return v & ((1u << w) - 1u);
+}
+
+// the key's bits lo .. 63
+uvec2 high_bits(uvec2 k, uint lo) {
+    if (lo >= 64u) return uvec2(0u);
+    return lo >= 32u ? uvec2(k.x & (0xFFFFFFFFu << (lo - 32u)), 0u) : uvec2(k.x, k.y & (0xFFFFFFFFu << lo));
+}
+
+uint row, first, list, out_base;   // the workgroup's row; its list: entries first.. (PART), count
 
 // item i of the workgroup's list: its key, (0, 0) when not selectable
 uvec2 item(uint i) {
@@ -81,79 +105,150 @@ uvec2 item(uint i) {
 #endif
 }
 
-// the top KCAP keys of the workgroup's list (row, first, list set): PART stores them as tile's
-// candidates, the others rank them and write idx
-void select_list(uint tile) {
+// key i of the list (staged: the K-th bin's keys in shared memory)
+uvec2 fetch(bool staged, uint i, uint count) {
+    if (i >= count) return uvec2(0u);
+    return staged ? uvec2(stage_hi[i], stage_lo[i]) : item(i);
+}
+
+void take(uvec2 k) {                    // one of the top K
+    uint s = atomicAdd(st_slot, 1u);
+#if defined(PART)
+    cand[out_base + 1u + 2u * s] = k.x;
+    cand[out_base + 2u + 2u * s] = k.y;
+#else
+    key_hi[s] = k.x;
+    key_lo[s] = k.y;
+#endif
+}
+
+// hist filled: the bin d where the keys of the bins above hold fewer than `need` and d's hold the
+// rest (st_digit, st_need = what d must give, st_cnt = d's keys); st_need stays NONE when all the
+// bins together hold fewer than need
+void find_bin(uint need) {
     uint l = gl_LocalInvocationID.x, wg = gl_WorkGroupSize.x;
-    // radix select over the keys: pre holds the digits decided so far (under msk)
-    uvec2 pre = uvec2(0u), msk = uvec2(0u);
-    uint need = 0u, total = 0u;
-    for (uint b = 0u; b < 8u; ++b) {
+    for (uint g = l; g < NGROUPS; g += wg) {
+        uint s = 0u;
+        for (uint e = 0u; e < GROUP; ++e) s += hist[g * GROUP + e];
+        gsum[g] = s;
+    }
+    barrier();
+    for (uint g = l; g < NGROUPS; g += wg) {
+        uint up = 0u;
+        for (uint e = g + 1u; e < NGROUPS; ++e) up += gsum[e];
+        if (up < need && need <= up + gsum[g]) {
+            for (uint d = g * GROUP + GROUP; d-- > g * GROUP;) {
+                uint h = hist[d];
+                if (need <= up + h) { st_digit = d; st_need = need - up; st_cnt = h; break; }
+                up += h;
+            }
+        }
+    }
+    barrier();
+}
+
+// the top KCAP keys of the workgroup's list (row, first, list set): PART stores them as the tile's
+// candidates, the others rank them and write idx
+void select_list() {
+    uint l = gl_LocalInvocationID.x, wg = gl_WorkGroupSize.x;
+    barrier();                                          // the previous tile's state read by all
+    for (uint d = l; d < BINS; d += wg) hist[d] = 0u;
+    if (l == 0u) { st_need = NONE; st_slot = 0u; st_staged = 0u; }
+    barrier();
+    uint top = 64u - BITS;                              // the first digit: bits top .. 63
+    for (uint b = 0u; b < list; b += wg * U) {
+        uvec2 it[U];
+        [[unroll]] for (uint u = 0u; u < U; ++u) it[u] = fetch(false, b + u * wg + l, list);
+        [[unroll]] for (uint u = 0u; u < U; ++u)
+            if (it[u].x != 0u) atomicAdd(hist[field(it[u], top, BITS)], 1u);
+    }
+    barrier();
+    find_bin(KCAP);
+    // pre: the digits decided so far (bits lo .. 63 of the K-th key); need: keys still needed
+    // from those that share them; done: all of those are needed
+    uint lo = top, need = st_need, cnt = st_cnt;
+    uvec2 pre = uvec2(st_digit << (top - 32u), 0u);
+    bool done = need == NONE || need == cnt;
+    if (need == NONE) { lo = 64u; pre = uvec2(0u); }   // fewer than K selectable: all of them
+    bool staged = !done && cnt <= CAND;
+    barrier();                                          // st_* read by all before they change
+    for (uint b = 0u; b < list; b += wg * U) {          // take the bins above; stage the K-th one's
+        uvec2 it[U];
+        [[unroll]] for (uint u = 0u; u < U; ++u) it[u] = fetch(false, b + u * wg + l, list);
+        [[unroll]] for (uint u = 0u; u < U; ++u) {
+            if (it[u].x == 0u) continue;
+            uvec2 h = high_bits(it[u], lo);
+            if (above(h, pre) || (done && h == pre)) take(it[u]);
+            else if (staged && h == pre) {
+                uint s = atomicAdd(st_staged, 1u);
+                stage_hi[s] = it[u].x;
+                stage_lo[s] = it[u].y;
+            }
+        }
+    }
+    uvec2 pre0 = pre;
+    uint lo0 = lo, count = staged ? cnt : list;
+    barrier();
+    while (!done) {                                     // the next digits among the K-th bin's keys
+        uint w = min(BITS, lo), nlo = lo - w;
         for (uint d = l; d < BINS; d += wg) hist[d] = 0u;
+        if (l == 0u) st_need = NONE;
         barrier();
-        uint sh = 24u - 8u * (b & 3u);
-        for (uint i = l; i < list; i += wg) {
-            uvec2 it = item(i);
-            if (it.x != 0u && (it & msk) == pre) atomicAdd(hist[((b < 4u ? it.x : it.y) >> sh) & 0xFFu], 1u);
+        for (uint b = 0u; b < count; b += wg * U) {
+            uvec2 it[U];
+            [[unroll]] for (uint u = 0u; u < U; ++u) it[u] = fetch(staged, b + u * wg + l, count);
+            [[unroll]] for (uint u = 0u; u < U; ++u)
+                if (it[u].x != 0u && high_bits(it[u], lo) == pre) atomicAdd(hist[field(it[u], nlo, w)], 1u);
         }
         barrier();
-        for (uint c = l; c < 16u; c += wg) {
-            uint s = 0u;
-            for (uint e = 0u; e < 16u; ++e) s += hist[16u * c + e];
-            groups[c] = s;
-        }
-        barrier();
-        if (b == 0u) {                                  // every selectable key is in this histogram
-            for (uint c = 0u; c < 16u; ++c) total += groups[c];
-            need = min(KCAP, total);
-            if (need == total) break;                   // all of them (msk = 0 selects every key)
-        }
-        for (uint d = l; d < BINS; d += wg) {          // keys in bins above d
-            uint above = 0u, c = d >> 4u;
-            for (uint e = c + 1u; e < 16u; ++e) above += groups[e];
-            for (uint e = d + 1u; e < 16u * c + 16u; ++e) above += hist[e];
-            if (above < need && need <= above + hist[d]) { st_digit = d; st_need = need - above; st_cnt = hist[d]; }
-        }
-        barrier();
+        find_bin(need);
         uint d = st_digit;
         need = st_need;
-        if (b < 4u) { pre.x |= d << sh; msk.x |= 0xFFu << sh; }
-        else        { pre.y |= d << sh; msk.y |= 0xFFu << sh; }
-        bool done = need == st_cnt;                     // the bin's keys are exactly those still needed
-        barrier();                                      // st_* read by all before they change
-        if (done) break;
+        done = need == st_cnt;                          // keys are unique: the last digit ends it
+        barrier();
+        if (nlo >= 32u) pre.x |= d << (nlo - 32u);
+        else { pre.y |= d << nlo; if (nlo > 0u) pre.x |= d >> (32u - nlo); }
+        lo = nlo;
     }
-    uint chosen = min(KCAP, total);
-    if (l == 0u) st_slot = 0u;
+    if (lo != lo0) {                                    // take the K-th bin's keys at or above the K-th key
+        for (uint b = 0u; b < count; b += wg * U) {
+            uvec2 it[U];
+            [[unroll]] for (uint u = 0u; u < U; ++u) it[u] = fetch(staged, b + u * wg + l, count);
+            [[unroll]] for (uint u = 0u; u < U; ++u)
+                if (it[u].x != 0u && high_bits(it[u], lo0) == pre0 && !above(pre, high_bits(it[u], lo)))
+                    take(it[u]);
+        }
+    }
     barrier();
+    uint chosen = st_slot;
 #if defined(PART)
-    uint base = p.c_off + row * p.c_s0 + tile * (2u * KCAP + 1u);
-    if (l == 0u) cand[base] = chosen;
-    for (uint i = l; i < list; i += wg) {
-        uvec2 it = item(i);
-        if (it.x != 0u && at_least(it & msk, pre)) {
-            uint s = atomicAdd(st_slot, 1u);
-            cand[base + 1u + 2u * s] = it.x;
-            cand[base + 2u + 2u * s] = it.y;
-        }
-    }
+    if (l == 0u) cand[out_base] = chosen;
 #else
-    for (uint i = l; i < list; i += wg) {
-        uvec2 it = item(i);
-        if (it.x != 0u && at_least(it & msk, pre)) {
-            uint s = atomicAdd(st_slot, 1u);
-            key_hi[s] = it.x;
-            key_lo[s] = it.y;
-        }
-    }
-    barrier();
     uint ib = p.i_off + row * p.i_s0;
-    for (uint s = l; s < chosen; s += wg) {             // rank: the selected keys above this one
-        uvec2 me = uvec2(key_hi[s], key_lo[s]);
-        uint rank = 0u;
-        for (uint j = 0u; j < chosen; ++j)
-            rank += (key_hi[j] > me.x || (key_hi[j] == me.x && key_lo[j] > me.y)) ? 1u : 0u;
-        idx[ib + rank] = int(~me.y);
+    uint parts = KCAP <= BINS ? max(1u, wg / KCAP) : 1u;
+    if (parts == 1u) {
+        for (uint s = l; s < chosen; s += wg) {          // rank: the selected keys above this one
+            uvec2 me = uvec2(key_hi[s], key_lo[s]);
+            uint rank = 0u, eq = 0u;
+            for (uint j = 0u; j < chosen; ++j) { uint h = key_hi[j]; rank += uint(h > me.x); eq += uint(h == me.x); }
+            if (eq > 1u) for (uint j = 0u; j < chosen; ++j) rank += uint(key_hi[j] == me.x && key_lo[j] > me.y);
+            idx[ib + rank] = int(~me.y);
+        }
+    } else {                                            // part l / KCAP of key l % KCAP's count
+        for (uint d = l; d < chosen; d += wg) hist[d] = 0u;
+        barrier();
+        uint s = l % KCAP, part = l / KCAP, len = (chosen + parts - 1u) / parts;
+        uint j0 = part * len, j1 = min(chosen, j0 + len);
+        if (s < chosen && part < parts && j0 < j1) {
+            uvec2 me = uvec2(key_hi[s], key_lo[s]);
+            uint rank = 0u, eq = 0u;
+            for (uint j = j0; j < j1; ++j) { uint h = key_hi[j]; rank += uint(h > me.x); eq += uint(h == me.x); }
+            if (eq > uint(j0 <= s && s < j1))
+                for (uint j = j0; j < j1; ++j) rank += uint(key_hi[j] == me.x && key_lo[j] > me.y);
+            atomicAdd(hist[s], rank);
+        }
+        barrier();
+        for (uint s = l; s < chosen; s += wg) idx[ib + hist[s]] = int(~key_lo[s]);
     }
     for (uint r = chosen + l; r < KCAP; r += wg) idx[ib + r] = -1;
 #endif
@@ -172,15 +267,16 @@ void main() {
     for (uint tile = g % p.groups; tile * TILE < v; tile += p.groups) {   // none past the row's entries
         first = tile * TILE;
         list = min(TILE, v - first);
-        select_list(tile);
+        out_base = p.c_off + row * p.c_s0 + tile * (2u * KCAP + 1u);
+        select_list();
     }
 #elif defined(MERGE)
     first = 0u;
     list = (v + TILE - 1u) / TILE * KCAP;              // the candidate slots of the tiles below v
-    select_list(0u);
+    select_list();
 #else
     first = 0u;
     list = v;
-    select_list(0u);
+    select_list();
 #endif
 }

@@ -250,7 +250,10 @@ def reference_topk(scores, k, pos=None, rate=1, capacity=1 << 30):
 
 
 TOPK_TILE = {"entries": 4096}   # TOPK_TILES: entries a workgroup selects from (then one merge per row)
-TOPK_WG = 256                   # TOPK's workgroup (at most: the device may allow fewer); its histogram has 256 bins
+TOPK_WG = {"gpu": 1024, "cpu": 256}   # TOPK's workgroup (at most: the device may allow fewer)
+# TOPK's radix: digit bits (a 1 << bits bin histogram in shared memory), and the K-th bin's keys
+# staged in shared memory at most (None: as many as the shared memory left over holds, ≤ 8192)
+TOPK_RADIX = {"bits": 11, "staged": None}
 
 
 def topk_tiles(n: int, tile: int) -> int:
@@ -303,14 +306,23 @@ def _topk_push(s, pos, K, tiles, params, cand=None, out=None, groups=1):
                       out.offset if out is not None else 0, out.strides[0] if out is not None else 0])
 
 
-def _topk_spec(op, device, K, tile):
-    """TOPK's spec constants (workgroup, K, tile); K's keys must fit the device's shared memory."""
-    need = 8 * K + 4 * (256 + 16 + 4)
+def _topk_spec(op, device, K, tile, keys=True):
+    """TOPK's spec constants (workgroup, K, tile, bits, staged keys); K's keys (TOPK; TOPK_TILES writes
+    them out) and at least one staged key must fit the device's shared memory."""
+    bits = int(TOPK_RADIX["bits"])
+    if not 4 <= bits <= 16:
+        raise ValueError(f"TOPK_RADIX['bits'] must be in 4..16, got {bits!r}")
+    fixed = 4 * ((1 << bits) + (1 << (bits - bits // 2)) + 5)          # histogram, bin groups, state
     have = device.caps.limits.max_shared_memory
+    need = 8 * K * keys + fixed + 8
     if need > have:
         raise ValueError(f"{op}: k = {K} stages {need} B of keys in shared memory; {device.name} has {have} B "
-                         f"(k at most {(have - 4 * 276) // 8})")
-    return (workgroup_pow2(device, TOPK_WG), K, tile or 1)
+                         f"(k at most {(have - fixed - 8) // 8})")
+    staged = (have - need) // 8 + 1
+    if TOPK_RADIX["staged"] is not None:
+        staged = max(1, min(staged, int(TOPK_RADIX["staged"])))
+    wg = TOPK_WG["cpu" if device.caps.is_cpu else "gpu"]
+    return (workgroup_pow2(device, wg), K, tile or 1, bits, min(staged, 8192))
 
 
 @register
@@ -334,7 +346,7 @@ class TopKTiles(OpDef):
         push = _topk_push(s, pos, K, tiles, node.params, cand=node.output, groups=groups)
         return [Launch("topk", [s, pos if pos is not None else s, node.output], (2,), push,
                        grid_1d(s.shape[0] * groups, 1), defines={"PART": 1},
-                       spec=_topk_spec(self.name, device, K, tile))]
+                       spec=_topk_spec(self.name, device, K, tile, keys=False))]
 
     def reference(self, scores, pos=None, k=1, tile=1, rate=1, capacity=1 << 30):
         raise ValueError("TOPK_TILES's candidates are checked through the TOPK that merges them")
