@@ -4,7 +4,7 @@ PY      := .venv/bin/python
 APT_PKGS := mesa-vulkan-drivers libvulkan1 glslang-tools vulkan-validationlayers
 STAMP   := .venv/.installed
 
-.PHONY: setup demo test wheel-check info eval bench clean
+.PHONY: setup demo test test-quick wheel-check info eval bench clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,12 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# the suite without its runs at the other lavapipe subgroup sizes, under the validation layer, on
+# the staging path and of the GPU tools' dry runs (each a child process re-running many tests)
+QUICK := not subgroup_size and not subgroup_sizes and not staging_path and not validation and not dry_run
+test-quick: setup
+	$(PY) -m pytest -q -k "$(QUICK)"
 
 # build the wheel from the committed tree, install it in a fresh venv, run it without glslangValidator
 wheel-check: setup
