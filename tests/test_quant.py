@@ -199,6 +199,18 @@ def test_gemv_rows_per_cluster_on_the_cpu_lowering(rng, monkeypatch):
     check_mul_mat(rng)
 
 
+@pytest.mark.parametrize("rows,as_gpu", [(4, False), (2, True), (4, True)])
+def test_expert_sum_rows_per_cluster(rows, as_gpu, rng, monkeypatch, device):
+    """MUL_MAT_ID's weighted sum over quantised experts with 2 or 4 output rows a cluster (N not a
+    multiple of them: clamped rows not stored)."""
+    from dsv4_vk.ops import moe
+    if as_gpu:
+        monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    monkeypatch.setitem(moe.MUL_MAT_ID_UNROLL, "rows", rows)
+    check_mul_mat_id(rng)
+    check_shared_expert_in_the_same_dispatch(rng)
+
+
 @pytest.mark.parametrize("spread,rows", [(None, 1), (0, 1), (None, 4), (0, 2)])
 def test_kernels_as_on_a_gpu(spread, rows, rng, monkeypatch, device):
     """Lowered for a GPU: lane clusters over K, GEMV outputs reduced by a workgroup (spread None) or
@@ -427,9 +439,11 @@ def worker():
     from dsv4_vk.vk import default_device
     print(f"worker: subgroup size {default_device().subgroup_size}")
     kernel_checks(np.random.default_rng(7))
-    mul_mat.GEMV_QUANT_ROWS["rows"] = 2
+    from dsv4_vk.ops import moe
+    mul_mat.GEMV_QUANT_ROWS["rows"] = moe.MUL_MAT_ID_UNROLL["rows"] = 2
     check_mul_mat(np.random.default_rng(8))
-    mul_mat.GEMV_QUANT_ROWS["rows"] = 1
+    check_mul_mat_id(np.random.default_rng(9))
+    mul_mat.GEMV_QUANT_ROWS["rows"], moe.MUL_MAT_ID_UNROLL["rows"] = 1, None
     print("worker: kernels ok")
     for name in FIXTURES:
         for fused in (True, False):

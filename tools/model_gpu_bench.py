@@ -32,7 +32,8 @@ ratios; ";" between variants, "," between knobs of one: fold_mb (norms folded on
 reading at most this many MiB of weights a token, model.build.NORM_FOLD), gemv_unroll,
 gemv_spread (0: subgroup-lane clusters only) (ops.mul_mat.GEMV_UNROLL), gemv_rows (output rows a
 GEMV cluster over quantised weights, ops.mul_mat.GEMV_QUANT_ROWS), moe_unroll, moe_routes,
-moe_wg (ops.moe.MUL_MAT_ID_UNROLL), indexer (1: CSA layers run their indexer even where its
+moe_wg, moe_rows (the sum's output rows a cluster over quantised experts; ops.moe.MUL_MAT_ID_UNROLL),
+indexer (1: CSA layers run their indexer even where its
 top-k keeps every entry the cache can hold, as at this preset's 1024-token cache;
 model.build.INDEXER), mqa_literal (1: MQA_ATTENTION's per-lane arrays with literal sizes,
 ops.v4_attention.MQA_ARRAYS), mix_wg (the first site's HC_MIX workgroup size: smaller ones split
@@ -95,6 +96,7 @@ KNOBS = {"fold_mb": (build.NORM_FOLD, "max_bytes", lambda v: int(float(v) * 2**2
          "moe_unroll": (moe.MUL_MAT_ID_UNROLL, "unroll", int),
          "moe_routes": (moe.MUL_MAT_ID_UNROLL, "routes", int),
          "moe_wg": (moe.MUL_MAT_ID_UNROLL, "wg", int),
+         "moe_rows": (moe.MUL_MAT_ID_UNROLL, "rows", int),
          "indexer": (build.INDEXER, "always", lambda v: bool(int(v))),
          "mqa_literal": (v4_attention.MQA_ARRAYS, "literal", lambda v: bool(int(v))),
          "mix_wg": (mix_kernels.MIX_TUNING, "wg", int),

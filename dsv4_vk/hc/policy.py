@@ -159,7 +159,7 @@ def variants(device):
 
 # --- resolution ----------------------------------------------------------------------------------------
 
-_resolved: dict[int, tuple] = {}     # id(device) -> (device, {op: Choice})
+_resolved: dict[int, tuple] = {}     # id(device) -> (the device by weak reference where it takes one, {op: Choice})
 _generation = [0]
 
 

@@ -80,7 +80,9 @@ class MoeRoute(OpDef):
 # Alone, 4 routes with unroll 2 were faster than the default (tools/bench_moe.py,
 # results/h200/moe_h200.txt); in the model, as a specialization constant, they were slower.
 # Left at 1 until the literal form is measured in the model beside "wg".
-MUL_MAT_ID_UNROLL = {"unroll": None, "routes": None, "wg": None}
+MUL_MAT_ID_UNROLL = {"unroll": None, "routes": None, "wg": None, "rows": None}
+# "rows": mode="sum" over quantised experts, output rows a cluster (1, 2 or 4; spec constant 2):
+# each x load serves that many rows. None: 1 until measured on a GPU.
 
 
 @register
@@ -221,15 +223,20 @@ class MulMatId(OpDef):
         defs.update(fmt.define() if fmt else weight_defines(w))
         if shared:
             defs["SHARED_FP8"] = 1
-        items = T * R * cols if mode == "swiglu" else T * cols
+        nr = (MUL_MAT_ID_UNROLL["rows"] or 1) if mode == "sum" and fmt else 1
+        if nr not in (1, 2, 4):
+            raise ValueError(f"MUL_MAT_ID_UNROLL['rows'] must be 1, 2 or 4, got {nr!r}")
+        items = T * R * cols if mode == "swiglu" else T * -(-cols // nr)
         unroll = MUL_MAT_ID_UNROLL["unroll"] or (1 if is_cpu(device) else 4)
         if mode == "sum":         # a power of two ≤ 8 (the shader's variants), at most R's; quantised: 1
             routes = 1 if fmt else MUL_MAT_ID_UNROLL["routes"] or 1
             defs["ROUTES"] = min(1 << (int(routes).bit_length() - 1), next_pow2(R), 8)
+        rows = (nr,) if mode == "sum" else ()
         if wg:
-            return [Launch("mul_mat_id", args, (out_index,), push, grid_1d(items, 1), defines=defs, spec=(wg, unroll))]
+            return [Launch("mul_mat_id", args, (out_index,), push, grid_1d(items, 1), defines=defs,
+                           spec=(wg, unroll) + rows)]
         return [Launch("mul_mat_id", args, (out_index,), push, grid_1d(items, 256 // defs["LANES"]),
-                       defines=defs, spec=(256, unroll), **extra)]
+                       defines=defs, spec=(256, unroll) + rows, **extra)]
 
     def reference(self, x, w, route, *rest, mode=None, limit=None, rms_eps=None, wq=None, grid_rows=None,
                   id_base=0, n_ids=None, shared_wq=None, shared_grid_rows=None):
