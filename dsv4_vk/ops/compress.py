@@ -249,11 +249,14 @@ def reference_topk(scores, k, pos=None, rate=1, capacity=1 << 30):
     return out
 
 
-TOPK_TILE = {"entries": 4096}   # TOPK_TILES: entries a workgroup selects from (then one merge per row)
-TOPK_WG = {"gpu": 1024, "cpu": 256}   # TOPK's workgroup (at most: the device may allow fewer)
-# TOPK's radix: digit bits (a 1 << bits bin histogram in shared memory), and the K-th bin's keys
-# staged in shared memory at most (None: as many as the shared memory left over holds, ≤ 8192)
-TOPK_RADIX = {"bits": 11, "staged": None}
+TOPK_TILE = {"entries": 8192}   # TOPK_TILES: entries a workgroup selects from (then one merge per row)
+# TOPK's workgroup (at most: the device may allow fewer) and radix digit bits (a 1 << bits bin
+# histogram in shared memory), by device type: a GPU wants many loads in flight and few passes; a
+# CPU device runs a workgroup's invocations in turn, every bin cleared and scanned each pass
+TOPK_WG = {"gpu": 1024, "cpu": 64}
+TOPK_BITS = {"gpu": 11, "cpu": 8}
+TOPK_STAGED = {"keys": None}   # the K-th bin's keys staged in shared memory at most (None: all the
+                               # shared memory left over holds, ≤ 8192; tests lower it)
 
 
 def topk_tiles(n: int, tile: int) -> int:
@@ -309,9 +312,10 @@ def _topk_push(s, pos, K, tiles, params, cand=None, out=None, groups=1):
 def _topk_spec(op, device, K, tile, keys=True):
     """TOPK's spec constants (workgroup, K, tile, bits, staged keys); K's keys (TOPK; TOPK_TILES writes
     them out) and at least one staged key must fit the device's shared memory."""
-    bits = int(TOPK_RADIX["bits"])
+    kind = "cpu" if device.caps.is_cpu else "gpu"
+    bits = int(TOPK_BITS[kind])
     if not 4 <= bits <= 16:
-        raise ValueError(f"TOPK_RADIX['bits'] must be in 4..16, got {bits!r}")
+        raise ValueError(f"TOPK_BITS[{kind!r}] must be in 4..16, got {bits!r}")
     fixed = 4 * ((1 << bits) + (1 << (bits - bits // 2)) + 5)          # histogram, bin groups, state
     have = device.caps.limits.max_shared_memory
     need = 8 * K * keys + fixed + 8
@@ -319,10 +323,9 @@ def _topk_spec(op, device, K, tile, keys=True):
         raise ValueError(f"{op}: k = {K} stages {need} B of keys in shared memory; {device.name} has {have} B "
                          f"(k at most {(have - fixed - 8) // 8})")
     staged = (have - need) // 8 + 1
-    if TOPK_RADIX["staged"] is not None:
-        staged = max(1, min(staged, int(TOPK_RADIX["staged"])))
-    wg = TOPK_WG["cpu" if device.caps.is_cpu else "gpu"]
-    return (workgroup_pow2(device, wg), K, tile or 1, bits, min(staged, 8192))
+    if TOPK_STAGED["keys"] is not None:
+        staged = max(1, min(staged, int(TOPK_STAGED["keys"])))
+    return (workgroup_pow2(device, TOPK_WG[kind]), K, tile or 1, bits, min(staged, 8192))
 
 
 @register
