@@ -54,14 +54,14 @@ const uint GROUP = 1u << (BITS / 2u);          // bins a group of the scan sums
 const uint NGROUPS = BINS / GROUP;
 const uint U = 8u;                             // entries an invocation loads before using them
 const uint NONE = 0xFFFFFFFFu;
-shared uint hist[BINS];
-shared uint gsum[NGROUPS];
-shared uint st_digit, st_need, st_cnt, st_slot, st_staged;
-shared uint stage_hi[CAND], stage_lo[CAND];
 #if !defined(PART)
 shared uvec4 key_hi[(KCAP + 3u) / 4u];         // the selected keys' high words, read 4 at a time
 shared uint key_lo[KCAP];
 #endif
+shared uint hist[BINS];
+shared uint gsum[NGROUPS];
+shared uint stage_hi[CAND], stage_lo[CAND];
+shared uint st_digit, st_need, st_cnt, st_slot, st_staged;
 
 // order-preserving bits of a finite score (−0 as +0: equal scores tie by index), 0 if not finite
 uint ordered(float x) {
