@@ -316,7 +316,7 @@ def _topk_spec(op, device, K, tile, keys=True):
     bits = int(TOPK_BITS[kind])
     if not 4 <= bits <= 16:
         raise ValueError(f"TOPK_BITS[{kind!r}] must be in 4..16, got {bits!r}")
-    fixed = 4 * ((1 << bits) + (1 << (bits - bits // 2)) + 5)          # histogram, bin groups, state
+    fixed = 4 * ((1 << bits) + (1 << (bits - bits // 2)) + 5) + 64     # histogram, bin groups, state, alignment
     have = device.caps.limits.max_shared_memory
     need = 8 * K * keys + fixed + 8
     if need > have:
