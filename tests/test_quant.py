@@ -194,19 +194,19 @@ def test_kernels_match_a_float64_dequantisation(rng):
     kernel_checks(rng)
 
 
-def test_gemv_rows_per_cluster_on_the_cpu_lowering(rng, monkeypatch):
-    monkeypatch.setitem(mul_mat.GEMV_QUANT_ROWS, "rows", 4)
+def test_gemv_rows_per_cluster_on_the_cpu_lowering(tune, rng, monkeypatch):
+    tune({"gemv_quant.rows": 4})
     check_mul_mat(rng)
 
 
 @pytest.mark.parametrize("spread,rows", [(None, 1), (0, 1), (None, 4), (0, 2)])
-def test_kernels_as_on_a_gpu(spread, rows, rng, monkeypatch, device):
+def test_kernels_as_on_a_gpu(tune, spread, rows, rng, monkeypatch, device):
     """Lowered for a GPU: lane clusters over K, GEMV outputs reduced by a workgroup (spread None) or
     by subgroup-lane clusters, 8 tokens a GEMV cluster, 4 loads in flight; at one token 1, 2 or 4
     output rows a cluster (N not a multiple of them: clamped rows not stored)."""
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
-    monkeypatch.setitem(mul_mat.GEMV_UNROLL, "spread", spread)
-    monkeypatch.setitem(mul_mat.GEMV_QUANT_ROWS, "rows", rows)
+    tune({"gemv.spread": spread})
+    tune({"gemv_quant.rows": rows})
     g = Graph()
     g.op("MUL_MAT", g.input("x", (1, 4096)), g.input("w", (37, 1024), "i32"), g.input("s", (8,), "i32"), wq="fp8")
     (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
@@ -415,10 +415,9 @@ def test_logits_match_transformers(name, fused):
     check_fixture(name, fused)
 
 
-def test_shared_expert_in_its_own_dispatches_matches_too(monkeypatch):
+def test_shared_expert_in_its_own_dispatches_matches_too(tune, monkeypatch):
     """The FP8 shared expert run apart from the FP4 routed ones (four MUL_MAT_IDs a layer, not two)."""
-    from dsv4_vk.model import build
-    monkeypatch.setitem(build.SHARED, "fused", False)
+    tune({"shared.fused": False})
     check_fixture("fp8", True)
 
 
@@ -427,9 +426,8 @@ def worker():
     from dsv4_vk.vk import default_device
     print(f"worker: subgroup size {default_device().subgroup_size}")
     kernel_checks(np.random.default_rng(7))
-    mul_mat.GEMV_QUANT_ROWS["rows"] = 2
-    check_mul_mat(np.random.default_rng(8))
-    mul_mat.GEMV_QUANT_ROWS["rows"] = 1
+    with mul_mat.GEMV_QUANT_ROWS.tuned(rows=2):
+        check_mul_mat(np.random.default_rng(8))
     print("worker: kernels ok")
     for name in FIXTURES:
         for fused in (True, False):
