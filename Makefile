@@ -4,7 +4,7 @@ PY      := .venv/bin/python
 APT_PKGS := mesa-vulkan-drivers libvulkan1 glslang-tools vulkan-validationlayers
 STAMP   := .venv/.installed
 
-.PHONY: setup demo test typecheck wheel-check info eval bench clean
+.PHONY: setup demo test test-quick typecheck wheel-check info eval bench clean
 
 setup: $(STAMP)
 
@@ -28,6 +28,12 @@ test: setup
 # mypy over the package and tests/typecheck_api.py (the files and settings: pyproject.toml's [tool.mypy])
 typecheck: setup
 	$(PY) -m mypy
+
+# the suite without its runs at the other lavapipe subgroup sizes, under the validation layer, on
+# the staging path and of the GPU tools' dry runs (each a child process re-running many tests)
+QUICK := not subgroup_size and not subgroup_sizes and not staging_path and not validation and not dry_run
+test-quick: setup
+	$(PY) -m pytest -q -k "$(QUICK)"
 
 # build the wheel from the committed tree, install it in a fresh venv, run it without glslangValidator
 wheel-check: setup

@@ -36,6 +36,8 @@
 // cluster of the dispatch is resident at once, so that chain is the dispatch's time. A literal, not
 // a specialization constant: with [spec][spec]-sized arrays the sum was slower in the model on the
 // H200 (as if they were kept in memory rather than registers).
+// MODE_SUM's spec constant 2, ROWS (ROUTES = 1): output rows a cluster, each x load serving them
+// all (quantised experts: x is read from cache 4 (FP8) or 8 (FP4) times their bytes at one row).
 // -D LANES_WORKGROUP (MODE_SUM): the cluster is the workgroup, one output each: every lane's chain
 // of loads is short and the outputs' workgroups come in waves.
 #include "lanes.glsl"
@@ -93,7 +95,7 @@ layout(binding = 4) readonly buffer G4 { vec4 g4[]; };
 #if defined(MODE_SWIGLU)
 const uint ROWS = 2;                                    // gate and up
 #else
-const uint ROWS = 1;
+layout(constant_id = 2) const uint ROWS = 1;            // MODE_SUM's output rows a cluster (ROUTES = 1)
 #endif
 float ss = 0.0;              // Σ x² of this lane's share of the x row (NORM_X)
 
@@ -221,9 +223,11 @@ void main() {
     }
     if (lane == 0) d[p.d_off + t * p.d_s0 + r * p.d_s1 + f * p.d_s2] = v;
 #elif defined(MODE_SUM)
-    if (item >= p.T * p.N) return;
-    uint n = item % p.N, t = item / p.N;
-    float acc = 0.0;
+    uint NB = (p.N + ROWS - 1) / ROWS;                  // ROWS outputs n0.. a cluster (rows past N:
+    if (item >= p.T * NB) return;                       // clamped for loading, not stored)
+    uint n0 = (item % NB) * ROWS, t = item / NB, n = n0;
+    float acc = 0.0, accs[ROWS];
+    [[unroll]] for (uint i = 0; i < ROWS; ++i) accs[i] = 0.0;
     bool ok = true;
 #if ROUTES == 1
     for (uint r = 0; r < p.R; ++r) {                    // the measured default: a route at a time
@@ -232,13 +236,28 @@ void main() {
         float wt = route[p.r_off + t * p.r_s0 + r * p.r_s1 + p.r_s2];
         uint xb = p.x_off + t * p.x_s0 + r * p.x_s1;
         float a[ROWS];
+        uint wb[ROWS];
 #if defined(SHARED_FP8)
-        if (id == int(p.E)) partial_dots(xb, uint[ROWS](n * S_KW), lane, a, true);
-        else
+        if (id == int(p.E)) {
+            [[unroll]] for (uint i = 0; i < ROWS; ++i) wb[i] = min(n0 + i, p.N - 1) * S_KW;
+            partial_dots(xb, wb, lane, a, true);
+        } else
 #endif
-        partial_dots(xb, uint[ROWS](p.w_off + uint(id) * p.w_s0 + n * p.w_s1), lane, a, false);
-        acc += wt * a[0];
+        {
+            [[unroll]] for (uint i = 0; i < ROWS; ++i) wb[i] = p.w_off + uint(id) * p.w_s0 + min(n0 + i, p.N - 1) * p.w_s1;
+            partial_dots(xb, wb, lane, a, false);
+        }
+        [[unroll]] for (uint i = 0; i < ROWS; ++i) accs[i] += wt * a[i];
     }
+    [[unroll]] for (uint i = 1; i < ROWS; ++i) {        // rows after the first: stored here
+        float s = cluster_sum(accs[i]);
+        uint ni = min(n0 + i, p.N - 1);
+#if defined(HAS_ADD)
+        s += addend[p.a_off + t * p.a_s0 + ni * p.a_s1];
+#endif
+        if (lane == i % LANES && n0 + i < p.N) d[p.d_off + t * p.d_s0 + ni * p.d_s1] = ok ? s : NAN;
+    }
+    acc = accs[0];
 #else
     for (uint r0 = 0; r0 < p.R; r0 += ROUTES) {
         // routes past R (the last group's padding) and invalid ids read a valid row (route R − 1's,

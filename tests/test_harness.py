@@ -320,6 +320,10 @@ CLI_ERRORS = [  # (argv, what the one error line says)
     (["info", "--device", "9" * 5000], "but only"),
     (["floor", "--chain", "4", "--replays", "1", "--copy-mib", "0.25", "--out", "/nonexistent/floor.json"],
      "/nonexistent/floor.json: No such file or directory"),
+    (["floor", "--chain", "4", "--replays", "1", "--copy-mib", "0.25", "--out", "{tmp}/loop"],
+     "/loop: a symbolic link loop"),
+    (["bench", "--plot-from", "{tmp}/loop", "--plot", "{tmp}/p.png"], "/loop: a symbolic link loop"),
+    (["demo", "--checkpoint", "{tmp}/loop"], "/loop' cannot be opened (a symbolic link loop"),
 ]
 
 
@@ -341,12 +345,14 @@ print(json.dumps(out))
 """
 
 
-def test_cli_errors_are_one_line_and_a_nonzero_exit():
+def test_cli_errors_are_one_line_and_a_nonzero_exit(tmp_path):
     """Every error is one `error:` line on stderr and a non-zero exit, never a traceback; a --device the
     user gave is named as such (not as DSV4_VK_DEVICE, which they never set). One child runs them all
     (DSV4_VK_DEVICE unset there), each through the console script's main."""
     env = {k: v for k, v in os.environ.items() if k != "DSV4_VK_DEVICE"}
-    r = subprocess.run([sys.executable, "-c", CLI_CHILD, json.dumps([argv for argv, _ in CLI_ERRORS])],
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    argvs = [[a.format(tmp=tmp_path) for a in argv] for argv, _ in CLI_ERRORS]
+    r = subprocess.run([sys.executable, "-c", CLI_CHILD, json.dumps(argvs)],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     for (argv, message), (rc, err) in zip(CLI_ERRORS, json.loads(r.stdout)):

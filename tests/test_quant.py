@@ -18,11 +18,12 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from dsv4_vk import Executor, Graph
+from dsv4_vk.core.tuning import tuned
 from dsv4_vk.hc.metrics import max_abs, nmse
 from dsv4_vk.model import Model, V4Config
 from dsv4_vk.model.checkpoint import CheckpointError, QuantWeight, load_hf, write_random
 from dsv4_vk.model.config import ConfigError
-from dsv4_vk.ops import get_op, mul_mat
+from dsv4_vk.ops import get_op
 from dsv4_vk.ops.mul_mat import quant_arrays
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -197,6 +198,17 @@ def test_kernels_match_a_float64_dequantisation(rng):
 def test_gemv_rows_per_cluster_on_the_cpu_lowering(tune, rng, monkeypatch):
     tune({"gemv_quant.rows": 4})
     check_mul_mat(rng)
+
+
+@pytest.mark.parametrize("rows,as_gpu", [(4, False), (2, True), (4, True)])
+def test_expert_sum_rows_per_cluster(tune, rows, as_gpu, rng, monkeypatch, device):
+    """MUL_MAT_ID's weighted sum over quantised experts with 2 or 4 output rows a cluster (N not a
+    multiple of them: clamped rows not stored)."""
+    if as_gpu:
+        monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    tune({"mul_mat_id.rows": rows})
+    check_mul_mat_id(rng)
+    check_shared_expert_in_the_same_dispatch(rng)
 
 
 @pytest.mark.parametrize("spread,rows", [(None, 1), (0, 1), (None, 4), (0, 2)])
@@ -426,8 +438,9 @@ def worker():
     from dsv4_vk.vk import default_device
     print(f"worker: subgroup size {default_device().subgroup_size}")
     kernel_checks(np.random.default_rng(7))
-    with mul_mat.GEMV_QUANT_ROWS.tuned(rows=2):
+    with tuned({"gemv_quant.rows": 2, "mul_mat_id.rows": 2}):
         check_mul_mat(np.random.default_rng(8))
+        check_mul_mat_id(np.random.default_rng(9))
     print("worker: kernels ok")
     for name in FIXTURES:
         for fused in (True, False):

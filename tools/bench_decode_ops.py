@@ -15,13 +15,16 @@ variants that decide their speed side by side in one run:
   that sets INDEX_SCORE's layout (heads per step);
 - "topk" (not in the default --only): the indexer's TOPK over --topk-entries closed entries (8192:
   a 32k context), k 512, at tile sizes (TOPK_TILES + TOPK, or one TOPK where a tile holds them
-  all), the same entries in caches 4× and 32× larger, and a quarter of them closed.
+  all), the same entries in caches 4× and 32× larger, and a quarter of them closed; then one TOPK
+  over them at each --topk-variants workgroup size and radix digit width (knobs topk_wg.*,
+  topk_bits.*).
 
 Each row: median over replays of one recorded command buffer, a timestamp after every dispatch
 (summed over the row's dispatches), after the clock warm-up.
 
     python tools/bench_decode_ops.py [--replays 20] [--quick] [--json out.json]
-    python tools/bench_decode_ops.py --only topk [--topk-entries 8192] --json topk.json
+    python tools/bench_decode_ops.py --only topk [--topk-entries 8192] [--topk-variants 1024:11,256:8]
+        --json topk.json
 """
 import argparse
 import json
@@ -148,8 +151,10 @@ def main(argv=None):
                     help="sections to run: mqa, mul_mat, mul_mat_id, rows, select, topk")
     ap.add_argument("--topk-entries", type=int, default=8192, help="topk: closed entries ranked (the indexer's "
                     "at a 32k context)")
-    ap.add_argument("--topk-tiles", default="1024,2048,8192", help="topk: TOPK_TILES tile sizes to sweep beside "
+    ap.add_argument("--topk-tiles", default="1024,2048,4096", help="topk: TOPK_TILES tile sizes to sweep beside "
                     "the default (a tile ≥ the entries: one TOPK dispatch)")
+    ap.add_argument("--topk-variants", default="1024:11,512:11,256:11,1024:8,1024:12",
+                    help="topk: TOPK workgroup sizes and digit bits (WG:BITS, comma-separated) to sweep")
     ap.add_argument("--json", help="write the results to this file")
     args = ap.parse_args(argv)
     ex = Executor(timestamps=True)
@@ -224,6 +229,14 @@ def main(argv=None):
         # must follow the closed entries, not the capacity); then a quarter of them closed
         topk_rows(rng, row, [(n, 4 * n - 1), (4 * n, 4 * n - 1), (32 * n, 4 * n - 1), (n, n - 1)],
                   [None] + [int(t) for t in args.topk_tiles.split(",")])
+        for variant in args.topk_variants.split(","):
+            wg, bits = (int(v) for v in variant.split(":"))
+            scores = rng.standard_normal((1, n)).astype(np.float32)
+            g = Graph(Tuning({"topk_wg.gpu": wg, "topk_wg.cpu": wg, "topk_bits.gpu": bits, "topk_bits.cpu": bits}))
+            g.output("i", compress.topk(g, g.input("s", (1, n)), min(512, n), pos=g.const(np.array([4 * n - 1], np.int32)),
+                                        rate=4, capacity=4 * n, tile=n))
+            row(f"TOPK {n} entries, k {min(512, n)}, workgroup {wg}, {bits}-bit digits", g, {"s": scores}, wg=wg,
+                bits=bits, entries=n, valid=n)
     warm.close()
     if args.json:
         Path(args.json).write_text(json.dumps({"device": ex.device.name, "results": results}, indent=2) + "\n")

@@ -32,7 +32,8 @@ ratios; ";" between variants, "," between knobs of one: fold_mb (norms folded on
 reading at most this many MiB of weights a token, knob norm_fold.max_bytes), gemv_unroll,
 gemv_spread (0: subgroup-lane clusters only) (knobs gemv.unroll, gemv.spread), gemv_rows (output rows a
 GEMV cluster over quantised weights, knob gemv_quant.rows), moe_unroll, moe_routes,
-moe_wg (knobs mul_mat_id.*), indexer (1: CSA layers run their indexer even where its
+moe_wg, moe_rows (the sum's output rows a cluster over quantised experts; knobs mul_mat_id.*),
+indexer (1: CSA layers run their indexer even where its
 top-k keeps every entry the cache can hold, as at this preset's 1024-token cache;
 knob indexer.always), mqa_literal (1: MQA_ATTENTION's per-lane arrays with literal sizes,
 knob mqa_arrays.literal), mix_wg (the first site's HC_MIX workgroup size: smaller ones split
@@ -94,6 +95,7 @@ KNOBS = {"fold_mb": ("norm_fold.max_bytes", lambda v: int(float(v) * 2**20)),   
          "moe_unroll": ("mul_mat_id.unroll", int),
          "moe_routes": ("mul_mat_id.routes", int),
          "moe_wg": ("mul_mat_id.wg", int),
+         "moe_rows": ("mul_mat_id.rows", int),
          "indexer": ("indexer.always", lambda v: bool(int(v))),
          "mqa_literal": ("mqa_arrays.literal", lambda v: bool(int(v))),
          "mix_wg": ("mix.wg", int),

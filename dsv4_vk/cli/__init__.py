@@ -46,7 +46,7 @@ def apply_device(args: argparse.Namespace) -> None:
         choose_default(args.device, "--device")
 
 
-def _error(e: BaseException) -> str:
+def error_line(e: BaseException) -> str:
     """One line for an exception: the message (with the path for an OS error), the type where it says more."""
     if isinstance(e, OSError) and e.strerror:
         if e.filename is None:
@@ -95,5 +95,5 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         if sys.flags.dev_mode:
             raise
-        print(f"error: {_error(e)}", file=sys.stderr)
+        print(f"error: {error_line(e)}", file=sys.stderr)
         return 1

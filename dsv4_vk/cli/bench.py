@@ -25,7 +25,7 @@ import numpy as np
 
 from ..hc import cases as C
 from . import floor as F
-from . import apply_device, parser
+from . import apply_device, error_line, parser
 
 HC3 = ("HC_COMB", "HC_PRE", "HC_POST")
 TARGET_DECODE_RATIO = 40.0
@@ -393,7 +393,7 @@ def main(argv=None):
             print(format_report(doc))
             plot(doc, args.plot)
         except (OSError, ValueError, KeyError, RuntimeError) as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {error_line(e)}", file=sys.stderr)
             return 2
         print(f"wrote {args.plot}")
         return 0

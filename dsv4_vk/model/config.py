@@ -8,6 +8,11 @@ value this backend does not run (another scoring function, a RoPE type other tha
 hc_mult ≠ 4, an odd rope dim...). Keys that change nothing in inference (dropout, aux-loss
 coefficients, `n_shared_experts`, `norm_topk_prob`: V4 always has one shared expert and always
 normalises) are accepted and ignored. `max_ctx` is ours: the decode cache capacity in tokens.
+The model's sizes (SIZE_KEYS, and INDEXER_KEYS where a layer is CSA) must be given: a missing one
+is a ConfigError naming it, never a default. Every value error is a ConfigError naming its key,
+including the bounds the kernels need (eps values within float32, at most 1000 Sinkhorn
+iterations), and a model whose weights cannot fit in this machine's memory is refused with the
+bytes it needs before anything is allocated.
 """
 from __future__ import annotations
 

@@ -259,16 +259,20 @@ def reference_topk(scores, k, pos=None, rate=1, capacity=1 << 30):
 
 
 TOPK_TILE = knob_table(
-    "topk_tile", entries=(4096, "TOPK_TILES: entries a workgroup selects from (then one merge per row)"))
+    "topk_tile", entries=(8192, "TOPK_TILES: entries a workgroup selects from (then one merge per row)"))
+# TOPK's workgroup and radix digit bits by device type: a GPU wants many loads in flight and few
+# passes; a CPU device runs a workgroup's invocations in turn, every bin cleared and scanned each pass
 TOPK_WG = knob_table(
     "topk_wg",
     gpu=(1024, "TOPK's workgroup on GPUs (at most: the device may allow fewer)"),
-    cpu=(256, "TOPK's workgroup on CPU devices (at most: the device may allow fewer)"))
-TOPK_RADIX = knob_table(
-    "topk_radix",
-    bits=(11, "TOPK's radix digit bits (a 1 << bits bin histogram in shared memory; 4..16)"),
-    staged=(None, "the K-th bin's keys staged in shared memory at most (None: as many as the shared memory "
-                  "left over holds, ≤ 8192)"))
+    cpu=(64, "TOPK's workgroup on CPU devices (at most: the device may allow fewer)"))
+TOPK_BITS = knob_table(
+    "topk_bits",
+    gpu=(11, "TOPK's radix digit bits on GPUs (a 1 << bits bin histogram in shared memory; 4..16)"),
+    cpu=(8, "TOPK's radix digit bits on CPU devices (4..16)"))
+TOPK_STAGED = knob_table(
+    "topk_staged", keys=(None, "the K-th bin's keys staged in shared memory at most (None: all the shared memory "
+                               "left over holds, ≤ 8192)"))
 
 
 def topk_tiles(n: int, tile: int) -> int:
@@ -325,20 +329,20 @@ def _topk_fields(s, pos, K, tiles, params, cand=None, out=None, groups=1):
 def _topk_spec(op, device, K, tile, keys=True):
     """TOPK's spec constants (workgroup, K, tile, bits, staged keys); K's keys (TOPK; TOPK_TILES writes
     them out) and at least one staged key must fit the device's shared memory."""
-    bits = int(TOPK_RADIX["bits"])
+    kind = "cpu" if device.caps.is_cpu else "gpu"
+    bits = int(TOPK_BITS[kind])
     if not 4 <= bits <= 16:
-        raise ValueError(f"tuning knob 'topk_radix.bits' must be in 4..16, got {bits!r}")
-    fixed = 4 * ((1 << bits) + (1 << (bits - bits // 2)) + 5)          # histogram, bin groups, state
+        raise ValueError(f"tuning knob 'topk_bits.{kind}' must be in 4..16, got {bits!r}")
+    fixed = 4 * ((1 << bits) + (1 << (bits - bits // 2)) + 5) + 64     # histogram, bin groups, state, alignment
     have = device.caps.limits.max_shared_memory
     need = 8 * K * keys + fixed + 8
     if need > have:
-        raise ValueError(f"{op}: k = {K} stages {need} B of keys in shared memory; {device.name} has {have} B "
-                         f"(k at most {(have - fixed - 8) // 8})")
+        raise ValueError(f"{op}: k = {K} stages {need} B of keys in shared memory (beside a {1 << bits}-bin "
+                         f"histogram); {device.name} has {have} B (k at most {max(0, have - fixed - 8) // 8})")
     staged = (have - need) // 8 + 1
-    if TOPK_RADIX["staged"] is not None:
-        staged = max(1, min(staged, int(TOPK_RADIX["staged"])))
-    wg = TOPK_WG["cpu" if device.caps.is_cpu else "gpu"]
-    return (workgroup_pow2(device, wg), K, tile or 1, bits, min(staged, 8192))
+    if TOPK_STAGED["keys"] is not None:
+        staged = max(1, min(staged, int(TOPK_STAGED["keys"])))
+    return (workgroup_pow2(device, TOPK_WG[kind]), K, tile or 1, bits, min(staged, 8192))
 
 
 @register
@@ -377,7 +381,8 @@ class TopK(OpDef):
     With rate= and capacity= (and pos), row t reads only entries w < min((p + 1) // rate, n) at
     p = pos[0] + t in [0, capacity) (none elsewhere): the indexer's causal bound, so the work follows
     the entries that exist, not n. With cand (TOPK_TILES's output for the same scores, tile=): the
-    merge of the tiles' candidates. Any k ≥ 1 whose 8·k bytes fit the device's shared memory."""
+    merge of the tiles' candidates. Any k ≥ 1 whose 8·k bytes fit the device's shared memory beside
+    the radix histogram (compress.TOPK_BITS)."""
     name, n_inputs = "TOPK", None
     dtypes = ("f32", "i32")
 

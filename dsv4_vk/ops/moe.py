@@ -83,7 +83,9 @@ MUL_MAT_ID_UNROLL = knob_table(
     unroll=(None, "vec4 steps a lane loads before adding them (None: 4 on GPUs, 1 on CPU devices, where "
                   "registers are scarce and loads are cheap)"),
     routes=(None, 'mode="sum"\'s routes loaded together (None: 1; a power of two ≤ 8)'),
-    wg=(None, 'mode="sum": lanes of a workgroup-wide cluster per output (None or 0: subgroup-lane clusters)'))
+    wg=(None, 'mode="sum": lanes of a workgroup-wide cluster per output (None or 0: subgroup-lane clusters)'),
+    rows=(None, 'mode="sum" over quantised experts: output rows a cluster (1, 2 or 4; spec constant 2), each x '
+                'load serving that many rows (None: 1 until measured on a GPU)'))
 
 
 @register
@@ -229,15 +231,20 @@ class MulMatId(OpDef):
         defs.update(fmt.define() if fmt else weight_defines(w))
         if shared:
             defs["SHARED_FP8"] = 1
-        items = T * R * cols if mode == "swiglu" else T * cols
+        nr = (MUL_MAT_ID_UNROLL["rows"] or 1) if mode == "sum" and fmt else 1
+        if nr not in (1, 2, 4):
+            raise ValueError(f"tuning knob 'mul_mat_id.rows' must be 1, 2 or 4, got {nr!r}")
+        items = T * R * cols if mode == "swiglu" else T * -(-cols // nr)
         unroll = MUL_MAT_ID_UNROLL["unroll"] or (1 if is_cpu(device) else 4)
         if mode == "sum":         # a power of two ≤ 8 (the shader's variants), at most R's; quantised: 1
             routes = 1 if fmt else MUL_MAT_ID_UNROLL["routes"] or 1
             defs["ROUTES"] = min(1 << (int(routes).bit_length() - 1), next_pow2(R), 8)
+        rows = (nr,) if mode == "sum" else ()
         if wg:
-            return [Launch("mul_mat_id", args, (out_index,), push, grid_1d(items, 1), defines=defs, spec=(wg, unroll))]
+            return [Launch("mul_mat_id", args, (out_index,), push, grid_1d(items, 1), defines=defs,
+                           spec=(wg, unroll) + rows)]
         return [Launch("mul_mat_id", args, (out_index,), push, grid_1d(items, 256 // defs["LANES"]),
-                       defines=defs, spec=(256, unroll), **extra)]
+                       defines=defs, spec=(256, unroll) + rows, **extra)]
 
     def reference(self, x, w, route, *rest, mode=None, limit=None, rms_eps=None, wq=None, grid_rows=None,
                   id_base=0, n_ids=None, shared_wq=None, shared_grid_rows=None):
