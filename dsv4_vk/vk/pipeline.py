@@ -7,15 +7,11 @@ Shader interface convention (every .comp in shaders/ follows it):
   constants are the shader's own (listed in its header comment);
 - push constants: at most 128 bytes.
 """
-import struct
-
-import numpy as np
-
 from .binding import check, ffi, lib, vk
 from .errors import VulkanError
+from .push import PUSH_SIZE, pack_fields, pack_push  # noqa: F401  (re-exported)
 from .shader import compile_shader
 
-PUSH_SIZE = 128
 _FULL_SUBGROUPS = 0x2       # VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT
 _ALLOW_VARYING = 0x1        # VK_PIPELINE_SHADER_STAGE_CREATE_ALLOW_VARYING_SUBGROUP_SIZE_BIT
 
@@ -196,29 +192,3 @@ class PipelineCache:
         self._set_layouts.clear()
         self._sets.clear()
         self._by_buffer.clear()
-
-
-def pack_push(*fields) -> bytes:
-    """The one push-constant packer: fields (numbers or sequences of numbers, flattened in order)
-    become 4-byte words: Python/numpy floats as float32, integers as uint32 (int32 when negative).
-    Shaders declare their push block as the same sequence of uint/int/float members."""
-    words = []
-
-    def add(v):
-        if isinstance(v, (list, tuple)):
-            for x in v:
-                add(x)
-        elif isinstance(v, (float, np.floating)):
-            words.append(struct.pack("<f", float(v)))
-        elif isinstance(v, (bool, int, np.integer)):
-            i = int(v)
-            if not -2**31 <= i < 2**32:
-                raise ValueError(f"push constant {i} does not fit in 32 bits")
-            words.append(struct.pack("<i" if i < 0 else "<I", i))
-        else:
-            raise ValueError(f"push constant must be a number, got {type(v).__name__} {v!r}")
-    add(list(fields))
-    data = b"".join(words)
-    if len(data) > PUSH_SIZE:
-        raise ValueError(f"push constants of {len(data)} bytes exceed {PUSH_SIZE}")
-    return data

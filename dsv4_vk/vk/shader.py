@@ -126,9 +126,13 @@ def _source_path(name: str) -> Path:
     return path
 
 
+def shader_source(name: str) -> str:
+    """The text of shaders/<name>.comp (without its includes)."""
+    return _source_path(name).read_text()
+
+
 def declared_variants(name: str) -> list[tuple[tuple[str, str], ...]]:
-    path = _source_path(name)
-    return parse_variants(path.read_text(), f"{name}.comp")
+    return parse_variants(shader_source(name), f"{name}.comp")
 
 
 def _sources(path: Path, seen: dict | None = None) -> dict[Path, str]:
