@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; - | PARTIAL | CANDIDATES
+//! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; - | PARTIAL | CANDIDATES
 // SAMPLE: a token per row of logits [T, V], on the device. cfg = (temperature, top_k) (f32 buffer),
 // state = (seed, counter) (i32 buffer). The top_k largest finite logits (ties: the lower id) are
 // found by top_k passes of a cluster argmax; temperature ≤ 0 or top_k = 1 is greedy (the first);
