@@ -59,8 +59,7 @@ shared uint gsum[NGROUPS];
 shared uint st_digit, st_need, st_cnt, st_slot, st_staged;
 shared uint stage_hi[CAND], stage_lo[CAND];
 #if !defined(PART)
-shared uvec4 key_hi[(KCAP + 3u) / 4u];         // the selected keys' high words, read 4 at a time
-shared uint key_lo[KCAP];
+shared uint key_hi[KCAP], key_lo[KCAP];
 #endif
 
 // order-preserving bits of a finite score (−0 as +0: equal scores tie by index), 0 if not finite
@@ -112,12 +111,13 @@ uvec2 fetch(bool staged, uint i, uint count) {
     return staged ? uvec2(stage_hi[i], stage_lo[i]) : item(i);
 }
 
-void put(uint s, uvec2 k) {             // top-K key number s
+void take(uvec2 k) {                    // one of the top K
+    uint s = atomicAdd(st_slot, 1u);
 #if defined(PART)
     cand[out_base + 1u + 2u * s] = k.x;
     cand[out_base + 2u + 2u * s] = k.y;
 #else
-    key_hi[s >> 2u][s & 3u] = k.x;
+    key_hi[s] = k.x;
     key_lo[s] = k.y;
 #endif
 }
@@ -129,18 +129,17 @@ void find_bin(uint need) {
     uint l = gl_LocalInvocationID.x, wg = gl_WorkGroupSize.x;
     for (uint g = l; g < NGROUPS; g += wg) {
         uint s = 0u;
-        [[unroll]] for (uint e = 0u; e < GROUP; ++e) s += hist[g * GROUP + e];
+        for (uint e = 0u; e < GROUP; ++e) s += hist[g * GROUP + e];
         gsum[g] = s;
     }
     barrier();
-    for (uint g = l; g < NGROUPS; g += wg) {            // loops of fixed length: loads in flight together
+    for (uint g = l; g < NGROUPS; g += wg) {
         uint up = 0u;
-        [[unroll]] for (uint e = 0u; e < NGROUPS; ++e) up += e > g ? gsum[e] : 0u;
+        for (uint e = g + 1u; e < NGROUPS; ++e) up += gsum[e];
         if (up < need && need <= up + gsum[g]) {
-            bool found = false;
-            [[unroll]] for (uint e = 0u; e < GROUP; ++e) {
-                uint d = g * GROUP + GROUP - 1u - e, h = hist[d];
-                if (!found && need <= up + h) { st_digit = d; st_need = need - up; st_cnt = h; found = true; }
+            for (uint d = g * GROUP + GROUP; d-- > g * GROUP;) {
+                uint h = hist[d];
+                if (need <= up + h) { st_digit = d; st_need = need - up; st_cnt = h; break; }
                 up += h;
             }
         }
@@ -176,20 +175,15 @@ void select_list() {
     for (uint b = 0u; b < list; b += wg * U) {          // take the bins above; stage the K-th one's
         uvec2 it[U];
         [[unroll]] for (uint u = 0u; u < U; ++u) it[u] = fetch(false, b + u * wg + l, list);
-        bool tk[U], sg[U];
-        uint nt = 0u, ns = 0u;
         [[unroll]] for (uint u = 0u; u < U; ++u) {
+            if (it[u].x == 0u) continue;
             uvec2 h = high_bits(it[u], lo);
-            tk[u] = it[u].x != 0u && (above(h, pre) || (done && h == pre));
-            sg[u] = it[u].x != 0u && staged && !tk[u] && h == pre;
-            nt += uint(tk[u]);
-            ns += uint(sg[u]);
-        }
-        uint s = nt > 0u ? atomicAdd(st_slot, nt) : 0u;          // one reservation an invocation
-        uint z = ns > 0u ? atomicAdd(st_staged, ns) : 0u;
-        [[unroll]] for (uint u = 0u; u < U; ++u) {
-            if (tk[u]) put(s++, it[u]);
-            if (sg[u]) { stage_hi[z] = it[u].x; stage_lo[z] = it[u].y; ++z; }
+            if (above(h, pre) || (done && h == pre)) take(it[u]);
+            else if (staged && h == pre) {
+                uint s = atomicAdd(st_staged, 1u);
+                stage_hi[s] = it[u].x;
+                stage_lo[s] = it[u].y;
+            }
         }
     }
     uvec2 pre0 = pre;
@@ -220,14 +214,9 @@ void select_list() {
         for (uint b = 0u; b < count; b += wg * U) {
             uvec2 it[U];
             [[unroll]] for (uint u = 0u; u < U; ++u) it[u] = fetch(staged, b + u * wg + l, count);
-            bool tk[U];
-            uint nt = 0u;
-            [[unroll]] for (uint u = 0u; u < U; ++u) {
-                tk[u] = it[u].x != 0u && high_bits(it[u], lo0) == pre0 && !above(pre, high_bits(it[u], lo));
-                nt += uint(tk[u]);
-            }
-            uint s = nt > 0u ? atomicAdd(st_slot, nt) : 0u;
-            [[unroll]] for (uint u = 0u; u < U; ++u) if (tk[u]) put(s++, it[u]);
+            [[unroll]] for (uint u = 0u; u < U; ++u)
+                if (it[u].x != 0u && high_bits(it[u], lo0) == pre0 && !above(pre, high_bits(it[u], lo)))
+                    take(it[u]);
         }
     }
     barrier();
@@ -236,34 +225,31 @@ void select_list() {
     if (l == 0u) cand[out_base] = chosen;
 #else
     uint ib = p.i_off + row * p.i_s0;
-    // rank: the selected keys above each one, compared 4 high words a load (the slots past
-    // `chosen` up to a multiple of 4 hold 0, below every selected key); a key's count is split into
-    // `parts` ranges when the workgroup has invocations to spare, summed in hist
-    uint parts = KCAP <= BINS ? max(1u, wg / KCAP) : 1u, quads = (chosen + 3u) / 4u;
-    if (l < quads * 4u - chosen) key_hi[quads - 1u][3u - l] = 0u;
-    if (parts > 1u) for (uint d = l; d < chosen; d += wg) hist[d] = 0u;
-    barrier();
-    uint len = (quads + parts - 1u) / parts;            // quads a part
-    for (uint t = l; t < parts * KCAP; t += wg) {
-        uint s = t % KCAP, part = t / KCAP, q0 = part * len, q1 = min(quads, q0 + len);
-        if (s >= chosen || q0 >= q1) continue;
-        uvec2 me = uvec2(key_hi[s >> 2u][s & 3u], key_lo[s]);
-        uint rank = 0u, eq = 0u;
-        for (uint q = q0; q < q1; ++q) {
-            uvec4 h = key_hi[q];
-            uvec4 gt = uvec4(greaterThan(h, uvec4(me.x))), e = uvec4(equal(h, uvec4(me.x)));
-            rank += gt.x + gt.y + gt.z + gt.w;
-            eq += e.x + e.y + e.z + e.w;
+    uint parts = KCAP <= BINS ? max(1u, wg / KCAP) : 1u;
+    if (parts == 1u) {
+        for (uint s = l; s < chosen; s += wg) {          // rank: the selected keys above this one
+            uvec2 me = uvec2(key_hi[s], key_lo[s]);
+            uint rank = 0u, eq = 0u;
+            for (uint j = 0u; j < chosen; ++j) { uint h = key_hi[j]; rank += uint(h > me.x); eq += uint(h == me.x); }
+            if (eq > 1u) for (uint j = 0u; j < chosen; ++j) rank += uint(key_hi[j] == me.x && key_lo[j] > me.y);
+            idx[ib + rank] = int(~me.y);
         }
-        if (eq > uint(q0 <= s / 4u && s / 4u < q1))        // equal scores besides its own: by index
-            for (uint j = q0 * 4u; j < min(chosen, q1 * 4u); ++j)
-                rank += uint(key_hi[j >> 2u][j & 3u] == me.x && key_lo[j] > me.y);
-        if (parts == 1u) idx[ib + rank] = int(~me.y);
-        else atomicAdd(hist[s], rank);
-    }
-    barrier();
-    if (parts > 1u)
+    } else {                                            // part l / KCAP of key l % KCAP's count
+        for (uint d = l; d < chosen; d += wg) hist[d] = 0u;
+        barrier();
+        uint s = l % KCAP, part = l / KCAP, len = (chosen + parts - 1u) / parts;
+        uint j0 = part * len, j1 = min(chosen, j0 + len);
+        if (s < chosen && part < parts && j0 < j1) {
+            uvec2 me = uvec2(key_hi[s], key_lo[s]);
+            uint rank = 0u, eq = 0u;
+            for (uint j = j0; j < j1; ++j) { uint h = key_hi[j]; rank += uint(h > me.x); eq += uint(h == me.x); }
+            if (eq > uint(j0 <= s && s < j1))
+                for (uint j = j0; j < j1; ++j) rank += uint(key_hi[j] == me.x && key_lo[j] > me.y);
+            atomicAdd(hist[s], rank);
+        }
+        barrier();
         for (uint s = l; s < chosen; s += wg) idx[ib + hist[s]] = int(~key_lo[s]);
+    }
     for (uint r = chosen + l; r < KCAP; r += wg) idx[ib + r] = -1;
 #endif
 }

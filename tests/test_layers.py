@@ -1,6 +1,7 @@
 """The package's floors, checked statically (ast, nothing imported): vk → core → ops → hc → model → cli.
 A module imports only from its own floor or a lower one, and no set of modules imports each other in
-a circle (imports inside functions included: a lazy import is still a dependency)."""
+a circle (imports inside functions included: a lazy import is still a dependency; imports under
+`if TYPE_CHECKING:` are not, since they never run)."""
 import ast
 from pathlib import Path
 
@@ -19,7 +20,11 @@ def _imports(path: Path) -> set[str]:
     mod = _module(path)
     package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):        # type-only imports (under `if TYPE_CHECKING:`) never run
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            node.body = []
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name.startswith("dsv4_vk"))
         elif isinstance(node, ast.ImportFrom):

@@ -255,6 +255,25 @@ def test_topk_without_a_bound_ranks_every_entry(T, n, k, tile, seed):
     np.testing.assert_array_equal(got, compress.reference_topk(s, k))
 
 
+@pytest.mark.parametrize("wg,bits,staged", [(64, 4, 1), (16, 8, None), (256, 11, 3), (32, 12, 1), (128, 7, 50)])
+def test_topk_at_any_workgroup_digit_width_and_staging(monkeypatch, wg, bits, staged):
+    """TOPK's knobs: workgroups smaller and larger than k (ranks counted whole or in parts), digits
+    of 4 to 12 bits (digits across the key's two words, the index's digits where scores tie), and
+    the K-th bin's keys staged in shared memory or, past `staged` of them, selected by passes over
+    the list itself; ties, NaN, ±inf and −1 padding, one tile or many."""
+    monkeypatch.setitem(compress.TOPK_WG, "cpu", wg)
+    monkeypatch.setitem(compress.TOPK_WG, "gpu", wg)
+    monkeypatch.setitem(compress.TOPK_BITS, "cpu", bits)
+    monkeypatch.setitem(compress.TOPK_BITS, "gpu", bits)
+    monkeypatch.setitem(compress.TOPK_STAGED, "keys", staged)
+    rng = np.random.default_rng(bits)
+    for levels, k, tile in ((3, 40, None), (10 ** 6, 100, 64), (0, 7, None)):
+        s = topk_scores(rng, 3, 500, levels, 4)
+        got, bad = run_topk(s, k, 1203, 4, 1 << 20, tile)          # rows see 301..301 of 500 entries
+        assert not bad
+        np.testing.assert_array_equal(got, compress.reference_topk(s, k, np.array([1203]), 4, 1 << 20))
+
+
 @pytest.mark.parametrize("groups", [1, 3, 1000])
 def test_index_score_and_topk_tiles_with_any_workgroups_per_row(rng, monkeypatch, groups):
     """INDEX_SCORE's blocks and TOPK_TILES's tiles shared among `groups` workgroups per row (each

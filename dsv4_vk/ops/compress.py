@@ -316,12 +316,12 @@ def _topk_spec(op, device, K, tile, keys=True):
     bits = int(TOPK_BITS[kind])
     if not 4 <= bits <= 16:
         raise ValueError(f"TOPK_BITS[{kind!r}] must be in 4..16, got {bits!r}")
-    fixed = 4 * ((1 << bits) + (1 << (bits - bits // 2)) + 5)          # histogram, bin groups, state
+    fixed = 4 * ((1 << bits) + (1 << (bits - bits // 2)) + 5) + 64     # histogram, bin groups, state, alignment
     have = device.caps.limits.max_shared_memory
     need = 8 * K * keys + fixed + 8
     if need > have:
-        raise ValueError(f"{op}: k = {K} stages {need} B of keys in shared memory; {device.name} has {have} B "
-                         f"(k at most {(have - fixed - 8) // 8})")
+        raise ValueError(f"{op}: k = {K} stages {need} B of keys in shared memory (beside a {1 << bits}-bin "
+                         f"histogram); {device.name} has {have} B (k at most {max(0, have - fixed - 8) // 8})")
     staged = (have - need) // 8 + 1
     if TOPK_STAGED["keys"] is not None:
         staged = max(1, min(staged, int(TOPK_STAGED["keys"])))
@@ -364,7 +364,8 @@ class TopK(OpDef):
     With rate= and capacity= (and pos), row t reads only entries w < min((p + 1) // rate, n) at
     p = pos[0] + t in [0, capacity) (none elsewhere): the indexer's causal bound, so the work follows
     the entries that exist, not n. With cand (TOPK_TILES's output for the same scores, tile=): the
-    merge of the tiles' candidates. Any k ≥ 1 whose 8·k bytes fit the device's shared memory."""
+    merge of the tiles' candidates. Any k ≥ 1 whose 8·k bytes fit the device's shared memory beside
+    the radix histogram (compress.TOPK_BITS)."""
     name, n_inputs = "TOPK", None
     dtypes = ("f32", "i32")
 
