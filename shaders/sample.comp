@@ -115,7 +115,7 @@ void main() {
     uint lo = c * p.chunk;
     int n = select_top(p.l_off + row * p.l_s0, lo, min(lo + p.chunk, p.V), top_k, vals, ids);
     uint ob = p.o_off + row * p.o_s0 + c * uint(MAX_TOP_K) * 2u;
-    for (int j = int(cluster_lane()); j < MAX_TOP_K; j += LANES) {
+    for (int j = int(cluster_lane()); j < MAX_TOP_K; j += int(LANES)) {
         cand[ob + 2u * uint(j)] = j < n ? vals[j] : NEG_INF;
         cand[ob + 2u * uint(j) + 1u] = j < n ? float(ids[j]) : -1.0;      // ids < 2^24: exact floats
     }
