@@ -4,7 +4,7 @@ Variants. Each shader declares in its header the `-D` define combinations it may
 
     //! variants: OP_ADD | OP_MUL | OP_DIV                    one axis, three alternatives
     //! variants: SG16 | ROWS4 ; - | COEFS                     two axes: their cross product (4)
-    //! variants: MODE_GEMV ; LANES=1,2,4 ; TB=1,2             NAME=a,b,... expands to one alternative each
+    //! variants: MODE_GEMV ; TB=1,2,4 ; - | VEC4              NAME=a,b,... expands to one alternative each
 
 An axis lists alternatives separated by `|`; an alternative is `-` (no define) or defines separated
 by spaces (NAME means NAME=1). Each `//! variants:` line is the cross product of its axes (`;`), and
