@@ -379,6 +379,46 @@ def test_variant_declarations_parse():
         shader_module.parse_variants("//! variants: 9X")
 
 
+
+# The wheel prebuilds every declared variant: shape knobs are specialization constants (one SPIR-V
+# for all their values), so the count follows types and features only. A bound, so it cannot creep.
+VARIANT_BUDGET = 900
+
+
+def test_declared_variants_stay_within_the_budget():
+    counts = {p.stem: len(shader_module.declared_variants(p.stem)) for p in shader_module.shader_dir().glob("*.comp")}
+    top = sorted(counts.items(), key=lambda kv: -kv[1])[:5]
+    assert sum(counts.values()) <= VARIANT_BUDGET, f"{sum(counts.values())} variants, the most in {top}"
+
+
+def test_no_variant_passes_a_specialization_constant_as_a_define():
+    for p in shader_module.shader_dir().glob("*.comp"):
+        named = set(shader_module.spec_constants(p.stem))
+        for key in shader_module.declared_variants(p.stem):
+            assert not named & set(dict(key)), f"{p.name} declares a variant defining {named & set(dict(key))}"
+
+
+def test_named_specialization_constants_are_split_from_the_defines(tmp_path, monkeypatch):
+    assert shader_module.spec_constants("softmax")["LANES"] == 15
+    defines, spec = shader_module.specialize("softmax", {"LANES": np.int64(8), "LANES_SHUFFLE": 1})
+    assert defines == {"LANES_SHUFFLE": 1} and spec == {15: 8}
+    for bad in ("8", 2.0, -1, 1 << 32, True):
+        with pytest.raises(ShaderCompileError, match=r"softmax.comp: LANES=.* is a specialization constant"):
+            shader_module.specialize("softmax", {"LANES": bad, "LANES_SHUFFLE": 1})
+    monkeypatch.setenv("DSV4_VK_CACHE_DIR", str(tmp_path))
+    with pytest.raises(ShaderCompileError, match="LANES name specialization constants, not compile-time defines"):
+        compile_shader("softmax", {"LANES": 8, "LANES_SHUFFLE": 1})
+
+
+def test_pipeline_cache_keys_on_named_specialization_constants(device):
+    from dsv4_vk.vk.errors import VulkanError
+    four = device.pipelines.get("softmax", 2, {"LANES": 4, "LANES_SHUFFLE": 1}, (256,))
+    eight = device.pipelines.get("softmax", 2, {"LANES": 8, "LANES_SHUFFLE": 1}, (256,))
+    assert four is not eight and four.handle != eight.handle
+    assert device.pipelines.get("softmax", 2, {"LANES_SHUFFLE": 1, "LANES": 4}, (256,)) is four
+    with pytest.raises(VulkanError, match=r"constants \[15\] are given both by position"):
+        device.pipelines.get("softmax", 2, {"LANES": 4, "LANES_SHUFFLE": 1}, (256,) + (1,) * 15)
+
 # --- executor params shared by graphs ----------------------------------------------------------------
 
 def test_params_are_shared_by_graphs_and_persist_across_replays(rng):

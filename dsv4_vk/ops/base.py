@@ -175,7 +175,8 @@ def cluster_lanes(device: Any, n: int, per_lane: int = 4, max_lanes: int | None 
     Lanes per cluster: enough for about `per_lane` values each, at most max_lanes and the smallest
     subgroup the device may launch. A whole-subgroup cluster uses subgroupAdd/Max (with the subgroup
     size pinned where the device may vary it); a smaller one a shuffle butterfly; without subgroup
-    ops, one lane."""
+    ops, one lane. LANES is the shader's specialization constant (one SPIR-V for every value); the
+    other define picks the reduction, which gates a subgroup extension."""
     sg = device.caps.subgroup
     lanes = min(max(1, sg.min_size), next_pow2(-(-int(n) // per_lane)), max_lanes or 1 << 30)
     extra = {"full_subgroups": True} if sg.full_subgroups else {}
@@ -185,7 +186,7 @@ def cluster_lanes(device: Any, n: int, per_lane: int = 4, max_lanes: int | None 
         if sg.size_control and sg.required_size_compute:
             return {"LANES": lanes, "LANES_SUBGROUP_OPS": 1}, {**extra, "subgroup_size": lanes}
     if lanes > 1 and sg.supports("basic", "shuffle"):
-        return {"LANES": lanes}, extra
+        return {"LANES": lanes, "LANES_SHUFFLE": 1}, extra
     return {"LANES": 1}, {}
 
 
