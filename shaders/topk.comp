@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: - | PART | MERGE
+//! variants: - | PART | MERGE ; - | SCAN_SUBGROUP | SCAN_FUSED
 // TOPK: idx[t, r] = the entry of rank r among the selectable scores of row t, r < K; slots past
 // the number of selectable scores get −1. Order: descending score, ties to the lower index (the
 // order of torch.topk over the indexer's scores in transformers, model.reference.index_topk).
@@ -16,7 +16,14 @@
 // K-th one and stages the K-th one's keys (at most CAND of them) in shared memory, where the
 // next digits' passes run until a bin holds exactly the keys still needed (where the bin has more
 // than CAND keys, those passes read the list again). Keys are unique, so the result does not depend
-// on the order of the lists. The bin scan sums groups of bins (two levels of ~√bins each).
+// on the order of the lists. The bin scan (find_bin), by define:
+//   -              sums groups of bins (two levels of ~√bins each, serial loops in shared memory);
+//   SCAN_SUBGROUP  a suffix sum over the bins with subgroup operations: each invocation sums a
+//                  run of BINS / WG bins, subgroupExclusiveAdd across the subgroup, one shared
+//                  step across the subgroups (≤ 256 of them);
+//   SCAN_FUSED     SCAN_SUBGROUP with two histograms and two copies of the scan's result: the next
+//                  pass's histogram is cleared while this one fills, and the scan's result is read
+//                  without a barrier before the next pass (3 barriers a pass instead of 5).
 // Variants (one workgroup of WG invocations a list; each invocation loads U entries a round):
 //   -      one workgroup per row selects from the row's scores and writes idx, sorted (each
 //          selected key's rank is the count of selected keys above it, split over WG / K parts
@@ -30,6 +37,16 @@
 // (4..16), 4 CAND (keys of the K-th bin staged in shared memory at most).
 // Push: T, n, K, tiles, groups, rate, capacity, has_pos, s (off, s0), pos_off, cand (off, s0), idx (off, s0).
 #include "common.glsl"
+#if defined(SCAN_FUSED)
+#define SCAN_SUBGROUP 1
+#define NHIST 2u
+#else
+#define NHIST 1u
+#endif
+#if defined(SCAN_SUBGROUP)
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#endif
 layout(constant_id = 1) const uint KCAP = 1;
 layout(constant_id = 2) const uint TILE = 4096;
 layout(constant_id = 3) const uint BITS = 11;
@@ -54,9 +71,13 @@ const uint GROUP = 1u << (BITS / 2u);          // bins a group of the scan sums
 const uint NGROUPS = BINS / GROUP;
 const uint U = 8u;                             // entries an invocation loads before using them
 const uint NONE = 0xFFFFFFFFu;
-shared uint hist[BINS];
+shared uint hist[NHIST * BINS];
+#if defined(SCAN_SUBGROUP)
+shared uint gsum[256];                         // the subgroups' sums (WG / subgroup size ≤ 256: host)
+#else
 shared uint gsum[NGROUPS];
-shared uint st_digit, st_need, st_cnt, st_slot, st_staged;
+#endif
+shared uint st_digit[NHIST], st_need[NHIST], st_cnt[NHIST], st_slot, st_staged;
 shared uint stage_hi[CAND], stage_lo[CAND];
 #if !defined(PART)
 shared uint key_hi[KCAP], key_lo[KCAP];
@@ -122,10 +143,36 @@ void take(uvec2 k) {                    // one of the top K
 #endif
 }
 
-// hist filled: the bin d where the keys of the bins above hold fewer than `need` and d's hold the
-// rest (st_digit, st_need = what d must give, st_cnt = d's keys); st_need stays NONE when all the
-// bins together hold fewer than need
-void find_bin(uint need) {
+// hist[h·BINS ..] filled: the bin d where the keys of the bins above hold fewer than `need` and d's
+// hold the rest (st_digit[h], st_need[h] = what d must give, st_cnt[h] = d's keys); st_need[h] is
+// NONE when all the bins together hold fewer than need (SCAN_SUBGROUP writes it; the plain scan
+// leaves the NONE its caller stored)
+#if defined(SCAN_SUBGROUP)
+void find_bin(uint need, uint h) {
+    uint q = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;   // subgroup order
+    uint run = max(1u, BINS / gl_WorkGroupSize.x);
+    uint top = q * run < BINS ? h * BINS + BINS - q * run : 0u;           // q's run: top − run .. top − 1
+    uint s = 0u;
+    if (top != 0u) for (uint e = 1u; e <= run; ++e) s += hist[top - e];
+    uint up = subgroupExclusiveAdd(s);                  // the keys of the bins above q's run
+    uint tot = subgroupAdd(s);
+    if (subgroupElect()) gsum[gl_SubgroupID] = tot;
+    barrier();
+    for (uint b = 0u; b < gl_SubgroupID; b += gl_SubgroupSize) {          // uniform per subgroup
+        uint i = b + gl_SubgroupInvocationID;
+        up += subgroupAdd(i < gl_SubgroupID ? gsum[i] : 0u);
+    }
+    if (up < need && need <= up + s) {
+        for (uint e = 1u; e <= run; ++e) {
+            uint c = hist[top - e];
+            if (need <= up + c) { st_digit[h] = top - e - h * BINS; st_need[h] = need - up; st_cnt[h] = c; break; }
+            up += c;
+        }
+    } else if (q == gl_WorkGroupSize.x - 1u && up + s < need) st_need[h] = NONE;   // q holds the lowest bins
+    barrier();
+}
+#else
+void find_bin(uint need, uint h) {
     uint l = gl_LocalInvocationID.x, wg = gl_WorkGroupSize.x;
     for (uint g = l; g < NGROUPS; g += wg) {
         uint s = 0u;
@@ -138,14 +185,15 @@ void find_bin(uint need) {
         for (uint e = g + 1u; e < NGROUPS; ++e) up += gsum[e];
         if (up < need && need <= up + gsum[g]) {
             for (uint d = g * GROUP + GROUP; d-- > g * GROUP;) {
-                uint h = hist[d];
-                if (need <= up + h) { st_digit = d; st_need = need - up; st_cnt = h; break; }
-                up += h;
+                uint c = hist[d];
+                if (need <= up + c) { st_digit[h] = d; st_need[h] = need - up; st_cnt[h] = c; break; }
+                up += c;
             }
         }
     }
     barrier();
 }
+#endif
 
 // the top KCAP keys of the workgroup's list (row, first, list set): PART stores them as the tile's
 // candidates, the others rank them and write idx
@@ -153,7 +201,7 @@ void select_list() {
     uint l = gl_LocalInvocationID.x, wg = gl_WorkGroupSize.x;
     barrier();                                          // the previous tile's state read by all
     for (uint d = l; d < BINS; d += wg) hist[d] = 0u;
-    if (l == 0u) { st_need = NONE; st_slot = 0u; st_staged = 0u; }
+    if (l == 0u) { st_need[0] = NONE; st_slot = 0u; st_staged = 0u; }
     barrier();
     uint top = 64u - BITS;                              // the first digit: bits top .. 63
     for (uint b = 0u; b < list; b += wg * U) {
@@ -162,16 +210,21 @@ void select_list() {
         [[unroll]] for (uint u = 0u; u < U; ++u)
             if (it[u].x != 0u) atomicAdd(hist[field(it[u], top, BITS)], 1u);
     }
+#if defined(SCAN_FUSED)
+    for (uint d = l; d < BINS; d += wg) hist[BINS + d] = 0u;   // the next pass's histogram
+#endif
     barrier();
-    find_bin(KCAP);
+    find_bin(KCAP, 0u);
     // pre: the digits decided so far (bits lo .. 63 of the K-th key); need: keys still needed
     // from those that share them; done: all of those are needed
-    uint lo = top, need = st_need, cnt = st_cnt;
-    uvec2 pre = uvec2(st_digit << (top - 32u), 0u);
+    uint lo = top, need = st_need[0], cnt = st_cnt[0];
+    uvec2 pre = uvec2(st_digit[0] << (top - 32u), 0u);
     bool done = need == NONE || need == cnt;
     if (need == NONE) { lo = 64u; pre = uvec2(0u); }   // fewer than K selectable: all of them
     bool staged = !done && cnt <= CAND;
+#if !defined(SCAN_FUSED)
     barrier();                                          // st_* read by all before they change
+#endif
     for (uint b = 0u; b < list; b += wg * U) {          // take the bins above; stage the K-th one's
         uvec2 it[U];
         [[unroll]] for (uint u = 0u; u < U; ++u) it[u] = fetch(false, b + u * wg + l, list);
@@ -188,24 +241,32 @@ void select_list() {
     }
     uvec2 pre0 = pre;
     uint lo0 = lo, count = staged ? cnt : list;
+    uint hb = 0u;                                       // the pass's histogram (SCAN_FUSED: alternating)
     barrier();
     while (!done) {                                     // the next digits among the K-th bin's keys
         uint w = min(BITS, lo), nlo = lo - w;
+#if defined(SCAN_FUSED)
+        hb ^= 1u;                                       // cleared by the previous pass; clear the other
+        for (uint d = l; d < BINS; d += wg) hist[(hb ^ 1u) * BINS + d] = 0u;
+#else
         for (uint d = l; d < BINS; d += wg) hist[d] = 0u;
-        if (l == 0u) st_need = NONE;
+        if (l == 0u) st_need[0] = NONE;
         barrier();
+#endif
         for (uint b = 0u; b < count; b += wg * U) {
             uvec2 it[U];
             [[unroll]] for (uint u = 0u; u < U; ++u) it[u] = fetch(staged, b + u * wg + l, count);
             [[unroll]] for (uint u = 0u; u < U; ++u)
-                if (it[u].x != 0u && high_bits(it[u], lo) == pre) atomicAdd(hist[field(it[u], nlo, w)], 1u);
+                if (it[u].x != 0u && high_bits(it[u], lo) == pre) atomicAdd(hist[hb * BINS + field(it[u], nlo, w)], 1u);
         }
         barrier();
-        find_bin(need);
-        uint d = st_digit;
-        need = st_need;
-        done = need == st_cnt;                          // keys are unique: the last digit ends it
+        find_bin(need, hb);
+        uint d = st_digit[hb];
+        need = st_need[hb];
+        done = need == st_cnt[hb];                      // keys are unique: the last digit ends it
+#if !defined(SCAN_FUSED)
         barrier();
+#endif
         if (nlo >= 32u) pre.x |= d << (nlo - 32u);
         else { pre.y |= d << nlo; if (nlo > 0u) pre.x |= d >> (32u - nlo); }
         lo = nlo;
