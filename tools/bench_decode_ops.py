@@ -16,8 +16,8 @@ variants that decide their speed side by side in one run:
 - "topk" (not in the default --only): the indexer's TOPK over --topk-entries closed entries (8192:
   a 32k context), k 512, at tile sizes (TOPK_TILES + TOPK, or one TOPK where a tile holds them
   all), the same entries in caches 4× and 32× larger, and a quarter of them closed; then one TOPK
-  over them at each --topk-variants workgroup size and radix digit width (compress.TOPK_WG,
-  TOPK_BITS).
+  over them at each --topk-variants workgroup size, radix digit width and bin scan
+  (compress.TOPK_WG, TOPK_BITS, TOPK_SCAN).
 
 Each row: median over replays of one recorded command buffer, a timestamp after every dispatch
 (summed over the row's dispatches), after the clock warm-up.
@@ -155,7 +155,8 @@ def main(argv=None):
     ap.add_argument("--topk-tiles", default="1024,2048,4096", help="topk: TOPK_TILES tile sizes to sweep beside "
                     "the default (a tile ≥ the entries: one TOPK dispatch)")
     ap.add_argument("--topk-variants", default="1024:11,512:11,256:11,1024:8,1024:12",
-                    help="topk: TOPK workgroup sizes and digit bits (WG:BITS, comma-separated) to sweep")
+                    help="topk: TOPK workgroup sizes, digit bits and bin scans (WG:BITS[:SCAN], comma-separated; "
+                    f"SCAN one of {', '.join(sorted(compress.TOPK_SCANS))}, default the device type's) to sweep")
     ap.add_argument("--json", help="write the results to this file")
     args = ap.parse_args(argv)
     ex = Executor(timestamps=True)
@@ -234,20 +235,27 @@ def main(argv=None):
         # must follow the closed entries, not the capacity); then a quarter of them closed
         topk_rows(rng, row, [(n, 4 * n - 1), (4 * n, 4 * n - 1), (32 * n, 4 * n - 1), (n, n - 1)],
                   [None] + [int(t) for t in args.topk_tiles.split(",")])
-        knobs = (dict(compress.TOPK_WG), dict(compress.TOPK_BITS))
+        knobs = (dict(compress.TOPK_WG), dict(compress.TOPK_BITS), dict(compress.TOPK_SCAN))
         for variant in args.topk_variants.split(","):
-            wg, bits = (int(v) for v in variant.split(":"))
+            parts = variant.split(":")
+            if len(parts) not in (2, 3) or (parts[2:] and parts[2] not in compress.TOPK_SCANS):
+                ap.error(f"--topk-variants: expected WG:BITS[:SCAN] with SCAN in {sorted(compress.TOPK_SCANS)}, "
+                         f"got {variant!r}")
+            wg, bits = int(parts[0]), int(parts[1])
+            scan = parts[2] if parts[2:] else knobs[2]["cpu" if ex.device.caps.is_cpu else "gpu"]
             compress.TOPK_WG.update(gpu=wg, cpu=wg)
             compress.TOPK_BITS.update(gpu=bits, cpu=bits)
+            compress.TOPK_SCAN.update(gpu=scan, cpu=scan)
             ex = Executor(ex.device, timestamps=True)    # graphs are cached by signature: compile afresh
             scores = rng.standard_normal((1, n)).astype(np.float32)
             g = Graph()
             g.output("i", compress.topk(g, g.input("s", (1, n)), min(512, n), pos=g.const(np.array([4 * n - 1], np.int32)),
                                         rate=4, capacity=4 * n, tile=n))
-            row(f"TOPK {n} entries, k {min(512, n)}, workgroup {wg}, {bits}-bit digits", g, {"s": scores}, wg=wg,
-                bits=bits, entries=n, valid=n)
+            row(f"TOPK {n} entries, k {min(512, n)}, workgroup {wg}, {bits}-bit digits, {scan} scan", g, {"s": scores},
+                wg=wg, bits=bits, scan=scan, entries=n, valid=n)
         compress.TOPK_WG.update(knobs[0])
         compress.TOPK_BITS.update(knobs[1])
+        compress.TOPK_SCAN.update(knobs[2])
     warm.close()
     if args.json:
         Path(args.json).write_text(json.dumps({"device": ex.device.name, "results": results}, indent=2) + "\n")
