@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: - | PART | MERGE ; - | SCAN_SUBGROUP | SCAN_FUSED
+//! variants: - | PART | MERGE ; - | SCAN_SUBGROUP | SCAN_FUSED ; - | SPREAD
 // TOPK: idx[t, r] = the entry of rank r among the selectable scores of row t, r < K; slots past
 // the number of selectable scores get −1. Order: descending score, ties to the lower index (the
 // order of torch.topk over the indexer's scores in transformers, model.reference.index_topk).
@@ -24,6 +24,11 @@
 //   SCAN_FUSED     SCAN_SUBGROUP with two histograms and two copies of the scan's result: the next
 //                  pass's histogram is cleared while this one fills, and the scan's result is read
 //                  without a barrier before the next pass (3 barriers a pass instead of 5).
+// SPREAD: the first pass's digit is not the key's top BITS bits but a linear map of its high word
+// (ordered score bits) from the list's least to its greatest onto the bins, so that clustered
+// scores (the indexer's ReLU sums share a few exponents) spread over the bins; the map is
+// monotone, so the K-th bin's keys are still those between two keys, resolved by the radix passes
+// from the highest bit where those keys differ (their AND and OR). Needs subgroup arithmetic.
 // Variants (one workgroup of WG invocations a list; each invocation loads U entries a round):
 //   -      one workgroup per row selects from the row's scores and writes idx, sorted (each
 //          selected key's rank is the count of selected keys above it, split over WG / K parts
@@ -43,7 +48,7 @@
 #else
 #define NHIST 1u
 #endif
-#if defined(SCAN_SUBGROUP)
+#if defined(SCAN_SUBGROUP) || defined(SPREAD)
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #endif
@@ -78,6 +83,7 @@ shared uint gsum[256];                         // the subgroups' sums (WG / subg
 shared uint gsum[NGROUPS];
 #endif
 shared uint st_digit[NHIST], st_need[NHIST], st_cnt[NHIST], st_slot, st_staged;
+shared uint sp_min, sp_max, and_hi, and_lo, or_hi, or_lo;   // SPREAD: the map; the K-th bin's prefix
 shared uint stage_hi[CAND], stage_lo[CAND];
 #if !defined(PART)
 shared uint key_hi[KCAP], key_lo[KCAP];
@@ -123,6 +129,16 @@ uvec2 item(uint i) {
 #else
     uint w = first + i;
     return uvec2(ordered(sc[p.s_off + row * p.s_s0 + w]), ~w);
+#endif
+}
+
+// the first pass's digit of the selectable key k
+float sp_scale;
+uint first_digit(uvec2 k) {
+#if defined(SPREAD)
+    return min(BINS - 1u, uint(float(k.x - sp_min) * sp_scale));
+#else
+    return field(k, 64u - BITS, BITS);
 #endif
 }
 
@@ -201,14 +217,33 @@ void select_list() {
     uint l = gl_LocalInvocationID.x, wg = gl_WorkGroupSize.x;
     barrier();                                          // the previous tile's state read by all
     for (uint d = l; d < BINS; d += wg) hist[d] = 0u;
-    if (l == 0u) { st_need[0] = NONE; st_slot = 0u; st_staged = 0u; }
+    if (l == 0u) {
+        st_need[0] = NONE; st_slot = 0u; st_staged = 0u;
+        sp_min = NONE; sp_max = 0u; and_hi = NONE; and_lo = NONE; or_hi = 0u; or_lo = 0u;
+    }
     barrier();
+#if defined(SPREAD)
+    {                                                   // the least and greatest selectable high words
+        uint mn = NONE, mx = 0u;
+        for (uint b = 0u; b < list; b += wg * U) {
+            uvec2 it[U];
+            [[unroll]] for (uint u = 0u; u < U; ++u) it[u] = fetch(false, b + u * wg + l, list);
+            [[unroll]] for (uint u = 0u; u < U; ++u)
+                if (it[u].x != 0u) { mn = min(mn, it[u].x); mx = max(mx, it[u].x); }
+        }
+        mn = subgroupMin(mn);
+        mx = subgroupMax(mx);
+        if (subgroupElect()) { atomicMin(sp_min, mn); atomicMax(sp_max, mx); }
+        barrier();
+        sp_scale = float(BINS) / (float(sp_max - sp_min) + 1.0);   // unused when nothing is selectable
+    }
+#endif
     uint top = 64u - BITS;                              // the first digit: bits top .. 63
     for (uint b = 0u; b < list; b += wg * U) {
         uvec2 it[U];
         [[unroll]] for (uint u = 0u; u < U; ++u) it[u] = fetch(false, b + u * wg + l, list);
         [[unroll]] for (uint u = 0u; u < U; ++u)
-            if (it[u].x != 0u) atomicAdd(hist[field(it[u], top, BITS)], 1u);
+            if (it[u].x != 0u) atomicAdd(hist[first_digit(it[u])], 1u);
     }
 #if defined(SCAN_FUSED)
     for (uint d = l; d < BINS; d += wg) hist[BINS + d] = 0u;   // the next pass's histogram
@@ -217,10 +252,10 @@ void select_list() {
     find_bin(KCAP, 0u);
     // pre: the digits decided so far (bits lo .. 63 of the K-th key); need: keys still needed
     // from those that share them; done: all of those are needed
-    uint lo = top, need = st_need[0], cnt = st_cnt[0];
-    uvec2 pre = uvec2(st_digit[0] << (top - 32u), 0u);
+    uint lo = top, need = st_need[0], cnt = st_cnt[0], d0 = st_digit[0];
     bool done = need == NONE || need == cnt;
-    if (need == NONE) { lo = 64u; pre = uvec2(0u); }   // fewer than K selectable: all of them
+    if (need == NONE) d0 = 0u;                          // fewer than K selectable: all of them
+    uvec2 pre = uvec2(d0 << (top - 32u), 0u);
     bool staged = !done && cnt <= CAND;
 #if !defined(SCAN_FUSED)
     barrier();                                          // st_* read by all before they change
@@ -230,19 +265,32 @@ void select_list() {
         [[unroll]] for (uint u = 0u; u < U; ++u) it[u] = fetch(false, b + u * wg + l, list);
         [[unroll]] for (uint u = 0u; u < U; ++u) {
             if (it[u].x == 0u) continue;
-            uvec2 h = high_bits(it[u], lo);
-            if (above(h, pre) || (done && h == pre)) take(it[u]);
-            else if (staged && h == pre) {
-                uint s = atomicAdd(st_staged, 1u);
-                stage_hi[s] = it[u].x;
-                stage_lo[s] = it[u].y;
+            uint f = first_digit(it[u]);
+            if (f > d0 || (done && f == d0)) take(it[u]);
+            else if (f == d0) {
+                if (staged) {
+                    uint s = atomicAdd(st_staged, 1u);
+                    stage_hi[s] = it[u].x;
+                    stage_lo[s] = it[u].y;
+                }
+#if defined(SPREAD)
+                atomicAnd(and_hi, it[u].x); atomicAnd(and_lo, it[u].y);
+                atomicOr(or_hi, it[u].x); atomicOr(or_lo, it[u].y);
+#endif
             }
         }
     }
-    uvec2 pre0 = pre;
-    uint lo0 = lo, count = staged ? cnt : list;
+    uint count = staged ? cnt : list;
     uint hb = 0u;                                       // the pass's histogram (SCAN_FUSED: alternating)
+    bool ran = !done;
     barrier();
+#if defined(SPREAD)
+    if (!done) {                                        // the K-th bin's keys share bits lo .. 63 (≥ 2 unique keys)
+        uint xh = or_hi ^ and_hi, xl = or_lo ^ and_lo;
+        lo = xh != 0u ? 33u + uint(findMSB(xh)) : uint(findMSB(xl)) + 1u;
+        pre = high_bits(uvec2(and_hi, and_lo), lo);
+    }
+#endif
     while (!done) {                                     // the next digits among the K-th bin's keys
         uint w = min(BITS, lo), nlo = lo - w;
 #if defined(SCAN_FUSED)
@@ -257,7 +305,11 @@ void select_list() {
             uvec2 it[U];
             [[unroll]] for (uint u = 0u; u < U; ++u) it[u] = fetch(staged, b + u * wg + l, count);
             [[unroll]] for (uint u = 0u; u < U; ++u)
-                if (it[u].x != 0u && high_bits(it[u], lo) == pre) atomicAdd(hist[hb * BINS + field(it[u], nlo, w)], 1u);
+                if (it[u].x != 0u && high_bits(it[u], lo) == pre
+#if defined(SPREAD)
+                    && (staged || first_digit(it[u]) == d0)     // bits lo .. 63 alone do not tell the bin
+#endif
+                   ) atomicAdd(hist[hb * BINS + field(it[u], nlo, w)], 1u);
         }
         barrier();
         find_bin(need, hb);
@@ -271,12 +323,12 @@ void select_list() {
         else { pre.y |= d << nlo; if (nlo > 0u) pre.x |= d >> (32u - nlo); }
         lo = nlo;
     }
-    if (lo != lo0) {                                    // take the K-th bin's keys at or above the K-th key
+    if (ran) {                                      // take the K-th bin's keys at or above the K-th key
         for (uint b = 0u; b < count; b += wg * U) {
             uvec2 it[U];
             [[unroll]] for (uint u = 0u; u < U; ++u) it[u] = fetch(staged, b + u * wg + l, count);
             [[unroll]] for (uint u = 0u; u < U; ++u)
-                if (it[u].x != 0u && high_bits(it[u], lo0) == pre0 && !above(pre, high_bits(it[u], lo)))
+                if (it[u].x != 0u && first_digit(it[u]) == d0 && !above(pre, high_bits(it[u], lo)))
                     take(it[u]);
         }
     }

@@ -195,31 +195,35 @@ def test_index_score(rng, monkeypatch, heads, T, nh, hd, n, rate, p0):
     check(got[closed], ref[closed], bad)
 
 
-SCANS = sorted(compress.TOPK_SCANS)    # every TOPK bin scan (shaders/topk.comp), each case at each
+# every TOPK bin scan (shaders/topk.comp), with the first digit of the key's bits or (+spread) of
+# the row's score range: each case at each
+SCANS = sorted(compress.TOPK_SCANS) + [f"{s}+spread" for s in sorted(compress.TOPK_SCANS)]
 
 
 @contextlib.contextmanager
 def topk_scan(scan):
-    """compress.TOPK_SCAN set to scan on every device type while inside (hypothesis tests cannot take
-    monkeypatch)."""
-    old = dict(compress.TOPK_SCAN)
-    compress.TOPK_SCAN.update(gpu=scan, cpu=scan)
+    """compress.TOPK_SCAN (and TOPK_SPREAD, "+spread") set to scan on every device type while inside
+    (hypothesis tests cannot take monkeypatch)."""
+    old = dict(compress.TOPK_SCAN), dict(compress.TOPK_SPREAD)
+    name, _, spread = scan.partition("+")
+    compress.TOPK_SCAN.update(gpu=name, cpu=name)
+    compress.TOPK_SPREAD.update(gpu=bool(spread), cpu=bool(spread))
     try:
         yield
     finally:
-        compress.TOPK_SCAN.update(old)
+        compress.TOPK_SCAN.update(old[0])
+        compress.TOPK_SPREAD.update(old[1])
 
 
 @pytest.mark.parametrize("scan", SCANS)
 @pytest.mark.parametrize("T,n,k", [(1, 9, 4), (5, 300, 100), (2, 70, 512), (3, 1000, 65), (2, 2500, 300)])
-def test_topk(rng, monkeypatch, scan, T, n, k):
-    monkeypatch.setitem(compress.TOPK_SCAN, "cpu", scan)
-    monkeypatch.setitem(compress.TOPK_SCAN, "gpu", scan)
+def test_topk(rng, scan, T, n, k):
     s = f32(rng, T, n)
     s[:, rng.integers(0, n, n // 5)] = -np.inf                     # masked entries
     s[0, :3] = s[0, 3]                                             # ties go to the lower index
     s[-1, rng.integers(0, n, 2)] = [np.nan, np.inf]                # never ranked, never ahead of a finite one
-    got, ref, bad = run("TOPK", [s], {"k": k})
+    with topk_scan(scan):
+        got, ref, bad = run("TOPK", [s], {"k": k})
     assert not bad and np.array_equal(got, ref)
 
 
@@ -245,7 +249,7 @@ def run_topk(s, k, pos=None, rate=1, capacity=None, tile=None):
 
 
 @pytest.mark.parametrize("scan", SCANS)
-@settings(max_examples=8, deadline=None, database=None)
+@settings(max_examples=5, deadline=None, database=None)
 @given(T=st.integers(1, 5), n=st.integers(1, 700), k=st.integers(1, 300), tile=st.sampled_from([None, 1, 7, 64, 256]),
        levels=st.sampled_from([0, 2, 50, 10 ** 6]), specials=st.integers(0, 5), pos=st.integers(-3, 3000),
        rate=st.sampled_from([1, 2, 4, 128]), capacity=st.sampled_from([50, 1 << 20]), seed=st.integers(0, 2 ** 31))
@@ -265,7 +269,7 @@ def test_topk_over_each_rows_causal_entries_matches_float64(scan, T, n, k, tile,
 
 
 @pytest.mark.parametrize("scan", SCANS)
-@settings(max_examples=4, deadline=None, database=None)
+@settings(max_examples=3, deadline=None, database=None)
 @given(T=st.integers(1, 3), n=st.integers(1, 3000), k=st.sampled_from([1, 16, 512]), tile=st.sampled_from([None, 100, 512]),
        seed=st.integers(0, 2 ** 31))
 def test_topk_without_a_bound_ranks_every_entry(scan, T, n, k, tile, seed):
@@ -280,9 +284,10 @@ def test_topk_without_a_bound_ranks_every_entry(scan, T, n, k, tile, seed):
     np.testing.assert_array_equal(got, compress.reference_topk(s, k))
 
 
-@pytest.mark.parametrize("scan", SCANS)
-@pytest.mark.parametrize("wg,bits,staged", [(64, 4, 1), (16, 8, None), (256, 11, 3), (32, 12, 1), (128, 7, 50),
-                                            (1024, 11, None)])
+@pytest.mark.parametrize("wg,bits,staged,scan", [(64, 4, 1, s) for s in SCANS] + [(256, 11, 3, s) for s in SCANS] +
+                         [(32, 12, 1, s) for s in SCANS] + [(1024, 11, None, s) for s in SCANS[1::2]] +
+                         [(16, 8, None, "groups"), (128, 7, 50, "groups"), (16, 8, None, "fused+spread"),
+                          (128, 7, 50, "subgroup+spread")])
 def test_topk_at_any_workgroup_digit_width_and_staging(monkeypatch, scan, wg, bits, staged):
     """TOPK's knobs: workgroups smaller and larger than k (ranks counted whole or in parts), digits
     of 4 to 12 bits (digits across the key's two words, the index's digits where scores tie), and
@@ -293,12 +298,11 @@ def test_topk_at_any_workgroup_digit_width_and_staging(monkeypatch, scan, wg, bi
     monkeypatch.setitem(compress.TOPK_BITS, "cpu", bits)
     monkeypatch.setitem(compress.TOPK_BITS, "gpu", bits)
     monkeypatch.setitem(compress.TOPK_STAGED, "keys", staged)
-    monkeypatch.setitem(compress.TOPK_SCAN, "cpu", scan)
-    monkeypatch.setitem(compress.TOPK_SCAN, "gpu", scan)
     rng = np.random.default_rng(bits)
     for levels, k, tile in ((3, 40, None), (10 ** 6, 100, 64), (0, 7, None)):
         s = topk_scores(rng, 3, 500, levels, 4)
-        got, bad = run_topk(s, k, 1203, 4, 1 << 20, tile)          # rows see 301..301 of 500 entries
+        with topk_scan(scan):
+            got, bad = run_topk(s, k, 1203, 4, 1 << 20, tile)      # rows see 301..301 of 500 entries
         assert not bad
         np.testing.assert_array_equal(got, compress.reference_topk(s, k, np.array([1203]), 4, 1 << 20))
 

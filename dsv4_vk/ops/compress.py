@@ -261,6 +261,9 @@ TOPK_BITS = {"gpu": 11, "cpu": 8}
 # workgroup) use "groups", and "fused" is "subgroup" where its two histograms do not fit beside k
 TOPK_SCAN = {"gpu": "groups", "cpu": "groups"}
 TOPK_SCANS = {"groups": {}, "subgroup": {"SCAN_SUBGROUP": 1}, "fused": {"SCAN_FUSED": 1}}
+# TOPK's first digit: the key's top bits (False) or a linear map of the row's score range onto the
+# bins (True: SPREAD, clustered scores spread over the bins; devices with subgroup arithmetic)
+TOPK_SPREAD = {"gpu": False, "cpu": False}
 TOPK_STAGED = {"keys": None}   # the K-th bin's keys staged in shared memory at most (None: all the
                                # shared memory left over holds, ≤ 8192; tests lower it)
 
@@ -323,10 +326,12 @@ def _topk_scan(device, wg: int) -> tuple[dict, dict]:
     if scan not in TOPK_SCANS:
         raise ValueError(f"TOPK_SCAN[{kind!r}] must be one of {sorted(TOPK_SCANS)}, got {scan!r}")
     sg = device.caps.subgroup
-    if not sg.supports("basic", "arithmetic") or wg > 256 * sg.min_size:
+    ops = sg.supports("basic", "arithmetic")
+    if not ops or wg > 256 * sg.min_size:
         scan = "groups"
-    full = scan != "groups" and sg.full_subgroups and wg % max(1, sg.max_size) == 0
-    return TOPK_SCANS[scan], ({"full_subgroups": True} if full else {})
+    spread = bool(TOPK_SPREAD[kind]) and ops
+    full = (scan != "groups" or spread) and sg.full_subgroups and wg % max(1, sg.max_size) == 0
+    return {**TOPK_SCANS[scan], **({"SPREAD": 1} if spread else {})}, ({"full_subgroups": True} if full else {})
 
 
 def _topk_spec(op, device, K, tile, keys=True):
@@ -343,12 +348,12 @@ def _topk_spec(op, device, K, tile, keys=True):
 
     def shared(scan):                   # histograms, scan sums, state, alignment; then K's keys
         hists = 2 if "SCAN_FUSED" in scan else 1
-        groups = 256 if scan else 1 << (bits - bits // 2)
-        fixed = 4 * (hists * (1 << bits) + groups + 3 * hists + 2) + 64
+        groups = 256 if set(scan) - {"SPREAD"} else 1 << (bits - bits // 2)
+        fixed = 4 * (hists * (1 << bits) + groups + 3 * hists + 8) + 64
         return fixed, 8 * K * keys + fixed + 8
     fixed, need = shared(scan)
     if need > have and "SCAN_FUSED" in scan:          # two histograms do not fit: one
-        scan = TOPK_SCANS["subgroup"]
+        scan = {**TOPK_SCANS["subgroup"], **{k: v for k, v in scan.items() if k == "SPREAD"}}
         fixed, need = shared(scan)
     if need > have:
         raise ValueError(f"{op}: k = {K} stages {need} B of keys in shared memory (beside a {1 << bits}-bin "
