@@ -155,8 +155,9 @@ def main(argv=None):
     ap.add_argument("--topk-tiles", default="1024,2048,4096", help="topk: TOPK_TILES tile sizes to sweep beside "
                     "the default (a tile ≥ the entries: one TOPK dispatch)")
     ap.add_argument("--topk-variants", default="1024:11,512:11,256:11,1024:8,1024:12",
-                    help="topk: TOPK workgroup sizes, digit bits and bin scans (WG:BITS[:SCAN], comma-separated; "
-                    f"SCAN one of {', '.join(sorted(compress.TOPK_SCANS))}, default the device type's) to sweep")
+                    help="topk: TOPK workgroup sizes, digit bits and bin scans (WG:BITS[:SCAN[+spread]], comma-separated; "
+                    f"SCAN one of {', '.join(sorted(compress.TOPK_SCANS))}, default the device type's; +spread: "
+                    "compress.TOPK_SPREAD's first digit) to sweep")
     ap.add_argument("--json", help="write the results to this file")
     args = ap.parse_args(argv)
     ex = Executor(timestamps=True)
@@ -235,27 +236,37 @@ def main(argv=None):
         # must follow the closed entries, not the capacity); then a quarter of them closed
         topk_rows(rng, row, [(n, 4 * n - 1), (4 * n, 4 * n - 1), (32 * n, 4 * n - 1), (n, n - 1)],
                   [None] + [int(t) for t in args.topk_tiles.split(",")])
-        knobs = (dict(compress.TOPK_WG), dict(compress.TOPK_BITS), dict(compress.TOPK_SCAN))
+        knobs = (dict(compress.TOPK_WG), dict(compress.TOPK_BITS), dict(compress.TOPK_SCAN), dict(compress.TOPK_SPREAD))
         for variant in args.topk_variants.split(","):
             parts = variant.split(":")
-            if len(parts) not in (2, 3) or (parts[2:] and parts[2] not in compress.TOPK_SCANS):
-                ap.error(f"--topk-variants: expected WG:BITS[:SCAN] with SCAN in {sorted(compress.TOPK_SCANS)}, "
-                         f"got {variant!r}")
+            kind = "cpu" if ex.device.caps.is_cpu else "gpu"
+            scan, plus, spread = (parts[2] if parts[2:] else knobs[2][kind]).partition("+")
+            if len(parts) not in (2, 3) or scan not in compress.TOPK_SCANS or (plus and spread != "spread"):
+                ap.error(f"--topk-variants: expected WG:BITS[:SCAN[+spread]] with SCAN in "
+                         f"{sorted(compress.TOPK_SCANS)}, got {variant!r}")
             wg, bits = int(parts[0]), int(parts[1])
-            scan = parts[2] if parts[2:] else knobs[2]["cpu" if ex.device.caps.is_cpu else "gpu"]
+            spreads = bool(spread) if plus or parts[2:] else bool(knobs[3][kind])
             compress.TOPK_WG.update(gpu=wg, cpu=wg)
             compress.TOPK_BITS.update(gpu=bits, cpu=bits)
             compress.TOPK_SCAN.update(gpu=scan, cpu=scan)
+            compress.TOPK_SPREAD.update(gpu=spreads, cpu=spreads)
             ex = Executor(ex.device, timestamps=True)    # graphs are cached by signature: compile afresh
-            scores = rng.standard_normal((1, n)).astype(np.float32)
-            g = Graph()
-            g.output("i", compress.topk(g, g.input("s", (1, n)), min(512, n), pos=g.const(np.array([4 * n - 1], np.int32)),
-                                        rate=4, capacity=4 * n, tile=n))
-            row(f"TOPK {n} entries, k {min(512, n)}, workgroup {wg}, {bits}-bit digits, {scan} scan", g, {"s": scores},
-                wg=wg, bits=bits, scan=scan, entries=n, valid=n)
+            # standard normal scores, and the indexer's: sums of ReLUs over 64 heads, clustered
+            # in a few exponents (most keys share the first digit of their bits)
+            for dist, scores in (("normal", rng.standard_normal((1, n))),
+                                 ("relu-sum", np.maximum(rng.standard_normal((64, n)), 0).sum(0, keepdims=True) / 8)):
+                g = Graph()
+                g.output("i", compress.topk(g, g.input("s", (1, n)), min(512, n),
+                                            pos=g.const(np.array([4 * n - 1], np.int32)), rate=4, capacity=4 * n, tile=n))
+                scores = scores.astype(np.float32)
+                exact = bool(np.array_equal(ex.run(g, s=scores)["i"], compress.reference_topk(scores, min(512, n))))
+                row(f"TOPK {n} {dist}, k {min(512, n)}, WG {wg}, {bits}-bit, {scan} scan{' +spread' * spreads}"
+                    f"{'' if exact else ' WRONG'}", g, {"s": scores}, wg=wg, bits=bits, scan=scan, spread=spreads,
+                    scores=dist, exact=exact, entries=n, valid=n)
         compress.TOPK_WG.update(knobs[0])
         compress.TOPK_BITS.update(knobs[1])
         compress.TOPK_SCAN.update(knobs[2])
+        compress.TOPK_SPREAD.update(knobs[3])
     warm.close()
     if args.json:
         Path(args.json).write_text(json.dumps({"device": ex.device.name, "results": results}, indent=2) + "\n")
