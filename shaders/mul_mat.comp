@@ -1,7 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 //! variants: MODE_GEMV ; - | VEC4 ; LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1,2,3,4,5,6,7,8 ; - | W_BF16 | W_F16 ; - | NORM_X
-//! variants: MODE_GEMV ; - | VEC4 ; LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1,8 ; W_FP8 | W_FP4 ; - | NORM_X
+//! variants: MODE_GEMV ; VEC4 ; LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1,8 ; W_FP8 | W_FP4 ; - | NORM_X
+//! variants: MODE_GEMV ; LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1 ; W_FP8 | W_FP4 ; NORM_X
 //! variants: MODE_GEMM_REGS ; - | VEC4 ; - | W_BF16 | W_F16 | W_FP8 | W_FP4
 //! variants: MODE_GEMM_SHARED ; - | W_BF16 | W_F16 | W_FP8 | W_FP4
 // MUL_MAT: d[b0, b1, t, n] = Σ_k x[b0, b1, t, k] · w[b0, b1, n, k]  (x @ wᵀ), f32 accumulation.
@@ -22,7 +23,8 @@
 //   W_FP8 / W_FP4     DeepSeek's quantised weights (weights.glsl): w is the tensor of packed
 //                     codes (32-bit words, q_kw a row), its scale bytes at the binding after
 //                     the others (3, or 4 with NORM_X); dequantised
-//                     in registers. The GEMV takes TB = 1 or 8 with them (a partial block of
+//                     in registers. The GEMV takes them with VEC4 (else a GEMM kernel runs,
+//                     but for a folded norm at one token) and TB = 1 or 8 (a partial block of
 //                     tokens is clamped like any other), and at one token (VEC4) NR output
 //                     rows a cluster sharing each x load (spec constant 2; rows past N
 //                     clamped, not stored).

@@ -287,6 +287,12 @@ class MulMat(OpDef):
         kernel = "gemv" if g is not None else pick_kernel(device, T, node.params.get("kernel", "auto"), N)
         aligned = vec4_ok(x, *([g] if g is not None else [])) and (K % 4 == 0 if fmt else vec4_ok(w))
         defines = {"VEC4": 1} if K >= 4 and aligned else {}
+        if fmt and kernel == "gemv" and not defines:    # the quantised GEMV variants: vec4 loads, or
+            if g is None:                               # one token with the norm folded in
+                kernel = pick_kernel(device, T, "gemm")
+            elif T > 1:
+                raise ValueError(f"MUL_MAT over quantised weights with a norm weight and {T} tokens needs K % 4 "
+                                 f"== 0 and 16-byte aligned x, g rows; got K={K}")
         extra, args, spec = {}, [x, w, out], (WORKGROUP,)
         if g is not None:
             defines["NORM_X"] = 1
