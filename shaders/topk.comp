@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: - | PART | MERGE
+//! variants: - | PART | MERGE ; - | SCAN_SUBGROUP | SCAN_FUSED ; - | SPREAD
 // TOPK: idx[t, r] = the entry of rank r among the selectable scores of row t, r < K; slots past
 // the number of selectable scores get −1. Order: descending score, ties to the lower index (the
 // order of torch.topk over the indexer's scores in transformers, model.reference.index_topk).
@@ -16,7 +16,19 @@
 // K-th one and stages the K-th one's keys (at most CAND of them) in shared memory, where the
 // next digits' passes run until a bin holds exactly the keys still needed (where the bin has more
 // than CAND keys, those passes read the list again). Keys are unique, so the result does not depend
-// on the order of the lists. The bin scan sums groups of bins (two levels of ~√bins each).
+// on the order of the lists. The bin scan (find_bin), by define:
+//   -              sums groups of bins (two levels of ~√bins each, serial loops in shared memory);
+//   SCAN_SUBGROUP  a suffix sum over the bins with subgroup operations: each invocation sums a
+//                  run of BINS / WG bins, subgroupExclusiveAdd across the subgroup, one shared
+//                  step across the subgroups (≤ 256 of them);
+//   SCAN_FUSED     SCAN_SUBGROUP with two histograms and two copies of the scan's result: the next
+//                  pass's histogram is cleared while this one fills, and the scan's result is read
+//                  without a barrier before the next pass (3 barriers a pass instead of 5).
+// SPREAD: the first pass's digit is not the key's top BITS bits but a linear map of its high word
+// (ordered score bits) from the list's least to its greatest onto the bins, so that clustered
+// scores (the indexer's ReLU sums share a few exponents) spread over the bins; the map is
+// monotone, so the K-th bin's keys are still those between two keys, resolved by the radix passes
+// from the highest bit where those keys differ (their AND and OR). Needs subgroup arithmetic.
 // Variants (one workgroup of WG invocations a list; each invocation loads U entries a round):
 //   -      one workgroup per row selects from the row's scores and writes idx, sorted (each
 //          selected key's rank is the count of selected keys above it, split over WG / K parts
@@ -30,6 +42,16 @@
 // (4..16), 4 CAND (keys of the K-th bin staged in shared memory at most).
 // Push: T, n, K, tiles, groups, rate, capacity, has_pos, s (off, s0), pos_off, cand (off, s0), idx (off, s0).
 #include "common.glsl"
+#if defined(SCAN_FUSED)
+#define SCAN_SUBGROUP 1
+#define NHIST 2u
+#else
+#define NHIST 1u
+#endif
+#if defined(SCAN_SUBGROUP) || defined(SPREAD)
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#endif
 layout(constant_id = 1) const uint KCAP = 1;
 layout(constant_id = 2) const uint TILE = 4096;
 layout(constant_id = 3) const uint BITS = 11;
@@ -54,9 +76,14 @@ const uint GROUP = 1u << (BITS / 2u);          // bins a group of the scan sums
 const uint NGROUPS = BINS / GROUP;
 const uint U = 8u;                             // entries an invocation loads before using them
 const uint NONE = 0xFFFFFFFFu;
-shared uint hist[BINS];
+shared uint hist[NHIST * BINS];
+#if defined(SCAN_SUBGROUP)
+shared uint gsum[256];                         // the subgroups' sums (WG / subgroup size ≤ 256: host)
+#else
 shared uint gsum[NGROUPS];
-shared uint st_digit, st_need, st_cnt, st_slot, st_staged;
+#endif
+shared uint st_digit[NHIST], st_need[NHIST], st_cnt[NHIST], st_slot, st_staged;
+shared uint sp_min, sp_max, and_hi, and_lo, or_hi, or_lo;   // SPREAD: the map; the K-th bin's prefix
 shared uint stage_hi[CAND], stage_lo[CAND];
 #if !defined(PART)
 shared uint key_hi[KCAP], key_lo[KCAP];
@@ -105,6 +132,16 @@ uvec2 item(uint i) {
 #endif
 }
 
+// the first pass's digit of the selectable key k
+float sp_scale;
+uint first_digit(uvec2 k) {
+#if defined(SPREAD)
+    return min(BINS - 1u, uint(float(k.x - sp_min) * sp_scale));
+#else
+    return field(k, 64u - BITS, BITS);
+#endif
+}
+
 // key i of the list (staged: the K-th bin's keys in shared memory)
 uvec2 fetch(bool staged, uint i, uint count) {
     if (i >= count) return uvec2(0u);
@@ -122,10 +159,36 @@ void take(uvec2 k) {                    // one of the top K
 #endif
 }
 
-// hist filled: the bin d where the keys of the bins above hold fewer than `need` and d's hold the
-// rest (st_digit, st_need = what d must give, st_cnt = d's keys); st_need stays NONE when all the
-// bins together hold fewer than need
-void find_bin(uint need) {
+// hist[h·BINS ..] filled: the bin d where the keys of the bins above hold fewer than `need` and d's
+// hold the rest (st_digit[h], st_need[h] = what d must give, st_cnt[h] = d's keys); st_need[h] is
+// NONE when all the bins together hold fewer than need (SCAN_SUBGROUP writes it; the plain scan
+// leaves the NONE its caller stored)
+#if defined(SCAN_SUBGROUP)
+void find_bin(uint need, uint h) {
+    uint q = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;   // subgroup order
+    uint run = max(1u, BINS / gl_WorkGroupSize.x);
+    uint top = q * run < BINS ? h * BINS + BINS - q * run : 0u;           // q's run: top − run .. top − 1
+    uint s = 0u;
+    if (top != 0u) for (uint e = 1u; e <= run; ++e) s += hist[top - e];
+    uint up = subgroupExclusiveAdd(s);                  // the keys of the bins above q's run
+    uint tot = subgroupAdd(s);
+    if (subgroupElect()) gsum[gl_SubgroupID] = tot;
+    barrier();
+    for (uint b = 0u; b < gl_SubgroupID; b += gl_SubgroupSize) {          // uniform per subgroup
+        uint i = b + gl_SubgroupInvocationID;
+        up += subgroupAdd(i < gl_SubgroupID ? gsum[i] : 0u);
+    }
+    if (up < need && need <= up + s) {
+        for (uint e = 1u; e <= run; ++e) {
+            uint c = hist[top - e];
+            if (need <= up + c) { st_digit[h] = top - e - h * BINS; st_need[h] = need - up; st_cnt[h] = c; break; }
+            up += c;
+        }
+    } else if (q == gl_WorkGroupSize.x - 1u && up + s < need) st_need[h] = NONE;   // q holds the lowest bins
+    barrier();
+}
+#else
+void find_bin(uint need, uint h) {
     uint l = gl_LocalInvocationID.x, wg = gl_WorkGroupSize.x;
     for (uint g = l; g < NGROUPS; g += wg) {
         uint s = 0u;
@@ -138,14 +201,15 @@ void find_bin(uint need) {
         for (uint e = g + 1u; e < NGROUPS; ++e) up += gsum[e];
         if (up < need && need <= up + gsum[g]) {
             for (uint d = g * GROUP + GROUP; d-- > g * GROUP;) {
-                uint h = hist[d];
-                if (need <= up + h) { st_digit = d; st_need = need - up; st_cnt = h; break; }
-                up += h;
+                uint c = hist[d];
+                if (need <= up + c) { st_digit[h] = d; st_need[h] = need - up; st_cnt[h] = c; break; }
+                up += c;
             }
         }
     }
     barrier();
 }
+#endif
 
 // the top KCAP keys of the workgroup's list (row, first, list set): PART stores them as the tile's
 // candidates, the others rank them and write idx
@@ -153,69 +217,118 @@ void select_list() {
     uint l = gl_LocalInvocationID.x, wg = gl_WorkGroupSize.x;
     barrier();                                          // the previous tile's state read by all
     for (uint d = l; d < BINS; d += wg) hist[d] = 0u;
-    if (l == 0u) { st_need = NONE; st_slot = 0u; st_staged = 0u; }
+    if (l == 0u) {
+        st_need[0] = NONE; st_slot = 0u; st_staged = 0u;
+        sp_min = NONE; sp_max = 0u; and_hi = NONE; and_lo = NONE; or_hi = 0u; or_lo = 0u;
+    }
     barrier();
+#if defined(SPREAD)
+    {                                                   // the least and greatest selectable high words
+        uint mn = NONE, mx = 0u;
+        for (uint b = 0u; b < list; b += wg * U) {
+            uvec2 it[U];
+            [[unroll]] for (uint u = 0u; u < U; ++u) it[u] = fetch(false, b + u * wg + l, list);
+            [[unroll]] for (uint u = 0u; u < U; ++u)
+                if (it[u].x != 0u) { mn = min(mn, it[u].x); mx = max(mx, it[u].x); }
+        }
+        mn = subgroupMin(mn);
+        mx = subgroupMax(mx);
+        if (subgroupElect()) { atomicMin(sp_min, mn); atomicMax(sp_max, mx); }
+        barrier();
+        sp_scale = float(BINS) / (float(sp_max - sp_min) + 1.0);   // unused when nothing is selectable
+    }
+#endif
     uint top = 64u - BITS;                              // the first digit: bits top .. 63
     for (uint b = 0u; b < list; b += wg * U) {
         uvec2 it[U];
         [[unroll]] for (uint u = 0u; u < U; ++u) it[u] = fetch(false, b + u * wg + l, list);
         [[unroll]] for (uint u = 0u; u < U; ++u)
-            if (it[u].x != 0u) atomicAdd(hist[field(it[u], top, BITS)], 1u);
+            if (it[u].x != 0u) atomicAdd(hist[first_digit(it[u])], 1u);
     }
+#if defined(SCAN_FUSED)
+    for (uint d = l; d < BINS; d += wg) hist[BINS + d] = 0u;   // the next pass's histogram
+#endif
     barrier();
-    find_bin(KCAP);
+    find_bin(KCAP, 0u);
     // pre: the digits decided so far (bits lo .. 63 of the K-th key); need: keys still needed
     // from those that share them; done: all of those are needed
-    uint lo = top, need = st_need, cnt = st_cnt;
-    uvec2 pre = uvec2(st_digit << (top - 32u), 0u);
+    uint lo = top, need = st_need[0], cnt = st_cnt[0], d0 = st_digit[0];
     bool done = need == NONE || need == cnt;
-    if (need == NONE) { lo = 64u; pre = uvec2(0u); }   // fewer than K selectable: all of them
+    if (need == NONE) d0 = 0u;                          // fewer than K selectable: all of them
+    uvec2 pre = uvec2(d0 << (top - 32u), 0u);
     bool staged = !done && cnt <= CAND;
+#if !defined(SCAN_FUSED)
     barrier();                                          // st_* read by all before they change
+#endif
     for (uint b = 0u; b < list; b += wg * U) {          // take the bins above; stage the K-th one's
         uvec2 it[U];
         [[unroll]] for (uint u = 0u; u < U; ++u) it[u] = fetch(false, b + u * wg + l, list);
         [[unroll]] for (uint u = 0u; u < U; ++u) {
             if (it[u].x == 0u) continue;
-            uvec2 h = high_bits(it[u], lo);
-            if (above(h, pre) || (done && h == pre)) take(it[u]);
-            else if (staged && h == pre) {
-                uint s = atomicAdd(st_staged, 1u);
-                stage_hi[s] = it[u].x;
-                stage_lo[s] = it[u].y;
+            uint f = first_digit(it[u]);
+            if (f > d0 || (done && f == d0)) take(it[u]);
+            else if (f == d0) {
+                if (staged) {
+                    uint s = atomicAdd(st_staged, 1u);
+                    stage_hi[s] = it[u].x;
+                    stage_lo[s] = it[u].y;
+                }
+#if defined(SPREAD)
+                atomicAnd(and_hi, it[u].x); atomicAnd(and_lo, it[u].y);
+                atomicOr(or_hi, it[u].x); atomicOr(or_lo, it[u].y);
+#endif
             }
         }
     }
-    uvec2 pre0 = pre;
-    uint lo0 = lo, count = staged ? cnt : list;
+    uint count = staged ? cnt : list;
+    uint hb = 0u;                                       // the pass's histogram (SCAN_FUSED: alternating)
+    bool ran = !done;
     barrier();
+#if defined(SPREAD)
+    if (!done) {                                        // the K-th bin's keys share bits lo .. 63 (≥ 2 unique keys)
+        uint xh = or_hi ^ and_hi, xl = or_lo ^ and_lo;
+        lo = xh != 0u ? 33u + uint(findMSB(xh)) : uint(findMSB(xl)) + 1u;
+        pre = high_bits(uvec2(and_hi, and_lo), lo);
+    }
+#endif
     while (!done) {                                     // the next digits among the K-th bin's keys
         uint w = min(BITS, lo), nlo = lo - w;
+#if defined(SCAN_FUSED)
+        hb ^= 1u;                                       // cleared by the previous pass; clear the other
+        for (uint d = l; d < BINS; d += wg) hist[(hb ^ 1u) * BINS + d] = 0u;
+#else
         for (uint d = l; d < BINS; d += wg) hist[d] = 0u;
-        if (l == 0u) st_need = NONE;
+        if (l == 0u) st_need[0] = NONE;
         barrier();
+#endif
         for (uint b = 0u; b < count; b += wg * U) {
             uvec2 it[U];
             [[unroll]] for (uint u = 0u; u < U; ++u) it[u] = fetch(staged, b + u * wg + l, count);
             [[unroll]] for (uint u = 0u; u < U; ++u)
-                if (it[u].x != 0u && high_bits(it[u], lo) == pre) atomicAdd(hist[field(it[u], nlo, w)], 1u);
+                if (it[u].x != 0u && high_bits(it[u], lo) == pre
+#if defined(SPREAD)
+                    && (staged || first_digit(it[u]) == d0)     // bits lo .. 63 alone do not tell the bin
+#endif
+                   ) atomicAdd(hist[hb * BINS + field(it[u], nlo, w)], 1u);
         }
         barrier();
-        find_bin(need);
-        uint d = st_digit;
-        need = st_need;
-        done = need == st_cnt;                          // keys are unique: the last digit ends it
+        find_bin(need, hb);
+        uint d = st_digit[hb];
+        need = st_need[hb];
+        done = need == st_cnt[hb];                      // keys are unique: the last digit ends it
+#if !defined(SCAN_FUSED)
         barrier();
+#endif
         if (nlo >= 32u) pre.x |= d << (nlo - 32u);
         else { pre.y |= d << nlo; if (nlo > 0u) pre.x |= d >> (32u - nlo); }
         lo = nlo;
     }
-    if (lo != lo0) {                                    // take the K-th bin's keys at or above the K-th key
+    if (ran) {                                      // take the K-th bin's keys at or above the K-th key
         for (uint b = 0u; b < count; b += wg * U) {
             uvec2 it[U];
             [[unroll]] for (uint u = 0u; u < U; ++u) it[u] = fetch(staged, b + u * wg + l, count);
             [[unroll]] for (uint u = 0u; u < U; ++u)
-                if (it[u].x != 0u && high_bits(it[u], lo0) == pre0 && !above(pre, high_bits(it[u], lo)))
+                if (it[u].x != 0u && first_digit(it[u]) == d0 && !above(pre, high_bits(it[u], lo)))
                     take(it[u]);
         }
     }

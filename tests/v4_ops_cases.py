@@ -4,6 +4,8 @@ and 16 (LP_NATIVE_VECTOR_WIDTH=128 / 512):
 
     LP_NATIVE_VECTOR_WIDTH=512 .venv/bin/python -m pytest -q tests/v4_ops_cases.py
 """
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,6 +13,7 @@ from hypothesis import strategies as st
 
 from dsv4_vk.core.executor import Executor
 from dsv4_vk.core.graph import Graph
+from dsv4_vk.core.tuning import tuned
 from dsv4_vk.ops import compress, get_op
 from dsv4_vk.ops.v4_attention import rope_table
 
@@ -192,13 +195,28 @@ def test_index_score(tune, rng, monkeypatch, heads, T, nh, hd, n, rate, p0):
     check(got[closed], ref[closed], bad)
 
 
+# every TOPK bin scan (shaders/topk.comp), with the first digit of the key's bits or (+spread) of
+# the row's score range: each case at each
+SCANS = sorted(compress.TOPK_SCANS) + [f"{s}+spread" for s in sorted(compress.TOPK_SCANS)]
+
+
+def topk_scan(scan):
+    """The tuning with TOPK's bin scan (and first digit, "+spread") set to scan on every device type,
+    as a context (hypothesis tests cannot take fixtures)."""
+    name, _, spread = scan.partition("+")
+    return tuned({"topk_scan.gpu": name, "topk_scan.cpu": name, "topk_spread.gpu": bool(spread),
+                  "topk_spread.cpu": bool(spread)})
+
+
+@pytest.mark.parametrize("scan", SCANS)
 @pytest.mark.parametrize("T,n,k", [(1, 9, 4), (5, 300, 100), (2, 70, 512), (3, 1000, 65), (2, 2500, 300)])
-def test_topk(rng, T, n, k):
+def test_topk(rng, scan, T, n, k):
     s = f32(rng, T, n)
     s[:, rng.integers(0, n, n // 5)] = -np.inf                     # masked entries
     s[0, :3] = s[0, 3]                                             # ties go to the lower index
     s[-1, rng.integers(0, n, 2)] = [np.nan, np.inf]                # never ranked, never ahead of a finite one
-    got, ref, bad = run("TOPK", [s], {"k": k})
+    with topk_scan(scan):
+        got, ref, bad = run("TOPK", [s], {"k": k})
     assert not bad and np.array_equal(got, ref)
 
 
@@ -223,11 +241,13 @@ def run_topk(s, k, pos=None, rate=1, capacity=None, tile=None):
     return cg.run()["i"], cg.check_guards()
 
 
-@settings(max_examples=20, deadline=None, database=None)
+@pytest.mark.parametrize("scan", SCANS)
+@settings(max_examples=5, deadline=None, database=None)
 @given(T=st.integers(1, 5), n=st.integers(1, 700), k=st.integers(1, 300), tile=st.sampled_from([None, 1, 7, 64, 256]),
        levels=st.sampled_from([0, 2, 50, 10 ** 6]), specials=st.integers(0, 5), pos=st.integers(-3, 3000),
        rate=st.sampled_from([1, 2, 4, 128]), capacity=st.sampled_from([50, 1 << 20]), seed=st.integers(0, 2 ** 31))
-def test_topk_over_each_rows_causal_entries_matches_float64(T, n, k, tile, levels, specials, pos, rate, capacity, seed):
+def test_topk_over_each_rows_causal_entries_matches_float64(scan, T, n, k, tile, levels, specials, pos, rate, capacity,
+                                                            seed):
     """The indexer's top-k: row t of a chunk at pos ranks only its closed entries w < (p + 1)/rate
     (none for p outside [0, capacity)); ties (levels 0: every score equal) go to the lower index, −0
     ties with +0, NaN and ±inf are never selected, k past the selectable entries pads −1. Rows one
@@ -235,27 +255,33 @@ def test_topk_over_each_rows_causal_entries_matches_float64(T, n, k, tile, level
     entries), against reference_topk."""
     rng = np.random.default_rng(seed)
     s = topk_scores(rng, T, n, levels, specials)
-    got, bad = run_topk(s, k, pos, rate, capacity, tile)
+    with topk_scan(scan):
+        got, bad = run_topk(s, k, pos, rate, capacity, tile)
     assert not bad
     np.testing.assert_array_equal(got, compress.reference_topk(s, k, np.array([pos]), rate, capacity))
 
 
-@settings(max_examples=8, deadline=None, database=None)
+@pytest.mark.parametrize("scan", SCANS)
+@settings(max_examples=3, deadline=None, database=None)
 @given(T=st.integers(1, 3), n=st.integers(1, 3000), k=st.sampled_from([1, 16, 512]), tile=st.sampled_from([None, 100, 512]),
        seed=st.integers(0, 2 ** 31))
-def test_topk_without_a_bound_ranks_every_entry(T, n, k, tile, seed):
+def test_topk_without_a_bound_ranks_every_entry(scan, T, n, k, tile, seed):
     """Without pos every entry of the row is ranked (reference: NaN, ±inf never selected)."""
     rng = np.random.default_rng(seed)
     s = rng.standard_normal((T, n)).astype(np.float32)
     s[:, rng.integers(0, n, n // 7)] = -np.inf
     s[:, rng.integers(0, n, n // 7)] = s[0, 0]                         # a tied value
-    got, bad = run_topk(s, k, tile=tile)
+    with topk_scan(scan):
+        got, bad = run_topk(s, k, tile=tile)
     assert not bad
     np.testing.assert_array_equal(got, compress.reference_topk(s, k))
 
 
-@pytest.mark.parametrize("wg,bits,staged", [(64, 4, 1), (16, 8, None), (256, 11, 3), (32, 12, 1), (128, 7, 50)])
-def test_topk_at_any_workgroup_digit_width_and_staging(tune, wg, bits, staged):
+@pytest.mark.parametrize("wg,bits,staged,scan", [(64, 4, 1, s) for s in SCANS] + [(256, 11, 3, s) for s in SCANS] +
+                         [(32, 12, 1, s) for s in SCANS] + [(1024, 11, None, s) for s in SCANS[1::2]] +
+                         [(16, 8, None, "groups"), (128, 7, 50, "groups"), (16, 8, None, "fused+spread"),
+                          (128, 7, 50, "subgroup+spread")])
+def test_topk_at_any_workgroup_digit_width_and_staging(tune, scan, wg, bits, staged):
     """TOPK's knobs: workgroups smaller and larger than k (ranks counted whole or in parts), digits
     of 4 to 12 bits (digits across the key's two words, the index's digits where scores tie), and
     the K-th bin's keys staged in shared memory or, past `staged` of them, selected by passes over
@@ -264,7 +290,8 @@ def test_topk_at_any_workgroup_digit_width_and_staging(tune, wg, bits, staged):
     rng = np.random.default_rng(bits)
     for levels, k, tile in ((3, 40, None), (10 ** 6, 100, 64), (0, 7, None)):
         s = topk_scores(rng, 3, 500, levels, 4)
-        got, bad = run_topk(s, k, 1203, 4, 1 << 20, tile)          # rows see 301..301 of 500 entries
+        with topk_scan(scan):
+            got, bad = run_topk(s, k, 1203, 4, 1 << 20, tile)      # rows see 301..301 of 500 entries
         assert not bad
         np.testing.assert_array_equal(got, compress.reference_topk(s, k, np.array([1203]), 4, 1 << 20))
 

@@ -16,8 +16,8 @@ variants that decide their speed side by side in one run:
 - "topk" (not in the default --only): the indexer's TOPK over --topk-entries closed entries (8192:
   a 32k context), k 512, at tile sizes (TOPK_TILES + TOPK, or one TOPK where a tile holds them
   all), the same entries in caches 4× and 32× larger, and a quarter of them closed; then one TOPK
-  over them at each --topk-variants workgroup size and radix digit width (knobs topk_wg.*,
-  topk_bits.*).
+  over them at each --topk-variants workgroup size, radix digit width and bin scan (knobs
+  topk_wg.*, topk_bits.*, topk_scan.*, topk_spread.*).
 
 Each row: median over replays of one recorded command buffer, a timestamp after every dispatch
 (summed over the row's dispatches), after the clock warm-up.
@@ -38,7 +38,7 @@ from dsv4_vk.cli.floor import ClockWarmer
 from dsv4_vk.core.executor import Executor
 from dsv4_vk.core.graph import Graph
 from dsv4_vk.model.checkpoint import BF16
-from dsv4_vk.core.tuning import Tuning, tuned
+from dsv4_vk.core.tuning import Tuning, current, tuned
 from dsv4_vk.ops import compress, sample, v4_attention
 
 
@@ -154,7 +154,9 @@ def main(argv=None):
     ap.add_argument("--topk-tiles", default="1024,2048,4096", help="topk: TOPK_TILES tile sizes to sweep beside "
                     "the default (a tile ≥ the entries: one TOPK dispatch)")
     ap.add_argument("--topk-variants", default="1024:11,512:11,256:11,1024:8,1024:12",
-                    help="topk: TOPK workgroup sizes and digit bits (WG:BITS, comma-separated) to sweep")
+                    help="topk: TOPK workgroup sizes, digit bits and bin scans (WG:BITS[:SCAN[+spread]], comma-separated; "
+                    f"SCAN one of {', '.join(sorted(compress.TOPK_SCANS))}, default the device type's; +spread: "
+                    "compress.TOPK_SPREAD's first digit) to sweep")
     ap.add_argument("--json", help="write the results to this file")
     args = ap.parse_args(argv)
     ex = Executor(timestamps=True)
@@ -229,14 +231,29 @@ def main(argv=None):
         # must follow the closed entries, not the capacity); then a quarter of them closed
         topk_rows(rng, row, [(n, 4 * n - 1), (4 * n, 4 * n - 1), (32 * n, 4 * n - 1), (n, n - 1)],
                   [None] + [int(t) for t in args.topk_tiles.split(",")])
+        kind = "cpu" if ex.device.caps.is_cpu else "gpu"
         for variant in args.topk_variants.split(","):
-            wg, bits = (int(v) for v in variant.split(":"))
-            scores = rng.standard_normal((1, n)).astype(np.float32)
-            g = Graph(Tuning({"topk_wg.gpu": wg, "topk_wg.cpu": wg, "topk_bits.gpu": bits, "topk_bits.cpu": bits}))
-            g.output("i", compress.topk(g, g.input("s", (1, n)), min(512, n), pos=g.const(np.array([4 * n - 1], np.int32)),
-                                        rate=4, capacity=4 * n, tile=n))
-            row(f"TOPK {n} entries, k {min(512, n)}, workgroup {wg}, {bits}-bit digits", g, {"s": scores}, wg=wg,
-                bits=bits, entries=n, valid=n)
+            parts = variant.split(":")
+            scan, plus, spread = (parts[2] if parts[2:] else current()[f"topk_scan.{kind}"]).partition("+")
+            if len(parts) not in (2, 3) or scan not in compress.TOPK_SCANS or (plus and spread != "spread"):
+                ap.error(f"--topk-variants: expected WG:BITS[:SCAN[+spread]] with SCAN in "
+                         f"{sorted(compress.TOPK_SCANS)}, got {variant!r}")
+            wg, bits = int(parts[0]), int(parts[1])
+            spreads = bool(spread) if plus or parts[2:] else bool(current()[f"topk_spread.{kind}"])
+            tuning = Tuning({f"topk_{n}.{d}": v for n, v in (("wg", wg), ("bits", bits), ("scan", scan),
+                                                              ("spread", spreads)) for d in ("gpu", "cpu")})
+            # standard normal scores, and the indexer's: sums of ReLUs over 64 heads, clustered
+            # in a few exponents (most keys share the first digit of their bits)
+            for dist, scores in (("normal", rng.standard_normal((1, n))),
+                                 ("relu-sum", np.maximum(rng.standard_normal((64, n)), 0).sum(0, keepdims=True) / 8)):
+                g = Graph(tuning)
+                g.output("i", compress.topk(g, g.input("s", (1, n)), min(512, n),
+                                            pos=g.const(np.array([4 * n - 1], np.int32)), rate=4, capacity=4 * n, tile=n))
+                scores = scores.astype(np.float32)
+                exact = bool(np.array_equal(ex.run(g, s=scores)["i"], compress.reference_topk(scores, min(512, n))))
+                row(f"TOPK {n} {dist}, k {min(512, n)}, WG {wg}, {bits}-bit, {scan} scan{' +spread' * spreads}"
+                    f"{'' if exact else ' WRONG'}", g, {"s": scores}, wg=wg, bits=bits, scan=scan, spread=spreads,
+                    scores=dist, exact=exact, entries=n, valid=n)
     warm.close()
     if args.json:
         Path(args.json).write_text(json.dumps({"device": ex.device.name, "results": results}, indent=2) + "\n")

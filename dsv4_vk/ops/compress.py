@@ -273,6 +273,19 @@ TOPK_BITS = knob_table(
 TOPK_STAGED = knob_table(
     "topk_staged", keys=(None, "the K-th bin's keys staged in shared memory at most (None: all the shared memory "
                                "left over holds, ≤ 8192)"))
+TOPK_SCAN = knob_table(
+    "topk_scan",
+    gpu=("groups", "TOPK's bin scan on GPUs: groups (serial sums of bin groups in shared memory), subgroup "
+                   "(a suffix sum with subgroup operations) or fused (subgroup, two histograms: fewer barriers)"),
+    cpu=("groups", "TOPK's bin scan on CPU devices (groups, subgroup or fused)"))
+# the defines of each bin scan; devices without subgroup arithmetic (or with more than 256 subgroups
+# a workgroup) use "groups", and "fused" is "subgroup" where its two histograms do not fit beside k
+TOPK_SCANS = {"groups": {}, "subgroup": {"SCAN_SUBGROUP": 1}, "fused": {"SCAN_FUSED": 1}}
+TOPK_SPREAD = knob_table(
+    "topk_spread",
+    gpu=(False, "TOPK's first digit on GPUs: the key's top bits (False) or a linear map of the row's score range "
+                "onto the bins (True: clustered scores spread over the bins; devices with subgroup arithmetic)"),
+    cpu=(False, "TOPK's first digit on CPU devices (as topk_spread.gpu)"))
 
 
 def topk_tiles(n: int, tile: int) -> int:
@@ -326,23 +339,50 @@ def _topk_fields(s, pos, K, tiles, params, cand=None, out=None, groups=1):
             **(view_fields("i", out.offset, out.strides[:1]) if out is not None else {"i_off": 0, "i_s0": 0})}
 
 
+def _topk_scan(device, wg: int) -> tuple[dict, dict]:
+    """The defines of TOPK's bin scan (TOPK_SCAN) on this device at workgroup wg, and the Launch's
+    subgroup settings (the subgroup scan counts invocations in subgroup order: full subgroups)."""
+    kind = "cpu" if device.caps.is_cpu else "gpu"
+    scan = TOPK_SCAN[kind]
+    if scan not in TOPK_SCANS:
+        raise ValueError(f"tuning knob 'topk_scan.{kind}' must be one of {sorted(TOPK_SCANS)}, got {scan!r}")
+    sg = device.caps.subgroup
+    ops = sg.supports("basic", "arithmetic")
+    if not ops or wg > 256 * sg.min_size:
+        scan = "groups"
+    spread = bool(TOPK_SPREAD[kind]) and ops
+    full = (scan != "groups" or spread) and sg.full_subgroups and wg % max(1, sg.max_size) == 0
+    return {**TOPK_SCANS[scan], **({"SPREAD": 1} if spread else {})}, ({"full_subgroups": True} if full else {})
+
+
 def _topk_spec(op, device, K, tile, keys=True):
-    """TOPK's spec constants (workgroup, K, tile, bits, staged keys); K's keys (TOPK; TOPK_TILES writes
-    them out) and at least one staged key must fit the device's shared memory."""
+    """TOPK's spec constants (workgroup, K, tile, bits, staged keys), defines and Launch settings (the
+    bin scan, _topk_scan); K's keys (TOPK; TOPK_TILES writes them out) and at least one staged key
+    must fit the device's shared memory."""
     kind = "cpu" if device.caps.is_cpu else "gpu"
     bits = int(TOPK_BITS[kind])
     if not 4 <= bits <= 16:
         raise ValueError(f"tuning knob 'topk_bits.{kind}' must be in 4..16, got {bits!r}")
-    fixed = 4 * ((1 << bits) + (1 << (bits - bits // 2)) + 5) + 64     # histogram, bin groups, state, alignment
+    wg = workgroup_pow2(device, TOPK_WG[kind])
+    scan, extra = _topk_scan(device, wg)
     have = device.caps.limits.max_shared_memory
-    need = 8 * K * keys + fixed + 8
+
+    def shared(scan):                   # histograms, scan sums, state, alignment; then K's keys
+        hists = 2 if "SCAN_FUSED" in scan else 1
+        groups = 256 if set(scan) - {"SPREAD"} else 1 << (bits - bits // 2)
+        fixed = 4 * (hists * (1 << bits) + groups + 3 * hists + 8) + 64
+        return fixed, 8 * K * keys + fixed + 8
+    fixed, need = shared(scan)
+    if need > have and "SCAN_FUSED" in scan:          # two histograms do not fit: one
+        scan = {**TOPK_SCANS["subgroup"], **{k: v for k, v in scan.items() if k == "SPREAD"}}
+        fixed, need = shared(scan)
     if need > have:
         raise ValueError(f"{op}: k = {K} stages {need} B of keys in shared memory (beside a {1 << bits}-bin "
                          f"histogram); {device.name} has {have} B (k at most {max(0, have - fixed - 8) // 8})")
     staged = (have - need) // 8 + 1
     if TOPK_STAGED["keys"] is not None:
         staged = max(1, min(staged, int(TOPK_STAGED["keys"])))
-    return (workgroup_pow2(device, TOPK_WG[kind]), K, tile or 1, bits, min(staged, 8192))
+    return (wg, K, tile or 1, bits, min(staged, 8192)), scan, extra
 
 
 @register
@@ -364,9 +404,9 @@ class TopKTiles(OpDef):
         tiles = topk_tiles(s.shape[1], tile)
         groups = row_groups(device, tiles)
         push = _topk_fields(s, pos, K, tiles, node.params, cand=node.output, groups=groups)
+        spec, scan, extra = _topk_spec(self.name, device, K, tile, keys=False)
         return [Launch("topk", [s, pos if pos is not None else s, node.output], (2,), push,
-                       grid_1d(s.shape[0] * groups, 1), defines={"PART": 1},
-                       spec=_topk_spec(self.name, device, K, tile, keys=False))]
+                       grid_1d(s.shape[0] * groups, 1), defines={"PART": 1, **scan}, spec=spec, **extra)]
 
     def reference(self, scores, pos=None, k=1, tile=1, rate=1, capacity=1 << 30):
         raise ValueError("TOPK_TILES's candidates are checked through the TOPK that merges them")
@@ -400,14 +440,15 @@ class TopK(OpDef):
     def lower(self, node, device):
         s, pos, rest, K, tile = _topk_check(self.name, node.inputs, node.params, False)
         out = node.output
-        spec = _topk_spec(self.name, device, K, tile)
+        spec, scan, extra = _topk_spec(self.name, device, K, tile)
         bound = pos if pos is not None else s
         if rest:
             push = _topk_fields(s, pos, K, topk_tiles(s.shape[1], tile), node.params, cand=rest[0], out=out)
             return [Launch("topk", [s, bound, rest[0], out], (3,), push, grid_1d(s.shape[0], 1),
-                           defines={"MERGE": 1}, spec=spec)]
+                           defines={"MERGE": 1, **scan}, spec=spec, **extra)]
         push = _topk_fields(s, pos, K, 1, node.params, out=out)
-        return [Launch("topk", [s, bound, out], (2,), push, grid_1d(s.shape[0], 1), spec=spec)]
+        return [Launch("topk", [s, bound, out], (2,), push, grid_1d(s.shape[0], 1), defines=scan, spec=spec,
+                       **extra)]
 
     def reference(self, scores, *rest, k=1, rate=None, capacity=None, tile=None):
         """(cand, when given, is the tiles' candidates for the same scores: the result is the rows' top k)"""
