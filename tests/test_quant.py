@@ -375,6 +375,38 @@ def test_large_tensors_stream_from_the_files_when_uploaded(qdir, monkeypatch):
         Model.load(str(qdir))
 
 
+def test_lazy_tensors_are_read_once_unmapped_and_never_dequantised(qdir, monkeypatch):
+    """Model.load streams a checkpoint: each lazy tensor is read from its file once, into a fresh
+    array (no memory map stays open: mapped pages count in the process's resident memory, so a
+    mapped checkpoint ends up resident whole), and no QuantWeight is widened to floats on the host."""
+    from dsv4_vk.model import checkpoint
+    monkeypatch.setattr(checkpoint, "EAGER_BYTES", 64)
+    reads: list = []
+    mapped: list = []
+    get = checkpoint.FILES.get
+
+    def counted(fn, key, dt):
+        a = get(fn, key, dt)
+        reads.append(key)
+        with open("/proc/self/maps") as f:
+            mapped.extend(line for line in f if str(qdir) in line)
+        return a
+
+    def widened(self, *args, **kwargs):
+        raise AssertionError(f"{self!r} dequantised on the host")
+
+    monkeypatch.setattr(checkpoint.FILES, "get", counted)
+    monkeypatch.setattr(checkpoint.QuantWeight, "__array__", widened)
+    cfg, w = load_hf(str(qdir))
+    lazy = {k for k, a in w.items() for t in ((a.codes, a.scale) if checkpoint.is_quant(a) else (a,))
+            if isinstance(t, checkpoint.Lazy)}
+    assert lazy
+    Model(cfg, w)
+    assert len(reads) == len(set(reads)), sorted(k for k in set(reads) if reads.count(k) > 1)
+    assert len(reads) >= len(lazy)
+    assert not mapped, mapped[:3]
+
+
 def test_load_progress_is_reported_for_large_loads():
     import io
     out = io.StringIO()
