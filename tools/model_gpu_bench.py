@@ -60,7 +60,8 @@ converted to the dtype once and repeated (bench_weights), so 16 GB build in seco
 block scales, FP4 routed experts, the rest BF16), kept quantised on the device. --compare-dtype
 bf16: the fused decode of the same shape with BF16 weights in the same run (tokens/s side by side).
 --load: the checkpoint written to a directory (--load-dir, default a temporary one) and read back
-by Model.load in a child process: seconds, GB/s of the checkpoint's bytes, the child's peak RSS.
+by Model.load in a child process: seconds, GB/s of the checkpoint's bytes, the child's peak RSS
+(and its anonymous, file-mapped and shared resident bytes once loaded).
 V4-Flash's depth in the published format on one GPU: `--layers 43 --experts 8 --dtype fp8`
 (each token reads 6 routed experts + the shared one whatever the expert count, so the bytes read
 per token are those of the 256-expert model).
@@ -218,8 +219,10 @@ def load_speed(cfg, weights, directory):
     child = ("import json, resource, sys, time\n"
              "from dsv4_vk.model import Model\n"
              "t = time.perf_counter(); m = Model.load(sys.argv[1], max_ctx=%d); s = time.perf_counter() - t\n"
+             "rss = {k: int(v.split()[0]) * 1024 for k, v in (line.split(':', 1) for line in open('/proc/self/status'))"
+             " if k in ('RssAnon', 'RssFile', 'RssShmem')}\n"
              "print(json.dumps({'load_s': s, 'peak_rss_bytes': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss"
-             " * 1024, 'device_weights': m.memory()['weights']}))" % cfg.max_ctx)
+             " * 1024, 'rss_after_load_bytes': rss, 'device_weights': m.memory()['weights']}))" % cfg.max_ctx)
     r = subprocess.run([sys.executable, "-c", child, d], capture_output=True, text=True)
     if r.returncode:
         raise RuntimeError(f"the load child failed: {r.stderr[-3000:]}")
