@@ -23,7 +23,7 @@ from dsv4_vk.model import Model, V4Config
 from dsv4_vk.model.checkpoint import CheckpointError, QuantWeight, load_hf, write_random
 from dsv4_vk.model.config import ConfigError
 from dsv4_vk.ops import get_op, mul_mat
-from dsv4_vk.ops.mul_mat import quant_arrays
+from dsv4_vk.ops.mul_mat import QUANT, quant_arrays
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIX = os.path.join(ROOT, "tests", "fixtures")
@@ -81,7 +81,7 @@ def close(got, ref, what):
 # --- kernels --------------------------------------------------------------------------------------------
 
 # (N, K): partial last blocks (300 rows, 260 inputs), K % 4 != 0 (scalar loads), K = 4096 (V4's D)
-SHAPES = {"fp8": [(300, 260), (37, 4096), (9, 70)], "fp4": [(40, 96), (33, 4096), (7, 70)]}
+SHAPES = {"fp8": [(300, 260), (37, 4096), (9, 70), (20, 208)], "fp4": [(40, 96), (33, 4096), (7, 70)]}
 
 
 def check_mul_mat(rng, as_gpu=False):
@@ -226,6 +226,25 @@ def test_kernels_as_on_a_gpu(spread, rows, rng, monkeypatch, device):
     check_mul_mat(rng)
     check_mul_mat_id(rng)
     check_shared_expert_in_the_same_dispatch(rng)
+
+
+@pytest.mark.parametrize("as_gpu,rows", [(False, 1), (True, 1), (True, 4)])
+def test_gemv_16_byte_loads(as_gpu, rows, rng, monkeypatch, device):
+    """The GEMV at one token loading a uvec4 of codes a step (GEMV_QUANT_LOAD 16: FP8 K % 16 == 0, FP4
+    K % 32 == 0, a partial 128-block at the row's end included) matches the float64 dequantisation;
+    other widths keep the word loads."""
+    if as_gpu:
+        monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    monkeypatch.setitem(mul_mat.GEMV_QUANT_LOAD, "bytes", 16)
+    monkeypatch.setitem(mul_mat.GEMV_QUANT_ROWS, "rows", rows)
+    for fmt, K, wide in (("fp8", 208, 1), ("fp8", 260, 0), ("fp4", 96, 1), ("fp4", 80, 0)):
+        g = Graph()
+        sr, sc = QUANT[fmt].grid(37, K)
+        g.op("MUL_MAT", g.input("x", (1, K)), g.input("w", (37, QUANT[fmt].words(K)), "i32"),
+             g.input("s", (-(-sr * sc // 4),), "i32"), wq=fmt)
+        (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+        assert launch.spec[3] == wide, (fmt, K)
+    check_mul_mat(rng)
 
 
 def test_quantised_weights_are_checked():
@@ -476,6 +495,9 @@ def worker():
     check_mul_mat(np.random.default_rng(8))
     check_mul_mat_id(np.random.default_rng(9))
     mul_mat.GEMV_QUANT_ROWS["rows"], moe.MUL_MAT_ID_UNROLL["rows"] = 1, None
+    mul_mat.GEMV_QUANT_LOAD["bytes"] = 16
+    check_mul_mat(np.random.default_rng(10))
+    mul_mat.GEMV_QUANT_LOAD["bytes"] = 4
     print("worker: kernels ok")
     for name in FIXTURES:
         for fused in (True, False):

@@ -199,6 +199,10 @@ GEMV_UNROLL = {"unroll": None, "spread": None}
 # x load then serves that many rows (x is read from cache 4 (FP8) or 8 (FP4) times the weight
 # bytes at one row). Tests and the benches set it; 1 until measured on a GPU.
 GEMV_QUANT_ROWS = {"rows": 1}
+# Bytes of codes a GEMV lane loads a step over quantised weights at one token (spec constant WIDE):
+# 4 (a word, its scale looked up each time) or 16 (a uvec4 and one scale byte, where K % 16 (FP8) or
+# K % 32 (FP4) is 0 and the rows are 16-byte aligned; else 4). Tests and the benches set it.
+GEMV_QUANT_LOAD = {"bytes": 4}
 GEMV_SPREAD = 1 << 18                   # (an H200 holds 132 SMs × 2048 invocations)
 GEMV_WG_MAX = 256
 
@@ -318,7 +322,11 @@ class MulMat(OpDef):
                 grid, spec = grid_1d(rows, WORKGROUP // lane_defs["LANES"]), (WORKGROUP, unroll)
             defines.update(lane_defs, MODE_GEMV=1, TB=tb)
             if fmt and tb == 1 and "VEC4" in defines:
-                spec = spec + (nr,)         # the rows a cluster (spec constant 2)
+                load = GEMV_QUANT_LOAD["bytes"]
+                if load not in (4, 16):
+                    raise ValueError(f"GEMV_QUANT_LOAD['bytes'] must be 4 or 16, got {load!r}")
+                wide = load == 16 and K % (16 if fmt.bits == 8 else 32) == 0 and vec4_ok(w)
+                spec = spec + (nr, int(wide))   # the rows a cluster, the 16-byte loads (spec constants 2, 3)
         elif kernel == "gemm_regs":
             defines["MODE_GEMM_REGS"] = 1
             grid = grid_1d(b[0] * b[1] * -(-T // 4) * -(-N // 4), WORKGROUP)
