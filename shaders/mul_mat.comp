@@ -113,21 +113,6 @@ layout(constant_id = 2) const uint NR = 1;
 // uvec4s), with one scale byte (an FP8 block of 128 holds 8 such loads, an FP4 group of 32 is
 // one), the row's scale grid row found once before the loop; 0: a 4-byte word a step (W4_ROW).
 layout(constant_id = 3) const uint WIDE = 0;
-layout(binding = W_BINDING) readonly buffer WQ4 { uvec4 wq4[]; };
-#if defined(W_FP8)
-const uint XV = 4u;             // x vec4s a uvec4 of codes covers
-#else
-const uint XV = 8u;
-#endif
-float wide_dot(uvec4 v, vec4 xv[XV]) {
-#if defined(W_FP8)
-    return dot(xv[0], q_fp8x4(v.x)) + dot(xv[1], q_fp8x4(v.y)) + dot(xv[2], q_fp8x4(v.z)) + dot(xv[3], q_fp8x4(v.w));
-#else
-    return dot(xv[0], q_fp4x4(v.x)) + dot(xv[1], q_fp4x4(v.x >> 16)) + dot(xv[2], q_fp4x4(v.y)) +
-           dot(xv[3], q_fp4x4(v.y >> 16)) + dot(xv[4], q_fp4x4(v.z)) + dot(xv[5], q_fp4x4(v.z >> 16)) +
-           dot(xv[6], q_fp4x4(v.w)) + dot(xv[7], q_fp4x4(v.w >> 16));
-#endif
-}
 void main() {
     uint NB = (p.N + NR - 1) / NR;
     uint item = cluster_id();
@@ -141,25 +126,19 @@ void main() {
     [[unroll]] for (uint i = 0; i < NR; ++i) { wb[i] = w_row(b0, b1, n0 + i); a[i] = 0.0; }
     uint K4 = WIDE != 0u ? 0u : p.K / 4, k = lane;
     if (WIDE != 0u) {
-        uint sb[NR];            // each row's first scale byte of its grid row
-        [[unroll]] for (uint i = 0; i < NR; ++i) {
-            uint row = wb[i] / p.q_kw, m = row / p.q_rows;
-            sb[i] = (m * p.q_srows + (row - m * p.q_rows) / Q_BR) * p.q_sc;
-        }
+        uint sb[NR];
+        [[unroll]] for (uint i = 0; i < NR; ++i) sb[i] = q_scale_row(wb[i]);
         for (uint KU = p.q_kw / 4u; k < KU; k += LANES) {
-            vec4 xv[XV];
-            [[unroll]] for (uint c = 0; c < XV; ++c) {
-                xv[c] = x4[xr / 4 + k * XV + c];
+            vec4 xv[Q_XV];
+            [[unroll]] for (uint c = 0; c < Q_XV; ++c) {
+                xv[c] = x4[xr / 4 + k * Q_XV + c];
 #if defined(NORM_X)
                 s2 += dot(xv[c], xv[c]);
-                xv[c] *= g4[p.g_off / 4 + k * XV + c];
+                xv[c] *= g4[p.g_off / 4 + k * Q_XV + c];
 #endif
             }
-            [[unroll]] for (uint i = 0; i < NR; ++i) {
-                uvec4 v = wq4[wb[i] / 4u + k];
-                uint si = sb[i] + k * XV * 4u / Q_BC;
-                a[i] += q_e8m0((wscale[si >> 2] >> ((si & 3u) << 3)) & 0xFFu) * Q_UNIT * wide_dot(v, xv);
-            }
+            [[unroll]] for (uint i = 0; i < NR; ++i)
+                a[i] += q_scale_at(sb[i] + k * Q_XV * 4u / Q_BC) * q_wide_dot(wq4[wb[i] / 4u + k], xv);
         }
     }
     for (; k + (UNROLL - 1) * LANES < K4; k += UNROLL * LANES) {

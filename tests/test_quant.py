@@ -123,7 +123,7 @@ def check_mul_mat_id(rng):
     """SwiGLU (norm folded or not) and the weighted sum over quantised experts; w13 keeps a grid for
     the gate rows and one for the up rows of each expert (grid_rows = F), as loaded."""
     op = get_op("MUL_MAT_ID")
-    for fmt, D, F in (("fp4", 256, 64), ("fp4", 96, 40), ("fp8", 200, 136), ("fp8", 66, 34)):
+    for fmt, D, F in (("fp4", 256, 64), ("fp4", 96, 40), ("fp8", 200, 136), ("fp8", 66, 34), ("fp8", 144, 80)):
         T, E = 3, 5
         route = get_op("MOE_ROUTE").reference(rng.standard_normal((T, E)), top_k=3).astype(np.float32)
         parts13 = [random_quant(rng, fmt, F, D) for _ in range(2 * E)]
@@ -245,6 +245,27 @@ def test_gemv_16_byte_loads(as_gpu, rows, rng, monkeypatch, device):
         (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
         assert launch.spec[3] == wide, (fmt, K)
     check_mul_mat(rng)
+
+
+@pytest.mark.parametrize("as_gpu,rows", [(False, 1), (True, 2)])
+def test_expert_16_byte_loads(as_gpu, rows, rng, monkeypatch, device):
+    """MUL_MAT_ID over quantised experts loading a uvec4 of codes a step (MUL_MAT_ID_UNROLL load 16,
+    where K allows it; the FP8 shared expert beside FP4 ones keeps word loads) matches the float64
+    dequantisation."""
+    from dsv4_vk.ops import moe
+    if as_gpu:
+        monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    monkeypatch.setitem(moe.MUL_MAT_ID_UNROLL, "load", 16)
+    monkeypatch.setitem(moe.MUL_MAT_ID_UNROLL, "rows", rows)
+    for fmt, K, wide in (("fp8", 144, 1), ("fp8", 136, 0), ("fp4", 96, 1), ("fp4", 40, 0)):
+        g = Graph()
+        sr, sc = QUANT[fmt].grid(16, K)
+        g.op("MUL_MAT_ID", g.input("x", (2, 3, K)), g.input("w", (4, 16, QUANT[fmt].words(K)), "i32"),
+             g.input("r", (2, 3, 2)), g.input("s", (-(-4 * sr * sc // 4),), "i32"), mode="sum", wq=fmt)
+        (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+        assert launch.spec[3] == wide, (fmt, K)
+    check_mul_mat_id(rng)
+    check_shared_expert_in_the_same_dispatch(rng)
 
 
 def test_quantised_weights_are_checked():
@@ -495,9 +516,11 @@ def worker():
     check_mul_mat(np.random.default_rng(8))
     check_mul_mat_id(np.random.default_rng(9))
     mul_mat.GEMV_QUANT_ROWS["rows"], moe.MUL_MAT_ID_UNROLL["rows"] = 1, None
-    mul_mat.GEMV_QUANT_LOAD["bytes"] = 16
+    mul_mat.GEMV_QUANT_LOAD["bytes"] = moe.MUL_MAT_ID_UNROLL["load"] = 16
     check_mul_mat(np.random.default_rng(10))
-    mul_mat.GEMV_QUANT_LOAD["bytes"] = 4
+    check_mul_mat_id(np.random.default_rng(11))
+    check_shared_expert_in_the_same_dispatch(np.random.default_rng(12))
+    mul_mat.GEMV_QUANT_LOAD["bytes"], moe.MUL_MAT_ID_UNROLL["load"] = 4, None
     print("worker: kernels ok")
     for name in FIXTURES:
         for fused in (True, False):

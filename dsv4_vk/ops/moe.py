@@ -80,9 +80,12 @@ class MoeRoute(OpDef):
 # Alone, 4 routes with unroll 2 were faster than the default (tools/bench_moe.py,
 # results/h200/moe_h200.txt); in the model, as a specialization constant, they were slower.
 # Left at 1 until the literal form is measured in the model beside "wg".
-MUL_MAT_ID_UNROLL = {"unroll": None, "routes": None, "wg": None, "rows": None}
+MUL_MAT_ID_UNROLL = {"unroll": None, "routes": None, "wg": None, "rows": None, "load": None}
 # "rows": mode="sum" over quantised experts, output rows a cluster (1, 2 or 4; spec constant 2):
 # each x load serves that many rows. None: 1 until measured on a GPU.
+# "load": quantised experts, bytes of codes a lane loads a step (4 or 16; spec constant 3): 16, a
+# uvec4 and one scale byte where K % 16 (FP8) or K % 32 (FP4) is 0 and the rows 16-byte aligned
+# (else 4). None: 4 until measured on a GPU.
 
 
 @register
@@ -231,7 +234,12 @@ class MulMatId(OpDef):
         if mode == "sum":         # a power of two ≤ 8 (the shader's variants), at most R's; quantised: 1
             routes = 1 if fmt else MUL_MAT_ID_UNROLL["routes"] or 1
             defs["ROUTES"] = min(1 << (int(routes).bit_length() - 1), next_pow2(R), 8)
-        rows = (nr,) if mode == "sum" else ()
+        load = MUL_MAT_ID_UNROLL["load"] or 4
+        if load not in (4, 16):
+            raise ValueError(f"MUL_MAT_ID_UNROLL['load'] must be 4 or 16, got {load!r}")
+        wide = bool(fmt) and load == 16 and "VEC4" in defs and K % (16 if fmt.bits == 8 else 32) == 0 and \
+            all(a % 4 == 0 for a in (w.offset, w.strides[0], w.strides[1]))
+        rows = (nr, int(wide))      # spec constants 2 (MODE_SUM's rows a cluster) and 3 (16-byte loads)
         if wg:
             return [Launch("mul_mat_id", args, (out_index,), push, grid_1d(items, 1), defines=defs,
                            spec=(wg, unroll) + rows)]
