@@ -31,8 +31,9 @@ against the measured time per token; and RMS_NORM's share of the profiled decode
 ratios; ";" between variants, "," between knobs of one: fold_mb (norms folded only into mat-muls
 reading at most this many MiB of weights a token, model.build.NORM_FOLD), gemv_unroll,
 gemv_spread (0: subgroup-lane clusters only) (ops.mul_mat.GEMV_UNROLL), gemv_rows (output rows a
-GEMV cluster over quantised weights, ops.mul_mat.GEMV_QUANT_ROWS), moe_unroll, moe_routes,
-moe_wg, moe_rows (the sum's output rows a cluster over quantised experts; ops.moe.MUL_MAT_ID_UNROLL),
+GEMV cluster over quantised weights, ops.mul_mat.GEMV_QUANT_ROWS), gemv_load (bytes of codes a lane
+loads a step, 4 or 16; ops.mul_mat.GEMV_QUANT_LOAD), moe_unroll, moe_routes, moe_wg, moe_rows (the
+sum's output rows a cluster over quantised experts), moe_load (4 or 16; ops.moe.MUL_MAT_ID_UNROLL),
 indexer (1: CSA layers run their indexer even where its
 top-k keeps every entry the cache can hold, as at this preset's 1024-token cache;
 model.build.INDEXER), mqa_literal (1: MQA_ATTENTION's per-lane arrays with literal sizes,
@@ -94,10 +95,12 @@ KNOBS = {"fold_mb": (build.NORM_FOLD, "max_bytes", lambda v: int(float(v) * 2**2
          "gemv_unroll": (mul_mat.GEMV_UNROLL, "unroll", int),
          "gemv_spread": (mul_mat.GEMV_UNROLL, "spread", int),
          "gemv_rows": (mul_mat.GEMV_QUANT_ROWS, "rows", int),
+         "gemv_load": (mul_mat.GEMV_QUANT_LOAD, "bytes", int),
          "moe_unroll": (moe.MUL_MAT_ID_UNROLL, "unroll", int),
          "moe_routes": (moe.MUL_MAT_ID_UNROLL, "routes", int),
          "moe_wg": (moe.MUL_MAT_ID_UNROLL, "wg", int),
          "moe_rows": (moe.MUL_MAT_ID_UNROLL, "rows", int),
+         "moe_load": (moe.MUL_MAT_ID_UNROLL, "load", int),
          "indexer": (build.INDEXER, "always", lambda v: bool(int(v))),
          "mqa_literal": (v4_attention.MQA_ARRAYS, "literal", lambda v: bool(int(v))),
          "mix_wg": (mix_kernels.MIX_TUNING, "wg", int),
