@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; - | ROPE_Q
+//! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; - | ROPE_Q
 // ATTENTION over a KV cache: out[t, h, :] = Σ_{j < n} softmax_j(scale · q̃[t, h]·k[j, h]) · v[j, h]
 // with p = pos[0] + t read from a device buffer, n = p + 1 (causal: the chunk's own keys were
 // written to the cache by KV_WRITE before this dispatch) and q̃ = RoPE(q) at position p (-D ROPE_Q).

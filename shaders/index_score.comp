@@ -1,7 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS
-//! variants: LANES=2,4,8,16,32 SCATTER | LANES=2,4,8,16,32 LANES_SUBGROUP_OPS SCATTER
+//! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS
+//! variants: LANES_SHUFFLE SCATTER | LANES_SUBGROUP_OPS SCATTER
 #if defined(SCATTER)
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
@@ -18,7 +18,7 @@
 // one cluster of LANES lanes (lanes.glsl) per (t, w); lane l takes channels l, l + LANES,
 // ... (PER_LANE of them, the key's kept in registers for every head); one cluster sum per head,
 // HEADS heads at a time (their loads and sums issued together, then added in head order: the
-// same arithmetic as one head at a time). -D SCATTER (subgroup shuffles, LANES ≤ 32): LANES heads a
+// same arithmetic as one head at a time). -D SCATTER (subgroup shuffles, LANES ≤ 32, its array of literal size 32): LANES heads a
 // step, each lane's parts of their dot products reduced by a transposing butterfly that leaves head
 // h0 + lane's whole dot in lane `lane` (LANES − 1 shuffles per lane for LANES heads, where cluster sums
 // take log2(LANES) per head, which were half the kernel's time on the H200), the
@@ -61,7 +61,7 @@ void main() {
         }
 #if defined(SCATTER)
         for (uint h0 = 0; h0 < p.nh; h0 += LANES) {
-            float d[LANES];
+            float d[32];                    // LANES ≤ 32 heads: a literal size keeps d in registers
             [[unroll]] for (uint j = 0; j < LANES; ++j) {
                 uint qb = p.q_off + t * p.q_s0 + min(h0 + j, p.nh - 1u) * p.q_s1;
                 d[j] = 0.0;

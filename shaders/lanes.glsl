@@ -1,13 +1,16 @@
 // Reductions over clusters of LANES consecutive subgroup lanes, without shared memory or barriers.
-// LANES (a -D define, a power of two no larger than the subgroup) is chosen on the host from the
-// device caps (ops.base.cluster_lanes):
-//   LANES == 1                   no subgroup operation at all: the fallback for devices without them;
-//   LANES_SUBGROUP_OPS defined   the cluster is the whole subgroup: subgroupAdd / subgroupMax;
-//   otherwise                    a butterfly of subgroupShuffleXor by 1, 2, .. LANES/2.
+// LANES, a power of two no larger than the subgroup, is specialization constant 15 (named: the host
+// passes it as a define, shader.specialize), chosen on the host from the device caps
+// (ops.base.cluster_lanes); a define picks how a cluster reduces, since each gates an extension:
+//   none                         LANES is 1, no subgroup operation at all: the fallback for devices
+//                                without them;
+//   -D LANES_SUBGROUP_OPS        the cluster is the whole subgroup: subgroupAdd / subgroupMax;
+//   -D LANES_SHUFFLE             a butterfly of subgroupShuffleXor by 1, 2, .. LANES/2 (unrolled by
+//                                the driver once LANES is known).
 // A cluster never straddles two subgroups (LANES divides the subgroup size and the workgroup is
 // launched as full subgroups), so the shuffles only read lanes of the same cluster. A cluster is
 // active or inactive as a whole, so callers may return early per cluster.
-// -D LANES_WORKGROUP instead of LANES: the cluster is the whole workgroup (one row per workgroup,
+// -D LANES_WORKGROUP instead: the cluster is the whole workgroup (one row per workgroup,
 // for few long rows such as one token's D = 4096 at decode): LANES is the workgroup size, sums and
 // maxima are subgroup reductions plus one shared-memory step (wg_reduce.glsl), with a barrier
 // before it so that one reduction may follow another. Every invocation of the workgroup must call
@@ -48,10 +51,8 @@ vec2 cluster_sum2(vec2 v) {
     return vec2(wg_total(0u), wg_total(1u));
 }
 #else
-#ifndef LANES
-#error "define LANES"
-#endif
-#if LANES > 1
+#if defined(LANES_SUBGROUP_OPS) || defined(LANES_SHUFFLE)
+#define LANES_CLUSTER 1
 #extension GL_KHR_shader_subgroup_basic : require
 #if defined(LANES_SUBGROUP_OPS)
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -60,11 +61,16 @@ vec2 cluster_sum2(vec2 v) {
 #endif
 #endif
 #include "common.glsl"
+#if defined(LANES_CLUSTER)
+layout(constant_id = 15) const uint LANES = 2;
+#else
+const uint LANES = 1u;
+#endif
 
 // Position of this invocation in its workgroup in subgroup order, so that LANES consecutive
 // positions are LANES consecutive lanes of one subgroup whatever the driver's lane mapping.
 uint lane_linear() {
-#if LANES > 1
+#if defined(LANES_CLUSTER)
     return gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
 #else
     return gl_LocalInvocationID.x;
@@ -75,9 +81,9 @@ uint cluster_id() { return flat_group() * (gl_WorkGroupSize.x / LANES) + lane_li
 uint cluster_lane() { return lane_linear() % LANES; }
 
 // v summed over the cluster, in place, for a float or a vector (GLSL has no generic functions).
-#if LANES > 1 && defined(LANES_SUBGROUP_OPS)
+#if defined(LANES_SUBGROUP_OPS)
 #define CLUSTER_ADD(v) v = subgroupAdd(v)
-#elif LANES > 1
+#elif defined(LANES_SHUFFLE)
 #define CLUSTER_ADD(v) [[unroll]] for (uint m = 1; m < LANES; m <<= 1) v += subgroupShuffleXor(v, m)
 #else
 #define CLUSTER_ADD(v)
@@ -88,9 +94,9 @@ float cluster_sum(float v) { CLUSTER_ADD(v); return v; }
 vec2 cluster_sum2(vec2 v) { CLUSTER_ADD(v); return v; }
 
 float cluster_max(float v) {
-#if LANES > 1 && defined(LANES_SUBGROUP_OPS)
+#if defined(LANES_SUBGROUP_OPS)
     v = subgroupMax(v);
-#elif LANES > 1
+#elif defined(LANES_SHUFFLE)
     [[unroll]] for (uint m = 1; m < LANES; m <<= 1) v = max(v, subgroupShuffleXor(v, m));
 #endif
     return v;

@@ -1,7 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; - | MODE_HCA | MODE_CSA ; - | TILED ; - | Q_NORM
-//! variants: LANES=2,4,8,16,32 LANES_SUBGROUP_OPS | LANES=2,4,8,16,32 ; - | MODE_HCA | MODE_CSA ; - | TILED ; - | Q_NORM ; LITERAL_ARRAYS
+//! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; - | MODE_HCA | MODE_CSA ; - | TILED ; - | Q_NORM
+//! variants: LANES_SUBGROUP_OPS | LANES_SHUFFLE ; - | MODE_HCA | MODE_CSA ; - | TILED ; - | Q_NORM ; LITERAL_ARRAYS
 // MQA_ATTENTION: DeepSeek-V4's attention, one shared key = value head for all H query heads.
 // For chunk token t at p = pos[0] + t and head h the key list is
 //   raw rows j of kv with p − WINDOW < j ≤ p (the sliding window; kv [kv_rows, hd] is a ring,

@@ -1,8 +1,8 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: MODE_GEMV ; - | VEC4 ; LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1,2,3,4,5,6,7,8 ; - | W_BF16 | W_F16 ; - | NORM_X
-//! variants: MODE_GEMV ; VEC4 ; LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1,8 ; W_FP8 | W_FP4 ; - | NORM_X
-//! variants: MODE_GEMV ; LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1 ; W_FP8 | W_FP4 ; NORM_X
+//! variants: MODE_GEMV ; - | VEC4 ; - | LANES_SHUFFLE | LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1,2,4,8 ; - | W_BF16 | W_F16 ; - | NORM_X
+//! variants: MODE_GEMV ; VEC4 ; - | LANES_SHUFFLE | LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1,8 ; W_FP8 | W_FP4 ; - | NORM_X
+//! variants: MODE_GEMV ; - | LANES_SHUFFLE | LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1 ; W_FP8 | W_FP4 ; NORM_X
 //! variants: MODE_GEMM_REGS ; - | VEC4 ; - | W_BF16 | W_F16 | W_FP8 | W_FP4
 //! variants: MODE_GEMM_SHARED ; - | W_BF16 | W_F16 | W_FP8 | W_FP4
 // MUL_MAT: d[b0, b1, t, n] = Σ_k x[b0, b1, t, k] · w[b0, b1, n, k]  (x @ wᵀ), f32 accumulation.
@@ -33,6 +33,9 @@
 //                     rms(x) = sqrt(mean_k x² + eps), g [K] at binding 3: each cluster sums x² beside
 //                     its dot product (x is a few KB, read from cache), so RMS_NORM → MUL_MAT at
 //                     decode is one dispatch, not two.
+// LANES is specialization constant 15 (lanes.glsl); TB, the tokens of a GEMV block (1, 2, 4 or 8:
+// the host rounds T up to a power of two), stays a define because it sizes the per-token arrays of
+// the hot loop, which literal sizes keep in registers.
 // GEMV's spec constant 1, UNROLL: vec4 steps a lane loads before adding them (TB = 1), so that
 // that many weight loads per lane are in flight (decode reads each weight once: memory-level
 // parallelism decides its speed).

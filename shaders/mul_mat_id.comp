@@ -1,11 +1,11 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; MODE_SWIGLU ; - | VEC4 ; - | W_BF16 | W_F16 ; - | NORM_X
-//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS | LANES_WORKGROUP ; MODE_SUM ROUTES=1,2,4,8 ; - | VEC4 ; - | HAS_ADD ; - | W_BF16 | W_F16
-//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; MODE_SWIGLU ; - | VEC4 ; W_FP8 | W_FP4 ; - | NORM_X
-//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS | LANES_WORKGROUP ; MODE_SUM ROUTES=1 ; - | VEC4 ; - | HAS_ADD ; W_FP8 | W_FP4
-//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; MODE_SWIGLU ; - | VEC4 ; W_FP4 SHARED_FP8 ; - | NORM_X
-//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS | LANES_WORKGROUP ; MODE_SUM ROUTES=1 ; - | VEC4 ; - | HAS_ADD ; W_FP4 SHARED_FP8
+//! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; MODE_SWIGLU ; - | VEC4 ; - | W_BF16 | W_F16 ; - | NORM_X
+//! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS | LANES_WORKGROUP ; MODE_SUM ROUTES=1,2,4,8 ; - | VEC4 ; - | HAS_ADD ; - | W_BF16 | W_F16
+//! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; MODE_SWIGLU ; - | VEC4 ; W_FP8 | W_FP4 ; - | NORM_X
+//! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS | LANES_WORKGROUP ; MODE_SUM ROUTES=1 ; - | VEC4 ; - | HAS_ADD ; W_FP8 | W_FP4
+//! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; MODE_SWIGLU ; - | VEC4 ; W_FP4 SHARED_FP8 ; - | NORM_X
+//! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS | LANES_WORKGROUP ; MODE_SUM ROUTES=1 ; - | VEC4 ; - | HAS_ADD ; W_FP4 SHARED_FP8
 // MUL_MAT_ID: matrix products with the experts the router chose, route[t, r] = (id, weight)
 // (MOE_ROUTE's output; ids are exact floats), weights w [E, N, K] stacked per expert:
 //   MODE_SWIGLU  x [T, 1 or R, K] (stride 0 over r: the same token row for every route), w [E, 2F, K]:

@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS ; - | PARTIAL | CANDIDATES
+//! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; - | PARTIAL | CANDIDATES
 // SAMPLE: a token per row of logits [T, V], on the device. cfg = (temperature, top_k) (f32 buffer),
 // state = (seed, counter) (i32 buffer). The top_k largest finite logits (ties: the lower id) are
 // found by top_k passes of a cluster argmax; temperature ≤ 0 or top_k = 1 is greedy (the first);
@@ -115,7 +115,7 @@ void main() {
     uint lo = c * p.chunk;
     int n = select_top(p.l_off + row * p.l_s0, lo, min(lo + p.chunk, p.V), top_k, vals, ids);
     uint ob = p.o_off + row * p.o_s0 + c * uint(MAX_TOP_K) * 2u;
-    for (int j = int(cluster_lane()); j < MAX_TOP_K; j += LANES) {
+    for (int j = int(cluster_lane()); j < MAX_TOP_K; j += int(LANES)) {
         cand[ob + 2u * uint(j)] = j < n ? vals[j] : NEG_INF;
         cand[ob + 2u * uint(j) + 1u] = j < n ? float(ids[j]) : -1.0;      // ids < 2^24: exact floats
     }

@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: LANES=1 | LANES=2,4,8,16,32,64,128 | LANES=2,4,8,16,32,64,128 LANES_SUBGROUP_OPS
+//! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS
 //! variants: LANES_WORKGROUP
 // Softmax over the last axis of a 4-D strided view: d[r, j] = exp(s·x[r, j] − m) / Σ_j exp(s·x[r, j] − m),
 // m = max_j s·x[r, j]. Output any strided view (in place allowed: each lane rereads then writes

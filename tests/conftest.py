@@ -1,6 +1,9 @@
+import contextlib
+
 import numpy as np
 import pytest
 
+from dsv4_vk.core.tuning import tuned
 from dsv4_vk.vk import default_device
 
 
@@ -16,3 +19,10 @@ def rng(request):
     request.node.user_properties.append(("seed", seed))
     print(f"seed={seed}")
     return np.random.default_rng(seed)
+
+
+@pytest.fixture
+def tune():
+    """tune({"gemv.unroll": 2, ...}): set tuning knobs (dsv4_vk.core.tuning) for the rest of the test."""
+    with contextlib.ExitStack() as stack:
+        yield lambda overrides=None, **kw: stack.enter_context(tuned(overrides, **kw))

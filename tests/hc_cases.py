@@ -642,14 +642,9 @@ def test_tcr_refuses_what_it_cannot_take(ex, rng):
 
 @contextlib.contextmanager
 def tuning(table, **values):
-    """Set layout knobs of a tuning table for the duration of a block."""
-    old = dict(table)
-    table.update(values)
-    try:
+    """Set knobs of a tuning table (core.tuning.KnobTable) for the duration of a block."""
+    with table.tuned(**values):
         yield
-    finally:
-        table.clear()
-        table.update(old)
 
 
 def mix_layouts_case(ex, T, D, m, layout, seed):
@@ -676,11 +671,11 @@ def mix_layouts_case(ex, T, D, m, layout, seed):
     assert (np.abs(part - pref) <= 64 * U * pmag + 1e-30).all(), np.abs(part - pref).max()
 
 
-def test_site_kernels_fold_past_65535_workgroups(ex, rng, monkeypatch):
+def test_site_kernels_fold_past_65535_workgroups(tune, ex, rng, monkeypatch):
     """One token per workgroup (no D split; KSPLIT: blocks of one token) and one HC_SITE workgroup per token: grids
     folded into y. (Workgroups of one subgroup: lavapipe runs barriers slowly.)"""
     sg = ex.device.subgroup_size
-    monkeypatch.setitem(ops_hc.SLICE_TUNING, "wg", sg)
+    tune({"slice.wg": sg})
     T, D = 65537, 4
     i = site_inputs(rng, T, D)
     # the per-token kernel (one token per workgroup), then KSPLIT (one token per block)

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-import dsv4_vk.core.executor as executor_module
+import dsv4_vk.core.recording as recording_module
 from dsv4_vk.core.executor import Executor
 from dsv4_vk.core.graph import Graph
 from dsv4_vk.vk import ShaderCompileError, compile_shader
@@ -105,7 +105,7 @@ def test_replay_gives_new_results_without_recording(rng, monkeypatch):
     cg, rec = ex.last, ex.last.recording
     assert rec.n_submits == 1
     # any recording from now on is an error
-    monkeypatch.setattr(executor_module, "Recorder", lambda *a, **k: pytest.fail("graph was re-recorded"))
+    monkeypatch.setattr(recording_module, "Recorder", lambda *a, **k: pytest.fail("graph was re-recorded"))
     for _ in range(2):
         x2 = rng.standard_normal((5, 7)).astype(np.float32)
         np.testing.assert_allclose(ex.run(g, x=x2)["y"], small_reference(x2, w), rtol=1e-5, atol=1e-7)
@@ -379,6 +379,46 @@ def test_variant_declarations_parse():
         shader_module.parse_variants("//! variants: 9X")
 
 
+
+# The wheel prebuilds every declared variant: shape knobs are specialization constants (one SPIR-V
+# for all their values), so the count follows types and features only. A bound, so it cannot creep.
+VARIANT_BUDGET = 900
+
+
+def test_declared_variants_stay_within_the_budget():
+    counts = {p.stem: len(shader_module.declared_variants(p.stem)) for p in shader_module.shader_dir().glob("*.comp")}
+    top = sorted(counts.items(), key=lambda kv: -kv[1])[:5]
+    assert sum(counts.values()) <= VARIANT_BUDGET, f"{sum(counts.values())} variants, the most in {top}"
+
+
+def test_no_variant_passes_a_specialization_constant_as_a_define():
+    for p in shader_module.shader_dir().glob("*.comp"):
+        named = set(shader_module.spec_constants(p.stem))
+        for key in shader_module.declared_variants(p.stem):
+            assert not named & set(dict(key)), f"{p.name} declares a variant defining {named & set(dict(key))}"
+
+
+def test_named_specialization_constants_are_split_from_the_defines(tmp_path, monkeypatch):
+    assert shader_module.spec_constants("softmax")["LANES"] == 15
+    defines, spec = shader_module.specialize("softmax", {"LANES": np.int64(8), "LANES_SHUFFLE": 1})
+    assert defines == {"LANES_SHUFFLE": 1} and spec == {15: 8}
+    for bad in ("8", 2.0, -1, 1 << 32, True):
+        with pytest.raises(ShaderCompileError, match=r"softmax.comp: LANES=.* is a specialization constant"):
+            shader_module.specialize("softmax", {"LANES": bad, "LANES_SHUFFLE": 1})
+    monkeypatch.setenv("DSV4_VK_CACHE_DIR", str(tmp_path))
+    with pytest.raises(ShaderCompileError, match="LANES name specialization constants, not compile-time defines"):
+        compile_shader("softmax", {"LANES": 8, "LANES_SHUFFLE": 1})
+
+
+def test_pipeline_cache_keys_on_named_specialization_constants(device):
+    from dsv4_vk.vk.errors import VulkanError
+    four = device.pipelines.get("softmax", 2, {"LANES": 4, "LANES_SHUFFLE": 1}, (256,))
+    eight = device.pipelines.get("softmax", 2, {"LANES": 8, "LANES_SHUFFLE": 1}, (256,))
+    assert four is not eight and four.handle != eight.handle
+    assert device.pipelines.get("softmax", 2, {"LANES_SHUFFLE": 1, "LANES": 4}, (256,)) is four
+    with pytest.raises(VulkanError, match=r"constants \[15\] are given both by position"):
+        device.pipelines.get("softmax", 2, {"LANES": 4, "LANES_SHUFFLE": 1}, (256,) + (1,) * 15)
+
 # --- executor params shared by graphs ----------------------------------------------------------------
 
 def test_params_are_shared_by_graphs_and_persist_across_replays(rng):
@@ -415,3 +455,53 @@ def test_params_are_shared_by_graphs_and_persist_across_replays(rng):
     assert all(cg.recording.cmd is None for cg in compiled)
     with pytest.raises(ValueError, match="param 'w' holds 56 f32, graph wants 48 f32"):
         ex.run(g_mm, x=x)
+
+
+# --- tuning knobs ---------------------------------------------------------------------------------
+
+def _hc_pre_graph(T, D):
+    g = Graph()
+    g.output("u", g.op("HC_PRE", g.input("x", (T, 4, D)), g.input("w", (T, 4))))
+    return g
+
+
+def test_a_changed_tuning_knob_gives_a_new_program(rng, device):
+    """A knob is part of every cache key that depends on it: the graph signature (Executor), the HC
+    functions' program cache. Under another value the op lowers to another grid, and the program
+    compiled under the old value is not reused; back at the old value, the old program is."""
+    import dsv4_vk as dv
+    from dsv4_vk.core.tuning import current, tuned
+    T, D = 3, 256                                   # 64 chunks: one workgroup a token by default
+    x, w = rng.standard_normal((T, 4, D)).astype(np.float32), rng.standard_normal((T, 4)).astype(np.float32)
+    ref = np.einsum("ts,tsd->td", w.astype(np.float64), x.astype(np.float64))
+    ex = Executor(device)
+    default = ex.compile(_hc_pre_graph(T, D))
+    with tuned({"slice.wg": 32}) as t:
+        assert current() is t and current()["slice.wg"] == 32 and t.overrides() == {"slice.wg": 32}
+        g = _hc_pre_graph(T, D)
+        assert g.tuning == t
+        small = ex.compile(g)
+        np.testing.assert_allclose(small.run(x=x, w=w)["u"], ref, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(dv.hc_pre(x, w, device=device), ref, rtol=1e-5, atol=1e-5)
+        api_grid = dv.last_run().details[0]
+    assert small is not default and small.graph.signature() != default.graph.signature()
+    assert [d.split(" grid ")[1].split()[0] for d in (default.dispatch_details[0], small.dispatch_details[0])] == \
+        [str(T), str(2 * T)]                        # 32-invocation workgroups: two a token
+    assert current()["slice.wg"] is None and ex.compile(_hc_pre_graph(T, D)) is default
+    dv.hc_pre(x, w, device=device)
+    assert " grid 3 " in dv.last_run().details[0] and " grid 6 " in api_grid   # the api's cache: a program each
+
+
+def test_tuning_refuses_unknown_knobs_and_writes():
+    """An unknown knob is refused naming the close one and every known one; tables are read-only."""
+    from dsv4_vk.core.tuning import Tuning, knobs, tuned
+    from dsv4_vk.ops import mul_mat
+    with pytest.raises(KeyError, match=r"unknown tuning knob 'gemv.unrol' \(did you mean 'gemv.unroll'\?\); "
+                                       r"known knobs: .*gemv.spread, gemv.unroll, .*slice.wg"):
+        Tuning({"gemv.unrol": 2})
+    with pytest.raises(KeyError, match="known knobs"), tuned(bogus=1):
+        pass
+    with pytest.raises(TypeError):
+        mul_mat.GEMV_UNROLL["unroll"] = 2          # type: ignore[index]
+    assert Tuning({"gemv.unroll": None}) == Tuning() and hash(Tuning({"gemv.unroll": 2})) == hash(Tuning(**{"gemv.unroll": 2}))
+    assert all(k.doc for k in knobs().values())

@@ -460,7 +460,7 @@ def test_hc_graphs_are_clean_under_validation(width):
 
 
 @pytest.mark.parametrize("ops, kernel", [(("basic", "arithmetic", "shuffle"), "ksplit"), (("basic", "arithmetic"), "token")])
-def test_many_tokens_mixes_on_a_gpu_take_ksplit_only_with_shuffles(env, device, monkeypatch, ops, kernel):
+def test_many_tokens_mixes_on_a_gpu_take_ksplit_only_with_shuffles(tune, env, device, monkeypatch, ops, kernel):
     """The mixes of many tokens on a GPU: KSPLIT where its lanes can shuffle, else the per-token kernel
     (never a KSPLIT launch the device would refuse). (`env`: the policy's choices for the faked
     device are forgotten afterwards.)"""
@@ -472,12 +472,12 @@ def test_many_tokens_mixes_on_a_gpu_take_ksplit_only_with_shuffles(env, device, 
     monkeypatch.setattr(tcr, "tcr_layout", lambda dev: "no cooperative matrices (this test's device)")
     lay = hc_plan.mix_layout(device, 4096, 1024)
     assert lay["split"] == (mix_kernels.KSPLIT_S if kernel == "ksplit" else 0) and "tile" not in lay
-    monkeypatch.setitem(hc.composite.PREFILL_CARRY, "prefill", True)     # the prefill carry is KSPLIT's too
+    tune({"carry.prefill": True})     # the prefill carry is KSPLIT's too
     assert hc.carries(device, None, 4096, 4096) == (kernel == "ksplit")
 
 
 @pytest.mark.parametrize("mode", [None, True, False, 1, 0])
-def test_prefill_carry_leaves_tcr_mixes_to_the_next_site(env, device, monkeypatch, mode):
+def test_prefill_carry_leaves_tcr_mixes_to_the_next_site(tune, env, device, monkeypatch, mode):
     """PREFILL_CARRY["prefill"] None (auto): a GPU whose mixes of many tokens run on TCR keeps the
     post plain there and the next site runs HC_MIX_FN_SPLIT + HC_MIX_TCR; below TCR_MIN_T, or where D
     has no whole 16-chunk steps, the post carries (KSPLIT). True carries everywhere past CARRY_MAX_T,
@@ -485,12 +485,12 @@ def test_prefill_carry_leaves_tcr_mixes_to_the_next_site(env, device, monkeypatc
     name. (The graphs are built, not run: lavapipe has no cooperative matrices, so the H200's layout
     is faked.)"""
     import dataclasses
-    from dsv4_vk.hc import mix_kernels, tcr
+    from dsv4_vk.hc import tcr
     sg = dataclasses.replace(device.caps.subgroup, operations=("basic", "arithmetic", "shuffle"),
                              full_subgroups=True, min_size=32, max_size=32)
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", subgroup=sg))
     monkeypatch.setattr(tcr, "tcr_layout", lambda dev: tcr.TCR_H200_LAYOUT)
-    monkeypatch.setitem(hc.composite.PREFILL_CARRY, "prefill", mode)
+    tune({"carry.prefill": mode})
     big, small = tcr.TCR_MIN_T, tcr.TCR_MIN_T - 1
     expect = {None: (False, True, True), True: (True, True, True), False: (False, False, False)}[
         None if mode is None else bool(mode)]
@@ -511,18 +511,18 @@ def test_prefill_carry_leaves_tcr_mixes_to_the_next_site(env, device, monkeypatc
     assert ops.count("HC_MIX_TCR") == 1, ops                           # this site's own mixes: TCR
 
     for bad in ("yes", 2, 0.5):
-        monkeypatch.setitem(hc.composite.PREFILL_CARRY, "prefill", bad)
-        with pytest.raises(ValueError, match=rf"PREFILL_CARRY\['prefill'\] must be None \(auto\), True or False, got {bad!r}"):
+        tune({"carry.prefill": bad})
+        with pytest.raises(ValueError, match=rf"tuning knob 'carry.prefill' must be None \(auto\), True or False, got {bad!r}"):
             hc.carries(device, None, big, 4096)
 
 
-def test_tcr_split_fits_the_workgroups_in_one_wave(env, device, monkeypatch):
+def test_tcr_split_fits_the_workgroups_in_one_wave(tune, env, device, monkeypatch):
     """TCR's chunks per split: where splits make between half a wave and one wave of workgroups (token
     blocks × splits), the smallest of them; else TCR_SPLIT (32), or 16 where the stream is shorter.
     mix_layout takes it where no split is set, on a GPU with the H200's layout (faked here: lavapipe
     has no cooperative matrices)."""
     import dataclasses
-    from dsv4_vk.hc import mix_kernels, tcr
+    from dsv4_vk.hc import tcr
     # D = 4096 (1024 chunks), blocks of 128 tokens: T = 512 → 4 blocks, 64 splits of 16 = 256 workgroups
     # (32: 128, also in the band; 16 is smaller); T = 1024: 32 → 256 (16 → 512, two waves); T = 2048: 64 →
     # 256; T = 4096: 512 workgroups at the least, no split in one wave: 32
@@ -539,23 +539,22 @@ def test_tcr_split_fits_the_workgroups_in_one_wave(env, device, monkeypatch):
     for T, chunks, split in ((512, 1024, 16), (2048, 1024, 64), (4096, 1024, 32), (1024, 1792, 64)):
         lay = hc_plan.mix_layout(device, T, chunks)
         assert (lay["tcr"], lay["tt"], lay["split"], lay["groups"]) == (1, 2, split, -(-chunks // split))
-    monkeypatch.setitem(mix_kernels.MIX_TUNING, "split", 32)           # a split set: that one
+    tune({"mix.split": 32})           # a split set: that one
     assert hc_plan.mix_layout(device, 2048, 1024, kernel="tcr")["split"] == 32
 
 
-def test_mixes_layout_errors_name_the_parameter(device, monkeypatch):
+def test_mixes_layout_errors_name_the_parameter(tune, device, monkeypatch):
     """Bad layouts of the mixes kernels: a clear ValueError naming what is wrong, at graph build or at
     compile, before anything runs."""
-    from dsv4_vk.hc import mix_kernels
     T, D = 70, 64
     g = Graph()
     X, fn = g.input("X", (T, 4, D)), g.input("fn", (24, 4 * D))
     with pytest.raises(ValueError, match=r"HC_MIX_PART: unknown parameter\(s\) \['tile'\]; accepted: "):
         g.op("HC_MIX_PART", X, fn, wg=64, groups=1, split=16, tile=1)
-    monkeypatch.setitem(mix_kernels.MIX_TUNING, "kernel", "bogus")
+    tune({"mix.kernel": "bogus"})
     with pytest.raises(ValueError, match="mixes kernel must be one of .* got 'bogus'"):
         hc_plan.mix_layout(device, T, D // 4)
-    monkeypatch.setitem(mix_kernels.MIX_TUNING, "kernel", None)
+    tune({"mix.kernel": None})
     g = Graph()
     f, res = g.input("f", (T, D)), g.input("res", (T, 4, D))
     post, comb, fn = g.input("post", (T, 4)), g.input("comb", (T, 4, 4)), g.input("fn", (24, 4 * D))
@@ -588,7 +587,7 @@ def test_mix_workgroup_must_hold_whole_streams():
     g.op("HC_MIX_PART", X, fn, wg=18, groups=1, split=16, lpt=1, tb=64)
 
 
-def test_tensor_core_mixes_kernel_refuses_what_it_cannot_run(env, device, monkeypatch):
+def test_tensor_core_mixes_kernel_refuses_what_it_cannot_run(tune, env, device, monkeypatch):
     """HC_MIX_PART's tensor-core kernel: bad tc values and layouts are ValueErrors naming the parameter;
     tc = 1 on a device without cooperative matrices (lavapipe; elsewhere faked, `env`) is HCUnsupported
     naming the extension and pointing at tc = 2, never a pipeline the driver would refuse."""
@@ -625,14 +624,14 @@ def test_tensor_core_mixes_kernel_refuses_what_it_cannot_run(env, device, monkey
         g.op("HC_POST_MIX", f, res, post, comb, fn, g.empty((T, 4, D)), wg=128, tc=2)
     with pytest.raises(ValueError, match=r"HC_POST_MIX: tc must be 0 .* got 5"):
         g.op("HC_POST_MIX", f, res, post, comb, fn, g.empty((T, 4, D)), wg=128, split=64, lpt=1, tb=64, tpl=1, tc=5)
-    monkeypatch.setitem(hc.composite.PREFILL_CARRY, "kernel", "tile")
-    with pytest.raises(ValueError, match=r"PREFILL_CARRY\['kernel'\] must be one of \('ksplit', 'tc'\), got 'tile'"):
+    tune({"carry.kernel": "tile"})
+    with pytest.raises(ValueError, match=r"tuning knob 'carry.kernel' must be one of \('ksplit', 'tc'\), got 'tile'"):
         hc.plan.carry_splits(64, D)
 
 
 @pytest.mark.parametrize("shapes, sg, want", [([(16, 8, 16), (16, 16, 16)], 32, 8), ([(16, 16, 16)], 32, 16),
                                               ([(16, 8, 16)], 64, None), ([(16, 8, 32)], 32, None), ([], 32, None)])
-def test_tensor_core_kernel_takes_the_devices_fp16_shape(env, device, monkeypatch, shapes, sg, want):
+def test_tensor_core_kernel_takes_the_devices_fp16_shape(tune, env, device, monkeypatch, shapes, sg, want):
     """tc = 1 where the device has a 16 × 8 (preferred: no padding of 24 rows) or 16 × 16 × 16 fp16 shape
     accumulating in fp32, with 32-lane subgroups (4 subgroups of 16 tokens); the portable tc = 2 otherwise."""
     import dataclasses
@@ -643,7 +642,7 @@ def test_tensor_core_kernel_takes_the_devices_fp16_shape(env, device, monkeypatc
     sgc = dataclasses.replace(device.caps.subgroup, min_size=sg, max_size=sg, size=sg)
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, coopmat=cm, subgroup=sgc))
     assert mix_kernels.tc_tile_n(device) == want
-    monkeypatch.setitem(mix_kernels.MIX_TUNING, "kernel", "tc")
+    tune({"mix.kernel": "tc"})
     lay = hc_plan.mix_layout(device, 4096, 1024)
     assert lay["tc"] == (1 if want else 2) and lay["groups"] == 1024 // mix_kernels.TC_SPLIT
 

@@ -345,7 +345,7 @@ def test_small_outputs_are_handed_out_again_only_once_nobody_holds_them(device, 
     # the program holds them in its size in the cache's budget
     dv.hc_comb(mixes[0], scale, base)
     cg = dv.last_run.__globals__["_local"].last()            # (a weak reference to the program)
-    assert cg._hold > 0 and cg.nbytes >= cg._hold
+    assert cg._outputs.hold > 0 and cg.nbytes >= cg._outputs.hold
 
 
 def test_a_program_rechecks_an_argument_set_that_changed_since_its_last_run(device, rng):

@@ -104,11 +104,10 @@ def test_the_attention_gpus_run_matches_too(monkeypatch, splits, chunk):
     assert any(T == 1 for T, _ in lowered)
 
 
-def test_prefill_with_the_posts_carrying_the_mixes_matches_too(monkeypatch):
+def test_prefill_with_the_posts_carrying_the_mixes_matches_too(tune, monkeypatch):
     """PREFILL_CARRY: prefill chunks of 16 tokens (past CARRY_MAX_T) chain their sites through
     HC_POST_MIX in KSPLIT's layout and HC_MIX_REDUCE of the carried partials."""
-    from dsv4_vk.hc import composite
-    monkeypatch.setitem(composite.PREFILL_CARRY, "prefill", True)
+    tune({"carry.prefill": True})
     cfg, w, e = fixture("mixed")
     m = Model(cfg, w, fused=True, prefill_chunk=16)
     m.prefill(e["prompt"])
@@ -120,10 +119,9 @@ def test_prefill_with_the_posts_carrying_the_mixes_matches_too(monkeypatch):
 
 
 @pytest.mark.parametrize("max_bytes", [0, 16384])
-def test_decode_with_fewer_norms_folded_matches_too(monkeypatch, max_bytes):
+def test_decode_with_fewer_norms_folded_matches_too(tune, monkeypatch, max_bytes):
     """Norms left as RMS_NORM dispatches for mat-muls reading more than max_bytes of weights (0:
     every one; 16384: the small ones fold, the larger ones share one RMS_NORM per norm)."""
-    from dsv4_vk.model import build
     cfg, w, e = fixture("mixed")
 
     def decode_nodes():
@@ -132,7 +130,7 @@ def test_decode_with_fewer_norms_folded_matches_too(monkeypatch, max_bytes):
         nodes = m.compiled("decode").graph.nodes
         return sum("rms_eps" in n.params for n in nodes), sum(n.op.name == "RMS_NORM" for n in nodes)
     all_folded, all_norms = decode_nodes()
-    monkeypatch.setitem(build.NORM_FOLD, "max_bytes", max_bytes)
+    tune({"norm_fold.max_bytes": max_bytes})
     folded, norms = decode_nodes()
     assert (folded == 0) == (max_bytes == 0) and folded < all_folded and norms > all_norms
     check_fixture("mixed", True)
@@ -191,12 +189,11 @@ def test_index_topk_above_64_over_a_long_prompt_matches_the_reference(rng):
     assert nmse(got, ref) <= NMSE_MAX and max_abs(got, ref) <= 1e-3 * np.abs(ref).max()
 
 
-def test_csa_attends_over_every_entry_without_its_indexer_where_top_k_keeps_them_all(rng, monkeypatch):
+def test_csa_attends_over_every_entry_without_its_indexer_where_top_k_keeps_them_all(tune, rng, monkeypatch):
     """index_topk ≥ max_ctx // rate: the top-k keeps every entry that can close, so the CSA layer
     runs no indexer (no INDEX_SCORE or TOPK, its weights and cache not uploaded) and attends over
     every closed entry — against the float64 reference, which runs the indexer, and against the same
     model built with its indexer."""
-    from dsv4_vk.model import build
     cfg = TINY.replace(index_topk=10)                       # CSA at rate 4, max_ctx 40: ≤ 10 entries
     w = random_weights(cfg, int(rng.integers(0, 2 ** 31)))
     ids = rng.integers(0, cfg.vocab_size, 36)
@@ -214,19 +211,18 @@ def test_csa_attends_over_every_entry_without_its_indexer_where_top_k_keeps_them
     assert nmse(got, ref) <= NMSE_MAX and max_abs(got, ref) <= 1e-3 * np.abs(ref).max()
     assert not {"INDEX_SCORE", "TOPK"} & ops(dense)
     assert not [n for n in dense.ex.params if ".indexer." in n or ".idx." in n]
-    monkeypatch.setitem(build.INDEXER, "always", True)
+    tune({"indexer.always": True})
     sparse = Model(cfg, w, prefill_chunk=8)
     assert {"INDEX_SCORE", "TOPK"} <= ops(sparse)
     assert nmse(logits(sparse), got) <= 1e-9
     assert sparse.memory()["weights"]["f32"] > dense.memory()["weights"]["f32"]
 
 
-def test_the_indexer_scores_only_from_the_position_where_its_top_k_drops_entries(rng, monkeypatch):
+def test_the_indexer_scores_only_from_the_position_where_its_top_k_drops_entries(tune, rng, monkeypatch):
     """TINY's CSA layer (rate 4, top-3 of up to 10 entries): up to position 14 every closed entry is
     kept, so those chunks and steps run graphs without the indexer's scores and top-k (its keys are
     still compressed); from 15 on it scores. Against the float64 reference and against the model
     that scores everywhere; the profile counts one TOPK a step from position 15."""
-    from dsv4_vk.model import build
     w = random_weights(TINY, int(rng.integers(0, 2 ** 31)))
     ids = rng.integers(0, TINY.vocab_size, 30)
 
@@ -241,7 +237,7 @@ def test_the_indexer_scores_only_from_the_position_where_its_top_k_drops_entries
     ref = V4Reference(TINY, w).forward(ids)
     assert nmse(got, ref) <= NMSE_MAX and max_abs(got, ref) <= 1e-3 * np.abs(ref).max()
     assert ops["TOPK"]["dispatches"] == 29 - 15 + 1                   # the steps at positions 15..29
-    monkeypatch.setitem(build.INDEXER, "always", True)
+    tune({"indexer.always": True})
     everywhere, ops = logits(Model(TINY, w, prefill_chunk=8))
     assert ops["TOPK"]["dispatches"] == 29 - 9 + 1 and nmse(everywhere, got) <= 1e-9
 
@@ -303,7 +299,7 @@ def test_decode_replays_one_recording_and_updates_the_cache_on_the_device(monkey
 
     def no_recording(*a, **k):
         raise AssertionError("a decode step recorded commands")
-    monkeypatch.setattr(executor_module.CompiledGraph, "_record", no_recording)
+    monkeypatch.setattr(executor_module, "record_graph", no_recording)
     monkeypatch.setattr(executor_module.CompiledGraph, "__init__", no_recording)
     for _ in range(10):
         m.step()

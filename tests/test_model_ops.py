@@ -97,17 +97,16 @@ def test_moe_route_picks_top_k_with_ties_to_the_lower_id(router, norm, rng):
     (20, 12, None, None, None, 2), (400, 200, 4, None, None, 2), (400, 200, 3, 2, None, 2),
     (400, 200, 4, 4, None, 6), (20, 12, 1, 3, None, 6), (400, 200, 2, 4, 64, 6), (20, 12, 1, 8, 16, 2)])
 @pytest.mark.parametrize("as_gpu", [False, True])
-def test_mul_mat_id_reads_only_the_chosen_experts(as_gpu, D, F, unroll, routes, wg, top_k, rng, monkeypatch, device):
+def test_mul_mat_id_reads_only_the_chosen_experts(tune, as_gpu, D, F, unroll, routes, wg, top_k, rng, monkeypatch, device):
     """SwiGLU over the routes, then the weighted sum (+ add); an invalid id gives NaN, not a wild read.
     unroll: vec4 steps in flight per lane (400, 200: unrolled steps, then a tail of single steps);
     routes: the sum's routes loaded together (top_k + 1 routes: groups, then a padded last group);
     wg: the sum's outputs reduced by a workgroup of that many lanes each."""
-    from dsv4_vk.ops import moe
     if as_gpu:      # lower as for a GPU: subgroup-lane clusters over K instead of one lane per output
         monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
-    monkeypatch.setitem(moe.MUL_MAT_ID_UNROLL, "unroll", unroll)
-    monkeypatch.setitem(moe.MUL_MAT_ID_UNROLL, "routes", routes)
-    monkeypatch.setitem(moe.MUL_MAT_ID_UNROLL, "wg", wg)
+    tune({"mul_mat_id.unroll": unroll})
+    tune({"mul_mat_id.routes": routes})
+    tune({"mul_mat_id.wg": wg})
     T, E = 5, 8
     route = get_op("MOE_ROUTE").reference(rng.standard_normal((T, E - 1)), top_k=top_k, n_shared=1).astype(np.float32)
     route[3, 1, 0] = E + 7                                 # out of range: token 3 -> NaN
@@ -169,7 +168,7 @@ def test_mul_mat_id_over_16bit_experts(dtype, as_gpu, rng, monkeypatch, device):
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("as_gpu,spread", [(False, None), (True, None), (True, 0)])
-def test_one_token_gemv_over_16bit_weights(dtype, as_gpu, spread, rng, monkeypatch, device):
+def test_one_token_gemv_over_16bit_weights(tune, dtype, as_gpu, spread, rng, monkeypatch, device):
     """MUL_MAT at T = 1 over bf16 / f16 weights, plain and with the RMS norm folded in, against
     float64: K of 4096, 200, 68, and a weight view starting 4 elements in. As on a GPU, 37 outputs
     are reduced by a workgroup each where K allows (K = 4096: 256 lanes), or by subgroup-lane
@@ -177,7 +176,7 @@ def test_one_token_gemv_over_16bit_weights(dtype, as_gpu, spread, rng, monkeypat
     from dsv4_vk.model.checkpoint import BF16
     if as_gpu:      # lower as for a GPU: lane clusters over K, 4 vec4 steps in flight
         monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
-    monkeypatch.setitem(mul_mat.GEMV_UNROLL, "spread", spread)
+    tune({"gemv.spread": spread})
     if as_gpu:      # the launch is the one the parameters name
         g = Graph()
         g.op("MUL_MAT", g.input("x", (1, 4096)), g.input("w", (37, 4096), dtype))
@@ -351,7 +350,7 @@ def test_gemv_with_a_workgroup_per_output(T, K, norm, rng, monkeypatch, device):
     assert nmse(got, ref) <= 1e-10 and max_abs(got, ref) <= 1e-4 * np.abs(ref).max()
 
 
-def test_gemv_workgroup_lanes_follow_the_outputs_and_the_device(device, monkeypatch):
+def test_gemv_workgroup_lanes_follow_the_outputs_and_the_device(tune, device, monkeypatch):
     """A workgroup per output only where outputs are too few to keep the spread of lanes busy in
     subgroup clusters; a power of two no larger than GEMV_WG_MAX, the device's workgroup limits and
     K / 8; never on CPU devices unless asked for."""
@@ -367,5 +366,5 @@ def test_gemv_workgroup_lanes_follow_the_outputs_and_the_device(device, monkeypa
     assert mul_mat.gemv_workgroup_lanes(device, 512, 4096) == (64 if sg < 64 else None)
     monkeypatch.setattr(device, "caps", dataclasses.replace(gpu, type="cpu"))
     assert mul_mat.gemv_workgroup_lanes(device, 512, 4096) is None
-    monkeypatch.setitem(mul_mat.GEMV_UNROLL, "spread", 1 << 18)
+    tune({"gemv.spread": 1 << 18})
     assert mul_mat.gemv_workgroup_lanes(device, 512, 4096) == mul_mat.GEMV_WG_MAX

@@ -20,7 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dsv4_vk.core.executor import CompiledGraph, Executor
+from dsv4_vk.core import recording
+from dsv4_vk.core.executor import Executor
 from dsv4_vk.core.graph import Graph
 from dsv4_vk.hc.metrics import max_abs, nmse, nonfinite_mismatch
 from dsv4_vk.ops import base, get_op
@@ -239,17 +240,17 @@ def out_view(g, shape, kind):
     return whole[tuple(slice(1, 2 * s + 1, 2) for s in shape)], whole
 
 
-_record = CompiledGraph._record
+_record = recording.record_launch
 
 
-def _record_folded(self, rec, node, launch):
+def _record_folded(rec, buffers, node, launch):
     """Record `launch` on a grid refolded to 3 groups in x: every kernel must recover its flat group
     index from (x, y) and skip the spare groups of the last row."""
     gx, gy, gz = launch.grid
     groups = gx * gy
     if groups > 1:
         launch = dataclasses.replace(launch, grid=(3, -(-groups // 3), gz))
-    _record(self, rec, node, launch)
+    _record(rec, buffers, node, launch)
 
 
 def run_op(name, spec, out_kind="new", fold=False, as_gpu=False):
@@ -279,7 +280,7 @@ def run_op(name, spec, out_kind="new", fold=False, as_gpu=False):
         g.output("whole", whole)
     ex = Executor()
     caps = dataclasses.replace(ex.device.caps, type="discrete-gpu") if as_gpu else ex.device.caps
-    with mock.patch.object(CompiledGraph, "_record", _record_folded if fold else CompiledGraph._record), \
+    with mock.patch.object(recording, "record_launch", _record_folded if fold else _record), \
             mock.patch.object(ex.device, "caps", caps):
         res = ex.run(g, **feeds)
     try:

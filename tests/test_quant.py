@@ -18,11 +18,12 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from dsv4_vk import Executor, Graph
+from dsv4_vk.core.tuning import tuned
 from dsv4_vk.hc.metrics import max_abs, nmse
 from dsv4_vk.model import Model, V4Config
 from dsv4_vk.model.checkpoint import CheckpointError, QuantWeight, load_hf, write_random
 from dsv4_vk.model.config import ConfigError
-from dsv4_vk.ops import get_op, mul_mat
+from dsv4_vk.ops import get_op
 from dsv4_vk.ops.mul_mat import QUANT, quant_arrays
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -194,31 +195,30 @@ def test_kernels_match_a_float64_dequantisation(rng):
     kernel_checks(rng)
 
 
-def test_gemv_rows_per_cluster_on_the_cpu_lowering(rng, monkeypatch):
-    monkeypatch.setitem(mul_mat.GEMV_QUANT_ROWS, "rows", 4)
+def test_gemv_rows_per_cluster_on_the_cpu_lowering(tune, rng, monkeypatch):
+    tune({"gemv_quant.rows": 4})
     check_mul_mat(rng)
 
 
 @pytest.mark.parametrize("rows,as_gpu", [(4, False), (2, True), (4, True)])
-def test_expert_sum_rows_per_cluster(rows, as_gpu, rng, monkeypatch, device):
+def test_expert_sum_rows_per_cluster(tune, rows, as_gpu, rng, monkeypatch, device):
     """MUL_MAT_ID's weighted sum over quantised experts with 2 or 4 output rows a cluster (N not a
     multiple of them: clamped rows not stored)."""
-    from dsv4_vk.ops import moe
     if as_gpu:
         monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
-    monkeypatch.setitem(moe.MUL_MAT_ID_UNROLL, "rows", rows)
+    tune({"mul_mat_id.rows": rows})
     check_mul_mat_id(rng)
     check_shared_expert_in_the_same_dispatch(rng)
 
 
 @pytest.mark.parametrize("spread,rows", [(None, 1), (0, 1), (None, 4), (0, 2)])
-def test_kernels_as_on_a_gpu(spread, rows, rng, monkeypatch, device):
+def test_kernels_as_on_a_gpu(tune, spread, rows, rng, monkeypatch, device):
     """Lowered for a GPU: lane clusters over K, GEMV outputs reduced by a workgroup (spread None) or
     by subgroup-lane clusters, 8 tokens a GEMV cluster, 4 loads in flight; at one token 1, 2 or 4
     output rows a cluster (N not a multiple of them: clamped rows not stored)."""
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
-    monkeypatch.setitem(mul_mat.GEMV_UNROLL, "spread", spread)
-    monkeypatch.setitem(mul_mat.GEMV_QUANT_ROWS, "rows", rows)
+    tune({"gemv.spread": spread})
+    tune({"gemv_quant.rows": rows})
     g = Graph()
     g.op("MUL_MAT", g.input("x", (1, 4096)), g.input("w", (37, 1024), "i32"), g.input("s", (8,), "i32"), wq="fp8")
     (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
@@ -229,14 +229,13 @@ def test_kernels_as_on_a_gpu(spread, rows, rng, monkeypatch, device):
 
 
 @pytest.mark.parametrize("as_gpu,rows", [(False, 1), (True, 1), (True, 4)])
-def test_gemv_16_byte_loads(as_gpu, rows, rng, monkeypatch, device):
-    """The GEMV at one token loading a uvec4 of codes a step (GEMV_QUANT_LOAD 16: FP8 K % 16 == 0, FP4
-    K % 32 == 0, a partial 128-block at the row's end included) matches the float64 dequantisation;
-    other widths keep the word loads."""
+def test_gemv_16_byte_loads(tune, as_gpu, rows, rng, monkeypatch, device):
+    """The GEMV at one token loading a uvec4 of codes a step (knob gemv_quant.load 16: FP8 K % 16 == 0,
+    FP4 K % 32 == 0, a partial 128-block at the row's end included) matches the float64
+    dequantisation; other widths keep the word loads."""
     if as_gpu:
         monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
-    monkeypatch.setitem(mul_mat.GEMV_QUANT_LOAD, "bytes", 16)
-    monkeypatch.setitem(mul_mat.GEMV_QUANT_ROWS, "rows", rows)
+    tune({"gemv_quant.load": 16, "gemv_quant.rows": rows})
     for fmt, K, wide in (("fp8", 208, 1), ("fp8", 260, 0), ("fp4", 96, 1), ("fp4", 80, 0)):
         g = Graph()
         sr, sc = QUANT[fmt].grid(37, K)
@@ -248,15 +247,13 @@ def test_gemv_16_byte_loads(as_gpu, rows, rng, monkeypatch, device):
 
 
 @pytest.mark.parametrize("as_gpu,rows", [(False, 1), (True, 2)])
-def test_expert_16_byte_loads(as_gpu, rows, rng, monkeypatch, device):
-    """MUL_MAT_ID over quantised experts loading a uvec4 of codes a step (MUL_MAT_ID_UNROLL load 16,
+def test_expert_16_byte_loads(tune, as_gpu, rows, rng, monkeypatch, device):
+    """MUL_MAT_ID over quantised experts loading a uvec4 of codes a step (knob mul_mat_id.load 16,
     where K allows it; the FP8 shared expert beside FP4 ones keeps word loads) matches the float64
     dequantisation."""
-    from dsv4_vk.ops import moe
     if as_gpu:
         monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
-    monkeypatch.setitem(moe.MUL_MAT_ID_UNROLL, "load", 16)
-    monkeypatch.setitem(moe.MUL_MAT_ID_UNROLL, "rows", rows)
+    tune({"mul_mat_id.load": 16, "mul_mat_id.rows": rows})
     for fmt, K, wide in (("fp8", 144, 1), ("fp8", 136, 0), ("fp4", 96, 1), ("fp4", 40, 0)):
         g = Graph()
         sr, sc = QUANT[fmt].grid(16, K)
@@ -499,10 +496,9 @@ def test_logits_match_transformers(name, fused):
     check_fixture(name, fused)
 
 
-def test_shared_expert_in_its_own_dispatches_matches_too(monkeypatch):
+def test_shared_expert_in_its_own_dispatches_matches_too(tune, monkeypatch):
     """The FP8 shared expert run apart from the FP4 routed ones (four MUL_MAT_IDs a layer, not two)."""
-    from dsv4_vk.model import build
-    monkeypatch.setitem(build.SHARED, "fused", False)
+    tune({"shared.fused": False})
     check_fixture("fp8", True)
 
 
@@ -511,16 +507,13 @@ def worker():
     from dsv4_vk.vk import default_device
     print(f"worker: subgroup size {default_device().subgroup_size}")
     kernel_checks(np.random.default_rng(7))
-    from dsv4_vk.ops import moe
-    mul_mat.GEMV_QUANT_ROWS["rows"] = moe.MUL_MAT_ID_UNROLL["rows"] = 2
-    check_mul_mat(np.random.default_rng(8))
-    check_mul_mat_id(np.random.default_rng(9))
-    mul_mat.GEMV_QUANT_ROWS["rows"], moe.MUL_MAT_ID_UNROLL["rows"] = 1, None
-    mul_mat.GEMV_QUANT_LOAD["bytes"] = moe.MUL_MAT_ID_UNROLL["load"] = 16
-    check_mul_mat(np.random.default_rng(10))
-    check_mul_mat_id(np.random.default_rng(11))
-    check_shared_expert_in_the_same_dispatch(np.random.default_rng(12))
-    mul_mat.GEMV_QUANT_LOAD["bytes"], moe.MUL_MAT_ID_UNROLL["load"] = 4, None
+    with tuned({"gemv_quant.rows": 2, "mul_mat_id.rows": 2}):
+        check_mul_mat(np.random.default_rng(8))
+        check_mul_mat_id(np.random.default_rng(9))
+    with tuned({"gemv_quant.load": 16, "mul_mat_id.load": 16}):
+        check_mul_mat(np.random.default_rng(10))
+        check_mul_mat_id(np.random.default_rng(11))
+        check_shared_expert_in_the_same_dispatch(np.random.default_rng(12))
     print("worker: kernels ok")
     for name in FIXTURES:
         for fused in (True, False):

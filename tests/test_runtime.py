@@ -109,6 +109,34 @@ def test_push_constants_too_large():
         pack_push(*range(33))
 
 
+def test_push_blocks_are_packed_by_field_name_and_checked():
+    """A launch's push fields are laid out in the order of the shader's own push_constant block (the
+    members its defines select), and a misnamed, missing or extra field, an array of the wrong
+    length or a value of the wrong type is refused naming the shader and the field."""
+    import struct
+    from dsv4_vk.core.opdef import Launch
+    from dsv4_vk.vk.push import pack_fields, push_block
+    names = [f.name for f in push_block("hc_pre", {"GATE": 1})]
+    assert names[:3] == ["T", "n_chunks", "groups_per_token"] and names[-4:] == ["s_off", "b_off", "b_s", "eps"]
+    assert [f.name for f in push_block("hc_pre", {})] == names[:-4]         # #if defined(GATE) left out
+    fields = {n: i for i, n in enumerate(names[:-1])} | {"eps": 0.5}
+    packed = pack_fields("hc_pre", {"GATE": 1}, dict(reversed(fields.items())))    # any order given
+    assert struct.unpack(f"<{len(names) - 1}If", packed) == (*range(len(names) - 1), 0.5)
+    for bad, match in [({**fields, "x_stt": 1}, r"hc_pre.comp: unknown field\(s\) x_stt"),
+                       ({k: v for k, v in fields.items() if k != "u_st"}, r"hc_pre.comp: missing field\(s\) u_st"),
+                       ({**fields, "T": 1.5}, r"push field T of hc_pre.comp is a uint: expected an integer"),
+                       ({**fields, "T": -1}, r"push field T of hc_pre.comp is a uint: -1 is out of its range"),
+                       ({**fields, "eps": "x"}, r"push field eps of hc_pre.comp is a float: expected a number")]:
+        with pytest.raises(ValueError, match=match):
+            Launch("hc_pre", [], (), bad, (1, 1, 1), defines={"GATE": 1})
+    with pytest.raises(ValueError, match=r"missing field\(s\) s_off, b_off, b_s, eps"):
+        pack_fields("hc_pre", {"GATE": 1}, {n: 0 for n in names[:-4]})           # the GATE members
+    block = {f.name: 0 for f in push_block("concat", {})}
+    assert len(pack_fields("concat", {}, {**block, "src": [0] * 20})) == 4 * (12 + 20)
+    with pytest.raises(ValueError, match=r"push field src of concat.comp is uint\[20\]: expected 20 values"):
+        pack_fields("concat", {}, {**block, "src": [0] * 19})
+
+
 def test_info_cli_json():
     r = _run("from dsv4_vk.__main__ import main; import sys; sys.exit(main(['info', '--json']))")
     assert r.returncode == 0, r.stderr

@@ -123,13 +123,13 @@ def test_compress(rng, overlap, rate, d, half, T, p0, rows):
                                                    (3, 130, 4, 7, 2, 12), (4, 16, 4, 6, 30, 13), (8, 8, 2, 1, 47, 16),
                                                    (4, 520, 8, 5, 3, 48)])
 @pytest.mark.parametrize("wg", [256, 32, 1])
-def test_compress_storing_the_chunk(rng, monkeypatch, wg, overlap, rate, d, half, T, p0, rows):
+def test_compress_storing_the_chunk(tune, rng, monkeypatch, wg, overlap, rate, d, half, T, p0, rows):
     """COMPRESS given the chunk's projections xs: it stores them into the state ring (as STORE_ROWS,
     positions past the capacity not at all) and pools this chunk's positions from xs — the entries
     and the state against STORE_ROWS then COMPRESS in float64; rings of exactly the rows the
     overlap needs (39 = 2·8 + 24 − 1, 13 = 2·4 + 6 − 1: wrapping within the chunk). Workgroups of
     256 (d = 520: three channels a lane), 32 and 1 invocations (the cap COMPRESS_WG)."""
-    monkeypatch.setitem(compress.COMPRESS_WG, "wg", wg)
+    tune({"compress.wg": wg})
     C = 48
     W = 2 * d if overlap else d
     cos, sin = tables(rng, C, half)
@@ -149,15 +149,15 @@ def test_compress_storing_the_chunk(rng, monkeypatch, wg, overlap, rate, d, half
     assert (got != ent).any(axis=1).sum() == sum((p + 1) % rate == 0 for p in range(p0, min(p0 + T, C)))
 
 
-def test_compress_workgroup_cap(monkeypatch):
+def test_compress_workgroup_cap(tune, monkeypatch):
     """COMPRESS's workgroup: the largest power of two within the cap, 256 and the device's limits; a
     cap below 1 is refused by name."""
     dev = Executor().device
     for cap, want in ((256, 256), (300, 256), (100, 64), (1, 1)):
-        monkeypatch.setitem(compress.COMPRESS_WG, "wg", cap)
+        tune({"compress.wg": cap})
         assert compress.compress_workgroup(dev) == min(want, dev.caps.limits.max_workgroup_invocations)
-    monkeypatch.setitem(compress.COMPRESS_WG, "wg", 0)
-    with pytest.raises(ValueError, match=r"COMPRESS_WG\['wg'\] must be at least 1, got 0"):
+    tune({"compress.wg": 0})
+    with pytest.raises(ValueError, match=r"tuning knob 'compress.wg' must be at least 1, got 0"):
         compress.compress_workgroup(dev)
 
 
@@ -180,12 +180,11 @@ def test_compress_storing_the_chunk_refuses_what_it_cannot_write():
 @pytest.mark.parametrize("heads", [None, 1, 3])
 @pytest.mark.parametrize("T,nh,hd,n,rate,p0", [(1, 16, 16, 9, 4, 37), (6, 4, 32, 12, 4, 3), (3, 64, 128, 300, 4, 1000),
                                                (2, 7, 20, 30, 4, 90), (1, 5, 8, 11, 4, 45)])
-def test_index_score(rng, monkeypatch, heads, T, nh, hd, n, rate, p0):
+def test_index_score(tune, rng, monkeypatch, heads, T, nh, hd, n, rate, p0):
     """heads: heads per step of the cluster-sum kernel (None: the default, SCATTER where the device has
     shuffles: LANES heads a step, e.g. 2 lanes at hd = 8 with 5 heads, the last step past the heads;
     3: a last step past the heads)."""
-    from dsv4_vk.ops import compress
-    monkeypatch.setitem(compress.INDEX_HEADS, "heads", heads)
+    tune({"index_score.heads": heads})
     arrays = [f32(rng, T, nh, hd), f32(rng, T, nh), f32(rng, n, hd), np.array([p0], np.int32)]
     got, ref, bad = run("INDEX_SCORE", arrays, {"rate": rate, "scale": hd ** -0.5 * nh ** -0.5, "capacity": 4096})
     closed = np.isfinite(ref)                       # the rest of a row is left unwritten (TOPK never reads it)
@@ -256,16 +255,12 @@ def test_topk_without_a_bound_ranks_every_entry(T, n, k, tile, seed):
 
 
 @pytest.mark.parametrize("wg,bits,staged", [(64, 4, 1), (16, 8, None), (256, 11, 3), (32, 12, 1), (128, 7, 50)])
-def test_topk_at_any_workgroup_digit_width_and_staging(monkeypatch, wg, bits, staged):
+def test_topk_at_any_workgroup_digit_width_and_staging(tune, wg, bits, staged):
     """TOPK's knobs: workgroups smaller and larger than k (ranks counted whole or in parts), digits
     of 4 to 12 bits (digits across the key's two words, the index's digits where scores tie), and
     the K-th bin's keys staged in shared memory or, past `staged` of them, selected by passes over
     the list itself; ties, NaN, ±inf and −1 padding, one tile or many."""
-    monkeypatch.setitem(compress.TOPK_WG, "cpu", wg)
-    monkeypatch.setitem(compress.TOPK_WG, "gpu", wg)
-    monkeypatch.setitem(compress.TOPK_BITS, "cpu", bits)
-    monkeypatch.setitem(compress.TOPK_BITS, "gpu", bits)
-    monkeypatch.setitem(compress.TOPK_STAGED, "keys", staged)
+    tune({"topk_wg.cpu": wg, "topk_wg.gpu": wg, "topk_bits.cpu": bits, "topk_bits.gpu": bits, "topk_staged.keys": staged})
     rng = np.random.default_rng(bits)
     for levels, k, tile in ((3, 40, None), (10 ** 6, 100, 64), (0, 7, None)):
         s = topk_scores(rng, 3, 500, levels, 4)
@@ -275,11 +270,11 @@ def test_topk_at_any_workgroup_digit_width_and_staging(monkeypatch, wg, bits, st
 
 
 @pytest.mark.parametrize("groups", [1, 3, 1000])
-def test_index_score_and_topk_tiles_with_any_workgroups_per_row(rng, monkeypatch, groups):
+def test_index_score_and_topk_tiles_with_any_workgroups_per_row(tune, rng, monkeypatch, groups):
     """INDEX_SCORE's blocks and TOPK_TILES's tiles shared among `groups` workgroups per row (each
     looping over its blocks below the row's bound; 1000: one block each, as on a GPU)."""
-    monkeypatch.setitem(compress.ROW_GROUPS, "cpu", groups)
-    monkeypatch.setitem(compress.ROW_GROUPS, "gpu", groups)
+    tune({"row_groups.cpu": groups})
+    tune({"row_groups.gpu": groups})
     T, nh, hd, n, rate, p0 = 3, 8, 16, 700, 2, 900                     # rows see 450..451 of 700 entries
     arrays = [f32(rng, T, nh, hd), f32(rng, T, nh), f32(rng, n, hd), np.array([p0], np.int32)]
     got, ref, bad = run("INDEX_SCORE", arrays, {"rate": rate, "scale": 0.25, "capacity": 4096})
@@ -330,7 +325,7 @@ def test_topk_reads_only_the_entries_that_exist():
 @pytest.mark.parametrize("kernel,keys,tile,literal", [
     ("cluster", None, None, False), ("cluster", 1, None, False), ("cluster", 3, None, False),
     ("tiled", None, None, False), ("tiled", None, 3, False), ("cluster", 3, None, True), ("tiled", None, 3, True)])
-def test_mqa_attention(rng, monkeypatch, kernel, keys, tile, literal, mode, T, H, hd, p0, window, rate, splits, rows,
+def test_mqa_attention(tune, rng, monkeypatch, kernel, keys, tile, literal, mode, T, H, hd, p0, window, rate, splits, rows,
                        q_norm=False):
     """rows < 64: kv is a ring of the last `rows` positions (≥ window + T − 1); the last case runs
     past the capacity 64 (NaN rows). keys: keys per step of the cluster kernel (None: its default;
@@ -338,11 +333,10 @@ def test_mqa_attention(rng, monkeypatch, kernel, keys, tile, literal, mode, T, H
     the tiled kernel (3: several tiles per split, a partial last one); literal: the per-lane arrays
     with literal sizes where they fit. q_norm: q as the projection wrote it (scaled up), normalised
     per head and rotated as it is loaded."""
-    from dsv4_vk.ops import v4_attention
-    monkeypatch.setitem(v4_attention.MQA_KEYS, "keys", keys)
-    monkeypatch.setitem(v4_attention.MQA_ARRAYS, "literal", literal)
+    tune({"mqa.keys": keys})
+    tune({"mqa_arrays.literal": literal})
     if tile is not None:
-        monkeypatch.setitem(v4_attention.MQA_TILE, "keys", tile)
+        tune({"mqa_tile.keys": tile})
     C = 64
     n_ent = C // rate
     arrays = [f32(rng, T, H, hd), f32(rng, rows, hd), np.array([p0], np.int32), f32(rng, H)]
@@ -379,20 +373,19 @@ def test_mqa_attention(rng, monkeypatch, kernel, keys, tile, literal, mode, T, H
 @pytest.mark.parametrize("kernel,tile", [("cluster", None), ("tiled", None), ("tiled", 3)])
 @pytest.mark.parametrize("case", [("csa", 1, 3, 48, 63, 8, 4, 3, 64), ("hca", 7, 3, 32, 30, 8, 8, 1, 64),
                                   ("sliding", 6, 2, 16, 30, 8, 1, 1, 13), ("sliding", 1, 2, 16, 63, 128, 1, 5, 64)])
-def test_mqa_attention_normalises_and_rotates_q(rng, monkeypatch, kernel, tile, case):
+def test_mqa_attention_normalises_and_rotates_q(tune, rng, monkeypatch, kernel, tile, case):
     """q_norm_eps: q's per-head RMS norm and RoPE as the attention loads it, against RMS_NORM then
     ROPE then the attention in float64 (split lists, a ring, positions past the capacity)."""
-    test_mqa_attention(rng, monkeypatch, kernel, None, tile, kernel == "tiled", *case, q_norm=True)
+    test_mqa_attention(tune, rng, monkeypatch, kernel, None, tile, kernel == "tiled", *case, q_norm=True)
 
 
-def test_mqa_literal_arrays_apply_where_they_fit(monkeypatch):
+def test_mqa_literal_arrays_apply_where_they_fit(tune, monkeypatch):
     """-D LITERAL_ARRAYS only where every per-lane array fits its literal size (the decode shape:
     head_dim 512 on 32-lane clusters, 16 channels a lane), never on one-lane clusters."""
     import dataclasses
-    from dsv4_vk.ops import v4_attention
     from dsv4_vk.vk import default_device
     dev = default_device()
-    monkeypatch.setitem(v4_attention.MQA_ARRAYS, "literal", True)
+    tune({"mqa_arrays.literal": True})
     monkeypatch.setattr(dev, "caps", dataclasses.replace(dev.caps, type="discrete-gpu"))
 
     def defines(hd):
@@ -412,17 +405,17 @@ def test_mqa_literal_arrays_apply_where_they_fit(monkeypatch):
 @pytest.mark.parametrize("q_norm", [False, True])
 @pytest.mark.parametrize("kernel", ["tiled", "cluster"])
 @pytest.mark.parametrize("case", [("csa", 1, 3, 48, 63, 8, 4, 3, 64), ("sliding", 5, 4, 32, 0, 8, 1, 1, 64)])
-def test_mqa_attention_without_subgroup_operations(rng, monkeypatch, kernel, case, q_norm):
+def test_mqa_attention_without_subgroup_operations(tune, rng, monkeypatch, kernel, case, q_norm):
     """A device without subgroup operations: one lane per head (LANES = 1), no cluster sums."""
     import dataclasses
     from dsv4_vk.vk import default_device
     dev = default_device()
     no_ops = dataclasses.replace(dev.caps.subgroup, operations=())
     monkeypatch.setattr(dev, "caps", dataclasses.replace(dev.caps, subgroup=no_ops))
-    test_mqa_attention(rng, monkeypatch, kernel, None, 3 if kernel == "tiled" else None, False, *case, q_norm=q_norm)
+    test_mqa_attention(tune, rng, monkeypatch, kernel, None, 3 if kernel == "tiled" else None, False, *case, q_norm=q_norm)
 
 
-def test_mqa_tiled_needs_shared_memory_for_a_key_row(rng, monkeypatch):
+def test_mqa_tiled_needs_shared_memory_for_a_key_row(tune, rng, monkeypatch):
     """A device whose shared memory cannot stage one key row: kernel="tiled" is refused by name,
     "auto" takes the cluster kernel, decode splits fall back to 128 keys each."""
     import dataclasses
@@ -437,7 +430,7 @@ def test_mqa_tiled_needs_shared_memory_for_a_key_row(rng, monkeypatch):
         _graph_error("MQA_ATTENTION", [np.zeros((1, 2, 512), np.float32), np.zeros((8, 512), np.float32),
                                        np.zeros(1, np.int32), np.zeros(2, np.float32)],
                      {"scale": 0.5, "window": 4, "kernel": "tiled"}, False)
-    test_mqa_attention(rng, monkeypatch, "auto", None, None, False, "sliding", 1, 2, 64, 40, 8, 1, 2, 64)
+    test_mqa_attention(tune, rng, monkeypatch, "auto", None, None, False, "sliding", 1, 2, 64, 40, 8, 1, 2, 64)
 
 
 @pytest.mark.parametrize("hashed", [False, True])
@@ -459,7 +452,7 @@ def test_v4_route(rng, hashed, scoring, T, E, k):
 @pytest.mark.parametrize("kind", ["rank", "rounds", "serial"])
 @pytest.mark.parametrize("scoring", ["sqrtsoftplus", "softmax"])
 @pytest.mark.parametrize("T,E,k", [(2, 1000, 6), (1, 2000, 8), (3, 7, 7), (65, 64, 3), (2, 256, 8), (1, 100, 6)])
-def test_v4_route_selection(rng, monkeypatch, kind, scoring, T, E, k):
+def test_v4_route_selection(tune, rng, monkeypatch, kind, scoring, T, E, k):
     """The workgroup-per-token selections — one-pass ranking up to 256 experts, rounds of a
     butterfly past them (or when ranking is off), the serial scan of devices without subgroup
     shuffles — against a stable descending sort: experts past one workgroup's width, k = E, equal
@@ -471,7 +464,7 @@ def test_v4_route_selection(rng, monkeypatch, kind, scoring, T, E, k):
         monkeypatch.setattr(moe, "route_workgroup", lambda device, n: None)
     else:                                                                 # lavapipe has the subgroup ops
         assert moe.route_workgroup(default_device(), E) in (64, 256)
-        monkeypatch.setitem(moe.ROUTE_RANK, "on", kind == "rank")
+        tune({"route_rank.on": kind == "rank"})
     assert moe.route_kernel(default_device(), E, False) == ("rounds" if kind == "rank" and E > 256 else kind)
     lg = f32(rng, T + 1, E, scale=3.0)
     lg[:, E // 3] = lg[:, E // 2] = lg[:, E - 1] = 2.5                   # ties: the lowest id wins

@@ -16,8 +16,8 @@ variants that decide their speed side by side in one run:
 - "topk" (not in the default --only): the indexer's TOPK over --topk-entries closed entries (8192:
   a 32k context), k 512, at tile sizes (TOPK_TILES + TOPK, or one TOPK where a tile holds them
   all), the same entries in caches 4× and 32× larger, and a quarter of them closed; then one TOPK
-  over them at each --topk-variants workgroup size and radix digit width (compress.TOPK_WG,
-  TOPK_BITS).
+  over them at each --topk-variants workgroup size and radix digit width (knobs topk_wg.*,
+  topk_bits.*).
 
 Each row: median over replays of one recorded command buffer, a timestamp after every dispatch
 (summed over the row's dispatches), after the clock warm-up.
@@ -38,7 +38,8 @@ from dsv4_vk.cli.floor import ClockWarmer
 from dsv4_vk.core.executor import Executor
 from dsv4_vk.core.graph import Graph
 from dsv4_vk.model.checkpoint import BF16
-from dsv4_vk.ops import compress, moe, mul_mat, sample, v4_attention
+from dsv4_vk.core.tuning import Tuning, tuned
+from dsv4_vk.ops import compress, sample, v4_attention
 
 
 def gpu_us(ex, g, feeds, replays, warm):
@@ -92,7 +93,7 @@ def moe_graphs(rng, w13, w2, R):
 def topk_rows(rng, row, cases, tiles):
     """The indexer's TOPK (k 512, rate 4) at decode: for each (cache entries n, position) in cases,
     the (pos + 1)/4 closed entries ranked, one TOPK per row or TOPK_TILES + TOPK per tile size
-    (None: the default, compress.TOPK_TILE)."""
+    (None: the default, knob topk_tile.entries)."""
     for n, pos in cases:
         scores = rng.standard_normal((1, n)).astype(np.float32)
         for tile in tiles:
@@ -117,15 +118,13 @@ def select_rows(ex, rng, args, warm, ctx, pos, D, E):
         rows.append({"op": label.split()[0], "label": label, "us": us, "dispatches": nd, **extra})
 
     for heads in (None, 1, 4, 8):                      # None: the default (SCATTER where it runs)
-        compress.INDEX_HEADS["heads"] = heads
-        g = Graph()
+        g = Graph(Tuning({"index_score.heads": heads}))
         g.output("s", g.op("INDEX_SCORE", g.input("q", (1, nI, hI)), g.input("w", (1, nI)), g.const(
             rng.standard_normal((n, hI)).astype(np.float32)), g.const(np.array([pos], np.int32)), rate=4,
             scale=hI ** -0.5 * nI ** -0.5, capacity=ctx))
         row(f"INDEX_SCORE {nI} heads x {hI}, {n} keys, heads/step {heads or 'default'}", g,
             {"q": rng.standard_normal((1, nI, hI)).astype(np.float32),
              "w": rng.standard_normal((1, nI)).astype(np.float32)}, heads=heads)
-    compress.INDEX_HEADS["heads"] = None
     topk_rows(rng, row, [(n, pos)], [None])
     g = Graph()
     g.output("r", g.op("V4_ROUTE", g.input("l", (1, E)), g.const(rng.standard_normal(E).astype(np.float32) * 0.1),
@@ -176,22 +175,20 @@ def main(argv=None):
         kernels = args.kernels.split(",")
         for kernel, keys in [("cluster", int(k)) for k in args.keys.split(",") if "cluster" in kernels] + \
                 [("tiled", None)] * ("tiled" in kernels):
-            v4_attention.MQA_KEYS["keys"] = keys
             line = [f"MQA {mode:7s} {kernel:7s} keys/cluster {keys or '-'}  ({n_keys} keys, decode splits {auto})"]
             for S in sorted({int(s) for s in args.splits.split(",")} | {auto}):
-                g = mqa_graph(rng, mode, H, hd, ctx, window, pos, S, n_ent, K, kernel)
+                with tuned({"mqa.keys": keys}):
+                    g = mqa_graph(rng, mode, H, hd, ctx, window, pos, S, n_ent, K, kernel)
                 us, n = gpu_us(ex, g, {}, args.replays, warm)
                 line.append(f"S={S}: {us:6.1f}")
                 results.append({"op": "MQA_ATTENTION", "mode": mode, "kernel": kernel, "keys": keys, "splits": S,
                                 "us": us, "dispatches": n, "n_keys": n_keys})
             print(" | ".join(line) + "  µs", flush=True)
-    v4_attention.MQA_KEYS["keys"] = None
     w = (rng.standard_normal((8 * D, D)) / np.sqrt(D)).astype(BF16)     # the dense projections' kernel
     gn = rng.standard_normal(D).astype(np.float32)
     for unroll in (int(u) for u in args.unroll.split(",")) if "mul_mat" in only else []:
-        mul_mat.GEMV_UNROLL["unroll"] = unroll
         for norm in (False, True):
-            g = Graph()
+            g = Graph(Tuning({"gemv.unroll": unroll}))
             g.output("y", g.op("MUL_MAT", g.input("x", (1, D)), g.const(w), *([g.const(gn)] if norm else []),
                                **({"rms_eps": 1e-6} if norm else {})))
             us, n = gpu_us(ex, g, {"x": rng.standard_normal((1, D)).astype(np.float32)}, args.replays, warm)
@@ -200,19 +197,17 @@ def main(argv=None):
                   f"{w.nbytes / us / 1e3:7.1f} GB/s of weights", flush=True)
             results.append({"op": "MUL_MAT", "shape": w.shape, "unroll": unroll, "norm": norm, "us": us,
                             "gbs": w.nbytes / us / 1e3})
-    mul_mat.GEMV_UNROLL["unroll"] = None
     if "mul_mat_id" in only:
         w13 = (rng.standard_normal((E, 2 * F, D), np.float32) / np.sqrt(D)).astype(BF16)   # generated once
         w2 = (rng.standard_normal((E, D, F), np.float32) / np.sqrt(F)).astype(BF16)
     for unroll in (int(u) for u in args.unroll.split(",")) if "mul_mat_id" in only else []:
-        moe.MUL_MAT_ID_UNROLL["unroll"] = unroll
-        for label, (g, feeds, nbytes) in zip(("swiglu (w13)", "swiglu + norm", "sum (w2)"),
-                                                 moe_graphs(rng, w13, w2, R)):
+        with tuned({"mul_mat_id.unroll": unroll}):
+            graphs = moe_graphs(rng, w13, w2, R)
+        for label, (g, feeds, nbytes) in zip(("swiglu (w13)", "swiglu + norm", "sum (w2)"), graphs):
             us, n = gpu_us(ex, g, feeds, args.replays, warm)
             print(f"MUL_MAT_ID {label:12s} unroll {unroll}  {us:8.1f} µs  {nbytes / us / 1e3:7.1f} GB/s of expert "
                   f"weights", flush=True)
             results.append({"op": "MUL_MAT_ID", "mode": label, "unroll": unroll, "us": us, "gbs": nbytes / us / 1e3})
-    moe.MUL_MAT_ID_UNROLL["unroll"] = None
     rows = [("RMS_NORM", (1, D), {"eps": 1e-6}), ("RMS_NORM", (1, H, hd), {"eps": 1e-6}),
             ("RMS_NORM", (1, 1024 if not args.quick else 64), {"eps": 1e-6})]
     for op, shape, prm in rows if "rows" in only else []:
@@ -234,20 +229,14 @@ def main(argv=None):
         # must follow the closed entries, not the capacity); then a quarter of them closed
         topk_rows(rng, row, [(n, 4 * n - 1), (4 * n, 4 * n - 1), (32 * n, 4 * n - 1), (n, n - 1)],
                   [None] + [int(t) for t in args.topk_tiles.split(",")])
-        knobs = (dict(compress.TOPK_WG), dict(compress.TOPK_BITS))
         for variant in args.topk_variants.split(","):
             wg, bits = (int(v) for v in variant.split(":"))
-            compress.TOPK_WG.update(gpu=wg, cpu=wg)
-            compress.TOPK_BITS.update(gpu=bits, cpu=bits)
-            ex = Executor(ex.device, timestamps=True)    # graphs are cached by signature: compile afresh
             scores = rng.standard_normal((1, n)).astype(np.float32)
-            g = Graph()
+            g = Graph(Tuning({"topk_wg.gpu": wg, "topk_wg.cpu": wg, "topk_bits.gpu": bits, "topk_bits.cpu": bits}))
             g.output("i", compress.topk(g, g.input("s", (1, n)), min(512, n), pos=g.const(np.array([4 * n - 1], np.int32)),
                                         rate=4, capacity=4 * n, tile=n))
             row(f"TOPK {n} entries, k {min(512, n)}, workgroup {wg}, {bits}-bit digits", g, {"s": scores}, wg=wg,
                 bits=bits, entries=n, valid=n)
-        compress.TOPK_WG.update(knobs[0])
-        compress.TOPK_BITS.update(knobs[1])
     warm.close()
     if args.json:
         Path(args.json).write_text(json.dumps({"device": ex.device.name, "results": results}, indent=2) + "\n")

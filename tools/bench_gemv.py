@@ -3,7 +3,7 @@
 bf16 weights or the published FP8 ones (--formats bf16,fp8: E4M3 codes and a scale per 128 × 128
 block; fp4 too), in GB/s of the weight bytes read (codes and scales) and as a share of the measured
 copy bandwidth, with
-its load knobs side by side in one run (ops.mul_mat.GEMV_UNROLL): a workgroup per output where
+its load knobs side by side in one run (tuning knobs gemv.unroll, gemv.spread): a workgroup per output where
 outputs are few (spread) against subgroup-lane clusters, and the steps in flight per lane (unroll);
 plain and with the RMS norm folded in. Each row: median over replays of a recording that runs the
 mat-mul `--repeat` times back to back (a timestamp before and after only), after the clock warm-up.
@@ -22,6 +22,7 @@ import numpy as np
 from dsv4_vk.cli import floor as F
 from dsv4_vk.cli.bench import median_gpu_us
 from dsv4_vk.core.graph import Graph
+from dsv4_vk.core.tuning import tuned
 from dsv4_vk.model.checkpoint import BF16
 from dsv4_vk.ops import mul_mat
 from dsv4_vk.ops.mul_mat import QUANT, quant_arrays
@@ -64,9 +65,9 @@ def main(argv=None):
     ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES), help="of " + ", ".join(s[0] for s in SHAPES))
     ap.add_argument("--formats", default="bf16", help="weight formats to compare: bf16, fp8, fp4")
     ap.add_argument("--rows", default="1", help="quantised weights: output rows a cluster to sweep "
-                    "(ops.mul_mat.GEMV_QUANT_ROWS: 1, 2, 4)")
+                    "(knob gemv_quant.rows: 1, 2, 4)")
     ap.add_argument("--load", default="4", help="quantised weights: bytes of codes a lane loads a step to "
-                    "compare (ops.mul_mat.GEMV_QUANT_LOAD: 4, 16)")
+                    "compare (knob gemv_quant.load: 4, 16)")
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
@@ -85,16 +86,9 @@ def main(argv=None):
                                       map(int, a.load.split(",") if fmt != "bf16" else ["4"]))
             for spread, unroll, nr, load in knobs:
                 spread = None if spread < 0 else spread
-                mul_mat.GEMV_UNROLL.update(unroll=unroll, spread=spread)
-                mul_mat.GEMV_QUANT_ROWS.update(rows=nr)
-                mul_mat.GEMV_QUANT_LOAD.update(bytes=load)
-                try:
+                with tuned({"gemv.unroll": unroll, "gemv.spread": spread, "gemv_quant.rows": nr, "gemv_quant.load": load}):
                     wg = mul_mat.gemv_workgroup_lanes(dev, -(-N // nr), K)
                     us = time_gemv(dev, weights, params, K, norm, a.replays, a.repeat, warm, rng)
-                finally:
-                    mul_mat.GEMV_UNROLL.update(unroll=None, spread=None)
-                    mul_mat.GEMV_QUANT_ROWS.update(rows=1)
-                    mul_mat.GEMV_QUANT_LOAD.update(bytes=4)
                 gbps = nbytes / (us * 1e3)
                 rows.append({"format": fmt, "shape": label, "N": N, "K": K, "norm": norm, "spread": spread,
                              "wg_lanes": wg, "unroll": unroll, "rows_per_cluster": nr, "load_bytes": load, "bytes": nbytes, "us": us,

@@ -3,7 +3,7 @@
 bf16 experts or the published FP4 ones (--formats bf16,fp4: E2M1 codes and a scale per 32
 inputs; fp8 too), in GB/s of the expert bytes read (codes and scales) and as a share of the
 measured copy bandwidth,
-with its load knobs side by side in one run (ops.moe.MUL_MAT_ID_UNROLL): the steps in flight per
+with its load knobs side by side in one run (tuning knobs mul_mat_id.*): the steps in flight per
 lane (unroll) and, for the weighted sum, the routes whose rows are loaded together (routes) and
 the lanes of a workgroup-wide cluster per output (wg; 0: subgroup-lane clusters). Each
 row: median over replays of a recording that runs the op `--repeat` times back to back (a
@@ -26,7 +26,7 @@ from dsv4_vk.cli import floor as F
 from dsv4_vk.cli.bench import median_gpu_us
 from dsv4_vk.core.graph import Graph
 from dsv4_vk.model.checkpoint import BF16
-from dsv4_vk.ops import moe
+from dsv4_vk.core.tuning import tuned
 from dsv4_vk.ops.mul_mat import QUANT, quant_arrays
 from dsv4_vk.vk import default_device
 
@@ -79,7 +79,7 @@ def main(argv=None):
     ap.add_argument("--rows", default="1", help="quantised experts: the sum's output rows a cluster to sweep "
                     "(1, 2, 4)")
     ap.add_argument("--load", default="4", help="quantised experts: bytes of codes a lane loads a step to "
-                    "compare (MUL_MAT_ID_UNROLL['load']: 4, 16)")
+                    "compare (knob mul_mat_id.load: 4, 16)")
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
@@ -105,12 +105,10 @@ def main(argv=None):
                 (int(v) for v in a.wg.split(",")), [int(v) for v in a.routes.split(",")], unrolls, nrs, loads)]
             for mode, (w, params, per_expert), norm, unroll, routes, wg, nr, load in cases:
                 K = D if mode == "swiglu" else Fd
-                g, inputs, nbytes = op_graph(mode, w, params, per_expert, K, route, norm, rng)
-                moe.MUL_MAT_ID_UNROLL.update(unroll=unroll, routes=routes, wg=wg, rows=nr, load=load)
-                try:
+                with tuned({"mul_mat_id.unroll": unroll, "mul_mat_id.routes": routes, "mul_mat_id.wg": wg,
+                            "mul_mat_id.rows": nr, "mul_mat_id.load": load}):
+                    g, inputs, nbytes = op_graph(mode, w, params, per_expert, K, route, norm, rng)
                     us = median_gpu_us(dev, g, inputs, a.replays, warm, a.repeat)
-                finally:
-                    moe.MUL_MAT_ID_UNROLL.update(unroll=None, routes=None, wg=None, rows=None, load=None)
                 gbps = nbytes / (us * 1e3)
                 rows.append({"format": fmt, "mode": mode, "norm": norm, "unroll": unroll, "routes": routes, "wg": wg,
                              "rows_per_cluster": nr, "load_bytes": load, "bytes": nbytes, "us": us, "gbps": gbps,

@@ -25,6 +25,7 @@ from dsv4_vk.hc import cases as C
 from dsv4_vk.hc import kernels as hc_ops, mix_kernels, plan as hc_plan
 from dsv4_vk.cli import floor as F
 from dsv4_vk.cli.bench import bench_path, dispatch_times
+from dsv4_vk.core.tuning import tuned
 from dsv4_vk.vk import default_device, memory
 
 TABLES = {"slice": hc_ops.SLICE_TUNING, "mix": mix_kernels.MIX_TUNING, "site": hc_plan.SITE_TUNING,
@@ -65,7 +66,6 @@ def main():
         memory.DEDICATED_FROM = a.dedicated_mib << 20
     knobs = a.set or [("slice", "wg", [int(v) for v in a.wg.split(",")]),
                       ("slice", "cpt", [int(v) for v in a.cpt.split(",")])]
-    saved = {t: dict(d) for t, d in TABLES.items()}
     dev = default_device()
     rows = []
     with F.ClockWarmer(dev, a.warm_ms) as warm:
@@ -79,25 +79,20 @@ def main():
                 made = {}                   # input shapes → inputs: drawn again only where a setting changes them
                 for values in itertools.product(*(v for _, _, v in knobs)):
                     setting = {f"{t}.{k}": v for (t, k, _), v in zip(knobs, values)}
-                    for (t, k, _), v in zip(knobs, values):
-                        TABLES[t][k] = v
                     try:
-                        # shaped under the setting (a carry's partials have the splits its kernel makes);
-                        # the same seed for every setting
-                        shapes = tuple(sorted((k, tuple(v)) for k, v in C.input_shapes(case).items()))
-                        if shapes not in made:
-                            made = {shapes: C.make_inputs(case, np.random.default_rng(0))}
-                        inputs = made[shapes]
-                        r = bench_path(dev, case, PATH.get(op, "fused"), inputs, a.replays, a.repeat, warm)
-                        parts = dispatch_times(dev, case, PATH.get(op, "fused"), inputs, a.replays, warm) \
-                            if a.per_dispatch else None
+                        with tuned(setting):
+                            # shaped under the setting (a carry's partials have the splits its kernel makes);
+                            # the same seed for every setting
+                            shapes = tuple(sorted((k, tuple(v)) for k, v in C.input_shapes(case).items()))
+                            if shapes not in made:
+                                made = {shapes: C.make_inputs(case, np.random.default_rng(0))}
+                            inputs = made[shapes]
+                            r = bench_path(dev, case, PATH.get(op, "fused"), inputs, a.replays, a.repeat, warm)
+                            parts = dispatch_times(dev, case, PATH.get(op, "fused"), inputs, a.replays, warm) \
+                                if a.per_dispatch else None
                     except Exception as e:          # a layout the device refuses: report, go on
                         print(f"{op:8s} T={T} D={D} {setting}: {type(e).__name__}: {e}")
                         continue
-                    finally:
-                        for t, d in saved.items():
-                            TABLES[t].clear()
-                            TABLES[t].update(d)
                     row = {"op": op, "T": T, "D": D, **setting, "gpu_us": r["gpu_us"], "gbps": r["gbps"],
                            "dispatches": r["dispatches"], "pct_copy_same_bytes": 100 * r["gbps"] / copy_same,
                            "pct_copy_1g": 100 * r["gbps"] / copy_1g, "copy_same_bytes_gbps": copy_same}

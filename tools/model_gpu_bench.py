@@ -29,19 +29,19 @@ but the unpicked routed experts and all but one embedding row) at the measured c
 against the measured time per token; and RMS_NORM's share of the profiled decode GPU time.
 --variants: more fused decode series in the same run, each with kernel knobs set, for side-by-side
 ratios; ";" between variants, "," between knobs of one: fold_mb (norms folded only into mat-muls
-reading at most this many MiB of weights a token, model.build.NORM_FOLD), gemv_unroll,
-gemv_spread (0: subgroup-lane clusters only) (ops.mul_mat.GEMV_UNROLL), gemv_rows (output rows a
-GEMV cluster over quantised weights, ops.mul_mat.GEMV_QUANT_ROWS), gemv_load (bytes of codes a lane
-loads a step, 4 or 16; ops.mul_mat.GEMV_QUANT_LOAD), moe_unroll, moe_routes, moe_wg, moe_rows (the
-sum's output rows a cluster over quantised experts), moe_load (4 or 16; ops.moe.MUL_MAT_ID_UNROLL),
+reading at most this many MiB of weights a token, knob norm_fold.max_bytes), gemv_unroll,
+gemv_spread (0: subgroup-lane clusters only) (knobs gemv.unroll, gemv.spread), gemv_rows (output rows a
+GEMV cluster over quantised weights, knob gemv_quant.rows), gemv_load (bytes of codes a lane loads a
+step, 4 or 16; knob gemv_quant.load), moe_unroll, moe_routes, moe_wg, moe_rows (the sum's output rows
+a cluster over quantised experts), moe_load (4 or 16; knobs mul_mat_id.*),
 indexer (1: CSA layers run their indexer even where its
 top-k keeps every entry the cache can hold, as at this preset's 1024-token cache;
-model.build.INDEXER), mqa_literal (1: MQA_ATTENTION's per-lane arrays with literal sizes,
-ops.v4_attention.MQA_ARRAYS), mix_wg (the first site's HC_MIX workgroup size: smaller ones split
-D into more workgroups; hc.mix_kernels.MIX_TUNING), compress_wg (COMPRESS's workgroup cap,
-ops.compress.COMPRESS_WG), mqa_tile (keys the tiled MQA_ATTENTION stages at a time; the decode
-splits follow: ops.v4_attention.MQA_TILE), route_rank (0: V4_ROUTE's rounds of a butterfly instead of
-its one-pass ranking, ops.moe.ROUTE_RANK); e.g.
+knob indexer.always), mqa_literal (1: MQA_ATTENTION's per-lane arrays with literal sizes,
+knob mqa_arrays.literal), mix_wg (the first site's HC_MIX workgroup size: smaller ones split
+D into more workgroups; knob mix.wg), compress_wg (COMPRESS's workgroup cap,
+knob compress.wg), mqa_tile (keys the tiled MQA_ATTENTION stages at a time; the decode
+splits follow: knob mqa_tile.keys), route_rank (0: V4_ROUTE's rounds of a butterfly instead of
+its one-pass ranking, knob route_rank.on); e.g.
 `--variants "fold_mb=64;fold_mb=0;gemv_unroll=8"`.
 --long: the long-context sweep instead (--out is then a directory: long_context.json and .txt):
 prefill tokens/s (chunks of --chunk tokens) and decode tokens/s at each of --positions (default
@@ -82,45 +82,44 @@ import numpy as np
 
 from dsv4_vk.cli import floor
 from dsv4_vk.core import profile
-from dsv4_vk.hc import mix_kernels
-from dsv4_vk.model import Model, build, checkpoint, random_weights
+from dsv4_vk.core.tuning import tuned
+from dsv4_vk.model import Model, checkpoint, random_weights
 from dsv4_vk.model.checkpoint import BF16
-from dsv4_vk.ops import compress, moe, mul_mat, v4_attention
 from dsv4_vk.model.config import preset
 from dsv4_vk.vk import default_device
 
 HOST_TARGET_US = 100.0
 DTYPES = {"f32": np.float32, "bf16": BF16, "f16": np.float16, "fp8": "fp8"}
-KNOBS = {"fold_mb": (build.NORM_FOLD, "max_bytes", lambda v: int(float(v) * 2**20)),
-         "gemv_unroll": (mul_mat.GEMV_UNROLL, "unroll", int),
-         "gemv_spread": (mul_mat.GEMV_UNROLL, "spread", int),
-         "gemv_rows": (mul_mat.GEMV_QUANT_ROWS, "rows", int),
-         "gemv_load": (mul_mat.GEMV_QUANT_LOAD, "bytes", int),
-         "moe_unroll": (moe.MUL_MAT_ID_UNROLL, "unroll", int),
-         "moe_routes": (moe.MUL_MAT_ID_UNROLL, "routes", int),
-         "moe_wg": (moe.MUL_MAT_ID_UNROLL, "wg", int),
-         "moe_rows": (moe.MUL_MAT_ID_UNROLL, "rows", int),
-         "moe_load": (moe.MUL_MAT_ID_UNROLL, "load", int),
-         "indexer": (build.INDEXER, "always", lambda v: bool(int(v))),
-         "mqa_literal": (v4_attention.MQA_ARRAYS, "literal", lambda v: bool(int(v))),
-         "mix_wg": (mix_kernels.MIX_TUNING, "wg", int),
-         "compress_wg": (compress.COMPRESS_WG, "wg", int),
-         "mqa_tile": (v4_attention.MQA_TILE, "keys", int),
-         "route_rank": (moe.ROUTE_RANK, "on", lambda v: bool(int(v)))}
+KNOBS = {"fold_mb": ("norm_fold.max_bytes", lambda v: int(float(v) * 2**20)),     # short name: (knob, parse)
+         "gemv_unroll": ("gemv.unroll", int),
+         "gemv_spread": ("gemv.spread", int),
+         "gemv_rows": ("gemv_quant.rows", int),
+         "gemv_load": ("gemv_quant.load", int),
+         "moe_unroll": ("mul_mat_id.unroll", int),
+         "moe_routes": ("mul_mat_id.routes", int),
+         "moe_wg": ("mul_mat_id.wg", int),
+         "moe_rows": ("mul_mat_id.rows", int),
+         "moe_load": ("mul_mat_id.load", int),
+         "indexer": ("indexer.always", lambda v: bool(int(v))),
+         "mqa_literal": ("mqa_arrays.literal", lambda v: bool(int(v))),
+         "mix_wg": ("mix.wg", int),
+         "compress_wg": ("compress.wg", int),
+         "mqa_tile": ("mqa_tile.keys", int),
+         "route_rank": ("route_rank.on", lambda v: bool(int(v)))}
 
 
 def parse_variants(text):
-    """[(label, [(table, key, value)])] from "k=v,k=v;k=v" (--variants)."""
+    """[(label, {knob: value})] from "k=v,k=v;k=v" (--variants)."""
     out = []
     for label in filter(None, (v.strip() for v in text.split(";"))):
-        sets = []
+        sets = {}
         for item in label.split(","):
             k, _, v = item.partition("=")
             if k.strip() not in KNOBS:
                 raise ValueError(f"--variants: unknown knob {k.strip()!r}; expected one of {sorted(KNOBS)}")
-            table, key, conv = KNOBS[k.strip()]
+            name, conv = KNOBS[k.strip()]
             try:
-                sets.append((table, key, conv(v)))
+                sets[name] = conv(v)
             except ValueError:
                 raise ValueError(f"--variants: {item!r} needs a number after '='") from None
         out.append((label, sets))
@@ -635,15 +634,9 @@ def main(argv=None):
               "checkpoint", flush=True)
     res["decode_variants"] = {}
     for label, sets in a.variants:
-        old = [(table, key, table[key]) for table, key, _ in sets]
-        for table, key, value in sets:
-            table[key] = value
-        try:
+        with tuned(sets):                   # the model built in decode_path takes these knobs
             toks, r = decode_path(cfg, weights, prompt, a, True, warm)
-            r.pop("timeline")
-        finally:
-            for table, key, value in old:
-                table[key] = value
+        r.pop("timeline")
         r["same_tokens_as_fused"] = toks == tokens["fused"]
         r["speed_over_fused"] = r["tokens_per_s"] / res["decode"]["fused"]["tokens_per_s"]
         res["decode_variants"][label] = r

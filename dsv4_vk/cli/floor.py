@@ -20,7 +20,8 @@ import numpy as np
 
 from ..ops.base import grid_1d
 from . import apply_device, parser
-from ..vk import Buffer, Recorder, default_device, pack_push
+from ..vk import Buffer, Recorder, default_device
+from ..vk.push import pack_fields
 
 COPY_WORKGROUP = 256
 CPU_COPY_BYTES = 16 << 20       # lavapipe: ~1 GB/s, keep each replay short
@@ -58,8 +59,11 @@ def _warm(warm):
         warm()
 
 
+STEP, COPY = {"OP_STEP": 1}, {"OP_COPY": 1}      # floor.comp's two kernels
+
+
 def _step_pipeline(device):
-    return device.pipelines.get("floor", 1, {"OP_STEP": 1}, (1,))
+    return device.pipelines.get("floor", 1, STEP, (1,))
 
 
 def _check_timestamps(device):
@@ -82,7 +86,7 @@ def dispatch_chain_us(device, n=256, barriers=True, replays=10, warm=None):
         for i in range(n):
             reads = [(buf, 4 * i, 4 * i + 4)] if barriers else ()
             writes = [(buf, 4 * i + 4, 4 * i + 8)] if barriers else ()
-            rec.dispatch(pipe, [buf], pack_push(i, i + 1), (1, 1, 1), reads, writes, label="step")
+            rec.dispatch(pipe, [buf], pack_fields("floor", STEP, {"src": i, "dst": i + 1}), (1, 1, 1), reads, writes, label="step")
         with _recording(rec) as r:
             if barriers and r.n_barriers != n - 1:
                 raise RuntimeError(f"dependent chain of {n} dispatches recorded {r.n_barriers} barriers, "
@@ -107,7 +111,7 @@ def submit_roundtrip_us(device, replays=20, warm=None):
     pipe = _step_pipeline(device)
     with _scratch(device, 8, np.zeros(2, np.float32)) as buf:
         rec = Recorder(device)
-        rec.dispatch(pipe, [buf], pack_push(0, 1), (1, 1, 1), [(buf, 0, 4)], [(buf, 4, 8)])
+        rec.dispatch(pipe, [buf], pack_fields("floor", STEP, {"src": 0, "dst": 1}), (1, 1, 1), [(buf, 0, 4)], [(buf, 4, 8)])
         with _recording(rec) as r:
             for _ in range(3):          # first submits JIT-compile the shader (lavapipe) and page in
                 r.submit()
@@ -124,7 +128,7 @@ def record_us_per_dispatch(device, n=1000, repeats=3):
     """Host µs per `Recorder.dispatch` call (bind + push + dispatch + hazard tracking and the
     barrier it implies), measured in Python over a dependent chain of `n` dispatches."""
     pipe = _step_pipeline(device)
-    pushes = [pack_push(i, i + 1) for i in range(n)]
+    pushes = [pack_fields("floor", STEP, {"src": i, "dst": i + 1}) for i in range(n)]
     per = []
     with _scratch(device, 4 * (n + 1)) as buf:
         ranges = [([(buf, 4 * i, 4 * i + 4)], [(buf, 4 * i + 4, 4 * i + 8)]) for i in range(n)]
@@ -142,10 +146,10 @@ def _copies(device, src, dst, nbytes, copies, timestamps=False):
     """A recorder holding `copies` vec4 copies src → dst of `nbytes`; each rewrites dst, so the
     recorder orders them with barriers."""
     n4 = nbytes // 16
-    pipe = device.pipelines.get("floor", 2, {"OP_COPY": 1}, (COPY_WORKGROUP,))
+    pipe = device.pipelines.get("floor", 2, COPY, (COPY_WORKGROUP,))
     rec = Recorder(device, timestamps=timestamps)
     for _ in range(copies):
-        rec.dispatch(pipe, [src, dst], pack_push(n4), grid_1d(n4, COPY_WORKGROUP),
+        rec.dispatch(pipe, [src, dst], pack_fields("floor", COPY, {"n4": n4}), grid_1d(n4, COPY_WORKGROUP),
                      [(src, 0, nbytes)], [(dst, 0, nbytes)])
     return rec
 

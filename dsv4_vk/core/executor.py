@@ -1,5 +1,11 @@
 """Lowers a Graph to one recorded command buffer, caches it by graph signature and replays it.
 
+The parts live beside it in `core`: `lowering` (nodes to launches under the graph's tuning),
+`recording` (launches into one command buffer), `copysets` (the recorded copies around it, per set
+of device-tensor arguments), `staging` (mapped buffers where device memory is not host-visible) and
+`outputs` (small results handed out again once dropped). Calls into the device are counted with
+`device.in_use` (Device.begin_use), which close() waits for.
+
 Every storage gets its own pooled buffer laid out as [guard | data | guard]; the guards are filled
 with a sentinel when the graph is compiled and `check_guards()` tells whether any kernel wrote
 outside its tensor. Inputs are written into their buffers (host arrays) or copied into them on the
@@ -13,18 +19,19 @@ import collections
 import functools
 import threading
 from operator import attrgetter
-import sys
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
-from weakref import getweakrefcount
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from . import profile
+from .copysets import CopySets
+from .outputs import OutputRecycler
+from .recording import record_graph
+from .staging import Staging
 from .tensor import DTYPES, dtype_name, itemsize
-from ..vk import Buffer, Recorder, default_device
+from ..vk import Buffer, default_device
 from ..vk.memory import GUARD, SENTINEL, guarded_buffer, guards_intact  # noqa: F401  (re-exported)
-from ..vk.recorder import record_copies
 from ..vk.tensor import Tensor as DeviceTensor, TensorRows, data_bytes
 
 if TYPE_CHECKING:
@@ -40,13 +47,8 @@ def _merged_inputs(inputs, kw):
     return {**(inputs or {}), **kw} if kw else inputs
 
 
-IO_CACHE = 4        # per compiled graph: recorded copy command buffers kept per (inputs, outputs) buffers
-HOLD_BYTES = 1 << 20  # per compiled graph: outputs up to this size are kept and handed out again (new_outputs)
-
-
 _NOTHING: frozenset = frozenset()
 _NO_ARGS: dict = {}     # (never written)
-_BUFFER = attrgetter("buffer")
 _COPY_STATE = attrgetter("buffer", "byte_offset", "shape", "dtype_name")   # what a tensor's copy depends on (its
 #                                                                     buffer belongs to its device)
 
@@ -59,31 +61,6 @@ def _counted(method):
         with self.device.in_use:
             return method(self, *args, **kw)
     return counted
-
-
-def _refcounts(items):
-    """The reference count of each of `items` (a list) as this function sees it."""
-    return list(map(sys.getrefcount, items))
-
-
-# reference counts tell whether a caller dropped a tensor only where they are exact: CPython with its
-# GIL (not free-threaded builds, not interpreters without sys.getrefcount); elsewhere nothing is held
-if hasattr(sys, "getrefcount") and getattr(sys, "_is_gil_enabled", lambda: True)():
-    _SOLE = _refcounts([object()])[0]   # ... of an object nothing but that list refers to (calibrated
-    #                                     here: the interpreter's own references differ between versions)
-else:                                   # pragma: no cover
-    HOLD_BYTES = 0
-    _SOLE = None
-
-
-def dispatch_detail(launch) -> str:
-    """What a dispatch ran, for per-dispatch profiles: shader, defines, grid and argument shapes
-    (outputs marked with '>'), e.g. 'mul_mat LANES=32 W_BF16 grid 512 | [1,4096] [1024,4096]bf16 >[1,1024]'."""
-    defs = " ".join(k if v == 1 and k != "LANES" else f"{k}={v}" for k, v in launch.defines.items())
-    args = " ".join(f"{'>' if i in launch.writes else ''}[{','.join(map(str, t.shape))}]"
-                    f"{'' if t.dtype == 'f32' else t.dtype}" for i, t in enumerate(launch.args))
-    grid = "x".join(str(g) for g in launch.grid if g != 1) or "1"
-    return f"{launch.shader} {defs} grid {grid} | {args}".replace("  ", " ")
 
 
 class RunStats:
@@ -161,9 +138,8 @@ class CompiledGraph:
         self._pinned: list[DeviceTensor] = []    # device tensors bound as params
         self._lock = threading.RLock()
         self._pending: Submission | None = None
-        self._io: collections.OrderedDict = collections.OrderedDict()     # copies key -> (VkSubmitInfo, keepalive)
-        self.copy_recordings = 0                 # copy sets recorded so far (a new key each: benchmarks watch it)
-        self._stage = None                       # (upload, {input: offset}, download, {output: offset})
+        self._io = CopySets()                    # the recorded copies around the recording, per argument set
+        self._stage: Staging | None = None       # made on first use where memory is not host-visible
         self._staged = _NOTHING                  # outputs of the last run waiting in the download buffer
         self._fast = None                        # (names, _COPY_STATE of each, VkSubmitInfo of the copies or
         #                                          None, the VkSubmitInfo submitted) of the last run's
@@ -175,10 +151,15 @@ class CompiledGraph:
         self.nbytes = sum(b.nbytes for b in self._owned)
         self._io_specs()
 
+    @property
+    def copy_recordings(self) -> int:
+        """Copy sets recorded so far (a new key each: benchmarks watch it)."""
+        return self._io.recorded
+
     @_counted
     def _build(self, params):
         """The storages' buffers and the recording; whatever was made goes back if any step fails."""
-        device, graph, rec = self.device, self.graph, None
+        device, graph = self.device, self.graph
         try:
             for s in graph.storages:
                 if s.kind == "param":
@@ -187,14 +168,9 @@ class CompiledGraph:
                 buf = guarded_buffer(device, s.numel, s.data if s.kind == "const" else None, size=itemsize(s.dtype))
                 self.buffers[id(s)] = buf
                 self._owned.append(buf)
-            rec = Recorder(device, timestamps=self.timestamps)
-            for node in [n for _ in range(self.repeat) for n in graph.nodes]:
-                for launch in node.op.lower(node, device):
-                    self._record(rec, node, launch)
-            self.recording = rec.finish()
+            self.recording, self.dispatch_details = record_graph(device, graph, self.buffers, self.timestamps,
+                                                                 self.repeat)
         except BaseException:
-            if rec is not None:
-                rec.discard()       # its command pool, buffer and query pools (none once finished)
             for buf in self._owned:
                 device.pool.free(buf)
             self._owned = []
@@ -229,24 +205,6 @@ class CompiledGraph:
         self._pinned.append(p)
         return buf
 
-    def _record(self, rec, node, launch):
-        dev = self.device
-        pipe = dev.pipelines.get(launch.shader, len(launch.args), launch.defines, launch.spec,
-                                 launch.subgroup_size, launch.full_subgroups)
-        bufs, reads, writes = [], [], []
-        for i, t in enumerate(launch.args):
-            buf = self.buffers[id(t.storage)]
-            # bound past the leading guard, so offsets in push constants are storage-relative; the
-            # range is the storage's own (never the pooled buffer's rounded size)
-            bufs.append((buf, GUARD * 4, max(4, data_bytes(t.storage.numel, t.dtype))))
-            lo, hi = t.extent()
-            sz = itemsize(t.dtype)
-            rng = (buf, GUARD * 4 + lo * sz, GUARD * 4 + -(-hi * sz // 4) * 4)
-            (writes if i in launch.writes else reads).append(rng)
-        label = launch.label or node.tag or node.op.name
-        rec.dispatch(pipe, bufs, launch.push, launch.grid, reads, writes, label=label)
-        self.dispatch_details.append(dispatch_detail(launch))
-
     # --- inputs and outputs ---------------------------------------------------------------------------
     def _input(self, name):
         t = self.graph.inputs.get(name)
@@ -280,16 +238,9 @@ class CompiledGraph:
         map: numpy inputs and read-back outputs then travel in the run's own submit (the copies
         around the recording) instead of a staging submit each. Laid out once, made on first use."""
         if self._stage is None:
-            def layout(sizes):
-                offs, end = {}, 0
-                for k, n in sizes:
-                    offs[k], end = end, end + -(-n // 256) * 256
-                return offs, end
-            up, up_bytes = layout([(k, n) for k, (_, _, n, *_) in self._in_spec.items()])
-            down, down_bytes = layout([(k, n) for k, (_, _, _, n, contiguous, *_) in self._out_spec.items() if contiguous])
-            bufs = [Buffer(self.device, max(4, b), host_visible=True) for b in (up_bytes, down_bytes)]
-            self._stage = (bufs[0], up, bufs[1], down)
-            self.nbytes += sum(b.nbytes for b in bufs)
+            self._stage = Staging.make(self.device, [(k, n) for k, (_, _, n, *_) in self._in_spec.items()],
+                                       [(k, n) for k, (_, _, _, n, contiguous, *_) in self._out_spec.items() if contiguous])
+            self.nbytes += self._stage.nbytes
         return self._stage
 
     def _io_specs(self):
@@ -300,12 +251,8 @@ class CompiledGraph:
                          for k, t in self.graph.inputs.items()}
         self._out_spec = {k: (t, self._buffer(t), GUARD * 4 + t.offset * itemsize(t.dtype), data_bytes(t.numel, t.dtype),
                               t.is_contiguous, t.shape, t.dtype) for k, t in self.graph.outputs.items()}
-        self._out_alloc = [DeviceTensor.pooled_spec(self.device, t.shape, t.dtype, t.numel)
-                           for t in self.graph.outputs.values()]
-        held = sum(spec[3] for spec in self._out_alloc)
-        self._hold = held if 0 < held <= HOLD_BYTES else 0      # bytes of the outputs new_outputs keeps
-        self._held = None                                       # the tensors it handed out last
-        self._sole = [_SOLE] * len(self._out_alloc)             # their counts once nothing else holds them
+        self._outputs = OutputRecycler(self.device, [DeviceTensor.pooled_spec(self.device, t.shape, t.dtype, t.numel)
+                                                     for t in self.graph.outputs.values()])
         self._out_tail = (None, *self._out_spec)                # the argument names' tail of execute_into
 
     def _copy_in(self, name, src):
@@ -346,30 +293,17 @@ class CompiledGraph:
 
     def _new_outputs(self):
         """new_outputs() as a list in output order (the held list itself: callers copy it, never change it)."""
-        held = self._held
-        if held is None:
-            outs = DeviceTensor._pooled_many(self.device, self._out_alloc)
-            if self._hold:
-                self._held = outs
-                self.nbytes += self._hold       # counted with the program in the cache's budget
-            return outs
-        counts = _refcounts(held)
-        if counts != self._sole or any(map(getweakrefcount, held)) or None in map(_BUFFER, held):
-            for i, n in enumerate(counts):
-                if n != _SOLE or held[i].buffer is None or getweakrefcount(held[i]):
-                    held[i] = DeviceTensor._pooled_many(self.device, self._out_alloc[i:i + 1])[0]
-        return held
+        outputs = self._outputs
+        if outputs.held is None and outputs.hold:
+            self.nbytes += outputs.hold     # the outputs it keeps from now on, counted in the cache's budget
+        return outputs.take()
 
     def execute_into(self, inputs: dict, out: tuple[DeviceTensor | TensorRows | None, ...] | None = None) -> tuple:
         """execute(inputs, out) for the library's device-tensor calls: `out` a tuple of Tensors for the
         outputs in order (None entries, or out=None: new ones, as new_outputs); returns the output
         tensors as a tuple. One method for what took new_outputs, a dict of them and execute."""
         dev = self.device
-        users = dev._users
-        users.append(None)          # dev.begin_use(), inlined: the per-call path (end_use: the finally)
-        try:
-            if dev._closing:
-                dev.check_open()
+        with dev.in_use:
             if out is None:
                 outs = self._new_outputs()          # (the held list itself: only read here)
             elif None in out:
@@ -394,29 +328,6 @@ class CompiledGraph:
                 else:
                     self.stats = None           # (_finished, inlined for the usual case)
             return tuple(outs)
-        finally:
-            users.pop()
-
-    def _io_info(self, key, copies_in, copies_out):
-        """The VkSubmitInfo of [copies in, the recording, copies out], recorded once per buffer set
-        (`key`: the copies' names, buffers and offsets)."""
-        rec = self.recording
-        self._fast = None                   # its copies may be in the command buffers reused below
-        if len(self._io) >= IO_CACHE:
-            _, (_, cmds) = self._io.popitem(last=False)     # not in flight: its command buffers are reused
-        else:
-            cmds = [rec.allocate_command_buffer(), rec.allocate_command_buffer()]
-        chain = []
-        if copies_in:
-            record_copies(cmds[0], copies_in)
-            chain.append(cmds[0])
-        chain.append(rec.cmd)
-        if copies_out:
-            record_copies(cmds[1], copies_out)
-            chain.append(cmds[1])
-        info, arr = self.device.submit_info(chain)
-        self._io[key] = ((info, arr), cmds)
-        return info
 
     def submit(self, inputs: dict | None = None, out: dict | None = None, read_back: Iterable[str] = (),
                **kw: Any) -> Submission:
@@ -431,17 +342,10 @@ class CompiledGraph:
     def execute(self, inputs: dict | None = None, out: dict | None = None, read_back: Iterable[str] = ()) -> None:
         """submit(...).wait() without the Submission: the library's synchronous calls."""
         dev = self.device
-        users = dev._users
-        users.append(None)          # dev.begin_use(), inlined: the per-call path (end_use: the finally)
-        try:
-            if dev._closing:
-                dev.check_open()
-            with self._lock:
-                keep = self._start(inputs, out, read_back)     # noqa: F841  (alive until the wait)
-                dev.wait(self.recording.fence_arr)
-                self._finished()
-        finally:
-            users.pop()
+        with dev.in_use, self._lock:
+            keep = self._start(inputs, out, read_back)     # noqa: F841  (alive until the wait)
+            dev.wait(self.recording.fence_arr)
+            self._finished()
 
     def _start(self, inputs, out, read_back):
         """Copies and submit of one run (holding _lock); returns the device tensors it copies.
@@ -485,8 +389,7 @@ class CompiledGraph:
                 else:
                     host = True
                     a = self._host_input(k, v)
-                    up, off = stage[0], stage[1][k]
-                    up._view[off:off + a.nbytes] = a.view(np.uint8).reshape(-1)
+                    stage.write(k, a)
                     if a.nbytes:
                         key.append((k, None, 0))
         if out:
@@ -501,7 +404,7 @@ class CompiledGraph:
         if stage is not None:
             staged = set()
             for k in read_back:
-                if k in stage[3] and k not in (out or {}):
+                if k in stage.down_at and k not in (out or {}):
                     if self._out_spec[k][3]:
                         key.append((k, False))
                     staged.add(k)
@@ -509,11 +412,8 @@ class CompiledGraph:
         info = None
         if key:
             key = tuple(key)
-            hit = self._io.get(key)
-            if hit is not None:
-                self._io.move_to_end(key)
-                info = hit[0][0]
-            else:
+            info = self._io.get(key)
+            if info is None:
                 info = self._record_io(key, inputs, out, staged, stage)
         self.last_submit_info = info if info is not None else self.recording.submit_info   # (benchmarks)
         if not host and not staged:         # checked above: the next run with this argument set skips it all
@@ -543,14 +443,13 @@ class CompiledGraph:
 
     def _record_io(self, key, inputs, out, staged, stage):
         """Record the copies of a new key (checked by _start) around the recording; its VkSubmitInfo."""
-        self.copy_recordings += 1
         copies_in, copies_out = [], []
         for k, v in (inputs or {}).items():
             if isinstance(v, _DEVICE_TYPES):
                 c = self._copy_in(k, v)
             elif stage is not None:
                 n = self._in_spec[k][2]
-                c = (stage[0], stage[1][k], self._in_spec[k][1], GUARD * 4, n)
+                c = (stage.up, stage.up_at[k], self._in_spec[k][1], GUARD * 4, n)
             else:
                 continue
             if c[4]:
@@ -562,8 +461,9 @@ class CompiledGraph:
         for k in staged or ():
             _, buf, off, n, *_ = self._out_spec[k]
             if n:
-                copies_out.append((buf, off, stage[2], stage[3][k], n))
-        return self._io_info(key, copies_in, copies_out)
+                copies_out.append((buf, off, stage.down, stage.down_at[k], n))
+        self._fast = None                   # its copies may be in the command buffers reused
+        return self._io.record(self.recording, key, copies_in, copies_out)
 
     @_counted
     def _fence_signalled(self):
@@ -588,27 +488,18 @@ class CompiledGraph:
             buf = self.buffers[id(self.graph.storages[t.graph.storages.index(t.storage)])]
         return buf
 
+    @_counted
     def read(self, t: str | GraphTensor) -> np.ndarray:
         """numpy copy of any graph tensor view, or of the output named `t` (after a run)."""
-        dev = self.device
-        users = dev._users
-        users.append(None)          # dev.begin_use(), inlined: once per output of every numpy call
-        try:
-            if dev._closing:
-                dev.check_open()
-            return self._read(t)
-        finally:
-            users.pop()
+        return self._read(t)
 
     def _read(self, t):
         if isinstance(t, str):
             if t not in self.graph.outputs:
                 raise ValueError(f"graph has no output {t!r}; outputs are {sorted(self.graph.outputs)}")
             if t in self._staged:                 # copied into the mapped download buffer by the run
-                down, offs = self._stage[2], self._stage[3]
                 o = self.graph.outputs[t]
-                n = o.numel * itemsize(o.dtype)
-                return down._view[offs[t]:offs[t] + n].view(DTYPES[o.dtype]).reshape(o.shape).copy()
+                return self._stage.read(t, o.shape, DTYPES[o.dtype])
             t = self.graph.outputs[t]
         buf = self._buffer(t)
         if t.numel == 0:
@@ -652,13 +543,15 @@ class CompiledGraph:
                 if live:
                     for buf in self._owned:
                         self.device.pool.free(buf)
-                    for buf in (self._stage or ())[::2]:
+                    for buf in self._stage.buffers if self._stage else ():
                         buf.destroy()
             finally:
                 if live:
                     self.device.end_use()
-            self.buffers, self._owned, self._io, self._stage = {}, [], collections.OrderedDict(), None
-            self._held = self._fast = None
+            self.buffers, self._owned, self._stage = {}, [], None
+            self._io.clear()
+            self._outputs.drop()
+            self._fast = None
             self._unpin()
 
     def _unpin(self):
@@ -676,7 +569,7 @@ class CompiledGraph:
                 if self._pending is not None:
                     self.device.wait(self.recording.fence_arr)
                 self.recording.destroy()
-                for buf in self._owned + list((self._stage or ())[::2]):
+                for buf in self._owned + list(self._stage.buffers if self._stage else ()):
                     self.device.pool.free_later(buf)    # the mapped staging pair is destroyed, not pooled
                 self._owned = []
             finally:

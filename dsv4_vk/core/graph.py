@@ -21,6 +21,7 @@ import numpy as np
 
 from ..vk import default_device
 from .opdef import get_op
+from .tuning import Tuning, current
 from .tensor import DTYPES, GraphTensor, Storage, dtype_name
 from ..vk.tensor import Tensor as DeviceTensor
 
@@ -40,7 +41,11 @@ class Node:
 
 
 class Graph:
-    def __init__(self) -> None:
+    """tuning: the knobs this graph is built and lowered under (default: the tuning in effect here,
+    `core.tuning.current()`); part of its signature, so a changed knob gives another program."""
+
+    def __init__(self, tuning: Tuning | None = None) -> None:
+        self.tuning = current() if tuning is None else tuning
         self.nodes: list[Node] = []
         self.inputs: dict[str, GraphTensor] = {}
         self.outputs: dict[str, GraphTensor] = {}
@@ -173,7 +178,7 @@ class Graph:
     def signature(self) -> str:
         """A key identifying the recorded command buffer this graph lowers to."""
         ids = {id(s): i for i, s in enumerate(self.storages)}
-        h = hashlib.sha256()
+        h = hashlib.sha256(repr(self.tuning.key()).encode())
 
         def t(x):
             return (ids[id(x.storage)], x.shape, x.strides, x.offset, x.dtype)

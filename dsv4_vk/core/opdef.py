@@ -8,7 +8,9 @@ and the eval harness take `reference` from the same declaration. Op families liv
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
+
+from ..vk.push import pack_fields
 
 REGISTRY: dict[str, "OpDef"] = {}
 WORKGROUP = 256
@@ -22,13 +24,17 @@ class Launch:
     shader: str
     args: list
     writes: tuple
-    push: bytes
+    push: bytes | Mapping[str, Any]     # {field: value}: packed by name against the shader's push block (bytes then)
     grid: tuple
     defines: dict = field(default_factory=dict)
     spec: tuple = (WORKGROUP,)
     subgroup_size: int | None = None       # required subgroup size, when the kernel depends on it
     full_subgroups: bool = False
     label: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.push, Mapping):
+            self.push = pack_fields(self.shader, self.defines, self.push)
 
 
 class OpDef:

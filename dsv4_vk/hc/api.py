@@ -23,6 +23,7 @@ from numpy.typing import ArrayLike
 
 from . import composite as hc, policy as hc_policy
 from .policy import generation
+from ..core.tuning import current
 from ..core.executor import CompiledGraph
 from ..core.graph import Graph
 from ..ops.base import format_shape
@@ -146,7 +147,8 @@ def call(device, key, inputs, out_shapes, build, out=None, per_token=()):
         dev = pick_device(dev, *(out or ()))
     elif dev._closed:
         dev.check_open()
-    key = (*key, tuple(shapes), generation())      # key[0]: the op, or the owning site
+    key = (*key, tuple(shapes), (generation(), current()))      # key[0]: the op, or the owning site; the
+    #                                                             policy and the tuning it was built under
     cg = dev.programs.acquire(key)
     if cg is None:                      # first call of this key (or evicted): sizes checked, then compiled
         if per_token and _oversized(dev, inputs, out_shapes):

@@ -10,9 +10,10 @@ import math
 
 import numpy as np
 
+from ..core.tuning import knob_table
 from .policy import (COMB_VARIANTS, HCUnsupported, comb_support, full_subgroups_for, required_subgroup_size,
                      sg16_subgroup_size, site_supported)
-from ..ops.base import Launch, OpDef, check_params, check_shape, grid_1d, pack_push, register
+from ..ops.base import Launch, OpDef, check_params, check_shape, grid_1d, register, view_fields
 
 HC = 4            # streams
 N_MIX = 24        # (2 + HC) · HC mixes: pre 0..3, post 4..7, comb 8..23
@@ -166,7 +167,10 @@ def check_unit_inner(op, name, t):
                          f"got strides {t.strides}")
 
 
-SLICE_TUNING = {"wg": None, "cpt": 1}   # PRE/POST layout knobs (tools/hc_tune.py sweeps them)
+SLICE_TUNING = knob_table(   # HC_PRE / HC_POST / HC_SITE layout (tools/hc_tune.py sweeps it)
+    "slice",
+    wg=(None, "workgroup size (None: the chunks rounded up to a power of two, 32 to 256)"),
+    cpt=(1, "chunks of 4 channels an invocation"))
 
 
 def _slice_launch_layout(D, tensors, wg=None):
@@ -181,6 +185,15 @@ def _slice_launch_layout(D, tensors, wg=None):
 
 def strides_in(t, unit):
     return [s // unit for s in t.strides[:-1]]
+
+
+def mix_fields(T, chunks, slice_, G, inv_k, norm_eps, x, f, o, tb):
+    """The push fields the mixes kernels (hc_mix_*.comp) share: sizes, then the views x (X: offset,
+    token and stream strides), f (fn: offset, row stride) and o (the partials: offset, token and
+    split strides), and tb."""
+    return {"T": T, "chunks": chunks, "slice": slice_, "G": G, "inv_k": inv_k, "norm_eps": norm_eps,
+            **view_fields("x", x[0], x[1:], ("st", "ss")), **view_fields("f", f[0], f[1:], ("sj",)),
+            **view_fields("o", o[0], o[1:], ("st", "s2")), "tb": tb}
 
 
 @register
@@ -201,8 +214,8 @@ class HcComb(OpDef):
         return (mixes.shape[0], HC, HC), "f32"
 
     def out_layout(self, out):
-        """(comb offset, token/src/dst strides, gates offset, gates stride) of the output, in elements."""
-        return [out.offset, *out.strides, 0, 0]
+        """The output's push fields: comb offset and token/src/dst strides, gates offset and stride."""
+        return {**view_fields("c", out.offset, out.strides, ("st", "ss", "sd")), "g_off": 0, "g_sj": 0}
 
     def lower(self, node, device):
         mixes, scale, base = node.inputs
@@ -210,9 +223,9 @@ class HcComb(OpDef):
         variant = node.params["variant"]
         require_support(f"{self.name} variant {variant}", device, comb_support(device)[variant])
         T = mixes.shape[0]
-        push = pack_push(T, check_n_iter(node.params.get("n_iter", 20)), float(node.params.get("eps", 1e-6)),
-                     mixes.offset, *mixes.strides, scale.offset, scale.strides[0], base.offset, base.strides[0],
-                     *self.out_layout(out))
+        push = {"T": T, "n_iter": check_n_iter(node.params.get("n_iter", 20)), "eps": float(node.params.get("eps", 1e-6)),
+                **view_fields("m", mixes.offset, mixes.strides, ("st", "sj")), **view_fields("s", scale.offset, scale.strides, ("s",)),
+                **view_fields("b", base.offset, base.strides, ("s",)), **self.out_layout(out)}
         defines = {"COEFS": 1} if self.name == "HC_COEFS" else {}
         if variant == "sg16":
             size = sg16_subgroup_size(device)
@@ -249,7 +262,8 @@ class HcCoefs(HcComb):
 
     def out_layout(self, out):
         st, sj = out.strides
-        return [out.offset + 8 * sj, st, HC * sj, sj, out.offset, sj]
+        return {**view_fields("c", out.offset + 8 * sj, (st, HC * sj, sj), ("st", "ss", "sd")),
+                **view_fields("g", out.offset, (sj,), ("sj",))}
 
     def reference(self, mixes, scale, base, eps=1e-6, n_iter=20, variant=None):
         return reference_coefs(mixes, scale, base, eps, n_iter)
@@ -347,12 +361,15 @@ class HcSiteOp(OpDef):
         vec4, chunks, wg, gpt, cpt = _slice_launch_layout(D, [X, u], node.params.get("wg"))
         check_shared(device, self.name, wg, m1)
         unit = 4 if vec4 else 1
-        push = pack_push(T, chunks, gpt, G, check_n_iter(node.params.get("n_iter", 20)), 1.0 / (HC * D),
-                         check_eps("norm_eps", node.params.get("norm_eps", 1e-6)),
-                         check_eps("hc_eps", node.params.get("hc_eps", 1e-6)),
-                         part.offset, part.strides[0], part.strides[1], X.offset // unit, *strides_in(X, unit),
-                         scale.offset, scale.strides[0], base.offset, base.strides[0],
-                         u.offset // unit, u.strides[0] // unit, coefs.offset, *coefs.strides)
+        push = {"T": T, "n_chunks": chunks, "groups_per_token": gpt, "G": G,
+                "n_iter": check_n_iter(node.params.get("n_iter", 20)), "inv_k": 1.0 / (HC * D),
+                "norm_eps": check_eps("norm_eps", node.params.get("norm_eps", 1e-6)),
+                "eps": check_eps("hc_eps", node.params.get("hc_eps", 1e-6)),
+                **view_fields("p", part.offset, part.strides[:2], ("st", "sg")),
+                **view_fields("x", X.offset // unit, strides_in(X, unit), ("st", "ss")),
+                **view_fields("s", scale.offset, scale.strides, ("s",)), **view_fields("b", base.offset, base.strides, ("s",)),
+                **view_fields("u", u.offset // unit, (u.strides[0] // unit,), ("st",)),
+                **view_fields("c", coefs.offset, coefs.strides, ("st", "sj"))}
         return [Launch("hc_site", [part, X, scale, base, coefs, u], (4, 5), push, grid_1d(T * gpt, 1),
                        defines={"VEC4": 1} if vec4 else {}, spec=(wg, cpt, m1 - 1),
                        full_subgroups=full_subgroups_for(device, wg))]
@@ -393,13 +410,16 @@ def pre_launch(node, x, w, scale=None, base=None):
     T, _, D = x.shape
     vec4, chunks, wg, gpt, cpt = _slice_launch_layout(D, [x, u])
     unit = 4 if vec4 else 1
-    fields = [T, chunks, gpt, x.offset // unit, *strides_in(x, unit), w.offset, *w.strides,
-              u.offset // unit, *strides_in(u, unit)]
+    fields = {"T": T, "n_chunks": chunks, "groups_per_token": gpt,
+              **view_fields("x", x.offset // unit, strides_in(x, unit), ("st", "ss")),
+              **view_fields("w", w.offset, w.strides, ("st", "ss")),
+              **view_fields("u", u.offset // unit, strides_in(u, unit), ("st",))}
     args, defines = [x, w, u], {"VEC4": 1} if vec4 else {}
     if scale is not None:
-        fields += [scale.offset, base.offset, base.strides[0], check_eps("eps", node.params.get("eps", 1e-6))]
+        fields |= {"s_off": scale.offset, **view_fields("b", base.offset, base.strides, ("s",)),
+                   "eps": check_eps("eps", node.params.get("eps", 1e-6))}
         args, defines = args + [scale, base], {**defines, "GATE": 1}
-    return [Launch("hc_pre", args, (2,), pack_push(*fields), grid_1d(T * gpt, 1), defines=defines, spec=(wg, cpt))]
+    return [Launch("hc_pre", args, (2,), fields, grid_1d(T * gpt, 1), defines=defines, spec=(wg, cpt))]
 
 
 @register
@@ -456,17 +476,22 @@ def post_launch(node, device, f, res, post, comb, out, fn=None, part=None, wg=No
         chunks = D // 4 if vec4 else D
         gpt, cpt = -(-chunks // post_mix_split(wg)), 1
     unit = 4 if vec4 else 1
-    fields = [T, chunks, gpt, f.offset // unit, *strides_in(f, unit), res.offset // unit, *strides_in(res, unit),
-              post.offset, *post.strides, comb.offset, *comb.strides, out.offset // unit, *strides_in(out, unit)]
+    fields = {"T": T, "n_chunks": chunks, "groups_per_token": gpt,
+              **view_fields("f", f.offset // unit, strides_in(f, unit), ("st",)),
+              **view_fields("r", res.offset // unit, strides_in(res, unit), ("st", "ss")),
+              **view_fields("p", post.offset, post.strides, ("st", "sd")),
+              **view_fields("c", comb.offset, comb.strides, ("st", "ss", "sd")),
+              **view_fields("o", out.offset // unit, strides_in(out, unit), ("st", "sd"))}
     defines = {"VEC4": 1} if vec4 else {}
     args, writes, spec, extra = [f, res, post, comb, out], (4,), (wg, cpt), {}
     if fn is not None:
-        fields += [fn.offset // unit, fn.strides[0] // unit, part.offset, part.strides[0], part.strides[1]]
+        fields |= {**view_fields("fn", fn.offset // unit, (fn.strides[0] // unit,), ("sj",)),
+                   **view_fields("q", part.offset, part.strides[:2], ("st", "sg"))}
         defines["MIX_NEXT"] = 1
         check_shared(device, node.op.name, wg, fn.shape[0] + 1)
         args, writes, spec = [f, res, post, comb, fn, out, part], (5, 6), (wg, cpt, fn.shape[0])
         extra = {"full_subgroups": full_subgroups_for(device, wg)}
-    return [Launch("hc_post", args, writes, pack_push(*fields), grid_1d(T * gpt, 1), defines=defines, spec=spec,
+    return [Launch("hc_post", args, writes, fields, grid_1d(T * gpt, 1), defines=defines, spec=spec,
                    **extra)]
 
 

@@ -7,19 +7,25 @@ table they read (tools/hc_tune.py sweeps it). Which kernel runs: `plan`. TCR: `t
 """
 import numpy as np
 
-from .kernels import (HC, N_MIX, as_f64, check_eps, check_fn_rows, check_layout_param, check_partials,
+from ..core.tuning import knob_table
+from .kernels import (HC, N_MIX, as_f64, check_eps, check_fn_rows, check_layout_param, check_partials, mix_fields,
                       check_post_shapes, check_shared, check_unit_inner, post_launch, post_mix_groups, post_mix_split,
                       reference_mix_partials, reference_mixes, reference_post, require_support, strides_in, vec4_ok)
 from .policy import HCUnsupported, ksplit_runs, mix_supported, site_supported
 from . import tcr
 from .tcr import TCR_H200_LAYOUT, TCR_TT, tc_tile_n, tcr_split_chunks
-from ..ops.base import Launch, OpDef, check_params, check_shape, grid_1d, pack_push, register
+from ..ops.base import Launch, OpDef, check_params, check_shape, grid_1d, register, view_fields
 
 
 # HC_MIX layout knobs (tools/hc_tune.py sweeps them); None: the rule of mix_layout. "kernel" and
 # "split" also pick the kernel (hc.plan.mix_kernel).
-MIX_TUNING = {"wg": None, "groups": None, "split": None, "lpt": None, "tb": None, "tpl": None, "rh": None,
-              "kernel": None, "tt": None}
+MIX_TUNING = knob_table(
+    "mix",
+    wg=(None, "workgroup size"), groups=(None, "D splits (G)"), split=(None, "chunks per split (KSPLIT: 16)"),
+    lpt=(None, "KSPLIT lanes per token group"), tb=(None, "KSPLIT / TC tokens a block"),
+    tpl=(None, "KSPLIT tokens a lane group"), rh=(None, "KSPLIT row groups (1 or 2)"),
+    kernel=(None, "the mixes kernel: token, ksplit, tc or tcr (None: the plan's choice)"),
+    tt=(None, "TCR tiles a subgroup"))
 MIX_KERNELS = ("token", "ksplit", "tc", "tcr")
 # The shader of each mixes kernel (shaders/<name>.comp): the names lowering, profiles and `info` share.
 MIX_SHADERS = {"token": "hc_mix_token", "ksplit": "hc_mix_ksplit", "tc": "hc_mix_tc", "tcr": "hc_mix_tcr",
@@ -163,10 +169,9 @@ def _mix_launch(node, device, final, groups):
         grid, spec = grid_1d(T * groups, 1), (wg, m)
     if final:
         defines["FINAL"] = 1
-    push = pack_push(T, chunks, -(-chunks // groups), groups, 1.0 / (HC * D),
-                     check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
-                     X.offset // unit, *strides_in(X, unit), fn.offset // unit, fn.strides[0] // unit,
-                     out.offset, out.strides[0], out.strides[1], tb)
+    push = mix_fields(T, chunks, -(-chunks // groups), groups, 1.0 / (HC * D), check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
+                      (X.offset // unit, *strides_in(X, unit)), (fn.offset // unit, fn.strides[0] // unit),
+                      (out.offset, out.strides[0], out.strides[1]), tb)
     return [Launch(MIX_SHADERS["ksplit" if split else "token"], [X, fn, out], (2,), push, grid, defines=defines, spec=spec,
                    full_subgroups=device.caps.subgroup.full_subgroups)]
 
@@ -214,10 +219,10 @@ def _tc_launch(node, device, final, groups, vec4, chunks):
         raise ValueError(f"{name}: the tensor-core kernel writes partials, not the final mixes")
     _tc_checks(name, pr, chunks, groups, vec4, X.shape[2])
     defines, full = _tc_defines(name, device, pr["tc"])
-    push = pack_push(T, chunks, pr["split"], groups, 1.0 / (HC * X.shape[2]),
-                     check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
-                     X.offset // 4, *strides_in(X, 4), fn.offset // 4, fn.strides[0] // 4,
-                     node.output.offset, node.output.strides[0], node.output.strides[1], TC_TOKENS)
+    out = node.output
+    push = mix_fields(T, chunks, pr["split"], groups, 1.0 / (HC * X.shape[2]), check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
+                      (X.offset // 4, *strides_in(X, 4)), (fn.offset // 4, fn.strides[0] // 4),
+                      (out.offset, out.strides[0], out.strides[1]), TC_TOKENS)
     return Launch(MIX_SHADERS["tc"], [X, fn, node.output], (2,), push, grid_1d(-(-T // TC_TOKENS) * groups, 1),
                   defines=defines, spec=(TC_WG, m), full_subgroups=full)
 
@@ -312,8 +317,10 @@ class HcMixReduce(OpDef):
         out = node.output
         check_partials(self.name, part)
         T, G, m1 = part.shape
-        push = pack_push(T, G, 1.0 / node.params["width"], check_eps("norm_eps", node.params.get("norm_eps", 1e-6)),
-                         part.offset, part.strides[0], part.strides[1], out.offset, *out.strides)
+        push = {"T": T, "G": G, "inv_k": 1.0 / node.params["width"],
+                "norm_eps": check_eps("norm_eps", node.params.get("norm_eps", 1e-6)),
+                **view_fields("p", part.offset, part.strides[:2], ("st", "sg")),
+                **view_fields("o", out.offset, out.strides, ("st", "sj"))}
         return [Launch(MIX_SHADERS["reduce"], [part, out], (1,), push, grid_1d(T * (m1 - 1), 64), defines={},
                        spec=(64, m1 - 1, 1))]
 
@@ -341,11 +348,12 @@ def _post_mix_many_tokens_launch(node, device, f, res, post, comb, fn, out, part
         defines, spec = _ksplit_pipeline(node.op.name, device, chunks, groups, m, unit, pr, (1, 2))
         defines, full = {**defines, **({"VEC4": 1} if vec4 else {})}, True
         split, wg, tb = pr["split"], pr["wg"], pr["tb"]
-    push = pack_push(T, chunks, split, groups, 1.0 / (HC * D), 0.0,
-                     res.offset // unit, *strides_in(res, unit), fn.offset // unit, fn.strides[0] // unit,
-                     part.offset, part.strides[0], part.strides[1], tb,
-                     f.offset // unit, *strides_in(f, unit), post.offset, *post.strides, comb.offset, *comb.strides,
-                     out.offset // unit, *strides_in(out, unit))
+    push = {**mix_fields(T, chunks, split, groups, 1.0 / (HC * D), 0.0, (res.offset // unit, *strides_in(res, unit)),
+                         (fn.offset // unit, fn.strides[0] // unit), (part.offset, part.strides[0], part.strides[1]), tb),
+            **view_fields("s", f.offset // unit, strides_in(f, unit), ("st",)),
+            **view_fields("pw", post.offset, post.strides, ("st", "sd")),
+            **view_fields("cw", comb.offset, comb.strides, ("st", "ss", "sd")),
+            **view_fields("n", out.offset // unit, strides_in(out, unit), ("st", "sd"))}
     return [Launch(MIX_SHADERS["tc" if pr.get("tc") else "ksplit"], [f, fn, part, res, post, comb, out], (2, 6), push,
                    grid_1d(-(-T // tb) * groups, 1),
                    defines={**defines, "POST": 1}, spec=spec, full_subgroups=full)]

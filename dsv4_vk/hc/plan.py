@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..core.tuning import knob_table
 from . import kernels, mix_kernels, policy, tcr
 from .policy import THREE_OP, ksplit_preferred, mix_supported
 
@@ -39,7 +40,10 @@ KSPLIT_MIN_T = 64
 # "post_wg": HC_POST_MIX's workgroup at decode, one chunk an invocation, so D/4/post_wg workgroups a
 # token. "site_wg": HC_SITE's up to CARRY_MAX_T tokens (HC_PRE's layout beyond): 64, more and smaller
 # workgroups each reducing the partials over fewer subgroups. tools/hc_tune.py sweeps both.
-SITE_TUNING = {"post_wg": 64, "site_wg": 64}
+SITE_TUNING = knob_table(
+    "site",
+    post_wg=(64, "HC_POST_MIX's workgroup at decode (one chunk an invocation)"),
+    site_wg=(64, "HC_SITE's workgroup up to CARRY_MAX_T tokens (4 to 256, a multiple of 4)"))
 # The prefill carry: past CARRY_MAX_T a site's post may carry the next site's mixes too (HC_POST_MIX in
 # KSPLIT's layout: the new streams made, written and reduced with the next fn's slices in one pass),
 # so that the next site starts from HC_MIX_REDUCE and never reads X_new for its mixes.
@@ -49,7 +53,14 @@ SITE_TUNING = {"post_wg": 64, "site_wg": 64}
 # "kernel": "ksplit", or "tc" (the tensor-core kernel where the streams are vec4-aligned; slower on the H200).
 # "tb", "lpt", "tpl", "rh": KSPLIT's layout for the carry on GPUs (None: HC_MIX's own): blocks of 128
 # tokens, 2 lanes a token, one token a lane group, one row group — the fastest swept for the post.
-PREFILL_CARRY = {"prefill": None, "kernel": "ksplit", "tb": 128, "lpt": 2, "tpl": 1, "rh": 1}
+PREFILL_CARRY = knob_table(
+    "carry",
+    prefill=(None, "the prefill carry: None (auto), True (wherever it can) or False (never)"),
+    kernel=("ksplit", "the carry's kernel: ksplit or tc"),
+    tb=(128, "KSPLIT tokens a block for the carry on GPUs (None: HC_MIX's own)"),
+    lpt=(2, "KSPLIT lanes a token for the carry on GPUs (None: HC_MIX's own)"),
+    tpl=(1, "KSPLIT tokens a lane group for the carry on GPUs (None: HC_MIX's own)"),
+    rh=(1, "KSPLIT row groups for the carry on GPUs (None: HC_MIX's own)"))
 CARRY_KERNELS = ("ksplit", "tc")
 
 
@@ -94,11 +105,11 @@ def mix_kernel(device, T: int, chunks: int) -> tuple[str, str]:
     if kernel is not None:
         if kernel not in mix_kernels.MIX_KERNELS:
             raise ValueError(f"the mixes kernel must be one of {mix_kernels.MIX_KERNELS} or None, got {kernel!r}")
-        return kernel, f"MIX_TUNING['kernel'] = {kernel!r}"
+        return kernel, f"tuning knob 'mix.kernel' = {kernel!r}"
     if t["split"] == 0:
-        return "token", "MIX_TUNING['split'] = 0: the per-token kernel"
+        return "token", "tuning knob 'mix.split' = 0: the per-token kernel"
     if t["split"]:
-        return "ksplit", f"MIX_TUNING['split'] = {t['split']}: KSPLIT"
+        return "ksplit", f"tuning knob 'mix.split' = {t['split']}: KSPLIT"
     lay = tcr.tcr_layout(device) if T >= tcr.TCR_MIN_T and chunks % 16 == 0 else None
     if isinstance(lay, tuple):
         return "tcr", f"TCR from {tcr.TCR_MIN_T} tokens (tensor cores, element layout {lay})"
@@ -142,7 +153,7 @@ def _mixes(device, T: int, chunks: int, fused) -> Plan:
 def _prefill_carry_kernel(vec4: bool) -> str:
     kernel = PREFILL_CARRY["kernel"]
     if kernel not in CARRY_KERNELS:
-        raise ValueError(f"PREFILL_CARRY['kernel'] must be one of {CARRY_KERNELS}, got {kernel!r}")
+        raise ValueError(f"tuning knob 'carry.kernel' must be one of {CARRY_KERNELS}, got {kernel!r}")
     return kernel if vec4 else "ksplit"
 
 
@@ -170,9 +181,9 @@ def _carry(device, T: int, D: int, chunks: int, fused, site) -> Plan:
         return Plan("HC_POST_MIX", False, "none", f"no site kernels at decode ({s.reason})")
     mode = PREFILL_CARRY["prefill"]
     if mode is not None and (not isinstance(mode, int) or mode not in (0, 1)):    # (bool is an int: 0/1 as tools set it)
-        raise ValueError(f"PREFILL_CARRY['prefill'] must be None (auto), True or False, got {mode!r}")
+        raise ValueError(f"tuning knob 'carry.prefill' must be None (auto), True or False, got {mode!r}")
     if mode is not None and not mode:
-        return Plan("HC_POST_MIX", False, "none", "PREFILL_CARRY['prefill'] off")
+        return Plan("HC_POST_MIX", False, "none", "tuning knob 'carry.prefill' off")
     if fused is False:
         return Plan("HC_POST_MIX", False, "none", "unfused requested by the caller (fused=False)")
     if mode is None and mix_kernel(device, T, contiguous_chunks(D))[0] == "tcr":

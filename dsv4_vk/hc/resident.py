@@ -27,6 +27,7 @@ from .api import (Array, DeviceArray, HostArray, Result, array_arg, call, empty_
                   out_arg, pick_device, remember_args)
 from .kernels import HC, N_MIX, check_eps, check_n_iter
 from .policy import generation
+from ..core.tuning import current
 from ..vk.tensor import Tensor
 
 if TYPE_CHECKING:
@@ -145,7 +146,7 @@ class HcSite(_Resident):
         self.base = _resident(dev, "base", base, (N_MIX,))
         self.hc_eps, self.norm_eps = check_eps("hc_eps", hc_eps), check_eps("norm_eps", norm_eps)
         self.n_iter = check_n_iter(n_iter)
-        self._carry_memo: tuple[int | None, dict[int, bool]] = (None, {})   # (policy generation, {T: carries})
+        self._carry_memo: tuple[tuple | None, dict[int, bool]] = (None, {})   # ((policy generation, tuning), {T: carries})
         self._post_fits: set[tuple] = set()  # (X, f, post, comb) shapes of float32 Tensors that passed post(next=)'s
         #                                     checks (T ≥ 1): one lookup instead of four array_arg calls
 
@@ -181,13 +182,13 @@ class HcSite(_Resident):
                             device=self.device)
 
     def _carries(self, T):
-        """hc.carries for this site at T tokens, remembered per policy generation up to CARRY_MAX_T (the
+        """hc.carries for this site at T tokens, remembered per policy generation and tuning up to CARRY_MAX_T (the
         per-call decode path); past it asked each call (the answer depends on T there: TCR's mixes)."""
         if T > hc.CARRY_MAX_T:
             return hc.carries(self.device, self.fused, T, self.D)
         gen, memo = self._carry_memo
-        if gen != generation():
-            gen, memo = self._carry_memo = (generation(), {})
+        if gen != (generation(), current()):
+            gen, memo = self._carry_memo = ((generation(), current()), {})
         hit = memo.get(T)
         if hit is None:
             hit = memo[T] = hc.carries(self.device, self.fused, T, self.D)

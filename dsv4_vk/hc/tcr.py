@@ -7,9 +7,9 @@ picks TCR where the layout is TCR's (plan.mix_kernel).
 import numpy as np
 
 from .kernels import (HC, N_MIX, check_eps, check_fn_rows, check_layout_param, check_partials, check_unit_inner,
-                      reference_mix_partials, strides_in, vec4_ok)
+                      mix_fields, reference_mix_partials, strides_in, vec4_ok)
 from .policy import HCUnsupported
-from ..ops.base import Launch, OpDef, check_params, check_shape, grid_1d, pack_push, register
+from ..ops.base import Launch, OpDef, check_params, check_shape, grid_1d, register
 from ..vk import Buffer, Recorder
 
 TCR_WG = 128                            # 4 subgroups of 32 lanes
@@ -193,8 +193,8 @@ class HcMixFnSplit(OpDef):
             raise ValueError(f"{self.name}: fn's offset and row stride, and the output's offset, must be multiples of 4 "
                              f"floats, got {fn.offset}, {fn.strides[0]}, {out.offset}")
         steps = HC * D // TCR_STEP_FLOATS
-        push = pack_push(0, D // 4, 0, steps, 0.0, 0.0, 0, 0, 0, fn.offset // 4, fn.strides[0] // 4, out.offset // 4,
-                         0, 0, 0)
+        push = mix_fields(0, D // 4, 0, steps, 0.0, 0.0, (0, 0, 0), (fn.offset // 4, fn.strides[0] // 4),
+                          (out.offset // 4, 0, 0), 0)
         return [Launch("hc_mix_fn_split", [fn, fn, out], (2,), push, grid_1d(steps * TCR_STEP_WORDS // 4, TCR_WG),
                        defines={"VEC4": 1},
                        spec=(TCR_WG, m, *node.params["layout"]))]
@@ -275,9 +275,9 @@ class HcMixTcr(OpDef):
             if lay != tuple(pr["layout"]):
                 raise ValueError(f"{self.name}: layout {tuple(pr['layout'])} is not {device.name}'s {lay}")
             defines.update(CM_NV=1, CM_N=8)
-        push = pack_push(T, D // 4, pr["split"], pr["groups"], 1.0 / (HC * D), check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
-                         X.offset // 4, *strides_in(X, 4), fw.offset // 4, 0, out.offset, out.strides[0], out.strides[1],
-                         TCR_BLOCK * tt, 0)
+        push = {**mix_fields(T, D // 4, pr["split"], pr["groups"], 1.0 / (HC * D), check_eps("norm_eps", pr.get("norm_eps", 1e-6)),
+                             (X.offset // 4, *strides_in(X, 4)), (fw.offset // 4, 0), (out.offset, out.strides[0], out.strides[1]),
+                             TCR_BLOCK * tt), "zero": 0}
         return [Launch("hc_mix_tcr", [X, fw, out], (2,), push, grid_1d(-(-T // (TCR_BLOCK * tt)) * pr["groups"], 1),
                        defines=defines, spec=(TCR_WG, m, *pr["layout"]), full_subgroups=bool(pr["cm"]))]
 

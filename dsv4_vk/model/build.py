@@ -32,6 +32,7 @@ from typing import Any, NamedTuple, TypeGuard
 
 import numpy as np
 
+from ..core.tuning import knob_table
 from .. import hc
 from ..core.graph import Graph, GraphTensor
 from ..ops.compress import topk
@@ -43,9 +44,10 @@ from .reference import inv_freq
 
 STEP_PARAMS = ("step.pos", "step.last", "step.token")
 
-# "always": build the lightning indexer into every CSA layer and score with it at every position,
-# even where its top-k keeps every entry (tests and benches compare the graphs).
-INDEXER = {"always": False}
+INDEXER = knob_table(
+    "indexer",
+    always=(False, "build the lightning indexer into every CSA layer and score with it at every position, even "
+                   "where its top-k keeps every entry (tests and benches compare the graphs)"))
 
 
 def indexer_runs(cfg: V4Config, i: int) -> bool:
@@ -317,10 +319,13 @@ DTYPE_NAMES = {np.dtype(np.float32): "f32", np.dtype(np.int32): "i32", np.dtype(
 # plain GEMV in isolation), an unfolded one costs an RMS_NORM dispatch. Measured in the model on the
 # H200 (tools/model_gpu_bench.py --variants "fold_mb=64"): folding only up to 64 MiB of weights was
 # 0.992x the speed of folding everywhere (None), the default.
-NORM_FOLD = {"max_bytes": None}
-# "fused": MUL_MAT_ID reads an FP8 shared expert beside FP4 routed experts in one dispatch (the
-# published layout: two dispatches a layer instead of four); off: each in its own (tests compare).
-SHARED = {"fused": True}
+NORM_FOLD = knob_table(
+    "norm_fold", max_bytes=(None, "fold the norm into mat-muls reading at most this many weight bytes a token "
+                                  "(None: every one)"))
+SHARED = knob_table(
+    "shared",
+    fused=(True, "MUL_MAT_ID reads an FP8 shared expert beside FP4 routed experts in one dispatch (the published "
+                 "layout: two dispatches a layer instead of four); off: each in its own"))
 
 
 class Normed(NamedTuple):

@@ -37,7 +37,7 @@ from numpy.typing import DTypeLike
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from ..ops.mul_mat import QUANT, dequantize, quant_arrays
+from ..ops.mul_mat import QUANT, QuantFormat, dequantize, quant_arrays
 from ..vk.errors import path_problem
 from .config import CSA, SWA, ConfigError, V4Config, load_config_json
 
@@ -136,7 +136,7 @@ class QuantWeight:
         self.grid_rows = codes.shape[-2] if grid_rows is None else grid_rows
 
     @property
-    def format(self):
+    def format(self) -> QuantFormat:
         return QUANT[self.fmt]
 
     @property

@@ -29,7 +29,8 @@ from ..core.executor import CompiledGraph, Executor
 from ..ops.sample import MAX_TOP_K
 from ..ops.v4_attention import MAX_DECODE_SPLITS
 from ..vk import Device, default_device
-from .build import INDEXER, STEP_PARAMS, ModelGraph, all_entries_fit, cache_shapes, param_arrays, upload_arrays
+from ..core.tuning import Tuning, current, tuned
+from .build import STEP_PARAMS, ModelGraph, all_entries_fit, cache_shapes, param_arrays, upload_arrays
 from .checkpoint import LoadProgress, load_hf, normalise, random_weights, tensor_shapes
 from .config import V4Config
 
@@ -132,13 +133,17 @@ def _check_device(device: object) -> None:
 class Model:
     def __init__(self, cfg: V4Config, weights: dict, device: Device | None = None, fused: bool | None = None,
                  prefill_chunk: int = 16, splits: Sequence[int] | None = None, *,
-                 max_ctx: int | None = None):
+                 max_ctx: int | None = None, tuning: Tuning | None = None):
         """weights: canonical names (model.checkpoint); splits: MQA key-list splits per layer at decode
         (None: model.build.decode_splits, one tiled-attention tile of the layer's longest list each);
         max_ctx: the decode cache's capacity in positions (default cfg.max_ctx). The cache's bytes
-        are checked against the device before anything is allocated (check_memory)."""
+        are checked against the device before anything is allocated (check_memory). tuning: the
+        knobs (core.tuning) every graph of this model is built under (default: those in effect here)."""
         if not isinstance(cfg, V4Config):
             raise ValueError(f"cfg must be a V4Config, got {type(cfg).__name__}")
+        if tuning is not None and not isinstance(tuning, Tuning):
+            raise ValueError(f"tuning must be a dsv4_vk.core.tuning.Tuning or None, got {type(tuning).__name__}")
+        self.tuning = current() if tuning is None else tuning
         _check_device(device)
         splits = _check_splits(splits, cfg.num_hidden_layers)
         if max_ctx is not None:
@@ -153,10 +158,11 @@ class Model:
         self.prefill_chunk = min(prefill_chunk, cfg.max_ctx)
         check_memory(cfg, sum(int(w.nbytes) for w in weights.values()), self.prefill_chunk, self.device)
         self.ex = Executor(self.device)
-        self.params = param_arrays(cfg, weights, self.prefill_chunk,
-                                   max_binding=self.device.caps.limits.max_storage_buffer_range)
-        # some CSA layer has an indexer that scores only where it matters (not with INDEXER["always"])
-        self._indexed = any(n.endswith(".idx.state") for n in self.params) and not INDEXER["always"]
+        with tuned(self.tuning):        # (which indexers are built depends on indexer.always)
+            self.params = param_arrays(cfg, weights, self.prefill_chunk,
+                                       max_binding=self.device.caps.limits.max_storage_buffer_range)
+        # some CSA layer has an indexer that scores only where it matters (not with indexer.always)
+        self._indexed = any(n.endswith(".idx.state") for n in self.params) and not self.tuning["indexer.always"]
         # multi-step decode (steps): the token sampled after each position, written on the device
         self.params[HISTORY] = np.zeros(cfg.max_ctx, np.int32)
         self.storage = {}         # device param name -> storage type (memory())
@@ -175,7 +181,7 @@ class Model:
     @classmethod
     def load(cls, path_or_config: str | V4Config, device: Device | None = None, fused: bool | None = None, *,
              seed: int = 0, prefill_chunk: int = 16, max_ctx: int | None = None,
-             splits: Sequence[int] | None = None) -> "Model":
+             splits: Sequence[int] | None = None, tuning: Tuning | None = None) -> "Model":
         """From a Hugging Face model directory (config.json + safetensors; max_ctx: the decode cache
         capacity, default min(max_position_embeddings, 4096)), or random weights for a V4Config
         (max_ctx: default the config's). A cache too large for the device is refused before anything
@@ -189,11 +195,11 @@ class Model:
             check_memory(cfg, sum(4 * int(np.prod(shape)) for shape in tensor_shapes(cfg).values()),
                          min(prefill_chunk, cfg.max_ctx) if isinstance(prefill_chunk, int) else 1,
                          device or default_device())                 # random weights: float32 / int32
-            return cls(cfg, random_weights(cfg, seed), device, fused, prefill_chunk, splits)
+            return cls(cfg, random_weights(cfg, seed), device, fused, prefill_chunk, splits, tuning=tuning)
         if max_ctx is not None:
             _positive("max_ctx", max_ctx)
         cfg, weights = load_hf(path_or_config, max_ctx)
-        return cls(cfg, weights, device, fused, prefill_chunk, splits)
+        return cls(cfg, weights, device, fused, prefill_chunk, splits, tuning=tuning)
 
     # --- graphs -----------------------------------------------------------------------------------
     def compiled(self, kind: str, dense: bool | None = None) -> CompiledGraph:
@@ -208,9 +214,10 @@ class Model:
         if cg is None:
             T = self.prefill_chunk if kind == "prefill" else 1
             splits = None if kind == "decode" else [1] * self.cfg.num_hidden_layers
-            graph = ModelGraph(self.cfg, self.params, T, prefill=kind == "prefill", fused=self.fused,
-                               device=self.device, splits=self.splits if kind == "decode" else splits,
-                               dense=dense).g
+            with tuned(self.tuning):
+                graph = ModelGraph(self.cfg, self.params, T, prefill=kind == "prefill", fused=self.fused,
+                                   device=self.device, splits=self.splits if kind == "decode" else splits,
+                                   dense=dense).g
             cg = self._graphs[key] = self.ex.compile(graph)
         return cg
 
@@ -355,8 +362,9 @@ class Model:
         key = ("decode", k, dense, profile.active())
         cg = self._graphs.get(key)
         if cg is None:
-            g = ModelGraph(self.cfg, self.params, 1, prefill=False, fused=self.fused, device=self.device,
-                           splits=self.splits, dense=dense).g
+            with tuned(self.tuning):
+                g = ModelGraph(self.cfg, self.params, 1, prefill=False, fused=self.fused, device=self.device,
+                               splits=self.splits, dense=dense).g
             hist = g.param(HISTORY, (self.cfg.max_ctx,), "i32")
             g.op("STORE_AT", g.param("step.token", (1,), "i32"), g.param("step.pos", (1,), "i32"), hist, out=hist,
                  advance=1)

@@ -7,7 +7,7 @@ the first token of the chunk) from a buffer, so one recorded decode step serves 
 import numpy as np
 
 from .base import (Launch, OpDef, check_finite, check_flag, check_in_place, check_params, cluster_lanes, expect,
-                   grid_1d, nonempty, pack_push, register, unit_last)
+                   grid_1d, nonempty, register, unit_last, view_fields)
 
 def check_rope_tables(op, cos, sin, capacity, half):
     for what, t in (("cos", cos), ("sin", sin)):
@@ -77,8 +77,9 @@ class KvWrite(OpDef):
         check_in_place(out, cache, "KV_WRITE writes the cache", "the cache tensor given as input 0")
         C, S, H, hd = cache.shape
         T = x.shape[0]
-        push = pack_push([T, S, H, hd // 2, x.offset, *x.strides, out.offset, *out.strides,
-                      C, node.params.get("rotate", 0), pos.offset, cos.offset, sin.offset, cos.strides[0]])
+        push = {"T": T, "S": S, "H": H, "half_dim": hd // 2, **view_fields("x", x.offset, x.strides),
+                **view_fields("c", out.offset, out.strides), "capacity": C, "rotate": node.params.get("rotate", 0),
+                "pos_off": pos.offset, "cos_off": cos.offset, "sin_off": sin.offset, "tab_s0": cos.strides[0]}
         return [Launch("kv_write", [x, pos, cos, sin, out], (4,), push, grid_1d(T * S * H * (hd // 2)))]
 
     def reference(self, cache, x, pos, cos, sin, rotate=0):
@@ -128,9 +129,10 @@ class Attention(OpDef):
         pairs = -(-half // defs["LANES"])
         if node.params.get("rope", True):
             defs["ROPE_Q"] = 1
-        push = pack_push([T, H, half, k.shape[0], q.offset, *q.strides, k.offset, *k.strides,
-                      v.offset, *v.strides, out.offset, *out.strides, pos.offset, cos.offset, sin.offset,
-                      cos.strides[0]], [float(node.params["scale"])])
+        push = {"T": T, "H": H, "half_dim": half, "capacity": k.shape[0], **view_fields("q", q.offset, q.strides),
+                **view_fields("k", k.offset, k.strides), **view_fields("v", v.offset, v.strides),
+                **view_fields("o", out.offset, out.strides), "pos_off": pos.offset, "cos_off": cos.offset,
+                "sin_off": sin.offset, "tab_s0": cos.strides[0], "scale": float(node.params["scale"])}
         return [Launch("attention", [q, pos, cos, sin, k, v, out], (6,), push,
                        grid_1d(T * H, 256 // defs["LANES"]), defines=defs, spec=(256, pairs), **extra)]
 

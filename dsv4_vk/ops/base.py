@@ -1,9 +1,9 @@
-"""What every op family shares: the declaration base (re-exported from `dsv4_vk.core.opdef`), the
-one push-constant packer, grid and lane-cluster sizing, and argument checks with one shape format.
+"""What every op family shares: the declaration base (re-exported from `dsv4_vk.core.opdef`), push
+fields of tensor views by name, grid and lane-cluster sizing, and argument checks with one shape format.
 
 Declaring an op: subclass `OpDef`, decorate with `@register`, implement `infer` (shape rule and
-argument checks), `lower` (kernel launches; push block packed with `pack_push`, variants by
-`defines` the shader header declares) and `reference` (float64 numpy).
+argument checks), `lower` (kernel launches; the push block as {field: value}, packed by name against
+the shader's own block, variants by `defines` the shader header declares) and `reference` (float64 numpy).
 """
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import numpy as np
 
 from ..core.opdef import REGISTRY, WORKGROUP, Launch, OpDef, get_op, register
 from ..core.tensor import GraphTensor
-from ..vk import pack_push
 
-__all__ = ["REGISTRY", "WORKGROUP", "MAX_GROUPS", "Launch", "OpDef", "get_op", "register", "pack_push",
-           "grid_1d", "tensor_push", "shape_push", "check_finite", "broadcast_shapes", "format_shape",
+__all__ = ["REGISTRY", "WORKGROUP", "MAX_GROUPS", "Launch", "OpDef", "get_op", "register",
+           "grid_1d", "tensor_push", "shape_push", "view_fields", "tensor_fields", "shape_fields", "check_finite",
+           "broadcast_shapes", "format_shape",
            "check_shape", "expect", "unit_last", "check_in_place", "nonempty", "check_params", "next_pow2",
            "cluster_lanes", "workgroup_pow2", "workgroup_cluster_max", "is_cpu", "weight_defines", "WEIGHT_DTYPES"]
 
@@ -47,6 +47,26 @@ def tensor_push(t: GraphTensor) -> list[int]:
 def shape_push(t: GraphTensor) -> list[int]:
     shape, _ = t.padded()
     return list(shape)
+
+
+def view_fields(prefix: str, offset: int, strides: Sequence[int], names: Sequence[str] | None = None) -> dict[str, int]:
+    """A view's push fields by name: {prefix_off: offset, prefix_<name>: stride, ...}; names default
+    to s0, s1, ... (the shaders' convention for a tensor's strides)."""
+    names = [f"s{i}" for i in range(len(strides))] if names is None else names
+    if len(names) != len(strides):
+        raise ValueError(f"view_fields({prefix!r}): {len(strides)} strides for the names {list(names)}")
+    return {f"{prefix}_off": int(offset), **{f"{prefix}_{n}": int(s) for n, s in zip(names, strides)}}
+
+
+def tensor_fields(prefix: str, t: GraphTensor) -> dict[str, int]:
+    """{prefix_off, prefix_s0..s3} of a tensor padded to 4 dimensions (tensor_push by name)."""
+    _, strides = t.padded()
+    return view_fields(prefix, t.offset, strides)
+
+
+def shape_fields(t: GraphTensor) -> dict[str, int]:
+    """{ne0..ne3}: a tensor's shape padded to 4 dimensions (shape_push by name)."""
+    return {f"ne{i}": n for i, n in enumerate(shape_push(t))}
 
 
 # --- argument checks --------------------------------------------------------------------------------
@@ -155,7 +175,8 @@ def cluster_lanes(device: Any, n: int, per_lane: int = 4, max_lanes: int | None 
     Lanes per cluster: enough for about `per_lane` values each, at most max_lanes and the smallest
     subgroup the device may launch. A whole-subgroup cluster uses subgroupAdd/Max (with the subgroup
     size pinned where the device may vary it); a smaller one a shuffle butterfly; without subgroup
-    ops, one lane."""
+    ops, one lane. LANES is the shader's specialization constant (one SPIR-V for every value); the
+    other define picks the reduction, which gates a subgroup extension."""
     sg = device.caps.subgroup
     lanes = min(max(1, sg.min_size), next_pow2(-(-int(n) // per_lane)), max_lanes or 1 << 30)
     extra = {"full_subgroups": True} if sg.full_subgroups else {}
@@ -165,7 +186,7 @@ def cluster_lanes(device: Any, n: int, per_lane: int = 4, max_lanes: int | None 
         if sg.size_control and sg.required_size_compute:
             return {"LANES": lanes, "LANES_SUBGROUP_OPS": 1}, {**extra, "subgroup_size": lanes}
     if lanes > 1 and sg.supports("basic", "shuffle"):
-        return {"LANES": lanes}, extra
+        return {"LANES": lanes, "LANES_SHUFFLE": 1}, extra
     return {"LANES": 1}, {}
 
 

@@ -13,20 +13,28 @@ import os
 
 import numpy as np
 
+from ..core.tuning import knob_table
 from .base import (Launch, OpDef, check_finite, check_flag, check_in_place, check_params, cluster_lanes, expect,
-                   grid_1d, nonempty, pack_push, register, unit_last, workgroup_pow2)
-from .v4_attention import StoreRows, _positions
+                   grid_1d, nonempty, register, unit_last, view_fields, workgroup_pow2)
+from .v4_attention import StoreRows, _positions, rope_fields
 
-COMPRESS_WG = {"wg": 256}   # COMPRESS's workgroup: at most this many invocations (a power of two ≤ 256, part[] in
-                            # compress.comp), fewer where the device allows fewer
-INDEX_HEADS = {"heads": None}   # INDEX_SCORE heads per step with cluster sums (None: the SCATTER kernel where
-                                # the device has shuffles, else from channels per lane; tests set it)
+COMPRESS_WG = knob_table(
+    "compress",
+    wg=(256, "COMPRESS's workgroup: at most this many invocations (a power of two ≤ 256, part[] in "
+             "compress.comp), fewer where the device allows fewer"))
+INDEX_HEADS = knob_table(
+    "index_score",
+    heads=(None, "INDEX_SCORE heads per step with cluster sums (None: the SCATTER kernel where the device has "
+                 "shuffles, else from channels per lane)"))
 
 
 # Workgroups per row of INDEX_SCORE and TOPK_TILES at most, looping over the row's blocks below its
 # causal bound: the grid is recorded once for the cache's capacity, and an idle workgroup is not free
 # (lavapipe: about 17 µs each, its threads one per core, at most 16); a GPU keeps thousands in flight.
-ROW_GROUPS = {"cpu": min(os.cpu_count() or 2, 16), "gpu": 2048}
+ROW_GROUPS = knob_table(
+    "row_groups",
+    cpu=(min(os.cpu_count() or 2, 16), "INDEX_SCORE / TOPK_TILES workgroups per row at most on CPU devices"),
+    gpu=(2048, "INDEX_SCORE / TOPK_TILES workgroups per row at most on GPUs"))
 
 
 def row_groups(device, blocks: int) -> int:
@@ -39,7 +47,7 @@ def compress_workgroup(device) -> int:
     256) and the device's workgroup limits."""
     cap = min(int(COMPRESS_WG["wg"]), 256)
     if cap < 1:
-        raise ValueError(f"COMPRESS_WG['wg'] must be at least 1, got {COMPRESS_WG['wg']!r}")
+        raise ValueError(f"tuning knob 'compress.wg' must be at least 1, got {COMPRESS_WG['wg']!r}")
     return workgroup_pow2(device, cap)
 
 
@@ -121,16 +129,16 @@ class Compress(OpDef):
         n, d = out.shape
         defs = {"OVERLAP": 1} if prm.get("overlap") else {}
         T = prm["tokens"]
-        push = pack_push([T, d, cos.shape[0], cos.shape[1], n, st.shape[0], st.offset, st.strides[0],
-                          ape.offset, ape.strides[0], norm.offset, out.offset, out.strides[0], pos.offset,
-                          cos.offset, sin.offset, cos.strides[0]],
-                         float(prm.get("eps", 1e-6)))
+        push = {"T": T, "d": d, "n_out": n, "rows": st.shape[0], **view_fields("s", st.offset, st.strides[:1]),
+                **view_fields("a", ape.offset, ape.strides[:1]), "n_off": norm.offset,
+                **view_fields("o", out.offset, out.strides[:1]), **rope_fields(pos, cos, sin),
+                "eps": float(prm.get("eps", 1e-6))}
         args, writes = [st, ape, norm, pos, cos, sin, res], (6,)
         if len(node.inputs) == 8:
             xs = node.inputs[7]
             defs["NEW_ROWS"] = 1
             args, writes = args + [xs], (6, 0)
-            push += pack_push([xs.offset, xs.strides[0]])
+            push |= view_fields("x", xs.offset, xs.strides[:1])
         return [Launch("compress", args, writes, push, grid_1d(T, 1), defines=defs,
                        spec=(compress_workgroup(device), prm["rate"], d))]
 
@@ -211,16 +219,17 @@ class IndexScore(OpDef):
         T, nh, hd = q.shape
         n = k.shape[0]
         lanes, extra = cluster_lanes(device, hd, per_lane=4)
-        push = pack_push([T, nh, hd, n, prm["capacity"], q.offset, q.strides[0], q.strides[1], wt.offset,
-                          wt.strides[0], k.offset, k.strides[0], out.offset, out.strides[0], pos.offset],
-                         float(prm.get("scale", 1.0)))
+        push = {"T": T, "nh": nh, "hd": hd, "n": n, "capacity": prm["capacity"], **view_fields("q", q.offset, q.strides[:2]),
+                **view_fields("w", wt.offset, wt.strides[:1]), **view_fields("k", k.offset, k.strides[:1]),
+                **view_fields("o", out.offset, out.strides[:1]), "pos_off": pos.offset,
+                "scale": float(prm.get("scale", 1.0))}
         per_lane = -(-hd // lanes["LANES"])
         heads = INDEX_HEADS.get("heads") or (4 if per_lane <= 16 else 1)     # loads in flight per lane
         if INDEX_HEADS.get("heads") is None and 2 <= lanes["LANES"] <= 32 \
                 and device.caps.subgroup.supports("basic", "shuffle"):
             lanes = {**lanes, "SCATTER": 1}            # LANES heads a step, a transposing reduction
         groups = row_groups(device, -(-n // (256 // lanes["LANES"])))   # workgroups per row
-        push += pack_push([groups])
+        push["groups"] = groups
         return [Launch("index_score", [q, wt, k, pos, out], (4,), push, grid_1d(T * groups, 1),
                        defines=lanes, spec=(256, prm["rate"], per_lane, heads), **extra)]
 
@@ -249,14 +258,21 @@ def reference_topk(scores, k, pos=None, rate=1, capacity=1 << 30):
     return out
 
 
-TOPK_TILE = {"entries": 8192}   # TOPK_TILES: entries a workgroup selects from (then one merge per row)
-# TOPK's workgroup (at most: the device may allow fewer) and radix digit bits (a 1 << bits bin
-# histogram in shared memory), by device type: a GPU wants many loads in flight and few passes; a
-# CPU device runs a workgroup's invocations in turn, every bin cleared and scanned each pass
-TOPK_WG = {"gpu": 1024, "cpu": 64}
-TOPK_BITS = {"gpu": 11, "cpu": 8}
-TOPK_STAGED = {"keys": None}   # the K-th bin's keys staged in shared memory at most (None: all the
-                               # shared memory left over holds, ≤ 8192; tests lower it)
+TOPK_TILE = knob_table(
+    "topk_tile", entries=(8192, "TOPK_TILES: entries a workgroup selects from (then one merge per row)"))
+# TOPK's workgroup and radix digit bits by device type: a GPU wants many loads in flight and few
+# passes; a CPU device runs a workgroup's invocations in turn, every bin cleared and scanned each pass
+TOPK_WG = knob_table(
+    "topk_wg",
+    gpu=(1024, "TOPK's workgroup on GPUs (at most: the device may allow fewer)"),
+    cpu=(64, "TOPK's workgroup on CPU devices (at most: the device may allow fewer)"))
+TOPK_BITS = knob_table(
+    "topk_bits",
+    gpu=(11, "TOPK's radix digit bits on GPUs (a 1 << bits bin histogram in shared memory; 4..16)"),
+    cpu=(8, "TOPK's radix digit bits on CPU devices (4..16)"))
+TOPK_STAGED = knob_table(
+    "topk_staged", keys=(None, "the K-th bin's keys staged in shared memory at most (None: all the shared memory "
+                               "left over holds, ≤ 8192)"))
 
 
 def topk_tiles(n: int, tile: int) -> int:
@@ -302,11 +318,12 @@ def _topk_check(op, inputs, params, with_tile):
     return s, pos, inputs[1 + bounded:], params["k"], params.get("tile")
 
 
-def _topk_push(s, pos, K, tiles, params, cand=None, out=None, groups=1):
-    return pack_push([s.shape[0], s.shape[1], K, tiles, groups, params.get("rate", 1), params.get("capacity", 1),
-                      int(pos is not None), s.offset, s.strides[0], pos.offset if pos is not None else 0,
-                      cand.offset if cand is not None else 0, cand.strides[0] if cand is not None else 0,
-                      out.offset if out is not None else 0, out.strides[0] if out is not None else 0])
+def _topk_fields(s, pos, K, tiles, params, cand=None, out=None, groups=1):
+    return {"T": s.shape[0], "n": s.shape[1], "K": K, "tiles": tiles, "groups": groups, "rate": params.get("rate", 1),
+            "capacity": params.get("capacity", 1), "has_pos": int(pos is not None), **view_fields("s", s.offset, s.strides[:1]),
+            "pos_off": pos.offset if pos is not None else 0,
+            **(view_fields("c", cand.offset, cand.strides[:1]) if cand is not None else {"c_off": 0, "c_s0": 0}),
+            **(view_fields("i", out.offset, out.strides[:1]) if out is not None else {"i_off": 0, "i_s0": 0})}
 
 
 def _topk_spec(op, device, K, tile, keys=True):
@@ -315,7 +332,7 @@ def _topk_spec(op, device, K, tile, keys=True):
     kind = "cpu" if device.caps.is_cpu else "gpu"
     bits = int(TOPK_BITS[kind])
     if not 4 <= bits <= 16:
-        raise ValueError(f"TOPK_BITS[{kind!r}] must be in 4..16, got {bits!r}")
+        raise ValueError(f"tuning knob 'topk_bits.{kind}' must be in 4..16, got {bits!r}")
     fixed = 4 * ((1 << bits) + (1 << (bits - bits // 2)) + 5) + 64     # histogram, bin groups, state, alignment
     have = device.caps.limits.max_shared_memory
     need = 8 * K * keys + fixed + 8
@@ -346,7 +363,7 @@ class TopKTiles(OpDef):
         s, pos, _, K, tile = _topk_check(self.name, node.inputs, node.params, True)
         tiles = topk_tiles(s.shape[1], tile)
         groups = row_groups(device, tiles)
-        push = _topk_push(s, pos, K, tiles, node.params, cand=node.output, groups=groups)
+        push = _topk_fields(s, pos, K, tiles, node.params, cand=node.output, groups=groups)
         return [Launch("topk", [s, pos if pos is not None else s, node.output], (2,), push,
                        grid_1d(s.shape[0] * groups, 1), defines={"PART": 1},
                        spec=_topk_spec(self.name, device, K, tile, keys=False))]
@@ -386,10 +403,10 @@ class TopK(OpDef):
         spec = _topk_spec(self.name, device, K, tile)
         bound = pos if pos is not None else s
         if rest:
-            push = _topk_push(s, pos, K, topk_tiles(s.shape[1], tile), node.params, cand=rest[0], out=out)
+            push = _topk_fields(s, pos, K, topk_tiles(s.shape[1], tile), node.params, cand=rest[0], out=out)
             return [Launch("topk", [s, bound, rest[0], out], (3,), push, grid_1d(s.shape[0], 1),
                            defines={"MERGE": 1}, spec=spec)]
-        push = _topk_push(s, pos, K, 1, node.params, out=out)
+        push = _topk_fields(s, pos, K, 1, node.params, out=out)
         return [Launch("topk", [s, bound, out], (2,), push, grid_1d(s.shape[0], 1), spec=spec)]
 
     def reference(self, scores, *rest, k=1, rate=None, capacity=None, tile=None):

@@ -1,7 +1,7 @@
 """CONCAT(x0, x1[, x2[, x3]], axis=k): np.concatenate of 2..4 strided views, one dispatch."""
 import numpy as np
 
-from .base import Launch, OpDef, check_params, grid_1d, nonempty, pack_push, register, shape_push, tensor_push
+from .base import Launch, OpDef, check_params, grid_1d, nonempty, register, shape_fields, tensor_fields, tensor_push
 
 MAX_INPUTS = 4
 
@@ -46,7 +46,7 @@ class Concat(OpDef):
         for t in inputs:
             src += tensor_push(t)
         src += [0] * (5 * MAX_INPUTS - len(src))
-        push = pack_push(shape_push(out), tensor_push(out), bounds, src)
+        push = {**shape_fields(out), **tensor_fields("d", out), **dict(zip(("b1", "b2", "b3"), bounds)), "src": src}
         padded_axis = axis + 4 - out.ndim
         return [Launch("concat", [*inputs, out], (len(inputs),), push, grid_1d(out.numel),
                        defines={"N_INPUTS": len(inputs)}, spec=(256, padded_axis))]

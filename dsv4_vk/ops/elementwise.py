@@ -7,8 +7,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .base import (Launch, OpDef, broadcast_shapes, check_finite, grid_1d, pack_push, register, shape_push,
-                   tensor_push)
+from .base import (Launch, OpDef, broadcast_shapes, check_finite, grid_1d, register, shape_fields, tensor_fields,
+                   view_fields)
 
 
 def _nonempty(op, *tensors):
@@ -30,7 +30,7 @@ class _Binary(OpDef):
     def lower(self, node, device):
         out = node.output
         a, b = (t.broadcast_to(out.shape) for t in node.inputs)
-        push = pack_push(shape_push(out), tensor_push(a), tensor_push(b), tensor_push(out))
+        push = {**shape_fields(out), **tensor_fields("a", a), **tensor_fields("b", b), **tensor_fields("d", out)}
         return [Launch("binary", [a, b, out], (2,), push, grid_1d(out.numel),
                        defines={self.define: 1})]
 
@@ -55,8 +55,8 @@ class Div(_Binary):
 
 def unary_launch(define, a, out, s=0.0, t=0.0):
     """Launch of unary.comp (a may be None for FILL)."""
-    ints = shape_push(out) + (tensor_push(a) if a is not None else [0] * 5) + tensor_push(out)
-    push = pack_push(ints, float(s), float(t))
+    push = {**shape_fields(out), **(tensor_fields("a", a) if a is not None else view_fields("a", 0, [0] * 4)),
+            **tensor_fields("d", out), "s": float(s), "t": float(t)}
     args = [a, out] if a is not None else [out]
     return Launch("unary", args, (len(args) - 1,), push, grid_1d(out.numel), defines={define: 1})
 

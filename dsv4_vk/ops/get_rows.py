@@ -5,7 +5,7 @@ in the result instead of reading another allocation.
 """
 import numpy as np
 
-from .base import Launch, OpDef, check_params, grid_1d, nonempty, pack_push, register, weight_defines
+from .base import Launch, OpDef, check_params, grid_1d, nonempty, register, view_fields, weight_defines
 
 
 @register
@@ -27,9 +27,10 @@ class GetRows(OpDef):
 
     def lower(self, node, device):
         (table, ids), out = node.inputs, node.output
-        ints = [out.shape[0], out.shape[1], table.shape[0], table.offset, *table.strides,
-                ids.offset, ids.strides[0], out.offset, *out.strides]
-        return [Launch("get_rows", [table, ids, out], (2,), pack_push(ints),
+        push = {"n_rows": out.shape[0], "n_cols": out.shape[1], "n_vocab": table.shape[0],
+                **view_fields("t", table.offset, table.strides), **view_fields("i", ids.offset, ids.strides, ("s",)),
+                **view_fields("d", out.offset, out.strides)}
+        return [Launch("get_rows", [table, ids, out], (2,), push,
                        grid_1d(out.numel), defines=weight_defines(table))]
 
     def reference(self, table, ids):

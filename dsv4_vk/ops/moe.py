@@ -3,10 +3,11 @@ the chosen experts only), with their float64 references.
 """
 import numpy as np
 
+from ..core.tuning import knob_table
 from .base import (Launch, OpDef, check_finite, check_flag, check_params, cluster_lanes, expect, grid_1d, is_cpu,
-                   next_pow2, nonempty, pack_push, register, unit_last, weight_defines, workgroup_cluster_max,
+                   next_pow2, nonempty, register, unit_last, view_fields, weight_defines, workgroup_cluster_max,
                    workgroup_pow2, WEIGHT_DTYPES)
-from .mul_mat import QUANT, check_quant, dequantize, quant_push, rms_weight
+from .mul_mat import QUANT, check_quant, dequantize, quant_fields, rms_weight
 from .reduce_rows import reference_rms_norm
 
 MAX_TOP_K = 64
@@ -62,8 +63,9 @@ class MoeRoute(OpDef):
     def lower(self, node, device):
         (lg,), out = node.inputs, node.output
         prm = node.params
-        push = pack_push([lg.shape[0], lg.shape[1], lg.offset, *lg.strides, out.offset, *out.strides,
-                      int(prm.get("norm", True))], [float(prm.get("route_scale", 1.0))])
+        push = {"T": lg.shape[0], "E": lg.shape[1], **view_fields("l", lg.offset, lg.strides),
+                **view_fields("o", out.offset, out.strides), "norm": int(prm.get("norm", True)),
+                "route_scale": float(prm.get("route_scale", 1.0))}
         defs = {f"ROUTER_{prm.get('router', 'sigmoid').upper()}": 1}
         return [Launch("moe_route", [lg, out], (1,), push, grid_1d(lg.shape[0], 64), defines=defs,
                        spec=(64, prm["top_k"], prm.get("n_shared", 0)))]
@@ -72,20 +74,21 @@ class MoeRoute(OpDef):
         return reference_route(logits, top_k, router, norm, route_scale, n_shared)
 
 
-# vec4 steps a lane of MUL_MAT_ID loads before adding them (None: 4 on GPUs, 1 on CPU devices,
-# where registers are scarce and loads are cheap); mode="sum"'s routes loaded together (None: 1, a
-# power of two ≤ 8) and the lanes of a workgroup-wide cluster per output (None or 0: subgroup-lane
-# clusters); tests and the benches set them. The sum is the decode step's slowest weight stream
-# (results/h200/model_bench_v4.txt), a chain of R·K/(4·32·unroll) memory latencies per output.
-# Alone, 4 routes with unroll 2 were faster than the default (tools/bench_moe.py,
-# results/h200/moe_h200.txt); in the model, as a specialization constant, they were slower.
-# Left at 1 until the literal form is measured in the model beside "wg".
-MUL_MAT_ID_UNROLL = {"unroll": None, "routes": None, "wg": None, "rows": None, "load": None}
-# "rows": mode="sum" over quantised experts, output rows a cluster (1, 2 or 4; spec constant 2):
-# each x load serves that many rows. None: 1 until measured on a GPU.
-# "load": quantised experts, bytes of codes a lane loads a step (4 or 16; spec constant 3): 16, a
-# uvec4 and one scale byte where K % 16 (FP8) or K % 32 (FP4) is 0 and the rows 16-byte aligned
-# (else 4). None: 4 until measured on a GPU.
+# MUL_MAT_ID's loads. The sum is the decode step's slowest weight stream (results/h200/model_bench_v4.txt),
+# a chain of R·K/(4·32·unroll) memory latencies per output. Alone, 4 routes with unroll 2 were faster
+# than the default (tools/bench_moe.py, results/h200/moe_h200.txt); in the model, as a specialization
+# constant, they were slower. Left at 1 until the literal form is measured in the model beside "wg".
+MUL_MAT_ID_UNROLL = knob_table(
+    "mul_mat_id",
+    unroll=(None, "vec4 steps a lane loads before adding them (None: 4 on GPUs, 1 on CPU devices, where "
+                  "registers are scarce and loads are cheap)"),
+    routes=(None, 'mode="sum"\'s routes loaded together (None: 1; a power of two ≤ 8)'),
+    wg=(None, 'mode="sum": lanes of a workgroup-wide cluster per output (None or 0: subgroup-lane clusters)'),
+    rows=(None, 'mode="sum" over quantised experts: output rows a cluster (1, 2 or 4; spec constant 2), each x '
+                'load serving that many rows (None: 1 until measured on a GPU)'),
+    load=(None, "quantised experts: bytes of codes a lane loads a step (4 or 16; spec constant 3): 16, a uvec4 "
+                "and one scale byte where K % 16 (FP8) or K % 32 (FP4) is 0 and the rows 16-byte aligned (else "
+                "4; the FP8 shared expert beside FP4 ones keeps 4) (None: 4 until measured on a GPU)"))
 
 
 @register
@@ -206,13 +209,18 @@ class MulMatId(OpDef):
         if all(a % 4 == 0 for a in aligned):
             defs["VEC4"] = 1
         o_strides = list(out.strides) if mode == "swiglu" else [out.strides[0], out.strides[1], 0]
-        a = [add.offset, *add.strides] if add is not None else [0, 0, 0]
-        norm = [g.offset, float(node.params["rms_eps"])] if g is not None else []
-        ids = (0, E + 1) if shared else self.expert_ids(node.params, E)
-        sq = [node.params.get("shared_grid_rows", N)] if shared else []
-        push = pack_push([T, R, cols, K, E, *ids, x.offset, x.strides[0], x.strides[1], w.offset, w.strides[0],
-                      w.strides[1], route.offset, *route.strides, out.offset, *o_strides, *a],
-                         float(node.params.get("limit", np.inf)), *norm, *(quant_push(fmt, K, node.params.get("grid_rows", N)) if fmt else []), *sq)
+        id_base, n_ids = (0, E + 1) if shared else self.expert_ids(node.params, E)
+        push = {"T": T, "R": R, "N": cols, "K": K, "E": E, "id_base": id_base, "n_ids": n_ids,
+                **view_fields("x", x.offset, x.strides[:2]), **view_fields("w", w.offset, w.strides[:2]),
+                **view_fields("r", route.offset, route.strides), **view_fields("d", out.offset, o_strides),
+                **view_fields("a", *((add.offset, add.strides) if add is not None else (0, (0, 0)))),
+                "limit": float(node.params.get("limit", np.inf))}
+        if g is not None:
+            push |= {"g_off": g.offset, "eps": float(node.params["rms_eps"])}
+        if fmt:
+            push |= quant_fields(fmt, K, node.params.get("grid_rows", N))
+        if shared:
+            push["s_rows"] = node.params.get("shared_grid_rows", N)
         args = [x, w, route] + ([add] if add is not None else []) + [out] + ([g] if g is not None else [])
         out_index = len(args) - 1 - (g is not None)
         if fmt:
@@ -228,7 +236,7 @@ class MulMatId(OpDef):
             defs["SHARED_FP8"] = 1
         nr = (MUL_MAT_ID_UNROLL["rows"] or 1) if mode == "sum" and fmt else 1
         if nr not in (1, 2, 4):
-            raise ValueError(f"MUL_MAT_ID_UNROLL['rows'] must be 1, 2 or 4, got {nr!r}")
+            raise ValueError(f"tuning knob 'mul_mat_id.rows' must be 1, 2 or 4, got {nr!r}")
         items = T * R * cols if mode == "swiglu" else T * -(-cols // nr)
         unroll = MUL_MAT_ID_UNROLL["unroll"] or (1 if is_cpu(device) else 4)
         if mode == "sum":         # a power of two ≤ 8 (the shader's variants), at most R's; quantised: 1
@@ -236,7 +244,7 @@ class MulMatId(OpDef):
             defs["ROUTES"] = min(1 << (int(routes).bit_length() - 1), next_pow2(R), 8)
         load = MUL_MAT_ID_UNROLL["load"] or 4
         if load not in (4, 16):
-            raise ValueError(f"MUL_MAT_ID_UNROLL['load'] must be 4 or 16, got {load!r}")
+            raise ValueError(f"tuning knob 'mul_mat_id.load' must be 4 or 16, got {load!r}")
         wide = bool(fmt) and load == 16 and "VEC4" in defs and K % (16 if fmt.bits == 8 else 32) == 0 and \
             all(a % 4 == 0 for a in (w.offset, w.strides[0], w.strides[1]))
         rows = (nr, int(wide))      # spec constants 2 (MODE_SUM's rows a cluster) and 3 (16-byte loads)
@@ -315,8 +323,10 @@ def reference_v4_route(logits, sel, ids=None, top_k=1, scoring="sqrtsoftplus", r
     return out
 
 
-ROUTE_RANK = {"on": True, "max": 256}   # V4_ROUTE's one-pass ranking (v4_route.comp -D RANK) up to this many
-                                        # experts (its shared scores); off: TOP_K rounds of a butterfly
+ROUTE_RANK = knob_table(
+    "route_rank",
+    on=(True, "V4_ROUTE's one-pass ranking (v4_route.comp -D RANK); off: TOP_K rounds of a butterfly"),
+    max=(256, "experts the one-pass ranking takes at most (its shared scores; ≤ 256)"))
 
 
 def route_kernel(device, n_experts: int, hashed: bool) -> str:
@@ -375,9 +385,9 @@ class V4Route(OpDef):
         out, prm = node.output, node.params
         hashed = len(node.inputs) == 3
         ids = node.inputs[2] if hashed else None
-        push = pack_push([lg.shape[0], lg.shape[1], lg.offset, lg.strides[0], sel.offset,
-                          sel.strides[0] if hashed else 0, ids.offset if hashed else 0, out.offset, *out.strides],
-                         float(prm.get("route_scale", 1.0)))
+        push = {"T": lg.shape[0], "E": lg.shape[1], **view_fields("l", lg.offset, lg.strides[:1]), "sel_off": sel.offset,
+                "tid_s0": sel.strides[0] if hashed else 0, "ids_off": ids.offset if hashed else 0,
+                **view_fields("o", out.offset, out.strides), "route_scale": float(prm.get("route_scale", 1.0))}
         defs = {f"SCORE_{prm.get('scoring', 'sqrtsoftplus').upper()}": 1}
         if hashed:
             defs["HASH"] = 1

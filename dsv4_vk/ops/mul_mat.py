@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.tuning import knob_table
 from .base import (Launch, OpDef, broadcast_shapes, check_finite, check_params, cluster_lanes, expect, grid_1d, is_cpu,
-                   next_pow2, nonempty, pack_push, register, tensor_push, unit_last, weight_defines,
+                   next_pow2, nonempty, register, tensor_fields, unit_last, weight_defines,
                    workgroup_cluster_max, WEIGHT_DTYPES)
 from .reduce_rows import reference_rms_norm
 
@@ -160,10 +161,10 @@ def check_quant(op: str, params: dict, w, scale, K: int, default_grid_rows: int)
     return fmt, gr
 
 
-def quant_push(fmt: QuantFormat, K: int, grid_rows: int) -> list[int]:
-    """q_kw, q_rows, q_srows, q_sc of weights.glsl."""
+def quant_fields(fmt: QuantFormat, K: int, grid_rows: int) -> dict[str, int]:
+    """The push fields q_kw, q_rows, q_srows, q_sc of weights.glsl."""
     sr, sc = fmt.grid(grid_rows, K)
-    return [fmt.words(K), grid_rows, sr, sc]
+    return {"q_kw": fmt.words(K), "q_rows": grid_rows, "q_srows": sr, "q_sc": sc}
 
 
 def pick_kernel(device, T, kernel="auto", N=None):
@@ -188,21 +189,22 @@ def vec4_ok(*views):
     return True
 
 
-# GEMV loads: unroll, the steps a lane loads before adding them at one token per cluster (None: 4
-# on GPUs, 1 on CPU devices); spread, the lanes the device should have at work (None: GEMV_SPREAD on
-# GPUs; 0: off): outputs too few to give every one a subgroup of lanes that many are reduced by a
-# whole workgroup each, 64-256 lanes, each walking fewer of K's loads one after the other (a chain of
-# memory latencies otherwise), faster for those shapes on the H200 (results/h200/gemv_spread_h200.txt).
-# 8-byte weight loads: 16-byte loads of 8 bf16 were slower in the model. Tests and the benches set them.
-GEMV_UNROLL = {"unroll": None, "spread": None}
-# Output rows a GEMV cluster computes over quantised weights at one token (1, 2 or 4; spec constant NR): each
-# x load then serves that many rows (x is read from cache 4 (FP8) or 8 (FP4) times the weight
-# bytes at one row). Tests and the benches set it; 1 until measured on a GPU.
-GEMV_QUANT_ROWS = {"rows": 1}
-# Bytes of codes a GEMV lane loads a step over quantised weights at one token (spec constant WIDE):
-# 4 (a word, its scale looked up each time) or 16 (a uvec4 and one scale byte, where K % 16 (FP8) or
-# K % 32 (FP4) is 0 and the rows are 16-byte aligned; else 4). Tests and the benches set it.
-GEMV_QUANT_LOAD = {"bytes": 4}
+# GEMV loads (8-byte weight loads: 16-byte loads of 8 bf16 were slower in the model). Spread: outputs
+# too few to give every one a subgroup of lanes that many are reduced by a whole workgroup each,
+# 64-256 lanes, each walking fewer of K's loads one after the other (a chain of memory latencies
+# otherwise), faster for those shapes on the H200 (results/h200/gemv_spread_h200.txt).
+GEMV_UNROLL = knob_table(
+    "gemv",
+    unroll=(None, "steps a lane loads before adding them at one token per cluster (None: 4 on GPUs, 1 on CPU devices)"),
+    spread=(None, "lanes the device should have at work before outputs take a workgroup each (None: GEMV_SPREAD "
+                  "on GPUs; 0: off)"))
+GEMV_QUANT_ROWS = knob_table(
+    "gemv_quant",
+    rows=(1, "output rows a GEMV cluster computes over quantised weights at one token (1, 2 or 4; spec constant "
+             "NR): each x load then serves that many rows; 1 until measured on a GPU"),
+    load=(4, "bytes of codes a GEMV lane loads a step over quantised weights at one token (spec constant WIDE): "
+             "4 (a word, its scale looked up each time) or 16 (a uvec4 and one scale byte, where K % 16 (FP8) "
+             "or K % 32 (FP4) is 0 and the rows are 16-byte aligned; else 4); 4 until measured on a GPU"))
 GEMV_SPREAD = 1 << 18                   # (an H200 holds 132 SMs × 2048 invocations)
 GEMV_WG_MAX = 256
 
@@ -287,7 +289,8 @@ class MulMat(OpDef):
         w = inputs[1].broadcast_to(batch + (N, inputs[1].shape[-1]))
         g = inputs[2] if len(inputs) == 3 else None
         b = (1,) * (2 - len(batch)) + batch
-        push = [b[0], b[1], T, N, K, tensor_push(x), tensor_push(w), tensor_push(out)]
+        push = {"ne0": b[0], "ne1": b[1], "T": T, "N": N, "K": K, **tensor_fields("x", x), **tensor_fields("w", w),
+                **tensor_fields("d", out)}
         kernel = "gemv" if g is not None else pick_kernel(device, T, node.params.get("kernel", "auto"), N)
         aligned = vec4_ok(x, *([g] if g is not None else [])) and (K % 4 == 0 if fmt else vec4_ok(w))
         defines = {"VEC4": 1} if K >= 4 and aligned else {}
@@ -300,17 +303,17 @@ class MulMat(OpDef):
         extra, args, spec = {}, [x, w, out], (WORKGROUP,)
         if g is not None:
             defines["NORM_X"] = 1
-            push += [g.offset, float(node.params["rms_eps"])]
+            push |= {"g_off": g.offset, "eps": float(node.params["rms_eps"])}
             args.append(g)
         if fmt:
-            push += quant_push(fmt, K, node.params.get("grid_rows", int(np.prod(inputs[1].shape[:-1]))))
+            push |= quant_fields(fmt, K, node.params.get("grid_rows", int(np.prod(inputs[1].shape[:-1]))))
             args.append(node.inputs[-1])
         if kernel == "gemv":
             # quantised weights: 1 or 8 tokens a cluster (the variants built), a partial block clamped
             tb = min(next_pow2(T), GEMV_MAX_T) if not fmt else (1 if T == 1 else GEMV_MAX_T)
             nr = GEMV_QUANT_ROWS["rows"] if fmt and tb == 1 and "VEC4" in defines else 1
             if nr not in (1, 2, 4):
-                raise ValueError(f"GEMV_QUANT_ROWS['rows'] must be 1, 2 or 4, got {nr!r}")
+                raise ValueError(f"tuning knob 'gemv_quant.rows' must be 1, 2 or 4, got {nr!r}")
             rows = b[0] * b[1] * -(-T // tb) * -(-N // nr)
             unroll = GEMV_UNROLL["unroll"] or (1 if is_cpu(device) else 4)
             wg_lanes = gemv_workgroup_lanes(device, rows, K)
@@ -322,9 +325,9 @@ class MulMat(OpDef):
                 grid, spec = grid_1d(rows, WORKGROUP // lane_defs["LANES"]), (WORKGROUP, unroll)
             defines.update(lane_defs, MODE_GEMV=1, TB=tb)
             if fmt and tb == 1 and "VEC4" in defines:
-                load = GEMV_QUANT_LOAD["bytes"]
+                load = GEMV_QUANT_ROWS["load"]
                 if load not in (4, 16):
-                    raise ValueError(f"GEMV_QUANT_LOAD['bytes'] must be 4 or 16, got {load!r}")
+                    raise ValueError(f"tuning knob 'gemv_quant.load' must be 4 or 16, got {load!r}")
                 wide = load == 16 and K % (16 if fmt.bits == 8 else 32) == 0 and vec4_ok(w)
                 spec = spec + (nr, int(wide))   # the rows a cluster, the 16-byte loads (spec constants 2, 3)
         elif kernel == "gemm_regs":
@@ -334,7 +337,7 @@ class MulMat(OpDef):
             defines = {"MODE_GEMM_SHARED": 1}
             grid = grid_1d(b[0] * b[1] * -(-T // 64) * -(-N // 64), 1)
         defines.update(fmt.define() if fmt else weight_defines(w))
-        return [Launch("mul_mat", args, (2,), pack_push(*push), grid, defines=defines, spec=spec, **extra)]
+        return [Launch("mul_mat", args, (2,), push, grid, defines=defines, spec=spec, **extra)]
 
     def reference(self, x, w, *rest, kernel="auto", rms_eps=None, wq=None, grid_rows=None):
         if wq is not None:

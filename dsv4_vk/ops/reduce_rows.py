@@ -12,8 +12,8 @@ import math
 import numpy as np
 
 from .base import (Launch, OpDef, check_finite, check_flag, check_in_place, check_params, cluster_lanes, grid_1d,
-                   nonempty, pack_push, register, shape_push, tensor_push, workgroup_cluster_max)
-from .v4_attention import Rope, StoreRows, check_rope_tables, rope_push
+                   nonempty, register, shape_fields, shape_push, tensor_fields, view_fields, workgroup_cluster_max)
+from .v4_attention import Rope, StoreRows, check_rope_tables, rope_fields
 
 
 def reference_rms_norm(x, w=None, eps=None):
@@ -43,10 +43,10 @@ def row_workgroup(device, rows, n):
     return n >= ROW_WG_MIN_LEN and rows <= ROW_WG_MAX_ROWS and workgroup_cluster_max(device, WORKGROUP) == WORKGROUP
 
 
-def row_launch(device, shader, x, out, w=None, scalar=0.0, op_define=None, rope=None, ring=False):
+def row_launch(device, shader, x, out, w=None, scalar=0.0, op_define=None, rope=None, ring=False, scalar_name="eps"):
     """Launch of a per-row kernel: x rows (last axis) in, `out` (same leading shape, or with ring
-    a ring of rows the push values end with) written. rope: (inputs pos, cos, sin; their push
-    values) for RMS_NORM's rotation."""
+    a ring of rows, ring_rows in the rope fields) written. rope: (inputs pos, cos, sin; their push
+    fields) for RMS_NORM's rotation."""
     shape = shape_push(x)
     rows = shape[0] * shape[1] * shape[2]
     if row_workgroup(device, rows, shape[3]):
@@ -56,9 +56,11 @@ def row_launch(device, shader, x, out, w=None, scalar=0.0, op_define=None, rope=
         per_group = WORKGROUP // defs["LANES"]
     if op_define:
         defs[op_define] = 1
-    # same push layout for both shaders: shape, x, out, scalar, then (reduce_rows only) the weight view
-    weight = [w.offset, w.strides[0]] if w is not None else ([0, 0] if rope else [])
-    push = pack_push(shape, tensor_push(x), tensor_push(out), float(scalar), weight, rope[1] if rope else [])
+    # both shaders: shape, x, out, their scalar (eps, softmax's scale), then (reduce_rows only) the weight view
+    push = {**shape_fields(x), **tensor_fields("x", x), **tensor_fields("d", out), scalar_name: float(scalar)}
+    if shader == "reduce_rows":
+        push |= view_fields("w", w.offset, w.strides[:1], ("s",)) if w is not None else {"w_off": 0, "w_s": 0}
+    push |= rope[1] if rope else {}
     if w is not None:
         defs["HAS_WEIGHT"] = 1
     args = [x] + ([w] if w is not None else []) + [out]
@@ -84,7 +86,7 @@ class SoftMax(OpDef):
 
     def lower(self, node, device):
         return [row_launch(device, "softmax", node.inputs[0], node.output,
-                           scalar=float(node.params.get("scale", 1.0)))]
+                           scalar=float(node.params.get("scale", 1.0)), scalar_name="scale")]
 
     def reference(self, x, scale=1.0):
         with np.errstate(invalid="ignore"):        # inf - inf in fully masked rows: NaN, as on the device
@@ -187,7 +189,7 @@ class RmsNorm(OpDef):
             if out.storage is x.storage:
                 raise ValueError("RMS_NORM with rope=True reads x's rows back while it writes: out must not be x")
             tables = node.inputs[-3:]
-            extra = (tables, [math.prod(x.shape[1:-1]), *rope_push(*tables)])
+            extra = (tables, {"rows_per_token": math.prod(x.shape[1:-1]), **rope_fields(*tables)})
         return [row_launch(device, "reduce_rows", node.inputs[0], node.output, w=w,
                            scalar=float(node.params["eps"]), op_define="OP_RMS_NORM", rope=extra)]
 
@@ -198,10 +200,10 @@ class RmsNorm(OpDef):
             raise ValueError("RMS_NORM ring=True reads x's rows back while it writes: the ring must not be x")
         tables = node.inputs[-4:-1]
         w = node.inputs[1] if len(node.inputs) == 6 else None
-        push = rope_push(*tables)
-        push[1] = node.params.get("capacity", push[1])          # positions stored: [0, capacity)
-        return row_launch(device, "reduce_rows", x, out, w=w, scalar=float(node.params["eps"]),
-                          op_define="OP_RMS_NORM", rope=(tables, [1, *push, dst.shape[0]]), ring=True)
+        push = rope_fields(*tables)
+        push["capacity"] = node.params.get("capacity", push["capacity"])          # positions stored: [0, capacity)
+        return row_launch(device, "reduce_rows", x, out, w=w, scalar=float(node.params["eps"]), op_define="OP_RMS_NORM",
+                          rope=(tables, {"rows_per_token": 1, **push, "ring_rows": dst.shape[0]}), ring=True)
 
     def reference(self, x, *rest, eps=None, rope=False, ring=False, capacity=None):
         if ring:

@@ -3,8 +3,8 @@ float64 reference that draws exactly the same tokens.
 """
 import numpy as np
 
-from .base import (Launch, OpDef, check_params, cluster_lanes, expect, grid_1d, nonempty, pack_push, register,
-                   unit_last)
+from .base import (Launch, OpDef, check_params, cluster_lanes, expect, grid_1d, nonempty, register,
+                   unit_last, view_fields)
 
 MAX_TOP_K = 64
 
@@ -58,7 +58,8 @@ CHUNK = 2048
 
 def _launch(device, name, args, writes, T, entries, view, strides, cfg, state_off, out, out_s0, grid, defs,
             extra, chunk=0):
-    push = pack_push(T, entries, view.offset, strides, cfg.offset, state_off, out.offset, out_s0, chunk)
+    push = {"T": T, "V": entries, **view_fields("l", view.offset, strides), "cfg_off": cfg.offset, "st_off": state_off,
+            **view_fields("o", out.offset, (out_s0,)), "chunk": chunk}
     return Launch("sample", args, writes, push, grid, defines=defs, spec=(Sample.WORKGROUP, MAX_TOP_K),
                   label=name, **extra)
 

@@ -8,7 +8,7 @@ Works on i32 or f32 words alike (a bit copy). Positions outside dst are skipped,
 """
 import numpy as np
 
-from .base import Launch, OpDef, check_in_place, check_params, nonempty, pack_push, register
+from .base import Launch, OpDef, check_in_place, check_params, nonempty, register, view_fields
 
 
 @register
@@ -39,8 +39,8 @@ class StoreAt(OpDef):
         out = node.output
         check_in_place(out, dst, "STORE_AT writes dst", "the dst tensor given as input 2")
         adv = int(node.params.get("advance", 0))
-        push = pack_push(src.shape[0], dst.shape[0], src.offset, src.strides[0], index.offset, dst.offset,
-                         dst.strides[0], adv)
+        push = {"n": src.shape[0], "n_dst": dst.shape[0], **view_fields("s", src.offset, src.strides[:1], ("s",)),
+                "i_off": index.offset, **view_fields("d", dst.offset, dst.strides[:1], ("s",)), "advance": adv}
         writes = (1, 2) if adv else (2,)
         return [Launch("store_at", [src, index, dst], writes, push, (1, 1, 1), spec=(self.WORKGROUP,))]
 

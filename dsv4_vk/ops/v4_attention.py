@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.tuning import knob_table
 from .base import (WORKGROUP, Launch, OpDef, check_finite, check_flag, check_in_place, check_params, cluster_lanes,
-                   expect, grid_1d, is_cpu, nonempty, pack_push, register, unit_last)
+                   expect, grid_1d, is_cpu, nonempty, register, unit_last, view_fields)
 
 NAN = np.nan
 
@@ -58,10 +59,11 @@ def check_rope_tables(op, pos, cos, sin, n):
         raise ValueError(f"{op}: rows of {n} channels must be even and hold the {2 * cos.shape[1]} rotated ones")
 
 
-def rope_push(pos, cos, sin) -> list[int]:
-    """The push values of a kernel that rotates as it writes (rope.glsl's tables): half, capacity,
+def rope_fields(pos, cos, sin) -> dict[str, int]:
+    """The push fields of a kernel that rotates as it writes (rope.glsl's tables): half, capacity,
     pos, cos and sin offsets, the tables' row stride."""
-    return [cos.shape[1], cos.shape[0], pos.offset, cos.offset, sin.offset, cos.strides[0]]
+    return {"half_rd": cos.shape[1], "capacity": cos.shape[0], "pos_off": pos.offset, "cos_off": cos.offset,
+            "sin_off": sin.offset, "tab_s0": cos.strides[0]}
 
 
 @register
@@ -85,9 +87,8 @@ class Rope(OpDef):
         x, pos, cos, sin = node.inputs
         out = node.output
         T, H, n = x.shape
-        push = pack_push([T, H, n // 2, cos.shape[1], cos.shape[0], x.offset, x.strides[0], x.strides[1],
-                          out.offset, out.strides[0], out.strides[1], pos.offset, cos.offset, sin.offset,
-                          cos.strides[0]])
+        push = {"T": T, "H": H, "n2": n // 2, **view_fields("x", x.offset, x.strides[:2]),
+                **view_fields("o", out.offset, out.strides[:2]), **rope_fields(pos, cos, sin)}
         defs = {"INVERSE": 1} if node.params.get("inverse") else {}
         return [Launch("rope", [x, pos, cos, sin, out], (4,), push, grid_1d(T * H * (n // 2)), defines=defs)]
 
@@ -125,8 +126,9 @@ class StoreRows(OpDef):
         out = node.output
         check_in_place(out, dst, "STORE_ROWS writes", "the tensor given as input 0")
         T, n = x.shape
-        push = pack_push([T, n, node.params.get("capacity", dst.shape[0]), dst.shape[0], x.offset, x.strides[0],
-                          out.offset, out.strides[0], pos.offset])
+        push = {"T": T, "n": n, "capacity": node.params.get("capacity", dst.shape[0]), "rows": dst.shape[0],
+                **view_fields("x", x.offset, x.strides[:1]), **view_fields("d", out.offset, out.strides[:1]),
+                "pos_off": pos.offset}
         return [Launch("store_rows", [x, pos, out], (2,), push, grid_1d(T * n))]
 
     def reference(self, dst, x, pos, capacity=None):
@@ -165,18 +167,20 @@ def reference_mqa(q, kv, pos, sinks, ent=None, idx=None, *, scale, window, mode=
 
 
 MODES = ("sliding", "hca", "csa")
-MQA_KEYS = {"keys": None}      # MQA_ATTENTION keys per step (None: from channels per lane; tests and tuning set it)
-# MQA_ATTENTION's per-lane arrays with literal sizes (-D LITERAL_ARRAYS) where they fit, instead of
-# sizes from specialization constants, which a driver may keep in memory: not yet measured, so off
-# by default (tools/model_gpu_bench.py --variants mqa_literal=1; tests set it)
-MQA_ARRAYS = {"literal": False}
+MQA_KEYS = knob_table("mqa", keys=(None, "MQA_ATTENTION keys per step (None: from channels per lane)"))
+MQA_ARRAYS = knob_table(
+    "mqa_arrays",
+    literal=(False, "MQA_ATTENTION's per-lane arrays with literal sizes (-D LITERAL_ARRAYS) where they fit, "
+                    "instead of sizes from specialization constants, which a driver may keep in memory: not yet "
+                    "measured, so off (tools/model_gpu_bench.py --variants mqa_literal=1)"))
 LITERAL_MAX = {"per_lane": 16, "keys": 4, "tile": 16, "loads": 32}     # the shader's literal sizes
 MQA_KERNELS = ("auto", "tiled", "cluster")
 TILED_MAX_TOKENS = 4           # auto: the tiled kernel up to this many query tokens (decode)
 # keys a tiled workgroup stages at a time, where shared memory allows: 8 (twice the decode splits of
 # 16) measured faster than 16 on the H200, alone and in the model: the dispatch's fixed cost bounds
 # it, not any part of its work (results/h200/ablate_mqa_h200.txt)
-MQA_TILE = {"keys": 8}
+MQA_TILE = knob_table("mqa_tile", keys=(8, "keys a tiled MQA_ATTENTION workgroup stages at a time, where shared "
+                                             "memory allows"))
 MAX_DECODE_SPLITS = 64
 
 
@@ -294,20 +298,21 @@ class MqaAttention(OpDef):
         n_ent = ent.shape[0] if mode != "sliding" else 0
         K = idx.shape[1] if mode == "csa" else 0
         i_s0 = idx.strides[0] if mode == "csa" else 0
-        head = [T, H, hd, prm.get("capacity", kv.shape[0]), n_ent, K, q.offset, q.strides[0], q.strides[1],
-                kv.shape[0], kv.offset, kv.strides[0], ent.offset, ent.strides[0], idx.offset, i_s0]
-        tail = [pos.offset, sinks.offset]
+        push = {"T": T, "H": H, "hd": hd, "capacity": prm.get("capacity", kv.shape[0]), "n_ent": n_ent, "K": K,
+                **view_fields("q", q.offset, q.strides[:2]), "kv_rows": kv.shape[0],
+                **view_fields("kv", kv.offset, kv.strides[:1]), **view_fields("e", ent.offset, ent.strides[:1]),
+                **view_fields("i", idx.offset, (i_s0,)), **view_fields("o", out.offset, out.strides[:2]),
+                "pos_off": pos.offset, "sink_off": sinks.offset, "scale": float(prm["scale"])}
         heads_per_group = 256 // lanes["LANES"]
         grid = (grid_1d(T * S * -(-H // heads_per_group), 1) if kernel == "tiled"
                 else grid_1d(T * H * S, heads_per_group))
         args = [q, kv, ent, idx, pos, sinks, out]
-        rope = []
         if q_norm:
             cos, sin = node.inputs[-2:]
             defs["Q_NORM"] = 1
             args += [cos, sin]
-            rope = [float(prm["q_norm_eps"]), cos.shape[1], cos.offset, sin.offset, cos.strides[0]]
-        push = pack_push(head, [out.offset, out.strides[0], out.strides[1]], tail, float(prm["scale"]), *rope)
+            push |= {"q_eps": float(prm["q_norm_eps"]), "q_half": cos.shape[1], "cos_off": cos.offset,
+                     "sin_off": sin.offset, "tab_s0": cos.strides[0]}
         return [Launch("mqa_attention", args, (6,), push, grid, defines=defs, spec=spec, **extra)]
 
     def reference(self, q, kv, pos, sinks, *rest, scale=1.0, window=1, mode="sliding", rate=1, splits=1,
@@ -354,14 +359,14 @@ class MqaCombine(OpDef):
         part, sinks = node.inputs[:2]
         out = node.output
         T, H, hd = out.shape
-        head = [T, H, hd, node.params["splits"], part.offset, out.offset, out.strides[0], out.strides[1],
-                sinks.offset]
+        push = {"T": T, "H": H, "hd": hd, "splits": node.params["splits"], "part_off": part.offset,
+                **view_fields("o", out.offset, out.strides[:2]), "sink_off": sinks.offset}
         spec = (WORKGROUP, node.params["splits"])
         if node.params.get("rope", False):
-            push = pack_push(head, rope_push(*node.inputs[2:]))
+            push |= rope_fields(*node.inputs[2:])
             return [Launch("mqa_combine", [part, sinks, out, *node.inputs[2:]], (2,), push, grid_1d(T * H * hd),
                            defines={"ROPE": 1}, spec=spec)]
-        return [Launch("mqa_combine", [part, sinks, out], (2,), pack_push(head), grid_1d(T * H * hd), spec=spec)]
+        return [Launch("mqa_combine", [part, sinks, out], (2,), push, grid_1d(T * H * hd), spec=spec)]
 
     def reference(self, part, sinks, pos=None, cos=None, sin=None, splits=1, rope=False):
         out = self._merge(part, sinks, splits)

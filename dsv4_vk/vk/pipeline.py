@@ -4,18 +4,16 @@ and descriptor sets cached per (layout, buffers).
 Shader interface convention (every .comp in shaders/ follows it):
 - set 0, bindings 0..n-1: storage buffers, bound whole; element offsets travel in push constants;
 - specialization constant 0 is the workgroup size x (`layout(local_size_x_id = 0) in;`), further
-  constants are the shader's own (listed in its header comment);
+  constants are the shader's own (listed in its header comment): `spec` gives constants 0, 1, ...
+  by position, and defines that name a specialization constant (shader.specialize: LANES, ...) give
+  theirs by name, at ids past the positional ones;
 - push constants: at most 128 bytes.
 """
-import struct
-
-import numpy as np
-
 from .binding import check, ffi, lib, vk
 from .errors import VulkanError
-from .shader import compile_shader
+from .push import PUSH_SIZE, pack_fields, pack_push  # noqa: F401  (re-exported)
+from .shader import compile_shader, specialize
 
-PUSH_SIZE = 128
 _FULL_SUBGROUPS = 0x2       # VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT
 _ALLOW_VARYING = 0x1        # VK_PIPELINE_SHADER_STAGE_CREATE_ALLOW_VARYING_SUBGROUP_SIZE_BIT
 
@@ -89,6 +87,11 @@ class PipelineCache:
 
     def _create(self, key, shader, defines, spec, n, req_sg, full):
         d = self.device.device
+        defines, named = specialize(shader, defines)
+        clash = sorted(i for i in named if i < len(spec))
+        if clash:
+            raise VulkanError(f"pipeline {shader}: specialization constants {clash} are given both by position "
+                              f"(spec={spec}) and by a define naming them ({key[1]})")
         code = compile_shader(shader, defines)
         minfo = ffi.new("VkShaderModuleCreateInfo*")
         minfo.sType = vk.VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO
@@ -106,14 +109,15 @@ class PipelineCache:
         stage.module = mod[0]
         entry = ffi.new("char[]", b"main")
         stage.pName = entry
-        if spec:
-            entries = ffi.new("VkSpecializationMapEntry[]", len(spec))
-            for i in range(len(spec)):
-                entries[i].constantID, entries[i].offset, entries[i].size = i, 4 * i, 4
-            data = ffi.new("uint32_t[]", list(spec))
+        constants = [*enumerate(spec), *sorted(named.items())]
+        if constants:
+            entries = ffi.new("VkSpecializationMapEntry[]", len(constants))
+            for i, (cid, _) in enumerate(constants):
+                entries[i].constantID, entries[i].offset, entries[i].size = cid, 4 * i, 4
+            data = ffi.new("uint32_t[]", [v for _, v in constants])
             sinfo = ffi.new("VkSpecializationInfo*")
-            sinfo.mapEntryCount, sinfo.pMapEntries = len(spec), entries
-            sinfo.dataSize, sinfo.pData = 4 * len(spec), data
+            sinfo.mapEntryCount, sinfo.pMapEntries = len(constants), entries
+            sinfo.dataSize, sinfo.pData = 4 * len(constants), data
             stage.pSpecializationInfo = sinfo
             keep += [entries, data, sinfo]
         sgc = self.device.caps.subgroup
@@ -196,29 +200,3 @@ class PipelineCache:
         self._set_layouts.clear()
         self._sets.clear()
         self._by_buffer.clear()
-
-
-def pack_push(*fields) -> bytes:
-    """The one push-constant packer: fields (numbers or sequences of numbers, flattened in order)
-    become 4-byte words: Python/numpy floats as float32, integers as uint32 (int32 when negative).
-    Shaders declare their push block as the same sequence of uint/int/float members."""
-    words = []
-
-    def add(v):
-        if isinstance(v, (list, tuple)):
-            for x in v:
-                add(x)
-        elif isinstance(v, (float, np.floating)):
-            words.append(struct.pack("<f", float(v)))
-        elif isinstance(v, (bool, int, np.integer)):
-            i = int(v)
-            if not -2**31 <= i < 2**32:
-                raise ValueError(f"push constant {i} does not fit in 32 bits")
-            words.append(struct.pack("<i" if i < 0 else "<I", i))
-        else:
-            raise ValueError(f"push constant must be a number, got {type(v).__name__} {v!r}")
-    add(list(fields))
-    data = b"".join(words)
-    if len(data) > PUSH_SIZE:
-        raise ValueError(f"push constants of {len(data)} bytes exceed {PUSH_SIZE}")
-    return data

@@ -4,13 +4,20 @@ Variants. Each shader declares in its header the `-D` define combinations it may
 
     //! variants: OP_ADD | OP_MUL | OP_DIV                    one axis, three alternatives
     //! variants: SG16 | ROWS4 ; - | COEFS                     two axes: their cross product (4)
-    //! variants: MODE_GEMV ; LANES=1,2,4 ; TB=1,2             NAME=a,b,... expands to one alternative each
+    //! variants: MODE_GEMV ; TB=1,2,4 ; - | VEC4              NAME=a,b,... expands to one alternative each
 
 An axis lists alternatives separated by `|`; an alternative is `-` (no define) or defines separated
 by spaces (NAME means NAME=1). Each `//! variants:` line is the cross product of its axes (`;`), and
 the shader's variants are the union of its lines (none: only the variant without defines). Only
 declared variants compile: that list is what the wheel ships prebuilt, so a kernel the package
 dispatches can never be missing from it. Shape-dependent values are specialization constants.
+
+Named specialization constants. A define whose name is a specialization constant of the shader
+(`layout(constant_id = N) const uint NAME = ...;` in the shader or a file it includes) is not a
+compile-time define: `specialize` passes it as constant N, so one SPIR-V variant serves every value
+(`LANES=32` and `LANES=8` run the same module). Hosts keep naming such knobs among a launch's
+defines, so lowering, profiles and `info` show them, and the pipeline cache keys on their values.
+Variant lines never list them. Defines stay for types and for features that gate an extension.
 
 Where SPIR-V comes from, in order:
 1. the prebuilt set (`dsv4_vk/spirv/`, made by `prebuild` when the wheel is built) — used when its
@@ -43,6 +50,7 @@ import functools
 import hashlib
 import itertools
 import json
+import numbers
 import os
 import re
 import shutil
@@ -61,6 +69,7 @@ PREBUILT_DIR = PACKAGE_DIR / "spirv"
 MANIFEST = "manifest.json"
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 _VARIANTS = re.compile(r"^\s*//!\s*variants:(.*)$", re.M)
+_SPEC_CONSTANT = re.compile(r"layout\s*\(\s*constant_id\s*=\s*(\d+)\s*\)\s*const\s+\w+\s+([A-Za-z_]\w*)")
 SPIRV_MAGIC = 0x07230203
 COMPILE_TIMEOUT_S = 300.0           # one glslangValidator run (the largest variant takes a few seconds)
 ENTRY_SUFFIX = ".entry"
@@ -126,9 +135,41 @@ def _source_path(name: str) -> Path:
     return path
 
 
+def shader_source(name: str) -> str:
+    """The text of shaders/<name>.comp (without its includes)."""
+    return _source_path(name).read_text()
+
+
 def declared_variants(name: str) -> list[tuple[tuple[str, str], ...]]:
-    path = _source_path(name)
-    return parse_variants(path.read_text(), f"{name}.comp")
+    return parse_variants(shader_source(name), f"{name}.comp")
+
+
+def spec_constants(name: str) -> dict[str, int]:
+    """{NAME: constant_id} of every specialization constant declared in the shader or its includes
+    (whichever `#if` branch declares it: a name has one id in all of them)."""
+    out: dict[str, int] = {}
+    for p, text in sorted(_sources(_source_path(name)).items()):
+        for cid, const in _SPEC_CONSTANT.findall(text):
+            if out.setdefault(const, int(cid)) != int(cid):
+                raise ShaderCompileError(f"{name}.comp: specialization constant {const} is declared with "
+                                         f"constant_id {out[const]} and {cid} (in {p.name})")
+    return out
+
+
+def specialize(name: str, defines: dict | None) -> tuple[dict, dict[int, int]]:
+    """(compile-time defines, {constant_id: value}): a launch's defines split into those that pick the
+    SPIR-V variant and those that are the shader's named specialization constants."""
+    named = spec_constants(name)
+    compiled, spec = {}, {}
+    for k, v in (defines or {}).items():
+        if k not in named:
+            compiled[k] = v
+        elif isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= int(v) < 1 << 32:
+            raise ShaderCompileError(f"{name}.comp: {k}={v!r} is a specialization constant and needs an "
+                                     "integer in [0, 2**32)")
+        else:
+            spec[named[k]] = int(v)
+    return compiled, spec
 
 
 def _sources(path: Path, seen: dict | None = None) -> dict[Path, str]:
@@ -471,6 +512,10 @@ def compile_shader(name: str, defines: dict | None = None) -> bytes:
     """SPIR-V bytes for `shaders/<name>.comp` with `defines` ({NAME: value}), a declared variant."""
     key = variant_key(defines)
     path = _source_path(name)
+    named = sorted(set(dict(key)) & set(spec_constants(name)))
+    if named:
+        raise ShaderCompileError(f"{name}.comp: {', '.join(named)} name specialization constants, not compile-time "
+                                 "defines: their values are given when the pipeline is made (shader.specialize)")
     declared = declared_variants(name)
     if key not in declared:
         shown = ", ".join("{" + ", ".join(f"{k}={v}" for k, v in d) + "}" for d in declared[:6])
