@@ -444,6 +444,22 @@ def test_lazy_tensors_are_read_once_unmapped_and_never_dequantised(qdir, monkeyp
     assert not mapped, mapped[:3]
 
 
+def test_load_bench_reports_the_loading_process_own_peak_rss(tmp_path):
+    """model_gpu_bench --load's peak RSS is the loading child's own (its VmHWM): a child's ru_maxrss
+    starts at its parent's RSS (Linux keeps the high-water mark across fork and exec), so the
+    bench's weights held in memory showed as the load's."""
+    import importlib.util
+    from dsv4_vk.model.checkpoint import random_weights
+    spec = importlib.util.spec_from_file_location("model_gpu_bench", os.path.join(ROOT, "tools", "model_gpu_bench.py"))
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    held = np.ones(768 << 20, np.uint8)             # touched: in this process's RSS
+    cfg = V4Config()
+    out = bench.load_speed(cfg, random_weights(cfg, 0), str(tmp_path / "m"))
+    assert 0 < out["rss_before_load_bytes"] <= out["peak_rss_bytes"] < held.nbytes, out
+
+
 def test_load_progress_is_reported_for_large_loads():
     import io
     out = io.StringIO()

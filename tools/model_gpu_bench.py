@@ -62,7 +62,7 @@ block scales, FP4 routed experts, the rest BF16), kept quantised on the device. 
 bf16: the fused decode of the same shape with BF16 weights in the same run (tokens/s side by side).
 --load: the checkpoint written to a directory (--load-dir, default a temporary one) and read back
 by Model.load in a child process: seconds, GB/s of the checkpoint's bytes, the child's peak RSS
-(and its anonymous, file-mapped and shared resident bytes once loaded).
+(its VmHWM; and its RSS before the load, its anonymous, file-mapped and shared resident bytes after).
 V4-Flash's depth in the published format on one GPU: `--layers 43 --experts 8 --dtype fp8`
 (each token reads 6 routed experts + the shared one whatever the expert count, so the bytes read
 per token are those of the 256-expert model).
@@ -218,13 +218,19 @@ def load_speed(cfg, weights, directory):
     save_hf(d, cfg, weights, naming="deepseek", shards=max(1, len(weights) // 400))
     write_s = time.perf_counter() - t0
     nbytes = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if f.endswith(".safetensors"))
-    child = ("import json, resource, sys, time\n"
+    # the child's own peak is its VmHWM: its ru_maxrss would start at this process's RSS (Linux keeps
+    # the parent's high-water mark across fork and exec), i.e. report the bench's weights in memory
+    child = ("import json, sys, time\n"
              "from dsv4_vk.model import Model\n"
+             "def status():\n"
+             "    return {k: int(v.split()[0]) * 1024 for k, v in (line.split(':', 1) for line in "
+             "open('/proc/self/status')) if k in ('VmHWM', 'VmRSS', 'RssAnon', 'RssFile', 'RssShmem')}\n"
+             "before = status()\n"
              "t = time.perf_counter(); m = Model.load(sys.argv[1], max_ctx=%d); s = time.perf_counter() - t\n"
-             "rss = {k: int(v.split()[0]) * 1024 for k, v in (line.split(':', 1) for line in open('/proc/self/status'))"
-             " if k in ('RssAnon', 'RssFile', 'RssShmem')}\n"
-             "print(json.dumps({'load_s': s, 'peak_rss_bytes': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss"
-             " * 1024, 'rss_after_load_bytes': rss, 'device_weights': m.memory()['weights']}))" % cfg.max_ctx)
+             "after = status()\n"
+             "print(json.dumps({'load_s': s, 'peak_rss_bytes': after['VmHWM'], 'rss_before_load_bytes': "
+             "before['VmRSS'], 'rss_after_load_bytes': after, 'device_weights': m.memory()['weights']}))"
+             % cfg.max_ctx)
     r = subprocess.run([sys.executable, "-c", child, d], capture_output=True, text=True)
     if r.returncode:
         raise RuntimeError(f"the load child failed: {r.stderr[-3000:]}")
@@ -630,7 +636,8 @@ def main(argv=None):
         res["load"] = load_speed(cfg, weights, a.load_dir)
         ld = res["load"]
         print(f"load: {ld['checkpoint_bytes'] / 1e9:.2f} GB in {ld['load_s']:.1f} s = {ld['load_gbps']:.2f} GB/s, "
-              f"peak RSS {ld['peak_rss_bytes'] / 1e9:.2f} GB; device weights {ld['device_over_checkpoint']:.3f}x the "
+              f"peak RSS {ld['peak_rss_bytes'] / 1e9:.2f} GB ({ld['rss_before_load_bytes'] / 1e9:.2f} GB before the "
+              f"load); device weights {ld['device_over_checkpoint']:.3f}x the "
               "checkpoint", flush=True)
     res["decode_variants"] = {}
     for label, sets in a.variants:
