@@ -111,6 +111,11 @@ void add1(uint t, float xv, float wv, uint k) {
 // NR weight rows, so that x's loads from cache do not outnumber the weight bytes (FP8: 16 bytes of
 // x a 4-byte word of codes; FP4: a half word) and the loads of NR rows are in flight together.
 layout(constant_id = 2) const uint NR = 1;
+// Spec constant 3, WIDE (1: needs K % 16 == 0 for FP8, K % 32 == 0 for FP4, rows 16-byte aligned):
+// each lane loads 16 bytes of codes a step (16 FP8 or 32 FP4 weights; consecutive lanes consecutive
+// uvec4s), with one scale byte (an FP8 block of 128 holds 8 such loads, an FP4 group of 32 is
+// one), the row's scale grid row found once before the loop; 0: a 4-byte word a step (W4_ROW).
+layout(constant_id = 3) const uint WIDE = 0;
 void main() {
     uint NB = (p.N + NR - 1) / NR;
     uint item = cluster_id();
@@ -122,7 +127,23 @@ void main() {
     uint xr = x_row(b0, b1, t), wb[NR];
     float a[NR], s2 = 0.0;
     [[unroll]] for (uint i = 0; i < NR; ++i) { wb[i] = w_row(b0, b1, n0 + i); a[i] = 0.0; }
-    uint K4 = p.K / 4, k = lane;
+    uint K4 = WIDE != 0u ? 0u : p.K / 4, k = lane;
+    if (WIDE != 0u) {
+        uint sb[NR];
+        [[unroll]] for (uint i = 0; i < NR; ++i) sb[i] = q_scale_row(wb[i]);
+        for (uint KU = p.q_kw / 4u; k < KU; k += LANES) {
+            vec4 xv[Q_XV];
+            [[unroll]] for (uint c = 0; c < Q_XV; ++c) {
+                xv[c] = x4[xr / 4 + k * Q_XV + c];
+#if defined(NORM_X)
+                s2 += dot(xv[c], xv[c]);
+                xv[c] *= g4[p.g_off / 4 + k * Q_XV + c];
+#endif
+            }
+            [[unroll]] for (uint i = 0; i < NR; ++i)
+                a[i] += q_scale_at(sb[i] + k * Q_XV * 4u / Q_BC) * q_wide_dot(wq4[wb[i] / 4u + k], xv);
+        }
+    }
     for (; k + (UNROLL - 1) * LANES < K4; k += UNROLL * LANES) {
         vec4 xv[UNROLL], wv[NR][UNROLL];
         [[unroll]] for (uint u = 0; u < UNROLL; ++u) {

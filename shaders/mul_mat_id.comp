@@ -128,9 +128,28 @@ float x_at(uint xb, uint k) {
 #define RD4(wb, j) W4_ROW(wb, j)
 #define RD1(wb, k) W1_ROW(wb, k)
 #endif
+#if defined(W_QUANT) && defined(VEC4)
+// Spec constant 3, WIDE (quantised experts, VEC4, K % 16 == 0 for FP8, K % 32 == 0 for FP4; not
+// the SHARED_FP8 expert): a lane loads 16 bytes of codes a step with one scale byte (weights.glsl);
+// 0: a 4-byte word a step with its scale looked up (W4_ROW).
+layout(constant_id = 3) const uint WIDE = 0;
+#endif
 void partial_dots(uint xb, uint wb[ROWS], uint lane, out float acc[ROWS], bool sh) {
     [[unroll]] for (uint j = 0; j < ROWS; ++j) acc[j] = 0.0;
     uint k = lane;
+#if defined(W_QUANT) && defined(VEC4)
+    if (WIDE != 0u && !sh) {
+        uint sb[ROWS];
+        [[unroll]] for (uint j = 0; j < ROWS; ++j) sb[j] = q_scale_row(wb[j]);
+        for (uint KU = p.q_kw / 4u; k < KU; k += LANES) {
+            vec4 xv[Q_XV];
+            [[unroll]] for (uint c = 0; c < Q_XV; ++c) xv[c] = x_at4(xb, k * Q_XV + c);
+            [[unroll]] for (uint j = 0; j < ROWS; ++j)
+                acc[j] += q_scale_at(sb[j] + k * Q_XV * 4u / Q_BC) * q_wide_dot(wq4[wb[j] / 4u + k], xv);
+        }
+        return;
+    }
+#endif
 #if defined(VEC4)
     uint K4 = p.K / 4;
     for (; k + (UNROLL - 1) * LANES < K4; k += UNROLL * LANES) {

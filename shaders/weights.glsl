@@ -55,9 +55,29 @@ const float Q_UNIT = 256.0;             // half(code bits) · 2^8 = the E4M3 val
 const uint Q_BR = 1u, Q_BC = 32u;
 const float Q_UNIT = 16384.0;           // half(code bits) · 2^14 = the E2M1 value
 #endif
-float q_scale(uint wb, uint k) {
-    uint i = q_sindex(wb, k, p.q_kw, p.q_rows, p.q_srows, p.q_sc, Q_BR, Q_BC);
-    return q_e8m0((wscale[i >> 2] >> ((i & 3u) << 3)) & 0xFFu) * Q_UNIT;
+float q_scale_at(uint i) { return q_e8m0((wscale[i >> 2] >> ((i & 3u) << 3)) & 0xFFu) * Q_UNIT; }
+float q_scale(uint wb, uint k) { return q_scale_at(q_sindex(wb, k, p.q_kw, p.q_rows, p.q_srows, p.q_sc, Q_BR, Q_BC)); }
+// 16-byte steps (rows of whole uvec4s, 16-byte aligned: FP8 K % 16 == 0, FP4 K % 32 == 0): uvec4
+// j of the row at word wb, wq4[wb / 4 + j], holds Q_XV · 4 weights, the x vec4s Q_XV·j .. +Q_XV−1,
+// under one scale byte, q_scale_at(q_scale_row(wb) + j · Q_XV · 4 / Q_BC).
+layout(binding = W_BINDING) readonly buffer WQ4 { uvec4 wq4[]; };
+#if defined(W_FP8)
+const uint Q_XV = 4u;
+#else
+const uint Q_XV = 8u;
+#endif
+uint q_scale_row(uint wb) {             // the first scale byte of the row's grid row
+    uint row = wb / p.q_kw, m = row / p.q_rows;
+    return (m * p.q_srows + (row - m * p.q_rows) / Q_BR) * p.q_sc;
+}
+float q_wide_dot(uvec4 v, vec4 xv[Q_XV]) {     // Σ x · code value (unscaled)
+#if defined(W_FP8)
+    return dot(xv[0], q_fp8x4(v.x)) + dot(xv[1], q_fp8x4(v.y)) + dot(xv[2], q_fp8x4(v.z)) + dot(xv[3], q_fp8x4(v.w));
+#else
+    return dot(xv[0], q_fp4x4(v.x)) + dot(xv[1], q_fp4x4(v.x >> 16)) + dot(xv[2], q_fp4x4(v.y)) +
+           dot(xv[3], q_fp4x4(v.y >> 16)) + dot(xv[4], q_fp4x4(v.z)) + dot(xv[5], q_fp4x4(v.z >> 16)) +
+           dot(xv[6], q_fp4x4(v.w)) + dot(xv[7], q_fp4x4(v.w >> 16));
+#endif
 }
 #if defined(W_FP8)
 vec4 W4_ROW(uint wb, uint j) { return q_fp8x4(wq[wb + j]) * q_scale(wb, 4u * j); }

@@ -24,7 +24,7 @@ from dsv4_vk.model import Model, V4Config
 from dsv4_vk.model.checkpoint import CheckpointError, QuantWeight, load_hf, write_random
 from dsv4_vk.model.config import ConfigError
 from dsv4_vk.ops import get_op
-from dsv4_vk.ops.mul_mat import quant_arrays
+from dsv4_vk.ops.mul_mat import QUANT, quant_arrays
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIX = os.path.join(ROOT, "tests", "fixtures")
@@ -82,7 +82,7 @@ def close(got, ref, what):
 # --- kernels --------------------------------------------------------------------------------------------
 
 # (N, K): partial last blocks (300 rows, 260 inputs), K % 4 != 0 (scalar loads), K = 4096 (V4's D)
-SHAPES = {"fp8": [(300, 260), (37, 4096), (9, 70)], "fp4": [(40, 96), (33, 4096), (7, 70)]}
+SHAPES = {"fp8": [(300, 260), (37, 4096), (9, 70), (20, 208)], "fp4": [(40, 96), (33, 4096), (7, 70)]}
 
 
 def check_mul_mat(rng, as_gpu=False):
@@ -124,7 +124,7 @@ def check_mul_mat_id(rng):
     """SwiGLU (norm folded or not) and the weighted sum over quantised experts; w13 keeps a grid for
     the gate rows and one for the up rows of each expert (grid_rows = F), as loaded."""
     op = get_op("MUL_MAT_ID")
-    for fmt, D, F in (("fp4", 256, 64), ("fp4", 96, 40), ("fp8", 200, 136), ("fp8", 66, 34)):
+    for fmt, D, F in (("fp4", 256, 64), ("fp4", 96, 40), ("fp8", 200, 136), ("fp8", 66, 34), ("fp8", 144, 80)):
         T, E = 3, 5
         route = get_op("MOE_ROUTE").reference(rng.standard_normal((T, E)), top_k=3).astype(np.float32)
         parts13 = [random_quant(rng, fmt, F, D) for _ in range(2 * E)]
@@ -224,6 +224,43 @@ def test_kernels_as_on_a_gpu(tune, spread, rows, rng, monkeypatch, device):
     (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
     assert launch.spec[2] == rows
     check_mul_mat(rng)
+    check_mul_mat_id(rng)
+    check_shared_expert_in_the_same_dispatch(rng)
+
+
+@pytest.mark.parametrize("as_gpu,rows", [(False, 1), (True, 1), (True, 4)])
+def test_gemv_16_byte_loads(tune, as_gpu, rows, rng, monkeypatch, device):
+    """The GEMV at one token loading a uvec4 of codes a step (knob gemv_quant.load 16: FP8 K % 16 == 0,
+    FP4 K % 32 == 0, a partial 128-block at the row's end included) matches the float64
+    dequantisation; other widths keep the word loads."""
+    if as_gpu:
+        monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    tune({"gemv_quant.load": 16, "gemv_quant.rows": rows})
+    for fmt, K, wide in (("fp8", 208, 1), ("fp8", 260, 0), ("fp4", 96, 1), ("fp4", 80, 0)):
+        g = Graph()
+        sr, sc = QUANT[fmt].grid(37, K)
+        g.op("MUL_MAT", g.input("x", (1, K)), g.input("w", (37, QUANT[fmt].words(K)), "i32"),
+             g.input("s", (-(-sr * sc // 4),), "i32"), wq=fmt)
+        (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+        assert launch.spec[3] == wide, (fmt, K)
+    check_mul_mat(rng)
+
+
+@pytest.mark.parametrize("as_gpu,rows", [(False, 1), (True, 2)])
+def test_expert_16_byte_loads(tune, as_gpu, rows, rng, monkeypatch, device):
+    """MUL_MAT_ID over quantised experts loading a uvec4 of codes a step (knob mul_mat_id.load 16,
+    where K allows it; the FP8 shared expert beside FP4 ones keeps word loads) matches the float64
+    dequantisation."""
+    if as_gpu:
+        monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    tune({"mul_mat_id.load": 16, "mul_mat_id.rows": rows})
+    for fmt, K, wide in (("fp8", 144, 1), ("fp8", 136, 0), ("fp4", 96, 1), ("fp4", 40, 0)):
+        g = Graph()
+        sr, sc = QUANT[fmt].grid(16, K)
+        g.op("MUL_MAT_ID", g.input("x", (2, 3, K)), g.input("w", (4, 16, QUANT[fmt].words(K)), "i32"),
+             g.input("r", (2, 3, 2)), g.input("s", (-(-4 * sr * sc // 4),), "i32"), mode="sum", wq=fmt)
+        (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+        assert launch.spec[3] == wide, (fmt, K)
     check_mul_mat_id(rng)
     check_shared_expert_in_the_same_dispatch(rng)
 
@@ -375,6 +412,54 @@ def test_large_tensors_stream_from_the_files_when_uploaded(qdir, monkeypatch):
         Model.load(str(qdir))
 
 
+def test_lazy_tensors_are_read_once_unmapped_and_never_dequantised(qdir, monkeypatch):
+    """Model.load streams a checkpoint: each lazy tensor is read from its file once, into a fresh
+    array (no memory map stays open: mapped pages count in the process's resident memory, so a
+    mapped checkpoint ends up resident whole), and no QuantWeight is widened to floats on the host."""
+    from dsv4_vk.model import checkpoint
+    monkeypatch.setattr(checkpoint, "EAGER_BYTES", 64)
+    reads: list = []
+    mapped: list = []
+    get = checkpoint.FILES.get
+
+    def counted(fn, key, dt):
+        a = get(fn, key, dt)
+        reads.append(key)
+        with open("/proc/self/maps") as f:
+            mapped.extend(line for line in f if str(qdir) in line)
+        return a
+
+    def widened(self, *args, **kwargs):
+        raise AssertionError(f"{self!r} dequantised on the host")
+
+    monkeypatch.setattr(checkpoint.FILES, "get", counted)
+    monkeypatch.setattr(checkpoint.QuantWeight, "__array__", widened)
+    cfg, w = load_hf(str(qdir))
+    lazy = {k for k, a in w.items() for t in ((a.codes, a.scale) if checkpoint.is_quant(a) else (a,))
+            if isinstance(t, checkpoint.Lazy)}
+    assert lazy
+    Model(cfg, w)
+    assert len(reads) == len(set(reads)), sorted(k for k in set(reads) if reads.count(k) > 1)
+    assert len(reads) >= len(lazy)
+    assert not mapped, mapped[:3]
+
+
+def test_load_bench_reports_the_loading_process_own_peak_rss(tmp_path):
+    """model_gpu_bench --load's peak RSS is the loading child's own (its VmHWM): a child's ru_maxrss
+    starts at its parent's RSS (Linux keeps the high-water mark across fork and exec), so the
+    bench's weights held in memory showed as the load's."""
+    import importlib.util
+    from dsv4_vk.model.checkpoint import random_weights
+    spec = importlib.util.spec_from_file_location("model_gpu_bench", os.path.join(ROOT, "tools", "model_gpu_bench.py"))
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    held = np.ones(768 << 20, np.uint8)             # touched: in this process's RSS
+    cfg = V4Config()
+    out = bench.load_speed(cfg, random_weights(cfg, 0), str(tmp_path / "m"))
+    assert 0 < out["rss_before_load_bytes"] <= out["peak_rss_bytes"] < held.nbytes, out
+
+
 def test_load_progress_is_reported_for_large_loads():
     import io
     out = io.StringIO()
@@ -441,6 +526,10 @@ def worker():
     with tuned({"gemv_quant.rows": 2, "mul_mat_id.rows": 2}):
         check_mul_mat(np.random.default_rng(8))
         check_mul_mat_id(np.random.default_rng(9))
+    with tuned({"gemv_quant.load": 16, "mul_mat_id.load": 16}):
+        check_mul_mat(np.random.default_rng(10))
+        check_mul_mat_id(np.random.default_rng(11))
+        check_shared_expert_in_the_same_dispatch(np.random.default_rng(12))
     print("worker: kernels ok")
     for name in FIXTURES:
         for fused in (True, False):

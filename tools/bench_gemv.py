@@ -11,6 +11,7 @@ mat-mul `--repeat` times back to back (a timestamp before and after only), after
     . .vkdev/enter.sh; python3 tools/bench_gemv.py --json $OUT/gemv.json
     . .vkdev/enter.sh; python3 tools/bench_gemv.py --formats fp8 --shapes wq_b,wo_b,wo_a,wq_a,wkv \
         --unroll 4,8,16 --rows 1,2,4 --json $OUT/gemv_fp8.json
+    . .vkdev/enter.sh; python3 tools/bench_gemv.py --formats fp8,fp4 --load 4,16 --json $OUT/gemv_load.json
 """
 import argparse
 import itertools
@@ -65,6 +66,8 @@ def main(argv=None):
     ap.add_argument("--formats", default="bf16", help="weight formats to compare: bf16, fp8, fp4")
     ap.add_argument("--rows", default="1", help="quantised weights: output rows a cluster to sweep "
                     "(knob gemv_quant.rows: 1, 2, 4)")
+    ap.add_argument("--load", default="4", help="quantised weights: bytes of codes a lane loads a step to "
+                    "compare (knob gemv_quant.load: 4, 16)")
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
@@ -79,18 +82,19 @@ def main(argv=None):
             if not norm:
                 weights, params, nbytes = make_weights(fmt, N, K, rng)
             knobs = itertools.product(map(int, a.spread.split(",")), map(int, a.unroll.split(",")),
-                                      map(int, a.rows.split(",") if fmt != "bf16" else ["1"]))
-            for spread, unroll, nr in knobs:
+                                      map(int, a.rows.split(",") if fmt != "bf16" else ["1"]),
+                                      map(int, a.load.split(",") if fmt != "bf16" else ["4"]))
+            for spread, unroll, nr, load in knobs:
                 spread = None if spread < 0 else spread
-                with tuned({"gemv.unroll": unroll, "gemv.spread": spread, "gemv_quant.rows": nr}):
+                with tuned({"gemv.unroll": unroll, "gemv.spread": spread, "gemv_quant.rows": nr, "gemv_quant.load": load}):
                     wg = mul_mat.gemv_workgroup_lanes(dev, -(-N // nr), K)
                     us = time_gemv(dev, weights, params, K, norm, a.replays, a.repeat, warm, rng)
                 gbps = nbytes / (us * 1e3)
                 rows.append({"format": fmt, "shape": label, "N": N, "K": K, "norm": norm, "spread": spread,
-                             "wg_lanes": wg, "unroll": unroll, "rows_per_cluster": nr, "bytes": nbytes, "us": us,
+                             "wg_lanes": wg, "unroll": unroll, "rows_per_cluster": nr, "load_bytes": load, "bytes": nbytes, "us": us,
                              "gbps": gbps, "pct_copy": 100 * gbps / copy})
                 print(f"{fmt:4s} {label:5s} ({N:6d}, {K:5d}){' +norm' if norm else '      '} wg lanes={wg or '-':3} "
-                      f"unroll={unroll:2d} rows={nr} {us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy",
+                      f"unroll={unroll:2d} rows={nr} load={load:2d} {us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy",
                       flush=True)
     if a.json:
         with open(a.json, "w") as f:

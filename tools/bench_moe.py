@@ -12,6 +12,8 @@ timestamp before and after only), after the clock warm-up.
     . .vkdev/enter.sh; python3 tools/bench_moe.py --json $OUT/moe.json
     . .vkdev/enter.sh; python3 tools/bench_moe.py --formats fp4 --experts 256 --routes-per-token 6 \
         --routes 1 --unroll 4,8,16 --rows 1,2,4 --json $OUT/moe_fp4.json
+    . .vkdev/enter.sh; python3 tools/bench_moe.py --formats fp4 --experts 256 --routes-per-token 6 \
+        --routes 1 --wg 0 --unroll 4 --load 4,16 --json $OUT/moe_fp4_load.json
 (quantised experts load one route at a time: --routes 1)
 """
 import argparse
@@ -76,6 +78,8 @@ def main(argv=None):
     ap.add_argument("--formats", default="bf16", help="expert formats to compare: bf16, fp4, fp8")
     ap.add_argument("--rows", default="1", help="quantised experts: the sum's output rows a cluster to sweep "
                     "(1, 2, 4)")
+    ap.add_argument("--load", default="4", help="quantised experts: bytes of codes a lane loads a step to "
+                    "compare (knob mul_mat_id.load: 4, 16)")
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
@@ -94,21 +98,23 @@ def main(argv=None):
             w13 = make_experts(fmt, E, 2 * Fd, D, rng)
             w2 = make_experts(fmt, E, D, Fd, rng)
             nrs = [int(v) for v in a.rows.split(",")] if fmt != "bf16" else [1]
-            cases = [("swiglu", w13, norm, u, None, None, 1) for norm in (False, True) for u in unrolls]
-            cases += [("sum", w2, False, u, r, wg, nr) for wg, r, u, nr in itertools.product(
-                (int(v) for v in a.wg.split(",")), [int(v) for v in a.routes.split(",")], unrolls, nrs)]
-            for mode, (w, params, per_expert), norm, unroll, routes, wg, nr in cases:
+            loads = [int(v) for v in a.load.split(",")] if fmt != "bf16" else [4]
+            cases = [("swiglu", w13, norm, u, None, None, 1, ld) for norm in (False, True) for u in unrolls
+                     for ld in loads]
+            cases += [("sum", w2, False, u, r, wg, nr, ld) for wg, r, u, nr, ld in itertools.product(
+                (int(v) for v in a.wg.split(",")), [int(v) for v in a.routes.split(",")], unrolls, nrs, loads)]
+            for mode, (w, params, per_expert), norm, unroll, routes, wg, nr, load in cases:
                 K = D if mode == "swiglu" else Fd
                 with tuned({"mul_mat_id.unroll": unroll, "mul_mat_id.routes": routes, "mul_mat_id.wg": wg,
-                            "mul_mat_id.rows": nr}):
+                            "mul_mat_id.rows": nr, "mul_mat_id.load": load}):
                     g, inputs, nbytes = op_graph(mode, w, params, per_expert, K, route, norm, rng)
                     us = median_gpu_us(dev, g, inputs, a.replays, warm, a.repeat)
                 gbps = nbytes / (us * 1e3)
                 rows.append({"format": fmt, "mode": mode, "norm": norm, "unroll": unroll, "routes": routes, "wg": wg,
-                             "rows_per_cluster": nr, "bytes": nbytes, "us": us, "gbps": gbps,
+                             "rows_per_cluster": nr, "load_bytes": load, "bytes": nbytes, "us": us, "gbps": gbps,
                              "pct_copy": 100 * gbps / copy})
                 print(f"{fmt:4s} {mode:6s}{' +norm' if norm else '      '} unroll={unroll:2d} routes={routes or '-'} "
-                      f"wg={wg or '-':3} rows={nr} {us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy",
+                      f"wg={wg or '-':3} rows={nr} load={load:2d} {us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy",
                       flush=True)
     if a.json:
         with open(a.json, "w") as f:

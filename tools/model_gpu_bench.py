@@ -31,8 +31,9 @@ against the measured time per token; and RMS_NORM's share of the profiled decode
 ratios; ";" between variants, "," between knobs of one: fold_mb (norms folded only into mat-muls
 reading at most this many MiB of weights a token, knob norm_fold.max_bytes), gemv_unroll,
 gemv_spread (0: subgroup-lane clusters only) (knobs gemv.unroll, gemv.spread), gemv_rows (output rows a
-GEMV cluster over quantised weights, knob gemv_quant.rows), moe_unroll, moe_routes,
-moe_wg, moe_rows (the sum's output rows a cluster over quantised experts; knobs mul_mat_id.*),
+GEMV cluster over quantised weights, knob gemv_quant.rows), gemv_load (bytes of codes a lane loads a
+step, 4 or 16; knob gemv_quant.load), moe_unroll, moe_routes, moe_wg, moe_rows (the sum's output rows
+a cluster over quantised experts), moe_load (4 or 16; knobs mul_mat_id.*),
 indexer (1: CSA layers run their indexer even where its
 top-k keeps every entry the cache can hold, as at this preset's 1024-token cache;
 knob indexer.always), mqa_literal (1: MQA_ATTENTION's per-lane arrays with literal sizes,
@@ -60,7 +61,8 @@ converted to the dtype once and repeated (bench_weights), so 16 GB build in seco
 block scales, FP4 routed experts, the rest BF16), kept quantised on the device. --compare-dtype
 bf16: the fused decode of the same shape with BF16 weights in the same run (tokens/s side by side).
 --load: the checkpoint written to a directory (--load-dir, default a temporary one) and read back
-by Model.load in a child process: seconds, GB/s of the checkpoint's bytes, the child's peak RSS.
+by Model.load in a child process: seconds, GB/s of the checkpoint's bytes, the child's peak RSS
+(its VmHWM; and its RSS before the load, its anonymous, file-mapped and shared resident bytes after).
 V4-Flash's depth in the published format on one GPU: `--layers 43 --experts 8 --dtype fp8`
 (each token reads 6 routed experts + the shared one whatever the expert count, so the bytes read
 per token are those of the 256-expert model).
@@ -92,10 +94,12 @@ KNOBS = {"fold_mb": ("norm_fold.max_bytes", lambda v: int(float(v) * 2**20)),   
          "gemv_unroll": ("gemv.unroll", int),
          "gemv_spread": ("gemv.spread", int),
          "gemv_rows": ("gemv_quant.rows", int),
+         "gemv_load": ("gemv_quant.load", int),
          "moe_unroll": ("mul_mat_id.unroll", int),
          "moe_routes": ("mul_mat_id.routes", int),
          "moe_wg": ("mul_mat_id.wg", int),
          "moe_rows": ("mul_mat_id.rows", int),
+         "moe_load": ("mul_mat_id.load", int),
          "indexer": ("indexer.always", lambda v: bool(int(v))),
          "mqa_literal": ("mqa_arrays.literal", lambda v: bool(int(v))),
          "mix_wg": ("mix.wg", int),
@@ -214,11 +218,19 @@ def load_speed(cfg, weights, directory):
     save_hf(d, cfg, weights, naming="deepseek", shards=max(1, len(weights) // 400))
     write_s = time.perf_counter() - t0
     nbytes = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if f.endswith(".safetensors"))
-    child = ("import json, resource, sys, time\n"
+    # the child's own peak is its VmHWM: its ru_maxrss would start at this process's RSS (Linux keeps
+    # the parent's high-water mark across fork and exec), i.e. report the bench's weights in memory
+    child = ("import json, sys, time\n"
              "from dsv4_vk.model import Model\n"
+             "def status():\n"
+             "    return {k: int(v.split()[0]) * 1024 for k, v in (line.split(':', 1) for line in "
+             "open('/proc/self/status')) if k in ('VmHWM', 'VmRSS', 'RssAnon', 'RssFile', 'RssShmem')}\n"
+             "before = status()\n"
              "t = time.perf_counter(); m = Model.load(sys.argv[1], max_ctx=%d); s = time.perf_counter() - t\n"
-             "print(json.dumps({'load_s': s, 'peak_rss_bytes': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss"
-             " * 1024, 'device_weights': m.memory()['weights']}))" % cfg.max_ctx)
+             "after = status()\n"
+             "print(json.dumps({'load_s': s, 'peak_rss_bytes': after['VmHWM'], 'rss_before_load_bytes': "
+             "before['VmRSS'], 'rss_after_load_bytes': after, 'device_weights': m.memory()['weights']}))"
+             % cfg.max_ctx)
     r = subprocess.run([sys.executable, "-c", child, d], capture_output=True, text=True)
     if r.returncode:
         raise RuntimeError(f"the load child failed: {r.stderr[-3000:]}")
@@ -624,7 +636,8 @@ def main(argv=None):
         res["load"] = load_speed(cfg, weights, a.load_dir)
         ld = res["load"]
         print(f"load: {ld['checkpoint_bytes'] / 1e9:.2f} GB in {ld['load_s']:.1f} s = {ld['load_gbps']:.2f} GB/s, "
-              f"peak RSS {ld['peak_rss_bytes'] / 1e9:.2f} GB; device weights {ld['device_over_checkpoint']:.3f}x the "
+              f"peak RSS {ld['peak_rss_bytes'] / 1e9:.2f} GB ({ld['rss_before_load_bytes'] / 1e9:.2f} GB before the "
+              f"load); device weights {ld['device_over_checkpoint']:.3f}x the "
               "checkpoint", flush=True)
     res["decode_variants"] = {}
     for label, sets in a.variants:

@@ -295,7 +295,7 @@ def upload_arrays(params: dict, progress=None):
             if progress is not None:
                 progress(done, total)
     finally:
-        FILES.close()                       # the checkpoint's memory maps
+        FILES.close()                       # the checkpoint's cached headers
 
 
 def decode_splits(cfg: V4Config, i: int, device) -> int:

@@ -107,7 +107,18 @@ def join(parts: list, new_axis: bool):
     dts = {np.dtype(p.dtype) for p in parts}
     if len(dts) > 1:
         raise CheckpointError(f"cannot join tensors of dtypes {sorted(map(str, dts))}")
-    return Lazy(shape, dts.pop(), lambda: op([np.asarray(p) for p in parts]))
+    dtype = dts.pop()
+
+    def joined():
+        """Each part read into its place in one array (a part at a time beside it, not two copies)."""
+        out = np.empty(shape, dtype)
+        at = 0
+        for p in parts:
+            n = 1 if new_axis else p.shape[0]
+            out[at:at + n] = np.asarray(p)[None] if new_axis else np.asarray(p)
+            at += n
+        return out
+    return Lazy(shape, dtype, joined)
 
 
 class QuantWeight:
@@ -354,33 +365,54 @@ NP_DTYPES = dict(FLOAT_DTYPES, I64=np.int64, I32=np.int32, I16=np.int16, U32=np.
 
 
 class _Files:
-    """Open safetensors files (memory maps), a few at a time: the least recently used is closed."""
+    """Reads one tensor of a safetensors file into a fresh array with plain file reads, not a
+    memory map: the pages of a mapped file count in the process's resident memory while it stays
+    mapped, so a mapped checkpoint would end up resident whole. Headers are kept for the `keep`
+    files read last (a rewritten file is read again)."""
 
-    def __init__(self, keep: int = 4):
+    def __init__(self, keep: int = 16):
         self.keep = keep
-        self.open: dict = {}
+        self.headers: dict = {}
+
+    def _header(self, fn, fh, ident):
+        h = self.headers.pop(ident, None)
+        if h is None:
+            n = int.from_bytes(fh.read(8), "little")
+            if n <= 0 or n > ident[2] - 8:
+                raise SafetensorError(f"header length {n} does not fit the file of {ident[2]} bytes")
+            try:
+                h = (8 + n, json.loads(fh.read(n)))
+            except ValueError as e:
+                raise SafetensorError(f"unreadable header ({e})") from None
+        self.headers[ident] = h
+        while len(self.headers) > self.keep:
+            self.headers.pop(next(iter(self.headers)))
+        return h
 
     def get(self, fn, key, dt):
         try:
-            st = os.stat(fn)
-            ident = (fn, st.st_mtime_ns, st.st_size, st.st_ino)     # a rewritten file is opened again
-            f = self.open.pop(ident, None)
-            if f is None:
-                f = safe_open(fn, framework="numpy")
-                f.__enter__()
-            self.open[ident] = f
-            while len(self.open) > self.keep:
-                self.open.pop(next(iter(self.open))).__exit__(None, None, None)
-            a = f.get_tensor(key)
+            with open(fn, "rb") as fh:
+                st = os.fstat(fh.fileno())
+                start, header = self._header(fn, fh, (fn, st.st_mtime_ns, st.st_size, st.st_ino))
+                info = header.get(key)
+                if not isinstance(info, dict) or info.get("dtype") != dt:
+                    raise SafetensorError(f"tensor {key!r} of dtype {dt} is not in the file (it changed since it "
+                                          "was opened?)")
+                lo, hi = info["data_offsets"]
+                shape = tuple(info["shape"])
+                dtype = np.dtype(NP_DTYPES[dt])
+                a = np.empty(hi - lo, np.uint8)
+                fh.seek(start + lo)
+                if hi - lo != int(np.prod(shape)) * dtype.itemsize or fh.readinto(a) != hi - lo:
+                    raise SafetensorError(f"tensor {key!r} is truncated")
         except SafetensorError as e:
             raise CheckpointError(f"{fn}: not a valid safetensors file ({e})") from None
         except OSError as e:
             raise CheckpointError(f"{fn}: cannot be read ({e.strerror or e})") from None
-        return a.view(np.uint8) if dt.startswith("F8") or dt == "I8" else a
+        return a.view(dtype).reshape(shape)
 
     def close(self) -> None:
-        while self.open:
-            self.open.popitem()[1].__exit__(None, None, None)
+        self.headers.clear()
 
 
 FILES = _Files()

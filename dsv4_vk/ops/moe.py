@@ -85,7 +85,10 @@ MUL_MAT_ID_UNROLL = knob_table(
     routes=(None, 'mode="sum"\'s routes loaded together (None: 1; a power of two ≤ 8)'),
     wg=(None, 'mode="sum": lanes of a workgroup-wide cluster per output (None or 0: subgroup-lane clusters)'),
     rows=(None, 'mode="sum" over quantised experts: output rows a cluster (1, 2 or 4; spec constant 2), each x '
-                'load serving that many rows (None: 1 until measured on a GPU)'))
+                'load serving that many rows (None: 1 until measured on a GPU)'),
+    load=(None, "quantised experts: bytes of codes a lane loads a step (4 or 16; spec constant 3): 16, a uvec4 "
+                "and one scale byte where K % 16 (FP8) or K % 32 (FP4) is 0 and the rows 16-byte aligned (else "
+                "4; the FP8 shared expert beside FP4 ones keeps 4) (None: 4 until measured on a GPU)"))
 
 
 @register
@@ -239,7 +242,12 @@ class MulMatId(OpDef):
         if mode == "sum":         # a power of two ≤ 8 (the shader's variants), at most R's; quantised: 1
             routes = 1 if fmt else MUL_MAT_ID_UNROLL["routes"] or 1
             defs["ROUTES"] = min(1 << (int(routes).bit_length() - 1), next_pow2(R), 8)
-        rows = (nr,) if mode == "sum" else ()
+        load = MUL_MAT_ID_UNROLL["load"] or 4
+        if load not in (4, 16):
+            raise ValueError(f"tuning knob 'mul_mat_id.load' must be 4 or 16, got {load!r}")
+        wide = bool(fmt) and load == 16 and "VEC4" in defs and K % (16 if fmt.bits == 8 else 32) == 0 and \
+            all(a % 4 == 0 for a in (w.offset, w.strides[0], w.strides[1]))
+        rows = (nr, int(wide))      # spec constants 2 (MODE_SUM's rows a cluster) and 3 (16-byte loads)
         if wg:
             return [Launch("mul_mat_id", args, (out_index,), push, grid_1d(items, 1), defines=defs,
                            spec=(wg, unroll) + rows)]

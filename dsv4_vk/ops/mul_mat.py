@@ -201,7 +201,10 @@ GEMV_UNROLL = knob_table(
 GEMV_QUANT_ROWS = knob_table(
     "gemv_quant",
     rows=(1, "output rows a GEMV cluster computes over quantised weights at one token (1, 2 or 4; spec constant "
-             "NR): each x load then serves that many rows; 1 until measured on a GPU"))
+             "NR): each x load then serves that many rows; 1 until measured on a GPU"),
+    load=(4, "bytes of codes a GEMV lane loads a step over quantised weights at one token (spec constant WIDE): "
+             "4 (a word, its scale looked up each time) or 16 (a uvec4 and one scale byte, where K % 16 (FP8) "
+             "or K % 32 (FP4) is 0 and the rows are 16-byte aligned; else 4); 4 until measured on a GPU"))
 GEMV_SPREAD = 1 << 18                   # (an H200 holds 132 SMs × 2048 invocations)
 GEMV_WG_MAX = 256
 
@@ -322,7 +325,11 @@ class MulMat(OpDef):
                 grid, spec = grid_1d(rows, WORKGROUP // lane_defs["LANES"]), (WORKGROUP, unroll)
             defines.update(lane_defs, MODE_GEMV=1, TB=tb)
             if fmt and tb == 1 and "VEC4" in defines:
-                spec = spec + (nr,)         # the rows a cluster (spec constant 2)
+                load = GEMV_QUANT_ROWS["load"]
+                if load not in (4, 16):
+                    raise ValueError(f"tuning knob 'gemv_quant.load' must be 4 or 16, got {load!r}")
+                wide = load == 16 and K % (16 if fmt.bits == 8 else 32) == 0 and vec4_ok(w)
+                spec = spec + (nr, int(wide))   # the rows a cluster, the 16-byte loads (spec constants 2, 3)
         elif kernel == "gemm_regs":
             defines["MODE_GEMM_REGS"] = 1
             grid = grid_1d(b[0] * b[1] * -(-T // 4) * -(-N // 4), WORKGROUP)
