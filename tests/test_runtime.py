@@ -109,6 +109,17 @@ def test_push_constants_too_large():
         pack_push(*range(33))
 
 
+def test_every_declared_variant_has_a_push_block_that_parses():
+    """Each shader's push_constant block reads as uint/int/float members under every variant its
+    header declares (what pack_fields packs against), at most 128 bytes."""
+    from dsv4_vk.vk.push import push_block
+    from dsv4_vk.vk.shader import SHADER_DIR, declared_variants
+    for path in sorted(SHADER_DIR.glob("*.comp")):
+        for key in declared_variants(path.stem):
+            fields = push_block(path.stem, dict(key))
+            assert fields and sum(f.length for f in fields) * 4 <= 128, (path.stem, key)
+
+
 def test_push_blocks_are_packed_by_field_name_and_checked():
     """A launch's push fields are laid out in the order of the shader's own push_constant block (the
     members its defines select), and a misnamed, missing or extra field, an array of the wrong

@@ -11,6 +11,7 @@ from .kernels import (HC, N_MIX, check_eps, check_fn_rows, check_layout_param, c
 from .policy import HCUnsupported
 from ..ops.base import Launch, OpDef, check_params, check_shape, grid_1d, register
 from ..vk import Buffer, Recorder
+from ..vk.push import pack_fields
 
 TCR_WG = 128                            # 4 subgroups of 32 lanes
 TCR_BLOCK = 64                          # tokens a workgroup per 16-token tile of each subgroup (× tt)
@@ -90,7 +91,9 @@ def tcr_probe(device):
         try:
             buf.write(np.full(520, -2, np.float32))
             rec = Recorder(device)
-            rec.dispatch(pipe, [buf, buf, buf], b"", (1, 1, 1), writes=[(buf, 0, 4 * 520)])
+            push = pack_fields("hc_mix_probe", {"VEC4": 1},
+                               mix_fields(0, 0, 0, 0, 0.0, 0.0, (0, 0, 0), (0, 0), (0, 0, 0), 0))
+            rec.dispatch(pipe, [buf, buf, buf], push, (1, 1, 1), writes=[(buf, 0, 4 * 520)])   # (the block unread)
             r = rec.finish()
             try:
                 r.submit()

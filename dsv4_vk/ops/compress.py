@@ -219,7 +219,8 @@ class IndexScore(OpDef):
         T, nh, hd = q.shape
         n = k.shape[0]
         lanes, extra = cluster_lanes(device, hd, per_lane=4)
-        push = {"T": T, "nh": nh, "hd": hd, "n": n, "capacity": prm["capacity"], **view_fields("q", q.offset, q.strides[:2]),
+        push = {"T": T, "nh": nh, "hd": hd, "n": n, "capacity": prm["capacity"],
+                **view_fields("q", q.offset, q.strides[:2]),
                 **view_fields("w", wt.offset, wt.strides[:1]), **view_fields("k", k.offset, k.strides[:1]),
                 **view_fields("o", out.offset, out.strides[:1]), "pos_off": pos.offset,
                 "scale": float(prm.get("scale", 1.0))}
@@ -333,7 +334,8 @@ def _topk_check(op, inputs, params, with_tile):
 
 def _topk_fields(s, pos, K, tiles, params, cand=None, out=None, groups=1):
     return {"T": s.shape[0], "n": s.shape[1], "K": K, "tiles": tiles, "groups": groups, "rate": params.get("rate", 1),
-            "capacity": params.get("capacity", 1), "has_pos": int(pos is not None), **view_fields("s", s.offset, s.strides[:1]),
+            "capacity": params.get("capacity", 1), "has_pos": int(pos is not None),
+            **view_fields("s", s.offset, s.strides[:1]),
             "pos_off": pos.offset if pos is not None else 0,
             **(view_fields("c", cand.offset, cand.strides[:1]) if cand is not None else {"c_off": 0, "c_s0": 0}),
             **(view_fields("i", out.offset, out.strides[:1]) if out is not None else {"i_off": 0, "i_s0": 0})}
