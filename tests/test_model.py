@@ -20,6 +20,7 @@ import sys
 
 import numpy as np
 import pytest
+from logits_check import logits_errors
 
 import dsv4_vk.core.executor as executor_module
 from dsv4_vk.core import profile
@@ -49,13 +50,7 @@ def check_fixture(name, fused, splits=None, chunk=16, max_ctx=None):
     against transformers'. Returns (worst NMSE, HC paths)."""
     cfg, w, e = fixture(name, max_ctx)
     m = Model(cfg, w, fused=fused, prefill_chunk=chunk, splits=splits)
-    got = m.prefill(e["prompt"], all_logits=True)
-    errs = [nmse(got[i], e["prefill"][i]) for i in range(len(got))]
-    assert max_abs(got, e["prefill"]) <= 1e-3 * np.abs(e["prefill"]).max()
-    for s, tok in enumerate(e["decode"]):
-        row = m.step(int(tok), output="logits")
-        errs.append(nmse(row, e["steps"][s]))
-        assert max_abs(row, e["steps"][s]) <= 1e-3 * np.abs(e["steps"][s]).max(), f"step {s}"
+    errs = logits_errors(m, e)
     assert max(errs) <= NMSE_MAX, f"{name} fused={fused}: NMSE per position {errs}"
     for kind in ("prefill", "decode"):
         assert m.compiled(kind).check_guards() == []

@@ -15,6 +15,7 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
+from logits_check import logits_errors
 from safetensors.numpy import load_file, save_file
 
 from dsv4_vk import Executor, Graph
@@ -492,13 +493,7 @@ def check_fixture(name, fused, chunk=16):
     e = np.load(os.path.join(d, "expected.npz"))
     m = Model.load(d, fused=fused, prefill_chunk=chunk, max_ctx=64)
     assert any(isinstance(a, QuantWeight) for a in m.params.values())
-    got = m.prefill(e["prompt"], all_logits=True)
-    errs = [nmse(got[i], e["prefill"][i]) for i in range(len(got))]
-    assert max_abs(got, e["prefill"]) <= 1e-3 * np.abs(e["prefill"]).max()
-    for s, tok in enumerate(e["decode"]):
-        row = m.step(int(tok), output="logits")
-        errs.append(nmse(row, e["steps"][s]))
-        assert max_abs(row, e["steps"][s]) <= 1e-3 * np.abs(e["steps"][s]).max(), f"step {s}"
+    errs = logits_errors(m, e)
     assert len(errs) == len(e["prompt"]) + len(e["decode"]) and len(e["decode"]) >= 16
     assert max(errs) <= 1e-6, f"{name} fused={fused}: NMSE per position {errs}"
     paths = {p.path for p in m.paths()}
