@@ -25,7 +25,7 @@ from dsv4_vk.core.executor import Executor
 from dsv4_vk.core.graph import Graph
 from dsv4_vk.hc.metrics import max_abs, nmse, nonfinite_mismatch
 from dsv4_vk.ops import base, get_op
-from dsv4_vk.ops.mul_mat import KERNELS
+from dsv4_vk.ops.mul_mat import F32_KERNELS
 
 SIZES = [1, 2, 3, 4, 5, 7, 8, 13, 16, 17, 31, 33, 64, 127, 255, 256, 257, 1000]
 BUDGET = 1 << 14          # elements per logical tensor
@@ -178,7 +178,7 @@ def mul_mat(data, rng):
     scale = 1 / np.sqrt(K)
     return Spec([make_input(xb + (T, K), layout(data), normal(rng)),
                  make_input(wb + (N, K), layout(data), normal(rng, scale))],
-                {"kernel": data.draw(st.sampled_from(KERNELS))})
+                {"kernel": data.draw(st.sampled_from(F32_KERNELS))})
 
 
 def get_rows(data, rng):

@@ -49,7 +49,7 @@ def main(argv=None):
             continue
         x = rng.standard_normal((T, K)).astype(np.float32)
         w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)
-        line = [f"MUL_MAT T={T:4d} K={K:5d} N={N:5d} (auto: {pick_kernel(ex.device, T, N=N)})"]
+        line = [f"MUL_MAT T={T:4d} K={K:5d} N={N:5d} (auto: {pick_kernel(ex.device, T, N).kernel})"]
         for kernel in ("gemv", "gemm_regs", "gemm_shared"):
             if ex.device.caps.type == "cpu" and kernel == "gemm_shared" and T * N > 4096:
                 continue                                   # barrier-bound on lavapipe: minutes

@@ -16,6 +16,8 @@ def report(dev):
         out.update(describe(dev))           # the HC plan: hc, hc_mix, hc_carry
     except ImportError:
         pass
+    from ..ops.mul_mat import describe as mul_mat_describe
+    out["mul_mat"] = mul_mat_describe(dev)  # the kernel of MUL_MAT over many tokens, and why
     return out
 
 
@@ -51,6 +53,10 @@ def _human(rep):
         lines.append("HC_MIX        " + (f"many tokens: TCR from {mix['from_tokens']} tokens (tensor cores, element layout "
                                         f"{tuple(mix['layout'])})" if mix["kernel"] == "tcr"
                                         else f"many tokens: KSPLIT (TCR {mix['tcr']})"))
+    mm = rep.get("mul_mat")
+    if mm:
+        lines.append(f"MUL_MAT       512 tokens over bf16/f16 weights: {mm['kernel']} — {mm['reason']}"
+                     + (f" (tiles {mm['tile'][0]} × {mm['tile'][1]})" if mm.get("tile") else ""))
     carry = rep.get("hc_carry")
     if carry:
         lines.append(f"HC_POST_MIX   the post carries the next site's mixes (D = {carry['D']}) at T " +

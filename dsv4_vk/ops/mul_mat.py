@@ -6,7 +6,11 @@ Kernels (shaders/mul_mat.comp), chosen per call by `pick_kernel` unless `kernel=
   cluster (GPUs: T ≤ 64, or any T when N < 64), or one
   invocation per output on CPU devices (T = 1), where lavapipe runs invocations as SIMD lanes;
 - "gemm_regs" (CPU devices such as lavapipe, where shared memory + barrier is slow) or
-  "gemm_shared" (GPUs) for more tokens; kernel="gemm" picks between them by device type.
+  "gemm_shared" (GPUs) for more tokens; kernel="gemm" picks between them by device type;
+- "coopmat" (shaders/mul_mat_coopmat.comp) from COOPMAT["min_tokens"] tokens over bf16 / f16 weights
+  where the device has VK_NV_cooperative_matrix's 16 × 16 × 16 fp16 shape (and DSV4_VK_DISABLE_COOPMAT
+  is unset): fp16 products of rows scaled by powers of two, f32 sums (docs/performance.md);
+  "coopmat_fma" forms the same products with FMA on any device (the tests' stand-in).
 Weights are f32, bf16, f16 or one of DeepSeek's quantised formats (`QUANT`, params `wq="fp8"` or
 `"fp4"`): w is then the i32 tensor of packed codes [..., N, ceil(K / codes a word)] and the last
 input the tensor of its E8M0 scale bytes, 4 a word (`quant_arrays` makes both from the published
@@ -30,7 +34,11 @@ CPU_GEMV_MAX_T = 1
 # H200 measured it faster than the GEMM kernels: tools/bench_primitives.py).
 GPU_GEMV_MAX_T = 64
 GEMM_TILE_N = 64
-KERNELS = ("auto", "gemv", "gemm", "gemm_regs", "gemm_shared")
+F32_KERNELS = ("auto", "gemv", "gemm", "gemm_regs", "gemm_shared")
+# the tensor-core kernel: "coopmat" on the matrix units, "coopmat_fma" its data flow and fp16 rounding
+# with FMA products (any device; for tests)
+COOPMAT_KERNELS = ("coopmat", "coopmat_fma")
+KERNELS = F32_KERNELS + COOPMAT_KERNELS
 WORKGROUP = 256
 
 
@@ -167,8 +175,69 @@ def quant_fields(fmt: QuantFormat, K: int, grid_rows: int) -> dict[str, int]:
     return {"q_kw": fmt.words(K), "q_rows": grid_rows, "q_srows": sr, "q_sc": sc}
 
 
-def pick_kernel(device, T, kernel="auto", N=None):
+# The tensor-core kernel (shaders/mul_mat_coopmat.comp): a workgroup tile of `tokens` × `outputs`, warps
+# of 32 lanes each computing warp_tokens × warp_outputs as 16 × 16 accumulators, k_step inputs staged
+# a step; from min_tokens tokens it takes MUL_MAT over bf16 / f16 weights where the device can run it.
+COOPMAT = knob_table(
+    "coopmat",
+    tokens=(64, "tokens of a workgroup tile of the tensor-core MUL_MAT (BM, a multiple of warp_tokens)"),
+    outputs=(128, "outputs of a workgroup tile of the tensor-core MUL_MAT (BN, a multiple of warp_outputs)"),
+    warp_tokens=(32, "tokens of a warp's (32 lanes') tile (WM, a multiple of 16)"),
+    warp_outputs=(64, "outputs of a warp's tile (WN, a multiple of 16)"),
+    k_step=(32, "inputs staged in shared memory a step (BK, a multiple of 16)"),
+    min_tokens=(16, "from this many tokens MUL_MAT over bf16 / f16 weights runs on the matrix units where the "
+                    "device has them (kernel 'coopmat')"))
+COOPMAT_SHAPE = (16, 16, 16, "f16", "f16", "f32", "f32")     # m, n, k and the A, B, C, D types
+COOPMAT_DTYPES = ("bf16", "f16")
+
+
+def coopmat_unavailable(device) -> str | None:
+    """Why the tensor-core MUL_MAT cannot run on `device` (None: it can)."""
+    if getattr(device, "coopmat_disabled", False):
+        return "DSV4_VK_DISABLE_COOPMAT=1 leaves VK_NV_cooperative_matrix off"
+    sgc = device.caps.subgroup
+    if not any((c.m, c.n, c.k, c.a, c.b, c.c, c.d) == COOPMAT_SHAPE for c in device.caps.coopmat):
+        return "the device has no VK_NV_cooperative_matrix 16 × 16 × 16 fp16·fp16+fp32 shape"
+    if not (sgc.min_size == sgc.max_size == 32 and sgc.full_subgroups and sgc.supports("basic")):
+        return f"the kernel needs full 32-lane subgroups, the device has {sgc.min_size}–{sgc.max_size} lanes"
+    return None
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """The MUL_MAT kernel a call gets (one of KERNELS but "auto" / "gemm") and why."""
+    kernel: str
+    reason: str
+
+
+def pick_kernel(device, T, N=None, kernel="auto", w_dtype="f32", quant=False, norm=False) -> KernelChoice:
+    """The one place that decides which kernel a MUL_MAT of T tokens and N outputs gets: the GEMV
+    with a folded norm; the tensor-core kernel for T ≥ coopmat.min_tokens over bf16 / f16 weights
+    where the device has the cooperative-matrix shape (coopmat_unavailable); else the f32 kernels by
+    device type and T. `kernel` forces one (coopmat* only over bf16 / f16 weights, "coopmat" only where
+    the device runs it: ValueError naming what is missing)."""
+    if norm:
+        return KernelChoice("gemv", "a folded RMS norm runs in the GEMV")
+    if kernel in COOPMAT_KERNELS:
+        if quant or w_dtype not in COOPMAT_DTYPES:
+            raise ValueError(f"MUL_MAT kernel={kernel!r} takes bf16 or f16 weights, got "
+                             f"{'quantised' if quant else w_dtype} (fp16 products would round f32 weights)")
+        why = coopmat_unavailable(device) if kernel == "coopmat" else None
+        if why:
+            raise ValueError(f"MUL_MAT kernel='coopmat' cannot run on {device.name}: {why} (kernel='coopmat_fma' "
+                             "forms the same products with FMA)")
+        return KernelChoice(kernel, "asked for")
+    reason = "asked for"
     if kernel == "auto":
+        if T >= COOPMAT["min_tokens"] and not quant and w_dtype in COOPMAT_DTYPES:
+            why = coopmat_unavailable(device)
+            if why is None:
+                return KernelChoice("coopmat", f"matrix units: T ≥ {COOPMAT['min_tokens']} over {w_dtype} weights")
+            reason = f"f32 lanes, since {why}"
+        elif T >= COOPMAT["min_tokens"]:
+            reason = f"f32 lanes: {'quantised' if quant else w_dtype} weights stay off the matrix units"
+        else:
+            reason = f"f32 lanes: T < {COOPMAT['min_tokens']}"
         if is_cpu(device):
             gemv = T <= CPU_GEMV_MAX_T
         else:
@@ -176,7 +245,41 @@ def pick_kernel(device, T, kernel="auto", N=None):
         kernel = "gemv" if gemv else "gemm"
     if kernel == "gemm":
         kernel = "gemm_regs" if is_cpu(device) else "gemm_shared"
-    return kernel
+    return KernelChoice(kernel, reason)
+
+
+def describe(device) -> dict:
+    """What `info` prints of MUL_MAT: the kernel 512 tokens over bf16 weights take on `device`, and why."""
+    c = pick_kernel(device, 512, 4096, w_dtype="bf16")
+    out = {"kernel": c.kernel, "reason": c.reason, "from_tokens": COOPMAT["min_tokens"]}
+    if c.kernel == "coopmat":
+        out["tile"] = [COOPMAT["tokens"], COOPMAT["outputs"]]
+    return out
+
+
+def coopmat_spec(device, kernel: str) -> tuple[int, ...]:
+    """The tensor-core kernel's spec constants (workgroup size, BM, BN, WM, WN, BK) from the knobs in
+    effect; ValueError naming the knob where they do not fit together or the device."""
+    bm, bn, wm, wn, bk = (COOPMAT[k] for k in ("tokens", "outputs", "warp_tokens", "warp_outputs", "k_step"))
+    for name, v in (("warp_tokens", wm), ("warp_outputs", wn), ("k_step", bk), ("tokens", bm), ("outputs", bn)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 16 or v % 16:
+            raise ValueError(f"tuning knob 'coopmat.{name}' must be a positive multiple of 16, got {v!r}")
+    if bm % wm or bn % wn:
+        raise ValueError(f"tuning knobs 'coopmat.tokens' and 'coopmat.outputs' ({bm}, {bn}) must be multiples of "
+                         f"'coopmat.warp_tokens' and 'coopmat.warp_outputs' ({wm}, {wn})")
+    wg = 32 * (bm // wm) * (bn // wn)
+    rows = wg // (bk // 2)                  # rows staged at once: k pairs across the workgroup
+    if wg % (bk // 2) or bm % rows or bn % rows:
+        raise ValueError(f"tuning knob 'coopmat.k_step' = {bk}: {bk // 2} k pairs must divide the workgroup's {wg} "
+                         f"invocations into rows that divide the tile ({bm} × {bn})")
+    lim = device.caps.limits
+    shared = (bm + bn) * (bk + 8) * 2 + (bm + bn) * 8 + wg // 32 * 1024
+    if wg > min(lim.max_workgroup_invocations, lim.max_workgroup_size[0]) or shared > lim.max_shared_memory:
+        raise ValueError(f"MUL_MAT kernel={kernel!r}: tiles {bm} × {bn} (warps {wm} × {wn}, k step {bk}) need "
+                         f"{wg} invocations and {shared} B of shared memory; {device.name} has "
+                         f"{min(lim.max_workgroup_invocations, lim.max_workgroup_size[0])} and "
+                         f"{lim.max_shared_memory} B")
+    return (wg, bm, bn, wm, wn, bk)
 
 
 def vec4_ok(*views):
@@ -259,6 +362,9 @@ class MulMat(OpDef):
         x, w = inputs[:2]
         if params.get("kernel", "auto") not in KERNELS:
             raise ValueError(f"MUL_MAT kernel must be one of {KERNELS}, got {params['kernel']!r}")
+        if params.get("kernel") in COOPMAT_KERNELS and (quant or inputs[1].dtype not in COOPMAT_DTYPES):
+            raise ValueError(f"MUL_MAT kernel={params['kernel']!r} takes bf16 or f16 weights, got "
+                             f"{'quantised' if quant else inputs[1].dtype} (fp16 products would round f32 weights)")
         if len(inputs) == 3 and params.get("kernel", "auto") not in ("auto", "gemv"):
             raise ValueError(f"MUL_MAT with a norm weight runs the gemv kernel, got kernel={params['kernel']!r}")
         rms_weight(self.name, x, inputs[2] if len(inputs) == 3 else None, params)
@@ -291,12 +397,20 @@ class MulMat(OpDef):
         b = (1,) * (2 - len(batch)) + batch
         push = {"ne0": b[0], "ne1": b[1], "T": T, "N": N, "K": K, **tensor_fields("x", x), **tensor_fields("w", w),
                 **tensor_fields("d", out)}
-        kernel = "gemv" if g is not None else pick_kernel(device, T, node.params.get("kernel", "auto"), N)
+        kernel = pick_kernel(device, T, N, node.params.get("kernel", "auto"), "i32" if fmt else inputs[1].dtype,
+                             quant=fmt is not None, norm=g is not None).kernel
+        if kernel in COOPMAT_KERNELS:
+            defines = {"CM_NV": 1} if kernel == "coopmat" else {}
+            defines.update(weight_defines(w))
+            spec = coopmat_spec(device, kernel)
+            grid = grid_1d(b[0] * b[1] * -(-T // spec[1]) * -(-N // spec[2]), 1)
+            return [Launch("mul_mat_coopmat", [x, w, out], (2,), push, grid, defines=defines, spec=spec,
+                           full_subgroups=kernel == "coopmat")]
         aligned = vec4_ok(x, *([g] if g is not None else [])) and (K % 4 == 0 if fmt else vec4_ok(w))
         defines = {"VEC4": 1} if K >= 4 and aligned else {}
         if fmt and kernel == "gemv" and not defines:    # the quantised GEMV variants: vec4 loads, or
             if g is None:                               # one token with the norm folded in
-                kernel = pick_kernel(device, T, "gemm")
+                kernel = pick_kernel(device, T, N, "gemm").kernel
             elif T > 1:
                 raise ValueError(f"MUL_MAT over quantised weights with a norm weight and {T} tokens needs K % 4 "
                                  f"== 0 and 16-byte aligned x, g rows; got K={K}")

@@ -325,6 +325,7 @@ class Device:
             raise
         self.physical = pds[self.index]
         probe = probes[self.index]
+        self.coopmat_disabled = no_coopmat and bool(probe.get("coopmat"))   # (what `info` names as the reason)
         if no_coopmat:                  # neither enabled nor offered to the kernels
             probe = {**probe, "coopmat": []}
         self.caps = Capabilities.from_probe(self.index, probe)

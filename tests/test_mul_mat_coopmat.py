@@ -1,0 +1,283 @@
+"""MUL_MAT on 16-bit matrix units (shaders/mul_mat_coopmat.comp) against float64.
+
+"coopmat_fma" is the kernel's data flow on any device: the same per-row power-of-two scales, the same
+fp16 staging, FMA products in place of the cooperative matrices. It runs here at lavapipe's subgroup
+sizes 4, 8 and 16 (LP_NATIVE_VECTOR_WIDTH in a child process). Each result is checked twice: against
+the exact float64 product (NMSE ≤ 1e-5, the issue's bound for the tensor-core path, and a max-abs
+bound) and against the float64 product of the fp16-rounded scaled rows (`fp16_reference`), which it
+must match to f32 summation error: so the rounding and the scales are the ones the header states.
+"coopmat" (the cooperative matrices) runs where the device has them (the H200), and is skipped where
+it has none (lavapipe), as TCR's are.
+"""
+import dataclasses
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dsv4_vk.core.executor import Executor
+from dsv4_vk.core.graph import Graph
+from dsv4_vk.core.tuning import tuned
+from dsv4_vk.hc.metrics import max_abs, nmse
+from dsv4_vk.model.checkpoint import BF16
+from dsv4_vk.ops import get_op
+from dsv4_vk.ops import mul_mat
+from dsv4_vk.vk.caps import CoopMatShape
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SMALL_TILES = {"coopmat.tokens": 32, "coopmat.outputs": 32, "coopmat.warp_tokens": 16, "coopmat.warp_outputs": 16}
+NMSE_MAX = 1e-5                 # against the exact product (fp16's rounding of x: about 1e-7 on normal values)
+NMSE_FP16_MAX = 1e-11           # against the fp16-rounded rows (f32 sums in another order)
+
+
+def np_dtype(dtype):
+    return BF16 if dtype == "bf16" else np.dtype(np.float16)
+
+
+def row_shifts(a):
+    """The kernel's shift of each row of a (float64 values): min(15 − e, 126) with 2^(e−1) ≤ m < 2^e,
+    m the row's largest finite |value| read as f32 (its exponent field)."""
+    a = np.abs(np.asarray(a, np.float32))
+    m = np.where(np.isfinite(a), a, 0).max(axis=-1)
+    e = (m.view(np.uint32) >> 23).astype(np.int64) - 126
+    return np.minimum(15 - e, 126)
+
+
+def fp16_reference(x, w):
+    """float64 x @ wᵀ of the rows as the kernel stages them: scaled by 2^shift, rounded to fp16 (round to
+    nearest even), the scales undone after the product."""
+    x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    sx, sw = row_shifts(x), row_shifts(w)
+    with np.errstate(over="ignore", invalid="ignore"):
+        xh = (x * np.exp2(sx)[..., None]).astype(np.float32).astype(np.float16).astype(np.float64)
+        wh = (w * np.exp2(sw)[..., None]).astype(np.float32).astype(np.float16).astype(np.float64)
+        return (xh @ np.swapaxes(wh, -1, -2)) * np.exp2(-(sx[..., :, None] + sw[..., None, :]))
+
+
+def run_mul_mat(x, w, kernel, w_view=None, x_view=None):
+    """MUL_MAT(x, w) through a graph (x an input, w a constant), optionally of views made by
+    w_view(tensor) / x_view(tensor); the result and the check of the guard regions."""
+    g = Graph()
+    xt, wt = g.input("x", x.shape), g.const(w)
+    xt = x_view(xt) if x_view else xt
+    wt = w_view(wt) if w_view else wt
+    g.output("y", g.op("MUL_MAT", xt, wt, kernel=kernel))
+    ex = Executor()
+    out = ex.run(g, x=x)
+    assert ex.last.check_guards() == []
+    return out["y"]
+
+
+def check_against_both(got, x, w, what, nmse_fp16=NMSE_FP16_MAX):
+    exact = np.matmul(np.asarray(x, np.float64), np.swapaxes(np.asarray(w, np.float64), -1, -2))
+    e, e16 = nmse(got, exact), nmse(got, fp16_reference(x, w))
+    assert e <= NMSE_MAX, f"{what}: NMSE {e:.2e} against float64"
+    assert e16 <= nmse_fp16, f"{what}: NMSE {e16:.2e} against the fp16-rounded rows"
+    assert max_abs(got, exact) <= 3e-3 * np.abs(exact).max(), what
+    return e, e16
+
+
+# (T, K, N): partial token and output tiles, K past a whole k step, one token tile, the model's widths
+CASES = [(37, 70, 50), (16, 64, 32), (130, 300, 200), (1, 33, 17), (64, 1024, 96)]
+
+
+def check_coopmat(kernel, rng, cases=CASES, tiles=SMALL_TILES):
+    """kernel (coopmat or coopmat_fma) on fresh normal inputs at `cases`, bf16 and f16 weights."""
+    with tuned(tiles):
+        for T, K, N in cases:
+            for dtype in ("bf16", "f16"):
+                x = rng.standard_normal((T, K)).astype(np.float32) * 3
+                w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np_dtype(dtype))
+                check_against_both(run_mul_mat(x, w, kernel), x, w, (T, K, N, dtype))
+
+
+@pytest.mark.parametrize("tiles", [SMALL_TILES, {}, {"coopmat.tokens": 64, "coopmat.outputs": 64,
+                                                     "coopmat.warp_tokens": 32, "coopmat.warp_outputs": 32,
+                                                     "coopmat.k_step": 64}],
+                         ids=["32x32", "default", "64x64_k64"])
+def test_coopmat_fma_matches_float64(rng, tiles):
+    check_coopmat("coopmat_fma", rng, CASES[:3] if tiles else CASES, tiles)
+
+
+@pytest.mark.parametrize("width, subgroup", [(128, 4), (512, 16)])
+def test_coopmat_fma_at_other_subgroup_sizes(width, subgroup):
+    code = ("import sys, numpy as np; sys.path.insert(0, %r); import test_mul_mat_coopmat as t; "
+            "from dsv4_vk.vk import default_device; assert default_device().subgroup_size == %d; "
+            "t.check_coopmat('coopmat_fma', np.random.default_rng(), t.CASES[:3])" % (HERE, subgroup))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "LP_NATIVE_VECTOR_WIDTH": str(width)})
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def range_inputs(rng, T=20, K=96, N=24):
+    """x rows and bf16 w rows far past fp16's range both ways (|x| to 4e20, |w| to 4e15; 1e-12 and
+    1e-20, 1e-7 and 1e-15: every product still a normal f32), rows of ordinary values beside them,
+    and one huge outlier in an ordinary row."""
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    x[0] *= 1e20
+    x[1] *= 1e6
+    x[2] *= 1e-12
+    x[3] *= 1e-20
+    x[4, 7] = 2e9                       # one outlier: the row's other values stay normal fp16
+    w = rng.standard_normal((N, K))
+    w[0] *= 1e15
+    w[1] *= 1e5
+    w[2] *= 1e-15
+    w[3] *= 1e-7
+    return x, w.astype(BF16)
+
+
+@pytest.mark.parametrize("kernel", ["coopmat_fma", "coopmat"])
+def test_coopmat_range_past_fp16(device, rng, kernel):
+    """Rows far past fp16's range both ways: each output matches float64 relative to its own row and
+    column's magnitude (the scales are per row), where fp16 without them would hold inf or 0."""
+    if kernel == "coopmat" and mul_mat.coopmat_unavailable(device):
+        pytest.skip(f"no matrix units here: {mul_mat.coopmat_unavailable(device)} (coopmat_fma covers the data flow)")
+    x, w = range_inputs(rng)
+    with np.errstate(over="ignore"):
+        assert np.isinf(x[:2].astype(np.float16)).any() and np.isinf(w[:2].astype(np.float16)).any()
+    assert not x[2:4].astype(np.float16).any() and not w[2].astype(np.float16).any()
+    with tuned(SMALL_TILES):
+        got = run_mul_mat(x, w, kernel)
+    exact = x.astype(np.float64) @ w.astype(np.float64).T
+    assert np.isfinite(got).all() and not (got == 0).any()
+    # each output against Σ|x_tk·w_nk|: the scale of its own sum
+    scale = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T
+    rel = np.abs(got - exact) / scale
+    assert rel.max() <= 2e-3, f"worst relative error {rel.max():.2e} at {np.unravel_index(rel.argmax(), rel.shape)}"
+    assert nmse(got / scale, exact / scale) <= NMSE_MAX
+    np.testing.assert_allclose(got, fp16_reference(x, w), rtol=1e-4, atol=0)
+
+
+def test_coopmat_fma_inf_and_nan_placement(rng):
+    """inf and NaN inputs give the f32 path's inf / NaN outputs (they are left out of the row scales)."""
+    T, K, N = 18, 40, 20
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(BF16)
+    x[3, 5], x[7, 0], x[9, 39] = np.inf, np.nan, -np.inf
+    x[9, 1] = 1e6                           # a large finite value beside an inf in its row
+    w[4, 5] = 0                             # inf · 0: NaN in output (3, 4)
+    with tuned(SMALL_TILES):
+        got = run_mul_mat(x, w, "coopmat_fma")
+    with np.errstate(invalid="ignore"):
+        ref = x.astype(np.float64) @ w.astype(np.float64).T
+    assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.array_equal(np.isinf(got), np.isinf(ref))
+    assert np.array_equal(np.sign(got[np.isinf(ref)]), np.sign(ref[np.isinf(ref)]))
+    assert np.isnan(got[3, 4]) and np.isnan(got[7]).all()
+    fin = np.isfinite(ref).all(axis=1)
+    assert nmse(got[fin], ref[fin]) <= NMSE_MAX
+
+
+def test_coopmat_fma_strided_and_batched_views(rng):
+    """Batch dims (w broadcast over one of them), a transposed x and a weight view inside a larger
+    tensor: the strides reach the kernel as they do the f32 ones."""
+    B, T, K, N = 2, 21, 40, 19
+    xs = rng.standard_normal((B, 3, K, T)).astype(np.float32)          # viewed as [B, 3, T, K]
+    w = (rng.standard_normal((1, 3, N + 2, K)) / np.sqrt(K)).astype(BF16)
+    with tuned(SMALL_TILES):
+        got = run_mul_mat(xs, w, "coopmat_fma", w_view=lambda t: t[:, :, 1:N + 1],
+                          x_view=lambda t: t.transpose(-1, -2))
+    x = np.swapaxes(xs, -1, -2)
+    wv = np.broadcast_to(w[:, :, 1:N + 1], (B, 3, N, K))
+    check_against_both(got, x, wv, "batched")
+
+
+def test_coopmat_on_the_matrix_units(device, rng):
+    """The cooperative-matrix kernel itself at the model's widths (K = 4096, 1024; N = 1024, 512), partial
+    tiles, default and small tiles, and the automatic choice at T ≥ coopmat.min_tokens; where the device
+    has no matrix units there is nothing to run (coopmat_fma covers the data flow)."""
+    why = mul_mat.coopmat_unavailable(device)
+    if why:
+        pytest.skip(f"no matrix units here: {why}")
+    check_coopmat("coopmat", rng, CASES + [(512, 4096, 1024), (100, 1024, 512)], {})
+    check_coopmat("coopmat", rng, CASES[:3])
+    x = rng.standard_normal((300, 4096)).astype(np.float32)
+    w = (rng.standard_normal((520, 4096)) / 64).astype(BF16)
+    g = Graph()
+    g.op("MUL_MAT", g.input("x", x.shape), g.const(w))
+    (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+    assert launch.shader == "mul_mat_coopmat" and "CM_NV" in launch.defines
+    check_against_both(run_mul_mat(x, w, "auto"), x, w, "auto")
+
+
+def with_matrix_units(device, monkeypatch):
+    """The device's caps as if it had VK_NV_cooperative_matrix's 16 × 16 × 16 shape and 32-lane subgroups."""
+    cm = (CoopMatShape(16, 16, 16, "f16", "f16", "f32", "f32"), CoopMatShape(16, 8, 16, "f16", "f16", "f32", "f32"))
+    sgc = dataclasses.replace(device.caps.subgroup, min_size=32, max_size=32, size=32, full_subgroups=True)
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, coopmat=cm, subgroup=sgc,
+                                                            type="discrete-gpu"))
+
+
+def test_kernel_choice_and_its_reason(device, monkeypatch):
+    """pick_kernel: the matrix units from coopmat.min_tokens over bf16 / f16 weights where the device
+    has the shape, the f32 kernels otherwise, each with its reason; DSV4_VK_DISABLE_COOPMAT named."""
+    assert mul_mat.pick_kernel(device, 512, 4096, w_dtype="bf16").kernel == "gemm_regs"
+    assert "no VK_NV_cooperative_matrix 16 × 16 × 16" in mul_mat.pick_kernel(device, 512, 4096, w_dtype="bf16").reason
+    with_matrix_units(device, monkeypatch)
+    pick = mul_mat.pick_kernel
+    assert pick(device, 16, 4096, w_dtype="bf16") == mul_mat.KernelChoice("coopmat", "matrix units: T ≥ 16 over bf16 weights")
+    assert pick(device, 512, 64, w_dtype="f16").kernel == "coopmat"
+    assert pick(device, 15, 4096, w_dtype="bf16") == mul_mat.KernelChoice("gemv", "f32 lanes: T < 16")
+    assert pick(device, 512, 4096, w_dtype="f32").kernel == "gemm_shared"
+    assert pick(device, 512, 4096, w_dtype="i32", quant=True).reason == "f32 lanes: quantised weights stay off the matrix units"
+    assert pick(device, 512, 4096, w_dtype="bf16", norm=True).kernel == "gemv"
+    with tuned({"coopmat.min_tokens": 128}):
+        assert pick(device, 64, 4096, w_dtype="bf16").kernel == "gemv"
+        assert mul_mat.describe(device) == {"kernel": "coopmat", "reason": "matrix units: T ≥ 128 over bf16 weights",
+                                            "from_tokens": 128, "tile": [64, 128]}
+    monkeypatch.setattr(device, "coopmat_disabled", True, raising=False)
+    c = pick(device, 512, 4096, w_dtype="bf16")
+    assert c.kernel == "gemm_shared" and "DSV4_VK_DISABLE_COOPMAT=1" in c.reason
+    with pytest.raises(ValueError, match="kernel='coopmat' cannot run on .*DSV4_VK_DISABLE_COOPMAT=1"):
+        pick(device, 512, 4096, "coopmat", w_dtype="bf16")
+
+
+def test_info_names_the_mul_mat_kernel():
+    """`info` (JSON and text) says which kernel MUL_MAT over many tokens takes and why; here, without
+    matrix units and with DSV4_VK_DISABLE_COOPMAT=1 (which still refuses junk values)."""
+    env = {**os.environ, "DSV4_VK_DISABLE_COOPMAT": "1"}
+    r = subprocess.run([sys.executable, "-m", "dsv4_vk", "info"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("MUL_MAT"))
+    assert "512 tokens over bf16/f16 weights: gemm_regs — f32 lanes, since" in line, line
+    r = subprocess.run([sys.executable, "-m", "dsv4_vk", "info"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "DSV4_VK_DISABLE_COOPMAT": "maybe"})
+    assert r.returncode != 0 and "DSV4_VK_DISABLE_COOPMAT='maybe' is not understood" in r.stderr
+
+
+def test_coopmat_refusals(device, monkeypatch):
+    """kernel='coopmat*' over f32 or quantised weights is refused when the graph is built; 'coopmat' on a
+    device without matrix units when it is lowered, naming what is missing; tiles that do not fit."""
+    g = Graph()
+    x = g.input("x", (32, 64))
+    with pytest.raises(ValueError, match="kernel='coopmat_fma' takes bf16 or f16 weights, got f32"):
+        g.op("MUL_MAT", x, g.input("w", (16, 64)), kernel="coopmat_fma")
+    g.op("MUL_MAT", x, g.input("wb", (16, 64), "bf16"), kernel="coopmat")
+    node = g.nodes[-1]
+    with pytest.raises(ValueError, match="kernel='coopmat' cannot run on .*no VK_NV_cooperative_matrix"):
+        node.op.lower(node, device)
+    for knobs, msg in (({"coopmat.warp_tokens": 24}, "'coopmat.warp_tokens' must be a positive multiple of 16"),
+                       ({"coopmat.tokens": 48}, "must be multiples of"),
+                       ({"coopmat.k_step": 48}, "'coopmat.k_step' = 48"),
+                       ({"coopmat.tokens": 256, "coopmat.warp_tokens": 16}, "invocations and .* B of shared memory")):
+        with tuned(knobs), pytest.raises(ValueError, match=msg):
+            mul_mat.coopmat_spec(device, "coopmat_fma")
+
+
+def test_the_cooperative_matrix_variant_compiles():
+    """glslangValidator compiles the CM_NV variants (declared, so the wheel prebuilds them) into SPIR-V
+    with cooperative-matrix products, here where no device runs them."""
+    from dsv4_vk.vk.shader import compile_shader, declared_variants
+    variants = {tuple(sorted(dict(v))) for v in declared_variants("mul_mat_coopmat")}
+    assert {("CM_NV", "W_BF16"), ("CM_NV", "W_F16"), ("W_BF16",), ("W_F16",)} <= variants
+    for dt in ("W_BF16", "W_F16"):
+        spv = compile_shader("mul_mat_coopmat", {dt: 1, "CM_NV": 1})
+        words = np.frombuffer(spv, np.uint32)
+        ops = set()
+        i = 5
+        while i < len(words):               # SPIR-V: (word count << 16) | opcode
+            ops.add(int(words[i] & 0xFFFF))
+            i += int(words[i] >> 16) or 1
+        assert {5359, 5360, 5361} <= ops    # OpCooperativeMatrixLoadNV, StoreNV, MulAddNV
