@@ -4,18 +4,34 @@ gemm_regs, gemm_shared) and the row ops. Median over replays of one recorded com
 (per-dispatch timestamps), with GFLOP/s for MUL_MAT and GB/s (inputs + output moved once).
 
     python tools/bench_primitives.py [--replays 10] [--quick] [--json out.json]
+
+--gemm instead: the prefill mat-muls of the flash-1gpu preset's linears over bf16 weights (f32 x and
+out) at --gemm-t tokens: MUL_MAT on the matrix units ("coopmat", at each --coopmat-tiles tiling), on
+the f32 lanes (gemm_shared, or gemm_regs on CPU devices), and torch.matmul (cuBLAS: fp16, bf16, TF32,
+fp32 inputs of the same values; CUDA events, N calls back to back, median of rounds), each after a
+--warm-ms clock warm-up, in TFLOPS and as a ratio to cuBLAS fp16. Each coopmat result is checked
+against float64 on --check-rows rows (NMSE).
+
+    . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH
+    python3 tools/bench_primitives.py --gemm --json $OUT/gemm_h200.json | tee $OUT/gemm_h200.txt
+    python tools/bench_primitives.py --gemm --gemm-t 32 --gemm-shapes 64x128 --no-torch   # anywhere
 """
 import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
+from dsv4_vk.cli.floor import ClockWarmer, default_warm_ms
 from dsv4_vk.core.executor import Executor
 from dsv4_vk.core.graph import Graph
-from dsv4_vk.ops.mul_mat import pick_kernel
+from dsv4_vk.core.tuning import tuned
+from dsv4_vk.hc.metrics import nmse
+from dsv4_vk.model.checkpoint import BF16
+from dsv4_vk.ops.mul_mat import COOPMAT, coopmat_unavailable, pick_kernel
 
 MATMULS = [   # (T, K, N): decode and prefill projections, the HC mixes (K = 4·4096, N = 24)
     (1, 4096, 4096), (1, 16384, 24), (4, 4096, 4096), (8, 4096, 4096), (64, 4096, 4096),
@@ -25,13 +41,140 @@ ROWS = [("RMS_NORM", (1, 16384), {"eps": 1e-6}), ("RMS_NORM", (512, 4096), {"eps
         ("SUM_ROWS", (512, 4, 4), {})]
 
 
-def gpu_ms(ex, g, feeds, replays):
-    ex.run(g, **feeds)                                   # compile, record, warm up
+def gpu_ms(ex, g, feeds, replays, warm=None):
+    """Median GPU ms of the graph's dispatches over replays (after one untimed run, and warm() if
+    given), and the last run's output y."""
+    out = ex.run(g, **feeds)                             # compile, record, warm up
+    if warm is not None:
+        warm()
     times = []
     for _ in range(replays):
-        ex.run(g, **feeds)
+        out = ex.run(g, **feeds)
         times.append(float(np.sum(ex.last.stats.gpu_ns)) / 1e6)
+    return statistics.median(times), out.get("y")
+
+
+# (N, K) of the flash-1gpu preset's linears (hidden 4096): wq_b 64 heads × 512 from the q LoRA rank 1024,
+# wo_b from 8 groups × 1024, the shared expert's w13 and w2 (2 × 2048 and 2048), wq_a / wkv-like, a square one
+GEMM_SHAPES = "32768x1024,4096x8192,8192x4096,4096x2048,1024x4096,4096x4096"
+TORCH_DTYPES = ("fp16", "bf16", "tf32", "fp32")
+
+
+def parse_pairs(text, what):
+    try:
+        return [tuple(int(v) for v in item.split("x")) for item in text.split(",") if item]
+    except ValueError:
+        raise SystemExit(f"{what}: expected AxB,CxD,... got {text!r}") from None
+
+
+def parse_tiles(text):
+    """--coopmat-tiles "BMxBN/WMxWN[/BK],...": knob overrides for each tiling ("default": the knobs')."""
+    out = []
+    for item in text.split(","):
+        if item == "default":
+            out.append(("default", {}))
+            continue
+        parts = item.split("/")
+        try:
+            (bm, bn), (wm, wn) = (tuple(int(v) for v in q.split("x")) for q in parts[:2])
+            knobs = {"coopmat.tokens": bm, "coopmat.outputs": bn, "coopmat.warp_tokens": wm,
+                     "coopmat.warp_outputs": wn}
+            if len(parts) == 3:
+                knobs["coopmat.k_step"] = int(parts[2])
+        except ValueError:
+            raise SystemExit(f"--coopmat-tiles: expected BMxBN/WMxWN[/BK] or default, got {item!r}") from None
+        out.append((item, knobs))
+    return out
+
+
+def torch_gemm_ms(torch, x, w, dtype, warm_s, calls=20, rounds=5):
+    """torch.matmul(x, wᵀ) in `dtype` (fp16, bf16, tf32: fp32 tensors with TF32 allowed, fp32): ms per
+    call, median of `rounds` rounds of `calls` back-to-back calls between CUDA events, after warm_s of
+    the same calls (the clock up from idle)."""
+    dev = torch.device("cuda")
+    tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(dtype, torch.float32)
+    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    a = torch.from_numpy(x).to(dev, tdt)
+    b = torch.from_numpy(w.astype(np.float32)).to(dev, tdt).t()
+    torch.matmul(a, b)
+    torch.cuda.synchronize()
+    end = time.perf_counter() + warm_s
+    while time.perf_counter() < end:
+        torch.matmul(a, b)
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            torch.matmul(a, b)
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) / calls)
+    del a, b
+    torch.backends.cuda.matmul.allow_tf32 = False
     return statistics.median(times)
+
+
+def gemm_table(ex, args, rng):
+    """The --gemm rows: MUL_MAT on the matrix units and the f32 lanes, and cuBLAS, at each T × (N, K)."""
+    dev = ex.device
+    warm_ms = default_warm_ms(dev) if args.warm_ms is None else args.warm_ms
+    tilings = parse_tiles(args.coopmat_tiles)
+    why = coopmat_unavailable(dev)
+    f32_kernel = pick_kernel(dev, 512, 4096, "gemm").kernel
+    torch = None
+    if not args.no_torch:
+        import torch
+        if not torch.cuda.is_available():
+            raise SystemExit("PyTorch has no CUDA device here (use --no-torch)")
+        print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}")
+    print(f"coopmat: {'runs on the matrix units' if why is None else 'runs as coopmat_fma (' + why + ')'}; "
+          f"tilings {[name for name, _ in tilings]} (default {COOPMAT['tokens']}x{COOPMAT['outputs']}/"
+          f"{COOPMAT['warp_tokens']}x{COOPMAT['warp_outputs']}/{COOPMAT['k_step']}); clock warm-up {warm_ms:g} ms")
+    kernel_cm = "coopmat" if why is None else "coopmat_fma"
+    rows = []
+    with ClockWarmer(dev, warm_ms) as warm:
+        for T in [int(t) for t in args.gemm_t.split(",")]:
+            for N, K in parse_pairs(args.gemm_shapes, "--gemm-shapes"):
+                flop = 2.0 * T * N * K
+                x = rng.standard_normal((T, K)).astype(np.float32)
+                w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(BF16)
+                row = {"T": T, "N": N, "K": K, "ms": {}, "nmse": {}}
+                runs = [(f"{kernel_cm} {name}", kernel_cm, knobs) for name, knobs in tilings]
+                if not args.no_f32:
+                    runs.append((f32_kernel, f32_kernel, {}))
+                for label, kernel, knobs in runs:
+                    with tuned(knobs):
+                        g = Graph()
+                        g.output("y", g.op("MUL_MAT", g.input("x", x.shape), g.const(w), kernel=kernel))
+                        try:
+                            ms, y = gpu_ms(ex, g, {"x": x}, args.replays if kernel != f32_kernel else
+                                           min(args.replays, 3), warm)
+                        except ValueError as e:         # a tiling the device cannot take
+                            print(f"  {label}: {e}", flush=True)
+                            continue
+                    row["ms"][label] = ms
+                    if kernel != f32_kernel:
+                        r = rng.choice(T, min(T, args.check_rows), replace=False)
+                        ref = x[r].astype(np.float64) @ w.astype(np.float64).T
+                        row["nmse"][label] = nmse(y[r], ref)
+                if torch is not None:
+                    for dt in TORCH_DTYPES:
+                        row["ms"][f"torch {dt}"] = torch_gemm_ms(torch, x, w, dt, warm_ms / 1e3)
+                    torch.cuda.empty_cache()
+                base = row["ms"].get("torch fp16")
+                cells = []
+                for label, ms in row["ms"].items():
+                    cell = f"{label} {ms:8.3f} ms {flop / ms / 1e9:6.1f} TF"
+                    if base:
+                        cell += f" {base / ms:5.3f}x"
+                    if label in row["nmse"]:
+                        cell += f" nmse {row['nmse'][label]:.1e}"
+                    cells.append(cell)
+                print(f"T={T:5d} N={N:5d} K={K:5d} | " + " | ".join(cells), flush=True)
+                rows.append(row)
+    return {"warm_ms": warm_ms, "coopmat": why or "matrix units", "tilings": dict(tilings), "rows": rows}
 
 
 def main(argv=None):
@@ -39,10 +182,24 @@ def main(argv=None):
     ap.add_argument("--replays", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="small shapes only (CPU devices)")
     ap.add_argument("--json", help="write the results to this file")
+    ap.add_argument("--gemm", action="store_true", help="the prefill mat-mul table (matrix units, f32 lanes, cuBLAS)")
+    ap.add_argument("--gemm-t", default="512,4096", help="tokens of the --gemm rows")
+    ap.add_argument("--gemm-shapes", default=GEMM_SHAPES, help="NxK,... of the --gemm rows")
+    ap.add_argument("--coopmat-tiles", default="default",
+                    help="tilings of the coopmat kernel, BMxBN/WMxWN[/BK],... or default (the knobs')")
+    ap.add_argument("--check-rows", type=int, default=64, help="rows of each coopmat result checked against float64")
+    ap.add_argument("--no-torch", action="store_true", help="leave out torch.matmul")
+    ap.add_argument("--no-f32", action="store_true", help="leave out the f32-lane kernel")
+    ap.add_argument("--warm-ms", type=float, default=None, help="clock warm-up (default: 500 ms on GPUs, 0 on CPUs)")
     args = ap.parse_args(argv)
     ex = Executor(timestamps=True)
     rng = np.random.default_rng(0)
     print(f"device: {ex.device.name} ({ex.device.caps.type}, subgroup {ex.device.subgroup_size})")
+    if args.gemm:
+        doc = {"device": ex.device.name, **gemm_table(ex, args, rng)}
+        if args.json:
+            Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+        return 0
     results = []
     for T, K, N in MATMULS:
         if args.quick and T * K * N > 2**26:
@@ -55,7 +212,7 @@ def main(argv=None):
                 continue                                   # barrier-bound on lavapipe: minutes
             g = Graph()
             g.output("y", g.op("MUL_MAT", g.input("x", x.shape), g.const(w), kernel=kernel))
-            ms = gpu_ms(ex, g, {"x": x}, args.replays)
+            ms, _ = gpu_ms(ex, g, {"x": x}, args.replays)
             gflops, gbs = 2 * T * K * N / ms / 1e6, 4 * (T * K + N * K + T * N) / ms / 1e6
             line.append(f"{kernel} {ms:8.3f} ms {gflops:7.1f} GF/s {gbs:6.1f} GB/s")
             results.append({"op": "MUL_MAT", "T": T, "K": K, "N": N, "kernel": kernel, "ms": ms,
@@ -66,7 +223,7 @@ def main(argv=None):
         g = Graph()
         y = g.op(op, g.input("x", shape), **params)
         g.output("y", y)
-        ms = gpu_ms(ex, g, {"x": a}, args.replays)
+        ms, _ = gpu_ms(ex, g, {"x": a}, args.replays)
         gbs = 4 * (a.size + int(np.prod(y.shape))) / ms / 1e6
         print(f"{op:8s} {str(shape):16s} {ms:8.3f} ms {gbs:6.1f} GB/s", flush=True)
         results.append({"op": op, "shape": shape, "ms": ms, "gbs": gbs})
