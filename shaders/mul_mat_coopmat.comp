@@ -1,6 +1,6 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: W_BF16 | W_F16 ; - | CM_NV
+//! variants: W_BF16 | W_F16 ; - | CM_NV ; - | VEC4
 // MUL_MAT on 16-bit matrix units: d[b0, b1, t, n] = Σ_k x[b0, b1, t, k] · w[b0, b1, n, k] (x @ wᵀ) for
 // bf16 / f16 weights (W_BF16 / W_F16, weights.glsl) and f32 x, with fp16 products accumulated in f32.
 // x, w, d are strided 4-D views as in mul_mat.comp (same push block; broadcast batch dims stride 0).
@@ -20,12 +20,14 @@
 // WM·(w / (BN/WN)) .. +WM−1 and outputs WN·(w % (BN/WN)) .. +WN−1 of the tile as (WM/16)·(WN/16)
 // 16 × 16 f32 accumulators. Steps:
 //   1. scales: warp w scans rows w, w + NW, ... of the tile's BM x rows and BN w rows over all of K
-//      (lane l: k = l, l + 32, ...), a shared atomicMax of each lane's max |value| (f32 bits of a
+//      (lane l: the KC-chunks l, l + 32, ...), a shared atomicMax of each lane's max |value| (f32 bits of a
 //      non-negative float order as uints), then sh[row] = the row's shift.
-//   2. per BK-deep k step: invocation i stages pairs (k, k+1) of rows i / (BK/2) + (NW·32 / (BK/2))·r
-//      of x and w, scaled and rounded to fp16, into xs [BM][XS], ws [BN][XS] (XS = BK + 8 halves
-//      a row: 16-byte-aligned rows on distinct banks; k past K: 0); barrier; each warp multiplies its
-//      16 × 16 tiles BK/16 times; barrier.
+//   2. per BK-deep k step: invocation i stages KC consecutive k (chunk i % (BK/KC); KC = 4 with
+//      -D VEC4: K % 4 == 0, k contiguous, x rows 16-byte and w rows 8-byte aligned, one vec4 / uvec2
+//      load each; else 2, scalar loads at any strides) of rows i / (BK/KC) + RS·r (RS = NW·32 /
+//      (BK/KC)) of x and w, scaled and rounded to fp16, into xs [BM][XS], ws [BN][XS] (XS = BK + 8
+//      halves a row: 16-byte-aligned rows on distinct banks; k past K: 0); barrier; each warp
+//      multiplies its 16 × 16 tiles BK/16 times; barrier.
 //   3. epilogue, tile by tile: each warp's accumulator to its 16 × 16 f32 scratch (cst), barrier, lane
 //      l of warp w stores elements l + 32·m (row (l + 32m) / 16, column (l + 32m) % 16), unscaled;
 //      rows past T and outputs past N are not stored (loads clamp them to the last row).
@@ -36,8 +38,7 @@
 //     FMA loops, lane l of warp w holding the elements l + 32·m of each of its tiles (any device:
 //     the kernel's data flow and rounding, for tests).
 // Spec constants: 0 workgroup size (NW·32), 1 BM, 2 BN, 3 WM, 4 WN (multiples of 16; BM % WM ==
-// BN % WN == 0), 5 BK (a multiple of 16 dividing NW·32·2 ... see the host's checks: BK/2 divides
-// NW·32 and NW·32 / (BK/2) divides BM and BN).
+// BN % WN == 0), 5 BK (a multiple of 16; BK/KC divides NW·32 and RS divides BM and BN).
 // Push: as mul_mat.comp's (ne0, ne1, T, N, K, then offset and 4 strides of x, w, d).
 #include "common.glsl"
 #if defined(CM_NV)
@@ -47,6 +48,9 @@
 #extension GL_KHR_shader_subgroup_basic : require
 #endif
 layout(binding = 0) readonly buffer X { float x[]; };
+#if defined(VEC4)
+layout(binding = 0) readonly buffer X4 { vec4 x4[]; };
+#endif
 layout(binding = 2) writeonly buffer D { float d[]; };
 layout(push_constant) uniform P {
     uint ne0, ne1, T, N, K;
@@ -66,22 +70,32 @@ const uint NWN = BN / WN;                       // warps along the outputs
 const uint NW = (BM / WM) * NWN;                // warps a workgroup
 const uint TI = WM / 16u, TJ = WN / 16u;        // 16 × 16 tiles of a warp
 const uint XS = BK + 8u;                        // halves between staged rows
-const uint KP = BK / 2u;                        // k pairs a step
+#if defined(VEC4)
+const uint KC = 4u;                             // consecutive k an invocation loads and stages
+#else
+const uint KC = 2u;
+#endif
+const uint KP = BK / KC;                        // chunks of KC a row a step
 const uint RS = NW * 32u / KP;                  // rows staged at once
 
 #if defined(CM_NV)
 shared float16_t xs[BM * XS], ws[BN * XS];
 #define MAT_A fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
 #define MAT_C fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
-void stage(bool is_w, uint i, vec2 v) {         // halves i, i + 1 (i even)
-    if (is_w) { ws[i] = float16_t(v.x); ws[i + 1u] = float16_t(v.y); }
-    else { xs[i] = float16_t(v.x); xs[i + 1u] = float16_t(v.y); }
+void stage(bool is_w, uint i, vec4 v) {         // halves i .. i + KC − 1 (i a multiple of KC)
+    [[unroll]] for (uint c = 0u; c < KC; ++c) {
+        if (is_w) ws[i + c] = float16_t(v[c]);
+        else xs[i + c] = float16_t(v[c]);
+    }
 }
 #else
 shared uint xs[BM * XS / 2u], ws[BN * XS / 2u];  // fp16 pairs (packHalf2x16: k even in the low half)
-void stage(bool is_w, uint i, vec2 v) {
-    if (is_w) ws[i / 2u] = packHalf2x16(v);
-    else xs[i / 2u] = packHalf2x16(v);
+void stage(bool is_w, uint i, vec4 v) {
+    [[unroll]] for (uint c = 0u; c < KC / 2u; ++c) {
+        uint h = packHalf2x16(vec2(v[2u * c], v[2u * c + 1u]));
+        if (is_w) ws[i / 2u + c] = h;
+        else xs[i / 2u + c] = h;
+    }
 }
 #endif
 shared uint mx[BM + BN];                        // rows' largest finite |value| (f32 bits)
@@ -91,11 +105,28 @@ shared float cst[NW * 256u];                    // a 16 × 16 f32 scratch per wa
 uint x_row(uint b0, uint b1, uint t) { return p.x_off + b0 * p.x_s0 + b1 * p.x_s1 + min(t, p.T - 1u) * p.x_s2; }
 uint w_row(uint b0, uint b1, uint n) { return p.w_off + b0 * p.w_s0 + b1 * p.w_s1 + min(n, p.N - 1u) * p.w_s2; }
 
+// x[k .. k + KC − 1] of the row at xb and w's of the row at wb (0 past K). VEC4: K % 4 == 0, rows 16-byte
+// (x) and 8-byte (w) aligned, k contiguous: one vec4 and one uvec2 load.
+vec4 x_chunk(uint xb, uint k) {
+#if defined(VEC4)
+    return k < p.K ? x4[(xb + k) / 4u] : vec4(0.0);
+#else
+    return vec4(k < p.K ? x[xb + k * p.x_s3] : 0.0, k + 1u < p.K ? x[xb + (k + 1u) * p.x_s3] : 0.0, 0.0, 0.0);
+#endif
+}
+vec4 w_chunk(uint wb, uint k) {
+#if defined(VEC4)
+    return k < p.K ? W4_ROW(wb, k / 4u) : vec4(0.0);
+#else
+    return vec4(k < p.K ? W1_ROW(wb, k) : 0.0, k + 1u < p.K ? W1_ROW(wb, k + 1u) : 0.0, 0.0, 0.0);
+#endif
+}
 float pow2(int e) { return uintBitsToFloat(uint(e + 127) << 23); }     // 2^e, −126 ≤ e ≤ 127
 float finite_abs(float v) {                     // |v|, or 0 for inf / NaN
     float a = abs(v);
     return a <= uintBitsToFloat(0x7F7FFFFFu) ? a : 0.0;
 }
+float finite_max(vec4 v) { return max(max(finite_abs(v.x), finite_abs(v.y)), max(finite_abs(v.z), finite_abs(v.w))); }
 int row_shift(float m) {                        // min(15 − e, 126), 2^(e−1) ≤ m < 2^e (m finite ≥ 0)
     return min(15 - (int(floatBitsToUint(m) >> 23) - 126), 126);
 }
@@ -116,10 +147,10 @@ void main() {
         float m = 0.0;
         if (row < BM) {
             uint xb = x_row(b0, b1, t0 + row);
-            for (uint k = lane; k < p.K; k += 32u) m = max(m, finite_abs(x[xb + k * p.x_s3]));
+            for (uint k = KC * lane; k < p.K; k += 32u * KC) m = max(m, finite_max(x_chunk(xb, k)));
         } else {
             uint wb = w_row(b0, b1, n0 + row - BM);
-            for (uint k = lane; k < p.K; k += 32u) m = max(m, finite_abs(W1_ROW(wb, k)));
+            for (uint k = KC * lane; k < p.K; k += 32u * KC) m = max(m, finite_max(w_chunk(wb, k)));
         }
         atomicMax(mx[row], floatBitsToUint(m));
     }
@@ -138,19 +169,13 @@ void main() {
     float acc[TI * TJ][8];
     for (uint a = 0u; a < TI * TJ; ++a) for (uint m = 0u; m < 8u; ++m) acc[a][m] = 0.0;
 #endif
-    uint kp = id % KP, r0 = id / KP;            // this invocation's k pair and first staged row
+    uint kc = id % KP, r0 = id / KP;            // this invocation's k chunk and first staged row
     for (uint k0 = 0u; k0 < p.K; k0 += BK) {
-        uint k = k0 + 2u * kp;
-        for (uint row = r0; row < BM; row += RS) {
-            uint xb = x_row(b0, b1, t0 + row);
-            vec2 v = vec2(k < p.K ? x[xb + k * p.x_s3] : 0.0, k + 1u < p.K ? x[xb + (k + 1u) * p.x_s3] : 0.0);
-            stage(false, row * XS + 2u * kp, v * pow2(sh[row]));
-        }
-        for (uint row = r0; row < BN; row += RS) {
-            uint wb = w_row(b0, b1, n0 + row);
-            vec2 v = vec2(k < p.K ? W1_ROW(wb, k) : 0.0, k + 1u < p.K ? W1_ROW(wb, k + 1u) : 0.0);
-            stage(true, row * XS + 2u * kp, v * pow2(sh[BM + row]));
-        }
+        uint k = k0 + KC * kc;
+        for (uint row = r0; row < BM; row += RS)
+            stage(false, row * XS + KC * kc, x_chunk(x_row(b0, b1, t0 + row), k) * pow2(sh[row]));
+        for (uint row = r0; row < BN; row += RS)
+            stage(true, row * XS + KC * kc, w_chunk(w_row(b0, b1, n0 + row), k) * pow2(sh[BM + row]));
         barrier();
 #if defined(CM_NV)
         [[unroll]] for (uint kk = 0u; kk < BK; kk += 16u) {
@@ -169,7 +194,7 @@ void main() {
                 uint e = lane + 32u * m;
                 uint xa = ((wt + 16u * i + e / 16u) * XS) / 2u, wa = ((wn + 16u * j + e % 16u) * XS) / 2u;
                 float s = acc[i * TJ + j][m];
-                for (uint q = 0u; q < KP; ++q) {
+                for (uint q = 0u; q < BK / 2u; ++q) {          // the step's k pairs
                     vec2 xv = unpackHalf2x16(xs[xa + q]), wv = unpackHalf2x16(ws[wa + q]);
                     s = fma(xv.y, wv.y, fma(xv.x, wv.x, s));
                 }

@@ -260,7 +260,7 @@ def test_coopmat_refusals(device, monkeypatch):
         node.op.lower(node, device)
     for knobs, msg in (({"coopmat.warp_tokens": 24}, "'coopmat.warp_tokens' must be a positive multiple of 16"),
                        ({"coopmat.tokens": 48}, "must be multiples of"),
-                       ({"coopmat.k_step": 48}, "'coopmat.k_step' = 48"),
+                       ({"coopmat.k_step": 48}, "'coopmat.k_step' = 48: its 24 chunks"),
                        ({"coopmat.tokens": 256, "coopmat.warp_tokens": 16}, "invocations and .* B of shared memory")):
         with tuned(knobs), pytest.raises(ValueError, match=msg):
             mul_mat.coopmat_spec(device, "coopmat_fma")
@@ -272,8 +272,9 @@ def test_the_cooperative_matrix_variant_compiles():
     from dsv4_vk.vk.shader import compile_shader, declared_variants
     variants = {tuple(sorted(dict(v))) for v in declared_variants("mul_mat_coopmat")}
     assert {("CM_NV", "W_BF16"), ("CM_NV", "W_F16"), ("W_BF16",), ("W_F16",)} <= variants
-    for dt in ("W_BF16", "W_F16"):
-        spv = compile_shader("mul_mat_coopmat", {dt: 1, "CM_NV": 1})
+    assert {("CM_NV", "VEC4", "W_BF16"), ("CM_NV", "VEC4", "W_F16")} <= variants
+    for defines in ({"W_BF16": 1, "CM_NV": 1}, {"W_F16": 1, "CM_NV": 1}, {"W_BF16": 1, "CM_NV": 1, "VEC4": 1}):
+        spv = compile_shader("mul_mat_coopmat", defines)
         words = np.frombuffer(spv, np.uint32)
         ops = set()
         i = 5
@@ -281,3 +282,20 @@ def test_the_cooperative_matrix_variant_compiles():
             ops.add(int(words[i] & 0xFFFF))
             i += int(words[i] >> 16) or 1
         assert {5359, 5360, 5361} <= ops    # OpCooperativeMatrixLoadNV, StoreNV, MulAddNV
+
+
+def test_coopmat_launch_takes_vec4_loads_where_aligned(device):
+    """The launch: vec4 loads where K % 4 == 0 and the rows are aligned, scalar pairs otherwise; the grid
+    one workgroup a tile (batch × token tiles × output tiles), the spec constants the knobs'."""
+    def launch(K, w_start=0, T=100, N=300):
+        g = Graph()
+        w = g.input("w", (N * K + 8,), "bf16")[w_start:w_start + N * K].reshape(N, K)
+        g.op("MUL_MAT", g.input("x", (2, T, K)), w, kernel="coopmat_fma")
+        (ln,) = g.nodes[-1].op.lower(g.nodes[-1], device)
+        return ln
+    ln = launch(64)
+    assert ln.shader == "mul_mat_coopmat" and ln.defines == {"W_BF16": 1, "VEC4": 1}
+    assert ln.spec == (128, 64, 128, 32, 64, 32) and ln.grid == (2 * 2 * 3, 1, 1) and not ln.full_subgroups
+    assert "VEC4" not in launch(66).defines and "VEC4" not in launch(64, w_start=2).defines
+    with tuned(SMALL_TILES):
+        assert launch(64).spec == (128, 32, 32, 16, 16, 32)

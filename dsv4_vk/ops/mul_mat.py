@@ -257,9 +257,10 @@ def describe(device) -> dict:
     return out
 
 
-def coopmat_spec(device, kernel: str) -> tuple[int, ...]:
+def coopmat_spec(device, kernel: str, vec4: bool = False) -> tuple[int, ...]:
     """The tensor-core kernel's spec constants (workgroup size, BM, BN, WM, WN, BK) from the knobs in
-    effect; ValueError naming the knob where they do not fit together or the device."""
+    effect (an invocation stages 4 consecutive inputs with vec4 loads, else 2); ValueError naming the
+    knob where they do not fit together or the device."""
     bm, bn, wm, wn, bk = (COOPMAT[k] for k in ("tokens", "outputs", "warp_tokens", "warp_outputs", "k_step"))
     for name, v in (("warp_tokens", wm), ("warp_outputs", wn), ("k_step", bk), ("tokens", bm), ("outputs", bn)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 16 or v % 16:
@@ -268,10 +269,11 @@ def coopmat_spec(device, kernel: str) -> tuple[int, ...]:
         raise ValueError(f"tuning knobs 'coopmat.tokens' and 'coopmat.outputs' ({bm}, {bn}) must be multiples of "
                          f"'coopmat.warp_tokens' and 'coopmat.warp_outputs' ({wm}, {wn})")
     wg = 32 * (bm // wm) * (bn // wn)
-    rows = wg // (bk // 2)                  # rows staged at once: k pairs across the workgroup
-    if wg % (bk // 2) or bm % rows or bn % rows:
-        raise ValueError(f"tuning knob 'coopmat.k_step' = {bk}: {bk // 2} k pairs must divide the workgroup's {wg} "
-                         f"invocations into rows that divide the tile ({bm} × {bn})")
+    chunks = bk // (4 if vec4 else 2)       # an invocation's inputs of a row a step, the row's chunks
+    rows = wg // chunks                     # rows staged at once
+    if wg % chunks or bm % rows or bn % rows:
+        raise ValueError(f"tuning knob 'coopmat.k_step' = {bk}: its {chunks} chunks of {bk // chunks} inputs must "
+                         f"divide the workgroup's {wg} invocations into rows that divide the tile ({bm} × {bn})")
     lim = device.caps.limits
     shared = (bm + bn) * (bk + 8) * 2 + (bm + bn) * 8 + wg // 32 * 1024
     if wg > min(lim.max_workgroup_invocations, lim.max_workgroup_size[0]) or shared > lim.max_shared_memory:
@@ -400,9 +402,10 @@ class MulMat(OpDef):
         kernel = pick_kernel(device, T, N, node.params.get("kernel", "auto"), "i32" if fmt else inputs[1].dtype,
                              quant=fmt is not None, norm=g is not None).kernel
         if kernel in COOPMAT_KERNELS:
+            vec4 = K % 4 == 0 and vec4_ok(x, w)
             defines = {"CM_NV": 1} if kernel == "coopmat" else {}
-            defines.update(weight_defines(w))
-            spec = coopmat_spec(device, kernel)
+            defines.update(weight_defines(w), **({"VEC4": 1} if vec4 else {}))
+            spec = coopmat_spec(device, kernel, vec4)
             grid = grid_1d(b[0] * b[1] * -(-T // spec[1]) * -(-N // spec[2]), 1)
             return [Launch("mul_mat_coopmat", [x, w, out], (2,), push, grid, defines=defines, spec=spec,
                            full_subgroups=kernel == "coopmat")]
