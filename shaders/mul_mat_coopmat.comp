@@ -19,9 +19,9 @@
 // fastest); NW = (BM / WM)·(BN / WN) groups of 32 invocations ("warps"), warp w computing tokens
 // WM·(w / (BN/WN)) .. +WM−1 and outputs WN·(w % (BN/WN)) .. +WN−1 of the tile as (WM/16)·(WN/16)
 // 16 × 16 f32 accumulators. Steps:
-//   1. scales: warp w scans rows w, w + NW, ... of the tile's BM x rows and BN w rows over all of K
-//      (lane l: the KC-chunks l, l + 32, ...), a shared atomicMax of each lane's max |value| (f32 bits of a
-//      non-negative float order as uints), then sh[row] = the row's shift.
+//   1. scales: the invocations that stage a row in step 2 scan it over all of K (chunk i % (BK/KC)
+//      of every step, 4 steps' loads at once), a shared atomicMax of each one's max |value| (f32 bits
+//      of a non-negative float order as uints), then sh[row] = the row's shift.
 //   2. per BK-deep k step: invocation i stages KC consecutive k (chunk i % (BK/KC); KC = 4 with
 //      -D VEC4: K % 4 == 0, k contiguous, x rows 16-byte and w rows 8-byte aligned, one vec4 / uvec2
 //      load each; else 2, scalar loads at any strides) of rows i / (BK/KC) + RS·r (RS = NW·32 /
@@ -140,17 +140,18 @@ void main() {
     uint b1 = r % p.ne1, b0 = r / p.ne1;
     uint id = gl_LocalInvocationID.x, warp = id / 32u, lane = id % 32u;
 
-    // 1. the rows' scales
+    // 1. the rows' scales: the invocations that stage a row scan it, 4 loads in flight
+    uint kc = id % KP, r0 = id / KP;            // this invocation's k chunk and first row
     for (uint i = id; i < BM + BN; i += NW * 32u) mx[i] = 0u;
     barrier();
-    for (uint row = warp; row < BM + BN; row += NW) {
+    for (uint row = r0; row < BM + BN; row += RS) {     // (x rows, then w rows: RS divides BM)
+        bool is_w = row >= BM;
+        uint rb = is_w ? w_row(b0, b1, n0 + row - BM) : x_row(b0, b1, t0 + row);
         float m = 0.0;
-        if (row < BM) {
-            uint xb = x_row(b0, b1, t0 + row);
-            for (uint k = KC * lane; k < p.K; k += 32u * KC) m = max(m, finite_max(x_chunk(xb, k)));
-        } else {
-            uint wb = w_row(b0, b1, n0 + row - BM);
-            for (uint k = KC * lane; k < p.K; k += 32u * KC) m = max(m, finite_max(w_chunk(wb, k)));
+        for (uint k = KC * kc; k < p.K; k += 4u * BK) {
+            vec4 v[4];
+            [[unroll]] for (uint u = 0u; u < 4u; ++u) v[u] = is_w ? w_chunk(rb, k + u * BK) : x_chunk(rb, k + u * BK);
+            [[unroll]] for (uint u = 0u; u < 4u; ++u) m = max(m, finite_max(v[u]));
         }
         atomicMax(mx[row], floatBitsToUint(m));
     }
@@ -169,7 +170,6 @@ void main() {
     float acc[TI * TJ][8];
     for (uint a = 0u; a < TI * TJ; ++a) for (uint m = 0u; m < 8u; ++m) acc[a][m] = 0.0;
 #endif
-    uint kc = id % KP, r0 = id / KP;            // this invocation's k chunk and first staged row
     for (uint k0 = 0u; k0 < p.K; k0 += BK) {
         uint k = k0 + KC * kc;
         for (uint row = r0; row < BM; row += RS)
