@@ -7,7 +7,8 @@ gemm_regs, gemm_shared) and the row ops. Median over replays of one recorded com
 
 --gemm instead: the prefill mat-muls of the flash-1gpu preset's linears over bf16 weights (f32 x and
 out) at --gemm-t tokens: MUL_MAT on the matrix units ("coopmat", at each --coopmat-tiles tiling), on
-the f32 lanes (gemm_shared, or gemm_regs on CPU devices), and torch.matmul (cuBLAS: fp16, bf16, TF32,
+the f32 lanes (the kernel bf16 weights take without matrix units: gemv for few tokens, gemm_shared,
+or gemm_regs on CPU devices), and torch.matmul (cuBLAS: fp16, bf16, TF32,
 fp32 inputs of the same values; CUDA events, N calls back to back, median of rounds), each after a
 --warm-ms clock warm-up, in TFLOPS and as a ratio to cuBLAS fp16. Each coopmat result is checked
 against float64 on --check-rows rows (NMSE).
@@ -122,7 +123,6 @@ def gemm_table(ex, args, rng):
     warm_ms = default_warm_ms(dev) if args.warm_ms is None else args.warm_ms
     tilings = parse_tiles(args.coopmat_tiles)
     why = coopmat_unavailable(dev)
-    f32_kernel = pick_kernel(dev, 512, 4096, "gemm").kernel
     torch = None
     if not args.no_torch:
         import torch
@@ -142,6 +142,7 @@ def gemm_table(ex, args, rng):
                 w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(BF16)
                 row = {"T": T, "N": N, "K": K, "ms": {}, "nmse": {}}
                 runs = [(f"{kernel_cm} {name}", kernel_cm, knobs) for name, knobs in tilings]
+                f32_kernel = pick_kernel(dev, T, N).kernel      # what the weights take without matrix units
                 if not args.no_f32:
                     runs.append((f32_kernel, f32_kernel, {}))
                 for label, kernel, knobs in runs:
@@ -149,7 +150,7 @@ def gemm_table(ex, args, rng):
                         g = Graph()
                         g.output("y", g.op("MUL_MAT", g.input("x", x.shape), g.const(w), kernel=kernel))
                         try:
-                            ms, y = gpu_ms(ex, g, {"x": x}, args.replays if kernel != f32_kernel else
+                            ms, y = gpu_ms(ex, g, {"x": x}, args.replays if kernel != "gemm_shared" else
                                            min(args.replays, 3), warm)
                         except ValueError as e:         # a tiling the device cannot take
                             print(f"  {label}: {e}", flush=True)
@@ -183,7 +184,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="small shapes only (CPU devices)")
     ap.add_argument("--json", help="write the results to this file")
     ap.add_argument("--gemm", action="store_true", help="the prefill mat-mul table (matrix units, f32 lanes, cuBLAS)")
-    ap.add_argument("--gemm-t", default="512,4096", help="tokens of the --gemm rows")
+    ap.add_argument("--gemm-t", default="16,64,512,4096", help="tokens of the --gemm rows")
     ap.add_argument("--gemm-shapes", default=GEMM_SHAPES, help="NxK,... of the --gemm rows")
     ap.add_argument("--coopmat-tiles", default="default",
                     help="tilings of the coopmat kernel, BMxBN/WMxWN[/BK],... or default (the knobs')")
