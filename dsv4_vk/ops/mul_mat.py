@@ -186,7 +186,10 @@ COOPMAT = knob_table(
     warp_outputs=(64, "outputs of a warp's tile (WN, a multiple of 16)"),
     k_step=(32, "inputs staged in shared memory a step (BK, a multiple of 16)"),
     min_tokens=(16, "from this many tokens MUL_MAT over bf16 / f16 weights runs on the matrix units where the "
-                    "device has them (kernel 'coopmat')"))
+                    "device has them (kernel 'coopmat')"),
+    emulate=(False, "where the device has no matrix units, MUL_MAT takes 'coopmat_fma' where it would take "
+                    "'coopmat' (the same data flow and fp16 rounding, FMA products): the tensor-core path's "
+                    "numerics on any device, for tests"))
 COOPMAT_SHAPE = (16, 16, 16, "f16", "f16", "f32", "f32")     # m, n, k and the A, B, C, D types
 COOPMAT_DTYPES = ("bf16", "f16")
 
@@ -233,6 +236,9 @@ def pick_kernel(device, T, N=None, kernel="auto", w_dtype="f32", quant=False, no
             why = coopmat_unavailable(device)
             if why is None:
                 return KernelChoice("coopmat", f"matrix units: T ≥ {COOPMAT['min_tokens']} over {w_dtype} weights")
+            if COOPMAT["emulate"]:
+                return KernelChoice("coopmat_fma", f"the matrix units' data flow with FMA products (coopmat.emulate; "
+                                                   f"{why})")
             reason = f"f32 lanes, since {why}"
         elif T >= COOPMAT["min_tokens"]:
             reason = f"f32 lanes: {'quantised' if quant else w_dtype} weights stay off the matrix units"
