@@ -26,8 +26,9 @@
 //      -D VEC4: K % 4 == 0, k contiguous, x rows 16-byte and w rows 8-byte aligned, one vec4 / uvec2
 //      load each; else 2, scalar loads at any strides) of rows i / (BK/KC) + RS·r (RS = NW·32 /
 //      (BK/KC)) of x and w, scaled and rounded to fp16, into xs [BM][XS], ws [BN][XS] (XS = BK + 8
-//      halves a row: 16-byte-aligned rows on distinct banks; k past K: 0); barrier; each warp
-//      multiplies its 16 × 16 tiles BK/16 times; barrier.
+//      halves a row: 16-byte-aligned rows on distinct banks; k past K: 0); barrier; the next step's
+//      chunks are loaded into registers (in flight during the products); each warp multiplies its
+//      16 × 16 tiles BK/16 times; barrier.
 //   3. epilogue, tile by tile: each warp's accumulator to its 16 × 16 f32 scratch (cst), barrier, lane
 //      l of warp w stores elements l + 32·m (row (l + 32m) / 16, column (l + 32m) % 16), unscaled;
 //      rows past T and outputs past N are not stored (loads clamp them to the last row).
@@ -77,6 +78,7 @@ const uint KC = 2u;
 #endif
 const uint KP = BK / KC;                        // chunks of KC a row a step
 const uint RS = NW * 32u / KP;                  // rows staged at once
+const uint XR = BM / RS, WR = BN / RS;          // x and w rows an invocation stages
 
 #if defined(CM_NV)
 shared float16_t xs[BM * XS], ws[BN * XS];
@@ -170,13 +172,28 @@ void main() {
     float acc[TI * TJ][8];
     for (uint a = 0u; a < TI * TJ; ++a) for (uint m = 0u; m < 8u; ++m) acc[a][m] = 0.0;
 #endif
+    // this invocation's rows r0 + RS·i: their starts, scales, and the chunks of the next step, loaded
+    // before the products of this one (in flight meanwhile)
+    uint xb[XR], wb[WR];
+    float xf[XR], wf[WR];
+    vec4 xv[XR], wv[WR];
+    [[unroll]] for (uint i = 0u; i < XR; ++i) {
+        xb[i] = x_row(b0, b1, t0 + r0 + RS * i);
+        xf[i] = pow2(sh[r0 + RS * i]);
+        xv[i] = x_chunk(xb[i], KC * kc);
+    }
+    [[unroll]] for (uint i = 0u; i < WR; ++i) {
+        wb[i] = w_row(b0, b1, n0 + r0 + RS * i);
+        wf[i] = pow2(sh[BM + r0 + RS * i]);
+        wv[i] = w_chunk(wb[i], KC * kc);
+    }
     for (uint k0 = 0u; k0 < p.K; k0 += BK) {
-        uint k = k0 + KC * kc;
-        for (uint row = r0; row < BM; row += RS)
-            stage(false, row * XS + KC * kc, x_chunk(x_row(b0, b1, t0 + row), k) * pow2(sh[row]));
-        for (uint row = r0; row < BN; row += RS)
-            stage(true, row * XS + KC * kc, w_chunk(w_row(b0, b1, n0 + row), k) * pow2(sh[BM + row]));
+        [[unroll]] for (uint i = 0u; i < XR; ++i) stage(false, (r0 + RS * i) * XS + KC * kc, xv[i] * xf[i]);
+        [[unroll]] for (uint i = 0u; i < WR; ++i) stage(true, (r0 + RS * i) * XS + KC * kc, wv[i] * wf[i]);
         barrier();
+        uint kn = k0 + BK + KC * kc;            // the next step's chunks (0 past K)
+        [[unroll]] for (uint i = 0u; i < XR; ++i) xv[i] = x_chunk(xb[i], kn);
+        [[unroll]] for (uint i = 0u; i < WR; ++i) wv[i] = w_chunk(wb[i], kn);
 #if defined(CM_NV)
         [[unroll]] for (uint kk = 0u; kk < BK; kk += 16u) {
             MAT_A a[TI];
