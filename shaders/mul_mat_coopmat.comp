@@ -20,8 +20,9 @@
 // WM·(w / (BN/WN)) .. +WM−1 and outputs WN·(w % (BN/WN)) .. +WN−1 of the tile as (WM/16)·(WN/16)
 // 16 × 16 f32 accumulators. Steps:
 //   1. scales: the invocations that stage a row in step 2 scan it over all of K (chunk i % (BK/KC)
-//      of every step, 4 steps' loads at once), a shared atomicMax of each one's max |value| (f32 bits
-//      of a non-negative float order as uints), then sh[row] = the row's shift.
+//      of every step, the next step's loads in flight while a step is compared), a shared atomicMax
+//      of each one's max |value| (f32 bits of a non-negative float order as uints), then sh[row] =
+//      the row's shift.
 //   2. per BK-deep k step: invocation i stages KC consecutive k (chunk i % (BK/KC); KC = 4 with
 //      -D VEC4: K % 4 == 0, k contiguous, x rows 16-byte and w rows 8-byte aligned, one vec4 / uvec2
 //      load each; else 2, scalar loads at any strides) of rows i / (BK/KC) + RS·r (RS = NW·32 /
@@ -142,21 +143,35 @@ void main() {
     uint b1 = r % p.ne1, b0 = r / p.ne1;
     uint id = gl_LocalInvocationID.x, warp = id / 32u, lane = id % 32u;
 
-    // 1. the rows' scales: the invocations that stage a row scan it, 4 loads in flight
-    uint kc = id % KP, r0 = id / KP;            // this invocation's k chunk and first row
-    for (uint i = id; i < BM + BN; i += NW * 32u) mx[i] = 0u;
-    barrier();
-    for (uint row = r0; row < BM + BN; row += RS) {     // (x rows, then w rows: RS divides BM)
-        bool is_w = row >= BM;
-        uint rb = is_w ? w_row(b0, b1, n0 + row - BM) : x_row(b0, b1, t0 + row);
-        float m = 0.0;
-        for (uint k = KC * kc; k < p.K; k += 4u * BK) {
-            vec4 v[4];
-            [[unroll]] for (uint u = 0u; u < 4u; ++u) v[u] = is_w ? w_chunk(rb, k + u * BK) : x_chunk(rb, k + u * BK);
-            [[unroll]] for (uint u = 0u; u < 4u; ++u) m = max(m, finite_max(v[u]));
-        }
-        atomicMax(mx[row], floatBitsToUint(m));
+    // 1. the rows' scales. Invocation (kc, r0) stages chunk kc of every step of the rows r0 + RS·i (x,
+    // then w: RS divides BM) in step 2, and scans the same chunks here, a step's chunks of all its rows
+    // loaded while the previous step's are compared (as many loads in flight as step 2 has).
+    uint kc = id % KP, r0 = id / KP;
+    uint xb[XR], wb[WR];
+    vec4 xv[XR], wv[WR];
+    float xmax[XR], wmax[WR];
+    [[unroll]] for (uint i = 0u; i < XR; ++i) {
+        xb[i] = x_row(b0, b1, t0 + r0 + RS * i);
+        xv[i] = x_chunk(xb[i], KC * kc);
+        xmax[i] = 0.0;
     }
+    [[unroll]] for (uint i = 0u; i < WR; ++i) {
+        wb[i] = w_row(b0, b1, n0 + r0 + RS * i);
+        wv[i] = w_chunk(wb[i], KC * kc);
+        wmax[i] = 0.0;
+    }
+    for (uint i = id; i < BM + BN; i += NW * 32u) mx[i] = 0u;
+    for (uint k0 = 0u; k0 < p.K; k0 += BK) {
+        uint kn = k0 + BK + KC * kc;            // the next step's chunks (0 past K)
+        vec4 xnext[XR], wnext[WR];
+        [[unroll]] for (uint i = 0u; i < XR; ++i) xnext[i] = x_chunk(xb[i], kn);
+        [[unroll]] for (uint i = 0u; i < WR; ++i) wnext[i] = w_chunk(wb[i], kn);
+        [[unroll]] for (uint i = 0u; i < XR; ++i) { xmax[i] = max(xmax[i], finite_max(xv[i])); xv[i] = xnext[i]; }
+        [[unroll]] for (uint i = 0u; i < WR; ++i) { wmax[i] = max(wmax[i], finite_max(wv[i])); wv[i] = wnext[i]; }
+    }
+    barrier();                                  // (mx cleared)
+    [[unroll]] for (uint i = 0u; i < XR; ++i) atomicMax(mx[r0 + RS * i], floatBitsToUint(xmax[i]));
+    [[unroll]] for (uint i = 0u; i < WR; ++i) atomicMax(mx[BM + r0 + RS * i], floatBitsToUint(wmax[i]));
     barrier();
     for (uint i = id; i < BM + BN; i += NW * 32u) sh[i] = row_shift(uintBitsToFloat(mx[i]));
     barrier();
@@ -172,18 +187,14 @@ void main() {
     float acc[TI * TJ][8];
     for (uint a = 0u; a < TI * TJ; ++a) for (uint m = 0u; m < 8u; ++m) acc[a][m] = 0.0;
 #endif
-    // this invocation's rows r0 + RS·i: their starts, scales, and the chunks of the next step, loaded
-    // before the products of this one (in flight meanwhile)
-    uint xb[XR], wb[WR];
+    // this invocation's rows r0 + RS·i: their scales, and the chunks of the next step, loaded before
+    // the products of this one (in flight meanwhile)
     float xf[XR], wf[WR];
-    vec4 xv[XR], wv[WR];
     [[unroll]] for (uint i = 0u; i < XR; ++i) {
-        xb[i] = x_row(b0, b1, t0 + r0 + RS * i);
         xf[i] = pow2(sh[r0 + RS * i]);
         xv[i] = x_chunk(xb[i], KC * kc);
     }
     [[unroll]] for (uint i = 0u; i < WR; ++i) {
-        wb[i] = w_row(b0, b1, n0 + r0 + RS * i);
         wf[i] = pow2(sh[BM + r0 + RS * i]);
         wv[i] = w_chunk(wb[i], KC * kc);
     }
