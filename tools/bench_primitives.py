@@ -152,8 +152,9 @@ def gemm_table(ex, args, rng):
                         try:
                             ms, y = gpu_ms(ex, g, {"x": x}, args.replays if kernel != "gemm_shared" else
                                            min(args.replays, 3), warm)
-                        except ValueError as e:         # a tiling the device cannot take
-                            print(f"  {label}: {e}", flush=True)
+                        except Exception as e:          # a tiling the device cannot take, or a failed kernel:
+                            print(f"  {label}: {type(e).__name__}: {e}", flush=True)    # the other rows still run
+                            row.setdefault("errors", {})[label] = f"{type(e).__name__}: {e}"
                             continue
                     row["ms"][label] = ms
                     if kernel != f32_kernel:
