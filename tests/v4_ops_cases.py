@@ -232,12 +232,12 @@ def topk_scores(rng, T, n, levels, specials):
     return s
 
 
-def run_topk(s, k, pos=None, rate=1, capacity=None, tile=None):
+def run_topk(s, k, pos=None, rate=1, capacity=None, tile=None, sorted=True):
     """compress.topk's device result for scores s (one TOPK, or TOPK_TILES + TOPK where s's rows span
     several tiles) and its guard-damaged storages."""
     g = Graph()
     bound = g.const(np.array([pos], np.int32)) if pos is not None else None
-    g.output("i", compress.topk(g, g.const(s), k, pos=bound, rate=rate, capacity=capacity, tile=tile))
+    g.output("i", compress.topk(g, g.const(s), k, pos=bound, rate=rate, capacity=capacity, tile=tile, sorted=sorted))
     cg = Executor().compile(g)
     return cg.run()["i"], cg.check_guards()
 
@@ -246,20 +246,21 @@ def run_topk(s, k, pos=None, rate=1, capacity=None, tile=None):
 @settings(max_examples=5, deadline=None, database=None)
 @given(T=st.integers(1, 5), n=st.integers(1, 700), k=st.integers(1, 300), tile=st.sampled_from([None, 1, 7, 64, 256]),
        levels=st.sampled_from([0, 2, 50, 10 ** 6]), specials=st.integers(0, 5), pos=st.integers(-3, 3000),
-       rate=st.sampled_from([1, 2, 4, 128]), capacity=st.sampled_from([50, 1 << 20]), seed=st.integers(0, 2 ** 31))
+       rate=st.sampled_from([1, 2, 4, 128]), capacity=st.sampled_from([50, 1 << 20]), seed=st.integers(0, 2 ** 31),
+       ordered=st.booleans())
 def test_topk_over_each_rows_causal_entries_matches_float64(scan, T, n, k, tile, levels, specials, pos, rate, capacity,
-                                                            seed):
+                                                            seed, ordered):
     """The indexer's top-k: row t of a chunk at pos ranks only its closed entries w < (p + 1)/rate
     (none for p outside [0, capacity)); ties (levels 0: every score equal) go to the lower index, −0
     ties with +0, NaN and ±inf are never selected, k past the selectable entries pads −1. Rows one
     tile (one TOPK) or many (TOPK_TILES, then TOPK merging the tiles' candidates, tiles of 1 to 256
-    entries), against reference_topk."""
+    entries), by descending score or (sorted=False) in entry order, against reference_topk."""
     rng = np.random.default_rng(seed)
     s = topk_scores(rng, T, n, levels, specials)
     with topk_scan(scan):
-        got, bad = run_topk(s, k, pos, rate, capacity, tile)
+        got, bad = run_topk(s, k, pos, rate, capacity, tile, ordered)
     assert not bad
-    np.testing.assert_array_equal(got, compress.reference_topk(s, k, np.array([pos]), rate, capacity))
+    np.testing.assert_array_equal(got, compress.reference_topk(s, k, np.array([pos]), rate, capacity, ordered))
 
 
 @pytest.mark.parametrize("scan", SCANS)
@@ -289,12 +290,13 @@ def test_topk_at_any_workgroup_digit_width_and_staging(tune, scan, wg, bits, sta
     the list itself; ties, NaN, ±inf and −1 padding, one tile or many."""
     tune({"topk_wg.cpu": wg, "topk_wg.gpu": wg, "topk_bits.cpu": bits, "topk_bits.gpu": bits, "topk_staged.keys": staged})
     rng = np.random.default_rng(bits)
-    for levels, k, tile in ((3, 40, None), (10 ** 6, 100, 64), (0, 7, None)):
+    for levels, k, tile, ordered in ((3, 40, None, True), (10 ** 6, 100, 64, True), (0, 7, None, True),
+                                     (3, 40, None, False), (10 ** 6, 100, 64, False)):
         s = topk_scores(rng, 3, 500, levels, 4)
         with topk_scan(scan):
-            got, bad = run_topk(s, k, 1203, 4, 1 << 20, tile)      # rows see 301..301 of 500 entries
+            got, bad = run_topk(s, k, 1203, 4, 1 << 20, tile, ordered)      # rows see 301..301 of 500 entries
         assert not bad
-        np.testing.assert_array_equal(got, compress.reference_topk(s, k, np.array([1203]), 4, 1 << 20))
+        np.testing.assert_array_equal(got, compress.reference_topk(s, k, np.array([1203]), 4, 1 << 20, ordered))
 
 
 @pytest.mark.parametrize("groups", [1, 3, 1000])

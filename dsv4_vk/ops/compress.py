@@ -241,10 +241,10 @@ class IndexScore(OpDef):
         return s
 
 
-def reference_topk(scores, k, pos=None, rate=1, capacity=1 << 30):
-    """idx [T, k] int: each row's finite entries by descending score (ties: lower index first), −1
-    padding; with pos, row t sees only entries w < min((p + 1) // rate, n) for p = pos[0] + t in
-    [0, capacity) (none otherwise)."""
+def reference_topk(scores, k, pos=None, rate=1, capacity=1 << 30, sorted=True):
+    """idx [T, k] int: each row's k largest finite scores' entries (ties: lower index first), by
+    descending score (sorted) or ascending entry, −1 padding; with pos, row t sees only entries
+    w < min((p + 1) // rate, n) for p = pos[0] + t in [0, capacity) (none otherwise)."""
     s = np.asarray(scores, np.float64)
     T, n = s.shape
     bound = np.full(T, n)
@@ -255,7 +255,7 @@ def reference_topk(scores, k, pos=None, rate=1, capacity=1 << 30):
     for t, row in enumerate(s):
         fin = np.flatnonzero(np.isfinite(row[:bound[t]]))
         order = fin[np.lexsort((fin, -row[fin]))][:k]
-        out[t, :len(order)] = order
+        out[t, :len(order)] = order if sorted else np.sort(order)
     return out
 
 
@@ -296,23 +296,28 @@ def topk_tiles(n: int, tile: int) -> int:
     return max(1, -(-int(n) // int(tile)))
 
 
-def topk(g, scores, k: int, pos=None, rate: int = 1, capacity: int | None = None, tile: int | None = None):
-    """The top k of each row of scores [T, n] (TOPK's order and bound): one TOPK where the row fits
-    one tile, else TOPK_TILES (each tile's top k, a workgroup each) and TOPK merging them. With pos
-    (i32 [1]), row t reads only its causal entries (TOPK): the cost follows the entries that exist."""
+def topk(g, scores, k: int, pos=None, rate: int = 1, capacity: int | None = None, tile: int | None = None,
+         sorted: bool = True):
+    """The top k of each row of scores [T, n] (TOPK's order and bound; sorted=False: in entry order,
+    cheaper): one TOPK where the row fits one tile, else TOPK_TILES (each tile's top k, a workgroup
+    each) and TOPK merging them. With pos (i32 [1]), row t reads only its causal entries (TOPK): the
+    cost follows the entries that exist."""
     tile = int(tile or TOPK_TILE["entries"])
     bound = [] if pos is None else [pos]
     prm = {"k": k} if pos is None else {"k": k, "rate": rate, "capacity": capacity or (1 << 30)}
+    order = {} if sorted else {"sorted": False}
     if topk_tiles(scores.shape[1], tile) == 1:
-        return g.op("TOPK", scores, *bound, **prm)
+        return g.op("TOPK", scores, *bound, **prm, **order)
     cand = g.op("TOPK_TILES", scores, *bound, tile=tile, **prm)
-    return g.op("TOPK", scores, *bound, cand, tile=tile, **prm)
+    return g.op("TOPK", scores, *bound, cand, tile=tile, **prm, **order)
 
 
 def _topk_check(op, inputs, params, with_tile):
     """(scores, pos or None, rest, k, tile) of TOPK / TOPK_TILES after checking them."""
     nonempty(op, inputs[:1])
-    check_params(op, params, ("k", "rate", "capacity", "tile"))
+    check_params(op, params, ("k", "rate", "capacity", "tile") + (() if with_tile else ("sorted",)))
+    if not isinstance(params.get("sorted", True), bool):
+        raise ValueError(f"{op}: sorted must be True or False, got {params['sorted']!r}")
     s = inputs[0]
     expect(op, "scores (input 0, [T, n])", s, (None, None))
     unit_last(op, "scores", s)
@@ -373,7 +378,8 @@ def _topk_spec(op, device, K, tile, keys=True):
 
     def shared(scan):                   # histograms, scan sums, state, alignment; then K's keys
         hists = 2 if "SCAN_FUSED" in scan else 1
-        groups = 256 if set(scan) - {"SPREAD"} else 1 << (bits - bits // 2)
+        subgroup = bool(set(scan) - {"SPREAD"})
+        groups = 256 if subgroup else (1 << (bits - bits // 2)) + wg      # + the compaction's counts
         fixed = 4 * (hists * (1 << bits) + groups + 3 * hists + 8) + 64
         return fixed, 8 * K * keys + fixed + 8
     fixed, need = shared(scan)
@@ -418,9 +424,11 @@ class TopKTiles(OpDef):
 
 @register
 class TopK(OpDef):
-    """TOPK(scores [T, n][, pos [1] i32][, cand], k=[, rate=, capacity=][, tile=]) -> [T, k] i32
-    (shaders/topk.comp): each row's top k scores' entries, by descending score, ties to the lower
-    index (torch.topk's order over the indexer's scores), −1 past the row's selectable entries. Only
+    """TOPK(scores [T, n][, pos [1] i32][, cand], k=[, rate=, capacity=][, tile=][, sorted=]) -> [T, k] i32
+    (shaders/topk.comp): each row's top k scores' entries, ties to the lower index, by descending
+    score (sorted=True, the default: torch.topk's order over the indexer's scores) or by ascending
+    entry (sorted=False: no rank count, for consumers of the set such as sparse attention), −1 past
+    the row's selectable entries. Only
     finite scores are selectable: NaN and ±inf rank after every finite one and are never selected.
     With rate= and capacity= (and pos), row t reads only entries w < min((p + 1) // rate, n) at
     p = pos[0] + t in [0, capacity) (none elsewhere): the indexer's causal bound, so the work follows
@@ -444,7 +452,10 @@ class TopK(OpDef):
     def lower(self, node, device):
         s, pos, rest, K, tile = _topk_check(self.name, node.inputs, node.params, False)
         out = node.output
-        spec, scan, extra = _topk_spec(self.name, device, K, tile)
+        ordered = node.params.get("sorted", True)
+        spec, scan, extra = _topk_spec(self.name, device, K, tile, keys=ordered)
+        if ordered:
+            scan = {**scan, "SORTED": 1}
         bound = pos if pos is not None else s
         if rest:
             push = _topk_fields(s, pos, K, topk_tiles(s.shape[1], tile), node.params, cand=rest[0], out=out)
@@ -454,7 +465,7 @@ class TopK(OpDef):
         return [Launch("topk", [s, bound, out], (2,), push, grid_1d(s.shape[0], 1), defines=scan, spec=spec,
                        **extra)]
 
-    def reference(self, scores, *rest, k=1, rate=None, capacity=None, tile=None):
+    def reference(self, scores, *rest, k=1, rate=None, capacity=None, tile=None, sorted=True):
         """(cand, when given, is the tiles' candidates for the same scores: the result is the rows' top k)"""
         pos = rest[0] if rate is not None else None
-        return reference_topk(scores, k, pos, rate or 1, capacity or (1 << 30))
+        return reference_topk(scores, k, pos, rate or 1, capacity or (1 << 30), sorted)
