@@ -276,10 +276,9 @@ TOPK_STAGED = knob_table(
                                "left over holds, ≤ 8192)"))
 TOPK_SCAN = knob_table(
     "topk_scan",
-    gpu=("subgroup", "TOPK's bin scan on GPUs: groups (serial sums of bin groups in shared memory), subgroup "
-                     "(a suffix sum with subgroup operations; on the H200 level with groups on normal scores and "
-                     "14 % faster on the indexer's clustered ones, results/h200/topk_variants_h200.txt) or fused "
-                     "(subgroup, two histograms: fewer barriers, measured no faster)"),
+    gpu=("fused", "TOPK's bin scan on GPUs: groups (serial sums of bin groups in shared memory), subgroup "
+                  "(a suffix sum with subgroup operations) or fused (subgroup with two histograms: fewer "
+                  "barriers; on the H200 the fastest on the indexer's clustered scores, results/h200/topk_h200.txt)"),
     cpu=("groups", "TOPK's bin scan on CPU devices (groups, subgroup or fused)"))
 # the defines of each bin scan; devices without subgroup arithmetic (or with more than 256 subgroups
 # a workgroup) use "groups", and "fused" is "subgroup" where its two histograms do not fit beside k
