@@ -1,7 +1,10 @@
 """DeepSeek-V4 checkpoints (config.json + safetensors) and the float64 reference against the
 transformers fixtures (tests/fixtures/dsv4_*, written by tools/make_dsv4_fixtures.py)."""
+import contextlib
 import json
 import os
+import re
+import resource
 import shutil
 import struct
 
@@ -322,6 +325,75 @@ def test_deepseek_v4_as_published_parses_and_the_device_check_refuses_it(tmp_pat
         check_memory(cfg, weights, 16, device)
     with pytest.raises(CheckpointError, match="holds no .safetensors file"):
         Model.load(str(tmp_path), device)
+
+
+def _published_headers(cfg):
+    """{DeepSeek's name: (safetensors dtype, shape)} of cfg's checkpoint in the published layout, one
+    tensor per expert, scales as `<module>.scale`."""
+    out = {}
+
+    def quant(name, shape, fp4):
+        n, k = shape
+        out[name + ".weight"] = ("I8", (n, k // 2)) if fp4 else ("F8_E4M3", (n, k))
+        out[name + ".scale"] = ("F8_E8M0", (n, -(-k // 32)) if fp4 else (-(-n // 128), -(-k // 128)))
+    for name, shape in tensor_shapes(cfg).items():
+        if name.endswith(("experts.w13", "experts.w2")):
+            base, F = name.rsplit(".", 1)[0], cfg.moe_intermediate_size
+            for j in range(shape[0]):
+                for w in (("w1", "w3") if name.endswith("w13") else ("w2",)):
+                    quant(f"{base}.{j}.{w}", (F, shape[2]) if w != "w2" else shape[1:], fp4=True)
+        elif quantisable(name):
+            quant(name[:-len(".weight")], shape, fp4=False)
+        else:
+            out[name] = ("F32" if name.endswith(F32_TENSORS) else "I64" if name.endswith("tid2eid") else "BF16", shape)
+    return out
+
+
+@contextlib.contextmanager
+def data_memory_limited(extra):
+    """RLIMIT_DATA at this process's data size now plus `extra` bytes: an allocation past it is a
+    MemoryError here instead of the OOM killer's (file maps do not count)."""
+    with open("/proc/self/status") as f:
+        data = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmData:"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    resource.setrlimit(resource.RLIMIT_DATA, (data + extra if hard == resource.RLIM_INFINITY else
+                                              min(data + extra, hard), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+def test_v4_flash_as_published_is_refused_by_the_device_before_its_weights_are_read(tmp_path, device):
+    """Model.load of V4-Flash's directory as published (config.json and a safetensors file whose header
+    holds its 156 GB of tensors, the data a sparse file of zeros): the parse and the lazy read of the
+    headers pass within 2 GiB of host memory (the experts' 8.4 GB of small scale tensors are not read
+    at once), and the device check refuses the weights naming their bytes and the device's: no
+    MemoryError, no OOM kill."""
+    from dsv4_vk.model import Model
+    sizes = {"BF16": 2, "F32": 4, "I64": 8, "I8": 1, "F8_E4M3": 1, "F8_E8M0": 1}
+    header, off = {}, 0
+    cfg = V4Config.from_hf(V4_FLASH)
+    for name, (dt, shape) in _published_headers(cfg).items():
+        n = int(np.prod(shape)) * sizes[dt]
+        header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + n]}
+        off += n
+    assert abs(off - published_bytes(cfg)) < 1e-3 * off
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(tmp_path / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + off)                 # sparse: no data blocks written
+    (tmp_path / "config.json").write_text(json.dumps(V4_FLASH))
+    heap = max(h.size for h in device.caps.memory_heaps)
+    with data_memory_limited(2 << 30):                 # the host holds headers and small tensors only
+        with pytest.raises(ValueError, match=r"max_ctx = 4096 needs \d+ bytes of device memory \(\d+ for the decode "
+                                             rf"cache and RoPE tables, (\d+) for the weights\); .* has {heap} bytes "
+                                             r"available") as e:
+            Model.load(str(tmp_path), device)
+    os.remove(tmp_path / "model.safetensors")
+    need = int(re.search(r"(\d+) for the weights", str(e.value))[1])
+    assert abs(need - off) < 0.01 * off                # as published (norms become float32)
 
 
 def test_absurd_layer_counts_are_refused_naming_the_key():
