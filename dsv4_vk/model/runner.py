@@ -191,7 +191,7 @@ class Model:
             cfg = path_or_config
             if max_ctx is not None:
                 cfg = cfg.replace(max_ctx=_positive("max_ctx", max_ctx))
-            cfg.check_memory(4, "the random float32 weights")
+            cfg.check_host_memory(4, "the random float32 weights")
             check_memory(cfg, sum(4 * int(np.prod(shape)) for shape in tensor_shapes(cfg).values()),
                          min(prefill_chunk, cfg.max_ctx) if isinstance(prefill_chunk, int) else 1,
                          device or default_device())                 # random weights: float32 / int32
