@@ -291,7 +291,7 @@ def test_topk_without_a_bound_ranks_every_entry(scan, T, n, k, tile, seed):
 
 @pytest.mark.parametrize("wg,bits,staged,scan", [(64, 4, 1, s) for s in SCANS] + [(256, 11, 3, s) for s in SCANS] +
                          [(32, 12, 1, s) for s in SCANS] + [(1024, 11, None, s) for s in SCANS[1::2]] +
-                         [(16, 8, None, "groups"), (128, 7, 50, "groups"), (16, 8, None, "fused+spread"),
+                         [(16, 8, None, "groups"), (128, 7, 50, "groups"), (16, 8, None, "fused+spread"), (8, 8, None, "fused"),
                           (128, 7, 50, "subgroup+spread")])
 def test_topk_at_any_workgroup_digit_width_and_staging(tune, scan, wg, bits, staged):
     """TOPK's knobs: workgroups smaller and larger than k (ranks counted whole or in parts), digits
