@@ -1,9 +1,11 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
-//! variants: - | PART | MERGE ; - | SCAN_SUBGROUP | SCAN_FUSED ; - | SPREAD
-// TOPK: idx[t, r] = the entry of rank r among the selectable scores of row t, r < K; slots past
-// the number of selectable scores get −1. Order: descending score, ties to the lower index (the
-// order of torch.topk over the indexer's scores in transformers, model.reference.index_topk).
+//! variants: - | MERGE ; - | SCAN_SUBGROUP | SCAN_FUSED ; - | SPREAD ; - | SORTED
+//! variants: PART ; - | SCAN_SUBGROUP | SCAN_FUSED ; - | SPREAD
+// TOPK: idx[t, ·] = the entries of the K largest selectable scores of row t (ties to the lower
+// index); slots past the number of selectable scores get −1. Order: ascending entry (the set's
+// order in the list), or with -D SORTED descending score, ties to the lower index (the order of
+// torch.topk over the indexer's scores in transformers, model.reference.index_topk).
 // Selectable: finite, and inside the row's bound v(t) — with a position buffer (has_pos) the
 // indexer's causal bound v = min((p + 1) / rate, n) for p = pos[0] + t in [0, capacity), else 0;
 // without, v = n. NaN and ±inf rank after every finite score and are never selected. Nothing at
@@ -12,11 +14,13 @@
 // Selection: every score becomes a 64-bit key (order-preserving bits of the score, then the
 // complemented index: ties to the lower index), 0 for a non-selectable one. A radix select over
 // digits of BITS bits from the top finds the K-th largest key: the first pass (a 1 << BITS bin
-// histogram in shared memory) reads the list; a second read takes the keys of the bins above the
-// K-th one and stages the K-th one's keys (at most CAND of them) in shared memory, where the
+// histogram in shared memory) reads the list; a second read stages the K-th bin's keys (at most CAND of them) in shared memory, where the
 // next digits' passes run until a bin holds exactly the keys still needed (where the bin has more
 // than CAND keys, those passes read the list again). Keys are unique, so the result does not depend
-// on the order of the lists. The bin scan (find_bin), by define:
+// on the order of the lists. A last read of the list takes the keys at or above the K-th one in list
+// order: each invocation counts its U consecutive items, a workgroup exclusive sum (subgroup
+// operations with SCAN_SUBGROUP, else one invocation over shared counts) places them — no atomics,
+// so the output is deterministic. The bin scan (find_bin), by define:
 //   -              sums groups of bins (two levels of ~√bins each, serial loops in shared memory);
 //   SCAN_SUBGROUP  a suffix sum over the bins with subgroup operations: each invocation sums a
 //                  run of BINS / WG bins, subgroupExclusiveAdd across the subgroup, one shared
@@ -30,14 +34,15 @@
 // monotone, so the K-th bin's keys are still those between two keys, resolved by the radix passes
 // from the highest bit where those keys differ (their AND and OR). Needs subgroup arithmetic.
 // Variants (one workgroup of WG invocations a list; each invocation loads U entries a round):
-//   -      one workgroup per row selects from the row's scores and writes idx, sorted (each
-//          selected key's rank is the count of selected keys above it, split over WG / K parts
-//          when the workgroup has more invocations than keys);
+//   -      one workgroup per row selects from the row's scores and writes idx in entry order;
+//   SORTED (with - or MERGE) idx by descending score instead: each selected key's rank is the count
+//          of selected keys above it (keys in shared memory), split over WG / K parts when the
+//          workgroup has more invocations than keys;
 //   PART   `groups` workgroups per row, each taking tiles of TILE entries g, g + groups, ... below
-//          v(t): a tile's top K keys, unordered, into cand[t, tile] = [count, (key hi, key lo) ×
-//          count]; tiles at or past v(t) are neither read nor written;
-//   MERGE  one workgroup per row: the top K of the candidates of the row's tiles below v(t),
-//          written as the plain variant writes them.
+//          v(t): a tile's top K keys, in entry order, into cand[t, tile] = [count, (key hi, key lo)
+//          × count]; tiles at or past v(t) are neither read nor written;
+//   MERGE  one workgroup per row: the top K of the candidates of the row's tiles below v(t) (in
+//          entry order, as PART wrote them), written as the plain variant writes them.
 // Spec constants: 0 workgroup size, 1 K (shared memory holds 2·K keys' words), 2 TILE, 3 BITS
 // (4..16), 4 CAND (keys of the K-th bin staged in shared memory at most).
 // Push: T, n, K, tiles, groups, rate, capacity, has_pos, s (off, s0), pos_off, cand (off, s0), idx (off, s0).
@@ -82,11 +87,14 @@ shared uint gsum[256];                         // the subgroups' sums (WG / subg
 #else
 shared uint gsum[NGROUPS];
 #endif
-shared uint st_digit[NHIST], st_need[NHIST], st_cnt[NHIST], st_slot, st_staged;
+shared uint st_digit[NHIST], st_need[NHIST], st_cnt[NHIST], st_total, st_staged;
 shared uint sp_min, sp_max, and_hi, and_lo, or_hi, or_lo;   // SPREAD: the map; the K-th bin's prefix
 shared uint stage_hi[CAND], stage_lo[CAND];
-#if !defined(PART)
+#if defined(SORTED)
 shared uint key_hi[KCAP], key_lo[KCAP];
+#endif
+#if !defined(SCAN_SUBGROUP)
+shared uint counts[gl_WorkGroupSize.x];        // the compaction's per-invocation counts
 #endif
 
 // order-preserving bits of a finite score (−0 as +0: equal scores tie by index), 0 if not finite
@@ -148,17 +156,6 @@ uvec2 fetch(bool staged, uint i, uint count) {
     return staged ? uvec2(stage_hi[i], stage_lo[i]) : item(i);
 }
 
-void take(uvec2 k) {                    // one of the top K
-    uint s = atomicAdd(st_slot, 1u);
-#if defined(PART)
-    cand[out_base + 1u + 2u * s] = k.x;
-    cand[out_base + 2u + 2u * s] = k.y;
-#else
-    key_hi[s] = k.x;
-    key_lo[s] = k.y;
-#endif
-}
-
 // hist[h·BINS ..] filled: the bin d where the keys of the bins above hold fewer than `need` and d's
 // hold the rest (st_digit[h], st_need[h] = what d must give, st_cnt[h] = d's keys); st_need[h] is
 // NONE when all the bins together hold fewer than need (SCAN_SUBGROUP writes it; the plain scan
@@ -211,6 +208,86 @@ void find_bin(uint need, uint h) {
 }
 #endif
 
+// the exclusive sum of c over the workgroup's invocations in item order (q), and the total
+uint group_offset(uint c, uint q, out uint total) {
+#if defined(SCAN_SUBGROUP)
+    uint incl = subgroupInclusiveAdd(c), all_sg = subgroupAdd(c);
+    if (subgroupElect()) gsum[gl_SubgroupID] = all_sg;  // (a workgroup smaller than a subgroup fills part of it)
+    barrier();
+    uint below = 0u, all = 0u;
+    for (uint i = gl_SubgroupInvocationID; i < gl_NumSubgroups; i += gl_SubgroupSize) {
+        uint v = gsum[i];
+        all += v;
+        if (i < gl_SubgroupID) below += v;
+    }
+    total = subgroupAdd(all);
+    below = subgroupAdd(below);
+    barrier();                                          // gsum read by all before it changes
+    return below + incl - c;
+#else
+    counts[q] = c;
+    barrier();
+    if (q == 0u) {
+        uint run = 0u;
+        for (uint i = 0u; i < gl_WorkGroupSize.x; ++i) { uint v = counts[i]; counts[i] = run; run += v; }
+        st_total = run;
+    }
+    barrier();
+    uint off = counts[q];
+    total = st_total;
+    barrier();                                          // counts read by all before they change
+    return off;
+#endif
+}
+
+// whether key k is one of the top K: above the K-th bin d0, or in it at or above the K-th key
+// (bits lo .. 63 decided as pre, when the radix passes ran)
+bool selected(uvec2 k, uint d0, bool ran, uvec2 pre, uint lo) {
+    if (k.x == 0u) return false;
+    uint f = first_digit(k);
+    return f > d0 || (f == d0 && (!ran || !above(pre, high_bits(k, lo))));
+}
+
+// the selected keys of the list, in list order, to their slots (PART: cand; SORTED: shared memory for
+// the ranks; else idx); returns how many
+uint compact(uint d0, bool ran, uvec2 pre, uint lo) {
+#if defined(SCAN_SUBGROUP)
+    uint q = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;   // subgroup order
+#else
+    uint q = gl_LocalInvocationID.x;
+#endif
+    uint base = 0u, wg = gl_WorkGroupSize.x;
+#if !defined(PART) && !defined(SORTED)
+    uint ib = p.i_off + row * p.i_s0;
+#endif
+    for (uint b = 0u; b < list; b += wg * U) {
+        uvec2 it[U];
+        uint mask = 0u, c = 0u, total;
+        [[unroll]] for (uint u = 0u; u < U; ++u) {
+            it[u] = fetch(false, b + q * U + u, list);
+            if (selected(it[u], d0, ran, pre, lo)) { mask |= 1u << u; ++c; }
+        }
+        uint s = base + group_offset(c, q, total);
+        [[unroll]] for (uint u = 0u; u < U; ++u) {
+            if ((mask & (1u << u)) == 0u) continue;
+            if (s < KCAP) {                             // always (the keys are unique): a guard
+#if defined(PART)
+                cand[out_base + 1u + 2u * s] = it[u].x;
+                cand[out_base + 2u + 2u * s] = it[u].y;
+#elif defined(SORTED)
+                key_hi[s] = it[u].x;
+                key_lo[s] = it[u].y;
+#else
+                idx[ib + s] = int(~it[u].y);
+#endif
+            }
+            ++s;
+        }
+        base += total;
+    }
+    return min(base, KCAP);
+}
+
 // the top KCAP keys of the workgroup's list (row, first, list set): PART stores them as the tile's
 // candidates, the others rank them and write idx
 void select_list() {
@@ -218,7 +295,7 @@ void select_list() {
     barrier();                                          // the previous tile's state read by all
     for (uint d = l; d < BINS; d += wg) hist[d] = 0u;
     if (l == 0u) {
-        st_need[0] = NONE; st_slot = 0u; st_staged = 0u;
+        st_need[0] = NONE; st_staged = 0u;
         sp_min = NONE; sp_max = 0u; and_hi = NONE; and_lo = NONE; or_hi = 0u; or_lo = 0u;
     }
     barrier();
@@ -260,14 +337,12 @@ void select_list() {
 #if !defined(SCAN_FUSED)
     barrier();                                          // st_* read by all before they change
 #endif
-    for (uint b = 0u; b < list; b += wg * U) {          // take the bins above; stage the K-th one's
+    for (uint b = 0u; !done && b < list; b += wg * U) {   // stage the K-th bin's keys
         uvec2 it[U];
         [[unroll]] for (uint u = 0u; u < U; ++u) it[u] = fetch(false, b + u * wg + l, list);
         [[unroll]] for (uint u = 0u; u < U; ++u) {
             if (it[u].x == 0u) continue;
-            uint f = first_digit(it[u]);
-            if (f > d0 || (done && f == d0)) take(it[u]);
-            else if (f == d0) {
+            if (first_digit(it[u]) == d0) {
                 if (staged) {
                     uint s = atomicAdd(st_staged, 1u);
                     stage_hi[s] = it[u].x;
@@ -323,21 +398,13 @@ void select_list() {
         else { pre.y |= d << nlo; if (nlo > 0u) pre.x |= d >> (32u - nlo); }
         lo = nlo;
     }
-    if (ran) {                                      // take the K-th bin's keys at or above the K-th key
-        for (uint b = 0u; b < count; b += wg * U) {
-            uvec2 it[U];
-            [[unroll]] for (uint u = 0u; u < U; ++u) it[u] = fetch(staged, b + u * wg + l, count);
-            [[unroll]] for (uint u = 0u; u < U; ++u)
-                if (it[u].x != 0u && first_digit(it[u]) == d0 && !above(pre, high_bits(it[u], lo)))
-                    take(it[u]);
-        }
-    }
-    barrier();
-    uint chosen = st_slot;
+    uint chosen = compact(d0, ran, pre, lo);
 #if defined(PART)
     if (l == 0u) cand[out_base] = chosen;
 #else
     uint ib = p.i_off + row * p.i_s0;
+#if defined(SORTED)
+    barrier();                                          // the selected keys stored
     uint parts = KCAP <= BINS ? max(1u, wg / KCAP) : 1u;
     if (parts == 1u) {
         for (uint s = l; s < chosen; s += wg) {          // rank: the selected keys above this one
@@ -363,6 +430,7 @@ void select_list() {
         barrier();
         for (uint s = l; s < chosen; s += wg) idx[ib + hist[s]] = int(~key_lo[s]);
     }
+#endif
     for (uint r = chosen + l; r < KCAP; r += wg) idx[ib + r] = -1;
 #endif
 }

@@ -1,7 +1,10 @@
 """DeepSeek-V4 checkpoints (config.json + safetensors) and the float64 reference against the
 transformers fixtures (tests/fixtures/dsv4_*, written by tools/make_dsv4_fixtures.py)."""
+import contextlib
 import json
 import os
+import re
+import resource
 import shutil
 import struct
 
@@ -10,8 +13,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from dsv4_vk.model.checkpoint import CheckpointError, canonical, load_hf, save_hf, tensor_shapes
-from dsv4_vk.model.config import INDEXER_KEYS, SIZE_KEYS, ConfigError, V4Config, preset
+from dsv4_vk.model.checkpoint import CheckpointError, canonical, load_hf, quantisable, save_hf, tensor_shapes
+from dsv4_vk.model.config import (INDEXER_KEYS, LEGACY_RATIO, MAX_LAYERS, SIZE_KEYS, ConfigError, V4Config,
+                                  load_config_json, preset)
 from dsv4_vk.model.reference import V4Reference
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -252,15 +256,163 @@ def test_weight_count_is_the_checkpoint_tensors_values():
         assert cfg.weight_count() == sum(int(np.prod(s)) for s in tensor_shapes(cfg).values())
 
 
-def test_a_model_past_this_machines_memory_says_how_many_bytes(monkeypatch):
-    """num_hidden_layers: 10**7 from config.json, or a V4Config given to Model.load: a ConfigError with the
-    bytes needed at once (no per-layer lists of 10**7 tensors, no MemoryError minutes later)."""
+# DeepSeek-V4-Flash's config.json as published: the sizes DSV4_MODEL gives (its config defaults), the
+# quantization_config and expert_dtype DSV4_QUANT gives, in the published file's own keys (legacy
+# compress_ratios with the MTP layer's entry last, num_hash_layers, qk_rope_head_dim, flat YaRN
+# rope_scaling, topk_method). -Pro's: its own published sizes with the same format.
+QUANT = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "weight_block_size": [128, 128],
+         "activation_scheme": "dynamic"}
+V4_FLASH = {
+    "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "vocab_size": 129280, "hidden_size": 4096,
+    "num_hidden_layers": 43, "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512,
+    "qk_rope_head_dim": 64, "q_lora_rank": 1024, "o_groups": 8, "o_lora_rank": 1024, "n_routed_experts": 256,
+    "n_shared_experts": 1, "num_experts_per_tok": 6, "moe_intermediate_size": 2048, "scoring_func": "sqrtsoftplus",
+    "topk_method": "noaux_tc", "norm_topk_prob": True, "routed_scaling_factor": 1.5, "swiglu_limit": 10.0,
+    "rope_theta": 10000, "compress_rope_theta": 160000, "sliding_window": 128,
+    "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536, "beta_fast": 32,
+                     "beta_slow": 1},
+    "compress_ratios": [0, 0] + [4, 128] * 20 + [4, 0], "num_hash_layers": 3, "index_n_heads": 64,
+    "index_head_dim": 128, "index_topk": 512, "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6,
+    "rms_norm_eps": 1e-6, "hidden_act": "silu", "attention_bias": False, "attention_dropout": 0.0,
+    "tie_word_embeddings": False, "max_position_embeddings": 1048576, "num_nextn_predict_layers": 1,
+    "bos_token_id": 0, "eos_token_id": 1, "torch_dtype": "bfloat16", "expert_dtype": "fp4",
+    "quantization_config": QUANT}
+V4_PRO = dict({k: v for k, v in V4_FLASH.items() if k != "compress_ratios"}, hidden_size=7168, num_hidden_layers=61,
+              num_attention_heads=128, q_lora_rank=1536, o_groups=16, n_routed_experts=384,
+              moe_intermediate_size=3072, routed_scaling_factor=2.5)
+F32_TENSORS = ("_fn", "_base", "_scale", "attn_sink", ".ape", "gate.bias")
+
+
+def published_bytes(cfg):
+    """The bytes of cfg's checkpoint in DeepSeek's published layout: FP8 linears with a scale byte per
+    128 × 128 block, routed experts FP4 (two a byte) with a scale byte per 32 inputs, HC tensors,
+    sinks, ape and router bias F32, tid2eid I64, the rest BF16."""
+    n = 0
+    for name, shape in tensor_shapes(cfg).items():
+        size = int(np.prod(shape))
+        if name.endswith(("experts.w13", "experts.w2")):
+            n += size // 2 + size // 32
+        elif quantisable(name):
+            n += size + -(-shape[0] // 128) * -(-shape[1] // 128)
+        else:
+            n += size * (4 if name.endswith(F32_TENSORS) else 8 if name.endswith("tid2eid") else 2)
+    return n
+
+
+@pytest.mark.parametrize("name", ["flash", "pro"])
+def test_deepseek_v4_as_published_parses_and_the_device_check_refuses_it(tmp_path, device, name):
+    """Parsing weighs no weights (a checkpoint is read lazily): V4-Flash's 284B and V4-Pro's config.json
+    give their V4Config on any machine, and the weights' bytes are refused by the device check, before
+    anything is allocated, naming them; a directory with no weights says so."""
     from dsv4_vk.model import Model
+    from dsv4_vk.model.runner import check_memory
+    published = V4_FLASH if name == "flash" else V4_PRO
+    (tmp_path / "config.json").write_text(json.dumps(published))
+    cfg = load_config_json(str(tmp_path / "config.json"))
+    for k in SIZE_KEYS + INDEXER_KEYS:
+        assert getattr(cfg, k) == published[k], k
+    L = published["num_hidden_layers"]
+    assert cfg.rope_dim == 64 and cfg.yarn["factor"] == 16 and cfg.max_ctx == 4096
+    assert cfg.mlp_layer_types == ("hash_moe",) * 3 + ("moe",) * (L - 3)
+    if name == "flash":
+        assert cfg.layer_types == tuple(LEGACY_RATIO[r] for r in published["compress_ratios"][:L])
+        assert abs(cfg.weight_count() - 284.3e9) < 0.05e9           # 284B (the MTP layer is not built)
+    weights = published_bytes(cfg)
+    assert weights > 100e9
+    with pytest.raises(ValueError, match=rf"max_ctx = 4096 needs \d+ bytes of device memory \(\d+ for the decode "
+                                         rf"cache and RoPE tables, {weights} for the weights\); .* has \d+ bytes "
+                                         r"available \(its largest device-local heap\); the weights alone do not fit"):
+        check_memory(cfg, weights, 16, device)
+    with pytest.raises(CheckpointError, match="holds no .safetensors file"):
+        Model.load(str(tmp_path), device)
+
+
+def _published_headers(cfg):
+    """{DeepSeek's name: (safetensors dtype, shape)} of cfg's checkpoint in the published layout, one
+    tensor per expert, scales as `<module>.scale`."""
+    out = {}
+
+    def quant(name, shape, fp4):
+        n, k = shape
+        out[name + ".weight"] = ("I8", (n, k // 2)) if fp4 else ("F8_E4M3", (n, k))
+        out[name + ".scale"] = ("F8_E8M0", (n, -(-k // 32)) if fp4 else (-(-n // 128), -(-k // 128)))
+    for name, shape in tensor_shapes(cfg).items():
+        if name.endswith(("experts.w13", "experts.w2")):
+            base, F = name.rsplit(".", 1)[0], cfg.moe_intermediate_size
+            for j in range(shape[0]):
+                for w in (("w1", "w3") if name.endswith("w13") else ("w2",)):
+                    quant(f"{base}.{j}.{w}", (F, shape[2]) if w != "w2" else shape[1:], fp4=True)
+        elif quantisable(name):
+            quant(name[:-len(".weight")], shape, fp4=False)
+        else:
+            out[name] = ("F32" if name.endswith(F32_TENSORS) else "I64" if name.endswith("tid2eid") else "BF16", shape)
+    return out
+
+
+@contextlib.contextmanager
+def data_memory_limited(extra):
+    """RLIMIT_DATA at this process's data size now plus `extra` bytes: an allocation past it is a
+    MemoryError here instead of the OOM killer's (file maps do not count)."""
+    with open("/proc/self/status") as f:
+        data = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmData:"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    resource.setrlimit(resource.RLIMIT_DATA, (data + extra if hard == resource.RLIM_INFINITY else
+                                              min(data + extra, hard), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+def test_v4_flash_as_published_is_refused_by_the_device_before_its_weights_are_read(tmp_path, device):
+    """Model.load of V4-Flash's directory as published (config.json and a safetensors file whose header
+    holds its 156 GB of tensors, the data a sparse file of zeros): the parse and the lazy read of the
+    headers pass within 2 GiB of host memory (the experts' 8.4 GB of small scale tensors are not read
+    at once), and the device check refuses the weights naming their bytes and the device's: no
+    MemoryError, no OOM kill."""
+    from dsv4_vk.model import Model
+    sizes = {"BF16": 2, "F32": 4, "I64": 8, "I8": 1, "F8_E4M3": 1, "F8_E8M0": 1}
+    header, off = {}, 0
+    cfg = V4Config.from_hf(V4_FLASH)
+    for name, (dt, shape) in _published_headers(cfg).items():
+        n = int(np.prod(shape)) * sizes[dt]
+        header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + n]}
+        off += n
+    assert abs(off - published_bytes(cfg)) < 1e-3 * off
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(tmp_path / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + off)                 # sparse: no data blocks written
+    (tmp_path / "config.json").write_text(json.dumps(V4_FLASH))
+    heap = max(h.size for h in device.caps.memory_heaps)
+    with data_memory_limited(2 << 30):                 # the host holds headers and small tensors only
+        with pytest.raises(ValueError, match=r"max_ctx = 4096 needs \d+ bytes of device memory \(\d+ for the decode "
+                                             rf"cache and RoPE tables, (\d+) for the weights\); .* has {heap} bytes "
+                                             r"available") as e:
+            Model.load(str(tmp_path), device)
+    os.remove(tmp_path / "model.safetensors")
+    need = int(re.search(r"(\d+) for the weights", str(e.value))[1])
+    assert abs(need - off) < 0.01 * off                # as published (norms become float32)
+
+
+def test_absurd_layer_counts_are_refused_naming_the_key():
+    """num_hidden_layers: 10**7 is refused at once, before any per-layer list is built; the bound is
+    on the layer count, not on this machine's memory."""
     d = {k: v for k, v in preset("tiny").to_hf().items() if k not in ("layer_types", "mlp_layer_types")}
-    d["num_hidden_layers"] = 10 ** 7
-    with pytest.raises(ConfigError, match=r"num_hidden_layers=10000000, .*need [\d,]+ bytes \([\d,.]+ GiB: "
-                                          r"[\d,]+ values at 2 bytes\); this machine has [\d.,]+ GiB of memory"):
-        V4Config.from_hf(d)
+    for bad in (10 ** 7, MAX_LAYERS + 1):
+        with pytest.raises(ConfigError, match=rf"config num_hidden_layers must be at most {MAX_LAYERS} .*got {bad}$"):
+            V4Config.from_hf(dict(d, num_hidden_layers=bad))
+    assert V4Config.from_hf(dict(d, num_hidden_layers=MAX_LAYERS)).num_hidden_layers == MAX_LAYERS
+    with pytest.raises(ConfigError, match=f"at most {MAX_LAYERS}"):
+        preset("tiny", num_hidden_layers=MAX_LAYERS + 1, layer_types=("sliding_attention",) * (MAX_LAYERS + 1),
+               mlp_layer_types=("moe",) * (MAX_LAYERS + 1))
+
+
+def test_random_weights_past_this_machines_memory_say_how_many_bytes(monkeypatch):
+    """Model.load(V4Config) makes its random weights whole on the host: past this machine's memory it is
+    a ConfigError with the bytes needed, before anything is made (no MemoryError minutes later)."""
+    from dsv4_vk.model import Model
     cfg = preset("tiny", num_hidden_layers=3000, layer_types=("sliding_attention",) * 3000,
                  mlp_layer_types=("moe",) * 3000)
     monkeypatch.setattr(os, "sysconf", lambda name: {"SC_PHYS_PAGES": 1000, "SC_PAGE_SIZE": 4096}[name])

@@ -180,15 +180,25 @@ def test_compress_storing_the_chunk_refuses_what_it_cannot_write():
         g.op("COMPRESS", *ts, out=ts[0], **prm)
 
 
-@pytest.mark.parametrize("heads", [None, 1, 3])
+@pytest.mark.parametrize("kernel,heads", [("cluster", None), ("cluster", 1), ("cluster", 3), ("entry", None)])
 @pytest.mark.parametrize("T,nh,hd,n,rate,p0", [(1, 16, 16, 9, 4, 37), (6, 4, 32, 12, 4, 3), (3, 64, 128, 300, 4, 1000),
-                                               (2, 7, 20, 30, 4, 90), (1, 5, 8, 11, 4, 45)])
-def test_index_score(tune, rng, monkeypatch, heads, T, nh, hd, n, rate, p0):
-    """heads: heads per step of the cluster-sum kernel (None: the default, SCATTER where the device has
-    shuffles: LANES heads a step, e.g. 2 lanes at hd = 8 with 5 heads, the last step past the heads;
-    3: a last step past the heads)."""
-    tune({"index_score.heads": heads})
+                                               (2, 7, 20, 30, 4, 90), (1, 5, 8, 11, 4, 45), (2, 3, 18, 25, 4, 80),
+                                               (1, 8, 64, 700, 2, 1203)])
+def test_index_score(tune, rng, monkeypatch, kernel, heads, T, nh, hd, n, rate, p0):
+    """kernel: a cluster of lanes an entry, or an invocation an entry with q staged in shared memory
+    (LANE_ENTRY, where hd % 4 == 0 and q fits shared memory: hd = 18 falls back to the cluster
+    kernel, and so does nh·hd = 8192 on lavapipe's 32 KB; n = 700 spans several workgroups of
+    entries). heads: heads per step of the cluster-sum kernel (None: the default,
+    SCATTER where the device has shuffles: LANES heads a step, e.g. 2 lanes at hd = 8 with 5 heads,
+    the last step past the heads; 3: a last step past the heads)."""
+    tune({"index_score.heads": heads, "index_score.cpu": kernel, "index_score.gpu": kernel})
     arrays = [f32(rng, T, nh, hd), f32(rng, T, nh), f32(rng, n, hd), np.array([p0], np.int32)]
+    g = Graph()
+    g.op("INDEX_SCORE", *(g.const(a) for a in arrays), rate=rate, scale=0.5, capacity=4096)
+    dev = Executor().device
+    (launch,) = g.nodes[-1].op.lower(g.nodes[-1], dev)
+    fits = 4 * nh * hd + 4 * nh + 64 <= dev.caps.limits.max_shared_memory     # q and wt staged
+    assert ("LANE_ENTRY" in launch.defines) == (kernel == "entry" and hd % 4 == 0 and fits)
     got, ref, bad = run("INDEX_SCORE", arrays, {"rate": rate, "scale": hd ** -0.5 * nh ** -0.5, "capacity": 4096})
     closed = np.isfinite(ref)                       # the rest of a row is left unwritten (TOPK never reads it)
     assert closed.sum() == sum(min((p0 + t + 1) // rate, n) for t in range(T))
@@ -232,12 +242,12 @@ def topk_scores(rng, T, n, levels, specials):
     return s
 
 
-def run_topk(s, k, pos=None, rate=1, capacity=None, tile=None):
+def run_topk(s, k, pos=None, rate=1, capacity=None, tile=None, sorted=True):
     """compress.topk's device result for scores s (one TOPK, or TOPK_TILES + TOPK where s's rows span
     several tiles) and its guard-damaged storages."""
     g = Graph()
     bound = g.const(np.array([pos], np.int32)) if pos is not None else None
-    g.output("i", compress.topk(g, g.const(s), k, pos=bound, rate=rate, capacity=capacity, tile=tile))
+    g.output("i", compress.topk(g, g.const(s), k, pos=bound, rate=rate, capacity=capacity, tile=tile, sorted=sorted))
     cg = Executor().compile(g)
     return cg.run()["i"], cg.check_guards()
 
@@ -246,20 +256,21 @@ def run_topk(s, k, pos=None, rate=1, capacity=None, tile=None):
 @settings(max_examples=5, deadline=None, database=None)
 @given(T=st.integers(1, 5), n=st.integers(1, 700), k=st.integers(1, 300), tile=st.sampled_from([None, 1, 7, 64, 256]),
        levels=st.sampled_from([0, 2, 50, 10 ** 6]), specials=st.integers(0, 5), pos=st.integers(-3, 3000),
-       rate=st.sampled_from([1, 2, 4, 128]), capacity=st.sampled_from([50, 1 << 20]), seed=st.integers(0, 2 ** 31))
+       rate=st.sampled_from([1, 2, 4, 128]), capacity=st.sampled_from([50, 1 << 20]), seed=st.integers(0, 2 ** 31),
+       ordered=st.booleans())
 def test_topk_over_each_rows_causal_entries_matches_float64(scan, T, n, k, tile, levels, specials, pos, rate, capacity,
-                                                            seed):
+                                                            seed, ordered):
     """The indexer's top-k: row t of a chunk at pos ranks only its closed entries w < (p + 1)/rate
     (none for p outside [0, capacity)); ties (levels 0: every score equal) go to the lower index, −0
     ties with +0, NaN and ±inf are never selected, k past the selectable entries pads −1. Rows one
     tile (one TOPK) or many (TOPK_TILES, then TOPK merging the tiles' candidates, tiles of 1 to 256
-    entries), against reference_topk."""
+    entries), by descending score or (sorted=False) in entry order, against reference_topk."""
     rng = np.random.default_rng(seed)
     s = topk_scores(rng, T, n, levels, specials)
     with topk_scan(scan):
-        got, bad = run_topk(s, k, pos, rate, capacity, tile)
+        got, bad = run_topk(s, k, pos, rate, capacity, tile, ordered)
     assert not bad
-    np.testing.assert_array_equal(got, compress.reference_topk(s, k, np.array([pos]), rate, capacity))
+    np.testing.assert_array_equal(got, compress.reference_topk(s, k, np.array([pos]), rate, capacity, ordered))
 
 
 @pytest.mark.parametrize("scan", SCANS)
@@ -280,7 +291,7 @@ def test_topk_without_a_bound_ranks_every_entry(scan, T, n, k, tile, seed):
 
 @pytest.mark.parametrize("wg,bits,staged,scan", [(64, 4, 1, s) for s in SCANS] + [(256, 11, 3, s) for s in SCANS] +
                          [(32, 12, 1, s) for s in SCANS] + [(1024, 11, None, s) for s in SCANS[1::2]] +
-                         [(16, 8, None, "groups"), (128, 7, 50, "groups"), (16, 8, None, "fused+spread"),
+                         [(16, 8, None, "groups"), (128, 7, 50, "groups"), (16, 8, None, "fused+spread"), (8, 8, None, "fused"),
                           (128, 7, 50, "subgroup+spread")])
 def test_topk_at_any_workgroup_digit_width_and_staging(tune, scan, wg, bits, staged):
     """TOPK's knobs: workgroups smaller and larger than k (ranks counted whole or in parts), digits
@@ -289,12 +300,13 @@ def test_topk_at_any_workgroup_digit_width_and_staging(tune, scan, wg, bits, sta
     the list itself; ties, NaN, ±inf and −1 padding, one tile or many."""
     tune({"topk_wg.cpu": wg, "topk_wg.gpu": wg, "topk_bits.cpu": bits, "topk_bits.gpu": bits, "topk_staged.keys": staged})
     rng = np.random.default_rng(bits)
-    for levels, k, tile in ((3, 40, None), (10 ** 6, 100, 64), (0, 7, None)):
+    for levels, k, tile, ordered in ((3, 40, None, True), (10 ** 6, 100, 64, True), (0, 7, None, True),
+                                     (3, 40, None, False), (10 ** 6, 100, 64, False)):
         s = topk_scores(rng, 3, 500, levels, 4)
         with topk_scan(scan):
-            got, bad = run_topk(s, k, 1203, 4, 1 << 20, tile)      # rows see 301..301 of 500 entries
+            got, bad = run_topk(s, k, 1203, 4, 1 << 20, tile, ordered)      # rows see 301..301 of 500 entries
         assert not bad
-        np.testing.assert_array_equal(got, compress.reference_topk(s, k, np.array([1203]), 4, 1 << 20))
+        np.testing.assert_array_equal(got, compress.reference_topk(s, k, np.array([1203]), 4, 1 << 20, ordered))
 
 
 @pytest.mark.parametrize("groups", [1, 3, 1000])

@@ -90,19 +90,23 @@ def moe_graphs(rng, w13, w2, R):
            (g2, {"h": rng.standard_normal((1, R, F)).astype(np.float32)}, R * D * F * 2)
 
 
-def topk_rows(rng, row, cases, tiles):
+ORDERS = {"entry": False, "sorted": True}      # --topk-orders: TOPK's sorted= (the model's: entry order)
+
+
+def topk_rows(rng, row, cases, tiles, orders):
     """The indexer's TOPK (k 512, rate 4) at decode: for each (cache entries n, position) in cases,
     the (pos + 1)/4 closed entries ranked, one TOPK per row or TOPK_TILES + TOPK per tile size
-    (None: the default, knob topk_tile.entries)."""
+    (None: the default, knob topk_tile.entries), in each order (ORDERS)."""
     for n, pos in cases:
         scores = rng.standard_normal((1, n)).astype(np.float32)
         for tile in tiles:
-            g = Graph()
-            g.output("i", compress.topk(g, g.input("s", (1, n)), min(512, n), pos=g.const(np.array([pos], np.int32)),
-                                        rate=4, capacity=4 * n, tile=tile))
-            t = tile or compress.TOPK_TILE["entries"]
-            row(f"TOPK {min((pos + 1) // 4, n)} of {n} entries, k {min(512, n)}, tile {t}", g, {"s": scores}, tile=t,
-                entries=n, valid=min((pos + 1) // 4, n))
+            for order in orders:
+                g = Graph()
+                g.output("i", compress.topk(g, g.input("s", (1, n)), min(512, n), rate=4, capacity=4 * n, tile=tile,
+                                            pos=g.const(np.array([pos], np.int32)), sorted=ORDERS[order]))
+                t = tile or compress.TOPK_TILE["entries"]
+                row(f"TOPK {min((pos + 1) // 4, n)} of {n} entries, k {min(512, n)}, tile {t}, {order}", g,
+                    {"s": scores}, tile=t, entries=n, valid=min((pos + 1) // 4, n), order=order)
 
 
 def select_rows(ex, rng, args, warm, ctx, pos, D, E):
@@ -117,15 +121,25 @@ def select_rows(ex, rng, args, warm, ctx, pos, D, E):
         print(f"{label:44s} {us:8.1f} µs  ({nd} dispatch{'es' if nd > 1 else ''})", flush=True)
         rows.append({"op": label.split()[0], "label": label, "us": us, "dispatches": nd, **extra})
 
-    for heads in (None, 1, 4, 8):                      # None: the default (SCATTER where it runs)
-        g = Graph(Tuning({"index_score.heads": heads}))
+    for heads in (None, 1, 4, 8):                      # the cluster kernel; None: SCATTER where it runs
+        g = Graph(Tuning({"index_score.heads": heads, "index_score.gpu": "cluster"}))
         g.output("s", g.op("INDEX_SCORE", g.input("q", (1, nI, hI)), g.input("w", (1, nI)), g.const(
             rng.standard_normal((n, hI)).astype(np.float32)), g.const(np.array([pos], np.int32)), rate=4,
             scale=hI ** -0.5 * nI ** -0.5, capacity=ctx))
         row(f"INDEX_SCORE {nI} heads x {hI}, {n} keys, heads/step {heads or 'default'}", g,
             {"q": rng.standard_normal((1, nI, hI)).astype(np.float32),
              "w": rng.standard_normal((1, nI)).astype(np.float32)}, heads=heads)
-    topk_rows(rng, row, [(n, pos)], [None])
+    # the long path: every entry of a 32k and a 1M context closed, each kernel (knob index_score.gpu)
+    for keys in ((64, 2048) if args.quick else (8192, 262144)):
+        for kernel in ("entry", "cluster"):
+            g = Graph(Tuning({"index_score.gpu": kernel, "index_score.cpu": kernel}))
+            g.output("s", g.op("INDEX_SCORE", g.input("q", (1, nI, hI)), g.input("w", (1, nI)), g.const(
+                rng.standard_normal((keys, hI)).astype(np.float32)), g.const(np.array([4 * keys - 1], np.int32)),
+                rate=4, scale=hI ** -0.5 * nI ** -0.5, capacity=4 * keys))
+            row(f"INDEX_SCORE {nI} heads x {hI}, {keys} keys, {kernel} kernel", g,
+                {"q": rng.standard_normal((1, nI, hI)).astype(np.float32),
+                 "w": rng.standard_normal((1, nI)).astype(np.float32)}, kernel=kernel, keys=keys)
+    topk_rows(rng, row, [(n, pos)], [None], ["entry"])
     g = Graph()
     g.output("r", g.op("V4_ROUTE", g.input("l", (1, E)), g.const(rng.standard_normal(E).astype(np.float32) * 0.1),
                        top_k=6, scoring="sqrtsoftplus", route_scale=1.5))
@@ -153,6 +167,8 @@ def main(argv=None):
                     "at a 32k context)")
     ap.add_argument("--topk-tiles", default="1024,2048,4096", help="topk: TOPK_TILES tile sizes to sweep beside "
                     "the default (a tile ≥ the entries: one TOPK dispatch)")
+    ap.add_argument("--topk-orders", default="entry,sorted",
+                    help="topk: TOPK's orders to measure: entry (sorted=False, the model's) and/or sorted")
     ap.add_argument("--topk-variants", default="1024:11,512:11,256:11,1024:8,1024:12",
                     help="topk: TOPK workgroup sizes, digit bits and bin scans (WG:BITS[:SCAN[+spread]], comma-separated; "
                     f"SCAN one of {', '.join(sorted(compress.TOPK_SCANS))}, default the device type's; +spread: "
@@ -229,8 +245,11 @@ def main(argv=None):
             results.append({"op": "TOPK", "label": label, "us": us, "dispatches": nd, **extra})
         # every entry closed; then the same n closed entries in caches of 4n and 32n entries (the cost
         # must follow the closed entries, not the capacity); then a quarter of them closed
+        orders = args.topk_orders.split(",")
+        if not orders or set(orders) - set(ORDERS):
+            ap.error(f"--topk-orders: expected a list of {sorted(ORDERS)}, got {args.topk_orders!r}")
         topk_rows(rng, row, [(n, 4 * n - 1), (4 * n, 4 * n - 1), (32 * n, 4 * n - 1), (n, n - 1)],
-                  [None] + [int(t) for t in args.topk_tiles.split(",")])
+                  [None] + [int(t) for t in args.topk_tiles.split(",")], orders)
         kind = "cpu" if ex.device.caps.is_cpu else "gpu"
         for variant in args.topk_variants.split(","):
             parts = variant.split(":")
@@ -246,14 +265,16 @@ def main(argv=None):
             # in a few exponents (most keys share the first digit of their bits)
             for dist, scores in (("normal", rng.standard_normal((1, n))),
                                  ("relu-sum", np.maximum(rng.standard_normal((64, n)), 0).sum(0, keepdims=True) / 8)):
-                g = Graph(tuning)
-                g.output("i", compress.topk(g, g.input("s", (1, n)), min(512, n),
-                                            pos=g.const(np.array([4 * n - 1], np.int32)), rate=4, capacity=4 * n, tile=n))
-                scores = scores.astype(np.float32)
-                exact = bool(np.array_equal(ex.run(g, s=scores)["i"], compress.reference_topk(scores, min(512, n))))
-                row(f"TOPK {n} {dist}, k {min(512, n)}, WG {wg}, {bits}-bit, {scan} scan{' +spread' * spreads}"
-                    f"{'' if exact else ' WRONG'}", g, {"s": scores}, wg=wg, bits=bits, scan=scan, spread=spreads,
-                    scores=dist, exact=exact, entries=n, valid=n)
+                for order in orders:
+                    g = Graph(tuning)
+                    g.output("i", compress.topk(g, g.input("s", (1, n)), min(512, n), rate=4, capacity=4 * n, tile=n,
+                                                pos=g.const(np.array([4 * n - 1], np.int32)), sorted=ORDERS[order]))
+                    scores = scores.astype(np.float32)
+                    ref = compress.reference_topk(scores, min(512, n), sorted=ORDERS[order])
+                    exact = bool(np.array_equal(ex.run(g, s=scores)["i"], ref))
+                    row(f"TOPK {n} {dist}, k {min(512, n)}, WG {wg}, {bits}-bit, {scan} scan{' +spread' * spreads}, "
+                        f"{order}{'' if exact else ' WRONG'}", g, {"s": scores}, wg=wg, bits=bits, scan=scan,
+                        spread=spreads, scores=dist, exact=exact, entries=n, valid=n, order=order)
     warm.close()
     if args.json:
         Path(args.json).write_text(json.dumps({"device": ex.device.name, "results": results}, indent=2) + "\n")

@@ -520,8 +520,10 @@ class ModelGraph:
         qI = g.op("ROPE", qI, self.pos, self.param("rope.compress.cos"), self.param("rope.compress.sin"))
         s = g.op("INDEX_SCORE", qI, cols["indexer.weights_proj.weight"], keys, self.pos, rate=m,
                  scale=hI ** -0.5 * nI ** -0.5, capacity=cfg.max_ctx)
-        # each row ranks only its closed windows' scores: the cost follows the position, not max_ctx
-        return topk(g, s, min(cfg.index_topk, keys.shape[0]), pos=self.pos, rate=m, capacity=cfg.max_ctx)
+        # each row ranks only its closed windows' scores: the cost follows the position, not max_ctx;
+        # attention reads the selected set, so it comes in entry order (no rank count)
+        return topk(g, s, min(cfg.index_topk, keys.shape[0]), pos=self.pos, rate=m, capacity=cfg.max_ctx,
+                    sorted=False)
 
     def moe(self, i, x):
         """V4_ROUTE (score + bias, or the hash table by token id; the shared expert appended) →

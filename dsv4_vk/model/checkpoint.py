@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import re
 
@@ -360,6 +361,9 @@ def _files(path):
 
 
 EAGER_BYTES = 1 << 20          # tensors up to this size are read at once; larger ones when uploaded
+# A per-expert tensor (or its scale) is read at once only where its layer's stack of them in the file is
+# that small too: V4-Flash's FP4 experts have 43 · 256 · 3 scale tensors of 256 KiB, 8.4 GB otherwise.
+_PER_EXPERT = re.compile(r"\.experts\.\d+\.")
 NP_DTYPES = dict(FLOAT_DTYPES, I64=np.int64, I32=np.int32, I16=np.int16, U32=np.uint32, U16=np.uint16,
                  F8_E4M3=np.uint8, F8_E8M0=np.uint8, I8=np.uint8, U8=np.uint8)
 
@@ -434,7 +438,8 @@ def _checked(fn, key, dt, a):
 def _read_file(fn, names):
     """{name: (array or Lazy, safetensors dtype)} of one file, refusing unsupported dtypes before
     reading any data. FP8 codes and E8M0 scales come as their bytes (uint8); tensors over
-    EAGER_BYTES stay Lazy (read and checked when their param is uploaded)."""
+    EAGER_BYTES, and per-expert ones whose layer's stack in the file is, stay Lazy (read and checked
+    when their param is uploaded)."""
     out = {}
     try:                    # opened here first: the library words a link loop or no permission as no file
         open(fn, "rb").close()
@@ -447,6 +452,8 @@ def _read_file(fn, names):
                 missing = sorted(set(names) - keys)
                 if missing:
                     raise CheckpointError(f"{fn}: the index names tensor(s) {missing[:5]} that the file does not hold")
+            header = {}
+            stacks: dict = {}       # per-expert tensors' bytes by name with the expert number left out
             for k in sorted(keys if names is None else names):
                 sl = f.get_slice(k)
                 dt = sl.get_dtype()
@@ -455,8 +462,11 @@ def _read_file(fn, names):
                                           "F8_E4M3 or I8/U8 (FP4) quantised linears with F8_E8M0/U8/F32 scales, "
                                           "integer tid2eid")
                 shape = tuple(sl.get_shape())
-                nbytes = int(np.prod(shape)) * np.dtype(NP_DTYPES[dt]).itemsize
-                if nbytes <= EAGER_BYTES or k.endswith("tid2eid"):
+                header[k] = dt, shape, math.prod(shape) * np.dtype(NP_DTYPES[dt]).itemsize
+                stack = _PER_EXPERT.sub(".experts.*.", k)
+                stacks[stack] = stacks.get(stack, 0) + header[k][2]
+            for k, (dt, shape, _) in header.items():
+                if stacks[_PER_EXPERT.sub(".experts.*.", k)] <= EAGER_BYTES or k.endswith("tid2eid"):
                     a = f.get_tensor(k)
                     out[k] = (_checked(fn, k, dt, a.view(np.uint8) if dt.startswith("F8") or dt == "I8" else a), dt)
                 else:

@@ -11,8 +11,10 @@ normalises) are accepted and ignored. `max_ctx` is ours: the decode cache capaci
 The model's sizes (SIZE_KEYS, and INDEXER_KEYS where a layer is CSA) must be given: a missing one
 is a ConfigError naming it, never a default. Every value error is a ConfigError naming its key,
 including the bounds the kernels need (eps values within float32, at most 1000 Sinkhorn
-iterations), and a model whose weights cannot fit in this machine's memory is refused with the
-bytes it needs before anything is allocated.
+iterations) and at most MAX_LAYERS layers. Parsing allocates per-layer lists only, so it does not
+weigh the weights: a checkpoint's tensors are read lazily and its bytes are checked against the
+device when the model is built (`model.runner.check_memory`); DeepSeek-V4-Flash's and -Pro's own
+config.json parse on any machine.
 """
 from __future__ import annotations
 
@@ -42,7 +44,15 @@ IGNORED = {"architectures", "model_type", "transformers_version", "dtype", "torc
            "num_key_value_heads", "n_shared_experts", "norm_topk_prob", "num_nextn_predict_layers",
            "tie_word_embeddings", "quantization_config", "expert_dtype", "hidden_act", "_name_or_path",
            "rope_scaling", "rope_parameters", "compress_ratios", "compress_rate_csa", "compress_rate_hca",
-           "num_hash_layers", "qk_rope_head_dim", "max_position_embeddings"}
+           "num_hash_layers", "qk_rope_head_dim", "max_position_embeddings", "topk_method"}
+# (topk_method: DeepSeek's published config.json says "noaux_tc"; transformers reads no such key and
+# always ranks scores + the correction bias, as this backend does)
+
+# A bound on num_hidden_layers, checked before anything per layer is built: a model's host structures
+# (the layer lists, the checkpoint's tensor table, the graphs' dispatches) take hundreds of objects a
+# layer, so 10**7 layers would exhaust the host's memory before any weight is read. Published models
+# have well under 200 layers (DeepSeek-V4-Flash 43, -Pro 61).
+MAX_LAYERS = 4096
 
 
 # keys config.json must give: the model's sizes are never guessed (the dataclass defaults are a tiny
@@ -92,6 +102,14 @@ def check_quantization(d: dict) -> None:
 def _int(name, v, lo=1):
     if isinstance(v, bool) or not isinstance(v, int) or v < lo:
         raise ConfigError(f"config {name} must be an integer ≥ {lo}, got {v!r}")
+    return v
+
+
+def _layers(v) -> int:
+    """num_hidden_layers, an integer in [1, MAX_LAYERS]."""
+    if _int("num_hidden_layers", v) > MAX_LAYERS:
+        raise ConfigError(f"config num_hidden_layers must be at most {MAX_LAYERS} (a bound on the host structures "
+                          f"built per layer; published models have under 200 layers), got {v!r}")
     return v
 
 
@@ -152,6 +170,7 @@ class V4Config:
                   "moe_intermediate_size", "sliding_window", "index_n_heads", "index_head_dim", "index_topk",
                   "hc_sinkhorn_iters", "max_ctx"):
             _int(n, getattr(self, n))
+        _layers(self.num_hidden_layers)
         for n in ("routed_scaling_factor", "swiglu_limit", "rope_theta", "compress_rope_theta", "partial_rotary_factor"):
             _pos(n, getattr(self, n))
         for n in ("hc_eps", "rms_norm_eps"):           # (a subnormal eps is still an eps: the kernels take it)
@@ -227,11 +246,22 @@ class V4Config:
             n += count * (layer + extra)
         return n
 
-    def check_memory(self, bytes_per_weight: int, what: str) -> None:
-        """ConfigError, with the bytes needed, where the weights at `bytes_per_weight` each cannot fit in
-        this machine's memory (they are all on the host while loading: a MemoryError minutes later
-        otherwise)."""
-        _check_memory(vars(self), self.weight_count(), bytes_per_weight, what)
+    def check_host_memory(self, bytes_per_weight: int, what: str) -> None:
+        """ConfigError, with the bytes needed, where weights made whole on the host (random weights
+        at `bytes_per_weight` each) cannot fit in this machine's memory: a MemoryError minutes later
+        otherwise. A checkpoint's weights are never all on the host (they are read lazily); their
+        bytes are checked against the device (`model.runner.check_memory`)."""
+        values = self.weight_count()
+        need = values * bytes_per_weight
+        try:
+            have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, OSError, ValueError):
+            return
+        if need > have:
+            shown = ", ".join(f"{k}={getattr(self, k)}" for k in SIZE_KEYS)
+            raise ConfigError(f"config sizes {shown}: {what} need {need:,} bytes ({need / 2 ** 30:,.1f} GiB: "
+                              f"{values:,} values at {bytes_per_weight} bytes); this machine has "
+                              f"{have / 2 ** 30:,.1f} GiB of memory")
 
     def replace(self, **changes: Any) -> "V4Config":
         return dataclasses.replace(self, **changes)
@@ -273,14 +303,11 @@ class V4Config:
         missing = [k for k in SIZE_KEYS if k not in kw]
         if missing:
             raise ConfigError(f"config.json has no {', '.join(missing)} (or null): the model's sizes must be given")
-        L = _int("num_hidden_layers", kw["num_hidden_layers"])
+        L = _layers(kw["num_hidden_layers"])
         if kw.get("hc_mult", 4) != 4:
             raise ConfigError(f"config hc_mult must be 4 (the HC kernels' stream count), got {kw['hc_mult']!r}")
-        sizes = dict(kw, hc_mult=4)
         for k in SIZE_KEYS:
-            _int(k, sizes[k])
-        # before the per-layer lists are built: the layers' shared tensors alone, at 2 bytes a value
-        _check_memory(sizes, L * _layer_values(sizes), 2, "the layers' weights (at least 2 bytes each)")
+            _int(k, kw[k])
         rates = d.get("compress_rates") or {}
         if not isinstance(rates, dict):
             raise ConfigError(f"config compress_rates must be an object mapping layer types to rates, got {rates!r}")
@@ -363,18 +390,6 @@ def _layer_values(c: dict) -> int:
     M, g, r = (2 + hc) * hc, c["o_groups"], c["o_lora_rank"]
     return (2 * (M * hc * D + M + 3) + 2 * D + qr * D + qr + H * hd * qr + hd * D + hd + g * r * (H * hd // g)
             + D * g * r + H + E * D + E * 2 * F * D + E * D * F + 3 * F * D)
-
-
-def _check_memory(c: dict, values: int, bytes_per_value: int, what: str) -> None:
-    need = values * bytes_per_value
-    try:
-        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, OSError, ValueError):
-        return
-    if need > have:
-        shown = ", ".join(f"{k}={c[k]}" for k in SIZE_KEYS)
-        raise ConfigError(f"config sizes {shown}: {what} need {need:,} bytes ({need / 2 ** 30:,.1f} GiB: {values:,} values "
-                          f"at {bytes_per_value} bytes); this machine has {have / 2 ** 30:,.1f} GiB of memory")
 
 
 def load_config_json(path: str, max_ctx: int | None = None) -> V4Config:

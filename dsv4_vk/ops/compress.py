@@ -25,7 +25,25 @@ COMPRESS_WG = knob_table(
 INDEX_HEADS = knob_table(
     "index_score",
     heads=(None, "INDEX_SCORE heads per step with cluster sums (None: the SCATTER kernel where the device has "
-                 "shuffles, else from channels per lane)"))
+                 "shuffles, else from channels per lane)"),
+    gpu=("entry", "INDEX_SCORE's kernel on GPUs: entry (an invocation an entry, q staged in shared memory: "
+                  "index_score.comp -D LANE_ENTRY, where it fits) or cluster (a cluster of lanes an entry)"),
+    cpu=("cluster", "INDEX_SCORE's kernel on CPU devices (entry or cluster)"),
+    entry_wg=(128, "INDEX_SCORE -D LANE_ENTRY: invocations (entries) a workgroup"))
+# LANE_ENTRY keeps a sum per head in registers: at most this many heads
+INDEX_ENTRY_MAX_HEADS = 128
+
+
+def _index_entry_kernel(device, q, k, hd: int, nh: int) -> bool:
+    """Whether INDEX_SCORE takes the entry kernel (LANE_ENTRY): the knob asks for it, and q's and k's
+    rows are whole 16-byte vec4s that fit shared memory."""
+    kind = "cpu" if device.caps.is_cpu else "gpu"
+    choice = INDEX_HEADS[kind]
+    if choice not in ("entry", "cluster"):
+        raise ValueError(f"tuning knob 'index_score.{kind}' must be 'entry' or 'cluster', got {choice!r}")
+    aligned = hd % 4 == 0 and all(v % 4 == 0 for v in (q.offset, *q.strides[:2], k.offset, k.strides[0]))
+    fits = 16 * nh * (hd // 4) + 4 * nh + 64 <= device.caps.limits.max_shared_memory
+    return choice == "entry" and aligned and fits and nh <= INDEX_ENTRY_MAX_HEADS
 
 
 # Workgroups per row of INDEX_SCORE and TOPK_TILES at most, looping over the row's blocks below its
@@ -224,6 +242,13 @@ class IndexScore(OpDef):
                 **view_fields("w", wt.offset, wt.strides[:1]), **view_fields("k", k.offset, k.strides[:1]),
                 **view_fields("o", out.offset, out.strides[:1]), "pos_off": pos.offset,
                 "scale": float(prm.get("scale", 1.0))}
+        if _index_entry_kernel(device, q, k, hd, nh):
+            wg = workgroup_pow2(device, INDEX_HEADS["entry_wg"])
+            entry_lanes, entry_extra = cluster_lanes(device, nh, per_lane=16, max_lanes=wg)
+            push["groups"] = groups = row_groups(device, -(-n // (wg // entry_lanes["LANES"])))
+            return [Launch("index_score", [q, wt, k, pos, out], (4,), push, grid_1d(T * groups, 1),
+                           defines={"LANE_ENTRY": 1, **entry_lanes}, spec=(wg, prm["rate"], 1, 1, nh, hd // 4),
+                           **entry_extra)]
         per_lane = -(-hd // lanes["LANES"])
         heads = INDEX_HEADS.get("heads") or (4 if per_lane <= 16 else 1)     # loads in flight per lane
         if INDEX_HEADS.get("heads") is None and 2 <= lanes["LANES"] <= 32 \
@@ -241,10 +266,10 @@ class IndexScore(OpDef):
         return s
 
 
-def reference_topk(scores, k, pos=None, rate=1, capacity=1 << 30):
-    """idx [T, k] int: each row's finite entries by descending score (ties: lower index first), −1
-    padding; with pos, row t sees only entries w < min((p + 1) // rate, n) for p = pos[0] + t in
-    [0, capacity) (none otherwise)."""
+def reference_topk(scores, k, pos=None, rate=1, capacity=1 << 30, sorted=True):
+    """idx [T, k] int: each row's k largest finite scores' entries (ties: lower index first), by
+    descending score (sorted) or ascending entry, −1 padding; with pos, row t sees only entries
+    w < min((p + 1) // rate, n) for p = pos[0] + t in [0, capacity) (none otherwise)."""
     s = np.asarray(scores, np.float64)
     T, n = s.shape
     bound = np.full(T, n)
@@ -255,7 +280,7 @@ def reference_topk(scores, k, pos=None, rate=1, capacity=1 << 30):
     for t, row in enumerate(s):
         fin = np.flatnonzero(np.isfinite(row[:bound[t]]))
         order = fin[np.lexsort((fin, -row[fin]))][:k]
-        out[t, :len(order)] = order
+        out[t, :len(order)] = order if sorted else np.sort(order)
     return out
 
 
@@ -276,10 +301,9 @@ TOPK_STAGED = knob_table(
                                "left over holds, ≤ 8192)"))
 TOPK_SCAN = knob_table(
     "topk_scan",
-    gpu=("subgroup", "TOPK's bin scan on GPUs: groups (serial sums of bin groups in shared memory), subgroup "
-                     "(a suffix sum with subgroup operations; on the H200 level with groups on normal scores and "
-                     "14 % faster on the indexer's clustered ones, results/h200/topk_variants_h200.txt) or fused "
-                     "(subgroup, two histograms: fewer barriers, measured no faster)"),
+    gpu=("fused", "TOPK's bin scan on GPUs: groups (serial sums of bin groups in shared memory), subgroup "
+                  "(a suffix sum with subgroup operations) or fused (subgroup with two histograms: fewer "
+                  "barriers; on the H200 the fastest on the indexer's clustered scores, results/h200/topk_h200.txt)"),
     cpu=("groups", "TOPK's bin scan on CPU devices (groups, subgroup or fused)"))
 # the defines of each bin scan; devices without subgroup arithmetic (or with more than 256 subgroups
 # a workgroup) use "groups", and "fused" is "subgroup" where its two histograms do not fit beside k
@@ -296,23 +320,28 @@ def topk_tiles(n: int, tile: int) -> int:
     return max(1, -(-int(n) // int(tile)))
 
 
-def topk(g, scores, k: int, pos=None, rate: int = 1, capacity: int | None = None, tile: int | None = None):
-    """The top k of each row of scores [T, n] (TOPK's order and bound): one TOPK where the row fits
-    one tile, else TOPK_TILES (each tile's top k, a workgroup each) and TOPK merging them. With pos
-    (i32 [1]), row t reads only its causal entries (TOPK): the cost follows the entries that exist."""
+def topk(g, scores, k: int, pos=None, rate: int = 1, capacity: int | None = None, tile: int | None = None,
+         sorted: bool = True):
+    """The top k of each row of scores [T, n] (TOPK's order and bound; sorted=False: in entry order,
+    cheaper): one TOPK where the row fits one tile, else TOPK_TILES (each tile's top k, a workgroup
+    each) and TOPK merging them. With pos (i32 [1]), row t reads only its causal entries (TOPK): the
+    cost follows the entries that exist."""
     tile = int(tile or TOPK_TILE["entries"])
     bound = [] if pos is None else [pos]
     prm = {"k": k} if pos is None else {"k": k, "rate": rate, "capacity": capacity or (1 << 30)}
+    order = {} if sorted else {"sorted": False}
     if topk_tiles(scores.shape[1], tile) == 1:
-        return g.op("TOPK", scores, *bound, **prm)
+        return g.op("TOPK", scores, *bound, **prm, **order)
     cand = g.op("TOPK_TILES", scores, *bound, tile=tile, **prm)
-    return g.op("TOPK", scores, *bound, cand, tile=tile, **prm)
+    return g.op("TOPK", scores, *bound, cand, tile=tile, **prm, **order)
 
 
 def _topk_check(op, inputs, params, with_tile):
     """(scores, pos or None, rest, k, tile) of TOPK / TOPK_TILES after checking them."""
     nonempty(op, inputs[:1])
-    check_params(op, params, ("k", "rate", "capacity", "tile"))
+    check_params(op, params, ("k", "rate", "capacity", "tile") + (() if with_tile else ("sorted",)))
+    if not isinstance(params.get("sorted", True), bool):
+        raise ValueError(f"{op}: sorted must be True or False, got {params['sorted']!r}")
     s = inputs[0]
     expect(op, "scores (input 0, [T, n])", s, (None, None))
     unit_last(op, "scores", s)
@@ -373,7 +402,8 @@ def _topk_spec(op, device, K, tile, keys=True):
 
     def shared(scan):                   # histograms, scan sums, state, alignment; then K's keys
         hists = 2 if "SCAN_FUSED" in scan else 1
-        groups = 256 if set(scan) - {"SPREAD"} else 1 << (bits - bits // 2)
+        subgroup = bool(set(scan) - {"SPREAD"})
+        groups = 256 if subgroup else (1 << (bits - bits // 2)) + wg      # + the compaction's counts
         fixed = 4 * (hists * (1 << bits) + groups + 3 * hists + 8) + 64
         return fixed, 8 * K * keys + fixed + 8
     fixed, need = shared(scan)
@@ -418,9 +448,11 @@ class TopKTiles(OpDef):
 
 @register
 class TopK(OpDef):
-    """TOPK(scores [T, n][, pos [1] i32][, cand], k=[, rate=, capacity=][, tile=]) -> [T, k] i32
-    (shaders/topk.comp): each row's top k scores' entries, by descending score, ties to the lower
-    index (torch.topk's order over the indexer's scores), −1 past the row's selectable entries. Only
+    """TOPK(scores [T, n][, pos [1] i32][, cand], k=[, rate=, capacity=][, tile=][, sorted=]) -> [T, k] i32
+    (shaders/topk.comp): each row's top k scores' entries, ties to the lower index, by descending
+    score (sorted=True, the default: torch.topk's order over the indexer's scores) or by ascending
+    entry (sorted=False: no rank count, for consumers of the set such as sparse attention), −1 past
+    the row's selectable entries. Only
     finite scores are selectable: NaN and ±inf rank after every finite one and are never selected.
     With rate= and capacity= (and pos), row t reads only entries w < min((p + 1) // rate, n) at
     p = pos[0] + t in [0, capacity) (none elsewhere): the indexer's causal bound, so the work follows
@@ -444,7 +476,10 @@ class TopK(OpDef):
     def lower(self, node, device):
         s, pos, rest, K, tile = _topk_check(self.name, node.inputs, node.params, False)
         out = node.output
-        spec, scan, extra = _topk_spec(self.name, device, K, tile)
+        ordered = node.params.get("sorted", True)
+        spec, scan, extra = _topk_spec(self.name, device, K, tile, keys=ordered)
+        if ordered:
+            scan = {**scan, "SORTED": 1}
         bound = pos if pos is not None else s
         if rest:
             push = _topk_fields(s, pos, K, topk_tiles(s.shape[1], tile), node.params, cand=rest[0], out=out)
@@ -454,7 +489,7 @@ class TopK(OpDef):
         return [Launch("topk", [s, bound, out], (2,), push, grid_1d(s.shape[0], 1), defines=scan, spec=spec,
                        **extra)]
 
-    def reference(self, scores, *rest, k=1, rate=None, capacity=None, tile=None):
+    def reference(self, scores, *rest, k=1, rate=None, capacity=None, tile=None, sorted=True):
         """(cand, when given, is the tiles' candidates for the same scores: the result is the rows' top k)"""
         pos = rest[0] if rate is not None else None
-        return reference_topk(scores, k, pos, rate or 1, capacity or (1 << 30))
+        return reference_topk(scores, k, pos, rate or 1, capacity or (1 << 30), sorted)
