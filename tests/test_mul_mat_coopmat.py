@@ -105,7 +105,10 @@ def test_coopmat_fma_matches_float64(rng, tiles):
 
 
 @pytest.mark.parametrize("width, subgroup", [(128, 4), (512, 16)])
-def test_coopmat_fma_at_other_subgroup_sizes(width, subgroup):
+def test_coopmat_fma_at_lavapipe_subgroup_size(device, width, subgroup):
+    """(LP_NATIVE_VECTOR_WIDTH sets lavapipe's subgroup size; another device keeps its own: nothing to run.)"""
+    if "llvmpipe" not in device.name:
+        pytest.skip(f"LP_NATIVE_VECTOR_WIDTH sets only lavapipe's subgroup size; the device is {device.name}")
     code = ("import sys, numpy as np; sys.path.insert(0, %r); import test_mul_mat_coopmat as t; "
             "from dsv4_vk.vk import default_device; assert default_device().subgroup_size == %d; "
             "t.check_coopmat('coopmat_fma', np.random.default_rng(), t.CASES[:3])" % (HERE, subgroup))
@@ -190,7 +193,7 @@ def test_coopmat_fma_strided_and_batched_views(rng):
 
 def test_coopmat_on_the_matrix_units(device, rng):
     """The cooperative-matrix kernel itself at the model's widths (K = 4096, 1024; N = 1024, 512), partial
-    tiles, default and small tiles, and the automatic choice at T ≥ coopmat.min_tokens; where the device
+    tiles, default and small tiles, and the automatic choice at T ≥ coopmat.min_tokens (coopmat.auto on); where the device
     has no matrix units there is nothing to run (coopmat_fma covers the data flow)."""
     why = mul_mat.coopmat_unavailable(device)
     if why:
@@ -199,11 +202,12 @@ def test_coopmat_on_the_matrix_units(device, rng):
     check_coopmat("coopmat", rng, CASES[:3])
     x = rng.standard_normal((300, 4096)).astype(np.float32)
     w = (rng.standard_normal((520, 4096)) / 64).astype(BF16)
-    g = Graph()
-    g.op("MUL_MAT", g.input("x", x.shape), g.const(w))
-    (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
-    assert launch.shader == "mul_mat_coopmat" and "CM_NV" in launch.defines
-    check_against_both(run_mul_mat(x, w, "auto"), x, w, "auto", "coopmat")
+    with tuned({"coopmat.auto": True}):
+        g = Graph()
+        g.op("MUL_MAT", g.input("x", x.shape), g.const(w))
+        (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+        assert launch.shader == "mul_mat_coopmat" and "CM_NV" in launch.defines
+        check_against_both(run_mul_mat(x, w, "auto"), x, w, "auto", "coopmat")
 
 
 def with_matrix_units(device, monkeypatch):
@@ -216,7 +220,8 @@ def with_matrix_units(device, monkeypatch):
 
 def test_kernel_choice_and_its_reason(device, monkeypatch):
     """pick_kernel: the matrix units from coopmat.min_tokens over bf16 / f16 weights where the device
-    has the shape, the f32 kernels otherwise, each with its reason; DSV4_VK_DISABLE_COOPMAT named."""
+    has the shape and coopmat.auto is on, the f32 kernels otherwise, each with its reason;
+    DSV4_VK_DISABLE_COOPMAT named."""
     f32 = "gemm_regs" if device.caps.is_cpu else "gemm_shared"
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, coopmat=()))     # no matrix units
     assert mul_mat.pick_kernel(device, 512, 4096, w_dtype="bf16").kernel == f32
@@ -227,27 +232,35 @@ def test_kernel_choice_and_its_reason(device, monkeypatch):
         assert mul_mat.pick_kernel(device, 512, 4096, w_dtype="f32").kernel == f32
     with_matrix_units(device, monkeypatch)
     pick = mul_mat.pick_kernel
-    assert pick(device, 16, 4096, w_dtype="bf16") == mul_mat.KernelChoice("coopmat", "matrix units: T ≥ 16 over bf16 weights")
-    assert pick(device, 512, 64, w_dtype="f16").kernel == "coopmat"
-    assert pick(device, 15, 4096, w_dtype="bf16") == mul_mat.KernelChoice("gemv", "f32 lanes: T < 16")
-    assert pick(device, 512, 4096, w_dtype="f32").kernel == "gemm_shared"
-    assert pick(device, 512, 4096, w_dtype="i32", quant=True).reason == "f32 lanes: quantised weights stay off the matrix units"
-    assert pick(device, 512, 4096, w_dtype="bf16", norm=True).kernel == "gemv"
-    with tuned({"coopmat.min_tokens": 128}):
-        assert pick(device, 64, 4096, w_dtype="bf16").kernel == "gemv"
-        assert mul_mat.describe(device) == {"kernel": "coopmat", "reason": "matrix units: T ≥ 128 over bf16 weights",
-                                            "from_tokens": 128, "tile": [64, 128]}
-    monkeypatch.setattr(device, "coopmat_disabled", True, raising=False)
-    c = pick(device, 512, 4096, w_dtype="bf16")
-    assert c.kernel == "gemm_shared" and "DSV4_VK_DISABLE_COOPMAT=1" in c.reason
-    with pytest.raises(ValueError, match="kernel='coopmat' cannot run on .*DSV4_VK_DISABLE_COOPMAT=1"):
-        pick(device, 512, 4096, "coopmat", w_dtype="bf16")
+    c = pick(device, 512, 4096, w_dtype="bf16")     # coopmat.auto off (the default): the f32 lanes, saying so
+    assert c.kernel == "gemm_shared" and "coopmat.auto is off" in c.reason, c
+    assert pick(device, 512, 4096, "coopmat", w_dtype="bf16").kernel == "coopmat"
+    with tuned({"coopmat.emulate": True}):          # (emulate only where there are no matrix units)
+        assert pick(device, 512, 4096, w_dtype="bf16").kernel == "gemm_shared"
+    assert mul_mat.describe(device)["kernel"] == "gemm_shared"
+    with tuned({"coopmat.auto": True}):
+        assert pick(device, 16, 4096, w_dtype="bf16") == mul_mat.KernelChoice("coopmat", "matrix units: T ≥ 16 over bf16 weights")
+        assert pick(device, 512, 64, w_dtype="f16").kernel == "coopmat"
+        assert pick(device, 15, 4096, w_dtype="bf16") == mul_mat.KernelChoice("gemv", "f32 lanes: T < 16")
+        assert pick(device, 512, 4096, w_dtype="f32").kernel == "gemm_shared"
+        assert pick(device, 512, 4096, w_dtype="i32", quant=True).reason == "f32 lanes: quantised weights stay off the matrix units"
+        assert pick(device, 512, 4096, w_dtype="bf16", norm=True).kernel == "gemv"
+        with tuned({"coopmat.min_tokens": 128}):
+            assert pick(device, 64, 4096, w_dtype="bf16").kernel == "gemv"
+            assert mul_mat.describe(device) == {"kernel": "coopmat", "reason": "matrix units: T ≥ 128 over bf16 weights",
+                                                "from_tokens": 128, "tile": [64, 128]}
+        monkeypatch.setattr(device, "coopmat_disabled", True, raising=False)
+        c = pick(device, 512, 4096, w_dtype="bf16")
+        assert c.kernel == "gemm_shared" and "DSV4_VK_DISABLE_COOPMAT=1" in c.reason
+        with pytest.raises(ValueError, match="kernel='coopmat' cannot run on .*DSV4_VK_DISABLE_COOPMAT=1"):
+            pick(device, 512, 4096, "coopmat", w_dtype="bf16")
 
 
 def test_info_names_the_mul_mat_kernel(device):
-    """`info` says which kernel MUL_MAT over many tokens takes and why: the matrix units where the device
-    has them, else the f32 lanes naming what is missing; with DSV4_VK_DISABLE_COOPMAT=1 the f32 lanes
-    naming the switch (where it changed something); a junk value of the switch is refused."""
+    """`info` says which kernel MUL_MAT over many tokens takes and why: where the device has matrix units
+    the f32 lanes while coopmat.auto is off (the default), else the f32 lanes naming what is missing;
+    with DSV4_VK_DISABLE_COOPMAT=1 the f32 lanes naming the switch (where it changed something); a junk
+    value of the switch is refused."""
     def info_line(**env):
         r = subprocess.run([sys.executable, "-m", "dsv4_vk", "info"], capture_output=True, text=True, timeout=120,
                            env={**os.environ, **env})
@@ -256,7 +269,7 @@ def test_info_names_the_mul_mat_kernel(device):
     units = mul_mat.coopmat_unavailable(device) is None
     line = info_line()
     assert line.startswith("MUL_MAT       512 tokens over bf16/f16 weights: "), line
-    assert ("coopmat — matrix units: T ≥ 16 over bf16 weights (tiles 64 × 128)" in line if units else
+    assert ("— f32 lanes, since coopmat.auto is off" in line if units else
             "— f32 lanes, since the device has no VK_NV_cooperative_matrix 16 × 16 × 16" in line), line
     line = info_line(DSV4_VK_DISABLE_COOPMAT="1")
     assert "— f32 lanes, since" in line and ("DSV4_VK_DISABLE_COOPMAT=1" in line) == units, line
@@ -323,7 +336,7 @@ def test_coopmat_launch_takes_vec4_loads_where_aligned(device):
 @pytest.mark.parametrize("chunk", [16, 32])
 def test_model_logits_on_the_tensor_core_path_match_transformers(chunk):
     """The BF16 fixture model with every MUL_MAT of ≥ 16 tokens over its bf16 linears on the tensor-core
-    path's data flow (coopmat.emulate: coopmat_fma where there are no matrix units), prompt chunks of 16
+    path's data flow (coopmat.auto, and coopmat.emulate: coopmat_fma where there are no matrix units), prompt chunks of 16
     and 32 tokens: logits against transformers' at NMSE ≤ 1e-5 after the prefill and every decode
     step (the issue's bound for it)."""
     name = "bf16"
@@ -331,7 +344,7 @@ def test_model_logits_on_the_tensor_core_path_match_transformers(chunk):
     from test_model import fixture
     from dsv4_vk.model import Model
     cfg, w, e = fixture(name)
-    with tuned({"coopmat.emulate": True}):
+    with tuned({"coopmat.emulate": True, "coopmat.auto": True}):
         m = Model(cfg, w, prefill_chunk=chunk)
     details = " ".join(m.compiled("prefill").dispatch_details)
     assert "mul_mat_coopmat" in details and ("CM_NV" in details) == (mul_mat.coopmat_unavailable(m.device) is None)

@@ -9,7 +9,7 @@ Kernels (shaders/mul_mat.comp), chosen per call by `pick_kernel` unless `kernel=
   "gemm_shared" (GPUs) for more tokens; kernel="gemm" picks between them by device type;
 - "coopmat" (shaders/mul_mat_coopmat.comp) from COOPMAT["min_tokens"] tokens over bf16 / f16 weights
   where the device has VK_NV_cooperative_matrix's 16 × 16 × 16 fp16 shape (and DSV4_VK_DISABLE_COOPMAT
-  is unset): fp16 products of rows scaled by powers of two, f32 sums (docs/tensor_cores.md);
+  is unset) and the knob coopmat.auto is on (off by default: not yet faster than gemm_shared): fp16 products of rows scaled by powers of two, f32 sums (docs/tensor_cores.md);
   "coopmat_fma" forms the same products with FMA on any device (the tests' stand-in).
 Weights are f32, bf16, f16 or one of DeepSeek's quantised formats (`QUANT`, params `wq="fp8"` or
 `"fp4"`): w is then the i32 tensor of packed codes [..., N, ceil(K / codes a word)] and the last
@@ -186,10 +186,13 @@ COOPMAT = knob_table(
     warp_outputs=(64, "outputs of a warp's tile (WN, a multiple of 16)"),
     k_step=(32, "inputs staged in shared memory a step (BK, a multiple of 16)"),
     min_tokens=(16, "from this many tokens MUL_MAT over bf16 / f16 weights runs on the matrix units where the "
-                    "device has them (kernel 'coopmat')"),
+                    "device has them and coopmat.auto is on (kernel 'coopmat')"),
+    auto=(False, "the automatic choice takes the matrix units ('coopmat') where it can; off until the kernel is "
+                 "measured faster than the f32 lanes: on the H200 it ran no faster than gemm_shared "
+                 "(docs/tensor_cores.md). kernel='coopmat' selects it whatever this says"),
     emulate=(False, "where the device has no matrix units, MUL_MAT takes 'coopmat_fma' where it would take "
-                    "'coopmat' (the same data flow and fp16 rounding, FMA products): the tensor-core path's "
-                    "numerics on any device, for tests"))
+                    "'coopmat' if it had them and coopmat.auto were on (the same data flow and fp16 rounding, FMA "
+                    "products): the tensor-core path's numerics on any device, for tests"))
 COOPMAT_SHAPE = (16, 16, 16, "f16", "f16", "f32", "f32")     # m, n, k and the A, B, C, D types
 COOPMAT_DTYPES = ("bf16", "f16")
 
@@ -216,7 +219,8 @@ class KernelChoice:
 def pick_kernel(device, T, N=None, kernel="auto", w_dtype="f32", quant=False, norm=False) -> KernelChoice:
     """The one place that decides which kernel a MUL_MAT of T tokens and N outputs gets: the GEMV
     with a folded norm; the tensor-core kernel for T ≥ coopmat.min_tokens over bf16 / f16 weights
-    where the device has the cooperative-matrix shape (coopmat_unavailable); else the f32 kernels by
+    where the device has the cooperative-matrix shape (coopmat_unavailable) and coopmat.auto is on
+    (coopmat.emulate: coopmat_fma where it has no matrix units); else the f32 kernels by
     device type and T. `kernel` forces one (coopmat* only over bf16 / f16 weights, "coopmat" only where
     the device runs it: ValueError naming what is missing)."""
     if norm:
@@ -234,9 +238,12 @@ def pick_kernel(device, T, N=None, kernel="auto", w_dtype="f32", quant=False, no
     if kernel == "auto":
         if T >= COOPMAT["min_tokens"] and not quant and w_dtype in COOPMAT_DTYPES:
             why = coopmat_unavailable(device)
-            if why is None:
+            if why is None and COOPMAT["auto"]:
                 return KernelChoice("coopmat", f"matrix units: T ≥ {COOPMAT['min_tokens']} over {w_dtype} weights")
-            if COOPMAT["emulate"]:
+            if why is None:
+                why = ("coopmat.auto is off (the matrix-unit kernel measured no faster than gemm_shared on the H200; "
+                       "kernel='coopmat' or coopmat.auto=True takes it)")
+            elif COOPMAT["emulate"]:
                 return KernelChoice("coopmat_fma", f"the matrix units' data flow with FMA products (coopmat.emulate; "
                                                    f"{why})")
             reason = f"f32 lanes, since {why}"
