@@ -96,10 +96,20 @@ def check_coopmat(kernel, rng, cases=CASES, tiles=SMALL_TILES):
                 check_against_both(run_mul_mat(x, w, kernel), x, w, (T, K, N, dtype), kernel)
 
 
+# the kernel's variants: scales found by each workgroup or by a first pass, one or two staging buffers
+PASS_2BUF = {"coopmat.scales": "pass", "coopmat.buffers": 2}
+VARIANTS = [SMALL_TILES, {**SMALL_TILES, **PASS_2BUF}, {**SMALL_TILES, "coopmat.scales": "pass"}]
+# 8 warps of 64 × 32 (more shared memory than lavapipe has: on the matrix units only)
+BIG_TILES = {"coopmat.tokens": 128, "coopmat.outputs": 128, "coopmat.warp_tokens": 64, "coopmat.warp_outputs": 32}
+
+
 @pytest.mark.parametrize("tiles", [SMALL_TILES, {}, {"coopmat.tokens": 64, "coopmat.outputs": 64,
                                                      "coopmat.warp_tokens": 32, "coopmat.warp_outputs": 32,
-                                                     "coopmat.k_step": 64}],
-                         ids=["32x32", "default", "64x64_k64"])
+                                                     "coopmat.k_step": 64},
+                                   {**SMALL_TILES, **PASS_2BUF}, {**SMALL_TILES, "coopmat.buffers": 2},
+                                   {"coopmat.tokens": 64, "coopmat.outputs": 32, "coopmat.warp_tokens": 32,
+                                    "coopmat.warp_outputs": 16, "coopmat.k_step": 64, **PASS_2BUF}],
+                         ids=["32x32", "default", "64x64_k64", "32x32_pass_2buf", "32x32_2buf", "64x32_k64_pass_2buf"])
 def test_coopmat_fma_matches_float64(rng, tiles):
     check_coopmat("coopmat_fma", rng, CASES[:3] if tiles else CASES, tiles)
 
@@ -111,7 +121,8 @@ def test_coopmat_fma_at_lavapipe_subgroup_size(device, width, subgroup):
         pytest.skip(f"LP_NATIVE_VECTOR_WIDTH sets only lavapipe's subgroup size; the device is {device.name}")
     code = ("import sys, numpy as np; sys.path.insert(0, %r); import test_mul_mat_coopmat as t; "
             "from dsv4_vk.vk import default_device; assert default_device().subgroup_size == %d; "
-            "t.check_coopmat('coopmat_fma', np.random.default_rng(), t.CASES[:3])" % (HERE, subgroup))
+            "[t.check_coopmat('coopmat_fma', np.random.default_rng(), t.CASES[:3], v) for v in t.VARIANTS[:2]]"
+            % (HERE, subgroup))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "LP_NATIVE_VECTOR_WIDTH": str(width)})
     assert r.returncode == 0, r.stdout + r.stderr
@@ -135,8 +146,9 @@ def range_inputs(rng, T=20, K=96, N=24):
     return x, w.astype(BF16)
 
 
+@pytest.mark.parametrize("scales", ["tile", "pass"])
 @pytest.mark.parametrize("kernel", ["coopmat_fma", "coopmat"])
-def test_coopmat_range_past_fp16(device, rng, kernel):
+def test_coopmat_range_past_fp16(device, rng, kernel, scales):
     """Rows far past fp16's range both ways: each output matches float64 relative to its own row and
     column's magnitude (the scales are per row), where fp16 without them would hold inf or 0."""
     if kernel == "coopmat" and mul_mat.coopmat_unavailable(device):
@@ -145,7 +157,7 @@ def test_coopmat_range_past_fp16(device, rng, kernel):
     with np.errstate(over="ignore"):
         assert np.isinf(x[:2].astype(np.float16)).any() and np.isinf(w[:2].astype(np.float16)).any()
     assert not x[2:4].astype(np.float16).any() and not w[2].astype(np.float16).any()
-    with tuned(SMALL_TILES):
+    with tuned({**SMALL_TILES, "coopmat.scales": scales}):
         got = run_mul_mat(x, w, kernel)
     exact = x.astype(np.float64) @ w.astype(np.float64).T
     assert np.isfinite(got).all() and not (got == 0).any()
@@ -158,7 +170,8 @@ def test_coopmat_range_past_fp16(device, rng, kernel):
     assert rel16.max() <= (1e-6 if kernel == "coopmat_fma" else 1e-4), f"{rel16.max():.2e} from the fp16-rounded rows"
 
 
-def test_coopmat_fma_inf_and_nan_placement(rng):
+@pytest.mark.parametrize("scales", ["tile", "pass"])
+def test_coopmat_fma_inf_and_nan_placement(rng, scales):
     """inf and NaN inputs give the f32 path's inf / NaN outputs (they are left out of the row scales)."""
     T, K, N = 18, 40, 20
     x = rng.standard_normal((T, K)).astype(np.float32)
@@ -166,7 +179,7 @@ def test_coopmat_fma_inf_and_nan_placement(rng):
     x[3, 5], x[7, 0], x[9, 39] = np.inf, np.nan, -np.inf
     x[9, 1] = 1e6                           # a large finite value beside an inf in its row
     w[4, 5] = 0                             # inf · 0: NaN in output (3, 4)
-    with tuned(SMALL_TILES):
+    with tuned({**SMALL_TILES, "coopmat.scales": scales}):
         got = run_mul_mat(x, w, "coopmat_fma")
     with np.errstate(invalid="ignore"):
         ref = x.astype(np.float64) @ w.astype(np.float64).T
@@ -177,13 +190,14 @@ def test_coopmat_fma_inf_and_nan_placement(rng):
     assert nmse(got[fin], ref[fin]) <= NMSE_MAX
 
 
-def test_coopmat_fma_strided_and_batched_views(rng):
+@pytest.mark.parametrize("knobs", [SMALL_TILES, {**SMALL_TILES, **PASS_2BUF}], ids=["tile", "pass_2buf"])
+def test_coopmat_fma_strided_and_batched_views(rng, knobs):
     """Batch dims (w broadcast over one of them), a transposed x and a weight view inside a larger
-    tensor: the strides reach the kernel as they do the f32 ones."""
+    tensor: the strides reach the kernel as they do the f32 ones (and the first pass's tile slots)."""
     B, T, K, N = 2, 21, 40, 19
     xs = rng.standard_normal((B, 3, K, T)).astype(np.float32)          # viewed as [B, 3, T, K]
     w = (rng.standard_normal((1, 3, N + 2, K)) / np.sqrt(K)).astype(BF16)
-    with tuned(SMALL_TILES):
+    with tuned(knobs):
         got = run_mul_mat(xs, w, "coopmat_fma", w_view=lambda t: t[:, :, 1:N + 1],
                           x_view=lambda t: t.transpose(-1, -2))
     x = np.swapaxes(xs, -1, -2)
@@ -193,13 +207,15 @@ def test_coopmat_fma_strided_and_batched_views(rng):
 
 def test_coopmat_on_the_matrix_units(device, rng):
     """The cooperative-matrix kernel itself at the model's widths (K = 4096, 1024; N = 1024, 512), partial
-    tiles, default and small tiles, and the automatic choice at T ≥ coopmat.min_tokens (coopmat.auto on); where the device
+    tiles, default, small and 128 × 128 tiles, each variant (scales by pass, two buffers), and the automatic choice at T ≥ coopmat.min_tokens (coopmat.auto on); where the device
     has no matrix units there is nothing to run (coopmat_fma covers the data flow)."""
     why = mul_mat.coopmat_unavailable(device)
     if why:
         pytest.skip(f"no matrix units here: {why}")
     check_coopmat("coopmat", rng, CASES + [(512, 4096, 1024), (100, 1024, 512)], {})
     check_coopmat("coopmat", rng, CASES[:3])
+    for variant in VARIANTS[1:] + [{**BIG_TILES, **PASS_2BUF}, BIG_TILES]:
+        check_coopmat("coopmat", rng, CASES[:3] + [(512, 4096, 1024), (100, 1024, 520)], variant)
     x = rng.standard_normal((300, 4096)).astype(np.float32)
     w = (rng.standard_normal((520, 4096)) / 64).astype(BF16)
     with tuned({"coopmat.auto": True}):
@@ -280,7 +296,8 @@ def test_info_names_the_mul_mat_kernel(device):
 
 def test_coopmat_refusals(device, monkeypatch):
     """kernel='coopmat*' over f32 or quantised weights is refused when the graph is built; 'coopmat' on a
-    device without matrix units when it is lowered, naming what is missing; tiles that do not fit."""
+    device without matrix units when it is lowered, naming what is missing; tiles, buffers and scales
+    that do not fit (128 × 256 tiles double-buffered pass 48 KiB, the H200's limit too)."""
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, coopmat=()))     # no matrix units
     g = Graph()
     x = g.input("x", (32, 64))
@@ -293,7 +310,11 @@ def test_coopmat_refusals(device, monkeypatch):
     for knobs, msg in (({"coopmat.warp_tokens": 24}, "'coopmat.warp_tokens' must be a positive multiple of 16"),
                        ({"coopmat.tokens": 48}, "must be multiples of"),
                        ({"coopmat.k_step": 48}, "'coopmat.k_step' = 48: its 24 chunks"),
-                       ({"coopmat.tokens": 256, "coopmat.warp_tokens": 16}, "invocations and .* B of shared memory")):
+                       ({"coopmat.tokens": 256, "coopmat.warp_tokens": 16}, "invocations and .* B of shared memory"),
+                       ({"coopmat.buffers": 3}, "'coopmat.buffers' must be 1 or 2, got 3"),
+                       ({"coopmat.scales": "rows"}, "'coopmat.scales' must be one of"),
+                       ({"coopmat.tokens": 128, "coopmat.outputs": 256, "coopmat.warp_tokens": 64,
+                         "coopmat.warp_outputs": 64, "coopmat.buffers": 2}, "2 buffer.* B of shared memory")):
         with tuned(knobs), pytest.raises(ValueError, match=msg):
             mul_mat.coopmat_spec(device, "coopmat_fma")
 
@@ -304,8 +325,10 @@ def test_the_cooperative_matrix_variant_compiles():
     from dsv4_vk.vk.shader import compile_shader, declared_variants
     variants = {tuple(sorted(dict(v))) for v in declared_variants("mul_mat_coopmat")}
     assert {("CM_NV", "W_BF16"), ("CM_NV", "W_F16"), ("W_BF16",), ("W_F16",)} <= variants
-    assert {("CM_NV", "VEC4", "W_BF16"), ("CM_NV", "VEC4", "W_F16")} <= variants
-    for defines in ({"W_BF16": 1, "CM_NV": 1}, {"W_F16": 1, "CM_NV": 1}, {"W_BF16": 1, "CM_NV": 1, "VEC4": 1}):
+    assert {("CM_NV", "VEC4", "W_BF16"), ("CM_NV", "VEC8", "W_F16"), ("CM_NV", "VEC8", "W_BF16")} <= variants
+    assert {("ROW_SCALES", "VEC8", "W_BF16"), ("ROW_SCALES", "W_F16")} <= variants
+    for defines in ({"W_BF16": 1, "CM_NV": 1}, {"W_F16": 1, "CM_NV": 1}, {"W_BF16": 1, "CM_NV": 1, "VEC4": 1},
+                    {"W_BF16": 1, "CM_NV": 1, "VEC8": 1}):
         spv = compile_shader("mul_mat_coopmat", defines)
         words = np.frombuffer(spv, np.uint32)
         ops = set()
@@ -316,21 +339,30 @@ def test_the_cooperative_matrix_variant_compiles():
         assert {5359, 5360, 5361} <= ops    # OpCooperativeMatrixLoadNV, StoreNV, MulAddNV
 
 
-def test_coopmat_launch_takes_vec4_loads_where_aligned(device):
-    """The launch: vec4 loads where K % 4 == 0 and the rows are aligned, scalar pairs otherwise; the grid
-    one workgroup a tile (batch × token tiles × output tiles), the spec constants the knobs'."""
-    def launch(K, w_start=0, T=100, N=300):
+def test_coopmat_launch_takes_wide_loads_where_aligned(device):
+    """The launch: 8 inputs an invocation (VEC8) where K % 8 == 0 and the rows are 16-byte aligned, 4
+    (VEC4) where K % 4 == 0 and x's rows are, scalar pairs otherwise; the grid one workgroup a tile
+    (batch × token tiles × output tiles), the spec constants the knobs'; coopmat.scales='pass' a
+    ROW_SCALES dispatch first (16 rows a workgroup), except where a tile would hold 1 row or output."""
+    def launches(K, w_start=0, T=100, N=300):
         g = Graph()
         w = g.input("w", (N * K + 8,), "bf16")[w_start:w_start + N * K].reshape(N, K)
         g.op("MUL_MAT", g.input("x", (2, T, K)), w, kernel="coopmat_fma")
-        (ln,) = g.nodes[-1].op.lower(g.nodes[-1], device)
-        return ln
-    ln = launch(64)
-    assert ln.shader == "mul_mat_coopmat" and ln.defines == {"W_BF16": 1, "VEC4": 1}
-    assert ln.spec == (128, 64, 128, 32, 64, 32) and ln.grid == (2 * 2 * 3, 1, 1) and not ln.full_subgroups
-    assert "VEC4" not in launch(66).defines and "VEC4" not in launch(64, w_start=2).defines
+        return g.nodes[-1].op.lower(g.nodes[-1], device)
+    (ln,) = launches(64)
+    assert ln.shader == "mul_mat_coopmat" and ln.defines == {"W_BF16": 1, "VEC8": 1}
+    assert ln.spec == (128, 64, 128, 32, 64, 32, 1, 0) and ln.grid == (2 * 2 * 3, 1, 1) and not ln.full_subgroups
+    assert launches(68)[0].defines == {"W_BF16": 1, "VEC4": 1} and launches(64, w_start=4)[0].defines == {
+        "W_BF16": 1, "VEC4": 1}
+    assert "VEC4" not in launches(66)[0].defines and "VEC4" not in launches(64, w_start=2)[0].defines
     with tuned(SMALL_TILES):
-        assert launch(64).spec == (128, 32, 32, 16, 16, 32)
+        assert launches(64)[0].spec == (128, 32, 32, 16, 16, 32, 1, 0)
+    with tuned(PASS_2BUF):
+        first, gemm = launches(64)
+        assert first.defines == {"ROW_SCALES": 1, "W_BF16": 1, "VEC8": 1} and first.spec == (256, 64, 128)
+        assert first.grid == (-(-2 * (100 + 300) // 16), 1, 1) and gemm.spec == (128, 64, 128, 32, 64, 32, 2, 1)
+        (only,) = launches(64, T=129)       # a last token tile of 1 row: the scales by tile
+        assert only.spec[6:] == (2, 0)
 
 
 @pytest.mark.parametrize("chunk", [16, 32])

@@ -185,6 +185,12 @@ COOPMAT = knob_table(
     warp_tokens=(32, "tokens of a warp's (32 lanes') tile (WM, a multiple of 16)"),
     warp_outputs=(64, "outputs of a warp's tile (WN, a multiple of 16)"),
     k_step=(32, "inputs staged in shared memory a step (BK, a multiple of 16)"),
+    buffers=(1, "staging buffers in shared memory (1 or 2): with 2 the next k step is stored into the other "
+                "buffer while this one is multiplied, one barrier a step instead of 2"),
+    scales=("tile", "where the rows' power-of-two scales are found: 'tile' (each workgroup scans its own x and w "
+                    "rows over all of K first) or 'pass' (a first dispatch scans every row once and writes each "
+                    "tile's scales into the tile's own outputs; tiles with fewer than 2 rows or outputs in range "
+                    "take 'tile')"),
     min_tokens=(16, "from this many tokens MUL_MAT over bf16 / f16 weights runs on the matrix units where the "
                     "device has them and coopmat.auto is on (kernel 'coopmat')"),
     auto=(False, "the automatic choice takes the matrix units ('coopmat') where it can; off until the kernel is "
@@ -270,10 +276,13 @@ def describe(device) -> dict:
     return out
 
 
-def coopmat_spec(device, kernel: str, vec4: bool = False) -> tuple[int, ...]:
-    """The tensor-core kernel's spec constants (workgroup size, BM, BN, WM, WN, BK) from the knobs in
-    effect (an invocation stages 4 consecutive inputs with vec4 loads, else 2); ValueError naming the
-    knob where they do not fit together or the device."""
+COOPMAT_SCALES = ("tile", "pass")
+
+
+def coopmat_spec(device, kernel: str, chunk: int = 2) -> tuple[int, ...]:
+    """The tensor-core kernel's spec constants (workgroup size, BM, BN, WM, WN, BK, NBUF, SCALES) from
+    the knobs in effect, an invocation staging `chunk` consecutive inputs (8 with VEC8, 4 with VEC4,
+    else 2); ValueError naming the knob where they do not fit together or the device."""
     bm, bn, wm, wn, bk = (COOPMAT[k] for k in ("tokens", "outputs", "warp_tokens", "warp_outputs", "k_step"))
     for name, v in (("warp_tokens", wm), ("warp_outputs", wn), ("k_step", bk), ("tokens", bm), ("outputs", bn)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 16 or v % 16:
@@ -281,20 +290,59 @@ def coopmat_spec(device, kernel: str, vec4: bool = False) -> tuple[int, ...]:
     if bm % wm or bn % wn:
         raise ValueError(f"tuning knobs 'coopmat.tokens' and 'coopmat.outputs' ({bm}, {bn}) must be multiples of "
                          f"'coopmat.warp_tokens' and 'coopmat.warp_outputs' ({wm}, {wn})")
+    nbuf, scales = COOPMAT["buffers"], COOPMAT["scales"]
+    if nbuf not in (1, 2) or isinstance(nbuf, bool):
+        raise ValueError(f"tuning knob 'coopmat.buffers' must be 1 or 2, got {nbuf!r}")
+    if scales not in COOPMAT_SCALES:
+        raise ValueError(f"tuning knob 'coopmat.scales' must be one of {COOPMAT_SCALES}, got {scales!r}")
     wg = 32 * (bm // wm) * (bn // wn)
-    chunks = bk // (4 if vec4 else 2)       # an invocation's inputs of a row a step, the row's chunks
+    chunks = bk // chunk                    # an invocation's inputs of a row a step, the row's chunks
     rows = wg // chunks                     # rows staged at once
     if wg % chunks or bm % rows or bn % rows:
         raise ValueError(f"tuning knob 'coopmat.k_step' = {bk}: its {chunks} chunks of {bk // chunks} inputs must "
                          f"divide the workgroup's {wg} invocations into rows that divide the tile ({bm} × {bn})")
     lim = device.caps.limits
-    shared = (bm + bn) * (bk + 8) * 2 + (bm + bn) * 8 + wg // 32 * 1024
+    # the staging buffers (later the warps' 1 KiB scratch each), the rows' maxima and shifts
+    shared = max(nbuf * (bm + bn) * (bk + 8) * 2, wg // 32 * 1024) + (bm + bn) * 8
     if wg > min(lim.max_workgroup_invocations, lim.max_workgroup_size[0]) or shared > lim.max_shared_memory:
-        raise ValueError(f"MUL_MAT kernel={kernel!r}: tiles {bm} × {bn} (warps {wm} × {wn}, k step {bk}) need "
-                         f"{wg} invocations and {shared} B of shared memory; {device.name} has "
-                         f"{min(lim.max_workgroup_invocations, lim.max_workgroup_size[0])} and "
+        raise ValueError(f"MUL_MAT kernel={kernel!r}: tiles {bm} × {bn} (warps {wm} × {wn}, k step {bk}, "
+                         f"{nbuf} buffer(s)) need {wg} invocations and {shared} B of shared memory; {device.name} "
+                         f"has {min(lim.max_workgroup_invocations, lim.max_workgroup_size[0])} and "
                          f"{lim.max_shared_memory} B")
-    return (wg, bm, bn, wm, wn, bk)
+    return (wg, bm, bn, wm, wn, bk, nbuf, int(scales == "pass"))
+
+
+def rows_aligned(t, elems: int) -> bool:
+    """True when the view has k contiguous and every row starting on a multiple of `elems` elements."""
+    if t.strides[-1] != 1 or t.offset % elems:
+        return False
+    return not any(s % elems for n, s in zip(t.shape[:-1], t.strides[:-1]) if n > 1)
+
+
+def coopmat_launches(device, kernel: str, x, w, out, push: dict, batch: int, T: int, N: int, K: int) -> list:
+    """The tensor-core MUL_MAT's dispatches: 8 inputs an invocation (VEC8) where K % 8 == 0 and x's and w's
+    rows are 16-byte aligned, else 4 (VEC4: K % 4, x 16-byte and w 8-byte aligned), else 2 at any strides;
+    with coopmat.scales = 'pass' (and every tile at least 2 × 2 in range) first ROW_SCALES."""
+    if K % 8 == 0 and rows_aligned(x, 4) and rows_aligned(w, 8):
+        chunk, vec = 8, {"VEC8": 1}
+    elif K % 4 == 0 and rows_aligned(x, 4) and rows_aligned(w, 4):
+        chunk, vec = 4, {"VEC4": 1}
+    else:
+        chunk, vec = 2, {}
+    spec = coopmat_spec(device, kernel, chunk)
+    bm, bn = spec[1], spec[2]
+    t_tiles, n_tiles = -(-T // bm), -(-N // bn)
+    if spec[7] and min(T - bm * (t_tiles - 1), N - bn * (n_tiles - 1)) < 2:
+        spec = spec[:7] + (0,)              # a tile of 1 row or output has no room for its scales
+    defines = {"CM_NV": 1} if kernel == "coopmat" else {}
+    defines.update(weight_defines(w), **vec)
+    gemm = Launch("mul_mat_coopmat", [x, w, out], (2,), push, grid_1d(batch * t_tiles * n_tiles, 1),
+                  defines=defines, spec=spec, full_subgroups=kernel == "coopmat")
+    if not spec[7]:
+        return [gemm]
+    scales = Launch("mul_mat_coopmat", [x, w, out], (2,), push, grid_1d(-(-batch * (T + N) // 16), 1),
+                    defines={"ROW_SCALES": 1, **weight_defines(w), **vec}, spec=(256, bm, bn))
+    return [scales, gemm]
 
 
 def vec4_ok(*views):
@@ -415,13 +463,7 @@ class MulMat(OpDef):
         kernel = pick_kernel(device, T, N, node.params.get("kernel", "auto"), "i32" if fmt else inputs[1].dtype,
                              quant=fmt is not None, norm=g is not None).kernel
         if kernel in COOPMAT_KERNELS:
-            vec4 = K % 4 == 0 and vec4_ok(x, w)
-            defines = {"CM_NV": 1} if kernel == "coopmat" else {}
-            defines.update(weight_defines(w), **({"VEC4": 1} if vec4 else {}))
-            spec = coopmat_spec(device, kernel, vec4)
-            grid = grid_1d(b[0] * b[1] * -(-T // spec[1]) * -(-N // spec[2]), 1)
-            return [Launch("mul_mat_coopmat", [x, w, out], (2,), push, grid, defines=defines, spec=spec,
-                           full_subgroups=kernel == "coopmat")]
+            return coopmat_launches(device, kernel, x, w, out, push, b[0] * b[1], T, N, K)
         aligned = vec4_ok(x, *([g] if g is not None else [])) and (K % 4 == 0 if fmt else vec4_ok(w))
         defines = {"VEC4": 1} if K >= 4 and aligned else {}
         if fmt and kernel == "gemv" and not defines:    # the quantised GEMV variants: vec4 loads, or
