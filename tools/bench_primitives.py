@@ -10,11 +10,15 @@ out) at --gemm-t tokens: MUL_MAT on the matrix units ("coopmat", at each --coopm
 the f32 lanes (the kernel bf16 weights take without matrix units: gemv for few tokens, gemm_shared,
 or gemm_regs on CPU devices), and torch.matmul (cuBLAS: fp16, bf16, TF32,
 fp32 inputs of the same values; CUDA events, N calls back to back, median of rounds), each after a
---warm-ms clock warm-up, in TFLOPS and as a ratio to cuBLAS fp16. Each coopmat result is checked
-against float64 on --check-rows rows (NMSE).
+--warm-ms clock warm-up, in TFLOPS and as a ratio to cuBLAS fp16. Each kernel's result is checked
+against float64 on --check-rows rows (NMSE). --coopmat-tiles variants measures each variant of the
+kernel (tiles, k step, staging buffers, scales by workgroup or by a first pass, whose own time is
+shown beside it).
 
     . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH
     python3 tools/bench_primitives.py --gemm --json $OUT/gemm_h200.json | tee $OUT/gemm_h200.txt
+    python3 tools/bench_primitives.py --gemm --gemm-t 512,4096 --coopmat-tiles variants \
+        --gemm-shapes 32768x1024,4096x8192,4096x4096,1024x4096 --json $OUT/gemm_h200.json
     python tools/bench_primitives.py --gemm --gemm-t 32 --gemm-shapes 64x128 --no-torch   # anywhere
 """
 import argparse
@@ -68,10 +72,17 @@ def parse_pairs(text, what):
         raise SystemExit(f"{what}: expected AxB,CxD,... got {text!r}") from None
 
 
+# --coopmat-tiles variants: the kernel's variants side by side (scales by each workgroup or by a first
+# pass, one or two staging buffers, 64 × 128 to 128 × 256 tiles, k steps of 32 and 64)
+COOPMAT_VARIANTS = ("default,64x128/32x64/32/1/pass,64x128/32x64/32/2/pass,128x128/64x32/32/1/pass,"
+                    "128x128/64x32/32/2/pass,128x128/64x64/32/2/pass,128x256/64x64/32/1/pass,128x128/64x32/64/1/pass")
+
+
 def parse_tiles(text):
-    """--coopmat-tiles "BMxBN/WMxWN[/BK],...": knob overrides for each tiling ("default": the knobs')."""
+    """--coopmat-tiles "BMxBN/WMxWN[/BK[/BUFFERS[/SCALES]]],...": knob overrides for each variant ("default":
+    the knobs'; "variants": COOPMAT_VARIANTS)."""
     out = []
-    for item in text.split(","):
+    for item in text.replace("variants", COOPMAT_VARIANTS).split(","):
         if item == "default":
             out.append(("default", {}))
             continue
@@ -80,10 +91,13 @@ def parse_tiles(text):
             (bm, bn), (wm, wn) = (tuple(int(v) for v in q.split("x")) for q in parts[:2])
             knobs = {"coopmat.tokens": bm, "coopmat.outputs": bn, "coopmat.warp_tokens": wm,
                      "coopmat.warp_outputs": wn}
-            if len(parts) == 3:
-                knobs["coopmat.k_step"] = int(parts[2])
+            for key, value in zip(("k_step", "buffers", "scales"), parts[2:5]):
+                knobs[f"coopmat.{key}"] = value if key == "scales" else int(value)
+            if len(parts) > 5:
+                raise ValueError
         except ValueError:
-            raise SystemExit(f"--coopmat-tiles: expected BMxBN/WMxWN[/BK] or default, got {item!r}") from None
+            raise SystemExit(f"--coopmat-tiles: expected BMxBN/WMxWN[/BK[/BUFFERS[/SCALES]]] or default, got "
+                             f"{item!r}") from None
         out.append((item, knobs))
     return out
 
@@ -140,27 +154,28 @@ def gemm_table(ex, args, rng):
                 flop = 2.0 * T * N * K
                 x = rng.standard_normal((T, K)).astype(np.float32)
                 w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(BF16)
-                row = {"T": T, "N": N, "K": K, "ms": {}, "nmse": {}}
+                checked = rng.choice(T, min(T, args.check_rows), replace=False)     # rows held to float64
+                ref = x[checked].astype(np.float64) @ w.astype(np.float64).T
+                row = {"T": T, "N": N, "K": K, "ms": {}, "nmse": {}, "first_pass_ms": {}}
                 runs = [(f"{kernel_cm} {name}", kernel_cm, knobs) for name, knobs in tilings]
                 f32_kernel = pick_kernel(dev, T, N).kernel      # what the weights take without matrix units
                 if not args.no_f32:
                     runs.append((f32_kernel, f32_kernel, {}))
                 for label, kernel, knobs in runs:
                     with tuned(knobs):
-                        g = Graph()
-                        g.output("y", g.op("MUL_MAT", g.input("x", x.shape), g.const(w), kernel=kernel))
+                        g = Graph()         # (x a constant too: no upload in the timed runs)
+                        g.output("y", g.op("MUL_MAT", g.const(x), g.const(w), kernel=kernel))
                         try:
-                            ms, y = gpu_ms(ex, g, {"x": x}, args.replays if kernel != "gemm_shared" else
+                            ms, y = gpu_ms(ex, g, {}, args.replays if kernel != "gemm_shared" else
                                            min(args.replays, 3), warm)
                         except Exception as e:          # a tiling the device cannot take, or a failed kernel:
                             print(f"  {label}: {type(e).__name__}: {e}", flush=True)    # the other rows still run
                             row.setdefault("errors", {})[label] = f"{type(e).__name__}: {e}"
                             continue
                     row["ms"][label] = ms
-                    if kernel != f32_kernel:
-                        r = rng.choice(T, min(T, args.check_rows), replace=False)
-                        ref = x[r].astype(np.float64) @ w.astype(np.float64).T
-                        row["nmse"][label] = nmse(y[r], ref)
+                    if ex.last.stats.gpu_ns is not None and len(ex.last.stats.gpu_ns) > 1:
+                        row["first_pass_ms"][label] = float(ex.last.stats.gpu_ns[0]) / 1e6     # ROW_SCALES
+                    row["nmse"][label] = nmse(y[checked], ref)
                 if torch is not None:
                     for dt in TORCH_DTYPES:
                         row["ms"][f"torch {dt}"] = torch_gemm_ms(torch, x, w, dt, warm_ms / 1e3)
@@ -171,8 +186,9 @@ def gemm_table(ex, args, rng):
                     cell = f"{label} {ms:8.3f} ms {flop / ms / 1e9:6.1f} TF"
                     if base:
                         cell += f" {base / ms:5.3f}x"
-                    if label in row["nmse"]:
-                        cell += f" nmse {row['nmse'][label]:.1e}"
+                    if label in row["first_pass_ms"]:
+                        cell += f" (scales {row['first_pass_ms'][label]:.3f} ms)"
+                    cell += f" nmse {row['nmse'][label]:.1e}" if label in row["nmse"] else ""
                     cells.append(cell)
                 print(f"T={T:5d} N={N:5d} K={K:5d} | " + " | ".join(cells), flush=True)
                 rows.append(row)
@@ -188,8 +204,9 @@ def main(argv=None):
     ap.add_argument("--gemm-t", default="16,64,512,4096", help="tokens of the --gemm rows")
     ap.add_argument("--gemm-shapes", default=GEMM_SHAPES, help="NxK,... of the --gemm rows")
     ap.add_argument("--coopmat-tiles", default="default",
-                    help="tilings of the coopmat kernel, BMxBN/WMxWN[/BK],... or default (the knobs')")
-    ap.add_argument("--check-rows", type=int, default=64, help="rows of each coopmat result checked against float64")
+                    help="variants of the coopmat kernel, BMxBN/WMxWN[/BK[/BUFFERS[/SCALES]]],..., default (the "
+                         "knobs') or variants (" + COOPMAT_VARIANTS + ")")
+    ap.add_argument("--check-rows", type=int, default=64, help="rows of each result checked against float64")
     ap.add_argument("--no-torch", action="store_true", help="leave out torch.matmul")
     ap.add_argument("--no-f32", action="store_true", help="leave out the f32-lane kernel")
     ap.add_argument("--warm-ms", type=float, default=None, help="clock warm-up (default: 500 ms on GPUs, 0 on CPUs)")
