@@ -110,18 +110,26 @@ mat2x4 x_chunk(uint xb, uint k) {
                   vec4(0.0));
 #endif
 }
-mat2x4 w_chunk(uint wb, uint k) {
+// w's chunks stay as loaded until they are staged (VEC8: the 16-bit values; a conversion right after the
+// load would wait for it before the products it should overlap)
 #if defined(VEC8)
-    if (k >= p.K) return mat2x4(0.0);
-    uvec4 u = w128[(wb + k) / 8u];
+#define W_CHUNK uvec4
+W_CHUNK w_chunk(uint wb, uint k) { return k < p.K ? w128[(wb + k) / 8u] : uvec4(0u); }
+mat2x4 w_vals(uvec4 u) {
     return mat2x4(w_half(u.x & 0xFFFFu), w_half(u.x >> 16), w_half(u.y & 0xFFFFu), w_half(u.y >> 16),
                   w_half(u.z & 0xFFFFu), w_half(u.z >> 16), w_half(u.w & 0xFFFFu), w_half(u.w >> 16));
-#elif defined(VEC4)
+}
+#else
+#define W_CHUNK mat2x4
+mat2x4 w_vals(mat2x4 v) { return v; }
+mat2x4 w_chunk(uint wb, uint k) {
+#if defined(VEC4)
     return mat2x4(k < p.K ? W4_ROW(wb, k / 4u) : vec4(0.0), vec4(0.0));
 #else
     return mat2x4(vec4(k < p.K ? W1_ROW(wb, k) : 0.0, k + 1u < p.K ? W1_ROW(wb, k + 1u) : 0.0, 0.0, 0.0), vec4(0.0));
 #endif
 }
+#endif
 float pow2(int e) { return uintBitsToFloat(uint(e + 127) << 23); }     // 2^e, −126 ≤ e ≤ 127
 float finite_abs(float v) {                     // |v|, or 0 for inf / NaN
     float a = abs(v);
@@ -148,7 +156,8 @@ void main() {
     float m = 0.0;
     for (uint k = KC * lane; live && k < p.K; k += 4u * RL * KC) {   // 4 chunks in flight
         mat2x4 v[4];
-        [[unroll]] for (uint j = 0u; j < 4u; ++j) v[j] = is_w ? w_chunk(rb, k + j * RL * KC) : x_chunk(rb, k + j * RL * KC);
+        [[unroll]] for (uint j = 0u; j < 4u; ++j)
+            v[j] = is_w ? w_vals(w_chunk(rb, k + j * RL * KC)) : x_chunk(rb, k + j * RL * KC);
         [[unroll]] for (uint j = 0u; j < 4u; ++j) m = max(m, finite_max(v[j]));
     }
     if (lane == 0u) rmx[rl] = 0u;
@@ -230,7 +239,8 @@ void main() {
 
     uint kc = id % KP, r0 = id / KP;
     uint xb[XR], wb[WR];
-    mat2x4 xv[XR], wv[WR];
+    mat2x4 xv[XR];
+    W_CHUNK wv[WR];
     [[unroll]] for (uint i = 0u; i < XR; ++i) {
         xb[i] = x_row(b0, b1, t0 + r0 + RS * i);
         xv[i] = x_chunk(xb[i], KC * kc);
@@ -247,11 +257,12 @@ void main() {
         for (uint i = id; i < BM + BN; i += NW * 32u) mx[i] = 0u;
         for (uint k0 = 0u; k0 < p.K; k0 += BK) {
             uint kn = k0 + BK + KC * kc;        // the next step's chunks (0 past K)
-            mat2x4 xnext[XR], wnext[WR];
+            mat2x4 xnext[XR];
+            W_CHUNK wnext[WR];
             [[unroll]] for (uint i = 0u; i < XR; ++i) xnext[i] = x_chunk(xb[i], kn);
             [[unroll]] for (uint i = 0u; i < WR; ++i) wnext[i] = w_chunk(wb[i], kn);
             [[unroll]] for (uint i = 0u; i < XR; ++i) { xmax[i] = max(xmax[i], finite_max(xv[i])); xv[i] = xnext[i]; }
-            [[unroll]] for (uint i = 0u; i < WR; ++i) { wmax[i] = max(wmax[i], finite_max(wv[i])); wv[i] = wnext[i]; }
+            [[unroll]] for (uint i = 0u; i < WR; ++i) { wmax[i] = max(wmax[i], finite_max(w_vals(wv[i]))); wv[i] = wnext[i]; }
         }
         barrier();                              // (mx cleared)
         [[unroll]] for (uint i = 0u; i < XR; ++i) atomicMax(mx[r0 + RS * i], floatBitsToUint(xmax[i]));
@@ -287,7 +298,7 @@ void main() {
     [[unroll]] for (uint i = 0u; i < XR; ++i) xf[i] = pow2(sh[r0 + RS * i]);
     [[unroll]] for (uint i = 0u; i < WR; ++i) wf[i] = pow2(sh[BM + r0 + RS * i]);
     [[unroll]] for (uint i = 0u; i < XR; ++i) stage((r0 + RS * i) * XS + KC * kc, xv[i] * xf[i]);
-    [[unroll]] for (uint i = 0u; i < WR; ++i) stage((BM + r0 + RS * i) * XS + KC * kc, wv[i] * wf[i]);
+    [[unroll]] for (uint i = 0u; i < WR; ++i) stage((BM + r0 + RS * i) * XS + KC * kc, w_vals(wv[i]) * wf[i]);
     uint steps = (p.K + BK - 1u) / BK;
     for (uint s = 0u; s < steps; ++s) {
         barrier();
@@ -324,7 +335,7 @@ void main() {
             if (NBUF == 1u) barrier();          // (one buffer: every warp done with this step)
             uint nb = ((s + 1u) % NBUF) * BUF;
             [[unroll]] for (uint i = 0u; i < XR; ++i) stage(nb + (r0 + RS * i) * XS + KC * kc, xv[i] * xf[i]);
-            [[unroll]] for (uint i = 0u; i < WR; ++i) stage(nb + (BM + r0 + RS * i) * XS + KC * kc, wv[i] * wf[i]);
+            [[unroll]] for (uint i = 0u; i < WR; ++i) stage(nb + (BM + r0 + RS * i) * XS + KC * kc, w_vals(wv[i]) * wf[i]);
         }
     }
     barrier();                                  // the staging memory becomes the warps' scratch
