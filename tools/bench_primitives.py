@@ -52,15 +52,20 @@ ROWS = [("RMS_NORM", (1, 16384), {"eps": 1e-6}), ("RMS_NORM", (512, 4096), {"eps
 
 def gpu_ms(ex, g, feeds, replays, warm=None):
     """Median GPU ms of the graph's dispatches over replays (after one untimed run, and warm() if
-    given), and the last run's output y."""
-    out = ex.run(g, **feeds)                             # compile, record, warm up
+    given; outputs stay on the device meanwhile), the output y (read once, after them) and the median
+    ms of its first dispatch where it has several (else None)."""
+    cg = ex.compile(g)
+    cg.replay(feeds)                                     # compile, record, warm up
     if warm is not None:
         warm()
-    times = []
+    times, first = [], []
     for _ in range(replays):
-        out = ex.run(g, **feeds)
-        times.append(float(np.sum(ex.last.stats.gpu_ns)) / 1e6)
-    return statistics.median(times), out.get("y")
+        cg.replay(feeds)
+        ns = cg.stats.gpu_ns
+        times.append(float(np.sum(ns)) / 1e6)
+        first.append(float(ns[0]) / 1e6)
+    y = cg.read("y") if "y" in g.outputs else None
+    return statistics.median(times), y, (statistics.median(first) if len(cg.stats.gpu_ns) > 1 else None)
 
 
 # (N, K) of the flash-1gpu preset's linears (hidden 4096): wq_b 64 heads × 512 from the q LoRA rank 1024,
@@ -240,15 +245,15 @@ def gemm_table(ex, args, rng):
                         g = Graph()         # (x a constant too: no upload in the timed runs)
                         g.output("y", g.op("MUL_MAT", g.const(x), g.const(w), kernel=kernel))
                         try:
-                            ms, y = gpu_ms(ex, g, {}, args.replays if kernel != "gemm_shared" else
-                                           min(args.replays, 3), warm)
+                            ms, y, first_ms = gpu_ms(ex, g, {}, args.replays if kernel != "gemm_shared" else
+                                                     min(args.replays, 3), warm)
                         except Exception as e:          # a tiling the device cannot take, or a failed kernel:
                             print(f"  {label}: {type(e).__name__}: {e}", flush=True)    # the other rows still run
                             row.setdefault("errors", {})[label] = f"{type(e).__name__}: {e}"
                             continue
                     row["ms"][label] = ms
-                    if ex.last.stats.gpu_ns is not None and len(ex.last.stats.gpu_ns) > 1:
-                        row["first_pass_ms"][label] = float(ex.last.stats.gpu_ns[0]) / 1e6     # ROW_SCALES
+                    if first_ms is not None:
+                        row["first_pass_ms"][label] = first_ms         # ROW_SCALES
                     row["nmse"][label] = nmse(y[checked], ref)
                 if torch is not None:
                     for dt in TORCH_DTYPES:
@@ -322,7 +327,7 @@ def main(argv=None):
                 continue                                   # barrier-bound on lavapipe: minutes
             g = Graph()
             g.output("y", g.op("MUL_MAT", g.input("x", x.shape), g.const(w), kernel=kernel))
-            ms, _ = gpu_ms(ex, g, {"x": x}, args.replays)
+            ms, _, _ = gpu_ms(ex, g, {"x": x}, args.replays)
             gflops, gbs = 2 * T * K * N / ms / 1e6, 4 * (T * K + N * K + T * N) / ms / 1e6
             line.append(f"{kernel} {ms:8.3f} ms {gflops:7.1f} GF/s {gbs:6.1f} GB/s")
             results.append({"op": "MUL_MAT", "T": T, "K": K, "N": N, "kernel": kernel, "ms": ms,
@@ -333,7 +338,7 @@ def main(argv=None):
         g = Graph()
         y = g.op(op, g.input("x", shape), **params)
         g.output("y", y)
-        ms, _ = gpu_ms(ex, g, {"x": a}, args.replays)
+        ms, _, _ = gpu_ms(ex, g, {"x": a}, args.replays)
         gbs = 4 * (a.size + int(np.prod(y.shape))) / ms / 1e6
         print(f"{op:8s} {str(shape):16s} {ms:8.3f} ms {gbs:6.1f} GB/s", flush=True)
         results.append({"op": op, "shape": shape, "ms": ms, "gbs": gbs})
