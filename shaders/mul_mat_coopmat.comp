@@ -262,7 +262,10 @@ void main() {
             [[unroll]] for (uint i = 0u; i < XR; ++i) xnext[i] = x_chunk(xb[i], kn);
             [[unroll]] for (uint i = 0u; i < WR; ++i) wnext[i] = w_chunk(wb[i], kn);
             [[unroll]] for (uint i = 0u; i < XR; ++i) { xmax[i] = max(xmax[i], finite_max(xv[i])); xv[i] = xnext[i]; }
-            [[unroll]] for (uint i = 0u; i < WR; ++i) { wmax[i] = max(wmax[i], finite_max(w_vals(wv[i]))); wv[i] = wnext[i]; }
+            [[unroll]] for (uint i = 0u; i < WR; ++i) {
+                wmax[i] = max(wmax[i], finite_max(w_vals(wv[i])));
+                wv[i] = wnext[i];
+            }
         }
         barrier();                              // (mx cleared)
         [[unroll]] for (uint i = 0u; i < XR; ++i) atomicMax(mx[r0 + RS * i], floatBitsToUint(xmax[i]));
@@ -322,7 +325,8 @@ void main() {
         [[dont_unroll]] for (uint i = 0u; i < TI; ++i) [[dont_unroll]] for (uint j = 0u; j < TJ; ++j)
             [[dont_unroll]] for (uint m = 0u; m < 8u; ++m) {
                 uint e = lane + 32u * m;
-                uint xa = (base + (wt + 16u * i + e / 16u) * XS) / 2u, wa = (base + (BM + wn + 16u * j + e % 16u) * XS) / 2u;
+                uint xa = (base + (wt + 16u * i + e / 16u) * XS) / 2u;
+                uint wa = (base + (BM + wn + 16u * j + e % 16u) * XS) / 2u;
                 float sum = acc[i * TJ + j][m];
                 for (uint q = 0u; q < BK / 2u; ++q) {          // the step's k pairs
                     vec2 xp = staged_pair(xa + q), wp = staged_pair(wa + q);

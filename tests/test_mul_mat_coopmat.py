@@ -207,7 +207,8 @@ def test_coopmat_fma_strided_and_batched_views(rng, knobs):
 
 def test_coopmat_on_the_matrix_units(device, rng):
     """The cooperative-matrix kernel itself at the model's widths (K = 4096, 1024; N = 1024, 512), partial
-    tiles, default, small and 128 × 128 tiles, each variant (scales by pass, two buffers), and the automatic choice at T ≥ coopmat.min_tokens (coopmat.auto on); where the device
+    tiles, default, small and 128 × 128 tiles, each variant (scales by pass, two buffers), and the
+    automatic choice at T ≥ coopmat.min_tokens (coopmat.auto on); where the device
     has no matrix units there is nothing to run (coopmat_fma covers the data flow)."""
     why = mul_mat.coopmat_unavailable(device)
     if why:
@@ -255,16 +256,18 @@ def test_kernel_choice_and_its_reason(device, monkeypatch):
         assert pick(device, 512, 4096, w_dtype="bf16").kernel == "gemm_shared"
     assert mul_mat.describe(device)["kernel"] == "gemm_shared"
     with tuned({"coopmat.auto": True}):
-        assert pick(device, 16, 4096, w_dtype="bf16") == mul_mat.KernelChoice("coopmat", "matrix units: T ≥ 16 over bf16 weights")
+        assert pick(device, 16, 4096, w_dtype="bf16") == mul_mat.KernelChoice(
+            "coopmat", "matrix units: T ≥ 16 over bf16 weights")
         assert pick(device, 512, 64, w_dtype="f16").kernel == "coopmat"
         assert pick(device, 15, 4096, w_dtype="bf16") == mul_mat.KernelChoice("gemv", "f32 lanes: T < 16")
         assert pick(device, 512, 4096, w_dtype="f32").kernel == "gemm_shared"
-        assert pick(device, 512, 4096, w_dtype="i32", quant=True).reason == "f32 lanes: quantised weights stay off the matrix units"
+        assert (pick(device, 512, 4096, w_dtype="i32", quant=True).reason
+                == "f32 lanes: quantised weights stay off the matrix units")
         assert pick(device, 512, 4096, w_dtype="bf16", norm=True).kernel == "gemv"
         with tuned({"coopmat.min_tokens": 128}):
             assert pick(device, 64, 4096, w_dtype="bf16").kernel == "gemv"
-            assert mul_mat.describe(device) == {"kernel": "coopmat", "reason": "matrix units: T ≥ 128 over bf16 weights",
-                                                "from_tokens": 128, "tile": [64, 128]}
+            assert mul_mat.describe(device) == {"kernel": "coopmat", "from_tokens": 128, "tile": [64, 128],
+                                                "reason": "matrix units: T ≥ 128 over bf16 weights"}
         monkeypatch.setattr(device, "coopmat_disabled", True, raising=False)
         c = pick(device, 512, 4096, w_dtype="bf16")
         assert c.kernel == "gemm_shared" and "DSV4_VK_DISABLE_COOPMAT=1" in c.reason
@@ -368,9 +371,9 @@ def test_coopmat_launch_takes_wide_loads_where_aligned(device):
 @pytest.mark.parametrize("chunk", [16, 32])
 def test_model_logits_on_the_tensor_core_path_match_transformers(chunk):
     """The BF16 fixture model with every MUL_MAT of ≥ 16 tokens over its bf16 linears on the tensor-core
-    path's data flow (coopmat.auto, and coopmat.emulate: coopmat_fma where there are no matrix units), prompt chunks of 16
-    and 32 tokens: logits against transformers' at NMSE ≤ 1e-5 after the prefill and every decode
-    step (the issue's bound for it)."""
+    path's data flow (coopmat.auto, and coopmat.emulate: coopmat_fma where there are no matrix units),
+    prompt chunks of 16 and 32 tokens: logits against transformers' at NMSE ≤ 1e-5 after the prefill
+    and every decode step (the issue's bound for it)."""
     name = "bf16"
     from logits_check import logits_errors
     from test_model import fixture

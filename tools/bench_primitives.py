@@ -117,7 +117,8 @@ def parse_tiles(text):
 # chunks staged from a constant: products, staging and barriers without the global loads)
 _LOOP_X = "        [[unroll]] for (uint i = 0u; i < XR; ++i) xv[i] = x_chunk(xb[i], kn);\n"
 _LOOP_W = "        [[unroll]] for (uint i = 0u; i < WR; ++i) wv[i] = w_chunk(wb[i], kn);\n"
-_STAGE = ("            [[unroll]] for (uint i = 0u; i < XR; ++i) stage(nb + (r0 + RS * i) * XS + KC * kc, xv[i] * xf[i]);\n"
+_STAGE = ("            [[unroll]] for (uint i = 0u; i < XR; ++i) "
+          "stage(nb + (r0 + RS * i) * XS + KC * kc, xv[i] * xf[i]);\n"
           "            [[unroll]] for (uint i = 0u; i < WR; ++i) stage(nb + (BM + r0 + RS * i) * XS + KC * kc, "
           "w_vals(wv[i]) * wf[i]);\n")
 COOPMAT_ABLATIONS = {

@@ -9,7 +9,8 @@ Kernels (shaders/mul_mat.comp), chosen per call by `pick_kernel` unless `kernel=
   "gemm_shared" (GPUs) for more tokens; kernel="gemm" picks between them by device type;
 - "coopmat" (shaders/mul_mat_coopmat.comp) from COOPMAT["min_tokens"] tokens over bf16 / f16 weights
   where the device has VK_NV_cooperative_matrix's 16 × 16 × 16 fp16 shape (and DSV4_VK_DISABLE_COOPMAT
-  is unset) and the knob coopmat.auto is on (off by default: not yet faster than gemm_shared): fp16 products of rows scaled by powers of two, f32 sums (docs/tensor_cores.md);
+  is unset) and the knob coopmat.auto is on (off by default: not yet faster than gemm_shared): fp16
+  products of rows scaled by powers of two, f32 sums (docs/tensor_cores.md);
   "coopmat_fma" forms the same products with FMA on any device (the tests' stand-in).
 Weights are f32, bf16, f16 or one of DeepSeek's quantised formats (`QUANT`, params `wq="fp8"` or
 `"fp4"`): w is then the i32 tensor of packed codes [..., N, ceil(K / codes a word)] and the last
