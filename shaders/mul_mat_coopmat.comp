@@ -16,8 +16,8 @@
 // f32 (two exact power-of-two factors, each within f32's normal range). inf and NaN are left out of
 // m: they stay inf / NaN through the scale and give the f32 path's inf / NaN outputs.
 //
-// Layout: workgroup g → batch (b0, b1), token tile t0 = BM·i, output tile n0 = BN·j (output tiles
-// fastest); NW = (BM / WM)·(BN / WN) groups of 32 invocations ("warps"), warp w computing tokens
+// Layout: workgroup g → batch (b0, b1), token tile t0 = BM·i, output tile n0 = BN·j (in groups of GM
+// token tiles, token tiles fastest within a group: GM = 1 has output tiles fastest); NW = (BM / WM)·(BN / WN) groups of 32 invocations ("warps"), warp w computing tokens
 // WM·(w / (BN/WN)) .. +WM−1 and outputs WN·(w % (BN/WN)) .. +WN−1 of the tile as (WM/16)·(WN/16)
 // 16 × 16 f32 accumulators. Invocation i stages KC consecutive k (chunk kc = i % (BK/KC) of every
 // step) of rows r0 + RS·r, r0 = i / (BK/KC), RS = NW·32 / (BK/KC), of x (then w): KC = 8 with
@@ -55,7 +55,7 @@
 //   n0 + q % C)). Needs R + C ≤ R·C in every tile (R, C ≥ 2), which the launch checks.
 // Spec constants: 0 workgroup size (NW·32; 256 with ROW_SCALES), 1 BM, 2 BN, 3 WM, 4 WN (multiples
 // of 16; BM % WM == BN % WN == 0), 5 BK (a multiple of 16; BK/KC divides NW·32 and RS divides BM and
-// BN), 6 NBUF (1 or 2), 7 SCALES (0 or 1).
+// BN), 6 NBUF (1 or 2), 7 SCALES (0 or 1), 8 GM (≥ 1).
 // Push: as mul_mat.comp's (ne0, ne1, T, N, K, then offset and 4 strides of x, w, d).
 #include "common.glsl"
 #if defined(CM_NV)
@@ -88,6 +88,7 @@ layout(constant_id = 4) const uint WN = 64;
 layout(constant_id = 5) const uint BK = 32;
 layout(constant_id = 6) const uint NBUF = 1;
 layout(constant_id = 7) const uint SCALES = 0;
+layout(constant_id = 8) const uint GM = 1;
 #if defined(VEC8)
 const uint KC = 8u;                             // consecutive k an invocation loads and stages
 #elif defined(VEC4)
@@ -231,8 +232,11 @@ void main() {
     uint n_tiles = (p.N + BN - 1u) / BN, t_tiles = (p.T + BM - 1u) / BM;
     uint g = flat_group();                      // uniform per workgroup: no early return inside
     if (g >= p.ne0 * p.ne1 * t_tiles * n_tiles) return;
-    uint n0 = (g % n_tiles) * BN, r = g / n_tiles;
-    uint t0 = (r % t_tiles) * BM; r /= t_tiles;
+    // the batch's tiles in groups of GM token tiles, token tiles fastest within a group (GM = 1: output
+    // tiles fastest): a group's workgroups, in flight together, share its w tiles in L2
+    uint tiles = t_tiles * n_tiles, r = g / tiles, tg = g % tiles;
+    uint first = (tg / (GM * n_tiles)) * GM, gm = min(GM, t_tiles - first), local = tg % (GM * n_tiles);
+    uint t0 = (first + local % gm) * BM, n0 = (local / gm) * BN;
     uint b1 = r % p.ne1, b0 = r / p.ne1;
     uint id = gl_LocalInvocationID.x, warp = id / 32u, lane = id % 32u;
     uint dbase = p.d_off + b0 * p.d_s0 + b1 * p.d_s1;

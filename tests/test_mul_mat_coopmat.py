@@ -97,7 +97,7 @@ def check_coopmat(kernel, rng, cases=CASES, tiles=SMALL_TILES):
 
 
 # the kernel's variants: scales found by each workgroup or by a first pass, one or two staging buffers
-PASS_2BUF = {"coopmat.scales": "pass", "coopmat.buffers": 2}
+PASS_2BUF = {"coopmat.scales": "pass", "coopmat.buffers": 2, "coopmat.group": 3}
 VARIANTS = [SMALL_TILES, {**SMALL_TILES, **PASS_2BUF}, {**SMALL_TILES, "coopmat.scales": "pass"}]
 # 8 warps of 64 × 32 (more shared memory than lavapipe has: on the matrix units only)
 BIG_TILES = {"coopmat.tokens": 128, "coopmat.outputs": 128, "coopmat.warp_tokens": 64, "coopmat.warp_outputs": 32}
@@ -316,6 +316,7 @@ def test_coopmat_refusals(device, monkeypatch):
                        ({"coopmat.tokens": 256, "coopmat.warp_tokens": 16}, "invocations and .* B of shared memory"),
                        ({"coopmat.buffers": 3}, "'coopmat.buffers' must be 1 or 2, got 3"),
                        ({"coopmat.scales": "rows"}, "'coopmat.scales' must be one of"),
+                       ({"coopmat.group": 0}, "'coopmat.group' must be an integer ≥ 1, got 0"),
                        ({"coopmat.tokens": 128, "coopmat.outputs": 256, "coopmat.warp_tokens": 64,
                          "coopmat.warp_outputs": 64, "coopmat.buffers": 2}, "2 buffer.* B of shared memory")):
         with tuned(knobs), pytest.raises(ValueError, match=msg):
@@ -354,18 +355,18 @@ def test_coopmat_launch_takes_wide_loads_where_aligned(device):
         return g.nodes[-1].op.lower(g.nodes[-1], device)
     (ln,) = launches(64)
     assert ln.shader == "mul_mat_coopmat" and ln.defines == {"W_BF16": 1, "VEC8": 1}
-    assert ln.spec == (128, 64, 128, 32, 64, 32, 1, 0) and ln.grid == (2 * 2 * 3, 1, 1) and not ln.full_subgroups
+    assert ln.spec == (128, 64, 128, 32, 64, 32, 1, 0, 1) and ln.grid == (2 * 2 * 3, 1, 1) and not ln.full_subgroups
     assert launches(68)[0].defines == {"W_BF16": 1, "VEC4": 1} and launches(64, w_start=4)[0].defines == {
         "W_BF16": 1, "VEC4": 1}
     assert "VEC4" not in launches(66)[0].defines and "VEC4" not in launches(64, w_start=2)[0].defines
     with tuned(SMALL_TILES):
-        assert launches(64)[0].spec == (128, 32, 32, 16, 16, 32, 1, 0)
+        assert launches(64)[0].spec == (128, 32, 32, 16, 16, 32, 1, 0, 1)
     with tuned(PASS_2BUF):
         first, gemm = launches(64)
         assert first.defines == {"ROW_SCALES": 1, "W_BF16": 1, "VEC8": 1} and first.spec == (256, 64, 128)
-        assert first.grid == (-(-2 * (100 + 300) // 16), 1, 1) and gemm.spec == (128, 64, 128, 32, 64, 32, 2, 1)
+        assert first.grid == (-(-2 * (100 + 300) // 16), 1, 1) and gemm.spec == (128, 64, 128, 32, 64, 32, 2, 1, 3)
         (only,) = launches(64, T=129)       # a last token tile of 1 row: the scales by tile
-        assert only.spec[6:] == (2, 0)
+        assert only.spec[6:] == (2, 0, 3)
 
 
 @pytest.mark.parametrize("chunk", [16, 32])

@@ -82,14 +82,16 @@ def parse_pairs(text, what):
 
 
 # --coopmat-tiles variants: the kernel's variants side by side (scales by each workgroup or by a first
-# pass, one or two staging buffers, 64 × 128 to 128 × 256 tiles, k steps of 32 and 64)
+# pass, one or two staging buffers, 64 × 128 to 128 × 256 tiles, k steps of 32 and 64, workgroups in
+# groups of 8 token tiles)
 COOPMAT_VARIANTS = ("default,64x128/32x64/32/1/pass,64x128/32x64/32/2/pass,128x128/64x32/32/1/pass,"
-                    "128x128/64x32/32/2/pass,128x128/64x64/32/2/pass,128x256/64x64/32/1/pass,128x128/64x32/64/1/pass")
+                    "128x128/64x32/32/2/pass,128x128/64x32/32/2/pass/8,128x128/64x64/32/2/pass/8,"
+                    "128x256/64x64/32/1/pass/8,128x128/64x32/64/1/pass/8")
 
 
 def parse_tiles(text):
-    """--coopmat-tiles "BMxBN/WMxWN[/BK[/BUFFERS[/SCALES]]],...": knob overrides for each variant ("default":
-    the knobs'; "variants": COOPMAT_VARIANTS)."""
+    """--coopmat-tiles "BMxBN/WMxWN[/BK[/BUFFERS[/SCALES[/GROUP]]]],...": knob overrides for each variant
+    ("default": the knobs'; "variants": COOPMAT_VARIANTS)."""
     out = []
     for item in text.replace("variants", COOPMAT_VARIANTS).split(","):
         if item == "default":
@@ -100,13 +102,13 @@ def parse_tiles(text):
             (bm, bn), (wm, wn) = (tuple(int(v) for v in q.split("x")) for q in parts[:2])
             knobs = {"coopmat.tokens": bm, "coopmat.outputs": bn, "coopmat.warp_tokens": wm,
                      "coopmat.warp_outputs": wn}
-            for key, value in zip(("k_step", "buffers", "scales"), parts[2:5]):
+            for key, value in zip(("k_step", "buffers", "scales", "group"), parts[2:6]):
                 knobs[f"coopmat.{key}"] = value if key == "scales" else int(value)
-            if len(parts) > 5:
+            if len(parts) > 6:
                 raise ValueError
         except ValueError:
-            raise SystemExit(f"--coopmat-tiles: expected BMxBN/WMxWN[/BK[/BUFFERS[/SCALES]]] or default, got "
-                             f"{item!r}") from None
+            raise SystemExit("--coopmat-tiles: expected BMxBN/WMxWN[/BK[/BUFFERS[/SCALES[/GROUP]]]] or default, "
+                             f"got {item!r}") from None
         out.append((item, knobs))
     return out
 
@@ -284,8 +286,8 @@ def main(argv=None):
     ap.add_argument("--gemm-t", default="16,64,512,4096", help="tokens of the --gemm rows")
     ap.add_argument("--gemm-shapes", default=GEMM_SHAPES, help="NxK,... of the --gemm rows")
     ap.add_argument("--coopmat-tiles", default="default",
-                    help="variants of the coopmat kernel, BMxBN/WMxWN[/BK[/BUFFERS[/SCALES]]],..., default (the "
-                         "knobs') or variants (" + COOPMAT_VARIANTS + ")")
+                    help="variants of the coopmat kernel, BMxBN/WMxWN[/BK[/BUFFERS[/SCALES[/GROUP]]]],..., "
+                         "default (the knobs') or variants (" + COOPMAT_VARIANTS + ")")
     ap.add_argument("--check-rows", type=int, default=64, help="rows of each result checked against float64")
     ap.add_argument("--no-torch", action="store_true", help="leave out torch.matmul")
     ap.add_argument("--no-f32", action="store_true", help="leave out the f32-lane kernel")

@@ -188,6 +188,8 @@ COOPMAT = knob_table(
     k_step=(32, "inputs staged in shared memory a step (BK, a multiple of 16)"),
     buffers=(1, "staging buffers in shared memory (1 or 2): with 2 the next k step is stored into the other "
                 "buffer while this one is multiplied, one barrier a step instead of 2"),
+    group=(1, "token tiles a group of the workgroups' order, token tiles fastest within a group (1: output "
+              "tiles fastest): the workgroups of a group, in flight together, share its weight tiles in L2"),
     scales=("tile", "where the rows' power-of-two scales are found: 'tile' (each workgroup scans its own x and w "
                     "rows over all of K first) or 'pass' (a first dispatch scans every row once and writes each "
                     "tile's scales into the tile's own outputs; tiles with fewer than 2 rows or outputs in range "
@@ -281,7 +283,7 @@ COOPMAT_SCALES = ("tile", "pass")
 
 
 def coopmat_spec(device, kernel: str, chunk: int = 2) -> tuple[int, ...]:
-    """The tensor-core kernel's spec constants (workgroup size, BM, BN, WM, WN, BK, NBUF, SCALES) from
+    """The tensor-core kernel's spec constants (workgroup size, BM, BN, WM, WN, BK, NBUF, SCALES, GM) from
     the knobs in effect, an invocation staging `chunk` consecutive inputs (8 with VEC8, 4 with VEC4,
     else 2); ValueError naming the knob where they do not fit together or the device."""
     bm, bn, wm, wn, bk = (COOPMAT[k] for k in ("tokens", "outputs", "warp_tokens", "warp_outputs", "k_step"))
@@ -291,7 +293,9 @@ def coopmat_spec(device, kernel: str, chunk: int = 2) -> tuple[int, ...]:
     if bm % wm or bn % wn:
         raise ValueError(f"tuning knobs 'coopmat.tokens' and 'coopmat.outputs' ({bm}, {bn}) must be multiples of "
                          f"'coopmat.warp_tokens' and 'coopmat.warp_outputs' ({wm}, {wn})")
-    nbuf, scales = COOPMAT["buffers"], COOPMAT["scales"]
+    nbuf, scales, group = COOPMAT["buffers"], COOPMAT["scales"], COOPMAT["group"]
+    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+        raise ValueError(f"tuning knob 'coopmat.group' must be an integer ≥ 1, got {group!r}")
     if nbuf not in (1, 2) or isinstance(nbuf, bool):
         raise ValueError(f"tuning knob 'coopmat.buffers' must be 1 or 2, got {nbuf!r}")
     if scales not in COOPMAT_SCALES:
@@ -310,7 +314,7 @@ def coopmat_spec(device, kernel: str, chunk: int = 2) -> tuple[int, ...]:
                          f"{nbuf} buffer(s)) need {wg} invocations and {shared} B of shared memory; {device.name} "
                          f"has {min(lim.max_workgroup_invocations, lim.max_workgroup_size[0])} and "
                          f"{lim.max_shared_memory} B")
-    return (wg, bm, bn, wm, wn, bk, nbuf, int(scales == "pass"))
+    return (wg, bm, bn, wm, wn, bk, nbuf, int(scales == "pass"), group)
 
 
 def rows_aligned(t, elems: int) -> bool:
@@ -334,7 +338,7 @@ def coopmat_launches(device, kernel: str, x, w, out, push: dict, batch: int, T: 
     bm, bn = spec[1], spec[2]
     t_tiles, n_tiles = -(-T // bm), -(-N // bn)
     if spec[7] and min(T - bm * (t_tiles - 1), N - bn * (n_tiles - 1)) < 2:
-        spec = spec[:7] + (0,)              # a tile of 1 row or output has no room for its scales
+        spec = spec[:7] + (0,) + spec[8:]   # a tile of 1 row or output has no room for its scales
     defines = {"CM_NV": 1} if kernel == "coopmat" else {}
     defines.update(weight_defines(w), **vec)
     gemm = Launch("mul_mat_coopmat", [x, w, out], (2,), push, grid_1d(batch * t_tiles * n_tiles, 1),
