@@ -3,6 +3,7 @@
 //! variants: MODE_GEMV ; - | VEC4 ; - | LANES_SHUFFLE | LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1,2,4,8 ; - | W_BF16 | W_F16 ; - | NORM_X
 //! variants: MODE_GEMV ; VEC4 ; - | LANES_SHUFFLE | LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1,8 ; W_FP8 | W_FP4 ; - | NORM_X
 //! variants: MODE_GEMV ; - | LANES_SHUFFLE | LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1 ; W_FP8 | W_FP4 ; NORM_X
+//! variants: MODE_GEMV ; VEC4 ; - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; TB=1 ; W_FP8 | W_FP4 ; - | NORM_X ; X_SHARED
 //! variants: MODE_GEMM_REGS ; - | VEC4 ; - | W_BF16 | W_F16 | W_FP8 | W_FP4
 //! variants: MODE_GEMM_SHARED ; - | W_BF16 | W_F16 | W_FP8 | W_FP4
 // MUL_MAT: d[b0, b1, t, n] = Σ_k x[b0, b1, t, k] · w[b0, b1, n, k]  (x @ wᵀ), f32 accumulation.
@@ -62,6 +63,9 @@ layout(push_constant) uniform P {
 #if defined(W_FP8) || defined(W_FP4)
     uint q_kw, q_rows, q_srows, q_sc;   // quantised weights' geometry (weights.glsl)
 #endif
+#if defined(X_SHARED)
+    uint xs_groups;                     // workgroups per batch item (X_SHARED)
+#endif
 } p;
 #define W_S3 p.w_s3
 #if defined(NORM_X)
@@ -116,6 +120,138 @@ layout(constant_id = 2) const uint NR = 1;
 // uvec4s), with one scale byte (an FP8 block of 128 holds 8 such loads, an FP4 group of 32 is
 // one), the row's scale grid row found once before the loop; 0: a 4-byte word a step (W4_ROW).
 layout(constant_id = 3) const uint WIDE = 0;
+#if defined(X_SHARED)
+// -D X_SHARED (needs rows of whole uvec4s of codes, q_kw % 4 == 0): the x row is staged once per
+// workgroup in shared memory (XS vec4s, spec constant 4, zeros past K), its Σx² reduced over the
+// workgroup once (NORM_X: x·g is staged, the row sums are multiplied by 1/rms at the end), so the
+// hot loop loads only codes: each lane a uvec4 (16 FP8 / 32 FP4 codes; consecutive lanes
+// consecutive uvec4s) of each of NR rows, UNROLL steps apart by LANES, decodes a word in a few
+// operations (q_fp8_word / q_fp4_word), multiplies the unscaled sum of a uvec4 by its one scale and
+// reduces each row over the cluster once. Clusters are persistent over row blocks (p.xs_groups
+// workgroups per batch item, each cluster taking every p.xs_groups·clusters-th block of NR rows)
+// and load the next step's codes and scale words before they compute the current one (the first
+// before x is staged), so a row's end and its reduction do not stall the loads.
+layout(constant_id = 4) const uint XS = 1;
+shared vec4 xs[XS];
+#if defined(NORM_X)
+shared float xs_ss[256];                // Σx² of each cluster (at most 256 a workgroup)
+#endif
+
+float xs_dot(uvec4 v, uint j) {         // Σ x · code value (unscaled) of uvec4 j of a row
+    uint b = j * Q_XV;
+    float s = 0.0;
+    [[unroll]] for (uint c = 0; c < 4u; ++c) {
+#if defined(W_FP8)
+        s += dot(xs[b + c], q_fp8_word(v[c]));
+#else
+        vec4 lo, hi;
+        q_fp4_word(v[c], lo, hi);
+        s += dot(xs[b + 2u * c], lo) + dot(xs[b + 2u * c + 1u], hi);
+#endif
+    }
+    return s;
+}
+
+void main() {
+    uint GPB = p.xs_groups, g = flat_group();
+    if (g >= p.ne0 * p.ne1 * GPB) return;               // whole workgroup leaves together
+    uint gi = g % GPB, bi = g / GPB;
+    uint b1 = bi % p.ne1, b0 = bi / p.ne1;
+    uint lane = cluster_lane(), cl = lane_linear() / LANES, CPW = gl_WorkGroupSize.x / LANES;
+    uint NB = (p.N + NR - 1) / NR, KU = p.q_kw / 4u, STEP = LANES * UNROLL;
+    // the cluster's iteration: row block rb, uvec4s s0 + lane + u·LANES (u < UNROLL) of each row
+    uint rb = gi * CPW + cl, s0 = 0;
+    bool live = rb < NB;
+    uint wb[NR], sb[NR];
+    uvec4 cw[NR][UNROLL];
+    uint cs[NR][UNROLL];
+    [[unroll]] for (uint i = 0; i < NR; ++i) {
+        wb[i] = w_row(b0, b1, rb * NR + i);
+        sb[i] = q_scale_row(wb[i]);
+    }
+    if (live) {
+        [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
+            uint j = min(lane + u * LANES, KU - 1u);
+            [[unroll]] for (uint i = 0; i < NR; ++i) {
+                cw[i][u] = wq4[wb[i] / 4u + j];
+                cs[i][u] = wscale[(sb[i] + j * Q_XV * 4u / Q_BC) >> 2];
+            }
+        }
+    }
+    uint xr = x_row(b0, b1, 0u);
+    float s2 = 0.0;
+    for (uint i = gl_LocalInvocationID.x; i < XS; i += gl_WorkGroupSize.x) {
+        vec4 v = vec4(0.0);
+        if (4u * i < p.K) {
+            v = x4[xr / 4u + i];
+#if defined(NORM_X)
+            s2 += dot(v, v);
+            v *= g4[p.g_off / 4u + i];
+#endif
+        }
+        xs[i] = v;
+    }
+    float inv = 1.0;
+#if defined(NORM_X)
+    s2 = cluster_sum(s2);
+    if (lane == 0u) xs_ss[cl] = s2;
+#endif
+    barrier();
+#if defined(NORM_X)
+    s2 = 0.0;
+    for (uint c = 0; c < CPW; ++c) s2 += xs_ss[c];
+    inv = 1.0 / sqrt(s2 / float(p.K) + p.eps);
+#endif
+    float acc[NR];
+    [[unroll]] for (uint i = 0; i < NR; ++i) acc[i] = 0.0;
+    while (live) {                                      // uniform per cluster
+        uint s1 = s0 + STEP, rb1 = rb;
+        bool row_end = s1 >= KU;
+        if (row_end) { s1 = 0; rb1 += GPB * CPW; }
+        bool live1 = rb1 < NB;
+        uint wb1[NR], sb1[NR];
+        [[unroll]] for (uint i = 0; i < NR; ++i) {
+            wb1[i] = row_end ? w_row(b0, b1, rb1 * NR + i) : wb[i];
+            sb1[i] = row_end ? q_scale_row(wb1[i]) : sb[i];
+        }
+        uvec4 nw[NR][UNROLL];
+        uint ns[NR][UNROLL];
+        if (live1) {
+            [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
+                uint j = min(s1 + lane + u * LANES, KU - 1u);
+                [[unroll]] for (uint i = 0; i < NR; ++i) {
+                    nw[i][u] = wq4[wb1[i] / 4u + j];
+                    ns[i][u] = wscale[(sb1[i] + j * Q_XV * 4u / Q_BC) >> 2];
+                }
+            }
+        }
+        [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
+            uint j = s0 + lane + u * LANES;
+            if (j < KU) {
+                [[unroll]] for (uint i = 0; i < NR; ++i) {
+                    uint si = sb[i] + j * Q_XV * 4u / Q_BC;
+                    acc[i] += q_e8m0((cs[i][u] >> ((si & 3u) << 3)) & 0xFFu) * Q_UNIT * xs_dot(cw[i][u], j);
+                }
+            }
+        }
+        if (row_end) {
+            [[unroll]] for (uint i = 0; i < NR; ++i) {
+                float v = cluster_sum(acc[i]) * inv;
+                if (lane == i % LANES) store(b0, b1, 0u, rb * NR + i, v);
+                acc[i] = 0.0;
+            }
+        }
+        s0 = s1;
+        rb = rb1;
+        live = live1;
+        [[unroll]] for (uint i = 0; i < NR; ++i) {
+            wb[i] = wb1[i];
+            sb[i] = sb1[i];
+            [[unroll]] for (uint u = 0; u < UNROLL; ++u) { cw[i][u] = nw[i][u]; cs[i][u] = ns[i][u]; }
+        }
+    }
+}
+#else
 void main() {
     uint NB = (p.N + NR - 1) / NR;
     uint item = cluster_id();
@@ -175,6 +311,7 @@ void main() {
         if (lane == i % LANES) store(b0, b1, t, n0 + i, v);
     }
 }
+#endif
 #else
 void main() {
     uint blocks = (p.T + TB - 1) / TB;

@@ -36,6 +36,22 @@ uint q_fp4_pair(uint v) {
     return ((v & 0x8u) << 12) | ((v & 0x7u) << 9) | ((v & 0x80u) << 24) | ((v & 0x70u) << 21);
 }
 vec4 q_fp4x4(uint v) { return vec4(unpackHalf2x16(q_fp4_pair(v)), unpackHalf2x16(q_fp4_pair(v >> 8))); }
+// A whole word of codes in fewer operations (the staged GEMV, -D X_SHARED): codes 16 bits apart
+// become a half pair with one shift and mask for their exponents and mantissas and one for their
+// signs (the same exact halves as above); the values come back in k order.
+vec4 q_fp8_word(uint v) {               // E4M3 bytes 0..3 · 2^−8
+    vec2 a = unpackHalf2x16(((v << 7) & 0x3F803F80u) | ((v << 8) & 0x80008000u));      // bytes 0, 2
+    vec2 b = unpackHalf2x16(((v >> 1) & 0x3F803F80u) | (v & 0x80008000u));             // bytes 1, 3
+    return vec4(a.x, b.x, a.y, b.y);
+}
+void q_fp4_word(uint v, out vec4 lo, out vec4 hi) {    // E2M1 nibbles 0..3, 4..7 · 2^−14
+    vec2 a = unpackHalf2x16(((v << 9) & 0x0E000E00u) | ((v << 12) & 0x80008000u));     // nibbles 0, 4
+    vec2 b = unpackHalf2x16(((v << 5) & 0x0E000E00u) | ((v << 8) & 0x80008000u));      // 1, 5
+    vec2 c = unpackHalf2x16(((v << 1) & 0x0E000E00u) | ((v << 4) & 0x80008000u));      // 2, 6
+    vec2 d = unpackHalf2x16(((v >> 3) & 0x0E000E00u) | (v & 0x80008000u));             // 3, 7
+    lo = vec4(a.x, b.x, c.x, d.x);
+    hi = vec4(a.y, b.y, c.y, d.y);
+}
 // The scale byte index of element k of the row at word wb of a tensor with kw words a row, a grid
 // per `rows` rows of srows × sc (blocks of br × bc); the row and grid divisions are loop-invariant.
 uint q_sindex(uint wb, uint k, uint kw, uint rows, uint srows, uint sc, uint br, uint bc) {

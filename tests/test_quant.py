@@ -266,6 +266,94 @@ def test_expert_16_byte_loads(tune, as_gpu, rows, rng, monkeypatch, device):
     check_shared_expert_in_the_same_dispatch(rng)
 
 
+# (format, N, K): N not a multiple of the rows a cluster; K a single uvec4 of codes or not a multiple
+# of a cluster's uvec4s (FP4 K = 28: a half-padded last word, x staged as zeros past K)
+STAGED_SHAPES = [("fp8", 37, 4096), ("fp8", 300, 208), ("fp8", 9, 16), ("fp8", 130, 400), ("fp4", 33, 4096),
+                 ("fp4", 40, 96), ("fp4", 7, 28), ("fp4", 131, 1024)]
+
+
+def check_staged_gemv(rng, device=None):
+    """The staged GEMV (gemv_quant.x_shared) at one token, plain and with the norm folded in, on
+    weights with every code (E4M3 subnormals included) and scales from 2^−127 to 2^40, batched
+    weights included; where `device` is given, asserts the launches are the staged kernel's."""
+    for fmt, N, K in STAGED_SHAPES:
+        codes, scale = random_quant(rng, fmt, N, K)
+        scale = rng.integers(0, 168, scale.shape, dtype=np.uint8)      # E8M0 bytes: 2^−127 .. 2^40
+        scale[rng.random(scale.shape) < 0.5] = 127 - 6
+        w = dequant(fmt, codes, scale)
+        words, sw = quant_arrays(codes, scale)
+        x = rng.standard_normal((1, K)).astype(np.float32)
+        gn = rng.standard_normal(K).astype(np.float32)
+        for norm in (False, True):
+            g = Graph()
+            args = [g.input("x", x.shape), g.const(words)] + ([g.const(gn)] if norm else [])
+            prm = {"rms_eps": 1e-6} if norm else {}
+            g.output("y", g.op("MUL_MAT", *args, g.const(sw), wq=fmt, **prm))
+            if device is not None:
+                (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+                assert "X_SHARED" in launch.defines, (fmt, N, K)
+            got = run_graph(g, x=x)["y"]
+            close(got, get_op("MUL_MAT").reference(x, w, *([gn] if norm else []), **prm), (fmt, N, K, norm))
+    G, r, K = 3, 70, 256                       # wo_a's form: batched rows of one FP8 matrix, x per batch
+    codes, scale = random_quant(rng, "fp8", G * r, K)
+    w = dequant_fp8(codes, scale).reshape(G, r, K)
+    words, sw = quant_arrays(codes, scale)
+    x = rng.standard_normal((G, 1, K)).astype(np.float32)
+    g = Graph()
+    g.output("y", g.op("MUL_MAT", g.input("x", x.shape), g.const(words).reshape(G, r, -1), g.const(sw), wq="fp8"))
+    close(run_graph(g, x=x)["y"], np.matmul(x.astype(np.float64), np.swapaxes(w, -1, -2)), "batched")
+
+
+@pytest.mark.parametrize("as_gpu,rows,unroll,groups", [(False, 2, 2, 1024), (True, 1, 1, 1), (True, 2, 2, 1024),
+                                                       (True, 4, 3, 2)])
+def test_staged_gemv(tune, as_gpu, rows, unroll, groups, rng, monkeypatch, device):
+    """The GEMV at one token with x staged in shared memory (knob gemv_quant.x_shared) matches the
+    float64 dequantisation for 1, 2 or 4 rows a cluster, 1 to 3 steps in flight and few workgroups
+    (clusters looping over row blocks); shapes it cannot take (rows not whole uvec4s) keep the GEMV."""
+    if as_gpu:
+        monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    tune({"gemv_quant.x_shared": True, "gemv_quant.x_shared_rows": rows, "gemv_quant.x_shared_unroll": unroll,
+          "gemv_quant.x_shared_groups": groups})
+    check_staged_gemv(rng, device)
+    for fmt, K, staged in (("fp8", 260, False), ("fp4", 80, False), ("fp8", 208, True)):
+        g = Graph()
+        sr, sc = QUANT[fmt].grid(37, K)
+        g.op("MUL_MAT", g.input("x", (1, K)), g.input("w", (37, QUANT[fmt].words(K)), "i32"),
+             g.input("s", (-(-sr * sc // 4),), "i32"), wq=fmt)
+        (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+        assert ("X_SHARED" in launch.defines) == staged, (fmt, K)
+        if staged:
+            assert launch.spec[1:] == (unroll, rows, 0, 52) and launch.grid[0] * launch.grid[1] <= groups
+    check_mul_mat(rng)
+
+
+def test_staged_gemv_falls_back_where_x_does_not_fit(tune, rng, monkeypatch, device):
+    """x past the device's maxComputeSharedMemorySize: the GEMV without staging, still right."""
+    limits = dataclasses.replace(device.caps.limits, max_shared_memory=4096 + 1023)
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", limits=limits))
+    tune({"gemv_quant.x_shared": True})
+    for K, norm, staged in ((1024, False, True), (1024, True, False), (1600, False, False)):
+        g = Graph()
+        args = [g.input("x", (1, K)), g.input("w", (5, K // 4), "i32")] + ([g.input("g", (K,))] if norm else [])
+        g.op("MUL_MAT", *args, g.input("s", (4,), "i32"), wq="fp8", **({"rms_eps": 1e-6} if norm else {}))
+        (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+        assert ("X_SHARED" in launch.defines) == staged, (K, norm)
+    check_mul_mat(rng)
+
+
+@pytest.mark.parametrize("knob,value,match", [
+    ("x_shared_rows", 3, r"'gemv_quant\.x_shared_rows' must be 1, 2 or 4, got 3"),
+    ("x_shared_unroll", 0, r"'gemv_quant\.x_shared_unroll' must be an integer in \[1, 8\], got 0"),
+    ("x_shared_groups", 0, r"'gemv_quant\.x_shared_groups' must be an integer ≥ 1, got 0"),
+])
+def test_staged_gemv_knobs_are_checked(tune, knob, value, match, device):
+    tune({"gemv_quant.x_shared": True, f"gemv_quant.{knob}": value})
+    g = Graph()
+    g.op("MUL_MAT", g.input("x", (1, 64)), g.input("w", (4, 16), "i32"), g.input("s", (1,), "i32"), wq="fp8")
+    with pytest.raises(ValueError, match=match):
+        g.nodes[0].op.lower(g.nodes[0], device)
+
+
 def test_quantised_weights_are_checked():
     g = Graph()
     x, w, s4 = g.input("x", (1, 64)), g.input("w", (8, 16), "i32"), g.input("s", (4,), "i32")
@@ -525,6 +613,15 @@ def worker():
         check_mul_mat(np.random.default_rng(10))
         check_mul_mat_id(np.random.default_rng(11))
         check_shared_expert_in_the_same_dispatch(np.random.default_rng(12))
+    dev = default_device()
+    cpu_caps = dev.caps
+    with tuned({"gemv_quant.x_shared": True, "gemv_quant.x_shared_groups": 2}):
+        check_staged_gemv(np.random.default_rng(13))
+        dev.caps = dataclasses.replace(cpu_caps, type="discrete-gpu")     # lane clusters of this subgroup size
+        try:
+            check_staged_gemv(np.random.default_rng(14), dev)
+        finally:
+            dev.caps = cpu_caps
     print("worker: kernels ok")
     for name in FIXTURES:
         for fused in (True, False):
