@@ -122,7 +122,8 @@ layout(constant_id = 2) const uint NR = 1;
 layout(constant_id = 3) const uint WIDE = 0;
 #if defined(X_SHARED)
 // -D X_SHARED (needs rows of whole uvec4s of codes, q_kw % 4 == 0): the x row is staged once per
-// workgroup in shared memory (XS vec4s, spec constant 4, zeros past K), its Σx² reduced over the
+// workgroup in shared memory (XS vec4s, spec constant 4, zeros past K; vec4 c of uvec4 j's inputs
+// at xs[c·KU + j], so that consecutive lanes read consecutive vec4s), its Σx² reduced over the
 // workgroup once (NORM_X: x·g is staged, the row sums are multiplied by 1/rms at the end), so the
 // hot loop loads only codes: each lane a uvec4 (16 FP8 / 32 FP4 codes; consecutive lanes
 // consecutive uvec4s) of each of NR rows, UNROLL steps apart by LANES, decodes a word in a few
@@ -137,16 +138,16 @@ shared vec4 xs[XS];
 shared float xs_ss[256];                // Σx² of each cluster (at most 256 a workgroup)
 #endif
 
-float xs_dot(uvec4 v, uint j) {         // Σ x · code value (unscaled) of uvec4 j of a row
-    uint b = j * Q_XV;
+// Σ x · code value (unscaled) of a uvec4 of codes and the Q_XV vec4s of x it covers
+float xs_dot(uvec4 v, vec4 xv[Q_XV]) {
     float s = 0.0;
     [[unroll]] for (uint c = 0; c < 4u; ++c) {
 #if defined(W_FP8)
-        s += dot(xs[b + c], q_fp8_word(v[c]));
+        s += dot(xv[c], q_fp8_word(v[c]));
 #else
         vec4 lo, hi;
         q_fp4_word(v[c], lo, hi);
-        s += dot(xs[b + 2u * c], lo) + dot(xs[b + 2u * c + 1u], hi);
+        s += dot(xv[2u * c], lo) + dot(xv[2u * c + 1u], hi);
 #endif
     }
     return s;
@@ -189,7 +190,7 @@ void main() {
             v *= g4[p.g_off / 4u + i];
 #endif
         }
-        xs[i] = v;
+        xs[(i % Q_XV) * KU + i / Q_XV] = v;
     }
     float inv = 1.0;
 #if defined(NORM_X)
@@ -210,9 +211,12 @@ void main() {
         if (row_end) { s1 = 0; rb1 += GPB * CPW; }
         bool live1 = rb1 < NB;
         uint wb1[NR], sb1[NR];
-        [[unroll]] for (uint i = 0; i < NR; ++i) {
-            wb1[i] = row_end ? w_row(b0, b1, rb1 * NR + i) : wb[i];
-            sb1[i] = row_end ? q_scale_row(wb1[i]) : sb[i];
+        [[unroll]] for (uint i = 0; i < NR; ++i) { wb1[i] = wb[i]; sb1[i] = sb[i]; }
+        if (row_end) {                                  // the next block's rows and scale grid rows
+            [[unroll]] for (uint i = 0; i < NR; ++i) {
+                wb1[i] = w_row(b0, b1, rb1 * NR + i);
+                sb1[i] = q_scale_row(wb1[i]);
+            }
         }
         uvec4 nw[NR][UNROLL];
         uint ns[NR][UNROLL];
@@ -228,9 +232,11 @@ void main() {
         [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
             uint j = s0 + lane + u * LANES;
             if (j < KU) {
+                vec4 xv[Q_XV];                          // read once for the NR rows
+                [[unroll]] for (uint c = 0; c < Q_XV; ++c) xv[c] = xs[c * KU + j];
                 [[unroll]] for (uint i = 0; i < NR; ++i) {
                     uint si = sb[i] + j * Q_XV * 4u / Q_BC;
-                    acc[i] += q_e8m0((cs[i][u] >> ((si & 3u) << 3)) & 0xFFu) * Q_UNIT * xs_dot(cw[i][u], j);
+                    acc[i] += q_e8m0((cs[i][u] >> ((si & 3u) << 3)) & 0xFFu) * Q_UNIT * xs_dot(cw[i][u], xv);
                 }
             }
         }
