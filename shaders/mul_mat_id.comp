@@ -6,6 +6,8 @@
 //! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS | LANES_WORKGROUP ; MODE_SUM ROUTES=1 ; - | VEC4 ; - | HAS_ADD ; W_FP8 | W_FP4
 //! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; MODE_SWIGLU ; - | VEC4 ; W_FP4 SHARED_FP8 ; - | NORM_X
 //! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS | LANES_WORKGROUP ; MODE_SUM ROUTES=1 ; - | VEC4 ; - | HAS_ADD ; W_FP4 SHARED_FP8
+//! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; MODE_SWIGLU ; VEC4 ; W_FP8 | W_FP4 ; - | NORM_X ; X_SHARED
+//! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; MODE_SUM ROUTES=1 ; VEC4 ; - | HAS_ADD ; W_FP8 | W_FP4 ; X_SHARED
 // MUL_MAT_ID: matrix products with the experts the router chose, route[t, r] = (id, weight)
 // (MOE_ROUTE's output; ids are exact floats), weights w [E, N, K] stacked per expert:
 //   MODE_SWIGLU  x [T, 1 or R, K] (stride 0 over r: the same token row for every route), w [E, 2F, K]:
@@ -71,6 +73,9 @@ layout(push_constant) uniform P {
 #endif
 #if defined(SHARED_FP8)
     uint s_rows;                        // the shared expert's rows per scale grid (weights.glsl)
+#endif
+#if defined(X_SHARED)
+    uint xs_groups;                     // workgroups per token (X_SHARED)
 #endif
 } p;
 #define W_S3 1u
@@ -212,6 +217,230 @@ int expert(uint t, uint r) {
     return (id >= p.id_base && id - p.id_base < p.E) ? int(id - p.id_base) : -2;
 }
 
+#if defined(X_SHARED)
+// -D X_SHARED (quantised experts, VEC4, rows of whole uvec4s of codes; not SHARED_FP8): x rows staged
+// in shared memory as mul_mat.comp's X_SHARED GEMV stages them (XS vec4s a row, spec constant 5;
+// vec4 c of uvec4 j's inputs at c·KU + j; NORM_X: x·g, the sums multiplied by 1/rms at the end),
+// the hot loop loading only codes: a uvec4 of each of WR rows a lane, UNROLL steps apart by LANES,
+// the next step's codes and scale words loaded before the current one is computed.
+//   MODE_SWIGLU: a cluster computes XNR (spec constant 4) outputs f, their gate and up rows, of one
+//     route; clusters are persistent over (route, f-block)s of a token (p.xs_groups workgroups per
+//     token, or per (token, route) when x differs per route); x staged once.
+//   MODE_SUM: a cluster computes XNR outputs n over every route (lanes keep weight · scale · dot
+//     and reduce once at the end); a workgroup's clusters take consecutive blocks of n; XRG (spec
+//     constant 6) routes' x rows are staged at a time (the device's shared memory permitting).
+layout(constant_id = 4) const uint XNR = 1;
+layout(constant_id = 5) const uint XS = 1;
+layout(constant_id = 6) const uint XRG = 1;
+#if defined(MODE_SWIGLU)
+const uint WR = 2u * XNR;               // gate rows, then up rows
+#else
+const uint WR = XNR;
+#endif
+shared vec4 xs[XS * XRG];
+#if defined(NORM_X)
+shared float xs_ss[256];                // Σx² of each cluster (at most 256 a workgroup)
+#endif
+
+float xs_dot(uvec4 v, vec4 xv[Q_XV]) {  // Σ x · code value (unscaled), as mul_mat.comp's
+    float s = 0.0;
+    [[unroll]] for (uint c = 0; c < 4u; ++c) {
+#if defined(W_FP8)
+        s += dot(xv[c], q_fp8_word(v[c]));
+#else
+        vec4 lo, hi;
+        q_fp4_word(v[c], lo, hi);
+        s += dot(xv[2u * c], lo) + dot(xv[2u * c + 1u], hi);
+#endif
+    }
+    return s;
+}
+
+// Stages x row xb as staged row g (zeros past K); returns this invocation's share of Σx².
+float stage_x(uint xb, uint g, uint KU) {
+    float s2 = 0.0;
+    for (uint i = gl_LocalInvocationID.x; i < XS; i += gl_WorkGroupSize.x) {
+        vec4 v = vec4(0.0);
+        if (4u * i < p.K) {
+            v = x4[xb / 4u + i];
+#if defined(NORM_X)
+            s2 += dot(v, v);
+            v *= g4[p.g_off / 4u + i];
+#endif
+        }
+        xs[g * XS + (i % Q_XV) * KU + i / Q_XV] = v;
+    }
+    return s2;
+}
+
+// Loads into W, S the uvec4s S0 + lane + u·LANES (clamped to the row) of rows WB and their scale words.
+#define XS_LOAD(W, S, WB, SB, S0) \
+    [[unroll]] for (uint u = 0; u < UNROLL; ++u) { \
+        uint j_ = min((S0) + lane + u * LANES, KU - 1u); \
+        [[unroll]] for (uint i = 0; i < WR; ++i) { \
+            W[i][u] = wq4[WB[i] / 4u + j_]; \
+            S[i][u] = wscale[(SB[i] + j_ * Q_XV * 4u / Q_BC) >> 2]; \
+        } \
+    }
+// acc[i] += WT · scale · Σ x · code over the loaded uvec4s, x from staged row XG.
+#define XS_COMPUTE(W, S, SB, S0, XG, WT) \
+    [[unroll]] for (uint u = 0; u < UNROLL; ++u) { \
+        uint j_ = (S0) + lane + u * LANES; \
+        if (j_ < KU) { \
+            vec4 xv[Q_XV]; \
+            [[unroll]] for (uint c = 0; c < Q_XV; ++c) xv[c] = xs[(XG) * XS + c * KU + j_]; \
+            [[unroll]] for (uint i = 0; i < WR; ++i) { \
+                uint si_ = SB[i] + j_ * Q_XV * 4u / Q_BC; \
+                acc[i] += (WT) * (q_e8m0((S[i][u] >> ((si_ & 3u) << 3)) & 0xFFu) * Q_UNIT) * xs_dot(W[i][u], xv); \
+            } \
+        } \
+    }
+#define XS_SHIFT() \
+    [[unroll]] for (uint i = 0; i < WR; ++i) { \
+        wb[i] = wb1[i]; \
+        sb[i] = sb1[i]; \
+        [[unroll]] for (uint u = 0; u < UNROLL; ++u) { cw[i][u] = nw[i][u]; cs[i][u] = ns[i][u]; } \
+    }
+
+#if defined(MODE_SWIGLU)
+// Block B of this item's (route, f-block)s: its route R_, first output F_, expert ID_ (expert()), rows.
+#define SW_BLOCK(B, R_, F_, ID_, WB, SB) { \
+    uint b_ = min(B, NB - 1u); \
+    R_ = rbase + b_ / NBF; \
+    F_ = (b_ % NBF) * XNR; \
+    ID_ = expert(t, R_); \
+    uint e_ = p.w_off + uint(max(ID_, 0)) * p.w_s0; \
+    [[unroll]] for (uint i = 0; i < XNR; ++i) { \
+        uint f_ = min(F_ + i, p.N - 1u); \
+        WB[i] = e_ + f_ * p.w_s1; \
+        WB[XNR + i] = e_ + (p.N + f_) * p.w_s1; \
+    } \
+    [[unroll]] for (uint i = 0; i < WR; ++i) SB[i] = q_scale_row(WB[i]); }
+
+void main() {
+    uint RI = p.x_s1 == 0u ? p.R : 1u;                  // routes of one staged x row
+    uint GPB = p.xs_groups, g = flat_group();
+    if (g >= p.T * (p.R / RI) * GPB) return;            // whole workgroup leaves together
+    uint gi = g % GPB, item = g / GPB;
+    uint t = item / (p.R / RI), rbase = (item % (p.R / RI)) * RI;
+    uint lane = cluster_lane(), cl = lane_linear() / LANES, CPW = gl_WorkGroupSize.x / LANES;
+    uint NBF = (p.N + XNR - 1u) / XNR, NB = RI * NBF, KU = p.q_kw / 4u, STEP = LANES * UNROLL;
+    uint b = gi * CPW + cl, s0 = 0, r, f0;
+    bool live = b < NB;
+    int id;
+    uint wb[WR], sb[WR];
+    uvec4 cw[WR][UNROLL];
+    uint cs[WR][UNROLL];
+    SW_BLOCK(b, r, f0, id, wb, sb)
+    if (live && id >= 0) { XS_LOAD(cw, cs, wb, sb, 0u) }
+    float s2 = stage_x(p.x_off + t * p.x_s0 + rbase * p.x_s1, 0u, KU);
+    float inv = 1.0;
+#if defined(NORM_X)
+    s2 = cluster_sum(s2);
+    if (lane == 0u) xs_ss[cl] = s2;
+#endif
+    barrier();
+#if defined(NORM_X)
+    s2 = 0.0;
+    for (uint c = 0; c < CPW; ++c) s2 += xs_ss[c];
+    inv = 1.0 / sqrt(s2 / float(p.K) + p.eps);
+#endif
+    float acc[WR];
+    [[unroll]] for (uint i = 0; i < WR; ++i) acc[i] = 0.0;
+    while (live) {                                      // uniform per cluster
+        uint s1 = s0 + STEP, b1 = b, r1 = r, f1 = f0;
+        bool row_end = s1 >= KU;
+        if (row_end) { s1 = 0; b1 += p.xs_groups * CPW; }
+        bool live1 = b1 < NB;
+        int id1 = id;
+        uint wb1[WR], sb1[WR];
+        [[unroll]] for (uint i = 0; i < WR; ++i) { wb1[i] = wb[i]; sb1[i] = sb[i]; }
+        if (row_end) SW_BLOCK(b1, r1, f1, id1, wb1, sb1)
+        uvec4 nw[WR][UNROLL];
+        uint ns[WR][UNROLL];
+        if (live1 && id1 >= 0) { XS_LOAD(nw, ns, wb1, sb1, s1) }
+        if (id >= 0) { XS_COMPUTE(cw, cs, sb, s0, 0u, 1.0) }
+        if (row_end) {
+            [[unroll]] for (uint i = 0; i < XNR; ++i) {
+                float gate = cluster_sum(acc[i]) * inv, up = cluster_sum(acc[XNR + i]) * inv;
+                gate = min(gate, p.limit);
+                up = clamp(up, -p.limit, p.limit);
+                float v = id >= 0 ? gate / (1.0 + exp(-gate)) * up : id == -2 ? 0.0 : NAN;
+                if (lane == i % LANES && f0 + i < p.N) d[p.d_off + t * p.d_s0 + r * p.d_s1 + (f0 + i) * p.d_s2] = v;
+                acc[i] = 0.0;
+                acc[XNR + i] = 0.0;
+            }
+        }
+        s0 = s1; b = b1; r = r1; f0 = f1; id = id1; live = live1;
+        XS_SHIFT()
+    }
+}
+#else
+// Route R_'s expert ID_ (expert()), weight WT_ and rows WB (outputs n0.., clamped).
+#define SUM_ROUTE(R_, ID_, WT_, WB, SB) { \
+    ID_ = expert(t, R_); \
+    WT_ = route[p.r_off + t * p.r_s0 + (R_) * p.r_s1 + p.r_s2]; \
+    uint e_ = p.w_off + uint(max(ID_, 0)) * p.w_s0; \
+    [[unroll]] for (uint i = 0; i < WR; ++i) WB[i] = e_ + min(n0 + i, p.N - 1u) * p.w_s1; \
+    [[unroll]] for (uint i = 0; i < WR; ++i) SB[i] = q_scale_row(WB[i]); }
+
+void main() {
+    uint GPB = p.xs_groups, g = flat_group();
+    if (g >= p.T * GPB) return;                         // whole workgroup leaves together
+    uint t = g / GPB;
+    uint lane = cluster_lane(), cl = lane_linear() / LANES, CPW = gl_WorkGroupSize.x / LANES;
+    uint KU = p.q_kw / 4u, STEP = LANES * UNROLL;
+    uint n0 = ((g % GPB) * CPW + cl) * XNR;
+    bool rows = n0 < p.N;                               // clusters past N still stage and wait
+    uint r = 0, s0 = 0;
+    int id;
+    float wt;
+    uint wb[WR], sb[WR];
+    uvec4 cw[WR][UNROLL];
+    uint cs[WR][UNROLL];
+    SUM_ROUTE(0u, id, wt, wb, sb)
+    if (rows && id >= 0) { XS_LOAD(cw, cs, wb, sb, 0u) }
+    for (uint i = 0; i < XRG && i < p.R; ++i) stage_x(p.x_off + t * p.x_s0 + i * p.x_s1, i, KU);
+    barrier();
+    bool ok = true;
+    float acc[WR];
+    [[unroll]] for (uint i = 0; i < WR; ++i) acc[i] = 0.0;
+    while (r < p.R) {                                   // uniform per workgroup
+        uint s1 = s0 + STEP, r1 = r;
+        bool route_end = s1 >= KU;
+        if (route_end) { s1 = 0; r1 += 1u; }
+        int id1 = id;
+        float wt1 = wt;
+        uint wb1[WR], sb1[WR];
+        [[unroll]] for (uint i = 0; i < WR; ++i) { wb1[i] = wb[i]; sb1[i] = sb[i]; }
+        if (route_end && r1 < p.R) SUM_ROUTE(r1, id1, wt1, wb1, sb1)
+        uvec4 nw[WR][UNROLL];
+        uint ns[WR][UNROLL];
+        if (rows && r1 < p.R && id1 >= 0) { XS_LOAD(nw, ns, wb1, sb1, s1) }
+        if (rows && id >= 0) { XS_COMPUTE(cw, cs, sb, s0, r % XRG, wt) }
+        if (route_end) {
+            ok = ok && (id >= 0 || id == -2);
+            if (r1 < p.R && r1 % XRG == 0u) {           // the next group of routes' x rows
+                barrier();
+                for (uint i = 0; i < XRG && r1 + i < p.R; ++i)
+                    stage_x(p.x_off + t * p.x_s0 + (r1 + i) * p.x_s1, i, KU);
+                barrier();
+            }
+        }
+        s0 = s1; r = r1; id = id1; wt = wt1;
+        XS_SHIFT()
+    }
+    [[unroll]] for (uint i = 0; i < XNR; ++i) {
+        float v = cluster_sum(acc[i]);
+        uint n = min(n0 + i, p.N - 1u);
+#if defined(HAS_ADD)
+        v += addend[p.a_off + t * p.a_s0 + n * p.a_s1];
+#endif
+        if (lane == i % LANES && n0 + i < p.N) d[p.d_off + t * p.d_s0 + n * p.d_s1] = ok ? v : NAN;
+    }
+}
+#endif
+#else
 void main() {
     uint item = cluster_id();
     uint lane = cluster_lane();
@@ -308,3 +537,4 @@ void main() {
 #error "define MODE_SWIGLU or MODE_SUM"
 #endif
 }
+#endif

@@ -354,6 +354,91 @@ def test_staged_gemv_knobs_are_checked(tune, knob, value, match, device):
         g.nodes[0].op.lower(g.nodes[0], device)
 
 
+def nan_close(got, ref, what):
+    assert np.array_equal(np.isnan(got), np.isnan(ref)), what
+    close(np.nan_to_num(got), np.nan_to_num(ref), what)
+
+
+STAGED_EXPERT_SHAPES = (("fp4", 256, 64), ("fp4", 1024, 96), ("fp8", 144, 80), ("fp8", 400, 208))
+
+
+def check_staged_experts(rng, device=None, staged=None, shapes=STAGED_EXPERT_SHAPES):
+    """MUL_MAT_ID's staged kernel (mul_mat_id.x_shared): SwiGLU (norm folded or not, x one row a token
+    or one a route) and the weighted sum (with an addend; scales from 2^−127 to 2^40) over quantised
+    experts with every code; an invalid expert id (NaN outputs) and experts held by another part
+    of a split stack (0 / no contribution). Where `device` is given, asserts for each mode in
+    `staged` (default: both) whether it launches the staged kernel."""
+    staged = {"swiglu": True, "sum": True} if staged is None else staged
+    op = get_op("MUL_MAT_ID")
+    for fmt, D, F in shapes:
+        T, E, n_ids, R = 2, 4, 6, 3
+        route = op_route = get_op("MOE_ROUTE").reference(rng.standard_normal((T, n_ids)), top_k=R).astype(np.float32)
+        route[1, 2, 0] = 99.0                           # not an expert id: NaN outputs for token 1
+        route[0, :, 0] = [4, 1, 2]                      # expert 4: another part's (id_base 0, E = 4 here)
+
+        def experts(N, K, wide):
+            parts = [random_quant(rng, fmt, N, K) for _ in range(E)]
+            if wide:
+                parts = [(c, np.where(rng.random(sc.shape) < 0.5, 121, rng.integers(0, 168, sc.shape)).astype(np.uint8))
+                         for c, sc in parts]
+            w = np.stack([dequant(fmt, *q) for q in parts])
+            return w, quant_arrays(np.stack([q[0] for q in parts]), np.concatenate([q[1].ravel() for q in parts]))
+        w13, q13 = experts(2 * F, D, False)         # (the SwiGLU's clamp of sums that cancel: f32 rounding)
+        w2, q2 = experts(D, F, True)
+        gn = rng.standard_normal(D).astype(np.float32)
+        add = rng.standard_normal((T, D)).astype(np.float32)
+        for per_route, norm in ((False, False), (False, True), (True, True)):
+            x = rng.standard_normal((T, R if per_route else 1, D)).astype(np.float32)
+            h = rng.standard_normal((T, R, F)).astype(np.float32)
+            g = Graph()
+            ri = g.input("r", route.shape)
+            extra, prm = ([g.const(gn)], {"rms_eps": 1e-6}) if norm else ([], {})
+            g.output("h", g.op("MUL_MAT_ID", g.input("x", x.shape), g.const(q13[0]), ri, *extra, g.const(q13[1]),
+                               mode="swiglu", limit=30.0, wq=fmt, n_ids=n_ids, **prm))
+            g.output("y", g.op("MUL_MAT_ID", g.input("hh", h.shape), g.const(q2[0]), ri, g.input("a", add.shape),
+                               g.const(q2[1]), mode="sum", wq=fmt, n_ids=n_ids))
+            if device is not None:
+                for node in g.nodes:
+                    (launch,) = node.op.lower(node, device)
+                    if node.params["mode"] in staged:
+                        assert ("X_SHARED" in launch.defines) == staged[node.params["mode"]], (fmt, D, F, node.params)
+            out = run_graph(g, x=x, r=route, hh=h, a=add)
+            with np.errstate(over="ignore"):               # silu of gates far below 0: exp overflows to inf
+                rh = op.reference(x, w13, route, *([gn] if norm else []), mode="swiglu", limit=30.0, n_ids=n_ids,
+                                  **prm)
+            nan_close(out["h"], rh, (fmt, D, F, per_route, norm, "swiglu"))
+            nan_close(out["y"], op.reference(h, w2, route, add, mode="sum", n_ids=n_ids), (fmt, D, F, "sum"))
+
+
+@pytest.mark.parametrize("as_gpu,rows,unroll,groups", [(False, 2, 2, 1024), (True, 1, 1, 1), (True, 4, 3, 2)])
+def test_staged_experts(tune, as_gpu, rows, unroll, groups, rng, monkeypatch, device):
+    """MUL_MAT_ID's staged kernel matches the float64 dequantisation for 1, 2 or 4 outputs a
+    cluster, 1 to 3 steps in flight, few workgroups; beside an FP8 shared expert (or with rows not
+    whole uvec4s) the other kernel runs."""
+    if as_gpu:
+        monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    tune({"mul_mat_id.x_shared": True, "mul_mat_id.x_shared_rows": rows, "mul_mat_id.x_shared_unroll": unroll,
+          "mul_mat_id.x_shared_groups": groups})
+    check_staged_experts(rng, device)
+    check_mul_mat_id(rng)
+    check_shared_expert_in_the_same_dispatch(rng)
+
+
+def test_staged_expert_sum_stages_the_routes_that_fit(tune, rng, monkeypatch, device):
+    """The staged weighted sum with shared memory for 2 or 1 of 3 routes' x rows (staged again as the
+    routes go: FP8, F = 208, 832 bytes a row); without room for one, the other kernel."""
+    tune({"mul_mat_id.x_shared": True})
+    for room, staged in ((2 * 832, True), (832, True), (831, False)):
+        limits = dataclasses.replace(device.caps.limits, max_shared_memory=room)
+        monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", limits=limits))
+        check_staged_experts(rng, device, {"sum": staged}, (("fp8", 400, 208),))
+        g = Graph()
+        g.op("MUL_MAT_ID", g.input("x", (1, 3, 208)), g.input("w", (4, 16, 52), "i32"), g.input("r", (1, 3, 2)),
+             g.input("s", (16,), "i32"), mode="sum", wq="fp8")
+        (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+        assert launch.spec[6:] == ((room // 832,) if staged else ()), room
+
+
 def test_quantised_weights_are_checked():
     g = Graph()
     x, w, s4 = g.input("x", (1, 64)), g.input("w", (8, 16), "i32"), g.input("s", (4,), "i32")
@@ -615,11 +700,14 @@ def worker():
         check_shared_expert_in_the_same_dispatch(np.random.default_rng(12))
     dev = default_device()
     cpu_caps = dev.caps
-    with tuned({"gemv_quant.x_shared": True, "gemv_quant.x_shared_groups": 2}):
+    with tuned({"gemv_quant.x_shared": True, "gemv_quant.x_shared_groups": 2, "mul_mat_id.x_shared": True,
+                "mul_mat_id.x_shared_groups": 2}):
         check_staged_gemv(np.random.default_rng(13))
+        check_staged_experts(np.random.default_rng(15))
         dev.caps = dataclasses.replace(cpu_caps, type="discrete-gpu")     # lane clusters of this subgroup size
         try:
             check_staged_gemv(np.random.default_rng(14), dev)
+            check_staged_experts(np.random.default_rng(16), dev)
         finally:
             dev.caps = cpu_caps
     print("worker: kernels ok")
