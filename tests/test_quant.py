@@ -680,6 +680,15 @@ def test_logits_match_transformers(name, fused):
     check_fixture(name, fused)
 
 
+def test_staged_kernels_in_the_model_match_too(tune):
+    """The staged GEMV and expert kernels (knobs gemv_quant.x_shared, mul_mat_id.x_shared) where
+    they apply in the published layout's model: logits against transformers'."""
+    tune({"gemv_quant.x_shared": True, "mul_mat_id.x_shared": True})
+    check_fixture("fp8", True)
+    tune({"shared.fused": False})                       # FP4 routed and FP8 shared experts apart
+    check_fixture("fp8", True)
+
+
 def test_shared_expert_in_its_own_dispatches_matches_too(tune, monkeypatch):
     """The FP8 shared expert run apart from the FP4 routed ones (four MUL_MAT_IDs a layer, not two)."""
     tune({"shared.fused": False})
