@@ -153,9 +153,10 @@ def check_mul_mat_id(rng):
             close(out["y"], ry, (fmt, D, F, norm, "sum"))
 
 
-def check_shared_expert_in_the_same_dispatch(rng):
+def check_shared_expert_in_the_same_dispatch(rng, staged_on=None):
     """FP4 routed experts and an FP8 shared expert (id E, its own tensors) in one MUL_MAT_ID: as if
-    the shared expert were stacked after the others."""
+    the shared expert were stacked after the others. Where `staged_on` (a device) is given, asserts
+    that the staged kernel runs where K % 32 == 0."""
     op = get_op("MUL_MAT_ID")
     for D, F in ((256, 64), (96, 40)):
         T, E = 3, 6
@@ -179,6 +180,10 @@ def check_shared_expert_in_the_same_dispatch(rng):
                                shared_grid_rows=F))
         g.output("y", g.op("MUL_MAT_ID", h, g.const(q2[0]), ri, g.const(q2[1]), *map(g.const, qs2), mode="sum",
                            wq="fp4", shared_wq="fp8"))
+        if staged_on is not None:
+            for node, K in zip(g.nodes, (D, F)):
+                (launch,) = node.op.lower(node, staged_on)
+                assert ("X_SHARED" in launch.defines) == (K % 32 == 0), (D, F, node.params["mode"])
         out = run_graph(g, x=x, r=route)
         rh = op.reference(x[:, None, :], w13, route, gn, mode="swiglu", rms_eps=1e-6)
         close(out["h"], rh, (D, F, "swiglu"))
@@ -413,15 +418,15 @@ def check_staged_experts(rng, device=None, staged=None, shapes=STAGED_EXPERT_SHA
 @pytest.mark.parametrize("as_gpu,rows,unroll,groups", [(False, 2, 2, 1024), (True, 1, 1, 1), (True, 4, 3, 2)])
 def test_staged_experts(tune, as_gpu, rows, unroll, groups, rng, monkeypatch, device):
     """MUL_MAT_ID's staged kernel matches the float64 dequantisation for 1, 2 or 4 outputs a
-    cluster, 1 to 3 steps in flight, few workgroups; beside an FP8 shared expert (or with rows not
-    whole uvec4s) the other kernel runs."""
+    cluster, 1 to 3 steps in flight, few workgroups, beside an FP8 shared expert too (where K % 32
+    == 0; else, and with rows not whole uvec4s, the other kernel runs)."""
     if as_gpu:
         monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
     tune({"mul_mat_id.x_shared": True, "mul_mat_id.x_shared_rows": rows, "mul_mat_id.x_shared_unroll": unroll,
           "mul_mat_id.x_shared_groups": groups})
     check_staged_experts(rng, device)
     check_mul_mat_id(rng)
-    check_shared_expert_in_the_same_dispatch(rng)
+    check_shared_expert_in_the_same_dispatch(rng, device)
 
 
 def test_staged_expert_sum_stages_the_routes_that_fit(tune, rng, monkeypatch, device):
@@ -436,7 +441,7 @@ def test_staged_expert_sum_stages_the_routes_that_fit(tune, rng, monkeypatch, de
         g.op("MUL_MAT_ID", g.input("x", (1, 3, 208)), g.input("w", (4, 16, 52), "i32"), g.input("r", (1, 3, 2)),
              g.input("s", (16,), "i32"), mode="sum", wq="fp8")
         (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
-        assert launch.spec[6:] == ((room // 832,) if staged else ()), room
+        assert launch.spec[6:7] == ((room // 832,) if staged else ()), room
 
 
 def test_quantised_weights_are_checked():
@@ -717,6 +722,7 @@ def worker():
         try:
             check_staged_gemv(np.random.default_rng(14), dev)
             check_staged_experts(np.random.default_rng(16), dev)
+            check_shared_expert_in_the_same_dispatch(np.random.default_rng(17), dev)
         finally:
             dev.caps = cpu_caps
     print("worker: kernels ok")

@@ -89,7 +89,7 @@ MUL_MAT_ID_UNROLL = knob_table(
     load=(None, "quantised experts: bytes of codes a lane loads a step (4 or 16; spec constant 3): 16, a uvec4 "
                 "and one scale byte where K % 16 (FP8) or K % 32 (FP4) is 0 and the rows 16-byte aligned (else "
                 "4; the FP8 shared expert beside FP4 ones keeps 4) (None: 4 until measured on a GPU)"),
-    x_shared=(False, "quantised experts (not beside an FP8 shared expert): x rows staged in shared memory, 16-byte "
+    x_shared=(False, "quantised experts (beside an FP8 shared expert too): x rows staged in shared memory, 16-byte "
                      "code loads, the next step's loads in flight (mul_mat_id.comp -D X_SHARED), where the rows are "
                      "whole uvec4s and x fits the device's shared memory; off until measured on a GPU"),
     x_shared_rows=(2, "the staged kernel: outputs a cluster computes together (1, 2 or 4; spec constant XNR)"),
@@ -99,15 +99,16 @@ MUL_MAT_ID_UNROLL = knob_table(
 
 
 def staged_expert_launch(device, fmt, mode: str, T: int, R: int, N: int, K: int, x_route_stride: int,
-                         norm: bool) -> tuple | None:
-    """(defines, spec, grid, push fields, launch kwargs) of MUL_MAT_ID's staged kernel (knob
+                         norm: bool, shared: bool = False) -> tuple | None:
+    """(defines, spec, grid, launch kwargs) of MUL_MAT_ID's staged kernel (knob
     mul_mat_id.x_shared) for N outputs (F for the SwiGLU) over K inputs, or None where the knob is off
-    or it cannot run: rows not whole uvec4s of codes, or x past the device's shared memory (the sum
-    stages as many routes' x rows at a time as fit, at least one)."""
+    or it cannot run: rows not whole uvec4s of codes (beside an FP8 shared expert: K % 32 != 0), or x
+    past the device's shared memory (the sum stages as many routes' x rows at a time as fit, at least
+    one)."""
     if not MUL_MAT_ID_UNROLL["x_shared"]:
         return None
     words = fmt.words(K)
-    if words % 4:
+    if words % 4 or (shared and K % 32):
         return None
     nr, unroll, groups = (MUL_MAT_ID_UNROLL[k] for k in ("x_shared_rows", "x_shared_unroll", "x_shared_groups"))
     if nr not in (1, 2, 4):
@@ -131,7 +132,7 @@ def staged_expert_launch(device, fmt, mode: str, T: int, R: int, N: int, K: int,
         routes_a_row = R if x_route_stride == 0 else 1
         per_token = min(groups, -(-routes_a_row * blocks // clusters))
         grid = grid_1d(T * (R // routes_a_row) * per_token, 1)
-    return {**lanes, "X_SHARED": 1}, (256, unroll, 1, 0, nr, xs, rows_staged), grid, {"xs_groups": per_token}, extra
+    return {**lanes, "X_SHARED": 1}, (256, unroll, 1, 0, nr, xs, rows_staged, groups), grid, extra
 
 
 @register
@@ -291,16 +292,16 @@ class MulMatId(OpDef):
         wide = bool(fmt) and load == 16 and "VEC4" in defs and K % (16 if fmt.bits == 8 else 32) == 0 and \
             all(a % 4 == 0 for a in (w.offset, w.strides[0], w.strides[1]))
         rows = (nr, int(wide))      # spec constants 2 (MODE_SUM's rows a cluster) and 3 (16-byte loads)
-        staged = staged_expert_launch(device, fmt, mode, T, R, cols, K, x.strides[1], g is not None) \
-            if fmt and not shared and "VEC4" in defs else None
+        staged = staged_expert_launch(device, fmt, mode, T, R, cols, K, x.strides[1], g is not None, bool(shared)) \
+            if fmt and "VEC4" in defs else None
         if staged:
-            lane_defs, spec, grid, fields, extra = staged
+            lane_defs, spec, grid, extra = staged
             for k in ("LANES", "LANES_SHUFFLE", "LANES_SUBGROUP_OPS", "LANES_WORKGROUP"):
                 defs.pop(k, None)
             defs.update(lane_defs)
             if mode == "sum":
                 defs["ROUTES"] = 1
-            return [Launch("mul_mat_id", args, (out_index,), push | fields, grid, defines=defs, spec=spec, **extra)]
+            return [Launch("mul_mat_id", args, (out_index,), push, grid, defines=defs, spec=spec, **extra)]
         if wg:
             return [Launch("mul_mat_id", args, (out_index,), push, grid_1d(items, 1), defines=defs,
                            spec=(wg, unroll) + rows)]
