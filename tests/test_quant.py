@@ -309,16 +309,17 @@ def check_staged_gemv(rng, device=None):
     close(run_graph(g, x=x)["y"], np.matmul(x.astype(np.float64), np.swapaxes(w, -1, -2)), "batched")
 
 
-@pytest.mark.parametrize("as_gpu,rows,unroll,groups", [(False, 2, 2, 1024), (True, 1, 1, 1), (True, 2, 2, 1024),
-                                                       (True, 4, 3, 2)])
-def test_staged_gemv(tune, as_gpu, rows, unroll, groups, rng, monkeypatch, device):
+@pytest.mark.parametrize("as_gpu,rows,unroll,groups,wg", [(False, 2, 2, 1024, 256), (True, 1, 1, 1, 256),
+                                                          (True, 2, 2, 1024, 1), (True, 4, 3, 2, 64)])
+def test_staged_gemv(tune, as_gpu, rows, unroll, groups, wg, rng, monkeypatch, device):
     """The GEMV at one token with x staged in shared memory (knob gemv_quant.x_shared) matches the
-    float64 dequantisation for 1, 2 or 4 rows a cluster, 1 to 3 steps in flight and few workgroups
-    (clusters looping over row blocks); shapes it cannot take (rows not whole uvec4s) keep the GEMV."""
+    float64 dequantisation for 1, 2 or 4 rows a cluster, 1 to 3 steps in flight, few workgroups
+    (clusters looping over row blocks) and workgroups of one cluster; shapes it cannot take (rows
+    not whole uvec4s) keep the GEMV."""
     if as_gpu:
         monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
     tune({"gemv_quant.x_shared": True, "gemv_quant.x_shared_rows": rows, "gemv_quant.x_shared_unroll": unroll,
-          "gemv_quant.x_shared_groups": groups})
+          "gemv_quant.x_shared_groups": groups, "gemv_quant.x_shared_wg": wg})
     check_staged_gemv(rng, device)
     for fmt, K, staged in (("fp8", 260, False), ("fp4", 80, False), ("fp8", 208, True)):
         g = Graph()
@@ -328,7 +329,8 @@ def test_staged_gemv(tune, as_gpu, rows, unroll, groups, rng, monkeypatch, devic
         (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
         assert ("X_SHARED" in launch.defines) == staged, (fmt, K)
         if staged:
-            assert launch.spec[1:] == (unroll, rows, 0, 52) and launch.grid[0] * launch.grid[1] <= groups
+            whole = device.caps.subgroup.max_size if launch.defines["LANES"] > 1 else 1
+            assert launch.spec == (max(wg, whole), unroll, rows, 0, 52) and launch.grid[0] * launch.grid[1] <= groups
     check_mul_mat(rng)
 
 
@@ -350,6 +352,7 @@ def test_staged_gemv_falls_back_where_x_does_not_fit(tune, rng, monkeypatch, dev
     ("x_shared_rows", 3, r"'gemv_quant\.x_shared_rows' must be 1, 2 or 4, got 3"),
     ("x_shared_unroll", 0, r"'gemv_quant\.x_shared_unroll' must be an integer in \[1, 8\], got 0"),
     ("x_shared_groups", 0, r"'gemv_quant\.x_shared_groups' must be an integer ≥ 1, got 0"),
+    ("x_shared_wg", 96, r"'gemv_quant\.x_shared_wg' must be a power of two ≤ 256, got 96"),
 ])
 def test_staged_gemv_knobs_are_checked(tune, knob, value, match, device):
     tune({"gemv_quant.x_shared": True, f"gemv_quant.{knob}": value})

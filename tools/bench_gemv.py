@@ -13,11 +13,12 @@ mat-mul `--repeat` times back to back (a timestamp before and after only), after
         --unroll 4,8,16 --rows 1,2,4 --json $OUT/gemv_fp8.json
     . .vkdev/enter.sh; python3 tools/bench_gemv.py --formats fp8,fp4 --load 4,16 --json $OUT/gemv_load.json
     . .vkdev/enter.sh; python3 tools/bench_gemv.py --formats bf16,fp8,fp4 --shapes wq_b,wo_b,wo_a,wq_a,wkv \
-        --spread -1 --unroll 4 --x-shared 0,1 --xs-rows 1,2,4 --xs-unroll 2 --json $OUT/gemv_xshared.json
+        --spread -1 --unroll 4 --x-shared 0,1 --xs-rows 1,2,4 --xs-unroll 2 --xs-wg 64,256 \
+        --json $OUT/gemv_xshared.json
 Quantised weights: --x-shared 0,1 puts the staged GEMV (knob gemv_quant.x_shared: x in shared memory,
 16-byte code loads, persistent clusters) beside the word-load GEMV in the same run, its own knobs
-(gemv_quant.x_shared_rows / _unroll / _groups) swept by --xs-rows, --xs-unroll, --xs-groups; the
-word-load knobs (--spread, --unroll, --rows, --load) apply to the other rows only.
+(gemv_quant.x_shared_rows / _unroll / _groups / _wg) swept by --xs-rows, --xs-unroll, --xs-groups,
+--xs-wg; the word-load knobs (--spread, --unroll, --rows, --load) apply to the other rows only.
 """
 import argparse
 import itertools
@@ -69,7 +70,7 @@ def configs(a, fmt):
     """The knob settings to time for one format: the word-load GEMV's sweep, then (quantised weights,
     --x-shared 1) the staged GEMV's."""
     base = {"gemv_quant.x_shared": False, "gemv_quant.x_shared_rows": 2, "gemv_quant.x_shared_unroll": 2,
-            "gemv_quant.x_shared_groups": 1024}
+            "gemv_quant.x_shared_groups": 1024, "gemv_quant.x_shared_wg": 256}
     quant = fmt != "bf16"
     out = []
     if 0 in ints(a.x_shared) or not quant:
@@ -78,10 +79,12 @@ def configs(a, fmt):
             out.append({**base, "gemv.spread": None if spread < 0 else spread, "gemv.unroll": unroll,
                         "gemv_quant.rows": nr, "gemv_quant.load": load})
     if 1 in ints(a.x_shared) and quant:
-        for nr, unroll, groups in itertools.product(ints(a.xs_rows), ints(a.xs_unroll), ints(a.xs_groups)):
+        for nr, unroll, groups, wg in itertools.product(ints(a.xs_rows), ints(a.xs_unroll), ints(a.xs_groups),
+                                                        ints(a.xs_wg)):
             out.append({**base, "gemv.spread": None, "gemv.unroll": None, "gemv_quant.rows": 1, "gemv_quant.load": 4,
                         "gemv_quant.x_shared": True, "gemv_quant.x_shared_rows": nr,
-                        "gemv_quant.x_shared_unroll": unroll, "gemv_quant.x_shared_groups": groups})
+                        "gemv_quant.x_shared_unroll": unroll, "gemv_quant.x_shared_groups": groups,
+                        "gemv_quant.x_shared_wg": wg})
     return out
 
 
@@ -103,6 +106,7 @@ def main(argv=None):
     ap.add_argument("--xs-rows", default="2", help="staged GEMV: output rows a cluster to sweep (1, 2, 4)")
     ap.add_argument("--xs-unroll", default="2", help="staged GEMV: uvec4 steps a lane loads together to sweep")
     ap.add_argument("--xs-groups", default="1024", help="staged GEMV: workgroups at most to sweep")
+    ap.add_argument("--xs-wg", default="256", help="staged GEMV: invocations a workgroup to sweep (powers of two ≤ 256)")
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
@@ -129,11 +133,12 @@ def main(argv=None):
                              "unroll": knobs["gemv.unroll"], "rows_per_cluster": nr,
                              "load_bytes": knobs["gemv_quant.load"], "x_shared": staged,
                              "xs_rows": knobs["gemv_quant.x_shared_rows"], "xs_unroll": knobs["gemv_quant.x_shared_unroll"],
-                             "xs_groups": knobs["gemv_quant.x_shared_groups"], "bytes": nbytes, "us": us,
+                             "xs_groups": knobs["gemv_quant.x_shared_groups"], "xs_wg": knobs["gemv_quant.x_shared_wg"],
+                             "bytes": nbytes, "us": us,
                              "gbps": gbps, "pct_copy": 100 * gbps / copy})
                 if staged:
                     how = (f"staged rows={knobs['gemv_quant.x_shared_rows']} unroll={knobs['gemv_quant.x_shared_unroll']} "
-                           f"groups={knobs['gemv_quant.x_shared_groups']:4d}")
+                           f"groups={knobs['gemv_quant.x_shared_groups']:4d} wg={knobs['gemv_quant.x_shared_wg']:3d}")
                 else:
                     how = f"wg lanes={wg or '-':3} unroll={knobs['gemv.unroll']:2d} rows={nr} load={knobs['gemv_quant.load']:2d}"
                 print(f"{fmt:4s} {label:5s} ({N:6d}, {K:5d}){' +norm' if norm else '      '} {how:34s} "

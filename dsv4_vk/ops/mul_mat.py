@@ -214,7 +214,9 @@ GEMV_QUANT_ROWS = knob_table(
     x_shared_unroll=(2, "the staged GEMV: uvec4 steps of each row a lane loads together (1 to 8; spec constant "
                         "UNROLL)"),
     x_shared_groups=(1024, "the staged GEMV: workgroups per batch item at most (≥ 1); past it clusters loop over "
-                           "row blocks, so x is staged fewer times"))
+                           "row blocks, so x is staged fewer times"),
+    x_shared_wg=(256, "the staged GEMV: invocations a workgroup (a power of two ≤ 256; at least one cluster): "
+                      "smaller ones spread few rows (wq_a, wkv) over more workgroups, each staging x again"))
 GEMV_SPREAD = 1 << 18                   # (an H200 holds 132 SMs × 2048 invocations)
 GEMV_WG_MAX = 256
 
@@ -253,19 +255,23 @@ def staged_gemv_launch(device, fmt: QuantFormat, batch: int, N: int, K: int, nor
     xs = staged_x_vec4s(device, fmt, K, norm)
     if xs is None:
         return None
-    nr, unroll, groups = (GEMV_QUANT_ROWS[k] for k in ("x_shared_rows", "x_shared_unroll", "x_shared_groups"))
+    nr, unroll, groups, wg = (GEMV_QUANT_ROWS[k] for k in ("x_shared_rows", "x_shared_unroll", "x_shared_groups",
+                                                            "x_shared_wg"))
     if nr not in (1, 2, 4):
         raise ValueError(f"tuning knob 'gemv_quant.x_shared_rows' must be 1, 2 or 4, got {nr!r}")
     if isinstance(unroll, bool) or not isinstance(unroll, int) or not 1 <= unroll <= 8:
         raise ValueError(f"tuning knob 'gemv_quant.x_shared_unroll' must be an integer in [1, 8], got {unroll!r}")
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
         raise ValueError(f"tuning knob 'gemv_quant.x_shared_groups' must be an integer ≥ 1, got {groups!r}")
+    if isinstance(wg, bool) or not isinstance(wg, int) or wg < 1 or wg > WORKGROUP or wg & (wg - 1):
+        raise ValueError(f"tuning knob 'gemv_quant.x_shared_wg' must be a power of two ≤ {WORKGROUP}, got {wg!r}")
     lane_defs, extra = cluster_lanes(device, fmt.words(K) // 4, per_lane=1, max_lanes=1 if is_cpu(device) else None)
-    clusters = WORKGROUP // lane_defs["LANES"]
+    wg = max(wg, device.caps.subgroup.max_size if lane_defs["LANES"] > 1 else 1)   # whole subgroups (lanes.glsl)
+    clusters = wg // lane_defs["LANES"]
     blocks = -(-N // nr)
     per_item = min(groups, -(-blocks // clusters))
     defines = {**lane_defs, "X_SHARED": 1}
-    return defines, (WORKGROUP, unroll, nr, 0, xs), grid_1d(batch * per_item, 1), {"xs_groups": per_item}, extra
+    return defines, (wg, unroll, nr, 0, xs), grid_1d(batch * per_item, 1), {"xs_groups": per_item}, extra
 
 
 def rms_weight(op, x, g, params):
