@@ -29,6 +29,8 @@
 //                     tokens is clamped like any other), and at one token (VEC4) NR output
 //                     rows a cluster sharing each x load (spec constant 2; rows past N
 //                     clamped, not stored).
+//   X_SHARED          (GEMV, VEC4, TB = 1, W_FP8 / W_FP4) the staged GEMV: x in shared memory,
+//                     16-byte code loads, persistent clusters (see its main below).
 //   VEC4              (GEMV, GEMM_REGS) k contiguous and every row start 16-byte aligned: vec4 loads.
 //   NORM_X            (GEMV) x rows RMS-normalised on the fly: d = (x / rms(x) ⊙ g) @ wᵀ with
 //                     rms(x) = sqrt(mean_k x² + eps), g [K] at binding 3: each cluster sums x² beside

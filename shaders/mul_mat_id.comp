@@ -42,6 +42,8 @@
 // all (quantised experts: x is read from cache 4 (FP8) or 8 (FP4) times their bytes at one row).
 // -D LANES_WORKGROUP (MODE_SUM): the cluster is the workgroup, one output each: every lane's chain
 // of loads is short and the outputs' workgroups come in waves.
+// -D X_SHARED (quantised experts): the staged kernels, x in shared memory and 16-byte code loads
+// (spec constants 4..7; described where they are defined below).
 #include "lanes.glsl"
 layout(constant_id = 1) const uint UNROLL = 1;
 layout(binding = 0) readonly buffer X { float x[]; };
