@@ -348,6 +348,21 @@ def test_staged_gemv_falls_back_where_x_does_not_fit(tune, rng, monkeypatch, dev
     check_mul_mat(rng)
 
 
+def test_staged_knobs_key_the_program():
+    """Each staged kernel knob is part of a graph's signature (its program's cache key)."""
+    def signature(**knobs):
+        with tuned(knobs):
+            g = Graph()
+            g.op("MUL_MAT", g.input("x", (1, 64)), g.input("w", (4, 16), "i32"), g.input("s", (1,), "i32"), wq="fp8")
+            return g.signature()
+    base = signature()
+    changed = [{"gemv_quant.x_shared": True}, {"gemv_quant.x_shared_rows": 4}, {"gemv_quant.x_shared_unroll": 1},
+               {"gemv_quant.x_shared_groups": 7}, {"gemv_quant.x_shared_wg": 64}, {"mul_mat_id.x_shared": True},
+               {"mul_mat_id.x_shared_rows": 1}, {"mul_mat_id.x_shared_unroll": 3}, {"mul_mat_id.x_shared_groups": 5}]
+    sigs = {signature(**{k: v for k, v in c.items()}) for c in changed}
+    assert base not in sigs and len(sigs) == len(changed)
+
+
 @pytest.mark.parametrize("knob,value,match", [
     ("x_shared_rows", 3, r"'gemv_quant\.x_shared_rows' must be 1, 2 or 4, got 3"),
     ("x_shared_unroll", 0, r"'gemv_quant\.x_shared_unroll' must be an integer in \[1, 8\], got 0"),
@@ -430,6 +445,20 @@ def test_staged_experts(tune, as_gpu, rows, unroll, groups, rng, monkeypatch, de
     check_staged_experts(rng, device)
     check_mul_mat_id(rng)
     check_shared_expert_in_the_same_dispatch(rng, device)
+
+
+@pytest.mark.parametrize("knob,value,match", [
+    ("x_shared_rows", 3, r"'mul_mat_id\.x_shared_rows' must be 1, 2 or 4, got 3"),
+    ("x_shared_unroll", 9, r"'mul_mat_id\.x_shared_unroll' must be an integer in \[1, 8\], got 9"),
+    ("x_shared_groups", -1, r"'mul_mat_id\.x_shared_groups' must be an integer ≥ 1, got -1"),
+])
+def test_staged_expert_knobs_are_checked(tune, knob, value, match, device):
+    tune({"mul_mat_id.x_shared": True, f"mul_mat_id.{knob}": value})
+    g = Graph()
+    g.op("MUL_MAT_ID", g.input("x", (1, 3, 64)), g.input("w", (4, 16, 16), "i32"), g.input("r", (1, 3, 2)),
+         g.input("s", (4,), "i32"), mode="sum", wq="fp8")
+    with pytest.raises(ValueError, match=match):
+        g.nodes[0].op.lower(g.nodes[0], device)
 
 
 def test_staged_expert_sum_stages_the_routes_that_fit(tune, rng, monkeypatch, device):
