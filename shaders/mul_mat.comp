@@ -140,21 +140,6 @@ shared vec4 xs[XS];
 shared float xs_ss[256];                // Σx² of each cluster (at most 256 a workgroup)
 #endif
 
-// Σ x · code value (unscaled) of a uvec4 of codes and the Q_XV vec4s of x it covers
-float xs_dot(uvec4 v, vec4 xv[Q_XV]) {
-    float s = 0.0;
-    [[unroll]] for (uint c = 0; c < 4u; ++c) {
-#if defined(W_FP8)
-        s += dot(xv[c], q_fp8_word(v[c]));
-#else
-        vec4 lo, hi;
-        q_fp4_word(v[c], lo, hi);
-        s += dot(xv[2u * c], lo) + dot(xv[2u * c + 1u], hi);
-#endif
-    }
-    return s;
-}
-
 void main() {
     uint GPB = p.xs_groups, g = flat_group();
     if (g >= p.ne0 * p.ne1 * GPB) return;               // whole workgroup leaves together
@@ -238,7 +223,7 @@ void main() {
                 [[unroll]] for (uint c = 0; c < Q_XV; ++c) xv[c] = xs[c * KU + j];
                 [[unroll]] for (uint i = 0; i < NR; ++i) {
                     uint si = sb[i] + j * Q_XV * 4u / Q_BC;
-                    acc[i] += q_e8m0((cs[i][u] >> ((si & 3u) << 3)) & 0xFFu) * Q_UNIT * xs_dot(cw[i][u], xv);
+                    acc[i] += q_e8m0((cs[i][u] >> ((si & 3u) << 3)) & 0xFFu) * Q_UNIT * q_wide_dot_fast(cw[i][u], xv);
                 }
             }
         }

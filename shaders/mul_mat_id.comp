@@ -242,19 +242,6 @@ shared vec4 xs[XS * XRG];
 shared float xs_ss[256];                // Σx² of each cluster (at most 256 a workgroup)
 #endif
 
-float xs_dot(uvec4 v, vec4 xv[Q_XV]) {  // Σ x · code value (unscaled), as mul_mat.comp's
-    float s = 0.0;
-    [[unroll]] for (uint c = 0; c < 4u; ++c) {
-#if defined(W_FP8)
-        s += dot(xv[c], q_fp8_word(v[c]));
-#else
-        vec4 lo, hi;
-        q_fp4_word(v[c], lo, hi);
-        s += dot(xv[2u * c], lo) + dot(xv[2u * c + 1u], hi);
-#endif
-    }
-    return s;
-}
 
 // Stages x row xb as staged row g (zeros past K); returns this invocation's share of Σx².
 float stage_x(uint xb, uint g, uint KU) {
@@ -277,7 +264,7 @@ float stage_x(uint xb, uint g, uint KU) {
 const uint QD = Q_BC / (Q_XV * 4u);
 #if defined(SHARED_FP8)
 // The shared FP8 expert beside FP4 ones (SH: the block's rows are its own, at WS_BINDING): rows of
-// SKU = S_KW / 4 uvec4s (the host checks K % 16 == 0), scale grid per p.s_rows rows; its x vec4s
+// SKU = S_KW / 4 uvec4s (the host checks K % 32 == 0), scale grid per p.s_rows rows; its x vec4s
 // are read from the FP4 staging (vec4 i at (i % Q_XV)·KU + i / Q_XV).
 layout(binding = WS_BINDING) readonly buffer WShared4 { uvec4 wsq4[]; };
 #define IS_SH(ID) ((ID) == int(p.E))
@@ -326,7 +313,7 @@ float xs_dot_fp8(uvec4 v, uint xg, uint j, uint KU) {
             [[unroll]] for (uint c = 0; c < Q_XV; ++c) xv[c] = xs[(XG) * XS + c * KU + j_]; \
             [[unroll]] for (uint i = 0; i < WR; ++i) { \
                 uint si_ = SB[i] + j_ / QD; \
-                acc[i] += (WT) * (q_e8m0((S[i][u] >> ((si_ & 3u) << 3)) & 0xFFu) * Q_UNIT) * xs_dot(W[i][u], xv); \
+                acc[i] += (WT) * (q_e8m0((S[i][u] >> ((si_ & 3u) << 3)) & 0xFFu) * Q_UNIT) * q_wide_dot_fast(W[i][u], xv); \
             } \
         } \
     }

@@ -95,6 +95,25 @@ float q_wide_dot(uvec4 v, vec4 xv[Q_XV]) {     // Σ x · code value (unscaled)
            dot(xv[6], q_fp4x4(v.w)) + dot(xv[7], q_fp4x4(v.w >> 16));
 #endif
 }
+// The same sum, decoded with q_fp8_word / q_fp4_word and accumulated by fused multiply-adds in two
+// chains (the staged kernels, -D X_SHARED)
+float q_wide_dot_fast(uvec4 v, vec4 xv[Q_XV]) {
+    float a = 0.0, b = 0.0;
+    [[unroll]] for (uint c = 0; c < 4u; ++c) {
+#if defined(W_FP8)
+        vec4 w = q_fp8_word(v[c]), x = xv[c];
+        a = fma(x.x, w.x, fma(x.y, w.y, a));
+        b = fma(x.z, w.z, fma(x.w, w.w, b));
+#else
+        vec4 lo, hi;
+        q_fp4_word(v[c], lo, hi);
+        vec4 x = xv[2u * c], y = xv[2u * c + 1u];
+        a = fma(x.x, lo.x, fma(x.y, lo.y, fma(x.z, lo.z, fma(x.w, lo.w, a))));
+        b = fma(y.x, hi.x, fma(y.y, hi.y, fma(y.z, hi.z, fma(y.w, hi.w, b))));
+#endif
+    }
+    return a + b;
+}
 #if defined(W_FP8)
 vec4 W4_ROW(uint wb, uint j) { return q_fp8x4(wq[wb + j]) * q_scale(wb, 4u * j); }
 float W1_ROW(uint wb, uint k) {
