@@ -139,6 +139,7 @@ shared vec4 xs[XS];
 #if defined(NORM_X)
 shared float xs_ss[256];                // Σx² of each cluster (at most 256 a workgroup)
 #endif
+#include "x_stage.glsl"
 
 void main() {
     uint GPB = p.xs_groups, g = flat_group();
@@ -166,19 +167,7 @@ void main() {
             }
         }
     }
-    uint xr = x_row(b0, b1, 0u);
-    float s2 = 0.0;
-    for (uint i = gl_LocalInvocationID.x; i < XS; i += gl_WorkGroupSize.x) {
-        vec4 v = vec4(0.0);
-        if (4u * i < p.K) {
-            v = x4[xr / 4u + i];
-#if defined(NORM_X)
-            s2 += dot(v, v);
-            v *= g4[p.g_off / 4u + i];
-#endif
-        }
-        xs[(i % Q_XV) * KU + i / Q_XV] = v;
-    }
+    float s2 = stage_x(x_row(b0, b1, 0u), 0u, 1u, KU);
     float inv = 1.0;
 #if defined(NORM_X)
     s2 = cluster_sum(s2);

@@ -241,24 +241,7 @@ shared vec4 xs[XS * XRG];
 #if defined(NORM_X)
 shared float xs_ss[256];                // Σx² of each cluster (at most 256 a workgroup)
 #endif
-
-
-// Stages x row xb as staged row g (zeros past K); returns this invocation's share of Σx².
-float stage_x(uint xb, uint g, uint KU) {
-    float s2 = 0.0;
-    for (uint i = gl_LocalInvocationID.x; i < XS; i += gl_WorkGroupSize.x) {
-        vec4 v = vec4(0.0);
-        if (4u * i < p.K) {
-            v = x4[xb / 4u + i];
-#if defined(NORM_X)
-            s2 += dot(v, v);
-            v *= g4[p.g_off / 4u + i];
-#endif
-        }
-        xs[g * XS + (i % Q_XV) * KU + i / Q_XV] = v;
-    }
-    return s2;
-}
+#include "x_stage.glsl"
 
 // The scale byte of uvec4 j of a row: the row's first + j / QD (FP8: 8 uvec4s a 128-block; FP4: 1)
 const uint QD = Q_BC / (Q_XV * 4u);
@@ -373,7 +356,7 @@ void main() {
     uint cs[WR][UNROLL];
     SW_BLOCK(b, r, f0, id, wb, sb)
     if (live && id >= 0) { XS_LOAD(cw, cs, wb, sb, 0u, IS_SH(id)) }
-    float s2 = stage_x(p.x_off + t * p.x_s0 + rbase * p.x_s1, 0u, KU);
+    float s2 = stage_x(p.x_off + t * p.x_s0 + rbase * p.x_s1, 0u, 1u, KU);
     float inv = 1.0;
 #if defined(NORM_X)
     s2 = cluster_sum(s2);
@@ -441,7 +424,7 @@ void main() {
     uint cs[WR][UNROLL];
     SUM_ROUTE(0u, id, wt, wb, sb)
     if (rows && id >= 0) { XS_LOAD(cw, cs, wb, sb, 0u, IS_SH(id)) }
-    for (uint i = 0; i < XRG && i < p.R; ++i) stage_x(p.x_off + t * p.x_s0 + i * p.x_s1, i, KU);
+    stage_x(p.x_off + t * p.x_s0, p.x_s1, min(XRG, p.R), KU);
     barrier();
     bool ok = true;
     float acc[WR];
@@ -463,8 +446,7 @@ void main() {
             ok = ok && (id >= 0 || id == -2);
             if (r1 < p.R && r1 % XRG == 0u) {           // the next group of routes' x rows
                 barrier();
-                for (uint i = 0; i < XRG && r1 + i < p.R; ++i)
-                    stage_x(p.x_off + t * p.x_s0 + (r1 + i) * p.x_s1, i, KU);
+                stage_x(p.x_off + t * p.x_s0 + r1 * p.x_s1, p.x_s1, min(XRG, p.R - r1), KU);
                 barrier();
             }
         }
