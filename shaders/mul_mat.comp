@@ -160,10 +160,12 @@ void main() {
     }
     if (live) {
         [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
-            uint j = min(lane + u * LANES, KU - 1u);
-            [[unroll]] for (uint i = 0; i < NR; ++i) {
-                cw[i][u] = wq4[wb[i] / 4u + j];
-                cs[i][u] = wscale[(sb[i] + j * Q_XV * 4u / Q_BC) >> 2];
+            uint j = lane + u * LANES;
+            if (j < KU) {                               // (past the row: not loaded, not computed)
+                [[unroll]] for (uint i = 0; i < NR; ++i) {
+                    cw[i][u] = wq4[wb[i] / 4u + j];
+                    cs[i][u] = wscale[(sb[i] + j * Q_XV * 4u / Q_BC) >> 2];
+                }
             }
         }
     }
@@ -198,10 +200,12 @@ void main() {
         uint ns[NR][UNROLL];
         if (live1) {
             [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
-                uint j = min(s1 + lane + u * LANES, KU - 1u);
-                [[unroll]] for (uint i = 0; i < NR; ++i) {
-                    nw[i][u] = wq4[wb1[i] / 4u + j];
-                    ns[i][u] = wscale[(sb1[i] + j * Q_XV * 4u / Q_BC) >> 2];
+                uint j = s1 + lane + u * LANES;
+                if (j < KU) {
+                    [[unroll]] for (uint i = 0; i < NR; ++i) {
+                        nw[i][u] = wq4[wb1[i] / 4u + j];
+                        ns[i][u] = wscale[(sb1[i] + j * Q_XV * 4u / Q_BC) >> 2];
+                    }
                 }
             }
         }

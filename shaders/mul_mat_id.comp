@@ -271,13 +271,16 @@ float xs_dot_fp8(uvec4 v, uint xg, uint j, uint KU) {
 #define SH_SCALE_ROW(wb) 0u
 #endif
 
-// Loads into W, S the uvec4s S0 + lane + u·LANES (clamped to the row) of rows WB and their scale words.
+// Loads into W, S the uvec4s S0 + lane + u·LANES of rows WB and their scale words (those past the
+// row are neither loaded nor computed).
 #define XS_LOAD_FROM(W, S, WB, SB, S0, CODES, SCALES, KU_, QD_) \
     [[unroll]] for (uint u = 0; u < UNROLL; ++u) { \
-        uint j_ = min((S0) + lane + u * LANES, (KU_) - 1u); \
-        [[unroll]] for (uint i = 0; i < WR; ++i) { \
-            W[i][u] = CODES[WB[i] / 4u + j_]; \
-            S[i][u] = SCALES[(SB[i] + j_ / (QD_)) >> 2]; \
+        uint j_ = (S0) + lane + u * LANES; \
+        if (j_ < (KU_)) { \
+            [[unroll]] for (uint i = 0; i < WR; ++i) { \
+                W[i][u] = CODES[WB[i] / 4u + j_]; \
+                S[i][u] = SCALES[(SB[i] + j_ / (QD_)) >> 2]; \
+            } \
         } \
     }
 #if defined(SHARED_FP8)
