@@ -212,7 +212,7 @@ def test_expert_sum_rows_per_cluster(tune, rows, as_gpu, rng, monkeypatch, devic
     multiple of them: clamped rows not stored)."""
     if as_gpu:
         monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
-    tune({"mul_mat_id.rows": rows})
+    tune({"mul_mat_id.rows": rows, "mul_mat_id.x_shared": False, "gemv_quant.x_shared": False})
     check_mul_mat_id(rng)
     check_shared_expert_in_the_same_dispatch(rng)
 
@@ -223,7 +223,7 @@ def test_kernels_as_on_a_gpu(tune, spread, rows, rng, monkeypatch, device):
     by subgroup-lane clusters, 8 tokens a GEMV cluster, 4 loads in flight; at one token 1, 2 or 4
     output rows a cluster (N not a multiple of them: clamped rows not stored)."""
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
-    tune({"gemv.spread": spread})
+    tune({"gemv.spread": spread, "gemv_quant.x_shared": False, "mul_mat_id.x_shared": False})
     tune({"gemv_quant.rows": rows})
     g = Graph()
     g.op("MUL_MAT", g.input("x", (1, 4096)), g.input("w", (37, 1024), "i32"), g.input("s", (8,), "i32"), wq="fp8")
@@ -241,7 +241,7 @@ def test_gemv_16_byte_loads(tune, as_gpu, rows, rng, monkeypatch, device):
     dequantisation; other widths keep the word loads."""
     if as_gpu:
         monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
-    tune({"gemv_quant.load": 16, "gemv_quant.rows": rows})
+    tune({"gemv_quant.load": 16, "gemv_quant.rows": rows, "gemv_quant.x_shared": False, "mul_mat_id.x_shared": False})
     for fmt, K, wide in (("fp8", 208, 1), ("fp8", 260, 0), ("fp4", 96, 1), ("fp4", 80, 0)):
         g = Graph()
         sr, sc = QUANT[fmt].grid(37, K)
@@ -259,7 +259,7 @@ def test_expert_16_byte_loads(tune, as_gpu, rows, rng, monkeypatch, device):
     dequantisation."""
     if as_gpu:
         monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
-    tune({"mul_mat_id.load": 16, "mul_mat_id.rows": rows})
+    tune({"mul_mat_id.load": 16, "mul_mat_id.rows": rows, "mul_mat_id.x_shared": False, "gemv_quant.x_shared": False})
     for fmt, K, wide in (("fp8", 144, 1), ("fp8", 136, 0), ("fp4", 96, 1), ("fp4", 40, 0)):
         g = Graph()
         sr, sc = QUANT[fmt].grid(16, K)
@@ -332,6 +332,30 @@ def test_staged_gemv(tune, as_gpu, rows, unroll, groups, wg, rng, monkeypatch, d
             whole = device.caps.subgroup.max_size if launch.defines["LANES"] > 1 else 1
             assert launch.spec == (max(wg, whole), unroll, rows, 0, 52) and launch.grid[0] * launch.grid[1] <= groups
     check_mul_mat(rng)
+
+
+@pytest.mark.parametrize("as_gpu", [False, True])
+def test_the_staged_kernels_are_the_gpu_default(as_gpu, monkeypatch, device):
+    """By default (knobs x_shared None) GPUs take the staged GEMV and expert kernels over quantised
+    weights, with 4 output rows a cluster where N and K are both ≥ 4096 and 1 elsewhere; CPU devices
+    keep the word-load kernels."""
+    if as_gpu:
+        monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    for N, K, rows in ((4096, 4096, 4), (1024, 4096, 1), (4096, 1024, 1)):
+        g = Graph()
+        sr, sc = QUANT["fp8"].grid(N, K)
+        g.op("MUL_MAT", g.input("x", (1, K)), g.input("w", (N, QUANT["fp8"].words(K)), "i32"),
+             g.input("s", (-(-sr * sc // 4),), "i32"), wq="fp8")
+        (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+        assert ("X_SHARED" in launch.defines) == as_gpu
+        if as_gpu:
+            assert launch.spec[2] == rows, (N, K)
+    g = Graph()
+    sr, sc = QUANT["fp4"].grid(64, 256)
+    g.op("MUL_MAT_ID", g.input("x", (1, 3, 256)), g.input("w", (4, 64, QUANT["fp4"].words(256)), "i32"),
+         g.input("r", (1, 3, 2)), g.input("s", (-(-4 * sr * sc // 4),), "i32"), mode="sum", wq="fp4")
+    (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+    assert ("X_SHARED" in launch.defines) == as_gpu
 
 
 def test_staged_gemv_falls_back_where_x_does_not_fit(tune, rng, monkeypatch, device):

@@ -122,9 +122,9 @@ def main(argv=None):
                     cases += [("swiglu", w13, norm, k) for norm in (False, True) for k in staged]
                     cases += [("sum", w2, False, k) for k in staged]
                     continue
-                cases += [("swiglu", w13, norm, {"unroll": u, "load": ld}) for norm in (False, True) for u in unrolls
-                          for ld in loads]
-                cases += [("sum", w2, False, {"unroll": u, "routes": r, "wg": wg, "rows": nr, "load": ld})
+                cases += [("swiglu", w13, norm, {"unroll": u, "load": ld, "x_shared": False}) for norm in (False, True)
+                          for u in unrolls for ld in loads]
+                cases += [("sum", w2, False, {"unroll": u, "routes": r, "wg": wg, "rows": nr, "load": ld, "x_shared": False})
                           for wg, r, u, nr, ld in itertools.product(ints(a.wg), ints(a.routes), unrolls, nrs, loads)]
             for mode, (w, params, per_expert), norm, knobs in cases:
                 K = D if mode == "swiglu" else Fd

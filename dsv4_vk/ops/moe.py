@@ -89,11 +89,13 @@ MUL_MAT_ID_UNROLL = knob_table(
     load=(None, "quantised experts: bytes of codes a lane loads a step (4 or 16; spec constant 3): 16, a uvec4 "
                 "and one scale byte where K % 16 (FP8) or K % 32 (FP4) is 0 and the rows 16-byte aligned (else "
                 "4; the FP8 shared expert beside FP4 ones keeps 4) (None: 4 until measured on a GPU)"),
-    x_shared=(False, "quantised experts (beside an FP8 shared expert too): x rows staged in shared memory, 16-byte "
-                     "code loads, the next step's loads in flight (mul_mat_id.comp -D X_SHARED), where the rows are "
-                     "whole uvec4s and x fits the device's shared memory; off until measured on a GPU"),
+    x_shared=(None, "quantised experts (beside an FP8 shared expert too): x rows staged in shared memory, 16-byte "
+                    "code loads, the next step's loads in flight (mul_mat_id.comp -D X_SHARED), where the rows are "
+                    "whole uvec4s and x fits the device's shared memory. None: on GPUs (on the H200 the SwiGLU "
+                    "and the weighted sum 1.4-1.9x faster than without, results/h200/quant/moe_xshared_h200.txt), "
+                    "off on CPU devices"),
     x_shared_rows=(2, "the staged kernel: outputs a cluster computes together (1, 2 or 4; spec constant XNR)"),
-    x_shared_unroll=(2, "the staged kernel: uvec4 steps of each row a lane loads together (1 to 8)"),
+    x_shared_unroll=(1, "the staged kernel: uvec4 steps of each row a lane loads together (1 to 8)"),
     x_shared_groups=(1024, 'the staged SwiGLU: workgroups per token at most (≥ 1); past it clusters loop over '
                            '(route, output block)s'))
 
@@ -105,7 +107,8 @@ def staged_expert_launch(device, fmt, mode: str, T: int, R: int, N: int, K: int,
     or it cannot run: rows not whole uvec4s of codes (beside an FP8 shared expert: K % 32 != 0), or x
     past the device's shared memory (the sum stages as many routes' x rows at a time as fit, at least
     one)."""
-    if not MUL_MAT_ID_UNROLL["x_shared"]:
+    on = MUL_MAT_ID_UNROLL["x_shared"]
+    if not (not is_cpu(device) if on is None else on):
         return None
     words = fmt.words(K)
     if words % 4 or (shared and K % 32):

@@ -205,12 +205,14 @@ GEMV_QUANT_ROWS = knob_table(
     load=(4, "bytes of codes a GEMV lane loads a step over quantised weights at one token (spec constant WIDE): "
              "4 (a word, its scale looked up each time) or 16 (a uvec4 and one scale byte, where K % 16 (FP8) "
              "or K % 32 (FP4) is 0 and the rows are 16-byte aligned; else 4); 4 until measured on a GPU"),
-    x_shared=(False, "the staged GEMV over quantised weights at one token (-D X_SHARED): x (normalised with a "
-                     "norm weight) staged once per workgroup in shared memory, 16-byte code loads, persistent "
-                     "clusters; where the rows are whole uvec4s and x fits the device's shared memory (else the "
-                     "GEMV above); off until measured on a GPU"),
-    x_shared_rows=(2, "the staged GEMV: output rows a cluster computes together (1, 2 or 4; spec constant NR), "
-                      "each staged x read serving that many rows"),
+    x_shared=(None, "the staged GEMV over quantised weights at one token (-D X_SHARED): x (normalised with a "
+                    "norm weight) staged once per workgroup in shared memory, 16-byte code loads, persistent "
+                    "clusters; where the rows are whole uvec4s and x fits the device's shared memory (else the "
+                    "GEMV above). None: on GPUs (on the H200 1.2-1.5x faster than the GEMV above at the model's "
+                    "FP8/FP4 shapes, results/h200/quant/gemv_xshared_h200.txt), off on CPU devices"),
+    x_shared_rows=(None, "the staged GEMV: output rows a cluster computes together (1, 2 or 4; spec constant NR), "
+                         "each staged x read serving that many rows. None: 4 where N and K are both at least "
+                         "4096, else 1 (the fastest of 1/2/4 at each of the model's shapes on the H200)"),
     x_shared_unroll=(2, "the staged GEMV: uvec4 steps of each row a lane loads together (1 to 8; spec constant "
                         "UNROLL)"),
     x_shared_groups=(1024, "the staged GEMV: workgroups per batch item at most (≥ 1); past it clusters loop over "
@@ -250,13 +252,16 @@ def staged_x_vec4s(device, fmt: QuantFormat, K: int, norm: bool) -> int | None:
 def staged_gemv_launch(device, fmt: QuantFormat, batch: int, N: int, K: int, norm: bool) -> tuple | None:
     """(defines, spec, grid, push fields, launch kwargs) of the staged GEMV at one token, or None
     where the knob gemv_quant.x_shared is off or it cannot run (staged_x_vec4s)."""
-    if not GEMV_QUANT_ROWS["x_shared"]:
+    on = GEMV_QUANT_ROWS["x_shared"]
+    if not (not is_cpu(device) if on is None else on):
         return None
     xs = staged_x_vec4s(device, fmt, K, norm)
     if xs is None:
         return None
     nr, unroll, groups, wg = (GEMV_QUANT_ROWS[k] for k in ("x_shared_rows", "x_shared_unroll", "x_shared_groups",
                                                             "x_shared_wg"))
+    if nr is None:
+        nr = 4 if N >= 4096 and K >= 4096 else 1
     if nr not in (1, 2, 4):
         raise ValueError(f"tuning knob 'gemv_quant.x_shared_rows' must be 1, 2 or 4, got {nr!r}")
     if isinstance(unroll, bool) or not isinstance(unroll, int) or not 1 <= unroll <= 8:
