@@ -414,34 +414,43 @@ def test_large_tensors_stream_from_the_files_when_uploaded(qdir, monkeypatch):
 
 
 def test_lazy_tensors_are_read_once_unmapped_and_never_dequantised(qdir, monkeypatch):
-    """Model.load streams a checkpoint: each lazy tensor is read from its file once, into a fresh
-    array (no memory map stays open: mapped pages count in the process's resident memory, so a
-    mapped checkpoint ends up resident whole), and no QuantWeight is widened to floats on the host."""
+    """Model.load streams a checkpoint: each byte of a lazy tensor is read from its file once,
+    straight into the upload's chunk (no memory map stays open: mapped pages count in the process's
+    resident memory, so a mapped checkpoint ends up resident whole), expert stacks are never joined
+    on the host, and no QuantWeight is widened to floats on the host."""
     from dsv4_vk.model import checkpoint
     monkeypatch.setattr(checkpoint, "EAGER_BYTES", 64)
     reads: list = []
     mapped: list = []
-    get = checkpoint.FILES.get
+    read = checkpoint.FILES.read
 
-    def counted(fn, key, dt):
-        a = get(fn, key, dt)
-        reads.append(key)
+    def counted(fn, key, dt, lo, out):
+        reads.append((key, lo, out.size))
         with open("/proc/self/maps") as f:
             mapped.extend(line for line in f if str(qdir) in line)
-        return a
+        return read(fn, key, dt, lo, out)
 
     def widened(self, *args, **kwargs):
         raise AssertionError(f"{self!r} dequantised on the host")
 
-    monkeypatch.setattr(checkpoint.FILES, "get", counted)
+    def loaded(self):
+        raise AssertionError(f"{self!r} read whole on the host")
+
+    monkeypatch.setattr(checkpoint.FILES, "read", counted)
     monkeypatch.setattr(checkpoint.QuantWeight, "__array__", widened)
     cfg, w = load_hf(str(qdir))
-    lazy = {k for k, a in w.items() for t in ((a.codes, a.scale) if checkpoint.is_quant(a) else (a,))
-            if isinstance(t, checkpoint.Lazy)}
-    assert lazy
+    lazy = {t.spans[0].key: t.nbytes for k, a in w.items()
+            for t in ((a.codes, a.scale) if checkpoint.is_quant(a) else (a,))
+            if isinstance(t, checkpoint.Lazy) and len(t.spans) == 1}
+    assert lazy and any(isinstance(a.codes, checkpoint.Lazy) and len(a.codes.spans) > 1
+                        for a in w.values() if checkpoint.is_quant(a))       # a stack of experts
+    monkeypatch.setattr(checkpoint.Lazy, "load", loaded)
     Model(cfg, w)
-    assert len(reads) == len(set(reads)), sorted(k for k in set(reads) if reads.count(k) > 1)
-    assert len(reads) >= len(lazy)
+    got: dict = {}
+    for key, lo, n in sorted(reads):
+        assert got.get(key, 0) == lo, f"{key}: bytes from {lo} read twice or skipped"
+        got[key] = lo + n
+    assert {k: got.get(k) for k in lazy} == lazy            # each whole, once
     assert not mapped, mapped[:3]
 
 
