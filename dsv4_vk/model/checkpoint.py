@@ -199,6 +199,8 @@ class Stream:
         return math.prod(self.shape) * self.dtype.itemsize
 
     def fill(self, view: np.ndarray, start: int) -> None:
+        """Bytes [start, start + view.size) into view; a file range read must hold whole values of its
+        tensor (Upload's chunks do: their sizes are multiples of 4096, and every part holds whole ones)."""
         end, first = start + view.size, start
         i = bisect_right(self.starts, start) - 1
         while start < end:
@@ -542,9 +544,11 @@ class _Files:
                     raise SafetensorError(f"tensor {key!r} of dtype {dt} is not in the file (it changed since it "
                                           "was opened?)")
                 t0, t1 = info["data_offsets"]
-                if (t1 - t0 != math.prod(info["shape"]) * np.dtype(NP_DTYPES[dt]).itemsize
-                        or lo < 0 or lo + out.size > t1 - t0):
+                size = np.dtype(NP_DTYPES[dt]).itemsize
+                if t1 - t0 != math.prod(info["shape"]) * size or lo < 0 or lo + out.size > t1 - t0:
                     raise SafetensorError(f"tensor {key!r} is truncated")
+                if lo % size or out.size % size:        # (the checks look at whole values)
+                    raise ValueError(f"{key}: bytes [{lo}, {lo + out.size}) are not whole {dt} values")
                 view, at = memoryview(out).cast("B"), start + t0 + lo
                 while view.nbytes:
                     n = os.preadv(fd, [view], at)
