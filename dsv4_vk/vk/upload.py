@@ -22,10 +22,12 @@ import numpy as np
 from .memory import Buffer, StagingRing
 
 STREAM_CHUNK = 32 << 20          # bytes one fill call writes at most (a staging slot's size)
+WORKERS: int | None = None       # fill threads of an Upload made without `workers` (None: default_workers())
 
 
 def default_workers() -> int:
-    return max(1, min(4, os.cpu_count() or 1))
+    """WORKERS, else 4 threads (at most one a core)."""
+    return WORKERS if WORKERS is not None else max(1, min(4, os.cpu_count() or 1))
 
 
 class Upload:
