@@ -75,7 +75,7 @@ class Lazy:
         self.shape, self.dtype, self._get = tuple(shape), np.dtype(dtype), get
         # its bytes in order, where known without reading them: file ranges (Span), arrays' bytes
         # and opaque Lazy parts (read when streamed: Stream); None: only load() knows them
-        self.spans: list | None = spans
+        self.spans = spans
 
     @property
     def ndim(self) -> int:
@@ -549,7 +549,7 @@ class _Files:
                     raise SafetensorError(f"tensor {key!r} is truncated")
                 if lo % size or out.size % size:        # (the checks look at whole values)
                     raise ValueError(f"{key}: bytes [{lo}, {lo + out.size}) are not whole {dt} values")
-                view, at = memoryview(out).cast("B"), start + t0 + lo
+                view, at = out.data.cast("B"), start + t0 + lo
                 while view.nbytes:
                     n = os.preadv(fd, [view], at)
                     if n <= 0:

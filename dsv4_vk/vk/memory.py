@@ -251,7 +251,7 @@ class StagingRing:
 
     def __init__(self, device, slots, chunk, cached=False):
         self.device, self.chunk, self.next = device, int(chunk), 0
-        self.slots: list[_Slot] = []
+        self.slots = []                 # [_Slot]
         self.cmd_pool = device.create_command_pool()
         try:
             for _ in range(slots):

@@ -77,7 +77,7 @@ class Upload:
             return
         if self._ring is None:
             self._ring = StagingRing(self.device, self.workers + 2, self.chunk, cached=True)
-        ring, pending = self._ring, collections.deque()
+        ring, pending = self._ring, collections.deque[tuple]()
         try:
             for s, n in chunks:
                 slot = ring.take()          # (its last copy has finished; at most `workers` slots fill)
