@@ -64,10 +64,11 @@ class CheckpointError(ValueError):
 
 class Lazy:
     """An array not read yet: its shape and dtype, and how to get it (read from the checkpoint's
-    files, or joined from other lazy arrays) when np.asarray(lazy) or .load() asks. Model.load
-    keeps large tensors lazy until each param is uploaded, so the host never holds the whole
-    checkpoint: one param at a time, read and checked (non-finite values, NaN codes or scales:
-    CheckpointError naming the file's tensor), uploaded, dropped."""
+    files, or joined from other lazy arrays) when np.asarray(lazy) or .load() asks, and, where
+    known, its bytes as file ranges (spans). Model.load keeps large tensors lazy and streams each
+    param's bytes from the files into the device (Stream), checked as they are read (non-finite
+    values, NaN codes or scales: CheckpointError naming the file's tensor), so the host never holds
+    a param, let alone the checkpoint."""
 
     __slots__ = ("shape", "dtype", "_get", "spans")
 
