@@ -357,3 +357,41 @@ print("ok")
 """
     r = _run(code, DSV4_VK_FORCE_STAGING="1")
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("staged", [0, 1])
+def test_close_waits_for_an_upload_and_a_closed_device_refuses_one(staged):
+    """An Upload is a counted call: close() from another thread returns only after it ended (its writes
+    completed or raised DeviceClosed, nothing used after its handles went); on a closed device an
+    Upload raises DeviceClosed."""
+    code = """
+import threading, time
+import numpy as np, dsv4_vk as dv
+from dsv4_vk.vk import Upload
+dev = dv.Device()
+buf = dev.pool.alloc(1 << 20)
+closed = threading.Event()
+def fill(view, start):
+    time.sleep(0.05)
+    view[:] = 1
+def closer():
+    dev.close()
+    closed.set()
+with Upload(dev, workers=2, chunk=1 << 16) as up:
+    up.write(buf, 0, 1 << 17, fill)
+    threading.Thread(target=closer).start()
+    time.sleep(0.1)
+    try:
+        up.write(buf, 0, 1 << 18, fill)
+    except dv.DeviceClosed:
+        pass
+    assert not closed.is_set(), "close() returned while an Upload was running"
+assert closed.wait(10), "close() did not return after the Upload ended"
+try:
+    with Upload(dev) as up:
+        pass
+except dv.DeviceClosed:
+    print("ok")
+"""
+    r = _run(code, DSV4_VK_FORCE_STAGING=str(staged))
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]

@@ -277,8 +277,8 @@ class StagingRing:
 
     def wait(self, slot):
         if slot.busy:
+            self.device.wait(slot.fence)        # (raising, e.g. DeviceClosed: destroy() still waits for it)
             slot.busy = False
-            self.device.wait(slot.fence)
 
     def copy(self, slot, src, src_offset, dst, dst_offset, n):
         """Submit the copy of n bytes src → dst (one of them the slot's buffer); returns at once."""
@@ -287,9 +287,16 @@ class StagingRing:
         r.srcOffset, r.dstOffset, r.size = src_offset, dst_offset, n
         lib.vkCmdCopyBuffer(cmd, src.handle, dst.handle, 1, r)
         check(lib.vkEndCommandBuffer(cmd), "vkEndCommandBuffer")
-        info, keep = self.device.submit_info([cmd])
-        slot.busy = True
-        self.device.submit(info, slot.fence)
+        dev = self.device
+        info, keep = dev.submit_info([cmd])
+        with dev.lock:              # (Device.submit, knowing whether the fence will signal: destroy() waits)
+            dev.check_open()
+            check(lib.vkResetFences(dev.device, 1, slot.fence), "vkResetFences")
+            res = lib.vkQueueSubmit(dev.queue, 1, info, slot.fence[0])
+            slot.busy = res == vk.VK_SUCCESS
+        if dev.validation:
+            dev.check_validation("vkQueueSubmit")
+        check(res, "vkQueueSubmit")
 
     def finish(self):
         """Wait for every copy submitted."""
