@@ -577,3 +577,17 @@ def test_expert_stacks_past_the_binding_limit_are_split(dtype, limit, monkeypatc
     got = np.concatenate([m.prefill(ids[:9], all_logits=True)] + [m.step(int(t), output="logits")[None]
                                                                   for t in ids[9:]])
     assert nmse(got, want) <= 1e-10
+
+
+def test_fp8_routed_experts_stack_with_the_shared_expert(device):
+    """FP8 routed experts share the FP8 shared expert's layout: one stack of E + 1 experts (the
+    shared one last) per weight, whose logits are the reference's (it was stacked on a new axis
+    and refused)."""
+    from dsv4_vk.model import V4Reference, random_weights
+    from dsv4_vk.model.checkpoint import dequantized
+    w = random_weights(SMALL, 2, "fp8", experts="fp8")
+    m = Model(SMALL, w, device=device)
+    assert "layers.0.ffn.shared.w13" not in m.params and m.params["layers.0.ffn.w13"].shape[0] == 5
+    ids = np.random.default_rng(0).integers(0, SMALL.vocab_size, 6)
+    want = V4Reference(SMALL, dequantized(w, np.float64)).forward(ids)
+    assert nmse(m.prefill(ids, all_logits=True), want) <= 1e-10

@@ -229,9 +229,10 @@ def param_arrays(cfg: V4Config, weights: dict, chunk: int = 16, max_binding: int
         if any(is_quant(t) for t in (routed13, routed2, sh2, *sh13)):
             shared13, shared2 = _shared_quant(sh13, sh2, cfg)
             if _same_layout(routed13, shared13) and _same_layout(routed2, shared2):
-                out[f + "w13"] = stack_quant([routed13, shared13], True) if is_quant(routed13) else \
+                # E routed experts, then the shared one: stacks joined along their expert axis
+                out[f + "w13"] = stack_quant([routed13, shared13], False) if is_quant(routed13) else \
                     _stack([routed13, shared13])
-                out[f + "w2"] = stack_quant([routed2, shared2], True) if is_quant(routed2) else \
+                out[f + "w2"] = stack_quant([routed2, shared2], False) if is_quant(routed2) else \
                     _stack([routed2, shared2])
             else:
                 out[f + "w13"], out[f + "w2"] = routed13, routed2
