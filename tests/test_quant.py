@@ -591,3 +591,22 @@ def test_fp8_routed_experts_stack_with_the_shared_expert(device):
     ids = np.random.default_rng(0).integers(0, SMALL.vocab_size, 6)
     want = V4Reference(SMALL, dequantized(w, np.float64)).forward(ids)
     assert nmse(m.prefill(ids, all_logits=True), want) <= 1e-10
+
+
+@pytest.mark.parametrize("dtype", ["fp8", np.float32])
+def test_arrays_in_memory_stream_as_they_upload_directly(dtype, monkeypatch, device):
+    """Large arrays in memory (STREAM_BYTES) are streamed by the upload's threads, as lazy ones are:
+    the device holds the same bytes as set_param puts there (the same logits)."""
+    from dsv4_vk.model import checkpoint, random_weights
+    w = random_weights(SMALL, 4, dtype)
+    ids = [3, 1, 4, 1, 5]
+    want = Model(SMALL, w, device=device).prefill(ids, all_logits=True)
+    monkeypatch.setattr(checkpoint, "STREAM_BYTES", 0)
+    from dsv4_vk.core.executor import Executor
+    streamed = []
+    monkeypatch.setattr(Executor, "stream_param", lambda self, name, *a, sp=Executor.stream_param:
+                        (streamed.append(name), sp(self, name, *a))[1])
+    m = Model(SMALL, w, device=device)
+    assert np.array_equal(m.prefill(ids, all_logits=True), want)
+    assert "embed.weight" in streamed and "layers.1.ffn.w13" in streamed
+    assert not {"step.pos", "step.token", "sampler.cfg"} & set(streamed)    # per-step values: set_param's mapped ones

@@ -199,6 +199,12 @@ class Stream:
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
 
+    def array(self) -> np.ndarray:
+        """The whole array, filled in one go (on the host)."""
+        out = np.empty(self.nbytes, np.uint8)
+        self.fill(out, 0)
+        return out.view(self.dtype).reshape(self.shape)
+
     def fill(self, view: np.ndarray, start: int) -> None:
         """Bytes [start, start + view.size) into view; a file range read must hold whole values of its
         tensor (Upload's chunks do: their sizes are multiples of 4096, and every part holds whole ones)."""
@@ -215,11 +221,20 @@ class Stream:
             start, i = b, i + 1
 
 
+STREAM_BYTES = 16 << 20     # arrays in memory from this size are streamed too (copied by the upload's threads)
+_STREAMED = (np.dtype(np.float32), np.dtype(np.float16), BF16, np.dtype(np.int32))
+
+
+def _streams(a) -> bool:
+    return (isinstance(a, Lazy) and a.spans is not None) or (isinstance(a, np.ndarray) and a.nbytes >= STREAM_BYTES)
+
+
 def stream_of(a) -> Stream | None:
-    """The Stream of a Lazy array whose bytes are known without reading them, else None."""
-    if not isinstance(a, Lazy) or a.spans is None:
+    """The Stream of a Lazy array whose bytes are known without reading them, or of a large array
+    in memory (of a dtype the device keeps), else None."""
+    if not _streams(a) or np.dtype(a.dtype) not in _STREAMED:
         return None
-    return Stream(a.shape, a.dtype, a.spans)
+    return Stream(a.shape, a.dtype, _spans_of(a))
 
 
 class QuantWeight:
@@ -258,9 +273,9 @@ class QuantWeight:
         return quant_arrays(np.asarray(self.codes), np.asarray(self.scale))
 
     def streams(self) -> tuple[Stream, Stream] | None:
-        """What device_arrays gives, as Streams (codes, scale) where a part is Lazy and the rows are
-        whole words (no padding between them), else None."""
-        if not (isinstance(self.codes, Lazy) or isinstance(self.scale, Lazy)) or self.codes.shape[-1] % 4:
+        """What device_arrays gives, as Streams (codes, scale) where a part is Lazy (or large) and the
+        rows are whole words (no padding between them), else None."""
+        if not (_streams(self.codes) or isinstance(self.scale, Lazy)) or self.codes.shape[-1] % 4:
             return None
         codes = Stream(self.codes.shape[:-1] + (self.codes.shape[-1] // 4,), np.int32, _spans_of(self.codes))
         n = math.prod(self.scale.shape)

@@ -168,11 +168,11 @@ class Model:
         self.storage = {}         # device param name -> storage type (memory())
         with Upload(self.device) as up:     # lazy params stream from the files, reads beside copies
             for name, a, storage in upload_arrays(self.params, LoadProgress()):
-                if isinstance(a, Stream):
+                mapped = name in STEP_PARAMS + (HISTORY,) or name.startswith("sampler.")    # per-step values
+                if isinstance(a, Stream) and not mapped:
                     self.ex.stream_param(name, a.shape, a.dtype, a.fill, up)
                 else:
-                    self.ex.set_param(name, a, host_visible=name in STEP_PARAMS + (HISTORY,) or
-                                      name.startswith("sampler."))
+                    self.ex.set_param(name, a.array() if isinstance(a, Stream) else a, host_visible=mapped)
                 self.storage[name] = storage
         self._graphs: dict = {}       # (kind, timestamps) -> CompiledGraph, held so no step looks them up
         self._step = {n: self.ex.params[n] for n in STEP_PARAMS + (HISTORY,)}
