@@ -242,6 +242,9 @@ class _Slot:
     def __init__(self, buf, cmd, fence):
         self.buf, self.view, self.cmd, self.fence, self.busy = buf, buf._view, cmd, fence, False
 
+    def mark_busy(self):
+        self.busy = True
+
 
 class StagingRing:
     """`slots` mapped buffers of `chunk` bytes, each with its own command buffer and fence, taken in
@@ -287,16 +290,10 @@ class StagingRing:
         r.srcOffset, r.dstOffset, r.size = src_offset, dst_offset, n
         lib.vkCmdCopyBuffer(cmd, src.handle, dst.handle, 1, r)
         check(lib.vkEndCommandBuffer(cmd), "vkEndCommandBuffer")
-        dev = self.device
-        info, keep = dev.submit_info([cmd])
-        with dev.lock:              # (Device.submit, knowing whether the fence will signal: destroy() waits)
-            dev.check_open()
-            check(lib.vkResetFences(dev.device, 1, slot.fence), "vkResetFences")
-            res = lib.vkQueueSubmit(dev.queue, 1, info, slot.fence[0])
-            slot.busy = res == vk.VK_SUCCESS
-        if dev.validation:
-            dev.check_validation("vkQueueSubmit")
-        check(res, "vkQueueSubmit")
+        info, keep = self.device.submit_info([cmd])
+        # in flight once the queue took it (destroy() then waits for it; a copy refused before, e.g.
+        # by a closing device, would leave it waiting for a fence never submitted)
+        self.device.submit(info, slot.fence, slot.mark_busy)
 
     def finish(self):
         """Wait for every copy submitted."""
