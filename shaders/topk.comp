@@ -211,8 +211,8 @@ void find_bin(uint need, uint h) {
 // the exclusive sum of c over the workgroup's invocations in item order (q), and the total
 uint group_offset(uint c, uint q, out uint total) {
 #if defined(SCAN_SUBGROUP)
-    uint incl = subgroupInclusiveAdd(c);
-    if (gl_SubgroupInvocationID == gl_SubgroupSize - 1u) gsum[gl_SubgroupID] = incl;
+    uint incl = subgroupInclusiveAdd(c), all_sg = subgroupAdd(c);
+    if (subgroupElect()) gsum[gl_SubgroupID] = all_sg;  // (a workgroup smaller than a subgroup fills part of it)
     barrier();
     uint below = 0u, all = 0u;
     for (uint i = gl_SubgroupInvocationID; i < gl_NumSubgroups; i += gl_SubgroupSize) {

@@ -24,6 +24,7 @@ from logits_check import logits_errors
 
 import dsv4_vk.core.executor as executor_module
 from dsv4_vk.core import profile
+from dsv4_vk.core.tuning import Tuning
 from dsv4_vk.hc.metrics import max_abs, nmse
 from dsv4_vk.model import Model, Sampling, V4Config, V4Reference, load_hf, random_weights
 
@@ -247,6 +248,34 @@ def test_chunked_prefill_plus_decode_equals_recomputing_the_sequence(rng):
     assert nmse(np.concatenate(rows), whole) <= 1e-9
     m.reset()                                               # a new sequence overwrites the cache rows
     assert nmse(m.prefill(ids[:7], all_logits=True), whole[:7]) <= 1e-9
+
+
+def test_any_prefill_chunk_and_the_devices_default_give_the_same_logits_with_progress(rng):
+    """prefill_chunk=None takes the device type's knob (prefill_chunk.cpu on lavapipe); chunks of 1,
+    7, 128 and 512 (past max_ctx: clamped) and the default agree; progress sees every chunk end."""
+    cfg = TINY.replace(max_ctx=48)
+    weights = random_weights(cfg, int(rng.integers(0, 2 ** 31)))
+    ids = rng.integers(0, cfg.vocab_size, 30)
+    default = Model(cfg, weights)
+    assert default.prefill_chunk == 16
+    seen = []
+    ref = default.prefill(ids, all_logits=True, progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(16, 30), (30, 30)]
+    assert np.isfinite(ref).all() and np.abs(ref).max() > 0
+    for chunk in (1, 7, 128, 512):
+        m = Model(cfg, weights, prefill_chunk=chunk)
+        assert m.prefill_chunk == min(chunk, 48)
+        assert nmse(m.prefill(ids, all_logits=True), ref) <= 1e-9
+    m = Model(cfg, weights, tuning=Tuning({"prefill_chunk.cpu": 7, "prefill_chunk.gpu": 7}))
+    assert m.prefill_chunk == 7
+    assert nmse(m.prefill(ids, all_logits=True), ref) <= 1e-9
+    for bad in (0, -3, 2.5, True, "16"):
+        with pytest.raises(ValueError, match="prefill_chunk must be an integer"):
+            Model(cfg, weights, prefill_chunk=bad)
+    with pytest.raises(ValueError, match="tuning knob 'prefill_chunk.cpu' must be an integer"):
+        Model(cfg, weights, tuning=Tuning({"prefill_chunk.cpu": 0}))
+    with pytest.raises(ValueError, match="progress must be a callable"):
+        default.prefill(ids, progress=5)
 
 
 def test_greedy_tokens_agree_on_both_paths_and_are_the_reference_argmax(rng):

@@ -180,15 +180,25 @@ def test_compress_storing_the_chunk_refuses_what_it_cannot_write():
         g.op("COMPRESS", *ts, out=ts[0], **prm)
 
 
-@pytest.mark.parametrize("heads", [None, 1, 3])
+@pytest.mark.parametrize("kernel,heads", [("cluster", None), ("cluster", 1), ("cluster", 3), ("entry", None)])
 @pytest.mark.parametrize("T,nh,hd,n,rate,p0", [(1, 16, 16, 9, 4, 37), (6, 4, 32, 12, 4, 3), (3, 64, 128, 300, 4, 1000),
-                                               (2, 7, 20, 30, 4, 90), (1, 5, 8, 11, 4, 45)])
-def test_index_score(tune, rng, monkeypatch, heads, T, nh, hd, n, rate, p0):
-    """heads: heads per step of the cluster-sum kernel (None: the default, SCATTER where the device has
-    shuffles: LANES heads a step, e.g. 2 lanes at hd = 8 with 5 heads, the last step past the heads;
-    3: a last step past the heads)."""
-    tune({"index_score.heads": heads})
+                                               (2, 7, 20, 30, 4, 90), (1, 5, 8, 11, 4, 45), (2, 3, 18, 25, 4, 80),
+                                               (1, 8, 64, 700, 2, 1203)])
+def test_index_score(tune, rng, monkeypatch, kernel, heads, T, nh, hd, n, rate, p0):
+    """kernel: a cluster of lanes an entry, or an invocation an entry with q staged in shared memory
+    (LANE_ENTRY, where hd % 4 == 0 and q fits shared memory: hd = 18 falls back to the cluster
+    kernel, and so does nh·hd = 8192 on lavapipe's 32 KB; n = 700 spans several workgroups of
+    entries). heads: heads per step of the cluster-sum kernel (None: the default,
+    SCATTER where the device has shuffles: LANES heads a step, e.g. 2 lanes at hd = 8 with 5 heads,
+    the last step past the heads; 3: a last step past the heads)."""
+    tune({"index_score.heads": heads, "index_score.cpu": kernel, "index_score.gpu": kernel})
     arrays = [f32(rng, T, nh, hd), f32(rng, T, nh), f32(rng, n, hd), np.array([p0], np.int32)]
+    g = Graph()
+    g.op("INDEX_SCORE", *(g.const(a) for a in arrays), rate=rate, scale=0.5, capacity=4096)
+    dev = Executor().device
+    (launch,) = g.nodes[-1].op.lower(g.nodes[-1], dev)
+    fits = 4 * nh * hd + 4 * nh + 64 <= dev.caps.limits.max_shared_memory     # q and wt staged
+    assert ("LANE_ENTRY" in launch.defines) == (kernel == "entry" and hd % 4 == 0 and fits)
     got, ref, bad = run("INDEX_SCORE", arrays, {"rate": rate, "scale": hd ** -0.5 * nh ** -0.5, "capacity": 4096})
     closed = np.isfinite(ref)                       # the rest of a row is left unwritten (TOPK never reads it)
     assert closed.sum() == sum(min((p0 + t + 1) // rate, n) for t in range(T))
@@ -281,7 +291,7 @@ def test_topk_without_a_bound_ranks_every_entry(scan, T, n, k, tile, seed):
 
 @pytest.mark.parametrize("wg,bits,staged,scan", [(64, 4, 1, s) for s in SCANS] + [(256, 11, 3, s) for s in SCANS] +
                          [(32, 12, 1, s) for s in SCANS] + [(1024, 11, None, s) for s in SCANS[1::2]] +
-                         [(16, 8, None, "groups"), (128, 7, 50, "groups"), (16, 8, None, "fused+spread"),
+                         [(16, 8, None, "groups"), (128, 7, 50, "groups"), (16, 8, None, "fused+spread"), (8, 8, None, "fused"),
                           (128, 7, 50, "subgroup+spread")])
 def test_topk_at_any_workgroup_digit_width_and_staging(tune, scan, wg, bits, staged):
     """TOPK's knobs: workgroups smaller and larger than k (ranks counted whole or in parts), digits

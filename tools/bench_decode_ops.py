@@ -121,15 +121,25 @@ def select_rows(ex, rng, args, warm, ctx, pos, D, E):
         print(f"{label:44s} {us:8.1f} µs  ({nd} dispatch{'es' if nd > 1 else ''})", flush=True)
         rows.append({"op": label.split()[0], "label": label, "us": us, "dispatches": nd, **extra})
 
-    for heads in (None, 1, 4, 8):                      # None: the default (SCATTER where it runs)
-        g = Graph(Tuning({"index_score.heads": heads}))
+    for heads in (None, 1, 4, 8):                      # the cluster kernel; None: SCATTER where it runs
+        g = Graph(Tuning({"index_score.heads": heads, "index_score.gpu": "cluster"}))
         g.output("s", g.op("INDEX_SCORE", g.input("q", (1, nI, hI)), g.input("w", (1, nI)), g.const(
             rng.standard_normal((n, hI)).astype(np.float32)), g.const(np.array([pos], np.int32)), rate=4,
             scale=hI ** -0.5 * nI ** -0.5, capacity=ctx))
         row(f"INDEX_SCORE {nI} heads x {hI}, {n} keys, heads/step {heads or 'default'}", g,
             {"q": rng.standard_normal((1, nI, hI)).astype(np.float32),
              "w": rng.standard_normal((1, nI)).astype(np.float32)}, heads=heads)
-    topk_rows(rng, row, [(n, pos)], [None])
+    # the long path: every entry of a 32k and a 1M context closed, each kernel (knob index_score.gpu)
+    for keys in ((64, 2048) if args.quick else (8192, 262144)):
+        for kernel in ("entry", "cluster"):
+            g = Graph(Tuning({"index_score.gpu": kernel, "index_score.cpu": kernel}))
+            g.output("s", g.op("INDEX_SCORE", g.input("q", (1, nI, hI)), g.input("w", (1, nI)), g.const(
+                rng.standard_normal((keys, hI)).astype(np.float32)), g.const(np.array([4 * keys - 1], np.int32)),
+                rate=4, scale=hI ** -0.5 * nI ** -0.5, capacity=4 * keys))
+            row(f"INDEX_SCORE {nI} heads x {hI}, {keys} keys, {kernel} kernel", g,
+                {"q": rng.standard_normal((1, nI, hI)).astype(np.float32),
+                 "w": rng.standard_normal((1, nI)).astype(np.float32)}, kernel=kernel, keys=keys)
+    topk_rows(rng, row, [(n, pos)], [None], ["entry"])
     g = Graph()
     g.output("r", g.op("V4_ROUTE", g.input("l", (1, E)), g.const(rng.standard_normal(E).astype(np.float32) * 0.1),
                        top_k=6, scoring="sqrtsoftplus", route_scale=1.5))

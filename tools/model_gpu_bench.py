@@ -33,7 +33,10 @@ reading at most this many MiB of weights a token, knob norm_fold.max_bytes), gem
 gemv_spread (0: subgroup-lane clusters only) (knobs gemv.unroll, gemv.spread), gemv_rows (output rows a
 GEMV cluster over quantised weights, knob gemv_quant.rows), gemv_load (bytes of codes a lane loads a
 step, 4 or 16; knob gemv_quant.load), moe_unroll, moe_routes, moe_wg, moe_rows (the sum's output rows
-a cluster over quantised experts), moe_load (4 or 16; knobs mul_mat_id.*),
+a cluster over quantised experts), moe_load (4 or 16; knobs mul_mat_id.*), gemv_xs / moe_xs (1: the
+staged kernels over quantised weights, x in shared memory; knobs gemv_quant.x_shared,
+mul_mat_id.x_shared), gemv_xs_rows / moe_xs_rows (their output rows a cluster) and gemv_xs_wg (the
+staged GEMV's workgroup size),
 indexer (1: CSA layers run their indexer even where its
 top-k keeps every entry the cache can hold, as at this preset's 1024-token cache;
 knob indexer.always), mqa_literal (1: MQA_ATTENTION's per-lane arrays with literal sizes,
@@ -102,6 +105,11 @@ KNOBS = {"fold_mb": ("norm_fold.max_bytes", lambda v: int(float(v) * 2**20)),   
          "moe_wg": ("mul_mat_id.wg", int),
          "moe_rows": ("mul_mat_id.rows", int),
          "moe_load": ("mul_mat_id.load", int),
+         "gemv_xs": ("gemv_quant.x_shared", lambda v: bool(int(v))),
+         "gemv_xs_rows": ("gemv_quant.x_shared_rows", int),
+         "gemv_xs_wg": ("gemv_quant.x_shared_wg", int),
+         "moe_xs": ("mul_mat_id.x_shared", lambda v: bool(int(v))),
+         "moe_xs_rows": ("mul_mat_id.x_shared_rows", int),
          "indexer": ("indexer.always", lambda v: bool(int(v))),
          "mqa_literal": ("mqa_arrays.literal", lambda v: bool(int(v))),
          "mix_wg": ("mix.wg", int),

@@ -10,7 +10,9 @@
 Every decode step replays ONE command buffer recorded once: the host writes the position (4 bytes,
 a host-visible param), submits, and reads the sampled token (4 bytes); nothing is recorded and no
 Python runs per dispatch. The sampled token stays on the device as the next step's input. Prefill
-runs the prompt in chunks of `prefill_chunk` tokens (the last one padded) through one more graph.
+runs the prompt in chunks of `prefill_chunk` tokens (the last one padded) through one more graph;
+by default the device chooses the chunk (knobs prefill_chunk.gpu / .cpu: large where the GPU's
+mat-muls need many rows, small on CPU devices).
 `steps(k)` records k decode steps back to back in one command buffer (the position advanced on the
 device) and submits once; `generate` uses it (docs/model.md: what it gains and costs). Chunks and
 steps at positions where every CSA top-k still keeps all closed entries run graphs without the
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Iterable, Iterator, NamedTuple, Sequence
+from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -29,7 +31,7 @@ from ..core.executor import CompiledGraph, Executor
 from ..ops.sample import MAX_TOP_K
 from ..ops.v4_attention import MAX_DECODE_SPLITS
 from ..vk import Device, Upload, default_device
-from ..core.tuning import Tuning, current, tuned
+from ..core.tuning import Tuning, current, knob_table, tuned
 from .build import STEP_PARAMS, ModelGraph, all_entries_fit, cache_shapes, param_arrays, upload_arrays
 from .checkpoint import LoadProgress, Stream, load_hf, normalise, random_weights, tensor_shapes
 from .config import V4Config
@@ -130,9 +132,37 @@ def _check_device(device: object) -> None:
                          f"got {device!r}")
 
 
+# The prefill chunk a model gets when its caller gives none (prefill_chunk=None), by device type: a
+# GPU's mat-muls over a chunk want many rows (on the H200 flash-1gpu prefills 2.6x faster in chunks
+# of 128 than of 16: results/h200/long_context/long_context.txt), a CPU device runs them in turn.
+PREFILL_CHUNK = knob_table(
+    "prefill_chunk",
+    gpu=(128, "tokens a prefill chunk holds on GPUs when Model(prefill_chunk=None)"),
+    cpu=(16, "tokens a prefill chunk holds on CPU devices when Model(prefill_chunk=None)"))
+
+
+def _tuning(tuning: Tuning | None) -> Tuning:
+    if tuning is not None and not isinstance(tuning, Tuning):
+        raise ValueError(f"tuning must be a dsv4_vk.core.tuning.Tuning or None, got {type(tuning).__name__}")
+    return current() if tuning is None else tuning
+
+
+def _prefill_chunk(chunk: int | None, device: Device, tuning: Tuning) -> int:
+    """The prefill chunk: the caller's, or the device type's default (PREFILL_CHUNK)."""
+    if chunk is None:
+        name = f"prefill_chunk.{'cpu' if device.caps.is_cpu else 'gpu'}"
+        chunk = tuning[name]
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise ValueError(f"tuning knob {name!r} must be an integer ≥ 1, got {chunk!r}")
+        return chunk
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"prefill_chunk must be an integer ≥ 1 or None (the device chooses), got {chunk!r}")
+    return chunk
+
+
 class Model:
     def __init__(self, cfg: V4Config, weights: dict, device: Device | None = None, fused: bool | None = None,
-                 prefill_chunk: int = 16, splits: Sequence[int] | None = None, *,
+                 prefill_chunk: int | None = None, splits: Sequence[int] | None = None, *,
                  max_ctx: int | None = None, tuning: Tuning | None = None):
         """weights: canonical names (model.checkpoint); splits: MQA key-list splits per layer at decode
         (None: model.build.decode_splits, one tiled-attention tile of the layer's longest list each);
@@ -141,21 +171,17 @@ class Model:
         knobs (core.tuning) every graph of this model is built under (default: those in effect here)."""
         if not isinstance(cfg, V4Config):
             raise ValueError(f"cfg must be a V4Config, got {type(cfg).__name__}")
-        if tuning is not None and not isinstance(tuning, Tuning):
-            raise ValueError(f"tuning must be a dsv4_vk.core.tuning.Tuning or None, got {type(tuning).__name__}")
-        self.tuning = current() if tuning is None else tuning
+        self.tuning = _tuning(tuning)
         _check_device(device)
         splits = _check_splits(splits, cfg.num_hidden_layers)
         if max_ctx is not None:
             cfg = cfg.replace(max_ctx=_positive("max_ctx", max_ctx))
         weights = normalise(cfg, weights)
-        if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
-            raise ValueError(f"prefill_chunk must be an integer ≥ 1, got {prefill_chunk!r}")
         if fused not in (None, True, False):
             raise ValueError(f"fused must be None (policy), True or False, got {fused!r}")
         self.cfg, self.fused, self.splits = cfg, fused, splits
         self.device = device or default_device()
-        self.prefill_chunk = min(prefill_chunk, cfg.max_ctx)
+        self.prefill_chunk = min(_prefill_chunk(prefill_chunk, self.device, self.tuning), cfg.max_ctx)
         check_memory(cfg, sum(int(w.nbytes) for w in weights.values()), self.prefill_chunk, self.device)
         self.ex = Executor(self.device)
         with tuned(self.tuning):        # (which indexers are built depends on indexer.always)
@@ -185,7 +211,7 @@ class Model:
     # --- construction ---------------------------------------------------------------------------
     @classmethod
     def load(cls, path_or_config: str | V4Config, device: Device | None = None, fused: bool | None = None, *,
-             seed: int = 0, prefill_chunk: int = 16, max_ctx: int | None = None,
+             seed: int = 0, prefill_chunk: int | None = None, max_ctx: int | None = None,
              splits: Sequence[int] | None = None, tuning: Tuning | None = None) -> "Model":
         """From a Hugging Face model directory (config.json + safetensors; max_ctx: the decode cache
         capacity, default min(max_position_embeddings, 4096)), or random weights for a V4Config
@@ -197,9 +223,10 @@ class Model:
             if max_ctx is not None:
                 cfg = cfg.replace(max_ctx=_positive("max_ctx", max_ctx))
             cfg.check_host_memory(4, "the random float32 weights")
+            dev = device or default_device()
+            chunk = _prefill_chunk(prefill_chunk, dev, _tuning(tuning))
             check_memory(cfg, sum(4 * int(np.prod(shape)) for shape in tensor_shapes(cfg).values()),
-                         min(prefill_chunk, cfg.max_ctx) if isinstance(prefill_chunk, int) else 1,
-                         device or default_device())                 # random weights: float32 / int32
+                         min(chunk, cfg.max_ctx), dev)                # random weights: float32 / int32
             return cls(cfg, random_weights(cfg, seed), device, fused, prefill_chunk, splits, tuning=tuning)
         if max_ctx is not None:
             _positive("max_ctx", max_ctx)
@@ -296,9 +323,13 @@ class Model:
             raise ValueError(f"{name}: {a.size} tokens at position {self.position} exceed max_ctx {self.cfg.max_ctx}")
         return a.astype(np.int32)
 
-    def prefill(self, ids: Sequence[int] | np.ndarray, all_logits: bool = False) -> np.ndarray:
+    def prefill(self, ids: Sequence[int] | np.ndarray, all_logits: bool = False,
+                progress: Callable[[int, int], object] | None = None) -> np.ndarray:
         """Run `ids` from the current position; returns the logits [V] of the last one ([N, V] with
-        all_logits). The device samples the next token from them (see next_token)."""
+        all_logits). The device samples the next token from them (see next_token). progress: called
+        as progress(tokens done, tokens in all) after each chunk (a long prompt's progress bar)."""
+        if progress is not None and not callable(progress):
+            raise ValueError(f"progress must be a callable (done, total) or None, got {type(progress).__name__}")
         ids = self._ids(ids, "ids")
         C = self.prefill_chunk
         rows = []
@@ -312,6 +343,8 @@ class Model:
                 self._replay(cg, {"ids": np.pad(chunk, (0, C - chunk.size))})
                 if all_logits or start + C >= ids.size:
                     rows.append(cg.read(logits_t)[:chunk.size])
+                if progress is not None:
+                    progress(start + chunk.size, ids.size)
         self.position += ids.size
         self._fed = True
         self._epoch += 1
@@ -389,7 +422,8 @@ class Model:
         return toks
 
     def generate(self, prompt: Sequence[int] | np.ndarray, max_new_tokens: int, sampling: "Sampling | None" = None,
-                 stop: Iterable[int] | None = None, steps_per_submit: int = STEPS_PER_SUBMIT) -> Iterator[int]:
+                 stop: Iterable[int] | None = None, steps_per_submit: int = STEPS_PER_SUBMIT,
+                 progress: Callable[[int, int], object] | None = None) -> Iterator[int]:
         """A new sequence: prefill `prompt`, then yield up to max_new_tokens sampled tokens, ending
         early after a token in `stop`. sampling=None: greedy (`Sampling()`), whatever was set before.
         Decode runs `steps_per_submit` steps per command buffer (`steps`); tokens past a stop token
@@ -397,27 +431,30 @@ class Model:
         sampler counter rewound, so the model ends in the state one-step decoding would leave.
         Arguments are checked here, before the generator is returned. The generator owns the model
         until it ends: once anything else changes the sequence (`reset`, another `generate`,
-        `prefill`, `step`, `steps`, `set_sampling`) it raises RuntimeError on its next token."""
+        `prefill`, `step`, `steps`, `set_sampling`) it raises RuntimeError on its next token.
+        progress: as prefill's, called while the prompt runs."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer ≥ 0, got {max_new_tokens!r}")
         if isinstance(steps_per_submit, bool) or not isinstance(steps_per_submit, int) or steps_per_submit < 1:
             raise ValueError(f"steps_per_submit must be an integer ≥ 1, got {steps_per_submit!r}")
         if sampling is not None and not isinstance(sampling, Sampling):
             raise ValueError(f"sampling must be a Sampling or None, got {type(sampling).__name__}")
+        if progress is not None and not callable(progress):
+            raise ValueError(f"progress must be a callable (done, total) or None, got {type(progress).__name__}")
         self.reset()
         prompt = self._ids(prompt, "prompt")
         if prompt.size + max_new_tokens - 1 > self.cfg.max_ctx:
             raise ValueError(f"max_new_tokens: {prompt.size} prompt + {max_new_tokens} new tokens exceed "
                              f"max_ctx {self.cfg.max_ctx} (+1: the last token is not fed back)")
         return self._generate(prompt, max_new_tokens, GREEDY if sampling is None else sampling, set(stop or ()),
-                              steps_per_submit, self._epoch)
+                              steps_per_submit, self._epoch, progress)
 
-    def _generate(self, prompt, max_new_tokens, sampling, stop, per_submit, epoch):
+    def _generate(self, prompt, max_new_tokens, sampling, stop, per_submit, epoch, progress=None):
         if max_new_tokens == 0:
             return
         self._check_current(epoch)
         self.set_sampling(sampling)
-        self.prefill(prompt)
+        self.prefill(prompt, progress=progress)
         epoch = self._epoch
         batch, n = [self.next_token], 0
         while True:

@@ -25,7 +25,25 @@ COMPRESS_WG = knob_table(
 INDEX_HEADS = knob_table(
     "index_score",
     heads=(None, "INDEX_SCORE heads per step with cluster sums (None: the SCATTER kernel where the device has "
-                 "shuffles, else from channels per lane)"))
+                 "shuffles, else from channels per lane)"),
+    gpu=("entry", "INDEX_SCORE's kernel on GPUs: entry (an invocation an entry, q staged in shared memory: "
+                  "index_score.comp -D LANE_ENTRY, where it fits) or cluster (a cluster of lanes an entry)"),
+    cpu=("cluster", "INDEX_SCORE's kernel on CPU devices (entry or cluster)"),
+    entry_wg=(128, "INDEX_SCORE -D LANE_ENTRY: invocations (entries) a workgroup"))
+# LANE_ENTRY keeps a sum per head in registers: at most this many heads
+INDEX_ENTRY_MAX_HEADS = 128
+
+
+def _index_entry_kernel(device, q, k, hd: int, nh: int) -> bool:
+    """Whether INDEX_SCORE takes the entry kernel (LANE_ENTRY): the knob asks for it, and q's and k's
+    rows are whole 16-byte vec4s that fit shared memory."""
+    kind = "cpu" if device.caps.is_cpu else "gpu"
+    choice = INDEX_HEADS[kind]
+    if choice not in ("entry", "cluster"):
+        raise ValueError(f"tuning knob 'index_score.{kind}' must be 'entry' or 'cluster', got {choice!r}")
+    aligned = hd % 4 == 0 and all(v % 4 == 0 for v in (q.offset, *q.strides[:2], k.offset, k.strides[0]))
+    fits = 16 * nh * (hd // 4) + 4 * nh + 64 <= device.caps.limits.max_shared_memory
+    return choice == "entry" and aligned and fits and nh <= INDEX_ENTRY_MAX_HEADS
 
 
 # Workgroups per row of INDEX_SCORE and TOPK_TILES at most, looping over the row's blocks below its
@@ -224,6 +242,13 @@ class IndexScore(OpDef):
                 **view_fields("w", wt.offset, wt.strides[:1]), **view_fields("k", k.offset, k.strides[:1]),
                 **view_fields("o", out.offset, out.strides[:1]), "pos_off": pos.offset,
                 "scale": float(prm.get("scale", 1.0))}
+        if _index_entry_kernel(device, q, k, hd, nh):
+            wg = workgroup_pow2(device, INDEX_HEADS["entry_wg"])
+            entry_lanes, entry_extra = cluster_lanes(device, nh, per_lane=16, max_lanes=wg)
+            push["groups"] = groups = row_groups(device, -(-n // (wg // entry_lanes["LANES"])))
+            return [Launch("index_score", [q, wt, k, pos, out], (4,), push, grid_1d(T * groups, 1),
+                           defines={"LANE_ENTRY": 1, **entry_lanes}, spec=(wg, prm["rate"], 1, 1, nh, hd // 4),
+                           **entry_extra)]
         per_lane = -(-hd // lanes["LANES"])
         heads = INDEX_HEADS.get("heads") or (4 if per_lane <= 16 else 1)     # loads in flight per lane
         if INDEX_HEADS.get("heads") is None and 2 <= lanes["LANES"] <= 32 \
