@@ -648,34 +648,43 @@ def test_large_tensors_stream_from_the_files_when_uploaded(qdir, monkeypatch):
 
 
 def test_lazy_tensors_are_read_once_unmapped_and_never_dequantised(qdir, monkeypatch):
-    """Model.load streams a checkpoint: each lazy tensor is read from its file once, into a fresh
-    array (no memory map stays open: mapped pages count in the process's resident memory, so a
-    mapped checkpoint ends up resident whole), and no QuantWeight is widened to floats on the host."""
+    """Model.load streams a checkpoint: each byte of a lazy tensor is read from its file once,
+    straight into the upload's chunk (no memory map stays open: mapped pages count in the process's
+    resident memory, so a mapped checkpoint ends up resident whole), expert stacks are never joined
+    on the host, and no QuantWeight is widened to floats on the host."""
     from dsv4_vk.model import checkpoint
     monkeypatch.setattr(checkpoint, "EAGER_BYTES", 64)
     reads: list = []
     mapped: list = []
-    get = checkpoint.FILES.get
+    read = checkpoint.FILES.read
 
-    def counted(fn, key, dt):
-        a = get(fn, key, dt)
-        reads.append(key)
+    def counted(fn, key, dt, lo, out):
+        reads.append((key, lo, out.size))
         with open("/proc/self/maps") as f:
             mapped.extend(line for line in f if str(qdir) in line)
-        return a
+        return read(fn, key, dt, lo, out)
 
     def widened(self, *args, **kwargs):
         raise AssertionError(f"{self!r} dequantised on the host")
 
-    monkeypatch.setattr(checkpoint.FILES, "get", counted)
+    def loaded(self):
+        raise AssertionError(f"{self!r} read whole on the host")
+
+    monkeypatch.setattr(checkpoint.FILES, "read", counted)
     monkeypatch.setattr(checkpoint.QuantWeight, "__array__", widened)
     cfg, w = load_hf(str(qdir))
-    lazy = {k for k, a in w.items() for t in ((a.codes, a.scale) if checkpoint.is_quant(a) else (a,))
-            if isinstance(t, checkpoint.Lazy)}
-    assert lazy
+    lazy = {t.spans[0].key: t.nbytes for k, a in w.items()
+            for t in ((a.codes, a.scale) if checkpoint.is_quant(a) else (a,))
+            if isinstance(t, checkpoint.Lazy) and len(t.spans) == 1}
+    assert lazy and any(isinstance(a.codes, checkpoint.Lazy) and len(a.codes.spans) > 1
+                        for a in w.values() if checkpoint.is_quant(a))       # a stack of experts
+    monkeypatch.setattr(checkpoint.Lazy, "load", loaded)
     Model(cfg, w)
-    assert len(reads) == len(set(reads)), sorted(k for k in set(reads) if reads.count(k) > 1)
-    assert len(reads) >= len(lazy)
+    got: dict = {}
+    for key, lo, n in sorted(reads):
+        assert got.get(key, 0) == lo, f"{key}: bytes from {lo} read twice or skipped"
+        got[key] = lo + n
+    assert {k: got.get(k) for k in lazy} == lazy            # each whole, once
     assert not mapped, mapped[:3]
 
 
@@ -824,3 +833,36 @@ def test_expert_stacks_past_the_binding_limit_are_split(dtype, limit, monkeypatc
     got = np.concatenate([m.prefill(ids[:9], all_logits=True)] + [m.step(int(t), output="logits")[None]
                                                                   for t in ids[9:]])
     assert nmse(got, want) <= 1e-10
+
+
+def test_fp8_routed_experts_stack_with_the_shared_expert(device):
+    """FP8 routed experts share the FP8 shared expert's layout: one stack of E + 1 experts (the
+    shared one last) per weight, whose logits are the reference's (it was stacked on a new axis
+    and refused)."""
+    from dsv4_vk.model import V4Reference, random_weights
+    from dsv4_vk.model.checkpoint import dequantized
+    w = random_weights(SMALL, 2, "fp8", experts="fp8")
+    m = Model(SMALL, w, device=device)
+    assert "layers.0.ffn.shared.w13" not in m.params and m.params["layers.0.ffn.w13"].shape[0] == 5
+    ids = np.random.default_rng(0).integers(0, SMALL.vocab_size, 6)
+    want = V4Reference(SMALL, dequantized(w, np.float64)).forward(ids)
+    assert nmse(m.prefill(ids, all_logits=True), want) <= 1e-10
+
+
+@pytest.mark.parametrize("dtype", ["fp8", np.float32])
+def test_arrays_in_memory_stream_as_they_upload_directly(dtype, monkeypatch, device):
+    """Large arrays in memory (STREAM_BYTES) are streamed by the upload's threads, as lazy ones are:
+    the device holds the same bytes as set_param puts there (the same logits)."""
+    from dsv4_vk.model import checkpoint, random_weights
+    w = random_weights(SMALL, 4, dtype)
+    ids = [3, 1, 4, 1, 5]
+    want = Model(SMALL, w, device=device).prefill(ids, all_logits=True)
+    monkeypatch.setattr(checkpoint, "STREAM_BYTES", 0)
+    from dsv4_vk.core.executor import Executor
+    streamed = []
+    monkeypatch.setattr(Executor, "stream_param", lambda self, name, *a, sp=Executor.stream_param:
+                        (streamed.append(name), sp(self, name, *a))[1])
+    m = Model(SMALL, w, device=device)
+    assert np.array_equal(m.prefill(ids, all_logits=True), want)
+    assert "embed.weight" in streamed and "layers.1.ffn.w13" in streamed
+    assert not {"step.pos", "step.token", "sampler.cfg"} & set(streamed)    # per-step values: set_param's mapped ones
