@@ -2,7 +2,7 @@
 #extension GL_GOOGLE_include_directive : require
 //! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS
 //! variants: LANES_SHUFFLE SCATTER | LANES_SUBGROUP_OPS SCATTER
-//! variants: LANE_ENTRY ; - | LANES_SHUFFLE | LANES_SUBGROUP_OPS
+//! variants: LANE_ENTRY
 #if defined(SCATTER)
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
@@ -29,12 +29,10 @@
 // -D LANE_ENTRY (GPUs; hd % 4 == 0 and q, k rows 16-byte aligned): the cluster kernels read all of
 // q (nh·hd floats) from cache for every entry, 64× the entry's own key bytes at V4's widths, which
 // bounds them by the cache's bandwidth. Here each workgroup stages row t's q (NH·HD4 vec4s, spec
-// constants 4 and 5: nh and hd / 4) and wt once in shared memory, and a cluster of LANES lanes takes
-// one entry, lane l the heads l, l + LANES, ... (LANES ≈ nh / 16, so that a 1k context still fills
-// the GPU): it reads the key 32 channels a step (a 128-byte line; the cluster's lanes read the same
-// lines) and adds its heads' dot products in registers (16 at a time; the key is read again for
-// each further 16), every q vec4 a shared load serving 4 products; then Σ wt·ReLU(dot) over its
-// heads, one cluster sum, times scale. Each head's dot runs in channel order.
+// constants 4 and 5: nh and hd / 4) and wt once in shared memory, and each invocation takes one
+// entry: it reads the key 32 channels a step (a 128-byte line) and adds each head's part of the dot
+// product in registers (NH sums), every q vec4 a broadcast shared load serving 4 products; then
+// scale·Σ_h wt·ReLU(dot). No reduction across lanes. The sums run in channel order per head.
 #include "lanes.glsl"
 layout(constant_id = 1) const uint RATE = 4;     // the compression rate m
 layout(constant_id = 2) const uint PER_LANE = 1;
@@ -62,50 +60,40 @@ layout(push_constant) uniform P {
 
 #if defined(LANE_ENTRY)
 const uint KV = 8u;                                     // vec4s of the key a step: a 128-byte line
-const uint HL = 16u;                                    // heads a lane sums at once (registers)
 void main() {
-    uint wg = gl_WorkGroupSize.x, lid = gl_LocalInvocationID.x, per_group = wg / LANES;
+    uint wg = gl_WorkGroupSize.x, lid = gl_LocalInvocationID.x;
     uint t = flat_group() / p.groups, g = flat_group() % p.groups;
     if (t >= p.T) return;
     int pp = pos[p.pos_off] + int(t);
     uint bound = pp >= 0 && uint(pp) < p.capacity ? min((uint(pp) + 1u) / RATE, p.n) : 0u;
-    if (g * per_group >= bound) return;                 // uniform per workgroup: nothing below the bound
+    if (g * wg >= bound) return;                        // uniform per workgroup: nothing below the bound
     for (uint i = lid; i < NH * HD4; i += wg)
         qs[i] = q4[(p.q_off + t * p.q_s0 + (i / HD4) * p.q_s1) / 4u + i % HD4];
     for (uint h = lid; h < NH; h += wg) ws[h] = wt[p.w_off + t * p.w_s0 + h];
     barrier();
-    uint lane = cluster_lane(), HPL = (NH + LANES - 1u) / LANES;     // heads lane + LANES·j, j < HPL
-    for (uint w0 = g * per_group; w0 < bound; w0 += p.groups * per_group) {   // uniform per workgroup
-        uint w = w0 + lane_linear() / LANES;
-        if (w >= bound) break;                          // whole cluster leaves together
+    for (uint w0 = g * wg; w0 < bound; w0 += p.groups * wg) {
+        uint w = w0 + lid;
+        if (w >= bound) break;
         uint kb = (p.k_off + w * p.k_s0) / 4u;
-        float s = 0.0;
-        for (uint j0 = 0; j0 < HPL; j0 += HL) {
-            float part[HL];
-            [[unroll]] for (uint j = 0; j < HL; ++j) part[j] = 0.0;
-            for (uint c = 0; c < HD4; c += KV) {
-                vec4 kv[KV];
-                [[unroll]] for (uint i = 0; i < KV; ++i) kv[i] = c + i < HD4 ? k4[kb + c + i] : vec4(0.0);
-                [[unroll]] for (uint j = 0; j < HL; ++j) {
-                    uint h = lane + LANES * (j0 + j);
-                    if (j0 + j >= HPL || h >= NH) continue;
-                    float a = part[j];
-                    [[unroll]] for (uint i = 0; i < KV; ++i) {
-                        if (c + i < HD4) {
-                            vec4 qv = qs[h * HD4 + c + i];
-                            a = fma(qv.w, kv[i].w, fma(qv.z, kv[i].z, fma(qv.y, kv[i].y, fma(qv.x, kv[i].x, a))));
-                        }
+        float part[NH];
+        [[unroll]] for (uint h = 0; h < NH; ++h) part[h] = 0.0;
+        for (uint c = 0; c < HD4; c += KV) {
+            vec4 kv[KV];
+            [[unroll]] for (uint i = 0; i < KV; ++i) kv[i] = c + i < HD4 ? k4[kb + c + i] : vec4(0.0);
+            [[unroll]] for (uint h = 0; h < NH; ++h) {
+                float a = part[h];
+                [[unroll]] for (uint i = 0; i < KV; ++i) {
+                    if (c + i < HD4) {
+                        vec4 qv = qs[h * HD4 + c + i];
+                        a = fma(qv.w, kv[i].w, fma(qv.z, kv[i].z, fma(qv.y, kv[i].y, fma(qv.x, kv[i].x, a))));
                     }
-                    part[j] = a;
                 }
-            }
-            [[unroll]] for (uint j = 0; j < HL; ++j) {
-                uint h = lane + LANES * (j0 + j);
-                if (j0 + j < HPL && h < NH) s += ws[h] * max(part[j], 0.0);
+                part[h] = a;
             }
         }
-        s = cluster_sum(s);
-        if (lane == 0u) o[p.o_off + t * p.o_s0 + w] = s * p.scale;
+        float s = 0.0;
+        [[unroll]] for (uint h = 0; h < NH; ++h) s += ws[h] * max(part[h], 0.0);
+        o[p.o_off + t * p.o_s0 + w] = s * p.scale;
     }
 }
 #else

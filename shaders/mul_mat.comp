@@ -3,6 +3,7 @@
 //! variants: MODE_GEMV ; - | VEC4 ; - | LANES_SHUFFLE | LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1,2,4,8 ; - | W_BF16 | W_F16 ; - | NORM_X
 //! variants: MODE_GEMV ; VEC4 ; - | LANES_SHUFFLE | LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1,8 ; W_FP8 | W_FP4 ; - | NORM_X
 //! variants: MODE_GEMV ; - | LANES_SHUFFLE | LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1 ; W_FP8 | W_FP4 ; NORM_X
+//! variants: MODE_GEMV ; VEC4 ; - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; TB=1 ; W_FP8 | W_FP4 ; - | NORM_X ; X_SHARED
 //! variants: MODE_GEMM_REGS ; - | VEC4 ; - | W_BF16 | W_F16 | W_FP8 | W_FP4
 //! variants: MODE_GEMM_SHARED ; - | W_BF16 | W_F16 | W_FP8 | W_FP4
 // MUL_MAT: d[b0, b1, t, n] = Σ_k x[b0, b1, t, k] · w[b0, b1, n, k]  (x @ wᵀ), f32 accumulation.
@@ -28,6 +29,8 @@
 //                     tokens is clamped like any other), and at one token (VEC4) NR output
 //                     rows a cluster sharing each x load (spec constant 2; rows past N
 //                     clamped, not stored).
+//   X_SHARED          (GEMV, VEC4, TB = 1, W_FP8 / W_FP4) the staged GEMV: x in shared memory,
+//                     16-byte code loads, persistent clusters (see its main below).
 //   VEC4              (GEMV, GEMM_REGS) k contiguous and every row start 16-byte aligned: vec4 loads.
 //   NORM_X            (GEMV) x rows RMS-normalised on the fly: d = (x / rms(x) ⊙ g) @ wᵀ with
 //                     rms(x) = sqrt(mean_k x² + eps), g [K] at binding 3: each cluster sums x² beside
@@ -61,6 +64,9 @@ layout(push_constant) uniform P {
 #endif
 #if defined(W_FP8) || defined(W_FP4)
     uint q_kw, q_rows, q_srows, q_sc;   // quantised weights' geometry (weights.glsl)
+#endif
+#if defined(X_SHARED)
+    uint xs_groups;                     // workgroups per batch item (X_SHARED)
 #endif
 } p;
 #define W_S3 p.w_s3
@@ -116,6 +122,122 @@ layout(constant_id = 2) const uint NR = 1;
 // uvec4s), with one scale byte (an FP8 block of 128 holds 8 such loads, an FP4 group of 32 is
 // one), the row's scale grid row found once before the loop; 0: a 4-byte word a step (W4_ROW).
 layout(constant_id = 3) const uint WIDE = 0;
+#if defined(X_SHARED)
+// -D X_SHARED (needs rows of whole uvec4s of codes, q_kw % 4 == 0): the x row is staged once per
+// workgroup in shared memory (XS vec4s, spec constant 4, zeros past K; vec4 c of uvec4 j's inputs
+// at xs[c·KU + j], so that consecutive lanes read consecutive vec4s), its Σx² reduced over the
+// workgroup once (NORM_X: x·g is staged, the row sums are multiplied by 1/rms at the end), so the
+// hot loop loads only codes: each lane a uvec4 (16 FP8 / 32 FP4 codes; consecutive lanes
+// consecutive uvec4s) of each of NR rows, UNROLL steps apart by LANES, decodes a word in a few
+// operations (q_fp8_word / q_fp4_word), multiplies the unscaled sum of a uvec4 by its one scale and
+// reduces each row over the cluster once. Clusters are persistent over row blocks (p.xs_groups
+// workgroups per batch item, each cluster taking every p.xs_groups·clusters-th block of NR rows)
+// and load the next step's codes and scale words before they compute the current one (the first
+// before x is staged), so a row's end and its reduction do not stall the loads.
+layout(constant_id = 4) const uint XS = 1;
+shared vec4 xs[XS];
+#if defined(NORM_X)
+shared float xs_ss[256];                // Σx² of each cluster (at most 256 a workgroup)
+#endif
+#include "x_stage.glsl"
+
+void main() {
+    uint GPB = p.xs_groups, g = flat_group();
+    if (g >= p.ne0 * p.ne1 * GPB) return;               // whole workgroup leaves together
+    uint gi = g % GPB, bi = g / GPB;
+    uint b1 = bi % p.ne1, b0 = bi / p.ne1;
+    uint lane = cluster_lane(), cl = lane_linear() / LANES, CPW = gl_WorkGroupSize.x / LANES;
+    uint NB = (p.N + NR - 1) / NR, KU = p.q_kw / 4u, STEP = LANES * UNROLL;
+    // the cluster's iteration: row block rb, uvec4s s0 + lane + u·LANES (u < UNROLL) of each row
+    uint rb = gi * CPW + cl, s0 = 0;
+    bool live = rb < NB;
+    uint wb[NR], sb[NR];
+    uvec4 cw[NR][UNROLL];
+    uint cs[NR][UNROLL];
+    [[unroll]] for (uint i = 0; i < NR; ++i) {
+        wb[i] = w_row(b0, b1, rb * NR + i);
+        sb[i] = q_scale_row(wb[i]);
+    }
+    if (live) {
+        [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
+            uint j = lane + u * LANES;
+            if (j < KU) {                               // (past the row: not loaded, not computed)
+                [[unroll]] for (uint i = 0; i < NR; ++i) {
+                    cw[i][u] = wq4[wb[i] / 4u + j];
+                    cs[i][u] = wscale[(sb[i] + j * Q_XV * 4u / Q_BC) >> 2];
+                }
+            }
+        }
+    }
+    float s2 = stage_x(x_row(b0, b1, 0u), 0u, 1u, KU);
+    float inv = 1.0;
+#if defined(NORM_X)
+    s2 = cluster_sum(s2);
+    if (lane == 0u) xs_ss[cl] = s2;
+#endif
+    barrier();
+#if defined(NORM_X)
+    s2 = 0.0;
+    for (uint c = 0; c < CPW; ++c) s2 += xs_ss[c];
+    inv = 1.0 / sqrt(s2 / float(p.K) + p.eps);
+#endif
+    float acc[NR];
+    [[unroll]] for (uint i = 0; i < NR; ++i) acc[i] = 0.0;
+    while (live) {                                      // uniform per cluster
+        uint s1 = s0 + STEP, rb1 = rb;
+        bool row_end = s1 >= KU;
+        if (row_end) { s1 = 0; rb1 += GPB * CPW; }
+        bool live1 = rb1 < NB;
+        uint wb1[NR], sb1[NR];
+        [[unroll]] for (uint i = 0; i < NR; ++i) { wb1[i] = wb[i]; sb1[i] = sb[i]; }
+        if (row_end) {                                  // the next block's rows and scale grid rows
+            [[unroll]] for (uint i = 0; i < NR; ++i) {
+                wb1[i] = w_row(b0, b1, rb1 * NR + i);
+                sb1[i] = q_scale_row(wb1[i]);
+            }
+        }
+        uvec4 nw[NR][UNROLL];
+        uint ns[NR][UNROLL];
+        if (live1) {
+            [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
+                uint j = s1 + lane + u * LANES;
+                if (j < KU) {
+                    [[unroll]] for (uint i = 0; i < NR; ++i) {
+                        nw[i][u] = wq4[wb1[i] / 4u + j];
+                        ns[i][u] = wscale[(sb1[i] + j * Q_XV * 4u / Q_BC) >> 2];
+                    }
+                }
+            }
+        }
+        [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
+            uint j = s0 + lane + u * LANES;
+            if (j < KU) {
+                vec4 xv[Q_XV];                          // read once for the NR rows
+                [[unroll]] for (uint c = 0; c < Q_XV; ++c) xv[c] = xs[c * KU + j];
+                [[unroll]] for (uint i = 0; i < NR; ++i) {
+                    uint si = sb[i] + j * Q_XV * 4u / Q_BC;
+                    acc[i] += q_e8m0((cs[i][u] >> ((si & 3u) << 3)) & 0xFFu) * Q_UNIT * q_wide_dot_fast(cw[i][u], xv);
+                }
+            }
+        }
+        if (row_end) {
+            [[unroll]] for (uint i = 0; i < NR; ++i) {
+                float v = cluster_sum(acc[i]) * inv;
+                if (lane == i % LANES) store(b0, b1, 0u, rb * NR + i, v);
+                acc[i] = 0.0;
+            }
+        }
+        s0 = s1;
+        rb = rb1;
+        live = live1;
+        [[unroll]] for (uint i = 0; i < NR; ++i) {
+            wb[i] = wb1[i];
+            sb[i] = sb1[i];
+            [[unroll]] for (uint u = 0; u < UNROLL; ++u) { cw[i][u] = nw[i][u]; cs[i][u] = ns[i][u]; }
+        }
+    }
+}
+#else
 void main() {
     uint NB = (p.N + NR - 1) / NR;
     uint item = cluster_id();
@@ -175,6 +297,7 @@ void main() {
         if (lane == i % LANES) store(b0, b1, t, n0 + i, v);
     }
 }
+#endif
 #else
 void main() {
     uint blocks = (p.T + TB - 1) / TB;

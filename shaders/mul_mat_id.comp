@@ -6,6 +6,8 @@
 //! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS | LANES_WORKGROUP ; MODE_SUM ROUTES=1 ; - | VEC4 ; - | HAS_ADD ; W_FP8 | W_FP4
 //! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; MODE_SWIGLU ; - | VEC4 ; W_FP4 SHARED_FP8 ; - | NORM_X
 //! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS | LANES_WORKGROUP ; MODE_SUM ROUTES=1 ; - | VEC4 ; - | HAS_ADD ; W_FP4 SHARED_FP8
+//! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; MODE_SWIGLU ; VEC4 ; W_FP8 | W_FP4 | W_FP4 SHARED_FP8 ; - | NORM_X ; X_SHARED
+//! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; MODE_SUM ROUTES=1 ; VEC4 ; - | HAS_ADD ; W_FP8 | W_FP4 | W_FP4 SHARED_FP8 ; X_SHARED
 // MUL_MAT_ID: matrix products with the experts the router chose, route[t, r] = (id, weight)
 // (MOE_ROUTE's output; ids are exact floats), weights w [E, N, K] stacked per expert:
 //   MODE_SWIGLU  x [T, 1 or R, K] (stride 0 over r: the same token row for every route), w [E, 2F, K]:
@@ -40,6 +42,8 @@
 // all (quantised experts: x is read from cache 4 (FP8) or 8 (FP4) times their bytes at one row).
 // -D LANES_WORKGROUP (MODE_SUM): the cluster is the workgroup, one output each: every lane's chain
 // of loads is short and the outputs' workgroups come in waves.
+// -D X_SHARED (quantised experts): the staged kernels, x in shared memory and 16-byte code loads
+// (spec constants 4..7; described where they are defined below).
 #include "lanes.glsl"
 layout(constant_id = 1) const uint UNROLL = 1;
 layout(binding = 0) readonly buffer X { float x[]; };
@@ -212,6 +216,257 @@ int expert(uint t, uint r) {
     return (id >= p.id_base && id - p.id_base < p.E) ? int(id - p.id_base) : -2;
 }
 
+#if defined(X_SHARED)
+// -D X_SHARED (quantised experts, VEC4, rows of whole uvec4s of codes; with SHARED_FP8, K % 32 == 0): x rows staged
+// in shared memory as mul_mat.comp's X_SHARED GEMV stages them (XS vec4s a row, spec constant 5;
+// vec4 c of uvec4 j's inputs at c·KU + j; NORM_X: x·g, the sums multiplied by 1/rms at the end),
+// the hot loop loading only codes: a uvec4 of each of WR rows a lane, UNROLL steps apart by LANES,
+// the next step's codes and scale words loaded before the current one is computed.
+//   MODE_SWIGLU: a cluster computes XNR (spec constant 4) outputs f, their gate and up rows, of one
+//     route; clusters are persistent over (route, f-block)s of a token (at most XGROUPS, spec
+//     constant 7, workgroups per token, or per (token, route) when x differs per route); x staged once.
+//   MODE_SUM: a cluster computes XNR outputs n over every route (lanes keep weight · scale · dot
+//     and reduce once at the end); a workgroup's clusters take consecutive blocks of n; XRG (spec
+//     constant 6) routes' x rows are staged at a time (the device's shared memory permitting).
+layout(constant_id = 4) const uint XNR = 1;
+layout(constant_id = 5) const uint XS = 1;
+layout(constant_id = 6) const uint XRG = 1;
+layout(constant_id = 7) const uint XGROUPS = 1;     // MODE_SWIGLU: workgroups per item at most
+#if defined(MODE_SWIGLU)
+const uint WR = 2u * XNR;               // gate rows, then up rows
+#else
+const uint WR = XNR;
+#endif
+shared vec4 xs[XS * XRG];
+#if defined(NORM_X)
+shared float xs_ss[256];                // Σx² of each cluster (at most 256 a workgroup)
+#endif
+#include "x_stage.glsl"
+
+// The scale byte of uvec4 j of a row: the row's first + j / QD (FP8: 8 uvec4s a 128-block; FP4: 1)
+const uint QD = Q_BC / (Q_XV * 4u);
+#if defined(SHARED_FP8)
+// The shared FP8 expert beside FP4 ones (SH: the block's rows are its own, at WS_BINDING): rows of
+// SKU = S_KW / 4 uvec4s (the host checks K % 32 == 0), scale grid per p.s_rows rows; its x vec4s
+// are read from the FP4 staging (vec4 i at (i % Q_XV)·KU + i / Q_XV).
+layout(binding = WS_BINDING) readonly buffer WShared4 { uvec4 wsq4[]; };
+#define IS_SH(ID) ((ID) == int(p.E))
+uint s_scale_row(uint wb) {
+    uint row = wb / S_KW, m = row / p.s_rows;
+    return (m * ((p.s_rows + 127u) / 128u) + (row - m * p.s_rows) / 128u) * ((p.K + 127u) / 128u);
+}
+float xs_dot_fp8(uvec4 v, uint xg, uint j, uint KU) {
+    float s = 0.0;
+    [[unroll]] for (uint c = 0; c < 4u; ++c) {
+        uint i = 4u * j + c;
+        s += dot(xs[xg * XS + (i % Q_XV) * KU + i / Q_XV], q_fp8_word(v[c]));
+    }
+    return s;
+}
+#define SH_KW S_KW
+#define SH_SCALE_ROW(wb) s_scale_row(wb)
+#else
+#define IS_SH(ID) false
+#define SH_KW 0u
+#define SH_SCALE_ROW(wb) 0u
+#endif
+
+// Loads into W, S the uvec4s S0 + lane + u·LANES of rows WB and their scale words (those past the
+// row are neither loaded nor computed).
+#define XS_LOAD_FROM(W, S, WB, SB, S0, CODES, SCALES, KU_, QD_) \
+    [[unroll]] for (uint u = 0; u < UNROLL; ++u) { \
+        uint j_ = (S0) + lane + u * LANES; \
+        if (j_ < (KU_)) { \
+            [[unroll]] for (uint i = 0; i < WR; ++i) { \
+                W[i][u] = CODES[WB[i] / 4u + j_]; \
+                S[i][u] = SCALES[(SB[i] + j_ / (QD_)) >> 2]; \
+            } \
+        } \
+    }
+#if defined(SHARED_FP8)
+#define XS_LOAD(W, S, WB, SB, S0, SH) \
+    if (SH) { XS_LOAD_FROM(W, S, WB, SB, S0, wsq4, wsscale, SKU, 8u) } \
+    else { XS_LOAD_FROM(W, S, WB, SB, S0, wq4, wscale, KU, QD) }
+#else
+#define XS_LOAD(W, S, WB, SB, S0, SH) XS_LOAD_FROM(W, S, WB, SB, S0, wq4, wscale, KU, QD)
+#endif
+// acc[i] += WT · scale · Σ x · code over the loaded uvec4s, x from staged row XG.
+#define XS_COMPUTE_MAIN(W, S, SB, S0, XG, WT) \
+    [[unroll]] for (uint u = 0; u < UNROLL; ++u) { \
+        uint j_ = (S0) + lane + u * LANES; \
+        if (j_ < KU) { \
+            vec4 xv[Q_XV]; \
+            [[unroll]] for (uint c = 0; c < Q_XV; ++c) xv[c] = xs[(XG) * XS + c * KU + j_]; \
+            [[unroll]] for (uint i = 0; i < WR; ++i) { \
+                uint si_ = SB[i] + j_ / QD; \
+                acc[i] += (WT) * (q_e8m0((S[i][u] >> ((si_ & 3u) << 3)) & 0xFFu) * Q_UNIT) * q_wide_dot_fast(W[i][u], xv); \
+            } \
+        } \
+    }
+#if defined(SHARED_FP8)
+#define XS_COMPUTE(W, S, SB, S0, XG, WT, SH) \
+    if (SH) { \
+        [[unroll]] for (uint u = 0; u < UNROLL; ++u) { \
+            uint j_ = (S0) + lane + u * LANES; \
+            if (j_ < SKU) { \
+                [[unroll]] for (uint i = 0; i < WR; ++i) { \
+                    uint si_ = SB[i] + j_ / 8u; \
+                    acc[i] += (WT) * (q_e8m0((S[i][u] >> ((si_ & 3u) << 3)) & 0xFFu) * 256.0) * \
+                              xs_dot_fp8(W[i][u], XG, j_, KU); \
+                } \
+            } \
+        } \
+    } else { XS_COMPUTE_MAIN(W, S, SB, S0, XG, WT) }
+#else
+#define XS_COMPUTE(W, S, SB, S0, XG, WT, SH) XS_COMPUTE_MAIN(W, S, SB, S0, XG, WT)
+#endif
+#define XS_SHIFT() \
+    [[unroll]] for (uint i = 0; i < WR; ++i) { \
+        wb[i] = wb1[i]; \
+        sb[i] = sb1[i]; \
+        [[unroll]] for (uint u = 0; u < UNROLL; ++u) { cw[i][u] = nw[i][u]; cs[i][u] = ns[i][u]; } \
+    }
+
+#if defined(MODE_SWIGLU)
+// Block B of this item's (route, f-block)s: its route R_, first output F_, expert ID_ (expert()), rows.
+#define SW_BLOCK(B, R_, F_, ID_, WB, SB) { \
+    uint b_ = min(B, NB - 1u); \
+    R_ = rbase + b_ / NBF; \
+    F_ = (b_ % NBF) * XNR; \
+    ID_ = expert(t, R_); \
+    bool sh_ = IS_SH(ID_); \
+    uint e_ = sh_ ? 0u : p.w_off + uint(max(ID_, 0)) * p.w_s0, rs_ = sh_ ? SH_KW : p.w_s1; \
+    [[unroll]] for (uint i = 0; i < XNR; ++i) { \
+        uint f_ = min(F_ + i, p.N - 1u); \
+        WB[i] = e_ + f_ * rs_; \
+        WB[XNR + i] = e_ + (p.N + f_) * rs_; \
+    } \
+    [[unroll]] for (uint i = 0; i < WR; ++i) SB[i] = sh_ ? SH_SCALE_ROW(WB[i]) : q_scale_row(WB[i]); }
+
+void main() {
+    uint RI = p.x_s1 == 0u ? p.R : 1u;                  // routes of one staged x row
+    uint lane = cluster_lane(), cl = lane_linear() / LANES, CPW = gl_WorkGroupSize.x / LANES;
+    uint NBF = (p.N + XNR - 1u) / XNR, NB = RI * NBF, KU = p.q_kw / 4u, SKU = SH_KW / 4u, STEP = LANES * UNROLL;
+    uint GPB = min(XGROUPS, (NB + CPW - 1u) / CPW), g = flat_group();
+    if (g >= p.T * (p.R / RI) * GPB) return;            // whole workgroup leaves together
+    uint gi = g % GPB, item = g / GPB;
+    uint t = item / (p.R / RI), rbase = (item % (p.R / RI)) * RI;
+    uint b = gi * CPW + cl, s0 = 0, r, f0;
+    bool live = b < NB;
+    int id;
+    uint wb[WR], sb[WR];
+    uvec4 cw[WR][UNROLL];
+    uint cs[WR][UNROLL];
+    SW_BLOCK(b, r, f0, id, wb, sb)
+    if (live && id >= 0) { XS_LOAD(cw, cs, wb, sb, 0u, IS_SH(id)) }
+    float s2 = stage_x(p.x_off + t * p.x_s0 + rbase * p.x_s1, 0u, 1u, KU);
+    float inv = 1.0;
+#if defined(NORM_X)
+    s2 = cluster_sum(s2);
+    if (lane == 0u) xs_ss[cl] = s2;
+#endif
+    barrier();
+#if defined(NORM_X)
+    s2 = 0.0;
+    for (uint c = 0; c < CPW; ++c) s2 += xs_ss[c];
+    inv = 1.0 / sqrt(s2 / float(p.K) + p.eps);
+#endif
+    float acc[WR];
+    [[unroll]] for (uint i = 0; i < WR; ++i) acc[i] = 0.0;
+    while (live) {                                      // uniform per cluster
+        uint s1 = s0 + STEP, b1 = b, r1 = r, f1 = f0;
+        bool row_end = s1 >= (IS_SH(id) ? SKU : KU);
+        if (row_end) { s1 = 0; b1 += GPB * CPW; }
+        bool live1 = b1 < NB;
+        int id1 = id;
+        uint wb1[WR], sb1[WR];
+        [[unroll]] for (uint i = 0; i < WR; ++i) { wb1[i] = wb[i]; sb1[i] = sb[i]; }
+        if (row_end) SW_BLOCK(b1, r1, f1, id1, wb1, sb1)
+        uvec4 nw[WR][UNROLL];
+        uint ns[WR][UNROLL];
+        if (live1 && id1 >= 0) { XS_LOAD(nw, ns, wb1, sb1, s1, IS_SH(id1)) }
+        if (id >= 0) { XS_COMPUTE(cw, cs, sb, s0, 0u, 1.0, IS_SH(id)) }
+        if (row_end) {
+            [[unroll]] for (uint i = 0; i < XNR; ++i) {
+                float gate = cluster_sum(acc[i]) * inv, up = cluster_sum(acc[XNR + i]) * inv;
+                gate = min(gate, p.limit);
+                up = clamp(up, -p.limit, p.limit);
+                float v = id >= 0 ? gate / (1.0 + exp(-gate)) * up : id == -2 ? 0.0 : NAN;
+                if (lane == i % LANES && f0 + i < p.N) d[p.d_off + t * p.d_s0 + r * p.d_s1 + (f0 + i) * p.d_s2] = v;
+                acc[i] = 0.0;
+                acc[XNR + i] = 0.0;
+            }
+        }
+        s0 = s1; b = b1; r = r1; f0 = f1; id = id1; live = live1;
+        XS_SHIFT()
+    }
+}
+#else
+// Route R_'s expert ID_ (expert()), weight WT_ and rows WB (outputs n0.., clamped).
+#define SUM_ROUTE(R_, ID_, WT_, WB, SB) { \
+    ID_ = expert(t, R_); \
+    WT_ = route[p.r_off + t * p.r_s0 + (R_) * p.r_s1 + p.r_s2]; \
+    bool sh_ = IS_SH(ID_); \
+    uint e_ = sh_ ? 0u : p.w_off + uint(max(ID_, 0)) * p.w_s0, rs_ = sh_ ? SH_KW : p.w_s1; \
+    [[unroll]] for (uint i = 0; i < WR; ++i) WB[i] = e_ + min(n0 + i, p.N - 1u) * rs_; \
+    [[unroll]] for (uint i = 0; i < WR; ++i) SB[i] = sh_ ? SH_SCALE_ROW(WB[i]) : q_scale_row(WB[i]); }
+
+void main() {
+    uint lane = cluster_lane(), cl = lane_linear() / LANES, CPW = gl_WorkGroupSize.x / LANES;
+    uint KU = p.q_kw / 4u, SKU = SH_KW / 4u, STEP = LANES * UNROLL;
+    uint GPB = ((p.N + XNR - 1u) / XNR + CPW - 1u) / CPW, g = flat_group();
+    if (g >= p.T * GPB) return;                         // whole workgroup leaves together
+    uint t = g / GPB;
+    uint n0 = ((g % GPB) * CPW + cl) * XNR;
+    bool rows = n0 < p.N;                               // clusters past N still stage and wait
+    uint r = 0, s0 = 0;
+    int id;
+    float wt;
+    uint wb[WR], sb[WR];
+    uvec4 cw[WR][UNROLL];
+    uint cs[WR][UNROLL];
+    SUM_ROUTE(0u, id, wt, wb, sb)
+    if (rows && id >= 0) { XS_LOAD(cw, cs, wb, sb, 0u, IS_SH(id)) }
+    stage_x(p.x_off + t * p.x_s0, p.x_s1, min(XRG, p.R), KU);
+    barrier();
+    bool ok = true;
+    float acc[WR];
+    [[unroll]] for (uint i = 0; i < WR; ++i) acc[i] = 0.0;
+    while (r < p.R) {                                   // uniform per workgroup
+        uint s1 = s0 + STEP, r1 = r;
+        bool route_end = s1 >= (IS_SH(id) ? SKU : KU);
+        if (route_end) { s1 = 0; r1 += 1u; }
+        int id1 = id;
+        float wt1 = wt;
+        uint wb1[WR], sb1[WR];
+        [[unroll]] for (uint i = 0; i < WR; ++i) { wb1[i] = wb[i]; sb1[i] = sb[i]; }
+        if (route_end && r1 < p.R) SUM_ROUTE(r1, id1, wt1, wb1, sb1)
+        uvec4 nw[WR][UNROLL];
+        uint ns[WR][UNROLL];
+        if (rows && r1 < p.R && id1 >= 0) { XS_LOAD(nw, ns, wb1, sb1, s1, IS_SH(id1)) }
+        if (rows && id >= 0) { XS_COMPUTE(cw, cs, sb, s0, r % XRG, wt, IS_SH(id)) }
+        if (route_end) {
+            ok = ok && (id >= 0 || id == -2);
+            if (r1 < p.R && r1 % XRG == 0u) {           // the next group of routes' x rows
+                barrier();
+                stage_x(p.x_off + t * p.x_s0 + r1 * p.x_s1, p.x_s1, min(XRG, p.R - r1), KU);
+                barrier();
+            }
+        }
+        s0 = s1; r = r1; id = id1; wt = wt1;
+        XS_SHIFT()
+    }
+    [[unroll]] for (uint i = 0; i < XNR; ++i) {
+        float v = cluster_sum(acc[i]);
+        uint n = min(n0 + i, p.N - 1u);
+#if defined(HAS_ADD)
+        v += addend[p.a_off + t * p.a_s0 + n * p.a_s1];
+#endif
+        if (lane == i % LANES && n0 + i < p.N) d[p.d_off + t * p.d_s0 + n * p.d_s1] = ok ? v : NAN;
+    }
+}
+#endif
+#else
 void main() {
     uint item = cluster_id();
     uint lane = cluster_lane();
@@ -308,3 +563,4 @@ void main() {
 #error "define MODE_SWIGLU or MODE_SUM"
 #endif
 }
+#endif

@@ -36,6 +36,27 @@ uint q_fp4_pair(uint v) {
     return ((v & 0x8u) << 12) | ((v & 0x7u) << 9) | ((v & 0x80u) << 24) | ((v & 0x70u) << 21);
 }
 vec4 q_fp4x4(uint v) { return vec4(unpackHalf2x16(q_fp4_pair(v)), unpackHalf2x16(q_fp4_pair(v >> 8))); }
+// A whole word of codes in fewer operations (the staged kernels, -D X_SHARED): the same exact halves
+// as above, in k order. E4M3: codes 16 bits apart become a half pair with one shift and mask for
+// their exponents and mantissas and one for their signs. E2M1: first each byte's low (e) and high
+// (o) nibble laid out as a half's high byte wants it (exponent and mantissa at bits 1..3, sign at
+// 7), then a pair of such bytes 16 bits apart is one mask (bytes 1, 3) or a shift and a mask
+// (bytes 0, 2) away from a half pair: 13 operations a word rather than 15.
+vec4 q_fp8_word(uint v) {               // E4M3 bytes 0..3 · 2^−8
+    vec2 a = unpackHalf2x16(((v << 7) & 0x3F803F80u) | ((v << 8) & 0x80008000u));      // bytes 0, 2
+    vec2 b = unpackHalf2x16(((v >> 1) & 0x3F803F80u) | (v & 0x80008000u));             // bytes 1, 3
+    return vec4(a.x, b.x, a.y, b.y);
+}
+void q_fp4_word(uint v, out vec4 lo, out vec4 hi) {    // E2M1 nibbles 0..3, 4..7 · 2^−14
+    uint e = ((v << 1) & 0x0E0E0E0Eu) | ((v << 4) & 0x80808080u);      // nibbles 0, 2, 4, 6
+    uint o = ((v >> 3) & 0x0E0E0E0Eu) | (v & 0x80808080u);             // nibbles 1, 3, 5, 7
+    vec2 a = unpackHalf2x16((e << 8) & 0x8E008E00u);                   // nibbles 0, 4
+    vec2 b = unpackHalf2x16((o << 8) & 0x8E008E00u);                   // 1, 5
+    vec2 c = unpackHalf2x16(e & 0x8E008E00u);                          // 2, 6
+    vec2 d = unpackHalf2x16(o & 0x8E008E00u);                          // 3, 7
+    lo = vec4(a.x, b.x, c.x, d.x);
+    hi = vec4(a.y, b.y, c.y, d.y);
+}
 // The scale byte index of element k of the row at word wb of a tensor with kw words a row, a grid
 // per `rows` rows of srows × sc (blocks of br × bc); the row and grid divisions are loop-invariant.
 uint q_sindex(uint wb, uint k, uint kw, uint rows, uint srows, uint sc, uint br, uint bc) {
@@ -78,6 +99,25 @@ float q_wide_dot(uvec4 v, vec4 xv[Q_XV]) {     // Σ x · code value (unscaled)
            dot(xv[3], q_fp4x4(v.y >> 16)) + dot(xv[4], q_fp4x4(v.z)) + dot(xv[5], q_fp4x4(v.z >> 16)) +
            dot(xv[6], q_fp4x4(v.w)) + dot(xv[7], q_fp4x4(v.w >> 16));
 #endif
+}
+// The same sum, decoded with q_fp8_word / q_fp4_word and accumulated by fused multiply-adds in two
+// chains (the staged kernels, -D X_SHARED)
+float q_wide_dot_fast(uvec4 v, vec4 xv[Q_XV]) {
+    float a = 0.0, b = 0.0;
+    [[unroll]] for (uint c = 0; c < 4u; ++c) {
+#if defined(W_FP8)
+        vec4 w = q_fp8_word(v[c]), x = xv[c];
+        a = fma(x.x, w.x, fma(x.y, w.y, a));
+        b = fma(x.z, w.z, fma(x.w, w.w, b));
+#else
+        vec4 lo, hi;
+        q_fp4_word(v[c], lo, hi);
+        vec4 x = xv[2u * c], y = xv[2u * c + 1u];
+        a = fma(x.x, lo.x, fma(x.y, lo.y, fma(x.z, lo.z, fma(x.w, lo.w, a))));
+        b = fma(y.x, hi.x, fma(y.y, hi.y, fma(y.z, hi.z, fma(y.w, hi.w, b))));
+#endif
+    }
+    return a + b;
 }
 #if defined(W_FP8)
 vec4 W4_ROW(uint wb, uint j) { return q_fp8x4(wq[wb + j]) * q_scale(wb, 4u * j); }

@@ -153,9 +153,10 @@ def check_mul_mat_id(rng):
             close(out["y"], ry, (fmt, D, F, norm, "sum"))
 
 
-def check_shared_expert_in_the_same_dispatch(rng):
+def check_shared_expert_in_the_same_dispatch(rng, staged_on=None):
     """FP4 routed experts and an FP8 shared expert (id E, its own tensors) in one MUL_MAT_ID: as if
-    the shared expert were stacked after the others."""
+    the shared expert were stacked after the others. Where `staged_on` (a device) is given, asserts
+    that the staged kernel runs where K % 32 == 0."""
     op = get_op("MUL_MAT_ID")
     for D, F in ((256, 64), (96, 40)):
         T, E = 3, 6
@@ -179,6 +180,10 @@ def check_shared_expert_in_the_same_dispatch(rng):
                                shared_grid_rows=F))
         g.output("y", g.op("MUL_MAT_ID", h, g.const(q2[0]), ri, g.const(q2[1]), *map(g.const, qs2), mode="sum",
                            wq="fp4", shared_wq="fp8"))
+        if staged_on is not None:
+            for node, K in zip(g.nodes, (D, F)):
+                (launch,) = node.op.lower(node, staged_on)
+                assert ("X_SHARED" in launch.defines) == (K % 32 == 0), (D, F, node.params["mode"])
         out = run_graph(g, x=x, r=route)
         rh = op.reference(x[:, None, :], w13, route, gn, mode="swiglu", rms_eps=1e-6)
         close(out["h"], rh, (D, F, "swiglu"))
@@ -207,7 +212,7 @@ def test_expert_sum_rows_per_cluster(tune, rows, as_gpu, rng, monkeypatch, devic
     multiple of them: clamped rows not stored)."""
     if as_gpu:
         monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
-    tune({"mul_mat_id.rows": rows})
+    tune({"mul_mat_id.rows": rows, "mul_mat_id.x_shared": False, "gemv_quant.x_shared": False})
     check_mul_mat_id(rng)
     check_shared_expert_in_the_same_dispatch(rng)
 
@@ -218,7 +223,7 @@ def test_kernels_as_on_a_gpu(tune, spread, rows, rng, monkeypatch, device):
     by subgroup-lane clusters, 8 tokens a GEMV cluster, 4 loads in flight; at one token 1, 2 or 4
     output rows a cluster (N not a multiple of them: clamped rows not stored)."""
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
-    tune({"gemv.spread": spread})
+    tune({"gemv.spread": spread, "gemv_quant.x_shared": False, "mul_mat_id.x_shared": False})
     tune({"gemv_quant.rows": rows})
     g = Graph()
     g.op("MUL_MAT", g.input("x", (1, 4096)), g.input("w", (37, 1024), "i32"), g.input("s", (8,), "i32"), wq="fp8")
@@ -236,7 +241,7 @@ def test_gemv_16_byte_loads(tune, as_gpu, rows, rng, monkeypatch, device):
     dequantisation; other widths keep the word loads."""
     if as_gpu:
         monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
-    tune({"gemv_quant.load": 16, "gemv_quant.rows": rows})
+    tune({"gemv_quant.load": 16, "gemv_quant.rows": rows, "gemv_quant.x_shared": False, "mul_mat_id.x_shared": False})
     for fmt, K, wide in (("fp8", 208, 1), ("fp8", 260, 0), ("fp4", 96, 1), ("fp4", 80, 0)):
         g = Graph()
         sr, sc = QUANT[fmt].grid(37, K)
@@ -254,7 +259,7 @@ def test_expert_16_byte_loads(tune, as_gpu, rows, rng, monkeypatch, device):
     dequantisation."""
     if as_gpu:
         monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
-    tune({"mul_mat_id.load": 16, "mul_mat_id.rows": rows})
+    tune({"mul_mat_id.load": 16, "mul_mat_id.rows": rows, "mul_mat_id.x_shared": False, "gemv_quant.x_shared": False})
     for fmt, K, wide in (("fp8", 144, 1), ("fp8", 136, 0), ("fp4", 96, 1), ("fp4", 40, 0)):
         g = Graph()
         sr, sc = QUANT[fmt].grid(16, K)
@@ -264,6 +269,235 @@ def test_expert_16_byte_loads(tune, as_gpu, rows, rng, monkeypatch, device):
         assert launch.spec[3] == wide, (fmt, K)
     check_mul_mat_id(rng)
     check_shared_expert_in_the_same_dispatch(rng)
+
+
+# (format, N, K): N not a multiple of the rows a cluster; K a single uvec4 of codes or not a multiple
+# of a cluster's uvec4s (FP4 K = 28: a half-padded last word, x staged as zeros past K)
+STAGED_SHAPES = [("fp8", 37, 4096), ("fp8", 300, 208), ("fp8", 9, 16), ("fp8", 130, 400), ("fp4", 33, 4096),
+                 ("fp4", 40, 96), ("fp4", 7, 28), ("fp4", 131, 1024)]
+
+
+def check_staged_gemv(rng, device=None):
+    """The staged GEMV (gemv_quant.x_shared) at one token, plain and with the norm folded in, on
+    weights with every code (E4M3 subnormals included) and scales from 2^−127 to 2^40, batched
+    weights included; where `device` is given, asserts the launches are the staged kernel's."""
+    for fmt, N, K in STAGED_SHAPES:
+        codes, scale = random_quant(rng, fmt, N, K)
+        scale = rng.integers(0, 168, scale.shape, dtype=np.uint8)      # E8M0 bytes: 2^−127 .. 2^40
+        scale[rng.random(scale.shape) < 0.5] = 127 - 6
+        w = dequant(fmt, codes, scale)
+        words, sw = quant_arrays(codes, scale)
+        x = rng.standard_normal((1, K)).astype(np.float32)
+        gn = rng.standard_normal(K).astype(np.float32)
+        for norm in (False, True):
+            g = Graph()
+            args = [g.input("x", x.shape), g.const(words)] + ([g.const(gn)] if norm else [])
+            prm = {"rms_eps": 1e-6} if norm else {}
+            g.output("y", g.op("MUL_MAT", *args, g.const(sw), wq=fmt, **prm))
+            if device is not None:
+                (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+                assert "X_SHARED" in launch.defines, (fmt, N, K)
+            got = run_graph(g, x=x)["y"]
+            close(got, get_op("MUL_MAT").reference(x, w, *([gn] if norm else []), **prm), (fmt, N, K, norm))
+    G, r, K = 3, 70, 256                       # wo_a's form: batched rows of one FP8 matrix, x per batch
+    codes, scale = random_quant(rng, "fp8", G * r, K)
+    w = dequant_fp8(codes, scale).reshape(G, r, K)
+    words, sw = quant_arrays(codes, scale)
+    x = rng.standard_normal((G, 1, K)).astype(np.float32)
+    g = Graph()
+    g.output("y", g.op("MUL_MAT", g.input("x", x.shape), g.const(words).reshape(G, r, -1), g.const(sw), wq="fp8"))
+    close(run_graph(g, x=x)["y"], np.matmul(x.astype(np.float64), np.swapaxes(w, -1, -2)), "batched")
+
+
+@pytest.mark.parametrize("as_gpu,rows,unroll,groups,wg", [(False, 2, 2, 1024, 256), (True, 1, 1, 1, 256),
+                                                          (True, 2, 2, 1024, 1), (True, 4, 3, 2, 64)])
+def test_staged_gemv(tune, as_gpu, rows, unroll, groups, wg, rng, monkeypatch, device):
+    """The GEMV at one token with x staged in shared memory (knob gemv_quant.x_shared) matches the
+    float64 dequantisation for 1, 2 or 4 rows a cluster, 1 to 3 steps in flight, few workgroups
+    (clusters looping over row blocks) and workgroups of one cluster; shapes it cannot take (rows
+    not whole uvec4s) keep the GEMV."""
+    if as_gpu:
+        monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    tune({"gemv_quant.x_shared": True, "gemv_quant.x_shared_rows": rows, "gemv_quant.x_shared_unroll": unroll,
+          "gemv_quant.x_shared_groups": groups, "gemv_quant.x_shared_wg": wg})
+    check_staged_gemv(rng, device)
+    for fmt, K, staged in (("fp8", 260, False), ("fp4", 80, False), ("fp8", 208, True)):
+        g = Graph()
+        sr, sc = QUANT[fmt].grid(37, K)
+        g.op("MUL_MAT", g.input("x", (1, K)), g.input("w", (37, QUANT[fmt].words(K)), "i32"),
+             g.input("s", (-(-sr * sc // 4),), "i32"), wq=fmt)
+        (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+        assert ("X_SHARED" in launch.defines) == staged, (fmt, K)
+        if staged:
+            whole = device.caps.subgroup.max_size if launch.defines["LANES"] > 1 else 1
+            assert launch.spec == (max(wg, whole), unroll, rows, 0, 52) and launch.grid[0] * launch.grid[1] <= groups
+    check_mul_mat(rng)
+
+
+@pytest.mark.parametrize("as_gpu", [False, True])
+def test_the_staged_kernels_are_the_gpu_default(as_gpu, monkeypatch, device):
+    """By default (knobs x_shared None) GPUs take the staged GEMV and expert kernels over quantised
+    weights, with 4 output rows a cluster where N and K are both ≥ 4096 and 1 elsewhere; CPU devices
+    keep the word-load kernels."""
+    if as_gpu:
+        monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    for N, K, rows in ((4096, 4096, 4), (1024, 4096, 1), (4096, 1024, 1)):
+        g = Graph()
+        sr, sc = QUANT["fp8"].grid(N, K)
+        g.op("MUL_MAT", g.input("x", (1, K)), g.input("w", (N, QUANT["fp8"].words(K)), "i32"),
+             g.input("s", (-(-sr * sc // 4),), "i32"), wq="fp8")
+        (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+        assert ("X_SHARED" in launch.defines) == as_gpu
+        if as_gpu:
+            assert launch.spec[2] == rows, (N, K)
+    g = Graph()
+    sr, sc = QUANT["fp4"].grid(64, 256)
+    g.op("MUL_MAT_ID", g.input("x", (1, 3, 256)), g.input("w", (4, 64, QUANT["fp4"].words(256)), "i32"),
+         g.input("r", (1, 3, 2)), g.input("s", (-(-4 * sr * sc // 4),), "i32"), mode="sum", wq="fp4")
+    (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+    assert ("X_SHARED" in launch.defines) == as_gpu
+
+
+def test_staged_gemv_falls_back_where_x_does_not_fit(tune, rng, monkeypatch, device):
+    """x past the device's maxComputeSharedMemorySize: the GEMV without staging, still right."""
+    limits = dataclasses.replace(device.caps.limits, max_shared_memory=4096 + 1023)
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", limits=limits))
+    tune({"gemv_quant.x_shared": True})
+    for K, norm, staged in ((1024, False, True), (1024, True, False), (1600, False, False)):
+        g = Graph()
+        args = [g.input("x", (1, K)), g.input("w", (5, K // 4), "i32")] + ([g.input("g", (K,))] if norm else [])
+        g.op("MUL_MAT", *args, g.input("s", (4,), "i32"), wq="fp8", **({"rms_eps": 1e-6} if norm else {}))
+        (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+        assert ("X_SHARED" in launch.defines) == staged, (K, norm)
+    check_mul_mat(rng)
+
+
+def test_staged_knobs_key_the_program():
+    """Each staged kernel knob is part of a graph's signature (its program's cache key)."""
+    def signature(**knobs):
+        with tuned(knobs):
+            g = Graph()
+            g.op("MUL_MAT", g.input("x", (1, 64)), g.input("w", (4, 16), "i32"), g.input("s", (1,), "i32"), wq="fp8")
+            return g.signature()
+    base = signature()
+    changed = [{"gemv_quant.x_shared": True}, {"gemv_quant.x_shared_rows": 4}, {"gemv_quant.x_shared_unroll": 1},
+               {"gemv_quant.x_shared_groups": 7}, {"gemv_quant.x_shared_wg": 64}, {"mul_mat_id.x_shared": True},
+               {"mul_mat_id.x_shared_rows": 1}, {"mul_mat_id.x_shared_unroll": 3}, {"mul_mat_id.x_shared_groups": 5}]
+    sigs = {signature(**{k: v for k, v in c.items()}) for c in changed}
+    assert base not in sigs and len(sigs) == len(changed)
+
+
+@pytest.mark.parametrize("knob,value,match", [
+    ("x_shared_rows", 3, r"'gemv_quant\.x_shared_rows' must be 1, 2 or 4, got 3"),
+    ("x_shared_unroll", 0, r"'gemv_quant\.x_shared_unroll' must be an integer in \[1, 8\], got 0"),
+    ("x_shared_groups", 0, r"'gemv_quant\.x_shared_groups' must be an integer ≥ 1, got 0"),
+    ("x_shared_wg", 96, r"'gemv_quant\.x_shared_wg' must be a power of two ≤ 256, got 96"),
+])
+def test_staged_gemv_knobs_are_checked(tune, knob, value, match, device):
+    tune({"gemv_quant.x_shared": True, f"gemv_quant.{knob}": value})
+    g = Graph()
+    g.op("MUL_MAT", g.input("x", (1, 64)), g.input("w", (4, 16), "i32"), g.input("s", (1,), "i32"), wq="fp8")
+    with pytest.raises(ValueError, match=match):
+        g.nodes[0].op.lower(g.nodes[0], device)
+
+
+def nan_close(got, ref, what):
+    assert np.array_equal(np.isnan(got), np.isnan(ref)), what
+    close(np.nan_to_num(got), np.nan_to_num(ref), what)
+
+
+STAGED_EXPERT_SHAPES = (("fp4", 256, 64), ("fp4", 1024, 96), ("fp8", 144, 80), ("fp8", 400, 208))
+
+
+def check_staged_experts(rng, device=None, staged=None, shapes=STAGED_EXPERT_SHAPES):
+    """MUL_MAT_ID's staged kernel (mul_mat_id.x_shared): SwiGLU (norm folded or not, x one row a token
+    or one a route) and the weighted sum (with an addend; scales from 2^−127 to 2^40) over quantised
+    experts with every code; an invalid expert id (NaN outputs) and experts held by another part
+    of a split stack (0 / no contribution). Where `device` is given, asserts for each mode in
+    `staged` (default: both) whether it launches the staged kernel."""
+    staged = {"swiglu": True, "sum": True} if staged is None else staged
+    op = get_op("MUL_MAT_ID")
+    for fmt, D, F in shapes:
+        T, E, n_ids, R = 2, 4, 6, 3
+        route = op_route = get_op("MOE_ROUTE").reference(rng.standard_normal((T, n_ids)), top_k=R).astype(np.float32)
+        route[1, 2, 0] = 99.0                           # not an expert id: NaN outputs for token 1
+        route[0, :, 0] = [4, 1, 2]                      # expert 4: another part's (id_base 0, E = 4 here)
+
+        def experts(N, K, wide):
+            parts = [random_quant(rng, fmt, N, K) for _ in range(E)]
+            if wide:
+                parts = [(c, np.where(rng.random(sc.shape) < 0.5, 121, rng.integers(0, 168, sc.shape)).astype(np.uint8))
+                         for c, sc in parts]
+            w = np.stack([dequant(fmt, *q) for q in parts])
+            return w, quant_arrays(np.stack([q[0] for q in parts]), np.concatenate([q[1].ravel() for q in parts]))
+        w13, q13 = experts(2 * F, D, False)         # (the SwiGLU's clamp of sums that cancel: f32 rounding)
+        w2, q2 = experts(D, F, True)
+        gn = rng.standard_normal(D).astype(np.float32)
+        add = rng.standard_normal((T, D)).astype(np.float32)
+        for per_route, norm in ((False, False), (False, True), (True, True)):
+            x = rng.standard_normal((T, R if per_route else 1, D)).astype(np.float32)
+            h = rng.standard_normal((T, R, F)).astype(np.float32)
+            g = Graph()
+            ri = g.input("r", route.shape)
+            extra, prm = ([g.const(gn)], {"rms_eps": 1e-6}) if norm else ([], {})
+            g.output("h", g.op("MUL_MAT_ID", g.input("x", x.shape), g.const(q13[0]), ri, *extra, g.const(q13[1]),
+                               mode="swiglu", limit=30.0, wq=fmt, n_ids=n_ids, **prm))
+            g.output("y", g.op("MUL_MAT_ID", g.input("hh", h.shape), g.const(q2[0]), ri, g.input("a", add.shape),
+                               g.const(q2[1]), mode="sum", wq=fmt, n_ids=n_ids))
+            if device is not None:
+                for node in g.nodes:
+                    (launch,) = node.op.lower(node, device)
+                    if node.params["mode"] in staged:
+                        assert ("X_SHARED" in launch.defines) == staged[node.params["mode"]], (fmt, D, F, node.params)
+            out = run_graph(g, x=x, r=route, hh=h, a=add)
+            with np.errstate(over="ignore"):               # silu of gates far below 0: exp overflows to inf
+                rh = op.reference(x, w13, route, *([gn] if norm else []), mode="swiglu", limit=30.0, n_ids=n_ids,
+                                  **prm)
+            nan_close(out["h"], rh, (fmt, D, F, per_route, norm, "swiglu"))
+            nan_close(out["y"], op.reference(h, w2, route, add, mode="sum", n_ids=n_ids), (fmt, D, F, "sum"))
+
+
+@pytest.mark.parametrize("as_gpu,rows,unroll,groups", [(False, 2, 2, 1024), (True, 1, 1, 1), (True, 4, 3, 2)])
+def test_staged_experts(tune, as_gpu, rows, unroll, groups, rng, monkeypatch, device):
+    """MUL_MAT_ID's staged kernel matches the float64 dequantisation for 1, 2 or 4 outputs a
+    cluster, 1 to 3 steps in flight, few workgroups, beside an FP8 shared expert too (where K % 32
+    == 0; else, and with rows not whole uvec4s, the other kernel runs)."""
+    if as_gpu:
+        monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    tune({"mul_mat_id.x_shared": True, "mul_mat_id.x_shared_rows": rows, "mul_mat_id.x_shared_unroll": unroll,
+          "mul_mat_id.x_shared_groups": groups})
+    check_staged_experts(rng, device)
+    check_mul_mat_id(rng)
+    check_shared_expert_in_the_same_dispatch(rng, device)
+
+
+@pytest.mark.parametrize("knob,value,match", [
+    ("x_shared_rows", 3, r"'mul_mat_id\.x_shared_rows' must be 1, 2 or 4, got 3"),
+    ("x_shared_unroll", 9, r"'mul_mat_id\.x_shared_unroll' must be an integer in \[1, 8\], got 9"),
+    ("x_shared_groups", -1, r"'mul_mat_id\.x_shared_groups' must be an integer ≥ 1, got -1"),
+])
+def test_staged_expert_knobs_are_checked(tune, knob, value, match, device):
+    tune({"mul_mat_id.x_shared": True, f"mul_mat_id.{knob}": value})
+    g = Graph()
+    g.op("MUL_MAT_ID", g.input("x", (1, 3, 64)), g.input("w", (4, 16, 16), "i32"), g.input("r", (1, 3, 2)),
+         g.input("s", (4,), "i32"), mode="sum", wq="fp8")
+    with pytest.raises(ValueError, match=match):
+        g.nodes[0].op.lower(g.nodes[0], device)
+
+
+def test_staged_expert_sum_stages_the_routes_that_fit(tune, rng, monkeypatch, device):
+    """The staged weighted sum with shared memory for 2 or 1 of 3 routes' x rows (staged again as the
+    routes go: FP8, F = 208, 832 bytes a row); without room for one, the other kernel."""
+    tune({"mul_mat_id.x_shared": True})
+    for room, staged in ((2 * 832, True), (832, True), (831, False)):
+        limits = dataclasses.replace(device.caps.limits, max_shared_memory=room)
+        monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", limits=limits))
+        check_staged_experts(rng, device, {"sum": staged}, (("fp8", 400, 208),))
+        g = Graph()
+        g.op("MUL_MAT_ID", g.input("x", (1, 3, 208)), g.input("w", (4, 16, 52), "i32"), g.input("r", (1, 3, 2)),
+             g.input("s", (16,), "i32"), mode="sum", wq="fp8")
+        (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+        assert launch.spec[6:7] == ((room // 832,) if staged else ()), room
 
 
 def test_quantised_weights_are_checked():
@@ -414,34 +648,43 @@ def test_large_tensors_stream_from_the_files_when_uploaded(qdir, monkeypatch):
 
 
 def test_lazy_tensors_are_read_once_unmapped_and_never_dequantised(qdir, monkeypatch):
-    """Model.load streams a checkpoint: each lazy tensor is read from its file once, into a fresh
-    array (no memory map stays open: mapped pages count in the process's resident memory, so a
-    mapped checkpoint ends up resident whole), and no QuantWeight is widened to floats on the host."""
+    """Model.load streams a checkpoint: each byte of a lazy tensor is read from its file once,
+    straight into the upload's chunk (no memory map stays open: mapped pages count in the process's
+    resident memory, so a mapped checkpoint ends up resident whole), expert stacks are never joined
+    on the host, and no QuantWeight is widened to floats on the host."""
     from dsv4_vk.model import checkpoint
     monkeypatch.setattr(checkpoint, "EAGER_BYTES", 64)
     reads: list = []
     mapped: list = []
-    get = checkpoint.FILES.get
+    read = checkpoint.FILES.read
 
-    def counted(fn, key, dt):
-        a = get(fn, key, dt)
-        reads.append(key)
+    def counted(fn, key, dt, lo, out):
+        reads.append((key, lo, out.size))
         with open("/proc/self/maps") as f:
             mapped.extend(line for line in f if str(qdir) in line)
-        return a
+        return read(fn, key, dt, lo, out)
 
     def widened(self, *args, **kwargs):
         raise AssertionError(f"{self!r} dequantised on the host")
 
-    monkeypatch.setattr(checkpoint.FILES, "get", counted)
+    def loaded(self):
+        raise AssertionError(f"{self!r} read whole on the host")
+
+    monkeypatch.setattr(checkpoint.FILES, "read", counted)
     monkeypatch.setattr(checkpoint.QuantWeight, "__array__", widened)
     cfg, w = load_hf(str(qdir))
-    lazy = {k for k, a in w.items() for t in ((a.codes, a.scale) if checkpoint.is_quant(a) else (a,))
-            if isinstance(t, checkpoint.Lazy)}
-    assert lazy
+    lazy = {t.spans[0].key: t.nbytes for k, a in w.items()
+            for t in ((a.codes, a.scale) if checkpoint.is_quant(a) else (a,))
+            if isinstance(t, checkpoint.Lazy) and len(t.spans) == 1}
+    assert lazy and any(isinstance(a.codes, checkpoint.Lazy) and len(a.codes.spans) > 1
+                        for a in w.values() if checkpoint.is_quant(a))       # a stack of experts
+    monkeypatch.setattr(checkpoint.Lazy, "load", loaded)
     Model(cfg, w)
-    assert len(reads) == len(set(reads)), sorted(k for k in set(reads) if reads.count(k) > 1)
-    assert len(reads) >= len(lazy)
+    got: dict = {}
+    for key, lo, n in sorted(reads):
+        assert got.get(key, 0) == lo, f"{key}: bytes from {lo} read twice or skipped"
+        got[key] = lo + n
+    assert {k: got.get(k) for k in lazy} == lazy            # each whole, once
     assert not mapped, mapped[:3]
 
 
@@ -507,6 +750,15 @@ def test_logits_match_transformers(name, fused):
     check_fixture(name, fused)
 
 
+def test_staged_kernels_in_the_model_match_too(tune):
+    """The staged GEMV and expert kernels (knobs gemv_quant.x_shared, mul_mat_id.x_shared) where
+    they apply in the published layout's model: logits against transformers'."""
+    tune({"gemv_quant.x_shared": True, "mul_mat_id.x_shared": True})
+    check_fixture("fp8", True)
+    tune({"shared.fused": False})                       # FP4 routed and FP8 shared experts apart
+    check_fixture("fp8", True)
+
+
 def test_shared_expert_in_its_own_dispatches_matches_too(tune, monkeypatch):
     """The FP8 shared expert run apart from the FP4 routed ones (four MUL_MAT_IDs a layer, not two)."""
     tune({"shared.fused": False})
@@ -525,6 +777,19 @@ def worker():
         check_mul_mat(np.random.default_rng(10))
         check_mul_mat_id(np.random.default_rng(11))
         check_shared_expert_in_the_same_dispatch(np.random.default_rng(12))
+    dev = default_device()
+    cpu_caps = dev.caps
+    with tuned({"gemv_quant.x_shared": True, "gemv_quant.x_shared_groups": 2, "mul_mat_id.x_shared": True,
+                "mul_mat_id.x_shared_groups": 2}):
+        check_staged_gemv(np.random.default_rng(13))
+        check_staged_experts(np.random.default_rng(15))
+        dev.caps = dataclasses.replace(cpu_caps, type="discrete-gpu")     # lane clusters of this subgroup size
+        try:
+            check_staged_gemv(np.random.default_rng(14), dev)
+            check_staged_experts(np.random.default_rng(16), dev)
+            check_shared_expert_in_the_same_dispatch(np.random.default_rng(17), dev)
+        finally:
+            dev.caps = cpu_caps
     print("worker: kernels ok")
     for name in FIXTURES:
         for fused in (True, False):
@@ -570,3 +835,36 @@ def test_expert_stacks_past_the_binding_limit_are_split(dtype, limit, monkeypatc
     # (a device with matrix units, with coopmat.auto on, multiplies the prompt's bf16 linears in fp16:
     # docs/tensor_cores.md)
     assert nmse(got, want) <= (1e-10 if coopmat_unavailable(device) or not COOPMAT["auto"] else 1e-6)
+
+
+def test_fp8_routed_experts_stack_with_the_shared_expert(device):
+    """FP8 routed experts share the FP8 shared expert's layout: one stack of E + 1 experts (the
+    shared one last) per weight, whose logits are the reference's (it was stacked on a new axis
+    and refused)."""
+    from dsv4_vk.model import V4Reference, random_weights
+    from dsv4_vk.model.checkpoint import dequantized
+    w = random_weights(SMALL, 2, "fp8", experts="fp8")
+    m = Model(SMALL, w, device=device)
+    assert "layers.0.ffn.shared.w13" not in m.params and m.params["layers.0.ffn.w13"].shape[0] == 5
+    ids = np.random.default_rng(0).integers(0, SMALL.vocab_size, 6)
+    want = V4Reference(SMALL, dequantized(w, np.float64)).forward(ids)
+    assert nmse(m.prefill(ids, all_logits=True), want) <= 1e-10
+
+
+@pytest.mark.parametrize("dtype", ["fp8", np.float32])
+def test_arrays_in_memory_stream_as_they_upload_directly(dtype, monkeypatch, device):
+    """Large arrays in memory (STREAM_BYTES) are streamed by the upload's threads, as lazy ones are:
+    the device holds the same bytes as set_param puts there (the same logits)."""
+    from dsv4_vk.model import checkpoint, random_weights
+    w = random_weights(SMALL, 4, dtype)
+    ids = [3, 1, 4, 1, 5]
+    want = Model(SMALL, w, device=device).prefill(ids, all_logits=True)
+    monkeypatch.setattr(checkpoint, "STREAM_BYTES", 0)
+    from dsv4_vk.core.executor import Executor
+    streamed = []
+    monkeypatch.setattr(Executor, "stream_param", lambda self, name, *a, sp=Executor.stream_param:
+                        (streamed.append(name), sp(self, name, *a))[1])
+    m = Model(SMALL, w, device=device)
+    assert np.array_equal(m.prefill(ids, all_logits=True), want)
+    assert "embed.weight" in streamed and "layers.1.ffn.w13" in streamed
+    assert not {"step.pos", "step.token", "sampler.cfg"} & set(streamed)    # per-step values: set_param's mapped ones

@@ -273,3 +273,125 @@ def test_unknown_dsv4_vk_variable_is_reported_once():
     assert other.startswith("environment variable DSV4_VK_FROBNICATE is not a dsv4_vk switch, so")
     for name in ("DSV4_VK_DISABLE_HC_POST", "DSV4_VK_SPIN_US", "DSV4_VK_GLSLANG", "DSV4_VK_HC_COMB_VARIANT"):
         assert name in typo
+
+
+_UPLOAD = """
+import numpy as np, dsv4_vk as dv
+from dsv4_vk.vk import Upload
+dev = dv.Device()
+assert dev.is_host_visible == (STAGED == 0)
+rng = np.random.default_rng()
+src = rng.integers(0, 256, 1_000_003, dtype=np.uint8)
+buf = dev.pool.alloc(src.size + 100)
+calls = []
+def fill(view, start):
+    calls.append((start, view.size))
+    view[:] = src[start:start + view.size]
+with Upload(dev, workers=3, chunk=1 << 16) as up:
+    up.write(buf, 8, src.size, fill)
+    assert sorted(calls) == [(s, min(1 << 16, src.size - s)) for s in range(0, src.size, 1 << 16)]
+    def bad(view, start):
+        if start >= 5 << 16:
+            raise ValueError(f"bad at {start}")
+        view[:] = 0
+    try:
+        up.write(buf, 8, src.size, bad)
+    except ValueError as e:
+        assert str(e) == f"bad at {5 << 16}", e          # the first chunk's error in byte order
+    else:
+        raise AssertionError("a failing fill was not raised")
+    up.write(buf, 8, src.size, fill)                   # usable after
+    try:
+        up.write(buf, buf.nbytes - 4, 8, fill)
+    except ValueError as e:
+        assert "exceeds buffer" in str(e)
+    else:
+        raise AssertionError("an overrun was not refused")
+assert np.array_equal(buf.read(8, src.size), src), "wrong bytes"
+try:
+    up.write(buf, 0, 4, fill)
+except RuntimeError as e:
+    assert "outside" in str(e)
+else:
+    raise AssertionError("a write after the Upload ended was taken")
+dev.close()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("staged", [0, 1])
+def test_upload_streams_chunks_from_threads_in_place_or_through_staging(staged):
+    """vk.Upload: every chunk filled once (in the mapped buffer, or in staging slots copied by their
+    own submits), the first failing fill's error raised after the others ended, bounds refused."""
+    r = _run(f"STAGED = {staged}\n" + _UPLOAD, DSV4_VK_FORCE_STAGING=str(staged))
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+
+
+def test_staged_uploads_fill_one_slot_while_the_other_copies():
+    """A staged upload of several chunks submits the copy of one slot and fills the other before
+    waiting for it (double buffering; each copy used to wait before the next chunk was filled), and
+    read-backs wait for each copy."""
+    code = """
+import numpy as np, dsv4_vk as dv
+from dsv4_vk.vk import memory
+memory.STAGING_CHUNK = 1 << 20
+events = []
+copy, wait = memory.StagingRing.copy, memory.StagingRing.wait
+def copied(self, slot, *a):
+    events.append(("copy", self.slots.index(slot)))
+    copy(self, slot, *a)
+def waited(self, slot):
+    if slot.busy:
+        events.append(("wait", self.slots.index(slot)))
+    wait(self, slot)
+memory.StagingRing.copy, memory.StagingRing.wait = copied, waited
+dev = dv.Device()
+x = np.random.default_rng().integers(0, 256, (5 << 20) + 12, dtype=np.uint8)
+b = dev.pool.alloc(x.size)
+b.write(x)
+assert events[:5] == [("copy", 0), ("copy", 1), ("wait", 0), ("copy", 0), ("wait", 1)], events
+assert [e[0] for e in events].count("copy") == 6 and len(events) == 12, events       # 6 copies, all waited for
+assert np.array_equal(b.read(0, x.size), x)
+dev.close()
+print("ok")
+"""
+    r = _run(code, DSV4_VK_FORCE_STAGING="1")
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("staged", [0, 1])
+def test_close_waits_for_an_upload_and_a_closed_device_refuses_one(staged):
+    """An Upload is a counted call: close() from another thread returns only after it ended (its writes
+    completed or raised DeviceClosed, nothing used after its handles went); on a closed device an
+    Upload raises DeviceClosed."""
+    code = """
+import threading, time
+import numpy as np, dsv4_vk as dv
+from dsv4_vk.vk import Upload
+dev = dv.Device()
+buf = dev.pool.alloc(1 << 20)
+closed = threading.Event()
+def fill(view, start):
+    time.sleep(0.05)
+    view[:] = 1
+def closer():
+    dev.close()
+    closed.set()
+with Upload(dev, workers=2, chunk=1 << 16) as up:
+    up.write(buf, 0, 1 << 17, fill)
+    threading.Thread(target=closer).start()
+    time.sleep(0.1)
+    try:
+        up.write(buf, 0, 1 << 18, fill)
+    except dv.DeviceClosed:
+        pass
+    assert not closed.is_set(), "close() returned while an Upload was running"
+assert closed.wait(10), "close() did not return after the Upload ended"
+try:
+    with Upload(dev) as up:
+        pass
+except dv.DeviceClosed:
+    print("ok")
+"""
+    r = _run(code, DSV4_VK_FORCE_STAGING=str(staged))
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]

@@ -12,6 +12,13 @@ mat-mul `--repeat` times back to back (a timestamp before and after only), after
     . .vkdev/enter.sh; python3 tools/bench_gemv.py --formats fp8 --shapes wq_b,wo_b,wo_a,wq_a,wkv \
         --unroll 4,8,16 --rows 1,2,4 --json $OUT/gemv_fp8.json
     . .vkdev/enter.sh; python3 tools/bench_gemv.py --formats fp8,fp4 --load 4,16 --json $OUT/gemv_load.json
+    . .vkdev/enter.sh; python3 tools/bench_gemv.py --formats bf16,fp8,fp4 --shapes wq_b,wo_b,wo_a,wq_a,wkv \
+        --spread -1 --unroll 4 --x-shared 0,1 --xs-rows 1,2,4 --xs-unroll 2 --xs-wg 64,256 \
+        --json $OUT/gemv_xshared.json
+Quantised weights: --x-shared 0,1 puts the staged GEMV (knob gemv_quant.x_shared: x in shared memory,
+16-byte code loads, persistent clusters) beside the word-load GEMV in the same run, its own knobs
+(gemv_quant.x_shared_rows / _unroll / _groups / _wg) swept by --xs-rows, --xs-unroll, --xs-groups,
+--xs-wg; the word-load knobs (--spread, --unroll, --rows, --load) apply to the other rows only.
 """
 import argparse
 import itertools
@@ -55,6 +62,32 @@ def time_gemv(device, weights, params, K, norm, replays, repeat, warm, rng):
     return median_gpu_us(device, g, {"x": rng.standard_normal((1, K)).astype(np.float32)}, replays, warm, repeat)
 
 
+def ints(text):
+    return [int(v) for v in text.split(",")]
+
+
+def configs(a, fmt):
+    """The knob settings to time for one format: the word-load GEMV's sweep, then (quantised weights,
+    --x-shared 1) the staged GEMV's."""
+    base = {"gemv_quant.x_shared": False, "gemv_quant.x_shared_rows": 2, "gemv_quant.x_shared_unroll": 2,
+            "gemv_quant.x_shared_groups": 1024, "gemv_quant.x_shared_wg": 256}
+    quant = fmt != "bf16"
+    out = []
+    if 0 in ints(a.x_shared) or not quant:
+        for spread, unroll, nr, load in itertools.product(ints(a.spread), ints(a.unroll), ints(a.rows) if quant else [1],
+                                                          ints(a.load) if quant else [4]):
+            out.append({**base, "gemv.spread": None if spread < 0 else spread, "gemv.unroll": unroll,
+                        "gemv_quant.rows": nr, "gemv_quant.load": load})
+    if 1 in ints(a.x_shared) and quant:
+        for nr, unroll, groups, wg in itertools.product(ints(a.xs_rows), ints(a.xs_unroll), ints(a.xs_groups),
+                                                        ints(a.xs_wg)):
+            out.append({**base, "gemv.spread": None, "gemv.unroll": None, "gemv_quant.rows": 1, "gemv_quant.load": 4,
+                        "gemv_quant.x_shared": True, "gemv_quant.x_shared_rows": nr,
+                        "gemv_quant.x_shared_unroll": unroll, "gemv_quant.x_shared_groups": groups,
+                        "gemv_quant.x_shared_wg": wg})
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--replays", type=int, default=10)
@@ -68,6 +101,12 @@ def main(argv=None):
                     "(knob gemv_quant.rows: 1, 2, 4)")
     ap.add_argument("--load", default="4", help="quantised weights: bytes of codes a lane loads a step to "
                     "compare (knob gemv_quant.load: 4, 16)")
+    ap.add_argument("--x-shared", default="0", help="quantised weights: the staged GEMV off (0), on (1) or both "
+                    "(0,1; knob gemv_quant.x_shared)")
+    ap.add_argument("--xs-rows", default="2", help="staged GEMV: output rows a cluster to sweep (1, 2, 4)")
+    ap.add_argument("--xs-unroll", default="2", help="staged GEMV: uvec4 steps a lane loads together to sweep")
+    ap.add_argument("--xs-groups", default="1024", help="staged GEMV: workgroups at most to sweep")
+    ap.add_argument("--xs-wg", default="256", help="staged GEMV: invocations a workgroup to sweep (powers of two ≤ 256)")
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
@@ -81,21 +120,29 @@ def main(argv=None):
         for fmt, (label, N, K), norm in itertools.product(a.formats.split(","), shapes, (False, True)):
             if not norm:
                 weights, params, nbytes = make_weights(fmt, N, K, rng)
-            knobs = itertools.product(map(int, a.spread.split(",")), map(int, a.unroll.split(",")),
-                                      map(int, a.rows.split(",") if fmt != "bf16" else ["1"]),
-                                      map(int, a.load.split(",") if fmt != "bf16" else ["4"]))
-            for spread, unroll, nr, load in knobs:
-                spread = None if spread < 0 else spread
-                with tuned({"gemv.unroll": unroll, "gemv.spread": spread, "gemv_quant.rows": nr, "gemv_quant.load": load}):
+            for knobs in configs(a, fmt):
+                with tuned(knobs):
+                    nr = knobs["gemv_quant.rows"]
                     wg = mul_mat.gemv_workgroup_lanes(dev, -(-N // nr), K)
+                    staged = knobs["gemv_quant.x_shared"] and \
+                        mul_mat.staged_x_vec4s(dev, QUANT[fmt], K, norm) is not None
                     us = time_gemv(dev, weights, params, K, norm, a.replays, a.repeat, warm, rng)
                 gbps = nbytes / (us * 1e3)
-                rows.append({"format": fmt, "shape": label, "N": N, "K": K, "norm": norm, "spread": spread,
-                             "wg_lanes": wg, "unroll": unroll, "rows_per_cluster": nr, "load_bytes": load, "bytes": nbytes, "us": us,
+                rows.append({"format": fmt, "shape": label, "N": N, "K": K, "norm": norm,
+                             "spread": knobs["gemv.spread"], "wg_lanes": None if staged else wg,
+                             "unroll": knobs["gemv.unroll"], "rows_per_cluster": nr,
+                             "load_bytes": knobs["gemv_quant.load"], "x_shared": staged,
+                             "xs_rows": knobs["gemv_quant.x_shared_rows"], "xs_unroll": knobs["gemv_quant.x_shared_unroll"],
+                             "xs_groups": knobs["gemv_quant.x_shared_groups"], "xs_wg": knobs["gemv_quant.x_shared_wg"],
+                             "bytes": nbytes, "us": us,
                              "gbps": gbps, "pct_copy": 100 * gbps / copy})
-                print(f"{fmt:4s} {label:5s} ({N:6d}, {K:5d}){' +norm' if norm else '      '} wg lanes={wg or '-':3} "
-                      f"unroll={unroll:2d} rows={nr} load={load:2d} {us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy",
-                      flush=True)
+                if staged:
+                    how = (f"staged rows={knobs['gemv_quant.x_shared_rows']} unroll={knobs['gemv_quant.x_shared_unroll']} "
+                           f"groups={knobs['gemv_quant.x_shared_groups']:4d} wg={knobs['gemv_quant.x_shared_wg']:3d}")
+                else:
+                    how = f"wg lanes={wg or '-':3} unroll={knobs['gemv.unroll']:2d} rows={nr} load={knobs['gemv_quant.load']:2d}"
+                print(f"{fmt:4s} {label:5s} ({N:6d}, {K:5d}){' +norm' if norm else '      '} {how:34s} "
+                      f"{us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": dev.name, "copy_gbps": copy, "rows": rows}, f, indent=1)

@@ -14,7 +14,12 @@ timestamp before and after only), after the clock warm-up.
         --routes 1 --unroll 4,8,16 --rows 1,2,4 --json $OUT/moe_fp4.json
     . .vkdev/enter.sh; python3 tools/bench_moe.py --formats fp4 --experts 256 --routes-per-token 6 \
         --routes 1 --wg 0 --unroll 4 --load 4,16 --json $OUT/moe_fp4_load.json
-(quantised experts load one route at a time: --routes 1)
+    . .vkdev/enter.sh; python3 tools/bench_moe.py --formats bf16,fp4 --experts 65 --routes-per-token 7 \
+        --routes 1 --wg 0 --unroll 4 --x-shared 0,1 --xs-rows 1,2,4 --xs-unroll 2 --json $OUT/moe_xshared.json
+(quantised experts load one route at a time: --routes 1). Quantised experts: --x-shared 0,1 puts
+MUL_MAT_ID's staged kernel (knob mul_mat_id.x_shared: x in shared memory, 16-byte code loads) beside
+the other one in the same run, its knobs (mul_mat_id.x_shared_rows / _unroll / _groups) swept by
+--xs-rows, --xs-unroll, --xs-groups; the other knobs apply to the other rows only.
 """
 import argparse
 import itertools
@@ -64,6 +69,10 @@ def op_graph(mode, w, params, per_expert, K, route, norm, rng):
     return g, {"x": x}, R * per_expert
 
 
+def ints(text):
+    return [int(v) for v in text.split(",")]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--replays", type=int, default=10)
@@ -80,6 +89,11 @@ def main(argv=None):
                     "(1, 2, 4)")
     ap.add_argument("--load", default="4", help="quantised experts: bytes of codes a lane loads a step to "
                     "compare (knob mul_mat_id.load: 4, 16)")
+    ap.add_argument("--x-shared", default="0", help="quantised experts: the staged kernel off (0), on (1) or both "
+                    "(0,1; knob mul_mat_id.x_shared)")
+    ap.add_argument("--xs-rows", default="2", help="staged kernel: outputs a cluster to sweep (1, 2, 4)")
+    ap.add_argument("--xs-unroll", default="2", help="staged kernel: uvec4 steps a lane loads together to sweep")
+    ap.add_argument("--xs-groups", default="1024", help="staged SwiGLU: workgroups a token at most to sweep")
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
@@ -99,23 +113,37 @@ def main(argv=None):
             w2 = make_experts(fmt, E, D, Fd, rng)
             nrs = [int(v) for v in a.rows.split(",")] if fmt != "bf16" else [1]
             loads = [int(v) for v in a.load.split(",")] if fmt != "bf16" else [4]
-            cases = [("swiglu", w13, norm, u, None, None, 1, ld) for norm in (False, True) for u in unrolls
-                     for ld in loads]
-            cases += [("sum", w2, False, u, r, wg, nr, ld) for wg, r, u, nr, ld in itertools.product(
-                (int(v) for v in a.wg.split(",")), [int(v) for v in a.routes.split(",")], unrolls, nrs, loads)]
-            for mode, (w, params, per_expert), norm, unroll, routes, wg, nr, load in cases:
+            xs_on = [v for v in (0, 1) if v in ints(a.x_shared)] if fmt != "bf16" else [0]
+            cases = []
+            for xs in xs_on:
+                if xs:
+                    staged = [{"x_shared": True, "x_shared_rows": r, "x_shared_unroll": u, "x_shared_groups": gr}
+                              for r, u, gr in itertools.product(ints(a.xs_rows), ints(a.xs_unroll), ints(a.xs_groups))]
+                    cases += [("swiglu", w13, norm, k) for norm in (False, True) for k in staged]
+                    cases += [("sum", w2, False, k) for k in staged]
+                    continue
+                cases += [("swiglu", w13, norm, {"unroll": u, "load": ld, "x_shared": False}) for norm in (False, True)
+                          for u in unrolls for ld in loads]
+                cases += [("sum", w2, False, {"unroll": u, "routes": r, "wg": wg, "rows": nr, "load": ld, "x_shared": False})
+                          for wg, r, u, nr, ld in itertools.product(ints(a.wg), ints(a.routes), unrolls, nrs, loads)]
+            for mode, (w, params, per_expert), norm, knobs in cases:
                 K = D if mode == "swiglu" else Fd
-                with tuned({"mul_mat_id.unroll": unroll, "mul_mat_id.routes": routes, "mul_mat_id.wg": wg,
-                            "mul_mat_id.rows": nr, "mul_mat_id.load": load}):
+                with tuned({f"mul_mat_id.{k}": v for k, v in knobs.items()}):
                     g, inputs, nbytes = op_graph(mode, w, params, per_expert, K, route, norm, rng)
+                    staged = any("X_SHARED" in launch.defines for node in g.nodes
+                                 for launch in node.op.lower(node, dev))
                     us = median_gpu_us(dev, g, inputs, a.replays, warm, a.repeat)
                 gbps = nbytes / (us * 1e3)
-                rows.append({"format": fmt, "mode": mode, "norm": norm, "unroll": unroll, "routes": routes, "wg": wg,
-                             "rows_per_cluster": nr, "load_bytes": load, "bytes": nbytes, "us": us, "gbps": gbps,
-                             "pct_copy": 100 * gbps / copy})
-                print(f"{fmt:4s} {mode:6s}{' +norm' if norm else '      '} unroll={unroll:2d} routes={routes or '-'} "
-                      f"wg={wg or '-':3} rows={nr} load={load:2d} {us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy",
-                      flush=True)
+                rows.append({"format": fmt, "mode": mode, "norm": norm, **knobs, "staged": staged, "bytes": nbytes,
+                             "us": us, "gbps": gbps, "pct_copy": 100 * gbps / copy})
+                if knobs.get("x_shared"):
+                    how = (f"staged{'' if staged else '(off)'} rows={knobs['x_shared_rows']} "
+                           f"unroll={knobs['x_shared_unroll']} groups={knobs['x_shared_groups']:4d}")
+                else:
+                    how = (f"unroll={knobs['unroll']:2d} routes={knobs.get('routes') or '-'} wg={knobs.get('wg') or '-':3} "
+                           f"rows={knobs.get('rows', 1)} load={knobs['load']:2d}")
+                print(f"{fmt:4s} {mode:6s}{' +norm' if norm else '      '} {how:44s} {us:8.1f} µs {gbps:7.0f} GB/s "
+                      f"{100 * gbps / copy:5.1f}% of copy", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": dev.name, "copy_gbps": copy, "experts": E, "routes_per_token": R, "d": D, "f": Fd,

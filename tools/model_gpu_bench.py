@@ -33,7 +33,10 @@ reading at most this many MiB of weights a token, knob norm_fold.max_bytes), gem
 gemv_spread (0: subgroup-lane clusters only) (knobs gemv.unroll, gemv.spread), gemv_rows (output rows a
 GEMV cluster over quantised weights, knob gemv_quant.rows), gemv_load (bytes of codes a lane loads a
 step, 4 or 16; knob gemv_quant.load), moe_unroll, moe_routes, moe_wg, moe_rows (the sum's output rows
-a cluster over quantised experts), moe_load (4 or 16; knobs mul_mat_id.*),
+a cluster over quantised experts), moe_load (4 or 16; knobs mul_mat_id.*), gemv_xs / moe_xs (1: the
+staged kernels over quantised weights, x in shared memory; knobs gemv_quant.x_shared,
+mul_mat_id.x_shared), gemv_xs_rows / moe_xs_rows (their output rows a cluster) and gemv_xs_wg (the
+staged GEMV's workgroup size),
 indexer (1: CSA layers run their indexer even where its
 top-k keeps every entry the cache can hold, as at this preset's 1024-token cache;
 knob indexer.always), mqa_literal (1: MQA_ATTENTION's per-lane arrays with literal sizes,
@@ -63,6 +66,8 @@ bf16: the fused decode of the same shape with BF16 weights in the same run (toke
 --load: the checkpoint written to a directory (--load-dir, default a temporary one) and read back
 by Model.load in a child process: seconds, GB/s of the checkpoint's bytes, the child's peak RSS
 (its VmHWM; and its RSS before the load, its anonymous, file-mapped and shared resident bytes after).
+--load-workers 2,4,8: the load again with each count of read threads (vk.upload.WORKERS); --load-only:
+no decode series, e.g. `--preset flash-43 --dtype fp8 --load-only --load-workers 2,4,8 --out load.json`.
 V4-Flash's depth in the published format on one GPU: `--layers 43 --experts 8 --dtype fp8`
 (each token reads 6 routed experts + the shared one whatever the expert count, so the bytes read
 per token are those of the 256-expert model).
@@ -100,6 +105,11 @@ KNOBS = {"fold_mb": ("norm_fold.max_bytes", lambda v: int(float(v) * 2**20)),   
          "moe_wg": ("mul_mat_id.wg", int),
          "moe_rows": ("mul_mat_id.rows", int),
          "moe_load": ("mul_mat_id.load", int),
+         "gemv_xs": ("gemv_quant.x_shared", lambda v: bool(int(v))),
+         "gemv_xs_rows": ("gemv_quant.x_shared_rows", int),
+         "gemv_xs_wg": ("gemv_quant.x_shared_wg", int),
+         "moe_xs": ("mul_mat_id.x_shared", lambda v: bool(int(v))),
+         "moe_xs_rows": ("mul_mat_id.x_shared_rows", int),
          "indexer": ("indexer.always", lambda v: bool(int(v))),
          "mqa_literal": ("mqa_arrays.literal", lambda v: bool(int(v))),
          "mix_wg": ("mix.wg", int),
@@ -137,6 +147,9 @@ def parse(argv):
     ap.add_argument("--compare-dtype", choices=sorted(DTYPES), help="also the fused decode with these weights")
     ap.add_argument("--load", action="store_true", help="time Model.load of the checkpoint written to --load-dir")
     ap.add_argument("--load-dir", help="where --load writes the checkpoint (default: a temporary directory)")
+    ap.add_argument("--load-workers", default="", help="--load: also load once per these counts of read threads "
+                    "(comma-separated; the default load uses vk.upload.default_workers())")
+    ap.add_argument("--load-only", action="store_true", help="only --load (no decode series)")
     ap.add_argument("--max-ctx", type=int, default=1024)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=64, help="decode steps timed per path")
@@ -171,6 +184,8 @@ def parse(argv):
     if a.quick:
         a.preset, a.max_ctx, a.prompt, a.tokens, a.host_dim = "demo", 64, 20, 8, 64
     a.host_layers = [int(v) for v in a.host_layers.split(",")]
+    a.load_workers = [int(v) for v in a.load_workers.split(",") if v.strip()]
+    a.load = a.load or a.load_only
     a.steps_per_submit = [int(v) for v in a.steps_per_submit.split(",")]
     return a
 
@@ -208,8 +223,9 @@ def weight_bytes_per_token(model):
     return total
 
 
-def load_speed(cfg, weights, directory):
-    """Write the checkpoint, then Model.load it in a child process: seconds, GB/s, peak RSS."""
+def load_speed(cfg, weights, directory, workers=None):
+    """Write the checkpoint, then Model.load it in a child process: seconds, GB/s, peak RSS; workers:
+    also once more per value of the upload's read threads (vk.upload.WORKERS), as "by_workers"."""
     import subprocess
     import tempfile
     from dsv4_vk.model.checkpoint import save_hf
@@ -222,6 +238,8 @@ def load_speed(cfg, weights, directory):
     # the parent's high-water mark across fork and exec), i.e. report the bench's weights in memory
     child = ("import json, sys, time\n"
              "from dsv4_vk.model import Model\n"
+             "from dsv4_vk.vk import upload\n"
+             "upload.WORKERS = json.loads(sys.argv[2])\n"
              "def status():\n"
              "    return {k: int(v.split()[0]) * 1024 for k, v in (line.split(':', 1) for line in "
              "open('/proc/self/status')) if k in ('VmHWM', 'VmRSS', 'RssAnon', 'RssFile', 'RssShmem')}\n"
@@ -229,15 +247,31 @@ def load_speed(cfg, weights, directory):
              "t = time.perf_counter(); m = Model.load(sys.argv[1], max_ctx=%d); s = time.perf_counter() - t\n"
              "after = status()\n"
              "print(json.dumps({'load_s': s, 'peak_rss_bytes': after['VmHWM'], 'rss_before_load_bytes': "
-             "before['VmRSS'], 'rss_after_load_bytes': after, 'device_weights': m.memory()['weights']}))"
+             "before['VmRSS'], 'rss_after_load_bytes': after, 'device_weights': m.memory()['weights'], "
+             "'workers': upload.default_workers()}))"
              % cfg.max_ctx)
-    r = subprocess.run([sys.executable, "-c", child, d], capture_output=True, text=True)
-    if r.returncode:
-        raise RuntimeError(f"the load child failed: {r.stderr[-3000:]}")
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    out.update(checkpoint_bytes=nbytes, write_s=write_s, load_gbps=nbytes / out["load_s"] / 1e9,
-               device_over_checkpoint=sum(out["device_weights"].values()) / nbytes, directory=d)
+
+    def run(n):
+        r = subprocess.run([sys.executable, "-c", child, d, json.dumps(n)], capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"the load child failed: {r.stderr[-3000:]}")
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        out.update(checkpoint_bytes=nbytes, load_gbps=nbytes / out["load_s"] / 1e9)
+        return out
+    out = run(None)
+    out.update(write_s=write_s, device_over_checkpoint=sum(out["device_weights"].values()) / nbytes, directory=d)
+    if workers:
+        out["by_workers"] = {str(n): run(n) for n in workers}
     return out
+
+
+def report_load(res, cfg, weights, a):
+    res["load"] = ld = load_speed(cfg, weights, a.load_dir, a.load_workers)
+    for label, r in [("", ld)] + [(f" ({n} threads)", r) for n, r in ld.get("by_workers", {}).items()]:
+        print(f"load{label}: {r['checkpoint_bytes'] / 1e9:.2f} GB in {r['load_s']:.1f} s = {r['load_gbps']:.2f} GB/s, "
+              f"peak RSS {r['peak_rss_bytes'] / 1e9:.2f} GB ({r['rss_before_load_bytes'] / 1e9:.2f} GB before the "
+              f"load, {r['workers']} read threads)", flush=True)
+    print(f"device weights {ld['device_over_checkpoint']:.3f}x the checkpoint", flush=True)
 
 
 def multi_step(cfg, weights, prompt, a, warm, ks):
@@ -611,6 +645,10 @@ def main(argv=None):
            "note": "DeepSeek-V4-Flash widths; fewer layers and routed experts so the weights fit one GPU",
            "decode_steps_timed": a.tokens, "decode": {}, "host": {}, "host_target_us": HOST_TARGET_US}
     tokens = {}
+    if a.load_only:
+        report_load(res, cfg, weights, a)
+        warm.close()
+        return write_results(res, a.out)
     for name, fused in (("fused", True), ("unfused", False))[:1 if "unfused" in a.skip else 2]:
         tokens[name], res["decode"][name] = decode_path(cfg, weights, prompt, a, fused, warm)
         r = res["decode"][name]
@@ -633,12 +671,7 @@ def main(argv=None):
         print(f"fused {a.compare_dtype}: {r['tokens_per_s']:9.1f} tokens/s ({a.dtype} is "
               f"{1 / r['speed_over_fused']:.2f}x of it)  {r['dispatches_per_token']} dispatches/token", flush=True)
     if a.load:
-        res["load"] = load_speed(cfg, weights, a.load_dir)
-        ld = res["load"]
-        print(f"load: {ld['checkpoint_bytes'] / 1e9:.2f} GB in {ld['load_s']:.1f} s = {ld['load_gbps']:.2f} GB/s, "
-              f"peak RSS {ld['peak_rss_bytes'] / 1e9:.2f} GB ({ld['rss_before_load_bytes'] / 1e9:.2f} GB before the "
-              f"load); device weights {ld['device_over_checkpoint']:.3f}x the "
-              "checkpoint", flush=True)
+        report_load(res, cfg, weights, a)
     res["decode_variants"] = {}
     for label, sets in a.variants:
         with tuned(sets):                   # the model built in decode_path takes these knobs
@@ -680,10 +713,14 @@ def main(argv=None):
                   f"({r['host_us_p90']:.1f} p90) outside submit+wait, {r['python_us_per_step_without_gpu']:.1f} µs "
                   f"with no GPU work, {r['dispatches_per_token']} dispatches", flush=True)
     warm.close()
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
+    return write_results(res, a.out)
+
+
+def write_results(res, out):
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
         json.dump(res, f, indent=1)
-    print(f"wrote {a.out}")
+    print(f"wrote {out}")
     return 0
 
 

@@ -19,7 +19,7 @@ import collections
 import functools
 import threading
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -33,6 +33,7 @@ from .tensor import DTYPES, dtype_name, itemsize
 from ..vk import Buffer, default_device
 from ..vk.memory import GUARD, SENTINEL, guarded_buffer, guards_intact  # noqa: F401  (re-exported)
 from ..vk.tensor import Tensor as DeviceTensor, TensorRows, data_bytes
+from ..vk.upload import Upload
 
 if TYPE_CHECKING:
     from ..vk import Device
@@ -587,6 +588,15 @@ class Param(DeviceTensor):
         self.name = name
         self.write(a)
 
+    @classmethod
+    def streamed(cls, device, name, shape, dtype, fill, upload) -> "Param":
+        """A param whose bytes fill(view, start) puts through `upload` (vk.upload.Upload), in chunks."""
+        p = cls.__new__(cls)
+        DeviceTensor.__init__(p, device, shape, dtype, fill_guards=True)
+        p.name = name
+        upload.write(p._buf(), GUARD * 4, p.nbytes, fill)
+        return p
+
     def read(self):
         return self.numpy().copy()
 
@@ -621,6 +631,19 @@ class Executor:
             a = a.astype(np.float32)
         with self._lock:
             return self._set_param(name, a, host_visible)
+
+    def stream_param(self, name: str, shape: tuple, dtype: Any, fill: Callable[[np.ndarray, int], None],
+                     upload: Upload) -> DeviceTensor:
+        """Upload the new param `name` (shape, dtype) from a byte source the host need not hold whole
+        (checkpoint files): fill(view, start) puts its bytes [start, start + view.size) into view, on
+        `upload`'s threads (vk.upload.Upload)."""
+        with self._lock:
+            p = self.params.get(name)
+            if p is not None:
+                self._drop_graphs_using(name)
+                p.release()
+            self.params[name] = p = Param.streamed(self.device, name, tuple(shape), dtype, fill, upload)
+            return p
 
     def _set_param(self, name, a, host_visible):
         p = self.params.get(name)

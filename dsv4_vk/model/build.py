@@ -38,7 +38,7 @@ from ..core.graph import Graph, GraphTensor
 from ..ops.compress import topk
 from ..ops.sample import sample
 from ..ops.v4_attention import mqa_decode_splits, rope_table
-from .checkpoint import BF16, FILES, Lazy, QuantWeight, is_quant, join, quantisable, stack_quant
+from .checkpoint import BF16, FILES, Lazy, QuantWeight, is_quant, join, quantisable, stack_quant, stream_of
 from .config import CSA, HCA, SWA, V4Config
 from .reference import inv_freq
 
@@ -180,7 +180,7 @@ def _expert_slice(a, lo, hi):
     if is_quant(a):
         return QuantWeight(a.fmt, _expert_slice(a.codes, lo, hi), _expert_slice(a.scale, lo, hi), a.grid_rows)
     if isinstance(a, Lazy):
-        return Lazy((hi - lo,) + a.shape[1:], a.dtype, lambda: np.asarray(a)[lo:hi])
+        return a.rows(lo, hi)
     return a[lo:hi]
 
 
@@ -229,9 +229,10 @@ def param_arrays(cfg: V4Config, weights: dict, chunk: int = 16, max_binding: int
         if any(is_quant(t) for t in (routed13, routed2, sh2, *sh13)):
             shared13, shared2 = _shared_quant(sh13, sh2, cfg)
             if _same_layout(routed13, shared13) and _same_layout(routed2, shared2):
-                out[f + "w13"] = stack_quant([routed13, shared13], True) if is_quant(routed13) else \
+                # E routed experts, then the shared one: stacks joined along their expert axis
+                out[f + "w13"] = stack_quant([routed13, shared13], False) if is_quant(routed13) else \
                     _stack([routed13, shared13])
-                out[f + "w2"] = stack_quant([routed2, shared2], True) if is_quant(routed2) else \
+                out[f + "w2"] = stack_quant([routed2, shared2], False) if is_quant(routed2) else \
                     _stack([routed2, shared2])
             else:
                 out[f + "w13"], out[f + "w2"] = routed13, routed2
@@ -277,19 +278,21 @@ def _same_layout(a, b) -> bool:
 
 
 def upload_arrays(params: dict, progress=None):
-    """(device param name, array, storage) of every param, read one at a time (a Lazy one only
-    now): a QuantWeight is its packed codes (storage "fp8" / "fp4") and its scale bytes
-    `name.scale` ("e8m0"); others their own dtype. progress(done bytes, total bytes) after each."""
+    """(device param name, array or Stream, storage) of every param, one at a time: a lazy one as a
+    Stream of its bytes (model.checkpoint: read from the files as it is uploaded, never whole on the
+    host), where its layout allows, else read now; a QuantWeight is its packed codes (storage "fp8" /
+    "fp4") and its scale bytes `name.scale` ("e8m0"); others their own dtype. progress(done bytes,
+    total bytes) after each."""
     total = sum(a.nbytes for a in params.values())
     done = 0
     try:
         for name, a in params.items():
             if is_quant(a):
-                words, scale = a.device_arrays()
+                words, scale = a.streams() or a.device_arrays()
                 yield name, words, a.fmt
                 yield name + ".scale", scale, "e8m0"
             else:
-                arr = np.asarray(a)
+                arr = stream_of(a) or np.asarray(a)
                 yield name, arr, DTYPE_NAMES[np.dtype(arr.dtype)]
             done += a.nbytes
             if progress is not None:

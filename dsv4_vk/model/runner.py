@@ -30,10 +30,10 @@ from ..core import profile
 from ..core.executor import CompiledGraph, Executor
 from ..ops.sample import MAX_TOP_K
 from ..ops.v4_attention import MAX_DECODE_SPLITS
-from ..vk import Device, default_device
+from ..vk import Device, Upload, default_device
 from ..core.tuning import Tuning, current, knob_table, tuned
 from .build import STEP_PARAMS, ModelGraph, all_entries_fit, cache_shapes, param_arrays, upload_arrays
-from .checkpoint import LoadProgress, load_hf, normalise, random_weights, tensor_shapes
+from .checkpoint import LoadProgress, Stream, load_hf, normalise, random_weights, tensor_shapes
 from .config import V4Config
 
 
@@ -192,9 +192,14 @@ class Model:
         # multi-step decode (steps): the token sampled after each position, written on the device
         self.params[HISTORY] = np.zeros(cfg.max_ctx, np.int32)
         self.storage = {}         # device param name -> storage type (memory())
-        for name, a, storage in upload_arrays(self.params, LoadProgress()):
-            self.ex.set_param(name, a, host_visible=name in STEP_PARAMS + (HISTORY,) or name.startswith("sampler."))
-            self.storage[name] = storage
+        with Upload(self.device) as up:     # lazy params stream from the files, reads beside copies
+            for name, a, storage in upload_arrays(self.params, LoadProgress()):
+                mapped = name in STEP_PARAMS + (HISTORY,) or name.startswith("sampler.")    # per-step values
+                if isinstance(a, Stream) and not mapped:
+                    self.ex.stream_param(name, a.shape, a.dtype, a.fill, up)
+                else:
+                    self.ex.set_param(name, a.array() if isinstance(a, Stream) else a, host_visible=mapped)
+                self.storage[name] = storage
         self._graphs: dict = {}       # (kind, timestamps) -> CompiledGraph, held so no step looks them up
         self._step = {n: self.ex.params[n] for n in STEP_PARAMS + (HISTORY,)}
         self.position = 0

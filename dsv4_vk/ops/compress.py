@@ -244,11 +244,9 @@ class IndexScore(OpDef):
                 "scale": float(prm.get("scale", 1.0))}
         if _index_entry_kernel(device, q, k, hd, nh):
             wg = workgroup_pow2(device, INDEX_HEADS["entry_wg"])
-            entry_lanes, entry_extra = cluster_lanes(device, nh, per_lane=16, max_lanes=wg)
-            push["groups"] = groups = row_groups(device, -(-n // (wg // entry_lanes["LANES"])))
+            push["groups"] = groups = row_groups(device, -(-n // wg))
             return [Launch("index_score", [q, wt, k, pos, out], (4,), push, grid_1d(T * groups, 1),
-                           defines={"LANE_ENTRY": 1, **entry_lanes}, spec=(wg, prm["rate"], 1, 1, nh, hd // 4),
-                           **entry_extra)]
+                           defines={"LANE_ENTRY": 1}, spec=(wg, prm["rate"], 1, 1, nh, hd // 4))]
         per_lane = -(-hd // lanes["LANES"])
         heads = INDEX_HEADS.get("heads") or (4 if per_lane <= 16 else 1)     # loads in flight per lane
         if INDEX_HEADS.get("heads") is None and 2 <= lanes["LANES"] <= 32 \

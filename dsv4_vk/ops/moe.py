@@ -88,7 +88,54 @@ MUL_MAT_ID_UNROLL = knob_table(
                 'load serving that many rows (None: 1 until measured on a GPU)'),
     load=(None, "quantised experts: bytes of codes a lane loads a step (4 or 16; spec constant 3): 16, a uvec4 "
                 "and one scale byte where K % 16 (FP8) or K % 32 (FP4) is 0 and the rows 16-byte aligned (else "
-                "4; the FP8 shared expert beside FP4 ones keeps 4) (None: 4 until measured on a GPU)"))
+                "4; the FP8 shared expert beside FP4 ones keeps 4) (None: 4 until measured on a GPU)"),
+    x_shared=(None, "quantised experts (beside an FP8 shared expert too): x rows staged in shared memory, 16-byte "
+                    "code loads, the next step's loads in flight (mul_mat_id.comp -D X_SHARED), where the rows are "
+                    "whole uvec4s and x fits the device's shared memory. None: on GPUs (on the H200 the SwiGLU "
+                    "and the weighted sum 1.4-1.9x faster than without, results/h200/quant/moe_xshared_h200.txt), "
+                    "off on CPU devices"),
+    x_shared_rows=(2, "the staged kernel: outputs a cluster computes together (1, 2 or 4; spec constant XNR)"),
+    x_shared_unroll=(1, "the staged kernel: uvec4 steps of each row a lane loads together (1 to 8)"),
+    x_shared_groups=(1024, 'the staged SwiGLU: workgroups per token at most (≥ 1); past it clusters loop over '
+                           '(route, output block)s'))
+
+
+def staged_expert_launch(device, fmt, mode: str, T: int, R: int, N: int, K: int, x_route_stride: int,
+                         norm: bool, shared: bool = False) -> tuple | None:
+    """(defines, spec, grid, launch kwargs) of MUL_MAT_ID's staged kernel (knob
+    mul_mat_id.x_shared) for N outputs (F for the SwiGLU) over K inputs, or None where the knob is off
+    or it cannot run: rows not whole uvec4s of codes (beside an FP8 shared expert: K % 32 != 0), or x
+    past the device's shared memory (the sum stages as many routes' x rows at a time as fit, at least
+    one)."""
+    on = MUL_MAT_ID_UNROLL["x_shared"]
+    if not (not is_cpu(device) if on is None else on):
+        return None
+    words = fmt.words(K)
+    if words % 4 or (shared and K % 32):
+        return None
+    nr, unroll, groups = (MUL_MAT_ID_UNROLL[k] for k in ("x_shared_rows", "x_shared_unroll", "x_shared_groups"))
+    if nr not in (1, 2, 4):
+        raise ValueError(f"tuning knob 'mul_mat_id.x_shared_rows' must be 1, 2 or 4, got {nr!r}")
+    if isinstance(unroll, bool) or not isinstance(unroll, int) or not 1 <= unroll <= 8:
+        raise ValueError(f"tuning knob 'mul_mat_id.x_shared_unroll' must be an integer in [1, 8], got {unroll!r}")
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"tuning knob 'mul_mat_id.x_shared_groups' must be an integer ≥ 1, got {groups!r}")
+    xs = words * fmt.per_word // 4
+    room = device.caps.limits.max_shared_memory - (4 * 256 if norm else 0)
+    rows_staged = min(R, room // (16 * xs)) if mode == "sum" else int(16 * xs <= room)
+    if rows_staged < 1:
+        return None
+    lanes, extra = cluster_lanes(device, words // 4, per_lane=1, max_lanes=1 if is_cpu(device) else None)
+    clusters = 256 // lanes["LANES"]
+    blocks = -(-N // nr)
+    if mode == "sum":
+        per_token = -(-blocks // clusters)
+        grid = grid_1d(T * per_token, 1)
+    else:
+        routes_a_row = R if x_route_stride == 0 else 1
+        per_token = min(groups, -(-routes_a_row * blocks // clusters))
+        grid = grid_1d(T * (R // routes_a_row) * per_token, 1)
+    return {**lanes, "X_SHARED": 1}, (256, unroll, 1, 0, nr, xs, rows_staged, groups), grid, extra
 
 
 @register
@@ -248,6 +295,16 @@ class MulMatId(OpDef):
         wide = bool(fmt) and load == 16 and "VEC4" in defs and K % (16 if fmt.bits == 8 else 32) == 0 and \
             all(a % 4 == 0 for a in (w.offset, w.strides[0], w.strides[1]))
         rows = (nr, int(wide))      # spec constants 2 (MODE_SUM's rows a cluster) and 3 (16-byte loads)
+        staged = staged_expert_launch(device, fmt, mode, T, R, cols, K, x.strides[1], g is not None, bool(shared)) \
+            if fmt and "VEC4" in defs else None
+        if staged:
+            lane_defs, spec, grid, extra = staged
+            for k in ("LANES", "LANES_SHUFFLE", "LANES_SUBGROUP_OPS", "LANES_WORKGROUP"):
+                defs.pop(k, None)
+            defs.update(lane_defs)
+            if mode == "sum":
+                defs["ROUTES"] = 1
+            return [Launch("mul_mat_id", args, (out_index,), push, grid, defines=defs, spec=spec, **extra)]
         if wg:
             return [Launch("mul_mat_id", args, (out_index,), push, grid_1d(items, 1), defines=defs,
                            spec=(wg, unroll) + rows)]

@@ -375,7 +375,21 @@ GEMV_QUANT_ROWS = knob_table(
              "NR): each x load then serves that many rows; 1 until measured on a GPU"),
     load=(4, "bytes of codes a GEMV lane loads a step over quantised weights at one token (spec constant WIDE): "
              "4 (a word, its scale looked up each time) or 16 (a uvec4 and one scale byte, where K % 16 (FP8) "
-             "or K % 32 (FP4) is 0 and the rows are 16-byte aligned; else 4); 4 until measured on a GPU"))
+             "or K % 32 (FP4) is 0 and the rows are 16-byte aligned; else 4); 4 until measured on a GPU"),
+    x_shared=(None, "the staged GEMV over quantised weights at one token (-D X_SHARED): x (normalised with a "
+                    "norm weight) staged once per workgroup in shared memory, 16-byte code loads, persistent "
+                    "clusters; where the rows are whole uvec4s and x fits the device's shared memory (else the "
+                    "GEMV above). None: on GPUs (on the H200 1.2-1.5x faster than the GEMV above at the model's "
+                    "FP8/FP4 shapes, results/h200/quant/gemv_xshared_h200.txt), off on CPU devices"),
+    x_shared_rows=(None, "the staged GEMV: output rows a cluster computes together (1, 2 or 4; spec constant NR), "
+                         "each staged x read serving that many rows. None: 4 where N and K are both at least "
+                         "4096, else 1 (the fastest of 1/2/4 at each of the model's shapes on the H200)"),
+    x_shared_unroll=(2, "the staged GEMV: uvec4 steps of each row a lane loads together (1 to 8; spec constant "
+                        "UNROLL)"),
+    x_shared_groups=(1024, "the staged GEMV: workgroups per batch item at most (≥ 1); past it clusters loop over "
+                           "row blocks, so x is staged fewer times"),
+    x_shared_wg=(256, "the staged GEMV: invocations a workgroup (a power of two ≤ 256; at least one cluster): "
+                      "smaller ones spread few rows (wq_a, wkv) over more workgroups, each staging x again"))
 GEMV_SPREAD = 1 << 18                   # (an H200 holds 132 SMs × 2048 invocations)
 GEMV_WG_MAX = 256
 
@@ -392,6 +406,48 @@ def gemv_workgroup_lanes(device, rows: int, K: int) -> int | None:
         return None
     lanes = min(wg_max, next_pow2(-(-spread // max(rows, 1))), 1 << (max(K // 8, 1).bit_length() - 1))
     return lanes if lanes > device.caps.subgroup.max_size else None
+
+
+def staged_x_vec4s(device, fmt: QuantFormat, K: int, norm: bool) -> int | None:
+    """vec4s of x the staged GEMV (mul_mat.comp -D X_SHARED) keeps in shared memory for rows of K
+    codes, or None where it cannot run: rows not whole uvec4s of codes (16-byte loads), or x (and
+    the norm's per-cluster sums) past the device's maxComputeSharedMemorySize."""
+    words = fmt.words(K)
+    if words % 4:
+        return None
+    xs = words * fmt.per_word // 4
+    need = 16 * xs + (4 * 256 if norm else 0)
+    return xs if need <= device.caps.limits.max_shared_memory else None
+
+
+def staged_gemv_launch(device, fmt: QuantFormat, batch: int, N: int, K: int, norm: bool) -> tuple | None:
+    """(defines, spec, grid, push fields, launch kwargs) of the staged GEMV at one token, or None
+    where the knob gemv_quant.x_shared is off or it cannot run (staged_x_vec4s)."""
+    on = GEMV_QUANT_ROWS["x_shared"]
+    if not (not is_cpu(device) if on is None else on):
+        return None
+    xs = staged_x_vec4s(device, fmt, K, norm)
+    if xs is None:
+        return None
+    nr, unroll, groups, wg = (GEMV_QUANT_ROWS[k] for k in ("x_shared_rows", "x_shared_unroll", "x_shared_groups",
+                                                            "x_shared_wg"))
+    if nr is None:
+        nr = 4 if N >= 4096 and K >= 4096 else 1
+    if nr not in (1, 2, 4):
+        raise ValueError(f"tuning knob 'gemv_quant.x_shared_rows' must be 1, 2 or 4, got {nr!r}")
+    if isinstance(unroll, bool) or not isinstance(unroll, int) or not 1 <= unroll <= 8:
+        raise ValueError(f"tuning knob 'gemv_quant.x_shared_unroll' must be an integer in [1, 8], got {unroll!r}")
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"tuning knob 'gemv_quant.x_shared_groups' must be an integer ≥ 1, got {groups!r}")
+    if isinstance(wg, bool) or not isinstance(wg, int) or wg < 1 or wg > WORKGROUP or wg & (wg - 1):
+        raise ValueError(f"tuning knob 'gemv_quant.x_shared_wg' must be a power of two ≤ {WORKGROUP}, got {wg!r}")
+    lane_defs, extra = cluster_lanes(device, fmt.words(K) // 4, per_lane=1, max_lanes=1 if is_cpu(device) else None)
+    wg = max(wg, device.caps.subgroup.max_size if lane_defs["LANES"] > 1 else 1)   # whole subgroups (lanes.glsl)
+    clusters = wg // lane_defs["LANES"]
+    blocks = -(-N // nr)
+    per_item = min(groups, -(-blocks // clusters))
+    defines = {**lane_defs, "X_SHARED": 1}
+    return defines, (wg, unroll, nr, 0, xs), grid_1d(batch * per_item, 1), {"xs_groups": per_item}, extra
 
 
 def rms_weight(op, x, g, params):
@@ -494,6 +550,14 @@ class MulMat(OpDef):
             rows = b[0] * b[1] * -(-T // tb) * -(-N // nr)
             unroll = GEMV_UNROLL["unroll"] or (1 if is_cpu(device) else 4)
             wg_lanes = gemv_workgroup_lanes(device, rows, K)
+            staged = staged_gemv_launch(device, fmt, b[0] * b[1], N, K, g is not None) \
+                if fmt and tb == 1 and "VEC4" in defines else None
+            if staged:
+                lane_defs, spec, grid, fields, extra = staged
+                push |= fields
+                defines.update(lane_defs, MODE_GEMV=1, TB=1)
+                defines.update(fmt.define())
+                return [Launch("mul_mat", args, (2,), push, grid, defines=defines, spec=spec, **extra)]
             if wg_lanes:
                 lane_defs, extra = {"LANES_WORKGROUP": 1}, {}
                 grid, spec = grid_1d(rows, 1), (wg_lanes, unroll)

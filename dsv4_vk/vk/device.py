@@ -562,12 +562,15 @@ class Device:
         info.pCommandBuffers = arr
         return info, arr
 
-    def submit(self, info: Handle, fence_arr: Handle) -> None:
-        """Submit a VkSubmitInfo with fence fence_arr[0] (a VkFence[1]); returns without waiting."""
+    def submit(self, info: Handle, fence_arr: Handle, submitted: Callable[[], object] | None = None) -> None:
+        """Submit a VkSubmitInfo with fence fence_arr[0] (a VkFence[1]); returns without waiting.
+        submitted(): called once the queue took it (the fence will signal), before any error is raised."""
         with self.lock:
             self.check_open()
             check(lib.vkResetFences(self.device, 1, fence_arr), "vkResetFences")
             res = lib.vkQueueSubmit(self.queue, 1, info, fence_arr[0])
+            if res == vk.VK_SUCCESS and submitted is not None:
+                submitted()
         if self.validation:
             self.check_validation("vkQueueSubmit")
         check(res, "vkQueueSubmit")

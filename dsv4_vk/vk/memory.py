@@ -4,8 +4,9 @@ Buffers are sub-allocated from 64 MiB blocks, first fit in their holes (larger o
 allocation): drivers cap
 the number of live allocations (NVIDIA: 4096), which an unfused graph of ~190 tensors per HC site
 would otherwise exhaust. Where device-local memory is also host-visible (lavapipe, integrated GPUs) a buffer is mapped once
-and read/written through a zero-copy numpy view; elsewhere uploads and downloads go through one
-reusable host-visible staging buffer and a one-shot copy command.
+and read/written through a zero-copy numpy view; elsewhere uploads and downloads go through the
+device's staging ring (two mapped slots, each with its copy command and fence: a slot is filled
+while the copy from the other runs).
 
 Every buffer the graphs use is laid out [guard | data | guard] (`guarded_buffer`): kernels get it
 bound past the leading guard, and a sentinel in the guards tells whether a kernel wrote outside.
@@ -18,6 +19,7 @@ import itertools
 import numpy as np
 
 from .binding import check, ffi, lib, vk
+from .recorder import begin_transfer
 
 _USAGE = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
           | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
@@ -126,7 +128,7 @@ class Arena:
 class Buffer:
     """One VkBuffer placed in a memory block. `nbytes` is the usable size (a multiple of 4, ≥ 4)."""
 
-    def __init__(self, device, nbytes, host_visible=None, dedicated=None):
+    def __init__(self, device, nbytes, host_visible=None, dedicated=None, cached=False):
         self.device = device
         self.alive = False
         self.serial = next(_serials)     # unique for the process (ids and handles are reused)
@@ -143,13 +145,13 @@ class Buffer:
         # pool hands out buffers it made before (and BufferPool.take holds the lock anyway).
         with device.lock:
             device.check_open()
-            self._create(device, host_visible, dedicated)
+            self._create(device, host_visible, dedicated, cached)
             self.alive = True
             device._buffers.add(self)
         if device.validation:
             device.check_validation("vkCreateBuffer")
 
-    def _create(self, device, host_visible, dedicated):
+    def _create(self, device, host_visible, dedicated, cached):
         d = device.device
         info = ffi.new("VkBufferCreateInfo*")
         info.sType = vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO
@@ -166,7 +168,12 @@ class Buffer:
                 flags = _HOST | (vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT if device.is_host_visible else 0)
             else:
                 flags = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
-            self.memory_type = device._find_memory(flags, req.memoryTypeBits)
+            self.memory_type = None
+            if cached and host_visible:     # the host reads what it wrote there (staged checkpoint bytes)
+                self.memory_type = device._find_memory(flags | vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT,
+                                                       req.memoryTypeBits, required=False)
+            if self.memory_type is None:
+                self.memory_type = device._find_memory(flags, req.memoryTypeBits)
             if dedicated is None:
                 dedicated = DEDICATED_FROM is not None and self.nbytes >= DEDICATED_FROM
             self.block, self.offset = device.arena.place(self.handle, req, self.memory_type, host_visible,
@@ -226,30 +233,114 @@ class Buffer:
         return f"<Buffer {self.nbytes} B>"
 
 
+STAGING_CHUNK = 64 << 20     # bytes a staged copy moves at most
+
+
+class _Slot:
+    __slots__ = ("buf", "view", "cmd", "fence", "busy")
+
+    def __init__(self, buf, cmd, fence):
+        self.buf, self.view, self.cmd, self.fence, self.busy = buf, buf._view, cmd, fence, False
+
+    def mark_busy(self):
+        self.busy = True
+
+
+class StagingRing:
+    """`slots` mapped buffers of `chunk` bytes, each with its own command buffer and fence, taken in
+    turn: the copy from one slot runs on the GPU while the host fills the next, and a slot is waited
+    for only when its turn comes again. One thread uses a ring at a time (the device's under its
+    lock); `cached`: host-cached memory where there is some (the host reads back what it wrote)."""
+
+    def __init__(self, device, slots, chunk, cached=False):
+        self.device, self.chunk, self.next = device, int(chunk), 0
+        self.slots = []                 # [_Slot]
+        self.cmd_pool = device.create_command_pool()
+        try:
+            for _ in range(slots):
+                buf = Buffer(device, self.chunk, host_visible=True, cached=cached)
+                with device.lock:       # (allocation from the ring's pool, under the lock as every pool use)
+                    cmd = device.allocate_command_buffer(self.cmd_pool)
+                self.slots.append(_Slot(buf, cmd, ffi.new("VkFence[]", [device.create_fence()])))
+        except BaseException:
+            self.destroy()
+            raise
+        self.region = ffi.new("VkBufferCopy*")
+
+    @property
+    def nbytes(self):
+        return self.chunk * len(self.slots)
+
+    def take(self):
+        """The next slot, once the copy it last carried has finished."""
+        slot = self.slots[self.next]
+        self.next = (self.next + 1) % len(self.slots)
+        self.wait(slot)
+        return slot
+
+    def wait(self, slot):
+        if slot.busy:
+            self.device.wait(slot.fence)        # (raising, e.g. DeviceClosed: destroy() still waits for it)
+            slot.busy = False
+
+    def copy(self, slot, src, src_offset, dst, dst_offset, n):
+        """Submit the copy of n bytes src → dst (one of them the slot's buffer); returns at once."""
+        cmd, r = slot.cmd, self.region
+        begin_transfer(cmd, one_time=True)
+        r.srcOffset, r.dstOffset, r.size = src_offset, dst_offset, n
+        lib.vkCmdCopyBuffer(cmd, src.handle, dst.handle, 1, r)
+        check(lib.vkEndCommandBuffer(cmd), "vkEndCommandBuffer")
+        info, keep = self.device.submit_info([cmd])
+        # in flight once the queue took it (destroy() then waits for it; a copy refused before, e.g.
+        # by a closing device, would leave it waiting for a fence never submitted)
+        self.device.submit(info, slot.fence, slot.mark_busy)
+
+    def finish(self):
+        """Wait for every copy submitted."""
+        for slot in self.slots:
+            self.wait(slot)
+
+    def destroy(self):
+        """Free the slots (after their copies: also while the device closes, before its handles go)."""
+        d = self.device.device
+        for slot in self.slots:
+            if slot.busy:
+                lib.vkWaitForFences(d, 1, slot.fence, 1, 600 * 10**9)
+            lib.vkDestroyFence(d, slot.fence[0], ffi.NULL)
+            slot.buf.destroy()
+        self.slots = []
+        if self.cmd_pool is not None:
+            lib.vkDestroyCommandPool(d, self.cmd_pool, ffi.NULL)
+            self.cmd_pool = None
+
+
 def staging_copy(device, buf, offset, host, upload):
-    """Copy between `host` (uint8 array) and `buf` through the device's staging buffer, in chunks."""
-    with device.lock:       # the staging buffer is shared by every thread
+    """Copy between `host` (uint8 array) and `buf` through the device's staging ring, in chunks; an
+    upload fills one slot while the copy from the other runs (and returns when the last finished)."""
+    with device.lock:       # the staging ring is shared by every thread
         return _staging_copy(device, buf, offset, host, upload)
 
 
 def _staging_copy(device, buf, offset, host, upload):
-    chunk = 64 << 20
-    st = device._staging
-    if st is None or st.nbytes < min(chunk, host.size):
-        if st is not None:
-            st.destroy()
-        st = device._staging = Buffer(device, max(min(chunk, host.size), 1 << 20), host_visible=True)
-    region = ffi.new("VkBufferCopy*")
+    chunk = min(STAGING_CHUNK, max(host.size, 1 << 20))
+    ring = device._staging
+    if ring is None or ring.chunk < chunk:
+        if ring is not None:
+            ring.destroy()
+            device._staging = None
+        ring = device._staging = StagingRing(device, 2, chunk)
+    chunk = ring.chunk
     for start in range(0, host.size, chunk):
         n = min(chunk, host.size - start)
+        slot = ring.take()
         if upload:
-            st._view[:n] = host[start:start + n]
-            region.srcOffset, region.dstOffset, region.size = 0, offset + start, n
-            device.one_shot(lambda cmd: lib.vkCmdCopyBuffer(cmd, st.handle, buf.handle, 1, region))
+            slot.view[:n] = host[start:start + n]
+            ring.copy(slot, slot.buf, 0, buf, offset + start, n)
         else:
-            region.srcOffset, region.dstOffset, region.size = offset + start, 0, n
-            device.one_shot(lambda cmd: lib.vkCmdCopyBuffer(cmd, buf.handle, st.handle, 1, region))
-            host[start:start + n] = st._view[:n]
+            ring.copy(slot, buf, offset + start, slot.buf, 0, n)
+            ring.wait(slot)
+            host[start:start + n] = slot.view[:n]
+    ring.finish()
     return host
 
 
