@@ -273,8 +273,8 @@ def test_any_prefill_chunk_and_the_devices_default_give_the_same_logits_with_pro
     for bad in (0, -3, 2.5, True, "16"):
         with pytest.raises(ValueError, match="prefill_chunk must be an integer"):
             Model(cfg, weights, prefill_chunk=bad)
-    with pytest.raises(ValueError, match="tuning knob 'prefill_chunk.cpu' must be an integer"):
-        Model(cfg, weights, tuning=Tuning({"prefill_chunk.cpu": 0}))
+    with pytest.raises(ValueError, match=r"tuning knob 'prefill_chunk\.(cpu|gpu)' must be an integer"):
+        Model(cfg, weights, tuning=Tuning({"prefill_chunk.cpu": 0, "prefill_chunk.gpu": 0}))
     with pytest.raises(ValueError, match="progress must be a callable"):
         default.prefill(ids, progress=5)
 

@@ -240,7 +240,9 @@ def test_kernel_choice_and_its_reason(device, monkeypatch):
     has the shape and coopmat.auto is on, the f32 kernels otherwise, each with its reason;
     DSV4_VK_DISABLE_COOPMAT named."""
     f32 = "gemm_regs" if device.caps.is_cpu else "gemm_shared"
-    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, coopmat=()))     # no matrix units
+    limits = dataclasses.replace(device.caps.limits, max_workgroup_invocations=512, max_shared_memory=48 * 1024,
+                                 max_workgroup_size=(512,) + device.caps.limits.max_workgroup_size[1:])
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, coopmat=(), limits=limits))  # no matrix units
     assert mul_mat.pick_kernel(device, 512, 4096, w_dtype="bf16").kernel == f32
     assert "no VK_NV_cooperative_matrix 16 × 16 × 16" in mul_mat.pick_kernel(device, 512, 4096, w_dtype="bf16").reason
     with tuned({"coopmat.emulate": True}):          # the tensor-core path's data flow where it cannot run
@@ -300,8 +302,11 @@ def test_info_names_the_mul_mat_kernel(device):
 def test_coopmat_refusals(device, monkeypatch):
     """kernel='coopmat*' over f32 or quantised weights is refused when the graph is built; 'coopmat' on a
     device without matrix units when it is lowered, naming what is missing; tiles, buffers and scales
-    that do not fit (128 × 256 tiles double-buffered pass 48 KiB, the H200's limit too)."""
-    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, coopmat=()))     # no matrix units
+    that do not fit a device of 512 invocations and 48 KiB of shared memory (the H200's, with 1,024
+    invocations: 128 × 256 tiles double-buffered pass 48 KiB)."""
+    limits = dataclasses.replace(device.caps.limits, max_workgroup_invocations=512, max_shared_memory=48 * 1024,
+                                 max_workgroup_size=(512,) + device.caps.limits.max_workgroup_size[1:])
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, coopmat=(), limits=limits))  # no matrix units
     g = Graph()
     x = g.input("x", (32, 64))
     with pytest.raises(ValueError, match="kernel='coopmat_fma' takes bf16 or f16 weights, got f32"):

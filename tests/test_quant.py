@@ -339,8 +339,7 @@ def test_the_staged_kernels_are_the_gpu_default(as_gpu, monkeypatch, device):
     """By default (knobs x_shared None) GPUs take the staged GEMV and expert kernels over quantised
     weights, with 4 output rows a cluster where N and K are both ≥ 4096 and 1 elsewhere; CPU devices
     keep the word-load kernels."""
-    if as_gpu:
-        monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu" if as_gpu else "cpu"))
     for N, K, rows in ((4096, 4096, 4), (1024, 4096, 1), (4096, 1024, 1)):
         g = Graph()
         sr, sc = QUANT["fp8"].grid(N, K)

@@ -87,7 +87,7 @@ import numpy as np
 
 from dsv4_vk.cli import floor
 from dsv4_vk.core import profile
-from dsv4_vk.core.tuning import tuned
+from dsv4_vk.core.tuning import Tuning, tuned
 from dsv4_vk.model import Model, checkpoint, random_weights
 from dsv4_vk.model.checkpoint import BF16
 from dsv4_vk.model.config import preset
@@ -111,6 +111,15 @@ KNOBS = {"fold_mb": ("norm_fold.max_bytes", lambda v: int(float(v) * 2**20)),   
          "moe_xs": ("mul_mat_id.x_shared", lambda v: bool(int(v))),
          "moe_xs_rows": ("mul_mat_id.x_shared_rows", int),
          "indexer": ("indexer.always", lambda v: bool(int(v))),
+         "chunk": ("prefill_chunk.gpu", int),
+         "coopmat": ("coopmat.auto", lambda v: bool(int(v))),
+         "cm_tile": ("coopmat.tokens", int),
+         "cm_out": ("coopmat.outputs", int),
+         "cm_wt": ("coopmat.warp_tokens", int),
+         "cm_wo": ("coopmat.warp_outputs", int),
+         "cm_k": ("coopmat.k_step", int),
+         "cm_pass": ("coopmat.scales", lambda v: "pass" if int(v) else "tile"),
+         "cm_group": ("coopmat.group", int),
          "mqa_literal": ("mqa_arrays.literal", lambda v: bool(int(v))),
          "mix_wg": ("mix.wg", int),
          "compress_wg": ("compress.wg", int),
@@ -159,6 +168,8 @@ def parse(argv):
                     "(default 500 on GPUs, 0 on CPU devices)")
     ap.add_argument("--steps-per-submit", default="1,4,16", help="K values of the multi-step decode series")
     ap.add_argument("--quick", action="store_true", help="the demo preset at tiny sizes (a dry run on lavapipe)")
+    ap.add_argument("--prefill-variants", default="", help="only the prompt's prefill tokens/s, by default and "
+                    "under each of these ;-separated knob sets (the --variants names, e.g. chunk=512,coopmat=1)")
     ap.add_argument("--variants", default="", help="extra fused decode series with kernel knobs (see above)")
     ap.add_argument("--timeline", action="store_true", help="also list every dispatch of the fused decode step "
                     "with its mean profiled GPU µs (JSON 'timeline', and printed)")
@@ -399,6 +410,31 @@ def fill_cache(model, seed):
             shape = model.params[name].shape
             model.ex.set_param(name, np.resize(np.roll(block, int(rng.integers(BLOCK))), int(np.prod(shape)))
                                .reshape(shape))
+
+
+def prefill_variants(cfg, weights, prompt, a, warm):
+    """--prefill-variants: the whole prompt's prefill tokens/s (the fused model; median of 3 after one
+    that records the graphs) under each variant's knobs (e.g. chunk=512,coopmat=1), a model each."""
+    out = {}
+    for label, knobs in [("default", {})] + parse_variants(a.prefill_variants):
+        model = Model(cfg, weights, fused=True, tuning=Tuning(knobs))
+        runs = []
+        for i in range(4):
+            model.reset()
+            warm()
+            t0 = time.perf_counter()
+            model.prefill(prompt)
+            if i:
+                runs.append(time.perf_counter() - t0)
+        kernels = sorted({lc.shader + ("+" + "+".join(k for k in lc.defines if k.startswith("CM")) if any(
+            k.startswith("CM") for k in lc.defines) else "") for node in model.compiled("prefill").graph.nodes
+            if node.op.name == "MUL_MAT" for lc in node.op.lower(node, model.device)})
+        out[label] = {"knobs": knobs, "chunk": model.prefill_chunk, "tokens_per_s": len(prompt) / float(np.median(runs)),
+                      "mul_mat_kernels": kernels}
+        print(f"prefill {label:40s} chunk {model.prefill_chunk:4d}  {out[label]['tokens_per_s']:9.1f} tokens/s "
+              f"({len(prompt)} tokens; MUL_MAT kernels {', '.join(kernels)})", flush=True)
+        release(model)
+    return out
 
 
 def release(model):
@@ -645,6 +681,10 @@ def main(argv=None):
            "note": "DeepSeek-V4-Flash widths; fewer layers and routed experts so the weights fit one GPU",
            "decode_steps_timed": a.tokens, "decode": {}, "host": {}, "host_target_us": HOST_TARGET_US}
     tokens = {}
+    if a.prefill_variants:
+        res["prefill"] = prefill_variants(cfg, weights, prompt, a, warm)
+        warm.close()
+        return write_results(res, a.out)
     if a.load_only:
         report_load(res, cfg, weights, a)
         warm.close()
