@@ -152,7 +152,7 @@ def test_coopmat_range_past_fp16(device, rng, kernel, scales):
     """Rows far past fp16's range both ways: each output matches float64 relative to its own row and
     column's magnitude (the scales are per row), where fp16 without them would hold inf or 0."""
     if kernel == "coopmat" and mul_mat.coopmat_unavailable(device):
-        pytest.skip(f"no matrix units here: {mul_mat.coopmat_unavailable(device)} (coopmat_fma covers the data flow)")
+        kernel = "coopmat_fma"                  # no matrix units here: the same data flow with FMA products
     x, w = range_inputs(rng)
     with np.errstate(over="ignore"):
         assert np.isinf(x[:2].astype(np.float16)).any() and np.isinf(w[:2].astype(np.float16)).any()
@@ -205,26 +205,31 @@ def test_coopmat_fma_strided_and_batched_views(rng, knobs):
     check_against_both(got, x, wv, "batched")
 
 
-def test_coopmat_on_the_matrix_units(device, rng):
+def test_coopmat_on_the_matrix_units_or_their_fma_twin(device, rng):
     """The cooperative-matrix kernel itself at the model's widths (K = 4096, 1024; N = 1024, 512), partial
     tiles, default, small and 128 × 128 tiles, each variant (scales by pass, two buffers), and the
     automatic choice at T ≥ coopmat.min_tokens (coopmat.auto on); where the device
-    has no matrix units there is nothing to run (coopmat_fma covers the data flow)."""
-    why = mul_mat.coopmat_unavailable(device)
-    if why:
-        pytest.skip(f"no matrix units here: {why}")
-    check_coopmat("coopmat", rng, CASES + [(512, 4096, 1024), (100, 1024, 512)], {})
-    check_coopmat("coopmat", rng, CASES[:3])
-    for variant in VARIANTS[1:] + [{**BIG_TILES, **PASS_2BUF}, BIG_TILES]:
-        check_coopmat("coopmat", rng, CASES[:3] + [(512, 4096, 1024), (100, 1024, 520)], variant)
-    x = rng.standard_normal((300, 4096)).astype(np.float32)
-    w = (rng.standard_normal((520, 4096)) / 64).astype(BF16)
+    has no matrix units (lavapipe) the same checks run on coopmat_fma at the small cases and tiles that
+    fit it, and the automatic choice keeps the f32 lanes."""
+    units = not mul_mat.coopmat_unavailable(device)
+    kernel = "coopmat" if units else "coopmat_fma"
+    wide = [(512, 4096, 1024), (100, 1024, 512)] if units else []       # (the FMA twin: too slow on a CPU)
+    check_coopmat(kernel, rng, CASES + wide if units else CASES[:3], {})
+    check_coopmat(kernel, rng, CASES[:3])
+    for variant in VARIANTS[1:] + ([{**BIG_TILES, **PASS_2BUF}, BIG_TILES] if units else []):
+        check_coopmat(kernel, rng, CASES[:3] + ([(512, 4096, 1024), (100, 1024, 520)] if units else []), variant)
+    x = rng.standard_normal((300 if units else 40, 4096)).astype(np.float32)
+    w = (rng.standard_normal((520 if units else 24, 4096)) / 64).astype(BF16)
     with tuned({"coopmat.auto": True}):
         g = Graph()
         g.op("MUL_MAT", g.input("x", x.shape), g.const(w))
         (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
-        assert launch.shader == "mul_mat_coopmat" and "CM_NV" in launch.defines
-        check_against_both(run_mul_mat(x, w, "auto"), x, w, "auto", "coopmat")
+        assert (launch.shader == "mul_mat_coopmat" and "CM_NV" in launch.defines) == units
+        if units:
+            check_against_both(run_mul_mat(x, w, "auto"), x, w, "auto", "coopmat")
+        else:
+            ref = x.astype(np.float64) @ w.astype(np.float64).T
+            assert nmse(run_mul_mat(x, w, "auto"), ref) <= 1e-10        # the f32 lanes' bound
 
 
 def with_matrix_units(device, monkeypatch):
