@@ -887,3 +887,30 @@ def test_arrays_in_memory_stream_as_they_upload_directly(dtype, monkeypatch, dev
     assert np.array_equal(m.prefill(ids, all_logits=True), want)
     assert "embed.weight" in streamed and "layers.1.ffn.w13" in streamed
     assert not {"step.pos", "step.token", "sampler.cfg"} & set(streamed)    # per-step values: set_param's mapped ones
+
+
+def test_info_names_the_decode_kernels(monkeypatch, device):
+    """`info` says which one-token GEMV FP8 weights get, INDEX_SCORE's kernel and TOPK's settings at
+    V4's widths, each with its reason: the word loads and the cluster kernel on a CPU device; the
+    staged GEMV (4 rows a cluster at [4096, 4096]) and the entry kernel on a GPU whose 48 KiB of shared
+    memory holds q; a GPU without that room keeps the cluster kernel, naming the bytes."""
+    from dsv4_vk.cli import info
+    rep = info.report(device)
+    human = info._human(rep)
+    if device.caps.is_cpu:
+        assert rep["gemv_quant"]["kernel"] == "word loads" and "CPU devices" in rep["gemv_quant"]["reason"]
+        assert rep["index_score"]["kernel"] == "cluster" and rep["topk"]["scan"] == "groups"
+    assert f"MUL_MAT       one token over FP8 [4096, 4096]: {rep['gemv_quant']['kernel']}" in human
+    assert f"INDEX_SCORE   64 heads × 128: {rep['index_score']['kernel']} — " in human
+    assert f"TOPK          k 512: workgroup {rep['topk']['workgroup']}, {rep['topk']['bits']}-bit digits" in human
+    limits = dataclasses.replace(device.caps.limits, max_shared_memory=48 * 1024)
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", limits=limits))
+    rep = info.report(device)
+    assert rep["gemv_quant"]["kernel"] == "staged" and rep["gemv_quant"]["rows"] == 4
+    assert rep["index_score"]["kernel"] == "entry" and "33088 B" in rep["index_score"]["reason"]
+    limits = dataclasses.replace(device.caps.limits, max_shared_memory=32 * 1024)
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, limits=limits))
+    rep = info.report(device)
+    assert rep["index_score"] == {"heads": 64, "head_dim": 128, "kernel": "cluster", "reason":
+                                  "a cluster of lanes an entry: q and wt need 33088 B of shared memory, the device "
+                                  "has 32768 B"}

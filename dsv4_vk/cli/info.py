@@ -18,6 +18,10 @@ def report(dev):
         pass
     from ..ops.mul_mat import describe as mul_mat_describe
     out["mul_mat"] = mul_mat_describe(dev)  # the kernel of MUL_MAT over many tokens, and why
+    from ..ops.mul_mat import describe_quant
+    out["gemv_quant"] = describe_quant(dev)  # the one-token GEMV over FP8 weights
+    from ..ops.compress import describe as indexer_describe
+    out.update(indexer_describe(dev))       # index_score, topk: the indexer's kernels
     return out
 
 
@@ -57,6 +61,16 @@ def _human(rep):
     if mm:
         lines.append(f"MUL_MAT       512 tokens over bf16/f16 weights: {mm['kernel']} — {mm['reason']}"
                      + (f" (tiles {mm['tile'][0]} × {mm['tile'][1]})" if mm.get("tile") else ""))
+    gq = rep.get("gemv_quant")
+    if gq:
+        lines.append(f"MUL_MAT       one token over FP8 [{gq['N']}, {gq['K']}]: {gq['kernel']}"
+                     + (f", {gq['rows']} rows a cluster" if gq.get("rows") else "") + f" — {gq['reason']}")
+    isc, tk = rep.get("index_score"), rep.get("topk")
+    if isc:
+        lines.append(f"INDEX_SCORE   {isc['heads']} heads × {isc['head_dim']}: {isc['kernel']} — {isc['reason']}")
+    if tk:
+        lines.append(f"TOPK          k {tk['k']}: workgroup {tk['workgroup']}, {tk['bits']}-bit digits, "
+                     f"{tk['scan']} bin scan")
     carry = rep.get("hc_carry")
     if carry:
         lines.append(f"HC_POST_MIX   the post carries the next site's mixes (D = {carry['D']}) at T " +

@@ -34,16 +34,29 @@ INDEX_HEADS = knob_table(
 INDEX_ENTRY_MAX_HEADS = 128
 
 
-def _index_entry_kernel(device, q, k, hd: int, nh: int) -> bool:
-    """Whether INDEX_SCORE takes the entry kernel (LANE_ENTRY): the knob asks for it, and q's and k's
-    rows are whole 16-byte vec4s that fit shared memory."""
+def index_score_kernel(device, nh: int, hd: int, aligned: bool = True) -> tuple[bool, str]:
+    """The one place that decides INDEX_SCORE's kernel: (whether it is the entry kernel, LANE_ENTRY,
+    and why). The knob index_score.gpu / .cpu asks for it; it needs hd % 4 == 0 with q's and k's rows
+    16-byte aligned (aligned), at most INDEX_ENTRY_MAX_HEADS heads, and q and wt in shared memory."""
     kind = "cpu" if device.caps.is_cpu else "gpu"
     choice = INDEX_HEADS[kind]
     if choice not in ("entry", "cluster"):
         raise ValueError(f"tuning knob 'index_score.{kind}' must be 'entry' or 'cluster', got {choice!r}")
-    aligned = hd % 4 == 0 and all(v % 4 == 0 for v in (q.offset, *q.strides[:2], k.offset, k.strides[0]))
-    fits = 16 * nh * (hd // 4) + 4 * nh + 64 <= device.caps.limits.max_shared_memory
-    return choice == "entry" and aligned and fits and nh <= INDEX_ENTRY_MAX_HEADS
+    need, have = 16 * nh * (hd // 4) + 4 * nh + 64, device.caps.limits.max_shared_memory
+    if choice == "cluster":
+        return False, f"a cluster of lanes an entry (knob index_score.{kind})"
+    if not aligned or hd % 4:
+        return False, "a cluster of lanes an entry: the entry kernel needs hd % 4 == 0 and 16-byte aligned rows"
+    if nh > INDEX_ENTRY_MAX_HEADS:
+        return False, f"a cluster of lanes an entry: {nh} heads, past the entry kernel's {INDEX_ENTRY_MAX_HEADS}"
+    if need > have:
+        return False, f"a cluster of lanes an entry: q and wt need {need} B of shared memory, the device has {have} B"
+    return True, f"an invocation an entry, q and wt staged in shared memory ({need} B; knob index_score.{kind})"
+
+
+def _index_entry_kernel(device, q, k, hd: int, nh: int) -> bool:
+    aligned = all(v % 4 == 0 for v in (q.offset, *q.strides[:2], k.offset, k.strides[0]))
+    return index_score_kernel(device, nh, hd, aligned)[0]
 
 
 # Workgroups per row of INDEX_SCORE and TOPK_TILES at most, looping over the row's blocks below its
@@ -491,3 +504,14 @@ class TopK(OpDef):
         """(cand, when given, is the tiles' candidates for the same scores: the result is the rows' top k)"""
         pos = rest[0] if rate is not None else None
         return reference_topk(scores, k, pos, rate or 1, capacity or (1 << 30), sorted)
+
+
+def describe(device, heads: int = 64, head_dim: int = 128, k: int = 512) -> dict:
+    """What `info` prints of the indexer's kernels on `device` at DeepSeek-V4's widths: INDEX_SCORE's
+    kernel and why, and TOPK's workgroup, digit width and bin scan."""
+    entry, why = index_score_kernel(device, heads, head_dim)
+    spec, scan, _ = _topk_spec("TOPK", device, k, None, keys=False)
+    name = "fused" if "SCAN_FUSED" in scan else "subgroup" if "SCAN_SUBGROUP" in scan else "groups"
+    return {"index_score": {"heads": heads, "head_dim": head_dim, "kernel": "entry" if entry else "cluster",
+                            "reason": why},
+            "topk": {"k": k, "workgroup": spec[0], "bits": spec[3], "scan": name + ("+spread" if "SPREAD" in scan else "")}}

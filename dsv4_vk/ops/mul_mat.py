@@ -282,6 +282,19 @@ def describe(device) -> dict:
 COOPMAT_SCALES = ("tile", "pass")
 
 
+def describe_quant(device, N: int = 4096, K: int = 4096) -> dict:
+    """What `info` prints of the one-token GEMV over FP8 weights [N, K]: the staged kernel (x in shared
+    memory, staged_gemv_launch) or the word loads, and why."""
+    launch = staged_gemv_launch(device, QUANT["fp8"], 1, N, K, False)
+    if launch is not None:
+        return {"N": N, "K": K, "kernel": "staged", "rows": launch[1][2],
+                "reason": "x staged in shared memory, 16-byte code loads (knob gemv_quant.x_shared)"}
+    on = GEMV_QUANT_ROWS["x_shared"]
+    why = ("knob gemv_quant.x_shared off" if on is False else "CPU devices keep it off (knob gemv_quant.x_shared None)"
+           if on is None and is_cpu(device) else "x does not fit the device's shared memory")
+    return {"N": N, "K": K, "kernel": "word loads", "reason": why}
+
+
 def coopmat_spec(device, kernel: str, chunk: int = 2) -> tuple[int, ...]:
     """The tensor-core kernel's spec constants (workgroup size, BM, BN, WM, WN, BK, NBUF, SCALES, GM) from
     the knobs in effect, an invocation staging `chunk` consecutive inputs (8 with VEC8, 4 with VEC4,
