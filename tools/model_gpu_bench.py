@@ -59,7 +59,7 @@ within --budget-s seconds are skipped (a run cut short keeps what it measured). 
 converted to the dtype once and repeated (bench_weights), so 16 GB build in seconds.
     . .vkdev/enter.sh; python3 tools/model_gpu_bench.py --long --out $OUT/long_context          (H200)
     python tools/model_gpu_bench.py --long --preset demo --positions 300 --caches 512,16384 --chunk 16 \
-        --out results/lavapipe/long_context_cache_sizes                                   (lavapipe)
+        --out results/lavapipe/long_context                                              (lavapipe)
 --dtype fp8: DeepSeek's published layout (docs/quantized_weights.md: FP8 linears with 128 × 128
 block scales, FP4 routed experts, the rest BF16), kept quantised on the device. --compare-dtype
 bf16: the fused decode of the same shape with BF16 weights in the same run (tokens/s side by side).
