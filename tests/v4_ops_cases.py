@@ -205,6 +205,29 @@ def test_index_score(tune, rng, monkeypatch, kernel, heads, T, nh, hd, n, rate, 
     check(got[closed], ref[closed], bad)
 
 
+@pytest.mark.parametrize("pad,entry", [(1, False), (4, True)])
+def test_index_score_over_views(tune, rng, pad, entry):
+    """q and k as views into larger storages, `pad` elements in: 1 (rows off 16 bytes: the cluster
+    kernel) or 4 (16-byte aligned offsets and strides: the entry kernel reads them in place); against
+    float64 over the closed entries."""
+    tune({"index_score.cpu": "entry", "index_score.gpu": "entry"})
+    T, nh, hd, n, rate, p0 = 2, 6, 16, 90, 2, 150
+    q, wt, k = f32(rng, T, nh, hd + pad), f32(rng, T, nh), f32(rng, n, hd + pad)
+    g = Graph()
+    qv, kv = g.const(q)[:, :, pad:], g.const(k)[:, pad:]
+    g.output("s", g.op("INDEX_SCORE", qv, g.const(wt), kv, g.const(np.array([p0], np.int32)), rate=rate, scale=0.5,
+                       capacity=4096))
+    (launch,) = g.nodes[-1].op.lower(g.nodes[-1], Executor().device)
+    assert ("LANE_ENTRY" in launch.defines) == entry
+    cg = Executor().compile(g)
+    got = cg.run()["s"]
+    ref = get_op("INDEX_SCORE").reference(q[:, :, pad:], wt, k[:, pad:], np.array([p0], np.int32), rate=rate,
+                                          scale=0.5, capacity=4096)
+    closed = np.isfinite(ref)
+    assert closed.sum() == sum(min((p0 + t + 1) // rate, n) for t in range(T))
+    check(got[closed], ref[closed], cg.check_guards())
+
+
 # every TOPK bin scan (shaders/topk.comp), with the first digit of the key's bits or (+spread) of
 # the row's score range: each case at each
 # the three scans, and the spread first digit with one of them: every code path of the shader
