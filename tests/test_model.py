@@ -639,6 +639,15 @@ def test_make_checkpoint_tool_and_the_gpu_bench_dry_run(tmp_path):
     r = subprocess.run([sys.executable, "tools/model_gpu_bench.py", "--quick", "--out", str(out),
                         "--variants", "fold=1"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "unknown knob 'fold'" in r.stderr
+    pre = tmp_path / "prefill.json"
+    r = subprocess.run([sys.executable, "tools/model_gpu_bench.py", "--quick", "--out", str(pre), "--prefill-variants",
+                        "chunk=32,coopmat=1,cm_pass=1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    prefill = json.loads(pre.read_text())["prefill"]
+    assert set(prefill) == {"default", "chunk=32,coopmat=1,cm_pass=1"}
+    assert all(v["tokens_per_s"] > 0 and v["mul_mat_kernels"] for v in prefill.values())
+    assert prefill["chunk=32,coopmat=1,cm_pass=1"]["knobs"] == {"prefill_chunk.gpu": 32, "coopmat.auto": True,
+                                                                "coopmat.scales": "pass"}
     assert res["same_greedy_tokens"] and set(res["host"]) == {"2", "8"} and res["dtype"] == "bf16"
     assert res["decode"]["fused"]["device_memory_bytes"]["weights"]["bf16"] > 0
 
