@@ -196,9 +196,10 @@ COOPMAT = knob_table(
                     "take 'tile')"),
     min_tokens=(16, "from this many tokens MUL_MAT over bf16 / f16 weights runs on the matrix units where the "
                     "device has them and coopmat.auto is on (kernel 'coopmat')"),
-    auto=(False, "the automatic choice takes the matrix units ('coopmat') where it can; off until the kernel is "
-                 "measured faster than the f32 lanes: on the H200 it ran no faster than gemm_shared "
-                 "(docs/tensor_cores.md). kernel='coopmat' selects it whatever this says"),
+    auto=(False, "the automatic choice takes the matrix units ('coopmat') where it can. Off by default: the "
+                 "fastest tiling (5-6x gemm_shared on the H200: 128 x 128 tiles, warps 64 x 32, k step 64, scales "
+                 "by pass, groups of 8) needs more shared memory than lavapipe's, and the model's prefill with it "
+                 "is not measured yet (docs/tensor_cores.md). kernel='coopmat' selects it whatever this says"),
     emulate=(False, "where the device has no matrix units, MUL_MAT takes 'coopmat_fma' where it would take "
                     "'coopmat' if it had them and coopmat.auto were on (the same data flow and fp16 rounding, FMA "
                     "products): the tensor-core path's numerics on any device, for tests"))
@@ -250,8 +251,8 @@ def pick_kernel(device, T, N=None, kernel="auto", w_dtype="f32", quant=False, no
             if why is None and COOPMAT["auto"]:
                 return KernelChoice("coopmat", f"matrix units: T ≥ {COOPMAT['min_tokens']} over {w_dtype} weights")
             if why is None:
-                why = ("coopmat.auto is off (the matrix-unit kernel measured no faster than gemm_shared on the H200; "
-                       "kernel='coopmat' or coopmat.auto=True takes it)")
+                why = ("coopmat.auto is off (the model's prefill on the matrix units is not measured yet; "
+                       "kernel='coopmat' or coopmat.auto=True takes it, docs/tensor_cores.md)")
             elif COOPMAT["emulate"]:
                 return KernelChoice("coopmat_fma", f"the matrix units' data flow with FMA products (coopmat.emulate; "
                                                    f"{why})")
