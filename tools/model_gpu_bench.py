@@ -426,9 +426,12 @@ def prefill_variants(cfg, weights, prompt, a, warm):
             model.prefill(prompt)
             if i:
                 runs.append(time.perf_counter() - t0)
-        kernels = sorted({lc.shader + ("+" + "+".join(k for k in lc.defines if k.startswith("CM")) if any(
-            k.startswith("CM") for k in lc.defines) else "") for node in model.compiled("prefill").graph.nodes
-            if node.op.name == "MUL_MAT" for lc in node.op.lower(node, model.device)})
+        found = set()                               # shader, + CM_NV where the matrix units ran
+        for node in model.compiled("prefill").graph.nodes:
+            if node.op.name == "MUL_MAT":
+                for lc in node.op.lower(node, model.device):
+                    found.add("+".join([lc.shader] + [k for k in lc.defines if k.startswith("CM")]))
+        kernels = sorted(found)
         out[label] = {"knobs": knobs, "chunk": model.prefill_chunk, "tokens_per_s": len(prompt) / float(np.median(runs)),
                       "mul_mat_kernels": kernels}
         print(f"prefill {label:40s} chunk {model.prefill_chunk:4d}  {out[label]['tokens_per_s']:9.1f} tokens/s "

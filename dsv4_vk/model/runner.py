@@ -151,13 +151,12 @@ def _prefill_chunk(chunk: int | None, device: Device, tuning: Tuning) -> int:
     """The prefill chunk: the caller's, or the device type's default (PREFILL_CHUNK)."""
     if chunk is None:
         name = f"prefill_chunk.{'cpu' if device.caps.is_cpu else 'gpu'}"
-        chunk = tuning[name]
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-            raise ValueError(f"tuning knob {name!r} must be an integer ≥ 1, got {chunk!r}")
-        return chunk
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"prefill_chunk must be an integer ≥ 1 or None (the device chooses), got {chunk!r}")
-    return chunk
+        value, what = tuning[name], f"tuning knob {name!r} must be an integer ≥ 1"
+    else:
+        value, what = chunk, "prefill_chunk must be an integer ≥ 1 or None (the device chooses)"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what}, got {value!r}")
+    return value
 
 
 class Model:

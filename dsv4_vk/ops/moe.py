@@ -7,7 +7,7 @@ from ..core.tuning import knob_table
 from .base import (Launch, OpDef, check_finite, check_flag, check_params, cluster_lanes, expect, grid_1d, is_cpu,
                    next_pow2, nonempty, register, unit_last, view_fields, weight_defines, workgroup_cluster_max,
                    workgroup_pow2, WEIGHT_DTYPES)
-from .mul_mat import QUANT, check_quant, dequantize, quant_fields, rms_weight
+from .mul_mat import QUANT, check_quant, check_staged_knobs, dequantize, quant_fields, rms_weight, staged_on
 from .reduce_rows import reference_rms_norm
 
 MAX_TOP_K = 64
@@ -107,19 +107,13 @@ def staged_expert_launch(device, fmt, mode: str, T: int, R: int, N: int, K: int,
     or it cannot run: rows not whole uvec4s of codes (beside an FP8 shared expert: K % 32 != 0), or x
     past the device's shared memory (the sum stages as many routes' x rows at a time as fit, at least
     one)."""
-    on = MUL_MAT_ID_UNROLL["x_shared"]
-    if not (not is_cpu(device) if on is None else on):
+    if not staged_on(device, MUL_MAT_ID_UNROLL["x_shared"]):
         return None
     words = fmt.words(K)
     if words % 4 or (shared and K % 32):
         return None
     nr, unroll, groups = (MUL_MAT_ID_UNROLL[k] for k in ("x_shared_rows", "x_shared_unroll", "x_shared_groups"))
-    if nr not in (1, 2, 4):
-        raise ValueError(f"tuning knob 'mul_mat_id.x_shared_rows' must be 1, 2 or 4, got {nr!r}")
-    if isinstance(unroll, bool) or not isinstance(unroll, int) or not 1 <= unroll <= 8:
-        raise ValueError(f"tuning knob 'mul_mat_id.x_shared_unroll' must be an integer in [1, 8], got {unroll!r}")
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-        raise ValueError(f"tuning knob 'mul_mat_id.x_shared_groups' must be an integer ≥ 1, got {groups!r}")
+    check_staged_knobs("mul_mat_id", nr, unroll, groups)
     xs = words * fmt.per_word // 4
     room = device.caps.limits.max_shared_memory - (4 * 256 if norm else 0)
     rows_staged = min(R, room // (16 * xs)) if mode == "sum" else int(16 * xs <= room)

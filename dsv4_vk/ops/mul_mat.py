@@ -291,8 +291,8 @@ def describe_quant(device, N: int = 4096, K: int = 4096) -> dict:
         return {"N": N, "K": K, "kernel": "staged", "rows": launch[1][2],
                 "reason": "x staged in shared memory, 16-byte code loads (knob gemv_quant.x_shared)"}
     on = GEMV_QUANT_ROWS["x_shared"]
-    why = ("knob gemv_quant.x_shared off" if on is False else "CPU devices keep it off (knob gemv_quant.x_shared None)"
-           if on is None and is_cpu(device) else "x does not fit the device's shared memory")
+    why = ("x does not fit the device's shared memory" if staged_on(device, on) else
+           "CPU devices keep it off (knob gemv_quant.x_shared None)" if on is None else "knob gemv_quant.x_shared off")
     return {"N": N, "K": K, "kernel": "word loads", "reason": why}
 
 
@@ -422,6 +422,23 @@ def gemv_workgroup_lanes(device, rows: int, K: int) -> int | None:
     return lanes if lanes > device.caps.subgroup.max_size else None
 
 
+def staged_on(device, knob) -> bool:
+    """Whether a staged kernel's knob (gemv_quant.x_shared, mul_mat_id.x_shared) turns it on: None, the
+    default, on GPUs and off on CPU devices; else as given."""
+    return not is_cpu(device) if knob is None else bool(knob)
+
+
+def check_staged_knobs(prefix: str, rows, unroll, groups) -> None:
+    """ValueError naming the knob where a staged kernel's rows (1, 2 or 4), unroll (1 to 8) or groups
+    (≥ 1) under `prefix` is not one of its values."""
+    if rows not in (1, 2, 4):
+        raise ValueError(f"tuning knob '{prefix}.x_shared_rows' must be 1, 2 or 4, got {rows!r}")
+    if isinstance(unroll, bool) or not isinstance(unroll, int) or not 1 <= unroll <= 8:
+        raise ValueError(f"tuning knob '{prefix}.x_shared_unroll' must be an integer in [1, 8], got {unroll!r}")
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"tuning knob '{prefix}.x_shared_groups' must be an integer ≥ 1, got {groups!r}")
+
+
 def staged_x_vec4s(device, fmt: QuantFormat, K: int, norm: bool) -> int | None:
     """vec4s of x the staged GEMV (mul_mat.comp -D X_SHARED) keeps in shared memory for rows of K
     codes, or None where it cannot run: rows not whole uvec4s of codes (16-byte loads), or x (and
@@ -437,8 +454,7 @@ def staged_x_vec4s(device, fmt: QuantFormat, K: int, norm: bool) -> int | None:
 def staged_gemv_launch(device, fmt: QuantFormat, batch: int, N: int, K: int, norm: bool) -> tuple | None:
     """(defines, spec, grid, push fields, launch kwargs) of the staged GEMV at one token, or None
     where the knob gemv_quant.x_shared is off or it cannot run (staged_x_vec4s)."""
-    on = GEMV_QUANT_ROWS["x_shared"]
-    if not (not is_cpu(device) if on is None else on):
+    if not staged_on(device, GEMV_QUANT_ROWS["x_shared"]):
         return None
     xs = staged_x_vec4s(device, fmt, K, norm)
     if xs is None:
@@ -447,12 +463,7 @@ def staged_gemv_launch(device, fmt: QuantFormat, batch: int, N: int, K: int, nor
                                                             "x_shared_wg"))
     if nr is None:
         nr = 4 if N >= 4096 and K >= 4096 else 1
-    if nr not in (1, 2, 4):
-        raise ValueError(f"tuning knob 'gemv_quant.x_shared_rows' must be 1, 2 or 4, got {nr!r}")
-    if isinstance(unroll, bool) or not isinstance(unroll, int) or not 1 <= unroll <= 8:
-        raise ValueError(f"tuning knob 'gemv_quant.x_shared_unroll' must be an integer in [1, 8], got {unroll!r}")
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-        raise ValueError(f"tuning knob 'gemv_quant.x_shared_groups' must be an integer ≥ 1, got {groups!r}")
+    check_staged_knobs("gemv_quant", nr, unroll, groups)
     if isinstance(wg, bool) or not isinstance(wg, int) or wg < 1 or wg > WORKGROUP or wg & (wg - 1):
         raise ValueError(f"tuning knob 'gemv_quant.x_shared_wg' must be a power of two ≤ {WORKGROUP}, got {wg!r}")
     lane_defs, extra = cluster_lanes(device, fmt.words(K) // 4, per_lane=1, max_lanes=1 if is_cpu(device) else None)
