@@ -595,6 +595,8 @@ def _graph_error(name, arrays, params, inplace=False):
      r"cand \(TOPK_TILES's output\) must be i32 \[2, 15\]"),
     ("TOPK", [np.zeros((2, 5), np.float32)], {"k": 10 ** 6}, False, r"k = 1000000 stages 8\d+ B of keys in shared memory"),
     ("TOPK_TILES", [np.zeros((2, 5), np.float32)], {"k": 2}, False, r"needs tile="),
+    ("TOPK", [np.zeros((2, 5), np.float32)], {"k": 2, "sorted": "yes"}, False, r"sorted must be True or False, got 'yes'"),
+    ("TOPK_TILES", [np.zeros((2, 5), np.float32)], {"k": 2, "tile": 4, "sorted": False}, False, r"sorted"),
     ("V4_ROUTE", [np.zeros((2, 4), np.float32), np.zeros(4, np.float32)], {"top_k": 5}, False,
      r"top_k must be an integer in \[1, 4\]"),
     ("V4_ROUTE", [np.zeros((2, 4), np.float32), np.zeros(4, np.float32)], {"top_k": 2, "scoring": "relu"}, False,
