@@ -432,10 +432,14 @@ def prefill_variants(cfg, weights, prompt, a, warm):
                 for lc in node.op.lower(node, model.device):
                     found.add("+".join([lc.shader] + [k for k in lc.defines if k.startswith("CM")]))
         kernels = sorted(found)
-        out[label] = {"knobs": knobs, "chunk": model.prefill_chunk, "tokens_per_s": len(prompt) / float(np.median(runs)),
-                      "mul_mat_kernels": kernels}
-        print(f"prefill {label:40s} chunk {model.prefill_chunk:4d}  {out[label]['tokens_per_s']:9.1f} tokens/s "
+        C = model.prefill_chunk                      # the prompt's last chunk again, profiled per op
+        prof = profiled(model, len(prompt) - C, prompt[-C:], steps=0)["prefill"]
+        out[label] = {"knobs": knobs, "chunk": C, "tokens_per_s": len(prompt) / float(np.median(runs)),
+                      "mul_mat_kernels": kernels, "last_chunk_profiled": prof}
+        print(f"prefill {label:40s} chunk {C:4d}  {out[label]['tokens_per_s']:9.1f} tokens/s "
               f"({len(prompt)} tokens; MUL_MAT kernels {', '.join(kernels)})", flush=True)
+        print(f"    last chunk profiled: {prof['gpu_ms']:.2f} GPU ms: " + ", ".join(
+            f"{k} {v:.2f}" for k, v in list(prof["gpu_ms_by_op"].items())[:8]), flush=True)
         release(model)
     return out
 
