@@ -118,13 +118,13 @@ def parse_tiles(text):
 # barriers), nostage (the k steps' chunks neither loaded nor staged: products and barriers), noload (the
 # chunks staged from a constant: products, staging and barriers without the global loads)
 _LOOP_X = "        [[unroll]] for (uint i = 0u; i < XR; ++i) xv[i] = x_chunk(xb[i], kn);\n"
-_LOOP_W = "        [[unroll]] for (uint i = 0u; i < WR; ++i) wv[i] = w_chunk(wb[i], kn);\n"
+_LOOP_W = "        [[unroll]] for (uint i = 0u; i < WR; ++i) wv[i] = w_chunk(wb[i], wsr[i], kn);\n"
 _STAGE = ("            [[unroll]] for (uint i = 0u; i < XR; ++i) "
           "stage(nb + (r0 + RS * i) * XS + KC * kc, xv[i] * xf[i]);\n"
           "            [[unroll]] for (uint i = 0u; i < WR; ++i) stage(nb + (BM + r0 + RS * i) * XS + KC * kc, "
-          "w_vals(wv[i]) * wf[i]);\n")
+          "W_STAGED(i, wv[i]));\n")
 COOPMAT_ABLATIONS = {
-    "nomma": [("[[unroll]] for (uint i = 0u; i < TI; ++i) acc[i * TJ + j] = coopMatMulAddNV(a[i], b, acc[i * TJ + j]);",
+    "nomma": [("[[unroll]] for (uint i = 0u; i < TI; ++i) PART[i * TJ + j] = coopMatMulAddNV(a[i], b, PART[i * TJ + j]);",
                "")],
     "nostage": [(_LOOP_X, ""), (_LOOP_W, ""), (_STAGE, "")],
     "noload": [(_LOOP_X, "        [[unroll]] for (uint i = 0u; i < XR; ++i) xv[i] = mat2x4(float(kn & 7u));\n"),
