@@ -651,3 +651,22 @@ def test_model_gpu_bench_names_the_kernel_that_ran():
     kernels = bench.mul_mat_kernels(m)
     ran = "coopmat" if mul_mat.coopmat_unavailable(m.device) is None else "coopmat_fma"
     assert ran in kernels and ("mul_mat_coopmat" in " ".join(m.compiled("prefill").dispatch_details)), kernels
+
+
+def test_coopmat_fma_fp8_batched_one_grid(rng):
+    """wo_a's form: one [G·r, K] FP8 matrix (one scale grid) read as G batched [r, K] weights, r a multiple
+    of 128 (each item's tiles inside its own block rows), x batched: against float64."""
+    G, r, K, T = 2, 256, 136, 21
+    words, sw, w = quant_weights(rng, "fp8", G * r, K)
+    x = rng.standard_normal((G, T, K)).astype(np.float32)
+    g = Graph()
+    g.output("y", g.op("MUL_MAT", g.input("x", x.shape), g.const(words).reshape(G, r, words.shape[-1]),
+                       g.const(sw), wq="fp8", kernel="coopmat_fma"))
+    with tuned(SMALL_TILES):
+        ex = Executor()
+        got = ex.run(g, x=x)["y"]
+    assert ex.last.check_guards() == []
+    exact = np.matmul(x.astype(np.float64), np.swapaxes(w.reshape(G, r, K), -1, -2))
+    assert nmse(got, exact) <= NMSE_MAX
+    ref16 = np.stack([fp16_quant_reference(x[i], w.reshape(G, r, K)[i]) for i in range(G)])
+    assert nmse(got, ref16) <= NMSE_FP16_MAX["coopmat_fma"]
