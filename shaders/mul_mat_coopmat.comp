@@ -5,8 +5,9 @@
 //! variants: W_FP8 | W_FP4 ; - | CM_NV ; - | VEC4 | VEC8
 //! variants: W_FP8 | W_FP4 ; ROW_SCALES ; - | VEC4 | VEC8
 // MUL_MAT on 16-bit matrix units: d[b0, b1, t, n] = Σ_k x[b0, b1, t, k] · w[b0, b1, n, k] (x @ wᵀ) for
-// bf16 / f16 weights (W_BF16 / W_F16, weights.glsl) and f32 x, with fp16 products accumulated in f32.
-// x, w, d are strided 4-D views as in mul_mat.comp (same push block; broadcast batch dims stride 0).
+// bf16 / f16 weights (W_BF16 / W_F16, weights.glsl) or DeepSeek's FP8 / FP4 weights (W_FP8 / W_FP4,
+// below) and f32 x, with fp16 products accumulated in f32. x, w, d are strided 4-D views as in
+// mul_mat.comp (same push block; broadcast batch dims stride 0).
 //
 // Range. fp16 holds 2⁻²⁴..65504, f32 activations and bf16 weights much more, so every row is scaled
 // by a power of two before it is rounded to fp16: a row of x (one token, all of K) by 2^sx, a row of
@@ -55,6 +56,20 @@
 //   of each output tile of its token tile, w row n to slot R + n − n0 of each token tile's output tile
 //   holding n (R = the tile's rows in range, C its outputs in range; slot q is output (t0 + q / C,
 //   n0 + q % C)). Needs R + C ≤ R·C in every tile (R, C ≥ 2), which the launch checks.
+// -D W_FP8 / W_FP4: w is the packed codes (words; w's strides and offset in words, rows whole words,
+//   q_kw a row), their E8M0 scale bytes at binding 3, push fields q_kw, q_rows, q_srows, q_sc as in
+//   weights.glsl. A chunk is KC codes (KC·8 or KC·4 bits of the row, 0 past K), decoded exactly to
+//   halves while staged (the codes as they are for E4M3; E2M1 times the scale, below).
+//   W_FP8: w rows take no shift (every E4M3 value, 2⁻⁹..448, is a normal fp16, staged unscaled). Each
+//     warp sums a 128-input block's products into a second set of accumulators (blk) and, after the
+//     block's last k step, adds them to acc times the block's scale 2^(s−127) (two normal f32
+//     factors): exact in f32 for any scale bytes. Needs BN | 128, BK | 128 and every tile's outputs in
+//     one 128-row block row (the launch checks; tsr, the tile's first scale byte, serves all of it).
+//   W_FP4: a row's shift is 140 − smax (smax its largest scale byte, found from the scale bytes by the
+//     first pass or the workgroup), the chunk staged as code · 2^(27 + s − smax) · (half(code bits) =
+//     code · 2⁻¹⁴): ≤ 6·2¹³, every value a normal fp16 where s ≥ smax − 26. A row spanning more is
+//     flagged (shift + 4096, fp4_flagged) and its outputs are summed by f32_dot (K fused multiply-adds
+//     of x and the dequantised weight) in the epilogue instead.
 // Spec constants: 0 workgroup size (NW·32; 256 with ROW_SCALES), 1 BM, 2 BN, 3 WM, 4 WN (multiples
 // of 16; BM % WM == BN % WN == 0), 5 BK (a multiple of 16; BK/KC divides NW·32 and RS divides BM and
 // BN), 6 NBUF (1 or 2), 7 SCALES (0 or 1), 8 GM (≥ 1).
