@@ -4,6 +4,7 @@
 //! variants: W_BF16 | W_F16 ; ROW_SCALES ; - | VEC4 | VEC8
 //! variants: W_FP8 | W_FP4 ; - | CM_NV ; - | VEC4 | VEC8
 //! variants: W_FP8 | W_FP4 ; ROW_SCALES ; - | VEC4 | VEC8
+//! variants: W_FP8 ; FP8_FOLD ; - | CM_NV | ROW_SCALES ; - | VEC4 | VEC8
 // MUL_MAT on 16-bit matrix units: d[b0, b1, t, n] = Σ_k x[b0, b1, t, k] · w[b0, b1, n, k] (x @ wᵀ) for
 // bf16 / f16 weights (W_BF16 / W_F16, weights.glsl) or DeepSeek's FP8 / FP4 weights (W_FP8 / W_FP4,
 // below) and f32 x, with fp16 products accumulated in f32. x, w, d are strided 4-D views as in
@@ -68,8 +69,11 @@
 //   W_FP4: a row's shift is 140 − smax (smax its largest scale byte, found from the scale bytes by the
 //     first pass or the workgroup), the chunk staged as code · 2^(27 + s − smax) · (half(code bits) =
 //     code · 2⁻¹⁴): ≤ 6·2¹³, every value a normal fp16 where s ≥ smax − 26. A row spanning more is
-//     flagged (shift + 4096, fp4_flagged) and its outputs are summed by f32_dot (K fused multiply-adds
+//     flagged (shift + 4096, fold_flagged) and its outputs are summed by f32_dot (K fused multiply-adds
 //     of x and the dequantised weight) in the epilogue instead.
+//   W_FP8 -D FP8_FOLD: FP8 as FP4 (W_FOLD): the shift 134 − smax over the row's grid row, the chunk
+//     staged as code · 2^(7 + s − smax) (≤ 448·2⁷ = 57344, normal where s ≥ smax − 12), rows spanning
+//     more flagged and summed by f32_dot; one accumulator set and no tile constraint (W_BLOCK otherwise).
 // Spec constants: 0 workgroup size (NW·32; 256 with ROW_SCALES), 1 BM, 2 BN, 3 WM, 4 WN (multiples
 // of 16; BM % WM == BN % WN == 0), 5 BK (a multiple of 16; BK/KC divides NW·32 and RS divides BM and
 // BN), 6 NBUF (1 or 2), 7 SCALES (0 or 1), 8 GM (≥ 1).
@@ -136,28 +140,35 @@ mat2x4 x_chunk(uint xb, uint k) {
 // FP4, the chunk's scale byte; a conversion right after the load would wait for it before the products
 // it should overlap)
 #if defined(W_QUANT)
+// W_FOLD: the scale bytes folded into per-row shifts (FP4; FP8 with -D FP8_FOLD); W_BLOCK: FP8's block
+// scales applied to per-block sums
+#if defined(W_FP4) || defined(FP8_FOLD)
+#define W_FOLD 1
+#else
+#define W_BLOCK 1
+#endif
 #if defined(W_FP8)
 const uint QB = 8u;                             // bits a code
 #else
 const uint QB = 4u;
 #endif
-#define W_CHUNK uvec2
+#define W_CHUNK uvec3
 uint scale_byte(uint i) { return (wscale[i >> 2] >> ((i & 3u) << 3)) & 0xFFu; }
 // the codes of w[k .. k + KC − 1] of the row at word wb (code k in the lowest bits, 0 past K) in .x (and
-// .y for FP8's 8 codes); FP4: .y the chunk's scale byte, sr the row's first scale byte (q_scale_row)
-uvec2 w_chunk(uint wb, uint sr, uint k) {
-    if (k >= p.K) return uvec2(0u);
+// .y for FP8's 8 codes); W_FOLD: .z the chunk's scale byte, sr the row's first scale byte (q_scale_row)
+uvec3 w_chunk(uint wb, uint sr, uint k) {
+    if (k >= p.K) return uvec3(0u);
     const uint bits = KC * QB;                  // 64, 32, 16 or 8
     uint i = wb + k * QB / 32u, o = k * QB % 32u;
-    uvec2 u = bits == 64u ? uvec2(wq[i], wq[i + 1u]) :
-              uvec2(bits == 32u ? wq[i] : (wq[i] >> o) & ((1u << bits) - 1u), 0u);
+    uvec3 u = bits == 64u ? uvec3(wq[i], wq[i + 1u], 0u) :
+              uvec3(bits == 32u ? wq[i] : (wq[i] >> o) & ((1u << bits) - 1u), 0u, 0u);
     if (k + KC > p.K) u.x &= (1u << ((p.K - k) * QB)) - 1u;   // (only KC = 2 reaches here: < 32 bits)
-#if defined(W_FP4)
-    u.y = scale_byte(sr + k / 32u);             // (KC divides 32: one scale a chunk)
+#if defined(W_FOLD)
+    u.z = scale_byte(sr + k / Q_BC);            // (KC divides Q_BC: one scale a chunk)
 #endif
     return u;
 }
-mat2x4 w_vals(uvec2 u) {                        // the code values · 2^−8 (E4M3) or 2^−14 (E2M1), exact
+mat2x4 w_vals(uvec3 u) {                        // the code values · 2^−8 (E4M3) or 2^−14 (E2M1), exact
 #if defined(W_FP8)
     return mat2x4(q_fp8x4(u.x), q_fp8x4(u.y));
 #else
@@ -196,12 +207,19 @@ float unscale(float v, int s) {                 // v · 2^−s, −240 ≤ s ≤
     int a = s / 3, b = (s - a) / 2;
     return v * pow2(-a) * pow2(-b) * pow2(a + b - s);
 }
+#if defined(W_FOLD)
+// A folded row's shift: its staged values are code · 2^(s − 127) · 2^sw with sw = FOLD_TOP − smax (smax
+// the row's largest scale byte), i.e. half(code bits) · 2^(FOLD_EXP + s − smax). FP4: at most 6 · 2^13 =
+// 49152, every nonzero value a normal fp16 (≥ 0.5 · 2^(s − smax + 13) ≥ 2^−14) where s ≥ smax − 26;
+// FP8: at most 448 · 2^7 = 57344, every nonzero value normal (≥ 2^−9 · 2^(s − smax + 7)) where s ≥
+// smax − 12. A row whose scale bytes span more is flagged (+ FOLD_FLAG): its outputs are summed in f32
+// from the weights themselves (f32_dot).
 #if defined(W_FP4)
-// An FP4 row's shift: its staged values are code · 2^(s − 127) · 2^sw with sw = FP4_TOP − smax (smax the
-// row's largest scale byte), at most 6 · 2^13 = 49152, and every nonzero one a normal fp16 (at least
-// 0.5 · 2^(s − smax + 13) ≥ 2^−14) where s ≥ smax − FP4_SPREAD. A row whose scale bytes span more is
-// flagged (+ FP4_FLAG): its outputs are summed in f32 from the weights themselves (f32_dot).
-const int FP4_TOP = 140, FP4_SPREAD = 26, FP4_FLAG = 4096;
+const int FOLD_TOP = 140, FOLD_SPREAD = 26, FOLD_EXP = 27;
+#else
+const int FOLD_TOP = 134, FOLD_SPREAD = 12, FOLD_EXP = 15;
+#endif
+const int FOLD_FLAG = 4096;
 void scale_range(uint sr, uint j0, uint step, inout uint lo, inout uint hi) {
     for (uint j = j0; j < p.q_sc; j += step) {
         uint b = scale_byte(sr + j);
@@ -209,9 +227,9 @@ void scale_range(uint sr, uint j0, uint step, inout uint lo, inout uint hi) {
         hi = max(hi, b);
     }
 }
-int fp4_shift(uint lo, uint hi) { return FP4_TOP - int(hi) + (int(hi) - int(lo) > FP4_SPREAD ? FP4_FLAG : 0); }
-bool fp4_flagged(int s) { return s >= FP4_FLAG / 2; }
-int fp4_unflag(int s) { return fp4_flagged(s) ? s - FP4_FLAG : s; }
+int fold_shift(uint lo, uint hi) { return FOLD_TOP - int(hi) + (int(hi) - int(lo) > FOLD_SPREAD ? FOLD_FLAG : 0); }
+bool fold_flagged(int s) { return s >= FOLD_FLAG / 2; }
+int fold_unflag(int s) { return fold_flagged(s) ? s - FOLD_FLAG : s; }
 float f32_dot(uint xb, uint wb) {               // Σ_k x · w in f32, w dequantised (the f32 kernels' products)
     float acc = 0.0;
     for (uint k = 0u; k < p.K; ++k) acc = fma(x[xb + k * p.x_s3], W1_ROW(wb, k), acc);
@@ -222,7 +240,7 @@ float f32_dot(uint xb, uint wb) {               // Σ_k x · w in f32, w dequant
 #if defined(ROW_SCALES)
 const uint RL = 16u;                            // invocations a row
 shared uint rmx[256u / RL];
-#if defined(W_FP4)
+#if defined(W_FOLD)
 shared uint rlo[256u / RL], rhi[256u / RL];     // FP4 w rows: their smallest and largest scale byte
 #endif
 
@@ -247,24 +265,24 @@ void main() {
         [[unroll]] for (uint j = 0u; j < 4u; ++j) m = max(m, finite_max(v[j]));
     }
     if (lane == 0u) rmx[rl] = 0u;
-#if defined(W_FP4)
+#if defined(W_FOLD)
     if (lane == 0u) { rlo[rl] = 255u; rhi[rl] = 0u; }
     uint lo = 255u, hi = 0u;
     if (live && is_w) scale_range(q_scale_row(rb), lane, RL, lo, hi);
 #endif
     barrier();
     atomicMax(rmx[rl], floatBitsToUint(m));
-#if defined(W_FP4)
+#if defined(W_FOLD)
     atomicMin(rlo[rl], lo);
     atomicMax(rhi[rl], hi);
 #endif
     barrier();
     if (!live) return;
     float s = float(row_shift(uintBitsToFloat(rmx[rl])));
-#if defined(W_FP8)
+#if defined(W_BLOCK)
     if (is_w) s = 0.0;                          // the codes staged as they are (E4M3 fits fp16)
-#elif defined(W_FP4)
-    if (is_w) s = float(fp4_shift(rlo[rl], rhi[rl]));
+#elif defined(W_FOLD)
+    if (is_w) s = float(fold_shift(rlo[rl], rhi[rl]));
 #endif
     // the tiles holding the row: lanes take them in turn
     uint n_tiles = (p.N + BN - 1u) / BN, t_tiles = (p.T + BM - 1u) / BM;
@@ -350,7 +368,7 @@ void main() {
     }
     [[unroll]] for (uint i = 0u; i < WR; ++i) {
         wb[i] = w_row(b0, b1, n0 + r0 + RS * i);
-#if defined(W_FP4)
+#if defined(W_FOLD)
         wsr[i] = q_scale_row(wb[i]);
 #else
         wsr[i] = 0u;
@@ -385,13 +403,13 @@ void main() {
         barrier();
         for (uint i = id; i < BM + BN; i += NW * 32u) {
             int s = row_shift(uintBitsToFloat(mx[i]));
-#if defined(W_FP8)
+#if defined(W_BLOCK)
             if (i >= BM) s = 0;                 // the codes staged as they are (E4M3 fits fp16)
-#elif defined(W_FP4)
+#elif defined(W_FOLD)
             if (i >= BM) {                      // the row's scale bytes
                 uint lo = 255u, hi = 0u;
                 scale_range(q_scale_row(w_row(b0, b1, n0 + i - BM)), 0u, 1u, lo, hi);
-                s = fp4_shift(lo, hi);
+                s = fold_shift(lo, hi);
             }
 #endif
             sh[i] = s;
@@ -419,32 +437,32 @@ void main() {
 #if defined(CM_NV)
     MAT_C acc[TI * TJ];
     [[unroll]] for (uint a = 0u; a < TI * TJ; ++a) acc[a] = MAT_C(0.0);
-#if defined(W_FP8)
+#if defined(W_BLOCK)
     MAT_C blk[TI * TJ];                         // the products of the current 128-input scale block
     [[unroll]] for (uint a = 0u; a < TI * TJ; ++a) blk[a] = MAT_C(0.0);
 #endif
 #else
     float acc[TI * TJ][8];
     for (uint a = 0u; a < TI * TJ; ++a) for (uint m = 0u; m < 8u; ++m) acc[a][m] = 0.0;
-#if defined(W_FP8)
+#if defined(W_BLOCK)
     float blk[TI * TJ][8];
     for (uint a = 0u; a < TI * TJ; ++a) for (uint m = 0u; m < 8u; ++m) blk[a][m] = 0.0;
 #endif
 #endif
-#if defined(W_FP8)
+#if defined(W_BLOCK)
 #define PART blk                                /* products summed per scale block, then scaled into acc */
 #else
 #define PART acc
 #endif
     float xf[XR];                               // this invocation's rows' scales
     [[unroll]] for (uint i = 0u; i < XR; ++i) xf[i] = pow2(sh[r0 + RS * i]);
-#if defined(W_FP8)
+#if defined(W_BLOCK)
 #define W_STAGED(i, u) (w_vals(u) * 256.0)     /* the E4M3 values themselves */
     uint tsr = q_scale_row(w_row(b0, b1, n0));  // the tile's first scale byte (all its rows in one block row)
-#elif defined(W_FP4)
+#elif defined(W_FOLD)
     int wtop[WR];                               // the rows' largest scale byte
-    [[unroll]] for (uint i = 0u; i < WR; ++i) wtop[i] = FP4_TOP - fp4_unflag(sh[BM + r0 + RS * i]);
-#define W_STAGED(i, u) (w_vals(u) * pow2(max(27 + int((u).y) - wtop[i], -126)))
+    [[unroll]] for (uint i = 0u; i < WR; ++i) wtop[i] = FOLD_TOP - fold_unflag(sh[BM + r0 + RS * i]);
+#define W_STAGED(i, u) (w_vals(u) * pow2(max(FOLD_EXP + int((u).z) - wtop[i], -126)))
 #else
     float wf[WR];
     [[unroll]] for (uint i = 0u; i < WR; ++i) wf[i] = pow2(sh[BM + r0 + RS * i]);
@@ -485,7 +503,7 @@ void main() {
                 PART[i * TJ + j][m] = sum;
             }
 #endif
-#if defined(W_FP8)
+#if defined(W_BLOCK)
         if ((s + 1u) * BK % 128u == 0u || s + 1u == steps) {      // uniform: a scale block's last step
             int e = int(scale_byte(tsr + s * BK / 128u)) - 127;    // its scale 2^e, as two normal factors
             float c1 = pow2(e / 2), c2 = pow2(e - e / 2);
@@ -528,14 +546,14 @@ void main() {
             uint e = lane + 32u * m;
             uint tl = wt + 16u * (a / TJ) + e / 16u, nl = wn + 16u * (a % TJ) + e % 16u;
             uint t = t0 + tl, n = n0 + nl;
-#if defined(W_FP4)
-            int s = sh[tl] + fp4_unflag(sh[BM + nl]);
+#if defined(W_FOLD)
+            int s = sh[tl] + fold_unflag(sh[BM + nl]);
 #else
             int s = sh[tl] + sh[BM + nl];
 #endif
             float v = unscale(uintBitsToFloat(smem[sc + e / 4u][e % 4u]), s);
-#if defined(W_FP4)
-            if (fp4_flagged(sh[BM + nl]) && t < p.T && n < p.N) v = f32_dot(x_row(b0, b1, t), w_row(b0, b1, n));
+#if defined(W_FOLD)
+            if (fold_flagged(sh[BM + nl]) && t < p.T && n < p.N) v = f32_dot(x_row(b0, b1, t), w_row(b0, b1, n));
 #endif
             if (t < p.T && n < p.N) d[dbase + t * p.d_s2 + n * p.d_s3] = v;
         }

@@ -25,6 +25,7 @@ from dsv4_vk.model.checkpoint import BF16
 from dsv4_vk.ops import get_op
 from dsv4_vk.ops import mul_mat
 from dsv4_vk.vk.caps import CoopMatShape
+from dsv4_vk.vk import default_device
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SMALL_TILES = {"coopmat.tokens": 32, "coopmat.outputs": 32, "coopmat.warp_tokens": 16, "coopmat.warp_outputs": 16}
@@ -434,11 +435,14 @@ def test_bench_ablations_apply_to_the_kernel(monkeypatch):
 
 # --- FP8-block and FP4-group weights -------------------------------------------------------------------
 
-def quant_weights(rng, fmt, N, K, scale=None):
+def quant_weights(rng, fmt, N, K, scale=None, edit=None):
     """(packed words, scale words, float64 w) of random codes (tests/test_quant.py's random_quant and its
-    dequantisation written from the format), with the scale bytes given (`scale`, the grid) or random."""
+    dequantisation written from the format), with the scale bytes given (`scale`, the grid) or random, and
+    the codes changed in place by edit(codes) if given."""
     from test_quant import dequant, random_quant
     codes, s = random_quant(rng, fmt, N, K)
+    if edit is not None:
+        edit(codes)
     if scale is not None:
         s = np.asarray(scale, np.uint8).reshape(s.shape)
     words, sw = mul_mat.quant_arrays(codes, s)
@@ -620,14 +624,16 @@ def test_coopmat_quant_on_the_matrix_units_or_their_fma_twin(device, rng, kernel
         check_quant_coopmat(rng, kernel, [("fp8", 512, 1024, 4096)], {**BIG_TILES, **PASS_2BUF})
 
 
-def test_model_fp8_logits_on_the_tensor_core_path_match_transformers():
+@pytest.mark.parametrize("fp8_scales", ["block", "fold"])
+def test_model_fp8_logits_on_the_tensor_core_path_match_transformers(fp8_scales):
     """The published-layout FP8/FP4 fixture with every MUL_MAT of ≥ 16 tokens on the tensor-core path's data
-    flow (coopmat.emulate where there are no matrix units): logits against transformers' at NMSE ≤ 1e-5."""
+    flow (coopmat.emulate where there are no matrix units), FP8 block scales either way: logits against
+    transformers' at NMSE ≤ 1e-5."""
     from logits_check import logits_errors
     from dsv4_vk.model import Model
     d = os.path.join(HERE, "fixtures", "dsv4_fp8")
     e = np.load(os.path.join(d, "expected.npz"))
-    with tuned({"coopmat.emulate": True}):
+    with tuned({"coopmat.emulate": True, "coopmat.fp8_scales": fp8_scales}):
         m = Model.load(d, prefill_chunk=16, max_ctx=64)
     details = " ".join(m.compiled("prefill").dispatch_details)
     assert "mul_mat_coopmat" in details and "W_FP8" in details, details[:2000]
@@ -670,3 +676,47 @@ def test_coopmat_fma_fp8_batched_one_grid(rng):
     assert nmse(got, exact) <= NMSE_MAX
     ref16 = np.stack([fp16_quant_reference(x[i], w.reshape(G, r, K)[i]) for i in range(G)])
     assert nmse(got, ref16) <= NMSE_FP16_MAX["coopmat_fma"]
+
+
+FOLD = {"coopmat.fp8_scales": "fold"}
+
+
+@pytest.mark.parametrize("knobs", [{**SMALL_TILES, **FOLD}, {**SMALL_TILES, **PASS_2BUF, **FOLD}],
+                         ids=["32x32", "32x32_pass_2buf"])
+def test_coopmat_fma_fp8_folded_scales(rng, knobs):
+    """coopmat.fp8_scales='fold': FP8 block scales folded into per-row shifts, at the quantised cases and the
+    batched form whose tiles span two block rows (which 'block' refuses): against float64 and the
+    fp16-rounded x's product."""
+    check_quant_coopmat(rng, cases=[c for c in QUANT_CASES if c[0] == "fp8"], knobs=knobs)
+    words, sw, w = quant_weights(rng, "fp8", 2 * 100, 64)
+    x = rng.standard_normal((2, 40, 64)).astype(np.float32)
+    with tuned(knobs):
+        g = Graph()
+        g.output("y", g.op("MUL_MAT", g.input("x", x.shape), g.const(words.reshape(2, 100, -1)), g.const(sw),
+                           wq="fp8", kernel="coopmat_fma"))
+        (launch,) = [ln for ln in g.nodes[-1].op.lower(g.nodes[-1], default_device()) if "ROW_SCALES" not in ln.defines]
+        assert launch.defines.get("FP8_FOLD") == 1
+        got = Executor().run(g, x=x)["y"]
+    ref = np.matmul(x.astype(np.float64), np.swapaxes(w.reshape(2, 100, 64), -1, -2))
+    assert nmse(got, ref) <= NMSE_MAX
+    assert nmse(got, np.stack([fp16_quant_reference(x[i], w.reshape(2, 100, 64)[i]) for i in range(2)])) <= 1e-11
+
+
+@pytest.mark.parametrize("scales", ["tile", "pass"])
+def test_coopmat_fp8_folded_scale_spread(rng, scales):
+    """'fold': a block row whose scales span 12 binades is exact in fp16; 13 and 100 are summed in f32 (1e-5 of
+    the exact product), beside extreme scales (2^−127, 2^60)."""
+    T, N, K = 20, 384, 300                                  # block grid 3 × 3
+    grid = [[127, 115, 120], [127, 114, 127], [0, 100, 60]]
+    words, sw, w = quant_weights(rng, "fp8", N, K, grid, edit=lambda c: c.__setitem__((128, 130), 0x01))
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    x[:, 128:256] *= 2.0 ** 12
+    with tuned({**SMALL_TILES, **FOLD, "coopmat.scales": scales}):
+        got = run_quant(x, words, sw, "fp8")
+    check_quant_rel(got, x, w, ("fp8 fold", scales), f32_rows=range(128, 384))
+    assert w[128, 130] * 2.0 ** (134 - 127) < 2.0 ** -14    # row 128's smallest code, shifted: below fp16's normals
+
+
+def test_coopmat_fp8_scales_knob_checked(device):
+    with tuned({"coopmat.fp8_scales": "row"}), pytest.raises(ValueError, match="'coopmat.fp8_scales' must be one of"):
+        mul_mat.pick_kernel(device, 512, 4096, w_dtype="i32", quant="fp8")

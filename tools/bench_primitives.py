@@ -254,6 +254,9 @@ def gemm_table(ex, args, rng):
     if set(kinds) - set(GEMM_WEIGHTS):
         raise SystemExit(f"--gemm-weights: expected names from {GEMM_WEIGHTS}, got {args.gemm_weights!r}")
     torch_dtypes = [d for d in args.torch_dtypes.split(",") if d]
+    fp8_modes = [m for m in args.fp8_scales.split(",") if m]
+    if not fp8_modes or set(fp8_modes) - {"block", "fold"}:
+        raise SystemExit(f"--fp8-scales: expected block and/or fold, got {args.fp8_scales!r}")
     if set(torch_dtypes) - set(TORCH_DTYPES):
         raise SystemExit(f"--torch-dtypes: expected names from {TORCH_DTYPES}, got {args.torch_dtypes!r}")
     print(f"coopmat: {'runs on the matrix units' if why is None else 'runs as coopmat_fma (' + why + ')'}; "
@@ -271,7 +274,9 @@ def gemm_table(ex, args, rng):
                 checked = rng.choice(T, min(T, args.check_rows), replace=False)     # rows held to float64
                 ref = x[checked].astype(np.float64) @ w.T
                 row = {"T": T, "N": N, "K": K, "weights": kind, "ms": {}, "nmse": {}, "first_pass_ms": {}}
-                runs = [(f"{kernel_cm} {name}", kernel_cm, knobs) for name, knobs in tilings]
+                runs = [(f"{kernel_cm} {name}" + (f" {mode}" if kind == "fp8" else ""), kernel_cm,
+                         {**knobs, "coopmat.fp8_scales": mode})
+                        for name, knobs in tilings for mode in (fp8_modes if kind == "fp8" else ["block"])]
                 f32_kernel = pick_kernel(dev, T, N).kernel      # what the weights take without matrix units
                 if not args.no_f32:
                     runs.append((f32_kernel, f32_kernel, {}))
@@ -320,6 +325,8 @@ def main(argv=None):
     ap.add_argument("--gemm-shapes", default=GEMM_SHAPES, help="NxK,... of the --gemm rows")
     ap.add_argument("--gemm-weights", default="bf16", help="weights of the --gemm rows, of " + ",".join(GEMM_WEIGHTS)
                     + " (FP8 / FP4: random codes; torch multiplies their dequantised values)")
+    ap.add_argument("--fp8-scales", default="block,fold", help="coopmat.fp8_scales of the FP8 rows' coopmat runs "
+                    "(block, fold or both)")
     ap.add_argument("--torch-dtypes", default=",".join(TORCH_DTYPES), help="torch.matmul's precisions, of "
                     + ",".join(TORCH_DTYPES))
     ap.add_argument("--coopmat-tiles", default="default",

@@ -197,6 +197,11 @@ COOPMAT = knob_table(
                   "rows over all of K first) or 'pass' (a first dispatch scans every row once and writes each "
                   "tile's scales into the tile's own outputs; tiles with fewer than 2 rows or outputs in range "
                   "take 'tile')"),
+    fp8_scales=("block", "how FP8 weights' 128 × 128 block scales reach the tensor-core MUL_MAT: 'block' (each "
+                         "block's products summed apart and added times its scale, in f32: exact for any scales; "
+                         "needs tile outputs and k step dividing 128) or 'fold' (folded into a power-of-two shift "
+                         "per row, one accumulator set, any tiling; rows whose scales span more than 12 binades "
+                         "summed in f32 instead)"),
     min_tokens=(16, "from this many tokens MUL_MAT over bf16 / f16 / FP8 / FP4 weights runs on the matrix units "
                     "where the device has them and coopmat.auto is on (kernel 'coopmat')"),
     auto=(True, "the automatic choice takes the matrix units ('coopmat') where the device has them (False: the "
@@ -207,6 +212,15 @@ COOPMAT = knob_table(
 COOPMAT_SHAPE = (16, 16, 16, "f16", "f16", "f32", "f32")     # m, n, k and the A, B, C, D types
 COOPMAT_DTYPES = ("bf16", "f16")
 COOPMAT_SCALES = ("tile", "pass")
+FP8_SCALES = ("block", "fold")
+
+
+def fp8_fold() -> bool:
+    """Whether FP8 weights' block scales are folded into row shifts (knob coopmat.fp8_scales)."""
+    mode = COOPMAT["fp8_scales"]
+    if mode not in FP8_SCALES:
+        raise ValueError(f"tuning knob 'coopmat.fp8_scales' must be one of {FP8_SCALES}, got {mode!r}")
+    return mode == "fold"
 TILING_KNOBS = ("tokens", "outputs", "warp_tokens", "warp_outputs", "k_step", "buffers", "scales", "group")
 # The tilings the device's shared memory picks (knobs left at None): the H200's fastest (128 × 128 tiles,
 # 8 warps of 64 × 32, k step 64, scales by a first pass, groups of 8: 5-6x gemm_shared,
@@ -248,14 +262,14 @@ def coopmat_weight_refusal(device, w_dtype: str, fmt: "QuantFormat | None" = Non
     if fmt is None:
         return None if w_dtype in COOPMAT_DTYPES else f"{w_dtype} weights stay off the matrix units (fp16 products " \
                                                       f"would round them)"
-    if fmt.name != "fp8":
+    if fmt.name != "fp8" or fp8_fold():
         return None
     t = coopmat_tiling(device)
     bn, bk = t["outputs"], t["k_step"]
     if not (isinstance(bn, int) and isinstance(bk, int)) or 128 % bn or 128 % bk:
         return (f"FP8 weights need tile outputs and k step dividing their 128 × 128 scale blocks (coopmat.outputs "
-                f"{bn!r}, coopmat.k_step {bk!r})")
-    if w is None:
+                f"{bn!r}, coopmat.k_step {bk!r}; coopmat.fp8_scales='fold' has no such need)")
+    if w is None or N is None or grid_rows is None:
         return None
     kw = w.shape[-1]
     starts = {(w.offset + sum(i * st for i, st in zip(idx, w.strides[:-2]))) // kw
@@ -437,6 +451,8 @@ def coopmat_launches(device, kernel: str, x, w, out, push: dict, batch: int, T: 
     if spec[7] and min(T - bm * (t_tiles - 1), N - bn * (n_tiles - 1)) < 2:
         spec = spec[:7] + (0,) + spec[8:]   # a tile of 1 row or output has no room for its scales
     wdef = fmt.define() if fmt else weight_defines(w)
+    if fmt and fmt.name == "fp8" and fp8_fold():
+        wdef["FP8_FOLD"] = 1
     args = [x, w, out] + ([scale] if fmt else [])
     defines = {"CM_NV": 1} if kernel == "coopmat" else {}
     defines.update(wdef, **vec)
