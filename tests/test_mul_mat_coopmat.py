@@ -637,6 +637,7 @@ def test_model_fp8_logits_on_the_tensor_core_path_match_transformers(fp8_scales)
         m = Model.load(d, prefill_chunk=16, max_ctx=64)
     details = " ".join(m.compiled("prefill").dispatch_details)
     assert "mul_mat_coopmat" in details and "W_FP8" in details, details[:2000]
+    assert ("FP8_FOLD" in details) == (fp8_scales == "fold")
     errs = logits_errors(m, e)
     assert max(errs) <= NMSE_MAX, f"NMSE per position {errs}"
 
