@@ -310,6 +310,8 @@ def test_info_names_the_mul_mat_kernel(device):
         line = info_line(prefix=f"MUL_MAT       512 tokens over {fmt} ")
         assert (f"coopmat — matrix units: T ≥ 16 over {fmt} weights" in line if units else
                 "— f32 lanes, since the device has no VK_NV_cooperative_matrix 16 × 16 × 16" in line), line
+    line = info_line(prefix="MUL_MAT       512 tokens over f32 ")
+    assert "— f32 lanes: f32 weights stay off the matrix units (fp16 products would round them)" in line, line
     line = info_line(DSV4_VK_DISABLE_COOPMAT="1")
     assert "— f32 lanes, since" in line and ("DSV4_VK_DISABLE_COOPMAT=1" in line) == units, line
     r = subprocess.run([sys.executable, "-m", "dsv4_vk", "info"], capture_output=True, text=True, timeout=120,

@@ -362,8 +362,8 @@ def node_kernel(node, device) -> KernelChoice:
 
 
 def describe(device) -> dict:
-    """What `info` prints of MUL_MAT: the kernel 512 tokens over bf16, FP8 and FP4 weights [4096, 4096] take
-    on `device`, and why (the bf16 choice at the top level, the others under "quant")."""
+    """What `info` prints of MUL_MAT: the kernel 512 tokens over bf16, FP8, FP4 and f32 weights [4096, 4096]
+    take on `device`, and why (the bf16 choice at the top level, the others under "quant" and "f32")."""
     c = pick_kernel(device, 512, 4096, w_dtype="bf16")
     out = {"kernel": c.kernel, "reason": c.reason, "from_tokens": COOPMAT["min_tokens"]}
     if c.kernel in COOPMAT_KERNELS:
@@ -372,6 +372,8 @@ def describe(device) -> dict:
         out["tiling"] = t
     out["quant"] = {f: {"kernel": q.kernel, "reason": q.reason}
                     for f in QUANT for q in [pick_kernel(device, 512, 4096, w_dtype="i32", quant=f)]}
+    f32 = pick_kernel(device, 512, 4096, w_dtype="f32")
+    out["f32"] = {"kernel": f32.kernel, "reason": f32.reason}
     return out
 
 
