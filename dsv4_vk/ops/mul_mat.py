@@ -221,6 +221,8 @@ def fp8_fold() -> bool:
     if mode not in FP8_SCALES:
         raise ValueError(f"tuning knob 'coopmat.fp8_scales' must be one of {FP8_SCALES}, got {mode!r}")
     return mode == "fold"
+
+
 TILING_KNOBS = ("tokens", "outputs", "warp_tokens", "warp_outputs", "k_step", "buffers", "scales", "group")
 # The tilings the device's shared memory picks (knobs left at None): the H200's fastest (128 × 128 tiles,
 # 8 warps of 64 × 32, k step 64, scales by a first pass, groups of 8: 5-6x gemm_shared,
@@ -254,7 +256,7 @@ def coopmat_unavailable(device) -> str | None:
     return None
 
 
-def coopmat_weight_refusal(device, w_dtype: str, fmt: "QuantFormat | None" = None, w=None, N: int | None = None,
+def coopmat_weight_refusal(device, w_dtype: str, fmt: QuantFormat | None = None, w=None, N: int | None = None,
                            grid_rows: int | None = None) -> str | None:
     """Why the tensor-core kernel does not take these weights (None: it does): f32 weights (fp16 products
     would round them); FP8 where the tiling's outputs or k step do not divide its 128 × 128 scale blocks,
