@@ -2,9 +2,9 @@
 #extension GL_GOOGLE_include_directive : require
 //! variants: W_BF16 | W_F16 ; - | CM_NV ; - | VEC4 | VEC8
 //! variants: W_BF16 | W_F16 ; ROW_SCALES ; - | VEC4 | VEC8
-//! variants: W_FP8 | W_FP4 ; - | CM_NV ; - | VEC4 | VEC8
-//! variants: W_FP8 | W_FP4 ; ROW_SCALES ; - | VEC4 | VEC8
-//! variants: W_FP8 ; FP8_FOLD ; - | CM_NV | ROW_SCALES ; - | VEC4 | VEC8
+//! variants: W_FP8 | W_FP4 ; - | CM_NV ; - | VEC8
+//! variants: W_FP8 | W_FP4 ; ROW_SCALES ; - | VEC8
+//! variants: W_FP8 ; FP8_FOLD ; - | CM_NV ; - | VEC8
 // MUL_MAT on 16-bit matrix units: d[b0, b1, t, n] = Σ_k x[b0, b1, t, k] · w[b0, b1, n, k] (x @ wᵀ) for
 // bf16 / f16 weights (W_BF16 / W_F16, weights.glsl) or DeepSeek's FP8 / FP4 weights (W_FP8 / W_FP4,
 // below) and f32 x, with fp16 products accumulated in f32. x, w, d are strided 4-D views as in
@@ -59,7 +59,9 @@
 //   n0 + q % C)). Needs R + C ≤ R·C in every tile (R, C ≥ 2), which the launch checks.
 // -D W_FP8 / W_FP4: w is the packed codes (words; w's strides and offset in words, rows whole words,
 //   q_kw a row), their E8M0 scale bytes at binding 3, push fields q_kw, q_rows, q_srows, q_sc as in
-//   weights.glsl. A chunk is KC codes (KC·8 or KC·4 bits of the row, 0 past K), decoded exactly to
+//   weights.glsl; VEC8 or scalar chunks (no VEC4 variants: x rows 16-byte aligned with K % 8 != 0 take
+//   the scalar ones). ROW_SCALES writes FP8 rows' folded shifts (FP8_FOLD's), which the block form
+//   replaces by 0. A chunk is KC codes (KC·8 or KC·4 bits of the row, 0 past K), decoded exactly to
 //   halves while staged (the codes as they are for E4M3; E2M1 times the scale, below).
 //   W_FP8: w rows take no shift (every E4M3 value, 2⁻⁹..448, is a normal fp16, staged unscaled). Each
 //     warp sums a 128-input block's products into a second set of accumulators (blk) and, after the
@@ -142,8 +144,8 @@ mat2x4 x_chunk(uint xb, uint k) {
 #if defined(W_QUANT)
 // W_FOLD: the scale bytes folded into per-row shifts (FP4; FP8 with -D FP8_FOLD); W_BLOCK: FP8's block
 // scales applied to per-block sums
-#if defined(W_FP4) || defined(FP8_FOLD)
-#define W_FOLD 1
+#if defined(W_FP4) || defined(FP8_FOLD) || defined(ROW_SCALES)
+#define W_FOLD 1                                /* (ROW_SCALES: FP8's folded shifts, which W_BLOCK ignores) */
 #else
 #define W_BLOCK 1
 #endif
@@ -423,6 +425,9 @@ void main() {
         for (uint i = id; i < BM + BN; i += NW * 32u) {
             uint q = i < BM ? min(i, R - 1u) : R + min(i - BM, C - 1u);     // rows past the end: the last's
             sh[i] = int(d[dbase + (t0 + q / C) * p.d_s2 + (n0 + q % C) * p.d_s3]);
+#if defined(W_BLOCK)
+            if (i >= BM) sh[i] = 0;             // the codes staged as they are (the pass wrote the folded shift)
+#endif
         }
     }
     barrier();

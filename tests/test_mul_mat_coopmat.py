@@ -356,9 +356,10 @@ def test_the_cooperative_matrix_variant_compiles():
     assert {("CM_NV", "W_BF16"), ("CM_NV", "W_F16"), ("W_BF16",), ("W_F16",)} <= variants
     assert {("CM_NV", "VEC4", "W_BF16"), ("CM_NV", "VEC8", "W_F16"), ("CM_NV", "VEC8", "W_BF16")} <= variants
     assert {("ROW_SCALES", "VEC8", "W_BF16"), ("ROW_SCALES", "W_F16")} <= variants
-    assert {(*cm, *vec, f) for cm in ((), ("CM_NV",)) for vec in ((), ("VEC4",), ("VEC8",))
-            for f in ("W_FP4", "W_FP8")} <= {tuple(sorted(v)) for v in variants}
-    assert {("ROW_SCALES", "VEC8", "W_FP8"), ("ROW_SCALES", "W_FP4")} <= variants
+    assert {(*cm, *vec, f) for cm in ((), ("CM_NV",)) for vec in ((), ("VEC8",))
+            for f in ("W_FP4", "W_FP8")} <= variants
+    assert {("ROW_SCALES", "VEC8", "W_FP8"), ("ROW_SCALES", "W_FP4"), ("CM_NV", "FP8_FOLD", "VEC8", "W_FP8"),
+            ("FP8_FOLD", "W_FP8")} <= variants
     for defines in ({"W_BF16": 1, "CM_NV": 1}, {"W_F16": 1, "CM_NV": 1}, {"W_BF16": 1, "CM_NV": 1, "VEC4": 1},
                     {"W_BF16": 1, "CM_NV": 1, "VEC8": 1}, {"W_FP8": 1, "CM_NV": 1, "VEC8": 1},
                     {"W_FP4": 1, "CM_NV": 1}):

@@ -441,11 +441,11 @@ def coopmat_launches(device, kernel: str, x, w, out, push: dict, batch: int, T: 
     rows are 16-byte aligned, else 4 (VEC4: K % 4, x 16-byte and w 8-byte aligned), else 2 at any strides;
     with coopmat.scales = 'pass' (and every tile at least 2 × 2 in range) first ROW_SCALES. Quantised
     weights (fmt; push has quant_fields) are whole contiguous rows of words: x's alignment decides, and
-    their scale bytes are binding 3."""
+    their scale bytes are binding 3; they take 8 inputs an invocation or 2 (no VEC4 variants)."""
     w_ok = (lambda e: True) if fmt else (lambda e: rows_aligned(w, e))
     if K % 8 == 0 and rows_aligned(x, 4) and w_ok(8):
         chunk, vec = 8, {"VEC8": 1}
-    elif K % 4 == 0 and rows_aligned(x, 4) and w_ok(4):
+    elif K % 4 == 0 and rows_aligned(x, 4) and not fmt and rows_aligned(w, 4):
         chunk, vec = 4, {"VEC4": 1}
     else:
         chunk, vec = 2, {}
@@ -455,11 +455,10 @@ def coopmat_launches(device, kernel: str, x, w, out, push: dict, batch: int, T: 
     if spec[7] and min(T - bm * (t_tiles - 1), N - bn * (n_tiles - 1)) < 2:
         spec = spec[:7] + (0,) + spec[8:]   # a tile of 1 row or output has no room for its scales
     wdef = fmt.define() if fmt else weight_defines(w)
-    if fmt and fmt.name == "fp8" and fp8_fold():
-        wdef["FP8_FOLD"] = 1
+    fold = {"FP8_FOLD": 1} if fmt and fmt.name == "fp8" and fp8_fold() else {}
     args = [x, w, out] + ([scale] if fmt else [])
     defines = {"CM_NV": 1} if kernel == "coopmat" else {}
-    defines.update(wdef, **vec)
+    defines.update(wdef, **fold, **vec)
     gemm = Launch("mul_mat_coopmat", args, (2,), push, grid_1d(batch * t_tiles * n_tiles, 1),
                   defines=defines, spec=spec, full_subgroups=kernel == "coopmat")
     if not spec[7]:
