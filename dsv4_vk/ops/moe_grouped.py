@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.tuning import knob_table
-from .base import Launch, grid_1d, is_cpu, view_fields, weight_defines, workgroup_pow2, MAX_GROUPS
+from .base import Launch, grid_1d, is_cpu, next_pow2, view_fields, weight_defines, workgroup_pow2, MAX_GROUPS
 from .mul_mat import QUANT, quant_fields
 
 GROUPED = knob_table(
@@ -21,7 +21,8 @@ GROUPED = knob_table(
               "whatever T, the escape hatch)"),
     min_tokens=(8, "tokens from which MUL_MAT_ID takes the grouped kernel (below: one product per route, the "
                    "decode kernels)"),
-    tokens=(None, "route slots of a tile, BT (None: 64 on GPUs, 8 on CPU devices)"),
+    tokens=(None, "route slots of a tile, BT (None: on GPUs the routes an expert gets on average as a power of "
+                  "two within 16..64, a tile mostly full at any T and expert count; 8 on CPU devices)"),
     outputs=(None, "outputs of a tile, BN (None: 64 on GPUs, 8 on CPU devices)"),
     k_step=(None, "inputs staged a step, BK (None: 32 on GPUs, 16 on CPU devices; a divisor of the workgroup "
                   "size)"),
@@ -78,11 +79,11 @@ def grouped_scratch(T: int, R: int, E: int, N: int, mode: str, shared: bool) -> 
     return out
 
 
-def tile_shape(device) -> tuple[int, int, int, int, int]:
-    """(BT, BN, BK, TM, TN) from the knobs (device defaults where None), checked: ValueError naming
-    the knob that does not fit."""
+def tile_shape(device, S: int = 0, B: int = 2) -> tuple[int, int, int, int, int]:
+    """(BT, BN, BK, TM, TN) from the knobs (device defaults where None) for S route slots in B
+    buckets, checked: ValueError naming the knob that does not fit."""
     cpu = is_cpu(device)
-    bt = GROUPED["tokens"] or (8 if cpu else 64)
+    bt = GROUPED["tokens"] or (8 if cpu else min(64, max(16, next_pow2(-(-S // max(B - 1, 1))))))
     bn = GROUPED["outputs"] or (8 if cpu else 64)
     bk = GROUPED["k_step"] or (16 if cpu else 32)
     tm = GROUPED["thread_tokens"] or (2 if cpu else 4)
@@ -114,7 +115,7 @@ def grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt,
     cols = Nw // 2 if mode == "swiglu" else Nw
     id_base, n_ids = (0, E + 1) if shared else MulMatId.expert_ids(node.params, E)
     S, B = T * R, buckets(E, bool(shared))
-    bt, bn, bk, tm, tn = tile_shape(device)
+    bt, bn, bk, tm, tn = tile_shape(device, S, B)
     wr = 2 if mode == "swiglu" else 1
     smem = 4 * (bk * (bt + 1) + bk * (bn * wr + 1) + bt)
     if smem > device.caps.limits.max_shared_memory:
