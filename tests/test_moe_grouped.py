@@ -231,6 +231,8 @@ def test_kernel_choice_and_knobs(device, tune):
     assert expert_kernel(8).kernel == "grouped"
     with tuned({"mul_mat_id_grouped.on": False}):
         assert expert_kernel(4096).kernel == "per_route" and "on is off" in expert_kernel(4096).reason
+    from dsv4_vk.cli.info import _human, report
+    assert "MUL_MAT_ID    512 tokens × 7 routes: grouped — T = 512 ≥ mul_mat_id_grouped.min_tokens" in _human(report(device))
     tune({"mul_mat_id_grouped.thread_tokens": 3})
     with pytest.raises(ValueError, match="thread_tokens 3 must divide tokens"):
         tile_shape(device)

@@ -50,6 +50,16 @@ def expert_kernel(T: int) -> ExpertKernel:
     return ExpertKernel("grouped", f"T = {T} ≥ mul_mat_id_grouped.min_tokens: one GEMM per expert's routes")
 
 
+def describe(device, T: int = 512, routes: int = 7, experts: int = 257) -> dict:
+    """What `info` prints of MUL_MAT_ID on `device` at DeepSeek-V4-Flash's prefill (T tokens, 6 routed
+    of 256 experts and the shared one): its kernel and why, and the grouped kernel's tile."""
+    c = expert_kernel(T)
+    out = {"T": T, "routes": routes, "kernel": c.kernel, "reason": c.reason}
+    if c.kernel == "grouped":
+        out["tile"] = tile_shape(device, T * routes, experts + 1)
+    return out
+
+
 def sort_layout(S: int, B: int) -> dict[str, int]:
     """Offsets (i32 elements) of the sort's result for S route slots in B buckets (mul_mat_id_sort.comp),
     its tile table sized for tiles of any BT ≥ 1, and `size`."""
