@@ -234,7 +234,7 @@ def test_kernel_choice_and_knobs(device, tune):
     from dsv4_vk.cli.info import _human, report
     assert "MUL_MAT_ID    512 tokens × 7 routes: grouped — T = 512 ≥ mul_mat_id_grouped.min_tokens" in _human(report(device))
     tune({"mul_mat_id_grouped.thread_tokens": 3})
-    with pytest.raises(ValueError, match="thread_tokens 3 must divide tokens"):
+    with pytest.raises(ValueError, match="thread_tokens 3 and thread_outputs 4 must be multiples of 4"):
         tile_shape(device)
 
 

@@ -22,12 +22,12 @@ GROUPED = knob_table(
     min_tokens=(8, "tokens from which MUL_MAT_ID takes the grouped kernel (below: one product per route, the "
                    "decode kernels)"),
     tokens=(None, "route slots of a tile, BT (None: on GPUs the routes an expert gets on average as a power of "
-                  "two within 16..64, a tile mostly full at any T and expert count; 8 on CPU devices)"),
-    outputs=(None, "outputs of a tile, BN (None: 64 on GPUs, 8 on CPU devices)"),
+                  "two within 16..64, a tile mostly full at any T and expert count; 16 on CPU devices)"),
+    outputs=(None, "outputs of a tile, BN (None: 64 on GPUs, 16 on CPU devices)"),
     k_step=(None, "inputs staged a step, BK (None: 32 on GPUs, 16 on CPU devices; a divisor of the workgroup "
                   "size)"),
-    thread_tokens=(None, "route slots an invocation computes, TM (a divisor of BT; None: 4 on GPUs, 2 on CPU)"),
-    thread_outputs=(None, "outputs an invocation computes, TN (a divisor of BN; None: 4 on GPUs, 2 on CPU)"),
+    thread_tokens=(4, "route slots an invocation computes, TM (a multiple of 4 dividing BT)"),
+    thread_outputs=(4, "outputs an invocation computes, TN (a multiple of 4 dividing BN)"),
     sort_chunk=(1024, "route slots the sort stages in shared memory at a time"))
 
 SORT_POOL, ROUTES_POOL = "mul_mat_id.sort", "mul_mat_id.routes"
@@ -93,17 +93,16 @@ def tile_shape(device, S: int = 0, B: int = 2) -> tuple[int, int, int, int, int]
     """(BT, BN, BK, TM, TN) from the knobs (device defaults where None) for S route slots in B
     buckets, checked: ValueError naming the knob that does not fit."""
     cpu = is_cpu(device)
-    bt = GROUPED["tokens"] or (8 if cpu else min(64, max(16, next_pow2(-(-S // max(B - 1, 1))))))
-    bn = GROUPED["outputs"] or (8 if cpu else 64)
+    bt = GROUPED["tokens"] or (16 if cpu else min(64, max(16, next_pow2(-(-S // max(B - 1, 1))))))
+    bn = GROUPED["outputs"] or (16 if cpu else 64)
     bk = GROUPED["k_step"] or (16 if cpu else 32)
-    tm = GROUPED["thread_tokens"] or (2 if cpu else 4)
-    tn = GROUPED["thread_outputs"] or (2 if cpu else 4)
+    tm, tn = GROUPED["thread_tokens"], GROUPED["thread_outputs"]
     for name, v in (("tokens", bt), ("outputs", bn), ("k_step", bk), ("thread_tokens", tm), ("thread_outputs", tn)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"tuning knob 'mul_mat_id_grouped.{name}' must be an integer ≥ 1, got {v!r}")
-    if bt % tm or bn % tn:
-        raise ValueError(f"tuning knobs mul_mat_id_grouped: thread_tokens {tm} must divide tokens {bt} and "
-                         f"thread_outputs {tn} outputs {bn}")
+    if bt % tm or bn % tn or tm % 4 or tn % 4:
+        raise ValueError(f"tuning knobs mul_mat_id_grouped: thread_tokens {tm} and thread_outputs {tn} must be "
+                         f"multiples of 4 (the tiles are read as vec4s) dividing tokens {bt} and outputs {bn}")
     wg = (bt // tm) * (bn // tn)
     lim = device.caps.limits
     if wg > min(lim.max_workgroup_invocations, lim.max_workgroup_size[0]):
@@ -127,7 +126,7 @@ def grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt,
     S, B = T * R, buckets(E, bool(shared))
     bt, bn, bk, tm, tn = tile_shape(device, S, B)
     wr = 2 if mode == "swiglu" else 1
-    smem = 4 * (bk * (bt + 1) + bk * (bn * wr + 1) + bt)
+    smem = 4 * (bk * (bt + 4) + bk * (bn * wr + 4) + bt)
     if smem > device.caps.limits.max_shared_memory:
         raise ValueError(f"tuning knobs mul_mat_id_grouped: the tiles take {smem} bytes of shared memory, past "
                          f"this device's {device.caps.limits.max_shared_memory}")
