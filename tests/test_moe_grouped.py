@@ -233,6 +233,9 @@ def test_kernel_choice_and_knobs(device, tune):
         assert expert_kernel(4096).kernel == "per_route" and "on is off" in expert_kernel(4096).reason
     from dsv4_vk.cli.info import _human, report
     assert "MUL_MAT_ID    512 tokens × 7 routes: grouped — T = 512 ≥ mul_mat_id_grouped.min_tokens" in _human(report(device))
+    g, node = build("sum", 9, 2, (9, 3, 8), [np.zeros((4, 8, 8), np.float32)], [], {})
+    with tuned({"mul_mat_id_grouped.sort_chunk": 0}), pytest.raises(ValueError, match="'mul_mat_id_grouped.sort_chunk'"):
+        node.op.lower(node, device)
     tune({"mul_mat_id_grouped.thread_tokens": 3})
     with pytest.raises(ValueError, match="thread_tokens 3 and thread_outputs 4 must be multiples of 4"):
         tile_shape(device)

@@ -245,8 +245,9 @@ class MulMatId(OpDef):
         K = x.shape[-1]
         if x.shape[1] == 1:
             x = x.broadcast_to((T, R, K))
+        id_base, n_ids = (0, E + 1) if shared else self.expert_ids(node.params, E)
         if expert_kernel(T).kernel == "grouped":
-            return grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt, mode)
+            return grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt, mode, id_base, n_ids)
         cols = N // 2 if mode == "swiglu" else N
         wg = MUL_MAT_ID_UNROLL["wg"] if mode == "sum" else None
         wg_max = workgroup_cluster_max(device, 256)
@@ -263,7 +264,6 @@ class MulMatId(OpDef):
         if all(a % 4 == 0 for a in aligned):
             defs["VEC4"] = 1
         o_strides = list(out.strides) if mode == "swiglu" else [out.strides[0], out.strides[1], 0]
-        id_base, n_ids = (0, E + 1) if shared else self.expert_ids(node.params, E)
         push = {"T": T, "R": R, "N": cols, "K": K, "E": E, "id_base": id_base, "n_ids": n_ids,
                 **view_fields("x", x.offset, x.strides[:2]), **view_fields("w", w.offset, w.strides[:2]),
                 **view_fields("r", route.offset, route.strides), **view_fields("d", out.offset, o_strides),

@@ -114,15 +114,18 @@ def tile_shape(device, S: int = 0, B: int = 2) -> tuple[int, int, int, int, int]
     return bt, bn, bk, tm, tn
 
 
-def grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt, mode: str) -> list[Launch]:
-    """MUL_MAT_ID's grouped path: the sort, the grouped GEMM, and for mode="sum" the route sum."""
-    from .moe import MulMatId
+def grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt, mode: str, id_base: int,
+                     n_ids: int) -> list[Launch]:
+    """MUL_MAT_ID's grouped path: the sort, the grouped GEMM, and for mode="sum" the route sum.
+    x [T, R, K] (a stride-0 view where the routes share a row), w and route as MUL_MAT_ID takes them,
+    out its output, add / g (norm weight) / scale (quantised weights' scale bytes) / shared (the FP8
+    shared expert's codes and scale bytes) or None, fmt a QuantFormat or None; w holds experts
+    id_base .. of n_ids."""
     graph = out.graph
     T, R, _ = route.shape
     E, Nw, _ = w.shape
     K = x.shape[-1]
     cols = Nw // 2 if mode == "swiglu" else Nw
-    id_base, n_ids = (0, E + 1) if shared else MulMatId.expert_ids(node.params, E)
     S, B = T * R, buckets(E, bool(shared))
     bt, bn, bk, tm, tn = tile_shape(device, S, B)
     wr = 2 if mode == "swiglu" else 1
@@ -137,7 +140,10 @@ def grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt,
     lay = sort_layout(S, B)
     sort = graph.scratch(SORT_POOL)
     sort_wg = workgroup_pow2(device, 256)
-    chunk = int(GROUPED["sort_chunk"])
+    chunk = GROUPED["sort_chunk"]
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= device.caps.limits.max_shared_memory // 4:
+        raise ValueError(f"tuning knob 'mul_mat_id_grouped.sort_chunk' must be an integer ≥ 1 whose 4-byte slots fit "
+                         f"the device's shared memory, got {chunk!r}")
     sort_push = {"T": T, "R": R, "E": E, "id_base": id_base, "n_ids": n_ids, "shared_id": int(bool(shared)),
                  "r_off": route.offset, "r_s0": route.strides[0], "r_s1": route.strides[1], "s_off": 0, "BT": bt,
                  **{k: lay[k] for k in ("CNT", "OFF", "TOFF", "CUR", "TILE0", "LIST0")}}
