@@ -110,12 +110,39 @@ float w_at(uint wb, uint k, bool sh) {
 }
 
 #if defined(VEC4)
-vec4 w_at4(uint wb, uint j, bool sh) {
+// The first scale byte of the row at wb's grid row (quantised weights; 0 otherwise): the divisions
+// done once per row, not per load.
+uint w_scale_row(uint wb, bool sh) {
 #if defined(SHARED_FP8)
-    if (sh) return S4_ROW(wb, j);
+    if (sh) {
+        uint row = wb / S_KW, m = row / p.s_rows;
+        return (m * ((p.s_rows + 127u) / 128u) + (row - m * p.s_rows) / 128u) * ((p.K + 127u) / 128u);
+    }
 #endif
-    return W4_ROW(wb, j);
+#if defined(W_QUANT)
+    return q_scale_row(wb);
+#else
+    return 0u;
+#endif
 }
+
+// Weights j·4 .. j·4 + 3 of the row at wb, sb its w_scale_row.
+vec4 w_at4(uint wb, uint sb, uint j, bool sh) {
+#if defined(SHARED_FP8)
+    if (sh) {
+        uint i = sb + j / 32u;                          // 128-input blocks
+        return q_fp8x4(wsq[wb + j]) * (q_e8m0((wsscale[i >> 2] >> ((i & 3u) << 3)) & 0xFFu) * 256.0);
+    }
+#endif
+#if defined(W_FP8)
+    return q_fp8x4(wq[wb + j]) * q_scale_at(sb + 4u * j / Q_BC);
+#elif defined(W_FP4)
+    return q_fp4x4(wq[wb + (j >> 1)] >> ((j & 1u) << 4)) * q_scale_at(sb + 4u * j / Q_BC);
+#else
+    return W4_ROW(wb, j);
+#endif
+}
+const uint NW = (BN * WR * BK / 4u + gl_WorkGroupSize.x - 1u) / gl_WorkGroupSize.x;   // vec4s an invocation stages
 #endif
 
 uint x_row(uint s) {
@@ -156,8 +183,21 @@ void main() {
     float acc[TM][TN * WR];
     [[unroll]] for (uint m = 0; m < TM; ++m)
         [[unroll]] for (uint j = 0; j < TN * WR; ++j) acc[m][j] = 0.0;
+    // Each invocation stages the same x rows and weight rows every step (its items q = li + u·WG):
+    // their addresses (and the weights' scale rows) found once.
     float ss[NX];                                       // NORM_X: Σx² of the rows this invocation stages
-    [[unroll]] for (uint u = 0; u < NX; ++u) ss[u] = 0.0;
+    uint xb[NX];
+    [[unroll]] for (uint u = 0; u < NX; ++u) {
+        ss[u] = 0.0;
+        xb[u] = x_row(slots[min((li + u * WG) / BK, BT - 1u)]);
+    }
+#if defined(VEC4)
+    uint wb[NW], sb[NW];
+    [[unroll]] for (uint u = 0; u < NW; ++u) {
+        wb[u] = w_row(bucket, sh, n0, min((li + u * WG) / (BK / 4u), BN * WR - 1u));
+        sb[u] = w_scale_row(wb[u], sh);
+    }
+#endif
     for (uint k0 = 0; k0 < p.K; k0 += BK) {
         // stage x: the tile's BT gathered rows (slots past `rows` repeat the last one: read, never stored)
         [[unroll]] for (uint u = 0; u < NX; ++u) {
@@ -165,7 +205,7 @@ void main() {
             if (q < BT * BK) {
                 float v = 0.0;
                 if (k < p.K) {
-                    v = x[x_row(slots[i]) + k];
+                    v = x[xb[u] + k];
 #if defined(NORM_X)
                     ss[u] += v * v;
                     v *= g[p.g_off + k];
@@ -177,10 +217,12 @@ void main() {
         // stage w: BN·WR rows × BK, decoded to f32 (zeros past K)
 #if defined(VEC4)
         if (k0 + BK <= p.K) {
-            for (uint q = li; q < BN * WR * BK / 4u; q += WG) {
-                uint j = q / (BK / 4u), c = q - j * (BK / 4u);
-                vec4 v = w_at4(w_row(bucket, sh, n0, j), k0 / 4u + c, sh);
-                [[unroll]] for (uint e = 0; e < 4u; ++e) ws[(4u * c + e) * WP + j / 4u][j % 4u] = v[e];
+            [[unroll]] for (uint u = 0; u < NW; ++u) {
+                uint q = li + u * WG, j = q / (BK / 4u), c = q - j * (BK / 4u);
+                if (q < BN * WR * BK / 4u) {
+                    vec4 v = w_at4(wb[u], sb[u], k0 / 4u + c, sh);
+                    [[unroll]] for (uint e = 0; e < 4u; ++e) ws[(4u * c + e) * WP + j / 4u][j % 4u] = v[e];
+                }
             }
         } else
 #endif
