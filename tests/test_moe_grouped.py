@@ -241,6 +241,27 @@ def test_kernel_choice_and_knobs(device, tune):
         tile_shape(device)
 
 
+def test_working_memory_is_one_pool_per_name_as_large_as_the_largest_request():
+    """Every grouped MUL_MAT_ID of a graph shares the sort's pool and the routes' products' pool
+    (sized to the largest); the per-route path asks for none; an unknown pool is refused by name."""
+    from dsv4_vk.ops.moe_grouped import ROUTES_POOL, grouped_scratch
+    g = Graph()
+    x = g.input("x", (20, 1, 8))
+    h = g.op("MUL_MAT_ID", x, g.const(np.zeros((5, 12, 8), np.float32)), g.input("r", (20, 3, 2)), mode="swiglu")
+    g.op("MUL_MAT_ID", h, g.const(np.zeros((5, 8, 6), np.float32)), g.input("r2", (20, 3, 2)), mode="sum")
+    g.op("MUL_MAT_ID", g.input("x3", (9, 4, 6)), g.const(np.zeros((7, 8, 6), np.float32)), g.input("r3", (9, 4, 2)),
+         mode="sum")
+    g.op("MUL_MAT_ID", g.input("x4", (1, 4, 6)), g.const(np.zeros((7, 8, 6), np.float32)), g.input("r4", (1, 4, 2)),
+         mode="sum")
+    pools = [s for s in g.storages if (s.name or "").startswith("scratch:")]
+    assert sorted(s.name for s in pools) == [f"scratch:{ROUTES_POOL}", f"scratch:{SORT_POOL}"]
+    want = [grouped_scratch(20, 3, 5, 8, "sum", False), grouped_scratch(9, 4, 7, 8, "sum", False)]
+    assert g.scratch(SORT_POOL).numel == max(w[SORT_POOL][0] for w in want)
+    assert g.scratch(ROUTES_POOL).numel == max(w[ROUTES_POOL][0] for w in want) == 20 * 3 * 8
+    with pytest.raises(ValueError, match="no op of this graph asked for scratch pool 'nope'"):
+        g.scratch("nope")
+
+
 def worker():
     from dsv4_vk.vk import default_device
     dev = default_device()
