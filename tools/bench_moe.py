@@ -141,7 +141,9 @@ def prefill_rows(a, dev, warm, rng):
                         args = [g.input("x", x.shape), g.bind(tensors[0]), g.input("r", route.shape)]
                         g.output("y", g.op("MUL_MAT_ID", *args, *[g.bind(t) for t in tensors[1:]], mode=mode,
                                            **prm, **kw))
-                        got = g.compile(dev).run(x=x, r=route)["y"]
+                        cg = g.compile(dev)
+                        got = cg.run(x=x, r=route)["y"]
+                        cg.release()
                         err = nmse(got[:len(ts)], ref) if ts else float("nan")
                         us = median_gpu_us(dev, g, {"x": x, "r": route}, a.replays, warm, a.repeat)
                     row = {"format": fmt, "T": T, "mode": mode, "kernel": kernel, **tile, "ms": us / 1e3,
