@@ -23,15 +23,16 @@
 // knows no indirect dispatches). y-major tiles of one expert are neighbours: the x rows of a tile
 // are read by its x-row of workgroups while they are in cache.
 // Tile (spec constants): BT route slots × BN outputs (MODE_SWIGLU: BN gate and BN up rows), K in
-// steps of BK. Per step the workgroup stages the BT gathered x rows (xs) and the weight rows (ws),
-// decoded to f32, in shared memory, k-major as vec4s, each k-row padded by one vec4 (the staging's
-// k-strided stores spread over the banks); then each invocation adds its TM × TN outputs' products
-// in f32, slots ty·TM .. +TM−1 and outputs tx·TN .. +TN−1 (consecutive invocations: consecutive
-// outputs), reading them from the tiles as vec4s (TM, TN multiples of 4: the host checks). The
-// staging and the inner product are apart, so the inner product can become cooperative-matrix
-// loads and multiply-adds over the same shared tiles. Workgroup: (BT/TM)·(BN/TN) invocations
-// (spec constant 0, the host checks); WG % BK == 0 and BT·BK % WG == 0 (the host checks) so that
-// an invocation stages the same x rows every step (NORM_X: its share of their Σx²).
+// steps of BK (a multiple of 4). Per step the workgroup stages the BT gathered x rows (xs) and the
+// weight rows (ws), decoded to f32, in shared memory, row-major with k contiguous (A = x, B = wᵀ in
+// the layouts a cooperative-matrix load takes), rows of BK/4 vec4s padded by one vec4 (an odd
+// stride: consecutive rows' vec4s fall in distinct banks); then each invocation adds its TM × TN
+// outputs' products in f32, slots ty + m·(BT/TM) and outputs tx + j·(BN/TN) (consecutive
+// invocations: consecutive rows, so coalesced stores and conflict-free vec4 loads of the tiles),
+// four k at a time. The staging and the inner product are apart, so the inner product can become
+// cooperative-matrix loads and multiply-adds over the same shared tiles. Workgroup: (BT/TM)·(BN/TN)
+// invocations (spec constant 0, the host checks); WG % BK == 0 and BT·BK % WG == 0 (the host
+// checks) so that an invocation stages the same x rows every step (NORM_X: its share of their Σx²).
 // Push block: R, N (F for SWIGLU), K, E, id_base, n_ids; x_off, x_s0, x_s1; w_off, w_s0, w_s1;
 // r_off, r_s0, r_s1; d_off, d_s0, d_s1, d_s2; s_off, TILE0, LIST0, EL (the sort's result and the
 // bucket of routes not computed here); limit; NORM_X: g_off, eps; quantised: q_kw, q_rows, q_srows,
@@ -86,10 +87,10 @@ const uint WR = 2u;                     // gate and up rows
 #else
 const uint WR = 1u;
 #endif
-const uint XP = BT / 4u + 1u, WP = BN * WR / 4u + 1u;     // vec4s of the padded k-rows of the tiles
+const uint KP = BK / 4u + 1u;           // vec4s of a padded tile row
 const uint NX = (BT * BK + gl_WorkGroupSize.x - 1u) / gl_WorkGroupSize.x;   // x elements an invocation stages
-shared vec4 xs[BK * XP];                // x of the tile's slot i at k0 + k: xs[k·XP + i/4][i%4]
-shared vec4 ws[BK * WP];                // weight row j (gate rows, then up rows) at k0 + k: ws[k·WP + j/4][j%4]
+shared vec4 xs[BT * KP];                // x of the tile's slot i at k0 + k: xs[i·KP + k/4][k%4]
+shared vec4 ws[BN * WR * KP];           // weight row j (gate rows, then up rows) at k0 + k: ws[j·KP + k/4][k%4]
 shared uint slots[BT];
 
 // The tile's weight row j (gate rows 0..BN−1, up rows BN..2BN−1 for MODE_SWIGLU) of expert e, as
@@ -179,7 +180,7 @@ void main() {
 #if defined(SHARED_FP8)
     sh = bucket == p.E;
 #endif
-    uint TX = BN / TN, tx = li % TX, ty = li / TX;
+    uint TX = BN / TN, TY = BT / TM, tx = li % TX, ty = li / TX;
     float acc[TM][TN * WR];
     [[unroll]] for (uint m = 0; m < TM; ++m)
         [[unroll]] for (uint j = 0; j < TN * WR; ++j) acc[m][j] = 0.0;
@@ -211,7 +212,7 @@ void main() {
                     v *= g[p.g_off + k];
 #endif
                 }
-                xs[kk * XP + i / 4u][i % 4u] = v;
+                xs[i * KP + kk / 4u][kk % 4u] = v;
             }
         }
         // stage w: BN·WR rows × BK, decoded to f32 (zeros past K)
@@ -220,25 +221,25 @@ void main() {
             [[unroll]] for (uint u = 0; u < NW; ++u) {
                 uint q = li + u * WG, j = q / (BK / 4u), c = q - j * (BK / 4u);
                 if (q < BN * WR * BK / 4u) {
-                    vec4 v = w_at4(wb[u], sb[u], k0 / 4u + c, sh);
-                    [[unroll]] for (uint e = 0; e < 4u; ++e) ws[(4u * c + e) * WP + j / 4u][j % 4u] = v[e];
+                    ws[j * KP + c] = w_at4(wb[u], sb[u], k0 / 4u + c, sh);
                 }
             }
         } else
 #endif
         for (uint q = li; q < BN * WR * BK; q += WG) {
             uint j = q / BK, kk = q - j * BK, k = k0 + kk;
-            ws[kk * WP + j / 4u][j % 4u] = k < p.K ? w_at(w_row(bucket, sh, n0, j), k, sh) : 0.0;
+            ws[j * KP + kk / 4u][kk % 4u] = k < p.K ? w_at(w_row(bucket, sh, n0, j), k, sh) : 0.0;
         }
         barrier();
         // the inner product over the staged step
-        for (uint kk = 0; kk < BK; ++kk) {
-            vec4 a[TM / 4u], b[TN * WR / 4u];
-            [[unroll]] for (uint m = 0; m < TM / 4u; ++m) a[m] = xs[kk * XP + ty * (TM / 4u) + m];
-            [[unroll]] for (uint j = 0; j < TN * WR / 4u; ++j)       // TN outputs' gate, then up
-                b[j] = ws[kk * WP + tx * (TN / 4u) + j % (TN / 4u) + (j / (TN / 4u)) * (BN / 4u)];
+        for (uint c = 0; c < BK / 4u; ++c) {
+            vec4 a[TM], b[TN * WR];
+            [[unroll]] for (uint m = 0; m < TM; ++m) a[m] = xs[(ty + m * TY) * KP + c];
+            [[unroll]] for (uint j = 0; j < TN * WR; ++j)             // TN outputs' gate rows, then up rows
+                b[j] = ws[(tx + (j % TN) * TX + (j / TN) * BN) * KP + c];
             [[unroll]] for (uint m = 0; m < TM; ++m)
-                [[unroll]] for (uint j = 0; j < TN * WR; ++j) acc[m][j] = fma(a[m / 4u][m % 4u], b[j / 4u][j % 4u], acc[m][j]);
+                [[unroll]] for (uint j = 0; j < TN * WR; ++j)
+                    acc[m][j] = fma(a[m].w, b[j].w, fma(a[m].z, b[j].z, fma(a[m].y, b[j].y, fma(a[m].x, b[j].x, acc[m][j]))));
         }
         barrier();
     }
@@ -246,25 +247,25 @@ void main() {
     [[unroll]] for (uint m = 0; m < TM; ++m) inv[m] = 1.0;
 #if defined(NORM_X)
     // Σx² per row in a fixed order: the BK partial sums of row i sit at floats u·WG + (i % (WG/BK))·BK + c
-    // of xs (its BT·BK + BK floats hold them)
+    // of xs (its BT·(BK + 4) floats hold them)
     [[unroll]] for (uint u = 0; u < NX; ++u) {
         uint q = li + u * WG;
         if (q < BT * BK) xs[q / 4u][q % 4u] = ss[u];
     }
     barrier();
     [[unroll]] for (uint m = 0; m < TM; ++m) {
-        uint i = ty * TM + m, rpw = WG / BK, base = (i / rpw) * WG + (i % rpw) * BK;
+        uint i = ty + m * TY, rpw = WG / BK, base = (i / rpw) * WG + (i % rpw) * BK;
         float s2 = 0.0;
         for (uint c = 0; c < BK; ++c) s2 += xs[(base + c) / 4u][(base + c) % 4u];
         inv[m] = 1.0 / sqrt(s2 / float(p.K) + p.eps);
     }
 #endif
     [[unroll]] for (uint m = 0; m < TM; ++m) {
-        uint i = ty * TM + m;
+        uint i = ty + m * TY;
         if (i >= rows) continue;
         uint s = slots[i];
         [[unroll]] for (uint j = 0; j < TN; ++j) {
-            uint n = n0 + tx * TN + j;
+            uint n = n0 + tx + j * TX;
             if (n >= p.N) continue;
 #if defined(MODE_SWIGLU)
             float gate = min(acc[m][j] * inv[m], p.limit), up = clamp(acc[m][TN + j] * inv[m], -p.limit, p.limit);

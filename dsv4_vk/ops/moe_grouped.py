@@ -26,8 +26,8 @@ GROUPED = knob_table(
     outputs=(None, "outputs of a tile, BN (None: 64 on GPUs, 16 on CPU devices)"),
     k_step=(None, "inputs staged a step, BK (None: 32 on GPUs, 16 on CPU devices; a divisor of the workgroup "
                   "size)"),
-    thread_tokens=(4, "route slots an invocation computes, TM (a multiple of 4 dividing BT)"),
-    thread_outputs=(4, "outputs an invocation computes, TN (a multiple of 4 dividing BN)"),
+    thread_tokens=(4, "route slots an invocation computes, TM (a divisor of BT)"),
+    thread_outputs=(4, "outputs an invocation computes, TN (a divisor of BN)"),
     sort_chunk=(1024, "route slots the sort stages in shared memory at a time"))
 
 SORT_POOL, ROUTES_POOL = "mul_mat_id.sort", "mul_mat_id.routes"
@@ -100,9 +100,12 @@ def tile_shape(device, S: int = 0, B: int = 2) -> tuple[int, int, int, int, int]
     for name, v in (("tokens", bt), ("outputs", bn), ("k_step", bk), ("thread_tokens", tm), ("thread_outputs", tn)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"tuning knob 'mul_mat_id_grouped.{name}' must be an integer ≥ 1, got {v!r}")
-    if bt % tm or bn % tn or tm % 4 or tn % 4:
-        raise ValueError(f"tuning knobs mul_mat_id_grouped: thread_tokens {tm} and thread_outputs {tn} must be "
-                         f"multiples of 4 (the tiles are read as vec4s) dividing tokens {bt} and outputs {bn}")
+    if bt % tm or bn % tn:
+        raise ValueError(f"tuning knobs mul_mat_id_grouped: thread_tokens {tm} must divide tokens {bt} and "
+                         f"thread_outputs {tn} outputs {bn}")
+    if bk % 4:
+        raise ValueError(f"tuning knob 'mul_mat_id_grouped.k_step' must be a multiple of 4 (tile rows of vec4s), "
+                         f"got {bk}")
     wg = (bt // tm) * (bn // tn)
     lim = device.caps.limits
     if wg > min(lim.max_workgroup_invocations, lim.max_workgroup_size[0]):
@@ -129,7 +132,7 @@ def grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt,
     S, B = T * R, buckets(E, bool(shared))
     bt, bn, bk, tm, tn = tile_shape(device, S, B)
     wr = 2 if mode == "swiglu" else 1
-    smem = 4 * (bk * (bt + 4) + bk * (bn * wr + 4) + bt)
+    smem = 16 * (bt + bn * wr) * (bk // 4 + 1) + 4 * bt
     if smem > device.caps.limits.max_shared_memory:
         raise ValueError(f"tuning knobs mul_mat_id_grouped: the tiles take {smem} bytes of shared memory, past "
                          f"this device's {device.caps.limits.max_shared_memory}")
@@ -161,7 +164,7 @@ def grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt,
         defs["SHARED_FP8"] = 1
     if g is not None:
         defs["NORM_X"] = 1
-    vec4 = K % 4 == 0 and bk % 4 == 0 and (fmt is not None or all(a % 4 == 0 for a in (w.offset, *w.strides[:2])))
+    vec4 = K % 4 == 0 and (fmt is not None or all(a % 4 == 0 for a in (w.offset, *w.strides[:2])))
     if vec4:
         defs["VEC4"] = 1
     push = {"R": R, "N": cols, "K": K, "E": E, "id_base": id_base, "n_ids": n_ids,
