@@ -2,7 +2,7 @@
 #extension GL_GOOGLE_include_directive : require
 //! variants: MODE_SWIGLU ; - | VEC4 ; - | W_BF16 | W_F16 | W_FP8 | W_FP4 | W_FP4 SHARED_FP8 ; - | NORM_X
 //! variants: MODE_SUM ; - | VEC4 ; - | W_BF16 | W_F16 | W_FP8 | W_FP4 | W_FP4 SHARED_FP8
-// MUL_MAT_ID's grouped kernel (prefill: T > 1 tokens): the experts' products as one GEMM per
+// MUL_MAT_ID's grouped kernel (prefill chunks, from mul_mat_id_grouped.min_tokens tokens): the experts' products as one GEMM per
 // expert over the routes sorted to it (mul_mat_id_sort.comp), each expert's weights read once per
 // tile of BT of its routes rather than once per route. Same products as mul_mat_id.comp:
 //   MODE_SWIGLU  x [T, 1 or R, K], w [E, 2F, K]: out[t, r, f] = silu(min(g, limit)) · clamp(u, −limit,
@@ -20,8 +20,8 @@
 // writes it), so the host launches the worst case, S / BT + min(B, S) tile slots for S = T·R slots
 // in B buckets (each bucket adds at most one partial tile), and a workgroup past the tiles there
 // are leaves at once (no indirect dispatch: one recording serves every routing, and the recorder
-// knows no indirect dispatches). y-major tiles of one expert are neighbours: the x rows of a tile
-// are read by its x-row of workgroups while they are in cache.
+// knows no indirect dispatches). x varies fastest: the workgroups of a tile slot (one expert's
+// routes) run one after another over its output tiles, its x rows staying in cache.
 // Tile (spec constants): BT route slots × BN outputs (MODE_SWIGLU: BN gate and BN up rows), K in
 // steps of BK (a multiple of 4). Per step the workgroup stages the BT gathered x rows (xs) and the
 // weight rows (ws), decoded to f32, in shared memory, row-major with k contiguous (A = x, B = wᵀ in
