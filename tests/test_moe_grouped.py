@@ -245,6 +245,9 @@ def test_kernel_choice_and_knobs(device, tune):
     g, node = build("sum", 9, 2, (9, 3, 8), [np.zeros((4, 8, 8), np.float32)], [], {})
     with tuned({"mul_mat_id_grouped.sort_chunk": 0}), pytest.raises(ValueError, match="'mul_mat_id_grouped.sort_chunk'"):
         node.op.lower(node, device)
+    with tuned({"mul_mat_id_grouped.outputs": 4096, "mul_mat_id_grouped.thread_outputs": 1024}), \
+            pytest.raises(ValueError, match="bytes of shared memory, past this device's"):
+        tile_shape(device)
     tune({"mul_mat_id_grouped.thread_tokens": 3})
     with pytest.raises(ValueError, match="thread_tokens 3 must divide tokens"):
         tile_shape(device)

@@ -47,6 +47,7 @@ from dsv4_vk.model.checkpoint import BF16
 from dsv4_vk.core.tuning import tuned
 from dsv4_vk.hc.metrics import nmse
 from dsv4_vk.ops import get_op
+from dsv4_vk.ops.moe_grouped import tile_shape
 from dsv4_vk.ops.mul_mat import QUANT, dequantize, quant_arrays
 from dsv4_vk.vk import default_device
 
@@ -138,6 +139,12 @@ def prefill_rows(a, dev, warm, rng):
                              **{f"mul_mat_id_grouped.{k}": v for k, v in tile.items()}}
                     with tuned(knobs):
                         g = Graph()
+                        try:
+                            if kernel == "grouped":
+                                tile_shape(dev, wr=2 if mode == "swiglu" else 1)
+                        except ValueError as e:
+                            print(f"{fmt:8s} T={T:5d} {mode:6s} grouped {tile}: skipped ({e})", flush=True)
+                            continue
                         args = [g.input("x", x.shape), g.bind(tensors[0]), g.input("r", route.shape)]
                         g.output("y", g.op("MUL_MAT_ID", *args, *[g.bind(t) for t in tensors[1:]], mode=mode,
                                            **prm, **kw))

@@ -89,9 +89,10 @@ def grouped_scratch(T: int, R: int, E: int, N: int, mode: str, shared: bool) -> 
     return out
 
 
-def tile_shape(device, S: int = 0, B: int = 2) -> tuple[int, int, int, int, int]:
+def tile_shape(device, S: int = 0, B: int = 2, wr: int = 2) -> tuple[int, int, int, int, int]:
     """(BT, BN, BK, TM, TN) from the knobs (device defaults where None) for S route slots in B
-    buckets, checked: ValueError naming the knob that does not fit."""
+    buckets and wr weight rows an output (2: the SwiGLU's gate and up), checked: ValueError naming the
+    knob that does not fit."""
     cpu = is_cpu(device)
     bt = GROUPED["tokens"] or (16 if cpu else min(64, max(16, next_pow2(-(-S // max(B - 1, 1))))))
     bn = GROUPED["outputs"] or (16 if cpu else 64)
@@ -114,6 +115,10 @@ def tile_shape(device, S: int = 0, B: int = 2) -> tuple[int, int, int, int, int]
     if wg % bk or (bt * bk) % wg:
         raise ValueError(f"tuning knobs mul_mat_id_grouped: k_step {bk} must divide the workgroup ({wg} "
                          f"invocations), and tokens · k_step ({bt * bk}) be a multiple of it")
+    smem = 16 * (bt + bn * wr) * (bk // 4 + 1) + 4 * bt
+    if smem > lim.max_shared_memory:
+        raise ValueError(f"tuning knobs mul_mat_id_grouped: the tiles take {smem} bytes of shared memory, past "
+                         f"this device's {lim.max_shared_memory}")
     return bt, bn, bk, tm, tn
 
 
@@ -130,12 +135,7 @@ def grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt,
     K = x.shape[-1]
     cols = Nw // 2 if mode == "swiglu" else Nw
     S, B = T * R, buckets(E, bool(shared))
-    bt, bn, bk, tm, tn = tile_shape(device, S, B)
-    wr = 2 if mode == "swiglu" else 1
-    smem = 16 * (bt + bn * wr) * (bk // 4 + 1) + 4 * bt
-    if smem > device.caps.limits.max_shared_memory:
-        raise ValueError(f"tuning knobs mul_mat_id_grouped: the tiles take {smem} bytes of shared memory, past "
-                         f"this device's {device.caps.limits.max_shared_memory}")
+    bt, bn, bk, tm, tn = tile_shape(device, S, B, 2 if mode == "swiglu" else 1)
     tiles = max_tiles(S, B, bt)
     if tiles > MAX_GROUPS:
         raise ValueError(f"MUL_MAT_ID grouped: {tiles} tiles of {bt} route slots exceed {MAX_GROUPS} workgroups; "
