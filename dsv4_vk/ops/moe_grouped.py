@@ -64,7 +64,7 @@ def sort_layout(S: int, B: int) -> dict[str, int]:
     """Offsets (i32 elements) of the sort's result for S route slots in B buckets (mul_mat_id_sort.comp),
     its tile table sized for tiles of any BT ≥ 1, and `size`."""
     cnt = 1
-    lay = {"CNT": cnt, "OFF": cnt + B, "TOFF": cnt + 2 * B, "CUR": cnt + 3 * B, "TILE0": cnt + 4 * B}
+    lay = {"CNT": cnt, "OFF": cnt + B, "TOFF": cnt + 2 * B, "TILE0": cnt + 3 * B}
     lay["LIST0"] = lay["TILE0"] + 3 * max_tiles(S, B, 1)
     lay["size"] = lay["LIST0"] + S
     return lay
@@ -144,13 +144,14 @@ def grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt,
     sort = graph.scratch(SORT_POOL)
     sort_wg = workgroup_pow2(device, 256)
     chunk = GROUPED["sort_chunk"]
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= device.caps.limits.max_shared_memory // 4:
+    room = device.caps.limits.max_shared_memory - 12 * B          # the sort's counters: 3 words a bucket
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= room // 4:
         raise ValueError(f"tuning knob 'mul_mat_id_grouped.sort_chunk' must be an integer ≥ 1 whose 4-byte slots fit "
-                         f"the device's shared memory, got {chunk!r}")
+                         f"the device's shared memory beside {B} buckets' counters, got {chunk!r}")
     sort_push = {"T": T, "R": R, "E": E, "id_base": id_base, "n_ids": n_ids, "shared_id": int(bool(shared)),
                  "r_off": route.offset, "r_s0": route.strides[0], "r_s1": route.strides[1], "s_off": 0, "BT": bt,
-                 **{k: lay[k] for k in ("CNT", "OFF", "TOFF", "CUR", "TILE0", "LIST0")}}
-    launches = [Launch("mul_mat_id_sort", [route, sort], (1,), sort_push, (1, 1, 1), spec=(sort_wg, chunk),
+                 **{k: lay[k] for k in ("CNT", "OFF", "TOFF", "TILE0", "LIST0")}}
+    launches = [Launch("mul_mat_id_sort", [route, sort], (1,), sort_push, (1, 1, 1), spec=(sort_wg, chunk, B),
                        label="MUL_MAT_ID/sort")]
     if mode == "sum":
         dst = graph.scratch(ROUTES_POOL)
