@@ -151,8 +151,7 @@ def grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt,
     sort_push = {"T": T, "R": R, "E": E, "id_base": id_base, "n_ids": n_ids, "shared_id": int(bool(shared)),
                  "r_off": route.offset, "r_s0": route.strides[0], "r_s1": route.strides[1], "s_off": 0, "BT": bt,
                  **{k: lay[k] for k in ("CNT", "OFF", "TOFF", "TILE0", "LIST0")}}
-    launches = [Launch("mul_mat_id_sort", [route, sort], (1,), sort_push, (1, 1, 1), spec=(sort_wg, chunk, B),
-                       label="MUL_MAT_ID/sort")]
+    launches = [Launch("mul_mat_id_sort", [route, sort], (1,), sort_push, (1, 1, 1), spec=(sort_wg, chunk, B))]
     if mode == "sum":
         dst = graph.scratch(ROUTES_POOL)
         d_view = {"d_off": 0, "d_s0": R * cols, "d_s1": cols, "d_s2": 1}
@@ -182,7 +181,7 @@ def grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt,
     args = [x, w, route, sort, dst] + ([g] if g is not None else []) + ([scale] if fmt else []) + list(shared or [])
     wg = (bt // tm) * (bn // tn)
     launches.append(Launch("mul_mat_id_grouped", args, (4,), push, (-(-cols // bn), tiles, 1), defines=defs,
-                           spec=(wg, bt, bn, bk, tm, tn), label="MUL_MAT_ID/grouped"))
+                           spec=(wg, bt, bn, bk, tm, tn)))
     if mode == "sum":
         cpush = {"T": T, "R": R, "N": cols, "E": E, "id_base": id_base, "n_ids": n_ids,
                  "shared_id": int(bool(shared)), **view_fields("r", route.offset, route.strides),
@@ -190,8 +189,7 @@ def grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt,
                  **view_fields("a", *((add.offset, add.strides) if add is not None else (0, (0, 0))))}
         cargs = [dst, route] + ([add] if add is not None else []) + [out]
         launches.append(Launch("mul_mat_id_combine", cargs, (len(cargs) - 1,), cpush, grid_1d(T * cols, 256),
-                               defines={"HAS_ADD": 1} if add is not None else {}, spec=(256,),
-                               label="MUL_MAT_ID/combine"))
+                               defines={"HAS_ADD": 1} if add is not None else {}, spec=(256,)))
     return launches
 
 
