@@ -27,8 +27,8 @@ the other one in the same run, its knobs (mul_mat_id.x_shared_rows / _unroll / _
 of --experts − 1 routed experts, uniformly random, and the shared expert), the per-route kernels
 (mul_mat_id.comp) beside the grouped ones (ops/moe_grouped.py: the routing sort, the grouped GEMM
 and, for the sum, the route sum) in ms and effective TFLOPS (2 · T · routes · N · K), --tiles
-sweeping the grouped kernel's tile knobs (BTxBNxBKxTMxTN); each result's first --check-tokens
-tokens checked against float64 over the dequantised experts (NMSE printed, ≤ 1e-8 asserted).
+sweeping the grouped kernel's tile knobs (BTxBNxBKxTMxTN); --check-tokens tokens of each result
+(the last; with more, spread down to the first) checked against float64 over the dequantised experts (NMSE printed, ≤ 1e-8 asserted).
 Formats bf16, fp8, fp4 (the shared expert stacked after the routed ones) and fp4+fp8 (FP4 routed
 experts, the FP8 shared expert in its own tensor, as DeepSeek publishes them). Weights past
 maxStorageBufferRange (bf16 with 256 experts) are not split here: keep --experts ≤ 65 for bf16.
@@ -129,7 +129,7 @@ def prefill_rows(a, dev, warm, rng):
                 tensors, prm, deq, N, K = experts[mode]
                 x = rng.standard_normal((T, 1 if mode == "swiglu" else R, K)).astype(np.float32)
                 kw = {"limit": 10.0} if mode == "swiglu" else {}
-                ts = range(min(a.check_tokens, T))
+                ts = [int(t) for t in np.unique(np.linspace(T - 1, 0, min(a.check_tokens, T)).astype(int))]
                 ws = {t: np.stack([deq(int(e)) for e in route[t, :, 0]]) for t in ts}
                 ref = np.concatenate([op.reference(x[t:t + 1], ws[t], np.stack([np.arange(R), route[t, :, 1]], -1)[None],
                                                    mode=mode, **kw) for t in ts]) if ts else None
@@ -151,7 +151,7 @@ def prefill_rows(a, dev, warm, rng):
                         cg = g.compile(dev)
                         got = cg.run(x=x, r=route)["y"]
                         cg.release()
-                        err = nmse(got[:len(ts)], ref) if ts else float("nan")
+                        err = nmse(got[ts], ref) if ts else float("nan")
                         us = median_gpu_us(dev, g, {"x": x, "r": route}, a.replays, warm, a.repeat)
                     row = {"format": fmt, "T": T, "mode": mode, "kernel": kernel, **tile, "ms": us / 1e3,
                            "tflops": flops / (us * 1e6), "nmse": err}
@@ -192,7 +192,8 @@ def main(argv=None):
     ap.add_argument("--prefill", help="prefill chunks of these token counts (T,T,...) instead of one token: the "
                     "per-route and the grouped kernels")
     ap.add_argument("--tiles", help="--prefill: grouped tile shapes to sweep, BTxBNxBKxTMxTN;... (default: the knobs')")
-    ap.add_argument("--check-tokens", type=int, default=1, help="--prefill: tokens checked against float64")
+    ap.add_argument("--check-tokens", type=int, default=1, help="--prefill: tokens checked against float64 (the "
+                    "last, then spread down to the first)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     dev = default_device()
