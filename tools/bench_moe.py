@@ -16,12 +16,25 @@ timestamp before and after only), after the clock warm-up.
         --routes 1 --wg 0 --unroll 4 --load 4,16 --json $OUT/moe_fp4_load.json
     . .vkdev/enter.sh; python3 tools/bench_moe.py --formats bf16,fp4 --experts 65 --routes-per-token 7 \
         --routes 1 --wg 0 --unroll 4 --x-shared 0,1 --xs-rows 1,2,4 --xs-unroll 2 --json $OUT/moe_xshared.json
+    . .vkdev/enter.sh; python3 tools/bench_moe.py --prefill 128,512,2048 --formats bf16,fp8,fp4+fp8 \
+        --json $OUT/moe_prefill.json
 (quantised experts load one route at a time: --routes 1). Quantised experts: --x-shared 0,1 puts
 MUL_MAT_ID's staged kernel (knob mul_mat_id.x_shared: x in shared memory, 16-byte code loads) beside
 the other one in the same run, its knobs (mul_mat_id.x_shared_rows / _unroll / _groups) swept by
 --xs-rows, --xs-unroll, --xs-groups; the other knobs apply to the other rows only.
+
+--prefill T,T,...: MUL_MAT_ID over prefill chunks of T tokens instead (top-k = --routes-per-token − 1
+of --experts − 1 routed experts, uniformly random, and the shared expert), the per-route kernels
+(mul_mat_id.comp) beside the grouped ones (ops/moe_grouped.py: the routing sort, the grouped GEMM
+and, for the sum, the route sum) in ms and effective TFLOPS (2 · T · routes · N · K), --tiles
+sweeping the grouped kernel's tile knobs (BTxBNxBKxTMxTN); --check-tokens tokens of each result
+(the last; with more, spread down to the first) checked against float64 over the dequantised experts (NMSE printed, ≤ 1e-8 asserted).
+Formats bf16, fp8, fp4 (the shared expert stacked after the routed ones) and fp4+fp8 (FP4 routed
+experts, the FP8 shared expert in its own tensor, as DeepSeek publishes them). Weights past
+maxStorageBufferRange (bf16 with 256 experts) are not split here: keep --experts ≤ 65 for bf16.
 """
 import argparse
+import functools
 import itertools
 import json
 
@@ -32,7 +45,10 @@ from dsv4_vk.cli.bench import median_gpu_us
 from dsv4_vk.core.graph import Graph
 from dsv4_vk.model.checkpoint import BF16
 from dsv4_vk.core.tuning import tuned
-from dsv4_vk.ops.mul_mat import QUANT, quant_arrays
+from dsv4_vk.hc.metrics import nmse
+from dsv4_vk.ops import get_op
+from dsv4_vk.ops.moe_grouped import tile_shape
+from dsv4_vk.ops.mul_mat import QUANT, dequantize, quant_arrays
 from dsv4_vk.vk import default_device
 
 
@@ -69,6 +85,84 @@ def op_graph(mode, w, params, per_expert, K, route, norm, rng):
     return g, {"x": x}, R * per_expert
 
 
+def prefill_experts(fmt, E, N, K, rng):
+    """(graph arrays: w and the extra inputs, op params, dequantise(e) -> float64 [N, K] of expert e)
+    of E random N × K experts (quantised: random codes, scales around 2^−20; bf16: random magnitudes
+    in [2^−7, 2^−3), drawn as bits)."""
+    if fmt == "bf16":
+        bits = (rng.integers(0, 1 << 16, (E, N, K), dtype=np.uint16) & 0x81FF) | 0x3C00
+        w = bits.view(BF16)
+        return [w], [], {}, lambda e: w[e].astype(np.float64)
+    q = QUANT[fmt]
+    codes = rng.integers(0, 256, (E, N, K * q.bits // 8), dtype=np.uint8)
+    if fmt == "fp8":
+        codes[(codes & 0x7F) == 0x7F] = 0x38
+    sr, sc = q.grid(N, K)
+    scale = rng.integers(100, 110, (E, sr, sc), dtype=np.uint8)
+    words, sw = quant_arrays(codes, scale)
+    return [words], [sw], {"wq": fmt}, lambda e: dequantize(fmt, *quant_arrays(codes[e], scale[e]), K, 1)
+
+
+def prefill_rows(a, dev, warm, rng):
+    """The --prefill rows: per format, T, mode, kernel (and tile shape), ms, TFLOPS and the check."""
+    E, R, D, Fd = a.experts, a.routes_per_token, a.d, a.f
+    op, rows = get_op("MUL_MAT_ID"), []
+    tiles = [dict(zip(("tokens", "outputs", "k_step", "thread_tokens", "thread_outputs"), ints(t.replace("x", ","))))
+             for t in a.tiles.split(";")] if a.tiles else [{}]
+    for fmt in a.formats.split(","):
+        routed = "fp4" if fmt == "fp4+fp8" else fmt
+        n_routed = E - 1
+        experts = {}
+        for mode, N, K in (("swiglu", 2 * Fd, D), ("sum", D, Fd)):
+            w, extra, prm, deq = prefill_experts(routed, n_routed if fmt == "fp4+fp8" else E, N, K, rng)
+            if fmt == "fp4+fp8":                # the FP8 shared expert in a tensor of its own
+                sw, sextra, _, sdeq = prefill_experts("fp8", 1, N, K, rng)
+                extra, prm = extra + sw + sextra, dict(prm, shared_wq="fp8")
+                deq = (lambda d, s: lambda e: s(0) if e == n_routed else d(e))(deq, sdeq)
+            experts[mode] = ([dev.tensor(v) for v in w + extra], prm, functools.lru_cache(maxsize=16)(deq), N, K)
+        for T in ints(a.prefill):
+            route = np.zeros((T, R, 2), np.float32)
+            route[:, :R - 1, 0] = np.argsort(rng.random((T, n_routed)), axis=1)[:, :R - 1]
+            route[:, :R - 1, 1] = rng.random((T, R - 1))
+            route[:, R - 1] = (n_routed, 1.0)
+            for mode in ("swiglu", "sum"):
+                tensors, prm, deq, N, K = experts[mode]
+                x = rng.standard_normal((T, 1 if mode == "swiglu" else R, K)).astype(np.float32)
+                kw = {"limit": 10.0} if mode == "swiglu" else {}
+                ts = [int(t) for t in np.unique(np.linspace(T - 1, 0, min(a.check_tokens, T)).astype(int))]
+                ws = {t: np.stack([deq(int(e)) for e in route[t, :, 0]]) for t in ts}
+                ref = np.concatenate([op.reference(x[t:t + 1], ws[t], np.stack([np.arange(R), route[t, :, 1]], -1)[None],
+                                                   mode=mode, **kw) for t in ts]) if ts else None
+                flops = 2.0 * T * R * N * K
+                for kernel, tile in [("per_route", {})] + [("grouped", t) for t in tiles]:
+                    knobs = {"mul_mat_id_grouped.on": kernel == "grouped",
+                             **{f"mul_mat_id_grouped.{k}": v for k, v in tile.items()}}
+                    with tuned(knobs):
+                        g = Graph()
+                        try:
+                            if kernel == "grouped":
+                                tile_shape(dev, wr=2 if mode == "swiglu" else 1)
+                        except ValueError as e:
+                            print(f"{fmt:8s} T={T:5d} {mode:6s} grouped {tile}: skipped ({e})", flush=True)
+                            continue
+                        args = [g.input("x", x.shape), g.bind(tensors[0]), g.input("r", route.shape)]
+                        g.output("y", g.op("MUL_MAT_ID", *args, *[g.bind(t) for t in tensors[1:]], mode=mode,
+                                           **prm, **kw))
+                        cg = g.compile(dev)
+                        got = cg.run(x=x, r=route)["y"]
+                        cg.release()
+                        err = nmse(got[ts], ref) if ts else float("nan")
+                        us = median_gpu_us(dev, g, {"x": x, "r": route}, a.replays, warm, a.repeat)
+                    row = {"format": fmt, "T": T, "mode": mode, "kernel": kernel, **tile, "ms": us / 1e3,
+                           "tflops": flops / (us * 1e6), "nmse": err}
+                    rows.append(row)
+                    how = kernel + ("" if not tile else " " + "x".join(str(v) for v in tile.values()))
+                    print(f"{fmt:8s} T={T:5d} {mode:6s} {how:24s} {us / 1e3:9.3f} ms {flops / (us * 1e6):7.2f} TFLOPS "
+                          f"nmse {err:.2e}", flush=True)
+                    assert not err > 1e-8, f"{fmt} T={T} {mode} {how}: NMSE {err} against float64"
+    return rows
+
+
 def ints(text):
     return [int(v) for v in text.split(",")]
 
@@ -95,6 +189,11 @@ def main(argv=None):
     ap.add_argument("--xs-unroll", default="2", help="staged kernel: uvec4 steps a lane loads together to sweep")
     ap.add_argument("--xs-groups", default="1024", help="staged SwiGLU: workgroups a token at most to sweep")
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
+    ap.add_argument("--prefill", help="prefill chunks of these token counts (T,T,...) instead of one token: the "
+                    "per-route and the grouped kernels")
+    ap.add_argument("--tiles", help="--prefill: grouped tile shapes to sweep, BTxBNxBKxTMxTN;... (default: the knobs')")
+    ap.add_argument("--check-tokens", type=int, default=1, help="--prefill: tokens checked against float64 (the "
+                    "last, then spread down to the first)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     dev = default_device()
@@ -108,7 +207,9 @@ def main(argv=None):
     with F.ClockWarmer(dev, F.default_warm_ms(dev) if a.warm_ms is None else a.warm_ms) as warm:
         copy = F.copy_gbps(dev, warm=warm)
         print(f"{dev.name}: copy {copy:.0f} GB/s; {E} experts, {R} routes a token, D {D}, F {Fd}", flush=True)
-        for fmt in a.formats.split(","):
+        if a.prefill:
+            rows = prefill_rows(a, dev, warm, rng)
+        for fmt in a.formats.split(",") if not a.prefill else []:
             w13 = make_experts(fmt, E, 2 * Fd, D, rng)
             w2 = make_experts(fmt, E, D, Fd, rng)
             nrs = [int(v) for v in a.rows.split(",")] if fmt != "bf16" else [1]
@@ -147,7 +248,7 @@ def main(argv=None):
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": dev.name, "copy_gbps": copy, "experts": E, "routes_per_token": R, "d": D, "f": Fd,
-                       "rows": rows}, f, indent=1)
+                       "prefill": a.prefill, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

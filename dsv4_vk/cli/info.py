@@ -20,6 +20,8 @@ def report(dev):
     out["mul_mat"] = mul_mat_describe(dev)  # the kernel of MUL_MAT over many tokens, and why
     from ..ops.mul_mat import describe_quant
     out["gemv_quant"] = describe_quant(dev)  # the one-token GEMV over FP8 weights
+    from ..ops.moe_grouped import describe as experts_describe
+    out["mul_mat_id"] = experts_describe(dev)  # the experts' kernel over a prefill chunk, and why
     from ..ops.compress import describe as indexer_describe
     out.update(indexer_describe(dev))       # index_score, topk: the indexer's kernels
     return out
@@ -68,6 +70,11 @@ def _human(rep):
     if gq:
         lines.append(f"MUL_MAT       one token over FP8 [{gq['N']}, {gq['K']}]: {gq['kernel']}"
                      + (f", {gq['rows']} rows a cluster" if gq.get("rows") else "") + f" — {gq['reason']}")
+    mi = rep.get("mul_mat_id")
+    if mi:
+        lines.append(f"MUL_MAT_ID    {mi['T']} tokens × {mi['routes']} routes: {mi['kernel']} — {mi['reason']}"
+                     + (" (tiles {} route slots × {} outputs, k step {}, {} × {} an invocation)".format(*mi["tile"])
+                        if mi.get("tile") else ""))
     isc, tk = rep.get("index_score"), rep.get("topk")
     if isc:
         lines.append(f"INDEX_SCORE   {isc['heads']} heads × {isc['head_dim']}: {isc['kernel']} — {isc['reason']}")

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..vk import default_device
 from .opdef import get_op
-from .tuning import Tuning, current
+from .tuning import Tuning, current, tuned
 from .tensor import DTYPES, GraphTensor, Storage, dtype_name
 from ..vk.tensor import Tensor as DeviceTensor
 
@@ -54,6 +54,7 @@ class Graph:
         self.path_scopes: list[str] = []     # the scope each entry of paths was built in (Graph.scope; "" outside)
         self._tags: list[str] = []           # stack of tags (e.g. "HC_COMB/unfused") that label nodes
         self._scopes: list[str] = []
+        self._scratch: dict[str, Storage] = {}  # the ops' working memory by pool name (OpDef.scratch)
 
     # --- leaves -----------------------------------------------------------------------------------
     def _storage(self, numel, dtype, kind, name=None, data=None):
@@ -108,6 +109,22 @@ class Graph:
     def empty(self, shape: Sequence[int], dtype: str = "f32", name: str | None = None) -> GraphTensor:
         return GraphTensor(self, self._storage(math.prod(shape), dtype, "temp", name), shape)
 
+    def scratch(self, pool: str) -> GraphTensor:
+        """The working memory `pool` of this graph's ops (OpDef.scratch), as one flat tensor."""
+        if pool not in self._scratch:
+            raise ValueError(f"no op of this graph asked for scratch pool {pool!r}; pools: {sorted(self._scratch)}")
+        s = self._scratch[pool]
+        return GraphTensor(self, s, (s.numel,))
+
+    def _need_scratch(self, pool: str, numel: int, dtype: str) -> None:
+        s = self._scratch.get(pool)
+        if s is None:
+            self._scratch[pool] = self._storage(max(int(numel), 1), dtype, "temp", f"scratch:{pool}")
+        elif s.dtype != dtype:
+            raise ValueError(f"scratch pool {pool!r} asked for as {dtype}, it is {s.dtype}")
+        else:
+            s.numel = max(s.numel, int(numel))
+
     def output(self, name: str, tensor: GraphTensor) -> GraphTensor:
         if tensor.graph is not self:
             raise ValueError(f"output {name!r} belongs to another graph")
@@ -132,6 +149,9 @@ class Graph:
                 raise ValueError(f"{name} writes its input {i}: pass a tensor made with Graph.empty (or a "
                                  f"param), got a {inputs[i].storage.kind} tensor")
         shape, dtype = op.infer(list(inputs), params)
+        with tuned(self.tuning):
+            for pool, (numel, sdtype) in op.scratch(list(inputs), params).items():
+                self._need_scratch(pool, numel, sdtype)
         if out is None:
             out = self.empty(shape, dtype)
         elif tuple(out.shape) != tuple(shape) or out.dtype != dtype:

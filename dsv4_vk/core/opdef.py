@@ -59,6 +59,13 @@ class OpDef:
         """numpy float64 result for the same inputs and params."""
         raise NotImplementedError
 
+    def scratch(self, inputs: list, params: dict[str, Any]) -> dict[str, tuple[int, str]]:
+        """Working memory the op's launches need beside its output, {pool: (elements, dtype)} (none by
+        default). A graph keeps one temp storage per pool name, as large as the largest request, shared
+        by the nodes that ask for it (they run one after another, the recorder's barriers between
+        them); `lower` reaches it with node.output.graph.scratch(pool). Asked under the graph's tuning."""
+        return {}
+
     def __repr__(self) -> str:
         return f"<op {self.name}>"
 

@@ -7,6 +7,7 @@ from ..core.tuning import knob_table
 from .base import (Launch, OpDef, check_finite, check_flag, check_params, cluster_lanes, expect, grid_1d, is_cpu,
                    next_pow2, nonempty, register, unit_last, view_fields, weight_defines, workgroup_cluster_max,
                    workgroup_pow2, WEIGHT_DTYPES)
+from .moe_grouped import expert_kernel, grouped_launches, grouped_scratch
 from .mul_mat import QUANT, check_quant, check_staged_knobs, dequantize, quant_fields, rms_weight, staged_on
 from .reduce_rows import reference_rms_norm
 
@@ -142,7 +143,10 @@ class MulMatId(OpDef):
     per grid_rows rows (default N: one per expert), and the last input the scale bytes. With
     shared_wq="fp8" (wq="fp4"): two more inputs, the shared expert's FP8 codes [1, N, words] and
     scale bytes (a grid per shared_grid_rows rows), read as expert id E in the same dispatch.
-    id_base / n_ids: w holds experts id_base.. of n_ids (a split stack; other ids add 0)."""
+    id_base / n_ids: w holds experts id_base.. of n_ids (a split stack; other ids add 0).
+    Kernels (moe_grouped.expert_kernel): from mul_mat_id_grouped.min_tokens tokens the grouped path
+    (the routes sorted by expert on the device, one GEMM per expert; ops/moe_grouped.py), below it
+    one product per route (mul_mat_id.comp, the decode kernels)."""
     name, n_inputs = "MUL_MAT_ID", None
     dtypes = WEIGHT_DTYPES + ("i32",)   # x, route f32; w f32, bf16 or f16 (widened to f32 as it is read), or quantised
 
@@ -206,6 +210,13 @@ class MulMatId(OpDef):
             expect(self.name, "add (input 3, [T, N])", inputs[3], (T, N))
         return (T, N), "f32"
 
+    def scratch(self, inputs, params):
+        route, w = inputs[2], inputs[1]
+        if expert_kernel(route.shape[0]).kernel != "grouped":
+            return {}
+        return grouped_scratch(route.shape[0], route.shape[1], w.shape[0], w.shape[1], params["mode"],
+                               "shared_wq" in params)
+
     @staticmethod
     def expert_ids(params, E):
         """(id_base, n_ids) of params: w holds experts id_base .. id_base + E − 1 of n_ids (default
@@ -234,6 +245,9 @@ class MulMatId(OpDef):
         K = x.shape[-1]
         if x.shape[1] == 1:
             x = x.broadcast_to((T, R, K))
+        id_base, n_ids = (0, E + 1) if shared else self.expert_ids(node.params, E)
+        if expert_kernel(T).kernel == "grouped":
+            return grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt, mode, id_base, n_ids)
         cols = N // 2 if mode == "swiglu" else N
         wg = MUL_MAT_ID_UNROLL["wg"] if mode == "sum" else None
         wg_max = workgroup_cluster_max(device, 256)
@@ -250,7 +264,6 @@ class MulMatId(OpDef):
         if all(a % 4 == 0 for a in aligned):
             defs["VEC4"] = 1
         o_strides = list(out.strides) if mode == "swiglu" else [out.strides[0], out.strides[1], 0]
-        id_base, n_ids = (0, E + 1) if shared else self.expert_ids(node.params, E)
         push = {"T": T, "R": R, "N": cols, "K": K, "E": E, "id_base": id_base, "n_ids": n_ids,
                 **view_fields("x", x.offset, x.strides[:2]), **view_fields("w", w.offset, w.strides[:2]),
                 **view_fields("r", route.offset, route.strides), **view_fields("d", out.offset, o_strides),
