@@ -1,6 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 //! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; - | MODE_HCA | MODE_CSA ; - | Q_NORM
+//! variants: LANES_SUBGROUP_OPS | LANES_SHUFFLE ; - | MODE_HCA | MODE_CSA ; - | Q_NORM ; LITERAL_ARRAYS
 // MQA_ATTENTION kernel="prefill": the same attention as mqa_attention.comp (one shared key = value
 // head for all H query heads; token t at p = pos[0] + t sees the raw rows p − WINDOW < j ≤ p of the
 // ring kv [kv_rows, hd], then MODE_HCA's entries w < min((p + 1)/RATE, n_ent) or MODE_CSA's
@@ -31,6 +32,20 @@ layout(constant_id = 3) const uint WINDOW = 1;   // sliding_window
 layout(constant_id = 4) const uint RATE = 1;     // the compression rate m (MODE_HCA)
 layout(constant_id = 6) const uint TILE = 1;     // keys staged in shared memory at a time
 layout(constant_id = 7) const uint HEADS = 1;    // heads per cluster
+// -D LITERAL_ARRAYS (knob mqa_arrays.literal): the per-lane arrays get literal sizes, at least the
+// specialization constants their loops run to (PER_LANE ≤ 8, HEADS ≤ 4, TILE ≤ 16, ≤ 16 tile loads
+// a lane; the host checks), for drivers that keep arrays sized by specialization constants in memory.
+#if defined(LITERAL_ARRAYS)
+#define PL_N 8
+#define HEADS_N 4
+#define TILE_N 16
+#define LOADS_N 16
+#else
+#define PL_N PER_LANE
+#define HEADS_N HEADS
+#define TILE_N TILE
+#define LOADS_N LOADS
+#endif
 layout(binding = 0) readonly buffer Q { float q[]; };
 layout(binding = 1) readonly buffer KV { float kv[]; };
 layout(binding = 2) readonly buffer E { float ent[]; };
@@ -62,8 +77,8 @@ const uint LOADS = (TILE * ROW + gl_WorkGroupSize.x - 1) / gl_WorkGroupSize.x;
 shared vec4 ks[TILE * ROW];
 shared uint kbase[TILE], kflag[TILE];                // row start; bit 0: a key, bit 1: raw (kv)
 
-vec4 qv[HEADS][PER_LANE], acc[HEADS][PER_LANE];
-float mx[HEADS], l[HEADS];
+vec4 qv[HEADS_N][PL_N], acc[HEADS_N][PL_N];
+float mx[HEADS_N], l[HEADS_N];
 
 // The 4 channels from c of the row at b (zeros past hd).
 vec4 load4(bool raw, uint b, uint c) {
@@ -152,7 +167,7 @@ void main() {
             kflag[k] = (ok ? 1u : 0u) | (raw ? 2u : 0u);
         }
         barrier();
-        vec4 v[LOADS];                                  // all loads first: one latency per tile
+        vec4 v[LOADS_N];                                  // all loads first: one latency per tile
         [[unroll]] for (uint x = 0; x < LOADS; ++x) {
             uint e = lid + x * gl_WorkGroupSize.x, k = e / ROW;
             v[x] = vec4(0.0);
@@ -164,7 +179,7 @@ void main() {
         }
         barrier();
         // S = Q · Kᵀ over the tile: HEADS × TILE dot products of this lane's channels, then the cluster's sums
-        float sc[TILE][HEADS];
+        float sc[TILE_N][HEADS_N];
         [[unroll]] for (uint k = 0; k < TILE; ++k) {
             [[unroll]] for (uint i = 0; i < HEADS; ++i) sc[k][i] = 0.0;
             [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {

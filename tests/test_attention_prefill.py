@@ -103,10 +103,11 @@ CASES = [("sliding", 9, 4, 32, 0, 8, 1, 64), ("sliding", 6, 3, 16, 30, 6, 1, 13)
 IDS = [f"{c[0]}-T{c[1]}-H{c[2]}-hd{c[3]}-p{c[4]}-rows{c[7]}" for c in CASES]
 # knobs: the defaults; small tiles (several a list, a partial last one) with 1 and 3 heads a cluster
 KNOBS = {"default": {}, "tile3_heads1": {"mqa_prefill.tile": 3, "mqa_prefill.heads": 1},
-         "tile4_heads3": {"mqa_prefill.tile": 4, "mqa_prefill.heads": 3}}
+         "tile4_heads3": {"mqa_prefill.tile": 4, "mqa_prefill.heads": 3}, "literal": {"mqa_arrays.literal": True}}
 # every case with the default knobs, with and without the q norm; the others on a few
 MATRIX = ([(c, q_norm, "default") for c in range(len(CASES)) for q_norm in (False, True)]
-          + [(c, c % 2 == 0, k) for c in (1, 4, 6, 7) for k in ("tile3_heads1", "tile4_heads3")])
+          + [(c, c % 2 == 0, k) for c in (1, 4, 6, 7) for k in ("tile3_heads1", "tile4_heads3")]
+          + [(c, True, "literal") for c in (0, 3)])
 
 
 @pytest.mark.parametrize("case,q_norm,knobs", MATRIX,
@@ -144,7 +145,7 @@ def test_prefill_at_deepseek_v4_flash_widths(rng):
     cos, sin = tables(rng, 512, 32)
     arrays += [cos, sin]
     prm = {"scale": hd ** -0.5, "window": 128, "mode": "csa", "rate": 4, "capacity": 512, "q_norm_eps": 1e-6}
-    got, bad = run_mqa(arrays, prm, "auto")                       # auto: prefill past TILED_MAX_TOKENS
+    got, bad = run_mqa(arrays, prm, "prefill")
     check(got, get_op("MQA_ATTENTION").reference(*arrays, **prm), bad, nmse_max=1e-10, atol=1e-5)
 
 
@@ -155,16 +156,24 @@ def lowered(T, H=4, hd=32, splits=1, device=None):
     return get_op("MQA_ATTENTION").lower(g.nodes[-1], device or default_device())
 
 
-def test_auto_takes_prefill_past_the_decode_tokens_and_the_knob_forces_the_cluster_kernel(tune):
-    """auto: the prefill kernel past TILED_MAX_TOKENS tokens with whole lists; mqa_prefill.on=False
-    (a program cache key like every knob): the cluster kernel, as before it."""
+def test_auto_takes_prefill_past_the_decode_tokens_on_gpus_and_the_knob_decides(tune, monkeypatch):
+    """auto: the prefill kernel past TILED_MAX_TOKENS tokens with whole lists on GPUs, the cluster
+    kernel on CPU devices; mqa_prefill.on (a program cache key like every knob) True: the prefill
+    kernel there too, False: the cluster kernel everywhere, as before the prefill kernel."""
     T = v4_attention.TILED_MAX_TOKENS
+    dev = default_device()
+    assert dev.caps.is_cpu and [ln.shader for ln in lowered(T + 1)] == ["mqa_attention"]
+    tune({"mqa_prefill.on": True})
+    assert [ln.shader for ln in lowered(T + 1)] == ["mqa_prefill"]
+    assert v4_attention.describe(dev)["prefill"] == "prefill"
+    tune({"mqa_prefill.on": None})
+    monkeypatch.setattr(v4_attention, "is_cpu", lambda device: False)             # lowered as on a GPU
     assert [ln.shader for ln in lowered(T + 1)] == ["mqa_prefill"]
     assert [ln.shader for ln in lowered(T)] == ["mqa_attention"]                # decode: unchanged
     assert [ln.shader for ln in lowered(T + 1, splits=2)] == ["mqa_attention"]   # split lists: cluster
     tune({"mqa_prefill.on": False})
     assert [ln.shader for ln in lowered(T + 1)] == ["mqa_attention"]
-    assert v4_attention.describe(default_device())["prefill"] == "cluster"
+    assert v4_attention.describe(dev)["prefill"] == "cluster"
 
 
 def test_prefill_refuses_split_lists_and_a_device_without_room_for_a_key_row(monkeypatch):
@@ -200,19 +209,25 @@ def test_the_default_tiles_fit_the_devices_shared_memory(monkeypatch, subgroup, 
         assert plan["tile"] == 16 and plan["heads"] * plan["clusters"] == 16 and plan["workgroup"] == 256
 
 
-def test_info_says_which_attention_kernels_run():
+def test_info_says_which_attention_kernels_run(tune):
     from dsv4_vk.cli.info import _human, report
     rep = report(default_device())
+    assert rep["mqa_attention"]["prefill"] == "cluster"                         # lavapipe: a CPU device
+    assert "MQA_ATTENTION 64 heads × 512: decode cluster, prefill cluster — prefill: the cluster kernel on CPU " \
+           "devices" in _human(rep)
+    tune({"mqa_prefill.on": True})
+    rep = report(default_device())
     assert rep["mqa_attention"]["prefill"] == "prefill"
-    assert "MQA_ATTENTION" in _human(rep) and "prefill" in _human(rep)
+    assert "prefill prefill — prefill: 64 heads a workgroup share each staged key row" in _human(rep)
 
 
 @pytest.mark.parametrize("on", [True, False], ids=["prefill", "cluster"])
 def test_long_context_model_matches_transformers_with_the_prefill_kernel(tune, monkeypatch, on):
     """The long fixture (CSA layers past the indexer's top-k) in prefill chunks of 32, with the
-    prefill kernel (auto) and with the knob forcing the cluster kernel: every chunk's attention took
-    the kernel asked for."""
-    tune({"mqa_prefill.on": on})
+    prefill kernel (auto as on a GPU) and with the knob forcing the cluster kernel: every chunk's
+    attention took the kernel asked for."""
+    monkeypatch.setattr(v4_attention, "is_cpu", lambda device: False)
+    tune({"mqa_prefill.on": None if on else False})
     shaders, lower = [], v4_attention.MqaAttention.lower
 
     def spy(self, node, device):

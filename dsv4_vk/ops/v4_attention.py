@@ -178,12 +178,14 @@ MQA_KERNELS = ("auto", "tiled", "cluster", "prefill")
 TILED_MAX_TOKENS = 4           # auto: the tiled kernel up to this many query tokens (decode)
 MQA_PREFILL = knob_table(
     "mqa_prefill",
-    on=(True, "MQA_ATTENTION kernel='auto' over more than TILED_MAX_TOKENS tokens (prefill): the prefill kernel "
+    on=(None, "MQA_ATTENTION kernel='auto' over more than TILED_MAX_TOKENS tokens (prefill) takes the prefill kernel "
               "(shaders/mqa_prefill.comp: a workgroup takes one token and many of its heads, each key row staged "
-              "once for them all); False: the cluster kernel (one cluster per token and head, reading every key)"),
+              "once for them all): None on GPUs (on CPU devices its barriers cost more than the loads it saves), "
+              "True everywhere, False nowhere (the cluster kernel: one cluster per token and head)"),
     heads=(2, "heads per cluster of the prefill kernel (each staged channel read once for that many heads)"),
     tile=(16, "keys the prefill kernel stages at a time, where shared memory allows (else as many as fit)"))
 PREFILL_WORKGROUP = 256
+PREFILL_LITERAL_MAX = {"per_lane": 8, "heads": 4, "tile": 16, "loads": 16}    # mqa_prefill.comp's literal sizes
 # keys a tiled workgroup stages at a time, where shared memory allows: 8 (twice the decode splits of
 # 16) measured faster than 16 on the H200, alone and in the model: the dispatch's fixed cost bounds
 # it, not any part of its work (results/h200/ablate_mqa_h200.txt)
@@ -229,14 +231,23 @@ def mqa_prefill_plan(device, hd: int, H: int) -> dict:
             "clusters": wg // L, "tile": tile, "shared_bytes": tile * row}
 
 
+def prefill_on(device) -> bool:
+    """Whether the knob mqa_prefill.on lets auto take the prefill kernel on this device."""
+    on = MQA_PREFILL["on"]
+    return not is_cpu(device) if on is None else bool(on)
+
+
 def describe(device, hd: int = 512, H: int = 64) -> dict:
     """MQA_ATTENTION's kernels on this device at DeepSeek-V4-Flash's widths (python -m dsv4_vk info)."""
     plan = mqa_prefill_plan(device, hd, H)
-    pre = ("prefill" if MQA_PREFILL["on"] and plan["tile"] else "cluster")
-    why = (f"{plan['heads'] * plan['clusters']} heads a workgroup share each staged key row, {plan['tile']} "
-           f"keys a tile ({plan['shared_bytes']} B of {device.caps.limits.max_shared_memory} B shared memory)"
-           if pre == "prefill" else "mqa_prefill.on is off" if not MQA_PREFILL["on"]
-           else f"a key row of {hd} floats does not fit {device.caps.limits.max_shared_memory} B of shared memory")
+    pre = "prefill" if prefill_on(device) and plan["tile"] else "cluster"
+    shared = f"{plan['shared_bytes']} B of {device.caps.limits.max_shared_memory} B shared memory"
+    why = (f"prefill: {plan['heads'] * plan['clusters']} heads a workgroup share each staged key row, "
+           f"{plan['tile']} keys a tile ({shared})" if pre == "prefill"
+           else f"prefill: a key row of {hd} floats does not fit {device.caps.limits.max_shared_memory} B of "
+                "shared memory" if not plan["tile"]
+           else "prefill: the cluster kernel on CPU devices (mqa_prefill.on=True takes the prefill kernel)"
+           if MQA_PREFILL["on"] is None else "prefill: the cluster kernel (mqa_prefill.on=False)")
     dec = "tiled" if mqa_tile_keys(device, hd) and not is_cpu(device) else "cluster"
     return {"heads": H, "head_dim": hd, "decode": dec, "prefill": pre, "reason": why}
 
@@ -316,7 +327,7 @@ class MqaAttention(OpDef):
         kernel = prm.get("kernel", "auto")
         if kernel == "auto":
             if T > TILED_MAX_TOKENS:        # prefill: a token's heads share each key row it stages
-                kernel = ("prefill" if MQA_PREFILL["on"] and S == 1 and mqa_prefill_plan(device, hd, H)["tile"]
+                kernel = ("prefill" if prefill_on(device) and S == 1 and mqa_prefill_plan(device, hd, H)["tile"]
                           else "cluster")
             else:                           # CPU devices: barriers cost more than the loads they save
                 kernel = "tiled" if tile and not is_cpu(device) else "cluster"
@@ -354,6 +365,11 @@ class MqaAttention(OpDef):
         args, push, defs = self._bindings(node)
         spec = (plan["workgroup"], plan["per_lane"], 1, prm["window"], prm.get("rate", 1), 1, plan["tile"],
                 plan["heads"])
+        loads = -(-plan["tile"] * plan["per_lane"] * plan["lanes"]["LANES"] // plan["workgroup"])
+        if MQA_ARRAYS["literal"] and plan["per_lane"] <= PREFILL_LITERAL_MAX["per_lane"] and \
+                plan["heads"] <= PREFILL_LITERAL_MAX["heads"] and plan["tile"] <= PREFILL_LITERAL_MAX["tile"] and \
+                loads <= PREFILL_LITERAL_MAX["loads"]:
+            defs["LITERAL_ARRAYS"] = 1
         groups = -(-H // (plan["heads"] * plan["clusters"]))
         return Launch("mqa_prefill", args, (6,), push, grid_1d(T * groups, 1), defines=defs | plan["lanes"],
                       spec=spec, **plan["extra"])
