@@ -32,6 +32,8 @@ layout(constant_id = 3) const uint WINDOW = 1;   // sliding_window
 layout(constant_id = 4) const uint RATE = 1;     // the compression rate m (MODE_HCA)
 layout(constant_id = 6) const uint TILE = 1;     // keys staged in shared memory at a time
 layout(constant_id = 7) const uint HEADS = 1;    // heads per cluster
+layout(constant_id = 8) const bool ROWS4 = false; // hd, kv's and ent's offsets and row strides are multiples
+                                                  // of 4: key rows staged by vec4 loads
 // -D LITERAL_ARRAYS (knob mqa_arrays.literal): the per-lane arrays get literal sizes, at least the
 // specialization constants their loops run to (PER_LANE ≤ 8, HEADS ≤ 4, TILE ≤ 16, ≤ 16 tile loads
 // a lane; the host checks), for drivers that keep arrays sized by specialization constants in memory.
@@ -49,6 +51,8 @@ layout(constant_id = 7) const uint HEADS = 1;    // heads per cluster
 layout(binding = 0) readonly buffer Q { float q[]; };
 layout(binding = 1) readonly buffer KV { float kv[]; };
 layout(binding = 2) readonly buffer E { float ent[]; };
+layout(binding = 1) readonly buffer KV4 { vec4 kv4[]; };      // (the same buffers as vec4s: ROWS4)
+layout(binding = 2) readonly buffer E4 { vec4 ent4[]; };
 layout(binding = 3) readonly buffer I { int idx[]; };
 layout(binding = 4) readonly buffer Pos { int pos[]; };
 layout(binding = 5) readonly buffer Sk { float sinks[]; };
@@ -82,6 +86,7 @@ float mx[HEADS_N], l[HEADS_N];
 
 // The 4 channels from c of the row at b (zeros past hd).
 vec4 load4(bool raw, uint b, uint c) {
+    if (ROWS4) return c < p.hd ? (raw ? kv4[(b + c) / 4u] : ent4[(b + c) / 4u]) : vec4(0.0);
     vec4 v = vec4(0.0);
     [[unroll]] for (uint j = 0; j < 4; ++j)
         if (c + j < p.hd) v[j] = raw ? kv[b + c + j] : ent[b + c + j];
@@ -167,7 +172,10 @@ void main() {
             kflag[k] = (ok ? 1u : 0u) | (raw ? 2u : 0u);
         }
         barrier();
-        vec4 v[LOADS_N];                                  // all loads first: one latency per tile
+        bool any = false;                               // (CSA: a tile of −1 slots only is skipped)
+        [[unroll]] for (uint k = 0; k < TILE; ++k) any = any || (k < nk && (kflag[k] & 1u) != 0u);
+        if (!any) continue;                             // uniform: every lane read the same flags
+        vec4 v[LOADS_N];                                // all loads first: one latency per tile
         [[unroll]] for (uint x = 0; x < LOADS; ++x) {
             uint e = lid + x * gl_WorkGroupSize.x, k = e / ROW;
             v[x] = vec4(0.0);

@@ -96,10 +96,11 @@ def run_mqa(arrays, prm, kernel):
 
 # (mode, T, H, hd, p0, window, rate, kv rows): T past a tile and no multiple of it; p0 past the
 # window and mid-cache; a ring of 13 rows; the last tokens past the capacity 64 (NaN rows); H no
-# multiple of a workgroup's heads; hd no multiple of 4 lanes' vec4s
+# multiple of a workgroup's heads; hd no multiple of 4 lanes' vec4s, and (18) of 4: the rows loaded
+# by floats, not vec4s
 CASES = [("sliding", 9, 4, 32, 0, 8, 1, 64), ("sliding", 6, 3, 16, 30, 6, 1, 13), ("sliding", 7, 5, 36, 60, 6, 1, 64),
          ("hca", 7, 3, 32, 30, 8, 8, 64), ("hca", 11, 6, 16, 17, 6, 4, 64), ("csa", 5, 4, 16, 20, 6, 4, 64),
-         ("csa", 9, 5, 36, 58, 6, 4, 64), ("csa", 6, 2, 16, 40, 6, 4, 13)]
+         ("csa", 9, 5, 36, 58, 6, 4, 64), ("csa", 6, 2, 16, 40, 6, 4, 13), ("hca", 5, 3, 18, 33, 6, 4, 64)]
 IDS = [f"{c[0]}-T{c[1]}-H{c[2]}-hd{c[3]}-p{c[4]}-rows{c[7]}" for c in CASES]
 # knobs: the defaults; small tiles (several a list, a partial last one) with 1 and 3 heads a cluster
 KNOBS = {"default": {}, "tile3_heads1": {"mqa_prefill.tile": 3, "mqa_prefill.heads": 1},
@@ -147,6 +148,18 @@ def test_prefill_at_deepseek_v4_flash_widths(rng):
     prm = {"scale": hd ** -0.5, "window": 128, "mode": "csa", "rate": 4, "capacity": 512, "q_norm_eps": 1e-6}
     got, bad = run_mqa(arrays, prm, "prefill")
     check(got, get_op("MQA_ATTENTION").reference(*arrays, **prm), bad, nmse_max=1e-10, atol=1e-5)
+
+
+def test_key_rows_load_by_vec4_where_aligned(tune):
+    """ROWS4 (spec constant 8): vec4 loads of the key rows only where head_dim and the rows' offsets
+    and strides are multiples of 4 floats."""
+    tune({"mqa_prefill.on": True})
+    assert lowered(8, hd=32)[0].spec[8] == 1 and lowered(8, hd=18)[0].spec[8] == 0
+    g = Graph()
+    kv = g.input("kv", (64, 34))[:, 1:33]                 # rows of 32 at offset 1, stride 34
+    g.op("MQA_ATTENTION", g.input("q", (8, 4, 32)), kv, g.input("p", (1,), "i32"), g.input("s", (4,)),
+         scale=0.5, window=8)
+    assert get_op("MQA_ATTENTION").lower(g.nodes[-1], default_device())[0].spec[8] == 0
 
 
 def lowered(T, H=4, hd=32, splits=1, device=None):

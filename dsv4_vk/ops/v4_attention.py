@@ -363,8 +363,9 @@ class MqaAttention(OpDef):
             raise ValueError(f"{self.name}: kernel='prefill' stages key rows of {hd} floats in shared memory; "
                              f"{device.name} has {device.caps.limits.max_shared_memory} B, too little for one")
         args, push, defs = self._bindings(node)
+        rows4 = hd % 4 == 0 and all(push[f] % 4 == 0 for f in ("kv_off", "kv_s0", "e_off", "e_s0"))
         spec = (plan["workgroup"], plan["per_lane"], 1, prm["window"], prm.get("rate", 1), 1, plan["tile"],
-                plan["heads"])
+                plan["heads"], int(rows4))
         loads = -(-plan["tile"] * plan["per_lane"] * plan["lanes"]["LANES"] // plan["workgroup"])
         if MQA_ARRAYS["literal"] and plan["per_lane"] <= PREFILL_LITERAL_MAX["per_lane"] and \
                 plan["heads"] <= PREFILL_LITERAL_MAX["heads"] and plan["tile"] <= PREFILL_LITERAL_MAX["tile"] and \
