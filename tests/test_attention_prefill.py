@@ -241,16 +241,18 @@ def test_long_context_model_matches_transformers_with_the_prefill_kernel(tune, m
     attention took the kernel asked for."""
     monkeypatch.setattr(v4_attention, "is_cpu", lambda device: False)
     tune({"mqa_prefill.on": None if on else False})
-    shaders, lower = [], v4_attention.MqaAttention.lower
+    shaders, rows4, lower = [], [], v4_attention.MqaAttention.lower
 
     def spy(self, node, device):
         launches = lower(self, node, device)
         shaders.extend((node.inputs[0].shape[0], ln.shader) for ln in launches)
+        rows4.extend(ln.spec[8] for ln in launches if ln.shader == "mqa_prefill")
         return launches
     monkeypatch.setattr(v4_attention.MqaAttention, "lower", spy)
     check_fixture("long", True, chunk=32, max_ctx=160)
     prefill = {s for T, s in shaders if T > v4_attention.TILED_MAX_TOKENS}
     assert prefill == ({"mqa_prefill"} if on else {"mqa_attention"})
+    assert all(rows4)                           # the model's cache and entries: rows loaded by vec4s
 
 
 @pytest.mark.parametrize("width,subgroup", [(128, 4), (512, 16)])
