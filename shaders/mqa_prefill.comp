@@ -1,7 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 //! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; - | MODE_HCA | MODE_CSA ; - | Q_NORM
-//! variants: LANES_SUBGROUP_OPS | LANES_SHUFFLE ; - | MODE_HCA | MODE_CSA ; - | Q_NORM ; LITERAL_ARRAYS
+//! variants: LANES_SUBGROUP_OPS ; - | MODE_HCA | MODE_CSA ; - | Q_NORM ; LITERAL_ARRAYS
 // MQA_ATTENTION kernel="prefill": the same attention as mqa_attention.comp (one shared key = value
 // head for all H query heads; token t at p = pos[0] + t sees the raw rows p − WINDOW < j ≤ p of the
 // ring kv [kv_rows, hd], then MODE_HCA's entries w < min((p + 1)/RATE, n_ent) or MODE_CSA's
@@ -35,13 +35,14 @@ layout(constant_id = 7) const uint HEADS = 1;    // heads per cluster
 layout(constant_id = 8) const bool ROWS4 = false; // hd, kv's and ent's offsets and row strides are multiples
                                                   // of 4: key rows staged by vec4 loads
 // -D LITERAL_ARRAYS (knob mqa_arrays.literal): the per-lane arrays get literal sizes, at least the
-// specialization constants their loops run to (PER_LANE ≤ 8, HEADS ≤ 4, TILE ≤ 16, ≤ 16 tile loads
-// a lane; the host checks), for drivers that keep arrays sized by specialization constants in memory.
+// specialization constants their loops run to (PER_LANE ≤ 8, HEADS ≤ 4, TILE ≤ 16, ≤ 32 tile loads
+// a lane; whole-subgroup clusters: the host checks), for drivers that keep arrays sized by
+// specialization constants in memory.
 #if defined(LITERAL_ARRAYS)
 #define PL_N 8
 #define HEADS_N 4
 #define TILE_N 16
-#define LOADS_N 16
+#define LOADS_N 32
 #else
 #define PL_N PER_LANE
 #define HEADS_N HEADS

@@ -100,7 +100,8 @@ def run_mqa(arrays, prm, kernel):
 # by floats, not vec4s
 CASES = [("sliding", 9, 4, 32, 0, 8, 1, 64), ("sliding", 6, 3, 16, 30, 6, 1, 13), ("sliding", 7, 5, 36, 60, 6, 1, 64),
          ("hca", 7, 3, 32, 30, 8, 8, 64), ("hca", 11, 6, 16, 17, 6, 4, 64), ("csa", 5, 4, 16, 20, 6, 4, 64),
-         ("csa", 9, 5, 36, 58, 6, 4, 64), ("csa", 6, 2, 16, 40, 6, 4, 13), ("hca", 5, 3, 18, 33, 6, 4, 64)]
+         ("csa", 9, 5, 36, 58, 6, 4, 64), ("csa", 6, 2, 16, 40, 6, 4, 13), ("hca", 5, 3, 18, 33, 6, 4, 64),
+         ("csa", 6, 4, 128, 40, 6, 4, 64)]
 IDS = [f"{c[0]}-T{c[1]}-H{c[2]}-hd{c[3]}-p{c[4]}-rows{c[7]}" for c in CASES]
 # knobs: the defaults; small tiles (several a list, a partial last one) with 1 and 3 heads a cluster
 KNOBS = {"default": {}, "tile3_heads1": {"mqa_prefill.tile": 3, "mqa_prefill.heads": 1},
@@ -108,7 +109,7 @@ KNOBS = {"default": {}, "tile3_heads1": {"mqa_prefill.tile": 3, "mqa_prefill.hea
 # every case with the default knobs, with and without the q norm; the others on a few
 MATRIX = ([(c, q_norm, "default") for c in range(len(CASES)) for q_norm in (False, True)]
           + [(c, c % 2 == 0, k) for c in (1, 4, 6, 7) for k in ("tile3_heads1", "tile4_heads3")]
-          + [(c, True, "literal") for c in (0, 3)])
+          + [(c, True, "literal") for c in (8,)])
 
 
 @pytest.mark.parametrize("case,q_norm,knobs", MATRIX,
@@ -148,6 +149,16 @@ def test_prefill_at_deepseek_v4_flash_widths(rng):
     prm = {"scale": hd ** -0.5, "window": 128, "mode": "csa", "rate": 4, "capacity": 512, "q_norm_eps": 1e-6}
     got, bad = run_mqa(arrays, prm, "prefill")
     check(got, get_op("MQA_ATTENTION").reference(*arrays, **prm), bad, nmse_max=1e-10, atol=1e-5)
+
+
+def test_literal_arrays_apply_where_they_fit(tune):
+    """mqa_arrays.literal: -D LITERAL_ARRAYS on whole-subgroup clusters whose arrays fit the literal
+    sizes (head_dim 128 on lavapipe's 8 lanes: 4 vec4s a lane), never on smaller clusters."""
+    tune({"mqa_prefill.on": True, "mqa_arrays.literal": True})
+    assert "LITERAL_ARRAYS" not in lowered(8, hd=32)[0].defines                  # 2-lane clusters
+    if default_device().subgroup_size == 8:
+        assert "LITERAL_ARRAYS" in lowered(8, hd=128)[0].defines
+    assert "LITERAL_ARRAYS" not in lowered(8, hd=4096)[0].defines                # 128 vec4s a lane
 
 
 def test_key_rows_load_by_vec4_where_aligned(tune):

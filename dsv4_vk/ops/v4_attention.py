@@ -185,7 +185,7 @@ MQA_PREFILL = knob_table(
     heads=(2, "heads per cluster of the prefill kernel (each staged channel read once for that many heads)"),
     tile=(16, "keys the prefill kernel stages at a time, where shared memory allows (else as many as fit)"))
 PREFILL_WORKGROUP = 256
-PREFILL_LITERAL_MAX = {"per_lane": 8, "heads": 4, "tile": 16, "loads": 16}    # mqa_prefill.comp's literal sizes
+PREFILL_LITERAL_MAX = {"per_lane": 8, "heads": 4, "tile": 16, "loads": 32}    # mqa_prefill.comp's literal sizes
 # keys a tiled workgroup stages at a time, where shared memory allows: 8 (twice the decode splits of
 # 16) measured faster than 16 on the H200, alone and in the model: the dispatch's fixed cost bounds
 # it, not any part of its work (results/h200/ablate_mqa_h200.txt)
@@ -367,7 +367,8 @@ class MqaAttention(OpDef):
         spec = (plan["workgroup"], plan["per_lane"], 1, prm["window"], prm.get("rate", 1), 1, plan["tile"],
                 plan["heads"], int(rows4))
         loads = -(-plan["tile"] * plan["per_lane"] * plan["lanes"]["LANES"] // plan["workgroup"])
-        if MQA_ARRAYS["literal"] and plan["per_lane"] <= PREFILL_LITERAL_MAX["per_lane"] and \
+        if MQA_ARRAYS["literal"] and "LANES_SUBGROUP_OPS" in plan["lanes"] and \
+                plan["per_lane"] <= PREFILL_LITERAL_MAX["per_lane"] and \
                 plan["heads"] <= PREFILL_LITERAL_MAX["heads"] and plan["tile"] <= PREFILL_LITERAL_MAX["tile"] and \
                 loads <= PREFILL_LITERAL_MAX["loads"]:
             defs["LITERAL_ARRAYS"] = 1
