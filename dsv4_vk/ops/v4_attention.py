@@ -183,7 +183,8 @@ MQA_PREFILL = knob_table(
               "once for them all): None on GPUs (on CPU devices its barriers cost more than the loads it saves), "
               "True everywhere, False nowhere (the cluster kernel: one cluster per token and head)"),
     heads=(2, "heads per cluster of the prefill kernel (each staged channel read once for that many heads)"),
-    tile=(16, "keys the prefill kernel stages at a time, where shared memory allows (else as many as fit)"))
+    tile=(None, "keys the prefill kernel stages at a time, where shared memory allows, else as many as fit "
+                "(None: 16 on GPUs, 8 on CPU devices, where each is unrolled code to compile)"))
 PREFILL_WORKGROUP = 256
 PREFILL_LITERAL_MAX = {"per_lane": 8, "heads": 4, "tile": 16, "loads": 32}    # mqa_prefill.comp's literal sizes
 # keys a tiled workgroup stages at a time, where shared memory allows: 8 (twice the decode splits of
@@ -226,7 +227,8 @@ def mqa_prefill_plan(device, hd: int, H: int) -> dict:
     wg = min(PREFILL_WORKGROUP, max(device.caps.subgroup.max_size, next_pow2(L * want)))
     row = 16 * per_lane * L + 8                             # a staged row (vec4s) and its base and flags
     fit = max(0, device.caps.limits.max_shared_memory - 64) // row
-    tile = min(_positive_int("mqa_prefill", "tile", MQA_PREFILL["tile"]), fit)
+    want_tile = MQA_PREFILL["tile"] or (8 if is_cpu(device) else 16)
+    tile = min(_positive_int("mqa_prefill", "tile", want_tile), fit)
     return {"lanes": lanes, "extra": extra, "per_lane": per_lane, "heads": heads, "workgroup": wg,
             "clusters": wg // L, "tile": tile, "shared_bytes": tile * row}
 
