@@ -14,12 +14,13 @@
 // + 3, m < PER_LANE, as vec4s: q and the output accumulator in registers, HEADS·PER_LANE vec4 each.
 // Tile loop (one per TILE keys of the token's list, uniform per workgroup): the workgroup stages
 // the tile's key rows in shared memory (every load issued before any store: one memory latency a
-// tile), then each lane takes the scores S[i, k] = q_i · key_k of its heads × the tile (a
-// HEADS × TILE × hd product, reduced over the cluster), merges them into each head's online
-// softmax (the sink its starting maximum), and adds P[i, k] · key_k into the accumulator: each
-// staged vec4 read once a lane for all HEADS heads, in the score and in the value product alike.
-// Both products are small GEMMs (heads × keys × channels, heads × channels × keys) over a tile held
-// in shared memory; a matrix-unit version replaces the two loops inside the tile loop.
+// tile); then, KEYS keys at a time (spec constant 5), each lane reads its channels of those rows
+// into registers once, takes the scores S[i, k] = q_i · key_k of its heads × the keys (a
+// HEADS × KEYS × hd product, reduced over the cluster, every sum in flight together), merges them
+// into each head's online softmax (the sink its starting maximum) and adds P[i, k] · key_k into the
+// accumulator from the same registers: each staged vec4 read once a lane for all HEADS heads and
+// both products. The products are small GEMMs (heads × keys × channels, heads × channels × keys)
+// over a tile held in shared memory; a matrix-unit version replaces the loops inside the tile loop.
 // -D Q_NORM: q as the projection wrote it, each head's row RMS-normalised (no weight, eps q_eps)
 // and its trailing 2·q_half channels rotated (rope.glsl, tables cos/sin at bindings 7, 8) as it is
 // loaded; a channel's rotation partner (c ^ 1) is in the same vec4.
@@ -30,23 +31,24 @@
 layout(constant_id = 1) const uint PER_LANE = 1; // ceil(hd / (4·LANES)): vec4s of a row per lane
 layout(constant_id = 3) const uint WINDOW = 1;   // sliding_window
 layout(constant_id = 4) const uint RATE = 1;     // the compression rate m (MODE_HCA)
+layout(constant_id = 5) const uint KEYS = 1;     // keys of a tile scored and summed at a time
 layout(constant_id = 6) const uint TILE = 1;     // keys staged in shared memory at a time
 layout(constant_id = 7) const uint HEADS = 1;    // heads per cluster
 layout(constant_id = 8) const bool ROWS4 = false; // hd, kv's and ent's offsets and row strides are multiples
                                                   // of 4: key rows staged by vec4 loads
 // -D LITERAL_ARRAYS (knob mqa_arrays.literal): the per-lane arrays get literal sizes, at least the
-// specialization constants their loops run to (PER_LANE ≤ 8, HEADS ≤ 4, TILE ≤ 16, ≤ 32 tile loads
+// specialization constants their loops run to (PER_LANE ≤ 8, HEADS ≤ 4, KEYS ≤ 8, ≤ 32 tile loads
 // a lane; whole-subgroup clusters: the host checks), for drivers that keep arrays sized by
 // specialization constants in memory.
 #if defined(LITERAL_ARRAYS)
 #define PL_N 8
 #define HEADS_N 4
-#define TILE_N 16
+#define KEYS_N 8
 #define LOADS_N 32
 #else
 #define PL_N PER_LANE
 #define HEADS_N HEADS
-#define TILE_N TILE
+#define KEYS_N KEYS
 #define LOADS_N LOADS
 #endif
 layout(binding = 0) readonly buffer Q { float q[]; };
@@ -187,38 +189,44 @@ void main() {
             if (e < TILE * ROW) ks[e] = v[x];
         }
         barrier();
-        // S = Q · Kᵀ over the tile: HEADS × TILE dot products of this lane's channels, then the cluster's sums
-        float sc[TILE_N][HEADS_N];
-        [[unroll]] for (uint k = 0; k < TILE; ++k) {
-            [[unroll]] for (uint i = 0; i < HEADS; ++i) sc[k][i] = 0.0;
-            [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
-                vec4 kk = ks[k * ROW + lane + LANES * m];
-                [[unroll]] for (uint i = 0; i < HEADS; ++i) sc[k][i] += dot(qv[i][m], kk);
+        // KEYS keys of the tile at a time, their rows read from shared memory once into registers:
+        [[unroll]] for (uint k0 = 0; k0 < TILE; k0 += KEYS) {
+            if (k0 >= nk) break;                        // uniform: a partial last tile
+            // S = Q · Kᵀ: HEADS × KEYS dot products of this lane's channels, then the cluster's sums
+            vec4 kr[KEYS_N][PL_N];
+            float sc[KEYS_N][HEADS_N];
+            [[unroll]] for (uint j = 0; j < KEYS; ++j) {
+                uint k = min(k0 + j, TILE - 1);         // (past TILE: a key no tile holds, not used)
+                [[unroll]] for (uint i = 0; i < HEADS; ++i) sc[j][i] = 0.0;
+                [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
+                    kr[j][m] = ks[k * ROW + lane + LANES * m];
+                    [[unroll]] for (uint i = 0; i < HEADS; ++i) sc[j][i] += dot(qv[i][m], kr[j][m]);
+                }
             }
-        }
-        [[unroll]] for (uint k = 0; k < TILE; ++k)
-            [[unroll]] for (uint i = 0; i < HEADS; ++i) sc[k][i] = cluster_sum(sc[k][i]);   // every lane
-        // the online softmax: each head's new maximum, its running sums rescaled, P = e^(S − max)
-        [[unroll]] for (uint i = 0; i < HEADS; ++i) {
-            float tm = LOWEST;
-            [[unroll]] for (uint k = 0; k < TILE; ++k)
-                if (k < nk && (kflag[k] & 1u) != 0u) tm = max(tm, sc[k][i]);
-            float mn = max(mx[i], tm), corr = exp(mx[i] - mn);
-            l[i] *= corr;
-            [[unroll]] for (uint m = 0; m < PER_LANE; ++m) acc[i][m] *= corr;
-            [[unroll]] for (uint k = 0; k < TILE; ++k) {
-                float e = k < nk && (kflag[k] & 1u) != 0u ? exp(sc[k][i] - mn) : 0.0;
-                sc[k][i] = e;
-                l[i] += e;
+            [[unroll]] for (uint j = 0; j < KEYS; ++j)
+                [[unroll]] for (uint i = 0; i < HEADS; ++i) sc[j][i] = cluster_sum(sc[j][i]);   // every lane
+            bool ok[KEYS_N];
+            [[unroll]] for (uint j = 0; j < KEYS; ++j)
+                ok[j] = k0 + j < min(nk, TILE) && (kflag[min(k0 + j, TILE - 1)] & 1u) != 0u;
+            // the online softmax: each head's new maximum, its running sums rescaled, P = e^(S − max)
+            [[unroll]] for (uint i = 0; i < HEADS; ++i) {
+                float tm = LOWEST;
+                [[unroll]] for (uint j = 0; j < KEYS; ++j)
+                    if (ok[j]) tm = max(tm, sc[j][i]);
+                float mn = max(mx[i], tm), corr = exp(mx[i] - mn);
+                l[i] *= corr;
+                [[unroll]] for (uint m = 0; m < PER_LANE; ++m) acc[i][m] *= corr;
+                [[unroll]] for (uint j = 0; j < KEYS; ++j) {
+                    float e = ok[j] ? exp(sc[j][i] - mn) : 0.0;
+                    sc[j][i] = e;
+                    l[i] += e;
+                }
+                mx[i] = mn;
             }
-            mx[i] = mn;
-        }
-        // O += P · V over the tile (V = K)
-        [[unroll]] for (uint k = 0; k < TILE; ++k) {
-            [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
-                vec4 kk = ks[k * ROW + lane + LANES * m];
-                [[unroll]] for (uint i = 0; i < HEADS; ++i) acc[i][m] += sc[k][i] * kk;
-            }
+            // O += P · V (V = K, still in registers)
+            [[unroll]] for (uint j = 0; j < KEYS; ++j)
+                [[unroll]] for (uint m = 0; m < PER_LANE; ++m)
+                    [[unroll]] for (uint i = 0; i < HEADS; ++i) acc[i][m] += sc[j][i] * kr[j][m];
         }
     }
     [[unroll]] for (uint i = 0; i < HEADS; ++i) {

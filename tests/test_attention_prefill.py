@@ -105,11 +105,14 @@ CASES = [("sliding", 9, 4, 32, 0, 8, 1, 64), ("sliding", 6, 3, 16, 30, 6, 1, 13)
          ("csa", 6, 4, 128, 40, 6, 4, 64)]
 IDS = [f"{c[0]}-T{c[1]}-H{c[2]}-hd{c[3]}-p{c[4]}-rows{c[7]}" for c in CASES]
 # knobs: the defaults; small tiles (several a list, a partial last one) with 1 and 3 heads a cluster
-KNOBS = {"default": {}, "tile3_heads1": {"mqa_prefill.tile": 3, "mqa_prefill.heads": 1},
-         "tile4_heads3": {"mqa_prefill.tile": 4, "mqa_prefill.heads": 3}, "literal": {"mqa_arrays.literal": True}}
+# and steps of keys past the tile's end; one key a step
+KNOBS = {"default": {}, "tile3_heads1_keys2": {"mqa_prefill.tile": 3, "mqa_prefill.heads": 1, "mqa_prefill.keys": 2},
+         "tile4_heads3_keys3": {"mqa_prefill.tile": 4, "mqa_prefill.heads": 3, "mqa_prefill.keys": 3},
+         "keys1": {"mqa_prefill.keys": 1}, "literal": {"mqa_arrays.literal": True}}
 # every case with the default knobs, with and without the q norm; the others on a few
 MATRIX = ([(c, q_norm, "default") for c in range(len(CASES)) for q_norm in (False, True)]
-          + [(c, c % 2 == 0, k) for c in (1, 4, 6, 7) for k in ("tile3_heads1", "tile4_heads3")]
+          + [(c, c % 2 == 0, k) for c in (1, 4, 6, 7) for k in ("tile3_heads1_keys2", "tile4_heads3_keys3")]
+          + [(c, False, "keys1") for c in (2, 5)]
           + [(c, True, "literal") for c in (8,)])
 
 

@@ -183,10 +183,12 @@ MQA_PREFILL = knob_table(
               "once for them all): None on GPUs (on CPU devices its barriers cost more than the loads it saves), "
               "True everywhere, False nowhere (the cluster kernel: one cluster per token and head)"),
     heads=(2, "heads per cluster of the prefill kernel (each staged channel read once for that many heads)"),
+    keys=(4, "keys the prefill kernel scores and sums at a time, their channels held in registers for both "
+             "products"),
     tile=(None, "keys the prefill kernel stages at a time, where shared memory allows, else as many as fit "
                 "(None: 16 on GPUs, 8 on CPU devices, where each is unrolled code to compile)"))
 PREFILL_WORKGROUP = 256
-PREFILL_LITERAL_MAX = {"per_lane": 8, "heads": 4, "tile": 16, "loads": 32}    # mqa_prefill.comp's literal sizes
+PREFILL_LITERAL_MAX = {"per_lane": 8, "heads": 4, "keys": 8, "loads": 32}    # mqa_prefill.comp's literal sizes
 # keys a tiled workgroup stages at a time, where shared memory allows: 8 (twice the decode splits of
 # 16) measured faster than 16 on the H200, alone and in the model: the dispatch's fixed cost bounds
 # it, not any part of its work (results/h200/ablate_mqa_h200.txt)
@@ -229,8 +231,9 @@ def mqa_prefill_plan(device, hd: int, H: int) -> dict:
     fit = max(0, device.caps.limits.max_shared_memory - 64) // row
     want_tile = MQA_PREFILL["tile"] or (8 if is_cpu(device) else 16)
     tile = min(_positive_int("mqa_prefill", "tile", want_tile), fit)
+    keys = min(_positive_int("mqa_prefill", "keys", MQA_PREFILL["keys"]), max(tile, 1))
     return {"lanes": lanes, "extra": extra, "per_lane": per_lane, "heads": heads, "workgroup": wg,
-            "clusters": wg // L, "tile": tile, "shared_bytes": tile * row}
+            "clusters": wg // L, "tile": tile, "keys": keys, "shared_bytes": tile * row}
 
 
 def prefill_on(device) -> bool:
@@ -366,12 +369,12 @@ class MqaAttention(OpDef):
                              f"{device.name} has {device.caps.limits.max_shared_memory} B, too little for one")
         args, push, defs = self._bindings(node)
         rows4 = hd % 4 == 0 and all(push[f] % 4 == 0 for f in ("kv_off", "kv_s0", "e_off", "e_s0"))
-        spec = (plan["workgroup"], plan["per_lane"], 1, prm["window"], prm.get("rate", 1), 1, plan["tile"],
-                plan["heads"], int(rows4))
+        spec = (plan["workgroup"], plan["per_lane"], 1, prm["window"], prm.get("rate", 1), plan["keys"],
+                plan["tile"], plan["heads"], int(rows4))
         loads = -(-plan["tile"] * plan["per_lane"] * plan["lanes"]["LANES"] // plan["workgroup"])
         if MQA_ARRAYS["literal"] and "LANES_SUBGROUP_OPS" in plan["lanes"] and \
                 plan["per_lane"] <= PREFILL_LITERAL_MAX["per_lane"] and \
-                plan["heads"] <= PREFILL_LITERAL_MAX["heads"] and plan["tile"] <= PREFILL_LITERAL_MAX["tile"] and \
+                plan["heads"] <= PREFILL_LITERAL_MAX["heads"] and plan["keys"] <= PREFILL_LITERAL_MAX["keys"] and \
                 loads <= PREFILL_LITERAL_MAX["loads"]:
             defs["LITERAL_ARRAYS"] = 1
         groups = -(-H // (plan["heads"] * plan["clusters"]))
