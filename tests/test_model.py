@@ -257,7 +257,9 @@ def test_any_prefill_chunk_and_the_devices_default_give_the_same_logits_with_pro
     weights = random_weights(cfg, int(rng.integers(0, 2 ** 31)))
     ids = rng.integers(0, cfg.vocab_size, 30)
     default = Model(cfg, weights)
-    chunk = min(48, 16 if default.device.caps.is_cpu else 128)          # the knobs' defaults, within max_ctx
+    chunk = min(48, 16 if default.device.caps.is_cpu else 512)          # the knobs' defaults, within max_ctx
+    # chunks of T ≥ coopmat.min_tokens take the matrix units' fp16 products where the device has them
+    bound = 1e-9 if default.device.caps.is_cpu else 1e-6
     assert default.prefill_chunk == chunk
     seen = []
     ref = default.prefill(ids, all_logits=True, progress=lambda done, total: seen.append((done, total)))
@@ -266,10 +268,10 @@ def test_any_prefill_chunk_and_the_devices_default_give_the_same_logits_with_pro
     for chunk in (1, 7, 128, 512):
         m = Model(cfg, weights, prefill_chunk=chunk)
         assert m.prefill_chunk == min(chunk, 48)
-        assert nmse(m.prefill(ids, all_logits=True), ref) <= 1e-9
+        assert nmse(m.prefill(ids, all_logits=True), ref) <= bound
     m = Model(cfg, weights, tuning=Tuning({"prefill_chunk.cpu": 7, "prefill_chunk.gpu": 7}))
     assert m.prefill_chunk == 7
-    assert nmse(m.prefill(ids, all_logits=True), ref) <= 1e-9
+    assert nmse(m.prefill(ids, all_logits=True), ref) <= bound
     for bad in (0, -3, 2.5, True, "16"):
         with pytest.raises(ValueError, match="prefill_chunk must be an integer"):
             Model(cfg, weights, prefill_chunk=bad)

@@ -133,11 +133,12 @@ def _check_device(device: object) -> None:
 
 
 # The prefill chunk a model gets when its caller gives none (prefill_chunk=None), by device type: a
-# GPU's mat-muls over a chunk want many rows (on the H200 flash-1gpu prefills 2.6x faster in chunks
-# of 128 than of 16: results/h200/long_context/long_context.txt), a CPU device runs them in turn.
+# GPU's mat-muls over a chunk want many rows (the matrix units' tiles and the grouped experts fill
+# with them: on the H200 flash-1gpu prefills a 4k prompt about 1.3x faster in chunks of 512 than of
+# 128, results/README.md), a CPU device runs them in turn.
 PREFILL_CHUNK = knob_table(
     "prefill_chunk",
-    gpu=(128, "tokens a prefill chunk holds on GPUs when Model(prefill_chunk=None)"),
+    gpu=(512, "tokens a prefill chunk holds on GPUs when Model(prefill_chunk=None)"),
     cpu=(16, "tokens a prefill chunk holds on CPU devices when Model(prefill_chunk=None)"))
 
 
