@@ -13,10 +13,13 @@
 //   [TOFF + b]          first tile of bucket b
 //   [TILE0 + 3i ..]     tile i: bucket, first position in the list, slots (≤ BT)
 //   [LIST0 + j]         the slots, bucket by bucket
-// Layout: one workgroup (spec constant 0 invocations). Invocation i owns buckets i, i + WG, ...: it
-// alone counts, places and writes them (its counters in shared memory), so no atomics and an order
-// that is the slots' whatever the timing. The slots go by CH at a time (spec constant 1), their
-// buckets staged in shared memory, every invocation scanning a chunk in order for its own buckets.
+// Layout: one workgroup (spec constant 0 invocations), no device-memory atomics. The slots go by
+// blocks of CH (spec constant 1), their buckets staged in shared memory. Count: shared-memory
+// atomic adds (a count does not depend on their order). Place: slot j of a block lands at its
+// bucket's cursor plus its rank, the number of earlier slots of the block in the same bucket
+// (a scan of the staged block: O(CH) reads a slot, all independent, no read-modify-write chain),
+// so within a bucket the slots keep their order whatever the timing; then the cursors advance by
+// the block's counts. Every invocation takes slots j = i, i + WG, ... of a block.
 // Push block: T, R, E, id_base, n_ids, shared_id; r_off, r_s0, r_s1 (the ids; weights are not
 // read); s_off; BT (tile slots); the layout's offsets CNT, OFF, TOFF, TILE0, LIST0 (from s_off).
 #include "common.glsl"
@@ -48,47 +51,46 @@ void main() {
     uint S = p.T * p.R, base = p.s_off;
     for (uint b = i; b < B; b += WG) cnt[b] = 0;
     barrier();
-    for (uint pass = 0; pass < 2u; ++pass) {            // 0: count, 1: place
-        for (uint c0 = 0; c0 < S; c0 += CH) {
-            uint n = min(CH, S - c0);
-            for (uint j = i; j < n; j += WG) sb[j] = bucket_of(c0 + j);
-            barrier();
-            for (uint j = 0; j < n; ++j) {
-                uint b = sb[j];
-                if (b % WG != i) continue;
-                if (pass == 0u) {
-                    cnt[b] += 1;
-                } else {
-                    sr[base + p.LIST0 + uint(cur[b])] = int(c0 + j);
-                    cur[b] += 1;
-                }
-            }
-            barrier();                                   // sb is staged again
+    for (uint c0 = 0; c0 < S; c0 += CH) {               // count
+        uint n = min(CH, S - c0);
+        for (uint j = i; j < n; j += WG) atomicAdd(cnt[bucket_of(c0 + j)], 1);
+    }
+    barrier();
+    if (i == 0u) {                                       // B is small: one invocation's prefix sums
+        int off = 0, tiles = 0;
+        for (uint b = 0; b < B; ++b) {
+            cur[b] = off;
+            toff[b] = tiles;
+            off += cnt[b];
+            tiles += (cnt[b] + int(p.BT) - 1) / int(p.BT);
         }
-        if (pass == 0u) {
-            if (i == 0u) {                               // B is small: one invocation's prefix sums
-                int off = 0, tiles = 0;
-                for (uint b = 0; b < B; ++b) {
-                    cur[b] = off;
-                    toff[b] = tiles;
-                    off += cnt[b];
-                    tiles += (cnt[b] + int(p.BT) - 1) / int(p.BT);
-                }
-                sr[base] = tiles;
-            }
-            barrier();
-            for (uint b = i; b < B; b += WG) {           // this invocation's buckets: counts, offsets, tiles
-                int c = cnt[b], off = cur[b], t0 = toff[b];
-                sr[base + p.CNT + b] = c;
-                sr[base + p.OFF + b] = off;
-                sr[base + p.TOFF + b] = t0;
-                for (int k = 0; k * int(p.BT) < c; ++k) {
-                    uint at = base + p.TILE0 + 3u * uint(t0 + k);
-                    sr[at] = int(b);
-                    sr[at + 1u] = off + k * int(p.BT);
-                    sr[at + 2u] = min(int(p.BT), c - k * int(p.BT));
-                }
-            }
+        sr[base] = tiles;
+    }
+    barrier();
+    for (uint b = i; b < B; b += WG) {                   // counts, offsets, tiles
+        int c = cnt[b], off = cur[b], t0 = toff[b];
+        sr[base + p.CNT + b] = c;
+        sr[base + p.OFF + b] = off;
+        sr[base + p.TOFF + b] = t0;
+        for (int k = 0; k * int(p.BT) < c; ++k) {
+            uint at = base + p.TILE0 + 3u * uint(t0 + k);
+            sr[at] = int(b);
+            sr[at + 1u] = off + k * int(p.BT);
+            sr[at + 2u] = min(int(p.BT), c - k * int(p.BT));
         }
+    }
+    for (uint c0 = 0; c0 < S; c0 += CH) {               // place, block by block
+        uint n = min(CH, S - c0);
+        for (uint j = i; j < n; j += WG) sb[j] = bucket_of(c0 + j);
+        barrier();                                       // (also: the cursors' last advance is done)
+        for (uint j = i; j < n; j += WG) {
+            uint b = sb[j];
+            int rank = 0;
+            for (uint k = 0; k < j; ++k) rank += sb[k] == b ? 1 : 0;
+            sr[base + p.LIST0 + uint(cur[b] + rank)] = int(c0 + j);
+        }
+        barrier();                                       // every slot placed from the cursors
+        for (uint j = i; j < n; j += WG) atomicAdd(cur[sb[j]], 1);
+        barrier();                                       // cursors advanced before sb is staged again
     }
 }

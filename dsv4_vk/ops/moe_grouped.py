@@ -28,7 +28,8 @@ GROUPED = knob_table(
                   "size)"),
     thread_tokens=(4, "route slots an invocation computes, TM (a divisor of BT)"),
     thread_outputs=(4, "outputs an invocation computes, TN (a divisor of BN)"),
-    sort_chunk=(1024, "route slots the sort stages in shared memory at a time"))
+    sort_chunk=(256, "route slots the sort ranks at a time (a block staged in shared memory; a slot's rank "
+                     "scans the block's earlier slots, so cost grows with it)"))
 
 SORT_POOL, ROUTES_POOL = "mul_mat_id.sort", "mul_mat_id.routes"
 
