@@ -285,3 +285,16 @@ def test_child_at_another_subgroup_size(width, subgroup):
                         "cluster_kernel"], cwd=os.path.dirname(HERE), env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0 and " passed" in r.stdout and "failed" not in r.stdout, (r.stdout + r.stderr)[-4000:]
+
+
+@pytest.mark.parametrize("case", [CASES[3], CASES[6]], ids=[IDS[3], IDS[6]])
+def test_prefill_without_subgroup_operations(tune, rng, monkeypatch, case):
+    """A device without subgroup operations: one-lane clusters (LANES = 1, no cluster sums), each
+    lane a whole row of its heads."""
+    dev = default_device()
+    no_ops = dataclasses.replace(dev.caps.subgroup, operations=())
+    monkeypatch.setattr(dev, "caps", dataclasses.replace(dev.caps, subgroup=no_ops))
+    assert v4_attention.mqa_prefill_plan(dev, case[3], case[2])["lanes"] == {"LANES": 1}
+    arrays, prm, want = case_arrays(rng, *case, True)
+    got, bad = run_mqa(arrays, prm, "prefill")
+    check(got, want, bad, nmse_max=1e-10, atol=1e-5)

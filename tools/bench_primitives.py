@@ -35,10 +35,11 @@ process with a patched copy of shaders/: where its time goes (the results are wr
 q norm and RoPE in the kernel), for each layer type of the flash-1gpu preset (sliding; CSA: rate 4,
 the indexer's top 512; HCA: rate 128): the cluster kernel (the prefill path before the prefill
 kernel, mqa_prefill.on=False) against the prefill kernel at its defaults and at each
---attn-variants knob set (heads=H/tile=K, comma-separated), GPU ms each with the NMSE of its output
+--attn-variants knob set (heads=H/tile=T/keys=K/literal=1: knobs mqa_prefill.heads, .tile, .keys and
+mqa_arrays.literal; comma-separated), GPU ms each with the NMSE of its output
 against the cluster kernel's, and the chunk's attention over flash-1gpu's 4 layers (SWA, CSA, HCA, CSA).
 
-    python3 tools/bench_primitives.py --attention --attn-variants heads=1,heads=4,tile=8 \
+    python3 tools/bench_primitives.py --attention --attn-variants heads=1,heads=4/tile=8,keys=2,keys=8,literal=1 \
         --json $OUT/attention_prefill_h200.json | tee $OUT/attention_prefill_h200.txt
     python tools/bench_primitives.py --attention --attn-chunk 16 --attn-positions 200 --replays 2   # anywhere
 """
@@ -369,8 +370,11 @@ def attention_table(ex, args, rng):
         knobs = {}
         for part in item.split("/"):
             key, _, value = part.partition("=")
-            if key not in ("heads", "tile") or not value.isdigit():
-                raise SystemExit(f"--attn-variants: expected heads=H/tile=K items, got {item!r}")
+            if key not in ("heads", "tile", "keys", "literal") or not value.isdigit():
+                raise SystemExit(f"--attn-variants: expected heads=H/tile=T/keys=K/literal=0|1 items, got {item!r}")
+            if key == "literal":
+                knobs["mqa_arrays.literal"] = bool(int(value))
+                continue
             knobs[f"mqa_prefill.{key}"] = int(value)
         variants.append((f"prefill {item}", knobs))
     f, T = FLASH_ATTENTION, args.attn_chunk
@@ -445,7 +449,7 @@ def main(argv=None):
     ap.add_argument("--attention", action="store_true", help="the prefill attention table (cluster vs prefill kernel)")
     ap.add_argument("--attn-chunk", type=int, default=512, help="--attention: tokens of the chunk")
     ap.add_argument("--attn-positions", default="1024,4096", help="--attention: first positions of the chunk")
-    ap.add_argument("--attn-variants", default="", help="--attention: prefill-kernel knob sets heads=H/tile=K,...")
+    ap.add_argument("--attn-variants", default="", help="--attention: prefill-kernel knob sets heads=H/tile=T/keys=K/literal=1,...")
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     unknown = sorted(set(filter(None, args.coopmat_ablate.split(","))) - set(COOPMAT_ABLATIONS))

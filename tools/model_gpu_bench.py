@@ -44,8 +44,8 @@ knob mqa_arrays.literal), mix_wg (the first site's HC_MIX workgroup size: smalle
 D into more workgroups; knob mix.wg), compress_wg (COMPRESS's workgroup cap,
 knob compress.wg), mqa_tile (keys the tiled MQA_ATTENTION stages at a time; the decode
 splits follow: knob mqa_tile.keys), mqa_prefill (0: prefill chunks' attention on the cluster kernel,
-not the prefill kernel; knob mqa_prefill.on), mqa_prefill_heads / mqa_prefill_tile (the prefill
-kernel's heads a cluster and keys a tile; knobs mqa_prefill.heads, mqa_prefill.tile), route_rank (0: V4_ROUTE's rounds of a butterfly instead of
+not the prefill kernel; knob mqa_prefill.on), mqa_prefill_heads / mqa_prefill_tile / mqa_prefill_keys (the
+prefill kernel's heads a cluster, keys a tile and keys a step; knobs mqa_prefill.heads, .tile, .keys), route_rank (0: V4_ROUTE's rounds of a butterfly instead of
 its one-pass ranking, knob route_rank.on); e.g.
 `--variants "fold_mb=64;fold_mb=0;gemv_unroll=8"`.
 --long: the long-context sweep instead (--out is then a directory: long_context.json and .txt):
@@ -131,6 +131,7 @@ KNOBS = {"fold_mb": ("norm_fold.max_bytes", lambda v: int(float(v) * 2**20)),   
          "mqa_prefill_heads": ("mqa_prefill.heads", int),
          "mqa_prefill_tile": ("mqa_prefill.tile", int),
          "moe_grouped": ("mul_mat_id_grouped.on", lambda v: bool(int(v))),
+         "mqa_prefill_keys": ("mqa_prefill.keys", int),
          "route_rank": ("route_rank.on", lambda v: bool(int(v)))}
 
 

@@ -180,7 +180,7 @@ MQA_PREFILL = knob_table(
     "mqa_prefill",
     on=(None, "MQA_ATTENTION kernel='auto' over more than TILED_MAX_TOKENS tokens (prefill) takes the prefill kernel "
               "(shaders/mqa_prefill.comp: a workgroup takes one token and many of its heads, each key row staged "
-              "once for them all): None on GPUs (on CPU devices its barriers cost more than the loads it saves), "
+              "once for them all): None on GPUs (CPU devices keep the cluster kernel), "
               "True everywhere, False nowhere (the cluster kernel: one cluster per token and head)"),
     heads=(2, "heads per cluster of the prefill kernel (each staged channel read once for that many heads)"),
     keys=(4, "keys the prefill kernel scores and sums at a time, their channels held in registers for both "
