@@ -297,10 +297,11 @@ STAGED_SHAPES = [("fp8", 37, 4096), ("fp8", 300, 208), ("fp8", 9, 16), ("fp8", 1
                  ("fp4", 40, 96), ("fp4", 7, 28), ("fp4", 131, 1024)]
 
 
-def check_staged_gemv(rng, device=None):
-    """The staged GEMV (gemv_quant.x_shared) at one token, plain and with the norm folded in, on
-    weights with every code (E4M3 subnormals included) and scales from 2^−127 to 2^40, batched
-    weights included; where `device` is given, asserts the launches are the staged kernel's."""
+def check_staged_gemv(rng, device=None, define="X_SHARED"):
+    """The staged GEMV (gemv_quant.x_shared; with define="X_REGS" the one with x in registers,
+    gemv_quant.x_regs) at one token, plain and with the norm folded in, on weights with every code
+    (E4M3 subnormals included) and scales from 2^−127 to 2^40, batched weights included; where
+    `device` is given, asserts the launches are that kernel's."""
     for fmt, N, K in STAGED_SHAPES:
         codes, scale = random_quant(rng, fmt, N, K)
         scale = rng.integers(0, 168, scale.shape, dtype=np.uint8)      # E8M0 bytes: 2^−127 .. 2^40
@@ -316,7 +317,7 @@ def check_staged_gemv(rng, device=None):
             g.output("y", g.op("MUL_MAT", *args, g.const(sw), wq=fmt, **prm))
             if device is not None:
                 (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
-                assert "X_SHARED" in launch.defines, (fmt, N, K)
+                assert define in launch.defines, (fmt, N, K)
             got = run_graph(g, x=x)["y"]
             close(got, get_op("MUL_MAT").reference(x, w, *([gn] if norm else []), **prm), (fmt, N, K, norm))
     G, r, K = 3, 70, 256                       # wo_a's form: batched rows of one FP8 matrix, x per batch
@@ -352,6 +353,44 @@ def test_staged_gemv(tune, as_gpu, rows, unroll, groups, wg, rng, monkeypatch, d
             whole = device.caps.subgroup.max_size if launch.defines["LANES"] > 1 else 1
             assert launch.spec == (max(wg, whole), unroll, rows, 0, 52) and launch.grid[0] * launch.grid[1] <= groups
     check_mul_mat(rng)
+
+
+@pytest.mark.parametrize("rows,wg,groups,prefetch", [(4, 256, 1024, True), (1, 64, 1024, False), (8, 64, 2, True),
+                                                     (2, 256, 1, False)])
+def test_gemv_x_in_registers(tune, rows, wg, groups, prefetch, rng, device):
+    """The GEMV at one token with x in registers (knob gemv_quant.x_regs) matches the float64
+    dequantisation for 1 to 8 rows a block, 1, 2 and 4 uvec4s of a row an invocation (workgroups of
+    64 over K = 4096 FP8 / FP4, of 8 or 16 over K = 208), few workgroups looping over row blocks,
+    with and without the next block's codes prefetched; rows not whole uvec4s, or too long for 4
+    slots an invocation, keep the other kernels."""
+    tune({"gemv_quant.x_regs": True, "gemv_quant.x_regs_rows": rows, "gemv_quant.x_regs_wg": wg,
+          "gemv_quant.x_regs_groups": groups, "gemv_quant.x_regs_prefetch": prefetch})
+    check_staged_gemv(rng, device, "X_REGS")
+    for fmt, K, regs in (("fp8", 260, False), ("fp4", 80, False), ("fp8", 208, True), ("fp8", 16 * 4 * wg, True),
+                         ("fp8", 16 * (4 * 256 + 1), False)):
+        g = Graph()
+        sr, sc = QUANT[fmt].grid(37, K)
+        g.op("MUL_MAT", g.input("x", (1, K)), g.input("w", (37, QUANT[fmt].words(K)), "i32"),
+             g.input("s", (-(-sr * sc // 4),), "i32"), wq=fmt)
+        (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+        assert ("X_REGS" in launch.defines) == regs, (fmt, K)
+        if regs:
+            assert launch.spec[2] == rows and launch.spec[5] == int(prefetch)
+            assert launch.grid[0] * launch.grid[1] == min(groups, -(-37 // rows))
+
+
+@pytest.mark.parametrize("knob,value,match", [
+    ("x_regs_rows", 3, r"'gemv_quant\.x_regs_rows' must be 1, 2, 4 or 8, got 3"),
+    ("x_regs_wg", 512, r"'gemv_quant\.x_regs_wg' must be a power of two ≤ 256, got 512"),
+    ("x_regs_groups", 0, r"'gemv_quant\.x_regs_groups' must be an integer ≥ 1, got 0"),
+    ("x_regs_prefetch", 1, r"'gemv_quant\.x_regs_prefetch' must be True or False, got 1"),
+])
+def test_x_in_registers_knobs_are_checked(tune, knob, value, match, device):
+    tune({"gemv_quant.x_regs": True, f"gemv_quant.{knob}": value})
+    g = Graph()
+    g.op("MUL_MAT", g.input("x", (1, 64)), g.input("w", (4, 16), "i32"), g.input("s", (1,), "i32"), wq="fp8")
+    with pytest.raises(ValueError, match=match):
+        g.nodes[0].op.lower(g.nodes[0], device)
 
 
 @pytest.mark.parametrize("as_gpu", [False, True])
@@ -401,7 +440,9 @@ def test_staged_knobs_key_the_program():
     base = signature()
     changed = [{"gemv_quant.x_shared": True}, {"gemv_quant.x_shared_rows": 4}, {"gemv_quant.x_shared_unroll": 1},
                {"gemv_quant.x_shared_groups": 7}, {"gemv_quant.x_shared_wg": 64}, {"mul_mat_id.x_shared": True},
-               {"mul_mat_id.x_shared_rows": 1}, {"mul_mat_id.x_shared_unroll": 3}, {"mul_mat_id.x_shared_groups": 5}]
+               {"mul_mat_id.x_shared_rows": 1}, {"mul_mat_id.x_shared_unroll": 3}, {"mul_mat_id.x_shared_groups": 5},
+               {"gemv_quant.x_regs": True}, {"gemv_quant.x_regs_rows": 2}, {"gemv_quant.x_regs_wg": 64},
+               {"gemv_quant.x_regs_groups": 3}, {"gemv_quant.x_regs_prefetch": False}]
     sigs = {signature(**{k: v for k, v in c.items()}) for c in changed}
     assert base not in sigs and len(sigs) == len(changed)
 
@@ -802,6 +843,8 @@ def worker():
                 "mul_mat_id.x_shared_groups": 2}):
         check_staged_gemv(np.random.default_rng(13))
         check_staged_experts(np.random.default_rng(15))
+        with tuned({"gemv_quant.x_regs": True, "gemv_quant.x_regs_wg": 64, "gemv_quant.x_regs_rows": 8}):
+            check_staged_gemv(np.random.default_rng(18), dev, "X_REGS")
         dev.caps = dataclasses.replace(cpu_caps, type="discrete-gpu")     # lane clusters of this subgroup size
         try:
             check_staged_gemv(np.random.default_rng(14), dev)
