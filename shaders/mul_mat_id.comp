@@ -228,6 +228,10 @@ int expert(uint t, uint r) {
 //   MODE_SUM: a cluster computes XNR outputs n over every route (lanes keep weight · scale · dot
 //     and reduce once at the end); a workgroup's clusters take consecutive blocks of n; XRG (spec
 //     constant 6) routes' x rows are staged at a time (the device's shared memory permitting).
+//     XSPLIT (spec constant 8; needs XRG ≥ R, every route's x staged at once): XSPLIT clusters of a
+//     workgroup share an output block, cluster c taking routes c % XSPLIT, + XSPLIT, ..., their sums
+//     added in shared memory at the end: XSPLIT times the workgroups (at decode N / XNR / clusters
+//     workgroups leave most SMs idle) and a chain of loads XSPLIT times shorter.
 layout(constant_id = 4) const uint XNR = 1;
 layout(constant_id = 5) const uint XS = 1;
 layout(constant_id = 6) const uint XRG = 1;
@@ -411,31 +415,35 @@ void main() {
     [[unroll]] for (uint i = 0; i < WR; ++i) WB[i] = e_ + min(n0 + i, p.N - 1u) * rs_; \
     [[unroll]] for (uint i = 0; i < WR; ++i) SB[i] = sh_ ? SH_SCALE_ROW(WB[i]) : q_scale_row(WB[i]); }
 
+layout(constant_id = 8) const uint XSPLIT = 1;
+shared float xsp[256];                  // the split routes' sums: [cluster (≤ 64)][XNR (≤ 4)]
+
 void main() {
     uint lane = cluster_lane(), cl = lane_linear() / LANES, CPW = gl_WorkGroupSize.x / LANES;
-    uint KU = p.q_kw / 4u, SKU = SH_KW / 4u, STEP = LANES * UNROLL;
-    uint GPB = ((p.N + XNR - 1u) / XNR + CPW - 1u) / CPW, g = flat_group();
+    uint KU = p.q_kw / 4u, SKU = SH_KW / 4u, STEP = LANES * UNROLL, BPW = CPW / XSPLIT;
+    uint GPB = ((p.N + XNR - 1u) / XNR + BPW - 1u) / BPW, g = flat_group();
     if (g >= p.T * GPB) return;                         // whole workgroup leaves together
     uint t = g / GPB;
-    uint n0 = ((g % GPB) * CPW + cl) * XNR;
+    uint n0 = ((g % GPB) * BPW + cl / XSPLIT) * XNR;
     bool rows = n0 < p.N;                               // clusters past N still stage and wait
-    uint r = 0, s0 = 0;
-    int id;
-    float wt;
+    uint r = cl % XSPLIT, s0 = 0;
+    int id = -2;                                        // (no route: adds nothing)
+    float wt = 0.0;
     uint wb[WR], sb[WR];
+    [[unroll]] for (uint i = 0; i < WR; ++i) { wb[i] = 0u; sb[i] = 0u; }
     uvec4 cw[WR][UNROLL];
     uint cs[WR][UNROLL];
-    SUM_ROUTE(0u, id, wt, wb, sb)
+    if (r < p.R) SUM_ROUTE(r, id, wt, wb, sb)
     if (rows && id >= 0) { XS_LOAD(cw, cs, wb, sb, 0u, IS_SH(id)) }
     stage_x(p.x_off + t * p.x_s0, p.x_s1, min(XRG, p.R), KU);
     barrier();
     bool ok = true;
     float acc[WR];
     [[unroll]] for (uint i = 0; i < WR; ++i) acc[i] = 0.0;
-    while (r < p.R) {                                   // uniform per workgroup
+    while (r < p.R) {                                   // uniform per workgroup (XSPLIT > 1: per cluster)
         uint s1 = s0 + STEP, r1 = r;
         bool route_end = s1 >= (IS_SH(id) ? SKU : KU);
-        if (route_end) { s1 = 0; r1 += 1u; }
+        if (route_end) { s1 = 0; r1 += XSPLIT; }
         int id1 = id;
         float wt1 = wt;
         uint wb1[WR], sb1[WR];
@@ -447,7 +455,7 @@ void main() {
         if (rows && id >= 0) { XS_COMPUTE(cw, cs, sb, s0, r % XRG, wt, IS_SH(id)) }
         if (route_end) {
             ok = ok && (id >= 0 || id == -2);
-            if (r1 < p.R && r1 % XRG == 0u) {           // the next group of routes' x rows
+            if (XSPLIT == 1u && r1 < p.R && r1 % XRG == 0u) {  // the next group of routes' x rows
                 barrier();
                 stage_x(p.x_off + t * p.x_s0 + r1 * p.x_s1, p.x_s1, min(XRG, p.R - r1), KU);
                 barrier();
@@ -456,13 +464,22 @@ void main() {
         s0 = s1; r = r1; id = id1; wt = wt1;
         XS_SHIFT()
     }
+    float v[XNR];
+    [[unroll]] for (uint i = 0; i < XNR; ++i) v[i] = ok ? cluster_sum(acc[i]) : NAN;
+    if (XSPLIT > 1u) {
+        if (lane == 0u) [[unroll]] for (uint i = 0; i < XNR; ++i) xsp[cl * XNR + i] = v[i];
+        barrier();
+        [[unroll]] for (uint i = 0; i < XNR; ++i) {
+            v[i] = 0.0;
+            for (uint c = cl - cl % XSPLIT; c < cl - cl % XSPLIT + XSPLIT; ++c) v[i] += xsp[c * XNR + i];
+        }
+    }
     [[unroll]] for (uint i = 0; i < XNR; ++i) {
-        float v = cluster_sum(acc[i]);
         uint n = min(n0 + i, p.N - 1u);
 #if defined(HAS_ADD)
-        v += addend[p.a_off + t * p.a_s0 + n * p.a_s1];
+        v[i] += addend[p.a_off + t * p.a_s0 + n * p.a_s1];
 #endif
-        if (lane == i % LANES && n0 + i < p.N) d[p.d_off + t * p.d_s0 + n * p.d_s1] = ok ? v : NAN;
+        if (lane == i % LANES && cl % XSPLIT == 0u && n0 + i < p.N) d[p.d_off + t * p.d_s0 + n * p.d_s1] = v[i];
     }
 }
 #endif

@@ -442,7 +442,8 @@ def test_staged_knobs_key_the_program():
                {"gemv_quant.x_shared_groups": 7}, {"gemv_quant.x_shared_wg": 64}, {"mul_mat_id.x_shared": True},
                {"mul_mat_id.x_shared_rows": 1}, {"mul_mat_id.x_shared_unroll": 3}, {"mul_mat_id.x_shared_groups": 5},
                {"gemv_quant.x_regs": True}, {"gemv_quant.x_regs_rows": 2}, {"gemv_quant.x_regs_wg": 64},
-               {"gemv_quant.x_regs_groups": 3}, {"gemv_quant.x_regs_prefetch": False}]
+               {"gemv_quant.x_regs_groups": 3}, {"gemv_quant.x_regs_prefetch": False},
+               {"mul_mat_id.x_shared_split": 2}]
     sigs = {signature(**{k: v for k, v in c.items()}) for c in changed}
     assert base not in sigs and len(sigs) == len(changed)
 
@@ -531,7 +532,32 @@ def test_staged_experts(tune, as_gpu, rows, unroll, groups, rng, monkeypatch, de
     check_shared_expert_in_the_same_dispatch(rng, device)
 
 
+@pytest.mark.parametrize("split,rows,unroll", [(2, 1, 1), (4, 2, 2), (1024, 4, 1)])
+def test_staged_expert_sum_split_over_routes(tune, split, rows, unroll, rng, monkeypatch, device):
+    """The staged weighted sum with the routes split among clusters (mul_mat_id.x_shared_split: 2 of
+    3 routes, 4 with a cluster that has none, as many as a workgroup has clusters) matches the
+    float64 dequantisation, NaN for an invalid id and nothing from another part's expert included,
+    beside an FP8 shared expert too; where not every route's x fits in shared memory, no split."""
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    tune({"mul_mat_id.x_shared": True, "mul_mat_id.x_shared_rows": rows, "mul_mat_id.x_shared_unroll": unroll,
+          "mul_mat_id.x_shared_split": split})
+    check_staged_experts(rng, device)
+    check_shared_expert_in_the_same_dispatch(rng, device)
+    clusters = 256 // min(device.caps.subgroup.min_size, 16)
+    for room, want in ((3 * 832, min(split, clusters)), (2 * 832, 1)):
+        limits = dataclasses.replace(device.caps.limits, max_shared_memory=room)
+        monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, limits=limits))
+        g = Graph()
+        g.op("MUL_MAT_ID", g.input("x", (1, 3, 208)), g.input("w", (4, 16, 52), "i32"), g.input("r", (1, 3, 2)),
+             g.input("s", (16,), "i32"), mode="sum", wq="fp8")
+        (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+        assert launch.spec[8] == want and launch.grid[0] * launch.grid[1] == -(-(-(-16 // rows)) // (clusters // want))
+        if want > 1:
+            check_staged_experts(rng, device, {"sum": True}, (("fp8", 400, 208),))
+
+
 @pytest.mark.parametrize("knob,value,match", [
+    ("x_shared_split", 3, r"'mul_mat_id\.x_shared_split' must be a power of two ≥ 1, got 3"),
     ("x_shared_rows", 3, r"'mul_mat_id\.x_shared_rows' must be 1, 2 or 4, got 3"),
     ("x_shared_unroll", 9, r"'mul_mat_id\.x_shared_unroll' must be an integer in \[1, 8\], got 9"),
     ("x_shared_groups", -1, r"'mul_mat_id\.x_shared_groups' must be an integer ≥ 1, got -1"),
@@ -850,6 +876,9 @@ def worker():
             check_staged_gemv(np.random.default_rng(14), dev)
             check_staged_experts(np.random.default_rng(16), dev)
             check_shared_expert_in_the_same_dispatch(np.random.default_rng(17), dev)
+            with tuned({"mul_mat_id.x_shared_split": 4, "mul_mat_id.x_shared_rows": 1}):
+                check_staged_experts(np.random.default_rng(19), dev)
+                check_shared_expert_in_the_same_dispatch(np.random.default_rng(20), dev)
         finally:
             dev.caps = cpu_caps
     print("worker: kernels ok")

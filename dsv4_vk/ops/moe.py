@@ -97,7 +97,11 @@ MUL_MAT_ID_UNROLL = knob_table(
     x_shared_rows=(2, "the staged kernel: outputs a cluster computes together (1, 2 or 4; spec constant XNR)"),
     x_shared_unroll=(1, "the staged kernel: uvec4 steps of each row a lane loads together (1 to 8)"),
     x_shared_groups=(1024, 'the staged SwiGLU: workgroups per token at most (≥ 1); past it clusters loop over '
-                           '(route, output block)s'))
+                           '(route, output block)s'),
+    x_shared_split=(1, 'the staged sum (mode="sum"): clusters sharing an output block, the routes split among them '
+                       'and their sums added in shared memory (a power of two ≤ the clusters a workgroup; spec '
+                       'constant XSPLIT): that many times the workgroups. Where every route\'s x is staged at '
+                       'once (else 1). 1 until measured on a GPU'))
 
 
 def staged_expert_launch(device, fmt, mode: str, T: int, R: int, N: int, K: int, x_route_stride: int,
@@ -122,14 +126,18 @@ def staged_expert_launch(device, fmt, mode: str, T: int, R: int, N: int, K: int,
     lanes, extra = cluster_lanes(device, words // 4, per_lane=1, max_lanes=1 if is_cpu(device) else None)
     clusters = 256 // lanes["LANES"]
     blocks = -(-N // nr)
+    split = MUL_MAT_ID_UNROLL["x_shared_split"]
+    if isinstance(split, bool) or not isinstance(split, int) or split < 1 or split & (split - 1):
+        raise ValueError(f"tuning knob 'mul_mat_id.x_shared_split' must be a power of two ≥ 1, got {split!r}")
+    split = min(split, clusters) if mode == "sum" and rows_staged == R else 1
     if mode == "sum":
-        per_token = -(-blocks // clusters)
+        per_token = -(-blocks // (clusters // split))
         grid = grid_1d(T * per_token, 1)
     else:
         routes_a_row = R if x_route_stride == 0 else 1
         per_token = min(groups, -(-routes_a_row * blocks // clusters))
         grid = grid_1d(T * (R // routes_a_row) * per_token, 1)
-    return {**lanes, "X_SHARED": 1}, (256, unroll, 1, 0, nr, xs, rows_staged, groups), grid, extra
+    return {**lanes, "X_SHARED": 1}, (256, unroll, 1, 0, nr, xs, rows_staged, groups, split), grid, extra
 
 
 @register
