@@ -19,7 +19,11 @@ timestamp before and after only), after the clock warm-up.
 (quantised experts load one route at a time: --routes 1). Quantised experts: --x-shared 0,1 puts
 MUL_MAT_ID's staged kernel (knob mul_mat_id.x_shared: x in shared memory, 16-byte code loads) beside
 the other one in the same run, its knobs (mul_mat_id.x_shared_rows / _unroll / _groups) swept by
---xs-rows, --xs-unroll, --xs-groups; the other knobs apply to the other rows only.
+--xs-rows, --xs-unroll, --xs-groups; the other knobs apply to the other rows only. --xs-split sweeps the
+staged sum's routes split among a workgroup's clusters (knob mul_mat_id.x_shared_split; 1: no split):
+
+    . .vkdev/enter.sh; python3 tools/bench_moe.py --formats fp4 --experts 65 --routes-per-token 7 \
+        --x-shared 1 --xs-rows 1,2,4 --xs-unroll 1,2 --xs-split 1,2,4,8 --json $OUT/moe_split.json
 """
 import argparse
 import itertools
@@ -94,6 +98,8 @@ def main(argv=None):
     ap.add_argument("--xs-rows", default="2", help="staged kernel: outputs a cluster to sweep (1, 2, 4)")
     ap.add_argument("--xs-unroll", default="2", help="staged kernel: uvec4 steps a lane loads together to sweep")
     ap.add_argument("--xs-groups", default="1024", help="staged SwiGLU: workgroups a token at most to sweep")
+    ap.add_argument("--xs-split", default="1", help="staged sum: clusters sharing an output block, the routes "
+                    "split among them, to sweep (powers of two)")
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
@@ -120,7 +126,7 @@ def main(argv=None):
                     staged = [{"x_shared": True, "x_shared_rows": r, "x_shared_unroll": u, "x_shared_groups": gr}
                               for r, u, gr in itertools.product(ints(a.xs_rows), ints(a.xs_unroll), ints(a.xs_groups))]
                     cases += [("swiglu", w13, norm, k) for norm in (False, True) for k in staged]
-                    cases += [("sum", w2, False, k) for k in staged]
+                    cases += [("sum", w2, False, {**k, "x_shared_split": sp}) for k in staged for sp in ints(a.xs_split)]
                     continue
                 cases += [("swiglu", w13, norm, {"unroll": u, "load": ld, "x_shared": False}) for norm in (False, True)
                           for u in unrolls for ld in loads]
@@ -138,7 +144,8 @@ def main(argv=None):
                              "us": us, "gbps": gbps, "pct_copy": 100 * gbps / copy})
                 if knobs.get("x_shared"):
                     how = (f"staged{'' if staged else '(off)'} rows={knobs['x_shared_rows']} "
-                           f"unroll={knobs['x_shared_unroll']} groups={knobs['x_shared_groups']:4d}")
+                           f"unroll={knobs['x_shared_unroll']} groups={knobs['x_shared_groups']:4d}"
+                           + (f" split={knobs['x_shared_split']}" if "x_shared_split" in knobs else ""))
                 else:
                     how = (f"unroll={knobs['unroll']:2d} routes={knobs.get('routes') or '-'} wg={knobs.get('wg') or '-':3} "
                            f"rows={knobs.get('rows', 1)} load={knobs['load']:2d}")
