@@ -507,18 +507,27 @@ def regs_gemv_launch(device, fmt: QuantFormat, batch: int, N: int, K: int) -> tu
     if not isinstance(prefetch, bool):
         raise ValueError(f"tuning knob 'gemv_quant.x_regs_prefetch' must be True or False, got {prefetch!r}")
     words = fmt.words(K)
-    wg_max = workgroup_cluster_max(device, WORKGROUP)
-    if words % 4 or not wg_max:
+    fit = regs_workgroup(device, words // 4, wg) if words % 4 == 0 else None
+    if fit is None:
         return None
-    ku = words // 4
-    sg = device.caps.subgroup.max_size
-    wg = max(min(wg, wg_max, 1 << (ku.bit_length() - 1)), min(sg, wg_max))     # no idle subgroups, whole ones
-    xm = next_pow2(-(-ku // wg))
-    if xm > X_REGS_MAX_SLOTS:
-        return None
+    wg, xm = fit
     per_item = min(groups, -(-N // nr))
     defines = {"LANES_WORKGROUP": 1, "X_REGS": 1, "XM": xm}
     return defines, (wg, 1, nr, 0, 1, int(prefetch)), grid_1d(batch * per_item, 1), {"xs_groups": per_item}
+
+
+def regs_workgroup(device, ku: int, wg: int) -> tuple[int, int] | None:
+    """(workgroup size, XM) of a kernel with x in registers (-D X_REGS) over rows of ku uvec4s of codes
+    for the knob's workgroup size wg: no more invocations than the row's uvec4s (rounded down to a
+    power of two) but whole subgroups, XM the uvec4s of a row an invocation (a power of two); None
+    where the device has no subgroup arithmetic or a row needs more than X_REGS_MAX_SLOTS."""
+    wg_max = workgroup_cluster_max(device, WORKGROUP)
+    if not wg_max:
+        return None
+    sg = device.caps.subgroup.max_size
+    wg = max(min(wg, wg_max, 1 << (ku.bit_length() - 1)), min(sg, wg_max))
+    xm = next_pow2(-(-ku // wg))
+    return (wg, xm) if xm <= X_REGS_MAX_SLOTS else None
 
 
 def rms_weight(op, x, g, params):
