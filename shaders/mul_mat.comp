@@ -217,10 +217,10 @@ void main() {
             if (subgroupElect()) xr_red[(buf * 64u + gl_SubgroupID) * XR_MAX + i] = v;
         }
         barrier();                                      // (the other buffer's readers are done too)
-        if (l < NR) {
+        for (uint i = l; i < NR; i += W) {             // (a workgroup may be smaller than NR)
             float v = 0.0;
-            for (uint s = 0u; s < gl_NumSubgroups; ++s) v += xr_red[(buf * 64u + s) * XR_MAX + l];
-            store(b0, b1, 0u, rb * NR + l, v * inv);
+            for (uint s = 0u; s < gl_NumSubgroups; ++s) v += xr_red[(buf * 64u + s) * XR_MAX + i];
+            store(b0, b1, 0u, rb * NR + i, v * inv);
         }
         buf ^= 1u;
         if (PREFETCH == 0u && rb1 < NB) { XR_LOAD(rb1, nw, ns) }

@@ -375,16 +375,16 @@ void main() {
             if (subgroupElect()) xr_red[(buf * 64u + gl_SubgroupID) * XR_MAX + i] = v;
         }
         barrier();                                      // (the other buffer's readers are done too)
-        if (l < XNR) {
+        for (uint i = l; i < XNR; i += W) {            // (a workgroup may be smaller than XNR)
             float gate = 0.0, up = 0.0;
             for (uint s = 0u; s < gl_NumSubgroups; ++s) {
-                gate += xr_red[(buf * 64u + s) * XR_MAX + l];
-                up += xr_red[(buf * 64u + s) * XR_MAX + XNR + l];
+                gate += xr_red[(buf * 64u + s) * XR_MAX + i];
+                up += xr_red[(buf * 64u + s) * XR_MAX + XNR + i];
             }
             gate = min(gate * inv, p.limit);
             up = clamp(up * inv, -p.limit, p.limit);
             float v = id >= 0 ? gate / (1.0 + exp(-gate)) * up : id == -2 ? 0.0 : NAN;
-            if (f0 + l < p.N) d[p.d_off + t * p.d_s0 + r * p.d_s1 + (f0 + l) * p.d_s2] = v;
+            if (f0 + i < p.N) d[p.d_off + t * p.d_s0 + r * p.d_s1 + (f0 + i) * p.d_s2] = v;
         }
         buf ^= 1u;
         if (PREFETCH == 0u && b1 < NB && id1 >= 0) { XR_LOAD(nw, nw2, ns, wb1, sb1, IS_SH(id1)) }
