@@ -144,15 +144,24 @@ layout(constant_id = 5) const uint PREFETCH = 1;
 const uint XR_MAX = 8u;                 // NR at most
 shared float xr_red[2u * 64u * XR_MAX]; // [buffer][subgroup (≤ 64)][row]
 
-// codes and scale words of block rb (rows clamped to N − 1) for this invocation's slots
-#define XR_LOAD(RB, CW, CS) \
+// Block RB's rows (clamped to N − 1): their first words WB[i] and first scale bytes SB[i]
+// (q_scale_row's, with one division a block: the rows are consecutive, row numbers from rbase)
+#define XR_ROWS(RB, WB, SB) { \
+    uint n0_ = min((RB) * NR, p.N - 1u), m_ = (rbase + n0_) / p.q_rows, in0_ = rbase + n0_ - m_ * p.q_rows; \
     [[unroll]] for (uint i = 0; i < NR; ++i) { \
-        uint wbi = w_row(b0, b1, (RB) * NR + i), sbi = q_scale_row(wbi); \
+        uint n_ = min((RB) * NR + i, p.N - 1u), in_ = in0_ + (n_ - n0_), mi_ = m_; \
+        while (in_ >= p.q_rows) { in_ -= p.q_rows; ++mi_; } \
+        WB[i] = w_row(b0, b1, n_); \
+        SB[i] = (mi_ * p.q_srows + in_ / Q_BR) * p.q_sc; \
+    } }
+// codes and scale words of rows WB (first scale bytes SB) for this invocation's slots
+#define XR_LOAD(WB, SB, CW, CS) \
+    [[unroll]] for (uint i = 0; i < NR; ++i) { \
         [[unroll]] for (uint m = 0; m < XM; ++m) { \
             uint j = l + m * W; \
             if (j < KU) { \
-                CW[i][m] = wq4[wbi / 4u + j]; \
-                CS[i][m] = wscale[(sbi + j * Q_XV * 4u / Q_BC) >> 2]; \
+                CW[i][m] = wq4[WB[i] / 4u + j]; \
+                CS[i][m] = wscale[(SB[i] + j * Q_XV * 4u / Q_BC) >> 2]; \
             } \
         } \
     }
@@ -164,10 +173,13 @@ void main() {
     uint b1 = bi % p.ne1, b0 = bi / p.ne1;
     uint l = gl_LocalInvocationID.x, W = gl_WorkGroupSize.x;
     uint NB = (p.N + NR - 1) / NR, KU = p.q_kw / 4u, xr = x_row(b0, b1, 0u);
+    uint rbase = w_row(b0, b1, 0u) / p.q_kw;            // (whole contiguous rows: w_s2 = q_kw)
     uint rb = gi, buf = 0u;
+    uint wb[NR], sb[NR];
     uvec4 cw[NR][XM];
     uint cs[NR][XM];
-    if (rb < NB) { XR_LOAD(rb, cw, cs) }                // in flight while x is read
+    XR_ROWS(rb, wb, sb)
+    if (rb < NB) { XR_LOAD(wb, sb, cw, cs) }            // in flight while x is read
     vec4 xv[XM][Q_XV];
     float s2 = 0.0;
     [[unroll]] for (uint m = 0; m < XM; ++m) {
@@ -196,18 +208,18 @@ void main() {
     buf = 1u;                                           // buffer 0 may still be read
 #endif
     while (rb < NB) {                                   // uniform per workgroup
-        uint rb1 = rb + GPB;
+        uint rb1 = rb + GPB, wb1[NR], sb1[NR];
+        XR_ROWS(rb1, wb1, sb1)
         uvec4 nw[NR][XM];
         uint ns[NR][XM];
-        if (PREFETCH != 0u && rb1 < NB) { XR_LOAD(rb1, nw, ns) }
+        if (PREFETCH != 0u && rb1 < NB) { XR_LOAD(wb1, sb1, nw, ns) }
         float acc[NR];
         [[unroll]] for (uint i = 0; i < NR; ++i) {
-            uint sbi = q_scale_row(w_row(b0, b1, rb * NR + i));
             acc[i] = 0.0;
             [[unroll]] for (uint m = 0; m < XM; ++m) {
                 uint j = l + m * W;
                 if (j < KU) {
-                    uint si = sbi + j * Q_XV * 4u / Q_BC;
+                    uint si = sb[i] + j * Q_XV * 4u / Q_BC;
                     acc[i] += q_e8m0((cs[i][m] >> ((si & 3u) << 3)) & 0xFFu) * Q_UNIT * q_wide_dot_fast(cw[i][m], xv[m]);
                 }
             }
@@ -223,9 +235,12 @@ void main() {
             store(b0, b1, 0u, rb * NR + i, v * inv);
         }
         buf ^= 1u;
-        if (PREFETCH == 0u && rb1 < NB) { XR_LOAD(rb1, nw, ns) }
-        [[unroll]] for (uint i = 0; i < NR; ++i)
+        if (PREFETCH == 0u && rb1 < NB) { XR_LOAD(wb1, sb1, nw, ns) }
+        [[unroll]] for (uint i = 0; i < NR; ++i) {
+            wb[i] = wb1[i];
+            sb[i] = sb1[i];
             [[unroll]] for (uint m = 0; m < XM; ++m) { cw[i][m] = nw[i][m]; cs[i][m] = ns[i][m]; }
+        }
         rb = rb1;
     }
 }

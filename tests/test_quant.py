@@ -329,6 +329,19 @@ def check_staged_gemv(rng, device=None, define="X_SHARED"):
     g = Graph()
     g.output("y", g.op("MUL_MAT", g.input("x", x.shape), g.const(words).reshape(G, r, -1), g.const(sw), wq="fp8"))
     close(run_graph(g, x=x)["y"], np.matmul(x.astype(np.float64), np.swapaxes(w, -1, -2)), "batched")
+    # three matrices of r rows in one tensor, a scale grid each (grid_rows = r): blocks of rows that
+    # straddle two grids, as one [3r, K] weight and as a batch of 3
+    parts = [random_quant(rng, "fp8", r, K) for _ in range(G)]
+    w3 = np.stack([dequant_fp8(*q) for q in parts])
+    words, sw = quant_arrays(np.concatenate([q[0] for q in parts]), np.concatenate([q[1].ravel() for q in parts]))
+    x1 = rng.standard_normal((1, K)).astype(np.float32)
+    g = Graph()
+    g.output("y", g.op("MUL_MAT", g.input("x", x1.shape), g.const(words), g.const(sw), wq="fp8", grid_rows=r))
+    close(run_graph(g, x=x1)["y"], x1.astype(np.float64) @ w3.reshape(G * r, K).T, "grids")
+    g = Graph()
+    g.output("y", g.op("MUL_MAT", g.input("x", x.shape), g.const(words).reshape(G, r, -1), g.const(sw), wq="fp8",
+                       grid_rows=r))
+    close(run_graph(g, x=x)["y"], np.matmul(x.astype(np.float64), np.swapaxes(w3, -1, -2)), "batched grids")
 
 
 @pytest.mark.parametrize("as_gpu,rows,unroll,groups,wg", [(False, 2, 2, 1024, 256), (True, 1, 1, 1, 256),
