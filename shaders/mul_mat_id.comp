@@ -288,6 +288,36 @@ float fp8_dot(uvec4 v, vec4 a, vec4 b, vec4 c, vec4 d) {
 #else
 #define XR_LOAD_SH(W_, W2_, S_, WB, SB, i, m, j_)
 #endif
+#if defined(SHARED_FP8)
+#define SH_GRID_ROWS p.s_rows
+#define SH_GRID_SROWS ((p.s_rows + 127u) / 128u)
+#define SH_GRID_SC ((p.K + 127u) / 128u)
+#else
+#define SH_GRID_ROWS 1u
+#define SH_GRID_SROWS 1u
+#define SH_GRID_SC 1u
+#endif
+// Block B's route R_, first output F_, expert ID_ (expert()) and rows, as SW_BLOCK finds them, with
+// the first scale bytes from three divisions a block rather than two a row: the gate rows and the
+// up rows are consecutive row numbers (outputs past N clamped) from the expert's first.
+#define XR_BLOCK(B, R_, F_, ID_, WB, SB) { \
+    uint b_ = min(B, NB - 1u); \
+    R_ = rbase + b_ / NBF; \
+    F_ = (b_ % NBF) * XNR; \
+    ID_ = expert(t, R_); \
+    bool sh_ = IS_SH(ID_); \
+    uint e_ = sh_ ? 0u : p.w_off + uint(max(ID_, 0)) * p.w_s0, rs_ = sh_ ? SH_KW : p.w_s1; \
+    uint gr_ = sh_ ? SH_GRID_ROWS : p.q_rows, sr_ = sh_ ? SH_GRID_SROWS : p.q_srows, sc_ = sh_ ? SH_GRID_SC : p.q_sc; \
+    uint f0_ = min(F_, p.N - 1u), e0_ = e_ / rs_; \
+    [[unroll]] for (uint h = 0; h < 2u; ++h) { \
+        uint row0_ = e0_ + h * p.N + f0_, m_ = row0_ / gr_, in0_ = row0_ - m_ * gr_; \
+        [[unroll]] for (uint i = 0; i < XNR; ++i) { \
+            uint f_ = min(F_ + i, p.N - 1u), in_ = in0_ + (f_ - f0_), mi_ = m_; \
+            while (in_ >= gr_) { in_ -= gr_; ++mi_; } \
+            WB[h * XNR + i] = e_ + (h * p.N + f_) * rs_; \
+            SB[h * XNR + i] = (mi_ * sr_ + (sh_ ? in_ >> 7 : in_ / Q_BR)) * sc_; \
+        } \
+    } }
 #define XR_LOAD(W_, W2_, S_, WB, SB, SH) \
     [[unroll]] for (uint i = 0; i < WR; ++i) \
         [[unroll]] for (uint m = 0; m < XM; ++m) { \
@@ -311,7 +341,7 @@ void main() {
     uint wb[WR], sb[WR];
     uvec4 cw[WR][XM], cw2[WR][XM];
     uint cs[WR][XM];
-    SW_BLOCK(b, r, f0, id, wb, sb)
+    XR_BLOCK(b, r, f0, id, wb, sb)
     if (b < NB && id >= 0) { XR_LOAD(cw, cw2, cs, wb, sb, IS_SH(id)) }     // in flight while x is read
     uint xr = p.x_off + t * p.x_s0 + rbase * p.x_s1;
     vec4 xv[XM][Q_XV];
@@ -345,7 +375,7 @@ void main() {
         uint b1 = b + GPB, r1, f1;
         int id1;
         uint wb1[WR], sb1[WR];
-        SW_BLOCK(b1, r1, f1, id1, wb1, sb1)
+        XR_BLOCK(b1, r1, f1, id1, wb1, sb1)
         uvec4 nw[WR][XM], nw2[WR][XM];
         uint ns[WR][XM];
         if (PREFETCH != 0u && b1 < NB && id1 >= 0) { XR_LOAD(nw, nw2, ns, wb1, sb1, IS_SH(id1)) }

@@ -553,11 +553,13 @@ def test_expert_swiglu_x_in_registers(tune, rows, wg, groups, prefetch, rng, dev
     dequantisation (norm folded or not, x one row a token or one a route, an invalid id, another
     part's expert) for 1, 2 or 4 outputs a block, 1, 2 or 4 uvec4s of a row an invocation
     (workgroups of 8 over K up to 400), few workgroups looping over blocks, with and without
-    prefetch, beside an FP8 shared expert too (where K % 32 == 0; else the other kernels)."""
+    prefetch, beside an FP8 shared expert too (where K % 32 == 0; else the other kernels), and with
+    the gate and up rows of each expert in grids of their own."""
     tune({"mul_mat_id.x_regs": True, "mul_mat_id.x_regs_rows": rows, "mul_mat_id.x_regs_wg": wg,
           "mul_mat_id.x_regs_groups": groups, "mul_mat_id.x_regs_prefetch": prefetch})
     check_staged_experts(rng, device, {"swiglu": True, "sum": False}, define="X_REGS")
     check_shared_expert_in_the_same_dispatch(rng, device, "X_REGS", ("swiglu",))
+    check_mul_mat_id(rng)                   # a scale grid for the gate rows and one for the up rows
     g = Graph()
     sr, sc = QUANT["fp4"].grid(2 * 40, 256)
     g.op("MUL_MAT_ID", g.input("x", (2, 1, 256)), g.input("w", (4, 2 * 40, QUANT["fp4"].words(256)), "i32"),
@@ -929,6 +931,7 @@ def worker():
             with tuned({"mul_mat_id.x_regs": True, "mul_mat_id.x_regs_wg": 8, "mul_mat_id.x_regs_rows": 4}):
                 check_staged_experts(np.random.default_rng(21), dev, {"swiglu": True}, define="X_REGS")
                 check_shared_expert_in_the_same_dispatch(np.random.default_rng(22), dev, "X_REGS", ("swiglu",))
+                check_mul_mat_id(np.random.default_rng(23))
             with tuned({"mul_mat_id.x_shared_split": 4, "mul_mat_id.x_shared_rows": 1}):
                 check_staged_experts(np.random.default_rng(19), dev)
                 check_shared_expert_in_the_same_dispatch(np.random.default_rng(20), dev)
