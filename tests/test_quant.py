@@ -596,7 +596,7 @@ def test_staged_expert_sum_split_over_routes(tune, split, rows, unroll, rng, mon
     check_staged_experts(rng, device)
     check_shared_expert_in_the_same_dispatch(rng, device)
     clusters = 256 // min(device.caps.subgroup.min_size, 16)
-    for room, want in ((3 * 832, min(split, clusters)), (2 * 832, 1)):
+    for room, want in ((3 * 832 + 1024, min(split, clusters)), (2 * 832 + 1024, 1)):     # (+ the split sums)
         limits = dataclasses.replace(device.caps.limits, max_shared_memory=room)
         monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, limits=limits))
         g = Graph()
@@ -625,9 +625,10 @@ def test_staged_expert_knobs_are_checked(tune, knob, value, match, device):
 
 def test_staged_expert_sum_stages_the_routes_that_fit(tune, rng, monkeypatch, device):
     """The staged weighted sum with shared memory for 2 or 1 of 3 routes' x rows (staged again as the
-    routes go: FP8, F = 208, 832 bytes a row); without room for one, the other kernel."""
+    routes go: FP8, F = 208, 832 bytes a row) beside its split sums (1 KiB); without room for one,
+    the other kernel."""
     tune({"mul_mat_id.x_shared": True})
-    for room, staged in ((2 * 832, True), (832, True), (831, False)):
+    for room, staged in ((2 * 832 + 1024, True), (832 + 1024, True), (831 + 1024, False)):
         limits = dataclasses.replace(device.caps.limits, max_shared_memory=room)
         monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", limits=limits))
         check_staged_experts(rng, device, {"sum": staged}, (("fp8", 400, 208),))
@@ -635,7 +636,56 @@ def test_staged_expert_sum_stages_the_routes_that_fit(tune, rng, monkeypatch, de
         g.op("MUL_MAT_ID", g.input("x", (1, 3, 208)), g.input("w", (4, 16, 52), "i32"), g.input("r", (1, 3, 2)),
              g.input("s", (16,), "i32"), mode="sum", wq="fp8")
         (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
-        assert launch.spec[6:7] == ((room // 832,) if staged else ()), room
+        assert launch.spec[6:7] == (((room - 1024) // 832,) if staged else ()), room
+
+
+def declared_shared_bytes(launch) -> int:
+    """Bytes of shared memory a launch's pipeline declares as specialised (dsv4_vk.vk.spirv)."""
+    from dsv4_vk.vk.shader import compile_shader, specialize
+    from dsv4_vk.vk.spirv import workgroup_bytes
+    defines, named = specialize(launch.shader, launch.defines)
+    got = workgroup_bytes(compile_shader(launch.shader, defines), {**dict(enumerate(launch.spec)), **named})
+    assert got is not None, launch.shader
+    return got
+
+
+@pytest.mark.parametrize("fmt", ["fp4", "fp8"])
+def test_the_one_token_kernels_fit_the_h200s_shared_memory(tune, fmt, monkeypatch, device):
+    """The staged and x-in-registers MUL_MAT_ID and GEMV kernels as lowered for DeepSeek-V4-Flash's
+    widths (experts D 4096, F 2048, 65 of them, 7 routes; the attention's GEMV shapes) on a GPU with
+    the H200's 49152 B of shared memory declare at most that (the staged sum's x rows filled it
+    exactly and its split sums' 1 KiB went past: the H200 lost the device), for every route split."""
+    limits = dataclasses.replace(device.caps.limits, max_shared_memory=49152)
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", limits=limits))
+    q = QUANT[fmt]
+    names = iter(range(1 << 20))
+
+    def inp(g, shape, dtype="f32"):
+        return g.input(f"i{next(names)}", shape, dtype)
+
+    def weights(g, E, N, K):
+        sr, sc = q.grid(N, K)
+        return inp(g, (E, N, q.words(K)), "i32"), inp(g, (-(-E * sr * sc // 4),), "i32")
+    for knobs in ({"mul_mat_id.x_shared_split": 1}, {"mul_mat_id.x_shared_split": 8},
+                  {"mul_mat_id.x_regs": True}, {"gemv_quant.x_regs": True}):
+        tune({"mul_mat_id.x_shared": True, "gemv_quant.x_shared": True, **knobs})
+        g = Graph()
+        w, s = weights(g, 65, 2 * 2048, 4096)
+        r = inp(g, (1, 7, 2))
+        for norm in ([], [inp(g, (4096,))]):
+            g.op("MUL_MAT_ID", inp(g, (1, 1, 4096)), w, r, *norm, s, mode="swiglu", wq=fmt,
+                 **({"rms_eps": 1e-6} if norm else {}))
+        w2, s2 = weights(g, 65, 4096, 2048)
+        g.op("MUL_MAT_ID", inp(g, (1, 7, 2048)), w2, r, s2, mode="sum", wq=fmt)
+        for N, K in ((32768, 1024), (4096, 8192), (8192, 4096), (1024, 4096), (512, 4096)):
+            w1, s1 = weights(g, 1, N, K)
+            g.op("MUL_MAT", inp(g, (1, K)), w1.reshape((N, q.words(K))), s1, wq=fmt)
+        kernels = set()
+        for node in g.nodes:
+            for launch in node.op.lower(node, device):
+                assert declared_shared_bytes(launch) <= 49152, (knobs, node.op.name, launch.defines, launch.spec)
+                kernels |= {k for k in ("X_SHARED", "X_REGS") if k in launch.defines}
+        assert kernels == {"X_SHARED", "X_REGS"} if "x_regs" in str(knobs) else {"X_SHARED"}, knobs
 
 
 def test_quantised_weights_are_checked():

@@ -162,7 +162,9 @@ def staged_expert_launch(device, fmt, mode: str, T: int, R: int, N: int, K: int,
     nr, unroll, groups = (MUL_MAT_ID_UNROLL[k] for k in ("x_shared_rows", "x_shared_unroll", "x_shared_groups"))
     check_staged_knobs("mul_mat_id", nr, unroll, groups)
     xs = words * fmt.per_word // 4
-    room = device.caps.limits.max_shared_memory - (4 * 256 if norm else 0)
+    # beside x the kernel declares 256 floats: the norm's per-cluster sums (the SwiGLU with the norm
+    # folded) or the split routes' sums (the sum, split or not)
+    room = device.caps.limits.max_shared_memory - (4 * 256 if norm or mode == "sum" else 0)
     rows_staged = min(R, room // (16 * xs)) if mode == "sum" else int(16 * xs <= room)
     if rows_staged < 1:
         return None
