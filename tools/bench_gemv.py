@@ -38,7 +38,6 @@ from dsv4_vk.cli.bench import median_gpu_us
 from dsv4_vk.core.graph import Graph
 from dsv4_vk.core.tuning import tuned
 from dsv4_vk.model.checkpoint import BF16
-from dsv4_vk.ops import mul_mat
 from dsv4_vk.ops.mul_mat import QUANT, quant_arrays
 from dsv4_vk.vk import default_device
 
@@ -61,12 +60,28 @@ def make_weights(fmt, N, K, rng):
     return [words, sw], {"wq": fmt}, codes.nbytes + scale.nbytes
 
 
-def time_gemv(device, weights, params, K, norm, replays, repeat, warm, rng):
+def gemv_graph(weights, params, K, norm, rng):
+    """(graph, inputs) of one GEMV over the weights (the norm folded in or not), built under the
+    current tuning (a graph keeps the knobs it was built with)."""
     g = Graph()
     norm_w = [g.const(rng.standard_normal(K).astype(np.float32))] if norm else []
     args = [g.input("x", (1, K)), g.const(weights[0])] + norm_w + [g.const(a) for a in weights[1:]]
     g.output("y", g.op("MUL_MAT", *args, **params, **({"rms_eps": 1e-6} if norm else {})))
-    return median_gpu_us(device, g, {"x": rng.standard_normal((1, K)).astype(np.float32)}, replays, warm, repeat)
+    return g, {"x": rng.standard_normal((1, K)).astype(np.float32)}
+
+
+def kernel_used(launch, knobs):
+    """(kind, description) of the kernel the GEMV lowered to, with the values it was given (knobs
+    left at None take the device's defaults, read back from the launch)."""
+    if "X_REGS" in launch.defines:
+        return "regs", (f"regs rows={knobs['gemv_quant.x_regs_rows']} wg={launch.spec[0]:3d} "
+                        f"groups={knobs['gemv_quant.x_regs_groups']:4d} pf={int(knobs['gemv_quant.x_regs_prefetch'])}")
+    if "X_SHARED" in launch.defines:
+        return "staged", (f"staged rows={knobs['gemv_quant.x_shared_rows']} unroll={knobs['gemv_quant.x_shared_unroll']} "
+                          f"groups={knobs['gemv_quant.x_shared_groups']:4d} wg={launch.spec[0]:3d}")
+    wg = launch.spec[0] if "LANES_WORKGROUP" in launch.defines else None
+    nr, wide = launch.spec[2:4] if len(launch.spec) >= 4 else (1, 0)
+    return "words", f"wg lanes={wg or '-':3} unroll={launch.spec[1]:2d} rows={nr} load={16 if wide else 4:2d}"
 
 
 def ints(text):
@@ -145,34 +160,30 @@ def main(argv=None):
                 weights, params, nbytes = make_weights(fmt, N, K, rng)
             for knobs in configs(a, fmt):
                 with tuned(knobs):
-                    nr = knobs["gemv_quant.rows"]
-                    wg = mul_mat.gemv_workgroup_lanes(dev, -(-N // nr), K)
-                    regs = fmt != "bf16" and mul_mat.regs_gemv_launch(dev, QUANT[fmt], 1, N, K) is not None
-                    staged = not regs and knobs["gemv_quant.x_shared"] and \
-                        mul_mat.staged_x_vec4s(dev, QUANT[fmt], K, norm) is not None
-                    us = time_gemv(dev, weights, params, K, norm, a.replays, a.repeat, warm, rng)
+                    g, inputs = gemv_graph(weights, params, K, norm, rng)
+                    (launch,) = [launch for node in g.nodes for launch in node.op.lower(node, dev)]
+                    kind, how = kernel_used(launch, knobs)
+                    # named before it runs: a run that stops the device leaves its variant on screen
+                    print(f"{fmt:4s} {label:5s} ({N:6d}, {K:5d}){' +norm' if norm else '      '} {how:34s} ", end="",
+                          flush=True)
+                    us = median_gpu_us(dev, g, inputs, a.replays, warm, a.repeat)
                 gbps = nbytes / (us * 1e3)
+                words = kind == "words"
                 rows.append({"format": fmt, "shape": label, "N": N, "K": K, "norm": norm,
-                             "spread": knobs["gemv.spread"], "wg_lanes": None if staged else wg,
-                             "unroll": knobs["gemv.unroll"], "rows_per_cluster": nr,
-                             "load_bytes": knobs["gemv_quant.load"], "x_shared": staged,
+                             "spread": knobs["gemv.spread"], "kernel": kind,
+                             "wg_lanes": launch.spec[0] if "LANES_WORKGROUP" in launch.defines and words else None,
+                             "unroll": launch.spec[1] if words else None,
+                             "rows_per_cluster": launch.spec[2] if words and len(launch.spec) >= 4 else 1,
+                             "load_bytes": (16 if launch.spec[3] else 4) if words and len(launch.spec) >= 4 else 4,
+                             "x_shared": kind == "staged",
                              "xs_rows": knobs["gemv_quant.x_shared_rows"], "xs_unroll": knobs["gemv_quant.x_shared_unroll"],
                              "xs_groups": knobs["gemv_quant.x_shared_groups"], "xs_wg": knobs["gemv_quant.x_shared_wg"],
-                             "x_regs": regs, "xr_rows": knobs["gemv_quant.x_regs_rows"],
+                             "x_regs": kind == "regs", "xr_rows": knobs["gemv_quant.x_regs_rows"],
                              "xr_wg": knobs["gemv_quant.x_regs_wg"], "xr_groups": knobs["gemv_quant.x_regs_groups"],
                              "xr_prefetch": knobs["gemv_quant.x_regs_prefetch"],
                              "bytes": nbytes, "us": us,
                              "gbps": gbps, "pct_copy": 100 * gbps / copy})
-                if regs:
-                    how = (f"regs rows={knobs['gemv_quant.x_regs_rows']} wg={knobs['gemv_quant.x_regs_wg']:3d} "
-                           f"groups={knobs['gemv_quant.x_regs_groups']:4d} pf={int(knobs['gemv_quant.x_regs_prefetch'])}")
-                elif staged:
-                    how = (f"staged rows={knobs['gemv_quant.x_shared_rows']} unroll={knobs['gemv_quant.x_shared_unroll']} "
-                           f"groups={knobs['gemv_quant.x_shared_groups']:4d} wg={knobs['gemv_quant.x_shared_wg']:3d}")
-                else:
-                    how = f"wg lanes={wg or '-':3} unroll={knobs['gemv.unroll']:2d} rows={nr} load={knobs['gemv_quant.load']:2d}"
-                print(f"{fmt:4s} {label:5s} ({N:6d}, {K:5d}){' +norm' if norm else '      '} {how:34s} "
-                      f"{us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy", flush=True)
+                print(f"{us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": dev.name, "copy_gbps": copy, "rows": rows}, f, indent=1)
