@@ -154,23 +154,24 @@ def main(argv=None):
                     defines = [launch.defines for node in g.nodes for launch in node.op.lower(node, dev)]
                     staged = any("X_SHARED" in d for d in defines)
                     in_regs = any("X_REGS" in d for d in defines)
+                    if knobs.get("x_regs"):
+                        how = (f"regs{'' if in_regs else '(off)'} rows={knobs['x_regs_rows']} wg={knobs['x_regs_wg']:3d} "
+                               f"groups={knobs['x_regs_groups']:4d} pf={int(knobs['x_regs_prefetch'])}")
+                    elif knobs.get("x_shared"):
+                        how = (f"staged{'' if staged else '(off)'} rows={knobs['x_shared_rows']} "
+                               f"unroll={knobs['x_shared_unroll']} groups={knobs['x_shared_groups']:4d}"
+                               + (f" split={knobs['x_shared_split']}" if "x_shared_split" in knobs else ""))
+                    else:
+                        how = (f"unroll={knobs['unroll']:2d} routes={knobs.get('routes') or '-'} "
+                               f"wg={knobs.get('wg') or '-':3} rows={knobs.get('rows', 1)} load={knobs['load']:2d}")
+                    # named before it runs: a run that stops the device leaves its variant on screen
+                    print(f"{fmt:4s} {mode:6s}{' +norm' if norm else '      '} {how:44s} ", end="", flush=True)
                     us = median_gpu_us(dev, g, inputs, a.replays, warm, a.repeat)
                 gbps = nbytes / (us * 1e3)
                 rows.append({"format": fmt, "mode": mode, "norm": norm, **knobs, "staged": staged, "x_in_regs": in_regs,
                              "bytes": nbytes,
                              "us": us, "gbps": gbps, "pct_copy": 100 * gbps / copy})
-                if knobs.get("x_regs"):
-                    how = (f"regs{'' if in_regs else '(off)'} rows={knobs['x_regs_rows']} wg={knobs['x_regs_wg']:3d} "
-                           f"groups={knobs['x_regs_groups']:4d} pf={int(knobs['x_regs_prefetch'])}")
-                elif knobs.get("x_shared"):
-                    how = (f"staged{'' if staged else '(off)'} rows={knobs['x_shared_rows']} "
-                           f"unroll={knobs['x_shared_unroll']} groups={knobs['x_shared_groups']:4d}"
-                           + (f" split={knobs['x_shared_split']}" if "x_shared_split" in knobs else ""))
-                else:
-                    how = (f"unroll={knobs['unroll']:2d} routes={knobs.get('routes') or '-'} wg={knobs.get('wg') or '-':3} "
-                           f"rows={knobs.get('rows', 1)} load={knobs['load']:2d}")
-                print(f"{fmt:4s} {mode:6s}{' +norm' if norm else '      '} {how:44s} {us:8.1f} µs {gbps:7.0f} GB/s "
-                      f"{100 * gbps / copy:5.1f}% of copy", flush=True)
+                print(f"{us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": dev.name, "copy_gbps": copy, "experts": E, "routes_per_token": R, "d": D, "f": Fd,
