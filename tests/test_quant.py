@@ -606,6 +606,14 @@ def test_staged_expert_sum_split_over_routes(tune, split, rows, unroll, rng, mon
         assert launch.spec[8] == want and launch.grid[0] * launch.grid[1] == -(-(-(-16 // rows)) // (clusters // want))
         if want > 1:
             check_staged_experts(rng, device, {"sum": True}, (("fp8", 400, 208),))
+    # rows of 2 uvec4s (FP4, F 64): clusters of 2 lanes or fewer, 128 or more a workgroup; split only
+    # where their outputs fit the 256 floats the split sums are added in
+    lanes = min(device.caps.subgroup.min_size, 2)
+    g = Graph()
+    g.op("MUL_MAT_ID", g.input("x", (1, 3, 64)), g.input("w", (4, 16, 8), "i32"), g.input("r", (1, 3, 2)),
+         g.input("s", (32,), "i32"), mode="sum", wq="fp4")
+    (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+    assert launch.spec[8] == (min(split, 256 // lanes) if 256 // lanes * rows <= 256 else 1), (lanes, rows)
 
 
 @pytest.mark.parametrize("knob,value,match", [

@@ -102,7 +102,7 @@ MUL_MAT_ID_UNROLL = knob_table(
     x_shared_split=(1, 'the staged sum (mode="sum"): clusters sharing an output block, the routes split among them '
                        'and their sums added in shared memory (a power of two ≤ the clusters a workgroup; spec '
                        'constant XSPLIT): that many times the workgroups. Where every route\'s x is staged at '
-                       'once (else 1). 1 until measured on a GPU'),
+                       'once and the clusters\' outputs are at most 256 (else 1). 1 until measured on a GPU'),
     x_regs=(False, 'mode="swiglu" over quantised experts (beside an FP8 shared expert too) with x in registers '
                    '(mul_mat_id.comp -D X_REGS): a workgroup owns whole rows, each invocation a fixed slice of x, '
                    'the gate and up rows of a block of outputs loaded together, one workgroup reduction a block; no '
@@ -174,7 +174,9 @@ def staged_expert_launch(device, fmt, mode: str, T: int, R: int, N: int, K: int,
     split = MUL_MAT_ID_UNROLL["x_shared_split"]
     if isinstance(split, bool) or not isinstance(split, int) or split < 1 or split & (split - 1):
         raise ValueError(f"tuning knob 'mul_mat_id.x_shared_split' must be a power of two ≥ 1, got {split!r}")
-    split = min(split, clusters) if mode == "sum" and rows_staged == R else 1
+    # the split sums are added in 256 floats of shared memory, a cluster's nr outputs each: no split
+    # where the clusters' outputs are more (short rows, few lanes a cluster)
+    split = min(split, clusters) if mode == "sum" and rows_staged == R and clusters * nr <= 256 else 1
     if mode == "sum":
         per_token = -(-blocks // (clusters // split))
         grid = grid_1d(T * per_token, 1)
