@@ -1,7 +1,7 @@
 """Bytes of workgroup (shared) memory a SPIR-V compute module declares once its specialization
 constants are set, so that a pipeline past the device's maxComputeSharedMemorySize is refused with
-a clear error before it is made (a driver need not refuse it: on NVIDIA the kernel's shared
-accesses past the real allocation stop the device, VK_ERROR_DEVICE_LOST).
+a clear error before it is made (a driver need not refuse it, and running it is undefined: the
+device may be lost).
 
 The count is of every Workgroup variable the module declares, used or not (the Vulkan limit is on
 the declared total), sized without padding except 16 bytes for a 3-vector. Array lengths may be
@@ -9,6 +9,7 @@ specialization constants or integer expressions of them (OpSpecConstantOp); wher
 a form this reader does not evaluate, workgroup_bytes returns None (no check, never a false refusal).
 """
 import struct
+from collections.abc import Callable, Iterator
 
 _OP_TYPE_BOOL, _OP_TYPE_INT, _OP_TYPE_FLOAT, _OP_TYPE_VECTOR, _OP_TYPE_MATRIX = 20, 21, 22, 23, 24
 _OP_TYPE_ARRAY, _OP_TYPE_STRUCT, _OP_TYPE_POINTER = 28, 30, 32
@@ -21,12 +22,12 @@ _WORKGROUP = 4
 _M = 0xFFFFFFFF
 
 
-def _s(v):                      # a 32-bit word as a signed integer
+def _s(v: int) -> int:                      # a 32-bit word as a signed integer
     return v - (1 << 32) if v & 0x80000000 else v
 
 
 # OpSpecConstantOp's integer and boolean operations (opcode: function of the operand values)
-_SPEC_OPS = {
+_SPEC_OPS: dict[int, Callable[..., int]] = {
     128: lambda a, b: (a + b) & _M,                         # IAdd
     130: lambda a, b: (a - b) & _M,                         # ISub
     132: lambda a, b: (a * b) & _M,                         # IMul
@@ -54,7 +55,7 @@ _SPEC_OPS = {
 }
 
 
-def _instructions(code: bytes):
+def _instructions(code: bytes) -> Iterator[tuple[int, tuple[int, ...]]]:
     words = struct.unpack(f"<{len(code) // 4}I", code[:len(code) // 4 * 4])
     i = 5                                                   # past the header
     while i < len(words):
@@ -68,18 +69,21 @@ def _instructions(code: bytes):
 def workgroup_bytes(code: bytes, spec: dict[int, int]) -> int | None:
     """Bytes of the Workgroup variables of SPIR-V `code` with specialization constants `spec`
     (SpecId -> 32-bit value; the others at their defaults), or None where it cannot be evaluated."""
-    spec_ids, values, types, variables = {}, {}, {}, []
+    spec_ids: dict[int, int] = {}
+    values: dict[int, int] = {}                 # constants' values (booleans as 0 / 1)
+    types: dict[int, int] = {}                  # types' sizes in bytes
+    variables: list[int] = []                   # the Workgroup variables' pointer types
     for op, a in _instructions(code):
         if op == _OP_DECORATE and len(a) > 2 and a[1] == _DECORATION_SPEC_ID:
             spec_ids[a[0]] = a[2]
         elif op in (_OP_CONSTANT, _OP_SPEC):
-            values[a[1]] = spec.get(spec_ids.get(a[1]), a[2]) if op == _OP_SPEC else a[2]
+            values[a[1]] = spec.get(spec_ids.get(a[1], -1), a[2]) if op == _OP_SPEC else a[2]
         elif op in (_OP_CONSTANT_TRUE, _OP_CONSTANT_FALSE, _OP_SPEC_TRUE, _OP_SPEC_FALSE):
             default = int(op in (_OP_CONSTANT_TRUE, _OP_SPEC_TRUE))
-            values[a[1]] = int(bool(spec.get(spec_ids.get(a[1]), default))) if op >= _OP_SPEC_TRUE else default
+            values[a[1]] = int(bool(spec.get(spec_ids.get(a[1], -1), default))) if op >= _OP_SPEC_TRUE else default
         elif op == _OP_SPEC_OP:                 # (operations or operands it cannot evaluate: no value)
-            args = [values.get(o) for o in a[3:]]
-            if a[2] in _SPEC_OPS and None not in args:
+            args = [values[o] for o in a[3:] if o in values]
+            if a[2] in _SPEC_OPS and len(args) == len(a) - 3:
                 try:
                     values[a[1]] = _SPEC_OPS[a[2]](*args)
                 except (TypeError, ZeroDivisionError):
