@@ -20,7 +20,8 @@ timestamp before and after only), after the clock warm-up.
 MUL_MAT_ID's staged kernel (knob mul_mat_id.x_shared: x in shared memory, 16-byte code loads) beside
 the other one in the same run, its knobs (mul_mat_id.x_shared_rows / _unroll / _groups) swept by
 --xs-rows, --xs-unroll, --xs-groups; the other knobs apply to the other rows only. --xs-split sweeps the
-staged sum's routes split among a workgroup's clusters (knob mul_mat_id.x_shared_split; 1: no split):
+staged sum's routes split among a workgroup's clusters (knob mul_mat_id.x_shared_split; 1: no split; each row
+prints the split it got and the routes' x rows staged at a time: no split unless every route's x fits):
 
     . .vkdev/enter.sh; python3 tools/bench_moe.py --formats fp4 --experts 65 --routes-per-token 7 \
         --x-shared 1 --xs-rows 1,2,4 --xs-unroll 1,2 --xs-split 1,2,4,8 --json $OUT/moe_split.json
@@ -151,24 +152,26 @@ def main(argv=None):
                 K = D if mode == "swiglu" else Fd
                 with tuned({f"mul_mat_id.{k}": v for k, v in knobs.items()}):
                     g, inputs, nbytes = op_graph(mode, w, params, per_expert, K, route, norm, rng)
-                    defines = [launch.defines for node in g.nodes for launch in node.op.lower(node, dev)]
-                    staged = any("X_SHARED" in d for d in defines)
-                    in_regs = any("X_REGS" in d for d in defines)
+                    (launch,) = [launch for node in g.nodes for launch in node.op.lower(node, dev)]
+                    staged, in_regs = "X_SHARED" in launch.defines, "X_REGS" in launch.defines
+                    # the staged sum's routes staged at a time and split used (spec constants 6, 8)
+                    xrg, split = launch.spec[6:9:2] if staged and mode == "sum" else (None, None)
                     if knobs.get("x_regs"):
                         how = (f"regs{'' if in_regs else '(off)'} rows={knobs['x_regs_rows']} wg={knobs['x_regs_wg']:3d} "
                                f"groups={knobs['x_regs_groups']:4d} pf={int(knobs['x_regs_prefetch'])}")
                     elif knobs.get("x_shared"):
                         how = (f"staged{'' if staged else '(off)'} rows={knobs['x_shared_rows']} "
                                f"unroll={knobs['x_shared_unroll']} groups={knobs['x_shared_groups']:4d}"
-                               + (f" split={knobs['x_shared_split']}" if "x_shared_split" in knobs else ""))
+                               + (f" split={split} staged x rows={xrg}" if split else ""))
                     else:
                         how = (f"unroll={knobs['unroll']:2d} routes={knobs.get('routes') or '-'} "
                                f"wg={knobs.get('wg') or '-':3} rows={knobs.get('rows', 1)} load={knobs['load']:2d}")
                     # named before it runs: a run that stops the device leaves its variant on screen
-                    print(f"{fmt:4s} {mode:6s}{' +norm' if norm else '      '} {how:44s} ", end="", flush=True)
+                    print(f"{fmt:4s} {mode:6s}{' +norm' if norm else '      '} {how:58s} ", end="", flush=True)
                     us = median_gpu_us(dev, g, inputs, a.replays, warm, a.repeat)
                 gbps = nbytes / (us * 1e3)
                 rows.append({"format": fmt, "mode": mode, "norm": norm, **knobs, "staged": staged, "x_in_regs": in_regs,
+                             "split_used": split, "x_rows_staged": xrg,
                              "bytes": nbytes,
                              "us": us, "gbps": gbps, "pct_copy": 100 * gbps / copy})
                 print(f"{us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy", flush=True)
