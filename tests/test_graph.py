@@ -421,6 +421,31 @@ def test_pipeline_cache_keys_on_named_specialization_constants(device):
     with pytest.raises(VulkanError, match=r"constants \[15\] are given both by position"):
         device.pipelines.get("softmax", 2, {"LANES": 4, "LANES_SHUFFLE": 1}, (256,) + (1,) * 15)
 
+
+def test_workgroup_bytes_count_every_shared_array_with_its_specialization():
+    """dsv4_vk.vk.spirv.workgroup_bytes: the staged sum's x rows (vec4 xs[XS · XRG]: a spec-constant
+    product) and its split sums (256 floats), at the defaults and as specialised."""
+    from dsv4_vk.vk.spirv import workgroup_bytes
+    defines = {"MODE_SUM": 1, "VEC4": 1, "W_FP4": 1, "ROUTES": 1, "X_SHARED": 1}
+    code = compile_shader("mul_mat_id", shader_module.specialize("mul_mat_id", dict(defines, LANES=1))[0])
+    assert workgroup_bytes(code, {}) == 16 + 4 * 256
+    assert workgroup_bytes(code, {5: 512, 6: 3}) == 16 * 512 * 3 + 4 * 256
+    assert workgroup_bytes(code[:20], {}) == 0                  # (the header only: no variables)
+
+
+def test_a_pipeline_past_the_shared_memory_is_refused(device):
+    """A pipeline whose shared arrays, as specialised, exceed maxComputeSharedMemorySize raises
+    VulkanError naming both (a driver may make it and lose the device running it); one at the limit
+    is made."""
+    from dsv4_vk.vk.errors import VulkanError
+    have = device.caps.limits.max_shared_memory
+    defines = {"LANES": 1, "MODE_SUM": 1, "VEC4": 1, "W_FP4": 1, "ROUTES": 1, "X_SHARED": 1}
+    xs = (have - 4 * 256) // 16
+    device.pipelines.get("mul_mat_id", 5, defines, (256, 1, 1, 0, 1, xs, 1, 1, 1))
+    with pytest.raises(VulkanError, match=rf"pipeline mul_mat_id .* declares {have + 16} B of shared memory; "
+                                          rf".* has {have} B \(maxComputeSharedMemorySize\)"):
+        device.pipelines.get("mul_mat_id", 5, defines, (256, 1, 1, 0, 1, xs + 1, 1, 1, 1))
+
 # --- executor params shared by graphs ----------------------------------------------------------------
 
 def test_params_are_shared_by_graphs_and_persist_across_replays(rng):

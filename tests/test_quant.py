@@ -180,10 +180,10 @@ def check_mul_mat_id(rng):
             close(out["y"], ry, (fmt, D, F, norm, "sum"))
 
 
-def check_shared_expert_in_the_same_dispatch(rng, staged_on=None):
+def check_shared_expert_in_the_same_dispatch(rng, staged_on=None, define="X_SHARED", modes=("swiglu", "sum")):
     """FP4 routed experts and an FP8 shared expert (id E, its own tensors) in one MUL_MAT_ID: as if
     the shared expert were stacked after the others. Where `staged_on` (a device) is given, asserts
-    that the staged kernel runs where K % 32 == 0."""
+    that the staged kernel (the launch has `define`) runs where K % 32 == 0, for the ops of `modes`."""
     op = get_op("MUL_MAT_ID")
     for D, F in ((256, 64), (96, 40)):
         T, E = 3, 6
@@ -210,7 +210,8 @@ def check_shared_expert_in_the_same_dispatch(rng, staged_on=None):
         if staged_on is not None:
             for node, K in zip(g.nodes, (D, F)):
                 (launch,) = node.op.lower(node, staged_on)
-                assert ("X_SHARED" in launch.defines) == (K % 32 == 0), (D, F, node.params["mode"])
+                if node.params["mode"] in modes:
+                    assert (define in launch.defines) == (K % 32 == 0), (D, F, node.params["mode"])
         out = run_graph(g, x=x, r=route)
         rh = op.reference(x[:, None, :], w13, route, gn, mode="swiglu", rms_eps=1e-6)
         close(out["h"], rh, (D, F, "swiglu"))
@@ -304,10 +305,11 @@ STAGED_SHAPES = [("fp8", 37, 4096), ("fp8", 300, 208), ("fp8", 9, 16), ("fp8", 1
                  ("fp4", 40, 96), ("fp4", 7, 28), ("fp4", 131, 1024)]
 
 
-def check_staged_gemv(rng, device=None):
-    """The staged GEMV (gemv_quant.x_shared) at one token, plain and with the norm folded in, on
-    weights with every code (E4M3 subnormals included) and scales from 2^−127 to 2^40, batched
-    weights included; where `device` is given, asserts the launches are the staged kernel's."""
+def check_staged_gemv(rng, device=None, define="X_SHARED"):
+    """The staged GEMV (gemv_quant.x_shared; with define="X_REGS" the one with x in registers,
+    gemv_quant.x_regs) at one token, plain and with the norm folded in, on weights with every code
+    (E4M3 subnormals included) and scales from 2^−127 to 2^40, batched weights included; where
+    `device` is given, asserts the launches are that kernel's."""
     for fmt, N, K in STAGED_SHAPES:
         codes, scale = random_quant(rng, fmt, N, K)
         scale = rng.integers(0, 168, scale.shape, dtype=np.uint8)      # E8M0 bytes: 2^−127 .. 2^40
@@ -323,7 +325,7 @@ def check_staged_gemv(rng, device=None):
             g.output("y", g.op("MUL_MAT", *args, g.const(sw), wq=fmt, **prm))
             if device is not None:
                 (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
-                assert "X_SHARED" in launch.defines, (fmt, N, K)
+                assert define in launch.defines, (fmt, N, K)
             got = run_graph(g, x=x)["y"]
             close(got, get_op("MUL_MAT").reference(x, w, *([gn] if norm else []), **prm), (fmt, N, K, norm))
     G, r, K = 3, 70, 256                       # wo_a's form: batched rows of one FP8 matrix, x per batch
@@ -334,6 +336,19 @@ def check_staged_gemv(rng, device=None):
     g = Graph()
     g.output("y", g.op("MUL_MAT", g.input("x", x.shape), g.const(words).reshape(G, r, -1), g.const(sw), wq="fp8"))
     close(run_graph(g, x=x)["y"], np.matmul(x.astype(np.float64), np.swapaxes(w, -1, -2)), "batched")
+    # three matrices of r rows in one tensor, a scale grid each (grid_rows = r): blocks of rows that
+    # straddle two grids, as one [3r, K] weight and as a batch of 3
+    parts = [random_quant(rng, "fp8", r, K) for _ in range(G)]
+    w3 = np.stack([dequant_fp8(*q) for q in parts])
+    words, sw = quant_arrays(np.concatenate([q[0] for q in parts]), np.concatenate([q[1].ravel() for q in parts]))
+    x1 = rng.standard_normal((1, K)).astype(np.float32)
+    g = Graph()
+    g.output("y", g.op("MUL_MAT", g.input("x", x1.shape), g.const(words), g.const(sw), wq="fp8", grid_rows=r))
+    close(run_graph(g, x=x1)["y"], x1.astype(np.float64) @ w3.reshape(G * r, K).T, "grids")
+    g = Graph()
+    g.output("y", g.op("MUL_MAT", g.input("x", x.shape), g.const(words).reshape(G, r, -1), g.const(sw), wq="fp8",
+                       grid_rows=r))
+    close(run_graph(g, x=x)["y"], np.matmul(x.astype(np.float64), np.swapaxes(w3, -1, -2)), "batched grids")
 
 
 @pytest.mark.parametrize("as_gpu,rows,unroll,groups,wg", [(False, 2, 2, 1024, 256), (True, 1, 1, 1, 256),
@@ -359,6 +374,44 @@ def test_staged_gemv(tune, as_gpu, rows, unroll, groups, wg, rng, monkeypatch, d
             whole = device.caps.subgroup.max_size if launch.defines["LANES"] > 1 else 1
             assert launch.spec == (max(wg, whole), unroll, rows, 0, 52) and launch.grid[0] * launch.grid[1] <= groups
     check_mul_mat(rng)
+
+
+@pytest.mark.parametrize("rows,wg,groups,prefetch", [(4, 256, 1024, True), (1, 64, 1024, False), (8, 64, 2, True),
+                                                     (2, 256, 1, False)])
+def test_gemv_x_in_registers(tune, rows, wg, groups, prefetch, rng, device):
+    """The GEMV at one token with x in registers (knob gemv_quant.x_regs) matches the float64
+    dequantisation for 1 to 8 rows a block, 1, 2 and 4 uvec4s of a row an invocation (workgroups of
+    64 over K = 4096 FP8 / FP4, of 8 or 16 over K = 208), few workgroups looping over row blocks,
+    with and without the next block's codes prefetched; rows not whole uvec4s, or too long for 4
+    slots an invocation, keep the other kernels."""
+    tune({"gemv_quant.x_regs": True, "gemv_quant.x_regs_rows": rows, "gemv_quant.x_regs_wg": wg,
+          "gemv_quant.x_regs_groups": groups, "gemv_quant.x_regs_prefetch": prefetch})
+    check_staged_gemv(rng, device, "X_REGS")
+    for fmt, K, regs in (("fp8", 260, False), ("fp4", 80, False), ("fp8", 208, True), ("fp8", 16 * 4 * wg, True),
+                         ("fp8", 16 * (4 * 256 + 1), False)):
+        g = Graph()
+        sr, sc = QUANT[fmt].grid(37, K)
+        g.op("MUL_MAT", g.input("x", (1, K)), g.input("w", (37, QUANT[fmt].words(K)), "i32"),
+             g.input("s", (-(-sr * sc // 4),), "i32"), wq=fmt)
+        (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+        assert ("X_REGS" in launch.defines) == regs, (fmt, K)
+        if regs:
+            assert launch.spec[2] == rows and launch.spec[5] == int(prefetch)
+            assert launch.grid[0] * launch.grid[1] == min(groups, -(-37 // rows))
+
+
+@pytest.mark.parametrize("knob,value,match", [
+    ("x_regs_rows", 3, r"'gemv_quant\.x_regs_rows' must be 1, 2, 4 or 8, got 3"),
+    ("x_regs_wg", 512, r"'gemv_quant\.x_regs_wg' must be a power of two ≤ 256, got 512"),
+    ("x_regs_groups", 0, r"'gemv_quant\.x_regs_groups' must be an integer ≥ 1, got 0"),
+    ("x_regs_prefetch", 1, r"'gemv_quant\.x_regs_prefetch' must be True or False, got 1"),
+])
+def test_x_in_registers_knobs_are_checked(tune, knob, value, match, device):
+    tune({"gemv_quant.x_regs": True, f"gemv_quant.{knob}": value})
+    g = Graph()
+    g.op("MUL_MAT", g.input("x", (1, 64)), g.input("w", (4, 16), "i32"), g.input("s", (1,), "i32"), wq="fp8")
+    with pytest.raises(ValueError, match=match):
+        g.nodes[0].op.lower(g.nodes[0], device)
 
 
 @pytest.mark.parametrize("as_gpu", [False, True])
@@ -408,7 +461,11 @@ def test_staged_knobs_key_the_program():
     base = signature()
     changed = [{"gemv_quant.x_shared": True}, {"gemv_quant.x_shared_rows": 4}, {"gemv_quant.x_shared_unroll": 1},
                {"gemv_quant.x_shared_groups": 7}, {"gemv_quant.x_shared_wg": 64}, {"mul_mat_id.x_shared": True},
-               {"mul_mat_id.x_shared_rows": 1}, {"mul_mat_id.x_shared_unroll": 3}, {"mul_mat_id.x_shared_groups": 5}]
+               {"mul_mat_id.x_shared_rows": 1}, {"mul_mat_id.x_shared_unroll": 3}, {"mul_mat_id.x_shared_groups": 5},
+               {"gemv_quant.x_regs": True}, {"gemv_quant.x_regs_rows": 2}, {"gemv_quant.x_regs_wg": 64},
+               {"gemv_quant.x_regs_groups": 3}, {"gemv_quant.x_regs_prefetch": False},
+               {"mul_mat_id.x_shared_split": 2}, {"mul_mat_id.x_regs": True}, {"mul_mat_id.x_regs_rows": 4},
+               {"mul_mat_id.x_regs_wg": 64}, {"mul_mat_id.x_regs_groups": 3}, {"mul_mat_id.x_regs_prefetch": False}]
     sigs = {signature(**{k: v for k, v in c.items()}) for c in changed}
     assert base not in sigs and len(sigs) == len(changed)
 
@@ -435,12 +492,12 @@ def nan_close(got, ref, what):
 STAGED_EXPERT_SHAPES = (("fp4", 256, 64), ("fp4", 1024, 96), ("fp8", 144, 80), ("fp8", 400, 208))
 
 
-def check_staged_experts(rng, device=None, staged=None, shapes=STAGED_EXPERT_SHAPES):
+def check_staged_experts(rng, device=None, staged=None, shapes=STAGED_EXPERT_SHAPES, define="X_SHARED"):
     """MUL_MAT_ID's staged kernel (mul_mat_id.x_shared): SwiGLU (norm folded or not, x one row a token
     or one a route) and the weighted sum (with an addend; scales from 2^−127 to 2^40) over quantised
     experts with every code; an invalid expert id (NaN outputs) and experts held by another part
     of a split stack (0 / no contribution). Where `device` is given, asserts for each mode in
-    `staged` (default: both) whether it launches the staged kernel."""
+    `staged` (default: both) whether it launches the staged kernel (the launch has `define`)."""
     staged = {"swiglu": True, "sum": True} if staged is None else staged
     op = get_op("MUL_MAT_ID")
     for fmt, D, F in shapes:
@@ -474,7 +531,7 @@ def check_staged_experts(rng, device=None, staged=None, shapes=STAGED_EXPERT_SHA
                 for node in g.nodes:
                     (launch,) = node.op.lower(node, device)
                     if node.params["mode"] in staged:
-                        assert ("X_SHARED" in launch.defines) == staged[node.params["mode"]], (fmt, D, F, node.params)
+                        assert (define in launch.defines) == staged[node.params["mode"]], (fmt, D, F, node.params)
             out = run_graph(g, x=x, r=route, hh=h, a=add)
             with np.errstate(over="ignore"):               # silu of gates far below 0: exp overflows to inf
                 rh = op.reference(x, w13, route, *([gn] if norm else []), mode="swiglu", limit=30.0, n_ids=n_ids,
@@ -497,7 +554,77 @@ def test_staged_experts(tune, as_gpu, rows, unroll, groups, rng, monkeypatch, de
     check_shared_expert_in_the_same_dispatch(rng, device)
 
 
+@pytest.mark.parametrize("rows,wg,groups,prefetch", [(2, 256, 1024, True), (1, 8, 2, False), (4, 8, 1024, True)])
+def test_expert_swiglu_x_in_registers(tune, rows, wg, groups, prefetch, rng, device):
+    """MUL_MAT_ID's SwiGLU with x in registers (mul_mat_id.x_regs) matches the float64
+    dequantisation (norm folded or not, x one row a token or one a route, an invalid id, another
+    part's expert) for 1, 2 or 4 outputs a block, 1, 2 or 4 uvec4s of a row an invocation
+    (workgroups of 8 over K up to 400), few workgroups looping over blocks, with and without
+    prefetch, beside an FP8 shared expert too (where K % 32 == 0; else the other kernels), and with
+    the gate and up rows of each expert in grids of their own."""
+    tune({"mul_mat_id.x_regs": True, "mul_mat_id.x_regs_rows": rows, "mul_mat_id.x_regs_wg": wg,
+          "mul_mat_id.x_regs_groups": groups, "mul_mat_id.x_regs_prefetch": prefetch})
+    check_staged_experts(rng, device, {"swiglu": True, "sum": False}, define="X_REGS")
+    check_shared_expert_in_the_same_dispatch(rng, device, "X_REGS", ("swiglu",))
+    check_mul_mat_id(rng)                   # a scale grid for the gate rows and one for the up rows
+    g = Graph()
+    sr, sc = QUANT["fp4"].grid(2 * 40, 256)
+    g.op("MUL_MAT_ID", g.input("x", (2, 1, 256)), g.input("w", (4, 2 * 40, QUANT["fp4"].words(256)), "i32"),
+         g.input("r", (2, 3, 2)), g.input("s", (-(-4 * sr * sc // 4),), "i32"), mode="swiglu", wq="fp4")
+    (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+    assert launch.spec[4] == rows and launch.spec[9] == int(prefetch)
+    assert launch.grid[0] * launch.grid[1] == 2 * min(groups, 3 * -(-40 // rows))
+
+
 @pytest.mark.parametrize("knob,value,match", [
+    ("x_regs_rows", 8, r"'mul_mat_id\.x_regs_rows' must be 1, 2 or 4, got 8"),
+    ("x_regs_wg", 48, r"'mul_mat_id\.x_regs_wg' must be a power of two ≤ 256, got 48"),
+    ("x_regs_groups", 0, r"'mul_mat_id\.x_regs_groups' must be an integer ≥ 1, got 0"),
+    ("x_regs_prefetch", "yes", r"'mul_mat_id\.x_regs_prefetch' must be True or False, got 'yes'"),
+])
+def test_expert_x_in_registers_knobs_are_checked(tune, knob, value, match, device):
+    tune({"mul_mat_id.x_regs": True, f"mul_mat_id.{knob}": value})
+    g = Graph()
+    g.op("MUL_MAT_ID", g.input("x", (1, 1, 64)), g.input("w", (4, 16, 16), "i32"), g.input("r", (1, 3, 2)),
+         g.input("s", (4,), "i32"), mode="swiglu", wq="fp8")
+    with pytest.raises(ValueError, match=match):
+        g.nodes[0].op.lower(g.nodes[0], device)
+
+
+@pytest.mark.parametrize("split,rows,unroll", [(2, 1, 1), (4, 2, 2), (1024, 4, 1)])
+def test_staged_expert_sum_split_over_routes(tune, split, rows, unroll, rng, monkeypatch, device):
+    """The staged weighted sum with the routes split among clusters (mul_mat_id.x_shared_split: 2 of
+    3 routes, 4 with a cluster that has none, as many as a workgroup has clusters) matches the
+    float64 dequantisation, NaN for an invalid id and nothing from another part's expert included,
+    beside an FP8 shared expert too; where not every route's x fits in shared memory, no split."""
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    tune({"mul_mat_id.x_shared": True, "mul_mat_id.x_shared_rows": rows, "mul_mat_id.x_shared_unroll": unroll,
+          "mul_mat_id.x_shared_split": split})
+    check_staged_experts(rng, device)
+    check_shared_expert_in_the_same_dispatch(rng, device)
+    clusters = 256 // min(device.caps.subgroup.min_size, 16)
+    for room, want in ((3 * 832 + 1024, min(split, clusters)), (2 * 832 + 1024, 1)):     # (+ the split sums)
+        limits = dataclasses.replace(device.caps.limits, max_shared_memory=room)
+        monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, limits=limits))
+        g = Graph()
+        g.op("MUL_MAT_ID", g.input("x", (1, 3, 208)), g.input("w", (4, 16, 52), "i32"), g.input("r", (1, 3, 2)),
+             g.input("s", (16,), "i32"), mode="sum", wq="fp8")
+        (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+        assert launch.spec[8] == want and launch.grid[0] * launch.grid[1] == -(-(-(-16 // rows)) // (clusters // want))
+        if want > 1:
+            check_staged_experts(rng, device, {"sum": True}, (("fp8", 400, 208),))
+    # rows of 2 uvec4s (FP4, F 64): clusters of 2 lanes or fewer, 128 or more a workgroup; split only
+    # where their outputs fit the 256 floats the split sums are added in
+    lanes = min(device.caps.subgroup.min_size, 2)
+    g = Graph()
+    g.op("MUL_MAT_ID", g.input("x", (1, 3, 64)), g.input("w", (4, 16, 8), "i32"), g.input("r", (1, 3, 2)),
+         g.input("s", (32,), "i32"), mode="sum", wq="fp4")
+    (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+    assert launch.spec[8] == (min(split, 256 // lanes) if 256 // lanes * rows <= 256 else 1), (lanes, rows)
+
+
+@pytest.mark.parametrize("knob,value,match", [
+    ("x_shared_split", 3, r"'mul_mat_id\.x_shared_split' must be a power of two ≥ 1, got 3"),
     ("x_shared_rows", 3, r"'mul_mat_id\.x_shared_rows' must be 1, 2 or 4, got 3"),
     ("x_shared_unroll", 9, r"'mul_mat_id\.x_shared_unroll' must be an integer in \[1, 8\], got 9"),
     ("x_shared_groups", -1, r"'mul_mat_id\.x_shared_groups' must be an integer ≥ 1, got -1"),
@@ -513,9 +640,10 @@ def test_staged_expert_knobs_are_checked(tune, knob, value, match, device):
 
 def test_staged_expert_sum_stages_the_routes_that_fit(tune, rng, monkeypatch, device):
     """The staged weighted sum with shared memory for 2 or 1 of 3 routes' x rows (staged again as the
-    routes go: FP8, F = 208, 832 bytes a row); without room for one, the other kernel."""
+    routes go: FP8, F = 208, 832 bytes a row) beside its split sums (1 KiB); without room for one,
+    the other kernel."""
     tune({"mul_mat_id.x_shared": True})
-    for room, staged in ((2 * 832, True), (832, True), (831, False)):
+    for room, staged in ((2 * 832 + 1024, True), (832 + 1024, True), (831 + 1024, False)):
         limits = dataclasses.replace(device.caps.limits, max_shared_memory=room)
         monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", limits=limits))
         check_staged_experts(rng, device, {"sum": staged}, (("fp8", 400, 208),))
@@ -523,7 +651,56 @@ def test_staged_expert_sum_stages_the_routes_that_fit(tune, rng, monkeypatch, de
         g.op("MUL_MAT_ID", g.input("x", (1, 3, 208)), g.input("w", (4, 16, 52), "i32"), g.input("r", (1, 3, 2)),
              g.input("s", (16,), "i32"), mode="sum", wq="fp8")
         (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
-        assert launch.spec[6:7] == ((room // 832,) if staged else ()), room
+        assert launch.spec[6:7] == (((room - 1024) // 832,) if staged else ()), room
+
+
+def declared_shared_bytes(launch) -> int:
+    """Bytes of shared memory a launch's pipeline declares as specialised (dsv4_vk.vk.spirv)."""
+    from dsv4_vk.vk.shader import compile_shader, specialize
+    from dsv4_vk.vk.spirv import workgroup_bytes
+    defines, named = specialize(launch.shader, launch.defines)
+    got = workgroup_bytes(compile_shader(launch.shader, defines), {**dict(enumerate(launch.spec)), **named})
+    assert got is not None, launch.shader
+    return got
+
+
+@pytest.mark.parametrize("fmt", ["fp4", "fp8"])
+def test_the_one_token_kernels_fit_the_h200s_shared_memory(tune, fmt, monkeypatch, device):
+    """The staged and x-in-registers MUL_MAT_ID and GEMV kernels as lowered for DeepSeek-V4-Flash's
+    widths (experts D 4096, F 2048, 65 of them, 7 routes; the attention's GEMV shapes) on a GPU with
+    the H200's 49152 B of shared memory declare at most that (the staged sum's x rows filled it
+    exactly and its split sums' 1 KiB went past: the H200 lost the device), for every route split."""
+    limits = dataclasses.replace(device.caps.limits, max_shared_memory=49152)
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", limits=limits))
+    q = QUANT[fmt]
+    names = iter(range(1 << 20))
+
+    def inp(g, shape, dtype="f32"):
+        return g.input(f"i{next(names)}", shape, dtype)
+
+    def weights(g, E, N, K):
+        sr, sc = q.grid(N, K)
+        return inp(g, (E, N, q.words(K)), "i32"), inp(g, (-(-E * sr * sc // 4),), "i32")
+    for knobs in ({"mul_mat_id.x_shared_split": 1}, {"mul_mat_id.x_shared_split": 8},
+                  {"mul_mat_id.x_regs": True}, {"gemv_quant.x_regs": True}):
+        tune({"mul_mat_id.x_shared": True, "gemv_quant.x_shared": True, **knobs})
+        g = Graph()
+        w, s = weights(g, 65, 2 * 2048, 4096)
+        r = inp(g, (1, 7, 2))
+        for norm in ([], [inp(g, (4096,))]):
+            g.op("MUL_MAT_ID", inp(g, (1, 1, 4096)), w, r, *norm, s, mode="swiglu", wq=fmt,
+                 **({"rms_eps": 1e-6} if norm else {}))
+        w2, s2 = weights(g, 65, 4096, 2048)
+        g.op("MUL_MAT_ID", inp(g, (1, 7, 2048)), w2, r, s2, mode="sum", wq=fmt)
+        for N, K in ((32768, 1024), (4096, 8192), (8192, 4096), (1024, 4096), (512, 4096)):
+            w1, s1 = weights(g, 1, N, K)
+            g.op("MUL_MAT", inp(g, (1, K)), w1.reshape((N, q.words(K))), s1, wq=fmt)
+        kernels = set()
+        for node in g.nodes:
+            for launch in node.op.lower(node, device):
+                assert declared_shared_bytes(launch) <= 49152, (knobs, node.op.name, launch.defines, launch.spec)
+                kernels |= {k for k in ("X_SHARED", "X_REGS") if k in launch.defines}
+        assert kernels == {"X_SHARED", "X_REGS"} if "x_regs" in str(knobs) else {"X_SHARED"}, knobs
 
 
 def test_quantised_weights_are_checked():
@@ -809,11 +986,20 @@ def worker():
                 "mul_mat_id.x_shared_groups": 2}):
         check_staged_gemv(np.random.default_rng(13))
         check_staged_experts(np.random.default_rng(15))
+        with tuned({"gemv_quant.x_regs": True, "gemv_quant.x_regs_wg": 64, "gemv_quant.x_regs_rows": 8}):
+            check_staged_gemv(np.random.default_rng(18), dev, "X_REGS")
         dev.caps = dataclasses.replace(cpu_caps, type="discrete-gpu")     # lane clusters of this subgroup size
         try:
             check_staged_gemv(np.random.default_rng(14), dev)
             check_staged_experts(np.random.default_rng(16), dev)
             check_shared_expert_in_the_same_dispatch(np.random.default_rng(17), dev)
+            with tuned({"mul_mat_id.x_regs": True, "mul_mat_id.x_regs_wg": 8, "mul_mat_id.x_regs_rows": 4}):
+                check_staged_experts(np.random.default_rng(21), dev, {"swiglu": True}, define="X_REGS")
+                check_shared_expert_in_the_same_dispatch(np.random.default_rng(22), dev, "X_REGS", ("swiglu",))
+                check_mul_mat_id(np.random.default_rng(23))
+            with tuned({"mul_mat_id.x_shared_split": 4, "mul_mat_id.x_shared_rows": 1}):
+                check_staged_experts(np.random.default_rng(19), dev)
+                check_shared_expert_in_the_same_dispatch(np.random.default_rng(20), dev)
         finally:
             dev.caps = cpu_caps
     print("worker: kernels ok")

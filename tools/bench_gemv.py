@@ -19,6 +19,13 @@ Quantised weights: --x-shared 0,1 puts the staged GEMV (knob gemv_quant.x_shared
 16-byte code loads, persistent clusters) beside the word-load GEMV in the same run, its own knobs
 (gemv_quant.x_shared_rows / _unroll / _groups / _wg) swept by --xs-rows, --xs-unroll, --xs-groups,
 --xs-wg; the word-load knobs (--spread, --unroll, --rows, --load) apply to the other rows only.
+--x-regs 1 adds the GEMV with x in registers (knob gemv_quant.x_regs: a workgroup owns whole rows, each
+invocation a fixed slice of x, NR independent code loads a block), its knobs (gemv_quant.x_regs_rows /
+_wg / _groups / _prefetch) swept by --xr-rows, --xr-wg, --xr-groups, --xr-prefetch:
+
+    . .vkdev/enter.sh; python3 tools/bench_gemv.py --formats fp8,fp4 --shapes wq_b,wo_b,wo_a,wq_a,wkv \
+        --x-shared 1 --xs-rows 1,4 --xs-unroll 2 --xs-wg 256 --x-regs 1 --xr-rows 2,4,8 --xr-wg 64,256 \
+        --json $OUT/gemv_xregs.json
 """
 import argparse
 import itertools
@@ -31,7 +38,6 @@ from dsv4_vk.cli.bench import median_gpu_us
 from dsv4_vk.core.graph import Graph
 from dsv4_vk.core.tuning import tuned
 from dsv4_vk.model.checkpoint import BF16
-from dsv4_vk.ops import mul_mat
 from dsv4_vk.ops.mul_mat import QUANT, quant_arrays
 from dsv4_vk.vk import default_device
 
@@ -54,12 +60,28 @@ def make_weights(fmt, N, K, rng):
     return [words, sw], {"wq": fmt}, codes.nbytes + scale.nbytes
 
 
-def time_gemv(device, weights, params, K, norm, replays, repeat, warm, rng):
+def gemv_graph(weights, params, K, norm, rng):
+    """(graph, inputs) of one GEMV over the weights (the norm folded in or not), built under the
+    current tuning (a graph keeps the knobs it was built with)."""
     g = Graph()
     norm_w = [g.const(rng.standard_normal(K).astype(np.float32))] if norm else []
     args = [g.input("x", (1, K)), g.const(weights[0])] + norm_w + [g.const(a) for a in weights[1:]]
     g.output("y", g.op("MUL_MAT", *args, **params, **({"rms_eps": 1e-6} if norm else {})))
-    return median_gpu_us(device, g, {"x": rng.standard_normal((1, K)).astype(np.float32)}, replays, warm, repeat)
+    return g, {"x": rng.standard_normal((1, K)).astype(np.float32)}
+
+
+def kernel_used(launch, knobs):
+    """(kind, description) of the kernel the GEMV lowered to, with the values it was given (knobs
+    left at None take the device's defaults, read back from the launch)."""
+    if "X_REGS" in launch.defines:
+        return "regs", (f"regs rows={knobs['gemv_quant.x_regs_rows']} wg={launch.spec[0]:3d} "
+                        f"groups={knobs['gemv_quant.x_regs_groups']:4d} pf={int(knobs['gemv_quant.x_regs_prefetch'])}")
+    if "X_SHARED" in launch.defines:
+        return "staged", (f"staged rows={knobs['gemv_quant.x_shared_rows']} unroll={knobs['gemv_quant.x_shared_unroll']} "
+                          f"groups={knobs['gemv_quant.x_shared_groups']:4d} wg={launch.spec[0]:3d}")
+    wg = launch.spec[0] if "LANES_WORKGROUP" in launch.defines else None
+    nr, wide = launch.spec[2:4] if len(launch.spec) >= 4 else (1, 0)
+    return "words", f"wg lanes={wg or '-':3} unroll={launch.spec[1]:2d} rows={nr} load={16 if wide else 4:2d}"
 
 
 def ints(text):
@@ -70,7 +92,9 @@ def configs(a, fmt):
     """The knob settings to time for one format: the word-load GEMV's sweep, then (quantised weights,
     --x-shared 1) the staged GEMV's."""
     base = {"gemv_quant.x_shared": False, "gemv_quant.x_shared_rows": 2, "gemv_quant.x_shared_unroll": 2,
-            "gemv_quant.x_shared_groups": 1024, "gemv_quant.x_shared_wg": 256}
+            "gemv_quant.x_shared_groups": 1024, "gemv_quant.x_shared_wg": 256, "gemv_quant.x_regs": False,
+            "gemv_quant.x_regs_rows": 4, "gemv_quant.x_regs_wg": 256, "gemv_quant.x_regs_groups": 1024,
+            "gemv_quant.x_regs_prefetch": True}
     quant = fmt != "bf16"
     out = []
     if 0 in ints(a.x_shared) or not quant:
@@ -85,6 +109,13 @@ def configs(a, fmt):
                         "gemv_quant.x_shared": True, "gemv_quant.x_shared_rows": nr,
                         "gemv_quant.x_shared_unroll": unroll, "gemv_quant.x_shared_groups": groups,
                         "gemv_quant.x_shared_wg": wg})
+    if 1 in ints(a.x_regs) and quant:
+        for nr, wg, groups, pf in itertools.product(ints(a.xr_rows), ints(a.xr_wg), ints(a.xr_groups),
+                                                    ints(a.xr_prefetch)):
+            out.append({**base, "gemv.spread": None, "gemv.unroll": None, "gemv_quant.rows": 1, "gemv_quant.load": 4,
+                        "gemv_quant.x_regs": True,
+                        "gemv_quant.x_regs_rows": nr, "gemv_quant.x_regs_wg": wg, "gemv_quant.x_regs_groups": groups,
+                        "gemv_quant.x_regs_prefetch": bool(pf)})
     return out
 
 
@@ -107,6 +138,13 @@ def main(argv=None):
     ap.add_argument("--xs-unroll", default="2", help="staged GEMV: uvec4 steps a lane loads together to sweep")
     ap.add_argument("--xs-groups", default="1024", help="staged GEMV: workgroups at most to sweep")
     ap.add_argument("--xs-wg", default="256", help="staged GEMV: invocations a workgroup to sweep (powers of two ≤ 256)")
+    ap.add_argument("--x-regs", default="0", help="quantised weights: add the GEMV with x in registers (1; knob "
+                    "gemv_quant.x_regs)")
+    ap.add_argument("--xr-rows", default="4", help="x in registers: rows a workgroup block to sweep (1, 2, 4, 8)")
+    ap.add_argument("--xr-wg", default="256", help="x in registers: invocations a workgroup to sweep (powers of two "
+                    "≤ 256)")
+    ap.add_argument("--xr-groups", default="1024", help="x in registers: workgroups at most to sweep")
+    ap.add_argument("--xr-prefetch", default="1", help="x in registers: next block's codes prefetched (1) or not (0)")
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
@@ -122,27 +160,30 @@ def main(argv=None):
                 weights, params, nbytes = make_weights(fmt, N, K, rng)
             for knobs in configs(a, fmt):
                 with tuned(knobs):
-                    nr = knobs["gemv_quant.rows"]
-                    wg = mul_mat.gemv_workgroup_lanes(dev, -(-N // nr), K)
-                    staged = knobs["gemv_quant.x_shared"] and \
-                        mul_mat.staged_x_vec4s(dev, QUANT[fmt], K, norm) is not None
-                    us = time_gemv(dev, weights, params, K, norm, a.replays, a.repeat, warm, rng)
+                    g, inputs = gemv_graph(weights, params, K, norm, rng)
+                    (launch,) = [launch for node in g.nodes for launch in node.op.lower(node, dev)]
+                    kind, how = kernel_used(launch, knobs)
+                    # named before it runs: a run that stops the device leaves its variant on screen
+                    print(f"{fmt:4s} {label:5s} ({N:6d}, {K:5d}){' +norm' if norm else '      '} {how:34s} ", end="",
+                          flush=True)
+                    us = median_gpu_us(dev, g, inputs, a.replays, warm, a.repeat)
                 gbps = nbytes / (us * 1e3)
+                words = kind == "words"
                 rows.append({"format": fmt, "shape": label, "N": N, "K": K, "norm": norm,
-                             "spread": knobs["gemv.spread"], "wg_lanes": None if staged else wg,
-                             "unroll": knobs["gemv.unroll"], "rows_per_cluster": nr,
-                             "load_bytes": knobs["gemv_quant.load"], "x_shared": staged,
+                             "spread": knobs["gemv.spread"], "kernel": kind,
+                             "wg_lanes": launch.spec[0] if "LANES_WORKGROUP" in launch.defines and words else None,
+                             "unroll": launch.spec[1] if words else None,
+                             "rows_per_cluster": launch.spec[2] if words and len(launch.spec) >= 4 else 1,
+                             "load_bytes": (16 if launch.spec[3] else 4) if words and len(launch.spec) >= 4 else 4,
+                             "x_shared": kind == "staged",
                              "xs_rows": knobs["gemv_quant.x_shared_rows"], "xs_unroll": knobs["gemv_quant.x_shared_unroll"],
                              "xs_groups": knobs["gemv_quant.x_shared_groups"], "xs_wg": knobs["gemv_quant.x_shared_wg"],
+                             "x_regs": kind == "regs", "xr_rows": knobs["gemv_quant.x_regs_rows"],
+                             "xr_wg": knobs["gemv_quant.x_regs_wg"], "xr_groups": knobs["gemv_quant.x_regs_groups"],
+                             "xr_prefetch": knobs["gemv_quant.x_regs_prefetch"],
                              "bytes": nbytes, "us": us,
                              "gbps": gbps, "pct_copy": 100 * gbps / copy})
-                if staged:
-                    how = (f"staged rows={knobs['gemv_quant.x_shared_rows']} unroll={knobs['gemv_quant.x_shared_unroll']} "
-                           f"groups={knobs['gemv_quant.x_shared_groups']:4d} wg={knobs['gemv_quant.x_shared_wg']:3d}")
-                else:
-                    how = f"wg lanes={wg or '-':3} unroll={knobs['gemv.unroll']:2d} rows={nr} load={knobs['gemv_quant.load']:2d}"
-                print(f"{fmt:4s} {label:5s} ({N:6d}, {K:5d}){' +norm' if norm else '      '} {how:34s} "
-                      f"{us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy", flush=True)
+                print(f"{us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": dev.name, "copy_gbps": copy, "rows": rows}, f, indent=1)

@@ -21,7 +21,15 @@ timestamp before and after only), after the clock warm-up.
 (quantised experts load one route at a time: --routes 1). Quantised experts: --x-shared 0,1 puts
 MUL_MAT_ID's staged kernel (knob mul_mat_id.x_shared: x in shared memory, 16-byte code loads) beside
 the other one in the same run, its knobs (mul_mat_id.x_shared_rows / _unroll / _groups) swept by
---xs-rows, --xs-unroll, --xs-groups; the other knobs apply to the other rows only.
+--xs-rows, --xs-unroll, --xs-groups; the other knobs apply to the other rows only. --xs-split sweeps the
+staged sum's routes split among a workgroup's clusters (knob mul_mat_id.x_shared_split; 1: no split; each row
+prints the split it got and the routes' x rows staged at a time: no split unless every route's x fits):
+
+    . .vkdev/enter.sh; python3 tools/bench_moe.py --formats fp4 --experts 65 --routes-per-token 7 \
+        --x-shared 1 --xs-rows 1,2,4 --xs-unroll 1,2 --xs-split 1,2,4,8 --json $OUT/moe_split.json
+--x-regs 1 adds the SwiGLU with x in registers (knob mul_mat_id.x_regs: a workgroup owns whole rows, each
+invocation a fixed slice of x), its knobs (mul_mat_id.x_regs_rows / _wg / _groups / _prefetch) swept by
+--xr-rows, --xr-wg, --xr-groups, --xr-prefetch (the sum rows are the staged kernel's).
 
 --prefill T,T,...: MUL_MAT_ID over prefill chunks of T tokens instead (top-k = --routes-per-token − 1
 of --experts − 1 routed experts, uniformly random, and the shared expert), the per-route kernels
@@ -188,6 +196,14 @@ def main(argv=None):
     ap.add_argument("--xs-rows", default="2", help="staged kernel: outputs a cluster to sweep (1, 2, 4)")
     ap.add_argument("--xs-unroll", default="2", help="staged kernel: uvec4 steps a lane loads together to sweep")
     ap.add_argument("--xs-groups", default="1024", help="staged SwiGLU: workgroups a token at most to sweep")
+    ap.add_argument("--xs-split", default="1", help="staged sum: clusters sharing an output block, the routes "
+                    "split among them, to sweep (powers of two)")
+    ap.add_argument("--x-regs", default="0", help="quantised experts: add the SwiGLU with x in registers (1; knob "
+                    "mul_mat_id.x_regs)")
+    ap.add_argument("--xr-rows", default="2", help="x in registers: outputs a block to sweep (1, 2, 4)")
+    ap.add_argument("--xr-wg", default="256", help="x in registers: invocations a workgroup to sweep")
+    ap.add_argument("--xr-groups", default="1024", help="x in registers: workgroups a token at most to sweep")
+    ap.add_argument("--xr-prefetch", default="1", help="x in registers: next block prefetched (1) or not (0)")
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
     ap.add_argument("--prefill", help="prefill chunks of these token counts (T,T,...) instead of one token: the "
                     "per-route and the grouped kernels")
@@ -221,30 +237,45 @@ def main(argv=None):
                     staged = [{"x_shared": True, "x_shared_rows": r, "x_shared_unroll": u, "x_shared_groups": gr}
                               for r, u, gr in itertools.product(ints(a.xs_rows), ints(a.xs_unroll), ints(a.xs_groups))]
                     cases += [("swiglu", w13, norm, k) for norm in (False, True) for k in staged]
-                    cases += [("sum", w2, False, k) for k in staged]
+                    cases += [("sum", w2, False, {**k, "x_shared_split": sp}) for k in staged for sp in ints(a.xs_split)]
                     continue
                 cases += [("swiglu", w13, norm, {"unroll": u, "load": ld, "x_shared": False}) for norm in (False, True)
                           for u in unrolls for ld in loads]
                 cases += [("sum", w2, False, {"unroll": u, "routes": r, "wg": wg, "rows": nr, "load": ld, "x_shared": False})
                           for wg, r, u, nr, ld in itertools.product(ints(a.wg), ints(a.routes), unrolls, nrs, loads)]
+            if fmt != "bf16" and 1 in ints(a.x_regs):
+                regs = [{"x_regs": True, "x_regs_rows": r, "x_regs_wg": wg, "x_regs_groups": gr,
+                         "x_regs_prefetch": bool(pf)}
+                        for r, wg, gr, pf in itertools.product(ints(a.xr_rows), ints(a.xr_wg), ints(a.xr_groups),
+                                                               ints(a.xr_prefetch))]
+                cases += [("swiglu", w13, norm, k) for norm in (False, True) for k in regs]
             for mode, (w, params, per_expert), norm, knobs in cases:
                 K = D if mode == "swiglu" else Fd
                 with tuned({f"mul_mat_id.{k}": v for k, v in knobs.items()}):
                     g, inputs, nbytes = op_graph(mode, w, params, per_expert, K, route, norm, rng)
-                    staged = any("X_SHARED" in launch.defines for node in g.nodes
-                                 for launch in node.op.lower(node, dev))
+                    (launch,) = [launch for node in g.nodes for launch in node.op.lower(node, dev)]
+                    staged, in_regs = "X_SHARED" in launch.defines, "X_REGS" in launch.defines
+                    # the staged sum's routes staged at a time and split used (spec constants 6, 8)
+                    xrg, split = launch.spec[6:9:2] if staged and mode == "sum" else (None, None)
+                    if knobs.get("x_regs"):
+                        how = (f"regs{'' if in_regs else '(off)'} rows={knobs['x_regs_rows']} wg={knobs['x_regs_wg']:3d} "
+                               f"groups={knobs['x_regs_groups']:4d} pf={int(knobs['x_regs_prefetch'])}")
+                    elif knobs.get("x_shared"):
+                        how = (f"staged{'' if staged else '(off)'} rows={knobs['x_shared_rows']} "
+                               f"unroll={knobs['x_shared_unroll']} groups={knobs['x_shared_groups']:4d}"
+                               + (f" split={split} staged x rows={xrg}" if split else ""))
+                    else:
+                        how = (f"unroll={knobs['unroll']:2d} routes={knobs.get('routes') or '-'} "
+                               f"wg={knobs.get('wg') or '-':3} rows={knobs.get('rows', 1)} load={knobs['load']:2d}")
+                    # named before it runs: a run that stops the device leaves its variant on screen
+                    print(f"{fmt:4s} {mode:6s}{' +norm' if norm else '      '} {how:58s} ", end="", flush=True)
                     us = median_gpu_us(dev, g, inputs, a.replays, warm, a.repeat)
                 gbps = nbytes / (us * 1e3)
-                rows.append({"format": fmt, "mode": mode, "norm": norm, **knobs, "staged": staged, "bytes": nbytes,
+                rows.append({"format": fmt, "mode": mode, "norm": norm, **knobs, "staged": staged, "x_in_regs": in_regs,
+                             "split_used": split, "x_rows_staged": xrg,
+                             "bytes": nbytes,
                              "us": us, "gbps": gbps, "pct_copy": 100 * gbps / copy})
-                if knobs.get("x_shared"):
-                    how = (f"staged{'' if staged else '(off)'} rows={knobs['x_shared_rows']} "
-                           f"unroll={knobs['x_shared_unroll']} groups={knobs['x_shared_groups']:4d}")
-                else:
-                    how = (f"unroll={knobs['unroll']:2d} routes={knobs.get('routes') or '-'} wg={knobs.get('wg') or '-':3} "
-                           f"rows={knobs.get('rows', 1)} load={knobs['load']:2d}")
-                print(f"{fmt:4s} {mode:6s}{' +norm' if norm else '      '} {how:44s} {us:8.1f} µs {gbps:7.0f} GB/s "
-                      f"{100 * gbps / copy:5.1f}% of copy", flush=True)
+                print(f"{us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": dev.name, "copy_gbps": copy, "experts": E, "routes_per_token": R, "d": D, "f": Fd,

@@ -8,7 +8,8 @@ from .base import (Launch, OpDef, check_finite, check_flag, check_params, cluste
                    next_pow2, nonempty, register, unit_last, view_fields, weight_defines, workgroup_cluster_max,
                    workgroup_pow2, WEIGHT_DTYPES)
 from .moe_grouped import expert_kernel, grouped_launches, grouped_scratch
-from .mul_mat import QUANT, check_quant, check_staged_knobs, dequantize, quant_fields, rms_weight, staged_on
+from .mul_mat import (QUANT, WORKGROUP, check_quant, check_staged_knobs, dequantize, quant_fields, regs_workgroup,
+                      rms_weight, staged_on)
 from .reduce_rows import reference_rms_norm
 
 MAX_TOP_K = 64
@@ -98,7 +99,53 @@ MUL_MAT_ID_UNROLL = knob_table(
     x_shared_rows=(2, "the staged kernel: outputs a cluster computes together (1, 2 or 4; spec constant XNR)"),
     x_shared_unroll=(1, "the staged kernel: uvec4 steps of each row a lane loads together (1 to 8)"),
     x_shared_groups=(1024, 'the staged SwiGLU: workgroups per token at most (≥ 1); past it clusters loop over '
-                           '(route, output block)s'))
+                           '(route, output block)s'),
+    x_shared_split=(1, 'the staged sum (mode="sum"): clusters sharing an output block, the routes split among them '
+                       'and their sums added in shared memory (a power of two ≤ the clusters a workgroup; spec '
+                       'constant XSPLIT): that many times the workgroups. Where every route\'s x is staged at '
+                       'once and the clusters\' outputs are at most 256 (else 1). 1 until measured on a GPU'),
+    x_regs=(False, 'mode="swiglu" over quantised experts (beside an FP8 shared expert too) with x in registers '
+                   '(mul_mat_id.comp -D X_REGS): a workgroup owns whole rows, each invocation a fixed slice of x, '
+                   'the gate and up rows of a block of outputs loaded together, one workgroup reduction a block; no '
+                   'shared-memory reads in the hot loop. Where the rows are whole uvec4s (with the shared expert K % '
+                   '32 == 0), the device has subgroup arithmetic and a row is at most 4 uvec4s an invocation. Off '
+                   'until measured on a GPU; on, it comes before the staged kernel'),
+    x_regs_rows=(2, "x in registers: outputs a block (1, 2 or 4; spec constant XNR), their gate and up rows loaded "
+                    "together"),
+    x_regs_wg=(256, "x in registers: invocations a workgroup (a power of two ≤ 256; fewer where a row has fewer "
+                    "uvec4s)"),
+    x_regs_groups=(1024, "x in registers: workgroups per item at most (≥ 1); past it workgroups loop over blocks"),
+    x_regs_prefetch=(True, "x in registers: the next block's codes loaded before this one is computed and reduced"))
+
+
+def regs_expert_launch(device, fmt, mode: str, T: int, R: int, N: int, K: int, x_route_stride: int,
+                       shared: bool) -> tuple | None:
+    """(defines, spec, grid) of MUL_MAT_ID's SwiGLU with x in registers (knob mul_mat_id.x_regs), or
+    None where the knob is off, the mode is the sum, or it cannot run (rows not whole uvec4s, beside
+    an FP8 shared expert K % 32 != 0, regs_workgroup)."""
+    if not MUL_MAT_ID_UNROLL["x_regs"] or mode != "swiglu":
+        return None
+    nr, wg, groups, prefetch = (MUL_MAT_ID_UNROLL[k] for k in ("x_regs_rows", "x_regs_wg", "x_regs_groups",
+                                                                "x_regs_prefetch"))
+    if nr not in (1, 2, 4) or isinstance(nr, bool):
+        raise ValueError(f"tuning knob 'mul_mat_id.x_regs_rows' must be 1, 2 or 4, got {nr!r}")
+    if isinstance(wg, bool) or not isinstance(wg, int) or wg < 1 or wg > WORKGROUP or wg & (wg - 1):
+        raise ValueError(f"tuning knob 'mul_mat_id.x_regs_wg' must be a power of two ≤ {WORKGROUP}, got {wg!r}")
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"tuning knob 'mul_mat_id.x_regs_groups' must be an integer ≥ 1, got {groups!r}")
+    if not isinstance(prefetch, bool):
+        raise ValueError(f"tuning knob 'mul_mat_id.x_regs_prefetch' must be True or False, got {prefetch!r}")
+    words = fmt.words(K)
+    if words % 4 or (shared and K % 32):
+        return None
+    fit = regs_workgroup(device, words // 4, wg)
+    if fit is None:
+        return None
+    wg, xm = fit
+    routes_a_row = R if x_route_stride == 0 else 1
+    per_item = min(groups, routes_a_row * -(-N // nr))
+    grid = grid_1d(T * (R // routes_a_row) * per_item, 1)
+    return {"LANES_WORKGROUP": 1, "X_REGS": 1, "XM": xm}, (wg, 1, 1, 0, nr, 1, 1, groups, 1, int(prefetch)), grid
 
 
 def staged_expert_launch(device, fmt, mode: str, T: int, R: int, N: int, K: int, x_route_stride: int,
@@ -116,21 +163,29 @@ def staged_expert_launch(device, fmt, mode: str, T: int, R: int, N: int, K: int,
     nr, unroll, groups = (MUL_MAT_ID_UNROLL[k] for k in ("x_shared_rows", "x_shared_unroll", "x_shared_groups"))
     check_staged_knobs("mul_mat_id", nr, unroll, groups)
     xs = words * fmt.per_word // 4
-    room = device.caps.limits.max_shared_memory - (4 * 256 if norm else 0)
+    # beside x the kernel declares 256 floats: the norm's per-cluster sums (the SwiGLU with the norm
+    # folded) or the split routes' sums (the sum, split or not)
+    room = device.caps.limits.max_shared_memory - (4 * 256 if norm or mode == "sum" else 0)
     rows_staged = min(R, room // (16 * xs)) if mode == "sum" else int(16 * xs <= room)
     if rows_staged < 1:
         return None
     lanes, extra = cluster_lanes(device, words // 4, per_lane=1, max_lanes=1 if is_cpu(device) else None)
     clusters = 256 // lanes["LANES"]
     blocks = -(-N // nr)
+    split = MUL_MAT_ID_UNROLL["x_shared_split"]
+    if isinstance(split, bool) or not isinstance(split, int) or split < 1 or split & (split - 1):
+        raise ValueError(f"tuning knob 'mul_mat_id.x_shared_split' must be a power of two ≥ 1, got {split!r}")
+    # the split sums are added in 256 floats of shared memory, a cluster's nr outputs each: no split
+    # where the clusters' outputs are more (short rows, few lanes a cluster)
+    split = min(split, clusters) if mode == "sum" and rows_staged == R and clusters * nr <= 256 else 1
     if mode == "sum":
-        per_token = -(-blocks // clusters)
+        per_token = -(-blocks // (clusters // split))
         grid = grid_1d(T * per_token, 1)
     else:
         routes_a_row = R if x_route_stride == 0 else 1
         per_token = min(groups, -(-routes_a_row * blocks // clusters))
         grid = grid_1d(T * (R // routes_a_row) * per_token, 1)
-    return {**lanes, "X_SHARED": 1}, (256, unroll, 1, 0, nr, xs, rows_staged, groups), grid, extra
+    return {**lanes, "X_SHARED": 1}, (256, unroll, 1, 0, nr, xs, rows_staged, groups, split), grid, extra
 
 
 @register
@@ -302,6 +357,14 @@ class MulMatId(OpDef):
         wide = bool(fmt) and load == 16 and "VEC4" in defs and K % (16 if fmt.bits == 8 else 32) == 0 and \
             all(a % 4 == 0 for a in (w.offset, w.strides[0], w.strides[1]))
         rows = (nr, int(wide))      # spec constants 2 (MODE_SUM's rows a cluster) and 3 (16-byte loads)
+        regs = regs_expert_launch(device, fmt, mode, T, R, cols, K, x.strides[1], bool(shared)) \
+            if fmt and "VEC4" in defs else None
+        if regs:
+            lane_defs, spec, grid = regs
+            for k in ("LANES", "LANES_SHUFFLE", "LANES_SUBGROUP_OPS", "LANES_WORKGROUP"):
+                defs.pop(k, None)
+            defs.update(lane_defs)
+            return [Launch("mul_mat_id", args, (out_index,), push, grid, defines=defs, spec=spec)]
         staged = staged_expert_launch(device, fmt, mode, T, R, cols, K, x.strides[1], g is not None, bool(shared)) \
             if fmt and "VEC4" in defs else None
         if staged:

@@ -13,6 +13,7 @@ from .binding import check, ffi, lib, vk
 from .errors import VulkanError
 from .push import PUSH_SIZE, pack_fields, pack_push  # noqa: F401  (re-exported)
 from .shader import compile_shader, specialize
+from .spirv import workgroup_bytes
 
 _FULL_SUBGROUPS = 0x2       # VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT
 _ALLOW_VARYING = 0x1        # VK_PIPELINE_SHADER_STAGE_CREATE_ALLOW_VARYING_SUBGROUP_SIZE_BIT
@@ -93,6 +94,11 @@ class PipelineCache:
             raise VulkanError(f"pipeline {shader}: specialization constants {clash} are given both by position "
                               f"(spec={spec}) and by a define naming them ({key[1]})")
         code = compile_shader(shader, defines)
+        constants = [*enumerate(spec), *sorted(named.items())]
+        shared, have = workgroup_bytes(code, dict(constants)), self.device.caps.limits.max_shared_memory
+        if shared is not None and shared > have:      # (a driver may make it and lose the device running it)
+            raise VulkanError(f"pipeline {shader} (defines {dict(key[1])}, spec {spec}) declares {shared} B of shared "
+                              f"memory; {self.device.name} has {have} B (maxComputeSharedMemorySize)")
         minfo = ffi.new("VkShaderModuleCreateInfo*")
         minfo.sType = vk.VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO
         cbuf = ffi.new("uint32_t[]", len(code) // 4)
@@ -109,7 +115,6 @@ class PipelineCache:
         stage.module = mod[0]
         entry = ffi.new("char[]", b"main")
         stage.pName = entry
-        constants = [*enumerate(spec), *sorted(named.items())]
         if constants:
             entries = ffi.new("VkSpecializationMapEntry[]", len(constants))
             for i, (cid, _) in enumerate(constants):
