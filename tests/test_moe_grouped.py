@@ -245,8 +245,9 @@ def test_kernel_choice_and_knobs(device, tune):
     g, node = build("sum", 9, 2, (9, 3, 8), [np.zeros((4, 8, 8), np.float32)], [], {})
     with tuned({"mul_mat_id_grouped.sort_chunk": 0}), pytest.raises(ValueError, match="'mul_mat_id_grouped.sort_chunk'"):
         node.op.lower(node, device)
-    with tuned({"mul_mat_id_grouped.outputs": 4096, "mul_mat_id_grouped.thread_outputs": 1024,   # every other
-                "mul_mat_id_grouped.tokens": 64, "mul_mat_id_grouped.k_step": 16}), \               # check holds
+    # tiles past any device's shared memory, every other tile check holding (a 64-invocation workgroup)
+    with tuned({"mul_mat_id_grouped.outputs": 4096, "mul_mat_id_grouped.thread_outputs": 1024,
+                "mul_mat_id_grouped.tokens": 64, "mul_mat_id_grouped.k_step": 16}), \
             pytest.raises(ValueError, match="bytes of shared memory, past this device's"):
         tile_shape(device)
     tune({"mul_mat_id_grouped.thread_tokens": 3})
