@@ -250,6 +250,25 @@ def test_chunked_prefill_plus_decode_equals_recomputing_the_sequence(rng):
     assert nmse(m.prefill(ids[:7], all_logits=True), whole[:7]) <= 1e-9
 
 
+def test_prefill_runs_the_head_on_the_last_token_unless_all_logits_are_asked_for(rng):
+    """The prefill graph runs the head (vocab × D, a chunk's largest mat-mul) on the chunk's last
+    token only; prefill(all_logits=True) records the one over every token; the last rows agree."""
+    cfg = TINY.replace(max_ctx=48)
+    weights = random_weights(cfg, int(rng.integers(0, 2 ** 31)))
+    ids = rng.integers(0, cfg.vocab_size, 19)
+    m = Model(cfg, weights, prefill_chunk=8)
+    last = m.prefill(ids)
+    m.reset()
+    every = m.prefill(ids, all_logits=True)
+    assert last.shape == (cfg.vocab_size,) and every.shape == (19, cfg.vocab_size)
+    assert np.isfinite(last).all() and np.abs(last).max() > 0
+    assert nmse(last, every[-1]) <= (1e-12 if m.device.caps.is_cpu else 1e-6)
+    heads = {all_logits: [n.output.shape for n in m.compiled("prefill", all_logits=all_logits).graph.nodes
+                          if n.op.name == "MUL_MAT" and n.output.shape[-1] == cfg.vocab_size]
+             for all_logits in (False, True)}
+    assert heads == {False: [(1, cfg.vocab_size)], True: [(8, cfg.vocab_size)]}, heads
+
+
 def test_any_prefill_chunk_and_the_devices_default_give_the_same_logits_with_progress(rng):
     """prefill_chunk=None takes the device type's knob (prefill_chunk.cpu / .gpu); chunks of 1,
     7, 128 and 512 (past max_ctx: clamped) and the default agree; progress sees every chunk end."""

@@ -346,7 +346,7 @@ class ModelGraph:
     where all_entries_fit, so CSA layers attend every closed entry and skip the indexer's scoring."""
 
     def __init__(self, cfg: V4Config, params: dict, T: int, *, prefill: bool, fused, device, splits=None,
-                 dense: bool = False):
+                 dense: bool = False, all_logits: bool = True):
         self.cfg, self.params, self.fused, self.device = cfg, params, fused, device
         self.splits, self.dense = splits, dense
         self.fold_norms = T == 1
@@ -354,9 +354,13 @@ class ModelGraph:
         self.g = g = Graph()
         self.ids = g.input("ids", (T,), "i32") if prefill else self.param("step.token")
         self.pos = self.param("step.pos")
-        logits = self.forward(self.ids, T)
+        h = self.forward(self.ids, T)                                                  # [T, D], normed
+        if prefill and not all_logits:
+            # only the last token's logits: the head (vocab × D, the chunk's largest mat-mul) on one row
+            h = g.op("GET_ROWS", self.normed(h), self.param("step.last"))
+        logits = self.linear(h, "head.weight")                                         # [T or 1, V]
         g.output("logits", logits)
-        last = g.op("GET_ROWS", logits, self.param("step.last")) if prefill else logits
+        last = g.op("GET_ROWS", logits, self.param("step.last")) if prefill and all_logits else logits
         sample(g, last, self.param("sampler.cfg"), self.param("sampler.state"), out=self.param("step.token"))
 
     def indexer_runs(self, i: int) -> bool:
@@ -413,7 +417,7 @@ class ModelGraph:
             return self.g.op("MUL_MAT", x.x, w, x.g, *extra, rms_eps=x.eps, **qp)
         return self.g.op("MUL_MAT", self.normed(x), w, *extra, **qp)
 
-    def forward(self, ids, T):
+    def forward(self, ids, T) -> GraphTensor | Normed:
         cfg, g = self.cfg, self.g
         D = cfg.hidden_size
         emb = g.op("GET_ROWS", self.param("embed.weight"), ids)                       # [T, D]
@@ -433,7 +437,7 @@ class ModelGraph:
             h = hc.head_pre(g, X, self.param("hc_head_fn"), self.param("hc_head_scale"), self.param("hc_head_base"),
                             hc_eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps, fused=self.fused, device=self.device,
                             mix=carry)
-        return self.linear(self.norm(h, "norm.weight"), "head.weight")    # [T, V]
+        return self.norm(h, "norm.weight")                                # [T, D], before the head
 
     def site(self, X, i, name, sublayer, carry, next_fn):
         """X_new = post(sublayer(rmsnorm_w(u)), X) around site_pre(X) (hc.site: at decode two

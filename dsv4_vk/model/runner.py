@@ -234,14 +234,16 @@ class Model:
         return cls(cfg, weights, device, fused, prefill_chunk, splits, tuning=tuning)
 
     # --- graphs -----------------------------------------------------------------------------------
-    def compiled(self, kind: str, dense: bool | None = None) -> CompiledGraph:
+    def compiled(self, kind: str, dense: bool | None = None, all_logits: bool = False) -> CompiledGraph:
         """The CompiledGraph of "prefill" or "decode" (built and recorded on first use, then replayed);
         dense: the one for positions where every CSA top-k keeps all closed entries (no indexer
         scoring: model.build.all_entries_fit), or not; None: the one the next chunk or step at the
-        current position runs."""
+        current position runs. all_logits (prefill): the head over every token of the chunk, else
+        over its last one only (the logits prefill returns by default)."""
         if dense is None:
             dense = self._dense(self.position + (self.prefill_chunk - 1 if kind == "prefill" else 0))
-        key = (kind, dense, profile.active())
+        all_logits = all_logits and kind == "prefill"
+        key = (kind, dense, all_logits, profile.active())
         cg = self._graphs.get(key)
         if cg is None:
             T = self.prefill_chunk if kind == "prefill" else 1
@@ -249,7 +251,7 @@ class Model:
             with tuned(self.tuning):
                 graph = ModelGraph(self.cfg, self.params, T, prefill=kind == "prefill", fused=self.fused,
                                    device=self.device, splits=self.splits if kind == "decode" else splits,
-                                   dense=dense).g
+                                   dense=dense, all_logits=all_logits).g
             cg = self._graphs[key] = self.ex.compile(graph)
         return cg
 
@@ -336,13 +338,15 @@ class Model:
         with profile.phase("prefill"):
             for start in range(0, ids.size, C):
                 chunk = ids[start:start + C]
-                cg = self.compiled("prefill", self._dense(self.position + start + C - 1))
+                cg = self.compiled("prefill", self._dense(self.position + start + C - 1), all_logits)
                 logits_t = cg.graph.outputs["logits"]
                 self._write("step.pos", self.position + start)
                 self._write("step.last", chunk.size - 1)
                 self._replay(cg, {"ids": np.pad(chunk, (0, C - chunk.size))})
-                if all_logits or start + C >= ids.size:
+                if all_logits:
                     rows.append(cg.read(logits_t)[:chunk.size])
+                elif start + C >= ids.size:
+                    rows.append(cg.read(logits_t))                  # the last token's row only
                 if progress is not None:
                     progress(start + chunk.size, ids.size)
         self.position += ids.size
