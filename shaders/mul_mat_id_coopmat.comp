@@ -1,0 +1,461 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+//! variants: MODE_SWIGLU ; W_BF16 | W_F16 | W_FP8 | W_FP4 | W_FP4 SHARED_FP8 ; - | NORM_X ; - | CM_NV
+//! variants: MODE_SUM ; W_BF16 | W_F16 | W_FP8 | W_FP4 | W_FP4 SHARED_FP8 ; - | CM_NV
+// MUL_MAT_ID's grouped kernel on 16-bit matrix units: the products of mul_mat_id_grouped.comp (same
+// route lists from mul_mat_id_sort.comp, same outputs, same push block and bindings) with fp16 inputs
+// and f32 sums, for bf16 / f16 / FP8 / FP4 experts (FP4 with -D SHARED_FP8 the FP8 shared expert):
+//   MODE_SWIGLU  out[t, r, f] = silu(min(g, limit)) · clamp(u, −limit, limit) of g = w[id, f]·x[t, r],
+//                u = w[id, F + f]·x[t, r]; NORM_X: x·gn staged, the sums times 1/rms(x) (rms(x) =
+//                sqrt(mean x² + eps), Σx² of the f32 x); a route of another part: 0; an invalid id: NaN.
+//   MODE_SUM     y[t, r, n] = w[id, n]·x[t, r] per route slot (mul_mat_id_combine.comp sums them).
+// Range: every row staged is scaled by a power of two first (coopmat_scale.glsl): a gathered x row
+// (x·gn with NORM_X) by 2^row_shift of its largest finite |value|, a bf16 / f16 weight row by its
+// own, FP8 / FP4 rows by their folded scale bytes (FP8's 128 × 128 block scales folded per row too:
+// one accumulator set, any tile; rows spanning more than 12 (FP8) or 26 (FP4) binades summed in f32
+// from the dequantised weights, as mul_mat_coopmat.comp's FP8_FOLD / FP4). The shifts are found by
+// each workgroup: before its k loop it scans its x rows (and bf16 / f16 w rows) over all of K, a
+// shared atomicMax of their largest |value| (f32 bits of a non-negative float order as uints); FP8 /
+// FP4 rows from their scale bytes. The sums are multiplied back by 2^−(sx + sw) in f32.
+// Tile (spec constants): BT route slots (one bucket's: the sort's tile) × BN outputs (MODE_SWIGLU: BN
+// gate rows, then BN up rows: BR = WR·BN weight rows), K in steps of BK (a multiple of 16). NW =
+// (BT/WM)·(BR/WN) warps of 32 invocations, warp w computing slots WM·(w / (BR/WN)) .. +WM−1 and
+// weight rows WN·(w % (BR/WN)) .. +WN−1 as (WM/16)·(WN/16) 16 × 16 f32 accumulators. Staging: the
+// BT + BR rows × BK/4 chunks of 4 consecutive k are the items q of the tile step (row q / (BK/4),
+// chunk q % (BK/4)); invocation i stages items i, i + WG, ... every step (the same rows: addresses
+// and scales found once), scaled, rounded to fp16 (packHalf2x16) and stored packed in rows of XS = BK
+// + 8 halves (16-byte aligned, rows on distinct banks; k past K: 0), x rows then weight rows. Each
+// step: barrier; the next step's chunks loaded into registers; the products; barrier; the next step
+// stored. Epilogue: every accumulator to an f32 tile [BT][BR] in the staging memory (free after the
+// loop), then invocation i takes outputs i, i + WG, ... (slot q / BN, output q % BN: consecutive
+// invocations, consecutive outputs), gate at column o and up at BN + o.
+//   -D CM_NV: products by VK_NV_cooperative_matrix (16 × 16 × 16 fp16 · fp16 + f32, subgroup scope,
+//     full 32-lane subgroups): A from x rows row-major, B from weight rows column-major; warp w is
+//     subgroup gl_SubgroupID.
+//   without: the same staging, scales and epilogue with the products formed by FMA loops, lane l of
+//     warp w holding elements l + 32·m of each 16 × 16 tile (any device: the kernel's data flow and
+//     rounding, for tests).
+// Needs K % 4 == 0 and x rows (and gn) 16-byte aligned, bf16 / f16 weight rows 8-byte aligned (the
+// host checks; else the f32 grouped kernel runs).
+// Grid as mul_mat_id_grouped.comp: x = tiles of BN outputs, y = tile slots (a workgroup past the sort's
+// tiles leaves at once). Spec constants: 0 workgroup size (NW·32), 1 BT, 2 BN, 3 WM, 4 WN (multiples of
+// 16; BT % WM == BR % WN == 0), 5 BK (a multiple of 16).
+// Push block (as mul_mat_id_grouped.comp's): R, N (F for SWIGLU), K, E, id_base, n_ids; x_off, x_s0,
+// x_s1; w_off, w_s0, w_s1; r_off, r_s0, r_s1; d_off, d_s0, d_s1, d_s2; s_off, TILE0, LIST0, EL;
+// limit; NORM_X: g_off, eps; quantised: q_kw, q_rows, q_srows, q_sc; SHARED_FP8: s_rows. Bindings: 0 x,
+// 1 w, 2 route, 3 sort (i32), 4 out, 5 gn (NORM_X), then the scale bytes, the shared expert's codes and
+// scale bytes (weights.glsl).
+#include "common.glsl"
+#if defined(CM_NV)
+#extension GL_NV_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_KHR_shader_subgroup_basic : require
+#endif
+layout(constant_id = 1) const uint BT = 16;
+layout(constant_id = 2) const uint BN = 16;
+layout(constant_id = 3) const uint WM = 16;
+layout(constant_id = 4) const uint WN = 16;
+layout(constant_id = 5) const uint BK = 32;
+layout(binding = 0) readonly buffer X { float x[]; };
+layout(binding = 0) readonly buffer X4 { vec4 x4[]; };
+layout(binding = 2) readonly buffer Rt { float route[]; };
+layout(binding = 3) readonly buffer SortB { int sr[]; };
+layout(binding = 4) writeonly buffer D { float d[]; };
+layout(push_constant) uniform P {
+    uint R, N, K, E;
+    uint id_base, n_ids;
+    uint x_off, x_s0, x_s1;
+    uint w_off, w_s0, w_s1;
+    uint r_off, r_s0, r_s1;
+    uint d_off, d_s0, d_s1, d_s2;
+    uint s_off, TILE0, LIST0, EL;
+    float limit;
+#if defined(NORM_X)
+    uint g_off;
+    float eps;
+#endif
+#if defined(W_FP8) || defined(W_FP4)
+    uint q_kw, q_rows, q_srows, q_sc;
+#endif
+#if defined(SHARED_FP8)
+    uint s_rows;
+#endif
+} p;
+#define W_S3 1u
+#define VEC4 1
+#if defined(NORM_X)
+layout(binding = 5) readonly buffer G { float gn[]; };
+layout(binding = 5) readonly buffer G4 { vec4 gn4[]; };
+#define W_SCALE_BINDING 6
+#else
+#define W_SCALE_BINDING 5
+#endif
+#define WS_BINDING (W_SCALE_BINDING + 1)
+#define WS_SCALE_BINDING (W_SCALE_BINDING + 2)
+#include "weights.glsl"
+#include "coopmat_scale.glsl"
+
+#define NAN uintBitsToFloat(0x7FC00000u)
+#if defined(MODE_SWIGLU)
+const uint WR = 2u;                     // gate and up rows
+#else
+const uint WR = 1u;
+#endif
+const uint BR = WR * BN;                // weight rows of a tile
+const uint NWN = BR / WN;               // warps along the weight rows
+const uint NW = (BT / WM) * NWN;        // warps a workgroup
+const uint WG = NW * 32u;
+const uint TI = WM / 16u, TJ = WN / 16u;
+const uint XS = BK + 8u;                // halves between staged rows
+const uint XS8 = XS / 8u;
+const uint KP = BK / 4u;                // chunks of a row a step
+const uint ITEMS = (BT + BR) * KP;      // chunks of a step
+const uint NI = (ITEMS + WG - 1u) / WG; // chunks an invocation stages a step
+const uint STAGE8 = (BT + BR) * XS / 8u, TILE8 = BT * BR / 4u;
+// the staging buffer (fp16 pairs, k even in the low half), later the f32 tile [BT][BR]
+shared uvec4 smem[STAGE8 > TILE8 ? STAGE8 : TILE8];
+shared uint mx[BT + BR];                // rows' largest finite |value| (f32 bits)
+shared int sh[BT + BR];                 // rows' shifts: x rows, then weight rows (folded: flagged)
+shared uint slots[BT];
+#if defined(NORM_X)
+shared float ssp[BT * KP];              // Σx² of each x row's chunk column (fixed order, no float atomics)
+shared float inv[BT];                   // 1 / rms(x) of each slot
+#endif
+
+#if defined(CM_NV)
+#define MAT_A fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
+#define MAT_C fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
+#endif
+
+uint x_row(uint s) {
+    uint t = s / p.R;
+    return p.x_off + t * p.x_s0 + (s - t * p.R) * p.x_s1;
+}
+uint d_at(uint s, uint n) {
+    uint t = s / p.R;
+    return p.d_off + t * p.d_s0 + (s - t * p.R) * p.d_s1 + n * p.d_s2;
+}
+// weight row j of the tile (gate rows 0..BN−1, up rows BN..2BN−1), clamped past N: its first element
+// (words for quantised weights; the shared expert's tensor with sh)
+uint w_row(uint e, bool shx, uint n0, uint j) {
+    uint n = min(n0 + j % BN, p.N - 1u) + (j / BN) * p.N;
+#if defined(SHARED_FP8)
+    if (shx) return n * S_KW;
+#endif
+    return p.w_off + e * p.w_s0 + n * p.w_s1;
+}
+#if defined(W_QUANT)
+uint scale_byte(uint i) { return (wscale[i >> 2] >> ((i & 3u) << 3)) & 0xFFu; }
+#if defined(SHARED_FP8)
+uint s_scale_byte(uint i) { return (wsscale[i >> 2] >> ((i & 3u) << 3)) & 0xFFu; }
+#endif
+// the first scale byte of the row at wb's grid row, and its scale bytes (q_sc, the shared expert's
+// ceil(K / 128))
+uint w_scale_row(uint wb, bool shx) {
+#if defined(SHARED_FP8)
+    if (shx) {
+        uint row = wb / S_KW, m = row / p.s_rows;
+        return (m * ((p.s_rows + 127u) / 128u) + (row - m * p.s_rows) / 128u) * ((p.K + 127u) / 128u);
+    }
+#endif
+    return q_scale_row(wb);
+}
+#endif
+// dequantised weight k of the row at wb (the f32 sums of flagged rows)
+float w_at(uint wb, uint k, bool shx) {
+#if defined(SHARED_FP8)
+    if (shx) return S1_ROW(wb, k);
+#endif
+    return W1_ROW(wb, k);
+}
+
+// The chunk at k (k % 4 == 0) of a staged row as exact f32 values and its exponent: x (·gn) and
+// float weights their values (exponent 0), quantised weights their codes' halves (E4M3 · 2⁻⁸, E2M1
+// · 2⁻¹⁴; 0 past K) and the chunk's scale byte.
+vec4 x_chunk(uint xb, uint k) { return k < p.K ? x4[(xb + k) / 4u] : vec4(0.0); }
+vec4 w_chunk(uint wb, uint sb, uint k, bool shx, out int e) {
+    e = 0;
+    if (k >= p.K) return vec4(0.0);
+#if defined(W_QUANT)
+    uint keep = k + 4u > p.K ? p.K - k : 4u;    // codes of the chunk inside the row
+#if defined(SHARED_FP8)
+    if (shx) {
+        uint v = wsq[wb + k / 4u];
+        if (keep < 4u) v &= (1u << (8u * keep)) - 1u;
+        e = int(s_scale_byte(sb + k / 128u));
+        return q_fp8x4(v);
+    }
+#endif
+#if defined(W_FP8)
+    uint v = wq[wb + k / 4u];
+    if (keep < 4u) v &= (1u << (8u * keep)) - 1u;
+    e = int(scale_byte(sb + k / 128u));
+    return q_fp8x4(v);
+#else
+    uint v = (wq[wb + k / 8u] >> (((k / 4u) & 1u) * 16u)) & 0xFFFFu;
+    if (keep < 4u) v &= (1u << (4u * keep)) - 1u;
+    e = int(scale_byte(sb + k / 32u));
+    return q_fp4x4(v);
+#endif
+#else
+    return W4_ROW(wb, k / 4u);
+#endif
+}
+
+void stage(uint h, vec4 v) {            // halves h .. h + 3 (h a multiple of 4)
+    uint q = (h / 2u) % 4u;
+    smem[h / 8u][q] = packHalf2x16(v.xy);
+    smem[h / 8u][q + 1u] = packHalf2x16(v.zw);
+}
+#if !defined(CM_NV)
+vec2 staged_pair(uint i) { return unpackHalf2x16(smem[i / 4u][i % 4u]); }     // halves 2i, 2i + 1
+#endif
+
+// the items' chunks at step k0 (past K: 0): x (·gn) values, weights as w_chunk gives them
+void load_items(uint k0, uint rw[NI], uint base[NI], uint sb[NI], uint kc, bool shx, out vec4 v[NI], out int ve[NI]) {
+    [[unroll]] for (uint u = 0u; u < NI; ++u) {
+        uint k = k0 + kc;
+        ve[u] = 0;
+        if (rw[u] < BT) {
+            v[u] = x_chunk(base[u], k);
+#if defined(NORM_X)
+            if (k < p.K) v[u] *= gn4[(p.g_off + k) / 4u];
+#endif
+        } else {
+            v[u] = w_chunk(base[u], sb[u], k, shx, ve[u]);
+        }
+    }
+}
+
+void main() {
+    uint id = gl_LocalInvocationID.x;
+    uint tile = gl_WorkGroupID.y, n0 = gl_WorkGroupID.x * BN;
+    if (tile >= uint(sr[p.s_off])) return;              // past the tiles the routing makes
+    uint at = p.s_off + p.TILE0 + 3u * tile;
+    uint bucket = uint(sr[at]), first = uint(sr[at + 1u]), rows = uint(sr[at + 2u]);
+    for (uint i = id; i < BT; i += WG) slots[i] = uint(sr[p.s_off + p.LIST0 + first + min(i, rows - 1u)]);
+    barrier();
+    if (bucket == p.EL) {                               // routes not computed here
+#if defined(MODE_SWIGLU)
+        for (uint q = id; q < rows * BN; q += WG) {
+            uint i = q / BN, n = n0 + q % BN, s = slots[i], t = s / p.R;
+            if (n >= p.N) continue;
+            float f = route[p.r_off + t * p.r_s0 + (s - t * p.R) * p.r_s1];
+            bool valid = f >= 0.0 && f < float(p.n_ids) && f == floor(f);
+            d[d_at(s, n)] = valid ? 0.0 : NAN;
+        }
+#endif
+        return;
+    }
+    bool shx = false;
+#if defined(SHARED_FP8)
+    shx = bucket == p.E;
+#endif
+#if defined(W_FP8)
+    const int f_top = FP8_FOLD_TOP, f_spread = FP8_FOLD_SPREAD, f_exp = FP8_FOLD_EXP;
+#elif defined(W_FP4)
+    int f_top = shx ? FP8_FOLD_TOP : FP4_FOLD_TOP, f_spread = shx ? FP8_FOLD_SPREAD : FP4_FOLD_SPREAD;
+    int f_exp = shx ? FP8_FOLD_EXP : FP4_FOLD_EXP;
+#endif
+
+    // this invocation's items: row, chunk, the row's first element (word), first scale byte
+    uint rw[NI], base[NI], sb[NI];
+    [[unroll]] for (uint u = 0u; u < NI; ++u) {
+        uint q = min(id + u * WG, ITEMS - 1u), r = q / KP;
+        rw[u] = r;
+        base[u] = r < BT ? x_row(slots[r]) : w_row(bucket, shx, n0, r - BT);
+#if defined(W_QUANT)
+        sb[u] = r < BT ? 0u : w_scale_row(base[u], shx);
+#else
+        sb[u] = 0u;
+#endif
+    }
+    uint kc = 4u * (id % KP);                           // (WG % KP == 0: every item of this invocation's at it)
+
+    // 1. the rows' shifts: the largest finite |value| of each x row (x·gn) and float weight row over K
+    for (uint i = id; i < BT + BR; i += WG) mx[i] = 0u;
+#if defined(NORM_X)
+    float ss[NI];
+    [[unroll]] for (uint u = 0u; u < NI; ++u) ss[u] = 0.0;
+#endif
+    float m[NI];
+    [[unroll]] for (uint u = 0u; u < NI; ++u) m[u] = 0.0;
+    for (uint k0 = 0u; k0 < p.K; k0 += BK) {
+        uint k = k0 + kc;
+        [[unroll]] for (uint u = 0u; u < NI; ++u) {
+            if (rw[u] < BT) {
+                vec4 v = x_chunk(base[u], k);
+#if defined(NORM_X)
+                ss[u] += dot(v, v);
+                if (k < p.K) v *= gn4[(p.g_off + k) / 4u];
+#endif
+                m[u] = max(m[u], finite_max(v));
+            }
+#if !defined(W_QUANT)
+            else {
+                int e;
+                m[u] = max(m[u], finite_max(w_chunk(base[u], sb[u], k, shx, e)));
+            }
+#endif
+        }
+    }
+    barrier();                                          // (mx cleared)
+    [[unroll]] for (uint u = 0u; u < NI; ++u) if (id + u * WG < ITEMS) atomicMax(mx[rw[u]], floatBitsToUint(m[u]));
+#if defined(NORM_X)
+    [[unroll]] for (uint u = 0u; u < NI; ++u) {
+        uint q = id + u * WG;
+        if (q < BT * KP) ssp[q] = ss[u];                // (item q of an x row is row q / KP, chunk q % KP)
+    }
+#endif
+    barrier();
+    for (uint i = id; i < BT + BR; i += WG) {
+        int s = row_shift(uintBitsToFloat(mx[i]));
+#if defined(W_QUANT)
+        if (i >= BT) {                                  // the row's scale bytes
+            uint r0 = w_scale_row(w_row(bucket, shx, n0, i - BT), shx), lo = 255u, hi = 0u;
+            uint nsc = p.q_sc;
+#if defined(SHARED_FP8)
+            if (shx) nsc = (p.K + 127u) / 128u;
+            for (uint j = 0u; j < nsc; ++j) {
+                uint b = shx ? s_scale_byte(r0 + j) : scale_byte(r0 + j);
+                lo = min(lo, b);
+                hi = max(hi, b);
+            }
+#else
+            for (uint j = 0u; j < nsc; ++j) {
+                uint b = scale_byte(r0 + j);
+                lo = min(lo, b);
+                hi = max(hi, b);
+            }
+#endif
+            s = fold_shift_of(lo, hi, f_top, f_spread);
+        }
+#endif
+        sh[i] = s;
+#if defined(NORM_X)
+        if (i < BT) {
+            float s2 = 0.0;
+            for (uint c = 0u; c < KP; ++c) s2 += ssp[i * KP + c];
+            inv[i] = 1.0 / sqrt(s2 / float(p.K) + p.eps);
+        }
+#endif
+    }
+    barrier();
+
+    // 2. the products, BK inputs a step
+    int rf[NI];                                         // each item's row exponent (folded rows: −top)
+    [[unroll]] for (uint u = 0u; u < NI; ++u) {
+#if defined(W_QUANT)
+        rf[u] = rw[u] < BT ? sh[rw[u]] : fold_unflag(sh[rw[u]]) - f_top;
+#else
+        rf[u] = sh[rw[u]];
+#endif
+    }
+#if defined(CM_NV)
+    uint wc = gl_SubgroupID;
+#else
+    uint wc = id / 32u, lane = id % 32u;
+#endif
+    uint wt = (wc / NWN) * WM, wn = (wc % NWN) * WN;
+#if defined(CM_NV)
+    MAT_C acc[TI * TJ];
+    [[unroll]] for (uint a = 0u; a < TI * TJ; ++a) acc[a] = MAT_C(0.0);
+#else
+    float acc[TI * TJ][8];
+    for (uint a = 0u; a < TI * TJ; ++a) for (uint j = 0u; j < 8u; ++j) acc[a][j] = 0.0;
+#endif
+    vec4 v[NI];
+    int ve[NI];
+    load_items(0u, rw, base, sb, kc, shx, v, ve);
+    for (uint k0 = 0u; k0 < p.K; k0 += BK) {
+        // this step's chunks, scaled: x·gn · 2^sx, float weights · 2^sw, codes · 2^(EXP + s − top)
+        [[unroll]] for (uint u = 0u; u < NI; ++u) {
+            uint q = id + u * WG;
+            if (q >= ITEMS) continue;
+            int e = rf[u];
+#if defined(W_QUANT)
+            if (rw[u] >= BT) e = max(f_exp + ve[u] + e, -126);
+#endif
+            stage(rw[u] * XS + 4u * (q % KP), v[u] * pow2(e));
+        }
+        barrier();
+        load_items(k0 + BK, rw, base, sb, kc, shx, v, ve);     // the next step's, in flight during the products
+#if defined(CM_NV)
+        [[unroll]] for (uint kk = 0u; kk < BK; kk += 16u) {
+            MAT_A a[TI];
+            [[unroll]] for (uint i = 0u; i < TI; ++i)
+                coopMatLoadNV(a[i], smem, ((wt + 16u * i) * XS + kk) / 8u, XS8, false);
+            [[unroll]] for (uint j = 0u; j < TJ; ++j) {
+                MAT_A b;                                // column-major: B(k, n) at weight row n, half k
+                coopMatLoadNV(b, smem, ((BT + wn + 16u * j) * XS + kk) / 8u, XS8, true);
+                [[unroll]] for (uint i = 0u; i < TI; ++i) acc[i * TJ + j] = coopMatMulAddNV(a[i], b, acc[i * TJ + j]);
+            }
+        }
+#else
+        // (loops kept rolled: lavapipe's compile time grows with the unrolled tiles)
+        [[dont_unroll]] for (uint i = 0u; i < TI; ++i) [[dont_unroll]] for (uint j = 0u; j < TJ; ++j)
+            [[dont_unroll]] for (uint mm = 0u; mm < 8u; ++mm) {
+                uint e = lane + 32u * mm;
+                uint xa = ((wt + 16u * i + e / 16u) * XS) / 2u;
+                uint wa = ((BT + wn + 16u * j + e % 16u) * XS) / 2u;
+                float sum = acc[i * TJ + j][mm];
+                for (uint q = 0u; q < BK / 2u; ++q) {
+                    vec2 xp = staged_pair(xa + q), wp = staged_pair(wa + q);
+                    sum = fma(xp.y, wp.y, fma(xp.x, wp.x, sum));
+                }
+                acc[i * TJ + j][mm] = sum;
+            }
+#endif
+        barrier();                                      // every warp done with the step's tiles
+    }
+
+    // 3. epilogue: the accumulators to the f32 tile [BT][BR], then each output unscaled
+#if defined(CM_NV)
+    [[unroll]] for (uint i = 0u; i < TI; ++i) [[unroll]] for (uint j = 0u; j < TJ; ++j)
+        coopMatStoreNV(acc[i * TJ + j], smem, ((wt + 16u * i) * BR + wn + 16u * j) / 4u, BR / 4u, false);
+#else
+    for (uint a = 0u; a < TI * TJ; ++a) for (uint mm = 0u; mm < 8u; ++mm) {
+        uint e = lane + 32u * mm;
+        uint f = (wt + 16u * (a / TJ) + e / 16u) * BR + wn + 16u * (a % TJ) + e % 16u;
+        smem[f / 4u][f % 4u] = floatBitsToUint(acc[a][mm]);
+    }
+#endif
+    barrier();
+    for (uint q = id; q < BT * BN; q += WG) {
+        uint i = q / BN, o = q % BN, n = n0 + o;
+        if (i >= rows || n >= p.N) continue;
+        uint s = slots[i];
+        float r[WR];
+        [[unroll]] for (uint h = 0u; h < WR; ++h) {
+            uint c = h * BN + o, f = i * BR + c;
+            int ws = sh[BT + c];
+#if defined(W_QUANT)
+            if (fold_flagged(ws)) {                     // summed in f32 from the dequantised weights
+                uint xb = x_row(s), wb = w_row(bucket, shx, n0, c);
+                float sum = 0.0;
+                for (uint k = 0u; k < p.K; ++k) {
+#if defined(NORM_X)
+                    sum = fma(x[xb + k] * gn[p.g_off + k], w_at(wb, k, shx), sum);
+#else
+                    sum = fma(x[xb + k], w_at(wb, k, shx), sum);
+#endif
+                }
+                r[h] = sum;
+                continue;
+            }
+            ws = fold_unflag(ws);
+#endif
+            r[h] = unscale(uintBitsToFloat(smem[f / 4u][f % 4u]), sh[i] + ws);
+        }
+#if defined(NORM_X)
+        [[unroll]] for (uint h = 0u; h < WR; ++h) r[h] *= inv[i];
+#endif
+#if defined(MODE_SWIGLU)
+        float gate = min(r[0], p.limit), up = clamp(r[1], -p.limit, p.limit);
+        d[d_at(s, n)] = gate / (1.0 + exp(-gate)) * up;
+#else
+        d[d_at(s, n)] = r[0];
+#endif
+    }
+}
