@@ -10,13 +10,14 @@
 //                sqrt(mean x² + eps), Σx² of the f32 x); a route of another part: 0; an invalid id: NaN.
 //   MODE_SUM     y[t, r, n] = w[id, n]·x[t, r] per route slot (mul_mat_id_combine.comp sums them).
 // Range: every row staged is scaled by a power of two first (coopmat_scale.glsl): a gathered x row
-// (x·gn with NORM_X) by 2^row_shift of its largest finite |value|, a bf16 / f16 weight row by its
-// own, FP8 / FP4 rows by their folded scale bytes (FP8's 128 × 128 block scales folded per row too:
-// one accumulator set, any tile; rows spanning more than 12 (FP8) or 26 (FP4) binades summed in f32
-// from the dequantised weights, as mul_mat_coopmat.comp's FP8_FOLD / FP4). The shifts are found by
-// each workgroup: before its k loop it scans its x rows (and bf16 / f16 w rows) over all of K, a
-// shared atomicMax of their largest |value| (f32 bits of a non-negative float order as uints); FP8 /
-// FP4 rows from their scale bytes. The sums are multiplied back by 2^−(sx + sw) in f32.
+// (x·gn with NORM_X) by 2^row_shift of its largest finite |value| over K, found by the workgroup
+// before its k loop (a scan of its x rows, a shared atomicMax of f32 bits: non-negative floats order
+// as uints); FP8 / FP4 rows by their folded scale bytes (FP8's 128 × 128 block scales folded per row
+// too: one accumulator set, any tile; rows spanning more than 12 (FP8) or 26 (FP4) binades summed in
+// f32 from the dequantised weights, as mul_mat_coopmat.comp's FP8_FOLD / FP4); f16 weights as they
+// are; bf16 weights unscaled where every value v of the tile is 0 or 2⁻¹⁷ ≤ |v| ≤ 65504 (then an
+// fp16 exactly: 8 significant bits), else (wbad) the products are formed again with each weight
+// row's shift from a scan over K. The sums are multiplied back by 2^−(sx + sw) in f32.
 // Tile (spec constants): BT route slots (one bucket's: the sort's tile) × BN outputs (MODE_SWIGLU: BN
 // gate rows, then BN up rows: BR = WR·BN weight rows), K in steps of BK (a multiple of 16). NW =
 // (BT/WM)·(BR/WN) warps of 32 invocations, warp w computing slots WM·(w / (BR/WN)) .. +WM−1 and
@@ -118,6 +119,7 @@ shared uvec4 smem[STAGE8 > TILE8 ? STAGE8 : TILE8];
 shared uint mx[BT + BR];                // rows' largest finite |value| (f32 bits)
 shared int sh[BT + BR];                 // rows' shifts: x rows, then weight rows (folded: flagged)
 shared uint slots[BT];
+shared uint wbad;                       // bf16: a weight staged unscaled was not an fp16 exactly
 #if defined(NORM_X)
 shared float ssp[BT * KP];              // Σx² of each x row's chunk column (fixed order, no float atomics)
 shared float inv[BT];                   // 1 / rms(x) of each slot
@@ -273,8 +275,10 @@ void main() {
     }
     uint kc = 4u * (id % KP);                           // (WG % KP == 0: every item of this invocation's at it)
 
-    // 1. the rows' shifts: the largest finite |value| of each x row (x·gn) and float weight row over K
+    // 1. the rows' shifts: x rows (x·gn) by their largest finite |value| over K (and Σx² with NORM_X);
+    // weight rows as the format says (bf16: 0 unless a value falls outside fp16's exact range, below)
     for (uint i = id; i < BT + BR; i += WG) mx[i] = 0u;
+    if (id == 0u) wbad = 0u;
 #if defined(NORM_X)
     float ss[NI];
     [[unroll]] for (uint u = 0u; u < NI; ++u) ss[u] = 0.0;
@@ -292,16 +296,10 @@ void main() {
 #endif
                 m[u] = max(m[u], finite_max(v));
             }
-#if !defined(W_QUANT)
-            else {
-                int e;
-                m[u] = max(m[u], finite_max(w_chunk(base[u], sb[u], k, shx, e)));
-            }
-#endif
         }
     }
-    barrier();                                          // (mx cleared)
-    [[unroll]] for (uint u = 0u; u < NI; ++u) if (id + u * WG < ITEMS) atomicMax(mx[rw[u]], floatBitsToUint(m[u]));
+    barrier();                                          // (mx, wbad cleared)
+    [[unroll]] for (uint u = 0u; u < NI; ++u) if (id + u * WG < ITEMS && rw[u] < BT) atomicMax(mx[rw[u]], floatBitsToUint(m[u]));
 #if defined(NORM_X)
     [[unroll]] for (uint u = 0u; u < NI; ++u) {
         uint q = id + u * WG;
@@ -331,6 +329,8 @@ void main() {
 #endif
             s = fold_shift_of(lo, hi, f_top, f_spread);
         }
+#else
+        if (i >= BT) s = 0;                             // (bf16: a second attempt may scan them)
 #endif
         sh[i] = s;
 #if defined(NORM_X)
@@ -343,15 +343,11 @@ void main() {
     }
     barrier();
 
-    // 2. the products, BK inputs a step
-    int rf[NI];                                         // each item's row exponent (folded rows: −top)
-    [[unroll]] for (uint u = 0u; u < NI; ++u) {
-#if defined(W_QUANT)
-        rf[u] = rw[u] < BT ? sh[rw[u]] : fold_unflag(sh[rw[u]]) - f_top;
-#else
-        rf[u] = sh[rw[u]];
-#endif
-    }
+    // 2. the products, BK inputs a step. bf16 weights are staged unscaled first: a value v with 2⁻¹⁷ ≤ |v|
+    // ≤ 65504 is an fp16 exactly (8 significant bits), so only rows holding others need a shift; a value
+    // outside (nonzero, or inf) sets wbad, and the workgroup does the products again with each weight
+    // row's shift from a scan over K (as x's), every value then within fp16's range. (f16 weights are
+    // fp16 already; FP8 / FP4 rows take their folded shifts.)
 #if defined(CM_NV)
     uint wc = gl_SubgroupID;
 #else
@@ -360,54 +356,97 @@ void main() {
     uint wt = (wc / NWN) * WM, wn = (wc % NWN) * WN;
 #if defined(CM_NV)
     MAT_C acc[TI * TJ];
-    [[unroll]] for (uint a = 0u; a < TI * TJ; ++a) acc[a] = MAT_C(0.0);
 #else
     float acc[TI * TJ][8];
-    for (uint a = 0u; a < TI * TJ; ++a) for (uint j = 0u; j < 8u; ++j) acc[a][j] = 0.0;
 #endif
-    vec4 v[NI];
-    int ve[NI];
-    load_items(0u, rw, base, sb, kc, shx, v, ve);
-    for (uint k0 = 0u; k0 < p.K; k0 += BK) {
-        // this step's chunks, scaled: x·gn · 2^sx, float weights · 2^sw, codes · 2^(EXP + s − top)
-        [[unroll]] for (uint u = 0u; u < NI; ++u) {
-            uint q = id + u * WG;
-            if (q >= ITEMS) continue;
-            int e = rf[u];
-#if defined(W_QUANT)
-            if (rw[u] >= BT) e = max(f_exp + ve[u] + e, -126);
-#endif
-            stage(rw[u] * XS + 4u * (q % KP), v[u] * pow2(e));
-        }
-        barrier();
-        load_items(k0 + BK, rw, base, sb, kc, shx, v, ve);     // the next step's, in flight during the products
-#if defined(CM_NV)
-        [[unroll]] for (uint kk = 0u; kk < BK; kk += 16u) {
-            MAT_A a[TI];
-            [[unroll]] for (uint i = 0u; i < TI; ++i)
-                coopMatLoadNV(a[i], smem, ((wt + 16u * i) * XS + kk) / 8u, XS8, false);
-            [[unroll]] for (uint j = 0u; j < TJ; ++j) {
-                MAT_A b;                                // column-major: B(k, n) at weight row n, half k
-                coopMatLoadNV(b, smem, ((BT + wn + 16u * j) * XS + kk) / 8u, XS8, true);
-                [[unroll]] for (uint i = 0u; i < TI; ++i) acc[i * TJ + j] = coopMatMulAddNV(a[i], b, acc[i * TJ + j]);
-            }
-        }
+#if defined(W_BF16)
+    const uint ATTEMPTS = 2u;
 #else
-        // (loops kept rolled: lavapipe's compile time grows with the unrolled tiles)
-        [[dont_unroll]] for (uint i = 0u; i < TI; ++i) [[dont_unroll]] for (uint j = 0u; j < TJ; ++j)
-            [[dont_unroll]] for (uint mm = 0u; mm < 8u; ++mm) {
-                uint e = lane + 32u * mm;
-                uint xa = ((wt + 16u * i + e / 16u) * XS) / 2u;
-                uint wa = ((BT + wn + 16u * j + e % 16u) * XS) / 2u;
-                float sum = acc[i * TJ + j][mm];
-                for (uint q = 0u; q < BK / 2u; ++q) {
-                    vec2 xp = staged_pair(xa + q), wp = staged_pair(wa + q);
-                    sum = fma(xp.y, wp.y, fma(xp.x, wp.x, sum));
-                }
-                acc[i * TJ + j][mm] = sum;
-            }
+    const uint ATTEMPTS = 1u;
 #endif
-        barrier();                                      // every warp done with the step's tiles
+    for (uint attempt = 0u; attempt < ATTEMPTS; ++attempt) {
+#if defined(W_BF16)
+        if (attempt == 1u) {                            // (uniform: wbad read after a barrier)
+            if (wbad == 0u) break;
+            [[unroll]] for (uint u = 0u; u < NI; ++u) m[u] = 0.0;
+            for (uint k0 = 0u; k0 < p.K; k0 += BK) {
+                [[unroll]] for (uint u = 0u; u < NI; ++u) {
+                    int e;
+                    if (rw[u] >= BT) m[u] = max(m[u], finite_max(w_chunk(base[u], sb[u], k0 + kc, shx, e)));
+                }
+            }
+            [[unroll]] for (uint u = 0u; u < NI; ++u) if (id + u * WG < ITEMS && rw[u] >= BT) atomicMax(mx[rw[u]], floatBitsToUint(m[u]));
+            barrier();
+            for (uint i = BT + id; i < BT + BR; i += WG) sh[i] = row_shift(uintBitsToFloat(mx[i]));
+            barrier();
+        }
+#endif
+        int rf[NI];                                     // each item's row exponent (folded rows: −top)
+        [[unroll]] for (uint u = 0u; u < NI; ++u) {
+#if defined(W_QUANT)
+            rf[u] = rw[u] < BT ? sh[rw[u]] : fold_unflag(sh[rw[u]]) - f_top;
+#else
+            rf[u] = sh[rw[u]];
+#endif
+        }
+#if defined(CM_NV)
+        [[unroll]] for (uint a = 0u; a < TI * TJ; ++a) acc[a] = MAT_C(0.0);
+#else
+        for (uint a = 0u; a < TI * TJ; ++a) for (uint j = 0u; j < 8u; ++j) acc[a][j] = 0.0;
+#endif
+        bool bad = false;
+        vec4 v[NI];
+        int ve[NI];
+        load_items(0u, rw, base, sb, kc, shx, v, ve);
+        for (uint k0 = 0u; k0 < p.K; k0 += BK) {
+            // this step's chunks, scaled: x·gn · 2^sx, float weights · 2^sw, codes · 2^(EXP + s − top)
+            [[unroll]] for (uint u = 0u; u < NI; ++u) {
+                uint q = id + u * WG;
+                if (q >= ITEMS) continue;
+                int e = rf[u];
+#if defined(W_QUANT)
+                if (rw[u] >= BT) e = max(f_exp + ve[u] + e, -126);
+#elif defined(W_BF16)
+                if (rw[u] >= BT && attempt == 0u) {
+                    vec4 a = abs(v[u]);                 // (zeros as 1; NaN compares false: staged as NaN)
+                    bad = bad || any(greaterThan(a, vec4(65504.0))) ||
+                          any(lessThan(mix(vec4(1.0), a, notEqual(a, vec4(0.0))), vec4(1.0 / 131072.0)));
+                }
+#endif
+                stage(rw[u] * XS + 4u * (q % KP), v[u] * pow2(e));
+            }
+            barrier();
+            load_items(k0 + BK, rw, base, sb, kc, shx, v, ve);     // the next step's, in flight during the products
+#if defined(CM_NV)
+            [[unroll]] for (uint kk = 0u; kk < BK; kk += 16u) {
+                MAT_A a[TI];
+                [[unroll]] for (uint i = 0u; i < TI; ++i)
+                    coopMatLoadNV(a[i], smem, ((wt + 16u * i) * XS + kk) / 8u, XS8, false);
+                [[unroll]] for (uint j = 0u; j < TJ; ++j) {
+                    MAT_A b;                            // column-major: B(k, n) at weight row n, half k
+                    coopMatLoadNV(b, smem, ((BT + wn + 16u * j) * XS + kk) / 8u, XS8, true);
+                    [[unroll]] for (uint i = 0u; i < TI; ++i) acc[i * TJ + j] = coopMatMulAddNV(a[i], b, acc[i * TJ + j]);
+                }
+            }
+#else
+            // (loops kept rolled: lavapipe's compile time grows with the unrolled tiles)
+            [[dont_unroll]] for (uint i = 0u; i < TI; ++i) [[dont_unroll]] for (uint j = 0u; j < TJ; ++j)
+                [[dont_unroll]] for (uint mm = 0u; mm < 8u; ++mm) {
+                    uint e = lane + 32u * mm;
+                    uint xa = ((wt + 16u * i + e / 16u) * XS) / 2u;
+                    uint wa = ((BT + wn + 16u * j + e % 16u) * XS) / 2u;
+                    float sum = acc[i * TJ + j][mm];
+                    for (uint q = 0u; q < BK / 2u; ++q) {
+                        vec2 xp = staged_pair(xa + q), wp = staged_pair(wa + q);
+                        sum = fma(xp.y, wp.y, fma(xp.x, wp.x, sum));
+                    }
+                    acc[i * TJ + j][mm] = sum;
+                }
+#endif
+            barrier();                                  // every warp done with the step's tiles
+        }
+        if (bad) wbad = 1u;                             // (any writer: the same value)
+        barrier();
     }
 
     // 3. epilogue: the accumulators to the f32 tile [BT][BR], then each output unscaled
