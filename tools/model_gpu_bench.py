@@ -46,7 +46,9 @@ knob compress.wg), mqa_tile (keys the tiled MQA_ATTENTION stages at a time; the 
 splits follow: knob mqa_tile.keys), mqa_prefill (0: prefill chunks' attention on the cluster kernel,
 not the prefill kernel; knob mqa_prefill.on), mqa_prefill_heads / mqa_prefill_tile (the prefill
 kernel's heads a cluster and keys a tile; knobs mqa_prefill.heads, mqa_prefill.tile), route_rank (0: V4_ROUTE's rounds of a butterfly instead of
-its one-pass ranking, knob route_rank.on); e.g.
+its one-pass ranking, knob route_rank.on), moe_grouped (0: MUL_MAT_ID's per-route kernels at prefill,
+knob mul_mat_id_grouped.on), moe_coopmat (0: the grouped expert GEMM on the f32 lanes, not the matrix
+units; knob mul_mat_id_coopmat.auto); e.g.
 `--variants "fold_mb=64;fold_mb=0;gemv_unroll=8"`.
 --long: the long-context sweep instead (--out is then a directory: long_context.json and .txt):
 prefill tokens/s (chunks of --chunk tokens) and decode tokens/s at each of --positions (default
@@ -131,6 +133,7 @@ KNOBS = {"fold_mb": ("norm_fold.max_bytes", lambda v: int(float(v) * 2**20)),   
          "mqa_prefill_heads": ("mqa_prefill.heads", int),
          "mqa_prefill_tile": ("mqa_prefill.tile", int),
          "moe_grouped": ("mul_mat_id_grouped.on", lambda v: bool(int(v))),
+         "moe_coopmat": ("mul_mat_id_coopmat.auto", lambda v: bool(int(v))),
          "route_rank": ("route_rank.on", lambda v: bool(int(v)))}
 
 
