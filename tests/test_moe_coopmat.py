@@ -293,6 +293,30 @@ def test_the_cooperative_matrix_variants_compile():
         assert {5359, 5360, 5361} <= ops            # OpCooperativeMatrixLoadNV, StoreNV, MulAddNV
 
 
+@pytest.mark.parametrize("name", ["bf16", "dsv4_fp8"])
+def test_model_logits_with_the_grouped_gemm_on_the_tensor_core_path(name):
+    """The BF16 fixture model and the published-layout FP8 / FP4 one (FP4 experts, the FP8 shared expert)
+    with every prefill chunk's experts on the grouped GEMM's tensor-core data flow (the matrix units where
+    the device has them, else their FMA twin) beside MUL_MAT's: logits against transformers' at NMSE ≤ 1e-5
+    after the prefill and every decode step."""
+    from logits_check import logits_errors
+    from dsv4_vk.model import Model
+    knobs = {"coopmat.emulate": True, "mul_mat_id_coopmat.emulate": True}
+    with tuned(knobs):
+        if name == "bf16":
+            from test_model import fixture
+            cfg, w, e = fixture(name)
+            m = Model(cfg, w, prefill_chunk=16)
+        else:
+            d = os.path.join(ROOT, "tests", "fixtures", name)
+            e = np.load(os.path.join(d, "expected.npz"))
+            m = Model.load(d, prefill_chunk=16, max_ctx=64)
+    details = " ".join(m.compiled("prefill").dispatch_details)
+    assert "mul_mat_id_coopmat" in details and "mul_mat_id_grouped" not in details, details[:2000]
+    errs = logits_errors(m, e)
+    assert max(errs) <= NMSE_MAX, f"{name}: NMSE per position {errs}"
+
+
 def worker():
     from dsv4_vk.vk import default_device
     dev = default_device()
