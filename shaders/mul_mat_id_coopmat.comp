@@ -22,10 +22,11 @@
 // gate rows, then BN up rows: BR = WR·BN weight rows), K in steps of BK (a multiple of 16). NW =
 // (BT/WM)·(BR/WN) warps of 32 invocations, warp w computing slots WM·(w / (BR/WN)) .. +WM−1 and
 // weight rows WN·(w % (BR/WN)) .. +WN−1 as (WM/16)·(WN/16) 16 × 16 f32 accumulators. Staging: the
-// BT + BR rows × BK/4 chunks of 4 consecutive k are the items q of the tile step (row q / (BK/4),
-// chunk q % (BK/4)); invocation i stages items i, i + WG, ... every step (the same rows: addresses
-// and scales found once), scaled, rounded to fp16 (packHalf2x16) and stored packed in rows of XS = BK
-// + 8 halves (16-byte aligned, rows on distinct banks; k past K: 0), x rows then weight rows. Each
+// BT + BR rows × BK/8 chunks of 8 consecutive k are the items q of the tile step (row q / (BK/8),
+// chunk q % (BK/8)); invocation i stages items i, i + WG, ... every step (the same rows: addresses
+// and scales found once; two vec4 / one uvec4 / two or one code words a load), scaled, rounded to
+// fp16 (packHalf2x16) and stored as one uvec4 in rows of XS = BK + 8 halves (16-byte aligned, rows on
+// distinct banks; k past K: 0), x rows then weight rows. Each
 // step: barrier; the next step's chunks loaded into registers; the products; barrier; the next step
 // stored. Epilogue: every accumulator to an f32 tile [BT][BR] in the staging memory (free after the
 // loop), then invocation i takes outputs i, i + WG, ... (slot q / BN, output q % BN: consecutive
@@ -36,11 +37,11 @@
 //   without: the same staging, scales and epilogue with the products formed by FMA loops, lane l of
 //     warp w holding elements l + 32·m of each 16 × 16 tile (any device: the kernel's data flow and
 //     rounding, for tests).
-// Needs K % 4 == 0 and x rows (and gn) 16-byte aligned, bf16 / f16 weight rows 8-byte aligned (the
-// host checks; else the f32 grouped kernel runs).
+// Needs K % 8 == 0 and x rows (and gn), bf16 / f16 weight rows 16-byte aligned (the host checks; else
+// the f32 grouped kernel runs).
 // Grid as mul_mat_id_grouped.comp: x = tiles of BN outputs, y = tile slots (a workgroup past the sort's
 // tiles leaves at once). Spec constants: 0 workgroup size (NW·32), 1 BT, 2 BN, 3 WM, 4 WN (multiples of
-// 16; BT % WM == BR % WN == 0), 5 BK (a multiple of 16).
+// 16; BT % WM == BR % WN == 0), 5 BK (a multiple of 16; BK/8 divides the workgroup size).
 // Push block (as mul_mat_id_grouped.comp's): R, N (F for SWIGLU), K, E, id_base, n_ids; x_off, x_s0,
 // x_s1; w_off, w_s0, w_s1; r_off, r_s0, r_s1; d_off, d_s0, d_s1, d_s2; s_off, TILE0, LIST0, EL;
 // limit; NORM_X: g_off, eps; quantised: q_kw, q_rows, q_srows, q_sc; SHARED_FP8: s_rows. Bindings: 0 x,
@@ -84,10 +85,10 @@ layout(push_constant) uniform P {
 #endif
 } p;
 #define W_S3 1u
-#define VEC4 1
 #if defined(NORM_X)
 layout(binding = 5) readonly buffer G { float gn[]; };
 layout(binding = 5) readonly buffer G4 { vec4 gn4[]; };
+mat2x4 gn_chunk(uint k) { return mat2x4(gn4[(p.g_off + k) / 4u], gn4[(p.g_off + k) / 4u + 1u]); }
 #define W_SCALE_BINDING 6
 #else
 #define W_SCALE_BINDING 5
@@ -96,6 +97,9 @@ layout(binding = 5) readonly buffer G4 { vec4 gn4[]; };
 #define WS_SCALE_BINDING (W_SCALE_BINDING + 2)
 #include "weights.glsl"
 #include "coopmat_scale.glsl"
+#if !defined(W_QUANT)
+layout(binding = 1) readonly buffer W8 { uvec4 w128[]; };
+#endif
 
 #define NAN uintBitsToFloat(0x7FC00000u)
 #if defined(MODE_SWIGLU)
@@ -110,7 +114,7 @@ const uint WG = NW * 32u;
 const uint TI = WM / 16u, TJ = WN / 16u;
 const uint XS = BK + 8u;                // halves between staged rows
 const uint XS8 = XS / 8u;
-const uint KP = BK / 4u;                // chunks of a row a step
+const uint KP = BK / 8u;                // chunks of 8 inputs of a row a step
 const uint ITEMS = (BT + BR) * KP;      // chunks of a step
 const uint NI = (ITEMS + WG - 1u) / WG; // chunks an invocation stages a step
 const uint STAGE8 = (BT + BR) * XS / 8u, TILE8 = BT * BR / 4u;
@@ -172,57 +176,49 @@ float w_at(uint wb, uint k, bool shx) {
     return W1_ROW(wb, k);
 }
 
-// The chunk at k (k % 4 == 0) of a staged row as exact f32 values and its exponent: x (·gn) and
-// float weights their values (exponent 0), quantised weights their codes' halves (E4M3 · 2⁻⁸, E2M1
-// · 2⁻¹⁴; 0 past K) and the chunk's scale byte.
-vec4 x_chunk(uint xb, uint k) { return k < p.K ? x4[(xb + k) / 4u] : vec4(0.0); }
-vec4 w_chunk(uint wb, uint sb, uint k, bool shx, out int e) {
+// The chunk at k (k % 8 == 0; K % 8 == 0: whole or past K) of a staged row as exact f32 values and its
+// exponent: x (·gn) and float weights their values (exponent 0), quantised weights their codes' halves
+// (E4M3 · 2⁻⁸, E2M1 · 2⁻¹⁴) and the chunk's scale byte.
+mat2x4 x_chunk(uint xb, uint k) { return k < p.K ? mat2x4(x4[(xb + k) / 4u], x4[(xb + k) / 4u + 1u]) : mat2x4(0.0); }
+mat2x4 w_chunk(uint wb, uint sb, uint k, bool shx, out int e) {
     e = 0;
-    if (k >= p.K) return vec4(0.0);
-#if defined(W_QUANT)
-    uint keep = k + 4u > p.K ? p.K - k : 4u;    // codes of the chunk inside the row
+    if (k >= p.K) return mat2x4(0.0);
 #if defined(SHARED_FP8)
     if (shx) {
-        uint v = wsq[wb + k / 4u];
-        if (keep < 4u) v &= (1u << (8u * keep)) - 1u;
         e = int(s_scale_byte(sb + k / 128u));
-        return q_fp8x4(v);
+        return mat2x4(q_fp8x4(wsq[wb + k / 4u]), q_fp8x4(wsq[wb + k / 4u + 1u]));
     }
 #endif
 #if defined(W_FP8)
-    uint v = wq[wb + k / 4u];
-    if (keep < 4u) v &= (1u << (8u * keep)) - 1u;
     e = int(scale_byte(sb + k / 128u));
-    return q_fp8x4(v);
-#else
-    uint v = (wq[wb + k / 8u] >> (((k / 4u) & 1u) * 16u)) & 0xFFFFu;
-    if (keep < 4u) v &= (1u << (4u * keep)) - 1u;
+    return mat2x4(q_fp8x4(wq[wb + k / 4u]), q_fp8x4(wq[wb + k / 4u + 1u]));
+#elif defined(W_FP4)
+    uint v = wq[wb + k / 8u];
     e = int(scale_byte(sb + k / 32u));
-    return q_fp4x4(v);
-#endif
+    return mat2x4(q_fp4x4(v), q_fp4x4(v >> 16));
 #else
-    return W4_ROW(wb, k / 4u);
+    uvec4 u = w128[(wb + k) / 8u];
+    return mat2x4(w_half(u.x & 0xFFFFu), w_half(u.x >> 16), w_half(u.y & 0xFFFFu), w_half(u.y >> 16),
+                  w_half(u.z & 0xFFFFu), w_half(u.z >> 16), w_half(u.w & 0xFFFFu), w_half(u.w >> 16));
 #endif
 }
 
-void stage(uint h, vec4 v) {            // halves h .. h + 3 (h a multiple of 4)
-    uint q = (h / 2u) % 4u;
-    smem[h / 8u][q] = packHalf2x16(v.xy);
-    smem[h / 8u][q + 1u] = packHalf2x16(v.zw);
+void stage(uint h, mat2x4 v) {          // halves h .. h + 7 (h a multiple of 8): one 16-byte store
+    smem[h / 8u] = uvec4(packHalf2x16(v[0].xy), packHalf2x16(v[0].zw), packHalf2x16(v[1].xy), packHalf2x16(v[1].zw));
 }
 #if !defined(CM_NV)
 vec2 staged_pair(uint i) { return unpackHalf2x16(smem[i / 4u][i % 4u]); }     // halves 2i, 2i + 1
 #endif
 
 // the items' chunks at step k0 (past K: 0): x (·gn) values, weights as w_chunk gives them
-void load_items(uint k0, uint rw[NI], uint base[NI], uint sb[NI], uint kc, bool shx, out vec4 v[NI], out int ve[NI]) {
+void load_items(uint k0, uint rw[NI], uint base[NI], uint sb[NI], uint kc, bool shx, out mat2x4 v[NI], out int ve[NI]) {
     [[unroll]] for (uint u = 0u; u < NI; ++u) {
         uint k = k0 + kc;
         ve[u] = 0;
         if (rw[u] < BT) {
             v[u] = x_chunk(base[u], k);
 #if defined(NORM_X)
-            if (k < p.K) v[u] *= gn4[(p.g_off + k) / 4u];
+            if (k < p.K) v[u] = matrixCompMult(v[u], gn_chunk(k));
 #endif
         } else {
             v[u] = w_chunk(base[u], sb[u], k, shx, ve[u]);
@@ -273,7 +269,7 @@ void main() {
         sb[u] = 0u;
 #endif
     }
-    uint kc = 4u * (id % KP);                           // (WG % KP == 0: every item of this invocation's at it)
+    uint kc = 8u * (id % KP);                           // (WG % KP == 0: every item of this invocation's at it)
 
     // 1. the rows' shifts: x rows (x·gn) by their largest finite |value| over K (and Σx² with NORM_X);
     // weight rows as the format says (bf16: 0 unless a value falls outside fp16's exact range, below)
@@ -289,10 +285,10 @@ void main() {
         uint k = k0 + kc;
         [[unroll]] for (uint u = 0u; u < NI; ++u) {
             if (rw[u] < BT) {
-                vec4 v = x_chunk(base[u], k);
+                mat2x4 v = x_chunk(base[u], k);
 #if defined(NORM_X)
-                ss[u] += dot(v, v);
-                if (k < p.K) v *= gn4[(p.g_off + k) / 4u];
+                ss[u] += dot(v[0], v[0]) + dot(v[1], v[1]);
+                if (k < p.K) v = matrixCompMult(v, gn_chunk(k));
 #endif
                 m[u] = max(m[u], finite_max(v));
             }
@@ -395,7 +391,7 @@ void main() {
         for (uint a = 0u; a < TI * TJ; ++a) for (uint j = 0u; j < 8u; ++j) acc[a][j] = 0.0;
 #endif
         bool bad = false;
-        vec4 v[NI];
+        mat2x4 v[NI];
         int ve[NI];
         load_items(0u, rw, base, sb, kc, shx, v, ve);
         for (uint k0 = 0u; k0 < p.K; k0 += BK) {
@@ -408,12 +404,14 @@ void main() {
                 if (rw[u] >= BT) e = max(f_exp + ve[u] + e, -126);
 #elif defined(W_BF16)
                 if (rw[u] >= BT && attempt == 0u) {
-                    vec4 a = abs(v[u]);                 // (zeros as 1; NaN compares false: staged as NaN)
-                    bad = bad || any(greaterThan(a, vec4(65504.0))) ||
-                          any(lessThan(mix(vec4(1.0), a, notEqual(a, vec4(0.0))), vec4(1.0 / 131072.0)));
+                    [[unroll]] for (uint c = 0u; c < 2u; ++c) {
+                        vec4 a = abs(v[u][c]);          // (zeros as 1; NaN compares false: staged as NaN)
+                        bad = bad || any(greaterThan(a, vec4(65504.0))) ||
+                              any(lessThan(mix(vec4(1.0), a, notEqual(a, vec4(0.0))), vec4(1.0 / 131072.0)));
+                    }
                 }
 #endif
-                stage(rw[u] * XS + 4u * (q % KP), v[u] * pow2(e));
+                stage(rw[u] * XS + 8u * (q % KP), v[u] * pow2(e));
             }
             barrier();
             load_items(k0 + BK, rw, base, sb, kc, shx, v, ve);     // the next step's, in flight during the products

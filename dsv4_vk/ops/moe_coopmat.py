@@ -41,18 +41,18 @@ class ExpertGemm:
 
 def gemm_refusal(w_dtype: str, fmt, K: int, x=None, w=None, g=None) -> str | None:
     """Why the cooperative-matrix grouped GEMM does not take these operands (None: it does): f32 weights
-    (fp16 products would round them), K % 4 != 0, x rows (and the norm weight) not 16-byte aligned, bf16 /
-    f16 weight rows not 8-byte aligned."""
+    (fp16 products would round them), K % 8 != 0, x rows (and the norm weight) or bf16 / f16 weight rows
+    not 16-byte aligned (the kernel loads and stages 8 inputs at a time)."""
     if fmt is None and w_dtype not in COOPMAT_DTYPES:
         return f"{w_dtype} experts stay off the matrix units (fp16 products would round them)"
-    if K % 4:
-        return f"K = {K} is not a multiple of 4 (the kernel stages 4 inputs at a time)"
+    if K % 8:
+        return f"K = {K} is not a multiple of 8 (the kernel stages 8 inputs at a time)"
     if x is not None and (x.offset % 4 or any(s % 4 for s in x.strides[:2]) or x.strides[2] != 1):
         return "x rows not 16-byte aligned"
     if g is not None and g.offset % 4:
         return "the norm weight not 16-byte aligned"
-    if fmt is None and w is not None and (w.offset % 4 or any(s % 4 for s in w.strides[:2])):
-        return "weight rows not 8-byte aligned"
+    if fmt is None and w is not None and (w.offset % 8 or any(s % 8 for s in w.strides[:2])):
+        return "weight rows not 16-byte aligned"
     return None
 
 
@@ -105,12 +105,12 @@ def tiling(device, S: int = 0, B: int = 2, wr: int = 2) -> tuple[int, int, int, 
         raise ValueError(f"tuning knobs mul_mat_id_coopmat: warp_tokens {wm} must divide tokens {bt} and warp_outputs "
                          f"{wn} the tile's {wr * bn} weight rows")
     wg = 32 * (bt // wm) * (wr * bn // wn)
-    if wg % (bk // 4):
-        raise ValueError(f"tuning knob 'mul_mat_id_coopmat.k_step' = {bk}: its {bk // 4} chunks of 4 inputs must "
+    if wg % (bk // 8):
+        raise ValueError(f"tuning knob 'mul_mat_id_coopmat.k_step' = {bk}: its {bk // 8} chunks of 8 inputs must "
                          f"divide the workgroup's {wg} invocations")
     lim = device.caps.limits
     rows = bt + wr * bn
-    smem = max(rows * (bk + 8) * 2, bt * wr * bn * 4) + rows * 8 + bt * 4 + bt * (bk // 4) * 4 + bt * 4
+    smem = max(rows * (bk + 8) * 2, bt * wr * bn * 4) + rows * 8 + bt * 4 + bt * (bk // 8) * 4 + bt * 4
     if wg > min(lim.max_workgroup_invocations, lim.max_workgroup_size[0]) or smem > lim.max_shared_memory:
         raise ValueError(f"tuning knobs mul_mat_id_coopmat: tiles {bt} × {bn} (warps {wm} × {wn}, k step {bk}) need "
                          f"{wg} invocations and {smem} B of shared memory; {device.name} has "
