@@ -249,6 +249,12 @@ def test_gemm_choice_refusals_and_knobs(device, monkeypatch):
         assert moe_coopmat.expert_gemm(device).reason == "f32 lanes: mul_mat_id_coopmat.auto is off"
     assert moe_coopmat.tiling(device, 512 * 7, 258) == (16, 64, 16, 32, 32)
     assert moe_coopmat.tiling(device, 4096 * 7, 66) == (64, 64, 32, 32, 32)
+    small = dataclasses.replace(device.caps.limits, max_shared_memory=32 * 1024)
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, limits=small))
+    assert moe_coopmat.tiling(device, 4096 * 7, 66) == (64, 32, 32, 32, 32)     # 32 KiB: 32 outputs a tile
+    with tuned({"mul_mat_id_coopmat.outputs": 64}), pytest.raises(ValueError, match="B of shared memory"):
+        moe_coopmat.tiling(device, 4096 * 7, 66)
+    with_matrix_units(device, monkeypatch)
     # the lowering: CM_NV, full subgroups, the sort's tiles of BT slots
     g, node = build("swiglu", 40, 2, (40, 1, 64), [np.zeros((4, 32, 64), np.float16)], [], {})
     sort, gemm = node.op.lower(node, device)

@@ -91,13 +91,30 @@ def node_gemm(node, device) -> ExpertGemm:
 
 def tiling(device, S: int = 0, B: int = 2, wr: int = 2) -> tuple[int, int, int, int, int]:
     """(BT, BN, WM, WN, BK) from the knobs (device defaults where None) for S route slots in B buckets and wr
-    weight rows an output; ValueError naming the knob that does not fit (or the device's limits)."""
+    weight rows an output; ValueError naming the knob that does not fit (or the device's limits). With
+    mul_mat_id_coopmat.outputs None, a GPU takes 64 outputs, or 32 / 16 where its shared memory needs."""
     cpu = device.caps.is_cpu
     bt = COOPMAT_GROUPED["tokens"] or (16 if cpu else min(64, max(16, next_pow2(-(-S // max(B - 1, 1))))))
-    bn = COOPMAT_GROUPED["outputs"] or (16 if cpu else 64)
     wm = COOPMAT_GROUPED["warp_tokens"] or (min(bt, 32) if isinstance(bt, int) else bt)
     wn = COOPMAT_GROUPED["warp_outputs"] or (16 if cpu else 32)
     bk = COOPMAT_GROUPED["k_step"] or 32
+    bn = COOPMAT_GROUPED["outputs"]
+    if bn is not None:
+        return check_tiling(device, bt, bn, wm, wn, bk, wr)
+    for bn in (16,) if cpu else (64, 32, 16):
+        try:
+            return check_tiling(device, bt, bn, wm, wn, bk, wr)
+        except ValueError:
+            if bn == 16:
+                raise
+    raise AssertionError("unreachable")
+
+
+def check_tiling(device, bt, bn, wm, wn, bk, wr: int) -> tuple[int, int, int, int, int]:
+    """(bt, bn, wm, wn, bk) where they fit together and the device, else ValueError naming the knob."""
+    if bn is not None and isinstance(wn, int) and isinstance(bn, int) and wn > wr * bn and \
+            COOPMAT_GROUPED["warp_outputs"] is None:
+        wn = wr * bn                                    # (a default warp no wider than the tile)
     for name, v in (("tokens", bt), ("outputs", bn), ("warp_tokens", wm), ("warp_outputs", wn), ("k_step", bk)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 16 or v % 16:
             raise ValueError(f"tuning knob 'mul_mat_id_coopmat.{name}' must be a positive multiple of 16, got {v!r}")
@@ -110,7 +127,7 @@ def tiling(device, S: int = 0, B: int = 2, wr: int = 2) -> tuple[int, int, int, 
                          f"divide the workgroup's {wg} invocations")
     lim = device.caps.limits
     rows = bt + wr * bn
-    smem = max(rows * (bk + 8) * 2, bt * wr * bn * 4) + rows * 8 + bt * 4 + bt * (bk // 8) * 4 + bt * 4
+    smem = max(rows * (bk + 8) * 2, bt * wr * bn * 4) + rows * 8 + bt * 4 + bt * (bk // 8) * 4 + bt * 4 + 4
     if wg > min(lim.max_workgroup_invocations, lim.max_workgroup_size[0]) or smem > lim.max_shared_memory:
         raise ValueError(f"tuning knobs mul_mat_id_coopmat: tiles {bt} × {bn} (warps {wm} × {wn}, k step {bk}) need "
                          f"{wg} invocations and {smem} B of shared memory; {device.name} has "
