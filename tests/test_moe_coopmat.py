@@ -6,8 +6,9 @@ sizes 4, 8 and 16 over every weight format, both modes, skewed routings (an expe
 on none, an invalid id), T not a multiple of the tile. Each result is checked against float64 (NMSE ≤ 1e-5,
 the coopmat MUL_MAT tests' bound; NaNs where the reference has them), against the float64 product of the
 rows as the kernel rounds them to fp16 (to f32 summation error: so the scales and the rounding are the
-header's), and against the f32 grouped kernel (NMSE ≤ 1e-5). "coopmat" runs where the device has the
-matrix units (the H200) and falls back to its FMA twin here.
+header's), and against the f32 grouped kernel (NMSE ≤ 1e-5); on the H200 too (knob
+mul_mat_id_coopmat.emulate: the FMA twin on any device). "coopmat" runs where the device has the matrix
+units (the H200, the automatic choice) and falls back to its FMA twin here.
 
 Run as a script, the file is the subprocess worker for other lavapipe subgroup sizes.
 """
@@ -251,6 +252,8 @@ def test_gemm_choice_refusals_and_knobs(device, monkeypatch):
     assert moe_coopmat.expert_gemm(device) == moe_coopmat.ExpertGemm(
         "coopmat", "matrix units (fp16 products of rows scaled by powers of two, f32 sums)")
     assert moe_coopmat.expert_gemm(device, "i32", "fp4").kernel == "coopmat"
+    with tuned(EMULATE):                                # the FMA twin on any device
+        assert moe_coopmat.expert_gemm(device).kernel == "coopmat_fma"
     c = moe_coopmat.expert_gemm(device, "f32")
     assert c.kernel == "f32" and "f32 experts stay off the matrix units" in c.reason
     assert "K = 66 is not a multiple of 8" in moe_coopmat.expert_gemm(device, "bf16", None, 66).reason

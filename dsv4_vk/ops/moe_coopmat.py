@@ -3,7 +3,7 @@ ops/moe_grouped.py (the routing sort, one GEMM per expert's routes, the route su
 in fp16 on VK_NV_cooperative_matrix and f32 sums, every row scaled by a power of two before it is rounded
 to fp16 (docs/tensor_cores.md). `expert_gemm` decides which GEMM a grouped MUL_MAT_ID runs: "coopmat" where
 the device has the matrix units (the check MUL_MAT's tensor-core kernel uses, DSV4_VK_DISABLE_COOPMAT
-respected), "coopmat_fma" (its data flow with FMA products, any device: knob emulate, for tests), else
+respected), "coopmat_fma" (its data flow with FMA products on any device: knob emulate, for tests), else
 "f32" (mul_mat_id_grouped.comp).
 """
 from __future__ import annotations
@@ -21,8 +21,8 @@ COOPMAT_GROUPED = knob_table(
     "mul_mat_id_coopmat",
     auto=(True, "the grouped MUL_MAT_ID takes the matrix units where the device has them (False: the f32 grouped "
                 "kernel everywhere, the escape hatch)"),
-    emulate=(False, "where the device has no matrix units, the grouped MUL_MAT_ID runs the cooperative-matrix "
-                    "kernel's data flow with FMA products (coopmat_fma): its numerics on any device, for tests"),
+    emulate=(False, "the grouped MUL_MAT_ID runs the cooperative-matrix kernel's data flow with FMA products "
+                    "(coopmat_fma) in place of the matrix units, on any device: its numerics, for tests"),
     tokens=(None, "route slots of a tile, BT (a multiple of warp_tokens; None: on GPUs the routes an expert gets "
                   "on average as a power of two within 16..64, 16 on CPU devices)"),
     outputs=(None, "outputs of a tile, BN (SwiGLU: BN gate and BN up rows; None: 64 on GPUs, 16 on CPU devices)"),
@@ -61,19 +61,18 @@ def expert_gemm(device, w_dtype: str = "bf16", fmt=None, K: int = 4096, refusal:
     which decides grouped or per route): the matrix units where the device has them (mul_mat's
     coopmat_unavailable: the 16 × 16 × 16 fp16 shape, 32-lane subgroups, DSV4_VK_DISABLE_COOPMAT unset), knob
     mul_mat_id_coopmat.auto on (off: the f32 grouped kernel everywhere) and the operands suit it (`refusal`,
-    else gemm_refusal of the weights); coopmat_fma where it cannot run and mul_mat_id_coopmat.emulate is on;
-    else the f32 grouped kernel."""
+    else gemm_refusal of the weights); coopmat_fma on any device under mul_mat_id_coopmat.emulate; else the
+    f32 grouped kernel."""
     refusal = refusal if refusal is not None else gemm_refusal(w_dtype, fmt, K)
     if refusal:
         return ExpertGemm("f32", f"f32 lanes: {refusal}")
     if not COOPMAT_GROUPED["auto"]:
         return ExpertGemm("f32", "f32 lanes: mul_mat_id_coopmat.auto is off")
+    if COOPMAT_GROUPED["emulate"]:
+        return ExpertGemm("coopmat_fma", "the matrix units' data flow with FMA products (mul_mat_id_coopmat.emulate)")
     why = coopmat_unavailable(device)
     if why is None:
         return ExpertGemm("coopmat", "matrix units (fp16 products of rows scaled by powers of two, f32 sums)")
-    if COOPMAT_GROUPED["emulate"]:
-        return ExpertGemm("coopmat_fma", f"the matrix units' data flow with FMA products (mul_mat_id_coopmat.emulate; "
-                                         f"{why})")
     return ExpertGemm("f32", f"f32 lanes, since {why}")
 
 
