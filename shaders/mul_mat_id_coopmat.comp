@@ -15,9 +15,11 @@
 // as uints); FP8 / FP4 rows by their folded scale bytes (FP8's 128 × 128 block scales folded per row
 // too: one accumulator set, any tile; rows spanning more than 12 (FP8) or 26 (FP4) binades summed in
 // f32 from the dequantised weights, as mul_mat_coopmat.comp's FP8_FOLD / FP4); f16 weights as they
-// are; bf16 weights unscaled where every value v of the tile is 0 or 2⁻¹⁷ ≤ |v| ≤ 65504 (then an
-// fp16 exactly: 8 significant bits), else (wbad) the products are formed again with each weight
-// row's shift from a scan over K. The sums are multiplied back by 2^−(sx + sw) in f32.
+// are; bf16 weights unscaled where every weight row of the tile has its largest finite |value| m in
+// [2⁻⁷, 65504] or 0 (values of at least 2⁻¹⁷ are then fp16s exactly, smaller ones rounded to fp16's
+// subnormals: absolute error ≤ 2⁻²⁵ ≤ 2⁻¹⁸·m), else (wbad, found from the maxima gathered while
+// staging) the products are formed again with each weight row's shift from its m. The sums are
+// multiplied back by 2^−(sx + sw) in f32.
 // Tile (spec constants): BT route slots (one bucket's: the sort's tile) × BN outputs (MODE_SWIGLU: BN
 // gate rows, then BN up rows: BR = WR·BN weight rows), K in steps of BK (a multiple of 16). NW =
 // (BT/WM)·(BR/WN) warps of 32 invocations, warp w computing slots WM·(w / (BR/WN)) .. +WM−1 and
@@ -123,7 +125,7 @@ shared uvec4 smem[STAGE8 > TILE8 ? STAGE8 : TILE8];
 shared uint mx[BT + BR];                // rows' largest finite |value| (f32 bits)
 shared int sh[BT + BR];                 // rows' shifts: x rows, then weight rows (folded: flagged)
 shared uint slots[BT];
-shared uint wbad;                       // bf16: a weight staged unscaled was not an fp16 exactly
+shared uint wbad;                       // bf16: a weight row's largest value outside [2⁻⁷, 65504] (and not 0)
 #if defined(NORM_X)
 shared float ssp[BT * KP];              // Σx² of each x row's chunk column (fixed order, no float atomics)
 shared float inv[BT];                   // 1 / rms(x) of each slot
@@ -339,11 +341,12 @@ void main() {
     }
     barrier();
 
-    // 2. the products, BK inputs a step. bf16 weights are staged unscaled first: a value v with 2⁻¹⁷ ≤ |v|
-    // ≤ 65504 is an fp16 exactly (8 significant bits), so only rows holding others need a shift; a value
-    // outside (nonzero, or inf) sets wbad, and the workgroup does the products again with each weight
-    // row's shift from a scan over K (as x's), every value then within fp16's range. (f16 weights are
-    // fp16 already; FP8 / FP4 rows take their folded shifts.)
+    // 2. the products, BK inputs a step. bf16 weights are staged unscaled first, their rows' largest finite
+    // |value| m gathered on the way: a value v with 2⁻¹⁷ ≤ |v| ≤ 65504 is an fp16 exactly (8 significant
+    // bits), smaller ones land on fp16's subnormal grid (absolute error ≤ 2⁻²⁵ ≤ 2⁻¹⁸·m where m ≥ 2⁻⁷).
+    // Where a row of the tile has m > 65504 or 0 < m < 2⁻⁷, wbad is set and the workgroup forms its
+    // products again with each weight row's shift from m (row_shift, as x's). (f16 weights are fp16
+    // already; FP8 / FP4 rows take their folded shifts.)
 #if defined(CM_NV)
     uint wc = gl_SubgroupID;
 #else
@@ -364,18 +367,10 @@ void main() {
 #if defined(W_BF16)
         if (attempt == 1u) {                            // (uniform: wbad read after a barrier)
             if (wbad == 0u) break;
-            [[unroll]] for (uint u = 0u; u < NI; ++u) m[u] = 0.0;
-            for (uint k0 = 0u; k0 < p.K; k0 += BK) {
-                [[unroll]] for (uint u = 0u; u < NI; ++u) {
-                    int e;
-                    if (rw[u] >= BT) m[u] = max(m[u], finite_max(w_chunk(base[u], sb[u], k0 + kc, shx, e)));
-                }
-            }
-            [[unroll]] for (uint u = 0u; u < NI; ++u) if (id + u * WG < ITEMS && rw[u] >= BT) atomicMax(mx[rw[u]], floatBitsToUint(m[u]));
-            barrier();
             for (uint i = BT + id; i < BT + BR; i += WG) sh[i] = row_shift(uintBitsToFloat(mx[i]));
             barrier();
         }
+        [[unroll]] for (uint u = 0u; u < NI; ++u) m[u] = 0.0;     // the weight rows' largest |value|
 #endif
         int rf[NI];                                     // each item's row exponent (folded rows: −top)
         [[unroll]] for (uint u = 0u; u < NI; ++u) {
@@ -390,7 +385,6 @@ void main() {
 #else
         for (uint a = 0u; a < TI * TJ; ++a) for (uint j = 0u; j < 8u; ++j) acc[a][j] = 0.0;
 #endif
-        bool bad = false;
         mat2x4 v[NI];
         int ve[NI];
         load_items(0u, rw, base, sb, kc, shx, v, ve);
@@ -403,13 +397,7 @@ void main() {
 #if defined(W_QUANT)
                 if (rw[u] >= BT) e = max(f_exp + ve[u] + e, -126);
 #elif defined(W_BF16)
-                if (rw[u] >= BT && attempt == 0u) {
-                    [[unroll]] for (uint c = 0u; c < 2u; ++c) {
-                        vec4 a = abs(v[u][c]);          // (zeros as 1; NaN compares false: staged as NaN)
-                        bad = bad || any(greaterThan(a, vec4(65504.0))) ||
-                              any(lessThan(mix(vec4(1.0), a, notEqual(a, vec4(0.0))), vec4(1.0 / 131072.0)));
-                    }
-                }
+                if (rw[u] >= BT) m[u] = max(m[u], finite_max(v[u]));
 #endif
                 stage(rw[u] * XS + 8u * (q % KP), v[u] * pow2(e));
             }
@@ -443,8 +431,17 @@ void main() {
 #endif
             barrier();                                  // every warp done with the step's tiles
         }
-        if (bad) wbad = 1u;                             // (any writer: the same value)
-        barrier();
+#if defined(W_BF16)
+        if (attempt == 0u) {                            // the weight rows' maxima: any outside the range?
+            [[unroll]] for (uint u = 0u; u < NI; ++u) if (id + u * WG < ITEMS && rw[u] >= BT) atomicMax(mx[rw[u]], floatBitsToUint(m[u]));
+            barrier();
+            for (uint i = BT + id; i < BT + BR; i += WG) {
+                float mw = uintBitsToFloat(mx[i]);
+                if (mw > 65504.0 || (mw > 0.0 && mw < 1.0 / 128.0)) wbad = 1u;     // (any writer: the same value)
+            }
+            barrier();
+        }
+#endif
     }
 
     // 3. epilogue: the accumulators to the f32 tile [BT][BR], then each output unscaled
