@@ -28,11 +28,12 @@
 // chunk q % (BK/8)); invocation i stages items i, i + WG, ... every step (the same rows: addresses
 // and scales found once; two vec4 / one uvec4 / two or one code words a load), scaled, rounded to
 // fp16 (packHalf2x16) and stored as one uvec4 in rows of XS = BK + 8 halves (16-byte aligned, rows on
-// distinct banks; k past K: 0), x rows then weight rows. Each
-// step: barrier; the next step's chunks loaded into registers; the products; barrier; the next step
-// stored. Epilogue: every accumulator to an f32 tile [BT][BR] in the staging memory (free after the
-// loop), then invocation i takes outputs i, i + WG, ... (slot q / BN, output q % BN: consecutive
-// invocations, consecutive outputs), gate at column o and up at BN + o.
+// distinct banks; k past K: 0), x rows then weight rows. Each step: the chunks stored; barrier; the
+// next step's chunks loaded into registers (in flight during the products); the products; barrier.
+// Epilogue, EP slots a pass: the accumulators of the warps holding them to an f32 tile [EP][BR] in the
+// staging memory (free after the loop), barrier, then invocation i takes outputs i, i + WG, ... of the
+// pass (slot q / BN, output q % BN: consecutive invocations, consecutive outputs), gate at column o
+// and up at BN + o.
 //   -D CM_NV: products by VK_NV_cooperative_matrix (16 × 16 × 16 fp16 · fp16 + f32, subgroup scope,
 //     full 32-lane subgroups): A from x rows row-major, B from weight rows column-major; warp w is
 //     subgroup gl_SubgroupID.
@@ -43,7 +44,8 @@
 // the f32 grouped kernel runs).
 // Grid as mul_mat_id_grouped.comp: x = tiles of BN outputs, y = tile slots (a workgroup past the sort's
 // tiles leaves at once). Spec constants: 0 workgroup size (NW·32), 1 BT, 2 BN, 3 WM, 4 WN (multiples of
-// 16; BT % WM == BR % WN == 0), 5 BK (a multiple of 16; BK/8 divides the workgroup size).
+// 16; BT % WM == BR % WN == 0), 5 BK (a multiple of 16; BK/8 divides the workgroup size), 6 EP (a
+// multiple of WM, at most BT: the host picks the most the shared memory holds).
 // Push block (as mul_mat_id_grouped.comp's): R, N (F for SWIGLU), K, E, id_base, n_ids; x_off, x_s0,
 // x_s1; w_off, w_s0, w_s1; r_off, r_s0, r_s1; d_off, d_s0, d_s1, d_s2; s_off, TILE0, LIST0, EL;
 // limit; NORM_X: g_off, eps; quantised: q_kw, q_rows, q_srows, q_sc; SHARED_FP8: s_rows. Bindings: 0 x,
@@ -61,6 +63,7 @@ layout(constant_id = 2) const uint BN = 16;
 layout(constant_id = 3) const uint WM = 16;
 layout(constant_id = 4) const uint WN = 16;
 layout(constant_id = 5) const uint BK = 32;
+layout(constant_id = 6) const uint EP = 16;             // slots an epilogue pass (a multiple of WM)
 layout(binding = 0) readonly buffer X { float x[]; };
 layout(binding = 0) readonly buffer X4 { vec4 x4[]; };
 layout(binding = 2) readonly buffer Rt { float route[]; };
@@ -119,8 +122,8 @@ const uint XS8 = XS / 8u;
 const uint KP = BK / 8u;                // chunks of 8 inputs of a row a step
 const uint ITEMS = (BT + BR) * KP;      // chunks of a step
 const uint NI = (ITEMS + WG - 1u) / WG; // chunks an invocation stages a step
-const uint STAGE8 = (BT + BR) * XS / 8u, TILE8 = BT * BR / 4u;
-// the staging buffer (fp16 pairs, k even in the low half), later the f32 tile [BT][BR]
+const uint STAGE8 = (BT + BR) * XS / 8u, TILE8 = EP * BR / 4u;
+// the staging buffer (fp16 pairs, k even in the low half), later the f32 tile [EP][BR] of an epilogue pass
 shared uvec4 smem[STAGE8 > TILE8 ? STAGE8 : TILE8];
 shared uint mx[BT + BR];                // rows' largest finite |value| (f32 bits)
 shared int sh[BT + BR];                 // rows' shifts: x rows, then weight rows (folded: flagged)
@@ -444,52 +447,58 @@ void main() {
 #endif
     }
 
-    // 3. epilogue: the accumulators to the f32 tile [BT][BR], then each output unscaled
+    // 3. epilogue, EP slots at a time: the accumulators of the warps holding them to the f32 tile [EP][BR],
+    // then each output unscaled
+    for (uint p0 = 0u; p0 < BT; p0 += EP) {
+        if (wt >= p0 && wt < p0 + EP) {                 // (uniform per warp: its WM slots lie in one pass)
 #if defined(CM_NV)
-    [[unroll]] for (uint i = 0u; i < TI; ++i) [[unroll]] for (uint j = 0u; j < TJ; ++j)
-        coopMatStoreNV(acc[i * TJ + j], smem, ((wt + 16u * i) * BR + wn + 16u * j) / 4u, BR / 4u, false);
+            [[unroll]] for (uint i = 0u; i < TI; ++i) [[unroll]] for (uint j = 0u; j < TJ; ++j)
+                coopMatStoreNV(acc[i * TJ + j], smem, ((wt - p0 + 16u * i) * BR + wn + 16u * j) / 4u, BR / 4u, false);
 #else
-    for (uint a = 0u; a < TI * TJ; ++a) for (uint mm = 0u; mm < 8u; ++mm) {
-        uint e = lane + 32u * mm;
-        uint f = (wt + 16u * (a / TJ) + e / 16u) * BR + wn + 16u * (a % TJ) + e % 16u;
-        smem[f / 4u][f % 4u] = floatBitsToUint(acc[a][mm]);
-    }
-#endif
-    barrier();
-    for (uint q = id; q < BT * BN; q += WG) {
-        uint i = q / BN, o = q % BN, n = n0 + o;
-        if (i >= rows || n >= p.N) continue;
-        uint s = slots[i];
-        float r[WR];
-        [[unroll]] for (uint h = 0u; h < WR; ++h) {
-            uint c = h * BN + o, f = i * BR + c;
-            int ws = sh[BT + c];
-#if defined(W_QUANT)
-            if (fold_flagged(ws)) {                     // summed in f32 from the dequantised weights
-                uint xb = x_row(s), wb = w_row(bucket, shx, n0, c);
-                float sum = 0.0;
-                for (uint k = 0u; k < p.K; ++k) {
-#if defined(NORM_X)
-                    sum = fma(x[xb + k] * gn[p.g_off + k], w_at(wb, k, shx), sum);
-#else
-                    sum = fma(x[xb + k], w_at(wb, k, shx), sum);
-#endif
-                }
-                r[h] = sum;
-                continue;
+            for (uint a = 0u; a < TI * TJ; ++a) for (uint mm = 0u; mm < 8u; ++mm) {
+                uint e = lane + 32u * mm;
+                uint f = (wt - p0 + 16u * (a / TJ) + e / 16u) * BR + wn + 16u * (a % TJ) + e % 16u;
+                smem[f / 4u][f % 4u] = floatBitsToUint(acc[a][mm]);
             }
-            ws = fold_unflag(ws);
 #endif
-            r[h] = unscale(uintBitsToFloat(smem[f / 4u][f % 4u]), sh[i] + ws);
         }
+        barrier();
+        for (uint q = id; q < EP * BN; q += WG) {
+            uint i = p0 + q / BN, o = q % BN, n = n0 + o;
+            if (i >= rows || n >= p.N) continue;
+            uint s = slots[i];
+            float r[WR];
+            [[unroll]] for (uint h = 0u; h < WR; ++h) {
+                uint c = h * BN + o, f = (i - p0) * BR + c;
+                int ws = sh[BT + c];
+#if defined(W_QUANT)
+                if (fold_flagged(ws)) {                     // summed in f32 from the dequantised weights
+                    uint xb = x_row(s), wb = w_row(bucket, shx, n0, c);
+                    float sum = 0.0;
+                    for (uint k = 0u; k < p.K; ++k) {
 #if defined(NORM_X)
-        [[unroll]] for (uint h = 0u; h < WR; ++h) r[h] *= inv[i];
+                        sum = fma(x[xb + k] * gn[p.g_off + k], w_at(wb, k, shx), sum);
+#else
+                        sum = fma(x[xb + k], w_at(wb, k, shx), sum);
+#endif
+                    }
+                    r[h] = sum;
+                    continue;
+                }
+                ws = fold_unflag(ws);
+#endif
+                r[h] = unscale(uintBitsToFloat(smem[f / 4u][f % 4u]), sh[i] + ws);
+            }
+#if defined(NORM_X)
+            [[unroll]] for (uint h = 0u; h < WR; ++h) r[h] *= inv[i];
 #endif
 #if defined(MODE_SWIGLU)
-        float gate = min(r[0], p.limit), up = clamp(r[1], -p.limit, p.limit);
-        d[d_at(s, n)] = gate / (1.0 + exp(-gate)) * up;
+            float gate = min(r[0], p.limit), up = clamp(r[1], -p.limit, p.limit);
+            d[d_at(s, n)] = gate / (1.0 + exp(-gate)) * up;
 #else
-        d[d_at(s, n)] = r[0];
+            d[d_at(s, n)] = r[0];
 #endif
+        }
+        barrier();                                      // (the tile is written again next pass)
     }
 }

@@ -36,6 +36,8 @@ NMSE_FP16 = {"coopmat_fma": 1e-10, "coopmat": 1e-7}     # against the fp16-round
 EMULATE = {"mul_mat_id_coopmat.emulate": True}
 SMALL = {"mul_mat_id_coopmat.tokens": 16, "mul_mat_id_coopmat.outputs": 16, "mul_mat_id_coopmat.warp_tokens": 16,
          "mul_mat_id_coopmat.warp_outputs": 16, "mul_mat_id_coopmat.k_step": 32}
+BIG = {"mul_mat_id_coopmat.tokens": 64, "mul_mat_id_coopmat.outputs": 64, "mul_mat_id_coopmat.warp_tokens": 32,
+       "mul_mat_id_coopmat.warp_outputs": 32}     # (the f32 tile [64][128] past lavapipe's 32 KiB: 2 epilogue passes)
 WIDE = {"mul_mat_id_coopmat.tokens": 32, "mul_mat_id_coopmat.outputs": 32, "mul_mat_id_coopmat.warp_tokens": 16,
         "mul_mat_id_coopmat.warp_outputs": 32, "mul_mat_id_coopmat.k_step": 16}
 
@@ -134,13 +136,18 @@ def test_coopmat_fma_grouped_matches_float64_and_the_f32_kernel(fmt, mode, rng, 
 
 def test_coopmat_fma_grouped_wider_tiles_and_per_route_x(rng, device):
     """Tiles of 32 route slots × 32 outputs (2 warps along the slots, a k step of 16) and the default ones, x
-    per route in the SwiGLU, more tiles than experts (T = 70: the expert on every token spans 3 tiles)."""
+    per route in the SwiGLU, more tiles than experts (T = 70: the expert on every token spans 3 tiles); 64 × 64
+    tiles whose f32 epilogue tile takes two passes where the shared memory holds only half of it."""
     with tuned(EMULATE):
         check_case(rng, "bf16", "swiglu", 12, device, per_route_x=True, norm=True)
         with tuned(WIDE):
             for fmt in ("bf16", "fp4+fp8"):
                 check_case(rng, fmt, "swiglu", 70, device, norm=True, D=136, F=72)
                 check_case(rng, fmt, "sum", 70, device, add=True, D=136, F=72, sample=5)   # (as on the H200)
+        with tuned(BIG):
+            assert moe_coopmat.tiling(device)[-1] == (64 if device.caps.limits.max_shared_memory >= 37 * 1024 else 32)
+            check_case(rng, "bf16", "swiglu", 150, device, norm=True, D=136, F=72, sample=9)
+            check_case(rng, "fp4", "sum", 150, device, D=136, F=72, sample=9)
 
 
 def test_coopmat_fma_grouped_range_past_fp16(rng, device):
@@ -259,11 +266,14 @@ def test_gemm_choice_refusals_and_knobs(device, monkeypatch):
     assert "K = 66 is not a multiple of 8" in moe_coopmat.expert_gemm(device, "bf16", None, 66).reason
     with tuned({"mul_mat_id_coopmat.auto": False}):
         assert moe_coopmat.expert_gemm(device).reason == "f32 lanes: mul_mat_id_coopmat.auto is off"
-    assert moe_coopmat.tiling(device, 512 * 7, 258) == (16, 64, 16, 32, 32)
-    assert moe_coopmat.tiling(device, 4096 * 7, 66) == (64, 64, 32, 32, 32)
+    assert moe_coopmat.tiling(device, 512 * 7, 258) == (16, 64, 16, 32, 32, 16)
+    assert moe_coopmat.tiling(device, 4096 * 7, 66) == (64, 64, 32, 32, 32, 64)
     small = dataclasses.replace(device.caps.limits, max_shared_memory=32 * 1024)
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, limits=small))
-    assert moe_coopmat.tiling(device, 4096 * 7, 66) == (64, 32, 32, 32, 32)     # 32 KiB: 32 outputs a tile
+    assert moe_coopmat.tiling(device, 4096 * 7, 66) == (64, 64, 32, 32, 32, 32)     # 32 KiB: 2 epilogue passes
+    small = dataclasses.replace(device.caps.limits, max_shared_memory=16 * 1024)
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, limits=small))
+    assert moe_coopmat.tiling(device, 4096 * 7, 66) == (64, 32, 32, 32, 32, 32)     # 16 KiB: 32 outputs a tile
     with tuned({"mul_mat_id_coopmat.outputs": 64}), pytest.raises(ValueError, match="B of shared memory"):
         moe_coopmat.tiling(device, 4096 * 7, 66)
     with_matrix_units(device, monkeypatch)
@@ -271,7 +281,7 @@ def test_gemm_choice_refusals_and_knobs(device, monkeypatch):
     g, node = build("swiglu", 40, 2, (40, 1, 64), [np.zeros((4, 32, 64), np.float16)], [], {})
     sort, gemm = node.op.lower(node, device)
     assert gemm.shader == "mul_mat_id_coopmat" and gemm.defines == {"MODE_SWIGLU": 1, "W_F16": 1, "CM_NV": 1}
-    assert gemm.full_subgroups and gemm.spec == (4 * 32, 32, 64, 32, 32, 32), gemm.spec      # 120 routes / 4
+    assert gemm.full_subgroups and gemm.spec == (4 * 32, 32, 64, 32, 32, 32, 32), gemm.spec      # 120 routes / 4
     assert gemm.grid == (1, 120 // 32 + 5, 1) and sort.shader == "mul_mat_id_sort"
     g2, node2 = build("sum", 40, 2, (40, 3, 66), [np.zeros((4, 16, 66), np.float16)], [], {})
     assert "mul_mat_id_grouped" in [ln.shader for ln in node2.op.lower(node2, device)]   # K % 4: the f32 kernel
@@ -287,7 +297,7 @@ def test_gemm_choice_refusals_and_knobs(device, monkeypatch):
                        ({"mul_mat_id_coopmat.k_step": 48, "mul_mat_id_coopmat.tokens": 16,
                          "mul_mat_id_coopmat.outputs": 16, "mul_mat_id_coopmat.warp_outputs": 16},
                         "'mul_mat_id_coopmat.k_step' = 48"),
-                       ({"mul_mat_id_coopmat.tokens": 128, "mul_mat_id_coopmat.outputs": 128},
+                       ({"mul_mat_id_coopmat.tokens": 256, "mul_mat_id_coopmat.outputs": 128},
                         "B of shared memory")):
         with tuned(knobs), pytest.raises(ValueError, match=msg):
             moe_coopmat.tiling(device, 512 * 7, 258)

@@ -88,10 +88,11 @@ def node_gemm(node, device) -> ExpertGemm:
     return expert_gemm(device, w.dtype, fmt_name, x.shape[-1], gemm_refusal(w.dtype, fmt_name, x.shape[-1], xv, w, g))
 
 
-def tiling(device, S: int = 0, B: int = 2, wr: int = 2) -> tuple[int, int, int, int, int]:
-    """(BT, BN, WM, WN, BK) from the knobs (device defaults where None) for S route slots in B buckets and wr
-    weight rows an output; ValueError naming the knob that does not fit (or the device's limits). With
-    mul_mat_id_coopmat.outputs None, a GPU takes 64 outputs, or 32 / 16 where its shared memory needs."""
+def tiling(device, S: int = 0, B: int = 2, wr: int = 2) -> tuple[int, int, int, int, int, int]:
+    """(BT, BN, WM, WN, BK, EP) from the knobs (device defaults where None) for S route slots in B buckets and
+    wr weight rows an output, EP the slots an epilogue pass takes (the most the shared memory holds);
+    ValueError naming the knob that does not fit (or the device's limits). With mul_mat_id_coopmat.outputs
+    None, a GPU takes 64 outputs, or 32 / 16 where its shared memory needs."""
     cpu = device.caps.is_cpu
     bt = COOPMAT_GROUPED["tokens"] or (16 if cpu else min(64, max(16, next_pow2(-(-S // max(B - 1, 1))))))
     wm = COOPMAT_GROUPED["warp_tokens"] or (min(bt, 32) if isinstance(bt, int) else bt)
@@ -109,8 +110,8 @@ def tiling(device, S: int = 0, B: int = 2, wr: int = 2) -> tuple[int, int, int, 
     raise AssertionError("unreachable")
 
 
-def check_tiling(device, bt, bn, wm, wn, bk, wr: int) -> tuple[int, int, int, int, int]:
-    """(bt, bn, wm, wn, bk) where they fit together and the device, else ValueError naming the knob."""
+def check_tiling(device, bt, bn, wm, wn, bk, wr: int) -> tuple[int, int, int, int, int, int]:
+    """(bt, bn, wm, wn, bk, ep) where they fit together and the device, else ValueError naming the knob."""
     if bn is not None and isinstance(wn, int) and isinstance(bn, int) and wn > wr * bn and \
             COOPMAT_GROUPED["warp_outputs"] is None:
         wn = wr * bn                                    # (a default warp no wider than the tile)
@@ -126,12 +127,18 @@ def check_tiling(device, bt, bn, wm, wn, bk, wr: int) -> tuple[int, int, int, in
                          f"divide the workgroup's {wg} invocations")
     lim = device.caps.limits
     rows = bt + wr * bn
-    smem = max(rows * (bk + 8) * 2, bt * wr * bn * 4) + rows * 8 + bt * 4 + bt * (bk // 8) * 4 + bt * 4 + 4
-    if wg > min(lim.max_workgroup_invocations, lim.max_workgroup_size[0]) or smem > lim.max_shared_memory:
+    # the staging buffer (or an epilogue pass's f32 tile, the larger), rows' maxima and shifts, slots, the
+    # norm's partial sums and factors, wbad
+    def smem(ep):
+        return max(rows * (bk + 8) * 2, ep * wr * bn * 4) + rows * 8 + bt * 4 + bt * (bk // 8) * 4 + bt * 4 + 4
+    ep = bt
+    while ep > wm and smem(ep) > lim.max_shared_memory:
+        ep -= wm
+    if wg > min(lim.max_workgroup_invocations, lim.max_workgroup_size[0]) or smem(ep) > lim.max_shared_memory:
         raise ValueError(f"tuning knobs mul_mat_id_coopmat: tiles {bt} × {bn} (warps {wm} × {wn}, k step {bk}) need "
-                         f"{wg} invocations and {smem} B of shared memory; {device.name} has "
+                         f"{wg} invocations and {smem(ep)} B of shared memory; {device.name} has "
                          f"{min(lim.max_workgroup_invocations, lim.max_workgroup_size[0])} and {lim.max_shared_memory} B")
-    return bt, bn, wm, wn, bk
+    return bt, bn, wm, wn, bk, ep
 
 
 def coopmat_grouped_launches(device, kernel: str, node, x, w, route, out, add, g, scale, shared, fmt, mode: str,
@@ -145,7 +152,7 @@ def coopmat_grouped_launches(device, kernel: str, node, x, w, route, out, add, g
     wr = 2 if mode == "swiglu" else 1
     cols = Nw // wr
     S, B = T * R, buckets(E, bool(shared))
-    bt, bn, wm, wn, bk = tiling(device, S, B, wr)
+    bt, bn, wm, wn, bk, ep = tiling(device, S, B, wr)
     tiles = max_tiles(S, B, bt)
     if tiles > MAX_GROUPS:
         raise ValueError(f"MUL_MAT_ID grouped: {tiles} tiles of {bt} route slots exceed {MAX_GROUPS} workgroups; "
@@ -186,7 +193,7 @@ def coopmat_grouped_launches(device, kernel: str, node, x, w, route, out, add, g
     args = [x, w, route, sort, dst] + ([g] if g is not None else []) + ([scale] if fmt else []) + list(shared or [])
     wg = 32 * (bt // wm) * (wr * bn // wn)
     gemm = Launch("mul_mat_id_coopmat", args, (4,), push, (-(-cols // bn), tiles, 1), defines=defs,
-                  spec=(wg, bt, bn, wm, wn, bk), full_subgroups=kernel == "coopmat", label=base[at[0]].label)
+                  spec=(wg, bt, bn, wm, wn, bk, ep), full_subgroups=kernel == "coopmat", label=base[at[0]].label)
     return base[:at[0]] + [gemm] + base[at[0] + 1:]
 
 
