@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.tuning import knob_table
+from ..core.tuning import knob_table, tuned
 from .base import Launch, MAX_GROUPS, next_pow2, view_fields, weight_defines
 from .moe_grouped import buckets, grouped_launches, max_tiles, sort_layout
 from .mul_mat import COOPMAT_DTYPES, coopmat_unavailable, quant_fields
@@ -157,7 +157,6 @@ def coopmat_grouped_launches(device, kernel: str, node, x, w, route, out, add, g
     if tiles > MAX_GROUPS:
         raise ValueError(f"MUL_MAT_ID grouped: {tiles} tiles of {bt} route slots exceed {MAX_GROUPS} workgroups; "
                          "raise mul_mat_id_coopmat.tokens or use fewer tokens a call")
-    from ..core.tuning import tuned
     with tuned({"mul_mat_id_grouped.tokens": bt}):      # the sort's tiles: BT route slots
         base = grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt, mode, id_base, n_ids)
     at = [i for i, ln in enumerate(base) if ln.shader == "mul_mat_id_grouped"]
@@ -165,7 +164,7 @@ def coopmat_grouped_launches(device, kernel: str, node, x, w, route, out, add, g
         raise AssertionError(f"grouped_launches made {[ln.shader for ln in base]}: expected one mul_mat_id_grouped")
     lay = sort_layout(S, B)
     if mode == "sum":
-        dst = next(a for a in base[at[0]].args[4:5])    # the routes' products (the f32 kernel's output binding)
+        dst = base[at[0]].args[4]                       # the routes' products (the f32 kernel's output binding)
         d_view = {"d_off": 0, "d_s0": R * cols, "d_s1": cols, "d_s2": 1}
     else:
         dst = out
