@@ -54,15 +54,6 @@ def fp16_rows(x, gn=None):
     return h.astype(np.float64) * np.exp2(-s)[..., None]
 
 
-def gemm_kernel():
-    return "coopmat_fma" if coopmat_unavailable(default_dev()) else "coopmat"
-
-
-def default_dev():
-    from dsv4_vk.vk import default_device
-    return default_device()
-
-
 def per_token(op, ts, x, wref, route, extra=(), **kw):
     """op.reference token by token over tokens ts (the experts' float64 weights gathered per route only for
     those tokens: the model's widths would not fit at once)."""
