@@ -128,6 +128,10 @@ shared uvec4 smem[STAGE8 > TILE8 ? STAGE8 : TILE8];
 shared uint mx[BT + BR];                // rows' largest finite |value| (f32 bits)
 shared int sh[BT + BR];                 // rows' shifts: x rows, then weight rows (folded: flagged)
 shared uint slots[BT];
+#if defined(W_QUANT)
+const uint SP = 8u;                     // invocations that scan a quantised row's scale bytes
+shared uint rlo[BR], rhi[BR];           // its smallest and largest scale byte
+#endif
 shared uint wbad;                       // bf16: a weight row's largest value outside [2⁻⁷, 65504] (and not 0)
 #if defined(NORM_X)
 shared float ssp[BT * KP];              // Σx² of each x row's chunk column (fixed order, no float atomics)
@@ -280,6 +284,9 @@ void main() {
     // weight rows as the format says (bf16: 0 unless a value falls outside fp16's exact range, below)
     for (uint i = id; i < BT + BR; i += WG) mx[i] = 0u;
     if (id == 0u) wbad = 0u;
+#if defined(W_QUANT)
+    for (uint i = id; i < BR; i += WG) { rlo[i] = 255u; rhi[i] = 0u; }
+#endif
 #if defined(NORM_X)
     float ss[NI];
     [[unroll]] for (uint u = 0u; u < NI; ++u) ss[u] = 0.0;
@@ -300,6 +307,26 @@ void main() {
         }
     }
     barrier();                                          // (mx, wbad cleared)
+#if defined(W_QUANT)
+    // the weight rows' smallest and largest scale byte, SP invocations a row (each every SP-th byte)
+    for (uint q = id; q < BR * SP; q += WG) {
+        uint j = q / SP, r0 = w_scale_row(w_row(bucket, shx, n0, j), shx), lo = 255u, hi = 0u, nsc = p.q_sc;
+#if defined(SHARED_FP8)
+        if (shx) nsc = (p.K + 127u) / 128u;
+#endif
+        for (uint c = q % SP; c < nsc; c += SP) {
+#if defined(SHARED_FP8)
+            uint b = shx ? s_scale_byte(r0 + c) : scale_byte(r0 + c);
+#else
+            uint b = scale_byte(r0 + c);
+#endif
+            lo = min(lo, b);
+            hi = max(hi, b);
+        }
+        atomicMin(rlo[j], lo);
+        atomicMax(rhi[j], hi);
+    }
+#endif
     [[unroll]] for (uint u = 0u; u < NI; ++u) if (id + u * WG < ITEMS && rw[u] < BT) atomicMax(mx[rw[u]], floatBitsToUint(m[u]));
 #if defined(NORM_X)
     [[unroll]] for (uint u = 0u; u < NI; ++u) {
@@ -312,23 +339,7 @@ void main() {
         int s = row_shift(uintBitsToFloat(mx[i]));
 #if defined(W_QUANT)
         if (i >= BT) {                                  // the row's scale bytes
-            uint r0 = w_scale_row(w_row(bucket, shx, n0, i - BT), shx), lo = 255u, hi = 0u;
-            uint nsc = p.q_sc;
-#if defined(SHARED_FP8)
-            if (shx) nsc = (p.K + 127u) / 128u;
-            for (uint j = 0u; j < nsc; ++j) {
-                uint b = shx ? s_scale_byte(r0 + j) : scale_byte(r0 + j);
-                lo = min(lo, b);
-                hi = max(hi, b);
-            }
-#else
-            for (uint j = 0u; j < nsc; ++j) {
-                uint b = scale_byte(r0 + j);
-                lo = min(lo, b);
-                hi = max(hi, b);
-            }
-#endif
-            s = fold_shift_of(lo, hi, f_top, f_spread);
+            s = fold_shift_of(rlo[i - BT], rhi[i - BT], f_top, f_spread);
         }
 #else
         if (i >= BT) s = 0;                             // (bf16: a second attempt may scan them)

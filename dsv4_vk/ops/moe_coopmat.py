@@ -128,9 +128,10 @@ def check_tiling(device, bt, bn, wm, wn, bk, wr: int) -> tuple[int, int, int, in
     lim = device.caps.limits
     rows = bt + wr * bn
     # the staging buffer (or an epilogue pass's f32 tile, the larger), rows' maxima and shifts, slots, the
-    # norm's partial sums and factors, wbad
+    # norm's partial sums and factors, quantised rows' scale byte ranges, wbad
     def smem(ep):
-        return max(rows * (bk + 8) * 2, ep * wr * bn * 4) + rows * 8 + bt * 4 + bt * (bk // 8) * 4 + bt * 4 + 4
+        return (max(rows * (bk + 8) * 2, ep * wr * bn * 4) + rows * 8 + bt * 4 + bt * (bk // 8) * 4 + bt * 4
+                + wr * bn * 8 + 4)
     ep = bt
     while ep > wm and smem(ep) > lim.max_shared_memory:
         ep -= wm
