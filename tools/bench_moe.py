@@ -18,6 +18,9 @@ timestamp before and after only), after the clock warm-up.
         --routes 1 --wg 0 --unroll 4 --x-shared 0,1 --xs-rows 1,2,4 --xs-unroll 2 --json $OUT/moe_xshared.json
     . .vkdev/enter.sh; python3 tools/bench_moe.py --prefill 128,512,2048 --formats bf16,fp8,fp4+fp8 \
         --json $OUT/moe_prefill.json
+    . .vkdev/enter.sh; python3 tools/bench_moe.py --prefill 512,2048 --formats bf16,fp4+fp8 \
+        --cm-tiles "16x64x16x32x32;16x128x16x32x32;64x64x32x32x32;64x64x32x32x64;128x64x64x32x32" \
+        --json $OUT/moe_prefill_coopmat.json
 (quantised experts load one route at a time: --routes 1). Quantised experts: --x-shared 0,1 puts
 MUL_MAT_ID's staged kernel (knob mul_mat_id.x_shared: x in shared memory, 16-byte code loads) beside
 the other one in the same run, its knobs (mul_mat_id.x_shared_rows / _unroll / _groups) swept by
