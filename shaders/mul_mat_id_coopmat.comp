@@ -42,10 +42,11 @@
 //     rounding, for tests).
 // Needs K % 8 == 0 and x rows (and gn), bf16 / f16 weight rows 16-byte aligned (the host checks; else
 // the f32 grouped kernel runs).
-// Grid as mul_mat_id_grouped.comp: x = tiles of BN outputs, y = tile slots (a workgroup past the sort's
+// Grid as mul_mat_id_grouped.comp: x = tiles of NT·BN outputs, y = tile slots (a workgroup past the sort's
 // tiles leaves at once). Spec constants: 0 workgroup size (NW·32), 1 BT, 2 BN, 3 WM, 4 WN (multiples of
 // 16; BT % WM == BR % WN == 0), 5 BK (a multiple of 16; BK/8 divides the workgroup size), 6 EP (a
-// multiple of WM, at most BT: the host picks the most the shared memory holds).
+// multiple of WM, at most BT: the host picks the most the shared memory holds), 7 NT (output tiles a
+// workgroup takes in turn, its x rows' shifts found once: grid x = tiles of NT·BN outputs).
 // Push block (as mul_mat_id_grouped.comp's): R, N (F for SWIGLU), K, E, id_base, n_ids; x_off, x_s0,
 // x_s1; w_off, w_s0, w_s1; r_off, r_s0, r_s1; d_off, d_s0, d_s1, d_s2; s_off, TILE0, LIST0, EL;
 // limit; NORM_X: g_off, eps; quantised: q_kw, q_rows, q_srows, q_sc; SHARED_FP8: s_rows. Bindings: 0 x,
@@ -64,6 +65,7 @@ layout(constant_id = 3) const uint WM = 16;
 layout(constant_id = 4) const uint WN = 16;
 layout(constant_id = 5) const uint BK = 32;
 layout(constant_id = 6) const uint EP = 16;             // slots an epilogue pass (a multiple of WM)
+layout(constant_id = 7) const uint NT = 1;              // output tiles a workgroup takes in turn
 layout(binding = 0) readonly buffer X { float x[]; };
 layout(binding = 0) readonly buffer X4 { vec4 x4[]; };
 layout(binding = 2) readonly buffer Rt { float route[]; };
@@ -237,7 +239,7 @@ void load_items(uint k0, uint rw[NI], uint base[NI], uint sb[NI], uint kc, bool 
 
 void main() {
     uint id = gl_LocalInvocationID.x;
-    uint tile = gl_WorkGroupID.y, n0 = gl_WorkGroupID.x * BN;
+    uint tile = gl_WorkGroupID.y, n_first = gl_WorkGroupID.x * NT * BN;
     if (tile >= uint(sr[p.s_off])) return;              // past the tiles the routing makes
     uint at = p.s_off + p.TILE0 + 3u * tile;
     uint bucket = uint(sr[at]), first = uint(sr[at + 1u]), rows = uint(sr[at + 2u]);
@@ -245,8 +247,8 @@ void main() {
     barrier();
     if (bucket == p.EL) {                               // routes not computed here
 #if defined(MODE_SWIGLU)
-        for (uint q = id; q < rows * BN; q += WG) {
-            uint i = q / BN, n = n0 + q % BN, s = slots[i], t = s / p.R;
+        for (uint q = id; q < rows * BN * NT; q += WG) {
+            uint i = q / (BN * NT), n = n_first + q % (BN * NT), s = slots[i], t = s / p.R;
             if (n >= p.N) continue;
             float f = route[p.r_off + t * p.r_s0 + (s - t * p.R) * p.r_s1];
             bool valid = f >= 0.0 && f < float(p.n_ids) && f == floor(f);
@@ -271,22 +273,14 @@ void main() {
     [[unroll]] for (uint u = 0u; u < NI; ++u) {
         uint q = min(id + u * WG, ITEMS - 1u), r = q / KP;
         rw[u] = r;
-        base[u] = r < BT ? x_row(slots[r]) : w_row(bucket, shx, n0, r - BT);
-#if defined(W_QUANT)
-        sb[u] = r < BT ? 0u : w_scale_row(base[u], shx);
-#else
+        base[u] = r < BT ? x_row(slots[r]) : 0u;       // (weight rows: per output tile, below)
         sb[u] = 0u;
-#endif
     }
     uint kc = 8u * (id % KP);                           // (WG % KP == 0: every item of this invocation's at it)
 
-    // 1. the rows' shifts: x rows (x·gn) by their largest finite |value| over K (and Σx² with NORM_X);
-    // weight rows as the format says (bf16: 0 unless a value falls outside fp16's exact range, below)
-    for (uint i = id; i < BT + BR; i += WG) mx[i] = 0u;
-    if (id == 0u) wbad = 0u;
-#if defined(W_QUANT)
-    for (uint i = id; i < BR; i += WG) { rlo[i] = 255u; rhi[i] = 0u; }
-#endif
+    // 1. the x rows' shifts: their largest finite |value| (x·gn) over K (and Σx² with NORM_X), found once for
+    // the NT output tiles this workgroup takes
+    for (uint i = id; i < BT; i += WG) mx[i] = 0u;
 #if defined(NORM_X)
     float ss[NI];
     [[unroll]] for (uint u = 0u; u < NI; ++u) ss[u] = 0.0;
@@ -306,8 +300,42 @@ void main() {
             }
         }
     }
-    barrier();                                          // (mx, wbad cleared)
+    barrier();                                          // (mx cleared)
+    [[unroll]] for (uint u = 0u; u < NI; ++u) if (id + u * WG < ITEMS && rw[u] < BT) atomicMax(mx[rw[u]], floatBitsToUint(m[u]));
+#if defined(NORM_X)
+    [[unroll]] for (uint u = 0u; u < NI; ++u) {
+        uint q = id + u * WG;
+        if (q < BT * KP) ssp[q] = ss[u];                // (item q of an x row is row q / KP, chunk q % KP)
+    }
+#endif
+    barrier();
+    for (uint i = id; i < BT; i += WG) {
+        sh[i] = row_shift(uintBitsToFloat(mx[i]));
+#if defined(NORM_X)
+        float s2 = 0.0;
+        for (uint c = 0u; c < KP; ++c) s2 += ssp[i * KP + c];
+        inv[i] = 1.0 / sqrt(s2 / float(p.K) + p.eps);
+#endif
+    }
+
+    for (uint nt = 0u; nt < NT; ++nt) {                 // (uniform) the workgroup's output tiles in turn
+    uint n0 = (gl_WorkGroupID.x * NT + nt) * BN;
+    if (n0 >= p.N) break;
+    // the weight rows' shifts: folded from their scale bytes (FP8 / FP4), 0 (f16; bf16 unless a row's
+    // largest value falls outside [2⁻⁷, 65504], below)
+    [[unroll]] for (uint u = 0u; u < NI; ++u) {
+        if (rw[u] >= BT) {
+            base[u] = w_row(bucket, shx, n0, rw[u] - BT);
 #if defined(W_QUANT)
+            sb[u] = w_scale_row(base[u], shx);
+#endif
+        }
+    }
+    for (uint i = id; i < BR; i += WG) mx[BT + i] = 0u;
+    if (id == 0u) wbad = 0u;
+#if defined(W_QUANT)
+    for (uint i = id; i < BR; i += WG) { rlo[i] = 255u; rhi[i] = 0u; }
+    barrier();
     // the weight rows' smallest and largest scale byte, SP invocations a row (each every SP-th byte)
     for (uint q = id; q < BR * SP; q += WG) {
         uint j = q / SP, r0 = w_scale_row(w_row(bucket, shx, n0, j), shx), lo = 255u, hi = 0u, nsc = p.q_sc;
@@ -326,33 +354,11 @@ void main() {
         atomicMin(rlo[j], lo);
         atomicMax(rhi[j], hi);
     }
-#endif
-    [[unroll]] for (uint u = 0u; u < NI; ++u) if (id + u * WG < ITEMS && rw[u] < BT) atomicMax(mx[rw[u]], floatBitsToUint(m[u]));
-#if defined(NORM_X)
-    [[unroll]] for (uint u = 0u; u < NI; ++u) {
-        uint q = id + u * WG;
-        if (q < BT * KP) ssp[q] = ss[u];                // (item q of an x row is row q / KP, chunk q % KP)
-    }
-#endif
     barrier();
-    for (uint i = id; i < BT + BR; i += WG) {
-        int s = row_shift(uintBitsToFloat(mx[i]));
-#if defined(W_QUANT)
-        if (i >= BT) {                                  // the row's scale bytes
-            s = fold_shift_of(rlo[i - BT], rhi[i - BT], f_top, f_spread);
-        }
+    for (uint i = id; i < BR; i += WG) sh[BT + i] = fold_shift_of(rlo[i], rhi[i], f_top, f_spread);
 #else
-        if (i >= BT) s = 0;                             // (bf16: a second attempt may scan them)
+    for (uint i = id; i < BR; i += WG) sh[BT + i] = 0;
 #endif
-        sh[i] = s;
-#if defined(NORM_X)
-        if (i < BT) {
-            float s2 = 0.0;
-            for (uint c = 0u; c < KP; ++c) s2 += ssp[i * KP + c];
-            inv[i] = 1.0 / sqrt(s2 / float(p.K) + p.eps);
-        }
-#endif
-    }
     barrier();
 
     // 2. the products, BK inputs a step. bf16 weights are staged unscaled first, their rows' largest finite
@@ -512,4 +518,5 @@ void main() {
         }
         barrier();                                      // (the tile is written again next pass)
     }
+    }                                                   // (the next output tile)
 }

@@ -128,15 +128,19 @@ def test_coopmat_fma_grouped_matches_float64_and_the_f32_kernel(fmt, mode, rng, 
 def test_coopmat_fma_grouped_wider_tiles_and_per_route_x(rng, device):
     """Tiles of 32 route slots × 32 outputs (2 warps along the slots, a k step of 16) and the default ones, x
     per route in the SwiGLU, more tiles than experts (T = 70: the expert on every token spans 3 tiles); 64 × 64
-    tiles whose f32 epilogue tile takes two passes where the shared memory holds only half of it."""
+    tiles whose f32 epilogue tile takes two passes where the shared memory holds only half of it; workgroups
+    taking 3 output tiles in turn (the last one 2)."""
     with tuned(EMULATE):
         check_case(rng, "bf16", "swiglu", 12, device, per_route_x=True, norm=True)
         with tuned(WIDE):
             for fmt in ("bf16", "fp4+fp8"):
                 check_case(rng, fmt, "swiglu", 70, device, norm=True, D=136, F=72)
                 check_case(rng, fmt, "sum", 70, device, add=True, D=136, F=72, sample=5)   # (as on the H200)
+        with tuned({**SMALL, "mul_mat_id_coopmat.output_tiles": 3}):   # 5 output tiles: 2 workgroups, 3 + 2
+            check_case(rng, "fp4+fp8", "swiglu", 40, device, norm=True, D=136, F=72)
+            check_case(rng, "bf16", "sum", 40, device, add=True, D=72, F=136)
         with tuned(BIG):
-            assert moe_coopmat.tiling(device)[-1] == (64 if device.caps.limits.max_shared_memory >= 37 * 1024 else 32)
+            assert moe_coopmat.tiling(device)[5] == (64 if device.caps.limits.max_shared_memory >= 37 * 1024 else 32)
             check_case(rng, "bf16", "swiglu", 150, device, norm=True, D=136, F=72, sample=9)
             check_case(rng, "fp4", "sum", 150, device, D=136, F=72, sample=9)
 
@@ -257,14 +261,14 @@ def test_gemm_choice_refusals_and_knobs(device, monkeypatch):
     assert "K = 66 is not a multiple of 8" in moe_coopmat.expert_gemm(device, "bf16", None, 66).reason
     with tuned({"mul_mat_id_coopmat.auto": False}):
         assert moe_coopmat.expert_gemm(device).reason == "f32 lanes: mul_mat_id_coopmat.auto is off"
-    assert moe_coopmat.tiling(device, 512 * 7, 258) == (16, 64, 16, 32, 32, 16)
-    assert moe_coopmat.tiling(device, 4096 * 7, 66) == (64, 64, 32, 32, 32, 64)
+    assert moe_coopmat.tiling(device, 512 * 7, 258) == (16, 64, 16, 32, 32, 16, 1)
+    assert moe_coopmat.tiling(device, 4096 * 7, 66) == (64, 64, 32, 32, 32, 64, 1)
     small = dataclasses.replace(device.caps.limits, max_shared_memory=32 * 1024)
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, limits=small))
-    assert moe_coopmat.tiling(device, 4096 * 7, 66) == (64, 64, 32, 32, 32, 32)     # 32 KiB: 2 epilogue passes
+    assert moe_coopmat.tiling(device, 4096 * 7, 66) == (64, 64, 32, 32, 32, 32, 1)     # 32 KiB: 2 epilogue passes
     small = dataclasses.replace(device.caps.limits, max_shared_memory=16 * 1024)
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, limits=small))
-    assert moe_coopmat.tiling(device, 4096 * 7, 66) == (64, 32, 32, 32, 32, 32)     # 16 KiB: 32 outputs a tile
+    assert moe_coopmat.tiling(device, 4096 * 7, 66) == (64, 32, 32, 32, 32, 32, 1)     # 16 KiB: 32 outputs a tile
     with tuned({"mul_mat_id_coopmat.outputs": 64}), pytest.raises(ValueError, match="B of shared memory"):
         moe_coopmat.tiling(device, 4096 * 7, 66)
     with_matrix_units(device, monkeypatch)
@@ -272,7 +276,7 @@ def test_gemm_choice_refusals_and_knobs(device, monkeypatch):
     g, node = build("swiglu", 40, 2, (40, 1, 64), [np.zeros((4, 32, 64), np.float16)], [], {})
     sort, gemm = node.op.lower(node, device)
     assert gemm.shader == "mul_mat_id_coopmat" and gemm.defines == {"MODE_SWIGLU": 1, "W_F16": 1, "CM_NV": 1}
-    assert gemm.full_subgroups and gemm.spec == (4 * 32, 32, 64, 32, 32, 32, 32), gemm.spec      # 120 routes / 4
+    assert gemm.full_subgroups and gemm.spec == (4 * 32, 32, 64, 32, 32, 32, 32, 1), gemm.spec      # 120 routes / 4
     assert gemm.grid == (1, 120 // 32 + 5, 1) and sort.shader == "mul_mat_id_sort"
     g2, node2 = build("sum", 40, 2, (40, 3, 66), [np.zeros((4, 16, 66), np.float16)], [], {})
     assert "mul_mat_id_grouped" in [ln.shader for ln in node2.op.lower(node2, device)]   # K % 4: the f32 kernel
@@ -288,6 +292,7 @@ def test_gemm_choice_refusals_and_knobs(device, monkeypatch):
                        ({"mul_mat_id_coopmat.k_step": 48, "mul_mat_id_coopmat.tokens": 16,
                          "mul_mat_id_coopmat.outputs": 16, "mul_mat_id_coopmat.warp_outputs": 16},
                         "'mul_mat_id_coopmat.k_step' = 48"),
+                       ({"mul_mat_id_coopmat.output_tiles": 0}, "'mul_mat_id_coopmat.output_tiles' must be an integer"),
                        ({"mul_mat_id_coopmat.tokens": 256, "mul_mat_id_coopmat.outputs": 128},
                         "B of shared memory")):
         with tuned(knobs), pytest.raises(ValueError, match=msg):

@@ -19,7 +19,7 @@ timestamp before and after only), after the clock warm-up.
     . .vkdev/enter.sh; python3 tools/bench_moe.py --prefill 128,512,2048 --formats bf16,fp8,fp4+fp8 \
         --json $OUT/moe_prefill.json
     . .vkdev/enter.sh; python3 tools/bench_moe.py --prefill 512,2048 --formats bf16,fp4+fp8 \
-        --cm-tiles "16x64x16x32x32;16x128x16x32x32;64x64x32x32x32;64x64x32x32x64;128x64x64x32x32" \
+        --cm-tiles "16x64x16x32x32;16x64x16x32x32x4;16x128x16x32x32;64x64x32x32x32;64x64x32x32x64;128x64x64x32x32" \
         --json $OUT/moe_prefill_coopmat.json
 (quantised experts load one route at a time: --routes 1). Quantised experts: --x-shared 0,1 puts
 MUL_MAT_ID's staged kernel (knob mul_mat_id.x_shared: x in shared memory, 16-byte code loads) beside
@@ -32,7 +32,7 @@ of --experts − 1 routed experts, uniformly random, and the shared expert), the
 and, for the sum, the route sum) with the GEMM on the f32 lanes ("grouped") and, where the device has
 them, on the matrix units ("coopmat", ops/moe_coopmat.py; --emulate: its FMA twin "coopmat_fma"
 elsewhere) in ms and effective TFLOPS (2 · T · routes · N · K), --tiles sweeping the f32 grouped
-kernel's tile knobs (BTxBNxBKxTMxTN), --cm-tiles the coopmat one's (BTxBNxWMxWNxBK; NMSE ≤ 1e-5
+kernel's tile knobs (BTxBNxBKxTMxTN), --cm-tiles the coopmat one's (BTxBNxWMxWNxBK[xNT]; NMSE ≤ 1e-5
 asserted for it: fp16 products); --check-tokens tokens of each result
 (the last; with more, spread down to the first) checked against float64 over the dequantised experts (NMSE printed, ≤ 1e-8 asserted).
 Formats bf16, fp8, fp4 (the shared expert stacked after the routed ones) and fp4+fp8 (FP4 routed
@@ -116,7 +116,8 @@ def prefill_rows(a, dev, warm, rng):
     op, rows = get_op("MUL_MAT_ID"), []
     tiles = [dict(zip(("tokens", "outputs", "k_step", "thread_tokens", "thread_outputs"), ints(t.replace("x", ","))))
              for t in a.tiles.split(";")] if a.tiles else [{}]
-    cm_tiles = [dict(zip(("tokens", "outputs", "warp_tokens", "warp_outputs", "k_step"), ints(t.replace("x", ","))))
+    cm_tiles = [dict(zip(("tokens", "outputs", "warp_tokens", "warp_outputs", "k_step", "output_tiles"),
+                         ints(t.replace("x", ","))))
                 for t in a.cm_tiles.split(";")] if a.cm_tiles else [{}]
     cm = expert_gemm(dev)                   # the matrix units, or why not (then the FMA twin with --emulate)
     cm_kernel = cm.kernel if cm.kernel != "f32" else ("coopmat_fma" if a.emulate else None)
@@ -218,7 +219,7 @@ def main(argv=None):
                     "per-route and the grouped kernels")
     ap.add_argument("--tiles", help="--prefill: grouped tile shapes to sweep, BTxBNxBKxTMxTN;... (default: the knobs')")
     ap.add_argument("--cm-tiles", help="--prefill: tile shapes of the grouped GEMM on the matrix units to sweep, "
-                    "BTxBNxWMxWNxBK;... (default: the knobs')")
+                    "BTxBNxWMxWNxBK[xNT];... (NT: output tiles a workgroup; default: the knobs')")
     ap.add_argument("--emulate", action="store_true", help="--prefill on a device without matrix units: time the "
                     "cooperative-matrix grouped kernel's FMA twin (coopmat_fma) instead of skipping it")
     ap.add_argument("--check-tokens", type=int, default=1, help="--prefill: tokens checked against float64 (the "

@@ -28,7 +28,9 @@ COOPMAT_GROUPED = knob_table(
     outputs=(None, "outputs of a tile, BN (SwiGLU: BN gate and BN up rows; None: 64 on GPUs, 16 on CPU devices)"),
     warp_tokens=(None, "route slots of a warp's (32 lanes') tile, WM (a multiple of 16; None: min(tokens, 32))"),
     warp_outputs=(None, "weight rows of a warp's tile, WN (a multiple of 16; None: 32 on GPUs, 16 on CPU devices)"),
-    k_step=(None, "inputs staged a step, BK (a multiple of 16; None: 32)"))
+    k_step=(None, "inputs staged a step, BK (a multiple of 16; None: 32)"),
+    output_tiles=(1, "output tiles a workgroup takes in turn, NT (≥ 1): its x rows' scales found once for all of "
+                     "them"))
 KERNELS = ("coopmat", "coopmat_fma", "f32")
 
 
@@ -88,9 +90,10 @@ def node_gemm(node, device) -> ExpertGemm:
     return expert_gemm(device, w.dtype, fmt_name, x.shape[-1], gemm_refusal(w.dtype, fmt_name, x.shape[-1], xv, w, g))
 
 
-def tiling(device, S: int = 0, B: int = 2, wr: int = 2) -> tuple[int, int, int, int, int, int]:
-    """(BT, BN, WM, WN, BK, EP) from the knobs (device defaults where None) for S route slots in B buckets and
-    wr weight rows an output, EP the slots an epilogue pass takes (the most the shared memory holds);
+def tiling(device, S: int = 0, B: int = 2, wr: int = 2) -> tuple[int, int, int, int, int, int, int]:
+    """(BT, BN, WM, WN, BK, EP, NT) from the knobs (device defaults where None) for S route slots in B buckets
+    and wr weight rows an output, EP the slots an epilogue pass takes (the most the shared memory holds), NT
+    the output tiles a workgroup takes;
     ValueError naming the knob that does not fit (or the device's limits). With mul_mat_id_coopmat.outputs
     None, a GPU takes 64 outputs, or 32 / 16 where its shared memory needs."""
     cpu = device.caps.is_cpu
@@ -110,8 +113,8 @@ def tiling(device, S: int = 0, B: int = 2, wr: int = 2) -> tuple[int, int, int, 
     raise AssertionError("unreachable")
 
 
-def check_tiling(device, bt, bn, wm, wn, bk, wr: int) -> tuple[int, int, int, int, int, int]:
-    """(bt, bn, wm, wn, bk, ep) where they fit together and the device, else ValueError naming the knob."""
+def check_tiling(device, bt, bn, wm, wn, bk, wr: int) -> tuple[int, int, int, int, int, int, int]:
+    """(bt, bn, wm, wn, bk, ep, nt) where they fit together and the device, else ValueError naming the knob."""
     if bn is not None and isinstance(wn, int) and isinstance(bn, int) and wn > wr * bn and \
             COOPMAT_GROUPED["warp_outputs"] is None:
         wn = wr * bn                                    # (a default warp no wider than the tile)
@@ -139,7 +142,10 @@ def check_tiling(device, bt, bn, wm, wn, bk, wr: int) -> tuple[int, int, int, in
         raise ValueError(f"tuning knobs mul_mat_id_coopmat: tiles {bt} × {bn} (warps {wm} × {wn}, k step {bk}) need "
                          f"{wg} invocations and {smem(ep)} B of shared memory; {device.name} has "
                          f"{min(lim.max_workgroup_invocations, lim.max_workgroup_size[0])} and {lim.max_shared_memory} B")
-    return bt, bn, wm, wn, bk, ep
+    nt = COOPMAT_GROUPED["output_tiles"]
+    if isinstance(nt, bool) or not isinstance(nt, int) or nt < 1:
+        raise ValueError(f"tuning knob 'mul_mat_id_coopmat.output_tiles' must be an integer ≥ 1, got {nt!r}")
+    return bt, bn, wm, wn, bk, ep, nt
 
 
 def coopmat_grouped_launches(device, kernel: str, node, x, w, route, out, add, g, scale, shared, fmt, mode: str,
@@ -153,7 +159,7 @@ def coopmat_grouped_launches(device, kernel: str, node, x, w, route, out, add, g
     wr = 2 if mode == "swiglu" else 1
     cols = Nw // wr
     S, B = T * R, buckets(E, bool(shared))
-    bt, bn, wm, wn, bk, ep = tiling(device, S, B, wr)
+    bt, bn, wm, wn, bk, ep, nt = tiling(device, S, B, wr)
     tiles = max_tiles(S, B, bt)
     if tiles > MAX_GROUPS:
         raise ValueError(f"MUL_MAT_ID grouped: {tiles} tiles of {bt} route slots exceed {MAX_GROUPS} workgroups; "
@@ -192,8 +198,8 @@ def coopmat_grouped_launches(device, kernel: str, node, x, w, route, out, add, g
     sort = base[at[0]].args[3]
     args = [x, w, route, sort, dst] + ([g] if g is not None else []) + ([scale] if fmt else []) + list(shared or [])
     wg = 32 * (bt // wm) * (wr * bn // wn)
-    gemm = Launch("mul_mat_id_coopmat", args, (4,), push, (-(-cols // bn), tiles, 1), defines=defs,
-                  spec=(wg, bt, bn, wm, wn, bk, ep), full_subgroups=kernel == "coopmat", label=base[at[0]].label)
+    gemm = Launch("mul_mat_id_coopmat", args, (4,), push, (-(-cols // (bn * nt)), tiles, 1), defines=defs,
+                  spec=(wg, bt, bn, wm, wn, bk, ep, nt), full_subgroups=kernel == "coopmat", label=base[at[0]].label)
     return base[:at[0]] + [gemm] + base[at[0] + 1:]
 
 
