@@ -36,7 +36,8 @@ step, 4 or 16; knob gemv_quant.load), moe_unroll, moe_routes, moe_wg, moe_rows (
 a cluster over quantised experts), moe_load (4 or 16; knobs mul_mat_id.*), gemv_xs / moe_xs (1: the
 staged kernels over quantised weights, x in shared memory; knobs gemv_quant.x_shared,
 mul_mat_id.x_shared), gemv_xs_rows / moe_xs_rows (their output rows a cluster) and gemv_xs_wg (the
-staged GEMV's workgroup size),
+staged GEMV's workgroup size), moe_coopmat (0: the prefill's grouped expert GEMM on the f32 lanes,
+not the matrix units; knob mul_mat_id_coopmat.auto),
 indexer (1: CSA layers run their indexer even where its
 top-k keeps every entry the cache can hold, as at this preset's 1024-token cache;
 knob indexer.always), mqa_literal (1: MQA_ATTENTION's per-lane arrays with literal sizes,
@@ -46,9 +47,7 @@ knob compress.wg), mqa_tile (keys the tiled MQA_ATTENTION stages at a time; the 
 splits follow: knob mqa_tile.keys), mqa_prefill (0: prefill chunks' attention on the cluster kernel,
 not the prefill kernel; knob mqa_prefill.on), mqa_prefill_heads / mqa_prefill_tile (the prefill
 kernel's heads a cluster and keys a tile; knobs mqa_prefill.heads, mqa_prefill.tile), route_rank (0: V4_ROUTE's rounds of a butterfly instead of
-its one-pass ranking, knob route_rank.on), moe_grouped (0: MUL_MAT_ID's per-route kernels at prefill,
-knob mul_mat_id_grouped.on), moe_coopmat (0: the grouped expert GEMM on the f32 lanes, not the matrix
-units; knob mul_mat_id_coopmat.auto); e.g.
+its one-pass ranking, knob route_rank.on); e.g.
 `--variants "fold_mb=64;fold_mb=0;gemv_unroll=8"`.
 --long: the long-context sweep instead (--out is then a directory: long_context.json and .txt):
 prefill tokens/s (chunks of --chunk tokens) and decode tokens/s at each of --positions (default
@@ -125,6 +124,7 @@ KNOBS = {"fold_mb": ("norm_fold.max_bytes", lambda v: int(float(v) * 2**20)),   
          "cm_k": ("coopmat.k_step", int),
          "cm_pass": ("coopmat.scales", lambda v: "pass" if int(v) else "tile"),
          "cm_group": ("coopmat.group", int),
+         "moe_coopmat": ("mul_mat_id_coopmat.auto", lambda v: bool(int(v))),
          "mqa_literal": ("mqa_arrays.literal", lambda v: bool(int(v))),
          "mix_wg": ("mix.wg", int),
          "compress_wg": ("compress.wg", int),
@@ -133,7 +133,6 @@ KNOBS = {"fold_mb": ("norm_fold.max_bytes", lambda v: int(float(v) * 2**20)),   
          "mqa_prefill_heads": ("mqa_prefill.heads", int),
          "mqa_prefill_tile": ("mqa_prefill.tile", int),
          "moe_grouped": ("mul_mat_id_grouped.on", lambda v: bool(int(v))),
-         "moe_coopmat": ("mul_mat_id_coopmat.auto", lambda v: bool(int(v))),
          "route_rank": ("route_rank.on", lambda v: bool(int(v)))}
 
 
