@@ -206,9 +206,10 @@ def test_coopmat_fma_grouped_fp4_scale_spread(rng, device):
 
 def test_coopmat_grouped_on_the_matrix_units_or_their_fma_twin(rng, device):
     """The cooperative-matrix kernel itself where the device has the matrix units (the automatic choice: no
-    knob), at the cases above and the model's widths (D 4096, F 2048 over 17 experts, T 512, the default GPU
-    tiles; 16 tokens checked against float64, every output against the f32 grouped kernel); where it has none (lavapipe) the FMA twin at the small cases, and the automatic choice keeps the
-    f32 grouped kernel."""
+    knob), at the cases above, 16-slot tiles, and the model's widths (D 4096, F 2048 over 9 experts, T 512,
+    the default GPU tiles; 7 tokens checked against float64, every output against the f32 grouped kernel);
+    where it has none (lavapipe) the FMA twin at the small cases, and the automatic choice keeps the f32
+    grouped kernel."""
     units = coopmat_unavailable(device) is None
     kernel = "coopmat" if units else "coopmat_fma"
     with tuned({} if units else EMULATE):
@@ -216,8 +217,10 @@ def test_coopmat_grouped_on_the_matrix_units_or_their_fma_twin(rng, device):
             check_case(rng, fmt, "swiglu", 37, device, kernel, norm=True, D=136, F=72, x_scale=30.0)
             check_case(rng, fmt, "sum", 37, device, kernel, add=True, D=136, F=72)
         if units:
-            for fmt in ("bf16", "fp4+fp8"):           # (16 tokens of each checked against float64)
-                wide = dict(D=4096, F=2048, E=16, top_k=6, sample=16)
+            check_case(rng, "fp4+fp8", "swiglu", 16, device, kernel, norm=True, D=136, F=72)   # 16-slot tiles
+            check_case(rng, "bf16", "sum", 16, device, kernel, add=True, D=136, F=72)
+            for fmt in ("bf16", "fp4+fp8"):           # (7 tokens of each checked against float64)
+                wide = dict(D=4096, F=2048, E=8, top_k=6, sample=6)
                 check_case(rng, fmt, "swiglu", 512, device, kernel, norm=True, **wide)
                 check_case(rng, fmt, "sum", 512, device, kernel, add=True, **wide)
     g, node = build("sum", 40, 2, (40, 3, 64), [np.zeros((4, 16, 64), np.float32).astype(np.float16)], [], {})
