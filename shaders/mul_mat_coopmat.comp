@@ -195,20 +195,7 @@ mat2x4 w_chunk(uint wb, uint sr, uint k) {
 #endif
 }
 #endif
-float pow2(int e) { return uintBitsToFloat(uint(e + 127) << 23); }     // 2^e, −126 ≤ e ≤ 127
-float finite_abs(float v) {                     // |v|, or 0 for inf / NaN
-    float a = abs(v);
-    return a <= uintBitsToFloat(0x7F7FFFFFu) ? a : 0.0;
-}
-float finite_max(vec4 v) { return max(max(finite_abs(v.x), finite_abs(v.y)), max(finite_abs(v.z), finite_abs(v.w))); }
-float finite_max(mat2x4 v) { return max(finite_max(v[0]), finite_max(v[1])); }
-int row_shift(float m) {                        // min(15 − e, 126), 2^(e−1) ≤ m < 2^e (m finite ≥ 0)
-    return min(15 - (int(floatBitsToUint(m) >> 23) - 126), 126);
-}
-float unscale(float v, int s) {                 // v · 2^−s, −240 ≤ s ≤ 270: three factors in f32's normal range
-    int a = s / 3, b = (s - a) / 2;
-    return v * pow2(-a) * pow2(-b) * pow2(a + b - s);
-}
+#include "coopmat_scale.glsl"
 #if defined(W_FOLD)
 // A folded row's shift: its staged values are code · 2^(s − 127) · 2^sw with sw = FOLD_TOP − smax (smax
 // the row's largest scale byte), i.e. half(code bits) · 2^(FOLD_EXP + s − smax). FP4: at most 6 · 2^13 =
@@ -217,11 +204,10 @@ float unscale(float v, int s) {                 // v · 2^−s, −240 ≤ s ≤
 // smax − 12. A row whose scale bytes span more is flagged (+ FOLD_FLAG): its outputs are summed in f32
 // from the weights themselves (f32_dot).
 #if defined(W_FP4)
-const int FOLD_TOP = 140, FOLD_SPREAD = 26, FOLD_EXP = 27;
+const int FOLD_TOP = FP4_FOLD_TOP, FOLD_SPREAD = FP4_FOLD_SPREAD, FOLD_EXP = FP4_FOLD_EXP;
 #else
-const int FOLD_TOP = 134, FOLD_SPREAD = 12, FOLD_EXP = 15;
+const int FOLD_TOP = FP8_FOLD_TOP, FOLD_SPREAD = FP8_FOLD_SPREAD, FOLD_EXP = FP8_FOLD_EXP;
 #endif
-const int FOLD_FLAG = 4096;
 void scale_range(uint sr, uint j0, uint step, inout uint lo, inout uint hi) {
     for (uint j = j0; j < p.q_sc; j += step) {
         uint b = scale_byte(sr + j);
@@ -229,9 +215,7 @@ void scale_range(uint sr, uint j0, uint step, inout uint lo, inout uint hi) {
         hi = max(hi, b);
     }
 }
-int fold_shift(uint lo, uint hi) { return FOLD_TOP - int(hi) + (int(hi) - int(lo) > FOLD_SPREAD ? FOLD_FLAG : 0); }
-bool fold_flagged(int s) { return s >= FOLD_FLAG / 2; }
-int fold_unflag(int s) { return fold_flagged(s) ? s - FOLD_FLAG : s; }
+int fold_shift(uint lo, uint hi) { return fold_shift_of(lo, hi, FOLD_TOP, FOLD_SPREAD); }
 float f32_dot(uint xb, uint wb) {               // Σ_k x · w in f32, w dequantised (the f32 kernels' products)
     float acc = 0.0;
     for (uint k = 0u; k < p.K; ++k) acc = fma(x[xb + k * p.x_s3], W1_ROW(wb, k), acc);

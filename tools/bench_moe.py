@@ -18,6 +18,9 @@ timestamp before and after only), after the clock warm-up.
         --routes 1 --wg 0 --unroll 4 --x-shared 0,1 --xs-rows 1,2,4 --xs-unroll 2 --json $OUT/moe_xshared.json
     . .vkdev/enter.sh; python3 tools/bench_moe.py --prefill 128,512,2048 --formats bf16,fp8,fp4+fp8 \
         --json $OUT/moe_prefill.json
+    . .vkdev/enter.sh; python3 tools/bench_moe.py --prefill 512,2048 --formats bf16,fp4+fp8 \
+        --cm-tiles "16x64x16x32x32;16x64x16x32x32x4;16x128x16x32x32;64x64x32x32x32;64x64x32x32x64;128x64x64x32x32" \
+        --json $OUT/moe_prefill_coopmat.json
 (quantised experts load one route at a time: --routes 1). Quantised experts: --x-shared 0,1 puts
 MUL_MAT_ID's staged kernel (knob mul_mat_id.x_shared: x in shared memory, 16-byte code loads) beside
 the other one in the same run, its knobs (mul_mat_id.x_shared_rows / _unroll / _groups) swept by
@@ -34,8 +37,11 @@ invocation a fixed slice of x), its knobs (mul_mat_id.x_regs_rows / _wg / _group
 --prefill T,T,...: MUL_MAT_ID over prefill chunks of T tokens instead (top-k = --routes-per-token − 1
 of --experts − 1 routed experts, uniformly random, and the shared expert), the per-route kernels
 (mul_mat_id.comp) beside the grouped ones (ops/moe_grouped.py: the routing sort, the grouped GEMM
-and, for the sum, the route sum) in ms and effective TFLOPS (2 · T · routes · N · K), --tiles
-sweeping the grouped kernel's tile knobs (BTxBNxBKxTMxTN); --check-tokens tokens of each result
+and, for the sum, the route sum) with the GEMM on the f32 lanes ("grouped") and, where the device has
+them, on the matrix units ("coopmat", ops/moe_coopmat.py; --emulate: its FMA twin "coopmat_fma"
+elsewhere) in ms and effective TFLOPS (2 · T · routes · N · K), --tiles sweeping the f32 grouped
+kernel's tile knobs (BTxBNxBKxTMxTN), --cm-tiles the coopmat one's (BTxBNxWMxWNxBK[xNT]; NMSE ≤ 1e-5
+asserted for it: fp16 products); --check-tokens tokens of each result
 (the last; with more, spread down to the first) checked against float64 over the dequantised experts (NMSE printed, ≤ 1e-8 asserted).
 Formats bf16, fp8, fp4 (the shared expert stacked after the routed ones) and fp4+fp8 (FP4 routed
 experts, the FP8 shared expert in its own tensor, as DeepSeek publishes them). Weights past
@@ -55,6 +61,7 @@ from dsv4_vk.model.checkpoint import BF16
 from dsv4_vk.core.tuning import tuned
 from dsv4_vk.hc.metrics import nmse
 from dsv4_vk.ops import get_op
+from dsv4_vk.ops.moe_coopmat import expert_gemm, tiling as cm_tiling
 from dsv4_vk.ops.moe_grouped import tile_shape
 from dsv4_vk.ops.mul_mat import QUANT, dequantize, quant_arrays
 from dsv4_vk.vk import default_device
@@ -117,6 +124,13 @@ def prefill_rows(a, dev, warm, rng):
     op, rows = get_op("MUL_MAT_ID"), []
     tiles = [dict(zip(("tokens", "outputs", "k_step", "thread_tokens", "thread_outputs"), ints(t.replace("x", ","))))
              for t in a.tiles.split(";")] if a.tiles else [{}]
+    cm_tiles = [dict(zip(("tokens", "outputs", "warp_tokens", "warp_outputs", "k_step", "output_tiles"),
+                         ints(t.replace("x", ","))))
+                for t in a.cm_tiles.split(";")] if a.cm_tiles else [{}]
+    cm = expert_gemm(dev)                   # the matrix units, or why not (then the FMA twin with --emulate)
+    cm_kernel = cm.kernel if cm.kernel != "f32" else ("coopmat_fma" if a.emulate else None)
+    if cm_kernel is None:
+        print(f"grouped_coopmat: skipped ({cm.reason}; --emulate times its FMA twin)", flush=True)
     for fmt in a.formats.split(","):
         routed = "fp4" if fmt == "fp4+fp8" else fmt
         n_routed = E - 1
@@ -142,21 +156,32 @@ def prefill_rows(a, dev, warm, rng):
                 ref = np.concatenate([op.reference(x[t:t + 1], ws[t], np.stack([np.arange(R), route[t, :, 1]], -1)[None],
                                                    mode=mode, **kw) for t in ts]) if ts else None
                 flops = 2.0 * T * R * N * K
-                for kernel, tile in [("per_route", {})] + [("grouped", t) for t in tiles]:
-                    knobs = {"mul_mat_id_grouped.on": kernel == "grouped",
-                             **{f"mul_mat_id_grouped.{k}": v for k, v in tile.items()}}
+                cases = [("per_route", {})] + [("grouped", t) for t in tiles]
+                cases += [(cm_kernel, t) for t in cm_tiles] if cm_kernel else []
+                for kernel, tile in cases:
+                    coop = kernel in ("coopmat", "coopmat_fma")
+                    table = "mul_mat_id_coopmat" if coop else "mul_mat_id_grouped"
+                    knobs = {"mul_mat_id_grouped.on": kernel != "per_route", "mul_mat_id_coopmat.auto": coop,
+                             "mul_mat_id_coopmat.emulate": kernel == "coopmat_fma",
+                             **{f"{table}.{k}": v for k, v in tile.items()}}
                     with tuned(knobs):
                         g = Graph()
                         try:
                             if kernel == "grouped":
                                 tile_shape(dev, wr=2 if mode == "swiglu" else 1)
+                            elif coop:
+                                cm_tiling(dev, T * R, E + 1, wr=2 if mode == "swiglu" else 1)
                         except ValueError as e:
-                            print(f"{fmt:8s} T={T:5d} {mode:6s} grouped {tile}: skipped ({e})", flush=True)
+                            print(f"{fmt:8s} T={T:5d} {mode:6s} {kernel} {tile}: skipped ({e})", flush=True)
                             continue
                         args = [g.input("x", x.shape), g.bind(tensors[0]), g.input("r", route.shape)]
                         g.output("y", g.op("MUL_MAT_ID", *args, *[g.bind(t) for t in tensors[1:]], mode=mode,
                                            **prm, **kw))
                         cg = g.compile(dev)
+                        ran = " ".join(cg.dispatch_details)
+                        want = {"per_route": "mul_mat_id ", "grouped": "mul_mat_id_grouped"}.get(kernel,
+                                                                                                  "mul_mat_id_coopmat")
+                        assert want in ran + " ", f"{kernel}: the graph ran {ran[:300]}"
                         got = cg.run(x=x, r=route)["y"]
                         cg.release()
                         err = nmse(got[ts], ref) if ts else float("nan")
@@ -167,7 +192,8 @@ def prefill_rows(a, dev, warm, rng):
                     how = kernel + ("" if not tile else " " + "x".join(str(v) for v in tile.values()))
                     print(f"{fmt:8s} T={T:5d} {mode:6s} {how:24s} {us / 1e3:9.3f} ms {flops / (us * 1e6):7.2f} TFLOPS "
                           f"nmse {err:.2e}", flush=True)
-                    assert not err > 1e-8, f"{fmt} T={T} {mode} {how}: NMSE {err} against float64"
+                    bound = 1e-5 if coop else 1e-8     # (fp16 products: the coopmat tests' bound)
+                    assert not err > bound, f"{fmt} T={T} {mode} {how}: NMSE {err} against float64"
     return rows
 
 
@@ -208,6 +234,10 @@ def main(argv=None):
     ap.add_argument("--prefill", help="prefill chunks of these token counts (T,T,...) instead of one token: the "
                     "per-route and the grouped kernels")
     ap.add_argument("--tiles", help="--prefill: grouped tile shapes to sweep, BTxBNxBKxTMxTN;... (default: the knobs')")
+    ap.add_argument("--cm-tiles", help="--prefill: tile shapes of the grouped GEMM on the matrix units to sweep, "
+                    "BTxBNxWMxWNxBK[xNT];... (NT: output tiles a workgroup; default: the knobs')")
+    ap.add_argument("--emulate", action="store_true", help="--prefill on a device without matrix units: time the "
+                    "cooperative-matrix grouped kernel's FMA twin (coopmat_fma) instead of skipping it")
     ap.add_argument("--check-tokens", type=int, default=1, help="--prefill: tokens checked against float64 (the "
                     "last, then spread down to the first)")
     ap.add_argument("--json")

@@ -36,7 +36,8 @@ step, 4 or 16; knob gemv_quant.load), moe_unroll, moe_routes, moe_wg, moe_rows (
 a cluster over quantised experts), moe_load (4 or 16; knobs mul_mat_id.*), gemv_xs / moe_xs (1: the
 staged kernels over quantised weights, x in shared memory; knobs gemv_quant.x_shared,
 mul_mat_id.x_shared), gemv_xs_rows / moe_xs_rows (their output rows a cluster) and gemv_xs_wg (the
-staged GEMV's workgroup size),
+staged GEMV's workgroup size), moe_coopmat (0: the prefill's grouped expert GEMM on the f32 lanes,
+not the matrix units; knob mul_mat_id_coopmat.auto),
 indexer (1: CSA layers run their indexer even where its
 top-k keeps every entry the cache can hold, as at this preset's 1024-token cache;
 knob indexer.always), mqa_literal (1: MQA_ATTENTION's per-lane arrays with literal sizes,
@@ -134,6 +135,7 @@ KNOBS = {"fold_mb": ("norm_fold.max_bytes", lambda v: int(float(v) * 2**20)),   
          "cm_k": ("coopmat.k_step", int),
          "cm_pass": ("coopmat.scales", lambda v: "pass" if int(v) else "tile"),
          "cm_group": ("coopmat.group", int),
+         "moe_coopmat": ("mul_mat_id_coopmat.auto", lambda v: bool(int(v))),
          "mqa_literal": ("mqa_arrays.literal", lambda v: bool(int(v))),
          "mix_wg": ("mix.wg", int),
          "compress_wg": ("compress.wg", int),

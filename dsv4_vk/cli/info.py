@@ -22,6 +22,8 @@ def report(dev):
     out["gemv_quant"] = describe_quant(dev)  # the one-token GEMV over FP8 weights
     from ..ops.moe_grouped import describe as experts_describe
     out["mul_mat_id"] = experts_describe(dev)  # the experts' kernel over a prefill chunk, and why
+    from ..ops.moe_coopmat import describe as experts_gemm_describe
+    out["mul_mat_id_gemm"] = experts_gemm_describe(dev)   # the grouped path's GEMM: matrix units or f32 lanes
     from ..ops.compress import describe as indexer_describe
     out.update(indexer_describe(dev))       # index_score, topk: the indexer's kernels
     from ..ops.v4_attention import describe as attention_describe
@@ -77,6 +79,11 @@ def _human(rep):
         lines.append(f"MUL_MAT_ID    {mi['T']} tokens × {mi['routes']} routes: {mi['kernel']} — {mi['reason']}"
                      + (" (tiles {} route slots × {} outputs, k step {}, {} × {} an invocation)".format(*mi["tile"])
                         if mi.get("tile") else ""))
+    mg = rep.get("mul_mat_id_gemm")
+    if mg:
+        lines.append(f"MUL_MAT_ID    grouped GEMM over bf16 experts: {mg['kernel']} — {mg['reason']}"
+                     + (" (tiles {} route slots × {} outputs, warps {} × {}, k step {})".format(*mg["tile"])
+                        if mg.get("tile") else ""))
     isc, tk = rep.get("index_score"), rep.get("topk")
     if isc:
         lines.append(f"INDEX_SCORE   {isc['heads']} heads × {isc['head_dim']}: {isc['kernel']} — {isc['reason']}")

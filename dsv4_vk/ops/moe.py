@@ -7,6 +7,7 @@ from ..core.tuning import knob_table
 from .base import (Launch, OpDef, check_finite, check_flag, check_params, cluster_lanes, expect, grid_1d, is_cpu,
                    next_pow2, nonempty, register, unit_last, view_fields, weight_defines, workgroup_cluster_max,
                    workgroup_pow2, WEIGHT_DTYPES)
+from .moe_coopmat import coopmat_grouped_launches, node_gemm
 from .moe_grouped import expert_kernel, grouped_launches, grouped_scratch
 from .mul_mat import (QUANT, WORKGROUP, check_quant, check_staged_knobs, dequantize, quant_fields, regs_workgroup,
                       rms_weight, staged_on)
@@ -201,7 +202,8 @@ class MulMatId(OpDef):
     id_base / n_ids: w holds experts id_base.. of n_ids (a split stack; other ids add 0).
     Kernels (moe_grouped.expert_kernel): from mul_mat_id_grouped.min_tokens tokens the grouped path
     (the routes sorted by expert on the device, one GEMM per expert; ops/moe_grouped.py), below it
-    one product per route (mul_mat_id.comp, the decode kernels)."""
+    one product per route (mul_mat_id.comp, the decode kernels); the grouped GEMM on the matrix units
+    where the device has them (moe_coopmat.expert_gemm: mul_mat_id_coopmat.comp), else on the f32 lanes."""
     name, n_inputs = "MUL_MAT_ID", None
     dtypes = WEIGHT_DTYPES + ("i32",)   # x, route f32; w f32, bf16 or f16 (widened to f32 as it is read), or quantised
 
@@ -302,6 +304,10 @@ class MulMatId(OpDef):
             x = x.broadcast_to((T, R, K))
         id_base, n_ids = (0, E + 1) if shared else self.expert_ids(node.params, E)
         if expert_kernel(T).kernel == "grouped":
+            gemm = node_gemm(node, device).kernel
+            if gemm != "f32":
+                return coopmat_grouped_launches(device, gemm, node, x, w, route, out, add, g, scale, shared, fmt, mode,
+                                                id_base, n_ids)
             return grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt, mode, id_base, n_ids)
         cols = N // 2 if mode == "swiglu" else N
         wg = MUL_MAT_ID_UNROLL["wg"] if mode == "sum" else None

@@ -1,0 +1,213 @@
+"""MUL_MAT_ID's grouped GEMM on 16-bit matrix units (shaders/mul_mat_id_coopmat.comp): the grouped path of
+ops/moe_grouped.py (the routing sort, one GEMM per expert's routes, the route sum) with the GEMM's products
+in fp16 on VK_NV_cooperative_matrix and f32 sums, every row scaled by a power of two before it is rounded
+to fp16 (docs/tensor_cores.md). `expert_gemm` decides which GEMM a grouped MUL_MAT_ID runs: "coopmat" where
+the device has the matrix units (the check MUL_MAT's tensor-core kernel uses, DSV4_VK_DISABLE_COOPMAT
+respected), "coopmat_fma" (its data flow with FMA products on any device: knob emulate, for tests), else
+"f32" (mul_mat_id_grouped.comp).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..core.tuning import knob_table, tuned
+from .base import Launch, MAX_GROUPS, next_pow2, view_fields, weight_defines
+from .moe_grouped import buckets, grouped_launches, max_tiles, sort_layout
+from .mul_mat import COOPMAT_DTYPES, coopmat_unavailable, quant_fields
+
+COOPMAT_GROUPED = knob_table(
+    "mul_mat_id_coopmat",
+    auto=(True, "the grouped MUL_MAT_ID takes the matrix units where the device has them (False: the f32 grouped "
+                "kernel everywhere, the escape hatch)"),
+    emulate=(False, "the grouped MUL_MAT_ID runs the cooperative-matrix kernel's data flow with FMA products "
+                    "(coopmat_fma) in place of the matrix units, on any device: its numerics, for tests"),
+    tokens=(None, "route slots of a tile, BT (a multiple of warp_tokens; None: on GPUs the routes an expert gets "
+                  "on average as a power of two within 16..64, 16 on CPU devices)"),
+    outputs=(None, "outputs of a tile, BN (SwiGLU: BN gate and BN up rows; None: 64 on GPUs, 16 on CPU devices)"),
+    warp_tokens=(None, "route slots of a warp's (32 lanes') tile, WM (a multiple of 16; None: min(tokens, 32))"),
+    warp_outputs=(None, "weight rows of a warp's tile, WN (a multiple of 16; None: 32 on GPUs, 16 on CPU devices)"),
+    k_step=(None, "inputs staged a step, BK (a multiple of 16; None: 32)"),
+    output_tiles=(1, "output tiles a workgroup takes in turn, NT (≥ 1): its x rows' scales found once for all of "
+                     "them"))
+KERNELS = ("coopmat", "coopmat_fma", "f32")
+
+
+@dataclass(frozen=True)
+class ExpertGemm:
+    """The grouped MUL_MAT_ID's GEMM (one of KERNELS) and why."""
+    kernel: str
+    reason: str
+
+
+def gemm_refusal(w_dtype: str, fmt, K: int, x=None, w=None, g=None) -> str | None:
+    """Why the cooperative-matrix grouped GEMM does not take these operands (None: it does): f32 weights
+    (fp16 products would round them), K % 8 != 0, x rows (and the norm weight) or bf16 / f16 weight rows
+    not 16-byte aligned (the kernel loads and stages 8 inputs at a time)."""
+    if fmt is None and w_dtype not in COOPMAT_DTYPES:
+        return f"{w_dtype} experts stay off the matrix units (fp16 products would round them)"
+    if K % 8:
+        return f"K = {K} is not a multiple of 8 (the kernel stages 8 inputs at a time)"
+    if x is not None and (x.offset % 4 or any(s % 4 for s in x.strides[:2]) or x.strides[2] != 1):
+        return "x rows not 16-byte aligned"
+    if g is not None and g.offset % 4:
+        return "the norm weight not 16-byte aligned"
+    if fmt is None and w is not None and (w.offset % 8 or any(s % 8 for s in w.strides[:2])):
+        return "weight rows not 16-byte aligned"
+    return None
+
+
+def expert_gemm(device, w_dtype: str = "bf16", fmt=None, K: int = 4096, refusal: str | None = None) -> ExpertGemm:
+    """The one place that decides the grouped MUL_MAT_ID's GEMM on `device` (beside moe_grouped.expert_kernel,
+    which decides grouped or per route): the matrix units where the device has them (mul_mat's
+    coopmat_unavailable: the 16 × 16 × 16 fp16 shape, 32-lane subgroups, DSV4_VK_DISABLE_COOPMAT unset), knob
+    mul_mat_id_coopmat.auto on (off: the f32 grouped kernel everywhere) and the operands suit it (`refusal`,
+    else gemm_refusal of the weights); coopmat_fma on any device under mul_mat_id_coopmat.emulate; else the
+    f32 grouped kernel."""
+    refusal = refusal if refusal is not None else gemm_refusal(w_dtype, fmt, K)
+    if refusal:
+        return ExpertGemm("f32", f"f32 lanes: {refusal}")
+    if not COOPMAT_GROUPED["auto"]:
+        return ExpertGemm("f32", "f32 lanes: mul_mat_id_coopmat.auto is off")
+    if COOPMAT_GROUPED["emulate"]:
+        return ExpertGemm("coopmat_fma", "the matrix units' data flow with FMA products (mul_mat_id_coopmat.emulate)")
+    why = coopmat_unavailable(device)
+    if why is None:
+        return ExpertGemm("coopmat", "matrix units (fp16 products of rows scaled by powers of two, f32 sums)")
+    return ExpertGemm("f32", f"f32 lanes, since {why}")
+
+
+def node_gemm(node, device) -> ExpertGemm:
+    """expert_gemm for a MUL_MAT_ID graph node (its weights, x, norm weight)."""
+    fmt_name = node.params.get("wq")
+    n_extra = 2 if "shared_wq" in node.params else 0
+    inputs = node.inputs[:len(node.inputs) - n_extra - (1 if fmt_name else 0)]
+    x, w = inputs[0], inputs[1]
+    g = inputs[3] if len(inputs) == 4 and node.params["mode"] == "swiglu" else None
+    T, R = node.inputs[2].shape[:2]
+    xv = x.broadcast_to((T, R, x.shape[-1])) if x.shape[1] == 1 else x
+    return expert_gemm(device, w.dtype, fmt_name, x.shape[-1], gemm_refusal(w.dtype, fmt_name, x.shape[-1], xv, w, g))
+
+
+def tiling(device, S: int = 0, B: int = 2, wr: int = 2) -> tuple[int, int, int, int, int, int, int]:
+    """(BT, BN, WM, WN, BK, EP, NT) from the knobs (device defaults where None) for S route slots in B buckets
+    and wr weight rows an output, EP the slots an epilogue pass takes (the most the shared memory holds), NT
+    the output tiles a workgroup takes;
+    ValueError naming the knob that does not fit (or the device's limits). With mul_mat_id_coopmat.outputs
+    None, a GPU takes 64 outputs, or 32 / 16 where its shared memory needs."""
+    cpu = device.caps.is_cpu
+    bt = COOPMAT_GROUPED["tokens"] or (16 if cpu else min(64, max(16, next_pow2(-(-S // max(B - 1, 1))))))
+    wm = COOPMAT_GROUPED["warp_tokens"] or (min(bt, 32) if isinstance(bt, int) else bt)
+    wn = COOPMAT_GROUPED["warp_outputs"] or (16 if cpu else 32)
+    bk = COOPMAT_GROUPED["k_step"] or 32
+    bn = COOPMAT_GROUPED["outputs"]
+    if bn is not None:
+        return check_tiling(device, bt, bn, wm, wn, bk, wr)
+    for bn in (16,) if cpu else (64, 32, 16):
+        try:
+            return check_tiling(device, bt, bn, wm, wn, bk, wr)
+        except ValueError:
+            if bn == 16:
+                raise
+    raise AssertionError("unreachable")
+
+
+def check_tiling(device, bt, bn, wm, wn, bk, wr: int) -> tuple[int, int, int, int, int, int, int]:
+    """(bt, bn, wm, wn, bk, ep, nt) where they fit together and the device, else ValueError naming the knob."""
+    if bn is not None and isinstance(wn, int) and isinstance(bn, int) and wn > wr * bn and \
+            COOPMAT_GROUPED["warp_outputs"] is None:
+        wn = wr * bn                                    # (a default warp no wider than the tile)
+    for name, v in (("tokens", bt), ("outputs", bn), ("warp_tokens", wm), ("warp_outputs", wn), ("k_step", bk)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 16 or v % 16:
+            raise ValueError(f"tuning knob 'mul_mat_id_coopmat.{name}' must be a positive multiple of 16, got {v!r}")
+    if bt % wm or (wr * bn) % wn:
+        raise ValueError(f"tuning knobs mul_mat_id_coopmat: warp_tokens {wm} must divide tokens {bt} and warp_outputs "
+                         f"{wn} the tile's {wr * bn} weight rows")
+    wg = 32 * (bt // wm) * (wr * bn // wn)
+    if wg % (bk // 8):
+        raise ValueError(f"tuning knob 'mul_mat_id_coopmat.k_step' = {bk}: its {bk // 8} chunks of 8 inputs must "
+                         f"divide the workgroup's {wg} invocations")
+    lim = device.caps.limits
+    rows = bt + wr * bn
+    # the staging buffer (or an epilogue pass's f32 tile, the larger), rows' maxima and shifts, slots, the
+    # norm's partial sums and factors, quantised rows' scale byte ranges, wbad
+    def smem(ep):
+        return (max(rows * (bk + 8) * 2, ep * wr * bn * 4) + rows * 8 + bt * 4 + bt * (bk // 8) * 4 + bt * 4
+                + wr * bn * 8 + 4)
+    ep = bt
+    while ep > wm and smem(ep) > lim.max_shared_memory:
+        ep -= wm
+    if wg > min(lim.max_workgroup_invocations, lim.max_workgroup_size[0]) or smem(ep) > lim.max_shared_memory:
+        raise ValueError(f"tuning knobs mul_mat_id_coopmat: tiles {bt} × {bn} (warps {wm} × {wn}, k step {bk}) need "
+                         f"{wg} invocations and {smem(ep)} B of shared memory; {device.name} has "
+                         f"{min(lim.max_workgroup_invocations, lim.max_workgroup_size[0])} and {lim.max_shared_memory} B")
+    nt = COOPMAT_GROUPED["output_tiles"]
+    if isinstance(nt, bool) or not isinstance(nt, int) or nt < 1:
+        raise ValueError(f"tuning knob 'mul_mat_id_coopmat.output_tiles' must be an integer ≥ 1, got {nt!r}")
+    return bt, bn, wm, wn, bk, ep, nt
+
+
+def coopmat_grouped_launches(device, kernel: str, node, x, w, route, out, add, g, scale, shared, fmt, mode: str,
+                             id_base: int, n_ids: int) -> list[Launch]:
+    """The grouped path with the GEMM on the matrix units (kernel "coopmat") or their FMA twin: the routing
+    sort and route sum as moe_grouped.grouped_launches makes them (the sort's tiles of this kernel's BT
+    route slots), the GEMM mul_mat_id_coopmat.comp over the same route lists, push block and bindings."""
+    T, R, _ = route.shape
+    E, Nw, _ = w.shape
+    K = x.shape[-1]
+    wr = 2 if mode == "swiglu" else 1
+    cols = Nw // wr
+    S, B = T * R, buckets(E, bool(shared))
+    bt, bn, wm, wn, bk, ep, nt = tiling(device, S, B, wr)
+    tiles = max_tiles(S, B, bt)
+    if tiles > MAX_GROUPS:
+        raise ValueError(f"MUL_MAT_ID grouped: {tiles} tiles of {bt} route slots exceed {MAX_GROUPS} workgroups; "
+                         "raise mul_mat_id_coopmat.tokens or use fewer tokens a call")
+    with tuned({"mul_mat_id_grouped.tokens": bt}):      # the sort's tiles: BT route slots
+        base = grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt, mode, id_base, n_ids)
+    at = [i for i, ln in enumerate(base) if ln.shader == "mul_mat_id_grouped"]
+    if len(at) != 1:
+        raise AssertionError(f"grouped_launches made {[ln.shader for ln in base]}: expected one mul_mat_id_grouped")
+    lay = sort_layout(S, B)
+    if mode == "sum":
+        dst = base[at[0]].args[4]                       # the routes' products (the f32 kernel's output binding)
+        d_view = {"d_off": 0, "d_s0": R * cols, "d_s1": cols, "d_s2": 1}
+    else:
+        dst = out
+        d_view = view_fields("d", out.offset, out.strides)
+    defs: dict = {f"MODE_{mode.upper()}": 1}
+    defs.update(fmt.define() if fmt else weight_defines(w))
+    if shared:
+        defs["SHARED_FP8"] = 1
+    if g is not None:
+        defs["NORM_X"] = 1
+    if kernel == "coopmat":
+        defs["CM_NV"] = 1
+    push = {"R": R, "N": cols, "K": K, "E": E, "id_base": id_base, "n_ids": n_ids,
+            **view_fields("x", x.offset, x.strides[:2]), **view_fields("w", w.offset, w.strides[:2]),
+            "r_off": route.offset, "r_s0": route.strides[0], "r_s1": route.strides[1], **d_view,
+            "s_off": 0, "TILE0": lay["TILE0"], "LIST0": lay["LIST0"], "EL": B - 1,
+            "limit": float(node.params.get("limit", np.inf))}
+    if g is not None:
+        push |= {"g_off": g.offset, "eps": float(node.params["rms_eps"])}
+    if fmt:
+        push |= quant_fields(fmt, K, node.params.get("grid_rows", Nw))
+    if shared:
+        push["s_rows"] = node.params.get("shared_grid_rows", Nw)
+    sort = base[at[0]].args[3]
+    args = [x, w, route, sort, dst] + ([g] if g is not None else []) + ([scale] if fmt else []) + list(shared or [])
+    wg = 32 * (bt // wm) * (wr * bn // wn)
+    gemm = Launch("mul_mat_id_coopmat", args, (4,), push, (-(-cols // (bn * nt)), tiles, 1), defines=defs,
+                  spec=(wg, bt, bn, wm, wn, bk, ep, nt), full_subgroups=kernel == "coopmat", label=base[at[0]].label)
+    return base[:at[0]] + [gemm] + base[at[0] + 1:]
+
+
+def describe(device, T: int = 512, routes: int = 7, experts: int = 257) -> dict:
+    """What `info` prints of the grouped MUL_MAT_ID's GEMM on `device` over bf16 experts at DeepSeek-V4-Flash's
+    prefill (T tokens, `routes` a token over `experts` with the shared one): its kernel, why, and its tile."""
+    c = expert_gemm(device)
+    out = {"T": T, "kernel": c.kernel, "reason": c.reason}
+    if c.kernel != "f32":
+        out["tile"] = tiling(device, T * routes, experts + 1)
+    return out
