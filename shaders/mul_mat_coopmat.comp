@@ -2,9 +2,13 @@
 #extension GL_GOOGLE_include_directive : require
 //! variants: W_BF16 | W_F16 ; - | CM_NV ; - | VEC4 | VEC8
 //! variants: W_BF16 | W_F16 ; ROW_SCALES ; - | VEC4 | VEC8
+//! variants: W_FP8 | W_FP4 ; - | CM_NV ; - | VEC4 | VEC8
+//! variants: W_FP8 | W_FP4 ; ROW_SCALES ; - | VEC4 | VEC8
+//! variants: W_FP8 ; FP8_FOLD ; - | CM_NV | ROW_SCALES ; - | VEC4 | VEC8
 // MUL_MAT on 16-bit matrix units: d[b0, b1, t, n] = Σ_k x[b0, b1, t, k] · w[b0, b1, n, k] (x @ wᵀ) for
-// bf16 / f16 weights (W_BF16 / W_F16, weights.glsl) and f32 x, with fp16 products accumulated in f32.
-// x, w, d are strided 4-D views as in mul_mat.comp (same push block; broadcast batch dims stride 0).
+// bf16 / f16 weights (W_BF16 / W_F16, weights.glsl) or DeepSeek's FP8 / FP4 weights (W_FP8 / W_FP4,
+// below) and f32 x, with fp16 products accumulated in f32. x, w, d are strided 4-D views as in
+// mul_mat.comp (same push block; broadcast batch dims stride 0).
 //
 // Range. fp16 holds 2⁻²⁴..65504, f32 activations and bf16 weights much more, so every row is scaled
 // by a power of two before it is rounded to fp16: a row of x (one token, all of K) by 2^sx, a row of
@@ -53,6 +57,23 @@
 //   of each output tile of its token tile, w row n to slot R + n − n0 of each token tile's output tile
 //   holding n (R = the tile's rows in range, C its outputs in range; slot q is output (t0 + q / C,
 //   n0 + q % C)). Needs R + C ≤ R·C in every tile (R, C ≥ 2), which the launch checks.
+// -D W_FP8 / W_FP4: w is the packed codes (words; w's strides and offset in words, rows whole words,
+//   q_kw a row), their E8M0 scale bytes at binding 3, push fields q_kw, q_rows, q_srows, q_sc as in
+//   weights.glsl. A chunk is KC codes (KC·8 or KC·4 bits of the row, 0 past K), decoded exactly to
+//   halves while staged (the codes as they are for E4M3; E2M1 times the scale, below).
+//   W_FP8: w rows take no shift (every E4M3 value, 2⁻⁹..448, is a normal fp16, staged unscaled). Each
+//     warp sums a 128-input block's products into a second set of accumulators (blk) and, after the
+//     block's last k step, adds them to acc times the block's scale 2^(s−127) (two normal f32
+//     factors): exact in f32 for any scale bytes. Needs BN | 128, BK | 128 and every tile's outputs in
+//     one 128-row block row (the launch checks; tsr, the tile's first scale byte, serves all of it).
+//   W_FP4: a row's shift is 140 − smax (smax its largest scale byte, found from the scale bytes by the
+//     first pass or the workgroup), the chunk staged as code · 2^(27 + s − smax) · (half(code bits) =
+//     code · 2⁻¹⁴): ≤ 6·2¹³, every value a normal fp16 where s ≥ smax − 26. A row spanning more is
+//     flagged (shift + 4096, fold_flagged) and its outputs are summed by f32_dot (K fused multiply-adds
+//     of x and the dequantised weight) in the epilogue instead.
+//   W_FP8 -D FP8_FOLD: FP8 as FP4 (W_FOLD): the shift 134 − smax over the row's grid row, the chunk
+//     staged as code · 2^(7 + s − smax) (≤ 448·2⁷ = 57344, normal where s ≥ smax − 12), rows spanning
+//     more flagged and summed by f32_dot; one accumulator set and no tile constraint (W_BLOCK otherwise).
 // Spec constants: 0 workgroup size (NW·32; 256 with ROW_SCALES), 1 BM, 2 BN, 3 WM, 4 WN (multiples
 // of 16; BM % WM == BN % WN == 0), 5 BK (a multiple of 16; BK/KC divides NW·32 and RS divides BM and
 // BN), 6 NBUF (1 or 2), 7 SCALES (0 or 1), 8 GM (≥ 1).
@@ -74,10 +95,14 @@ layout(push_constant) uniform P {
     uint x_off, x_s0, x_s1, x_s2, x_s3;
     uint w_off, w_s0, w_s1, w_s2, w_s3;
     uint d_off, d_s0, d_s1, d_s2, d_s3;
+#if defined(W_FP8) || defined(W_FP4)
+    uint q_kw, q_rows, q_srows, q_sc;   // quantised weights' geometry (weights.glsl)
+#endif
 } p;
 #define W_S3 p.w_s3
+#define W_SCALE_BINDING 3
 #include "weights.glsl"
-#if defined(VEC8)
+#if defined(VEC8) && !defined(W_QUANT)
 layout(binding = 1) readonly buffer W8 { uvec4 w128[]; };
 #endif
 
@@ -111,11 +136,48 @@ mat2x4 x_chunk(uint xb, uint k) {
                   vec4(0.0));
 #endif
 }
-// w's chunks stay as loaded until they are staged (VEC8: the 16-bit values; a conversion right after the
-// load would wait for it before the products it should overlap)
-#if defined(VEC8)
+// w's chunks stay as loaded until they are staged (VEC8: the 16-bit values; quantised: the codes and,
+// FP4, the chunk's scale byte; a conversion right after the load would wait for it before the products
+// it should overlap)
+#if defined(W_QUANT)
+// W_FOLD: the scale bytes folded into per-row shifts (FP4; FP8 with -D FP8_FOLD); W_BLOCK: FP8's block
+// scales applied to per-block sums
+#if defined(W_FP4) || defined(FP8_FOLD)
+#define W_FOLD 1
+#else
+#define W_BLOCK 1
+#endif
+#if defined(W_FP8)
+const uint QB = 8u;                             // bits a code
+#else
+const uint QB = 4u;
+#endif
+#define W_CHUNK uvec3
+uint scale_byte(uint i) { return (wscale[i >> 2] >> ((i & 3u) << 3)) & 0xFFu; }
+// the codes of w[k .. k + KC − 1] of the row at word wb (code k in the lowest bits, 0 past K) in .x (and
+// .y for FP8's 8 codes); W_FOLD: .z the chunk's scale byte, sr the row's first scale byte (q_scale_row)
+uvec3 w_chunk(uint wb, uint sr, uint k) {
+    if (k >= p.K) return uvec3(0u);
+    const uint bits = KC * QB;                  // 64, 32, 16 or 8
+    uint i = wb + k * QB / 32u, o = k * QB % 32u;
+    uvec3 u = bits == 64u ? uvec3(wq[i], wq[i + 1u], 0u) :
+              uvec3(bits == 32u ? wq[i] : (wq[i] >> o) & ((1u << bits) - 1u), 0u, 0u);
+    if (k + KC > p.K) u.x &= (1u << ((p.K - k) * QB)) - 1u;   // (only KC = 2 reaches here: < 32 bits)
+#if defined(W_FOLD)
+    u.z = scale_byte(sr + k / Q_BC);            // (KC divides Q_BC: one scale a chunk)
+#endif
+    return u;
+}
+mat2x4 w_vals(uvec3 u) {                        // the code values · 2^−8 (E4M3) or 2^−14 (E2M1), exact
+#if defined(W_FP8)
+    return mat2x4(q_fp8x4(u.x), q_fp8x4(u.y));
+#else
+    return mat2x4(q_fp4x4(u.x), q_fp4x4(u.x >> 16));
+#endif
+}
+#elif defined(VEC8)
 #define W_CHUNK uvec4
-W_CHUNK w_chunk(uint wb, uint k) { return k < p.K ? w128[(wb + k) / 8u] : uvec4(0u); }
+W_CHUNK w_chunk(uint wb, uint sr, uint k) { return k < p.K ? w128[(wb + k) / 8u] : uvec4(0u); }
 mat2x4 w_vals(uvec4 u) {
     return mat2x4(w_half(u.x & 0xFFFFu), w_half(u.x >> 16), w_half(u.y & 0xFFFFu), w_half(u.y >> 16),
                   w_half(u.z & 0xFFFFu), w_half(u.z >> 16), w_half(u.w & 0xFFFFu), w_half(u.w >> 16));
@@ -123,7 +185,7 @@ mat2x4 w_vals(uvec4 u) {
 #else
 #define W_CHUNK mat2x4
 mat2x4 w_vals(mat2x4 v) { return v; }
-mat2x4 w_chunk(uint wb, uint k) {
+mat2x4 w_chunk(uint wb, uint sr, uint k) {
 #if defined(VEC4)
     return mat2x4(k < p.K ? W4_ROW(wb, k / 4u) : vec4(0.0), vec4(0.0));
 #else
@@ -141,10 +203,46 @@ float finite_max(mat2x4 v) { return max(finite_max(v[0]), finite_max(v[1])); }
 int row_shift(float m) {                        // min(15 − e, 126), 2^(e−1) ≤ m < 2^e (m finite ≥ 0)
     return min(15 - (int(floatBitsToUint(m) >> 23) - 126), 126);
 }
+float unscale(float v, int s) {                 // v · 2^−s, −240 ≤ s ≤ 270: three factors in f32's normal range
+    int a = s / 3, b = (s - a) / 2;
+    return v * pow2(-a) * pow2(-b) * pow2(a + b - s);
+}
+#if defined(W_FOLD)
+// A folded row's shift: its staged values are code · 2^(s − 127) · 2^sw with sw = FOLD_TOP − smax (smax
+// the row's largest scale byte), i.e. half(code bits) · 2^(FOLD_EXP + s − smax). FP4: at most 6 · 2^13 =
+// 49152, every nonzero value a normal fp16 (≥ 0.5 · 2^(s − smax + 13) ≥ 2^−14) where s ≥ smax − 26;
+// FP8: at most 448 · 2^7 = 57344, every nonzero value normal (≥ 2^−9 · 2^(s − smax + 7)) where s ≥
+// smax − 12. A row whose scale bytes span more is flagged (+ FOLD_FLAG): its outputs are summed in f32
+// from the weights themselves (f32_dot).
+#if defined(W_FP4)
+const int FOLD_TOP = 140, FOLD_SPREAD = 26, FOLD_EXP = 27;
+#else
+const int FOLD_TOP = 134, FOLD_SPREAD = 12, FOLD_EXP = 15;
+#endif
+const int FOLD_FLAG = 4096;
+void scale_range(uint sr, uint j0, uint step, inout uint lo, inout uint hi) {
+    for (uint j = j0; j < p.q_sc; j += step) {
+        uint b = scale_byte(sr + j);
+        lo = min(lo, b);
+        hi = max(hi, b);
+    }
+}
+int fold_shift(uint lo, uint hi) { return FOLD_TOP - int(hi) + (int(hi) - int(lo) > FOLD_SPREAD ? FOLD_FLAG : 0); }
+bool fold_flagged(int s) { return s >= FOLD_FLAG / 2; }
+int fold_unflag(int s) { return fold_flagged(s) ? s - FOLD_FLAG : s; }
+float f32_dot(uint xb, uint wb) {               // Σ_k x · w in f32, w dequantised (the f32 kernels' products)
+    float acc = 0.0;
+    for (uint k = 0u; k < p.K; ++k) acc = fma(x[xb + k * p.x_s3], W1_ROW(wb, k), acc);
+    return acc;
+}
+#endif
 
 #if defined(ROW_SCALES)
 const uint RL = 16u;                            // invocations a row
 shared uint rmx[256u / RL];
+#if defined(W_FOLD)
+shared uint rlo[256u / RL], rhi[256u / RL];     // FP4 w rows: their smallest and largest scale byte
+#endif
 
 void main() {
     uint id = gl_LocalInvocationID.x, rl = id / RL, lane = id % RL;
@@ -155,18 +253,37 @@ void main() {
     bool is_w = r >= p.T;
     uint rb = is_w ? w_row(b0, b1, r - p.T) : x_row(b0, b1, r);
     float m = 0.0;
-    for (uint k = KC * lane; live && k < p.K; k += 4u * RL * KC) {   // 4 chunks in flight
+#if defined(W_QUANT)
+    bool scan = !is_w;                          // quantised w rows: their scale bytes, below
+#else
+    bool scan = true;
+#endif
+    for (uint k = KC * lane; live && scan && k < p.K; k += 4u * RL * KC) {   // 4 chunks in flight
         mat2x4 v[4];
         [[unroll]] for (uint j = 0u; j < 4u; ++j)
-            v[j] = is_w ? w_vals(w_chunk(rb, k + j * RL * KC)) : x_chunk(rb, k + j * RL * KC);
+            v[j] = is_w ? w_vals(w_chunk(rb, 0u, k + j * RL * KC)) : x_chunk(rb, k + j * RL * KC);
         [[unroll]] for (uint j = 0u; j < 4u; ++j) m = max(m, finite_max(v[j]));
     }
     if (lane == 0u) rmx[rl] = 0u;
+#if defined(W_FOLD)
+    if (lane == 0u) { rlo[rl] = 255u; rhi[rl] = 0u; }
+    uint lo = 255u, hi = 0u;
+    if (live && is_w) scale_range(q_scale_row(rb), lane, RL, lo, hi);
+#endif
     barrier();
     atomicMax(rmx[rl], floatBitsToUint(m));
+#if defined(W_FOLD)
+    atomicMin(rlo[rl], lo);
+    atomicMax(rhi[rl], hi);
+#endif
     barrier();
     if (!live) return;
     float s = float(row_shift(uintBitsToFloat(rmx[rl])));
+#if defined(W_BLOCK)
+    if (is_w) s = 0.0;                          // the codes staged as they are (E4M3 fits fp16)
+#elif defined(W_FOLD)
+    if (is_w) s = float(fold_shift(rlo[rl], rhi[rl]));
+#endif
     // the tiles holding the row: lanes take them in turn
     uint n_tiles = (p.N + BN - 1u) / BN, t_tiles = (p.T + BM - 1u) / BM;
     uint dbase = p.d_off + b0 * p.d_s0 + b1 * p.d_s1;
@@ -242,7 +359,7 @@ void main() {
     uint dbase = p.d_off + b0 * p.d_s0 + b1 * p.d_s1;
 
     uint kc = id % KP, r0 = id / KP;
-    uint xb[XR], wb[WR];
+    uint xb[XR], wb[WR], wsr[WR];               // rows' first element (w: word) and, FP4, first scale byte
     mat2x4 xv[XR];
     W_CHUNK wv[WR];
     [[unroll]] for (uint i = 0u; i < XR; ++i) {
@@ -251,7 +368,12 @@ void main() {
     }
     [[unroll]] for (uint i = 0u; i < WR; ++i) {
         wb[i] = w_row(b0, b1, n0 + r0 + RS * i);
-        wv[i] = w_chunk(wb[i], KC * kc);
+#if defined(W_FOLD)
+        wsr[i] = q_scale_row(wb[i]);
+#else
+        wsr[i] = 0u;
+#endif
+        wv[i] = w_chunk(wb[i], wsr[i], KC * kc);
     }
     // 1. the rows' scales
     if (SCALES == 0u) {
@@ -264,20 +386,38 @@ void main() {
             mat2x4 xnext[XR];
             W_CHUNK wnext[WR];
             [[unroll]] for (uint i = 0u; i < XR; ++i) xnext[i] = x_chunk(xb[i], kn);
-            [[unroll]] for (uint i = 0u; i < WR; ++i) wnext[i] = w_chunk(wb[i], kn);
+#if !defined(W_QUANT)
+            [[unroll]] for (uint i = 0u; i < WR; ++i) wnext[i] = w_chunk(wb[i], wsr[i], kn);
+#endif
             [[unroll]] for (uint i = 0u; i < XR; ++i) { xmax[i] = max(xmax[i], finite_max(xv[i])); xv[i] = xnext[i]; }
+#if !defined(W_QUANT)
             [[unroll]] for (uint i = 0u; i < WR; ++i) {
                 wmax[i] = max(wmax[i], finite_max(w_vals(wv[i])));
                 wv[i] = wnext[i];
             }
+#endif
         }
         barrier();                              // (mx cleared)
         [[unroll]] for (uint i = 0u; i < XR; ++i) atomicMax(mx[r0 + RS * i], floatBitsToUint(xmax[i]));
         [[unroll]] for (uint i = 0u; i < WR; ++i) atomicMax(mx[BM + r0 + RS * i], floatBitsToUint(wmax[i]));
         barrier();
-        for (uint i = id; i < BM + BN; i += NW * 32u) sh[i] = row_shift(uintBitsToFloat(mx[i]));
+        for (uint i = id; i < BM + BN; i += NW * 32u) {
+            int s = row_shift(uintBitsToFloat(mx[i]));
+#if defined(W_BLOCK)
+            if (i >= BM) s = 0;                 // the codes staged as they are (E4M3 fits fp16)
+#elif defined(W_FOLD)
+            if (i >= BM) {                      // the row's scale bytes
+                uint lo = 255u, hi = 0u;
+                scale_range(q_scale_row(w_row(b0, b1, n0 + i - BM)), 0u, 1u, lo, hi);
+                s = fold_shift(lo, hi);
+            }
+#endif
+            sh[i] = s;
+        }
         [[unroll]] for (uint i = 0u; i < XR; ++i) xv[i] = x_chunk(xb[i], KC * kc);
-        [[unroll]] for (uint i = 0u; i < WR; ++i) wv[i] = w_chunk(wb[i], KC * kc);
+#if !defined(W_QUANT)
+        [[unroll]] for (uint i = 0u; i < WR; ++i) wv[i] = w_chunk(wb[i], wsr[i], KC * kc);
+#endif
     } else {                                    // this tile's slots, as ROW_SCALES wrote them
         uint R = min(BM, p.T - t0), C = min(BN, p.N - n0);
         for (uint i = id; i < BM + BN; i += NW * 32u) {
@@ -297,21 +437,45 @@ void main() {
 #if defined(CM_NV)
     MAT_C acc[TI * TJ];
     [[unroll]] for (uint a = 0u; a < TI * TJ; ++a) acc[a] = MAT_C(0.0);
+#if defined(W_BLOCK)
+    MAT_C blk[TI * TJ];                         // the products of the current 128-input scale block
+    [[unroll]] for (uint a = 0u; a < TI * TJ; ++a) blk[a] = MAT_C(0.0);
+#endif
 #else
     float acc[TI * TJ][8];
     for (uint a = 0u; a < TI * TJ; ++a) for (uint m = 0u; m < 8u; ++m) acc[a][m] = 0.0;
+#if defined(W_BLOCK)
+    float blk[TI * TJ][8];
+    for (uint a = 0u; a < TI * TJ; ++a) for (uint m = 0u; m < 8u; ++m) blk[a][m] = 0.0;
 #endif
-    float xf[XR], wf[WR];                       // this invocation's rows' scales
+#endif
+#if defined(W_BLOCK)
+#define PART blk                                /* products summed per scale block, then scaled into acc */
+#else
+#define PART acc
+#endif
+    float xf[XR];                               // this invocation's rows' scales
     [[unroll]] for (uint i = 0u; i < XR; ++i) xf[i] = pow2(sh[r0 + RS * i]);
+#if defined(W_BLOCK)
+#define W_STAGED(i, u) (w_vals(u) * 256.0)     /* the E4M3 values themselves */
+    uint tsr = q_scale_row(w_row(b0, b1, n0));  // the tile's first scale byte (all its rows in one block row)
+#elif defined(W_FOLD)
+    int wtop[WR];                               // the rows' largest scale byte
+    [[unroll]] for (uint i = 0u; i < WR; ++i) wtop[i] = FOLD_TOP - fold_unflag(sh[BM + r0 + RS * i]);
+#define W_STAGED(i, u) (w_vals(u) * pow2(max(FOLD_EXP + int((u).z) - wtop[i], -126)))
+#else
+    float wf[WR];
     [[unroll]] for (uint i = 0u; i < WR; ++i) wf[i] = pow2(sh[BM + r0 + RS * i]);
+#define W_STAGED(i, u) (w_vals(u) * wf[i])
+#endif
     [[unroll]] for (uint i = 0u; i < XR; ++i) stage((r0 + RS * i) * XS + KC * kc, xv[i] * xf[i]);
-    [[unroll]] for (uint i = 0u; i < WR; ++i) stage((BM + r0 + RS * i) * XS + KC * kc, w_vals(wv[i]) * wf[i]);
+    [[unroll]] for (uint i = 0u; i < WR; ++i) stage((BM + r0 + RS * i) * XS + KC * kc, W_STAGED(i, wv[i]));
     uint steps = (p.K + BK - 1u) / BK;
     for (uint s = 0u; s < steps; ++s) {
         barrier();
         uint kn = (s + 1u) * BK + KC * kc;      // the next step's chunks (0 past K)
         [[unroll]] for (uint i = 0u; i < XR; ++i) xv[i] = x_chunk(xb[i], kn);
-        [[unroll]] for (uint i = 0u; i < WR; ++i) wv[i] = w_chunk(wb[i], kn);
+        [[unroll]] for (uint i = 0u; i < WR; ++i) wv[i] = w_chunk(wb[i], wsr[i], kn);
         uint base = (s % NBUF) * BUF;           // this step's buffer (halves)
 #if defined(CM_NV)
         [[unroll]] for (uint kk = 0u; kk < BK; kk += 16u) {
@@ -321,7 +485,7 @@ void main() {
             [[unroll]] for (uint j = 0u; j < TJ; ++j) {
                 MAT_A b;                        // column-major: B(k, n) at w row n, half k
                 coopMatLoadNV(b, smem, (base + (BM + wn + 16u * j) * XS + kk) / 8u, XS8, true);
-                [[unroll]] for (uint i = 0u; i < TI; ++i) acc[i * TJ + j] = coopMatMulAddNV(a[i], b, acc[i * TJ + j]);
+                [[unroll]] for (uint i = 0u; i < TI; ++i) PART[i * TJ + j] = coopMatMulAddNV(a[i], b, PART[i * TJ + j]);
             }
         }
 #else
@@ -331,19 +495,36 @@ void main() {
                 uint e = lane + 32u * m;
                 uint xa = (base + (wt + 16u * i + e / 16u) * XS) / 2u;
                 uint wa = (base + (BM + wn + 16u * j + e % 16u) * XS) / 2u;
-                float sum = acc[i * TJ + j][m];
+                float sum = PART[i * TJ + j][m];
                 for (uint q = 0u; q < BK / 2u; ++q) {          // the step's k pairs
                     vec2 xp = staged_pair(xa + q), wp = staged_pair(wa + q);
                     sum = fma(xp.y, wp.y, fma(xp.x, wp.x, sum));
                 }
-                acc[i * TJ + j][m] = sum;
+                PART[i * TJ + j][m] = sum;
             }
+#endif
+#if defined(W_BLOCK)
+        if ((s + 1u) * BK % 128u == 0u || s + 1u == steps) {      // uniform: a scale block's last step
+            int e = int(scale_byte(tsr + s * BK / 128u)) - 127;    // its scale 2^e, as two normal factors
+            float c1 = pow2(e / 2), c2 = pow2(e - e / 2);
+#if defined(CM_NV)
+            [[unroll]] for (uint a = 0u; a < TI * TJ; ++a) {
+                acc[a] = acc[a] + blk[a] * c1 * c2;
+                blk[a] = MAT_C(0.0);
+            }
+#else
+            for (uint a = 0u; a < TI * TJ; ++a) for (uint m = 0u; m < 8u; ++m) {
+                acc[a][m] += blk[a][m] * c1 * c2;
+                blk[a][m] = 0.0;
+            }
+#endif
+        }
 #endif
         if (s + 1u < steps) {                   // uniform: the next step's chunks into its buffer
             if (NBUF == 1u) barrier();          // (one buffer: every warp done with this step)
             uint nb = ((s + 1u) % NBUF) * BUF;
             [[unroll]] for (uint i = 0u; i < XR; ++i) stage(nb + (r0 + RS * i) * XS + KC * kc, xv[i] * xf[i]);
-            [[unroll]] for (uint i = 0u; i < WR; ++i) stage(nb + (BM + r0 + RS * i) * XS + KC * kc, w_vals(wv[i]) * wf[i]);
+            [[unroll]] for (uint i = 0u; i < WR; ++i) stage(nb + (BM + r0 + RS * i) * XS + KC * kc, W_STAGED(i, wv[i]));
         }
     }
     barrier();                                  // the staging memory becomes the warps' scratch
@@ -365,8 +546,15 @@ void main() {
             uint e = lane + 32u * m;
             uint tl = wt + 16u * (a / TJ) + e / 16u, nl = wn + 16u * (a % TJ) + e % 16u;
             uint t = t0 + tl, n = n0 + nl;
-            int s = sh[tl] + sh[BM + nl];       // −226..252: two factors 2^−(s/2), 2^−(s − s/2) in range
-            float v = uintBitsToFloat(smem[sc + e / 4u][e % 4u]) * pow2(-(s / 2)) * pow2(-(s - s / 2));
+#if defined(W_FOLD)
+            int s = sh[tl] + fold_unflag(sh[BM + nl]);
+#else
+            int s = sh[tl] + sh[BM + nl];
+#endif
+            float v = unscale(uintBitsToFloat(smem[sc + e / 4u][e % 4u]), s);
+#if defined(W_FOLD)
+            if (fold_flagged(sh[BM + nl]) && t < p.T && n < p.N) v = f32_dot(x_row(b0, b1, t), w_row(b0, b1, n));
+#endif
             if (t < p.T && n < p.N) d[dbase + t * p.d_s2 + n * p.d_s3] = v;
         }
         sync_warp();

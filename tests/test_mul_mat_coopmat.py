@@ -25,6 +25,7 @@ from dsv4_vk.model.checkpoint import BF16
 from dsv4_vk.ops import get_op
 from dsv4_vk.ops import mul_mat
 from dsv4_vk.vk.caps import CoopMatShape
+from dsv4_vk.vk import default_device
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SMALL_TILES = {"coopmat.tokens": 32, "coopmat.outputs": 32, "coopmat.warp_tokens": 16, "coopmat.warp_outputs": 16}
@@ -116,12 +117,14 @@ def test_coopmat_fma_matches_float64(rng, tiles):
 
 @pytest.mark.parametrize("width, subgroup", [(128, 4), (512, 16)])
 def test_coopmat_fma_at_lavapipe_subgroup_size(device, width, subgroup):
-    """(LP_NATIVE_VECTOR_WIDTH sets lavapipe's subgroup size; another device keeps its own: nothing to run.)"""
+    """bf16 / f16 and FP8 / FP4 weights (at 8 lanes, lavapipe's default, the tests above).
+    (LP_NATIVE_VECTOR_WIDTH sets lavapipe's subgroup size; another device keeps its own: nothing to run.)"""
     if "llvmpipe" not in device.name:
         pytest.skip(f"LP_NATIVE_VECTOR_WIDTH sets only lavapipe's subgroup size; the device is {device.name}")
     code = ("import sys, numpy as np; sys.path.insert(0, %r); import test_mul_mat_coopmat as t; "
             "from dsv4_vk.vk import default_device; assert default_device().subgroup_size == %d; "
-            "[t.check_coopmat('coopmat_fma', np.random.default_rng(), t.CASES[:3], v) for v in t.VARIANTS[:2]]"
+            "[t.check_coopmat('coopmat_fma', np.random.default_rng(), t.CASES[:3], v) for v in t.VARIANTS[:2]]; "
+            "[t.check_quant_coopmat(np.random.default_rng(), knobs=v) for v in t.VARIANTS[:2]]"
             % (HERE, subgroup))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "LP_NATIVE_VECTOR_WIDTH": str(width)})
@@ -242,7 +245,7 @@ def with_matrix_units(device, monkeypatch):
 
 def test_kernel_choice_and_its_reason(device, monkeypatch):
     """pick_kernel: the matrix units from coopmat.min_tokens over bf16 / f16 weights where the device
-    has the shape and coopmat.auto is on, the f32 kernels otherwise, each with its reason;
+    has the shape and coopmat.auto is on (the default), the f32 kernels otherwise, each with its reason;
     DSV4_VK_DISABLE_COOPMAT named."""
     f32 = "gemm_regs" if device.caps.is_cpu else "gemm_shared"
     limits = dataclasses.replace(device.caps.limits, max_workgroup_invocations=512, max_shared_memory=48 * 1024,
@@ -256,25 +259,30 @@ def test_kernel_choice_and_its_reason(device, monkeypatch):
         assert mul_mat.pick_kernel(device, 512, 4096, w_dtype="f32").kernel == f32
     with_matrix_units(device, monkeypatch)
     pick = mul_mat.pick_kernel
-    c = pick(device, 512, 4096, w_dtype="bf16")     # coopmat.auto off (the default): the f32 lanes, saying so
-    assert c.kernel == "gemm_shared" and "coopmat.auto is off" in c.reason, c
-    assert pick(device, 512, 4096, "coopmat", w_dtype="bf16").kernel == "coopmat"
-    with tuned({"coopmat.emulate": True}):          # (emulate only where there are no matrix units)
-        assert pick(device, 512, 4096, w_dtype="bf16").kernel == "gemm_shared"
-    assert mul_mat.describe(device)["kernel"] == "gemm_shared"
-    with tuned({"coopmat.auto": True}):
+    with tuned({"coopmat.auto": False}):            # the f32 lanes, saying so
+        c = pick(device, 512, 4096, w_dtype="bf16")
+        assert c.kernel == "gemm_shared" and "coopmat.auto is off" in c.reason, c
+        assert pick(device, 512, 4096, "coopmat", w_dtype="bf16").kernel == "coopmat"
+        with tuned({"coopmat.emulate": True}):      # (emulate only where there are no matrix units)
+            assert pick(device, 512, 4096, w_dtype="bf16").kernel == "gemm_shared"
+        assert mul_mat.describe(device)["kernel"] == "gemm_shared"
+    with tuned({"coopmat.auto": True}):             # (the default)
         assert pick(device, 16, 4096, w_dtype="bf16") == mul_mat.KernelChoice(
-            "coopmat", "matrix units: T ≥ 16 over bf16 weights")
+            "coopmat", "matrix units: T ≥ 16 over bf16 weights, tiles 128 × 128 (49152 B of shared memory)")
         assert pick(device, 512, 64, w_dtype="f16").kernel == "coopmat"
-        assert pick(device, 15, 4096, w_dtype="bf16") == mul_mat.KernelChoice("gemv", "f32 lanes: T < 16")
-        assert pick(device, 512, 4096, w_dtype="f32").kernel == "gemm_shared"
-        assert (pick(device, 512, 4096, w_dtype="i32", quant=True).reason
-                == "f32 lanes: quantised weights stay off the matrix units")
+        assert pick(device, 15, 4096, w_dtype="bf16") == mul_mat.KernelChoice(
+            "gemv", "f32 lanes: T < 16 (coopmat.min_tokens)")
+        c = pick(device, 512, 4096, w_dtype="f32")
+        assert c.kernel == "gemm_shared" and c.reason == ("f32 lanes: f32 weights stay off the matrix units (fp16 "
+                                                          "products would round them)"), c
+        assert pick(device, 512, 4096, w_dtype="i32", quant="fp8").kernel == "coopmat"
         assert pick(device, 512, 4096, w_dtype="bf16", norm=True).kernel == "gemv"
         with tuned({"coopmat.min_tokens": 128}):
             assert pick(device, 64, 4096, w_dtype="bf16").kernel == "gemv"
-            assert mul_mat.describe(device) == {"kernel": "coopmat", "from_tokens": 128, "tile": [64, 128],
-                                                "reason": "matrix units: T ≥ 128 over bf16 weights"}
+            d = mul_mat.describe(device)
+            assert (d["kernel"], d["from_tokens"], d["tile"]) == ("coopmat", 128, [128, 128])
+            assert d["reason"].startswith("matrix units: T ≥ 128 over bf16 weights, tiles 128 × 128")
+            assert {f: q["kernel"] for f, q in d["quant"].items()} == {"fp8": "coopmat", "fp4": "coopmat"}
         monkeypatch.setattr(device, "coopmat_disabled", True, raising=False)
         c = pick(device, 512, 4096, w_dtype="bf16")
         assert c.kernel == "gemm_shared" and "DSV4_VK_DISABLE_COOPMAT=1" in c.reason
@@ -284,19 +292,26 @@ def test_kernel_choice_and_its_reason(device, monkeypatch):
 
 def test_info_names_the_mul_mat_kernel(device):
     """`info` says which kernel MUL_MAT over many tokens takes and why: where the device has matrix units
-    the f32 lanes while coopmat.auto is off (the default), else the f32 lanes naming what is missing;
+    the matrix units (coopmat.auto on, the default) and their tiles, else the f32 lanes naming what is missing,
+    for bf16 / f16 and for FP8 and FP4 weights;
     with DSV4_VK_DISABLE_COOPMAT=1 the f32 lanes naming the switch (where it changed something); a junk
     value of the switch is refused."""
-    def info_line(**env):
+    def info_line(prefix="MUL_MAT", **env):
         r = subprocess.run([sys.executable, "-m", "dsv4_vk", "info"], capture_output=True, text=True, timeout=120,
                            env={**os.environ, **env})
         assert r.returncode == 0, r.stderr
-        return next(ln for ln in r.stdout.splitlines() if ln.startswith("MUL_MAT"))
+        return next(ln for ln in r.stdout.splitlines() if ln.startswith(prefix))
     units = mul_mat.coopmat_unavailable(device) is None
     line = info_line()
     assert line.startswith("MUL_MAT       512 tokens over bf16/f16 weights: "), line
-    assert ("— f32 lanes, since coopmat.auto is off" in line if units else
+    assert ("coopmat — matrix units: T ≥ 16 over bf16 weights, tiles" in line if units else
             "— f32 lanes, since the device has no VK_NV_cooperative_matrix 16 × 16 × 16" in line), line
+    for fmt in ("FP8", "FP4"):
+        line = info_line(prefix=f"MUL_MAT       512 tokens over {fmt} ")
+        assert (f"coopmat — matrix units: T ≥ 16 over {fmt} weights" in line if units else
+                "— f32 lanes, since the device has no VK_NV_cooperative_matrix 16 × 16 × 16" in line), line
+    line = info_line(prefix="MUL_MAT       512 tokens over f32 ")
+    assert "— f32 lanes: f32 weights stay off the matrix units (fp16 products would round them)" in line, line
     line = info_line(DSV4_VK_DISABLE_COOPMAT="1")
     assert "— f32 lanes, since" in line and ("DSV4_VK_DISABLE_COOPMAT=1" in line) == units, line
     r = subprocess.run([sys.executable, "-m", "dsv4_vk", "info"], capture_output=True, text=True, timeout=120,
@@ -314,7 +329,7 @@ def test_coopmat_refusals(device, monkeypatch):
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, coopmat=(), limits=limits))  # no matrix units
     g = Graph()
     x = g.input("x", (32, 64))
-    with pytest.raises(ValueError, match="kernel='coopmat_fma' takes bf16 or f16 weights, got f32"):
+    with pytest.raises(ValueError, match="kernel='coopmat_fma' takes bf16, f16, FP8 or FP4 weights, got f32"):
         g.op("MUL_MAT", x, g.input("w", (16, 64)), kernel="coopmat_fma")
     g.op("MUL_MAT", x, g.input("wb", (16, 64), "bf16"), kernel="coopmat")
     node = g.nodes[-1]
@@ -341,8 +356,12 @@ def test_the_cooperative_matrix_variant_compiles():
     assert {("CM_NV", "W_BF16"), ("CM_NV", "W_F16"), ("W_BF16",), ("W_F16",)} <= variants
     assert {("CM_NV", "VEC4", "W_BF16"), ("CM_NV", "VEC8", "W_F16"), ("CM_NV", "VEC8", "W_BF16")} <= variants
     assert {("ROW_SCALES", "VEC8", "W_BF16"), ("ROW_SCALES", "W_F16")} <= variants
+    assert {(*cm, *vec, f) for cm in ((), ("CM_NV",)) for vec in ((), ("VEC4",), ("VEC8",))
+            for f in ("W_FP4", "W_FP8")} <= {tuple(sorted(v)) for v in variants}
+    assert {("ROW_SCALES", "VEC8", "W_FP8"), ("ROW_SCALES", "W_FP4")} <= variants
     for defines in ({"W_BF16": 1, "CM_NV": 1}, {"W_F16": 1, "CM_NV": 1}, {"W_BF16": 1, "CM_NV": 1, "VEC4": 1},
-                    {"W_BF16": 1, "CM_NV": 1, "VEC8": 1}):
+                    {"W_BF16": 1, "CM_NV": 1, "VEC8": 1}, {"W_FP8": 1, "CM_NV": 1, "VEC8": 1},
+                    {"W_FP4": 1, "CM_NV": 1}):
         spv = compile_shader("mul_mat_coopmat", defines)
         words = np.frombuffer(spv, np.uint32)
         ops = set()
@@ -414,3 +433,293 @@ def test_bench_ablations_apply_to_the_kernel(monkeypatch):
         assert (tmp / "mul_mat_coopmat.comp").read_text() != original, name
         monkeypatch.setattr(shader, "shader_dir", lambda: tmp)
         assert shader.compile_shader("mul_mat_coopmat", {"W_BF16": 1, "CM_NV": 1, "VEC8": 1}), name
+
+
+# --- FP8-block and FP4-group weights -------------------------------------------------------------------
+
+def quant_weights(rng, fmt, N, K, scale=None, edit=None):
+    """(packed words, scale words, float64 w) of random codes (tests/test_quant.py's random_quant and its
+    dequantisation written from the format), with the scale bytes given (`scale`, the grid) or random, and
+    the codes changed in place by edit(codes) if given."""
+    from test_quant import dequant, random_quant
+    codes, s = random_quant(rng, fmt, N, K)
+    if edit is not None:
+        edit(codes)
+    if scale is not None:
+        s = np.asarray(scale, np.uint8).reshape(s.shape)
+    words, sw = mul_mat.quant_arrays(codes, s)
+    return words, sw, dequant(fmt, codes, s)
+
+
+def run_quant(x, words, sw, fmt, kernel="coopmat_fma", **params):
+    g = Graph()
+    g.output("y", g.op("MUL_MAT", g.input("x", x.shape), g.const(words), g.const(sw), wq=fmt, kernel=kernel,
+                       **params))
+    ex = Executor()
+    out = ex.run(g, x=x)
+    assert ex.last.check_guards() == []
+    return out["y"]
+
+
+def fp16_quant_reference(x, w):
+    """float64 x @ wᵀ with x's rows scaled, rounded to fp16 and scaled back (the kernel's one rounding over
+    quantised weights: their values reach the products exactly)."""
+    x = np.asarray(x, np.float64)
+    sx = row_shifts(x)
+    xh = (x * np.exp2(sx)[..., None]).astype(np.float32).astype(np.float16).astype(np.float64)
+    return (xh * np.exp2(-sx)[..., None]) @ np.asarray(w, np.float64).T
+
+
+def check_quant_rel(got, x, w, what, f32_rows=()):
+    """Every output against float64 relative to the sum of its |terms| (2e-3: fp16's rounding of x), and to
+    the fp16-rounded x (1e-6 relative: f32 summation), but outputs of w rows in f32_rows (FP4 rows the
+    kernel sums in f32) to 1e-5 of the exact product; outputs whose terms sum below 2^−120 (near f32's
+    subnormals, where an f32 kernel loses bits) are left out."""
+    x64, w64 = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    exact, terms = x64 @ w64.T, np.abs(x64) @ np.abs(w64).T
+    assert np.isfinite(got).all(), what
+    terms = np.where(terms >= 2.0 ** -120, terms, np.inf)
+    rel = np.abs(got - exact) / terms
+    assert rel.max() <= 2e-3, f"{what}: worst {rel.max():.2e} at {np.unravel_index(rel.argmax(), rel.shape)}"
+    rel16 = np.abs(got - fp16_quant_reference(x, w)) / terms
+    cols = np.setdiff1d(np.arange(w64.shape[0]), list(f32_rows))
+    assert rel16[:, cols].max() <= 1e-6, f"{what}: {rel16[:, cols].max():.2e} from the fp16-rounded x"
+    if len(f32_rows):
+        assert rel[:, list(f32_rows)].max() <= 1e-5, f"{what}: the f32-summed rows {rel[:, list(f32_rows)].max():.2e}"
+    return rel
+
+
+# (fmt, T, N, K): partial 128 × 128 blocks, K and N not multiples of the tile or the k step, K % 8 and
+# K % 4 != 0 (narrower loads), one token tile
+QUANT_CASES = [("fp8", 37, 200, 300), ("fp8", 20, 40, 256), ("fp8", 5, 9, 70), ("fp8", 17, 33, 66),
+               ("fp4", 20, 40, 96), ("fp4", 17, 33, 70), ("fp4", 40, 50, 260), ("fp4", 9, 7, 36)]
+
+
+def check_quant_coopmat(rng, kernel="coopmat_fma", cases=QUANT_CASES, knobs=SMALL_TILES):
+    with tuned(knobs):
+        for fmt, T, N, K in cases:
+            words, sw, w = quant_weights(rng, fmt, N, K)
+            x = rng.standard_normal((T, K)).astype(np.float32) * 3
+            got = run_quant(x, words, sw, fmt, kernel)
+            exact = x.astype(np.float64) @ w.T
+            what = (fmt, T, N, K, knobs.get("coopmat.scales"))
+            assert nmse(got, exact) <= NMSE_MAX, what
+            assert nmse(got, fp16_quant_reference(x, w)) <= NMSE_FP16_MAX[kernel], what
+
+
+@pytest.mark.parametrize("knobs", [SMALL_TILES, {**SMALL_TILES, **PASS_2BUF}, {},
+                                   {"coopmat.tokens": 64, "coopmat.outputs": 64, "coopmat.warp_tokens": 32,
+                                    "coopmat.warp_outputs": 32, "coopmat.k_step": 64, "coopmat.scales": "pass"}],
+                         ids=["32x32", "32x32_pass_2buf", "default", "64x64_k64_pass"])
+def test_coopmat_fma_quantised_matches_float64(rng, knobs):
+    """FP8 (128 × 128 blocks) and FP4 (32-input groups) weights on the tensor-core path's data flow against
+    the float64 dequantisation written from the format: NMSE ≤ 1e-5, and the fp16-rounded x's product
+    (the weights' values reach the products exactly) to f32 summation error."""
+    check_quant_coopmat(rng, knobs=knobs)
+
+
+@pytest.mark.parametrize("scales", ["tile", "pass"])
+def test_coopmat_fp8_extreme_block_scales(rng, scales):
+    """FP8 block scales 2^−127 (byte 0) to 2^60 in one tensor, beside x rows past fp16's range: each block's
+    partial product is scaled in f32, so every output matches float64 relative to its own terms, and the
+    fp16-rounded x's product to f32 summation error."""
+    T, N, K = 20, 200, 300                                  # block grid 2 × 3, partial last blocks
+    grid = [[0, 1, 0], [187, 60, 127]]                      # 2^−127 block row; 2^60, 2^−67, 1
+    words, sw, w = quant_weights(rng, "fp8", N, K, grid)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    x[0] *= 1e15
+    x[1] *= 1e-15
+    x[2, 7] = 3e8
+    with tuned({**SMALL_TILES, "coopmat.scales": scales}):
+        got = run_quant(x, words, sw, "fp8")
+    check_quant_rel(got, x, w, ("fp8 extremes", scales))
+    assert ((np.abs(x.astype(np.float64)) @ np.abs(w[:128].T))[2:] >= 2.0 ** -120).all()    # (so checked above)
+    assert (got[3:, :128] != 0).all() and np.abs(got[3:, :128]).max() < 2.0 ** -100   # ordinary x, 2^−127 block row
+
+
+@pytest.mark.parametrize("scales", ["tile", "pass"])
+def test_coopmat_fp4_scale_spread(rng, scales):
+    """FP4 rows whose group scales span up to 26 binades are staged exactly (every value a normal fp16 after
+    the row's power of two: checked against the fp16-rounded x's product); rows spanning more (27 and
+    40 binades, and tiny and huge scales) are summed in f32 from the weights (checked to 1e-5 of the
+    exact product): without that their small groups would be lost below fp16's normals."""
+    T, N, K = 18, 40, 160                                   # 5 groups a row
+    grid = rng.integers(120, 131, (N, K // 32))
+    grid[0] = [127, 101, 110, 127, 120]                     # 26 binades: exact in fp16
+    grid[1] = [10, 30, 36, 20, 12]                          # small scales, 26 binades
+    grid[2] = [150, 124, 150, 150, 150]                     # 26 binades, large
+    grid[3] = [127, 100, 127, 127, 127]                     # 27: summed in f32
+    grid[4] = [160, 120, 150, 160, 130]                     # 40
+    grid[5] = [1, 200, 100, 50, 180]
+    words, sw, w = quant_weights(rng, "fp4", N, K, grid)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    x[:, 32:64] *= 2.0 ** 26                                # the small groups carry the products
+    x[3] *= 1e-12
+    with tuned({**SMALL_TILES, "coopmat.scales": scales}):
+        got = run_quant(x, words, sw, "fp4")
+    check_quant_rel(got, x, w, ("fp4 spread", scales), f32_rows=(3, 4, 5))
+    # the f32 rows hold what fp16 could not: row 3's small group below fp16's normals after the row's shift,
+    # row 4's rounded away
+    assert np.abs(w[3, 32:64]).min() * 2.0 ** (140 - grid[3].max()) < 2.0 ** -14
+    staged = w[4] * 2.0 ** (140 - grid[4].max())
+    assert (staged.astype(np.float16).astype(np.float64) != staged).any()
+
+
+def test_coopmat_quant_choice_and_refusals(device, monkeypatch):
+    """The automatic choice takes FP8 and FP4 weights onto the matrix units; FP8 needs tile outputs and a
+    k step dividing 128 and tiles inside one 128-row block row, and says so where it takes the f32
+    lanes instead (or, asked for kernel='coopmat*', refuses naming it)."""
+    with_matrix_units(device, monkeypatch)
+    pick = mul_mat.pick_kernel
+    for fmt in ("fp8", "fp4"):
+        c = pick(device, 512, 4096, w_dtype="i32", quant=fmt)
+        assert c.kernel == "coopmat" and f"over {fmt.upper()} weights" in c.reason, c
+    with tuned({"coopmat.outputs": 256, "coopmat.warp_outputs": 64}):
+        c = pick(device, 512, 4096, w_dtype="i32", quant="fp8")
+        assert c.kernel == "gemm_shared" and "coopmat.outputs 256" in c.reason, c
+        assert pick(device, 512, 4096, w_dtype="i32", quant="fp4").kernel == "coopmat"
+    with tuned({"coopmat.k_step": 48}):
+        assert "coopmat.k_step 48" in pick(device, 512, 4096, w_dtype="i32", quant="fp8").reason
+    rng = np.random.default_rng(3)
+    words, sw, _ = quant_weights(rng, "fp8", 2 * 100, 64)
+    g = Graph()                                             # 2 batch items of 100 rows in one grid
+    g.op("MUL_MAT", g.input("x", (2, 80, 64)), g.const(words.reshape(2, 100, -1)), g.const(sw), wq="fp8")
+    c = mul_mat.node_kernel(g.nodes[-1], device)
+    assert c.kernel == "gemm_shared" and "span two 128-row scale blocks" in c.reason, c
+    (launch,) = g.nodes[-1].op.lower(g.nodes[-1], device)
+    assert launch.shader == "mul_mat"
+    g.op("MUL_MAT", g.input("x2", (2, 80, 64)), g.const(words.reshape(2, 100, -1)), g.const(sw), wq="fp8",
+         grid_rows=100)                                     # a grid per item: each tile in one block row
+    assert mul_mat.node_kernel(g.nodes[-1], device).kernel == "coopmat"
+    g.op("MUL_MAT", g.input("x3", (2, 80, 64)), g.const(words.reshape(2, 100, -1)), g.const(sw), wq="fp8",
+         kernel="coopmat_fma")
+    with pytest.raises(ValueError, match="kernel='coopmat_fma' cannot take these weights: .*span two 128-row"):
+        g.nodes[-1].op.lower(g.nodes[-1], device)
+
+
+def test_coopmat_tiling_follows_shared_memory(device, monkeypatch):
+    """Tiling knobs left at None: 128 × 128 tiles (warps 64 × 32, k step 64, scales by pass, groups of 8)
+    where a workgroup may take 48 KiB, else 64 × 128 (lavapipe's 32 KiB); a knob set wins."""
+    def limits(shared):
+        return dataclasses.replace(device.caps.limits, max_shared_memory=shared, max_workgroup_invocations=1024,
+                                   max_workgroup_size=(1024,) + device.caps.limits.max_workgroup_size[1:])
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, limits=limits(48 * 1024)))
+    assert mul_mat.coopmat_tiling(device) == dict(tokens=128, outputs=128, warp_tokens=64, warp_outputs=32,
+                                                  k_step=64, buffers=1, scales="pass", group=8)
+    assert mul_mat.coopmat_spec(device, "coopmat_fma", 8) == (256, 128, 128, 64, 32, 64, 1, 1, 8)
+    with tuned({"coopmat.group": 2}):
+        assert mul_mat.coopmat_tiling(device)["group"] == 2
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, limits=limits(32 * 1024)))
+    assert mul_mat.coopmat_spec(device, "coopmat_fma", 8) == (128, 64, 128, 32, 64, 32, 1, 0, 1)
+
+
+@pytest.mark.parametrize("kernel", ["coopmat_fma", "coopmat"])
+def test_coopmat_quant_on_the_matrix_units_or_their_fma_twin(device, rng, kernel):
+    """The quantised cases on the cooperative matrices where the device has them (and the 128 × 128 tiles
+    with the model's widths there), else on coopmat_fma."""
+    units = not mul_mat.coopmat_unavailable(device)
+    if kernel == "coopmat" and not units:
+        kernel = "coopmat_fma"
+    check_quant_coopmat(rng, kernel, QUANT_CASES[:2] + QUANT_CASES[4:6])
+    if units:
+        check_quant_coopmat(rng, kernel, [("fp8", 512, 1024, 4096), ("fp4", 300, 520, 4096)], BIG_TILES)
+        check_quant_coopmat(rng, kernel, [("fp8", 512, 1024, 4096)], {**BIG_TILES, **PASS_2BUF})
+
+
+@pytest.mark.parametrize("fp8_scales", ["block", "fold"])
+def test_model_fp8_logits_on_the_tensor_core_path_match_transformers(fp8_scales):
+    """The published-layout FP8/FP4 fixture with every MUL_MAT of ≥ 16 tokens on the tensor-core path's data
+    flow (coopmat.emulate where there are no matrix units), FP8 block scales either way: logits against
+    transformers' at NMSE ≤ 1e-5."""
+    from logits_check import logits_errors
+    from dsv4_vk.model import Model
+    d = os.path.join(HERE, "fixtures", "dsv4_fp8")
+    e = np.load(os.path.join(d, "expected.npz"))
+    with tuned({"coopmat.emulate": True, "coopmat.fp8_scales": fp8_scales}):
+        m = Model.load(d, prefill_chunk=16, max_ctx=64)
+    details = " ".join(m.compiled("prefill").dispatch_details)
+    assert "mul_mat_coopmat" in details and "W_FP8" in details, details[:2000]
+    assert ("FP8_FOLD" in details) == (fp8_scales == "fold")
+    errs = logits_errors(m, e)
+    assert max(errs) <= NMSE_MAX, f"NMSE per position {errs}"
+
+
+def test_model_gpu_bench_names_the_kernel_that_ran():
+    """tools/model_gpu_bench.py's prefill label: the MUL_MAT kernels as chosen under the model's own knobs
+    (coopmat.emulate here: coopmat_fma, which its prefill graph dispatches), not under the defaults."""
+    import importlib.util
+    from test_model import fixture
+    from dsv4_vk.core.tuning import Tuning
+    from dsv4_vk.model import Model
+    spec = importlib.util.spec_from_file_location("model_gpu_bench", os.path.join(HERE, "..", "tools",
+                                                                                  "model_gpu_bench.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cfg, w, _ = fixture("bf16")
+    m = Model(cfg, w, prefill_chunk=16, tuning=Tuning({"coopmat.emulate": True}))
+    kernels = bench.mul_mat_kernels(m)
+    ran = "coopmat" if mul_mat.coopmat_unavailable(m.device) is None else "coopmat_fma"
+    assert ran in kernels and ("mul_mat_coopmat" in " ".join(m.compiled("prefill").dispatch_details)), kernels
+
+
+def test_coopmat_fma_fp8_batched_one_grid(rng):
+    """wo_a's form: one [G·r, K] FP8 matrix (one scale grid) read as G batched [r, K] weights, r a multiple
+    of 128 (each item's tiles inside its own block rows), x batched: against float64."""
+    G, r, K, T = 2, 256, 136, 21
+    words, sw, w = quant_weights(rng, "fp8", G * r, K)
+    x = rng.standard_normal((G, T, K)).astype(np.float32)
+    g = Graph()
+    g.output("y", g.op("MUL_MAT", g.input("x", x.shape), g.const(words).reshape(G, r, words.shape[-1]),
+                       g.const(sw), wq="fp8", kernel="coopmat_fma"))
+    with tuned(SMALL_TILES):
+        ex = Executor()
+        got = ex.run(g, x=x)["y"]
+    assert ex.last.check_guards() == []
+    exact = np.matmul(x.astype(np.float64), np.swapaxes(w.reshape(G, r, K), -1, -2))
+    assert nmse(got, exact) <= NMSE_MAX
+    ref16 = np.stack([fp16_quant_reference(x[i], w.reshape(G, r, K)[i]) for i in range(G)])
+    assert nmse(got, ref16) <= NMSE_FP16_MAX["coopmat_fma"]
+
+
+FOLD = {"coopmat.fp8_scales": "fold"}
+
+
+@pytest.mark.parametrize("knobs", [{**SMALL_TILES, **FOLD}, {**SMALL_TILES, **PASS_2BUF, **FOLD}],
+                         ids=["32x32", "32x32_pass_2buf"])
+def test_coopmat_fma_fp8_folded_scales(rng, knobs):
+    """coopmat.fp8_scales='fold': FP8 block scales folded into per-row shifts, at the quantised cases and the
+    batched form whose tiles span two block rows (which 'block' refuses): against float64 and the
+    fp16-rounded x's product."""
+    check_quant_coopmat(rng, cases=[c for c in QUANT_CASES if c[0] == "fp8"], knobs=knobs)
+    words, sw, w = quant_weights(rng, "fp8", 2 * 100, 64)
+    x = rng.standard_normal((2, 40, 64)).astype(np.float32)
+    with tuned(knobs):
+        g = Graph()
+        g.output("y", g.op("MUL_MAT", g.input("x", x.shape), g.const(words.reshape(2, 100, -1)), g.const(sw),
+                           wq="fp8", kernel="coopmat_fma"))
+        (launch,) = [ln for ln in g.nodes[-1].op.lower(g.nodes[-1], default_device()) if "ROW_SCALES" not in ln.defines]
+        assert launch.defines.get("FP8_FOLD") == 1
+        got = Executor().run(g, x=x)["y"]
+    ref = np.matmul(x.astype(np.float64), np.swapaxes(w.reshape(2, 100, 64), -1, -2))
+    assert nmse(got, ref) <= NMSE_MAX
+    assert nmse(got, np.stack([fp16_quant_reference(x[i], w.reshape(2, 100, 64)[i]) for i in range(2)])) <= 1e-11
+
+
+@pytest.mark.parametrize("scales", ["tile", "pass"])
+def test_coopmat_fp8_folded_scale_spread(rng, scales):
+    """'fold': a block row whose scales span 12 binades is exact in fp16; 13 and 100 are summed in f32 (1e-5 of
+    the exact product), beside extreme scales (2^−127, 2^60)."""
+    T, N, K = 20, 384, 300                                  # block grid 3 × 3
+    grid = [[127, 115, 120], [127, 114, 127], [0, 100, 60]]
+    words, sw, w = quant_weights(rng, "fp8", N, K, grid, edit=lambda c: c.__setitem__((128, 130), 0x01))
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    x[:, 128:256] *= 2.0 ** 12
+    with tuned({**SMALL_TILES, **FOLD, "coopmat.scales": scales}):
+        got = run_quant(x, words, sw, "fp8")
+    check_quant_rel(got, x, w, ("fp8 fold", scales), f32_rows=range(128, 384))
+    assert w[128, 130] * 2.0 ** (134 - 127) < 2.0 ** -14    # row 128's smallest code, shifted: below fp16's normals
+
+
+def test_coopmat_fp8_scales_knob_checked(device):
+    with tuned({"coopmat.fp8_scales": "row"}), pytest.raises(ValueError, match="'coopmat.fp8_scales' must be one of"):
+        mul_mat.pick_kernel(device, 512, 4096, w_dtype="i32", quant="fp8")

@@ -5,18 +5,23 @@ gemm_regs, gemm_shared) and the row ops. Median over replays of one recorded com
 
     python tools/bench_primitives.py [--replays 10] [--quick] [--json out.json]
 
---gemm instead: the prefill mat-muls of the flash-1gpu preset's linears over bf16 weights (f32 x and
+--gemm instead: the prefill mat-muls of the flash-1gpu preset's linears over bf16 weights, and over
+FP8-block and FP4-group weights (--gemm-weights; random codes, scales about 2^-6) (f32 x and
 out) at --gemm-t tokens: MUL_MAT on the matrix units ("coopmat", at each --coopmat-tiles tiling), on
 the f32 lanes (the kernel bf16 weights take without matrix units: gemv for few tokens, gemm_shared,
 or gemm_regs on CPU devices), and torch.matmul (cuBLAS: fp16, bf16, TF32,
-fp32 inputs of the same values; CUDA events, N calls back to back, median of rounds), each after a
---warm-ms clock warm-up, in TFLOPS and as a ratio to cuBLAS fp16. Each kernel's result is checked
-against float64 on --check-rows rows (NMSE). --coopmat-tiles variants measures each variant of the
+fp32 inputs of the same values, the quantised weights' dequantised values; CUDA events, N calls back to
+back, median of rounds), each after a --warm-ms clock warm-up, in TFLOPS and as a ratio to cuBLAS fp16.
+Each kernel's result is checked against float64 on --check-rows rows (NMSE; the quantised weights'
+float64 dequantisation). --coopmat-tiles variants measures each variant of the
 kernel (tiles, k step, staging buffers, scales by workgroup or by a first pass, whose own time is
 shown beside it).
 
     . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH
     python3 tools/bench_primitives.py --gemm --json $OUT/gemm_h200.json | tee $OUT/gemm_h200.txt
+    python3 tools/bench_primitives.py --gemm --gemm-t 512,4096 --gemm-weights bf16,fp8,fp4 \
+        --gemm-shapes 4096x4096,32768x1024,1024x4096,4096x8192 --torch-dtypes fp16,bf16 \
+        --json $OUT/gemm_quant_h200.json | tee $OUT/gemm_quant_h200.txt
     python3 tools/bench_primitives.py --gemm --gemm-t 512,4096 --coopmat-tiles variants \\
         --gemm-shapes 32768x1024,4096x8192,4096x4096,1024x4096 --coopmat-ablate nomma,nostage,noload \\
         --json $OUT/gemm_h200.json
@@ -40,7 +45,7 @@ from dsv4_vk.core.graph import Graph
 from dsv4_vk.core.tuning import tuned
 from dsv4_vk.hc.metrics import nmse
 from dsv4_vk.model.checkpoint import BF16
-from dsv4_vk.ops.mul_mat import COOPMAT, coopmat_unavailable, pick_kernel
+from dsv4_vk.ops.mul_mat import QUANT, coopmat_tiling, coopmat_unavailable, dequantize, pick_kernel, quant_arrays
 
 MATMULS = [   # (T, K, N): decode and prefill projections, the HC mixes (K = 4·4096, N = 24)
     (1, 4096, 4096), (1, 16384, 24), (4, 4096, 4096), (8, 4096, 4096), (64, 4096, 4096),
@@ -72,6 +77,25 @@ def gpu_ms(ex, g, feeds, replays, warm=None):
 # wo_b from 8 groups × 1024, the shared expert's w13 and w2 (2 × 2048 and 2048), wq_a / wkv-like, a square one
 GEMM_SHAPES = "32768x1024,4096x8192,8192x4096,4096x2048,1024x4096,4096x4096"
 TORCH_DTYPES = ("fp16", "bf16", "tf32", "fp32")
+GEMM_WEIGHTS = ("bf16", "fp8", "fp4")
+
+
+def gemm_weights(rng, kind, N, K):
+    """(graph constants of the weight: [w] or [codes, scale words] with MUL_MAT's params, its float64
+    values) of a random N × K weight: bf16 of normal values / sqrt(K), or FP8 / FP4 codes (every non-NaN
+    code) with E8M0 scales about 2^-6 (FP8 128 × 128 blocks, FP4 32 inputs a row)."""
+    if kind == "bf16":
+        w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(BF16)
+        return [w], {}, w.astype(np.float64)
+    fmt = QUANT[kind]
+    if kind == "fp8":
+        codes = rng.integers(0, 256, (N, K), dtype=np.uint8)
+        codes[(codes & 0x7F) == 0x7F] = 0x38
+    else:
+        codes = rng.integers(0, 256, (N, -(-K // 2)), dtype=np.uint8)
+    scale = rng.integers(127 - 8, 127 - 3, fmt.grid(N, K), dtype=np.uint8)
+    words, sw = quant_arrays(codes, scale)
+    return [words, sw], {"wq": kind}, dequantize(fmt, words, sw, K)
 
 
 def parse_pairs(text, what):
@@ -118,13 +142,13 @@ def parse_tiles(text):
 # barriers), nostage (the k steps' chunks neither loaded nor staged: products and barriers), noload (the
 # chunks staged from a constant: products, staging and barriers without the global loads)
 _LOOP_X = "        [[unroll]] for (uint i = 0u; i < XR; ++i) xv[i] = x_chunk(xb[i], kn);\n"
-_LOOP_W = "        [[unroll]] for (uint i = 0u; i < WR; ++i) wv[i] = w_chunk(wb[i], kn);\n"
+_LOOP_W = "        [[unroll]] for (uint i = 0u; i < WR; ++i) wv[i] = w_chunk(wb[i], wsr[i], kn);\n"
 _STAGE = ("            [[unroll]] for (uint i = 0u; i < XR; ++i) "
           "stage(nb + (r0 + RS * i) * XS + KC * kc, xv[i] * xf[i]);\n"
           "            [[unroll]] for (uint i = 0u; i < WR; ++i) stage(nb + (BM + r0 + RS * i) * XS + KC * kc, "
-          "w_vals(wv[i]) * wf[i]);\n")
+          "W_STAGED(i, wv[i]));\n")
 COOPMAT_ABLATIONS = {
-    "nomma": [("[[unroll]] for (uint i = 0u; i < TI; ++i) acc[i * TJ + j] = coopMatMulAddNV(a[i], b, acc[i * TJ + j]);",
+    "nomma": [("[[unroll]] for (uint i = 0u; i < TI; ++i) PART[i * TJ + j] = coopMatMulAddNV(a[i], b, PART[i * TJ + j]);",
                "")],
     "nostage": [(_LOOP_X, ""), (_LOOP_W, ""), (_STAGE, "")],
     "noload": [(_LOOP_X, "        [[unroll]] for (uint i = 0u; i < XR; ++i) xv[i] = mat2x4(float(kn & 7u));\n"),
@@ -225,28 +249,42 @@ def gemm_table(ex, args, rng):
         if not torch.cuda.is_available():
             raise SystemExit("PyTorch has no CUDA device here (use --no-torch)")
         print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}")
+    t = coopmat_tiling(dev)
+    kinds = [k for k in args.gemm_weights.split(",") if k]
+    if set(kinds) - set(GEMM_WEIGHTS):
+        raise SystemExit(f"--gemm-weights: expected names from {GEMM_WEIGHTS}, got {args.gemm_weights!r}")
+    torch_dtypes = [d for d in args.torch_dtypes.split(",") if d]
+    fp8_modes = [m for m in args.fp8_scales.split(",") if m]
+    if not fp8_modes or set(fp8_modes) - {"block", "fold"}:
+        raise SystemExit(f"--fp8-scales: expected block and/or fold, got {args.fp8_scales!r}")
+    if set(torch_dtypes) - set(TORCH_DTYPES):
+        raise SystemExit(f"--torch-dtypes: expected names from {TORCH_DTYPES}, got {args.torch_dtypes!r}")
     print(f"coopmat: {'runs on the matrix units' if why is None else 'runs as coopmat_fma (' + why + ')'}; "
-          f"tilings {[name for name, _ in tilings]} (default {COOPMAT['tokens']}x{COOPMAT['outputs']}/"
-          f"{COOPMAT['warp_tokens']}x{COOPMAT['warp_outputs']}/{COOPMAT['k_step']}); clock warm-up {warm_ms:g} ms")
+          f"tilings {[name for name, _ in tilings]} (default: the device's, {t['tokens']}x{t['outputs']}/"
+          f"{t['warp_tokens']}x{t['warp_outputs']}/{t['k_step']}/{t['buffers']}/{t['scales']}/{t['group']}); "
+          f"clock warm-up {warm_ms:g} ms")
     kernel_cm = "coopmat" if why is None else "coopmat_fma"
     rows = []
     with ClockWarmer(dev, warm_ms) as warm:
         for T in [int(t) for t in args.gemm_t.split(",")]:
-            for N, K in parse_pairs(args.gemm_shapes, "--gemm-shapes"):
+            for (N, K), kind in ((nk, kind) for nk in parse_pairs(args.gemm_shapes, "--gemm-shapes") for kind in kinds):
                 flop = 2.0 * T * N * K
                 x = rng.standard_normal((T, K)).astype(np.float32)
-                w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(BF16)
+                consts, params, w = gemm_weights(rng, kind, N, K)
                 checked = rng.choice(T, min(T, args.check_rows), replace=False)     # rows held to float64
-                ref = x[checked].astype(np.float64) @ w.astype(np.float64).T
-                row = {"T": T, "N": N, "K": K, "ms": {}, "nmse": {}, "first_pass_ms": {}}
-                runs = [(f"{kernel_cm} {name}", kernel_cm, knobs) for name, knobs in tilings]
+                ref = x[checked].astype(np.float64) @ w.T
+                row = {"T": T, "N": N, "K": K, "weights": kind, "ms": {}, "nmse": {}, "first_pass_ms": {}}
+                runs = [(f"{kernel_cm} {name}" + (f" {mode}" if kind == "fp8" else ""), kernel_cm,
+                         {**knobs, "coopmat.fp8_scales": mode})
+                        for name, knobs in tilings for mode in (fp8_modes if kind == "fp8" else ["block"])]
                 f32_kernel = pick_kernel(dev, T, N).kernel      # what the weights take without matrix units
                 if not args.no_f32:
                     runs.append((f32_kernel, f32_kernel, {}))
                 for label, kernel, knobs in runs:
                     with tuned(knobs):
                         g = Graph()         # (x a constant too: no upload in the timed runs)
-                        g.output("y", g.op("MUL_MAT", g.const(x), g.const(w), kernel=kernel))
+                        g.output("y", g.op("MUL_MAT", g.const(x), *[g.const(c) for c in consts], kernel=kernel,
+                                           **params))
                         try:
                             ms, y, first_ms = gpu_ms(ex, g, {}, args.replays if kernel != "gemm_shared" else
                                                      min(args.replays, 3), warm)
@@ -259,7 +297,7 @@ def gemm_table(ex, args, rng):
                         row["first_pass_ms"][label] = first_ms         # ROW_SCALES
                     row["nmse"][label] = nmse(y[checked], ref)
                 if torch is not None:
-                    for dt in TORCH_DTYPES:
+                    for dt in torch_dtypes:
                         row["ms"][f"torch {dt}"] = torch_gemm_ms(torch, x, w, dt, warm_ms / 1e3)
                     torch.cuda.empty_cache()
                 base = row["ms"].get("torch fp16")
@@ -272,7 +310,7 @@ def gemm_table(ex, args, rng):
                         cell += f" (scales {row['first_pass_ms'][label]:.3f} ms)"
                     cell += f" nmse {row['nmse'][label]:.1e}" if label in row["nmse"] else ""
                     cells.append(cell)
-                print(f"T={T:5d} N={N:5d} K={K:5d} | " + " | ".join(cells), flush=True)
+                print(f"T={T:5d} N={N:5d} K={K:5d} {kind:4s} | " + " | ".join(cells), flush=True)
                 rows.append(row)
     return {"warm_ms": warm_ms, "coopmat": why or "matrix units", "tilings": dict(tilings), "rows": rows}
 
@@ -285,6 +323,12 @@ def main(argv=None):
     ap.add_argument("--gemm", action="store_true", help="the prefill mat-mul table (matrix units, f32 lanes, cuBLAS)")
     ap.add_argument("--gemm-t", default="16,64,512,4096", help="tokens of the --gemm rows")
     ap.add_argument("--gemm-shapes", default=GEMM_SHAPES, help="NxK,... of the --gemm rows")
+    ap.add_argument("--gemm-weights", default="bf16", help="weights of the --gemm rows, of " + ",".join(GEMM_WEIGHTS)
+                    + " (FP8 / FP4: random codes; torch multiplies their dequantised values)")
+    ap.add_argument("--fp8-scales", default="block,fold", help="coopmat.fp8_scales of the FP8 rows' coopmat runs "
+                    "(block, fold or both)")
+    ap.add_argument("--torch-dtypes", default=",".join(TORCH_DTYPES), help="torch.matmul's precisions, of "
+                    + ",".join(TORCH_DTYPES))
     ap.add_argument("--coopmat-tiles", default="default",
                     help="variants of the coopmat kernel, BMxBN/WMxWN[/BK[/BUFFERS[/SCALES[/GROUP]]]],..., "
                          "default (the knobs') or variants (" + COOPMAT_VARIANTS + ")")

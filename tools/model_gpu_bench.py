@@ -91,6 +91,7 @@ from dsv4_vk.core.tuning import Tuning, tuned
 from dsv4_vk.model import Model, checkpoint, random_weights
 from dsv4_vk.model.checkpoint import BF16
 from dsv4_vk.model.config import preset
+from dsv4_vk.ops import mul_mat
 from dsv4_vk.vk import default_device
 
 HOST_TARGET_US = 100.0
@@ -412,6 +413,14 @@ def fill_cache(model, seed):
                                .reshape(shape))
 
 
+def mul_mat_kernels(model) -> list[str]:
+    """The MUL_MAT kernels of the model's prefill graph, as ops.mul_mat.node_kernel chose them under the
+    model's own knobs (the decision `info` reports; lowering outside them would name the default's)."""
+    with tuned(model.tuning):
+        return sorted({mul_mat.node_kernel(node, model.device).kernel
+                       for node in model.compiled("prefill").graph.nodes if node.op.name == "MUL_MAT"})
+
+
 def prefill_variants(cfg, weights, prompt, a, warm):
     """--prefill-variants: the whole prompt's prefill tokens/s (the fused model; median of 3 after one
     that records the graphs) under each variant's knobs (e.g. chunk=512,coopmat=1), a model each."""
@@ -426,12 +435,7 @@ def prefill_variants(cfg, weights, prompt, a, warm):
             model.prefill(prompt)
             if i:
                 runs.append(time.perf_counter() - t0)
-        found = set()                               # shader, + CM_NV where the matrix units ran
-        for node in model.compiled("prefill").graph.nodes:
-            if node.op.name == "MUL_MAT":
-                for lc in node.op.lower(node, model.device):
-                    found.add("+".join([lc.shader] + [k for k in lc.defines if k.startswith("CM")]))
-        kernels = sorted(found)
+        kernels = mul_mat_kernels(model)
         C = model.prefill_chunk                      # the prompt's last chunk again, profiled per op
         prof = profiled(model, len(prompt) - C, prompt[-C:], steps=0)["prefill"]
         out[label] = {"knobs": knobs, "chunk": C, "tokens_per_s": len(prompt) / float(np.median(runs)),

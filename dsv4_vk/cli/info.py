@@ -61,8 +61,11 @@ def _human(rep):
                                         else f"many tokens: KSPLIT (TCR {mix['tcr']})"))
     mm = rep.get("mul_mat")
     if mm:
-        lines.append(f"MUL_MAT       512 tokens over bf16/f16 weights: {mm['kernel']} — {mm['reason']}"
-                     + (f" (tiles {mm['tile'][0]} × {mm['tile'][1]})" if mm.get("tile") else ""))
+        lines.append(f"MUL_MAT       512 tokens over bf16/f16 weights: {mm['kernel']} — {mm['reason']}")
+        for fmt, q in mm.get("quant", {}).items():
+            lines.append(f"MUL_MAT       512 tokens over {fmt.upper()} [4096, 4096]: {q['kernel']} — {q['reason']}")
+        if mm.get("f32"):
+            lines.append(f"MUL_MAT       512 tokens over f32 weights: {mm['f32']['kernel']} — {mm['f32']['reason']}")
     gq = rep.get("gemv_quant")
     if gq:
         lines.append(f"MUL_MAT       one token over FP8 [{gq['N']}, {gq['K']}]: {gq['kernel']}"

@@ -7,10 +7,10 @@ Kernels (shaders/mul_mat.comp), chosen per call by `pick_kernel` unless `kernel=
   invocation per output on CPU devices (T = 1), where lavapipe runs invocations as SIMD lanes;
 - "gemm_regs" (CPU devices such as lavapipe, where shared memory + barrier is slow) or
   "gemm_shared" (GPUs) for more tokens; kernel="gemm" picks between them by device type;
-- "coopmat" (shaders/mul_mat_coopmat.comp) from COOPMAT["min_tokens"] tokens over bf16 / f16 weights
-  where the device has VK_NV_cooperative_matrix's 16 × 16 × 16 fp16 shape (and DSV4_VK_DISABLE_COOPMAT
-  is unset) and the knob coopmat.auto is on (off by default: not yet faster than gemm_shared): fp16
-  products of rows scaled by powers of two, f32 sums (docs/tensor_cores.md);
+- "coopmat" (shaders/mul_mat_coopmat.comp) from COOPMAT["min_tokens"] tokens over bf16 / f16 / FP8 / FP4
+  weights where the device has VK_NV_cooperative_matrix's 16 × 16 × 16 fp16 shape (and
+  DSV4_VK_DISABLE_COOPMAT is unset; knob coopmat.auto, on by default): fp16 products of rows scaled by
+  powers of two, f32 sums, FP8 block scales applied per block (docs/tensor_cores.md);
   "coopmat_fma" forms the same products with FMA on any device (the tests' stand-in).
 Weights are f32, bf16, f16 or one of DeepSeek's quantised formats (`QUANT`, params `wq="fp8"` or
 `"fp4"`): w is then the i32 tensor of packed codes [..., N, ceil(K / codes a word)] and the last
@@ -178,33 +178,68 @@ def quant_fields(fmt: QuantFormat, K: int, grid_rows: int) -> dict[str, int]:
 
 # The tensor-core kernel (shaders/mul_mat_coopmat.comp): a workgroup tile of `tokens` × `outputs`, warps
 # of 32 lanes each computing warp_tokens × warp_outputs as 16 × 16 accumulators, k_step inputs staged
-# a step; from min_tokens tokens it takes MUL_MAT over bf16 / f16 weights where the device can run it.
+# a step; from min_tokens tokens it takes MUL_MAT over bf16 / f16 / FP8 / FP4 weights where the device
+# can run it. The tiling knobs left at None come from COOPMAT_TILINGS by the device's shared memory.
 COOPMAT = knob_table(
     "coopmat",
-    tokens=(64, "tokens of a workgroup tile of the tensor-core MUL_MAT (BM, a multiple of warp_tokens)"),
-    outputs=(128, "outputs of a workgroup tile of the tensor-core MUL_MAT (BN, a multiple of warp_outputs)"),
-    warp_tokens=(32, "tokens of a warp's (32 lanes') tile (WM, a multiple of 16)"),
-    warp_outputs=(64, "outputs of a warp's tile (WN, a multiple of 16)"),
-    k_step=(32, "inputs staged in shared memory a step (BK, a multiple of 16)"),
-    buffers=(1, "staging buffers in shared memory (1 or 2): with 2 the next k step is stored into the other "
-                "buffer while this one is multiplied, one barrier a step instead of 2"),
-    group=(1, "token tiles a group of the workgroups' order, token tiles fastest within a group (1: output "
-              "tiles fastest): the workgroups of a group, in flight together, share its weight tiles in L2"),
-    scales=("tile", "where the rows' power-of-two scales are found: 'tile' (each workgroup scans its own x and w "
-                    "rows over all of K first) or 'pass' (a first dispatch scans every row once and writes each "
-                    "tile's scales into the tile's own outputs; tiles with fewer than 2 rows or outputs in range "
-                    "take 'tile')"),
-    min_tokens=(16, "from this many tokens MUL_MAT over bf16 / f16 weights runs on the matrix units where the "
-                    "device has them and coopmat.auto is on (kernel 'coopmat')"),
-    auto=(False, "the automatic choice takes the matrix units ('coopmat') where it can. Off by default: the "
-                 "fastest tiling (5-6x gemm_shared on the H200: 128 x 128 tiles, warps 64 x 32, k step 64, scales "
-                 "by pass, groups of 8) needs more shared memory than lavapipe's, and the model's prefill with it "
-                 "is not measured yet (docs/tensor_cores.md). kernel='coopmat' selects it whatever this says"),
+    tokens=(None, "tokens of a workgroup tile of the tensor-core MUL_MAT (BM, a multiple of warp_tokens; None: "
+                  "the device's tiling, coopmat_tiling)"),
+    outputs=(None, "outputs of a workgroup tile of the tensor-core MUL_MAT (BN, a multiple of warp_outputs; FP8 "
+                   "weights: a divisor of 128)"),
+    warp_tokens=(None, "tokens of a warp's (32 lanes') tile (WM, a multiple of 16)"),
+    warp_outputs=(None, "outputs of a warp's tile (WN, a multiple of 16)"),
+    k_step=(None, "inputs staged in shared memory a step (BK, a multiple of 16; FP8 weights: a divisor of 128)"),
+    buffers=(None, "staging buffers in shared memory (1 or 2): with 2 the next k step is stored into the other "
+                   "buffer while this one is multiplied, one barrier a step instead of 2"),
+    group=(None, "token tiles a group of the workgroups' order, token tiles fastest within a group (1: output "
+                 "tiles fastest): the workgroups of a group, in flight together, share its weight tiles in L2"),
+    scales=(None, "where the rows' power-of-two scales are found: 'tile' (each workgroup scans its own x and w "
+                  "rows over all of K first) or 'pass' (a first dispatch scans every row once and writes each "
+                  "tile's scales into the tile's own outputs; tiles with fewer than 2 rows or outputs in range "
+                  "take 'tile')"),
+    fp8_scales=("block", "how FP8 weights' 128 × 128 block scales reach the tensor-core MUL_MAT: 'block' (each "
+                         "block's products summed apart and added times its scale, in f32: exact for any scales; "
+                         "needs tile outputs and k step dividing 128) or 'fold' (folded into a power-of-two shift "
+                         "per row, one accumulator set, any tiling; rows whose scales span more than 12 binades "
+                         "summed in f32 instead)"),
+    min_tokens=(16, "from this many tokens MUL_MAT over bf16 / f16 / FP8 / FP4 weights runs on the matrix units "
+                    "where the device has them and coopmat.auto is on (kernel 'coopmat')"),
+    auto=(True, "the automatic choice takes the matrix units ('coopmat') where the device has them (False: the "
+                "f32 lanes everywhere unless a graph asks for kernel='coopmat')"),
     emulate=(False, "where the device has no matrix units, MUL_MAT takes 'coopmat_fma' where it would take "
                     "'coopmat' if it had them and coopmat.auto were on (the same data flow and fp16 rounding, FMA "
                     "products): the tensor-core path's numerics on any device, for tests"))
 COOPMAT_SHAPE = (16, 16, 16, "f16", "f16", "f32", "f32")     # m, n, k and the A, B, C, D types
 COOPMAT_DTYPES = ("bf16", "f16")
+COOPMAT_SCALES = ("tile", "pass")
+FP8_SCALES = ("block", "fold")
+
+
+def fp8_fold() -> bool:
+    """Whether FP8 weights' block scales are folded into row shifts (knob coopmat.fp8_scales)."""
+    mode = COOPMAT["fp8_scales"]
+    if mode not in FP8_SCALES:
+        raise ValueError(f"tuning knob 'coopmat.fp8_scales' must be one of {FP8_SCALES}, got {mode!r}")
+    return mode == "fold"
+TILING_KNOBS = ("tokens", "outputs", "warp_tokens", "warp_outputs", "k_step", "buffers", "scales", "group")
+# The tilings the device's shared memory picks (knobs left at None): the H200's fastest (128 × 128 tiles,
+# 8 warps of 64 × 32, k step 64, scales by a first pass, groups of 8: 5-6x gemm_shared,
+# results/h200/gemm_coopmat_h200.txt) where a workgroup may take 48 KiB, else 64 × 128 tiles of 4 warps
+# (17 KiB: lavapipe's 32 KiB holds it)
+COOPMAT_TILINGS = (
+    (48 * 1024, dict(tokens=128, outputs=128, warp_tokens=64, warp_outputs=32, k_step=64, buffers=1, scales="pass",
+                     group=8)),
+    (0, dict(tokens=64, outputs=128, warp_tokens=32, warp_outputs=64, k_step=32, buffers=1, scales="tile",
+             group=1)))
+
+
+def coopmat_tiling(device) -> dict:
+    """The tensor-core kernel's tiling on `device`: each of TILING_KNOBS as the knob says, or where it is
+    None as COOPMAT_TILINGS' first entry whose shared memory the device offers (with 256 invocations)."""
+    lim = device.caps.limits
+    big = min(lim.max_workgroup_invocations, lim.max_workgroup_size[0]) >= 256
+    base = next(t for need, t in COOPMAT_TILINGS if lim.max_shared_memory >= need and (big or not need))
+    return {k: base[k] if COOPMAT[k] is None else COOPMAT[k] for k in TILING_KNOBS}
 
 
 def coopmat_unavailable(device) -> str | None:
@@ -219,6 +254,36 @@ def coopmat_unavailable(device) -> str | None:
     return None
 
 
+def coopmat_weight_refusal(device, w_dtype: str, fmt: "QuantFormat | None" = None, w=None, N: int | None = None,
+                           grid_rows: int | None = None) -> str | None:
+    """Why the tensor-core kernel does not take these weights (None: it does): f32 weights (fp16 products
+    would round them); FP8 where the tiling's outputs or k step do not divide its 128 × 128 scale blocks,
+    or (given the weight view w of N rows, grid_rows a grid) a tile's outputs would span two block rows."""
+    if fmt is None:
+        return None if w_dtype in COOPMAT_DTYPES else f"{w_dtype} weights stay off the matrix units (fp16 products " \
+                                                      f"would round them)"
+    if fmt.name != "fp8" or fp8_fold():
+        return None
+    t = coopmat_tiling(device)
+    bn, bk = t["outputs"], t["k_step"]
+    if not (isinstance(bn, int) and isinstance(bk, int)) or 128 % bn or 128 % bk:
+        return (f"FP8 weights need tile outputs and k step dividing their 128 × 128 scale blocks (coopmat.outputs "
+                f"{bn!r}, coopmat.k_step {bk!r}; coopmat.fp8_scales='fold' has no such need)")
+    if w is None or N is None or grid_rows is None:
+        return None
+    kw = w.shape[-1]
+    starts = {(w.offset + sum(i * st for i, st in zip(idx, w.strides[:-2]))) // kw
+              for idx in np.ndindex(*w.shape[:-2])}           # each batch item's first row (w is contiguous)
+    first = np.arange(0, N, bn)
+    last = np.minimum(first + bn, N) - 1
+    for r in starts:
+        a, b = r + first, r + last
+        if np.any(a // grid_rows != b // grid_rows) or np.any((a % grid_rows) // 128 != (b % grid_rows) // 128):
+            return (f"FP8 weights whose tiles of {bn} outputs would span two 128-row scale blocks (rows start at "
+                    f"{r}, grid of {grid_rows} rows)")
+    return None
+
+
 @dataclass(frozen=True)
 class KernelChoice:
     """The MUL_MAT kernel a call gets (one of KERNELS but "auto" / "gemm") and why."""
@@ -226,19 +291,25 @@ class KernelChoice:
     reason: str
 
 
-def pick_kernel(device, T, N=None, kernel="auto", w_dtype="f32", quant=False, norm=False) -> KernelChoice:
+def pick_kernel(device, T, N=None, kernel="auto", w_dtype="f32", quant=False, norm=False,
+                refusal: str | None = None) -> KernelChoice:
     """The one place that decides which kernel a MUL_MAT of T tokens and N outputs gets: the GEMV
-    with a folded norm; the tensor-core kernel for T ≥ coopmat.min_tokens over bf16 / f16 weights
-    where the device has the cooperative-matrix shape (coopmat_unavailable) and coopmat.auto is on
-    (coopmat.emulate: coopmat_fma where it has no matrix units); else the f32 kernels by
-    device type and T. `kernel` forces one (coopmat* only over bf16 / f16 weights, "coopmat" only where
-    the device runs it: ValueError naming what is missing)."""
+    with a folded norm; the tensor-core kernel for T ≥ coopmat.min_tokens where the device has the
+    cooperative-matrix shape (coopmat_unavailable), coopmat.auto is on and the weights suit it (bf16,
+    f16, FP8 or FP4: `quant` the format's name; `refusal`, from coopmat_weight_refusal, says why
+    not); coopmat.emulate: coopmat_fma where the device has no matrix units; else the f32 kernels
+    by device type and T. `kernel` forces one (coopmat* only over weights it takes, "coopmat" only
+    where the device runs it: ValueError naming what is missing)."""
+    what = (f"{quant.upper()} " if isinstance(quant, str) else "quantised " if quant else f"{w_dtype} ") + "weights"
+    if refusal is None and not quant:
+        refusal = coopmat_weight_refusal(device, w_dtype)
+    elif refusal is None and isinstance(quant, str):
+        refusal = coopmat_weight_refusal(device, w_dtype, QUANT[quant])
     if norm:
         return KernelChoice("gemv", "a folded RMS norm runs in the GEMV")
     if kernel in COOPMAT_KERNELS:
-        if quant or w_dtype not in COOPMAT_DTYPES:
-            raise ValueError(f"MUL_MAT kernel={kernel!r} takes bf16 or f16 weights, got "
-                             f"{'quantised' if quant else w_dtype} (fp16 products would round f32 weights)")
+        if refusal:
+            raise ValueError(f"MUL_MAT kernel={kernel!r} cannot take these weights: {refusal}")
         why = coopmat_unavailable(device) if kernel == "coopmat" else None
         if why:
             raise ValueError(f"MUL_MAT kernel='coopmat' cannot run on {device.name}: {why} (kernel='coopmat_fma' "
@@ -246,21 +317,23 @@ def pick_kernel(device, T, N=None, kernel="auto", w_dtype="f32", quant=False, no
         return KernelChoice(kernel, "asked for")
     reason = "asked for"
     if kernel == "auto":
-        if T >= COOPMAT["min_tokens"] and not quant and w_dtype in COOPMAT_DTYPES:
+        if T >= COOPMAT["min_tokens"] and not refusal:
             why = coopmat_unavailable(device)
             if why is None and COOPMAT["auto"]:
-                return KernelChoice("coopmat", f"matrix units: T ≥ {COOPMAT['min_tokens']} over {w_dtype} weights")
+                t = coopmat_tiling(device)
+                return KernelChoice("coopmat", f"matrix units: T ≥ {COOPMAT['min_tokens']} over {what}, tiles "
+                                               f"{t['tokens']} × {t['outputs']} ({device.caps.limits.max_shared_memory}"
+                                               f" B of shared memory)")
             if why is None:
-                why = ("coopmat.auto is off (the model's prefill on the matrix units is not measured yet; "
-                       "kernel='coopmat' or coopmat.auto=True takes it, docs/tensor_cores.md)")
+                why = "coopmat.auto is off (kernel='coopmat' takes the matrix units)"
             elif COOPMAT["emulate"]:
                 return KernelChoice("coopmat_fma", f"the matrix units' data flow with FMA products (coopmat.emulate; "
                                                    f"{why})")
             reason = f"f32 lanes, since {why}"
         elif T >= COOPMAT["min_tokens"]:
-            reason = f"f32 lanes: {'quantised' if quant else w_dtype} weights stay off the matrix units"
+            reason = f"f32 lanes: {refusal}"
         else:
-            reason = f"f32 lanes: T < {COOPMAT['min_tokens']}"
+            reason = f"f32 lanes: T < {COOPMAT['min_tokens']} (coopmat.min_tokens)"
         if is_cpu(device):
             gemv = T <= CPU_GEMV_MAX_T
         else:
@@ -271,16 +344,37 @@ def pick_kernel(device, T, N=None, kernel="auto", w_dtype="f32", quant=False, no
     return KernelChoice(kernel, reason)
 
 
+def node_kernel(node, device) -> KernelChoice:
+    """The kernel (and why) a MUL_MAT graph node gets on `device`: pick_kernel with the node's tokens,
+    outputs, weights and norm (what lower runs, and what tools label a profile with). The quantised
+    GEMV without vec4 loads is lowered to a GEMM kernel further on; this gives pick_kernel's word."""
+    fmt = QUANT[node.params["wq"]] if "wq" in node.params else None
+    inputs = node.inputs[:-1] if fmt else node.inputs
+    T, N = node.output.shape[-2:]
+    refusal = None
+    if fmt is not None:
+        batch = node.output.shape[:-2]
+        w = inputs[1].broadcast_to(batch + (N, inputs[1].shape[-1]))
+        refusal = coopmat_weight_refusal(device, "i32", fmt, w, N,
+                                         node.params.get("grid_rows", int(np.prod(inputs[1].shape[:-1]))))
+    return pick_kernel(device, T, N, node.params.get("kernel", "auto"), "i32" if fmt else inputs[1].dtype,
+                       quant=fmt.name if fmt else False, norm=len(inputs) == 3, refusal=refusal)
+
+
 def describe(device) -> dict:
-    """What `info` prints of MUL_MAT: the kernel 512 tokens over bf16 weights take on `device`, and why."""
+    """What `info` prints of MUL_MAT: the kernel 512 tokens over bf16, FP8, FP4 and f32 weights [4096, 4096]
+    take on `device`, and why (the bf16 choice at the top level, the others under "quant" and "f32")."""
     c = pick_kernel(device, 512, 4096, w_dtype="bf16")
     out = {"kernel": c.kernel, "reason": c.reason, "from_tokens": COOPMAT["min_tokens"]}
-    if c.kernel == "coopmat":
-        out["tile"] = [COOPMAT["tokens"], COOPMAT["outputs"]]
+    if c.kernel in COOPMAT_KERNELS:
+        t = coopmat_tiling(device)
+        out["tile"] = [t["tokens"], t["outputs"]]
+        out["tiling"] = t
+    out["quant"] = {f: {"kernel": q.kernel, "reason": q.reason}
+                    for f in QUANT for q in [pick_kernel(device, 512, 4096, w_dtype="i32", quant=f)]}
+    f32 = pick_kernel(device, 512, 4096, w_dtype="f32")
+    out["f32"] = {"kernel": f32.kernel, "reason": f32.reason}
     return out
-
-
-COOPMAT_SCALES = ("tile", "pass")
 
 
 def describe_quant(device, N: int = 4096, K: int = 4096) -> dict:
@@ -300,14 +394,15 @@ def coopmat_spec(device, kernel: str, chunk: int = 2) -> tuple[int, ...]:
     """The tensor-core kernel's spec constants (workgroup size, BM, BN, WM, WN, BK, NBUF, SCALES, GM) from
     the knobs in effect, an invocation staging `chunk` consecutive inputs (8 with VEC8, 4 with VEC4,
     else 2); ValueError naming the knob where they do not fit together or the device."""
-    bm, bn, wm, wn, bk = (COOPMAT[k] for k in ("tokens", "outputs", "warp_tokens", "warp_outputs", "k_step"))
+    t = coopmat_tiling(device)
+    bm, bn, wm, wn, bk = (t[k] for k in ("tokens", "outputs", "warp_tokens", "warp_outputs", "k_step"))
     for name, v in (("warp_tokens", wm), ("warp_outputs", wn), ("k_step", bk), ("tokens", bm), ("outputs", bn)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 16 or v % 16:
             raise ValueError(f"tuning knob 'coopmat.{name}' must be a positive multiple of 16, got {v!r}")
     if bm % wm or bn % wn:
         raise ValueError(f"tuning knobs 'coopmat.tokens' and 'coopmat.outputs' ({bm}, {bn}) must be multiples of "
                          f"'coopmat.warp_tokens' and 'coopmat.warp_outputs' ({wm}, {wn})")
-    nbuf, scales, group = COOPMAT["buffers"], COOPMAT["scales"], COOPMAT["group"]
+    nbuf, scales, group = t["buffers"], t["scales"], t["group"]
     if isinstance(group, bool) or not isinstance(group, int) or group < 1:
         raise ValueError(f"tuning knob 'coopmat.group' must be an integer ≥ 1, got {group!r}")
     if nbuf not in (1, 2) or isinstance(nbuf, bool):
@@ -338,13 +433,17 @@ def rows_aligned(t, elems: int) -> bool:
     return not any(s % elems for n, s in zip(t.shape[:-1], t.strides[:-1]) if n > 1)
 
 
-def coopmat_launches(device, kernel: str, x, w, out, push: dict, batch: int, T: int, N: int, K: int) -> list:
+def coopmat_launches(device, kernel: str, x, w, out, push: dict, batch: int, T: int, N: int, K: int,
+                     fmt: QuantFormat | None = None, scale=None) -> list:
     """The tensor-core MUL_MAT's dispatches: 8 inputs an invocation (VEC8) where K % 8 == 0 and x's and w's
     rows are 16-byte aligned, else 4 (VEC4: K % 4, x 16-byte and w 8-byte aligned), else 2 at any strides;
-    with coopmat.scales = 'pass' (and every tile at least 2 × 2 in range) first ROW_SCALES."""
-    if K % 8 == 0 and rows_aligned(x, 4) and rows_aligned(w, 8):
+    with coopmat.scales = 'pass' (and every tile at least 2 × 2 in range) first ROW_SCALES. Quantised
+    weights (fmt; push has quant_fields) are whole contiguous rows of words: x's alignment decides, and
+    their scale bytes are binding 3."""
+    w_ok = (lambda e: True) if fmt else (lambda e: rows_aligned(w, e))
+    if K % 8 == 0 and rows_aligned(x, 4) and w_ok(8):
         chunk, vec = 8, {"VEC8": 1}
-    elif K % 4 == 0 and rows_aligned(x, 4) and rows_aligned(w, 4):
+    elif K % 4 == 0 and rows_aligned(x, 4) and w_ok(4):
         chunk, vec = 4, {"VEC4": 1}
     else:
         chunk, vec = 2, {}
@@ -353,14 +452,18 @@ def coopmat_launches(device, kernel: str, x, w, out, push: dict, batch: int, T: 
     t_tiles, n_tiles = -(-T // bm), -(-N // bn)
     if spec[7] and min(T - bm * (t_tiles - 1), N - bn * (n_tiles - 1)) < 2:
         spec = spec[:7] + (0,) + spec[8:]   # a tile of 1 row or output has no room for its scales
+    wdef = fmt.define() if fmt else weight_defines(w)
+    if fmt and fmt.name == "fp8" and fp8_fold():
+        wdef["FP8_FOLD"] = 1
+    args = [x, w, out] + ([scale] if fmt else [])
     defines = {"CM_NV": 1} if kernel == "coopmat" else {}
-    defines.update(weight_defines(w), **vec)
-    gemm = Launch("mul_mat_coopmat", [x, w, out], (2,), push, grid_1d(batch * t_tiles * n_tiles, 1),
+    defines.update(wdef, **vec)
+    gemm = Launch("mul_mat_coopmat", args, (2,), push, grid_1d(batch * t_tiles * n_tiles, 1),
                   defines=defines, spec=spec, full_subgroups=kernel == "coopmat")
     if not spec[7]:
         return [gemm]
-    scales = Launch("mul_mat_coopmat", [x, w, out], (2,), push, grid_1d(-(-batch * (T + N) // 16), 1),
-                    defines={"ROW_SCALES": 1, **weight_defines(w), **vec}, spec=(256, bm, bn))
+    scales = Launch("mul_mat_coopmat", args, (2,), push, grid_1d(-(-batch * (T + N) // 16), 1),
+                    defines={"ROW_SCALES": 1, **wdef, **vec}, spec=(256, bm, bn))
     return [scales, gemm]
 
 
@@ -511,9 +614,9 @@ class MulMat(OpDef):
         x, w = inputs[:2]
         if params.get("kernel", "auto") not in KERNELS:
             raise ValueError(f"MUL_MAT kernel must be one of {KERNELS}, got {params['kernel']!r}")
-        if params.get("kernel") in COOPMAT_KERNELS and (quant or inputs[1].dtype not in COOPMAT_DTYPES):
-            raise ValueError(f"MUL_MAT kernel={params['kernel']!r} takes bf16 or f16 weights, got "
-                             f"{'quantised' if quant else inputs[1].dtype} (fp16 products would round f32 weights)")
+        if params.get("kernel") in COOPMAT_KERNELS and not quant and inputs[1].dtype not in COOPMAT_DTYPES:
+            raise ValueError(f"MUL_MAT kernel={params['kernel']!r} takes bf16, f16, FP8 or FP4 weights, got "
+                             f"{inputs[1].dtype} (fp16 products would round f32 weights)")
         if len(inputs) == 3 and params.get("kernel", "auto") not in ("auto", "gemv"):
             raise ValueError(f"MUL_MAT with a norm weight runs the gemv kernel, got kernel={params['kernel']!r}")
         rms_weight(self.name, x, inputs[2] if len(inputs) == 3 else None, params)
@@ -546,10 +649,12 @@ class MulMat(OpDef):
         b = (1,) * (2 - len(batch)) + batch
         push = {"ne0": b[0], "ne1": b[1], "T": T, "N": N, "K": K, **tensor_fields("x", x), **tensor_fields("w", w),
                 **tensor_fields("d", out)}
-        kernel = pick_kernel(device, T, N, node.params.get("kernel", "auto"), "i32" if fmt else inputs[1].dtype,
-                             quant=fmt is not None, norm=g is not None).kernel
+        kernel = node_kernel(node, device).kernel
         if kernel in COOPMAT_KERNELS:
-            return coopmat_launches(device, kernel, x, w, out, push, b[0] * b[1], T, N, K)
+            if fmt:
+                push |= quant_fields(fmt, K, node.params.get("grid_rows", int(np.prod(inputs[1].shape[:-1]))))
+            return coopmat_launches(device, kernel, x, w, out, push, b[0] * b[1], T, N, K, fmt,
+                                    node.inputs[-1] if fmt else None)
         aligned = vec4_ok(x, *([g] if g is not None else [])) and (K % 4 == 0 if fmt else vec4_ok(w))
         defines = {"VEC4": 1} if K >= 4 and aligned else {}
         if fmt and kernel == "gemv" and not defines:    # the quantised GEMV variants: vec4 loads, or
