@@ -29,6 +29,18 @@ shown beside it).
 
 --coopmat-ablate runs the kernel (--ablate-tiles variants) again with parts removed, each in a child
 process with a patched copy of shaders/: where its time goes (the results are wrong on purpose).
+
+--attention instead: MQA_ATTENTION over one prefill chunk of --attn-chunk tokens starting at each of
+--attn-positions, at V4-Flash's widths (64 query heads × 512 sharing one key head, window 128, the
+q norm and RoPE in the kernel), for each layer type of the flash-1gpu preset (sliding; CSA: rate 4,
+the indexer's top 512; HCA: rate 128): the cluster kernel (the prefill path before the prefill
+kernel, mqa_prefill.on=False) against the prefill kernel at its defaults and at each
+--attn-variants knob set (heads=H/tile=K, comma-separated), GPU ms each with the NMSE of its output
+against the cluster kernel's, and the chunk's attention over flash-1gpu's 4 layers (SWA, CSA, HCA, CSA).
+
+    python3 tools/bench_primitives.py --attention --attn-variants heads=1,heads=4,tile=8 \
+        --json $OUT/attention_prefill_h200.json | tee $OUT/attention_prefill_h200.txt
+    python tools/bench_primitives.py --attention --attn-chunk 16 --attn-positions 200 --replays 2   # anywhere
 """
 import argparse
 import json
@@ -315,6 +327,95 @@ def gemm_table(ex, args, rng):
     return {"warm_ms": warm_ms, "coopmat": why or "matrix units", "tilings": dict(tilings), "rows": rows}
 
 
+# the flash-1gpu preset's attention (dsv4_vk/model/config.py): heads, head_dim, window, RoPE pairs of
+# the rotated 64 channels, CSA's and HCA's rates, the indexer's top-k; the layers' types in order
+FLASH_ATTENTION = {"H": 64, "hd": 512, "window": 128, "half": 32, "rates": {"csa": 4, "hca": 128}, "topk": 512}
+FLASH_LAYERS = ("sliding", "csa", "hca", "csa")
+
+
+def attention_inputs(rng, mode, T, P, capacity):
+    """MQA_ATTENTION's inputs and params for a chunk of T tokens at positions P.. (flash-1gpu widths):
+    CSA's top-k per token distinct entries among those closed by then (−1 where fewer exist)."""
+    f = FLASH_ATTENTION
+    H, hd = f["H"], f["hd"]
+    q = (rng.standard_normal((T, H, hd)) * 3).astype(np.float32)
+    kv = rng.standard_normal((capacity, hd)).astype(np.float32)
+    arrays = [q, kv, np.array([P], np.int32), rng.standard_normal(H).astype(np.float32)]
+    prm = {"scale": hd ** -0.5, "window": f["window"], "mode": mode, "capacity": capacity, "q_norm_eps": 1e-6}
+    if mode != "sliding":
+        rate = f["rates"][mode]
+        prm["rate"] = rate
+        arrays.append(rng.standard_normal((capacity // rate, hd)).astype(np.float32))
+    if mode == "csa":
+        idx = np.full((T, f["topk"]), -1, np.int32)
+        for t in range(T):
+            n = (P + t + 1) // prm["rate"]
+            pick = rng.permutation(n)[:f["topk"]]
+            idx[t, :len(pick)] = pick
+        arrays.append(idx)
+    ang = np.arange(capacity, dtype=np.float64)[:, None] * (10000.0 ** -(np.arange(f["half"]) / f["half"]))[None]
+    arrays += [np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)]
+    return arrays, prm
+
+
+def attention_table(ex, args, rng):
+    """The --attention rows: the cluster kernel and the prefill kernel (defaults, --attn-variants) per
+    layer type and chunk position; GPU ms, NMSE against the cluster kernel's output."""
+    from dsv4_vk.ops.v4_attention import describe, mqa_prefill_plan
+    dev = ex.device
+    warm_ms = default_warm_ms(dev) if args.warm_ms is None else args.warm_ms
+    variants = [("prefill", {})]
+    for item in filter(None, args.attn_variants.split(",")):
+        knobs = {}
+        for part in item.split("/"):
+            key, _, value = part.partition("=")
+            if key not in ("heads", "tile") or not value.isdigit():
+                raise SystemExit(f"--attn-variants: expected heads=H/tile=K items, got {item!r}")
+            knobs[f"mqa_prefill.{key}"] = int(value)
+        variants.append((f"prefill {item}", knobs))
+    f, T = FLASH_ATTENTION, args.attn_chunk
+    plan = mqa_prefill_plan(dev, f["hd"], f["H"])
+    print(f"attention: {describe(dev)['reason']}; chunk {T} tokens; clock warm-up {warm_ms:g} ms")
+    rows = []
+    with ClockWarmer(dev, warm_ms) as warm:
+        for P in [int(p) for p in args.attn_positions.split(",")]:
+            capacity = max(1024, 1 << (P + T - 1).bit_length())
+            for mode in dict.fromkeys(FLASH_LAYERS):
+                arrays, prm = attention_inputs(rng, mode, T, P, capacity)
+                row = {"mode": mode, "P": P, "T": T, "ms": {}, "nmse": {}}
+                old = None
+                for label, kernel, knobs in [("cluster", "cluster", {})] + [(n, "prefill", k) for n, k in variants]:
+                    with tuned(knobs):
+                        g = Graph()
+                        g.output("y", g.op("MQA_ATTENTION", *[g.const(a) for a in arrays], kernel=kernel, **prm))
+                        try:
+                            ms, y, _ = gpu_ms(ex, g, {}, args.replays, warm)
+                        except Exception as e:
+                            print(f"  {mode} P={P} {label}: {type(e).__name__}: {e}", flush=True)
+                            row.setdefault("errors", {})[label] = f"{type(e).__name__}: {e}"
+                            continue
+                    row["ms"][label] = ms
+                    if old is None:
+                        old = y
+                    else:
+                        row["nmse"][label] = nmse(y, old)
+                del arrays
+                base = row["ms"].get("cluster")
+                print(f"{mode:7s} P={P:6d} T={T} | " + " | ".join(
+                    f"{label} {ms:8.3f} ms" + (f" {base / ms:5.2f}x" if base and label != "cluster" else "")
+                    + (f" nmse {row['nmse'][label]:.1e}" if label in row["nmse"] else "")
+                    for label, ms in row["ms"].items()), flush=True)
+                rows.append(row)
+    chunks = {}
+    for P in sorted({r["P"] for r in rows}):
+        by_mode = {r["mode"]: r["ms"] for r in rows if r["P"] == P}
+        labels = set.intersection(*(set(ms) for ms in by_mode.values()))
+        chunks[P] = {label: sum(by_mode[m][label] for m in FLASH_LAYERS) for label in sorted(labels)}
+        print(f"flash-1gpu chunk at P={P} (4 layers): " + ", ".join(f"{k} {v:.3f} ms" for k, v in chunks[P].items()))
+    return {"warm_ms": warm_ms, "plan": {k: v for k, v in plan.items() if k not in ("lanes", "extra")},
+            "rows": rows, "flash_1gpu_chunk_ms": chunks}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--replays", type=int, default=10)
@@ -341,6 +442,10 @@ def main(argv=None):
     ap.add_argument("--ablate-tiles", default="default", help="the coopmat variants the ablations run (as "
                     "--coopmat-tiles)")
     ap.add_argument("--ablation-child", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--attention", action="store_true", help="the prefill attention table (cluster vs prefill kernel)")
+    ap.add_argument("--attn-chunk", type=int, default=512, help="--attention: tokens of the chunk")
+    ap.add_argument("--attn-positions", default="1024,4096", help="--attention: first positions of the chunk")
+    ap.add_argument("--attn-variants", default="", help="--attention: prefill-kernel knob sets heads=H/tile=K,...")
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     unknown = sorted(set(filter(None, args.coopmat_ablate.split(","))) - set(COOPMAT_ABLATIONS))
@@ -355,6 +460,11 @@ def main(argv=None):
     ex = Executor(timestamps=True)
     rng = np.random.default_rng(0)
     print(f"device: {ex.device.name} ({ex.device.caps.type}, subgroup {ex.device.subgroup_size})")
+    if args.attention:
+        doc = {"device": ex.device.name, **attention_table(ex, args, rng)}
+        if args.json:
+            Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+        return 0
     if args.gemm:
         doc = {"device": ex.device.name, **gemm_table(ex, args, rng)}
         if args.coopmat_ablate:

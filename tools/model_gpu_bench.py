@@ -43,7 +43,9 @@ knob indexer.always), mqa_literal (1: MQA_ATTENTION's per-lane arrays with liter
 knob mqa_arrays.literal), mix_wg (the first site's HC_MIX workgroup size: smaller ones split
 D into more workgroups; knob mix.wg), compress_wg (COMPRESS's workgroup cap,
 knob compress.wg), mqa_tile (keys the tiled MQA_ATTENTION stages at a time; the decode
-splits follow: knob mqa_tile.keys), route_rank (0: V4_ROUTE's rounds of a butterfly instead of
+splits follow: knob mqa_tile.keys), mqa_prefill (0: prefill chunks' attention on the cluster kernel,
+not the prefill kernel; knob mqa_prefill.on), mqa_prefill_heads / mqa_prefill_tile (the prefill
+kernel's heads a cluster and keys a tile; knobs mqa_prefill.heads, mqa_prefill.tile), route_rank (0: V4_ROUTE's rounds of a butterfly instead of
 its one-pass ranking, knob route_rank.on); e.g.
 `--variants "fold_mb=64;fold_mb=0;gemv_unroll=8"`.
 --long: the long-context sweep instead (--out is then a directory: long_context.json and .txt):
@@ -125,6 +127,9 @@ KNOBS = {"fold_mb": ("norm_fold.max_bytes", lambda v: int(float(v) * 2**20)),   
          "mix_wg": ("mix.wg", int),
          "compress_wg": ("compress.wg", int),
          "mqa_tile": ("mqa_tile.keys", int),
+         "mqa_prefill": ("mqa_prefill.on", lambda v: None if int(v) else False),
+         "mqa_prefill_heads": ("mqa_prefill.heads", int),
+         "mqa_prefill_tile": ("mqa_prefill.tile", int),
          "route_rank": ("route_rank.on", lambda v: bool(int(v)))}
 
 

@@ -24,6 +24,8 @@ def report(dev):
     out["mul_mat_id"] = experts_describe(dev)  # the experts' kernel over a prefill chunk, and why
     from ..ops.compress import describe as indexer_describe
     out.update(indexer_describe(dev))       # index_score, topk: the indexer's kernels
+    from ..ops.v4_attention import describe as attention_describe
+    out["mqa_attention"] = attention_describe(dev)     # the attention's kernels at decode and prefill
     return out
 
 
@@ -81,6 +83,10 @@ def _human(rep):
     if tk:
         lines.append(f"TOPK          k {tk['k']}: workgroup {tk['workgroup']}, {tk['bits']}-bit digits, "
                      f"{tk['scan']} bin scan")
+    mqa = rep.get("mqa_attention")
+    if mqa:
+        lines.append(f"MQA_ATTENTION {mqa['heads']} heads × {mqa['head_dim']}: decode {mqa['decode']}, prefill "
+                     f"{mqa['prefill']} — {mqa['reason']}")
     carry = rep.get("hc_carry")
     if carry:
         lines.append(f"HC_POST_MIX   the post carries the next site's mixes (D = {carry['D']}) at T " +

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..core.tuning import knob_table
 from .base import (WORKGROUP, Launch, OpDef, check_finite, check_flag, check_in_place, check_params, cluster_lanes,
-                   expect, grid_1d, is_cpu, nonempty, register, unit_last, view_fields)
+                   expect, grid_1d, is_cpu, next_pow2, nonempty, register, unit_last, view_fields)
 
 NAN = np.nan
 
@@ -174,8 +174,18 @@ MQA_ARRAYS = knob_table(
                     "instead of sizes from specialization constants, which a driver may keep in memory: not yet "
                     "measured, so off (tools/model_gpu_bench.py --variants mqa_literal=1)"))
 LITERAL_MAX = {"per_lane": 16, "keys": 4, "tile": 16, "loads": 32}     # the shader's literal sizes
-MQA_KERNELS = ("auto", "tiled", "cluster")
+MQA_KERNELS = ("auto", "tiled", "cluster", "prefill")
 TILED_MAX_TOKENS = 4           # auto: the tiled kernel up to this many query tokens (decode)
+MQA_PREFILL = knob_table(
+    "mqa_prefill",
+    on=(None, "MQA_ATTENTION kernel='auto' over more than TILED_MAX_TOKENS tokens (prefill) takes the prefill kernel "
+              "(shaders/mqa_prefill.comp: a workgroup takes one token and many of its heads, each key row staged "
+              "once for them all): None on GPUs (on CPU devices its barriers cost more than the loads it saves), "
+              "True everywhere, False nowhere (the cluster kernel: one cluster per token and head)"),
+    heads=(2, "heads per cluster of the prefill kernel (each staged channel read once for that many heads)"),
+    tile=(16, "keys the prefill kernel stages at a time, where shared memory allows (else as many as fit)"))
+PREFILL_WORKGROUP = 256
+PREFILL_LITERAL_MAX = {"per_lane": 8, "heads": 4, "tile": 16, "loads": 32}    # mqa_prefill.comp's literal sizes
 # keys a tiled workgroup stages at a time, where shared memory allows: 8 (twice the decode splits of
 # 16) measured faster than 16 on the H200, alone and in the model: the dispatch's fixed cost bounds
 # it, not any part of its work (results/h200/ablate_mqa_h200.txt)
@@ -204,6 +214,44 @@ def mqa_decode_splits(device, hd: int, n_keys: int) -> int:
     return max(1, min(MAX_DECODE_SPLITS, -(-int(n_keys) // tile)))
 
 
+def mqa_prefill_plan(device, hd: int, H: int) -> dict:
+    """The prefill kernel's shape on this device for H heads of hd channels: its lanes (defines and
+    launch kwargs), vec4s a lane (per_lane), heads a cluster, clusters a workgroup and keys a staged
+    tile (tile 0: one key row does not fit the device's shared memory), and the shared bytes used."""
+    lanes, extra = cluster_lanes(device, -(-hd // 4), per_lane=4)
+    L = lanes["LANES"]
+    per_lane = -(-hd // (4 * L))
+    heads = min(_positive_int("mqa_prefill", "heads", MQA_PREFILL["heads"]), H)
+    want = -(-H // heads)                                   # clusters for every head of a token
+    wg = min(PREFILL_WORKGROUP, max(device.caps.subgroup.max_size, next_pow2(L * want)))
+    row = 16 * per_lane * L + 8                             # a staged row (vec4s) and its base and flags
+    fit = max(0, device.caps.limits.max_shared_memory - 64) // row
+    tile = min(_positive_int("mqa_prefill", "tile", MQA_PREFILL["tile"]), fit)
+    return {"lanes": lanes, "extra": extra, "per_lane": per_lane, "heads": heads, "workgroup": wg,
+            "clusters": wg // L, "tile": tile, "shared_bytes": tile * row}
+
+
+def prefill_on(device) -> bool:
+    """Whether the knob mqa_prefill.on lets auto take the prefill kernel on this device."""
+    on = MQA_PREFILL["on"]
+    return not is_cpu(device) if on is None else bool(on)
+
+
+def describe(device, hd: int = 512, H: int = 64) -> dict:
+    """MQA_ATTENTION's kernels on this device at DeepSeek-V4-Flash's widths (python -m dsv4_vk info)."""
+    plan = mqa_prefill_plan(device, hd, H)
+    pre = "prefill" if prefill_on(device) and plan["tile"] else "cluster"
+    shared = f"{plan['shared_bytes']} B of {device.caps.limits.max_shared_memory} B shared memory"
+    why = (f"prefill: {plan['heads'] * plan['clusters']} heads a workgroup share each staged key row, "
+           f"{plan['tile']} keys a tile ({shared})" if pre == "prefill"
+           else f"prefill: a key row of {hd} floats does not fit {device.caps.limits.max_shared_memory} B of "
+                "shared memory" if not plan["tile"]
+           else "prefill: the cluster kernel on CPU devices (mqa_prefill.on=True takes the prefill kernel)"
+           if MQA_PREFILL["on"] is None else "prefill: the cluster kernel (mqa_prefill.on=False)")
+    dec = "tiled" if mqa_tile_keys(device, hd) and not is_cpu(device) else "cluster"
+    return {"heads": H, "head_dim": hd, "decode": dec, "prefill": pre, "reason": why}
+
+
 @register
 class MqaAttention(OpDef):
     """MQA_ATTENTION(q [T,H,hd], kv [rows,hd], pos [1] i32, sinks [H][, ent [n,hd][, idx [T,K] i32]]
@@ -212,7 +260,9 @@ class MqaAttention(OpDef):
     compressed entries (shaders/mqa_attention.comp). splits > 1 cuts each key list into that many
     parts on separate lanes, merged by one more dispatch. kernel: "tiled" (keys staged in shared
     memory per group of heads; auto up to TILED_MAX_TOKENS tokens), "cluster" (one cluster per head
-    reads its keys itself), "auto". q_norm_eps= (with the RoPE tables cos, sin [≥ capacity, half]
+    reads its keys itself), "prefill" (shaders/mqa_prefill.comp: one workgroup per token and group of
+    heads, splits=1 only; auto past TILED_MAX_TOKENS tokens while the knob mqa_prefill.on is set),
+    "auto". q_norm_eps= (with the RoPE tables cos, sin [≥ capacity, half]
     last): q is the projection's output, each head's row RMS-normalised and rotated at its position
     as it is loaded (q's per-head norm and RoPE in this dispatch, as RMS_NORM rope=True would)."""
     name, n_inputs = "MQA_ATTENTION", None
@@ -267,34 +317,74 @@ class MqaAttention(OpDef):
         return (q.shape if S == 1 else (T, H, S * (hd + 2))), "f32"
 
     def lower(self, node, device):
-        q, kv, pos, sinks = node.inputs[:4]
-        prm, out = node.params, node.output
-        mode, S = prm.get("mode", "sliding"), prm.get("splits", 1)
-        q_norm = "q_norm_eps" in prm
-        ent = node.inputs[4] if mode != "sliding" else kv            # bound but unread without entries
-        idx = node.inputs[5] if mode == "csa" else pos
-        T, H, hd = q.shape
+        prm = node.params
+        S = prm.get("splits", 1)
+        T, H, hd = node.inputs[0].shape
         lanes, extra, per_lane = _mqa_lanes(device, hd)
-        defs = dict(lanes)
         # keys in flight per cluster: their values stay in registers (KEYS·PER_LANE floats a lane)
         keys = 4 if per_lane <= 16 else 2 if per_lane <= 32 else 1
         tile = mqa_tile_keys(device, hd)
         kernel = prm.get("kernel", "auto")
-        if kernel == "auto":      # CPU devices: barriers cost more than the loads they save
-            kernel = "tiled" if T <= TILED_MAX_TOKENS and tile and not is_cpu(device) else "cluster"
+        if kernel == "auto":
+            if T > TILED_MAX_TOKENS:        # prefill: a token's heads share each key row it stages
+                kernel = ("prefill" if prefill_on(device) and S == 1 and mqa_prefill_plan(device, hd, H)["tile"]
+                          else "cluster")
+            else:                           # CPU devices: barriers cost more than the loads they save
+                kernel = "tiled" if tile and not is_cpu(device) else "cluster"
+        if kernel == "prefill":
+            return [self._prefill(node, device)]
         if kernel == "tiled" and not tile:
             raise ValueError(f"{self.name}: kernel='tiled' stages key rows of {hd} floats in shared memory; "
                              f"{device.name} has {device.caps.limits.max_shared_memory} B, too little for one")
         keys = MQA_KEYS.get("keys") or keys
         spec = (256, per_lane, S, prm["window"], prm.get("rate", 1), keys, tile or 1)
+        args, push, defs = self._bindings(node)
+        defs |= lanes
         if kernel == "tiled":
             defs["TILED"] = 1
         loads = -(-(tile or 1) * per_lane * lanes["LANES"] // 256)
         if MQA_ARRAYS["literal"] and 2 <= lanes["LANES"] <= 32 and per_lane <= LITERAL_MAX["per_lane"] and \
                 keys <= LITERAL_MAX["keys"] and (tile or 1) <= LITERAL_MAX["tile"] and loads <= LITERAL_MAX["loads"]:
             defs["LITERAL_ARRAYS"] = 1
-        if mode != "sliding":
-            defs[f"MODE_{mode.upper()}"] = 1
+        heads_per_group = 256 // lanes["LANES"]
+        grid = (grid_1d(T * S * -(-H // heads_per_group), 1) if kernel == "tiled"
+                else grid_1d(T * H * S, heads_per_group))
+        return [Launch("mqa_attention", args, (6,), push, grid, defines=defs, spec=spec, **extra)]
+
+    def _prefill(self, node, device):
+        """The launch of shaders/mqa_prefill.comp (kernel="prefill")."""
+        prm = node.params
+        if prm.get("splits", 1) != 1:
+            raise ValueError(f"{self.name}: kernel='prefill' takes whole key lists (splits=1), got "
+                             f"splits={prm['splits']}")
+        T, H, hd = node.inputs[0].shape
+        plan = mqa_prefill_plan(device, hd, H)
+        if not plan["tile"]:
+            raise ValueError(f"{self.name}: kernel='prefill' stages key rows of {hd} floats in shared memory; "
+                             f"{device.name} has {device.caps.limits.max_shared_memory} B, too little for one")
+        args, push, defs = self._bindings(node)
+        rows4 = hd % 4 == 0 and all(push[f] % 4 == 0 for f in ("kv_off", "kv_s0", "e_off", "e_s0"))
+        spec = (plan["workgroup"], plan["per_lane"], 1, prm["window"], prm.get("rate", 1), 1, plan["tile"],
+                plan["heads"], int(rows4))
+        loads = -(-plan["tile"] * plan["per_lane"] * plan["lanes"]["LANES"] // plan["workgroup"])
+        if MQA_ARRAYS["literal"] and "LANES_SUBGROUP_OPS" in plan["lanes"] and \
+                plan["per_lane"] <= PREFILL_LITERAL_MAX["per_lane"] and \
+                plan["heads"] <= PREFILL_LITERAL_MAX["heads"] and plan["tile"] <= PREFILL_LITERAL_MAX["tile"] and \
+                loads <= PREFILL_LITERAL_MAX["loads"]:
+            defs["LITERAL_ARRAYS"] = 1
+        groups = -(-H // (plan["heads"] * plan["clusters"]))
+        return Launch("mqa_prefill", args, (6,), push, grid_1d(T * groups, 1), defines=defs | plan["lanes"],
+                      spec=spec, **plan["extra"])
+
+    def _bindings(self, node):
+        """(args, push fields, defines) that mqa_attention.comp and mqa_prefill.comp share."""
+        q, kv, pos, sinks = node.inputs[:4]
+        prm, out = node.params, node.output
+        mode = prm.get("mode", "sliding")
+        ent = node.inputs[4] if mode != "sliding" else kv            # bound but unread without entries
+        idx = node.inputs[5] if mode == "csa" else pos
+        T, H, hd = q.shape
+        defs = {f"MODE_{mode.upper()}": 1} if mode != "sliding" else {}
         n_ent = ent.shape[0] if mode != "sliding" else 0
         K = idx.shape[1] if mode == "csa" else 0
         i_s0 = idx.strides[0] if mode == "csa" else 0
@@ -303,17 +393,14 @@ class MqaAttention(OpDef):
                 **view_fields("kv", kv.offset, kv.strides[:1]), **view_fields("e", ent.offset, ent.strides[:1]),
                 **view_fields("i", idx.offset, (i_s0,)), **view_fields("o", out.offset, out.strides[:2]),
                 "pos_off": pos.offset, "sink_off": sinks.offset, "scale": float(prm["scale"])}
-        heads_per_group = 256 // lanes["LANES"]
-        grid = (grid_1d(T * S * -(-H // heads_per_group), 1) if kernel == "tiled"
-                else grid_1d(T * H * S, heads_per_group))
         args = [q, kv, ent, idx, pos, sinks, out]
-        if q_norm:
+        if "q_norm_eps" in prm:
             cos, sin = node.inputs[-2:]
             defs["Q_NORM"] = 1
             args += [cos, sin]
             push |= {"q_eps": float(prm["q_norm_eps"]), "q_half": cos.shape[1], "cos_off": cos.offset,
                      "sin_off": sin.offset, "tab_s0": cos.strides[0]}
-        return [Launch("mqa_attention", args, (6,), push, grid, defines=defs, spec=spec, **extra)]
+        return args, push, defs
 
     def reference(self, q, kv, pos, sinks, *rest, scale=1.0, window=1, mode="sliding", rate=1, splits=1,
                   capacity=None, kernel="auto", q_norm_eps=None):
