@@ -130,6 +130,7 @@ KNOBS = {"fold_mb": ("norm_fold.max_bytes", lambda v: int(float(v) * 2**20)),   
          "mqa_prefill": ("mqa_prefill.on", lambda v: None if int(v) else False),
          "mqa_prefill_heads": ("mqa_prefill.heads", int),
          "mqa_prefill_tile": ("mqa_prefill.tile", int),
+         "moe_grouped": ("mul_mat_id_grouped.on", lambda v: bool(int(v))),
          "route_rank": ("route_rank.on", lambda v: bool(int(v)))}
 
 
