@@ -52,6 +52,11 @@
 // Push: as mqa_prefill.comp's.
 #include "common.glsl"
 #if defined(CM_NV)
+#define UNROLL [[unroll]]
+#else
+#define UNROLL [[dont_unroll]]                       /* the twin's loops kept rolled: lavapipe's compile time */
+#endif
+#if defined(CM_NV)
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -179,11 +184,11 @@ void main() {
     // q's rows: loaded (a partial last group's idle heads load head H − 1), normed and rotated, scaled
     for (uint r = lid; r < KR; r += WG) kmx[r] = 0u;
     barrier();
-    [[unroll]] for (uint ps = 0; ps < HT; ++ps) {
+    UNROLL for (uint ps = 0; ps < HT; ++ps) {
         uint i = 16u * ps + sr;
         uint qb = p.q_off + t * p.q_s0 + min(h0 + i, p.H - 1u) * p.q_s1;
         vec4 v[VX];
-        [[unroll]] for (uint x = 0; x < VX; ++x) {
+        UNROLL for (uint x = 0; x < VX; ++x) {
             uint c = 4u * (sc + LR * x);
             v[x] = vec4(0.0);
             [[unroll]] for (uint j = 0; j < 4; ++j)
@@ -191,14 +196,14 @@ void main() {
         }
 #if defined(Q_NORM)
         float ss = 0.0;
-        [[unroll]] for (uint x = 0; x < VX; ++x) ss += dot(v[x], v[x]);
+        UNROLL for (uint x = 0; x < VX; ++x) ss += dot(v[x], v[x]);
         red[lid].x = ss;
         barrier();
         ss = 0.0;
         for (uint j = 0; j < LR; ++j) ss += red[sr * LR + j].x;
         float rn = 1.0 / sqrt(ss / float(p.hd) + p.q_eps);
         uint first = p.hd - 2u * p.q_half;
-        [[unroll]] for (uint x = 0; x < VX; ++x) {
+        UNROLL for (uint x = 0; x < VX; ++x) {
             uint c = 4u * (sc + LR * x);
             vec4 a = v[x] * rn, b = a;
             [[unroll]] for (uint j = 0; j < 4; ++j)
@@ -210,7 +215,7 @@ void main() {
         barrier();                                   // (red read)
 #endif
         float m = 0.0;
-        [[unroll]] for (uint x = 0; x < VX; ++x) {
+        UNROLL for (uint x = 0; x < VX; ++x) {
             v[x] *= p.scale;
             m = max(m, finite_max(v[x]));
         }
@@ -218,7 +223,7 @@ void main() {
         barrier();
         int s = row_shift(uintBitsToFloat(kmx[i]));
         if (sc == 0u) qshift[i] = s;
-        [[unroll]] for (uint x = 0; x < VX; ++x) stage4(i, 4u * (sc + LR * x), v[x], pow2(s));
+        UNROLL for (uint x = 0; x < VX; ++x) stage4(i, 4u * (sc + LR * x), v[x], pow2(s));
     }
     barrier();
 #if defined(CM_NV)
@@ -228,7 +233,7 @@ void main() {
             coopMatLoadNV(qa[ht * CT + ct], smem, (16u * ht * ROWH + w * CW + 16u * ct) / 8u, ROW8, false);
 #else
     float qa[HT][CT][8];                             // lane l: elements l + 32·m of each A tile
-    [[unroll]] for (uint ht = 0; ht < HT; ++ht)
+    UNROLL for (uint ht = 0; ht < HT; ++ht)
         for (uint ct = 0; ct < CT; ++ct)
             for (uint m = 0; m < 8u; ++m) {
                 uint e = lane + 32u * m;
@@ -236,7 +241,7 @@ void main() {
             }
 #endif
     float acc[HT][CT][8];                            // O: lane l's elements l + 32·m of each tile
-    [[unroll]] for (uint ht = 0; ht < HT; ++ht)
+    UNROLL for (uint ht = 0; ht < HT; ++ht)
         for (uint ct = 0; ct < CT; ++ct)
             for (uint m = 0; m < 8u; ++m) acc[ht][ct][m] = 0.0;
     uint si = lid / RT, part = lid % RT;             // softmax: head row, part of the tile's keys
@@ -277,18 +282,18 @@ void main() {
         for (uint k = 0; k < NT; ++k) any = any || (kflag[k] & 1u) != 0u;
         if (!any) continue;                          // uniform: every lane read the same flags
         // 2. the key rows, 16 at a time, as fp16 rows at their shifts
-        [[unroll]] for (uint ps = 0; ps < NTN; ++ps) {
+        UNROLL for (uint ps = 0; ps < NTN; ++ps) {
             uint k = 16u * ps + sr;
             bool ok = (kflag[k] & 1u) != 0u, raw = (kflag[k] & 2u) != 0u;
             vec4 v[VX];
-            [[unroll]] for (uint x = 0; x < VX; ++x) v[x] = ok ? load4(raw, kbase[k], 4u * (sc + LR * x)) : vec4(0.0);
+            UNROLL for (uint x = 0; x < VX; ++x) v[x] = ok ? load4(raw, kbase[k], 4u * (sc + LR * x)) : vec4(0.0);
             float m = 0.0;
-            [[unroll]] for (uint x = 0; x < VX; ++x) m = max(m, finite_max(v[x]));
+            UNROLL for (uint x = 0; x < VX; ++x) m = max(m, finite_max(v[x]));
             atomicMax(kmx[k], floatBitsToUint(m));
             barrier();
             int s = row_shift(uintBitsToFloat(kmx[k]));
             if (sc == 0u) kshift[k] = s;
-            [[unroll]] for (uint x = 0; x < VX; ++x) stage4(k, 4u * (sc + LR * x), v[x], pow2(s));
+            UNROLL for (uint x = 0; x < VX; ++x) stage4(k, 4u * (sc + LR * x), v[x], pow2(s));
         }
         barrier();
         // 3. S = Q·Kᵀ over this warp's channels, into SP[w]
@@ -335,10 +340,10 @@ void main() {
         {
             float sv[KPT];
             float tm = LOWEST, um = LOWEST;
-            [[unroll]] for (uint x = 0; x < KPT; ++x) {
+            UNROLL for (uint x = 0; x < KPT; ++x) {
                 uint j = part * KPT + x;
                 float s = 0.0;
-                [[unroll]] for (uint ww = 0; ww < WARPS; ++ww) s += sp_get((ww * HM + si) * NT + j);
+                UNROLL for (uint ww = 0; ww < WARPS; ++ww) s += sp_get((ww * HM + si) * NT + j);
                 s = times_pow2(s, -(qshift[si] + kshift[j]));
                 sv[x] = s;
                 if ((kflag[j] & 1u) != 0u) {
@@ -357,13 +362,13 @@ void main() {
             int a = row_shift(finite_abs(exp(um - mn)));
             lp *= corr;
             float pv[KPT];
-            [[unroll]] for (uint x = 0; x < KPT; ++x) {
+            UNROLL for (uint x = 0; x < KPT; ++x) {
                 uint j = part * KPT + x;
                 float e = (kflag[j] & 1u) != 0u ? exp(sv[x] - mn) : 0.0;
                 lp += e;
                 pv[x] = times_pow2(e, a - kshift[j]);
             }
-            [[unroll]] for (uint x = 0; x < KPT; x += 2u) {
+            UNROLL for (uint x = 0; x < KPT; x += 2u) {
                 uint h = PP0 * 8u + si * PS + part * KPT + x;
                 smem[h / 8u][(h / 2u) % 4u] = packHalf2x16(vec2(pv[x], pv[x + 1u]));
             }
@@ -375,8 +380,8 @@ void main() {
         }
         barrier();
         // 5. O += P·V over this warp's channels
-        [[unroll]] for (uint ht = 0; ht < HT; ++ht)
-            [[unroll]] for (uint ct = 0; ct < CT; ++ct) {
+        UNROLL for (uint ht = 0; ht < HT; ++ht)
+            UNROLL for (uint ct = 0; ct < CT; ++ct) {
 #if defined(CM_NV)
                 MAT_C pa = MAT_C(0.0);
                 [[unroll]] for (uint kt = 0; kt < NTN; ++kt) {
@@ -408,7 +413,7 @@ void main() {
     barrier();
     red[lid].x = lp;
     barrier();
-    [[unroll]] for (uint ht = 0; ht < HT; ++ht)
+    UNROLL for (uint ht = 0; ht < HT; ++ht)
         for (uint ct = 0; ct < CT; ++ct)
             for (uint m = 0; m < 8u; ++m) {
                 uint e = lane + 32u * m, i = 16u * ht + e / 16u, ch = w * CW + 16u * ct + e % 16u;

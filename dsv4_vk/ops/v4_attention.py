@@ -304,7 +304,8 @@ def prefill_coopmat_choice(device, hd: int, H: int) -> tuple[str | None, str]:
         raise ValueError(f"tuning knob 'mqa_prefill.coopmat' must be None, True or False, got {on!r}")
     plan = mqa_prefill_coopmat_plan(device, hd, H)
     if not plan["tile"]:
-        return None, f"16 staged key rows of {hd} halves do not fit {device.caps.limits.max_shared_memory} B"
+        return None, (f"{16 * plan['head_tiles']} staged rows of {plan['hd_pad']} halves do not fit "
+                      f"{device.caps.limits.max_shared_memory} B of shared memory")
     why = coopmat_unavailable(device)
     if why is None:
         return "prefill_coopmat", "matrix units"
@@ -486,8 +487,9 @@ class MqaAttention(OpDef):
                                  "(kernel='prefill_coopmat_fma' runs its FMA twin anywhere)")
         plan = mqa_prefill_coopmat_plan(device, hd, H)
         if not plan["tile"]:
-            raise ValueError(f"{self.name}: kernel={kernel!r} stages 16 key rows of {plan['hd_pad']} halves in "
-                             f"shared memory; {device.name} has {device.caps.limits.max_shared_memory} B, too little")
+            raise ValueError(f"{self.name}: kernel={kernel!r} stages {16 * max(1, plan['head_tiles'])} rows of "
+                             f"{plan['hd_pad']} halves (16 keys, q's rows at the start) and its scores in shared "
+                             f"memory; {device.name} has {device.caps.limits.max_shared_memory} B, too little")
         args, push, defs = self._bindings(node)
         rows4 = hd % 4 == 0 and all(push[f] % 4 == 0 for f in ("kv_off", "kv_s0", "e_off", "e_s0"))
         spec = (plan["workgroup"], plan["hd_pad"], plan["head_tiles"], prm["window"], prm.get("rate", 1),
