@@ -24,9 +24,9 @@
 // its slice of q as HT·CT 16 × 16 A tiles in registers (CT = CW / 16), its slice of O as HT·CT
 // 16 × 16 f32 tiles of 8 elements a lane (lane l: elements l + 32·m, row (l + 32m) / 16, column
 // (l + 32m) % 16), in registers.
-// Start: q's rows staged (16 rows at a time, LR = WG / 16 invocations a row, vec4 c of a row at
-// invocation (c % LR) of the row's), normalised, rotated, scaled, rounded to fp16 into the key
-// staging rows, then read into the A tiles.
+// Start: q's rows, 16 (a head tile) at a time (LR = WG / 16 invocations a row, vec4 c of a row at
+// invocation c % LR of the row's): normalised, rotated, scaled, rounded to fp16 into the key
+// staging rows 0..15, then read into the head tile's A tiles.
 // Tile loop (uniform per workgroup), NT keys a tile:
 //   1. the keys' row starts and flags (as mqa_prefill.comp; a tile of −1 slots only is skipped);
 //   2. key rows staged 16 at a time as q's: loaded (all of a pass's loads issued first), each row's
@@ -46,7 +46,7 @@
 // full 32-lane subgroups); without: the same staging, scales and order of steps with the products as
 // FMA loops over the staged halves (the A tiles kept as lane l's elements l + 32·m, written to the
 // warp's scratch before use), on any device: the kernel's data flow and rounding, for tests.
-// Shared memory (uvec4 words): KS max(NT, HM) rows of ROWH halves; SP max(WARPS·HM·NT, WARPS·256)
+// Shared memory (uvec4 words): KS NT rows of ROWH halves; SP max(WARPS·HM·NT, WARPS·256)
 // floats (the S partials, later the warps' scratch); PP HM rows of NT + 8 halves (P'); small arrays.
 // Spec constants: 0 WG, 1 HD, 2 HT, 3 WINDOW, 4 RATE, 5 NT (a multiple of 16 and of 2·RT), 6 ROWS4.
 // Push: as mqa_prefill.comp's.
@@ -104,14 +104,13 @@ const uint LR = WG / 16u, VX = HD / 4u / LR;        // staging: invocations a ro
 const uint RT = WG / HM, KPT = NT / RT;             // softmax: invocations a head row, keys each
 const uint ROWH = HD + 8u, ROW8 = ROWH / 8u;        // staged rows (halves, uvec4s)
 const uint PS = NT + 8u;                            // P' rows (halves)
-const uint KR = NT > HM ? NT : HM;                  // staged rows (keys; q's at the start)
-const uint KS8 = KR * ROW8;
+const uint KS8 = NT * ROW8;                         // staged rows (keys; q's 16 at a time at the start)
 const uint SPF = WARPS * HM * NT > WARPS * 256u ? WARPS * HM * NT : WARPS * 256u;
 const uint SP0 = KS8, PP0 = KS8 + SPF / 4u;         // regions (uvec4s)
 shared uvec4 smem[KS8 + SPF / 4u + HM * PS / 8u];
 shared uint kbase[NT], kflag[NT];                   // row start; bit 0: a key, bit 1: raw (kv)
 shared int kshift[NT], qshift[HM], ra[HM];
-shared uint kmx[KR];
+shared uint kmx[NT], qmx[HM];
 shared float rcorr[HM];
 shared vec2 red[WG];
 
@@ -182,8 +181,13 @@ void main() {
     uint sr = lid / LR, sc = lid % LR;               // staging: row of a pass, first vec4
 
     // q's rows: loaded (a partial last group's idle heads load head H − 1), normed and rotated, scaled
-    for (uint r = lid; r < KR; r += WG) kmx[r] = 0u;
+    for (uint r = lid; r < HM; r += WG) qmx[r] = 0u;
     barrier();
+#if defined(CM_NV)
+    MAT_A qa[HT * CT];
+#else
+    float qa[HT][CT][8];                             // lane l: elements l + 32·m of each A tile
+#endif
     UNROLL for (uint ps = 0; ps < HT; ++ps) {
         uint i = 16u * ps + sr;
         uint qb = p.q_off + t * p.q_s0 + min(h0 + i, p.H - 1u) * p.q_s1;
@@ -219,27 +223,25 @@ void main() {
             v[x] *= p.scale;
             m = max(m, finite_max(v[x]));
         }
-        atomicMax(kmx[i], floatBitsToUint(m));
+        atomicMax(qmx[i], floatBitsToUint(m));
         barrier();
-        int s = row_shift(uintBitsToFloat(kmx[i]));
+        int s = row_shift(uintBitsToFloat(qmx[i]));
         if (sc == 0u) qshift[i] = s;
-        UNROLL for (uint x = 0; x < VX; ++x) stage4(i, 4u * (sc + LR * x), v[x], pow2(s));
-    }
-    barrier();
+        UNROLL for (uint x = 0; x < VX; ++x) stage4(sr, 4u * (sc + LR * x), v[x], pow2(s));
+        barrier();
+        // head tile ps's A tiles from staging rows 0..15
 #if defined(CM_NV)
-    MAT_A qa[HT * CT];
-    [[unroll]] for (uint ht = 0; ht < HT; ++ht)
         [[unroll]] for (uint ct = 0; ct < CT; ++ct)
-            coopMatLoadNV(qa[ht * CT + ct], smem, (16u * ht * ROWH + w * CW + 16u * ct) / 8u, ROW8, false);
+            coopMatLoadNV(qa[ps * CT + ct], smem, (w * CW + 16u * ct) / 8u, ROW8, false);
 #else
-    float qa[HT][CT][8];                             // lane l: elements l + 32·m of each A tile
-    UNROLL for (uint ht = 0; ht < HT; ++ht)
         for (uint ct = 0; ct < CT; ++ct)
             for (uint m = 0; m < 8u; ++m) {
                 uint e = lane + 32u * m;
-                qa[ht][ct][m] = half_at((16u * ht + e / 16u) * ROWH + w * CW + 16u * ct + e % 16u);
+                qa[ps][ct][m] = half_at((e / 16u) * ROWH + w * CW + 16u * ct + e % 16u);
             }
 #endif
+        barrier();                                   // (staging rows read before the next pass)
+    }
     float acc[HT][CT][8];                            // O: lane l's elements l + 32·m of each tile
     UNROLL for (uint ht = 0; ht < HT; ++ht)
         for (uint ct = 0; ct < CT; ++ct)
@@ -276,7 +278,7 @@ void main() {
             kbase[k] = b;
             kflag[k] = (ok ? 1u : 0u) | (raw ? 2u : 0u);
         }
-        for (uint r = lid; r < KR; r += WG) kmx[r] = 0u;
+        for (uint r = lid; r < NT; r += WG) kmx[r] = 0u;
         barrier();
         bool any = false;                            // (CSA: a tile of −1 slots only is skipped)
         for (uint k = 0; k < NT; ++k) any = any || (kflag[k] & 1u) != 0u;

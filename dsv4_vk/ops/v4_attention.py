@@ -274,10 +274,9 @@ def mqa_prefill_coopmat_plan(device, hd: int, H: int) -> dict:
     step = max(16, 2 * rt)                                  # (each invocation writes pairs of P' halves)
     lim = device.caps.limits
 
-    def shared(nt):
-        kr = max(nt, hm)
-        return (kr * (hd_pad + 8) * 2 + max(warps * hm * nt, warps * 256) * 4 + hm * (nt + 8) * 2
-                + nt * 12 + hm * 12 + kr * 4 + wg * 8)
+    def shared(nt):                                         # the shader's arrays
+        return (nt * (hd_pad + 8) * 2 + max(warps * hm * nt, warps * 256) * 4 + hm * (nt + 8) * 2
+                + nt * 16 + hm * 16 + wg * 8)
     tile = (want // step) * step
     while tile and shared(tile) > lim.max_shared_memory:
         tile -= step
@@ -304,8 +303,8 @@ def prefill_coopmat_choice(device, hd: int, H: int) -> tuple[str | None, str]:
         raise ValueError(f"tuning knob 'mqa_prefill.coopmat' must be None, True or False, got {on!r}")
     plan = mqa_prefill_coopmat_plan(device, hd, H)
     if not plan["tile"]:
-        return None, (f"{16 * plan['head_tiles']} staged rows of {plan['hd_pad']} halves do not fit "
-                      f"{device.caps.limits.max_shared_memory} B of shared memory")
+        return None, (f"16 staged key rows of {plan['hd_pad']} halves and {16 * plan['head_tiles']} heads' scores "
+                      f"do not fit {device.caps.limits.max_shared_memory} B of shared memory")
     why = coopmat_unavailable(device)
     if why is None:
         return "prefill_coopmat", "matrix units"
@@ -487,9 +486,9 @@ class MqaAttention(OpDef):
                                  "(kernel='prefill_coopmat_fma' runs its FMA twin anywhere)")
         plan = mqa_prefill_coopmat_plan(device, hd, H)
         if not plan["tile"]:
-            raise ValueError(f"{self.name}: kernel={kernel!r} stages {16 * max(1, plan['head_tiles'])} rows of "
-                             f"{plan['hd_pad']} halves (16 keys, q's rows at the start) and its scores in shared "
-                             f"memory; {device.name} has {device.caps.limits.max_shared_memory} B, too little")
+            raise ValueError(f"{self.name}: kernel={kernel!r} stages 16 key rows of {plan['hd_pad']} halves and "
+                             f"{16 * plan['head_tiles']} heads' scores in shared memory; {device.name} has "
+                             f"{device.caps.limits.max_shared_memory} B, too little")
         args, push, defs = self._bindings(node)
         rows4 = hd % 4 == 0 and all(push[f] % 4 == 0 for f in ("kv_off", "kv_s0", "e_off", "e_s0"))
         spec = (plan["workgroup"], plan["hd_pad"], plan["head_tiles"], prm["window"], prm.get("rate", 1),
