@@ -300,8 +300,16 @@ def test_prefill_without_subgroup_operations(tune, rng, monkeypatch, case):
     check(got, want, bad, nmse_max=1e-10, atol=1e-5)
 
 
-# ---- the matrix-unit prefill kernel (shaders/mqa_prefill_coopmat.comp): its FMA twin here, which
-# has the same staging, power-of-two row scales, fp16 rounding and order of steps as the matrix units
+# ---- the matrix-unit prefill kernel (shaders/mqa_prefill_coopmat.comp): the cooperative matrices
+# themselves where the device has them (the H200), else its FMA twin (lavapipe), which has the same
+# staging, power-of-two row scales, fp16 rounding and order of steps
+NO_UNITS = "the device has no VK_NV_cooperative_matrix 16 × 16 × 16 fp16·fp16+fp32 shape"
+
+
+def cm_kernel():
+    """The matrix units where the device has them, else their FMA twin."""
+    return "prefill_coopmat" if v4_attention.coopmat_unavailable(default_device()) is None else "prefill_coopmat_fma"
+
 CM_NMSE_MAX = 1e-5              # fp16 inputs (11 significant bits), f32 sums
 CM_ATOL = 5e-3                  # of max(1, |reference|)
 # knobs: the defaults (16 heads a workgroup, 4 warps, 16 keys a tile here); 32 heads a workgroup
@@ -315,18 +323,18 @@ CM_MATRIX = ([(c, i % 2 == 1, "default") for i, c in enumerate(range(len(CASES))
 
 @pytest.mark.parametrize("case,q_norm,knobs", CM_MATRIX,
                          ids=[f"{IDS[c]}-{'q_norm' if qn else 'q'}-{k}" for c, qn, k in CM_MATRIX])
-def test_coopmat_twin_matches_float64_and_the_f32_kernel(tune, rng, case, q_norm, knobs):
+def test_coopmat_prefill_matches_float64_and_the_f32_kernel(tune, rng, case, q_norm, knobs):
     case = CASES[case]
     tune(CM_KNOBS[knobs])
     arrays, prm, want = case_arrays(rng, *case, q_norm)
-    got, bad = run_mqa(arrays, prm, "prefill_coopmat_fma")
+    got, bad = run_mqa(arrays, prm, cm_kernel())
     check(got, want, bad, nmse_max=CM_NMSE_MAX, atol=CM_ATOL)
     assert np.isnan(got).any() == (case[4] + case[1] > C)         # the rows past the capacity, only they
     f32_out, bad = run_mqa(arrays, prm, "prefill")
     check(got, f32_out, bad, nmse_max=CM_NMSE_MAX, atol=CM_ATOL)
 
 
-def test_coopmat_twin_scales_rows_past_the_fp16_range(rng):
+def test_coopmat_prefill_scales_rows_past_the_fp16_range(rng):
     """Key rows from 1e-4 to 3e5 (past fp16's 65504; rounded unscaled, they would be inf or lose
     their bits) and q rows of 1e-3 .. 1e3 (HCA, no q norm): each row's power-of-two shift keeps
     every value finite with 11 significant bits."""
@@ -339,11 +347,11 @@ def test_coopmat_twin_scales_rows_past_the_fp16_range(rng):
     want = float64_attention(arrays[0], arrays[1], p0, arrays[3], arrays[4], scale=prm["scale"], window=8,
                              mode="hca", rate=4, capacity=C)
     assert np.abs(arrays[1]).max() > 65504 and np.abs(want).max() > 65504
-    got, bad = run_mqa(arrays, prm, "prefill_coopmat_fma")
+    got, bad = run_mqa(arrays, prm, cm_kernel())
     check(got, want, bad, nmse_max=CM_NMSE_MAX, atol=CM_ATOL)
 
 
-def test_coopmat_twin_at_deepseek_v4_flash_widths(rng):
+def test_coopmat_prefill_at_deepseek_v4_flash_widths(rng):
     """64 heads of 512 channels (4 workgroups a token, 128 channels a warp), a CSA layer's lists past
     the window with −1 slots, the q norm and RoPE; against the op's float64 reference."""
     T, H, hd, p0 = 6, 64, 512, 300
@@ -354,7 +362,7 @@ def test_coopmat_twin_at_deepseek_v4_flash_widths(rng):
     cos, sin = tables(rng, 512, 32)
     arrays += [cos, sin]
     prm = {"scale": hd ** -0.5, "window": 128, "mode": "csa", "rate": 4, "capacity": 512, "q_norm_eps": 1e-6}
-    got, bad = run_mqa(arrays, prm, "prefill_coopmat_fma")
+    got, bad = run_mqa(arrays, prm, cm_kernel())
     check(got, get_op("MQA_ATTENTION").reference(*arrays, **prm), bad, nmse_max=CM_NMSE_MAX, atol=CM_ATOL)
 
 
@@ -370,12 +378,13 @@ def test_coopmat_knob_chooses_the_kernel(tune, monkeypatch):
     DSV4_VK_DISABLE_COOPMAT (device.coopmat_disabled) leaves them off; decode keeps its kernels."""
     T = v4_attention.TILED_MAX_TOKENS
     dev = default_device()
+    monkeypatch.setattr(v4_attention, "coopmat_unavailable", lambda device: NO_UNITS)   # as on lavapipe
     tune({"mqa_prefill.on": True})
     assert shaders_of(lowered(T + 1)) == [("mqa_prefill", False, False)]
     assert v4_attention.describe(dev)["prefill"] == "prefill"
     assert "mqa_prefill.coopmat=False" in v4_attention.describe(dev)["reason"]
     tune({"mqa_prefill.coopmat": None})
-    assert shaders_of(lowered(T + 1)) == [("mqa_prefill", False, False)]        # lavapipe: no matrix units
+    assert shaders_of(lowered(T + 1)) == [("mqa_prefill", False, False)]        # no matrix units
     assert "no VK_NV_cooperative_matrix" in v4_attention.describe(dev)["reason"]
     tune({"mqa_prefill.coopmat": True})
     assert shaders_of(lowered(T + 1)) == [("mqa_prefill_coopmat", False, False)]
@@ -396,6 +405,7 @@ def test_coopmat_knob_chooses_the_kernel(tune, monkeypatch):
 
 def test_coopmat_kernels_refuse_what_they_cannot_run(tune, monkeypatch):
     dev = default_device()
+    monkeypatch.setattr(v4_attention, "coopmat_unavailable", lambda device: NO_UNITS)
 
     def lower_forced(kernel, hd=16, splits=1, device=dev):
         g = Graph()
@@ -439,8 +449,9 @@ def test_the_coopmat_defaults_fit_the_devices_shared_memory(monkeypatch, subgrou
     assert plan["tile"] == 16 and plan["shared_bytes"] <= limit                 # (32 heads' scores)
 
 
-def test_info_says_when_the_matrix_unit_prefill_runs(tune):
+def test_info_says_when_the_matrix_unit_prefill_runs(tune, monkeypatch):
     from dsv4_vk.cli.info import _human, report
+    monkeypatch.setattr(v4_attention, "coopmat_unavailable", lambda device: NO_UNITS)
     tune({"mqa_prefill.on": True, "mqa_prefill.coopmat": True})
     rep = report(default_device())
     assert rep["mqa_attention"]["prefill"] == "prefill_coopmat_fma"
@@ -451,6 +462,6 @@ def test_info_says_when_the_matrix_unit_prefill_runs(tune):
 def test_coopmat_child_at_another_subgroup_size(width, subgroup):
     env = dict(os.environ, LP_NATIVE_VECTOR_WIDTH=str(width))
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                        "coopmat_twin_matches and default and (csa-T9 or hca-T11)"], cwd=os.path.dirname(HERE),
+                        "coopmat_prefill_matches and default and (csa-T9 or hca-T11)"], cwd=os.path.dirname(HERE),
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and " passed" in r.stdout and "failed" not in r.stdout, (r.stdout + r.stderr)[-4000:]
