@@ -243,9 +243,9 @@ void main() {
         barrier();                                   // (staging rows read before the next pass)
     }
     float acc[HT][CT][8];                            // O: lane l's elements l + 32·m of each tile
-    UNROLL for (uint ht = 0; ht < HT; ++ht)
-        for (uint ct = 0; ct < CT; ++ct)
-            for (uint m = 0; m < 8u; ++m) acc[ht][ct][m] = 0.0;
+    UNROLL for (uint ht = 0; ht < HT; ++ht)           // (unrolled with -D CM_NV: acc stays in registers)
+        UNROLL for (uint ct = 0; ct < CT; ++ct)
+            UNROLL for (uint m = 0; m < 8u; ++m) acc[ht][ct][m] = 0.0;
     uint si = lid / RT, part = lid % RT;             // softmax: head row, part of the tile's keys
     float mx = sinks[p.sink_off + min(h0 + si, p.H - 1u)];   // the sink: logit only, no value
     float lp = part == 0u ? 1.0 : 0.0;
@@ -395,7 +395,7 @@ void main() {
                 uint scr = SP0 + w * 64u;            // the warp's 16 × 16 f32 scratch (uvec4s)
                 coopMatStoreNV(pa, smem, scr, 4u, false);
                 sync_warp();
-                for (uint m = 0; m < 8u; ++m) {
+                [[unroll]] for (uint m = 0; m < 8u; ++m) {
                     uint e = lane + 32u * m, i = 16u * ht + e / 16u;
                     float c = uintBitsToFloat(smem[scr + e / 4u][e % 4u]);
                     acc[ht][ct][m] = acc[ht][ct][m] * rcorr[i] + c * pow2(-ra[i]);
@@ -416,8 +416,8 @@ void main() {
     red[lid].x = lp;
     barrier();
     UNROLL for (uint ht = 0; ht < HT; ++ht)
-        for (uint ct = 0; ct < CT; ++ct)
-            for (uint m = 0; m < 8u; ++m) {
+        UNROLL for (uint ct = 0; ct < CT; ++ct)
+            UNROLL for (uint m = 0; m < 8u; ++m) {
                 uint e = lane + 32u * m, i = 16u * ht + e / 16u, ch = w * CW + 16u * ct + e % 16u;
                 uint h = h0 + i;
                 if (h >= p.H || ch >= p.hd) continue;
