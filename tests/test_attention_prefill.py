@@ -254,24 +254,28 @@ def test_info_says_which_attention_kernels_run(tune):
     assert "prefill prefill — prefill: 64 heads a workgroup share each staged key row" in _human(rep)
 
 
-@pytest.mark.parametrize("on", [True, False], ids=["prefill", "cluster"])
-def test_long_context_model_matches_transformers_with_the_prefill_kernel(tune, monkeypatch, on):
+@pytest.mark.parametrize("kernel", ["mqa_prefill", "mqa_attention", "mqa_prefill_coopmat"],
+                         ids=["prefill", "cluster", "coopmat"])
+def test_long_context_model_matches_transformers_with_the_prefill_kernel(tune, monkeypatch, kernel):
     """The long fixture (CSA layers past the indexer's top-k) in prefill chunks of 32, with the
-    prefill kernel (auto as on a GPU) and with the knob forcing the cluster kernel: every chunk's
-    attention took the kernel asked for."""
+    prefill kernel (auto as on a GPU), with the knob forcing the cluster kernel, and with the
+    matrix-unit prefill kernel (mqa_prefill.coopmat=True: the FMA twin where the device has no
+    matrix units): every chunk's attention took the kernel asked for."""
     monkeypatch.setattr(v4_attention, "is_cpu", lambda device: False)
-    tune({"mqa_prefill.on": None if on else False})
+    tune({"mqa_prefill.on": False if kernel == "mqa_attention" else None,
+          "mqa_prefill.coopmat": kernel == "mqa_prefill_coopmat"})
     shaders, rows4, lower = [], [], v4_attention.MqaAttention.lower
+    rows4_spec = {"mqa_prefill": 8, "mqa_prefill_coopmat": 6}
 
     def spy(self, node, device):
         launches = lower(self, node, device)
         shaders.extend((node.inputs[0].shape[0], ln.shader) for ln in launches)
-        rows4.extend(ln.spec[8] for ln in launches if ln.shader == "mqa_prefill")
+        rows4.extend(ln.spec[rows4_spec[ln.shader]] for ln in launches if ln.shader in rows4_spec)
         return launches
     monkeypatch.setattr(v4_attention.MqaAttention, "lower", spy)
     check_fixture("long", True, chunk=32, max_ctx=160)
     prefill = {s for T, s in shaders if T > v4_attention.TILED_MAX_TOKENS}
-    assert prefill == ({"mqa_prefill"} if on else {"mqa_attention"})
+    assert prefill == {kernel}
     assert all(rows4)                           # the model's cache and entries: rows loaded by vec4s
 
 
