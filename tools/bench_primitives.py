@@ -368,7 +368,7 @@ def attention_inputs(rng, mode, T, P, capacity):
 def attention_table(ex, args, rng):
     """The --attention rows: the cluster kernel and the prefill kernel (defaults, --attn-variants) per
     layer type and chunk position; GPU ms, NMSE against the cluster kernel's output."""
-    from dsv4_vk.ops.v4_attention import coopmat_unavailable, describe, mqa_prefill_plan
+    from dsv4_vk.ops.v4_attention import coopmat_unavailable, describe, mqa_prefill_coopmat_plan, mqa_prefill_plan
     dev = ex.device
     warm_ms = default_warm_ms(dev) if args.warm_ms is None else args.warm_ms
     # the matrix-unit prefill kernel where the device has the units, else its FMA twin (the same numerics)
@@ -431,6 +431,7 @@ def attention_table(ex, args, rng):
         chunks[P] = {label: sum(by_mode[m][label] for m in FLASH_LAYERS) for label in sorted(labels)}
         print(f"flash-1gpu chunk at P={P} (4 layers): " + ", ".join(f"{k} {v:.3f} ms" for k, v in chunks[P].items()))
     return {"warm_ms": warm_ms, "plan": {k: v for k, v in plan.items() if k not in ("lanes", "extra")},
+            "coopmat_kernel": cm, "coopmat_plan": mqa_prefill_coopmat_plan(dev, f["hd"], f["H"]),
             "rows": rows, "flash_1gpu_chunk_ms": chunks}
 
 
