@@ -28,7 +28,8 @@
 // invocation c % LR of the row's): normalised, rotated, scaled, rounded to fp16 into the key
 // staging rows 0..15, then read into the head tile's A tiles.
 // Tile loop (uniform per workgroup), NT keys a tile:
-//   1. the keys' row starts and flags (as mqa_prefill.comp; a tile of −1 slots only is skipped);
+//   1. the keys' row starts and flags (as mqa_prefill.comp; a tile of −1 slots only is skipped),
+//      written during the tile before (after its S product: CSA's idx loads in flight meanwhile);
 //   2. key rows staged 16 at a time as q's: loaded (all of a pass's loads issued first), each row's
 //      maximum by a shared atomicMax, shifted and stored as fp16 rows of ROWH = HD + 8 halves;
 //   3. S: warp w sums its channel slice's products into HT × NT/16 tiles, stored to SP[w] (f32);
@@ -104,11 +105,12 @@ const uint LR = WG / 16u, VX = HD / 4u / LR;        // staging: invocations a ro
 const uint RT = WG / HM, KPT = NT / RT;             // softmax: invocations a head row, keys each
 const uint ROWH = HD + 8u, ROW8 = ROWH / 8u;        // staged rows (halves, uvec4s)
 const uint PS = NT + 8u;                            // P' rows (halves)
+const uint KPW = (NT + WG - 1u) / WG;                // key slots an invocation prepares a tile
 const uint KS8 = NT * ROW8;                         // staged rows (keys; q's 16 at a time at the start)
 const uint SPF = WARPS * HM * NT > WARPS * 256u ? WARPS * HM * NT : WARPS * 256u;
 const uint SP0 = KS8, PP0 = KS8 + SPF / 4u;         // regions (uvec4s)
 shared uvec4 smem[KS8 + SPF / 4u + HM * PS / 8u];
-shared uint kbase[NT], kflag[NT];                   // row start; bit 0: a key, bit 1: raw (kv)
+shared uint kbase[2][NT], kflag[2][NT];             // row start; bit 0: a key, bit 1: raw (kv); by tile parity
 shared int kshift[NT], qshift[HM], ra[HM];
 shared uint kmx[NT], qmx[HM];
 shared float rcorr[HM];
@@ -144,6 +146,31 @@ void stage4(uint r, uint c, vec4 v, float f) {
     uint h = r * ROWH + c;
     smem[h / 8u][(h / 2u) % 4u] = packHalf2x16(v.xy * f);
     smem[h / 8u][(h / 2u) % 4u + 1u] = packHalf2x16(v.zw * f);
+}
+
+// CSA: the entry of slot sk of the token's key list (idx), else 0.
+int slot_entry(uint t, uint sk, uint n, uint n_raw) {
+#if defined(MODE_CSA)
+    if (sk < n && sk >= n_raw) return idx[p.i_off + t * p.i_s0 + (sk - n_raw)];
+#endif
+    return 0;
+}
+// Slot sk of the list (entry we for CSA) as row k of a tile: its row start and flags, into buffer buf.
+void set_slot(uint buf, uint k, uint sk, int we, uint n, uint n_raw, uint j0) {
+    uint b = 0u;
+    bool ok = sk < n, raw = sk < n_raw;
+    if (ok && raw) {
+        b = p.kv_off + ((j0 + sk) % p.kv_rows) * p.kv_s0;
+    } else if (ok) {
+#if defined(MODE_CSA)
+        ok = we >= 0 && uint(we) < p.n_ent;          // −1: no entry
+        b = p.e_off + uint(max(we, 0)) * p.e_s0;
+#else
+        b = p.e_off + (sk - n_raw) * p.e_s0;
+#endif
+    }
+    kbase[buf][k] = b;
+    kflag[buf][k] = (ok ? 1u : 0u) | (raw ? 2u : 0u);
 }
 
 #if defined(CM_NV)
@@ -257,38 +284,33 @@ void main() {
 #elif defined(MODE_CSA)
     n += p.K;
 #endif
+    // 1. the first tile's slots (each tile's slots are written during the one before it, buffer
+    // (tile index) % 2, so that CSA's idx loads wait behind a tile's products, not before its staging)
+    for (uint x = 0; x < KPW; ++x) {
+        uint k = lid + WG * x;
+        if (k < NT) set_slot(0u, k, k, slot_entry(t, k, n, n_raw), n, n_raw, j0);
+    }
+    for (uint r = lid; r < NT; r += WG) kmx[r] = 0u;
     for (uint s0 = 0; s0 < n; s0 += NT) {           // uniform per workgroup
-        uint nk = min(NT, n - s0);
+        uint cb = (s0 / NT) & 1u;                    // this tile's slot buffer
         barrier();                                   // the previous tile's readers are done
-        // 1. the keys' rows
-        for (uint k = lid; k < NT; k += WG) {
-            uint sk = s0 + k, b = 0u;
-            bool ok = k < nk, raw = sk < n_raw;
-            if (ok && raw) {
-                b = p.kv_off + ((j0 + sk) % p.kv_rows) * p.kv_s0;
-            } else if (ok) {
-#if defined(MODE_CSA)
-                int we = idx[p.i_off + t * p.i_s0 + (sk - n_raw)];
-                ok = we >= 0 && uint(we) < p.n_ent;  // −1: no entry
-                b = p.e_off + uint(max(we, 0)) * p.e_s0;
-#else
-                b = p.e_off + (sk - n_raw) * p.e_s0;
-#endif
-            }
-            kbase[k] = b;
-            kflag[k] = (ok ? 1u : 0u) | (raw ? 2u : 0u);
-        }
-        for (uint r = lid; r < NT; r += WG) kmx[r] = 0u;
-        barrier();
+        int nxt[KPW];                                // the next tile's CSA entries, in flight
+        for (uint x = 0; x < KPW; ++x) nxt[x] = slot_entry(t, s0 + NT + lid + WG * x, n, n_raw);
         bool any = false;                            // (CSA: a tile of −1 slots only is skipped)
-        for (uint k = 0; k < NT; ++k) any = any || (kflag[k] & 1u) != 0u;
-        if (!any) continue;                          // uniform: every lane read the same flags
+        for (uint k = 0; k < NT; ++k) any = any || (kflag[cb][k] & 1u) != 0u;
+        if (!any) {                                  // uniform: every lane read the same flags
+            for (uint x = 0; x < KPW; ++x) {
+                uint k = lid + WG * x;
+                if (k < NT) set_slot(cb ^ 1u, k, s0 + NT + k, nxt[x], n, n_raw, j0);
+            }
+            continue;
+        }
         // 2. the key rows, 16 at a time, as fp16 rows at their shifts
         UNROLL for (uint ps = 0; ps < NTN; ++ps) {
             uint k = 16u * ps + sr;
-            bool ok = (kflag[k] & 1u) != 0u, raw = (kflag[k] & 2u) != 0u;
+            bool ok = (kflag[cb][k] & 1u) != 0u, raw = (kflag[cb][k] & 2u) != 0u;
             vec4 v[VX];
-            UNROLL for (uint x = 0; x < VX; ++x) v[x] = ok ? load4(raw, kbase[k], 4u * (sc + LR * x)) : vec4(0.0);
+            UNROLL for (uint x = 0; x < VX; ++x) v[x] = ok ? load4(raw, kbase[cb][k], 4u * (sc + LR * x)) : vec4(0.0);
             float m = 0.0;
             UNROLL for (uint x = 0; x < VX; ++x) m = max(m, finite_max(v[x]));
             atomicMax(kmx[k], floatBitsToUint(m));
@@ -337,6 +359,13 @@ void main() {
                 }
         }
 #endif
+        // the next tile's slots (buffer cb ^ 1: the previous tile's, read before this one began) and
+        // its rows' maxima cleared (this tile's were read in step 2)
+        for (uint x = 0; x < KPW; ++x) {
+            uint k = lid + WG * x;
+            if (k < NT) set_slot(cb ^ 1u, k, s0 + NT + k, nxt[x], n, n_raw, j0);
+        }
+        for (uint r = lid; r < NT; r += WG) kmx[r] = 0u;
         barrier();
         // 4. the online softmax: row si, keys part·KPT ..
         {
@@ -348,7 +377,7 @@ void main() {
                 UNROLL for (uint ww = 0; ww < WARPS; ++ww) s += sp_get((ww * HM + si) * NT + j);
                 s = times_pow2(s, -(qshift[si] + kshift[j]));
                 sv[x] = s;
-                if ((kflag[j] & 1u) != 0u) {
+                if ((kflag[cb][j] & 1u) != 0u) {
                     tm = max(tm, s);
                     um = max(um, s - float(kshift[j]) * LN2);
                 }
@@ -366,7 +395,7 @@ void main() {
             float pv[KPT];
             UNROLL for (uint x = 0; x < KPT; ++x) {
                 uint j = part * KPT + x;
-                float e = (kflag[j] & 1u) != 0u ? exp(sv[x] - mn) : 0.0;
+                float e = (kflag[cb][j] & 1u) != 0u ? exp(sv[x] - mn) : 0.0;
                 lp += e;
                 pv[x] = times_pow2(e, a - kshift[j]);
             }

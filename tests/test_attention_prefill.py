@@ -355,6 +355,22 @@ def test_coopmat_prefill_scales_rows_past_the_fp16_range(rng):
     check(got, want, bad, nmse_max=CM_NMSE_MAX, atol=CM_ATOL)
 
 
+def test_coopmat_prefill_skips_tiles_of_empty_slots(rng):
+    """CSA lists whose middle tiles (16 slots each on lavapipe, 32 on GPUs) hold only −1 slots: skipped,
+    and the slots and maxima of the tiles after them still prepared."""
+    T, H, hd, p0, window = 6, 5, 32, 40, 6
+    arrays, prm, _ = case_arrays(rng, "csa", T, H, hd, p0, window, 4, 64, True)
+    n_ent = len(arrays[4])
+    idx = np.full((T, 90), -1, np.int32)
+    idx[:, :5] = np.stack([rng.permutation(n_ent)[:5] for _ in range(T)])
+    idx[:, 80:] = np.stack([rng.permutation(n_ent)[:10] for _ in range(T)])
+    arrays[5] = idx
+    want = float64_attention(arrays[0], arrays[1], p0, arrays[3], arrays[4], idx, scale=prm["scale"], window=window,
+                             mode="csa", rate=4, capacity=C, q_norm=(arrays[6], arrays[7], prm["q_norm_eps"]))
+    got, bad = run_mqa(arrays, prm, cm_kernel())
+    check(got, want, bad, nmse_max=CM_NMSE_MAX, atol=CM_ATOL)
+
+
 def test_coopmat_prefill_at_deepseek_v4_flash_widths(rng):
     """64 heads of 512 channels (4 workgroups a token, 128 channels a warp), a CSA layer's lists past
     the window with −1 slots, the q norm and RoPE; against the op's float64 reference."""
