@@ -276,7 +276,7 @@ def mqa_prefill_coopmat_plan(device, hd: int, H: int) -> dict:
 
     def shared(nt):                                         # the shader's arrays
         return (nt * (hd_pad + 8) * 2 + max(warps * hm * nt, warps * 256) * 4 + hm * (nt + 8) * 2
-                + nt * 16 + hm * 16 + wg * 8)
+                + nt * 24 + hm * 16 + wg * 8)
     tile = (want // step) * step
     while tile and shared(tile) > lim.max_shared_memory:
         tile -= step
