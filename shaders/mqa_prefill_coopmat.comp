@@ -411,15 +411,19 @@ void main() {
         }
         barrier();
         // 5. O += P·V over this warp's channels
-        UNROLL for (uint ht = 0; ht < HT; ++ht)
+        UNROLL for (uint ht = 0; ht < HT; ++ht) {
+#if defined(CM_NV)
+            MAT_A pt[NTN];                           // the head tile's P' tiles, read once for every ct
+            [[unroll]] for (uint kt = 0; kt < NTN; ++kt)
+                coopMatLoadNV(pt[kt], smem, PP0 + (16u * ht * PS + 16u * kt) / 8u, PS / 8u, false);
+#endif
             UNROLL for (uint ct = 0; ct < CT; ++ct) {
 #if defined(CM_NV)
                 MAT_C pa = MAT_C(0.0);
                 [[unroll]] for (uint kt = 0; kt < NTN; ++kt) {
-                    MAT_A a, b;
-                    coopMatLoadNV(a, smem, PP0 + (16u * ht * PS + 16u * kt) / 8u, PS / 8u, false);
+                    MAT_A b;
                     coopMatLoadNV(b, smem, (16u * kt * ROWH + w * CW + 16u * ct) / 8u, ROW8, false);
-                    pa = coopMatMulAddNV(a, b, pa);
+                    pa = coopMatMulAddNV(pt[kt], b, pa);
                 }
                 uint scr = SP0 + w * 64u;            // the warp's 16 × 16 f32 scratch (uvec4s)
                 coopMatStoreNV(pa, smem, scr, 4u, false);
@@ -440,6 +444,7 @@ void main() {
                 }
 #endif
             }
+        }
     }
     barrier();
     red[lid].x = lp;

@@ -340,14 +340,16 @@ def test_coopmat_prefill_matches_float64_and_the_f32_kernel(tune, rng, case, q_n
 
 def test_coopmat_prefill_scales_rows_past_the_fp16_range(rng):
     """Key rows from 1e-4 to 3e5 (past fp16's 65504; rounded unscaled, they would be inf or lose
-    their bits) and q rows of 1e-3 .. 1e3 (HCA, no q norm): each row's power-of-two shift keeps
-    every value finite with 11 significant bits."""
+    their bits) and q rows of 1e-3 .. 1e3 (HCA, no q norm; the scale keeps the scores within ±4):
+    each row's power-of-two shift keeps every value finite with 11 significant bits."""
     T, H, hd, p0 = 7, 5, 32, 30
     arrays, prm, _ = case_arrays(rng, "hca", T, H, hd, p0, 8, 4, 64, False)
     arrays[0] = (arrays[0] * 10.0 ** rng.uniform(-3, 3, (T, H, 1))).astype(np.float32)
     for i in (1, 4):
         arrays[i] = (arrays[i] * 10.0 ** rng.uniform(-4, 5.5, (len(arrays[i]), 1))).astype(np.float32)
-    prm["scale"] = 1e-4                         # scores of a few units: softmaxes spread over many keys
+    keys = np.concatenate([arrays[1], arrays[4]])
+    prm["scale"] = 4.0 / np.abs(np.einsum("thc,kc->thk", arrays[0], keys)).max()   # scores within ±4 (fp16
+    # rounds a score by about 2⁻¹² of its size: larger logits would spread the softmax's error, not test the range)
     want = float64_attention(arrays[0], arrays[1], p0, arrays[3], arrays[4], scale=prm["scale"], window=8,
                              mode="hca", rate=4, capacity=C)
     assert np.abs(arrays[1]).max() > 65504 and np.abs(want).max() > 65504
