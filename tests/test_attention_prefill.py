@@ -317,12 +317,15 @@ def cm_kernel():
 CM_NMSE_MAX = 1e-5              # fp16 inputs (11 significant bits), f32 sums
 CM_ATOL = 5e-3                  # of max(1, |reference|)
 # knobs: the defaults (16 heads a workgroup, 4 warps, 16 keys a tile here); 32 heads a workgroup
-# (H past it: one partial group), a tile of 32 keys, one warp (each owning all channels), two warps
+# (H past it: one partial group), a tile of 32 keys, one warp (each owning all channels), two warps,
+# 8 warps (256 invocations) over 32 heads
 CM_KNOBS = {"default": {}, "head_tiles2": {"mqa_prefill.cm_head_tiles": 2},
             "tile32": {"mqa_prefill.cm_tile": 32}, "warps1": {"mqa_prefill.cm_warps": 1},
-            "warps2_tile32": {"mqa_prefill.cm_warps": 2, "mqa_prefill.cm_tile": 32}}
+            "warps2_tile32": {"mqa_prefill.cm_warps": 2, "mqa_prefill.cm_tile": 32},
+            "warps8_head_tiles2": {"mqa_prefill.cm_warps": 8, "mqa_prefill.cm_head_tiles": 2}}
 CM_MATRIX = ([(c, i % 2 == 1, "default") for i, c in enumerate(range(len(CASES)))]
-             + [(6, i % 2 == 0, k) for i, k in enumerate(("head_tiles2", "tile32", "warps1", "warps2_tile32"))])
+             + [(6, i % 2 == 0, k)
+                for i, k in enumerate(("head_tiles2", "tile32", "warps1", "warps2_tile32", "warps8_head_tiles2"))])
 
 
 @pytest.mark.parametrize("case,q_norm,knobs", CM_MATRIX,

@@ -45,7 +45,7 @@ twin prefill_coopmat_fma where the device has no matrix units) at its defaults a
     python3 tools/bench_primitives.py --attention --attn-variants heads=1,heads=4/tile=8,keys=2,keys=8,literal=1 \
         --json $OUT/attention_prefill_h200.json | tee $OUT/attention_prefill_h200.txt
     python3 tools/bench_primitives.py --attention --attn-positions 4096 \
-        --attn-variants cm_tile=16,cm_heads=2,cm_heads=2/cm_tile=16,cm_heads=4/cm_tile=16,cm_warps=2 \
+        --attn-variants cm_tile=16,cm_heads=2,cm_warps=8/cm_heads=2 \
         --json $OUT/attention_coopmat_h200.json | tee $OUT/attention_coopmat_h200.txt
     python tools/bench_primitives.py --attention --attn-chunk 16 --attn-positions 200 --replays 2   # anywhere
 """
