@@ -254,24 +254,28 @@ def test_info_says_which_attention_kernels_run(tune):
     assert "prefill prefill — prefill: 64 heads a workgroup share each staged key row" in _human(rep)
 
 
-@pytest.mark.parametrize("on", [True, False], ids=["prefill", "cluster"])
-def test_long_context_model_matches_transformers_with_the_prefill_kernel(tune, monkeypatch, on):
+@pytest.mark.parametrize("kernel", ["mqa_prefill", "mqa_attention", "mqa_prefill_coopmat"],
+                         ids=["prefill", "cluster", "coopmat"])
+def test_long_context_model_matches_transformers_with_the_prefill_kernel(tune, monkeypatch, kernel):
     """The long fixture (CSA layers past the indexer's top-k) in prefill chunks of 32, with the
-    prefill kernel (auto as on a GPU) and with the knob forcing the cluster kernel: every chunk's
-    attention took the kernel asked for."""
+    prefill kernel (auto as on a GPU), with the knob forcing the cluster kernel, and with the
+    matrix-unit prefill kernel (mqa_prefill.coopmat=True: the FMA twin where the device has no
+    matrix units): every chunk's attention took the kernel asked for."""
     monkeypatch.setattr(v4_attention, "is_cpu", lambda device: False)
-    tune({"mqa_prefill.on": None if on else False})
+    tune({"mqa_prefill.on": False if kernel == "mqa_attention" else None,
+          "mqa_prefill.coopmat": kernel == "mqa_prefill_coopmat"})
     shaders, rows4, lower = [], [], v4_attention.MqaAttention.lower
+    rows4_spec = {"mqa_prefill": 8, "mqa_prefill_coopmat": 6}
 
     def spy(self, node, device):
         launches = lower(self, node, device)
         shaders.extend((node.inputs[0].shape[0], ln.shader) for ln in launches)
-        rows4.extend(ln.spec[8] for ln in launches if ln.shader == "mqa_prefill")
+        rows4.extend(ln.spec[rows4_spec[ln.shader]] for ln in launches if ln.shader in rows4_spec)
         return launches
     monkeypatch.setattr(v4_attention.MqaAttention, "lower", spy)
     check_fixture("long", True, chunk=32, max_ctx=160)
     prefill = {s for T, s in shaders if T > v4_attention.TILED_MAX_TOKENS}
-    assert prefill == ({"mqa_prefill"} if on else {"mqa_attention"})
+    assert prefill == {kernel}
     assert all(rows4)                           # the model's cache and entries: rows loaded by vec4s
 
 
@@ -298,3 +302,191 @@ def test_prefill_without_subgroup_operations(tune, rng, monkeypatch, case):
     arrays, prm, want = case_arrays(rng, *case, True)
     got, bad = run_mqa(arrays, prm, "prefill")
     check(got, want, bad, nmse_max=1e-10, atol=1e-5)
+
+
+# ---- the matrix-unit prefill kernel (shaders/mqa_prefill_coopmat.comp): the cooperative matrices
+# themselves where the device has them (the H200), else its FMA twin (lavapipe), which has the same
+# staging, power-of-two row scales, fp16 rounding and order of steps
+NO_UNITS = "the device has no VK_NV_cooperative_matrix 16 × 16 × 16 fp16·fp16+fp32 shape"
+
+
+def cm_kernel():
+    """The matrix units where the device has them, else their FMA twin."""
+    return "prefill_coopmat" if v4_attention.coopmat_unavailable(default_device()) is None else "prefill_coopmat_fma"
+
+CM_NMSE_MAX = 1e-5              # fp16 inputs (11 significant bits), f32 sums
+CM_ATOL = 5e-3                  # of max(1, |reference|)
+# knobs: the defaults (16 heads a workgroup, 4 warps, 16 keys a tile here); 32 heads a workgroup
+# (H past it: one partial group), a tile of 32 keys, one warp (each owning all channels), two warps,
+# 8 warps (256 invocations) over 32 heads
+CM_KNOBS = {"default": {}, "head_tiles2": {"mqa_prefill.cm_head_tiles": 2},
+            "tile32": {"mqa_prefill.cm_tile": 32}, "warps1": {"mqa_prefill.cm_warps": 1},
+            "warps2_tile32": {"mqa_prefill.cm_warps": 2, "mqa_prefill.cm_tile": 32},
+            "warps8_head_tiles2": {"mqa_prefill.cm_warps": 8, "mqa_prefill.cm_head_tiles": 2}}
+CM_MATRIX = ([(c, i % 2 == 1, "default") for i, c in enumerate(range(len(CASES)))]
+             + [(6, i % 2 == 0, k)
+                for i, k in enumerate(("head_tiles2", "tile32", "warps1", "warps2_tile32", "warps8_head_tiles2"))])
+
+
+@pytest.mark.parametrize("case,q_norm,knobs", CM_MATRIX,
+                         ids=[f"{IDS[c]}-{'q_norm' if qn else 'q'}-{k}" for c, qn, k in CM_MATRIX])
+def test_coopmat_prefill_matches_float64_and_the_f32_kernel(tune, rng, case, q_norm, knobs):
+    case = CASES[case]
+    tune(CM_KNOBS[knobs])
+    arrays, prm, want = case_arrays(rng, *case, q_norm)
+    got, bad = run_mqa(arrays, prm, cm_kernel())
+    check(got, want, bad, nmse_max=CM_NMSE_MAX, atol=CM_ATOL)
+    assert np.isnan(got).any() == (case[4] + case[1] > C)         # the rows past the capacity, only they
+    f32_out, bad = run_mqa(arrays, prm, "prefill")
+    check(got, f32_out, bad, nmse_max=CM_NMSE_MAX, atol=CM_ATOL)
+
+
+def test_coopmat_prefill_scales_rows_past_the_fp16_range(rng):
+    """Key rows from 1e-4 to 3e5 (past fp16's 65504; rounded unscaled, they would be inf or lose
+    their bits) and q rows of 1e-3 .. 1e3 (HCA, no q norm; the scale keeps the scores within ±4):
+    each row's power-of-two shift keeps every value finite with 11 significant bits."""
+    T, H, hd, p0 = 7, 5, 32, 30
+    arrays, prm, _ = case_arrays(rng, "hca", T, H, hd, p0, 8, 4, 64, False)
+    arrays[0] = (arrays[0] * 10.0 ** rng.uniform(-3, 3, (T, H, 1))).astype(np.float32)
+    for i in (1, 4):
+        arrays[i] = (arrays[i] * 10.0 ** rng.uniform(-4, 5.5, (len(arrays[i]), 1))).astype(np.float32)
+    arrays[1][p0] *= 2e5 / np.abs(arrays[1][p0]).max()           # in every token's window: past 65504
+    keys = np.concatenate([arrays[1], arrays[4]])
+    prm["scale"] = 4.0 / np.abs(np.einsum("thc,kc->thk", arrays[0], keys)).max()   # scores within ±4 (fp16
+    # rounds a score by about 2⁻¹² of its size: larger logits would spread the softmax's error, not test the range)
+    want = float64_attention(arrays[0], arrays[1], p0, arrays[3], arrays[4], scale=prm["scale"], window=8,
+                             mode="hca", rate=4, capacity=C)
+    got, bad = run_mqa(arrays, prm, cm_kernel())
+    check(got, want, bad, nmse_max=CM_NMSE_MAX, atol=CM_ATOL)
+
+
+def test_coopmat_prefill_skips_tiles_of_empty_slots(rng):
+    """CSA lists whose middle tiles (16 slots each on lavapipe, 32 on GPUs) hold only −1 slots: skipped,
+    and the slots and maxima of the tiles after them still prepared."""
+    T, H, hd, p0, window = 6, 5, 32, 40, 6
+    arrays, prm, _ = case_arrays(rng, "csa", T, H, hd, p0, window, 4, 64, True)
+    n_ent = len(arrays[4])
+    idx = np.full((T, 90), -1, np.int32)
+    idx[:, :5] = np.stack([rng.permutation(n_ent)[:5] for _ in range(T)])
+    idx[:, 80:] = np.stack([rng.permutation(n_ent)[:10] for _ in range(T)])
+    arrays[5] = idx
+    want = float64_attention(arrays[0], arrays[1], p0, arrays[3], arrays[4], idx, scale=prm["scale"], window=window,
+                             mode="csa", rate=4, capacity=C, q_norm=(arrays[6], arrays[7], prm["q_norm_eps"]))
+    got, bad = run_mqa(arrays, prm, cm_kernel())
+    check(got, want, bad, nmse_max=CM_NMSE_MAX, atol=CM_ATOL)
+
+
+def test_coopmat_prefill_at_deepseek_v4_flash_widths(rng):
+    """64 heads of 512 channels (4 workgroups a token, 128 channels a warp), a CSA layer's lists past
+    the window with −1 slots, the q norm and RoPE; against the op's float64 reference."""
+    T, H, hd, p0 = 6, 64, 512, 300
+    n_ent = 80
+    arrays = [f32(rng, T, H, hd, scale=5.0), f32(rng, 512, hd), np.array([p0], np.int32), f32(rng, H),
+              f32(rng, n_ent, hd), np.stack([rng.permutation(n_ent)[:24] for _ in range(T)]).astype(np.int32)]
+    arrays[5][:, -3:] = -1
+    cos, sin = tables(rng, 512, 32)
+    arrays += [cos, sin]
+    prm = {"scale": hd ** -0.5, "window": 128, "mode": "csa", "rate": 4, "capacity": 512, "q_norm_eps": 1e-6}
+    got, bad = run_mqa(arrays, prm, cm_kernel())
+    check(got, get_op("MQA_ATTENTION").reference(*arrays, **prm), bad, nmse_max=CM_NMSE_MAX, atol=CM_ATOL)
+
+
+def shaders_of(launches):
+    """(shader, -D CM_NV, and for the matrix-unit kernel whether it asks for full subgroups)."""
+    return [(ln.shader, "CM_NV" in ln.defines, ln.shader == "mqa_prefill_coopmat" and ln.full_subgroups)
+            for ln in launches]
+
+
+def test_coopmat_knob_chooses_the_kernel(tune, monkeypatch):
+    """mqa_prefill.coopmat: False (the default) the f32 prefill kernel; None the matrix units where the
+    device has them (CM_NV, full subgroups), else the f32 kernel; True the same, else the FMA twin.
+    DSV4_VK_DISABLE_COOPMAT (device.coopmat_disabled) leaves them off; decode keeps its kernels."""
+    T = v4_attention.TILED_MAX_TOKENS
+    dev = default_device()
+    monkeypatch.setattr(v4_attention, "coopmat_unavailable", lambda device: NO_UNITS)   # as on lavapipe
+    tune({"mqa_prefill.on": True})
+    assert shaders_of(lowered(T + 1)) == [("mqa_prefill", False, False)]
+    assert v4_attention.describe(dev)["prefill"] == "prefill"
+    assert "mqa_prefill.coopmat=False" in v4_attention.describe(dev)["reason"]
+    tune({"mqa_prefill.coopmat": None})
+    assert shaders_of(lowered(T + 1)) == [("mqa_prefill", False, False)]        # no matrix units
+    assert "no VK_NV_cooperative_matrix" in v4_attention.describe(dev)["reason"]
+    tune({"mqa_prefill.coopmat": True})
+    assert shaders_of(lowered(T + 1)) == [("mqa_prefill_coopmat", False, False)]
+    assert v4_attention.describe(dev)["prefill"] == "prefill_coopmat_fma"
+    assert [ln.shader for ln in lowered(T)] == ["mqa_attention"]                # decode: unchanged
+    assert [ln.shader for ln in lowered(T + 1, splits=2)] == ["mqa_attention"]   # split lists: cluster
+    monkeypatch.setattr(v4_attention, "coopmat_unavailable", lambda device: None)     # as on a GPU with them
+    for on in (None, True):
+        tune({"mqa_prefill.coopmat": on})
+        assert shaders_of(lowered(T + 1)) == [("mqa_prefill_coopmat", True, True)]
+        assert v4_attention.describe(dev)["prefill"] == "prefill_coopmat"
+    monkeypatch.undo()
+    monkeypatch.setattr(dev, "coopmat_disabled", True, raising=False)
+    tune({"mqa_prefill.coopmat": None, "mqa_prefill.on": True})
+    assert shaders_of(lowered(T + 1)) == [("mqa_prefill", False, False)]
+    assert "DSV4_VK_DISABLE_COOPMAT=1" in v4_attention.describe(dev)["reason"]
+
+
+def test_coopmat_kernels_refuse_what_they_cannot_run(tune, monkeypatch):
+    dev = default_device()
+    monkeypatch.setattr(v4_attention, "coopmat_unavailable", lambda device: NO_UNITS)
+
+    def lower_forced(kernel, hd=16, splits=1, device=dev):
+        g = Graph()
+        g.op("MQA_ATTENTION", g.input("q", (8, 2, hd)), g.input("kv", (64, hd)), g.input("p", (1,), "i32"),
+             g.input("s", (2,)), scale=0.5, window=8, splits=splits, kernel=kernel)
+        return get_op("MQA_ATTENTION").lower(g.nodes[-1], device)
+    with pytest.raises(ValueError, match=r"kernel='prefill_coopmat' cannot run on .*no VK_NV_cooperative_matrix.*"
+                                         r"'prefill_coopmat_fma' runs its FMA twin anywhere"):
+        lower_forced("prefill_coopmat")
+    with pytest.raises(ValueError, match=r"kernel='prefill_coopmat_fma' takes whole key lists \(splits=1\)"):
+        lower_forced("prefill_coopmat_fma", splits=2)
+    for knob, value in (("cm_warps", 3), ("cm_head_tiles", 8), ("cm_tile", 24), ("coopmat", "yes")):
+        with tuned({f"mqa_prefill.{knob}": value}), pytest.raises(ValueError, match=f"mqa_prefill.{knob}"):
+            v4_attention.prefill_coopmat_choice(dev, 512, 64) if knob == "coopmat" else lower_forced(
+                "prefill_coopmat_fma")
+    small = dataclasses.replace(dev.caps.limits, max_shared_memory=16384)
+    monkeypatch.setattr(dev, "caps", dataclasses.replace(dev.caps, limits=small))
+    assert v4_attention.mqa_prefill_coopmat_plan(dev, 512, 64)["tile"] == 0
+    with pytest.raises(ValueError, match=r"stages 16 key rows of 512 halves and 16 heads' scores .* 16384 B, too little"):
+        lower_forced("prefill_coopmat_fma", hd=512)
+    tune({"mqa_prefill.on": True, "mqa_prefill.coopmat": True})
+    assert [ln.shader for ln in lowered(8, 64, 512, device=dev)] == ["mqa_prefill"]       # auto: f32 lanes
+
+
+@pytest.mark.parametrize("subgroup,shared,limit", [(32, 49152, 48 * 1024), (8, 32768, 32 * 1024),
+                                                   (4, 32768, 32 * 1024), (16, 32768, 32 * 1024)])
+def test_the_coopmat_defaults_fit_the_devices_shared_memory(monkeypatch, subgroup, shared, limit):
+    """V4-Flash widths (64 heads × 512): the GPU's default tile of 32 keys fits 48 KiB, lavapipe's of 16
+    its 32 KiB; more head tiles a workgroup take smaller tiles to fit."""
+    dev = default_device()
+    sg = dataclasses.replace(dev.caps.subgroup, size=subgroup, min_size=subgroup, max_size=subgroup)
+    lim = dataclasses.replace(dev.caps.limits, max_shared_memory=shared)
+    monkeypatch.setattr(dev, "caps", dataclasses.replace(dev.caps, subgroup=sg, limits=lim))
+    gpu = shared >= 49152
+    monkeypatch.setattr(v4_attention, "is_cpu", lambda device: not gpu)
+    plan = v4_attention.mqa_prefill_coopmat_plan(dev, 512, 64)
+    assert plan["tile"] == (32 if gpu else 16) and plan["shared_bytes"] <= limit
+    assert plan["workgroup"] == 128 and plan["hd_pad"] == 512
+    with tuned({"mqa_prefill.cm_head_tiles": 2, "mqa_prefill.cm_tile": 64}):
+        plan = v4_attention.mqa_prefill_coopmat_plan(dev, 512, 64)
+    assert plan["tile"] == 16 and plan["shared_bytes"] <= limit                 # (32 heads' scores)
+
+
+def test_info_says_when_the_matrix_unit_prefill_runs(tune, monkeypatch):
+    from dsv4_vk.cli.info import _human, report
+    monkeypatch.setattr(v4_attention, "coopmat_unavailable", lambda device: NO_UNITS)
+    tune({"mqa_prefill.on": True, "mqa_prefill.coopmat": True})
+    rep = report(default_device())
+    assert rep["mqa_attention"]["prefill"] == "prefill_coopmat_fma"
+    assert "prefill prefill_coopmat_fma — prefill: the FMA twin (mqa_prefill.coopmat=True)" in _human(rep)
+
+
+@pytest.mark.parametrize("width,subgroup", [(128, 4), (512, 16)])
+def test_coopmat_child_at_another_subgroup_size(width, subgroup):
+    env = dict(os.environ, LP_NATIVE_VECTOR_WIDTH=str(width))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                        "coopmat_prefill_matches and default and (csa-T9 or hca-T11)"], cwd=os.path.dirname(HERE),
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and " passed" in r.stdout and "failed" not in r.stdout, (r.stdout + r.stderr)[-4000:]

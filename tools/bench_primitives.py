@@ -36,11 +36,17 @@ q norm and RoPE in the kernel), for each layer type of the flash-1gpu preset (sl
 the indexer's top 512; HCA: rate 128): the cluster kernel (the prefill path before the prefill
 kernel, mqa_prefill.on=False) against the prefill kernel at its defaults and at each
 --attn-variants knob set (heads=H/tile=T/keys=K/literal=1: knobs mqa_prefill.heads, .tile, .keys and
-mqa_arrays.literal; comma-separated), GPU ms each with the NMSE of its output
-against the cluster kernel's, and the chunk's attention over flash-1gpu's 4 layers (SWA, CSA, HCA, CSA).
+mqa_arrays.literal; comma-separated), and the matrix-unit prefill kernel (prefill_coopmat, or its FMA
+twin prefill_coopmat_fma where the device has no matrix units) at its defaults and at each
+--attn-variants set of its knobs (cm_tile=T/cm_heads=HEAD_TILES/cm_warps=W: mqa_prefill.cm_tile,
+.cm_head_tiles, .cm_warps), GPU ms each with the NMSE of its output against the cluster kernel's
+(f32), and the chunk's attention over flash-1gpu's 4 layers (SWA, CSA, HCA, CSA).
 
     python3 tools/bench_primitives.py --attention --attn-variants heads=1,heads=4/tile=8,keys=2,keys=8,literal=1 \
         --json $OUT/attention_prefill_h200.json | tee $OUT/attention_prefill_h200.txt
+    python3 tools/bench_primitives.py --attention --attn-positions 4096 \
+        --attn-variants cm_tile=16,cm_heads=2,cm_warps=8/cm_heads=2 \
+        --json $OUT/attention_coopmat_h200.json | tee $OUT/attention_coopmat_h200.txt
     python tools/bench_primitives.py --attention --attn-chunk 16 --attn-positions 200 --replays 2   # anywhere
 """
 import argparse
@@ -362,21 +368,29 @@ def attention_inputs(rng, mode, T, P, capacity):
 def attention_table(ex, args, rng):
     """The --attention rows: the cluster kernel and the prefill kernel (defaults, --attn-variants) per
     layer type and chunk position; GPU ms, NMSE against the cluster kernel's output."""
-    from dsv4_vk.ops.v4_attention import describe, mqa_prefill_plan
+    from dsv4_vk.ops.v4_attention import coopmat_unavailable, describe, mqa_prefill_coopmat_plan, mqa_prefill_plan
     dev = ex.device
     warm_ms = default_warm_ms(dev) if args.warm_ms is None else args.warm_ms
-    variants = [("prefill", {})]
+    # the matrix-unit prefill kernel where the device has the units, else its FMA twin (the same numerics)
+    cm = "prefill_coopmat_fma" if coopmat_unavailable(dev) else "prefill_coopmat"
+    cm_keys = {"cm_tile": "cm_tile", "cm_heads": "cm_head_tiles", "cm_warps": "cm_warps"}
+    variants = [("prefill", "prefill", {}), (cm, cm, {})]
     for item in filter(None, args.attn_variants.split(",")):
-        knobs = {}
+        knobs, kernel = {}, "prefill"
         for part in item.split("/"):
             key, _, value = part.partition("=")
-            if key not in ("heads", "tile", "keys", "literal") or not value.isdigit():
-                raise SystemExit(f"--attn-variants: expected heads=H/tile=T/keys=K/literal=0|1 items, got {item!r}")
+            if key not in ("heads", "tile", "keys", "literal", *cm_keys) or not value.isdigit():
+                raise SystemExit(f"--attn-variants: expected heads=H/tile=T/keys=K/literal=0|1 items (the f32 "
+                                 f"prefill kernel) or cm_tile=T/cm_heads=TILES/cm_warps=W items ({cm}), got {item!r}")
             if key == "literal":
                 knobs["mqa_arrays.literal"] = bool(int(value))
                 continue
+            if key in cm_keys:
+                kernel = cm
+                knobs[f"mqa_prefill.{cm_keys[key]}"] = int(value)
+                continue
             knobs[f"mqa_prefill.{key}"] = int(value)
-        variants.append((f"prefill {item}", knobs))
+        variants.append((f"{kernel} {item}", kernel, knobs))
     f, T = FLASH_ATTENTION, args.attn_chunk
     plan = mqa_prefill_plan(dev, f["hd"], f["H"])
     print(f"attention: {describe(dev)['reason']}; chunk {T} tokens; clock warm-up {warm_ms:g} ms")
@@ -388,7 +402,7 @@ def attention_table(ex, args, rng):
                 arrays, prm = attention_inputs(rng, mode, T, P, capacity)
                 row = {"mode": mode, "P": P, "T": T, "ms": {}, "nmse": {}}
                 old = None
-                for label, kernel, knobs in [("cluster", "cluster", {})] + [(n, "prefill", k) for n, k in variants]:
+                for label, kernel, knobs in [("cluster", "cluster", {})] + variants:
                     with tuned(knobs):
                         g = Graph()
                         g.output("y", g.op("MQA_ATTENTION", *[g.const(a) for a in arrays], kernel=kernel, **prm))
@@ -403,6 +417,10 @@ def attention_table(ex, args, rng):
                         old = y
                     else:
                         row["nmse"][label] = nmse(y, old)
+                        if kernel.startswith("prefill_coopmat") and not row["nmse"][label] <= 1e-5:
+                            print(f"  {mode} P={P} {label}: NMSE {row['nmse'][label]:.2e} against the f32 "
+                                  "kernel, past the matrix units' bound 1e-5", flush=True)
+                            row.setdefault("errors", {})[label] = f"NMSE {row['nmse'][label]:.3e} > 1e-5"
                 del arrays
                 base = row["ms"].get("cluster")
                 print(f"{mode:7s} P={P:6d} T={T} | " + " | ".join(
@@ -417,6 +435,7 @@ def attention_table(ex, args, rng):
         chunks[P] = {label: sum(by_mode[m][label] for m in FLASH_LAYERS) for label in sorted(labels)}
         print(f"flash-1gpu chunk at P={P} (4 layers): " + ", ".join(f"{k} {v:.3f} ms" for k, v in chunks[P].items()))
     return {"warm_ms": warm_ms, "plan": {k: v for k, v in plan.items() if k not in ("lanes", "extra")},
+            "coopmat_kernel": cm, "coopmat_plan": mqa_prefill_coopmat_plan(dev, f["hd"], f["H"]),
             "rows": rows, "flash_1gpu_chunk_ms": chunks}
 
 

@@ -46,7 +46,9 @@ D into more workgroups; knob mix.wg), compress_wg (COMPRESS's workgroup cap,
 knob compress.wg), mqa_tile (keys the tiled MQA_ATTENTION stages at a time; the decode
 splits follow: knob mqa_tile.keys), mqa_prefill (0: prefill chunks' attention on the cluster kernel,
 not the prefill kernel; knob mqa_prefill.on), mqa_prefill_heads / mqa_prefill_tile / mqa_prefill_keys (the
-prefill kernel's heads a cluster, keys a tile and keys a step; knobs mqa_prefill.heads, .tile, .keys), route_rank (0: V4_ROUTE's rounds of a butterfly instead of
+prefill kernel's heads a cluster, keys a tile and keys a step; knobs mqa_prefill.heads, .tile, .keys),
+mqa_coopmat (1: prefill chunks' attention on the matrix units where the device has them; knob
+mqa_prefill.coopmat=None), route_rank (0: V4_ROUTE's rounds of a butterfly instead of
 its one-pass ranking, knob route_rank.on); e.g.
 `--variants "fold_mb=64;fold_mb=0;gemv_unroll=8"`.
 --long: the long-context sweep instead (--out is then a directory: long_context.json and .txt):
@@ -145,6 +147,7 @@ KNOBS = {"fold_mb": ("norm_fold.max_bytes", lambda v: int(float(v) * 2**20)),   
          "mqa_prefill_tile": ("mqa_prefill.tile", int),
          "moe_grouped": ("mul_mat_id_grouped.on", lambda v: bool(int(v))),
          "mqa_prefill_keys": ("mqa_prefill.keys", int),
+         "mqa_coopmat": ("mqa_prefill.coopmat", lambda v: None if int(v) else False),
          "route_rank": ("route_rank.on", lambda v: bool(int(v)))}
 
 

@@ -174,7 +174,8 @@ MQA_ARRAYS = knob_table(
                     "instead of sizes from specialization constants, which a driver may keep in memory: not yet "
                     "measured, so off (tools/model_gpu_bench.py --variants mqa_literal=1)"))
 LITERAL_MAX = {"per_lane": 16, "keys": 4, "tile": 16, "loads": 32}     # the shader's literal sizes
-MQA_KERNELS = ("auto", "tiled", "cluster", "prefill")
+COOPMAT_PREFILL_KERNELS = ("prefill_coopmat", "prefill_coopmat_fma")
+MQA_KERNELS = ("auto", "tiled", "cluster", "prefill") + COOPMAT_PREFILL_KERNELS
 TILED_MAX_TOKENS = 4           # auto: the tiled kernel up to this many query tokens (decode)
 MQA_PREFILL = knob_table(
     "mqa_prefill",
@@ -186,7 +187,19 @@ MQA_PREFILL = knob_table(
     keys=(4, "keys the prefill kernel scores and sums at a time, their channels held in registers for both "
              "products"),
     tile=(None, "keys the prefill kernel stages at a time, where shared memory allows, else as many as fit "
-                "(None: 16 on GPUs, 8 on CPU devices, where each is unrolled code to compile)"))
+                "(None: 16 on GPUs, 8 on CPU devices, where each is unrolled code to compile)"),
+    coopmat=(False, "the prefill kernel's two products on 16-bit matrix units (shaders/mqa_prefill_coopmat.comp, "
+                    "kernel 'prefill_coopmat': fp16 inputs scaled per row by powers of two, f32 sums): False (not "
+                    "yet measured, so the default) the f32 prefill kernel; None where the device has "
+                    "VK_NV_cooperative_matrix's 16 × 16 × 16 fp16 shape (as MUL_MAT's coopmat kernel; "
+                    "DSV4_VK_DISABLE_COOPMAT=1 leaves it off), else the f32 kernel; True the same, else its FMA "
+                    "twin 'prefill_coopmat_fma' (the same data flow and fp16 rounding on any device, for tests)"),
+    cm_head_tiles=(1, "the matrix-unit prefill kernel's heads a workgroup, in tiles of 16 (its q and output slices "
+                      "are held in registers: 1, 2 or 4)"),
+    cm_warps=(4, "the matrix-unit prefill kernel's 32-lane warps a workgroup, each owning head_dim / warps "
+                 "channels of both products"),
+    cm_tile=(None, "keys the matrix-unit prefill kernel stages at a time (a multiple of 16), where shared memory "
+                   "allows, else as many as fit (None: 32 on GPUs, 16 on CPU devices)"))
 PREFILL_WORKGROUP = 256
 PREFILL_LITERAL_MAX = {"per_lane": 8, "heads": 4, "keys": 8, "loads": 32}    # mqa_prefill.comp's literal sizes
 # keys a tiled workgroup stages at a time, where shared memory allows: 8 (twice the decode splits of
@@ -236,6 +249,70 @@ def mqa_prefill_plan(device, hd: int, H: int) -> dict:
             "clusters": wg // L, "tile": tile, "keys": keys, "shared_bytes": tile * row}
 
 
+def _cm_knob(key: str, allowed: tuple) -> int:
+    v = MQA_PREFILL[key]
+    if isinstance(v, bool) or v not in allowed:
+        raise ValueError(f"tuning knob 'mqa_prefill.{key}' must be one of {allowed}, got {v!r}")
+    return v
+
+
+def mqa_prefill_coopmat_plan(device, hd: int, H: int) -> dict:
+    """The matrix-unit prefill kernel's shape on this device for H heads of hd channels: warps (of 32
+    invocations) and workgroup, head tiles of 16, hd padded to 16·warps, keys a staged tile (0: not
+    even 16 fit the device's shared memory) and the shared bytes used (shaders/mqa_prefill_coopmat.comp's
+    layout)."""
+    warps = _cm_knob("cm_warps", (1, 2, 4, 8))
+    head_tiles = _cm_knob("cm_head_tiles", (1, 2, 4))
+    wg, hm = 32 * warps, 16 * head_tiles
+    if wg % hm:
+        raise ValueError(f"mqa_prefill: {warps} warps cannot share the rows of {hm} heads (cm_head_tiles ≤ 2·cm_warps)")
+    rt = wg // hm                                           # invocations of a head row in the softmax
+    hd_pad = -(-hd // (16 * warps)) * 16 * warps
+    want = MQA_PREFILL["cm_tile"] or (16 if is_cpu(device) else 32)
+    if isinstance(want, bool) or not isinstance(want, int) or want < 16 or want % 16:
+        raise ValueError(f"tuning knob 'mqa_prefill.cm_tile' must be a multiple of 16, got {want!r}")
+    step = max(16, 2 * rt)                                  # (each invocation writes pairs of P' halves)
+    lim = device.caps.limits
+
+    def shared(nt):                                         # the shader's arrays
+        return (nt * (hd_pad + 8) * 2 + max(warps * hm * nt, warps * 256) * 4 + hm * (nt + 8) * 2
+                + nt * 24 + hm * 16 + wg * 8)
+    tile = (want // step) * step
+    while tile and shared(tile) > lim.max_shared_memory:
+        tile -= step
+    if min(lim.max_workgroup_invocations, lim.max_workgroup_size[0]) < wg:
+        tile = 0
+    return {"warps": warps, "workgroup": wg, "head_tiles": head_tiles, "hd_pad": hd_pad, "tile": tile,
+            "shared_bytes": shared(tile) if tile else 0}
+
+
+def coopmat_unavailable(device) -> str | None:
+    """Why the matrix units cannot run here (None: they can): MUL_MAT's check (ops.mul_mat imports this
+    module through reduce_rows, hence the import at call time)."""
+    from .mul_mat import coopmat_unavailable as why_not
+    return why_not(device)
+
+
+def prefill_coopmat_choice(device, hd: int, H: int) -> tuple[str | None, str]:
+    """(the matrix-unit prefill kernel the knob mqa_prefill.coopmat picks on this device, or None for
+    the f32 prefill kernel, and why)."""
+    on = MQA_PREFILL["coopmat"]
+    if on is False:
+        return None, "mqa_prefill.coopmat=False (the default until measured)"
+    if on not in (None, True):
+        raise ValueError(f"tuning knob 'mqa_prefill.coopmat' must be None, True or False, got {on!r}")
+    plan = mqa_prefill_coopmat_plan(device, hd, H)
+    if not plan["tile"]:
+        return None, (f"16 staged key rows of {plan['hd_pad']} halves and {16 * plan['head_tiles']} heads' scores "
+                      f"do not fit {device.caps.limits.max_shared_memory} B of shared memory")
+    why = coopmat_unavailable(device)
+    if why is None:
+        return "prefill_coopmat", "matrix units"
+    if on:
+        return "prefill_coopmat_fma", f"the FMA twin (mqa_prefill.coopmat=True): {why}"
+    return None, why
+
+
 def prefill_on(device) -> bool:
     """Whether the knob mqa_prefill.on lets auto take the prefill kernel on this device."""
     on = MQA_PREFILL["on"]
@@ -246,6 +323,7 @@ def describe(device, hd: int = 512, H: int = 64) -> dict:
     """MQA_ATTENTION's kernels on this device at DeepSeek-V4-Flash's widths (python -m dsv4_vk info)."""
     plan = mqa_prefill_plan(device, hd, H)
     pre = "prefill" if prefill_on(device) and plan["tile"] else "cluster"
+    cm, cm_why = prefill_coopmat_choice(device, hd, H) if pre == "prefill" else (None, "")
     shared = f"{plan['shared_bytes']} B of {device.caps.limits.max_shared_memory} B shared memory"
     why = (f"prefill: {plan['heads'] * plan['clusters']} heads a workgroup share each staged key row, "
            f"{plan['tile']} keys a tile ({shared})" if pre == "prefill"
@@ -253,6 +331,12 @@ def describe(device, hd: int = 512, H: int = 64) -> dict:
                 "shared memory" if not plan["tile"]
            else "prefill: the cluster kernel on CPU devices (mqa_prefill.on=True takes the prefill kernel)"
            if MQA_PREFILL["on"] is None else "prefill: the cluster kernel (mqa_prefill.on=False)")
+    if cm:
+        cp = mqa_prefill_coopmat_plan(device, hd, H)
+        pre, why = cm, (f"prefill: {cm_why}, {16 * cp['head_tiles']} heads a workgroup × {cp['tile']} keys a tile "
+                        f"({cp['shared_bytes']} B of {device.caps.limits.max_shared_memory} B shared memory)")
+    elif pre == "prefill":
+        why += f"; f32 lanes: {cm_why}"
     dec = "tiled" if mqa_tile_keys(device, hd) and not is_cpu(device) else "cluster"
     return {"heads": H, "head_dim": hd, "decode": dec, "prefill": pre, "reason": why}
 
@@ -267,7 +351,9 @@ class MqaAttention(OpDef):
     memory per group of heads; auto up to TILED_MAX_TOKENS tokens), "cluster" (one cluster per head
     reads its keys itself), "prefill" (shaders/mqa_prefill.comp: one workgroup per token and group of
     heads, splits=1 only; auto past TILED_MAX_TOKENS tokens while the knob mqa_prefill.on is set),
-    "auto". q_norm_eps= (with the RoPE tables cos, sin [≥ capacity, half]
+    "prefill_coopmat" (shaders/mqa_prefill_coopmat.comp: the same with its products on the matrix
+    units; auto instead of "prefill" as the knob mqa_prefill.coopmat says), "prefill_coopmat_fma"
+    (its FMA twin, any device), "auto". q_norm_eps= (with the RoPE tables cos, sin [≥ capacity, half]
     last): q is the projection's output, each head's row RMS-normalised and rotated at its position
     as it is loaded (q's per-head norm and RoPE in this dispatch, as RMS_NORM rope=True would)."""
     name, n_inputs = "MQA_ATTENTION", None
@@ -334,10 +420,14 @@ class MqaAttention(OpDef):
             if T > TILED_MAX_TOKENS:        # prefill: a token's heads share each key row it stages
                 kernel = ("prefill" if prefill_on(device) and S == 1 and mqa_prefill_plan(device, hd, H)["tile"]
                           else "cluster")
+                if kernel == "prefill":
+                    kernel = prefill_coopmat_choice(device, hd, H)[0] or kernel
             else:                           # CPU devices: barriers cost more than the loads they save
                 kernel = "tiled" if tile and not is_cpu(device) else "cluster"
         if kernel == "prefill":
             return [self._prefill(node, device)]
+        if kernel in COOPMAT_PREFILL_KERNELS:
+            return [self._prefill_coopmat(node, device, kernel)]
         if kernel == "tiled" and not tile:
             raise ValueError(f"{self.name}: kernel='tiled' stages key rows of {hd} floats in shared memory; "
                              f"{device.name} has {device.caps.limits.max_shared_memory} B, too little for one")
@@ -380,6 +470,34 @@ class MqaAttention(OpDef):
         groups = -(-H // (plan["heads"] * plan["clusters"]))
         return Launch("mqa_prefill", args, (6,), push, grid_1d(T * groups, 1), defines=defs | plan["lanes"],
                       spec=spec, **plan["extra"])
+
+    def _prefill_coopmat(self, node, device, kernel):
+        """The launch of shaders/mqa_prefill_coopmat.comp (kernel="prefill_coopmat" or its FMA twin
+        "prefill_coopmat_fma")."""
+        prm = node.params
+        if prm.get("splits", 1) != 1:
+            raise ValueError(f"{self.name}: kernel={kernel!r} takes whole key lists (splits=1), got "
+                             f"splits={prm['splits']}")
+        T, H, hd = node.inputs[0].shape
+        if kernel == "prefill_coopmat":
+            why = coopmat_unavailable(device)
+            if why:
+                raise ValueError(f"{self.name}: kernel='prefill_coopmat' cannot run on {device.name}: {why} "
+                                 "(kernel='prefill_coopmat_fma' runs its FMA twin anywhere)")
+        plan = mqa_prefill_coopmat_plan(device, hd, H)
+        if not plan["tile"]:
+            raise ValueError(f"{self.name}: kernel={kernel!r} stages 16 key rows of {plan['hd_pad']} halves and "
+                             f"{16 * plan['head_tiles']} heads' scores in shared memory; {device.name} has "
+                             f"{device.caps.limits.max_shared_memory} B, too little")
+        args, push, defs = self._bindings(node)
+        rows4 = hd % 4 == 0 and all(push[f] % 4 == 0 for f in ("kv_off", "kv_s0", "e_off", "e_s0"))
+        spec = (plan["workgroup"], plan["hd_pad"], plan["head_tiles"], prm["window"], prm.get("rate", 1),
+                plan["tile"], int(rows4))
+        if kernel == "prefill_coopmat":
+            defs["CM_NV"] = 1
+        groups = -(-H // (16 * plan["head_tiles"]))
+        return Launch("mqa_prefill_coopmat", args, (6,), push, grid_1d(T * groups, 1), defines=defs, spec=spec,
+                      full_subgroups=kernel == "prefill_coopmat")
 
     def _bindings(self, node):
         """(args, push fields, defines) that mqa_attention.comp and mqa_prefill.comp share."""
