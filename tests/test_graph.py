@@ -382,9 +382,10 @@ def test_variant_declarations_parse():
 
 # The wheel prebuilds every declared variant: shape knobs are specialization constants (one SPIR-V
 # for all their values), so the count follows types and features only. A bound, so it cannot creep:
-# raised from 900 when the prefill kernels came (grouped experts, the matrix units over FP8/FP4,
-# the prefill attention), each a handful of type and feature variants.
-VARIANT_BUDGET = 1000
+# raised from 900 when the prefill kernels came (grouped experts and their matrix-unit GEMM, the
+# matrix units over FP8/FP4, the prefill attention and its matrix-unit form), each a handful of type
+# and feature variants.
+VARIANT_BUDGET = 1050
 
 
 def test_declared_variants_stay_within_the_budget():
