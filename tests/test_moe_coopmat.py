@@ -8,7 +8,8 @@ the coopmat MUL_MAT tests' bound; NaNs where the reference has them), against th
 rows as the kernel rounds them to fp16 (to f32 summation error: so the scales and the rounding are the
 header's), and against the f32 grouped kernel (NMSE ≤ 1e-5); on the H200 too (knob
 mul_mat_id_coopmat.emulate: the FMA twin on any device). "coopmat" runs where the device has the matrix
-units (the H200, the automatic choice) and falls back to its FMA twin here.
+units (the H200, with mul_mat_id_coopmat.auto on: off by default until measured there) and falls back
+to its FMA twin here.
 
 Run as a script, the file is the subprocess worker for other lavapipe subgroup sizes.
 """
@@ -33,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORMATS = ("bf16", "f16", "fp8", "fp4", "fp4+fp8")
 NMSE_MAX = 1e-5                 # against float64 and the f32 grouped kernel (the coopmat MUL_MAT tests' bound)
 NMSE_FP16 = {"coopmat_fma": 1e-10, "coopmat": 1e-7}     # against the fp16-rounded rows (f32 sums in another order)
-EMULATE = {"mul_mat_id_coopmat.emulate": True}
+EMULATE = {"mul_mat_id_coopmat.emulate": True, "mul_mat_id_coopmat.auto": True}
 SMALL = {"mul_mat_id_coopmat.tokens": 16, "mul_mat_id_coopmat.outputs": 16, "mul_mat_id_coopmat.warp_tokens": 16,
          "mul_mat_id_coopmat.warp_outputs": 16, "mul_mat_id_coopmat.k_step": 32}
 BIG = {"mul_mat_id_coopmat.tokens": 64, "mul_mat_id_coopmat.outputs": 64, "mul_mat_id_coopmat.warp_tokens": 32,
@@ -90,12 +91,13 @@ def check_case(rng, fmt, mode, T, device, kernel="coopmat_fma", per_route_x=Fals
         kw = dict(add=(T, D) if add else False)
         feeds = {"x": x, "r": route, **({"a": a} if add else {})}
     got = {}
-    for knobs in ({"mul_mat_id_coopmat.emulate": kernel == "coopmat_fma"}, {"mul_mat_id_coopmat.auto": False}):
+    for knobs in ({"mul_mat_id_coopmat.emulate": kernel == "coopmat_fma", "mul_mat_id_coopmat.auto": True},
+                  {"mul_mat_id_coopmat.auto": False}):
         with tuned(knobs):
             g, node = build(mode, T, top_k, x.shape, w_in, extra, prm, **kw)
             launches = node.op.lower(node, device)
             shaders = [ln.shader for ln in launches]
-            on = knobs.get("mul_mat_id_coopmat.auto", True)
+            on = knobs["mul_mat_id_coopmat.auto"]
             assert ("mul_mat_id_coopmat" in shaders) == on and ("mul_mat_id_grouped" in shaders) != on, shaders
             if on:
                 (cm,) = [ln for ln in launches if ln.shader == "mul_mat_id_coopmat"]
@@ -205,14 +207,14 @@ def test_coopmat_fma_grouped_fp4_scale_spread(rng, device):
 
 
 def test_coopmat_grouped_on_the_matrix_units_or_their_fma_twin(rng, device):
-    """The cooperative-matrix kernel itself where the device has the matrix units (the automatic choice: no
-    knob), at the cases above, 16-slot tiles, and the model's widths (D 4096, F 2048 over 9 experts, T 512,
+    """The cooperative-matrix kernel itself where the device has the matrix units (mul_mat_id_coopmat.auto
+    on; off, the default, keeps the f32 grouped kernel), at the cases above, 16-slot tiles, and the model's widths (D 4096, F 2048 over 9 experts, T 512,
     the default GPU tiles; 7 tokens checked against float64, every output against the f32 grouped kernel);
     where it has none (lavapipe) the FMA twin at the small cases, and the automatic choice keeps the f32
     grouped kernel."""
     units = coopmat_unavailable(device) is None
     kernel = "coopmat" if units else "coopmat_fma"
-    with tuned({} if units else EMULATE):
+    with tuned({"mul_mat_id_coopmat.auto": True} if units else EMULATE):
         for fmt in FORMATS:
             check_case(rng, fmt, "swiglu", 37, device, kernel, norm=True, D=136, F=72, x_scale=30.0)
             check_case(rng, fmt, "sum", 37, device, kernel, add=True, D=136, F=72)
@@ -225,6 +227,9 @@ def test_coopmat_grouped_on_the_matrix_units_or_their_fma_twin(rng, device):
                 check_case(rng, fmt, "sum", 512, device, kernel, add=True, **wide)
     g, node = build("sum", 40, 2, (40, 3, 64), [np.zeros((4, 16, 64), np.float32).astype(np.float16)], [], {})
     shaders = [ln.shader for ln in node.op.lower(node, device)]
+    assert "mul_mat_id_coopmat" not in shaders and "mul_mat_id_grouped" in shaders, shaders    # auto: off
+    with tuned({"mul_mat_id_coopmat.auto": True}):
+        shaders = [ln.shader for ln in node.op.lower(node, device)]
     assert ("mul_mat_id_coopmat" in shaders) == units, shaders
 
 
@@ -238,7 +243,7 @@ def with_matrix_units(device, monkeypatch):
                                                             type="discrete-gpu"))
 
 
-def test_gemm_choice_refusals_and_knobs(device, monkeypatch):
+def test_gemm_choice_refusals_and_knobs(device, monkeypatch, tune):
     """expert_gemm: the matrix units where the device has them (mul_mat's check), the f32 grouped kernel with
     its reason over f32 experts, K % 4 != 0, unaligned rows, mul_mat_id_coopmat.auto off,
     DSV4_VK_DISABLE_COOPMAT; the FMA twin only under emulate; the launch with CM_NV and full subgroups; tile
@@ -252,8 +257,10 @@ def test_gemm_choice_refusals_and_knobs(device, monkeypatch):
             assert moe_coopmat.expert_gemm(device, "f32").kernel == "f32"
     from dsv4_vk.cli.info import _human, report
     line = next(ln for ln in _human(report(device)).splitlines() if ln.startswith("MUL_MAT_ID    grouped GEMM"))
-    assert (" coopmat — matrix units" in line) if units else (" f32 — f32 lanes, since" in line), line
+    assert (" f32 — f32 lanes: mul_mat_id_coopmat.auto is off" in line) if units else (" f32 — f32 lanes, since" in line), line
     with_matrix_units(device, monkeypatch)
+    assert moe_coopmat.expert_gemm(device) == moe_coopmat.ExpertGemm("f32", "f32 lanes: mul_mat_id_coopmat.auto is off")
+    tune({"mul_mat_id_coopmat.auto": True})
     assert moe_coopmat.expert_gemm(device) == moe_coopmat.ExpertGemm(
         "coopmat", "matrix units (fp16 products of rows scaled by powers of two, f32 sums)")
     assert moe_coopmat.expert_gemm(device, "i32", "fp4").kernel == "coopmat"
@@ -328,7 +335,7 @@ def test_model_logits_with_the_grouped_gemm_on_the_tensor_core_path(name):
     after the prefill and every decode step."""
     from logits_check import logits_errors
     from dsv4_vk.model import Model
-    knobs = {"coopmat.emulate": True, "mul_mat_id_coopmat.emulate": True}
+    knobs = {"coopmat.emulate": True, **EMULATE}
     with tuned(knobs):
         if name == "bf16":
             from test_model import fixture

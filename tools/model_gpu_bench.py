@@ -36,8 +36,8 @@ step, 4 or 16; knob gemv_quant.load), moe_unroll, moe_routes, moe_wg, moe_rows (
 a cluster over quantised experts), moe_load (4 or 16; knobs mul_mat_id.*), gemv_xs / moe_xs (1: the
 staged kernels over quantised weights, x in shared memory; knobs gemv_quant.x_shared,
 mul_mat_id.x_shared), gemv_xs_rows / moe_xs_rows (their output rows a cluster) and gemv_xs_wg (the
-staged GEMV's workgroup size), moe_coopmat (0: the prefill's grouped expert GEMM on the f32 lanes,
-not the matrix units; knob mul_mat_id_coopmat.auto),
+staged GEMV's workgroup size), moe_coopmat (1: the prefill's grouped expert GEMM on the matrix units,
+0: on the f32 lanes, the default; knob mul_mat_id_coopmat.auto),
 indexer (1: CSA layers run their indexer even where its
 top-k keeps every entry the cache can hold, as at this preset's 1024-token cache;
 knob indexer.always), mqa_literal (1: MQA_ATTENTION's per-lane arrays with literal sizes,

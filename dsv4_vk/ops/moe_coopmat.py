@@ -19,10 +19,11 @@ from .mul_mat import COOPMAT_DTYPES, coopmat_unavailable, quant_fields
 
 COOPMAT_GROUPED = knob_table(
     "mul_mat_id_coopmat",
-    auto=(True, "the grouped MUL_MAT_ID takes the matrix units where the device has them (False: the f32 grouped "
-                "kernel everywhere, the escape hatch)"),
+    auto=(False, "the grouped MUL_MAT_ID takes the matrix units where the device has them (False, the default "
+                 "until the kernel is measured on a GPU: the f32 grouped kernel everywhere)"),
     emulate=(False, "the grouped MUL_MAT_ID runs the cooperative-matrix kernel's data flow with FMA products "
-                    "(coopmat_fma) in place of the matrix units, on any device: its numerics, for tests"),
+                    "(coopmat_fma) in place of the matrix units, on any device (with auto on): its numerics, "
+                    "for tests"),
     tokens=(None, "route slots of a tile, BT (a multiple of warp_tokens; None: on GPUs the routes an expert gets "
                   "on average as a power of two within 16..64, 16 on CPU devices)"),
     outputs=(None, "outputs of a tile, BN (SwiGLU: BN gate and BN up rows; None: 64 on GPUs, 16 on CPU devices)"),
@@ -62,20 +63,20 @@ def expert_gemm(device, w_dtype: str = "bf16", fmt=None, K: int = 4096, refusal:
     """The one place that decides the grouped MUL_MAT_ID's GEMM on `device` (beside moe_grouped.expert_kernel,
     which decides grouped or per route): the matrix units where the device has them (mul_mat's
     coopmat_unavailable: the 16 × 16 × 16 fp16 shape, 32-lane subgroups, DSV4_VK_DISABLE_COOPMAT unset), knob
-    mul_mat_id_coopmat.auto on (off: the f32 grouped kernel everywhere) and the operands suit it (`refusal`,
-    else gemm_refusal of the weights); coopmat_fma on any device under mul_mat_id_coopmat.emulate; else the
-    f32 grouped kernel."""
+    mul_mat_id_coopmat.auto on (off by default until the kernel is measured on a GPU: the f32 grouped kernel)
+    and the operands suit it (`refusal`, else gemm_refusal of the weights); coopmat_fma on any device under
+    mul_mat_id_coopmat.emulate; else the f32 grouped kernel."""
     refusal = refusal if refusal is not None else gemm_refusal(w_dtype, fmt, K)
     if refusal:
         return ExpertGemm("f32", f"f32 lanes: {refusal}")
+    why = coopmat_unavailable(device)
+    if why is not None and not COOPMAT_GROUPED["emulate"]:
+        return ExpertGemm("f32", f"f32 lanes, since {why}")
     if not COOPMAT_GROUPED["auto"]:
         return ExpertGemm("f32", "f32 lanes: mul_mat_id_coopmat.auto is off")
     if COOPMAT_GROUPED["emulate"]:
         return ExpertGemm("coopmat_fma", "the matrix units' data flow with FMA products (mul_mat_id_coopmat.emulate)")
-    why = coopmat_unavailable(device)
-    if why is None:
-        return ExpertGemm("coopmat", "matrix units (fp16 products of rows scaled by powers of two, f32 sums)")
-    return ExpertGemm("f32", f"f32 lanes, since {why}")
+    return ExpertGemm("coopmat", "matrix units (fp16 products of rows scaled by powers of two, f32 sums)")
 
 
 def node_gemm(node, device) -> ExpertGemm:
