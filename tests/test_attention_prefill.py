@@ -225,8 +225,9 @@ def test_prefill_refuses_split_lists_and_a_device_without_room_for_a_key_row(mon
 @pytest.mark.parametrize("subgroup,shared,limit", [(32, 49152, 48 * 1024), (8, 32768, 32 * 1024),
                                                    (4, 32768, 32 * 1024), (16, 32768, 32 * 1024)])
 def test_the_default_tiles_fit_the_devices_shared_memory(monkeypatch, subgroup, shared, limit):
-    """V4-Flash widths (64 heads × 512): the GPU's default tile of 16 keys fits 48 KiB, lavapipe's
-    of 8 its 32 KiB at every subgroup size; a tile asked for past the memory takes as many as fit."""
+    """V4-Flash widths (64 heads × 512): the default tile of 8 keys fits the GPU's 48 KiB and lavapipe's
+    32 KiB at every subgroup size (4 heads a cluster on GPUs); a tile asked for past the memory takes as
+    many as fit."""
     dev = default_device()
     sg = dataclasses.replace(dev.caps.subgroup, size=subgroup, min_size=subgroup, max_size=subgroup)
     lim = dataclasses.replace(dev.caps.limits, max_shared_memory=shared)
@@ -234,9 +235,10 @@ def test_the_default_tiles_fit_the_devices_shared_memory(monkeypatch, subgroup, 
     gpu = shared >= 49152
     monkeypatch.setattr(v4_attention, "is_cpu", lambda device: not gpu)
     plan = v4_attention.mqa_prefill_plan(dev, 512, 64)
-    assert plan["tile"] == (16 if gpu else 8) and plan["shared_bytes"] + 64 <= limit
+    assert plan["tile"] == 8 and plan["shared_bytes"] + 64 <= limit
+    assert plan["heads"] == (4 if gpu else 2)
     if gpu:
-        assert plan["heads"] * plan["clusters"] == 16 and plan["workgroup"] == 256
+        assert plan["heads"] * plan["clusters"] == 32 and plan["workgroup"] == 256
     with tuned({"mqa_prefill.tile": 64}):
         plan = v4_attention.mqa_prefill_plan(dev, 512, 64)
     assert plan["tile"] == (shared - 64) // (2048 + 8) and plan["shared_bytes"] + 64 <= limit

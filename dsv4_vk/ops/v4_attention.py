@@ -183,11 +183,12 @@ MQA_PREFILL = knob_table(
               "(shaders/mqa_prefill.comp: a workgroup takes one token and many of its heads, each key row staged "
               "once for them all): None on GPUs (CPU devices keep the cluster kernel), "
               "True everywhere, False nowhere (the cluster kernel: one cluster per token and head)"),
-    heads=(2, "heads per cluster of the prefill kernel (each staged channel read once for that many heads)"),
+    heads=(None, "heads per cluster of the prefill kernel (each staged channel read once for that many heads; "
+                 "None: 4 on GPUs, 2 on CPU devices)"),
     keys=(4, "keys the prefill kernel scores and sums at a time, their channels held in registers for both "
              "products"),
     tile=(None, "keys the prefill kernel stages at a time, where shared memory allows, else as many as fit "
-                "(None: 16 on GPUs, 8 on CPU devices, where each is unrolled code to compile)"),
+                "(None: 8)"),
     coopmat=(False, "the prefill kernel's two products on 16-bit matrix units (shaders/mqa_prefill_coopmat.comp, "
                     "kernel 'prefill_coopmat': fp16 inputs scaled per row by powers of two, f32 sums): False (not "
                     "yet measured, so the default) the f32 prefill kernel; None where the device has "
@@ -237,12 +238,15 @@ def mqa_prefill_plan(device, hd: int, H: int) -> dict:
     lanes, extra = cluster_lanes(device, -(-hd // 4), per_lane=4)
     L = lanes["LANES"]
     per_lane = -(-hd // (4 * L))
-    heads = min(_positive_int("mqa_prefill", "heads", MQA_PREFILL["heads"]), H)
+    # GPUs: 4 heads a cluster and tiles of 8 keys, the fastest on the H200 of 1, 2 or 4 heads and 8 or 16
+    # keys (a 512-token chunk at 4k over V4-Flash's 4 flash-1gpu layers: 11.6 ms against 13.2 for 2 and
+    # 16, results/h200/prefill/attention_variants_h200.txt); CPU devices: 2 and 8
+    heads = min(_positive_int("mqa_prefill", "heads", MQA_PREFILL["heads"] or (2 if is_cpu(device) else 4)), H)
     want = -(-H // heads)                                   # clusters for every head of a token
     wg = min(PREFILL_WORKGROUP, max(device.caps.subgroup.max_size, next_pow2(L * want)))
     row = 16 * per_lane * L + 8                             # a staged row (vec4s) and its base and flags
     fit = max(0, device.caps.limits.max_shared_memory - 64) // row
-    want_tile = MQA_PREFILL["tile"] or (8 if is_cpu(device) else 16)
+    want_tile = MQA_PREFILL["tile"] or 8
     tile = min(_positive_int("mqa_prefill", "tile", want_tile), fit)
     keys = min(_positive_int("mqa_prefill", "keys", MQA_PREFILL["keys"]), max(tile, 1))
     return {"lanes": lanes, "extra": extra, "per_lane": per_lane, "heads": heads, "workgroup": wg,
