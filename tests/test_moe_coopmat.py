@@ -282,6 +282,7 @@ def test_gemm_choice_refusals_and_knobs(device, monkeypatch, tune):
     with tuned({"mul_mat_id_coopmat.outputs": 64}), pytest.raises(ValueError, match="B of shared memory"):
         moe_coopmat.tiling(device, 4096 * 7, 66)
     with_matrix_units(device, monkeypatch)
+    tune({"mul_mat_id_coopmat.auto": True, "mul_mat_id_grouped.swiglu_min_routes": 0})   # (a GPU's SwiGLU here)
     # the lowering: CM_NV, full subgroups, the sort's tiles of BT slots
     g, node = build("swiglu", 40, 2, (40, 1, 64), [np.zeros((4, 32, 64), np.float16)], [], {})
     sort, gemm = node.op.lower(node, device)

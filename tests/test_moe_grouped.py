@@ -119,7 +119,7 @@ def check_case(rng, fmt, mode, T, device, per_route_x=False, norm=False, add=Fal
         feeds = {"x": x, "r": route, **({"a": a} if add else {})}
     got = {}
     for on in (True, False):
-        with tuned({"mul_mat_id_grouped.on": on}):
+        with tuned({"mul_mat_id_grouped.on": on, "mul_mat_id_grouped.swiglu_min_routes": 0}):   # (GPU lowering too)
             g, node = build(mode, T, top_k, x.shape, w_in, extra, prm, **kw)
             shaders = [launch.shader for launch in node.op.lower(node, device)]
             assert ("mul_mat_id_grouped" in shaders) == on, shaders
@@ -233,13 +233,30 @@ def test_routing_sort_is_a_stable_counting_sort(shared, id_base, rng, device):
     assert ref["counts"][0] >= T and ref["counts"][-1] >= 2         # skewed: expert 0 everywhere, invalid ids
 
 
-def test_kernel_choice_and_knobs(device, tune):
+def test_kernel_choice_and_knobs(device, tune, monkeypatch):
     """T below mul_mat_id_grouped.min_tokens (the decode step) and the escape hatch take the per-route
     kernels; tile knobs that cannot work are refused naming the knob."""
     assert expert_kernel(1).kernel == "per_route"
     assert expert_kernel(8).kernel == "grouped"
     with tuned({"mul_mat_id_grouped.on": False}):
         assert expert_kernel(4096).kernel == "per_route" and "on is off" in expert_kernel(4096).reason
+    # a GPU's SwiGLU over quantised experts with few routes each keeps the per-route kernels; the sum, bf16
+    # experts and CPU devices don't
+    from dsv4_vk.ops import moe_grouped
+    gpu = not moe_grouped.is_cpu(device)
+    assert expert_kernel(512, "swiglu", 14.0, device, True).kernel == ("per_route" if gpu else "grouped")
+    with monkeypatch.context() as mp:
+        mp.setattr(moe_grouped, "is_cpu", lambda d: False)
+        c = expert_kernel(512, "swiglu", 14.0, device, True)
+        assert c.kernel == "per_route" and "14.0 routes each on average, < mul_mat_id_grouped.swiglu_min_routes" in c.reason
+        assert expert_kernel(512, "swiglu", 55.0, device, True).kernel == "grouped"
+        assert expert_kernel(512, "swiglu", 14.0, device, False).kernel == "grouped"
+        assert expert_kernel(512, "sum", 14.0, device, True).kernel == "grouped"
+        with tuned({"mul_mat_id_grouped.swiglu_min_routes": 8}):
+            assert expert_kernel(512, "swiglu", 14.0, device, True).kernel == "grouped"
+        for bad in (-1, "32", True):
+            with tuned({"mul_mat_id_grouped.swiglu_min_routes": bad}), pytest.raises(ValueError, match="swiglu_min_routes"):
+                expert_kernel(512, "swiglu", 14.0, device, True)
     from dsv4_vk.cli.info import _human, report
     assert "MUL_MAT_ID    512 tokens × 7 routes: grouped — T = 512 ≥ mul_mat_id_grouped.min_tokens" in _human(report(device))
     g, node = build("sum", 9, 2, (9, 3, 8), [np.zeros((4, 8, 8), np.float32)], [], {})

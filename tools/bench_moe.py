@@ -161,7 +161,8 @@ def prefill_rows(a, dev, warm, rng):
                 for kernel, tile in cases:
                     coop = kernel in ("coopmat", "coopmat_fma")
                     table = "mul_mat_id_coopmat" if coop else "mul_mat_id_grouped"
-                    knobs = {"mul_mat_id_grouped.on": kernel != "per_route", "mul_mat_id_coopmat.auto": coop,
+                    knobs = {"mul_mat_id_grouped.on": kernel != "per_route", "mul_mat_id_grouped.swiglu_min_routes": 0,
+                             "mul_mat_id_coopmat.auto": coop,
                              "mul_mat_id_coopmat.emulate": kernel == "coopmat_fma",
                              **{f"{table}.{k}": v for k, v in tile.items()}}
                     with tuned(knobs):

@@ -303,7 +303,7 @@ class MulMatId(OpDef):
         if x.shape[1] == 1:
             x = x.broadcast_to((T, R, K))
         id_base, n_ids = (0, E + 1) if shared else self.expert_ids(node.params, E)
-        if expert_kernel(T).kernel == "grouped":
+        if expert_kernel(T, mode, T * R / (E + (1 if shared else 0)), device, fmt is not None).kernel == "grouped":
             gemm = node_gemm(node, device).kernel
             if gemm != "f32":
                 return coopmat_grouped_launches(device, gemm, node, x, w, route, out, add, g, scale, shared, fmt, mode,

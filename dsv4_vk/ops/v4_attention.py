@@ -240,7 +240,7 @@ def mqa_prefill_plan(device, hd: int, H: int) -> dict:
     per_lane = -(-hd // (4 * L))
     # GPUs: 4 heads a cluster and tiles of 8 keys, the fastest on the H200 of 1, 2 or 4 heads and 8 or 16
     # keys (a 512-token chunk at 4k over V4-Flash's 4 flash-1gpu layers: 11.6 ms against 13.2 for 2 and
-    # 16, results/h200/prefill/attention_variants_h200.txt); CPU devices: 2 and 8
+    # 16, results/h200/prefill/prefill_h200.txt); CPU devices: 2 and 8
     heads = min(_positive_int("mqa_prefill", "heads", MQA_PREFILL["heads"] or (2 if is_cpu(device) else 4)), H)
     want = -(-H // heads)                                   # clusters for every head of a token
     wg = min(PREFILL_WORKGROUP, max(device.caps.subgroup.max_size, next_pow2(L * want)))
