@@ -10,12 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..core.tuning import knob_table, tuned
-from .base import Launch, MAX_GROUPS, next_pow2, view_fields, weight_defines
-from .moe_grouped import buckets, grouped_launches, max_tiles, sort_layout
-from .mul_mat import COOPMAT_DTYPES, coopmat_unavailable, quant_fields
+from .base import Launch, MAX_GROUPS, next_pow2, view_fields
+from .moe_grouped import buckets, gemm_fields, grouped_launches, max_tiles, sort_layout
+from .mul_mat import COOPMAT_DTYPES, coopmat_unavailable
 
 COOPMAT_GROUPED = knob_table(
     "mul_mat_id_coopmat",
@@ -156,7 +154,6 @@ def coopmat_grouped_launches(device, kernel: str, node, x, w, route, out, add, g
     route slots), the GEMM mul_mat_id_coopmat.comp over the same route lists, push block and bindings."""
     T, R, _ = route.shape
     E, Nw, _ = w.shape
-    K = x.shape[-1]
     wr = 2 if mode == "swiglu" else 1
     cols = Nw // wr
     S, B = T * R, buckets(E, bool(shared))
@@ -177,25 +174,9 @@ def coopmat_grouped_launches(device, kernel: str, node, x, w, route, out, add, g
     else:
         dst = out
         d_view = view_fields("d", out.offset, out.strides)
-    defs: dict = {f"MODE_{mode.upper()}": 1}
-    defs.update(fmt.define() if fmt else weight_defines(w))
-    if shared:
-        defs["SHARED_FP8"] = 1
-    if g is not None:
-        defs["NORM_X"] = 1
+    defs, push = gemm_fields(node, x, w, route, d_view, g, shared, fmt, mode, lay, B, id_base, n_ids)
     if kernel == "coopmat":
         defs["CM_NV"] = 1
-    push = {"R": R, "N": cols, "K": K, "E": E, "id_base": id_base, "n_ids": n_ids,
-            **view_fields("x", x.offset, x.strides[:2]), **view_fields("w", w.offset, w.strides[:2]),
-            "r_off": route.offset, "r_s0": route.strides[0], "r_s1": route.strides[1], **d_view,
-            "s_off": 0, "TILE0": lay["TILE0"], "LIST0": lay["LIST0"], "EL": B - 1,
-            "limit": float(node.params.get("limit", np.inf))}
-    if g is not None:
-        push |= {"g_off": g.offset, "eps": float(node.params["rms_eps"])}
-    if fmt:
-        push |= quant_fields(fmt, K, node.params.get("grid_rows", Nw))
-    if shared:
-        push["s_rows"] = node.params.get("shared_grid_rows", Nw)
     sort = base[at[0]].args[3]
     args = [x, w, route, sort, dst] + ([g] if g is not None else []) + ([scale] if fmt else []) + list(shared or [])
     wg = 32 * (bt // wm) * (wr * bn // wn)

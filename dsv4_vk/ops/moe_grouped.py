@@ -13,7 +13,7 @@ import numpy as np
 
 from ..core.tuning import knob_table
 from .base import Launch, grid_1d, is_cpu, next_pow2, view_fields, weight_defines, workgroup_pow2, MAX_GROUPS
-from .mul_mat import QUANT, quant_fields
+from .mul_mat import quant_fields
 
 GROUPED = knob_table(
     "mul_mat_id_grouped",
@@ -138,6 +138,34 @@ def tile_shape(device, S: int = 0, B: int = 2, wr: int = 2) -> tuple[int, int, i
     return bt, bn, bk, tm, tn
 
 
+def gemm_fields(node, x, w, route, d_view: dict, g, shared, fmt, mode: str, lay: dict, B: int, id_base: int,
+                n_ids: int) -> tuple[dict, dict]:
+    """The defines and push block of a grouped GEMM (mul_mat_id_grouped.comp and mul_mat_id_coopmat.comp
+    take the same ones): the mode, weight type, shared FP8 expert and folded norm; shapes, views, the
+    sort's layout and the quantised weights' fields. d_view: where the GEMM writes (the output, or the
+    routes' products of the sum)."""
+    T, R, _ = route.shape
+    E, Nw, K = w.shape[0], w.shape[1], x.shape[-1]
+    defs: dict = {f"MODE_{mode.upper()}": 1}
+    defs.update(fmt.define() if fmt else weight_defines(w))
+    if shared:
+        defs["SHARED_FP8"] = 1
+    if g is not None:
+        defs["NORM_X"] = 1
+    push = {"R": R, "N": Nw // 2 if mode == "swiglu" else Nw, "K": K, "E": E, "id_base": id_base, "n_ids": n_ids,
+            **view_fields("x", x.offset, x.strides[:2]), **view_fields("w", w.offset, w.strides[:2]),
+            "r_off": route.offset, "r_s0": route.strides[0], "r_s1": route.strides[1], **d_view,
+            "s_off": 0, "TILE0": lay["TILE0"], "LIST0": lay["LIST0"], "EL": B - 1,
+            "limit": float(node.params.get("limit", np.inf))}
+    if g is not None:
+        push |= {"g_off": g.offset, "eps": float(node.params["rms_eps"])}
+    if fmt:
+        push |= quant_fields(fmt, K, node.params.get("grid_rows", Nw))
+    if shared:
+        push["s_rows"] = node.params.get("shared_grid_rows", Nw)
+    return defs, push
+
+
 def grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt, mode: str, id_base: int,
                      n_ids: int) -> list[Launch]:
     """MUL_MAT_ID's grouped path: the sort, the grouped GEMM, and for mode="sum" the route sum.
@@ -174,26 +202,9 @@ def grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt,
     else:
         dst = out
         d_view = view_fields("d", out.offset, out.strides)
-    defs: dict = {f"MODE_{mode.upper()}": 1}
-    defs.update(fmt.define() if fmt else weight_defines(w))
-    if shared:
-        defs["SHARED_FP8"] = 1
-    if g is not None:
-        defs["NORM_X"] = 1
-    vec4 = K % 4 == 0 and (fmt is not None or all(a % 4 == 0 for a in (w.offset, *w.strides[:2])))
-    if vec4:
+    defs, push = gemm_fields(node, x, w, route, d_view, g, shared, fmt, mode, lay, B, id_base, n_ids)
+    if K % 4 == 0 and (fmt is not None or all(a % 4 == 0 for a in (w.offset, *w.strides[:2]))):
         defs["VEC4"] = 1
-    push = {"R": R, "N": cols, "K": K, "E": E, "id_base": id_base, "n_ids": n_ids,
-            **view_fields("x", x.offset, x.strides[:2]), **view_fields("w", w.offset, w.strides[:2]),
-            "r_off": route.offset, "r_s0": route.strides[0], "r_s1": route.strides[1], **d_view,
-            "s_off": 0, "TILE0": lay["TILE0"], "LIST0": lay["LIST0"], "EL": B - 1,
-            "limit": float(node.params.get("limit", np.inf))}
-    if g is not None:
-        push |= {"g_off": g.offset, "eps": float(node.params["rms_eps"])}
-    if fmt:
-        push |= quant_fields(fmt, K, node.params.get("grid_rows", Nw))
-    if shared:
-        push["s_rows"] = node.params.get("shared_grid_rows", Nw)
     args = [x, w, route, sort, dst] + ([g] if g is not None else []) + ([scale] if fmt else []) + list(shared or [])
     wg = (bt // tm) * (bn // tn)
     launches.append(Launch("mul_mat_id_grouped", args, (4,), push, (-(-cols // bn), tiles, 1), defines=defs,
