@@ -140,9 +140,9 @@ def test_prefill_equals_the_cluster_kernel(rng, case, q_norm):
     assert np.abs(new[fin] - old[fin]).max() <= 1e-5 * max(1.0, np.abs(old[fin]).max())
 
 
-def test_prefill_at_deepseek_v4_flash_widths(rng):
-    """64 heads of 512 channels sharing one key head, a CSA layer's lists past the window, one
-    token a workgroup group of heads over several tiles; against the op's float64 reference."""
+def flash_csa_case(rng):
+    """V4-Flash's widths: 64 heads of 512 channels sharing one key head, 6 tokens of a CSA layer at
+    position 300 (lists past the window, 3 −1 slots a token), the q norm and RoPE: (arrays, params)."""
     T, H, hd, p0 = 6, 64, 512, 300
     n_ent = 80
     arrays = [f32(rng, T, H, hd, scale=5.0), f32(rng, 512, hd), np.array([p0], np.int32), f32(rng, H),
@@ -150,7 +150,13 @@ def test_prefill_at_deepseek_v4_flash_widths(rng):
     arrays[5][:, -3:] = -1
     cos, sin = tables(rng, 512, 32)
     arrays += [cos, sin]
-    prm = {"scale": hd ** -0.5, "window": 128, "mode": "csa", "rate": 4, "capacity": 512, "q_norm_eps": 1e-6}
+    return arrays, {"scale": hd ** -0.5, "window": 128, "mode": "csa", "rate": 4, "capacity": 512, "q_norm_eps": 1e-6}
+
+
+def test_prefill_at_deepseek_v4_flash_widths(rng):
+    """64 heads of 512 channels sharing one key head, a CSA layer's lists past the window, one
+    token a workgroup group of heads over several tiles; against the op's float64 reference."""
+    arrays, prm = flash_csa_case(rng)
     got, bad = run_mqa(arrays, prm, "prefill")
     check(got, get_op("MQA_ATTENTION").reference(*arrays, **prm), bad, nmse_max=1e-10, atol=1e-5)
 
@@ -381,14 +387,7 @@ def test_coopmat_prefill_skips_tiles_of_empty_slots(rng):
 def test_coopmat_prefill_at_deepseek_v4_flash_widths(rng):
     """64 heads of 512 channels (4 workgroups a token, 128 channels a warp), a CSA layer's lists past
     the window with −1 slots, the q norm and RoPE; against the op's float64 reference."""
-    T, H, hd, p0 = 6, 64, 512, 300
-    n_ent = 80
-    arrays = [f32(rng, T, H, hd, scale=5.0), f32(rng, 512, hd), np.array([p0], np.int32), f32(rng, H),
-              f32(rng, n_ent, hd), np.stack([rng.permutation(n_ent)[:24] for _ in range(T)]).astype(np.int32)]
-    arrays[5][:, -3:] = -1
-    cos, sin = tables(rng, 512, 32)
-    arrays += [cos, sin]
-    prm = {"scale": hd ** -0.5, "window": 128, "mode": "csa", "rate": 4, "capacity": 512, "q_norm_eps": 1e-6}
+    arrays, prm = flash_csa_case(rng)
     got, bad = run_mqa(arrays, prm, cm_kernel())
     check(got, get_op("MQA_ATTENTION").reference(*arrays, **prm), bad, nmse_max=CM_NMSE_MAX, atol=CM_ATOL)
 
