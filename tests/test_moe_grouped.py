@@ -254,6 +254,9 @@ def test_kernel_choice_and_knobs(device, tune, monkeypatch):
         assert expert_kernel(512, "sum", 14.0, device, True).kernel == "grouped"
         with tuned({"mul_mat_id_grouped.swiglu_min_routes": 8}):
             assert expert_kernel(512, "swiglu", 14.0, device, True).kernel == "grouped"
+        from dsv4_vk.cli.info import _human, report
+        assert ("MUL_MAT_ID    its SwiGLU over 257 FP8/FP4 experts: per_route — the SwiGLU's experts get 13.9 "
+                "routes each") in _human(report(device))
         for bad in (-1, "32", True):
             with tuned({"mul_mat_id_grouped.swiglu_min_routes": bad}), pytest.raises(ValueError, match="swiglu_min_routes"):
                 expert_kernel(512, "swiglu", 14.0, device, True)

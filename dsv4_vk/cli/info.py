@@ -79,6 +79,9 @@ def _human(rep):
         lines.append(f"MUL_MAT_ID    {mi['T']} tokens × {mi['routes']} routes: {mi['kernel']} — {mi['reason']}"
                      + (" (tiles {} route slots × {} outputs, k step {}, {} × {} an invocation)".format(*mi["tile"])
                         if mi.get("tile") else ""))
+        sq = mi.get("swiglu_quantised")
+        if sq and sq["kernel"] != mi["kernel"]:
+            lines.append(f"MUL_MAT_ID    its SwiGLU over {sq['experts']} FP8/FP4 experts: {sq['kernel']} — {sq['reason']}")
     mg = rep.get("mul_mat_id_gemm")
     if mg:
         lines.append(f"MUL_MAT_ID    grouped GEMM over bf16 experts: {mg['kernel']} — {mg['reason']}"

@@ -73,6 +73,8 @@ def describe(device, T: int = 512, routes: int = 7, experts: int = 257) -> dict:
     out = {"T": T, "routes": routes, "kernel": c.kernel, "reason": c.reason}
     if c.kernel == "grouped":
         out["tile"] = tile_shape(device, T * routes, experts + 1)
+    q = expert_kernel(T, "swiglu", T * routes / experts, device, quantised=True)
+    out["swiglu_quantised"] = {"experts": experts, "kernel": q.kernel, "reason": q.reason}
     return out
 
 
