@@ -193,3 +193,20 @@ def cluster_lanes(device: Any, n: int, per_lane: int = 4, max_lanes: int | None 
 def weight_defines(w: GraphTensor) -> dict:
     """The shader defines of weights.glsl for a weight tensor's dtype (f32: none)."""
     return {"bf16": {"W_BF16": 1}, "f16": {"W_F16": 1}}.get(w.dtype, {})
+
+
+# The cooperative-matrix shape every matrix-unit kernel here uses (m, n, k and the A, B, C, D types):
+# MUL_MAT's, the grouped experts' and the prefill attention's, all through coopmat_unavailable.
+COOPMAT_SHAPE = (16, 16, 16, "f16", "f16", "f32", "f32")
+
+
+def coopmat_unavailable(device) -> str | None:
+    """Why the matrix-unit kernels cannot run on `device` (None: they can)."""
+    if getattr(device, "coopmat_disabled", False):
+        return "DSV4_VK_DISABLE_COOPMAT=1 leaves VK_NV_cooperative_matrix off"
+    sgc = device.caps.subgroup
+    if not any((c.m, c.n, c.k, c.a, c.b, c.c, c.d) == COOPMAT_SHAPE for c in device.caps.coopmat):
+        return "the device has no VK_NV_cooperative_matrix 16 × 16 × 16 fp16·fp16+fp32 shape"
+    if not (sgc.min_size == sgc.max_size == 32 and sgc.full_subgroups and sgc.supports("basic")):
+        return f"the kernel needs full 32-lane subgroups, the device has {sgc.min_size}–{sgc.max_size} lanes"
+    return None

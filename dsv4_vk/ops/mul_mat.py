@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.tuning import knob_table
-from .base import (Launch, OpDef, broadcast_shapes, check_finite, check_params, cluster_lanes, expect, grid_1d, is_cpu,
-                   next_pow2, nonempty, register, tensor_fields, unit_last, weight_defines,
+from .base import (Launch, OpDef, broadcast_shapes, coopmat_unavailable, check_finite, check_params, cluster_lanes,
+                   expect, grid_1d, is_cpu, next_pow2, nonempty, register, tensor_fields, unit_last, weight_defines,
                    workgroup_cluster_max, WEIGHT_DTYPES)
 from .reduce_rows import reference_rms_norm
 
@@ -209,7 +209,6 @@ COOPMAT = knob_table(
     emulate=(False, "where the device has no matrix units, MUL_MAT takes 'coopmat_fma' where it would take "
                     "'coopmat' if it had them and coopmat.auto were on (the same data flow and fp16 rounding, FMA "
                     "products): the tensor-core path's numerics on any device, for tests"))
-COOPMAT_SHAPE = (16, 16, 16, "f16", "f16", "f32", "f32")     # m, n, k and the A, B, C, D types
 COOPMAT_DTYPES = ("bf16", "f16")
 COOPMAT_SCALES = ("tile", "pass")
 FP8_SCALES = ("block", "fold")
@@ -242,18 +241,6 @@ def coopmat_tiling(device) -> dict:
     big = min(lim.max_workgroup_invocations, lim.max_workgroup_size[0]) >= 256
     base = next(t for need, t in COOPMAT_TILINGS if lim.max_shared_memory >= need and (big or not need))
     return {k: base[k] if COOPMAT[k] is None else COOPMAT[k] for k in TILING_KNOBS}
-
-
-def coopmat_unavailable(device) -> str | None:
-    """Why the tensor-core MUL_MAT cannot run on `device` (None: it can)."""
-    if getattr(device, "coopmat_disabled", False):
-        return "DSV4_VK_DISABLE_COOPMAT=1 leaves VK_NV_cooperative_matrix off"
-    sgc = device.caps.subgroup
-    if not any((c.m, c.n, c.k, c.a, c.b, c.c, c.d) == COOPMAT_SHAPE for c in device.caps.coopmat):
-        return "the device has no VK_NV_cooperative_matrix 16 × 16 × 16 fp16·fp16+fp32 shape"
-    if not (sgc.min_size == sgc.max_size == 32 and sgc.full_subgroups and sgc.supports("basic")):
-        return f"the kernel needs full 32-lane subgroups, the device has {sgc.min_size}–{sgc.max_size} lanes"
-    return None
 
 
 def coopmat_weight_refusal(device, w_dtype: str, fmt: QuantFormat | None = None, w=None, N: int | None = None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.tuning import knob_table
-from .base import (WORKGROUP, Launch, OpDef, check_finite, check_flag, check_in_place, check_params, cluster_lanes,
+from .base import (WORKGROUP, Launch, OpDef, coopmat_unavailable, check_finite, check_flag, check_in_place, check_params, cluster_lanes,
                    expect, grid_1d, is_cpu, next_pow2, nonempty, register, unit_last, view_fields)
 
 NAN = np.nan
@@ -288,13 +288,6 @@ def mqa_prefill_coopmat_plan(device, hd: int, H: int) -> dict:
         tile = 0
     return {"warps": warps, "workgroup": wg, "head_tiles": head_tiles, "hd_pad": hd_pad, "tile": tile,
             "shared_bytes": shared(tile) if tile else 0}
-
-
-def coopmat_unavailable(device) -> str | None:
-    """Why the matrix units cannot run here (None: they can): MUL_MAT's check (ops.mul_mat imports this
-    module through reduce_rows, hence the import at call time)."""
-    from .mul_mat import coopmat_unavailable as why_not
-    return why_not(device)
 
 
 def prefill_coopmat_choice(device, hd: int, H: int) -> tuple[str | None, str]:
