@@ -180,10 +180,10 @@ def check_mul_mat_id(rng):
             close(out["y"], ry, (fmt, D, F, norm, "sum"))
 
 
-def check_shared_expert_in_the_same_dispatch(rng, staged_on=None, define="X_SHARED", modes=("swiglu", "sum")):
+def check_shared_expert_in_the_same_dispatch(rng, staged_on=None):
     """FP4 routed experts and an FP8 shared expert (id E, its own tensors) in one MUL_MAT_ID: as if
     the shared expert were stacked after the others. Where `staged_on` (a device) is given, asserts
-    that the staged kernel (the launch has `define`) runs where K % 32 == 0, for the ops of `modes`."""
+    that the staged kernel runs where K % 32 == 0."""
     op = get_op("MUL_MAT_ID")
     for D, F in ((256, 64), (96, 40)):
         T, E = 3, 6
@@ -210,8 +210,7 @@ def check_shared_expert_in_the_same_dispatch(rng, staged_on=None, define="X_SHAR
         if staged_on is not None:
             for node, K in zip(g.nodes, (D, F)):
                 (launch,) = node.op.lower(node, staged_on)
-                if node.params["mode"] in modes:
-                    assert (define in launch.defines) == (K % 32 == 0), (D, F, node.params["mode"])
+                assert ("X_SHARED" in launch.defines) == (K % 32 == 0), (D, F, node.params["mode"])
         out = run_graph(g, x=x, r=route)
         rh = op.reference(x[:, None, :], w13, route, gn, mode="swiglu", rms_eps=1e-6)
         close(out["h"], rh, (D, F, "swiglu"))
@@ -464,8 +463,7 @@ def test_staged_knobs_key_the_program():
                {"mul_mat_id.x_shared_rows": 1}, {"mul_mat_id.x_shared_unroll": 3}, {"mul_mat_id.x_shared_groups": 5},
                {"gemv_quant.x_regs": True}, {"gemv_quant.x_regs_rows": 2}, {"gemv_quant.x_regs_wg": 64},
                {"gemv_quant.x_regs_groups": 3}, {"gemv_quant.x_regs_prefetch": False},
-               {"mul_mat_id.x_shared_split": 2}, {"mul_mat_id.x_regs": True}, {"mul_mat_id.x_regs_rows": 4},
-               {"mul_mat_id.x_regs_wg": 64}, {"mul_mat_id.x_regs_groups": 3}, {"mul_mat_id.x_regs_prefetch": False}]
+               {"mul_mat_id.x_shared_split": 2}]
     sigs = {signature(**{k: v for k, v in c.items()}) for c in changed}
     assert base not in sigs and len(sigs) == len(changed)
 
@@ -492,12 +490,12 @@ def nan_close(got, ref, what):
 STAGED_EXPERT_SHAPES = (("fp4", 256, 64), ("fp4", 1024, 96), ("fp8", 144, 80), ("fp8", 400, 208))
 
 
-def check_staged_experts(rng, device=None, staged=None, shapes=STAGED_EXPERT_SHAPES, define="X_SHARED"):
+def check_staged_experts(rng, device=None, staged=None, shapes=STAGED_EXPERT_SHAPES):
     """MUL_MAT_ID's staged kernel (mul_mat_id.x_shared): SwiGLU (norm folded or not, x one row a token
     or one a route) and the weighted sum (with an addend; scales from 2^−127 to 2^40) over quantised
     experts with every code; an invalid expert id (NaN outputs) and experts held by another part
     of a split stack (0 / no contribution). Where `device` is given, asserts for each mode in
-    `staged` (default: both) whether it launches the staged kernel (the launch has `define`)."""
+    `staged` (default: both) whether it launches the staged kernel."""
     staged = {"swiglu": True, "sum": True} if staged is None else staged
     op = get_op("MUL_MAT_ID")
     for fmt, D, F in shapes:
@@ -531,7 +529,7 @@ def check_staged_experts(rng, device=None, staged=None, shapes=STAGED_EXPERT_SHA
                 for node in g.nodes:
                     (launch,) = node.op.lower(node, device)
                     if node.params["mode"] in staged:
-                        assert (define in launch.defines) == staged[node.params["mode"]], (fmt, D, F, node.params)
+                        assert ("X_SHARED" in launch.defines) == staged[node.params["mode"]], (fmt, D, F, node.params)
             out = run_graph(g, x=x, r=route, hh=h, a=add)
             with np.errstate(over="ignore"):               # silu of gates far below 0: exp overflows to inf
                 rh = op.reference(x, w13, route, *([gn] if norm else []), mode="swiglu", limit=30.0, n_ids=n_ids,
@@ -552,43 +550,6 @@ def test_staged_experts(tune, as_gpu, rows, unroll, groups, rng, monkeypatch, de
     check_staged_experts(rng, device)
     check_mul_mat_id(rng)
     check_shared_expert_in_the_same_dispatch(rng, device)
-
-
-@pytest.mark.parametrize("rows,wg,groups,prefetch", [(2, 256, 1024, True), (1, 8, 2, False), (4, 8, 1024, True)])
-def test_expert_swiglu_x_in_registers(tune, rows, wg, groups, prefetch, rng, device):
-    """MUL_MAT_ID's SwiGLU with x in registers (mul_mat_id.x_regs) matches the float64
-    dequantisation (norm folded or not, x one row a token or one a route, an invalid id, another
-    part's expert) for 1, 2 or 4 outputs a block, 1, 2 or 4 uvec4s of a row an invocation
-    (workgroups of 8 over K up to 400), few workgroups looping over blocks, with and without
-    prefetch, beside an FP8 shared expert too (where K % 32 == 0; else the other kernels), and with
-    the gate and up rows of each expert in grids of their own."""
-    tune({"mul_mat_id.x_regs": True, "mul_mat_id.x_regs_rows": rows, "mul_mat_id.x_regs_wg": wg,
-          "mul_mat_id.x_regs_groups": groups, "mul_mat_id.x_regs_prefetch": prefetch})
-    check_staged_experts(rng, device, {"swiglu": True, "sum": False}, define="X_REGS")
-    check_shared_expert_in_the_same_dispatch(rng, device, "X_REGS", ("swiglu",))
-    check_mul_mat_id(rng)                   # a scale grid for the gate rows and one for the up rows
-    g = Graph()
-    sr, sc = QUANT["fp4"].grid(2 * 40, 256)
-    g.op("MUL_MAT_ID", g.input("x", (2, 1, 256)), g.input("w", (4, 2 * 40, QUANT["fp4"].words(256)), "i32"),
-         g.input("r", (2, 3, 2)), g.input("s", (-(-4 * sr * sc // 4),), "i32"), mode="swiglu", wq="fp4")
-    (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
-    assert launch.spec[4] == rows and launch.spec[9] == int(prefetch)
-    assert launch.grid[0] * launch.grid[1] == 2 * min(groups, 3 * -(-40 // rows))
-
-
-@pytest.mark.parametrize("knob,value,match", [
-    ("x_regs_rows", 8, r"'mul_mat_id\.x_regs_rows' must be 1, 2 or 4, got 8"),
-    ("x_regs_wg", 48, r"'mul_mat_id\.x_regs_wg' must be a power of two ≤ 256, got 48"),
-    ("x_regs_groups", 0, r"'mul_mat_id\.x_regs_groups' must be an integer ≥ 1, got 0"),
-    ("x_regs_prefetch", "yes", r"'mul_mat_id\.x_regs_prefetch' must be True or False, got 'yes'"),
-])
-def test_expert_x_in_registers_knobs_are_checked(tune, knob, value, match, device):
-    tune({"mul_mat_id.x_regs": True, f"mul_mat_id.{knob}": value})
-    g = Graph()
-    g.op("MUL_MAT_ID", g.input("x", (1, 1, 64)), g.input("w", (4, 16, 16), "i32"), g.input("r", (1, 3, 2)),
-         g.input("s", (4,), "i32"), mode="swiglu", wq="fp8")
-    with pytest.raises(ValueError, match=match):
-        g.nodes[0].op.lower(g.nodes[0], device)
 
 
 @pytest.mark.parametrize("split,rows,unroll", [(2, 1, 1), (4, 2, 2), (1024, 4, 1)])
@@ -681,8 +642,7 @@ def test_the_one_token_kernels_fit_the_h200s_shared_memory(tune, fmt, monkeypatc
     def weights(g, E, N, K):
         sr, sc = q.grid(N, K)
         return inp(g, (E, N, q.words(K)), "i32"), inp(g, (-(-E * sr * sc // 4),), "i32")
-    for knobs in ({"mul_mat_id.x_shared_split": 1}, {"mul_mat_id.x_shared_split": 8},
-                  {"mul_mat_id.x_regs": True}, {"gemv_quant.x_regs": True}):
+    for knobs in ({"mul_mat_id.x_shared_split": 1}, {"mul_mat_id.x_shared_split": 8}, {"gemv_quant.x_regs": True}):
         tune({"mul_mat_id.x_shared": True, "gemv_quant.x_shared": True, **knobs})
         g = Graph()
         w, s = weights(g, 65, 2 * 2048, 4096)
@@ -993,10 +953,6 @@ def worker():
             check_staged_gemv(np.random.default_rng(14), dev)
             check_staged_experts(np.random.default_rng(16), dev)
             check_shared_expert_in_the_same_dispatch(np.random.default_rng(17), dev)
-            with tuned({"mul_mat_id.x_regs": True, "mul_mat_id.x_regs_wg": 8, "mul_mat_id.x_regs_rows": 4}):
-                check_staged_experts(np.random.default_rng(21), dev, {"swiglu": True}, define="X_REGS")
-                check_shared_expert_in_the_same_dispatch(np.random.default_rng(22), dev, "X_REGS", ("swiglu",))
-                check_mul_mat_id(np.random.default_rng(23))
             with tuned({"mul_mat_id.x_shared_split": 4, "mul_mat_id.x_shared_rows": 1}):
                 check_staged_experts(np.random.default_rng(19), dev)
                 check_shared_expert_in_the_same_dispatch(np.random.default_rng(20), dev)
