@@ -4,7 +4,6 @@
 //! variants: MODE_GEMV ; VEC4 ; - | LANES_SHUFFLE | LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1,8 ; W_FP8 | W_FP4 ; - | NORM_X
 //! variants: MODE_GEMV ; - | LANES_SHUFFLE | LANES_SUBGROUP_OPS | LANES_WORKGROUP ; TB=1 ; W_FP8 | W_FP4 ; NORM_X
 //! variants: MODE_GEMV ; VEC4 ; - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; TB=1 ; W_FP8 | W_FP4 ; - | NORM_X ; X_SHARED
-//! variants: MODE_GEMV ; VEC4 ; LANES_WORKGROUP ; TB=1 ; W_FP8 | W_FP4 ; - | NORM_X ; X_REGS XM=1,2,4
 //! variants: MODE_GEMM_REGS ; - | VEC4 ; - | W_BF16 | W_F16 | W_FP8 | W_FP4
 //! variants: MODE_GEMM_SHARED ; - | W_BF16 | W_F16 | W_FP8 | W_FP4
 // MUL_MAT: d[b0, b1, t, n] = Σ_k x[b0, b1, t, k] · w[b0, b1, n, k]  (x @ wᵀ), f32 accumulation.
@@ -32,10 +31,6 @@
 //                     clamped, not stored).
 //   X_SHARED          (GEMV, VEC4, TB = 1, W_FP8 / W_FP4) the staged GEMV: x in shared memory,
 //                     16-byte code loads, persistent clusters (see its main below).
-//   X_REGS            (GEMV, VEC4, TB = 1, W_FP8 / W_FP4, LANES_WORKGROUP) x held in registers: the
-//                     workgroup owns whole rows, each invocation a fixed slice of x (XM uvec4s of
-//                     codes a row, a define sizing its register arrays), walking blocks of rows
-//                     (see its main below).
 //   VEC4              (GEMV, GEMM_REGS) k contiguous and every row start 16-byte aligned: vec4 loads.
 //   NORM_X            (GEMV) x rows RMS-normalised on the fly: d = (x / rms(x) ⊙ g) @ wᵀ with
 //                     rms(x) = sqrt(mean_k x² + eps), g [K] at binding 3: each cluster sums x² beside
@@ -70,8 +65,8 @@ layout(push_constant) uniform P {
 #if defined(W_FP8) || defined(W_FP4)
     uint q_kw, q_rows, q_srows, q_sc;   // quantised weights' geometry (weights.glsl)
 #endif
-#if defined(X_SHARED) || defined(X_REGS)
-    uint xs_groups;                     // workgroups per batch item (X_SHARED, X_REGS)
+#if defined(X_SHARED)
+    uint xs_groups;                     // workgroups per batch item (X_SHARED)
 #endif
 } p;
 #define W_S3 p.w_s3
@@ -127,124 +122,7 @@ layout(constant_id = 2) const uint NR = 1;
 // uvec4s), with one scale byte (an FP8 block of 128 holds 8 such loads, an FP4 group of 32 is
 // one), the row's scale grid row found once before the loop; 0: a 4-byte word a step (W4_ROW).
 layout(constant_id = 3) const uint WIDE = 0;
-#if defined(X_REGS)
-// -D X_REGS (needs rows of whole uvec4s of codes, q_kw % 4 == 0, and -D LANES_WORKGROUP for the
-// subgroup extensions): x lives in registers, so the hot loop reads no shared memory (the staged
-// kernel reads 4 (FP8) or 8 (FP4) bytes of x from shared memory a byte of codes, a share of the
-// SM's load bandwidth that the code loads compete for). The workgroup (W invocations, spec
-// constant 0) owns whole rows: invocation l keeps x's vec4s of uvec4s j = l + m·W of a row
-// (m < XM; zeros past K), loaded once (x·g with NORM_X, Σx² reduced over the workgroup once), and
-// walks blocks of NR rows (spec constant 2) rb = g, g + G, ... (G = p.xs_groups workgroups per
-// batch item): each block it loads the NR·XM uvec4s of codes (and a scale word each) of its
-// slots, all independent, decodes them against its registers, and reduces the NR sums over the
-// workgroup together (subgroupAdd, one shared-memory step into one of two buffers, one barrier).
-// Spec constant 5, PREFETCH (1): the next block's codes are loaded before this block is computed
-// and reduced, so the barrier does not drain the loads in flight; 0: loaded after it.
-layout(constant_id = 5) const uint PREFETCH = 1;
-const uint XR_MAX = 8u;                 // NR at most
-shared float xr_red[2u * 64u * XR_MAX]; // [buffer][subgroup (≤ 64)][row]
-
-// Block RB's rows (clamped to N − 1): their first words WB[i] and first scale bytes SB[i]
-// (q_scale_row's, with one division a block: the rows are consecutive, row numbers from rbase)
-#define XR_ROWS(RB, WB, SB) { \
-    uint n0_ = min((RB) * NR, p.N - 1u), m_ = (rbase + n0_) / p.q_rows, in0_ = rbase + n0_ - m_ * p.q_rows; \
-    [[unroll]] for (uint i = 0; i < NR; ++i) { \
-        uint n_ = min((RB) * NR + i, p.N - 1u), in_ = in0_ + (n_ - n0_), mi_ = m_; \
-        while (in_ >= p.q_rows) { in_ -= p.q_rows; ++mi_; } \
-        WB[i] = w_row(b0, b1, n_); \
-        SB[i] = (mi_ * p.q_srows + in_ / Q_BR) * p.q_sc; \
-    } }
-// codes and scale words of rows WB (first scale bytes SB) for this invocation's slots
-#define XR_LOAD(WB, SB, CW, CS) \
-    [[unroll]] for (uint i = 0; i < NR; ++i) { \
-        [[unroll]] for (uint m = 0; m < XM; ++m) { \
-            uint j = l + m * W; \
-            if (j < KU) { \
-                CW[i][m] = wq4[WB[i] / 4u + j]; \
-                CS[i][m] = wscale[(SB[i] + j * Q_XV * 4u / Q_BC) >> 2]; \
-            } \
-        } \
-    }
-
-void main() {
-    uint GPB = p.xs_groups, g = flat_group();
-    if (g >= p.ne0 * p.ne1 * GPB) return;               // whole workgroup leaves together
-    uint gi = g % GPB, bi = g / GPB;
-    uint b1 = bi % p.ne1, b0 = bi / p.ne1;
-    uint l = gl_LocalInvocationID.x, W = gl_WorkGroupSize.x;
-    uint NB = (p.N + NR - 1) / NR, KU = p.q_kw / 4u, xr = x_row(b0, b1, 0u);
-    uint rbase = w_row(b0, b1, 0u) / p.q_kw;            // (whole contiguous rows: w_s2 = q_kw)
-    uint rb = gi, buf = 0u;
-    uint wb[NR], sb[NR];
-    uvec4 cw[NR][XM];
-    uint cs[NR][XM];
-    XR_ROWS(rb, wb, sb)
-    if (rb < NB) { XR_LOAD(wb, sb, cw, cs) }            // in flight while x is read
-    vec4 xv[XM][Q_XV];
-    float s2 = 0.0;
-    [[unroll]] for (uint m = 0; m < XM; ++m) {
-        uint j = l + m * W;
-        [[unroll]] for (uint c = 0; c < Q_XV; ++c) {
-            uint k4 = j * Q_XV + c;
-            vec4 v = vec4(0.0);
-            if (j < KU && 4u * k4 < p.K) {
-                v = x4[xr / 4u + k4];
-#if defined(NORM_X)
-                s2 += dot(v, v);
-                v *= g4[p.g_off / 4u + k4];
-#endif
-            }
-            xv[m][c] = v;
-        }
-    }
-    float inv = 1.0;
-#if defined(NORM_X)
-    s2 = subgroupAdd(s2);
-    if (subgroupElect()) xr_red[gl_SubgroupID * XR_MAX] = s2;
-    barrier();
-    s2 = 0.0;
-    for (uint s = 0u; s < gl_NumSubgroups; ++s) s2 += xr_red[s * XR_MAX];
-    inv = 1.0 / sqrt(s2 / float(p.K) + p.eps);
-    buf = 1u;                                           // buffer 0 may still be read
-#endif
-    while (rb < NB) {                                   // uniform per workgroup
-        uint rb1 = rb + GPB, wb1[NR], sb1[NR];
-        XR_ROWS(rb1, wb1, sb1)
-        uvec4 nw[NR][XM];
-        uint ns[NR][XM];
-        if (PREFETCH != 0u && rb1 < NB) { XR_LOAD(wb1, sb1, nw, ns) }
-        float acc[NR];
-        [[unroll]] for (uint i = 0; i < NR; ++i) {
-            acc[i] = 0.0;
-            [[unroll]] for (uint m = 0; m < XM; ++m) {
-                uint j = l + m * W;
-                if (j < KU) {
-                    uint si = sb[i] + j * Q_XV * 4u / Q_BC;
-                    acc[i] += q_e8m0((cs[i][m] >> ((si & 3u) << 3)) & 0xFFu) * Q_UNIT * q_wide_dot_fast(cw[i][m], xv[m]);
-                }
-            }
-        }
-        [[unroll]] for (uint i = 0; i < NR; ++i) {
-            float v = subgroupAdd(acc[i]);
-            if (subgroupElect()) xr_red[(buf * 64u + gl_SubgroupID) * XR_MAX + i] = v;
-        }
-        barrier();                                      // (the other buffer's readers are done too)
-        for (uint i = l; i < NR; i += W) {             // (a workgroup may be smaller than NR)
-            float v = 0.0;
-            for (uint s = 0u; s < gl_NumSubgroups; ++s) v += xr_red[(buf * 64u + s) * XR_MAX + i];
-            store(b0, b1, 0u, rb * NR + i, v * inv);
-        }
-        buf ^= 1u;
-        if (PREFETCH == 0u && rb1 < NB) { XR_LOAD(wb1, sb1, nw, ns) }
-        [[unroll]] for (uint i = 0; i < NR; ++i) {
-            wb[i] = wb1[i];
-            sb[i] = sb1[i];
-            [[unroll]] for (uint m = 0; m < XM; ++m) { cw[i][m] = nw[i][m]; cs[i][m] = ns[i][m]; }
-        }
-        rb = rb1;
-    }
-}
-#elif defined(X_SHARED)
+#if defined(X_SHARED)
 // -D X_SHARED (needs rows of whole uvec4s of codes, q_kw % 4 == 0): the x row is staged once per
 // workgroup in shared memory (XS vec4s, spec constant 4, zeros past K; vec4 c of uvec4 j's inputs
 // at xs[c·KU + j], so that consecutive lanes read consecutive vec4s), its Σx² reduced over the

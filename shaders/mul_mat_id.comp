@@ -8,7 +8,6 @@
 //! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS | LANES_WORKGROUP ; MODE_SUM ROUTES=1 ; - | VEC4 ; - | HAS_ADD ; W_FP4 SHARED_FP8
 //! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; MODE_SWIGLU ; VEC4 ; W_FP8 | W_FP4 | W_FP4 SHARED_FP8 ; - | NORM_X ; X_SHARED
 //! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; MODE_SUM ROUTES=1 ; VEC4 ; - | HAS_ADD ; W_FP8 | W_FP4 | W_FP4 SHARED_FP8 ; X_SHARED
-//! variants: LANES_WORKGROUP ; MODE_SWIGLU ; VEC4 ; W_FP8 | W_FP4 | W_FP4 SHARED_FP8 ; - | NORM_X ; X_REGS XM=1,2,4
 // MUL_MAT_ID: matrix products with the experts the router chose, route[t, r] = (id, weight)
 // (MOE_ROUTE's output; ids are exact floats), weights w [E, N, K] stacked per expert:
 //   MODE_SWIGLU  x [T, 1 or R, K] (stride 0 over r: the same token row for every route), w [E, 2F, K]:
@@ -44,8 +43,7 @@
 // -D LANES_WORKGROUP (MODE_SUM): the cluster is the workgroup, one output each: every lane's chain
 // of loads is short and the outputs' workgroups come in waves.
 // -D X_SHARED (quantised experts): the staged kernels, x in shared memory and 16-byte code loads
-// (spec constants 4..8; described where they are defined below). -D X_REGS (MODE_SWIGLU over
-// quantised experts): x in registers instead (spec constants 4, 7, 9; described below).
+// (spec constants 4..8; described where they are defined below).
 #include "lanes.glsl"
 layout(constant_id = 1) const uint UNROLL = 1;
 layout(binding = 0) readonly buffer X { float x[]; };
@@ -218,215 +216,7 @@ int expert(uint t, uint r) {
     return (id >= p.id_base && id - p.id_base < p.E) ? int(id - p.id_base) : -2;
 }
 
-#if defined(X_SHARED) || defined(X_REGS)
-// The scale byte of uvec4 j of a row: the row's first + j / QD (FP8: 8 uvec4s a 128-block; FP4: 1)
-const uint QD = Q_BC / (Q_XV * 4u);
-#if defined(SHARED_FP8)
-// The shared FP8 expert beside FP4 ones (SH: the block's rows are its own, at WS_BINDING): rows of
-// SKU = S_KW / 4 uvec4s (the host checks K % 32 == 0), scale grid per p.s_rows rows.
-layout(binding = WS_BINDING) readonly buffer WShared4 { uvec4 wsq4[]; };
-#define IS_SH(ID) ((ID) == int(p.E))
-uint s_scale_row(uint wb) {
-    uint row = wb / S_KW, m = row / p.s_rows;
-    return (m * ((p.s_rows + 127u) / 128u) + (row - m * p.s_rows) / 128u) * ((p.K + 127u) / 128u);
-}
-#define SH_KW S_KW
-#define SH_SCALE_ROW(wb) s_scale_row(wb)
-#else
-#define IS_SH(ID) false
-#define SH_KW 0u
-#define SH_SCALE_ROW(wb) 0u
-#endif
-#if defined(MODE_SWIGLU)
-// Block B of this item's (route, f-block)s: its route R_, first output F_, expert ID_ (expert()), rows.
-#define SW_BLOCK(B, R_, F_, ID_, WB, SB) { \
-    uint b_ = min(B, NB - 1u); \
-    R_ = rbase + b_ / NBF; \
-    F_ = (b_ % NBF) * XNR; \
-    ID_ = expert(t, R_); \
-    bool sh_ = IS_SH(ID_); \
-    uint e_ = sh_ ? 0u : p.w_off + uint(max(ID_, 0)) * p.w_s0, rs_ = sh_ ? SH_KW : p.w_s1; \
-    [[unroll]] for (uint i = 0; i < XNR; ++i) { \
-        uint f_ = min(F_ + i, p.N - 1u); \
-        WB[i] = e_ + f_ * rs_; \
-        WB[XNR + i] = e_ + (p.N + f_) * rs_; \
-    } \
-    [[unroll]] for (uint i = 0; i < WR; ++i) SB[i] = sh_ ? SH_SCALE_ROW(WB[i]) : q_scale_row(WB[i]); }
-
-#endif
-#endif
-
-#if defined(X_REGS)
-// -D X_REGS (MODE_SWIGLU over quantised experts, VEC4, rows of whole uvec4s of codes, with
-// SHARED_FP8 K % 32 == 0; -D LANES_WORKGROUP for the subgroup extensions): x in registers, as
-// mul_mat.comp's X_REGS GEMV keeps it, so the hot loop reads no shared memory. Invocation l of
-// the W-invocation workgroup (spec constant 0) keeps x's vec4s of the uvec4s of codes j = l + m·W
-// (m < XM, a define sizing the register arrays; zeros past K; x·g with NORM_X, Σx² reduced once);
-// the shared FP8 expert's uvec4s 2j and 2j + 1 cover the same inputs. The workgroup walks blocks
-// (route, XNR outputs f: spec constant 4) b = g, g + G, ... of its item (a token, or a (token,
-// route) where x differs per route; G = min(XGROUPS, blocks), spec constant 7): each block the
-// gate and up rows' uvec4s of its slots and their scale words, all independent loads (PREFETCH,
-// spec constant 9: the next block's before this one is computed and reduced), and one workgroup
-// reduction of the 2·XNR sums (subgroupAdd, one shared-memory step into one of two buffers, one
-// barrier).
-layout(constant_id = 4) const uint XNR = 1;
-layout(constant_id = 7) const uint XGROUPS = 1;
-layout(constant_id = 9) const uint PREFETCH = 1;
-const uint WR = 2u * XNR;               // gate rows, then up rows
-const uint XR_MAX = 8u;                 // WR at most
-shared float xr_red[2u * 64u * XR_MAX]; // [buffer][subgroup (≤ 64)][row]
-
-#if defined(SHARED_FP8)
-float fp8_dot(uvec4 v, vec4 a, vec4 b, vec4 c, vec4 d) {
-    return dot(a, q_fp8_word(v.x)) + dot(b, q_fp8_word(v.y)) + dot(c, q_fp8_word(v.z)) + dot(d, q_fp8_word(v.w));
-}
-// the shared expert: uvec4s 2j, 2j + 1 of the row (one scale byte: a 128-block holds 8 uvec4s)
-#define XR_LOAD_SH(W_, W2_, S_, WB, SB, i, m, j_) \
-    W_[i][m] = wsq4[WB[i] / 4u + 2u * j_]; \
-    W2_[i][m] = wsq4[WB[i] / 4u + 2u * j_ + 1u]; \
-    S_[i][m] = wsscale[(SB[i] + j_ / 4u) >> 2];
-#else
-#define XR_LOAD_SH(W_, W2_, S_, WB, SB, i, m, j_)
-#endif
-#if defined(SHARED_FP8)
-#define SH_GRID_ROWS p.s_rows
-#define SH_GRID_SROWS ((p.s_rows + 127u) / 128u)
-#define SH_GRID_SC ((p.K + 127u) / 128u)
-#else
-#define SH_GRID_ROWS 1u
-#define SH_GRID_SROWS 1u
-#define SH_GRID_SC 1u
-#endif
-// Block B's route R_, first output F_, expert ID_ (expert()) and rows, as SW_BLOCK finds them, with
-// the first scale bytes from three divisions a block rather than two a row: the gate rows and the
-// up rows are consecutive row numbers (outputs past N clamped) from the expert's first.
-#define XR_BLOCK(B, R_, F_, ID_, WB, SB) { \
-    uint b_ = min(B, NB - 1u); \
-    R_ = rbase + b_ / NBF; \
-    F_ = (b_ % NBF) * XNR; \
-    ID_ = expert(t, R_); \
-    bool sh_ = IS_SH(ID_); \
-    uint e_ = sh_ ? 0u : p.w_off + uint(max(ID_, 0)) * p.w_s0, rs_ = sh_ ? SH_KW : p.w_s1; \
-    uint gr_ = sh_ ? SH_GRID_ROWS : p.q_rows, sr_ = sh_ ? SH_GRID_SROWS : p.q_srows, sc_ = sh_ ? SH_GRID_SC : p.q_sc; \
-    uint f0_ = min(F_, p.N - 1u), e0_ = e_ / rs_; \
-    [[unroll]] for (uint h = 0; h < 2u; ++h) { \
-        uint row0_ = e0_ + h * p.N + f0_, m_ = row0_ / gr_, in0_ = row0_ - m_ * gr_; \
-        [[unroll]] for (uint i = 0; i < XNR; ++i) { \
-            uint f_ = min(F_ + i, p.N - 1u), in_ = in0_ + (f_ - f0_), mi_ = m_; \
-            while (in_ >= gr_) { in_ -= gr_; ++mi_; } \
-            WB[h * XNR + i] = e_ + (h * p.N + f_) * rs_; \
-            SB[h * XNR + i] = (mi_ * sr_ + (sh_ ? in_ >> 7 : in_ / Q_BR)) * sc_; \
-        } \
-    } }
-#define XR_LOAD(W_, W2_, S_, WB, SB, SH) \
-    [[unroll]] for (uint i = 0; i < WR; ++i) \
-        [[unroll]] for (uint m = 0; m < XM; ++m) { \
-            uint j_ = l + m * W; \
-            if (j_ < KU) { \
-                if (SH) { XR_LOAD_SH(W_, W2_, S_, WB, SB, i, m, j_) } \
-                else { W_[i][m] = wq4[WB[i] / 4u + j_]; S_[i][m] = wscale[(SB[i] + j_ / QD) >> 2]; } \
-            } \
-        }
-
-void main() {
-    uint RI = p.x_s1 == 0u ? p.R : 1u;                  // routes of one x row
-    uint l = gl_LocalInvocationID.x, W = gl_WorkGroupSize.x;
-    uint NBF = (p.N + XNR - 1u) / XNR, NB = RI * NBF, KU = p.q_kw / 4u;
-    uint GPB = min(XGROUPS, NB), g = flat_group();
-    if (g >= p.T * (p.R / RI) * GPB) return;            // whole workgroup leaves together
-    uint gi = g % GPB, item = g / GPB;
-    uint t = item / (p.R / RI), rbase = (item % (p.R / RI)) * RI;
-    uint b = gi, r, f0, buf = 0u;
-    int id;
-    uint wb[WR], sb[WR];
-    uvec4 cw[WR][XM], cw2[WR][XM];
-    uint cs[WR][XM];
-    XR_BLOCK(b, r, f0, id, wb, sb)
-    if (b < NB && id >= 0) { XR_LOAD(cw, cw2, cs, wb, sb, IS_SH(id)) }     // in flight while x is read
-    uint xr = p.x_off + t * p.x_s0 + rbase * p.x_s1;
-    vec4 xv[XM][Q_XV];
-    float s2 = 0.0;
-    [[unroll]] for (uint m = 0; m < XM; ++m) {
-        uint j = l + m * W;
-        [[unroll]] for (uint c = 0; c < Q_XV; ++c) {
-            uint k4 = j * Q_XV + c;
-            vec4 v = vec4(0.0);
-            if (j < KU && 4u * k4 < p.K) {
-                v = x4[xr / 4u + k4];
-#if defined(NORM_X)
-                s2 += dot(v, v);
-                v *= g4[p.g_off / 4u + k4];
-#endif
-            }
-            xv[m][c] = v;
-        }
-    }
-    float inv = 1.0;
-#if defined(NORM_X)
-    s2 = subgroupAdd(s2);
-    if (subgroupElect()) xr_red[gl_SubgroupID * XR_MAX] = s2;
-    barrier();
-    s2 = 0.0;
-    for (uint s = 0u; s < gl_NumSubgroups; ++s) s2 += xr_red[s * XR_MAX];
-    inv = 1.0 / sqrt(s2 / float(p.K) + p.eps);
-    buf = 1u;                                           // buffer 0 may still be read
-#endif
-    while (b < NB) {                                    // uniform per workgroup
-        uint b1 = b + GPB, r1, f1;
-        int id1;
-        uint wb1[WR], sb1[WR];
-        XR_BLOCK(b1, r1, f1, id1, wb1, sb1)
-        uvec4 nw[WR][XM], nw2[WR][XM];
-        uint ns[WR][XM];
-        if (PREFETCH != 0u && b1 < NB && id1 >= 0) { XR_LOAD(nw, nw2, ns, wb1, sb1, IS_SH(id1)) }
-        float acc[WR];
-        bool sh = IS_SH(id);
-        [[unroll]] for (uint i = 0; i < WR; ++i) {
-            acc[i] = 0.0;
-            [[unroll]] for (uint m = 0; m < XM; ++m) {
-                uint j = l + m * W;
-                if (id >= 0 && j < KU) {
-#if defined(SHARED_FP8)
-                    if (sh) {
-                        uint si = sb[i] + j / 4u;
-                        acc[i] += q_e8m0((cs[i][m] >> ((si & 3u) << 3)) & 0xFFu) * 256.0 *
-                                  (fp8_dot(cw[i][m], xv[m][0], xv[m][1], xv[m][2], xv[m][3]) +
-                                   fp8_dot(cw2[i][m], xv[m][4], xv[m][5], xv[m][6], xv[m][7]));
-                        continue;
-                    }
-#endif
-                    uint si = sb[i] + j / QD;
-                    acc[i] += q_e8m0((cs[i][m] >> ((si & 3u) << 3)) & 0xFFu) * Q_UNIT * q_wide_dot_fast(cw[i][m], xv[m]);
-                }
-            }
-        }
-        [[unroll]] for (uint i = 0; i < WR; ++i) {
-            float v = subgroupAdd(acc[i]);
-            if (subgroupElect()) xr_red[(buf * 64u + gl_SubgroupID) * XR_MAX + i] = v;
-        }
-        barrier();                                      // (the other buffer's readers are done too)
-        for (uint i = l; i < XNR; i += W) {            // (a workgroup may be smaller than XNR)
-            float gate = 0.0, up = 0.0;
-            for (uint s = 0u; s < gl_NumSubgroups; ++s) {
-                gate += xr_red[(buf * 64u + s) * XR_MAX + i];
-                up += xr_red[(buf * 64u + s) * XR_MAX + XNR + i];
-            }
-            gate = min(gate * inv, p.limit);
-            up = clamp(up * inv, -p.limit, p.limit);
-            float v = id >= 0 ? gate / (1.0 + exp(-gate)) * up : id == -2 ? 0.0 : NAN;
-            if (f0 + i < p.N) d[p.d_off + t * p.d_s0 + r * p.d_s1 + (f0 + i) * p.d_s2] = v;
-        }
-        buf ^= 1u;
-        if (PREFETCH == 0u && b1 < NB && id1 >= 0) { XR_LOAD(nw, nw2, ns, wb1, sb1, IS_SH(id1)) }
-        [[unroll]] for (uint i = 0; i < WR; ++i) {
-            wb[i] = wb1[i];
-            sb[i] = sb1[i];
-            [[unroll]] for (uint m = 0; m < XM; ++m) { cw[i][m] = nw[i][m]; cw2[i][m] = nw2[i][m]; cs[i][m] = ns[i][m]; }
-        }
-        b = b1; r = r1; f0 = f1; id = id1;
-    }
-}
-#elif defined(X_SHARED)
+#if defined(X_SHARED)
 // -D X_SHARED (quantised experts, VEC4, rows of whole uvec4s of codes; with SHARED_FP8, K % 32 == 0): x rows staged
 // in shared memory as mul_mat.comp's X_SHARED GEMV stages them (XS vec4s a row, spec constant 5;
 // vec4 c of uvec4 j's inputs at c·KU + j; NORM_X: x·g, the sums multiplied by 1/rms at the end),
@@ -457,8 +247,18 @@ shared float xs_ss[256];                // Σx² of each cluster (at most 256 a 
 #endif
 #include "x_stage.glsl"
 
+// The scale byte of uvec4 j of a row: the row's first + j / QD (FP8: 8 uvec4s a 128-block; FP4: 1)
+const uint QD = Q_BC / (Q_XV * 4u);
 #if defined(SHARED_FP8)
-// its x vec4s are read from the FP4 staging (vec4 i at (i % Q_XV)·KU + i / Q_XV)
+// The shared FP8 expert beside FP4 ones (SH: the block's rows are its own, at WS_BINDING): rows of
+// SKU = S_KW / 4 uvec4s (the host checks K % 32 == 0), scale grid per p.s_rows rows; its x vec4s
+// are read from the FP4 staging (vec4 i at (i % Q_XV)·KU + i / Q_XV).
+layout(binding = WS_BINDING) readonly buffer WShared4 { uvec4 wsq4[]; };
+#define IS_SH(ID) ((ID) == int(p.E))
+uint s_scale_row(uint wb) {
+    uint row = wb / S_KW, m = row / p.s_rows;
+    return (m * ((p.s_rows + 127u) / 128u) + (row - m * p.s_rows) / 128u) * ((p.K + 127u) / 128u);
+}
 float xs_dot_fp8(uvec4 v, uint xg, uint j, uint KU) {
     float s = 0.0;
     [[unroll]] for (uint c = 0; c < 4u; ++c) {
@@ -467,6 +267,12 @@ float xs_dot_fp8(uvec4 v, uint xg, uint j, uint KU) {
     }
     return s;
 }
+#define SH_KW S_KW
+#define SH_SCALE_ROW(wb) s_scale_row(wb)
+#else
+#define IS_SH(ID) false
+#define SH_KW 0u
+#define SH_SCALE_ROW(wb) 0u
 #endif
 
 // Loads into W, S the uvec4s S0 + lane + u·LANES of rows WB and their scale words (those past the
@@ -526,6 +332,21 @@ float xs_dot_fp8(uvec4 v, uint xg, uint j, uint KU) {
     }
 
 #if defined(MODE_SWIGLU)
+// Block B of this item's (route, f-block)s: its route R_, first output F_, expert ID_ (expert()), rows.
+#define SW_BLOCK(B, R_, F_, ID_, WB, SB) { \
+    uint b_ = min(B, NB - 1u); \
+    R_ = rbase + b_ / NBF; \
+    F_ = (b_ % NBF) * XNR; \
+    ID_ = expert(t, R_); \
+    bool sh_ = IS_SH(ID_); \
+    uint e_ = sh_ ? 0u : p.w_off + uint(max(ID_, 0)) * p.w_s0, rs_ = sh_ ? SH_KW : p.w_s1; \
+    [[unroll]] for (uint i = 0; i < XNR; ++i) { \
+        uint f_ = min(F_ + i, p.N - 1u); \
+        WB[i] = e_ + f_ * rs_; \
+        WB[XNR + i] = e_ + (p.N + f_) * rs_; \
+    } \
+    [[unroll]] for (uint i = 0; i < WR; ++i) SB[i] = sh_ ? SH_SCALE_ROW(WB[i]) : q_scale_row(WB[i]); }
+
 void main() {
     uint RI = p.x_s1 == 0u ? p.R : 1u;                  // routes of one staged x row
     uint lane = cluster_lane(), cl = lane_linear() / LANES, CPW = gl_WorkGroupSize.x / LANES;

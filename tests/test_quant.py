@@ -180,10 +180,10 @@ def check_mul_mat_id(rng):
             close(out["y"], ry, (fmt, D, F, norm, "sum"))
 
 
-def check_shared_expert_in_the_same_dispatch(rng, staged_on=None, define="X_SHARED", modes=("swiglu", "sum")):
+def check_shared_expert_in_the_same_dispatch(rng, staged_on=None):
     """FP4 routed experts and an FP8 shared expert (id E, its own tensors) in one MUL_MAT_ID: as if
     the shared expert were stacked after the others. Where `staged_on` (a device) is given, asserts
-    that the staged kernel (the launch has `define`) runs where K % 32 == 0, for the ops of `modes`."""
+    that the staged kernel runs where K % 32 == 0."""
     op = get_op("MUL_MAT_ID")
     for D, F in ((256, 64), (96, 40)):
         T, E = 3, 6
@@ -210,8 +210,7 @@ def check_shared_expert_in_the_same_dispatch(rng, staged_on=None, define="X_SHAR
         if staged_on is not None:
             for node, K in zip(g.nodes, (D, F)):
                 (launch,) = node.op.lower(node, staged_on)
-                if node.params["mode"] in modes:
-                    assert (define in launch.defines) == (K % 32 == 0), (D, F, node.params["mode"])
+                assert ("X_SHARED" in launch.defines) == (K % 32 == 0), (D, F, node.params["mode"])
         out = run_graph(g, x=x, r=route)
         rh = op.reference(x[:, None, :], w13, route, gn, mode="swiglu", rms_eps=1e-6)
         close(out["h"], rh, (D, F, "swiglu"))
@@ -305,11 +304,11 @@ STAGED_SHAPES = [("fp8", 37, 4096), ("fp8", 300, 208), ("fp8", 9, 16), ("fp8", 1
                  ("fp4", 40, 96), ("fp4", 7, 28), ("fp4", 131, 1024)]
 
 
-def check_staged_gemv(rng, device=None, define="X_SHARED"):
-    """The staged GEMV (gemv_quant.x_shared; with define="X_REGS" the one with x in registers,
-    gemv_quant.x_regs) at one token, plain and with the norm folded in, on weights with every code
-    (E4M3 subnormals included) and scales from 2^−127 to 2^40, batched weights included; where
-    `device` is given, asserts the launches are that kernel's."""
+def check_staged_gemv(rng, device=None):
+    """The staged GEMV (gemv_quant.x_shared) at one token, plain and with the norm folded in, on
+    weights with every code (E4M3 subnormals included) and scales from 2^−127 to 2^40, batched
+    weights included, and weights of several scale grids (blocks of rows straddling two); where
+    `device` is given, asserts the launches are the staged kernel's."""
     for fmt, N, K in STAGED_SHAPES:
         codes, scale = random_quant(rng, fmt, N, K)
         scale = rng.integers(0, 168, scale.shape, dtype=np.uint8)      # E8M0 bytes: 2^−127 .. 2^40
@@ -325,7 +324,7 @@ def check_staged_gemv(rng, device=None, define="X_SHARED"):
             g.output("y", g.op("MUL_MAT", *args, g.const(sw), wq=fmt, **prm))
             if device is not None:
                 (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
-                assert define in launch.defines, (fmt, N, K)
+                assert "X_SHARED" in launch.defines, (fmt, N, K)
             got = run_graph(g, x=x)["y"]
             close(got, get_op("MUL_MAT").reference(x, w, *([gn] if norm else []), **prm), (fmt, N, K, norm))
     G, r, K = 3, 70, 256                       # wo_a's form: batched rows of one FP8 matrix, x per batch
@@ -376,44 +375,6 @@ def test_staged_gemv(tune, as_gpu, rows, unroll, groups, wg, rng, monkeypatch, d
     check_mul_mat(rng)
 
 
-@pytest.mark.parametrize("rows,wg,groups,prefetch", [(4, 256, 1024, True), (1, 64, 1024, False), (8, 64, 2, True),
-                                                     (2, 256, 1, False)])
-def test_gemv_x_in_registers(tune, rows, wg, groups, prefetch, rng, device):
-    """The GEMV at one token with x in registers (knob gemv_quant.x_regs) matches the float64
-    dequantisation for 1 to 8 rows a block, 1, 2 and 4 uvec4s of a row an invocation (workgroups of
-    64 over K = 4096 FP8 / FP4, of 8 or 16 over K = 208), few workgroups looping over row blocks,
-    with and without the next block's codes prefetched; rows not whole uvec4s, or too long for 4
-    slots an invocation, keep the other kernels."""
-    tune({"gemv_quant.x_regs": True, "gemv_quant.x_regs_rows": rows, "gemv_quant.x_regs_wg": wg,
-          "gemv_quant.x_regs_groups": groups, "gemv_quant.x_regs_prefetch": prefetch})
-    check_staged_gemv(rng, device, "X_REGS")
-    for fmt, K, regs in (("fp8", 260, False), ("fp4", 80, False), ("fp8", 208, True), ("fp8", 16 * 4 * wg, True),
-                         ("fp8", 16 * (4 * 256 + 1), False)):
-        g = Graph()
-        sr, sc = QUANT[fmt].grid(37, K)
-        g.op("MUL_MAT", g.input("x", (1, K)), g.input("w", (37, QUANT[fmt].words(K)), "i32"),
-             g.input("s", (-(-sr * sc // 4),), "i32"), wq=fmt)
-        (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
-        assert ("X_REGS" in launch.defines) == regs, (fmt, K)
-        if regs:
-            assert launch.spec[2] == rows and launch.spec[5] == int(prefetch)
-            assert launch.grid[0] * launch.grid[1] == min(groups, -(-37 // rows))
-
-
-@pytest.mark.parametrize("knob,value,match", [
-    ("x_regs_rows", 3, r"'gemv_quant\.x_regs_rows' must be 1, 2, 4 or 8, got 3"),
-    ("x_regs_wg", 512, r"'gemv_quant\.x_regs_wg' must be a power of two ≤ 256, got 512"),
-    ("x_regs_groups", 0, r"'gemv_quant\.x_regs_groups' must be an integer ≥ 1, got 0"),
-    ("x_regs_prefetch", 1, r"'gemv_quant\.x_regs_prefetch' must be True or False, got 1"),
-])
-def test_x_in_registers_knobs_are_checked(tune, knob, value, match, device):
-    tune({"gemv_quant.x_regs": True, f"gemv_quant.{knob}": value})
-    g = Graph()
-    g.op("MUL_MAT", g.input("x", (1, 64)), g.input("w", (4, 16), "i32"), g.input("s", (1,), "i32"), wq="fp8")
-    with pytest.raises(ValueError, match=match):
-        g.nodes[0].op.lower(g.nodes[0], device)
-
-
 @pytest.mark.parametrize("as_gpu", [False, True])
 def test_the_staged_kernels_are_the_gpu_default(as_gpu, monkeypatch, device):
     """By default (knobs x_shared None) GPUs take the staged GEMV and expert kernels over quantised
@@ -462,10 +423,7 @@ def test_staged_knobs_key_the_program():
     changed = [{"gemv_quant.x_shared": True}, {"gemv_quant.x_shared_rows": 4}, {"gemv_quant.x_shared_unroll": 1},
                {"gemv_quant.x_shared_groups": 7}, {"gemv_quant.x_shared_wg": 64}, {"mul_mat_id.x_shared": True},
                {"mul_mat_id.x_shared_rows": 1}, {"mul_mat_id.x_shared_unroll": 3}, {"mul_mat_id.x_shared_groups": 5},
-               {"gemv_quant.x_regs": True}, {"gemv_quant.x_regs_rows": 2}, {"gemv_quant.x_regs_wg": 64},
-               {"gemv_quant.x_regs_groups": 3}, {"gemv_quant.x_regs_prefetch": False},
-               {"mul_mat_id.x_shared_split": 2}, {"mul_mat_id.x_regs": True}, {"mul_mat_id.x_regs_rows": 4},
-               {"mul_mat_id.x_regs_wg": 64}, {"mul_mat_id.x_regs_groups": 3}, {"mul_mat_id.x_regs_prefetch": False}]
+               {"mul_mat_id.x_shared_split": 2}]
     sigs = {signature(**{k: v for k, v in c.items()}) for c in changed}
     assert base not in sigs and len(sigs) == len(changed)
 
@@ -492,12 +450,12 @@ def nan_close(got, ref, what):
 STAGED_EXPERT_SHAPES = (("fp4", 256, 64), ("fp4", 1024, 96), ("fp8", 144, 80), ("fp8", 400, 208))
 
 
-def check_staged_experts(rng, device=None, staged=None, shapes=STAGED_EXPERT_SHAPES, define="X_SHARED"):
+def check_staged_experts(rng, device=None, staged=None, shapes=STAGED_EXPERT_SHAPES):
     """MUL_MAT_ID's staged kernel (mul_mat_id.x_shared): SwiGLU (norm folded or not, x one row a token
     or one a route) and the weighted sum (with an addend; scales from 2^−127 to 2^40) over quantised
     experts with every code; an invalid expert id (NaN outputs) and experts held by another part
     of a split stack (0 / no contribution). Where `device` is given, asserts for each mode in
-    `staged` (default: both) whether it launches the staged kernel (the launch has `define`)."""
+    `staged` (default: both) whether it launches the staged kernel."""
     staged = {"swiglu": True, "sum": True} if staged is None else staged
     op = get_op("MUL_MAT_ID")
     for fmt, D, F in shapes:
@@ -531,7 +489,7 @@ def check_staged_experts(rng, device=None, staged=None, shapes=STAGED_EXPERT_SHA
                 for node in g.nodes:
                     (launch,) = node.op.lower(node, device)
                     if node.params["mode"] in staged:
-                        assert (define in launch.defines) == staged[node.params["mode"]], (fmt, D, F, node.params)
+                        assert ("X_SHARED" in launch.defines) == staged[node.params["mode"]], (fmt, D, F, node.params)
             out = run_graph(g, x=x, r=route, hh=h, a=add)
             with np.errstate(over="ignore"):               # silu of gates far below 0: exp overflows to inf
                 rh = op.reference(x, w13, route, *([gn] if norm else []), mode="swiglu", limit=30.0, n_ids=n_ids,
@@ -552,43 +510,6 @@ def test_staged_experts(tune, as_gpu, rows, unroll, groups, rng, monkeypatch, de
     check_staged_experts(rng, device)
     check_mul_mat_id(rng)
     check_shared_expert_in_the_same_dispatch(rng, device)
-
-
-@pytest.mark.parametrize("rows,wg,groups,prefetch", [(2, 256, 1024, True), (1, 8, 2, False), (4, 8, 1024, True)])
-def test_expert_swiglu_x_in_registers(tune, rows, wg, groups, prefetch, rng, device):
-    """MUL_MAT_ID's SwiGLU with x in registers (mul_mat_id.x_regs) matches the float64
-    dequantisation (norm folded or not, x one row a token or one a route, an invalid id, another
-    part's expert) for 1, 2 or 4 outputs a block, 1, 2 or 4 uvec4s of a row an invocation
-    (workgroups of 8 over K up to 400), few workgroups looping over blocks, with and without
-    prefetch, beside an FP8 shared expert too (where K % 32 == 0; else the other kernels), and with
-    the gate and up rows of each expert in grids of their own."""
-    tune({"mul_mat_id.x_regs": True, "mul_mat_id.x_regs_rows": rows, "mul_mat_id.x_regs_wg": wg,
-          "mul_mat_id.x_regs_groups": groups, "mul_mat_id.x_regs_prefetch": prefetch})
-    check_staged_experts(rng, device, {"swiglu": True, "sum": False}, define="X_REGS")
-    check_shared_expert_in_the_same_dispatch(rng, device, "X_REGS", ("swiglu",))
-    check_mul_mat_id(rng)                   # a scale grid for the gate rows and one for the up rows
-    g = Graph()
-    sr, sc = QUANT["fp4"].grid(2 * 40, 256)
-    g.op("MUL_MAT_ID", g.input("x", (2, 1, 256)), g.input("w", (4, 2 * 40, QUANT["fp4"].words(256)), "i32"),
-         g.input("r", (2, 3, 2)), g.input("s", (-(-4 * sr * sc // 4),), "i32"), mode="swiglu", wq="fp4")
-    (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
-    assert launch.spec[4] == rows and launch.spec[9] == int(prefetch)
-    assert launch.grid[0] * launch.grid[1] == 2 * min(groups, 3 * -(-40 // rows))
-
-
-@pytest.mark.parametrize("knob,value,match", [
-    ("x_regs_rows", 8, r"'mul_mat_id\.x_regs_rows' must be 1, 2 or 4, got 8"),
-    ("x_regs_wg", 48, r"'mul_mat_id\.x_regs_wg' must be a power of two ≤ 256, got 48"),
-    ("x_regs_groups", 0, r"'mul_mat_id\.x_regs_groups' must be an integer ≥ 1, got 0"),
-    ("x_regs_prefetch", "yes", r"'mul_mat_id\.x_regs_prefetch' must be True or False, got 'yes'"),
-])
-def test_expert_x_in_registers_knobs_are_checked(tune, knob, value, match, device):
-    tune({"mul_mat_id.x_regs": True, f"mul_mat_id.{knob}": value})
-    g = Graph()
-    g.op("MUL_MAT_ID", g.input("x", (1, 1, 64)), g.input("w", (4, 16, 16), "i32"), g.input("r", (1, 3, 2)),
-         g.input("s", (4,), "i32"), mode="swiglu", wq="fp8")
-    with pytest.raises(ValueError, match=match):
-        g.nodes[0].op.lower(g.nodes[0], device)
 
 
 @pytest.mark.parametrize("split,rows,unroll", [(2, 1, 1), (4, 2, 2), (1024, 4, 1)])
@@ -666,10 +587,10 @@ def declared_shared_bytes(launch) -> int:
 
 @pytest.mark.parametrize("fmt", ["fp4", "fp8"])
 def test_the_one_token_kernels_fit_the_h200s_shared_memory(tune, fmt, monkeypatch, device):
-    """The staged and x-in-registers MUL_MAT_ID and GEMV kernels as lowered for DeepSeek-V4-Flash's
-    widths (experts D 4096, F 2048, 65 of them, 7 routes; the attention's GEMV shapes) on a GPU with
-    the H200's 49152 B of shared memory declare at most that (the staged sum's x rows filled it
-    exactly and its split sums' 1 KiB went past: the H200 lost the device), for every route split."""
+    """The staged MUL_MAT_ID and GEMV kernels as lowered for DeepSeek-V4-Flash's widths (experts
+    D 4096, F 2048, 65 of them, 7 routes; the attention's GEMV shapes) on a GPU with the H200's
+    49152 B of shared memory declare at most that (the staged sum's x rows filled it exactly and
+    its split sums' 1 KiB went past: the H200 lost the device), for every route split."""
     limits = dataclasses.replace(device.caps.limits, max_shared_memory=49152)
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", limits=limits))
     q = QUANT[fmt]
@@ -681,8 +602,7 @@ def test_the_one_token_kernels_fit_the_h200s_shared_memory(tune, fmt, monkeypatc
     def weights(g, E, N, K):
         sr, sc = q.grid(N, K)
         return inp(g, (E, N, q.words(K)), "i32"), inp(g, (-(-E * sr * sc // 4),), "i32")
-    for knobs in ({"mul_mat_id.x_shared_split": 1}, {"mul_mat_id.x_shared_split": 8},
-                  {"mul_mat_id.x_regs": True}, {"gemv_quant.x_regs": True}):
+    for knobs in ({"mul_mat_id.x_shared_split": 1}, {"mul_mat_id.x_shared_split": 8}):
         tune({"mul_mat_id.x_shared": True, "gemv_quant.x_shared": True, **knobs})
         g = Graph()
         w, s = weights(g, 65, 2 * 2048, 4096)
@@ -695,12 +615,12 @@ def test_the_one_token_kernels_fit_the_h200s_shared_memory(tune, fmt, monkeypatc
         for N, K in ((32768, 1024), (4096, 8192), (8192, 4096), (1024, 4096), (512, 4096)):
             w1, s1 = weights(g, 1, N, K)
             g.op("MUL_MAT", inp(g, (1, K)), w1.reshape((N, q.words(K))), s1, wq=fmt)
-        kernels = set()
+        staged = False
         for node in g.nodes:
             for launch in node.op.lower(node, device):
                 assert declared_shared_bytes(launch) <= 49152, (knobs, node.op.name, launch.defines, launch.spec)
-                kernels |= {k for k in ("X_SHARED", "X_REGS") if k in launch.defines}
-        assert kernels == {"X_SHARED", "X_REGS"} if "x_regs" in str(knobs) else {"X_SHARED"}, knobs
+                staged |= "X_SHARED" in launch.defines
+        assert staged, knobs
 
 
 def test_quantised_weights_are_checked():
@@ -986,17 +906,11 @@ def worker():
                 "mul_mat_id.x_shared_groups": 2}):
         check_staged_gemv(np.random.default_rng(13))
         check_staged_experts(np.random.default_rng(15))
-        with tuned({"gemv_quant.x_regs": True, "gemv_quant.x_regs_wg": 64, "gemv_quant.x_regs_rows": 8}):
-            check_staged_gemv(np.random.default_rng(18), dev, "X_REGS")
         dev.caps = dataclasses.replace(cpu_caps, type="discrete-gpu")     # lane clusters of this subgroup size
         try:
             check_staged_gemv(np.random.default_rng(14), dev)
             check_staged_experts(np.random.default_rng(16), dev)
             check_shared_expert_in_the_same_dispatch(np.random.default_rng(17), dev)
-            with tuned({"mul_mat_id.x_regs": True, "mul_mat_id.x_regs_wg": 8, "mul_mat_id.x_regs_rows": 4}):
-                check_staged_experts(np.random.default_rng(21), dev, {"swiglu": True}, define="X_REGS")
-                check_shared_expert_in_the_same_dispatch(np.random.default_rng(22), dev, "X_REGS", ("swiglu",))
-                check_mul_mat_id(np.random.default_rng(23))
             with tuned({"mul_mat_id.x_shared_split": 4, "mul_mat_id.x_shared_rows": 1}):
                 check_staged_experts(np.random.default_rng(19), dev)
                 check_shared_expert_in_the_same_dispatch(np.random.default_rng(20), dev)

@@ -19,13 +19,6 @@ Quantised weights: --x-shared 0,1 puts the staged GEMV (knob gemv_quant.x_shared
 16-byte code loads, persistent clusters) beside the word-load GEMV in the same run, its own knobs
 (gemv_quant.x_shared_rows / _unroll / _groups / _wg) swept by --xs-rows, --xs-unroll, --xs-groups,
 --xs-wg; the word-load knobs (--spread, --unroll, --rows, --load) apply to the other rows only.
---x-regs 1 adds the GEMV with x in registers (knob gemv_quant.x_regs: a workgroup owns whole rows, each
-invocation a fixed slice of x, NR independent code loads a block), its knobs (gemv_quant.x_regs_rows /
-_wg / _groups / _prefetch) swept by --xr-rows, --xr-wg, --xr-groups, --xr-prefetch:
-
-    . .vkdev/enter.sh; python3 tools/bench_gemv.py --formats fp8,fp4 --shapes wq_b,wo_b,wo_a,wq_a,wkv \
-        --x-shared 1 --xs-rows 1,4 --xs-unroll 2 --xs-wg 256 --x-regs 1 --xr-rows 2,4,8 --xr-wg 64,256 \
-        --json $OUT/gemv_xregs.json
 """
 import argparse
 import itertools
@@ -73,9 +66,6 @@ def gemv_graph(weights, params, K, norm, rng):
 def kernel_used(launch, knobs):
     """(kind, description) of the kernel the GEMV lowered to, with the values it was given (knobs
     left at None take the device's defaults, read back from the launch)."""
-    if "X_REGS" in launch.defines:
-        return "regs", (f"regs rows={knobs['gemv_quant.x_regs_rows']} wg={launch.spec[0]:3d} "
-                        f"groups={knobs['gemv_quant.x_regs_groups']:4d} pf={int(knobs['gemv_quant.x_regs_prefetch'])}")
     if "X_SHARED" in launch.defines:
         return "staged", (f"staged rows={knobs['gemv_quant.x_shared_rows']} unroll={knobs['gemv_quant.x_shared_unroll']} "
                           f"groups={knobs['gemv_quant.x_shared_groups']:4d} wg={launch.spec[0]:3d}")
@@ -92,9 +82,7 @@ def configs(a, fmt):
     """The knob settings to time for one format: the word-load GEMV's sweep, then (quantised weights,
     --x-shared 1) the staged GEMV's."""
     base = {"gemv_quant.x_shared": False, "gemv_quant.x_shared_rows": 2, "gemv_quant.x_shared_unroll": 2,
-            "gemv_quant.x_shared_groups": 1024, "gemv_quant.x_shared_wg": 256, "gemv_quant.x_regs": False,
-            "gemv_quant.x_regs_rows": 4, "gemv_quant.x_regs_wg": 256, "gemv_quant.x_regs_groups": 1024,
-            "gemv_quant.x_regs_prefetch": True}
+            "gemv_quant.x_shared_groups": 1024, "gemv_quant.x_shared_wg": 256}
     quant = fmt != "bf16"
     out = []
     if 0 in ints(a.x_shared) or not quant:
@@ -109,13 +97,6 @@ def configs(a, fmt):
                         "gemv_quant.x_shared": True, "gemv_quant.x_shared_rows": nr,
                         "gemv_quant.x_shared_unroll": unroll, "gemv_quant.x_shared_groups": groups,
                         "gemv_quant.x_shared_wg": wg})
-    if 1 in ints(a.x_regs) and quant:
-        for nr, wg, groups, pf in itertools.product(ints(a.xr_rows), ints(a.xr_wg), ints(a.xr_groups),
-                                                    ints(a.xr_prefetch)):
-            out.append({**base, "gemv.spread": None, "gemv.unroll": None, "gemv_quant.rows": 1, "gemv_quant.load": 4,
-                        "gemv_quant.x_regs": True,
-                        "gemv_quant.x_regs_rows": nr, "gemv_quant.x_regs_wg": wg, "gemv_quant.x_regs_groups": groups,
-                        "gemv_quant.x_regs_prefetch": bool(pf)})
     return out
 
 
@@ -138,13 +119,6 @@ def main(argv=None):
     ap.add_argument("--xs-unroll", default="2", help="staged GEMV: uvec4 steps a lane loads together to sweep")
     ap.add_argument("--xs-groups", default="1024", help="staged GEMV: workgroups at most to sweep")
     ap.add_argument("--xs-wg", default="256", help="staged GEMV: invocations a workgroup to sweep (powers of two ≤ 256)")
-    ap.add_argument("--x-regs", default="0", help="quantised weights: add the GEMV with x in registers (1; knob "
-                    "gemv_quant.x_regs)")
-    ap.add_argument("--xr-rows", default="4", help="x in registers: rows a workgroup block to sweep (1, 2, 4, 8)")
-    ap.add_argument("--xr-wg", default="256", help="x in registers: invocations a workgroup to sweep (powers of two "
-                    "≤ 256)")
-    ap.add_argument("--xr-groups", default="1024", help="x in registers: workgroups at most to sweep")
-    ap.add_argument("--xr-prefetch", default="1", help="x in registers: next block's codes prefetched (1) or not (0)")
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
@@ -178,9 +152,6 @@ def main(argv=None):
                              "x_shared": kind == "staged",
                              "xs_rows": knobs["gemv_quant.x_shared_rows"], "xs_unroll": knobs["gemv_quant.x_shared_unroll"],
                              "xs_groups": knobs["gemv_quant.x_shared_groups"], "xs_wg": knobs["gemv_quant.x_shared_wg"],
-                             "x_regs": kind == "regs", "xr_rows": knobs["gemv_quant.x_regs_rows"],
-                             "xr_wg": knobs["gemv_quant.x_regs_wg"], "xr_groups": knobs["gemv_quant.x_regs_groups"],
-                             "xr_prefetch": knobs["gemv_quant.x_regs_prefetch"],
                              "bytes": nbytes, "us": us,
                              "gbps": gbps, "pct_copy": 100 * gbps / copy})
                 print(f"{us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy", flush=True)

@@ -30,9 +30,6 @@ prints the split it got and the routes' x rows staged at a time: no split unless
 
     . .vkdev/enter.sh; python3 tools/bench_moe.py --formats fp4 --experts 65 --routes-per-token 7 \
         --x-shared 1 --xs-rows 1,2,4 --xs-unroll 1,2 --xs-split 1,2,4,8 --json $OUT/moe_split.json
---x-regs 1 adds the SwiGLU with x in registers (knob mul_mat_id.x_regs: a workgroup owns whole rows, each
-invocation a fixed slice of x), its knobs (mul_mat_id.x_regs_rows / _wg / _groups / _prefetch) swept by
---xr-rows, --xr-wg, --xr-groups, --xr-prefetch (the sum rows are the staged kernel's).
 
 --prefill T,T,...: MUL_MAT_ID over prefill chunks of T tokens instead (top-k = --routes-per-token − 1
 of --experts − 1 routed experts, uniformly random, and the shared expert), the per-route kernels
@@ -225,12 +222,6 @@ def main(argv=None):
     ap.add_argument("--xs-groups", default="1024", help="staged SwiGLU: workgroups a token at most to sweep")
     ap.add_argument("--xs-split", default="1", help="staged sum: clusters sharing an output block, the routes "
                     "split among them, to sweep (powers of two)")
-    ap.add_argument("--x-regs", default="0", help="quantised experts: add the SwiGLU with x in registers (1; knob "
-                    "mul_mat_id.x_regs)")
-    ap.add_argument("--xr-rows", default="2", help="x in registers: outputs a block to sweep (1, 2, 4)")
-    ap.add_argument("--xr-wg", default="256", help="x in registers: invocations a workgroup to sweep")
-    ap.add_argument("--xr-groups", default="1024", help="x in registers: workgroups a token at most to sweep")
-    ap.add_argument("--xr-prefetch", default="1", help="x in registers: next block prefetched (1) or not (0)")
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
     ap.add_argument("--prefill", help="prefill chunks of these token counts (T,T,...) instead of one token: the "
                     "per-route and the grouped kernels")
@@ -274,24 +265,15 @@ def main(argv=None):
                           for u in unrolls for ld in loads]
                 cases += [("sum", w2, False, {"unroll": u, "routes": r, "wg": wg, "rows": nr, "load": ld, "x_shared": False})
                           for wg, r, u, nr, ld in itertools.product(ints(a.wg), ints(a.routes), unrolls, nrs, loads)]
-            if fmt != "bf16" and 1 in ints(a.x_regs):
-                regs = [{"x_regs": True, "x_regs_rows": r, "x_regs_wg": wg, "x_regs_groups": gr,
-                         "x_regs_prefetch": bool(pf)}
-                        for r, wg, gr, pf in itertools.product(ints(a.xr_rows), ints(a.xr_wg), ints(a.xr_groups),
-                                                               ints(a.xr_prefetch))]
-                cases += [("swiglu", w13, norm, k) for norm in (False, True) for k in regs]
             for mode, (w, params, per_expert), norm, knobs in cases:
                 K = D if mode == "swiglu" else Fd
                 with tuned({f"mul_mat_id.{k}": v for k, v in knobs.items()}):
                     g, inputs, nbytes = op_graph(mode, w, params, per_expert, K, route, norm, rng)
                     (launch,) = [launch for node in g.nodes for launch in node.op.lower(node, dev)]
-                    staged, in_regs = "X_SHARED" in launch.defines, "X_REGS" in launch.defines
+                    staged = "X_SHARED" in launch.defines
                     # the staged sum's routes staged at a time and split used (spec constants 6, 8)
                     xrg, split = launch.spec[6:9:2] if staged and mode == "sum" else (None, None)
-                    if knobs.get("x_regs"):
-                        how = (f"regs{'' if in_regs else '(off)'} rows={knobs['x_regs_rows']} wg={knobs['x_regs_wg']:3d} "
-                               f"groups={knobs['x_regs_groups']:4d} pf={int(knobs['x_regs_prefetch'])}")
-                    elif knobs.get("x_shared"):
+                    if knobs.get("x_shared"):
                         how = (f"staged{'' if staged else '(off)'} rows={knobs['x_shared_rows']} "
                                f"unroll={knobs['x_shared_unroll']} groups={knobs['x_shared_groups']:4d}"
                                + (f" split={split} staged x rows={xrg}" if split else ""))
@@ -302,7 +284,7 @@ def main(argv=None):
                     print(f"{fmt:4s} {mode:6s}{' +norm' if norm else '      '} {how:58s} ", end="", flush=True)
                     us = median_gpu_us(dev, g, inputs, a.replays, warm, a.repeat)
                 gbps = nbytes / (us * 1e3)
-                rows.append({"format": fmt, "mode": mode, "norm": norm, **knobs, "staged": staged, "x_in_regs": in_regs,
+                rows.append({"format": fmt, "mode": mode, "norm": norm, **knobs, "staged": staged,
                              "split_used": split, "x_rows_staged": xrg,
                              "bytes": nbytes,
                              "us": us, "gbps": gbps, "pct_copy": 100 * gbps / copy})

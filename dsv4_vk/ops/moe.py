@@ -9,8 +9,7 @@ from .base import (Launch, OpDef, check_finite, check_flag, check_params, cluste
                    workgroup_pow2, WEIGHT_DTYPES)
 from .moe_coopmat import coopmat_grouped_launches, node_gemm
 from .moe_grouped import expert_kernel, grouped_launches, grouped_scratch
-from .mul_mat import (QUANT, WORKGROUP, check_quant, check_staged_knobs, dequantize, quant_fields, regs_workgroup,
-                      rms_weight, staged_on)
+from .mul_mat import QUANT, check_quant, check_staged_knobs, dequantize, quant_fields, rms_weight, staged_on
 from .reduce_rows import reference_rms_norm
 
 MAX_TOP_K = 64
@@ -104,49 +103,7 @@ MUL_MAT_ID_UNROLL = knob_table(
     x_shared_split=(1, 'the staged sum (mode="sum"): clusters sharing an output block, the routes split among them '
                        'and their sums added in shared memory (a power of two ≤ the clusters a workgroup; spec '
                        'constant XSPLIT): that many times the workgroups. Where every route\'s x is staged at '
-                       'once and the clusters\' outputs are at most 256 (else 1). 1 until measured on a GPU'),
-    x_regs=(False, 'mode="swiglu" over quantised experts (beside an FP8 shared expert too) with x in registers '
-                   '(mul_mat_id.comp -D X_REGS): a workgroup owns whole rows, each invocation a fixed slice of x, '
-                   'the gate and up rows of a block of outputs loaded together, one workgroup reduction a block; no '
-                   'shared-memory reads in the hot loop. Where the rows are whole uvec4s (with the shared expert K % '
-                   '32 == 0), the device has subgroup arithmetic and a row is at most 4 uvec4s an invocation. Off '
-                   'until measured on a GPU; on, it comes before the staged kernel'),
-    x_regs_rows=(2, "x in registers: outputs a block (1, 2 or 4; spec constant XNR), their gate and up rows loaded "
-                    "together"),
-    x_regs_wg=(256, "x in registers: invocations a workgroup (a power of two ≤ 256; fewer where a row has fewer "
-                    "uvec4s)"),
-    x_regs_groups=(1024, "x in registers: workgroups per item at most (≥ 1); past it workgroups loop over blocks"),
-    x_regs_prefetch=(True, "x in registers: the next block's codes loaded before this one is computed and reduced"))
-
-
-def regs_expert_launch(device, fmt, mode: str, T: int, R: int, N: int, K: int, x_route_stride: int,
-                       shared: bool) -> tuple | None:
-    """(defines, spec, grid) of MUL_MAT_ID's SwiGLU with x in registers (knob mul_mat_id.x_regs), or
-    None where the knob is off, the mode is the sum, or it cannot run (rows not whole uvec4s, beside
-    an FP8 shared expert K % 32 != 0, regs_workgroup)."""
-    if not MUL_MAT_ID_UNROLL["x_regs"] or mode != "swiglu":
-        return None
-    nr, wg, groups, prefetch = (MUL_MAT_ID_UNROLL[k] for k in ("x_regs_rows", "x_regs_wg", "x_regs_groups",
-                                                                "x_regs_prefetch"))
-    if nr not in (1, 2, 4) or isinstance(nr, bool):
-        raise ValueError(f"tuning knob 'mul_mat_id.x_regs_rows' must be 1, 2 or 4, got {nr!r}")
-    if isinstance(wg, bool) or not isinstance(wg, int) or wg < 1 or wg > WORKGROUP or wg & (wg - 1):
-        raise ValueError(f"tuning knob 'mul_mat_id.x_regs_wg' must be a power of two ≤ {WORKGROUP}, got {wg!r}")
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-        raise ValueError(f"tuning knob 'mul_mat_id.x_regs_groups' must be an integer ≥ 1, got {groups!r}")
-    if not isinstance(prefetch, bool):
-        raise ValueError(f"tuning knob 'mul_mat_id.x_regs_prefetch' must be True or False, got {prefetch!r}")
-    words = fmt.words(K)
-    if words % 4 or (shared and K % 32):
-        return None
-    fit = regs_workgroup(device, words // 4, wg)
-    if fit is None:
-        return None
-    wg, xm = fit
-    routes_a_row = R if x_route_stride == 0 else 1
-    per_item = min(groups, routes_a_row * -(-N // nr))
-    grid = grid_1d(T * (R // routes_a_row) * per_item, 1)
-    return {"LANES_WORKGROUP": 1, "X_REGS": 1, "XM": xm}, (wg, 1, 1, 0, nr, 1, 1, groups, 1, int(prefetch)), grid
+                       'once and the clusters\' outputs are at most 256 (else 1). 1 until measured on a GPU'))
 
 
 def staged_expert_launch(device, fmt, mode: str, T: int, R: int, N: int, K: int, x_route_stride: int,
@@ -363,14 +320,6 @@ class MulMatId(OpDef):
         wide = bool(fmt) and load == 16 and "VEC4" in defs and K % (16 if fmt.bits == 8 else 32) == 0 and \
             all(a % 4 == 0 for a in (w.offset, w.strides[0], w.strides[1]))
         rows = (nr, int(wide))      # spec constants 2 (MODE_SUM's rows a cluster) and 3 (16-byte loads)
-        regs = regs_expert_launch(device, fmt, mode, T, R, cols, K, x.strides[1], bool(shared)) \
-            if fmt and "VEC4" in defs else None
-        if regs:
-            lane_defs, spec, grid = regs
-            for k in ("LANES", "LANES_SHUFFLE", "LANES_SUBGROUP_OPS", "LANES_WORKGROUP"):
-                defs.pop(k, None)
-            defs.update(lane_defs)
-            return [Launch("mul_mat_id", args, (out_index,), push, grid, defines=defs, spec=spec)]
         staged = staged_expert_launch(device, fmt, mode, T, R, cols, K, x.strides[1], g is not None, bool(shared)) \
             if fmt and "VEC4" in defs else None
         if staged:

@@ -494,21 +494,7 @@ GEMV_QUANT_ROWS = knob_table(
     x_shared_groups=(1024, "the staged GEMV: workgroups per batch item at most (≥ 1); past it clusters loop over "
                            "row blocks, so x is staged fewer times"),
     x_shared_wg=(256, "the staged GEMV: invocations a workgroup (a power of two ≤ 256; at least one cluster): "
-                      "smaller ones spread few rows (wq_a, wkv) over more workgroups, each staging x again"),
-    x_regs=(False, "the GEMV over quantised weights at one token with x in registers (-D X_REGS): a workgroup owns "
-                   "whole rows, each invocation a fixed slice of x loaded once, walking blocks of rows; no shared-"
-                   "memory reads in the hot loop. Where the rows are whole uvec4s, the device has subgroup "
-                   "arithmetic and a row is at most 4 uvec4s an invocation (else the kernels above). Off until "
-                   "measured on a GPU; on, it comes before the staged GEMV"),
-    x_regs_rows=(4, "x in registers: rows a workgroup computes together (1, 2, 4 or 8; spec constant NR): that many "
-                    "independent 16-byte code loads an invocation per slot, one workgroup reduction for all"),
-    x_regs_wg=(256, "x in registers: invocations a workgroup (a power of two ≤ 256; fewer where a row has fewer "
-                    "uvec4s of codes, at least a subgroup); a row's uvec4s an invocation (XM, 1, 2 or 4) follow"),
-    x_regs_groups=(1024, "x in registers: workgroups per batch item at most (≥ 1); past it workgroups loop over row "
-                         "blocks"),
-    x_regs_prefetch=(True, "x in registers: load the next row block's codes before computing and reducing this one "
-                           "(spec constant PREFETCH)"))
-X_REGS_MAX_SLOTS = 4                    # XM, a row's uvec4s an invocation keeps x for
+                      "smaller ones spread few rows (wq_a, wkv) over more workgroups, each staging x again"))
 GEMV_SPREAD = 1 << 18                   # (an H200 holds 132 SMs × 2048 invocations)
 GEMV_WG_MAX = 256
 
@@ -578,47 +564,6 @@ def staged_gemv_launch(device, fmt: QuantFormat, batch: int, N: int, K: int, nor
     per_item = min(groups, -(-blocks // clusters))
     defines = {**lane_defs, "X_SHARED": 1}
     return defines, (wg, unroll, nr, 0, xs), grid_1d(batch * per_item, 1), {"xs_groups": per_item}, extra
-
-
-def regs_gemv_launch(device, fmt: QuantFormat, batch: int, N: int, K: int) -> tuple | None:
-    """(defines, spec, grid, push fields) of the GEMV at one token with x in registers (mul_mat.comp
-    -D X_REGS), or None where the knob gemv_quant.x_regs is off or it cannot run: rows not whole
-    uvec4s of codes, no subgroup arithmetic, or more than X_REGS_MAX_SLOTS uvec4s of a row an
-    invocation at the largest workgroup."""
-    if not GEMV_QUANT_ROWS["x_regs"]:
-        return None
-    nr, wg, groups, prefetch = (GEMV_QUANT_ROWS[k] for k in ("x_regs_rows", "x_regs_wg", "x_regs_groups",
-                                                              "x_regs_prefetch"))
-    if nr not in (1, 2, 4, 8) or isinstance(nr, bool):
-        raise ValueError(f"tuning knob 'gemv_quant.x_regs_rows' must be 1, 2, 4 or 8, got {nr!r}")
-    if isinstance(wg, bool) or not isinstance(wg, int) or wg < 1 or wg > WORKGROUP or wg & (wg - 1):
-        raise ValueError(f"tuning knob 'gemv_quant.x_regs_wg' must be a power of two ≤ {WORKGROUP}, got {wg!r}")
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-        raise ValueError(f"tuning knob 'gemv_quant.x_regs_groups' must be an integer ≥ 1, got {groups!r}")
-    if not isinstance(prefetch, bool):
-        raise ValueError(f"tuning knob 'gemv_quant.x_regs_prefetch' must be True or False, got {prefetch!r}")
-    words = fmt.words(K)
-    fit = regs_workgroup(device, words // 4, wg) if words % 4 == 0 else None
-    if fit is None:
-        return None
-    wg, xm = fit
-    per_item = min(groups, -(-N // nr))
-    defines = {"LANES_WORKGROUP": 1, "X_REGS": 1, "XM": xm}
-    return defines, (wg, 1, nr, 0, 1, int(prefetch)), grid_1d(batch * per_item, 1), {"xs_groups": per_item}
-
-
-def regs_workgroup(device, ku: int, wg: int) -> tuple[int, int] | None:
-    """(workgroup size, XM) of a kernel with x in registers (-D X_REGS) over rows of ku uvec4s of codes
-    for the knob's workgroup size wg: no more invocations than the row's uvec4s (rounded down to a
-    power of two) but whole subgroups, XM the uvec4s of a row an invocation (a power of two); None
-    where the device has no subgroup arithmetic or a row needs more than X_REGS_MAX_SLOTS."""
-    wg_max = workgroup_cluster_max(device, WORKGROUP)
-    if not wg_max:
-        return None
-    sg = device.caps.subgroup.max_size
-    wg = max(min(wg, wg_max, 1 << (ku.bit_length() - 1)), min(sg, wg_max))
-    xm = next_pow2(-(-ku // wg))
-    return (wg, xm) if xm <= X_REGS_MAX_SLOTS else None
 
 
 def rms_weight(op, x, g, params):
@@ -723,15 +668,8 @@ class MulMat(OpDef):
             rows = b[0] * b[1] * -(-T // tb) * -(-N // nr)
             unroll = GEMV_UNROLL["unroll"] or (1 if is_cpu(device) else 4)
             wg_lanes = gemv_workgroup_lanes(device, rows, K)
-            one_token_quant = fmt and tb == 1 and "VEC4" in defines
-            regs = regs_gemv_launch(device, fmt, b[0] * b[1], N, K) if one_token_quant else None
-            if regs:
-                lane_defs, spec, grid, fields = regs
-                push |= fields
-                defines.update(lane_defs, MODE_GEMV=1, TB=1)
-                defines.update(fmt.define())
-                return [Launch("mul_mat", args, (2,), push, grid, defines=defines, spec=spec)]
-            staged = staged_gemv_launch(device, fmt, b[0] * b[1], N, K, g is not None) if one_token_quant else None
+            staged = staged_gemv_launch(device, fmt, b[0] * b[1], N, K, g is not None) \
+                if fmt and tb == 1 and "VEC4" in defines else None
             if staged:
                 lane_defs, spec, grid, fields, extra = staged
                 push |= fields
