@@ -15,12 +15,12 @@ Run as a script, the file is the subprocess worker for other lavapipe subgroup s
 """
 import dataclasses
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from lavapipe_child import worker_output
 from dsv4_vk.core.tuning import tuned
 from dsv4_vk.hc.metrics import max_abs, nmse
 from dsv4_vk.ops import get_op, moe_coopmat
@@ -370,11 +370,7 @@ def worker():
 def test_other_subgroup_sizes(width, subgroup, device):
     if "llvmpipe" not in device.name:
         pytest.skip(f"LP_NATIVE_VECTOR_WIDTH sets only lavapipe's subgroup size; the device is {device.name}")
-    env = dict(os.environ, LP_NATIVE_VECTOR_WIDTH=str(width))
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "worker"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=600)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-5000:]
+    out = worker_output(__file__, width)
     assert f"worker: subgroup size {subgroup}" in out and "worker: coopmat grouped ok" in out, out
 
 

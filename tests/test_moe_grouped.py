@@ -6,13 +6,12 @@ of the tile, the device's and a GPU's tile shapes.
 Run as a script, the file is the subprocess worker for other lavapipe subgroup sizes.
 """
 import dataclasses
-import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from lavapipe_child import worker_output
 from dsv4_vk import Executor, Graph
 from dsv4_vk.core.tuning import tuned
 from dsv4_vk.hc.metrics import max_abs, nmse
@@ -21,7 +20,6 @@ from dsv4_vk.ops import get_op
 from dsv4_vk.ops.moe_grouped import SORT_POOL, expert_kernel, reference_sort, sort_layout, tile_shape
 from dsv4_vk.ops.mul_mat import quant_arrays
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORMATS = ("f32", "bf16", "f16", "fp8", "fp4", "fp4+fp8")
 GPU_TILES = {"mul_mat_id_grouped.tokens": 64, "mul_mat_id_grouped.outputs": 64, "mul_mat_id_grouped.k_step": 32,
              "mul_mat_id_grouped.thread_tokens": 4, "mul_mat_id_grouped.thread_outputs": 4}
@@ -309,11 +307,7 @@ def worker():
 
 @pytest.mark.parametrize("width,subgroup", [(128, 4), (256, 8), (512, 16)])
 def test_other_subgroup_sizes(width, subgroup):
-    env = dict(os.environ, LP_NATIVE_VECTOR_WIDTH=str(width))
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "worker"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=600)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-5000:]
+    out = worker_output(__file__, width)
     assert f"worker: subgroup size {subgroup}" in out and "worker: grouped ok" in out, out
 
 

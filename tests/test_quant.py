@@ -9,12 +9,12 @@ Run as a script, the file is the subprocess worker for other lavapipe subgroup s
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 
 import ml_dtypes
 import numpy as np
 import pytest
+from lavapipe_child import worker_output
 from logits_check import logits_errors
 from safetensors.numpy import load_file, save_file
 
@@ -460,7 +460,7 @@ def check_staged_experts(rng, device=None, staged=None, shapes=STAGED_EXPERT_SHA
     op = get_op("MUL_MAT_ID")
     for fmt, D, F in shapes:
         T, E, n_ids, R = 2, 4, 6, 3
-        route = op_route = get_op("MOE_ROUTE").reference(rng.standard_normal((T, n_ids)), top_k=R).astype(np.float32)
+        route = get_op("MOE_ROUTE").reference(rng.standard_normal((T, n_ids)), top_k=R).astype(np.float32)
         route[1, 2, 0] = 99.0                           # not an expert id: NaN outputs for token 1
         route[0, :, 0] = [4, 1, 2]                      # expert 4: another part's (id_base 0, E = 4 here)
 
@@ -924,11 +924,7 @@ def worker():
 
 @pytest.mark.parametrize("width,subgroup", [(128, 4), (512, 16)])
 def test_other_subgroup_sizes(width, subgroup):
-    env = dict(os.environ, LP_NATIVE_VECTOR_WIDTH=str(width))
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "test_quant.py"), "worker"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=900)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-5000:]
+    out = worker_output(__file__, width, timeout=900)
     assert f"worker: subgroup size {subgroup}" in out and "worker: kernels ok" in out, out
     for name in FIXTURES:
         for fused in (True, False):
