@@ -228,18 +228,25 @@ def test_prefill_refuses_split_lists_and_a_device_without_room_for_a_key_row(mon
         get_op("MQA_ATTENTION").lower(g.nodes[-1], dev)
 
 
-@pytest.mark.parametrize("subgroup,shared,limit", [(32, 49152, 48 * 1024), (8, 32768, 32 * 1024),
-                                                   (4, 32768, 32 * 1024), (16, 32768, 32 * 1024)])
-def test_the_default_tiles_fit_the_devices_shared_memory(monkeypatch, subgroup, shared, limit):
-    """V4-Flash widths (64 heads × 512): the default tile of 8 keys fits the GPU's 48 KiB and lavapipe's
-    32 KiB at every subgroup size (4 heads a cluster on GPUs); a tile asked for past the memory takes as
-    many as fit."""
+def device_as(monkeypatch, subgroup: int, shared: int):
+    """(the default device, whether it now counts as a GPU) with its subgroup size and shared memory
+    set as given; 48 KiB or more counts as a GPU (the H200's), less as a CPU device (lavapipe's)."""
     dev = default_device()
     sg = dataclasses.replace(dev.caps.subgroup, size=subgroup, min_size=subgroup, max_size=subgroup)
     lim = dataclasses.replace(dev.caps.limits, max_shared_memory=shared)
     monkeypatch.setattr(dev, "caps", dataclasses.replace(dev.caps, subgroup=sg, limits=lim))
     gpu = shared >= 49152
     monkeypatch.setattr(v4_attention, "is_cpu", lambda device: not gpu)
+    return dev, gpu
+
+
+@pytest.mark.parametrize("subgroup,shared,limit", [(32, 49152, 48 * 1024), (8, 32768, 32 * 1024),
+                                                   (4, 32768, 32 * 1024), (16, 32768, 32 * 1024)])
+def test_the_default_tiles_fit_the_devices_shared_memory(monkeypatch, subgroup, shared, limit):
+    """V4-Flash widths (64 heads × 512): the default tile of 8 keys fits the GPU's 48 KiB and lavapipe's
+    32 KiB at every subgroup size (4 heads a cluster on GPUs); a tile asked for past the memory takes as
+    many as fit."""
+    dev, gpu = device_as(monkeypatch, subgroup, shared)
     plan = v4_attention.mqa_prefill_plan(dev, 512, 64)
     assert plan["tile"] == 8 and plan["shared_bytes"] + 64 <= limit
     assert plan["heads"] == (4 if gpu else 2)
@@ -461,12 +468,7 @@ def test_coopmat_kernels_refuse_what_they_cannot_run(tune, monkeypatch):
 def test_the_coopmat_defaults_fit_the_devices_shared_memory(monkeypatch, subgroup, shared, limit):
     """V4-Flash widths (64 heads × 512): the GPU's default tile of 32 keys fits 48 KiB, lavapipe's of 16
     its 32 KiB; more head tiles a workgroup take smaller tiles to fit."""
-    dev = default_device()
-    sg = dataclasses.replace(dev.caps.subgroup, size=subgroup, min_size=subgroup, max_size=subgroup)
-    lim = dataclasses.replace(dev.caps.limits, max_shared_memory=shared)
-    monkeypatch.setattr(dev, "caps", dataclasses.replace(dev.caps, subgroup=sg, limits=lim))
-    gpu = shared >= 49152
-    monkeypatch.setattr(v4_attention, "is_cpu", lambda device: not gpu)
+    dev, gpu = device_as(monkeypatch, subgroup, shared)
     plan = v4_attention.mqa_prefill_coopmat_plan(dev, 512, 64)
     assert plan["tile"] == (32 if gpu else 16) and plan["shared_bytes"] <= limit
     assert plan["workgroup"] == 128 and plan["hd_pad"] == 512
