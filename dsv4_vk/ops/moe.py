@@ -8,8 +8,8 @@ from .base import (Launch, OpDef, check_finite, check_flag, check_params, cluste
                    next_pow2, nonempty, register, unit_last, view_fields, weight_defines, workgroup_cluster_max,
                    workgroup_pow2, WEIGHT_DTYPES)
 from .moe_coopmat import coopmat_grouped_launches, node_gemm
-from .moe_grouped import expert_kernel, grouped_launches, grouped_scratch
-from .mul_mat import QUANT, check_quant, check_staged_knobs, dequantize, quant_fields, rms_weight, staged_on
+from .moe_grouped import expert_fields, expert_kernel, grouped_launches, grouped_scratch
+from .mul_mat import QUANT, check_quant, check_staged_knobs, dequantize, rms_weight, staged_on
 from .reduce_rows import reference_rms_norm
 
 MAX_TOP_K = 64
@@ -282,17 +282,9 @@ class MulMatId(OpDef):
         if all(a % 4 == 0 for a in aligned):
             defs["VEC4"] = 1
         o_strides = list(out.strides) if mode == "swiglu" else [out.strides[0], out.strides[1], 0]
-        push = {"T": T, "R": R, "N": cols, "K": K, "E": E, "id_base": id_base, "n_ids": n_ids,
-                **view_fields("x", x.offset, x.strides[:2]), **view_fields("w", w.offset, w.strides[:2]),
+        push = {"T": T, "R": R, "N": cols, **expert_fields(node, x, w, g, fmt, shared, id_base, n_ids),
                 **view_fields("r", route.offset, route.strides), **view_fields("d", out.offset, o_strides),
-                **view_fields("a", *((add.offset, add.strides) if add is not None else (0, (0, 0)))),
-                "limit": float(node.params.get("limit", np.inf))}
-        if g is not None:
-            push |= {"g_off": g.offset, "eps": float(node.params["rms_eps"])}
-        if fmt:
-            push |= quant_fields(fmt, K, node.params.get("grid_rows", N))
-        if shared:
-            push["s_rows"] = node.params.get("shared_grid_rows", N)
+                **view_fields("a", *((add.offset, add.strides) if add is not None else (0, (0, 0))))}
         args = [x, w, route] + ([add] if add is not None else []) + [out] + ([g] if g is not None else [])
         out_index = len(args) - 1 - (g is not None)
         if fmt:

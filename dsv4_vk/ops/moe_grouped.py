@@ -146,18 +146,26 @@ def gemm_fields(node, x, w, route, d_view: dict, g, shared, fmt, mode: str, lay:
     take the same ones): the mode, weight type, shared FP8 expert and folded norm; shapes, views, the
     sort's layout and the quantised weights' fields. d_view: where the GEMM writes (the output, or the
     routes' products of the sum)."""
-    T, R, _ = route.shape
-    E, Nw, K = w.shape[0], w.shape[1], x.shape[-1]
+    R, Nw = route.shape[1], w.shape[1]
     defs: dict = {f"MODE_{mode.upper()}": 1}
     defs.update(fmt.define() if fmt else weight_defines(w))
     if shared:
         defs["SHARED_FP8"] = 1
     if g is not None:
         defs["NORM_X"] = 1
-    push = {"R": R, "N": Nw // 2 if mode == "swiglu" else Nw, "K": K, "E": E, "id_base": id_base, "n_ids": n_ids,
-            **view_fields("x", x.offset, x.strides[:2]), **view_fields("w", w.offset, w.strides[:2]),
+    push = {"R": R, "N": Nw // 2 if mode == "swiglu" else Nw, **expert_fields(node, x, w, g, fmt, shared, id_base, n_ids),
             "r_off": route.offset, "r_s0": route.strides[0], "r_s1": route.strides[1], **d_view,
-            "s_off": 0, "TILE0": lay["TILE0"], "LIST0": lay["LIST0"], "EL": B - 1,
+            "s_off": 0, "TILE0": lay["TILE0"], "LIST0": lay["LIST0"], "EL": B - 1}
+    return defs, push
+
+
+def expert_fields(node, x, w, g, fmt, shared, id_base: int, n_ids: int) -> dict:
+    """The push fields every MUL_MAT_ID kernel takes alike (the per-route ones and the grouped GEMMs):
+    K, the experts held (E, id_base, n_ids), x's and w's views, the SwiGLU's limit, the folded norm's
+    weight and eps, the quantised weights' fields and the shared FP8 expert's scale-grid rows."""
+    E, Nw, K = w.shape[0], w.shape[1], x.shape[-1]
+    push = {"K": K, "E": E, "id_base": id_base, "n_ids": n_ids,
+            **view_fields("x", x.offset, x.strides[:2]), **view_fields("w", w.offset, w.strides[:2]),
             "limit": float(node.params.get("limit", np.inf))}
     if g is not None:
         push |= {"g_off": g.offset, "eps": float(node.params["rms_eps"])}
@@ -165,7 +173,7 @@ def gemm_fields(node, x, w, route, d_view: dict, g, shared, fmt, mode: str, lay:
         push |= quant_fields(fmt, K, node.params.get("grid_rows", Nw))
     if shared:
         push["s_rows"] = node.params.get("shared_grid_rows", Nw)
-    return defs, push
+    return push
 
 
 def grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt, mode: str, id_base: int,
