@@ -64,17 +64,22 @@ from dsv4_vk.ops.mul_mat import QUANT, dequantize, quant_arrays
 from dsv4_vk.vk import default_device
 
 
-def make_experts(fmt, E, N, K, rng):
-    """(arrays: w[, scale bytes], op params, bytes of one expert) of E random N × K experts."""
-    if fmt == "bf16":
-        w = (rng.standard_normal((E, N, K), dtype=np.float32) / np.sqrt(K)).astype(BF16)
-        return [w], {}, N * K * 2
+def random_codes(fmt, E, N, K, rng):
+    """(codes, scale bytes) of E random N × K experts in FP8 / FP4 (no NaN codes, scales 2^−27..2^−18)."""
     q = QUANT[fmt]
     codes = rng.integers(0, 256, (E, N, K * q.bits // 8), dtype=np.uint8)
     if fmt == "fp8":
         codes[(codes & 0x7F) == 0x7F] = 0x38
     sr, sc = q.grid(N, K)
-    scale = rng.integers(100, 110, (E, sr, sc), dtype=np.uint8)
+    return codes, rng.integers(100, 110, (E, sr, sc), dtype=np.uint8)
+
+
+def make_experts(fmt, E, N, K, rng):
+    """(arrays: w[, scale bytes], op params, bytes of one expert) of E random N × K experts."""
+    if fmt == "bf16":
+        w = (rng.standard_normal((E, N, K), dtype=np.float32) / np.sqrt(K)).astype(BF16)
+        return [w], {}, N * K * 2
+    codes, scale = random_codes(fmt, E, N, K, rng)
     words, sw = quant_arrays(codes, scale)
     return [words, sw], {"wq": fmt}, (codes.nbytes + scale.nbytes) // E
 
@@ -99,18 +104,13 @@ def op_graph(mode, w, params, per_expert, K, route, norm, rng):
 
 def prefill_experts(fmt, E, N, K, rng):
     """(graph arrays: w and the extra inputs, op params, dequantise(e) -> float64 [N, K] of expert e)
-    of E random N × K experts (quantised: random codes, scales around 2^−20; bf16: random magnitudes
+    of E random N × K experts (quantised: random_codes; bf16: random magnitudes
     in [2^−7, 2^−3), drawn as bits)."""
     if fmt == "bf16":
         bits = (rng.integers(0, 1 << 16, (E, N, K), dtype=np.uint16) & 0x81FF) | 0x3C00
         w = bits.view(BF16)
         return [w], [], {}, lambda e: w[e].astype(np.float64)
-    q = QUANT[fmt]
-    codes = rng.integers(0, 256, (E, N, K * q.bits // 8), dtype=np.uint8)
-    if fmt == "fp8":
-        codes[(codes & 0x7F) == 0x7F] = 0x38
-    sr, sc = q.grid(N, K)
-    scale = rng.integers(100, 110, (E, sr, sc), dtype=np.uint8)
+    codes, scale = random_codes(fmt, E, N, K, rng)
     words, sw = quant_arrays(codes, scale)
     return [words], [sw], {"wq": fmt}, lambda e: dequantize(fmt, *quant_arrays(codes[e], scale[e]), K, 1)
 
