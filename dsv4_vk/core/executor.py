@@ -166,7 +166,8 @@ class CompiledGraph:
                 if s.kind == "param":
                     self.buffers[id(s)] = self._param_buffer(s, params)
                     continue
-                buf = guarded_buffer(device, s.numel, s.data if s.kind == "const" else None, size=itemsize(s.dtype))
+                data = s.data if s.kind == "const" else np.zeros(s.numel, DTYPES[s.dtype]) if s.zeroed else None
+                buf = guarded_buffer(device, s.numel, data, size=itemsize(s.dtype))
                 self.buffers[id(s)] = buf
                 self._owned.append(buf)
             self.recording, self.dispatch_details = record_graph(device, graph, self.buffers, self.timestamps,

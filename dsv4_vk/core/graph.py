@@ -116,12 +116,19 @@ class Graph:
         s = self._scratch[pool]
         return GraphTensor(self, s, (s.numel,))
 
-    def _need_scratch(self, pool: str, numel: int, dtype: str) -> None:
+    def _need_scratch(self, pool: str, numel: int, dtype: str, *how: str) -> None:
+        if how not in ((), ("zeroed",)):
+            raise ValueError(f"scratch pool {pool!r}: expected (elements, dtype) or (elements, dtype, 'zeroed'), "
+                             f"got the extra {how!r}")
+        zeroed = bool(how)
         s = self._scratch.get(pool)
         if s is None:
-            self._scratch[pool] = self._storage(max(int(numel), 1), dtype, "temp", f"scratch:{pool}")
-        elif s.dtype != dtype:
-            raise ValueError(f"scratch pool {pool!r} asked for as {dtype}, it is {s.dtype}")
+            s = self._storage(max(int(numel), 1), dtype, "temp", f"scratch:{pool}")
+            s.zeroed = zeroed
+            self._scratch[pool] = s
+        elif s.dtype != dtype or s.zeroed != zeroed:
+            raise ValueError(f"scratch pool {pool!r} asked for as {dtype}{' zeroed' * zeroed}, it is "
+                             f"{s.dtype}{' zeroed' * s.zeroed}")
         else:
             s.numel = max(s.numel, int(numel))
 
@@ -150,8 +157,8 @@ class Graph:
                                  f"param), got a {inputs[i].storage.kind} tensor")
         shape, dtype = op.infer(list(inputs), params)
         with tuned(self.tuning):
-            for pool, (numel, sdtype) in op.scratch(list(inputs), params).items():
-                self._need_scratch(pool, numel, sdtype)
+            for pool, (numel, sdtype, *how) in op.scratch(list(inputs), params).items():
+                self._need_scratch(pool, numel, sdtype, *how)
         if out is None:
             out = self.empty(shape, dtype)
         elif tuple(out.shape) != tuple(shape) or out.dtype != dtype:

@@ -59,11 +59,14 @@ class OpDef:
         """numpy float64 result for the same inputs and params."""
         raise NotImplementedError
 
-    def scratch(self, inputs: list, params: dict[str, Any]) -> dict[str, tuple[int, str]]:
+    def scratch(self, inputs: list, params: dict[str, Any]) -> dict[str, tuple]:
         """Working memory the op's launches need beside its output, {pool: (elements, dtype)} (none by
         default). A graph keeps one temp storage per pool name, as large as the largest request, shared
         by the nodes that ask for it (they run one after another, the recorder's barriers between
-        them); `lower` reaches it with node.output.graph.scratch(pool). Asked under the graph's tuning."""
+        them); `lower` reaches it with node.output.graph.scratch(pool). Asked under the graph's tuning.
+        (elements, dtype, "zeroed"): the pool is zero when the program is built, and every launch
+        that writes it must leave it zero when it ends (the "last workgroup" counters of
+        shaders/last_group.glsl reset themselves), so each replay finds it zero again."""
         return {}
 
     def __repr__(self) -> str:

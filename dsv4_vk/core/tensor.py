@@ -23,10 +23,12 @@ MAX_DIMS = 4
 
 
 class Storage:
-    """Backing memory of one or more tensors; kind is input / const / temp / output."""
+    """Backing memory of one or more tensors; kind is input / const / temp / output. zeroed (temps):
+    set to zero when a program is built from the graph (the ops' counters; OpDef.scratch)."""
 
-    def __init__(self, numel, dtype, kind, name=None, data=None):
+    def __init__(self, numel, dtype, kind, name=None, data=None, zeroed=False):
         self.numel, self.dtype, self.kind, self.name, self.data = int(numel), dtype, kind, name, data
+        self.zeroed = bool(zeroed)
 
     @property
     def nbytes(self):
