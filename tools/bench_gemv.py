@@ -15,6 +15,9 @@ mat-mul `--repeat` times back to back (a timestamp before and after only), after
     . .vkdev/enter.sh; python3 tools/bench_gemv.py --formats bf16,fp8,fp4 --shapes wq_b,wo_b,wo_a,wq_a,wkv \
         --spread -1 --unroll 4 --x-shared 0,1 --xs-rows 1,2,4 --xs-unroll 2 --xs-wg 64,256 \
         --json $OUT/gemv_xshared.json
+--cold: each GEMV of a recording reads its own copy of the weights (copies spanning 512 MiB, barriers
+between them as in the model), so the weights come from device memory as in the decode step rather
+than partly from the L2 cache, as a matrix repeated back to back does.
 Quantised weights: --x-shared 0,1 puts the staged GEMV (knob gemv_quant.x_shared: x in shared memory,
 16-byte code loads, persistent clusters) beside the word-load GEMV in the same run, its own knobs
 (gemv_quant.x_shared_rows / _unroll / _groups / _wg) swept by --xs-rows, --xs-unroll, --xs-groups,
@@ -35,6 +38,7 @@ from dsv4_vk.ops.mul_mat import QUANT, quant_arrays
 from dsv4_vk.vk import default_device
 
 # (label, N outputs, K inputs): the head, q's up-projection, o's two, q's and kv's down-projections
+COLD_BYTES = 512 << 20
 SHAPES = [("head", 129280, 4096), ("wq_b", 32768, 1024), ("wo_b", 4096, 8192), ("wo_a", 8192, 4096),
           ("wq_a", 1024, 4096), ("wkv", 512, 4096)]
 
@@ -53,14 +57,26 @@ def make_weights(fmt, N, K, rng):
     return [words, sw], {"wq": fmt}, codes.nbytes + scale.nbytes
 
 
-def gemv_graph(weights, params, K, norm, rng):
-    """(graph, inputs) of one GEMV over the weights (the norm folded in or not), built under the
-    current tuning (a graph keeps the knobs it was built with)."""
+def gemv_graph(weights, params, K, norm, rng, copies=1):
+    """(graph, inputs) of `copies` GEMVs one after another (each writes the same output: a barrier
+    between them), each over its own copy of the weights (the norm folded in or not), built under
+    the current tuning (a graph keeps the knobs it was built with)."""
     g = Graph()
+    x = g.input("x", (1, K))
     norm_w = [g.const(rng.standard_normal(K).astype(np.float32))] if norm else []
-    args = [g.input("x", (1, K)), g.const(weights[0])] + norm_w + [g.const(a) for a in weights[1:]]
-    g.output("y", g.op("MUL_MAT", *args, **params, **({"rms_eps": 1e-6} if norm else {})))
+    y = None
+    for _ in range(copies):
+        args = [x, g.const(weights[0])] + norm_w + [g.const(a) for a in weights[1:]]
+        y = g.op("MUL_MAT", *args, **params, **({"rms_eps": 1e-6} if norm else {}), out=y)
+    g.output("y", y)
     return g, {"x": rng.standard_normal((1, K)).astype(np.float32)}
+
+
+def cold_copies(cold: bool, nbytes: int) -> int:
+    """Copies of the weights a timed recording cycles through: with --cold enough that they span
+    COLD_BYTES, so each GEMV reads its weights from device memory as the decode step does (the same
+    matrix repeated back to back would stay partly in the GPU's L2 cache: the H200 has 50 MB)."""
+    return max(1, -(-COLD_BYTES // nbytes)) if cold else 1
 
 
 def kernel_used(launch, knobs):
@@ -119,6 +135,8 @@ def main(argv=None):
     ap.add_argument("--xs-unroll", default="2", help="staged GEMV: uvec4 steps a lane loads together to sweep")
     ap.add_argument("--xs-groups", default="1024", help="staged GEMV: workgroups at most to sweep")
     ap.add_argument("--xs-wg", default="256", help="staged GEMV: invocations a workgroup to sweep (powers of two ≤ 256)")
+    ap.add_argument("--cold", action="store_true", help="each GEMV reads its own copy of the weights, the copies "
+                    f"spanning {COLD_BYTES >> 20} MiB: read from device memory, not the L2 cache (as in the decode step)")
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
@@ -134,13 +152,14 @@ def main(argv=None):
                 weights, params, nbytes = make_weights(fmt, N, K, rng)
             for knobs in configs(a, fmt):
                 with tuned(knobs):
-                    g, inputs = gemv_graph(weights, params, K, norm, rng)
-                    (launch,) = [launch for node in g.nodes for launch in node.op.lower(node, dev)]
+                    copies = cold_copies(a.cold, nbytes)
+                    g, inputs = gemv_graph(weights, params, K, norm, rng, copies)
+                    launch = g.nodes[0].op.lower(g.nodes[0], dev)[0]
                     kind, how = kernel_used(launch, knobs)
                     # named before it runs: a run that stops the device leaves its variant on screen
                     print(f"{fmt:4s} {label:5s} ({N:6d}, {K:5d}){' +norm' if norm else '      '} {how:34s} ", end="",
                           flush=True)
-                    us = median_gpu_us(dev, g, inputs, a.replays, warm, a.repeat)
+                    us = median_gpu_us(dev, g, inputs, a.replays, warm, a.repeat) / copies
                 gbps = nbytes / (us * 1e3)
                 words = kind == "words"
                 rows.append({"format": fmt, "shape": label, "N": N, "K": K, "norm": norm,
@@ -152,12 +171,12 @@ def main(argv=None):
                              "x_shared": kind == "staged",
                              "xs_rows": knobs["gemv_quant.x_shared_rows"], "xs_unroll": knobs["gemv_quant.x_shared_unroll"],
                              "xs_groups": knobs["gemv_quant.x_shared_groups"], "xs_wg": knobs["gemv_quant.x_shared_wg"],
-                             "bytes": nbytes, "us": us,
+                             "bytes": nbytes, "us": us, "weight_copies": copies,
                              "gbps": gbps, "pct_copy": 100 * gbps / copy})
                 print(f"{us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy", flush=True)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"device": dev.name, "copy_gbps": copy, "rows": rows}, f, indent=1)
+            json.dump({"device": dev.name, "copy_gbps": copy, "cold": a.cold, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

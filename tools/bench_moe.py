@@ -21,7 +21,9 @@ timestamp before and after only), after the clock warm-up.
     . .vkdev/enter.sh; python3 tools/bench_moe.py --prefill 512,2048 --formats bf16,fp4+fp8 \
         --cm-tiles "16x64x16x32x32;16x64x16x32x32x4;16x128x16x32x32;64x64x32x32x32;64x64x32x32x64;128x64x64x32x32" \
         --json $OUT/moe_prefill_coopmat.json
-(quantised experts load one route at a time: --routes 1). Quantised experts: --x-shared 0,1 puts
+(quantised experts load one route at a time: --routes 1). --cold: the one-token rows' ops cycle
+through disjoint route sets, so each reads its experts from device memory as the decode step does
+(the same routes back to back leave them partly in the L2 cache). Quantised experts: --x-shared 0,1 puts
 MUL_MAT_ID's staged kernel (knob mul_mat_id.x_shared: x in shared memory, 16-byte code loads) beside
 the other one in the same run, its knobs (mul_mat_id.x_shared_rows / _unroll / _groups) swept by
 --xs-rows, --xs-unroll, --xs-groups; the other knobs apply to the other rows only. --xs-split sweeps the
@@ -84,22 +86,43 @@ def make_experts(fmt, E, N, K, rng):
     return [words, sw], {"wq": fmt}, (codes.nbytes + scale.nbytes) // E
 
 
-def op_graph(mode, w, params, per_expert, K, route, norm, rng):
-    """(graph, inputs, weight bytes read): the SwiGLU (optionally with the FFN norm) or the sum,
-    over experts of K inputs."""
-    R = route.shape[1]
+def op_graph(mode, w, params, per_expert, K, routes, norm, rng):
+    """(graph, inputs, weight bytes read by one op): the SwiGLU (optionally with the FFN norm) or the
+    sum, over experts of K inputs, once per route table in `routes` (one after another, each writing
+    the same output: a barrier between them)."""
+    R = routes[0].shape[1]
     g = Graph()
     scale = [g.const(a) for a in w[1:]]
+    w0 = g.const(w[0])
     if mode == "swiglu":
+        xin = g.input("x", (1, 1, K))
         extra = ([g.const(rng.standard_normal(K).astype(np.float32))], {"rms_eps": 1e-6}) if norm else ([], {})
-        g.output("y", g.op("MUL_MAT_ID", g.input("x", (1, 1, K)), g.const(w[0]), g.const(route), *extra[0], *scale,
-                           mode="swiglu", limit=10.0, **extra[1], **params))
+        y = None
+        for route in routes:
+            y = g.op("MUL_MAT_ID", xin, w0, g.const(route), *extra[0], *scale, mode="swiglu", limit=10.0,
+                     **extra[1], **params, out=y)
         x = rng.standard_normal((1, 1, K)).astype(np.float32)
     else:
-        g.output("y", g.op("MUL_MAT_ID", g.input("x", (1, R, K)), g.const(w[0]), g.const(route), *scale, mode="sum",
-                           **params))
+        xin, y = g.input("x", (1, R, K)), None
+        for route in routes:
+            y = g.op("MUL_MAT_ID", xin, w0, g.const(route), *scale, mode="sum", **params, out=y)
         x = rng.standard_normal((1, R, K)).astype(np.float32)
+    g.output("y", y)
     return g, {"x": x}, R * per_expert
+
+
+def decode_routes(E: int, R: int, cold: bool, rng) -> list:
+    """Route tables [1, R, 2] (expert id, weight) for the one-token rows: one, or with --cold one per
+    disjoint set of R experts (as many as E holds), so that consecutive ops read other experts'
+    weights from device memory rather than the last op's from the L2 cache."""
+    order = rng.permutation(E)
+    out = []
+    for i in range(E // R if cold else 1):
+        route = np.zeros((1, R, 2), np.float32)
+        route[0, :, 0] = order[i * R:(i + 1) * R]
+        route[0, :, 1] = rng.random(R)
+        out.append(route)
+    return out
 
 
 def prefill_experts(fmt, E, N, K, rng):
@@ -222,6 +245,9 @@ def main(argv=None):
     ap.add_argument("--xs-groups", default="1024", help="staged SwiGLU: workgroups a token at most to sweep")
     ap.add_argument("--xs-split", default="1", help="staged sum: clusters sharing an output block, the routes "
                     "split among them, to sweep (powers of two)")
+    ap.add_argument("--cold", action="store_true", help="one token: the ops of a recording cycle through disjoint "
+                    "sets of routes (--experts // --routes-per-token of them), so each reads its experts from device "
+                    "memory, not the L2 cache (as in the decode step)")
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
     ap.add_argument("--prefill", help="prefill chunks of these token counts (T,T,...) instead of one token: the "
                     "per-route and the grouped kernels")
@@ -237,9 +263,7 @@ def main(argv=None):
     dev = default_device()
     rng = np.random.default_rng(0)
     E, R, D, Fd = a.experts, a.routes_per_token, a.d, a.f
-    route = np.zeros((1, R, 2), np.float32)
-    route[0, :, 0] = rng.permutation(E)[:R]
-    route[0, :, 1] = rng.random(R)
+    routes = decode_routes(E, R, a.cold, rng)
     unrolls = [int(u) for u in a.unroll.split(",")]
     rows = []
     with F.ClockWarmer(dev, F.default_warm_ms(dev) if a.warm_ms is None else a.warm_ms) as warm:
@@ -268,8 +292,8 @@ def main(argv=None):
             for mode, (w, params, per_expert), norm, knobs in cases:
                 K = D if mode == "swiglu" else Fd
                 with tuned({f"mul_mat_id.{k}": v for k, v in knobs.items()}):
-                    g, inputs, nbytes = op_graph(mode, w, params, per_expert, K, route, norm, rng)
-                    (launch,) = [launch for node in g.nodes for launch in node.op.lower(node, dev)]
+                    g, inputs, nbytes = op_graph(mode, w, params, per_expert, K, routes, norm, rng)
+                    launch = g.nodes[0].op.lower(g.nodes[0], dev)[0]
                     staged = "X_SHARED" in launch.defines
                     # the staged sum's routes staged at a time and split used (spec constants 6, 8)
                     xrg, split = launch.spec[6:9:2] if staged and mode == "sum" else (None, None)
@@ -282,16 +306,16 @@ def main(argv=None):
                                f"wg={knobs.get('wg') or '-':3} rows={knobs.get('rows', 1)} load={knobs['load']:2d}")
                     # named before it runs: a run that stops the device leaves its variant on screen
                     print(f"{fmt:4s} {mode:6s}{' +norm' if norm else '      '} {how:58s} ", end="", flush=True)
-                    us = median_gpu_us(dev, g, inputs, a.replays, warm, a.repeat)
+                    us = median_gpu_us(dev, g, inputs, a.replays, warm, a.repeat) / len(routes)
                 gbps = nbytes / (us * 1e3)
-                rows.append({"format": fmt, "mode": mode, "norm": norm, **knobs, "staged": staged,
+                rows.append({"format": fmt, "mode": mode, "norm": norm, **knobs, "staged": staged, "route_sets": len(routes),
                              "split_used": split, "x_rows_staged": xrg,
                              "bytes": nbytes,
                              "us": us, "gbps": gbps, "pct_copy": 100 * gbps / copy})
                 print(f"{us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy", flush=True)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"device": dev.name, "copy_gbps": copy, "experts": E, "routes_per_token": R, "d": D, "f": Fd,
+            json.dump({"device": dev.name, "copy_gbps": copy, "cold": a.cold, "experts": E, "routes_per_token": R, "d": D, "f": Fd,
                        "prefill": a.prefill, "rows": rows}, f, indent=1)
 
 
