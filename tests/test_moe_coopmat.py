@@ -24,7 +24,7 @@ from lavapipe_child import worker_output
 from dsv4_vk.core.tuning import tuned
 from dsv4_vk.hc.metrics import max_abs, nmse
 from dsv4_vk.ops import get_op, moe_coopmat
-from dsv4_vk.ops.mul_mat import coopmat_unavailable
+from dsv4_vk.ops.base import coopmat_unavailable
 from dsv4_vk.ops.reduce_rows import reference_rms_norm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -179,7 +179,7 @@ def test_coopmat_fma_grouped_fp4_scale_spread(rng, device):
     weights (1e-5 of the exact product relative to its terms), beside rows that span 26 (staged exactly:
     the fp16-rounded x's product to f32 summation error)."""
     from dsv4_vk.model.checkpoint import quantize
-    from dsv4_vk.ops.mul_mat import dequantize, quant_arrays
+    from dsv4_vk.ops.quant import dequantize, quant_arrays
     op = get_op("MUL_MAT_ID")
     T, E, top_k, K, N = 17, 4, 2, 128, 20
     route = skewed_route(rng, T, E, top_k)

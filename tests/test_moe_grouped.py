@@ -18,7 +18,7 @@ from dsv4_vk.hc.metrics import max_abs, nmse
 from dsv4_vk.model.checkpoint import BF16, quantize
 from dsv4_vk.ops import get_op
 from dsv4_vk.ops.moe_grouped import SORT_POOL, expert_kernel, reference_sort, sort_layout, tile_shape
-from dsv4_vk.ops.mul_mat import quant_arrays
+from dsv4_vk.ops.quant import quant_arrays
 
 FORMATS = ("f32", "bf16", "f16", "fp8", "fp4", "fp4+fp8")
 GPU_TILES = {"mul_mat_id_grouped.tokens": 64, "mul_mat_id_grouped.outputs": 64, "mul_mat_id_grouped.k_step": 32,
@@ -62,7 +62,7 @@ def weights(rng, fmt, E, N, K, grid_rows=None):
 
 
 def dequant(words, scale, fmt, K, E, N, grid_rows):
-    from dsv4_vk.ops.mul_mat import dequantize
+    from dsv4_vk.ops.quant import dequantize
     return dequantize(fmt, words, scale, K, E * N // (grid_rows or N)).reshape(E, N, K)
 
 

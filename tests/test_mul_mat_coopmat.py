@@ -22,8 +22,8 @@ from dsv4_vk.core.graph import Graph
 from dsv4_vk.core.tuning import tuned
 from dsv4_vk.hc.metrics import max_abs, nmse
 from dsv4_vk.model.checkpoint import BF16
-from dsv4_vk.ops import get_op
-from dsv4_vk.ops import mul_mat
+from dsv4_vk.ops import mul_mat, mul_mat_coopmat, quant
+from dsv4_vk.ops.base import coopmat_unavailable
 from dsv4_vk.vk.caps import CoopMatShape
 from dsv4_vk.vk import default_device
 
@@ -154,7 +154,7 @@ def range_inputs(rng, T=20, K=96, N=24):
 def test_coopmat_range_past_fp16(device, rng, kernel, scales):
     """Rows far past fp16's range both ways: each output matches float64 relative to its own row and
     column's magnitude (the scales are per row), where fp16 without them would hold inf or 0."""
-    if kernel == "coopmat" and mul_mat.coopmat_unavailable(device):
+    if kernel == "coopmat" and coopmat_unavailable(device):
         kernel = "coopmat_fma"                  # no matrix units here: the same data flow with FMA products
     x, w = range_inputs(rng)
     with np.errstate(over="ignore"):
@@ -214,7 +214,7 @@ def test_coopmat_on_the_matrix_units_or_their_fma_twin(device, rng):
     automatic choice at T ≥ coopmat.min_tokens (coopmat.auto on); where the device
     has no matrix units (lavapipe) the same checks run on coopmat_fma at the small cases and tiles that
     fit it, and the automatic choice keeps the f32 lanes."""
-    units = not mul_mat.coopmat_unavailable(device)
+    units = not coopmat_unavailable(device)
     kernel = "coopmat" if units else "coopmat_fma"
     wide = [(512, 4096, 1024), (100, 1024, 512)] if units else []       # (the FMA twin: too slow on a CPU)
     check_coopmat(kernel, rng, CASES + wide if units else CASES[:3], {})
@@ -301,7 +301,7 @@ def test_info_names_the_mul_mat_kernel(device):
                            env={**os.environ, **env})
         assert r.returncode == 0, r.stderr
         return next(ln for ln in r.stdout.splitlines() if ln.startswith(prefix))
-    units = mul_mat.coopmat_unavailable(device) is None
+    units = coopmat_unavailable(device) is None
     line = info_line()
     assert line.startswith("MUL_MAT       512 tokens over bf16/f16 weights: "), line
     assert ("coopmat — matrix units: T ≥ 16 over bf16 weights, tiles" in line if units else
@@ -345,7 +345,7 @@ def test_coopmat_refusals(device, monkeypatch):
                        ({"coopmat.tokens": 128, "coopmat.outputs": 256, "coopmat.warp_tokens": 64,
                          "coopmat.warp_outputs": 64, "coopmat.buffers": 2}, "2 buffer.* B of shared memory")):
         with tuned(knobs), pytest.raises(ValueError, match=msg):
-            mul_mat.coopmat_spec(device, "coopmat_fma")
+            mul_mat_coopmat.coopmat_spec(device, "coopmat_fma")
 
 
 def test_the_cooperative_matrix_variant_compiles():
@@ -413,7 +413,7 @@ def test_model_logits_on_the_tensor_core_path_match_transformers(chunk):
     with tuned({"coopmat.emulate": True, "coopmat.auto": True}):
         m = Model(cfg, w, prefill_chunk=chunk)
     details = " ".join(m.compiled("prefill").dispatch_details)
-    assert "mul_mat_coopmat" in details and ("CM_NV" in details) == (mul_mat.coopmat_unavailable(m.device) is None)
+    assert "mul_mat_coopmat" in details and ("CM_NV" in details) == (coopmat_unavailable(m.device) is None)
     errs = logits_errors(m, e)
     assert max(errs) <= NMSE_MAX, f"{name}: NMSE per position {errs}"
 
@@ -448,7 +448,7 @@ def quant_weights(rng, fmt, N, K, scale=None, edit=None):
         edit(codes)
     if scale is not None:
         s = np.asarray(scale, np.uint8).reshape(s.shape)
-    words, sw = mul_mat.quant_arrays(codes, s)
+    words, sw = quant.quant_arrays(codes, s)
     return words, sw, dequant(fmt, codes, s)
 
 
@@ -605,20 +605,20 @@ def test_coopmat_tiling_follows_shared_memory(device, monkeypatch):
         return dataclasses.replace(device.caps.limits, max_shared_memory=shared, max_workgroup_invocations=1024,
                                    max_workgroup_size=(1024,) + device.caps.limits.max_workgroup_size[1:])
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, limits=limits(48 * 1024)))
-    assert mul_mat.coopmat_tiling(device) == dict(tokens=128, outputs=128, warp_tokens=64, warp_outputs=32,
+    assert mul_mat_coopmat.coopmat_tiling(device) == dict(tokens=128, outputs=128, warp_tokens=64, warp_outputs=32,
                                                   k_step=64, buffers=1, scales="pass", group=8)
-    assert mul_mat.coopmat_spec(device, "coopmat_fma", 8) == (256, 128, 128, 64, 32, 64, 1, 1, 8)
+    assert mul_mat_coopmat.coopmat_spec(device, "coopmat_fma", 8) == (256, 128, 128, 64, 32, 64, 1, 1, 8)
     with tuned({"coopmat.group": 2}):
-        assert mul_mat.coopmat_tiling(device)["group"] == 2
+        assert mul_mat_coopmat.coopmat_tiling(device)["group"] == 2
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, limits=limits(32 * 1024)))
-    assert mul_mat.coopmat_spec(device, "coopmat_fma", 8) == (128, 64, 128, 32, 64, 32, 1, 0, 1)
+    assert mul_mat_coopmat.coopmat_spec(device, "coopmat_fma", 8) == (128, 64, 128, 32, 64, 32, 1, 0, 1)
 
 
 @pytest.mark.parametrize("kernel", ["coopmat_fma", "coopmat"])
 def test_coopmat_quant_on_the_matrix_units_or_their_fma_twin(device, rng, kernel):
     """The quantised cases on the cooperative matrices where the device has them (and the 128 × 128 tiles
     with the model's widths there), else on coopmat_fma."""
-    units = not mul_mat.coopmat_unavailable(device)
+    units = not coopmat_unavailable(device)
     if kernel == "coopmat" and not units:
         kernel = "coopmat_fma"
     check_quant_coopmat(rng, kernel, QUANT_CASES[:2] + QUANT_CASES[4:6])
@@ -659,7 +659,7 @@ def test_model_gpu_bench_names_the_kernel_that_ran():
     cfg, w, _ = fixture("bf16")
     m = Model(cfg, w, prefill_chunk=16, tuning=Tuning({"coopmat.emulate": True}))
     kernels = bench.mul_mat_kernels(m)
-    ran = "coopmat" if mul_mat.coopmat_unavailable(m.device) is None else "coopmat_fma"
+    ran = "coopmat" if coopmat_unavailable(m.device) is None else "coopmat_fma"
     assert ran in kernels and ("mul_mat_coopmat" in " ".join(m.compiled("prefill").dispatch_details)), kernels
 
 

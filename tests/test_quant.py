@@ -25,7 +25,9 @@ from dsv4_vk.model import Model, V4Config
 from dsv4_vk.model.checkpoint import CheckpointError, QuantWeight, load_hf, write_random
 from dsv4_vk.model.config import ConfigError
 from dsv4_vk.ops import get_op
-from dsv4_vk.ops.mul_mat import COOPMAT, QUANT, coopmat_unavailable, quant_arrays
+from dsv4_vk.ops.base import coopmat_unavailable
+from dsv4_vk.ops.mul_mat_coopmat import COOPMAT
+from dsv4_vk.ops.quant import QUANT, quant_arrays
 from dsv4_vk.ops.reduce_rows import reference_rms_norm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -34,7 +34,7 @@ from dsv4_vk.cli.bench import median_gpu_us
 from dsv4_vk.core.graph import Graph
 from dsv4_vk.core.tuning import tuned
 from dsv4_vk.model.checkpoint import BF16
-from dsv4_vk.ops.mul_mat import QUANT, quant_arrays
+from dsv4_vk.ops.quant import QUANT, quant_arrays
 from dsv4_vk.vk import default_device
 
 # (label, N outputs, K inputs): the head, q's up-projection, o's two, q's and kv's down-projections

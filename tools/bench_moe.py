@@ -62,7 +62,7 @@ from dsv4_vk.hc.metrics import nmse
 from dsv4_vk.ops import get_op
 from dsv4_vk.ops.moe_coopmat import expert_gemm, tiling as cm_tiling
 from dsv4_vk.ops.moe_grouped import tile_shape
-from dsv4_vk.ops.mul_mat import QUANT, dequantize, quant_arrays
+from dsv4_vk.ops.quant import QUANT, dequantize, quant_arrays
 from dsv4_vk.vk import default_device
 
 

@@ -64,7 +64,10 @@ from dsv4_vk.core.graph import Graph
 from dsv4_vk.core.tuning import tuned
 from dsv4_vk.hc.metrics import nmse
 from dsv4_vk.model.checkpoint import BF16
-from dsv4_vk.ops.mul_mat import QUANT, coopmat_tiling, coopmat_unavailable, dequantize, pick_kernel, quant_arrays
+from dsv4_vk.ops.base import coopmat_unavailable
+from dsv4_vk.ops.mul_mat import pick_kernel
+from dsv4_vk.ops.mul_mat_coopmat import coopmat_tiling
+from dsv4_vk.ops.quant import QUANT, dequantize, quant_arrays
 
 MATMULS = [   # (T, K, N): decode and prefill projections, the HC mixes (K = 4·4096, N = 24)
     (1, 4096, 4096), (1, 16384, 24), (4, 4096, 4096), (8, 4096, 4096), (64, 4096, 4096),

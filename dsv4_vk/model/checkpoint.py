@@ -41,7 +41,7 @@ from numpy.typing import DTypeLike
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from ..ops.mul_mat import QUANT, QuantFormat, dequantize, quant_arrays
+from ..ops.quant import QUANT, QuantFormat, dequantize, quant_arrays
 from ..vk.errors import path_problem
 from .config import CSA, SWA, ConfigError, V4Config, load_config_json
 
@@ -269,7 +269,7 @@ class QuantWeight:
 
     def device_arrays(self) -> tuple:
         """(codes as int32 words [..., N, words a row], scale bytes as int32 words [n]): what the
-        kernels bind (ops.mul_mat.quant_arrays)."""
+        kernels bind (ops.quant.quant_arrays)."""
         return quant_arrays(np.asarray(self.codes), np.asarray(self.scale))
 
     def streams(self) -> tuple[Stream, Stream] | None:

@@ -9,7 +9,8 @@ from .base import (Launch, OpDef, check_finite, check_flag, check_params, cluste
                    workgroup_pow2, WEIGHT_DTYPES)
 from .moe_coopmat import coopmat_grouped_launches, node_gemm
 from .moe_grouped import expert_fields, expert_kernel, grouped_launches, grouped_scratch
-from .mul_mat import QUANT, check_quant, check_staged_knobs, dequantize, rms_weight, staged_on
+from .mul_mat import check_staged_knobs, rms_weight, staged_on
+from .quant import QUANT, check_quant, dequantize
 from .reduce_rows import reference_rms_norm
 
 MAX_TOP_K = 64
@@ -152,7 +153,7 @@ class MulMatId(OpDef):
     mode="swiglu": x [T, 1 or R, K], N = 2F -> [T,R,F] = silu(w[id,:F]·x)·(w[id,F:]·x); with g and
                    rms_eps=, x is RMS_NORM(x, g, rms_eps) (normalised as it is read: one dispatch);
     mode="sum":    x [T,R,K] -> [T,N] = Σ_r weight_r · w[id_r]·x[t,r] (+ add).
-    With wq="fp8" | "fp4" (ops.mul_mat.QUANT): w is i32 [E, N, words] of packed codes, one scale grid
+    With wq="fp8" | "fp4" (ops.quant.QUANT): w is i32 [E, N, words] of packed codes, one scale grid
     per grid_rows rows (default N: one per expert), and the last input the scale bytes. With
     shared_wq="fp8" (wq="fp4"): two more inputs, the shared expert's FP8 codes [1, N, words] and
     scale bytes (a grid per shared_grid_rows rows), read as expert id E in the same dispatch.

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from ..core.tuning import knob_table, tuned
 from .base import Launch, MAX_GROUPS, next_pow2, view_fields
 from .moe_grouped import buckets, gemm_fields, grouped_launches, max_tiles, sort_layout
-from .mul_mat import COOPMAT_DTYPES, coopmat_unavailable
+from .base import coopmat_unavailable
+from .mul_mat_coopmat import COOPMAT_DTYPES
 
 COOPMAT_GROUPED = knob_table(
     "mul_mat_id_coopmat",

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..core.tuning import knob_table
 from .base import Launch, grid_1d, is_cpu, next_pow2, view_fields, weight_defines, workgroup_pow2, MAX_GROUPS
-from .mul_mat import quant_fields
+from .quant import quant_fields
 
 GROUPED = knob_table(
     "mul_mat_id_grouped",

@@ -10,12 +10,12 @@ Kernels (shaders/mul_mat.comp), chosen per call by `pick_kernel` unless `kernel=
 - "coopmat" (shaders/mul_mat_coopmat.comp) from COOPMAT["min_tokens"] tokens over bf16 / f16 / FP8 / FP4
   weights where the device has VK_NV_cooperative_matrix's 16 × 16 × 16 fp16 shape (and
   DSV4_VK_DISABLE_COOPMAT is unset; knob coopmat.auto, on by default): fp16 products of rows scaled by
-  powers of two, f32 sums, FP8 block scales applied per block (docs/tensor_cores.md);
+  powers of two, f32 sums, FP8 block scales applied per block (ops.mul_mat_coopmat, docs/tensor_cores.md);
   "coopmat_fma" forms the same products with FMA on any device (the tests' stand-in).
 Weights are f32, bf16, f16 or one of DeepSeek's quantised formats (`QUANT`, params `wq="fp8"` or
 `"fp4"`): w is then the i32 tensor of packed codes [..., N, ceil(K / codes a word)] and the last
-input the tensor of its E8M0 scale bytes, 4 a word (`quant_arrays` makes both from the published
-bytes; `dequantize` is the float64 meaning).
+input the tensor of its E8M0 scale bytes, 4 a word (ops.quant: `quant_arrays` makes both from the
+published bytes; `dequantize` is the float64 meaning).
 lavapipe, 2 cores, 4096×4096 f32 weight: T=1 gemv 16.7 ms (32.5 ms with 8-lane clusters), gemm_regs
 19.4 ms; T=8, N=1024: gemv 13.2 ms, gemm_regs 5.0 ms; gemm_shared 10-30× slower than either.
 """
@@ -27,6 +27,9 @@ from ..core.tuning import knob_table
 from .base import (Launch, OpDef, broadcast_shapes, coopmat_unavailable, check_finite, check_params, cluster_lanes,
                    expect, grid_1d, is_cpu, next_pow2, nonempty, register, tensor_fields, unit_last, weight_defines,
                    workgroup_cluster_max, WEIGHT_DTYPES)
+from .mul_mat_coopmat import (COOPMAT, COOPMAT_DTYPES, coopmat_launches, coopmat_tiling,
+                              coopmat_weight_refusal)
+from .quant import QUANT, QuantFormat, check_quant, dequantize, quant_fields
 from .reduce_rows import reference_rms_norm
 
 GEMV_MAX_T = 8          # TB, the tokens one GEMV cluster carries, is at most this
@@ -41,236 +44,6 @@ F32_KERNELS = ("auto", "gemv", "gemm", "gemm_regs", "gemm_shared")
 COOPMAT_KERNELS = ("coopmat", "coopmat_fma")
 KERNELS = F32_KERNELS + COOPMAT_KERNELS
 WORKGROUP = 256
-
-
-@dataclass(frozen=True)
-class QuantFormat:
-    """A block-scaled weight format: codes of `bits` bits, one E8M0 scale byte per block of
-    block_rows × block_cols (rows × inputs)."""
-    name: str
-    bits: int
-    block_rows: int
-    block_cols: int
-
-    @property
-    def per_word(self) -> int:
-        return 32 // self.bits
-
-    def words(self, K: int) -> int:
-        """32-bit words of a row of K codes (rows are padded to whole words on the device)."""
-        return -(-K // self.per_word)
-
-    def grid(self, N: int, K: int) -> tuple[int, int]:
-        """Scale grid of one N × K matrix (a partial last block has its own scale)."""
-        return -(-N // self.block_rows), -(-K // self.block_cols)
-
-    def define(self) -> dict:
-        return {f"W_{self.name.upper()}": 1}
-
-
-QUANT = {"fp8": QuantFormat("fp8", 8, 128, 128), "fp4": QuantFormat("fp4", 4, 1, 32)}
-# E2M1 magnitudes by code (bit 3 is the sign)
-E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-
-
-def decode_e4m3(codes) -> np.ndarray:
-    """float64 values of E4M3 (fn) bytes: sign bit 7, exponent bits 6..3 (bias 7), mantissa 2..0;
-    exponent 0 is subnormal (m · 2^−9); 0x7F / 0xFF are NaN."""
-    c = np.asarray(codes, np.uint8).astype(np.int64)
-    e, m = (c >> 3) & 15, c & 7
-    v = np.where(e == 0, m * 2.0 ** -9, (1 + m / 8) * np.exp2(e - 7.0))
-    v = np.where((c & 0x7F) == 0x7F, np.nan, v)
-    return np.where(c & 0x80, -v, v)
-
-
-def decode_e2m1(codes) -> np.ndarray:
-    """float64 values of E2M1 nibbles (bit 3 the sign, bits 2..0 index E2M1)."""
-    c = np.asarray(codes, np.uint8).astype(np.int64)
-    v = np.asarray(E2M1)[c & 7]
-    return np.where(c & 8, -v, v)
-
-
-def decode_e8m0(codes) -> np.ndarray:
-    """float64 scales of E8M0 bytes: 2^(b − 127), 255 is NaN."""
-    b = np.asarray(codes, np.uint8).astype(np.float64)
-    return np.where(b == 255, np.nan, np.exp2(b - 127))
-
-
-def unpack_codes(fmt: QuantFormat, words, K: int) -> np.ndarray:
-    """The codes [..., rows, K] (uint8) of packed words [..., rows, words(K)] (little-endian:
-    element 0 in the lowest bits)."""
-    b = np.ascontiguousarray(words).view(np.uint8)
-    if fmt.bits == 8:
-        return b[..., :K]
-    out = np.empty(b.shape[:-1] + (2 * b.shape[-1],), np.uint8)
-    out[..., 0::2], out[..., 1::2] = b & 15, b >> 4
-    return out[..., :K]
-
-
-def dequantize(fmt: QuantFormat | str, words, scale_words, K: int, matrices: int = 1) -> np.ndarray:
-    """float64 weights [..., N, K] of packed codes [..., N, words(K)] and the flat scale bytes
-    (int32 words, 4 bytes each): the rows form `matrices` equal matrices, each with its scale grid
-    (fmt.grid) stored row-major, one after the other; w = code value · 2^(s − 127)."""
-    fmt = QUANT[fmt] if isinstance(fmt, str) else fmt
-    words = np.asarray(words)
-    lead = words.shape[:-1]
-    rows = int(np.prod(lead))
-    codes = unpack_codes(fmt, words.reshape(rows, -1), K)
-    vals = decode_e4m3(codes) if fmt.bits == 8 else decode_e2m1(codes)
-    Nm = rows // matrices
-    sr, sc = fmt.grid(Nm, K)
-    sb = np.ascontiguousarray(scale_words).view(np.uint8)[:matrices * sr * sc].reshape(matrices, sr, sc)
-    s = decode_e8m0(sb)
-    s = np.repeat(np.repeat(s, fmt.block_rows, axis=1)[:, :Nm], fmt.block_cols, axis=2)[:, :, :K]
-    return (vals.reshape(matrices, Nm, K) * s).reshape(lead + (K,))
-
-
-def quant_arrays(codes, scale) -> tuple[np.ndarray, np.ndarray]:
-    """(packed words int32 [..., rows, words], scale words int32 [n]) of published bytes: codes uint8
-    [..., rows, bytes a row] (rows padded to whole words: no copy when they already are), scale
-    bytes of any shape (flattened, padded to a whole word)."""
-    codes = np.asarray(codes)
-    pad = -codes.shape[-1] % 4
-    if pad:
-        codes = np.concatenate([codes, np.zeros(codes.shape[:-1] + (pad,), np.uint8)], axis=-1)
-    words = np.ascontiguousarray(codes).view(np.int32)
-    s = np.ascontiguousarray(scale).reshape(-1).view(np.uint8)
-    if s.size % 4:
-        s = np.concatenate([s, np.zeros(-s.size % 4, np.uint8)])
-    return words, s.view(np.int32)
-
-
-def check_quant(op: str, params: dict, w, scale, K: int, default_grid_rows: int) -> tuple[QuantFormat, int]:
-    """(format, rows per scale grid) of params wq= and grid_rows= (default default_grid_rows);
-    ValueError unless w holds whole contiguous rows of packed codes for K inputs and scale the
-    bytes of one grid per grid_rows rows."""
-    fmt_name = params["wq"]
-    fmt = QUANT.get(fmt_name)
-    if fmt is None:
-        raise ValueError(f"{op}: wq must be one of {sorted(QUANT)}, got {fmt_name!r}")
-    if w.dtype != "i32" or scale.dtype != "i32" or scale.ndim != 1:
-        raise ValueError(f"{op}: wq={fmt_name!r} takes w as i32 words of packed codes and the scale bytes as a 1-D "
-                         f"i32 tensor (the last input); got w {w.dtype} {list(w.shape)}, scale {scale.dtype} "
-                         f"{list(scale.shape)}")
-    if w.shape[-1] != fmt.words(K):
-        raise ValueError(f"{op}: w {list(w.shape)} holds {w.shape[-1]} words a row; {K} {fmt_name} codes take "
-                         f"{fmt.words(K)}")
-    if w.offset != 0 or not w.is_contiguous:
-        raise ValueError(f"{op}: quantised weights must be a whole contiguous tensor (their scale grid is by row "
-                         "number), got a view")
-    rows = int(np.prod(w.shape[:-1]))
-    gr = params.get("grid_rows", default_grid_rows)
-    if isinstance(gr, bool) or not isinstance(gr, int) or gr < 1 or rows % gr:
-        raise ValueError(f"{op}: grid_rows must be an integer ≥ 1 dividing the weight's {rows} rows, got {gr!r}")
-    sr, sc = fmt.grid(gr, K)
-    need = rows // gr * sr * sc
-    if scale.numel * 4 < need:
-        raise ValueError(f"{op}: scale holds {scale.numel * 4} bytes; w {list(w.shape)} ({fmt_name}, K={K}) needs "
-                         f"{rows // gr} grid(s) of {sr} × {sc} = {need}")
-    return fmt, gr
-
-
-def quant_fields(fmt: QuantFormat, K: int, grid_rows: int) -> dict[str, int]:
-    """The push fields q_kw, q_rows, q_srows, q_sc of weights.glsl."""
-    sr, sc = fmt.grid(grid_rows, K)
-    return {"q_kw": fmt.words(K), "q_rows": grid_rows, "q_srows": sr, "q_sc": sc}
-
-
-# The tensor-core kernel (shaders/mul_mat_coopmat.comp): a workgroup tile of `tokens` × `outputs`, warps
-# of 32 lanes each computing warp_tokens × warp_outputs as 16 × 16 accumulators, k_step inputs staged
-# a step; from min_tokens tokens it takes MUL_MAT over bf16 / f16 / FP8 / FP4 weights where the device
-# can run it. The tiling knobs left at None come from COOPMAT_TILINGS by the device's shared memory.
-COOPMAT = knob_table(
-    "coopmat",
-    tokens=(None, "tokens of a workgroup tile of the tensor-core MUL_MAT (BM, a multiple of warp_tokens; None: "
-                  "the device's tiling, coopmat_tiling)"),
-    outputs=(None, "outputs of a workgroup tile of the tensor-core MUL_MAT (BN, a multiple of warp_outputs; FP8 "
-                   "weights: a divisor of 128)"),
-    warp_tokens=(None, "tokens of a warp's (32 lanes') tile (WM, a multiple of 16)"),
-    warp_outputs=(None, "outputs of a warp's tile (WN, a multiple of 16)"),
-    k_step=(None, "inputs staged in shared memory a step (BK, a multiple of 16; FP8 weights: a divisor of 128)"),
-    buffers=(None, "staging buffers in shared memory (1 or 2): with 2 the next k step is stored into the other "
-                   "buffer while this one is multiplied, one barrier a step instead of 2"),
-    group=(None, "token tiles a group of the workgroups' order, token tiles fastest within a group (1: output "
-                 "tiles fastest): the workgroups of a group, in flight together, share its weight tiles in L2"),
-    scales=(None, "where the rows' power-of-two scales are found: 'tile' (each workgroup scans its own x and w "
-                  "rows over all of K first) or 'pass' (a first dispatch scans every row once and writes each "
-                  "tile's scales into the tile's own outputs; tiles with fewer than 2 rows or outputs in range "
-                  "take 'tile')"),
-    fp8_scales=("block", "how FP8 weights' 128 × 128 block scales reach the tensor-core MUL_MAT: 'block' (each "
-                         "block's products summed apart and added times its scale, in f32: exact for any scales; "
-                         "needs tile outputs and k step dividing 128) or 'fold' (folded into a power-of-two shift "
-                         "per row, one accumulator set, any tiling; rows whose scales span more than 12 binades "
-                         "summed in f32 instead)"),
-    min_tokens=(16, "from this many tokens MUL_MAT over bf16 / f16 / FP8 / FP4 weights runs on the matrix units "
-                    "where the device has them and coopmat.auto is on (kernel 'coopmat')"),
-    auto=(True, "the automatic choice takes the matrix units ('coopmat') where the device has them (False: the "
-                "f32 lanes everywhere unless a graph asks for kernel='coopmat')"),
-    emulate=(False, "where the device has no matrix units, MUL_MAT takes 'coopmat_fma' where it would take "
-                    "'coopmat' if it had them and coopmat.auto were on (the same data flow and fp16 rounding, FMA "
-                    "products): the tensor-core path's numerics on any device, for tests"))
-COOPMAT_DTYPES = ("bf16", "f16")
-COOPMAT_SCALES = ("tile", "pass")
-FP8_SCALES = ("block", "fold")
-
-
-def fp8_fold() -> bool:
-    """Whether FP8 weights' block scales are folded into row shifts (knob coopmat.fp8_scales)."""
-    mode = COOPMAT["fp8_scales"]
-    if mode not in FP8_SCALES:
-        raise ValueError(f"tuning knob 'coopmat.fp8_scales' must be one of {FP8_SCALES}, got {mode!r}")
-    return mode == "fold"
-
-
-TILING_KNOBS = ("tokens", "outputs", "warp_tokens", "warp_outputs", "k_step", "buffers", "scales", "group")
-# The tilings the device's shared memory picks (knobs left at None): the H200's fastest (128 × 128 tiles,
-# 8 warps of 64 × 32, k step 64, scales by a first pass, groups of 8: 5-6x gemm_shared,
-# results/h200/gemm_coopmat_h200.txt) where a workgroup may take 48 KiB, else 64 × 128 tiles of 4 warps
-# (17 KiB: lavapipe's 32 KiB holds it)
-COOPMAT_TILINGS = (
-    (48 * 1024, dict(tokens=128, outputs=128, warp_tokens=64, warp_outputs=32, k_step=64, buffers=1, scales="pass",
-                     group=8)),
-    (0, dict(tokens=64, outputs=128, warp_tokens=32, warp_outputs=64, k_step=32, buffers=1, scales="tile",
-             group=1)))
-
-
-def coopmat_tiling(device) -> dict:
-    """The tensor-core kernel's tiling on `device`: each of TILING_KNOBS as the knob says, or where it is
-    None as COOPMAT_TILINGS' first entry whose shared memory the device offers (with 256 invocations)."""
-    lim = device.caps.limits
-    big = min(lim.max_workgroup_invocations, lim.max_workgroup_size[0]) >= 256
-    base = next(t for need, t in COOPMAT_TILINGS if lim.max_shared_memory >= need and (big or not need))
-    return {k: base[k] if COOPMAT[k] is None else COOPMAT[k] for k in TILING_KNOBS}
-
-
-def coopmat_weight_refusal(device, w_dtype: str, fmt: QuantFormat | None = None, w=None, N: int | None = None,
-                           grid_rows: int | None = None) -> str | None:
-    """Why the tensor-core kernel does not take these weights (None: it does): f32 weights (fp16 products
-    would round them); FP8 where the tiling's outputs or k step do not divide its 128 × 128 scale blocks,
-    or (given the weight view w of N rows, grid_rows a grid) a tile's outputs would span two block rows."""
-    if fmt is None:
-        return None if w_dtype in COOPMAT_DTYPES else f"{w_dtype} weights stay off the matrix units (fp16 products " \
-                                                      f"would round them)"
-    if fmt.name != "fp8" or fp8_fold():
-        return None
-    t = coopmat_tiling(device)
-    bn, bk = t["outputs"], t["k_step"]
-    if not (isinstance(bn, int) and isinstance(bk, int)) or 128 % bn or 128 % bk:
-        return (f"FP8 weights need tile outputs and k step dividing their 128 × 128 scale blocks (coopmat.outputs "
-                f"{bn!r}, coopmat.k_step {bk!r}; coopmat.fp8_scales='fold' has no such need)")
-    if w is None or N is None or grid_rows is None:
-        return None
-    kw = w.shape[-1]
-    starts = {(w.offset + sum(i * st for i, st in zip(idx, w.strides[:-2]))) // kw
-              for idx in np.ndindex(*w.shape[:-2])}           # each batch item's first row (w is contiguous)
-    first = np.arange(0, N, bn)
-    last = np.minimum(first + bn, N) - 1
-    for r in starts:
-        a, b = r + first, r + last
-        if np.any(a // grid_rows != b // grid_rows) or np.any((a % grid_rows) // 128 != (b % grid_rows) // 128):
-            return (f"FP8 weights whose tiles of {bn} outputs would span two 128-row scale blocks (rows start at "
-                    f"{r}, grid of {grid_rows} rows)")
-    return None
 
 
 @dataclass(frozen=True)
@@ -377,82 +150,6 @@ def describe_quant(device, N: int = 4096, K: int = 4096) -> dict:
     why = ("x does not fit the device's shared memory" if staged_on(device, on) else
            "CPU devices keep it off (knob gemv_quant.x_shared None)" if on is None else "knob gemv_quant.x_shared off")
     return {"N": N, "K": K, "kernel": "word loads", "reason": why}
-
-
-def coopmat_spec(device, kernel: str, chunk: int = 2) -> tuple[int, ...]:
-    """The tensor-core kernel's spec constants (workgroup size, BM, BN, WM, WN, BK, NBUF, SCALES, GM) from
-    the knobs in effect, an invocation staging `chunk` consecutive inputs (8 with VEC8, 4 with VEC4,
-    else 2); ValueError naming the knob where they do not fit together or the device."""
-    t = coopmat_tiling(device)
-    bm, bn, wm, wn, bk = (t[k] for k in ("tokens", "outputs", "warp_tokens", "warp_outputs", "k_step"))
-    for name, v in (("warp_tokens", wm), ("warp_outputs", wn), ("k_step", bk), ("tokens", bm), ("outputs", bn)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 16 or v % 16:
-            raise ValueError(f"tuning knob 'coopmat.{name}' must be a positive multiple of 16, got {v!r}")
-    if bm % wm or bn % wn:
-        raise ValueError(f"tuning knobs 'coopmat.tokens' and 'coopmat.outputs' ({bm}, {bn}) must be multiples of "
-                         f"'coopmat.warp_tokens' and 'coopmat.warp_outputs' ({wm}, {wn})")
-    nbuf, scales, group = t["buffers"], t["scales"], t["group"]
-    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
-        raise ValueError(f"tuning knob 'coopmat.group' must be an integer ≥ 1, got {group!r}")
-    if nbuf not in (1, 2) or isinstance(nbuf, bool):
-        raise ValueError(f"tuning knob 'coopmat.buffers' must be 1 or 2, got {nbuf!r}")
-    if scales not in COOPMAT_SCALES:
-        raise ValueError(f"tuning knob 'coopmat.scales' must be one of {COOPMAT_SCALES}, got {scales!r}")
-    wg = 32 * (bm // wm) * (bn // wn)
-    chunks = bk // chunk                    # an invocation's inputs of a row a step, the row's chunks
-    rows = wg // chunks                     # rows staged at once
-    if wg % chunks or bm % rows or bn % rows:
-        raise ValueError(f"tuning knob 'coopmat.k_step' = {bk}: its {chunks} chunks of {bk // chunks} inputs must "
-                         f"divide the workgroup's {wg} invocations into rows that divide the tile ({bm} × {bn})")
-    lim = device.caps.limits
-    # the staging buffers (later the warps' 1 KiB scratch each), the rows' maxima and shifts
-    shared = max(nbuf * (bm + bn) * (bk + 8) * 2, wg // 32 * 1024) + (bm + bn) * 8
-    if wg > min(lim.max_workgroup_invocations, lim.max_workgroup_size[0]) or shared > lim.max_shared_memory:
-        raise ValueError(f"MUL_MAT kernel={kernel!r}: tiles {bm} × {bn} (warps {wm} × {wn}, k step {bk}, "
-                         f"{nbuf} buffer(s)) need {wg} invocations and {shared} B of shared memory; {device.name} "
-                         f"has {min(lim.max_workgroup_invocations, lim.max_workgroup_size[0])} and "
-                         f"{lim.max_shared_memory} B")
-    return (wg, bm, bn, wm, wn, bk, nbuf, int(scales == "pass"), group)
-
-
-def rows_aligned(t, elems: int) -> bool:
-    """True when the view has k contiguous and every row starting on a multiple of `elems` elements."""
-    if t.strides[-1] != 1 or t.offset % elems:
-        return False
-    return not any(s % elems for n, s in zip(t.shape[:-1], t.strides[:-1]) if n > 1)
-
-
-def coopmat_launches(device, kernel: str, x, w, out, push: dict, batch: int, T: int, N: int, K: int,
-                     fmt: QuantFormat | None = None, scale=None) -> list:
-    """The tensor-core MUL_MAT's dispatches: 8 inputs an invocation (VEC8) where K % 8 == 0 and x's and w's
-    rows are 16-byte aligned, else 4 (VEC4: K % 4, x 16-byte and w 8-byte aligned), else 2 at any strides;
-    with coopmat.scales = 'pass' (and every tile at least 2 × 2 in range) first ROW_SCALES. Quantised
-    weights (fmt; push has quant_fields) are whole contiguous rows of words: x's alignment decides, and
-    their scale bytes are binding 3; they take 8 inputs an invocation or 2 (no VEC4 variants)."""
-    w_ok = (lambda e: True) if fmt else (lambda e: rows_aligned(w, e))
-    if K % 8 == 0 and rows_aligned(x, 4) and w_ok(8):
-        chunk, vec = 8, {"VEC8": 1}
-    elif K % 4 == 0 and rows_aligned(x, 4) and not fmt and rows_aligned(w, 4):
-        chunk, vec = 4, {"VEC4": 1}
-    else:
-        chunk, vec = 2, {}
-    spec = coopmat_spec(device, kernel, chunk)
-    bm, bn = spec[1], spec[2]
-    t_tiles, n_tiles = -(-T // bm), -(-N // bn)
-    if spec[7] and min(T - bm * (t_tiles - 1), N - bn * (n_tiles - 1)) < 2:
-        spec = spec[:7] + (0,) + spec[8:]   # a tile of 1 row or output has no room for its scales
-    wdef = fmt.define() if fmt else weight_defines(w)
-    fold = {"FP8_FOLD": 1} if fmt and fmt.name == "fp8" and fp8_fold() else {}
-    args = [x, w, out] + ([scale] if fmt else [])
-    defines = {"CM_NV": 1} if kernel == "coopmat" else {}
-    defines.update(wdef, **fold, **vec)
-    gemm = Launch("mul_mat_coopmat", args, (2,), push, grid_1d(batch * t_tiles * n_tiles, 1),
-                  defines=defines, spec=spec, full_subgroups=kernel == "coopmat")
-    if not spec[7]:
-        return [gemm]
-    scales = Launch("mul_mat_coopmat", args, (2,), push, grid_1d(-(-batch * (T + N) // 16), 1),
-                    defines={"ROW_SCALES": 1, **wdef, **vec}, spec=(256, bm, bn))
-    return [scales, gemm]
 
 
 def vec4_ok(*views):
