@@ -49,8 +49,10 @@ not the prefill kernel; knob mqa_prefill.on), mqa_prefill_heads / mqa_prefill_ti
 prefill kernel's heads a cluster, keys a tile and keys a step; knobs mqa_prefill.heads, .tile, .keys),
 mqa_coopmat (1: prefill chunks' attention on the matrix units where the device has them; knob
 mqa_prefill.coopmat=None), route_rank (0: V4_ROUTE's rounds of a butterfly instead of
-its one-pass ranking, knob route_rank.on); e.g.
-`--variants "fold_mb=64;fold_mb=0;gemv_unroll=8"`.
+its one-pass ranking, knob route_rank.on), gemv_xs_unroll / gemv_xs_groups and moe_xs_unroll /
+moe_xs_groups (the staged kernels' uvec4 steps a lane loads together and workgroups at most); any
+knob also by its full dotted name (value None, True, False, a number or a word), e.g.
+`--variants "fold_mb=64;fold_mb=0;gemv_unroll=8;gemv_quant.x_shared_unroll=4,mul_mat_id.x_shared_unroll=2"`.
 --long: the long-context sweep instead (--out is then a directory: long_context.json and .txt):
 prefill tokens/s (chunks of --chunk tokens) and decode tokens/s at each of --positions (default
 1k, 4k, 32k, 128k, 1M), for each cache of --caches: "shared" (one cache for every position, of
@@ -114,6 +116,10 @@ KNOBS = {"fold_mb": ("norm_fold.max_bytes", lambda v: int(float(v) * 2**20)),   
          "gemv_xs": ("gemv_quant.x_shared", lambda v: bool(int(v))),
          "gemv_xs_rows": ("gemv_quant.x_shared_rows", int),
          "gemv_xs_wg": ("gemv_quant.x_shared_wg", int),
+         "gemv_xs_unroll": ("gemv_quant.x_shared_unroll", int),
+         "gemv_xs_groups": ("gemv_quant.x_shared_groups", int),
+         "moe_xs_unroll": ("mul_mat_id.x_shared_unroll", int),
+         "moe_xs_groups": ("mul_mat_id.x_shared_groups", int),
          "moe_xs": ("mul_mat_id.x_shared", lambda v: bool(int(v))),
          "moe_xs_rows": ("mul_mat_id.x_shared_rows", int),
          "moe_xs_split": ("mul_mat_id.x_shared_split", int),
@@ -141,16 +147,41 @@ KNOBS = {"fold_mb": ("norm_fold.max_bytes", lambda v: int(float(v) * 2**20)),   
          "route_rank": ("route_rank.on", lambda v: bool(int(v)))}
 
 
+def knob_value(text: str):
+    """A full knob name's value: None, True / False, an integer, a float, else the text itself."""
+    t = text.strip()
+    if t in ("None", "True", "False"):
+        return {"None": None, "True": True, "False": False}[t]
+    for conv in (int, float):
+        try:
+            return conv(t)
+        except ValueError:
+            pass
+    return t
+
+
 def parse_variants(text):
-    """[(label, {knob: value})] from "k=v,k=v;k=v" (--variants)."""
+    """[(label, {knob: value})] from "k=v,k=v;k=v" (--variants): k a short name of KNOBS or a full
+    knob name (dotted, e.g. gemv_quant.x_shared_unroll=4; its value None, True, False, a number or a
+    word), checked against the declared knobs when the variant runs."""
     out = []
     for label in filter(None, (v.strip() for v in text.split(";"))):
         sets = {}
         for item in label.split(","):
             k, _, v = item.partition("=")
-            if k.strip() not in KNOBS:
-                raise ValueError(f"--variants: unknown knob {k.strip()!r}; expected one of {sorted(KNOBS)}")
-            name, conv = KNOBS[k.strip()]
+            k = k.strip()
+            if "." in k:
+                try:
+                    with tuned({k: knob_value(v)}):     # an unknown name refused before any device time
+                        pass
+                except KeyError as e:
+                    raise ValueError(f"--variants: {e.args[0]}") from None
+                sets[k] = knob_value(v)
+                continue
+            if k not in KNOBS:
+                raise ValueError(f"--variants: unknown knob {k!r}; expected one of {sorted(KNOBS)} or a full "
+                                 "knob name (dotted)")
+            name, conv = KNOBS[k]
             try:
                 sets[name] = conv(v)
             except ValueError:
