@@ -178,7 +178,7 @@ def test_coopmat_fma_grouped_fp4_scale_spread(rng, device):
     """FP4 expert rows whose group scales span more than 26 binades are summed in f32 from the dequantised
     weights (1e-5 of the exact product relative to its terms), beside rows that span 26 (staged exactly:
     the fp16-rounded x's product to f32 summation error)."""
-    from dsv4_vk.model.checkpoint import quantize
+    from dsv4_vk.model.synthetic import quantize
     from dsv4_vk.ops.quant import dequantize, quant_arrays
     op = get_op("MUL_MAT_ID")
     T, E, top_k, K, N = 17, 4, 2, 128, 20

@@ -15,7 +15,8 @@ from lavapipe_child import worker_output
 from dsv4_vk import Executor, Graph
 from dsv4_vk.core.tuning import tuned
 from dsv4_vk.hc.metrics import max_abs, nmse
-from dsv4_vk.model.checkpoint import BF16, quantize
+from dsv4_vk.model.checkpoint import BF16
+from dsv4_vk.model.synthetic import quantize
 from dsv4_vk.ops import get_op
 from dsv4_vk.ops.moe_grouped import SORT_POOL, expert_kernel, reference_sort, sort_layout, tile_shape
 from dsv4_vk.ops.quant import quant_arrays

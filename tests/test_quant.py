@@ -22,7 +22,8 @@ from dsv4_vk import Executor, Graph
 from dsv4_vk.core.tuning import tuned
 from dsv4_vk.hc.metrics import max_abs, nmse
 from dsv4_vk.model import Model, V4Config
-from dsv4_vk.model.checkpoint import CheckpointError, QuantWeight, load_hf, write_random
+from dsv4_vk.model.checkpoint import CheckpointError, QuantWeight, load_hf
+from dsv4_vk.model.synthetic import write_random
 from dsv4_vk.model.config import ConfigError
 from dsv4_vk.ops import get_op
 from dsv4_vk.ops.base import coopmat_unavailable
@@ -753,15 +754,15 @@ def test_large_tensors_stream_from_the_files_when_uploaded(qdir, monkeypatch):
     """Past EAGER_BYTES a tensor stays Lazy until its param is uploaded (the host never holds the
     whole checkpoint); the model then computes what the eagerly read one does, and a bad value in
     a lazy tensor is refused when it is read, naming the file's tensor."""
-    from dsv4_vk.model import checkpoint
+    from dsv4_vk.model import checkpoint, tensor_files
     eager = Model.load(str(qdir))
     x = eager.prefill([1, 2, 3, 4, 5])
     monkeypatch.setattr(checkpoint, "EAGER_BYTES", 64)
     cfg, w = load_hf(str(qdir))
-    assert isinstance(w["embed.weight"], checkpoint.Lazy) and isinstance(w["layers.0.ffn.experts.w13"].codes,
-                                                                         checkpoint.Lazy)
+    assert isinstance(w["embed.weight"], tensor_files.Lazy) and isinstance(w["layers.0.ffn.experts.w13"].codes,
+                                                                         tensor_files.Lazy)
     lazy = Model(cfg, w)
-    assert isinstance(lazy.params["head.weight"], checkpoint.Lazy)          # the model keeps no host copy
+    assert isinstance(lazy.params["head.weight"], tensor_files.Lazy)          # the model keeps no host copy
     assert np.array_equal(lazy.prefill([1, 2, 3, 4, 5]), x)
     rewrite(qdir, lambda t: t["layers.1.attn.wo_b.weight"].view(np.uint8).__setitem__((2, 3), 0xFF))
     cfg, w = load_hf(str(qdir))                       # not read yet
@@ -777,11 +778,11 @@ def test_lazy_tensors_are_read_once_unmapped_and_never_dequantised(qdir, monkeyp
     straight into the upload's chunk (no memory map stays open: mapped pages count in the process's
     resident memory, so a mapped checkpoint ends up resident whole), expert stacks are never joined
     on the host, and no QuantWeight is widened to floats on the host."""
-    from dsv4_vk.model import checkpoint
+    from dsv4_vk.model import checkpoint, tensor_files
     monkeypatch.setattr(checkpoint, "EAGER_BYTES", 64)
     reads: list = []
     mapped: list = []
-    read = checkpoint.FILES.read
+    read = tensor_files.FILES.read
 
     def counted(fn, key, dt, lo, out):
         reads.append((key, lo, out.size))
@@ -795,15 +796,15 @@ def test_lazy_tensors_are_read_once_unmapped_and_never_dequantised(qdir, monkeyp
     def loaded(self):
         raise AssertionError(f"{self!r} read whole on the host")
 
-    monkeypatch.setattr(checkpoint.FILES, "read", counted)
-    monkeypatch.setattr(checkpoint.QuantWeight, "__array__", widened)
+    monkeypatch.setattr(tensor_files.FILES, "read", counted)
+    monkeypatch.setattr(tensor_files.QuantWeight, "__array__", widened)
     cfg, w = load_hf(str(qdir))
     lazy = {t.spans[0].key: t.nbytes for k, a in w.items()
-            for t in ((a.codes, a.scale) if checkpoint.is_quant(a) else (a,))
-            if isinstance(t, checkpoint.Lazy) and len(t.spans) == 1}
-    assert lazy and any(isinstance(a.codes, checkpoint.Lazy) and len(a.codes.spans) > 1
-                        for a in w.values() if checkpoint.is_quant(a))       # a stack of experts
-    monkeypatch.setattr(checkpoint.Lazy, "load", loaded)
+            for t in ((a.codes, a.scale) if tensor_files.is_quant(a) else (a,))
+            if isinstance(t, tensor_files.Lazy) and len(t.spans) == 1}
+    assert lazy and any(isinstance(a.codes, tensor_files.Lazy) and len(a.codes.spans) > 1
+                        for a in w.values() if tensor_files.is_quant(a))       # a stack of experts
+    monkeypatch.setattr(tensor_files.Lazy, "load", loaded)
     Model(cfg, w)
     got: dict = {}
     for key, lo, n in sorted(reads):
@@ -818,7 +819,7 @@ def test_load_bench_reports_the_loading_process_own_peak_rss(tmp_path):
     starts at its parent's RSS (Linux keeps the high-water mark across fork and exec), so the
     bench's weights held in memory showed as the load's."""
     import importlib.util
-    from dsv4_vk.model.checkpoint import random_weights
+    from dsv4_vk.model.synthetic import random_weights
     spec = importlib.util.spec_from_file_location("model_gpu_bench", os.path.join(ROOT, "tools", "model_gpu_bench.py"))
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
@@ -979,11 +980,11 @@ def test_fp8_routed_experts_stack_with_the_shared_expert(device):
 def test_arrays_in_memory_stream_as_they_upload_directly(dtype, monkeypatch, device):
     """Large arrays in memory (STREAM_BYTES) are streamed by the upload's threads, as lazy ones are:
     the device holds the same bytes as set_param puts there (the same logits)."""
-    from dsv4_vk.model import checkpoint, random_weights
+    from dsv4_vk.model import random_weights, tensor_files
     w = random_weights(SMALL, 4, dtype)
     ids = [3, 1, 4, 1, 5]
     want = Model(SMALL, w, device=device).prefill(ids, all_logits=True)
-    monkeypatch.setattr(checkpoint, "STREAM_BYTES", 0)
+    monkeypatch.setattr(tensor_files, "STREAM_BYTES", 0)
     from dsv4_vk.core.executor import Executor
     streamed = []
     monkeypatch.setattr(Executor, "stream_param", lambda self, name, *a, sp=Executor.stream_param:

@@ -481,8 +481,8 @@ def test_byte_checks_are_the_value_checks(dt, monkeypatch):
     """The checks on bytes as they are read (one masked max a block of CHECK_BLOCK bytes) refuse
     exactly the tensors holding a non-finite value, an E4M3 NaN code or an E8M0 NaN byte, wherever
     it is (the last element of a block, across blocks, a sign bit set)."""
-    from dsv4_vk.model import checkpoint
-    monkeypatch.setattr(checkpoint, "CHECK_BLOCK", 64)
+    from dsv4_vk.model import tensor_files
+    monkeypatch.setattr(tensor_files, "CHECK_BLOCK", 64)
     np_dt = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32, "F64": np.float64,
              "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E8M0": ml_dtypes.float8_e8m0fnu}[dt]
     size = np.dtype(np_dt).itemsize
@@ -497,7 +497,7 @@ def test_byte_checks_are_the_value_checks(dt, monkeypatch):
         with np.errstate(invalid="ignore"):
             bad = not np.isfinite(raw.view(np_dt).astype(np.float64)).all()
         try:
-            checkpoint._check_bytes("f", "layers.0.attn.wq_a.scale", dt, raw)
+            tensor_files._check_bytes("f", "layers.0.attn.wq_a.scale", dt, raw)
             refused = False
         except CheckpointError as e:
             refused = True
@@ -509,20 +509,20 @@ def test_streams_put_joined_and_cut_lazy_tensors_byte_for_byte(tmp_path, monkeyp
     """A Stream of lazy tensors joined (experts stacked) and cut (an expert range) fills any chunking
     of its bytes into whole values as the joined array's, reading each file range straight into the chunk, and pads
     the tail with zeros."""
-    from dsv4_vk.model import checkpoint
+    from dsv4_vk.model import checkpoint, tensor_files
     monkeypatch.setattr(checkpoint, "EAGER_BYTES", 0)
     rng = np.random.default_rng()
     arrays = {f"t{i}": rng.standard_normal((3, 5)).astype(np.float32) for i in range(4)}
     save_file(arrays, str(tmp_path / "m.safetensors"))
     raw = checkpoint._read_file(str(tmp_path / "m.safetensors"), None)
-    assert all(isinstance(a, checkpoint.Lazy) for a, _ in raw.values())
+    assert all(isinstance(a, tensor_files.Lazy) for a, _ in raw.values())
     eager = rng.standard_normal((3, 5)).astype(np.float32)
-    rows = checkpoint.join([raw["t1"][0], raw["t2"][0]], False)          # [6, 5]
-    stacked = checkpoint.join([raw["t3"][0], eager, raw["t0"][0]], True)
+    rows = tensor_files.join([raw["t1"][0], raw["t2"][0]], False)          # [6, 5]
+    stacked = tensor_files.join([raw["t3"][0], eager, raw["t0"][0]], True)
     for lazy, ref in ((stacked, np.stack([arrays["t3"], eager, arrays["t0"]])),
                       (stacked.rows(1, 3), np.stack([eager, arrays["t0"]])),
                       (rows.rows(2, 5), np.concatenate([arrays["t1"], arrays["t2"]])[2:5])):
-        s = checkpoint.stream_of(lazy)
+        s = tensor_files.stream_of(lazy)
         assert s is not None and s.shape == ref.shape
         out = np.zeros(s.nbytes, np.uint8)
         at = 0
@@ -531,7 +531,7 @@ def test_streams_put_joined_and_cut_lazy_tensors_byte_for_byte(tmp_path, monkeyp
             s.fill(out[at:at + n], at)
             at += n
         assert np.array_equal(out.view(np.float32).reshape(ref.shape), ref)
-    padded = checkpoint.Stream((17,), np.float32, raw["t1"][0].spans)         # 15 values + 2 of padding
+    padded = tensor_files.Stream((17,), np.float32, raw["t1"][0].spans)         # 15 values + 2 of padding
     out = np.full(padded.nbytes, 7, np.uint8)
     padded.fill(out, 0)
     assert np.array_equal(out[:60].view(np.float32), arrays["t1"].reshape(-1)) and not out[60:].any()

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 
-from dsv4_vk.model.checkpoint import write_random
+from dsv4_vk.model.synthetic import write_random
 from dsv4_vk.model.config import PRESETS, ConfigError, preset
 
 

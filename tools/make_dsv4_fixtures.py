@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from transformers import DeepseekV4Config, DeepseekV4ForCausalLM, FineGrainedFP8Config
 
-from dsv4_vk.model.checkpoint import write_random
+from dsv4_vk.model.synthetic import write_random
 from dsv4_vk.model.config import V4Config
 
 CSA, HCA, SWA = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"

@@ -17,7 +17,7 @@ import numpy as np
 from ..core import profile
 from ..hc.policy import HCUnsupported
 from ..model import Model, Sampling, load_hf
-from ..model.checkpoint import write_random
+from ..model.synthetic import write_random
 from ..model.config import CSA, HCA, PRESETS, SWA, preset
 from ..ops.sample import MAX_TOP_K
 

@@ -1,6 +1,7 @@
 """DeepSeek-V4 on the Vulkan backend: config (config.json), checkpoints (Hugging Face model
 directories), the float64 reference, device graphs and the token-by-token runner (docs/model.md)."""
-from .checkpoint import CheckpointError, QuantWeight, load_hf, random_weights, save_hf, tensor_shapes, write_random
+from .checkpoint import CheckpointError, QuantWeight, load_hf, save_hf, tensor_shapes
+from .synthetic import random_weights, write_random
 from .config import ConfigError, V4Config
 from .reference import V4Reference
 from .runner import Model, Sampling, SitePath

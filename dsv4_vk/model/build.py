@@ -38,7 +38,8 @@ from ..core.graph import Graph, GraphTensor
 from ..ops.compress import topk
 from ..ops.sample import sample
 from ..ops.v4_attention import mqa_decode_splits, rope_table
-from .checkpoint import BF16, FILES, Lazy, QuantWeight, is_quant, join, quantisable, stack_quant, stream_of
+from .checkpoint import quantisable
+from .tensor_files import BF16, FILES, Lazy, QuantWeight, is_quant, join, stack_quant, stream_of
 from .config import CSA, HCA, SWA, V4Config
 from .reference import inv_freq
 

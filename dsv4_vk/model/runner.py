@@ -33,7 +33,9 @@ from ..ops.v4_attention import MAX_DECODE_SPLITS
 from ..vk import Device, Upload, default_device
 from ..core.tuning import Tuning, current, knob_table, tuned
 from .build import STEP_PARAMS, ModelGraph, all_entries_fit, cache_shapes, param_arrays, upload_arrays
-from .checkpoint import LoadProgress, Stream, load_hf, normalise, random_weights, tensor_shapes
+from .checkpoint import LoadProgress, load_hf, normalise, tensor_shapes
+from .synthetic import random_weights
+from .tensor_files import Stream
 from .config import V4Config
 
 
