@@ -108,6 +108,9 @@ class V4Gate(OpDef):
         if len(inputs) - norm not in (3, 4):
             raise ValueError(f"{self.name} takes (x, w{', g' if norm else ''}, bias) or (x, w{', g' if norm else ''}, "
                              f"tid2eid, ids){' (g: with rms_eps=)' if not norm else ''}, got {len(inputs)} inputs")
+        if not norm and len(inputs) == 4 and inputs[2].dtype != "i32":
+            raise ValueError(f"{self.name}: 4 inputs without rms_eps= are (x, w, tid2eid, ids); a norm weight g "
+                             f"(x, w, g, bias) needs rms_eps=, got input 2 {inputs[2].dtype} {list(inputs[2].shape)}")
         nonempty(self.name, inputs)
         x, w, g, sel = self.parts(inputs, params)
         expect(self.name, "x (input 0, [1, D]: one token)", x, (1, None))
