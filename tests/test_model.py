@@ -674,13 +674,15 @@ def test_make_checkpoint_tool_and_the_gpu_bench_dry_run(tmp_path):
     assert r.returncode == 2 and "hc_mult must be 4" in r.stderr
     out = tmp_path / "bench.json"
     r = subprocess.run([sys.executable, "tools/model_gpu_bench.py", "--quick", "--out", str(out),
-                        "--variants", "fold_mb=0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                        "--variants", "fold_mb=0;gate=0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads(out.read_text())
     assert res["decode"]["fused"]["dispatches_per_token"] < res["decode"]["unfused"]["dispatches_per_token"]
     unfolded = res["decode_variants"]["fold_mb=0"]       # every norm its own dispatch: more of them, same tokens
     assert unfolded["same_tokens_as_fused"]
     assert unfolded["dispatches_per_token"] > res["decode"]["fused"]["dispatches_per_token"]
+    two = res["decode_variants"]["gate=0"]               # MUL_MAT then V4_ROUTE: one dispatch more a layer
+    assert two["same_tokens_as_fused"] and two["dispatches_per_token"] > res["decode"]["fused"]["dispatches_per_token"]
     r = subprocess.run([sys.executable, "tools/model_gpu_bench.py", "--quick", "--out", str(out),
                         "--variants", "fold=1"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "unknown knob 'fold'" in r.stderr

@@ -194,6 +194,10 @@ def test_where_the_fused_router_runs(tune, monkeypatch):
     assert gate_kernel(dev, 1, 16, True).kernel == "fused"
     tune({"v4_gate.on": False})
     assert gate_kernel(dev, 1, 16, True).reason == "v4_gate.on is off"
+    from dsv4_vk.cli.info import _human, report
+    assert "V4_GATE       one token, 256 experts × 4096: MUL_MAT then V4_ROUTE — v4_gate.on is off" in _human(report(dev))
+    tune({"v4_gate.on": True, "route_rank.on": True})
+    assert "V4_GATE       one token, 256 experts × 4096: one dispatch, " in _human(report(dev))
 
 
 def _build(arrays, params, offset=0):

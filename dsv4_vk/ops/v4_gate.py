@@ -182,3 +182,14 @@ class V4Gate(OpDef):
         g, sel = (rest[0], rest[1:]) if rms_eps is not None else (None, rest)
         logits = reference_gate_logits(x, w, g, rms_eps)
         return reference_v4_route(logits, sel[0], sel[1] if len(sel) == 2 else None, top_k, scoring, route_scale)
+
+
+def describe(device, E: int = 256, D: int = 4096) -> dict:
+    """What `info` prints of the router at decode on `device` (DeepSeek-V4-Flash: E experts over D):
+    V4_GATE or MUL_MAT then V4_ROUTE, why, and V4_GATE's workgroups."""
+    c = gate_kernel(device, 1, E, False)
+    out = {"experts": E, "D": D, "kernel": c.kernel, "reason": c.reason}
+    if c.kernel == "fused":
+        wg, rows, unroll = gate_launch_shape(device, E, False)
+        out.update(workgroup=wg, rows=rows, unroll=unroll, workgroups=-(-E // rows))
+    return out
