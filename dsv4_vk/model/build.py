@@ -570,10 +570,11 @@ class ModelGraph:
         name = f + "gate.weight"
         if not is_quant(self.params[name]):
             w = self.param(name)
+            eps: dict[str, Any] = {}
             if self.folds(x, self.params[name].nbytes):        # the norm folded in, as MUL_MAT would
                 src, norm, eps = x.x, [x.g], {"rms_eps": x.eps}
             else:
-                src, norm, eps = self.normed(x), [], {}
+                src, norm = self.normed(x), []
             T, D = src.shape
             layout = layout_refusal(D, src.offset, w.offset, w.strides[0], norm[0].offset if norm else None)
             if gate_kernel(self.device, T, w.shape[0], hashed, layout).kernel == "fused":
