@@ -40,7 +40,10 @@ staged GEMV's workgroup size), moe_coopmat (1: the prefill's grouped expert GEMM
 0: on the f32 lanes, the default; knob mul_mat_id_coopmat.auto),
 indexer (1: CSA layers run their indexer even where its
 top-k keeps every entry the cache can hold, as at this preset's 1024-token cache;
-knob indexer.always), mqa_literal (1: MQA_ATTENTION's per-lane arrays with literal sizes,
+knob indexer.always), gate (0: the router at decode as MUL_MAT then V4_ROUTE, two dispatches
+a layer, instead of V4_GATE's one; knob v4_gate.on), gate_rows / gate_unroll / gate_wg
+(V4_GATE's gate rows a workgroup, vec4 steps loaded together, workgroup size; knobs v4_gate.*),
+mqa_literal (1: MQA_ATTENTION's per-lane arrays with literal sizes,
 knob mqa_arrays.literal), mix_wg (the first site's HC_MIX workgroup size: smaller ones split
 D into more workgroups; knob mix.wg), compress_wg (COMPRESS's workgroup cap,
 knob compress.wg), mqa_tile (keys the tiled MQA_ATTENTION stages at a time; the decode
@@ -49,10 +52,7 @@ not the prefill kernel; knob mqa_prefill.on), mqa_prefill_heads / mqa_prefill_ti
 prefill kernel's heads a cluster, keys a tile and keys a step; knobs mqa_prefill.heads, .tile, .keys),
 mqa_coopmat (1: prefill chunks' attention on the matrix units where the device has them; knob
 mqa_prefill.coopmat=None), route_rank (0: V4_ROUTE's rounds of a butterfly instead of
-its one-pass ranking, knob route_rank.on), gate (0: the router at decode as MUL_MAT then V4_ROUTE,
-two dispatches a layer, instead of V4_GATE's one; knob v4_gate.on), gate_rows / gate_unroll /
-gate_wg (V4_GATE's gate rows a workgroup, vec4 steps loaded together, workgroup size; knobs
-v4_gate.*); e.g.
+its one-pass ranking, knob route_rank.on); e.g.
 `--variants "fold_mb=64;fold_mb=0;gemv_unroll=8"`.
 --long: the long-context sweep instead (--out is then a directory: long_context.json and .txt):
 prefill tokens/s (chunks of --chunk tokens) and decode tokens/s at each of --positions (default
@@ -121,6 +121,10 @@ KNOBS = {"fold_mb": ("norm_fold.max_bytes", lambda v: int(float(v) * 2**20)),   
          "moe_xs_rows": ("mul_mat_id.x_shared_rows", int),
          "moe_xs_split": ("mul_mat_id.x_shared_split", int),
          "indexer": ("indexer.always", lambda v: bool(int(v))),
+         "gate": ("v4_gate.on", lambda v: bool(int(v))),
+         "gate_rows": ("v4_gate.rows", int),
+         "gate_unroll": ("v4_gate.unroll", int),
+         "gate_wg": ("v4_gate.wg", int),
          "chunk": ("prefill_chunk.gpu", int),
          "coopmat": ("coopmat.auto", lambda v: bool(int(v))),
          "cm_tile": ("coopmat.tokens", int),
@@ -141,11 +145,7 @@ KNOBS = {"fold_mb": ("norm_fold.max_bytes", lambda v: int(float(v) * 2**20)),   
          "moe_grouped": ("mul_mat_id_grouped.on", lambda v: bool(int(v))),
          "mqa_prefill_keys": ("mqa_prefill.keys", int),
          "mqa_coopmat": ("mqa_prefill.coopmat", lambda v: None if int(v) else False),
-         "route_rank": ("route_rank.on", lambda v: bool(int(v))),
-         "gate": ("v4_gate.on", lambda v: bool(int(v))),
-         "gate_rows": ("v4_gate.rows", int),
-         "gate_unroll": ("v4_gate.unroll", int),
-         "gate_wg": ("v4_gate.wg", int)}
+         "route_rank": ("route_rank.on", lambda v: bool(int(v)))}
 
 
 def parse_variants(text):

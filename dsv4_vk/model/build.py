@@ -37,8 +37,8 @@ from .. import hc
 from ..core.graph import Graph, GraphTensor
 from ..ops.compress import topk
 from ..ops.sample import sample
-from ..ops.v4_attention import mqa_decode_splits, rope_table
 from ..ops.v4_gate import gate_kernel, layout_refusal
+from ..ops.v4_attention import mqa_decode_splits, rope_table
 from .checkpoint import BF16, FILES, Lazy, QuantWeight, is_quant, join, quantisable, stack_quant, stream_of
 from .config import CSA, HCA, SWA, V4Config
 from .reference import inv_freq
