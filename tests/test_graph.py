@@ -535,14 +535,13 @@ def test_tuning_refuses_unknown_knobs_and_writes():
     assert all(k.doc for k in knobs().values())
 
 
-def test_scratch_pools_zeroed_or_not_are_asked_for_one_way():
+def test_scratch_pools_zeroed_or_not_are_asked_for_one_way(monkeypatch):
     """OpDef.scratch's (elements, dtype, "zeroed"): a pool is zero when a program is built and after
     each run (V4_GATE's ticket counter, which resets itself), one pool is asked for one way only, and
     a third field other than "zeroed" is refused naming the forms."""
-    from dsv4_vk.ops.base import OpDef, register
+    from dsv4_vk.ops.base import REGISTRY, OpDef
     from dsv4_vk.ops.v4_gate import COUNTERS
 
-    @register
     class AsksForScratch(OpDef):
         name = "TEST_ASKS_FOR_SCRATCH"
 
@@ -551,6 +550,7 @@ def test_scratch_pools_zeroed_or_not_are_asked_for_one_way():
 
         def scratch(self, inputs, params):
             return {params["pool"]: params["how"]}
+    monkeypatch.setitem(REGISTRY, AsksForScratch.name, AsksForScratch())      # for this test only
     g = Graph()
     x = g.input("x", (1, 8))
     g.op("TEST_ASKS_FOR_SCRATCH", x, pool="p", how=(4, "i32", "zeroed"))
