@@ -149,6 +149,13 @@ def test_v4_gate_launch_knobs(tune, rng, rows, unroll, wg):
     tune({"v4_gate.rows": rows, "v4_gate.unroll": unroll, "v4_gate.wg": wg})
     arrays, params = gate_inputs(rng, 100, 520, 6, False)
     params["scoring"] = "sigmoid"
+    g = Graph()
+    g.op("V4_GATE", *(g.const(a) for a in arrays), **params)
+    (launch,) = get_op("V4_GATE").lower(g.nodes[-1], default_device())
+    assert launch.spec[1:] == (6, rows, unroll)
+    own = v4_gate.route_workgroup(default_device(), 100)          # the router's workgroup; ranking: ≥ 128
+    assert launch.spec[0] == max(wg or (own if default_device().caps.is_cpu else 256), own, 128)
+    assert launch.grid[0] == -(-100 // rows)
     routes, logits, bad = run_gate(arrays, params)
     assert not bad
     ref_lg = reference_gate_logits(*arrays[:3], EPS)

@@ -74,7 +74,7 @@ def gate_launch_shape(device, E: int, hashed: bool) -> tuple[int, int, int]:
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi):
             raise ValueError(f"tuning knob 'v4_gate.{name}' must be None or an integer in [1, {hi}], got {v!r}")
     own = route_workgroup(device, E) or 64
-    wg = max(own if cpu else 256 if wg is None else wg, own, 1 if hashed else next_pow2(E))
+    wg = max(wg if wg is not None else own if cpu else 256, own, 1 if hashed else next_pow2(E))
     wg = workgroup_pow2(device, min(next_pow2(wg), 256))
     return wg, rows or (4 if cpu else 1), unroll or (1 if cpu else 4)
 
