@@ -29,6 +29,8 @@
 // weights are read from the shared scores rather than loaded and computed again.
 // -D SERIAL (devices without subgroup arithmetic and shuffles): one invocation per token scans the
 // experts TOP_K times (the same picks; softmax's Σexp summed in expert order).
+// Scoring, the order, the hash picks, softmax's statistics, the ranking and the routes' stores are
+// v4_route.glsl's, shared with the fused gate (v4_gate.comp).
 // Spec constants: 0 workgroup size, 1 TOP_K. Push: T, E, lg (off, s0), sel_off (bias offset or
 // tid2eid offset), tid_s0, ids_off, out (off, s0, s1, s2), route_scale.
 #include "common.glsl"
@@ -46,70 +48,8 @@ layout(push_constant) uniform P {
     uint T, E, l_off, l_s0, sel_off, tid_s0, ids_off, o_off, o_s0, o_s1, o_s2;
     float route_scale;
 } p;
-
-#if !defined(SERIAL)
-shared float red_v[64];          // per subgroup (≤ 64 of them): best value / running reduction
-shared int red_e[64];            // per subgroup: best expert
-shared int picks[64];            // the experts taken so far (TOP_K ≤ 64)
-#endif
-#if defined(RANK)
-const uint RANK_MAX = 256;       // experts (the host checks; ≤ the workgroup)
-shared float rank_v[RANK_MAX];   // score + bias of every expert
-shared float rank_s[RANK_MAX];   // its score (the picks' weights read it back: no second load)
-#endif
-
-float score(uint t, uint e, float mx, float den) {
-    float x = lg[p.l_off + t * p.l_s0 + e];
-#if defined(SCORE_SQRTSOFTPLUS)
-    return sqrt(max(x, 0.0) + log(1.0 + exp(-abs(x))));     // softplus without overflow
-#elif defined(SCORE_SIGMOID)
-    return 1.0 / (1.0 + exp(-x));
-#else
-    return exp(x - mx) / den;
-#endif
-}
-
-#if defined(HASH)
-// Route r of token t from the hash table: tid2eid[ids[t], r], −1 when it is no expert.
-int hash_pick(uint t, uint r) {
-    int e = tid[p.sel_off + uint(ids[p.ids_off + t]) * p.tid_s0 + r];
-    return (e >= 0 && uint(e) < p.E) ? e : -1;
-}
-#endif
-
-// Whether candidate (v, e) ranks before (w, f): a number before NaN, the larger value, then the
-// lower id; e < 0 is no candidate.
-bool before(float v, int e, float w, int f) {
-    if (e < 0) return false;
-    if (f < 0) return true;
-    bool nv = isnan(v), nw = isnan(w);
-    if (nv != nw) return nw;
-    if (!nv && v != w) return v > w;
-    return e < f;
-}
-
-#if defined(SCORE_SOFTMAX) && !defined(SERIAL)
-// Max, then Σ exp(x − max), over the token's experts: subgroup steps, then the subgroups in order.
-void softmax_stats(uint t, out float mx, out float den) {
-    uint lid = gl_LocalInvocationID.x;
-    float m = -3.402823466e38;
-    for (uint e = lid; e < p.E; e += gl_WorkGroupSize.x) m = max(m, lg[p.l_off + t * p.l_s0 + e]);
-    m = subgroupMax(m);
-    if (subgroupElect()) red_v[gl_SubgroupID] = m;
-    barrier();
-    mx = red_v[0];
-    for (uint i = 1u; i < gl_NumSubgroups; ++i) mx = max(mx, red_v[i]);
-    barrier();
-    float s = 0.0;
-    for (uint e = lid; e < p.E; e += gl_WorkGroupSize.x) s += exp(lg[p.l_off + t * p.l_s0 + e] - mx);
-    s = subgroupAdd(s);
-    if (subgroupElect()) red_v[gl_SubgroupID] = s;
-    barrier();
-    den = 0.0;
-    for (uint i = 0u; i < gl_NumSubgroups; ++i) den += red_v[i];
-    barrier();
-}
-#endif
+#define ROUTE_LOGIT(t, e) lg[p.l_off + (t) * p.l_s0 + (e)]
+#include "v4_route.glsl"
 
 #if defined(SERIAL)
 void main() {
@@ -117,26 +57,27 @@ void main() {
     if (t >= p.T) return;
     float mx = -3.402823466e38, den = 1.0;
 #if defined(SCORE_SOFTMAX)
-    for (uint e = 0u; e < p.E; ++e) mx = max(mx, lg[p.l_off + t * p.l_s0 + e]);
+    for (uint e = 0u; e < p.E; ++e) mx = max(mx, ROUTE_LOGIT(t, e));
     den = 0.0;
-    for (uint e = 0u; e < p.E; ++e) den += exp(lg[p.l_off + t * p.l_s0 + e] - mx);
+    for (uint e = 0u; e < p.E; ++e) den += exp(ROUTE_LOGIT(t, e) - mx);
 #endif
-    int pick[TOP_K];
     for (uint r = 0u; r < TOP_K; ++r) {
 #if defined(HASH)
-        pick[r] = hash_pick(t, r);
+        route_pick[r] = hash_pick(t, r);
 #else
         float bv = 0.0;
         int be = -1;
         for (uint e = 0u; e < p.E; ++e) {
             bool taken = false;
-            for (uint q = 0u; q < r; ++q) taken = taken || pick[q] == int(e);
+            for (uint q = 0u; q < r; ++q) taken = taken || route_pick[q] == int(e);
             float v = score(t, e, mx, den) + bias[p.sel_off + e];
             if (!taken && before(v, int(e), bv, be)) { bv = v; be = int(e); }
         }
-        pick[r] = be;
+        route_pick[r] = be;
 #endif
     }
+    store_routes(t, mx, den);
+}
 #else
 void main() {
     uint t = flat_group();
@@ -147,26 +88,7 @@ void main() {
     softmax_stats(t, mx, den);
 #endif
 #if defined(RANK)
-    if (lid < TOP_K) picks[lid] = -1;          // (E < TOP_K: routes past E stay no expert)
-    float own = 0.0;
-    if (lid < p.E) {
-        float sc = score(t, lid, mx, den);
-        own = sc + bias[p.sel_off + lid];
-        rank_v[lid] = own;
-        rank_s[lid] = sc;
-    }
-    barrier();
-    if (lid < p.E) {
-        uint rank = 0u, f = 0u;
-        for (; f + 4u <= p.E; f += 4u) {       // 4 shared loads issued together
-            float v0 = rank_v[f], v1 = rank_v[f + 1u], v2 = rank_v[f + 2u], v3 = rank_v[f + 3u];
-            rank += (before(v0, int(f), own, int(lid)) ? 1u : 0u) + (before(v1, int(f + 1u), own, int(lid)) ? 1u : 0u)
-                  + (before(v2, int(f + 2u), own, int(lid)) ? 1u : 0u) + (before(v3, int(f + 3u), own, int(lid)) ? 1u : 0u);
-        }
-        for (; f < p.E; ++f) rank += before(rank_v[f], int(f), own, int(lid)) ? 1u : 0u;
-        if (rank < TOP_K) picks[rank] = int(lid);
-    }
-    barrier();
+    rank_select(t, mx, den);
 #elif !defined(HASH)
     for (uint r = 0u; r < TOP_K; ++r) {
         float bv = 0.0;
@@ -193,31 +115,13 @@ void main() {
     }
 #endif
     if (lid != 0u) return;
-    int pick[TOP_K];                           // (unrolled loops: constant indices, registers)
     [[unroll]] for (uint r = 0u; r < TOP_K; ++r) {
 #if defined(HASH)
-        pick[r] = hash_pick(t, r);
+        route_pick[r] = hash_pick(t, r);
 #else
-        pick[r] = picks[r];
+        route_pick[r] = picks[r];
 #endif
     }
-#endif
-    float wsum = 0.0, w[TOP_K];
-    [[unroll]] for (uint r = 0u; r < TOP_K; ++r) {
-#if defined(RANK)
-        w[r] = pick[r] >= 0 ? rank_s[pick[r]] : 0.0;
-#else
-        w[r] = pick[r] >= 0 ? score(t, uint(pick[r]), mx, den) : 0.0;
-#endif
-        wsum += w[r];
-    }
-    float f = p.route_scale / (wsum + 1e-20);
-    uint ob = p.o_off + t * p.o_s0;
-    [[unroll]] for (uint r = 0u; r < TOP_K; ++r) {
-        // an invalid id (a bad tid2eid entry) stays −1: MUL_MAT_ID then writes NaN for the token
-        o[ob + r * p.o_s1] = float(pick[r]);
-        o[ob + r * p.o_s1 + p.o_s2] = pick[r] >= 0 ? w[r] * f : 0.0;
-    }
-    o[ob + TOP_K * p.o_s1] = float(p.E);
-    o[ob + TOP_K * p.o_s1 + p.o_s2] = 1.0;
+    store_routes(t, mx, den);
 }
+#endif

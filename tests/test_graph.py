@@ -533,3 +533,39 @@ def test_tuning_refuses_unknown_knobs_and_writes():
         mul_mat.GEMV_UNROLL["unroll"] = 2          # type: ignore[index]
     assert Tuning({"gemv.unroll": None}) == Tuning() and hash(Tuning({"gemv.unroll": 2})) == hash(Tuning(**{"gemv.unroll": 2}))
     assert all(k.doc for k in knobs().values())
+
+
+def test_scratch_pools_zeroed_or_not_are_asked_for_one_way(monkeypatch):
+    """OpDef.scratch's (elements, dtype, "zeroed"): a pool is zero when a program is built and after
+    each run (V4_GATE's ticket counter, which resets itself), one pool is asked for one way only, and
+    a third field other than "zeroed" is refused naming the forms."""
+    from dsv4_vk.ops.base import REGISTRY, OpDef
+    from dsv4_vk.ops.v4_gate import COUNTERS
+
+    class AsksForScratch(OpDef):
+        name = "TEST_ASKS_FOR_SCRATCH"
+
+        def infer(self, inputs, params):
+            return (1,), "f32"
+
+        def scratch(self, inputs, params):
+            return {params["pool"]: params["how"]}
+    monkeypatch.setitem(REGISTRY, AsksForScratch.name, AsksForScratch())      # for this test only
+    g = Graph()
+    x = g.input("x", (1, 8))
+    g.op("TEST_ASKS_FOR_SCRATCH", x, pool="p", how=(4, "i32", "zeroed"))
+    g.op("TEST_ASKS_FOR_SCRATCH", x, pool="p", how=(9, "i32", "zeroed"))
+    assert g.scratch("p").storage.zeroed and g.scratch("p").shape == (9,)
+    with pytest.raises(ValueError, match=r"scratch pool 'p' asked for as i32, it is i32 zeroed"):
+        g.op("TEST_ASKS_FOR_SCRATCH", x, pool="p", how=(4, "i32"))
+    with pytest.raises(ValueError, match=r"scratch pool 'q': expected \(elements, dtype\) or \(elements, dtype, "
+                                         r"'zeroed'\), got the extra \('zero',\)"):
+        g.op("TEST_ASKS_FOR_SCRATCH", x, pool="q", how=(4, "i32", "zero"))
+    g = Graph()
+    x = g.input("x", (1, 8))
+    routes = g.op("V4_GATE", x, g.const(np.ones((4, 8), np.float32)), g.const(np.zeros(4, np.float32)), top_k=2)
+    g.output("routes", routes)
+    g.output("counters", g.scratch(COUNTERS))
+    cg = Executor().compile(g)
+    res = cg.run(x=np.ones((1, 8), np.float32))
+    assert not res["counters"].any() and res["routes"][0, :, 0].tolist() == [0, 1, 4]

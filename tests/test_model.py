@@ -132,6 +132,29 @@ def test_decode_with_fewer_norms_folded_matches_too(tune, monkeypatch, max_bytes
     check_fixture("mixed", True)
 
 
+@pytest.mark.parametrize("name", ["mixed", "bf16"])
+def test_decode_routes_each_layer_in_one_dispatch_and_matches_the_two_dispatch_router(tune, name):
+    """V4_GATE at decode (the gate's logits, its norm folded in, and the selection in one dispatch):
+    every MoE layer's router, hash and bias layers, over f32 and bf16 gates; one dispatch fewer per
+    layer than MUL_MAT then V4_ROUTE (v4_gate.on off), and both match transformers."""
+    cfg, w, e = fixture(name)
+    gate = w["layers.0.ffn.gate.weight"]
+    assert str(gate.dtype) == ("bfloat16" if name == "bf16" else "float32"), gate.dtype
+
+    def decode():
+        m = Model(cfg, w, fused=True)
+        m.prefill(e["prompt"])
+        cg = m.compiled("decode")
+        return cg.recording.n_dispatches, [n.op.name for n in cg.graph.nodes]
+    n_one, ops = decode()
+    L = cfg.num_hidden_layers
+    assert ops.count("V4_GATE") == L and "V4_ROUTE" not in ops
+    tune({"v4_gate.on": False})
+    n_two, ops = decode()
+    assert ops.count("V4_ROUTE") == L and "V4_GATE" not in ops and n_two == n_one + L
+    check_fixture(name, True)
+
+
 def worker():
     """Subprocess entry: the fixture checks on both paths at this process's subgroup size."""
     from dsv4_vk.vk import default_device
@@ -426,8 +449,9 @@ def test_profile_splits_prefill_and_decode(rng):
     assert d["prefill"]["runs"] == 1 and d["decode"]["runs"] == 3    # one 16-token chunk
     assert d["decode"]["dispatches"] == 3 * (m.compiled("decode").recording.n_dispatches + 1)    # + STORE_AT
     ops = " ".join(d["decode"]["ops"])
-    for op in ("MQA_ATTENTION", "COMPRESS", "TOPK", "V4_ROUTE", "MUL_MAT_ID", "SAMPLE", "HC_SITE"):
+    for op in ("MQA_ATTENTION", "COMPRESS", "TOPK", "V4_GATE", "MUL_MAT_ID", "SAMPLE", "HC_SITE"):
         assert op in ops, (op, ops)
+    assert "V4_ROUTE" not in ops and "V4_ROUTE" in " ".join(d["prefill"]["ops"])    # decode routes in one dispatch
 
 
 def test_max_ctx_sets_the_cache_and_its_bytes_are_known_before_allocating(rng):
@@ -650,13 +674,15 @@ def test_make_checkpoint_tool_and_the_gpu_bench_dry_run(tmp_path):
     assert r.returncode == 2 and "hc_mult must be 4" in r.stderr
     out = tmp_path / "bench.json"
     r = subprocess.run([sys.executable, "tools/model_gpu_bench.py", "--quick", "--out", str(out),
-                        "--variants", "fold_mb=0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                        "--variants", "fold_mb=0;gate=0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads(out.read_text())
     assert res["decode"]["fused"]["dispatches_per_token"] < res["decode"]["unfused"]["dispatches_per_token"]
     unfolded = res["decode_variants"]["fold_mb=0"]       # every norm its own dispatch: more of them, same tokens
     assert unfolded["same_tokens_as_fused"]
     assert unfolded["dispatches_per_token"] > res["decode"]["fused"]["dispatches_per_token"]
+    two = res["decode_variants"]["gate=0"]               # MUL_MAT then V4_ROUTE: one dispatch more a layer
+    assert two["same_tokens_as_fused"] and two["dispatches_per_token"] > res["decode"]["fused"]["dispatches_per_token"]
     r = subprocess.run([sys.executable, "tools/model_gpu_bench.py", "--quick", "--out", str(out),
                         "--variants", "fold=1"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "unknown knob 'fold'" in r.stderr

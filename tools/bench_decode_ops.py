@@ -11,7 +11,8 @@ variants that decide their speed side by side in one run:
   the weights they read;
 - the row ops of a decode step (RMS_NORM, ROPE) at their model shapes;
 - the selection ops of a decode step ("select"): the indexer's INDEX_SCORE and TOPK over the CSA
-  layer's compressed keys, V4_ROUTE, and the two-stage SAMPLE over the vocabulary, with the knob
+  layer's compressed keys, V4_ROUTE, the whole router (MUL_MAT + V4_ROUTE against V4_GATE and its
+  knobs), and the two-stage SAMPLE over the vocabulary, with the knob
   that sets INDEX_SCORE's layout (heads per step);
 - "topk" (not in the default --only): the indexer's TOPK over --topk-entries closed entries (8192:
   a 32k context), k 512, at tile sizes (TOPK_TILES + TOPK, or one TOPK where a tile holds them
@@ -144,6 +145,22 @@ def select_rows(ex, rng, args, warm, ctx, pos, D, E):
     g.output("r", g.op("V4_ROUTE", g.input("l", (1, E)), g.const(rng.standard_normal(E).astype(np.float32) * 0.1),
                        top_k=6, scoring="sqrtsoftplus", route_scale=1.5))
     row(f"V4_ROUTE {E} experts, top 6", g, {"l": rng.standard_normal((1, E)).astype(np.float32)})
+    # the router whole: the gate's GEMV (bf16 [E, D], the FFN norm folded) then V4_ROUTE, against V4_GATE
+    # (one dispatch; knobs v4_gate.*). Replayed alone, the 2 MB of gate weights stay in the L2 cache.
+    gate_w = (rng.standard_normal((E, D)) * D ** -0.5).astype(BF16)
+    norm_w = (1 + 0.1 * rng.standard_normal(D)).astype(np.float32)
+    bias = (rng.standard_normal(E) * 0.1).astype(np.float32)
+    for label, knobs in (("MUL_MAT + V4_ROUTE", None), ("V4_GATE", {}), ("V4_GATE", {"v4_gate.rows": 2}),
+                         ("V4_GATE", {"v4_gate.unroll": 1}), ("V4_GATE", {"v4_gate.wg": 128})):
+        g = Graph(Tuning(knobs or {}))
+        x, w, gw, b = g.input("x", (1, D)), g.const(gate_w), g.const(norm_w), g.const(bias)
+        prm = {"top_k": 6, "scoring": "sqrtsoftplus", "route_scale": 1.5}
+        if knobs is None:
+            g.output("r", g.op("V4_ROUTE", g.op("MUL_MAT", x, w, gw, rms_eps=1e-6), b, **prm))
+        else:
+            g.output("r", g.op("V4_GATE", x, w, gw, b, rms_eps=1e-6, **prm))
+        row(f"{label} {E} x {D} bf16, top 6" + "".join(f", {k} {v}" for k, v in (knobs or {}).items()), g,
+            {"x": rng.standard_normal((1, D)).astype(np.float32)}, knobs=knobs)
     g = Graph()
     g.output("t", sample.sample(g, g.input("l", (1, V)), g.const(np.array([0.0, 1.0], np.float32)),
                                 g.const(np.array([1, 0], np.int32))))

@@ -40,7 +40,10 @@ staged GEMV's workgroup size), moe_coopmat (1: the prefill's grouped expert GEMM
 0: on the f32 lanes, the default; knob mul_mat_id_coopmat.auto),
 indexer (1: CSA layers run their indexer even where its
 top-k keeps every entry the cache can hold, as at this preset's 1024-token cache;
-knob indexer.always), mqa_literal (1: MQA_ATTENTION's per-lane arrays with literal sizes,
+knob indexer.always), gate (0: the router at decode as MUL_MAT then V4_ROUTE, two dispatches
+a layer, instead of V4_GATE's one; knob v4_gate.on), gate_rows / gate_unroll / gate_wg
+(V4_GATE's gate rows a workgroup, vec4 steps loaded together, workgroup size; knobs v4_gate.*),
+mqa_literal (1: MQA_ATTENTION's per-lane arrays with literal sizes,
 knob mqa_arrays.literal), mix_wg (the first site's HC_MIX workgroup size: smaller ones split
 D into more workgroups; knob mix.wg), compress_wg (COMPRESS's workgroup cap,
 knob compress.wg), mqa_tile (keys the tiled MQA_ATTENTION stages at a time; the decode
@@ -124,6 +127,10 @@ KNOBS = {"fold_mb": ("norm_fold.max_bytes", lambda v: int(float(v) * 2**20)),   
          "moe_xs_rows": ("mul_mat_id.x_shared_rows", int),
          "moe_xs_split": ("mul_mat_id.x_shared_split", int),
          "indexer": ("indexer.always", lambda v: bool(int(v))),
+         "gate": ("v4_gate.on", lambda v: bool(int(v))),
+         "gate_rows": ("v4_gate.rows", int),
+         "gate_unroll": ("v4_gate.unroll", int),
+         "gate_wg": ("v4_gate.wg", int),
          "chunk": ("prefill_chunk.gpu", int),
          "coopmat": ("coopmat.auto", lambda v: bool(int(v))),
          "cm_tile": ("coopmat.tokens", int),

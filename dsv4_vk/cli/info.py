@@ -28,6 +28,8 @@ def report(dev):
     out.update(indexer_describe(dev))       # index_score, topk: the indexer's kernels
     from ..ops.v4_attention import describe as attention_describe
     out["mqa_attention"] = attention_describe(dev)     # the attention's kernels at decode and prefill
+    from ..ops.v4_gate import describe as router_describe
+    out["v4_gate"] = router_describe(dev)   # the router at decode: one dispatch or two
     return out
 
 
@@ -97,6 +99,11 @@ def _human(rep):
     if mqa:
         lines.append(f"MQA_ATTENTION {mqa['heads']} heads × {mqa['head_dim']}: decode {mqa['decode']}, prefill "
                      f"{mqa['prefill']} — {mqa['reason']}")
+    rt = rep.get("v4_gate")
+    if rt:
+        lines.append(f"V4_GATE       one token, {rt['experts']} experts × {rt['D']}: "
+                     + (f"one dispatch, {rt['workgroups']} workgroups of {rt['workgroup']}, {rt['rows']} gate rows "
+                        f"each" if rt["kernel"] == "fused" else "MUL_MAT then V4_ROUTE") + f" — {rt['reason']}")
     carry = rep.get("hc_carry")
     if carry:
         lines.append(f"HC_POST_MIX   the post carries the next site's mixes (D = {carry['D']}) at T " +

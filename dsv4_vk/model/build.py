@@ -37,6 +37,7 @@ from .. import hc
 from ..core.graph import Graph, GraphTensor
 from ..ops.compress import topk
 from ..ops.sample import sample
+from ..ops.v4_gate import gate_kernel, layout_refusal
 from ..ops.v4_attention import mqa_decode_splits, rope_table
 from .checkpoint import quantisable
 from .tensor_files import BF16, FILES, Lazy, QuantWeight, is_quant, join, stack_quant, stream_of
@@ -534,16 +535,12 @@ class ModelGraph:
                     sorted=False)
 
     def moe(self, i, x):
-        """V4_ROUTE (score + bias, or the hash table by token id; the shared expert appended) →
-        the chosen experts' clamped SwiGLU → weighted sum."""
+        """The router (V4_GATE, or MUL_MAT then V4_ROUTE) → the chosen experts' clamped SwiGLU →
+        weighted sum."""
         cfg, g = self.cfg, self.g
         T, D = (x.x if isinstance(x, Normed) else x).shape
         f = f"layers.{i}.ffn."
-        logits = self.linear(x, f + "gate.weight")
-        sel = ([self.param(f + "gate.tid2eid"), self.ids] if cfg.mlp_layer_types[i] == "hash_moe"
-               else [self.param(f + "gate.bias")])
-        route = g.op("V4_ROUTE", logits, *sel, top_k=cfg.num_experts_per_tok, scoring=cfg.scoring_func,
-                     route_scale=float(cfg.routed_scaling_factor))
+        route = self.router(i, x)
         per_expert = self.stack_bytes(f + "w13") // self.stack_experts(f + "w13")
         if not moe_shared_apart(self.params, i):
             fold = self.folds(x, per_expert * (cfg.num_experts_per_tok + 1))   # the experts read
@@ -560,6 +557,30 @@ class ModelGraph:
         h = self._swiglu(x, f + "w13", route[:, :k], fold)
         hs = self._swiglu(x, f + "shared.w13", shared, fold)
         return self._expert_sum(hs, f + "shared.w2", shared, self._expert_sum(h, f + "w2", route[:, :k]))
+
+    def router(self, i: int, x: GraphTensor | Normed) -> GraphTensor:
+        """Layer i's routes [T, k+1, 2] (score + bias, or the hash table by token id; the shared expert
+        appended): V4_GATE, the gate's logits and the selection in one dispatch, where gate_kernel
+        allows (one token); else the gate's MUL_MAT then V4_ROUTE."""
+        cfg, g = self.cfg, self.g
+        f = f"layers.{i}.ffn."
+        hashed = cfg.mlp_layer_types[i] == "hash_moe"
+        sel = [self.param(f + "gate.tid2eid"), self.ids] if hashed else [self.param(f + "gate.bias")]
+        prm: dict[str, Any] = {"top_k": cfg.num_experts_per_tok, "scoring": cfg.scoring_func,
+                               "route_scale": float(cfg.routed_scaling_factor)}
+        name = f + "gate.weight"
+        if not is_quant(self.params[name]):
+            w = self.param(name)
+            eps: dict[str, Any] = {}
+            if self.folds(x, self.params[name].nbytes):        # the norm folded in, as MUL_MAT would
+                src, norm, eps = x.x, [x.g], {"rms_eps": x.eps}
+            else:
+                src, norm = self.normed(x), []
+            T, D = src.shape
+            layout = layout_refusal(D, src.offset, w.offset, w.strides[0], norm[0].offset if norm else None)
+            if gate_kernel(self.device, T, w.shape[0], hashed, layout).kernel == "fused":
+                return g.op("V4_GATE", src, w, *norm, *sel, **prm, **eps)
+        return g.op("V4_ROUTE", self.linear(x, name), *sel, **prm)
 
     def shared_in_dispatch(self, f) -> bool:
         """Whether MUL_MAT_ID reads layer f's FP8 shared expert beside its FP4 routed experts in one
