@@ -19,6 +19,14 @@
 #   gemv      tools/bench_gemv.py; moe: tools/bench_moe.py
 #   hctests   the HC case tests at the device's subgroup size
 #   v4tests   the model's kernels against float64 at the device's subgroup size
+#   quanttests  the FP8/FP4, grouped-expert and matrix-unit kernels' tests at the device's subgroup size
+#   coldgemv / coldmoe  the one-token GEMV over FP8/FP4 weights and the FP4 experts with their staged
+#             kernels' knobs swept, weights read from device memory (--cold), as in the decode step
+#   fp8step   flash-1gpu in the published FP8/FP4 layout: the fused decode step dispatch by dispatch
+#             (--timeline) and the decode knobs side by side in the model
+#   flash43   V4-Flash's depth in the published layout beside BF16, with the decode folds on and off
+#   prefillk  the prefill's grouped expert GEMM (f32 lanes, matrix units) and attention kernels
+#   prefill   flash-1gpu's 4k-token prefill with the matrix-unit forms on and off
 # A device call may run 10 minutes: split long lists, e.g. `eval library soak`, then `site model`.
 set -u
 out=${1:?usage: gpu_session.sh OUT [STEP ...]}
@@ -58,7 +66,32 @@ for s in $steps; do
                      tests/test_hc.py ;;
         v4tests) step v4tests 300 v4_tests_h200.txt python3 -m pytest -q -p no:cacheprovider tests/v4_ops_cases.py \
                      tests/test_model_ops.py ;;
-        *) echo "unknown step $s (eval info floor bench library soak site model decode mix gemv moe hctests v4tests)" \
+        quanttests) step quanttests 420 quant_tests_h200.txt python3 -m pytest -q -p no:cacheprovider \
+                        tests/test_quant.py tests/test_mul_mat_coopmat.py tests/test_moe_grouped.py \
+                        tests/test_moe_coopmat.py tests/test_attention_prefill.py -k "not subgroup" ;;
+        coldgemv) step coldgemv 300 gemv_cold_h200.txt python3 tools/bench_gemv.py --cold --formats fp8,fp4 \
+                      --shapes wq_b,wo_b,wo_a,wq_a --spread -1 --unroll 4 --x-shared 1 --xs-rows 1,4 \
+                      --xs-unroll 1,2,4 --xs-wg 64,256 --json "$r/gemv_cold_h200.json" ;;
+        coldmoe) step coldmoe 300 moe_cold_h200.txt python3 tools/bench_moe.py --cold --formats fp4 --experts 65 \
+                     --routes-per-token 7 --x-shared 1 --xs-rows 1,2,4 --xs-unroll 1,2,4 --xs-groups 256,1024 \
+                     --json "$r/moe_cold_h200.json" ;;
+        fp8step) step fp8step 420 model_fp8_step_h200.txt python3 tools/model_gpu_bench.py --preset flash-1gpu \
+                     --dtype fp8 --skip unfused,multi,host --timeline --variants \
+                     "mqa_merge=0;gate=0;gemv_xs_wg=64;gemv_xs_unroll=4;gemv_xs_rows=1;moe_xs_unroll=2;moe_xs_rows=1;moe_xs_groups=256" \
+                     --out "$r/model_fp8_step_h200.json" ;;
+        flash43) step flash43 540 model_flash43_h200.txt python3 tools/model_gpu_bench.py --preset flash-43 \
+                     --dtype fp8 --compare-dtype bf16 --skip unfused,multi,host --variants "mqa_merge=0,gate=0" \
+                     --out "$r/model_flash43_h200.json" ;;
+        prefillk) step prefillk 420 prefill_kernels_h200.txt bash -c 'python3 tools/bench_moe.py --prefill 512,2048 \
+                      --formats bf16,fp4+fp8 --cm-tiles "16x64x16x32x32;64x64x32x32x32;64x64x32x32x64" \
+                      --json "$0/moe_prefill_h200.json" && python3 tools/bench_primitives.py --attention \
+                      --attn-positions 4096 --attn-variants cm_tile=16,cm_heads=2 --json "$0/attention_prefill_h200.json"' "$r" ;;
+        prefill) step prefill 540 prefill_h200.txt python3 tools/model_gpu_bench.py --preset flash-1gpu --prompt 4096 \
+                     --max-ctx 8192 --skip unfused,multi,host --tokens 4 \
+                     --prefill-variants "moe_coopmat=1;mqa_coopmat=1;moe_coopmat=1,mqa_coopmat=1" \
+                     --out "$r/prefill_h200.json" ;;
+        *) echo "unknown step $s (eval info floor bench library soak site model decode mix gemv moe hctests v4tests" \
+                "quanttests coldgemv coldmoe fp8step flash43 prefillk prefill)" \
                >> "$summary" ;;
     esac
 done

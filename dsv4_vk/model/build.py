@@ -537,7 +537,7 @@ class ModelGraph:
     def moe(self, i, x):
         """The router (V4_GATE, or MUL_MAT then V4_ROUTE) → the chosen experts' clamped SwiGLU →
         weighted sum."""
-        cfg, g = self.cfg, self.g
+        cfg = self.cfg
         T, D = (x.x if isinstance(x, Normed) else x).shape
         f = f"layers.{i}.ffn."
         route = self.router(i, x)
