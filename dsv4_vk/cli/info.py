@@ -95,8 +95,8 @@ def _human(rep):
                      f"{tk['scan']} bin scan")
     mqa = rep.get("mqa_attention")
     if mqa:
-        lines.append(f"MQA_ATTENTION {mqa['heads']} heads × {mqa['head_dim']}: decode {mqa['decode']}, prefill "
-                     f"{mqa['prefill']} — {mqa['reason']}")
+        lines.append(f"MQA_ATTENTION {mqa['heads']} heads × {mqa['head_dim']}: decode {mqa['decode']} (splits "
+                     f"{mqa['decode_splits']}), prefill {mqa['prefill']} — {mqa['reason']}")
     carry = rep.get("hc_carry")
     if carry:
         lines.append(f"HC_POST_MIX   the post carries the next site's mixes (D = {carry['D']}) at T " +

@@ -330,7 +330,8 @@ def prefill_on(device) -> bool:
 
 
 def describe(device, hd: int = 512, H: int = 64) -> dict:
-    """MQA_ATTENTION's kernels on this device at DeepSeek-V4-Flash's widths (python -m dsv4_vk info)."""
+    """MQA_ATTENTION's kernels on this device at DeepSeek-V4-Flash's widths (python -m dsv4_vk info),
+    and where the model's decode attention merges its split key lists (knob mqa_merge.on)."""
     plan = mqa_prefill_plan(device, hd, H)
     pre = "prefill" if prefill_on(device) and plan["tile"] else "cluster"
     cm, cm_why = prefill_coopmat_choice(device, hd, H) if pre == "prefill" else (None, "")
@@ -348,8 +349,7 @@ def describe(device, hd: int = 512, H: int = 64) -> dict:
     elif pre == "prefill":
         why += f"; f32 lanes: {cm_why}"
     dec = "tiled" if mqa_tile_keys(device, hd) and not is_cpu(device) else "cluster"
-    merge = ("one dispatch: MQA_ATTENTION merge=True (the last workgroup of a head group merges the splits)"
-             if MQA_MERGE["on"] else "two dispatches: MQA_ATTENTION splits, then MQA_COMBINE (mqa_merge.on=False)")
+    merge = "merged in the dispatch" if MQA_MERGE["on"] else "merged by MQA_COMBINE, mqa_merge.on=False"
     return {"heads": H, "head_dim": hd, "decode": dec, "decode_splits": merge, "prefill": pre, "reason": why}
 
 
@@ -469,7 +469,7 @@ class MqaAttention(OpDef):
         spec = (256, per_lane, S, prm["window"], prm.get("rate", 1), keys, tile or 1)
         args, push, defs = self._bindings(node)
         defs |= lanes
-        writes: tuple[int, ...] = (6,)
+        writes = (6,)
         if kernel == "tiled":
             defs["TILED"] = 1
         if prm.get("merge", False):
