@@ -20,7 +20,8 @@
 // multiple of 4 for vec4 loads), then the last workgroup of each (t, head group) to finish
 // (last_group.glsl, counters at the binding after `part`) merges its group's SPLITS parts with the
 // sinks into out [T, H, hd] (mqa_merge.glsl, MQA_COMBINE's formula and part order; vec4s of
-// channels, each loaded from every part together). -D MERGE_ROPE: MERGE, and the output's trailing
+// channels, each loaded from MERGE_STEP parts together: fewer than SPLITS keeps the merge's
+// registers, which the whole kernel is allocated, from growing with the split count). -D MERGE_ROPE: MERGE, and the output's trailing
 // 2·q_half channels de-rotated at their position (ROPE inverse=True: V carries RoPE), with the
 // tables cos/sin at bindings 7, 8 (those of Q_NORM).
 // Lanes: one cluster of LANES lanes (lanes.glsl) per (t, split, h), h fastest; lane l holds channels
@@ -49,6 +50,7 @@ layout(constant_id = 3) const uint WINDOW = 1;   // sliding_window
 layout(constant_id = 4) const uint RATE = 1;     // the compression rate m (MODE_HCA)
 layout(constant_id = 5) const uint KEYS = 1;     // keys loaded and reduced together
 layout(constant_id = 6) const uint TILE = 1;     // TILED: keys staged in shared memory at a time
+layout(constant_id = 7) const uint MERGE_STEP = 1;   // MERGE: parts whose loads the merge issues together
 // -D LITERAL_ARRAYS: the per-lane arrays get literal sizes (at least the specialization constants
 // their loops run to: PER_LANE ≤ 16, KEYS ≤ 4, TILE ≤ 16, ≤ 32 tile loads a lane; the host checks).
 // Arrays sized by specialization constants may be kept in memory rather than registers: the
@@ -333,9 +335,8 @@ void merge_heads(uint t, uint h0, uint nh, int pp) {
     for (uint i = gl_LocalInvocationIndex; i < nh * c4; i += gl_WorkGroupSize.x) {
         uint h = h0 + i / c4, c = (i % c4) * 4u;
         uint b = part_row(t, h, 0u);
-        float f[SPLITS];
-        float den = merge_weights(b, part_stride(), sinks[p.sink_off + h], f);
-        vec4 v = merge_channels(b, part_stride(), f, den, c);
+        vec2 md = merge_scale(b, part_stride(), sinks[p.sink_off + h]);
+        vec4 v = merge_channels(b, part_stride(), md, c);
 #if defined(MERGE_ROPE)
         uint first = p.hd - 2u * p.q_half;              // even: a vec4 holds whole pairs
         vec4 r;

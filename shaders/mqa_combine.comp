@@ -34,6 +34,7 @@ float merge_max(uint r) { return part[r + p.hd]; }
 float merge_sum(uint r) { return part[r + p.hd + 1u]; }
 float merge_acc(uint r, uint c) { return part[r + c]; }
 #define MERGE_T float
+#define MERGE_STEP SPLITS
 #include "mqa_merge.glsl"
 
 void main() {
@@ -42,13 +43,12 @@ void main() {
     uint c = i % p.hd, th = i / p.hd;
     uint h = th % p.H, t = th / p.H;
     uint b = p.part_off + th * SPLITS * (p.hd + 2);
-    float f[SPLITS];
-    float den = merge_weights(b, p.hd + 2u, sinks[p.sink_off + h], f);
-    float v = merge_channels(b, p.hd + 2u, f, den, c);
+    vec2 md = merge_scale(b, p.hd + 2u, sinks[p.sink_off + h]);
+    float v = merge_channels(b, p.hd + 2u, md, c);
 #if defined(ROPE)
     uint first = p.hd - 2u * p.half_rd;                 // even: pairs (c, c ^ 1)
     uint cp = c >= first ? c ^ 1u : c;                  // the pair partner, merged beside c
-    v = rope_channel(v, merge_channels(b, p.hd + 2u, f, den, cp), c, first, pos[p.pos_off] + int(t), p.capacity,
+    v = rope_channel(v, merge_channels(b, p.hd + 2u, md, cp), c, first, pos[p.pos_off] + int(t), p.capacity,
                      p.cos_off, p.sin_off, p.tab_s0, true);   // the inverse rotation
 #endif
     o[p.o_off + t * p.o_s0 + h * p.o_s1 + c] = v;

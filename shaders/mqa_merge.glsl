@@ -4,33 +4,38 @@
 // its running max and its sum; with M = max(sink, max_s) and f_s = e^(max_s − M) (an empty part has
 // max = LOWEST, so f_s = 0):
 //   out[c] = Σ_s f_s·acc_s[c] / (e^(sink − M) + Σ_s f_s·sum_s), the parts taken in split order
-// (so the result never depends on which workgroup merges). The loops over parts unroll (SPLITS is a
-// specialization constant), so every part's load of a channel (group) is issued together.
-// The includer declares the spec constant SPLITS, defines MERGE_T (float, or vec4 for four channels
-// at a time) and, before including, the loads of the part whose row starts at element r:
+// (so the result never depends on which workgroup merges). The loops over parts go MERGE_STEP parts
+// at a time, unrolled (SPLITS and MERGE_STEP are constants), so those parts' loads of a channel
+// (group) are issued together; a step of every part (MERGE_STEP = SPLITS) holds the most loads in
+// flight, a shorter one fewer registers.
+// The includer declares the constants SPLITS and MERGE_STEP, defines MERGE_T (float, or vec4 for
+// four channels at a time) and, before including, the loads of the part whose row starts at r:
 //   float merge_max(uint r), float merge_sum(uint r), MERGE_T merge_acc(uint r, uint c) (channel c,
 //   or c .. c + 3).
 // b: the first part's row; stride: elements from one part's row to the next.
 
-// The parts' weights f (out) and the denominator (returned).
-float merge_weights(uint b, uint stride, float sink, out float f[SPLITS]) {
-    float m[SPLITS];
+// (M, the denominator) of the parts from row b.
+vec2 merge_scale(uint b, uint stride, float sink) {
     float M = sink;
-    [[unroll]] for (uint s = 0; s < SPLITS; ++s) {
-        m[s] = merge_max(b + s * stride);
-        M = max(M, m[s]);
-    }
+    for (uint s0 = 0; s0 < SPLITS; s0 += MERGE_STEP)
+        [[unroll]] for (uint k = 0; k < MERGE_STEP; ++k)
+            if (s0 + k < SPLITS) M = max(M, merge_max(b + (s0 + k) * stride));
     float den = exp(sink - M);
-    [[unroll]] for (uint s = 0; s < SPLITS; ++s) {
-        f[s] = exp(m[s] - M);
-        den += f[s] * merge_sum(b + s * stride);
-    }
-    return den;
+    for (uint s0 = 0; s0 < SPLITS; s0 += MERGE_STEP)
+        [[unroll]] for (uint k = 0; k < MERGE_STEP; ++k) {
+            uint r = b + (s0 + k) * stride;
+            if (s0 + k < SPLITS) den += exp(merge_max(r) - M) * merge_sum(r);
+        }
+    return vec2(M, den);
 }
 
-// Channel c (or channels c .. c + 3) of the merged output.
-MERGE_T merge_channels(uint b, uint stride, float f[SPLITS], float den, uint c) {
+// Channel c (or channels c .. c + 3) of the merged output; md: merge_scale's (M, denominator).
+MERGE_T merge_channels(uint b, uint stride, vec2 md, uint c) {
     MERGE_T num = MERGE_T(0.0);
-    [[unroll]] for (uint s = 0; s < SPLITS; ++s) num += f[s] * merge_acc(b + s * stride, c);
-    return num / den;
+    for (uint s0 = 0; s0 < SPLITS; s0 += MERGE_STEP)
+        [[unroll]] for (uint k = 0; k < MERGE_STEP; ++k) {
+            uint r = b + (s0 + k) * stride;
+            if (s0 + k < SPLITS) num += exp(merge_max(r) - md.x) * merge_acc(r, c);
+        }
+    return num / md.y;
 }

@@ -458,21 +458,22 @@ def mqa_case_arrays(rng, mode, T, H, hd, p0, rows, rate, C, tables_half):
 
 
 @pytest.mark.parametrize("kernel", ["tiled", "cluster"])
-@pytest.mark.parametrize("mode,T,H,hd,p0,window,rate,splits,rows,q_norm,unrope", [
-    ("csa", 1, 3, 48, 63, 8, 4, 3, 64, True, True),          # CSA's −1 slots: a part may hold none
-    ("hca", 2, 4, 32, 60, 8, 4, 4, 64, False, True),
-    ("sliding", 1, 2, 16, 63, 128, 1, 5, 64, True, False),
-    ("sliding", 3, 5, 18, 1, 8, 1, 6, 64, True, True),      # 2..4 keys in 6 parts: empty ones; hd + 2 = 20
-    ("csa", 3, 2, 16, 61, 6, 4, 2, 8, False, False),        # a ring of 8 rows
-    ("sliding", 2, 3, 16, 63, 8, 1, 3, 64, True, True),     # token 1 past the capacity: NaN
-    ("hca", 2, 70, 16, 20, 8, 4, 3, 64, True, True)])       # more heads than one workgroup's clusters
+@pytest.mark.parametrize("mode,T,H,hd,p0,window,rate,splits,rows,q_norm,unrope,step", [
+    ("csa", 1, 3, 48, 63, 8, 4, 3, 64, True, True, 16),      # CSA's −1 slots: a part may hold none
+    ("hca", 2, 4, 32, 60, 8, 4, 4, 64, False, True, 16),
+    ("sliding", 1, 2, 16, 63, 128, 1, 5, 64, True, False, 2),   # parts merged 2, 2, then 1 at a time
+    ("sliding", 3, 5, 18, 1, 8, 1, 6, 64, True, True, 4),   # 2..4 keys in 6 parts: empty ones; hd + 2 = 20
+    ("csa", 3, 2, 16, 61, 6, 4, 2, 8, False, False, 16),    # a ring of 8 rows
+    ("sliding", 2, 3, 16, 63, 8, 1, 3, 64, True, True, 1),  # token 1 past the capacity: NaN
+    ("hca", 2, 70, 16, 20, 8, 4, 3, 64, True, True, 16)])   # more heads than one workgroup's clusters
 def test_mqa_attention_merges_its_splits_in_one_dispatch(tune, rng, kernel, mode, T, H, hd, p0, window, rate,
-                                                          splits, rows, q_norm, unrope):
+                                                          splits, rows, q_norm, unrope, step):
     """merge=True: the last workgroup of each token's head group merges the parts (inverse_rope:
     and removes V's RoPE), against the float64 reference and bitwise equal to MQA_ATTENTION's parts
-    merged by MQA_COMBINE (one formula, shaders/mqa_merge.glsl). The same program replayed with
-    fresh inputs (another position too) each time: the last-group counters reset themselves."""
-    tune({"mqa_tile.keys": 3})
+    merged by MQA_COMBINE (one formula, shaders/mqa_merge.glsl), whatever the parts merged at a time
+    (step). The same program replayed with fresh inputs (another position too) each time: the
+    last-group counters reset themselves."""
+    tune({"mqa_tile.keys": 3, "mqa_merge.step": step})
     C = 64
     prm = {"scale": hd ** -0.5, "window": window, "mode": mode, "rate": rate, "capacity": C}
     if q_norm:
@@ -499,9 +500,9 @@ def test_mqa_attention_merges_its_splits_in_one_dispatch(tune, rng, kernel, mode
         np.testing.assert_array_equal(got["merged"], got["combined"])
 
 
-def test_mqa_merge_refuses_what_it_cannot_merge():
+def test_mqa_merge_refuses_what_it_cannot_merge(tune):
     """merge=True needs splits ≥ 2 and a kernel that lays its workgroups out by head group;
-    inverse_rope=True needs merge=True and the RoPE tables."""
+    inverse_rope=True needs merge=True and the RoPE tables; the knob mqa_merge.step a count."""
     q, kv, pos, sk, tab = (np.zeros((1, 2, 8), np.float32), np.zeros((8, 8), np.float32), np.zeros(1, np.int32),
                            np.zeros(2, np.float32), np.zeros((8, 2), np.float32))
     for arrays, params, msg in [
@@ -513,6 +514,9 @@ def test_mqa_merge_refuses_what_it_cannot_merge():
             ([q, kv, pos, sk], {"merge": 1, "splits": 2}, "merge must be True or False, got 1")]:
         with pytest.raises(ValueError, match=msg):
             _graph_error("MQA_ATTENTION", arrays, {"scale": 0.5, "window": 4, **params})
+    tune({"mqa_merge.step": 0})
+    with pytest.raises(ValueError, match="mqa_merge: step must be an integer ≥ 1, got 0"):
+        _graph_error("MQA_ATTENTION", [q, kv, pos, sk], {"scale": 0.5, "window": 4, "merge": True, "splits": 2})
 
 
 def test_mqa_literal_arrays_apply_where_they_fit(tune, monkeypatch):

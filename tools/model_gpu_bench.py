@@ -50,7 +50,8 @@ prefill kernel's heads a cluster, keys a tile and keys a step; knobs mqa_prefill
 mqa_coopmat (1: prefill chunks' attention on the matrix units where the device has them; knob
 mqa_prefill.coopmat=None), route_rank (0: V4_ROUTE's rounds of a butterfly instead of
 its one-pass ranking, knob route_rank.on), mqa_merge (0: the decode attention's split key lists
-merged by an MQA_COMBINE dispatch after MQA_ATTENTION instead of inside it; knob mqa_merge.on); e.g.
+merged by an MQA_COMBINE dispatch after MQA_ATTENTION instead of inside it; knob mqa_merge.on),
+mqa_merge_step (the parts whose loads the merging workgroup issues together; knob mqa_merge.step); e.g.
 `--variants "fold_mb=64;fold_mb=0;gemv_unroll=8"`.
 --long: the long-context sweep instead (--out is then a directory: long_context.json and .txt):
 prefill tokens/s (chunks of --chunk tokens) and decode tokens/s at each of --positions (default
@@ -140,7 +141,8 @@ KNOBS = {"fold_mb": ("norm_fold.max_bytes", lambda v: int(float(v) * 2**20)),   
          "mqa_prefill_keys": ("mqa_prefill.keys", int),
          "mqa_coopmat": ("mqa_prefill.coopmat", lambda v: None if int(v) else False),
          "route_rank": ("route_rank.on", lambda v: bool(int(v))),
-         "mqa_merge": ("mqa_merge.on", lambda v: bool(int(v)))}
+         "mqa_merge": ("mqa_merge.on", lambda v: bool(int(v))),
+         "mqa_merge_step": ("mqa_merge.step", int)}
 
 
 def parse_variants(text):

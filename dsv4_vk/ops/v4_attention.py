@@ -214,7 +214,10 @@ MQA_MERGE = knob_table(
     on=(True, "the model's decode attention merges its split key lists inside MQA_ATTENTION (merge=True: the "
               "last workgroup of each token's head group merges the parts, one dispatch and one barrier a layer "
               "fewer) instead of in an MQA_COMBINE dispatch after it (tools/model_gpu_bench.py --variants "
-              "mqa_merge=0)"))
+              "mqa_merge=0)"),
+    step=(16, "parts whose loads MQA_ATTENTION merge=True's merging workgroup issues together (at most the "
+              "splits): more loads in flight, or fewer registers, which the whole kernel is allocated "
+              "(tools/model_gpu_bench.py --variants mqa_merge_step=64)"))
 PART_POOL, TICKET_POOL = "mqa_parts", "mqa_tickets"      # merge=True's scratch: parts, last-group counters
 
 
@@ -466,13 +469,15 @@ class MqaAttention(OpDef):
             raise ValueError(f"{self.name}: kernel='tiled' stages key rows of {hd} floats in shared memory; "
                              f"{device.name} has {device.caps.limits.max_shared_memory} B, too little for one")
         keys = MQA_KEYS.get("keys") or keys
-        spec = (256, per_lane, S, prm["window"], prm.get("rate", 1), keys, tile or 1)
+        merge = prm.get("merge", False)
+        step = min(S, _positive_int("mqa_merge", "step", MQA_MERGE["step"])) if merge else 1
+        spec = (256, per_lane, S, prm["window"], prm.get("rate", 1), keys, tile or 1, step)
         args, push, defs = self._bindings(node)
         defs |= lanes
         writes = (6,)
         if kernel == "tiled":
             defs["TILED"] = 1
-        if prm.get("merge", False):
+        if merge:
             defs["MERGE_ROPE" if prm.get("inverse_rope", False) else "MERGE"] = 1
             part, tickets = node.output.graph.scratch(PART_POOL), node.output.graph.scratch(TICKET_POOL)
             if part.offset % 4:
@@ -485,7 +490,7 @@ class MqaAttention(OpDef):
                 keys <= LITERAL_MAX["keys"] and (tile or 1) <= LITERAL_MAX["tile"] and loads <= LITERAL_MAX["loads"]:
             defs["LITERAL_ARRAYS"] = 1
         heads_per_group = 256 // lanes["LANES"]
-        grid = (grid_1d(T * S * -(-H // heads_per_group), 1) if kernel == "tiled" or prm.get("merge", False)
+        grid = (grid_1d(T * S * -(-H // heads_per_group), 1) if kernel == "tiled" or merge
                 else grid_1d(T * H * S, heads_per_group))
         return [Launch("mqa_attention", args, writes, push, grid, defines=defs, spec=spec, **extra)]
 
