@@ -20,10 +20,10 @@
 // multiple of 4 for vec4 loads), then the last workgroup of each (t, head group) to finish
 // (last_group.glsl, counters at the binding after `part`) merges its group's SPLITS parts with the
 // sinks into out [T, H, hd] (mqa_merge.glsl, MQA_COMBINE's formula and part order; vec4s of
-// channels, each loaded from MERGE_STEP parts together: fewer than SPLITS keeps the merge's
-// registers, which the whole kernel is allocated, from growing with the split count). -D MERGE_ROPE: MERGE, and the output's trailing
-// 2·q_half channels de-rotated at their position (ROPE inverse=True: V carries RoPE), with the
-// tables cos/sin at bindings 7, 8 (those of Q_NORM).
+// channels, each loaded from MERGE_STEP parts together, spec constant 7: fewer than SPLITS keeps
+// the merge's registers, which the whole kernel is allocated, from growing with the split count).
+// -D MERGE_ROPE: MERGE, and the output's trailing 2·q_half channels de-rotated at their position
+// (ROPE inverse=True: V carries RoPE), with the tables cos/sin at bindings 7, 8 (those of Q_NORM).
 // Lanes: one cluster of LANES lanes (lanes.glsl) per (t, split, h), h fastest; lane l holds channels
 // l + LANES·m, m < PER_LANE; online softmax in f32, one cluster sum per key, no shared memory.
 // KEYS keys at a time (spec constant 5): their loads, dot products and cluster sums are issued

@@ -430,7 +430,8 @@ class MqaAttention(OpDef):
                              f"capacity {capacity}")
         S = params.get("splits", 1)
         if merge and S < 2:
-            raise ValueError(f"{self.name}: merge=True merges split key lists, so it needs splits ≥ 2, got splits={S}")
+            raise ValueError(f"{self.name}: merge=True merges split key lists, so it needs splits ≥ 2, got "
+                             f"splits={S}")
         if merge and params.get("kernel", "auto") not in ("auto", "tiled", "cluster"):
             raise ValueError(f"{self.name}: merge=True runs on kernel 'tiled' or 'cluster' (or 'auto'), got "
                              f"kernel={params['kernel']!r}")
