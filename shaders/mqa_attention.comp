@@ -19,9 +19,10 @@
 // each writes its heads' parts to `part` (a coherent scratch buffer, rows of hd + 2 rounded up to a
 // multiple of 4 for vec4 loads), then the last workgroup of each (t, head group) to finish
 // (last_group.glsl, counters at the binding after `part`) merges its group's SPLITS parts with the
-// sinks into out [T, H, hd] (mqa_merge.glsl, MQA_COMBINE's formula and part order; vec4s of
-// channels, each loaded from MERGE_STEP parts together, spec constant 7: fewer than SPLITS keeps
-// the merge's registers, which the whole kernel is allocated, from growing with the split count).
+// sinks into out [T, H, hd] (mqa_merge.glsl, MQA_COMBINE's formula and part order), each head by
+// its own cluster, a lane taking vec4s of channels, loaded from MERGE_STEP parts together (spec
+// constant 7: fewer than SPLITS keeps the merge's registers, which the whole kernel is allocated,
+// from growing with the split count).
 // -D MERGE_ROPE: MERGE, and the output's trailing 2·q_half channels de-rotated at their position
 // (ROPE inverse=True: V carries RoPE), with the tables cos/sin at bindings 7, 8 (those of Q_NORM).
 // Lanes: one cluster of LANES lanes (lanes.glsl) per (t, split, h), h fastest; lane l holds channels
@@ -321,33 +322,34 @@ void attend(uint t, uint split, uint h, bool head, uint lid, uint lane, int pp, 
 #if defined(MERGE)
 float merge_max(uint r) { return OUT_AT(r + p.hd); }
 float merge_sum(uint r) { return OUT_AT(r + p.hd + 1u); }
-vec4 merge_acc(uint r, uint c) { return part4[(r + c) >> 2]; }
+vec4 merge_acc(uint r, uint c) { return c < p.hd ? part4[(r + c) >> 2] : vec4(0.0); }
 #define MERGE_T vec4
+const uint MERGE_N = (PER_LANE + 3u) / 4u;              // vec4s a lane: a head's hd channels over LANES lanes
 #include "mqa_merge.glsl"
 
 uint part_stride() { return (p.hd + 5u) & ~3u; }        // hd + 2 rounded up to vec4s
 uint part_row(uint t, uint h, uint split) { return p.part_off + ((t * p.H + h) * SPLITS + split) * part_stride(); }
 
-// The merging workgroup: heads h0 .. h0 + nh − 1 of token t at position pp, vec4s of channels
-// spread over the whole workgroup.
-void merge_heads(uint t, uint h0, uint nh, int pp) {
-    uint c4 = (p.hd + 3u) / 4u;
-    for (uint i = gl_LocalInvocationIndex; i < nh * c4; i += gl_WorkGroupSize.x) {
-        uint h = h0 + i / c4, c = (i % c4) * 4u;
-        uint b = part_row(t, h, 0u);
-        vec2 md = merge_scale(b, part_stride(), sinks[p.sink_off + h]);
-        vec4 v = merge_channels(b, part_stride(), md, c);
+// In the merging workgroup, head h's cluster merges the head's parts of token t at position pp:
+// lane `lane` takes the vec4s of channels 4·(lane + LANES·j), j < MERGE_N (side by side across lanes).
+void merge_head(uint t, uint h, uint lane, int pp) {
+    uint b = part_row(t, h, 0u);
+    vec2 md = merge_scale(b, part_stride(), sinks[p.sink_off + h]);
+    vec4 v[MERGE_N];
+    merge_channels(b, part_stride(), md, 4u * lane, 4u * LANES, v);
+    uint ob = p.o_off + t * p.o_s0 + h * p.o_s1;
+    [[unroll]] for (uint j = 0; j < MERGE_N; ++j) {
+        uint c = 4u * (lane + LANES * j);
 #if defined(MERGE_ROPE)
         uint first = p.hd - 2u * p.q_half;              // even: a vec4 holds whole pairs
         vec4 r;
-        [[unroll]] for (uint j = 0; j < 4u; ++j)
-            r[j] = rope_channel(v[j], v[j ^ 1u], c + j, first, pp, p.capacity, p.cos_off, p.sin_off, p.tab_s0,
+        [[unroll]] for (uint i = 0; i < 4u; ++i)
+            r[i] = rope_channel(v[j][i], v[j][i ^ 1u], c + i, first, pp, p.capacity, p.cos_off, p.sin_off, p.tab_s0,
                                 true);                  // the inverse rotation
-        v = r;
+        v[j] = r;
 #endif
-        uint ob = p.o_off + t * p.o_s0 + h * p.o_s1 + c;
-        [[unroll]] for (uint j = 0; j < 4u; ++j)
-            if (c + j < p.hd) o[ob + j] = v[j];         // (the lanes past hd: another part's values)
+        [[unroll]] for (uint i = 0; i < 4u; ++i)
+            if (c + i < p.hd) o[ob + c + i] = v[j][i];  // (past hd: max, sum, padding)
     }
 }
 #endif
@@ -370,10 +372,7 @@ void main() {
         return;
     }
     attend(t, split, h, head, lid, lane, pp, part_row(t, h, split));
-    if (last_group(p.cnt_off + t * groups + grp, SPLITS)) {
-        uint h0 = grp * heads_per_group;
-        merge_heads(t, h0, min(heads_per_group, p.H - h0), pp);
-    }
+    if (last_group(p.cnt_off + t * groups + grp, SPLITS) && head) merge_head(t, h, lane, pp);
 #else
     uint ob = p.o_off + t * p.o_s0 + h * p.o_s1 + split * (p.hd + 2);
     if (pp < 0 || uint(pp) >= p.capacity) {             // uniform per workgroup

@@ -35,6 +35,7 @@ float merge_sum(uint r) { return part[r + p.hd + 1u]; }
 float merge_acc(uint r, uint c) { return part[r + c]; }
 #define MERGE_T float
 #define MERGE_STEP SPLITS
+#define MERGE_N 1
 #include "mqa_merge.glsl"
 
 void main() {
@@ -44,12 +45,15 @@ void main() {
     uint h = th % p.H, t = th / p.H;
     uint b = p.part_off + th * SPLITS * (p.hd + 2);
     vec2 md = merge_scale(b, p.hd + 2u, sinks[p.sink_off + h]);
-    float v = merge_channels(b, p.hd + 2u, md, c);
+    float v[1];
+    merge_channels(b, p.hd + 2u, md, c, 0u, v);
 #if defined(ROPE)
     uint first = p.hd - 2u * p.half_rd;                 // even: pairs (c, c ^ 1)
     uint cp = c >= first ? c ^ 1u : c;                  // the pair partner, merged beside c
-    v = rope_channel(v, merge_channels(b, p.hd + 2u, md, cp), c, first, pos[p.pos_off] + int(t), p.capacity,
-                     p.cos_off, p.sin_off, p.tab_s0, true);   // the inverse rotation
+    float vp[1];
+    merge_channels(b, p.hd + 2u, md, cp, 0u, vp);
+    v[0] = rope_channel(v[0], vp[0], c, first, pos[p.pos_off] + int(t), p.capacity, p.cos_off, p.sin_off, p.tab_s0,
+                        true);                          // the inverse rotation
 #endif
-    o[p.o_off + t * p.o_s0 + h * p.o_s1 + c] = v;
+    o[p.o_off + t * p.o_s0 + h * p.o_s1 + c] = v[0];
 }

@@ -7,11 +7,12 @@
 // (so the result never depends on which workgroup merges). The loops over parts go MERGE_STEP parts
 // at a time, unrolled (SPLITS and MERGE_STEP are constants), so those parts' loads of a channel
 // (group) are issued together; a step of every part (MERGE_STEP = SPLITS) holds the most loads in
-// flight, a shorter one fewer registers.
-// The includer declares the constants SPLITS and MERGE_STEP, defines MERGE_T (float, or vec4 for
-// four channels at a time) and, before including, the loads of the part whose row starts at r:
-//   float merge_max(uint r), float merge_sum(uint r), MERGE_T merge_acc(uint r, uint c) (channel c,
-//   or c .. c + 3).
+// flight, a shorter one fewer registers. An invocation may merge MERGE_N channels (or vec4s) at
+// once: one e^(max_s − M) per part for them all.
+// The includer declares the constants SPLITS, MERGE_STEP and MERGE_N, defines MERGE_T (float, or
+// vec4 for four channels at a time) and, before including, the loads of the part whose row starts
+// at r: float merge_max(uint r), float merge_sum(uint r), MERGE_T merge_acc(uint r, uint c)
+// (channel c, or c .. c + 3; it returns zeros past the row's channels).
 // b: the first part's row; stride: elements from one part's row to the next.
 
 // (M, the denominator) of the parts from row b.
@@ -29,13 +30,18 @@ vec2 merge_scale(uint b, uint stride, float sink) {
     return vec2(M, den);
 }
 
-// Channel c (or channels c .. c + 3) of the merged output; md: merge_scale's (M, denominator).
-MERGE_T merge_channels(uint b, uint stride, vec2 md, uint c) {
-    MERGE_T num = MERGE_T(0.0);
+// MERGE_N channels (or vec4s of them) of the merged output, c + j·cstride for j < MERGE_N, into v;
+// md: merge_scale's (M, denominator). Each part's weight is computed once for all of them.
+void merge_channels(uint b, uint stride, vec2 md, uint c, uint cstride, out MERGE_T v[MERGE_N]) {
+    MERGE_T num[MERGE_N];
+    [[unroll]] for (uint j = 0; j < MERGE_N; ++j) num[j] = MERGE_T(0.0);
     for (uint s0 = 0; s0 < SPLITS; s0 += MERGE_STEP)
         [[unroll]] for (uint k = 0; k < MERGE_STEP; ++k) {
             uint r = b + (s0 + k) * stride;
-            if (s0 + k < SPLITS) num += exp(merge_max(r) - md.x) * merge_acc(r, c);
+            if (s0 + k < SPLITS) {
+                float f = exp(merge_max(r) - md.x);
+                [[unroll]] for (uint j = 0; j < MERGE_N; ++j) num[j] += f * merge_acc(r, c + j * cstride);
+            }
         }
-    return num / md.y;
+    [[unroll]] for (uint j = 0; j < MERGE_N; ++j) v[j] = num[j] / md.y;
 }

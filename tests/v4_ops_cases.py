@@ -500,6 +500,19 @@ def test_mqa_attention_merges_its_splits_in_one_dispatch(tune, rng, kernel, mode
         np.testing.assert_array_equal(got["merged"], got["combined"])
 
 
+@pytest.mark.parametrize("kernel", ["tiled", "cluster"])
+def test_mqa_merge_without_subgroup_operations(tune, rng, monkeypatch, kernel):
+    """A device without subgroup operations: one lane a head (LANES = 1), so a lane merges all of
+    its head's vec4s."""
+    import dataclasses
+    from dsv4_vk.vk import default_device
+    dev = default_device()
+    monkeypatch.setattr(dev, "caps", dataclasses.replace(dev.caps, subgroup=dataclasses.replace(dev.caps.subgroup,
+                                                                                                 operations=())))
+    test_mqa_attention_merges_its_splits_in_one_dispatch(tune, rng, kernel, "csa", 2, 3, 20, 63, 8, 4, 3, 64, True,
+                                                         True, 2)
+
+
 def test_mqa_merge_refuses_what_it_cannot_merge(tune):
     """merge=True needs splits ≥ 2 and a kernel that lays its workgroups out by head group;
     inverse_rope=True needs merge=True and the RoPE tables; the knob mqa_merge.step a count."""

@@ -215,9 +215,10 @@ MQA_MERGE = knob_table(
               "last workgroup of each token's head group merges the parts, one dispatch and one barrier a layer "
               "fewer) instead of in an MQA_COMBINE dispatch after it (tools/model_gpu_bench.py --variants "
               "mqa_merge=0)"),
-    step=(16, "parts whose loads MQA_ATTENTION merge=True's merging workgroup issues together (at most the "
-              "splits): more loads in flight, or fewer registers, which the whole kernel is allocated "
-              "(tools/model_gpu_bench.py --variants mqa_merge_step=64)"))
+    step=(4, "parts whose loads MQA_ATTENTION merge=True's merging workgroup issues together (at most the "
+             "splits; a lane loads its head's hd / (4·lanes) vec4s of each): more loads in flight, or fewer "
+             "registers, which the whole kernel is allocated; not yet measured (tools/model_gpu_bench.py "
+             "--variants mqa_merge_step=16)"))
 PART_POOL, TICKET_POOL = "mqa_parts", "mqa_tickets"      # merge=True's scratch: parts, last-group counters
 
 
