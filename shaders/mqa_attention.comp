@@ -325,6 +325,8 @@ float merge_sum(uint r) { return OUT_AT(r + p.hd + 1u); }
 vec4 merge_acc(uint r, uint c) { return c < p.hd ? part4[(r + c) >> 2] : vec4(0.0); }
 #define MERGE_T vec4
 const uint MERGE_N = (PER_LANE + 3u) / 4u;              // vec4s a lane: a head's hd channels over LANES lanes
+// maxima and sums (a float each) in the registers of MERGE_STEP parts' vec4s, at most every part
+const uint MERGE_STATS_STEP = SPLITS < 2u * MERGE_N * MERGE_STEP ? SPLITS : 2u * MERGE_N * MERGE_STEP;
 #include "mqa_merge.glsl"
 
 uint part_stride() { return (p.hd + 5u) & ~3u; }        // hd + 2 rounded up to vec4s

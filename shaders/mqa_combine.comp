@@ -35,6 +35,7 @@ float merge_sum(uint r) { return part[r + p.hd + 1u]; }
 float merge_acc(uint r, uint c) { return part[r + c]; }
 #define MERGE_T float
 #define MERGE_STEP SPLITS
+#define MERGE_STATS_STEP SPLITS
 #define MERGE_N 1
 #include "mqa_merge.glsl"
 

@@ -7,9 +7,10 @@
 // (so the result never depends on which workgroup merges). The loops over parts go MERGE_STEP parts
 // at a time, unrolled (SPLITS and MERGE_STEP are constants), so those parts' loads of a channel
 // (group) are issued together; a step of every part (MERGE_STEP = SPLITS) holds the most loads in
-// flight, a shorter one fewer registers. An invocation may merge MERGE_N channels (or vec4s) at
-// once: one e^(max_s − M) per part for them all.
-// The includer declares the constants SPLITS, MERGE_STEP and MERGE_N, defines MERGE_T (float, or
+// flight, a shorter one fewer registers; the parts' maxima and sums (one float each) go
+// MERGE_STATS_STEP parts at a time. An invocation may merge MERGE_N channels (or vec4s) at once:
+// one e^(max_s − M) per part for them all.
+// The includer declares the constants SPLITS, MERGE_STEP, MERGE_STATS_STEP and MERGE_N, defines MERGE_T (float, or
 // vec4 for four channels at a time) and, before including, the loads of the part whose row starts
 // at r: float merge_max(uint r), float merge_sum(uint r), MERGE_T merge_acc(uint r, uint c)
 // (channel c, or c .. c + 3; it returns zeros past the row's channels).
@@ -18,12 +19,12 @@
 // (M, the denominator) of the parts from row b.
 vec2 merge_scale(uint b, uint stride, float sink) {
     float M = sink;
-    for (uint s0 = 0; s0 < SPLITS; s0 += MERGE_STEP)
-        [[unroll]] for (uint k = 0; k < MERGE_STEP; ++k)
+    for (uint s0 = 0; s0 < SPLITS; s0 += MERGE_STATS_STEP)
+        [[unroll]] for (uint k = 0; k < MERGE_STATS_STEP; ++k)
             if (s0 + k < SPLITS) M = max(M, merge_max(b + (s0 + k) * stride));
     float den = exp(sink - M);
-    for (uint s0 = 0; s0 < SPLITS; s0 += MERGE_STEP)
-        [[unroll]] for (uint k = 0; k < MERGE_STEP; ++k) {
+    for (uint s0 = 0; s0 < SPLITS; s0 += MERGE_STATS_STEP)
+        [[unroll]] for (uint k = 0; k < MERGE_STATS_STEP; ++k) {
             uint r = b + (s0 + k) * stride;
             if (s0 + k < SPLITS) den += exp(merge_max(r) - M) * merge_sum(r);
         }
