@@ -112,12 +112,15 @@ def test_the_attention_gpus_run_matches_too(monkeypatch, splits, chunk):
 
     def spy(self, node, device):
         launches = lower(self, node, device)
-        lowered.extend((node.inputs[0].shape[0], "TILED" in ln.defines) for ln in launches)
+        lowered.extend((node.inputs[0].shape[0], "TILED" in ln.defines, "MERGE_ROPE" in ln.defines)
+                       for ln in launches)
         return launches
     monkeypatch.setattr(v4_attention.MqaAttention, "lower", spy)
     check_fixture("mixed", True, splits=splits, chunk=chunk)
-    assert lowered and all(tiled == (T <= v4_attention.TILED_MAX_TOKENS) for T, tiled in lowered)
-    assert any(T == 1 for T, _ in lowered)
+    assert lowered and all(tiled == (T <= v4_attention.TILED_MAX_TOKENS) for T, tiled, _ in lowered)
+    assert any(T == 1 for T, _, _ in lowered)
+    merged = [m for T, _, m in lowered if T == 1]    # decode: merged where a layer splits (all, with splits=)
+    assert not any(m for T, _, m in lowered if T > 1) and (all(merged) if splits else any(merged))
 
 
 def test_prefill_with_the_posts_carrying_the_mixes_matches_too(tune, monkeypatch):
