@@ -2,6 +2,8 @@
 #extension GL_GOOGLE_include_directive : require
 //! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; - | MODE_HCA | MODE_CSA ; - | TILED ; - | Q_NORM
 //! variants: LANES_SUBGROUP_OPS | LANES_SHUFFLE ; - | MODE_HCA | MODE_CSA ; - | TILED ; - | Q_NORM ; LITERAL_ARRAYS
+//! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; - | MODE_HCA | MODE_CSA ; - | TILED ; - | Q_NORM ; MERGE | MERGE_ROPE
+//! variants: LANES_SUBGROUP_OPS | LANES_SHUFFLE ; - | MODE_HCA | MODE_CSA ; - | TILED ; - | Q_NORM ; MERGE | MERGE_ROPE ; LITERAL_ARRAYS
 // MQA_ATTENTION: DeepSeek-V4's attention, one shared key = value head for all H query heads.
 // For chunk token t at p = pos[0] + t and head h the key list is
 //   raw rows j of kv with p − WINDOW < j ≤ p (the sliding window; kv [kv_rows, hd] is a ring,
@@ -12,6 +14,17 @@
 // SPLITS > 1 (decode with long key lists): the list is cut into SPLITS contiguous parts, one
 // cluster each, writing (max, sum, acc[hd]) to out viewed as [T, H, SPLITS, hd + 2] (the sink is
 // left to MQA_COMBINE, which merges the parts).
+// -D MERGE (SPLITS > 1): the parts merged in this dispatch instead. Workgroups are laid out as the
+// TILED kernel's (one per (t, split, group of heads), one cluster per head, with or without TILED);
+// each writes its heads' parts to `part` (a coherent scratch buffer, rows of hd + 2 rounded up to a
+// multiple of 4 for vec4 loads), then the last workgroup of each (t, head group) to finish
+// (last_group.glsl, counters at the binding after `part`) merges its group's SPLITS parts with the
+// sinks into out [T, H, hd] (mqa_merge.glsl, MQA_COMBINE's formula and part order), each head by
+// its own cluster, a lane taking vec4s of channels, loaded from MERGE_STEP parts together (spec
+// constant 7: fewer than SPLITS keeps the merge's registers, which the whole kernel is allocated,
+// from growing with the split count).
+// -D MERGE_ROPE: MERGE, and the output's trailing 2·q_half channels de-rotated at their position
+// (ROPE inverse=True: V carries RoPE), with the tables cos/sin at bindings 7, 8 (those of Q_NORM).
 // Lanes: one cluster of LANES lanes (lanes.glsl) per (t, split, h), h fastest; lane l holds channels
 // l + LANES·m, m < PER_LANE; online softmax in f32, one cluster sum per key, no shared memory.
 // KEYS keys at a time (spec constant 5): their loads, dot products and cluster sums are issued
@@ -29,7 +42,8 @@
 // channel's partner back from memory (the row is in cache).
 // A position outside [0, capacity) gives NaN.
 // Push: T, H, hd, capacity, n_ent, K, q (off, s0, s1), kv_rows, kv (off, s0), ent (off, s0), idx (off, s0),
-// out (off, s0, s1), pos_off, sink_off, scale; Q_NORM: q_eps, q_half, cos_off, sin_off, tab_s0.
+// out (off, s0, s1), pos_off, sink_off, scale; Q_NORM: q_eps; Q_NORM or MERGE_ROPE: q_half, cos_off,
+// sin_off, tab_s0; MERGE: part_off (a multiple of 4), cnt_off.
 #include "lanes.glsl"
 layout(constant_id = 1) const uint PER_LANE = 1; // ceil(hd / LANES): channels per lane
 layout(constant_id = 2) const uint SPLITS = 1;   // parts of each key list (decode)
@@ -37,6 +51,7 @@ layout(constant_id = 3) const uint WINDOW = 1;   // sliding_window
 layout(constant_id = 4) const uint RATE = 1;     // the compression rate m (MODE_HCA)
 layout(constant_id = 5) const uint KEYS = 1;     // keys loaded and reduced together
 layout(constant_id = 6) const uint TILE = 1;     // TILED: keys staged in shared memory at a time
+layout(constant_id = 7) const uint MERGE_STEP = 1;   // MERGE: parts whose loads the merge issues together
 // -D LITERAL_ARRAYS: the per-lane arrays get literal sizes (at least the specialization constants
 // their loops run to: PER_LANE ≤ 16, KEYS ≤ 4, TILE ≤ 16, ≤ 32 tile loads a lane; the host checks).
 // Arrays sized by specialization constants may be kept in memory rather than registers: the
@@ -66,13 +81,37 @@ layout(push_constant) uniform P {
     float scale;
 #if defined(Q_NORM)
     float q_eps;
+#endif
+#if defined(Q_NORM) || defined(MERGE_ROPE)
     uint q_half, cos_off, sin_off, tab_s0;
 #endif
+#if defined(MERGE) || defined(MERGE_ROPE)
+    uint part_off, cnt_off;
+#endif
 } p;
-#if defined(Q_NORM)
+// (defined after the push block, which the host reads under the launch's defines alone)
+#if defined(MERGE_ROPE) && !defined(MERGE)
+#define MERGE 1
+#endif
+#if defined(Q_NORM) || defined(MERGE_ROPE)
+#define TABLES 1
+#endif
+#if defined(TABLES)
 layout(binding = 7) readonly buffer Cos { float cos_t[]; };
 layout(binding = 8) readonly buffer Sin { float sin_t[]; };
 #include "rope.glsl"
+#define B_PART 9
+#else
+#define B_PART 7
+#endif
+#if defined(MERGE)
+// the parts (scratch), read back by the merging workgroup: coherent (last_group.glsl)
+layout(binding = B_PART) coherent buffer Part { vec4 part4[]; };
+#define LG_BINDING (B_PART + 1)
+#include "last_group.glsl"
+#define OUT_AT(i) part4[(i) >> 2][(i) & 3u]
+#else
+#define OUT_AT(i) o[i]
 #endif
 
 const float LOWEST = -3.402823466e38;
@@ -155,13 +194,14 @@ void store_out(uint ob, uint lane) {
     float inv = SPLITS > 1 ? 1.0 : 1.0 / l;             // parts stay unnormalised for MQA_COMBINE
     [[unroll]] for (uint m = 0; m < PER_LANE; ++m) {
         uint c = lane + LANES * m;
-        if (c < p.hd) o[ob + c] = acc[m] * inv;
+        if (c < p.hd) OUT_AT(ob + c) = acc[m] * inv;
     }
-    if (SPLITS > 1 && lane == 0) { o[ob + p.hd] = mx; o[ob + p.hd + 1] = l; }
+    if (SPLITS > 1 && lane == 0) { OUT_AT(ob + p.hd) = mx; OUT_AT(ob + p.hd + 1) = l; }
 }
 
-void store_nan(uint ob, uint lane) {
-    for (uint c = lane; c < p.hd + (SPLITS > 1 ? 2 : 0); c += LANES) o[ob + c] = uintBitsToFloat(0x7FC00000u);
+// n values of out from ob: NaN (a position outside [0, capacity))
+void store_nan(uint ob, uint lane, uint n) {
+    for (uint c = lane; c < n; c += LANES) o[ob + c] = uintBitsToFloat(0x7FC00000u);
 }
 
 #if defined(TILED)
@@ -175,22 +215,9 @@ const uint LOADS = (TILE * ROW + gl_WorkGroupSize.x - 1) / gl_WorkGroupSize.x;
 shared float ks[TILE * ROW];
 shared uint kbase[TILE], kflag[TILE];                // row start; bit 0: a key, bit 1: raw (kv)
 
-void main() {
-    uint heads_per_group = gl_WorkGroupSize.x / LANES;
-    uint groups = (p.H + heads_per_group - 1) / heads_per_group;
-    uint g = flat_group();
-    if (g >= p.T * SPLITS * groups) return;             // the whole workgroup leaves together
-    uint lid = lane_linear(), lane = lid % LANES;
-    uint split = (g / groups) % SPLITS, t = g / groups / SPLITS;
-    uint h = (g % groups) * heads_per_group + lid / LANES;
-    bool head = h < p.H;                                 // a partial last group: idle clusters
-    h = min(h, p.H - 1);                                // ... still stage keys and reach barriers
-    int pp = pos[p.pos_off] + int(t);
-    uint ob = p.o_off + t * p.o_s0 + h * p.o_s1 + split * (p.hd + 2);
-    if (pp < 0 || uint(pp) >= p.capacity) {             // uniform per workgroup
-        if (head) store_nan(ob, lane);
-        return;
-    }
+// Token t's part `split` for head h at position pp into its row at ob: the whole workgroup stages
+// the keys (the clusters of idle heads, head false, too: they reach the barriers).
+void attend(uint t, uint split, uint h, bool head, uint lid, uint lane, int pp, uint ob) {
     load_q(t, h, lane, pp);
     uint j0, n_raw, n;
     key_list(pp, j0, n_raw, n);
@@ -244,18 +271,10 @@ void main() {
     if (head) store_out(ob, lane);
 }
 #else
-void main() {
-    uint item = cluster_id();
-    if (item >= p.T * p.H * SPLITS) return;             // whole cluster leaves together
-    uint lane = cluster_lane();
-    uint h = item % p.H, ts = item / p.H;               // heads fastest: a workgroup's clusters
-    uint split = ts % SPLITS, t = ts / SPLITS;          // read the same keys (shared in L1)
-    int pp = pos[p.pos_off] + int(t);
-    uint ob = p.o_off + t * p.o_s0 + h * p.o_s1 + split * (p.hd + 2);
-    if (pp < 0 || uint(pp) >= p.capacity) {             // uniform per cluster
-        store_nan(ob, lane);
-        return;
-    }
+// Token t's part `split` for head h at position pp into its row at ob: the cluster reads its keys
+// itself (an idle head's cluster, head false, has nothing to do).
+void attend(uint t, uint split, uint h, bool head, uint lid, uint lane, int pp, uint ob) {
+    if (!head) return;                                  // whole cluster leaves together
     load_q(t, h, lane, pp);
     uint j0, n_raw, n;
     key_list(pp, j0, n_raw, n);
@@ -297,5 +316,87 @@ void main() {
             if (ok[k]) add_key(d[k], vals[k]);
     }
     store_out(ob, lane);
+}
+#endif
+
+#if defined(MERGE)
+float merge_max(uint r) { return OUT_AT(r + p.hd); }
+float merge_sum(uint r) { return OUT_AT(r + p.hd + 1u); }
+vec4 merge_acc(uint r, uint c) { return c < p.hd ? part4[(r + c) >> 2] : vec4(0.0); }
+#define MERGE_T vec4
+const uint MERGE_N = (PER_LANE + 3u) / 4u;              // vec4s a lane: a head's hd channels over LANES lanes
+// maxima and sums (a float each) in the registers of MERGE_STEP parts' vec4s, at most every part
+const uint MERGE_STATS_STEP = SPLITS < 2u * MERGE_N * MERGE_STEP ? SPLITS : 2u * MERGE_N * MERGE_STEP;
+#include "mqa_merge.glsl"
+
+uint part_stride() { return (p.hd + 5u) & ~3u; }        // hd + 2 rounded up to vec4s
+uint part_row(uint t, uint h, uint split) { return p.part_off + ((t * p.H + h) * SPLITS + split) * part_stride(); }
+
+// In the merging workgroup, head h's cluster merges the head's parts of token t at position pp:
+// lane `lane` takes the vec4s of channels 4·(lane + LANES·j), j < MERGE_N (side by side across lanes).
+void merge_head(uint t, uint h, uint lane, int pp) {
+    uint b = part_row(t, h, 0u);
+    vec2 md = merge_scale(b, part_stride(), sinks[p.sink_off + h]);
+    vec4 v[MERGE_N];
+    merge_channels(b, part_stride(), md, 4u * lane, 4u * LANES, v);
+    uint ob = p.o_off + t * p.o_s0 + h * p.o_s1;
+    [[unroll]] for (uint j = 0; j < MERGE_N; ++j) {
+        uint c = 4u * (lane + LANES * j);
+#if defined(MERGE_ROPE)
+        uint first = p.hd - 2u * p.q_half;              // even: a vec4 holds whole pairs
+        vec4 r;
+        [[unroll]] for (uint i = 0; i < 4u; ++i)
+            r[i] = rope_channel(v[j][i], v[j][i ^ 1u], c + i, first, pp, p.capacity, p.cos_off, p.sin_off, p.tab_s0,
+                                true);                  // the inverse rotation
+        v[j] = r;
+#endif
+        [[unroll]] for (uint i = 0; i < 4u; ++i)
+            if (c + i < p.hd) o[ob + c + i] = v[j][i];  // (past hd: max, sum, padding)
+    }
+}
+#endif
+
+#if defined(TILED) || defined(MERGE)
+void main() {
+    uint heads_per_group = gl_WorkGroupSize.x / LANES;
+    uint groups = (p.H + heads_per_group - 1) / heads_per_group;
+    uint g = flat_group();
+    if (g >= p.T * SPLITS * groups) return;             // the whole workgroup leaves together
+    uint lid = lane_linear(), lane = lid % LANES;
+    uint grp = g % groups, split = (g / groups) % SPLITS, t = g / groups / SPLITS;
+    uint h = grp * heads_per_group + lid / LANES;
+    bool head = h < p.H;                                 // a partial last group: idle clusters
+    h = min(h, p.H - 1);                                // ... still stage keys and reach barriers
+    int pp = pos[p.pos_off] + int(t);
+#if defined(MERGE)
+    if (pp < 0 || uint(pp) >= p.capacity) {             // uniform per token: no workgroup of the set
+        if (split == 0u && head) store_nan(p.o_off + t * p.o_s0 + h * p.o_s1, lane, p.hd);   // counts
+        return;
+    }
+    attend(t, split, h, head, lid, lane, pp, part_row(t, h, split));
+    if (last_group(p.cnt_off + t * groups + grp, SPLITS) && head) merge_head(t, h, lane, pp);
+#else
+    uint ob = p.o_off + t * p.o_s0 + h * p.o_s1 + split * (p.hd + 2);
+    if (pp < 0 || uint(pp) >= p.capacity) {             // uniform per workgroup
+        if (head) store_nan(ob, lane, p.hd + (SPLITS > 1 ? 2 : 0));
+        return;
+    }
+    attend(t, split, h, head, lid, lane, pp, ob);
+#endif
+}
+#else
+void main() {
+    uint item = cluster_id();
+    if (item >= p.T * p.H * SPLITS) return;             // whole cluster leaves together
+    uint lane = cluster_lane();
+    uint h = item % p.H, ts = item / p.H;               // heads fastest: a workgroup's clusters
+    uint split = ts % SPLITS, t = ts / SPLITS;          // read the same keys (shared in L1)
+    int pp = pos[p.pos_off] + int(t);
+    uint ob = p.o_off + t * p.o_s0 + h * p.o_s1 + split * (p.hd + 2);
+    if (pp < 0 || uint(pp) >= p.capacity) {             // uniform per cluster
+        store_nan(ob, lane, p.hd + (SPLITS > 1 ? 2 : 0));
+        return;
+    }
+    attend(t, split, h, true, lane_linear(), lane, pp, ob);
 }
 #endif

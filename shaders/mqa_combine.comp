@@ -8,7 +8,8 @@
 // position pos[0] + t (V carries RoPE): an invocation also merges its channel's pair partner.
 // SPLITS (spec constant 1) is the parts' count: the loops over them unroll, so an invocation's loads
 // of every part are issued together (with a push-constant count they were a chain of memory
-// latencies: one step per part, 24 in a CSA layer at decode).
+// latencies: one step per part).
+// The merge itself: mqa_merge.glsl (shared with mqa_attention.comp's one-dispatch form -D MERGE).
 // Push: T, H, hd, splits, part_off, out (off, s0, s1), sink_off[, half, capacity, pos_off, cos_off,
 // sin_off, tab_s0].
 #include "common.glsl"
@@ -29,33 +30,31 @@ layout(push_constant) uniform P {
 } p;
 layout(constant_id = 1) const uint SPLITS = 1;
 
+float merge_max(uint r) { return part[r + p.hd]; }
+float merge_sum(uint r) { return part[r + p.hd + 1u]; }
+float merge_acc(uint r, uint c) { return part[r + c]; }
+#define MERGE_T float
+#define MERGE_STEP SPLITS
+#define MERGE_STATS_STEP SPLITS
+#define MERGE_N 1
+#include "mqa_merge.glsl"
+
 void main() {
     uint i = flat_index();
     if (i >= p.T * p.H * p.hd) return;
     uint c = i % p.hd, th = i / p.hd;
     uint h = th % p.H, t = th / p.H;
     uint b = p.part_off + th * SPLITS * (p.hd + 2);
-    float sink = sinks[p.sink_off + h];
-    float M = sink;
-    [[unroll]] for (uint s = 0; s < SPLITS; ++s) M = max(M, part[b + s * (p.hd + 2) + p.hd]);
+    vec2 md = merge_scale(b, p.hd + 2u, sinks[p.sink_off + h]);
+    float v[1];
+    merge_channels(b, p.hd + 2u, md, c, 0u, v);
 #if defined(ROPE)
     uint first = p.hd - 2u * p.half_rd;                 // even: pairs (c, c ^ 1)
     uint cp = c >= first ? c ^ 1u : c;                  // the pair partner, merged beside c
-#else
-    uint cp = c;                                        // (num_p: dead code without ROPE)
+    float vp[1];
+    merge_channels(b, p.hd + 2u, md, cp, 0u, vp);
+    v[0] = rope_channel(v[0], vp[0], c, first, pos[p.pos_off] + int(t), p.capacity, p.cos_off, p.sin_off, p.tab_s0,
+                        true);                          // the inverse rotation
 #endif
-    float den = exp(sink - M), num = 0.0, num_p = 0.0;
-    [[unroll]] for (uint s = 0; s < SPLITS; ++s) {
-        uint r = b + s * (p.hd + 2);
-        float f = exp(part[r + p.hd] - M);              // an empty part: max = LOWEST, f = 0
-        den += f * part[r + p.hd + 1];
-        num += f * part[r + c];
-        num_p += f * part[r + cp];
-    }
-    float v = num / den;
-#if defined(ROPE)
-    v = rope_channel(v, num_p / den, c, first, pos[p.pos_off] + int(t), p.capacity, p.cos_off, p.sin_off, p.tab_s0,
-                     true);                              // the inverse rotation
-#endif
-    o[p.o_off + t * p.o_s0 + h * p.o_s1 + c] = v;
+    o[p.o_off + t * p.o_s0 + h * p.o_s1 + c] = v[0];
 }

@@ -261,8 +261,10 @@ def test_info_says_which_attention_kernels_run(tune):
     from dsv4_vk.cli.info import _human, report
     rep = report(default_device())
     assert rep["mqa_attention"]["prefill"] == "cluster"                         # lavapipe: a CPU device
-    assert "MQA_ATTENTION 64 heads × 512: decode cluster, prefill cluster — prefill: the cluster kernel on CPU " \
-           "devices" in _human(rep)
+    assert "MQA_ATTENTION 64 heads × 512: decode cluster (splits merged in the dispatch), prefill cluster — " \
+           "prefill: the cluster kernel on CPU devices" in _human(rep)
+    tune({"mqa_merge.on": False})
+    assert "decode cluster (splits merged by MQA_COMBINE, mqa_merge.on=False)" in _human(report(default_device()))
     tune({"mqa_prefill.on": True})
     rep = report(default_device())
     assert rep["mqa_attention"]["prefill"] == "prefill"

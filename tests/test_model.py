@@ -82,22 +82,45 @@ def test_split_decode_attention_and_small_prefill_chunks_match_too():
     check_fixture("mixed", True, splits=[3, 2, 4], chunk=5)
 
 
+def test_decode_merges_split_attention_in_the_attention_dispatch(tune):
+    """mqa_merge.on (the default): a layer whose decode attention splits its key lists merges the
+    parts and removes V's RoPE in MQA_ATTENTION itself (merge=True, inverse_rope=True), so its decode
+    step records one dispatch fewer than with the knob off (MQA_COMBINE after it); both match
+    transformers."""
+    def decode(on):
+        tune({"mqa_merge.on": on})
+        check_fixture("mixed", True, splits=[3, 2, 4], chunk=5)
+        cfg, w, _ = fixture("mixed")
+        m = Model(cfg, w, fused=True, splits=[3, 2, 4])
+        cg = m.compiled("decode")
+        merged = [n.params.get("merge", False) for n in cg.graph.nodes if n.op.name == "MQA_ATTENTION"]
+        return cg.recording.n_dispatches, merged, sum(n.op.name == "MQA_COMBINE" for n in cg.graph.nodes)
+    on, off = decode(True), decode(False)
+    layers = len(on[1])
+    assert layers == 3 and on[1] == [True] * layers and off[1] == [False] * layers
+    assert (on[2], off[2]) == (0, layers)
+    assert off[0] - on[0] == layers
+
+
 @pytest.mark.parametrize("splits,chunk", [(None, 16), ([3, 2, 4], 3)])
 def test_the_attention_gpus_run_matches_too(monkeypatch, splits, chunk):
     """Attention lowered as on a GPU: the tiled kernel at decode (and for prefill chunks of ≤ 4
-    tokens), the decode splits one tile each; with splits, MQA_COMBINE removes the RoPE."""
+    tokens), the decode splits one tile each, merged and de-rotated in the attention's dispatch."""
     from dsv4_vk.ops import v4_attention
     monkeypatch.setattr(v4_attention, "is_cpu", lambda device: False)
     lowered, lower = [], v4_attention.MqaAttention.lower
 
     def spy(self, node, device):
         launches = lower(self, node, device)
-        lowered.extend((node.inputs[0].shape[0], "TILED" in ln.defines) for ln in launches)
+        lowered.extend((node.inputs[0].shape[0], "TILED" in ln.defines, "MERGE_ROPE" in ln.defines)
+                       for ln in launches)
         return launches
     monkeypatch.setattr(v4_attention.MqaAttention, "lower", spy)
     check_fixture("mixed", True, splits=splits, chunk=chunk)
-    assert lowered and all(tiled == (T <= v4_attention.TILED_MAX_TOKENS) for T, tiled in lowered)
-    assert any(T == 1 for T, _ in lowered)
+    assert lowered and all(tiled == (T <= v4_attention.TILED_MAX_TOKENS) for T, tiled, _ in lowered)
+    assert any(T == 1 for T, _, _ in lowered)
+    merged = [m for T, _, m in lowered if T == 1]    # decode: merged where a layer splits (all, with splits=)
+    assert not any(m for T, _, m in lowered if T > 1) and (all(merged) if splits else any(merged))
 
 
 def test_prefill_with_the_posts_carrying_the_mixes_matches_too(tune, monkeypatch):

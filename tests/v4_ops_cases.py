@@ -442,6 +442,96 @@ def test_mqa_attention_normalises_and_rotates_q(tune, rng, monkeypatch, kernel, 
     test_mqa_attention(tune, rng, monkeypatch, kernel, None, tile, kernel == "tiled", *case, q_norm=True)
 
 
+def mqa_case_arrays(rng, mode, T, H, hd, p0, rows, rate, C, tables_half):
+    """Fresh inputs of one MQA_ATTENTION case: q (as the projection wrote it), kv, pos, sinks[, ent
+    [, idx with −1 slots]], cos, sin."""
+    n_ent = C // rate
+    arrays = [f32(rng, T, H, hd, scale=7.0), f32(rng, rows, hd), np.array([p0], np.int32), f32(rng, H)]
+    if mode != "sliding":
+        arrays.append(f32(rng, n_ent, hd))
+    if mode == "csa":
+        idx = np.stack([rng.permutation(n_ent)[:6] for _ in range(T)]).astype(np.int32)
+        idx[:, -2:] = -1
+        idx[:, 0] = np.minimum(idx[:, 0], max((p0 + 1) // rate - 1, 0))
+        arrays.append(idx)
+    return arrays + list(tables(rng, C + 3, tables_half))
+
+
+@pytest.mark.parametrize("kernel", ["tiled", "cluster"])
+@pytest.mark.parametrize("mode,T,H,hd,p0,window,rate,splits,rows,q_norm,unrope,step", [
+    ("csa", 1, 3, 48, 63, 8, 4, 3, 64, True, True, 16),      # CSA's −1 slots: a part may hold none
+    ("hca", 2, 4, 32, 60, 8, 4, 4, 64, False, True, 16),
+    ("sliding", 1, 2, 16, 63, 128, 1, 5, 64, True, False, 2),   # parts merged 2, 2, then 1 at a time
+    ("sliding", 3, 5, 18, 1, 8, 1, 6, 64, True, True, 4),   # 2..4 keys in 6 parts: empty ones; hd + 2 = 20
+    ("csa", 3, 2, 16, 61, 6, 4, 2, 8, False, False, 16),    # a ring of 8 rows
+    ("sliding", 2, 3, 16, 63, 8, 1, 3, 64, True, True, 1),  # token 1 past the capacity: NaN
+    ("hca", 2, 70, 16, 20, 8, 4, 3, 64, True, True, 16)])   # more heads than one workgroup's clusters
+def test_mqa_attention_merges_its_splits_in_one_dispatch(tune, rng, kernel, mode, T, H, hd, p0, window, rate,
+                                                          splits, rows, q_norm, unrope, step):
+    """merge=True: the last workgroup of each token's head group merges the parts (inverse_rope:
+    and removes V's RoPE), against the float64 reference and bitwise equal to MQA_ATTENTION's parts
+    merged by MQA_COMBINE (one formula, shaders/mqa_merge.glsl), whatever the parts merged at a time
+    (step). The same program replayed with fresh inputs (another position too) each time: the
+    last-group counters reset themselves."""
+    tune({"mqa_tile.keys": 3, "mqa_merge.step": step})
+    C = 64
+    prm = {"scale": hd ** -0.5, "window": window, "mode": mode, "rate": rate, "capacity": C}
+    if q_norm:
+        prm["q_norm_eps"] = 1e-6
+    half = min(hd // 2, 5)
+    shapes = mqa_case_arrays(rng, mode, T, H, hd, p0, rows, rate, C, half)
+    g = Graph()
+    ts = [g.input(f"a{i}", a.shape, "i32" if a.dtype == np.int32 else "f32") for i, a in enumerate(shapes)]
+    core = ts if q_norm or unrope else ts[:-2]
+    merged = g.op("MQA_ATTENTION", *core, splits=splits, kernel=kernel, merge=True, inverse_rope=unrope, **prm)
+    assert merged.shape == (T, H, hd)
+    g.output("merged", merged)
+    part = g.op("MQA_ATTENTION", *(ts if q_norm else ts[:-2]), splits=splits, kernel=kernel, **prm)
+    g.output("combined", g.op("MQA_COMBINE", part, ts[3], *(ts[2:3] + ts[-2:] if unrope else []), splits=splits,
+                              rope=unrope))
+    cg = Executor().compile(g)
+    assert [lc.shader for n in g.nodes for lc in n.op.lower(n, cg.device)] == ["mqa_attention"] * 2 + ["mqa_combine"]
+    for replay in range(3):
+        arrays = mqa_case_arrays(rng, mode, T, H, hd, p0 - 3 * replay * (p0 > 8), rows, rate, C, half)
+        got = cg.run({f"a{i}": a for i, a in enumerate(arrays)})
+        want = get_op("MQA_ATTENTION").reference(*(arrays if q_norm or unrope else arrays[:-2]), splits=splits,
+                                                 merge=True, inverse_rope=unrope, **prm)
+        check(got["merged"], want, cg.check_guards())
+        np.testing.assert_array_equal(got["merged"], got["combined"])
+
+
+@pytest.mark.parametrize("kernel", ["tiled", "cluster"])
+def test_mqa_merge_without_subgroup_operations(tune, rng, monkeypatch, kernel):
+    """A device without subgroup operations: one lane a head (LANES = 1), so a lane merges all of
+    its head's vec4s."""
+    import dataclasses
+    from dsv4_vk.vk import default_device
+    dev = default_device()
+    monkeypatch.setattr(dev, "caps", dataclasses.replace(dev.caps, subgroup=dataclasses.replace(dev.caps.subgroup,
+                                                                                                 operations=())))
+    test_mqa_attention_merges_its_splits_in_one_dispatch(tune, rng, kernel, "csa", 2, 3, 20, 63, 8, 4, 3, 64, True,
+                                                         True, 2)
+
+
+def test_mqa_merge_refuses_what_it_cannot_merge(tune):
+    """merge=True needs splits ≥ 2 and a kernel that lays its workgroups out by head group;
+    inverse_rope=True needs merge=True and the RoPE tables; the knob mqa_merge.step a count."""
+    q, kv, pos, sk, tab = (np.zeros((1, 2, 8), np.float32), np.zeros((8, 8), np.float32), np.zeros(1, np.int32),
+                           np.zeros(2, np.float32), np.zeros((8, 2), np.float32))
+    for arrays, params, msg in [
+            ([q, kv, pos, sk], {"merge": True}, r"merge=True merges split key lists, so it needs splits ≥ 2"),
+            ([q, kv, pos, sk], {"merge": True, "splits": 2, "kernel": "prefill"}, r"runs on kernel 'tiled' or 'cluster'"),
+            ([q, kv, pos, sk, tab, tab], {"splits": 2, "inverse_rope": True}, r"inverse_rope=True .* needs merge=True"),
+            ([q, kv, pos, sk], {"merge": True, "splits": 2, "inverse_rope": True},
+             r"mode=sliding takes 6 inputs \(q, kv, pos, sinks\[, ent\[, idx\]\], cos, sin\), got 4"),
+            ([q, kv, pos, sk], {"merge": 1, "splits": 2}, "merge must be True or False, got 1")]:
+        with pytest.raises(ValueError, match=msg):
+            _graph_error("MQA_ATTENTION", arrays, {"scale": 0.5, "window": 4, **params})
+    tune({"mqa_merge.step": 0})
+    with pytest.raises(ValueError, match="mqa_merge: step must be an integer ≥ 1, got 0"):
+        _graph_error("MQA_ATTENTION", [q, kv, pos, sk], {"scale": 0.5, "window": 4, "merge": True, "splits": 2})
+
+
 def test_mqa_literal_arrays_apply_where_they_fit(tune, monkeypatch):
     """-D LITERAL_ARRAYS only where every per-lane array fits its literal size (the decode shape:
     head_dim 512 on 32-lane clusters, 16 channels a lane), never on one-lane clusters."""

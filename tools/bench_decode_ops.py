@@ -5,7 +5,10 @@ variants that decide their speed side by side in one run:
 
 - MQA_ATTENTION (+ MQA_COMBINE when split) in each layer kind (sliding window; HCA; CSA with the
   indexer's top-k), tiled and cluster kernels, over key-list splits (with the model's decode
-  choice) and keys in flight per cluster;
+  choice) and keys in flight per cluster; split lists also merged in the attention's own dispatch
+  (merge=True, the model's default) at each --merge-steps (knob mqa_merge.step). The rows sum the
+  dispatches' GPU times: the barrier and launch that merge=True saves are in
+  tools/model_gpu_bench.py's decode step (--variants mqa_merge=0), not here;
 - MUL_MAT at T = 1 (bf16, plain and with the RMS norm folded in) and MUL_MAT_ID (the routed +
   shared experts' SwiGLU and weighted sum, bf16) over vec4 steps in flight per lane, in GB/s of
   the weights they read;
@@ -53,7 +56,7 @@ def gpu_us(ex, g, feeds, replays, warm):
     return statistics.median(times), ex.last.stats.dispatches
 
 
-def mqa_graph(rng, mode, H, hd, ctx, window, pos, splits, n_ent, K, kernel):
+def mqa_graph(rng, mode, H, hd, ctx, window, pos, splits, n_ent, K, kernel, merge=False):
     g = Graph()
     q = g.const(rng.standard_normal((1, H, hd)).astype(np.float32))
     kv = g.const(rng.standard_normal((ctx, hd)).astype(np.float32))
@@ -66,8 +69,8 @@ def mqa_graph(rng, mode, H, hd, ctx, window, pos, splits, n_ent, K, kernel):
     if mode == "csa":
         extra.append(g.const(rng.permutation(n_ent)[:K].astype(np.int32).reshape(1, K)))
     o = g.op("MQA_ATTENTION", q, kv, p, sinks, *extra, scale=hd ** -0.5, window=window, splits=splits,
-             capacity=ctx, kernel=kernel, **prm)
-    if splits > 1:
+             capacity=ctx, kernel=kernel, merge=merge, **prm)
+    if splits > 1 and not merge:
         o = g.op("MQA_COMBINE", o, sinks, splits=splits)
     g.output("o", o)
     return g
@@ -173,6 +176,8 @@ def main(argv=None):
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="small shapes (a dry run on CPU devices)")
     ap.add_argument("--splits", default="1,3,8,32", help="MQA key-list splits to sweep (and the decode choice)")
+    ap.add_argument("--merge-steps", default="4,16", help="MQA splits merged in the attention's dispatch "
+                    "(merge=True) at these parts a step (knob mqa_merge.step); empty: not measured")
     ap.add_argument("--keys", default="1,4", help="MQA keys in flight per cluster (cluster kernel) to sweep")
     ap.add_argument("--kernels", default="cluster,tiled", help="MQA kernels to run: cluster, tiled")
     ap.add_argument("--unroll", default="1,4", help="MUL_MAT (T = 1) and MUL_MAT_ID vec4 steps in flight per "
@@ -218,6 +223,13 @@ def main(argv=None):
                 line.append(f"S={S}: {us:6.1f}")
                 results.append({"op": "MQA_ATTENTION", "mode": mode, "kernel": kernel, "keys": keys, "splits": S,
                                 "us": us, "dispatches": n, "n_keys": n_keys})
+                for step in [int(v) for v in args.merge_steps.split(",") if v] if S > 1 else []:
+                    with tuned({"mqa.keys": keys, "mqa_merge.step": step}):
+                        g = mqa_graph(rng, mode, H, hd, ctx, window, pos, S, n_ent, K, kernel, merge=True)
+                    us, n = gpu_us(ex, g, {}, args.replays, warm)
+                    line.append(f"merged/{step}: {us:6.1f}")
+                    results.append({"op": "MQA_ATTENTION", "mode": mode, "kernel": kernel, "keys": keys, "splits": S,
+                                    "merge_step": step, "us": us, "dispatches": n, "n_keys": n_keys})
             print(" | ".join(line) + "  µs", flush=True)
     w = (rng.standard_normal((8 * D, D)) / np.sqrt(D)).astype(BF16)     # the dense projections' kernel
     gn = rng.standard_normal(D).astype(np.float32)

@@ -52,9 +52,12 @@ not the prefill kernel; knob mqa_prefill.on), mqa_prefill_heads / mqa_prefill_ti
 prefill kernel's heads a cluster, keys a tile and keys a step; knobs mqa_prefill.heads, .tile, .keys),
 mqa_coopmat (1: prefill chunks' attention on the matrix units where the device has them; knob
 mqa_prefill.coopmat=None), route_rank (0: V4_ROUTE's rounds of a butterfly instead of
-its one-pass ranking, knob route_rank.on), gemv_xs_unroll / gemv_xs_groups and moe_xs_unroll /
-moe_xs_groups (the staged kernels' uvec4 steps a lane loads together and workgroups at most); any
-knob also by its full dotted name (value None, True, False, a number or a word), e.g.
+its one-pass ranking, knob route_rank.on), mqa_merge (0: the decode attention's split key lists
+merged by an MQA_COMBINE dispatch after MQA_ATTENTION instead of inside it; knob mqa_merge.on),
+mqa_merge_step (the parts whose loads the merging workgroup issues together; knob mqa_merge.step),
+gemv_xs_unroll / gemv_xs_groups and moe_xs_unroll / moe_xs_groups (the staged kernels' uvec4 steps a
+lane loads together and workgroups at most); any knob also by its full dotted name (value None, True,
+False, a number or a word), e.g.
 `--variants "fold_mb=64;fold_mb=0;gemv_unroll=8;gemv_quant.x_shared_unroll=4,mul_mat_id.x_shared_unroll=2"`.
 --long: the long-context sweep instead (--out is then a directory: long_context.json and .txt):
 prefill tokens/s (chunks of --chunk tokens) and decode tokens/s at each of --positions (default
@@ -151,7 +154,9 @@ KNOBS = {"fold_mb": ("norm_fold.max_bytes", lambda v: int(float(v) * 2**20)),   
          "moe_grouped": ("mul_mat_id_grouped.on", lambda v: bool(int(v))),
          "mqa_prefill_keys": ("mqa_prefill.keys", int),
          "mqa_coopmat": ("mqa_prefill.coopmat", lambda v: None if int(v) else False),
-         "route_rank": ("route_rank.on", lambda v: bool(int(v)))}
+         "route_rank": ("route_rank.on", lambda v: bool(int(v))),
+         "mqa_merge": ("mqa_merge.on", lambda v: bool(int(v))),
+         "mqa_merge_step": ("mqa_merge.step", int)}
 
 
 def knob_value(text: str):

@@ -1,5 +1,4 @@
 """`python -m dsv4_vk info [--json] [--all]`: what the device is and can do."""
-import argparse
 import json
 import sys
 
@@ -97,8 +96,8 @@ def _human(rep):
                      f"{tk['scan']} bin scan")
     mqa = rep.get("mqa_attention")
     if mqa:
-        lines.append(f"MQA_ATTENTION {mqa['heads']} heads × {mqa['head_dim']}: decode {mqa['decode']}, prefill "
-                     f"{mqa['prefill']} — {mqa['reason']}")
+        lines.append(f"MQA_ATTENTION {mqa['heads']} heads × {mqa['head_dim']}: decode {mqa['decode']} (splits "
+                     f"{mqa['decode_splits']}), prefill {mqa['prefill']} — {mqa['reason']}")
     rt = rep.get("v4_gate")
     if rt:
         lines.append(f"V4_GATE       one token, {rt['experts']} experts × {rt['D']}: "

@@ -38,7 +38,7 @@ from ..core.graph import Graph, GraphTensor
 from ..ops.compress import topk
 from ..ops.sample import sample
 from ..ops.v4_gate import gate_kernel, layout_refusal
-from ..ops.v4_attention import mqa_decode_splits, rope_table
+from ..ops.v4_attention import MQA_MERGE, mqa_decode_splits, rope_table
 from .checkpoint import quantisable
 from .tensor_files import BF16, FILES, Lazy, QuantWeight, is_quant, join, stack_quant, stream_of
 from .config import CSA, HCA, SWA, V4Config
@@ -495,11 +495,13 @@ class ModelGraph:
         elif indexer:                       # its keys kept up to date for the positions where it scores
             self._index_keys(i, base["indexer.compressor.wkv.weight"], cols, T)
         S = self.splits[i] if self.splits is not None else (decode_splits(cfg, i, self.device) if T == 1 else 1)
+        if S > 1 and MQA_MERGE["on"]:  # the parts merged in the same dispatch (V's RoPE removed there)
+            prm |= {"merge": True, "inverse_rope": True}
         o = g.op("MQA_ATTENTION", q, cache, self.pos, self.param(a + "attn_sink"), *extra, cos, sin, scale=hd ** -0.5,
                  window=cfg.sliding_window, splits=S, capacity=cfg.max_ctx, q_norm_eps=eps, **prm)
-        if S > 1:                       # V carries RoPE: removed as the parts are merged, or after
+        if S > 1 and not MQA_MERGE["on"]:   # V carries RoPE: removed as the parts are merged, or after
             o = g.op("MQA_COMBINE", o, self.param(a + "attn_sink"), self.pos, cos, sin, splits=S, rope=True)
-        else:
+        elif S == 1:
             o = g.op("ROPE", o, self.pos, cos, sin, inverse=True)
         G, r = cfg.o_groups, cfg.o_lora_rank
         og = o.reshape(T, G, H * hd // G).permute(1, 0, 2)                            # [G, T, k]

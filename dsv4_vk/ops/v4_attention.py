@@ -209,6 +209,23 @@ PREFILL_LITERAL_MAX = {"per_lane": 8, "heads": 4, "keys": 8, "loads": 32}    # m
 MQA_TILE = knob_table("mqa_tile", keys=(8, "keys a tiled MQA_ATTENTION workgroup stages at a time, where shared "
                                              "memory allows"))
 MAX_DECODE_SPLITS = 64
+MQA_MERGE = knob_table(
+    "mqa_merge",
+    on=(True, "the model's decode attention merges its split key lists inside MQA_ATTENTION (merge=True: the "
+              "last workgroup of each token's head group merges the parts, one dispatch and one barrier a layer "
+              "fewer) instead of in an MQA_COMBINE dispatch after it (tools/model_gpu_bench.py --variants "
+              "mqa_merge=0)"),
+    step=(4, "parts whose loads MQA_ATTENTION merge=True's merging workgroup issues together (at most the "
+             "splits; a lane loads its head's hd / (4·lanes) vec4s of each): more loads in flight, or fewer "
+             "registers, which the whole kernel is allocated; not yet measured (tools/model_gpu_bench.py "
+             "--variants mqa_merge_step=16)"))
+PART_POOL, TICKET_POOL = "mqa_parts", "mqa_tickets"      # merge=True's scratch: parts, last-group counters
+
+
+def merge_part_stride(hd: int) -> int:
+    """Floats from one part's row to the next in merge=True's scratch: hd + 2 (acc, max, sum)
+    rounded up to whole vec4s."""
+    return -(-(hd + 2) // 4) * 4
 
 
 def _mqa_lanes(device, hd):
@@ -317,7 +334,8 @@ def prefill_on(device) -> bool:
 
 
 def describe(device, hd: int = 512, H: int = 64) -> dict:
-    """MQA_ATTENTION's kernels on this device at DeepSeek-V4-Flash's widths (python -m dsv4_vk info)."""
+    """MQA_ATTENTION's kernels on this device at DeepSeek-V4-Flash's widths (python -m dsv4_vk info),
+    and where the model's decode attention merges its split key lists (knob mqa_merge.on)."""
     plan = mqa_prefill_plan(device, hd, H)
     pre = "prefill" if prefill_on(device) and plan["tile"] else "cluster"
     cm, cm_why = prefill_coopmat_choice(device, hd, H) if pre == "prefill" else (None, "")
@@ -335,16 +353,21 @@ def describe(device, hd: int = 512, H: int = 64) -> dict:
     elif pre == "prefill":
         why += f"; f32 lanes: {cm_why}"
     dec = "tiled" if mqa_tile_keys(device, hd) and not is_cpu(device) else "cluster"
-    return {"heads": H, "head_dim": hd, "decode": dec, "prefill": pre, "reason": why}
+    merge = "merged in the dispatch" if MQA_MERGE["on"] else "merged by MQA_COMBINE, mqa_merge.on=False"
+    return {"heads": H, "head_dim": hd, "decode": dec, "decode_splits": merge, "prefill": pre, "reason": why}
 
 
 @register
 class MqaAttention(OpDef):
     """MQA_ATTENTION(q [T,H,hd], kv [rows,hd], pos [1] i32, sinks [H][, ent [n,hd][, idx [T,K] i32]]
     [, cos, sin], scale=, window=, mode="sliding"|"hca"|"csa", rate=, splits=1, capacity=rows,
-    kernel="auto", q_norm_eps=) -> [T,H,hd]: DeepSeek-V4's attention over the raw window plus
-    compressed entries (shaders/mqa_attention.comp). splits > 1 cuts each key list into that many
-    parts on separate lanes, merged by one more dispatch. kernel: "tiled" (keys staged in shared
+    kernel="auto", q_norm_eps=, merge=False, inverse_rope=False) -> [T,H,hd]: DeepSeek-V4's attention
+    over the raw window plus compressed entries (shaders/mqa_attention.comp). splits > 1 cuts each key
+    list into that many parts on separate workgroups or clusters: the result is then the parts
+    [T, H, splits·(hd + 2)] (acc, max, sum), merged by MQA_COMBINE, or with merge=True the merged
+    [T, H, hd] itself (the last workgroup of each token's group of heads merges them, MQA_COMBINE's
+    formula; kernels "tiled" and "cluster"), and with inverse_rope=True (merge only; the tables cos,
+    sin last) its trailing channels de-rotated as MQA_COMBINE rope=True does. kernel: "tiled" (keys staged in shared
     memory per group of heads; auto up to TILED_MAX_TOKENS tokens), "cluster" (one cluster per head
     reads its keys itself), "prefill" (shaders/mqa_prefill.comp: one workgroup per token and group of
     heads, splits=1 only; auto past TILED_MAX_TOKENS tokens while the knob mqa_prefill.on is set),
@@ -358,22 +381,27 @@ class MqaAttention(OpDef):
 
     def infer(self, inputs, params):
         check_params(self.name, params, ("scale", "window", "mode", "rate", "splits", "capacity", "kernel",
-                                         "q_norm_eps"))
+                                         "q_norm_eps", "merge", "inverse_rope"))
+        merge, unrope = check_flag(self.name, params, "merge"), check_flag(self.name, params, "inverse_rope")
         if params.get("kernel", "auto") not in MQA_KERNELS:
             raise ValueError(f"{self.name}: kernel must be one of {MQA_KERNELS}, got {params['kernel']!r}")
         mode = params.get("mode", "sliding")
         if mode not in MODES:
             raise ValueError(f"{self.name}: mode must be one of {MODES}, got {mode!r}")
         q_norm = "q_norm_eps" in params
-        want = {"sliding": 4, "hca": 5, "csa": 6}[mode] + (2 if q_norm else 0)
+        tables = q_norm or unrope
+        want = {"sliding": 4, "hca": 5, "csa": 6}[mode] + (2 if tables else 0)
         if len(inputs) != want:
             raise ValueError(f"{self.name} mode={mode} takes {want} inputs (q, kv, pos, sinks[, ent[, idx]]"
-                             f"{', cos, sin' if q_norm else ''}), got {len(inputs)}")
+                             f"{', cos, sin' if tables else ''}), got {len(inputs)}")
+        if unrope and not merge:
+            raise ValueError(f"{self.name}: inverse_rope=True de-rotates the merged output, so it needs "
+                             "merge=True (unmerged parts: MQA_COMBINE rope=True)")
         nonempty(self.name, inputs)
         q, kv, pos, sinks = inputs[:4]
-        if q_norm:
-            if check_finite(f"{self.name} q_norm_eps", params["q_norm_eps"]) <= 0:
-                raise ValueError(f"{self.name}: q_norm_eps must be > 0, got {params['q_norm_eps']!r}")
+        if q_norm and check_finite(f"{self.name} q_norm_eps", params["q_norm_eps"]) <= 0:
+            raise ValueError(f"{self.name}: q_norm_eps must be > 0, got {params['q_norm_eps']!r}")
+        if tables:
             check_rope_tables(self.name, pos, *inputs[-2:], q.shape[2])
         expect(self.name, "q (input 0, [T, heads, head_dim])", q, (None, None, None))
         T, H, hd = q.shape
@@ -398,11 +426,25 @@ class MqaAttention(OpDef):
         if "window" not in params:
             raise ValueError(f"{self.name} needs window=<sliding window in tokens>")
         capacity = params.get("capacity", kv.shape[0])
-        if q_norm and capacity > inputs[-2].shape[0]:         # (capacity checked as an integer above)
+        if tables and capacity > inputs[-2].shape[0]:         # (capacity checked as an integer above)
             raise ValueError(f"{self.name}: the RoPE tables have {inputs[-2].shape[0]} rows, fewer than the "
                              f"capacity {capacity}")
         S = params.get("splits", 1)
-        return (q.shape if S == 1 else (T, H, S * (hd + 2))), "f32"
+        if merge and S < 2:
+            raise ValueError(f"{self.name}: merge=True merges split key lists, so it needs splits ≥ 2, got "
+                             f"splits={S}")
+        if merge and params.get("kernel", "auto") not in ("auto", "tiled", "cluster"):
+            raise ValueError(f"{self.name}: merge=True runs on kernel 'tiled' or 'cluster' (or 'auto'), got "
+                             f"kernel={params['kernel']!r}")
+        return (q.shape if S == 1 or merge else (T, H, S * (hd + 2))), "f32"
+
+    def scratch(self, inputs, params):
+        if not params.get("merge", False):
+            return {}
+        T, H, hd = inputs[0].shape
+        S = params["splits"]
+        # the counters: one per token and group of heads, at most one group per head (any lane count)
+        return {PART_POOL: (T * H * S * merge_part_stride(hd), "f32"), TICKET_POOL: (T * H, "i32", "zeroed")}
 
     def lower(self, node, device):
         prm = node.params
@@ -429,19 +471,30 @@ class MqaAttention(OpDef):
             raise ValueError(f"{self.name}: kernel='tiled' stages key rows of {hd} floats in shared memory; "
                              f"{device.name} has {device.caps.limits.max_shared_memory} B, too little for one")
         keys = MQA_KEYS.get("keys") or keys
-        spec = (256, per_lane, S, prm["window"], prm.get("rate", 1), keys, tile or 1)
+        merge = prm.get("merge", False)
+        step = min(S, _positive_int("mqa_merge", "step", MQA_MERGE["step"])) if merge else 1
+        spec = (256, per_lane, S, prm["window"], prm.get("rate", 1), keys, tile or 1, step)
         args, push, defs = self._bindings(node)
         defs |= lanes
+        writes = (6,)
         if kernel == "tiled":
             defs["TILED"] = 1
+        if merge:
+            defs["MERGE_ROPE" if prm.get("inverse_rope", False) else "MERGE"] = 1
+            part, tickets = node.output.graph.scratch(PART_POOL), node.output.graph.scratch(TICKET_POOL)
+            if part.offset % 4:
+                raise ValueError(f"{self.name}: the parts' scratch must start on a vec4, got offset {part.offset}")
+            writes = (6, len(args), len(args) + 1)
+            args += [part, tickets]
+            push |= {"part_off": part.offset, "cnt_off": tickets.offset}
         loads = -(-(tile or 1) * per_lane * lanes["LANES"] // 256)
         if MQA_ARRAYS["literal"] and 2 <= lanes["LANES"] <= 32 and per_lane <= LITERAL_MAX["per_lane"] and \
                 keys <= LITERAL_MAX["keys"] and (tile or 1) <= LITERAL_MAX["tile"] and loads <= LITERAL_MAX["loads"]:
             defs["LITERAL_ARRAYS"] = 1
         heads_per_group = 256 // lanes["LANES"]
-        grid = (grid_1d(T * S * -(-H // heads_per_group), 1) if kernel == "tiled"
+        grid = (grid_1d(T * S * -(-H // heads_per_group), 1) if kernel == "tiled" or merge
                 else grid_1d(T * H * S, heads_per_group))
-        return [Launch("mqa_attention", args, (6,), push, grid, defines=defs, spec=spec, **extra)]
+        return [Launch("mqa_attention", args, writes, push, grid, defines=defs, spec=spec, **extra)]
 
     def _prefill(self, node, device):
         """The launch of shaders/mqa_prefill.comp (kernel="prefill")."""
@@ -515,23 +568,26 @@ class MqaAttention(OpDef):
                 "pos_off": pos.offset, "sink_off": sinks.offset, "scale": float(prm["scale"])}
         args = [q, kv, ent, idx, pos, sinks, out]
         if "q_norm_eps" in prm:
-            cos, sin = node.inputs[-2:]
             defs["Q_NORM"] = 1
+            push["q_eps"] = float(prm["q_norm_eps"])
+        if "q_norm_eps" in prm or prm.get("inverse_rope", False):
+            cos, sin = node.inputs[-2:]
             args += [cos, sin]
-            push |= {"q_eps": float(prm["q_norm_eps"]), "q_half": cos.shape[1], "cos_off": cos.offset,
-                     "sin_off": sin.offset, "tab_s0": cos.strides[0]}
+            push |= {"q_half": cos.shape[1], "cos_off": cos.offset, "sin_off": sin.offset, "tab_s0": cos.strides[0]}
         return args, push, defs
 
     def reference(self, q, kv, pos, sinks, *rest, scale=1.0, window=1, mode="sliding", rate=1, splits=1,
-                  capacity=None, kernel="auto", q_norm_eps=None):
-        if splits != 1:
+                  capacity=None, kernel="auto", q_norm_eps=None, merge=False, inverse_rope=False):
+        if splits != 1 and not merge:
             raise ValueError("the reference of a split MQA_ATTENTION is that of MQA_COMBINE over it")
-        if q_norm_eps is not None:
+        if q_norm_eps is not None or inverse_rope:
             *rest, cos, sin = rest
+        if q_norm_eps is not None:
             q = reference_q_norm(q, pos, cos, sin, q_norm_eps)
         ent, idx = (list(rest) + [None, None])[:2]
-        return reference_mqa(q, kv, pos, sinks, ent, idx, scale=scale, window=window, mode=mode, rate=rate,
-                             capacity=capacity)
+        out = reference_mqa(q, kv, pos, sinks, ent, idx, scale=scale, window=window, mode=mode, rate=rate,
+                            capacity=capacity)
+        return Rope().reference(out, pos, cos, sin, inverse=True) if inverse_rope else out
 
 
 @register
