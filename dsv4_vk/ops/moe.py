@@ -424,6 +424,18 @@ def route_workgroup(device, n_experts):
     return max(64 if n_experts <= 1024 else 256, sg.max_size)
 
 
+def check_route_params(op: str, params: dict, E: int) -> int:
+    """top_k (returned), scoring and route_scale of a router over E experts (V4_ROUTE, V4_GATE);
+    ValueError naming the op and the parameter otherwise."""
+    k = params.get("top_k")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= min(E, 64):
+        raise ValueError(f"{op}: top_k must be an integer in [1, {min(E, 64)}], got {k!r}")
+    if params.get("scoring", "sqrtsoftplus") not in SCORING:
+        raise ValueError(f"{op}: scoring must be one of {SCORING}, got {params['scoring']!r}")
+    check_finite(f"{op} route_scale", params.get("route_scale", 1.0))
+    return k
+
+
 @register
 class V4Route(OpDef):
     """V4_ROUTE(logits [T,E], bias [E], top_k=, scoring=, route_scale=) or
@@ -440,12 +452,7 @@ class V4Route(OpDef):
         lg = inputs[0]
         expect(self.name, "logits (input 0, [T, experts])", lg, (None, None))
         T, E = lg.shape
-        k = params.get("top_k")
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= min(E, 64):
-            raise ValueError(f"{self.name}: top_k must be an integer in [1, {min(E, 64)}], got {k!r}")
-        if params.get("scoring", "sqrtsoftplus") not in SCORING:
-            raise ValueError(f"{self.name}: scoring must be one of {SCORING}, got {params['scoring']!r}")
-        check_finite(f"{self.name} route_scale", params.get("route_scale", 1.0))
+        k = check_route_params(self.name, params, E)
         if len(inputs) == 2:
             expect(self.name, "bias (input 1, [experts])", inputs[1], (E,))
         else:

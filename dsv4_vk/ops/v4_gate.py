@@ -12,7 +12,7 @@ import numpy as np
 from ..core.tuning import knob_table
 from .base import (Launch, OpDef, check_finite, check_params, expect, grid_1d, is_cpu, next_pow2, nonempty, register,
                    unit_last, view_fields, weight_defines, workgroup_pow2, WEIGHT_DTYPES)
-from .moe import ROUTE_RANK, SCORING, reference_v4_route, route_kernel, route_workgroup
+from .moe import ROUTE_RANK, check_route_params, reference_v4_route, route_kernel, route_workgroup
 from .reduce_rows import reference_rms_norm
 
 GATE = knob_table(
@@ -124,12 +124,7 @@ class V4Gate(OpDef):
             expect(self.name, "norm weight g (input 2, [D])", g, (D,))
             if not check_finite(f"{self.name} rms_eps", params["rms_eps"]) >= 0:
                 raise ValueError(f"{self.name}: rms_eps must be a finite number ≥ 0, got {params['rms_eps']!r}")
-        k = params.get("top_k")
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= min(E, 64):
-            raise ValueError(f"{self.name}: top_k must be an integer in [1, {min(E, 64)}], got {k!r}")
-        if params.get("scoring", "sqrtsoftplus") not in SCORING:
-            raise ValueError(f"{self.name}: scoring must be one of {SCORING}, got {params['scoring']!r}")
-        check_finite(f"{self.name} route_scale", params.get("route_scale", 1.0))
+        k = check_route_params(self.name, params, E)
         s = 2 + (g is not None)
         if len(sel) == 1:
             expect(self.name, f"bias (input {s}, [experts])", sel[0], (E,))
