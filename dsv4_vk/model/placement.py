@@ -108,7 +108,7 @@ def check_memory(cfg: V4Config, weight_bytes: int, chunk: int, device, experts=(
     else:
         n = how
         if n > len(order):
-            raise ValueError(f"expert_offload = {n}: the model has {len(order)} layers with routed experts")
+            raise ValueError(f"expert_offload = {n}: the model has {_layers(len(order))} with routed experts")
     layers = tuple(sorted(order[:n]))
     host = freed[n]
     on_device = wbytes - (0 if shared else host)
@@ -131,22 +131,27 @@ def check_memory(cfg: V4Config, weight_bytes: int, chunk: int, device, experts=(
         hint = f"; max_ctx at most about {fits} fits" if fits >= 1 else "; the weights alone do not fit"
         if cache + on_device > have:
             apart = f" besides {host} bytes of routed experts in host memory" if host and not shared else ""
+            more = _offload_hint(order, fewest_layers(), freed, n, shared, device)
             raise ValueError(f"max_ctx = {C} needs {cache + on_device} bytes of device memory ({cache} for the decode "
                              f"cache and RoPE tables, {on_device} for the weights{apart}); {device.name} has {have} "
-                             f"bytes available ({where}){hint}{_offload_hint(order, fewest_layers(), freed, n, shared, device)}")
+                             f"bytes available ({where}){hint}{more}")
         raise ValueError(f"max_ctx = {C}: {name} would take {big} bytes, past {device.name}'s maxStorageBufferRange "
                          f"of {limit} bytes (each tensor is bound whole){hint}"
                          + (" (or lower prefill_chunk)" if " " in name else ""))
     if layers and not shared:
         room = host_heap_bytes(device)
         if room is None:
-            raise ValueError(f"expert_offload: the routed experts of {n} layers ({host} bytes) would go to host memory, "
+            raise ValueError(f"expert_offload: the routed experts of {_layers(n)} ({host} bytes) would go to host memory, "
                              f"but {device.name} has no host-visible heap outside its device-local memory")
         if host > room:
-            raise ValueError(f"expert_offload: the routed experts of {n} layers need {host} bytes of host memory the "
+            raise ValueError(f"expert_offload: the routed experts of {_layers(n)} need {host} bytes of host memory the "
                              f"device reads; {device.name}'s host heap has {room} bytes")
     return {"cache": cache, "weights": wbytes, "total": cache + wbytes, "available": have, "offloaded": layers,
             "host": host, "device": cache + on_device}
+
+
+def _layers(n: int) -> str:
+    return f"{n} layer" if n == 1 else f"{n} layers"
 
 
 def _offload_hint(order, fewest, freed, n, shared, device) -> str:
@@ -156,9 +161,9 @@ def _offload_hint(order, fewest, freed, n, shared, device) -> str:
     if shared:
         return (f" (routed experts in host memory free none of it: {device.name}'s memory is the host's)")
     if fewest is None:
-        return (f"; with the routed experts of all {len(order)} layers ({freed[-1]} bytes) in host memory "
+        return (f"; with the routed experts of all {_layers(len(order))} ({freed[-1]} bytes) in host memory "
                 f"(expert_offload) the rest still does not fit")
     if fewest > n:
-        return (f"; or expert_offload='auto' (or {fewest}) keeps the routed experts of {fewest} layers "
+        return (f"; or expert_offload='auto' (or {fewest}) keeps the routed experts of {_layers(fewest)} "
                 f"({freed[fewest]} bytes) in host memory, read over the bus")
     return ""
