@@ -281,3 +281,15 @@ def test_host_memory_params_on_a_discrete_layout():
     r = subprocess.run([sys.executable, "-c", DISCRETE], capture_output=True, text=True, cwd=ROOT, timeout=300,
                        env={**os.environ, "DSV4_VK_FORCE_STAGING": "1"})
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+
+
+def test_info_names_the_heap_routed_experts_may_go_to(device):
+    """`dsv4_vk info`: the host heap (Capabilities.host_heap) is marked; lavapipe has none apart."""
+    from dsv4_vk.cli.info import _human, report
+    rep = report(device)
+    assert rep["host_heap"] is None and "host-visible" not in _human(rep)
+    caps = stub(device, 139 << 30, 125 << 30).caps
+    assert caps.host_heap() == 1 and stub(device, 139 << 30).caps.host_heap() is None
+    rep.update(memory_heaps=[dataclasses.asdict(h) for h in caps.memory_heaps], host_heap=caps.host_heap())
+    assert "heaps         139.0 GiB device-local, 125.0 GiB host-visible (Model's expert_offload places routed " \
+           "experts here)" in _human(rep)
