@@ -163,7 +163,8 @@ def test_what_does_not_fit_is_refused_naming_the_bytes(device):
     with pytest.raises(ValueError, match=r"the routed experts of 1 layer \(3000 bytes\) would go to host memory, but "
                                          r"stub has no host-visible heap outside its device-local memory"):
         check_memory(cfg, weights, 16, stub(device, need - 2500), experts)
-    with pytest.raises(ValueError, match=r"routed experts in host memory free none of it: stub's memory is the host's"):
+    with pytest.raises(ValueError, match=r"; routed experts in host memory \(expert_offload\) would free none of it: "
+                                         r"this device's memory is the host's$"):
         check_memory(cfg, weights, 16, stub(device, need - 2500, shares=True), experts)
     with pytest.raises(ValueError, match=r"expert_offload = 4: the model has 3 layers with routed experts"):
         check_memory(cfg, weights, 16, small, experts, 4)
@@ -195,10 +196,12 @@ def test_the_model_checks_the_experts_it_would_move(device):
     m = Model(TINY, w)
     assert len(stacks) == 3 and stacks == [sum(m.params[n].nbytes for n in m.params if routed_expert_layer(n) == i)
                                            for i in range(3)]
-    total = m.memory()["total"]
-    for make in (lambda: Model.load(TINY, max_device_memory=total // 2), lambda: Model(TINY, w, max_device_memory=total // 2)):
-        with pytest.raises(ValueError, match=r"free none of it: .*memory is the host's"):
+    budget = m.memory()["total"] - stacks[0]
+    for make in (lambda: Model.load(TINY, max_device_memory=budget), lambda: Model(TINY, w, max_device_memory=budget)):
+        with pytest.raises(ValueError, match=r"would free none of it: this device's memory is the host's"):
             make()
+    with pytest.raises(ValueError, match=r"fits$"):            # the cache alone: no word about the experts
+        Model.load(TINY, max_ctx=10 ** 9)
 
 
 DISCRETE = """

@@ -159,7 +159,8 @@ def _offload_hint(order, fewest, freed, n, shared, device) -> str:
     if not order:
         return ""
     if shared:
-        return (f" (routed experts in host memory free none of it: {device.name}'s memory is the host's)")
+        return ("; routed experts in host memory (expert_offload) would free none of it: this device's memory "
+                "is the host's" if fewest is not None else "")
     if fewest is None:
         return (f"; with the routed experts of all {_layers(len(order))} ({freed[-1]} bytes) in host memory "
                 f"(expert_offload) the rest still does not fit")
