@@ -261,7 +261,7 @@ class Model:
             else:
                 kind = self.storage.get(name, p.dtype)
                 weights[kind] = weights.get(kind, 0) + nbytes
-                if getattr(p, "host_memory", False):
+                if p.host_memory:
                     host[kind] = host.get(kind, 0) + nbytes
         total = sum(weights.values()) + cache
         return {"weights": weights, "cache": cache, "total": total, "host": host, "device": total - sum(host.values())}

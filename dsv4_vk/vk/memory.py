@@ -6,7 +6,9 @@ the number of live allocations (NVIDIA: 4096), which an unfused graph of ~190 te
 would otherwise exhaust. Where device-local memory is also host-visible (lavapipe, integrated GPUs) a buffer is mapped once
 and read/written through a zero-copy numpy view; elsewhere uploads and downloads go through the
 device's staging ring (two mapped slots, each with its copy command and fence: a slot is filled
-while the copy from the other runs).
+while the copy from the other runs). A buffer made with `host_memory` lives in the device's host
+heap (`Capabilities.host_heap`: system memory a discrete GPU reads over its bus), mapped: weights
+the device's own memory does not hold; it is destroyed, not pooled, when freed.
 
 Every buffer the graphs use is laid out [guard | data | guard] (`guarded_buffer`): kernels get it
 bound past the leading guard, and a sentinel in the guards tells whether a kernel wrote outside.
