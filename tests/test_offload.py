@@ -258,6 +258,8 @@ said = [str(c.message) for c in caught if issubclass(c.category, RuntimeWarning)
 assert m.offloaded == (0,) and len(said) == 1, (m.offloaded, said)
 assert f"the routed experts of 1 of {cfg.num_hidden_layers} layers ({stacks[0]} bytes; layers 0) are in host memory" \\
     in said[0] and "bytes a token" in said[0], said
+per = sum(m.params[n].nbytes // m.params[n].shape[0] for n in ("layers.0.ffn.w13", "layers.0.ffn.w2"))
+assert f"about {per * cfg.num_experts_per_tok} bytes a token" in said[0], said
 moved = [p for n, p in m.ex.params.items() if p.host_memory]
 assert moved and all(routed_expert_layer(p.name) == 0 and p.buffer.host_memory and p.buffer._view is not None
                      for p in moved)

@@ -20,6 +20,7 @@ indexer's scoring (`model.build.all_entries_fit`); each graph is recorded on fir
 """
 from __future__ import annotations
 
+import re
 import time
 import warnings
 from dataclasses import dataclass
@@ -177,8 +178,12 @@ class Model:
     def _tell_offload(self, plan: dict) -> None:
         """The RuntimeWarning of expert_offload="auto": what went to host memory and what decode reads there."""
         cfg, k = self.cfg, self.cfg.num_experts_per_tok
-        per_token = sum(self.params[n].nbytes // self.params[n].shape[0] for n in self.params
-                        if routed_expert_layer(n) in self.offloaded) * k
+        stacks: dict[str, list[int]] = {}       # stack -> [bytes, experts] (its parts past one binding added)
+        for n, a in self.params.items():
+            if routed_expert_layer(n) in self.offloaded:
+                s = stacks.setdefault(re.sub(r"\.\d+$", "", n), [0, 0])
+                s[0], s[1] = s[0] + a.nbytes, s[1] + a.shape[0]
+        per_token = k * sum(b // e for b, e in stacks.values())
         warnings.warn(f"the weights and decode cache ({plan['total']} bytes) do not fit {self.device.name}'s device "
                       f"memory ({plan['available']} bytes): the routed experts of {len(self.offloaded)} of "
                       f"{cfg.num_hidden_layers} layers ({plan['host']} bytes; layers {_spans(self.offloaded)}) are "
