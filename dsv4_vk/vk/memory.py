@@ -132,8 +132,8 @@ class Buffer:
 
     def __init__(self, device, nbytes, host_visible=None, dedicated=None, cached=False, host_memory=False):
         """host_memory: in the device's host heap (Capabilities.host_heap: system memory a discrete GPU
-        reads over its bus; host-cached where it can be), mapped; on a device without one its memory is
-        the host's already, and the buffer is an ordinary one (host-visible there)."""
+        reads over its bus; host-cached where it can be), mapped; on a device whose memory is the host's
+        (is_host_visible) an ordinary buffer; a ValueError on a device with neither."""
         self.device = device
         self.alive = False
         self.serial = next(_serials)     # unique for the process (ids and handles are reused)
