@@ -697,9 +697,14 @@ def test_make_checkpoint_tool_and_the_gpu_bench_dry_run(tmp_path):
     assert r.returncode == 2 and "hc_mult must be 4" in r.stderr
     out = tmp_path / "bench.json"
     r = subprocess.run([sys.executable, "tools/model_gpu_bench.py", "--quick", "--out", str(out),
-                        "--variants", "fold_mb=0;gate=0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                        "--variants", "fold_mb=0;gate=0", "--offload-layers", "1"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads(out.read_text())
+    moved = res["decode_offload"]["1"]                   # layer 0's routed experts in host memory: same graph
+    assert moved["same_tokens_as_fused"] and moved["offloaded_layers"] == [0]
+    assert moved["dispatches_per_token"] == res["decode"]["fused"]["dispatches_per_token"]
+    assert 0 < moved["bus_bytes_per_token"] < moved["host_weight_bytes"] == sum(moved["device_memory_bytes"]["host"].values())
     assert res["decode"]["fused"]["dispatches_per_token"] < res["decode"]["unfused"]["dispatches_per_token"]
     unfolded = res["decode_variants"]["fold_mb=0"]       # every norm its own dispatch: more of them, same tokens
     assert unfolded["same_tokens_as_fused"]
@@ -709,6 +714,9 @@ def test_make_checkpoint_tool_and_the_gpu_bench_dry_run(tmp_path):
     r = subprocess.run([sys.executable, "tools/model_gpu_bench.py", "--quick", "--out", str(out),
                         "--variants", "fold=1"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "unknown knob 'fold'" in r.stderr
+    r = subprocess.run([sys.executable, "tools/model_gpu_bench.py", "--quick", "--out", str(out),
+                        "--offload-layers", "2,x"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--offload-layers must be comma-separated layer counts, got '2,x'" in r.stderr
     pre = tmp_path / "prefill.json"
     r = subprocess.run([sys.executable, "tools/model_gpu_bench.py", "--quick", "--out", str(pre), "--prefill-variants",
                         "chunk=32,coopmat=1,cm_pass=1"], cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -987,8 +987,8 @@ def test_arrays_in_memory_stream_as_they_upload_directly(dtype, monkeypatch, dev
     monkeypatch.setattr(tensor_files, "STREAM_BYTES", 0)
     from dsv4_vk.core.executor import Executor
     streamed = []
-    monkeypatch.setattr(Executor, "stream_param", lambda self, name, *a, sp=Executor.stream_param:
-                        (streamed.append(name), sp(self, name, *a))[1])
+    monkeypatch.setattr(Executor, "stream_param", lambda self, name, *a, sp=Executor.stream_param, **kw:
+                        (streamed.append(name), sp(self, name, *a, **kw))[1])
     m = Model(SMALL, w, device=device)
     assert np.array_equal(m.prefill(ids, all_logits=True), want)
     assert "embed.weight" in streamed and "layers.1.ffn.w13" in streamed

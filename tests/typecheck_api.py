@@ -67,3 +67,7 @@ def graphs_and_models(dev: dv.Device, model: Model) -> None:
     assert_type(g.compile(dev), dv.CompiledGraph)
     assert_type(g.compile(dev).run(x=np.zeros((4, 8))), dict)
     assert_type(model.paths(), list[SitePath])
+    assert_type(model.offloaded, tuple[int, ...])
+    assert_type(Model.load("dir", expert_offload="auto", max_device_memory=1 << 30), Model)
+    assert_type(Model.load("dir", expert_offload=False), Model)
+    assert_type(Model.load("dir", expert_offload=2), Model)

@@ -84,6 +84,9 @@ no decode series, e.g. `--preset flash-43 --dtype fp8 --load-only --load-workers
 V4-Flash's depth in the published format on one GPU: `--layers 43 --experts 8 --dtype fp8`
 (each token reads 6 routed experts + the shared one whatever the expert count, so the bytes read
 per token are those of the 256-expert model).
+--offload-layers 0,2,8: more fused decode series, each with the routed experts of that many layers in
+host memory the GPU reads over its bus (Model(expert_offload=N)): tokens/s beside the default's,
+the host bytes and the bytes a token reads over the bus (their picked experts), same tokens or not.
 --timeline: every dispatch of the fused decode step with its mean profiled GPU time (the time
 since the previous dispatch's end), shader, variant and argument shapes; --skip leaves out parts
 of the run (unfused, multi, host) when only one question is asked.
@@ -228,6 +231,8 @@ def parse(argv):
     ap.add_argument("--prefill-variants", default="", help="only the prompt's prefill tokens/s, by default and "
                     "under each of these ;-separated knob sets (the --variants names, e.g. chunk=512,coopmat=1)")
     ap.add_argument("--variants", default="", help="extra fused decode series with kernel knobs (see above)")
+    ap.add_argument("--offload-layers", default="", help="extra fused decode series with the routed experts of "
+                    "this many layers in host memory each (Model(expert_offload=N)), e.g. 0,2,8")
     ap.add_argument("--timeline", action="store_true", help="also list every dispatch of the fused decode step "
                     "with its mean profiled GPU µs (JSON 'timeline', and printed)")
     ap.add_argument("--skip", default="", help="comma-separated parts to leave out: unfused, multi, host "
@@ -255,6 +260,10 @@ def parse(argv):
     a.load_workers = [int(v) for v in a.load_workers.split(",") if v.strip()]
     a.load = a.load or a.load_only
     a.steps_per_submit = [int(v) for v in a.steps_per_submit.split(",")]
+    try:
+        a.offload_layers = [int(v) for v in a.offload_layers.split(",") if v.strip()]
+    except ValueError:
+        ap.error(f"--offload-layers must be comma-separated layer counts, got {a.offload_layers!r}")
     return a
 
 
@@ -270,14 +279,17 @@ def config(name, max_ctx, layers=None, experts=None, **over):
     return base.replace(**kw)
 
 
-def weight_bytes_per_token(model):
+def weight_bytes_per_token(model, host_only=False):
     """Bytes of weights one decode step reads: every weight on the device (quantised ones with their
     scales) except the routed experts it does not pick (num_experts_per_tok of n_routed_experts;
-    the shared expert always) and all but one row of the embedding."""
+    the shared expert always) and all but one row of the embedding. host_only: of the weights in host
+    memory only (Model(expert_offload=): what a step reads over the bus)."""
     cfg, total = model.cfg, 0
     E, k = cfg.n_routed_experts, cfg.num_experts_per_tok
     for name, p in model.ex.params.items():
         if name.startswith(("step.", "sampler.", "rope.")) or name.endswith((".kv", ".state", ".ent")):
+            continue
+        if host_only and not p.host_memory:
             continue
         n = p.nbytes
         base = name[:-len(".scale")] if name.endswith(".scale") else name
@@ -383,9 +395,11 @@ def timed_steps(model, prompt, n, warm=None):
     return toks, np.array(wall), np.array(host)
 
 
-def decode_path(cfg, weights, prompt, a, fused, warm):
-    model = Model(cfg, weights, fused=fused)
+def decode_path(cfg, weights, prompt, a, fused, warm, **placement):
+    """placement: Model's expert_offload / max_device_memory (default: the model's own choice)."""
+    model = Model(cfg, weights, fused=fused, **placement)
     mem = model.memory()
+    offloaded, bus_bytes = model.offloaded, weight_bytes_per_token(model, host_only=True)
     timed_steps(model, prompt, 4)                          # record both graphs, warm the pipelines
     toks, wall, host = timed_steps(model, prompt, a.tokens, warm)
     rec = model.compiled("decode").recording
@@ -407,6 +421,8 @@ def decode_path(cfg, weights, prompt, a, fused, warm):
         "dispatches_per_token_by_op": {k: v["dispatches"] / runs for k, v in ops},
         "hc_paths": sorted({f"{p.op}:{p.path}" for p in model.paths()}),
         "device_memory_bytes": mem,
+        "offloaded_layers": list(offloaded), "host_weight_bytes": sum(mem["host"].values()),
+        "bus_bytes_per_token": bus_bytes,
     }
 
 
@@ -792,6 +808,22 @@ def main(argv=None):
               f"{r['dispatches_per_token']} dispatches/token  GPU ms MUL_MAT {by_op.get('MUL_MAT', 0):.3f} "
               f"MUL_MAT_ID {by_op.get('MUL_MAT_ID', 0):.3f} RMS_NORM {by_op.get('RMS_NORM', 0):.3f}; same tokens: "
               f"{r['same_tokens_as_fused']}", flush=True)
+    res["decode_offload"] = {}
+    for n in a.offload_layers:
+        try:
+            toks, r = decode_path(cfg, weights, prompt, a, True, warm, expert_offload=n)
+        except ValueError as e:             # check_memory: more layers than the model has, or no host heap
+            res["decode_offload"][str(n)] = {"skipped": str(e)}
+            print(f"fused, experts of {n} layers in host memory: skipped: {e}", flush=True)
+            continue
+        r.pop("timeline")
+        r["same_tokens_as_fused"] = toks == tokens["fused"]
+        r["speed_over_fused"] = r["tokens_per_s"] / res["decode"]["fused"]["tokens_per_s"]
+        res["decode_offload"][str(n)] = r
+        print(f"fused, experts of {n} layer{'s' if n != 1 else ''} in host memory ({r['host_weight_bytes'] / 1e9:.2f} GB, "
+              f"{r['bus_bytes_per_token'] / 1e6:.1f} MB a token over the bus): {r['tokens_per_s']:9.1f} tokens/s "
+              f"({r['speed_over_fused']:.3f}x), GPU ms MUL_MAT_ID {r['gpu_ms_per_token_by_op'].get('MUL_MAT_ID', 0):.3f}; "
+              f"same tokens: {r['same_tokens_as_fused']}", flush=True)
     fused = res["decode"]["fused"]
     fused["rms_norm_pct_of_gpu"] = 100 * fused["gpu_ms_per_token_by_op"].get("RMS_NORM", 0.0) / fused["gpu_ms_per_token_profiled"]
     res["multi_step"], wb = multi_step(cfg, weights, prompt, a, warm, [] if "multi" in a.skip else a.steps_per_submit)

@@ -10,6 +10,7 @@ def report(dev):
     """The device report as a dict (capabilities plus HC kernel choices where known)."""
     out = dev.caps.as_dict()
     out.pop("memory_types", None)
+    out["host_heap"] = dev.caps.host_heap()      # where routed experts go that the device's memory does not hold
     try:
         from ..hc.plan import describe
         out.update(describe(dev))           # the HC plan: hc, hc_mix, hc_carry
@@ -55,7 +56,9 @@ def _human(rep):
                                               for c in rep.get("coopmat", ())}))
                             or "none (the tensor-core kernels need VK_NV_cooperative_matrix, fp16 arithmetic)"),
         "heaps         " + ", ".join(f"{h['size'] / 2**30:.1f} GiB{' device-local' if h['device_local'] else ''}"
-                                     for h in rep["memory_heaps"]),
+                                     + (" host-visible (Model's expert_offload places routed experts here)"
+                                        if i == rep.get("host_heap") else "")
+                                     for i, h in enumerate(rep["memory_heaps"])),
     ]
     for op, choice in rep.get("hc", {}).items():
         lines.append(f"{op:13s} {choice['path']}: {choice['reason']}")

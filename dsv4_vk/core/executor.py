@@ -583,18 +583,21 @@ class CompiledGraph:
 class Param(DeviceTensor):
     """A named device tensor owned by an executor and shared by its graphs (weights, KV caches)."""
 
-    def __init__(self, device, name, array, host_visible=False):
+    def __init__(self, device, name, array, host_visible=False, host_memory=False):
         a = np.asarray(array)
-        super().__init__(device, a.shape, a.dtype, host_visible=host_visible, fill_guards=True)
+        super().__init__(device, a.shape, a.dtype, host_visible=host_visible, fill_guards=True,
+                         host_memory=host_memory)
         self.name = name
+        self.host_memory = host_memory      # placed in the device's host heap (where it has one)
         self.write(a)
 
     @classmethod
-    def streamed(cls, device, name, shape, dtype, fill, upload) -> "Param":
-        """A param whose bytes fill(view, start) puts through `upload` (vk.upload.Upload), in chunks."""
+    def streamed(cls, device, name, shape, dtype, fill, upload, host_memory=False) -> "Param":
+        """A param whose bytes fill(view, start) puts through `upload` (vk.upload.Upload), in chunks
+        (into the buffer itself where it is mapped: host memory)."""
         p = cls.__new__(cls)
-        DeviceTensor.__init__(p, device, shape, dtype, fill_guards=True)
-        p.name = name
+        DeviceTensor.__init__(p, device, shape, dtype, fill_guards=True, host_memory=host_memory)
+        p.name, p.host_memory = name, host_memory
         upload.write(p._buf(), GUARD * 4, p.nbytes, fill)
         return p
 
@@ -624,38 +627,44 @@ class Executor:
         self.params: dict[str, Param] = {}
         self.last: CompiledGraph | None = None
 
-    def set_param(self, name: str, array: ArrayLike, host_visible: bool = False) -> DeviceTensor:
+    def set_param(self, name: str, array: ArrayLike, host_visible: bool = False,
+                  host_memory: bool = False) -> DeviceTensor:
         """Upload (or overwrite in place) the param `name`; graphs see it through Graph.param.
-        host_visible=True on a new param: host reads/writes skip the staging copy (per-step values)."""
+        host_visible=True on a new param: host reads/writes skip the staging copy (per-step values).
+        host_memory=True: placed in the device's host heap (system memory a discrete GPU reads over
+        its bus: weights that do not fit its own memory; vk.Buffer); a param placed elsewhere is
+        made anew there."""
         a = np.ascontiguousarray(array)
         if a.dtype == np.float64:
             a = a.astype(np.float32)
         with self._lock:
-            return self._set_param(name, a, host_visible)
+            return self._set_param(name, a, host_visible, host_memory)
 
     def stream_param(self, name: str, shape: tuple, dtype: Any, fill: Callable[[np.ndarray, int], None],
-                     upload: Upload) -> DeviceTensor:
+                     upload: Upload, host_memory: bool = False) -> DeviceTensor:
         """Upload the new param `name` (shape, dtype) from a byte source the host need not hold whole
         (checkpoint files): fill(view, start) puts its bytes [start, start + view.size) into view, on
-        `upload`'s threads (vk.upload.Upload)."""
+        `upload`'s threads (vk.upload.Upload). host_memory: as set_param's."""
         with self._lock:
             p = self.params.get(name)
             if p is not None:
                 self._drop_graphs_using(name)
                 p.release()
-            self.params[name] = p = Param.streamed(self.device, name, tuple(shape), dtype, fill, upload)
+            self.params[name] = p = Param.streamed(self.device, name, tuple(shape), dtype, fill, upload,
+                                                   host_memory)
             return p
 
-    def _set_param(self, name, a, host_visible):
+    def _set_param(self, name, a, host_visible, host_memory=False):
         p = self.params.get(name)
-        if p is not None and p.numel == a.size and p.dtype_name == dtype_name(a.dtype):
+        if p is not None and p.numel == a.size and p.dtype_name == dtype_name(a.dtype) and \
+                p.host_memory == host_memory:
             p.write(a)
             p.shape = a.shape
         else:
             if p is not None:
                 self._drop_graphs_using(name)
                 p.release()
-            self.params[name] = Param(self.device, name, a, host_visible)
+            self.params[name] = Param(self.device, name, a, host_visible, host_memory)
         return self.params[name]
 
     def _drop_graphs_using(self, name):

@@ -28,6 +28,7 @@ its ring, COMPRESS into the state and entries), so a decode step is one replay.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, NamedTuple, TypeGuard
 
 import numpy as np
@@ -259,6 +260,36 @@ def param_arrays(cfg: V4Config, weights: dict, chunk: int = 16, max_binding: int
         out["moe.shared_route"] = np.tile(np.array([[[0.0, 1.0]]], np.float32), (chunk, 1, 1))
     out["sampler.cfg"] = np.array([0.0, 1.0], np.float32)
     return out
+
+
+def expert_stack_bytes(cfg: V4Config, weights: dict) -> list[int]:
+    """Per layer, the bytes of its routed-expert stacks as param_arrays uploads them (layers.{i}.ffn.w13
+    and w2 with their scales, the shared expert's tensors where they join them), from the canonical
+    weights (anything with .nbytes: nothing is read or joined; quantised codes as published, which
+    the device keeps within a few bytes a row)."""
+    out = []
+    for i in range(cfg.num_hidden_layers):
+        f = f"layers.{i}.ffn."
+        s = f + "shared_experts."
+        r13, r2 = weights[f + "experts.w13"], weights[f + "experts.w2"]
+        sh13, sh2 = [weights[s + "w1.weight"], weights[s + "w3.weight"]], weights[s + "w2.weight"]
+        joined = True
+        if any(is_quant(t) for t in (r13, r2, sh2, *sh13)):
+            shared13, shared2 = _shared_quant(sh13, sh2, cfg)
+            joined = _same_layout(r13, shared13) and _same_layout(r2, shared2)
+        out.append(int(r13.nbytes + r2.nbytes + (sum(int(t.nbytes) for t in (*sh13, sh2)) if joined else 0)))
+    return out
+
+
+_EXPERT_PARAM = re.compile(r"layers\.(\d+)\.ffn\.(w13|w2)(\.\d+)?(\.scale)?")
+
+
+def routed_expert_layer(name: str) -> int | None:
+    """The layer whose routed-expert stacks the device param `name` belongs to (layers.{i}.ffn.w13 /
+    w2, their parts past one binding and their scales), else None (the shared expert's own params
+    `ffn.shared.*` included)."""
+    m = _EXPERT_PARAM.fullmatch(name)
+    return int(m[1]) if m else None
 
 
 def _shared_quant(sh13, sh2, cfg):

@@ -13,7 +13,7 @@ is a ConfigError naming it, never a default. Every value error is a ConfigError 
 including the bounds the kernels need (eps values within float32, at most 1000 Sinkhorn
 iterations) and at most MAX_LAYERS layers. Parsing allocates per-layer lists only, so it does not
 weigh the weights: a checkpoint's tensors are read lazily and its bytes are checked against the
-device when the model is built (`model.runner.check_memory`); DeepSeek-V4-Flash's and -Pro's own
+device when the model is built (`model.placement.check_memory`); DeepSeek-V4-Flash's and -Pro's own
 config.json parse on any machine.
 """
 from __future__ import annotations
@@ -250,7 +250,7 @@ class V4Config:
         """ConfigError, with the bytes needed, where weights made whole on the host (random weights
         at `bytes_per_weight` each) cannot fit in this machine's memory: a MemoryError minutes later
         otherwise. A checkpoint's weights are never all on the host (they are read lazily); their
-        bytes are checked against the device (`model.runner.check_memory`)."""
+        bytes are checked against the device (`model.placement.check_memory`)."""
         values = self.weight_count()
         need = values * bytes_per_weight
         try:

@@ -20,7 +20,9 @@ indexer's scoring (`model.build.all_entries_fit`); each graph is recorded on fir
 """
 from __future__ import annotations
 
+import re
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
@@ -32,7 +34,9 @@ from ..ops.sample import MAX_TOP_K
 from ..ops.v4_attention import MAX_DECODE_SPLITS
 from ..vk import Device, Upload, default_device
 from ..core.tuning import Tuning, current, knob_table, tuned
-from .build import STEP_PARAMS, ModelGraph, all_entries_fit, cache_shapes, param_arrays, upload_arrays
+from .build import (STEP_PARAMS, ModelGraph, all_entries_fit, expert_stack_bytes, param_arrays, routed_expert_layer,
+                    upload_arrays)
+from .placement import HISTORY, ExpertOffload, check_memory, offload_value, device_budget
 from .checkpoint import LoadProgress, load_hf, normalise, tensor_shapes
 from .synthetic import random_weights
 from .tensor_files import Stream
@@ -65,7 +69,6 @@ class SitePath(NamedTuple):
 
 
 GREEDY = Sampling()
-HISTORY = "step.history"      # i32 [max_ctx]: the token sampled after each position (multi-step decode)
 STEPS_PER_SUBMIT = 4          # generate's default decode steps per command buffer
 
 
@@ -73,58 +76,6 @@ def _positive(name, v):
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ValueError(f"{name} must be an integer ≥ 1, got {v!r}")
     return v
-
-
-def _tensor_bytes(cfg: V4Config, chunk: int) -> dict:
-    """{name: bytes} of what grows with max_ctx: the cache params (cache_shapes), the multi-step
-    token history, and each indexer's scores of a prefill chunk (a temporary)."""
-    shapes = cache_shapes(cfg, chunk)
-    sizes = {name: int(np.prod(shape, dtype=np.int64)) * dt.itemsize for name, (shape, dt) in shapes.items()}
-    sizes[HISTORY] = 4 * cfg.max_ctx
-    for i in range(cfg.num_hidden_layers):
-        if f"layers.{i}.idx.ent" in shapes:
-            sizes[f"layers.{i} indexer scores of a prefill chunk"] = 4 * chunk * shapes[f"layers.{i}.idx.ent"][0][0]
-    return sizes
-
-
-def check_memory(cfg: V4Config, weight_bytes: int, chunk: int, device) -> dict:
-    """The device bytes a Model of cfg needs, checked before anything is allocated: {"cache": the
-    decode cache, RoPE tables, per-step values and token history (exact), "weights": weight_bytes,
-    "total", "available": the device's largest device-local heap}. ValueError naming max_ctx, the
-    bytes needed and available (and about the largest max_ctx that fits) where they do not fit, or
-    where one tensor that grows with max_ctx (a cache tensor, a prefill chunk's indexer scores)
-    would exceed the device's maxStorageBufferRange (each tensor is bound whole)."""
-    C = cfg.max_ctx
-    sizes, sizes2 = _tensor_bytes(cfg, chunk), _tensor_bytes(cfg.replace(max_ctx=2 * C), chunk)
-    cache = sum(v for k, v in sizes.items() if " " not in k)
-    wbytes = int(weight_bytes)
-    heaps = [h.size for h in device.caps.memory_heaps if h.device_local] or [h.size for h in device.caps.memory_heaps]
-    have, limit = max(heaps), device.caps.limits.max_storage_buffer_range
-
-    def largest_fitting():
-        """About the largest max_ctx within the heap and the binding range (sizes are linear in it)."""
-        fits = []
-        slope = (sum(v for k, v in sizes2.items() if " " not in k) - cache) / C
-        if slope > 0:
-            fits.append((have - wbytes - (cache - slope * C)) / slope)
-        for k, v in sizes.items():
-            d = (sizes2[k] - v) / C
-            if d > 0:
-                fits.append((limit - (v - d * C)) / d)
-        return int(min(fits)) if fits else C
-
-    name, big = max(sizes.items(), key=lambda kv: kv[1])
-    if cache + wbytes > have or big > limit:
-        fits = largest_fitting()
-        hint = f"; max_ctx at most about {fits} fits" if fits >= 1 else "; the weights alone do not fit"
-        if cache + wbytes > have:
-            raise ValueError(f"max_ctx = {C} needs {cache + wbytes} bytes of device memory ({cache} for the decode "
-                             f"cache and RoPE tables, {wbytes} for the weights); {device.name} has {have} bytes "
-                             f"available (its largest device-local heap){hint}")
-        raise ValueError(f"max_ctx = {C}: {name} would take {big} bytes, past {device.name}'s maxStorageBufferRange "
-                         f"of {limit} bytes (each tensor is bound whole){hint}"
-                         + (" (or lower prefill_chunk)" if " " in name else ""))
-    return {"cache": cache, "weights": wbytes, "total": cache + wbytes, "available": have}
 
 
 def _check_device(device: object) -> None:
@@ -165,14 +116,21 @@ def _prefill_chunk(chunk: int | None, device: Device, tuning: Tuning) -> int:
 class Model:
     def __init__(self, cfg: V4Config, weights: dict, device: Device | None = None, fused: bool | None = None,
                  prefill_chunk: int | None = None, splits: Sequence[int] | None = None, *,
-                 max_ctx: int | None = None, tuning: Tuning | None = None):
+                 max_ctx: int | None = None, tuning: Tuning | None = None, expert_offload: ExpertOffload = "auto",
+                 max_device_memory: int | None = None):
         """weights: canonical names (model.checkpoint); splits: MQA key-list splits per layer at decode
         (None: model.build.decode_splits, one tiled-attention tile of the layer's longest list each);
-        max_ctx: the decode cache's capacity in positions (default cfg.max_ctx). The cache's bytes
-        are checked against the device before anything is allocated (check_memory). tuning: the
-        knobs (core.tuning) every graph of this model is built under (default: those in effect here)."""
+        max_ctx: the decode cache's capacity in positions (default cfg.max_ctx). The weights' and the
+        cache's bytes are checked against the device before anything is allocated (check_memory).
+        expert_offload: "auto" keeps the routed experts of the fewest whole layers in host memory
+        (read over the bus, a RuntimeWarning says how much) where the device's own memory does not
+        hold everything, else none; False: never (a model too large is refused); a number: that
+        many layers' (model.placement). max_device_memory: bytes of device-local memory the model
+        may take (default: the device's largest device-local heap). tuning: the knobs (core.tuning)
+        every graph of this model is built under (default: those in effect here)."""
         if not isinstance(cfg, V4Config):
             raise ValueError(f"cfg must be a V4Config, got {type(cfg).__name__}")
+        offload, budget = offload_value(expert_offload), device_budget(max_device_memory)
         self.tuning = _tuning(tuning)
         _check_device(device)
         splits = _check_splits(splits, cfg.num_hidden_layers)
@@ -184,7 +142,10 @@ class Model:
         self.cfg, self.fused, self.splits = cfg, fused, splits
         self.device = device or default_device()
         self.prefill_chunk = min(_prefill_chunk(prefill_chunk, self.device, self.tuning), cfg.max_ctx)
-        check_memory(cfg, sum(int(w.nbytes) for w in weights.values()), self.prefill_chunk, self.device)
+        plan = check_memory(cfg, sum(int(w.nbytes) for w in weights.values()), self.prefill_chunk, self.device,
+                            expert_stack_bytes(cfg, weights), offload, budget)
+        self.offloaded: tuple[int, ...] = plan["offloaded"]     # layers whose routed experts are in host memory
+        host = set(self.offloaded)
         self.ex = Executor(self.device)
         with tuned(self.tuning):        # (which indexers are built depends on indexer.always)
             self.params = param_arrays(cfg, weights, self.prefill_chunk,
@@ -197,11 +158,15 @@ class Model:
         with Upload(self.device) as up:     # lazy params stream from the files, reads beside copies
             for name, a, storage in upload_arrays(self.params, LoadProgress()):
                 mapped = name in STEP_PARAMS + (HISTORY,) or name.startswith("sampler.")    # per-step values
+                in_host = routed_expert_layer(name) in host
                 if isinstance(a, Stream) and not mapped:
-                    self.ex.stream_param(name, a.shape, a.dtype, a.fill, up)
+                    self.ex.stream_param(name, a.shape, a.dtype, a.fill, up, host_memory=in_host)
                 else:
-                    self.ex.set_param(name, a.array() if isinstance(a, Stream) else a, host_visible=mapped)
+                    self.ex.set_param(name, a.array() if isinstance(a, Stream) else a, host_visible=mapped,
+                                      host_memory=in_host)
                 self.storage[name] = storage
+        if self.offloaded and offload == "auto":
+            self._tell_offload(plan)
         self._graphs: dict = {}       # (kind, timestamps) -> CompiledGraph, held so no step looks them up
         self._step = {n: self.ex.params[n] for n in STEP_PARAMS + (HISTORY,)}
         self.position = 0
@@ -210,16 +175,36 @@ class Model:
         self._epoch = 0           # advanced by every call that changes the sequence: stale generators see it
         self.timing = {"steps": 0, "step_s": 0.0, "submit_s": 0.0}
 
+    def _tell_offload(self, plan: dict) -> None:
+        """The RuntimeWarning of expert_offload="auto": what went to host memory and what decode reads there."""
+        cfg, k = self.cfg, self.cfg.num_experts_per_tok
+        stacks: dict[str, list[int]] = {}       # stack -> [bytes, experts] (its parts past one binding added)
+        for n, a in self.params.items():
+            if routed_expert_layer(n) in self.offloaded:
+                s = stacks.setdefault(re.sub(r"\.\d+$", "", n), [0, 0])
+                s[0], s[1] = s[0] + a.nbytes, s[1] + a.shape[0]
+        per_token = k * sum(b // e for b, e in stacks.values())
+        warnings.warn(f"the weights and decode cache ({plan['total']} bytes) do not fit {self.device.name}'s device "
+                      f"memory ({plan['available']} bytes): the routed experts of {len(self.offloaded)} of "
+                      f"{cfg.num_hidden_layers} layers ({plan['host']} bytes; layers {_spans(self.offloaded)}) are "
+                      f"in host memory, and decode reads those layers' {k} picked experts over the bus, about "
+                      f"{per_token} bytes a token (expert_offload=False refuses instead; Model.memory() says "
+                      f"where the bytes are)", RuntimeWarning, stacklevel=3)
+
     # --- construction ---------------------------------------------------------------------------
     @classmethod
     def load(cls, path_or_config: str | V4Config, device: Device | None = None, fused: bool | None = None, *,
              seed: int = 0, prefill_chunk: int | None = None, max_ctx: int | None = None,
-             splits: Sequence[int] | None = None, tuning: Tuning | None = None) -> "Model":
+             splits: Sequence[int] | None = None, tuning: Tuning | None = None, expert_offload: ExpertOffload = "auto",
+             max_device_memory: int | None = None) -> "Model":
         """From a Hugging Face model directory (config.json + safetensors; max_ctx: the decode cache
         capacity, default min(max_position_embeddings, 4096)), or random weights for a V4Config
-        (max_ctx: default the config's). A cache too large for the device is refused before anything
-        is allocated (check_memory)."""
+        (max_ctx: default the config's). Weights and a cache too large for the device are refused
+        before anything is allocated (check_memory), unless routed experts in host memory make them
+        fit (expert_offload, max_device_memory: as Model's)."""
         _check_device(device)
+        place: dict = {"expert_offload": expert_offload, "max_device_memory": max_device_memory}
+        offload, budget = offload_value(expert_offload), device_budget(max_device_memory)
         if isinstance(path_or_config, V4Config):
             cfg = path_or_config
             if max_ctx is not None:
@@ -227,13 +212,15 @@ class Model:
             cfg.check_host_memory(4, "the random float32 weights")
             dev = device or default_device()
             chunk = _prefill_chunk(prefill_chunk, dev, _tuning(tuning))
+            shapes = {name: np.broadcast_to(np.float32(0), shape) for name, shape in tensor_shapes(cfg).items()}
             check_memory(cfg, sum(4 * int(np.prod(shape)) for shape in tensor_shapes(cfg).values()),
-                         min(chunk, cfg.max_ctx), dev)                # random weights: float32 / int32
-            return cls(cfg, random_weights(cfg, seed), device, fused, prefill_chunk, splits, tuning=tuning)
+                         min(chunk, cfg.max_ctx), dev, expert_stack_bytes(cfg, shapes), offload,
+                         budget)                                      # random weights: float32 / int32
+            return cls(cfg, random_weights(cfg, seed), device, fused, prefill_chunk, splits, tuning=tuning, **place)
         if max_ctx is not None:
             _positive("max_ctx", max_ctx)
         cfg, weights = load_hf(path_or_config, max_ctx)
-        return cls(cfg, weights, device, fused, prefill_chunk, splits, tuning=tuning)
+        return cls(cfg, weights, device, fused, prefill_chunk, splits, tuning=tuning, **place)
 
     # --- graphs -----------------------------------------------------------------------------------
     def compiled(self, kind: str, dense: bool | None = None, all_logits: bool = False) -> CompiledGraph:
@@ -264,10 +251,13 @@ class Model:
         return self._indexed and all_entries_fit(self.cfg, last_position)
 
     def memory(self) -> dict:
-        """Device bytes of the uploaded params: {"weights": {storage: bytes}, "cache": bytes (decode
-        cache, RoPE tables, per-step values), "total": bytes}; weights keep the checkpoint's precision
+        """Bytes of the uploaded params: {"weights": {storage: bytes}, "cache": bytes (decode cache, RoPE
+        tables, per-step values), "total": bytes, "host": {storage: bytes} (the part of "weights" in
+        host memory the device reads over its bus: the routed experts of the layers in `offloaded`;
+        empty without), "device": bytes of the rest}; weights keep the checkpoint's precision
         (storage: f32, bf16, f16, i32, or fp8 / fp4 codes and their e8m0 scales)."""
         weights: dict[str, int] = {}
+        host: dict[str, int] = {}
         cache = 0
         for name, p in self.ex.params.items():
             nbytes = p.nbytes
@@ -276,7 +266,10 @@ class Model:
             else:
                 kind = self.storage.get(name, p.dtype)
                 weights[kind] = weights.get(kind, 0) + nbytes
-        return {"weights": weights, "cache": cache, "total": sum(weights.values()) + cache}
+                if p.host_memory:
+                    host[kind] = host.get(kind, 0) + nbytes
+        total = sum(weights.values()) + cache
+        return {"weights": weights, "cache": cache, "total": total, "host": host, "device": total - sum(host.values())}
 
     def paths(self) -> list[SitePath]:
         """SitePath(site, op, path, reason) of every HC op of the decode graph, in order; site names the
@@ -503,6 +496,17 @@ class Model:
         self._write("step.token", batch[kept - 1])
         state = self.ex.params["sampler.state"]
         state.write(state.read_at(1) - surplus, 1)
+
+
+def _spans(layers: Sequence[int]) -> str:
+    """Layer indices as ranges: (0, 1, 2, 5) -> "0-2, 5"."""
+    out: list[list[int]] = []
+    for i in layers:
+        if out and out[-1][1] == i - 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in out)
 
 
 def _check_splits(splits, n_layers):

@@ -5,6 +5,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+HOST_VISIBLE = 0x2      # VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT (this module imports no vulkan)
+
 
 @dataclass(frozen=True)
 class SubgroupCaps:
@@ -96,6 +98,13 @@ class Capabilities:
     @property
     def is_cpu(self) -> bool:
         return self.type == "cpu"
+
+    def host_heap(self) -> int | None:
+        """The index of the largest heap that is not device-local and has a host-visible memory type
+        (on a discrete GPU: system memory it reads over its bus, where a storage buffer may live),
+        or None where there is none (a CPU device or an integrated GPU: its memory is all one)."""
+        heaps = {t.heap for t in self.memory_types if t.flags & HOST_VISIBLE and not self.memory_heaps[t.heap].device_local}
+        return max(heaps, key=lambda h: self.memory_heaps[h].size, default=None)
 
     def as_dict(self) -> dict:
         """Plain JSON-able values (the `info --json` report)."""

@@ -482,12 +482,14 @@ class Device:
         check(lib.vkCreateDescriptorPool(self.device, info, ffi.NULL, out), "vkCreateDescriptorPool")
         self._desc_pools.append(out[0])
 
-    def _find_memory(self, flags, type_bits=0xFFFFFFFF, required=True):
+    def _find_memory(self, flags, type_bits=0xFFFFFFFF, required=True, heap=None):
+        """The first memory type with `flags` among type_bits (and in heap `heap`, where given)."""
         for i, t in enumerate(self.caps.memory_types):
-            if (type_bits >> i) & 1 and (t.flags & flags) == flags:
+            if (type_bits >> i) & 1 and (t.flags & flags) == flags and heap in (None, t.heap):
                 return i
         if required:
-            raise VulkanError(f"no memory type with flags {flags:#x} among bits {type_bits:#x}")
+            raise VulkanError(f"no memory type with flags {flags:#x} among bits {type_bits:#x}"
+                              + (f" in heap {heap}" if heap is not None else ""))
         return None
 
     # --- descriptor sets (the pools are shared: callers hold `lock`) ------------------------------

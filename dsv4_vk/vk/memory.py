@@ -6,7 +6,9 @@ the number of live allocations (NVIDIA: 4096), which an unfused graph of ~190 te
 would otherwise exhaust. Where device-local memory is also host-visible (lavapipe, integrated GPUs) a buffer is mapped once
 and read/written through a zero-copy numpy view; elsewhere uploads and downloads go through the
 device's staging ring (two mapped slots, each with its copy command and fence: a slot is filled
-while the copy from the other runs).
+while the copy from the other runs). A buffer made with `host_memory` lives in the device's host
+heap (`Capabilities.host_heap`: system memory a discrete GPU reads over its bus), mapped: weights
+the device's own memory does not hold; it is destroyed, not pooled, when freed.
 
 Every buffer the graphs use is laid out [guard | data | guard] (`guarded_buffer`): kernels get it
 bound past the leading guard, and a sentinel in the guards tells whether a kernel wrote outside.
@@ -128,13 +130,24 @@ class Arena:
 class Buffer:
     """One VkBuffer placed in a memory block. `nbytes` is the usable size (a multiple of 4, ≥ 4)."""
 
-    def __init__(self, device, nbytes, host_visible=None, dedicated=None, cached=False):
+    def __init__(self, device, nbytes, host_visible=None, dedicated=None, cached=False, host_memory=False):
+        """host_memory: in the device's host heap (Capabilities.host_heap: system memory a discrete GPU
+        reads over its bus; host-cached where it can be), mapped; on a device whose memory is the host's
+        (is_host_visible) an ordinary buffer; a ValueError on a device with neither."""
         self.device = device
         self.alive = False
         self.serial = next(_serials)     # unique for the process (ids and handles are reused)
         self.freed_at = 0                # when the pool last took it back (BufferPool.shrink's order)
         self.nbytes = max(4, (int(nbytes) + 3) // 4 * 4)
-        host_visible = device.is_host_visible if host_visible is None else host_visible
+        host_visible = device.is_host_visible if host_visible is None or host_memory else host_visible
+        self.host_memory = host_memory
+        heap = None
+        if host_memory and not device.is_host_visible:
+            heap = device.caps.host_heap()
+            if heap is None:
+                raise ValueError(f"{device.name} has no host-visible heap outside its device-local memory: a buffer "
+                                 "cannot be placed in host memory there")
+            host_visible = cached = True
         self.host_visible = host_visible
         # Made and registered in device._buffers under the device lock, open checked under it too:
         # close() destroys what _buffers holds under that lock, so a buffer is either refused
@@ -145,13 +158,13 @@ class Buffer:
         # pool hands out buffers it made before (and BufferPool.take holds the lock anyway).
         with device.lock:
             device.check_open()
-            self._create(device, host_visible, dedicated, cached)
+            self._create(device, host_visible, dedicated, cached, heap)
             self.alive = True
             device._buffers.add(self)
         if device.validation:
             device.check_validation("vkCreateBuffer")
 
-    def _create(self, device, host_visible, dedicated, cached):
+    def _create(self, device, host_visible, dedicated, cached, heap=None):
         d = device.device
         info = ffi.new("VkBufferCreateInfo*")
         info.sType = vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO
@@ -169,11 +182,13 @@ class Buffer:
             else:
                 flags = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
             self.memory_type = None
+            if heap is not None:            # the host heap: the device's own memory types are not asked
+                flags = _HOST
             if cached and host_visible:     # the host reads what it wrote there (staged checkpoint bytes)
                 self.memory_type = device._find_memory(flags | vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT,
-                                                       req.memoryTypeBits, required=False)
+                                                       req.memoryTypeBits, required=False, heap=heap)
             if self.memory_type is None:
-                self.memory_type = device._find_memory(flags, req.memoryTypeBits)
+                self.memory_type = device._find_memory(flags, req.memoryTypeBits, heap=heap)
             if dedicated is None:
                 dedicated = DEDICATED_FROM is not None and self.nbytes >= DEDICATED_FROM
             self.block, self.offset = device.arena.place(self.handle, req, self.memory_type, host_visible,
@@ -344,12 +359,15 @@ def _staging_copy(device, buf, offset, host, upload):
     return host
 
 
-def guarded_buffer(device, numel, data=None, host_visible=False, fill_guards=True, size=4):
+def guarded_buffer(device, numel, data=None, host_visible=False, fill_guards=True, size=4, host_memory=False):
     """A pooled buffer laid out [guard | numel elements of `size` bytes | guard], guards set to SENTINEL
     (guards are GUARD 4-byte words; the data region is padded to a multiple of 4 bytes).
-    host_visible: mapped even where device memory is not (small values written/read every step)."""
+    host_visible: mapped even where device memory is not (small values written/read every step);
+    host_memory: in the device's host heap (Buffer), where it has one."""
     nbytes = _data_bytes(numel, size)
-    if host_visible and not device.is_host_visible:
+    if host_memory and not device.is_host_visible:
+        buf = Buffer(device, nbytes + 2 * GUARD * 4, host_memory=True)
+    elif host_visible and not device.is_host_visible:
         buf = Buffer(device, nbytes + 2 * GUARD * 4, host_visible=True)
     else:
         buf = device.pool.alloc(nbytes + 2 * GUARD * 4)

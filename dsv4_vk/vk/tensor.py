@@ -88,7 +88,7 @@ class Tensor:
     __slots__ = ("device", "shape", "dtype_name", "numel", "guarded", "buffer", "_pins", "__weakref__")
 
     def __init__(self, device: Device, shape: int | Sequence[int], dtype: DTypeLike = "f32", *,
-                 host_visible: bool = False, fill_guards: bool = False):
+                 host_visible: bool = False, fill_guards: bool = False, host_memory: bool = False):
         device.check_open()
         self._pins = 0                  # compiled programs binding this tensor in place
         self.buffer: Buffer | None = None
@@ -105,7 +105,7 @@ class Tensor:
         # a tensor made per call (op outputs) skips those writes
         self.guarded = fill_guards
         self.buffer = guarded_buffer(device, self.numel, None, host_visible, self.guarded,
-                                     size=itemsize(self.dtype_name))
+                                     size=itemsize(self.dtype_name), host_memory=host_memory)
 
     @classmethod
     def _pooled_many(cls, device, specs) -> list["Tensor"]:
