@@ -480,7 +480,7 @@ def test_profile_splits_prefill_and_decode(rng):
 def test_max_ctx_sets_the_cache_and_its_bytes_are_known_before_allocating(rng):
     """Model(..., max_ctx=) and Model.load(config, max_ctx=) size the cache; check_memory's bytes
     (computed before anything is allocated) are the bytes the cache params take on the device."""
-    from dsv4_vk.model.runner import check_memory
+    from dsv4_vk.model.placement import check_memory
     w = random_weights(TINY, 0)
     m = Model(TINY, w, max_ctx=96)
     assert m.cfg.max_ctx == 96 and m.ex.params["layers.0.cmp.ent"].shape == (24, TINY.head_dim)
@@ -523,7 +523,7 @@ def test_a_cache_too_large_for_the_device_is_refused_naming_the_bytes():
     naming max_ctx, the bytes needed and the bytes available; a tensor past the device's binding
     range is refused naming it (a stand-in device with a small heap and range shows both)."""
     from types import SimpleNamespace
-    from dsv4_vk.model.runner import check_memory
+    from dsv4_vk.model.placement import check_memory
     from dsv4_vk.vk.caps import MemoryHeap
     heap = Model.load(TINY, max_ctx=40).device.caps.memory_heaps
     have = max(h.size for h in heap if h.device_local)

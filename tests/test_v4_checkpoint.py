@@ -305,7 +305,7 @@ def test_deepseek_v4_as_published_parses_and_the_device_check_refuses_it(tmp_pat
     give their V4Config on any machine, and the weights' bytes are refused by the device check, before
     anything is allocated, naming them; a directory with no weights says so."""
     from dsv4_vk.model import Model
-    from dsv4_vk.model.runner import check_memory
+    from dsv4_vk.model.placement import check_memory
     published = V4_FLASH if name == "flash" else V4_PRO
     (tmp_path / "config.json").write_text(json.dumps(published))
     cfg = load_config_json(str(tmp_path / "config.json"))

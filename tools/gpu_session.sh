@@ -25,6 +25,7 @@
 #   fp8step   flash-1gpu in the published FP8/FP4 layout: the fused decode step dispatch by dispatch
 #             (--timeline) and the decode knobs side by side in the model
 #   flash43   V4-Flash's depth in the published layout beside BF16, with the decode folds on and off
+#   offload   flash-43 in the published layout with 0, 3, 8 and 43 layers' routed experts in host memory
 #   prefillk  the prefill's grouped expert GEMM (f32 lanes, matrix units) and attention kernels
 #   prefill   flash-1gpu's 4k-token prefill with the matrix-unit forms on and off
 # A device call may run 10 minutes: split long lists, e.g. `eval library soak`, then `site model`.
@@ -82,6 +83,8 @@ for s in $steps; do
         flash43) step flash43 540 model_flash43_h200.txt python3 tools/model_gpu_bench.py --preset flash-43 \
                      --dtype fp8 --compare-dtype bf16 --skip unfused,multi,host --variants "mqa_merge=0,gate=0" \
                      --out "$r/model_flash43_h200.json" ;;
+        offload) step offload 540 offload_h200.txt python3 tools/model_gpu_bench.py --preset flash-43 --dtype fp8 \
+                     --skip unfused,multi,host --offload-layers 0,3,8,43 --out "$r/offload_h200.json" ;;
         prefillk) step prefillk 420 prefill_kernels_h200.txt bash -c 'python3 tools/bench_moe.py --prefill 512,2048 \
                       --formats bf16,fp4+fp8 --cm-tiles "16x64x16x32x32;64x64x32x32x32;64x64x32x32x64" \
                       --tiles "32x64x32x4x4;64x64x32x4x4;64x64x32x8x4;32x64x32x4x8;64x128x32x8x8" \
@@ -92,7 +95,7 @@ for s in $steps; do
                      --prefill-variants "moe_coopmat=1;mqa_coopmat=1;moe_coopmat=1,mqa_coopmat=1" \
                      --out "$r/prefill_h200.json" ;;
         *) echo "unknown step $s (eval info floor bench library soak site model decode mix gemv moe hctests v4tests" \
-                "quanttests coldgemv coldmoe fp8step flash43 prefillk prefill)" \
+                "quanttests coldgemv coldmoe fp8step flash43 offload prefillk prefill)" \
                >> "$summary" ;;
     esac
 done
