@@ -19,7 +19,8 @@
 #   gemv      tools/bench_gemv.py; moe: tools/bench_moe.py
 #   hctests   the HC case tests at the device's subgroup size
 #   v4tests   the model's kernels against float64 at the device's subgroup size
-#   quanttests  the FP8/FP4, grouped-expert and matrix-unit kernels' tests at the device's subgroup size
+#   quanttests  the FP8/FP4, grouped-expert, matrix-unit, decode-fold (merged attention, V4_GATE) kernels'
+#             and the host-memory experts' tests at the device's subgroup size
 #   coldgemv / coldmoe  the one-token GEMV over FP8/FP4 weights and the FP4 experts with their staged
 #             kernels' knobs swept, weights read from device memory (--cold), as in the decode step
 #   fp8step   flash-1gpu in the published FP8/FP4 layout: the fused decode step dispatch by dispatch
@@ -69,7 +70,8 @@ for s in $steps; do
                      tests/test_model_ops.py ;;
         quanttests) step quanttests 420 quant_tests_h200.txt python3 -m pytest -q -p no:cacheprovider \
                         tests/test_quant.py tests/test_mul_mat_coopmat.py tests/test_moe_grouped.py \
-                        tests/test_moe_coopmat.py tests/test_attention_prefill.py -k "not subgroup" ;;
+                        tests/test_moe_coopmat.py tests/test_attention_prefill.py tests/v4_ops_cases.py \
+                        tests/v4_gate_cases.py tests/test_offload.py -k "not subgroup" ;;
         coldgemv) step coldgemv 300 gemv_cold_h200.txt python3 tools/bench_gemv.py --cold --formats fp8,fp4 \
                       --shapes wq_b,wo_b,wo_a,wq_a --spread -1 --unroll 4 --x-shared 1 --xs-rows 1,4 \
                       --xs-unroll 1,2,4 --xs-wg 64,256 --json "$r/gemv_cold_h200.json" ;;
