@@ -1,6 +1,7 @@
 """The Vulkan layer: the only code in dsv4_vk that imports `vulkan`."""
 from .errors import DeviceClosed, ShaderCompileError, ValidationError, VulkanError, VulkanUnavailable
-from .device import Device, default_device, list_devices
+from .device import Device, default_device
+from .instance import list_devices
 from .memory import Buffer, BufferPool
 from .tensor import Tensor
 from .upload import Upload

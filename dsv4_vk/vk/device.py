@@ -1,4 +1,5 @@
-"""Vulkan instance, physical-device choice, logical device with one compute queue, capability probe.
+"""The logical device with one compute queue on the chosen physical device (vk.instance makes the
+instance, probes the physical devices and chooses one).
 
 Device choice: discrete GPU, then integrated, virtual, CPU (lavapipe). `Device(index or name)` or
 `DSV4_VK_DEVICE` picks by index (as listed by `python -m dsv4_vk info --all`) or by a
@@ -27,6 +28,8 @@ from . import env
 from .binding import ERROR_FRAGMENTED_POOL, ERROR_OUT_OF_POOL_MEMORY, Handle, check, ffi, lib, vk
 from .caps import Capabilities
 from .errors import DeviceClosed, ValidationError, VulkanError, VulkanUnavailable
+from .instance import (COOPMAT_NV, choose, create_instance, create_messenger, keep_alive, link_chain, physical_devices,
+                       probe_device)
 from .recorder import begin_transfer, destroy_recording
 
 if TYPE_CHECKING:
@@ -36,246 +39,6 @@ if TYPE_CHECKING:
 DEFAULT_CACHE_BYTES = 1 << 30   # budget of cached programs + free pooled buffers (DSV4_VK_CACHE_BYTES)
 DEFAULT_SPIN_US = 2000          # fence polling before sleeping, on GPUs (DSV4_VK_SPIN_US; 0: sleep at once)
 
-_TYPE_NAMES = {0: "other", 1: "integrated-gpu", 2: "discrete-gpu", 3: "virtual-gpu", 4: "cpu"}
-_TYPE_RANK = {2: 0, 1: 1, 3: 2, 4: 3, 0: 4}
-_SUBGROUP_OPS = [(1, "basic"), (2, "vote"), (4, "arithmetic"), (8, "ballot"), (16, "shuffle"),
-                 (32, "shuffle_relative"), (64, "clustered"), (128, "quad")]
-_STAGE_COMPUTE = 0x20
-_FULL_SUBGROUPS_FLAG = 0x2  # VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT
-
-
-def _version(v):
-    return f"{v >> 22}.{(v >> 12) & 0x3FF}.{v & 0xFFF}"
-
-
-def _keep(store, obj):
-    store.append(obj)
-    return obj
-
-
-def _create_instance(validation):
-    keep = []
-    app = _keep(keep, ffi.new("VkApplicationInfo*"))
-    app.sType = vk.VK_STRUCTURE_TYPE_APPLICATION_INFO
-    app.pApplicationName = _keep(keep, ffi.new("char[]", b"dsv4_vk"))
-    app.pEngineName = app.pApplicationName
-    app.apiVersion = vk.VK_MAKE_VERSION(1, 3, 0)
-    info = _keep(keep, ffi.new("VkInstanceCreateInfo*"))
-    info.sType = vk.VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO
-    info.pApplicationInfo = app
-    if validation:
-        layers = [_keep(keep, ffi.new("char[]", b"VK_LAYER_KHRONOS_validation"))]
-        info.enabledLayerCount = 1
-        info.ppEnabledLayerNames = _keep(keep, ffi.new("char*[]", layers))
-        exts = [_keep(keep, ffi.new("char[]", b"VK_EXT_debug_utils"))]
-        info.enabledExtensionCount = 1
-        info.ppEnabledExtensionNames = _keep(keep, ffi.new("char*[]", exts))
-        feats = _keep(keep, ffi.new("VkValidationFeatureEnableEXT[]", [
-            vk.VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT]))
-        vf = _keep(keep, ffi.new("VkValidationFeaturesEXT*"))
-        vf.sType = vk.VK_STRUCTURE_TYPE_VALIDATION_FEATURES_EXT
-        vf.enabledValidationFeatureCount = 1
-        vf.pEnabledValidationFeatures = feats
-        info.pNext = vf
-    out = ffi.new("VkInstance*")
-    res = lib.vkCreateInstance(info, ffi.NULL, out)
-    if res == vk.VK_ERROR_LAYER_NOT_PRESENT:
-        raise VulkanUnavailable("DSV4_VK_VALIDATION=1 but VK_LAYER_KHRONOS_validation is not installed: "
-                                "`apt-get install vulkan-validationlayers`, or unset DSV4_VK_VALIDATION.")
-    if res == vk.VK_ERROR_INCOMPATIBLE_DRIVER:
-        raise VulkanUnavailable(
-            "no Vulkan driver (ICD) was found: install `mesa-vulkan-drivers` for the lavapipe CPU device "
-            "or a GPU driver; check VK_DRIVER_FILES / VK_ICD_FILENAMES if set.")
-    check(res, "vkCreateInstance")
-    return out[0]
-
-
-_SEVERITY = {0x1: "verbose", 0x10: "info", 0x100: "warning", 0x1000: "error"}
-
-
-def _create_messenger(instance, sink):
-    """A VK_EXT_debug_utils messenger calling sink(severity, message) for warnings and errors."""
-    @ffi.callback("PFN_vkDebugUtilsMessengerCallbackEXT")
-    def callback(severity, types, data, user):
-        msg = ffi.string(data.pMessage).decode(errors="replace") if data.pMessage else ""
-        sink(_SEVERITY.get(severity, str(severity)), msg)
-        return 0
-    info = ffi.new("VkDebugUtilsMessengerCreateInfoEXT*")
-    info.sType = vk.VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT
-    info.messageSeverity = 0x100 | 0x1000
-    info.messageType = 0x1 | 0x2 | 0x4
-    info.pfnUserCallback = callback
-    fn = ffi.cast("PFN_vkCreateDebugUtilsMessengerEXT",
-                  lib.vkGetInstanceProcAddr(instance, b"vkCreateDebugUtilsMessengerEXT"))
-    out = ffi.new("VkDebugUtilsMessengerEXT*")
-    check(fn(instance, info, ffi.NULL, out), "vkCreateDebugUtilsMessengerEXT")
-    return out[0], callback
-
-
-def _physical_devices(instance):
-    count = ffi.new("uint32_t*")
-    res = lib.vkEnumeratePhysicalDevices(instance, count, ffi.NULL)
-    if res == vk.VK_ERROR_INITIALIZATION_FAILED:
-        raise VulkanUnavailable("the Vulkan driver found no usable hardware (VK_ERROR_INITIALIZATION_FAILED): "
-                                "install `mesa-vulkan-drivers` for lavapipe or check the GPU driver.")
-    check(res, "vkEnumeratePhysicalDevices")
-    arr = ffi.new("VkPhysicalDevice[]", count[0])
-    check(lib.vkEnumeratePhysicalDevices(instance, count, arr), "vkEnumeratePhysicalDevices")
-    return [arr[i] for i in range(count[0])]
-
-
-COOPMAT_NV = b"VK_NV_cooperative_matrix"
-# VkComponentTypeNV and VkScopeNV values (the binding leaves them None)
-_COMPONENT_NAMES = {0: "f16", 1: "f32", 2: "f64", 3: "s8", 4: "s16", 5: "s32", 6: "s64", 7: "u8", 8: "u16",
-                    9: "u32", 10: "u64"}
-_SCOPE_SUBGROUP_NV = 3
-
-
-def _link(structs):
-    """Chain Vulkan structs through pNext in order; the first (None for none)."""
-    for a, b in zip(structs, structs[1:]):
-        a.pNext = b
-    return structs[0] if structs else None
-
-
-def _extensions(pd):
-    count = ffi.new("uint32_t*")
-    check(lib.vkEnumerateDeviceExtensionProperties(pd, ffi.NULL, count, ffi.NULL), "vkEnumerateDeviceExtensionProperties")
-    props = ffi.new("VkExtensionProperties[]", count[0])
-    check(lib.vkEnumerateDeviceExtensionProperties(pd, ffi.NULL, count, props), "vkEnumerateDeviceExtensionProperties")
-    return {ffi.string(props[i].extensionName) for i in range(count[0])}
-
-
-def _coopmat_shapes(instance, pd):
-    """The subgroup-scope matrix shapes of VK_NV_cooperative_matrix, as (M, N, K, A, B, C, D types)."""
-    fn = lib.vkGetInstanceProcAddr(instance, b"vkGetPhysicalDeviceCooperativeMatrixPropertiesNV")
-    if fn == ffi.NULL:
-        return []
-    fn = ffi.cast("PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV", fn)
-    count = ffi.new("uint32_t*")
-    check(fn(pd, count, ffi.NULL), "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV")
-    props = ffi.new("VkCooperativeMatrixPropertiesNV[]", count[0])
-    for i in range(count[0]):
-        props[i].sType = vk.VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV
-    check(fn(pd, count, props), "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV")
-    name = _COMPONENT_NAMES.get
-    return [{"m": q.MSize, "n": q.NSize, "k": q.KSize, "a": name(q.AType, "?"), "b": name(q.BType, "?"),
-             "c": name(q.CType, "?"), "d": name(q.DType, "?")}
-            for q in props[0:count[0]] if q.scope == _SCOPE_SUBGROUP_NV]
-
-
-def _probe(instance, pd):
-    """Everything we want to know about a physical device, as plain Python values."""
-    sg = ffi.new("VkPhysicalDeviceSubgroupProperties*")
-    sg.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES
-    sgc = ffi.new("VkPhysicalDeviceSubgroupSizeControlProperties*")
-    sgc.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES
-    sg.pNext = sgc
-    drv = ffi.new("VkPhysicalDeviceDriverProperties*")
-    drv.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES
-    sgc.pNext = drv
-    p2 = ffi.new("VkPhysicalDeviceProperties2*")
-    p2.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2
-    p2.pNext = sg
-    lib.vkGetPhysicalDeviceProperties2(pd, p2)
-    p = p2.properties
-    lim = p.limits
-    f13 = ffi.new("VkPhysicalDeviceVulkan13Features*")
-    f13.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES
-    f2 = ffi.new("VkPhysicalDeviceFeatures2*")
-    f2.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2
-    api13 = p.apiVersion >= vk.VK_MAKE_VERSION(1, 3, 0)
-    f12 = ffi.new("VkPhysicalDeviceVulkan12Features*")
-    f12.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES
-    cmf = ffi.new("VkPhysicalDeviceCooperativeMatrixFeaturesNV*")
-    cmf.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV
-    has_coopmat = COOPMAT_NV in _extensions(pd)
-    if api13:
-        _link([f2, f13, f12] + ([cmf] if has_coopmat else []))
-    lib.vkGetPhysicalDeviceFeatures2(pd, f2)
-    # cooperative matrices as the tensor-core kernels use them: the extension and its feature,
-    # fp16 arithmetic and the Vulkan memory model (which the GLSL extension's SPIR-V declares)
-    coopmat = (_coopmat_shapes(instance, pd) if api13 and has_coopmat and cmf.cooperativeMatrix
-               and f12.shaderFloat16 and f12.vulkanMemoryModel else [])
-    mem = ffi.new("VkPhysicalDeviceMemoryProperties*")
-    lib.vkGetPhysicalDeviceMemoryProperties(pd, mem)
-    qcount = ffi.new("uint32_t*")
-    lib.vkGetPhysicalDeviceQueueFamilyProperties(pd, qcount, ffi.NULL)
-    qprops = ffi.new("VkQueueFamilyProperties[]", qcount[0])
-    lib.vkGetPhysicalDeviceQueueFamilyProperties(pd, qcount, qprops)
-    queues = [{"flags": qprops[i].queueFlags, "count": qprops[i].queueCount,
-               "timestamp_valid_bits": qprops[i].timestampValidBits} for i in range(qcount[0])]
-    return {
-        "name": ffi.string(p.deviceName).decode(),
-        "type": _TYPE_NAMES.get(p.deviceType, "other"),
-        "type_code": p.deviceType,
-        "vendor_id": p.vendorID, "device_id": p.deviceID,
-        "api_version": _version(p.apiVersion),
-        "driver_version": p.driverVersion,
-        "driver_name": ffi.string(drv.driverName).decode(),
-        "driver_info": ffi.string(drv.driverInfo).decode(),
-        "subgroup": {
-            "size": sg.subgroupSize,
-            "compute_stage": bool(sg.supportedStages & _STAGE_COMPUTE),
-            "operations": [n for bit, n in _SUBGROUP_OPS if sg.supportedOperations & bit],
-            "size_control": bool(api13 and f13.subgroupSizeControl),
-            "full_subgroups": bool(api13 and f13.computeFullSubgroups),
-            "min_size": sgc.minSubgroupSize if api13 else sg.subgroupSize,
-            "max_size": sgc.maxSubgroupSize if api13 else sg.subgroupSize,
-            "required_size_compute": bool(sgc.requiredSubgroupSizeStages & _STAGE_COMPUTE) if api13 else False,
-        },
-        "timestamps": {
-            "compute_and_graphics": bool(lim.timestampComputeAndGraphics),
-            "period_ns": float(lim.timestampPeriod),
-            "valid_bits": max((q["timestamp_valid_bits"] for q in queues), default=0),
-        },
-        "limits": {
-            "max_workgroup_count": list(lim.maxComputeWorkGroupCount),
-            "max_workgroup_size": list(lim.maxComputeWorkGroupSize),
-            "max_workgroup_invocations": lim.maxComputeWorkGroupInvocations,
-            "max_shared_memory": lim.maxComputeSharedMemorySize,
-            "max_push_constants": lim.maxPushConstantsSize,
-            "max_storage_buffer_range": lim.maxStorageBufferRange,
-            "min_storage_buffer_offset_alignment": lim.minStorageBufferOffsetAlignment,
-        },
-        "memory_heaps": [{"size": mem.memoryHeaps[i].size, "device_local": bool(mem.memoryHeaps[i].flags & 1)}
-                         for i in range(mem.memoryHeapCount)],
-        "memory_types": [{"heap": mem.memoryTypes[i].heapIndex, "flags": mem.memoryTypes[i].propertyFlags}
-                         for i in range(mem.memoryTypeCount)],
-        "queues": queues,
-        "api13": api13,
-        "coopmat": coopmat,
-    }
-
-
-def list_devices():
-    """Probe every physical device without creating a logical device."""
-    inst = _create_instance(False)
-    try:
-        return [_probe(inst, pd) for pd in _physical_devices(inst)]
-    finally:
-        lib.vkDestroyInstance(inst, ffi.NULL)
-
-
-def _choose(probes, selector, what):
-    if not probes:
-        raise VulkanUnavailable("Vulkan found no physical device: install `mesa-vulkan-drivers` (lavapipe) "
-                                "or a GPU driver.")
-    if selector:
-        digits = selector.strip()
-        if digits.isascii() and digits.isdigit():     # (int() also reads "²" or "٣" and refuses 5000 digits)
-            i = int(digits) if len(digits) <= 9 else len(probes)
-            if i >= len(probes):
-                shown = selector if len(selector) <= 40 else f"{selector[:40]}... ({len(selector)} characters)"
-                raise VulkanUnavailable(f"{what}={shown} but only {len(probes)} device(s) exist: "
-                                        + ", ".join(f"{j}: {p['name']}" for j, p in enumerate(probes)))
-            return i
-        hits = [i for i, p in enumerate(probes) if selector.lower() in p["name"].lower()]
-        if not hits:
-            raise VulkanUnavailable(f"{what}={selector!r} matches no device name; devices are: "
-                                    + ", ".join(f"{j}: {p['name']}" for j, p in enumerate(probes)))
-        return hits[0]
-    return min(range(len(probes)), key=lambda i: (_TYPE_RANK.get(probes[i]["type_code"], 9), i))
 
 
 class Device:
@@ -310,16 +73,16 @@ class Device:
         self._orphans: list[tuple] = []  # handles of recordings destroyed while closing: close() destroys them
         self.lock = threading.RLock()
         self.validation = validation
-        self.instance = _create_instance(validation)
+        self.instance = create_instance(validation)
         # every validation message is kept here; the ones of the current thread's last call raise
         self.validation_messages: list[tuple[int, str]] = []
         self._pending_messages = threading.local()
         self._messenger = None
         try:
-            self._messenger = _create_messenger(self.instance, self._on_message) if validation else None
-            pds = _physical_devices(self.instance)
-            probes = [_probe(self.instance, pd) for pd in pds]
-            self.index = _choose(probes, selector, what)
+            self._messenger = create_messenger(self.instance, self._on_message) if validation else None
+            pds = physical_devices(self.instance)
+            probes = [probe_device(self.instance, pd) for pd in pds]
+            self.index = choose(probes, selector, what)
         except BaseException:
             self._destroy_instance()
             raise
@@ -423,37 +186,37 @@ class Device:
     # --- set-up -----------------------------------------------------------------------------
     def _create_device(self):
         keep = []
-        prio = _keep(keep, ffi.new("float[]", [1.0]))
-        qinfo = _keep(keep, ffi.new("VkDeviceQueueCreateInfo*"))
+        prio = keep_alive(keep, ffi.new("float[]", [1.0]))
+        qinfo = keep_alive(keep, ffi.new("VkDeviceQueueCreateInfo*"))
         qinfo.sType = vk.VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO
         qinfo.queueFamilyIndex = self.queue_family
         qinfo.queueCount = 1
         qinfo.pQueuePriorities = prio
-        info = _keep(keep, ffi.new("VkDeviceCreateInfo*"))
+        info = keep_alive(keep, ffi.new("VkDeviceCreateInfo*"))
         info.sType = vk.VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO
         info.queueCreateInfoCount = 1
         info.pQueueCreateInfos = qinfo
         sgc = self.caps.subgroup
         chain = []                          # feature structs, linked into info.pNext in order
         if self.caps.api13 and (sgc.size_control or sgc.full_subgroups):
-            f13 = _keep(keep, ffi.new("VkPhysicalDeviceVulkan13Features*"))
+            f13 = keep_alive(keep, ffi.new("VkPhysicalDeviceVulkan13Features*"))
             f13.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_3_FEATURES
             f13.subgroupSizeControl = int(sgc.size_control)
             f13.computeFullSubgroups = int(sgc.full_subgroups)
             chain.append(f13)
         if self.caps.coopmat:             # the tensor-core kernels' extension, fp16 and memory model
-            f12 = _keep(keep, ffi.new("VkPhysicalDeviceVulkan12Features*"))
+            f12 = keep_alive(keep, ffi.new("VkPhysicalDeviceVulkan12Features*"))
             f12.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES
             f12.shaderFloat16 = 1
             f12.vulkanMemoryModel = 1
-            cmf = _keep(keep, ffi.new("VkPhysicalDeviceCooperativeMatrixFeaturesNV*"))
+            cmf = keep_alive(keep, ffi.new("VkPhysicalDeviceCooperativeMatrixFeaturesNV*"))
             cmf.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV
             cmf.cooperativeMatrix = 1
             chain += [f12, cmf]
             info.enabledExtensionCount = 1
-            info.ppEnabledExtensionNames = _keep(keep, ffi.new("char*[]", [_keep(keep, ffi.new("char[]", COOPMAT_NV))]))
+            info.ppEnabledExtensionNames = keep_alive(keep, ffi.new("char*[]", [keep_alive(keep, ffi.new("char[]", COOPMAT_NV))]))
         if chain:
-            info.pNext = _link(chain)
+            info.pNext = link_chain(chain)
         out = ffi.new("VkDevice*")
         check(lib.vkCreateDevice(self.physical, info, ffi.NULL, out), "vkCreateDevice")
         self.device = out[0]
