@@ -378,7 +378,7 @@ def test_decode_replays_one_recording_and_updates_the_cache_on_the_device(monkey
     m.prefill(rng.integers(0, TINY.vocab_size, 3))
     m.step()
     # positions 3..13: every CSA top-k keeps all closed entries, the decode graph without scoring
-    from dsv4_vk.model.build import all_entries_fit
+    from dsv4_vk.model.params import all_entries_fit
     assert all_entries_fit(TINY, 13) and not all_entries_fit(TINY, 15)
     cg = m.compiled("decode", dense=True)
     rec, n, submits = cg.recording, cg.recording.n_dispatches, cg.recording.n_submits

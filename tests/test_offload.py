@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from dsv4_vk.model import Model, random_weights
-from dsv4_vk.model.build import expert_stack_bytes, routed_expert_layer
+from dsv4_vk.model.params import expert_stack_bytes, routed_expert_layer
 from dsv4_vk.model.checkpoint import BF16, load_hf
 from dsv4_vk.model.placement import check_memory
 from dsv4_vk.vk.caps import MemoryHeap, MemoryType
@@ -92,7 +92,7 @@ def test_a_lazily_loaded_checkpoint_streams_its_experts_into_host_memory(monkeyp
 
 
 def test_split_expert_stacks_move_with_their_layer(monkeypatch, device):
-    """Stacks past maxStorageBufferRange are parts (build.split_experts): a layer's parts all move."""
+    """Stacks past maxStorageBufferRange are parts (params.split_experts): a layer's parts all move."""
     cfg = dataclasses.replace(SMALL, n_routed_experts=16, moe_intermediate_size=256)
     limits = dataclasses.replace(device.caps.limits, max_storage_buffer_range=160 << 10)
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, limits=limits))
@@ -209,7 +209,7 @@ import gc, warnings
 import numpy as np, dsv4_vk as dv
 from dsv4_vk.vk import Upload, caps
 from dsv4_vk.model import Model, random_weights
-from dsv4_vk.model.build import expert_stack_bytes, routed_expert_layer
+from dsv4_vk.model.params import expert_stack_bytes, routed_expert_layer
 from dsv4_vk.model.config import preset
 from dsv4_vk.model.placement import check_memory
 dev = dv.default_device()

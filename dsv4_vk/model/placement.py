@@ -16,7 +16,7 @@ from typing import Literal, Union
 
 import numpy as np
 
-from .build import cache_shapes
+from .params import cache_shapes
 from .config import V4Config
 
 HISTORY = "step.history"      # i32 [max_ctx]: the token sampled after each position (multi-step decode)

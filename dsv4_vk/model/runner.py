@@ -16,7 +16,7 @@ mat-muls need many rows, small on CPU devices).
 `steps(k)` records k decode steps back to back in one command buffer (the position advanced on the
 device) and submits once; `generate` uses it (docs/model.md: what it gains and costs). Chunks and
 steps at positions where every CSA top-k still keeps all closed entries run graphs without the
-indexer's scoring (`model.build.all_entries_fit`); each graph is recorded on first use.
+indexer's scoring (`model.params.all_entries_fit`); each graph is recorded on first use.
 """
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ from ..ops.sample import MAX_TOP_K
 from ..ops.v4_attention import MAX_DECODE_SPLITS
 from ..vk import Device, Upload, default_device
 from ..core.tuning import Tuning, current, knob_table, tuned
-from .build import (STEP_PARAMS, ModelGraph, all_entries_fit, expert_stack_bytes, param_arrays, routed_expert_layer,
-                    upload_arrays)
+from .build import ModelGraph
+from .params import STEP_PARAMS, all_entries_fit, expert_stack_bytes, param_arrays, routed_expert_layer, upload_arrays
 from .placement import HISTORY, ExpertOffload, check_memory, offload_value, device_budget
 from .checkpoint import LoadProgress, load_hf, normalise, tensor_shapes
 from .synthetic import random_weights
@@ -226,7 +226,7 @@ class Model:
     def compiled(self, kind: str, dense: bool | None = None, all_logits: bool = False) -> CompiledGraph:
         """The CompiledGraph of "prefill" or "decode" (built and recorded on first use, then replayed);
         dense: the one for positions where every CSA top-k keeps all closed entries (no indexer
-        scoring: model.build.all_entries_fit), or not; None: the one the next chunk or step at the
+        scoring: model.params.all_entries_fit), or not; None: the one the next chunk or step at the
         current position runs. all_logits (prefill): the head over every token of the chunk, else
         over its last one only (the logits prefill returns by default)."""
         if dense is None:
