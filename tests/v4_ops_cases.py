@@ -15,7 +15,7 @@ from dsv4_vk.core.executor import Executor
 from dsv4_vk.core.graph import Graph
 from dsv4_vk.core.tuning import tuned
 from dsv4_vk.ops import compress, get_op
-from dsv4_vk.ops.v4_attention import rope_table
+from dsv4_vk.ops.rope import rope_table
 
 NMSE_MAX = 1e-10
 

@@ -9,7 +9,7 @@ import re
 import numpy as np
 
 from ..core.tuning import knob_table
-from ..ops.v4_attention import rope_table
+from ..ops.rope import rope_table
 from .checkpoint import quantisable
 from .config import CSA, HCA, SWA, V4Config
 from .reference import inv_freq

@@ -16,7 +16,7 @@ import numpy as np
 from ..core.tuning import knob_table
 from .base import (Launch, OpDef, check_finite, check_flag, check_in_place, check_params, cluster_lanes, expect,
                    grid_1d, nonempty, register, unit_last, view_fields, workgroup_pow2)
-from .v4_attention import StoreRows, _positions, rope_fields
+from .rope import StoreRows, positions, rope_fields
 
 COMPRESS_WG = knob_table(
     "compress",
@@ -186,7 +186,7 @@ class Compress(OpDef):
         st, ape = np.asarray(st, np.float64), np.asarray(ape, np.float64)
         n, d = res.shape
         W = ape.shape[1]
-        p, ok = _positions(pos, tokens, np.shape(cos)[0])
+        p, ok = positions(pos, tokens, np.shape(cos)[0])
         R = st.shape[0]
         for pp in p[ok]:
             if (pp + 1) % rate or (pp + 1) // rate - 1 >= n:
@@ -211,7 +211,7 @@ def reference_index_score(q, wt, k, pos, rate, scale):
     """scores [T, n]: scale·Σ_h wt[t,h]·ReLU(q[t,h]·k[w]) for w < (p+1)//rate, else −inf."""
     q, wt, k = (np.asarray(a, np.float64) for a in (q, wt, k))
     T, n = q.shape[0], k.shape[0]
-    p, ok = _positions(pos, T, 1 << 30)
+    p, ok = positions(pos, T, 1 << 30)
     s = np.einsum("th,thw->tw", wt, np.maximum(np.einsum("thd,wd->thw", q, k), 0.0)) * scale
     valid = ok[:, None] & (np.arange(n)[None, :] < ((p + 1) // rate)[:, None])
     return np.where(valid, s, -np.inf)
@@ -272,7 +272,7 @@ class IndexScore(OpDef):
 
     def reference(self, q, wt, k, pos, rate=1, scale=1.0, capacity=1 << 30):
         s = reference_index_score(q, wt, k, pos, rate, scale)
-        p, ok = _positions(pos, np.shape(q)[0], capacity)
+        p, ok = positions(pos, np.shape(q)[0], capacity)
         s[~ok] = -np.inf
         return s
 
@@ -285,7 +285,7 @@ def reference_topk(scores, k, pos=None, rate=1, capacity=1 << 30, sorted=True):
     T, n = s.shape
     bound = np.full(T, n)
     if pos is not None:
-        p, ok = _positions(pos, T, capacity)
+        p, ok = positions(pos, T, capacity)
         bound = np.where(ok, np.minimum((p + 1) // rate, n), 0)
     out = np.full((T, k), -1, np.int64)
     for t, row in enumerate(s):

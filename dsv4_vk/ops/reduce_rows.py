@@ -13,7 +13,7 @@ import numpy as np
 
 from .base import (Launch, OpDef, check_finite, check_flag, check_in_place, check_params, cluster_lanes, grid_1d,
                    nonempty, register, shape_fields, shape_push, tensor_fields, view_fields, workgroup_cluster_max)
-from .v4_attention import Rope, StoreRows, check_rope_tables, rope_fields
+from .rope import Rope, StoreRows, check_rope_tables, rope_fields
 
 
 def reference_rms_norm(x, w=None, eps=None):
