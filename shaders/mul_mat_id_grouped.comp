@@ -2,6 +2,8 @@
 #extension GL_GOOGLE_include_directive : require
 //! variants: MODE_SWIGLU ; - | VEC4 ; - | W_BF16 | W_F16 | W_FP8 | W_FP4 | W_FP4 SHARED_FP8 ; - | NORM_X
 //! variants: MODE_SUM ; - | VEC4 ; - | W_BF16 | W_F16 | W_FP8 | W_FP4 | W_FP4 SHARED_FP8
+//! variants: MODE_SWIGLU ; VEC4 ; W_BF16 | W_FP4 SHARED_FP8 ; - | NORM_X ; LITERAL_ARRAYS
+//! variants: MODE_SUM ; VEC4 ; W_BF16 | W_FP4 SHARED_FP8 ; LITERAL_ARRAYS
 // MUL_MAT_ID's grouped kernel (prefill chunks, from mul_mat_id_grouped.min_tokens tokens): the experts' products as one GEMM per
 // expert over the routes sorted to it (mul_mat_id_sort.comp), each expert's weights read once per
 // tile of BT of its routes rather than once per route. Same products as mul_mat_id.comp:
@@ -37,6 +39,11 @@
 // r_off, r_s0, r_s1; d_off, d_s0, d_s1, d_s2; s_off, TILE0, LIST0, EL (the sort's result and the
 // bucket of routes not computed here); limit; NORM_X: g_off, eps; quantised: q_kw, q_rows, q_srows,
 // q_sc; SHARED_FP8: s_rows.
+// -D LITERAL_ARRAYS (VEC4, the model's bf16 and FP4 + FP8-shared experts): the per-invocation arrays
+// (accumulators, the step's operands, the staging addresses) get literal sizes, at least the
+// specialization constants their loops run to (TM ≤ 8, TN·WR ≤ 16, NX ≤ 16, NW ≤ 16: the host
+// checks), instead of sizes from specialization constants, which a driver may keep in memory rather
+// than registers (knob mul_mat_id_grouped.literal, off until the H200 has compared them).
 // -D VEC4: weight rows staged as vec4s where a step is whole (K % 4 == 0; float weights: rows 16-byte
 // aligned). Bindings: 0 x, 1 w, 2 route, 3 sort (i32), 4 out, 5 g (NORM_X), then the scale bytes, the shared
 // expert's codes and scale bytes (weights.glsl).
@@ -89,6 +96,17 @@ const uint WR = 1u;
 #endif
 const uint KP = BK / 4u + 1u;           // vec4s of a padded tile row
 const uint NX = (BT * BK + gl_WorkGroupSize.x - 1u) / gl_WorkGroupSize.x;   // x elements an invocation stages
+#if defined(LITERAL_ARRAYS)
+#define TM_N 8
+#define TNW_N 16
+#define NX_N 16
+#define NW_N 16
+#else
+#define TM_N TM
+#define TNW_N (TN * WR)
+#define NX_N NX
+#define NW_N NW
+#endif
 shared vec4 xs[BT * KP];                // x of the tile's slot i at k0 + k: xs[i·KP + k/4][k%4]
 shared vec4 ws[BN * WR * KP];           // weight row j (gate rows, then up rows) at k0 + k: ws[j·KP + k/4][k%4]
 shared uint slots[BT];
@@ -181,19 +199,19 @@ void main() {
     sh = bucket == p.E;
 #endif
     uint TX = BN / TN, TY = BT / TM, tx = li % TX, ty = li / TX;
-    float acc[TM][TN * WR];
+    float acc[TM_N][TNW_N];
     [[unroll]] for (uint m = 0; m < TM; ++m)
         [[unroll]] for (uint j = 0; j < TN * WR; ++j) acc[m][j] = 0.0;
     // Each invocation stages the same x rows and weight rows every step (its items q = li + u·WG):
     // their addresses (and the weights' scale rows) found once.
-    float ss[NX];                                       // NORM_X: Σx² of the rows this invocation stages
-    uint xb[NX];
+    float ss[NX_N];                                       // NORM_X: Σx² of the rows this invocation stages
+    uint xb[NX_N];
     [[unroll]] for (uint u = 0; u < NX; ++u) {
         ss[u] = 0.0;
         xb[u] = x_row(slots[min((li + u * WG) / BK, BT - 1u)]);
     }
 #if defined(VEC4)
-    uint wb[NW], sb[NW];
+    uint wb[NW_N], sb[NW_N];
     [[unroll]] for (uint u = 0; u < NW; ++u) {
         wb[u] = w_row(bucket, sh, n0, min((li + u * WG) / (BK / 4u), BN * WR - 1u));
         sb[u] = w_scale_row(wb[u], sh);
@@ -233,7 +251,7 @@ void main() {
         barrier();
         // the inner product over the staged step
         for (uint c = 0; c < BK / 4u; ++c) {
-            vec4 a[TM], b[TN * WR];
+            vec4 a[TM_N], b[TNW_N];
             [[unroll]] for (uint m = 0; m < TM; ++m) a[m] = xs[(ty + m * TY) * KP + c];
             [[unroll]] for (uint j = 0; j < TN * WR; ++j)             // TN outputs' gate rows, then up rows
                 b[j] = ws[(tx + (j % TN) * TX + (j / TN) * BN) * KP + c];
@@ -243,7 +261,7 @@ void main() {
         }
         barrier();
     }
-    float inv[TM];
+    float inv[TM_N];
     [[unroll]] for (uint m = 0; m < TM; ++m) inv[m] = 1.0;
 #if defined(NORM_X)
     // Σx² per row in a fixed order: the BK partial sums of row i sit at floats u·WG + (i % (WG/BK))·BK + c

@@ -165,6 +165,34 @@ def test_grouped_experts_per_route_x_and_gpu_tiles(rng, tune, device, monkeypatc
         check_case(rng, fmt, "sum", 70, device, add=True, D=136, F=72)
 
 
+@pytest.mark.parametrize("tiles", [{}, GPU_TILES, {**GPU_TILES, "mul_mat_id_grouped.thread_tokens": 8}])
+def test_literal_arrays_give_the_same_sums(tiles, rng, device, monkeypatch):
+    """mul_mat_id_grouped.literal: the same f32 GEMM with literal-size per-invocation arrays, taken by
+    vec4 rows of bf16 experts and of FP4 ones beside the FP8 shared expert (the variants declared),
+    at the device's tiles, a GPU's and 8 route slots an invocation; the same values bit for bit as
+    the spec-sized arrays (and so against float64, as check_case holds them); other formats, scalar
+    rows and tiles past the literal sizes keep the spec-sized kernel."""
+    from dsv4_vk.ops.moe_grouped import literal_fits
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    for fmt, mode in (("bf16", "swiglu"), ("bf16", "sum"), ("fp4+fp8", "swiglu"), ("fp4+fp8", "sum")):
+        outs, seed = [], int(rng.integers(1 << 30))
+        for literal in (False, True):
+            with tuned({**tiles, "mul_mat_id_grouped.literal": literal}):
+                r = np.random.default_rng(seed)                            # the same inputs both times
+                outs.append(check_case(r, fmt, mode, 70, device, norm=mode == "swiglu", add=mode == "sum", D=136,
+                                       F=72))
+                w_in, extra, prm, _ = weights(r, fmt, 6, 144 if mode == "swiglu" else 136, 136 if mode == "swiglu" else 72)
+                g, node = build(mode, 70, 3, (70, 1, 136) if mode == "swiglu" else (70, 4, 72), w_in, extra, prm,
+                                **({"limit": 4.0} if mode == "swiglu" else {}))
+                gemm = [launch for launch in node.op.lower(node, device) if launch.shader == "mul_mat_id_grouped"]
+                assert ("LITERAL_ARRAYS" in gemm[0].defines) == literal, (fmt, mode, gemm[0].defines)
+        assert np.array_equal(outs[0], outs[1], equal_nan=True), (fmt, mode)
+    assert not literal_fits({"VEC4": 1, "MODE_SUM": 1}, 64, 64, 32, 4, 4, 256, 1)             # f32: not declared
+    assert not literal_fits({"MODE_SUM": 1, "W_BF16": 1}, 64, 64, 32, 4, 4, 256, 1)           # scalar rows
+    assert not literal_fits({"VEC4": 1, "W_BF16": 1}, 64, 64, 32, 16, 4, 64, 2)               # TM past 8
+    assert literal_fits({"VEC4": 1, "W_FP4": 1, "SHARED_FP8": 1}, 64, 64, 32, 4, 4, 256, 2)
+
+
 def test_split_stack_adds_only_its_part(rng, device):
     """Two parts of a stack (id_base / n_ids): each grouped call computes its own experts, 0 for the
     other part's routes (SwiGLU) or nothing (sum), NaN for invalid ids; the parts together are the

@@ -39,7 +39,7 @@ of --experts − 1 routed experts, uniformly random, and the shared expert), the
 and, for the sum, the route sum) with the GEMM on the f32 lanes ("grouped") and, where the device has
 them, on the matrix units ("coopmat", ops/moe_coopmat.py; --emulate: its FMA twin "coopmat_fma"
 elsewhere) in ms and effective TFLOPS (2 · T · routes · N · K), --tiles sweeping the f32 grouped
-kernel's tile knobs (BTxBNxBKxTMxTN), --cm-tiles the coopmat one's (BTxBNxWMxWNxBK[xNT]; NMSE ≤ 1e-5
+kernel's tile knobs (BTxBNxBKxTMxTN, a sixth field 1 for its literal-size arrays), --cm-tiles the coopmat one's (BTxBNxWMxWNxBK[xNT]; NMSE ≤ 1e-5
 asserted for it: fp16 products); --check-tokens tokens of each result
 (the last; with more, spread down to the first) checked against float64 over the dequantised experts (NMSE printed, ≤ 1e-8 asserted).
 Formats bf16, fp8, fp4 (the shared expert stacked after the routed ones) and fp4+fp8 (FP4 routed
@@ -142,8 +142,11 @@ def prefill_rows(a, dev, warm, rng):
     """The --prefill rows: per format, T, mode, kernel (and tile shape), ms, TFLOPS and the check."""
     E, R, D, Fd = a.experts, a.routes_per_token, a.d, a.f
     op, rows = get_op("MUL_MAT_ID"), []
-    tiles = [dict(zip(("tokens", "outputs", "k_step", "thread_tokens", "thread_outputs"), ints(t.replace("x", ","))))
-             for t in a.tiles.split(";")] if a.tiles else [{}]
+    tiles = [dict(zip(("tokens", "outputs", "k_step", "thread_tokens", "thread_outputs", "literal"),
+                      ints(t.replace("x", ",")))) for t in a.tiles.split(";")] if a.tiles else [{}]
+    for t in tiles:
+        if "literal" in t:
+            t["literal"] = bool(t["literal"])
     cm_tiles = [dict(zip(("tokens", "outputs", "warp_tokens", "warp_outputs", "k_step", "output_tiles"),
                          ints(t.replace("x", ","))))
                 for t in a.cm_tiles.split(";")] if a.cm_tiles else [{}]
@@ -251,7 +254,8 @@ def main(argv=None):
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
     ap.add_argument("--prefill", help="prefill chunks of these token counts (T,T,...) instead of one token: the "
                     "per-route and the grouped kernels")
-    ap.add_argument("--tiles", help="--prefill: grouped tile shapes to sweep, BTxBNxBKxTMxTN;... (default: the knobs')")
+    ap.add_argument("--tiles", help="--prefill: grouped tile shapes to sweep, BTxBNxBKxTMxTN[xL];... (L 1: the "
+                    "literal-size arrays, knob mul_mat_id_grouped.literal; default: the knobs')")
     ap.add_argument("--cm-tiles", help="--prefill: tile shapes of the grouped GEMM on the matrix units to sweep, "
                     "BTxBNxWMxWNxBK[xNT];... (NT: output tiles a workgroup; default: the knobs')")
     ap.add_argument("--emulate", action="store_true", help="--prefill on a device without matrix units: time the "

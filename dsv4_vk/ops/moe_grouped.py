@@ -34,7 +34,14 @@ GROUPED = knob_table(
     thread_tokens=(4, "route slots an invocation computes, TM (a divisor of BT)"),
     thread_outputs=(4, "outputs an invocation computes, TN (a divisor of BN)"),
     sort_chunk=(256, "route slots the sort ranks at a time (a block staged in shared memory; a slot's rank "
-                     "scans the block's earlier slots, so cost grows with it)"))
+                     "scans the block's earlier slots, so cost grows with it)"),
+    literal=(False, "the f32 grouped GEMM's per-invocation arrays with literal sizes (-D LITERAL_ARRAYS: vec4 "
+                    "rows of bf16 experts or FP4 ones beside the FP8 shared expert, TM ≤ 8, TN · rows ≤ 16) "
+                    "instead of sizes from specialization constants, which a driver may keep in memory: not yet "
+                    "measured, so off"))
+# -D LITERAL_ARRAYS of mul_mat_id_grouped.comp: its literal sizes, and the weight formats it is declared for
+LITERAL_MAX = {"tm": 8, "tnw": 16, "nx": 16, "nw": 16}
+LITERAL_FORMATS = ({"W_BF16"}, {"W_FP4", "SHARED_FP8"})
 
 SORT_POOL, ROUTES_POOL = "mul_mat_id.sort", "mul_mat_id.routes"
 
@@ -176,6 +183,17 @@ def expert_fields(node, x, w, g, fmt, shared, id_base: int, n_ids: int) -> dict:
     return push
 
 
+def literal_fits(defs: dict, bt: int, bn: int, bk: int, tm: int, tn: int, wg: int, wr: int) -> bool:
+    """Whether the f32 grouped GEMM has a -D LITERAL_ARRAYS variant for these defines (vec4 rows of the
+    formats LITERAL_FORMATS names) and its literal sizes hold this tiling's arrays."""
+    fmt = {d for d in defs if d.startswith("W_") or d == "SHARED_FP8"}
+    if "VEC4" not in defs or fmt not in LITERAL_FORMATS:
+        return False
+    nx, nw = -(-bt * bk // wg), -(-bn * wr * bk // 4 // wg)
+    return tm <= LITERAL_MAX["tm"] and tn * wr <= LITERAL_MAX["tnw"] and nx <= LITERAL_MAX["nx"] and \
+        nw <= LITERAL_MAX["nw"]
+
+
 def grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt, mode: str, id_base: int,
                      n_ids: int) -> list[Launch]:
     """MUL_MAT_ID's grouped path: the sort, the grouped GEMM, and for mode="sum" the route sum.
@@ -217,6 +235,8 @@ def grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt,
         defs["VEC4"] = 1
     args = [x, w, route, sort, dst] + ([g] if g is not None else []) + ([scale] if fmt else []) + list(shared or [])
     wg = (bt // tm) * (bn // tn)
+    if GROUPED["literal"] and literal_fits(defs, bt, bn, bk, tm, tn, wg, 2 if mode == "swiglu" else 1):
+        defs["LITERAL_ARRAYS"] = 1
     launches.append(Launch("mul_mat_id_grouped", args, (4,), push, (-(-cols // bn), tiles, 1), defines=defs,
                            spec=(wg, bt, bn, bk, tm, tn)))
     if mode == "sum":
