@@ -4,6 +4,8 @@
 //! variants: MODE_SUM ; - | VEC4 ; - | W_BF16 | W_F16 | W_FP8 | W_FP4 | W_FP4 SHARED_FP8
 //! variants: MODE_SWIGLU ; VEC4 ; W_BF16 | W_FP4 SHARED_FP8 ; - | NORM_X ; LITERAL_ARRAYS
 //! variants: MODE_SUM ; VEC4 ; W_BF16 | W_FP4 SHARED_FP8 ; LITERAL_ARRAYS
+//! variants: MODE_SWIGLU ; VEC4 ; W_BF16 | W_FP4 SHARED_FP8 ; - | NORM_X ; - | LITERAL_ARRAYS ; PREFETCH
+//! variants: MODE_SUM ; VEC4 ; W_BF16 | W_FP4 SHARED_FP8 ; - | LITERAL_ARRAYS ; PREFETCH
 // MUL_MAT_ID's grouped kernel (prefill chunks, from mul_mat_id_grouped.min_tokens tokens): the experts' products as one GEMM per
 // expert over the routes sorted to it (mul_mat_id_sort.comp), each expert's weights read once per
 // tile of BT of its routes rather than once per route. Same products as mul_mat_id.comp:
@@ -44,10 +46,23 @@
 // specialization constants their loops run to (TM ≤ 8, TN·WR ≤ 16, NX ≤ 16, NW ≤ 16: the host
 // checks), instead of sizes from specialization constants, which a driver may keep in memory rather
 // than registers (knob mul_mat_id_grouped.literal, off until the H200 has compared them).
+// -D PREFETCH (VEC4, the same formats; with or without LITERAL_ARRAYS): register double-buffering.
+// Each invocation issues the next step's global loads (its x elements, NORM_X their norm weights,
+// and the raw words of its weight vec4s: w_raw4) into registers before the current step's products
+// and stores them into shared memory after them, decoded only then (w_decode4), so the loads' latency
+// overlaps the multiply-adds rather than waiting on other workgroups to hide it. The same values are
+// stored in the same order (Σx² too), so the sums are the same bit for bit. Cost: NX more registers
+// (NORM_X: 2·NX) and NW raw vec4s (two words each, float weights four) live across the products; the
+// host takes it only where NX and NW are within LITERAL_ARRAYS' sizes (knob
+// mul_mat_id_grouped.prefetch, off until the H200 has measured it). A partial last step loads its
+// weights as it stages them.
 // -D VEC4: weight rows staged as vec4s where a step is whole (K % 4 == 0; float weights: rows 16-byte
 // aligned). Bindings: 0 x, 1 w, 2 route, 3 sort (i32), 4 out, 5 g (NORM_X), then the scale bytes, the shared
 // expert's codes and scale bytes (weights.glsl).
 #include "common.glsl"
+#if defined(PREFETCH) && !defined(VEC4)
+#error "-D PREFETCH loads vec4 weight rows a step ahead: it needs -D VEC4"
+#endif
 layout(constant_id = 1) const uint BT = 64;
 layout(constant_id = 2) const uint BN = 64;
 layout(constant_id = 3) const uint BK = 32;
@@ -145,23 +160,76 @@ uint w_scale_row(uint wb, bool sh) {
 #endif
 }
 
-// Weights j·4 .. j·4 + 3 of the row at wb, sb its w_scale_row.
-vec4 w_at4(uint wb, uint sb, uint j, bool sh) {
+// Weights j·4 .. j·4 + 3 of the row at wb, sb its w_scale_row, in two parts: w_raw4 the loads (what
+// the staging keeps in registers a step ahead with -D PREFETCH), w_decode4 the arithmetic on them.
+// W_RAW4: float weights their vec4; 16-bit ones the uvec2 of four values; quantised ones the word of
+// codes and the word of scale bytes.
+#if defined(W_BF16) || defined(W_F16) || defined(W_QUANT)
+#define W_RAW4 uvec2
+#else
+#define W_RAW4 vec4
+#endif
+W_RAW4 w_raw4(uint wb, uint sb, uint j, bool sh) {
 #if defined(SHARED_FP8)
-    if (sh) {
-        uint i = sb + j / 32u;                          // 128-input blocks
-        return q_fp8x4(wsq[wb + j]) * (q_e8m0((wsscale[i >> 2] >> ((i & 3u) << 3)) & 0xFFu) * 256.0);
-    }
+    if (sh) return uvec2(wsq[wb + j], wsscale[(sb + j / 32u) >> 2]);   // 128-input blocks
 #endif
 #if defined(W_FP8)
-    return q_fp8x4(wq[wb + j]) * q_scale_at(sb + 4u * j / Q_BC);
+    return uvec2(wq[wb + j], wscale[(sb + 4u * j / Q_BC) >> 2]);
 #elif defined(W_FP4)
-    return q_fp4x4(wq[wb + (j >> 1)] >> ((j & 1u) << 4)) * q_scale_at(sb + 4u * j / Q_BC);
+    return uvec2(wq[wb + (j >> 1)], wscale[(sb + 4u * j / Q_BC) >> 2]);
+#elif defined(W_BF16) || defined(W_F16)
+    return w64[wb / 4u + j];
 #else
     return W4_ROW(wb, j);
 #endif
 }
+vec4 w_decode4(W_RAW4 r, uint sb, uint j, bool sh) {
+#if defined(SHARED_FP8)
+    if (sh) return q_fp8x4(r.x) * (q_e8m0_of(r.y, sb + j / 32u) * 256.0);
+#endif
+#if defined(W_FP8)
+    return q_fp8x4(r.x) * (q_e8m0_of(r.y, sb + 4u * j / Q_BC) * Q_UNIT);
+#elif defined(W_FP4)
+    return q_fp4x4(r.x >> ((j & 1u) << 4)) * (q_e8m0_of(r.y, sb + 4u * j / Q_BC) * Q_UNIT);
+#elif defined(W_BF16) || defined(W_F16)
+    return w_half4(r);
+#else
+    return r;
+#endif
+}
+vec4 w_at4(uint wb, uint sb, uint j, bool sh) { return w_decode4(w_raw4(wb, sb, j, sh), sb, j, sh); }
 const uint NW = (BN * WR * BK / 4u + gl_WorkGroupSize.x - 1u) / gl_WorkGroupSize.x;   // vec4s an invocation stages
+#endif
+
+// What the staging stores: x's element k of the row at xb[u] (NORM_X: times g's), the weights' vec4
+// j for the row at wb[u]; -D PREFETCH: from registers loaded a step ahead (PREFETCH_STEP), the weights
+// decoded only now, so that no decode waits for a load before the step's products.
+#if defined(PREFETCH)
+#define X_STAGED(u, k) xr[u]
+#define G_STAGED(u, k) gr[u]
+#define W_STAGED(u, j) w_decode4(wr[u], sb[u], j, sh)
+#if defined(NORM_X)
+#define PREFETCH_G(u, k) gr[u] = k < p.K ? g[p.g_off + k] : 0.0;
+#else
+#define PREFETCH_G(u, k)
+#endif
+// The loads of step kl (the same elements the staging stores: 0 past K), the weights' where the step
+// is whole (the partial last step loads its weights as it stages them).
+#define PREFETCH_STEP(kl) { \
+        [[unroll]] for (uint u = 0; u < NX; ++u) { \
+            uint k = (kl) + (li + u * WG) % BK; \
+            xr[u] = k < p.K ? x[xb[u] + k] : 0.0; \
+            PREFETCH_G(u, k) \
+        } \
+        if ((kl) + BK <= p.K) { \
+            [[unroll]] for (uint u = 0; u < NW; ++u) \
+                wr[u] = w_raw4(wb[u], sb[u], (kl) / 4u + (li + u * WG) % (BK / 4u), sh); \
+        } \
+    }
+#else
+#define X_STAGED(u, k) x[xb[u] + k]
+#define G_STAGED(u, k) g[p.g_off + k]
+#define W_STAGED(u, j) w_at4(wb[u], sb[u], j, sh)
 #endif
 
 uint x_row(uint s) {
@@ -217,6 +285,14 @@ void main() {
         sb[u] = w_scale_row(wb[u], sh);
     }
 #endif
+#if defined(PREFETCH)
+    float xr[NX_N];                                     // the step's x elements, loaded a step ahead
+#if defined(NORM_X)
+    float gr[NX_N];                                     // and the norm weights they take
+#endif
+    W_RAW4 wr[NW_N];                                    // the step's weights, undecoded (whole steps)
+    PREFETCH_STEP(0u)
+#endif
     for (uint k0 = 0; k0 < p.K; k0 += BK) {
         // stage x: the tile's BT gathered rows (slots past `rows` repeat the last one: read, never stored)
         [[unroll]] for (uint u = 0; u < NX; ++u) {
@@ -224,10 +300,10 @@ void main() {
             if (q < BT * BK) {
                 float v = 0.0;
                 if (k < p.K) {
-                    v = x[xb[u] + k];
+                    v = X_STAGED(u, k);
 #if defined(NORM_X)
                     ss[u] += v * v;
-                    v *= g[p.g_off + k];
+                    v *= G_STAGED(u, k);
 #endif
                 }
                 xs[i * KP + kk / 4u][kk % 4u] = v;
@@ -239,7 +315,7 @@ void main() {
             [[unroll]] for (uint u = 0; u < NW; ++u) {
                 uint q = li + u * WG, j = q / (BK / 4u), c = q - j * (BK / 4u);
                 if (q < BN * WR * BK / 4u) {
-                    ws[j * KP + c] = w_at4(wb[u], sb[u], k0 / 4u + c, sh);
+                    ws[j * KP + c] = W_STAGED(u, k0 / 4u + c);
                 }
             }
         } else
@@ -249,6 +325,9 @@ void main() {
             ws[j * KP + kk / 4u][kk % 4u] = k < p.K ? w_at(w_row(bucket, sh, n0, j), k, sh) : 0.0;
         }
         barrier();
+#if defined(PREFETCH)
+        if (k0 + BK < p.K) PREFETCH_STEP(k0 + BK)       // the next step's loads, in flight during the products
+#endif
         // the inner product over the staged step
         for (uint c = 0; c < BK / 4u; ++c) {
             vec4 a[TM_N], b[TNW_N];

@@ -24,6 +24,9 @@
 #endif
 #if defined(W_FP8) || defined(W_FP4) || defined(SHARED_FP8)
 float q_e8m0(uint b) { return b == 0u ? uintBitsToFloat(0x00400000u) : uintBitsToFloat(b << 23); }
+// The E8M0 scale of byte i % 4 of a word of packed scale bytes (the word i / 4 of the scales): a
+// load and its decode apart, for kernels that load a step ahead
+float q_e8m0_of(uint word, uint i) { return q_e8m0((word >> ((i & 3u) << 3)) & 0xFFu); }
 // E4M3 bytes 0, 1 of v as a half pair (sign to bit 15, exponent and mantissa to bits 7..13): the
 // values · 2^−8
 uint q_fp8_pair(uint v) {
@@ -76,7 +79,7 @@ const float Q_UNIT = 256.0;             // half(code bits) · 2^8 = the E4M3 val
 const uint Q_BR = 1u, Q_BC = 32u;
 const float Q_UNIT = 16384.0;           // half(code bits) · 2^14 = the E2M1 value
 #endif
-float q_scale_at(uint i) { return q_e8m0((wscale[i >> 2] >> ((i & 3u) << 3)) & 0xFFu) * Q_UNIT; }
+float q_scale_at(uint i) { return q_e8m0_of(wscale[i >> 2], i) * Q_UNIT; }
 float q_scale(uint wb, uint k) { return q_scale_at(q_sindex(wb, k, p.q_kw, p.q_rows, p.q_srows, p.q_sc, Q_BR, Q_BC)); }
 // 16-byte steps (rows of whole uvec4s, 16-byte aligned: FP8 K % 16 == 0, FP4 K % 32 == 0): uvec4
 // j of the row at word wb, wq4[wb / 4 + j], holds Q_XV · 4 weights, the x vec4s Q_XV·j .. +Q_XV−1,
@@ -146,10 +149,10 @@ float W_AT(uint i) {
     return w_half((i & 1u) != 0u ? v >> 16 : v & 0xFFFFu);
 }
 #if defined(VEC4)
-vec4 W4_AT(uint j) {
-    uvec2 v = w64[j];
+vec4 w_half4(uvec2 v) {                 // four 16-bit values, element 4j in the low half of v.x
     return vec4(w_half(v.x & 0xFFFFu), w_half(v.x >> 16), w_half(v.y & 0xFFFFu), w_half(v.y >> 16));
 }
+vec4 W4_AT(uint j) { return w_half4(w64[j]); }
 #endif
 #else
 layout(binding = W_BINDING) readonly buffer W { float w[]; };
@@ -172,7 +175,7 @@ layout(binding = WS_SCALE_BINDING) readonly buffer WSharedScale { uint wsscale[]
 #define S_KW ((p.K + 3u) / 4u)
 float s_scale(uint wb, uint k) {
     uint i = q_sindex(wb, k, S_KW, p.s_rows, (p.s_rows + 127u) / 128u, (p.K + 127u) / 128u, 128u, 128u);
-    return q_e8m0((wsscale[i >> 2] >> ((i & 3u) << 3)) & 0xFFu) * 256.0;
+    return q_e8m0_of(wsscale[i >> 2], i) * 256.0;
 }
 vec4 S4_ROW(uint wb, uint j) { return q_fp8x4(wsq[wb + j]) * s_scale(wb, 4u * j); }
 float S1_ROW(uint wb, uint k) {

@@ -175,22 +175,64 @@ def test_literal_arrays_give_the_same_sums(tiles, rng, device, monkeypatch):
     from dsv4_vk.ops.moe_grouped import literal_fits
     monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
     for fmt, mode in (("bf16", "swiglu"), ("bf16", "sum"), ("fp4+fp8", "swiglu"), ("fp4+fp8", "sum")):
-        outs, seed = [], int(rng.integers(1 << 30))
-        for literal in (False, True):
-            with tuned({**tiles, "mul_mat_id_grouped.literal": literal}):
-                r = np.random.default_rng(seed)                            # the same inputs both times
-                outs.append(check_case(r, fmt, mode, 70, device, norm=mode == "swiglu", add=mode == "sum", D=136,
-                                       F=72))
-                w_in, extra, prm, _ = weights(r, fmt, 6, 144 if mode == "swiglu" else 136, 136 if mode == "swiglu" else 72)
-                g, node = build(mode, 70, 3, (70, 1, 136) if mode == "swiglu" else (70, 4, 72), w_in, extra, prm,
-                                **({"limit": 4.0} if mode == "swiglu" else {}))
-                gemm = [launch for launch in node.op.lower(node, device) if launch.shader == "mul_mat_id_grouped"]
-                assert ("LITERAL_ARRAYS" in gemm[0].defines) == literal, (fmt, mode, gemm[0].defines)
-        assert np.array_equal(outs[0], outs[1], equal_nan=True), (fmt, mode)
+        seed = int(rng.integers(1 << 30))
+        same_sums(seed, fmt, mode, 70, device, tiles, {"mul_mat_id_grouped.literal": True}, "LITERAL_ARRAYS")
     assert not literal_fits({"VEC4": 1, "MODE_SUM": 1}, 64, 64, 32, 4, 4, 256, 1)             # f32: not declared
     assert not literal_fits({"MODE_SUM": 1, "W_BF16": 1}, 64, 64, 32, 4, 4, 256, 1)           # scalar rows
     assert not literal_fits({"VEC4": 1, "W_BF16": 1}, 64, 64, 32, 16, 4, 64, 2)               # TM past 8
     assert literal_fits({"VEC4": 1, "W_FP4": 1, "SHARED_FP8": 1}, 64, 64, 32, 4, 4, 256, 2)
+
+
+@pytest.mark.parametrize("tiles", [{}, GPU_TILES, {**GPU_TILES, "mul_mat_id_grouped.thread_tokens": 8}])
+def test_prefetch_gives_the_same_sums(tiles, rng, device, monkeypatch):
+    """mul_mat_id_grouped.prefetch: the f32 grouped GEMM with the next k step's loads issued before the
+    step's products (register double-buffering), taken where literal is (vec4 rows of bf16 experts and
+    of FP4 ones beside the FP8 shared expert), alone at the device's tiles and a GPU's, with the
+    literal-size arrays at a GPU's and 8 route slots an invocation; T = 69, K with a partial last step
+    (136 = 4·32 + 8, 72 = 2·32 + 8; the device's 16-input steps too) and, at a GPU's tiles, K of
+    whole steps only (128, 64); the same values bit for bit as without it (and so against float64, as
+    check_case holds them). Scalar rows (K % 4 ≠ 0) and tiles whose staging is past the literal sizes
+    keep the plain kernel."""
+    from dsv4_vk.ops.moe_grouped import prefetch_fits
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    on = {"mul_mat_id_grouped.prefetch": True}
+    shapes = ((136, 72), (128, 64)) if tiles == GPU_TILES else ((136, 72),)
+    for fmt, mode in (("bf16", "swiglu"), ("bf16", "sum"), ("fp4+fp8", "swiglu"), ("fp4+fp8", "sum")):
+        for D, F in shapes:
+            if tiles.get("mul_mat_id_grouped.thread_tokens") != 8:
+                same_sums(int(rng.integers(1 << 30)), fmt, mode, 69, device, tiles, on, "PREFETCH", D=D, F=F)
+            if tiles and (D, F) == (136, 72):
+                same_sums(int(rng.integers(1 << 30)), fmt, mode, 69, device,
+                          {**tiles, "mul_mat_id_grouped.literal": True}, on, "PREFETCH", D=D, F=F)
+    with tuned({**tiles, **on}):                                           # K % 4 != 0: scalar rows, no prefetch
+        assert "PREFETCH" not in gemm_defines("bf16", "sum", 9, device, D=66, F=34)
+    assert not prefetch_fits({"VEC4": 1, "MODE_SUM": 1}, 64, 64, 32, 256, 1)                # f32: not declared
+    assert not prefetch_fits({"MODE_SUM": 1, "W_BF16": 1}, 64, 64, 32, 256, 1)              # scalar rows
+    assert not prefetch_fits({"VEC4": 1, "W_BF16": 1}, 64, 64, 32, 64, 2)                   # 32 x elements each
+    assert prefetch_fits({"VEC4": 1, "W_FP4": 1, "SHARED_FP8": 1}, 64, 64, 32, 256, 2)
+
+
+def gemm_defines(fmt, mode, T, device, D, F):
+    """The defines of the grouped GEMM check_case(fmt, mode, T, D=D, F=F) lowers to (the tuning in effect)."""
+    r = np.random.default_rng(0)
+    w_in, extra, prm, _ = weights(r, fmt, 6, 2 * F if mode == "swiglu" else D, D if mode == "swiglu" else F)
+    g, node = build(mode, T, 3, (T, 1, D) if mode == "swiglu" else (T, 4, F), w_in, extra, prm,
+                    **({"limit": 4.0} if mode == "swiglu" else {}))
+    gemm = [launch for launch in node.op.lower(node, device) if launch.shader == "mul_mat_id_grouped"]
+    return gemm[0].defines
+
+
+def same_sums(seed, fmt, mode, T, device, tiles, knobs, define, D=136, F=72):
+    """check_case on the same inputs under `tiles` and under `tiles` with `knobs`, which must add
+    `define` to the grouped GEMM: the same values bit for bit (the SwiGLU with its norm folded, the sum
+    with add)."""
+    outs = []
+    for extra in ({}, knobs):
+        with tuned({**tiles, **extra}):
+            outs.append(check_case(np.random.default_rng(seed), fmt, mode, T, device, norm=mode == "swiglu",
+                                   add=mode == "sum", D=D, F=F))
+            assert (define in gemm_defines(fmt, mode, T, device, D, F)) == bool(extra), (fmt, mode, tiles, extra)
+    assert np.array_equal(outs[0], outs[1], equal_nan=True), (fmt, mode, tiles, knobs, D, F)
 
 
 def test_split_stack_adds_only_its_part(rng, device):
@@ -329,8 +371,13 @@ def worker():
     print(f"worker: subgroup size {dev.subgroup_size}")
     rng = np.random.default_rng(5)
     for fmt in ("bf16", "fp8", "fp4+fp8"):
-        check_case(rng, fmt, "swiglu", 19, dev, norm=True)
-        check_case(rng, fmt, "sum", 19, dev, add=True)
+        if fmt == "fp8":
+            check_case(rng, fmt, "swiglu", 19, dev, norm=True)
+            check_case(rng, fmt, "sum", 19, dev, add=True)
+            continue
+        for mode in ("swiglu", "sum"):                  # and with the next step's loads issued a step ahead
+            same_sums(int(rng.integers(1 << 30)), fmt, mode, 19, dev, {}, {"mul_mat_id_grouped.prefetch": True},
+                      "PREFETCH", D=72, F=20)
     print("worker: grouped ok")
 
 

@@ -38,8 +38,13 @@ GROUPED = knob_table(
     literal=(False, "the f32 grouped GEMM's per-invocation arrays with literal sizes (-D LITERAL_ARRAYS: vec4 "
                     "rows of bf16 experts or FP4 ones beside the FP8 shared expert, TM ≤ 8, TN · rows ≤ 16) "
                     "instead of sizes from specialization constants, which a driver may keep in memory: not yet "
-                    "measured, so off"))
-# -D LITERAL_ARRAYS of mul_mat_id_grouped.comp: its literal sizes, and the weight formats it is declared for
+                    "measured, so off"),
+    prefetch=(False, "the f32 grouped GEMM with register double-buffered staging (-D PREFETCH: the next k step's "
+                     "global loads issued before the step's products, decoded and stored after them; the same "
+                     "formats as literal, x elements and weight vec4s an invocation stages ≤ 16 each): the same "
+                     "sums, more registers; not yet measured, so off"))
+# -D LITERAL_ARRAYS and -D PREFETCH of mul_mat_id_grouped.comp: the literal sizes (PREFETCH: the most
+# x elements and weight vec4s an invocation keeps a step ahead), and the weight formats they are declared for
 LITERAL_MAX = {"tm": 8, "tnw": 16, "nx": 16, "nw": 16}
 LITERAL_FORMATS = ({"W_BF16"}, {"W_FP4", "SHARED_FP8"})
 
@@ -183,15 +188,30 @@ def expert_fields(node, x, w, g, fmt, shared, id_base: int, n_ids: int) -> dict:
     return push
 
 
+def _staged_per_invocation(defs: dict, bt: int, bn: int, bk: int, wg: int, wr: int) -> tuple[int, int] | None:
+    """(x elements, weight vec4s) an invocation of the f32 grouped GEMM stages a step, or None where
+    the defines have no -D LITERAL_ARRAYS / -D PREFETCH variant (vec4 rows of the formats
+    LITERAL_FORMATS names)."""
+    fmt = {d for d in defs if d.startswith("W_") or d == "SHARED_FP8"}
+    if "VEC4" not in defs or fmt not in LITERAL_FORMATS:
+        return None
+    return -(-bt * bk // wg), -(-bn * wr * bk // 4 // wg)
+
+
 def literal_fits(defs: dict, bt: int, bn: int, bk: int, tm: int, tn: int, wg: int, wr: int) -> bool:
     """Whether the f32 grouped GEMM has a -D LITERAL_ARRAYS variant for these defines (vec4 rows of the
     formats LITERAL_FORMATS names) and its literal sizes hold this tiling's arrays."""
-    fmt = {d for d in defs if d.startswith("W_") or d == "SHARED_FP8"}
-    if "VEC4" not in defs or fmt not in LITERAL_FORMATS:
-        return False
-    nx, nw = -(-bt * bk // wg), -(-bn * wr * bk // 4 // wg)
-    return tm <= LITERAL_MAX["tm"] and tn * wr <= LITERAL_MAX["tnw"] and nx <= LITERAL_MAX["nx"] and \
-        nw <= LITERAL_MAX["nw"]
+    staged = _staged_per_invocation(defs, bt, bn, bk, wg, wr)
+    return staged is not None and tm <= LITERAL_MAX["tm"] and tn * wr <= LITERAL_MAX["tnw"] and \
+        staged[0] <= LITERAL_MAX["nx"] and staged[1] <= LITERAL_MAX["nw"]
+
+
+def prefetch_fits(defs: dict, bt: int, bn: int, bk: int, wg: int, wr: int) -> bool:
+    """Whether the f32 grouped GEMM has a -D PREFETCH variant for these defines (those of
+    LITERAL_ARRAYS) and the registers it keeps a step ahead stay within LITERAL_MAX's nx and nw (past
+    them the doubled staging would spill rather than overlap)."""
+    staged = _staged_per_invocation(defs, bt, bn, bk, wg, wr)
+    return staged is not None and staged[0] <= LITERAL_MAX["nx"] and staged[1] <= LITERAL_MAX["nw"]
 
 
 def grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt, mode: str, id_base: int,
@@ -235,8 +255,11 @@ def grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt,
         defs["VEC4"] = 1
     args = [x, w, route, sort, dst] + ([g] if g is not None else []) + ([scale] if fmt else []) + list(shared or [])
     wg = (bt // tm) * (bn // tn)
-    if GROUPED["literal"] and literal_fits(defs, bt, bn, bk, tm, tn, wg, 2 if mode == "swiglu" else 1):
+    wr = 2 if mode == "swiglu" else 1
+    if GROUPED["literal"] and literal_fits(defs, bt, bn, bk, tm, tn, wg, wr):
         defs["LITERAL_ARRAYS"] = 1
+    if GROUPED["prefetch"] and prefetch_fits(defs, bt, bn, bk, wg, wr):
+        defs["PREFETCH"] = 1
     launches.append(Launch("mul_mat_id_grouped", args, (4,), push, (-(-cols // bn), tiles, 1), defines=defs,
                            spec=(wg, bt, bn, bk, tm, tn)))
     if mode == "sum":
