@@ -39,7 +39,8 @@ of --experts − 1 routed experts, uniformly random, and the shared expert), the
 and, for the sum, the route sum) with the GEMM on the f32 lanes ("grouped") and, where the device has
 them, on the matrix units ("coopmat", ops/moe_coopmat.py; --emulate: its FMA twin "coopmat_fma"
 elsewhere) in ms and effective TFLOPS (2 · T · routes · N · K), --tiles sweeping the f32 grouped
-kernel's tile knobs (BTxBNxBKxTMxTN, a sixth field 1 for its literal-size arrays), --cm-tiles the coopmat one's (BTxBNxWMxWNxBK[xNT]; NMSE ≤ 1e-5
+kernel's tile knobs (BTxBNxBKxTMxTN, a sixth field 1 for its literal-size arrays, a seventh 1 for its
+staging loaded a step ahead), --cm-tiles the coopmat one's (BTxBNxWMxWNxBK[xNT]; NMSE ≤ 1e-5
 asserted for it: fp16 products); --check-tokens tokens of each result
 (the last; with more, spread down to the first) checked against float64 over the dequantised experts (NMSE printed, ≤ 1e-8 asserted).
 Formats bf16, fp8, fp4 (the shared expert stacked after the routed ones) and fp4+fp8 (FP4 routed
@@ -142,11 +143,12 @@ def prefill_rows(a, dev, warm, rng):
     """The --prefill rows: per format, T, mode, kernel (and tile shape), ms, TFLOPS and the check."""
     E, R, D, Fd = a.experts, a.routes_per_token, a.d, a.f
     op, rows = get_op("MUL_MAT_ID"), []
-    tiles = [dict(zip(("tokens", "outputs", "k_step", "thread_tokens", "thread_outputs", "literal"),
+    tiles = [dict(zip(("tokens", "outputs", "k_step", "thread_tokens", "thread_outputs", "literal", "prefetch"),
                       ints(t.replace("x", ",")))) for t in a.tiles.split(";")] if a.tiles else [{}]
     for t in tiles:
-        if "literal" in t:
-            t["literal"] = bool(t["literal"])
+        for switch in ("literal", "prefetch"):
+            if switch in t:
+                t[switch] = bool(t[switch])
     cm_tiles = [dict(zip(("tokens", "outputs", "warp_tokens", "warp_outputs", "k_step", "output_tiles"),
                          ints(t.replace("x", ","))))
                 for t in a.cm_tiles.split(";")] if a.cm_tiles else [{}]
@@ -206,6 +208,13 @@ def prefill_rows(a, dev, warm, rng):
                         want = {"per_route": "mul_mat_id ", "grouped": "mul_mat_id_grouped"}.get(kernel,
                                                                                                   "mul_mat_id_coopmat")
                         assert want in ran + " ", f"{kernel}: the graph ran {ran[:300]}"
+                        missing = [d for k, d in (("literal", "LITERAL_ARRAYS"), ("prefetch", "PREFETCH"))
+                                   if kernel == "grouped" and tile.get(k) and f" {d} " not in ran + " "]
+                        if missing:             # a format or tiling without that variant: the plain kernel ran
+                            print(f"{fmt:8s} T={T:5d} {mode:6s} {kernel} {tile}: skipped (no {', '.join(missing)} "
+                                  "variant for this format or tiling)", flush=True)
+                            cg.release()
+                            continue
                         got = cg.run(x=x, r=route)["y"]
                         cg.release()
                         err = nmse(got[ts], ref) if ts else float("nan")
@@ -213,7 +222,7 @@ def prefill_rows(a, dev, warm, rng):
                     row = {"format": fmt, "T": T, "mode": mode, "kernel": kernel, **tile, "ms": us / 1e3,
                            "tflops": flops / (us * 1e6), "nmse": err}
                     rows.append(row)
-                    how = kernel + ("" if not tile else " " + "x".join(str(v) for v in tile.values()))
+                    how = kernel + ("" if not tile else " " + "x".join(str(int(v)) for v in tile.values()))
                     print(f"{fmt:8s} T={T:5d} {mode:6s} {how:24s} {us / 1e3:9.3f} ms {flops / (us * 1e6):7.2f} TFLOPS "
                           f"nmse {err:.2e}", flush=True)
                     bound = 1e-5 if coop else 1e-8     # (fp16 products: the coopmat tests' bound)
@@ -254,8 +263,9 @@ def main(argv=None):
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
     ap.add_argument("--prefill", help="prefill chunks of these token counts (T,T,...) instead of one token: the "
                     "per-route and the grouped kernels")
-    ap.add_argument("--tiles", help="--prefill: grouped tile shapes to sweep, BTxBNxBKxTMxTN[xL];... (L 1: the "
-                    "literal-size arrays, knob mul_mat_id_grouped.literal; default: the knobs')")
+    ap.add_argument("--tiles", help="--prefill: grouped tile shapes to sweep, BTxBNxBKxTMxTN[xL[xP]];... (L 1: the "
+                    "literal-size arrays, knob mul_mat_id_grouped.literal; P 1: the next k step's loads issued "
+                    "before the step's products, knob mul_mat_id_grouped.prefetch; default: the knobs')")
     ap.add_argument("--cm-tiles", help="--prefill: tile shapes of the grouped GEMM on the matrix units to sweep, "
                     "BTxBNxWMxWNxBK[xNT];... (NT: output tiles a workgroup; default: the knobs')")
     ap.add_argument("--emulate", action="store_true", help="--prefill on a device without matrix units: time the "

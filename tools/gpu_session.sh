@@ -89,12 +89,12 @@ for s in $steps; do
                      --skip unfused,multi,host --offload-layers 0,3,8,43 --out "$r/offload_h200.json" ;;
         prefillk) step prefillk 420 prefill_kernels_h200.txt bash -c 'python3 tools/bench_moe.py --prefill 512,2048 \
                       --formats bf16,fp4+fp8 --cm-tiles "16x64x16x32x32;64x64x32x32x32;64x64x32x32x64" \
-                      --tiles "32x64x32x4x4;64x64x32x4x4;64x64x32x4x4x1;64x64x32x8x4;64x64x32x8x4x1;32x64x32x4x8x1;64x128x32x8x8x1" \
+                      --tiles "32x64x32x4x4;64x64x32x4x4;64x64x32x4x4x1;64x64x32x8x4;64x64x32x8x4x1;32x64x32x4x8x1;64x128x32x8x8x1;64x64x32x4x4x0x1;64x64x32x4x4x1x1;64x64x32x8x4x1x1;32x64x32x4x8x1x1" \
                       --json "$0/moe_prefill_h200.json" && python3 tools/bench_primitives.py --attention \
                       --attn-positions 4096 --attn-variants cm_tile=16,cm_heads=2 --json "$0/attention_prefill_h200.json"' "$r" ;;
         prefill) step prefill 540 prefill_h200.txt python3 tools/model_gpu_bench.py --preset flash-1gpu --prompt 4096 \
                      --max-ctx 8192 --skip unfused,multi,host --tokens 4 \
-                     --prefill-variants "moe_coopmat=1;mqa_coopmat=1;moe_coopmat=1,mqa_coopmat=1;mul_mat_id_grouped.literal=True" \
+                     --prefill-variants "moe_coopmat=1;mqa_coopmat=1;moe_coopmat=1,mqa_coopmat=1;mul_mat_id_grouped.literal=True;mul_mat_id_grouped.prefetch=True" \
                      --out "$r/prefill_h200.json" ;;
         *) echo "unknown step $s (eval info floor bench library soak site model decode mix gemv moe hctests v4tests" \
                 "quanttests coldgemv coldmoe fp8step flash43 offload prefillk prefill)" \
