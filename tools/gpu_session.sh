@@ -27,7 +27,8 @@
 #             (--timeline) and the decode knobs side by side in the model
 #   flash43   V4-Flash's depth in the published layout beside BF16, with the decode folds on and off
 #   offload   flash-43 in the published layout with 0, 3, 8 and 43 layers' routed experts in host memory
-#   prefillk  the prefill's grouped expert GEMM (f32 lanes, matrix units) and attention kernels
+#   prefillk  the prefill's grouped expert GEMM: f32 lanes (tiles, literal arrays, prefetch), matrix units
+#   prefilla  the prefill attention kernels (f32 lanes, matrix units)
 #   prefill   flash-1gpu's 4k-token prefill with the matrix-unit forms on and off
 # A device call may run 10 minutes: split long lists, e.g. `eval library soak`, then `site model`.
 set -u
@@ -87,17 +88,18 @@ for s in $steps; do
                      --out "$r/model_flash43_h200.json" ;;
         offload) step offload 540 offload_h200.txt python3 tools/model_gpu_bench.py --preset flash-43 --dtype fp8 \
                      --skip unfused,multi,host --offload-layers 0,3,8,43 --out "$r/offload_h200.json" ;;
-        prefillk) step prefillk 420 prefill_kernels_h200.txt bash -c 'python3 tools/bench_moe.py --prefill 512,2048 \
-                      --formats bf16,fp4+fp8 --cm-tiles "16x64x16x32x32;64x64x32x32x32;64x64x32x32x64" \
+        prefillk) step prefillk 480 moe_prefill_h200.txt python3 tools/bench_moe.py --prefill 512,2048 --replays 5 \
+                      --repeat 2 --formats bf16,fp4+fp8 --cm-tiles "16x64x16x32x32;64x64x32x32x32;64x64x32x32x64" \
                       --tiles "32x64x32x4x4;64x64x32x4x4;64x64x32x4x4x1;64x64x32x8x4;64x64x32x8x4x1;32x64x32x4x8x1;64x128x32x8x8x1;64x64x32x4x4x0x1;64x64x32x4x4x1x1;64x64x32x8x4x1x1;32x64x32x4x8x1x1" \
-                      --json "$0/moe_prefill_h200.json" && python3 tools/bench_primitives.py --attention \
-                      --attn-positions 4096 --attn-variants cm_tile=16,cm_heads=2 --json "$0/attention_prefill_h200.json"' "$r" ;;
+                      --json "$r/moe_prefill_h200.json" ;;
+        prefilla) step prefilla 240 attention_prefill_h200.txt python3 tools/bench_primitives.py --attention \
+                      --attn-positions 4096 --attn-variants cm_tile=16,cm_heads=2 --json "$r/attention_prefill_h200.json" ;;
         prefill) step prefill 540 prefill_h200.txt python3 tools/model_gpu_bench.py --preset flash-1gpu --prompt 4096 \
                      --max-ctx 8192 --skip unfused,multi,host --tokens 4 \
                      --prefill-variants "moe_coopmat=1;mqa_coopmat=1;moe_coopmat=1,mqa_coopmat=1;mul_mat_id_grouped.literal=True;mul_mat_id_grouped.prefetch=True" \
                      --out "$r/prefill_h200.json" ;;
         *) echo "unknown step $s (eval info floor bench library soak site model decode mix gemv moe hctests v4tests" \
-                "quanttests coldgemv coldmoe fp8step flash43 offload prefillk prefill)" \
+                "quanttests coldgemv coldmoe fp8step flash43 offload prefillk prefilla prefill)" \
                >> "$summary" ;;
     esac
 done
