@@ -198,20 +198,19 @@ def _staged_per_invocation(defs: dict, bt: int, bn: int, bk: int, wg: int, wr: i
     return -(-bt * bk // wg), -(-bn * wr * bk // 4 // wg)
 
 
-def literal_fits(defs: dict, bt: int, bn: int, bk: int, tm: int, tn: int, wg: int, wr: int) -> bool:
-    """Whether the f32 grouped GEMM has a -D LITERAL_ARRAYS variant for these defines (vec4 rows of the
-    formats LITERAL_FORMATS names) and its literal sizes hold this tiling's arrays."""
-    staged = _staged_per_invocation(defs, bt, bn, bk, wg, wr)
-    return staged is not None and tm <= LITERAL_MAX["tm"] and tn * wr <= LITERAL_MAX["tnw"] and \
-        staged[0] <= LITERAL_MAX["nx"] and staged[1] <= LITERAL_MAX["nw"]
-
-
 def prefetch_fits(defs: dict, bt: int, bn: int, bk: int, wg: int, wr: int) -> bool:
     """Whether the f32 grouped GEMM has a -D PREFETCH variant for these defines (those of
     LITERAL_ARRAYS) and the registers it keeps a step ahead stay within LITERAL_MAX's nx and nw (past
     them the doubled staging would spill rather than overlap)."""
     staged = _staged_per_invocation(defs, bt, bn, bk, wg, wr)
     return staged is not None and staged[0] <= LITERAL_MAX["nx"] and staged[1] <= LITERAL_MAX["nw"]
+
+
+def literal_fits(defs: dict, bt: int, bn: int, bk: int, tm: int, tn: int, wg: int, wr: int) -> bool:
+    """Whether the f32 grouped GEMM has a -D LITERAL_ARRAYS variant for these defines (vec4 rows of the
+    formats LITERAL_FORMATS names) and its literal sizes hold this tiling's arrays: the staging ones
+    (as prefetch_fits bounds them) and the accumulators."""
+    return prefetch_fits(defs, bt, bn, bk, wg, wr) and tm <= LITERAL_MAX["tm"] and tn * wr <= LITERAL_MAX["tnw"]
 
 
 def grouped_launches(device, node, x, w, route, out, add, g, scale, shared, fmt, mode: str, id_base: int,
