@@ -30,6 +30,8 @@
 #   prefillk  the prefill's grouped expert GEMM: f32 lanes (tiles, literal arrays, prefetch), matrix units
 #   prefilla  the prefill attention kernels (f32 lanes, matrix units)
 #   prefill   flash-1gpu's 4k-token prefill with the matrix-unit forms on and off
+#   prefill43 V4-Flash's depth in the published layout: its 4k-token prefill, the grouped experts on
+#             the f32 lanes and on the matrix units
 # A device call may run 10 minutes: split long lists, e.g. `eval library soak`, then `site model`.
 set -u
 out=${1:?usage: gpu_session.sh OUT [STEP ...]}
@@ -98,8 +100,12 @@ for s in $steps; do
                      --max-ctx 8192 --skip unfused,multi,host --tokens 4 \
                      --prefill-variants "moe_coopmat=1;mqa_coopmat=1;moe_coopmat=1,mqa_coopmat=1;mul_mat_id_grouped.literal=True;mul_mat_id_grouped.prefetch=True" \
                      --out "$r/prefill_h200.json" ;;
+        prefill43) step prefill43 540 prefill_flash43_h200.txt python3 tools/model_gpu_bench.py --preset flash-43 \
+                       --dtype fp8 --prompt 4096 --max-ctx 8192 --skip unfused,multi,host --tokens 4 \
+                       --prefill-variants "moe_coopmat=1;moe_coopmat=1,mqa_coopmat=1" \
+                       --out "$r/prefill_flash43_h200.json" ;;
         *) echo "unknown step $s (eval info floor bench library soak site model decode mix gemv moe hctests v4tests" \
-                "quanttests coldgemv coldmoe fp8step flash43 offload prefillk prefilla prefill)" \
+                "quanttests coldgemv coldmoe fp8step flash43 offload prefillk prefilla prefill prefill43)" \
                >> "$summary" ;;
     esac
 done

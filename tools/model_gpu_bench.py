@@ -516,6 +516,8 @@ def prefill_variants(cfg, weights, prompt, a, warm):
               f"({len(prompt)} tokens; MUL_MAT kernels {', '.join(kernels)})", flush=True)
         print(f"    last chunk profiled: {prof['gpu_ms']:.2f} GPU ms: " + ", ".join(
             f"{k} {v:.2f}" for k, v in list(prof["gpu_ms_by_op"].items())[:8]), flush=True)
+        print("    by kernel: " + ", ".join(f"{k} {v:.2f}" for k, v in list(prof["gpu_ms_by_kernel"].items())[:8]),
+              flush=True)
         release(model)
     return out
 
@@ -544,10 +546,15 @@ def profiled(model, p, ids, steps=2):
     out = {}
     for ph, d in prof.as_dict()["phases"].items():
         runs = max(d["runs"], 1)
-        lines = sorted(prof.phases[ph].timeline(), key=lambda r: -r[4])[:12]
+        timeline = prof.phases[ph].timeline()
+        by_kernel: dict[str, float] = {}        # the shader each dispatch ran (its detail's first word)
+        for _, _, detail, _, us in timeline:
+            by_kernel[detail.split()[0]] = by_kernel.get(detail.split()[0], 0.0) + us / 1e3
+        lines = sorted(timeline, key=lambda r: -r[4])[:12]
         out[ph] = {"gpu_ms": d["gpu_ms"] / runs,
                    "gpu_ms_by_op": {k: v["gpu_ms"] / runs for k, v in sorted(d["ops"].items(),
                                                                              key=lambda kv: -kv[1]["gpu_ms"])},
+                   "gpu_ms_by_kernel": dict(sorted(by_kernel.items(), key=lambda kv: -kv[1])),
                    "slowest_dispatches": [{"op": label, "dispatch": detail, "gpu_us": us}
                                           for _, label, detail, _, us in lines]}
     return out
