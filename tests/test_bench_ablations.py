@@ -93,7 +93,8 @@ def test_bad_ablations_are_refused_before_the_device_starts(tool, argv, why, too
 
 
 @pytest.mark.parametrize("tool, argv, names", [
-    ("bench_gemv", ["--formats", "fp8", "--shapes", "wkv", "--x-shared", "0,1", "--spread", "0", "--unroll", "1"],
+    ("bench_gemv", ["--formats", "fp8", "--shapes", "wkv", "--x-shared", "0,1", "--xs-rows", "-1", "--spread", "0",
+                    "--unroll", "1"],
      ["nodecode", "noload"]),
     ("bench_moe", ["--formats", "bf16,fp4", "--experts", "3", "--routes-per-token", "2", "--d", "128", "--f", "64",
                    "--x-shared", "0,1", "--unroll", "2", "--routes", "1", "--wg", "0", "--cold"], ["nox", "nostage"]),
@@ -109,6 +110,8 @@ def test_bench_ablate_dry_run(tool, argv, names, tmp_path):
     flag = "x_shared" if tool == "bench_gemv" else "staged"
     parent = [row for row in doc["rows"] if row[flag]]
     assert parent and len(parent) < len(doc["rows"])
+    if tool == "bench_gemv":                # --xs-rows -1: the knob's default, 1 row a cluster at wkv's N = 512
+        assert all(row["xs_rows"] == 1 for row in parent), parent
     skip = {"us", "gbps", "pct_copy"}
     assert list(doc["ablations"]) == names
     for name in names:

@@ -107,7 +107,7 @@ def kernel_used(launch, knobs):
     """(kind, description) of the kernel the GEMV lowered to, with the values it was given (knobs
     left at None take the device's defaults, read back from the launch)."""
     if "X_SHARED" in launch.defines:
-        return "staged", (f"staged rows={knobs['gemv_quant.x_shared_rows']} unroll={knobs['gemv_quant.x_shared_unroll']} "
+        return "staged", (f"staged rows={launch.spec[2]} unroll={knobs['gemv_quant.x_shared_unroll']} "
                           f"groups={knobs['gemv_quant.x_shared_groups']:4d} wg={launch.spec[0]:3d}")
     wg = launch.spec[0] if "LANES_WORKGROUP" in launch.defines else None
     nr, wide = launch.spec[2:4] if len(launch.spec) >= 4 else (1, 0)
@@ -134,7 +134,7 @@ def configs(a, fmt):
         for nr, unroll, groups, wg in itertools.product(ints(a.xs_rows), ints(a.xs_unroll), ints(a.xs_groups),
                                                         ints(a.xs_wg)):
             out.append({**base, "gemv.spread": None, "gemv.unroll": None, "gemv_quant.rows": 1, "gemv_quant.load": 4,
-                        "gemv_quant.x_shared": True, "gemv_quant.x_shared_rows": nr,
+                        "gemv_quant.x_shared": True, "gemv_quant.x_shared_rows": None if nr < 0 else nr,
                         "gemv_quant.x_shared_unroll": unroll, "gemv_quant.x_shared_groups": groups,
                         "gemv_quant.x_shared_wg": wg})
     return out
@@ -155,7 +155,8 @@ def main(argv=None):
                     "compare (knob gemv_quant.load: 4, 16)")
     ap.add_argument("--x-shared", default="0", help="quantised weights: the staged GEMV off (0), on (1) or both "
                     "(0,1; knob gemv_quant.x_shared)")
-    ap.add_argument("--xs-rows", default="2", help="staged GEMV: output rows a cluster to sweep (1, 2, 4)")
+    ap.add_argument("--xs-rows", default="2", help="staged GEMV: output rows a cluster to sweep (1, 2, 4; "
+                    "-1: the knob's default, 4 where N and K are both at least 4096, else 1)")
     ap.add_argument("--xs-unroll", default="2", help="staged GEMV: uvec4 steps a lane loads together to sweep")
     ap.add_argument("--xs-groups", default="1024", help="staged GEMV: workgroups at most to sweep")
     ap.add_argument("--xs-wg", default="256", help="staged GEMV: invocations a workgroup to sweep (powers of two ≤ 256)")
@@ -200,7 +201,8 @@ def main(argv=None):
                              "rows_per_cluster": launch.spec[2] if words and len(launch.spec) >= 4 else 1,
                              "load_bytes": (16 if launch.spec[3] else 4) if words and len(launch.spec) >= 4 else 4,
                              "x_shared": kind == "staged",
-                             "xs_rows": knobs["gemv_quant.x_shared_rows"], "xs_unroll": knobs["gemv_quant.x_shared_unroll"],
+                             "xs_rows": launch.spec[2] if kind == "staged" else knobs["gemv_quant.x_shared_rows"],
+                             "xs_unroll": knobs["gemv_quant.x_shared_unroll"],
                              "xs_groups": knobs["gemv_quant.x_shared_groups"], "xs_wg": knobs["gemv_quant.x_shared_wg"],
                              "bytes": nbytes, "us": us, "weight_copies": copies,
                              "gbps": gbps, "pct_copy": 100 * gbps / copy})
