@@ -25,9 +25,10 @@ Edit = tuple[str, str, str]             # (file in shaders/, text found exactly 
 
 # The staged kernels' dot product of a uvec4 of codes with its x vec4s (weights.glsl q_wide_dot_fast,
 # called only by the -D X_SHARED kernels of mul_mat.comp and mul_mat_id.comp; not by their FP8
-# shared expert beside FP4 ones). nodecode: the code words taken as floats as they are (each word
-# serves 4 of a uvec4's 16 FP8 / 32 FP4 products, rotated), the products unchanged; nofma: no
-# decode, x reads or products, the four words xor-ed into the sum (scaled as before).
+# shared expert beside FP4 ones). nodecode: the uvec4's four code words taken as floats as they are,
+# in place of each word's 4 (FP8) or 8 (FP4) decoded weights (rotated from word to word), the
+# products unchanged; nofma: no decode, x reads or products, the four words xor-ed into the sum
+# (scaled as before).
 _ROTATED = "uintBitsToFloat(uvec4(v[c], v[(c + 1u) & 3u], v[(c + 2u) & 3u], v[(c + 3u) & 3u]))"
 STAGED_DOT: dict[str, list[Edit]] = {
     "nodecode": [("weights.glsl", "        vec4 w = q_fp8_word(v[c]), x = xv[c];\n",
@@ -51,7 +52,7 @@ def chosen(flag: str, names: str, child: str, table: dict[str, list[Edit]]) -> l
     """The names given with `flag` (SystemExit naming the unknown ones and the valid ones); in a child
     (`child`, its ablation's name) every shader compiled from here on comes from the patched copy."""
     out = [n for n in names.split(",") if n]
-    unknown = sorted(set(out + [child] * bool(child)) - set(table))
+    unknown = sorted(set(out + ([child] if child else [])) - set(table))
     if unknown:
         raise SystemExit(f"{flag}: unknown ablation(s) {unknown}; expected names from {list(table)}")
     if child:
