@@ -27,7 +27,7 @@ knobs, --cold) with a part of the staged GEMV removed, each in a child process (
 results are wrong on purpose, only the time is read), printed as `ablation NAME <row>`:
 
     . .vkdev/enter.sh; python3 tools/bench_gemv.py --cold --formats fp8,fp4 --shapes wq_b,wo_a,wo_b \
-        --x-shared 1 --ablate nodecode,nox,nofma,noload,nostage --json $OUT/gemv_ablate.json
+        --x-shared 1 --xs-rows -1 --ablate nodecode,nox,nofma,noload,nostage --json $OUT/gemv_ablate.json
 """
 import argparse
 import itertools

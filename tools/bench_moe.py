@@ -39,7 +39,7 @@ knobs, --cold) with a part of the staged kernels (SwiGLU and sum) removed, each 
 `ablation NAME <row>`:
 
     . .vkdev/enter.sh; python3 tools/bench_moe.py --cold --formats fp4 --experts 65 --routes-per-token 7 \
-        --x-shared 1 --ablate nodecode,nox,nofma,noload,nostage --json $OUT/moe_ablate.json
+        --x-shared 1 --xs-unroll 1 --ablate nodecode,nox,nofma,noload,nostage --json $OUT/moe_ablate.json
 
 --prefill T,T,...: MUL_MAT_ID over prefill chunks of T tokens instead (top-k = --routes-per-token − 1
 of --experts − 1 routed experts, uniformly random, and the shared expert), the per-route kernels
