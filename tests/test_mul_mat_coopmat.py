@@ -418,24 +418,6 @@ def test_model_logits_on_the_tensor_core_path_match_transformers(chunk):
     assert max(errs) <= NMSE_MAX, f"{name}: NMSE per position {errs}"
 
 
-def test_bench_ablations_apply_to_the_kernel(monkeypatch):
-    """tools/bench_primitives.py --coopmat-ablate patches shaders/mul_mat_coopmat.comp by exact text: each
-    ablation still finds its lines once in the current source, and the patched kernel compiles (CM_NV,
-    VEC8) as the bench's child process compiles it."""
-    import importlib.util
-    from dsv4_vk.vk import shader
-    spec = importlib.util.spec_from_file_location("bench_primitives", os.path.join(HERE, "..", "tools",
-                                                                                   "bench_primitives.py"))
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    original = (shader.shader_dir() / "mul_mat_coopmat.comp").read_text()
-    for name in bench.COOPMAT_ABLATIONS:
-        tmp = bench.ablated_shaders(name)
-        assert (tmp / "mul_mat_coopmat.comp").read_text() != original, name
-        monkeypatch.setattr(shader, "shader_dir", lambda: tmp)
-        assert shader.compile_shader("mul_mat_coopmat", {"W_BF16": 1, "CM_NV": 1, "VEC8": 1}), name
-
-
 # --- FP8-block and FP4-group weights -------------------------------------------------------------------
 
 def quant_weights(rng, fmt, N, K, scale=None, edit=None):

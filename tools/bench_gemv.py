@@ -22,13 +22,21 @@ Quantised weights: --x-shared 0,1 puts the staged GEMV (knob gemv_quant.x_shared
 16-byte code loads, persistent clusters) beside the word-load GEMV in the same run, its own knobs
 (gemv_quant.x_shared_rows / _unroll / _groups / _wg) swept by --xs-rows, --xs-unroll, --xs-groups,
 --xs-wg; the word-load knobs (--spread, --unroll, --rows, --load) apply to the other rows only.
+--ablate nodecode,nox,nofma,noload,nostage: after the table, the staged rows again (same formats, shapes,
+knobs, --cold) with a part of the staged GEMV removed, each in a child process (tools/ablation.py; the
+results are wrong on purpose, only the time is read), printed as `ablation NAME <row>`:
+
+    . .vkdev/enter.sh; python3 tools/bench_gemv.py --cold --formats fp8,fp4 --shapes wq_b,wo_a,wo_b \
+        --x-shared 1 --xs-rows -1 --ablate nodecode,nox,nofma,noload,nostage --json $OUT/gemv_ablate.json
 """
 import argparse
 import itertools
 import json
+import sys
 
 import numpy as np
 
+import ablation
 from dsv4_vk.cli import floor as F
 from dsv4_vk.cli.bench import median_gpu_us
 from dsv4_vk.core.graph import Graph
@@ -41,6 +49,22 @@ from dsv4_vk.vk import default_device
 COLD_BYTES = 512 << 20
 SHAPES = [("head", 129280, 4096), ("wq_b", 32768, 1024), ("wo_b", 4096, 8192), ("wo_a", 8192, 4096),
           ("wq_a", 1024, 4096), ("wkv", 512, 4096)]
+# --ablate: the staged GEMV (mul_mat.comp -D X_SHARED) with a part removed. nodecode, nofma: its dot
+# product of a uvec4 of codes (tools/ablation.py); nox: x from a register (the lane's index) rather
+# than shared memory; noload: the loop's code and scale words made from the step's index rather than
+# loaded (the first step's, before the staging, still loaded); nostage: x not staged (no staging loop
+# or barrier: the loop reads shared memory nothing wrote).
+_XS = "mul_mat.comp"
+GEMV_ABLATIONS = {
+    "nodecode": ablation.STAGED_DOT["nodecode"],
+    "nox": [(_XS, "for (uint c = 0; c < Q_XV; ++c) xv[c] = xs[c * KU + j];",
+             "for (uint c = 0; c < Q_XV; ++c) xv[c] = vec4(float(lane + c));")],
+    "nofma": ablation.STAGED_DOT["nofma"],
+    "noload": [(_XS, "nw[i][u] = wq4[wb1[i] / 4u + j];", "nw[i][u] = uvec4(j, j ^ wb1[i], j * 0x9E3779B9u, j + sb1[i]);"),
+               (_XS, "ns[i][u] = wscale[(sb1[i] + j * Q_XV * 4u / Q_BC) >> 2];", "ns[i][u] = j ^ sb1[i];")],
+    "nostage": [(_XS, "    float s2 = stage_x(x_row(b0, b1, 0u), 0u, 1u, KU);\n", "    float s2 = 0.0;\n"),
+                (_XS, "    barrier();\n#if defined(NORM_X)\n    s2 = 0.0;\n", "#if defined(NORM_X)\n    s2 = 0.0;\n")],
+}
 
 
 def make_weights(fmt, N, K, rng):
@@ -83,7 +107,7 @@ def kernel_used(launch, knobs):
     """(kind, description) of the kernel the GEMV lowered to, with the values it was given (knobs
     left at None take the device's defaults, read back from the launch)."""
     if "X_SHARED" in launch.defines:
-        return "staged", (f"staged rows={knobs['gemv_quant.x_shared_rows']} unroll={knobs['gemv_quant.x_shared_unroll']} "
+        return "staged", (f"staged rows={launch.spec[2]} unroll={knobs['gemv_quant.x_shared_unroll']} "
                           f"groups={knobs['gemv_quant.x_shared_groups']:4d} wg={launch.spec[0]:3d}")
     wg = launch.spec[0] if "LANES_WORKGROUP" in launch.defines else None
     nr, wide = launch.spec[2:4] if len(launch.spec) >= 4 else (1, 0)
@@ -110,7 +134,7 @@ def configs(a, fmt):
         for nr, unroll, groups, wg in itertools.product(ints(a.xs_rows), ints(a.xs_unroll), ints(a.xs_groups),
                                                         ints(a.xs_wg)):
             out.append({**base, "gemv.spread": None, "gemv.unroll": None, "gemv_quant.rows": 1, "gemv_quant.load": 4,
-                        "gemv_quant.x_shared": True, "gemv_quant.x_shared_rows": nr,
+                        "gemv_quant.x_shared": True, "gemv_quant.x_shared_rows": None if nr < 0 else nr,
                         "gemv_quant.x_shared_unroll": unroll, "gemv_quant.x_shared_groups": groups,
                         "gemv_quant.x_shared_wg": wg})
     return out
@@ -131,7 +155,8 @@ def main(argv=None):
                     "compare (knob gemv_quant.load: 4, 16)")
     ap.add_argument("--x-shared", default="0", help="quantised weights: the staged GEMV off (0), on (1) or both "
                     "(0,1; knob gemv_quant.x_shared)")
-    ap.add_argument("--xs-rows", default="2", help="staged GEMV: output rows a cluster to sweep (1, 2, 4)")
+    ap.add_argument("--xs-rows", default="2", help="staged GEMV: output rows a cluster to sweep (1, 2, 4; "
+                    "-1: the knob's default, 4 where N and K are both at least 4096, else 1)")
     ap.add_argument("--xs-unroll", default="2", help="staged GEMV: uvec4 steps a lane loads together to sweep")
     ap.add_argument("--xs-groups", default="1024", help="staged GEMV: workgroups at most to sweep")
     ap.add_argument("--xs-wg", default="256", help="staged GEMV: invocations a workgroup to sweep (powers of two ≤ 256)")
@@ -139,7 +164,14 @@ def main(argv=None):
                     f"spanning {COLD_BYTES >> 20} MiB: read from device memory, not the L2 cache (as in the decode step)")
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
     ap.add_argument("--json")
+    ablation.add_flags(ap, "--ablate", GEMV_ABLATIONS, "the staged rows")
+    argv = sys.argv[1:] if argv is None else argv
     a = ap.parse_args(argv)
+    ablations = ablation.chosen("--ablate", a.ablate, a.ablation_child, GEMV_ABLATIONS)
+    quant = [f for f in a.formats.split(",") if f != "bf16"]
+    if ablations and not (quant and 1 in ints(a.x_shared)):
+        raise SystemExit("--ablate times the staged GEMV's rows again: it needs --formats fp8 and/or fp4 and "
+                         f"--x-shared 1 (or 0,1), got --formats {a.formats} --x-shared {a.x_shared}")
     dev = default_device()
     rng = np.random.default_rng(0)
     shapes = [s for s in SHAPES if s[0] in a.shapes.split(",")]
@@ -169,14 +201,20 @@ def main(argv=None):
                              "rows_per_cluster": launch.spec[2] if words and len(launch.spec) >= 4 else 1,
                              "load_bytes": (16 if launch.spec[3] else 4) if words and len(launch.spec) >= 4 else 4,
                              "x_shared": kind == "staged",
-                             "xs_rows": knobs["gemv_quant.x_shared_rows"], "xs_unroll": knobs["gemv_quant.x_shared_unroll"],
+                             "xs_rows": launch.spec[2] if kind == "staged" else knobs["gemv_quant.x_shared_rows"],
+                             "xs_unroll": knobs["gemv_quant.x_shared_unroll"],
                              "xs_groups": knobs["gemv_quant.x_shared_groups"], "xs_wg": knobs["gemv_quant.x_shared_wg"],
                              "bytes": nbytes, "us": us, "weight_copies": copies,
                              "gbps": gbps, "pct_copy": 100 * gbps / copy})
                 print(f"{us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy", flush=True)
+    doc = {"device": dev.name, "copy_gbps": copy, "cold": a.cold, "rows": rows}
+    if ablations:                           # the staged rows only, at the parent's shapes and knobs
+        doc["ablations"] = ablation.run_children(__file__, ablations, argv, ("--json", "--ablate", "--x-shared", "--formats"),
+                                                 ("--x-shared", "1", "--formats", ",".join(quant)),
+                                                 lambda line: line.startswith(("fp8", "fp4")))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"device": dev.name, "copy_gbps": copy, "cold": a.cold, "rows": rows}, f, indent=1)
+            json.dump(doc, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,14 @@ prints the split it got and the routes' x rows staged at a time: no split unless
     . .vkdev/enter.sh; python3 tools/bench_moe.py --formats fp4 --experts 65 --routes-per-token 7 \
         --x-shared 1 --xs-rows 1,2,4 --xs-unroll 1,2 --xs-split 1,2,4,8 --json $OUT/moe_split.json
 
+--ablate nodecode,nox,nofma,noload,nostage: after the table, the staged rows again (same formats and
+knobs, --cold) with a part of the staged kernels (SwiGLU and sum) removed, each in a child process
+(tools/ablation.py; the results are wrong on purpose, only the time is read), printed as
+`ablation NAME <row>`:
+
+    . .vkdev/enter.sh; python3 tools/bench_moe.py --cold --formats fp4 --experts 65 --routes-per-token 7 \
+        --x-shared 1 --xs-unroll 1 --ablate nodecode,nox,nofma,noload,nostage --json $OUT/moe_ablate.json
+
 --prefill T,T,...: MUL_MAT_ID over prefill chunks of T tokens instead (top-k = --routes-per-token − 1
 of --experts − 1 routed experts, uniformly random, and the shared expert), the per-route kernels
 (mul_mat_id.comp) beside the grouped ones (ops/moe_grouped.py: the routing sort, the grouped GEMM
@@ -51,9 +59,11 @@ import argparse
 import functools
 import itertools
 import json
+import sys
 
 import numpy as np
 
+import ablation
 from dsv4_vk.cli import floor as F
 from dsv4_vk.cli.bench import median_gpu_us
 from dsv4_vk.core.graph import Graph
@@ -65,6 +75,25 @@ from dsv4_vk.ops.moe_coopmat import expert_gemm, tiling as cm_tiling
 from dsv4_vk.ops.moe_grouped import tile_shape
 from dsv4_vk.ops.quant import QUANT, dequantize, quant_arrays
 from dsv4_vk.vk import default_device
+
+# --ablate: the staged kernels (mul_mat_id.comp -D X_SHARED, SwiGLU and sum; not their FP8 shared expert
+# beside FP4 ones) with a part removed, as tools/bench_gemv.py's GEMV_ABLATIONS: nodecode, nofma their
+# dot product of a uvec4 of codes (tools/ablation.py); nox: x from a register rather than shared
+# memory; noload: the code and scale words made from the step's index rather than loaded; nostage: x
+# not staged (no staging loops or their barriers).
+_ID = "mul_mat_id.comp"
+MOE_ABLATIONS = {
+    "nodecode": ablation.STAGED_DOT["nodecode"],
+    "nox": [(_ID, "xv[c] = xs[(XG) * XS + c * KU + j_];", "xv[c] = vec4(float(lane + c));")],
+    "nofma": ablation.STAGED_DOT["nofma"],
+    "noload": [(_ID, "W[i][u] = CODES[WB[i] / 4u + j_];", "W[i][u] = uvec4(j_, j_ ^ WB[i], j_ * 0x9E3779B9u, j_ + SB[i]);"),
+               (_ID, "S[i][u] = SCALES[(SB[i] + j_ / (QD_)) >> 2];", "S[i][u] = j_ ^ SB[i];")],
+    "nostage": [(_ID, "    float s2 = stage_x(p.x_off + t * p.x_s0 + rbase * p.x_s1, 0u, 1u, KU);\n", "    float s2 = 0.0;\n"),
+                (_ID, "    barrier();\n#if defined(NORM_X)\n    s2 = 0.0;\n", "#if defined(NORM_X)\n    s2 = 0.0;\n"),
+                (_ID, "    stage_x(p.x_off + t * p.x_s0, p.x_s1, min(XRG, p.R), KU);\n    barrier();\n", ""),
+                (_ID, "                barrier();\n                stage_x(p.x_off + t * p.x_s0 + r1 * p.x_s1, p.x_s1, "
+                      "min(XRG, p.R - r1), KU);\n                barrier();\n", "")],
+}
 
 
 def random_codes(fmt, E, N, K, rng):
@@ -273,7 +302,15 @@ def main(argv=None):
     ap.add_argument("--check-tokens", type=int, default=1, help="--prefill: tokens checked against float64 (the "
                     "last, then spread down to the first)")
     ap.add_argument("--json")
+    ablation.add_flags(ap, "--ablate", MOE_ABLATIONS, "the staged rows")
+    argv = sys.argv[1:] if argv is None else argv
     a = ap.parse_args(argv)
+    ablations = ablation.chosen("--ablate", a.ablate, a.ablation_child, MOE_ABLATIONS)
+    quant = [f for f in a.formats.split(",") if f != "bf16"]
+    if ablations and (a.prefill or not quant or 1 not in ints(a.x_shared)):
+        raise SystemExit("--ablate times the staged kernels' one-token rows again: it needs --formats fp4 and/or "
+                         f"fp8 and --x-shared 1 (or 0,1), no --prefill; got --formats {a.formats} --x-shared "
+                         f"{a.x_shared}{' --prefill ' + a.prefill if a.prefill else ''}")
     dev = default_device()
     rng = np.random.default_rng(0)
     E, R, D, Fd = a.experts, a.routes_per_token, a.d, a.f
@@ -327,10 +364,15 @@ def main(argv=None):
                              "bytes": nbytes,
                              "us": us, "gbps": gbps, "pct_copy": 100 * gbps / copy})
                 print(f"{us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy", flush=True)
+    doc = {"device": dev.name, "copy_gbps": copy, "cold": a.cold, "experts": E, "routes_per_token": R, "d": D, "f": Fd,
+           "prefill": a.prefill, "rows": rows}
+    if ablations:                           # the staged rows only, at the parent's widths and knobs
+        doc["ablations"] = ablation.run_children(__file__, ablations, argv, ("--json", "--ablate", "--x-shared", "--formats"),
+                                                 ("--x-shared", "1", "--formats", ",".join(quant)),
+                                                 lambda line: line.startswith(("fp4", "fp8")))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"device": dev.name, "copy_gbps": copy, "cold": a.cold, "experts": E, "routes_per_token": R, "d": D, "f": Fd,
-                       "prefill": a.prefill, "rows": rows}, f, indent=1)
+            json.dump(doc, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ from pathlib import Path
 
 import numpy as np
 
+import ablation
 from dsv4_vk.cli.floor import ClockWarmer, default_warm_ms
 from dsv4_vk.core.executor import Executor
 from dsv4_vk.core.graph import Graph
@@ -169,65 +170,14 @@ _STAGE = ("            [[unroll]] for (uint i = 0u; i < XR; ++i) "
           "stage(nb + (r0 + RS * i) * XS + KC * kc, xv[i] * xf[i]);\n"
           "            [[unroll]] for (uint i = 0u; i < WR; ++i) stage(nb + (BM + r0 + RS * i) * XS + KC * kc, "
           "W_STAGED(i, wv[i]));\n")
+_CM = "mul_mat_coopmat.comp"
 COOPMAT_ABLATIONS = {
-    "nomma": [("[[unroll]] for (uint i = 0u; i < TI; ++i) PART[i * TJ + j] = coopMatMulAddNV(a[i], b, PART[i * TJ + j]);",
+    "nomma": [(_CM, "[[unroll]] for (uint i = 0u; i < TI; ++i) PART[i * TJ + j] = coopMatMulAddNV(a[i], b, PART[i * TJ + j]);",
                "")],
-    "nostage": [(_LOOP_X, ""), (_LOOP_W, ""), (_STAGE, "")],
-    "noload": [(_LOOP_X, "        [[unroll]] for (uint i = 0u; i < XR; ++i) xv[i] = mat2x4(float(kn & 7u));\n"),
-               (_LOOP_W, "        [[unroll]] for (uint i = 0u; i < WR; ++i) wv[i] = W_CHUNK(kn & 7u);\n")],
+    "nostage": [(_CM, _LOOP_X, ""), (_CM, _LOOP_W, ""), (_CM, _STAGE, "")],
+    "noload": [(_CM, _LOOP_X, "        [[unroll]] for (uint i = 0u; i < XR; ++i) xv[i] = mat2x4(float(kn & 7u));\n"),
+               (_CM, _LOOP_W, "        [[unroll]] for (uint i = 0u; i < WR; ++i) wv[i] = W_CHUNK(kn & 7u);\n")],
 }
-
-
-def ablated_shaders(name, root=Path(__file__).resolve().parents[1] / "shaders"):
-    """A copy of shaders/ with COOPMAT_ABLATIONS[name] applied to mul_mat_coopmat.comp (each text found
-    exactly once, else SystemExit naming it); its directory."""
-    import shutil
-    import tempfile
-    tmp = Path(tempfile.mkdtemp()) / "shaders"
-    shutil.copytree(root, tmp)
-    path = tmp / "mul_mat_coopmat.comp"
-    source = path.read_text()
-    for text, replacement in COOPMAT_ABLATIONS[name]:
-        if source.count(text) != 1:
-            raise SystemExit(f"ablation {name}: mul_mat_coopmat.comp holds {text!r} {source.count(text)} times, "
-                             "not once; update the ablation to the current source")
-        source = source.replace(text, replacement)
-    path.write_text(source)
-    return tmp
-
-
-def run_ablations(args, argv):
-    """Each --coopmat-ablate ablation in a child process (the coopmat rows only, --ablate-tiles variants),
-    its lines printed after its name; {name: the child's --json document}."""
-    import subprocess
-    import tempfile
-    out = {}
-    keep = []
-    skip = False
-    for a in argv:                          # the parent's flags less those the children set themselves
-        if skip:
-            skip = False
-            continue
-        if a in ("--json", "--coopmat-tiles", "--coopmat-ablate", "--ablate-tiles"):
-            skip = True
-            continue
-        if a.split("=")[0] in ("--json", "--coopmat-tiles", "--coopmat-ablate", "--ablate-tiles"):
-            continue
-        keep.append(a)
-    for name in args.coopmat_ablate.split(","):
-        with tempfile.NamedTemporaryFile(suffix=".json") as f:
-            cmd = [sys.executable, __file__, *keep, "--no-torch", "--no-f32", "--ablation-child", name,
-                   "--coopmat-tiles", args.ablate_tiles, "--json", f.name]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-            for line in proc.stdout.splitlines():
-                if line.startswith("T="):
-                    print(f"ablation {name:8s} {line}", flush=True)
-            if proc.returncode:
-                print(f"ablation {name} FAILED: {proc.stderr[-1500:]}", flush=True)
-                out[name] = {"error": proc.stderr[-1500:]}
-            else:
-                out[name] = json.loads(Path(f.name).read_text())
-    return out
 
 
 def torch_gemm_ms(torch, x, w, dtype, warm_s, calls=20, rounds=5):
@@ -463,26 +413,16 @@ def main(argv=None):
     ap.add_argument("--no-torch", action="store_true", help="leave out torch.matmul")
     ap.add_argument("--no-f32", action="store_true", help="leave out the f32-lane kernel")
     ap.add_argument("--warm-ms", type=float, default=None, help="clock warm-up (default: 500 ms on GPUs, 0 on CPUs)")
-    ap.add_argument("--coopmat-ablate", default="", help="after the table, the coopmat kernel with parts removed, "
-                    "wrong on purpose (" + ",".join(COOPMAT_ABLATIONS) + ")")
+    ablation.add_flags(ap, "--coopmat-ablate", COOPMAT_ABLATIONS, "the coopmat kernel")
     ap.add_argument("--ablate-tiles", default="default", help="the coopmat variants the ablations run (as "
                     "--coopmat-tiles)")
-    ap.add_argument("--ablation-child", default="", help=argparse.SUPPRESS)
     ap.add_argument("--attention", action="store_true", help="the prefill attention table (cluster vs prefill kernel)")
     ap.add_argument("--attn-chunk", type=int, default=512, help="--attention: tokens of the chunk")
     ap.add_argument("--attn-positions", default="1024,4096", help="--attention: first positions of the chunk")
     ap.add_argument("--attn-variants", default="", help="--attention: prefill-kernel knob sets heads=H/tile=T/keys=K/literal=1,...")
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
-    unknown = sorted(set(filter(None, args.coopmat_ablate.split(","))) - set(COOPMAT_ABLATIONS))
-    if unknown:
-        raise SystemExit(f"--coopmat-ablate: unknown ablation(s) {unknown}; expected names from "
-                         f"{list(COOPMAT_ABLATIONS)}")
-    if args.ablation_child:                 # every shader compiled from here on is from the patched copy
-        from dsv4_vk.vk import shader
-        tmp = ablated_shaders(args.ablation_child)
-        shader.shader_dir = lambda: tmp
-        shader.SHADER_DIR = tmp
+    ablations = ablation.chosen("--coopmat-ablate", args.coopmat_ablate, args.ablation_child, COOPMAT_ABLATIONS)
     ex = Executor(timestamps=True)
     rng = np.random.default_rng(0)
     print(f"device: {ex.device.name} ({ex.device.caps.type}, subgroup {ex.device.subgroup_size})")
@@ -493,8 +433,10 @@ def main(argv=None):
         return 0
     if args.gemm:
         doc = {"device": ex.device.name, **gemm_table(ex, args, rng)}
-        if args.coopmat_ablate:
-            doc["ablations"] = run_ablations(args, argv)
+        if ablations:                       # the coopmat rows only, --ablate-tiles variants
+            doc["ablations"] = ablation.run_children(
+                __file__, ablations, argv, ("--json", "--coopmat-tiles", "--coopmat-ablate", "--ablate-tiles"),
+                ("--no-torch", "--no-f32", "--coopmat-tiles", args.ablate_tiles), lambda line: line.startswith("T="))
         if args.json:
             Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
         return 0

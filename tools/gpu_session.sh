@@ -23,6 +23,8 @@
 #             and the host-memory experts' tests at the device's subgroup size
 #   coldgemv / coldmoe  the one-token GEMV over FP8/FP4 weights and the FP4 experts with their staged
 #             kernels' knobs swept, weights read from device memory (--cold), as in the decode step
+#   ablatedec  the same staged kernels at their default knobs (cold) again with their code decode, x
+#             reads, products, code loads or x staging removed (--ablate): where their time goes
 #   fp8step   flash-1gpu in the published FP8/FP4 layout: the fused decode step dispatch by dispatch
 #             (--timeline) and the decode knobs side by side in the model
 #   flash43   V4-Flash's depth in the published layout beside BF16, with the decode folds on and off
@@ -81,6 +83,12 @@ for s in $steps; do
         coldmoe) step coldmoe 300 moe_cold_h200.txt python3 tools/bench_moe.py --cold --formats fp4 --experts 65 \
                      --routes-per-token 7 --x-shared 1 --xs-rows 1,2,4 --xs-unroll 1,2,4 --xs-groups 256,1024 \
                      --json "$r/moe_cold_h200.json" ;;
+        ablatedec) step ablatedec_gemv 300 gemv_ablate_h200.txt python3 tools/bench_gemv.py --cold --formats fp8,fp4 \
+                       --shapes wq_b,wo_a,wo_b --x-shared 1 --xs-rows -1 --ablate nodecode,nox,nofma,noload,nostage \
+                       --json "$r/gemv_ablate_h200.json"
+                   step ablatedec_moe 240 moe_ablate_h200.txt python3 tools/bench_moe.py --cold --formats fp4 \
+                       --experts 65 --routes-per-token 7 --x-shared 1 --xs-unroll 1 \
+                       --ablate nodecode,nox,nofma,noload,nostage --json "$r/moe_ablate_h200.json" ;;
         fp8step) step fp8step 420 model_fp8_step_h200.txt python3 tools/model_gpu_bench.py --preset flash-1gpu \
                      --dtype fp8 --skip unfused,multi,host --timeline --variants \
                      "mqa_merge=0;gate=0;gemv_xs_wg=64;gemv_xs_unroll=4;gemv_xs_rows=1;moe_xs_unroll=2;moe_xs_rows=1;moe_xs_groups=256" \
@@ -105,7 +113,7 @@ for s in $steps; do
                        --prefill-variants "moe_coopmat=1;moe_coopmat=1,mqa_coopmat=1" \
                        --out "$r/prefill_flash43_h200.json" ;;
         *) echo "unknown step $s (eval info floor bench library soak site model decode mix gemv moe hctests v4tests" \
-                "quanttests coldgemv coldmoe fp8step flash43 offload prefillk prefilla prefill prefill43)" \
+                "quanttests coldgemv coldmoe ablatedec fp8step flash43 offload prefillk prefilla prefill prefill43)" \
                >> "$summary" ;;
     esac
 done

@@ -1,0 +1,122 @@
+"""The benches' ablations (tools/ablation.py): each kernel timed again from a patched copy of shaders/.
+Every ablation's texts are found once in the current sources, the patched kernels compile and differ
+from the unpatched ones, the other kernels of the same shader stay as they are (the same SPIR-V), and
+the benches run their ablations in child processes (on lavapipe, tiny shapes)."""
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dsv4_vk.vk import shader
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+TOOLS = os.path.join(ROOT, "tools")
+
+
+@pytest.fixture
+def tools(monkeypatch):
+    """import NAME of tools/ (they import tools/ablation.py as the scripts they are do)."""
+    monkeypatch.syspath_prepend(TOOLS)
+    return importlib.import_module
+
+
+def staged(name):
+    """The declared -D X_SHARED variants of shaders/NAME.comp (at one lane layout: the ablations do not
+    touch the reductions)."""
+    return [dict(v) for v in shader.declared_variants(name)
+            if ("X_SHARED", "1") in v and not any(k.startswith("LANES_") for k, _ in v)]
+
+
+# (tool, its table, {shader: variants an ablation changes}, {shader: variants it must leave alone})
+GEMV = {"MODE_GEMV": 1, "VEC4": 1, "TB": 1}
+CASES = {
+    "bench_gemv": ("GEMV_ABLATIONS", lambda: {"mul_mat": staged("mul_mat")},
+                   {"mul_mat": [{**GEMV, "W_FP8": 1}, {**GEMV, "W_FP4": 1, "NORM_X": 1}]}),
+    "bench_moe": ("MOE_ABLATIONS", lambda: {"mul_mat_id": staged("mul_mat_id")},
+                  {"mul_mat_id": [{"MODE_SWIGLU": 1, "VEC4": 1, "W_FP4": 1, "NORM_X": 1},
+                                  {"MODE_SUM": 1, "ROUTES": 1, "VEC4": 1, "W_FP8": 1}],
+                   "mul_mat": [{**GEMV, "W_FP4": 1}]}),
+    "bench_primitives": ("COOPMAT_ABLATIONS", lambda: {"mul_mat_coopmat": [{"W_BF16": 1, "CM_NV": 1, "VEC8": 1}]},
+                         {"mul_mat": [{**GEMV, "W_FP8": 1}]}),
+}
+
+
+@pytest.mark.parametrize("tool", list(CASES))
+def test_ablations_change_their_kernels_only(tool, tools, monkeypatch, tmp_path):
+    ablation = tools("ablation")
+    table_name, changed, kept = CASES[tool]
+    table = getattr(tools(tool), table_name)
+    changed = changed()
+    assert all(changed.values()), changed
+    original = {(n, repr(d)): shader.compile_shader(n, d) for group in (changed, kept) for n, ds in group.items()
+                for d in ds}
+    for name, edits in table.items():
+        tmp = ablation.patched_shaders(name, edits, tmp_path / name)
+        with monkeypatch.context() as m:
+            m.setattr(shader, "shader_dir", lambda: tmp)
+            for n, ds in changed.items():
+                for d in ds:
+                    assert shader.compile_shader(n, d) != original[(n, repr(d))], (name, n, d)
+            for n, ds in kept.items():
+                for d in ds:
+                    assert shader.compile_shader(n, d) == original[(n, repr(d))], (name, n, d)
+
+
+def test_an_edit_that_no_longer_matches_names_its_file_and_text(tools, tmp_path):
+    ablation = tools("ablation")
+    with pytest.raises(SystemExit, match=r"ablation gone: weights.glsl holds 'no such line' 0 times, not once"):
+        ablation.patched_shaders("gone", [("weights.glsl", "no such line", "")], tmp_path)
+    with pytest.raises(SystemExit, match=r"mul_mat.comp holds 'barrier\(\);' \d+ times"):
+        ablation.patched_shaders("twice", [("mul_mat.comp", "barrier();", "")], tmp_path / "b")
+
+
+@pytest.mark.parametrize("tool, argv, why", [
+    ("bench_gemv", ["--ablate", "nox,bogus", "--formats", "fp8", "--x-shared", "1"],
+     r"--ablate: unknown ablation\(s\) \['bogus'\]; expected names from \['nodecode', 'nox', 'nofma', 'noload', 'nostage'\]"),
+    ("bench_gemv", ["--ablate", "nox", "--formats", "bf16,fp8"], r"needs --formats fp8 and/or fp4 and --x-shared 1"),
+    ("bench_moe", ["--ablate", "nostage,nomma", "--formats", "fp4", "--x-shared", "1"],
+     r"--ablate: unknown ablation\(s\) \['nomma'\]; expected names from \['nodecode', 'nox', 'nofma', 'noload', 'nostage'\]"),
+    ("bench_moe", ["--ablate", "nox", "--formats", "fp4", "--x-shared", "1", "--prefill", "16"], r"no --prefill"),
+    ("bench_primitives", ["--gemm", "--coopmat-ablate", "nox"],
+     r"--coopmat-ablate: unknown ablation\(s\) \['nox'\]; expected names from \['nomma', 'nostage', 'noload'\]"),
+])
+def test_bad_ablations_are_refused_before_the_device_starts(tool, argv, why, tools, monkeypatch):
+    module = tools(tool)
+    for where in ("default_device", "Executor"):
+        if hasattr(module, where):
+            monkeypatch.setattr(module, where, lambda *a, **k: pytest.fail("the device was started"))
+    with pytest.raises(SystemExit, match=why):
+        module.main(argv)
+
+
+@pytest.mark.parametrize("tool, argv, names", [
+    ("bench_gemv", ["--formats", "fp8", "--shapes", "wkv", "--x-shared", "0,1", "--xs-rows", "-1", "--spread", "0",
+                    "--unroll", "1"],
+     ["nodecode", "noload"]),
+    ("bench_moe", ["--formats", "bf16,fp4", "--experts", "3", "--routes-per-token", "2", "--d", "128", "--f", "64",
+                   "--x-shared", "0,1", "--unroll", "2", "--routes", "1", "--wg", "0", "--cold"], ["nox", "nostage"]),
+])
+def test_bench_ablate_dry_run(tool, argv, names, tmp_path):
+    """The ablations' rows: the parent's staged rows again (same knobs, --cold passed on), one child each."""
+    out = tmp_path / "out.json"
+    r = subprocess.run([sys.executable, f"tools/{tool}.py", *argv, "--replays", "1", "--repeat", "1", "--warm-ms", "0",
+                        "--ablate", ",".join(names), "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(out.read_text())
+    flag = "x_shared" if tool == "bench_gemv" else "staged"
+    parent = [row for row in doc["rows"] if row[flag]]
+    assert parent and len(parent) < len(doc["rows"])
+    if tool == "bench_gemv":                # --xs-rows -1: the knob's default, 1 row a cluster at wkv's N = 512
+        assert all(row["xs_rows"] == 1 for row in parent), parent
+    skip = {"us", "gbps", "pct_copy"}
+    assert list(doc["ablations"]) == names
+    for name in names:
+        child = doc["ablations"][name]
+        assert child["cold"] == doc["cold"], name
+        assert [{k: v for k, v in row.items() if k not in skip} for row in child["rows"]] == \
+               [{k: v for k, v in row.items() if k not in skip} for row in parent], name
+        assert sum(line.startswith(f"ablation {name} ") for line in r.stdout.splitlines()) == len(parent), r.stdout
