@@ -87,10 +87,10 @@ class Tokenizer:
         if not os.path.isfile(file):
             raise CheckpointError(f"{file}: not found; the text API needs the checkpoint's tokenizer.json "
                                   f"(a Hugging Face DeepSeek-V4 download has it)")
-        _read_json(file, True)                      # a JSON error names the line, which the library's does not
         try:
             hf = lib.Tokenizer.from_file(file)
         except Exception as e:                      # the library raises a bare Exception
+            _read_json(file, True)                  # JSON that does not parse: say where
             raise CheckpointError(f"{file}: not a tokenizer the `tokenizers` library reads ({e})") from None
 
         cfg_file = os.path.join(path, "tokenizer_config.json")
@@ -225,6 +225,7 @@ def chat_prompt(path: str | os.PathLike, messages: Sequence[Mapping[str, Any]], 
     encode = getattr(_load_encoder(file), "encode_messages", None)
     if not callable(encode):
         raise CheckpointError(f"{file}: has no encode_messages function")
+    # copies: the encoder may edit the messages it is given, the caller's stay as they are
     prompt = encode([dict(m) for m in messages], thinking_mode="thinking" if thinking else "chat")
     if not isinstance(prompt, str):
         raise CheckpointError(f"{file}: encode_messages returned {type(prompt).__name__}, not the prompt text")
