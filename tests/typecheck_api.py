@@ -8,7 +8,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 import dsv4_vk as dv
-from dsv4_vk.model import Model, SitePath
+from dsv4_vk.model import Model, SitePath, TextStream, Tokenizer, chat_prompt
 
 if TYPE_CHECKING:
     from typing_extensions import assert_type
@@ -71,3 +71,17 @@ def graphs_and_models(dev: dv.Device, model: Model) -> None:
     assert_type(Model.load("dir", expert_offload="auto", max_device_memory=1 << 30), Model)
     assert_type(Model.load("dir", expert_offload=False), Model)
     assert_type(Model.load("dir", expert_offload=2), Model)
+
+
+def text_in_text_out(model: Model) -> None:
+    tok = Tokenizer.from_dir("dir")
+    assert_type(tok.encode("hi", bos=False), list[int])
+    assert_type(tok.decode([1, 2]), str)
+    assert_type(tok.eos_ids, frozenset[int])
+    assert_type(tok.bos_id, int | None)
+    stream = tok.stream()
+    assert_type(stream, TextStream)
+    assert_type(stream.push(1) + stream.flush(), str)
+    assert_type(chat_prompt("dir", [{"role": "user", "content": "hi"}], thinking=True, trust_checkpoint_code=True), str)
+    for t in model.generate(tok.encode("hi"), 8, stop=tok.eos_ids):
+        assert_type(t, int)

@@ -1,5 +1,5 @@
 """The command line: `dsv4_vk <command>` (or `python -m dsv4_vk <command>`): info, eval, bench, demo,
-floor. Each command lives in its own module with a `main(argv)`; every command takes `--device`.
+generate, floor. Each command lives in its own module with a `main(argv)`; every command takes `--device`.
 An error is one `error:` line on stderr and a non-zero exit, never a traceback (`python -X dev -m
 dsv4_vk ...` shows the traceback)."""
 from __future__ import annotations
@@ -14,6 +14,7 @@ COMMANDS = {
     "eval": ("dsv4_vk.cli.eval", "correctness sweep: fused vs unfused vs float64 reference"),
     "bench": ("dsv4_vk.cli.bench", "speed of every case and path against the device floor"),
     "demo": ("dsv4_vk.cli.demo", "generate tokens with a small random model, fused vs unfused HC"),
+    "generate": ("dsv4_vk.cli.generate", "text in, text out with a Hugging Face DeepSeek-V4 model directory"),
     "floor": ("dsv4_vk.cli.floor", "the device baseline: dispatch latency, barrier cost, copy bandwidth"),
 }
 
@@ -59,7 +60,7 @@ def error_line(e: BaseException) -> str:
 
 def _usage() -> str:
     lines = [f"usage: {program()} [--version] [--device INDEX|NAME] {{{','.join(COMMANDS)}}} [options]", ""]
-    lines += [f"  {k:6s} {doc}" for k, (_, doc) in COMMANDS.items()]
+    lines += [f"  {k:8s} {doc}" for k, (_, doc) in COMMANDS.items()]
     lines += ["", f"`{program()} <command> --help` lists a command's options."]
     return "\n".join(lines)
 

@@ -1,10 +1,13 @@
 """DeepSeek-V4 on the Vulkan backend: config (config.json), checkpoints (Hugging Face model
-directories), the float64 reference, device graphs and the token-by-token runner (docs/model.md)."""
+directories), the float64 reference, device graphs, the token-by-token runner and text through the
+checkpoint's tokenizer (docs/model.md)."""
 from .checkpoint import CheckpointError, QuantWeight, load_hf, save_hf, tensor_shapes
 from .synthetic import random_weights, write_random
 from .config import ConfigError, V4Config
 from .reference import V4Reference
 from .runner import Model, Sampling, SitePath
+from .text import TextStream, Tokenizer, chat_prompt
 
-__all__ = ["CheckpointError", "ConfigError", "Model", "QuantWeight", "Sampling", "SitePath", "V4Config", "V4Reference",
-           "load_hf", "random_weights", "save_hf", "tensor_shapes", "write_random"]
+__all__ = ["CheckpointError", "ConfigError", "Model", "QuantWeight", "Sampling", "SitePath", "TextStream",
+           "Tokenizer", "V4Config", "V4Reference", "chat_prompt", "load_hf", "random_weights", "save_hf",
+           "tensor_shapes", "write_random"]
