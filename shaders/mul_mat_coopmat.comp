@@ -35,7 +35,7 @@
 //      1: a first dispatch (-D ROW_SCALES, below) wrote each tile's row shifts into the tile's own
 //         outputs; the workgroup reads them before it writes any output (only it writes its tile).
 //   2. per BK-deep k step, into buffer s % NBUF (spec constant 6) of shared memory: the step's
-//      chunks scaled, rounded to fp16 (packHalf2x16) and stored packed (X_HALF: x's as XH holds them),
+//      chunks scaled, rounded to fp16 (packHalf2x16) and stored packed (X_HALF: x's as xh holds them),
 //      rows of XS = BK + 8 halves (16-byte aligned, rows on distinct banks; k past K: 0), x rows then
 //      w rows. Each step: barrier;
 //      the next step's chunks loaded into registers (in flight during the products); each warp
@@ -80,15 +80,15 @@
 // X_HALF (spec constant 9, 0 or 1; with SCALES = 1 and VEC8 only, the launch sees to it): x rounded to
 //   fp16 once instead of by every output tile. The first pass, once it knows an x row's shift sx, reads
 //   the row again (from the cache: its 16 invocations scanned it just before) and writes it as
-//   packHalf2x16(x · 2^sx), 8 halves a uvec4, to XH[batch][t][k] (k contiguous, K / 8 uvec4s a row,
+//   packHalf2x16(x · 2^sx), 8 halves a uvec4, to xh[batch][t][k] (k contiguous, K / 8 uvec4s a row,
 //   batch = b0·ne1 + b1): the same f32 product and the same rounding the staging would apply. The main
 //   dispatch then stages each x chunk as that one uvec4, unchanged (16 bytes per 8 inputs instead of 32,
 //   no multiply or pack), and still reads x's row shifts from the tile's slots for the unscale; w's
 //   staging, the FP8 / FP4 paths, the epilogue and f32_dot (which reads the f32 x) are as without it,
 //   so the outputs are the same bit for bit. A specialization constant rather than a define: a branch on
-//   it costs no SPIR-V variant (the define would double the VEC8 ones); so every variant declares XH
+//   it costs no SPIR-V variant (the define would double the VEC8 ones); so every variant declares xh
 //   and every launch binds a buffer there (x itself where X_HALF is 0: never read).
-// Bindings: 0 x (f32), 1 w, 2 d (f32), 3 w's scale bytes (W_FP8 / W_FP4), then XH (3, or 4 with
+// Bindings: 0 x (f32), 1 w, 2 d (f32), 3 w's scale bytes (W_FP8 / W_FP4), then xh (3, or 4 with
 // quantised weights): X_HALF's fp16 x rows (written by ROW_SCALES, read by the main dispatch).
 // Spec constants: 0 workgroup size (NW·32; 256 with ROW_SCALES), 1 BM, 2 BN, 3 WM, 4 WN (multiples
 // of 16; BM % WM == BN % WN == 0), 5 BK (a multiple of 16; BK/KC divides NW·32 and RS divides BM and
@@ -253,7 +253,7 @@ float f32_dot(uint xb, uint wb) {               // Σ_k x · w in f32, w dequant
 
 #if defined(ROW_SCALES)
 const uint RL = 16u;                            // invocations a row
-const bool XH = X_HALF != 0u && KC == 8u;       // x's rows to XH as fp16 (VEC8 only)
+const bool XH = X_HALF != 0u && KC == 8u;       // x's rows to xh as fp16 (VEC8 only)
 shared uint rmx[256u / RL];
 #if defined(W_FOLD)
 shared uint rlo[256u / RL], rhi[256u / RL];     // FP4 w rows: their smallest and largest scale byte
@@ -302,7 +302,12 @@ void main() {
     if (XH && !is_w) {                          // the row again (cached), scaled and rounded as stage() would
         float f = pow2(int(s));
         uint hb = (b * p.T + r) * (p.K / 8u);
-        for (uint k = KC * lane; k < p.K; k += RL * KC) xh[hb + k / 8u] = pack_halves(x_chunk(rb, k) * f);
+        for (uint k = KC * lane; k < p.K; k += 4u * RL * KC) {   // 4 chunks in flight, as in the scan
+            mat2x4 v[4];
+            [[unroll]] for (uint j = 0u; j < 4u; ++j) v[j] = x_chunk(rb, k + j * RL * KC);
+            [[unroll]] for (uint j = 0u; j < 4u; ++j)
+                if (k + j * RL * KC < p.K) xh[hb + (k + j * RL * KC) / 8u] = pack_halves(v[j] * f);
+        }
     }
     // the tiles holding the row: lanes take them in turn
     uint n_tiles = (p.N + BN - 1u) / BN, t_tiles = (p.T + BM - 1u) / BM;
@@ -336,7 +341,7 @@ const uint STAGE8 = NBUF * BUF / 8u, SCRATCH8 = NW * 64u;
 shared uvec4 smem[STAGE8 > SCRATCH8 ? STAGE8 : SCRATCH8];
 shared uint mx[BM + BN];                        // rows' largest finite |value| (f32 bits)
 shared int sh[BM + BN];                         // rows' shifts: x rows 0..BM−1, then w rows
-const bool XH = X_HALF != 0u && KC == 8u && SCALES == 1u;   // x chunks from XH, as the first pass rounded them
+const bool XH = X_HALF != 0u && KC == 8u && SCALES == 1u;   // x chunks from xh, as the first pass rounded them
 
 #if defined(CM_NV)
 #define MAT_A fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
@@ -354,7 +359,7 @@ void stage(uint h, mat2x4 v) {                  // halves h .. h + KC − 1 (h a
     smem[h / 8u][(h / 2u) % 4u] = packHalf2x16(v[0].xy);
 #endif
 }
-// an x chunk: XH's 8 halves as they are, else the f32 values times the row's scale 2^sx
+// an x chunk: xh's 8 halves as they are, else the f32 values times the row's scale 2^sx
 uvec4 xh_chunk(uint hb, uint k) { return k < p.K ? xh[hb + k / 8u] : uvec4(0u); }
 void stage_x(uint h, mat2x4 v, uvec4 q, float f) {
     if (XH) smem[h / 8u] = q;

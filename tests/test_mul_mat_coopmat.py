@@ -776,7 +776,7 @@ def run_x_half_pair(build, feeds, knobs=X_HALF_TILES):
 def check_x_half(rng, knobs=X_HALF_TILES):
     """coopmat.x_half against the plain kernel (bit for bit) and float64 over bf16, f16, FP8 (block and fold)
     and FP4 weights: partial token and output tiles, K past a k step, x broadcast over a batch of weights."""
-    for T, K, N, dtype in ((37, 136, 50, "bf16"), (20, 64, 34, "f16"), (70, 264, 40, "bf16")):
+    for T, K, N, dtype in ((37, 136, 50, "bf16"), (20, 64, 34, "f16"), (70, 264, 40, "bf16"), (20, 1032, 34, "bf16")):
         x = rng.standard_normal((T, K)).astype(np.float32) * 3
         w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np_dtype(dtype))
         got = run_x_half_pair(lambda g: g.op("MUL_MAT", g.input("x", x.shape), g.const(w), kernel="coopmat_fma"),
@@ -848,7 +848,7 @@ def test_coopmat_fma_x_half_pass_writes_the_halves_every_run(rng):
     """The first pass writes x's rows as fp16 (bit for bit numpy's rounding of x · 2^shift) on every run: two
     MUL_MATs share the scratch (the second's rows over the first's), and a replay with other x still gives
     the right products, so halves left from an earlier node or run cannot pass."""
-    (T1, K1, N1), (T2, K2, N2) = (40, 96, 30), (21, 64, 35)
+    (T1, K1, N1), (T2, K2, N2) = (40, 1032, 30), (21, 64, 35)      # (K1: a row past 512 inputs, 4 chunks × 16 lanes)
     w1 = (rng.standard_normal((N1, K1)) / np.sqrt(K1)).astype(BF16)
     w2 = (rng.standard_normal((N2, K2)) / np.sqrt(K2)).astype(BF16)
     with tuned({**X_HALF_TILES, "coopmat.x_half": True}):
