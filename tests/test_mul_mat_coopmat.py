@@ -402,21 +402,24 @@ def test_coopmat_launch_takes_wide_loads_where_aligned(device):
         assert only.spec[6:] == (2, 0, 3)
 
 
-@pytest.mark.parametrize("chunk", [16, 32])
-def test_model_logits_on_the_tensor_core_path_match_transformers(chunk):
+@pytest.mark.parametrize("chunk, knobs", [(16, {}), (32, {}), (32, {"coopmat.scales": "pass", "coopmat.x_half": True})],
+                         ids=["16", "32", "32_x_half"])
+def test_model_logits_on_the_tensor_core_path_match_transformers(chunk, knobs):
     """The BF16 fixture model with every MUL_MAT of ≥ 16 tokens over its bf16 linears on the tensor-core
     path's data flow (coopmat.auto, and coopmat.emulate: coopmat_fma where there are no matrix units),
-    prompt chunks of 16 and 32 tokens: logits against transformers' at NMSE ≤ 1e-5 after the prefill
-    and every decode step (the issue's bound for it)."""
+    prompt chunks of 16 and 32 tokens, and with x rounded once by the first pass (coopmat.x_half, every
+    MUL_MAT sharing its scratch): logits against transformers' at NMSE ≤ 1e-5 after the prefill and
+    every decode step (the issue's bound for it)."""
     name = "bf16"
     from logits_check import logits_errors
     from test_model import fixture
     from dsv4_vk.model import Model
     cfg, w, e = fixture(name)
-    with tuned({"coopmat.emulate": True, "coopmat.auto": True}):
+    with tuned({"coopmat.emulate": True, "coopmat.auto": True, **knobs}):
         m = Model(cfg, w, prefill_chunk=chunk)
     details = " ".join(m.compiled("prefill").dispatch_details)
     assert "mul_mat_coopmat" in details and ("CM_NV" in details) == (coopmat_unavailable(m.device) is None)
+    assert details.count("X_HALF") == (details.count("mul_mat_coopmat") if knobs else 0)
     errs = logits_errors(m, e)
     assert max(errs) <= NMSE_MAX, f"{name}: NMSE per position {errs}"
 

@@ -56,7 +56,7 @@ class KernelChoice:
 def x_half_note(device, kernel: str, T: int, N: int | None, chunk: int) -> str:
     """What a tensor-core choice's reason adds about coopmat.x_half (x_half_refusal decides): nothing
     where the knob is off."""
-    why = x_half_refusal(device, kernel, T, N if N is not None else T, chunk)
+    why = x_half_refusal(device, kernel, T, N, chunk)
     if why is None:
         return "; x rounded to fp16 once, by the first pass (coopmat.x_half)"
     return "" if why == X_HALF_OFF else f"; coopmat.x_half not used: {why}"

@@ -187,11 +187,12 @@ def pass_fits(bm: int, bn: int, T: int, N: int) -> bool:
     return min(T - bm * ((T - 1) // bm), N - bn * ((N - 1) // bn)) >= 2
 
 
-def x_half_refusal(device, kernel: str, T: int, N: int, chunk: int) -> str | None:
+def x_half_refusal(device, kernel: str, T: int, N: int | None, chunk: int) -> str | None:
     """The one place that decides whether the tensor-core MUL_MAT of T tokens and N outputs, loading
     `chunk` inputs at once (coopmat_chunk), stages x from the fp16 rows its first pass rounded once
     (knob coopmat.x_half): None where it does, else why not (X_HALF_OFF where the knob is off). It
-    needs the first pass (coopmat.scales='pass', every tile 2 × 2 in range) and 8 inputs a load."""
+    needs the first pass (coopmat.scales='pass', every tile 2 × 2 in range; N None: not known, that
+    check left out) and 8 inputs a load."""
     if not x_half_on():
         return X_HALF_OFF
     if chunk != 8:
@@ -199,7 +200,7 @@ def x_half_refusal(device, kernel: str, T: int, N: int, chunk: int) -> str | Non
     spec = coopmat_spec(device, kernel, chunk)
     if not spec[7]:
         return "it needs the scales by a first pass (coopmat.scales='pass'), which writes the halves"
-    if not pass_fits(spec[1], spec[2], T, N):
+    if N is not None and not pass_fits(spec[1], spec[2], T, N):
         return "a tile with a single row or output in range takes the scales by tile, without the first pass"
     return None
 
