@@ -776,31 +776,35 @@ def run_x_half_pair(build, feeds, knobs=X_HALF_TILES):
     return on
 
 
-def check_x_half(rng, knobs=X_HALF_TILES):
+X_HALF_CASES = [(37, 136, 50, "bf16"), (20, 64, 34, "f16"), (70, 264, 40, "bf16"), (20, 1032, 34, "bf16")]
+X_HALF_QUANT_CASES = [("fp8", 37, 200, 264, {}), ("fp8", 20, 40, 256, FOLD), ("fp4", 40, 50, 264, {}),
+                      ("fp4", 17, 34, 96, {})]
+
+
+def check_x_half(rng, knobs=X_HALF_TILES, kernel="coopmat_fma", cases=X_HALF_CASES, quant_cases=X_HALF_QUANT_CASES):
     """coopmat.x_half against the plain kernel (bit for bit) and float64 over bf16, f16, FP8 (block and fold)
     and FP4 weights: partial token and output tiles, K past a k step, x broadcast over a batch of weights."""
-    for T, K, N, dtype in ((37, 136, 50, "bf16"), (20, 64, 34, "f16"), (70, 264, 40, "bf16"), (20, 1032, 34, "bf16")):
+    for T, K, N, dtype in cases:
         x = rng.standard_normal((T, K)).astype(np.float32) * 3
         w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np_dtype(dtype))
-        got = run_x_half_pair(lambda g: g.op("MUL_MAT", g.input("x", x.shape), g.const(w), kernel="coopmat_fma"),
+        got = run_x_half_pair(lambda g: g.op("MUL_MAT", g.input("x", x.shape), g.const(w), kernel=kernel),
                               {"x": x}, knobs)
-        check_against_both(got, x, w, ("x_half", T, K, N, dtype))
+        check_against_both(got, x, w, ("x_half", T, K, N, dtype), kernel)
     x = rng.standard_normal((19, 48)).astype(np.float32)
     w = (rng.standard_normal((2, 21, 48)) / 7).astype(BF16)         # x broadcast: each item's rows written
-    got = run_x_half_pair(lambda g: g.op("MUL_MAT", g.input("x", x.shape), g.const(w), kernel="coopmat_fma"),
+    got = run_x_half_pair(lambda g: g.op("MUL_MAT", g.input("x", x.shape), g.const(w), kernel=kernel),
                           {"x": x}, knobs)
-    check_against_both(got, np.broadcast_to(x, (2, 19, 48)), w, "x_half, x broadcast")
-    for fmt, T, N, K, extra in (("fp8", 37, 200, 264, {}), ("fp8", 20, 40, 256, FOLD), ("fp4", 40, 50, 264, {}),
-                                ("fp4", 17, 34, 96, {})):
+    check_against_both(got, np.broadcast_to(x, (2, 19, 48)), w, "x_half, x broadcast", kernel)
+    for fmt, T, N, K, extra in quant_cases:
         words, sw, w = quant_weights(rng, fmt, N, K)
         x = rng.standard_normal((T, K)).astype(np.float32) * 3
         got = run_x_half_pair(lambda g: g.op("MUL_MAT", g.input("x", x.shape), g.const(words), g.const(sw), wq=fmt,
-                                             kernel="coopmat_fma"), {"x": x}, {**knobs, **extra})
+                                             kernel=kernel), {"x": x}, {**knobs, **extra})
         exact = x.astype(np.float64) @ w.T
         what = ("x_half", fmt, T, N, K, extra)
         assert np.isfinite(got).all(), what
         assert nmse(got, exact) <= NMSE_MAX and max_abs(got, exact) <= 3e-3 * np.abs(exact).max(), what
-        assert nmse(got, fp16_quant_reference(x, w)) <= NMSE_FP16_MAX["coopmat_fma"], what
+        assert nmse(got, fp16_quant_reference(x, w)) <= NMSE_FP16_MAX[kernel], what
 
 
 @pytest.mark.parametrize("knobs", [X_HALF_TILES, {**SMALL_TILES, **PASS_2BUF},
@@ -809,6 +813,19 @@ def check_x_half(rng, knobs=X_HALF_TILES):
                          ids=["32x32_pass", "32x32_pass_2buf", "64x32_k64_pass_2buf"])
 def test_coopmat_fma_x_half_is_the_plain_kernel_bit_for_bit(rng, knobs):
     check_x_half(rng, knobs)
+
+
+def test_coopmat_x_half_on_the_matrix_units_or_their_fma_twin(device, rng):
+    """coopmat.x_half on the cooperative matrices where the device has them (bit for bit as without it: the
+    products see the same staged halves), there also at the model's widths with 128 × 128 tiles; else
+    on coopmat_fma at the small cases."""
+    units = not coopmat_unavailable(device)
+    kernel = "coopmat" if units else "coopmat_fma"
+    check_x_half(rng, X_HALF_TILES, kernel, X_HALF_CASES[:2], X_HALF_QUANT_CASES[:1])
+    if units:
+        check_x_half(rng, {**BIG_TILES, "coopmat.scales": "pass", "coopmat.k_step": 64}, kernel,
+                     [(512, 4096, 1024, "bf16"), (300, 1024, 520, "bf16")], [("fp8", 512, 1024, 4096, {}),
+                                                                           ("fp4", 300, 520, 4096, {})])
 
 
 def test_coopmat_fma_x_half_rows_past_fp16_inf_nan_and_views(rng):
