@@ -35,8 +35,9 @@
 //      1: a first dispatch (-D ROW_SCALES, below) wrote each tile's row shifts into the tile's own
 //         outputs; the workgroup reads them before it writes any output (only it writes its tile).
 //   2. per BK-deep k step, into buffer s % NBUF (spec constant 6) of shared memory: the step's
-//      chunks scaled, rounded to fp16 (packHalf2x16) and stored packed, rows of XS = BK + 8 halves
-//      (16-byte aligned, rows on distinct banks; k past K: 0), x rows then w rows. Each step: barrier;
+//      chunks scaled, rounded to fp16 (packHalf2x16) and stored packed (X_HALF: x's as xh holds them),
+//      rows of XS = BK + 8 halves (16-byte aligned, rows on distinct banks; k past K: 0), x rows then
+//      w rows. Each step: barrier;
 //      the next step's chunks loaded into registers (in flight during the products); each warp
 //      multiplies its 16 × 16 tiles BK/16 times; with one buffer a barrier; the next step's chunks
 //      stored (with two buffers into the other one, which no warp reads this step: one barrier a step).
@@ -76,9 +77,22 @@
 //   W_FP8 -D FP8_FOLD: FP8 as FP4 (W_FOLD): the shift 134 − smax over the row's grid row, the chunk
 //     staged as code · 2^(7 + s − smax) (≤ 448·2⁷ = 57344, normal where s ≥ smax − 12), rows spanning
 //     more flagged and summed by f32_dot; one accumulator set and no tile constraint (W_BLOCK otherwise).
+// X_HALF (spec constant 9, 0 or 1; with SCALES = 1 and VEC8 only, the launch sees to it): x rounded to
+//   fp16 once instead of by every output tile. The first pass, once it knows an x row's shift sx, reads
+//   the row again (from the cache: its 16 invocations scanned it just before) and writes it as
+//   packHalf2x16(x · 2^sx), 8 halves a uvec4, to xh[batch][t][k] (k contiguous, K / 8 uvec4s a row,
+//   batch = b0·ne1 + b1): the same f32 product and the same rounding the staging would apply. The main
+//   dispatch then stages each x chunk as that one uvec4, unchanged (16 bytes per 8 inputs instead of 32,
+//   no multiply or pack), and still reads x's row shifts from the tile's slots for the unscale; w's
+//   staging, the FP8 / FP4 paths, the epilogue and f32_dot (which reads the f32 x) are as without it,
+//   so the outputs are the same bit for bit. A specialization constant rather than a define: a branch on
+//   it costs no SPIR-V variant (the define would double the VEC8 ones); so every variant declares xh
+//   and every launch binds a buffer there (x itself where X_HALF is 0: never read).
+// Bindings: 0 x (f32), 1 w, 2 d (f32), 3 w's scale bytes (W_FP8 / W_FP4), then xh (3, or 4 with
+// quantised weights): X_HALF's fp16 x rows (written by ROW_SCALES, read by the main dispatch).
 // Spec constants: 0 workgroup size (NW·32; 256 with ROW_SCALES), 1 BM, 2 BN, 3 WM, 4 WN (multiples
 // of 16; BM % WM == BN % WN == 0), 5 BK (a multiple of 16; BK/KC divides NW·32 and RS divides BM and
-// BN), 6 NBUF (1 or 2), 7 SCALES (0 or 1), 8 GM (≥ 1).
+// BN), 6 NBUF (1 or 2), 7 SCALES (0 or 1), 8 GM (≥ 1), 9 X_HALF (0 or 1).
 // Push: as mul_mat.comp's (ne0, ne1, T, N, K, then offset and 4 strides of x, w, d).
 #include "common.glsl"
 #if defined(CM_NV)
@@ -107,6 +121,16 @@ layout(push_constant) uniform P {
 #if defined(VEC8) && !defined(W_QUANT)
 layout(binding = 1) readonly buffer W8 { uvec4 w128[]; };
 #endif
+#if defined(W_QUANT)
+#define XH_BINDING 4
+#else
+#define XH_BINDING 3
+#endif
+#if defined(ROW_SCALES)
+layout(binding = XH_BINDING) writeonly buffer XHalf { uvec4 xh[]; };    // x's rows · 2^sx as fp16 (X_HALF)
+#else
+layout(binding = XH_BINDING) readonly buffer XHalf { uvec4 xh[]; };
+#endif
 
 layout(constant_id = 1) const uint BM = 64;
 layout(constant_id = 2) const uint BN = 128;
@@ -116,6 +140,7 @@ layout(constant_id = 5) const uint BK = 32;
 layout(constant_id = 6) const uint NBUF = 1;
 layout(constant_id = 7) const uint SCALES = 0;
 layout(constant_id = 8) const uint GM = 1;
+layout(constant_id = 9) const uint X_HALF = 0;
 #if defined(VEC8)
 const uint KC = 8u;                             // consecutive k an invocation loads and stages
 #elif defined(VEC4)
@@ -137,6 +162,9 @@ mat2x4 x_chunk(uint xb, uint k) {
     return mat2x4(vec4(k < p.K ? x[xb + k * p.x_s3] : 0.0, k + 1u < p.K ? x[xb + (k + 1u) * p.x_s3] : 0.0, 0.0, 0.0),
                   vec4(0.0));
 #endif
+}
+uvec4 pack_halves(mat2x4 v) {                   // 8 values as fp16 (round to nearest even), k even low
+    return uvec4(packHalf2x16(v[0].xy), packHalf2x16(v[0].zw), packHalf2x16(v[1].xy), packHalf2x16(v[1].zw));
 }
 // w's chunks stay as loaded until they are staged (VEC8: the 16-bit values; quantised: the codes and,
 // FP4, the chunk's scale byte; a conversion right after the load would wait for it before the products
@@ -225,6 +253,7 @@ float f32_dot(uint xb, uint wb) {               // Σ_k x · w in f32, w dequant
 
 #if defined(ROW_SCALES)
 const uint RL = 16u;                            // invocations a row
+const bool XH = X_HALF != 0u && KC == 8u;       // x's rows to xh as fp16 (VEC8 only)
 shared uint rmx[256u / RL];
 #if defined(W_FOLD)
 shared uint rlo[256u / RL], rhi[256u / RL];     // FP4 w rows: their smallest and largest scale byte
@@ -270,6 +299,16 @@ void main() {
 #elif defined(W_FOLD)
     if (is_w) s = float(fold_shift(rlo[rl], rhi[rl]));
 #endif
+    if (XH && !is_w) {                          // the row again (cached), scaled and rounded as stage() would
+        float f = pow2(int(s));
+        uint hb = (b * p.T + r) * (p.K / 8u);
+        for (uint k = KC * lane; k < p.K; k += 4u * RL * KC) {   // 4 chunks in flight, as in the scan
+            mat2x4 v[4];
+            [[unroll]] for (uint j = 0u; j < 4u; ++j) v[j] = x_chunk(rb, k + j * RL * KC);
+            [[unroll]] for (uint j = 0u; j < 4u; ++j)
+                if (k + j * RL * KC < p.K) xh[hb + (k + j * RL * KC) / 8u] = pack_halves(v[j] * f);
+        }
+    }
     // the tiles holding the row: lanes take them in turn
     uint n_tiles = (p.N + BN - 1u) / BN, t_tiles = (p.T + BM - 1u) / BM;
     uint dbase = p.d_off + b0 * p.d_s0 + b1 * p.d_s1;
@@ -302,6 +341,7 @@ const uint STAGE8 = NBUF * BUF / 8u, SCRATCH8 = NW * 64u;
 shared uvec4 smem[STAGE8 > SCRATCH8 ? STAGE8 : SCRATCH8];
 shared uint mx[BM + BN];                        // rows' largest finite |value| (f32 bits)
 shared int sh[BM + BN];                         // rows' shifts: x rows 0..BM−1, then w rows
+const bool XH = X_HALF != 0u && KC == 8u && SCALES == 1u;   // x chunks from xh, as the first pass rounded them
 
 #if defined(CM_NV)
 #define MAT_A fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
@@ -310,7 +350,7 @@ shared int sh[BM + BN];                         // rows' shifts: x rows 0..BM−
 
 void stage(uint h, mat2x4 v) {                  // halves h .. h + KC − 1 (h a multiple of KC)
 #if defined(VEC8)
-    smem[h / 8u] = uvec4(packHalf2x16(v[0].xy), packHalf2x16(v[0].zw), packHalf2x16(v[1].xy), packHalf2x16(v[1].zw));
+    smem[h / 8u] = pack_halves(v);
 #elif defined(VEC4)
     uint q = (h / 2u) % 4u;
     smem[h / 8u][q] = packHalf2x16(v[0].xy);
@@ -318,6 +358,12 @@ void stage(uint h, mat2x4 v) {                  // halves h .. h + KC − 1 (h a
 #else
     smem[h / 8u][(h / 2u) % 4u] = packHalf2x16(v[0].xy);
 #endif
+}
+// an x chunk: xh's 8 halves as they are, else the f32 values times the row's scale 2^sx
+uvec4 xh_chunk(uint hb, uint k) { return k < p.K ? xh[hb + k / 8u] : uvec4(0u); }
+void stage_x(uint h, mat2x4 v, uvec4 q, float f) {
+    if (XH) smem[h / 8u] = q;
+    else stage(h, v * f);
 }
 #if !defined(CM_NV)
 vec2 staged_pair(uint i) { return unpackHalf2x16(smem[i / 4u][i % 4u]); }     // halves 2i, 2i + 1
@@ -346,11 +392,17 @@ void main() {
 
     uint kc = id % KP, r0 = id / KP;
     uint xb[XR], wb[WR], wsr[WR];               // rows' first element (w: word) and, FP4, first scale byte
+    uint hb[XR];                                // XH: the rows' first uvec4
     mat2x4 xv[XR];
+    uvec4 xq[XR];                               // XH: the x chunks as halves
     W_CHUNK wv[WR];
     [[unroll]] for (uint i = 0u; i < XR; ++i) {
         xb[i] = x_row(b0, b1, t0 + r0 + RS * i);
-        xv[i] = x_chunk(xb[i], KC * kc);
+        hb[i] = (r * p.T + min(t0 + r0 + RS * i, p.T - 1u)) * (p.K / 8u);
+        xv[i] = mat2x4(0.0);
+        xq[i] = uvec4(0u);
+        if (XH) xq[i] = xh_chunk(hb[i], KC * kc);
+        else xv[i] = x_chunk(xb[i], KC * kc);
     }
     [[unroll]] for (uint i = 0u; i < WR; ++i) {
         wb[i] = w_row(b0, b1, n0 + r0 + RS * i);
@@ -457,13 +509,13 @@ void main() {
     [[unroll]] for (uint i = 0u; i < WR; ++i) wf[i] = pow2(sh[BM + r0 + RS * i]);
 #define W_STAGED(i, u) (w_vals(u) * wf[i])
 #endif
-    [[unroll]] for (uint i = 0u; i < XR; ++i) stage((r0 + RS * i) * XS + KC * kc, xv[i] * xf[i]);
+    [[unroll]] for (uint i = 0u; i < XR; ++i) stage_x((r0 + RS * i) * XS + KC * kc, xv[i], xq[i], xf[i]);
     [[unroll]] for (uint i = 0u; i < WR; ++i) stage((BM + r0 + RS * i) * XS + KC * kc, W_STAGED(i, wv[i]));
     uint steps = (p.K + BK - 1u) / BK;
     for (uint s = 0u; s < steps; ++s) {
         barrier();
         uint kn = (s + 1u) * BK + KC * kc;      // the next step's chunks (0 past K)
-        [[unroll]] for (uint i = 0u; i < XR; ++i) xv[i] = x_chunk(xb[i], kn);
+        [[unroll]] for (uint i = 0u; i < XR; ++i) if (XH) xq[i] = xh_chunk(hb[i], kn); else xv[i] = x_chunk(xb[i], kn);
         [[unroll]] for (uint i = 0u; i < WR; ++i) wv[i] = w_chunk(wb[i], wsr[i], kn);
         uint base = (s % NBUF) * BUF;           // this step's buffer (halves)
 #if defined(CM_NV)
@@ -512,7 +564,7 @@ void main() {
         if (s + 1u < steps) {                   // uniform: the next step's chunks into its buffer
             if (NBUF == 1u) barrier();          // (one buffer: every warp done with this step)
             uint nb = ((s + 1u) % NBUF) * BUF;
-            [[unroll]] for (uint i = 0u; i < XR; ++i) stage(nb + (r0 + RS * i) * XS + KC * kc, xv[i] * xf[i]);
+            [[unroll]] for (uint i = 0u; i < XR; ++i) stage_x(nb + (r0 + RS * i) * XS + KC * kc, xv[i], xq[i], xf[i]);
             [[unroll]] for (uint i = 0u; i < WR; ++i) stage(nb + (BM + r0 + RS * i) * XS + KC * kc, W_STAGED(i, wv[i]));
         }
     }

@@ -76,6 +76,8 @@ def run_mul_mat(x, w, kernel, w_view=None, x_view=None):
 
 def check_against_both(got, x, w, what, kernel="coopmat_fma"):
     exact = np.matmul(np.asarray(x, np.float64), np.swapaxes(np.asarray(w, np.float64), -1, -2))
+    # (nmse and max_abs skip non-finite positions: inf / NaN where float64 has none fail here)
+    assert np.array_equal(np.isfinite(got), np.isfinite(exact)), f"{what}: {np.sum(~np.isfinite(got))} non-finite"
     e, e16 = nmse(got, exact), nmse(got, fp16_reference(x, w))
     assert e <= NMSE_MAX, f"{what}: NMSE {e:.2e} against float64"
     assert e16 <= NMSE_FP16_MAX[kernel], f"{what}: NMSE {e16:.2e} against the fp16-rounded rows"
@@ -117,14 +119,15 @@ def test_coopmat_fma_matches_float64(rng, tiles):
 
 @pytest.mark.parametrize("width, subgroup", [(128, 4), (512, 16)])
 def test_coopmat_fma_at_lavapipe_subgroup_size(device, width, subgroup):
-    """bf16 / f16 and FP8 / FP4 weights (at 8 lanes, lavapipe's default, the tests above).
+    """bf16 / f16 and FP8 / FP4 weights, and coopmat.x_half (at 8 lanes, lavapipe's default, the tests above).
     (LP_NATIVE_VECTOR_WIDTH sets lavapipe's subgroup size; another device keeps its own: nothing to run.)"""
     if "llvmpipe" not in device.name:
         pytest.skip(f"LP_NATIVE_VECTOR_WIDTH sets only lavapipe's subgroup size; the device is {device.name}")
     code = ("import sys, numpy as np; sys.path.insert(0, %r); import test_mul_mat_coopmat as t; "
             "from dsv4_vk.vk import default_device; assert default_device().subgroup_size == %d; "
             "[t.check_coopmat('coopmat_fma', np.random.default_rng(), t.CASES[:3], v) for v in t.VARIANTS[:2]]; "
-            "[t.check_quant_coopmat(np.random.default_rng(), knobs=v) for v in t.VARIANTS[:2]]"
+            "[t.check_quant_coopmat(np.random.default_rng(), knobs=v) for v in t.VARIANTS[:2]]; "
+            "t.check_x_half(np.random.default_rng())"
             % (HERE, subgroup))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "LP_NATIVE_VECTOR_WIDTH": str(width)})
@@ -399,23 +402,50 @@ def test_coopmat_launch_takes_wide_loads_where_aligned(device):
         assert only.spec[6:] == (2, 0, 3)
 
 
-@pytest.mark.parametrize("chunk", [16, 32])
-def test_model_logits_on_the_tensor_core_path_match_transformers(chunk):
+@pytest.mark.parametrize("chunk, knobs", [(16, {}), (32, {}), (32, {"coopmat.scales": "pass", "coopmat.x_half": True})],
+                         ids=["16", "32", "32_x_half"])
+def test_model_logits_on_the_tensor_core_path_match_transformers(chunk, knobs):
     """The BF16 fixture model with every MUL_MAT of ≥ 16 tokens over its bf16 linears on the tensor-core
     path's data flow (coopmat.auto, and coopmat.emulate: coopmat_fma where there are no matrix units),
-    prompt chunks of 16 and 32 tokens: logits against transformers' at NMSE ≤ 1e-5 after the prefill
-    and every decode step (the issue's bound for it)."""
+    prompt chunks of 16 and 32 tokens, and with x rounded once by the first pass (coopmat.x_half, every
+    MUL_MAT sharing its scratch): logits against transformers' at NMSE ≤ 1e-5 after the prefill and
+    every decode step (the issue's bound for it)."""
     name = "bf16"
     from logits_check import logits_errors
     from test_model import fixture
     from dsv4_vk.model import Model
     cfg, w, e = fixture(name)
-    with tuned({"coopmat.emulate": True, "coopmat.auto": True}):
+    with tuned({"coopmat.emulate": True, "coopmat.auto": True, **knobs}):
         m = Model(cfg, w, prefill_chunk=chunk)
     details = " ".join(m.compiled("prefill").dispatch_details)
     assert "mul_mat_coopmat" in details and ("CM_NV" in details) == (coopmat_unavailable(m.device) is None)
+    assert details.count("X_HALF") == (details.count("mul_mat_coopmat") if knobs else 0)
     errs = logits_errors(m, e)
     assert max(errs) <= NMSE_MAX, f"{name}: NMSE per position {errs}"
+
+
+def bench_primitives():
+    """tools/bench_primitives.py as a module."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_primitives", os.path.join(HERE, "..", "tools",
+                                                                                   "bench_primitives.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_bench_coopmat_tiles_seventh_field_is_x_half():
+    """--coopmat-tiles' seventh field sets coopmat.x_half (0 or 1, anything else refused), and the named set
+    `variants` holds the H200's default tiling with it beside the one without."""
+    bench = bench_primitives()
+    (_, off), (_, on) = bench.parse_tiles("128x128/64x32/64/1/pass/8/0,128x128/64x32/64/1/pass/8/1")
+    assert off["coopmat.x_half"] is False and on == {**off, "coopmat.x_half": True}
+    assert "coopmat.x_half" not in bench.parse_tiles("128x128/64x32/64/1/pass/8")[0][1]
+    names = [n for n, _ in bench.parse_tiles("variants")]
+    assert {"128x128/64x32/64/1/pass/8", "128x128/64x32/64/1/pass/8/1"} <= set(names)
+    for bad in ("128x128/64x32/64/1/pass/8/2", "128x128/64x32/64/1/pass/8/1/0"):
+        with pytest.raises(SystemExit, match="X_HALF"):
+            bench.parse_tiles(bad)
 
 
 # --- FP8-block and FP4-group weights -------------------------------------------------------------------
@@ -706,3 +736,209 @@ def test_coopmat_fp8_folded_scale_spread(rng, scales):
 def test_coopmat_fp8_scales_knob_checked(device):
     with tuned({"coopmat.fp8_scales": "row"}), pytest.raises(ValueError, match="'coopmat.fp8_scales' must be one of"):
         mul_mat.pick_kernel(device, 512, 4096, w_dtype="i32", quant="fp8")
+
+
+# --- coopmat.x_half: x rounded to fp16 once, by the first pass -------------------------------------------
+
+X_HALF_TILES = {**SMALL_TILES, "coopmat.scales": "pass"}
+
+
+def run_x_half_pair(build, feeds, knobs=X_HALF_TILES):
+    """The output of the graph build(g) -> y with coopmat.x_half off and on, which must be the same bit for
+    bit (the same fp16 rounding of the same scaled values, the same sums in the same order); the on run's
+    launches (its last node's) checked to take the halves."""
+    outs = []
+    for on in (False, True):
+        with tuned({**knobs, "coopmat.x_half": on}):
+            g = Graph()
+            g.output("y", build(g))
+            launches = g.nodes[-1].op.lower(g.nodes[-1], default_device())
+            assert [("X_HALF" in ln.defines) for ln in launches] == [on, on], launches
+            ex = Executor()
+            outs.append(ex.run(g, **feeds)["y"])
+            assert ex.last.check_guards() == []
+    off, on = outs
+    assert np.array_equal(off.view(np.uint32), on.view(np.uint32)), f"{np.sum(off != on)} outputs differ"
+    return on
+
+
+X_HALF_CASES = [(37, 136, 50, "bf16"), (20, 64, 34, "f16"), (70, 264, 40, "bf16"), (20, 1032, 34, "bf16")]
+X_HALF_QUANT_CASES = [("fp8", 37, 200, 264, {}), ("fp8", 20, 40, 256, FOLD), ("fp4", 40, 50, 264, {}),
+                      ("fp4", 17, 34, 96, {})]
+
+
+def check_x_half(rng, knobs=X_HALF_TILES, kernel="coopmat_fma", cases=X_HALF_CASES, quant_cases=X_HALF_QUANT_CASES):
+    """coopmat.x_half against the plain kernel (bit for bit) and float64 over bf16, f16, FP8 (block and fold)
+    and FP4 weights: partial token and output tiles, K past a k step, x broadcast over a batch of weights."""
+    for T, K, N, dtype in cases:
+        x = rng.standard_normal((T, K)).astype(np.float32) * 3
+        w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np_dtype(dtype))
+        got = run_x_half_pair(lambda g: g.op("MUL_MAT", g.input("x", x.shape), g.const(w), kernel=kernel),
+                              {"x": x}, knobs)
+        check_against_both(got, x, w, ("x_half", T, K, N, dtype), kernel)
+    x = rng.standard_normal((19, 48)).astype(np.float32)
+    w = (rng.standard_normal((2, 21, 48)) / 7).astype(BF16)         # x broadcast: each item's rows written
+    got = run_x_half_pair(lambda g: g.op("MUL_MAT", g.input("x", x.shape), g.const(w), kernel=kernel),
+                          {"x": x}, knobs)
+    check_against_both(got, np.broadcast_to(x, (2, 19, 48)), w, "x_half, x broadcast", kernel)
+    for fmt, T, N, K, extra in quant_cases:
+        words, sw, w = quant_weights(rng, fmt, N, K)
+        x = rng.standard_normal((T, K)).astype(np.float32) * 3
+        got = run_x_half_pair(lambda g: g.op("MUL_MAT", g.input("x", x.shape), g.const(words), g.const(sw), wq=fmt,
+                                             kernel=kernel), {"x": x}, {**knobs, **extra})
+        exact = x.astype(np.float64) @ w.T
+        what = ("x_half", fmt, T, N, K, extra)
+        assert np.isfinite(got).all(), what
+        assert nmse(got, exact) <= NMSE_MAX and max_abs(got, exact) <= 3e-3 * np.abs(exact).max(), what
+        assert nmse(got, fp16_quant_reference(x, w)) <= NMSE_FP16_MAX[kernel], what
+
+
+@pytest.mark.parametrize("knobs", [X_HALF_TILES, {**SMALL_TILES, **PASS_2BUF},
+                                   {"coopmat.tokens": 64, "coopmat.outputs": 32, "coopmat.warp_tokens": 32,
+                                    "coopmat.warp_outputs": 16, "coopmat.k_step": 64, **PASS_2BUF}],
+                         ids=["32x32_pass", "32x32_pass_2buf", "64x32_k64_pass_2buf"])
+def test_coopmat_fma_x_half_is_the_plain_kernel_bit_for_bit(rng, knobs):
+    check_x_half(rng, knobs)
+
+
+def test_coopmat_x_half_on_the_matrix_units_or_their_fma_twin(device, rng):
+    """coopmat.x_half on the cooperative matrices where the device has them (bit for bit as without it: the
+    products see the same staged halves), there also at the model's widths with 128 × 128 tiles; else
+    on coopmat_fma at the small cases."""
+    units = not coopmat_unavailable(device)
+    kernel = "coopmat" if units else "coopmat_fma"
+    check_x_half(rng, X_HALF_TILES, kernel, X_HALF_CASES[:2], X_HALF_QUANT_CASES[:1])
+    if units:
+        check_x_half(rng, {**BIG_TILES, "coopmat.scales": "pass", "coopmat.k_step": 64}, kernel,
+                     [(512, 4096, 1024, "bf16"), (300, 1024, 520, "bf16")], [("fp8", 512, 1024, 4096, {}),
+                                                                           ("fp4", 300, 520, 4096, {})])
+
+
+def test_coopmat_fma_x_half_rows_past_fp16_inf_nan_and_views(rng):
+    """coopmat.x_half bit for bit as without it where x rows are scaled 1e20 and 1e-20 (and w rows past fp16's
+    range), with inf and NaN in x, and over batched and offset views; each checked against float64."""
+    x, w = range_inputs(rng)
+    got = run_x_half_pair(lambda g: g.op("MUL_MAT", g.input("x", x.shape), g.const(w), kernel="coopmat_fma"),
+                          {"x": x})
+    exact = x.astype(np.float64) @ w.astype(np.float64).T
+    scale = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T
+    assert np.isfinite(got).all() and (np.abs(got - exact) / scale).max() <= 2e-3
+    assert nmse(got / scale, exact / scale) <= NMSE_MAX
+    T, K, N = 18, 40, 20
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(BF16)
+    x[3, 5], x[7, 0], x[9, 39] = np.inf, np.nan, -np.inf
+    w[4, 5] = 0
+    got = run_x_half_pair(lambda g: g.op("MUL_MAT", g.input("x", x.shape), g.const(w), kernel="coopmat_fma"),
+                          {"x": x})
+    with np.errstate(invalid="ignore"):
+        ref = x.astype(np.float64) @ w.astype(np.float64).T
+    assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.array_equal(np.isinf(got), np.isinf(ref))
+    fin = np.isfinite(ref).all(axis=1)
+    assert nmse(got[fin], ref[fin]) <= NMSE_MAX
+    B, T, K, N = 2, 21, 40, 19
+    x = rng.standard_normal((B, 3, T, K)).astype(np.float32)
+    w = (rng.standard_normal((1, 3, N + 2, K)) / np.sqrt(K)).astype(BF16)
+    got = run_x_half_pair(lambda g: g.op("MUL_MAT", g.input("x", x.shape), g.const(w)[:, :, 1:N + 1],
+                                         kernel="coopmat_fma"), {"x": x}, {**SMALL_TILES, **PASS_2BUF})
+    check_against_both(got, x, np.broadcast_to(w[:, :, 1:N + 1], (B, 3, N, K)), "x_half batched")
+
+
+def fp16_rows(x):
+    """x's rows as the first pass writes them for coopmat.x_half: x · 2^shift in f32, rounded to fp16."""
+    x = np.asarray(x, np.float32)
+    return (x * np.exp2(row_shifts(x)).astype(np.float32)[..., None]).astype(np.float16)
+
+
+def test_coopmat_fma_x_half_pass_writes_the_halves_every_run(rng):
+    """The first pass writes x's rows as fp16 (bit for bit numpy's rounding of x · 2^shift) on every run: two
+    MUL_MATs share the scratch (the second's rows over the first's), and a replay with other x still gives
+    the right products, so halves left from an earlier node or run cannot pass."""
+    (T1, K1, N1), (T2, K2, N2) = (40, 1032, 30), (21, 64, 35)      # (K1: a row past 512 inputs, 4 chunks × 16 lanes)
+    w1 = (rng.standard_normal((N1, K1)) / np.sqrt(K1)).astype(BF16)
+    w2 = (rng.standard_normal((N2, K2)) / np.sqrt(K2)).astype(BF16)
+    with tuned({**X_HALF_TILES, "coopmat.x_half": True}):
+        g = Graph()
+        g.output("y1", g.op("MUL_MAT", g.input("x1", (T1, K1)), g.const(w1), kernel="coopmat_fma"))
+        g.output("y2", g.op("MUL_MAT", g.input("x2", (T2, K2)), g.const(w2), kernel="coopmat_fma"))
+        g.output("halves", g.scratch(mul_mat_coopmat.X_HALF_POOL))
+        prog = g.compile()
+    for _ in range(2):
+        x1 = rng.standard_normal((T1, K1)).astype(np.float32) * rng.uniform(0.1, 100)
+        x2 = rng.standard_normal((T2, K2)).astype(np.float32) * rng.uniform(0.1, 100)
+        out = prog.run(x1=x1, x2=x2)
+        halves = out["halves"].view(np.float16)
+        assert halves.size == T1 * K1
+        assert np.array_equal(halves[:T2 * K2].view(np.uint16), fp16_rows(x2).ravel().view(np.uint16))
+        assert np.array_equal(halves[T2 * K2:].view(np.uint16), fp16_rows(x1).ravel()[T2 * K2:].view(np.uint16))
+        check_against_both(out["y1"], x1, w1, "x_half, first")
+        check_against_both(out["y2"], x2, w2, "x_half, second over the first's halves")
+
+
+def test_coopmat_fma_x_half_stages_from_the_halves(rng, monkeypatch):
+    """With coopmat.x_half the multiplying dispatch takes x from the halves: given NaN for x itself it still
+    gives the products (the first pass read the real x); without the knob the same swap gives NaN."""
+    T, K, N = 37, 72, 40
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(BF16)
+    lower = mul_mat.MulMat.lower
+    nan_x = {}
+
+    def lower_with_nan_x(self, node, device):
+        first, main = lower(self, node, device)
+        return [first, dataclasses.replace(main, args=[nan_x["t"], *main.args[1:]])]
+    monkeypatch.setattr(mul_mat.MulMat, "lower", lower_with_nan_x)
+    for on in (True, False):
+        with tuned({**X_HALF_TILES, "coopmat.x_half": on}):
+            g = Graph()
+            nan_x["t"] = g.const(np.full((T, K), np.nan, np.float32))
+            g.output("y", g.op("MUL_MAT", g.input("x", (T, K)), g.const(w), kernel="coopmat_fma"))
+            got = Executor().run(g, x=x)["y"]
+        if on:
+            check_against_both(got, x, w, "x_half from the halves")
+        else:
+            assert np.isnan(got).all()
+
+
+def test_coopmat_x_half_knob_and_where_it_does_not_apply(device, rng, monkeypatch):
+    """coopmat.x_half must be a bool (refused naming it); with 4 or 2 inputs a load (K % 8 != 0), scales by
+    tile or a tile of a single row the kernel runs as without it, bit for bit, asks for no scratch, and the
+    reason says why; where it applies the reason says so."""
+    with tuned({"coopmat.x_half": 1}), pytest.raises(ValueError, match="'coopmat.x_half' must be True or False, "
+                                                                          "got 1"):
+        g = Graph()
+        g.op("MUL_MAT", g.input("x", (32, 64)), g.input("w", (16, 64), "bf16"), kernel="coopmat_fma")
+    for T, K, N, knobs in ((37, 68, 50, X_HALF_TILES), (37, 70, 50, X_HALF_TILES),
+                           (37, 64, 50, SMALL_TILES), (33, 64, 50, X_HALF_TILES)):
+        x = rng.standard_normal((T, K)).astype(np.float32)
+        w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(BF16)
+        outs = []
+        for on in (False, True):
+            with tuned({**knobs, "coopmat.x_half": on}):
+                g = Graph()
+                g.output("y", g.op("MUL_MAT", g.input("x", x.shape), g.const(w), kernel="coopmat_fma"))
+                assert not any("X_HALF" in ln.defines for ln in g.nodes[0].op.lower(g.nodes[0], device))
+                reason = mul_mat.node_kernel(g.nodes[0], device).reason
+                if K % 8:
+                    assert reason == "asked for" if not on else reason == (
+                        "asked for; coopmat.x_half not used: it needs 8 inputs a load (K % 8 == 0, x and weight "
+                        "rows 16-byte aligned)"), reason
+                    with pytest.raises(ValueError, match="no op of this graph asked for scratch pool"):
+                        g.scratch(mul_mat_coopmat.X_HALF_POOL)
+                elif on:
+                    assert ("coopmat.scales='pass'" in reason if knobs is SMALL_TILES else
+                            "a tile with a single row" in reason), reason
+                outs.append(Executor().run(g, x=x)["y"])
+        assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)), (T, K, N)
+        check_against_both(outs[1], x, w, ("x_half unused", T, K, N))
+    with_matrix_units(device, monkeypatch)
+    limits = dataclasses.replace(device.caps.limits, max_workgroup_invocations=1024, max_shared_memory=48 * 1024,
+                                 max_workgroup_size=(1024,) + device.caps.limits.max_workgroup_size[1:])
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, limits=limits))
+    with tuned({"coopmat.x_half": True}):           # the H200's tiling: scales by a first pass
+        c = mul_mat.pick_kernel(device, 512, 4096, w_dtype="bf16")
+        assert c.kernel == "coopmat" and c.reason.endswith(
+            "B of shared memory); x rounded to fp16 once, by the first pass (coopmat.x_half)"), c
+        assert "x_half not used: it needs 8 inputs a load" in mul_mat.pick_kernel(device, 512, 4096, w_dtype="bf16",
+                                                                                   chunk=4).reason
+    assert "x_half" not in mul_mat.pick_kernel(device, 512, 4096, w_dtype="bf16").reason     # off: no word of it

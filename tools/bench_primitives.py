@@ -15,7 +15,7 @@ back, median of rounds), each after a --warm-ms clock warm-up, in TFLOPS and as 
 Each kernel's result is checked against float64 on --check-rows rows (NMSE; the quantised weights'
 float64 dequantisation). --coopmat-tiles variants measures each variant of the
 kernel (tiles, k step, staging buffers, scales by workgroup or by a first pass, whose own time is
-shown beside it).
+shown beside it, x rounded to fp16 once by that pass: a seventh field 1, knob coopmat.x_half).
 
     . .vkdev/enter.sh; export PYTHONPATH=$PWD:$PYTHONPATH
     python3 tools/bench_primitives.py --gemm --json $OUT/gemm_h200.json | tee $OUT/gemm_h200.txt
@@ -130,15 +130,16 @@ def parse_pairs(text, what):
 
 # --coopmat-tiles variants: the kernel's variants side by side (scales by each workgroup or by a first
 # pass, one or two staging buffers, 64 × 128 to 128 × 256 tiles, k steps of 32 and 64, workgroups in
-# groups of 8 token tiles)
+# groups of 8 token tiles, x rounded to fp16 once by the first pass: coopmat.x_half)
 COOPMAT_VARIANTS = ("default,64x128/32x64/32/1/pass,64x128/32x64/32/2/pass,128x128/64x32/32/1/pass,"
                     "128x128/64x32/32/2/pass,128x128/64x32/32/2/pass/8,128x128/64x64/32/2/pass/8,"
-                    "128x256/64x64/32/1/pass/8,128x128/64x32/64/1/pass/8")
+                    "128x256/64x64/32/1/pass/8,128x128/64x32/64/1/pass/8,128x128/64x32/64/1/pass/8/1")
+TILE_FIELDS = "BMxBN/WMxWN[/BK[/BUFFERS[/SCALES[/GROUP[/X_HALF]]]]]"
 
 
 def parse_tiles(text):
-    """--coopmat-tiles "BMxBN/WMxWN[/BK[/BUFFERS[/SCALES[/GROUP]]]],...": knob overrides for each variant
-    ("default": the knobs'; "variants": COOPMAT_VARIANTS)."""
+    """--coopmat-tiles "BMxBN/WMxWN[/BK[/BUFFERS[/SCALES[/GROUP[/X_HALF]]]]],...": knob overrides for each
+    variant (X_HALF 0 or 1: coopmat.x_half; "default": the knobs'; "variants": COOPMAT_VARIANTS)."""
     out = []
     for item in text.replace("variants", COOPMAT_VARIANTS).split(","):
         if item == "default":
@@ -152,9 +153,13 @@ def parse_tiles(text):
             for key, value in zip(("k_step", "buffers", "scales", "group"), parts[2:6]):
                 knobs[f"coopmat.{key}"] = value if key == "scales" else int(value)
             if len(parts) > 6:
+                if parts[6] not in ("0", "1"):
+                    raise ValueError
+                knobs["coopmat.x_half"] = parts[6] == "1"
+            if len(parts) > 7:
                 raise ValueError
         except ValueError:
-            raise SystemExit("--coopmat-tiles: expected BMxBN/WMxWN[/BK[/BUFFERS[/SCALES[/GROUP]]]] or default, "
+            raise SystemExit(f"--coopmat-tiles: expected {TILE_FIELDS} (X_HALF 0 or 1) or default, "
                              f"got {item!r}") from None
         out.append((item, knobs))
     return out
@@ -164,10 +169,11 @@ def parse_tiles(text):
 # each in a child process whose shaders/ is a patched copy: nomma (no matrix products: loads, staging and
 # barriers), nostage (the k steps' chunks neither loaded nor staged: products and barriers), noload (the
 # chunks staged from a constant: products, staging and barriers without the global loads)
-_LOOP_X = "        [[unroll]] for (uint i = 0u; i < XR; ++i) xv[i] = x_chunk(xb[i], kn);\n"
+_LOOP_X = ("        [[unroll]] for (uint i = 0u; i < XR; ++i) if (XH) xq[i] = xh_chunk(hb[i], kn); "
+           "else xv[i] = x_chunk(xb[i], kn);\n")
 _LOOP_W = "        [[unroll]] for (uint i = 0u; i < WR; ++i) wv[i] = w_chunk(wb[i], wsr[i], kn);\n"
 _STAGE = ("            [[unroll]] for (uint i = 0u; i < XR; ++i) "
-          "stage(nb + (r0 + RS * i) * XS + KC * kc, xv[i] * xf[i]);\n"
+          "stage_x(nb + (r0 + RS * i) * XS + KC * kc, xv[i], xq[i], xf[i]);\n"
           "            [[unroll]] for (uint i = 0u; i < WR; ++i) stage(nb + (BM + r0 + RS * i) * XS + KC * kc, "
           "W_STAGED(i, wv[i]));\n")
 _CM = "mul_mat_coopmat.comp"
@@ -175,7 +181,8 @@ COOPMAT_ABLATIONS = {
     "nomma": [(_CM, "[[unroll]] for (uint i = 0u; i < TI; ++i) PART[i * TJ + j] = coopMatMulAddNV(a[i], b, PART[i * TJ + j]);",
                "")],
     "nostage": [(_CM, _LOOP_X, ""), (_CM, _LOOP_W, ""), (_CM, _STAGE, "")],
-    "noload": [(_CM, _LOOP_X, "        [[unroll]] for (uint i = 0u; i < XR; ++i) xv[i] = mat2x4(float(kn & 7u));\n"),
+    "noload": [(_CM, _LOOP_X, "        [[unroll]] for (uint i = 0u; i < XR; ++i) { xv[i] = mat2x4(float(kn & 7u)); "
+                              "xq[i] = uvec4(kn & 7u); }\n"),
                (_CM, _LOOP_W, "        [[unroll]] for (uint i = 0u; i < WR; ++i) wv[i] = W_CHUNK(kn & 7u);\n")],
 }
 
@@ -407,7 +414,7 @@ def main(argv=None):
     ap.add_argument("--torch-dtypes", default=",".join(TORCH_DTYPES), help="torch.matmul's precisions, of "
                     + ",".join(TORCH_DTYPES))
     ap.add_argument("--coopmat-tiles", default="default",
-                    help="variants of the coopmat kernel, BMxBN/WMxWN[/BK[/BUFFERS[/SCALES[/GROUP]]]],..., "
+                    help=f"variants of the coopmat kernel, {TILE_FIELDS},..., "
                          "default (the knobs') or variants (" + COOPMAT_VARIANTS + ")")
     ap.add_argument("--check-rows", type=int, default=64, help="rows of each result checked against float64")
     ap.add_argument("--no-torch", action="store_true", help="leave out torch.matmul")

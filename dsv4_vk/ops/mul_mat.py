@@ -27,8 +27,8 @@ from ..core.tuning import knob_table
 from .base import (Launch, OpDef, broadcast_shapes, coopmat_unavailable, check_finite, check_params, cluster_lanes,
                    expect, grid_1d, is_cpu, next_pow2, nonempty, register, tensor_fields, unit_last, weight_defines,
                    workgroup_cluster_max, WEIGHT_DTYPES)
-from .mul_mat_coopmat import (COOPMAT, COOPMAT_DTYPES, coopmat_launches, coopmat_tiling,
-                              coopmat_weight_refusal)
+from .mul_mat_coopmat import (COOPMAT, COOPMAT_DTYPES, X_HALF_OFF, coopmat_chunk, coopmat_launches,
+                              coopmat_tiling, coopmat_weight_refusal, x_half_refusal, x_half_scratch)
 from .quant import QUANT, QuantFormat, check_quant, dequantize, quant_fields
 from .reduce_rows import reference_rms_norm
 
@@ -53,15 +53,26 @@ class KernelChoice:
     reason: str
 
 
+def x_half_note(device, kernel: str, T: int, N: int | None, chunk: int) -> str:
+    """What a tensor-core choice's reason adds about coopmat.x_half (x_half_refusal decides): nothing
+    where the knob is off."""
+    why = x_half_refusal(device, kernel, T, N, chunk)
+    if why is None:
+        return "; x rounded to fp16 once, by the first pass (coopmat.x_half)"
+    return "" if why == X_HALF_OFF else f"; coopmat.x_half not used: {why}"
+
+
 def pick_kernel(device, T, N=None, kernel="auto", w_dtype="f32", quant=False, norm=False,
-                refusal: str | None = None) -> KernelChoice:
+                refusal: str | None = None, chunk: int = 8) -> KernelChoice:
     """The one place that decides which kernel a MUL_MAT of T tokens and N outputs gets: the GEMV
     with a folded norm; the tensor-core kernel for T ≥ coopmat.min_tokens where the device has the
     cooperative-matrix shape (coopmat_unavailable), coopmat.auto is on and the weights suit it (bf16,
     f16, FP8 or FP4: `quant` the format's name; `refusal`, from coopmat_weight_refusal, says why
     not); coopmat.emulate: coopmat_fma where the device has no matrix units; else the f32 kernels
     by device type and T. `kernel` forces one (coopmat* only over weights it takes, "coopmat" only
-    where the device runs it: ValueError naming what is missing)."""
+    where the device runs it: ValueError naming what is missing). `chunk`: the inputs the tensor-core
+    kernel would load at once (coopmat_chunk; 8 for aligned rows of K % 8 == 0), for what the reason
+    says of coopmat.x_half."""
     what = (f"{quant.upper()} " if isinstance(quant, str) else "quantised " if quant else f"{w_dtype} ") + "weights"
     if refusal is None and not quant:
         refusal = coopmat_weight_refusal(device, w_dtype)
@@ -76,7 +87,7 @@ def pick_kernel(device, T, N=None, kernel="auto", w_dtype="f32", quant=False, no
         if why:
             raise ValueError(f"MUL_MAT kernel='coopmat' cannot run on {device.name}: {why} (kernel='coopmat_fma' "
                              "forms the same products with FMA)")
-        return KernelChoice(kernel, "asked for")
+        return KernelChoice(kernel, "asked for" + x_half_note(device, kernel, T, N, chunk))
     reason = "asked for"
     if kernel == "auto":
         if T >= COOPMAT["min_tokens"] and not refusal:
@@ -85,12 +96,12 @@ def pick_kernel(device, T, N=None, kernel="auto", w_dtype="f32", quant=False, no
                 t = coopmat_tiling(device)
                 return KernelChoice("coopmat", f"matrix units: T ≥ {COOPMAT['min_tokens']} over {what}, tiles "
                                                f"{t['tokens']} × {t['outputs']} ({device.caps.limits.max_shared_memory}"
-                                               f" B of shared memory)")
+                                               f" B of shared memory)" + x_half_note(device, "coopmat", T, N, chunk))
             if why is None:
                 why = "coopmat.auto is off (kernel='coopmat' takes the matrix units)"
             elif COOPMAT["emulate"]:
                 return KernelChoice("coopmat_fma", f"the matrix units' data flow with FMA products (coopmat.emulate; "
-                                                   f"{why})")
+                                                   f"{why})" + x_half_note(device, "coopmat_fma", T, N, chunk))
             reason = f"f32 lanes, since {why}"
         elif T >= COOPMAT["min_tokens"]:
             reason = f"f32 lanes: {refusal}"
@@ -114,13 +125,14 @@ def node_kernel(node, device) -> KernelChoice:
     inputs = node.inputs[:-1] if fmt else node.inputs
     T, N = node.output.shape[-2:]
     refusal = None
+    batch = node.output.shape[:-2]
+    w = inputs[1].broadcast_to(batch + (N, inputs[1].shape[-1]))
     if fmt is not None:
-        batch = node.output.shape[:-2]
-        w = inputs[1].broadcast_to(batch + (N, inputs[1].shape[-1]))
         refusal = coopmat_weight_refusal(device, "i32", fmt, w, N,
                                          node.params.get("grid_rows", int(np.prod(inputs[1].shape[:-1]))))
+    chunk = coopmat_chunk(inputs[0], w, inputs[0].shape[-1], fmt)
     return pick_kernel(device, T, N, node.params.get("kernel", "auto"), "i32" if fmt else inputs[1].dtype,
-                       quant=fmt.name if fmt else False, norm=len(inputs) == 3, refusal=refusal)
+                       quant=fmt.name if fmt else False, norm=len(inputs) == 3, refusal=refusal, chunk=chunk)
 
 
 def describe(device) -> dict:
@@ -320,6 +332,21 @@ class MulMat(OpDef):
                              f"input 1 (w) {w.shape} has K={w.shape[-1]}")
         batch = broadcast_shapes(self.name, x.shape[:-2], w.shape[:-2])
         return batch + (x.shape[-2], w.shape[-2]), "f32"
+
+    def scratch(self, inputs, params):
+        """coopmat.x_half's fp16 x rows (x_half_scratch) where the node may take the tensor-core kernel: no
+        norm weight, bf16 / f16 / quantised weights, kernel coopmat* or auto from coopmat.min_tokens (the
+        device, unknown here, may still keep it on the f32 lanes: then the pool is left unused)."""
+        fmt = QUANT[params["wq"]] if "wq" in params else None
+        inputs = inputs[:-1] if fmt else inputs
+        x, w = inputs[:2]
+        T, K = x.shape[-2:]
+        kernel = params.get("kernel", "auto")
+        if len(inputs) == 3 or (fmt is None and w.dtype not in COOPMAT_DTYPES) or not (
+                kernel in COOPMAT_KERNELS or (kernel == "auto" and T >= COOPMAT["min_tokens"])):
+            return {}
+        batch = int(np.prod(broadcast_shapes(self.name, x.shape[:-2], w.shape[:-2])))
+        return x_half_scratch(x, w, batch, T, K, fmt)
 
     def lower(self, node, device):
         out = node.output

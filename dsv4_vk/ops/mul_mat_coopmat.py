@@ -29,6 +29,11 @@ COOPMAT = knob_table(
                   "rows over all of K first) or 'pass' (a first dispatch scans every row once and writes each "
                   "tile's scales into the tile's own outputs; tiles with fewer than 2 rows or outputs in range "
                   "take 'tile')"),
+    x_half=(False, "with coopmat.scales='pass' and 8 inputs a load (K % 8 == 0, x and weight rows 16-byte "
+                   "aligned): the first pass also writes each x row times its power-of-two scale, rounded to "
+                   "fp16, once (batch × T × K × 2 bytes of scratch), and the multiplying workgroups stage x's "
+                   "chunks from those halves instead of converting f32 x in every output tile (the same "
+                   "values: the same outputs bit for bit); off until measured on a GPU"),
     fp8_scales=("block", "how FP8 weights' 128 × 128 block scales reach the tensor-core MUL_MAT: 'block' (each "
                          "block's products summed apart and added times its scale, in f32: exact for any scales; "
                          "needs tile outputs and k step dividing 128) or 'fold' (folded into a power-of-two shift "
@@ -44,6 +49,18 @@ COOPMAT = knob_table(
 COOPMAT_DTYPES = ("bf16", "f16")
 COOPMAT_SCALES = ("tile", "pass")
 FP8_SCALES = ("block", "fold")
+
+
+X_HALF_POOL = "mul_mat.x_half"          # the fp16 x rows of coopmat.x_half (OpDef.scratch)
+X_HALF_OFF = "coopmat.x_half is off"
+
+
+def x_half_on() -> bool:
+    """The knob coopmat.x_half (ValueError naming it where it is not a bool)."""
+    on = COOPMAT["x_half"]
+    if not isinstance(on, bool):
+        raise ValueError(f"tuning knob 'coopmat.x_half' must be True or False, got {on!r}")
+    return on
 
 
 def fp8_fold() -> bool:
@@ -148,34 +165,82 @@ def rows_aligned(t, elems: int) -> bool:
     return not any(s % elems for n, s in zip(t.shape[:-1], t.strides[:-1]) if n > 1)
 
 
-def coopmat_launches(device, kernel: str, x, w, out, push: dict, batch: int, T: int, N: int, K: int,
-                     fmt: QuantFormat | None = None, scale=None) -> list:
-    """The tensor-core MUL_MAT's dispatches: 8 inputs an invocation (VEC8) where K % 8 == 0 and x's and w's
-    rows are 16-byte aligned, else 4 (VEC4: K % 4, x 16-byte and w 8-byte aligned), else 2 at any strides;
-    with coopmat.scales = 'pass' (and every tile at least 2 × 2 in range) first ROW_SCALES. Quantised
-    weights (fmt; push has quant_fields) are whole contiguous rows of words: x's alignment decides, and
-    their scale bytes are binding 3; they take 8 inputs an invocation or 2 (no VEC4 variants)."""
+def coopmat_chunk(x, w, K: int, fmt: QuantFormat | None = None) -> int:
+    """Inputs an invocation of the tensor-core kernel loads and stages at once: 8 (VEC8) where K % 8 == 0
+    and x's and w's rows are 16-byte aligned, else 4 (VEC4: K % 4, x 16-byte and w 8-byte aligned), else
+    2 at any strides. Quantised weights (whole contiguous rows of words): x's alignment decides, 8 or 2
+    (no VEC4 variants)."""
     w_ok = (lambda e: True) if fmt else (lambda e: rows_aligned(w, e))
     if K % 8 == 0 and rows_aligned(x, 4) and w_ok(8):
-        chunk, vec = 8, {"VEC8": 1}
-    elif K % 4 == 0 and rows_aligned(x, 4) and not fmt and rows_aligned(w, 4):
-        chunk, vec = 4, {"VEC4": 1}
-    else:
-        chunk, vec = 2, {}
+        return 8
+    if K % 4 == 0 and rows_aligned(x, 4) and not fmt and rows_aligned(w, 4):
+        return 4
+    return 2
+
+
+CHUNK_DEFINES: dict[int, dict[str, int]] = {8: {"VEC8": 1}, 4: {"VEC4": 1}, 2: {}}
+
+
+def pass_fits(bm: int, bn: int, T: int, N: int) -> bool:
+    """Whether every bm × bn tile of T × N holds at least 2 rows and 2 outputs in range: room among its
+    outputs for the R + C row shifts the first pass (ROW_SCALES) writes there."""
+    return min(T - bm * ((T - 1) // bm), N - bn * ((N - 1) // bn)) >= 2
+
+
+def x_half_refusal(device, kernel: str, T: int, N: int | None, chunk: int) -> str | None:
+    """The one place that decides whether the tensor-core MUL_MAT of T tokens and N outputs, loading
+    `chunk` inputs at once (coopmat_chunk), stages x from the fp16 rows its first pass rounded once
+    (knob coopmat.x_half): None where it does, else why not (X_HALF_OFF where the knob is off). It
+    needs the first pass (coopmat.scales='pass', every tile 2 × 2 in range; N None: not known, that
+    check left out) and 8 inputs a load."""
+    if not x_half_on():
+        return X_HALF_OFF
+    if chunk != 8:
+        return "it needs 8 inputs a load (K % 8 == 0, x and weight rows 16-byte aligned)"
+    spec = coopmat_spec(device, kernel, chunk)
+    if not spec[7]:
+        return "it needs the scales by a first pass (coopmat.scales='pass'), which writes the halves"
+    if N is not None and not pass_fits(spec[1], spec[2], T, N):
+        return "a tile with a single row or output in range takes the scales by tile, without the first pass"
+    return None
+
+
+def x_half_scratch(x, w, batch: int, T: int, K: int, fmt: QuantFormat | None = None) -> dict[str, tuple]:
+    """The scratch a MUL_MAT that may take the tensor-core kernel asks for (OpDef.scratch, before the device
+    is known): coopmat.x_half's fp16 x rows, batch × T × K halves, where the knob is on and the views
+    load 8 inputs at once; whether they are used is x_half_refusal's word when the node is lowered."""
+    if not x_half_on() or coopmat_chunk(x, w, K, fmt) != 8:
+        return {}
+    return {X_HALF_POOL: (batch * T * K // 2, "i32")}
+
+
+def coopmat_launches(device, kernel: str, x, w, out, push: dict, batch: int, T: int, N: int, K: int,
+                     fmt: QuantFormat | None = None, scale=None) -> list:
+    """The tensor-core MUL_MAT's dispatches, loading coopmat_chunk's inputs an invocation; with coopmat.scales
+    = 'pass' (and every tile at least 2 × 2 in range) first ROW_SCALES. Quantised weights (fmt; push has
+    quant_fields): their scale bytes are binding 3. The last binding is the fp16 x rows of coopmat.x_half
+    (the graph's X_HALF_POOL, written by ROW_SCALES) where x_half_refusal says they are used, else x
+    itself (never read: the shader declares the binding in every variant)."""
+    chunk = coopmat_chunk(x, w, K, fmt)
     spec = coopmat_spec(device, kernel, chunk)
     bm, bn = spec[1], spec[2]
     t_tiles, n_tiles = -(-T // bm), -(-N // bn)
-    if spec[7] and min(T - bm * (t_tiles - 1), N - bn * (n_tiles - 1)) < 2:
+    if spec[7] and not pass_fits(bm, bn, T, N):
         spec = spec[:7] + (0,) + spec[8:]   # a tile of 1 row or output has no room for its scales
     wdef = fmt.define() if fmt else weight_defines(w)
     fold = {"FP8_FOLD": 1} if fmt and fmt.name == "fp8" and fp8_fold() else {}
     args = [x, w, out] + ([scale] if fmt else [])
+    half = x_half_refusal(device, kernel, T, N, chunk) is None
+    xh_at = len(args)
+    args.append(out.graph.scratch(X_HALF_POOL)[:batch * T * K // 2] if half else x)
+    xh = {"X_HALF": 1} if half else {}  # (a specialization constant by name: no variant of its own)
     defines = {"CM_NV": 1} if kernel == "coopmat" else {}
-    defines.update(wdef, **fold, **vec)
+    defines.update(wdef, **fold, **CHUNK_DEFINES[chunk], **xh)
     gemm = Launch("mul_mat_coopmat", args, (2,), push, grid_1d(batch * t_tiles * n_tiles, 1),
                   defines=defines, spec=spec, full_subgroups=kernel == "coopmat")
     if not spec[7]:
         return [gemm]
-    scales = Launch("mul_mat_coopmat", args, (2,), push, grid_1d(-(-batch * (T + N) // 16), 1),
-                    defines={"ROW_SCALES": 1, **wdef, **vec}, spec=(256, bm, bn))
+    scales = Launch("mul_mat_coopmat", args, (2, xh_at) if half else (2,), push,
+                    grid_1d(-(-batch * (T + N) // 16), 1),
+                    defines={"ROW_SCALES": 1, **wdef, **CHUNK_DEFINES[chunk], **xh}, spec=(256, bm, bn))
     return [scales, gemm]
