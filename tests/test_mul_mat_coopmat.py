@@ -424,9 +424,10 @@ def test_model_logits_on_the_tensor_core_path_match_transformers(chunk, knobs):
     assert max(errs) <= NMSE_MAX, f"{name}: NMSE per position {errs}"
 
 
-def bench_primitives():
-    """tools/bench_primitives.py as a module."""
+def bench_primitives(monkeypatch):
+    """tools/bench_primitives.py as a module (tools/ on the path: it imports tools/ablation.py)."""
     import importlib.util
+    monkeypatch.syspath_prepend(os.path.join(HERE, "..", "tools"))
     spec = importlib.util.spec_from_file_location("bench_primitives", os.path.join(HERE, "..", "tools",
                                                                                    "bench_primitives.py"))
     bench = importlib.util.module_from_spec(spec)
@@ -434,10 +435,10 @@ def bench_primitives():
     return bench
 
 
-def test_bench_coopmat_tiles_seventh_field_is_x_half():
+def test_bench_coopmat_tiles_seventh_field_is_x_half(monkeypatch):
     """--coopmat-tiles' seventh field sets coopmat.x_half (0 or 1, anything else refused), and the named set
     `variants` holds the H200's default tiling with it beside the one without."""
-    bench = bench_primitives()
+    bench = bench_primitives(monkeypatch)
     (_, off), (_, on) = bench.parse_tiles("128x128/64x32/64/1/pass/8/0,128x128/64x32/64/1/pass/8/1")
     assert off["coopmat.x_half"] is False and on == {**off, "coopmat.x_half": True}
     assert "coopmat.x_half" not in bench.parse_tiles("128x128/64x32/64/1/pass/8")[0][1]
