@@ -32,6 +32,9 @@
 #   prefillk  the prefill's grouped expert GEMM: f32 lanes (tiles, literal arrays, prefetch), matrix units
 #   prefilla  the prefill attention kernels (f32 lanes, matrix units)
 #   prefill   flash-1gpu's 4k-token prefill with the matrix-unit forms on and off
+#   gemm      MUL_MAT on the matrix units at the model's prefill shapes beside cuBLAS: the default tiling with
+#             x rounded to fp16 by its first pass (coopmat.x_half) and without, then the default with its
+#             products, staging or loads removed
 #   prefill43 V4-Flash's depth in the published layout: its 4k-token prefill, the grouped experts on
 #             the f32 lanes and on the matrix units
 # A device call may run 10 minutes: split long lists, e.g. `eval library soak`, then `site model`.
@@ -108,12 +111,16 @@ for s in $steps; do
                      --max-ctx 8192 --skip unfused,multi,host --tokens 4 \
                      --prefill-variants "moe_coopmat=1;mqa_coopmat=1;moe_coopmat=1,mqa_coopmat=1;mul_mat_id_grouped.literal=True;mul_mat_id_grouped.prefetch=True" \
                      --out "$r/prefill_h200.json" ;;
+        gemm) step gemm 420 gemm_xhalf_h200.txt python3 tools/bench_primitives.py --gemm --gemm-t 512,4096 \
+                  --gemm-shapes 4096x4096,32768x1024,4096x8192,1024x4096 --torch-dtypes fp16,bf16 --no-f32 \
+                  --coopmat-tiles default,128x128/64x32/64/1/pass/8/1 --coopmat-ablate nomma,nostage,noload \
+                  --replays 5 --json "$r/gemm_xhalf_h200.json" ;;
         prefill43) step prefill43 540 prefill_flash43_h200.txt python3 tools/model_gpu_bench.py --preset flash-43 \
                        --dtype fp8 --prompt 4096 --max-ctx 8192 --skip unfused,multi,host --tokens 4 \
                        --prefill-variants "moe_coopmat=1;moe_coopmat=1,mqa_coopmat=1" \
                        --out "$r/prefill_flash43_h200.json" ;;
         *) echo "unknown step $s (eval info floor bench library soak site model decode mix gemv moe hctests v4tests" \
-                "quanttests coldgemv coldmoe ablatedec fp8step flash43 offload prefillk prefilla prefill prefill43)" \
+                "quanttests coldgemv coldmoe ablatedec fp8step flash43 offload prefillk prefilla prefill gemm prefill43)" \
                >> "$summary" ;;
     esac
 done
