@@ -75,10 +75,10 @@ def test_an_edit_that_no_longer_matches_names_its_file_and_text(tools, tmp_path)
 
 @pytest.mark.parametrize("tool, argv, why", [
     ("bench_gemv", ["--ablate", "nox,bogus", "--formats", "fp8", "--x-shared", "1"],
-     r"--ablate: unknown ablation\(s\) \['bogus'\]; expected names from \['nodecode', 'nox', 'nofma', 'noload', 'nostage'\]"),
+     r"--ablate: unknown ablation\(s\) \['bogus'\]; expected names from \['nocvt', 'nodecode', 'nox', 'nofma', 'noload', 'nostage'\]"),
     ("bench_gemv", ["--ablate", "nox", "--formats", "bf16,fp8"], r"needs --formats fp8 and/or fp4 and --x-shared 1"),
     ("bench_moe", ["--ablate", "nostage,nomma", "--formats", "fp4", "--x-shared", "1"],
-     r"--ablate: unknown ablation\(s\) \['nomma'\]; expected names from \['nodecode', 'nox', 'nofma', 'noload', 'nostage'\]"),
+     r"--ablate: unknown ablation\(s\) \['nomma'\]; expected names from \['nocvt', 'nodecode', 'nox', 'nofma', 'noload', 'nostage'\]"),
     ("bench_moe", ["--ablate", "nox", "--formats", "fp4", "--x-shared", "1", "--prefill", "16"], r"no --prefill"),
     ("bench_primitives", ["--gemm", "--coopmat-ablate", "nox"],
      r"--coopmat-ablate: unknown ablation\(s\) \['nox'\]; expected names from \['nomma', 'nostage', 'noload'\]"),

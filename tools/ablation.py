@@ -30,7 +30,21 @@ Edit = tuple[str, str, str]             # (file in shaders/, text found exactly 
 # products unchanged; nofma: no decode, x reads or products, the four words xor-ed into the sum
 # (scaled as before).
 _ROTATED = "uintBitsToFloat(uvec4(v[c], v[(c + 1u) & 3u], v[(c + 2u) & 3u], v[(c + 3u) & 3u]))"
+# nocvt: the bit decode kept but each half pair read as two floats by moving bits (two integer operations)
+# instead of converting it (unpackHalf2x16: two half-to-float conversions): beside nodecode, it says whether
+# the conversions or the bit operations cost the time (q_fp8_word / q_fp4_word: the staged kernels only,
+# the FP8 shared expert beside FP4 ones included)
+_WORDS = ["    vec2 a = unpackHalf2x16(((v << 7) & 0x3F803F80u) | ((v << 8) & 0x80008000u));",
+          "    vec2 b = unpackHalf2x16(((v >> 1) & 0x3F803F80u) | (v & 0x80008000u));",
+          "    vec2 a = unpackHalf2x16((e << 8) & 0x8E008E00u);",
+          "    vec2 b = unpackHalf2x16((o << 8) & 0x8E008E00u);",
+          "    vec2 c = unpackHalf2x16(e & 0x8E008E00u);",
+          "    vec2 d = unpackHalf2x16(o & 0x8E008E00u);"]
+_NOCVT = ("vec2 nocvt_pair(uint u) { return vec2(uintBitsToFloat(u << 16), uintBitsToFloat(u & 0xFFFF0000u)); }\n"
+          "vec4 q_fp8_word(uint v) {")
 STAGED_DOT: dict[str, list[Edit]] = {
+    "nocvt": [("weights.glsl", "vec4 q_fp8_word(uint v) {", _NOCVT)] +
+             [("weights.glsl", line, line.replace("unpackHalf2x16(", "nocvt_pair(")) for line in _WORDS],
     "nodecode": [("weights.glsl", "        vec4 w = q_fp8_word(v[c]), x = xv[c];\n",
                   f"        vec4 w = {_ROTATED}, x = xv[c];\n"),
                  ("weights.glsl", "        vec4 lo, hi;\n        q_fp4_word(v[c], lo, hi);\n",

@@ -22,12 +22,12 @@ Quantised weights: --x-shared 0,1 puts the staged GEMV (knob gemv_quant.x_shared
 16-byte code loads, persistent clusters) beside the word-load GEMV in the same run, its own knobs
 (gemv_quant.x_shared_rows / _unroll / _groups / _wg) swept by --xs-rows, --xs-unroll, --xs-groups,
 --xs-wg; the word-load knobs (--spread, --unroll, --rows, --load) apply to the other rows only.
---ablate nodecode,nox,nofma,noload,nostage: after the table, the staged rows again (same formats, shapes,
+--ablate nocvt,nodecode,nox,nofma,noload,nostage: after the table, the staged rows again (same formats, shapes,
 knobs, --cold) with a part of the staged GEMV removed, each in a child process (tools/ablation.py; the
 results are wrong on purpose, only the time is read), printed as `ablation NAME <row>`:
 
     . .vkdev/enter.sh; python3 tools/bench_gemv.py --cold --formats fp8,fp4 --shapes wq_b,wo_a,wo_b \
-        --x-shared 1 --xs-rows -1 --ablate nodecode,nox,nofma,noload,nostage --json $OUT/gemv_ablate.json
+        --x-shared 1 --xs-rows -1 --ablate nocvt,nodecode,nox,nofma,noload,nostage --json $OUT/gemv_ablate.json
 """
 import argparse
 import itertools
@@ -56,6 +56,7 @@ SHAPES = [("head", 129280, 4096), ("wq_b", 32768, 1024), ("wo_b", 4096, 8192), (
 # or barrier: the loop reads shared memory nothing wrote).
 _XS = "mul_mat.comp"
 GEMV_ABLATIONS = {
+    "nocvt": ablation.STAGED_DOT["nocvt"],
     "nodecode": ablation.STAGED_DOT["nodecode"],
     "nox": [(_XS, "for (uint c = 0; c < Q_XV; ++c) xv[c] = xs[c * KU + j];",
              "for (uint c = 0; c < Q_XV; ++c) xv[c] = vec4(float(lane + c));")],

@@ -33,13 +33,13 @@ prints the split it got and the routes' x rows staged at a time: no split unless
     . .vkdev/enter.sh; python3 tools/bench_moe.py --formats fp4 --experts 65 --routes-per-token 7 \
         --x-shared 1 --xs-rows 1,2,4 --xs-unroll 1,2 --xs-split 1,2,4,8 --json $OUT/moe_split.json
 
---ablate nodecode,nox,nofma,noload,nostage: after the table, the staged rows again (same formats and
+--ablate nocvt,nodecode,nox,nofma,noload,nostage: after the table, the staged rows again (same formats and
 knobs, --cold) with a part of the staged kernels (SwiGLU and sum) removed, each in a child process
 (tools/ablation.py; the results are wrong on purpose, only the time is read), printed as
 `ablation NAME <row>`:
 
     . .vkdev/enter.sh; python3 tools/bench_moe.py --cold --formats fp4 --experts 65 --routes-per-token 7 \
-        --x-shared 1 --xs-unroll 1 --ablate nodecode,nox,nofma,noload,nostage --json $OUT/moe_ablate.json
+        --x-shared 1 --xs-unroll 1 --ablate nocvt,nodecode,nox,nofma,noload,nostage --json $OUT/moe_ablate.json
 
 --prefill T,T,...: MUL_MAT_ID over prefill chunks of T tokens instead (top-k = --routes-per-token − 1
 of --experts − 1 routed experts, uniformly random, and the shared expert), the per-route kernels
@@ -83,6 +83,7 @@ from dsv4_vk.vk import default_device
 # not staged (no staging loops or their barriers).
 _ID = "mul_mat_id.comp"
 MOE_ABLATIONS = {
+    "nocvt": ablation.STAGED_DOT["nocvt"],
     "nodecode": ablation.STAGED_DOT["nodecode"],
     "nox": [(_ID, "xv[c] = xs[(XG) * XS + c * KU + j_];", "xv[c] = vec4(float(lane + c));")],
     "nofma": ablation.STAGED_DOT["nofma"],

@@ -87,11 +87,11 @@ for s in $steps; do
                      --routes-per-token 7 --x-shared 1 --xs-rows 1,2,4 --xs-unroll 1,2,4 --xs-groups 256,1024 \
                      --json "$r/moe_cold_h200.json" ;;
         ablatedec) step ablatedec_gemv 300 gemv_ablate_h200.txt python3 tools/bench_gemv.py --cold --formats fp8,fp4 \
-                       --shapes wq_b,wo_a,wo_b --x-shared 1 --xs-rows -1 --ablate nodecode,nox,nofma,noload,nostage \
+                       --shapes wq_b,wo_a,wo_b --x-shared 1 --xs-rows -1 --ablate nocvt,nodecode,nox,nofma,noload,nostage \
                        --json "$r/gemv_ablate_h200.json"
                    step ablatedec_moe 240 moe_ablate_h200.txt python3 tools/bench_moe.py --cold --formats fp4 \
                        --experts 65 --routes-per-token 7 --x-shared 1 --xs-unroll 1 \
-                       --ablate nodecode,nox,nofma,noload,nostage --json "$r/moe_ablate_h200.json" ;;
+                       --ablate nocvt,nodecode,nox,nofma,noload,nostage --json "$r/moe_ablate_h200.json" ;;
         fp8step) step fp8step 420 model_fp8_step_h200.txt python3 tools/model_gpu_bench.py --preset flash-1gpu \
                      --dtype fp8 --skip unfused,multi,host --timeline --variants \
                      "mqa_merge=0;gate=0;gemv_xs_wg=64;gemv_xs_unroll=4;gemv_xs_rows=1;moe_xs_unroll=2;moe_xs_rows=1;moe_xs_groups=256" \
