@@ -39,3 +39,10 @@ def text_ckpt(tmp_path_factory):
 def text_tok(text_ckpt):
     from dsv4_vk.model import Tokenizer
     return Tokenizer.from_dir(text_ckpt)
+
+
+@pytest.fixture(scope="session")
+def chat_ckpt(text_ckpt, tmp_path_factory):
+    """text_ckpt's tokenizer and encoder with a model whose replies encode back to their own ids."""
+    from text_checkpoint import write_chat_checkpoint
+    return write_chat_checkpoint(str(tmp_path_factory.mktemp("dsv4_chat") / "ck"), text_ckpt)

@@ -5,8 +5,11 @@ multi-byte characters and DeepSeek's special-token names, tokenizer_config.json,
 generation_config.json, and a stand-in prompt encoder."""
 import json
 import os
+import shutil
 
-from dsv4_vk.model import write_random
+import numpy as np
+
+from dsv4_vk.model import Tokenizer, random_weights, save_hf, write_random
 from dsv4_vk.model.config import preset
 
 BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
@@ -81,6 +84,34 @@ def write_text_checkpoint(path):
     os.makedirs(os.path.join(path, "encoding"))
     with open(os.path.join(path, "encoding", "encoding_dsv4.py"), "w", encoding="utf-8") as f:
         f.write(FAKE_ENCODER)
+    return path
+
+
+def write_chat_checkpoint(path, text_ckpt):
+    """text_ckpt's tokenizer and encoder beside a tiny random model whose head gives every token but
+    a few a logit of 0: the special tokens and whole words after a space, tokens whose text encodes
+    back to the same ids in any order. Its replies do so too, so a conversation's cache holds a
+    prefix of the next prompt's ids (a random model's replies otherwise hold partial characters,
+    whose text encodes to other ids). Half of those rows are the others negated: for any hidden
+    state one of them scores ≥ 0, so greedy sampling picks one of them."""
+    os.makedirs(path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(os.path.join(text_ckpt, name), path)
+    shutil.copytree(os.path.join(text_ckpt, "encoding"), os.path.join(path, "encoding"),
+                    ignore=shutil.ignore_patterns("calls.jsonl"))
+    tok = Tokenizer.from_dir(path)
+    specials = [tok.hf.token_to_id(t) for t in (BOS, EOS, USER, ASSISTANT, THINK, END_THINK)]
+    words = [tok.hf.token_to_id(w) for w in ("Ġa", "Ġand", "Ġthe")]
+    keep = specials + words
+    assert None not in keep and all(tok.encode(tok.decode([i]), bos=False) == [i] for i in keep)
+    cfg = preset("tiny", vocab_size=tok.vocab_size)
+    w = random_weights(cfg, seed=2)        # (its replies stop at eos and at the token limit)
+    head = np.zeros_like(w["head.weight"])
+    half = len(keep) // 2
+    head[keep] = w["head.weight"][keep]
+    head[keep[half:2 * half]] = -head[keep[:half]]
+    w["head.weight"] = head
+    save_hf(path, cfg, w)
     return path
 
 
