@@ -61,5 +61,6 @@ def main(argv=None):
         t = chat.last_turn
         assert t is not None
         decode = rate(t.generated - 1, t.decode_s) if t.generated > 1 else "n/a (one token)"
-        print(f"reused {t.reused} tokens from the cache, prefilled {t.prefilled} tokens ({rate(t.prefilled, t.prefill_s)}); "
-              f"generated {t.generated} tokens ({STOPS.get(t.stop, t.stop)}), decode {decode}", file=err)
+        print(f"reused {t.reused} tokens from the cache, prefilled {t.prefilled} tokens "
+              f"({rate(t.prefilled, t.prefill_s)}); generated {t.generated} tokens ({STOPS.get(t.stop, t.stop)}), "
+              f"decode {decode}", file=err)
