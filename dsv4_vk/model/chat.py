@@ -20,7 +20,7 @@ import copy
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator
 
 from .runner import Model, Sampling
 from .text import Tokenizer, chat_prompt, chat_reply, checkpoint_encoder
@@ -79,7 +79,7 @@ class Chat:
         self._sends += 1
 
     def send(self, user_text: str, max_new_tokens: int = 512,
-             progress: Callable[[int, int], object] | None = None) -> Iterator[str]:
+             progress: Callable[[int, int], object] | None = None) -> Generator[str, None, None]:
         """Add the user message and stream the reply's text until an eos id or max_new_tokens (fewer
         where the cache fills up). The prompt is built and checked here, before the iterator is
         returned: a conversation past the model's max_ctx is a ValueError. The turn (the user
@@ -115,14 +115,15 @@ class Chat:
         return len(fed) if ids[:len(fed)] == fed else 0
 
     def _reply(self, send: int, messages: list[dict[str, Any]], ids: list[int], asked: int, limit: int,
-               progress: Callable[[int, int], object] | None) -> Iterator[str]:
+               progress: Callable[[int, int], object] | None) -> Generator[str, None, None]:
         if send != self._sends:
             raise RuntimeError("this send() iterator is stale: send() or reset() was called after it; call send() "
                                "again")
         reused = self._reusable(ids)
         self._fed = None                        # unknown until this turn ends where it should
         self.last_turn = ChatTurn(reused, len(ids) - reused)
-        eos, stream, tokens = self.tokenizer.eos_ids, self.tokenizer.stream(), []
+        eos, stream = self.tokenizer.eos_ids, self.tokenizer.stream()
+        tokens: list[int] = []
         t0 = time.perf_counter()
         t_first = t_last = t0
         gen = self.model.generate(ids[reused:], limit, self.sampling, stop=eos, progress=progress,

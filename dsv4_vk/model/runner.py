@@ -24,7 +24,7 @@ import re
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
+from typing import Callable, Generator, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -430,7 +430,7 @@ class Model:
     def generate(self, prompt: Sequence[int] | np.ndarray, max_new_tokens: int, sampling: "Sampling | None" = None,
                  stop: Iterable[int] | None = None, steps_per_submit: int = STEPS_PER_SUBMIT,
                  progress: Callable[[int, int], object] | None = None, *,
-                 continue_sequence: bool = False) -> Iterator[int]:
+                 continue_sequence: bool = False) -> Generator[int, None, None]:
         """A new sequence: prefill `prompt`, then yield up to max_new_tokens sampled tokens, ending
         early after a token in `stop`. continue_sequence=True: no new sequence, the prompt runs from
         the current position after what the sequence holds (a conversation's next turn: Chat). sampling=None: greedy (`Sampling()`), whatever was set before.
