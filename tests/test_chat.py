@@ -121,7 +121,7 @@ def test_a_reply_cut_short_is_the_turn_and_a_stale_one_is_none(chat_ckpt, text_t
     it = chat.send("Hello world", N)
     next(it)
     model.reset()                               # someone else takes the model while the reply streams
-    with pytest.raises(RuntimeError, match="stale"):
+    with pytest.raises(RuntimeError, match="send\\(\\) iterator is stale: the model ran something else"):
         next(it)
     assert chat.messages == before
     turn(chat, fresh, "Hello world")

@@ -128,9 +128,17 @@ class Chat:
         t_first = t_last = t0
         gen = self.model.generate(ids[reused:], limit, self.sampling, stop=eos, progress=progress,
                                   continue_sequence=reused > 0)
-        stop = "closed"
+        stop, held = "closed", -1
         try:
-            for t in gen:
+            while True:
+                if tokens and self.model.epoch != held:       # (generate would raise too, naming itself)
+                    raise RuntimeError("this send() iterator is stale: the model ran something else while the "
+                                       "reply streamed (reset, generate, prefill, step, steps or set_sampling); "
+                                       "its tokens would come from another sequence. Call send() again")
+                t = next(gen, None)
+                if t is None:
+                    break
+                held = self.model.epoch
                 t_last = time.perf_counter()
                 if not tokens:
                     t_first = t_last
