@@ -17,7 +17,8 @@ import sys
 from ..model import Chat, Model
 from ..model.text import checkpoint_encoder
 from . import parser
-from .generate import check_text_options, load_tokenizer, prefill_progress, rate, sampling, text_options
+from .generate import (check_text_options, decode_rate, load_tokenizer, prefill_progress, rate, sampling,
+                       text_options)
 
 RESET = "/reset"
 STOPS = {"eos": "stopped at eos", "max_new_tokens": "token limit", "context": "the context is full"}
@@ -60,7 +61,6 @@ def main(argv=None):
         out.flush()
         t = chat.last_turn
         assert t is not None
-        decode = rate(t.generated - 1, t.decode_s) if t.generated > 1 else "n/a (one token)"
         print(f"reused {t.reused} tokens from the cache, prefilled {t.prefilled} tokens "
               f"({rate(t.prefilled, t.prefill_s)}); generated {t.generated} tokens ({STOPS.get(t.stop, t.stop)}), "
-              f"decode {decode}", file=err)
+              f"decode {decode_rate(t.generated, t.decode_s)}", file=err)

@@ -73,6 +73,11 @@ def rate(tokens: int, seconds: float) -> str:
     return f"{tokens / seconds:.1f} tokens/s" if seconds > 0 else "n/a"
 
 
+def decode_rate(generated: int, seconds: float) -> str:
+    """The decode's tokens/s: of the tokens after the first, which the prefill's logits gave."""
+    return rate(generated - 1, seconds) if generated > 1 else "n/a (one token)"
+
+
 def prefill_progress(chunk: int) -> Callable[[int, int], None]:
     """A prefill's progress on stderr, for prompts longer than one chunk of `chunk` tokens."""
     def progress(done: int, total: int) -> None:
@@ -133,7 +138,7 @@ def main(argv=None):
         out.flush()
     out.write(stream.flush() + "\n")
     out.flush()
-    decode = rate(n - 1, t_last - t_first) if n > 1 else "n/a (one token)"
     print(f"prompt: {len(ids)} tokens, prefill {rate(len(ids), t_first - t0)}; generated: {n} tokens "
-          f"({'stopped at eos' if stopped else 'token limit'}), decode {decode}", file=sys.stderr)
+          f"({'stopped at eos' if stopped else 'token limit'}), decode {decode_rate(n, t_last - t_first)}",
+          file=sys.stderr)
     return 0
