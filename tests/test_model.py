@@ -601,6 +601,20 @@ def test_a_stale_generator_raises_and_leaves_the_new_sequence_alone(rng):
         next(first)
 
 
+def test_generate_can_continue_the_sequence(rng):
+    """continue_sequence=True: the prompt runs after what the sequence holds (a conversation's next
+    turn), as if both had been one prompt; the context check counts the tokens held."""
+    a, b = ([int(t) for t in rng.integers(0, TINY.vocab_size, n)] for n in (5, 4))
+    ref = list(Model.load(TINY, seed=5, prefill_chunk=8).generate(a + b, 6))
+    m = Model.load(TINY, seed=5, prefill_chunk=8)
+    m.prefill(a)
+    assert list(m.generate(b, 6, continue_sequence=True)) == ref and m.position == 9 + 5
+    with pytest.raises(ValueError, match=f"max_new_tokens: 14 tokens held \\+ 4 prompt \\+ {TINY.max_ctx - 16} new"):
+        m.generate(b, TINY.max_ctx - 16, continue_sequence=True)
+    with pytest.raises(ValueError, match="continue_sequence must be True or False"):
+        m.generate(b, 1, continue_sequence=1)
+
+
 def test_generate_without_sampling_is_greedy_every_time(rng):
     prompt = [int(t) for t in rng.integers(0, TINY.vocab_size, 4)]
     greedy = list(Model.load(TINY, seed=6).generate(prompt, 8))

@@ -207,7 +207,7 @@ def test_cli_version_usage_and_device_option():
     r = subprocess.run([sys.executable, "-m", "dsv4_vk", "info", "--device", "no-such-gpu"], capture_output=True,
                        text=True)
     assert r.returncode == 1 and "'no-such-gpu' matches no device name" in r.stdout + r.stderr
-    for cmd in ("eval", "bench", "demo", "generate", "floor"):
+    for cmd in ("eval", "bench", "demo", "generate", "chat", "floor"):
         r = subprocess.run([sys.executable, "-m", "dsv4_vk", cmd, "--help"], capture_output=True, text=True)
         assert r.returncode == 0 and "--device INDEX|NAME" in r.stdout, cmd
 

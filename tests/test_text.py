@@ -1,7 +1,6 @@
 """Text in, text out (dsv4_vk.model.text, `dsv4_vk generate`) on a checkpoint directory laid out as a
-Hugging Face DeepSeek-V4 download: a random tiny model, a real byte-level BPE tokenizer trained here
-with the `tokenizers` library on text with multi-byte characters and DeepSeek's special-token
-names, tokenizer_config.json, generation_config.json, and a stand-in prompt encoder."""
+Hugging Face DeepSeek-V4 download (tests/text_checkpoint.py): a random tiny model, a real byte-level
+BPE tokenizer trained here with DeepSeek's special-token names, and a stand-in prompt encoder."""
 import json
 import os
 import shutil
@@ -10,76 +9,24 @@ import sys
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from text_checkpoint import ASSISTANT, BOS, CORPUS, END_THINK, EOS, THINK, USER, calls
 
 from dsv4_vk.cli import main as cli_main
 from dsv4_vk.cli import generate
-from dsv4_vk.model import CheckpointError, Model, Tokenizer, chat_prompt, write_random
-from dsv4_vk.model.config import load_config_json, preset
+from dsv4_vk.model import CheckpointError, Model, Tokenizer, chat_prompt
+from dsv4_vk.model.config import load_config_json
 
-BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
-USER, ASSISTANT = "<｜User｜>", "<｜Assistant｜>"
-THINK, END_THINK = "<think>", "</think>"
-CORPUS = ["Hello world, the quick brown fox jumps over the lazy dog.", "ε, 漢字, emoji 🙂 and ß",
-          "Grüße aus Köln 🙂🙂, καλημέρα κόσμε", "数据 and 模型: 漢字 again, τ = 2π"] * 8
 REPLACEMENT = "\ufffd"
 
-# A test fixture standing in for DeepSeek's encoding/encoding_dsv4.py (not its format): it joins the
-# messages with DeepSeek's token names and records each call's arguments in calls.jsonl beside it.
-FAKE_ENCODER = '''
-import json, os
 
-def encode_messages(messages, thinking_mode, context=None, drop_thinking=True, add_default_bos_token=True,
-                    reasoning_effort=None):
-    with open(os.path.join(os.path.dirname(__file__), "calls.jsonl"), "a") as f:
-        f.write(json.dumps({"messages": messages, "thinking_mode": thinking_mode}) + "\\n")
-    text = "".join(("<｜User｜>" if m["role"] == "user" else "") + m["content"] for m in messages)
-    return "<｜begin▁of▁sentence｜>" + text + "<｜Assistant｜>" + ("<think>" if thinking_mode == "thinking" else "</think>")
-'''
-
-
-def write_tokenizer(path, generation_eos):
-    """tokenizer.json (byte-level BPE with DeepSeek's special tokens), tokenizer_config.json (bos as
-    an AddedToken dict, eos as a string: HF writes both) and generation_config.json."""
-    from tokenizers import AddedToken, Tokenizer as HF, decoders, models, pre_tokenizers, trainers
-    hf = HF(models.BPE())
-    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    hf.decoder = decoders.ByteLevel()
-    hf.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=320, special_tokens=[BOS, EOS, USER, ASSISTANT],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                       show_progress=False))
-    hf.add_tokens([AddedToken(THINK, normalized=False), AddedToken(END_THINK, normalized=False)])
-    hf.save(os.path.join(path, "tokenizer.json"))
-    with open(os.path.join(path, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump({"add_bos_token": True, "bos_token": {"__type": "AddedToken", "content": BOS, "lstrip": False},
-                   "eos_token": EOS, "tokenizer_class": "LlamaTokenizerFast"}, f, ensure_ascii=False)
-    with open(os.path.join(path, "generation_config.json"), "w") as f:
-        json.dump({"bos_token_id": 0, "eos_token_id": generation_eos}, f)
-    return hf
+@pytest.fixture(scope="module")
+def ckpt(text_ckpt):
+    return text_ckpt
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    """The checkpoint directory: the tokenizer files, then a tiny random model of its vocabulary size."""
-    path = str(tmp_path_factory.mktemp("dsv4_text"))
-    hf = write_tokenizer(path, [1, 3])              # the eos ids: eos and, from generation_config only, Assistant
-    write_random(path, preset("tiny", vocab_size=hf.get_vocab_size()), seed=3)
-    os.makedirs(os.path.join(path, "encoding"))
-    with open(os.path.join(path, "encoding", "encoding_dsv4.py"), "w", encoding="utf-8") as f:
-        f.write(FAKE_ENCODER)
-    return path
-
-
-@pytest.fixture(scope="module")
-def tok(ckpt):
-    return Tokenizer.from_dir(ckpt)
-
-
-def calls(path):
-    file = os.path.join(path, "encoding", "calls.jsonl")
-    if not os.path.exists(file):
-        return []
-    with open(file) as f:
-        return [json.loads(line) for line in f]
+def tok(text_tok):
+    return text_tok
 
 
 # --- the tokenizer -----------------------------------------------------------------------------------------

@@ -2,13 +2,13 @@
 the public API. assert_type fails the check where an overload or annotation gives another type."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 import dsv4_vk as dv
-from dsv4_vk.model import Model, SitePath, TextStream, Tokenizer, chat_prompt
+from dsv4_vk.model import Chat, ChatTurn, Model, SitePath, TextStream, Tokenizer, chat_prompt, chat_reply
 
 if TYPE_CHECKING:
     from typing_extensions import assert_type
@@ -85,3 +85,12 @@ def text_in_text_out(model: Model) -> None:
     assert_type(chat_prompt("dir", [{"role": "user", "content": "hi"}], thinking=True, trust_checkpoint_code=True), str)
     for t in model.generate(tok.encode("hi"), 8, stop=tok.eos_ids):
         assert_type(t, int)
+    chat = Chat(model, tok, "dir", system="Be brief.", trust_checkpoint_code=True)
+    reply = chat.send("hi", 16)
+    for piece in reply:
+        assert_type(piece, str)
+    reply.close()
+    assert_type(chat.last_turn, ChatTurn | None)
+    assert_type(chat.messages, list[dict[str, Any]])
+    assert_type(chat_reply("dir", "a", trust_checkpoint_code=True), dict[str, Any])
+    assert_type(model.epoch, int)

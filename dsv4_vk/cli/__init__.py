@@ -1,5 +1,5 @@
 """The command line: `dsv4_vk <command>` (or `python -m dsv4_vk <command>`): info, eval, bench, demo,
-generate, floor. Each command lives in its own module with a `main(argv)`; every command takes `--device`.
+generate, chat, floor. Each command lives in its own module with a `main(argv)`; every command takes `--device`.
 An error is one `error:` line on stderr and a non-zero exit, never a traceback (`python -X dev -m
 dsv4_vk ...` shows the traceback)."""
 from __future__ import annotations
@@ -15,6 +15,7 @@ COMMANDS = {
     "bench": ("dsv4_vk.cli.bench", "speed of every case and path against the device floor"),
     "demo": ("dsv4_vk.cli.demo", "generate tokens with a small random model, fused vs unfused HC"),
     "generate": ("dsv4_vk.cli.generate", "text in, text out with a Hugging Face DeepSeek-V4 model directory"),
+    "chat": ("dsv4_vk.cli.chat", "a conversation on stdin that reuses the decode cache turn after turn"),
     "floor": ("dsv4_vk.cli.floor", "the device baseline: dispatch latency, barrier cost, copy bandwidth"),
 }
 

@@ -24,7 +24,7 @@ import re
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
+from typing import Callable, Generator, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -305,6 +305,13 @@ class Model:
         self.ex.set_param("sampler.state", np.array([sampling.seed, 0], np.int32))
 
     @property
+    def epoch(self) -> int:
+        """A counter that every change to the sequence advances (prefill, step, steps, generate,
+        reset, set_sampling): whoever holds on to the sequence (a stale generate() iterator, a Chat)
+        compares it with the value it saw last to know whether anything else used the model since."""
+        return self._epoch
+
+    @property
     def next_token(self) -> int:
         """The token the device sampled from the last logits (the next step's input by default)."""
         return self._read_token()
@@ -422,9 +429,11 @@ class Model:
 
     def generate(self, prompt: Sequence[int] | np.ndarray, max_new_tokens: int, sampling: "Sampling | None" = None,
                  stop: Iterable[int] | None = None, steps_per_submit: int = STEPS_PER_SUBMIT,
-                 progress: Callable[[int, int], object] | None = None) -> Iterator[int]:
+                 progress: Callable[[int, int], object] | None = None, *,
+                 continue_sequence: bool = False) -> Generator[int, None, None]:
         """A new sequence: prefill `prompt`, then yield up to max_new_tokens sampled tokens, ending
-        early after a token in `stop`. sampling=None: greedy (`Sampling()`), whatever was set before.
+        early after a token in `stop`. continue_sequence=True: no new sequence, the prompt runs from
+        the current position after what the sequence holds (a conversation's next turn: Chat). sampling=None: greedy (`Sampling()`), whatever was set before.
         Decode runs `steps_per_submit` steps per command buffer (`steps`); tokens past a stop token
         (or past what the caller took) are discarded and the position, the fed-back token and the
         sampler counter rewound, so the model ends in the state one-step decoding would leave.
@@ -440,10 +449,14 @@ class Model:
             raise ValueError(f"sampling must be a Sampling or None, got {type(sampling).__name__}")
         if progress is not None and not callable(progress):
             raise ValueError(f"progress must be a callable (done, total) or None, got {type(progress).__name__}")
-        self.reset()
+        if not isinstance(continue_sequence, bool):
+            raise ValueError(f"continue_sequence must be True or False, got {continue_sequence!r}")
+        if not continue_sequence:
+            self.reset()
         prompt = self._ids(prompt, "prompt")
-        if prompt.size + max_new_tokens - 1 > self.cfg.max_ctx:
-            raise ValueError(f"max_new_tokens: {prompt.size} prompt + {max_new_tokens} new tokens exceed "
+        if self.position + prompt.size + max_new_tokens - 1 > self.cfg.max_ctx:
+            held = f"{self.position} tokens held + " if self.position else ""
+            raise ValueError(f"max_new_tokens: {held}{prompt.size} prompt + {max_new_tokens} new tokens exceed "
                              f"max_ctx {self.cfg.max_ctx} (+1: the last token is not fed back)")
         return self._generate(prompt, max_new_tokens, GREEDY if sampling is None else sampling, set(stop or ()),
                               steps_per_submit, self._epoch, progress)

@@ -207,13 +207,9 @@ def _load_encoder(file: str) -> Any:
     return _encoders[key]
 
 
-def chat_prompt(path: str | os.PathLike, messages: Sequence[Mapping[str, Any]], thinking: bool = False,
-                trust_checkpoint_code: bool = False) -> str:
-    """The prompt text for `messages` ([{"role": "system" | "user" | "assistant", "content": ...}])
-    as DeepSeek's own encoder in the checkpoint writes it: encoding/encoding_dsv4.py's
-    encode_messages(messages, thinking_mode="thinking" if thinking else "chat"). That file is code
-    from the download, so it runs only with trust_checkpoint_code=True. The text starts with the
-    bos token's text: encode it with bos=False."""
+def checkpoint_encoder(path: str | os.PathLike, trust_checkpoint_code: bool = False) -> Any:
+    """The checkpoint's prompt encoder, encoding/encoding_dsv4.py, as a module. That file is code
+    from the download, so it is loaded only with trust_checkpoint_code=True."""
     file = os.path.join(os.fspath(path), ENCODER_FILE)
     if not os.path.isfile(file):
         raise CheckpointError(f"{file}: not found; chat prompts come from the checkpoint's own prompt encoder "
@@ -222,11 +218,49 @@ def chat_prompt(path: str | os.PathLike, messages: Sequence[Mapping[str, Any]], 
         raise CheckpointError(f"{file} is Python code from the checkpoint, and chat prompts run it: pass "
                               f"trust_checkpoint_code=True (CLI: --trust-checkpoint-code) if you trust where "
                               f"the checkpoint came from")
-    encode = getattr(_load_encoder(file), "encode_messages", None)
-    if not callable(encode):
+    module = _load_encoder(file)
+    if not callable(getattr(module, "encode_messages", None)):
         raise CheckpointError(f"{file}: has no encode_messages function")
+    return module
+
+
+def chat_prompt(path: str | os.PathLike, messages: Sequence[Mapping[str, Any]], thinking: bool = False,
+                trust_checkpoint_code: bool = False) -> str:
+    """The prompt text for `messages` ([{"role": "system" | "user" | "assistant", "content": ...}])
+    as DeepSeek's own encoder in the checkpoint writes it: encoding/encoding_dsv4.py's
+    encode_messages(messages, thinking_mode="thinking" if thinking else "chat"). That file is code
+    from the download, so it runs only with trust_checkpoint_code=True. The text starts with the
+    bos token's text: encode it with bos=False."""
+    encoder = checkpoint_encoder(path, trust_checkpoint_code)
     # copies: the encoder may edit the messages it is given, the caller's stay as they are
-    prompt = encode([dict(m) for m in messages], thinking_mode="thinking" if thinking else "chat")
+    prompt = encoder.encode_messages([dict(m) for m in messages], thinking_mode=_mode(thinking))
     if not isinstance(prompt, str):
-        raise CheckpointError(f"{file}: encode_messages returned {type(prompt).__name__}, not the prompt text")
+        raise CheckpointError(f"{encoder.__file__}: encode_messages returned {type(prompt).__name__}, not the "
+                              f"prompt text")
     return prompt
+
+
+def chat_reply(path: str | os.PathLike, text: str, thinking: bool = False,
+               trust_checkpoint_code: bool = False) -> dict[str, Any]:
+    """The assistant message of a reply's text (its eos not included), for the next chat_prompt: as
+    the checkpoint's encoder parses a completion (parse_message_from_completion_text(text + its
+    eos_token, thinking_mode): in thinking mode the reasoning goes to "reasoning_content"), or
+    {"role": "assistant", "content": text} where the encoder has no parser or cannot parse the
+    text (a reply cut off by the token limit inside its reasoning, say)."""
+    encoder = checkpoint_encoder(path, trust_checkpoint_code)
+    plain = {"role": "assistant", "content": text}
+    parse, eos = getattr(encoder, "parse_message_from_completion_text", None), getattr(encoder, "eos_token", None)
+    if not callable(parse) or not isinstance(eos, str):
+        return plain
+    try:
+        message = parse(text + eos, thinking_mode=_mode(thinking))
+    except Exception:               # the parser's own asserts and ValueErrors: text it does not read
+        return plain
+    if not isinstance(message, dict):
+        raise CheckpointError(f"{encoder.__file__}: parse_message_from_completion_text returned "
+                              f"{type(message).__name__}, not a message dict")
+    return {**message, "role": "assistant"}
+
+
+def _mode(thinking: bool) -> str:
+    return "thinking" if thinking else "chat"
