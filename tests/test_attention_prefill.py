@@ -196,7 +196,8 @@ def test_auto_takes_prefill_past_the_decode_tokens_on_gpus_and_the_knob_decides(
     kernel there too, False: the cluster kernel everywhere, as before the prefill kernel."""
     T = v4_attention.TILED_MAX_TOKENS
     dev = default_device()
-    assert dev.caps.is_cpu and [ln.shader for ln in lowered(T + 1)] == ["mqa_attention"]
+    tune({"mqa_prefill.coopmat": False})                                        # the f32 prefill kernel
+    assert [ln.shader for ln in lowered(T + 1)] == (["mqa_attention"] if dev.caps.is_cpu else ["mqa_prefill"])
     tune({"mqa_prefill.on": True})
     assert [ln.shader for ln in lowered(T + 1)] == ["mqa_prefill"]
     assert v4_attention.describe(dev)["prefill"] == "prefill"
@@ -259,13 +260,18 @@ def test_the_default_tiles_fit_the_devices_shared_memory(monkeypatch, subgroup, 
 
 def test_info_says_which_attention_kernels_run(tune):
     from dsv4_vk.cli.info import _human, report
-    rep = report(default_device())
-    assert rep["mqa_attention"]["prefill"] == "cluster"                         # lavapipe: a CPU device
-    assert "MQA_ATTENTION 64 heads × 512: decode cluster (splits merged in the dispatch), prefill cluster — " \
-           "prefill: the cluster kernel on CPU devices" in _human(rep)
-    tune({"mqa_merge.on": False})
-    assert "decode cluster (splits merged by MQA_COMBINE, mqa_merge.on=False)" in _human(report(default_device()))
-    tune({"mqa_prefill.on": True})
+    dev = default_device()
+    if not dev.caps.is_cpu:                                  # a GPU's choices, as on lavapipe below
+        tune({"mqa_prefill.on": False})
+    rep = report(dev)
+    assert rep["mqa_attention"]["prefill"] == "cluster"
+    assert rep["mqa_attention"]["decode"] == ("cluster" if dev.caps.is_cpu else "tiled")
+    assert (f"MQA_ATTENTION 64 heads × 512: decode {rep['mqa_attention']['decode']} (splits merged by MQA_COMBINE, "
+            "mqa_merge.on=False), prefill cluster — prefill: the cluster kernel "
+            + ("on CPU devices" if dev.caps.is_cpu else "(mqa_prefill.on=False)")) in _human(rep)
+    tune({"mqa_merge.on": True})
+    assert "splits merged in the dispatch" in _human(report(dev))
+    tune({"mqa_prefill.on": True, "mqa_prefill.coopmat": False})
     rep = report(default_device())
     assert rep["mqa_attention"]["prefill"] == "prefill"
     assert "prefill prefill — prefill: 64 heads a workgroup share each staged key row" in _human(rep)
@@ -408,15 +414,18 @@ def shaders_of(launches):
 
 
 def test_coopmat_knob_chooses_the_kernel(tune, monkeypatch):
-    """mqa_prefill.coopmat: False (the default) the f32 prefill kernel; None the matrix units where the
+    """mqa_prefill.coopmat: False the f32 prefill kernel; None (the default) the matrix units where the
     device has them (CM_NV, full subgroups), else the f32 kernel; True the same, else the FMA twin.
     DSV4_VK_DISABLE_COOPMAT (device.coopmat_disabled) leaves them off; decode keeps its kernels."""
     T = v4_attention.TILED_MAX_TOKENS
     dev = default_device()
     monkeypatch.setattr(v4_attention, "coopmat_unavailable", lambda device: NO_UNITS)   # as on lavapipe
     tune({"mqa_prefill.on": True})
-    assert shaders_of(lowered(T + 1)) == [("mqa_prefill", False, False)]
+    assert shaders_of(lowered(T + 1)) == [("mqa_prefill", False, False)]        # the default: no matrix units
     assert v4_attention.describe(dev)["prefill"] == "prefill"
+    assert "no VK_NV_cooperative_matrix" in v4_attention.describe(dev)["reason"]
+    tune({"mqa_prefill.coopmat": False})
+    assert shaders_of(lowered(T + 1)) == [("mqa_prefill", False, False)]
     assert "mqa_prefill.coopmat=False" in v4_attention.describe(dev)["reason"]
     tune({"mqa_prefill.coopmat": None})
     assert shaders_of(lowered(T + 1)) == [("mqa_prefill", False, False)]        # no matrix units

@@ -103,11 +103,13 @@ def test_decode_merges_split_attention_in_the_attention_dispatch(tune):
 
 
 @pytest.mark.parametrize("splits,chunk", [(None, 16), ([3, 2, 4], 3)])
-def test_the_attention_gpus_run_matches_too(monkeypatch, splits, chunk):
+def test_the_attention_gpus_run_matches_too(monkeypatch, tune, splits, chunk):
     """Attention lowered as on a GPU: the tiled kernel at decode (and for prefill chunks of ≤ 4
-    tokens), the decode splits one tile each, merged and de-rotated in the attention's dispatch."""
+    tokens), the decode splits one tile each, merged and de-rotated in the attention's dispatch
+    (mqa_merge.on; off by default, when MQA_COMBINE merges them, as the other model tests run)."""
     from dsv4_vk.ops import v4_attention
     monkeypatch.setattr(v4_attention, "is_cpu", lambda device: False)
+    tune({"mqa_merge.on": True})
     lowered, lower = [], v4_attention.MqaAttention.lower
 
     def spy(self, node, device):

@@ -29,6 +29,11 @@ from dsv4_vk.vk import default_device
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SMALL_TILES = {"coopmat.tokens": 32, "coopmat.outputs": 32, "coopmat.warp_tokens": 16, "coopmat.warp_outputs": 16}
+# the tiling a device with 32 KiB of shared memory takes (coopmat_tiling: lavapipe's), set explicitly where a test
+# checks its launches on any device
+CPU_TILING = {"coopmat.tokens": 64, "coopmat.outputs": 128, "coopmat.warp_tokens": 32, "coopmat.warp_outputs": 64,
+              "coopmat.k_step": 32, "coopmat.buffers": 1, "coopmat.scales": "tile", "coopmat.group": 1}
+SMALL_TILE_SCALES = {**SMALL_TILES, "coopmat.scales": "tile"}
 NMSE_MAX = 1e-5                 # against the exact product (fp16's rounding of x: about 1e-7 on normal values)
 # against the fp16-rounded rows: f32 sums in another order (FMA), or as the matrix units sum their
 # products (not necessarily rounded to nearest at every step: looser, still well below fp16's own
@@ -104,6 +109,8 @@ PASS_2BUF = {"coopmat.scales": "pass", "coopmat.buffers": 2, "coopmat.group": 3}
 VARIANTS = [SMALL_TILES, {**SMALL_TILES, **PASS_2BUF}, {**SMALL_TILES, "coopmat.scales": "pass"}]
 # 8 warps of 64 × 32 (more shared memory than lavapipe has: on the matrix units only)
 BIG_TILES = {"coopmat.tokens": 128, "coopmat.outputs": 128, "coopmat.warp_tokens": 64, "coopmat.warp_outputs": 32}
+# ... with two staging buffers: steps of 32 inputs (two of 64 would take 75 KiB; the H200 offers 48)
+BIG_PASS_2BUF = {**BIG_TILES, **PASS_2BUF, "coopmat.k_step": 32}
 
 
 @pytest.mark.parametrize("tiles", [SMALL_TILES, {}, {"coopmat.tokens": 64, "coopmat.outputs": 64,
@@ -222,7 +229,7 @@ def test_coopmat_on_the_matrix_units_or_their_fma_twin(device, rng):
     wide = [(512, 4096, 1024), (100, 1024, 512)] if units else []       # (the FMA twin: too slow on a CPU)
     check_coopmat(kernel, rng, CASES + wide if units else CASES[:3], {})
     check_coopmat(kernel, rng, CASES[:3])
-    for variant in VARIANTS[1:] + ([{**BIG_TILES, **PASS_2BUF}, BIG_TILES] if units else []):
+    for variant in VARIANTS[1:] + ([BIG_PASS_2BUF, BIG_TILES] if units else []):
         check_coopmat(kernel, rng, CASES[:3] + ([(512, 4096, 1024), (100, 1024, 520)] if units else []), variant)
     x = rng.standard_normal((300 if units else 40, 4096)).astype(np.float32)
     w = (rng.standard_normal((520 if units else 24, 4096)) / 64).astype(BF16)
@@ -376,7 +383,7 @@ def test_the_cooperative_matrix_variant_compiles():
         assert {5359, 5360, 5361} <= ops    # OpCooperativeMatrixLoadNV, StoreNV, MulAddNV
 
 
-def test_coopmat_launch_takes_wide_loads_where_aligned(device):
+def test_coopmat_launch_takes_wide_loads_where_aligned(device, tune):
     """The launch: 8 inputs an invocation (VEC8) where K % 8 == 0 and the rows are 16-byte aligned, 4
     (VEC4) where K % 4 == 0 and x's rows are, scalar pairs otherwise; the grid one workgroup a tile
     (batch × token tiles × output tiles), the spec constants the knobs'; coopmat.scales='pass' a
@@ -386,6 +393,7 @@ def test_coopmat_launch_takes_wide_loads_where_aligned(device):
         w = g.input("w", (N * K + 8,), "bf16")[w_start:w_start + N * K].reshape(N, K)
         g.op("MUL_MAT", g.input("x", (2, T, K)), w, kernel="coopmat_fma")
         return g.nodes[-1].op.lower(g.nodes[-1], device)
+    tune(CPU_TILING)                                        # lavapipe's own tiling, on any device
     (ln,) = launches(64)
     assert ln.shader == "mul_mat_coopmat" and ln.defines == {"W_BF16": 1, "VEC8": 1}
     assert ln.spec == (128, 64, 128, 32, 64, 32, 1, 0, 1) and ln.grid == (2 * 2 * 3, 1, 1) and not ln.full_subgroups
@@ -637,7 +645,7 @@ def test_coopmat_quant_on_the_matrix_units_or_their_fma_twin(device, rng, kernel
     check_quant_coopmat(rng, kernel, QUANT_CASES[:2] + QUANT_CASES[4:6])
     if units:
         check_quant_coopmat(rng, kernel, [("fp8", 512, 1024, 4096), ("fp4", 300, 520, 4096)], BIG_TILES)
-        check_quant_coopmat(rng, kernel, [("fp8", 512, 1024, 4096)], {**BIG_TILES, **PASS_2BUF})
+        check_quant_coopmat(rng, kernel, [("fp8", 512, 1024, 4096)], BIG_PASS_2BUF)
 
 
 @pytest.mark.parametrize("fp8_scales", ["block", "fold"])
@@ -910,7 +918,7 @@ def test_coopmat_x_half_knob_and_where_it_does_not_apply(device, rng, monkeypatc
         g = Graph()
         g.op("MUL_MAT", g.input("x", (32, 64)), g.input("w", (16, 64), "bf16"), kernel="coopmat_fma")
     for T, K, N, knobs in ((37, 68, 50, X_HALF_TILES), (37, 70, 50, X_HALF_TILES),
-                           (37, 64, 50, SMALL_TILES), (33, 64, 50, X_HALF_TILES)):
+                           (37, 64, 50, SMALL_TILE_SCALES), (33, 64, 50, X_HALF_TILES)):
         x = rng.standard_normal((T, K)).astype(np.float32)
         w = (rng.standard_normal((N, K)) / np.sqrt(K)).astype(BF16)
         outs = []
@@ -927,7 +935,7 @@ def test_coopmat_x_half_knob_and_where_it_does_not_apply(device, rng, monkeypatc
                     with pytest.raises(ValueError, match="no op of this graph asked for scratch pool"):
                         g.scratch(mul_mat_coopmat.X_HALF_POOL)
                 elif on:
-                    assert ("coopmat.scales='pass'" in reason if knobs is SMALL_TILES else
+                    assert ("coopmat.scales='pass'" in reason if knobs is SMALL_TILE_SCALES else
                             "a tile with a single row" in reason), reason
                 outs.append(Executor().run(g, x=x)["y"])
         assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)), (T, K, N)

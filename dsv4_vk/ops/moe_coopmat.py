@@ -18,8 +18,8 @@ from .mul_mat_coopmat import COOPMAT_DTYPES
 
 COOPMAT_GROUPED = knob_table(
     "mul_mat_id_coopmat",
-    auto=(False, "the grouped MUL_MAT_ID takes the matrix units where the device has them (False, the default "
-                 "until the kernel is measured on a GPU: the f32 grouped kernel everywhere)"),
+    auto=(True, "the grouped MUL_MAT_ID takes the matrix units where the device has them (True, the default; "
+                "False: the f32 grouped kernel everywhere)"),
     emulate=(False, "the grouped MUL_MAT_ID runs the cooperative-matrix kernel's data flow with FMA products "
                     "(coopmat_fma) in place of the matrix units, on any device (with auto on): its numerics, "
                     "for tests"),
@@ -62,7 +62,7 @@ def expert_gemm(device, w_dtype: str = "bf16", fmt=None, K: int = 4096, refusal:
     """The one place that decides the grouped MUL_MAT_ID's GEMM on `device` (beside moe_grouped.expert_kernel,
     which decides grouped or per route): the matrix units where the device has them (mul_mat's
     coopmat_unavailable: the 16 × 16 × 16 fp16 shape, 32-lane subgroups, DSV4_VK_DISABLE_COOPMAT unset), knob
-    mul_mat_id_coopmat.auto on (off by default until the kernel is measured on a GPU: the f32 grouped kernel)
+    mul_mat_id_coopmat.auto on (the default; off: the f32 grouped kernel)
     and the operands suit it (`refusal`, else gemm_refusal of the weights); coopmat_fma on any device under
     mul_mat_id_coopmat.emulate; else the f32 grouped kernel."""
     refusal = refusal if refusal is not None else gemm_refusal(w_dtype, fmt, K)

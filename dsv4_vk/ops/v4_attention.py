@@ -63,12 +63,12 @@ MQA_PREFILL = knob_table(
              "products"),
     tile=(None, "keys the prefill kernel stages at a time, where shared memory allows, else as many as fit "
                 "(None: 8)"),
-    coopmat=(False, "the prefill kernel's two products on 16-bit matrix units (shaders/mqa_prefill_coopmat.comp, "
-                    "kernel 'prefill_coopmat': fp16 inputs scaled per row by powers of two, f32 sums): False (not "
-                    "yet measured, so the default) the f32 prefill kernel; None where the device has "
-                    "VK_NV_cooperative_matrix's 16 × 16 × 16 fp16 shape (as MUL_MAT's coopmat kernel; "
-                    "DSV4_VK_DISABLE_COOPMAT=1 leaves it off), else the f32 kernel; True the same, else its FMA "
-                    "twin 'prefill_coopmat_fma' (the same data flow and fp16 rounding on any device, for tests)"),
+    coopmat=(None, "the prefill kernel's two products on 16-bit matrix units (shaders/mqa_prefill_coopmat.comp, "
+                   "kernel 'prefill_coopmat': fp16 inputs scaled per row by powers of two, f32 sums): None (the "
+                   "default) where the device has VK_NV_cooperative_matrix's 16 × 16 × 16 fp16 shape (as MUL_MAT's "
+                   "coopmat kernel; DSV4_VK_DISABLE_COOPMAT=1 leaves it off), else the f32 prefill kernel; False "
+                   "the f32 prefill kernel everywhere; True the matrix units, else their FMA twin "
+                   "'prefill_coopmat_fma' (the same data flow and fp16 rounding on any device, for tests)"),
     cm_head_tiles=(1, "the matrix-unit prefill kernel's heads a workgroup, in tiles of 16 (its q and output slices "
                       "are held in registers: 1, 2 or 4)"),
     cm_warps=(4, "the matrix-unit prefill kernel's 32-lane warps a workgroup, each owning head_dim / warps "
@@ -85,10 +85,12 @@ MQA_TILE = knob_table("mqa_tile", keys=(8, "keys a tiled MQA_ATTENTION workgroup
 MAX_DECODE_SPLITS = 64
 MQA_MERGE = knob_table(
     "mqa_merge",
-    on=(True, "the model's decode attention merges its split key lists inside MQA_ATTENTION (merge=True: the "
-              "last workgroup of each token's head group merges the parts, one dispatch and one barrier a layer "
-              "fewer) instead of in an MQA_COMBINE dispatch after it (tools/model_gpu_bench.py --variants "
-              "mqa_merge=0)"),
+    on=(False, "the model's decode attention merges its split key lists inside MQA_ATTENTION (merge=True: the "
+               "last workgroup of each token's head group merges the parts, one dispatch and one barrier a layer "
+               "fewer) instead of in an MQA_COMBINE dispatch after it; off by default: on the H200 the decode "
+               "step was 1.09-1.11x faster with MQA_COMBINE (results/h200/quant/model_flash43_h200.txt; "
+               "tools/model_gpu_bench.py "
+               "--variants mqa_merge=1)"),
     step=(4, "parts whose loads MQA_ATTENTION merge=True's merging workgroup issues together (at most the "
              "splits; a lane loads its head's hd / (4·lanes) vec4s of each): more loads in flight, or fewer "
              "registers, which the whole kernel is allocated; not yet measured (tools/model_gpu_bench.py "
@@ -186,7 +188,7 @@ def prefill_coopmat_choice(device, hd: int, H: int) -> tuple[str | None, str]:
     the f32 prefill kernel, and why)."""
     on = MQA_PREFILL["coopmat"]
     if on is False:
-        return None, "mqa_prefill.coopmat=False (the default until measured)"
+        return None, "mqa_prefill.coopmat=False"
     if on not in (None, True):
         raise ValueError(f"tuning knob 'mqa_prefill.coopmat' must be None, True or False, got {on!r}")
     plan = mqa_prefill_coopmat_plan(device, hd, H)
