@@ -224,6 +224,12 @@ def prefill_experts(fmt, E, N, K, rng):
     return [words], [sw], {"wq": fmt}, lambda e: dequantize(fmt, *quant_arrays(codes[e], scale[e]), K, 1)
 
 
+def cm_tile_knobs(text):
+    """--cm-tiles' tilings as mul_mat_id_coopmat knobs ({}: the knobs' own, for `default` or no --cm-tiles)."""
+    fields = ("tokens", "outputs", "warp_tokens", "warp_outputs", "k_step", "output_tiles")
+    return [{} if t == "default" else dict(zip(fields, ints(t.replace("x", ",")))) for t in (text or "default").split(";")]
+
+
 def prefill_rows(a, dev, warm, rng):
     """The --prefill rows: per format, T, mode, kernel (and tile shape), ms, TFLOPS and the check."""
     E, R, D, Fd = a.experts, a.routes_per_token, a.d, a.f
@@ -234,9 +240,7 @@ def prefill_rows(a, dev, warm, rng):
         for switch in ("literal", "prefetch"):
             if switch in t:
                 t[switch] = bool(t[switch])
-    cm_tiles = [{} if t == "default" else dict(zip(("tokens", "outputs", "warp_tokens", "warp_outputs", "k_step",
-                                                    "output_tiles"), ints(t.replace("x", ","))))
-                for t in a.cm_tiles.split(";")] if a.cm_tiles else [{}]
+    cm_tiles = cm_tile_knobs(a.cm_tiles)
     kernels = a.prefill_kernels.split(",")
     cm = expert_gemm(dev)                   # the matrix units, or why not (then the FMA twin with --emulate)
     cm_kernel = cm.kernel if cm.kernel != "f32" else ("coopmat_fma" if a.emulate else None)
