@@ -295,6 +295,9 @@ def prefill_rows(a, dev, warm, rng):
                                            **prm, **kw))
                         cg = g.compile(dev)
                         ran = " ".join(cg.dispatch_details)
+                        # the matrix-unit kernel's tiling as it ran (spec constants 1..7: BT BN WM WN BK EP NT)
+                        spec = [lo.spec for lo in g.nodes[0].op.lower(g.nodes[0], dev) if lo.shader == "mul_mat_id_coopmat"]
+                        tiling = "x".join(str(int(v)) for v in spec[0][1:8]) if spec else None
                         want = {"per_route": "mul_mat_id ", "grouped": "mul_mat_id_grouped"}.get(kernel,
                                                                                                   "mul_mat_id_coopmat")
                         assert want in ran + " ", f"{kernel}: the graph ran {ran[:300]}"
@@ -310,11 +313,11 @@ def prefill_rows(a, dev, warm, rng):
                         err = nmse(got[ts], ref) if ts else float("nan")
                         us = median_gpu_us(dev, g, {"x": x, "r": route}, a.replays, warm, a.repeat)
                     row = {"format": fmt, "T": T, "mode": mode, "kernel": kernel, **tile, "ms": us / 1e3,
-                           "tflops": flops / (us * 1e6), "nmse": err}
+                           "tflops": flops / (us * 1e6), "nmse": err, **({"tiling": tiling} if coop else {})}
                     rows.append(row)
                     how = kernel + ("" if not tile else " " + "x".join(str(int(v)) for v in tile.values()))
                     print(f"{fmt:8s} T={T:5d} {mode:6s} {how:24s} {us / 1e3:9.3f} ms {flops / (us * 1e6):7.2f} TFLOPS "
-                          f"nmse {err:.2e}", flush=True)
+                          f"nmse {err:.2e}{f' tiling {tiling} (BTxBNxWMxWNxBKxEPxNT)' if coop else ''}", flush=True)
                     bound = 1e-5 if coop else 1e-8     # (fp16 products: the coopmat tests' bound)
                     assert not err > bound, f"{fmt} T={T} {mode} {how}: NMSE {err} against float64"
     return rows
