@@ -55,10 +55,13 @@ STAGED_DOT: dict[str, list[Edit]] = {
 }
 
 
-def add_flags(ap: argparse.ArgumentParser, flag: str, table: dict[str, list[Edit]], what: str) -> None:
-    """The bench's flag taking comma-separated ablation names, and the hidden one of its children."""
+def add_flags(ap: argparse.ArgumentParser, flag: str, table: dict[str, list[Edit]], what: str,
+              other_modes: str = "") -> None:
+    """The bench's flag taking comma-separated ablation names, and the hidden one of its children
+    (`other_modes`: the help's words on the names valid in the bench's other modes, if any)."""
     ap.add_argument(flag, default="", help=f"after the table, {what} again with parts removed, each in a "
-                    f"child process (its results wrong on purpose: only the time is read): {','.join(table)}")
+                    f"child process (its results wrong on purpose: only the time is read): {','.join(table)}"
+                    f"{other_modes}")
     ap.add_argument(CHILD_FLAG, default="", help=argparse.SUPPRESS)
 
 

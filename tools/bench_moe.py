@@ -54,6 +54,16 @@ asserted for it: fp16 products); --check-tokens tokens of each result
 Formats bf16, fp8, fp4 (the shared expert stacked after the routed ones) and fp4+fp8 (FP4 routed
 experts, the FP8 shared expert in its own tensor, as DeepSeek publishes them). Weights past
 maxStorageBufferRange (bf16 with 256 experts) are not split here: keep --experts ≤ 65 for bf16.
+--prefill-kernels picks the kernels timed (per_route, grouped, coopmat).
+
+--prefill ... --cm-tiles ... --ablate nomma,nostage,noload,noscan,nowscan: after the table, the matrix-unit rows
+again (same formats, T and --cm-tiles; `coopmat`, or `coopmat_fma` with --emulate) with a part of
+mul_mat_id_coopmat.comp removed (MOE_PREFILL_ABLATIONS: its products, its k loop's staging, its k loop's
+global loads, its x rows' scan, its FP8 / FP4 weight rows' scale scan), each in a child process, printed as
+`ablation NAME <row>` (unchecked: the results are wrong on purpose, only the time is read):
+
+    . .vkdev/enter.sh; python3 tools/bench_moe.py --prefill 512,2048 --formats bf16,fp4+fp8 --prefill-kernels coopmat \
+        --cm-tiles default --ablate nomma,nostage,noload,noscan,nowscan --json $OUT/moe_prefill_ablate.json
 """
 import argparse
 import functools
@@ -94,6 +104,51 @@ MOE_ABLATIONS = {
                 (_ID, "    stage_x(p.x_off + t * p.x_s0, p.x_s1, min(XRG, p.R), KU);\n    barrier();\n", ""),
                 (_ID, "                barrier();\n                stage_x(p.x_off + t * p.x_s0 + r1 * p.x_s1, p.x_s1, "
                       "min(XRG, p.R - r1), KU);\n                barrier();\n", "")],
+}
+
+# --ablate with --prefill: the grouped GEMM on the matrix units (mul_mat_id_coopmat.comp, every variant) with a
+# part removed. nomma: no products (CM_NV: the coopMatMulAddNV, its shared-memory loads then dead; the FMA twin:
+# its FMAs), loads, staging and barriers kept; nostage: the k steps' chunks neither loaded nor staged (products
+# of whatever the staging memory holds, barriers kept); noload: the k loop's chunks made from the step's index
+# and the item's row instead of loaded (x, gn, codes, scale bytes), staged, scaled and multiplied as before;
+# noscan: no scan of the x rows before the k loop (their shifts 0, Σx² 0); nowscan (FP8 / FP4 only): the weight
+# rows' scale-byte range read from their first SP bytes, not all of them (per output tile). The epilogue has no
+# ablation: without its stores the products are dead code, and the compiler would remove the k loop with it.
+_CMID = "mul_mat_id_coopmat.comp"
+_CM_STAGE = ("            [[unroll]] for (uint u = 0u; u < NI; ++u) {\n"
+             "                uint q = id + u * WG;\n"
+             "                if (q >= ITEMS) continue;\n"
+             "                int e = rf[u];\n"
+             "#if defined(W_QUANT)\n"
+             "                if (rw[u] >= BT) e = max(f_exp + ve[u] + e, -126);\n"
+             "#elif defined(W_BF16)\n"
+             "                if (rw[u] >= BT) m[u] = max(m[u], finite_max(v[u]));\n"
+             "#endif\n"
+             "                stage(rw[u] * XS + 8u * (q % KP), v[u] * pow2(e));\n"
+             "            }\n"
+             "            barrier();\n"
+             "            load_items(k0 + BK, rw, base, sb, kc, shx, v, ve);")
+_CM_LOAD = ("        if (rw[u] < BT) {\n"
+            "            v[u] = x_chunk(base[u], k);\n"
+            "#if defined(NORM_X)\n"
+            "            if (k < p.K) v[u] = matrixCompMult(v[u], gn_chunk(k));\n"
+            "#endif\n"
+            "        } else {\n"
+            "            v[u] = w_chunk(base[u], sb[u], k, shx, ve[u]);\n"
+            "        }\n")
+MOE_PREFILL_ABLATIONS = {
+    "nomma": [(_CMID, "[[unroll]] for (uint i = 0u; i < TI; ++i) acc[i * TJ + j] = coopMatMulAddNV(a[i], b, acc[i * TJ + j]);",
+               ""),
+              (_CMID, "                        sum = fma(xp.y, wp.y, fma(xp.x, wp.x, sum));\n", "")],
+    "nostage": [(_CMID, "        load_items(0u, rw, base, sb, kc, shx, v, ve);\n", ""),
+                (_CMID, _CM_STAGE, "            barrier();\n")],
+    "noload": [(_CMID, _CM_LOAD, "        v[u] = mat2x4(vec4(float((k >> 3) & 3u)), vec4(float(rw[u] & 3u)));\n"
+                                 "        ve[u] = rw[u] < BT ? 0 : 120 + int((k >> 3) & 7u);\n")],
+    "noscan": [(_CMID, "    for (uint k0 = 0u; k0 < p.K; k0 += BK) {\n        uint k = k0 + kc;\n        [[unroll]] for (uint u",
+                "    for (uint k0 = 0u; k0 < 0u; k0 += BK) {\n        uint k = k0 + kc;\n        [[unroll]] for (uint u"),
+               (_CMID, "        sh[i] = row_shift(uintBitsToFloat(mx[i]));\n#if defined(NORM_X)\n",
+                "        sh[i] = 0;\n#if defined(NORM_X)\n")],
+    "nowscan": [(_CMID, "for (uint c = q % SP; c < nsc; c += SP) {", "for (uint c = q % SP; c < min(nsc, SP); c += SP) {")],
 }
 
 
@@ -169,6 +224,12 @@ def prefill_experts(fmt, E, N, K, rng):
     return [words], [sw], {"wq": fmt}, lambda e: dequantize(fmt, *quant_arrays(codes[e], scale[e]), K, 1)
 
 
+def cm_tile_knobs(text):
+    """--cm-tiles' tilings as mul_mat_id_coopmat knobs ({}: the knobs' own, for `default` or no --cm-tiles)."""
+    fields = ("tokens", "outputs", "warp_tokens", "warp_outputs", "k_step", "output_tiles")
+    return [{} if t == "default" else dict(zip(fields, ints(t.replace("x", ",")))) for t in (text or "default").split(";")]
+
+
 def prefill_rows(a, dev, warm, rng):
     """The --prefill rows: per format, T, mode, kernel (and tile shape), ms, TFLOPS and the check."""
     E, R, D, Fd = a.experts, a.routes_per_token, a.d, a.f
@@ -179,9 +240,8 @@ def prefill_rows(a, dev, warm, rng):
         for switch in ("literal", "prefetch"):
             if switch in t:
                 t[switch] = bool(t[switch])
-    cm_tiles = [dict(zip(("tokens", "outputs", "warp_tokens", "warp_outputs", "k_step", "output_tiles"),
-                         ints(t.replace("x", ","))))
-                for t in a.cm_tiles.split(";")] if a.cm_tiles else [{}]
+    cm_tiles = cm_tile_knobs(a.cm_tiles)
+    kernels = a.prefill_kernels.split(",")
     cm = expert_gemm(dev)                   # the matrix units, or why not (then the FMA twin with --emulate)
     cm_kernel = cm.kernel if cm.kernel != "f32" else ("coopmat_fma" if a.emulate else None)
     if cm_kernel is None:
@@ -211,8 +271,8 @@ def prefill_rows(a, dev, warm, rng):
                 ref = np.concatenate([op.reference(x[t:t + 1], ws[t], np.stack([np.arange(R), route[t, :, 1]], -1)[None],
                                                    mode=mode, **kw) for t in ts]) if ts else None
                 flops = 2.0 * T * R * N * K
-                cases = [("per_route", {})] + [("grouped", t) for t in tiles]
-                cases += [(cm_kernel, t) for t in cm_tiles] if cm_kernel else []
+                cases = [("per_route", {})] * ("per_route" in kernels) + [("grouped", t) for t in tiles] * ("grouped" in kernels)
+                cases += [(cm_kernel, t) for t in cm_tiles] if cm_kernel and "coopmat" in kernels else []
                 for kernel, tile in cases:
                     coop = kernel in ("coopmat", "coopmat_fma")
                     table = "mul_mat_id_coopmat" if coop else "mul_mat_id_grouped"
@@ -235,6 +295,9 @@ def prefill_rows(a, dev, warm, rng):
                                            **prm, **kw))
                         cg = g.compile(dev)
                         ran = " ".join(cg.dispatch_details)
+                        # the matrix-unit kernel's tiling as it ran (spec constants 1..7: BT BN WM WN BK EP NT)
+                        spec = [lo.spec for lo in g.nodes[0].op.lower(g.nodes[0], dev) if lo.shader == "mul_mat_id_coopmat"]
+                        tiling = "x".join(str(int(v)) for v in spec[0][1:8]) if spec else None
                         want = {"per_route": "mul_mat_id ", "grouped": "mul_mat_id_grouped"}.get(kernel,
                                                                                                   "mul_mat_id_coopmat")
                         assert want in ran + " ", f"{kernel}: the graph ran {ran[:300]}"
@@ -250,11 +313,11 @@ def prefill_rows(a, dev, warm, rng):
                         err = nmse(got[ts], ref) if ts else float("nan")
                         us = median_gpu_us(dev, g, {"x": x, "r": route}, a.replays, warm, a.repeat)
                     row = {"format": fmt, "T": T, "mode": mode, "kernel": kernel, **tile, "ms": us / 1e3,
-                           "tflops": flops / (us * 1e6), "nmse": err}
+                           "tflops": flops / (us * 1e6), "nmse": err, **({"tiling": tiling} if coop else {})}
                     rows.append(row)
                     how = kernel + ("" if not tile else " " + "x".join(str(int(v)) for v in tile.values()))
                     print(f"{fmt:8s} T={T:5d} {mode:6s} {how:24s} {us / 1e3:9.3f} ms {flops / (us * 1e6):7.2f} TFLOPS "
-                          f"nmse {err:.2e}", flush=True)
+                          f"nmse {err:.2e}{f' tiling {tiling} (BTxBNxWMxWNxBKxEPxNT)' if coop else ''}", flush=True)
                     bound = 1e-5 if coop else 1e-8     # (fp16 products: the coopmat tests' bound)
                     assert not err > bound, f"{fmt} T={T} {mode} {how}: NMSE {err} against float64"
     return rows
@@ -297,22 +360,36 @@ def main(argv=None):
                     "literal-size arrays, knob mul_mat_id_grouped.literal; P 1: the next k step's loads issued "
                     "before the step's products, knob mul_mat_id_grouped.prefetch; default: the knobs')")
     ap.add_argument("--cm-tiles", help="--prefill: tile shapes of the grouped GEMM on the matrix units to sweep, "
-                    "BTxBNxWMxWNxBK[xNT];... (NT: output tiles a workgroup; default: the knobs')")
+                    "BTxBNxWMxWNxBK[xNT] or default (the knobs' tiling);... (NT: output tiles a workgroup; "
+                    "default: the knobs')")
+    ap.add_argument("--prefill-kernels", default="per_route,grouped,coopmat", help="--prefill: the kernels timed "
+                    "(per_route, grouped: on the f32 lanes, coopmat: on the matrix units or, with --emulate, its FMA twin)")
     ap.add_argument("--emulate", action="store_true", help="--prefill on a device without matrix units: time the "
                     "cooperative-matrix grouped kernel's FMA twin (coopmat_fma) instead of skipping it")
     ap.add_argument("--check-tokens", type=int, default=1, help="--prefill: tokens checked against float64 (the "
                     "last, then spread down to the first)")
     ap.add_argument("--json")
-    ablation.add_flags(ap, "--ablate", MOE_ABLATIONS, "the staged rows")
+    ablation.add_flags(ap, "--ablate", MOE_ABLATIONS, "the staged rows (one token)",
+                       f"; with --prefill, the matrix-unit rows (--cm-tiles): {','.join(MOE_PREFILL_ABLATIONS)}")
     argv = sys.argv[1:] if argv is None else argv
     a = ap.parse_args(argv)
-    ablations = ablation.chosen("--ablate", a.ablate, a.ablation_child, MOE_ABLATIONS)
+    unknown = sorted(set(a.prefill_kernels.split(",")) - {"per_route", "grouped", "coopmat"})
+    if unknown:
+        raise SystemExit(f"--prefill-kernels: unknown kernel(s) {unknown}; expected names from per_route, grouped, coopmat")
+    ablations = ablation.chosen("--ablate", a.ablate, a.ablation_child,
+                                MOE_PREFILL_ABLATIONS if a.prefill else MOE_ABLATIONS)
     quant = [f for f in a.formats.split(",") if f != "bf16"]
-    if ablations and (a.prefill or not quant or 1 not in ints(a.x_shared)):
+    if ablations and a.prefill and not (a.cm_tiles and "coopmat" in a.prefill_kernels.split(",")):
+        raise SystemExit("--ablate with --prefill times the matrix-unit rows again: it needs --cm-tiles (the tiles "
+                         "to run, BTxBNxWMxWNxBK[xNT] or default;...) and coopmat in --prefill-kernels; got "
+                         f"--cm-tiles {a.cm_tiles} --prefill-kernels {a.prefill_kernels}")
+    if ablations and not a.prefill and (not quant or 1 not in ints(a.x_shared)):
         raise SystemExit("--ablate times the staged kernels' one-token rows again: it needs --formats fp4 and/or "
-                         f"fp8 and --x-shared 1 (or 0,1), no --prefill; got --formats {a.formats} --x-shared "
-                         f"{a.x_shared}{' --prefill ' + a.prefill if a.prefill else ''}")
+                         f"fp8 and --x-shared 1 (or 0,1); got --formats {a.formats} --x-shared {a.x_shared}")
     dev = default_device()
+    if ablations and a.prefill and expert_gemm(dev).kernel == "f32" and not a.emulate:
+        raise SystemExit(f"--ablate with --prefill times the matrix-unit rows again, but {dev.name} has none "
+                         f"({expert_gemm(dev).reason}): --emulate times their FMA twin")
     rng = np.random.default_rng(0)
     E, R, D, Fd = a.experts, a.routes_per_token, a.d, a.f
     routes = decode_routes(E, R, a.cold, rng)
@@ -367,7 +444,11 @@ def main(argv=None):
                 print(f"{us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy", flush=True)
     doc = {"device": dev.name, "copy_gbps": copy, "cold": a.cold, "experts": E, "routes_per_token": R, "d": D, "f": Fd,
            "prefill": a.prefill, "rows": rows}
-    if ablations:                           # the staged rows only, at the parent's widths and knobs
+    if ablations and a.prefill:             # the matrix-unit rows only (results unchecked: wrong on purpose)
+        doc["ablations"] = ablation.run_children(
+            __file__, ablations, argv, ("--json", "--ablate", "--prefill-kernels", "--check-tokens"),
+            ("--prefill-kernels", "coopmat", "--check-tokens", "0"), lambda line: " T=" in line)
+    elif ablations:                         # the staged rows only, at the parent's widths and knobs
         doc["ablations"] = ablation.run_children(__file__, ablations, argv, ("--json", "--ablate", "--x-shared", "--formats"),
                                                  ("--x-shared", "1", "--formats", ",".join(quant)),
                                                  lambda line: line.startswith(("fp4", "fp8")))

@@ -30,6 +30,8 @@
 #   flash43   V4-Flash's depth in the published layout beside BF16, with the decode folds on and off
 #   offload   flash-43 in the published layout with 0, 3, 8 and 43 layers' routed experts in host memory
 #   prefillk  the prefill's grouped expert GEMM: f32 lanes (tiles, literal arrays, prefetch), matrix units
+#   prefillkabl  the same GEMM on the matrix units at its default tiling, then with its products, k-loop staging,
+#             k-loop loads, x rows' scan or FP8/FP4 scale scan removed (--ablate): where its time goes
 #   prefilla  the prefill attention kernels (f32 lanes, matrix units)
 #   prefill   flash-1gpu's 4k-token prefill with the matrix-unit forms on and off
 #   gemm      MUL_MAT on the matrix units at the model's prefill shapes beside cuBLAS: the default tiling with
@@ -105,6 +107,9 @@ for s in $steps; do
                       --repeat 2 --formats bf16,fp4+fp8 --cm-tiles "16x64x16x32x32;64x64x32x32x32;64x64x32x32x64" \
                       --tiles "32x64x32x4x4;64x64x32x4x4;64x64x32x4x4x1;64x64x32x8x4;64x64x32x8x4x1;32x64x32x4x8x1;64x128x32x8x8x1;64x64x32x4x4x0x1;64x64x32x4x4x1x1;64x64x32x8x4x1x1;32x64x32x4x8x1x1" \
                       --json "$r/moe_prefill_h200.json" ;;
+        prefillkabl) step prefillkabl 480 moe_prefill_ablate_h200.txt python3 tools/bench_moe.py --prefill 512,2048 \
+                         --replays 5 --repeat 2 --formats bf16,fp4+fp8 --prefill-kernels coopmat --cm-tiles default \
+                         --ablate nomma,nostage,noload,noscan,nowscan --json "$r/moe_prefill_ablate_h200.json" ;;
         prefilla) step prefilla 240 attention_prefill_h200.txt python3 tools/bench_primitives.py --attention \
                       --attn-positions 4096 --attn-variants cm_tile=16,cm_heads=2 --json "$r/attention_prefill_h200.json" ;;
         prefill) step prefill 540 prefill_h200.txt python3 tools/model_gpu_bench.py --preset flash-1gpu --prompt 4096 \
@@ -120,7 +125,8 @@ for s in $steps; do
                        --prefill-variants "moe_coopmat=1;moe_coopmat=1,mqa_coopmat=1" \
                        --out "$r/prefill_flash43_h200.json" ;;
         *) echo "unknown step $s (eval info floor bench library soak site model decode mix gemv moe hctests v4tests" \
-                "quanttests coldgemv coldmoe ablatedec fp8step flash43 offload prefillk prefilla prefill gemm prefill43)" \
+                "quanttests coldgemv coldmoe ablatedec fp8step flash43 offload prefillk prefillkabl prefilla prefill gemm" \
+                "prefill43)" \
                >> "$summary" ;;
     esac
 done
