@@ -9,6 +9,7 @@ the model against transformers with it. In this process at lavapipe's subgroup s
 """
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 
@@ -174,7 +175,7 @@ def test_literal_arrays_apply_where_they_fit(tune):
 def test_key_rows_load_by_vec4_where_aligned(tune):
     """ROWS4 (spec constant 8): vec4 loads of the key rows only where head_dim and the rows' offsets
     and strides are multiples of 4 floats."""
-    tune({"mqa_prefill.on": True})
+    tune({"mqa_prefill.on": True, "mqa_prefill.coopmat": False})          # the f32 prefill kernel on any device
     assert lowered(8, hd=32)[0].spec[8] == 1 and lowered(8, hd=18)[0].spec[8] == 0
     g = Graph()
     kv = g.input("kv", (64, 34))[:, 1:33]                 # rows of 32 at offset 1, stride 34
@@ -274,7 +275,7 @@ def test_info_says_which_attention_kernels_run(tune):
     tune({"mqa_prefill.on": True, "mqa_prefill.coopmat": False})
     rep = report(default_device())
     assert rep["mqa_attention"]["prefill"] == "prefill"
-    assert "prefill prefill — prefill: 64 heads a workgroup share each staged key row" in _human(rep)
+    assert re.search(r"prefill prefill — prefill: \d+ heads a workgroup share each staged key row", _human(rep))
 
 
 @pytest.mark.parametrize("kernel", ["mqa_prefill", "mqa_attention", "mqa_prefill_coopmat"],

@@ -229,10 +229,10 @@ def test_coopmat_grouped_on_the_matrix_units_or_their_fma_twin(rng, device):
                 check_case(rng, fmt, "swiglu", 512, device, kernel, norm=True, **wide)
                 check_case(rng, fmt, "sum", 512, device, kernel, add=True, **wide)
     g, node = build("sum", 40, 2, (40, 3, 64), [np.zeros((4, 16, 64), np.float32).astype(np.float16)], [], {})
-    shaders = [ln.shader for ln in node.op.lower(node, device)]
-    assert "mul_mat_id_coopmat" not in shaders and "mul_mat_id_grouped" in shaders, shaders    # auto: off
-    with tuned({"mul_mat_id_coopmat.auto": True}):
+    with tuned({"mul_mat_id_coopmat.auto": False}):
         shaders = [ln.shader for ln in node.op.lower(node, device)]
+    assert "mul_mat_id_coopmat" not in shaders and "mul_mat_id_grouped" in shaders, shaders    # auto: off
+    shaders = [ln.shader for ln in node.op.lower(node, device)]                               # on, the default
     assert ("mul_mat_id_coopmat" in shaders) == units, shaders
 
 

@@ -204,7 +204,7 @@ def test_the_model_checks_the_experts_it_would_move(device):
         else:                                          # a discrete GPU: the largest stack moves to the host heap
             with pytest.warns(RuntimeWarning, match=r"the routed experts of 1 of 3 layers"):
                 assert len(make().offloaded) == 1
-    with pytest.raises(ValueError, match=r"fits$"):            # the cache alone: no word about the experts
+    with pytest.raises(ValueError, match=r"fits( \(or lower prefill_chunk\))?$"):   # the cache alone: no word about the experts
         Model.load(TINY, max_ctx=10 ** 9)
 
 
