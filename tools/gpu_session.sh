@@ -22,7 +22,8 @@
 #   quanttests  the FP8/FP4, grouped-expert, matrix-unit, decode-fold (merged attention, V4_GATE) kernels'
 #             and the host-memory experts' tests at the device's subgroup size
 #   coldgemv / coldmoe  the one-token GEMV over FP8/FP4 weights and the FP4 experts with their staged
-#             kernels' knobs swept, weights read from device memory (--cold), as in the decode step
+#             kernels' knobs swept, weights read from device memory (--cold), as in the decode step (the GEMV:
+#             its geometry, workgroups and their size, which its ablations say bound it rather than bytes)
 #   ablatedec  the same staged kernels at their default knobs (cold) again with their code decode, x
 #             reads, products, code loads or x staging removed (--ablate): where their time goes
 #   fp8step   flash-1gpu in the published FP8/FP4 layout: the fused decode step dispatch by dispatch
@@ -83,8 +84,8 @@ for s in $steps; do
                         tests/test_moe_coopmat.py tests/test_attention_prefill.py tests/v4_ops_cases.py \
                         tests/v4_gate_cases.py tests/test_offload.py -k "not subgroup" ;;
         coldgemv) step coldgemv 300 gemv_cold_h200.txt python3 tools/bench_gemv.py --cold --formats fp8,fp4 \
-                      --shapes wq_b,wo_b,wo_a,wq_a --spread -1 --unroll 4 --x-shared 1 --xs-rows 1,4 \
-                      --xs-unroll 1,2,4 --xs-wg 64,256 --json "$r/gemv_cold_h200.json" ;;
+                      --shapes wq_b,wo_a --x-shared 1 --xs-rows 1,4 --xs-unroll 2 --xs-groups 264,528,1024,4096 \
+                      --xs-wg 128,256 --json "$r/gemv_cold_h200.json" ;;
         coldmoe) step coldmoe 300 moe_cold_h200.txt python3 tools/bench_moe.py --cold --formats fp4 --experts 65 \
                      --routes-per-token 7 --x-shared 1 --xs-rows 1,2,4 --xs-unroll 1,2,4 --xs-groups 256,1024 \
                      --json "$r/moe_cold_h200.json" ;;
