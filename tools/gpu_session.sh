@@ -97,10 +97,10 @@ for s in $steps; do
                        --ablate nocvt,nodecode,nox,nofma,noload,nostage --json "$r/moe_ablate_h200.json" ;;
         fp8step) step fp8step 420 model_fp8_step_h200.txt python3 tools/model_gpu_bench.py --preset flash-1gpu \
                      --dtype fp8 --skip unfused,multi,host --timeline --variants \
-                     "mqa_merge=0;gate=0;gemv_xs_wg=64;gemv_xs_unroll=4;gemv_xs_rows=1;moe_xs_unroll=2;moe_xs_rows=1;moe_xs_groups=256" \
+                     "mqa_merge=1;gate=0;gemv_xs_wg=64;gemv_xs_unroll=4;gemv_xs_rows=1;moe_xs_unroll=2;moe_xs_rows=1;moe_xs_groups=256" \
                      --out "$r/model_fp8_step_h200.json" ;;
         flash43) step flash43 540 model_flash43_h200.txt python3 tools/model_gpu_bench.py --preset flash-43 \
-                     --dtype fp8 --compare-dtype bf16 --skip unfused,multi,host --variants "mqa_merge=0,gate=0" \
+                     --dtype fp8 --compare-dtype bf16 --skip unfused,multi,host --variants "mqa_merge=1;gate=0" \
                      --out "$r/model_flash43_h200.json" ;;
         offload) step offload 540 offload_h200.txt python3 tools/model_gpu_bench.py --preset flash-43 --dtype fp8 \
                      --skip unfused,multi,host --offload-layers 0,3,8,43 --out "$r/offload_h200.json" ;;

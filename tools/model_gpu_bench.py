@@ -52,8 +52,8 @@ not the prefill kernel; knob mqa_prefill.on), mqa_prefill_heads / mqa_prefill_ti
 prefill kernel's heads a cluster, keys a tile and keys a step; knobs mqa_prefill.heads, .tile, .keys),
 mqa_coopmat (1: prefill chunks' attention on the matrix units where the device has them; knob
 mqa_prefill.coopmat=None), route_rank (0: V4_ROUTE's rounds of a butterfly instead of
-its one-pass ranking, knob route_rank.on), mqa_merge (0: the decode attention's split key lists
-merged by an MQA_COMBINE dispatch after MQA_ATTENTION instead of inside it; knob mqa_merge.on),
+its one-pass ranking, knob route_rank.on), mqa_merge (1: the decode attention's split key lists
+merged inside MQA_ATTENTION, not by the MQA_COMBINE dispatch after it that the default runs; knob mqa_merge.on),
 mqa_merge_step (the parts whose loads the merging workgroup issues together; knob mqa_merge.step),
 gemv_xs_unroll / gemv_xs_groups and moe_xs_unroll / moe_xs_groups (the staged kernels' uvec4 steps a
 lane loads together and workgroups at most); any knob also by its full dotted name (value None, True,
