@@ -39,6 +39,17 @@ def parser(command: str, description: str | None = None, **kw) -> argparse.Argum
     return ap
 
 
+def check_sampling(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--temperature, --top-k and --seed (the commands that sample) checked: a one-line error naming the option."""
+    from ..ops.sample import MAX_TOP_K
+    if not 0 <= args.temperature < float("inf"):
+        ap.error(f"--temperature must be a finite number ≥ 0, got {args.temperature}")
+    if not 1 <= args.top_k <= MAX_TOP_K:
+        ap.error(f"--top-k must be from 1 to {MAX_TOP_K}, got {args.top_k}")
+    if not 0 <= args.seed < 2 ** 31:
+        ap.error(f"--seed must be from 0 to 2^31 - 1, got {args.seed}")
+
+
 def apply_device(args: argparse.Namespace) -> None:
     """Make --device the process's device choice (in place of DSV4_VK_DEVICE; errors name --device)."""
     if getattr(args, "device", None) is not None:

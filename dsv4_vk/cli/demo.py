@@ -19,11 +19,10 @@ from ..hc.policy import HCUnsupported
 from ..model import Model, Sampling, load_hf
 from ..model.synthetic import write_random
 from ..model.config import CSA, HCA, PRESETS, SWA, preset
-from ..ops.sample import MAX_TOP_K
 
 SHORT = {CSA: "CSA", HCA: "HCA", SWA: "sliding"}
 from ..vk import default_device
-from . import apply_device, parser
+from . import apply_device, check_sampling, parser
 
 
 def parse(argv):
@@ -42,12 +41,7 @@ def parse(argv):
     apply_device(a)
     if a.tokens < 1 or a.prompt < 1:
         ap.error("--tokens and --prompt must be ≥ 1")
-    if not 0 <= a.temperature < float("inf"):
-        ap.error(f"--temperature must be a finite number ≥ 0, got {a.temperature}")
-    if not 1 <= a.top_k <= MAX_TOP_K:
-        ap.error(f"--top-k must be from 1 to {MAX_TOP_K}, got {a.top_k}")
-    if not 0 <= a.seed < 2 ** 31:
-        ap.error(f"--seed must be from 0 to 2^31 - 1, got {a.seed}")
+    check_sampling(ap, a)
     return a
 
 

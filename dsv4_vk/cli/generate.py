@@ -19,8 +19,7 @@ from typing import Callable
 
 from ..model import Model, Sampling, Tokenizer, chat_prompt
 from ..model.config import load_config_json
-from ..ops.sample import MAX_TOP_K
-from . import apply_device, parser
+from . import apply_device, check_sampling, parser
 
 
 def text_options(ap: argparse.ArgumentParser, max_new_tokens: int) -> None:
@@ -47,12 +46,7 @@ def check_text_options(ap: argparse.ArgumentParser, a: argparse.Namespace) -> No
         ap.error(f"--checkpoint {a.checkpoint!r} is not a directory (a Hugging Face model directory)")
     if a.max_new_tokens < 1:
         ap.error(f"--max-new-tokens must be ≥ 1, got {a.max_new_tokens}")
-    if not 0 <= a.temperature < float("inf"):
-        ap.error(f"--temperature must be a finite number ≥ 0, got {a.temperature}")
-    if not 1 <= a.top_k <= MAX_TOP_K:
-        ap.error(f"--top-k must be from 1 to {MAX_TOP_K}, got {a.top_k}")
-    if not 0 <= a.seed < 2 ** 31:
-        ap.error(f"--seed must be from 0 to 2^31 - 1, got {a.seed}")
+    check_sampling(ap, a)
     if a.max_ctx is not None and a.max_ctx < 1:
         ap.error(f"--max-ctx must be ≥ 1, got {a.max_ctx}")
 
