@@ -1,7 +1,9 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 //! variants: OP_STEP | OP_COPY ; - | GRID_STRIDE
-// Device-floor kernels (dsv4_vk/cli/floor.py): the cheapest useful dispatch and a plain copy.
+//! variants: OP_FLOAT
+// Device-floor kernels (dsv4_vk/cli/floor.py): the cheapest useful dispatch, a plain copy and what the
+// arithmetic does at the bottom of its range.
 // Variants (-D):
 //   OP_STEP  d[dst] = d[src] + 1: a one-invocation dispatch (launch with workgroup size 1, grid 1).
 //            Chained with src = i, dst = i + 1 each dispatch depends on the one before, and the
@@ -9,6 +11,15 @@
 //   OP_COPY  dst[i] = src[i] over n4 vec4s, one vec4 per invocation (16-byte loads and stores
 //            are what a bandwidth-bound kernel would use); grid folded into y (common.glsl).
 //            -D GRID_STRIDE: a fixed grid whose invocations loop over the data instead.
+//   OP_FLOAT what the arithmetic does at the bottom of f32's and fp16's range with no float-controls
+//            execution mode (as every kernel here runs): one invocation, the operands read from the
+//            buffer (nothing folds at compile time), each result written beside them:
+//              d[8]  = d[0] · d[1]   2^−126 · 0.5: a subnormal result (2^−127, or 0 where flushed)
+//              d[9]  = d[2] · d[3]   2^−140 · 2^24: a subnormal operand (2^−116, or 0 where read as 0)
+//              d[10] = d[0] + d[2]   2^−126 + 2^−140 (exact, or 2^−126 where the operand is read as 0)
+//              d[11] = fp16(d[4])    2^−20 rounded to fp16 by packHalf2x16 (an fp16 subnormal, or 0)
+//              d[12] = f32(half)     unpackHalf2x16 of d[5]'s bits, 1: fp16's smallest subnormal, 2^−24 (or 0)
+//            Push: none.
 #include "common.glsl"
 #if defined(OP_STEP)
 layout(binding = 0) buffer D { float d[]; };
@@ -27,6 +38,15 @@ void main() {
     if (i < p.n4) d[i] = s[i];
 #endif
 }
+#elif defined(OP_FLOAT)
+layout(binding = 0) buffer D { float d[]; };
+void main() {
+    d[8] = d[0] * d[1];
+    d[9] = d[2] * d[3];
+    d[10] = d[0] + d[2];
+    d[11] = unpackHalf2x16(packHalf2x16(vec2(d[4], 0.0))).x;
+    d[12] = unpackHalf2x16(floatBitsToUint(d[5])).x;
+}
 #else
-#error "define OP_STEP or OP_COPY"
+#error "define OP_STEP, OP_COPY or OP_FLOAT"
 #endif

@@ -129,12 +129,25 @@ def test_floor_functions_on_tiny_sizes(device):
         assert np.isfinite(f[k]) and f[k] > 0, k
     assert f["subgroup_size"] == device.subgroup_size and f["copy_bytes"] == 64 << 10
     assert "copy bandwidth" in floor.format_floor(f)
+    assert set(f["float_edges"].values()) <= {"kept", "flushed"} and len(f["float_edges"]) == 5
+    assert "subnormals (no float mode)  f32 subnormal results " in floor.format_floor(f)
     limit = device.caps.limits.max_storage_buffer_range
     for bad in (100, 0, limit + 16):
         with pytest.raises(ValueError, match="copy_bytes"):
             floor.copy_gbps(device, bad)
     with pytest.raises(ValueError, match="n ≥ 1"):
         floor.dispatch_chain_us(device, 0)
+
+
+def test_float_edges_refuse_arithmetic_ieee_754_does_not_allow(device, monkeypatch):
+    """Each subnormal edge reads back as the exact value (kept) or the flushed one; anything else is an
+    error naming the edge, not a silent 'kept' or 'flushed'."""
+    edges = floor.float_edges(device)
+    assert list(edges) == [e[0] for e in floor._FLOAT_EDGES]
+    bad = [(n, i, exact * 3, flushed * 3 + 1.0) for n, i, exact, flushed in floor._FLOAT_EDGES]
+    monkeypatch.setattr(floor, "_FLOAT_EDGES", tuple(bad))
+    with pytest.raises(RuntimeError, match="f32_subnormal_results gave .* expected .* \\(kept\\) or .* \\(flushed\\)"):
+        floor.float_edges(device)
 
 
 def test_clock_warmup_keeps_the_device_busy_for_its_time(device, capsys):

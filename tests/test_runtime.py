@@ -154,6 +154,11 @@ def test_info_cli_json():
     import json
     rep = json.loads(r.stdout)
     assert rep["subgroup"]["size"] in (4, 8, 16) and rep["timestamps"]["valid_bits"] > 0
+    # the float modes a shader may ask for, as widths (lavapipe rounds to nearest even at every width)
+    fc = rep["float_controls"]
+    assert set(fc) == {"denorm_preserve", "denorm_flush_to_zero", "rounding_rte", "rounding_rtz",
+                       "signed_zero_inf_nan_preserve"}
+    assert all(set(v) <= {"f16", "f32", "f64"} for v in fc.values()) and "f32" in fc["rounding_rte"]
 
 
 @pytest.mark.parametrize("width, size", [(128, 4), (256, 8), (512, 16)])

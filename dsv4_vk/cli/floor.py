@@ -59,7 +59,7 @@ def _warm(warm):
         warm()
 
 
-STEP, COPY = {"OP_STEP": 1}, {"OP_COPY": 1}      # floor.comp's two kernels
+STEP, COPY, FLOAT = {"OP_STEP": 1}, {"OP_COPY": 1}, {"OP_FLOAT": 1}      # floor.comp's kernels
 
 
 def _step_pipeline(device):
@@ -186,6 +186,45 @@ def copy_gbps(device, nbytes=None, replays=10, copies=4, warm=None):
     return statistics.median(rates)
 
 
+# floor.comp -D OP_FLOAT: (name, operand values, result index, the exact result, the result where the
+# device flushes). The operands are written as float32; index 5 holds the bits 0x00000001 (fp16's
+# smallest subnormal as unpackHalf2x16 reads it).
+_FLOAT_OPERANDS = np.array([2.0 ** -126, 0.5, 2.0 ** -140, 2.0 ** 24, 2.0 ** -20, 0.0, 0.0, 0.0], np.float32)
+_FLOAT_OPERANDS[5:6].view(np.uint32)[0] = 1
+_FLOAT_EDGES = (
+    ("f32_subnormal_results", 8, 2.0 ** -127, 0.0),         # 2^-126 · 0.5
+    ("f32_subnormal_operands", 9, 2.0 ** -116, 0.0),        # 2^-140 · 2^24
+    ("f32_subnormal_addends", 10, 2.0 ** -126 + 2.0 ** -140, 2.0 ** -126),
+    ("fp16_subnormals_from_f32", 11, 2.0 ** -20, 0.0),      # packHalf2x16(2^-20)
+    ("fp16_subnormals_to_f32", 12, 2.0 ** -24, 0.0),        # unpackHalf2x16(1)
+)
+
+
+def float_edges(device) -> dict[str, str]:
+    """What `device` does with subnormal numbers in a shader that sets no float-controls execution
+    mode (every kernel here): {edge: "kept" | "flushed"} for f32 results, f32 operands of a product
+    and of a sum, and fp16 subnormals made from f32 (packHalf2x16) and read as f32
+    (unpackHalf2x16). The tensor-core kernels' range (docs/tensor_cores.md) depends on these.
+    Raises RuntimeError for any other value: the arithmetic is not what IEEE 754 allows."""
+    pipe = device.pipelines.get("floor", 1, FLOAT, (1,))
+    with _scratch(device, 4 * 16, np.concatenate([_FLOAT_OPERANDS, np.full(8, np.nan, np.float32)])) as buf:
+        rec = Recorder(device)
+        rec.dispatch(pipe, [buf], b"", (1, 1, 1), [(buf, 0, 32)], [(buf, 32, 64)])
+        with _recording(rec) as r:
+            r.submit()
+        got = buf.read().view(np.float32).astype(np.float64)
+    out = {}
+    for name, i, exact, flushed in _FLOAT_EDGES:
+        if got[i] == exact:
+            out[name] = "kept"
+        elif got[i] == flushed:
+            out[name] = "flushed"
+        else:
+            raise RuntimeError(f"floor.comp OP_FLOAT: {name} gave {got[i]!r}, expected {exact!r} (kept) or "
+                               f"{flushed!r} (flushed)")
+    return out
+
+
 def default_warm_ms(device):
     """Clock warm-up before each GPU measurement: 500 ms on GPUs, none on CPU devices."""
     return 0 if device.caps.type == "cpu" else 500
@@ -251,6 +290,7 @@ def measure(device=None, chain=256, copy_bytes=None, replays=10, record_n=1000, 
             "record_us_per_dispatch": record_us_per_dispatch(device, record_n),
             "copy_bytes": copy_bytes,
             "copy_gbps": copy_gbps(device, copy_bytes, replays, warm=warm),
+            "float_edges": float_edges(device),
         }
 
 
@@ -266,7 +306,9 @@ def format_floor(f):
         f"copy bandwidth              {f['copy_gbps']:10.2f} GB/s read+write "
         f"({f['copy_bytes'] / 2**20:.0f} MiB copied)",
     ] + ([f"clock warm-up               {f['warm_ms']:10.0f} ms of load before each GPU timing"]
-         if f.get("warm_ms") else []))
+         if f.get("warm_ms") else []) + ([
+        "subnormals (no float mode)  " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in f["float_edges"].items())]
+        if f.get("float_edges") else []))
 
 
 def main(argv=None):

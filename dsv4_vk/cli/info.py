@@ -55,6 +55,9 @@ def _human(rep):
         "coop. matrix  " + (", ".join(sorted({f"{c['m']}x{c['n']}x{c['k']} {c['a']}·{c['b']}+{c['c']}"
                                               for c in rep.get("coopmat", ())}))
                             or "none (the tensor-core kernels need VK_NV_cooperative_matrix, fp16 arithmetic)"),
+        "float modes   " + ("; ".join(f"{k.replace('_', ' ')}: {' '.join(v) or 'none'}"
+                                     for k, v in rep["float_controls"].items()) + " (what a shader may ask for)"
+                            if rep.get("float_controls") else "unknown (Vulkan < 1.2)"),
         "heaps         " + ", ".join(f"{h['size'] / 2**30:.1f} GiB{' device-local' if h['device_local'] else ''}"
                                      + (" host-visible (Model's expert_offload places routed experts here)"
                                         if i == rep.get("host_heap") else "")

@@ -74,6 +74,19 @@ class CoopMatShape:
 
 
 @dataclass(frozen=True)
+class FloatControls:
+    """VkPhysicalDeviceFloatControlsProperties (Vulkan 1.2): the float widths ("f16", "f32", "f64") for
+    which a shader may ask, by an execution mode, to keep subnormals, flush them, round to nearest
+    even or toward zero, and keep signed zeros, inf and NaN. None asked, the device's default applies
+    (cli.floor.float_edges measures it)."""
+    denorm_preserve: tuple[str, ...] = ()
+    denorm_flush_to_zero: tuple[str, ...] = ()
+    rounding_rte: tuple[str, ...] = ()
+    rounding_rtz: tuple[str, ...] = ()
+    signed_zero_inf_nan_preserve: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Capabilities:
     index: int
     name: str
@@ -94,6 +107,7 @@ class Capabilities:
     queues: tuple[QueueFamily, ...]
     # VK_NV_cooperative_matrix shapes (enabled with fp16 and the memory model); empty without
     coopmat: tuple[CoopMatShape, ...] = ()
+    float_controls: FloatControls = FloatControls()
 
     @property
     def is_cpu(self) -> bool:
@@ -128,4 +142,5 @@ class Capabilities:
             memory_types=tuple(MemoryType(**t) for t in p["memory_types"]),
             queues=tuple(QueueFamily(**q) for q in p["queues"]),
             coopmat=tuple(CoopMatShape(**c) for c in p.get("coopmat", ())),
+            float_controls=FloatControls(**{k: tuple(v) for k, v in p.get("float_controls", {}).items()}),
         )

@@ -144,6 +144,9 @@ def probe_device(instance, pd):
     drv = ffi.new("VkPhysicalDeviceDriverProperties*")
     drv.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES
     sgc.pNext = drv
+    fc = ffi.new("VkPhysicalDeviceFloatControlsProperties*")
+    fc.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FLOAT_CONTROLS_PROPERTIES
+    drv.pNext = fc
     p2 = ffi.new("VkPhysicalDeviceProperties2*")
     p2.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2
     p2.pNext = sg
@@ -215,7 +218,19 @@ def probe_device(instance, pd):
         "queues": queues,
         "api13": api13,
         "coopmat": coopmat,
+        "float_controls": _float_controls(fc) if p.apiVersion >= vk.VK_MAKE_VERSION(1, 2, 0) else {},
     }
+
+
+def _float_controls(fc):
+    """VkPhysicalDeviceFloatControlsProperties as {property: [widths]} (caps.FloatControls)."""
+    def widths(name):
+        return [w for w in ("16", "32", "64") if getattr(fc, f"{name}Float{w}")]
+    return {"denorm_preserve": [f"f{w}" for w in widths("shaderDenormPreserve")],
+            "denorm_flush_to_zero": [f"f{w}" for w in widths("shaderDenormFlushToZero")],
+            "rounding_rte": [f"f{w}" for w in widths("shaderRoundingModeRTE")],
+            "rounding_rtz": [f"f{w}" for w in widths("shaderRoundingModeRTZ")],
+            "signed_zero_inf_nan_preserve": [f"f{w}" for w in widths("shaderSignedZeroInfNanPreserve")]}
 
 
 def list_devices():
