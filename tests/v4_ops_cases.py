@@ -586,6 +586,36 @@ def test_mqa_tiled_needs_shared_memory_for_a_key_row(tune, rng, monkeypatch):
     test_mqa_attention(tune, rng, monkeypatch, "auto", None, None, False, "sliding", 1, 2, 64, 40, 8, 1, 2, 64)
 
 
+def test_mqa_decode_splits_at_most_the_knob(tune, monkeypatch):
+    """Decode splits are one tile of keys each (8 on a GPU) up to mqa_tile.max_splits: 640 keys make 64
+    splits by default, fewer under the knob (the model's layers take it: model.build.decode_splits);
+    values outside 1..64 are refused by name."""
+    from dsv4_vk.model.build import decode_splits
+    from dsv4_vk.model.config import CSA
+    from dsv4_vk.ops import v4_attention
+    from dsv4_vk.vk import default_device
+    dev = default_device()
+    monkeypatch.setattr(v4_attention, "is_cpu", lambda device: False)
+    tile = v4_attention.mqa_tile_keys(dev, 512)
+    assert tile == 8 and v4_attention.mqa_decode_splits(dev, 512, 640) == 64
+    assert v4_attention.mqa_decode_splits(dev, 512, 20) == 3
+    from dsv4_vk.model.config import HCA, V4Config
+    cfg = V4Config(vocab_size=48, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, head_dim=16,
+                   layer_types=["sliding_attention", CSA], mlp_layer_types=["moe", "moe"],
+                   compress_rates={CSA: 4, HCA: 128}, max_ctx=256,
+                   sliding_window=16, index_topk=40)
+    csa = 1
+    want = -(-(cfg.sliding_window + min(cfg.index_topk, cfg.max_ctx // cfg.rate(csa))) // tile)
+    assert want > 2 and decode_splits(cfg, csa, dev) == want
+    tune({"mqa_tile.max_splits": 2})
+    assert v4_attention.mqa_decode_splits(dev, 512, 640) == 2 and decode_splits(cfg, csa, dev) == 2
+    assert v4_attention.mqa_decode_splits(dev, 512, 5) == 1
+    for bad in (0, 65, 2.0, True, "8"):
+        tune({"mqa_tile.max_splits": bad})
+        with pytest.raises(ValueError, match=r"'mqa_tile.max_splits' must be an integer from 1 to 64, got"):
+            v4_attention.mqa_decode_splits(dev, 512, 640)
+
+
 @pytest.mark.parametrize("hashed", [False, True])
 @pytest.mark.parametrize("scoring", ["sqrtsoftplus", "sigmoid", "softmax"])
 @pytest.mark.parametrize("T,E,k", [(1, 4, 2), (9, 16, 6), (3, 256, 8)])

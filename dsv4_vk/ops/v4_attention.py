@@ -80,9 +80,15 @@ PREFILL_LITERAL_MAX = {"per_lane": 8, "heads": 4, "keys": 8, "loads": 32}    # m
 # keys a tiled workgroup stages at a time, where shared memory allows: 8 (twice the decode splits of
 # 16) measured faster than 16 on the H200, alone and in the model: the dispatch's fixed cost bounds
 # it, not any part of its work (results/h200/ablate_mqa_h200.txt)
-MQA_TILE = knob_table("mqa_tile", keys=(8, "keys a tiled MQA_ATTENTION workgroup stages at a time, where shared "
-                                             "memory allows"))
 MAX_DECODE_SPLITS = 64
+MQA_TILE = knob_table("mqa_tile",
+                      keys=(8, "keys a tiled MQA_ATTENTION workgroup stages at a time, where shared memory allows"),
+                      max_splits=(MAX_DECODE_SPLITS, "key-list splits of a decode token at most (1 to 64): each split a "
+                                  "workgroup per head group, which writes its part (hd + 2 floats a head) for "
+                                  "MQA_COMBINE; at the default a split is one tile, so 640 keys make 64 parts a head "
+                                  "(8.4 MB at V4-Flash's 64 heads of 512), fewer splits walk several tiles a "
+                                  "workgroup and write fewer parts; not yet measured (tools/model_gpu_bench.py "
+                                  "--variants mqa_splits=16)"))
 MQA_MERGE = knob_table(
     "mqa_merge",
     on=(False, "the model's decode attention merges its split key lists inside MQA_ATTENTION (merge=True: the "
@@ -119,9 +125,13 @@ def mqa_tile_keys(device, hd: int) -> int:
 
 def mqa_decode_splits(device, hd: int, n_keys: int) -> int:
     """Key-list splits for one decode token with at most n_keys keys: one tiled workgroup's tile
-    each (more parallel work, one memory latency per split), at most MAX_DECODE_SPLITS."""
+    each (more parallel work, one memory latency per split), at most the knob mqa_tile.max_splits."""
+    most = MQA_TILE["max_splits"]
+    if isinstance(most, bool) or not isinstance(most, int) or not 1 <= most <= MAX_DECODE_SPLITS:
+        raise ValueError(f"tuning knob 'mqa_tile.max_splits' must be an integer from 1 to {MAX_DECODE_SPLITS}, "
+                         f"got {most!r}")
     tile = (not is_cpu(device) and mqa_tile_keys(device, hd)) or 128
-    return max(1, min(MAX_DECODE_SPLITS, -(-int(n_keys) // tile)))
+    return max(1, min(most, -(-int(n_keys) // tile)))
 
 
 def mqa_prefill_plan(device, hd: int, H: int) -> dict:
