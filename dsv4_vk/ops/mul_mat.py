@@ -203,7 +203,11 @@ GEMV_QUANT_ROWS = knob_table(
     x_shared_groups=(1024, "the staged GEMV: workgroups per batch item at most (≥ 1); past it clusters loop over "
                            "row blocks, so x is staged fewer times"),
     x_shared_wg=(256, "the staged GEMV: invocations a workgroup (a power of two ≤ 256; at least one cluster): "
-                      "smaller ones spread few rows (wq_a, wkv) over more workgroups, each staging x again"))
+                      "smaller ones spread few rows (wq_a, wkv) over more workgroups, each staging x again"),
+    x_shared_lanes=(None, "the staged GEMV: lanes a cluster (spec constant LANES; a power of two from 2 to the "
+                          "device's smallest subgroup): fewer lanes walk more uvec4s of each row, one reduction "
+                          "step fewer per halving, several clusters of a subgroup reading the same staged x. None: "
+                          "a whole subgroup on GPUs (at most a row's uvec4s), 1 on CPU devices; unmeasured"))
 GEMV_SPREAD = 1 << 18                   # (an H200 holds 132 SMs × 2048 invocations)
 GEMV_WG_MAX = 256
 
@@ -251,6 +255,25 @@ def staged_x_vec4s(device, fmt: QuantFormat, K: int, norm: bool) -> int | None:
     return xs if need <= device.caps.limits.max_shared_memory else None
 
 
+def staged_lanes(device, row_uvec4s: int) -> tuple[dict, dict]:
+    """cluster_lanes' (defines, launch kwargs) for the staged GEMV over rows of `row_uvec4s` uvec4s of
+    codes: by knob gemv_quant.x_shared_lanes, else a whole subgroup at most (one lane on CPU devices).
+    ValueError naming the knob where its value is not a power of two from 2 to the device's smallest
+    subgroup, or the device cannot reduce such clusters (no subgroup shuffles)."""
+    lanes = GEMV_QUANT_ROWS["x_shared_lanes"]
+    if lanes is None:
+        return cluster_lanes(device, row_uvec4s, per_lane=1, max_lanes=1 if is_cpu(device) else None)
+    sg = device.caps.subgroup
+    if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 2 or lanes & (lanes - 1) or lanes > sg.min_size:
+        raise ValueError(f"tuning knob 'gemv_quant.x_shared_lanes' must be None or a power of two from 2 to the "
+                         f"device's smallest subgroup ({sg.min_size} lanes), got {lanes!r}")
+    defines, extra = cluster_lanes(device, lanes, per_lane=1, max_lanes=lanes)
+    if defines["LANES"] != lanes:
+        raise ValueError(f"tuning knob 'gemv_quant.x_shared_lanes' = {lanes}: clusters of {lanes} lanes need subgroup "
+                         f"shuffles, which {device.name} lacks")
+    return defines, extra
+
+
 def staged_gemv_launch(device, fmt: QuantFormat, batch: int, N: int, K: int, norm: bool) -> tuple | None:
     """(defines, spec, grid, push fields, launch kwargs) of the staged GEMV at one token, or None
     where the knob gemv_quant.x_shared is off or it cannot run (staged_x_vec4s)."""
@@ -266,7 +289,7 @@ def staged_gemv_launch(device, fmt: QuantFormat, batch: int, N: int, K: int, nor
     check_staged_knobs("gemv_quant", nr, unroll, groups)
     if isinstance(wg, bool) or not isinstance(wg, int) or wg < 1 or wg > WORKGROUP or wg & (wg - 1):
         raise ValueError(f"tuning knob 'gemv_quant.x_shared_wg' must be a power of two ≤ {WORKGROUP}, got {wg!r}")
-    lane_defs, extra = cluster_lanes(device, fmt.words(K) // 4, per_lane=1, max_lanes=1 if is_cpu(device) else None)
+    lane_defs, extra = staged_lanes(device, fmt.words(K) // 4)
     wg = max(wg, device.caps.subgroup.max_size if lane_defs["LANES"] > 1 else 1)   # whole subgroups (lanes.glsl)
     clusters = wg // lane_defs["LANES"]
     blocks = -(-N // nr)
