@@ -137,6 +137,10 @@ layout(constant_id = 3) const uint WIDE = 0;
 // and load the next step's codes and scale words before they compute the current one (the first
 // before x is staged), so a row's end and its reduction do not stall the loads.
 layout(constant_id = 4) const uint XS = 1;
+// Spec constant 5, ONE_SCALE (1: FP8, where the host found that each block of NR rows lies in one
+// 128-row block of the scale grid): the block's rows share their scale bytes, so each uvec4 step
+// loads and decodes one scale word for all NR rows rather than one a row.
+layout(constant_id = 5) const uint ONE_SCALE = 0;
 shared vec4 xs[XS];
 #if defined(NORM_X)
 shared float xs_ss[256];                // Σx² of each subgroup (of each lane without subgroups; ≤ 256)
@@ -166,7 +170,7 @@ void main() {
             if (j < KU) {                               // (past the row: not loaded, not computed)
                 [[unroll]] for (uint i = 0; i < NR; ++i) {
                     cw[i][u] = wq4[wb[i] / 4u + j];
-                    cs[i][u] = wscale[(sb[i] + j * Q_XV * 4u / Q_BC) >> 2];
+                    if (i == 0u || ONE_SCALE == 0u) cs[i][u] = wscale[(sb[i] + j * Q_XV * 4u / Q_BC) >> 2];
                 }
             }
         }
@@ -217,7 +221,8 @@ void main() {
                 if (j < KU) {
                     [[unroll]] for (uint i = 0; i < NR; ++i) {
                         nw[i][u] = wq4[wb1[i] / 4u + j];
-                        ns[i][u] = wscale[(sb1[i] + j * Q_XV * 4u / Q_BC) >> 2];
+                        if (i == 0u || ONE_SCALE == 0u)
+                            ns[i][u] = wscale[(sb1[i] + j * Q_XV * 4u / Q_BC) >> 2];
                     }
                 }
             }
@@ -227,9 +232,15 @@ void main() {
             if (j < KU) {
                 vec4 xv[Q_XV];                          // read once for the NR rows
                 [[unroll]] for (uint c = 0; c < Q_XV; ++c) xv[c] = xs[c * KU + j];
+                float sc[NR];
                 [[unroll]] for (uint i = 0; i < NR; ++i) {
-                    uint si = sb[i] + j * Q_XV * 4u / Q_BC;
-                    acc[i] += q_e8m0((cs[i][u] >> ((si & 3u) << 3)) & 0xFFu) * Q_UNIT * q_wide_dot_fast(cw[i][u], xv);
+                    if (i == 0u || ONE_SCALE == 0u) {
+                        uint si = sb[i] + j * Q_XV * 4u / Q_BC;
+                        sc[i] = q_e8m0((cs[i][u] >> ((si & 3u) << 3)) & 0xFFu) * Q_UNIT;
+                    } else {
+                        sc[i] = sc[0];
+                    }
+                    acc[i] += sc[i] * q_wide_dot_fast(cw[i][u], xv);
                 }
             }
         }
