@@ -132,10 +132,10 @@ layout(constant_id = 3) const uint WIDE = 0;
 // operations (q_fp8_word / q_fp4_word), multiplies the unscaled sum of a uvec4 by its one scale and
 // reduces each row over the cluster once. A cluster of fewer lanes than a subgroup (the host's
 // choice of LANES) walks more uvec4s of its rows a reduction, the subgroup's clusters reading the
-// same staged x vec4s at each step (their rows are equally long). Clusters are persistent over row blocks (p.xs_groups
-// workgroups per batch item, each cluster taking every p.xs_groups·clusters-th block of NR rows)
-// and load the next step's codes and scale words before they compute the current one (the first
-// before x is staged), so a row's end and its reduction do not stall the loads.
+// same staged x vec4s at each step (their rows are equally long). Clusters are persistent over row
+// blocks (p.xs_groups workgroups per batch item, each cluster taking every p.xs_groups·clusters-th
+// block of NR rows) and load the next step's codes and scale words before they compute the current
+// one (the first before x is staged), so a row's end and its reduction do not stall the loads.
 layout(constant_id = 4) const uint XS = 1;
 // Spec constant 5, ONE_SCALE (1: FP8, where the host found that each block of NR rows lies in one
 // 128-row block of the scale grid): the block's rows share their scale bytes, so each uvec4 step
