@@ -130,14 +130,20 @@ layout(constant_id = 3) const uint WIDE = 0;
 // hot loop loads only codes: each lane a uvec4 (16 FP8 / 32 FP4 codes; consecutive lanes
 // consecutive uvec4s) of each of NR rows, UNROLL steps apart by LANES, decodes a word in a few
 // operations (q_fp8_word / q_fp4_word), multiplies the unscaled sum of a uvec4 by its one scale and
-// reduces each row over the cluster once. Clusters are persistent over row blocks (p.xs_groups
-// workgroups per batch item, each cluster taking every p.xs_groups·clusters-th block of NR rows)
-// and load the next step's codes and scale words before they compute the current one (the first
-// before x is staged), so a row's end and its reduction do not stall the loads.
+// reduces each row over the cluster once. A cluster of fewer lanes than a subgroup (the host's
+// choice of LANES) walks more uvec4s of its rows a reduction, the subgroup's clusters reading the
+// same staged x vec4s at each step (their rows are equally long). Clusters are persistent over row
+// blocks (p.xs_groups workgroups per batch item, each cluster taking every p.xs_groups·clusters-th
+// block of NR rows) and load the next step's codes and scale words before they compute the current
+// one (the first before x is staged), so a row's end and its reduction do not stall the loads.
 layout(constant_id = 4) const uint XS = 1;
+// Spec constant 5, ONE_SCALE (1: FP8, where the host found that each block of NR rows lies in one
+// 128-row block of the scale grid): the block's rows share their scale bytes, so each uvec4 step
+// loads and decodes one scale word for all NR rows rather than one a row.
+layout(constant_id = 5) const uint ONE_SCALE = 0;
 shared vec4 xs[XS];
 #if defined(NORM_X)
-shared float xs_ss[256];                // Σx² of each cluster (at most 256 a workgroup)
+shared float xs_ss[256];                // Σx² of each subgroup (of each lane without subgroups; ≤ 256)
 #endif
 #include "x_stage.glsl"
 
@@ -164,7 +170,7 @@ void main() {
             if (j < KU) {                               // (past the row: not loaded, not computed)
                 [[unroll]] for (uint i = 0; i < NR; ++i) {
                     cw[i][u] = wq4[wb[i] / 4u + j];
-                    cs[i][u] = wscale[(sb[i] + j * Q_XV * 4u / Q_BC) >> 2];
+                    if (i == 0u || ONE_SCALE == 0u) cs[i][u] = wscale[(sb[i] + j * Q_XV * 4u / Q_BC) >> 2];
                 }
             }
         }
@@ -172,13 +178,24 @@ void main() {
     float s2 = stage_x(x_row(b0, b1, 0u), 0u, 1u, KU);
     float inv = 1.0;
 #if defined(NORM_X)
+    // one partial sum a subgroup (every invocation is here): clusters of fewer lanes than a subgroup
+    // add theirs up first, so the sum below reads no more partial sums than a workgroup has subgroups
     s2 = cluster_sum(s2);
+#if defined(LANES_CLUSTER)
+#if defined(LANES_SHUFFLE)
+    for (uint m = LANES; m < gl_SubgroupSize; m <<= 1) s2 += subgroupShuffleXor(s2, m);
+#endif
+    uint parts = gl_NumSubgroups;
+    if (gl_SubgroupInvocationID == 0u) xs_ss[gl_SubgroupID] = s2;
+#else
+    uint parts = CPW;
     if (lane == 0u) xs_ss[cl] = s2;
+#endif
 #endif
     barrier();
 #if defined(NORM_X)
     s2 = 0.0;
-    for (uint c = 0; c < CPW; ++c) s2 += xs_ss[c];
+    for (uint c = 0; c < parts; ++c) s2 += xs_ss[c];
     inv = 1.0 / sqrt(s2 / float(p.K) + p.eps);
 #endif
     float acc[NR];
@@ -204,7 +221,8 @@ void main() {
                 if (j < KU) {
                     [[unroll]] for (uint i = 0; i < NR; ++i) {
                         nw[i][u] = wq4[wb1[i] / 4u + j];
-                        ns[i][u] = wscale[(sb1[i] + j * Q_XV * 4u / Q_BC) >> 2];
+                        if (i == 0u || ONE_SCALE == 0u)
+                            ns[i][u] = wscale[(sb1[i] + j * Q_XV * 4u / Q_BC) >> 2];
                     }
                 }
             }
@@ -214,9 +232,15 @@ void main() {
             if (j < KU) {
                 vec4 xv[Q_XV];                          // read once for the NR rows
                 [[unroll]] for (uint c = 0; c < Q_XV; ++c) xv[c] = xs[c * KU + j];
+                float sc[NR];
                 [[unroll]] for (uint i = 0; i < NR; ++i) {
-                    uint si = sb[i] + j * Q_XV * 4u / Q_BC;
-                    acc[i] += q_e8m0((cs[i][u] >> ((si & 3u) << 3)) & 0xFFu) * Q_UNIT * q_wide_dot_fast(cw[i][u], xv);
+                    if (i == 0u || ONE_SCALE == 0u) {
+                        uint si = sb[i] + j * Q_XV * 4u / Q_BC;
+                        sc[i] = q_e8m0((cs[i][u] >> ((si & 3u) << 3)) & 0xFFu) * Q_UNIT;
+                    } else {
+                        sc[i] = sc[0];
+                    }
+                    acc[i] += sc[i] * q_wide_dot_fast(cw[i][u], xv);
                 }
             }
         }

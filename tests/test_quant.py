@@ -353,17 +353,20 @@ def check_staged_gemv(rng, device=None):
     close(run_graph(g, x=x)["y"], np.matmul(x.astype(np.float64), np.swapaxes(w3, -1, -2)), "batched grids")
 
 
-@pytest.mark.parametrize("as_gpu,rows,unroll,groups,wg", [(False, 2, 2, 1024, 256), (True, 1, 1, 1, 256),
-                                                          (True, 2, 2, 1024, 1), (True, 4, 3, 2, 64)])
-def test_staged_gemv(tune, as_gpu, rows, unroll, groups, wg, rng, monkeypatch, device):
+@pytest.mark.parametrize("as_gpu,rows,unroll,groups,wg,lanes", [
+    (False, 2, 2, 1024, 256, None), (True, 1, 1, 1, 256, None), (True, 2, 2, 1024, 1, None), (True, 4, 3, 2, 64, None),
+    (False, 4, 2, 2, 256, 2), (True, 2, 1, 3, 64, 4), (True, 1, 2, 1024, 8, "subgroup")])
+def test_staged_gemv(tune, as_gpu, rows, unroll, groups, wg, lanes, rng, monkeypatch, device):
     """The GEMV at one token with x staged in shared memory (knob gemv_quant.x_shared) matches the
     float64 dequantisation for 1, 2 or 4 rows a cluster, 1 to 3 steps in flight, few workgroups
-    (clusters looping over row blocks) and workgroups of one cluster; shapes it cannot take (rows
-    not whole uvec4s) keep the GEMV."""
+    (clusters looping over row blocks), workgroups of one cluster, and clusters of 2, 4 or a
+    subgroup's lanes (gemv_quant.x_shared_lanes: several clusters a subgroup, the folded norm's sums
+    added a subgroup at a time); shapes it cannot take (rows not whole uvec4s) keep the GEMV."""
     if as_gpu:
         monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    lanes = device.caps.subgroup.min_size if lanes == "subgroup" else lanes
     tune({"gemv_quant.x_shared": True, "gemv_quant.x_shared_rows": rows, "gemv_quant.x_shared_unroll": unroll,
-          "gemv_quant.x_shared_groups": groups, "gemv_quant.x_shared_wg": wg})
+          "gemv_quant.x_shared_groups": groups, "gemv_quant.x_shared_wg": wg, "gemv_quant.x_shared_lanes": lanes})
     check_staged_gemv(rng, device)
     for fmt, K, staged in (("fp8", 260, False), ("fp4", 80, False), ("fp8", 208, True)):
         g = Graph()
@@ -373,8 +376,14 @@ def test_staged_gemv(tune, as_gpu, rows, unroll, groups, wg, rng, monkeypatch, d
         (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
         assert ("X_SHARED" in launch.defines) == staged, (fmt, K)
         if staged:
-            whole = device.caps.subgroup.max_size if launch.defines["LANES"] > 1 else 1
-            assert launch.spec == (max(wg, whole), unroll, rows, 0, 52) and launch.grid[0] * launch.grid[1] <= groups
+            # (None: a subgroup on GPUs, at most the 13 uvec4s of a row rounded up to a power of two)
+            L, sg = launch.defines["LANES"], device.caps.subgroup.min_size
+            assert L == (lanes or (min(sg, 16) if as_gpu else 1)), launch.defines
+            assert ("LANES_SHUFFLE" in launch.defines) == (1 < L < sg), launch.defines
+            whole = device.caps.subgroup.max_size if L > 1 else 1
+            blocks, clusters = -(-37 // rows), max(wg, whole) // L
+            assert launch.spec == (max(wg, whole), unroll, rows, 0, 52)
+            assert launch.grid[0] * launch.grid[1] == min(groups, -(-blocks // clusters)), launch.grid
     check_mul_mat(rng)
 
 
@@ -426,7 +435,8 @@ def test_staged_knobs_key_the_program():
     changed = [{"gemv_quant.x_shared": True}, {"gemv_quant.x_shared_rows": 4}, {"gemv_quant.x_shared_unroll": 1},
                {"gemv_quant.x_shared_groups": 7}, {"gemv_quant.x_shared_wg": 64}, {"mul_mat_id.x_shared": True},
                {"mul_mat_id.x_shared_rows": 1}, {"mul_mat_id.x_shared_unroll": 3}, {"mul_mat_id.x_shared_groups": 5},
-               {"mul_mat_id.x_shared_split": 2}]
+               {"mul_mat_id.x_shared_split": 2}, {"gemv_quant.x_shared_lanes": 4},
+               {"gemv_quant.x_shared_one_scale": True}]
     sigs = {signature(**{k: v for k, v in c.items()}) for c in changed}
     assert base not in sigs and len(sigs) == len(changed)
 
@@ -436,12 +446,60 @@ def test_staged_knobs_key_the_program():
     ("x_shared_unroll", 0, r"'gemv_quant\.x_shared_unroll' must be an integer in \[1, 8\], got 0"),
     ("x_shared_groups", 0, r"'gemv_quant\.x_shared_groups' must be an integer ≥ 1, got 0"),
     ("x_shared_wg", 96, r"'gemv_quant\.x_shared_wg' must be a power of two ≤ 256, got 96"),
+    *[("x_shared_lanes", v, r"'gemv_quant\.x_shared_lanes' must be None or a power of two from 2 to the device's "
+       rf"smallest subgroup \(\d+ lanes\), got {v}") for v in (1, 3, 64, 2.0, True)],
+    ("x_shared_one_scale", 1, r"'gemv_quant\.x_shared_one_scale' must be True or False, got 1"),
 ])
 def test_staged_gemv_knobs_are_checked(tune, knob, value, match, device):
     tune({"gemv_quant.x_shared": True, f"gemv_quant.{knob}": value})
     g = Graph()
     g.op("MUL_MAT", g.input("x", (1, 64)), g.input("w", (4, 16), "i32"), g.input("s", (1,), "i32"), wq="fp8")
     with pytest.raises(ValueError, match=match):
+        g.nodes[0].op.lower(g.nodes[0], device)
+
+
+@pytest.mark.parametrize("rows,lanes", [(2, None), (4, 4)])
+def test_staged_gemv_one_scale_for_the_rows(tune, rows, lanes, rng, monkeypatch, device):
+    """gemv_quant.x_shared_one_scale: FP8 rows of a cluster in one 128-row block of the scale grid take one
+    scale word a step (spec constant 5 set) where the layout guarantees it (consecutive rows, batch
+    items' and matrices' first rows multiples of the rows a cluster), and match the float64
+    dequantisation; elsewhere (FP4, rows straddling two matrices' grids or batch items starting
+    mid-block) one a row, still right."""
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    tune({"gemv_quant.x_shared": True, "gemv_quant.x_shared_rows": rows, "gemv_quant.x_shared_lanes": lanes,
+          "gemv_quant.x_shared_one_scale": True})
+
+    def one_scale(fmt, batch, r, grid_rows=None, K=256):
+        g = Graph()
+        sr, sc = QUANT[fmt].grid(grid_rows or batch * r, K)
+        w = g.input("w", (batch * r, QUANT[fmt].words(K)), "i32")
+        s = g.input("s", (-(-sr * sc * (batch * r // (grid_rows or batch * r)) // 4),), "i32")
+        x = g.input("x", (batch, 1, K) if batch > 1 else (1, K))
+        g.op("MUL_MAT", x, w.reshape(batch, r, -1) if batch > 1 else w, s, wq=fmt,
+             **({"grid_rows": grid_rows} if grid_rows else {}))
+        (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+        assert "X_SHARED" in launch.defines
+        return launch.spec[5:] == (1,)
+    assert one_scale("fp8", 1, 300) and one_scale("fp8", 1, 37) and not one_scale("fp4", 1, 40)
+    assert one_scale("fp8", 3, 72) and one_scale("fp8", 3, 72, grid_rows=72)
+    assert one_scale("fp8", 3, 70) == (rows == 2) and one_scale("fp8", 3, 70, grid_rows=70) == (rows == 2)
+    assert one_scale("fp8", 1, 210, grid_rows=70) == (rows == 2)
+    check_staged_gemv(rng, device)
+
+
+def test_staged_gemv_lanes_need_subgroup_shuffles(tune, monkeypatch, device):
+    """Clusters of fewer lanes than a subgroup reduce by shuffles: a device without them refuses the
+    knob gemv_quant.x_shared_lanes, naming it (None keeps whole-subgroup clusters there)."""
+    sg = dataclasses.replace(device.caps.subgroup, operations=("basic", "arithmetic"))
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", subgroup=sg))
+    g = Graph()
+    g.op("MUL_MAT", g.input("x", (1, 1024)), g.input("w", (4, 256), "i32"), g.input("s", (2,), "i32"), wq="fp8")
+    tune({"gemv_quant.x_shared": True})
+    (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+    assert "LANES_SUBGROUP_OPS" in launch.defines
+    tune({"gemv_quant.x_shared_lanes": 2})
+    with pytest.raises(ValueError, match=r"'gemv_quant\.x_shared_lanes' = 2: clusters of 2 lanes need subgroup "
+                                         "shuffles"):
         g.nodes[0].op.lower(g.nodes[0], device)
 
 
@@ -912,6 +970,9 @@ def worker():
         dev.caps = dataclasses.replace(cpu_caps, type="discrete-gpu")     # lane clusters of this subgroup size
         try:
             check_staged_gemv(np.random.default_rng(14), dev)
+            with tuned({"gemv_quant.x_shared_lanes": dev.caps.subgroup.min_size // 2, "gemv_quant.x_shared_rows": 4,
+                        "gemv_quant.x_shared_one_scale": True}):
+                check_staged_gemv(np.random.default_rng(21), dev)     # several clusters a subgroup
             check_staged_experts(np.random.default_rng(16), dev)
             check_shared_expert_in_the_same_dispatch(np.random.default_rng(17), dev)
             with tuned({"mul_mat_id.x_shared_split": 4, "mul_mat_id.x_shared_rows": 1}):

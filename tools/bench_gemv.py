@@ -20,8 +20,8 @@ between them as in the model), so the weights come from device memory as in the 
 than partly from the L2 cache, as a matrix repeated back to back does.
 Quantised weights: --x-shared 0,1 puts the staged GEMV (knob gemv_quant.x_shared: x in shared memory,
 16-byte code loads, persistent clusters) beside the word-load GEMV in the same run, its own knobs
-(gemv_quant.x_shared_rows / _unroll / _groups / _wg) swept by --xs-rows, --xs-unroll, --xs-groups,
---xs-wg; the word-load knobs (--spread, --unroll, --rows, --load) apply to the other rows only.
+(gemv_quant.x_shared_rows / _unroll / _groups / _wg / _lanes / _one_scale) swept by --xs-rows, --xs-unroll,
+--xs-groups, --xs-wg, --xs-lanes, --xs-one-scale; the word-load knobs (--spread, --unroll, --rows, --load) apply to the other rows only.
 --ablate nocvt,nodecode,nox,nofma,noload,nostage: after the table, the staged rows again (same formats, shapes,
 knobs, --cold) with a part of the staged GEMV removed, each in a child process (tools/ablation.py; the
 results are wrong on purpose, only the time is read), printed as `ablation NAME <row>`:
@@ -109,7 +109,8 @@ def kernel_used(launch, knobs):
     left at None take the device's defaults, read back from the launch)."""
     if "X_SHARED" in launch.defines:
         return "staged", (f"staged rows={launch.spec[2]} unroll={knobs['gemv_quant.x_shared_unroll']} "
-                          f"groups={knobs['gemv_quant.x_shared_groups']:4d} wg={launch.spec[0]:3d}")
+                          f"groups={knobs['gemv_quant.x_shared_groups']:4d} wg={launch.spec[0]:3d} "
+                          f"lanes={launch.defines['LANES']:2d}{' one' if launch.spec[5:] == (1,) else ''}")
     wg = launch.spec[0] if "LANES_WORKGROUP" in launch.defines else None
     nr, wide = launch.spec[2:4] if len(launch.spec) >= 4 else (1, 0)
     return "words", f"wg lanes={wg or '-':3} unroll={launch.spec[1]:2d} rows={nr} load={16 if wide else 4:2d}"
@@ -123,7 +124,8 @@ def configs(a, fmt):
     """The knob settings to time for one format: the word-load GEMV's sweep, then (quantised weights,
     --x-shared 1) the staged GEMV's."""
     base = {"gemv_quant.x_shared": False, "gemv_quant.x_shared_rows": 2, "gemv_quant.x_shared_unroll": 2,
-            "gemv_quant.x_shared_groups": 1024, "gemv_quant.x_shared_wg": 256}
+            "gemv_quant.x_shared_groups": 1024, "gemv_quant.x_shared_wg": 256, "gemv_quant.x_shared_lanes": None,
+            "gemv_quant.x_shared_one_scale": False}
     quant = fmt != "bf16"
     out = []
     if 0 in ints(a.x_shared) or not quant:
@@ -132,12 +134,14 @@ def configs(a, fmt):
             out.append({**base, "gemv.spread": None if spread < 0 else spread, "gemv.unroll": unroll,
                         "gemv_quant.rows": nr, "gemv_quant.load": load})
     if 1 in ints(a.x_shared) and quant:
-        for nr, unroll, groups, wg in itertools.product(ints(a.xs_rows), ints(a.xs_unroll), ints(a.xs_groups),
-                                                        ints(a.xs_wg)):
+        for nr, unroll, groups, wg, lanes, one in itertools.product(ints(a.xs_rows), ints(a.xs_unroll),
+                                                                    ints(a.xs_groups), ints(a.xs_wg), ints(a.xs_lanes),
+                                                                    ints(a.xs_one_scale)):
             out.append({**base, "gemv.spread": None, "gemv.unroll": None, "gemv_quant.rows": 1, "gemv_quant.load": 4,
                         "gemv_quant.x_shared": True, "gemv_quant.x_shared_rows": None if nr < 0 else nr,
                         "gemv_quant.x_shared_unroll": unroll, "gemv_quant.x_shared_groups": groups,
-                        "gemv_quant.x_shared_wg": wg})
+                        "gemv_quant.x_shared_wg": wg, "gemv_quant.x_shared_lanes": None if lanes < 0 else lanes,
+                        "gemv_quant.x_shared_one_scale": bool(one)})
     return out
 
 
@@ -161,6 +165,10 @@ def main(argv=None):
     ap.add_argument("--xs-unroll", default="2", help="staged GEMV: uvec4 steps a lane loads together to sweep")
     ap.add_argument("--xs-groups", default="1024", help="staged GEMV: workgroups at most to sweep")
     ap.add_argument("--xs-wg", default="256", help="staged GEMV: invocations a workgroup to sweep (powers of two ≤ 256)")
+    ap.add_argument("--xs-lanes", default="-1", help="staged GEMV: lanes a cluster to sweep (powers of two from 2 to "
+                    "the subgroup; -1: the knob's default, a whole subgroup)")
+    ap.add_argument("--xs-one-scale", default="0", help="staged GEMV: FP8 rows of a cluster sharing one scale word "
+                    "load a step off (0), on (1; where their layout allows it) or both (0,1)")
     ap.add_argument("--cold", action="store_true", help="each GEMV reads its own copy of the weights, the copies "
                     f"spanning {COLD_BYTES >> 20} MiB: read from device memory, not the L2 cache (as in the decode step)")
     ap.add_argument("--warm-ms", type=float, help="GPU clock warm-up before each row (default 500 on GPUs)")
@@ -190,7 +198,7 @@ def main(argv=None):
                     launch = g.nodes[0].op.lower(g.nodes[0], dev)[0]
                     kind, how = kernel_used(launch, knobs)
                     # named before it runs: a run that stops the device leaves its variant on screen
-                    print(f"{fmt:4s} {label:5s} ({N:6d}, {K:5d}){' +norm' if norm else '      '} {how:34s} ", end="",
+                    print(f"{fmt:4s} {label:5s} ({N:6d}, {K:5d}){' +norm' if norm else '      '} {how:47s} ", end="",
                           flush=True)
                     us = median_gpu_us(dev, g, inputs, a.replays, warm, a.repeat) / copies
                 gbps = nbytes / (us * 1e3)
@@ -205,6 +213,8 @@ def main(argv=None):
                              "xs_rows": launch.spec[2] if kind == "staged" else knobs["gemv_quant.x_shared_rows"],
                              "xs_unroll": knobs["gemv_quant.x_shared_unroll"],
                              "xs_groups": knobs["gemv_quant.x_shared_groups"], "xs_wg": knobs["gemv_quant.x_shared_wg"],
+                             "xs_lanes": launch.defines["LANES"] if kind == "staged" else None,
+                             "xs_one_scale": kind == "staged" and launch.spec[5:] == (1,),
                              "bytes": nbytes, "us": us, "weight_copies": copies,
                              "gbps": gbps, "pct_copy": 100 * gbps / copy})
                 print(f"{us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy", flush=True)

@@ -23,7 +23,9 @@
 #             and the host-memory experts' tests at the device's subgroup size
 #   coldgemv / coldmoe  the one-token GEMV over FP8/FP4 weights and the FP4 experts with their staged
 #             kernels' knobs swept, weights read from device memory (--cold), as in the decode step (the GEMV:
-#             its geometry, workgroups and their size, which its ablations say bound it rather than bytes)
+#             lanes a cluster 8/16/32 by workgroup size 64/128/256 at wq_b, wo_a, wo_b, plain and with the
+#             norm folded, 108 rows; 32 lanes, 256 invocations are its defaults on the H200; then FP8 at 4 rows
+#             a cluster with one scale word a step for the cluster's rows and without, 12 rows)
 #   ablatedec  the same staged kernels at their default knobs (cold) again with their code decode, x
 #             reads, products, code loads or x staging removed (--ablate): where their time goes
 #   fp8step   flash-1gpu in the published FP8/FP4 layout: the fused decode step dispatch by dispatch
@@ -84,8 +86,11 @@ for s in $steps; do
                         tests/test_moe_coopmat.py tests/test_attention_prefill.py tests/v4_ops_cases.py \
                         tests/v4_gate_cases.py tests/test_offload.py -k "not subgroup" ;;
         coldgemv) step coldgemv 300 gemv_cold_h200.txt python3 tools/bench_gemv.py --cold --formats fp8,fp4 \
-                      --shapes wq_b,wo_a --x-shared 1 --xs-rows 1,4 --xs-unroll 2 --xs-groups 264,528,1024,4096 \
-                      --xs-wg 128,256 --json "$r/gemv_cold_h200.json" ;;
+                      --shapes wq_b,wo_a,wo_b --x-shared 1 --xs-rows -1 --xs-unroll 2 --xs-groups 1024 \
+                      --xs-wg 64,128,256 --xs-lanes 8,16,32 --json "$r/gemv_cold_h200.json"
+                  step coldgemv_scale 120 gemv_cold_scale_h200.txt python3 tools/bench_gemv.py --cold --formats fp8 \
+                      --shapes wq_b,wo_a,wo_b --x-shared 1 --xs-rows 4 --xs-one-scale 0,1 \
+                      --json "$r/gemv_cold_scale_h200.json" ;;
         coldmoe) step coldmoe 300 moe_cold_h200.txt python3 tools/bench_moe.py --cold --formats fp4 --experts 65 \
                      --routes-per-token 7 --x-shared 1 --xs-rows 1,2,4 --xs-unroll 1,2,4 --xs-groups 256,1024 \
                      --json "$r/moe_cold_h200.json" ;;

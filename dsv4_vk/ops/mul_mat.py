@@ -203,7 +203,16 @@ GEMV_QUANT_ROWS = knob_table(
     x_shared_groups=(1024, "the staged GEMV: workgroups per batch item at most (≥ 1); past it clusters loop over "
                            "row blocks, so x is staged fewer times"),
     x_shared_wg=(256, "the staged GEMV: invocations a workgroup (a power of two ≤ 256; at least one cluster): "
-                      "smaller ones spread few rows (wq_a, wkv) over more workgroups, each staging x again"))
+                      "smaller ones spread few rows (wq_a, wkv) over more workgroups, each staging x again"),
+    x_shared_lanes=(None, "the staged GEMV: lanes a cluster (spec constant LANES; a power of two from 2 to the "
+                          "device's smallest subgroup): fewer lanes walk more uvec4s of each row, one reduction "
+                          "step fewer per halving, several clusters of a subgroup reading the same staged x. None: "
+                          "a whole subgroup on GPUs (at most a row's uvec4s), 1 on CPU devices; unmeasured"),
+    x_shared_one_scale=(False, "the staged GEMV over FP8 weights at 2 or 4 rows a cluster: one scale word loaded and "
+                               "decoded a uvec4 step for all of the cluster's rows (spec constant ONE_SCALE), where "
+                               "each block of them lies in one 128-row block of the scale grid (consecutive rows, "
+                               "the matrices' rows and the batch items' first rows multiples of the rows a cluster); "
+                               "elsewhere one a row. Same results; unmeasured"))
 GEMV_SPREAD = 1 << 18                   # (an H200 holds 132 SMs × 2048 invocations)
 GEMV_WG_MAX = 256
 
@@ -251,9 +260,45 @@ def staged_x_vec4s(device, fmt: QuantFormat, K: int, norm: bool) -> int | None:
     return xs if need <= device.caps.limits.max_shared_memory else None
 
 
-def staged_gemv_launch(device, fmt: QuantFormat, batch: int, N: int, K: int, norm: bool) -> tuple | None:
+def staged_lanes(device, row_uvec4s: int) -> tuple[dict, dict]:
+    """cluster_lanes' (defines, launch kwargs) for the staged GEMV over rows of `row_uvec4s` uvec4s of
+    codes: by knob gemv_quant.x_shared_lanes, else a whole subgroup at most (one lane on CPU devices).
+    ValueError naming the knob where its value is not a power of two from 2 to the device's smallest
+    subgroup, or the device cannot reduce such clusters (no subgroup shuffles)."""
+    lanes = GEMV_QUANT_ROWS["x_shared_lanes"]
+    if lanes is None:
+        return cluster_lanes(device, row_uvec4s, per_lane=1, max_lanes=1 if is_cpu(device) else None)
+    sg = device.caps.subgroup
+    if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 2 or lanes & (lanes - 1) or lanes > sg.min_size:
+        raise ValueError(f"tuning knob 'gemv_quant.x_shared_lanes' must be None or a power of two from 2 to the "
+                         f"device's smallest subgroup ({sg.min_size} lanes), got {lanes!r}")
+    defines, extra = cluster_lanes(device, lanes, per_lane=1, max_lanes=lanes)
+    if defines["LANES"] != lanes:
+        raise ValueError(f"tuning knob 'gemv_quant.x_shared_lanes' = {lanes}: clusters of {lanes} lanes need subgroup "
+                         f"shuffles, which {device.name} lacks")
+    return defines, extra
+
+
+def rows_share_scales(fmt: QuantFormat, rows: int, push: dict[str, int], w_rows: int) -> bool:
+    """Whether every block of `rows` rows a staged GEMV cluster computes (rows n0 .. n0 + rows − 1,
+    n0 a multiple of rows, those past N clamped to N − 1) lies in one 128-row block of an FP8 scale
+    grid: the rows consecutive (row stride q_kw words), each batch item's first row (w_off, w_s0,
+    w_s1 in words; 0 for a broadcast) a multiple of `rows` (which divides 128), and so each matrix's
+    rows (q_rows) where the bound tensor of `w_rows` rows holds more than one grid."""
+    if fmt.name != "fp8" or rows < 2:
+        return False
+    kw, unit = push["q_kw"], rows * push["q_kw"]
+    return (push["w_s2"] == kw and (push["q_rows"] % rows == 0 or push["q_rows"] >= w_rows)
+            and push["w_off"] % unit == 0
+            and all(push[s] % unit == 0 for s, n in (("w_s0", "ne0"), ("w_s1", "ne1")) if push[n] > 1))
+
+
+def staged_gemv_launch(device, fmt: QuantFormat, batch: int, N: int, K: int, norm: bool,
+                       push: dict[str, int] | None = None, w_rows: int = 0) -> tuple | None:
     """(defines, spec, grid, push fields, launch kwargs) of the staged GEMV at one token, or None
-    where the knob gemv_quant.x_shared is off or it cannot run (staged_x_vec4s)."""
+    where the knob gemv_quant.x_shared is off or it cannot run (staged_x_vec4s). `push`: the
+    launch's push fields so far (the weights' view and grid) and `w_rows` the rows of the bound
+    weight tensor, for gemv_quant.x_shared_one_scale (rows_share_scales)."""
     if not staged_on(device, GEMV_QUANT_ROWS["x_shared"]):
         return None
     xs = staged_x_vec4s(device, fmt, K, norm)
@@ -266,13 +311,19 @@ def staged_gemv_launch(device, fmt: QuantFormat, batch: int, N: int, K: int, nor
     check_staged_knobs("gemv_quant", nr, unroll, groups)
     if isinstance(wg, bool) or not isinstance(wg, int) or wg < 1 or wg > WORKGROUP or wg & (wg - 1):
         raise ValueError(f"tuning knob 'gemv_quant.x_shared_wg' must be a power of two ≤ {WORKGROUP}, got {wg!r}")
-    lane_defs, extra = cluster_lanes(device, fmt.words(K) // 4, per_lane=1, max_lanes=1 if is_cpu(device) else None)
+    lane_defs, extra = staged_lanes(device, fmt.words(K) // 4)
     wg = max(wg, device.caps.subgroup.max_size if lane_defs["LANES"] > 1 else 1)   # whole subgroups (lanes.glsl)
     clusters = wg // lane_defs["LANES"]
     blocks = -(-N // nr)
     per_item = min(groups, -(-blocks // clusters))
+    one = GEMV_QUANT_ROWS["x_shared_one_scale"]
+    if not isinstance(one, bool):
+        raise ValueError(f"tuning knob 'gemv_quant.x_shared_one_scale' must be True or False, got {one!r}")
+    spec: tuple[int, ...] = (wg, unroll, nr, 0, xs)
+    if one and push is not None and rows_share_scales(fmt, nr, push, w_rows):
+        spec += (1,)                    # ONE_SCALE (spec constant 5)
     defines = {**lane_defs, "X_SHARED": 1}
-    return defines, (wg, unroll, nr, 0, xs), grid_1d(batch * per_item, 1), {"xs_groups": per_item}, extra
+    return defines, spec, grid_1d(batch * per_item, 1), {"xs_groups": per_item}, extra
 
 
 def rms_weight(op, x, g, params):
@@ -392,7 +443,8 @@ class MulMat(OpDef):
             rows = b[0] * b[1] * -(-T // tb) * -(-N // nr)
             unroll = GEMV_UNROLL["unroll"] or (1 if is_cpu(device) else 4)
             wg_lanes = gemv_workgroup_lanes(device, rows, K)
-            staged = staged_gemv_launch(device, fmt, b[0] * b[1], N, K, g is not None) \
+            staged = staged_gemv_launch(device, fmt, b[0] * b[1], N, K, g is not None, push,
+                                        int(np.prod(inputs[1].shape[:-1]))) \
                 if fmt and tb == 1 and "VEC4" in defines else None
             if staged:
                 lane_defs, spec, grid, fields, extra = staged
