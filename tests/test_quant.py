@@ -928,6 +928,26 @@ def test_lazy_tensors_are_read_once_unmapped_and_never_dequantised(qdir, monkeyp
     assert not mapped, mapped[:3]
 
 
+def test_the_moedec_step_names_the_staged_expert_knobs(device):
+    """tools/gpu_session.sh's moedec step runs flash-43 with decode variants that tools/model_gpu_bench.py
+    reads as the staged expert kernels' knobs (its short names), each a value their lowering takes."""
+    import importlib.util
+    import re
+    spec = importlib.util.spec_from_file_location("model_gpu_bench", os.path.join(ROOT, "tools", "model_gpu_bench.py"))
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with open(os.path.join(ROOT, "tools", "gpu_session.sh")) as f:
+        step = re.search(r"\n\s*moedec\)(.*?);;", f.read(), re.S)
+    assert step is not None
+    variants = bench.parse_variants(re.search(r'--variants \\\s*"([^"]*)"', step.group(1)).group(1))
+    names = {k for _, sets in variants for k in sets}
+    assert names == {"mul_mat_id.x_shared_heavy_first", "mul_mat_id.x_shared_route_groups", "mul_mat_id.x_shared_lanes"}
+    for _, sets in variants:
+        with tuned({"mul_mat_id.x_shared": True, **sets}):
+            staged_sum_launch(device, R=7)          # (a value the knobs refuse raises here)
+
+
 def test_load_bench_reports_the_loading_process_own_peak_rss(tmp_path):
     """model_gpu_bench --load's peak RSS is the loading child's own (its VmHWM): a child's ru_maxrss
     starts at its parent's RSS (Linux keeps the high-water mark across fork and exec), so the
