@@ -1019,6 +1019,15 @@ def test_staged_kernels_in_the_model_match_too(tune):
     check_fixture("fp8", True)
 
 
+def test_staged_expert_knobs_in_the_model_match_too(tune):
+    """The staged experts with the SwiGLU's last route first and the sum's routes in groups (their partials in
+    the graph's scratch), the lanes knob set (the fixture's rows, one uvec4 of codes, keep 1 lane), in the
+    published layout's model: logits against transformers'."""
+    tune({"mul_mat_id.x_shared": True, "mul_mat_id.x_shared_heavy_first": True,
+          "mul_mat_id.x_shared_route_groups": 2, "mul_mat_id.x_shared_lanes": 4})
+    check_fixture("fp8", True)
+
+
 def test_shared_expert_in_its_own_dispatches_matches_too(tune, monkeypatch):
     """The FP8 shared expert run apart from the FP4 routed ones (four MUL_MAT_IDs a layer, not two)."""
     tune({"shared.fused": False})
