@@ -43,7 +43,7 @@
 // -D LANES_WORKGROUP (MODE_SUM): the cluster is the workgroup, one output each: every lane's chain
 // of loads is short and the outputs' workgroups come in waves.
 // -D X_SHARED (quantised experts): the staged kernels, x in shared memory and 16-byte code loads
-// (spec constants 4..8; described where they are defined below).
+// (spec constants 4..10, -D ROUTE_GROUPS: the sum's route groups; described where they are defined below).
 #include "lanes.glsl"
 layout(constant_id = 1) const uint UNROLL = 1;
 layout(binding = 0) readonly buffer X { float x[]; };
