@@ -580,17 +580,24 @@ def test_staged_expert_sum_route_groups(tune, groups, rows, split, want, rng, mo
     check_shared_expert_in_the_same_dispatch(rng, device)
 
 
-def test_staged_expert_sum_route_groups_stage_their_rows(tune, monkeypatch, device):
+def test_staged_expert_sum_route_groups_stage_their_rows(tune, rng, monkeypatch, device):
     """Each route group stages its own routes' x rows: 7 routes in 2 groups need room for 4 rows, not 7,
-    where the shared memory holds 4 (FP8, K 208: 832 bytes a row, beside the split sums and the ticket)."""
-    limits = dataclasses.replace(device.caps.limits, max_shared_memory=4 * 832 + 1024 + 4)
-    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", limits=limits))
+    where the shared memory holds 4 (FP8, K 208: 832 bytes a row, beside the split sums and the ticket);
+    with room for 1, a group's 2 of 3 routes are staged one after the other (results checked)."""
+    def room(rows):
+        limits = dataclasses.replace(device.caps.limits, max_shared_memory=rows * 832 + 1024 + 4)
+        monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", limits=limits))
+    room(4)
     tune({"mul_mat_id.x_shared": True, "mul_mat_id.x_shared_split": 2})
     assert staged_sum_launch(device, R=7).spec[6] == 4
     tune({"mul_mat_id.x_shared_route_groups": 2})
     launch = staged_sum_launch(device, R=7)
     assert launch.spec[6] == 4 and launch.spec[8] > 1 and launch.spec[10] == 2, launch.spec
     assert declared_shared_bytes(launch) <= device.caps.limits.max_shared_memory
+    room(1)
+    launch = staged_sum_launch(device)
+    assert launch.spec[6] == 1 and launch.spec[8] == 1 and launch.spec[10] == 2, launch.spec
+    check_staged_experts(rng, device, {"sum": True}, (("fp8", 400, 208),))
 
 
 def test_staged_swiglu_heavy_first_changes_no_bit(tune, rng, monkeypatch, device):
