@@ -7,7 +7,7 @@
 //! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; MODE_SWIGLU ; - | VEC4 ; W_FP4 SHARED_FP8 ; - | NORM_X
 //! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS | LANES_WORKGROUP ; MODE_SUM ROUTES=1 ; - | VEC4 ; - | HAS_ADD ; W_FP4 SHARED_FP8
 //! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; MODE_SWIGLU ; VEC4 ; W_FP8 | W_FP4 | W_FP4 SHARED_FP8 ; - | NORM_X ; X_SHARED
-//! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; MODE_SUM ROUTES=1 ; VEC4 ; - | HAS_ADD ; W_FP8 | W_FP4 | W_FP4 SHARED_FP8 ; X_SHARED
+//! variants: - | LANES_SHUFFLE | LANES_SUBGROUP_OPS ; MODE_SUM ROUTES=1 ; VEC4 ; - | HAS_ADD ; W_FP8 | W_FP4 | W_FP4 SHARED_FP8 ; X_SHARED ; - | ROUTE_GROUPS
 // MUL_MAT_ID: matrix products with the experts the router chose, route[t, r] = (id, weight)
 // (MOE_ROUTE's output; ids are exact floats), weights w [E, N, K] stacked per expert:
 //   MODE_SWIGLU  x [T, 1 or R, K] (stride 0 over r: the same token row for every route), w [E, 2F, K]:
@@ -43,7 +43,7 @@
 // -D LANES_WORKGROUP (MODE_SUM): the cluster is the workgroup, one output each: every lane's chain
 // of loads is short and the outputs' workgroups come in waves.
 // -D X_SHARED (quantised experts): the staged kernels, x in shared memory and 16-byte code loads
-// (spec constants 4..8; described where they are defined below).
+// (spec constants 4..10, -D ROUTE_GROUPS: the sum's route groups; described where they are defined below).
 #include "lanes.glsl"
 layout(constant_id = 1) const uint UNROLL = 1;
 layout(binding = 0) readonly buffer X { float x[]; };
@@ -75,6 +75,9 @@ layout(push_constant) uniform P {
 #endif
 #if defined(SHARED_FP8)
     uint s_rows;                        // the shared expert's rows per scale grid (weights.glsl)
+#endif
+#if defined(ROUTE_GROUPS)
+    uint part_off, cnt_off;             // the route groups' partial sums and last-group counters
 #endif
 } p;
 #define W_S3 1u
@@ -225,6 +228,9 @@ int expert(uint t, uint r) {
 //   MODE_SWIGLU: a cluster computes XNR (spec constant 4) outputs f, their gate and up rows, of one
 //     route; clusters are persistent over (route, f-block)s of a token (at most XGROUPS, spec
 //     constant 7, workgroups per token, or per (token, route) when x differs per route); x staged once.
+//     The (route, f-block)s are taken route-major; XHEAVY (spec constant 9, 1): the last route's first
+//     (where DeepSeek-V4's router puts the shared expert, whose FP8 rows are twice an FP4 row's
+//     bytes), then the others in order. Each output is computed as without it.
 //   MODE_SUM: a cluster computes XNR outputs n over every route (lanes keep weight · scale · dot
 //     and reduce once at the end); a workgroup's clusters take consecutive blocks of n; XRG (spec
 //     constant 6) routes' x rows are staged at a time (the device's shared memory permitting).
@@ -232,6 +238,12 @@ int expert(uint t, uint r) {
 //     workgroup share an output block, cluster c taking routes c % XSPLIT, + XSPLIT, ..., their sums
 //     added in shared memory at the end: XSPLIT times the workgroups (at decode N / XNR / clusters
 //     workgroups leave most SMs idle) and a chain of loads XSPLIT times shorter.
+//     -D ROUTE_GROUPS: the routes in XRGROUPS (spec constant 10) groups of RPG = ceil(R / XRGROUPS)
+//     consecutive routes, a workgroup per (token, output block, group) (the group fastest), each
+//     staging only its group's x rows; it stores its sums to the partials (binding PART_BINDING,
+//     [T, XRGROUPS, N] from p.part_off) and the last of an output block's workgroups (last_group.glsl,
+//     counters at binding PART_BINDING + 1 from p.cnt_off, one per (token, output block)) adds the
+//     groups' partials in group order (whichever finishes last), then add[t, n], and stores.
 layout(constant_id = 4) const uint XNR = 1;
 layout(constant_id = 5) const uint XS = 1;
 layout(constant_id = 6) const uint XRG = 1;
@@ -332,10 +344,11 @@ float xs_dot_fp8(uvec4 v, uint xg, uint j, uint KU) {
     }
 
 #if defined(MODE_SWIGLU)
+layout(constant_id = 9) const uint XHEAVY = 0;
 // Block B of this item's (route, f-block)s: its route R_, first output F_, expert ID_ (expert()), rows.
 #define SW_BLOCK(B, R_, F_, ID_, WB, SB) { \
     uint b_ = min(B, NB - 1u); \
-    R_ = rbase + b_ / NBF; \
+    R_ = rbase + (XHEAVY != 0u ? (b_ / NBF + RI - 1u) % RI : b_ / NBF); \
     F_ = (b_ % NBF) * XNR; \
     ID_ = expert(t, R_); \
     bool sh_ = IS_SH(ID_); \
@@ -417,30 +430,46 @@ void main() {
 
 layout(constant_id = 8) const uint XSPLIT = 1;
 shared float xsp[256];                  // the split routes' sums: [cluster (≤ 64)][XNR (≤ 4)]
+#if defined(ROUTE_GROUPS)
+layout(constant_id = 10) const uint XRGROUPS = 1;
+#if defined(SHARED_FP8)
+#define PART_BINDING (W_SCALE_BINDING + 3)
+#else
+#define PART_BINDING (W_SCALE_BINDING + 1)
+#endif
+#define LG_BINDING (PART_BINDING + 1)
+layout(binding = PART_BINDING) coherent buffer Parts { float part[]; };
+#include "last_group.glsl"
+#else
+const uint XRGROUPS = 1u;
+#endif
 
 void main() {
     uint lane = cluster_lane(), cl = lane_linear() / LANES, CPW = gl_WorkGroupSize.x / LANES;
     uint KU = p.q_kw / 4u, SKU = SH_KW / 4u, STEP = LANES * UNROLL, BPW = CPW / XSPLIT;
     uint GPB = ((p.N + XNR - 1u) / XNR + BPW - 1u) / BPW, g = flat_group();
-    if (g >= p.T * GPB) return;                         // whole workgroup leaves together
-    uint t = g / GPB;
-    uint n0 = ((g % GPB) * BPW + cl / XSPLIT) * XNR;
+    if (g >= p.T * GPB * XRGROUPS) return;              // whole workgroup leaves together
+    uint grp = g % XRGROUPS, blk = g / XRGROUPS;        // (route group, (token, output block))
+    uint t = blk / GPB;
+    uint n0 = ((blk % GPB) * BPW + cl / XSPLIT) * XNR;
     bool rows = n0 < p.N;                               // clusters past N still stage and wait
-    uint r = cl % XSPLIT, s0 = 0;
+    uint RPG = (p.R + XRGROUPS - 1u) / XRGROUPS;        // routes rb .. re − 1 (all of them: 0 .. R − 1)
+    uint rb = min(grp * RPG, p.R), re = min(rb + RPG, p.R);
+    uint r = rb + cl % XSPLIT, s0 = 0;
     int id = -2;                                        // (no route: adds nothing)
     float wt = 0.0;
     uint wb[WR], sb[WR];
     [[unroll]] for (uint i = 0; i < WR; ++i) { wb[i] = 0u; sb[i] = 0u; }
     uvec4 cw[WR][UNROLL];
     uint cs[WR][UNROLL];
-    if (r < p.R) SUM_ROUTE(r, id, wt, wb, sb)
+    if (r < re) SUM_ROUTE(r, id, wt, wb, sb)
     if (rows && id >= 0) { XS_LOAD(cw, cs, wb, sb, 0u, IS_SH(id)) }
-    stage_x(p.x_off + t * p.x_s0, p.x_s1, min(XRG, p.R), KU);
+    stage_x(p.x_off + t * p.x_s0 + rb * p.x_s1, p.x_s1, min(XRG, re - rb), KU);
     barrier();
     bool ok = true;
     float acc[WR];
     [[unroll]] for (uint i = 0; i < WR; ++i) acc[i] = 0.0;
-    while (r < p.R) {                                   // uniform per workgroup (XSPLIT > 1: per cluster)
+    while (r < re) {                                    // uniform per workgroup (XSPLIT > 1: per cluster)
         uint s1 = s0 + STEP, r1 = r;
         bool route_end = s1 >= (IS_SH(id) ? SKU : KU);
         if (route_end) { s1 = 0; r1 += XSPLIT; }
@@ -448,16 +477,16 @@ void main() {
         float wt1 = wt;
         uint wb1[WR], sb1[WR];
         [[unroll]] for (uint i = 0; i < WR; ++i) { wb1[i] = wb[i]; sb1[i] = sb[i]; }
-        if (route_end && r1 < p.R) SUM_ROUTE(r1, id1, wt1, wb1, sb1)
+        if (route_end && r1 < re) SUM_ROUTE(r1, id1, wt1, wb1, sb1)
         uvec4 nw[WR][UNROLL];
         uint ns[WR][UNROLL];
-        if (rows && r1 < p.R && id1 >= 0) { XS_LOAD(nw, ns, wb1, sb1, s1, IS_SH(id1)) }
-        if (rows && id >= 0) { XS_COMPUTE(cw, cs, sb, s0, r % XRG, wt, IS_SH(id)) }
+        if (rows && r1 < re && id1 >= 0) { XS_LOAD(nw, ns, wb1, sb1, s1, IS_SH(id1)) }
+        if (rows && id >= 0) { XS_COMPUTE(cw, cs, sb, s0, (r - rb) % XRG, wt, IS_SH(id)) }
         if (route_end) {
             ok = ok && (id >= 0 || id == -2);
-            if (XSPLIT == 1u && r1 < p.R && r1 % XRG == 0u) {  // the next group of routes' x rows
+            if (XSPLIT == 1u && r1 < re && (r1 - rb) % XRG == 0u) {  // the next routes' x rows
                 barrier();
-                stage_x(p.x_off + t * p.x_s0 + r1 * p.x_s1, p.x_s1, min(XRG, p.R - r1), KU);
+                stage_x(p.x_off + t * p.x_s0 + r1 * p.x_s1, p.x_s1, min(XRG, re - r1), KU);
                 barrier();
             }
         }
@@ -474,6 +503,18 @@ void main() {
             for (uint c = cl - cl % XSPLIT; c < cl - cl % XSPLIT + XSPLIT; ++c) v[i] += xsp[c * XNR + i];
         }
     }
+#if defined(ROUTE_GROUPS)
+    // this group's sums to the partials; the output block's last workgroup adds them in group order
+    [[unroll]] for (uint i = 0; i < XNR; ++i)
+        if (lane == i % LANES && cl % XSPLIT == 0u && n0 + i < p.N)
+            part[p.part_off + (t * XRGROUPS + grp) * p.N + n0 + i] = v[i];
+    if (!last_group(p.cnt_off + blk, XRGROUPS)) return;
+    [[unroll]] for (uint i = 0; i < XNR; ++i)
+        if (lane == i % LANES && cl % XSPLIT == 0u && n0 + i < p.N) {
+            v[i] = part[p.part_off + t * XRGROUPS * p.N + n0 + i];
+            for (uint j = 1u; j < XRGROUPS; ++j) v[i] += part[p.part_off + (t * XRGROUPS + j) * p.N + n0 + i];
+        }
+#endif
     [[unroll]] for (uint i = 0; i < XNR; ++i) {
         uint n = min(n0 + i, p.N - 1u);
 #if defined(HAS_ADD)

@@ -101,6 +101,8 @@ def test_an_edit_that_no_longer_matches_names_its_file_and_text(tools, tmp_path)
      r"--ablate with --prefill times the matrix-unit rows again: it needs --cm-tiles .* got --cm-tiles None"),
     ("bench_moe", ["--ablate", "nomma", "--prefill", "16", "--cm-tiles", "default", "--prefill-kernels", "grouped"],
      r"and coopmat in --prefill-kernels; got --cm-tiles default --prefill-kernels grouped"),
+    ("bench_moe", ["--shared-fp8", "--formats", "fp4,fp8"],
+     r"--shared-fp8 .* it needs --formats fp4, no --prefill, --experts ≥ 2 and --routes-per-token ≥ 2; got --formats fp4,fp8"),
     ("bench_moe", ["--prefill", "16", "--prefill-kernels", "grouped,mma"],
      r"--prefill-kernels: unknown kernel\(s\) \['mma'\]; expected names from per_route, grouped, coopmat"),
     ("bench_primitives", ["--gemm", "--coopmat-ablate", "nox"],
@@ -134,6 +136,11 @@ def test_prefill_ablations_without_the_matrix_units_need_emulate(tools):
     ("bench_moe", ["--formats", "bf16,fp4", "--experts", "3", "--routes-per-token", "2", "--d", "128", "--f", "64",
                    "--x-shared", "0,1", "--unroll", "2", "--routes", "1", "--wg", "0", "--cold"], ["nox", "nostage"],
      lambda row: row["staged"]),
+    # the model's layout: FP4 routed experts and the FP8 shared one, the new staged knobs swept, results checked
+    ("bench_moe", ["--formats", "fp4", "--shared-fp8", "--experts", "5", "--routes-per-token", "3", "--d", "256", "--f",
+                   "64", "--x-shared", "0,1", "--unroll", "1", "--routes", "1", "--wg", "0", "--cold", "--xs-unroll", "1",
+                   "--xs-route-groups", "1,2", "--xs-heavy", "1", "--xs-lanes", "0,2"], ["nox", "nostage"],
+     lambda row: row["staged"]),
     # the prefill's matrix-unit rows (their FMA twin here, at the tiling asked), the per-route and f32 grouped
     # rows not again
     ("bench_moe", ["--prefill", "32", "--emulate", "--cm-tiles", "16x64x16x32x32", "--formats", "fp4+fp8", "--experts", "5",
@@ -151,6 +158,9 @@ def test_bench_ablate_dry_run(tool, argv, names, ablated, tmp_path):
     doc = json.loads(out.read_text())
     parent = [row for row in doc["rows"] if ablated(row)]
     assert parent and len(parent) < len(doc["rows"])
+    if "--shared-fp8" in argv:              # every row checked against float64, the shared route last
+        assert doc["shared_fp8"] and doc["route_sets"] == 2 and all(row["nmse"] <= 1e-8 for row in doc["rows"]), doc
+        assert {row.get("route_groups_used") for row in parent} == {None, 1, 2}, parent
     if tool == "bench_gemv":                # --xs-rows -1: the knob's default, 1 row a cluster at wkv's N = 512
         assert all(row["xs_rows"] == 1 for row in parent), parent
     skip = {"us", "gbps", "pct_copy", "ms", "tflops", "nmse"}

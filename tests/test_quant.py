@@ -436,7 +436,8 @@ def test_staged_knobs_key_the_program():
                {"gemv_quant.x_shared_groups": 7}, {"gemv_quant.x_shared_wg": 64}, {"mul_mat_id.x_shared": True},
                {"mul_mat_id.x_shared_rows": 1}, {"mul_mat_id.x_shared_unroll": 3}, {"mul_mat_id.x_shared_groups": 5},
                {"mul_mat_id.x_shared_split": 2}, {"gemv_quant.x_shared_lanes": 4},
-               {"gemv_quant.x_shared_one_scale": True}]
+               {"gemv_quant.x_shared_one_scale": True}, {"mul_mat_id.x_shared_heavy_first": True},
+               {"mul_mat_id.x_shared_route_groups": 2}, {"mul_mat_id.x_shared_lanes": 4}]
     sigs = {signature(**{k: v for k, v in c.items()}) for c in changed}
     assert base not in sigs and len(sigs) == len(changed)
 
@@ -605,7 +606,124 @@ def test_staged_expert_sum_split_over_routes(tune, split, rows, unroll, rng, mon
     assert launch.spec[8] == (min(split, 256 // lanes) if 256 // lanes * rows <= 256 else 1), (lanes, rows)
 
 
+def staged_sum_launch(device, R=3, N=16, K=208):
+    """The launch of a staged weighted sum over FP8 experts (x [1, R, K], N outputs)."""
+    g = Graph()
+    sr, sc = QUANT["fp8"].grid(N, K)
+    g.op("MUL_MAT_ID", g.input("x", (1, R, K)), g.input("w", (4, N, K // 4), "i32"), g.input("r", (1, R, 2)),
+         g.input("s", (-(-4 * sr * sc // 4),), "i32"), mode="sum", wq="fp8")
+    (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+    return launch
+
+
+# the sum over N = 202 outputs (not a multiple of the rows a cluster) beside the shapes of
+# check_staged_experts (its SwiGLU, over K = 202, is not staged: not whole uvec4s)
+ODD_N_SHAPES = (("fp8", 202, 48), ("fp4", 202, 64))
+
+
+@pytest.mark.parametrize("groups,rows,split,want", [(2, 1, 1, 2), (3, 4, 1, 3), (1024, 2, 2, 3)])
+def test_staged_expert_sum_route_groups(tune, groups, rows, split, want, rng, monkeypatch, device):
+    """The staged weighted sum with its routes in groups (mul_mat_id.x_shared_route_groups: 2 groups of 3
+    routes, 2 and 1; one route each; more groups than routes: R of them), a workgroup per (output block,
+    group) and the groups' partials added by the last one, matches the float64 dequantisation: NaN for an
+    invalid id, nothing from another part's expert, the addend added once, beside an FP8 shared expert
+    too, N not a multiple of the rows, several tokens (a counter each)."""
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    tune({"mul_mat_id.x_shared": True, "mul_mat_id.x_shared_rows": rows, "mul_mat_id.x_shared_route_groups": groups,
+          "mul_mat_id.x_shared_split": split})
+    launch = staged_sum_launch(device)
+    assert "ROUTE_GROUPS" in launch.defines and launch.spec[10] == want and len(launch.writes) == 3, launch.spec
+    check_staged_experts(rng, device, shapes=STAGED_EXPERT_SHAPES[::3])
+    check_staged_experts(rng, device, {"sum": True}, ODD_N_SHAPES)
+    check_shared_expert_in_the_same_dispatch(rng, device)
+
+
+def test_staged_expert_sum_route_groups_stage_their_rows(tune, rng, monkeypatch, device):
+    """Each route group stages its own routes' x rows: 7 routes in 2 groups need room for 4 rows, not 7,
+    where the shared memory holds 4 (FP8, K 208: 832 bytes a row, beside the split sums and the ticket);
+    with room for 1, a group's 2 of 3 routes are staged one after the other (results checked)."""
+    def room(rows):
+        limits = dataclasses.replace(device.caps.limits, max_shared_memory=rows * 832 + 1024 + 4)
+        monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu", limits=limits))
+    room(4)
+    tune({"mul_mat_id.x_shared": True, "mul_mat_id.x_shared_split": 2})
+    assert staged_sum_launch(device, R=7).spec[6] == 4
+    tune({"mul_mat_id.x_shared_route_groups": 2})
+    launch = staged_sum_launch(device, R=7)
+    assert launch.spec[6] == 4 and launch.spec[8] > 1 and launch.spec[10] == 2, launch.spec
+    assert declared_shared_bytes(launch) <= device.caps.limits.max_shared_memory
+    room(1)
+    launch = staged_sum_launch(device)
+    assert launch.spec[6] == 1 and launch.spec[8] == 1 and launch.spec[10] == 2, launch.spec
+    check_staged_experts(rng, device, {"sum": True}, (("fp8", 400, 208),))
+
+
+def test_staged_swiglu_heavy_first_changes_no_bit(tune, rng, monkeypatch, device):
+    """The staged SwiGLU with the last route's blocks first (mul_mat_id.x_shared_heavy_first) writes
+    exactly what it writes without, FP4 routed experts beside the FP8 shared one (the last route) and
+    FP8 ones, x one row a token or one a route, the norm folded or not, an invalid id and another
+    part's expert included; and matches the float64 dequantisation."""
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    tune({"mul_mat_id.x_shared": True, "mul_mat_id.x_shared_groups": 2})
+    F, D, T, E = 48, 256, 2, 4
+    route = get_op("V4_ROUTE").reference(rng.standard_normal((T, E)), rng.standard_normal(E),
+                                         top_k=3).astype(np.float32)        # route 3: the shared expert
+    route[1, 1, 0] = -1.0                                                   # not an expert id
+    route[0, 0, 0] = 0.0                                    # (the FP8 stack below holds experts 1 .. 4)
+    parts = [random_quant(rng, "fp4", 2 * F, D) for _ in range(E)]
+    q13 = quant_arrays(np.stack([c for c, _ in parts]), np.concatenate([sc.ravel() for _, sc in parts]))
+    s13 = random_quant(rng, "fp8", 2 * F, D)
+    qs13 = quant_arrays(s13[0][None], s13[1])
+    f8 = [random_quant(rng, "fp8", 2 * F, D) for _ in range(E)]
+    q8 = quant_arrays(np.stack([c for c, _ in f8]), np.concatenate([sc.ravel() for _, sc in f8]))
+    w4 = np.stack([dequant("fp4", *q) for q in parts] + [dequant("fp8", *s13)])
+    w8 = np.stack([dequant("fp8", *q) for q in f8])
+    gn = rng.standard_normal(D).astype(np.float32)
+    op = get_op("MUL_MAT_ID")
+    for per_route, norm in ((False, True), (True, False)):
+        x = rng.standard_normal((T, 4 if per_route else 1, D)).astype(np.float32)
+        outs = []
+        for heavy in (False, True):
+            tune({"mul_mat_id.x_shared_heavy_first": heavy})
+            g = Graph()
+            xi, ri = g.input("x", x.shape), g.input("r", route.shape)
+            extra, prm = ([g.const(gn)], {"rms_eps": 1e-6}) if norm else ([], {})
+            g.output("a", g.op("MUL_MAT_ID", xi, g.const(q13[0]), ri, *extra, g.const(q13[1]), *map(g.const, qs13),
+                               mode="swiglu", limit=30.0, wq="fp4", shared_wq="fp8", **prm))
+            g.output("b", g.op("MUL_MAT_ID", xi, g.const(q8[0]), ri, *extra, g.const(q8[1]), mode="swiglu",
+                               limit=30.0, wq="fp8", n_ids=E + 2, id_base=1, **prm))
+            for node in g.nodes:
+                (launch,) = node.op.lower(node, device)
+                assert "X_SHARED" in launch.defines and launch.spec[9] == heavy, launch.spec
+            outs.append(run_graph(g, x=x, r=route))
+        for k in ("a", "b"):
+            assert np.array_equal(outs[0][k], outs[1][k], equal_nan=True), (k, per_route, norm)
+        with np.errstate(over="ignore"):
+            ra = op.reference(x, w4, route, *([gn] if norm else []), mode="swiglu", limit=30.0, **prm)
+            rb = op.reference(x, w8, route, *([gn] if norm else []), mode="swiglu", limit=30.0, n_ids=E + 2,
+                              id_base=1, **prm)
+        nan_close(outs[1]["a"], ra, ("fp4+fp8", per_route, norm))
+        nan_close(outs[1]["b"], rb, ("fp8", per_route, norm))
+
+
+@pytest.mark.parametrize("lanes", [2, 4])
+def test_staged_experts_lanes_a_cluster(tune, lanes, rng, monkeypatch, device):
+    """The staged kernels with clusters of fewer lanes than the subgroup (mul_mat_id.x_shared_lanes: several
+    clusters a subgroup, a shuffle butterfly) match the float64 dequantisation, with route groups too."""
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    tune({"mul_mat_id.x_shared": True, "mul_mat_id.x_shared_lanes": lanes, "mul_mat_id.x_shared_route_groups": lanes // 2,
+          "mul_mat_id.x_shared_rows": 4 // lanes})
+    assert staged_sum_launch(device).defines["LANES"] == min(lanes, device.caps.subgroup.min_size)
+    check_staged_experts(rng, device, shapes=STAGED_EXPERT_SHAPES[1:3])
+    check_shared_expert_in_the_same_dispatch(rng, device)
+
+
 @pytest.mark.parametrize("knob,value,match", [
+    ("x_shared_route_groups", 0, r"'mul_mat_id\.x_shared_route_groups' must be an integer ≥ 1, got 0"),
+    ("x_shared_route_groups", 2.0, r"'mul_mat_id\.x_shared_route_groups' must be an integer ≥ 1, got 2\.0"),
+    ("x_shared_lanes", 6, r"'mul_mat_id\.x_shared_lanes' must be None or a power of two in \[1, 256\].*got 6"),
+    ("x_shared_lanes", 0, r"'mul_mat_id\.x_shared_lanes' must be None or a power of two in \[1, 256\].*got 0"),
+    ("x_shared_heavy_first", 1, r"'mul_mat_id\.x_shared_heavy_first' must be True or False, got 1"),
     ("x_shared_split", 3, r"'mul_mat_id\.x_shared_split' must be a power of two ≥ 1, got 3"),
     ("x_shared_rows", 3, r"'mul_mat_id\.x_shared_rows' must be 1, 2 or 4, got 3"),
     ("x_shared_unroll", 9, r"'mul_mat_id\.x_shared_unroll' must be an integer in \[1, 8\], got 9"),
@@ -663,7 +781,10 @@ def test_the_one_token_kernels_fit_the_h200s_shared_memory(tune, fmt, monkeypatc
     def weights(g, E, N, K):
         sr, sc = q.grid(N, K)
         return inp(g, (E, N, q.words(K)), "i32"), inp(g, (-(-E * sr * sc // 4),), "i32")
-    for knobs in ({"mul_mat_id.x_shared_split": 1}, {"mul_mat_id.x_shared_split": 8}):
+    for knobs in ({"mul_mat_id.x_shared_split": 1}, {"mul_mat_id.x_shared_split": 8},
+                  {"mul_mat_id.x_shared_route_groups": 2, "mul_mat_id.x_shared_split": 8},
+                  {"mul_mat_id.x_shared_route_groups": 7, "mul_mat_id.x_shared_lanes": 8,
+                   "mul_mat_id.x_shared_heavy_first": True}):
         tune({"mul_mat_id.x_shared": True, "gemv_quant.x_shared": True, **knobs})
         g = Graph()
         w, s = weights(g, 65, 2 * 2048, 4096)
@@ -872,6 +993,26 @@ def test_lazy_tensors_are_read_once_unmapped_and_never_dequantised(qdir, monkeyp
     assert not mapped, mapped[:3]
 
 
+def test_the_moedec_step_names_the_staged_expert_knobs(device):
+    """tools/gpu_session.sh's moedec step runs flash-43 with decode variants that tools/model_gpu_bench.py
+    reads as the staged expert kernels' knobs (its short names), each a value their lowering takes."""
+    import importlib.util
+    import re
+    spec = importlib.util.spec_from_file_location("model_gpu_bench", os.path.join(ROOT, "tools", "model_gpu_bench.py"))
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with open(os.path.join(ROOT, "tools", "gpu_session.sh")) as f:
+        step = re.search(r"\n\s*moedec\)(.*?);;", f.read(), re.S)
+    assert step is not None
+    variants = bench.parse_variants(re.search(r'--variants \\\s*"([^"]*)"', step.group(1)).group(1))
+    names = {k for _, sets in variants for k in sets}
+    assert names == {"mul_mat_id.x_shared_heavy_first", "mul_mat_id.x_shared_route_groups", "mul_mat_id.x_shared_lanes"}
+    for _, sets in variants:
+        with tuned({"mul_mat_id.x_shared": True, **sets}):
+            staged_sum_launch(device, R=7)          # (a value the knobs refuse raises here)
+
+
 def test_load_bench_reports_the_loading_process_own_peak_rss(tmp_path):
     """model_gpu_bench --load's peak RSS is the loading child's own (its VmHWM): a child's ru_maxrss
     starts at its parent's RSS (Linux keeps the high-water mark across fork and exec), so the
@@ -943,6 +1084,15 @@ def test_staged_kernels_in_the_model_match_too(tune):
     check_fixture("fp8", True)
 
 
+def test_staged_expert_knobs_in_the_model_match_too(tune):
+    """The staged experts with the SwiGLU's last route first and the sum's routes in groups (their partials in
+    the graph's scratch), the lanes knob set (the fixture's rows, one uvec4 of codes, keep 1 lane), in the
+    published layout's model: logits against transformers'."""
+    tune({"mul_mat_id.x_shared": True, "mul_mat_id.x_shared_heavy_first": True,
+          "mul_mat_id.x_shared_route_groups": 2, "mul_mat_id.x_shared_lanes": 4})
+    check_fixture("fp8", True)
+
+
 def test_shared_expert_in_its_own_dispatches_matches_too(tune, monkeypatch):
     """The FP8 shared expert run apart from the FP4 routed ones (four MUL_MAT_IDs a layer, not two)."""
     tune({"shared.fused": False})
@@ -978,6 +1128,11 @@ def worker():
             with tuned({"mul_mat_id.x_shared_split": 4, "mul_mat_id.x_shared_rows": 1}):
                 check_staged_experts(np.random.default_rng(19), dev)
                 check_shared_expert_in_the_same_dispatch(np.random.default_rng(20), dev)
+            with tuned({"mul_mat_id.x_shared_route_groups": 2, "mul_mat_id.x_shared_heavy_first": True,
+                        "mul_mat_id.x_shared_lanes": 4}):
+                check_staged_experts(np.random.default_rng(21), dev, shapes=STAGED_EXPERT_SHAPES[1:3])
+                check_staged_experts(np.random.default_rng(22), dev, {"sum": True}, ODD_N_SHAPES)
+                check_shared_expert_in_the_same_dispatch(np.random.default_rng(23), dev)
         finally:
             dev.caps = cpu_caps
     print("worker: kernels ok")

@@ -33,6 +33,20 @@ prints the split it got and the routes' x rows staged at a time: no split unless
     . .vkdev/enter.sh; python3 tools/bench_moe.py --formats fp4 --experts 65 --routes-per-token 7 \
         --x-shared 1 --xs-rows 1,2,4 --xs-unroll 1,2 --xs-split 1,2,4,8 --json $OUT/moe_split.json
 
+--xs-heavy 0,1 puts the staged SwiGLU with the last route's blocks first (knob mul_mat_id.x_shared_heavy_first)
+beside the route-major order, --xs-route-groups sweeps the staged sum's route groups (knob
+mul_mat_id.x_shared_route_groups: a workgroup per output block and group, the groups' partials added by the
+last; each row prints the groups it got), --xs-lanes the staged kernels' lanes a cluster (knob
+mul_mat_id.x_shared_lanes; 0: the knob's default). --shared-fp8 (--formats fp4, one token): the model's
+layout, --experts − 1 FP4 routed experts and an FP8 shared expert in its own tensors (shared_wq="fp8"),
+--routes-per-token − 1 routed routes and the shared one last as V4_ROUTE orders them (with --cold one
+shared expert per route set, as each layer has its own); every row's result is checked against float64
+over the dequantised experts (NMSE printed, ≤ 1e-8 asserted; not in --ablate's children):
+
+    . .vkdev/enter.sh; python3 tools/bench_moe.py --cold --formats fp4 --shared-fp8 --experts 9 --routes-per-token 7 \
+        --x-shared 1 --xs-rows 2 --xs-unroll 1 --xs-heavy 0,1 --xs-route-groups 1,2,4,7 --xs-lanes 0,8,16 \
+        --json $OUT/moe_decode.json
+
 --ablate nocvt,nodecode,nox,nofma,noload,nostage: after the table, the staged rows again (same formats and
 knobs, --cold) with a part of the staged kernels (SwiGLU and sum) removed, each in a child process
 (tools/ablation.py; the results are wrong on purpose, only the time is read), printed as
@@ -101,9 +115,9 @@ MOE_ABLATIONS = {
                (_ID, "S[i][u] = SCALES[(SB[i] + j_ / (QD_)) >> 2];", "S[i][u] = j_ ^ SB[i];")],
     "nostage": [(_ID, "    float s2 = stage_x(p.x_off + t * p.x_s0 + rbase * p.x_s1, 0u, 1u, KU);\n", "    float s2 = 0.0;\n"),
                 (_ID, "    barrier();\n#if defined(NORM_X)\n    s2 = 0.0;\n", "#if defined(NORM_X)\n    s2 = 0.0;\n"),
-                (_ID, "    stage_x(p.x_off + t * p.x_s0, p.x_s1, min(XRG, p.R), KU);\n    barrier();\n", ""),
+                (_ID, "    stage_x(p.x_off + t * p.x_s0 + rb * p.x_s1, p.x_s1, min(XRG, re - rb), KU);\n    barrier();\n", ""),
                 (_ID, "                barrier();\n                stage_x(p.x_off + t * p.x_s0 + r1 * p.x_s1, p.x_s1, "
-                      "min(XRG, p.R - r1), KU);\n                barrier();\n", "")],
+                      "min(XRG, re - r1), KU);\n                barrier();\n", "")],
 }
 
 # --ablate with --prefill: the grouped GEMM on the matrix units (mul_mat_id_coopmat.comp, every variant) with a
@@ -172,43 +186,77 @@ def make_experts(fmt, E, N, K, rng):
     return [words, sw], {"wq": fmt}, (codes.nbytes + scale.nbytes) // E
 
 
-def op_graph(mode, w, params, per_expert, K, routes, norm, rng):
+def op_graph(mode, w, params, per_expert, K, routes, norm, rng, shared=None, x=None, gn=None):
     """(graph, inputs, weight bytes read by one op): the SwiGLU (optionally with the FFN norm) or the
     sum, over experts of K inputs, once per route table in `routes` (one after another, each writing
-    the same output: a barrier between them)."""
+    the same output: a barrier between them). shared (--shared-fp8): per route table the FP8 shared
+    expert's arrays (codes, scale bytes), its bytes counted for the last route, per_expert the
+    routed experts'. x, gn: the input and the norm weight (default: random)."""
     R = routes[0].shape[1]
     g = Graph()
     scale = [g.const(a) for a in w[1:]]
     w0 = g.const(w[0])
+    sh = [[g.const(a) for a in s] for s in shared] if shared else [[]] * len(routes)
+    nbytes = R * per_expert if not shared else (R - 1) * per_expert + sum(a.nbytes for a in shared[0])
     if mode == "swiglu":
         xin = g.input("x", (1, 1, K))
-        extra = ([g.const(rng.standard_normal(K).astype(np.float32))], {"rms_eps": 1e-6}) if norm else ([], {})
+        gn = rng.standard_normal(K).astype(np.float32) if gn is None else gn
+        extra = ([g.const(gn)], {"rms_eps": 1e-6}) if norm else ([], {})
         y = None
-        for route in routes:
-            y = g.op("MUL_MAT_ID", xin, w0, g.const(route), *extra[0], *scale, mode="swiglu", limit=10.0,
+        for route, s in zip(routes, sh):
+            y = g.op("MUL_MAT_ID", xin, w0, g.const(route), *extra[0], *scale, *s, mode="swiglu", limit=10.0,
                      **extra[1], **params, out=y)
-        x = rng.standard_normal((1, 1, K)).astype(np.float32)
+        x = rng.standard_normal((1, 1, K)).astype(np.float32) if x is None else x
     else:
         xin, y = g.input("x", (1, R, K)), None
-        for route in routes:
-            y = g.op("MUL_MAT_ID", xin, w0, g.const(route), *scale, mode="sum", **params, out=y)
-        x = rng.standard_normal((1, R, K)).astype(np.float32)
+        for route, s in zip(routes, sh):
+            y = g.op("MUL_MAT_ID", xin, w0, g.const(route), *scale, *s, mode="sum", **params, out=y)
+        x = rng.standard_normal((1, R, K)).astype(np.float32) if x is None else x
     g.output("y", y)
-    return g, {"x": x}, R * per_expert
+    return g, {"x": x}, nbytes
 
 
-def decode_routes(E: int, R: int, cold: bool, rng) -> list:
+def decode_routes(E: int, R: int, cold: bool, rng, shared: bool = False) -> list:
     """Route tables [1, R, 2] (expert id, weight) for the one-token rows: one, or with --cold one per
     disjoint set of R experts (as many as E holds), so that consecutive ops read other experts'
-    weights from device memory rather than the last op's from the L2 cache."""
-    order = rng.permutation(E)
+    weights from device memory rather than the last op's from the L2 cache. shared (--shared-fp8):
+    R − 1 of the E − 1 routed experts and, last, the shared expert (id E − 1, weight 1), as V4_ROUTE
+    orders them."""
+    n, k = (E - 1, R - 1) if shared else (E, R)
+    order = rng.permutation(n)
     out = []
-    for i in range(E // R if cold else 1):
+    for i in range(max(1, n // k) if cold else 1):
         route = np.zeros((1, R, 2), np.float32)
-        route[0, :, 0] = order[i * R:(i + 1) * R]
-        route[0, :, 1] = rng.random(R)
+        route[0, :k, 0] = order[i * k:(i + 1) * k]
+        route[0, :k, 1] = rng.random(k)
+        if shared:
+            route[0, k] = (n, 1.0)
         out.append(route)
     return out
+
+
+def shared_fp8_layout(E: int, N: int, K: int, n_shared: int, rng):
+    """--shared-fp8: E − 1 random FP4 routed experts and n_shared FP8 shared experts (one a route table, so
+    that with --cold each op reads its own, as each layer of the model does; one scale grid over its N rows,
+    which at the model's F, a multiple of 128, lies as the model's gate and up grids do) of N × K: (routed arrays
+    [codes, scale bytes], op params, bytes of one routed expert, [the shared experts' arrays],
+    dequantise(e, s) -> float64 [N, K] of expert e with shared expert s as id E − 1)."""
+    w, sw, prm, deq = prefill_experts("fp4", E - 1, N, K, rng)
+    shared = [prefill_experts("fp8", 1, N, K, rng) for _ in range(n_shared)]
+
+    def dequant(e, s):
+        return shared[s][3](0) if e == E - 1 else deq(e)
+    per_expert = (w[0].nbytes + sw[0].nbytes) // (E - 1)
+    return w + sw, {**prm, "shared_wq": "fp8"}, per_expert, [s[0] + s[1] for s in shared], dequant
+
+
+def shared_fp8_reference(mode, x, gn, norm, route, dequant, s):
+    """float64 result of one op over route table `route` (shared expert s) from the dequantised experts."""
+    R = route.shape[1]
+    ws = np.stack([dequant(int(e), s) for e in route[0, :, 0]])
+    local = np.stack([np.arange(R), route[0, :, 1]], -1)[None]
+    kw = {"limit": 10.0, **({"rms_eps": 1e-6} if norm else {})} if mode == "swiglu" else {}
+    return get_op("MUL_MAT_ID").reference(x, ws, local, *([gn] if norm and mode == "swiglu" else []), mode=mode, **kw)
 
 
 def prefill_experts(fmt, E, N, K, rng):
@@ -350,6 +398,16 @@ def main(argv=None):
     ap.add_argument("--xs-groups", default="1024", help="staged SwiGLU: workgroups a token at most to sweep")
     ap.add_argument("--xs-split", default="1", help="staged sum: clusters sharing an output block, the routes "
                     "split among them, to sweep (powers of two)")
+    ap.add_argument("--xs-heavy", default="0", help="staged SwiGLU: the last route's blocks first (1) or not (0) "
+                    "or both (0,1; knob mul_mat_id.x_shared_heavy_first)")
+    ap.add_argument("--xs-route-groups", default="1", help="staged sum: route groups, a workgroup each per output "
+                    "block, to sweep (knob mul_mat_id.x_shared_route_groups; 1: one group)")
+    ap.add_argument("--xs-lanes", default="0", help="staged kernels: lanes a cluster to sweep (knob "
+                    "mul_mat_id.x_shared_lanes; 0: the knob's default, the whole subgroup on GPUs)")
+    ap.add_argument("--shared-fp8", action="store_true", help="one token, --formats fp4: the model's layout, "
+                    "--experts − 1 FP4 routed experts and an FP8 shared expert in its own tensors (shared_wq), "
+                    "--routes-per-token − 1 routed routes and the shared one last, each row's result checked "
+                    "against float64 (NMSE ≤ 1e-8 asserted)")
     ap.add_argument("--cold", action="store_true", help="one token: the ops of a recording cycle through disjoint "
                     "sets of routes (--experts // --routes-per-token of them), so each reads its experts from device "
                     "memory, not the L2 cache (as in the decode step)")
@@ -386,13 +444,18 @@ def main(argv=None):
     if ablations and not a.prefill and (not quant or 1 not in ints(a.x_shared)):
         raise SystemExit("--ablate times the staged kernels' one-token rows again: it needs --formats fp4 and/or "
                          f"fp8 and --x-shared 1 (or 0,1); got --formats {a.formats} --x-shared {a.x_shared}")
+    if a.shared_fp8 and (a.prefill or a.formats != "fp4" or a.experts < 2 or a.routes_per_token < 2):
+        raise SystemExit("--shared-fp8 is the one-token rows over FP4 routed experts and an FP8 shared one: it needs "
+                         f"--formats fp4, no --prefill, --experts ≥ 2 and --routes-per-token ≥ 2; got --formats "
+                         f"{a.formats} --prefill {a.prefill} --experts {a.experts} --routes-per-token {a.routes_per_token}")
     dev = default_device()
     if ablations and a.prefill and expert_gemm(dev).kernel == "f32" and not a.emulate:
         raise SystemExit(f"--ablate with --prefill times the matrix-unit rows again, but {dev.name} has none "
                          f"({expert_gemm(dev).reason}): --emulate times their FMA twin")
     rng = np.random.default_rng(0)
     E, R, D, Fd = a.experts, a.routes_per_token, a.d, a.f
-    routes = decode_routes(E, R, a.cold, rng)
+    routes = decode_routes(E, R, a.cold, rng, a.shared_fp8)
+    checked = a.shared_fp8 and not a.ablation_child         # (ablated kernels are wrong on purpose)
     unrolls = [int(u) for u in a.unroll.split(",")]
     rows = []
     with F.ClockWarmer(dev, F.default_warm_ms(dev) if a.warm_ms is None else a.warm_ms) as warm:
@@ -401,18 +464,32 @@ def main(argv=None):
         if a.prefill:
             rows = prefill_rows(a, dev, warm, rng)
         for fmt in a.formats.split(",") if not a.prefill else []:
-            w13 = make_experts(fmt, E, 2 * Fd, D, rng)
-            w2 = make_experts(fmt, E, D, Fd, rng)
+            shared, deq = {}, {}
+            if a.shared_fp8:
+                *w13, shared["swiglu"], deq["swiglu"] = shared_fp8_layout(E, 2 * Fd, D, len(routes), rng)
+                *w2, shared["sum"], deq["sum"] = shared_fp8_layout(E, D, Fd, len(routes), rng)
+            else:
+                w13 = make_experts(fmt, E, 2 * Fd, D, rng)
+                w2 = make_experts(fmt, E, D, Fd, rng)
+            # --shared-fp8: the same x (and norm weight) in every row of a mode, checked against one reference
+            fixed = {m: (rng.standard_normal((1, 1 if m == "swiglu" else R, k)).astype(np.float32),
+                         rng.standard_normal(D).astype(np.float32)) for m, k in (("swiglu", D), ("sum", Fd))
+                     } if a.shared_fp8 else {}
+            refs: dict = {}             # (mode, norm): float64 result of the last route table
             nrs = [int(v) for v in a.rows.split(",")] if fmt != "bf16" else [1]
             loads = [int(v) for v in a.load.split(",")] if fmt != "bf16" else [4]
             xs_on = [v for v in (0, 1) if v in ints(a.x_shared)] if fmt != "bf16" else [0]
             cases = []
             for xs in xs_on:
                 if xs:
-                    staged = [{"x_shared": True, "x_shared_rows": r, "x_shared_unroll": u, "x_shared_groups": gr}
-                              for r, u, gr in itertools.product(ints(a.xs_rows), ints(a.xs_unroll), ints(a.xs_groups))]
-                    cases += [("swiglu", w13, norm, k) for norm in (False, True) for k in staged]
-                    cases += [("sum", w2, False, {**k, "x_shared_split": sp}) for k in staged for sp in ints(a.xs_split)]
+                    staged = [{"x_shared": True, "x_shared_rows": r, "x_shared_unroll": u, "x_shared_groups": gr,
+                               "x_shared_lanes": ln or None}
+                              for r, u, gr, ln in itertools.product(ints(a.xs_rows), ints(a.xs_unroll), ints(a.xs_groups),
+                                                                    ints(a.xs_lanes))]
+                    cases += [("swiglu", w13, norm, {**k, "x_shared_heavy_first": bool(h)}) for norm in (False, True)
+                              for k in staged for h in ints(a.xs_heavy)]
+                    cases += [("sum", w2, False, {**k, "x_shared_split": sp, "x_shared_route_groups": rg}) for k in staged
+                              for sp in ints(a.xs_split) for rg in ints(a.xs_route_groups)]
                     continue
                 cases += [("swiglu", w13, norm, {"unroll": u, "load": ld, "x_shared": False}) for norm in (False, True)
                           for u in unrolls for ld in loads]
@@ -421,29 +498,45 @@ def main(argv=None):
             for mode, (w, params, per_expert), norm, knobs in cases:
                 K = D if mode == "swiglu" else Fd
                 with tuned({f"mul_mat_id.{k}": v for k, v in knobs.items()}):
-                    g, inputs, nbytes = op_graph(mode, w, params, per_expert, K, routes, norm, rng)
+                    g, inputs, nbytes = op_graph(mode, w, params, per_expert, K, routes, norm, rng,
+                                                 shared.get(mode), *(fixed[mode] if a.shared_fp8 else (None, None)))
                     launch = g.nodes[0].op.lower(g.nodes[0], dev)[0]
                     staged = "X_SHARED" in launch.defines
-                    # the staged sum's routes staged at a time and split used (spec constants 6, 8)
-                    xrg, split = launch.spec[6:9:2] if staged and mode == "sum" else (None, None)
+                    # the staged sum's routes staged at a time, split and route groups used (spec constants 6, 8,
+                    # 10), the lanes a cluster
+                    xrg, split, rgroups = launch.spec[6:11:2] if staged and mode == "sum" else (None, None, None)
                     if knobs.get("x_shared"):
                         how = (f"staged{'' if staged else '(off)'} rows={knobs['x_shared_rows']} "
                                f"unroll={knobs['x_shared_unroll']} groups={knobs['x_shared_groups']:4d}"
-                               + (f" split={split} staged x rows={xrg}" if split else ""))
+                               + (f" lanes={launch.defines.get('LANES')}" if staged else "")
+                               + (" heavy_first" if knobs.get("x_shared_heavy_first") else "")
+                               + (f" split={split} staged x rows={xrg} route groups={rgroups}" if split else ""))
                     else:
                         how = (f"unroll={knobs['unroll']:2d} routes={knobs.get('routes') or '-'} "
                                f"wg={knobs.get('wg') or '-':3} rows={knobs.get('rows', 1)} load={knobs['load']:2d}")
                     # named before it runs: a run that stops the device leaves its variant on screen
-                    print(f"{fmt:4s} {mode:6s}{' +norm' if norm else '      '} {how:58s} ", end="", flush=True)
+                    print(f"{fmt + '+fp8' * a.shared_fp8:8s} {mode:6s}{' +norm' if norm else '      '} {how:58s} ", end="",
+                          flush=True)
+                    err = None
+                    if checked:                 # the last route table's result against float64
+                        cg = g.compile(dev)
+                        got = cg.run(**inputs)["y"]
+                        cg.release()
+                        if (mode, norm) not in refs:
+                            refs[mode, norm] = shared_fp8_reference(mode, *fixed[mode], norm, routes[-1], deq[mode],
+                                                                    len(routes) - 1)
+                        err = nmse(got, refs[mode, norm])
+                        assert not err > 1e-8, f"{mode} norm={norm} {knobs}: NMSE {err} against float64"
                     us = median_gpu_us(dev, g, inputs, a.replays, warm, a.repeat) / len(routes)
                 gbps = nbytes / (us * 1e3)
-                rows.append({"format": fmt, "mode": mode, "norm": norm, **knobs, "staged": staged, "route_sets": len(routes),
-                             "split_used": split, "x_rows_staged": xrg,
-                             "bytes": nbytes,
-                             "us": us, "gbps": gbps, "pct_copy": 100 * gbps / copy})
-                print(f"{us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy", flush=True)
+                rows.append({"format": fmt + "+fp8" * a.shared_fp8, "mode": mode, "norm": norm, **knobs, "staged": staged,
+                             "route_sets": len(routes), "split_used": split, "x_rows_staged": xrg, "route_groups_used": rgroups,
+                             "lanes": launch.defines.get("LANES"), "bytes": nbytes, "us": us, "gbps": gbps,
+                             "pct_copy": 100 * gbps / copy, **({"nmse": err} if err is not None else {})})
+                print(f"{us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy"
+                      + (f" nmse {err:.2e}" if err is not None else ""), flush=True)
     doc = {"device": dev.name, "copy_gbps": copy, "cold": a.cold, "experts": E, "routes_per_token": R, "d": D, "f": Fd,
-           "prefill": a.prefill, "rows": rows}
+           "prefill": a.prefill, "shared_fp8": a.shared_fp8, "route_sets": len(routes), "rows": rows}
     if ablations and a.prefill:             # the matrix-unit rows only (results unchecked: wrong on purpose)
         doc["ablations"] = ablation.run_children(
             __file__, ablations, argv, ("--json", "--ablate", "--prefill-kernels", "--check-tokens"),

@@ -56,7 +56,10 @@ its one-pass ranking, knob route_rank.on), mqa_merge (1: the decode attention's 
 merged inside MQA_ATTENTION, not by the MQA_COMBINE dispatch after it that the default runs; knob mqa_merge.on),
 mqa_merge_step (the parts whose loads the merging workgroup issues together; knob mqa_merge.step),
 gemv_xs_unroll / gemv_xs_groups and moe_xs_unroll / moe_xs_groups (the staged kernels' uvec4 steps a
-lane loads together and workgroups at most); any knob also by its full dotted name (value None, True,
+lane loads together and workgroups at most), moe_xs_split (the staged sum's routes split among a workgroup's
+clusters), moe_xs_heavy (1: the staged SwiGLU takes the last route's blocks first), moe_xs_route_groups (the
+staged sum's route groups, a workgroup each per output block) and moe_xs_lanes (the staged kernels' lanes a
+cluster) (knobs mul_mat_id.x_shared_split, _heavy_first, _route_groups, _lanes); any knob also by its full dotted name (value None, True,
 False, a number or a word), e.g.
 `--variants "fold_mb=64;fold_mb=0;gemv_unroll=8;gemv_quant.x_shared_unroll=4,mul_mat_id.x_shared_unroll=2"`.
 --long: the long-context sweep instead (--out is then a directory: long_context.json and .txt):
@@ -134,6 +137,9 @@ KNOBS = {"fold_mb": ("norm_fold.max_bytes", lambda v: int(float(v) * 2**20)),   
          "moe_xs": ("mul_mat_id.x_shared", lambda v: bool(int(v))),
          "moe_xs_rows": ("mul_mat_id.x_shared_rows", int),
          "moe_xs_split": ("mul_mat_id.x_shared_split", int),
+         "moe_xs_heavy": ("mul_mat_id.x_shared_heavy_first", lambda v: bool(int(v))),
+         "moe_xs_route_groups": ("mul_mat_id.x_shared_route_groups", int),
+         "moe_xs_lanes": ("mul_mat_id.x_shared_lanes", int),
          "indexer": ("indexer.always", lambda v: bool(int(v))),
          "mqa_splits": ("mqa_tile.max_splits", int),
          "gate": ("v4_gate.on", lambda v: bool(int(v))),

@@ -104,7 +104,43 @@ MUL_MAT_ID_UNROLL = knob_table(
     x_shared_split=(1, 'the staged sum (mode="sum"): clusters sharing an output block, the routes split among them '
                        'and their sums added in shared memory (a power of two ≤ the clusters a workgroup; spec '
                        'constant XSPLIT): that many times the workgroups. Where every route\'s x is staged at '
-                       'once and the clusters\' outputs are at most 256 (else 1). 1 until measured on a GPU'))
+                       'once and the clusters\' outputs are at most 256 (else 1). 1 until measured on a GPU'),
+    x_shared_heavy_first=(False, "the staged SwiGLU: its clusters take the last route's (route, output block)s first "
+                                 "(spec constant XHEAVY; V4_ROUTE puts the shared expert last, whose FP8 rows are "
+                                 "twice an FP4 row's bytes), each output computed as without it. Off until measured "
+                                 "on a GPU"),
+    x_shared_route_groups=(1, 'the staged sum (mode="sum"): the routes in this many groups of consecutive routes (at '
+                              'most R), a workgroup per (output block, group) staging only its group\'s x rows, the '
+                              'groups\' partial sums added in group order by the output block\'s last workgroup '
+                              '(-D ROUTE_GROUPS, spec constant XRGROUPS; an integer ≥ 1, 1: one group). 1 until '
+                              'measured on a GPU'),
+    x_shared_lanes=(None, "the staged kernels: lanes a cluster (a power of two, capped at the device's smallest "
+                          "subgroup and the row's uvec4s of codes), so that a subgroup holds several clusters. None: "
+                          "the whole subgroup on GPUs, 1 on CPU devices"))
+
+ROUTE_PARTS_POOL, ROUTE_TICKETS_POOL = "mul_mat_id.route_parts", "mul_mat_id.route_tickets"     # (OpDef.scratch)
+
+
+def route_groups(R: int) -> int:
+    """The staged sum's route groups for R routes (knob mul_mat_id.x_shared_route_groups, checked):
+    groups of ceil(R / knob) consecutive routes, as many as it takes to hold the R (none empty)."""
+    groups = MUL_MAT_ID_UNROLL["x_shared_route_groups"]
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"tuning knob 'mul_mat_id.x_shared_route_groups' must be an integer ≥ 1, got {groups!r}")
+    per_group = -(-R // min(groups, R))
+    return -(-R // per_group)
+
+
+def staged_lanes(device) -> int | None:
+    """The staged kernels' lanes a cluster at most (knob mul_mat_id.x_shared_lanes, checked; None: no cap
+    but the device's subgroup on GPUs, 1 on CPU devices)."""
+    lanes = MUL_MAT_ID_UNROLL["x_shared_lanes"]
+    if lanes is None:
+        return 1 if is_cpu(device) else None
+    if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1 or lanes & (lanes - 1) or lanes > 256:
+        raise ValueError(f"tuning knob 'mul_mat_id.x_shared_lanes' must be None or a power of two in [1, 256] "
+                         f"(capped at the device's smallest subgroup), got {lanes!r}")
+    return lanes
 
 
 def staged_expert_launch(device, fmt, mode: str, T: int, R: int, N: int, K: int, x_route_stride: int,
@@ -112,8 +148,9 @@ def staged_expert_launch(device, fmt, mode: str, T: int, R: int, N: int, K: int,
     """(defines, spec, grid, launch kwargs) of MUL_MAT_ID's staged kernel (knob
     mul_mat_id.x_shared) for N outputs (F for the SwiGLU) over K inputs, or None where the knob is off
     or it cannot run: rows not whole uvec4s of codes (beside an FP8 shared expert: K % 32 != 0), or x
-    past the device's shared memory (the sum stages as many routes' x rows at a time as fit, at least
-    one)."""
+    past the device's shared memory (the sum stages as many routes' x rows of its route group at a
+    time as fit, at least one). The sum's route groups (route_groups) are spec constant 10: with more
+    than one the launch needs the ROUTE_GROUPS define and its scratch (MulMatId.lower)."""
     if not staged_on(device, MUL_MAT_ID_UNROLL["x_shared"]):
         return None
     words = fmt.words(K)
@@ -122,13 +159,19 @@ def staged_expert_launch(device, fmt, mode: str, T: int, R: int, N: int, K: int,
     nr, unroll, groups = (MUL_MAT_ID_UNROLL[k] for k in ("x_shared_rows", "x_shared_unroll", "x_shared_groups"))
     check_staged_knobs("mul_mat_id", nr, unroll, groups)
     xs = words * fmt.per_word // 4
+    heavy = MUL_MAT_ID_UNROLL["x_shared_heavy_first"]
+    if not isinstance(heavy, bool):
+        raise ValueError(f"tuning knob 'mul_mat_id.x_shared_heavy_first' must be True or False, got {heavy!r}")
+    n_groups = route_groups(R) if mode == "sum" else 1
+    per_group = -(-R // n_groups)
+    max_lanes = staged_lanes(device)
     # beside x the kernel declares 256 floats: the norm's per-cluster sums (the SwiGLU with the norm
-    # folded) or the split routes' sums (the sum, split or not)
-    room = device.caps.limits.max_shared_memory - (4 * 256 if norm or mode == "sum" else 0)
-    rows_staged = min(R, room // (16 * xs)) if mode == "sum" else int(16 * xs <= room)
+    # folded) or the split routes' sums (the sum, split or not); with route groups, last_group.glsl's ticket
+    room = device.caps.limits.max_shared_memory - (4 * 256 if norm or mode == "sum" else 0) - 4 * (n_groups > 1)
+    rows_staged = min(per_group, room // (16 * xs)) if mode == "sum" else int(16 * xs <= room)
     if rows_staged < 1:
         return None
-    lanes, extra = cluster_lanes(device, words // 4, per_lane=1, max_lanes=1 if is_cpu(device) else None)
+    lanes, extra = cluster_lanes(device, words // 4, per_lane=1, max_lanes=max_lanes)
     clusters = 256 // lanes["LANES"]
     blocks = -(-N // nr)
     split = MUL_MAT_ID_UNROLL["x_shared_split"]
@@ -136,15 +179,16 @@ def staged_expert_launch(device, fmt, mode: str, T: int, R: int, N: int, K: int,
         raise ValueError(f"tuning knob 'mul_mat_id.x_shared_split' must be a power of two ≥ 1, got {split!r}")
     # the split sums are added in 256 floats of shared memory, a cluster's nr outputs each: no split
     # where the clusters' outputs are more (short rows, few lanes a cluster)
-    split = min(split, clusters) if mode == "sum" and rows_staged == R and clusters * nr <= 256 else 1
+    split = min(split, clusters) if mode == "sum" and rows_staged == per_group and clusters * nr <= 256 else 1
     if mode == "sum":
-        per_token = -(-blocks // (clusters // split))
+        per_token = -(-blocks // (clusters // split)) * n_groups
         grid = grid_1d(T * per_token, 1)
     else:
         routes_a_row = R if x_route_stride == 0 else 1
         per_token = min(groups, -(-routes_a_row * blocks // clusters))
         grid = grid_1d(T * (R // routes_a_row) * per_token, 1)
-    return {**lanes, "X_SHARED": 1}, (256, unroll, 1, 0, nr, xs, rows_staged, groups, split), grid, extra
+    spec = (256, unroll, 1, 0, nr, xs, rows_staged, groups, split, int(heavy and mode == "swiglu"), n_groups)
+    return {**lanes, "X_SHARED": 1}, spec, grid, extra
 
 
 @register
@@ -228,7 +272,15 @@ class MulMatId(OpDef):
     def scratch(self, inputs, params):
         route, w = inputs[2], inputs[1]
         if expert_kernel(route.shape[0]).kernel != "grouped":
-            return {}
+            groups = MUL_MAT_ID_UNROLL["x_shared_route_groups"]
+            if params["mode"] != "sum" or "wq" not in params or isinstance(groups, bool) or \
+                    not isinstance(groups, int) or groups < 2:
+                return {}               # (a bad value is refused by lower, naming the knob)
+            # the staged sum's route groups (staged_expert_launch): partials [T, groups, N], a
+            # counter per (token, output block), fewer than T·N
+            T, R, _ = route.shape
+            N = w.shape[1]
+            return {ROUTE_PARTS_POOL: (T * route_groups(R) * N, "f32"), ROUTE_TICKETS_POOL: (T * N, "i32", "zeroed")}
         return grouped_scratch(route.shape[0], route.shape[1], w.shape[0], w.shape[1], params["mode"],
                                "shared_wq" in params)
 
@@ -320,9 +372,16 @@ class MulMatId(OpDef):
             for k in ("LANES", "LANES_SHUFFLE", "LANES_SUBGROUP_OPS", "LANES_WORKGROUP"):
                 defs.pop(k, None)
             defs.update(lane_defs)
+            writes = (out_index,)
             if mode == "sum":
                 defs["ROUTES"] = 1
-            return [Launch("mul_mat_id", args, (out_index,), push, grid, defines=defs, spec=spec, **extra)]
+                if spec[10] > 1:            # the route groups' partials and last-group counters
+                    parts, tickets = (node.output.graph.scratch(p) for p in (ROUTE_PARTS_POOL, ROUTE_TICKETS_POOL))
+                    defs["ROUTE_GROUPS"] = 1
+                    writes = (out_index, len(args), len(args) + 1)
+                    args += [parts, tickets]
+                    push |= {"part_off": parts.offset, "cnt_off": tickets.offset}
+            return [Launch("mul_mat_id", args, writes, push, grid, defines=defs, spec=spec, **extra)]
         if wg:
             return [Launch("mul_mat_id", args, (out_index,), push, grid_1d(items, 1), defines=defs,
                            spec=(wg, unroll) + rows)]
