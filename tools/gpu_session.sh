@@ -36,12 +36,13 @@
 #   prefillkabl  the same GEMM on the matrix units at its default tiling, then with its products, k-loop staging,
 #             k-loop loads, x rows' scan or FP8/FP4 scale scan removed (--ablate): where its time goes
 #   prefilla  the prefill attention kernels (f32 lanes, matrix units)
-#   prefill   flash-1gpu's 4k-token prefill with the matrix-unit forms on and off
+#   prefill   flash-1gpu's 4k-token prefill at the default chunk (512) and at 1024 and 2048, with MUL_MAT's x
+#             rounded to fp16 once (coopmat.x_half), and with the matrix-unit forms off
 #   gemm      MUL_MAT on the matrix units at the model's prefill shapes beside cuBLAS: the default tiling with
 #             x rounded to fp16 by its first pass (coopmat.x_half) and without, then the default with its
 #             products, staging or loads removed
-#   prefill43 V4-Flash's depth in the published layout: its 4k-token prefill, the grouped experts on
-#             the f32 lanes and on the matrix units
+#   prefill43 V4-Flash's depth in the published layout: its 4k-token prefill at chunks 512, 1024, 2048, and
+#             with the matrix-unit forms off
 #   moedec    the one-token experts in the model's layout (FP4 routed experts, the FP8 shared one last in the
 #             same dispatch; V4-Flash-43's 8 routed + shared, 7 routes, --cold), the staged kernels at their
 #             default knobs beside the SwiGLU's last route first, the sum's route groups and fewer lanes a
@@ -126,7 +127,7 @@ for s in $steps; do
                       --attn-positions 4096 --attn-variants cm_tile=16,cm_heads=2 --json "$r/attention_prefill_h200.json" ;;
         prefill) step prefill 540 prefill_h200.txt python3 tools/model_gpu_bench.py --preset flash-1gpu --prompt 4096 \
                      --max-ctx 8192 --skip unfused,multi,host --tokens 4 \
-                     --prefill-variants "moe_coopmat=1;mqa_coopmat=1;moe_coopmat=1,mqa_coopmat=1;mul_mat_id_grouped.literal=True;mul_mat_id_grouped.prefetch=True" \
+                     --prefill-variants "chunk=1024;chunk=2048;x_half=1;moe_coopmat=0,mqa_coopmat=0" \
                      --out "$r/prefill_h200.json" ;;
         gemm) step gemm 420 gemm_xhalf_h200.txt python3 tools/bench_primitives.py --gemm --gemm-t 512,4096 \
                   --gemm-shapes 4096x4096,32768x1024,4096x8192,1024x4096 --torch-dtypes fp16,bf16 --no-f32 \
@@ -134,7 +135,7 @@ for s in $steps; do
                   --replays 5 --json "$r/gemm_xhalf_h200.json" ;;
         prefill43) step prefill43 540 prefill_flash43_h200.txt python3 tools/model_gpu_bench.py --preset flash-43 \
                        --dtype fp8 --prompt 4096 --max-ctx 8192 --skip unfused,multi,host --tokens 4 \
-                       --prefill-variants "moe_coopmat=1;moe_coopmat=1,mqa_coopmat=1" \
+                       --prefill-variants "chunk=1024;chunk=2048;moe_coopmat=0,mqa_coopmat=0" \
                        --out "$r/prefill_flash43_h200.json" ;;
         moedec) step moedec 180 moe_decode_h200.txt python3 tools/bench_moe.py --cold --formats fp4 --shared-fp8 \
                     --experts 9 --routes-per-token 7 --x-shared 1 --xs-rows 2 --xs-unroll 1 --xs-groups 1024 \
