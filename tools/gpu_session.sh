@@ -30,7 +30,8 @@
 #             reads, products, code loads or x staging removed (--ablate): where their time goes
 #   fp8step   flash-1gpu in the published FP8/FP4 layout: the fused decode step dispatch by dispatch
 #             (--timeline) and the decode knobs side by side in the model
-#   flash43   V4-Flash's depth in the published layout beside BF16, and with fewer decode attention splits
+#   flash43   V4-Flash's depth in the published layout beside BF16, and with 16 decode attention splits
+#             (merged by MQA_COMBINE, and inside MQA_ATTENTION)
 #   offload   flash-43 in the published layout with 0, 3, 8 and 43 layers' routed experts in host memory
 #   prefillk  the prefill's grouped expert GEMM: f32 lanes (tiles, literal arrays, prefetch), matrix units
 #   prefillkabl  the same GEMM on the matrix units at its default tiling, then with its products, k-loop staging,
@@ -112,7 +113,7 @@ for s in $steps; do
                      "mqa_merge=1;gate=0;gemv_xs_wg=64;gemv_xs_unroll=4;gemv_xs_rows=1;moe_xs_unroll=2;moe_xs_rows=1;moe_xs_groups=256" \
                      --out "$r/model_fp8_step_h200.json" ;;
         flash43) step flash43 540 model_flash43_h200.txt python3 tools/model_gpu_bench.py --preset flash-43 \
-                     --dtype fp8 --compare-dtype bf16 --skip unfused,multi,host --variants "mqa_splits=16;mqa_splits=32" \
+                     --dtype fp8 --compare-dtype bf16 --skip unfused,multi,host --variants "mqa_splits=16;mqa_merge=1,mqa_splits=16" \
                      --out "$r/model_flash43_h200.json" ;;
         offload) step offload 540 offload_h200.txt python3 tools/model_gpu_bench.py --preset flash-43 --dtype fp8 \
                      --skip unfused,multi,host --offload-layers 0,3,8,43 --out "$r/offload_h200.json" ;;
