@@ -206,7 +206,11 @@ def test_coopmat_fma_grouped_fp4_scale_spread(rng, device):
     assert rel.max() <= 2e-3, f"worst relative error {rel.max():.2e}"
     assert rel[:, [0, 2]].max() <= 1e-5, rel[:, [0, 2]].max()      # rows 0 and 2 summed in f32
     rel16 = np.abs(got - op.reference(fp16_rows(x), wref, route, mode="sum")) / terms
-    assert np.delete(rel16, [0, 2], axis=1).max() <= 1e-6           # the others: the fp16-rounded x's product
+    # the others: the fp16-rounded x's product to f32 summation's bound n·u (n the roundings: K fused
+    # multiply-adds, the unscale's 3 multiplies, and per route its weight's multiply and add), not a fixed
+    # 1e-6: the 2^26 group dominates each sum, so every later step rounds at the size of its terms
+    n = K + 3 + 2 * (top_k + 1)
+    assert np.delete(rel16, [0, 2], axis=1).max() <= n * 1.001 * 2.0 ** -24
 
 
 def test_coopmat_grouped_on_the_matrix_units_or_their_fma_twin(rng, device):
