@@ -161,6 +161,22 @@ def test_info_cli_json():
     assert all(set(v) <= {"f16", "f32", "f64"} for v in fc.values()) and "f32" in fc["rounding_rte"]
 
 
+def test_info_names_both_cooperative_matrix_extensions_and_the_float_modes(device):
+    """info reports VK_NV_cooperative_matrix's shapes (the ones the kernels use), VK_KHR_cooperative_matrix's
+    (reported only) and the float-controls modes, each "none" where the device has none."""
+    from dsv4_vk.cli.info import _human, report
+    rep = report(device)
+    assert isinstance(rep["coopmat_khr"], (list, tuple)) and isinstance(rep["coopmat"], (list, tuple))
+    shape = {"m": 16, "n": 16, "k": 16, "a": "f16", "b": "f16", "c": "f32", "d": "f32"}
+    text = _human({**rep, "coopmat": [shape], "coopmat_khr": [dict(shape, a="bf16", b="bf16"), shape],
+                   "float_controls": {"denorm_preserve": ["f16", "f32"], "denorm_flush_to_zero": []}})
+    assert "coop. matrix  16x16x16 f16·f16+f32\n" in text
+    assert "coop. KHR     16x16x16 bf16·bf16+f32, 16x16x16 f16·f16+f32 (VK_KHR_cooperative_matrix: reported" in text
+    assert "float modes   denorm preserve: f16 f32; denorm flush to zero: none (what a shader may ask for)" in text
+    bare = _human({**rep, "coopmat": [], "coopmat_khr": [], "float_controls": {}})
+    assert "coop. KHR     none (" in bare and "float modes   unknown (Vulkan < 1.2)" in bare
+
+
 @pytest.mark.parametrize("width, size", [(128, 4), (256, 8), (512, 16)])
 def test_lavapipe_subgroup_sizes(width, size):
     r = _run("from dsv4_vk.vk import Device; print(Device().subgroup_size)", LP_NATIVE_VECTOR_WIDTH=str(width))

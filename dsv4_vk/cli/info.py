@@ -39,6 +39,11 @@ def carry_summary(dev, D=4096):
     return summary(dev, D)
 
 
+def _shapes(shapes):
+    """Cooperative-matrix shapes as "MxNxK a·b+c", sorted, comma-separated ("" for none)."""
+    return ", ".join(sorted({f"{c['m']}x{c['n']}x{c['k']} {c['a']}·{c['b']}+{c['c']}" for c in shapes}))
+
+
 def _human(rep):
     sg, ts, lim = rep["subgroup"], rep["timestamps"], rep["limits"]
     lines = [
@@ -52,9 +57,10 @@ def _human(rep):
         f"invocations {lim['max_workgroup_invocations']}",
         f"memory        shared {lim['max_shared_memory']} B, push constants {lim['max_push_constants']} B, "
         f"storage range {lim['max_storage_buffer_range']} B",
-        "coop. matrix  " + (", ".join(sorted({f"{c['m']}x{c['n']}x{c['k']} {c['a']}·{c['b']}+{c['c']}"
-                                              for c in rep.get("coopmat", ())}))
+        "coop. matrix  " + (_shapes(rep.get("coopmat", ()))
                             or "none (the tensor-core kernels need VK_NV_cooperative_matrix, fp16 arithmetic)"),
+        "coop. KHR     " + (_shapes(rep.get("coopmat_khr", ())) or "none")
+        + " (VK_KHR_cooperative_matrix: reported, the kernels use the NV extension)",
         "float modes   " + ("; ".join(f"{k.replace('_', ' ')}: {' '.join(v) or 'none'}"
                                      for k, v in rep["float_controls"].items()) + " (what a shader may ask for)"
                             if rep.get("float_controls") else "unknown (Vulkan < 1.2)"),

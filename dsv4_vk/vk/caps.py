@@ -107,6 +107,8 @@ class Capabilities:
     queues: tuple[QueueFamily, ...]
     # VK_NV_cooperative_matrix shapes (enabled with fp16 and the memory model); empty without
     coopmat: tuple[CoopMatShape, ...] = ()
+    # VK_KHR_cooperative_matrix's subgroup shapes where the driver offers it (reported only: not enabled)
+    coopmat_khr: tuple[CoopMatShape, ...] = ()
     float_controls: FloatControls = FloatControls()
 
     @property
@@ -142,5 +144,6 @@ class Capabilities:
             memory_types=tuple(MemoryType(**t) for t in p["memory_types"]),
             queues=tuple(QueueFamily(**q) for q in p["queues"]),
             coopmat=tuple(CoopMatShape(**c) for c in p.get("coopmat", ())),
+            coopmat_khr=tuple(CoopMatShape(**c) for c in p.get("coopmat_khr", ())),
             float_controls=FloatControls(**{k: tuple(v) for k, v in p.get("float_controls", {}).items()}),
         )

@@ -94,10 +94,11 @@ def physical_devices(instance):
     return [arr[i] for i in range(count[0])]
 
 
-COOPMAT_NV = b"VK_NV_cooperative_matrix"
-# VkComponentTypeNV and VkScopeNV values (the binding leaves them None)
+COOPMAT_NV, COOPMAT_KHR = b"VK_NV_cooperative_matrix", b"VK_KHR_cooperative_matrix"
+# VkComponentTypeNV / KHR and VkScopeNV / KHR values (the binding leaves them None); KHR adds bf16 and
+# (VK_NV_cooperative_matrix2's) e4m3 and e5m2
 _COMPONENT_NAMES = {0: "f16", 1: "f32", 2: "f64", 3: "s8", 4: "s16", 5: "s32", 6: "s64", 7: "u8", 8: "u16",
-                    9: "u32", 10: "u64"}
+                    9: "u32", 10: "u64", 1000141000: "bf16", 1000491002: "e4m3", 1000491003: "e5m2"}
 _SCOPE_SUBGROUP_NV = 3
 
 
@@ -116,21 +117,25 @@ def _extensions(pd):
     return {ffi.string(props[i].extensionName) for i in range(count[0])}
 
 
-def _coopmat_shapes(instance, pd):
-    """The subgroup-scope matrix shapes of VK_NV_cooperative_matrix, as (M, N, K, A, B, C, D types)."""
-    fn = lib.vkGetInstanceProcAddr(instance, b"vkGetPhysicalDeviceCooperativeMatrixPropertiesNV")
+def _coopmat_shapes(instance, pd, ext="NV"):
+    """The subgroup-scope matrix shapes of VK_NV_cooperative_matrix (ext "NV") or VK_KHR_cooperative_matrix
+    ("KHR"), as (M, N, K, A, B, C, D types); a component type past the names here as its number."""
+    fname = f"vkGetPhysicalDeviceCooperativeMatrixProperties{ext}"
+    fn = lib.vkGetInstanceProcAddr(instance, fname.encode())
     if fn == ffi.NULL:
         return []
-    fn = ffi.cast("PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV", fn)
+    fn = ffi.cast(f"PFN_{fname}", fn)
     count = ffi.new("uint32_t*")
-    check(fn(pd, count, ffi.NULL), "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV")
-    props = ffi.new("VkCooperativeMatrixPropertiesNV[]", count[0])
+    check(fn(pd, count, ffi.NULL), fname)
+    props = ffi.new(f"VkCooperativeMatrixProperties{ext}[]", count[0])
     for i in range(count[0]):
-        props[i].sType = vk.VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV
-    check(fn(pd, count, props), "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV")
-    name = _COMPONENT_NAMES.get
-    return [{"m": q.MSize, "n": q.NSize, "k": q.KSize, "a": name(q.AType, "?"), "b": name(q.BType, "?"),
-             "c": name(q.CType, "?"), "d": name(q.DType, "?")}
+        props[i].sType = getattr(vk, f"VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_{ext}")
+    check(fn(pd, count, props), fname)
+
+    def name(t):
+        return _COMPONENT_NAMES.get(t, str(t))
+    return [{"m": q.MSize, "n": q.NSize, "k": q.KSize, "a": name(q.AType), "b": name(q.BType), "c": name(q.CType),
+             "d": name(q.DType if ext == "NV" else q.ResultType)}
             for q in props[0:count[0]] if q.scope == _SCOPE_SUBGROUP_NV]
 
 
@@ -162,7 +167,8 @@ def probe_device(instance, pd):
     f12.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES
     cmf = ffi.new("VkPhysicalDeviceCooperativeMatrixFeaturesNV*")
     cmf.sType = vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV
-    has_coopmat = COOPMAT_NV in _extensions(pd)
+    extensions = _extensions(pd)
+    has_coopmat = COOPMAT_NV in extensions
     if api13:
         link_chain([f2, f13, f12] + ([cmf] if has_coopmat else []))
     lib.vkGetPhysicalDeviceFeatures2(pd, f2)
@@ -218,6 +224,8 @@ def probe_device(instance, pd):
         "queues": queues,
         "api13": api13,
         "coopmat": coopmat,
+        # what VK_KHR_cooperative_matrix offers (the kernels use the NV extension: reported, not enabled)
+        "coopmat_khr": _coopmat_shapes(instance, pd, "KHR") if api13 and COOPMAT_KHR in extensions else [],
         "float_controls": _float_controls(fc) if p.apiVersion >= vk.VK_MAKE_VERSION(1, 2, 0) else {},
     }
 
