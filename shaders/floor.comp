@@ -19,7 +19,7 @@
 //              d[10] = d[0] + d[2]   2^−126 + 2^−140 (exact, or 2^−126 where the operand is read as 0)
 //              d[11] = fp16(d[4])    2^−20 rounded to fp16 by packHalf2x16 (an fp16 subnormal, or 0)
 //              d[12] = f32(half)     unpackHalf2x16 of d[5]'s bits, 1: fp16's smallest subnormal, 2^−24 (or 0)
-//            Push: none.
+//            Indices from off (push: off, 0 here).
 #include "common.glsl"
 #if defined(OP_STEP)
 layout(binding = 0) buffer D { float d[]; };
@@ -40,12 +40,14 @@ void main() {
 }
 #elif defined(OP_FLOAT)
 layout(binding = 0) buffer D { float d[]; };
+layout(push_constant) uniform P { uint off; } p;
 void main() {
-    d[8] = d[0] * d[1];
-    d[9] = d[2] * d[3];
-    d[10] = d[0] + d[2];
-    d[11] = unpackHalf2x16(packHalf2x16(vec2(d[4], 0.0))).x;
-    d[12] = unpackHalf2x16(floatBitsToUint(d[5])).x;
+    uint o = p.off;
+    d[o + 8u] = d[o] * d[o + 1u];
+    d[o + 9u] = d[o + 2u] * d[o + 3u];
+    d[o + 10u] = d[o] + d[o + 2u];
+    d[o + 11u] = unpackHalf2x16(packHalf2x16(vec2(d[o + 4u], 0.0))).x;
+    d[o + 12u] = unpackHalf2x16(floatBitsToUint(d[o + 5u])).x;
 }
 #else
 #error "define OP_STEP, OP_COPY or OP_FLOAT"

@@ -209,7 +209,7 @@ def float_edges(device) -> dict[str, str]:
     pipe = device.pipelines.get("floor", 1, FLOAT, (1,))
     with _scratch(device, 4 * 16, np.concatenate([_FLOAT_OPERANDS, np.full(8, np.nan, np.float32)])) as buf:
         rec = Recorder(device)
-        rec.dispatch(pipe, [buf], b"", (1, 1, 1), [(buf, 0, 32)], [(buf, 32, 64)])
+        rec.dispatch(pipe, [buf], pack_fields("floor", FLOAT, {"off": 0}), (1, 1, 1), [(buf, 0, 32)], [(buf, 32, 64)])
         with _recording(rec) as r:
             r.submit()
         got = buf.read().view(np.float32).astype(np.float64)
