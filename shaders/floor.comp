@@ -1,7 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 //! variants: OP_STEP | OP_COPY ; - | GRID_STRIDE
-//! variants: OP_FLOAT
+//! variants: OP_FLOAT | OP_READ
 // Device-floor kernels (dsv4_vk/cli/floor.py): the cheapest useful dispatch, a plain copy and what the
 // arithmetic does at the bottom of its range.
 // Variants (-D):
@@ -11,6 +11,10 @@
 //   OP_COPY  dst[i] = src[i] over n4 vec4s, one vec4 per invocation (16-byte loads and stores
 //            are what a bandwidth-bound kernel would use); grid folded into y (common.glsl).
 //            -D GRID_STRIDE: a fixed grid whose invocations loop over the data instead.
+//   OP_READ  reads n4 vec4s from s at vec4 s_off, one per invocation (grid folded into y), and writes
+//            nothing but where a sum equals the push constant `never` (a NaN from the host: never
+//            equal), so no load is optimised away: the fastest read of a matrix's bytes, what a
+//            decode GEMV over them could at best take (its fill and drain included).
 //   OP_FLOAT what the arithmetic does at the bottom of f32's and fp16's range with no float-controls
 //            execution mode (as every kernel here runs): one invocation, the operands read from the
 //            buffer (nothing folds at compile time), each result written beside them:
@@ -38,6 +42,17 @@ void main() {
     if (i < p.n4) d[i] = s[i];
 #endif
 }
+#elif defined(OP_READ)
+layout(binding = 0) readonly buffer S { vec4 s[]; };
+layout(binding = 1) writeonly buffer D { float d[]; };
+layout(push_constant) uniform P { uint n4, s_off; float never; } p;
+void main() {
+    uint i = flat_index();
+    if (i < p.n4) {
+        vec4 v = s[p.s_off + i];
+        if (v.x + v.y + v.z + v.w == p.never) d[0] = 1.0;
+    }
+}
 #elif defined(OP_FLOAT)
 layout(binding = 0) buffer D { float d[]; };
 layout(push_constant) uniform P { uint off; } p;
@@ -50,5 +65,5 @@ void main() {
     d[o + 12u] = unpackHalf2x16(floatBitsToUint(d[o + 5u])).x;
 }
 #else
-#error "define OP_STEP, OP_COPY or OP_FLOAT"
+#error "define OP_STEP, OP_COPY, OP_READ or OP_FLOAT"
 #endif

@@ -163,7 +163,11 @@ def test_bench_ablate_dry_run(tool, argv, names, ablated, tmp_path):
         assert {row.get("route_groups_used") for row in parent} == {None, 1, 2}, parent
     if tool == "bench_gemv":                # --xs-rows -1: the knob's default, 1 row a cluster at wkv's N = 512
         assert all(row["xs_rows"] == 1 for row in parent), parent
-    skip = {"us", "gbps", "pct_copy", "ms", "tflops", "nmse"}
+        # each row beside the time of reading the same bytes alone (floor.read_us)
+        assert all(row["read_us"] > 0 and row["pct_read"] == pytest.approx(100 * row["read_us"] / row["us"])
+                   for row in doc["rows"]), doc["rows"]
+        assert sum(line.startswith("read fp8  wkv ") for line in r.stdout.splitlines()) == 1, r.stdout
+    skip = {"us", "gbps", "pct_copy", "ms", "tflops", "nmse", "read_us", "pct_read"}
     assert list(doc["ablations"]) == names
     for name in names:
         child = doc["ablations"][name]

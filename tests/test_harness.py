@@ -137,6 +137,11 @@ def test_floor_functions_on_tiny_sizes(device):
             floor.copy_gbps(device, bad)
     with pytest.raises(ValueError, match="n ≥ 1"):
         floor.dispatch_chain_us(device, 0)
+    t = floor.read_us(device, 64 << 10, copies=2, replays=2, repeat=1)
+    assert np.isfinite(t) and t > 0
+    for bad in ((100, 1), (0, 1), (64 << 10, 0)):
+        with pytest.raises(ValueError, match="read_us: nbytes must be a positive multiple of 16"):
+            floor.read_us(device, *bad)
 
 
 def test_float_edges_refuse_arithmetic_ieee_754_does_not_allow(device, monkeypatch):

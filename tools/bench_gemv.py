@@ -7,6 +7,9 @@ its load knobs side by side in one run (tuning knobs gemv.unroll, gemv.spread): 
 outputs are few (spread) against subgroup-lane clusters, and the steps in flight per lane (unroll);
 plain and with the RMS norm folded in. Each row: median over replays of a recording that runs the
 mat-mul `--repeat` times back to back (a timestamp before and after only), after the clock warm-up.
+Each shape's rows follow the time of reading its weight bytes alone (floor.read_us: the plainest read
+kernel, the same copies with --cold): every row also says what share of that read time it takes,
+the dispatch's own fill and drain counted on both sides.
 
     . .vkdev/enter.sh; python3 tools/bench_gemv.py --json $OUT/gemv.json
     . .vkdev/enter.sh; python3 tools/bench_gemv.py --formats fp8 --shapes wq_b,wo_b,wo_a,wq_a,wkv \
@@ -191,6 +194,10 @@ def main(argv=None):
         for fmt, (label, N, K), norm in itertools.product(a.formats.split(","), shapes, (False, True)):
             if not norm:
                 weights, params, nbytes = make_weights(fmt, N, K, rng)
+                # the same bytes read by the plainest kernel, over as many copies: the GEMV's floor here
+                read = F.read_us(dev, -(-nbytes // 16) * 16, cold_copies(a.cold, nbytes), a.replays, a.repeat, warm)
+                print(f"read {fmt:4s} {label:5s} ({N:6d}, {K:5d}) {nbytes / 2**20:.1f} MiB alone: {read:.1f} µs "
+                      f"({nbytes / (read * 1e3) / copy * 100:.1f}% of copy)", flush=True)
             for knobs in configs(a, fmt):
                 with tuned(knobs):
                     copies = cold_copies(a.cold, nbytes)
@@ -216,8 +223,10 @@ def main(argv=None):
                              "xs_lanes": launch.defines["LANES"] if kind == "staged" else None,
                              "xs_one_scale": kind == "staged" and launch.spec[5:] == (1,),
                              "bytes": nbytes, "us": us, "weight_copies": copies,
-                             "gbps": gbps, "pct_copy": 100 * gbps / copy})
-                print(f"{us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy", flush=True)
+                             "gbps": gbps, "pct_copy": 100 * gbps / copy, "read_us": read,
+                             "pct_read": 100 * read / us})
+                print(f"{us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy {100 * read / us:5.1f}% of the read",
+                      flush=True)
     doc = {"device": dev.name, "copy_gbps": copy, "cold": a.cold, "rows": rows}
     if ablations:                           # the staged rows only, at the parent's shapes and knobs
         doc["ablations"] = ablation.run_children(__file__, ablations, argv, ("--json", "--ablate", "--x-shared", "--formats"),

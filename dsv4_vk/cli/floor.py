@@ -59,7 +59,7 @@ def _warm(warm):
         warm()
 
 
-STEP, COPY, FLOAT = {"OP_STEP": 1}, {"OP_COPY": 1}, {"OP_FLOAT": 1}      # floor.comp's kernels
+STEP, COPY, READ, FLOAT = {"OP_STEP": 1}, {"OP_COPY": 1}, {"OP_READ": 1}, {"OP_FLOAT": 1}     # floor.comp's kernels
 
 
 def _step_pipeline(device):
@@ -184,6 +184,44 @@ def copy_gbps(device, nbytes=None, replays=10, copies=4, warm=None):
         if not np.array_equal(dst.read().view(np.float32), src_data):
             raise RuntimeError("copy kernel produced wrong data: the bandwidth figure would be meaningless")
     return statistics.median(rates)
+
+
+def read_us(device, nbytes, copies=1, replays=10, repeat=4, warm=None):
+    """GPU µs to read `nbytes` once (floor.comp -D OP_READ: a vec4 an invocation, nothing written),
+    the median over replays of a recording that reads `copies` disjoint copies in turn, `repeat` times
+    (a barrier between reads, as between the decode step's mat-muls; copies spanning more than the
+    GPU's L2 cache make every read come from device memory): the floor of a one-token GEMV over
+    that many bytes, its dispatch's fill and drain included."""
+    if nbytes < 16 or nbytes % 16 or copies < 1 or replays < 1 or repeat < 1:
+        raise ValueError(f"read_us: nbytes must be a positive multiple of 16 and copies, replays, repeat ≥ 1, "
+                         f"got {nbytes}, {copies}, {replays}, {repeat}")
+    limit = device.caps.limits.max_storage_buffer_range
+    if nbytes * copies > limit:
+        copies = max(1, limit // nbytes)
+        if nbytes > limit:
+            raise ValueError(f"read_us: {nbytes} B exceed {device.name}'s maxStorageBufferRange ({limit} B)")
+    _check_timestamps(device)
+    pipe = device.pipelines.get("floor", 2, READ, (COPY_WORKGROUP,))
+    n4 = nbytes // 16
+    with _scratch(device, nbytes * copies) as src, _scratch(device, 16, np.zeros(4, np.float32)) as dst:
+        rec = Recorder(device, timestamps="ends")
+        for _ in range(repeat):
+            for c in range(copies):
+                push = pack_fields("floor", READ, {"n4": n4, "s_off": c * n4, "never": float("nan")})
+                rec.dispatch(pipe, [src, dst], push, grid_1d(n4, COPY_WORKGROUP),
+                             [(src, c * nbytes, (c + 1) * nbytes)], [(dst, 0, 16)])
+        with _recording(rec) as r:
+            r.submit()
+            _warm(warm)
+            times = []
+            for _ in range(replays):
+                r.submit()
+                ts = r.timestamps_ns()
+                times.append((ts[-1] - ts[0]) / 1e3 / (repeat * copies))
+        if dst.read().view(np.float32).any():
+            raise RuntimeError("read kernel wrote its output: the comparison with NaN held, so it was compiled "
+                               "wrongly and its time would be meaningless")
+    return statistics.median(times)
 
 
 # floor.comp -D OP_FLOAT: (name, operand values, result index, the exact result, the result where the
