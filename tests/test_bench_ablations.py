@@ -158,6 +158,9 @@ def test_bench_ablate_dry_run(tool, argv, names, ablated, tmp_path):
     doc = json.loads(out.read_text())
     parent = [row for row in doc["rows"] if ablated(row)]
     assert parent and len(parent) < len(doc["rows"])
+    if tool == "bench_moe" and "--prefill" not in argv:     # each one-token row beside reading its bytes alone
+        assert all(row["read_us"] > 0 and row["pct_read"] == pytest.approx(100 * row["read_us"] / row["us"])
+                   for row in doc["rows"]), doc["rows"]
     if "--shared-fp8" in argv:              # every row checked against float64, the shared route last
         assert doc["shared_fp8"] and doc["route_sets"] == 2 and all(row["nmse"] <= 1e-8 for row in doc["rows"]), doc
         assert {row.get("route_groups_used") for row in parent} == {None, 1, 2}, parent

@@ -2,7 +2,8 @@
 """GPU time of MUL_MAT_ID at one token (the decode step's experts) at DeepSeek-V4-Flash's widths,
 bf16 experts or the published FP4 ones (--formats bf16,fp4: E2M1 codes and a scale per 32
 inputs; fp8 too), in GB/s of the expert bytes read (codes and scales) and as a share of the
-measured copy bandwidth,
+measured copy bandwidth and of the time to read the same bytes alone (floor.read_us, the plainest
+read kernel over as many copies as the route sets cycled),
 with its load knobs side by side in one run (tuning knobs mul_mat_id.*): the steps in flight per
 lane (unroll) and, for the weighted sum, the routes whose rows are loaded together (routes) and
 the lanes of a workgroup-wide cluster per output (wg; 0: subgroup-lane clusters). Each
@@ -458,6 +459,7 @@ def main(argv=None):
     checked = a.shared_fp8 and not a.ablation_child         # (ablated kernels are wrong on purpose)
     unrolls = [int(u) for u in a.unroll.split(",")]
     rows = []
+    reads: dict = {}                    # bytes of an op: µs to read that many bytes alone (floor.read_us)
     with F.ClockWarmer(dev, F.default_warm_ms(dev) if a.warm_ms is None else a.warm_ms) as warm:
         copy = F.copy_gbps(dev, warm=warm)
         print(f"{dev.name}: copy {copy:.0f} GB/s; {E} experts, {R} routes a token, D {D}, F {Fd}", flush=True)
@@ -529,11 +531,16 @@ def main(argv=None):
                         assert not err > 1e-8, f"{mode} norm={norm} {knobs}: NMSE {err} against float64"
                     us = median_gpu_us(dev, g, inputs, a.replays, warm, a.repeat) / len(routes)
                 gbps = nbytes / (us * 1e3)
+                # the same bytes read alone by the plainest kernel, as many copies as route sets: the op's floor
+                if nbytes not in reads:
+                    reads[nbytes] = F.read_us(dev, -(-nbytes // 16) * 16, len(routes), a.replays, a.repeat, warm)
+                read = reads[nbytes]
                 rows.append({"format": fmt + "+fp8" * a.shared_fp8, "mode": mode, "norm": norm, **knobs, "staged": staged,
                              "route_sets": len(routes), "split_used": split, "x_rows_staged": xrg, "route_groups_used": rgroups,
                              "lanes": launch.defines.get("LANES"), "bytes": nbytes, "us": us, "gbps": gbps,
-                             "pct_copy": 100 * gbps / copy, **({"nmse": err} if err is not None else {})})
-                print(f"{us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy"
+                             "pct_copy": 100 * gbps / copy, "read_us": read, "pct_read": 100 * read / us,
+                             **({"nmse": err} if err is not None else {})})
+                print(f"{us:8.1f} µs {gbps:7.0f} GB/s {100 * gbps / copy:5.1f}% of copy {100 * read / us:5.1f}% of the read"
                       + (f" nmse {err:.2e}" if err is not None else ""), flush=True)
     doc = {"device": dev.name, "copy_gbps": copy, "cold": a.cold, "experts": E, "routes_per_token": R, "d": D, "f": Fd,
            "prefill": a.prefill, "shared_fp8": a.shared_fp8, "route_sets": len(routes), "rows": rows}
