@@ -1007,7 +1007,8 @@ def test_the_moedec_step_names_the_staged_expert_knobs(device):
     assert step is not None
     variants = bench.parse_variants(re.search(r'--variants \\\s*"([^"]*)"', step.group(1)).group(1))
     names = {k for _, sets in variants for k in sets}
-    assert names == {"mul_mat_id.x_shared_heavy_first", "mul_mat_id.x_shared_route_groups", "mul_mat_id.x_shared_lanes"}
+    assert names == {"mul_mat_id.x_shared_heavy_first", "mul_mat_id.x_shared_route_groups", "mul_mat_id.x_shared_lanes",
+                     "mul_mat_id.x_shared_rows", "mul_mat_id.x_shared_unroll"}
     for _, sets in variants:
         with tuned({"mul_mat_id.x_shared": True, **sets}):
             staged_sum_launch(device, R=7)          # (a value the knobs refuse raises here)
