@@ -437,13 +437,16 @@ def test_staged_knobs_key_the_program():
                {"mul_mat_id.x_shared_rows": 1}, {"mul_mat_id.x_shared_unroll": 3}, {"mul_mat_id.x_shared_groups": 5},
                {"mul_mat_id.x_shared_split": 2}, {"gemv_quant.x_shared_lanes": 4},
                {"gemv_quant.x_shared_one_scale": True}, {"mul_mat_id.x_shared_heavy_first": True},
-               {"mul_mat_id.x_shared_route_groups": 2}, {"mul_mat_id.x_shared_lanes": 4}]
+               {"mul_mat_id.x_shared_route_groups": 2}, {"mul_mat_id.x_shared_lanes": 4},
+               {"mul_mat_id.x_shared_sum_rows": 4}]
     sigs = {signature(**{k: v for k, v in c.items()}) for c in changed}
     assert base not in sigs and len(sigs) == len(changed)
 
 
 @pytest.mark.parametrize("knob,value,match", [
     ("x_shared_rows", 3, r"'gemv_quant\.x_shared_rows' must be 1, 2 or 4, got 3"),
+    ("x_shared_rows", True, r"'gemv_quant\.x_shared_rows' must be 1, 2 or 4, got True"),
+    ("x_shared_rows", 4.0, r"'gemv_quant\.x_shared_rows' must be 1, 2 or 4, got 4\.0"),
     ("x_shared_unroll", 0, r"'gemv_quant\.x_shared_unroll' must be an integer in \[1, 8\], got 0"),
     ("x_shared_groups", 0, r"'gemv_quant\.x_shared_groups' must be an integer ≥ 1, got 0"),
     ("x_shared_wg", 96, r"'gemv_quant\.x_shared_wg' must be a power of two ≤ 256, got 96"),
@@ -616,6 +619,25 @@ def staged_sum_launch(device, R=3, N=16, K=208):
     return launch
 
 
+def test_staged_expert_sum_rows_of_its_own(tune, rng, monkeypatch, device):
+    """mul_mat_id.x_shared_sum_rows sets the weighted sum's outputs a cluster apart from the SwiGLU's
+    (x_shared_rows): the sum's launch takes it, the SwiGLU's keeps x_shared_rows, both match the float64
+    dequantisation; values other than None, 1, 2, 4 are refused by name."""
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, type="discrete-gpu"))
+    tune({"mul_mat_id.x_shared": True, "mul_mat_id.x_shared_rows": 1, "mul_mat_id.x_shared_sum_rows": 4})
+    assert staged_sum_launch(device).spec[4] == 4
+    g = Graph()
+    g.op("MUL_MAT_ID", g.input("x", (1, 1, 208)), g.input("w", (4, 32, 208 // 4), "i32"), g.input("r", (1, 3, 2)),
+         g.input("s", (8,), "i32"), mode="swiglu", wq="fp8")
+    (launch,) = g.nodes[0].op.lower(g.nodes[0], device)
+    assert "X_SHARED" in launch.defines and launch.spec[4] == 1
+    check_staged_experts(rng, device)
+    for bad in (3, 0, True, 4.0, "4"):
+        tune({"mul_mat_id.x_shared_sum_rows": bad})
+        with pytest.raises(ValueError, match=r"'mul_mat_id.x_shared_sum_rows' must be None, 1, 2 or 4, got"):
+            staged_sum_launch(device)
+
+
 # the sum over N = 202 outputs (not a multiple of the rows a cluster) beside the shapes of
 # check_staged_experts (its SwiGLU, over K = 202, is not staged: not whole uvec4s)
 ODD_N_SHAPES = (("fp8", 202, 48), ("fp4", 202, 64))
@@ -726,6 +748,7 @@ def test_staged_experts_lanes_a_cluster(tune, lanes, rng, monkeypatch, device):
     ("x_shared_heavy_first", 1, r"'mul_mat_id\.x_shared_heavy_first' must be True or False, got 1"),
     ("x_shared_split", 3, r"'mul_mat_id\.x_shared_split' must be a power of two ≥ 1, got 3"),
     ("x_shared_rows", 3, r"'mul_mat_id\.x_shared_rows' must be 1, 2 or 4, got 3"),
+    ("x_shared_rows", True, r"'mul_mat_id\.x_shared_rows' must be 1, 2 or 4, got True"),
     ("x_shared_unroll", 9, r"'mul_mat_id\.x_shared_unroll' must be an integer in \[1, 8\], got 9"),
     ("x_shared_groups", -1, r"'mul_mat_id\.x_shared_groups' must be an integer ≥ 1, got -1"),
 ])
@@ -1008,7 +1031,7 @@ def test_the_moedec_step_names_the_staged_expert_knobs(device):
     variants = bench.parse_variants(re.search(r'--variants \\\s*"([^"]*)"', step.group(1)).group(1))
     names = {k for _, sets in variants for k in sets}
     assert names == {"mul_mat_id.x_shared_heavy_first", "mul_mat_id.x_shared_route_groups", "mul_mat_id.x_shared_lanes",
-                     "mul_mat_id.x_shared_rows", "mul_mat_id.x_shared_unroll"}
+                     "mul_mat_id.x_shared_sum_rows"}
     for _, sets in variants:
         with tuned({"mul_mat_id.x_shared": True, **sets}):
             staged_sum_launch(device, R=7)          # (a value the knobs refuse raises here)

@@ -46,7 +46,7 @@
 #             with the matrix-unit forms off
 #   moedec    the one-token experts in the model's layout (FP4 routed experts, the FP8 shared one last in the
 #             same dispatch; V4-Flash-43's 8 routed + shared, 7 routes, --cold), the staged kernels at their
-#             default knobs beside the SwiGLU's last route first, the sum's route groups, 4 rows a cluster and fewer lanes a
+#             default knobs beside the SwiGLU's last route first, the sum's route groups and 4 rows a cluster, fewer lanes a
 #             cluster, each row checked against float64; then flash-43 in the published layout with those
 #             knobs as decode variants (MUL_MAT_ID's GPU ms a token each)
 #   moedec65  the same one-token sweep over 65 experts (64 routed + shared)
@@ -143,7 +143,7 @@ for s in $steps; do
                     --xs-heavy 0,1 --xs-route-groups 1,2,4,7 --xs-lanes 0,8 --json "$r/moe_decode_h200.json"
                 step moedec_model 390 model_moedec_h200.txt python3 tools/model_gpu_bench.py --preset flash-43 \
                     --dtype fp8 --skip unfused,multi,host --prompt 64 --tokens 32 --variants \
-                    "moe_xs_heavy=1;moe_xs_route_groups=2;moe_xs_route_groups=4;moe_xs_route_groups=7;moe_xs_lanes=8;moe_xs_rows=4,moe_xs_unroll=2;moe_xs_heavy=1,moe_xs_route_groups=4" \
+                    "moe_xs_heavy=1;moe_xs_route_groups=2;moe_xs_route_groups=4;moe_xs_route_groups=7;moe_xs_lanes=8;moe_xs_sum_rows=4;moe_xs_heavy=1,moe_xs_route_groups=4" \
                     --out "$r/model_moedec_h200.json" ;;
         moedec65) step moedec65 300 moe_decode65_h200.txt python3 tools/bench_moe.py --cold --formats fp4 --shared-fp8 \
                       --experts 65 --routes-per-token 7 --x-shared 1 --xs-rows 2 --xs-unroll 1 --xs-groups 1024 \

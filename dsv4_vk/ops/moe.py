@@ -98,6 +98,10 @@ MUL_MAT_ID_UNROLL = knob_table(
                     "and the weighted sum 1.4-1.9x faster than without, results/h200/quant/moe_xshared_h200.txt), "
                     "off on CPU devices"),
     x_shared_rows=(2, "the staged kernel: outputs a cluster computes together (1, 2 or 4; spec constant XNR)"),
+    x_shared_sum_rows=(None, 'the staged sum (mode="sum") alone: outputs a cluster computes together (1, 2 or 4; '
+                             'None: x_shared_rows). On the H200 over 65 FP4 experts the sum took 23-24 µs at 4 rows '
+                             'against 32.8 at 2 and the SwiGLU 52.8 at 4 against 42.7 at 2 '
+                             '(results/h200/quant/moe_xshared_h200.txt); not yet measured in the model'),
     x_shared_unroll=(1, "the staged kernel: uvec4 steps of each row a lane loads together (1 to 8)"),
     x_shared_groups=(1024, 'the staged SwiGLU: workgroups per token at most (≥ 1); past it clusters loop over '
                            '(route, output block)s'),
@@ -158,6 +162,11 @@ def staged_expert_launch(device, fmt, mode: str, T: int, R: int, N: int, K: int,
         return None
     nr, unroll, groups = (MUL_MAT_ID_UNROLL[k] for k in ("x_shared_rows", "x_shared_unroll", "x_shared_groups"))
     check_staged_knobs("mul_mat_id", nr, unroll, groups)
+    sum_rows = MUL_MAT_ID_UNROLL["x_shared_sum_rows"]
+    if sum_rows is not None and (type(sum_rows) is not int or sum_rows not in (1, 2, 4)):
+        raise ValueError(f"tuning knob 'mul_mat_id.x_shared_sum_rows' must be None, 1, 2 or 4, got {sum_rows!r}")
+    if mode == "sum" and sum_rows is not None:
+        nr = sum_rows
     xs = words * fmt.per_word // 4
     heavy = MUL_MAT_ID_UNROLL["x_shared_heavy_first"]
     if not isinstance(heavy, bool):

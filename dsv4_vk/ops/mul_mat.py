@@ -240,7 +240,7 @@ def staged_on(device, knob) -> bool:
 def check_staged_knobs(prefix: str, rows, unroll, groups) -> None:
     """ValueError naming the knob where a staged kernel's rows (1, 2 or 4), unroll (1 to 8) or groups
     (≥ 1) under `prefix` is not one of its values."""
-    if rows not in (1, 2, 4):
+    if type(rows) is not int or rows not in (1, 2, 4):      # (not True, nor 4.0)
         raise ValueError(f"tuning knob '{prefix}.x_shared_rows' must be 1, 2 or 4, got {rows!r}")
     if isinstance(unroll, bool) or not isinstance(unroll, int) or not 1 <= unroll <= 8:
         raise ValueError(f"tuning knob '{prefix}.x_shared_unroll' must be an integer in [1, 8], got {unroll!r}")
