@@ -63,9 +63,10 @@ def per_token(op, ts, x, wref, route, extra=(), **kw):
 
 
 def check_case(rng, fmt, mode, T, device, kernel="coopmat_fma", per_route_x=False, norm=False, add=False, D=72,
-               F=24, E=6, top_k=3, x_scale=1.0, sample=None):
+               F=24, E=6, top_k=3, x_scale=1.0, sample=None, x_half=False):
     """The grouped MUL_MAT_ID with its GEMM on `kernel` against float64, the fp16-rounded rows' float64 product
-    (every token, or `sample` of them spread over T) and the f32 grouped kernel (every output)."""
+    (every token, or `sample` of them spread over T) and the f32 grouped kernel (every output); with x_half,
+    also with mul_mat_id_coopmat.x_half on (its X_ROWS pass launched), the same bit for bit."""
     op = get_op("MUL_MAT_ID")
     route = skewed_route(rng, T, E, top_k)
     R = top_k + 1
@@ -103,6 +104,10 @@ def check_case(rng, fmt, mode, T, device, kernel="coopmat_fma", per_route_x=Fals
                 (cm,) = [ln for ln in launches if ln.shader == "mul_mat_id_coopmat"]
                 assert ("CM_NV" in cm.defines) == (kernel == "coopmat")
             got[on] = run(g, **feeds)
+            if on and x_half:
+                got["x_half"] = run_x_half(g_args=(mode, T, top_k, x.shape, w_in, extra, prm), kw=kw, feeds=feeds,
+                                           device=device)
+                assert same_bits(got["x_half"], got[True]), (fmt, mode, T, per_route_x, norm, add)
     y = got[True][ts]
     what = (fmt, mode, T, per_route_x, norm, add)
     assert np.array_equal(np.isnan(y), np.isnan(ref)), what
@@ -119,6 +124,25 @@ def check_case(rng, fmt, mode, T, device, kernel="coopmat_fma", per_route_x=Fals
     return got[True]
 
 
+def same_bits(a, b) -> bool:
+    """a and b hold the same f32 values bit for bit (NaNs too)."""
+    return a.shape == b.shape and np.array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
+
+
+def run_x_half(g_args, kw, feeds, device):
+    """The graph build(*g_args, **kw) run with mul_mat_id_coopmat.x_half on (under the knobs in effect): its
+    lowering checked to launch the X_ROWS pass before the GEMM, which takes X_HALF and binds the pass's
+    records."""
+    with tuned({"mul_mat_id_coopmat.x_half": True}):
+        g, node = build(*g_args, **kw)
+        launches = node.op.lower(node, device)
+    names = [(ln.shader, "X_ROWS" in ln.defines, ln.defines.get("X_HALF")) for ln in launches]
+    at = names.index(("mul_mat_id_coopmat", True, None))
+    assert names[at + 1] == ("mul_mat_id_coopmat", False, 1), names
+    assert launches[at + 1].args[-1] is launches[at].args[-1], "the GEMM reads the pass's records"
+    return run(g, **feeds)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("mode", ["swiglu", "sum"])
 def test_coopmat_fma_grouped_matches_float64_and_the_f32_kernel(fmt, mode, rng, device):
@@ -126,8 +150,8 @@ def test_coopmat_fma_grouped_matches_float64_and_the_f32_kernel(fmt, mode, rng, 
     output tiles; the SwiGLU with its folded norm (x of magnitude 30: past its clamp) and the sum with add,
     then without the norm / add at T = 9."""
     with tuned(EMULATE):
-        check_case(rng, fmt, mode, 19, device, norm=mode == "swiglu", add=mode == "sum", x_scale=30.0)
-        check_case(rng, fmt, mode, 9, device, D=56, F=40)
+        check_case(rng, fmt, mode, 19, device, norm=mode == "swiglu", add=mode == "sum", x_scale=30.0, x_half=True)
+        check_case(rng, fmt, mode, 9, device, D=56, F=40, x_half=True)
 
 
 def test_coopmat_fma_grouped_wider_tiles_and_per_route_x(rng, device):
