@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from lavapipe_child import worker_output
+from dsv4_vk.core.executor import Executor
 from dsv4_vk.core.tuning import tuned
 from dsv4_vk.hc.metrics import max_abs, nmse
 from dsv4_vk.ops import get_op, moe_coopmat
@@ -160,13 +161,13 @@ def test_coopmat_fma_grouped_wider_tiles_and_per_route_x(rng, device):
     tiles whose f32 epilogue tile takes two passes where the shared memory holds only half of it; workgroups
     taking 3 output tiles in turn (the last one 2)."""
     with tuned(EMULATE):
-        check_case(rng, "bf16", "swiglu", 12, device, per_route_x=True, norm=True)
+        check_case(rng, "bf16", "swiglu", 12, device, per_route_x=True, norm=True, x_half=True)
         with tuned(WIDE):
             for fmt in ("bf16", "fp4+fp8"):
-                check_case(rng, fmt, "swiglu", 70, device, norm=True, D=136, F=72)
+                check_case(rng, fmt, "swiglu", 70, device, norm=True, D=136, F=72, x_half=fmt == "bf16")
                 check_case(rng, fmt, "sum", 70, device, add=True, D=136, F=72, sample=5)   # (as on the H200)
         with tuned({**SMALL, "mul_mat_id_coopmat.output_tiles": 3}):   # 5 output tiles: 2 workgroups, 3 + 2
-            check_case(rng, "fp4+fp8", "swiglu", 40, device, norm=True, D=136, F=72)
+            check_case(rng, "fp4+fp8", "swiglu", 40, device, norm=True, D=136, F=72, x_half=True)
             check_case(rng, "bf16", "sum", 40, device, add=True, D=72, F=136)
         with tuned(BIG):
             assert moe_coopmat.tiling(device)[5] == (64 if device.caps.limits.max_shared_memory >= 37 * 1024 else 32)
@@ -199,6 +200,100 @@ def test_coopmat_fma_grouped_range_past_fp16(rng, device):
     assert np.isfinite(got).all() and (got != 0).all()
     rel = np.abs(got - ref) / terms
     assert rel.max() <= 2e-3, f"worst relative error {rel.max():.2e}"
+
+
+def test_coopmat_fma_x_half_rows_past_fp16_inf_nan(rng, device):
+    """mul_mat_id_coopmat.x_half bit for bit as without it where x rows hold 1e20 / 1e-20 / 3e9 outliers, inf and
+    NaN (the SwiGLU with x shared by the routes and its folded norm, rows 1e15 / 1e-15 there so that Σx² stays
+    an f32; with x per route; the sum), over bf16 experts of magnitude 1e15 and 1e-12 (their products formed
+    again with row shifts) and FP4 ones with the FP8 shared expert; the sum against float64 relative to each
+    output's |terms|, the SwiGLU against the f32 grouped kernel (and float64 with the norm), NaN / inf where
+    they have them."""
+    from dsv4_vk.model.checkpoint import BF16
+    op = get_op("MUL_MAT_ID")
+    T, E, top_k, K, N = 18, 5, 2, 48, 24
+    route = skewed_route(rng, T, E, top_k)
+    route[3, 1, 0] = 1                                  # (no invalid id here)
+    w = rng.standard_normal((E + 1, 2 * N, K))
+    w[1] *= 1e15
+    w[2, :5] *= 1e-12
+    w = w.astype(BF16)
+    w4, extra4, prm4, wref4 = weights(rng, "fp4+fp8", E, 2 * N, K)
+    for mode, per_route, big in (("swiglu", False, 1e15), ("swiglu", True, 1e20), ("sum", True, 1e20)):
+        x = rng.standard_normal((T, top_k + 1 if per_route else 1, K)).astype(np.float32)
+        x[0] *= big
+        x[1] /= big
+        x[5, -1, 7] = 3e9
+        x[6, 0, 3], x[7, -1, 0], x[8, 0, 47] = np.inf, np.nan, -np.inf
+        gn = rng.uniform(0.5, 2.0, K).astype(np.float32) if mode == "swiglu" and not per_route else None
+        kw = dict(norm=gn, limit=4.0) if mode == "swiglu" else {}
+        for w_in, extra, prm, wref in (([w], [], {}, w.astype(np.float64)), (w4, extra4, prm4, wref4)):
+            with tuned(EMULATE):
+                g, _ = build(mode, T, top_k, x.shape, w_in, extra, prm, **kw)
+                off = run(g, x=x, r=route)
+                on = run_x_half((mode, T, top_k, x.shape, w_in, extra, prm), kw, {"x": x, "r": route}, device)
+            what = (mode, per_route, prm)
+            assert same_bits(on, off), what
+            if mode == "sum":
+                with np.errstate(invalid="ignore", over="ignore"):
+                    ref = op.reference(x, wref, route, mode="sum")
+                    terms = op.reference(np.abs(x.astype(np.float64)), np.abs(wref), np.abs(route), mode="sum")
+                assert np.array_equal(np.isnan(on), np.isnan(ref)) and np.array_equal(np.isinf(on), np.isinf(ref)), what
+                fin = np.isfinite(ref)
+                assert (np.abs(on - ref)[fin] / terms[fin]).max() <= 2e-3, what
+            else:
+                with tuned({"mul_mat_id_coopmat.auto": False}):
+                    f32 = run(build(mode, T, top_k, x.shape, w_in, extra, prm, **kw)[0], x=x, r=route)
+                assert np.array_equal(np.isnan(on), np.isnan(f32)) and np.array_equal(np.isinf(on), np.isinf(f32)), what
+                ok = np.isfinite(f32)
+                assert nmse(on[ok], f32[ok]) <= NMSE_MAX, what
+                if gn is not None:                      # tokens without inf / NaN against float64
+                    fin = np.isfinite(x).all(axis=(1, 2))
+                    ref = op.reference(reference_rms_norm(x[fin], gn, 1e-6), wref, route[fin], mode="swiglu",
+                                       limit=4.0)
+                    assert np.isfinite(on[fin]).all() and nmse(on[fin], ref) <= NMSE_MAX, what
+
+
+def test_coopmat_fma_x_half_stages_from_the_records(rng, device, monkeypatch):
+    """With mul_mat_id_coopmat.x_half the GEMM takes x's values, shifts and 1/rms from the X_ROWS pass's records:
+    given NaN for x itself it still gives the right outputs (the pass read the real x); without the knob the
+    same swap gives wrong ones. The records hold numpy's rounding of x·gn · 2^shift and the shift, row by row."""
+    from dsv4_vk.ops import moe
+    T, top_k, E, D, F = 21, 3, 6, 72, 24
+    route = skewed_route(rng, T, E, top_k)
+    w_in, extra, prm, wref = weights(rng, "bf16", E, 2 * F, D)
+    x = rng.standard_normal((T, 1, D)).astype(np.float32) * 3
+    gn = rng.standard_normal(D).astype(np.float32)
+    ref = get_op("MUL_MAT_ID").reference(reference_rms_norm(x, gn, 1e-6), wref, route, mode="swiglu", limit=4.0)
+    lower = moe.MulMatId.lower
+    nan_x = {}
+
+    def lower_with_nan_x(self, node, device):
+        launches = lower(self, node, device)
+        return [dataclasses.replace(ln, args=[nan_x["t"], *ln.args[1:]]) if ln.shader == "mul_mat_id_coopmat"
+                and "X_ROWS" not in ln.defines else ln for ln in launches]
+    monkeypatch.setattr(moe.MulMatId, "lower", lower_with_nan_x)
+    for on in (True, False):
+        with tuned({**EMULATE, "mul_mat_id_coopmat.x_half": on}):
+            g, _ = build("swiglu", T, top_k, x.shape, w_in, extra, prm, norm=gn, limit=4.0)
+            nan_x["t"] = g.const(np.full(x.shape, np.nan, np.float32))
+            if on:
+                g.output("rec", g.scratch(moe_coopmat.X_HALF_POOL))
+            out = Executor().run(g, x=x, r=route)
+        ok = ~np.isnan(ref)
+        if not on:                                      # (NaN sums pass the SwiGLU's min / clamp as their bounds)
+            assert not np.isfinite(nmse(out["y"][ok], ref[ok])) or nmse(out["y"][ok], ref[ok]) > 0.1
+            continue
+        assert np.array_equal(np.isnan(out["y"]), np.isnan(ref)) and nmse(out["y"][ok], ref[ok]) <= NMSE_MAX
+        rec = out["rec"].view(np.uint32).reshape(T, D // 8 + 1, 4)
+        xs = x[:, 0] * gn
+        m = np.where(np.isfinite(xs), np.abs(xs), 0).max(axis=-1).astype(np.float32)
+        shift = np.minimum(15 - ((m.view(np.uint32) >> 23).astype(np.int64) - 126), 126)
+        halves = (xs * np.exp2(shift).astype(np.float32)[:, None]).astype(np.float16)
+        assert np.array_equal(rec[:, :-1].reshape(T, -1).copy().view(np.uint16), halves.view(np.uint16))
+        assert np.array_equal(rec[:, -1, 0].view(np.int32), shift)
+        rms = np.sqrt(np.mean(x[:, 0].astype(np.float64) ** 2, axis=-1) + 1e-6)
+        np.testing.assert_allclose(rec[:, -1, 1].view(np.float32), 1 / rms, rtol=1e-6)
 
 
 def test_coopmat_fma_grouped_fp4_scale_spread(rng, device):
