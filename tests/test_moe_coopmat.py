@@ -9,7 +9,8 @@ rows as the kernel rounds them to fp16 (to f32 summation error: so the scales an
 header's), and against the f32 grouped kernel (NMSE ≤ 1e-5); on the H200 too (knob
 mul_mat_id_coopmat.emulate: the FMA twin on any device). "coopmat" runs where the device has the matrix
 units (the H200, with mul_mat_id_coopmat.auto on: off by default until measured there) and falls back
-to its FMA twin here.
+to its FMA twin here. mul_mat_id_coopmat.x_half (x rounded to fp16 once, by a pass before the GEMM) is checked
+bit for bit against the kernel without it.
 
 Run as a script, the file is the subprocess worker for other lavapipe subgroup sizes.
 """
@@ -296,6 +297,53 @@ def test_coopmat_fma_x_half_stages_from_the_records(rng, device, monkeypatch):
         np.testing.assert_allclose(rec[:, -1, 1].view(np.float32), 1 / rms, rtol=1e-6)
 
 
+def test_x_half_knob_cache_key_and_where_it_does_not_apply(device, monkeypatch):
+    """mul_mat_id_coopmat.x_half must be a bool (refused naming it); it is part of the graph's signature (the
+    program's cache key); where the cooperative-matrix GEMM does not run (K % 8 != 0, f32 experts, auto off)
+    no scratch is asked for or no pass launched, and the reasons (expert_gemm's, `info`'s) say whether the
+    halves are used and why not."""
+    from dsv4_vk.cli.info import _human, report
+    w = [np.zeros((4, 32, 64), np.float16)]
+    for bad in (1, "on", None):
+        with tuned({**EMULATE, "mul_mat_id_coopmat.x_half": bad}), \
+                pytest.raises(ValueError, match=f"'mul_mat_id_coopmat.x_half' must be True or False, got {bad!r}"):
+            build("swiglu", 40, 2, (40, 1, 64), w, [], {})
+    sigs = []
+    for on in (False, True):
+        with tuned({**EMULATE, "mul_mat_id_coopmat.x_half": on}):
+            g, node = build("swiglu", 40, 2, (40, 1, 64), w, [], {})
+            sigs.append(g.signature())
+            shaders = [(ln.shader, "X_ROWS" in ln.defines) for ln in node.op.lower(node, device)]
+            assert (("mul_mat_id_coopmat", True) in shaders) == on, shaders
+            c = moe_coopmat.node_gemm(node, device)
+            assert c.kernel == "coopmat_fma" and (moe_coopmat.X_HALF_ON in c.reason) == on, c
+            d = moe_coopmat.describe(device)
+            assert d["x_half"] == on and d["x_half_reason"] == (moe_coopmat.X_HALF_ON if on else moe_coopmat.X_HALF_OFF)
+            line = next(ln for ln in _human(report(device)).splitlines() if ln.startswith("MUL_MAT_ID    grouped GEMM"))
+            assert (moe_coopmat.X_HALF_ON in line) == on, line
+            if on:
+                assert g.scratch(moe_coopmat.X_HALF_POOL).shape == (40 * (64 // 8 + 1) * 4,)   # per token: 40 rows
+    assert sigs[0] != sigs[1]
+    with tuned({**EMULATE, "mul_mat_id_coopmat.x_half": True}):
+        for shape, wk in (((40, 3, 68), [np.zeros((4, 16, 68), np.float16)]),       # K % 8
+                          ((40, 3, 64), [np.zeros((4, 16, 64), np.float32)])):      # f32 experts
+            g, node = build("sum", 40, 2, shape, wk, [], {})
+            with pytest.raises(ValueError, match="no op of this graph asked for scratch pool"):
+                g.scratch(moe_coopmat.X_HALF_POOL)
+            assert "mul_mat_id_grouped" in [ln.shader for ln in node.op.lower(node, device)]
+        g, node = build("sum", 40, 2, (40, 3, 64), [np.zeros((4, 16, 64), np.float16)], [], {})
+        assert g.scratch(moe_coopmat.X_HALF_POOL).shape == (120 * 9 * 4,)                   # per route: 120 rows
+        with tuned({"mul_mat_id_coopmat.auto": False}):
+            assert moe_coopmat.x_half_refusal("f32") == "it needs the cooperative-matrix GEMM (the f32 grouped " \
+                                                         "kernel runs)"
+            assert moe_coopmat.describe(device)["x_half"] is False
+        assert moe_coopmat.x_half_refusal("coopmat", "K = 68 is not a multiple of 8 (the kernel stages 8 inputs at a " \
+                                          "time)").startswith("K = 68")
+    with_matrix_units(device, monkeypatch)
+    with tuned({"mul_mat_id_coopmat.x_half": True}):
+        assert moe_coopmat.expert_gemm(device).reason.endswith("f32 sums); " + moe_coopmat.X_HALF_ON)
+
+
 def test_coopmat_fma_grouped_fp4_scale_spread(rng, device):
     """FP4 expert rows whose group scales span more than 26 binades are summed in f32 from the dequantised
     weights (1e-5 of the exact product relative to its terms), beside rows that span 26 (staged exactly:
@@ -343,8 +391,8 @@ def test_coopmat_grouped_on_the_matrix_units_or_their_fma_twin(rng, device):
         if units:
             check_case(rng, "fp4+fp8", "swiglu", 16, device, kernel, norm=True, D=136, F=72)   # 16-slot tiles
             check_case(rng, "bf16", "sum", 16, device, kernel, add=True, D=136, F=72)
-            for fmt in ("bf16", "fp4+fp8"):           # (7 tokens of each checked against float64)
-                wide = dict(D=4096, F=2048, E=8, top_k=6, sample=6)
+            for fmt in ("bf16", "fp4+fp8"):           # (7 tokens of each checked against float64; x_half bit for bit)
+                wide = dict(D=4096, F=2048, E=8, top_k=6, sample=6, x_half=True)
                 check_case(rng, fmt, "swiglu", 512, device, kernel, norm=True, **wide)
                 check_case(rng, fmt, "sum", 512, device, kernel, add=True, **wide)
     g, node = build("sum", 40, 2, (40, 3, 64), [np.zeros((4, 16, 64), np.float32).astype(np.float16)], [], {})
@@ -480,11 +528,11 @@ def worker():
     print(f"worker: subgroup size {dev.subgroup_size}")
     rng = np.random.default_rng(7)
     with tuned(EMULATE):
-        for fmt in FORMATS:
-            check_case(rng, fmt, "swiglu", 19, dev, norm=True, x_scale=30.0)
-            check_case(rng, fmt, "sum", 19, dev, add=True)
+        for fmt in FORMATS:                             # (x_half: bit for bit as without it, at a few)
+            check_case(rng, fmt, "swiglu", 19, dev, norm=True, x_scale=30.0, x_half=fmt in ("bf16", "fp4+fp8"))
+            check_case(rng, fmt, "sum", 19, dev, add=True, x_half=fmt == "fp8")
         with tuned(WIDE):
-            check_case(rng, "fp8", "swiglu", 40, dev, D=136, F=72)
+            check_case(rng, "fp8", "swiglu", 40, dev, D=136, F=72, x_half=True)
     print("worker: coopmat grouped ok")
 
 
