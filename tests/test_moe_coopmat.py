@@ -344,6 +344,17 @@ def test_x_half_knob_cache_key_and_where_it_does_not_apply(device, monkeypatch):
         assert moe_coopmat.expert_gemm(device).reason.endswith("f32 sums); " + moe_coopmat.X_HALF_ON)
 
 
+def test_bench_moe_cm_x_half_values(monkeypatch):
+    """tools/bench_moe.py --cm-x-half takes 0, 1 or both (knob mul_mat_id_coopmat.x_half), refuses anything else."""
+    import importlib
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "tools"))
+    bench = importlib.import_module("bench_moe")
+    assert bench.cm_x_half("0,1") == [0, 1] and bench.cm_x_half("1") == [1]
+    for bad in ("2", "", "yes"):
+        with pytest.raises(SystemExit, match="--cm-x-half: expected 0, 1 or 0,1"):
+            bench.cm_x_half(bad)
+
+
 def test_coopmat_fma_grouped_fp4_scale_spread(rng, device):
     """FP4 expert rows whose group scales span more than 26 binades are summed in f32 from the dequantised
     weights (1e-5 of the exact product relative to its terms), beside rows that span 26 (staged exactly:
