@@ -241,7 +241,7 @@ def test_coopmat_fma_x_half_rows_past_fp16_inf_nan(rng, device):
                     terms = op.reference(np.abs(x.astype(np.float64)), np.abs(wref), np.abs(route), mode="sum")
                 assert np.array_equal(np.isnan(on), np.isnan(ref)) and np.array_equal(np.isinf(on), np.isinf(ref)), what
                 fin = np.isfinite(ref)
-                assert (np.abs(on - ref)[fin] / terms[fin]).max() <= 2e-3, what
+                assert (np.abs(on[fin] - ref[fin]) / terms[fin]).max() <= 2e-3, what
             else:
                 with tuned({"mul_mat_id_coopmat.auto": False}):
                     f32 = run(build(mode, T, top_k, x.shape, w_in, extra, prm, **kw)[0], x=x, r=route)
@@ -250,8 +250,9 @@ def test_coopmat_fma_x_half_rows_past_fp16_inf_nan(rng, device):
                 assert nmse(on[ok], f32[ok]) <= NMSE_MAX, what
                 if gn is not None:                      # tokens without inf / NaN against float64
                     fin = np.isfinite(x).all(axis=(1, 2))
-                    ref = op.reference(reference_rms_norm(x[fin], gn, 1e-6), wref, route[fin], mode="swiglu",
-                                       limit=4.0)
+                    with np.errstate(over="ignore"):    # (silu of a gate far below 0: exp overflows, the value is 0)
+                        ref = op.reference(reference_rms_norm(x[fin], gn, 1e-6), wref, route[fin], mode="swiglu",
+                                           limit=4.0)
                     assert np.isfinite(on[fin]).all() and nmse(on[fin], ref) <= NMSE_MAX, what
 
 
