@@ -158,7 +158,19 @@ mat2x4 gn_chunk(uint k) { return mat2x4(gn4[(p.g_off + k) / 4u], gn4[(p.g_off + 
 const uint KP = BK / 8u;                // chunks of 8 inputs of a row a step
 // The chunk at k (k % 8 == 0; K % 8 == 0: whole or past K: 0) of the x row at xb
 mat2x4 x_chunk(uint xb, uint k) { return k < p.K ? mat2x4(x4[(xb + k) / 4u], x4[(xb + k) / 4u + 1u]) : mat2x4(0.0); }
-float sq8(mat2x4 v) { return dot(v[0], v[0]) + dot(v[1], v[1]); }     // a chunk's Σx²
+// A chunk's Σx² and a row's 1 / rms(x) from its Σx², precise (no fused multiply-adds): the GEMM and the X_ROWS pass
+// form them alike whatever the compiler would contract in either (x_half's records are the GEMM's own values)
+float sq8(mat2x4 v) {
+    precise vec4 a = v[0] * v[0], b = v[1] * v[1];
+    precise float r = ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
+    return r;
+}
+#if defined(NORM_X)
+float inv_rms(float s2) {
+    precise float r = 1.0 / sqrt(s2 / float(p.K) + p.eps);
+    return r;
+}
+#endif
 uvec4 pack8(mat2x4 v) {                 // 8 values as fp16, k even in the low half
     return uvec4(packHalf2x16(v[0].xy), packHalf2x16(v[0].zw), packHalf2x16(v[1].xy), packHalf2x16(v[1].zw));
 }
@@ -212,7 +224,7 @@ void main() {
 #if defined(NORM_X)
         float s2 = 0.0;
         for (uint j = 0u; j < KP; ++j) s2 += ssp[rl * KP + j];
-        iv = 1.0 / sqrt(s2 / float(p.K) + p.eps);
+        iv = inv_rms(s2);
 #endif
         xh[hb + p.K / 8u] = uvec4(uint(s), floatBitsToUint(iv), 0u, 0u);
     }
@@ -437,7 +449,7 @@ void main() {
 #if defined(NORM_X)
         float s2 = 0.0;
         for (uint c = 0u; c < KP; ++c) s2 += ssp[i * KP + c];
-        inv[i] = 1.0 / sqrt(s2 / float(p.K) + p.eps);
+        inv[i] = inv_rms(s2);
 #endif
     }
     }

@@ -337,7 +337,9 @@ def test_x_half_knob_cache_key_and_where_it_does_not_apply(device, monkeypatch):
         with tuned({"mul_mat_id_coopmat.auto": False}):
             assert moe_coopmat.x_half_refusal("f32") == "it needs the cooperative-matrix GEMM (the f32 grouped " \
                                                          "kernel runs)"
-            assert moe_coopmat.describe(device)["x_half"] is False
+            d = moe_coopmat.describe(device)
+            assert d["x_half"] is False and d["reason"].endswith("; mul_mat_id_coopmat.x_half not used: it needs the "
+                                                                 "cooperative-matrix GEMM (the f32 grouped kernel runs)")
         assert moe_coopmat.x_half_refusal("coopmat", "K = 68 is not a multiple of 8 (the kernel stages 8 inputs at a " \
                                           "time)").startswith("K = 68")
     with_matrix_units(device, monkeypatch)

@@ -278,10 +278,13 @@ def x_rows_launch(x, g, xh, node, R: int, bk: int, label: str) -> Launch:
 
 def describe(device, T: int = 512, routes: int = 7, experts: int = 257) -> dict:
     """What `info` prints of the grouped MUL_MAT_ID's GEMM on `device` over bf16 experts at DeepSeek-V4-Flash's
-    prefill (T tokens, `routes` a token over `experts` with the shared one): its kernel, why, and its tile."""
+    prefill (T tokens, `routes` a token over `experts` with the shared one): its kernel, why, and its tile; whether
+    mul_mat_id_coopmat.x_half is used (x_half) and why not (x_half_reason; the reason names it where the knob is
+    on but unused)."""
     c = expert_gemm(device)
     why = x_half_refusal(c.kernel)
-    out = {"T": T, "kernel": c.kernel, "reason": c.reason, "x_half": why is None,
+    reason = c.reason if why in (None, X_HALF_OFF) else f"{c.reason}; mul_mat_id_coopmat.x_half not used: {why}"
+    out = {"T": T, "kernel": c.kernel, "reason": reason, "x_half": why is None,
            "x_half_reason": X_HALF_ON if why is None else why}
     if c.kernel != "f32":
         out["tile"] = tiling(device, T * routes, experts + 1)
