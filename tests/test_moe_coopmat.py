@@ -512,15 +512,16 @@ def test_the_cooperative_matrix_variants_compile():
         assert {5359, 5360, 5361} <= ops            # OpCooperativeMatrixLoadNV, StoreNV, MulAddNV
 
 
-@pytest.mark.parametrize("name", ["bf16", "dsv4_fp8"])
-def test_model_logits_with_the_grouped_gemm_on_the_tensor_core_path(name):
+@pytest.mark.parametrize("name, x_half", [("bf16", False), ("dsv4_fp8", False), ("bf16", True), ("dsv4_fp8", True)])
+def test_model_logits_with_the_grouped_gemm_on_the_tensor_core_path(name, x_half):
     """The BF16 fixture model and the published-layout FP8 / FP4 one (FP4 experts, the FP8 shared expert)
     with every prefill chunk's experts on the grouped GEMM's tensor-core data flow (the matrix units where
-    the device has them, else their FMA twin) beside MUL_MAT's: logits against transformers' at NMSE ≤ 1e-5
-    after the prefill and every decode step."""
+    the device has them, else their FMA twin) beside MUL_MAT's, and with x rounded once by the X_ROWS pass
+    (mul_mat_id_coopmat.x_half: the SwiGLU's and the sum's records in one scratch pool, layer after layer):
+    logits against transformers' at NMSE ≤ 1e-5 after the prefill and every decode step."""
     from logits_check import logits_errors
     from dsv4_vk.model import Model
-    knobs = {"coopmat.emulate": True, **EMULATE}
+    knobs = {"coopmat.emulate": True, **EMULATE, "mul_mat_id_coopmat.x_half": x_half}
     with tuned(knobs):
         if name == "bf16":
             from test_model import fixture
@@ -532,6 +533,7 @@ def test_model_logits_with_the_grouped_gemm_on_the_tensor_core_path(name):
             m = Model.load(d, prefill_chunk=16, max_ctx=64)
     details = " ".join(m.compiled("prefill").dispatch_details)
     assert "mul_mat_id_coopmat" in details and "mul_mat_id_grouped" not in details, details[:2000]
+    assert ("X_ROWS" in details) == x_half, details[:2000]
     errs = logits_errors(m, e)
     assert max(errs) <= NMSE_MAX, f"{name}: NMSE per position {errs}"
 
