@@ -2,6 +2,7 @@
 #extension GL_GOOGLE_include_directive : require
 //! variants: MODE_SWIGLU ; W_BF16 | W_F16 | W_FP8 | W_FP4 | W_FP4 SHARED_FP8 ; - | NORM_X ; - | CM_NV
 //! variants: MODE_SUM ; W_BF16 | W_F16 | W_FP8 | W_FP4 | W_FP4 SHARED_FP8 ; - | CM_NV
+//! variants: X_ROWS ; - | NORM_X
 // MUL_MAT_ID's grouped kernel on 16-bit matrix units: the products of mul_mat_id_grouped.comp (same
 // route lists from mul_mat_id_sort.comp, same outputs, same push block and bindings) with fp16 inputs
 // and f32 sums, for bf16 / f16 / FP8 / FP4 experts (FP4 with -D SHARED_FP8 the FP8 shared expert):
@@ -40,6 +41,22 @@
 //   without: the same staging, scales and epilogue with the products formed by FMA loops, lane l of
 //     warp w holding elements l + 32·m of each 16 × 16 tile (any device: the kernel's data flow and
 //     rounding, for tests).
+// X_HALF (spec constant 8, 0 or 1; knob mul_mat_id_coopmat.x_half): x rounded to fp16 once instead of by
+//   every output tile of a token tile. A pass before the GEMM (-D X_ROWS, below) writes each x row as the
+//   staging would (x (·gn) · 2^sx, packHalf2x16, 8 halves a uvec4) with its shift sx (and 1/rms(x) with
+//   NORM_X) to xh: row records of K/8 + 1 uvec4s (the halves, then uvec4(sx, 1/rms bits, 0, 0)), one per
+//   token where x's route stride is 0 (the SwiGLU's x [T, 1, K] broadcast over the routes), else one per
+//   route slot t·R + r. The GEMM then skips its x rows' scan (shifts and 1/rms read from the records) and
+//   stages each x chunk as the record's uvec4, unchanged (16 bytes per 8 inputs instead of 32, no multiply
+//   or pack); the weights, the epilogue and the f32 sums of flagged rows (which read the f32 x) are as
+//   without it, so the outputs are the same bit for bit. A specialization constant, not a define: every
+//   variant declares xh and every launch binds a buffer there (x itself where X_HALF is 0: never read).
+// -D X_ROWS: that pass. Invocations (c, row) of a workgroup of KP·PR (spec constant 0, at most 256; PR
+//   rows, KP = BK/8 lanes a row): lane c takes chunk column c (inputs k0 + 8c of every step k0 = 0, BK, ..:
+//   the GEMM's own columns, so Σx² is summed per column in the GEMM's order and the columns added in
+//   order: the same f32 value); the row's largest finite |value| by a shared atomicMax, then the row read
+//   again (cached) and written scaled and rounded. Push: rows, R, K, x_off, x_s0, x_s1 (NORM_X: g_off,
+//   eps). Bindings: 0 x, 1 gn (NORM_X), then xh. Spec constant 5 BK as the GEMM's.
 // Needs K % 8 == 0 and x rows (and gn), bf16 / f16 weight rows 16-byte aligned (the host checks; else
 // the f32 grouped kernel runs).
 // Grid as mul_mat_id_grouped.comp: x = tiles of NT·BN outputs, y = tile slots (a workgroup past the sort's
@@ -51,7 +68,7 @@
 // x_s1; w_off, w_s0, w_s1; r_off, r_s0, r_s1; d_off, d_s0, d_s1, d_s2; s_off, TILE0, LIST0, EL;
 // limit; NORM_X: g_off, eps; quantised: q_kw, q_rows, q_srows, q_sc; SHARED_FP8: s_rows. Bindings: 0 x,
 // 1 w, 2 route, 3 sort (i32), 4 out, 5 gn (NORM_X), then the scale bytes, the shared expert's codes and
-// scale bytes (weights.glsl).
+// scale bytes (weights.glsl), then xh (X_HALF's records; written by X_ROWS). Spec constant 8 X_HALF.
 #include "common.glsl"
 #if defined(CM_NV)
 #extension GL_NV_cooperative_matrix : require
@@ -66,8 +83,26 @@ layout(constant_id = 4) const uint WN = 16;
 layout(constant_id = 5) const uint BK = 32;
 layout(constant_id = 6) const uint EP = 16;             // slots an epilogue pass (a multiple of WM)
 layout(constant_id = 7) const uint NT = 1;              // output tiles a workgroup takes in turn
+layout(constant_id = 8) const uint X_HALF = 0;          // x's chunks from xh, as the X_ROWS pass rounded them
 layout(binding = 0) readonly buffer X { float x[]; };
 layout(binding = 0) readonly buffer X4 { vec4 x4[]; };
+#if defined(X_ROWS)
+layout(push_constant) uniform P {
+    uint rows, R, K;
+    uint x_off, x_s0, x_s1;
+#if defined(NORM_X)
+    uint g_off;
+    float eps;
+#endif
+} p;
+#define G_BINDING 1
+#if defined(NORM_X)
+#define XH_BINDING 2
+#else
+#define XH_BINDING 1
+#endif
+layout(binding = XH_BINDING) writeonly buffer XHalf { uvec4 xh[]; };
+#else
 layout(binding = 2) readonly buffer Rt { float route[]; };
 layout(binding = 3) readonly buffer SortB { int sr[]; };
 layout(binding = 4) writeonly buffer D { float d[]; };
@@ -92,22 +127,109 @@ layout(push_constant) uniform P {
 #endif
 } p;
 #define W_S3 1u
+#define G_BINDING 5
 #if defined(NORM_X)
-layout(binding = 5) readonly buffer G { float gn[]; };
-layout(binding = 5) readonly buffer G4 { vec4 gn4[]; };
-mat2x4 gn_chunk(uint k) { return mat2x4(gn4[(p.g_off + k) / 4u], gn4[(p.g_off + k) / 4u + 1u]); }
 #define W_SCALE_BINDING 6
 #else
 #define W_SCALE_BINDING 5
 #endif
 #define WS_BINDING (W_SCALE_BINDING + 1)
 #define WS_SCALE_BINDING (W_SCALE_BINDING + 2)
+#if defined(SHARED_FP8)
+#define XH_BINDING (W_SCALE_BINDING + 3)
+#elif defined(W_FP8) || defined(W_FP4)
+#define XH_BINDING (W_SCALE_BINDING + 1)
+#else
+#define XH_BINDING W_SCALE_BINDING
+#endif
+layout(binding = XH_BINDING) readonly buffer XHalf { uvec4 xh[]; };
 #include "weights.glsl"
-#include "coopmat_scale.glsl"
 #if !defined(W_QUANT)
 layout(binding = 1) readonly buffer W8 { uvec4 w128[]; };
 #endif
+#endif
+#if defined(NORM_X)
+layout(binding = G_BINDING) readonly buffer G { float gn[]; };
+layout(binding = G_BINDING) readonly buffer G4 { vec4 gn4[]; };
+mat2x4 gn_chunk(uint k) { return mat2x4(gn4[(p.g_off + k) / 4u], gn4[(p.g_off + k) / 4u + 1u]); }
+#endif
+#include "coopmat_scale.glsl"
 
+const uint KP = BK / 8u;                // chunks of 8 inputs of a row a step
+// The chunk at k (k % 8 == 0; K % 8 == 0: whole or past K: 0) of the x row at xb
+mat2x4 x_chunk(uint xb, uint k) { return k < p.K ? mat2x4(x4[(xb + k) / 4u], x4[(xb + k) / 4u + 1u]) : mat2x4(0.0); }
+// A chunk's Σx² and a row's 1 / rms(x) from its Σx², precise (no fused multiply-adds): the GEMM and the X_ROWS pass
+// form them alike whatever the compiler would contract in either (x_half's records are the GEMM's own values)
+float sq8(mat2x4 v) {
+    precise vec4 a = v[0] * v[0], b = v[1] * v[1];
+    precise float r = ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
+    return r;
+}
+#if defined(NORM_X)
+float inv_rms(float s2) {
+    precise float r = 1.0 / sqrt(s2 / float(p.K) + p.eps);
+    return r;
+}
+#endif
+uvec4 pack8(mat2x4 v) {                 // 8 values as fp16, k even in the low half
+    return uvec4(packHalf2x16(v[0].xy), packHalf2x16(v[0].zw), packHalf2x16(v[1].xy), packHalf2x16(v[1].zw));
+}
+uint xh_stride() { return p.K / 8u + 1u; }   // uvec4s of an xh record: the halves, then the shift and 1/rms
+
+#if defined(X_ROWS)
+shared uint rmx[256];                   // each row's largest finite |value| (f32 bits; PR ≤ 256 rows)
+#if defined(NORM_X)
+shared float ssp[256];                  // Σx² of each row's chunk column (row · KP + column)
+#endif
+
+void main() {
+    uint id = gl_LocalInvocationID.x, pr = gl_WorkGroupSize.x / KP, rl = id / KP, c = id % KP;
+    uint g = flat_group() * pr + rl;
+    bool live = g < p.rows;             // (no early return: the barriers below)
+    uint rr = p.x_s1 == 0u ? 1u : p.R;  // x rows a token: 1 where x is broadcast over the routes
+    uint t = g / rr;
+    uint xb = p.x_off + t * p.x_s0 + (g - t * rr) * p.x_s1;
+    float m = 0.0;
+#if defined(NORM_X)
+    float ss = 0.0;
+#endif
+    for (uint k0 = 0u; live && k0 < p.K; k0 += BK) {    // as the GEMM's scan: column c, step by step
+        uint k = k0 + 8u * c;
+        mat2x4 v = x_chunk(xb, k);
+#if defined(NORM_X)
+        ss += sq8(v);
+        if (k < p.K) v = matrixCompMult(v, gn_chunk(k));
+#endif
+        m = max(m, finite_max(v));
+    }
+    if (c == 0u) rmx[rl] = 0u;
+    barrier();
+    atomicMax(rmx[rl], floatBitsToUint(m));
+#if defined(NORM_X)
+    ssp[id] = ss;
+#endif
+    barrier();
+    if (!live) return;
+    int s = row_shift(uintBitsToFloat(rmx[rl]));
+    uint hb = g * xh_stride();
+    for (uint k = 8u * c; k < p.K; k += BK) {           // the row again (cached), as the GEMM stages it
+        mat2x4 v = x_chunk(xb, k);
+#if defined(NORM_X)
+        v = matrixCompMult(v, gn_chunk(k));
+#endif
+        xh[hb + k / 8u] = pack8(v * pow2(s));
+    }
+    if (c == 0u) {
+        float iv = 1.0;
+#if defined(NORM_X)
+        float s2 = 0.0;
+        for (uint j = 0u; j < KP; ++j) s2 += ssp[rl * KP + j];
+        iv = inv_rms(s2);
+#endif
+        xh[hb + p.K / 8u] = uvec4(uint(s), floatBitsToUint(iv), 0u, 0u);
+    }
+}
+#else
 #define NAN uintBitsToFloat(0x7FC00000u)
 #if defined(MODE_SWIGLU)
 const uint WR = 2u;                     // gate and up rows
@@ -121,7 +243,6 @@ const uint WG = NW * 32u;
 const uint TI = WM / 16u, TJ = WN / 16u;
 const uint XS = BK + 8u;                // halves between staged rows
 const uint XS8 = XS / 8u;
-const uint KP = BK / 8u;                // chunks of 8 inputs of a row a step
 const uint ITEMS = (BT + BR) * KP;      // chunks of a step
 const uint NI = (ITEMS + WG - 1u) / WG; // chunks an invocation stages a step
 const uint STAGE8 = (BT + BR) * XS / 8u, TILE8 = EP * BR / 4u;
@@ -149,6 +270,8 @@ uint x_row(uint s) {
     uint t = s / p.R;
     return p.x_off + t * p.x_s0 + (s - t * p.R) * p.x_s1;
 }
+const bool XH = X_HALF != 0u;
+uint xh_row(uint s) { return (p.x_s1 == 0u ? s / p.R : s) * xh_stride(); }    // slot s's xh record
 uint d_at(uint s, uint n) {
     uint t = s / p.R;
     return p.d_off + t * p.d_s0 + (s - t * p.R) * p.d_s1 + n * p.d_s2;
@@ -187,10 +310,9 @@ float w_at(uint wb, uint k, bool shx) {
     return W1_ROW(wb, k);
 }
 
-// The chunk at k (k % 8 == 0; K % 8 == 0: whole or past K) of a staged row as exact f32 values and its
-// exponent: x (·gn) and float weights their values (exponent 0), quantised weights their codes' halves
-// (E4M3 · 2⁻⁸, E2M1 · 2⁻¹⁴) and the chunk's scale byte.
-mat2x4 x_chunk(uint xb, uint k) { return k < p.K ? mat2x4(x4[(xb + k) / 4u], x4[(xb + k) / 4u + 1u]) : mat2x4(0.0); }
+// The chunk at k (k % 8 == 0; K % 8 == 0: whole or past K) of a weight row as exact f32 values and its
+// exponent: float weights their values (exponent 0), quantised weights their codes' halves (E4M3 · 2⁻⁸,
+// E2M1 · 2⁻¹⁴) and the chunk's scale byte.
 mat2x4 w_chunk(uint wb, uint sb, uint k, bool shx, out int e) {
     e = 0;
     if (k >= p.K) return mat2x4(0.0);
@@ -214,19 +336,23 @@ mat2x4 w_chunk(uint wb, uint sb, uint k, bool shx, out int e) {
 #endif
 }
 
-void stage(uint h, mat2x4 v) {          // halves h .. h + 7 (h a multiple of 8): one 16-byte store
-    smem[h / 8u] = uvec4(packHalf2x16(v[0].xy), packHalf2x16(v[0].zw), packHalf2x16(v[1].xy), packHalf2x16(v[1].zw));
-}
+void stage(uint h, mat2x4 v) { smem[h / 8u] = pack8(v); }     // halves h .. h + 7 (h % 8 == 0): one 16-byte store
 #if !defined(CM_NV)
 vec2 staged_pair(uint i) { return unpackHalf2x16(smem[i / 4u][i % 4u]); }     // halves 2i, 2i + 1
 #endif
 
-// the items' chunks at step k0 (past K: 0): x (·gn) values, weights as w_chunk gives them
-void load_items(uint k0, uint rw[NI], uint base[NI], uint sb[NI], uint kc, bool shx, out mat2x4 v[NI], out int ve[NI]) {
+// the items' chunks at step k0 (past K: 0): x (·gn) values (XH: xq, the halves as the pass wrote them),
+// weights as w_chunk gives them
+void load_items(uint k0, uint rw[NI], uint base[NI], uint sb[NI], uint kc, bool shx, out mat2x4 v[NI], out int ve[NI],
+                out uvec4 xq[NI]) {
     [[unroll]] for (uint u = 0u; u < NI; ++u) {
         uint k = k0 + kc;
         ve[u] = 0;
-        if (rw[u] < BT) {
+        xq[u] = uvec4(0u);
+        v[u] = mat2x4(0.0);
+        if (rw[u] < BT && XH) {
+            if (k < p.K) xq[u] = xh[base[u] + k / 8u];
+        } else if (rw[u] < BT) {
             v[u] = x_chunk(base[u], k);
 #if defined(NORM_X)
             if (k < p.K) v[u] = matrixCompMult(v[u], gn_chunk(k));
@@ -273,27 +399,36 @@ void main() {
     [[unroll]] for (uint u = 0u; u < NI; ++u) {
         uint q = min(id + u * WG, ITEMS - 1u), r = q / KP;
         rw[u] = r;
-        base[u] = r < BT ? x_row(slots[r]) : 0u;       // (weight rows: per output tile, below)
+        base[u] = r < BT ? (XH ? xh_row(slots[r]) : x_row(slots[r])) : 0u;     // (weight rows: per output tile)
         sb[u] = 0u;
     }
     uint kc = 8u * (id % KP);                           // (WG % KP == 0: every item of this invocation's at it)
 
     // 1. the x rows' shifts: their largest finite |value| (x·gn) over K (and Σx² with NORM_X), found once for
-    // the NT output tiles this workgroup takes
+    // the NT output tiles this workgroup takes (XH: as the X_ROWS pass found them, from the records)
+    float m[NI];
+    [[unroll]] for (uint u = 0u; u < NI; ++u) m[u] = 0.0;
+    if (XH) {
+        for (uint i = id; i < BT; i += WG) {
+            uvec4 rec = xh[xh_row(slots[i]) + p.K / 8u];
+            sh[i] = int(rec.x);
+#if defined(NORM_X)
+            inv[i] = uintBitsToFloat(rec.y);
+#endif
+        }
+    } else {
     for (uint i = id; i < BT; i += WG) mx[i] = 0u;
 #if defined(NORM_X)
     float ss[NI];
     [[unroll]] for (uint u = 0u; u < NI; ++u) ss[u] = 0.0;
 #endif
-    float m[NI];
-    [[unroll]] for (uint u = 0u; u < NI; ++u) m[u] = 0.0;
     for (uint k0 = 0u; k0 < p.K; k0 += BK) {
         uint k = k0 + kc;
         [[unroll]] for (uint u = 0u; u < NI; ++u) {
             if (rw[u] < BT) {
                 mat2x4 v = x_chunk(base[u], k);
 #if defined(NORM_X)
-                ss[u] += dot(v[0], v[0]) + dot(v[1], v[1]);
+                ss[u] += sq8(v);
                 if (k < p.K) v = matrixCompMult(v, gn_chunk(k));
 #endif
                 m[u] = max(m[u], finite_max(v));
@@ -314,8 +449,9 @@ void main() {
 #if defined(NORM_X)
         float s2 = 0.0;
         for (uint c = 0u; c < KP; ++c) s2 += ssp[i * KP + c];
-        inv[i] = 1.0 / sqrt(s2 / float(p.K) + p.eps);
+        inv[i] = inv_rms(s2);
 #endif
+    }
     }
 
     for (uint nt = 0u; nt < NT; ++nt) {                 // (uniform) the workgroup's output tiles in turn
@@ -407,7 +543,8 @@ void main() {
 #endif
         mat2x4 v[NI];
         int ve[NI];
-        load_items(0u, rw, base, sb, kc, shx, v, ve);
+        uvec4 xq[NI];
+        load_items(0u, rw, base, sb, kc, shx, v, ve, xq);
         for (uint k0 = 0u; k0 < p.K; k0 += BK) {
             // this step's chunks, scaled: x·gn · 2^sx, float weights · 2^sw, codes · 2^(EXP + s − top)
             [[unroll]] for (uint u = 0u; u < NI; ++u) {
@@ -419,10 +556,11 @@ void main() {
 #elif defined(W_BF16)
                 if (rw[u] >= BT) m[u] = max(m[u], finite_max(v[u]));
 #endif
-                stage(rw[u] * XS + 8u * (q % KP), v[u] * pow2(e));
+                if (XH && rw[u] < BT) smem[(rw[u] * XS + 8u * (q % KP)) / 8u] = xq[u];
+                else stage(rw[u] * XS + 8u * (q % KP), v[u] * pow2(e));
             }
             barrier();
-            load_items(k0 + BK, rw, base, sb, kc, shx, v, ve);     // the next step's, in flight during the products
+            load_items(k0 + BK, rw, base, sb, kc, shx, v, ve, xq);     // the next step's, in flight during the products
 #if defined(CM_NV)
             [[unroll]] for (uint kk = 0u; kk < BK; kk += 16u) {
                 MAT_A a[TI];
@@ -520,3 +658,4 @@ void main() {
     }
     }                                                   // (the next output tile)
 }
+#endif

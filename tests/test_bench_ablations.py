@@ -31,10 +31,10 @@ def staged(name):
 
 
 def coopmat_id(quantised):
-    """The declared variants of mul_mat_id_coopmat.comp (both modes, every weight format, NORM_X, CM_NV and
-    not) with FP8 / FP4 weights (True), or with float weights (False), or all (None)."""
-    return [dict(v) for v in shader.declared_variants("mul_mat_id_coopmat")
-            if quantised is None or any(k in ("W_FP8", "W_FP4") for k, _ in v) == quantised]
+    """The declared GEMM variants of mul_mat_id_coopmat.comp (both modes, every weight format, NORM_X, CM_NV and
+    not; not its -D X_ROWS pass) with FP8 / FP4 weights (True), or with float weights (False), or all (None)."""
+    return [dict(v) for v in shader.declared_variants("mul_mat_id_coopmat") if ("X_ROWS", "1") not in v
+            and (quantised is None or any(k in ("W_FP8", "W_FP4") for k, _ in v) == quantised)]
 
 
 # (tool, its table, ablation -> {shader: variants it changes}, ablation -> {shader: variants it must leave alone})
@@ -48,7 +48,8 @@ CASES = {
     # the prefill's grouped GEMM on the matrix units: every variant (nowscan: those with a scale scan)
     "moe_prefill": ("bench_moe", "MOE_PREFILL_ABLATIONS",
                     lambda name: {"mul_mat_id_coopmat": coopmat_id(True if name == "nowscan" else None)},
-                    lambda name: {"mul_mat_id_coopmat": coopmat_id(False) if name == "nowscan" else [],
+                    lambda name: {"mul_mat_id_coopmat": (coopmat_id(False) if name == "nowscan" else [])
+                                  + [{"X_ROWS": 1}, {"X_ROWS": 1, "NORM_X": 1}],
                                   "mul_mat_id_grouped": [{"MODE_SWIGLU": 1, "NORM_X": 1, "W_BF16": 1}],
                                   "mul_mat_id": ONE_TOKEN_ID, "mul_mat_coopmat": [{"W_BF16": 1, "CM_NV": 1, "VEC8": 1}]}),
     "primitives": ("bench_primitives", "COOPMAT_ABLATIONS",

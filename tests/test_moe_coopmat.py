@@ -9,7 +9,8 @@ rows as the kernel rounds them to fp16 (to f32 summation error: so the scales an
 header's), and against the f32 grouped kernel (NMSE ≤ 1e-5); on the H200 too (knob
 mul_mat_id_coopmat.emulate: the FMA twin on any device). "coopmat" runs where the device has the matrix
 units (the H200, with mul_mat_id_coopmat.auto on: off by default until measured there) and falls back
-to its FMA twin here.
+to its FMA twin here. mul_mat_id_coopmat.x_half (x rounded to fp16 once, by a pass before the GEMM) is checked
+bit for bit against the kernel without it.
 
 Run as a script, the file is the subprocess worker for other lavapipe subgroup sizes.
 """
@@ -21,6 +22,7 @@ import numpy as np
 import pytest
 
 from lavapipe_child import worker_output
+from dsv4_vk.core.executor import Executor
 from dsv4_vk.core.tuning import tuned
 from dsv4_vk.hc.metrics import max_abs, nmse
 from dsv4_vk.ops import get_op, moe_coopmat
@@ -63,9 +65,10 @@ def per_token(op, ts, x, wref, route, extra=(), **kw):
 
 
 def check_case(rng, fmt, mode, T, device, kernel="coopmat_fma", per_route_x=False, norm=False, add=False, D=72,
-               F=24, E=6, top_k=3, x_scale=1.0, sample=None):
+               F=24, E=6, top_k=3, x_scale=1.0, sample=None, x_half=False):
     """The grouped MUL_MAT_ID with its GEMM on `kernel` against float64, the fp16-rounded rows' float64 product
-    (every token, or `sample` of them spread over T) and the f32 grouped kernel (every output)."""
+    (every token, or `sample` of them spread over T) and the f32 grouped kernel (every output); with x_half,
+    also with mul_mat_id_coopmat.x_half on (its X_ROWS pass launched), the same bit for bit."""
     op = get_op("MUL_MAT_ID")
     route = skewed_route(rng, T, E, top_k)
     R = top_k + 1
@@ -103,6 +106,10 @@ def check_case(rng, fmt, mode, T, device, kernel="coopmat_fma", per_route_x=Fals
                 (cm,) = [ln for ln in launches if ln.shader == "mul_mat_id_coopmat"]
                 assert ("CM_NV" in cm.defines) == (kernel == "coopmat")
             got[on] = run(g, **feeds)
+            if on and x_half:
+                got["x_half"] = run_x_half(g_args=(mode, T, top_k, x.shape, w_in, extra, prm), kw=kw, feeds=feeds,
+                                           device=device)
+                assert same_bits(got["x_half"], got[True]), (fmt, mode, T, per_route_x, norm, add)
     y = got[True][ts]
     what = (fmt, mode, T, per_route_x, norm, add)
     assert np.array_equal(np.isnan(y), np.isnan(ref)), what
@@ -119,6 +126,25 @@ def check_case(rng, fmt, mode, T, device, kernel="coopmat_fma", per_route_x=Fals
     return got[True]
 
 
+def same_bits(a, b) -> bool:
+    """a and b hold the same f32 values bit for bit (NaNs too)."""
+    return a.shape == b.shape and np.array_equal(np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32))
+
+
+def run_x_half(g_args, kw, feeds, device):
+    """The graph build(*g_args, **kw) run with mul_mat_id_coopmat.x_half on (under the knobs in effect): its
+    lowering checked to launch the X_ROWS pass before the GEMM, which takes X_HALF and binds the pass's
+    records."""
+    with tuned({"mul_mat_id_coopmat.x_half": True}):
+        g, node = build(*g_args, **kw)
+        launches = node.op.lower(node, device)
+    names = [(ln.shader, "X_ROWS" in ln.defines, ln.defines.get("X_HALF")) for ln in launches]
+    at = names.index(("mul_mat_id_coopmat", True, None))
+    assert names[at + 1] == ("mul_mat_id_coopmat", False, 1), names
+    assert launches[at + 1].args[-1] is launches[at].args[-1], "the GEMM reads the pass's records"
+    return run(g, **feeds)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("mode", ["swiglu", "sum"])
 def test_coopmat_fma_grouped_matches_float64_and_the_f32_kernel(fmt, mode, rng, device):
@@ -126,8 +152,8 @@ def test_coopmat_fma_grouped_matches_float64_and_the_f32_kernel(fmt, mode, rng, 
     output tiles; the SwiGLU with its folded norm (x of magnitude 30: past its clamp) and the sum with add,
     then without the norm / add at T = 9."""
     with tuned(EMULATE):
-        check_case(rng, fmt, mode, 19, device, norm=mode == "swiglu", add=mode == "sum", x_scale=30.0)
-        check_case(rng, fmt, mode, 9, device, D=56, F=40)
+        check_case(rng, fmt, mode, 19, device, norm=mode == "swiglu", add=mode == "sum", x_scale=30.0, x_half=True)
+        check_case(rng, fmt, mode, 9, device, D=56, F=40, x_half=True)
 
 
 def test_coopmat_fma_grouped_wider_tiles_and_per_route_x(rng, device):
@@ -136,13 +162,13 @@ def test_coopmat_fma_grouped_wider_tiles_and_per_route_x(rng, device):
     tiles whose f32 epilogue tile takes two passes where the shared memory holds only half of it; workgroups
     taking 3 output tiles in turn (the last one 2)."""
     with tuned(EMULATE):
-        check_case(rng, "bf16", "swiglu", 12, device, per_route_x=True, norm=True)
+        check_case(rng, "bf16", "swiglu", 12, device, per_route_x=True, norm=True, x_half=True)
         with tuned(WIDE):
             for fmt in ("bf16", "fp4+fp8"):
-                check_case(rng, fmt, "swiglu", 70, device, norm=True, D=136, F=72)
+                check_case(rng, fmt, "swiglu", 70, device, norm=True, D=136, F=72, x_half=fmt == "bf16")
                 check_case(rng, fmt, "sum", 70, device, add=True, D=136, F=72, sample=5)   # (as on the H200)
         with tuned({**SMALL, "mul_mat_id_coopmat.output_tiles": 3}):   # 5 output tiles: 2 workgroups, 3 + 2
-            check_case(rng, "fp4+fp8", "swiglu", 40, device, norm=True, D=136, F=72)
+            check_case(rng, "fp4+fp8", "swiglu", 40, device, norm=True, D=136, F=72, x_half=True)
             check_case(rng, "bf16", "sum", 40, device, add=True, D=72, F=136)
         with tuned(BIG):
             assert moe_coopmat.tiling(device)[5] == (64 if device.caps.limits.max_shared_memory >= 37 * 1024 else 32)
@@ -175,6 +201,161 @@ def test_coopmat_fma_grouped_range_past_fp16(rng, device):
     assert np.isfinite(got).all() and (got != 0).all()
     rel = np.abs(got - ref) / terms
     assert rel.max() <= 2e-3, f"worst relative error {rel.max():.2e}"
+
+
+def test_coopmat_fma_x_half_rows_past_fp16_inf_nan(rng, device):
+    """mul_mat_id_coopmat.x_half bit for bit as without it where x rows hold 1e20 / 1e-20 / 3e9 outliers, inf and
+    NaN (the SwiGLU with x shared by the routes and its folded norm, rows 1e15 / 1e-15 there so that Σx² stays
+    an f32; with x per route; the sum), over bf16 experts of magnitude 1e15 and 1e-12 (their products formed
+    again with row shifts) and FP4 ones with the FP8 shared expert; the sum against float64 relative to each
+    output's |terms|, the SwiGLU against the f32 grouped kernel (and float64 with the norm), NaN / inf where
+    they have them."""
+    from dsv4_vk.model.checkpoint import BF16
+    op = get_op("MUL_MAT_ID")
+    T, E, top_k, K, N = 18, 5, 2, 48, 24
+    route = skewed_route(rng, T, E, top_k)
+    route[3, 1, 0] = 1                                  # (no invalid id here)
+    w = rng.standard_normal((E + 1, 2 * N, K))
+    w[1] *= 1e15
+    w[2, :5] *= 1e-12
+    w = w.astype(BF16)
+    w4, extra4, prm4, wref4 = weights(rng, "fp4+fp8", E, 2 * N, K)
+    for mode, per_route, big in (("swiglu", False, 1e15), ("swiglu", True, 1e20), ("sum", True, 1e20)):
+        x = rng.standard_normal((T, top_k + 1 if per_route else 1, K)).astype(np.float32)
+        x[0] *= big
+        x[1] /= big
+        x[5, -1, 7] = 3e9
+        x[6, 0, 3], x[7, -1, 0], x[8, 0, 47] = np.inf, np.nan, -np.inf
+        gn = rng.uniform(0.5, 2.0, K).astype(np.float32) if mode == "swiglu" and not per_route else None
+        kw = dict(norm=gn, limit=4.0) if mode == "swiglu" else {}
+        for w_in, extra, prm, wref in (([w], [], {}, w.astype(np.float64)), (w4, extra4, prm4, wref4)):
+            with tuned(EMULATE):
+                g, _ = build(mode, T, top_k, x.shape, w_in, extra, prm, **kw)
+                off = run(g, x=x, r=route)
+                on = run_x_half((mode, T, top_k, x.shape, w_in, extra, prm), kw, {"x": x, "r": route}, device)
+            what = (mode, per_route, prm)
+            assert same_bits(on, off), what
+            if mode == "sum":
+                with np.errstate(invalid="ignore", over="ignore"):
+                    ref = op.reference(x, wref, route, mode="sum")
+                    terms = op.reference(np.abs(x.astype(np.float64)), np.abs(wref), np.abs(route), mode="sum")
+                assert np.array_equal(np.isnan(on), np.isnan(ref)) and np.array_equal(np.isinf(on), np.isinf(ref)), what
+                fin = np.isfinite(ref)
+                assert (np.abs(on[fin] - ref[fin]) / terms[fin]).max() <= 2e-3, what
+            else:
+                with tuned({"mul_mat_id_coopmat.auto": False}):
+                    f32 = run(build(mode, T, top_k, x.shape, w_in, extra, prm, **kw)[0], x=x, r=route)
+                assert np.array_equal(np.isnan(on), np.isnan(f32)) and np.array_equal(np.isinf(on), np.isinf(f32)), what
+                ok = np.isfinite(f32)
+                assert nmse(on[ok], f32[ok]) <= NMSE_MAX, what
+                if gn is not None:                      # tokens without inf / NaN against float64
+                    fin = np.isfinite(x).all(axis=(1, 2))
+                    with np.errstate(over="ignore"):    # (silu of a gate far below 0: exp overflows, the value is 0)
+                        ref = op.reference(reference_rms_norm(x[fin], gn, 1e-6), wref, route[fin], mode="swiglu",
+                                           limit=4.0)
+                    assert np.isfinite(on[fin]).all() and nmse(on[fin], ref) <= NMSE_MAX, what
+
+
+def test_coopmat_fma_x_half_stages_from_the_records(rng, device, monkeypatch):
+    """With mul_mat_id_coopmat.x_half the GEMM takes x's values, shifts and 1/rms from the X_ROWS pass's records:
+    given NaN for x itself it still gives the right outputs (the pass read the real x); without the knob the
+    same swap gives wrong ones. The records hold numpy's rounding of x·gn · 2^shift and the shift, row by row."""
+    from dsv4_vk.ops import moe
+    T, top_k, E, D, F = 21, 3, 6, 72, 24
+    route = skewed_route(rng, T, E, top_k)
+    w_in, extra, prm, wref = weights(rng, "bf16", E, 2 * F, D)
+    x = rng.standard_normal((T, 1, D)).astype(np.float32) * 3
+    gn = rng.standard_normal(D).astype(np.float32)
+    ref = get_op("MUL_MAT_ID").reference(reference_rms_norm(x, gn, 1e-6), wref, route, mode="swiglu", limit=4.0)
+    lower = moe.MulMatId.lower
+    nan_x = {}
+
+    def lower_with_nan_x(self, node, device):
+        launches = lower(self, node, device)
+        return [dataclasses.replace(ln, args=[nan_x["t"], *ln.args[1:]]) if ln.shader == "mul_mat_id_coopmat"
+                and "X_ROWS" not in ln.defines else ln for ln in launches]
+    monkeypatch.setattr(moe.MulMatId, "lower", lower_with_nan_x)
+    for on in (True, False):
+        with tuned({**EMULATE, "mul_mat_id_coopmat.x_half": on}):
+            g, _ = build("swiglu", T, top_k, x.shape, w_in, extra, prm, norm=gn, limit=4.0)
+            nan_x["t"] = g.const(np.full(x.shape, np.nan, np.float32))
+            if on:
+                g.output("rec", g.scratch(moe_coopmat.X_HALF_POOL))
+            out = Executor().run(g, x=x, r=route)
+        ok = ~np.isnan(ref)
+        if not on:                                      # (NaN sums pass the SwiGLU's min / clamp as their bounds)
+            assert not np.isfinite(nmse(out["y"][ok], ref[ok])) or nmse(out["y"][ok], ref[ok]) > 0.1
+            continue
+        assert np.array_equal(np.isnan(out["y"]), np.isnan(ref)) and nmse(out["y"][ok], ref[ok]) <= NMSE_MAX
+        rec = out["rec"].view(np.uint32).reshape(T, D // 8 + 1, 4)
+        xs = x[:, 0] * gn
+        m = np.where(np.isfinite(xs), np.abs(xs), 0).max(axis=-1).astype(np.float32)
+        shift = np.minimum(15 - ((m.view(np.uint32) >> 23).astype(np.int64) - 126), 126)
+        halves = (xs * np.exp2(shift).astype(np.float32)[:, None]).astype(np.float16)
+        assert np.array_equal(rec[:, :-1].reshape(T, -1).copy().view(np.uint16), halves.view(np.uint16))
+        assert np.array_equal(rec[:, -1, 0].view(np.int32), shift)
+        rms = np.sqrt(np.mean(x[:, 0].astype(np.float64) ** 2, axis=-1) + 1e-6)
+        np.testing.assert_allclose(rec[:, -1, 1].view(np.float32), 1 / rms, rtol=1e-6)
+
+
+def test_x_half_knob_cache_key_and_where_it_does_not_apply(device, monkeypatch):
+    """mul_mat_id_coopmat.x_half must be a bool (refused naming it); it is part of the graph's signature (the
+    program's cache key); where the cooperative-matrix GEMM does not run (K % 8 != 0, f32 experts, auto off)
+    no scratch is asked for or no pass launched, and the reasons (expert_gemm's, `info`'s) say whether the
+    halves are used and why not."""
+    from dsv4_vk.cli.info import _human, report
+    w = [np.zeros((4, 32, 64), np.float16)]
+    for bad in (1, "on", None):
+        with tuned({**EMULATE, "mul_mat_id_coopmat.x_half": bad}), \
+                pytest.raises(ValueError, match=f"'mul_mat_id_coopmat.x_half' must be True or False, got {bad!r}"):
+            build("swiglu", 40, 2, (40, 1, 64), w, [], {})
+    sigs = []
+    for on in (False, True):
+        with tuned({**EMULATE, "mul_mat_id_coopmat.x_half": on}):
+            g, node = build("swiglu", 40, 2, (40, 1, 64), w, [], {})
+            sigs.append(g.signature())
+            shaders = [(ln.shader, "X_ROWS" in ln.defines) for ln in node.op.lower(node, device)]
+            assert (("mul_mat_id_coopmat", True) in shaders) == on, shaders
+            c = moe_coopmat.node_gemm(node, device)
+            assert c.kernel == "coopmat_fma" and (moe_coopmat.X_HALF_ON in c.reason) == on, c
+            d = moe_coopmat.describe(device)
+            assert d["x_half"] == on and d["x_half_reason"] == (moe_coopmat.X_HALF_ON if on else moe_coopmat.X_HALF_OFF)
+            line = next(ln for ln in _human(report(device)).splitlines() if ln.startswith("MUL_MAT_ID    grouped GEMM"))
+            assert (moe_coopmat.X_HALF_ON in line) == on, line
+            if on:
+                assert g.scratch(moe_coopmat.X_HALF_POOL).shape == (40 * (64 // 8 + 1) * 4,)   # per token: 40 rows
+    assert sigs[0] != sigs[1]
+    with tuned({**EMULATE, "mul_mat_id_coopmat.x_half": True}):
+        for shape, wk in (((40, 3, 68), [np.zeros((4, 16, 68), np.float16)]),       # K % 8
+                          ((40, 3, 64), [np.zeros((4, 16, 64), np.float32)])):      # f32 experts
+            g, node = build("sum", 40, 2, shape, wk, [], {})
+            with pytest.raises(ValueError, match="no op of this graph asked for scratch pool"):
+                g.scratch(moe_coopmat.X_HALF_POOL)
+            assert "mul_mat_id_grouped" in [ln.shader for ln in node.op.lower(node, device)]
+        g, node = build("sum", 40, 2, (40, 3, 64), [np.zeros((4, 16, 64), np.float16)], [], {})
+        assert g.scratch(moe_coopmat.X_HALF_POOL).shape == (120 * 9 * 4,)                   # per route: 120 rows
+        with tuned({"mul_mat_id_coopmat.auto": False}):
+            assert moe_coopmat.x_half_refusal("f32") == "it needs the cooperative-matrix GEMM (the f32 grouped " \
+                                                         "kernel runs)"
+            d = moe_coopmat.describe(device)
+            assert d["x_half"] is False and d["reason"].endswith("; mul_mat_id_coopmat.x_half not used: it needs the "
+                                                                 "cooperative-matrix GEMM (the f32 grouped kernel runs)")
+        assert moe_coopmat.x_half_refusal("coopmat", "K = 68 is not a multiple of 8 (the kernel stages 8 inputs at a " \
+                                          "time)").startswith("K = 68")
+    with_matrix_units(device, monkeypatch)
+    with tuned({"mul_mat_id_coopmat.x_half": True}):
+        assert moe_coopmat.expert_gemm(device).reason.endswith("f32 sums); " + moe_coopmat.X_HALF_ON)
+
+
+def test_bench_moe_cm_x_half_values(monkeypatch):
+    """tools/bench_moe.py --cm-x-half takes 0, 1 or both (knob mul_mat_id_coopmat.x_half), refuses anything else."""
+    import importlib
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "tools"))
+    bench = importlib.import_module("bench_moe")
+    assert bench.cm_x_half("0,1") == [0, 1] and bench.cm_x_half("1") == [1]
+    for bad in ("2", "", "yes"):
+        with pytest.raises(SystemExit, match="--cm-x-half: expected 0, 1 or 0,1"):
+            bench.cm_x_half(bad)
 
 
 def test_coopmat_fma_grouped_fp4_scale_spread(rng, device):
@@ -228,8 +409,8 @@ def test_coopmat_grouped_on_the_matrix_units_or_their_fma_twin(rng, device):
         if units:
             check_case(rng, "fp4+fp8", "swiglu", 16, device, kernel, norm=True, D=136, F=72)   # 16-slot tiles
             check_case(rng, "bf16", "sum", 16, device, kernel, add=True, D=136, F=72)
-            for fmt in ("bf16", "fp4+fp8"):           # (7 tokens of each checked against float64)
-                wide = dict(D=4096, F=2048, E=8, top_k=6, sample=6)
+            for fmt in ("bf16", "fp4+fp8"):           # (7 tokens of each checked against float64; x_half bit for bit)
+                wide = dict(D=4096, F=2048, E=8, top_k=6, sample=6, x_half=True)
                 check_case(rng, fmt, "swiglu", 512, device, kernel, norm=True, **wide)
                 check_case(rng, fmt, "sum", 512, device, kernel, add=True, **wide)
     g, node = build("sum", 40, 2, (40, 3, 64), [np.zeros((4, 16, 64), np.float32).astype(np.float16)], [], {})
@@ -335,15 +516,16 @@ def test_the_cooperative_matrix_variants_compile():
         assert {5359, 5360, 5361} <= ops            # OpCooperativeMatrixLoadNV, StoreNV, MulAddNV
 
 
-@pytest.mark.parametrize("name", ["bf16", "dsv4_fp8"])
-def test_model_logits_with_the_grouped_gemm_on_the_tensor_core_path(name):
+@pytest.mark.parametrize("name, x_half", [("bf16", False), ("dsv4_fp8", False), ("bf16", True), ("dsv4_fp8", True)])
+def test_model_logits_with_the_grouped_gemm_on_the_tensor_core_path(name, x_half):
     """The BF16 fixture model and the published-layout FP8 / FP4 one (FP4 experts, the FP8 shared expert)
     with every prefill chunk's experts on the grouped GEMM's tensor-core data flow (the matrix units where
-    the device has them, else their FMA twin) beside MUL_MAT's: logits against transformers' at NMSE ≤ 1e-5
-    after the prefill and every decode step."""
+    the device has them, else their FMA twin) beside MUL_MAT's, and with x rounded once by the X_ROWS pass
+    (mul_mat_id_coopmat.x_half: the SwiGLU's and the sum's records in one scratch pool, layer after layer):
+    logits against transformers' at NMSE ≤ 1e-5 after the prefill and every decode step."""
     from logits_check import logits_errors
     from dsv4_vk.model import Model
-    knobs = {"coopmat.emulate": True, **EMULATE}
+    knobs = {"coopmat.emulate": True, **EMULATE, "mul_mat_id_coopmat.x_half": x_half}
     with tuned(knobs):
         if name == "bf16":
             from test_model import fixture
@@ -355,6 +537,7 @@ def test_model_logits_with_the_grouped_gemm_on_the_tensor_core_path(name):
             m = Model.load(d, prefill_chunk=16, max_ctx=64)
     details = " ".join(m.compiled("prefill").dispatch_details)
     assert "mul_mat_id_coopmat" in details and "mul_mat_id_grouped" not in details, details[:2000]
+    assert ("X_ROWS" in details) == x_half, details[:2000]
     errs = logits_errors(m, e)
     assert max(errs) <= NMSE_MAX, f"{name}: NMSE per position {errs}"
 
@@ -365,11 +548,11 @@ def worker():
     print(f"worker: subgroup size {dev.subgroup_size}")
     rng = np.random.default_rng(7)
     with tuned(EMULATE):
-        for fmt in FORMATS:
-            check_case(rng, fmt, "swiglu", 19, dev, norm=True, x_scale=30.0)
-            check_case(rng, fmt, "sum", 19, dev, add=True)
+        for fmt in FORMATS:                             # (x_half: bit for bit as without it, at a few)
+            check_case(rng, fmt, "swiglu", 19, dev, norm=True, x_scale=30.0, x_half=fmt in ("bf16", "fp4+fp8"))
+            check_case(rng, fmt, "sum", 19, dev, add=True, x_half=fmt == "fp8")
         with tuned(WIDE):
-            check_case(rng, "fp8", "swiglu", 40, dev, D=136, F=72)
+            check_case(rng, "fp8", "swiglu", 40, dev, D=136, F=72, x_half=True)
     print("worker: coopmat grouped ok")
 
 

@@ -69,7 +69,12 @@ asserted for it: fp16 products); --check-tokens tokens of each result
 Formats bf16, fp8, fp4 (the shared expert stacked after the routed ones) and fp4+fp8 (FP4 routed
 experts, the FP8 shared expert in its own tensor, as DeepSeek publishes them). Weights past
 maxStorageBufferRange (bf16 with 256 experts) are not split here: keep --experts ≤ 65 for bf16.
---prefill-kernels picks the kernels timed (per_route, grouped, coopmat).
+--prefill-kernels picks the kernels timed (per_route, grouped, coopmat). --cm-x-half 0,1 times the coopmat
+rows without and with mul_mat_id_coopmat.x_half (x rounded to fp16 once, by a pass before the GEMM; the pass
+is in the time), each tiling both ways:
+
+    . .vkdev/enter.sh; python3 tools/bench_moe.py --prefill 512,2048 --formats bf16,fp4+fp8 --prefill-kernels coopmat \
+        --cm-tiles default --cm-x-half 0,1 --json $OUT/moe_prefill_xhalf.json
 
 --prefill ... --cm-tiles ... --ablate nomma,nostage,noload,noscan,nowscan: after the table, the matrix-unit rows
 again (same formats, T and --cm-tiles; `coopmat`, or `coopmat_fma` with --emulate) with a part of
@@ -126,7 +131,8 @@ MOE_ABLATIONS = {
 # its FMAs), loads, staging and barriers kept; nostage: the k steps' chunks neither loaded nor staged (products
 # of whatever the staging memory holds, barriers kept); noload: the k loop's chunks made from the step's index
 # and the item's row instead of loaded (x, gn, codes, scale bytes), staged, scaled and multiplied as before;
-# noscan: no scan of the x rows before the k loop (their shifts 0, Σx² 0); nowscan (FP8 / FP4 only): the weight
+# noscan: no scan of the x rows before the k loop (their shifts 0, Σx² 0; with x_half there is none: the X_ROWS
+# pass's records are read instead); nowscan (FP8 / FP4 only): the weight
 # rows' scale-byte range read from their first SP bytes, not all of them (per output tile). The epilogue has no
 # ablation: without its stores the products are dead code, and the compiler would remove the k loop with it.
 _CMID = "mul_mat_id_coopmat.comp"
@@ -139,11 +145,14 @@ _CM_STAGE = ("            [[unroll]] for (uint u = 0u; u < NI; ++u) {\n"
              "#elif defined(W_BF16)\n"
              "                if (rw[u] >= BT) m[u] = max(m[u], finite_max(v[u]));\n"
              "#endif\n"
-             "                stage(rw[u] * XS + 8u * (q % KP), v[u] * pow2(e));\n"
+             "                if (XH && rw[u] < BT) smem[(rw[u] * XS + 8u * (q % KP)) / 8u] = xq[u];\n"
+             "                else stage(rw[u] * XS + 8u * (q % KP), v[u] * pow2(e));\n"
              "            }\n"
              "            barrier();\n"
-             "            load_items(k0 + BK, rw, base, sb, kc, shx, v, ve);")
-_CM_LOAD = ("        if (rw[u] < BT) {\n"
+             "            load_items(k0 + BK, rw, base, sb, kc, shx, v, ve, xq);")
+_CM_LOAD = ("        if (rw[u] < BT && XH) {\n"
+            "            if (k < p.K) xq[u] = xh[base[u] + k / 8u];\n"
+            "        } else if (rw[u] < BT) {\n"
             "            v[u] = x_chunk(base[u], k);\n"
             "#if defined(NORM_X)\n"
             "            if (k < p.K) v[u] = matrixCompMult(v[u], gn_chunk(k));\n"
@@ -155,10 +164,11 @@ MOE_PREFILL_ABLATIONS = {
     "nomma": [(_CMID, "[[unroll]] for (uint i = 0u; i < TI; ++i) acc[i * TJ + j] = coopMatMulAddNV(a[i], b, acc[i * TJ + j]);",
                ""),
               (_CMID, "                        sum = fma(xp.y, wp.y, fma(xp.x, wp.x, sum));\n", "")],
-    "nostage": [(_CMID, "        load_items(0u, rw, base, sb, kc, shx, v, ve);\n", ""),
+    "nostage": [(_CMID, "        load_items(0u, rw, base, sb, kc, shx, v, ve, xq);\n", ""),
                 (_CMID, _CM_STAGE, "            barrier();\n")],
     "noload": [(_CMID, _CM_LOAD, "        v[u] = mat2x4(vec4(float((k >> 3) & 3u)), vec4(float(rw[u] & 3u)));\n"
-                                 "        ve[u] = rw[u] < BT ? 0 : 120 + int((k >> 3) & 7u);\n")],
+                                 "        ve[u] = rw[u] < BT ? 0 : 120 + int((k >> 3) & 7u);\n"
+                                 "        xq[u] = uvec4(k, rw[u], 0u, 0u);\n")],
     "noscan": [(_CMID, "    for (uint k0 = 0u; k0 < p.K; k0 += BK) {\n        uint k = k0 + kc;\n        [[unroll]] for (uint u",
                 "    for (uint k0 = 0u; k0 < 0u; k0 += BK) {\n        uint k = k0 + kc;\n        [[unroll]] for (uint u"),
                (_CMID, "        sh[i] = row_shift(uintBitsToFloat(mx[i]));\n#if defined(NORM_X)\n",
@@ -279,6 +289,14 @@ def cm_tile_knobs(text):
     return [{} if t == "default" else dict(zip(fields, ints(t.replace("x", ",")))) for t in (text or "default").split(";")]
 
 
+def cm_x_half(text):
+    """--cm-x-half's values (0 and / or 1: knob mul_mat_id_coopmat.x_half), anything else refused."""
+    vals = text.split(",")
+    if not vals or any(v not in ("0", "1") for v in vals):
+        raise SystemExit(f"--cm-x-half: expected 0, 1 or 0,1, got {text!r}")
+    return [int(v) for v in vals]
+
+
 def prefill_rows(a, dev, warm, rng):
     """The --prefill rows: per format, T, mode, kernel (and tile shape), ms, TFLOPS and the check."""
     E, R, D, Fd = a.experts, a.routes_per_token, a.d, a.f
@@ -289,7 +307,8 @@ def prefill_rows(a, dev, warm, rng):
         for switch in ("literal", "prefetch"):
             if switch in t:
                 t[switch] = bool(t[switch])
-    cm_tiles = cm_tile_knobs(a.cm_tiles)
+    cm_tiles = [dict(t, **({"x_half": bool(h)} if a.cm_x_half != "0" else {})) for t in cm_tile_knobs(a.cm_tiles)
+                for h in cm_x_half(a.cm_x_half)]
     kernels = a.prefill_kernels.split(",")
     cm = expert_gemm(dev)                   # the matrix units, or why not (then the FMA twin with --emulate)
     cm_kernel = cm.kernel if cm.kernel != "f32" else ("coopmat_fma" if a.emulate else None)
@@ -345,11 +364,13 @@ def prefill_rows(a, dev, warm, rng):
                         cg = g.compile(dev)
                         ran = " ".join(cg.dispatch_details)
                         # the matrix-unit kernel's tiling as it ran (spec constants 1..7: BT BN WM WN BK EP NT)
-                        spec = [lo.spec for lo in g.nodes[0].op.lower(g.nodes[0], dev) if lo.shader == "mul_mat_id_coopmat"]
+                        spec = [lo.spec for lo in g.nodes[0].op.lower(g.nodes[0], dev)
+                                if lo.shader == "mul_mat_id_coopmat" and "X_ROWS" not in lo.defines]
                         tiling = "x".join(str(int(v)) for v in spec[0][1:8]) if spec else None
                         want = {"per_route": "mul_mat_id ", "grouped": "mul_mat_id_grouped"}.get(kernel,
                                                                                                   "mul_mat_id_coopmat")
                         assert want in ran + " ", f"{kernel}: the graph ran {ran[:300]}"
+                        assert ("X_ROWS" in ran) == bool(tile.get("x_half")), f"x_half {tile.get('x_half')}: ran {ran[:300]}"
                         missing = [d for k, d in (("literal", "LITERAL_ARRAYS"), ("prefetch", "PREFETCH"))
                                    if kernel == "grouped" and tile.get(k) and f" {d} " not in ran + " "]
                         if missing:             # a format or tiling without that variant: the plain kernel ran
@@ -364,7 +385,9 @@ def prefill_rows(a, dev, warm, rng):
                     row = {"format": fmt, "T": T, "mode": mode, "kernel": kernel, **tile, "ms": us / 1e3,
                            "tflops": flops / (us * 1e6), "nmse": err, **({"tiling": tiling} if coop else {})}
                     rows.append(row)
-                    how = kernel + ("" if not tile else " " + "x".join(str(int(v)) for v in tile.values()))
+                    shape = {k: v for k, v in tile.items() if k != "x_half"}
+                    how = (kernel + ("" if not shape else " " + "x".join(str(int(v)) for v in shape.values()))
+                           + (" x_half" if tile.get("x_half") else ""))
                     print(f"{fmt:8s} T={T:5d} {mode:6s} {how:24s} {us / 1e3:9.3f} ms {flops / (us * 1e6):7.2f} TFLOPS "
                           f"nmse {err:.2e}{f' tiling {tiling} (BTxBNxWMxWNxBKxEPxNT)' if coop else ''}", flush=True)
                     bound = 1e-5 if coop else 1e-8     # (fp16 products: the coopmat tests' bound)
@@ -421,6 +444,9 @@ def main(argv=None):
     ap.add_argument("--cm-tiles", help="--prefill: tile shapes of the grouped GEMM on the matrix units to sweep, "
                     "BTxBNxWMxWNxBK[xNT] or default (the knobs' tiling);... (NT: output tiles a workgroup; "
                     "default: the knobs')")
+    ap.add_argument("--cm-x-half", default="0", help="--prefill: the grouped GEMM on the matrix units with x rounded "
+                    "to fp16 once by a pass before it (1: knob mul_mat_id_coopmat.x_half), without (0) or both (0,1), "
+                    "at each --cm-tiles tiling")
     ap.add_argument("--prefill-kernels", default="per_route,grouped,coopmat", help="--prefill: the kernels timed "
                     "(per_route, grouped: on the f32 lanes, coopmat: on the matrix units or, with --emulate, its FMA twin)")
     ap.add_argument("--emulate", action="store_true", help="--prefill on a device without matrix units: time the "

@@ -34,8 +34,9 @@
 #             (merged by MQA_COMBINE, and inside MQA_ATTENTION)
 #   offload   flash-43 in the published layout with 0, 3, 8 and 43 layers' routed experts in host memory
 #   prefillk  the prefill's grouped expert GEMM: f32 lanes (tiles, literal arrays, prefetch), matrix units
-#   prefillkabl  the same GEMM on the matrix units at its default tiling, then with its products, k-loop staging,
-#             k-loop loads, x rows' scan or FP8/FP4 scale scan removed (--ablate): where its time goes
+#   prefillkabl  the same GEMM on the matrix units at its default tiling without and with x rounded to fp16 once
+#             by a pass before it (mul_mat_id_coopmat.x_half), then at that tiling with its products, k-loop
+#             staging, k-loop loads, x rows' scan or FP8/FP4 scale scan removed (--ablate): where its time goes
 #   prefilla  the prefill attention kernels (f32 lanes, matrix units)
 #   prefill   flash-1gpu's 4k-token prefill at the default chunk (512) and at 1024 and 2048, with MUL_MAT's x
 #             rounded to fp16 once (coopmat.x_half), and with the matrix-unit forms off
@@ -121,7 +122,10 @@ for s in $steps; do
                       --repeat 2 --formats bf16,fp4+fp8 --cm-tiles "16x64x16x32x32;64x64x32x32x32;64x64x32x32x64" \
                       --tiles "32x64x32x4x4;64x64x32x4x4;64x64x32x4x4x1;64x64x32x8x4;64x64x32x8x4x1;32x64x32x4x8x1;64x128x32x8x8x1;64x64x32x4x4x0x1;64x64x32x4x4x1x1;64x64x32x8x4x1x1;32x64x32x4x8x1x1" \
                       --json "$r/moe_prefill_h200.json" ;;
-        prefillkabl) step prefillkabl 480 moe_prefill_ablate_h200.txt python3 tools/bench_moe.py --prefill 512,2048 \
+        prefillkabl) step prefillkxh 120 moe_prefill_xhalf_h200.txt python3 tools/bench_moe.py --prefill 512,2048 \
+                         --replays 5 --repeat 2 --formats bf16,fp4+fp8 --prefill-kernels coopmat --cm-tiles default \
+                         --cm-x-half 0,1 --json "$r/moe_prefill_xhalf_h200.json"
+                     step prefillkabl 460 moe_prefill_ablate_h200.txt python3 tools/bench_moe.py --prefill 512,2048 \
                          --replays 5 --repeat 2 --formats bf16,fp4+fp8 --prefill-kernels coopmat --cm-tiles default \
                          --ablate nomma,nostage,noload,noscan,nowscan --json "$r/moe_prefill_ablate_h200.json" ;;
         prefilla) step prefilla 240 attention_prefill_h200.txt python3 tools/bench_primitives.py --attention \

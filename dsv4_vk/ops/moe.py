@@ -7,7 +7,7 @@ from ..core.tuning import knob_table
 from .base import (Launch, OpDef, check_finite, check_flag, check_params, cluster_lanes, expect, grid_1d, is_cpu,
                    next_pow2, nonempty, register, unit_last, view_fields, weight_defines, workgroup_cluster_max,
                    workgroup_pow2, WEIGHT_DTYPES)
-from .moe_coopmat import coopmat_grouped_launches, node_gemm
+from .moe_coopmat import coopmat_grouped_launches, node_gemm, x_half_scratch
 from .moe_grouped import expert_fields, expert_kernel, grouped_launches, grouped_scratch
 from .mul_mat import check_staged_knobs, rms_weight, staged_on
 from .quant import QUANT, check_quant, dequantize
@@ -291,7 +291,7 @@ class MulMatId(OpDef):
             N = w.shape[1]
             return {ROUTE_PARTS_POOL: (T * route_groups(R) * N, "f32"), ROUTE_TICKETS_POOL: (T * N, "i32", "zeroed")}
         return grouped_scratch(route.shape[0], route.shape[1], w.shape[0], w.shape[1], params["mode"],
-                               "shared_wq" in params)
+                               "shared_wq" in params) | x_half_scratch(inputs, params)
 
     @staticmethod
     def expert_ids(params, E):

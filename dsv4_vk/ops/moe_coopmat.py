@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.tuning import knob_table, tuned
-from .base import Launch, MAX_GROUPS, next_pow2, view_fields
+from .base import Launch, MAX_GROUPS, grid_1d, next_pow2, view_fields
 from .moe_grouped import buckets, gemm_fields, grouped_launches, max_tiles, sort_layout
 from .base import coopmat_unavailable
 from .mul_mat_coopmat import COOPMAT_DTYPES
@@ -30,8 +30,51 @@ COOPMAT_GROUPED = knob_table(
     warp_outputs=(None, "weight rows of a warp's tile, WN (a multiple of 16; None: 32 on GPUs, 16 on CPU devices)"),
     k_step=(None, "inputs staged a step, BK (a multiple of 16; None: 32)"),
     output_tiles=(1, "output tiles a workgroup takes in turn, NT (≥ 1): its x rows' scales found once for all of "
-                     "them"))
+                     "them"),
+    x_half=(False, "a pass before the GEMM writes each x row (per token where the routes share it, else per route) "
+                   "scaled by its power of two and rounded to fp16 once, with its shift and 1/rms (T or T·R rows "
+                   "× (K/2 + 4) words of scratch), and the GEMM stages x from those halves instead of converting "
+                   "f32 x in every output tile (the same values: the same outputs bit for bit); off until "
+                   "measured on a GPU"))
 KERNELS = ("coopmat", "coopmat_fma", "f32")
+X_HALF_POOL = "mul_mat_id.x_half"       # mul_mat_id_coopmat.x_half's x rows as fp16 (OpDef.scratch)
+X_HALF_OFF = "mul_mat_id_coopmat.x_half is off"
+X_HALF_ON = "x rounded to fp16 once, by a pass before it (mul_mat_id_coopmat.x_half)"
+X_ROWS_PER_GROUP = 16                   # x rows a workgroup of the X_ROWS pass (BK/8 invocations a row)
+
+
+def x_half_on() -> bool:
+    """The knob mul_mat_id_coopmat.x_half (ValueError naming it where it is not a bool)."""
+    on = COOPMAT_GROUPED["x_half"]
+    if not isinstance(on, bool):
+        raise ValueError(f"tuning knob 'mul_mat_id_coopmat.x_half' must be True or False, got {on!r}")
+    return on
+
+
+def x_half_refusal(gemm: str, refusal: str | None = None) -> str | None:
+    """The one place that decides whether the grouped GEMM stages x from fp16 rows a pass rounded once (knob
+    mul_mat_id_coopmat.x_half): None where it does, else why not (X_HALF_OFF where the knob is off). It
+    needs the cooperative-matrix GEMM (`gemm`, of KERNELS), whose own conditions (K % 8 == 0, 16-byte
+    aligned x rows and norm weight: `refusal`, gemm_refusal's word) are the halves' too."""
+    if not x_half_on():
+        return X_HALF_OFF
+    if refusal:
+        return refusal
+    if gemm == "f32":
+        return "it needs the cooperative-matrix GEMM (the f32 grouped kernel runs)"
+    return None
+
+
+def x_half_rows(x) -> int:
+    """The x rows the X_ROWS pass writes for the x view [T, R, K]: one a token where the routes share it
+    (route stride 0: the SwiGLU's x [T, 1, K]), else one a route slot."""
+    T, R = x.shape[:2]
+    return T if x.strides[1] == 0 and R > 1 else T * R
+
+
+def x_half_words(x) -> int:
+    """32-bit words of the X_ROWS records for the x view [T, R, K]: K/8 + 1 uvec4s a row."""
+    return x_half_rows(x) * (x.shape[-1] // 8 + 1) * 4
 
 
 @dataclass(frozen=True)
@@ -66,6 +109,7 @@ def expert_gemm(device, w_dtype: str = "bf16", fmt=None, K: int = 4096, refusal:
     and the operands suit it (`refusal`, else gemm_refusal of the weights); coopmat_fma on any device under
     mul_mat_id_coopmat.emulate; else the f32 grouped kernel."""
     refusal = refusal if refusal is not None else gemm_refusal(w_dtype, fmt, K)
+    x_half_on()                                         # (a bad value refused whatever the GEMM)
     if refusal:
         return ExpertGemm("f32", f"f32 lanes: {refusal}")
     why = coopmat_unavailable(device)
@@ -73,21 +117,43 @@ def expert_gemm(device, w_dtype: str = "bf16", fmt=None, K: int = 4096, refusal:
         return ExpertGemm("f32", f"f32 lanes, since {why}")
     if not COOPMAT_GROUPED["auto"]:
         return ExpertGemm("f32", "f32 lanes: mul_mat_id_coopmat.auto is off")
+    note = "; " + X_HALF_ON if x_half_on() else ""
     if COOPMAT_GROUPED["emulate"]:
-        return ExpertGemm("coopmat_fma", "the matrix units' data flow with FMA products (mul_mat_id_coopmat.emulate)")
-    return ExpertGemm("coopmat", "matrix units (fp16 products of rows scaled by powers of two, f32 sums)")
+        return ExpertGemm("coopmat_fma", "the matrix units' data flow with FMA products (mul_mat_id_coopmat.emulate)"
+                          + note)
+    return ExpertGemm("coopmat", "matrix units (fp16 products of rows scaled by powers of two, f32 sums)" + note)
+
+
+def gemm_operands(inputs, params) -> tuple:
+    """(x as the GEMM views it [T, R, K], w, the norm weight or None, the quantised format's name or None) of a
+    MUL_MAT_ID's inputs and params."""
+    fmt_name = params.get("wq")
+    n_extra = 2 if "shared_wq" in params else 0
+    ins = inputs[:len(inputs) - n_extra - (1 if fmt_name else 0)]
+    x, w = ins[0], ins[1]
+    g = ins[3] if len(ins) == 4 and params["mode"] == "swiglu" else None
+    T, R = inputs[2].shape[:2]
+    xv = x.broadcast_to((T, R, x.shape[-1])) if x.shape[1] == 1 else x
+    return xv, w, g, fmt_name
 
 
 def node_gemm(node, device) -> ExpertGemm:
     """expert_gemm for a MUL_MAT_ID graph node (its weights, x, norm weight)."""
-    fmt_name = node.params.get("wq")
-    n_extra = 2 if "shared_wq" in node.params else 0
-    inputs = node.inputs[:len(node.inputs) - n_extra - (1 if fmt_name else 0)]
-    x, w = inputs[0], inputs[1]
-    g = inputs[3] if len(inputs) == 4 and node.params["mode"] == "swiglu" else None
-    T, R = node.inputs[2].shape[:2]
-    xv = x.broadcast_to((T, R, x.shape[-1])) if x.shape[1] == 1 else x
-    return expert_gemm(device, w.dtype, fmt_name, x.shape[-1], gemm_refusal(w.dtype, fmt_name, x.shape[-1], xv, w, g))
+    xv, w, g, fmt_name = gemm_operands(node.inputs, node.params)
+    K = xv.shape[-1]
+    return expert_gemm(device, w.dtype, fmt_name, K, gemm_refusal(w.dtype, fmt_name, K, xv, w, g))
+
+
+def x_half_scratch(inputs, params) -> dict[str, tuple]:
+    """The scratch a grouped MUL_MAT_ID asks for (OpDef.scratch, before the device is known): the X_ROWS
+    records of mul_mat_id_coopmat.x_half where the knob is on and the operands suit the cooperative-matrix
+    GEMM; whether they are used is x_half_refusal's word when the node is lowered."""
+    if not x_half_on():
+        return {}
+    xv, w, g, fmt_name = gemm_operands(inputs, params)
+    if gemm_refusal(w.dtype, fmt_name, xv.shape[-1], xv, w, g):
+        return {}
+    return {X_HALF_POOL: (x_half_words(xv), "i32")}
 
 
 def tiling(device, S: int = 0, B: int = 2, wr: int = 2) -> tuple[int, int, int, int, int, int, int]:
@@ -180,17 +246,46 @@ def coopmat_grouped_launches(device, kernel: str, node, x, w, route, out, add, g
         defs["CM_NV"] = 1
     sort = base[at[0]].args[3]
     args = [x, w, route, sort, dst] + ([g] if g is not None else []) + ([scale] if fmt else []) + list(shared or [])
+    half = x_half_refusal(kernel, gemm_refusal(w.dtype, fmt.name if fmt else None, x.shape[-1], x, w, g)) is None
+    xh = out.graph.scratch(X_HALF_POOL)[:x_half_words(x)] if half else x
+    args.append(xh)                                     # (x where X_HALF is 0: never read)
     wg = 32 * (bt // wm) * (wr * bn // wn)
-    gemm = Launch("mul_mat_id_coopmat", args, (4,), push, (-(-cols // (bn * nt)), tiles, 1), defines=defs,
-                  spec=(wg, bt, bn, wm, wn, bk, ep, nt), full_subgroups=kernel == "coopmat", label=base[at[0]].label)
-    return base[:at[0]] + [gemm] + base[at[0] + 1:]
+    gemm = Launch("mul_mat_id_coopmat", args, (4,), push, (-(-cols // (bn * nt)), tiles, 1),
+                  defines={**defs, **({"X_HALF": 1} if half else {})}, spec=(wg, bt, bn, wm, wn, bk, ep, nt),
+                  full_subgroups=kernel == "coopmat", label=base[at[0]].label)
+    rows = []
+    if half:
+        rows = [x_rows_launch(x, g, xh, node, R, bk, base[at[0]].label)]
+    return base[:at[0]] + rows + [gemm] + base[at[0] + 1:]
+
+
+def x_rows_launch(x, g, xh, node, R: int, bk: int, label: str) -> Launch:
+    """mul_mat_id_coopmat.x_half's pass (-D X_ROWS): each x row of the view x [T, R, K] (per token where the
+    routes share it) scaled, rounded to fp16 and written to xh with its shift and 1/rms (g: the folded norm's
+    weight, or None), BK/8 invocations a row as the GEMM's k step bk lays its chunk columns."""
+    kp = bk // 8
+    per = max(1, min(X_ROWS_PER_GROUP, 256 // kp))
+    push = {"rows": x_half_rows(x), "R": R, "K": x.shape[-1], "x_off": x.offset, "x_s0": x.strides[0],
+            "x_s1": x.strides[1]}
+    defines = {"X_ROWS": 1}
+    if g is not None:
+        push |= {"g_off": g.offset, "eps": float(node.params["rms_eps"])}
+        defines["NORM_X"] = 1
+    args = [x] + ([g] if g is not None else []) + [xh]
+    return Launch("mul_mat_id_coopmat", args, (len(args) - 1,), push, grid_1d(x_half_rows(x), per), defines=defines,
+                  spec=(kp * per, 16, 16, 16, 16, bk), label=label)
 
 
 def describe(device, T: int = 512, routes: int = 7, experts: int = 257) -> dict:
     """What `info` prints of the grouped MUL_MAT_ID's GEMM on `device` over bf16 experts at DeepSeek-V4-Flash's
-    prefill (T tokens, `routes` a token over `experts` with the shared one): its kernel, why, and its tile."""
+    prefill (T tokens, `routes` a token over `experts` with the shared one): its kernel, why, and its tile; whether
+    mul_mat_id_coopmat.x_half is used (x_half) and why not (x_half_reason; the reason names it where the knob is
+    on but unused)."""
     c = expert_gemm(device)
-    out = {"T": T, "kernel": c.kernel, "reason": c.reason}
+    why = x_half_refusal(c.kernel)
+    reason = c.reason if why in (None, X_HALF_OFF) else f"{c.reason}; mul_mat_id_coopmat.x_half not used: {why}"
+    out = {"T": T, "kernel": c.kernel, "reason": reason, "x_half": why is None,
+           "x_half_reason": X_HALF_ON if why is None else why}
     if c.kernel != "f32":
         out["tile"] = tiling(device, T * routes, experts + 1)
     return out
