@@ -38,8 +38,9 @@
 #             by a pass before it (mul_mat_id_coopmat.x_half), then at that tiling with its products, k-loop
 #             staging, k-loop loads, x rows' scan or FP8/FP4 scale scan removed (--ablate): where its time goes
 #   prefilla  the prefill attention kernels (f32 lanes, matrix units)
-#   prefill   flash-1gpu's 4k-token prefill at the default chunk (512) and at 1024 and 2048, with MUL_MAT's x
-#             rounded to fp16 once (coopmat.x_half), and with the matrix-unit forms off
+#   prefill   flash-1gpu's 4k-token prefill at the default chunk (512) and at 1024 and 2048, with the experts' x
+#             (mul_mat_id_coopmat.x_half) or MUL_MAT's (coopmat.x_half) rounded to fp16 once, and with the
+#             matrix-unit forms off
 #   gemm      MUL_MAT on the matrix units at the model's prefill shapes beside cuBLAS: the default tiling with
 #             x rounded to fp16 by its first pass (coopmat.x_half) and without, then the default with its
 #             products, staging or loads removed
@@ -132,7 +133,7 @@ for s in $steps; do
                       --attn-positions 4096 --attn-variants cm_tile=16,cm_heads=2 --json "$r/attention_prefill_h200.json" ;;
         prefill) step prefill 540 prefill_h200.txt python3 tools/model_gpu_bench.py --preset flash-1gpu --prompt 4096 \
                      --max-ctx 8192 --skip unfused,multi,host --tokens 4 \
-                     --prefill-variants "chunk=1024;chunk=2048;x_half=1;moe_coopmat=0,mqa_coopmat=0" \
+                     --prefill-variants "chunk=1024;chunk=2048;moe_x_half=1;x_half=1;moe_coopmat=0,mqa_coopmat=0" \
                      --out "$r/prefill_h200.json" ;;
         gemm) step gemm 420 gemm_xhalf_h200.txt python3 tools/bench_primitives.py --gemm --gemm-t 512,4096 \
                   --gemm-shapes 4096x4096,32768x1024,4096x8192,1024x4096 --torch-dtypes fp16,bf16 --no-f32 \
