@@ -41,8 +41,11 @@ def coopmat_id(quantised):
 GEMV = {"MODE_GEMV": 1, "VEC4": 1, "TB": 1}
 ONE_TOKEN_ID = [{"MODE_SWIGLU": 1, "VEC4": 1, "W_FP4": 1, "NORM_X": 1}, {"MODE_SUM": 1, "ROUTES": 1, "VEC4": 1, "W_FP8": 1}]
 CASES = {
-    "gemv": ("bench_gemv", "GEMV_ABLATIONS", lambda _: {"mul_mat": staged("mul_mat")},
-             lambda _: {"mul_mat": [{**GEMV, "W_FP8": 1}, {**GEMV, "W_FP4": 1, "NORM_X": 1}]}),
+    # (nonorm: the staged variants with the folded norm only, the others kept)
+    "gemv": ("bench_gemv", "GEMV_ABLATIONS",
+             lambda name: {"mul_mat": [v for v in staged("mul_mat") if name != "nonorm" or "NORM_X" in v]},
+             lambda name: {"mul_mat": [{**GEMV, "W_FP8": 1}, {**GEMV, "W_FP4": 1, "NORM_X": 1}]
+                           + ([v for v in staged("mul_mat") if "NORM_X" not in v] if name == "nonorm" else [])}),
     "moe": ("bench_moe", "MOE_ABLATIONS", lambda _: {"mul_mat_id": staged("mul_mat_id")},
             lambda _: {"mul_mat_id": ONE_TOKEN_ID, "mul_mat": [{**GEMV, "W_FP4": 1}]}),
     # the prefill's grouped GEMM on the matrix units: every variant (nowscan: those with a scale scan)
@@ -92,7 +95,7 @@ def test_an_edit_that_no_longer_matches_names_its_file_and_text(tools, tmp_path)
 
 @pytest.mark.parametrize("tool, argv, why", [
     ("bench_gemv", ["--ablate", "nox,bogus", "--formats", "fp8", "--x-shared", "1"],
-     r"--ablate: unknown ablation\(s\) \['bogus'\]; expected names from \['nocvt', 'nodecode', 'nox', 'nofma', 'noload', 'nostage'\]"),
+     r"--ablate: unknown ablation\(s\) \['bogus'\]; expected names from \['nocvt', 'nodecode', 'nox', 'nofma', 'noload', 'nonorm', 'nostage'\]"),
     ("bench_gemv", ["--ablate", "nox", "--formats", "bf16,fp8"], r"needs --formats fp8 and/or fp4 and --x-shared 1"),
     ("bench_moe", ["--ablate", "nostage,nomma", "--formats", "fp4", "--x-shared", "1"],
      r"--ablate: unknown ablation\(s\) \['nomma'\]; expected names from \['nocvt', 'nodecode', 'nox', 'nofma', 'noload', 'nostage'\]"),

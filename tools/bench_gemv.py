@@ -25,7 +25,7 @@ Quantised weights: --x-shared 0,1 puts the staged GEMV (knob gemv_quant.x_shared
 16-byte code loads, persistent clusters) beside the word-load GEMV in the same run, its own knobs
 (gemv_quant.x_shared_rows / _unroll / _groups / _wg / _lanes / _one_scale) swept by --xs-rows, --xs-unroll,
 --xs-groups, --xs-wg, --xs-lanes, --xs-one-scale; the word-load knobs (--spread, --unroll, --rows, --load) apply to the other rows only.
---ablate nocvt,nodecode,nox,nofma,noload,nostage: after the table, the staged rows again (same formats, shapes,
+--ablate nocvt,nodecode,nox,nofma,noload,nostage,nonorm: after the table, the staged rows again (same formats, shapes,
 knobs, --cold) with a part of the staged GEMV removed, each in a child process (tools/ablation.py; the
 results are wrong on purpose, only the time is read), printed as `ablation NAME <row>`:
 
@@ -56,7 +56,9 @@ SHAPES = [("head", 129280, 4096), ("wq_b", 32768, 1024), ("wo_b", 4096, 8192), (
 # product of a uvec4 of codes (tools/ablation.py); nox: x from a register (the lane's index) rather
 # than shared memory; noload: the loop's code and scale words made from the step's index rather than
 # loaded (the first step's, before the staging, still loaded); nostage: x not staged (no staging loop
-# or barrier: the loop reads shared memory nothing wrote).
+# or barrier: the loop reads shared memory nothing wrote); nonorm (the +norm rows only): the folded norm's
+# sum of the workgroup's partial Σx² and its 1/rms left out (x·g still staged, Σx² still summed a
+# cluster at a time): how much of the +norm rows' extra time those take.
 _XS = "mul_mat.comp"
 GEMV_ABLATIONS = {
     "nocvt": ablation.STAGED_DOT["nocvt"],
@@ -66,6 +68,8 @@ GEMV_ABLATIONS = {
     "nofma": ablation.STAGED_DOT["nofma"],
     "noload": [(_XS, "nw[i][u] = wq4[wb1[i] / 4u + j];", "nw[i][u] = uvec4(j, j ^ wb1[i], j * 0x9E3779B9u, j + sb1[i]);"),
                (_XS, "ns[i][u] = wscale[(sb1[i] + j * Q_XV * 4u / Q_BC) >> 2];", "ns[i][u] = j ^ sb1[i];")],
+    "nonorm": [(_XS, "    for (uint c = 0; c < parts; ++c) s2 += xs_ss[c];\n    inv = 1.0 / sqrt(s2 / float(p.K) + p.eps);\n",
+                "")],
     "nostage": [(_XS, "    float s2 = stage_x(x_row(b0, b1, 0u), 0u, 1u, KU);\n", "    float s2 = 0.0;\n"),
                 (_XS, "    barrier();\n#if defined(NORM_X)\n    s2 = 0.0;\n", "#if defined(NORM_X)\n    s2 = 0.0;\n")],
 }

@@ -27,7 +27,8 @@
 #             norm folded, 108 rows; 32 lanes, 256 invocations are its defaults on the H200; then FP8 at 4 rows
 #             a cluster with one scale word a step for the cluster's rows and without, 12 rows)
 #   ablatedec  the same staged kernels at their default knobs (cold) again with their code decode, x
-#             reads, products, code loads or x staging removed (--ablate): where their time goes
+#             reads, products, code loads or x staging (the GEMV: or its folded norm's 1/rms) removed
+#             (--ablate): where their time goes
 #   fp8step   flash-1gpu in the published FP8/FP4 layout: the fused decode step dispatch by dispatch
 #             (--timeline) and the decode knobs side by side in the model
 #   flash43   V4-Flash's depth in the published layout beside BF16, and with 16 decode attention splits
@@ -104,8 +105,9 @@ for s in $steps; do
         coldmoe) step coldmoe 300 moe_cold_h200.txt python3 tools/bench_moe.py --cold --formats fp4 --experts 65 \
                      --routes-per-token 7 --x-shared 1 --xs-rows 1,2,4 --xs-unroll 1,2,4 --xs-groups 256,1024 \
                      --json "$r/moe_cold_h200.json" ;;
-        ablatedec) step ablatedec_gemv 300 gemv_ablate_h200.txt python3 tools/bench_gemv.py --cold --formats fp8,fp4 \
-                       --shapes wq_b,wo_a,wo_b --x-shared 1 --xs-rows -1 --ablate nocvt,nodecode,nox,nofma,noload,nostage \
+        ablatedec) step ablatedec_gemv 330 gemv_ablate_h200.txt python3 tools/bench_gemv.py --cold --formats fp8,fp4 \
+                       --shapes wq_b,wo_a,wo_b --x-shared 1 --xs-rows -1 \
+                       --ablate nocvt,nodecode,nox,nofma,noload,nostage,nonorm \
                        --json "$r/gemv_ablate_h200.json"
                    step ablatedec_moe 240 moe_ablate_h200.txt python3 tools/bench_moe.py --cold --formats fp4 \
                        --experts 65 --routes-per-token 7 --x-shared 1 --xs-unroll 1 \
