@@ -59,6 +59,19 @@ def _warm(warm):
         warm()
 
 
+def _replay_spans_ns(r, replays, warm):
+    """GPU ns between the first and last timestamp of each of `replays` submits of recording r, after
+    one untimed submit (shader JIT on lavapipe, first touch of the pages) and the clock warm-up."""
+    r.submit()
+    _warm(warm)
+    spans = []
+    for _ in range(replays):
+        r.submit()
+        ts = r.timestamps_ns()
+        spans.append(ts[-1] - ts[0])
+    return spans
+
+
 STEP, COPY, READ, FLOAT = {"OP_STEP": 1}, {"OP_COPY": 1}, {"OP_READ": 1}, {"OP_FLOAT": 1}     # floor.comp's kernels
 
 
@@ -91,13 +104,7 @@ def dispatch_chain_us(device, n=256, barriers=True, replays=10, warm=None):
             if barriers and r.n_barriers != n - 1:
                 raise RuntimeError(f"dependent chain of {n} dispatches recorded {r.n_barriers} barriers, "
                                    f"expected {n - 1}")
-            r.submit()                  # warm-up: shader JIT (lavapipe), first touch of the buffer
-            _warm(warm)
-            per = []
-            for _ in range(replays):
-                r.submit()
-                ts = r.timestamps_ns()
-                per.append((ts[-1] - ts[0]) / n / 1e3)
+            per = [span / n / 1e3 for span in _replay_spans_ns(r, replays, warm)]
         if barriers:
             last = float(buf.read(4 * n, 4).view(np.float32)[0])
             if last != float(n):
@@ -174,13 +181,7 @@ def copy_gbps(device, nbytes=None, replays=10, copies=4, warm=None):
     src_data = np.arange(nbytes // 4, dtype=np.float32)
     with _scratch(device, nbytes, src_data) as src, _scratch(device, nbytes) as dst:
         with _recording(_copies(device, src, dst, nbytes, copies, timestamps="ends")) as r:
-            r.submit()                  # warm-up: first touch of the pages, shader JIT
-            _warm(warm)
-            rates = []
-            for _ in range(replays):
-                r.submit()
-                ts = r.timestamps_ns()
-                rates.append(2 * nbytes * copies / (ts[-1] - ts[0]))   # B/ns == GB/s
+            rates = [2 * nbytes * copies / span for span in _replay_spans_ns(r, replays, warm)]   # B/ns == GB/s
         if not np.array_equal(dst.read().view(np.float32), src_data):
             raise RuntimeError("copy kernel produced wrong data: the bandwidth figure would be meaningless")
     return statistics.median(rates)
@@ -196,10 +197,9 @@ def read_us(device, nbytes, copies=1, replays=10, repeat=4, warm=None):
         raise ValueError(f"read_us: nbytes must be a positive multiple of 16 and copies, replays, repeat ≥ 1, "
                          f"got {nbytes}, {copies}, {replays}, {repeat}")
     limit = device.caps.limits.max_storage_buffer_range
-    if nbytes * copies > limit:
-        copies = max(1, limit // nbytes)
-        if nbytes > limit:
-            raise ValueError(f"read_us: {nbytes} B exceed {device.name}'s maxStorageBufferRange ({limit} B)")
+    if nbytes > limit:
+        raise ValueError(f"read_us: {nbytes} B exceed {device.name}'s maxStorageBufferRange ({limit} B)")
+    copies = min(copies, limit // nbytes)          # (all of them in one buffer)
     _check_timestamps(device)
     pipe = device.pipelines.get("floor", 2, READ, (COPY_WORKGROUP,))
     n4 = nbytes // 16
@@ -211,13 +211,7 @@ def read_us(device, nbytes, copies=1, replays=10, repeat=4, warm=None):
                 rec.dispatch(pipe, [src, dst], push, grid_1d(n4, COPY_WORKGROUP),
                              [(src, c * nbytes, (c + 1) * nbytes)], [(dst, 0, 16)])
         with _recording(rec) as r:
-            r.submit()
-            _warm(warm)
-            times = []
-            for _ in range(replays):
-                r.submit()
-                ts = r.timestamps_ns()
-                times.append((ts[-1] - ts[0]) / 1e3 / (repeat * copies))
+            times = [span / 1e3 / (repeat * copies) for span in _replay_spans_ns(r, replays, warm)]
         if dst.read().view(np.float32).any():
             raise RuntimeError("read kernel wrote its output: the comparison with NaN held, so it was compiled "
                                "wrongly and its time would be meaningless")
